@@ -1,0 +1,154 @@
+// Inputs, outputs and the stages window -> summarize -> score -> select -> fuse (SPEC §3–6).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "hils/geometry.hpp"
+#include "hils/positional.hpp"
+#include "hils/spec.hpp"
+#include "hils/types.hpp"
+
+namespace hils {
+
+// One layer's vectors. Query head h reads KV head h / G, G = Hq / Hkv.
+template <class Scalar>
+struct AttentionInputs {
+  std::vector<Matrix<Scalar>> q;            // Hq x [T x d]
+  std::vector<Matrix<Scalar>> k;            // Hkv x [T x d]
+  std::vector<Matrix<Scalar>> v;            // Hkv x [T x dv]
+  std::vector<Matrix<Scalar>> q_retrieval;  // empty (q~ = q) or Hq x [T x d]
+  std::vector<Matrix<Scalar>> prior;        // PriorRule::shared: Hq x [1 x d] (or n_chunks rows);
+                                            // PriorRule::given: Hq x [n_chunks x d]
+
+  int64_t Hq() const { return static_cast<int64_t>(q.size()); }
+  int64_t Hkv() const { return static_cast<int64_t>(k.size()); }
+  int64_t T() const { return q.empty() ? 0 : q.front().rows(); }
+  int64_t d() const { return q.empty() ? 0 : q.front().cols(); }
+  int64_t dv() const { return v.empty() ? 0 : v.front().cols(); }
+  const Matrix<Scalar>& retrieval_query(int64_t h) const {
+    return q_retrieval.empty() ? q[h] : q_retrieval[h];
+  }
+  // Throws InvalidArgument on empty heads, mismatched shapes, Hq % Hkv != 0, NaN or Inf, and on
+  // a prior that the spec needs but the inputs lack.
+  void validate(const MechanismSpec& spec) const;
+};
+
+// Rotates q, k, q~ by the geometry's position ids, and turns a 1-row shared prior into one row
+// per chunk rotated at the position id of slot (c+1)S-1 (SPEC §8).
+template <class Scalar>
+AttentionInputs<Scalar> apply_positional_encoding(const AttentionInputs<Scalar>& raw,
+                                                  const Geometry& geometry,
+                                                  const PositionalEncoding& pe);
+
+// Eq. 11: q~ = q + W_up W_down h. q: [T x d], hidden: [T x d_model], W_up: [d x r],
+// W_down: [r x d_model].
+template <class Scalar>
+Matrix<Scalar> calibrated_query(const Matrix<Scalar>& q, const Matrix<Scalar>& hidden,
+                                const Matrix<Scalar>& w_up, const Matrix<Scalar>& w_down);
+
+// What to compute besides o, lse, selections and fusion weights.
+struct RunOptions {
+  bool keep_surrogate_scores = false;  // s_hat(t,h,c), -inf outside V(t)
+  bool keep_exact_scores = false;      // L(t,h,c), -inf outside V(t)
+  bool keep_window = false;            // o_swa, lse_swa
+  // Query slots to compute (strictly ascending); empty means all T. Outputs have one row per
+  // listed query, so long contexts can be studied on sampled queries in O(T d) memory.
+  std::vector<int64_t> queries;
+};
+
+template <class Scalar>
+struct HeadOutputs {
+  Matrix<Scalar> o;    // [Tq x dv]
+  Vector<Scalar> lse;  // [Tq] log-normalizer of the final softmax
+  // [Tq x (K+2)]: weight of each selected chunk in selection order (0 for -1 padding), then
+  // the window, then the softmax1 zero logit (0 when off). For flat fusion these are the shares
+  // of the one softmax's mass; for full and window fusion the window column holds 1.
+  Matrix<Scalar> fusion_weights;
+  Matrix<Scalar> surrogate_scores;  // [Tq x n_chunks] on request
+  Matrix<Scalar> exact_scores;      // [Tq x n_chunks] on request
+  Matrix<Scalar> o_window;          // [Tq x dv] on request
+  Vector<Scalar> lse_window;        // [Tq] on request
+};
+
+template <class Scalar>
+struct MechanismOutputs {
+  std::vector<int64_t> queries;        // the query slots, one per output row
+  std::vector<HeadOutputs<Scalar>> heads;  // Hq
+  std::vector<IndexMatrix> selection;  // Hkv x [Tq x K], ascending, -1 padded; empty if none
+};
+
+// ---- Stages, each callable alone -------------------------------------------------------
+
+// Window branch (SPEC §3): o_swa, lse_swa of one query head for the listed queries.
+template <class Scalar>
+struct WindowResult {
+  Matrix<Scalar> o;    // [Tq x dv]
+  Vector<Scalar> lse;  // [Tq]
+};
+template <class Scalar>
+WindowResult<Scalar> window_attention(const Matrix<Scalar>& q, const Matrix<Scalar>& k,
+                                      const Matrix<Scalar>& v, const Geometry& geometry,
+                                      Scalar scale, const std::vector<int64_t>& queries);
+
+// Full causal attention of one query head (flat softmax over every attendable j <= t).
+template <class Scalar>
+WindowResult<Scalar> full_attention(const Matrix<Scalar>& q, const Matrix<Scalar>& k,
+                                    const Matrix<Scalar>& v, const Geometry& geometry,
+                                    Scalar scale, const std::vector<int64_t>& queries);
+
+// Exact chunk log-masses L(t,c) = LSE_{j in T_c} s(t,j) for c in V(t), -inf elsewhere.
+// [Tq x n_chunks].
+template <class Scalar>
+Matrix<Scalar> exact_chunk_log_mass(const Matrix<Scalar>& q, const Matrix<Scalar>& k,
+                                    const Geometry& geometry, Scalar scale,
+                                    const std::vector<int64_t>& queries);
+
+// Chunk summaries of one query head (SPEC §4): key [n_chunks x d] and bias [n_chunks].
+template <class Scalar>
+struct ChunkSummaries {
+  Matrix<Scalar> key;
+  Vector<Scalar> bias;
+};
+// `prior` is [n_chunks x d] (already resolved from the prior rule); it is ignored by rules that
+// need none. The exact rule has no summary and is rejected here.
+template <class Scalar>
+ChunkSummaries<Scalar> summarize(const Matrix<Scalar>& k, const Matrix<Scalar>& prior,
+                                 KeyRule key_rule, BiasRule bias_rule, const Geometry& geometry,
+                                 Scalar scale);
+// The prior rows mu_c of query head h under the spec's prior rule: [n_chunks x d].
+template <class Scalar>
+Matrix<Scalar> resolve_prior(const AttentionInputs<Scalar>& inputs, int64_t h,
+                             const MechanismSpec& spec, const Geometry& geometry);
+
+// Surrogate scores s_hat(t,c) = sigma q~_t . k'_c + b'_c for c in V(t), -inf elsewhere.
+// [Tq x n_chunks].
+template <class Scalar>
+Matrix<Scalar> surrogate_scores(const Matrix<Scalar>& q_retrieval,
+                                const ChunkSummaries<Scalar>& summaries,
+                                const Geometry& geometry, Scalar scale,
+                                const std::vector<int64_t>& queries);
+
+// Selection of one KV group (SPEC §5, Eq. 2, 8). scores: G x [Tq x n_chunks] (-inf outside V),
+// lse_window: G x [Tq]. Returns [Tq x K], the min(K, |V(t)|) best chunks ascending, -1 padded;
+// ties go to the lower chunk index.
+template <class Scalar>
+IndexMatrix select_chunks(const std::vector<Matrix<Scalar>>& scores,
+                          const std::vector<Vector<Scalar>>& lse_window, GroupRule rule,
+                          int64_t K, const Geometry& geometry,
+                          const std::vector<int64_t>& queries);
+
+// The whole mechanism over all heads (OpenMP over independent (group, query-block) units;
+// the same bits for any number of threads).
+template <class Scalar>
+MechanismOutputs<Scalar> run_mechanism(const MechanismSpec& spec,
+                                       const AttentionInputs<Scalar>& inputs,
+                                       const RunOptions& options = {});
+
+// Geometry of a spec over T slots.
+Geometry geometry_of(const MechanismSpec& spec, int64_t T);
+// sigma: spec.scale, or 1/sqrt(d) when 0.
+double logit_scale(const MechanismSpec& spec, int64_t d);
+
+}  // namespace hils

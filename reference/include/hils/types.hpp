@@ -1,0 +1,30 @@
+// Matrix types shared by the reference: row-major so that one token's vector is contiguous.
+#pragma once
+
+#include <Eigen/Dense>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace hils {
+
+template <class Scalar>
+using Matrix = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class Scalar>
+using Vector = Eigen::Matrix<Scalar, Eigen::Dynamic, 1>;
+// Chunk indices; -1 pads a selection row to length K.
+using IndexMatrix = Eigen::Matrix<int32_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// Every invalid argument, shape or configuration is reported through this type; the message
+// names the field, what was found and what was expected.
+class InvalidArgument : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// Throws InvalidArgument("<field>: <expected>, got <found>") when `ok` is false.
+void require(bool ok, const std::string& field, const std::string& expected,
+             const std::string& found);
+
+}  // namespace hils
