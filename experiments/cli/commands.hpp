@@ -1,0 +1,52 @@
+// The subcommands of the `hils` tool: one register_<name> per experiments/cli/cmd_<name>.cpp.
+//
+// To add a subcommand: write experiments/cli/cmd_<name>.cpp defining
+//   void hils::cli::register_<name>(CLI::App& app)
+// that adds `app.add_subcommand("<name>", ...)` with its options and a callback, declare it below
+// (one line) and call it from main.cpp (one line). The CMake globs cmd_*.cpp.
+//
+// Exit codes (main.cpp maps exceptions to them, so a callback just throws):
+//   0 success
+//   1 a verification or check failed (a verdict): throw CheckFailed
+//   2 bad input (usage, missing or malformed file, bad config): throw hils::InvalidArgument
+//     (or BadInput, or any hils::io error, which derive from it); CLI11 parse errors also give 2
+//   3 internal error: any other exception
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "hils/types.hpp"
+
+namespace hils::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitCheckFailed = 1;
+inline constexpr int kExitBadInput = 2;
+inline constexpr int kExitInternal = 3;
+
+// A verdict: the command ran correctly and found that a check does not hold (exit 1).
+class CheckFailed : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Bad input found by the command line layer itself (exit 2).
+class BadInput : public hils::InvalidArgument {
+ public:
+  using hils::InvalidArgument::InvalidArgument;
+};
+
+// Options shared by every subcommand, set on the top-level app by main.cpp.
+struct GlobalOptions {
+  bool quiet = false;  // --quiet: no progress bar, no informational output on stderr
+};
+GlobalOptions& global_options();
+
+void register_info(CLI::App& app);
+void register_dump(CLI::App& app);
+void register_run(CLI::App& app);
+
+}  // namespace hils::cli

@@ -1,0 +1,64 @@
+// The `hils` command: subcommands registered from experiments/cli/cmd_*.cpp; exceptions become
+// exit codes (see commands.hpp).
+#include <exception>
+#include <iostream>
+
+#include <H5Cpp.h>
+
+#include "cli/commands.hpp"
+
+namespace hils::cli {
+
+GlobalOptions& global_options() {
+  static GlobalOptions options;
+  return options;
+}
+
+}  // namespace hils::cli
+
+namespace {
+
+// Exceptions -> exit codes 1 (verdict), 2 (bad input), 3 (internal).
+int run_app(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+    return hils::cli::kExitOk;
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);  // prints help or the usage error
+    return code == 0 ? hils::cli::kExitOk : hils::cli::kExitBadInput;
+  } catch (const hils::cli::CheckFailed& e) {
+    std::cerr << "hils: check failed: " << e.what() << "\n";
+    return hils::cli::kExitCheckFailed;
+  } catch (const hils::InvalidArgument& e) {
+    std::cerr << "hils: bad input: " << e.what() << "\n";
+    return hils::cli::kExitBadInput;
+  } catch (const H5::Exception& e) {
+    std::cerr << "hils: internal error (HDF5): " << e.getFuncName() << ": "
+              << e.getDetailMsg() << "\n";
+    return hils::cli::kExitInternal;
+  } catch (const std::exception& e) {
+    std::cerr << "hils: internal error: " << e.what() << "\n";
+    return hils::cli::kExitInternal;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // HDF5 prints its own error stack by default; our readers report errors themselves.
+  H5::Exception::dontPrint();
+  CLI::App app{"hils: activations in, attention mechanisms run, results out (HiLS-Attention "
+               "reference simulator)"};
+  app.require_subcommand(1);
+  app.add_flag("-q,--quiet", hils::cli::global_options().quiet,
+               "no progress bar and no informational messages (for scripts)");
+  app.footer(
+      "Exit codes: 0 success, 1 a check failed, 2 bad input, 3 internal error.\n"
+      "Run `hils <command> --help` for a command's options and examples.");
+
+  hils::cli::register_info(app);
+  hils::cli::register_dump(app);
+  hils::cli::register_run(app);
+
+  return run_app(app, argc, argv);
+}
