@@ -1,0 +1,200 @@
+// The oracle (DESIGN.md "The oracle's rules", issue 5): compares a kernel's outputs, stage by
+// stage, with the reference run in double (the truth) and in float (the same-precision
+// baseline), and returns a verdict with a printable report per tensor.
+//
+// Policy, per tensor: the kernel passes when
+//     max_abs(kernel - double) <= kBaselineFactor * max_abs(float - double) + floor,
+//     floor = floor_units(precision) * u(precision) * magnitude(tensor),
+// where u is the unit roundoff of the kernel's input precision and `magnitude` bounds the
+// size of the quantity (see Tolerances below: every constant has its one-line reason there).
+// For bf16 inputs the oracle rounds the inputs to bf16 first, so that double, float and the
+// kernel all see the same numbers; the floor then covers the kernel's bf16 intermediates.
+//
+// Selections are compared as sets per (query, KV group). A kernel row that differs from the
+// reference passes only if the reference group scores r(t,g,c) of the swapped chunks differ by
+// at most the margin bound (see Tolerances::selection_margin_bound); then o, lse and the fusion
+// weights of that row are re-checked against the reference fused with the kernel's own
+// selection (forced_fusion below), not against the reference's selection.
+//
+// Typical use from a GPU test:
+//   oracle::KernelOutputs out;                 // fill what the kernel produced, widened to double
+//   out.o = ...; out.lse = ...; out.selection = ...;
+//   auto verdict = oracle::verify(spec, inputs, out, {oracle::InputPrecision::fp32});
+//   std::cout << verdict.report();            // printed whether it passes or not
+//   REQUIRE(verdict.passed);
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hils/attention.hpp"
+#include "hils/spec.hpp"
+
+namespace hils::oracle {
+
+// Precision of the numbers the kernel computes from (its inputs and its rounding unit).
+enum class InputPrecision { fp32, bf16 };
+std::string to_string(InputPrecision);
+InputPrecision parse_input_precision(const std::string& text,
+                                     const std::string& field = "input_precision");
+
+// Unit roundoff: fp32 2^-24, bf16 2^-8 (8 significand bits incl. the implicit one).
+double unit_roundoff(InputPrecision precision);
+
+// Rounds to the nearest bf16 (ties to even) and back; NaN stays NaN. The oracle applies this to
+// every input when the kernel's precision is bf16.
+double round_to_bf16(double x);
+AttentionInputs<double> round_inputs_to_bf16(const AttentionInputs<double>& inputs);
+
+// Every tolerance of the oracle, in one place, each with its reason.
+struct Tolerances {
+  // The kernel may be at most this many times as wrong as the plain float reference
+  // (FlashAttention's rule: a different summation order may double the rounding error).
+  static constexpr double kBaselineFactor = 2.0;
+  // fp32 floor: each stage is a handful of dot products, exps and a log-sum-exp; 32 unit
+  // roundoffs of the tensor's magnitude covers a different but sane order of these roundings
+  // when the float baseline happens to be (nearly) exact, e.g. on tiny cases.
+  static constexpr double kFloorUnitsFp32 = 32.0;
+  // bf16 floor: a bf16 kernel rounds P (probabilities) and/or its stored outputs to bf16, each
+  // costing <= u * magnitude; 4 allows P, o_c, the fused output and the store.
+  static constexpr double kFloorUnitsBf16 = 4.0;
+  // Max rel error is |k - t| / max(|t|, kRelFloorFraction * magnitude), so elements near zero
+  // do not dominate the report (it is reported, never the verdict).
+  static constexpr double kRelFloorFraction = 1e-3;
+  // Selection margin: a swapped pair of chunks is tolerated when the reference scores differ
+  // by <= kBaselineFactor * (float's max error in r) + kMarginUnits * u * logit_magnitude: the
+  // scores are dot products of length d (error <= gamma_d |q||k|, gamma_d ~ d u, but in practice
+  // ~sqrt(d) u for fp32 accumulation) followed by a log-sum-exp normalisation.
+  static constexpr double kMarginUnitsFp32 = 32.0;
+  static constexpr double kMarginUnitsBf16 = 4.0;
+
+  static double floor_units(InputPrecision precision);
+  static double margin_units(InputPrecision precision);
+};
+
+struct VerifyOptions {
+  InputPrecision precision = InputPrecision::fp32;
+  // Query slots the kernel computed (strictly ascending); empty = all T. Must match the rows
+  // of every per-query output.
+  std::vector<int64_t> queries;
+  // Print at most this many selection/element problems per tensor in the report.
+  int64_t max_messages = 8;
+};
+
+// What a kernel produced, widened to double exactly (every float is a double). Every field is
+// optional: an empty vector means "the kernel did not produce this stage" and is skipped.
+// Chunk-indexed tensors may carry ceil(T/S) columns (the authors' layout); the extra trailing
+// column must then be -inf.
+struct KernelOutputs {
+  std::vector<Matrix<double>> summary_key;       // Hq x [n_chunks x d] (or Hkv x when per KV head)
+  std::vector<Vector<double>> summary_bias;      // Hq x [n_chunks]      (or Hkv x)
+  std::vector<Matrix<double>> surrogate_scores;  // Hq x [Tq x n_chunks], -inf outside V(t)
+  std::vector<IndexMatrix> selection;            // Hkv x [Tq x K], ascending, -1 padded
+  std::vector<Matrix<double>> o_window;          // Hq x [Tq x dv]
+  std::vector<Vector<double>> lse_window;        // Hq x [Tq]
+  std::vector<Matrix<double>> o;                 // Hq x [Tq x dv]
+  std::vector<Vector<double>> lse;               // Hq x [Tq]
+  std::vector<Matrix<double>> fusion_weights;    // Hq x [Tq x (K+2)], see HeadOutputs
+};
+
+// Widen a float (or any scalar) head-list to double for KernelOutputs.
+template <class Scalar>
+std::vector<Matrix<double>> widen(const std::vector<Matrix<Scalar>>& heads) {
+  std::vector<Matrix<double>> out;
+  for (const auto& m : heads) out.push_back(m.template cast<double>());
+  return out;
+}
+template <class Scalar>
+std::vector<Vector<double>> widen(const std::vector<Vector<Scalar>>& heads) {
+  std::vector<Vector<double>> out;
+  for (const auto& m : heads) out.push_back(m.template cast<double>());
+  return out;
+}
+
+// The comparison of one tensor (all heads together).
+struct TensorReport {
+  std::string name;          // "o", "lse", "surrogate_scores", ...
+  bool passed = false;
+  int64_t count = 0;         // elements compared
+  double max_abs = 0;        // max |kernel - double|
+  double max_rel = 0;        // max |kernel - double| / max(|double|, rel floor)
+  double nmse = 0;           // sum (kernel - double)^2 / sum double^2
+  std::string worst_where;   // "h=1 t=37 col=5" (t is the query slot)
+  double worst_kernel = 0, worst_truth = 0;
+  double baseline_max_abs = 0;  // max |float - double|
+  double floor = 0;             // rounding floor of the tolerance
+  double magnitude = 0;         // the magnitude the floor scales with
+  double tolerance = 0;         // kBaselineFactor * baseline_max_abs + floor
+  double headroom = 0;          // max_abs / tolerance (fails when > 1)
+  std::vector<std::string> problems;  // why it failed: NaN, shape, all-zero, -inf pattern, ...
+  std::string diagnosis;              // a guess at the cause, when one is recognised
+};
+
+// The comparison of the selections.
+struct SelectionReport {
+  bool compared = false;    // false when the kernel gave no selection or the spec selects none
+  bool passed = true;
+  int64_t rows = 0;          // (query, group) rows compared
+  int64_t rows_differing = 0;
+  int64_t rows_accepted = 0;  // differing rows whose swaps are within the margin bound
+  double bound = 0;           // the margin bound used
+  double baseline_r_error = 0;  // max |r_float - r_double| over V(t)
+  double max_accepted_margin = 0;
+  double worst_margin = 0;      // largest margin of any differing row
+  std::vector<std::string> problems;  // one line per rejected row (first max_messages)
+};
+
+struct Verdict {
+  bool passed = false;
+  InputPrecision precision = InputPrecision::fp32;
+  std::string spec_description;
+  SelectionReport selection;
+  std::vector<TensorReport> tensors;
+  // A multi-line human report: one line per tensor (max abs, max rel, NMSE, worst element,
+  // headroom, PASS/FAIL) followed by the problems and diagnoses.
+  std::string report() const;
+};
+
+// Compares everything the kernel produced. Throws InvalidArgument for an invalid spec, inputs
+// or options (they are the caller's data); a kernel tensor with the wrong number of heads or
+// the wrong shape, NaN, or all zeros is a kernel failure and is reported in the verdict.
+Verdict verify(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+               const KernelOutputs& kernel, const VerifyOptions& options = {});
+
+// ---- Building blocks (public so that tests and tools can use them alone) -------------------
+
+// Group scores r(t,g,c) of SPEC §5 for one KV group: scores and lse_window are the G heads'
+// s_hat [Tq x n_chunks] and lse_swa [Tq]; -inf outside V(t). [Tq x n_chunks].
+template <class Scalar>
+Matrix<double> group_scores(const std::vector<Matrix<Scalar>>& scores,
+                            const std::vector<Vector<Scalar>>& lse_window, GroupRule rule);
+
+// The reference's fusion stage run with a given selection (Hkv x [Tq x K], -1 padded), for the
+// listed queries: o, lse and fusion weights per query head, in Scalar. With the reference's own
+// selection it reproduces run_mechanism. Throws InvalidArgument for a selection row that names
+// a chunk outside V(t) or twice.
+template <class Scalar>
+std::vector<HeadOutputs<Scalar>> forced_fusion(const MechanismSpec& spec,
+                                               const AttentionInputs<Scalar>& inputs,
+                                               const std::vector<IndexMatrix>& selection,
+                                               const std::vector<int64_t>& queries);
+
+// Compares kernel vs truth (double) given the float baseline, per head lists of equal shapes
+// (a kernel shape mismatch is reported, not thrown). Rows are named `row_label`=row_ids[i]
+// (e.g. "t" and the query slots, or "c" and chunk indices; row index when row_ids is empty).
+// Where truth is -inf (chunks outside V(t)) the kernel must be -inf too.
+TensorReport compare_tensor(const std::string& name, const std::vector<Matrix<double>>& kernel,
+                            const std::vector<Matrix<double>>& truth,
+                            const std::vector<Matrix<double>>& baseline, double magnitude,
+                            InputPrecision precision, const std::string& row_label,
+                            const std::vector<int64_t>& row_ids, int64_t max_messages = 8);
+
+// Guard bytes: the first offset in [data, data+bytes) whose byte differs from `pattern`, or
+// nullopt when the whole guard is intact.
+std::optional<std::size_t> first_guard_violation(const void* data, std::size_t bytes,
+                                                 unsigned char pattern);
+
+}  // namespace hils::oracle
