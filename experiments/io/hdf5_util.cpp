@@ -1,0 +1,404 @@
+#include "io/hdf5_util.hpp"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "io/file_error.hpp"
+
+namespace hils::io {
+
+void fail(const std::filesystem::path& file, const std::string& object,
+          const std::string& expected, const std::string& found) {
+  std::string where = file.string();
+  if (!object.empty()) where += ": " + object;
+  throw FileError(fmt::format("{}: expected {}, found {}", where, expected, found));
+}
+
+namespace {
+
+// "a/b/c" -> {"a", "b", "c"}, ignoring empty components.
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> parts;
+  std::stringstream stream(path);
+  std::string part;
+  while (std::getline(stream, part, '/'))
+    if (!part.empty()) parts.push_back(part);
+  return parts;
+}
+
+std::string dims_text(const std::vector<hsize_t>& dims) {
+  std::string text = "[";
+  for (size_t i = 0; i < dims.size(); ++i) text += (i ? ", " : "") + std::to_string(dims[i]);
+  return text + "]";
+}
+
+std::string expected_dims_text(const std::vector<int64_t>& dims) {
+  std::string text = "[";
+  for (size_t i = 0; i < dims.size(); ++i)
+    text += (i ? ", " : "") + (dims[i] < 0 ? std::string("*") : std::to_string(dims[i]));
+  return text + "]";
+}
+
+std::string type_text(const H5::DataType& type) {
+  switch (type.getClass()) {
+    case H5T_INTEGER: return fmt::format("{}-bit integers", 8 * type.getSize());
+    case H5T_FLOAT: return fmt::format("{}-bit floats", 8 * type.getSize());
+    case H5T_STRING: return "strings";
+    case H5T_COMPOUND: return "a compound type";
+    default: return "a non-numeric type";
+  }
+}
+
+H5::StrType utf8_string_type() {
+  H5::StrType type(H5::PredType::C_S1, H5T_VARIABLE);
+  type.setCset(H5T_CSET_UTF8);
+  return type;
+}
+
+}  // namespace
+
+H5::H5File open_hdf5(const std::filesystem::path& path, bool writable) {
+  H5::Exception::dontPrint();
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) fail(path, "", "an existing file", "no such file");
+  if (std::filesystem::is_directory(path, ec)) fail(path, "", "a file", "a folder");
+  bool is_hdf5 = false;
+  try {
+    is_hdf5 = H5::H5File::isHdf5(path.string().c_str());
+  } catch (const H5::Exception&) {
+    is_hdf5 = false;
+  }
+  if (!is_hdf5) fail(path, "", "an HDF5 file", "a file without the HDF5 signature");
+  try {
+    return H5::H5File(path.string(), writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY);
+  } catch (const H5::Exception& e) {
+    fail(path, "", "a complete HDF5 file",
+         "one the HDF5 library cannot open (truncated or corrupt: " + e.getDetailMsg() + ")");
+  }
+}
+
+bool has_object(const H5::Group& location, const std::string& path) {
+  std::string prefix;
+  for (const auto& part : split_path(path)) {
+    prefix += (prefix.empty() ? "" : "/") + part;
+    if (H5Lexists(location.getId(), prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+  }
+  return true;
+}
+
+H5::Group ensure_group(H5::Group location, const std::string& path) {
+  std::string prefix;
+  for (const auto& part : split_path(path)) {
+    prefix += (prefix.empty() ? "" : "/") + part;
+    if (H5Lexists(location.getId(), prefix.c_str(), H5P_DEFAULT) <= 0)
+      location.createGroup(prefix).close();
+  }
+  return prefix.empty() ? location : location.openGroup(prefix);
+}
+
+H5::DataSet open_dataset(const std::filesystem::path& file, const H5::Group& location,
+                         const std::string& name) {
+  if (!has_object(location, name)) fail(file, name, "a dataset", "nothing at that path");
+  H5O_info_t info;
+  if (H5Oget_info_by_name(location.getId(), name.c_str(), &info, H5P_DEFAULT) < 0 ||
+      info.type != H5O_TYPE_DATASET)
+    fail(file, name, "a dataset", "a group or other object");
+  try {
+    return location.openDataSet(name);
+  } catch (const H5::Exception& e) {
+    fail(file, name, "a readable dataset", "an unreadable one (" + e.getDetailMsg() + ")");
+  }
+}
+
+std::vector<hsize_t> dataset_dims(const H5::DataSet& dataset) {
+  H5::DataSpace space = dataset.getSpace();
+  std::vector<hsize_t> dims(space.getSimpleExtentNdims());
+  if (!dims.empty()) space.getSimpleExtentDims(dims.data());
+  return dims;
+}
+
+void require_dims(const std::filesystem::path& file, const std::string& name,
+                  const H5::DataSet& dataset, const std::vector<int64_t>& expected,
+                  const std::string& what) {
+  auto dims = dataset_dims(dataset);
+  bool ok = dims.size() == expected.size();
+  for (size_t i = 0; ok && i < dims.size(); ++i)
+    ok = expected[i] < 0 || static_cast<int64_t>(dims[i]) == expected[i];
+  if (!ok)
+    fail(file, name,
+         fmt::format("rank {} shape {} {}", expected.size(), expected_dims_text(expected), what),
+         fmt::format("rank {} shape {}", dims.size(), dims_text(dims)));
+}
+
+void require_float(const std::filesystem::path& file, const std::string& name,
+                   const H5::DataSet& dataset) {
+  H5::DataType type = dataset.getDataType();
+  if (type.getClass() != H5T_FLOAT || (type.getSize() != 4 && type.getSize() != 8))
+    fail(file, name, "float32 or float64 data", type_text(type));
+}
+
+void require_integer(const std::filesystem::path& file, const std::string& name,
+                     const H5::DataSet& dataset) {
+  H5::DataType type = dataset.getDataType();
+  if (type.getClass() != H5T_INTEGER) fail(file, name, "integer data", type_text(type));
+}
+
+std::vector<double> read_doubles(const std::filesystem::path& file, const std::string& name,
+                                 const H5::DataSet& dataset, bool finite_only) {
+  require_float(file, name, dataset);
+  std::vector<double> data(dataset.getSpace().getSimpleExtentNpoints());
+  try {
+    if (!data.empty()) dataset.read(data.data(), H5::PredType::NATIVE_DOUBLE);
+  } catch (const H5::Exception& e) {
+    fail(file, name, "readable data", "a read error (" + e.getDetailMsg() + ")");
+  }
+  for (size_t i = 0; finite_only && i < data.size(); ++i)
+    if (!std::isfinite(data[i]))
+      fail(file, name, "finite values", fmt::format("{} at flat index {}", data[i], i));
+  return data;
+}
+
+std::vector<int64_t> read_int64s(const H5::DataSet& dataset) {
+  std::vector<int64_t> data(dataset.getSpace().getSimpleExtentNpoints());
+  if (!data.empty()) dataset.read(data.data(), H5::PredType::NATIVE_INT64);
+  return data;
+}
+
+std::string read_text(const std::filesystem::path& file, const std::string& name,
+                      const H5::DataSet& dataset) {
+  H5::DataType type = dataset.getDataType();
+  if (type.getClass() != H5T_STRING) fail(file, name, "a string", type_text(type));
+  std::string text;
+  H5::StrType str_type = dataset.getStrType();
+  dataset.read(text, str_type.isVariableStr() ? utf8_string_type() : str_type);
+  return text;
+}
+
+bool has_attribute(const H5::H5Object& object, const std::string& name) {
+  return object.attrExists(name);
+}
+
+namespace {
+
+H5::Attribute open_attribute(const std::filesystem::path& file, const H5::H5Object& object,
+                             const std::string& object_name, const std::string& name) {
+  std::string where = (object_name.empty() ? "/" : object_name) + " attribute " + name;
+  if (!object.attrExists(name)) fail(file, where, "the attribute to exist", "no such attribute");
+  return object.openAttribute(name);
+}
+
+}  // namespace
+
+std::string read_string_attribute(const std::filesystem::path& file, const H5::H5Object& object,
+                                  const std::string& object_name, const std::string& name) {
+  H5::Attribute attribute = open_attribute(file, object, object_name, name);
+  H5::DataType type = attribute.getDataType();
+  if (type.getClass() != H5T_STRING)
+    fail(file, object_name + " attribute " + name, "a string", type_text(type));
+  H5::StrType str_type = attribute.getStrType();
+  std::string value;
+  attribute.read(str_type.isVariableStr() ? utf8_string_type() : str_type, value);
+  // Fixed-length strings may carry trailing NULs.
+  while (!value.empty() && value.back() == '\0') value.pop_back();
+  return value;
+}
+
+int64_t read_int_attribute(const std::filesystem::path& file, const H5::H5Object& object,
+                           const std::string& object_name, const std::string& name) {
+  H5::Attribute attribute = open_attribute(file, object, object_name, name);
+  H5::DataType type = attribute.getDataType();
+  if (type.getClass() != H5T_INTEGER || attribute.getSpace().getSimpleExtentNpoints() != 1)
+    fail(file, object_name + " attribute " + name, "one integer", type_text(type));
+  int64_t value = 0;
+  attribute.read(H5::PredType::NATIVE_INT64, &value);
+  return value;
+}
+
+double read_double_attribute(const std::filesystem::path& file, const H5::H5Object& object,
+                             const std::string& object_name, const std::string& name) {
+  H5::Attribute attribute = open_attribute(file, object, object_name, name);
+  H5::DataType type = attribute.getDataType();
+  if ((type.getClass() != H5T_FLOAT && type.getClass() != H5T_INTEGER) ||
+      attribute.getSpace().getSimpleExtentNpoints() != 1)
+    fail(file, object_name + " attribute " + name, "one number", type_text(type));
+  double value = 0;
+  attribute.read(H5::PredType::NATIVE_DOUBLE, &value);
+  if (!std::isfinite(value))
+    fail(file, object_name + " attribute " + name, "a finite number", std::to_string(value));
+  return value;
+}
+
+void write_attribute(H5::H5Object& object, const std::string& name, const std::string& value) {
+  if (object.attrExists(name)) object.removeAttr(name);
+  H5::StrType type = utf8_string_type();
+  H5::Attribute attribute = object.createAttribute(name, type, H5::DataSpace(H5S_SCALAR));
+  attribute.write(type, value);
+}
+
+void write_attribute(H5::H5Object& object, const std::string& name, int64_t value) {
+  if (object.attrExists(name)) object.removeAttr(name);
+  H5::Attribute attribute =
+      object.createAttribute(name, H5::PredType::STD_I64LE, H5::DataSpace(H5S_SCALAR));
+  attribute.write(H5::PredType::NATIVE_INT64, &value);
+}
+
+void write_attribute(H5::H5Object& object, const std::string& name, double value) {
+  if (object.attrExists(name)) object.removeAttr(name);
+  H5::Attribute attribute =
+      object.createAttribute(name, H5::PredType::IEEE_F64LE, H5::DataSpace(H5S_SCALAR));
+  attribute.write(H5::PredType::NATIVE_DOUBLE, &value);
+}
+
+namespace {
+
+H5::DataSpace space_of(const std::vector<hsize_t>& dims) {
+  if (dims.empty()) return H5::DataSpace(H5S_SCALAR);
+  return H5::DataSpace(static_cast<int>(dims.size()), dims.data());
+}
+
+// Parent groups of a '/'-separated dataset path are created on demand.
+std::pair<H5::Group, std::string> parent_and_leaf(H5::Group& location, const std::string& path) {
+  auto parts = split_path(path);
+  if (parts.empty()) throw FileError("dataset path must not be empty");
+  std::string leaf = parts.back();
+  parts.pop_back();
+  std::string parent;
+  for (const auto& part : parts) parent += part + "/";
+  return {parent.empty() ? location : ensure_group(location, parent), leaf};
+}
+
+template <class T>
+H5::DataSet write_typed(H5::Group& location, const std::string& name, const T* data,
+                        const std::vector<hsize_t>& dims, const H5::DataType& file_type,
+                        const H5::PredType& memory_type) {
+  auto [parent, leaf] = parent_and_leaf(location, name);
+  H5::DataSet dataset = parent.createDataSet(leaf, file_type, space_of(dims));
+  size_t n = 1;
+  for (auto extent : dims) n *= extent;
+  if (n > 0) dataset.write(data, memory_type);
+  return dataset;
+}
+
+}  // namespace
+
+H5::DataSet write_doubles(H5::Group& location, const std::string& name, const double* data,
+                          const std::vector<hsize_t>& dims, bool as_float32) {
+  return write_typed(location, name, data, dims,
+                     as_float32 ? H5::PredType::IEEE_F32LE : H5::PredType::IEEE_F64LE,
+                     H5::PredType::NATIVE_DOUBLE);
+}
+
+H5::DataSet write_int32s(H5::Group& location, const std::string& name, const int32_t* data,
+                         const std::vector<hsize_t>& dims) {
+  return write_typed(location, name, data, dims, H5::PredType::STD_I32LE,
+                     H5::PredType::NATIVE_INT32);
+}
+
+H5::DataSet write_int64s(H5::Group& location, const std::string& name, const int64_t* data,
+                         const std::vector<hsize_t>& dims) {
+  return write_typed(location, name, data, dims, H5::PredType::STD_I64LE,
+                     H5::PredType::NATIVE_INT64);
+}
+
+H5::DataSet write_uint8s(H5::Group& location, const std::string& name, const uint8_t* data,
+                         const std::vector<hsize_t>& dims) {
+  return write_typed(location, name, data, dims, H5::PredType::STD_U8LE,
+                     H5::PredType::NATIVE_UINT8);
+}
+
+H5::DataSet write_text(H5::Group& location, const std::string& name, const std::string& text) {
+  auto [parent, leaf] = parent_and_leaf(location, name);
+  H5::StrType type = utf8_string_type();
+  H5::DataSet dataset = parent.createDataSet(leaf, type, H5::DataSpace(H5S_SCALAR));
+  dataset.write(text, type);
+  return dataset;
+}
+
+namespace {
+
+std::filesystem::path temp_name_for(const std::filesystem::path& final_path) {
+  static std::atomic<int> counter{0};
+  auto name = fmt::format(".{}.tmp-{}-{}", final_path.filename().string(), ::getpid(),
+                          counter.fetch_add(1));
+  return final_path.parent_path() / name;
+}
+
+void require_writable_folder(const std::filesystem::path& final_path) {
+  auto folder = final_path.parent_path();
+  if (folder.empty()) folder = ".";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(folder, ec))
+    fail(final_path, "", "an output folder that exists",
+         "no folder " + folder.string());
+  if (::access(folder.c_str(), W_OK) != 0)
+    fail(final_path, "", "a writable output folder", "folder " + folder.string() +
+                                                         " is not writable");
+  if (std::filesystem::is_directory(final_path, ec))
+    fail(final_path, "", "a file name for the output", "an existing folder");
+}
+
+}  // namespace
+
+TempFile::TempFile(const std::filesystem::path& final_path)
+    : final_(final_path), temp_(temp_name_for(final_path)) {
+  require_writable_folder(final_);
+  // Create it now so that permission problems surface before any work is done.
+  std::ofstream probe(temp_, std::ios::binary);
+  if (!probe)
+    fail(final_, "", "a writable output folder", "cannot create " + temp_.string());
+  active_ = true;
+}
+
+TempFile::~TempFile() {
+  if (active_) {
+    std::error_code ec;
+    std::filesystem::remove(temp_, ec);
+  }
+}
+
+TempFile::TempFile(TempFile&& other) noexcept
+    : final_(std::move(other.final_)), temp_(std::move(other.temp_)), active_(other.active_) {
+  other.active_ = false;
+}
+
+TempFile& TempFile::operator=(TempFile&& other) noexcept {
+  if (this != &other) {
+    if (active_) {
+      std::error_code ec;
+      std::filesystem::remove(temp_, ec);
+    }
+    final_ = std::move(other.final_);
+    temp_ = std::move(other.temp_);
+    active_ = other.active_;
+    other.active_ = false;
+  }
+  return *this;
+}
+
+void TempFile::publish() {
+  std::error_code ec;
+  std::filesystem::rename(temp_, final_, ec);
+  if (ec) fail(final_, "", "a rename of the finished temporary file", ec.message());
+  active_ = false;
+}
+
+void TempFile::publish_copy() const {
+  auto second = temp_name_for(final_);
+  std::error_code ec;
+  std::filesystem::copy_file(temp_, second, std::filesystem::copy_options::overwrite_existing,
+                             ec);
+  if (!ec) std::filesystem::rename(second, final_, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(second, ignored);
+    fail(final_, "", "a checkpoint copy of the temporary file", ec.message());
+  }
+}
+
+}  // namespace hils::io

@@ -1,0 +1,389 @@
+#include "io/results_file.hpp"
+
+#include <chrono>
+#include <ctime>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "io/file_error.hpp"
+#include "io/hdf5_util.hpp"
+
+namespace hils::io {
+
+std::string utc_now() {
+  std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm parts{};
+  gmtime_r(&now, &parts);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &parts);
+  return text;
+}
+
+struct ResultsWriter::State {
+  TempFile temp;
+  std::optional<H5::H5File> file;
+  std::vector<std::string> complete;
+};
+
+namespace {
+
+constexpr const char* kCompleteUnits = "complete_units";
+
+void write_provenance(H5::H5File& file, const Provenance& provenance) {
+  write_attribute(file, "format", std::string(kResultsFormat));
+  write_attribute(file, "format_version", kResultsFormatVersion);
+  write_attribute(file, "config", provenance.config.dump());
+  write_attribute(file, "hils_version", project_version());
+  write_attribute(file, "git_commit", git_commit());
+  // Seeds are 64-bit unsigned; HDF5 readers see the same bits as a signed int64, so the decimal
+  // text travels alongside.
+  write_attribute(file, "seed", static_cast<int64_t>(provenance.seed));
+  write_attribute(file, "seed_text", std::to_string(provenance.seed));
+  write_attribute(file, "created", utc_now());
+  write_attribute(file, "command", provenance.command);
+  write_attribute(file, kCompleteUnits, std::string("[]"));
+}
+
+nlohmann::json without_keys(nlohmann::json config, const std::vector<std::string>& keys) {
+  if (config.is_object())
+    for (const auto& key : keys) config.erase(key);
+  return config;
+}
+
+void require_results_format(const std::filesystem::path& path, const H5::H5File& file) {
+  std::string format = read_string_attribute(path, file, "/", "format");
+  if (format != kResultsFormat)
+    fail(path, "/ attribute format", std::string("\"") + kResultsFormat + "\"",
+         "\"" + format + "\"");
+  int64_t version = read_int_attribute(path, file, "/", "format_version");
+  if (version != kResultsFormatVersion)
+    fail(path, "/ attribute format_version", std::to_string(kResultsFormatVersion),
+         std::to_string(version));
+}
+
+std::string strip_slashes(const std::string& path) {
+  size_t begin = path.find_first_not_of('/');
+  if (begin == std::string::npos) return "";
+  size_t end = path.find_last_not_of('/');
+  return path.substr(begin, end - begin + 1);
+}
+
+}  // namespace
+
+ResultsWriter::ResultsWriter(std::unique_ptr<State> state) : state_(std::move(state)) {}
+ResultsWriter::ResultsWriter(ResultsWriter&&) noexcept = default;
+ResultsWriter& ResultsWriter::operator=(ResultsWriter&&) noexcept = default;
+
+ResultsWriter::~ResultsWriter() {
+  if (state_ && state_->file) {
+    try {
+      state_->file->close();
+    } catch (...) {
+      // The temporary file is removed by TempFile whatever state it is in.
+    }
+  }
+}
+
+ResultsWriter ResultsWriter::create(const std::filesystem::path& path,
+                                    const Provenance& provenance) {
+  H5::Exception::dontPrint();
+  auto state = std::make_unique<State>(State{TempFile(path), std::nullopt, {}});
+  state->file.emplace(state->temp.path().string(), H5F_ACC_TRUNC);
+  write_provenance(*state->file, provenance);
+  return ResultsWriter(std::move(state));
+}
+
+ResultsWriter ResultsWriter::resume(const std::filesystem::path& path,
+                                    const Provenance& provenance,
+                                    const std::vector<std::string>& ignore_keys) {
+  std::vector<std::string> complete;
+  {
+    H5::H5File existing = open_hdf5(path);
+    require_results_format(path, existing);
+    std::string text = read_string_attribute(path, existing, "/", "config");
+    nlohmann::json config;
+    try {
+      config = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception&) {
+      fail(path, "/ attribute config", "a JSON document", "\"" + text.substr(0, 60) + "\"");
+    }
+    if (without_keys(config, ignore_keys) != without_keys(provenance.config, ignore_keys))
+      fail(path, "/ attribute config",
+           "the configuration of this run (resuming must not mix experiments)",
+           without_keys(config, ignore_keys).dump());
+    auto units = nlohmann::json::parse(read_string_attribute(path, existing, "/", kCompleteUnits));
+    for (const auto& unit : units) complete.push_back(unit.get<std::string>());
+  }
+  auto state = std::make_unique<State>(State{TempFile(path), std::nullopt, std::move(complete)});
+  std::error_code ec;
+  std::filesystem::copy_file(path, state->temp.path(),
+                             std::filesystem::copy_options::overwrite_existing, ec);
+  if (ec) fail(path, "", "a results file that can be copied to resume it", ec.message());
+  state->file.emplace(state->temp.path().string(), H5F_ACC_RDWR);
+  std::string earlier = read_string_attribute(path, *state->file, "/", "git_commit");
+  if (earlier != git_commit())
+    write_attribute(*state->file, "git_commit", earlier + " then " + git_commit());
+  write_attribute(*state->file, "resumed", utc_now());
+  return ResultsWriter(std::move(state));
+}
+
+ResultsWriter ResultsWriter::open(const std::filesystem::path& path,
+                                  const Provenance& provenance,
+                                  const std::vector<std::string>& ignore_keys) {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec)) return resume(path, provenance, ignore_keys);
+  return create(path, provenance);
+}
+
+namespace {
+
+H5::Group root_of(H5::H5File& file) { return file.openGroup("/"); }
+
+void require_new(const H5::H5File& file, const std::filesystem::path& final_path,
+                 const std::string& path) {
+  if (has_object(file, path))
+    fail(final_path, path, "a dataset written once", "an existing dataset of that name");
+}
+
+}  // namespace
+
+void ResultsWriter::write(const std::string& path, const Matrix<double>& data,
+                          const std::string& meaning) {
+  require_new(*state_->file, this->path(), path);
+  H5::Group root = root_of(*state_->file);
+  auto dataset = write_doubles(
+      root, path, data.data(),
+      {static_cast<hsize_t>(data.rows()), static_cast<hsize_t>(data.cols())}, false);
+  write_attribute(dataset, "meaning", meaning);
+}
+
+void ResultsWriter::write(const std::string& path, const Vector<double>& data,
+                          const std::string& meaning) {
+  require_new(*state_->file, this->path(), path);
+  H5::Group root = root_of(*state_->file);
+  auto dataset =
+      write_doubles(root, path, data.data(), {static_cast<hsize_t>(data.size())}, false);
+  write_attribute(dataset, "meaning", meaning);
+}
+
+void ResultsWriter::write(const std::string& path, const std::vector<double>& data,
+                          const std::string& meaning) {
+  require_new(*state_->file, this->path(), path);
+  H5::Group root = root_of(*state_->file);
+  auto dataset = write_doubles(root, path, data.data(), {data.size()}, false);
+  write_attribute(dataset, "meaning", meaning);
+}
+
+void ResultsWriter::write(const std::string& path, const IndexMatrix& data,
+                          const std::string& meaning) {
+  require_new(*state_->file, this->path(), path);
+  H5::Group root = root_of(*state_->file);
+  auto dataset = write_int32s(
+      root, path, data.data(),
+      {static_cast<hsize_t>(data.rows()), static_cast<hsize_t>(data.cols())});
+  write_attribute(dataset, "meaning", meaning);
+}
+
+void ResultsWriter::write(const std::string& path, const std::vector<int64_t>& data,
+                          const std::string& meaning) {
+  require_new(*state_->file, this->path(), path);
+  H5::Group root = root_of(*state_->file);
+  auto dataset = write_int64s(root, path, data.data(), {data.size()});
+  write_attribute(dataset, "meaning", meaning);
+}
+
+void ResultsWriter::write(const std::string& path, const std::string& text,
+                          const std::string& meaning) {
+  require_new(*state_->file, this->path(), path);
+  H5::Group root = root_of(*state_->file);
+  auto dataset = write_text(root, path, text);
+  write_attribute(dataset, "meaning", meaning);
+}
+
+namespace {
+
+// The group or dataset at `object` ("" is the root); groups are created on demand.
+template <class Value>
+void set_attribute_on(H5::H5File& file, const std::string& object, const std::string& name,
+                      const Value& value) {
+  std::string path = strip_slashes(object);
+  H5::Group root = file.openGroup("/");
+  if (path.empty()) {
+    write_attribute(root, name, value);
+    return;
+  }
+  H5O_info_t info;
+  if (has_object(root, path) &&
+      H5Oget_info_by_name(root.getId(), path.c_str(), &info, H5P_DEFAULT) >= 0 &&
+      info.type == H5O_TYPE_DATASET) {
+    H5::DataSet dataset = root.openDataSet(path);
+    write_attribute(dataset, name, value);
+    return;
+  }
+  H5::Group group = ensure_group(root, path);
+  write_attribute(group, name, value);
+}
+
+}  // namespace
+
+void ResultsWriter::set_attribute(const std::string& object, const std::string& name,
+                                  const std::string& v) {
+  set_attribute_on(*state_->file, object, name, v);
+}
+void ResultsWriter::set_attribute(const std::string& object, const std::string& name,
+                                  double v) {
+  set_attribute_on(*state_->file, object, name, v);
+}
+void ResultsWriter::set_attribute(const std::string& object, const std::string& name,
+                                  int64_t v) {
+  set_attribute_on(*state_->file, object, name, v);
+}
+
+bool ResultsWriter::exists(const std::string& path) const {
+  return has_object(*state_->file, strip_slashes(path));
+}
+
+std::vector<std::string> ResultsWriter::complete_units() const { return state_->complete; }
+
+bool ResultsWriter::is_complete(const std::string& unit) const {
+  std::string key = strip_slashes(unit);
+  for (const auto& done : state_->complete)
+    if (done == key) return true;
+  return false;
+}
+
+void ResultsWriter::mark_complete(const std::string& unit) {
+  std::string key = strip_slashes(unit);
+  if (is_complete(key)) return;
+  state_->complete.push_back(key);
+  if (!key.empty()) set_attribute(key, "complete", static_cast<int64_t>(1));
+  H5::Group root = state_->file->openGroup("/");
+  write_attribute(root, kCompleteUnits, nlohmann::json(state_->complete).dump());
+}
+
+void ResultsWriter::checkpoint() {
+  // Closing makes the temporary file self-consistent before it is copied.
+  state_->file->close();
+  state_->temp.publish_copy();
+  state_->file.emplace(state_->temp.path().string(), H5F_ACC_RDWR);
+}
+
+void ResultsWriter::commit() {
+  require(state_ && state_->file.has_value(), "ResultsWriter", "an open writer",
+          "one already committed");
+  state_->file->close();
+  state_->file.reset();
+  state_->temp.publish();
+}
+
+const std::filesystem::path& ResultsWriter::path() const { return state_->temp.final_path(); }
+
+// ---- reader -----------------------------------------------------------------------------------
+
+struct ResultsReader::State {
+  std::filesystem::path path;
+  H5::H5File file;
+};
+
+ResultsReader::ResultsReader(const std::filesystem::path& path) {
+  H5::H5File file = open_hdf5(path);
+  require_results_format(path, file);
+  state_ = std::make_unique<State>(State{path, file});
+}
+ResultsReader::~ResultsReader() = default;
+ResultsReader::ResultsReader(ResultsReader&&) noexcept = default;
+
+bool ResultsReader::exists(const std::string& path) const {
+  return has_object(state_->file, strip_slashes(path));
+}
+
+Matrix<double> ResultsReader::matrix(const std::string& path) const {
+  auto dataset = open_dataset(state_->path, state_->file, strip_slashes(path));
+  auto dims = dataset_dims(dataset);
+  if (dims.size() > 2) fail(state_->path, path, "rank 0, 1 or 2", std::to_string(dims.size()));
+  auto flat = read_doubles(state_->path, path, dataset, false);
+  int64_t rows = dims.empty() ? 1 : static_cast<int64_t>(dims[0]);
+  int64_t cols = dims.size() == 2 ? static_cast<int64_t>(dims[1]) : 1;
+  Matrix<double> m(rows, cols);
+  std::copy(flat.begin(), flat.end(), m.data());
+  return m;
+}
+
+IndexMatrix ResultsReader::index_matrix(const std::string& path) const {
+  auto dataset = open_dataset(state_->path, state_->file, strip_slashes(path));
+  require_integer(state_->path, path, dataset);
+  auto dims = dataset_dims(dataset);
+  if (dims.size() > 2) fail(state_->path, path, "rank 0, 1 or 2", std::to_string(dims.size()));
+  auto flat = read_int64s(dataset);
+  int64_t rows = dims.empty() ? 1 : static_cast<int64_t>(dims[0]);
+  int64_t cols = dims.size() == 2 ? static_cast<int64_t>(dims[1]) : 1;
+  IndexMatrix m(rows, cols);
+  for (size_t i = 0; i < flat.size(); ++i) m.data()[i] = static_cast<int32_t>(flat[i]);
+  return m;
+}
+
+std::string ResultsReader::text(const std::string& path) const {
+  auto dataset = open_dataset(state_->path, state_->file, strip_slashes(path));
+  return read_text(state_->path, path, dataset);
+}
+
+namespace {
+
+// Attributes live on the root, a group or a dataset.
+template <class Read>
+auto read_attribute_at(const std::filesystem::path& file_path, const H5::H5File& file,
+                       const std::string& object, Read read) {
+  std::string path = strip_slashes(object);
+  if (path.empty()) return read(file, "/");
+  if (!has_object(file, path)) fail(file_path, path, "an object", "nothing at that path");
+  H5O_info_t info;
+  H5Oget_info_by_name(file.getId(), path.c_str(), &info, H5P_DEFAULT);
+  if (info.type == H5O_TYPE_DATASET) return read(file.openDataSet(path), path);
+  return read(file.openGroup(path), path);
+}
+
+}  // namespace
+
+std::string ResultsReader::string_attribute(const std::string& object,
+                                            const std::string& name) const {
+  return read_attribute_at(state_->path, state_->file, object,
+                           [&](const H5::H5Object& o, const std::string& where) {
+                             return read_string_attribute(state_->path, o, where, name);
+                           });
+}
+
+double ResultsReader::double_attribute(const std::string& object,
+                                       const std::string& name) const {
+  return read_attribute_at(state_->path, state_->file, object,
+                           [&](const H5::H5Object& o, const std::string& where) {
+                             return read_double_attribute(state_->path, o, where, name);
+                           });
+}
+
+int64_t ResultsReader::int_attribute(const std::string& object, const std::string& name) const {
+  return read_attribute_at(state_->path, state_->file, object,
+                           [&](const H5::H5Object& o, const std::string& where) {
+                             return read_int_attribute(state_->path, o, where, name);
+                           });
+}
+
+nlohmann::json ResultsReader::config() const {
+  std::string text = string_attribute("", "config");
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    fail(state_->path, "/ attribute config", "a JSON document", "\"" + text.substr(0, 60) + "\"");
+  }
+}
+
+std::vector<std::string> ResultsReader::members(const std::string& group) const {
+  std::string path = strip_slashes(group);
+  H5::Group g = state_->file.openGroup(path.empty() ? "/" : path);
+  std::vector<std::string> names;
+  for (hsize_t i = 0; i < g.getNumObjs(); ++i) names.push_back(g.getObjnameByIdx(i));
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace hils::io
