@@ -1,0 +1,224 @@
+// run_mechanism: one per-(group, query-block) loop for every spec (SPEC §7).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "blocks.hpp"
+#include "selection.hpp"
+
+namespace hils {
+namespace {
+
+using detail::neg_inf;
+using detail::QueryBlock;
+
+// Refuses runs whose outputs cannot fit in this machine's memory, before allocating anything.
+template <class Scalar>
+void require_outputs_fit(const MechanismSpec& spec, const AttentionInputs<Scalar>& inputs,
+                         const RunOptions& options, int64_t rows) {
+  const double chunks = static_cast<double>(inputs.T() / spec.S);
+  double per_row = static_cast<double>(inputs.dv() + 1 + spec.K + 2);
+  if (options.keep_surrogate_scores) per_row += chunks;
+  if (options.keep_exact_scores) per_row += chunks;
+  if (options.keep_window) per_row += static_cast<double>(inputs.dv() + 1);
+  const double bytes = static_cast<double>(rows) * static_cast<double>(inputs.Hq()) * per_row *
+                       static_cast<double>(sizeof(Scalar));
+  const double memory =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  require(bytes < 0.8 * memory, "RunOptions",
+          "outputs within 80% of this machine's " + std::to_string(memory / (1 << 30)) +
+              " GiB (sample queries with RunOptions::queries or drop kept scores)",
+          std::to_string(bytes / (1 << 30)) + " GiB");
+}
+
+template <class Scalar>
+MechanismOutputs<Scalar> allocate_outputs(const MechanismSpec& spec,
+                                          const AttentionInputs<Scalar>& inputs,
+                                          const RunOptions& options,
+                                          std::vector<int64_t> queries, int64_t chunks) {
+  const int64_t n = static_cast<int64_t>(queries.size());
+  MechanismOutputs<Scalar> out;
+  out.queries = std::move(queries);
+  out.heads.resize(static_cast<size_t>(inputs.Hq()));
+  for (auto& head : out.heads) {
+    head.o.resize(n, inputs.dv());
+    head.lse.resize(n);
+    head.fusion_weights = Matrix<Scalar>::Zero(n, spec.K + 2);
+    if (options.keep_surrogate_scores)
+      head.surrogate_scores = Matrix<Scalar>::Constant(n, chunks, neg_inf<Scalar>());
+    if (options.keep_exact_scores)
+      head.exact_scores = Matrix<Scalar>::Constant(n, chunks, neg_inf<Scalar>());
+    if (options.keep_window) {
+      head.o_window.resize(n, inputs.dv());
+      head.lse_window.resize(n);
+    }
+  }
+  if (spec.selects())
+    out.selection.assign(static_cast<size_t>(inputs.Hkv()), IndexMatrix::Constant(n, spec.K, -1));
+  return out;
+}
+
+// Full and window mechanisms: independent (head, block) units.
+template <class Scalar>
+void run_dense(const MechanismSpec& spec, const AttentionInputs<Scalar>& inputs,
+               const RunOptions& options, const Geometry& geometry, Scalar scale,
+               const std::vector<QueryBlock>& blocks, MechanismOutputs<Scalar>& out) {
+  const int64_t G = inputs.Hq() / inputs.Hkv(), n_blocks = static_cast<int64_t>(blocks.size());
+  const bool window_only = spec.fusion == Fusion::window;
+  detail::parallel_units(inputs.Hq() * n_blocks, [&](int64_t unit) {
+    const int64_t h = unit / n_blocks, g = h / G;
+    const QueryBlock& block = blocks[static_cast<size_t>(unit % n_blocks)];
+    const auto q_rows = detail::gather_rows(inputs.q[h], out.queries, block);
+    auto& head = out.heads[static_cast<size_t>(h)];
+    auto result = detail::block_attention(q_rows, out.queries, block, inputs.k[g], inputs.v[g],
+                                          geometry, scale, window_only);
+    head.o.middleRows(block.begin, block.size()) = result.o;
+    head.lse.segment(block.begin, block.size()) = result.lse;
+    head.fusion_weights.col(spec.K).segment(block.begin, block.size()).setOnes();
+    if (options.keep_window) {
+      auto window = window_only ? result
+                                : detail::block_attention(q_rows, out.queries, block, inputs.k[g],
+                                                          inputs.v[g], geometry, scale, true);
+      head.o_window.middleRows(block.begin, block.size()) = window.o;
+      head.lse_window.segment(block.begin, block.size()) = window.lse;
+    }
+    if (options.keep_exact_scores)
+      head.exact_scores.middleRows(block.begin, block.size()) = detail::block_chunk_log_mass(
+          q_rows, out.queries, block, inputs.k[g], geometry, scale);
+  });
+}
+
+// Everything one head of a group knows about one query block before fusion.
+template <class Scalar>
+struct HeadBlock {
+  Matrix<Scalar> q_rows;
+  WindowResult<Scalar> window;
+  Matrix<Scalar> scores;  // s_hat, [n x n_chunks]
+};
+
+// Fuses one query row of one head from its window and the group's selection (Eq. 3, 10).
+template <class Scalar>
+void fuse_row(const MechanismSpec& spec, const HeadBlock<Scalar>& hb, int64_t i,
+              const int32_t* selected, const Matrix<Scalar>& k, const Matrix<Scalar>& v,
+              const Geometry& geometry, Scalar scale, HeadOutputs<Scalar>& head, int64_t row) {
+  const int64_t K = spec.K;
+  const bool flat = spec.fusion == Fusion::flat;
+  // logits: the selected chunks', the window's, and the optional zero logit.
+  Vector<Scalar> logits = Vector<Scalar>::Constant(K + 2, neg_inf<Scalar>());
+  Matrix<Scalar> chunk_out = Matrix<Scalar>::Zero(K, v.cols());
+  for (int64_t s = 0; s < K && selected[s] >= 0; ++s) {
+    auto chunk = detail::attend_chunk<Scalar>(hb.q_rows.row(i).transpose(), k, v, selected[s],
+                                              geometry, scale);
+    logits(s) = flat ? chunk.log_mass : hb.scores(i, selected[s]);
+    chunk_out.row(s) = chunk.o.transpose();
+  }
+  logits(K) = hb.window.lse(i);
+  if (spec.softmax1) logits(K + 1) = Scalar(0);
+  const Scalar top = logits.maxCoeff();
+  const Scalar lse = top + std::log((logits.array() - top).exp().sum());
+  Vector<Scalar> weights = (logits.array() - lse).exp().matrix();
+  head.lse(row) = lse;
+  head.fusion_weights.row(row) = weights.transpose();
+  head.o.row(row) = weights.head(K).transpose() * chunk_out + weights(K) * hb.window.o.row(i);
+}
+
+// Selecting mechanisms: independent (KV group, block) units; heads of a group share selection.
+template <class Scalar>
+void run_selecting(const MechanismSpec& spec, const AttentionInputs<Scalar>& inputs,
+                   const RunOptions& options, const Geometry& geometry, Scalar scale,
+                   const std::vector<QueryBlock>& blocks,
+                   const std::vector<ChunkSummaries<Scalar>>& summaries,
+                   MechanismOutputs<Scalar>& out) {
+  const int64_t G = inputs.Hq() / inputs.Hkv(), n_blocks = static_cast<int64_t>(blocks.size());
+  detail::parallel_units(inputs.Hkv() * n_blocks, [&](int64_t unit) {
+    const int64_t g = unit / n_blocks;
+    const QueryBlock& block = blocks[static_cast<size_t>(unit % n_blocks)];
+    const auto& k = inputs.k[g];
+    const auto& v = inputs.v[g];
+    std::vector<HeadBlock<Scalar>> heads(static_cast<size_t>(G));
+    for (int64_t j = 0; j < G; ++j) {
+      const int64_t h = g * G + j;
+      auto& hb = heads[static_cast<size_t>(j)];
+      hb.q_rows = detail::gather_rows(inputs.q[h], out.queries, block);
+      hb.window = detail::block_attention(hb.q_rows, out.queries, block, k, v, geometry, scale, true);
+      const bool need_exact = spec.key_rule == KeyRule::exact || options.keep_exact_scores;
+      Matrix<Scalar> exact;
+      if (need_exact)
+        exact = detail::block_chunk_log_mass(hb.q_rows, out.queries, block, k, geometry, scale);
+      hb.scores = spec.key_rule == KeyRule::exact
+                      ? exact
+                      : detail::block_surrogate_scores(
+                            detail::gather_rows(inputs.retrieval_query(h), out.queries, block),
+                            out.queries, block, summaries[static_cast<size_t>(h)], geometry, scale);
+      auto& head = out.heads[static_cast<size_t>(h)];
+      if (options.keep_exact_scores) head.exact_scores.middleRows(block.begin, block.size()) = exact;
+      if (options.keep_surrogate_scores)
+        head.surrogate_scores.middleRows(block.begin, block.size()) = hb.scores;
+      if (options.keep_window) {
+        head.o_window.middleRows(block.begin, block.size()) = hb.window.o;
+        head.lse_window.segment(block.begin, block.size()) = hb.window.lse;
+      }
+    }
+    std::vector<const Scalar*> score_rows(static_cast<size_t>(G));
+    std::vector<Scalar> lse_rows(static_cast<size_t>(G));
+    for (int64_t i = 0; i < block.size(); ++i) {
+      const int64_t row = block.begin + i;
+      for (int64_t j = 0; j < G; ++j) {
+        score_rows[static_cast<size_t>(j)] = heads[static_cast<size_t>(j)].scores.row(i).data();
+        lse_rows[static_cast<size_t>(j)] = heads[static_cast<size_t>(j)].window.lse(i);
+      }
+      int32_t* selected = out.selection[static_cast<size_t>(g)].row(row).data();
+      detail::select_row(score_rows, lse_rows,
+                         geometry.candidate_count(out.queries[static_cast<size_t>(row)]),
+                         spec.group_rule, spec.K, selected);
+      for (int64_t j = 0; j < G; ++j)
+        fuse_row(spec, heads[static_cast<size_t>(j)], i, selected, k, v, geometry, scale,
+                 out.heads[static_cast<size_t>(g * G + j)], row);
+    }
+  });
+}
+
+}  // namespace
+
+template <class Scalar>
+MechanismOutputs<Scalar> run_mechanism(const MechanismSpec& spec,
+                                       const AttentionInputs<Scalar>& inputs,
+                                       const RunOptions& options) {
+  spec.validate();
+  inputs.validate(spec);
+  const Geometry geometry = geometry_of(spec, inputs.T());
+  const Scalar scale = static_cast<Scalar>(logit_scale(spec, inputs.d()));
+  auto queries = detail::resolve_queries(options.queries, inputs.T());
+  require_outputs_fit(spec, inputs, options, static_cast<int64_t>(queries.size()));
+  const auto blocks = detail::partition_queries(queries, geometry);
+  auto out = allocate_outputs(spec, inputs, options, std::move(queries), geometry.n_chunks());
+  if (!spec.selects()) {
+    run_dense(spec, inputs, options, geometry, scale, blocks, out);
+    return out;
+  }
+  std::vector<ChunkSummaries<Scalar>> summaries(static_cast<size_t>(inputs.Hq()));
+  if (spec.key_rule != KeyRule::exact) {
+    const int64_t G = inputs.Hq() / inputs.Hkv();
+    detail::parallel_units(inputs.Hq(), [&](int64_t h) {
+      const Matrix<Scalar> prior = spec.needs_prior() ? resolve_prior(inputs, h, spec, geometry)
+                                                      : Matrix<Scalar>();
+      summaries[static_cast<size_t>(h)] = summarize(inputs.k[h / G], prior, spec.key_rule,
+                                                    spec.bias_rule, geometry, scale);
+    });
+  }
+  run_selecting(spec, inputs, options, geometry, scale, blocks, summaries, out);
+  return out;
+}
+
+template MechanismOutputs<float> run_mechanism<float>(const MechanismSpec&,
+                                                      const AttentionInputs<float>&,
+                                                      const RunOptions&);
+template MechanismOutputs<double> run_mechanism<double>(const MechanismSpec&,
+                                                        const AttentionInputs<double>&,
+                                                        const RunOptions&);
+template MechanismOutputs<long double> run_mechanism<long double>(
+    const MechanismSpec&, const AttentionInputs<long double>&, const RunOptions&);
+
+}  // namespace hils
