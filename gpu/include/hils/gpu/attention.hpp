@@ -1,0 +1,91 @@
+// Host API of the CUDA kernels: the reference's stage names (window -> summarize -> score ->
+// select -> fuse) on device pointers, with the reference's MechanismSpec (SPEC §3–6).
+// C++17 and free of Eigen so that nvcc and plain C++ callers both include it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "hils/spec.hpp"
+
+namespace hils::gpu {
+
+// Element type of q, k, v, q~ and the prior; arithmetic is always fp32.
+enum class DType { f32, bf16 };
+
+// One layer's shapes. Query head h reads KV head h / G, G = Hq / Hkv.
+struct Shape {
+  int64_t T = 0, Hq = 0, Hkv = 0, d = 0, dv = 0;
+};
+
+// Device pointers, head-major and contiguous: q [Hq, T, d], k [Hkv, T, d], v [Hkv, T, dv].
+struct DeviceInputs {
+  DType dtype = DType::f32;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* q_retrieval = nullptr;  // [Hq, T, d]; nullptr means q~ = q
+  const void* prior = nullptr;        // PriorRule shared/given: [Hq, prior_rows, d]
+  int64_t prior_rows = 0;             // 1 (one shared row per head) or n_chunks
+};
+
+// Device outputs of a whole mechanism (fp32 / int32). Null pointers are skipped where marked.
+struct DeviceOutputs {
+  float* o = nullptr;             // [Hq, T, dv]
+  float* lse = nullptr;           // [Hq, T]
+  float* o_window = nullptr;      // [Hq, T, dv], optional
+  float* lse_window = nullptr;    // [Hq, T], optional
+  int32_t* selection = nullptr;   // [Hkv, T, K], optional
+  float* surrogate = nullptr;     // [Hq, T, n_chunks], optional (-inf outside V(t))
+  float* summary_key = nullptr;   // [Hq, n_chunks, d], optional
+  float* summary_bias = nullptr;  // [Hq, n_chunks], optional
+  float* exact = nullptr;         // [Hq, T, n_chunks], optional (-inf outside V(t))
+};
+
+// Complete chunks floor(T / S).
+int64_t n_chunks(const MechanismSpec& spec, int64_t T);
+// Logit scale sigma: spec.scale, or 1/sqrt(d) when 0.
+float logit_scale(const MechanismSpec& spec, int64_t d);
+// Throws std::invalid_argument naming the first bad field (shapes, spec, pointers).
+void validate(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in);
+
+// ---- Stages, each callable alone --------------------------------------------------------
+
+// Window branch (SPEC §3): o_swa [Hq, T, dv], lse_swa [Hq, T].
+void window_attention(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+                      float* o_swa, float* lse_swa, cudaStream_t stream = nullptr);
+// Full causal attention over every attendable j <= t: o [Hq, T, dv], lse [Hq, T].
+void full_attention(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+                    float* o, float* lse, cudaStream_t stream = nullptr);
+// Exact chunk log-masses L(t,c) for c in V(t), -inf elsewhere: [Hq, T, n_chunks].
+void exact_chunk_log_mass(const MechanismSpec& spec, const Shape& shape,
+                          const DeviceInputs& in, float* exact, cudaStream_t stream = nullptr);
+// Chunk summaries (SPEC §4): key [Hq, n_chunks, d], bias [Hq, n_chunks]. Not for exact.
+void summarize(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+               float* key, float* bias, cudaStream_t stream = nullptr);
+// Surrogate scores s_hat = sigma q~ . k' + b' for c in V(t), -inf elsewhere: [Hq, T, n_chunks].
+void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+                      const float* key, const float* bias, float* scores,
+                      cudaStream_t stream = nullptr);
+// Selection per KV group (SPEC §5): [Hkv, T, K], ascending, -1 padded, ties to the lower
+// chunk. Scores come from the summaries, or from `exact` [Hq, T, n_chunks] for the exact
+// rule. selected_score [Hq, T, K] receives s_hat of each selected chunk (for the fusion).
+void select_chunks(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+                   const float* key, const float* bias, const float* exact,
+                   const float* lse_swa, int32_t* selection, float* selected_score,
+                   cudaStream_t stream = nullptr);
+// Fusion (SPEC §6) of a given selection: hierarchical (Eq. 10) or flat (Eq. 3).
+// selected_score is needed for hierarchical fusion only.
+void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+          const int32_t* selection, const float* selected_score, const float* o_swa,
+          const float* lse_swa, float* o, float* lse, cudaStream_t stream = nullptr);
+
+// Bytes of scratch memory run_mechanism needs.
+size_t workspace_bytes(const MechanismSpec& spec, const Shape& shape);
+// The whole mechanism; `workspace` holds workspace_bytes(spec, shape) device bytes.
+void run_mechanism(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+                   const DeviceOutputs& out, void* workspace, cudaStream_t stream = nullptr);
+
+}  // namespace hils::gpu

@@ -1,0 +1,44 @@
+/* C ABI over hils::gpu for ctypes and other foreign callers. Every function returns 0 on
+   success, 2 on bad input and 3 on an internal (CUDA) error; hils_gpu_last_error() then says
+   what went wrong. Enum fields take the integer values of the hils:: enums in spec.hpp. */
+#ifndef HILS_GPU_C_API_H
+#define HILS_GPU_C_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct hils_gpu_problem {
+  int64_t T, Hq, Hkv, d, dv, S, W, K;
+  int32_t landmarks, bf16, key_rule, bias_rule, prior_rule, group_rule, fusion, softmax1;
+  double scale; /* 0: 1/sqrt(d) */
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* q_retrieval; /* may be NULL */
+  const void* prior;       /* may be NULL */
+  int64_t prior_rows;
+} hils_gpu_problem;
+
+const char* hils_gpu_last_error(void);
+int hils_gpu_workspace_bytes(const hils_gpu_problem* p, size_t* bytes);
+int hils_gpu_run(const hils_gpu_problem* p, float* o, float* lse, void* workspace, void* stream);
+int hils_gpu_window(const hils_gpu_problem* p, float* o_swa, float* lse_swa, void* stream);
+int hils_gpu_full(const hils_gpu_problem* p, float* o, float* lse, void* stream);
+int hils_gpu_exact(const hils_gpu_problem* p, float* exact, void* stream);
+int hils_gpu_summarize(const hils_gpu_problem* p, float* key, float* bias, void* stream);
+int hils_gpu_select(const hils_gpu_problem* p, const float* key, const float* bias,
+                    const float* exact, const float* lse_swa, int32_t* selection,
+                    float* selected_score, void* stream);
+int hils_gpu_fuse(const hils_gpu_problem* p, const int32_t* selection,
+                  const float* selected_score, const float* o_swa, const float* lse_swa,
+                  float* o, float* lse, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

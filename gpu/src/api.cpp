@@ -1,0 +1,230 @@
+// Host side of the kernels: input validation, stage wrappers and the whole mechanism.
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "hils/gpu/attention.hpp"
+#include "launch_params.hpp"
+
+namespace hils::gpu {
+namespace {
+
+constexpr int64_t kMaxDim = 256;               // 32 lanes x 8 registers per lane
+constexpr size_t kMaxSelectSmem = 48 * 1024;   // the selection kernel's default smem limit
+constexpr int kWarpsPerBlock = 4;
+
+// Throws std::invalid_argument("<field>: expected <expected>, got <found>") unless ok.
+void require(bool ok, const std::string& field, const std::string& expected,
+             const std::string& found) {
+  if (!ok) throw std::invalid_argument(field + ": expected " + expected + ", got " + found);
+}
+
+void check_launch(const char* stage) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string("hils::gpu ") + stage + ": " + cudaGetErrorString(err));
+}
+
+bool needs_prior(const MechanismSpec& spec) {
+  return spec.selects() && spec.key_rule != KeyRule::exact &&
+         (spec.key_rule == KeyRule::taylor || spec.bias_rule == BiasRule::entropy);
+}
+
+detail::LaunchParams params_of(const MechanismSpec& spec, const Shape& shape,
+                               const DeviceInputs& in) {
+  detail::LaunchParams p;
+  p.T = shape.T, p.Hq = shape.Hq, p.Hkv = shape.Hkv, p.d = shape.d, p.dv = shape.dv;
+  p.S = spec.S, p.W = spec.W, p.K = spec.K, p.landmarks = spec.landmarks;
+  p.bf16 = in.dtype == DType::bf16;
+  p.scale = logit_scale(spec, shape.d);
+  p.key_rule = static_cast<int>(spec.key_rule);
+  p.bias_rule = static_cast<int>(spec.bias_rule);
+  p.prior_rule = static_cast<int>(spec.prior_rule);
+  p.group_rule = static_cast<int>(spec.group_rule);
+  p.softmax1 = spec.softmax1;
+  p.q = in.q, p.k = in.k, p.v = in.v;
+  p.q_retrieval = in.q_retrieval != nullptr ? in.q_retrieval : in.q;
+  p.prior = in.prior, p.prior_rows = in.prior_rows;
+  return p;
+}
+
+const char* fusion_name(Fusion f) {
+  switch (f) {
+    case Fusion::full: return "full";
+    case Fusion::window: return "window";
+    case Fusion::flat: return "flat";
+    case Fusion::hierarchical: return "hierarchical";
+  }
+  return "unknown";
+}
+
+size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// Carves consecutive aligned pieces out of the workspace.
+struct Carver {
+  char* next;
+  template <class T>
+  T* take(size_t count) {
+    T* out = reinterpret_cast<T*>(next);
+    next += aligned(count * sizeof(T));
+    return out;
+  }
+};
+
+}  // namespace
+
+int64_t n_chunks(const MechanismSpec& spec, int64_t T) { return T / spec.S; }
+
+float logit_scale(const MechanismSpec& spec, int64_t d) {
+  return spec.scale != 0.0 ? static_cast<float>(spec.scale)
+                           : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+}
+
+void validate(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in) {
+  auto str = [](int64_t x) { return std::to_string(x); };
+  require(shape.T >= 1, "T", ">= 1", str(shape.T));
+  require(shape.Hq >= 1, "Hq", ">= 1", str(shape.Hq));
+  require(shape.Hkv >= 1, "Hkv", ">= 1", str(shape.Hkv));
+  require(shape.Hq % shape.Hkv == 0, "Hq", "a multiple of Hkv = " + str(shape.Hkv), str(shape.Hq));
+  require(shape.d >= 1 && shape.d <= kMaxDim, "d", "1..256", str(shape.d));
+  require(shape.dv >= 1 && shape.dv <= kMaxDim, "dv", "1..256", str(shape.dv));
+  require(spec.S >= (spec.landmarks ? 2 : 1), "S", spec.landmarks ? ">= 2 with landmarks" : ">= 1",
+          str(spec.S));
+  require(spec.W >= 1, "W", ">= 1", str(spec.W));
+  require(spec.K >= 0, "K", ">= 0", str(spec.K));
+  require(in.q != nullptr, "q", "a device pointer", "null");
+  require(in.k != nullptr, "k", "a device pointer", "null");
+  require(in.v != nullptr, "v", "a device pointer", "null");
+  require(!(spec.key_rule == KeyRule::landmark_key && spec.selects()) || spec.landmarks,
+          "landmarks", "true for key_rule landmark_key", "false");
+  if (needs_prior(spec)) {
+    const int64_t nc = n_chunks(spec, shape.T);
+    if (spec.prior_rule == PriorRule::landmark_query)
+      require(spec.landmarks, "landmarks", "true for prior_rule landmark_query", "false");
+    else
+      require(in.prior != nullptr && (in.prior_rows == nc ||
+                                       (spec.prior_rule == PriorRule::shared && in.prior_rows == 1)),
+              "prior", "[Hq, " + std::string(spec.prior_rule == PriorRule::shared ? "1 or " : "") +
+                           str(nc) + ", d] on the device",
+              in.prior == nullptr ? "null" : "rows " + str(in.prior_rows));
+  }
+  const int64_t G = shape.Hq / shape.Hkv;
+  const size_t select_smem = kWarpsPerBlock * (G * shape.d + G + 2 * spec.K) * sizeof(float);
+  require(!spec.selects() || select_smem <= kMaxSelectSmem, "K",
+          "G*d + G + 2K <= 3072 (selection scratch)", str(spec.K));
+}
+
+void window_attention(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+                      float* o_swa, float* lse_swa, cudaStream_t stream) {
+  validate(spec, shape, in);
+  detail::launch_window(params_of(spec, shape, in), o_swa, lse_swa, stream);
+  check_launch("window_attention");
+}
+
+void full_attention(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+                    float* o, float* lse, cudaStream_t stream) {
+  validate(spec, shape, in);
+  detail::launch_full(params_of(spec, shape, in), o, lse, stream);
+  check_launch("full_attention");
+}
+
+void exact_chunk_log_mass(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+                          float* exact, cudaStream_t stream) {
+  validate(spec, shape, in);
+  detail::launch_exact(params_of(spec, shape, in), exact, stream);
+  check_launch("exact_chunk_log_mass");
+}
+
+void summarize(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in, float* key,
+               float* bias, cudaStream_t stream) {
+  validate(spec, shape, in);
+  require(spec.key_rule != KeyRule::exact, "key_rule", "a summary rule (not exact)", "exact");
+  detail::launch_summarize(params_of(spec, shape, in), key, bias, stream);
+  check_launch("summarize");
+}
+
+void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+                      const float* key, const float* bias, float* scores, cudaStream_t stream) {
+  validate(spec, shape, in);
+  detail::launch_surrogate(params_of(spec, shape, in), key, bias, scores, stream);
+  check_launch("surrogate_scores");
+}
+
+void select_chunks(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+                   const float* key, const float* bias, const float* exact,
+                   const float* lse_swa, int32_t* selection, float* selected_score,
+                   cudaStream_t stream) {
+  validate(spec, shape, in);
+  require(spec.key_rule != KeyRule::exact || exact != nullptr, "exact",
+          "L(t,c) scores for key_rule exact", "null");
+  detail::launch_select(params_of(spec, shape, in), key, bias,
+                        spec.key_rule == KeyRule::exact ? exact : nullptr, lse_swa, selection,
+                        selected_score, stream);
+  check_launch("select_chunks");
+}
+
+void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+          const int32_t* selection, const float* selected_score, const float* o_swa,
+          const float* lse_swa, float* o, float* lse, cudaStream_t stream) {
+  validate(spec, shape, in);
+  const detail::LaunchParams p = params_of(spec, shape, in);
+  if (spec.fusion == Fusion::flat) {
+    detail::launch_fuse_flat(p, selection, o, lse, stream);
+  } else {
+    require(spec.fusion == Fusion::hierarchical, "fusion", "flat or hierarchical",
+            fusion_name(spec.fusion));
+    detail::launch_fuse_hierarchical(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+  }
+  check_launch("fuse");
+}
+
+size_t workspace_bytes(const MechanismSpec& spec, const Shape& shape) {
+  const size_t T = shape.T, Hq = shape.Hq, Hkv = shape.Hkv, nc = n_chunks(spec, shape.T);
+  const size_t K = spec.K;
+  size_t bytes = aligned(Hq * T * shape.dv * sizeof(float)) + aligned(Hq * T * sizeof(float));
+  bytes += aligned(Hq * nc * shape.d * sizeof(float)) + aligned(Hq * nc * sizeof(float));
+  if (spec.key_rule == KeyRule::exact) bytes += aligned(Hq * T * nc * sizeof(float));
+  bytes += aligned(Hkv * T * K * sizeof(int32_t)) + aligned(Hq * T * K * sizeof(float));
+  return bytes;
+}
+
+void run_mechanism(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+                   const DeviceOutputs& out, void* workspace, cudaStream_t stream) {
+  validate(spec, shape, in);
+  require(out.o != nullptr && out.lse != nullptr, "outputs", "o and lse device pointers", "null");
+  if (spec.fusion == Fusion::full) return full_attention(spec, shape, in, out.o, out.lse, stream);
+  require(workspace != nullptr, "workspace", "workspace_bytes(spec, shape) device bytes", "null");
+  Carver carve{static_cast<char*>(workspace)};
+  const int64_t nc = n_chunks(spec, shape.T);
+  float* o_swa = carve.take<float>(shape.Hq * shape.T * shape.dv);
+  float* lse_swa = carve.take<float>(shape.Hq * shape.T);
+  float* key = carve.take<float>(shape.Hq * nc * shape.d);
+  float* bias = carve.take<float>(shape.Hq * nc);
+  float* exact = spec.key_rule == KeyRule::exact ? carve.take<float>(shape.Hq * shape.T * nc)
+                                                 : nullptr;
+  int32_t* selection = carve.take<int32_t>(shape.Hkv * shape.T * spec.K);
+  float* selected_score = carve.take<float>(shape.Hq * shape.T * spec.K);
+  if (out.o_window) o_swa = out.o_window;
+  if (out.lse_window) lse_swa = out.lse_window;
+  if (out.summary_key) key = out.summary_key;
+  if (out.summary_bias) bias = out.summary_bias;
+  if (out.selection) selection = out.selection;
+  if (out.exact) exact = out.exact;
+  window_attention(spec, shape, in, o_swa, lse_swa, stream);
+  if (spec.fusion == Fusion::window) {
+    cudaMemcpyAsync(out.o, o_swa, shape.Hq * shape.T * shape.dv * sizeof(float),
+                    cudaMemcpyDeviceToDevice, stream);
+    cudaMemcpyAsync(out.lse, lse_swa, shape.Hq * shape.T * sizeof(float),
+                    cudaMemcpyDeviceToDevice, stream);
+    return check_launch("run_mechanism window copy");
+  }
+  if (exact != nullptr) exact_chunk_log_mass(spec, shape, in, exact, stream);
+  if (spec.key_rule != KeyRule::exact) {
+    summarize(spec, shape, in, key, bias, stream);
+    if (out.surrogate) surrogate_scores(spec, shape, in, key, bias, out.surrogate, stream);
+  }
+  select_chunks(spec, shape, in, key, bias, exact, lse_swa, selection, selected_score, stream);
+  fuse(spec, shape, in, selection, selected_score, o_swa, lse_swa, out.o, out.lse, stream);
+}
+
+}  // namespace hils::gpu

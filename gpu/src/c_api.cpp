@@ -1,0 +1,118 @@
+// C ABI wrappers: translate hils_gpu_problem into the C++ API and exceptions into codes.
+#include "hils/gpu/c_api.h"
+
+#include <exception>
+#include <stdexcept>
+#include <string>
+
+#include "hils/gpu/attention.hpp"
+
+namespace {
+
+thread_local std::string g_last_error;
+
+struct Translated {
+  hils::MechanismSpec spec;
+  hils::gpu::Shape shape;
+  hils::gpu::DeviceInputs in;
+};
+
+Translated translate(const hils_gpu_problem& p) {
+  Translated t;
+  t.spec.S = p.S, t.spec.W = p.W, t.spec.K = p.K, t.spec.landmarks = p.landmarks != 0;
+  t.spec.key_rule = static_cast<hils::KeyRule>(p.key_rule);
+  t.spec.bias_rule = static_cast<hils::BiasRule>(p.bias_rule);
+  t.spec.prior_rule = static_cast<hils::PriorRule>(p.prior_rule);
+  t.spec.group_rule = static_cast<hils::GroupRule>(p.group_rule);
+  t.spec.fusion = static_cast<hils::Fusion>(p.fusion);
+  t.spec.softmax1 = p.softmax1 != 0;
+  t.spec.scale = p.scale;
+  t.shape = hils::gpu::Shape{p.T, p.Hq, p.Hkv, p.d, p.dv};
+  t.in.dtype = p.bf16 ? hils::gpu::DType::bf16 : hils::gpu::DType::f32;
+  t.in.q = p.q, t.in.k = p.k, t.in.v = p.v, t.in.q_retrieval = p.q_retrieval;
+  t.in.prior = p.prior, t.in.prior_rows = p.prior_rows;
+  return t;
+}
+
+// Runs `body` and maps its exceptions to the documented exit codes.
+template <class Body>
+int guarded(const hils_gpu_problem* p, Body body) {
+  try {
+    if (p == nullptr) throw std::invalid_argument("problem: expected a pointer, got null");
+    body(translate(*p));
+    g_last_error.clear();
+    return 0;
+  } catch (const std::invalid_argument& e) {
+    g_last_error = e.what();
+    return 2;
+  } catch (const std::exception& e) {
+    g_last_error = e.what();
+    return 3;
+  }
+}
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+}  // namespace
+
+extern "C" {
+
+const char* hils_gpu_last_error(void) { return g_last_error.c_str(); }
+
+int hils_gpu_workspace_bytes(const hils_gpu_problem* p, size_t* bytes) {
+  return guarded(p, [&](const Translated& t) {
+    *bytes = hils::gpu::workspace_bytes(t.spec, t.shape);
+  });
+}
+
+int hils_gpu_run(const hils_gpu_problem* p, float* o, float* lse, void* workspace, void* stream) {
+  return guarded(p, [&](const Translated& t) {
+    hils::gpu::DeviceOutputs out;
+    out.o = o, out.lse = lse;
+    hils::gpu::run_mechanism(t.spec, t.shape, t.in, out, workspace, as_stream(stream));
+  });
+}
+
+int hils_gpu_window(const hils_gpu_problem* p, float* o_swa, float* lse_swa, void* stream) {
+  return guarded(p, [&](const Translated& t) {
+    hils::gpu::window_attention(t.spec, t.shape, t.in, o_swa, lse_swa, as_stream(stream));
+  });
+}
+
+int hils_gpu_full(const hils_gpu_problem* p, float* o, float* lse, void* stream) {
+  return guarded(p, [&](const Translated& t) {
+    hils::gpu::full_attention(t.spec, t.shape, t.in, o, lse, as_stream(stream));
+  });
+}
+
+int hils_gpu_exact(const hils_gpu_problem* p, float* exact, void* stream) {
+  return guarded(p, [&](const Translated& t) {
+    hils::gpu::exact_chunk_log_mass(t.spec, t.shape, t.in, exact, as_stream(stream));
+  });
+}
+
+int hils_gpu_summarize(const hils_gpu_problem* p, float* key, float* bias, void* stream) {
+  return guarded(p, [&](const Translated& t) {
+    hils::gpu::summarize(t.spec, t.shape, t.in, key, bias, as_stream(stream));
+  });
+}
+
+int hils_gpu_select(const hils_gpu_problem* p, const float* key, const float* bias,
+                    const float* exact, const float* lse_swa, int32_t* selection,
+                    float* selected_score, void* stream) {
+  return guarded(p, [&](const Translated& t) {
+    hils::gpu::select_chunks(t.spec, t.shape, t.in, key, bias, exact, lse_swa, selection,
+                             selected_score, as_stream(stream));
+  });
+}
+
+int hils_gpu_fuse(const hils_gpu_problem* p, const int32_t* selection,
+                  const float* selected_score, const float* o_swa, const float* lse_swa,
+                  float* o, float* lse, void* stream) {
+  return guarded(p, [&](const Translated& t) {
+    hils::gpu::fuse(t.spec, t.shape, t.in, selection, selected_score, o_swa, lse_swa, o, lse,
+                    as_stream(stream));
+  });
+}
+
+}  // extern "C"

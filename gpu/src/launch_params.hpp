@@ -1,0 +1,43 @@
+// The flat parameter block every kernel launcher takes (internal to gpu/src).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace hils::gpu::detail {
+
+// Shapes, geometry and pointers of one launch; unused pointers stay null.
+struct LaunchParams {
+  int64_t T = 0, Hq = 0, Hkv = 0, d = 0, dv = 0;
+  int64_t S = 1, W = 1, K = 0;
+  bool landmarks = false;
+  bool bf16 = false;
+  float scale = 1.0f;
+  int key_rule = 0, bias_rule = 0, prior_rule = 0, group_rule = 0;  // hils enum values
+  bool softmax1 = false;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* q_retrieval = nullptr;  // never null inside launchers (q when absent)
+  const void* prior = nullptr;
+  int64_t prior_rows = 0;
+};
+
+// Each launcher enqueues one kernel on `stream`; errors surface through cudaGetLastError.
+void launch_window(const LaunchParams& p, float* o, float* lse, cudaStream_t stream);
+void launch_full(const LaunchParams& p, float* o, float* lse, cudaStream_t stream);
+void launch_exact(const LaunchParams& p, float* exact, cudaStream_t stream);
+void launch_summarize(const LaunchParams& p, float* key, float* bias, cudaStream_t stream);
+void launch_surrogate(const LaunchParams& p, const float* key, const float* bias, float* scores,
+                      cudaStream_t stream);
+void launch_select(const LaunchParams& p, const float* key, const float* bias,
+                   const float* exact, const float* lse_swa, int32_t* selection,
+                   float* selected_score, cudaStream_t stream);
+void launch_fuse_hierarchical(const LaunchParams& p, const int32_t* selection,
+                              const float* selected_score, const float* o_swa,
+                              const float* lse_swa, float* o, float* lse, cudaStream_t stream);
+void launch_fuse_flat(const LaunchParams& p, const int32_t* selection, float* o, float* lse,
+                      cudaStream_t stream);
+
+}  // namespace hils::gpu::detail

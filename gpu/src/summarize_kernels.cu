@@ -1,0 +1,117 @@
+// Chunk summaries (SPEC §4, Eq. 6 and Prop. 3.1): key k'_c and bias b'_c per (chunk, query
+// head), and the surrogate scores s_hat = sigma q~ . k'_c + b'_c. One warp per item.
+#include "device_common.cuh"
+#include "launch_params.hpp"
+
+namespace hils::gpu::detail {
+namespace {
+
+constexpr int kKeyMean = 1, kKeyLandmark = 2, kKeyTaylor = 3;
+constexpr int kBiasEntropy = 1;
+constexpr int kPriorLandmarkQuery = 0;
+
+// mu_c of query head h: q~ at the landmark slot, or the given/shared prior row.
+template <class Tin>
+__device__ const Tin* prior_row(const LaunchParams& p, int64_t h, int64_t c) {
+  if (p.prior_rule == kPriorLandmarkQuery)
+    return static_cast<const Tin*>(p.q_retrieval) + (h * p.T + (c + 1) * p.S - 1) * p.d;
+  const int64_t row = p.prior_rows == 1 ? 0 : c;
+  return static_cast<const Tin*>(p.prior) + (h * p.prior_rows + row) * p.d;
+}
+
+// key [d] = mean of k_j over the attendable slots of chunk c (lanes own dims).
+template <class Tin>
+__device__ void mean_key(const LaunchParams& p, const SlotGeometry& geo, const Tin* k, int64_t c,
+                         float* key) {
+  const int lane = threadIdx.x % kWarp;
+  for (int dim = lane; dim < p.d; dim += kWarp) {
+    float acc = 0.0f;
+    int count = 0;
+    for (int64_t j = c * p.S; j < (c + 1) * p.S; ++j) {
+      if (!geo.attendable(j)) continue;
+      acc += to_float(k[j * p.d + dim]);
+      ++count;
+    }
+    key[dim] = acc / static_cast<float>(count);
+  }
+}
+
+template <class Tin>
+__global__ void summarize_kernel(LaunchParams p, float* key_out, float* bias_out) {
+  extern __shared__ float smem[];
+  const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
+  const int64_t n_chunks = geo.n_chunks();
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (item >= n_chunks * p.Hq) return;
+  const int64_t h = item / n_chunks, c = item % n_chunks;
+  const int64_t g = h / (p.Hq / p.Hkv);
+  const int lane = threadIdx.x % kWarp;
+  const int d = static_cast<int>(p.d);
+  const Tin* k = static_cast<const Tin*>(p.k) + g * p.T * p.d;
+  float* key = key_out + (h * n_chunks + c) * p.d;
+  // p = softmax over T_c of sigma mu_c . k_j, with k itself as the values (the taylor key).
+  WarpSoftmax st;
+  const bool need_p = p.key_rule == kKeyTaylor || p.bias_rule == kBiasEntropy;
+  if (need_p) {
+    float* mu = smem + (threadIdx.x / kWarp) * p.d;
+    load_row(mu, prior_row<Tin>(p, h, c), d);
+    attend_range(st, mu, k, p.key_rule == kKeyTaylor ? k : nullptr, d, d, c * p.S,
+                 c * p.S + p.S - 1, p.scale, geo);
+  }
+  if (p.key_rule == kKeyTaylor) {
+#pragma unroll
+    for (int r = 0; r < kDimRegs; ++r) {
+      const int dim = lane + kWarp * r;
+      if (dim < d) key[dim] = st.o[r] / st.l;
+    }
+  } else if (p.key_rule == kKeyMean) {
+    mean_key(p, geo, k, c, key);
+  } else if (p.key_rule == kKeyLandmark) {
+    for (int dim = lane; dim < d; dim += kWarp) key[dim] = to_float(k[((c + 1) * p.S - 1) * p.d + dim]);
+  }
+  if (lane == 0) bias_out[h * n_chunks + c] = p.bias_rule == kBiasEntropy ? st.entropy() : 0.0f;
+}
+
+// s_hat(t,h,c) for c < |V(t)|, -inf elsewhere; one warp per (t, h), lanes over chunks.
+template <class Tin>
+__global__ void surrogate_kernel(LaunchParams p, const float* key, const float* bias,
+                                 float* scores) {
+  extern __shared__ float smem[];
+  const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (item >= p.T * p.Hq) return;
+  const int64_t h = item / p.T, t = item % p.T;
+  const int64_t n_chunks = geo.n_chunks();
+  const int64_t n_cand = geo.candidate_count(t);
+  float* q = smem + (threadIdx.x / kWarp) * p.d;
+  load_row(q, static_cast<const Tin*>(p.q_retrieval) + (h * p.T + t) * p.d, static_cast<int>(p.d));
+  float* row = scores + (h * p.T + t) * n_chunks;
+  for (int64_t c = threadIdx.x % kWarp; c < n_chunks; c += kWarp) {
+    const float* kc = key + (h * n_chunks + c) * p.d;
+    row[c] = c < n_cand ? p.scale * dot_row(q, kc, static_cast<int>(p.d)) + bias[h * n_chunks + c]
+                        : kNegInf;
+  }
+}
+
+}  // namespace
+
+void launch_summarize(const LaunchParams& p, float* key, float* bias, cudaStream_t stream) {
+  const int64_t items = (p.T / p.S) * p.Hq;
+  if (items == 0) return;
+  auto kernel = p.bf16 ? summarize_kernel<__nv_bfloat16> : summarize_kernel<float>;
+  const unsigned blocks = static_cast<unsigned>((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  kernel<<<blocks, kWarpsPerBlock * kWarp, kWarpsPerBlock * p.d * sizeof(float), stream>>>(
+      p, key, bias);
+}
+
+void launch_surrogate(const LaunchParams& p, const float* key, const float* bias, float* scores,
+                      cudaStream_t stream) {
+  if (p.T * p.Hq == 0 || p.T / p.S == 0) return;
+  auto kernel = p.bf16 ? surrogate_kernel<__nv_bfloat16> : surrogate_kernel<float>;
+  const unsigned blocks =
+      static_cast<unsigned>((p.T * p.Hq + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  kernel<<<blocks, kWarpsPerBlock * kWarp, kWarpsPerBlock * p.d * sizeof(float), stream>>>(
+      p, key, bias, scores);
+}
+
+}  // namespace hils::gpu::detail
