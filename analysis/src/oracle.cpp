@@ -1,0 +1,494 @@
+// oracle::verify: the reference in double (truth) and float (baseline) against a kernel's
+// outputs, stage by stage; selections as sets with a margin bound (see oracle.hpp).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <numeric>
+#include <set>
+
+#include "hils/analysis/oracle.hpp"
+
+namespace hils::oracle {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+template <class... Args>
+std::string format(const char* pattern, Args... args) {
+  char buffer[512];
+  std::snprintf(buffer, sizeof buffer, pattern, args...);
+  return buffer;
+}
+
+// Sizes that bound each compared quantity; the rounding floors scale with them.
+struct Magnitudes {
+  double value = 0;         // max |v|: o and o_c are convex combinations of value rows
+  double key = 0;           // max |k|: summary keys are convex combinations of keys
+  double logit = 0;         // sigma max ||q_t||_1 max |k|: bounds |s(t,j)| and its dot-product error
+  double score = 0;         // bound on |s_hat| (retrieval query, summary key, bias)
+  double bias = 0;          // entropy bias <= log |T_c|
+  double lse = 0;           // bound on any log-normaliser: logits plus log of the term count
+};
+
+double max_abs(const std::vector<Matrix<double>>& heads) {
+  double m = 0;
+  for (const auto& x : heads) m = std::max(m, x.size() ? x.cwiseAbs().maxCoeff() : 0.0);
+  return m;
+}
+
+double max_row_l1(const std::vector<Matrix<double>>& heads) {
+  double m = 0;
+  for (const auto& x : heads)
+    if (x.size()) m = std::max(m, x.cwiseAbs().rowwise().sum().maxCoeff());
+  return m;
+}
+
+// spec, inputs -> the magnitudes of every stage's quantities.
+Magnitudes magnitudes_of(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                         const Geometry& geometry) {
+  const double scale = logit_scale(spec, inputs.d());
+  Magnitudes m;
+  m.value = max_abs(inputs.v);
+  m.key = max_abs(inputs.k);
+  m.logit = scale * max_row_l1(inputs.q) * m.key;
+  const double retrieval_l1 =
+      inputs.q_retrieval.empty() ? max_row_l1(inputs.q) : max_row_l1(inputs.q_retrieval);
+  m.bias = std::log(std::max<double>(geometry.tokens_per_chunk(), 2.0));
+  const double log_terms = std::log(std::max<double>(inputs.T(), 2.0));
+  m.score = spec.key_rule == KeyRule::exact ? m.logit + m.bias
+                                             : scale * retrieval_l1 * m.key + m.bias;
+  m.lse = std::max(m.logit, m.score) + log_terms;
+  return m;
+}
+
+// A head list of vectors as [n x 1] matrices, so one comparison serves both.
+std::vector<Matrix<double>> as_columns(const std::vector<Vector<double>>& heads) {
+  std::vector<Matrix<double>> out;
+  for (const auto& x : heads) out.push_back(x);
+  return out;
+}
+
+template <class Scalar, class Field>
+std::vector<Matrix<double>> field_of(const std::vector<HeadOutputs<Scalar>>& heads, Field field) {
+  std::vector<Matrix<double>> out;
+  for (const auto& h : heads) out.push_back((h.*field).template cast<double>());
+  return out;
+}
+
+// Drops a kernel's trailing partial-chunk columns (ceil(T/S) layout) after checking that they
+// are -inf; a problem is recorded otherwise.
+std::vector<Matrix<double>> trim_chunk_columns(const std::string& name,
+                                               const std::vector<Matrix<double>>& heads,
+                                               int64_t n_chunks, std::vector<std::string>& problems) {
+  std::vector<Matrix<double>> out;
+  for (size_t h = 0; h < heads.size(); ++h) {
+    const Matrix<double>& x = heads[h];
+    if (x.cols() <= n_chunks) {
+      out.push_back(x);
+      continue;
+    }
+    for (Eigen::Index i = 0; i < x.rows(); ++i)
+      for (Eigen::Index c = n_chunks; c < x.cols(); ++c)
+        if (x(i, c) != -kInf && problems.size() < 8)
+          problems.push_back(format("%s: head %zu row %lld column %lld is past the last complete "
+                                    "chunk and must be -inf, got %.9g", name.c_str(), h,
+                                    static_cast<long long>(i), static_cast<long long>(c), x(i, c)));
+    out.push_back(x.leftCols(n_chunks));
+  }
+  return out;
+}
+
+// Everything verify() works on, computed once.
+struct Context {
+  MechanismSpec spec;
+  VerifyOptions options;
+  AttentionInputs<double> inputs;
+  AttentionInputs<float> inputs_float;
+  Geometry geometry;
+  std::vector<int64_t> queries;
+  Magnitudes magnitude;
+  MechanismOutputs<double> truth;
+  MechanismOutputs<float> baseline;
+  int64_t G = 1;
+};
+
+AttentionInputs<float> to_float(const AttentionInputs<double>& in) {
+  AttentionInputs<float> out;
+  auto cast = [](const std::vector<Matrix<double>>& heads) {
+    std::vector<Matrix<float>> r;
+    for (const auto& x : heads) r.push_back(x.cast<float>());
+    return r;
+  };
+  out.q = cast(in.q);
+  out.k = cast(in.k);
+  out.v = cast(in.v);
+  out.q_retrieval = cast(in.q_retrieval);
+  out.prior = cast(in.prior);
+  return out;
+}
+
+std::vector<int64_t> resolve_queries(const std::vector<int64_t>& queries, int64_t T) {
+  if (queries.empty()) {
+    std::vector<int64_t> all(static_cast<size_t>(T));
+    std::iota(all.begin(), all.end(), 0);
+    return all;
+  }
+  for (size_t i = 0; i < queries.size(); ++i)
+    require(queries[i] >= 0 && queries[i] < T && (i == 0 || queries[i] > queries[i - 1]),
+            "queries[" + std::to_string(i) + "]",
+            "strictly ascending slots in [0, " + std::to_string(T) + ")",
+            std::to_string(queries[i]));
+  return queries;
+}
+
+Context make_context(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                     const VerifyOptions& options) {
+  spec.validate();
+  inputs.validate(spec);
+  Context ctx{spec, options,
+              options.precision == InputPrecision::bf16 ? round_inputs_to_bf16(inputs) : inputs,
+              {}, geometry_of(spec, inputs.T()), resolve_queries(options.queries, inputs.T()),
+              {}, {}, {}, inputs.Hq() / inputs.Hkv()};
+  ctx.inputs_float = to_float(ctx.inputs);
+  ctx.magnitude = magnitudes_of(spec, ctx.inputs, ctx.geometry);
+  RunOptions run;
+  run.keep_surrogate_scores = spec.selects();
+  run.keep_window = true;
+  run.queries = ctx.queries;
+  ctx.truth = run_mechanism(spec, ctx.inputs, run);
+  ctx.baseline = run_mechanism(spec, ctx.inputs_float, run);
+  return ctx;
+}
+
+// ---- summaries ------------------------------------------------------------------------------
+
+template <class Scalar>
+ChunkSummaries<Scalar> summaries_of(const Context& ctx, const AttentionInputs<Scalar>& inputs,
+                                    int64_t h) {
+  const Scalar scale = static_cast<Scalar>(logit_scale(ctx.spec, inputs.d()));
+  const Matrix<Scalar> prior = resolve_prior(inputs, h, ctx.spec, ctx.geometry);
+  return summarize(inputs.k[h / ctx.G], prior, ctx.spec.key_rule, ctx.spec.bias_rule,
+                   ctx.geometry, scale);
+}
+
+// Compares summary keys and biases; the kernel may give them per query head or per KV head.
+void compare_summaries(const Context& ctx, const KernelOutputs& kernel, Verdict& verdict) {
+  if (!ctx.spec.selects() || ctx.spec.key_rule == KeyRule::exact) return;
+  if (kernel.summary_key.empty() && kernel.summary_bias.empty()) return;
+  const size_t heads = std::max(kernel.summary_key.size(), kernel.summary_bias.size());
+  const bool per_group = static_cast<int64_t>(heads) == ctx.inputs.Hkv() && ctx.G > 1;
+  std::vector<Matrix<double>> key, key_f, bias, bias_f;
+  const int64_t n = per_group ? ctx.inputs.Hkv() : ctx.inputs.Hq();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t h = per_group ? i * ctx.G : i;
+    const auto truth = summaries_of(ctx, ctx.inputs, h);
+    const auto base = summaries_of(ctx, ctx.inputs_float, h);
+    key.push_back(truth.key);
+    key_f.push_back(base.key.template cast<double>());
+    bias.push_back(truth.bias);
+    bias_f.push_back(base.bias.template cast<double>());
+  }
+  std::vector<int64_t> chunks(static_cast<size_t>(ctx.geometry.n_chunks()));
+  std::iota(chunks.begin(), chunks.end(), 0);
+  const auto p = ctx.options.precision;
+  if (!kernel.summary_key.empty()) {
+    verdict.tensors.push_back(compare_tensor("summary_key", kernel.summary_key, key, key_f,
+                                             ctx.magnitude.key, p, "c", chunks,
+                                             ctx.options.max_messages));
+    if (per_group && ctx.spec.needs_prior())
+      verdict.tensors.back().diagnosis =
+          "summaries given per KV head, but the spec's prior is per query head; compared "
+          "against the first head of each group";
+  }
+  if (!kernel.summary_bias.empty())
+    verdict.tensors.push_back(compare_tensor("summary_bias", as_columns(kernel.summary_bias),
+                                             bias, bias_f, std::max(ctx.magnitude.bias, 1.0), p,
+                                             "c", chunks, ctx.options.max_messages));
+}
+
+// ---- window ---------------------------------------------------------------------------------
+
+// Which window size W' (a shifted edge) the kernel's window output matches, if any.
+std::string diagnose_window(const Context& ctx, const std::vector<Matrix<double>>& kernel,
+                            bool lse, double tolerance) {
+  const int64_t W = ctx.spec.W, S = ctx.spec.S;
+  const double scale = logit_scale(ctx.spec, ctx.inputs.d());
+  for (int64_t shifted : {W - S, W - 1, W + 1, W + S}) {
+    if (shifted < 1 || shifted == W) continue;
+    const Geometry geometry(ctx.inputs.T(), S, shifted, ctx.spec.landmarks);
+    bool matches = kernel.size() == static_cast<size_t>(ctx.inputs.Hq());
+    for (int64_t h = 0; matches && h < ctx.inputs.Hq(); ++h) {
+      const auto w = window_attention(ctx.inputs.q[h], ctx.inputs.k[h / ctx.G],
+                                      ctx.inputs.v[h / ctx.G], geometry, scale, ctx.queries);
+      const Matrix<double> expected = lse ? Matrix<double>(w.lse) : w.o;
+      matches = expected.rows() == kernel[h].rows() && expected.cols() == kernel[h].cols() &&
+                (expected - kernel[h]).cwiseAbs().maxCoeff() <= tolerance;
+    }
+    if (matches)
+      return format("matches a sliding window of W=%lld instead of W=%lld: the window edge "
+                    "tau(t) = floor((t-W+1)/S) is shifted", static_cast<long long>(shifted),
+                    static_cast<long long>(W));
+  }
+  return "";
+}
+
+void compare_window(const Context& ctx, const KernelOutputs& kernel, Verdict& verdict) {
+  const auto p = ctx.options.precision;
+  using H = HeadOutputs<double>;
+  using F = HeadOutputs<float>;
+  if (!kernel.o_window.empty()) {
+    auto r = compare_tensor("o_window", kernel.o_window, field_of(ctx.truth.heads, &H::o_window),
+                            field_of(ctx.baseline.heads, &F::o_window), ctx.magnitude.value, p,
+                            "t", ctx.queries, ctx.options.max_messages);
+    if (!r.passed) r.diagnosis = diagnose_window(ctx, kernel.o_window, false, r.tolerance);
+    verdict.tensors.push_back(r);
+  }
+  if (!kernel.lse_window.empty()) {
+    auto r = compare_tensor("lse_window", as_columns(kernel.lse_window),
+                            field_of(ctx.truth.heads, &H::lse_window),
+                            field_of(ctx.baseline.heads, &F::lse_window), ctx.magnitude.lse, p,
+                            "t", ctx.queries, ctx.options.max_messages);
+    if (!r.passed) r.diagnosis = diagnose_window(ctx, as_columns(kernel.lse_window), true, r.tolerance);
+    verdict.tensors.push_back(r);
+  }
+}
+
+// ---- scores and selection -------------------------------------------------------------------
+
+void compare_scores(const Context& ctx, const KernelOutputs& kernel, Verdict& verdict) {
+  if (!ctx.spec.selects() || kernel.surrogate_scores.empty()) return;
+  std::vector<std::string> problems;
+  const auto trimmed = trim_chunk_columns("surrogate_scores", kernel.surrogate_scores,
+                                          ctx.geometry.n_chunks(), problems);
+  using H = HeadOutputs<double>;
+  using F = HeadOutputs<float>;
+  auto r = compare_tensor("surrogate_scores", trimmed,
+                          field_of(ctx.truth.heads, &H::surrogate_scores),
+                          field_of(ctx.baseline.heads, &F::surrogate_scores), ctx.magnitude.score,
+                          ctx.options.precision, "t", ctx.queries, ctx.options.max_messages);
+  r.problems.insert(r.problems.end(), problems.begin(), problems.end());
+  r.passed = r.problems.empty();
+  verdict.tensors.push_back(r);
+}
+
+// r(t,g,c) of every group from a run's surrogate scores and window lse.
+template <class Scalar>
+std::vector<Matrix<double>> group_scores_of(const Context& ctx,
+                                            const MechanismOutputs<Scalar>& run) {
+  std::vector<Matrix<double>> r;
+  for (int64_t g = 0; g < ctx.inputs.Hkv(); ++g) {
+    std::vector<Matrix<Scalar>> scores;
+    std::vector<Vector<Scalar>> lse;
+    for (int64_t h = g * ctx.G; h < (g + 1) * ctx.G; ++h) {
+      scores.push_back(run.heads[h].surrogate_scores);
+      lse.push_back(run.heads[h].lse_window);
+    }
+    r.push_back(group_scores(scores, lse, ctx.spec.group_rule));
+  }
+  return r;
+}
+
+// Why a kernel selection row is malformed (empty when it is a valid top-k shape for V(t)).
+std::string malformed_row(const IndexMatrix& sel, Eigen::Index row, int64_t t, int64_t g,
+                          const Geometry& geometry, int64_t K) {
+  const int64_t candidates = geometry.candidate_count(t);
+  const int64_t expected = std::min(K, candidates);
+  const std::string head = format("selection row t=%lld, group %lld: ", static_cast<long long>(t),
+                                  static_cast<long long>(g));
+  int64_t count = 0;
+  for (Eigen::Index i = 0; i < sel.cols(); ++i) {
+    const int64_t c = sel(row, i);
+    if (c == -1) continue;
+    if (c < 0 || c >= candidates)
+      return head + format("chunk %lld is not a candidate (V(t) = [0, %lld))",
+                           static_cast<long long>(c), static_cast<long long>(candidates));
+    if (i != count)
+      return head + "-1 padding must come after the chunks (entries ascending, -1 at the end)";
+    if (count > 0 && sel(row, i - 1) >= c)
+      return head + format("chunks must be distinct and ascending, got %lld after %lld",
+                           static_cast<long long>(c), static_cast<long long>(sel(row, i - 1)));
+    ++count;
+  }
+  if (count != expected)
+    return head + format("%lld chunks selected, expected min(K=%lld, |V(t)|=%lld) = %lld",
+                         static_cast<long long>(count), static_cast<long long>(K),
+                         static_cast<long long>(candidates), static_cast<long long>(expected));
+  return "";
+}
+
+std::set<int64_t> row_set(const IndexMatrix& sel, Eigen::Index row) {
+  std::set<int64_t> s;
+  for (Eigen::Index i = 0; i < sel.cols(); ++i)
+    if (sel(row, i) != -1) s.insert(sel(row, i));
+  return s;
+}
+
+// Set comparison of one (query, group) row; updates the report and returns whether the kernel
+// row may replace the reference row.
+bool compare_row(const Context& ctx, const IndexMatrix& ref, const IndexMatrix& ker,
+                 Eigen::Index row, int64_t g, const Matrix<double>& r, SelectionReport& report) {
+  const int64_t t = ctx.queries[static_cast<size_t>(row)];
+  ++report.rows;
+  auto fail = [&](const std::string& message) {
+    report.passed = false;
+    if (static_cast<int64_t>(report.problems.size()) < ctx.options.max_messages)
+      report.problems.push_back(message);
+    return false;
+  };
+  const std::string malformed = malformed_row(ker, row, t, g, ctx.geometry, ctx.spec.K);
+  if (!malformed.empty()) return fail(malformed);
+  const std::set<int64_t> want = row_set(ref, row), got = row_set(ker, row);
+  if (want == got) return true;
+  ++report.rows_differing;
+  // The worst swap: the weakest chunk the kernel chose against the strongest it missed.
+  int64_t chosen = -1, missed = -1;
+  for (int64_t c : got)
+    if (!want.count(c) && (chosen < 0 || r(row, c) < r(row, chosen))) chosen = c;
+  for (int64_t c : want)
+    if (!got.count(c) && (missed < 0 || r(row, c) > r(row, missed))) missed = c;
+  const double margin = r(row, missed) - r(row, chosen);
+  report.worst_margin = std::max(report.worst_margin, margin);
+  if (margin > report.bound)
+    return fail(format("selection row t=%lld, group %lld: chunk %lld chosen instead of %lld, "
+                       "reference margin %.3g > bound %.3g (r = %.9g vs %.9g)",
+                       static_cast<long long>(t), static_cast<long long>(g),
+                       static_cast<long long>(chosen), static_cast<long long>(missed), margin,
+                       report.bound, r(row, missed), r(row, chosen)));
+  ++report.rows_accepted;
+  report.max_accepted_margin = std::max(report.max_accepted_margin, margin);
+  return true;
+}
+
+// Compares selections as sets; returns the selection the fused outputs are checked against:
+// the reference's, with the kernel's rows where they differ within the margin bound.
+std::vector<IndexMatrix> compare_selection(const Context& ctx, const KernelOutputs& kernel,
+                                           SelectionReport& report) {
+  std::vector<IndexMatrix> merged = ctx.truth.selection;
+  if (!ctx.spec.selects() || kernel.selection.empty()) return merged;
+  report.compared = true;
+  const Eigen::Index Tq = static_cast<Eigen::Index>(ctx.queries.size());
+  if (static_cast<int64_t>(kernel.selection.size()) != ctx.inputs.Hkv()) {
+    report.passed = false;
+    report.problems.push_back(format("selection: expected %lld KV groups, got %zu",
+                                     static_cast<long long>(ctx.inputs.Hkv()),
+                                     kernel.selection.size()));
+    return merged;
+  }
+  const auto r = group_scores_of(ctx, ctx.truth);
+  const auto r_float = group_scores_of(ctx, ctx.baseline);
+  for (size_t g = 0; g < r.size(); ++g)
+    for (Eigen::Index i = 0; i < r[g].size(); ++i)
+      if (std::isfinite(r[g](i)) && std::isfinite(r_float[g](i)))
+        report.baseline_r_error = std::max(report.baseline_r_error,
+                                           std::fabs(r_float[g](i) - r[g](i)));
+  // Dot-product and log-sum-exp rounding of s_hat - log Z_hat; for the probability rule the
+  // error of each of the G terms is at most its log error (p <= 1).
+  const double magnitude = (ctx.magnitude.score + ctx.magnitude.lse) *
+                           (ctx.spec.group_rule == GroupRule::sum_probabilities ? ctx.G : 1);
+  report.bound = Tolerances::kBaselineFactor * report.baseline_r_error +
+                 Tolerances::margin_units(ctx.options.precision) *
+                     unit_roundoff(ctx.options.precision) * magnitude;
+  for (int64_t g = 0; g < ctx.inputs.Hkv(); ++g) {
+    const IndexMatrix& ker = kernel.selection[g];
+    if (ker.rows() != Tq || ker.cols() != ctx.spec.K) {
+      report.passed = false;
+      report.problems.push_back(format("selection: group %lld has shape [%lld x %lld], expected "
+                                       "[%lld x K=%lld]", static_cast<long long>(g),
+                                       static_cast<long long>(ker.rows()),
+                                       static_cast<long long>(ker.cols()),
+                                       static_cast<long long>(Tq),
+                                       static_cast<long long>(ctx.spec.K)));
+      continue;
+    }
+    for (Eigen::Index row = 0; row < Tq; ++row)
+      if (compare_row(ctx, ctx.truth.selection[g], ker, row, g, r[g], report))
+        merged[g].row(row) = ker.row(row);
+  }
+  return merged;
+}
+
+// ---- fused outputs --------------------------------------------------------------------------
+
+// Whether the kernel's fused lse/o match the reference with softmax1 flipped.
+std::string diagnose_softmax1(const Context& ctx, const std::vector<IndexMatrix>& selection,
+                              const std::vector<Matrix<double>>& kernel, bool lse,
+                              double tolerance) {
+  if (ctx.spec.fusion != Fusion::hierarchical) return "";
+  MechanismSpec flipped = ctx.spec;
+  flipped.softmax1 = !ctx.spec.softmax1;
+  const auto heads = forced_fusion(flipped, ctx.inputs, selection, ctx.queries);
+  using H = HeadOutputs<double>;
+  const auto expected = lse ? field_of(heads, &H::lse) : field_of(heads, &H::o);
+  if (expected.size() != kernel.size()) return "";
+  for (size_t h = 0; h < kernel.size(); ++h)
+    if (expected[h].rows() != kernel[h].rows() || expected[h].cols() != kernel[h].cols() ||
+        !((expected[h] - kernel[h]).cwiseAbs().maxCoeff() <= tolerance))
+      return "";
+  return ctx.spec.softmax1
+             ? "matches the fusion without the softmax1 zero logit: the kernel is missing the "
+               "softmax1 logit (spec.softmax1 = true)"
+             : "matches the fusion with an extra softmax1 zero logit that the spec does not "
+               "have (spec.softmax1 = false)";
+}
+
+void compare_fused(const Context& ctx, const KernelOutputs& kernel,
+                   const std::vector<IndexMatrix>& selection, Verdict& verdict) {
+  using H = HeadOutputs<double>;
+  using F = HeadOutputs<float>;
+  std::vector<HeadOutputs<double>> truth = ctx.truth.heads;
+  std::vector<HeadOutputs<float>> base = ctx.baseline.heads;
+  if (ctx.spec.selects()) {
+    // Both sides fuse the same chunks, so a near tie flipped by float rounding cannot inflate
+    // the baseline's error.
+    truth = forced_fusion(ctx.spec, ctx.inputs, selection, ctx.queries);
+    base = forced_fusion(ctx.spec, ctx.inputs_float, selection, ctx.queries);
+  }
+  const auto p = ctx.options.precision;
+  const auto n = ctx.options.max_messages;
+  if (!kernel.o.empty()) {
+    auto r = compare_tensor("o", kernel.o, field_of(truth, &H::o), field_of(base, &F::o),
+                            ctx.magnitude.value, p, "t", ctx.queries, n);
+    if (!r.passed && ctx.spec.selects())
+      r.diagnosis = diagnose_softmax1(ctx, selection, kernel.o, false, r.tolerance);
+    verdict.tensors.push_back(r);
+  }
+  if (!kernel.lse.empty()) {
+    auto r = compare_tensor("lse", as_columns(kernel.lse), field_of(truth, &H::lse),
+                            field_of(base, &F::lse), ctx.magnitude.lse, p, "t", ctx.queries, n);
+    if (!r.passed && ctx.spec.selects())
+      r.diagnosis = diagnose_softmax1(ctx, selection, as_columns(kernel.lse), true, r.tolerance);
+    verdict.tensors.push_back(r);
+  }
+  if (!kernel.fusion_weights.empty())
+    verdict.tensors.push_back(compare_tensor("fusion_weights", kernel.fusion_weights,
+                                             field_of(truth, &H::fusion_weights),
+                                             field_of(base, &F::fusion_weights), 1.0, p, "t",
+                                             ctx.queries, n));
+}
+
+}  // namespace
+
+Verdict verify(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+               const KernelOutputs& kernel, const VerifyOptions& options) {
+  // spec, inputs, kernel stages -> verdict with one report per tensor given.
+  const Context ctx = make_context(spec, inputs, options);
+  Verdict verdict;
+  verdict.precision = options.precision;
+  verdict.spec_description = describe(spec);
+  compare_summaries(ctx, kernel, verdict);
+  compare_scores(ctx, kernel, verdict);
+  compare_window(ctx, kernel, verdict);
+  const auto selection = compare_selection(ctx, kernel, verdict.selection);
+  compare_fused(ctx, kernel, selection, verdict);
+  verdict.passed = verdict.selection.passed;
+  for (const auto& t : verdict.tensors) verdict.passed = verdict.passed && t.passed;
+  if (verdict.tensors.empty() && !verdict.selection.compared) {
+    verdict.passed = false;
+    verdict.selection.problems.push_back("the kernel outputs are empty: nothing to compare");
+  }
+  return verdict;
+}
+
+}  // namespace hils::oracle

@@ -1,0 +1,221 @@
+// The oracle's element-wise comparison of one tensor, its tolerances and the printed report.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+
+#include "hils/analysis/oracle.hpp"
+
+namespace hils::oracle {
+
+namespace {
+
+// printf-style formatting into a std::string (the analysis library has no fmt).
+template <class... Args>
+std::string format(const char* pattern, Args... args) {
+  char buffer[512];
+  std::snprintf(buffer, sizeof buffer, pattern, args...);
+  return buffer;
+}
+
+std::string where(const std::string& row_label, const std::vector<int64_t>& row_ids, size_t h,
+                  Eigen::Index row, Eigen::Index col) {
+  const long long id = row_ids.empty() ? row : row_ids[static_cast<size_t>(row)];
+  return format("h=%zu %s=%lld col=%lld", h, row_label.c_str(), id, static_cast<long long>(col));
+}
+
+// Running statistics of one comparison.
+struct Accumulator {
+  double max_abs = 0, max_rel = 0, sum_sq_err = 0, sum_sq_truth = 0, baseline_max_abs = 0;
+  int64_t count = 0, nan_count = 0, inf_count = 0, zero_count = 0, truth_nonzero = 0;
+  int64_t pattern_errors = 0;
+  std::string first_nan, first_inf, worst_where;
+  double worst_kernel = 0, worst_truth = 0;
+  std::vector<std::string> pattern_messages;
+};
+
+// Folds element (h,row,col) into the statistics.
+template <class WhereText>
+void accumulate(Accumulator& acc, double kernel, double truth, double baseline, double rel_floor,
+                const std::string& name, const WhereText& at, int64_t max_messages) {
+  ++acc.count;
+  if (kernel == 0.0) ++acc.zero_count;
+  if (truth != 0.0) ++acc.truth_nonzero;
+  if (std::isnan(kernel)) {
+    if (acc.nan_count++ == 0) acc.first_nan = at();
+    return;
+  }
+  if (std::isinf(truth) || std::isinf(kernel)) {
+    // -inf marks "not a candidate": the kernel must agree exactly.
+    if (kernel == truth) return;
+    if (!std::isinf(truth)) {
+      if (acc.inf_count++ == 0) acc.first_inf = at() + format(" (%g, reference %.9g)", kernel, truth);
+      return;
+    }
+    if (acc.pattern_errors++ < max_messages)
+      acc.pattern_messages.push_back(
+          format("%s at %s should be %g (chunk outside V(t)), got %.9g", name.c_str(),
+                 at().c_str(), truth, kernel));
+    return;
+  }
+  const double err = std::fabs(kernel - truth);
+  if (err > acc.max_abs || acc.worst_where.empty()) {
+    acc.max_abs = err;
+    acc.worst_where = at();
+    acc.worst_kernel = kernel;
+    acc.worst_truth = truth;
+  }
+  acc.max_rel = std::max(acc.max_rel, err / std::max(std::fabs(truth), rel_floor));
+  acc.sum_sq_err += err * err;
+  acc.sum_sq_truth += truth * truth;
+  if (std::isfinite(baseline)) acc.baseline_max_abs = std::max(acc.baseline_max_abs, std::fabs(baseline - truth));
+}
+
+// The problems that fail a tensor regardless of the tolerance.
+std::vector<std::string> problems_of(const Accumulator& acc, const std::string& name) {
+  std::vector<std::string> problems;
+  if (acc.nan_count > 0)
+    problems.push_back(format("%s contains NaN at %s (%lld NaN elements)", name.c_str(),
+                              acc.first_nan.c_str(), static_cast<long long>(acc.nan_count)));
+  if (acc.inf_count > 0)
+    problems.push_back(format("%s contains Inf where the reference is finite, first at %s "
+                              "(%lld elements)", name.c_str(), acc.first_inf.c_str(),
+                              static_cast<long long>(acc.inf_count)));
+  for (const auto& m : acc.pattern_messages) problems.push_back(m);
+  if (acc.pattern_errors > static_cast<int64_t>(acc.pattern_messages.size()))
+    problems.push_back(format("%s: %lld elements disagree on -inf in total", name.c_str(),
+                              static_cast<long long>(acc.pattern_errors)));
+  if (acc.count > 0 && acc.zero_count == acc.count && acc.truth_nonzero > 0)
+    problems.push_back(format("%s is all zeros (%lld elements) while the reference is not: "
+                              "was the output written?", name.c_str(),
+                              static_cast<long long>(acc.count)));
+  return problems;
+}
+
+// Shape agreement of kernel heads with the truth; the problems found (empty when they agree).
+std::vector<std::string> shape_problems(const std::string& name,
+                                        const std::vector<Matrix<double>>& kernel,
+                                        const std::vector<Matrix<double>>& truth) {
+  if (kernel.size() != truth.size())
+    return {format("%s: expected %zu heads, got %zu", name.c_str(), truth.size(), kernel.size())};
+  for (size_t h = 0; h < truth.size(); ++h)
+    if (kernel[h].rows() != truth[h].rows() || kernel[h].cols() != truth[h].cols())
+      return {format("%s: head %zu has shape [%lld x %lld], expected [%lld x %lld]", name.c_str(), h,
+                     static_cast<long long>(kernel[h].rows()), static_cast<long long>(kernel[h].cols()),
+                     static_cast<long long>(truth[h].rows()), static_cast<long long>(truth[h].cols()))};
+  return {};
+}
+
+}  // namespace
+
+std::string to_string(InputPrecision precision) {
+  return precision == InputPrecision::bf16 ? "bf16" : "fp32";
+}
+
+InputPrecision parse_input_precision(const std::string& text, const std::string& field) {
+  if (text == "fp32") return InputPrecision::fp32;
+  if (text == "bf16") return InputPrecision::bf16;
+  throw InvalidArgument(field + ": expected \"fp32\" or \"bf16\", got \"" + text + "\"");
+}
+
+double unit_roundoff(InputPrecision precision) {
+  return precision == InputPrecision::bf16 ? 0x1p-8 : 0x1p-24;
+}
+
+double Tolerances::floor_units(InputPrecision precision) {
+  return precision == InputPrecision::bf16 ? kFloorUnitsBf16 : kFloorUnitsFp32;
+}
+
+double Tolerances::margin_units(InputPrecision precision) {
+  return precision == InputPrecision::bf16 ? kMarginUnitsBf16 : kMarginUnitsFp32;
+}
+
+TensorReport compare_tensor(const std::string& name, const std::vector<Matrix<double>>& kernel,
+                            const std::vector<Matrix<double>>& truth,
+                            const std::vector<Matrix<double>>& baseline, double magnitude,
+                            InputPrecision precision, const std::string& row_label,
+                            const std::vector<int64_t>& row_ids, int64_t max_messages) {
+  // Hq x [rows x cols] kernel, truth, float baseline -> one report (module comment: policy).
+  TensorReport report;
+  report.name = name;
+  report.magnitude = std::max(magnitude, std::numeric_limits<double>::min());
+  report.floor = Tolerances::floor_units(precision) * unit_roundoff(precision) * report.magnitude;
+  report.problems = shape_problems(name, kernel, truth);
+  require(shape_problems(name, baseline, truth).empty(), name + " baseline",
+          "the truth's shape", "a different shape");
+  if (!report.problems.empty()) {
+    report.tolerance = report.floor;
+    return report;
+  }
+  const double rel_floor = Tolerances::kRelFloorFraction * report.magnitude;
+  Accumulator acc;
+  for (size_t h = 0; h < truth.size(); ++h)
+    for (Eigen::Index i = 0; i < truth[h].rows(); ++i)
+      for (Eigen::Index j = 0; j < truth[h].cols(); ++j)
+        accumulate(acc, kernel[h](i, j), truth[h](i, j), baseline[h](i, j), rel_floor, name,
+                   [&] { return where(row_label, row_ids, h, i, j); }, max_messages);
+  report.count = acc.count;
+  report.max_abs = acc.max_abs;
+  report.max_rel = acc.max_rel;
+  report.nmse = acc.sum_sq_truth > 0 ? acc.sum_sq_err / acc.sum_sq_truth
+                                     : (acc.sum_sq_err > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+  report.worst_where = acc.worst_where;
+  report.worst_kernel = acc.worst_kernel;
+  report.worst_truth = acc.worst_truth;
+  report.baseline_max_abs = acc.baseline_max_abs;
+  report.tolerance = Tolerances::kBaselineFactor * report.baseline_max_abs + report.floor;
+  report.headroom = report.max_abs / report.tolerance;
+  report.problems = problems_of(acc, name);
+  if (report.max_abs > report.tolerance)
+    report.problems.push_back(format(
+        "%s: max abs error %.3g at %s (kernel %.9g, reference %.9g) exceeds the tolerance %.3g "
+        "= %g x float error %.3g + floor %.3g", name.c_str(), report.max_abs,
+        report.worst_where.c_str(), report.worst_kernel, report.worst_truth, report.tolerance,
+        Tolerances::kBaselineFactor, report.baseline_max_abs, report.floor));
+  report.passed = report.problems.empty();
+  return report;
+}
+
+std::string Verdict::report() const {
+  // -> the printable multi-line report; every tensor gets its line, pass or fail.
+  std::ostringstream out;
+  out << "oracle: " << spec_description << " | kernel precision " << to_string(precision)
+      << " (u = " << format("%.3g", unit_roundoff(precision)) << ")\n";
+  out << format("  %-18s %10s %10s %10s %10s %10s %9s  %-24s %s\n", "tensor", "max_abs",
+                "max_rel", "nmse", "float_err", "tolerance", "headroom", "worst", "verdict");
+  auto line = [&](const TensorReport& t) {
+    out << format("  %-18s %10.3g %10.3g %10.3g %10.3g %10.3g %9.3g  %-24s %s\n", t.name.c_str(),
+                  t.max_abs, t.max_rel, t.nmse, t.baseline_max_abs, t.tolerance, t.headroom,
+                  t.worst_where.c_str(), t.passed ? "PASS" : "FAIL");
+  };
+  for (const auto& t : tensors)
+    if (t.name != "o" && t.name != "lse" && t.name != "fusion_weights") line(t);
+  if (selection.compared)
+    out << format("  %-18s %lld rows, %lld differ, %lld accepted (max accepted margin %.3g, "
+                  "bound %.3g, float r error %.3g) %s\n", "selection",
+                  static_cast<long long>(selection.rows),
+                  static_cast<long long>(selection.rows_differing),
+                  static_cast<long long>(selection.rows_accepted), selection.max_accepted_margin,
+                  selection.bound, selection.baseline_r_error, selection.passed ? "PASS" : "FAIL");
+  for (const auto& t : tensors)
+    if (t.name == "o" || t.name == "lse" || t.name == "fusion_weights") line(t);
+  for (const auto& p : selection.problems) out << "  FAIL: " << p << "\n";
+  for (const auto& t : tensors) {
+    for (const auto& p : t.problems) out << "  FAIL: " << p << "\n";
+    if (!t.diagnosis.empty()) out << "  diagnosis: " << t.diagnosis << "\n";
+  }
+  out << (passed ? "PASS" : "FAIL") << "\n";
+  return out.str();
+}
+
+std::optional<std::size_t> first_guard_violation(const void* data, std::size_t bytes,
+                                                 unsigned char pattern) {
+  // guard region -> offset of the first overwritten byte, if any.
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < bytes; ++i)
+    if (p[i] != pattern) return i;
+  return std::nullopt;
+}
+
+}  // namespace hils::oracle
