@@ -136,12 +136,14 @@ void write_meta(H5::H5File& file, const ActivationMeta& meta) {
   write_attribute(file, "rope_theta", meta.rope_theta);
   write_attribute(file, "source", meta.source.dump());
   const auto T = static_cast<hsize_t>(meta.T);
-  auto positions = write_int64s(file, "position_ids", meta.position_ids.data(), {T});
+  // A copy of an H5File sliced to a Group has no valid id: write through the root group.
+  H5::Group root = file.openGroup("/");
+  auto positions = write_int64s(root, "position_ids", meta.position_ids.data(), {T});
   write_attribute(positions, "meaning", std::string("position id of every slot (for RoPE)"));
-  auto landmarks = write_uint8s(file, "landmarks", meta.landmarks.data(), {T});
+  auto landmarks = write_uint8s(root, "landmarks", meta.landmarks.data(), {T});
   write_attribute(landmarks, "meaning", std::string("1 where the slot is a landmark slot"));
   if (!meta.tokens.empty()) {
-    auto tokens = write_int32s(file, "tokens", meta.tokens.data(), {T});
+    auto tokens = write_int32s(root, "tokens", meta.tokens.data(), {T});
     write_attribute(tokens, "meaning", std::string("token id of every slot, -1 at landmarks"));
   }
 }

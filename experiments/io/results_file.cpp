@@ -148,7 +148,7 @@ void require_new(const H5::H5File& file, const std::filesystem::path& final_path
 
 }  // namespace
 
-void ResultsWriter::write(const std::string& path, const Matrix<double>& data,
+void ResultsWriter::write_matrix(const std::string& path, const Matrix<double>& data,
                           const std::string& meaning) {
   require_new(*state_->file, this->path(), path);
   H5::Group root = root_of(*state_->file);
@@ -158,7 +158,7 @@ void ResultsWriter::write(const std::string& path, const Matrix<double>& data,
   write_attribute(dataset, "meaning", meaning);
 }
 
-void ResultsWriter::write(const std::string& path, const Vector<double>& data,
+void ResultsWriter::write_vector(const std::string& path, const Vector<double>& data,
                           const std::string& meaning) {
   require_new(*state_->file, this->path(), path);
   H5::Group root = root_of(*state_->file);
@@ -167,7 +167,7 @@ void ResultsWriter::write(const std::string& path, const Vector<double>& data,
   write_attribute(dataset, "meaning", meaning);
 }
 
-void ResultsWriter::write(const std::string& path, const std::vector<double>& data,
+void ResultsWriter::write_vector(const std::string& path, const std::vector<double>& data,
                           const std::string& meaning) {
   require_new(*state_->file, this->path(), path);
   H5::Group root = root_of(*state_->file);
@@ -175,7 +175,7 @@ void ResultsWriter::write(const std::string& path, const std::vector<double>& da
   write_attribute(dataset, "meaning", meaning);
 }
 
-void ResultsWriter::write(const std::string& path, const IndexMatrix& data,
+void ResultsWriter::write_indices(const std::string& path, const IndexMatrix& data,
                           const std::string& meaning) {
   require_new(*state_->file, this->path(), path);
   H5::Group root = root_of(*state_->file);
@@ -185,7 +185,7 @@ void ResultsWriter::write(const std::string& path, const IndexMatrix& data,
   write_attribute(dataset, "meaning", meaning);
 }
 
-void ResultsWriter::write(const std::string& path, const std::vector<int64_t>& data,
+void ResultsWriter::write_indices(const std::string& path, const std::vector<int64_t>& data,
                           const std::string& meaning) {
   require_new(*state_->file, this->path(), path);
   H5::Group root = root_of(*state_->file);
@@ -193,11 +193,11 @@ void ResultsWriter::write(const std::string& path, const std::vector<int64_t>& d
   write_attribute(dataset, "meaning", meaning);
 }
 
-void ResultsWriter::write(const std::string& path, const std::string& text,
+void ResultsWriter::write_text(const std::string& path, const std::string& text,
                           const std::string& meaning) {
   require_new(*state_->file, this->path(), path);
   H5::Group root = root_of(*state_->file);
-  auto dataset = write_text(root, path, text);
+  auto dataset = io::write_text(root, path, text);
   write_attribute(dataset, "meaning", meaning);
 }
 

@@ -12,7 +12,7 @@
 //   io::Provenance prov{config_json, seed, "hils run ..."};
 //   auto w = io::ResultsWriter::create("out.h5", prov);      // or ResultsWriter::resume(...)
 //   if (!w.is_complete("layer0")) {
-//     w.write("layer0/head0/o", o, "attention output, [Tq x dv]");
+//     w.write_matrix("layer0/head0/o", o, "attention output, [Tq x dv]");
 //     w.mark_complete("layer0");
 //   }
 //   w.commit();
@@ -66,14 +66,17 @@ class ResultsWriter {
 
   // Datasets at a '/'-separated path (parent groups are created); each with its meaning.
   // Replacing an existing dataset is an error (units are written once).
-  void write(const std::string& path, const Matrix<double>& data, const std::string& meaning);
-  void write(const std::string& path, const Vector<double>& data, const std::string& meaning);
-  void write(const std::string& path, const std::vector<double>& data,
-             const std::string& meaning);
-  void write(const std::string& path, const IndexMatrix& data, const std::string& meaning);
-  void write(const std::string& path, const std::vector<int64_t>& data,
-             const std::string& meaning);
-  void write(const std::string& path, const std::string& text, const std::string& meaning);
+  void write_matrix(const std::string& path, const Matrix<double>& data,
+                    const std::string& meaning);
+  void write_vector(const std::string& path, const Vector<double>& data,
+                    const std::string& meaning);
+  void write_vector(const std::string& path, const std::vector<double>& data,
+                    const std::string& meaning);
+  void write_indices(const std::string& path, const IndexMatrix& data,
+                     const std::string& meaning);  // int32 [rows x cols]
+  void write_indices(const std::string& path, const std::vector<int64_t>& data,
+                     const std::string& meaning);  // int64 [n]
+  void write_text(const std::string& path, const std::string& text, const std::string& meaning);
 
   // Attributes on a group or dataset ("" or "/" is the root); the object must exist (groups
   // are created on demand).
