@@ -1,0 +1,66 @@
+// Where a study writes its results: an interface so that the study drivers in this library need
+// no file format. The `hils` tool adapts the HDF5 results writer to it; tests use MemorySink.
+//
+// A unit of work (e.g. "T4096/layer2/group1") is written once and then marked complete; a
+// resumed run asks is_complete() and reads the finished units' numbers back with read().
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hils/types.hpp"
+
+namespace hils::analysis {
+
+class ResultSink {
+ public:
+  virtual ~ResultSink() = default;
+  virtual bool is_complete(const std::string& unit) const = 0;
+  // Marks a unit complete and publishes everything written so far (atomically, for files).
+  virtual void mark_complete(const std::string& unit) = 0;
+  virtual void write(const std::string& path, const Matrix<double>& data,
+                     const std::string& meaning) = 0;
+  virtual void write(const std::string& path, const std::vector<double>& data,
+                     const std::string& meaning) = 0;
+  virtual void write(const std::string& path, const std::vector<int64_t>& data,
+                     const std::string& meaning) = 0;
+  virtual void write(const std::string& path, const IndexMatrix& data,
+                     const std::string& meaning) = 0;
+  virtual void set_attribute(const std::string& object, const std::string& name,
+                             const std::string& value) = 0;
+  virtual void set_attribute(const std::string& object, const std::string& name,
+                             double value) = 0;
+  // A dataset written by this or an earlier (resumed) run, as [rows x cols] (vectors as
+  // [n x 1]); nullopt when absent.
+  virtual std::optional<Matrix<double>> read(const std::string& path) const = 0;
+};
+
+// Everything in memory, for tests and for callers that want the numbers without a file.
+class MemorySink : public ResultSink {
+ public:
+  bool is_complete(const std::string& unit) const override;
+  void mark_complete(const std::string& unit) override;
+  void write(const std::string& path, const Matrix<double>& data,
+             const std::string& meaning) override;
+  void write(const std::string& path, const std::vector<double>& data,
+             const std::string& meaning) override;
+  void write(const std::string& path, const std::vector<int64_t>& data,
+             const std::string& meaning) override;
+  void write(const std::string& path, const IndexMatrix& data,
+             const std::string& meaning) override;
+  void set_attribute(const std::string& object, const std::string& name,
+                     const std::string& value) override;
+  void set_attribute(const std::string& object, const std::string& name,
+                     double value) override;
+  std::optional<Matrix<double>> read(const std::string& path) const override;
+
+  std::map<std::string, Matrix<double>> data;      // every dataset, as doubles
+  std::map<std::string, std::string> meanings;
+  std::map<std::string, std::string> attributes;   // "object@name" -> value as text
+  std::vector<std::string> completed;              // units in the order marked
+  int64_t writes = 0;                              // datasets written (resume tests count)
+};
+
+}  // namespace hils::analysis

@@ -1,0 +1,273 @@
+#include "hils/analysis/fidelity.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <span>
+
+#include "hils/analysis/metrics.hpp"
+
+namespace hils::analysis {
+
+namespace {
+
+// What full attention and the token logits say about one query head.
+struct HeadTruth {
+  Matrix<double> L;           // [Tq x nc] exact chunk log-mass
+  Vector<double> lse_window;  // [Tq]
+  Matrix<double> o_full;      // [Tq x dv]
+  ChunkLogitStats stats;
+};
+
+// One query head h of the group inputs -> its truth over the sampled queries.
+HeadTruth head_truth(const AttentionInputs<double>& in, int64_t h, const Geometry& geometry,
+                     double scale, const std::vector<int64_t>& queries) {
+  const auto& q = in.q[h];
+  HeadTruth truth;
+  truth.L = exact_chunk_log_mass<double>(q, in.k[0], geometry, scale, queries);
+  truth.lse_window = window_attention<double>(q, in.k[0], in.v[0], geometry, scale, queries).lse;
+  truth.o_full = full_attention<double>(q, in.k[0], in.v[0], geometry, scale, queries).o;
+  truth.stats = chunk_logit_stats(q, in.k[0], geometry, scale, queries);
+  return truth;
+}
+
+// A mechanism's surrogate scores and outputs for each head of the group.
+struct MechanismResult {
+  std::vector<Matrix<double>> surrogate;  // G x [Tq x nc]
+  std::vector<Matrix<double>> o;          // G x [Tq x dv]
+};
+
+MechanismResult max_logit_result(const AttentionInputs<double>& in,
+                                 const std::vector<HeadTruth>& truths,
+                                 const FidelityOptions& options, const Geometry& geometry,
+                                 double scale, const std::vector<int64_t>& queries) {
+  MechanismResult r;
+  std::vector<Vector<double>> lse_windows;
+  for (const auto& t : truths) {
+    r.surrogate.push_back(t.stats.max_logit);
+    lse_windows.push_back(t.lse_window);
+  }
+  const auto selection = select_chunks<double>(r.surrogate, lse_windows,
+                                               options.geometry.group_rule, options.geometry.K,
+                                               geometry, queries);
+  for (int64_t h = 0; h < in.Hq(); ++h)
+    r.o.push_back(flat_fusion_output(in.q[h], in.k[0], in.v[0], geometry, scale, queries,
+                                     selection));
+  return r;
+}
+
+// A spec runs as the real mechanism (group selection, its own fusion) on the group's heads.
+MechanismResult spec_result(const StudyMechanism& m, const AttentionInputs<double>& in,
+                            const std::vector<HeadTruth>& truths, const FidelityOptions& options,
+                            const std::vector<int64_t>& queries) {
+  RunOptions run;
+  run.keep_surrogate_scores = true;
+  run.queries = queries;
+  const auto out = run_mechanism<double>(with_geometry(m.spec, options.geometry), in, run);
+  MechanismResult r;
+  for (int64_t h = 0; h < in.Hq(); ++h) {
+    const auto& head = out.heads[h];
+    // The exact rule's surrogate is L itself; use it if the reference leaves it empty.
+    r.surrogate.push_back(head.surrogate_scores.size() ? head.surrogate_scores : truths[h].L);
+    r.o.push_back(head.o);
+  }
+  return r;
+}
+
+// [Tq x nc] surrogate and truth -> one vector per fidelity metric, [Tq] each.
+std::vector<std::vector<double>> per_query_metrics(const Matrix<double>& s_hat,
+                                                   const HeadTruth& truth,
+                                                   const Matrix<double>& o,
+                                                   const Geometry& geometry, int64_t K,
+                                                   const std::vector<int64_t>& queries) {
+  const auto n_metrics = fidelity_metrics().size();
+  std::vector<std::vector<double>> values(n_metrics, std::vector<double>(queries.size()));
+  const auto errors = row_relative_errors(o, truth.o_full);
+  for (size_t i = 0; i < queries.size(); ++i) {
+    const int64_t nv = geometry.candidate_count(queries[i]);
+    std::vector<double> s(nv), L(nv);
+    double gap = 0.0;
+    for (int64_t c = 0; c < nv; ++c) {
+      s[c] = s_hat(i, c);
+      L[c] = truth.L(i, c);
+      gap += L[c] - s[c];
+    }
+    const auto picked = top_k(s, K);
+    const auto best = top_k(L, K);
+    values[0][i] = spearman(s, L);
+    values[1][i] = topk_recall(picked, best);
+    values[2][i] = mass_recall(L, picked, best);
+    values[3][i] = covered_mass(L, picked, truth.lse_window(i));
+    values[4][i] = errors[i];
+    values[5][i] = nv > 0 ? gap / static_cast<double>(nv) : std::nan("");
+  }
+  return values;
+}
+
+const std::vector<std::string>& metric_meanings() {
+  static const std::vector<std::string> meanings{
+      "Spearman rank correlation of s_hat and L over V(t), per query",
+      "top-K recall |I_shat ∩ I_L| / |I_L| (per-head top-K), per query",
+      "mass recall sum_{I_shat} Z / sum_{I_L} Z (per-head top-K), per query",
+      "covered attention mass (sum_{I_shat} Z + Z_swa) / (sum_V Z + Z_swa), per query",
+      "relative output error ||o - o_full|| / ||o_full|| of the mechanism (group selection)",
+      "mean gap L - s_hat over V(t) in nats, per query"};
+  return meanings;
+}
+
+std::string head_path(const std::string& unit, int64_t h) {
+  return unit + "/head" + std::to_string(h);
+}
+
+double mean_of(const Matrix<double>& m) {
+  return summarize_values(std::span<const double>(m.data(), m.size())).mean;
+}
+
+}  // namespace
+
+const std::vector<std::string>& fidelity_metrics() {
+  static const std::vector<std::string> names{"spearman",     "topk_recall",  "mass_recall",
+                                              "covered_mass", "output_error", "gap_mean"};
+  return names;
+}
+
+KlCheck run_fidelity_unit(const AttentionInputs<double>& inputs, int64_t layer, int64_t g,
+                          const FidelityOptions& options, ResultSink& sink) {
+  const int64_t T = inputs.T();
+  const std::string unit = unit_path(T, layer, g);
+  const Geometry geometry(T, options.geometry.S, options.geometry.W, options.geometry.landmarks);
+  auto in = group_inputs(inputs, g);
+  fill_prior(in, geometry, options.prior.source);
+  const auto taylor = with_geometry(study_mechanism("taylor_entropy", options.prior.rule).spec,
+                                    options.geometry);
+  const double scale = logit_scale(taylor, inputs.d());
+  const auto queries = sample_queries(geometry, options.geometry.K, options.queries_per_unit);
+  const int64_t G = in.Hq();
+
+  std::vector<HeadTruth> truths;
+  for (int64_t h = 0; h < G; ++h) truths.push_back(head_truth(in, h, geometry, scale, queries));
+  std::vector<int64_t> candidates;
+  for (int64_t t : queries) candidates.push_back(geometry.candidate_count(t));
+  sink.write(unit + "/queries", queries, "sampled query slots t");
+  sink.write(unit + "/candidates", candidates, "|V(t)| candidate chunks of each query");
+
+  KlCheck worst;
+  worst.min_gap = std::numeric_limits<double>::infinity();
+  worst.max_gap = -worst.min_gap;
+  for (int64_t h = 0; h < G; ++h) {
+    const auto path = head_path(unit, g * G + h);
+    if (options.keep_scores) {
+      sink.write(path + "/exact", truths[h].L, "L(t,c) exact chunk log-mass, -inf outside V(t)");
+      sink.write(path + "/entropy", truths[h].stats.entropy,
+                 "H(softmax_j s(t,j)) over T_c in nats, NaN outside V(t)");
+    }
+    std::vector<double> lse(truths[h].lse_window.data(),
+                            truths[h].lse_window.data() + truths[h].lse_window.size());
+    sink.write(path + "/lse_window", lse, "lse_swa(t), log window mass");
+    const auto prior = resolve_prior<double>(in, h, taylor, geometry);
+    const auto kl = taylor_kl_check(in.q[h], in.k[0], prior, geometry, scale, queries);
+    sink.write(path + "/kl_check",
+               std::vector<double>{static_cast<double>(kl.pairs), kl.max_abs_deviation,
+                                   kl.min_gap, kl.max_gap},
+               "taylor+entropy with q~=q: pairs, max |(L - s_hat) - KL(p_mu||p_q)|, min gap, "
+               "max gap (nats)");
+    worst.pairs += kl.pairs;
+    worst.max_abs_deviation = std::max(worst.max_abs_deviation, kl.max_abs_deviation);
+    worst.min_gap = std::min(worst.min_gap, kl.min_gap);
+    worst.max_gap = std::max(worst.max_gap, kl.max_gap);
+  }
+
+  for (const auto& m : options.mechanisms) {
+    const auto r = m.max_logit ? max_logit_result(in, truths, options, geometry, scale, queries)
+                               : spec_result(m, in, truths, options, queries);
+    for (int64_t h = 0; h < G; ++h) {
+      const auto path = head_path(unit, g * G + h) + "/" + m.name;
+      if (options.keep_scores)
+        sink.write(path + "/surrogate", r.surrogate[h], "s_hat(t,c), -inf outside V(t)");
+      const auto values = per_query_metrics(r.surrogate[h], truths[h], r.o[h], geometry,
+                                            options.geometry.K, queries);
+      for (size_t i = 0; i < values.size(); ++i)
+        sink.write(path + "/" + fidelity_metrics()[i], values[i], metric_meanings()[i]);
+    }
+  }
+  sink.mark_complete(unit);
+  return worst;
+}
+
+FidelityReport run_fidelity_study(const StudySource& source, const FidelityOptions& options,
+                                  ResultSink& sink, const Progress& progress) {
+  require(!source.lengths.empty(), "lengths", "at least one context length", "none");
+  FidelityReport report;
+  report.worst_kl.min_gap = std::numeric_limits<double>::infinity();
+  int64_t Hq = 0, Hkv = 0, done = 0, total = 0;
+  for (int64_t T : source.lengths) {
+    for (int64_t layer = 0; layer < source.n_layers; ++layer) {
+      // Loading is skipped only when every group of the layer is already complete.
+      AttentionInputs<double> inputs;
+      bool loaded = false;
+      auto ensure = [&] {
+        if (!loaded) inputs = source.load(layer, T), loaded = true;
+      };
+      ensure();
+      Hq = inputs.Hq(), Hkv = inputs.Hkv();
+      if (total == 0)
+        total = static_cast<int64_t>(source.lengths.size()) * source.n_layers * Hkv;
+      for (int64_t g = 0; g < Hkv; ++g) {
+        if (sink.is_complete(unit_path(T, layer, g))) {
+          ++report.units_skipped;
+        } else {
+          const auto kl = run_fidelity_unit(inputs, layer, g, options, sink);
+          ++report.units_run;
+          report.worst_kl.pairs += kl.pairs;
+          report.worst_kl.max_abs_deviation =
+              std::max(report.worst_kl.max_abs_deviation, kl.max_abs_deviation);
+          report.worst_kl.min_gap = std::min(report.worst_kl.min_gap, kl.min_gap);
+        }
+        if (progress) progress(++done, total);
+      }
+    }
+  }
+  report.kl_ok = report.worst_kl.max_abs_deviation <= options.kl_tolerance &&
+                 (report.units_run == 0 || report.worst_kl.min_gap >= -options.kl_tolerance);
+  if (!sink.is_complete("summary")) {
+    std::vector<std::string> names;
+    for (const auto& m : options.mechanisms) names.push_back(m.name);
+    write_metric_summaries(sink, "", source.lengths, source.n_layers, Hq, Hkv, names,
+                           fidelity_metrics(), options.confidence);
+    sink.mark_complete("summary");
+  }
+  return report;
+}
+
+void write_metric_summaries(ResultSink& sink, const std::string& prefix,
+                            const std::vector<int64_t>& lengths, int64_t n_layers, int64_t Hq,
+                            int64_t Hkv, const std::vector<std::string>& mechanisms,
+                            const std::vector<std::string>& metrics, double confidence) {
+  const int64_t G = Hq / Hkv, n_len = static_cast<int64_t>(lengths.size());
+  sink.write(prefix + "summary/lengths", lengths, "context lengths T (slots), one row each");
+  for (const auto& mech : mechanisms) {
+    for (const auto& metric : metrics) {
+      Matrix<double> rows(n_len, 8), per_head(n_len, n_layers * Hq);
+      for (int64_t i = 0; i < n_len; ++i) {
+        for (int64_t layer = 0; layer < n_layers; ++layer)
+          for (int64_t h = 0; h < Hq; ++h) {
+            const auto path = prefix + unit_path(lengths[i], layer, h / G) + "/head" +
+                              std::to_string(h) + "/" + mech + "/" + metric;
+            const auto values = sink.read(path);
+            per_head(i, layer * Hq + h) = values ? mean_of(*values) : std::nan("");
+          }
+        const auto s = summarize_values(
+            std::span<const double>(per_head.row(i).data(), per_head.cols()), confidence);
+        const auto row = summary_row(s);
+        for (int64_t j = 0; j < 8; ++j) rows(i, j) = row[j];
+      }
+      const auto base = prefix + "summary/" + mech + "/" + metric;
+      sink.write(base, rows,
+                 std::string("summary over (layer, head) means per length: ") + summary_columns());
+      sink.write(base + "_per_head", per_head,
+                 "mean over sampled queries per (layer, head), column = layer * Hq + head");
+    }
+  }
+}
+
+}  // namespace hils::analysis
