@@ -134,7 +134,7 @@ const std::vector<std::string>& fidelity_metrics() {
 KlCheck run_fidelity_unit(const AttentionInputs<double>& inputs, int64_t layer, int64_t g,
                           const FidelityOptions& options, ResultSink& sink) {
   const int64_t T = inputs.T();
-  const std::string unit = unit_path(T, layer, g);
+  const std::string unit = options.prefix + unit_path(T, layer, g);
   const Geometry geometry(T, options.geometry.S, options.geometry.W, options.geometry.landmarks);
   auto in = group_inputs(inputs, g);
   fill_prior(in, geometry, options.prior.source);
@@ -202,18 +202,20 @@ FidelityReport run_fidelity_study(const StudySource& source, const FidelityOptio
   int64_t Hq = 0, Hkv = 0, done = 0, total = 0;
   for (int64_t T : source.lengths) {
     for (int64_t layer = 0; layer < source.n_layers; ++layer) {
-      // Loading is skipped only when every group of the layer is already complete.
+      // A layer whose groups are all complete is not even loaded (Hkv is known from an
+      // earlier layer; the first layer is always loaded to learn it).
+      bool all_done = Hkv > 0;
+      for (int64_t g = 0; g < Hkv && all_done; ++g)
+        all_done = sink.is_complete(options.prefix + unit_path(T, layer, g));
       AttentionInputs<double> inputs;
-      bool loaded = false;
-      auto ensure = [&] {
-        if (!loaded) inputs = source.load(layer, T), loaded = true;
-      };
-      ensure();
-      Hq = inputs.Hq(), Hkv = inputs.Hkv();
+      if (!all_done) {
+        inputs = source.load(layer, T);
+        Hq = inputs.Hq(), Hkv = inputs.Hkv();
+      }
       if (total == 0)
         total = static_cast<int64_t>(source.lengths.size()) * source.n_layers * Hkv;
       for (int64_t g = 0; g < Hkv; ++g) {
-        if (sink.is_complete(unit_path(T, layer, g))) {
+        if (sink.is_complete(options.prefix + unit_path(T, layer, g))) {
           ++report.units_skipped;
         } else {
           const auto kl = run_fidelity_unit(inputs, layer, g, options, sink);
@@ -229,12 +231,12 @@ FidelityReport run_fidelity_study(const StudySource& source, const FidelityOptio
   }
   report.kl_ok = report.worst_kl.max_abs_deviation <= options.kl_tolerance &&
                  (report.units_run == 0 || report.worst_kl.min_gap >= -options.kl_tolerance);
-  if (!sink.is_complete("summary")) {
+  if (!sink.is_complete(options.prefix + "summary")) {
     std::vector<std::string> names;
     for (const auto& m : options.mechanisms) names.push_back(m.name);
-    write_metric_summaries(sink, "", source.lengths, source.n_layers, Hq, Hkv, names,
+    write_metric_summaries(sink, options.prefix, source.lengths, source.n_layers, Hq, Hkv, names,
                            fidelity_metrics(), options.confidence);
-    sink.mark_complete("summary");
+    sink.mark_complete(options.prefix + "summary");
   }
   return report;
 }

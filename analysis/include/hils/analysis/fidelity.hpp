@@ -36,6 +36,7 @@ struct FidelityOptions {
   bool keep_scores = true;     // write the [Tq x n_chunks] matrices (for scatter plots)
   double kl_tolerance = 1e-8;  // max |gap - KL| accepted by the SPEC §4 check
   double confidence = 0.95;
+  std::string prefix;          // prepended to every path (e.g. "rope/" in extrapolation)
 };
 
 // Per-query metric names, in the order written.

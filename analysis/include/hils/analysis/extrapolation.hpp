@@ -1,0 +1,53 @@
+// The length-extrapolation study (SPEC §9): the fidelity metrics as the context grows from the
+// training length to many times it, under RoPE, HoPE and NoPE applied to the same un-rotated
+// vectors; and a selection-level needle test on a length x depth grid per mechanism.
+//
+// Results: for each encoding E in {rope, hope, nope}, the fidelity layout under the prefix "E/"
+// (units E/T<T>/layer<l>/group<g>, summaries E/summary/...), and the needle grid:
+//   needle/E/T<T>/<mech>/success [n_depth]   fraction of KV groups whose selection I(t_last)
+//                                            holds the needle's chunk
+//   needle/E/T<T>/needle_chunk [n_depth]     the needle's chunk per depth
+//   needle/E/<mech>/grid [n_len x n_depth]   the grid (after all units)
+//   needle/depths [n_depth], needle/lengths [n_len]
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hils/analysis/fidelity.hpp"
+
+namespace hils::analysis {
+
+struct NamedEncoding {
+  std::string name;  // "rope", "hope", "nope"
+  PositionalEncoding pe;
+};
+
+struct ExtrapolationOptions {
+  FidelityOptions fidelity;                 // geometry, prior, mechanisms, queries per unit
+  std::vector<NamedEncoding> encodings;
+  std::vector<double> depths{0.0, 0.25, 0.5, 0.75, 1.0};  // needle depth in [0, 1] of V(t_last)
+  double needle_logit = 6.0;  // sigma q . k_needle of the group's mean query, before rotation
+  int64_t needle_layer = 0;
+  bool run_metrics = true;
+  bool run_needle = true;
+};
+
+// The needle test of one (encoding, raw layer, T): for each depth and mechanism, the fraction of
+// KV groups that select the needle's chunk for the last real-token query. Writes the unit
+// "needle/<E>/T<T>" (see the header comment) and marks it complete.
+void run_needle_unit(const AttentionInputs<double>& raw, const NamedEncoding& encoding,
+                     const ExtrapolationOptions& options, ResultSink& sink);
+
+struct ExtrapolationReport {
+  int64_t units_run = 0, units_skipped = 0;
+  bool kl_ok = true;
+  KlCheck worst_kl;
+};
+// The source's loader must return raw (un-rotated) vectors; every length and encoding.
+ExtrapolationReport run_extrapolation_study(const StudySource& raw_source,
+                                            const ExtrapolationOptions& options,
+                                            ResultSink& sink, const Progress& progress = {});
+
+}  // namespace hils::analysis
