@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Builds and runs every GPU test, compute-sanitizer memcheck and the benchmark, on the device
+# machine. Usage (repository root):  scripts/gpu_check.sh [--build-only] [--no-bench]
+# Environment: OUT (logs land there, default ./out/gpu_check), HILS_DEPS (a folder holding
+# eigen3/, catch2/ and cmake/ when the machine lacks Eigen or Catch2; default .device/deps),
+# HILS_BENCH_MAX_T (longest benchmark length, default 524288).
+#
+# It configures a small CMake project of its own (reference + the oracle sources + gpu/ +
+# tests/gpu) so that the device machine needs no Boost, HDF5 or CLI packages.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+OUT="${OUT:-$ROOT/out/gpu_check}"
+DEPS="${HILS_DEPS:-$ROOT/.device/deps}"
+BUILD="${HILS_GPU_BUILD:-$ROOT/build-gpu-check}"
+BUILD_ONLY=0
+BENCH=1
+for arg in "$@"; do
+  case "$arg" in
+    --build-only) BUILD_ONLY=1 ;;
+    --no-bench) BENCH=0 ;;
+    *) echo "gpu_check.sh: unknown argument '$arg' (expected --build-only or --no-bench)" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$OUT" "$BUILD/project"
+NVCC="${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
+
+cat >"$BUILD/project/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.25)
+project(hils_gpu_check LANGUAGES CXX CUDA)
+set(CMAKE_CXX_STANDARD 20)
+set(CMAKE_CXX_STANDARD_REQUIRED ON)
+if(NOT CMAKE_BUILD_TYPE)
+  set(CMAKE_BUILD_TYPE Release)
+endif()
+find_package(Eigen3 3.4 REQUIRED NO_MODULE)
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+find_package(Catch2 2 REQUIRED)
+include(Catch)
+enable_testing()
+file(GLOB HILS_REFERENCE_SOURCES $ROOT/reference/src/*.cpp)
+add_library(hils_reference \${HILS_REFERENCE_SOURCES})
+add_library(hils::reference ALIAS hils_reference)
+target_include_directories(hils_reference PUBLIC $ROOT/reference/include)
+target_link_libraries(hils_reference PUBLIC Eigen3::Eigen OpenMP::OpenMP_CXX)
+target_compile_definitions(hils_reference PUBLIC EIGEN_DONT_PARALLELIZE)
+file(GLOB HILS_ORACLE_SOURCES $ROOT/analysis/src/oracle*.cpp)
+add_library(hils_analysis \${HILS_ORACLE_SOURCES})
+add_library(hils::analysis ALIAS hils_analysis)
+target_include_directories(hils_analysis PUBLIC $ROOT/analysis/include)
+target_link_libraries(hils_analysis PUBLIC hils_reference)
+add_library(hils_cases INTERFACE)
+target_include_directories(hils_cases INTERFACE $ROOT/tests/cases)
+add_subdirectory($ROOT/gpu gpu)
+add_subdirectory($ROOT/tests/gpu tests_gpu)
+CMAKE
+
+# Carried dependencies (see gpu/NOTES.md): Eigen and Catch2 headers with their CMake configs.
+DEP_ARGS=()
+if [ -d "$DEPS/cmake" ]; then
+  DEP_ARGS=(-DEigen3_DIR="$DEPS/cmake/eigen3" -DCatch2_DIR="$DEPS/cmake/Catch2"
+            -DCMAKE_CXX_FLAGS="-isystem $DEPS/include")
+fi
+cmake -S "$BUILD/project" -B "$BUILD" -G Ninja -DCMAKE_CUDA_COMPILER="$NVCC" \
+  -DCMAKE_CUDA_ARCHITECTURES=90 "${DEP_ARGS[@]}" 2>&1 | tee "$OUT/configure.log" | tail -3
+ninja -C "$BUILD" ${HILS_NINJA_FLAGS:-} test_gpu_kernels hils_gpu_c 2>&1 | tee "$OUT/build.log" | grep -E "error|warning|FAILED" || true
+[ -x "$BUILD/tests_gpu/test_gpu_kernels" ] || { echo "build failed: see $OUT/build.log"; exit 3; }
+[ "$BUILD_ONLY" = 1 ] && { echo "built"; exit 0; }
+
+status=0
+echo "== GPU tests"
+( cd "$BUILD" && ctest -L gpu --output-on-failure -j1 ) >"$OUT/ctest.log" 2>&1 || status=1
+tail -n 25 "$OUT/ctest.log"
+"$BUILD/tests_gpu/test_gpu_kernels" -s >"$OUT/test_report.log" 2>&1 || status=1
+grep -E "^(===|  |ties|near)" "$OUT/test_report.log" | grep -c PASS | sed 's/^/tensor reports passing: /'
+grep -E "FAIL" "$OUT/test_report.log" | head -20 || true
+
+echo "== compute-sanitizer memcheck"
+if command -v compute-sanitizer >/dev/null; then
+  compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full \
+    "$BUILD/tests_gpu/test_gpu_kernels" "gpu hils over the case table" "gpu naive_bsa over the case table" \
+    "gpu nsa over the case table" "gpu full over the case table" "gpu exact chunk log-masses over the case table" \
+    >"$OUT/memcheck.log" 2>&1 && echo "memcheck clean" || { echo "memcheck FAILED"; status=1; }
+  grep -E "ERROR SUMMARY|Invalid|LEAK" "$OUT/memcheck.log" | head -5 || true
+else
+  echo "compute-sanitizer not found"; status=1
+fi
+
+echo "== dump kernel outputs for hils verify"
+PYTHONUNBUFFERED=1 python3 "$ROOT/gpu/bench/dump_verify.py" --lib "$BUILD/gpu/libhils_gpu_c.so" \
+  --out "$OUT" >"$OUT/dump.log" 2>&1 && tail -3 "$OUT/dump.log" || { echo "dump failed"; tail "$OUT/dump.log"; status=1; }
+
+if [ "$BENCH" = 1 ]; then
+  echo "== benchmark"
+  PYTHONUNBUFFERED=1 python3 "$ROOT/gpu/bench/bench_hils.py" --lib "$BUILD/gpu/libhils_gpu_c.so" \
+    --max-T "${HILS_BENCH_MAX_T:-524288}" --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" || status=1
+fi
+exit $status

@@ -1,0 +1,148 @@
+#include "device_support.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <stdexcept>
+
+namespace hils::gpu::testing {
+namespace {
+
+// bf16 bits of a double that round_to_bf16 already made exactly representable.
+uint16_t bf16_bits(double rounded) {
+  const float f = static_cast<float>(rounded);
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// Concatenates head matrices into one head-major host array of the element type.
+std::vector<unsigned char> pack_heads(const std::vector<Matrix<double>>& heads, DType dtype) {
+  std::vector<unsigned char> bytes;
+  for (const auto& m : heads)
+    for (int64_t i = 0; i < m.rows(); ++i)
+      for (int64_t j = 0; j < m.cols(); ++j) {
+        if (dtype == DType::f32) {
+          const float f = static_cast<float>(m(i, j));
+          const auto* p = reinterpret_cast<const unsigned char*>(&f);
+          bytes.insert(bytes.end(), p, p + sizeof f);
+        } else {
+          const uint16_t b = bf16_bits(oracle::round_to_bf16(m(i, j)));
+          const auto* p = reinterpret_cast<const unsigned char*>(&b);
+          bytes.insert(bytes.end(), p, p + sizeof b);
+        }
+      }
+  return bytes;
+}
+
+GuardedBuffer upload(const std::vector<unsigned char>& bytes) {
+  GuardedBuffer buffer(bytes.size());
+  check_cuda(cudaMemcpy(buffer.data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice),
+             "upload");
+  return buffer;
+}
+
+}  // namespace
+
+void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+GuardedBuffer::GuardedBuffer(std::size_t bytes) : bytes_(bytes) {
+  void* raw = nullptr;
+  check_cuda(cudaMalloc(&raw, bytes + 2 * kGuardBytes), "cudaMalloc");
+  base_ = static_cast<unsigned char*>(raw);
+  check_cuda(cudaMemset(base_, kGuardPattern, kGuardBytes), "guard");
+  check_cuda(cudaMemset(base_ + kGuardBytes + bytes, kGuardPattern, kGuardBytes), "guard");
+  check_cuda(cudaMemset(base_ + kGuardBytes, kPoisonPattern, bytes), "poison");
+}
+
+GuardedBuffer::GuardedBuffer(GuardedBuffer&& other) noexcept
+    : base_(other.base_), bytes_(other.bytes_) {
+  other.base_ = nullptr;
+}
+
+GuardedBuffer::~GuardedBuffer() {
+  if (base_ != nullptr) cudaFree(base_);
+}
+
+std::vector<unsigned char> GuardedBuffer::download() const {
+  std::vector<unsigned char> host(bytes_);
+  check_cuda(cudaMemcpy(host.data(), data(), bytes_, cudaMemcpyDeviceToHost), "download");
+  return host;
+}
+
+std::string GuardedBuffer::guard_damage(const std::string& name) const {
+  std::vector<unsigned char> host(bytes_ + 2 * kGuardBytes);
+  check_cuda(cudaMemcpy(host.data(), base_, host.size(), cudaMemcpyDeviceToHost), "guards");
+  if (auto at = oracle::first_guard_violation(host.data(), kGuardBytes, kGuardPattern))
+    return name + ": guard before the tensor overwritten at byte " + std::to_string(*at);
+  if (auto at = oracle::first_guard_violation(host.data() + kGuardBytes + bytes_, kGuardBytes,
+                                              kGuardPattern))
+    return name + ": guard after the tensor overwritten at byte " + std::to_string(*at);
+  return {};
+}
+
+DeviceInputSet upload_inputs(const AttentionInputs<double>& inputs, DType dtype) {
+  DeviceInputSet set;
+  set.buffers.reserve(5);
+  set.view.dtype = dtype;
+  set.buffers.push_back(upload(pack_heads(inputs.q, dtype)));
+  set.view.q = set.buffers.back().data();
+  set.buffers.push_back(upload(pack_heads(inputs.k, dtype)));
+  set.view.k = set.buffers.back().data();
+  set.buffers.push_back(upload(pack_heads(inputs.v, dtype)));
+  set.view.v = set.buffers.back().data();
+  if (!inputs.q_retrieval.empty()) {
+    set.buffers.push_back(upload(pack_heads(inputs.q_retrieval, dtype)));
+    set.view.q_retrieval = set.buffers.back().data();
+  }
+  if (!inputs.prior.empty()) {
+    set.buffers.push_back(upload(pack_heads(inputs.prior, dtype)));
+    set.view.prior = set.buffers.back().data();
+    set.view.prior_rows = inputs.prior.front().rows();
+  }
+  return set;
+}
+
+std::vector<Matrix<double>> heads_of(const GuardedBuffer& buffer, int64_t H, int64_t rows,
+                                     int64_t cols) {
+  const auto host = buffer.download();
+  const float* f = reinterpret_cast<const float*>(host.data());
+  std::vector<Matrix<double>> heads;
+  for (int64_t h = 0; h < H; ++h) {
+    Matrix<double> m(rows, cols);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) m(i, j) = f[(h * rows + i) * cols + j];
+    heads.push_back(std::move(m));
+  }
+  return heads;
+}
+
+std::vector<Vector<double>> head_vectors_of(const GuardedBuffer& buffer, int64_t H, int64_t rows) {
+  std::vector<Vector<double>> out;
+  for (const auto& m : heads_of(buffer, H, rows, 1)) out.push_back(m.col(0));
+  return out;
+}
+
+std::vector<IndexMatrix> index_heads_of(const GuardedBuffer& buffer, int64_t H, int64_t rows,
+                                        int64_t cols) {
+  const auto host = buffer.download();
+  const int32_t* x = reinterpret_cast<const int32_t*>(host.data());
+  std::vector<IndexMatrix> heads;
+  for (int64_t h = 0; h < H; ++h) {
+    IndexMatrix m(rows, cols);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) m(i, j) = x[(h * rows + i) * cols + j];
+    heads.push_back(std::move(m));
+  }
+  return heads;
+}
+
+oracle::InputPrecision precision_of(DType dtype) {
+  return dtype == DType::bf16 ? oracle::InputPrecision::bf16 : oracle::InputPrecision::fp32;
+}
+
+const char* name_of(DType dtype) { return dtype == DType::bf16 ? "bf16" : "fp32"; }
+
+}  // namespace hils::gpu::testing

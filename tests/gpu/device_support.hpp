@@ -1,0 +1,68 @@
+// Test support for the GPU kernels: guarded device buffers and uploads of reference inputs in
+// fp32 or bf16 (the bf16 values are exactly the oracle's round_to_bf16 of the double inputs).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hils/analysis/oracle.hpp"
+#include "hils/attention.hpp"
+#include "hils/gpu/attention.hpp"
+
+namespace hils::gpu::testing {
+
+// Guard bytes before and after every device output: a kernel that writes outside its tensor
+// changes them. Outputs start as all-ones bytes (NaN floats, -1 ints) so unwritten elements
+// are caught by the oracle's NaN check.
+constexpr std::size_t kGuardBytes = 256;
+constexpr unsigned char kGuardPattern = 0xA5;
+constexpr unsigned char kPoisonPattern = 0xFF;
+
+// One device allocation with guards on both sides. Owns its memory; move-only.
+class GuardedBuffer {
+ public:
+  explicit GuardedBuffer(std::size_t bytes);
+  GuardedBuffer(GuardedBuffer&& other) noexcept;
+  GuardedBuffer& operator=(GuardedBuffer&&) = delete;
+  GuardedBuffer(const GuardedBuffer&) = delete;
+  ~GuardedBuffer();
+
+  void* data() const { return base_ + kGuardBytes; }
+  template <class T>
+  T* as() const { return static_cast<T*>(data()); }
+  std::size_t bytes() const { return bytes_; }
+  // Copies the payload to the host.
+  std::vector<unsigned char> download() const;
+  // An empty string when both guards are intact, else where the first damage is.
+  std::string guard_damage(const std::string& name) const;
+
+ private:
+  unsigned char* base_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// Throws std::runtime_error with the CUDA message when err != cudaSuccess.
+void check_cuda(cudaError_t err, const char* what);
+
+// Inputs on the device: q, k, v, q~, prior, head-major, in the requested element type.
+struct DeviceInputSet {
+  std::vector<GuardedBuffer> buffers;
+  DeviceInputs view;
+};
+DeviceInputSet upload_inputs(const AttentionInputs<double>& inputs, DType dtype);
+
+// [H, rows, cols] fp32 on the device -> H matrices in double.
+std::vector<Matrix<double>> heads_of(const GuardedBuffer& buffer, int64_t H, int64_t rows,
+                                     int64_t cols);
+// [H, rows] fp32 -> H vectors in double.
+std::vector<Vector<double>> head_vectors_of(const GuardedBuffer& buffer, int64_t H, int64_t rows);
+// [H, rows, cols] int32 -> H index matrices.
+std::vector<IndexMatrix> index_heads_of(const GuardedBuffer& buffer, int64_t H, int64_t rows,
+                                        int64_t cols);
+
+oracle::InputPrecision precision_of(DType dtype);
+const char* name_of(DType dtype);
+
+}  // namespace hils::gpu::testing

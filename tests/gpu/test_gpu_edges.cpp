@@ -1,0 +1,219 @@
+// Exact chunk log-masses against the reference, exact ties and near-ties in the selection,
+// and clear errors on bad input.
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <iostream>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "case_inputs.hpp"
+#include "device_support.hpp"
+
+namespace {
+
+using hils::AttentionInputs;
+using hils::Matrix;
+using hils::MechanismSpec;
+using hils::cases::Case;
+using hils::gpu::DType;
+namespace oracle = hils::oracle;
+namespace gt = hils::gpu::testing;
+
+const Case& case_named(const std::string& name) {
+  for (const Case& c : hils::cases::kCaseTable)
+    if (name == c.name) return c;
+  throw std::invalid_argument("case: no case named " + name);
+}
+
+std::vector<int64_t> all_queries(int64_t T) {
+  std::vector<int64_t> q(T);
+  for (int64_t t = 0; t < T; ++t) q[t] = t;
+  return q;
+}
+
+// L(t,c) of every head from the reference in Scalar, widened to double.
+template <class Scalar>
+std::vector<Matrix<double>> reference_masses(const MechanismSpec& spec,
+                                             const AttentionInputs<double>& in) {
+  const auto geometry = hils::geometry_of(spec, in.T());
+  const Scalar scale = static_cast<Scalar>(hils::logit_scale(spec, in.d()));
+  std::vector<Matrix<double>> out;
+  for (int64_t h = 0; h < in.Hq(); ++h) {
+    const int64_t g = h / (in.Hq() / in.Hkv());
+    const Matrix<Scalar> q = in.q[h].cast<Scalar>(), k = in.k[g].cast<Scalar>();
+    out.push_back(hils::exact_chunk_log_mass<Scalar>(q, k, geometry, scale, all_queries(in.T()))
+                      .template cast<double>());
+  }
+  return out;
+}
+
+// Largest finite |x| over the heads: the size of the logits the floor scales with.
+double finite_magnitude(const std::vector<Matrix<double>>& heads) {
+  double m = 0.0;
+  for (const auto& h : heads)
+    for (int64_t i = 0; i < h.size(); ++i)
+      if (std::isfinite(h.data()[i])) m = std::max(m, std::abs(h.data()[i]));
+  return std::max(m, 1.0);
+}
+
+// Copies chunk `from` (keys of every KV head, q and q~ at its landmark slot for every query
+// head) onto chunk `to`, so that every summary and every exact mass of the two is identical.
+void duplicate_chunk(AttentionInputs<double>& in, int64_t S, int64_t from, int64_t to,
+                     double relative_perturbation) {
+  for (auto& k : in.k)
+    for (int64_t s = 0; s < S; ++s)
+      k.row(to * S + s) = k.row(from * S + s) * (1.0 + relative_perturbation);
+  for (auto* heads : {&in.q, &in.q_retrieval})
+    for (auto& q : *heads) q.row((to + 1) * S - 1) = q.row((from + 1) * S - 1);
+}
+
+// Inputs of `c` with chunk 2 copied onto chunks 5, 9, 13 and 17.
+AttentionInputs<double> tied_inputs(const Case& c, double perturbation) {
+  auto in = hils::cases::make_inputs<double>(c, /*salt=*/0x7135);
+  for (int64_t to : {5, 9, 13, 17}) duplicate_chunk(in, c.S, 2, to, perturbation);
+  return in;
+}
+
+}  // namespace
+
+TEST_CASE("gpu exact chunk log-masses over the case table", "[gpu]") {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (const Case& c : hils::cases::kCaseTable) {
+      const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("naive_bsa"), c);
+      const int64_t nc = c.T / c.S;
+      if (nc == 0) continue;
+      auto inputs = hils::cases::make_inputs<double>(c);
+      if (dtype == DType::bf16) inputs = oracle::round_inputs_to_bf16(inputs);
+      auto set = gt::upload_inputs(inputs, dtype);
+      const hils::gpu::Shape shape{c.T, c.Hq, c.Hkv, c.d, c.dv};
+      gt::GuardedBuffer exact(c.Hq * c.T * nc * 4);
+      hils::gpu::exact_chunk_log_mass(spec, shape, set.view, exact.as<float>());
+      gt::check_cuda(cudaDeviceSynchronize(), "exact_chunk_log_mass");
+      const auto truth = reference_masses<double>(spec, inputs);
+      const auto report = oracle::compare_tensor(
+          "exact_log_mass", gt::heads_of(exact, c.Hq, c.T, nc), truth,
+          reference_masses<float>(spec, inputs), finite_magnitude(truth),
+          gt::precision_of(dtype), "t", all_queries(c.T));
+      std::cout << c.name << " [" << gt::name_of(dtype) << "] exact_log_mass max_abs "
+                << report.max_abs << " nmse " << report.nmse << " headroom " << report.headroom
+                << (report.passed ? " PASS" : " FAIL") << "\n";
+      for (const auto& p : report.problems) std::cout << "  " << p << "\n";
+      INFO("case " << c.name << " " << gt::name_of(dtype));
+      CHECK(report.passed);
+      CHECK(exact.guard_damage("exact").empty());
+    }
+  }
+}
+
+TEST_CASE("gpu selection with exact ties keeps the lower chunk", "[gpu]") {
+  const Case& c = case_named("longer_blocks");
+  const auto inputs = tied_inputs(c, 0.0);
+  for (const char* preset : {"hils", "lmk", "nsa", "naive_bsa"}) {
+    const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      auto set = gt::upload_inputs(inputs, dtype);
+      const hils::gpu::Shape shape{c.T, c.Hq, c.Hkv, c.d, c.dv};
+      gt::GuardedBuffer o(c.Hq * c.T * c.dv * 4), lse(c.Hq * c.T * 4);
+      gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4);
+      gt::GuardedBuffer workspace(hils::gpu::workspace_bytes(spec, shape));
+      hils::gpu::DeviceOutputs dev;
+      dev.o = o.as<float>(), dev.lse = lse.as<float>(), dev.selection = selection.as<int32_t>();
+      hils::gpu::run_mechanism(spec, shape, set.view, dev, workspace.data());
+      gt::check_cuda(cudaDeviceSynchronize(), "run_mechanism");
+      // Identical chunks have bit-identical kernel scores: a copy may be chosen only after
+      // every lower-indexed twin was.
+      int64_t violations = 0, rows_with_twins = 0;
+      for (const auto& sel : gt::index_heads_of(selection, c.Hkv, c.T, c.K)) {
+        for (int64_t t = 0; t < c.T; ++t) {
+          std::vector<bool> chosen(c.T / c.S + 1, false);
+          for (int64_t i = 0; i < c.K; ++i)
+            if (sel(t, i) >= 0) chosen[sel(t, i)] = true;
+          const int64_t twins[] = {2, 5, 9, 13, 17};
+          bool gap = false;
+          int64_t count = 0;
+          for (int64_t tw : twins) {
+            if (tw >= static_cast<int64_t>(chosen.size())) break;
+            if (chosen[tw] && gap) ++violations;
+            if (!chosen[tw]) gap = true;
+            count += chosen[tw];
+          }
+          if (count > 0 && count < 5) ++rows_with_twins;
+        }
+      }
+      std::cout << "ties " << preset << " [" << gt::name_of(dtype) << "]: rows cutting through "
+                << "the tied chunks " << rows_with_twins << ", violations " << violations << "\n";
+      INFO(preset << " " << gt::name_of(dtype));
+      CHECK(violations == 0);
+    }
+  }
+}
+
+TEST_CASE("gpu selection with exact and near ties passes the oracle", "[gpu]") {
+  const Case& c = case_named("longer_blocks");
+  for (double perturbation : {0.0, 1e-7, 1e-5}) {
+    const auto inputs = tied_inputs(c, perturbation);
+    for (const char* preset : {"hils", "nsa", "naive_bsa"}) {
+      const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+      for (DType dtype : {DType::f32, DType::bf16}) {
+        const auto shape = hils::gpu::Shape{c.T, c.Hq, c.Hkv, c.d, c.dv};
+        auto set = gt::upload_inputs(inputs, dtype);
+        gt::GuardedBuffer o(c.Hq * c.T * c.dv * 4), lse(c.Hq * c.T * 4);
+        gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4);
+        gt::GuardedBuffer workspace(hils::gpu::workspace_bytes(spec, shape));
+        hils::gpu::DeviceOutputs dev;
+        dev.o = o.as<float>(), dev.lse = lse.as<float>(), dev.selection = selection.as<int32_t>();
+        hils::gpu::run_mechanism(spec, shape, set.view, dev, workspace.data());
+        gt::check_cuda(cudaDeviceSynchronize(), "run_mechanism");
+        oracle::KernelOutputs out;
+        out.o = gt::heads_of(o, c.Hq, c.T, c.dv);
+        out.lse = gt::head_vectors_of(lse, c.Hq, c.T);
+        out.selection = gt::index_heads_of(selection, c.Hkv, c.T, c.K);
+        oracle::VerifyOptions options;
+        options.precision = gt::precision_of(dtype);
+        const auto verdict = oracle::verify(spec, inputs, out, options);
+        std::cout << "=== near-tie " << perturbation << " [" << gt::name_of(dtype) << "] "
+                  << preset << "\n" << verdict.report();
+        INFO(preset << " perturbation " << perturbation << " " << gt::name_of(dtype));
+        CHECK(verdict.passed);
+      }
+    }
+  }
+}
+
+TEST_CASE("gpu host API rejects bad input naming the field", "[gpu]") {
+  int dummy = 0;
+  hils::gpu::DeviceInputs in;
+  in.q = in.k = in.v = &dummy;
+  const hils::gpu::Shape good{64, 4, 2, 16, 16};
+  MechanismSpec spec = hils::preset("hils");
+  spec.S = 8, spec.W = 16, spec.K = 2;
+  auto message = [&](MechanismSpec s, hils::gpu::Shape shape, hils::gpu::DeviceInputs i) {
+    try {
+      hils::gpu::validate(s, shape, i);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK(message(spec, good, in) == "accepted");
+  CHECK(message(spec, {64, 3, 2, 16, 16}, in).rfind("Hq:", 0) == 0);
+  CHECK(message(spec, {0, 4, 2, 16, 16}, in).rfind("T:", 0) == 0);
+  CHECK(message(spec, {64, 4, 2, 300, 16}, in).rfind("d:", 0) == 0);
+  MechanismSpec bad_w = spec;
+  bad_w.W = 0;
+  CHECK(message(bad_w, good, in).rfind("W:", 0) == 0);
+  MechanismSpec shared = spec;
+  shared.prior_rule = hils::PriorRule::shared;
+  CHECK(message(shared, good, in).rfind("prior:", 0) == 0);
+  MechanismSpec no_landmarks = spec;
+  no_landmarks.landmarks = false;
+  CHECK(message(no_landmarks, good, in).rfind("landmarks:", 0) == 0);
+  hils::gpu::DeviceInputs missing = in;
+  missing.v = nullptr;
+  CHECK(message(spec, good, missing).rfind("v:", 0) == 0);
+}

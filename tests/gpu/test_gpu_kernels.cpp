@@ -1,0 +1,166 @@
+// Every kernel over the shared case table (tests/cases), in fp32 and bf16, judged by the oracle
+// (analysis/oracle.hpp) against the double reference with the 2x-float + floor policy.
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <iostream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "case_inputs.hpp"
+#include "device_support.hpp"
+
+namespace {
+
+using hils::AttentionInputs;
+using hils::MechanismSpec;
+using hils::Matrix;
+using hils::cases::Case;
+using hils::gpu::DType;
+namespace oracle = hils::oracle;
+namespace gt = hils::gpu::testing;
+
+// What one run of the whole mechanism produced on the device, plus guard damage.
+struct KernelRun {
+  oracle::KernelOutputs out;
+  std::vector<std::string> guard_problems;
+};
+
+hils::gpu::Shape shape_of(const AttentionInputs<double>& in) {
+  return {in.T(), in.Hq(), in.Hkv(), in.d(), in.dv()};
+}
+
+KernelRun run_on_device(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                        DType dtype) {
+  const auto shape = shape_of(inputs);
+  const int64_t T = shape.T, Hq = shape.Hq, Hkv = shape.Hkv, nc = T / spec.S;
+  const bool summaries = spec.selects() && spec.key_rule != hils::KeyRule::exact;
+  auto set = gt::upload_inputs(inputs, dtype);
+  gt::GuardedBuffer o(Hq * T * shape.dv * 4), lse(Hq * T * 4);
+  gt::GuardedBuffer o_window(Hq * T * shape.dv * 4), lse_window(Hq * T * 4);
+  gt::GuardedBuffer selection(Hkv * T * spec.K * 4), surrogate(Hq * T * nc * 4);
+  gt::GuardedBuffer key(Hq * nc * shape.d * 4), bias(Hq * nc * 4);
+  gt::GuardedBuffer workspace(hils::gpu::workspace_bytes(spec, shape));
+  hils::gpu::DeviceOutputs dev;
+  dev.o = o.as<float>(), dev.lse = lse.as<float>();
+  const bool windowed = spec.fusion != hils::Fusion::full;
+  if (windowed) dev.o_window = o_window.as<float>(), dev.lse_window = lse_window.as<float>();
+  if (spec.selects()) dev.selection = selection.as<int32_t>();
+  if (summaries) {
+    dev.surrogate = surrogate.as<float>();
+    dev.summary_key = key.as<float>(), dev.summary_bias = bias.as<float>();
+  }
+  hils::gpu::run_mechanism(spec, shape, set.view, dev, workspace.data());
+  gt::check_cuda(cudaDeviceSynchronize(), "run_mechanism");
+
+  KernelRun run;
+  run.out.o = gt::heads_of(o, Hq, T, shape.dv);
+  run.out.lse = gt::head_vectors_of(lse, Hq, T);
+  std::vector<std::pair<const gt::GuardedBuffer*, std::string>> guarded{
+      {&o, "o"}, {&lse, "lse"}, {&workspace, "workspace"}};
+  if (windowed) {
+    run.out.o_window = gt::heads_of(o_window, Hq, T, shape.dv);
+    run.out.lse_window = gt::head_vectors_of(lse_window, Hq, T);
+    guarded.push_back({&o_window, "o_window"});
+    guarded.push_back({&lse_window, "lse_window"});
+  }
+  if (spec.selects() && spec.K > 0) {
+    run.out.selection = gt::index_heads_of(selection, Hkv, T, spec.K);
+    guarded.push_back({&selection, "selection"});
+  }
+  if (summaries && nc > 0) {
+    run.out.surrogate_scores = gt::heads_of(surrogate, Hq, T, nc);
+    run.out.summary_key = gt::heads_of(key, Hq, nc, shape.d);
+    run.out.summary_bias = gt::head_vectors_of(bias, Hq, nc);
+    guarded.push_back({&surrogate, "surrogate_scores"});
+    guarded.push_back({&key, "summary_key"});
+    guarded.push_back({&bias, "summary_bias"});
+  }
+  for (const auto& [buffer, name] : guarded)
+    if (auto damage = buffer->guard_damage(name); !damage.empty())
+      run.guard_problems.push_back(damage);
+  return run;
+}
+
+// True when the reference accepts the spec on these inputs (e.g. hils needs landmarks).
+bool reference_accepts(const MechanismSpec& spec, const AttentionInputs<double>& inputs) {
+  try {
+    spec.validate();
+    inputs.validate(spec);
+    return true;
+  } catch (const hils::InvalidArgument&) {
+    return false;
+  }
+}
+
+// Runs the kernels and the oracle for one (spec, inputs, dtype); prints the report.
+bool check_mechanism(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                     DType dtype, const std::string& label) {
+  const KernelRun run = run_on_device(spec, inputs, dtype);
+  oracle::VerifyOptions options;
+  options.precision = gt::precision_of(dtype);
+  const oracle::Verdict verdict = oracle::verify(spec, inputs, run.out, options);
+  std::cout << "=== " << label << " [" << gt::name_of(dtype) << "] " << spec.name << "\n"
+            << verdict.report();
+  for (const auto& problem : run.guard_problems) std::cout << "GUARD: " << problem << "\n";
+  return verdict.passed && run.guard_problems.empty();
+}
+
+// Runs a preset over every case of the table in both precisions.
+void check_preset_over_table(const std::string& preset) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (const Case& c : hils::cases::kCaseTable) {
+      const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+      const auto inputs = hils::cases::make_inputs<double>(c);
+      if (!reference_accepts(spec, inputs)) continue;
+      INFO("case " << c.name << " preset " << preset << " " << gt::name_of(dtype));
+      CHECK(check_mechanism(spec, inputs, dtype, c.name));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gpu hils over the case table", "[gpu]") { check_preset_over_table("hils"); }
+TEST_CASE("gpu lmk over the case table", "[gpu]") { check_preset_over_table("lmk"); }
+TEST_CASE("gpu nsa over the case table", "[gpu]") { check_preset_over_table("nsa"); }
+TEST_CASE("gpu naive_bsa over the case table", "[gpu]") { check_preset_over_table("naive_bsa"); }
+TEST_CASE("gpu swa over the case table", "[gpu]") { check_preset_over_table("swa"); }
+TEST_CASE("gpu full over the case table", "[gpu]") { check_preset_over_table("full"); }
+
+TEST_CASE("gpu table 5 ablations and options", "[gpu]") {
+  std::vector<MechanismSpec> specs = hils::table5_ablations();
+  MechanismSpec softmax1 = hils::preset("hils");
+  softmax1.name = "hils_softmax1";
+  softmax1.softmax1 = true;
+  MechanismSpec sum_prob = hils::preset("hils");
+  sum_prob.name = "hils_sum_probabilities";
+  sum_prob.group_rule = hils::GroupRule::sum_probabilities;
+  MechanismSpec max_raw = hils::preset("hils");
+  max_raw.name = "hils_max_raw";
+  max_raw.group_rule = hils::GroupRule::max_raw;
+  MechanismSpec exact_hier = hils::preset("hils");
+  exact_hier.name = "exact_hierarchical";
+  exact_hier.key_rule = hils::KeyRule::exact;
+  exact_hier.bias_rule = hils::BiasRule::none;
+  specs.insert(specs.end(), {softmax1, sum_prob, max_raw, exact_hier});
+  for (const char* name : {"gqa_group4", "ragged_tail", "longer_blocks", "peaked_attention"}) {
+    const Case* c = nullptr;
+    for (const Case& x : hils::cases::kCaseTable)
+      if (std::string(x.name) == name) c = &x;
+    REQUIRE(c != nullptr);
+    for (MechanismSpec spec : specs) {
+      const bool keep_landmarks = spec.landmarks;
+      spec = hils::cases::with_case_geometry(spec, *c);
+      spec.landmarks = keep_landmarks && c->landmarks;
+      const auto inputs = hils::cases::make_inputs<double>(*c);
+      if (!reference_accepts(spec, inputs)) continue;
+      for (DType dtype : {DType::f32, DType::bf16}) {
+        INFO("case " << name << " spec " << spec.name << " " << gt::name_of(dtype));
+        CHECK(check_mechanism(spec, inputs, dtype, name));
+      }
+    }
+  }
+}
