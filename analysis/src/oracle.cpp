@@ -168,7 +168,9 @@ template <class Scalar>
 ChunkSummaries<Scalar> summaries_of(const Context& ctx, const AttentionInputs<Scalar>& inputs,
                                     int64_t h) {
   const Scalar scale = static_cast<Scalar>(logit_scale(ctx.spec, inputs.d()));
-  const Matrix<Scalar> prior = resolve_prior(inputs, h, ctx.spec, ctx.geometry);
+  const Matrix<Scalar> prior = ctx.spec.needs_prior()
+                                   ? resolve_prior(inputs, h, ctx.spec, ctx.geometry)
+                                   : Matrix<Scalar>();
   return summarize(inputs.k[h / ctx.G], prior, ctx.spec.key_rule, ctx.spec.bias_rule,
                    ctx.geometry, scale);
 }

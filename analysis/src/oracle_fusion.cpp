@@ -87,7 +87,8 @@ Matrix<Scalar> fusion_scores(const MechanismSpec& spec, const AttentionInputs<Sc
   const int64_t g = h / (inputs.Hq() / inputs.Hkv());
   if (spec.key_rule == KeyRule::exact)
     return exact_chunk_log_mass(inputs.q[h], inputs.k[g], geometry, scale, queries);
-  const Matrix<Scalar> prior = resolve_prior(inputs, h, spec, geometry);
+  const Matrix<Scalar> prior =
+      spec.needs_prior() ? resolve_prior(inputs, h, spec, geometry) : Matrix<Scalar>();
   const ChunkSummaries<Scalar> summaries =
       summarize(inputs.k[g], prior, spec.key_rule, spec.bias_rule, geometry, scale);
   return surrogate_scores(inputs.retrieval_query(h), summaries, geometry, scale, queries);

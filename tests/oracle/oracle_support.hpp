@@ -1,0 +1,25 @@
+// Test helpers for the oracle: a "kernel" made of the reference's float run, and the specs the
+// oracle tests cover.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "case_inputs.hpp"
+#include "hils/analysis/oracle.hpp"
+
+namespace hils::oracle::testing {
+
+// Every stage of the reference run in float on `inputs` (rounded to bf16 first when asked, and
+// its outputs rounded to bf16 too), widened to double: what a correct kernel would produce.
+KernelOutputs float_kernel(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                           InputPrecision precision = InputPrecision::fp32);
+
+// The presets the oracle is exercised on, with a case's geometry. Presets that need landmarks
+// (lmk, hils) are skipped for cases without landmarks; hils switches to the shared prior there.
+std::vector<MechanismSpec> specs_for(const cases::Case& c);
+
+// The first case of the table with this name (throws if none).
+const cases::Case& case_named(const std::string& name);
+
+}  // namespace hils::oracle::testing

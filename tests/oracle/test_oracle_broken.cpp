@@ -1,0 +1,218 @@
+// Broken kernels are caught, each with a message that says what is wrong: a NaN, an all-zero
+// output, a shifted window, a missing softmax1 logit, a wrong chunk, malformed selections,
+// wrong shapes, a finite score outside V(t), and guard bytes.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include "oracle_support.hpp"
+
+using namespace hils;
+using namespace hils::oracle;
+using hils::oracle::testing::case_named;
+using hils::oracle::testing::float_kernel;
+
+namespace {
+
+// Case names the broken-output tests run on: GQA, peaked and long blocks, landmarks on and off.
+const char* const kBrokenCases[] = {"gqa_group4", "peaked_attention", "longer_blocks",
+                                    "ragged_tail_no_landmarks"};
+
+MechanismSpec hils_spec(const cases::Case& c) {
+  MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
+  if (!c.landmarks) spec.prior_rule = PriorRule::shared;
+  return spec;
+}
+
+}  // namespace
+
+TEST_CASE("a NaN in o is caught and located", "[oracle][broken]") {
+  for (const char* name : kBrokenCases) {
+    const auto& c = case_named(name);
+    const auto inputs = cases::make_inputs<double>(c);
+    const auto spec = hils_spec(c);
+    KernelOutputs kernel = float_kernel(spec, inputs);
+    kernel.o[1](5, 2) = std::numeric_limits<double>::quiet_NaN();
+    const Verdict verdict = verify(spec, inputs, kernel);
+    INFO(verdict.report());
+    CHECK_FALSE(verdict.passed);
+    CHECK_THAT(verdict.report(), Catch::Contains("o contains NaN at h=1 t=5 col=2"));
+  }
+}
+
+TEST_CASE("an all-zero output fails", "[oracle][broken]") {
+  const auto& c = case_named("gqa_group4");
+  const auto inputs = cases::make_inputs<double>(c);
+  const auto spec = hils_spec(c);
+  KernelOutputs kernel = float_kernel(spec, inputs);
+  for (auto& o : kernel.o) o.setZero();
+  const Verdict verdict = verify(spec, inputs, kernel);
+  CHECK_FALSE(verdict.passed);
+  CHECK_THAT(verdict.report(), Catch::Contains("o is all zeros"));
+}
+
+TEST_CASE("a shifted window is caught and recognised", "[oracle][broken]") {
+  for (const char* name : kBrokenCases) {
+    const auto& c = case_named(name);
+    const auto inputs = cases::make_inputs<double>(c);
+    const auto spec = hils_spec(c);
+    KernelOutputs kernel = float_kernel(spec, inputs);
+    // The kernel's window edge is one chunk too far left: tau computed with W + S.
+    const Geometry shifted(c.T, c.S, c.W + c.S, c.landmarks);
+    const float scale = static_cast<float>(logit_scale(spec, c.d));
+    std::vector<int64_t> all(static_cast<size_t>(c.T));
+    for (int64_t t = 0; t < c.T; ++t) all[static_cast<size_t>(t)] = t;
+    for (int64_t h = 0; h < c.Hq; ++h) {
+      const int64_t g = h / (c.Hq / c.Hkv);
+      const auto w = window_attention<float>(inputs.q[h].cast<float>(), inputs.k[g].cast<float>(),
+                                             inputs.v[g].cast<float>(), shifted, scale, all);
+      kernel.o_window[h] = w.o.cast<double>();
+      kernel.lse_window[h] = w.lse.cast<double>();
+    }
+    const Verdict verdict = verify(spec, inputs, kernel);
+    INFO(verdict.report());
+    CHECK_FALSE(verdict.passed);
+    std::ostringstream expected;
+    expected << "matches a sliding window of W=" << c.W + c.S << " instead of W=" << c.W;
+    CHECK_THAT(verdict.report(), Catch::Contains("o_window") && Catch::Contains(expected.str()));
+  }
+}
+
+TEST_CASE("a missing softmax1 logit is caught and recognised", "[oracle][broken]") {
+  for (const char* name : kBrokenCases) {
+    const auto& c = case_named(name);
+    const auto inputs = cases::make_inputs<double>(c);
+    MechanismSpec spec = hils_spec(c);
+    spec.softmax1 = true;
+    MechanismSpec forgetful = spec;
+    forgetful.softmax1 = false;
+    const Verdict verdict = verify(spec, inputs, float_kernel(forgetful, inputs));
+    INFO(verdict.report());
+    CHECK_FALSE(verdict.passed);
+    CHECK_THAT(verdict.report(), Catch::Contains("lse: max abs error") &&
+                                     Catch::Contains("the kernel is missing the softmax1 logit"));
+  }
+}
+
+TEST_CASE("one wrong chunk in a selection is caught with its margin", "[oracle][broken]") {
+  for (const char* name : kBrokenCases) {
+    const auto& c = case_named(name);
+    const auto inputs = cases::make_inputs<double>(c);
+    const auto spec = hils_spec(c);
+    KernelOutputs kernel = float_kernel(spec, inputs);
+    RunOptions keep;
+    keep.keep_surrogate_scores = keep.keep_window = true;
+    const auto truth = run_mechanism(spec, inputs, keep);
+    const int64_t G = c.Hq / c.Hkv;
+    std::vector<Matrix<double>> scores;
+    std::vector<Vector<double>> lse;
+    for (int64_t h = 0; h < G; ++h) {
+      scores.push_back(truth.heads[h].surrogate_scores);
+      lse.push_back(truth.heads[h].lse_window);
+    }
+    const Matrix<double> r = group_scores(scores, lse, spec.group_rule);
+    // The last query: replace its best chunk by its worst non-selected candidate.
+    const Geometry geometry = geometry_of(spec, c.T);
+    const int64_t t = c.T - 1, candidates = geometry.candidate_count(t);
+    REQUIRE(candidates > c.K);
+    IndexMatrix& sel = kernel.selection[0];
+    int64_t best = sel(t, 0), worst = -1;
+    for (int64_t i = 0; i < c.K; ++i)
+      if (r(t, sel(t, i)) > r(t, best)) best = sel(t, i);
+    for (int64_t ch = 0; ch < candidates; ++ch)
+      if (std::find(sel.row(t).data(), sel.row(t).data() + c.K, ch) == sel.row(t).data() + c.K &&
+          (worst < 0 || r(t, ch) < r(t, worst)))
+        worst = ch;
+    std::replace(sel.row(t).data(), sel.row(t).data() + c.K, static_cast<int32_t>(best),
+                 static_cast<int32_t>(worst));
+    std::sort(sel.row(t).data(), sel.row(t).data() + c.K);
+    const Verdict verdict = verify(spec, inputs, kernel);
+    INFO(verdict.report());
+    CHECK_FALSE(verdict.passed);
+    std::ostringstream expected;
+    expected << "selection row t=" << t << ", group 0: chunk " << worst << " chosen instead of "
+             << best << ", reference margin";
+    CHECK_THAT(verdict.report(), Catch::Contains(expected.str()) && Catch::Contains("> bound"));
+    CHECK(verdict.selection.rows_differing == 1);
+  }
+}
+
+TEST_CASE("malformed selections are caught", "[oracle][broken]") {
+  const auto& c = case_named("longer_blocks");
+  const auto inputs = cases::make_inputs<double>(c);
+  const auto spec = hils_spec(c);
+  const int64_t t = c.T - 1;
+  SECTION("a chunk outside V(t)") {
+    KernelOutputs kernel = float_kernel(spec, inputs);
+    kernel.selection[1](t, c.K - 1) = static_cast<int32_t>(geometry_of(spec, c.T).n_chunks() - 1);
+    const Verdict verdict = verify(spec, inputs, kernel);
+    CHECK_FALSE(verdict.passed);
+    CHECK_THAT(verdict.report(), Catch::Contains("is not a candidate"));
+  }
+  SECTION("a repeated chunk") {
+    KernelOutputs kernel = float_kernel(spec, inputs);
+    kernel.selection[0](t, 1) = kernel.selection[0](t, 0);
+    const Verdict verdict = verify(spec, inputs, kernel);
+    CHECK_FALSE(verdict.passed);
+    CHECK_THAT(verdict.report(), Catch::Contains("distinct and ascending"));
+  }
+  SECTION("a missing chunk") {
+    KernelOutputs kernel = float_kernel(spec, inputs);
+    kernel.selection[0](t, c.K - 1) = -1;
+    const Verdict verdict = verify(spec, inputs, kernel);
+    CHECK_FALSE(verdict.passed);
+    CHECK_THAT(verdict.report(), Catch::Contains("chunks selected, expected min(K="));
+  }
+  SECTION("a wrong shape") {
+    KernelOutputs kernel = float_kernel(spec, inputs);
+    kernel.selection.pop_back();
+    CHECK_FALSE(verify(spec, inputs, kernel).passed);
+  }
+}
+
+TEST_CASE("wrong shapes and -inf patterns are reported, not thrown", "[oracle][broken]") {
+  const auto& c = case_named("gqa_group4");
+  const auto inputs = cases::make_inputs<double>(c);
+  const auto spec = hils_spec(c);
+  SECTION("a head missing") {
+    KernelOutputs kernel = float_kernel(spec, inputs);
+    kernel.o.pop_back();
+    const Verdict verdict = verify(spec, inputs, kernel);
+    CHECK_FALSE(verdict.passed);
+    CHECK_THAT(verdict.report(), Catch::Contains("o: expected 8 heads, got 7"));
+  }
+  SECTION("a finite score outside V(t)") {
+    KernelOutputs kernel = float_kernel(spec, inputs);
+    kernel.surrogate_scores[0](0, 0) = 1.5;  // query 0 has no candidates
+    const Verdict verdict = verify(spec, inputs, kernel);
+    CHECK_FALSE(verdict.passed);
+    CHECK_THAT(verdict.report(), Catch::Contains("should be -inf (chunk outside V(t))"));
+  }
+  SECTION("the authors' ceil(T/S) column layout is accepted when the extra column is -inf") {
+    KernelOutputs kernel = float_kernel(spec, inputs);
+    for (auto& s : kernel.surrogate_scores) {
+      Matrix<double> wider(s.rows(), s.cols() + 1);
+      wider << s, Matrix<double>::Constant(s.rows(), 1, -std::numeric_limits<double>::infinity());
+      s = wider;
+    }
+    CHECK(verify(spec, inputs, kernel).passed);
+    kernel.surrogate_scores[0](c.T - 1, kernel.surrogate_scores[0].cols() - 1) = 0.0;
+    CHECK_FALSE(verify(spec, inputs, kernel).passed);
+  }
+  SECTION("empty kernel outputs") {
+    CHECK_FALSE(verify(spec, inputs, KernelOutputs{}).passed);
+  }
+}
+
+TEST_CASE("guard bytes: the first overwritten byte is found", "[oracle]") {
+  unsigned char guard[64];
+  std::memset(guard, 0xA5, sizeof guard);
+  CHECK_FALSE(first_guard_violation(guard, sizeof guard, 0xA5).has_value());
+  guard[17] = 0;
+  REQUIRE(first_guard_violation(guard, sizeof guard, 0xA5).has_value());
+  CHECK(*first_guard_violation(guard, sizeof guard, 0xA5) == 17);
+}

@@ -1,0 +1,127 @@
+// A correct kernel passes: the reference's own float run, on every case of the table and every
+// preset; the forced fusion reproduces run_mechanism; the tolerance is neither zero nor loose.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "oracle_support.hpp"
+
+using namespace hils;
+using namespace hils::oracle;
+using hils::oracle::testing::case_named;
+using hils::oracle::testing::float_kernel;
+using hils::oracle::testing::specs_for;
+
+TEST_CASE("the float reference passes as the kernel on every case and preset", "[oracle]") {
+  for (const auto& c : cases::kCaseTable) {
+    const auto inputs = cases::make_inputs<double>(c);
+    for (const auto& spec : specs_for(c)) {
+      const Verdict verdict = verify(spec, inputs, float_kernel(spec, inputs));
+      INFO("case " << c.name << ", spec " << spec.name << "\n" << verdict.report());
+      CHECK(verdict.passed);
+      for (const auto& t : verdict.tensors) CHECK(t.headroom <= 1.0);
+    }
+  }
+}
+
+TEST_CASE("a bf16 kernel passes under the bf16 policy and fails under fp32", "[oracle]") {
+  for (const char* name : {"gqa_group4", "peaked_attention", "ragged_tail_no_landmarks"}) {
+    const auto& c = case_named(name);
+    const auto inputs = cases::make_inputs<double>(c);
+    for (const auto& spec : specs_for(c)) {
+      const KernelOutputs kernel = float_kernel(spec, inputs, InputPrecision::bf16);
+      const Verdict bf16 = verify(spec, inputs, kernel, {InputPrecision::bf16});
+      INFO("case " << name << ", spec " << spec.name << "\n" << bf16.report());
+      CHECK(bf16.passed);
+      CHECK_FALSE(verify(spec, inputs, kernel, {InputPrecision::fp32}).passed);
+    }
+  }
+}
+
+TEST_CASE("forced fusion with the reference's selection reproduces run_mechanism", "[oracle]") {
+  for (const auto& c : cases::kCaseTable) {
+    const auto inputs = cases::make_inputs<double>(c);
+    for (auto spec : specs_for(c)) {
+      if (!spec.selects()) continue;
+      for (bool softmax1 : {false, true}) {
+        if (softmax1 && spec.fusion != Fusion::hierarchical) continue;
+        spec.softmax1 = softmax1;
+        const auto run = run_mechanism(spec, inputs);
+        const auto forced = forced_fusion(spec, inputs, run.selection, run.queries);
+        INFO("case " << c.name << ", spec " << spec.name << ", softmax1 " << softmax1);
+        REQUIRE(forced.size() == run.heads.size());
+        for (size_t h = 0; h < forced.size(); ++h) {
+          CHECK((forced[h].o - run.heads[h].o).cwiseAbs().maxCoeff() <= 1e-12);
+          CHECK((forced[h].lse - run.heads[h].lse).cwiseAbs().maxCoeff() <= 1e-12);
+          CHECK((forced[h].fusion_weights - run.heads[h].fusion_weights).cwiseAbs().maxCoeff() <=
+                1e-12);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a perturbation inside the tolerance passes, one beyond it fails", "[oracle]") {
+  const auto& c = case_named("longer_blocks");
+  const auto inputs = cases::make_inputs<double>(c);
+  const MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
+  const KernelOutputs good = float_kernel(spec, inputs);
+  const Verdict base = verify(spec, inputs, good);
+  REQUIRE(base.passed);
+  for (const auto& t : base.tensors) {
+    INFO(t.name << " tolerance " << t.tolerance);
+    CHECK(t.tolerance > 0);
+  }
+  auto tolerance_of = [&](const std::string& name) {
+    for (const auto& t : base.tensors)
+      if (t.name == name) return t.tolerance;
+    FAIL("no tensor " << name);
+    return 0.0;
+  };
+  SECTION("o") {
+    const double tol = tolerance_of("o");
+    KernelOutputs small = good, large = good;
+    small.o[2](300, 7) += 0.25 * tol;
+    large.o[2](300, 7) += 4.0 * tol;
+    CHECK(verify(spec, inputs, small).passed);
+    const Verdict bad = verify(spec, inputs, large);
+    INFO(bad.report());
+    CHECK_FALSE(bad.passed);
+    CHECK_THAT(bad.report(), Catch::Contains("max abs error") && Catch::Contains("h=2 t=300 col=7"));
+  }
+  SECTION("lse") {
+    const double tol = tolerance_of("lse");
+    KernelOutputs large = good;
+    large.lse[0](798) -= 4.0 * tol;
+    CHECK_FALSE(verify(spec, inputs, large).passed);
+  }
+  SECTION("summary_key") {
+    const double tol = tolerance_of("summary_key");
+    KernelOutputs large = good;
+    large.summary_key[1](3, 0) += 4.0 * tol;
+    const Verdict bad = verify(spec, inputs, large);
+    INFO(bad.report());
+    CHECK_FALSE(bad.passed);
+    CHECK_THAT(bad.report(), Catch::Contains("h=1 c=3 col=0"));
+  }
+}
+
+TEST_CASE("bf16 rounding is round-to-nearest-even on 8 significant bits", "[oracle]") {
+  CHECK(round_to_bf16(1.0) == 1.0);
+  CHECK(round_to_bf16(1.0 + 0x1p-8) == 1.0);               // tie -> even
+  CHECK(round_to_bf16(1.0 + 3 * 0x1p-8) == 1.0 + 0x1p-6);  // tie -> even (up)
+  CHECK(round_to_bf16(1.0 + 0x1p-8 + 0x1p-20) == 1.0 + 0x1p-7);
+  CHECK(round_to_bf16(-3.0) == -3.0);
+  CHECK(std::isnan(round_to_bf16(std::nan(""))));
+  CHECK(round_to_bf16(0x1p-140) == 0.0);
+}
+
+TEST_CASE("verify rejects bad options with a clear error", "[oracle]") {
+  const auto& c = case_named("gqa_group4");
+  const auto inputs = cases::make_inputs<double>(c);
+  const MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
+  VerifyOptions options;
+  options.queries = {5, 3};
+  CHECK_THROWS_WITH(verify(spec, inputs, float_kernel(spec, inputs), options),
+                    Catch::Contains("queries[1]"));
+}

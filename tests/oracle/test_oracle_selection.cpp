@@ -1,0 +1,165 @@
+// Selections are compared as sets: a kernel that breaks an exact or near tie the other way
+// passes, and its output is then checked against the fusion of its own selection.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <random>
+
+#include "oracle_support.hpp"
+
+using namespace hils;
+using namespace hils::oracle;
+using hils::oracle::testing::case_named;
+using hils::oracle::testing::float_kernel;
+
+namespace {
+
+// Inputs where chunk `copy` holds the keys of chunk `source` (times 1 + relative noise of size
+// `jitter`), so the two tie (jitter = 0) or nearly tie; values stay different, so the output
+// depends on which one is picked.
+AttentionInputs<double> tied_inputs(const cases::Case& c, int64_t source, int64_t copy,
+                                    double jitter) {
+  auto inputs = cases::make_inputs<double>(c);
+  std::mt19937_64 rng(cases::seed_of(c.name) ^ 0x7165);
+  std::normal_distribution<double> gauss(0.0, 1.0);
+  for (auto& k : inputs.k)
+    for (int64_t i = 0; i < c.S; ++i)
+      for (int64_t j = 0; j < c.d; ++j)
+        k(copy * c.S + i, j) = k(source * c.S + i, j) * (1.0 + jitter * gauss(rng));
+  return inputs;
+}
+
+// Rows where the selection holds `source` but not `copy`, and `copy` is a candidate, get `copy`
+// instead; returns how many.
+int64_t swap_ties(std::vector<IndexMatrix>& selection, const Geometry& geometry, int64_t source,
+                  int64_t copy) {
+  int64_t swapped = 0;
+  for (auto& sel : selection)
+    for (Eigen::Index t = 0; t < sel.rows(); ++t) {
+      int32_t* row = sel.row(t).data();
+      int32_t* end = row + sel.cols();
+      if (copy >= geometry.candidate_count(t)) continue;
+      if (std::find(row, end, source) == end || std::find(row, end, copy) != end) continue;
+      std::replace(row, end, static_cast<int32_t>(source), static_cast<int32_t>(copy));
+      std::sort(row, std::find(row, end, -1));
+      ++swapped;
+    }
+  return swapped;
+}
+
+// The specs whose summaries of two chunks with equal keys are equal: mean pooling, and the
+// taylor key under a shared prior (a landmark-query prior differs between the chunks).
+std::vector<MechanismSpec> tie_specs(const cases::Case& c) {
+  MechanismSpec hils_shared = cases::with_case_geometry(preset("hils"), c);
+  hils_shared.prior_rule = PriorRule::shared;
+  return {cases::with_case_geometry(preset("nsa"), c), hils_shared,
+          cases::with_case_geometry(preset("naive_bsa"), c)};
+}
+
+// The kernel: the float reference's stages, with the double reference's selection swapped on
+// the ties (so that float's own near-tie flips do not mix in) and the fusion of that selection.
+KernelOutputs swapped_kernel(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                             int64_t source, int64_t copy, int64_t& swapped) {
+  KernelOutputs kernel = float_kernel(spec, inputs);
+  kernel.selection = run_mechanism(spec, inputs).selection;
+  swapped = swap_ties(kernel.selection, geometry_of(spec, inputs.T()), source, copy);
+  AttentionInputs<float> in;
+  for (const auto& x : inputs.q) in.q.push_back(x.cast<float>());
+  for (const auto& x : inputs.k) in.k.push_back(x.cast<float>());
+  for (const auto& x : inputs.v) in.v.push_back(x.cast<float>());
+  for (const auto& x : inputs.q_retrieval) in.q_retrieval.push_back(x.cast<float>());
+  for (const auto& x : inputs.prior) in.prior.push_back(x.cast<float>());
+  std::vector<int64_t> all(static_cast<size_t>(inputs.T()));
+  for (int64_t t = 0; t < inputs.T(); ++t) all[static_cast<size_t>(t)] = t;
+  const auto fused = forced_fusion(spec, in, kernel.selection, all);
+  for (size_t h = 0; h < fused.size(); ++h) {
+    kernel.o[h] = fused[h].o.cast<double>();
+    kernel.lse[h] = fused[h].lse.cast<double>();
+    kernel.fusion_weights[h] = fused[h].fusion_weights.cast<double>();
+  }
+  return kernel;
+}
+
+}  // namespace
+
+TEST_CASE("a selection that differs only on exact ties passes", "[oracle][selection]") {
+  for (const char* name : {"gqa_group4", "longer_blocks", "k_covers_all"}) {
+    const auto& c = case_named(name);
+    const auto inputs = tied_inputs(c, 1, 3, 0.0);
+    for (const auto& spec : tie_specs(c)) {
+      int64_t swapped = 0;
+      const KernelOutputs kernel = swapped_kernel(spec, inputs, 1, 3, swapped);
+      const Verdict verdict = verify(spec, inputs, kernel);
+      INFO("case " << name << ", spec " << spec.name << ", swapped rows " << swapped << "\n"
+                   << verdict.report());
+      if (c.K < geometry_of(spec, c.T).n_chunks()) REQUIRE(swapped > 0);
+      CHECK(verdict.passed);
+      CHECK(verdict.selection.rows_differing == swapped);
+      CHECK(verdict.selection.rows_accepted == swapped);
+      CHECK(verdict.selection.max_accepted_margin <= 1e-12);
+    }
+  }
+}
+
+TEST_CASE("a kernel whose output ignores its own tied selection fails", "[oracle][selection]") {
+  const auto& c = case_named("longer_blocks");
+  const auto inputs = tied_inputs(c, 1, 3, 0.0);
+  for (const auto& spec : tie_specs(c)) {
+    KernelOutputs kernel = float_kernel(spec, inputs);
+    // The selection says chunk 3, the output was fused from chunk 1.
+    REQUIRE(swap_ties(kernel.selection, geometry_of(spec, c.T), 1, 3) > 0);
+    const Verdict verdict = verify(spec, inputs, kernel);
+    INFO("spec " << spec.name << "\n" << verdict.report());
+    CHECK(verdict.selection.passed);
+    CHECK_FALSE(verdict.passed);
+    CHECK_THAT(verdict.report(), Catch::Contains("o: max abs error"));
+  }
+}
+
+TEST_CASE("a selection that differs only on near ties passes", "[oracle][selection]") {
+  for (const char* name : {"gqa_group4", "longer_blocks"}) {
+    const auto& c = case_named(name);
+    // 1e-7 relative noise on the keys moves the scores by ~1e-7 |s|: below the fp32 bound.
+    const auto inputs = tied_inputs(c, 1, 3, 1e-7);
+    for (const auto& spec : tie_specs(c)) {
+      int64_t swapped = 0;
+      const KernelOutputs kernel = swapped_kernel(spec, inputs, 1, 3, swapped);
+      const Verdict verdict = verify(spec, inputs, kernel);
+      INFO("case " << name << ", spec " << spec.name << ", swapped rows " << swapped << "\n"
+                   << verdict.report());
+      CHECK(verdict.passed);
+      CHECK(verdict.selection.rows_accepted > 0);
+      CHECK(verdict.selection.max_accepted_margin > 0);
+      CHECK(verdict.selection.max_accepted_margin <= verdict.selection.bound);
+    }
+  }
+}
+
+TEST_CASE("a swap across a clear margin fails even when the output matches it",
+          "[oracle][selection]") {
+  const auto& c = case_named("longer_blocks");
+  // 5% noise on the keys: the two chunks no longer tie within any fp32 bound.
+  const auto inputs = tied_inputs(c, 1, 3, 0.05);
+  for (const auto& spec : tie_specs(c)) {
+    int64_t swapped = 0;
+    const KernelOutputs kernel = swapped_kernel(spec, inputs, 1, 3, swapped);
+    const Verdict verdict = verify(spec, inputs, kernel);
+    INFO("spec " << spec.name << ", swapped rows " << swapped << "\n" << verdict.report());
+    REQUIRE(swapped > 0);
+    CHECK_FALSE(verdict.passed);
+    CHECK_THAT(verdict.report(), Catch::Contains("chosen instead of 1"));
+  }
+}
+
+TEST_CASE("group scores with one head order chunks as the surrogate scores", "[oracle]") {
+  Matrix<double> s(1, 4);
+  s << 0.5, 2.0, -1.0, -std::numeric_limits<double>::infinity();
+  Vector<double> lse(1);
+  lse << 1.0;
+  const Matrix<double> r = group_scores(std::vector<Matrix<double>>{s},
+                                        std::vector<Vector<double>>{lse}, GroupRule::max_normalized);
+  CHECK(r(0, 1) > r(0, 0));
+  CHECK(r(0, 0) > r(0, 2));
+  CHECK(r(0, 3) == -std::numeric_limits<double>::infinity());
+  CHECK(r(0, 1) - r(0, 0) == Approx(1.5));
+}
