@@ -56,9 +56,11 @@ CMAKE
 
 # Carried dependencies (see gpu/NOTES.md): Eigen and Catch2 headers with their CMake configs.
 DEP_ARGS=()
-if [ -d "$DEPS/cmake" ]; then
-  DEP_ARGS=(-DEigen3_DIR="$DEPS/cmake/eigen3" -DCatch2_DIR="$DEPS/cmake/Catch2"
-            -DCMAKE_CXX_FLAGS="-isystem $DEPS/include")
+# Layout: $DEPS/include/{eigen3,catch2}, $DEPS/share/eigen3/cmake, $DEPS/lib/cmake/Catch2
+# (copies of /usr's, so the configs' relative prefixes resolve inside $DEPS).
+if [ -d "$DEPS/include" ]; then
+  DEP_ARGS=(-DCMAKE_PREFIX_PATH="$DEPS" -DEigen3_DIR="$DEPS/share/eigen3/cmake"
+            -DCatch2_DIR="$DEPS/lib/cmake/Catch2")
 fi
 cmake -S "$BUILD/project" -B "$BUILD" -G Ninja -DCMAKE_CUDA_COMPILER="$NVCC" \
   -DCMAKE_CUDA_ARCHITECTURES=90 "${DEP_ARGS[@]}" 2>&1 | tee "$OUT/configure.log" | tail -3
@@ -70,7 +72,7 @@ status=0
 echo "== GPU tests"
 ( cd "$BUILD" && ctest -L gpu --output-on-failure -j1 ) >"$OUT/ctest.log" 2>&1 || status=1
 tail -n 25 "$OUT/ctest.log"
-"$BUILD/tests_gpu/test_gpu_kernels" -s >"$OUT/test_report.log" 2>&1 || status=1
+"$BUILD/tests_gpu/test_gpu_kernels" >"$OUT/test_report.log" 2>&1 || status=1
 grep -E "^(===|  |ties|near)" "$OUT/test_report.log" | grep -c PASS | sed 's/^/tensor reports passing: /'
 grep -E "FAIL" "$OUT/test_report.log" | head -20 || true
 
@@ -86,7 +88,7 @@ else
 fi
 
 echo "== dump kernel outputs for hils verify"
-PYTHONUNBUFFERED=1 python3 "$ROOT/gpu/bench/dump_verify.py" --lib "$BUILD/gpu/libhils_gpu_c.so" \
+[ -f "$ROOT/gpu/bench/dump_verify.py" ] && PYTHONUNBUFFERED=1 python3 "$ROOT/gpu/bench/dump_verify.py" --lib "$BUILD/gpu/libhils_gpu_c.so" \
   --out "$OUT" >"$OUT/dump.log" 2>&1 && tail -3 "$OUT/dump.log" || { echo "dump failed"; tail "$OUT/dump.log"; status=1; }
 
 if [ "$BENCH" = 1 ]; then

@@ -1,0 +1,144 @@
+"""HiLS forward (our kernels) vs PyTorch SDPA full causal attention (flash and cuDNN), in the
+paper's small-model setting: Hq=16, Hkv=2, d=64, S=64, K=32, W=512, bf16, batch 1, prefill.
+
+Run by scripts/gpu_check.sh. Times are medians of CUDA-event-timed repetitions after warm-up.
+"""
+import argparse
+import json
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, __import__("os").path.dirname(__file__))
+import hils_ctypes as hc  # noqa: E402
+
+HQ, HKV, D, S, K, W = 16, 2, 64, 64, 32, 512
+
+
+def time_ms(fn, warmup=1, reps=5, budget_ms=20000.0):
+    """Median of CUDA-event-timed calls of fn after warm-up; fewer reps for slow calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+        if sum(times) > budget_ms:
+            break
+    times.sort()
+    return times[len(times) // 2]
+
+
+def dense_matmul_tflops():
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms = time_ms(lambda: torch.matmul(a, b), warmup=3, reps=10)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def sdpa_ms(q, k, v, backend):
+    """Full causal SDPA time, or None when the backend refuses these inputs."""
+    qq, kk, vv = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+    try:
+        with sdpa_kernel(backend):
+            fn = lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, enable_gqa=True)
+            fn()
+            torch.cuda.synchronize()
+            return time_ms(fn, reps=3)
+    except RuntimeError as first:
+        # Some backends take GQA only as repeated KV heads.
+        try:
+            kr = kk.repeat_interleave(HQ // HKV, dim=1)
+            vr = vv.repeat_interleave(HQ // HKV, dim=1)
+            with sdpa_kernel(backend):
+                fn = lambda: F.scaled_dot_product_attention(qq, kr, vr, is_causal=True)
+                fn()
+                torch.cuda.synchronize()
+                return time_ms(fn, reps=3)
+        except RuntimeError as second:
+            print(f"  {backend}: unavailable ({str(first)[:80]} / {str(second)[:80]})")
+            return None
+
+
+def hils_run(lib, T, gen):
+    q = torch.randn(HQ, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    p = hc.make_problem(q, k, v, S, W, K, "hils")
+    st = hc.Stages(lib, p)
+    stage_ms = {
+        "window": time_ms(st.window, reps=3),
+        "summarize": time_ms(st.summarize, reps=3),
+        "select": time_ms(st.select, reps=3),
+        "sparse": time_ms(st.fuse, reps=3),
+    }
+    total = time_ms(st.forward, reps=3)
+    # Selected work of the sparse stage: QK and PV over S-1 tokens of each selected chunk.
+    selected = int((st.selection >= 0).sum().item())
+    sparse_flops = selected * (HQ // HKV) * 4 * (S - 1) * D
+    return q, k, v, total, stage_ms, sparse_flops
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--max-T", type=int, default=524288)
+    ap.add_argument("--out", default="bench.json")
+    args = ap.parse_args()
+    lib = hc.Library(args.lib)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(1234)
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    peak = dense_matmul_tflops()
+    print(f"dense bf16 matmul (8192^3, torch.matmul): {peak:.0f} TFLOP/s")
+    rows = []
+    T = 8192
+    while T <= args.max_T:
+        try:
+            q, k, v, hils_ms, stage_ms, flops = hils_run(lib, T, gen)
+            flash = sdpa_ms(q, k, v, SDPBackend.FLASH_ATTENTION)
+            cudnn = sdpa_ms(q, k, v, SDPBackend.CUDNN_ATTENTION)
+        except torch.cuda.OutOfMemoryError:
+            print(f"T={T}: out of memory, stopping")
+            break
+        row = dict(T=T, hils_ms=hils_ms, flash_ms=flash, cudnn_ms=cudnn, stages_ms=stage_ms,
+                   sparse_tflops=flops / (stage_ms["sparse"] * 1e-3) / 1e12)
+        rows.append(row)
+        print(f"T={T:>7}  hils {hils_ms:9.2f} ms  flash {flash or float('nan'):9.2f}  "
+              f"cudnn {cudnn or float('nan'):9.2f}  stages " +
+              " ".join(f"{n}={t:.2f}" for n, t in stage_ms.items()) +
+              f"  sparse {row['sparse_tflops']:.1f} TFLOP/s", flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+        T *= 2
+    print("\n|       T |  HiLS ms | flash ms | cuDNN ms | best/HiLS | sparse TFLOP/s |")
+    print("|--------:|---------:|---------:|---------:|----------:|---------------:|")
+    crossover = None
+    for r in rows:
+        best = min(x for x in (r["flash_ms"], r["cudnn_ms"], math.inf) if x is not None)
+        r["speedup_vs_best"] = best / r["hils_ms"]
+        if crossover is None and r["speedup_vs_best"] >= 1.0:
+            crossover = r["T"]
+        print(f"| {r['T']:>7} | {r['hils_ms']:8.2f} | {r['flash_ms'] or math.nan:8.2f} | "
+              f"{r['cudnn_ms'] or math.nan:8.2f} | {r['speedup_vs_best']:9.2f} | "
+              f"{r['sparse_tflops']:14.1f} |")
+    print(f"dense bf16 matmul rate: {peak:.0f} TFLOP/s")
+    print(f"crossover (first T where HiLS beats the faster SDPA backend): {crossover}")
+    if rows:
+        print(f"speedup at T={rows[-1]['T']}: {rows[-1]['speedup_vs_best']:.2f}x vs the faster backend")
+    with open(args.out, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), matmul_tflops=peak, rows=rows,
+                       crossover=crossover), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""ctypes binding of libhils_gpu_c.so (gpu/include/hils/gpu/c_api.h) over torch tensors."""
+import ctypes
+
+import torch
+
+# Integer values of the hils:: enums (reference/include/hils/spec.hpp).
+KEY = {"exact": 0, "mean": 1, "landmark_key": 2, "taylor": 3}
+BIAS = {"none": 0, "entropy": 1}
+PRIOR = {"landmark_query": 0, "shared": 1, "given": 2}
+GROUP = {"max_normalized": 0, "sum_probabilities": 1, "max_raw": 2}
+FUSION = {"full": 0, "window": 1, "flat": 2, "hierarchical": 3}
+PRESETS = {
+    "hils": dict(key="taylor", bias="entropy", fusion="hierarchical", landmarks=1),
+    "lmk": dict(key="landmark_key", bias="none", fusion="hierarchical", landmarks=1),
+    "nsa": dict(key="mean", bias="none", fusion="flat", landmarks=0),
+    "naive_bsa": dict(key="exact", bias="none", fusion="flat", landmarks=0),
+}
+
+
+class Problem(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in ("T", "Hq", "Hkv", "d", "dv", "S", "W", "K")] + [
+        (n, ctypes.c_int32)
+        for n in ("landmarks", "bf16", "key_rule", "bias_rule", "prior_rule", "group_rule",
+                  "fusion", "softmax1")
+    ] + [("scale", ctypes.c_double)] + [
+        (n, ctypes.c_void_p) for n in ("q", "k", "v", "q_retrieval", "prior")
+    ] + [("prior_rows", ctypes.c_int64)]
+
+
+class Library:
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        self.lib.hils_gpu_last_error.restype = ctypes.c_char_p
+
+    def call(self, name, *args):
+        rc = getattr(self.lib, name)(*args)
+        if rc != 0:
+            raise RuntimeError(f"{name} returned {rc}: {self.lib.hils_gpu_last_error().decode()}")
+
+
+def ptr(t):
+    return ctypes.c_void_p(t.data_ptr()) if t is not None else ctypes.c_void_p(0)
+
+
+def stream_ptr():
+    return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+
+def make_problem(q, k, v, S, W, K, preset="hils", q_retrieval=None, softmax1=False,
+                 group="max_normalized", landmarks=None):
+    """q [Hq, T, d], k [Hkv, T, d], v [Hkv, T, dv] contiguous, fp32 or bf16."""
+    cfg = PRESETS[preset]
+    p = Problem()
+    p.Hq, p.T, p.d = q.shape
+    p.Hkv, p.dv = k.shape[0], v.shape[2]
+    p.S, p.W, p.K = S, W, K
+    p.landmarks = cfg["landmarks"] if landmarks is None else int(landmarks)
+    p.bf16 = int(q.dtype == torch.bfloat16)
+    p.key_rule, p.bias_rule = KEY[cfg["key"]], BIAS[cfg["bias"]]
+    p.prior_rule, p.group_rule = PRIOR["landmark_query"], GROUP[group]
+    p.fusion, p.softmax1, p.scale = FUSION[cfg["fusion"]], int(softmax1), 0.0
+    p.q, p.k, p.v = ptr(q), ptr(k), ptr(v)
+    p.q_retrieval, p.prior, p.prior_rows = ptr(q_retrieval), ctypes.c_void_p(0), 0
+    return p
+
+
+class Stages:
+    """Device buffers of every stage for one problem, and one call per stage."""
+
+    def __init__(self, lib, p, need_exact=False):
+        self.lib, self.p = lib, p
+        dev = torch.device("cuda")
+        nc = p.T // p.S
+        f32 = dict(device=dev, dtype=torch.float32)
+        self.o_swa = torch.empty(p.Hq, p.T, p.dv, **f32)
+        self.lse_swa = torch.empty(p.Hq, p.T, **f32)
+        self.key = torch.empty(p.Hq, max(nc, 1), p.d, **f32)
+        self.bias = torch.empty(p.Hq, max(nc, 1), **f32)
+        self.exact = torch.empty(p.Hq, p.T, nc, **f32) if need_exact else None
+        self.selection = torch.empty(p.Hkv, p.T, max(p.K, 1), device=dev, dtype=torch.int32)
+        self.selected_score = torch.empty(p.Hq, p.T, max(p.K, 1), **f32)
+        self.o = torch.empty(p.Hq, p.T, p.dv, **f32)
+        self.lse = torch.empty(p.Hq, p.T, **f32)
+
+    def window(self):
+        self.lib.call("hils_gpu_window", ctypes.byref(self.p), ptr(self.o_swa), ptr(self.lse_swa),
+                      stream_ptr())
+
+    def exact_masses(self):
+        self.lib.call("hils_gpu_exact", ctypes.byref(self.p), ptr(self.exact), stream_ptr())
+
+    def summarize(self):
+        self.lib.call("hils_gpu_summarize", ctypes.byref(self.p), ptr(self.key), ptr(self.bias),
+                      stream_ptr())
+
+    def select(self):
+        self.lib.call("hils_gpu_select", ctypes.byref(self.p), ptr(self.key), ptr(self.bias),
+                      ptr(self.exact), ptr(self.lse_swa), ptr(self.selection),
+                      ptr(self.selected_score), stream_ptr())
+
+    def fuse(self):
+        self.lib.call("hils_gpu_fuse", ctypes.byref(self.p), ptr(self.selection),
+                      ptr(self.selected_score), ptr(self.o_swa), ptr(self.lse_swa), ptr(self.o),
+                      ptr(self.lse), stream_ptr())
+
+    def forward(self):
+        self.window()
+        if self.exact is not None:
+            self.exact_masses()
+        else:
+            self.summarize()
+        self.select()
+        self.fuse()
