@@ -1,0 +1,219 @@
+#include "sources/synthetic.hpp"
+
+#include <cmath>
+#include <random>
+
+#include <fmt/format.h>
+
+namespace hils::sources {
+
+namespace {
+
+// An independent stream per (tensor, head): FNV-1a of the tag mixed with the seed and head.
+std::mt19937_64 stream(uint64_t seed, const char* tag, int64_t head) {
+  uint64_t hash = 1469598103934665603ull;
+  for (const char* p = tag; *p; ++p) {
+    hash ^= static_cast<unsigned char>(*p);
+    hash *= 1099511628211ull;
+  }
+  std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
+                    static_cast<uint32_t>(hash), static_cast<uint32_t>(hash >> 32),
+                    static_cast<uint32_t>(head)};
+  return std::mt19937_64(seq);
+}
+
+// [rows x cols] of i.i.d. N(0, gain^2).
+Matrix<double> gaussian(std::mt19937_64& rng, int64_t rows, int64_t cols, double gain) {
+  std::normal_distribution<double> normal(0.0, 1.0);
+  Matrix<double> m(rows, cols);
+  for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = gain * normal(rng);
+  return m;
+}
+
+// Topic model (see header): keys around their chunk's topic, queries toward a past topic.
+void draw_topics(const SyntheticParams& p, const Geometry& geometry, AttentionInputs<double>& in) {
+  const int64_t G = p.Hq / p.Hkv, n_chunks = geometry.n_chunks();
+  const double a = std::sqrt(p.topic_share), b = std::sqrt(1.0 - p.topic_share);
+  const double aq = std::sqrt(p.query_topic_share), bq = std::sqrt(1.0 - p.query_topic_share);
+  std::vector<Matrix<double>> topics;
+  for (int64_t g = 0; g < p.Hkv; ++g) {
+    auto rng = stream(p.seed, "topics", g);
+    // A trailing partial chunk gets a topic too, so that every key has one.
+    topics.push_back(gaussian(rng, n_chunks + 1, p.d, 1.0));
+    for (int64_t j = 0; j < p.T; ++j)
+      in.k[g].row(j) = a * topics[g].row(geometry.chunk_of(j)) + b * in.k[g].row(j);
+  }
+  for (int64_t h = 0; h < p.Hq; ++h) {
+    auto rng = stream(p.seed, "query_topic", h);
+    const auto& topic = topics[h / G];
+    for (int64_t t = 0; t < p.T; ++t) {
+      int64_t own = geometry.chunk_of(t);
+      int64_t past = std::min(own, n_chunks);  // complete chunks that end before t
+      int64_t chosen = own;
+      if (!geometry.is_landmark(t) && past > 0) {
+        std::uniform_int_distribution<int64_t> pick(0, past - 1);
+        chosen = pick(rng);
+      }
+      // in.q holds logit_std * e; the topic term carries the same gain.
+      in.q[h].row(t) = p.logit_std * aq * topic.row(chosen) + bq * in.q[h].row(t);
+    }
+  }
+}
+
+// Needle model (see header): one planted key per KV head.
+std::vector<Needle> plant_needles(const SyntheticParams& p, const Geometry& geometry,
+                                  AttentionInputs<double>& in) {
+  const int64_t G = p.Hq / p.Hkv, real = geometry.real_tokens();
+  const double sigma = 1.0 / std::sqrt(static_cast<double>(p.d));
+  auto real_index = static_cast<int64_t>(std::llround(p.depth * static_cast<double>(real - 1)));
+  int64_t slot = geometry.slot_of_real(real_index);
+  int64_t query = p.needle_query >= 0 ? p.needle_query
+                                      : geometry.slot_of_real(real - 1);
+  require(query > slot, "needle_query / depth",
+          fmt::format("a query slot after the needle slot {}", slot), std::to_string(query));
+  std::vector<Needle> needles;
+  for (int64_t g = 0; g < p.Hkv; ++g) {
+    const int64_t h = g * G;
+    Eigen::RowVectorXd q = in.q[h].row(query);
+    double norm2 = q.squaredNorm();
+    require(norm2 > 0, "needle_query", "a query with nonzero norm", "a zero query");
+    in.k[g].row(slot) = (p.needle_logit / (sigma * norm2)) * q;
+    needles.push_back(Needle{g, slot, geometry.chunk_of(slot), query, h});
+  }
+  return needles;
+}
+
+}  // namespace
+
+std::vector<std::string> generator_names() { return {"gaussian", "topics", "needle"}; }
+
+void SyntheticParams::validate() const {
+  bool known = false;
+  for (const auto& name : generator_names()) known = known || name == generator;
+  require(known, "generator", "gaussian | topics | needle", generator);
+  require(T >= 1, "T", ">= 1", std::to_string(T));
+  require(S >= 1 && (!landmarks || S >= 2), "S", landmarks ? ">= 2 with landmarks" : ">= 1",
+          std::to_string(S));
+  require(Hq >= 1 && Hkv >= 1 && Hq % Hkv == 0, "Hq, Hkv", "Hq a positive multiple of Hkv",
+          fmt::format("Hq={} Hkv={}", Hq, Hkv));
+  require(d >= 1 && dv >= 1, "d, dv", ">= 1", fmt::format("d={} dv={}", d, dv));
+  require(std::isfinite(logit_std) && logit_std >= 0, "logit_std", "a finite value >= 0",
+          std::to_string(logit_std));
+  require(topic_share >= 0 && topic_share <= 1, "topic_share", "a value in [0, 1]",
+          std::to_string(topic_share));
+  require(query_topic_share >= 0 && query_topic_share <= 1, "query_topic_share",
+          "a value in [0, 1]", std::to_string(query_topic_share));
+  require(depth >= 0 && depth <= 1, "depth", "a value in [0, 1]", std::to_string(depth));
+  require(std::isfinite(needle_logit), "needle_logit", "a finite value",
+          std::to_string(needle_logit));
+  require(needle_query < T, "needle_query", fmt::format("-1 or a slot < T={}", T),
+          std::to_string(needle_query));
+  require(retrieval_noise >= 0, "retrieval_noise", ">= 0", std::to_string(retrieval_noise));
+  if (generator == "needle")
+    require(logit_std > 0, "logit_std", "> 0 for the needle generator (it copies a query)",
+            std::to_string(logit_std));
+  positional.validate(d);
+}
+
+nlohmann::json SyntheticParams::to_json() const {
+  return {{"generator", generator},
+          {"T", T},
+          {"S", S},
+          {"landmarks", landmarks},
+          {"Hq", Hq},
+          {"Hkv", Hkv},
+          {"d", d},
+          {"dv", dv},
+          {"logit_std", logit_std},
+          {"topic_share", topic_share},
+          {"query_topic_share", query_topic_share},
+          {"depth", depth},
+          {"needle_query", needle_query},
+          {"needle_logit", needle_logit},
+          {"retrieval_noise", retrieval_noise},
+          {"positional", to_string(positional.kind)},
+          {"rope_pairing", to_string(positional.pairing)},
+          {"rope_theta", positional.theta},
+          {"hope_train_length", positional.hope_train_length},
+          {"hope_m", positional.hope_m},
+          {"seed", seed}};
+}
+
+SyntheticSample generate(const SyntheticParams& p) {
+  p.validate();
+  Geometry geometry(p.T, p.S, p.S, p.landmarks);  // W plays no part in the layout
+  AttentionInputs<double> raw;
+  for (int64_t h = 0; h < p.Hq; ++h) {
+    auto rng = stream(p.seed, "q", h);
+    raw.q.push_back(gaussian(rng, p.T, p.d, p.logit_std));
+  }
+  for (int64_t g = 0; g < p.Hkv; ++g) {
+    auto rng = stream(p.seed, "k", g);
+    raw.k.push_back(gaussian(rng, p.T, p.d, 1.0));
+  }
+  for (int64_t g = 0; g < p.Hkv; ++g) {
+    auto rng = stream(p.seed, "v", g);
+    raw.v.push_back(gaussian(rng, p.T, p.dv, 1.0));
+  }
+  for (int64_t h = 0; h < p.Hq; ++h) {
+    auto rng = stream(p.seed, "prior", h);
+    raw.prior.push_back(gaussian(rng, 1, p.d, p.logit_std));
+  }
+  if (p.generator == "topics") draw_topics(p, geometry, raw);
+  std::vector<Needle> needles;
+  if (p.generator == "needle") needles = plant_needles(p, geometry, raw);
+  if (p.retrieval_noise > 0) {
+    for (int64_t h = 0; h < p.Hq; ++h) {
+      auto rng = stream(p.seed, "q_retrieval", h);
+      raw.q_retrieval.push_back(raw.q[h] +
+                                gaussian(rng, p.T, p.d, p.retrieval_noise * p.logit_std));
+    }
+  }
+  AttentionInputs<double> rotated = p.positional.kind == PositionalKind::nope
+                                        ? raw
+                                        : apply_positional_encoding(raw, geometry, p.positional);
+  nlohmann::json description = p.to_json();
+  nlohmann::json needle_json = nlohmann::json::array();
+  for (const auto& n : needles)
+    needle_json.push_back({{"kv_head", n.kv_head},
+                           {"slot", n.slot},
+                           {"chunk", n.chunk},
+                           {"query_slot", n.query_slot},
+                           {"query_head", n.query_head}});
+  description["needles"] = needle_json;
+  return SyntheticSample{std::move(rotated), std::move(raw), geometry, geometry.position_ids(),
+                         std::move(needles), std::move(description)};
+}
+
+io::ActivationFile to_activation_file(const SyntheticSample& sample) {
+  io::ActivationFile file;
+  auto& meta = file.meta;
+  const auto& in = sample.inputs;
+  const bool rotated = sample.description.value("positional", "nope") != "nope";
+  meta.n_layers = 1;
+  meta.Hq = in.Hq();
+  meta.Hkv = in.Hkv();
+  meta.T = in.T();
+  meta.d = in.d();
+  meta.dv = in.dv();
+  meta.rotated = rotated;
+  meta.rope_pairing = rotated ? sample.description.value("rope_pairing", "half") : "none";
+  meta.rope_theta = rotated ? sample.description.value("rope_theta", 10000.0) : 0.0;
+  meta.position_ids = sample.position_ids;
+  for (int64_t slot = 0; slot < meta.T; ++slot)
+    meta.landmarks.push_back(sample.geometry.is_landmark(slot) ? 1 : 0);
+  meta.source = {{"kind", "synthetic"}, {"params", sample.description}};
+  io::LayerActivations layer;
+  layer.inputs.q = in.q;
+  layer.inputs.k = in.k;
+  layer.inputs.v = in.v;
+  layer.inputs.q_retrieval = in.q_retrieval;
+  if (rotated) {
+    layer.q_unrotated = sample.unrotated.q;
+    layer.k_unrotated = sample.unrotated.k;
+  }
+  file.layers.push_back(std::move(layer));
+  return file;
+}
+
+}  // namespace hils::sources

@@ -1,0 +1,92 @@
+// Seeded synthetic activations for one attention layer (library API for studies and `hils dump`).
+//
+// Statistical models (all draws from independent seeded streams, one per tensor and head, so
+// turning on one option never changes another tensor's values):
+//
+// - gaussian: every entry of q, k, v is i.i.d. N(0, 1); q is then multiplied by `logit_std`.
+//   With sigma = 1/sqrt(d) the logit s = sigma q.k of a query with a key is ~N(0, logit_std^2):
+//   `logit_std` is the flat <-> peaked knob of the paper's Eq. 5. Near 0 the logits inside a
+//   chunk are nearly uniform (LSE ~ mean + log S); large values let one logit dominate
+//   (LSE ~ max).
+// - topics: every complete chunk c of KV head g has a topic u_{g,c} ~ N(0, I_d). A key of chunk c
+//   is sqrt(rho) u_c + sqrt(1-rho) e, e ~ N(0, I), rho = `topic_share`. A query at slot t is
+//   logit_std * (sqrt(rho_q) u_{c*} + sqrt(1-rho_q) e) with rho_q = `query_topic_share` and c*
+//   uniform over the complete chunks that end before t (its own chunk's topic when none does);
+//   a landmark slot's query is drawn toward its own chunk's topic (it summarises that chunk).
+//   Values are i.i.d. N(0, 1).
+// - needle: the gaussian model plus one planted key per KV head: at the real token at `depth`
+//   (0 = first real token, 1 = last) the key is replaced by a multiple of the query of the first
+//   head of the group at `needle_query` (default the last real token), scaled so that the
+//   needle's logit for that query is exactly `needle_logit`. The sample reports where it is.
+//
+// Layout: T slots of chunk size S; with `landmarks`, slot (c+1)S-1 of every complete chunk is a
+// landmark slot (drawn like any other slot, see above). Position ids follow hils::Geometry.
+//
+// Positional structure: vectors are drawn un-rotated; `positional` (rope or hope; none by
+// default) is then applied with the reference's apply_positional_encoding at the geometry's
+// position ids. `unrotated` keeps the vectors before rotation so that a study can apply RoPE,
+// HoPE or NoPE itself.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hils/attention.hpp"
+#include "io/activation_file.hpp"
+
+namespace hils::sources {
+
+struct SyntheticParams {
+  std::string generator = "gaussian";  // gaussian | topics | needle
+  int64_t T = 1024;                    // slots, landmark slots included
+  int64_t S = 64;                      // chunk size of the slot layout
+  bool landmarks = true;               // HiLS layout: a landmark slot ends every complete chunk
+  int64_t Hq = 4, Hkv = 2, d = 64, dv = 64;
+  double logit_std = 1.0;              // flat (-> 0) <-> peaked (large) knob, see above
+  double topic_share = 0.7;            // topics: rho, share of a key's variance from its topic
+  double query_topic_share = 0.5;      // topics: rho_q for queries
+  double depth = 0.5;                  // needle: where the needle key sits, in [0, 1]
+  int64_t needle_query = -1;           // needle: query slot aligned with it; -1 = last real token
+  double needle_logit = 8.0;           // needle: its logit for that query
+  double retrieval_noise = 0.0;        // > 0: q_retrieval = q + logit_std * noise * N(0, I)
+  PositionalEncoding positional{};     // nope by default
+  uint64_t seed = 0;
+
+  // Throws InvalidArgument naming the first field that makes no sense.
+  void validate() const;
+  nlohmann::json to_json() const;
+};
+
+// Where a planted needle sits.
+struct Needle {
+  int64_t kv_head = 0;
+  int64_t slot = 0;         // slot of the needle key
+  int64_t chunk = 0;        // its chunk, floor(slot / S)
+  int64_t query_slot = 0;   // the query it is aligned with
+  int64_t query_head = 0;   // the query head whose query it copies
+};
+
+struct SyntheticSample {
+  AttentionInputs<double> inputs;     // positional encoding applied when positional != nope;
+                                      // prior holds one N(0, logit_std^2) row per query head
+                                      // (rotated per chunk when a positional encoding applies)
+  AttentionInputs<double> unrotated;  // the same vectors before any rotation
+  Geometry geometry;
+  std::vector<int64_t> position_ids;  // [T]
+  std::vector<Needle> needles;        // one per KV head for the needle generator, else empty
+  nlohmann::json description;         // params as JSON, for provenance
+};
+
+SyntheticSample generate(const SyntheticParams& params);
+
+// A one-layer activation file of the sample: q, k (rotated when a positional encoding was
+// applied, with q_unrotated/k_unrotated stored), v, q_retrieval if any; landmarks and position
+// ids from the geometry; source = the description (and needle positions).
+io::ActivationFile to_activation_file(const SyntheticSample& sample);
+
+std::vector<std::string> generator_names();
+
+}  // namespace hils::sources
