@@ -155,15 +155,15 @@ Matrix<Scalar> block_chunk_log_mass(const Matrix<Scalar>& q_rows,
   for (int64_t c0 = 0; c0 < max_candidates; c0 += chunks_per_product) {
     const int64_t count = std::min(chunks_per_product, max_candidates - c0);
     logits.noalias() = q_scaled * k.middleRows(c0 * S, count * S).transpose();
-    for (int64_t c = 0; c < count; ++c) {
-      // The attendable tokens of a chunk are its first `tokens` slots (the landmark is last).
-      auto segment = logits.middleCols(c * S, tokens);
-      Vector<Scalar> row_max = segment.rowwise().maxCoeff();
-      Vector<Scalar> sums =
-          (segment.array().colwise() - row_max.array()).exp().rowwise().sum().matrix();
-      Vector<Scalar> lse = row_max + sums.array().log().matrix();
-      for (int64_t i = 0; i < n; ++i)
-        if (c0 + c < candidates[static_cast<size_t>(i)]) masses(i, c0 + c) = lse(i);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row_chunks = std::min(count, candidates[static_cast<size_t>(i)] - c0);
+      for (int64_t c = 0; c < row_chunks; ++c) {
+        // The attendable tokens of a chunk are its first `tokens` slots (the landmark is last).
+        const Eigen::Map<const Eigen::Array<Scalar, Eigen::Dynamic, 1>> segment(
+            logits.row(i).data() + c * S, tokens);
+        const Scalar top = segment.maxCoeff();
+        masses(i, c0 + c) = top + std::log((segment - top).exp().sum());
+      }
     }
   }
   return masses;

@@ -1,0 +1,119 @@
+// Benchmark of the double reference: full causal attention and exact chunk log-masses against
+// an Eigen double matrix product measured in the same run (issue: >= 50% of its rate at T=16384).
+//
+// usage: bench_reference [--quick]     (--quick: T = 4096 only)
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "hils/hils.hpp"
+
+using namespace hils;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Linux: writing 5 to clear_refs resets the peak resident set (VmHWM) of this process.
+void reset_peak_memory() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+double peak_memory_mib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  return -1;
+}
+
+Matrix<double> gaussian(int64_t rows, int64_t cols, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> gauss;
+  Matrix<double> m(rows, cols);
+  for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = gauss(rng);
+  return m;
+}
+
+// Every thread multiplies its own n x n matrices `reps` times: the machine's dgemm rate through
+// Eigen with the same compiler flags as the reference.
+double matmul_gflops(int64_t n, int reps) {
+  const int threads = omp_get_max_threads();
+  std::vector<Matrix<double>> a, b, c(static_cast<size_t>(threads));
+  for (int i = 0; i < threads; ++i) {
+    a.push_back(gaussian(n, n, 11 + i));
+    b.push_back(gaussian(n, n, 97 + i));
+  }
+  auto start = Clock::now();
+#pragma omp parallel
+  {
+    const int id = omp_get_thread_num();
+    for (int r = 0; r < reps; ++r) c[static_cast<size_t>(id)].noalias() = a[id] * b[id];
+  }
+  const double elapsed = seconds_since(start);
+  return 2.0 * n * n * n * reps * threads / elapsed / 1e9;
+}
+
+struct Row {
+  const char* what;
+  int64_t T, d;
+  double seconds, gflops, peak_mib;
+};
+
+Row time_full(int64_t T, int64_t d) {
+  const Geometry g(T, 64, 512, false);
+  auto q = gaussian(T, d, 1), k = gaussian(T, d, 2), v = gaussian(T, d, 3);
+  reset_peak_memory();
+  auto start = Clock::now();
+  auto out = full_attention<double>(q, k, v, g, 1.0 / std::sqrt(double(d)), {});
+  const double s = seconds_since(start);
+  // Causal: T(T+1)/2 logits, each 2d flops for q.k and 2d for p.v.
+  const double flops = double(T) * double(T + 1) / 2.0 * 4.0 * double(d);
+  if (!out.lse.allFinite()) std::printf("warning: non-finite lse\n");
+  return {"full attention", T, d, s, flops / s / 1e9, peak_memory_mib()};
+}
+
+Row time_chunk_mass(int64_t T, int64_t d) {
+  const Geometry g(T, 64, 512, false);
+  auto q = gaussian(T, d, 4), k = gaussian(T, d, 5);
+  reset_peak_memory();
+  auto start = Clock::now();
+  auto masses = exact_chunk_log_mass<double>(q, k, g, 1.0 / std::sqrt(double(d)), {});
+  const double s = seconds_since(start);
+  // Useful work only: 2d flops per (query, token of a candidate chunk).
+  double logits = 0;
+  for (int64_t t = 0; t < T; ++t) logits += double(g.candidate_count(t) * g.tokens_per_chunk());
+  if (masses.rows() != T) std::printf("warning: wrong shape\n");
+  return {"exact chunk log-mass", T, d, s, 2.0 * double(d) * logits / s / 1e9, peak_memory_mib()};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  std::printf("threads: %d\n", omp_get_max_threads());
+  const double gemm_before = matmul_gflops(1536, 3);
+  std::vector<Row> rows;
+  for (int64_t T : quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{4096, 16384})
+    for (int64_t d : {64, 128}) {
+      rows.push_back(time_full(T, d));
+      rows.push_back(time_chunk_mass(T, d));
+    }
+  const double gemm_after = matmul_gflops(1536, 3);
+  const double gemm = 0.5 * (gemm_before + gemm_after);
+  std::printf("Eigen dgemm 1536^3 per thread: %.1f GFLOP/s before, %.1f after (mean %.1f)\n",
+              gemm_before, gemm_after, gemm);
+  std::printf("%-22s %6s %4s %9s %9s %9s %10s\n", "stage", "T", "d", "seconds", "GFLOP/s",
+              "of dgemm", "peak MiB");
+  for (const auto& r : rows)
+    std::printf("%-22s %6ld %4ld %9.3f %9.1f %8.0f%% %10.1f\n", r.what, long(r.T), long(r.d),
+                r.seconds, r.gflops, 100.0 * r.gflops / gemm, r.peak_mib);
+  return 0;
+}
