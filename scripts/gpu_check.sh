@@ -73,23 +73,25 @@ echo "== GPU tests"
 ( cd "$BUILD" && ctest -L gpu --output-on-failure -j1 ) >"$OUT/ctest.log" 2>&1 || status=1
 tail -n 25 "$OUT/ctest.log"
 "$BUILD/tests_gpu/test_gpu_kernels" >"$OUT/test_report.log" 2>&1 || status=1
-grep -E "^(===|  |ties|near)" "$OUT/test_report.log" | grep -c PASS | sed 's/^/tensor reports passing: /'
+grep -E "^(===|  |ties|near)" "$OUT/test_report.log" | grep -c PASS | sed "s/^/tensor reports passing: /" || true
 grep -E "FAIL" "$OUT/test_report.log" | head -20 || true
 
 echo "== compute-sanitizer memcheck"
 if command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full \
-    "$BUILD/tests_gpu/test_gpu_kernels" "gpu hils over the case table" "gpu naive_bsa over the case table" \
-    "gpu nsa over the case table" "gpu full over the case table" "gpu exact chunk log-masses over the case table" \
-    >"$OUT/memcheck.log" 2>&1 && echo "memcheck clean" || { echo "memcheck FAILED"; status=1; }
+    "$BUILD/tests_gpu/test_gpu_kernels" >"$OUT/memcheck.log" 2>&1 && echo "memcheck clean" || { echo "memcheck FAILED"; status=1; }
   grep -E "ERROR SUMMARY|Invalid|LEAK" "$OUT/memcheck.log" | head -5 || true
 else
   echo "compute-sanitizer not found"; status=1
 fi
 
 echo "== dump kernel outputs for hils verify"
-[ -f "$ROOT/gpu/bench/dump_verify.py" ] && PYTHONUNBUFFERED=1 python3 "$ROOT/gpu/bench/dump_verify.py" --lib "$BUILD/gpu/libhils_gpu_c.so" \
-  --out "$OUT" >"$OUT/dump.log" 2>&1 && tail -3 "$OUT/dump.log" || { echo "dump failed"; tail "$OUT/dump.log"; status=1; }
+if PYTHONUNBUFFERED=1 python3 "$ROOT/gpu/bench/dump_verify.py" --lib "$BUILD/gpu/libhils_gpu_c.so" \
+    --out "$OUT" >"$OUT/dump.log" 2>&1; then
+  tail -n 3 "$OUT/dump.log"
+else
+  echo "dump failed:"; tail -n 5 "$OUT/dump.log" || true; status=1
+fi
 
 if [ "$BENCH" = 1 ]; then
   echo "== benchmark"
