@@ -1,0 +1,238 @@
+// hils verify FILE: reads a kernel's inputs, spec and outputs (data/verify_format.md), runs the
+// oracle (reference in double and float) and prints a pass/fail report per tensor.
+// Exit 0 all pass, 1 a tensor or the selection fails, 2 the file is missing or malformed.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.hpp"
+#include "hils/analysis/oracle.hpp"
+#include "io/file_error.hpp"
+#include "io/hdf5_util.hpp"
+
+namespace hils::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kVerifyFormat = "hils-verify";
+constexpr int64_t kVerifyFormatVersion = 1;
+
+// ---- spec ----------------------------------------------------------------------------------
+
+// One JSON member of a given type, or a FileError naming it.
+template <class T>
+T json_member(const fs::path& file, const nlohmann::json& j, const std::string& key,
+              const char* expected) {
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    io::fail(file, "attribute spec, key \"" + key + "\"", expected, j.at(key).dump());
+  }
+}
+
+// The spec attribute: {"preset": name?, then any MechanismSpec field by name}.
+MechanismSpec parse_spec(const fs::path& file, const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    io::fail(file, "attribute spec", "a JSON object", std::string("invalid JSON (") + e.what() + ")");
+  }
+  if (!j.is_object()) io::fail(file, "attribute spec", "a JSON object", j.dump());
+  MechanismSpec spec;
+  if (j.contains("preset")) spec = preset(json_member<std::string>(file, j, "preset", "a preset name"));
+  for (const auto& [key, value] : j.items()) {
+    const std::string field = "spec." + key;
+    if (key == "preset") continue;
+    else if (key == "name") spec.name = json_member<std::string>(file, j, key, "a string");
+    else if (key == "fusion") spec.fusion = parse_fusion(json_member<std::string>(file, j, key, "a string"), field);
+    else if (key == "key_rule") spec.key_rule = parse_key_rule(json_member<std::string>(file, j, key, "a string"), field);
+    else if (key == "bias_rule") spec.bias_rule = parse_bias_rule(json_member<std::string>(file, j, key, "a string"), field);
+    else if (key == "prior_rule") spec.prior_rule = parse_prior_rule(json_member<std::string>(file, j, key, "a string"), field);
+    else if (key == "group_rule") spec.group_rule = parse_group_rule(json_member<std::string>(file, j, key, "a string"), field);
+    else if (key == "softmax1") spec.softmax1 = json_member<bool>(file, j, key, "true or false");
+    else if (key == "landmarks") spec.landmarks = json_member<bool>(file, j, key, "true or false");
+    else if (key == "S") spec.S = json_member<int64_t>(file, j, key, "an integer");
+    else if (key == "W") spec.W = json_member<int64_t>(file, j, key, "an integer");
+    else if (key == "K") spec.K = json_member<int64_t>(file, j, key, "an integer");
+    else if (key == "scale") spec.scale = json_member<double>(file, j, key, "a number");
+    else
+      io::fail(file, "attribute spec, key \"" + key + "\"",
+               "one of preset, name, fusion, key_rule, bias_rule, prior_rule, group_rule, "
+               "softmax1, landmarks, S, W, K, scale", "an unknown key");
+  }
+  spec.validate();
+  return spec;
+}
+
+// ---- datasets ------------------------------------------------------------------------------
+
+// A rank-3 float dataset [H x rows x cols] as H row-major matrices; `expected` may hold -1.
+std::vector<Matrix<double>> read_heads(const fs::path& file, const H5::Group& root,
+                                       const std::string& name, const std::vector<int64_t>& expected,
+                                       bool finite_only) {
+  const H5::DataSet ds = io::open_dataset(file, root, name);
+  io::require_dims(file, name, ds, expected, "(heads, rows, columns)");
+  const auto dims = io::dataset_dims(ds);
+  const std::vector<double> data = io::read_doubles(file, name, ds, finite_only);
+  std::vector<Matrix<double>> heads;
+  const auto rows = static_cast<Eigen::Index>(dims[1]), cols = static_cast<Eigen::Index>(dims[2]);
+  for (hsize_t h = 0; h < dims[0]; ++h)
+    heads.push_back(Eigen::Map<const Matrix<double>>(data.data() + h * rows * cols, rows, cols));
+  return heads;
+}
+
+// A rank-2 float dataset [H x n] as H vectors.
+std::vector<Vector<double>> read_head_vectors(const fs::path& file, const H5::Group& root,
+                                              const std::string& name) {
+  const H5::DataSet ds = io::open_dataset(file, root, name);
+  io::require_dims(file, name, ds, {-1, -1}, "(heads, rows)");
+  const auto dims = io::dataset_dims(ds);
+  const std::vector<double> data = io::read_doubles(file, name, ds, false);
+  std::vector<Vector<double>> heads;
+  const auto n = static_cast<Eigen::Index>(dims[1]);
+  for (hsize_t h = 0; h < dims[0]; ++h)
+    heads.push_back(Eigen::Map<const Vector<double>>(data.data() + h * n, n));
+  return heads;
+}
+
+// The selection [Hkv x Tq x K] (any integer type) as Hkv index matrices.
+std::vector<IndexMatrix> read_selection(const fs::path& file, const H5::Group& root,
+                                        const std::string& name) {
+  const H5::DataSet ds = io::open_dataset(file, root, name);
+  io::require_integer(file, name, ds);
+  io::require_dims(file, name, ds, {-1, -1, -1}, "(KV groups, queries, K)");
+  const auto dims = io::dataset_dims(ds);
+  const std::vector<int64_t> data = io::read_int64s(ds);
+  std::vector<IndexMatrix> heads;
+  const auto rows = static_cast<Eigen::Index>(dims[1]), cols = static_cast<Eigen::Index>(dims[2]);
+  for (hsize_t g = 0; g < dims[0]; ++g) {
+    IndexMatrix m(rows, cols);
+    for (Eigen::Index i = 0; i < m.size(); ++i) {
+      const int64_t value = data[g * rows * cols + i];
+      if (value < -1 || value > std::numeric_limits<int32_t>::max())
+        io::fail(file, name, "chunk indices >= -1", std::to_string(value));
+      m.data()[i] = static_cast<int32_t>(value);
+    }
+    heads.push_back(std::move(m));
+  }
+  return heads;
+}
+
+// /inputs: q [Hq,T,d], k [Hkv,T,d], v [Hkv,T,dv], optional q_retrieval [Hq,T,d], prior [Hq,R,d].
+AttentionInputs<double> read_inputs(const fs::path& file, const H5::H5File& h5) {
+  const H5::Group root = h5.openGroup("/");
+  AttentionInputs<double> in;
+  in.q = read_heads(file, root, "inputs/q", {-1, -1, -1}, true);
+  const int64_t Hq = in.Hq(), T = in.T(), d = in.d();
+  in.k = read_heads(file, root, "inputs/k", {-1, T, d}, true);
+  in.v = read_heads(file, root, "inputs/v", {in.Hkv(), T, -1}, true);
+  if (io::has_object(root, "inputs/q_retrieval"))
+    in.q_retrieval = read_heads(file, root, "inputs/q_retrieval", {Hq, T, d}, true);
+  if (io::has_object(root, "inputs/prior"))
+    in.prior = read_heads(file, root, "inputs/prior", {Hq, -1, d}, true);
+  return in;
+}
+
+// /outputs: every stage is optional; values may be NaN or Inf (the oracle judges them).
+oracle::KernelOutputs read_outputs(const fs::path& file, const H5::H5File& h5) {
+  const H5::Group root = h5.openGroup("/");
+  oracle::KernelOutputs out;
+  auto heads = [&](const char* name, std::vector<Matrix<double>>& target) {
+    const std::string path = std::string("outputs/") + name;
+    if (io::has_object(root, path)) target = read_heads(file, root, path, {-1, -1, -1}, false);
+  };
+  auto vectors = [&](const char* name, std::vector<Vector<double>>& target) {
+    const std::string path = std::string("outputs/") + name;
+    if (io::has_object(root, path)) target = read_head_vectors(file, root, path);
+  };
+  heads("summary_key", out.summary_key);
+  vectors("summary_bias", out.summary_bias);
+  heads("surrogate_scores", out.surrogate_scores);
+  if (io::has_object(root, "outputs/selection"))
+    out.selection = read_selection(file, root, "outputs/selection");
+  heads("o_window", out.o_window);
+  vectors("lse_window", out.lse_window);
+  heads("o", out.o);
+  vectors("lse", out.lse);
+  heads("fusion_weights", out.fusion_weights);
+  return out;
+}
+
+struct VerifyFile {
+  MechanismSpec spec;
+  oracle::VerifyOptions options;
+  AttentionInputs<double> inputs;
+  oracle::KernelOutputs outputs;
+  std::string kernel_name;
+};
+
+VerifyFile read_verify_file(const fs::path& file) {
+  const H5::H5File h5 = io::open_hdf5(file);
+  const H5::Group root = h5.openGroup("/");
+  const std::string format = io::read_string_attribute(file, root, "/", "format");
+  if (format != kVerifyFormat)
+    io::fail(file, "/ attribute format", std::string("\"") + kVerifyFormat + "\"", "\"" + format + "\"");
+  const int64_t version = io::read_int_attribute(file, root, "/", "format_version");
+  if (version != kVerifyFormatVersion)
+    io::fail(file, "/ attribute format_version", std::to_string(kVerifyFormatVersion),
+             std::to_string(version));
+  VerifyFile v;
+  v.spec = parse_spec(file, io::read_string_attribute(file, root, "/", "spec"));
+  v.options.precision = oracle::parse_input_precision(
+      io::read_string_attribute(file, root, "/", "input_precision"),
+      file.string() + ": / attribute input_precision");
+  if (io::has_attribute(root, "kernel"))
+    v.kernel_name = io::read_string_attribute(file, root, "/", "kernel");
+  v.inputs = read_inputs(file, h5);
+  if (io::has_object(root, "queries")) {
+    const H5::DataSet ds = io::open_dataset(file, root, "queries");
+    io::require_integer(file, "queries", ds);
+    io::require_dims(file, "queries", ds, {-1}, "(queries)");
+    v.options.queries = io::read_int64s(ds);
+  }
+  if (!io::has_object(root, "outputs"))
+    io::fail(file, "outputs", "a group of kernel outputs (at least o)", "nothing");
+  v.outputs = read_outputs(file, h5);
+  return v;
+}
+
+void run_verify(const std::string& path, int64_t max_messages) {
+  VerifyFile v = read_verify_file(path);
+  v.options.max_messages = max_messages;
+  oracle::Verdict verdict;
+  try {
+    verdict = oracle::verify(v.spec, v.inputs, v.outputs, v.options);
+  } catch (const InvalidArgument& e) {
+    // Invalid inputs, spec or queries: the file is bad, not the kernel.
+    throw io::FileError(path + ": " + e.what());
+  }
+  std::cout << path << (v.kernel_name.empty() ? "" : " (kernel " + v.kernel_name + ")") << "\n"
+            << verdict.report();
+  if (!verdict.passed) throw CheckFailed(path + ": the kernel's outputs fail the oracle");
+}
+
+}  // namespace
+
+void register_verify(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "verify", "Check a kernel's outputs against the reference (oracle, data/verify_format.md)");
+  static std::string path;
+  static int64_t max_messages = 8;
+  cmd->add_option("file", path, "HDF5 file with inputs, spec and the kernel's outputs")
+      ->required();
+  cmd->add_option("--max-messages", max_messages, "problems listed per tensor")
+      ->check(CLI::PositiveNumber);
+  cmd->footer(
+      "Recomputes every stage the file holds with the reference in double (truth) and float\n"
+      "(baseline); a tensor passes when its max abs error <= 2 x float's + a rounding floor;\n"
+      "selections are compared as sets with a margin bound. Exit 0 pass, 1 fail, 2 bad file.\n"
+      "Example: hils verify kernel_dump.h5");
+  cmd->callback([] { run_verify(path, max_messages); });
+}
+
+}  // namespace hils::cli
