@@ -5,6 +5,7 @@
 
 #include <H5Cpp.h>
 
+#include "cli/cli_util.hpp"
 #include "cli/commands.hpp"
 
 namespace hils::cli {
@@ -12,6 +13,34 @@ namespace hils::cli {
 GlobalOptions& global_options() {
   static GlobalOptions options;
   return options;
+}
+
+namespace {
+std::string& stored_command_line() {
+  static std::string line;
+  return line;
+}
+}  // namespace
+
+void note(const std::string& text) {
+  if (!global_options().quiet) std::cerr << text << "\n";
+}
+
+std::string command_line() { return stored_command_line(); }
+
+void set_command_line(int argc, char** argv) {
+  std::string line;
+  for (int i = 0; i < argc; ++i) line += (i ? " " : "") + std::string(argv[i]);
+  stored_command_line() = line;
+}
+
+void require_input_file(const std::filesystem::path& path, const std::string& option,
+                        const std::string& hint) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec)) return;
+  std::string found = std::filesystem::exists(path, ec) ? "not a regular file" : "no such file";
+  throw BadInput(option + ": expected an existing file, found " + found + ": " + path.string() +
+                 (hint.empty() ? "" : " (" + hint + ")"));
 }
 
 }  // namespace hils::cli
@@ -47,6 +76,7 @@ int run_app(CLI::App& app, int argc, char** argv) {
 int main(int argc, char** argv) {
   // HDF5 prints its own error stack by default; our readers report errors themselves.
   H5::Exception::dontPrint();
+  hils::cli::set_command_line(argc, argv);
   CLI::App app{"hils: activations in, attention mechanisms run, results out (HiLS-Attention "
                "reference simulator)"};
   app.require_subcommand(1);
