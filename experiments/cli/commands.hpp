@@ -48,6 +48,11 @@ GlobalOptions& global_options();
 void register_info(CLI::App& app);
 void register_dump(CLI::App& app);
 void register_run(CLI::App& app);
+void register_fidelity(CLI::App& app);
+void register_overlap(CLI::App& app);
+void register_extrapolate(CLI::App& app);
+void register_plot(CLI::App& app);
+void register_studies(CLI::App& app);
 void register_verify(CLI::App& app);
 
 }  // namespace hils::cli

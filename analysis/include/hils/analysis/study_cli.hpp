@@ -1,0 +1,44 @@
+// The command-line side of the three studies, shared by `hils fidelity`, `hils overlap`,
+// `hils extrapolate`, `hils plot` and `hils studies`. Declared here, defined in
+// experiments/cli/cmd_studies.cpp, because it needs the experiments library (results writer,
+// activation files, the llama2.c model), which the analysis library does not link.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace hils::cli::studies {
+
+// Options common to the three study commands; a TOML config (experiments/configs/*.toml)
+// sets them first, then explicit flags override.
+struct StudyArgs {
+  std::string config;            // TOML file, optional
+  std::string out;               // results file (.h5)
+  std::string source = "synthetic";  // synthetic | model | activations
+  std::string activations;       // activation file for source = activations
+  std::string model_dir;         // folder with stories260K.bin, tok512.bin, text (source=model)
+  std::vector<int64_t> lengths;  // context lengths in slots (synthetic), or prefixes (files)
+  int64_t layers = -1;           // -1: the config's or the source's
+  int64_t S = -1, W = -1, K = -1;
+  int64_t queries = -1;          // sampled queries per unit (fidelity, extrapolation)
+  std::vector<std::string> mechanisms;
+  std::string prior_rule, prior_source;
+  bool plot = false;             // draw plots after the run
+};
+
+// Adds the common flags to a subcommand.
+void add_study_options(CLI::App* cmd, StudyArgs& args);
+
+// Each runs one study into args.out (resuming it when it exists) and returns the file.
+std::filesystem::path run_fidelity(const StudyArgs& args);
+std::filesystem::path run_overlap(const StudyArgs& args);
+std::filesystem::path run_extrapolation(const StudyArgs& args);
+// Draws every plot of a results file into `folder` with /usr/bin/python3 (matplotlib); returns
+// the PNG paths. Throws BadInput when the file is not a study result.
+std::vector<std::filesystem::path> draw_plots(const std::filesystem::path& results,
+                                              const std::filesystem::path& folder);
+
+}  // namespace hils::cli::studies

@@ -1,0 +1,560 @@
+// hils studies: the three studies (fidelity, overlap, extrapolation) on a built-in default in a
+// few minutes, plus the plumbing the study commands share (study_cli.hpp): configs, sources,
+// the HDF5 results sink and plotting.
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.hpp"
+#include "hils/analysis/extrapolation.hpp"
+#include "hils/analysis/overlap.hpp"
+#include "hils/analysis/study_cli.hpp"
+#include "hils/analysis/synthetic.hpp"
+#include "io/activation_file.hpp"
+#include "io/results_file.hpp"
+#include "model/llama2c.hpp"
+#include "model/tokenizer.hpp"
+#include "util/progress.hpp"
+#include "util/shared_data.hpp"
+
+namespace hils::cli::studies {
+
+namespace {
+
+using analysis::PriorChoice;
+using analysis::StudyGeometry;
+using analysis::StudySource;
+using nlohmann::json;
+
+// ---- Results sink over the HDF5 results writer --------------------------------------------
+
+// Writes through io::ResultsWriter; reads back what this run wrote (kept in memory) or what an
+// earlier, interrupted run left in the file (read from the previous file).
+class ResultsFileSink : public analysis::ResultSink {
+ public:
+  ResultsFileSink(const std::filesystem::path& path, const io::Provenance& provenance)
+      : writer_(open(path, provenance)) {}
+  bool is_complete(const std::string& unit) const override { return writer_.is_complete(unit); }
+  void mark_complete(const std::string& unit) override {
+    writer_.mark_complete(unit);
+    writer_.checkpoint();  // every finished unit survives an interruption
+  }
+  void write(const std::string& p, const Matrix<double>& m, const std::string& meaning) override {
+    writer_.write_matrix(p, m, meaning);
+    cache_[p] = m;
+  }
+  void write(const std::string& p, const std::vector<double>& v,
+             const std::string& meaning) override {
+    writer_.write_vector(p, v, meaning);
+    cache_[p] = Eigen::Map<const Matrix<double>>(v.data(), static_cast<int64_t>(v.size()), 1);
+  }
+  void write(const std::string& p, const std::vector<int64_t>& v,
+             const std::string& meaning) override {
+    writer_.write_indices(p, v, meaning);
+  }
+  void write(const std::string& p, const IndexMatrix& v, const std::string& meaning) override {
+    writer_.write_indices(p, v, meaning);
+  }
+  void set_attribute(const std::string& o, const std::string& n, const std::string& v) override {
+    writer_.set_attribute(o, n, v);
+  }
+  void set_attribute(const std::string& o, const std::string& n, double v) override {
+    writer_.set_attribute(o, n, v);
+  }
+  std::optional<Matrix<double>> read(const std::string& p) const override {
+    if (auto it = cache_.find(p); it != cache_.end()) return it->second;
+    if (previous_ && previous_->exists(p)) return previous_->matrix(p);
+    return std::nullopt;
+  }
+  void commit() { writer_.commit(); }
+
+ private:
+  io::ResultsWriter open(const std::filesystem::path& path, const io::Provenance& provenance) {
+    if (std::filesystem::exists(path)) previous_ = std::make_unique<io::ResultsReader>(path);
+    return io::ResultsWriter::open(path, provenance);
+  }
+  std::unique_ptr<io::ResultsReader> previous_;
+  io::ResultsWriter writer_;
+  std::map<std::string, Matrix<double>> cache_;
+};
+
+// ---- Configuration ------------------------------------------------------------------------
+
+// Everything a study run needs, resolved from defaults, the TOML config and flags.
+struct Resolved {
+  std::string source_kind;
+  StudySource source;       // positioned inputs
+  StudySource raw_source;   // un-rotated inputs (extrapolation)
+  StudyGeometry geometry;
+  PriorChoice prior;
+  std::vector<std::string> mechanisms;
+  int64_t queries = 32;
+  int64_t tail_queries = 256;
+  std::vector<int64_t> block_sizes{1, 2, 4, 8, 16, 32, 64};
+  int64_t final_block = 16;
+  std::vector<std::string> encodings{"rope", "hope", "nope"};
+  int64_t train_length = 1024;
+  double theta = 10000.0;
+  std::string pairing = "half";
+  std::vector<double> depths{0.0, 0.25, 0.5, 0.75, 1.0};
+  double needle_logit = 6.0;
+  std::string overlap_mechanism = "taylor_entropy";
+  bool keep_scores = true;
+  json config;  // what went into the run, for provenance and resume checks
+};
+
+template <class T>
+T toml_value(const toml::table& t, const std::string& section, const std::string& key, T dflt,
+             const std::string& file) {
+  auto node = t[section][key];
+  if (!node) return dflt;
+  if (auto v = node.template value<T>()) return *v;
+  throw BadInput(fmt::format("{}: [{}] {}: wrong type", file, section, key));
+}
+
+template <class T>
+std::vector<T> toml_array(const toml::table& t, const std::string& section,
+                          const std::string& key, std::vector<T> dflt, const std::string& file) {
+  auto node = t[section][key];
+  if (!node) return dflt;
+  const auto* arr = node.as_array();
+  if (!arr) throw BadInput(fmt::format("{}: [{}] {}: expected an array", file, section, key));
+  std::vector<T> out;
+  for (const auto& e : *arr) {
+    auto v = e.template value<T>();
+    if (!v) throw BadInput(fmt::format("{}: [{}] {}: wrong element type", file, section, key));
+    out.push_back(*v);
+  }
+  return out;
+}
+
+std::filesystem::path shared_file(const std::string& dir, const std::string& name) {
+  const std::filesystem::path folder = dir.empty() ? shared_data_dir() : std::filesystem::path(dir);
+  const auto p = folder / name;
+  if (!std::filesystem::exists(p))
+    throw BadInput(fmt::format("model source: {} not found (set --model-dir or "
+                               "HILS_SHARED_DATA to the folder of stories260K.bin, tok512.bin "
+                               "and tinystories_sample.txt)", p.string()));
+  return p;
+}
+
+// The real model's trace over the first T tokens of the sample text (BOS first), cached.
+struct ModelTrace {
+  std::vector<model::LayerTrace> layers;
+  int64_t Hq = 0, Hkv = 0, T = 0;
+};
+std::shared_ptr<ModelTrace> trace_model(const std::string& dir, int64_t T) {
+  auto m = model::Llama2cModel::load(shared_file(dir, "stories260K.bin"));
+  auto tok = model::Tokenizer::load(shared_file(dir, "tok512.bin"), m.config().vocab_size);
+  std::ifstream text_file(shared_file(dir, "tinystories_sample.txt"));
+  std::stringstream text;
+  text << text_file.rdbuf();
+  auto tokens = tok.encode(text.str(), true);
+  if (static_cast<int64_t>(tokens.size()) < T)
+    throw BadInput(fmt::format("model source: the sample text has {} tokens, fewer than T={}",
+                               tokens.size(), T));
+  if (T > m.config().seq_len)
+    throw BadInput(fmt::format("lengths: the model's context is {} tokens, got T={}",
+                               m.config().seq_len, T));
+  tokens.resize(T);
+  auto trace = std::make_shared<ModelTrace>();
+  m.forward(tokens, &trace->layers);
+  trace->Hq = m.config().n_heads, trace->Hkv = m.config().n_kv_heads, trace->T = T;
+  return trace;
+}
+
+// The first T rows of every head.
+AttentionInputs<double> prefix(const std::vector<Matrix<double>>& q,
+                               const std::vector<Matrix<double>>& k,
+                               const std::vector<Matrix<double>>& v, int64_t T) {
+  AttentionInputs<double> in;
+  auto cut = [T](const std::vector<Matrix<double>>& heads, std::vector<Matrix<double>>& out) {
+    for (const auto& m : heads) {
+      if (m.rows() < T)
+        throw BadInput(fmt::format("lengths: T={} exceeds the source's {} slots", T, m.rows()));
+      out.push_back(m.topRows(T));
+    }
+  };
+  cut(q, in.q), cut(k, in.k), cut(v, in.v);
+  return in;
+}
+
+void build_sources(Resolved& r, const StudyArgs& a, const toml::table& t, const std::string& f) {
+  if (r.source_kind == "synthetic") {
+    analysis::SyntheticConfig sc;
+    sc.Hq = toml_value<int64_t>(t, "source", "Hq", 4, f);
+    sc.Hkv = toml_value<int64_t>(t, "source", "Hkv", 2, f);
+    sc.d = sc.dv = toml_value<int64_t>(t, "source", "d", 64, f);
+    sc.segment = toml_value<int64_t>(t, "source", "segment", sc.segment, f);
+    sc.query_rho = toml_value<double>(t, "source", "query_rho", sc.query_rho, f);
+    sc.query_gain = toml_value<double>(t, "source", "query_gain", sc.query_gain, f);
+    sc.seed = static_cast<uint64_t>(toml_value<int64_t>(t, "source", "seed", 0x5eed, f));
+    r.config["source"] = {{"kind", "synthetic"}, {"Hq", sc.Hq}, {"Hkv", sc.Hkv}, {"d", sc.d},
+                          {"segment", sc.segment}, {"query_rho", sc.query_rho},
+                          {"query_gain", sc.query_gain}, {"seed", sc.seed}};
+    const auto geo = r.geometry;
+    auto raw = [sc, geo](int64_t layer, int64_t T) {
+      return analysis::synthetic_layer(sc, layer, Geometry(T, geo.S, geo.W, geo.landmarks));
+    };
+    r.raw_source = {"synthetic", r.source.n_layers, r.source.lengths, raw};
+    // Fidelity and overlap see the synthetic vectors under RoPE, as a model would.
+    PositionalEncoding pe{PositionalKind::rope, RopePairing::half, r.theta};
+    r.source = {"synthetic", r.source.n_layers, r.source.lengths, [raw, geo, pe](int64_t l, int64_t T) {
+                  return apply_positional_encoding<double>(
+                      raw(l, T), Geometry(T, geo.S, geo.W, geo.landmarks), pe);
+                }};
+  } else if (r.source_kind == "model") {
+    const int64_t T = r.source.lengths.back();
+    auto trace = trace_model(a.model_dir, T);
+    r.source.n_layers = std::min<int64_t>(r.source.n_layers, trace->layers.size());
+    r.config["source"] = {{"kind", "model"}, {"model", "stories260K.bin"},
+                          {"text", "tinystories_sample.txt, first T tokens, BOS first"}};
+    r.source.name = r.raw_source.name = "stories260K";
+    r.source.load = [trace](int64_t l, int64_t T) {
+      const auto& L = trace->layers.at(l);
+      return prefix(L.q, L.k, L.v, T);
+    };
+    r.raw_source = r.source;
+    r.raw_source.load = [trace](int64_t l, int64_t T) {
+      const auto& L = trace->layers.at(l);
+      return prefix(L.q_unrotated, L.k_unrotated, L.v, T);
+    };
+  } else if (r.source_kind == "activations") {
+    if (a.activations.empty()) throw BadInput("--activations: a file is needed for source=activations");
+    auto file = std::make_shared<io::ActivationFile>(io::read_activation_file(a.activations));
+    r.source.n_layers = std::min<int64_t>(r.source.n_layers, file->meta.n_layers);
+    r.config["source"] = {{"kind", "activations"}, {"path", a.activations},
+                          {"provenance", file->meta.source}};
+    r.source.name = r.raw_source.name = std::filesystem::path(a.activations).stem().string();
+    r.source.load = [file](int64_t l, int64_t T) {
+      const auto& in = file->layers.at(l).inputs;
+      return prefix(in.q, in.k, in.v, T);
+    };
+    r.raw_source = r.source;
+    r.raw_source.load = [file](int64_t l, int64_t T) {
+      const auto& L = file->layers.at(l);
+      if (L.q_unrotated.empty())
+        throw BadInput("activations: the file stores no q_unrotated/k_unrotated; "
+                       "extrapolation needs the un-rotated vectors");
+      return prefix(L.q_unrotated, L.k_unrotated, L.inputs.v, T);
+    };
+  } else {
+    throw BadInput("source: one of synthetic, model, activations, got '" + r.source_kind + "'");
+  }
+}
+
+
+// Defaults per source and study, then the TOML config, then flags.
+Resolved resolve(const StudyArgs& a, const std::string& study) {
+  toml::table t;
+  const std::string f = a.config.empty() ? "(defaults)" : a.config;
+  if (!a.config.empty()) {
+    try {
+      t = toml::parse_file(a.config);
+    } catch (const toml::parse_error& e) {
+      throw BadInput(fmt::format("{}: not a valid TOML file: {}", a.config, e.description()));
+    }
+  }
+  Resolved r;
+  r.source_kind = toml_value<std::string>(t, "source", "kind", a.source, f);
+  if (a.source != "synthetic") r.source_kind = a.source;  // an explicit flag wins
+  const bool model = r.source_kind != "synthetic";
+  // Synthetic: the paper's geometry. The real model (512 tokens, head dim 8): S=16, W=64, K=8,
+  // so that the last query has 28 candidates of which K covers ~30% (the paper: 32 of 57-121).
+  r.geometry.S = toml_value<int64_t>(t, "geometry", "S", model ? 16 : 64, f);
+  r.geometry.W = toml_value<int64_t>(t, "geometry", "W", model ? 64 : 512, f);
+  r.geometry.K = toml_value<int64_t>(t, "geometry", "K", model ? 8 : 32, f);
+  r.geometry.landmarks = toml_value<bool>(t, "geometry", "landmarks", !model, f);
+  if (a.S > 0) r.geometry.S = a.S;
+  if (a.W > 0) r.geometry.W = a.W;
+  if (a.K >= 0) r.geometry.K = a.K;
+  // Without landmark slots there is no landmark query: the prior is the chunk's mean query.
+  r.prior.rule = parse_prior_rule(toml_value<std::string>(
+      t, "study", "prior_rule", a.prior_rule.empty() ? (r.geometry.landmarks ? "landmark_query" : "given") : a.prior_rule, f), "prior_rule");
+  r.prior.source = analysis::parse_prior_source(toml_value<std::string>(
+      t, "study", "prior_source", a.prior_source.empty() ? (r.prior.rule == PriorRule::landmark_query ? "inputs" : "chunk_mean_query") : a.prior_source, f), "prior_source");
+  if (!a.prior_rule.empty()) r.prior.rule = parse_prior_rule(a.prior_rule, "--prior-rule");
+  if (!a.prior_source.empty())
+    r.prior.source = analysis::parse_prior_source(a.prior_source, "--prior-source");
+  r.mechanisms = toml_array<std::string>(t, "study", "mechanisms",
+                                         analysis::default_mechanism_names(r.geometry.landmarks), f);
+  if (!a.mechanisms.empty()) r.mechanisms = a.mechanisms;
+  r.queries = a.queries > 0 ? a.queries : toml_value<int64_t>(t, "study", "queries", 32, f);
+  r.tail_queries = toml_value<int64_t>(t, "overlap", "tail_queries", model ? 256 : 256, f);
+  r.block_sizes = toml_array<int64_t>(t, "overlap", "block_sizes", r.block_sizes, f);
+  r.final_block = toml_value<int64_t>(t, "overlap", "final_block", r.final_block, f);
+  r.overlap_mechanism = toml_value<std::string>(t, "overlap", "mechanism", r.overlap_mechanism, f);
+  r.encodings = toml_array<std::string>(t, "extrapolation", "encodings", r.encodings, f);
+  r.train_length = toml_value<int64_t>(t, "extrapolation", "train_length", model ? 128 : 1024, f);
+  r.theta = toml_value<double>(t, "extrapolation", "theta", r.theta, f);
+  r.pairing = toml_value<std::string>(t, "extrapolation", "pairing", model ? "interleaved" : "half", f);
+  r.depths = toml_array<double>(t, "extrapolation", "depths", r.depths, f);
+  r.needle_logit = toml_value<double>(t, "extrapolation", "needle_logit", r.needle_logit, f);
+  r.keep_scores = toml_value<bool>(t, "study", "keep_scores", true, f);
+
+  std::vector<int64_t> lengths;
+  if (study == "fidelity") lengths = model ? std::vector<int64_t>{512} : std::vector<int64_t>{4096};
+  if (study == "overlap")
+    lengths = model ? std::vector<int64_t>{512} : std::vector<int64_t>{4096, 16384, 65536};
+  if (study == "extrapolation")
+    for (int64_t x = 1; x <= 64 && r.train_length * x <= (model ? 512 : 1 << 20); x *= 2)
+      lengths.push_back(r.train_length * x);
+  lengths = toml_array<int64_t>(t, study, "lengths", lengths, f);
+  if (!a.lengths.empty()) lengths = a.lengths;
+  for (size_t i = 0; i < lengths.size(); ++i)
+    if (lengths[i] < 1 || (i > 0 && lengths[i] <= lengths[i - 1]))
+      throw BadInput("lengths: positive and strictly ascending");
+  r.source.lengths = lengths;
+  r.source.n_layers = a.layers > 0 ? a.layers
+                                   : toml_value<int64_t>(t, "source", "layers", model ? 5 : 2, f);
+  build_sources(r, a, t, f);
+  r.raw_source.lengths = r.source.lengths = lengths;
+  r.raw_source.n_layers = r.source.n_layers;
+
+  r.config["study"] = study;
+  r.config["geometry"] = {{"S", r.geometry.S}, {"W", r.geometry.W}, {"K", r.geometry.K},
+                          {"landmarks", r.geometry.landmarks}};
+  r.config["prior"] = {{"rule", to_string(r.prior.rule)},
+                       {"source", analysis::to_string(r.prior.source)}};
+  r.config["lengths"] = lengths;
+  r.config["layers"] = r.source.n_layers;
+  if (study != "overlap") r.config["mechanisms"] = r.mechanisms, r.config["queries"] = r.queries;
+  if (study == "overlap")
+    r.config["overlap"] = {{"mechanism", r.overlap_mechanism}, {"tail_queries", r.tail_queries},
+                           {"block_sizes", r.block_sizes}, {"final_block", r.final_block}};
+  if (study == "extrapolation")
+    r.config["extrapolation"] = {{"encodings", r.encodings}, {"train_length", r.train_length},
+                                 {"theta", r.theta}, {"pairing", r.pairing},
+                                 {"depths", r.depths}, {"needle_logit", r.needle_logit}};
+  return r;
+}
+
+std::vector<analysis::StudyMechanism> mechanisms_of(const Resolved& r) {
+  std::vector<analysis::StudyMechanism> out;
+  for (const auto& n : r.mechanisms) {
+    if (n == "landmark_key" && !r.geometry.landmarks) continue;  // needs landmark slots
+    out.push_back(analysis::study_mechanism(n, r.prior.rule));
+    analysis::with_geometry(out.back().spec, r.geometry).validate();
+  }
+  return out;
+}
+
+io::Provenance provenance(const Resolved& r, const std::string& command) {
+  return {r.config, 0x5eed, command};
+}
+
+std::string out_path(const StudyArgs& a, const std::string& study) {
+  if (!a.out.empty()) return a.out;
+  throw BadInput("--out: a results file path is needed for hils " + study);
+}
+
+analysis::Progress progress_bar(std::unique_ptr<ProgressBar>& bar, const std::string& label) {
+  return [&bar, label](int64_t done, int64_t total) {
+    if (!bar) bar = std::make_unique<ProgressBar>(label, total, "units", global_options().quiet);
+    bar->advance();
+    (void)done;
+  };
+}
+
+void say(const std::string& text) {
+  if (!global_options().quiet) std::cerr << text << "\n";
+}
+
+}  // namespace
+
+void add_study_options(CLI::App* cmd, StudyArgs& a) {
+  cmd->add_option("--config", a.config, "study config (TOML, see experiments/configs/)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("-o,--out", a.out, "results file (.h5); an existing one is resumed");
+  cmd->add_option("--source", a.source, "synthetic | model | activations")
+      ->check(CLI::IsMember({"synthetic", "model", "activations"}));
+  cmd->add_option("--activations", a.activations, "activation file (source=activations)");
+  cmd->add_option("--model-dir", a.model_dir,
+                  "folder of stories260K.bin, tok512.bin, tinystories_sample.txt (source=model; "
+                  "default $HILS_SHARED_DATA or ../shared/data)");
+  cmd->add_option("--lengths", a.lengths, "context lengths in slots, ascending");
+  cmd->add_option("--layers", a.layers, "number of layers to study");
+  cmd->add_option("--S", a.S, "chunk size");
+  cmd->add_option("--W", a.W, "window size");
+  cmd->add_option("--K", a.K, "retrieved chunks");
+  cmd->add_option("--queries", a.queries, "sampled queries per unit");
+  cmd->add_option("--mechanisms", a.mechanisms,
+                  "scores to study: presets, mean, landmark_key, taylor, taylor_entropy, "
+                  "max_logit, <key>+<bias>");
+  cmd->add_option("--prior-rule", a.prior_rule, "landmark_query | shared | given");
+  cmd->add_option("--prior-source", a.prior_source,
+                  "inputs | chunk_mean_query | chunk_last_query");
+  cmd->add_flag("--plot", a.plot, "draw the plots next to the results file");
+}
+
+std::filesystem::path run_fidelity(const StudyArgs& a) {
+  const auto r = resolve(a, "fidelity");
+  analysis::FidelityOptions o;
+  o.geometry = r.geometry, o.prior = r.prior, o.mechanisms = mechanisms_of(r);
+  o.queries_per_unit = r.queries, o.keep_scores = r.keep_scores;
+  const std::filesystem::path path = out_path(a, "fidelity");
+  ResultsFileSink sink(path, provenance(r, "hils fidelity"));
+  std::unique_ptr<ProgressBar> bar;
+  const auto start = std::chrono::steady_clock::now();
+  const auto report = analysis::run_fidelity_study(r.source, o, sink, progress_bar(bar, "fidelity"));
+  sink.commit();
+  bar.reset();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  say(fmt::format("fidelity: {} units run, {} resumed, {:.1f} s -> {}", report.units_run,
+                  report.units_skipped, s, path.string()));
+  say(fmt::format("fidelity: Taylor gap = KL check over {} pairs: max |gap - KL| = {:.3g}, "
+                  "min gap = {:.3g}", report.worst_kl.pairs, report.worst_kl.max_abs_deviation,
+                  report.worst_kl.min_gap));
+  if (!report.kl_ok)
+    throw CheckFailed(fmt::format("Taylor gap differs from KL by {:.3g} (> {:.1g})",
+                                  report.worst_kl.max_abs_deviation, o.kl_tolerance));
+  return path;
+}
+
+std::filesystem::path run_overlap(const StudyArgs& a) {
+  const auto r = resolve(a, "overlap");
+  analysis::OverlapOptions o;
+  o.geometry = r.geometry, o.prior = r.prior;
+  o.mechanism = analysis::study_mechanism(r.overlap_mechanism, r.prior.rule);
+  o.block_sizes = r.block_sizes, o.final_block = r.final_block, o.tail_queries = r.tail_queries;
+  const std::filesystem::path path = out_path(a, "overlap");
+  ResultsFileSink sink(path, provenance(r, "hils overlap"));
+  std::unique_ptr<ProgressBar> bar;
+  const auto start = std::chrono::steady_clock::now();
+  const auto report = analysis::run_overlap_study(r.source, o, sink, progress_bar(bar, "overlap"));
+  sink.commit();
+  bar.reset();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  say(fmt::format("overlap: {} units run, {} resumed, {:.1f} s -> {}", report.units_run,
+                  report.units_skipped, s, path.string()));
+  return path;
+}
+
+std::filesystem::path run_extrapolation(const StudyArgs& a) {
+  const auto r = resolve(a, "extrapolation");
+  analysis::ExtrapolationOptions o;
+  o.fidelity.geometry = r.geometry, o.fidelity.prior = r.prior;
+  o.fidelity.mechanisms = mechanisms_of(r), o.fidelity.queries_per_unit = r.queries;
+  o.fidelity.keep_scores = false;
+  for (const auto& name : r.encodings) {
+    PositionalEncoding pe;
+    pe.kind = parse_positional_kind(name, "encodings");
+    pe.pairing = parse_rope_pairing(r.pairing, "pairing");
+    pe.theta = r.theta;
+    pe.hope_train_length = static_cast<double>(r.train_length);
+    o.encodings.push_back({name, pe});
+  }
+  o.depths = r.depths, o.needle_logit = r.needle_logit;
+  const std::filesystem::path path = out_path(a, "extrapolate");
+  ResultsFileSink sink(path, provenance(r, "hils extrapolate"));
+  std::unique_ptr<ProgressBar> bar;
+  const auto start = std::chrono::steady_clock::now();
+  const auto report =
+      analysis::run_extrapolation_study(r.raw_source, o, sink, progress_bar(bar, "extrapolate"));
+  sink.commit();
+  bar.reset();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  say(fmt::format("extrapolate: {} units run, {} resumed, {:.1f} s -> {}", report.units_run,
+                  report.units_skipped, s, path.string()));
+  if (!report.kl_ok)
+    throw CheckFailed(fmt::format("Taylor gap differs from KL by {:.3g}",
+                                  report.worst_kl.max_abs_deviation));
+  return path;
+}
+
+std::vector<std::filesystem::path> draw_plots(const std::filesystem::path& results,
+                                              const std::filesystem::path& folder) {
+  if (!std::filesystem::exists(results))
+    throw BadInput(results.string() + ": no such results file");
+  const char* env = std::getenv("HILS_PLOTS_DIR");
+  const std::filesystem::path script =
+      (env ? std::filesystem::path(env)
+           : std::filesystem::path(__FILE__).parent_path() / "../../analysis/plots") /
+      "plot_study.py";
+  if (!std::filesystem::exists(script))
+    throw BadInput(script.string() + ": plotting script not found (set HILS_PLOTS_DIR)");
+  std::filesystem::create_directories(folder);
+  const auto list = folder / ".plots.txt";
+  const std::string command = fmt::format("/usr/bin/python3 '{}' '{}' --out '{}' --list '{}'",
+                                          script.string(), results.string(), folder.string(),
+                                          list.string());
+  const int rc = std::system(command.c_str());
+  if (rc != 0) {
+    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 2)
+      throw BadInput(results.string() + ": not a study results file (see the message above)");
+    throw std::runtime_error("plotting failed: " + command);
+  }
+  std::vector<std::filesystem::path> pngs;
+  std::ifstream in(list);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) pngs.emplace_back(line);
+  std::filesystem::remove(list);
+  return pngs;
+}
+
+}  // namespace hils::cli::studies
+
+namespace hils::cli {
+
+// hils studies: all three studies on the built-in default, then the plots.
+void register_studies(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "studies",
+      "Run the fidelity, overlap and extrapolation studies on the built-in default (synthetic "
+      "activations, and the real stories260K model when ../shared/data or --model-dir has it) "
+      "and draw their plots.\nExample: hils studies --out results/");
+  auto out = std::make_shared<std::string>("results");
+  auto model_dir = std::make_shared<std::string>();
+  auto skip_model = std::make_shared<bool>(false);
+  cmd->add_option("-o,--out", *out, "folder for the results files and plots (created)");
+  cmd->add_option("--model-dir", *model_dir, "folder of the real model's files");
+  cmd->add_flag("--no-model", *skip_model, "skip the real-model runs");
+  cmd->callback([out, model_dir, skip_model] {
+    const std::filesystem::path folder = *out;
+    std::filesystem::create_directories(folder);
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<std::filesystem::path> files;
+    studies::StudyArgs a;
+    a.out = (folder / "fidelity_synthetic.h5").string();
+    files.push_back(studies::run_fidelity(a));
+    a.out = (folder / "overlap_synthetic.h5").string();
+    files.push_back(studies::run_overlap(a));
+    a.out = (folder / "extrapolation_synthetic.h5").string();
+    a.layers = 1;
+    a.queries = 16;
+    files.push_back(studies::run_extrapolation(a));
+    const std::filesystem::path data =
+        model_dir->empty() ? shared_data_dir() : std::filesystem::path(*model_dir);
+    if (!*skip_model && std::filesystem::exists(data / "stories260K.bin")) {
+      studies::StudyArgs m;
+      m.source = "model";
+      m.model_dir = data.string();
+      m.out = (folder / "fidelity_stories260K.h5").string();
+      files.push_back(studies::run_fidelity(m));
+      m.out = (folder / "overlap_stories260K.h5").string();
+      files.push_back(studies::run_overlap(m));
+    } else if (!*skip_model) {
+      std::cerr << "studies: no real model at " << data.string()
+                << " (stories260K.bin); skipping the real-model runs\n";
+    }
+    std::vector<std::filesystem::path> pngs;
+    for (const auto& f : files)
+      for (const auto& p : studies::draw_plots(f, folder / "plots")) pngs.push_back(p);
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::cout << fmt::format("studies: {} results files and {} plots in {:.0f} s\n",
+                             files.size(), pngs.size(), s);
+    for (const auto& f : files) std::cout << "  results: " << f.string() << "\n";
+    std::cout << "  plots:   " << (folder / "plots").string() << "/\n";
+  });
+}
+
+}  // namespace hils::cli
