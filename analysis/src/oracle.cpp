@@ -26,7 +26,7 @@ std::string format(const char* pattern, Args... args) {
 struct Magnitudes {
   double value = 0;         // max |v|: o and o_c are convex combinations of value rows
   double key = 0;           // max |k|: summary keys are convex combinations of keys
-  double logit = 0;         // sigma max ||q_t||_1 max |k|: bounds |s(t,j)| and its dot-product error
+  double logit = 0;         // max sigma sum_i |q_t,i| max_j |k_j,i| (logit_magnitude)
   double score = 0;         // bound on |s_hat| (retrieval query, summary key, bias)
   double bias = 0;          // entropy bias <= log |T_c|
   double lse = 0;           // bound on any log-normaliser: logits plus log of the term count
@@ -38,28 +38,33 @@ double max_abs(const std::vector<Matrix<double>>& heads) {
   return m;
 }
 
-double max_row_l1(const std::vector<Matrix<double>>& heads) {
+// max_t sigma sum_i |q_t,i| max_j |k_j,i| over heads: bounds |s(t,j)| and the condition of its
+// dot product, the quantity whose rounding every logit-based stage inherits.
+double logit_magnitude(const std::vector<Matrix<double>>& q, const std::vector<Matrix<double>>& k,
+                       double scale) {
   double m = 0;
-  for (const auto& x : heads)
-    if (x.size()) m = std::max(m, x.cwiseAbs().rowwise().sum().maxCoeff());
+  const size_t G = q.size() / k.size();
+  for (size_t h = 0; h < q.size(); ++h) {
+    const Vector<double> key_max = k[h / G].cwiseAbs().colwise().maxCoeff().transpose();
+    m = std::max(m, scale * (q[h].cwiseAbs() * key_max).maxCoeff());
+  }
   return m;
 }
 
-// spec, inputs -> the magnitudes of every stage's quantities.
+// spec, inputs -> the magnitudes of every stage's quantities (score is refined per chunk later).
 Magnitudes magnitudes_of(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                          const Geometry& geometry) {
   const double scale = logit_scale(spec, inputs.d());
   Magnitudes m;
   m.value = max_abs(inputs.v);
   m.key = max_abs(inputs.k);
-  m.logit = scale * max_row_l1(inputs.q) * m.key;
-  const double retrieval_l1 =
-      inputs.q_retrieval.empty() ? max_row_l1(inputs.q) : max_row_l1(inputs.q_retrieval);
+  m.logit = logit_magnitude(inputs.q, inputs.k, scale);
   m.bias = std::log(std::max<double>(geometry.tokens_per_chunk(), 2.0));
-  const double log_terms = std::log(std::max<double>(inputs.T(), 2.0));
-  m.score = spec.key_rule == KeyRule::exact ? m.logit + m.bias
-                                             : scale * retrieval_l1 * m.key + m.bias;
-  m.lse = std::max(m.logit, m.score) + log_terms;
+  const double retrieval = inputs.q_retrieval.empty()
+                               ? m.logit
+                               : logit_magnitude(inputs.q_retrieval, inputs.k, scale);
+  m.score = (spec.key_rule == KeyRule::exact ? m.logit : retrieval) + m.bias;
+  m.lse = std::max(m.logit, m.score) + std::log(std::max<double>(inputs.T(), 2.0));
   return m;
 }
 
@@ -292,6 +297,44 @@ std::vector<Matrix<double>> group_scores_of(const Context& ctx,
   return r;
 }
 
+// Conditioning of s_hat(t,h,c) for every query row and chunk of one KV group, max over its
+// heads: A = sigma sum_i |q~_t,i| max_{j in T_c} |k_j,i| + log|T_c|. The dot product of any
+// convex combination of the chunk's keys (mean, taylor, landmark key) or any single logit of
+// the chunk (the exact rule's L) rounds by at most a few u times A; the log term stands for the
+// entropy bias. [Tq x n_chunks].
+Matrix<double> score_conditioning(const Context& ctx, int64_t g) {
+  const int64_t chunks = ctx.geometry.n_chunks(), d = ctx.inputs.d();
+  const Matrix<double>& k = ctx.inputs.k[g];
+  Matrix<double> key_max = Matrix<double>::Zero(chunks, d);
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t j = c * ctx.spec.S; j < (c + 1) * ctx.spec.S; ++j)
+      if (ctx.geometry.attendable(j)) key_max.row(c) = key_max.row(c).cwiseMax(k.row(j).cwiseAbs());
+  const double scale = logit_scale(ctx.spec, d);
+  Matrix<double> a = Matrix<double>::Zero(static_cast<Eigen::Index>(ctx.queries.size()), chunks);
+  for (int64_t h = g * ctx.G; h < (g + 1) * ctx.G; ++h) {
+    const Matrix<double>& q = ctx.spec.key_rule == KeyRule::exact ? ctx.inputs.q[h]
+                                                                  : ctx.inputs.retrieval_query(h);
+    Matrix<double> rows(static_cast<Eigen::Index>(ctx.queries.size()), d);
+    for (size_t i = 0; i < ctx.queries.size(); ++i) rows.row(i) = q.row(ctx.queries[i]).cwiseAbs();
+    a = a.cwiseMax(scale * rows * key_max.transpose());
+  }
+  return a.array() + ctx.magnitude.bias;
+}
+
+// The margin bound of one swap (kernel chose `chosen` where the reference has `missed`):
+// kBaselineFactor x float's max error in r, plus margin_units x u x the conditioning of both
+// scores (and, when G > 1, of the largest score, for the log Z_hat of the two heads that may
+// differ); x G for the probability rule, whose r sums G terms of at most their log error.
+double swap_bound(const Context& ctx, const SelectionReport& report, const Matrix<double>& a,
+                  Eigen::Index row, int64_t chosen, int64_t missed) {
+  double conditioning = a(row, chosen) + a(row, missed);
+  if (ctx.G > 1) conditioning += a.row(row).maxCoeff();
+  if (ctx.spec.group_rule == GroupRule::sum_probabilities) conditioning *= static_cast<double>(ctx.G);
+  return Tolerances::kBaselineFactor * report.baseline_r_error +
+         Tolerances::margin_units(ctx.options.precision) * unit_roundoff(ctx.options.precision) *
+             conditioning;
+}
+
 // Why a kernel selection row is malformed (empty when it is a valid top-k shape for V(t)).
 std::string malformed_row(const IndexMatrix& sel, Eigen::Index row, int64_t t, int64_t g,
                           const Geometry& geometry, int64_t K) {
@@ -330,7 +373,8 @@ std::set<int64_t> row_set(const IndexMatrix& sel, Eigen::Index row) {
 // Set comparison of one (query, group) row; updates the report and returns whether the kernel
 // row may replace the reference row.
 bool compare_row(const Context& ctx, const IndexMatrix& ref, const IndexMatrix& ker,
-                 Eigen::Index row, int64_t g, const Matrix<double>& r, SelectionReport& report) {
+                 Eigen::Index row, int64_t g, const Matrix<double>& r, const Matrix<double>& a,
+                 SelectionReport& report) {
   const int64_t t = ctx.queries[static_cast<size_t>(row)];
   ++report.rows;
   auto fail = [&](const std::string& message) {
@@ -351,13 +395,15 @@ bool compare_row(const Context& ctx, const IndexMatrix& ref, const IndexMatrix& 
   for (int64_t c : want)
     if (!got.count(c) && (missed < 0 || r(row, c) > r(row, missed))) missed = c;
   const double margin = r(row, missed) - r(row, chosen);
+  const double bound = swap_bound(ctx, report, a, row, chosen, missed);
   report.worst_margin = std::max(report.worst_margin, margin);
-  if (margin > report.bound)
+  report.bound = std::max(report.bound, bound);
+  if (margin > bound)
     return fail(format("selection row t=%lld, group %lld: chunk %lld chosen instead of %lld, "
                        "reference margin %.3g > bound %.3g (r = %.9g vs %.9g)",
                        static_cast<long long>(t), static_cast<long long>(g),
                        static_cast<long long>(chosen), static_cast<long long>(missed), margin,
-                       report.bound, r(row, missed), r(row, chosen)));
+                       bound, r(row, missed), r(row, chosen)));
   ++report.rows_accepted;
   report.max_accepted_margin = std::max(report.max_accepted_margin, margin);
   return true;
@@ -385,13 +431,6 @@ std::vector<IndexMatrix> compare_selection(const Context& ctx, const KernelOutpu
       if (std::isfinite(r[g](i)) && std::isfinite(r_float[g](i)))
         report.baseline_r_error = std::max(report.baseline_r_error,
                                            std::fabs(r_float[g](i) - r[g](i)));
-  // Dot-product and log-sum-exp rounding of s_hat - log Z_hat; for the probability rule the
-  // error of each of the G terms is at most its log error (p <= 1).
-  const double magnitude = (ctx.magnitude.score + ctx.magnitude.lse) *
-                           (ctx.spec.group_rule == GroupRule::sum_probabilities ? ctx.G : 1);
-  report.bound = Tolerances::kBaselineFactor * report.baseline_r_error +
-                 Tolerances::margin_units(ctx.options.precision) *
-                     unit_roundoff(ctx.options.precision) * magnitude;
   for (int64_t g = 0; g < ctx.inputs.Hkv(); ++g) {
     const IndexMatrix& ker = kernel.selection[g];
     if (ker.rows() != Tq || ker.cols() != ctx.spec.K) {
@@ -404,8 +443,9 @@ std::vector<IndexMatrix> compare_selection(const Context& ctx, const KernelOutpu
                                        static_cast<long long>(ctx.spec.K)));
       continue;
     }
+    const Matrix<double> a = score_conditioning(ctx, g);
     for (Eigen::Index row = 0; row < Tq; ++row)
-      if (compare_row(ctx, ctx.truth.selection[g], ker, row, g, r[g], report))
+      if (compare_row(ctx, ctx.truth.selection[g], ker, row, g, r[g], a, report))
         merged[g].row(row) = ker.row(row);
   }
   return merged;

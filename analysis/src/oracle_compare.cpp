@@ -193,7 +193,7 @@ std::string Verdict::report() const {
     if (t.name != "o" && t.name != "lse" && t.name != "fusion_weights") line(t);
   if (selection.compared)
     out << format("  %-18s %lld rows, %lld differ, %lld accepted (max accepted margin %.3g, "
-                  "bound %.3g, float r error %.3g) %s\n", "selection",
+                  "largest bound used %.3g, float r error %.3g) %s\n", "selection",
                   static_cast<long long>(selection.rows),
                   static_cast<long long>(selection.rows_differing),
                   static_cast<long long>(selection.rows_accepted), selection.max_accepted_margin,

@@ -64,10 +64,14 @@ struct Tolerances {
   // Max rel error is |k - t| / max(|t|, kRelFloorFraction * magnitude), so elements near zero
   // do not dominate the report (it is reported, never the verdict).
   static constexpr double kRelFloorFraction = 1e-3;
-  // Selection margin: a swapped pair of chunks is tolerated when the reference scores differ
-  // by <= kBaselineFactor * (float's max error in r) + kMarginUnits * u * logit_magnitude: the
-  // scores are dot products of length d (error <= gamma_d |q||k|, gamma_d ~ d u, but in practice
-  // ~sqrt(d) u for fp32 accumulation) followed by a log-sum-exp normalisation.
+  // Selection margin of a swap (kernel chose c where the reference has m): tolerated when
+  //   r(m) - r(c) <= kBaselineFactor * (float's max error in r)
+  //                  + margin_units * u * (A(t,c) + A(t,m) [+ max_c' A(t,c') when G > 1]),
+  // A(t,c) = max_{h in g} sigma sum_i |q~_t,i| max_{j in T_c} |k_j,i| + log|T_c|: the condition
+  // number of the dot product behind s_hat(t,h,c) for any key rule (a convex combination of the
+  // chunk's keys, or one of its logits), plus the entropy bias's size; the extra term for G > 1
+  // covers log Z_hat of two different heads. x G for sum_probabilities (G terms).
+  // 32 (fp32) / 4 (bf16) units, as for the floors.
   static constexpr double kMarginUnitsFp32 = 32.0;
   static constexpr double kMarginUnitsBf16 = 4.0;
 
@@ -140,7 +144,7 @@ struct SelectionReport {
   int64_t rows = 0;          // (query, group) rows compared
   int64_t rows_differing = 0;
   int64_t rows_accepted = 0;  // differing rows whose swaps are within the margin bound
-  double bound = 0;           // the margin bound used
+  double bound = 0;           // the largest per-swap margin bound used (0 when no row differs)
   double baseline_r_error = 0;  // max |r_float - r_double| over V(t)
   double max_accepted_margin = 0;
   double worst_margin = 0;      // largest margin of any differing row

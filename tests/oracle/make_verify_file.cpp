@@ -1,0 +1,183 @@
+// oracle_make_verify_file OUT CASE BREAK [PRESET] [PRECISION]: writes a `hils verify` file
+// (data/verify_format.md) whose "kernel" is the reference's float run on a case of the table,
+// optionally broken on purpose. BREAK is one of: none, wrong_chunk, shifted_window,
+// missing_softmax1, nan, all_zero (kernel faults, exit 1 expected), bad_spec, bad_version,
+// missing_q (file faults, exit 2 expected).
+#include <algorithm>
+#include <iostream>
+#include <limits>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "io/hdf5_util.hpp"
+#include "oracle_support.hpp"
+
+using namespace hils;
+using namespace hils::oracle;
+
+namespace {
+
+nlohmann::json spec_json(const MechanismSpec& spec) {
+  return {{"name", spec.name},
+          {"fusion", to_string(spec.fusion)},
+          {"key_rule", to_string(spec.key_rule)},
+          {"bias_rule", to_string(spec.bias_rule)},
+          {"prior_rule", to_string(spec.prior_rule)},
+          {"group_rule", to_string(spec.group_rule)},
+          {"softmax1", spec.softmax1},
+          {"S", spec.S},
+          {"W", spec.W},
+          {"K", spec.K},
+          {"landmarks", spec.landmarks},
+          {"scale", spec.scale}};
+}
+
+AttentionInputs<float> to_float(const AttentionInputs<double>& in) {
+  AttentionInputs<float> out;
+  for (const auto& x : in.q) out.q.push_back(x.cast<float>());
+  for (const auto& x : in.k) out.k.push_back(x.cast<float>());
+  for (const auto& x : in.v) out.v.push_back(x.cast<float>());
+  for (const auto& x : in.q_retrieval) out.q_retrieval.push_back(x.cast<float>());
+  for (const auto& x : in.prior) out.prior.push_back(x.cast<float>());
+  return out;
+}
+
+// The last query's best chunk (group 0) replaced by its worst non-selected candidate, and the
+// output fused from that wrong selection, as a kernel with a top-k bug would produce.
+void break_one_chunk(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                     KernelOutputs& kernel) {
+  RunOptions keep;
+  keep.keep_surrogate_scores = keep.keep_window = true;
+  const auto truth = run_mechanism(spec, inputs, keep);
+  const int64_t G = inputs.Hq() / inputs.Hkv(), t = inputs.T() - 1;
+  std::vector<Matrix<double>> scores;
+  std::vector<Vector<double>> lse;
+  for (int64_t h = 0; h < G; ++h) {
+    scores.push_back(truth.heads[h].surrogate_scores);
+    lse.push_back(truth.heads[h].lse_window);
+  }
+  const Matrix<double> r = group_scores(scores, lse, spec.group_rule);
+  IndexMatrix& sel = kernel.selection[0];
+  int32_t* row = sel.row(t).data();
+  int32_t* end = row + spec.K;
+  const int64_t candidates = geometry_of(spec, inputs.T()).candidate_count(t);
+  if (candidates <= spec.K || spec.K == 0)
+    throw InvalidArgument("wrong_chunk: the last query needs more candidates than K");
+  int32_t best = row[0], worst = -1;
+  for (int32_t* p = row; p != end; ++p)
+    if (r(t, *p) > r(t, best)) best = *p;
+  for (int32_t c = 0; c < candidates; ++c)
+    if (std::find(row, end, c) == end && (worst < 0 || r(t, c) < r(t, worst))) worst = c;
+  std::replace(row, end, best, worst);
+  std::sort(row, end);
+  std::vector<int64_t> all(static_cast<size_t>(inputs.T()));
+  for (int64_t q = 0; q < inputs.T(); ++q) all[static_cast<size_t>(q)] = q;
+  const auto fused = forced_fusion(spec, to_float(inputs), kernel.selection, all);
+  for (size_t h = 0; h < fused.size(); ++h) {
+    kernel.o[h] = fused[h].o.cast<double>();
+    kernel.lse[h] = fused[h].lse.cast<double>();
+    kernel.fusion_weights[h] = fused[h].fusion_weights.cast<double>();
+  }
+  std::cerr << "wrong_chunk: query t=" << t << ", group 0: chunk " << worst << " instead of "
+            << best << "\n";
+}
+
+// Head lists -> one [H x rows x cols] float32 dataset.
+void write_heads(H5::Group& root, const std::string& name, const std::vector<Matrix<double>>& heads) {
+  if (heads.empty()) return;
+  const auto rows = heads.front().rows(), cols = heads.front().cols();
+  std::vector<double> flat;
+  for (const auto& m : heads) flat.insert(flat.end(), m.data(), m.data() + m.size());
+  io::write_doubles(root, name, flat.data(),
+                    {heads.size(), static_cast<hsize_t>(rows), static_cast<hsize_t>(cols)}, true);
+}
+
+void write_vectors(H5::Group& root, const std::string& name, const std::vector<Vector<double>>& heads) {
+  if (heads.empty()) return;
+  std::vector<double> flat;
+  for (const auto& v : heads) flat.insert(flat.end(), v.data(), v.data() + v.size());
+  io::write_doubles(root, name, flat.data(), {heads.size(), static_cast<hsize_t>(heads.front().size())},
+                    true);
+}
+
+void write_selection(H5::Group& root, const std::vector<IndexMatrix>& selection) {
+  if (selection.empty()) return;
+  std::vector<int32_t> flat;
+  for (const auto& m : selection) flat.insert(flat.end(), m.data(), m.data() + m.size());
+  io::write_int32s(root, "outputs/selection", flat.data(),
+                   {selection.size(), static_cast<hsize_t>(selection.front().rows()),
+                    static_cast<hsize_t>(selection.front().cols())});
+}
+
+int make(const std::string& out, const std::string& case_name, const std::string& kind,
+         const std::string& preset_name, const std::string& precision_text) {
+  const auto& c = testing::case_named(case_name);
+  const InputPrecision precision = parse_input_precision(precision_text);
+  MechanismSpec spec = cases::with_case_geometry(preset(preset_name), c);
+  if (!c.landmarks && spec.needs_prior()) spec.prior_rule = PriorRule::shared;
+  if (kind == "missing_softmax1") spec.softmax1 = true;
+  // The kernel's inputs are float32 (or bf16) numbers: store exactly what it computed from.
+  AttentionInputs<double> inputs;
+  {
+    const auto f = cases::make_inputs<float>(c);
+    for (const auto& x : f.q) inputs.q.push_back(x.cast<double>());
+    for (const auto& x : f.k) inputs.k.push_back(x.cast<double>());
+    for (const auto& x : f.v) inputs.v.push_back(x.cast<double>());
+    for (const auto& x : f.q_retrieval) inputs.q_retrieval.push_back(x.cast<double>());
+    for (const auto& x : f.prior) inputs.prior.push_back(x.cast<double>());
+    if (precision == InputPrecision::bf16) inputs = round_inputs_to_bf16(inputs);
+  }
+  MechanismSpec kernel_spec = spec;
+  if (kind == "missing_softmax1") kernel_spec.softmax1 = false;
+  if (kind == "shifted_window") kernel_spec.W = spec.W + spec.S;
+  KernelOutputs kernel = testing::float_kernel(kernel_spec, inputs, precision);
+  if (kind == "wrong_chunk") break_one_chunk(spec, inputs, kernel);
+  if (kind == "nan") kernel.o[1](5, 2) = std::numeric_limits<double>::quiet_NaN();
+  if (kind == "all_zero")
+    for (auto& o : kernel.o) o.setZero();
+
+  io::TempFile temp(out);
+  {
+    H5::H5File file(temp.path().string(), H5F_ACC_TRUNC);
+    H5::Group root = file.openGroup("/");
+    io::write_attribute(root, "format", std::string("hils-verify"));
+    io::write_attribute(root, "format_version", int64_t{kind == "bad_version" ? 99 : 1});
+    nlohmann::json sj = spec_json(spec);
+    if (kind == "bad_spec") sj["K"] = "four";
+    io::write_attribute(root, "spec", sj.dump());
+    io::write_attribute(root, "input_precision", to_string(precision));
+    io::write_attribute(root, "kernel", "reference float run (break: " + kind + ")");
+    if (kind != "missing_q") write_heads(root, "inputs/q", inputs.q);
+    write_heads(root, "inputs/k", inputs.k);
+    write_heads(root, "inputs/v", inputs.v);
+    write_heads(root, "inputs/q_retrieval", inputs.q_retrieval);
+    write_heads(root, "inputs/prior", inputs.prior);
+    write_heads(root, "outputs/summary_key", kernel.summary_key);
+    write_vectors(root, "outputs/summary_bias", kernel.summary_bias);
+    write_heads(root, "outputs/surrogate_scores", kernel.surrogate_scores);
+    write_selection(root, kernel.selection);
+    write_heads(root, "outputs/o_window", kernel.o_window);
+    write_vectors(root, "outputs/lse_window", kernel.lse_window);
+    write_heads(root, "outputs/o", kernel.o);
+    write_vectors(root, "outputs/lse", kernel.lse);
+    write_heads(root, "outputs/fusion_weights", kernel.fusion_weights);
+  }
+  temp.publish();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4 || argc > 6) {
+    std::cerr << "usage: oracle_make_verify_file OUT CASE BREAK [PRESET=hils] [PRECISION=fp32]\n";
+    return 2;
+  }
+  try {
+    return make(argv[1], argv[2], argv[3], argc > 4 ? argv[4] : "hils", argc > 5 ? argv[5] : "fp32");
+  } catch (const std::exception& e) {
+    std::cerr << "oracle_make_verify_file: " << e.what() << "\n";
+    return 2;
+  }
+}
