@@ -12,6 +12,8 @@ namespace {
 constexpr int64_t kMaxDim = 256;               // 32 lanes x 8 registers per lane
 constexpr size_t kMaxSelectSmem = 48 * 1024;   // the selection kernel's default smem limit
 constexpr int kWarpsPerBlock = 4;
+// Process-wide switch between the packed tensor-core kernels and the SIMT ones (tests run both).
+bool g_packed_kernels = true;
 
 // Throws std::invalid_argument("<field>: expected <expected>, got <found>") unless ok.
 void require(bool ok, const std::string& field, const std::string& expected,
@@ -114,10 +116,17 @@ void validate(const MechanismSpec& spec, const Shape& shape, const DeviceInputs&
           "G*d + G + 2K <= 3072 (selection scratch)", str(spec.K));
 }
 
+void set_packed_kernels(bool enabled) { g_packed_kernels = enabled; }
+bool packed_kernels() { return g_packed_kernels; }
+
 void window_attention(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                       float* o_swa, float* lse_swa, cudaStream_t stream) {
   validate(spec, shape, in);
-  detail::launch_window(params_of(spec, shape, in), o_swa, lse_swa, stream);
+  const detail::LaunchParams p = params_of(spec, shape, in);
+  if (g_packed_kernels && detail::packed_path_applies(p))
+    detail::launch_window_packed(p, o_swa, lse_swa, stream);
+  else
+    detail::launch_window(p, o_swa, lse_swa, stream);
   check_launch("window_attention");
 }
 
@@ -173,7 +182,11 @@ void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
   } else {
     require(spec.fusion == Fusion::hierarchical, "fusion", "flat or hierarchical",
             fusion_name(spec.fusion));
-    detail::launch_fuse_hierarchical(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+    if (g_packed_kernels && detail::packed_path_applies(p))
+      detail::launch_fuse_packed(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+    else
+      detail::launch_fuse_hierarchical(p, selection, selected_score, o_swa, lse_swa, o, lse,
+                                       stream);
   }
   check_launch("fuse");
 }

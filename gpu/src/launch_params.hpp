@@ -41,3 +41,14 @@ void launch_fuse_flat(const LaunchParams& p, const int32_t* selection, float* o,
                       cudaStream_t stream);
 
 }  // namespace hils::gpu::detail
+
+namespace hils::gpu::detail {
+
+// The packed tensor-core kernels (packed_kernels.cu) cover bf16, d = dv = S = 64, G | 16.
+bool packed_path_applies(const LaunchParams& p);
+void launch_window_packed(const LaunchParams& p, float* o, float* lse, cudaStream_t stream);
+void launch_fuse_packed(const LaunchParams& p, const int32_t* selection,
+                        const float* selected_score, const float* o_swa, const float* lse_swa,
+                        float* o, float* lse, cudaStream_t stream);
+
+}  // namespace hils::gpu::detail

@@ -164,3 +164,31 @@ TEST_CASE("gpu table 5 ablations and options", "[gpu]") {
     }
   }
 }
+
+// Shapes where the packed tensor-core kernels apply (bf16, d = dv = S = 64, G | 16): the
+// benchmark geometry at a short, ragged length, and smaller windows with more selection.
+TEST_CASE("gpu packed tensor-core kernels against the reference", "[gpu]") {
+  // clang-format off
+  static constexpr Case kPackedCases[] = {
+    //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
+    Case{"packed_bench_geometry", 2113,   64, 512, 32, 16,  2, 64, 64, true, 1.0},
+    Case{"packed_g8_small_window",1500,   64, 128,  4,  8,  1, 64, 64, true, 1.0},
+    Case{"packed_g2_peaked",       777,   64,  64,  3,  4,  2, 64, 64, true, 4.0},
+    Case{"packed_g1_no_landmarks", 700,   64, 100,  5,  2,  2, 64, 64, false, 1.0},
+  };
+  // clang-format on
+  for (const Case& c : kPackedCases) {
+    const auto inputs = hils::cases::make_inputs<double>(c);
+    for (const char* preset : {"hils", "lmk", "swa"}) {
+      MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+      if (!reference_accepts(spec, inputs)) continue;
+      for (bool packed : {true, false}) {
+        hils::gpu::set_packed_kernels(packed);
+        INFO("case " << c.name << " preset " << preset << (packed ? " packed" : " simt"));
+        CHECK(check_mechanism(spec, inputs, DType::bf16,
+                              std::string(c.name) + (packed ? " packed" : " simt")));
+      }
+      hils::gpu::set_packed_kernels(true);
+    }
+  }
+}

@@ -51,6 +51,11 @@ float logit_scale(const MechanismSpec& spec, int64_t d);
 // Throws std::invalid_argument naming the first bad field (shapes, spec, pointers).
 void validate(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in);
 
+// Use the packed tensor-core kernels where they apply (bf16, d = dv = S = 64, G | 16): on by
+// default; off runs the SIMT kernels everywhere (tests compare both with the reference).
+void set_packed_kernels(bool enabled);
+bool packed_kernels();
+
 // ---- Stages, each callable alone --------------------------------------------------------
 
 // Window branch (SPEC §3): o_swa [Hq, T, dv], lse_swa [Hq, T].

@@ -1,0 +1,116 @@
+// Tensor-core helpers (mma.sync m16n8k16, bf16 in, fp32 accumulate) for the packed kernels:
+// 64 rows (M queries x G heads) per block, 16 rows per warp, 64-key tiles in shared memory,
+// d = dv = 64. Fragment layouts are PTX's: lane/4 picks the row (and +8), lane%4 the column pair.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "device_common.cuh"
+
+namespace hils::gpu::detail {
+
+constexpr int kTileDim = 64;         // d = dv = 64 and 64 keys per tile
+constexpr int kTilePitch = 72;       // bf16 per smem row: +16 bytes against bank conflicts
+constexpr int kPackedRows = 64;      // rows (query, head) per block
+constexpr int kPackedThreads = 128;  // 4 warps x 16 rows
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t pack_raw(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(lo)) |
+         (static_cast<uint32_t>(__bfloat16_as_ushort(hi)) << 16);
+}
+
+// Rows [row0, row0 + 64) of a [rows_total, 64] bf16 matrix into smem (zeros past rows_total).
+__device__ __forceinline__ void load_tile(__nv_bfloat16 (*dst)[kTilePitch],
+                                          const __nv_bfloat16* src, int64_t row0,
+                                          int64_t rows_total) {
+  for (int seg = threadIdx.x; seg < kTileDim * 8; seg += kPackedThreads) {
+    const int row = seg / 8, col = (seg % 8) * 8;
+    uint4 value = make_uint4(0, 0, 0, 0);
+    if (row0 + row < rows_total)
+      value = *reinterpret_cast<const uint4*>(src + (row0 + row) * kTileDim + col);
+    *reinterpret_cast<uint4*>(&dst[row][col]) = value;
+  }
+}
+
+// A fragments of the warp's 16 rows of q (4 k-steps of 16 dims); row_ptr0/1 are null for
+// rows past the end (zeros).
+__device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[4][4],
+                                                 const __nv_bfloat16* row_ptr0,
+                                                 const __nv_bfloat16* row_ptr1) {
+  const int col = (threadIdx.x % kWarp % 4) * 2;
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    auto word = [&](const __nv_bfloat16* row, int c) {
+      return row == nullptr ? 0u : *reinterpret_cast<const uint32_t*>(row + c);
+    };
+    qa[ks][0] = word(row_ptr0, 16 * ks + col);
+    qa[ks][1] = word(row_ptr1, 16 * ks + col);
+    qa[ks][2] = word(row_ptr0, 16 * ks + col + 8);
+    qa[ks][3] = word(row_ptr1, 16 * ks + col + 8);
+  }
+}
+
+// s[nt] = q (16 x 64) . K_tile^T for keys nt*8 .. nt*8+7 (C layout, unscaled).
+__device__ __forceinline__ void qk_tile(float (&s)[8][4], const uint32_t (&qa)[4][4],
+                                        const __nv_bfloat16 (*ks_tile)[kTilePitch]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+    const __nv_bfloat16* key = ks_tile[nt * 8 + lane / 4];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      const int col = 16 * ks + (lane % 4) * 2;
+      mma_16816(s[nt], qa[ks], *reinterpret_cast<const uint32_t*>(key + col),
+                *reinterpret_cast<const uint32_t*>(key + col + 8));
+    }
+  }
+}
+
+// o[nt] += P (16 x 64 keys, C layout in p) . V_tile (64 keys x 64 dims).
+__device__ __forceinline__ void pv_tile(float (&o)[8][4], const float (&p)[8][4],
+                                        const __nv_bfloat16 (*vs_tile)[kTilePitch]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    const uint32_t a[4] = {pack_bf16(p[2 * ks][0], p[2 * ks][1]),
+                           pack_bf16(p[2 * ks][2], p[2 * ks][3]),
+                           pack_bf16(p[2 * ks + 1][0], p[2 * ks + 1][1]),
+                           pack_bf16(p[2 * ks + 1][2], p[2 * ks + 1][3])};
+    const int key = 16 * ks + (lane % 4) * 2;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const int dim = nt * 8 + lane / 4;
+      mma_16816(o[nt], a, pack_raw(vs_tile[key][dim], vs_tile[key + 1][dim]),
+                pack_raw(vs_tile[key + 8][dim], vs_tile[key + 9][dim]));
+    }
+  }
+}
+
+// Max and sum over the 4 lanes of a quad (the lanes holding one row).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+}  // namespace hils::gpu::detail

@@ -1,0 +1,327 @@
+// Tensor-core kernels with the paper's packing (§4.2): a block owns M = 64 / G adjacent queries
+// times the G heads of one KV group (64 rows). The window kernel streams the union of their
+// windows; the hierarchical kernel loads the union of their selected chunks once, with an
+// intra-chunk softmax per (query, chunk) and the fusion with the window (Eq. 10).
+// Fast path only: bf16 inputs, d = dv = 64, S = 64, G in {1, 2, 4, 8, 16}.
+#include "launch_params.hpp"
+#include "mma_common.cuh"
+
+namespace hils::gpu::detail {
+namespace {
+
+// The two rows a thread holds in C layout: (query slot, query head) of each, and validity.
+template <int G>
+struct ThreadRows {
+  int64_t t[2], h[2];
+  bool valid[2];
+  int m[2];
+
+  __device__ ThreadRows(int64_t t0, int64_t g, int64_t T) {
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = warp * 16 + lane / 4 + 8 * i;
+      m[i] = r / G;
+      t[i] = t0 + m[i];
+      h[i] = g * G + r % G;
+      valid[i] = t[i] < T;
+    }
+  }
+};
+
+// Scales logits, masks what the row may not see (-inf), returns per-row max over the tile.
+template <class Visible>
+__device__ __forceinline__ void mask_tile(float (&s)[8][4], float scale, int64_t key0,
+                                          Visible visible, float (&row_max)[2]) {
+  const int lane = threadIdx.x % kWarp;
+  row_max[0] = row_max[1] = kNegInf;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = e / 2;
+      const int64_t j = key0 + nt * 8 + (lane % 4) * 2 + (e % 2);
+      s[nt][e] = visible(i, j) ? s[nt][e] * scale : kNegInf;
+      row_max[i] = fmaxf(row_max[i], s[nt][e]);
+    }
+  row_max[0] = quad_max(row_max[0]);
+  row_max[1] = quad_max(row_max[1]);
+}
+
+// p = exp(s - m) in place (0 where masked); returns the per-row sums.
+__device__ __forceinline__ void exponentiate(float (&s)[8][4], const float (&m)[2],
+                                             float (&row_sum)[2]) {
+  row_sum[0] = row_sum[1] = 0.0f;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = e / 2;
+      s[nt][e] = exp_diff(s[nt][e], m[i]);
+      row_sum[i] += s[nt][e];
+    }
+  row_sum[0] = quad_sum(row_sum[0]);
+  row_sum[1] = quad_sum(row_sum[1]);
+}
+
+template <int G>
+__global__ void __launch_bounds__(kPackedThreads)
+    window_packed_kernel(LaunchParams p, float* o_swa, float* lse_swa) {
+  constexpr int M = kPackedRows / G;
+  __shared__ __align__(16) __nv_bfloat16 ks_tile[kTileDim][kTilePitch];
+  __shared__ __align__(16) __nv_bfloat16 vs_tile[kTileDim][kTilePitch];
+  const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * M, g = blockIdx.y;
+  const ThreadRows<G> rows(t0, g, p.T);
+  const auto* q = static_cast<const __nv_bfloat16*>(p.q);
+  const auto* k = static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim;
+  const auto* v = static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim;
+  uint32_t qa[4][4];
+  load_q_fragments(qa, rows.valid[0] ? q + (rows.h[0] * p.T + rows.t[0]) * kTileDim : nullptr,
+                   rows.valid[1] ? q + (rows.h[1] * p.T + rows.t[1]) * kTileDim : nullptr);
+  int64_t left[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) left[i] = geo.window_left(rows.t[i]);
+  const int64_t t_last = t0 + M - 1 < p.T - 1 ? t0 + M - 1 : p.T - 1;
+  float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f}, o[8][4] = {};
+  for (int64_t key0 = geo.window_left(t0); key0 <= t_last; key0 += kTileDim) {
+    __syncthreads();
+    load_tile(ks_tile, k, key0, p.T);
+    load_tile(vs_tile, v, key0, p.T);
+    __syncthreads();
+    float s[8][4], tile_max[2], tile_sum[2];
+    qk_tile(s, qa, ks_tile);
+    mask_tile(s, p.scale, key0,
+              [&](int i, int64_t j) {
+                return rows.valid[i] && j >= left[i] && j <= rows.t[i] && geo.attendable(j);
+              },
+              tile_max);
+    float m_new[2], alpha[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      m_new[i] = fmaxf(m[i], tile_max[i]);
+      alpha[i] = exp_diff(m[i], m_new[i]);
+    }
+    exponentiate(s, m_new, tile_sum);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[nt][e] *= alpha[e / 2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + tile_sum[i], m[i] = m_new[i];
+    pv_tile(o, s, vs_tile);
+  }
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!rows.valid[i]) continue;
+    float* out = o_swa + (rows.h[i] * p.T + rows.t[i]) * kTileDim;
+    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const int col = nt * 8 + (lane % 4) * 2;
+      *reinterpret_cast<float2*>(out + col) = make_float2(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
+    }
+    if (lane % 4 == 0) lse_swa[rows.h[i] * p.T + rows.t[i]] = l[i] > 0.0f ? m[i] + __logf(l[i]) : kNegInf;
+  }
+}
+
+// Shared scratch of the hierarchical kernel: the block's selections and their union.
+struct UnionScratch {
+  int32_t* selection;  // [M, K]
+  uint32_t* bitmap;    // [words]
+  int32_t* chunks;     // [M * K], ascending
+  int32_t* count;      // [1]
+};
+
+// Builds the ascending union of the M queries' selections (-1 entries ignored).
+template <int M>
+__device__ void build_union(const LaunchParams& p, const int32_t* selection, int64_t t0,
+                            int64_t g, int words, const UnionScratch& sc) {
+  const int K = static_cast<int>(p.K);
+  for (int w = threadIdx.x; w < words; w += kPackedThreads) sc.bitmap[w] = 0u;
+  for (int e = threadIdx.x; e < M * K; e += kPackedThreads) {
+    const int64_t t = t0 + e / K;
+    sc.selection[e] = t < p.T ? selection[(g * p.T + t) * K + e % K] : -1;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < M * K; e += kPackedThreads) {
+    const int32_t c = sc.selection[e];
+    if (c >= 0) atomicOr(&sc.bitmap[c / 32], 1u << (c % 32));
+  }
+  __syncthreads();
+  if (threadIdx.x < kWarp) {
+    const int lane = threadIdx.x;
+    int running = 0;
+    for (int base = 0; base < words; base += kWarp) {
+      uint32_t word = base + lane < words ? sc.bitmap[base + lane] : 0u;
+      const int n = __popc(word);
+      int prefix = n;
+      for (int off = 1; off < kWarp; off *= 2) {
+        const int up = __shfl_up_sync(0xffffffffu, prefix, off);
+        if (lane >= off) prefix += up;
+      }
+      int at = running + prefix - n;
+      while (word != 0u) {
+        const int bit = __ffs(word) - 1;
+        word &= word - 1;
+        sc.chunks[at++] = (base + lane) * 32 + bit;
+      }
+      running += __shfl_sync(0xffffffffu, prefix, kWarp - 1);
+    }
+    if (lane == 0) *sc.count = running;
+  }
+  __syncthreads();
+}
+
+// Running softmax over fusion logits, two rows per thread, values in C layout.
+struct PackedFusion {
+  float m[2] = {kNegInf, kNegInf};
+  float l[2] = {0.0f, 0.0f};
+  float o[8][4] = {};
+
+  // Adds logit a for row i with value weight * x (x in C layout, row i's half).
+  __device__ __forceinline__ void add(int i, float a, float value_scale, const float (&x)[8][4]) {
+    const float m_new = fmaxf(m[i], a);
+    const float alpha = exp_diff(m[i], m_new);
+    const float w = exp_diff(a, m_new);
+    l[i] = l[i] * alpha + w;
+    m[i] = m_new;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        o[nt][2 * i + e] = o[nt][2 * i + e] * alpha + w * value_scale * x[nt][2 * i + e];
+  }
+};
+
+template <int G>
+__global__ void __launch_bounds__(kPackedThreads)
+    fuse_packed_kernel(LaunchParams p, const int32_t* selection, const float* selected_score,
+                       const float* o_swa, const float* lse_swa, float* o_out, float* lse_out) {
+  constexpr int M = kPackedRows / G;
+  __shared__ __align__(16) __nv_bfloat16 ks_tile[kTileDim][kTilePitch];
+  __shared__ __align__(16) __nv_bfloat16 vs_tile[kTileDim][kTilePitch];
+  extern __shared__ int32_t dyn[];
+  const int K = static_cast<int>(p.K);
+  const int words = static_cast<int>((p.T / p.S) / 32 + 1);
+  const UnionScratch sc{dyn, reinterpret_cast<uint32_t*>(dyn + M * K), dyn + M * K + words,
+                        dyn + 2 * M * K + words};
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * M, g = blockIdx.y;
+  const ThreadRows<G> rows(t0, g, p.T);
+  const auto* q = static_cast<const __nv_bfloat16*>(p.q);
+  const auto* k = static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim;
+  const auto* v = static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim;
+  build_union<M>(p, selection, t0, g, words, sc);
+  uint32_t qa[4][4];
+  load_q_fragments(qa, rows.valid[0] ? q + (rows.h[0] * p.T + rows.t[0]) * kTileDim : nullptr,
+                   rows.valid[1] ? q + (rows.h[1] * p.T + rows.t[1]) * kTileDim : nullptr);
+  PackedFusion fused;
+  int next[2] = {0, 0};  // position in each row's ascending selection
+  const int n_union = *sc.count;
+  for (int u = 0; u < n_union; ++u) {
+    const int32_t c = sc.chunks[u];
+    int pick[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int32_t* sel = sc.selection + rows.m[i] * K;
+      pick[i] = next[i] < K && sel[next[i]] == c ? next[i]++ : -1;
+    }
+    __syncthreads();
+    load_tile(ks_tile, k, c * p.S, p.T);
+    load_tile(vs_tile, v, c * p.S, p.T);
+    __syncthreads();
+    // Warps whose rows did not select this chunk skip the tensor-core work.
+    if (!__any_sync(0xffffffffu, pick[0] >= 0 || pick[1] >= 0)) continue;
+    float s[8][4], tile_max[2], tile_sum[2], oc[8][4] = {};
+    qk_tile(s, qa, ks_tile);
+    mask_tile(s, p.scale, 0,
+              [&](int i, int64_t j) { return pick[i] >= 0 && !(p.landmarks && j == p.S - 1); },
+              tile_max);
+    exponentiate(s, tile_max, tile_sum);
+    pv_tile(oc, s, vs_tile);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      if (pick[i] >= 0)
+        fused.add(i, selected_score[(rows.h[i] * p.T + rows.t[i]) * K + pick[i]],
+                  1.0f / tile_sum[i], oc);
+  }
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!rows.valid[i]) continue;
+    const int64_t row = rows.h[i] * p.T + rows.t[i];
+    float x[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const float2 w = *reinterpret_cast<const float2*>(o_swa + row * kTileDim + nt * 8 + (lane % 4) * 2);
+      x[nt][2 * i] = w.x, x[nt][2 * i + 1] = w.y;
+    }
+    fused.add(i, lse_swa[row], 1.0f, x);
+    if (p.softmax1) {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) x[nt][2 * i] = x[nt][2 * i + 1] = 0.0f;
+      fused.add(i, 0.0f, 1.0f, x);
+    }
+    const float inv = 1.0f / fused.l[i];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+      *reinterpret_cast<float2*>(o_out + row * kTileDim + nt * 8 + (lane % 4) * 2) =
+          make_float2(fused.o[nt][2 * i] * inv, fused.o[nt][2 * i + 1] * inv);
+    if (lane % 4 == 0) lse_out[row] = fused.m[i] + __logf(fused.l[i]);
+  }
+}
+
+template <int G>
+void launch_window_g(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
+  constexpr int M = kPackedRows / G;
+  const dim3 grid(static_cast<unsigned>((p.T + M - 1) / M), static_cast<unsigned>(p.Hkv));
+  window_packed_kernel<G><<<grid, kPackedThreads, 0, stream>>>(p, o, lse);
+}
+
+template <int G>
+void launch_fuse_g(const LaunchParams& p, const int32_t* selection, const float* selected_score,
+                   const float* o_swa, const float* lse_swa, float* o, float* lse,
+                   cudaStream_t stream) {
+  constexpr int M = kPackedRows / G;
+  const int words = static_cast<int>((p.T / p.S) / 32 + 1);
+  const size_t smem = (2 * M * p.K + words + 1) * sizeof(int32_t);
+  const dim3 grid(static_cast<unsigned>((p.T + M - 1) / M), static_cast<unsigned>(p.Hkv));
+  if (smem > 48 * 1024)
+    cudaFuncSetAttribute(fuse_packed_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(smem));
+  fuse_packed_kernel<G><<<grid, kPackedThreads, smem, stream>>>(p, selection, selected_score,
+                                                                o_swa, lse_swa, o, lse);
+}
+
+}  // namespace
+
+bool packed_path_applies(const LaunchParams& p) {
+  const int64_t G = p.Hq / p.Hkv;
+  return p.bf16 && p.d == kTileDim && p.dv == kTileDim && p.S == kTileDim &&
+         (G == 1 || G == 2 || G == 4 || G == 8 || G == 16);
+}
+
+void launch_window_packed(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
+  switch (p.Hq / p.Hkv) {
+    case 1: return launch_window_g<1>(p, o, lse, stream);
+    case 2: return launch_window_g<2>(p, o, lse, stream);
+    case 4: return launch_window_g<4>(p, o, lse, stream);
+    case 8: return launch_window_g<8>(p, o, lse, stream);
+    default: return launch_window_g<16>(p, o, lse, stream);
+  }
+}
+
+void launch_fuse_packed(const LaunchParams& p, const int32_t* selection,
+                        const float* selected_score, const float* o_swa, const float* lse_swa,
+                        float* o, float* lse, cudaStream_t stream) {
+  switch (p.Hq / p.Hkv) {
+    case 1: return launch_fuse_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+    case 2: return launch_fuse_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+    case 4: return launch_fuse_g<4>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+    case 8: return launch_fuse_g<8>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+    default: return launch_fuse_g<16>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+  }
+}
+
+}  // namespace hils::gpu::detail
