@@ -190,6 +190,7 @@ void register_dump(CLI::App& app) {
   auto* dump = app.add_subcommand("dump", "write an activation file from a real model or a "
                                           "synthetic source");
   dump->require_subcommand(1);
+  dump->fallthrough();
   register_llama2c(*dump);
   register_synthetic(*dump);
 }

@@ -80,6 +80,8 @@ int main(int argc, char** argv) {
   CLI::App app{"hils: activations in, attention mechanisms run, results out (HiLS-Attention "
                "reference simulator)"};
   app.require_subcommand(1);
+  // Global flags (--quiet) may also follow the subcommand.
+  app.fallthrough();
   app.add_flag("-q,--quiet", hils::cli::global_options().quiet,
                "no progress bar and no informational messages (for scripts)");
   app.footer(

@@ -345,6 +345,16 @@ auto read_attribute_at(const std::filesystem::path& file_path, const H5::H5File&
 
 }  // namespace
 
+bool ResultsReader::has_attribute(const std::string& object, const std::string& name) const {
+  std::string path = strip_slashes(object);
+  if (path.empty()) return state_->file.attrExists(name);
+  if (!has_object(state_->file, path)) return false;
+  H5O_info_t info;
+  H5Oget_info_by_name(state_->file.getId(), path.c_str(), &info, H5P_DEFAULT);
+  if (info.type == H5O_TYPE_DATASET) return state_->file.openDataSet(path).attrExists(name);
+  return state_->file.openGroup(path).attrExists(name);
+}
+
 std::string ResultsReader::string_attribute(const std::string& object,
                                             const std::string& name) const {
   return read_attribute_at(state_->path, state_->file, object,

@@ -116,6 +116,7 @@ class ResultsReader {
   Matrix<double> matrix(const std::string& path) const;  // rank 1 reads as [n x 1]
   IndexMatrix index_matrix(const std::string& path) const;
   std::string text(const std::string& path) const;
+  bool has_attribute(const std::string& object, const std::string& name) const;
   std::string string_attribute(const std::string& object, const std::string& name) const;
   double double_attribute(const std::string& object, const std::string& name) const;
   int64_t int_attribute(const std::string& object, const std::string& name) const;
