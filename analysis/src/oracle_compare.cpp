@@ -200,11 +200,16 @@ std::string Verdict::report() const {
                   selection.bound, selection.baseline_r_error, selection.passed ? "PASS" : "FAIL");
   for (const auto& t : tensors)
     if (t.name == "o" || t.name == "lse" || t.name == "fusion_weights") line(t);
-  for (const auto& p : selection.problems) out << "  FAIL: " << p << "\n";
-  for (const auto& t : tensors) {
+  // Problems in pipeline order: stages before the selection, the selection, the fused outputs.
+  auto problems = [&](const TensorReport& t) {
     for (const auto& p : t.problems) out << "  FAIL: " << p << "\n";
-    if (!t.diagnosis.empty()) out << "  diagnosis: " << t.diagnosis << "\n";
-  }
+    if (!t.diagnosis.empty()) out << "  diagnosis: " << t.name << " " << t.diagnosis << "\n";
+  };
+  for (const auto& t : tensors)
+    if (t.name != "o" && t.name != "lse" && t.name != "fusion_weights") problems(t);
+  for (const auto& p : selection.problems) out << "  FAIL: " << p << "\n";
+  for (const auto& t : tensors)
+    if (t.name == "o" || t.name == "lse" || t.name == "fusion_weights") problems(t);
   out << (passed ? "PASS" : "FAIL") << "\n";
   return out.str();
 }
