@@ -331,8 +331,8 @@ double swap_bound(const Context& ctx, const SelectionReport& report, const Matri
   if (ctx.G > 1) conditioning += a.row(row).maxCoeff();
   if (ctx.spec.group_rule == GroupRule::sum_probabilities) conditioning *= static_cast<double>(ctx.G);
   return Tolerances::kBaselineFactor * report.baseline_r_error +
-         Tolerances::margin_units(ctx.options.precision) * unit_roundoff(ctx.options.precision) *
-             conditioning;
+         Tolerances::margin_units(ctx.options.score_precision) *
+             unit_roundoff(ctx.options.score_precision) * conditioning;
 }
 
 // Why a kernel selection row is malformed (empty when it is a valid top-k shape for V(t)).
@@ -518,6 +518,7 @@ Verdict verify(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
   const Context ctx = make_context(spec, inputs, options);
   Verdict verdict;
   verdict.precision = options.precision;
+  verdict.score_precision = options.score_precision;
   verdict.spec_description = describe(spec);
   compare_summaries(ctx, kernel, verdict);
   compare_scores(ctx, kernel, verdict);

@@ -180,8 +180,9 @@ TensorReport compare_tensor(const std::string& name, const std::vector<Matrix<do
 std::string Verdict::report() const {
   // -> the printable multi-line report; every tensor gets its line, pass or fail.
   std::ostringstream out;
-  out << "oracle: " << spec_description << " | kernel precision " << to_string(precision)
-      << " (u = " << format("%.3g", unit_roundoff(precision)) << ")\n";
+  out << "oracle: " << spec_description << " | kernel inputs " << to_string(precision)
+      << " (u = " << format("%.3g", unit_roundoff(precision)) << "), selection scores "
+      << to_string(score_precision) << "\n";
   out << format("  %-18s %10s %10s %10s %10s %10s %9s  %-24s %s\n", "tensor", "max_abs",
                 "max_rel", "nmse", "float_err", "tolerance", "headroom", "worst", "verdict");
   auto line = [&](const TensorReport& t) {

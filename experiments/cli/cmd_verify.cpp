@@ -186,6 +186,10 @@ VerifyFile read_verify_file(const fs::path& file) {
   v.options.precision = oracle::parse_input_precision(
       io::read_string_attribute(file, root, "/", "input_precision"),
       file.string() + ": / attribute input_precision");
+  if (io::has_attribute(root, "score_precision"))
+    v.options.score_precision = oracle::parse_input_precision(
+        io::read_string_attribute(file, root, "/", "score_precision"),
+        file.string() + ": / attribute score_precision");
   if (io::has_attribute(root, "kernel"))
     v.kernel_name = io::read_string_attribute(file, root, "/", "kernel");
   v.inputs = read_inputs(file, h5);

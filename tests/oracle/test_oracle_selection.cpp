@@ -163,3 +163,29 @@ TEST_CASE("group scores with one head order chunks as the surrogate scores", "[o
   CHECK(r(0, 3) == -std::numeric_limits<double>::infinity());
   CHECK(r(0, 1) - r(0, 0) == Approx(1.5));
 }
+
+TEST_CASE("with bf16 inputs a wrong chunk is still caught; bf16 scores widen the bound",
+          "[oracle][selection]") {
+  const auto& c = case_named("longer_blocks");
+  const auto inputs = round_inputs_to_bf16(cases::make_inputs<double>(c));
+  const MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
+  KernelOutputs kernel = float_kernel(spec, inputs, InputPrecision::bf16);
+  // Last query, group 0: its first selected chunk swapped for the first unselected candidate.
+  const int64_t t = c.T - 1, candidates = geometry_of(spec, c.T).candidate_count(t);
+  int32_t* row = kernel.selection[0].row(t).data();
+  int32_t spare = 0;
+  while (std::find(row, row + c.K, spare) != row + c.K) ++spare;
+  REQUIRE(spare < candidates);
+  const int32_t dropped = row[0];
+  row[0] = spare;
+  std::sort(row, row + c.K);
+  VerifyOptions options;
+  options.precision = InputPrecision::bf16;
+  const Verdict fp32_scores = verify(spec, inputs, kernel, options);
+  INFO(fp32_scores.report());
+  CHECK_FALSE(fp32_scores.selection.passed);
+  CHECK_THAT(fp32_scores.report(), Catch::Contains("chosen instead of " + std::to_string(dropped)));
+  options.score_precision = InputPrecision::bf16;
+  const Verdict bf16_scores = verify(spec, inputs, kernel, options);
+  CHECK(bf16_scores.selection.bound > 1000 * fp32_scores.selection.bound);
+}

@@ -81,6 +81,12 @@ struct Tolerances {
 
 struct VerifyOptions {
   InputPrecision precision = InputPrecision::fp32;
+  // Arithmetic behind the kernel's selection scores, for the selection margin bound. Kernels
+  // that read bf16 inputs but accumulate scores in fp32 (ours: "arithmetic is always fp32")
+  // keep the default; set bf16 for a kernel that rounds summaries or scores to bf16 (the
+  // authors' code rounds p), which widens the bound ~65000-fold. The inputs' own rounding is
+  // no error source: the oracle rounds its inputs the same way.
+  InputPrecision score_precision = InputPrecision::fp32;
   // Query slots the kernel computed (strictly ascending); empty = all T. Must match the rows
   // of every per-query output.
   std::vector<int64_t> queries;
@@ -154,6 +160,7 @@ struct SelectionReport {
 struct Verdict {
   bool passed = false;
   InputPrecision precision = InputPrecision::fp32;
+  InputPrecision score_precision = InputPrecision::fp32;
   std::string spec_description;
   SelectionReport selection;
   std::vector<TensorReport> tensors;
