@@ -125,3 +125,27 @@ TEST_CASE("verify rejects bad options with a clear error", "[oracle]") {
   CHECK_THROWS_WITH(verify(spec, inputs, float_kernel(spec, inputs), options),
                     Catch::Contains("queries[1]"));
 }
+
+TEST_CASE("the float reference passes on Table 5 ablations, group rules and softmax1",
+          "[oracle]") {
+  for (const char* name : {"gqa_group4", "peaked_attention"}) {
+    const auto& c = case_named(name);
+    const auto inputs = cases::make_inputs<double>(c);
+    std::vector<MechanismSpec> specs;
+    for (const auto& spec : table5_ablations()) specs.push_back(cases::with_case_geometry(spec, c));
+    for (GroupRule rule : {GroupRule::sum_probabilities, GroupRule::max_raw}) {
+      MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
+      spec.group_rule = rule;
+      spec.name = "hils/" + to_string(rule);
+      specs.push_back(spec);
+    }
+    MechanismSpec softmax1 = cases::with_case_geometry(preset("hils"), c);
+    softmax1.softmax1 = true;
+    specs.push_back(softmax1);
+    for (const auto& spec : specs) {
+      const Verdict verdict = verify(spec, inputs, float_kernel(spec, inputs));
+      INFO("case " << name << ", spec " << describe(spec) << "\n" << verdict.report());
+      CHECK(verdict.passed);
+    }
+  }
+}
