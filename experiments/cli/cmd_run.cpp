@@ -47,8 +47,11 @@ void apply_run_settings(RunPlan& plan, const nlohmann::json& o, const std::strin
     require(o["layers"].is_array(), where + ".layers", "an array of layer indices",
             o["layers"].dump());
     plan.layers.clear();
-    for (size_t i = 0; i < o["layers"].size(); ++i)
-      plan.layers.push_back(config::get_int(o["layers"], std::to_string(i), where + ".layers"));
+    for (const auto& layer : o["layers"]) {
+      require(layer.is_number_integer(), where + ".layers", "integer layer indices",
+              layer.dump());
+      plan.layers.push_back(layer.get<int64_t>());
+    }
   }
   if (o.contains("positional")) plan.positional = config::get_string(o, "positional", where);
   if (o.contains("rope_pairing")) plan.rope_pairing = config::get_string(o, "rope_pairing", where);
@@ -275,6 +278,9 @@ void run(const RunFlags& flags) {
   require(plan.last_queries <= meta.T, "last_queries", fmt::format("at most T={}", meta.T),
           std::to_string(plan.last_queries));
   for (const auto& spec : plan.mechanisms) check_layout(spec, meta, flags.input);
+  // Validate every layer before any output exists, so that bad input never leaves a partial
+  // results file behind (layers are read again, one at a time, when they are run).
+  for (int64_t l : plan.layers) io::read_activation_layer(flags.input, meta, l);
 
   io::Provenance provenance{plan_json(plan, flags.input, meta.T),
                             static_cast<uint64_t>(plan.seed), command_line()};

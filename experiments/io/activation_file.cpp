@@ -185,6 +185,7 @@ std::vector<Matrix<double>> read_heads(const std::filesystem::path& path, const 
                                        int64_t heads, int64_t rows, int64_t cols,
                                        const std::string& shape_text) {
   std::string full = group_name + "/" + name;
+  if (!has_object(group, name)) fail(path, full, "a dataset", "nothing at that path");
   auto dataset = open_dataset(path, group, name);
   require_float(path, full, dataset);
   require_dims(path, full, dataset, {heads, rows, cols}, shape_text);

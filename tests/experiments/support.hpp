@@ -1,0 +1,39 @@
+// Helpers for the experiments tests: a temporary folder per test, spawning `hils`, small files.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "io/activation_file.hpp"
+
+namespace hils::test {
+
+// A fresh folder under the system temp dir, removed at the end of the test.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name);
+  ~TempDir();
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs the hils executable with `args` (a shell-quoted string) and returns its exit code and
+// output.
+CommandResult run_hils(const std::string& args);
+
+// A small valid activation file: 2 layers, Hq=4, Hkv=2, T=40, d=8, dv=6, landmarks at S=8,
+// deterministic values from `seed`.
+io::ActivationFile small_activation_file(uint64_t seed);
+
+// Files in `folder` whose name contains ".tmp-" (left-over temporary files).
+int count_temp_files(const std::filesystem::path& folder);
+
+}  // namespace hils::test

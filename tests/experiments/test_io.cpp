@@ -1,0 +1,119 @@
+// Activation and results files through the library: round trips, atomic writes, resuming.
+#include <catch2/catch.hpp>
+
+#include "io/activation_file.hpp"
+#include "io/file_error.hpp"
+#include "io/results_file.hpp"
+#include "support.hpp"
+
+using hils::test::TempDir;
+namespace io = hils::io;
+
+TEST_CASE("activation files round-trip exactly in float64 and to float precision in float32",
+          "[io]") {
+  TempDir dir("io_roundtrip");
+  auto original = hils::test::small_activation_file(3);
+  io::write_activation_file(dir / "f64.h5", original, io::StorageType::float64);
+  io::write_activation_file(dir / "f32.h5", original, io::StorageType::float32);
+  auto f64 = io::read_activation_file(dir / "f64.h5");
+  auto f32 = io::read_activation_file(dir / "f32.h5");
+  CHECK(f64.meta.position_ids == original.meta.position_ids);
+  CHECK(f64.meta.landmarks == original.meta.landmarks);
+  CHECK(f64.meta.source == original.meta.source);
+  for (int64_t l = 0; l < 2; ++l) {
+    for (int64_t h = 0; h < 4; ++h) {
+      CHECK(f64.layers[l].inputs.q[h] == original.layers[l].inputs.q[h]);
+      double err = (f32.layers[l].inputs.q[h] - original.layers[l].inputs.q[h]).cwiseAbs().maxCoeff();
+      CHECK(err < 1e-6);
+      CHECK(err > 0);  // really stored as float32
+    }
+    CHECK(f64.layers[l].inputs.v[1] == original.layers[l].inputs.v[1]);
+    CHECK(f64.layers[l].hidden == original.layers[l].hidden);
+  }
+}
+
+TEST_CASE("the activation writer rejects data that disagree with the metadata", "[io]") {
+  TempDir dir("io_writer_checks");
+  auto file = hils::test::small_activation_file(4);
+  auto nan = file;
+  nan.layers[1].inputs.k[0](3, 2) = std::nan("");
+  CHECK_THROWS_WITH(io::write_activation_file(dir / "x.h5", nan),
+                    Catch::Contains("layer1/k") && Catch::Contains("NaN"));
+  auto shape = file;
+  shape.layers[0].inputs.v.pop_back();
+  CHECK_THROWS_WITH(io::write_activation_file(dir / "x.h5", shape),
+                    Catch::Contains("layer0/v"));
+  CHECK_FALSE(std::filesystem::exists(dir / "x.h5"));
+  CHECK(hils::test::count_temp_files(dir.path()) == 0);
+}
+
+TEST_CASE("results writer: nothing under the final name before commit", "[io]") {
+  TempDir dir("io_atomic");
+  auto path = dir / "r.h5";
+  {
+    auto writer = io::ResultsWriter::create(path, {{{"study", "x"}}, 9, "test"});
+    writer.write_vector("a/b", std::vector<double>{1, 2, 3}, "numbers");
+    CHECK_FALSE(std::filesystem::exists(path));
+    CHECK(hils::test::count_temp_files(dir.path()) == 1);
+  }  // destroyed without commit
+  CHECK_FALSE(std::filesystem::exists(path));
+  CHECK(hils::test::count_temp_files(dir.path()) == 0);
+}
+
+TEST_CASE("results writer: checkpoint publishes, commit finalizes, datasets are written once",
+          "[io]") {
+  TempDir dir("io_checkpoint");
+  auto path = dir / "r.h5";
+  auto writer = io::ResultsWriter::create(path, {{{"study", "x"}}, 9, "test"});
+  hils::Matrix<double> m(2, 3);
+  m << 1, 2, 3, 4, 5, 6;
+  writer.write_matrix("unit0/m", m, "a matrix");
+  writer.mark_complete("unit0");
+  writer.checkpoint();
+  {
+    io::ResultsReader reader(path);
+    CHECK(reader.matrix("unit0/m") == m);
+    CHECK(reader.int_attribute("unit0", "complete") == 1);
+  }
+  CHECK_THROWS_AS(writer.write_matrix("unit0/m", m, "again"), io::FileError);
+  hils::IndexMatrix sel(1, 2);
+  sel << 3, -1;
+  writer.write_indices("unit1/sel", sel, "selection");
+  writer.write_text("unit1/note", "hello", "a note");
+  writer.set_attribute("unit1", "alpha", 0.5);
+  writer.commit();
+  io::ResultsReader reader(path);
+  CHECK(reader.index_matrix("unit1/sel") == sel);
+  CHECK(reader.text("unit1/note") == "hello");
+  CHECK(reader.double_attribute("unit1", "alpha") == 0.5);
+  CHECK(reader.string_attribute("unit1/sel", "meaning") == "selection");
+  CHECK(reader.config() == nlohmann::json{{"study", "x"}});
+  CHECK(reader.string_attribute("", "seed_text") == "9");
+  CHECK(hils::test::count_temp_files(dir.path()) == 0);
+}
+
+TEST_CASE("results writer: resume keeps units and refuses another configuration", "[io]") {
+  TempDir dir("io_resume");
+  auto path = dir / "r.h5";
+  io::Provenance provenance{{{"study", "x"}, {"n", 1}}, 1, "test"};
+  {
+    auto writer = io::ResultsWriter::create(path, provenance);
+    writer.write_vector("u0/x", std::vector<double>{1}, "x");
+    writer.mark_complete("u0");
+    writer.commit();
+  }
+  {
+    auto writer = io::ResultsWriter::resume(path, provenance);
+    CHECK(writer.is_complete("u0"));
+    CHECK_FALSE(writer.is_complete("u1"));
+    writer.write_vector("u1/x", std::vector<double>{2}, "x");
+    writer.mark_complete("u1");
+    writer.commit();
+  }
+  auto other = provenance;
+  other.config["n"] = 2;
+  CHECK_THROWS_WITH(io::ResultsWriter::resume(path, other), Catch::Contains("config"));
+  CHECK_NOTHROW(io::ResultsWriter::resume(path, other, {"n"}));
+  io::ResultsReader reader(path);
+  CHECK(reader.members("") == std::vector<std::string>{"u0", "u1"});
+}
