@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdio>
 
 #include "oracle_support.hpp"
 
@@ -147,5 +148,32 @@ TEST_CASE("the float reference passes on Table 5 ablations, group rules and soft
       INFO("case " << name << ", spec " << describe(spec) << "\n" << verdict.report());
       CHECK(verdict.passed);
     }
+  }
+}
+
+// Hidden (run with `test_oracle "[.report]"`): the largest headroom of the float reference as
+// the kernel, per case and preset, in fp32 and bf16 — how close a correct kernel comes to the
+// tolerance.
+TEST_CASE("headroom table of the float reference", "[.report]") {
+  std::printf("%-26s %-10s %-6s %9s  %-16s %s\n", "case", "preset", "prec", "headroom", "tensor",
+              "selection rows differing/accepted");
+  for (const auto& c : cases::kCaseTable) {
+    const auto inputs = cases::make_inputs<double>(c);
+    for (const auto& spec : specs_for(c))
+      for (InputPrecision p : {InputPrecision::fp32, InputPrecision::bf16}) {
+        const Verdict v = verify(spec, inputs, float_kernel(spec, inputs, p), {p});
+        double worst = 0;
+        std::string where;
+        for (const auto& t : v.tensors)
+          if (t.headroom >= worst) {
+            worst = t.headroom;
+            where = t.name;
+          }
+        std::printf("%-26s %-10s %-6s %9.3g  %-16s %lld/%lld %s\n", c.name, spec.name.c_str(),
+                    to_string(p).c_str(), worst, where.c_str(),
+                    static_cast<long long>(v.selection.rows_differing),
+                    static_cast<long long>(v.selection.rows_accepted), v.passed ? "" : "FAIL");
+        CHECK(v.passed);
+      }
   }
 }
