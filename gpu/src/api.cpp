@@ -166,9 +166,12 @@ void select_chunks(const MechanismSpec& spec, const Shape& shape, const DeviceIn
   validate(spec, shape, in);
   require(spec.key_rule != KeyRule::exact || exact != nullptr, "exact",
           "L(t,c) scores for key_rule exact", "null");
-  detail::launch_select(params_of(spec, shape, in), key, bias,
-                        spec.key_rule == KeyRule::exact ? exact : nullptr, lse_swa, selection,
-                        selected_score, stream);
+  const detail::LaunchParams p = params_of(spec, shape, in);
+  if (g_packed_kernels && spec.key_rule != KeyRule::exact && detail::packed_select_applies(p))
+    detail::launch_select_packed(p, key, bias, lse_swa, selection, selected_score, stream);
+  else
+    detail::launch_select(p, key, bias, spec.key_rule == KeyRule::exact ? exact : nullptr,
+                          lse_swa, selection, selected_score, stream);
   check_launch("select_chunks");
 }
 

@@ -52,3 +52,13 @@ void launch_fuse_packed(const LaunchParams& p, const int32_t* selection,
                         float* o, float* lse, cudaStream_t stream);
 
 }  // namespace hils::gpu::detail
+
+namespace hils::gpu::detail {
+
+// Tensor-core scoring + top-K (select_packed.cu): bf16 q~, d = 64, G | 16, 1 <= K <= 64.
+bool packed_select_applies(const LaunchParams& p);
+void launch_select_packed(const LaunchParams& p, const float* key, const float* bias,
+                          const float* lse_swa, int32_t* selection, float* selected_score,
+                          cudaStream_t stream);
+
+}  // namespace hils::gpu::detail

@@ -1,0 +1,285 @@
+// Scoring and top-K on tensor cores (SPEC §5, Eq. 2, 8): a block owns 64 adjacent queries of one
+// KV group; each warp 16 of them. Pass 1 accumulates log Z_hat(t,h) per head over tiles of 64
+// candidate chunks (s_hat = q~ . k' with k' rounded to bf16, fp32 accumulate); pass 2 forms the
+// group score per tile and offers it to a per-query top-K list in shared memory. The reported
+// selected_score is recomputed in fp32 from the fp32 summaries.
+// Fast path only: bf16 q~, d = 64, G in {1, 2, 4, 8, 16}, K <= 64, summary key rules.
+#include "launch_params.hpp"
+#include "mma_common.cuh"
+
+namespace hils::gpu::detail {
+namespace {
+
+constexpr int kQueries = 64;     // queries per block, 16 per warp
+constexpr int kRPitch = 65;      // fp32 per row of the group-score tile
+constexpr int kGroupMaxNormalized = 0, kGroupSumProbabilities = 1;
+
+struct SelectShared {
+  float* r;          // [64][kRPitch] group scores of the current tile
+  float* log_z;      // [G][64]
+  float* value;      // [64][K]
+  int32_t* index;    // [64][K]
+  int32_t* count;    // [64]
+  int32_t* worst;    // [64]
+  float* bias;       // [64] bias of the current head's tile
+};
+
+// k'_h rows [c0, c0 + 64) as bf16 into smem (zeros past n_chunks), and their biases.
+__device__ void load_summary_tile(__nv_bfloat16 (*dst)[kTilePitch], float* bias_dst,
+                                  const float* key, const float* bias, int64_t c0,
+                                  int64_t n_chunks) {
+  for (int seg = threadIdx.x; seg < kTileDim * 16; seg += kPackedThreads) {
+    const int row = seg / 16, col = (seg % 16) * 4;
+    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (c0 + row < n_chunks) x = *reinterpret_cast<const float4*>(key + (c0 + row) * kTileDim + col);
+    *reinterpret_cast<uint32_t*>(&dst[row][col]) = pack_bf16(x.x, x.y);
+    *reinterpret_cast<uint32_t*>(&dst[row][col + 2]) = pack_bf16(x.z, x.w);
+  }
+  for (int row = threadIdx.x; row < kTileDim; row += kPackedThreads)
+    bias_dst[row] = c0 + row < n_chunks ? bias[c0 + row] : 0.0f;
+}
+
+// s_hat of the warp's 16 queries against the tile (kNegInf where c >= |V(t)|).
+__device__ void tile_scores(float (&s)[8][4], const uint32_t (&qa)[4][4],
+                            const __nv_bfloat16 (*tile)[kTilePitch], const float* bias,
+                            float scale, int64_t c0, const int64_t (&n_cand)[2]) {
+  const int lane = threadIdx.x % kWarp;
+  qk_tile(s, qa, tile);
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = nt * 8 + (lane % 4) * 2 + (e % 2);
+      s[nt][e] = c0 + col < n_cand[e / 2] ? s[nt][e] * scale + bias[col] : kNegInf;
+    }
+}
+
+__device__ void load_query_fragments(uint32_t (&qa)[4][4], const LaunchParams& p, int64_t h,
+                                     const int64_t (&t)[2]) {
+  const auto* q = static_cast<const __nv_bfloat16*>(p.q_retrieval) + h * p.T * kTileDim;
+  load_q_fragments(qa, t[0] < p.T ? q + t[0] * kTileDim : nullptr,
+                   t[1] < p.T ? q + t[1] * kTileDim : nullptr);
+}
+
+// The worst entry of a full list: lowest value, and of equal values the highest index.
+__device__ int worst_of(const float* value, const int32_t* index, int K) {
+  const int lane = threadIdx.x % kWarp;
+  float best_v = __builtin_huge_valf();
+  int best_i = -1, best_pos = -1;
+  for (int e = lane; e < K; e += kWarp)
+    if (value[e] < best_v || (value[e] == best_v && index[e] > best_i))
+      best_v = value[e], best_i = index[e], best_pos = e;
+  for (int off = kWarp / 2; off > 0; off /= 2) {
+    const float v = __shfl_xor_sync(0xffffffffu, best_v, off);
+    const int i = __shfl_xor_sync(0xffffffffu, best_i, off);
+    const int pos = __shfl_xor_sync(0xffffffffu, best_pos, off);
+    if (v < best_v || (v == best_v && i > best_i)) best_v = v, best_i = i, best_pos = pos;
+  }
+  return best_pos;
+}
+
+// Offers the 64 scores of one query's tile row (ascending chunks from c0) to its list.
+__device__ void offer_tile(const SelectShared& sh, int q, int64_t c0, int64_t n_cand, int K) {
+  const int lane = threadIdx.x % kWarp;
+  float* value = sh.value + q * K;
+  int32_t* index = sh.index + q * K;
+  int n = sh.count[q], worst = sh.worst[q];
+  for (int half = 0; half < 2; ++half) {
+    const int64_t c = c0 + half * kWarp + lane;
+    const bool valid = c < n_cand;
+    const float r = valid ? sh.r[q * kRPitch + half * kWarp + lane] : kNegInf;
+    const float worst_v = n == K ? value[worst] : kNegInf;
+    unsigned pending = __ballot_sync(0xffffffffu, valid && (n < K || r > worst_v));
+    while (pending != 0u) {
+      const int src = __ffs(pending) - 1;
+      pending &= pending - 1;
+      const float rv = __shfl_sync(0xffffffffu, r, src);
+      // Candidates arrive in ascending chunk order: only a strictly larger score displaces.
+      int slot;
+      if (n < K) slot = n++;
+      else if (rv > value[worst]) slot = worst;
+      else continue;
+      if (lane == 0) value[slot] = rv, index[slot] = static_cast<int32_t>(c0 + half * kWarp + src);
+      __syncwarp();
+      if (n == K) worst = worst_of(value, index, K);
+      __syncwarp();
+    }
+  }
+  if (lane == 0) sh.count[q] = n, sh.worst[q] = worst;
+  __syncwarp();
+}
+
+// Writes query q's list ascending, -1 padded, with fp32 s_hat of every head of the group.
+__device__ void write_selection(const LaunchParams& p, const SelectShared& sh, int q, int64_t t,
+                                int64_t g, int G, const float* key, const float* bias,
+                                int32_t* selection, float* selected_score) {
+  const int lane = threadIdx.x % kWarp;
+  const int K = static_cast<int>(p.K);
+  const int n = sh.count[q];
+  const int64_t n_chunks = p.T / p.S;
+  const auto* qr = static_cast<const __nv_bfloat16*>(p.q_retrieval);
+  for (int e = lane; e < K; e += kWarp) {
+    const int32_t c = e < n ? sh.index[q * K + e] : -1;
+    int rank = e;
+    if (e < n) {
+      rank = 0;
+      for (int f = 0; f < n; ++f) rank += sh.index[q * K + f] < c;
+    }
+    selection[(g * p.T + t) * K + rank] = c;
+    for (int hg = 0; hg < G; ++hg) {
+      const int64_t h = g * G + hg;
+      float score = kNegInf;
+      if (c >= 0) {
+        const __nv_bfloat16* qt = qr + (h * p.T + t) * kTileDim;
+        const float* kc = key + (h * n_chunks + c) * kTileDim;
+        float acc = 0.0f;
+        for (int i = 0; i < kTileDim; ++i) acc = fmaf(__bfloat162float(qt[i]), kc[i], acc);
+        score = p.scale * acc + bias[h * n_chunks + c];
+      }
+      selected_score[(h * p.T + t) * K + rank] = score;
+    }
+  }
+}
+
+template <int G>
+__global__ void __launch_bounds__(kPackedThreads)
+    select_packed_kernel(LaunchParams p, const float* key, const float* bias,
+                         const float* lse_swa, int32_t* selection, float* selected_score) {
+  __shared__ __align__(16) __nv_bfloat16 tile[kTileDim][kTilePitch];
+  extern __shared__ float dyn[];
+  const int K = static_cast<int>(p.K);
+  const SelectShared sh{dyn,
+                        dyn + kQueries * kRPitch,
+                        dyn + kQueries * kRPitch + G * kQueries,
+                        reinterpret_cast<int32_t*>(dyn + kQueries * kRPitch + G * kQueries + kQueries * K),
+                        reinterpret_cast<int32_t*>(dyn + kQueries * kRPitch + G * kQueries + 2 * kQueries * K),
+                        reinterpret_cast<int32_t*>(dyn + kQueries * kRPitch + G * kQueries + 2 * kQueries * K + kQueries),
+                        dyn + kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries};
+  const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kQueries, g = blockIdx.y;
+  const int64_t n_chunks = geo.n_chunks();
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
+  const int64_t t[2] = {t0 + row[0], t0 + row[1]};
+  const int64_t n_cand[2] = {t[0] < p.T ? geo.candidate_count(t[0]) : 0,
+                             t[1] < p.T ? geo.candidate_count(t[1]) : 0};
+  const int64_t t_last = t0 + kQueries - 1 < p.T - 1 ? t0 + kQueries - 1 : p.T - 1;
+  const int64_t max_cand = geo.candidate_count(t_last);
+  for (int q = threadIdx.x; q < kQueries; q += kPackedThreads) sh.count[q] = 0, sh.worst[q] = 0;
+  __syncthreads();
+  uint32_t qa[4][4];
+  float s[8][4];
+  // Pass 1: log Z_hat(t,h) = logaddexp(lse_swa, LSE over V(t) of s_hat), per head.
+  if (p.group_rule != 2) {
+    for (int hg = 0; hg < G; ++hg) {
+      const int64_t h = g * G + hg;
+      load_query_fragments(qa, p, h, t);
+      float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};
+      for (int64_t c0 = 0; c0 < max_cand; c0 += kTileDim) {
+        __syncthreads();
+        load_summary_tile(tile, sh.bias, key + h * n_chunks * kTileDim, bias + h * n_chunks, c0,
+                          n_chunks);
+        __syncthreads();
+        tile_scores(s, qa, tile, sh.bias, p.scale, c0, n_cand);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          float tile_max = kNegInf;
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
+          tile_max = quad_max(tile_max);
+          const float m_new = fmaxf(m[i], tile_max);
+          float sum = 0.0f;
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) sum += exp_diff(s[nt][2 * i], m_new) + exp_diff(s[nt][2 * i + 1], m_new);
+          l[i] = l[i] * exp_diff(m[i], m_new) + quad_sum(sum);
+          m[i] = m_new;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float swa = t[i] < p.T ? lse_swa[h * p.T + t[i]] : 0.0f;
+        const float top = fmaxf(m[i], swa);
+        const float z = top + __logf(exp_diff(m[i], top) * l[i] + exp_diff(swa, top));
+        if (lane % 4 == 0) sh.log_z[hg * kQueries + row[i]] = z;
+      }
+    }
+  }
+  // Pass 2: group score per tile, offered to each query's top-K list.
+  for (int64_t c0 = 0; c0 < max_cand; c0 += kTileDim) {
+    float r[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) r[nt][e] = p.group_rule == kGroupSumProbabilities ? 0.0f : kNegInf;
+    for (int hg = 0; hg < G; ++hg) {
+      const int64_t h = g * G + hg;
+      load_query_fragments(qa, p, h, t);
+      __syncthreads();
+      load_summary_tile(tile, sh.bias, key + h * n_chunks * kTileDim, bias + h * n_chunks, c0,
+                        n_chunks);
+      __syncthreads();
+      tile_scores(s, qa, tile, sh.bias, p.scale, c0, n_cand);
+      const float z[2] = {sh.log_z[hg * kQueries + row[0]], sh.log_z[hg * kQueries + row[1]]};
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (p.group_rule == kGroupMaxNormalized) r[nt][e] = fmaxf(r[nt][e], s[nt][e] - z[e / 2]);
+          else if (p.group_rule == kGroupSumProbabilities) r[nt][e] += exp_diff(s[nt][e], z[e / 2]);
+          else r[nt][e] = fmaxf(r[nt][e], s[nt][e]);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        sh.r[row[e / 2] * kRPitch + nt * 8 + (lane % 4) * 2 + (e % 2)] = r[nt][e];
+    __syncwarp();
+    // Each warp ranks its own 16 queries: no block barrier needed for sh.r rows.
+    for (int q = warp * 16; q < warp * 16 + 16; ++q)
+      if (t0 + q < p.T) offer_tile(sh, q, c0, geo.candidate_count(t0 + q), K);
+  }
+  __syncwarp();
+  for (int q = warp * 16; q < warp * 16 + 16; ++q)
+    if (t0 + q < p.T) write_selection(p, sh, q, t0 + q, g, G, key, bias, selection, selected_score);
+}
+
+size_t select_smem_bytes(int64_t G, int64_t K) {
+  return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries + kTileDim) * 4;
+}
+
+template <int G>
+void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
+                     const float* lse_swa, int32_t* selection, float* selected_score,
+                     cudaStream_t stream) {
+  const size_t smem = select_smem_bytes(G, p.K);
+  if (smem > 48 * 1024)
+    cudaFuncSetAttribute(select_packed_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(smem));
+  const dim3 grid(static_cast<unsigned>((p.T + kQueries - 1) / kQueries),
+                  static_cast<unsigned>(p.Hkv));
+  select_packed_kernel<G><<<grid, kPackedThreads, smem, stream>>>(p, key, bias, lse_swa,
+                                                                  selection, selected_score);
+}
+
+}  // namespace
+
+bool packed_select_applies(const LaunchParams& p) {
+  const int64_t G = p.Hq / p.Hkv;
+  return p.bf16 && p.d == kTileDim && p.K >= 1 && p.K <= 64 && p.key_rule != 0 &&
+         (G == 1 || G == 2 || G == 4 || G == 8 || G == 16);
+}
+
+void launch_select_packed(const LaunchParams& p, const float* key, const float* bias,
+                          const float* lse_swa, int32_t* selection, float* selected_score,
+                          cudaStream_t stream) {
+  switch (p.Hq / p.Hkv) {
+    case 1: return launch_select_g<1>(p, key, bias, lse_swa, selection, selected_score, stream);
+    case 2: return launch_select_g<2>(p, key, bias, lse_swa, selection, selected_score, stream);
+    case 4: return launch_select_g<4>(p, key, bias, lse_swa, selection, selected_score, stream);
+    case 8: return launch_select_g<8>(p, key, bias, lse_swa, selection, selected_score, stream);
+    default: return launch_select_g<16>(p, key, bias, lse_swa, selection, selected_score, stream);
+  }
+}
+
+}  // namespace hils::gpu::detail
