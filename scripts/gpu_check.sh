@@ -98,4 +98,7 @@ if [ "$BENCH" = 1 ]; then
   PYTHONUNBUFFERED=1 python3 "$ROOT/gpu/bench/bench_hils.py" --lib "$BUILD/gpu/libhils_gpu_c.so" \
     --max-T "${HILS_BENCH_MAX_T:-524288}" --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" || status=1
 fi
+# At most 8 files come back from the device machine: logs go into one archive.
+tar -C "$OUT" -czf "$OUT/logs.tar.gz" --remove-files \
+  $(cd "$OUT" && ls configure.log build.log ctest.log test_report.log memcheck.log dump.log bench.log 2>/dev/null)
 exit $status

@@ -143,6 +143,12 @@ oracle::InputPrecision precision_of(DType dtype) {
   return dtype == DType::bf16 ? oracle::InputPrecision::bf16 : oracle::InputPrecision::fp32;
 }
 
+oracle::InputPrecision score_precision_of(DType dtype, int64_t d, const MechanismSpec& spec) {
+  const bool packed_select = dtype == DType::bf16 && d == 64 && packed_kernels() &&
+                             spec.key_rule != KeyRule::exact && spec.K >= 1 && spec.K <= 64;
+  return packed_select ? oracle::InputPrecision::bf16 : oracle::InputPrecision::fp32;
+}
+
 const char* name_of(DType dtype) { return dtype == DType::bf16 ? "bf16" : "fp32"; }
 
 }  // namespace hils::gpu::testing

@@ -63,6 +63,9 @@ std::vector<IndexMatrix> index_heads_of(const GuardedBuffer& buffer, int64_t H, 
                                         int64_t cols);
 
 oracle::InputPrecision precision_of(DType dtype);
+// Precision of the kernel's selection scores: bf16 where the packed selection runs (it rounds
+// the summaries k' to bf16 for the tensor cores), else fp32.
+oracle::InputPrecision score_precision_of(DType dtype, int64_t d, const MechanismSpec& spec);
 const char* name_of(DType dtype);
 
 }  // namespace hils::gpu::testing

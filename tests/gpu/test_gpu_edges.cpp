@@ -175,6 +175,7 @@ TEST_CASE("gpu selection with exact and near ties passes the oracle", "[gpu]") {
         out.selection = gt::index_heads_of(selection, c.Hkv, c.T, c.K);
         oracle::VerifyOptions options;
         options.precision = gt::precision_of(dtype);
+        options.score_precision = gt::score_precision_of(dtype, c.d, spec);
         const auto verdict = oracle::verify(spec, inputs, out, options);
         std::cout << "=== near-tie " << perturbation << " [" << gt::name_of(dtype) << "] "
                   << preset << "\n" << verdict.report();

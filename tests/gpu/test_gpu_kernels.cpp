@@ -101,6 +101,7 @@ bool check_mechanism(const MechanismSpec& spec, const AttentionInputs<double>& i
   const KernelRun run = run_on_device(spec, inputs, dtype);
   oracle::VerifyOptions options;
   options.precision = gt::precision_of(dtype);
+  options.score_precision = gt::score_precision_of(dtype, inputs.d(), spec);
   const oracle::Verdict verdict = oracle::verify(spec, inputs, run.out, options);
   std::cout << "=== " << label << " [" << gt::name_of(dtype) << "] " << spec.name << "\n"
             << verdict.report();

@@ -1,0 +1,73 @@
+"""Dumps our kernels' inputs and outputs in the `hils verify` format (data/verify_format.md):
+verify_hils.h5 (the hils preset on the packed bf16 path) and verify_shifted_window.h5 (the
+kernel run with W + S but the file declaring W: `hils verify` must catch it). Run by
+scripts/gpu_check.sh on the device machine; the other broken variants are derived from
+verify_hils.h5 afterwards with scripts' help, wherever h5py is at hand."""
+import argparse
+import json
+import os
+import sys
+
+import h5py
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import hils_ctypes as hc  # noqa: E402
+
+T, HQ, HKV, D, S, W, K = 1024, 8, 2, 64, 64, 256, 8
+
+
+def run(lib, q, k, v, q_retrieval, window):
+    p = hc.make_problem(q, k, v, S, window, K, "hils", q_retrieval=q_retrieval)
+    st = hc.Stages(lib, p)
+    st.forward()
+    torch.cuda.synchronize()
+    return st
+
+
+def write(path, spec, q, k, v, q_retrieval, st, kernel):
+    tmp = path + ".tmp"
+    f32 = lambda t: t.float().cpu().numpy()
+    with h5py.File(tmp, "w") as f:
+        f.attrs["format"] = "hils-verify"
+        f.attrs["format_version"] = np.int64(1)
+        f.attrs["spec"] = json.dumps(spec)
+        f.attrs["input_precision"] = "bf16"
+        f.attrs["score_precision"] = "bf16"  # the packed selection rounds k' to bf16
+        f.attrs["kernel"] = kernel
+        f["inputs/q"], f["inputs/k"], f["inputs/v"] = f32(q), f32(k), f32(v)
+        f["inputs/q_retrieval"] = f32(q_retrieval)
+        f["outputs/o"], f["outputs/lse"] = f32(st.o), f32(st.lse)
+        f["outputs/o_window"], f["outputs/lse_window"] = f32(st.o_swa), f32(st.lse_swa)
+        f["outputs/selection"] = st.selection.cpu().numpy().astype(np.int32)
+        f["outputs/summary_key"] = f32(st.key)
+        f["outputs/summary_bias"] = f32(st.bias)
+    os.replace(tmp, path)
+    print(f"wrote {path}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    lib = hc.Library(args.lib)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(20261121)
+    bf = dict(device="cuda", dtype=torch.bfloat16, generator=gen)
+    q = torch.randn(HQ, T, D, **bf)
+    k = torch.randn(HKV, T, D, **bf)
+    v = torch.randn(HKV, T, D, **bf)
+    q_retrieval = (q.float() + 0.3 * torch.randn(HQ, T, D, device="cuda", generator=gen)).bfloat16()
+    spec = {"preset": "hils", "S": S, "W": W, "K": K, "landmarks": True}
+    good = run(lib, q, k, v, q_retrieval, W)
+    write(os.path.join(args.out, "verify_hils.h5"), spec, q, k, v, q_retrieval, good,
+          "hils::gpu v2 packed bf16")
+    shifted = run(lib, q, k, v, q_retrieval, W + S)
+    write(os.path.join(args.out, "verify_shifted_window.h5"), spec, q, k, v, q_retrieval, shifted,
+          "hils::gpu v2 packed bf16, run with W + S (broken on purpose)")
+
+
+if __name__ == "__main__":
+    main()
