@@ -358,3 +358,23 @@ TEST_CASE("info describes activation and results files", "[cli]") {
   CHECK(doc["landmark_slots"] == 5);
   CHECK(doc["n_layers"] == 2);
 }
+
+TEST_CASE("the example configurations in experiments/configs run", "[cli]") {
+  TempDir dir("examples");
+  const fs::path configs = fs::path(HILS_SOURCE_DIR) / "experiments" / "configs";
+  auto acts = dir / "acts.h5";
+  auto dump = run_hils("-q dump synthetic -c " + q(configs / "synthetic_example.toml") +
+                       " -T 300 -o " + q(acts));
+  INFO(dump.output);
+  REQUIRE(dump.exit_code == 0);
+  auto run = run_hils("-q run " + q(acts) + " -c " + q(configs / "run_example.toml") + " -o " +
+                      q(dir / "out.h5"));
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  hils::io::ResultsReader results(dir / "out.h5");
+  CHECK(results.members("") ==
+        std::vector<std::string>{"full", "hils", "hils_mean_pooling", "nsa"});
+  auto meta = hils::io::read_activation_meta(acts);
+  CHECK(meta.T == 300);  // the flag won over the file's T = 1024
+  CHECK(meta.rotated);
+}
