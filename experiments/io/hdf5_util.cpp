@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
+#include <cstring>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -322,6 +324,47 @@ H5::DataSet write_text(H5::Group& location, const std::string& name, const std::
 
 namespace {
 
+// Temporary files alive right now, so that SIGINT/SIGTERM/SIGHUP can remove them before the
+// process dies (destructors do not run on a signal). Fixed storage: the handler may only call
+// async-signal-safe functions.
+constexpr int kMaxLiveTemps = 32;
+constexpr size_t kMaxPathBytes = 4096;
+char g_live_temps[kMaxLiveTemps][kMaxPathBytes];
+volatile std::sig_atomic_t g_live_used[kMaxLiveTemps];
+
+void remove_live_temps_and_die(int signal_number) {
+  for (int i = 0; i < kMaxLiveTemps; ++i)
+    if (g_live_used[i]) ::unlink(g_live_temps[i]);
+  std::signal(signal_number, SIG_DFL);
+  std::raise(signal_number);
+}
+
+void install_signal_cleanup() {
+  static bool installed = false;
+  if (installed) return;
+  installed = true;
+  for (int signal_number : {SIGINT, SIGTERM, SIGHUP})
+    std::signal(signal_number, remove_live_temps_and_die);
+}
+
+void register_temp(const std::filesystem::path& path) {
+  install_signal_cleanup();
+  const std::string text = path.string();
+  if (text.size() >= kMaxPathBytes) return;  // too long to track; still removed on exceptions
+  for (int i = 0; i < kMaxLiveTemps; ++i) {
+    if (g_live_used[i]) continue;
+    std::memcpy(g_live_temps[i], text.c_str(), text.size() + 1);
+    g_live_used[i] = 1;
+    return;
+  }
+}
+
+void unregister_temp(const std::filesystem::path& path) {
+  const std::string text = path.string();
+  for (int i = 0; i < kMaxLiveTemps; ++i)
+    if (g_live_used[i] && text == g_live_temps[i]) g_live_used[i] = 0;
+}
+
 std::filesystem::path temp_name_for(const std::filesystem::path& final_path) {
   static std::atomic<int> counter{0};
   auto name = fmt::format(".{}.tmp-{}-{}", final_path.filename().string(), ::getpid(),
@@ -349,9 +392,12 @@ TempFile::TempFile(const std::filesystem::path& final_path)
     : final_(final_path), temp_(temp_name_for(final_path)) {
   require_writable_folder(final_);
   // Create it now so that permission problems surface before any work is done.
+  register_temp(temp_);
   std::ofstream probe(temp_, std::ios::binary);
-  if (!probe)
+  if (!probe) {
+    unregister_temp(temp_);
     fail(final_, "", "a writable output folder", "cannot create " + temp_.string());
+  }
   active_ = true;
 }
 
@@ -359,6 +405,7 @@ TempFile::~TempFile() {
   if (active_) {
     std::error_code ec;
     std::filesystem::remove(temp_, ec);
+    unregister_temp(temp_);
   }
 }
 
@@ -372,6 +419,7 @@ TempFile& TempFile::operator=(TempFile&& other) noexcept {
     if (active_) {
       std::error_code ec;
       std::filesystem::remove(temp_, ec);
+      unregister_temp(temp_);
     }
     final_ = std::move(other.final_);
     temp_ = std::move(other.temp_);
@@ -385,15 +433,18 @@ void TempFile::publish() {
   std::error_code ec;
   std::filesystem::rename(temp_, final_, ec);
   if (ec) fail(final_, "", "a rename of the finished temporary file", ec.message());
+  unregister_temp(temp_);
   active_ = false;
 }
 
 void TempFile::publish_copy() const {
   auto second = temp_name_for(final_);
+  register_temp(second);
   std::error_code ec;
   std::filesystem::copy_file(temp_, second, std::filesystem::copy_options::overwrite_existing,
                              ec);
   if (!ec) std::filesystem::rename(second, final_, ec);
+  unregister_temp(second);
   if (ec) {
     std::error_code ignored;
     std::filesystem::remove(second, ignored);
