@@ -15,6 +15,7 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// printf-style formatting into a std::string (the analysis library has no fmt).
 template <class... Args>
 std::string format(const char* pattern, Args... args) {
   char buffer[512];
@@ -32,6 +33,7 @@ struct Magnitudes {
   double lse = 0;           // bound on any log-normaliser: logits plus log of the term count
 };
 
+// Heads -> max |x| over all of them.
 double max_abs(const std::vector<Matrix<double>>& heads) {
   double m = 0;
   for (const auto& x : heads) m = std::max(m, x.size() ? x.cwiseAbs().maxCoeff() : 0.0);
@@ -119,6 +121,7 @@ struct Context {
   int64_t G = 1;
 };
 
+// Inputs in double -> the same inputs rounded to float (the baseline's inputs).
 AttentionInputs<float> to_float(const AttentionInputs<double>& in) {
   AttentionInputs<float> out;
   auto cast = [](const std::vector<Matrix<double>>& heads) {
@@ -134,6 +137,7 @@ AttentionInputs<float> to_float(const AttentionInputs<double>& in) {
   return out;
 }
 
+// The query list (empty = all T) -> explicit slots, checked strictly ascending in [0, T).
 std::vector<int64_t> resolve_queries(const std::vector<int64_t>& queries, int64_t T) {
   if (queries.empty()) {
     std::vector<int64_t> all(static_cast<size_t>(T));
@@ -148,6 +152,7 @@ std::vector<int64_t> resolve_queries(const std::vector<int64_t>& queries, int64_
   return queries;
 }
 
+// spec, inputs, options -> validated context with the double and float reference runs.
 Context make_context(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                      const VerifyOptions& options) {
   spec.validate();
@@ -169,6 +174,7 @@ Context make_context(const MechanismSpec& spec, const AttentionInputs<double>& i
 
 // ---- summaries ------------------------------------------------------------------------------
 
+// Summaries of query head h (SPEC §4) in Scalar, from the spec's prior rule.
 template <class Scalar>
 ChunkSummaries<Scalar> summaries_of(const Context& ctx, const AttentionInputs<Scalar>& inputs,
                                     int64_t h) {
@@ -241,6 +247,7 @@ std::string diagnose_window(const Context& ctx, const std::vector<Matrix<double>
   return "";
 }
 
+// Kernel o_window/lse_window [Hq x Tq (x dv)] -> reports, with a shifted-window diagnosis.
 void compare_window(const Context& ctx, const KernelOutputs& kernel, Verdict& verdict) {
   const auto p = ctx.options.precision;
   using H = HeadOutputs<double>;
@@ -264,6 +271,7 @@ void compare_window(const Context& ctx, const KernelOutputs& kernel, Verdict& ve
 
 // ---- scores and selection -------------------------------------------------------------------
 
+// Kernel s_hat [Hq x Tq x n_chunks (+1)] -> one report; -inf outside V(t) must match.
 void compare_scores(const Context& ctx, const KernelOutputs& kernel, Verdict& verdict) {
   if (!ctx.spec.selects() || kernel.surrogate_scores.empty()) return;
   std::vector<std::string> problems;
@@ -363,6 +371,7 @@ std::string malformed_row(const IndexMatrix& sel, Eigen::Index row, int64_t t, i
   return "";
 }
 
+// One selection row -> its set of chunks (without the -1 padding).
 std::set<int64_t> row_set(const IndexMatrix& sel, Eigen::Index row) {
   std::set<int64_t> s;
   for (Eigen::Index i = 0; i < sel.cols(); ++i)
@@ -475,6 +484,7 @@ std::string diagnose_softmax1(const Context& ctx, const std::vector<IndexMatrix>
                "have (spec.softmax1 = false)";
 }
 
+// Kernel o, lse, fusion weights -> reports against the fusion of `selection` (Eq. 3, 10).
 void compare_fused(const Context& ctx, const KernelOutputs& kernel,
                    const std::vector<IndexMatrix>& selection, Verdict& verdict) {
   using H = HeadOutputs<double>;
