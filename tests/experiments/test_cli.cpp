@@ -300,6 +300,7 @@ TEST_CASE("flags win over the TOML file", "[cli]") {
   auto r = run_hils("run " + q(acts) + " -o " + q(out) + " -c " + q(dir / "run.toml") + " -K 2");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find('\r') == std::string::npos);  // no progress bar when not on a terminal
   hils::io::ResultsReader results(out);
   CHECK(results.config()["mechanisms"][0]["K"] == 2);
   CHECK(results.config()["layers"] == nlohmann::json::array({1}));
