@@ -64,6 +64,13 @@ def main():
     good = run(lib, q, k, v, q_retrieval, W)
     write(os.path.join(args.out, "verify_hils.h5"), spec, q, k, v, q_retrieval, good,
           "hils::gpu v2 packed bf16")
+    # Peaked attention (queries x 4): chunk scores spread widely, so one wrong chunk is a
+    # large error (on flat random data a single swap can sit inside the bf16 tolerance).
+    qp = (q.float() * 4).bfloat16()
+    qrp = (q_retrieval.float() * 4).bfloat16()
+    peaked = run(lib, qp, k, v, qrp, W)
+    write(os.path.join(args.out, "verify_hils_peaked.h5"), spec, qp, k, v, qrp, peaked,
+          "hils::gpu v2 packed bf16, peaked queries")
     shifted = run(lib, q, k, v, q_retrieval, W + S)
     write(os.path.join(args.out, "verify_shifted_window.h5"), spec, q, k, v, q_retrieval, shifted,
           "hils::gpu v2 packed bf16, run with W + S (broken on purpose)")

@@ -114,3 +114,28 @@ __device__ __forceinline__ float quad_sum(float x) {
 }
 
 }  // namespace hils::gpu::detail
+
+namespace hils::gpu::detail {
+
+// 16-byte asynchronous copy global -> shared (zero-filled when !valid; src must still point
+// into an allocation).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+// load_tile through the copy engine: rows [row0, row0 + 64) of a [rows_total, 64] bf16 matrix.
+__device__ __forceinline__ void load_tile_async(__nv_bfloat16 (*dst)[kTilePitch],
+                                                const __nv_bfloat16* src, int64_t row0,
+                                                int64_t rows_total) {
+  for (int seg = threadIdx.x; seg < kTileDim * 8; seg += kPackedThreads) {
+    const int row = seg / 8, col = (seg % 8) * 8;
+    const bool valid = row0 + row < rows_total;
+    cp_async16(&dst[row][col], src + (valid ? (row0 + row) * kTileDim + col : 0), valid);
+  }
+}
+
+}  // namespace hils::gpu::detail

@@ -200,8 +200,9 @@ __global__ void __launch_bounds__(kPackedThreads)
     fuse_packed_kernel(LaunchParams p, const int32_t* selection, const float* selected_score,
                        const float* o_swa, const float* lse_swa, float* o_out, float* lse_out) {
   constexpr int M = kPackedRows / G;
-  __shared__ __align__(16) __nv_bfloat16 ks_tile[kTileDim][kTilePitch];
-  __shared__ __align__(16) __nv_bfloat16 vs_tile[kTileDim][kTilePitch];
+  // Two K/V stages: the next union chunk streams in while this one is computed.
+  __shared__ __align__(16) __nv_bfloat16 ks_tile[2][kTileDim][kTilePitch];
+  __shared__ __align__(16) __nv_bfloat16 vs_tile[2][kTileDim][kTilePitch];
   extern __shared__ int32_t dyn[];
   const int K = static_cast<int>(p.K);
   const int words = static_cast<int>((p.T / p.S) / 32 + 1);
@@ -219,6 +220,11 @@ __global__ void __launch_bounds__(kPackedThreads)
   PackedFusion fused;
   int next[2] = {0, 0};  // position in each row's ascending selection
   const int n_union = *sc.count;
+  if (n_union > 0) {
+    load_tile_async(ks_tile[0], k, static_cast<int64_t>(sc.chunks[0]) * p.S, p.T);
+    load_tile_async(vs_tile[0], v, static_cast<int64_t>(sc.chunks[0]) * p.S, p.T);
+    cp_async_commit();
+  }
   for (int u = 0; u < n_union; ++u) {
     const int32_t c = sc.chunks[u];
     int pick[2];
@@ -227,19 +233,26 @@ __global__ void __launch_bounds__(kPackedThreads)
       const int32_t* sel = sc.selection + rows.m[i] * K;
       pick[i] = next[i] < K && sel[next[i]] == c ? next[i]++ : -1;
     }
+    // Stage u % 2 has landed and every warp is done with stage (u + 1) % 2.
+    cp_async_wait_all();
     __syncthreads();
-    load_tile(ks_tile, k, c * p.S, p.T);
-    load_tile(vs_tile, v, c * p.S, p.T);
-    __syncthreads();
+    if (u + 1 < n_union) {
+      const int64_t next_row = static_cast<int64_t>(sc.chunks[u + 1]) * p.S;
+      load_tile_async(ks_tile[(u + 1) % 2], k, next_row, p.T);
+      load_tile_async(vs_tile[(u + 1) % 2], v, next_row, p.T);
+      cp_async_commit();
+    }
+    const __nv_bfloat16(*k_stage)[kTilePitch] = ks_tile[u % 2];
+    const __nv_bfloat16(*v_stage)[kTilePitch] = vs_tile[u % 2];
     // Warps whose rows did not select this chunk skip the tensor-core work.
     if (!__any_sync(0xffffffffu, pick[0] >= 0 || pick[1] >= 0)) continue;
     float s[8][4], tile_max[2], tile_sum[2], oc[8][4] = {};
-    qk_tile(s, qa, ks_tile);
+    qk_tile(s, qa, k_stage);
     mask_tile(s, p.scale, 0,
               [&](int i, int64_t j) { return pick[i] >= 0 && !(p.landmarks && j == p.S - 1); },
               tile_max);
     exponentiate(s, tile_max, tile_sum);
-    pv_tile(oc, s, vs_tile);
+    pv_tile(oc, s, v_stage);
 #pragma unroll
     for (int i = 0; i < 2; ++i)
       if (pick[i] >= 0)

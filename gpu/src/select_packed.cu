@@ -21,23 +21,7 @@ struct SelectShared {
   int32_t* index;    // [64][K]
   int32_t* count;    // [64]
   int32_t* worst;    // [64]
-  float* bias;       // [64] bias of the current head's tile
 };
-
-// k'_h rows [c0, c0 + 64) as bf16 into smem (zeros past n_chunks), and their biases.
-__device__ void load_summary_tile(__nv_bfloat16 (*dst)[kTilePitch], float* bias_dst,
-                                  const float* key, const float* bias, int64_t c0,
-                                  int64_t n_chunks) {
-  for (int seg = threadIdx.x; seg < kTileDim * 16; seg += kPackedThreads) {
-    const int row = seg / 16, col = (seg % 16) * 4;
-    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (c0 + row < n_chunks) x = *reinterpret_cast<const float4*>(key + (c0 + row) * kTileDim + col);
-    *reinterpret_cast<uint32_t*>(&dst[row][col]) = pack_bf16(x.x, x.y);
-    *reinterpret_cast<uint32_t*>(&dst[row][col + 2]) = pack_bf16(x.z, x.w);
-  }
-  for (int row = threadIdx.x; row < kTileDim; row += kPackedThreads)
-    bias_dst[row] = c0 + row < n_chunks ? bias[c0 + row] : 0.0f;
-}
 
 // s_hat of the warp's 16 queries against the tile (kNegInf where c >= |V(t)|).
 __device__ void tile_scores(float (&s)[8][4], const uint32_t (&qa)[4][4],
@@ -141,11 +125,20 @@ __device__ void write_selection(const LaunchParams& p, const SelectShared& sh, i
   }
 }
 
+// fp32 summaries -> bf16 copy for the copy engine and the tensor cores.
+__global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = __float2bfloat16_rn(src[i]);
+}
+
 template <int G>
 __global__ void __launch_bounds__(kPackedThreads)
-    select_packed_kernel(LaunchParams p, const float* key, const float* bias,
-                         const float* lse_swa, int32_t* selection, float* selected_score) {
-  __shared__ __align__(16) __nv_bfloat16 tile[kTileDim][kTilePitch];
+    select_packed_kernel(LaunchParams p, const float* key, const __nv_bfloat16* key_bf16,
+                         const float* bias, const float* lse_swa, int32_t* selection,
+                         float* selected_score) {
+  // Two stages of (k' tile, bias tile): step s + 1 streams in while step s is computed.
+  __shared__ __align__(16) __nv_bfloat16 tile[2][kTileDim][kTilePitch];
+  __shared__ float bias_tile[2][kTileDim];
   extern __shared__ float dyn[];
   const int K = static_cast<int>(p.K);
   const SelectShared sh{dyn,
@@ -153,8 +146,7 @@ __global__ void __launch_bounds__(kPackedThreads)
                         dyn + kQueries * kRPitch + G * kQueries,
                         reinterpret_cast<int32_t*>(dyn + kQueries * kRPitch + G * kQueries + kQueries * K),
                         reinterpret_cast<int32_t*>(dyn + kQueries * kRPitch + G * kQueries + 2 * kQueries * K),
-                        reinterpret_cast<int32_t*>(dyn + kQueries * kRPitch + G * kQueries + 2 * kQueries * K + kQueries),
-                        dyn + kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries};
+                        reinterpret_cast<int32_t*>(dyn + kQueries * kRPitch + G * kQueries + 2 * kQueries * K + kQueries)};
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kQueries, g = blockIdx.y;
   const int64_t n_chunks = geo.n_chunks();
@@ -164,61 +156,80 @@ __global__ void __launch_bounds__(kPackedThreads)
   const int64_t n_cand[2] = {t[0] < p.T ? geo.candidate_count(t[0]) : 0,
                              t[1] < p.T ? geo.candidate_count(t[1]) : 0};
   const int64_t t_last = t0 + kQueries - 1 < p.T - 1 ? t0 + kQueries - 1 : p.T - 1;
-  const int64_t max_cand = geo.candidate_count(t_last);
+  const int n_tiles = static_cast<int>((geo.candidate_count(t_last) + kTileDim - 1) / kTileDim);
   for (int q = threadIdx.x; q < kQueries; q += kPackedThreads) sh.count[q] = 0, sh.worst[q] = 0;
-  __syncthreads();
+  // Stage `buf` <- k' and bias of head hg, chunks [c0, c0 + 64).
+  auto issue = [&](int hg, int64_t c0, int buf) {
+    const int64_t h = g * G + hg;
+    load_tile_async(tile[buf], key_bf16 + h * n_chunks * kTileDim, c0, n_chunks);
+    cp_async_commit();
+    for (int r = threadIdx.x; r < kTileDim; r += kPackedThreads)
+      bias_tile[buf][r] = c0 + r < n_chunks ? bias[h * n_chunks + c0 + r] : 0.0f;
+  };
   uint32_t qa[4][4];
   float s[8][4];
-  // Pass 1: log Z_hat(t,h) = logaddexp(lse_swa, LSE over V(t) of s_hat), per head.
-  if (p.group_rule != 2) {
-    for (int hg = 0; hg < G; ++hg) {
+  // Pass 1, step = (head, tile): log Z_hat(t,h) = logaddexp(lse_swa, LSE over V(t) of s_hat).
+  if (p.group_rule != 2 && n_tiles > 0) {
+    const int steps = G * n_tiles;
+    float m[2], l[2];
+    issue(0, 0, 0);
+    for (int step = 0; step < steps; ++step) {
+      const int hg = step / n_tiles;
+      const int64_t c0 = static_cast<int64_t>(step % n_tiles) * kTileDim;
       const int64_t h = g * G + hg;
-      load_query_fragments(qa, p, h, t);
-      float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};
-      for (int64_t c0 = 0; c0 < max_cand; c0 += kTileDim) {
-        __syncthreads();
-        load_summary_tile(tile, sh.bias, key + h * n_chunks * kTileDim, bias + h * n_chunks, c0,
-                          n_chunks);
-        __syncthreads();
-        tile_scores(s, qa, tile, sh.bias, p.scale, c0, n_cand);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          float tile_max = kNegInf;
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt) tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
-          tile_max = quad_max(tile_max);
-          const float m_new = fmaxf(m[i], tile_max);
-          float sum = 0.0f;
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt) sum += exp_diff(s[nt][2 * i], m_new) + exp_diff(s[nt][2 * i + 1], m_new);
-          l[i] = l[i] * exp_diff(m[i], m_new) + quad_sum(sum);
-          m[i] = m_new;
-        }
+      if (c0 == 0) {
+        load_query_fragments(qa, p, h, t);
+        m[0] = m[1] = kNegInf, l[0] = l[1] = 0.0f;
       }
+      cp_async_wait_all();
+      __syncthreads();
+      if (step + 1 < steps) issue((step + 1) / n_tiles, ((step + 1) % n_tiles) * kTileDim, (step + 1) % 2);
+      tile_scores(s, qa, tile[step % 2], bias_tile[step % 2], p.scale, c0, n_cand);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const float swa = t[i] < p.T ? lse_swa[h * p.T + t[i]] : 0.0f;
-        const float top = fmaxf(m[i], swa);
-        const float z = top + __logf(exp_diff(m[i], top) * l[i] + exp_diff(swa, top));
-        if (lane % 4 == 0) sh.log_z[hg * kQueries + row[i]] = z;
+        float tile_max = kNegInf;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
+        tile_max = quad_max(tile_max);
+        const float m_new = fmaxf(m[i], tile_max);
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) sum += exp_diff(s[nt][2 * i], m_new) + exp_diff(s[nt][2 * i + 1], m_new);
+        l[i] = l[i] * exp_diff(m[i], m_new) + quad_sum(sum);
+        m[i] = m_new;
+      }
+      if (step % n_tiles == n_tiles - 1) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float swa = t[i] < p.T ? lse_swa[h * p.T + t[i]] : 0.0f;
+          const float top = fmaxf(m[i], swa);
+          const float z = top + __logf(exp_diff(m[i], top) * l[i] + exp_diff(swa, top));
+          if (lane % 4 == 0) sh.log_z[hg * kQueries + row[i]] = z;
+        }
       }
     }
   }
-  // Pass 2: group score per tile, offered to each query's top-K list.
-  for (int64_t c0 = 0; c0 < max_cand; c0 += kTileDim) {
+  __syncthreads();
+  // Pass 2, step = (tile, head): group score per tile, offered to each query's top-K list.
+  if (n_tiles > 0) {
+    const int steps = G * n_tiles;
     float r[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) r[nt][e] = p.group_rule == kGroupSumProbabilities ? 0.0f : kNegInf;
-    for (int hg = 0; hg < G; ++hg) {
+    issue(0, 0, 0);
+    for (int step = 0; step < steps; ++step) {
+      const int hg = step % G;
+      const int64_t c0 = static_cast<int64_t>(step / G) * kTileDim;
       const int64_t h = g * G + hg;
+      if (hg == 0) {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) r[nt][e] = p.group_rule == kGroupSumProbabilities ? 0.0f : kNegInf;
+      }
       load_query_fragments(qa, p, h, t);
+      cp_async_wait_all();
       __syncthreads();
-      load_summary_tile(tile, sh.bias, key + h * n_chunks * kTileDim, bias + h * n_chunks, c0,
-                        n_chunks);
-      __syncthreads();
-      tile_scores(s, qa, tile, sh.bias, p.scale, c0, n_cand);
+      if (step + 1 < steps) issue((step + 1) % G, ((step + 1) / G) * kTileDim, (step + 1) % 2);
+      tile_scores(s, qa, tile[step % 2], bias_tile[step % 2], p.scale, c0, n_cand);
       const float z[2] = {sh.log_z[hg * kQueries + row[0]], sh.log_z[hg * kQueries + row[1]]};
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
@@ -228,24 +239,25 @@ __global__ void __launch_bounds__(kPackedThreads)
           else if (p.group_rule == kGroupSumProbabilities) r[nt][e] += exp_diff(s[nt][e], z[e / 2]);
           else r[nt][e] = fmaxf(r[nt][e], s[nt][e]);
         }
+      if (hg != G - 1) continue;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          sh.r[row[e / 2] * kRPitch + nt * 8 + (lane % 4) * 2 + (e % 2)] = r[nt][e];
+      __syncwarp();
+      // Each warp ranks its own 16 queries: no block barrier needed for sh.r rows.
+      for (int q = warp * 16; q < warp * 16 + 16; ++q)
+        if (t0 + q < p.T) offer_tile(sh, q, c0, geo.candidate_count(t0 + q), K);
     }
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        sh.r[row[e / 2] * kRPitch + nt * 8 + (lane % 4) * 2 + (e % 2)] = r[nt][e];
-    __syncwarp();
-    // Each warp ranks its own 16 queries: no block barrier needed for sh.r rows.
-    for (int q = warp * 16; q < warp * 16 + 16; ++q)
-      if (t0 + q < p.T) offer_tile(sh, q, c0, geo.candidate_count(t0 + q), K);
   }
-  __syncwarp();
+  __syncthreads();
   for (int q = warp * 16; q < warp * 16 + 16; ++q)
     if (t0 + q < p.T) write_selection(p, sh, q, t0 + q, g, G, key, bias, selection, selected_score);
 }
 
 size_t select_smem_bytes(int64_t G, int64_t K) {
-  return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries + kTileDim) * 4;
+  return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries) * 4;
 }
 
 template <int G>
@@ -258,8 +270,16 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
                          static_cast<int>(smem));
   const dim3 grid(static_cast<unsigned>((p.T + kQueries - 1) / kQueries),
                   static_cast<unsigned>(p.Hkv));
-  select_packed_kernel<G><<<grid, kPackedThreads, smem, stream>>>(p, key, bias, lse_swa,
+  // A bf16 copy of k' (stream-ordered scratch) feeds the copy engine and the tensor cores.
+  const int64_t n = p.Hq * (p.T / p.S) * kTileDim;
+  __nv_bfloat16* key_bf16 = nullptr;
+  if (cudaMallocAsync(reinterpret_cast<void**>(&key_bf16), (n > 0 ? n : 1) * sizeof(__nv_bfloat16),
+                      stream) != cudaSuccess)
+    return;  // the error surfaces through cudaGetLastError in the caller
+  if (n > 0) to_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(key, key_bf16, n);
+  select_packed_kernel<G><<<grid, kPackedThreads, smem, stream>>>(p, key, key_bf16, bias, lse_swa,
                                                                   selection, selected_score);
+  cudaFreeAsync(key_bf16, stream);
 }
 
 }  // namespace
