@@ -167,7 +167,8 @@ TEST_CASE("gpu table 5 ablations and options", "[gpu]") {
 }
 
 // Shapes where the packed tensor-core kernels apply (bf16, d = dv = S = 64, G | 16): the
-// benchmark geometry at a short, ragged length, and smaller windows with more selection.
+// benchmark geometry at a short, ragged length, smaller windows with more selection, more than
+// one 64-chunk scoring tile, and K = 64 with G = 16 (selection scratch above 48 KB).
 TEST_CASE("gpu packed tensor-core kernels against the reference", "[gpu]") {
   // clang-format off
   static constexpr Case kPackedCases[] = {
@@ -176,6 +177,8 @@ TEST_CASE("gpu packed tensor-core kernels against the reference", "[gpu]") {
     Case{"packed_g8_small_window",1500,   64, 128,  4,  8,  1, 64, 64, true, 1.0},
     Case{"packed_g2_peaked",       777,   64,  64,  3,  4,  2, 64, 64, true, 4.0},
     Case{"packed_g1_no_landmarks", 700,   64, 100,  5,  2,  2, 64, 64, false, 1.0},
+    Case{"packed_multi_tile",     5000,   64, 128, 16,  4,  1, 64, 64, true, 1.0},
+    Case{"packed_g16_k64",        4500,   64,  64, 64, 16,  1, 64, 64, true, 2.0},
   };
   // clang-format on
   for (const Case& c : kPackedCases) {
