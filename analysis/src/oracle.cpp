@@ -31,6 +31,8 @@ struct Magnitudes {
   double score = 0;         // bound on |s_hat| (retrieval query, summary key, bias)
   double bias = 0;          // entropy bias <= log |T_c|
   double lse = 0;           // bound on any log-normaliser: logits plus log of the term count
+  double fused_lse = 0;     // hierarchical fusion's lse (add_score_conditioning); else = lse
+  double fusion_weights = 1;  // scale of the fusion weights' rounding (add_score_conditioning)
 };
 
 // Heads -> max |x| over all of them.
@@ -67,6 +69,7 @@ Magnitudes magnitudes_of(const MechanismSpec& spec, const AttentionInputs<double
                                : logit_magnitude(inputs.q_retrieval, inputs.k, scale);
   m.score = (spec.key_rule == KeyRule::exact ? m.logit : retrieval) + m.bias;
   m.lse = std::max(m.logit, m.score) + std::log(std::max<double>(inputs.T(), 2.0));
+  m.fused_lse = m.lse;
   return m;
 }
 
@@ -119,6 +122,7 @@ struct Context {
   MechanismOutputs<double> truth;
   MechanismOutputs<float> baseline;
   int64_t G = 1;
+  std::vector<Matrix<double>> conditioning;  // per KV group: score_conditioning
 };
 
 // Inputs in double -> the same inputs rounded to float (the baseline's inputs).
@@ -205,7 +209,7 @@ void compare_summaries(const Context& ctx, const KernelOutputs& kernel, Verdict&
   }
   std::vector<int64_t> chunks(static_cast<size_t>(ctx.geometry.n_chunks()));
   std::iota(chunks.begin(), chunks.end(), 0);
-  const auto p = ctx.options.precision;
+  const auto p = tensor_precision("summary_key", ctx.spec, ctx.options);
   if (!kernel.summary_key.empty()) {
     verdict.tensors.push_back(compare_tensor("summary_key", kernel.summary_key, key, key_f,
                                              ctx.magnitude.key, p, "c", chunks,
@@ -249,12 +253,12 @@ std::string diagnose_window(const Context& ctx, const std::vector<Matrix<double>
 
 // Kernel o_window/lse_window [Hq x Tq (x dv)] -> reports, with a shifted-window diagnosis.
 void compare_window(const Context& ctx, const KernelOutputs& kernel, Verdict& verdict) {
-  const auto p = ctx.options.precision;
   using H = HeadOutputs<double>;
   using F = HeadOutputs<float>;
   if (!kernel.o_window.empty()) {
     auto r = compare_tensor("o_window", kernel.o_window, field_of(ctx.truth.heads, &H::o_window),
-                            field_of(ctx.baseline.heads, &F::o_window), ctx.magnitude.value, p,
+                            field_of(ctx.baseline.heads, &F::o_window), ctx.magnitude.value,
+                            tensor_precision("o_window", ctx.spec, ctx.options),
                             "t", ctx.queries, ctx.options.max_messages);
     if (!r.passed) r.diagnosis = diagnose_window(ctx, kernel.o_window, false, r.tolerance);
     verdict.tensors.push_back(r);
@@ -262,7 +266,8 @@ void compare_window(const Context& ctx, const KernelOutputs& kernel, Verdict& ve
   if (!kernel.lse_window.empty()) {
     auto r = compare_tensor("lse_window", as_columns(kernel.lse_window),
                             field_of(ctx.truth.heads, &H::lse_window),
-                            field_of(ctx.baseline.heads, &F::lse_window), ctx.magnitude.lse, p,
+                            field_of(ctx.baseline.heads, &F::lse_window), ctx.magnitude.lse,
+                            tensor_precision("lse_window", ctx.spec, ctx.options),
                             "t", ctx.queries, ctx.options.max_messages);
     if (!r.passed) r.diagnosis = diagnose_window(ctx, as_columns(kernel.lse_window), true, r.tolerance);
     verdict.tensors.push_back(r);
@@ -282,7 +287,8 @@ void compare_scores(const Context& ctx, const KernelOutputs& kernel, Verdict& ve
   auto r = compare_tensor("surrogate_scores", trimmed,
                           field_of(ctx.truth.heads, &H::surrogate_scores),
                           field_of(ctx.baseline.heads, &F::surrogate_scores), ctx.magnitude.score,
-                          ctx.options.precision, "t", ctx.queries, ctx.options.max_messages);
+                          tensor_precision("surrogate_scores", ctx.spec, ctx.options), "t",
+                          ctx.queries, ctx.options.max_messages);
   r.problems.insert(r.problems.end(), problems.begin(), problems.end());
   r.passed = r.problems.empty();
   verdict.tensors.push_back(r);
@@ -305,28 +311,77 @@ std::vector<Matrix<double>> group_scores_of(const Context& ctx,
   return r;
 }
 
+// Per chunk and dim, the size of what the summary key is made of: sum_j w_j |k_j,i| with the
+// key rule's weights w (taylor: p of the prior, mean: 1/|T_c|, landmark_key: the landmark's
+// key, exact: max_j |k_j,i| since L mixes single logits). Rounding p or k' to a unit u moves
+// k'_i by at most u times this. [n_chunks x d].
+Matrix<double> absolute_key_mass(const Context& ctx, int64_t h) {
+  const int64_t chunks = ctx.geometry.n_chunks(), tokens = ctx.geometry.tokens_per_chunk();
+  const Matrix<double>& k = ctx.inputs.k[h / ctx.G];
+  const double scale = logit_scale(ctx.spec, ctx.inputs.d());
+  Matrix<double> prior;
+  if (ctx.spec.key_rule == KeyRule::taylor)
+    prior = resolve_prior(ctx.inputs, h, ctx.spec, ctx.geometry);
+  Matrix<double> mass(chunks, ctx.inputs.d());
+  for (int64_t c = 0; c < chunks; ++c) {
+    const Matrix<double> keys = k.middleRows(c * ctx.spec.S, tokens).cwiseAbs();
+    switch (ctx.spec.key_rule) {
+      case KeyRule::exact: mass.row(c) = keys.colwise().maxCoeff(); break;
+      case KeyRule::mean: mass.row(c) = keys.colwise().mean(); break;
+      case KeyRule::landmark_key: mass.row(c) = k.row(ctx.geometry.landmark_slot(c)).cwiseAbs(); break;
+      case KeyRule::taylor: {
+        const Vector<double> logits = scale * (k.middleRows(c * ctx.spec.S, tokens) * prior.row(c).transpose());
+        Vector<double> p = (logits.array() - logits.maxCoeff()).exp().matrix();
+        p /= p.sum();
+        mass.row(c) = p.transpose() * keys;
+        break;
+      }
+    }
+  }
+  return mass;
+}
+
 // Conditioning of s_hat(t,h,c) for every query row and chunk of one KV group, max over its
-// heads: A = sigma sum_i |q~_t,i| max_{j in T_c} |k_j,i| + log|T_c|. The dot product of any
-// convex combination of the chunk's keys (mean, taylor, landmark key) or any single logit of
-// the chunk (the exact rule's L) rounds by at most a few u times A; the log term stands for the
-// entropy bias. [Tq x n_chunks].
+// heads: A = sigma sum_i |q~_t,i| absolute_key_mass(c, i) + (log|T_c| + 1 with the entropy
+// bias, whose rounding moves it by at most u (H + 1)). The kernel's score error is at most a
+// few u times A. [Tq x n_chunks].
 Matrix<double> score_conditioning(const Context& ctx, int64_t g) {
   const int64_t chunks = ctx.geometry.n_chunks(), d = ctx.inputs.d();
-  const Matrix<double>& k = ctx.inputs.k[g];
-  Matrix<double> key_max = Matrix<double>::Zero(chunks, d);
-  for (int64_t c = 0; c < chunks; ++c)
-    for (int64_t j = c * ctx.spec.S; j < (c + 1) * ctx.spec.S; ++j)
-      if (ctx.geometry.attendable(j)) key_max.row(c) = key_max.row(c).cwiseMax(k.row(j).cwiseAbs());
   const double scale = logit_scale(ctx.spec, d);
+  const double bias = ctx.spec.key_rule != KeyRule::exact && ctx.spec.bias_rule == BiasRule::entropy
+                          ? std::log(static_cast<double>(ctx.geometry.tokens_per_chunk())) + 1.0
+                          : 0.0;
   Matrix<double> a = Matrix<double>::Zero(static_cast<Eigen::Index>(ctx.queries.size()), chunks);
+  if (chunks == 0) return a;
   for (int64_t h = g * ctx.G; h < (g + 1) * ctx.G; ++h) {
     const Matrix<double>& q = ctx.spec.key_rule == KeyRule::exact ? ctx.inputs.q[h]
                                                                   : ctx.inputs.retrieval_query(h);
     Matrix<double> rows(static_cast<Eigen::Index>(ctx.queries.size()), d);
     for (size_t i = 0; i < ctx.queries.size(); ++i) rows.row(i) = q.row(ctx.queries[i]).cwiseAbs();
-    a = a.cwiseMax(scale * rows * key_max.transpose());
+    a = a.cwiseMax(scale * rows * absolute_key_mass(ctx, h).transpose());
   }
-  return a.array() + ctx.magnitude.bias;
+  return a.array() + bias;
+}
+
+// Computes the score conditioning of every group and refines the score, fused-lse and
+// fusion-weight magnitudes with it (selecting mechanisms only).
+void add_score_conditioning(Context& ctx) {
+  if (!ctx.spec.selects() || ctx.geometry.n_chunks() == 0) return;
+  double largest = 0;
+  for (int64_t g = 0; g < ctx.inputs.Hkv(); ++g) {
+    ctx.conditioning.push_back(score_conditioning(ctx, g));
+    if (ctx.conditioning.back().size()) largest = std::max(largest, ctx.conditioning.back().maxCoeff());
+  }
+  ctx.magnitude.score = largest;
+  if (ctx.spec.fusion != Fusion::hierarchical) return;
+  // The fused lse inherits the score path's error of the selected s_hat (<= u A) and the fp32
+  // error of lse_swa (<= u32 x logit magnitude, written in units of the score precision).
+  const double u_score = unit_roundoff(tensor_precision("lse", ctx.spec, ctx.options));
+  ctx.magnitude.fused_lse =
+      std::max(largest + std::log(static_cast<double>(ctx.spec.K + 2)),
+               ctx.magnitude.lse * unit_roundoff(InputPrecision::fp32) / u_score);
+  // omega = softmax(a): |d omega| <= omega (1 - omega) x 2 max|d a| <= max|d a| / 2.
+  ctx.magnitude.fusion_weights = std::max(1.0, ctx.magnitude.fused_lse / 2);
 }
 
 // The margin bound of one swap (kernel chose `chosen` where the reference has `missed`):
@@ -339,8 +394,8 @@ double swap_bound(const Context& ctx, const SelectionReport& report, const Matri
   if (ctx.G > 1) conditioning += a.row(row).maxCoeff();
   if (ctx.spec.group_rule == GroupRule::sum_probabilities) conditioning *= static_cast<double>(ctx.G);
   return Tolerances::kBaselineFactor * report.baseline_r_error +
-         Tolerances::margin_units(ctx.options.score_precision) *
-             unit_roundoff(ctx.options.score_precision) * conditioning;
+         Tolerances::margin_units(tensor_precision("selection", ctx.spec, ctx.options)) *
+             unit_roundoff(tensor_precision("selection", ctx.spec, ctx.options)) * conditioning;
 }
 
 // Why a kernel selection row is malformed (empty when it is a valid top-k shape for V(t)).
@@ -452,9 +507,8 @@ std::vector<IndexMatrix> compare_selection(const Context& ctx, const KernelOutpu
                                        static_cast<long long>(ctx.spec.K)));
       continue;
     }
-    const Matrix<double> a = score_conditioning(ctx, g);
     for (Eigen::Index row = 0; row < Tq; ++row)
-      if (compare_row(ctx, ctx.truth.selection[g], ker, row, g, r[g], a, report))
+      if (compare_row(ctx, ctx.truth.selection[g], ker, row, g, r[g], ctx.conditioning[g], report))
         merged[g].row(row) = ker.row(row);
   }
   return merged;
@@ -497,18 +551,19 @@ void compare_fused(const Context& ctx, const KernelOutputs& kernel,
     truth = forced_fusion(ctx.spec, ctx.inputs, selection, ctx.queries);
     base = forced_fusion(ctx.spec, ctx.inputs_float, selection, ctx.queries);
   }
-  const auto p = ctx.options.precision;
   const auto n = ctx.options.max_messages;
+  auto precision = [&](const char* tensor) { return tensor_precision(tensor, ctx.spec, ctx.options); };
   if (!kernel.o.empty()) {
     auto r = compare_tensor("o", kernel.o, field_of(truth, &H::o), field_of(base, &F::o),
-                            ctx.magnitude.value, p, "t", ctx.queries, n);
+                            ctx.magnitude.value, precision("o"), "t", ctx.queries, n);
     if (!r.passed && ctx.spec.selects())
       r.diagnosis = diagnose_softmax1(ctx, selection, kernel.o, false, r.tolerance);
     verdict.tensors.push_back(r);
   }
   if (!kernel.lse.empty()) {
     auto r = compare_tensor("lse", as_columns(kernel.lse), field_of(truth, &H::lse),
-                            field_of(base, &F::lse), ctx.magnitude.lse, p, "t", ctx.queries, n);
+                            field_of(base, &F::lse), ctx.magnitude.fused_lse, precision("lse"), "t",
+                            ctx.queries, n);
     if (!r.passed && ctx.spec.selects())
       r.diagnosis = diagnose_softmax1(ctx, selection, as_columns(kernel.lse), true, r.tolerance);
     verdict.tensors.push_back(r);
@@ -516,8 +571,9 @@ void compare_fused(const Context& ctx, const KernelOutputs& kernel,
   if (!kernel.fusion_weights.empty())
     verdict.tensors.push_back(compare_tensor("fusion_weights", kernel.fusion_weights,
                                              field_of(truth, &H::fusion_weights),
-                                             field_of(base, &F::fusion_weights), 1.0, p, "t",
-                                             ctx.queries, n));
+                                             field_of(base, &F::fusion_weights),
+                                             ctx.magnitude.fusion_weights,
+                                             precision("fusion_weights"), "t", ctx.queries, n));
 }
 
 }  // namespace
@@ -525,7 +581,8 @@ void compare_fused(const Context& ctx, const KernelOutputs& kernel,
 Verdict verify(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                const KernelOutputs& kernel, const VerifyOptions& options) {
   // spec, inputs, kernel stages -> verdict with one report per tensor given.
-  const Context ctx = make_context(spec, inputs, options);
+  Context ctx = make_context(spec, inputs, options);
+  add_score_conditioning(ctx);
   Verdict verdict;
   verdict.precision = options.precision;
   verdict.score_precision = options.score_precision;

@@ -123,6 +123,18 @@ double unit_roundoff(InputPrecision precision) {
   return precision == InputPrecision::bf16 ? 0x1p-8 : 0x1p-24;
 }
 
+InputPrecision tensor_precision(const std::string& tensor, const MechanismSpec& spec,
+                                const VerifyOptions& options) {
+  // tensor name -> the precision its floor uses (table in oracle.hpp).
+  if (tensor == "o" || tensor == "o_window") return options.precision;
+  if (tensor == "summary_key" || tensor == "summary_bias" || tensor == "surrogate_scores" ||
+      tensor == "selection")
+    return options.score_precision;
+  if ((tensor == "lse" || tensor == "fusion_weights") && spec.fusion == Fusion::hierarchical)
+    return options.score_precision;
+  return InputPrecision::fp32;
+}
+
 double Tolerances::floor_units(InputPrecision precision) {
   return precision == InputPrecision::bf16 ? kFloorUnitsBf16 : kFloorUnitsFp32;
 }
@@ -139,6 +151,7 @@ TensorReport compare_tensor(const std::string& name, const std::vector<Matrix<do
   // Hq x [rows x cols] kernel, truth, float baseline -> one report (module comment: policy).
   TensorReport report;
   report.name = name;
+  report.precision = precision;
   report.magnitude = std::max(magnitude, std::numeric_limits<double>::min());
   report.floor = Tolerances::floor_units(precision) * unit_roundoff(precision) * report.magnitude;
   report.problems = shape_problems(name, kernel, truth);
@@ -183,12 +196,14 @@ std::string Verdict::report() const {
   out << "oracle: " << spec_description << " | kernel inputs " << to_string(precision)
       << " (u = " << format("%.3g", unit_roundoff(precision)) << "), selection scores "
       << to_string(score_precision) << "\n";
-  out << format("  %-18s %10s %10s %10s %10s %10s %9s  %-24s %s\n", "tensor", "max_abs",
-                "max_rel", "nmse", "float_err", "tolerance", "headroom", "worst", "verdict");
+  out << format("  %-18s %10s %10s %10s %10s %10s %9s %5s  %-24s %s\n", "tensor", "max_abs",
+                "max_rel", "nmse", "float_err", "tolerance", "headroom", "floor", "worst",
+                "verdict");
   auto line = [&](const TensorReport& t) {
-    out << format("  %-18s %10.3g %10.3g %10.3g %10.3g %10.3g %9.3g  %-24s %s\n", t.name.c_str(),
-                  t.max_abs, t.max_rel, t.nmse, t.baseline_max_abs, t.tolerance, t.headroom,
-                  t.worst_where.c_str(), t.passed ? "PASS" : "FAIL");
+    out << format("  %-18s %10.3g %10.3g %10.3g %10.3g %10.3g %9.3g %5s  %-24s %s\n",
+                  t.name.c_str(), t.max_abs, t.max_rel, t.nmse, t.baseline_max_abs, t.tolerance,
+                  t.headroom, to_string(t.precision).c_str(), t.worst_where.c_str(),
+                  t.passed ? "PASS" : "FAIL");
   };
   for (const auto& t : tensors)
     if (t.name != "o" && t.name != "lse" && t.name != "fusion_weights") line(t);

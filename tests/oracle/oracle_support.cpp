@@ -25,7 +25,7 @@ void round_heads(std::vector<M>& heads) {
 }  // namespace
 
 KernelOutputs float_kernel(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
-                           InputPrecision precision) {
+                           InputPrecision precision, InputPrecision score_precision) {
   // spec, inputs -> every stage of run_mechanism<float>, widened.
   const bool bf16 = precision == InputPrecision::bf16;
   const AttentionInputs<float> in = to_float(bf16 ? round_inputs_to_bf16(inputs) : inputs);
@@ -57,13 +57,16 @@ KernelOutputs float_kernel(const MechanismSpec& spec, const AttentionInputs<doub
   }
   if (bf16) {
     round_heads(out.o);
-    round_heads(out.lse);
-    round_heads(out.fusion_weights);
     round_heads(out.o_window);
-    round_heads(out.lse_window);
+  }
+  if (score_precision == InputPrecision::bf16) {
     round_heads(out.surrogate_scores);
     round_heads(out.summary_key);
     round_heads(out.summary_bias);
+    if (spec.fusion == Fusion::hierarchical) {
+      round_heads(out.lse);
+      round_heads(out.fusion_weights);
+    }
   }
   return out;
 }

@@ -10,10 +10,13 @@
 
 namespace hils::oracle::testing {
 
-// Every stage of the reference run in float on `inputs` (rounded to bf16 first when asked, and
-// its outputs rounded to bf16 too), widened to double: what a correct kernel would produce.
+// Every stage of the reference run in float on `inputs`, widened to double: what a correct
+// kernel would produce. With bf16 the inputs are rounded to bf16 first and o, o_window are
+// stored in bf16 (FlashAttention's habit: bf16 o, fp32 lse); with bf16 scores too, every
+// other output is stored in bf16 as well.
 KernelOutputs float_kernel(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
-                           InputPrecision precision = InputPrecision::fp32);
+                           InputPrecision precision = InputPrecision::fp32,
+                           InputPrecision score_precision = InputPrecision::fp32);
 
 // The presets the oracle is exercised on, with a case's geometry. Presets that need landmarks
 // (lmk, hils) are skipped for cases without landmarks; hils switches to the shared prior there.

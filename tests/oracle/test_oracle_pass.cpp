@@ -26,15 +26,26 @@ TEST_CASE("the float reference passes as the kernel on every case and preset", "
 }
 
 TEST_CASE("a bf16 kernel passes under the bf16 policy and fails under fp32", "[oracle]") {
+  const auto bf16 = InputPrecision::bf16, fp32 = InputPrecision::fp32;
   for (const char* name : {"gqa_group4", "peaked_attention", "ragged_tail_no_landmarks"}) {
     const auto& c = case_named(name);
     const auto inputs = cases::make_inputs<double>(c);
     for (const auto& spec : specs_for(c)) {
-      const KernelOutputs kernel = float_kernel(spec, inputs, InputPrecision::bf16);
-      const Verdict bf16 = verify(spec, inputs, kernel, {InputPrecision::bf16});
-      INFO("case " << name << ", spec " << spec.name << "\n" << bf16.report());
-      CHECK(bf16.passed);
-      CHECK_FALSE(verify(spec, inputs, kernel, {InputPrecision::fp32}).passed);
+      INFO("case " << name << ", spec " << spec.name);
+      // bf16 inputs, bf16 o, fp32 scores and lse.
+      const KernelOutputs kernel = float_kernel(spec, inputs, bf16);
+      const Verdict pass = verify(spec, inputs, kernel, {bf16});
+      INFO(pass.report());
+      CHECK(pass.passed);
+      CHECK_FALSE(verify(spec, inputs, kernel, {fp32}).passed);
+      // Scores, summaries and (hierarchical) lse stored in bf16 need score_precision bf16.
+      const KernelOutputs rounded = float_kernel(spec, inputs, bf16, bf16);
+      VerifyOptions options{bf16};
+      options.score_precision = bf16;
+      const Verdict declared = verify(spec, inputs, rounded, options);
+      INFO(declared.report());
+      CHECK(declared.passed);
+      if (spec.selects()) CHECK_FALSE(verify(spec, inputs, rounded, {bf16}).passed);
     }
   }
 }
@@ -161,7 +172,9 @@ TEST_CASE("headroom table of the float reference", "[.report]") {
     const auto inputs = cases::make_inputs<double>(c);
     for (const auto& spec : specs_for(c))
       for (InputPrecision p : {InputPrecision::fp32, InputPrecision::bf16}) {
-        const Verdict v = verify(spec, inputs, float_kernel(spec, inputs, p), {p});
+        VerifyOptions options{p};
+        options.score_precision = p;
+        const Verdict v = verify(spec, inputs, float_kernel(spec, inputs, p, p), options);
         double worst = 0;
         std::string where;
         for (const auto& t : v.tensors)

@@ -4,9 +4,10 @@
 //
 // Policy, per tensor: the kernel passes when
 //     max_abs(kernel - double) <= kBaselineFactor * max_abs(float - double) + floor,
-//     floor = floor_units(precision) * u(precision) * magnitude(tensor),
-// where u is the unit roundoff of the kernel's input precision and `magnitude` bounds the
-// size of the quantity (see Tolerances below: every constant has its one-line reason there).
+//     floor = floor_units(p) * u(p) * magnitude(tensor),   p = tensor_precision(tensor),
+// where u is the unit roundoff of the kernel's input precision (value path) or score precision
+// (summaries, scores) and `magnitude` bounds the size of the quantity (see Tolerances below:
+// every constant has its one-line reason there; data/verify_format.md lists the magnitudes).
 // For bf16 inputs the oracle rounds the inputs to bf16 first, so that double, float and the
 // kernel all see the same numbers; the floor then covers the kernel's bf16 intermediates.
 //
@@ -44,6 +45,18 @@ InputPrecision parse_input_precision(const std::string& text,
 // Unit roundoff: fp32 2^-24, bf16 2^-8 (8 significand bits incl. the implicit one).
 double unit_roundoff(InputPrecision precision);
 
+struct VerifyOptions;
+// The rounding unit each tensor's floor uses, given the kernel's input and score precisions:
+//   o, o_window                        input precision: a bf16 kernel multiplies bf16 P by V
+//   summary_key, summary_bias,         score precision: the summaries and scores the kernel
+//   surrogate_scores, selection margin   selects with
+//   lse, fusion_weights                score precision for hierarchical fusion (its logits are
+//                                        s_hat), fp32 otherwise
+//   lse_window                         fp32: logits of bf16 (or fp32) inputs accumulate in fp32
+//                                        on any tensor core, and the oracle rounds the inputs
+InputPrecision tensor_precision(const std::string& tensor, const MechanismSpec& spec,
+                                const VerifyOptions& options);
+
 // Rounds to the nearest bf16 (ties to even) and back; NaN stays NaN. The oracle applies this to
 // every input when the kernel's precision is bf16.
 double round_to_bf16(double x);
@@ -67,13 +80,15 @@ struct Tolerances {
   // Selection margin of a swap (kernel chose c where the reference has m): tolerated when
   //   r(m) - r(c) <= kBaselineFactor * (float's max error in r)
   //                  + margin_units * u * (A(t,c) + A(t,m) [+ max_c' A(t,c') when G > 1]),
-  // A(t,c) = max_{h in g} sigma sum_i |q~_t,i| max_{j in T_c} |k_j,i| + log|T_c|: the condition
-  // number of the dot product behind s_hat(t,h,c) for any key rule (a convex combination of the
-  // chunk's keys, or one of its logits), plus the entropy bias's size; the extra term for G > 1
-  // covers log Z_hat of two different heads. x G for sum_probabilities (G terms).
-  // 32 (fp32) / 4 (bf16) units, as for the floors.
+  // A(t,c) = max_{h in g} sigma sum_i |q~_t,i| sum_j w_j |k_j,i| (+ log|T_c| + 1 with the
+  // entropy bias): the condition number of the dot product behind s_hat(t,h,c), w the key rule's
+  // weights (taylor: p, mean: 1/|T_c|, landmark: the landmark; exact: max_j |k_j,i|), so that
+  // rounding p or k' to u moves s_hat by at most u A; the extra term for G > 1 covers log Z_hat
+  // of two different heads. x G for sum_probabilities (G terms).
   static constexpr double kMarginUnitsFp32 = 32.0;
-  static constexpr double kMarginUnitsBf16 = 4.0;
+  // A bf16 score path rounds once in the summary (p or k') and at most once in the stored
+  // score, each moving s_hat by at most u A.
+  static constexpr double kMarginUnitsBf16 = 2.0;
 
   static double floor_units(InputPrecision precision);
   static double margin_units(InputPrecision precision);
@@ -81,11 +96,11 @@ struct Tolerances {
 
 struct VerifyOptions {
   InputPrecision precision = InputPrecision::fp32;
-  // Arithmetic behind the kernel's selection scores, for the selection margin bound. Kernels
-  // that read bf16 inputs but accumulate scores in fp32 (ours: "arithmetic is always fp32")
-  // keep the default; set bf16 for a kernel that rounds summaries or scores to bf16 (the
-  // authors' code rounds p), which widens the bound ~65000-fold. The inputs' own rounding is
-  // no error source: the oracle rounds its inputs the same way.
+  // Arithmetic behind the kernel's summaries and selection scores. Kernels that read bf16
+  // inputs but accumulate scores in fp32 keep the default; set bf16 for a kernel that rounds
+  // summaries or scores to bf16 (the authors' code rounds p; a tensor-core selection may keep
+  // k' in bf16), which widens those floors and the margin bound ~65000-fold. The inputs' own
+  // rounding is no error source: the oracle rounds its inputs the same way.
   InputPrecision score_precision = InputPrecision::fp32;
   // Query slots the kernel computed (strictly ascending); empty = all T. Must match the rows
   // of every per-query output.
@@ -128,6 +143,7 @@ std::vector<Vector<double>> widen(const std::vector<Vector<Scalar>>& heads) {
 struct TensorReport {
   std::string name;          // "o", "lse", "surrogate_scores", ...
   bool passed = false;
+  InputPrecision precision = InputPrecision::fp32;  // the unit roundoff of the floor
   int64_t count = 0;         // elements compared
   double max_abs = 0;        // max |kernel - double|
   double max_rel = 0;        // max |kernel - double| / max(|double|, rel floor)
