@@ -300,9 +300,9 @@ void launch_fuse_g(const LaunchParams& p, const int32_t* selection, const float*
   const int words = static_cast<int>((p.T / p.S) / 32 + 1);
   const size_t smem = (2 * M * p.K + words + 1) * sizeof(int32_t);
   const dim3 grid(static_cast<unsigned>((p.T + M - 1) / M), static_cast<unsigned>(p.Hkv));
-  if (smem > 48 * 1024)
-    cudaFuncSetAttribute(fuse_packed_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(smem));
+  // Static K/V stages plus this dynamic scratch may pass the 48 KB default: raise the limit.
+  cudaFuncSetAttribute(fuse_packed_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       static_cast<int>(smem));
   fuse_packed_kernel<G><<<grid, kPackedThreads, smem, stream>>>(p, selection, selected_score,
                                                                 o_swa, lse_swa, o, lse);
 }
@@ -311,8 +311,12 @@ void launch_fuse_g(const LaunchParams& p, const int32_t* selection, const float*
 
 bool packed_path_applies(const LaunchParams& p) {
   const int64_t G = p.Hq / p.Hkv;
-  return p.bf16 && p.d == kTileDim && p.dv == kTileDim && p.S == kTileDim &&
-         (G == 1 || G == 2 || G == 4 || G == 8 || G == 16);
+  const bool shape_ok = p.bf16 && p.d == kTileDim && p.dv == kTileDim && p.S == kTileDim &&
+                        (G == 1 || G == 2 || G == 4 || G == 8 || G == 16);
+  if (!shape_ok) return false;
+  // The fusion's union scratch must fit beside its two static K/V stages.
+  const int64_t scratch = (2 * (kPackedRows / G) * p.K + (p.T / p.S) / 32 + 2) * 4;
+  return scratch + 2 * 2 * kTileDim * kTilePitch * 2 <= 200 * 1024;
 }
 
 void launch_window_packed(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
