@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Shows `hils verify` on a good kernel dump and on deliberately broken ones (data/verify_format.md).
-# Usage (repository root): scripts/verify_demo.sh [BUILD_DIR] [OUT_DIR]
+# Usage (repository root): scripts/verify_demo.sh [BUILD_DIR] [OUT_DIR] [DUMP_DIR]
 #   BUILD_DIR holds bin/hils and tests/oracle/oracle_make_verify_file (default build-oracle;
 #   built with `ninja -C BUILD_DIR hils oracle_make_verify_file` if missing).
 #   OUT_DIR receives the .h5 files and one .txt report per file (default out/verify_demo).
+#   DUMP_DIR (optional): a folder of real kernel dumps (e.g. from gpu/bench/dump_verify.py);
+#   `hils verify` runs on each of its .h5 files too and its verdict is printed (not judged).
 # The "kernel" is the reference's float run on a case of the shared table; each broken file
 # must exit 1 with a message naming the fault, the good ones exit 0.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${1:-$ROOT/build-oracle}"
 OUT="${2:-$ROOT/out/verify_demo}"
+DUMPS="${3:-}"
 HILS="$BUILD/bin/hils"
 MAKER="$BUILD/tests/oracle/oracle_make_verify_file"
 if [ ! -x "$HILS" ] || [ ! -x "$MAKER" ]; then
@@ -36,4 +39,13 @@ nan|gqa_group4|nan|hils|fp32|1
 all_zero|gqa_group4|all_zero|hils|fp32|1
 bad_spec|gqa_group4|bad_spec|hils|fp32|2
 CASES
+if [ -n "$DUMPS" ]; then
+  for dump in "$DUMPS"/*.h5; do
+    [ -e "$dump" ] || continue
+    report="$OUT/dump_$(basename "$dump" .h5).txt"
+    "$HILS" verify "$dump" >"$report" 2>&1
+    echo "== dump $(basename "$dump"): exit $?"
+    grep -E "FAIL:|diagnosis:|bad input" "$report" | head -n 3
+  done
+fi
 exit $status
