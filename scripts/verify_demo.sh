@@ -44,7 +44,8 @@ if [ -n "$DUMPS" ]; then
     [ -e "$dump" ] || continue
     report="$OUT/dump_$(basename "$dump" .h5).txt"
     "$HILS" verify "$dump" >"$report" 2>&1
-    echo "== dump $(basename "$dump"): exit $?"
+    got=$?
+    echo "== dump $(basename "$dump"): exit $got"
     grep -E "FAIL:|diagnosis:|bad input" "$report" | head -n 3
   done
 fi
