@@ -13,7 +13,7 @@
 //
 // Selections are compared as sets per (query, KV group). A kernel row that differs from the
 // reference passes only if the reference group scores r(t,g,c) of the swapped chunks differ by
-// at most the margin bound (see Tolerances::selection_margin_bound); then o, lse and the fusion
+// at most the margin bound (see Tolerances, "Selection margin"); then o, lse and the fusion
 // weights of that row are re-checked against the reference fused with the kernel's own
 // selection (forced_fusion below), not against the reference's selection.
 //
@@ -69,7 +69,8 @@ struct Tolerances {
   static constexpr double kBaselineFactor = 2.0;
   // fp32 floor: each stage is a handful of dot products, exps and a log-sum-exp; 32 unit
   // roundoffs of the tensor's magnitude covers a different but sane order of these roundings
-  // when the float baseline happens to be (nearly) exact, e.g. on tiny cases.
+  // (and fast-math exp/log of a few ulps) when the float baseline happens to be (nearly)
+  // exact, e.g. on tiny cases.
   static constexpr double kFloorUnitsFp32 = 32.0;
   // bf16 floor: a bf16 kernel rounds P (probabilities) and/or its stored outputs to bf16, each
   // costing <= u * magnitude; 4 allows P, o_c, the fused output and the store.
