@@ -57,7 +57,8 @@ def fidelity_plots(f, config, stem, out):
         H = head["entropy"][()]
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         for m in [x for x in ("mean", "max_logit", "taylor", "taylor_entropy") if x in shown]:
-            gap = L - head[m]["surrogate"][()]
+            # Only candidate chunks (finite L) have a gap; -inf - -inf outside V(t) is skipped.
+            gap = np.subtract(L, head[m]["surrogate"][()], where=ok, out=np.zeros_like(L))
             ax.scatter(H[ok], gap[ok], s=3, alpha=0.35, label=m)
         ax.axhline(0.0, color="k", lw=0.6)
         ax.set_xlabel("intra-chunk entropy H(p_q) [nats]  (Eq. 5: low = one logit dominates)")
