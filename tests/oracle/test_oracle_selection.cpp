@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <random>
 
 #include "oracle_support.hpp"
@@ -188,4 +189,83 @@ TEST_CASE("with bf16 inputs a wrong chunk is still caught; bf16 scores widen the
   options.score_precision = InputPrecision::bf16;
   const Verdict bf16_scores = verify(spec, inputs, kernel, options);
   CHECK(bf16_scores.selection.bound > 1000 * fp32_scores.selection.bound);
+}
+
+namespace {
+
+// A kernel with a bf16 score path, like the authors' code or a tensor-core selection: the
+// summary weights p and the summary key k' rounded to bf16, scores and selection in float, the
+// fusion of its own selection. Everything else is the float reference.
+KernelOutputs bf16_score_kernel(const MechanismSpec& spec, const AttentionInputs<double>& inputs) {
+  auto round_matrix = [](Matrix<float> m) {
+    return Matrix<float>(m.unaryExpr([](float x) { return static_cast<float>(round_to_bf16(x)); }));
+  };
+  AttentionInputs<float> in;
+  for (const auto& x : inputs.q) in.q.push_back(x.cast<float>());
+  for (const auto& x : inputs.k) in.k.push_back(x.cast<float>());
+  for (const auto& x : inputs.v) in.v.push_back(x.cast<float>());
+  for (const auto& x : inputs.q_retrieval) in.q_retrieval.push_back(x.cast<float>());
+  for (const auto& x : inputs.prior) in.prior.push_back(x.cast<float>());
+  const Geometry geometry = geometry_of(spec, in.T());
+  const float scale = static_cast<float>(logit_scale(spec, in.d()));
+  const int64_t G = in.Hq() / in.Hkv(), tokens = geometry.tokens_per_chunk();
+  std::vector<int64_t> all(static_cast<size_t>(in.T()));
+  for (int64_t t = 0; t < in.T(); ++t) all[static_cast<size_t>(t)] = t;
+  std::vector<Matrix<float>> scores;
+  std::vector<Vector<float>> lse_window;
+  for (int64_t h = 0; h < in.Hq(); ++h) {
+    const Matrix<float>& k = in.k[h / G];
+    const Matrix<float> prior =
+        spec.needs_prior() ? resolve_prior(in, h, spec, geometry) : Matrix<float>();
+    ChunkSummaries<float> s = summarize(k, prior, spec.key_rule, spec.bias_rule, geometry, scale);
+    for (int64_t c = 0; c < geometry.n_chunks() && spec.key_rule == KeyRule::taylor; ++c) {
+      const auto keys = k.middleRows(c * spec.S, tokens);
+      Vector<float> logits = scale * (keys * prior.row(c).transpose());
+      Vector<float> p = (logits.array() - logits.maxCoeff()).exp().matrix();
+      p = round_matrix(p / p.sum());
+      s.key.row(c) = p.transpose() * keys;
+    }
+    s.key = round_matrix(s.key);
+    scores.push_back(surrogate_scores(in.retrieval_query(h), s, geometry, scale, all));
+    lse_window.push_back(window_attention(in.q[h], k, in.v[h / G], geometry, scale, all).lse);
+  }
+  KernelOutputs out;
+  for (int64_t g = 0; g < in.Hkv(); ++g)
+    out.selection.push_back(select_chunks(
+        std::vector<Matrix<float>>(scores.begin() + g * G, scores.begin() + (g + 1) * G),
+        std::vector<Vector<float>>(lse_window.begin() + g * G, lse_window.begin() + (g + 1) * G),
+        spec.group_rule, spec.K, geometry, all));
+  for (const auto& head : forced_fusion(spec, in, out.selection, all)) {
+    out.o.push_back(head.o.cast<double>());
+    out.lse.push_back(head.lse.cast<double>());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a kernel with bf16 summaries passes with score_precision bf16, its flips accepted",
+          "[oracle][selection]") {
+  int64_t flipped = 0;
+  for (const auto& c : cases::kCaseTable) {
+    if (c.T / c.S == 0 || c.K == 0) continue;
+    const auto inputs = cases::make_inputs<double>(c);
+    for (const char* name : {"hils", "nsa", "lmk"}) {
+      MechanismSpec spec = cases::with_case_geometry(preset(name), c);
+      if (spec.key_rule == KeyRule::landmark_key && !c.landmarks) continue;
+      if (spec.needs_prior() && !c.landmarks) spec.prior_rule = PriorRule::shared;
+      VerifyOptions options;
+      options.score_precision = InputPrecision::bf16;
+      const Verdict verdict = verify(spec, inputs, bf16_score_kernel(spec, inputs), options);
+      INFO("case " << c.name << ", spec " << name << "\n" << verdict.report());
+      CHECK(verdict.passed);
+      flipped += verdict.selection.rows_differing;
+      if (verdict.selection.rows_differing > 0)
+        std::printf("bf16 summaries %s %s: %lld rows flipped, max margin %.3g, largest bound %.3g\n",
+                    c.name, name, static_cast<long long>(verdict.selection.rows_differing),
+                    verdict.selection.max_accepted_margin, verdict.selection.bound);
+    }
+  }
+  // The test means something only if bf16 rounding did flip some selections.
+  CHECK(flipped > 0);
 }
