@@ -111,7 +111,7 @@ TEST_CASE("gpu exact chunk log-masses over the case table", "[gpu]") {
 }
 
 TEST_CASE("gpu selection with exact ties keeps the lower chunk", "[gpu]") {
-  const Case& c = case_named("longer_blocks");
+  const Case c = case_named("longer_blocks");
   const auto inputs = tied_inputs(c, 0.0);
   for (const char* preset : {"hils", "lmk", "nsa", "naive_bsa"}) {
     const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
@@ -154,7 +154,7 @@ TEST_CASE("gpu selection with exact ties keeps the lower chunk", "[gpu]") {
 }
 
 TEST_CASE("gpu selection with exact and near ties passes the oracle", "[gpu]") {
-  const Case& c = case_named("longer_blocks");
+  const Case c = case_named("longer_blocks");
   for (double perturbation : {0.0, 1e-7, 1e-5}) {
     const auto inputs = tied_inputs(c, perturbation);
     for (const char* preset : {"hils", "nsa", "naive_bsa"}) {
