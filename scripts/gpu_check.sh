@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Builds and runs every GPU test, compute-sanitizer memcheck and the benchmark, on the device
-# machine. Usage (repository root):  scripts/gpu_check.sh [--build-only] [--no-bench]
+# machine. Usage (repository root):
+#   scripts/gpu_check.sh [--build-only] [--no-bench] [--quick] [--profile]
+# --quick: ctest only (no second full test report, no memcheck); --profile: Nsight Compute on the
+# window, select and fuse kernels at T = HILS_PROFILE_T (default 131072) into ncu.log.
 # Environment: OUT (logs land there, default ./out/gpu_check), HILS_DEPS (a folder holding
 # eigen3/, catch2/ and cmake/ when the machine lacks Eigen or Catch2; default .device/deps),
 # HILS_BENCH_MAX_T (longest benchmark length, default 524288).
@@ -14,11 +17,15 @@ DEPS="${HILS_DEPS:-$ROOT/.device/deps}"
 BUILD="${HILS_GPU_BUILD:-$ROOT/build-gpu-check}"
 BUILD_ONLY=0
 BENCH=1
+QUICK=0
+PROFILE=0
 for arg in "$@"; do
   case "$arg" in
     --build-only) BUILD_ONLY=1 ;;
     --no-bench) BENCH=0 ;;
-    *) echo "gpu_check.sh: unknown argument '$arg' (expected --build-only or --no-bench)" >&2; exit 2 ;;
+    --quick) QUICK=1 ;;
+    --profile) PROFILE=1 ;;
+    *) echo "gpu_check.sh: unknown argument '$arg' (expected --build-only, --no-bench, --quick or --profile)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$OUT" "$BUILD/project"
@@ -72,6 +79,7 @@ status=0
 echo "== GPU tests"
 ( cd "$BUILD" && ctest -L gpu --output-on-failure -j1 ) >"$OUT/ctest.log" 2>&1 || status=1
 tail -n 25 "$OUT/ctest.log"
+if [ "$QUICK" = 0 ]; then
 "$BUILD/tests_gpu/test_gpu_kernels" >"$OUT/test_report.log" 2>&1 || status=1
 grep -E "^(===|  |ties|near)" "$OUT/test_report.log" | grep -c PASS | sed "s/^/tensor reports passing: /" || true
 grep -E "FAIL" "$OUT/test_report.log" | head -20 || true
@@ -83,6 +91,10 @@ if command -v compute-sanitizer >/dev/null; then
   grep -E "ERROR SUMMARY|Invalid|LEAK" "$OUT/memcheck.log" | head -5 || true
 else
   echo "compute-sanitizer not found"; status=1
+fi
+else
+  grep -E "FAIL" "$OUT/ctest.log" | head -20 || true
+  echo "(--quick: no second test report, no memcheck)"
 fi
 
 echo "== dump kernel outputs for hils verify"
@@ -98,7 +110,22 @@ if [ "$BENCH" = 1 ]; then
   PYTHONUNBUFFERED=1 python3 "$ROOT/gpu/bench/bench_hils.py" --lib "$BUILD/gpu/libhils_gpu_c.so" \
     --max-T "${HILS_BENCH_MAX_T:-524288}" --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" || status=1
 fi
+if [ "$PROFILE" = 1 ]; then
+  echo "== Nsight Compute (window, select, fuse at T=${HILS_PROFILE_T:-131072})"
+  NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)"
+  if [ -n "$NCU" ]; then
+    "$NCU" --profile-from-start off --clock-control none \
+      -k "regex:window_packed|select_packed_kernel|chunk_attention|reduce_kernel" -c 6 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      python3 "$ROOT/gpu/bench/profile_stages.py" --lib "$BUILD/gpu/libhils_gpu_c.so" \
+      --T "${HILS_PROFILE_T:-131072}" >"$OUT/ncu.log" 2>&1 || echo "ncu failed (see ncu.log)"
+    grep -E "^  [A-Za-z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible" "$OUT/ncu.log" | head -60 || true
+  else
+    echo "ncu not found"
+  fi
+fi
 # At most 8 files come back from the device machine: logs go into one archive.
 tar -C "$OUT" -czf "$OUT/logs.tar.gz" --remove-files \
-  $(cd "$OUT" && ls configure.log build.log ctest.log test_report.log memcheck.log dump.log bench.log 2>/dev/null)
+  $(cd "$OUT" && ls configure.log build.log ctest.log test_report.log memcheck.log dump.log bench.log ncu.log 2>/dev/null)
 exit $status

@@ -117,6 +117,7 @@ void validate(const MechanismSpec& spec, const Shape& shape, const DeviceInputs&
 }
 
 void set_packed_kernels(bool enabled) { g_packed_kernels = enabled; }
+void set_sparse_segment_queries(int64_t queries) { detail::set_sparse_segment_queries(queries); }
 bool packed_kernels() { return g_packed_kernels; }
 
 void window_attention(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
@@ -185,7 +186,9 @@ void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
   } else {
     require(spec.fusion == Fusion::hierarchical, "fusion", "flat or hierarchical",
             fusion_name(spec.fusion));
-    if (g_packed_kernels && detail::packed_path_applies(p))
+    if (g_packed_kernels && detail::packed_path_applies(p) && detail::chunked_fuse_applies(p))
+      detail::launch_fuse_chunked(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+    else if (g_packed_kernels && detail::packed_path_applies(p))
       detail::launch_fuse_packed(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
     else
       detail::launch_fuse_hierarchical(p, selection, selected_score, o_swa, lse_swa, o, lse,

@@ -62,3 +62,15 @@ void launch_select_packed(const LaunchParams& p, const float* key, const float* 
                           cudaStream_t stream);
 
 }  // namespace hils::gpu::detail
+
+namespace hils::gpu::detail {
+
+// Chunk-major hierarchical fusion (sparse_chunked.cu) for the packed shapes, 1 <= K <= 64.
+bool chunked_fuse_applies(const LaunchParams& p);
+void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
+                         const float* selected_score, const float* o_swa, const float* lse_swa,
+                         float* o, float* lse, cudaStream_t stream);
+// Queries per segment of the chunk-major fusion (0: from its 1 GiB scratch budget).
+void set_sparse_segment_queries(int64_t queries);
+
+}  // namespace hils::gpu::detail

@@ -66,24 +66,41 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[4][4],
   }
 }
 
-// s[nt] = q (16 x 64) . K_tile^T for keys nt*8 .. nt*8+7 (C layout, unscaled).
+// Four 8x8 b16 matrices from shared memory (lanes 8i..8i+7 give the row addresses of matrix i).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// s[nt] = q (16 x 64) . K_tile^T for keys nt*8 .. nt*8+7 (C layout, unscaled). The B fragments
+// come from ldmatrix over key rows: matrix j of a load = dims 8j .. 8j+7 of 8 keys.
 __device__ __forceinline__ void qk_tile(float (&s)[8][4], const uint32_t (&qa)[4][4],
                                         const __nv_bfloat16 (*ks_tile)[kTilePitch]) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt) {
     s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-    const __nv_bfloat16* key = ks_tile[nt * 8 + lane / 4];
+    const __nv_bfloat16* key = ks_tile[nt * 8 + lane % 8] + 8 * (lane / 8);
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      const int col = 16 * ks + (lane % 4) * 2;
-      mma_16816(s[nt], qa[ks], *reinterpret_cast<const uint32_t*>(key + col),
-                *reinterpret_cast<const uint32_t*>(key + col + 8));
+    for (int half = 0; half < 2; ++half) {
+      uint32_t b[4];
+      ldmatrix_x4(b, key + 32 * half);
+      mma_16816(s[nt], qa[2 * half], b[0], b[1]);
+      mma_16816(s[nt], qa[2 * half + 1], b[2], b[3]);
     }
   }
 }
 
-// o[nt] += P (16 x 64 keys, C layout in p) . V_tile (64 keys x 64 dims).
+// o[nt] += P (16 x 64 keys, C layout in p) . V_tile (64 keys x 64 dims). The B fragments come
+// from transposing ldmatrix over value rows: keys 16ks + (0..7 | 8..15) x dims of nt, nt + 1.
 __device__ __forceinline__ void pv_tile(float (&o)[8][4], const float (&p)[8][4],
                                         const __nv_bfloat16 (*vs_tile)[kTilePitch]) {
   const int lane = threadIdx.x % kWarp;
@@ -93,12 +110,13 @@ __device__ __forceinline__ void pv_tile(float (&o)[8][4], const float (&p)[8][4]
                            pack_bf16(p[2 * ks][2], p[2 * ks][3]),
                            pack_bf16(p[2 * ks + 1][0], p[2 * ks + 1][1]),
                            pack_bf16(p[2 * ks + 1][2], p[2 * ks + 1][3])};
-    const int key = 16 * ks + (lane % 4) * 2;
+    const __nv_bfloat16* row = vs_tile[16 * ks + lane % 8 + 8 * ((lane / 8) % 2)] + 8 * (lane / 16);
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      const int dim = nt * 8 + lane / 4;
-      mma_16816(o[nt], a, pack_raw(vs_tile[key][dim], vs_tile[key + 1][dim]),
-                pack_raw(vs_tile[key + 8][dim], vs_tile[key + 9][dim]));
+    for (int np = 0; np < 4; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, row + 16 * np);
+      mma_16816(o[2 * np], a, b[0], b[1]);
+      mma_16816(o[2 * np + 1], a, b[2], b[3]);
     }
   }
 }

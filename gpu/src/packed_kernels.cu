@@ -68,8 +68,9 @@ template <int G>
 __global__ void __launch_bounds__(kPackedThreads)
     window_packed_kernel(LaunchParams p, float* o_swa, float* lse_swa) {
   constexpr int M = kPackedRows / G;
-  __shared__ __align__(16) __nv_bfloat16 ks_tile[kTileDim][kTilePitch];
-  __shared__ __align__(16) __nv_bfloat16 vs_tile[kTileDim][kTilePitch];
+  // Two K/V stages: tile i + 1 streams in (cp.async) while tile i is computed.
+  __shared__ __align__(16) __nv_bfloat16 ks_tile[2][kTileDim][kTilePitch];
+  __shared__ __align__(16) __nv_bfloat16 vs_tile[2][kTileDim][kTilePitch];
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * M, g = blockIdx.y;
   const ThreadRows<G> rows(t0, g, p.T);
@@ -83,17 +84,40 @@ __global__ void __launch_bounds__(kPackedThreads)
 #pragma unroll
   for (int i = 0; i < 2; ++i) left[i] = geo.window_left(rows.t[i]);
   const int64_t t_last = t0 + M - 1 < p.T - 1 ? t0 + M - 1 : p.T - 1;
+  // S = 64 on this path: tiles start at multiples of 64, the landmark is a tile's column 63
+  // (complete chunks only), so the mask is int32 arithmetic on columns.
+  const int64_t complete = (p.T / kTileDim) * kTileDim;
+  const int64_t first = geo.window_left(t0);
+  const int n_tiles = static_cast<int>((t_last - first) / kTileDim + 1);
+  const int lane = threadIdx.x % kWarp;
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f}, o[8][4] = {};
-  for (int64_t key0 = geo.window_left(t0); key0 <= t_last; key0 += kTileDim) {
+  load_tile_async(ks_tile[0], k, first, p.T);
+  load_tile_async(vs_tile[0], v, first, p.T);
+  cp_async_commit();
+  for (int it = 0; it < n_tiles; ++it) {
+    const int64_t key0 = first + static_cast<int64_t>(it) * kTileDim;
+    cp_async_wait_all();
     __syncthreads();
-    load_tile(ks_tile, k, key0, p.T);
-    load_tile(vs_tile, v, key0, p.T);
-    __syncthreads();
+    if (it + 1 < n_tiles) {
+      load_tile_async(ks_tile[(it + 1) % 2], k, key0 + kTileDim, p.T);
+      load_tile_async(vs_tile[(it + 1) % 2], v, key0 + kTileDim, p.T);
+      cp_async_commit();
+    }
+    // Row i sees columns [lo_i, hi_i] of this tile (clamped to int32), minus the landmark.
+    int lo[2], hi[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t a = left[i] - key0, b = rows.t[i] - key0;
+      lo[i] = a < 0 ? 0 : (a > kTileDim ? kTileDim : static_cast<int>(a));
+      hi[i] = rows.valid[i] ? (b < -1 ? -1 : (b > kTileDim ? kTileDim : static_cast<int>(b))) : -1;
+    }
+    const bool landmark_col = p.landmarks && key0 + kTileDim <= complete;
     float s[8][4], tile_max[2], tile_sum[2];
-    qk_tile(s, qa, ks_tile);
-    mask_tile(s, p.scale, key0,
+    qk_tile(s, qa, ks_tile[it % 2]);
+    mask_tile(s, p.scale, 0,
               [&](int i, int64_t j) {
-                return rows.valid[i] && j >= left[i] && j <= rows.t[i] && geo.attendable(j);
+                const int col = static_cast<int>(j);
+                return col >= lo[i] && col <= hi[i] && !(landmark_col && col == kTileDim - 1);
               },
               tile_max);
     float m_new[2], alpha[2];
@@ -109,9 +133,8 @@ __global__ void __launch_bounds__(kPackedThreads)
       for (int e = 0; e < 4; ++e) o[nt][e] *= alpha[e / 2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + tile_sum[i], m[i] = m_new[i];
-    pv_tile(o, s, vs_tile);
+    pv_tile(o, s, vs_tile[it % 2]);
   }
-  const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     if (!rows.valid[i]) continue;

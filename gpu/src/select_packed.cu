@@ -13,36 +13,56 @@ namespace {
 constexpr int kQueries = 64;     // queries per block, 16 per warp
 constexpr int kRPitch = 65;      // fp32 per row of the group-score tile
 constexpr int kGroupMaxNormalized = 0, kGroupSumProbabilities = 1;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Scores run in base 2 (s2 = s_hat log2 e): one ex2 per exponential, the same ranking.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// 4-byte asynchronous copy (zero-filled when !valid; src must still point into an allocation).
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+}
 
 struct SelectShared {
-  float* r;          // [64][kRPitch] group scores of the current tile
-  float* log_z;      // [G][64]
+  float* r;          // [64][kRPitch] group scores of the current tile (base 2)
+  float* log_z;      // [G][64] log2 Z_hat
   float* value;      // [64][K]
   int32_t* index;    // [64][K]
   int32_t* count;    // [64]
   int32_t* worst;    // [64]
+  int32_t* n_cand;   // [64] |V(t)| of each query (0 past T)
 };
-
-// s_hat of the warp's 16 queries against the tile (kNegInf where c >= |V(t)|).
-__device__ void tile_scores(float (&s)[8][4], const uint32_t (&qa)[4][4],
-                            const __nv_bfloat16 (*tile)[kTilePitch], const float* bias,
-                            float scale, int64_t c0, const int64_t (&n_cand)[2]) {
-  const int lane = threadIdx.x % kWarp;
-  qk_tile(s, qa, tile);
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int col = nt * 8 + (lane % 4) * 2 + (e % 2);
-      s[nt][e] = c0 + col < n_cand[e / 2] ? s[nt][e] * scale + bias[col] : kNegInf;
-    }
-}
 
 __device__ void load_query_fragments(uint32_t (&qa)[4][4], const LaunchParams& p, int64_t h,
                                      const int64_t (&t)[2]) {
   const auto* q = static_cast<const __nv_bfloat16*>(p.q_retrieval) + h * p.T * kTileDim;
   load_q_fragments(qa, t[0] < p.T ? q + t[0] * kTileDim : nullptr,
                    t[1] < p.T ? q + t[1] * kTileDim : nullptr);
+}
+
+// s2 = s * scale2 + bias2[col] in place; kNegInf where c0 + col >= n_cand (only when !full).
+__device__ __forceinline__ void scale_and_mask(float (&s)[8][4], const float* bias2, float scale2,
+                                               int c0, const int (&n_cand)[2], bool full) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = nt * 8 + (lane % 4) * 2 + (e % 2);
+      s[nt][e] = fmaf(s[nt][e], scale2, bias2[col]);
+      if (!full && c0 + col >= n_cand[e / 2]) s[nt][e] = kNegInf;
+    }
 }
 
 // The worst entry of a full list: lowest value, and of equal values the highest index.
@@ -63,13 +83,13 @@ __device__ int worst_of(const float* value, const int32_t* index, int K) {
 }
 
 // Offers the 64 scores of one query's tile row (ascending chunks from c0) to its list.
-__device__ void offer_tile(const SelectShared& sh, int q, int64_t c0, int64_t n_cand, int K) {
+__device__ void offer_tile(const SelectShared& sh, int q, int c0, int n_cand, int K) {
   const int lane = threadIdx.x % kWarp;
   float* value = sh.value + q * K;
   int32_t* index = sh.index + q * K;
   int n = sh.count[q], worst = sh.worst[q];
   for (int half = 0; half < 2; ++half) {
-    const int64_t c = c0 + half * kWarp + lane;
+    const int c = c0 + half * kWarp + lane;
     const bool valid = c < n_cand;
     const float r = valid ? sh.r[q * kRPitch + half * kWarp + lane] : kNegInf;
     const float worst_v = n == K ? value[worst] : kNegInf;
@@ -83,7 +103,7 @@ __device__ void offer_tile(const SelectShared& sh, int q, int64_t c0, int64_t n_
       if (n < K) slot = n++;
       else if (rv > value[worst]) slot = worst;
       else continue;
-      if (lane == 0) value[slot] = rv, index[slot] = static_cast<int32_t>(c0 + half * kWarp + src);
+      if (lane == 0) value[slot] = rv, index[slot] = c0 + half * kWarp + src;
       __syncwarp();
       if (n == K) worst = worst_of(value, index, K);
       __syncwarp();
@@ -93,7 +113,8 @@ __device__ void offer_tile(const SelectShared& sh, int q, int64_t c0, int64_t n_
   __syncwarp();
 }
 
-// Writes query q's list ascending, -1 padded, with fp32 s_hat of every head of the group.
+// Writes query q's list ascending, -1 padded, with fp32 s_hat of every head of the group: the
+// warp forms each dot product together (lane owns dims 2 lane, 2 lane + 1; coalesced rows).
 __device__ void write_selection(const LaunchParams& p, const SelectShared& sh, int q, int64_t t,
                                 int64_t g, int G, const float* key, const float* bias,
                                 int32_t* selection, float* selected_score) {
@@ -102,89 +123,121 @@ __device__ void write_selection(const LaunchParams& p, const SelectShared& sh, i
   const int n = sh.count[q];
   const int64_t n_chunks = p.T / p.S;
   const auto* qr = static_cast<const __nv_bfloat16*>(p.q_retrieval);
-  for (int e = lane; e < K; e += kWarp) {
-    const int32_t c = e < n ? sh.index[q * K + e] : -1;
+  // Slots lane and lane + 32 (K <= 64): chunk and rank in the ascending list.
+  int32_t c_of[2];
+  int rank_of[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int e = lane + kWarp * i;
+    c_of[i] = e < n ? sh.index[q * K + e] : -1;
     int rank = e;
     if (e < n) {
       rank = 0;
-      for (int f = 0; f < n; ++f) rank += sh.index[q * K + f] < c;
+      for (int f = 0; f < n; ++f) rank += sh.index[q * K + f] < c_of[i];
     }
-    selection[(g * p.T + t) * K + rank] = c;
-    for (int hg = 0; hg < G; ++hg) {
-      const int64_t h = g * G + hg;
-      float score = kNegInf;
-      if (c >= 0) {
-        const __nv_bfloat16* qt = qr + (h * p.T + t) * kTileDim;
-        const float* kc = key + (h * n_chunks + c) * kTileDim;
-        float acc = 0.0f;
-        for (int i = 0; i < kTileDim; ++i) acc = fmaf(__bfloat162float(qt[i]), kc[i], acc);
-        score = p.scale * acc + bias[h * n_chunks + c];
+    rank_of[i] = rank;
+    if (e < K) selection[(g * p.T + t) * K + rank] = c_of[i];
+  }
+  for (int hg = 0; hg < G; ++hg) {
+    const int64_t h = g * G + hg;
+    const float2 qv = __bfloat1622float2(
+        *reinterpret_cast<const __nv_bfloat162*>(qr + (h * p.T + t) * kTileDim + 2 * lane));
+    float score[2] = {kNegInf, kNegInf};
+#pragma unroll 4
+    for (int e = 0; e < n; ++e) {
+      const int32_t c = sh.index[q * K + e];
+      const float2 kv = *reinterpret_cast<const float2*>(key + (h * n_chunks + c) * kTileDim + 2 * lane);
+      float acc = warp_sum(fmaf(qv.x, kv.x, qv.y * kv.y));
+      acc = p.scale * acc + bias[h * n_chunks + c];
+      if (lane == e % kWarp) {
+        if (e < kWarp) score[0] = acc;
+        else score[1] = acc;
       }
-      selected_score[(h * p.T + t) * K + rank] = score;
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int e = lane + kWarp * i;
+      if (e < K) selected_score[(h * p.T + t) * K + rank_of[i]] = score[i];
     }
   }
 }
 
-// fp32 summaries -> bf16 copy for the copy engine and the tensor cores.
-__global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n) {
+// fp32 summaries -> bf16 copy for the copy engine and the tensor cores; bias -> bias log2 e.
+__global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n, const float* bias,
+                               float* bias2, int64_t n_bias) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) dst[i] = __float2bfloat16_rn(src[i]);
+  if (i < n_bias) bias2[i] = bias[i] * kLog2e;
 }
 
 template <int G>
 __global__ void __launch_bounds__(kPackedThreads)
     select_packed_kernel(LaunchParams p, const float* key, const __nv_bfloat16* key_bf16,
-                         const float* bias, const float* lse_swa, int32_t* selection,
-                         float* selected_score) {
+                         const float* bias, const float* bias2, const float* lse_swa,
+                         int32_t* selection, float* selected_score) {
   // Two stages of (k' tile, bias tile): step s + 1 streams in while step s is computed.
   __shared__ __align__(16) __nv_bfloat16 tile[2][kTileDim][kTilePitch];
-  __shared__ float bias_tile[2][kTileDim];
+  __shared__ __align__(16) float bias_tile[2][kTileDim];
   extern __shared__ float dyn[];
   const int K = static_cast<int>(p.K);
-  const SelectShared sh{dyn,
-                        dyn + kQueries * kRPitch,
-                        dyn + kQueries * kRPitch + G * kQueries,
-                        reinterpret_cast<int32_t*>(dyn + kQueries * kRPitch + G * kQueries + kQueries * K),
-                        reinterpret_cast<int32_t*>(dyn + kQueries * kRPitch + G * kQueries + 2 * kQueries * K),
-                        reinterpret_cast<int32_t*>(dyn + kQueries * kRPitch + G * kQueries + 2 * kQueries * K + kQueries)};
+  float* cursor = dyn;
+  auto take = [&](int64_t count) { float* out = cursor; cursor += count; return out; };
+  SelectShared sh;
+  sh.r = take(kQueries * kRPitch);
+  sh.log_z = take(G * kQueries);
+  sh.value = take(kQueries * K);
+  sh.index = reinterpret_cast<int32_t*>(take(kQueries * K));
+  sh.count = reinterpret_cast<int32_t*>(take(kQueries));
+  sh.worst = reinterpret_cast<int32_t*>(take(kQueries));
+  sh.n_cand = reinterpret_cast<int32_t*>(take(kQueries));
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kQueries, g = blockIdx.y;
   const int64_t n_chunks = geo.n_chunks();
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
   const int64_t t[2] = {t0 + row[0], t0 + row[1]};
-  const int64_t n_cand[2] = {t[0] < p.T ? geo.candidate_count(t[0]) : 0,
-                             t[1] < p.T ? geo.candidate_count(t[1]) : 0};
+  for (int q = threadIdx.x; q < kQueries; q += kPackedThreads) {
+    sh.count[q] = 0, sh.worst[q] = 0;
+    sh.n_cand[q] = t0 + q < p.T ? static_cast<int>(geo.candidate_count(t0 + q)) : 0;
+  }
+  __syncthreads();
+  const int n_cand[2] = {sh.n_cand[row[0]], sh.n_cand[row[1]]};
+  // Tiles below every row's count of the warp need no mask.
+  int warp_min = n_cand[0] < n_cand[1] ? n_cand[0] : n_cand[1];
+  for (int off = kWarp / 2; off > 0; off /= 2) warp_min = min(warp_min, __shfl_xor_sync(0xffffffffu, warp_min, off));
   const int64_t t_last = t0 + kQueries - 1 < p.T - 1 ? t0 + kQueries - 1 : p.T - 1;
-  const int n_tiles = static_cast<int>((geo.candidate_count(t_last) + kTileDim - 1) / kTileDim);
-  for (int q = threadIdx.x; q < kQueries; q += kPackedThreads) sh.count[q] = 0, sh.worst[q] = 0;
-  // Stage `buf` <- k' and bias of head hg, chunks [c0, c0 + 64).
-  auto issue = [&](int hg, int64_t c0, int buf) {
+  const int n_tiles = (sh.n_cand[t_last - t0] + kTileDim - 1) / kTileDim;
+  const float scale2 = p.scale * kLog2e;
+  // Stage `buf` <- k' and bias2 of head hg, chunks [c0, c0 + 64).
+  auto issue = [&](int hg, int c0, int buf) {
     const int64_t h = g * G + hg;
     load_tile_async(tile[buf], key_bf16 + h * n_chunks * kTileDim, c0, n_chunks);
-    cp_async_commit();
     for (int r = threadIdx.x; r < kTileDim; r += kPackedThreads)
-      bias_tile[buf][r] = c0 + r < n_chunks ? bias[h * n_chunks + c0 + r] : 0.0f;
+      cp_async4(&bias_tile[buf][r], bias2 + h * n_chunks + (c0 + r < n_chunks ? c0 + r : 0),
+                c0 + r < n_chunks);
+    cp_async_commit();
   };
-  uint32_t qa[4][4];
+  uint32_t qa[4][4], qn[4][4];
   float s[8][4];
-  // Pass 1, step = (head, tile): log Z_hat(t,h) = logaddexp(lse_swa, LSE over V(t) of s_hat).
+  // Pass 1, step = (head, tile): log2 Z_hat(t,h) = log2(2^lse_swa2 + sum over V(t) of 2^s2).
   if (p.group_rule != 2 && n_tiles > 0) {
     const int steps = G * n_tiles;
     float m[2], l[2];
     issue(0, 0, 0);
     for (int step = 0; step < steps; ++step) {
       const int hg = step / n_tiles;
-      const int64_t c0 = static_cast<int64_t>(step % n_tiles) * kTileDim;
+      const int tile_i = step % n_tiles;
+      const int c0 = tile_i * kTileDim;
       const int64_t h = g * G + hg;
-      if (c0 == 0) {
+      if (tile_i == 0) {
         load_query_fragments(qa, p, h, t);
         m[0] = m[1] = kNegInf, l[0] = l[1] = 0.0f;
       }
       cp_async_wait_all();
       __syncthreads();
       if (step + 1 < steps) issue((step + 1) / n_tiles, ((step + 1) % n_tiles) * kTileDim, (step + 1) % 2);
-      tile_scores(s, qa, tile[step % 2], bias_tile[step % 2], p.scale, c0, n_cand);
+      qk_tile(s, qa, tile[step % 2]);
+      scale_and_mask(s, bias_tile[step % 2], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         float tile_max = kNegInf;
@@ -192,54 +245,86 @@ __global__ void __launch_bounds__(kPackedThreads)
         for (int nt = 0; nt < 8; ++nt) tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
         tile_max = quad_max(tile_max);
         const float m_new = fmaxf(m[i], tile_max);
+        const float m_use = m_new == kNegInf ? 0.0f : m_new;
         float sum = 0.0f;
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) sum += exp_diff(s[nt][2 * i], m_new) + exp_diff(s[nt][2 * i + 1], m_new);
-        l[i] = l[i] * exp_diff(m[i], m_new) + quad_sum(sum);
+        for (int nt = 0; nt < 8; ++nt) sum += fast_exp2(s[nt][2 * i] - m_use) + fast_exp2(s[nt][2 * i + 1] - m_use);
+        l[i] = l[i] * fast_exp2(m[i] - m_use) + quad_sum(sum);
         m[i] = m_new;
       }
-      if (step % n_tiles == n_tiles - 1) {
+      if (tile_i == n_tiles - 1) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          const float swa = t[i] < p.T ? lse_swa[h * p.T + t[i]] : 0.0f;
+          const float swa = t[i] < p.T ? lse_swa[h * p.T + t[i]] * kLog2e : kNegInf;
           const float top = fmaxf(m[i], swa);
-          const float z = top + __logf(exp_diff(m[i], top) * l[i] + exp_diff(swa, top));
+          const float top_use = top == kNegInf ? 0.0f : top;
+          const float z = top_use + fast_log2(fast_exp2(m[i] - top_use) * l[i] + fast_exp2(swa - top_use));
           if (lane % 4 == 0) sh.log_z[hg * kQueries + row[i]] = z;
         }
       }
     }
   }
   __syncthreads();
-  // Pass 2, step = (tile, head): group score per tile, offered to each query's top-K list.
+  // Pass 2, step = (tile, head): group score per tile; rows with a score above their list's
+  // threshold (held in registers) are offered to their top-K lists.
   if (n_tiles > 0) {
     const int steps = G * n_tiles;
     float r[8][4];
+    float theta[2] = {kNegInf, kNegInf};  // a candidate must beat this to enter (full list)
     issue(0, 0, 0);
+    load_query_fragments(qn, p, g * G, t);
     for (int step = 0; step < steps; ++step) {
       const int hg = step % G;
-      const int64_t c0 = static_cast<int64_t>(step / G) * kTileDim;
-      const int64_t h = g * G + hg;
+      const int c0 = (step / G) * kTileDim;
+#pragma unroll
+      for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int b = 0; b < 4; ++b) qa[a][b] = qn[a][b];
+      cp_async_wait_all();
+      __syncthreads();
+      if (step + 1 < steps) {
+        issue((step + 1) % G, ((step + 1) / G) * kTileDim, (step + 1) % 2);
+        if (G > 1) load_query_fragments(qn, p, g * G + (step + 1) % G, t);
+      }
       if (hg == 0) {
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) r[nt][e] = p.group_rule == kGroupSumProbabilities ? 0.0f : kNegInf;
       }
-      load_query_fragments(qa, p, h, t);
-      cp_async_wait_all();
-      __syncthreads();
-      if (step + 1 < steps) issue((step + 1) % G, ((step + 1) / G) * kTileDim, (step + 1) % 2);
-      tile_scores(s, qa, tile[step % 2], bias_tile[step % 2], p.scale, c0, n_cand);
+      qk_tile(s, qa, tile[step % 2]);
+      const float* b2 = bias_tile[step % 2];
       const float z[2] = {sh.log_z[hg * kQueries + row[0]], sh.log_z[hg * kQueries + row[1]]};
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          if (p.group_rule == kGroupMaxNormalized) r[nt][e] = fmaxf(r[nt][e], s[nt][e] - z[e / 2]);
-          else if (p.group_rule == kGroupSumProbabilities) r[nt][e] += exp_diff(s[nt][e], z[e / 2]);
-          else r[nt][e] = fmaxf(r[nt][e], s[nt][e]);
+          const int col = nt * 8 + (lane % 4) * 2 + (e % 2);
+          const float v = fmaf(s[nt][e], scale2, b2[col]);
+          if (p.group_rule == kGroupMaxNormalized) r[nt][e] = fmaxf(r[nt][e], v - z[e / 2]);
+          else if (p.group_rule == kGroupSumProbabilities) r[nt][e] += fast_exp2(v - z[e / 2]);
+          else r[nt][e] = fmaxf(r[nt][e], v);
         }
       if (hg != G - 1) continue;
+      // Sums of probabilities are ranked in the linear domain, the others in base 2.
+      bool any[2] = {false, false};
+      const bool full = c0 + kTileDim <= warp_min;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = nt * 8 + (lane % 4) * 2 + (e % 2);
+          if (!full && c0 + col >= n_cand[e / 2]) r[nt][e] = kNegInf;
+          any[e / 2] |= r[nt][e] > theta[e / 2];
+        }
+      const unsigned b0 = __ballot_sync(0xffffffffu, any[0]), b1 = __ballot_sync(0xffffffffu, any[1]);
+      unsigned rows = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if ((b0 >> (4 * j)) & 0xFu) rows |= 1u << j;
+        if ((b1 >> (4 * j)) & 0xFu) rows |= 1u << (j + 8);
+      }
+      if (rows == 0u) continue;
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -247,8 +332,13 @@ __global__ void __launch_bounds__(kPackedThreads)
           sh.r[row[e / 2] * kRPitch + nt * 8 + (lane % 4) * 2 + (e % 2)] = r[nt][e];
       __syncwarp();
       // Each warp ranks its own 16 queries: no block barrier needed for sh.r rows.
-      for (int q = warp * 16; q < warp * 16 + 16; ++q)
-        if (t0 + q < p.T) offer_tile(sh, q, c0, geo.candidate_count(t0 + q), K);
+      for (unsigned pending = rows; pending != 0u; pending &= pending - 1) {
+        const int q = warp * 16 + __ffs(pending) - 1;
+        offer_tile(sh, q, c0, sh.n_cand[q], K);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        theta[i] = sh.count[row[i]] == K ? sh.value[row[i] * K + sh.worst[row[i]]] : kNegInf;
     }
   }
   __syncthreads();
@@ -257,7 +347,7 @@ __global__ void __launch_bounds__(kPackedThreads)
 }
 
 size_t select_smem_bytes(int64_t G, int64_t K) {
-  return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries) * 4;
+  return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 3 * kQueries) * 4;
 }
 
 template <int G>
@@ -270,16 +360,21 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
                        static_cast<int>(smem));
   const dim3 grid(static_cast<unsigned>((p.T + kQueries - 1) / kQueries),
                   static_cast<unsigned>(p.Hkv));
-  // A bf16 copy of k' (stream-ordered scratch) feeds the copy engine and the tensor cores.
-  const int64_t n = p.Hq * (p.T / p.S) * kTileDim;
-  __nv_bfloat16* key_bf16 = nullptr;
-  if (cudaMallocAsync(reinterpret_cast<void**>(&key_bf16), (n > 0 ? n : 1) * sizeof(__nv_bfloat16),
+  // A bf16 copy of k' and a log2 e scaled bias (stream-ordered scratch) feed the copy engine.
+  const int64_t n = p.Hq * (p.T / p.S) * kTileDim, n_bias = p.Hq * (p.T / p.S);
+  const size_t key_bytes = ((n > 0 ? n : 1) * sizeof(__nv_bfloat16) + 255) / 256 * 256;
+  char* scratch = nullptr;
+  if (cudaMallocAsync(reinterpret_cast<void**>(&scratch), key_bytes + (n_bias > 0 ? n_bias : 1) * sizeof(float),
                       stream) != cudaSuccess)
     return;  // the error surfaces through cudaGetLastError in the caller
-  if (n > 0) to_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(key, key_bf16, n);
-  select_packed_kernel<G><<<grid, kPackedThreads, smem, stream>>>(p, key, key_bf16, bias, lse_swa,
-                                                                  selection, selected_score);
-  cudaFreeAsync(key_bf16, stream);
+  auto* key_bf16 = reinterpret_cast<__nv_bfloat16*>(scratch);
+  auto* bias2 = reinterpret_cast<float*>(scratch + key_bytes);
+  if (n > 0)
+    to_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(key, key_bf16, n, bias,
+                                                                               bias2, n_bias);
+  select_packed_kernel<G><<<grid, kPackedThreads, smem, stream>>>(p, key, key_bf16, bias, bias2,
+                                                                  lse_swa, selection, selected_score);
+  cudaFreeAsync(scratch, stream);
 }
 
 }  // namespace

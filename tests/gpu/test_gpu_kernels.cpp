@@ -196,3 +196,39 @@ TEST_CASE("gpu packed tensor-core kernels against the reference", "[gpu]") {
     }
   }
 }
+
+// The chunk-major sparse stage in several query segments, with the fusion options (softmax1)
+// and the other group rules (scored in base 2 by the packed selection) on packed shapes.
+TEST_CASE("gpu packed sparse stage in segments, softmax1 and group rules", "[gpu]") {
+  // clang-format off
+  static constexpr Case kCases[] = {
+    //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
+    Case{"packed_segments_g8",     1500,   64, 128,  6,  8,  1, 64, 64, true, 1.0},
+    Case{"packed_segments_g2",     1300,   64,  64,  5,  4,  2, 64, 64, true, 2.0},
+  };
+  // clang-format on
+  MechanismSpec base = hils::preset("hils");
+  MechanismSpec softmax1 = base;
+  softmax1.name = "hils_softmax1";
+  softmax1.softmax1 = true;
+  MechanismSpec sum_prob = base;
+  sum_prob.name = "hils_sum_probabilities";
+  sum_prob.group_rule = hils::GroupRule::sum_probabilities;
+  MechanismSpec max_raw = base;
+  max_raw.name = "hils_max_raw";
+  max_raw.group_rule = hils::GroupRule::max_raw;
+  for (const Case& c : kCases) {
+    const auto inputs = hils::cases::make_inputs<double>(c);
+    for (const MechanismSpec& preset : {base, softmax1, sum_prob, max_raw}) {
+      const MechanismSpec spec = hils::cases::with_case_geometry(preset, c);
+      if (!reference_accepts(spec, inputs)) continue;
+      for (int64_t segment : {int64_t{0}, int64_t{257}}) {
+        hils::gpu::set_sparse_segment_queries(segment);
+        INFO("case " << c.name << " spec " << spec.name << " segment " << segment);
+        CHECK(check_mechanism(spec, inputs, DType::bf16,
+                              std::string(c.name) + " segment " + std::to_string(segment)));
+      }
+      hils::gpu::set_sparse_segment_queries(0);
+    }
+  }
+}

@@ -55,6 +55,9 @@ void validate(const MechanismSpec& spec, const Shape& shape, const DeviceInputs&
 // default; off runs the SIMT kernels everywhere (tests compare both with the reference).
 void set_packed_kernels(bool enabled);
 bool packed_kernels();
+// Queries per segment of the chunk-major sparse stage (packed shapes): 0 (default) sizes it from
+// a 1 GiB scratch budget; tests set small values to cover several segments.
+void set_sparse_segment_queries(int64_t queries);
 
 // ---- Stages, each callable alone --------------------------------------------------------
 

@@ -1,0 +1,41 @@
+"""One forward of the benchmark geometry (bench_hils.py) for Nsight Compute: every stage runs
+once to warm up, then select and fuse run again between cudaProfilerStart/Stop, so
+`ncu --profile-from-start off` sees only those launches. Used by scripts/gpu_check.sh --profile.
+"""
+import argparse
+import sys
+
+import torch
+
+sys.path.insert(0, __import__("os").path.dirname(__file__))
+import hils_ctypes as hc  # noqa: E402
+from bench_hils import HQ, HKV, D, S, K, W  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--T", type=int, default=131072)
+    args = ap.parse_args()
+    lib = hc.Library(args.lib)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(1234)
+    T = args.T
+    q = torch.randn(HQ, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    p = hc.make_problem(q, k, v, S, W, K, "hils")
+    st = hc.Stages(lib, p)
+    st.forward()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    st.window()
+    st.select()
+    st.fuse()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print("profiled window, select and fuse at T =", T)
+
+
+if __name__ == "__main__":
+    main()

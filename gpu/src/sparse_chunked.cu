@@ -1,0 +1,321 @@
+// Chunk-major hierarchical fusion (SPEC §6, Eq. 10) for the packed shapes (bf16, d = dv = S = 64,
+// G | 16). The query-major packed kernel loads every selected chunk once per block of M = 64/G
+// queries; with little overlap between the queries' selections that is ~K chunks (16 KB each)
+// per query and group, which bounds it by K/V bytes. Here the (query, chunk) pairs are bucketed
+// by chunk, a block loads one chunk's K/V once and runs every query (x G heads) that selected it
+// on tensor cores; each (query, head, slot) writes its intra-chunk result o_c (normalised, fp16)
+// to a scratch buffer, and a reduction per (query, head) forms the fusion softmax over
+// [s_hat(c)..., lse_swa (, 0)] with those values. Queries go in segments so the scratch stays
+// bounded (Hq x segment x K x 64 halves).
+//
+// Kernels per segment: count pairs per chunk -> exclusive scans (pairs, items) -> scatter the
+// pairs into buckets -> one block per item (a chunk and up to 512/G of its pairs) -> reduce.
+#include <cuda_fp16.h>
+
+#include "launch_params.hpp"
+#include "mma_common.cuh"
+
+namespace hils::gpu::detail {
+namespace {
+
+constexpr int kScanThreads = 1024;
+constexpr int kReduceWarps = 8;
+int64_t g_segment_queries = 0;  // 0: choose from the scratch budget
+constexpr size_t kPartialBudget = size_t{1} << 30;  // bytes of fp16 partial outputs per segment
+
+// Pairs of one item: 512 / G, i.e. 32 slices of 16 rows (query, head).
+template <int G>
+__host__ __device__ constexpr int pairs_per_item() { return 512 / G; }
+
+__global__ void count_pairs_kernel(const int32_t* selection, int64_t T, int64_t K, int64_t t0,
+                                   int64_t tn, int64_t Hkv, int64_t nc, int32_t* counts) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= Hkv * tn * K) return;
+  const int64_t g = i / (tn * K), rest = i % (tn * K);
+  const int32_t c = selection[(g * T + t0) * K + rest];
+  if (c >= 0) atomicAdd(&counts[g * nc + c], 1);
+}
+
+// Exclusive scans of counts (pair offsets) and of ceil(counts / per_item) (item offsets), one
+// block; resets counts to zero for the scatter's cursors. offsets/items have n + 1 entries.
+__global__ void __launch_bounds__(kScanThreads)
+    scan_kernel(int32_t* counts, int64_t n, int per_item, int32_t* offsets, int32_t* items) {
+  __shared__ int32_t s_pairs[kScanThreads], s_items[kScanThreads];
+  const int64_t per_thread = (n + kScanThreads - 1) / kScanThreads;
+  const int64_t lo = threadIdx.x * per_thread;
+  const int64_t hi = lo + per_thread < n ? lo + per_thread : n;
+  int32_t pairs = 0, its = 0;
+  for (int64_t i = lo; i < hi; ++i) pairs += counts[i], its += (counts[i] + per_item - 1) / per_item;
+  s_pairs[threadIdx.x] = pairs, s_items[threadIdx.x] = its;
+  __syncthreads();
+  // Hillis-Steele inclusive scan over the thread totals.
+  for (int off = 1; off < kScanThreads; off *= 2) {
+    const int32_t a = threadIdx.x >= off ? s_pairs[threadIdx.x - off] : 0;
+    const int32_t b = threadIdx.x >= off ? s_items[threadIdx.x - off] : 0;
+    __syncthreads();
+    s_pairs[threadIdx.x] += a, s_items[threadIdx.x] += b;
+    __syncthreads();
+  }
+  int32_t run_pairs = s_pairs[threadIdx.x] - pairs, run_items = s_items[threadIdx.x] - its;
+  for (int64_t i = lo; i < hi; ++i) {
+    const int32_t c = counts[i];
+    offsets[i] = run_pairs, items[i] = run_items;
+    run_pairs += c, run_items += (c + per_item - 1) / per_item;
+    counts[i] = 0;
+  }
+  if (threadIdx.x == kScanThreads - 1) offsets[n] = s_pairs[kScanThreads - 1], items[n] = s_items[kScanThreads - 1];
+}
+
+// Bucket entry: (t - t0) << 6 | slot.
+__global__ void scatter_pairs_kernel(const int32_t* selection, int64_t T, int64_t K, int64_t t0,
+                                     int64_t tn, int64_t Hkv, int64_t nc, const int32_t* offsets,
+                                     int32_t* cursor, uint32_t* bucket) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= Hkv * tn * K) return;
+  const int64_t g = i / (tn * K), rest = i % (tn * K);
+  const int32_t c = selection[(g * T + t0) * K + rest];
+  if (c < 0) return;
+  const int64_t chunk = g * nc + c;
+  const int32_t pos = offsets[chunk] + atomicAdd(&cursor[chunk], 1);
+  bucket[pos] = static_cast<uint32_t>(((rest / K) << 6) | (rest % K));
+}
+
+// One block per item: chunk `c` of group `g` and up to pairs_per_item<G>() of its pairs. The
+// chunk's K/V land in shared memory once; each warp runs 16-row slices (rows = pair x head),
+// prefetching the next slice's q fragments while the current one is computed.
+template <int G>
+__global__ void __launch_bounds__(kPackedThreads)
+    chunk_attention_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
+                           const int32_t* offsets, const int32_t* items, const uint32_t* bucket,
+                           __half* partial) {
+  constexpr int kPairs = pairs_per_item<G>();
+  __shared__ __align__(16) __nv_bfloat16 ks_tile[kTileDim][kTilePitch];
+  __shared__ __align__(16) __nv_bfloat16 vs_tile[kTileDim][kTilePitch];
+  __shared__ uint32_t entries[kPairs];
+  const int64_t n_ch = p.Hkv * nc;
+  const int32_t item = static_cast<int32_t>(blockIdx.x);
+  if (item >= items[n_ch]) return;
+  // Chunk of this item: the last i with items[i] <= item (items is non-decreasing).
+  int64_t lo = 0, hi = n_ch - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (items[mid] <= item) lo = mid;
+    else hi = mid - 1;
+  }
+  const int64_t chunk = lo, g = chunk / nc, c = chunk % nc;
+  const int32_t first = offsets[chunk] + (item - items[chunk]) * kPairs;
+  const int32_t end = offsets[chunk + 1];
+  const int n_pairs = end - first < kPairs ? end - first : kPairs;
+  const auto* k = static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim;
+  const auto* v = static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim;
+  load_tile_async(ks_tile, k, c * kTileDim, p.T);
+  load_tile_async(vs_tile, v, c * kTileDim, p.T);
+  cp_async_commit();
+  for (int e = threadIdx.x; e < n_pairs; e += kPackedThreads) entries[e] = bucket[first + e];
+  cp_async_wait_all();
+  __syncthreads();
+
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int K = static_cast<int>(p.K);
+  const int n_slices = (n_pairs * G + 15) / 16;
+  const auto* q = static_cast<const __nv_bfloat16*>(p.q);
+  // Rows of slice s held by this thread: r = 16 s + lane / 4 (+ 8) -> pair r / G, head r % G.
+  auto row_q = [&](int s, int i) -> const __nv_bfloat16* {
+    const int r = 16 * s + lane / 4 + 8 * i;
+    if (r / G >= n_pairs) return nullptr;
+    const int64_t t = t0 + (entries[r / G] >> 6);
+    const int64_t h = g * G + r % G;
+    return q + (h * p.T + t) * kTileDim;
+  };
+  uint32_t qa[4][4], qn[4][4];
+  if (warp < n_slices) load_q_fragments(qn, row_q(warp, 0), row_q(warp, 1));
+  const bool mask_landmark = p.landmarks;
+  for (int s = warp; s < n_slices; s += kWarpsPerBlock) {
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+      for (int b = 0; b < 4; ++b) qa[a][b] = qn[a][b];
+    if (s + kWarpsPerBlock < n_slices)
+      load_q_fragments(qn, row_q(s + kWarpsPerBlock, 0), row_q(s + kWarpsPerBlock, 1));
+    float sc[8][4], oc[8][4] = {};
+    qk_tile(sc, qa, ks_tile);
+    float row_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = nt * 8 + (lane % 4) * 2 + (e % 2);
+        sc[nt][e] = mask_landmark && col == kTileDim - 1 ? kNegInf : sc[nt][e] * p.scale;
+        row_max[e / 2] = fmaxf(row_max[e / 2], sc[nt][e]);
+      }
+    float row_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) row_max[i] = quad_max(row_max[i]);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[nt][e] = __expf(sc[nt][e] - row_max[e / 2]);  // -inf -> 0; row_max is finite
+        row_sum[e / 2] += sc[nt][e];
+      }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) row_sum[i] = quad_sum(row_sum[i]);
+    pv_tile(oc, sc, vs_tile);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = 16 * s + lane / 4 + 8 * i;
+      if (r / G >= n_pairs) continue;
+      const uint32_t entry = entries[r / G];
+      const int64_t tl = entry >> 6, slot = entry & 63u;
+      const int64_t h = g * G + r % G;
+      __half* out = partial + ((h * seg + tl) * K + slot) * kTileDim;
+      const float inv = 1.0f / row_sum[i];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+        *reinterpret_cast<__half2*>(out + nt * 8 + (lane % 4) * 2) =
+            __floats2half2_rn(oc[nt][2 * i] * inv, oc[nt][2 * i + 1] * inv);
+    }
+  }
+}
+
+// One warp per (head, query) of the segment: softmax over [s_hat(c) for selected c, lse_swa
+// (, 0 with softmax1)] with values [o_c..., o_swa (, 0)]; lane owns dims 2 lane, 2 lane + 1.
+__global__ void __launch_bounds__(kReduceWarps * kWarp)
+    reduce_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t seg, const int32_t* selection,
+                  const float* selected_score, const float* o_swa, const float* lse_swa,
+                  const __half* partial, float* o, float* lse) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kReduceWarps + threadIdx.x / kWarp;
+  if (item >= p.Hq * tn) return;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t h = item / tn, tl = item % tn, t = t0 + tl, G = p.Hq / p.Hkv, g = h / G;
+  const int K = static_cast<int>(p.K);
+  const int32_t* sel = selection + (g * p.T + t) * K;
+  const float* score = selected_score + (h * p.T + t) * K;
+  // Slots lane and lane + 32 (K <= 64).
+  float a[2];
+  bool valid[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int slot = lane + kWarp * i;
+    valid[i] = slot < K && sel[slot] >= 0;
+    a[i] = valid[i] ? score[slot] : kNegInf;
+  }
+  const int64_t row = h * p.T + t;
+  const float a_swa = lse_swa[row];
+  float m = fmaxf(fmaxf(a[0], a[1]), a_swa);
+  m = warp_max(m);
+  if (p.softmax1) m = fmaxf(m, 0.0f);
+  float w[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) w[i] = exp_diff(a[i], m);
+  float l = warp_sum(w[0] + w[1]);
+  const float w_swa = exp_diff(a_swa, m);
+  l += w_swa;
+  if (p.softmax1) l += exp_diff(0.0f, m);
+  const float2 xs = *reinterpret_cast<const float2*>(o_swa + row * kTileDim + 2 * lane);
+  float acc0 = w_swa * xs.x, acc1 = w_swa * xs.y;
+  const __half* base = partial + (h * seg + tl) * K * kTileDim + 2 * lane;
+  const unsigned valid_mask[2] = {__ballot_sync(0xffffffffu, valid[0]),
+                                  __ballot_sync(0xffffffffu, valid[1])};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    unsigned pending = valid_mask[i];
+    while (pending != 0u) {
+      const int src = __ffs(pending) - 1;
+      pending &= pending - 1;
+      const float ws = __shfl_sync(0xffffffffu, w[i], src);
+      const float2 x = __half22float2(*reinterpret_cast<const __half2*>(base + (kWarp * i + src) * kTileDim));
+      acc0 = fmaf(ws, x.x, acc0), acc1 = fmaf(ws, x.y, acc1);
+    }
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  *reinterpret_cast<float2*>(o + row * kTileDim + 2 * lane) = make_float2(acc0 * inv, acc1 * inv);
+  if (lane == 0) lse[row] = l > 0.0f ? m + __logf(l) : kNegInf;
+}
+
+int64_t segment_queries(const LaunchParams& p) {
+  if (g_segment_queries > 0) return g_segment_queries < p.T ? g_segment_queries : p.T;
+  const int64_t per_query = p.Hq * p.K * kTileDim * static_cast<int64_t>(sizeof(__half));
+  int64_t seg = static_cast<int64_t>(kPartialBudget) / (per_query > 0 ? per_query : 1);
+  if (seg < 64) seg = 64;
+  return seg < p.T ? seg : p.T;
+}
+
+size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+template <int G>
+void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
+                      const float* selected_score, const float* o_swa, const float* lse_swa,
+                      float* o, float* lse, cudaStream_t stream) {
+  constexpr int kPairs = pairs_per_item<G>();
+  const int64_t nc = p.T / p.S, n_ch = p.Hkv * nc;
+  const int64_t seg = segment_queries(p);
+  const size_t counts_bytes = round_up((n_ch + 1) * sizeof(int32_t));
+  const size_t bucket_bytes = round_up(static_cast<size_t>(p.Hkv * seg * p.K) * sizeof(uint32_t));
+  const size_t partial_bytes = round_up(static_cast<size_t>(p.Hq * seg * p.K * kTileDim) * sizeof(__half));
+  const size_t total = 3 * counts_bytes + bucket_bytes + partial_bytes;
+  // Keep freed pool memory reserved: the scratch is re-taken at every call.
+  static bool pool_configured = false;
+  if (!pool_configured) {
+    int device = 0;
+    cudaMemPool_t pool;
+    if (cudaGetDevice(&device) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+      uint64_t threshold = UINT64_MAX;
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
+    }
+    pool_configured = true;
+  }
+  char* scratch = nullptr;
+  if (cudaMallocAsync(reinterpret_cast<void**>(&scratch), total, stream) != cudaSuccess) return;
+  auto* counts = reinterpret_cast<int32_t*>(scratch);
+  auto* offsets = reinterpret_cast<int32_t*>(scratch + counts_bytes);
+  auto* items = reinterpret_cast<int32_t*>(scratch + 2 * counts_bytes);
+  auto* bucket = reinterpret_cast<uint32_t*>(scratch + 3 * counts_bytes);
+  auto* partial = reinterpret_cast<__half*>(scratch + 3 * counts_bytes + bucket_bytes);
+  cudaMemsetAsync(counts, 0, (n_ch + 1) * sizeof(int32_t), stream);
+  for (int64_t t0 = 0; t0 < p.T; t0 += seg) {
+    const int64_t tn = p.T - t0 < seg ? p.T - t0 : seg;
+    const int64_t n_pairs = p.Hkv * tn * p.K;
+    if (n_ch > 0 && n_pairs > 0) {
+      const unsigned blocks = static_cast<unsigned>((n_pairs + 255) / 256);
+      count_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, p.T, p.K, t0, tn, p.Hkv, nc, counts);
+      scan_kernel<<<1, kScanThreads, 0, stream>>>(counts, n_ch, kPairs, offsets, items);
+      scatter_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, p.T, p.K, t0, tn, p.Hkv, nc,
+                                                       offsets, counts, bucket);
+      // Upper bound of the item count; blocks past the real count return at once.
+      const int64_t max_items = (n_pairs + kPairs - 1) / kPairs + n_ch;
+      chunk_attention_kernel<G><<<static_cast<unsigned>(max_items), kPackedThreads, 0, stream>>>(
+          p, t0, seg, nc, offsets, items, bucket, partial);
+      // The scatter's cursors end at the counts: zero them for the next segment.
+      cudaMemsetAsync(counts, 0, (n_ch + 1) * sizeof(int32_t), stream);
+    }
+    const int64_t rows = p.Hq * tn;
+    reduce_kernel<<<static_cast<unsigned>((rows + kReduceWarps - 1) / kReduceWarps),
+                    kReduceWarps * kWarp, 0, stream>>>(p, t0, tn, seg, selection, selected_score,
+                                                       o_swa, lse_swa, partial, o, lse);
+  }
+  cudaFreeAsync(scratch, stream);
+}
+
+}  // namespace
+
+void set_sparse_segment_queries(int64_t queries) { g_segment_queries = queries; }
+
+bool chunked_fuse_applies(const LaunchParams& p) {
+  // Bucket entries pack (t - t0) << 6 | slot into 32 bits; the scan counts in int32.
+  return p.K >= 1 && p.K <= 64 && p.T < (int64_t{1} << 25) && p.Hkv * p.T * p.K < (int64_t{1} << 31);
+}
+
+void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
+                         const float* selected_score, const float* o_swa, const float* lse_swa,
+                         float* o, float* lse, cudaStream_t stream) {
+  switch (p.Hq / p.Hkv) {
+    case 1: return launch_chunked_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+    case 2: return launch_chunked_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+    case 4: return launch_chunked_g<4>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+    case 8: return launch_chunked_g<8>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+    default: return launch_chunked_g<16>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+  }
+}
+
+}  // namespace hils::gpu::detail
