@@ -118,9 +118,31 @@ if [ "$PROFILE" = 1 ]; then
       -k "regex:window_packed|select_packed_kernel|chunk_attention|reduce_kernel" -c 6 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
       python3 "$ROOT/gpu/bench/profile_stages.py" --lib "$BUILD/gpu/libhils_gpu_c.so" \
       --T "${HILS_PROFILE_T:-131072}" >"$OUT/ncu.log" 2>&1 || echo "ncu failed (see ncu.log)"
     grep -E "^  [A-Za-z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible" "$OUT/ncu.log" | head -60 || true
+    # The largest stall reasons (warps per issued instruction) of each profiled kernel.
+    python3 - "$OUT/ncu.log" <<'PY' || true
+import re, sys
+cur, rows = None, {}
+for line in open(sys.argv[1]):
+    if re.match(r"^  [A-Za-z_].*\(", line):
+        cur = line.strip()[:70]
+        rows[cur] = []
+    elif "issue_stalled" in line and cur:
+        parts = line.split()
+        try:
+            rows[cur].append((float(parts[-1].replace(",", "")), parts[0]))
+        except ValueError:
+            pass
+for name, stalls in rows.items():
+    stalls.sort(reverse=True)
+    print(name)
+    for value, metric in stalls[:6]:
+        short = metric.replace("smsp__average_warps_issue_stalled_", "").replace("_per_issue_active.ratio", "")
+        print(f"    stall {short:24s} {value:.2f}")
+PY
   else
     echo "ncu not found"
   fi

@@ -144,6 +144,7 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
 
 // load_tile through the copy engine: rows [row0, row0 + 64) of a [rows_total, 64] bf16 matrix.
 __device__ __forceinline__ void load_tile_async(__nv_bfloat16 (*dst)[kTilePitch],

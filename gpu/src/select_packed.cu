@@ -39,8 +39,6 @@ struct SelectShared {
   float* log_z;      // [G][64] log2 Z_hat
   float* value;      // [64][K]
   int32_t* index;    // [64][K]
-  int32_t* count;    // [64]
-  int32_t* worst;    // [64]
   int32_t* n_cand;   // [64] |V(t)| of each query (0 past T)
 };
 
@@ -65,93 +63,114 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[8][4], const float* bi
     }
 }
 
-// The worst entry of a full list: lowest value, and of equal values the highest index.
-__device__ int worst_of(const float* value, const int32_t* index, int K) {
-  const int lane = threadIdx.x % kWarp;
-  float best_v = __builtin_huge_valf();
-  int best_i = -1, best_pos = -1;
-  for (int e = lane; e < K; e += kWarp)
-    if (value[e] < best_v || (value[e] == best_v && index[e] > best_i))
-      best_v = value[e], best_i = index[e], best_pos = e;
-  for (int off = kWarp / 2; off > 0; off /= 2) {
-    const float v = __shfl_xor_sync(0xffffffffu, best_v, off);
-    const int i = __shfl_xor_sync(0xffffffffu, best_i, off);
-    const int pos = __shfl_xor_sync(0xffffffffu, best_pos, off);
-    if (v < best_v || (v == best_v && i > best_i)) best_v = v, best_i = i, best_pos = pos;
-  }
-  return best_pos;
-}
-
-// Offers the 64 scores of one query's tile row (ascending chunks from c0) to its list.
+// Each query's top-K list is kept sorted in shared memory: descending value, and of equal
+// values ascending chunk (candidates arrive in ascending chunk order, so an equal score never
+// displaces). Empty slots hold (-inf, -1); entry K - 1 is the threshold a candidate must beat.
+// While one query's tile row is offered, its list lives in registers (entries lane, lane + 32)
+// and each insertion is a ballot (its position) plus a one-lane shift.
 __device__ void offer_tile(const SelectShared& sh, int q, int c0, int n_cand, int K) {
   const int lane = threadIdx.x % kWarp;
   float* value = sh.value + q * K;
   int32_t* index = sh.index + q * K;
-  int n = sh.count[q], worst = sh.worst[q];
+  const bool two = K > kWarp;
+  float v0 = lane < K ? value[lane] : kNegInf, v1 = two && lane + kWarp < K ? value[lane + kWarp] : kNegInf;
+  int32_t i0 = lane < K ? index[lane] : -1, i1 = two && lane + kWarp < K ? index[lane + kWarp] : -1;
+  const int last_lane = (K - 1) % kWarp;
+  float theta = __shfl_sync(0xffffffffu, K > kWarp ? v1 : v0, last_lane);
+  bool changed = false;
   for (int half = 0; half < 2; ++half) {
     const int c = c0 + half * kWarp + lane;
-    const bool valid = c < n_cand;
-    const float r = valid ? sh.r[q * kRPitch + half * kWarp + lane] : kNegInf;
-    const float worst_v = n == K ? value[worst] : kNegInf;
-    unsigned pending = __ballot_sync(0xffffffffu, valid && (n < K || r > worst_v));
+    const float r = c < n_cand ? sh.r[q * kRPitch + half * kWarp + lane] : kNegInf;
+    unsigned pending = __ballot_sync(0xffffffffu, r > theta);
     while (pending != 0u) {
       const int src = __ffs(pending) - 1;
       pending &= pending - 1;
       const float rv = __shfl_sync(0xffffffffu, r, src);
-      // Candidates arrive in ascending chunk order: only a strictly larger score displaces.
-      int slot;
-      if (n < K) slot = n++;
-      else if (rv > value[worst]) slot = worst;
-      else continue;
-      if (lane == 0) value[slot] = rv, index[slot] = c0 + half * kWarp + src;
-      __syncwarp();
-      if (n == K) worst = worst_of(value, index, K);
-      __syncwarp();
+      if (!(rv > theta)) continue;
+      const int32_t ci = c0 + half * kWarp + src;
+      // Position: entries that stay ahead (greater, or equal with a lower chunk: all of them).
+      const int pos = __popc(__ballot_sync(0xffffffffu, v0 >= rv)) +
+                      (two ? __popc(__ballot_sync(0xffffffffu, v1 >= rv)) : 0);
+      // Shift entries e >= pos to e + 1 (the last drops out), put the candidate at pos.
+      const float up_v0 = __shfl_up_sync(0xffffffffu, v0, 1), up_v1 = __shfl_up_sync(0xffffffffu, v1, 1);
+      const int32_t up_i0 = __shfl_up_sync(0xffffffffu, i0, 1), up_i1 = __shfl_up_sync(0xffffffffu, i1, 1);
+      const float top_v0 = __shfl_sync(0xffffffffu, v0, kWarp - 1);
+      const int32_t top_i0 = __shfl_sync(0xffffffffu, i0, kWarp - 1);
+      const int e0 = lane, e1 = lane + kWarp;
+      if (e0 == pos) v0 = rv, i0 = ci;
+      else if (e0 > pos) v0 = up_v0, i0 = up_i0;
+      if (e1 == pos) v1 = rv, i1 = ci;
+      else if (e1 > pos) v1 = lane == 0 ? top_v0 : up_v1, i1 = lane == 0 ? top_i0 : up_i1;
+      if (e0 >= K) v0 = kNegInf, i0 = -1;
+      if (e1 >= K) v1 = kNegInf, i1 = -1;
+      theta = __shfl_sync(0xffffffffu, K > kWarp ? v1 : v0, last_lane);
+      changed = true;
     }
   }
-  if (lane == 0) sh.count[q] = n, sh.worst[q] = worst;
+  if (changed) {
+    if (lane < K) value[lane] = v0, index[lane] = i0;
+    if (two && lane + kWarp < K) value[lane + kWarp] = v1, index[lane + kWarp] = i1;
+  }
   __syncwarp();
 }
 
-// Writes query q's list ascending, -1 padded, with fp32 s_hat of every head of the group: the
-// warp forms each dot product together (lane owns dims 2 lane, 2 lane + 1; coalesced rows).
+// Writes query q's list ascending, -1 padded, with fp32 s_hat of every head of the group. The
+// dot products run 4 at a time per warp: 8 lanes per slot, 8 dims per lane (16-byte loads).
 __device__ void write_selection(const LaunchParams& p, const SelectShared& sh, int q, int64_t t,
                                 int64_t g, int G, const float* key, const float* bias,
                                 int32_t* selection, float* selected_score) {
   const int lane = threadIdx.x % kWarp;
   const int K = static_cast<int>(p.K);
-  const int n = sh.count[q];
+  const int32_t* index = sh.index + q * K;
+  const int n = __popc(__ballot_sync(0xffffffffu, lane < K && index[lane] >= 0)) +
+                (K > kWarp ? __popc(__ballot_sync(0xffffffffu, lane + kWarp < K && index[lane + kWarp] >= 0)) : 0);
   const int64_t n_chunks = p.T / p.S;
   const auto* qr = static_cast<const __nv_bfloat16*>(p.q_retrieval);
   // Slots lane and lane + 32 (K <= 64): chunk and rank in the ascending list.
-  int32_t c_of[2];
   int rank_of[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int e = lane + kWarp * i;
-    c_of[i] = e < n ? sh.index[q * K + e] : -1;
+    const int32_t c = e < n ? index[e] : -1;
     int rank = e;
     if (e < n) {
       rank = 0;
-      for (int f = 0; f < n; ++f) rank += sh.index[q * K + f] < c_of[i];
+      for (int f = 0; f < n; ++f) rank += index[f] < c;
     }
     rank_of[i] = rank;
-    if (e < K) selection[(g * p.T + t) * K + rank] = c_of[i];
+    if (e < K) selection[(g * p.T + t) * K + rank] = c;
   }
+  const int part = lane % 8, group = lane / 8;  // dims 8 part .. 8 part + 7 of slot 4 j + group
   for (int hg = 0; hg < G; ++hg) {
     const int64_t h = g * G + hg;
-    const float2 qv = __bfloat1622float2(
-        *reinterpret_cast<const __nv_bfloat162*>(qr + (h * p.T + t) * kTileDim + 2 * lane));
+    const uint4 qraw = *reinterpret_cast<const uint4*>(qr + (h * p.T + t) * kTileDim + 8 * part);
+    const __nv_bfloat162* q2 = reinterpret_cast<const __nv_bfloat162*>(&qraw);
+    float2 qf[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) qf[j] = __bfloat1622float2(q2[j]);
     float score[2] = {kNegInf, kNegInf};
-#pragma unroll 4
-    for (int e = 0; e < n; ++e) {
-      const int32_t c = sh.index[q * K + e];
-      const float2 kv = *reinterpret_cast<const float2*>(key + (h * n_chunks + c) * kTileDim + 2 * lane);
-      float acc = warp_sum(fmaf(qv.x, kv.x, qv.y * kv.y));
-      acc = p.scale * acc + bias[h * n_chunks + c];
-      if (lane == e % kWarp) {
-        if (e < kWarp) score[0] = acc;
-        else score[1] = acc;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int e = 4 * j + group;
+      if (4 * j >= n) break;
+      float acc = 0.0f;
+      if (e < n) {
+        const float* row = key + (h * n_chunks + index[e]) * kTileDim + 8 * part;
+        const float4 k0 = *reinterpret_cast<const float4*>(row);
+        const float4 k1 = *reinterpret_cast<const float4*>(row + 4);
+        acc = qf[0].x * k0.x + qf[0].y * k0.y + qf[1].x * k0.z + qf[1].y * k0.w +
+              qf[2].x * k1.x + qf[2].y * k1.y + qf[3].x * k1.z + qf[3].y * k1.w;
+      }
+      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+      // Slot e's sum is in lanes 8 group .. 8 group + 7; lane e % 32 collects it.
+      const float mine = __shfl_sync(0xffffffffu, acc, 8 * ((lane - 4 * j) & 3));
+      if ((lane & ~3) == ((4 * j) & 31) && 4 * j + (lane & 3) < n) {
+        const int mine_e = 4 * j + (lane & 3);
+        const float sc = p.scale * mine + bias[h * n_chunks + index[mine_e]];
+        if (mine_e < kWarp) score[0] = sc;
+        else score[1] = sc;
       }
     }
 #pragma unroll
@@ -171,7 +190,7 @@ __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n, 
 }
 
 template <int G>
-__global__ void __launch_bounds__(kPackedThreads)
+__global__ void __launch_bounds__(kPackedThreads, 4)
     select_packed_kernel(LaunchParams p, const float* key, const __nv_bfloat16* key_bf16,
                          const float* bias, const float* bias2, const float* lse_swa,
                          int32_t* selection, float* selected_score) {
@@ -187,8 +206,6 @@ __global__ void __launch_bounds__(kPackedThreads)
   sh.log_z = take(G * kQueries);
   sh.value = take(kQueries * K);
   sh.index = reinterpret_cast<int32_t*>(take(kQueries * K));
-  sh.count = reinterpret_cast<int32_t*>(take(kQueries));
-  sh.worst = reinterpret_cast<int32_t*>(take(kQueries));
   sh.n_cand = reinterpret_cast<int32_t*>(take(kQueries));
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kQueries, g = blockIdx.y;
@@ -196,8 +213,8 @@ __global__ void __launch_bounds__(kPackedThreads)
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
   const int64_t t[2] = {t0 + row[0], t0 + row[1]};
+  for (int e = threadIdx.x; e < kQueries * K; e += kPackedThreads) sh.value[e] = kNegInf, sh.index[e] = -1;
   for (int q = threadIdx.x; q < kQueries; q += kPackedThreads) {
-    sh.count[q] = 0, sh.worst[q] = 0;
     sh.n_cand[q] = t0 + q < p.T ? static_cast<int>(geo.candidate_count(t0 + q)) : 0;
   }
   __syncthreads();
@@ -295,16 +312,32 @@ __global__ void __launch_bounds__(kPackedThreads)
       qk_tile(s, qa, tile[step % 2]);
       const float* b2 = bias_tile[step % 2];
       const float z[2] = {sh.log_z[hg * kQueries + row[0]], sh.log_z[hg * kQueries + row[1]]};
+      // One loop per group rule (the rule is uniform: no branch per element).
+      if (p.group_rule == kGroupMaxNormalized) {
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+        for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = nt * 8 + (lane % 4) * 2 + (e % 2);
-          const float v = fmaf(s[nt][e], scale2, b2[col]);
-          if (p.group_rule == kGroupMaxNormalized) r[nt][e] = fmaxf(r[nt][e], v - z[e / 2]);
-          else if (p.group_rule == kGroupSumProbabilities) r[nt][e] += fast_exp2(v - z[e / 2]);
-          else r[nt][e] = fmaxf(r[nt][e], v);
-        }
+          for (int e = 0; e < 4; ++e) {
+            const int col = nt * 8 + (lane % 4) * 2 + (e % 2);
+            r[nt][e] = fmaxf(r[nt][e], fmaf(s[nt][e], scale2, b2[col]) - z[e / 2]);
+          }
+      } else if (p.group_rule == kGroupSumProbabilities) {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = nt * 8 + (lane % 4) * 2 + (e % 2);
+            r[nt][e] += fast_exp2(fmaf(s[nt][e], scale2, b2[col]) - z[e / 2]);
+          }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = nt * 8 + (lane % 4) * 2 + (e % 2);
+            r[nt][e] = fmaxf(r[nt][e], fmaf(s[nt][e], scale2, b2[col]));
+          }
+      }
       if (hg != G - 1) continue;
       // Sums of probabilities are ranked in the linear domain, the others in base 2.
       bool any[2] = {false, false};
@@ -338,7 +371,7 @@ __global__ void __launch_bounds__(kPackedThreads)
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        theta[i] = sh.count[row[i]] == K ? sh.value[row[i] * K + sh.worst[row[i]]] : kNegInf;
+        theta[i] = sh.value[row[i] * K + K - 1];
     }
   }
   __syncthreads();
@@ -347,7 +380,7 @@ __global__ void __launch_bounds__(kPackedThreads)
 }
 
 size_t select_smem_bytes(int64_t G, int64_t K) {
-  return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 3 * kQueries) * 4;
+  return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + kQueries) * 4;
 }
 
 template <int G>

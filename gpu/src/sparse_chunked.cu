@@ -81,8 +81,10 @@ __global__ void scatter_pairs_kernel(const int32_t* selection, int64_t T, int64_
 }
 
 // One block per item: chunk `c` of group `g` and up to pairs_per_item<G>() of its pairs. The
-// chunk's K/V land in shared memory once; each warp runs 16-row slices (rows = pair x head),
-// prefetching the next slice's q fragments while the current one is computed.
+// chunk's K/V land in shared memory once; each warp runs 16-row slices (rows = pair x head):
+// the next slice's q rows stream into the warp's other stage (cp.async) while the current one
+// is computed (A fragments by ldmatrix), and results leave through the same stage as 16-byte
+// rows.
 template <int G>
 __global__ void __launch_bounds__(kPackedThreads)
     chunk_attention_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
@@ -91,6 +93,7 @@ __global__ void __launch_bounds__(kPackedThreads)
   constexpr int kPairs = pairs_per_item<G>();
   __shared__ __align__(16) __nv_bfloat16 ks_tile[kTileDim][kTilePitch];
   __shared__ __align__(16) __nv_bfloat16 vs_tile[kTileDim][kTilePitch];
+  __shared__ __align__(16) __nv_bfloat16 q_stage[kWarpsPerBlock][2][16][kTilePitch];
   __shared__ uint32_t entries[kPairs];
   const int64_t n_ch = p.Hkv * nc;
   const int32_t item = static_cast<int32_t>(blockIdx.x);
@@ -119,24 +122,40 @@ __global__ void __launch_bounds__(kPackedThreads)
   const int K = static_cast<int>(p.K);
   const int n_slices = (n_pairs * G + 15) / 16;
   const auto* q = static_cast<const __nv_bfloat16*>(p.q);
-  // Rows of slice s held by this thread: r = 16 s + lane / 4 (+ 8) -> pair r / G, head r % G.
-  auto row_q = [&](int s, int i) -> const __nv_bfloat16* {
-    const int r = 16 * s + lane / 4 + 8 * i;
-    if (r / G >= n_pairs) return nullptr;
-    const int64_t t = t0 + (entries[r / G] >> 6);
-    const int64_t h = g * G + r % G;
-    return q + (h * p.T + t) * kTileDim;
+  // Row r of slice s (r = 0..15): pair (16 s + r) / G, head (16 s + r) % G; -1 past the pairs.
+  auto row_offset = [&](int s, int r) -> int64_t {
+    const int rr = 16 * s + r;
+    if (rr / G >= n_pairs) return -1;
+    const int64_t t = t0 + (entries[rr / G] >> 6);
+    return ((g * G + rr % G) * p.T + t) * kTileDim;
   };
-  uint32_t qa[4][4], qn[4][4];
-  if (warp < n_slices) load_q_fragments(qn, row_q(warp, 0), row_q(warp, 1));
+  // The warp's 16 q rows of slice s -> q_stage[warp][buf] (cp.async, zeros past the pairs).
+  auto issue_q = [&](int s, int buf) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int seg_i = lane + kWarp * j, r = seg_i / 8, col = (seg_i % 8) * 8;
+      const int64_t off = row_offset(s, r);
+      cp_async16(&q_stage[warp][buf][r][col], q + (off >= 0 ? off + col : 0), off >= 0);
+    }
+    cp_async_commit();
+  };
   const bool mask_landmark = p.landmarks;
-  for (int s = warp; s < n_slices; s += kWarpsPerBlock) {
+  if (warp < n_slices) issue_q(warp, 0);
+  int it = 0;
+  for (int s = warp; s < n_slices; s += kWarpsPerBlock, ++it) {
+    const int buf = it & 1;
+    if (s + kWarpsPerBlock < n_slices) {
+      issue_q(s + kWarpsPerBlock, buf ^ 1);
+      cp_async_wait_one();
+    } else {
+      cp_async_wait_all();
+    }
+    __syncwarp();
+    __nv_bfloat16(*stage)[kTilePitch] = q_stage[warp][buf];
+    uint32_t qa[4][4];
 #pragma unroll
-    for (int a = 0; a < 4; ++a)
-#pragma unroll
-      for (int b = 0; b < 4; ++b) qa[a][b] = qn[a][b];
-    if (s + kWarpsPerBlock < n_slices)
-      load_q_fragments(qn, row_q(s + kWarpsPerBlock, 0), row_q(s + kWarpsPerBlock, 1));
+    for (int ks = 0; ks < 4; ++ks)
+      ldmatrix_x4(qa[ks], stage[lane % 8 + 8 * ((lane / 8) % 2)] + 16 * ks + 8 * (lane / 16));
     float sc[8][4], oc[8][4] = {};
     qk_tile(sc, qa, ks_tile);
     float row_max[2] = {kNegInf, kNegInf};
@@ -161,25 +180,37 @@ __global__ void __launch_bounds__(kPackedThreads)
 #pragma unroll
     for (int i = 0; i < 2; ++i) row_sum[i] = quad_sum(row_sum[i]);
     pv_tile(oc, sc, vs_tile);
+    // Stage the normalised rows as fp16 in the q buffer (its q is consumed), then store each
+    // 128-byte row with 16-byte writes.
+    __syncwarp();
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int r = 16 * s + lane / 4 + 8 * i;
-      if (r / G >= n_pairs) continue;
-      const uint32_t entry = entries[r / G];
-      const int64_t tl = entry >> 6, slot = entry & 63u;
-      const int64_t h = g * G + r % G;
-      __half* out = partial + ((h * seg + tl) * K + slot) * kTileDim;
       const float inv = 1.0f / row_sum[i];
+      __half* dst = reinterpret_cast<__half*>(stage[lane / 4 + 8 * i]);
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
-        *reinterpret_cast<__half2*>(out + nt * 8 + (lane % 4) * 2) =
+        *reinterpret_cast<__half2*>(dst + nt * 8 + (lane % 4) * 2) =
             __floats2half2_rn(oc[nt][2 * i] * inv, oc[nt][2 * i + 1] * inv);
     }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int seg_i = lane + kWarp * j, r = seg_i / 8, col = (seg_i % 8) * 8;
+      const int rr = 16 * s + r;
+      if (rr / G >= n_pairs) continue;
+      const uint32_t entry = entries[rr / G];
+      const int64_t tl = entry >> 6, slot = entry & 63u;
+      const int64_t h = g * G + rr % G;
+      *reinterpret_cast<uint4*>(partial + ((h * seg + tl) * K + slot) * kTileDim + col) =
+          *reinterpret_cast<const uint4*>(reinterpret_cast<const __half*>(stage[r]) + col);
+    }
+    __syncwarp();  // the buffer is refilled by the prefetch two slices on
   }
 }
 
 // One warp per (head, query) of the segment: softmax over [s_hat(c) for selected c, lse_swa
-// (, 0 with softmax1)] with values [o_c..., o_swa (, 0)]; lane owns dims 2 lane, 2 lane + 1.
+// (, 0 with softmax1)] with values [o_c..., o_swa (, 0)]. Lane 8 j + part reads dims
+// 8 part .. 8 part + 7 of slots j, j + 4, ... with 16-byte loads, all issued before the sums.
 __global__ void __launch_bounds__(kReduceWarps * kWarp)
     reduce_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t seg, const int32_t* selection,
                   const float* selected_score, const float* o_swa, const float* lse_swa,
@@ -191,7 +222,7 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp)
   const int K = static_cast<int>(p.K);
   const int32_t* sel = selection + (g * p.T + t) * K;
   const float* score = selected_score + (h * p.T + t) * K;
-  // Slots lane and lane + 32 (K <= 64).
+  // Logits of slots lane and lane + 32 (K <= 64).
   float a[2];
   bool valid[2];
 #pragma unroll
@@ -202,8 +233,7 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp)
   }
   const int64_t row = h * p.T + t;
   const float a_swa = lse_swa[row];
-  float m = fmaxf(fmaxf(a[0], a[1]), a_swa);
-  m = warp_max(m);
+  float m = warp_max(fmaxf(fmaxf(a[0], a[1]), a_swa));
   if (p.softmax1) m = fmaxf(m, 0.0f);
   float w[2];
 #pragma unroll
@@ -212,24 +242,51 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp)
   const float w_swa = exp_diff(a_swa, m);
   l += w_swa;
   if (p.softmax1) l += exp_diff(0.0f, m);
-  const float2 xs = *reinterpret_cast<const float2*>(o_swa + row * kTileDim + 2 * lane);
-  float acc0 = w_swa * xs.x, acc1 = w_swa * xs.y;
-  const __half* base = partial + (h * seg + tl) * K * kTileDim + 2 * lane;
   const unsigned valid_mask[2] = {__ballot_sync(0xffffffffu, valid[0]),
                                   __ballot_sync(0xffffffffu, valid[1])};
+  const int part = lane % 8, grp = lane / 8;
+  const __half* base = partial + (h * seg + tl) * K * kTileDim + 8 * part;
+  constexpr int kMaxIters = 16;  // 64 slots / 4 per step
+  uint4 raw[kMaxIters];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    unsigned pending = valid_mask[i];
-    while (pending != 0u) {
-      const int src = __ffs(pending) - 1;
-      pending &= pending - 1;
-      const float ws = __shfl_sync(0xffffffffu, w[i], src);
-      const float2 x = __half22float2(*reinterpret_cast<const __half2*>(base + (kWarp * i + src) * kTileDim));
-      acc0 = fmaf(ws, x.x, acc0), acc1 = fmaf(ws, x.y, acc1);
+  for (int j = 0; j < kMaxIters; ++j) {
+    const int e = 4 * j + grp;
+    const bool ok = e < K && ((valid_mask[(4 * j) / kWarp] >> (e % kWarp)) & 1u);
+    raw[j] = ok ? *reinterpret_cast<const uint4*>(base + e * kTileDim) : make_uint4(0, 0, 0, 0);
+  }
+  float acc[8] = {};
+#pragma unroll
+  for (int j = 0; j < kMaxIters; ++j) {
+    const int e = 4 * j + grp;
+    // Weight of slot e from lane e % 32 (all lanes take part in both shuffles).
+    const float wa = __shfl_sync(0xffffffffu, w[0], (4 * j + grp) % kWarp);
+    const float wb = __shfl_sync(0xffffffffu, w[1], (4 * j + grp) % kWarp);
+    const bool ok = e < K && ((valid_mask[(4 * j) / kWarp] >> (e % kWarp)) & 1u);
+    if (!ok) continue;
+    const float we = 4 * j < kWarp ? wa : wb;
+    const __half2* x2 = reinterpret_cast<const __half2*>(&raw[j]);
+#pragma unroll
+    for (int k2 = 0; k2 < 4; ++k2) {
+      const float2 x = __half22float2(x2[k2]);
+      acc[2 * k2] = fmaf(we, x.x, acc[2 * k2]);
+      acc[2 * k2 + 1] = fmaf(we, x.y, acc[2 * k2 + 1]);
     }
   }
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], 8);
+    acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], 16);
+  }
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  *reinterpret_cast<float2*>(o + row * kTileDim + 2 * lane) = make_float2(acc0 * inv, acc1 * inv);
+  if (grp == 0) {
+    const float4 x0 = *reinterpret_cast<const float4*>(o_swa + row * kTileDim + 8 * part);
+    const float4 x1 = *reinterpret_cast<const float4*>(o_swa + row * kTileDim + 8 * part + 4);
+    float4* out = reinterpret_cast<float4*>(o + row * kTileDim + 8 * part);
+    out[0] = make_float4((acc[0] + w_swa * x0.x) * inv, (acc[1] + w_swa * x0.y) * inv,
+                         (acc[2] + w_swa * x0.z) * inv, (acc[3] + w_swa * x0.w) * inv);
+    out[1] = make_float4((acc[4] + w_swa * x1.x) * inv, (acc[5] + w_swa * x1.y) * inv,
+                         (acc[6] + w_swa * x1.z) * inv, (acc[7] + w_swa * x1.w) * inv);
+  }
   if (lane == 0) lse[row] = l > 0.0f ? m + __logf(l) : kNegInf;
 }
 
