@@ -54,13 +54,35 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[8][4], const float* bi
                                                int c0, const int (&n_cand)[2], bool full) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    const float2 b = *reinterpret_cast<const float2*>(bias2 + nt * 8 + (lane % 4) * 2);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = fmaf(s[nt][e], scale2, e % 2 ? b.y : b.x);
+  }
+  if (full) return;
+#pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int col = nt * 8 + (lane % 4) * 2 + (e % 2);
-      s[nt][e] = fmaf(s[nt][e], scale2, bias2[col]);
-      if (!full && c0 + col >= n_cand[e / 2]) s[nt][e] = kNegInf;
-    }
+    for (int e = 0; e < 4; ++e)
+      if (c0 + nt * 8 + (lane % 4) * 2 + (e % 2) >= n_cand[e / 2]) s[nt][e] = kNegInf;
+}
+
+// k' rows [c0, c0 + 64) of one head (bf16, [n_chunks, 64]) into a padded tile, and its 64
+// biases, through the copy engine (zeros past n_chunks); 32-bit offsets from the head's base.
+__device__ __forceinline__ void issue_tile(__nv_bfloat16 (*dst)[kTilePitch], float* bias_dst,
+                                           const __nv_bfloat16* key_head, const float* bias_head,
+                                           int c0, int n_chunks) {
+#pragma unroll
+  for (int j = 0; j < kTileDim * 8 / kPackedThreads; ++j) {
+    const int seg = threadIdx.x + kPackedThreads * j, row = seg / 8, col = (seg % 8) * 8;
+    const bool valid = c0 + row < n_chunks;
+    cp_async16(&dst[row][col], key_head + (valid ? (c0 + row) * kTileDim + col : 0), valid);
+  }
+  if (threadIdx.x < kTileDim) {
+    const bool valid = c0 + static_cast<int>(threadIdx.x) < n_chunks;
+    cp_async4(&bias_dst[threadIdx.x], bias_head + (valid ? c0 + threadIdx.x : 0), valid);
+  }
+  cp_async_commit();
 }
 
 // Each query's top-K list is kept sorted in shared memory: descending value, and of equal
@@ -92,17 +114,21 @@ __device__ void offer_tile(const SelectShared& sh, int q, int c0, int n_cand, in
       const int pos = __popc(__ballot_sync(0xffffffffu, v0 >= rv)) +
                       (two ? __popc(__ballot_sync(0xffffffffu, v1 >= rv)) : 0);
       // Shift entries e >= pos to e + 1 (the last drops out), put the candidate at pos.
-      const float up_v0 = __shfl_up_sync(0xffffffffu, v0, 1), up_v1 = __shfl_up_sync(0xffffffffu, v1, 1);
-      const int32_t up_i0 = __shfl_up_sync(0xffffffffu, i0, 1), up_i1 = __shfl_up_sync(0xffffffffu, i1, 1);
-      const float top_v0 = __shfl_sync(0xffffffffu, v0, kWarp - 1);
-      const int32_t top_i0 = __shfl_sync(0xffffffffu, i0, kWarp - 1);
       const int e0 = lane, e1 = lane + kWarp;
+      if (two) {
+        const float up_v1 = __shfl_up_sync(0xffffffffu, v1, 1);
+        const int32_t up_i1 = __shfl_up_sync(0xffffffffu, i1, 1);
+        const float top_v0 = __shfl_sync(0xffffffffu, v0, kWarp - 1);
+        const int32_t top_i0 = __shfl_sync(0xffffffffu, i0, kWarp - 1);
+        if (e1 == pos) v1 = rv, i1 = ci;
+        else if (e1 > pos) v1 = lane == 0 ? top_v0 : up_v1, i1 = lane == 0 ? top_i0 : up_i1;
+        if (e1 >= K) v1 = kNegInf, i1 = -1;
+      }
+      const float up_v0 = __shfl_up_sync(0xffffffffu, v0, 1);
+      const int32_t up_i0 = __shfl_up_sync(0xffffffffu, i0, 1);
       if (e0 == pos) v0 = rv, i0 = ci;
       else if (e0 > pos) v0 = up_v0, i0 = up_i0;
-      if (e1 == pos) v1 = rv, i1 = ci;
-      else if (e1 > pos) v1 = lane == 0 ? top_v0 : up_v1, i1 = lane == 0 ? top_i0 : up_i1;
       if (e0 >= K) v0 = kNegInf, i0 = -1;
-      if (e1 >= K) v1 = kNegInf, i1 = -1;
       theta = __shfl_sync(0xffffffffu, K > kWarp ? v1 : v0, last_lane);
       changed = true;
     }
@@ -149,28 +175,42 @@ __device__ void write_selection(const LaunchParams& p, const SelectShared& sh, i
 #pragma unroll
     for (int j = 0; j < 4; ++j) qf[j] = __bfloat1622float2(q2[j]);
     float score[2] = {kNegInf, kNegInf};
+    // Biases of the slots this lane collects (lane, lane + 32), loaded ahead of the sums.
+    float own_bias[2];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int e = 4 * j + group;
-      if (4 * j >= n) break;
-      float acc = 0.0f;
-      if (e < n) {
-        const float* row = key + (h * n_chunks + index[e]) * kTileDim + 8 * part;
-        const float4 k0 = *reinterpret_cast<const float4*>(row);
-        const float4 k1 = *reinterpret_cast<const float4*>(row + 4);
-        acc = qf[0].x * k0.x + qf[0].y * k0.y + qf[1].x * k0.z + qf[1].y * k0.w +
-              qf[2].x * k1.x + qf[2].y * k1.y + qf[3].x * k1.z + qf[3].y * k1.w;
+    for (int i = 0; i < 2; ++i) {
+      const int e = lane + kWarp * i;
+      own_bias[i] = e < n ? bias[h * n_chunks + index[e]] : 0.0f;
+    }
+    // Batches of 4 steps (16 slots): every key load of a batch is in flight before the sums.
+    constexpr int kBatch = 4;
+    for (int j0 = 0; j0 < 16 && 4 * j0 < n; j0 += kBatch) {
+      float4 k0[kBatch], k1[kBatch];
+#pragma unroll
+      for (int jj = 0; jj < kBatch; ++jj) {
+        const int e = 4 * (j0 + jj) + group;
+        if (e < n) {
+          const float* row = key + (h * n_chunks + index[e]) * kTileDim + 8 * part;
+          k0[jj] = *reinterpret_cast<const float4*>(row);
+          k1[jj] = *reinterpret_cast<const float4*>(row + 4);
+        } else {
+          k0[jj] = k1[jj] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
       }
-      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-      acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-      acc += __shfl_xor_sync(0xffffffffu, acc, 4);
-      // Slot e's sum is in lanes 8 group .. 8 group + 7; lane e % 32 collects it.
-      const float mine = __shfl_sync(0xffffffffu, acc, 8 * ((lane - 4 * j) & 3));
-      if ((lane & ~3) == ((4 * j) & 31) && 4 * j + (lane & 3) < n) {
-        const int mine_e = 4 * j + (lane & 3);
-        const float sc = p.scale * mine + bias[h * n_chunks + index[mine_e]];
-        if (mine_e < kWarp) score[0] = sc;
-        else score[1] = sc;
+#pragma unroll
+      for (int jj = 0; jj < kBatch; ++jj) {
+        const int j = j0 + jj;
+        float acc = qf[0].x * k0[jj].x + qf[0].y * k0[jj].y + qf[1].x * k0[jj].z + qf[1].y * k0[jj].w +
+                    qf[2].x * k1[jj].x + qf[2].y * k1[jj].y + qf[3].x * k1[jj].z + qf[3].y * k1[jj].w;
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+        // Slot e's sum is in lanes 8 group .. 8 group + 7; lane e % 32 collects it.
+        const float mine = __shfl_sync(0xffffffffu, acc, 8 * ((lane - 4 * j) & 3));
+        if ((lane & ~3) == ((4 * j) & 31) && 4 * j + (lane & 3) < n) {
+          if (4 * j < kWarp) score[0] = p.scale * mine + own_bias[0];
+          else score[1] = p.scale * mine + own_bias[1];
+        }
       }
     }
 #pragma unroll
@@ -228,11 +268,8 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   // Stage `buf` <- k' and bias2 of head hg, chunks [c0, c0 + 64).
   auto issue = [&](int hg, int c0, int buf) {
     const int64_t h = g * G + hg;
-    load_tile_async(tile[buf], key_bf16 + h * n_chunks * kTileDim, c0, n_chunks);
-    for (int r = threadIdx.x; r < kTileDim; r += kPackedThreads)
-      cp_async4(&bias_tile[buf][r], bias2 + h * n_chunks + (c0 + r < n_chunks ? c0 + r : 0),
-                c0 + r < n_chunks);
-    cp_async_commit();
+    issue_tile(tile[buf], bias_tile[buf], key_bf16 + h * n_chunks * kTileDim, bias2 + h * n_chunks,
+               c0, static_cast<int>(n_chunks));
   };
   uint32_t qa[4][4], qn[4][4];
   float s[8][4];
@@ -289,7 +326,12 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
     float r[8][4];
     float theta[2] = {kNegInf, kNegInf};  // a candidate must beat this to enter (full list)
     issue(0, 0, 0);
-    load_query_fragments(qn, p, g * G, t);
+    // Rows of q~ for head g G (null past T); head g G + hg is hg T 64 elements further.
+    const auto* q0 = static_cast<const __nv_bfloat16*>(p.q_retrieval) + g * G * p.T * kTileDim;
+    const __nv_bfloat16* qrow[2] = {t[0] < p.T ? q0 + t[0] * kTileDim : nullptr,
+                                    t[1] < p.T ? q0 + t[1] * kTileDim : nullptr};
+    const int64_t head_stride = p.T * kTileDim;
+    load_q_fragments(qn, qrow[0], qrow[1]);
     for (int step = 0; step < steps; ++step) {
       const int hg = step % G;
       const int c0 = (step / G) * kTileDim;
@@ -301,7 +343,10 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
       __syncthreads();
       if (step + 1 < steps) {
         issue((step + 1) % G, ((step + 1) / G) * kTileDim, (step + 1) % 2);
-        if (G > 1) load_query_fragments(qn, p, g * G + (step + 1) % G, t);
+        if (G > 1) {
+          const int64_t off = ((step + 1) % G) * head_stride;
+          load_q_fragments(qn, qrow[0] ? qrow[0] + off : nullptr, qrow[1] ? qrow[1] + off : nullptr);
+        }
       }
       if (hg == 0) {
 #pragma unroll
@@ -340,22 +385,31 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
       }
       if (hg != G - 1) continue;
       // Sums of probabilities are ranked in the linear domain, the others in base 2.
+      if (c0 + kTileDim > warp_min) {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (c0 + nt * 8 + (lane % 4) * 2 + (e % 2) >= n_cand[e / 2]) r[nt][e] = kNegInf;
+      }
       bool any[2] = {false, false};
-      const bool full = c0 + kTileDim <= warp_min;
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = nt * 8 + (lane % 4) * 2 + (e % 2);
-          if (!full && c0 + col >= n_cand[e / 2]) r[nt][e] = kNegInf;
-          any[e / 2] |= r[nt][e] > theta[e / 2];
-        }
-      const unsigned b0 = __ballot_sync(0xffffffffu, any[0]), b1 = __ballot_sync(0xffffffffu, any[1]);
+        for (int e = 0; e < 4; ++e) any[e / 2] |= r[nt][e] > theta[e / 2];
+      // Row j (lane / 4) has a candidate if any lane of its quad has one: OR over the quad, one
+      // ballot bit per quad (bits 4 j), compressed to bit j.
       unsigned rows = 0;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        if ((b0 >> (4 * j)) & 0xFu) rows |= 1u << j;
-        if ((b1 >> (4 * j)) & 0xFu) rows |= 1u << (j + 8);
+      for (int i = 0; i < 2; ++i) {
+        int a = any[i];
+        a |= __shfl_xor_sync(0xffffffffu, a, 1);
+        a |= __shfl_xor_sync(0xffffffffu, a, 2);
+        unsigned x = __ballot_sync(0xffffffffu, a != 0) & 0x11111111u;
+        x = (x | (x >> 3)) & 0x03030303u;
+        x = (x | (x >> 6)) & 0x000F000Fu;
+        x = (x | (x >> 12)) & 0xFFu;
+        rows |= x << (8 * i);
       }
       if (rows == 0u) continue;
 #pragma unroll

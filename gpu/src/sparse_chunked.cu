@@ -211,6 +211,7 @@ __global__ void __launch_bounds__(kPackedThreads)
 // One warp per (head, query) of the segment: softmax over [s_hat(c) for selected c, lse_swa
 // (, 0 with softmax1)] with values [o_c..., o_swa (, 0)]. Lane 8 j + part reads dims
 // 8 part .. 8 part + 7 of slots j, j + 4, ... with 16-byte loads, all issued before the sums.
+template <int kMaxIters>  // ceil(K / 4): 8 for K <= 32, 16 for K <= 64
 __global__ void __launch_bounds__(kReduceWarps * kWarp)
     reduce_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t seg, const int32_t* selection,
                   const float* selected_score, const float* o_swa, const float* lse_swa,
@@ -246,7 +247,6 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp)
                                   __ballot_sync(0xffffffffu, valid[1])};
   const int part = lane % 8, grp = lane / 8;
   const __half* base = partial + (h * seg + tl) * K * kTileDim + 8 * part;
-  constexpr int kMaxIters = 16;  // 64 slots / 4 per step
   uint4 raw[kMaxIters];
 #pragma unroll
   for (int j = 0; j < kMaxIters; ++j) {
@@ -347,9 +347,13 @@ void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
       cudaMemsetAsync(counts, 0, (n_ch + 1) * sizeof(int32_t), stream);
     }
     const int64_t rows = p.Hq * tn;
-    reduce_kernel<<<static_cast<unsigned>((rows + kReduceWarps - 1) / kReduceWarps),
-                    kReduceWarps * kWarp, 0, stream>>>(p, t0, tn, seg, selection, selected_score,
-                                                       o_swa, lse_swa, partial, o, lse);
+    const unsigned reduce_blocks = static_cast<unsigned>((rows + kReduceWarps - 1) / kReduceWarps);
+    if (p.K <= 32)
+      reduce_kernel<8><<<reduce_blocks, kReduceWarps * kWarp, 0, stream>>>(
+          p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, partial, o, lse);
+    else
+      reduce_kernel<16><<<reduce_blocks, kReduceWarps * kWarp, 0, stream>>>(
+          p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, partial, o, lse);
   }
   cudaFreeAsync(scratch, stream);
 }
