@@ -165,7 +165,7 @@ TEST_CASE("group scores with one head order chunks as the surrogate scores", "[o
   CHECK(r(0, 1) - r(0, 0) == Approx(1.5));
 }
 
-TEST_CASE("with bf16 inputs a wrong chunk is still caught; bf16 scores widen the bound",
+TEST_CASE("with bf16 inputs a wrong chunk is still caught and bf16 scores widen the bound",
           "[oracle][selection]") {
   const auto& c = case_named("longer_blocks");
   const auto inputs = round_inputs_to_bf16(cases::make_inputs<double>(c));

@@ -181,7 +181,7 @@ TEST_CASE("landmark keys and values never get weight", "[properties]") {
   }
 }
 
-TEST_CASE("G = 1 selects each head's own top-K; GQA shares one selection per group", "[properties]") {
+TEST_CASE("G = 1 selects each head's own top-K and GQA shares one selection per group", "[properties]") {
   for (const auto& c : cases::kCaseTable) {
     if (c.K == 0) continue;
     INFO("case " << c.name);
@@ -237,7 +237,7 @@ TEST_CASE("G = 1 selects each head's own top-K; GQA shares one selection per gro
   }
 }
 
-TEST_CASE("ties go to the lower chunk index; short rows are padded with -1", "[properties]") {
+TEST_CASE("ties go to the lower chunk index and short rows are padded with -1", "[properties]") {
   const auto& c = cases::kCaseTable[7];  // k_covers_all: T = 150, S = 8, W = 16
   auto inputs = cases::make_inputs<double>(c);
   // Identical keys in every chunk, and identical retrieval queries at the landmark slots (the
