@@ -372,6 +372,20 @@ void say(const std::string& text) {
 
 }  // namespace
 
+void register_study(CLI::App& app, const std::string& name, const std::string& description,
+                    StudyRunner run) {
+  auto args = std::make_shared<StudyArgs>();
+  auto* cmd = app.add_subcommand(name, description);
+  add_study_options(cmd, *args);
+  cmd->callback([args, run] {
+    const auto path = run(*args);
+    std::cout << "results: " << path.string() << "\n";
+    if (!args->plot) return;
+    const auto folder = path.parent_path() / (path.stem().string() + "_plots");
+    for (const auto& png : draw_plots(path, folder)) std::cout << "plot: " << png.string() << "\n";
+  });
+}
+
 void add_study_options(CLI::App* cmd, StudyArgs& a) {
   cmd->add_option("--config", a.config, "study config (TOML, see experiments/configs/)")
       ->check(CLI::ExistingFile);

@@ -32,6 +32,12 @@ struct StudyArgs {
 // Adds the common flags to a subcommand.
 void add_study_options(CLI::App* cmd, StudyArgs& args);
 
+// Adds `hils <name>`: the study options, then `run(args)`, printing the results file and, with
+// --plot, the plots drawn from it.
+using StudyRunner = std::filesystem::path (*)(const StudyArgs&);
+void register_study(CLI::App& app, const std::string& name, const std::string& description,
+                    StudyRunner run);
+
 // Each runs one study into args.out (resuming it when it exists) and returns the file.
 std::filesystem::path run_fidelity(const StudyArgs& args);
 std::filesystem::path run_overlap(const StudyArgs& args);
