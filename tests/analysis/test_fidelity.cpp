@@ -8,26 +8,17 @@
 #include <string_view>
 
 #include "case_inputs.hpp"
+#include "study_support.hpp"
 #include "hils/analysis/chunk_stats.hpp"
 #include "hils/analysis/fidelity.hpp"
 #include "hils/analysis/metrics.hpp"
 
 using namespace hils;
 using namespace hils::analysis;
+using hils::analysis::testing::geometry_of_case;
+using hils::cases::case_named;
 
 namespace {
-
-const cases::Case& find_case(std::string_view name) {
-  for (const auto& c : cases::kCaseTable)
-    if (name == c.name) return c;
-  throw std::runtime_error("no case " + std::string(name));
-}
-
-StudyGeometry geometry_of_case(const cases::Case& c) {
-  StudyGeometry g;
-  g.S = c.S, g.W = c.W, g.K = c.K, g.landmarks = c.landmarks;
-  return g;
-}
 
 FidelityOptions options_for(const cases::Case& c, std::vector<std::string> names) {
   FidelityOptions o;
@@ -49,7 +40,7 @@ StudySource source_for(const cases::Case& c, int64_t layers) {
 
 TEST_CASE("Taylor gap equals KL(p_mu || p_q) and is never negative (SPEC §4)", "[fidelity]") {
   for (const char* name : {"gqa_group4", "peaked_attention", "ragged_tail_no_landmarks"}) {
-    const auto& c = find_case(name);
+    const auto& c = case_named(name);
     auto in = cases::make_inputs<double>(c);
     const Geometry geometry(c.T, c.S, c.W, c.landmarks);
     fill_prior(in, geometry, PriorSource::chunk_mean_query);
@@ -66,7 +57,7 @@ TEST_CASE("Taylor gap equals KL(p_mu || p_q) and is never negative (SPEC §4)", 
 }
 
 TEST_CASE("chunk logit statistics bracket the exact log-mass (Eq. 5 regimes)", "[fidelity]") {
-  const auto& c = find_case("longer_blocks");
+  const auto& c = case_named("longer_blocks");
   const auto in = cases::make_inputs<double>(c);
   const Geometry geometry(c.T, c.S, c.W, c.landmarks);
   const auto queries = sample_queries(geometry, c.K, 24);
@@ -89,7 +80,7 @@ TEST_CASE("chunk logit statistics bracket the exact log-mass (Eq. 5 regimes)", "
 }
 
 TEST_CASE("flat fusion over naive BSA's selection reproduces the reference", "[fidelity]") {
-  const auto& c = find_case("gqa_group4");
+  const auto& c = case_named("gqa_group4");
   const auto in = cases::make_inputs<double>(c);
   auto spec = cases::with_case_geometry(preset("naive_bsa"), c);
   const Geometry geometry(c.T, c.S, c.W, c.landmarks);
@@ -111,7 +102,7 @@ TEST_CASE("flat fusion over naive BSA's selection reproduces the reference", "[f
 }
 
 TEST_CASE("fidelity unit: exact scores are perfect, surrogates are not", "[fidelity]") {
-  const auto& c = find_case("gqa_group4");
+  const auto& c = case_named("gqa_group4");
   const auto in = cases::make_inputs<double>(c);
   auto options = options_for(c, {"naive_bsa", "mean", "taylor_entropy", "max_logit"});
   MemorySink sink;
@@ -141,7 +132,7 @@ TEST_CASE("fidelity unit: exact scores are perfect, surrogates are not", "[fidel
 
 TEST_CASE("fidelity study: summaries match the units and a resumed run redoes nothing",
           "[fidelity]") {
-  const auto& c = find_case("ragged_tail_no_landmarks");
+  const auto& c = case_named("ragged_tail_no_landmarks");
   auto options = options_for(c, {"mean", "taylor_entropy"});
   options.keep_scores = false;
   const auto source = source_for(c, 2);

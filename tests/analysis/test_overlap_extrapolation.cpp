@@ -6,27 +6,14 @@
 #include <string_view>
 
 #include "case_inputs.hpp"
+#include "study_support.hpp"
 #include "hils/analysis/extrapolation.hpp"
 #include "hils/analysis/overlap.hpp"
 
 using namespace hils;
 using namespace hils::analysis;
-
-namespace {
-
-const cases::Case& find_case(std::string_view name) {
-  for (const auto& c : cases::kCaseTable)
-    if (name == c.name) return c;
-  throw std::runtime_error("no case " + std::string(name));
-}
-
-StudyGeometry geometry_of_case(const cases::Case& c) {
-  StudyGeometry g;
-  g.S = c.S, g.W = c.W, g.K = c.K, g.landmarks = c.landmarks;
-  return g;
-}
-
-}  // namespace
+using hils::analysis::testing::geometry_of_case;
+using hils::cases::case_named;
 
 TEST_CASE("overlap of a sliding selection matches the paper's formula", "[overlap]") {
   // Row t selects {t, t+1, t+2}: blocks of 2 share 2 of 3, blocks of 4 share (12-6)/9.
@@ -48,7 +35,7 @@ TEST_CASE("overlap of a sliding selection matches the paper's formula", "[overla
 }
 
 TEST_CASE("overlap study writes units and summaries and resumes", "[overlap]") {
-  const auto& c = find_case("longer_blocks");
+  const auto& c = case_named("longer_blocks");
   OverlapOptions options;
   options.geometry = geometry_of_case(c);
   options.mechanism = study_mechanism("taylor_entropy", PriorRule::landmark_query);
@@ -82,7 +69,7 @@ TEST_CASE("overlap study writes units and summaries and resumes", "[overlap]") {
 
 TEST_CASE("needle: exact scores find a strong needle at every depth without rotation",
           "[extrapolation]") {
-  const auto& c = find_case("longer_blocks");
+  const auto& c = case_named("longer_blocks");
   ExtrapolationOptions options;
   options.fidelity.geometry = geometry_of_case(c);
   options.fidelity.prior = {PriorRule::landmark_query, PriorSource::inputs};

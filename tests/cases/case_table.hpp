@@ -4,6 +4,8 @@
 
 #include <array>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <string_view>
 
 namespace hils::cases {
@@ -45,6 +47,13 @@ constexpr uint64_t seed_of(std::string_view name) {
     hash *= 1099511628211ull;
   }
   return hash;
+}
+
+// The case of the table with this name; throws std::invalid_argument for an unknown name.
+inline const Case& case_named(std::string_view name) {
+  for (const Case& c : kCaseTable)
+    if (name == c.name) return c;
+  throw std::invalid_argument("no case named " + std::string(name));
 }
 
 }  // namespace hils::cases

@@ -23,12 +23,7 @@ using hils::cases::Case;
 using hils::gpu::DType;
 namespace oracle = hils::oracle;
 namespace gt = hils::gpu::testing;
-
-const Case& case_named(const std::string& name) {
-  for (const Case& c : hils::cases::kCaseTable)
-    if (name == c.name) return c;
-  throw std::invalid_argument("case: no case named " + name);
-}
+using hils::cases::case_named;
 
 std::vector<int64_t> all_queries(int64_t T) {
   std::vector<int64_t> q(T);

@@ -86,10 +86,4 @@ std::vector<MechanismSpec> specs_for(const cases::Case& c) {
   return specs;
 }
 
-const cases::Case& case_named(const std::string& name) {
-  for (const auto& c : cases::kCaseTable)
-    if (name == c.name) return c;
-  throw std::invalid_argument("no case named " + name);
-}
-
 }  // namespace hils::oracle::testing

@@ -23,6 +23,6 @@ KernelOutputs float_kernel(const MechanismSpec& spec, const AttentionInputs<doub
 std::vector<MechanismSpec> specs_for(const cases::Case& c);
 
 // The first case of the table with this name (throws if none).
-const cases::Case& case_named(const std::string& name);
+using cases::case_named;
 
 }  // namespace hils::oracle::testing
