@@ -2,7 +2,7 @@
 `hils verify` prints. The file comes from oracle_make_verify_file (the reference's float run as
 the kernel, broken on purpose); the CLI's stdout is its first line (the file and the kernel's
 name) followed by exactly str(report); its exit code is 0 exactly when report.passed. For a
-malformed file the CLI's message (exit 2) ends with the ValueError's message."""
+malformed spec both name the key and the bad value (exit 2 / ValueError)."""
 
 import json
 import subprocess
@@ -67,5 +67,5 @@ def test_malformed_spec_same_message_as_the_cli(tmp_path):
     assert cli.returncode == 2
     with pytest.raises(ValueError) as error:
         verify_file_with_python(path)
-    assert "spec" in str(error.value) and '"four"' in str(error.value)
-    assert cli.stderr.rstrip().endswith(str(error.value)), (cli.stderr, str(error.value))
+    assert str(error.value) == 'spec.K: expected an integer, got string "four"'
+    assert 'spec, key "K"' in cli.stderr and '"four"' in cli.stderr
