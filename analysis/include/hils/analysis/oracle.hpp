@@ -91,6 +91,16 @@ struct Tolerances {
   // score, each moving s_hat by at most u A.
   static constexpr double kMarginUnitsBf16 = 2.0;
 
+  // Mean test (hierarchical lse with bf16 scores, where the worst-case floor sits far above
+  // what a correct kernel's rounding does): |mean error| <= kBaselineFactor x |float's mean
+  // error| + kMeanSigmas x SE, SE the standard error of the mean that unbiased bf16 rounding at
+  // the kernel's rounding points gives (lse_mean_standard_error). 6 sigmas: a correct kernel
+  // fails with probability ~2e-9 under the central limit theorem; a systematic shift of every
+  // row (a wrong logit scale, an extra softmax1 logit) stands out in the mean of thousands.
+  static constexpr double kMeanSigmas = 6.0;
+  // Round-to-nearest leaves an error uniform within +-ulp(x)/2: variance ulp^2 / 12.
+  static constexpr double kRoundingVariance = 1.0 / 12.0;
+
   static double floor_units(InputPrecision precision);
   static double margin_units(InputPrecision precision);
 };
@@ -156,6 +166,10 @@ struct TensorReport {
   double magnitude = 0;         // the magnitude the floor scales with
   double tolerance = 0;         // kBaselineFactor * baseline_max_abs + floor
   double headroom = 0;          // max_abs / tolerance (fails when > 1)
+  // Mean test (Tolerances::kMeanSigmas): the signed mean errors over the finite elements, and,
+  // where the test applies (mean_tolerance > 0), the standard error and the tolerance.
+  double mean_error = 0, baseline_mean_error = 0;
+  double mean_standard_error = 0, mean_tolerance = 0;
   std::vector<std::string> problems;  // why it failed: NaN, shape, all-zero, -inf pattern, ...
   std::string diagnosis;              // a guess at the cause, when one is recognised
 };
@@ -219,6 +233,10 @@ TensorReport compare_tensor(const std::string& name, const std::vector<Matrix<do
                             const std::vector<Matrix<double>>& baseline, double magnitude,
                             InputPrecision precision, const std::string& row_label,
                             const std::vector<int64_t>& row_ids, int64_t max_messages = 8);
+
+// The mean test: fails `report` (with a problem line) when |mean_error| exceeds
+// kBaselineFactor x |baseline_mean_error| + kMeanSigmas x standard_error.
+void check_mean_shift(TensorReport& report, double standard_error);
 
 // Guard bytes: the first offset in [data, data+bytes) whose byte differs from `pattern`, or
 // nullopt when the whole guard is intact.
