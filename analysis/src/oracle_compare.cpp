@@ -199,18 +199,20 @@ TensorReport compare_tensor(const std::string& name, const std::vector<Matrix<do
   return report;
 }
 
-void check_mean_shift(TensorReport& report, double standard_error) {
-  // report, SE of the mean of a correct kernel's rounding errors -> the mean test applied.
-  report.mean_standard_error = standard_error;
+void check_mean_shift(TensorReport& report, const MeanShiftBound& bound) {
+  // report, what a correct kernel's rounding does to the mean -> the mean test applied.
+  report.mean_standard_error = bound.standard_error;
+  report.mean_rounding_bias = bound.rounding_bias;
   report.mean_tolerance = Tolerances::kBaselineFactor * std::fabs(report.baseline_mean_error) +
-                          Tolerances::kMeanSigmas * standard_error;
+                          bound.rounding_bias + Tolerances::kMeanSigmas * bound.standard_error;
   if (report.count == 0 || !(std::fabs(report.mean_error) > report.mean_tolerance)) return;
   report.problems.push_back(format(
       "%s: mean error %.3g over %lld elements (a shift of every element alike) exceeds the mean "
-      "tolerance %.3g = %g x float's mean error %.3g + %g x the standard error %.3g that bf16 "
-      "rounding gives", report.name.c_str(), report.mean_error, static_cast<long long>(report.count),
-      report.mean_tolerance, Tolerances::kBaselineFactor, report.baseline_mean_error,
-      Tolerances::kMeanSigmas, standard_error));
+      "tolerance %.3g = %g x float's mean error %.3g + rounding bias %.3g + %g x the standard "
+      "error %.3g that bf16 rounding gives", report.name.c_str(), report.mean_error,
+      static_cast<long long>(report.count), report.mean_tolerance, Tolerances::kBaselineFactor,
+      report.baseline_mean_error, bound.rounding_bias, Tolerances::kMeanSigmas,
+      bound.standard_error));
   report.passed = false;
 }
 
@@ -242,9 +244,10 @@ std::string Verdict::report() const {
     if (t.name == "o" || t.name == "lse" || t.name == "fusion_weights") line(t);
   for (const auto& t : tensors)
     if (t.mean_tolerance > 0)
-      out << format("  %-18s mean error %.3g, tolerance %.3g (float's mean error %.3g, standard "
-                    "error %.3g), headroom %.3g %s\n", (t.name + " (mean)").c_str(), t.mean_error,
-                    t.mean_tolerance, t.baseline_mean_error, t.mean_standard_error,
+      out << format("  %-18s mean error %.3g, tolerance %.3g (float's mean error %.3g, rounding "
+                    "bias %.3g, standard error %.3g), headroom %.3g %s\n",
+                    (t.name + " (mean)").c_str(), t.mean_error, t.mean_tolerance,
+                    t.baseline_mean_error, t.mean_rounding_bias, t.mean_standard_error,
                     std::fabs(t.mean_error) / t.mean_tolerance,
                     std::fabs(t.mean_error) <= t.mean_tolerance ? "PASS" : "FAIL");
   // Problems in pipeline order: stages before the selection, the selection, the fused outputs.

@@ -93,8 +93,8 @@ struct Tolerances {
 
   // Mean test (hierarchical lse with bf16 scores, where the worst-case floor sits far above
   // what a correct kernel's rounding does): |mean error| <= kBaselineFactor x |float's mean
-  // error| + kMeanSigmas x SE, SE the standard error of the mean that unbiased bf16 rounding at
-  // the kernel's rounding points gives (lse_mean_standard_error). 6 sigmas: a correct kernel
+  // error| + rounding bias + kMeanSigmas x SE, SE the standard error of the mean that unbiased
+  // bf16 rounding at the kernel's rounding points gives (MeanShiftBound). 6 sigmas: a correct kernel
   // fails with probability ~2e-9 under the central limit theorem; a systematic shift of every
   // row (a wrong logit scale, an extra softmax1 logit) stands out in the mean of thousands.
   static constexpr double kMeanSigmas = 6.0;
@@ -169,7 +169,7 @@ struct TensorReport {
   // Mean test (Tolerances::kMeanSigmas): the signed mean errors over the finite elements, and,
   // where the test applies (mean_tolerance > 0), the standard error and the tolerance.
   double mean_error = 0, baseline_mean_error = 0;
-  double mean_standard_error = 0, mean_tolerance = 0;
+  double mean_standard_error = 0, mean_rounding_bias = 0, mean_tolerance = 0;
   std::vector<std::string> problems;  // why it failed: NaN, shape, all-zero, -inf pattern, ...
   std::string diagnosis;              // a guess at the cause, when one is recognised
 };
@@ -234,9 +234,15 @@ TensorReport compare_tensor(const std::string& name, const std::vector<Matrix<do
                             InputPrecision precision, const std::string& row_label,
                             const std::vector<int64_t>& row_ids, int64_t max_messages = 8);
 
+// What a correct kernel's rounding can do to the mean error of a tensor: the standard error of
+// its unbiased roundings, and a bound on the bias of the roundings that are not.
+struct MeanShiftBound {
+  double standard_error = 0;
+  double rounding_bias = 0;
+};
 // The mean test: fails `report` (with a problem line) when |mean_error| exceeds
-// kBaselineFactor x |baseline_mean_error| + kMeanSigmas x standard_error.
-void check_mean_shift(TensorReport& report, double standard_error);
+// kBaselineFactor x |baseline_mean_error| + rounding_bias + kMeanSigmas x standard_error.
+void check_mean_shift(TensorReport& report, const MeanShiftBound& bound);
 
 // Guard bytes: the first offset in [data, data+bytes) whose byte differs from `pattern`, or
 // nullopt when the whole guard is intact.
