@@ -7,6 +7,7 @@
 #include <cmath>
 #include <iostream>
 #include <limits>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -239,8 +240,9 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
   }
   const Case tied = case_named("longer_blocks");
   for (double perturbation : {0.0, 1e-7, 1e-5}) {
-    problems.emplace_back("longer_blocks ties " + std::to_string(perturbation),
-                          tied_inputs(tied, perturbation));
+    std::ostringstream label;
+    label << "longer_blocks ties " << perturbation;
+    problems.emplace_back(label.str(), tied_inputs(tied, perturbation));
     geometry.push_back(tied);
   }
   for (std::size_t n = 0; n < problems.size(); ++n) {
