@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds and runs every GPU test, compute-sanitizer memcheck and the benchmark, on the device
 # machine. Usage (repository root):
-#   scripts/gpu_check.sh [--build-only] [--no-bench] [--quick] [--no-report] [--profile]
+#   scripts/gpu_check.sh [--build-only] [--no-bench] [--quick] [--no-report] [--profile] [--python]
+# --python: only `pip install .` (scikit-build-core, no network) and the pytest of PyTorch's
+# kernels judged by the hils package (tests/python/test_gpu_kernels.py), logs in $OUT.
 # --quick: ctest only (no second full test report, no memcheck); --no-report: no second plain
 # run of the test binary, the tensor report is read from the memcheck run; --profile: Nsight Compute on the
 # window, select and fuse kernels at T = HILS_PROFILE_T (default 131072) into ncu.log.
@@ -21,6 +23,7 @@ BENCH=1
 QUICK=0
 NO_REPORT=0
 PROFILE=0
+PYTHON=0
 for arg in "$@"; do
   case "$arg" in
     --build-only) BUILD_ONLY=1 ;;
@@ -28,10 +31,26 @@ for arg in "$@"; do
     --quick) QUICK=1 ;;
     --no-report) NO_REPORT=1 ;;
     --profile) PROFILE=1 ;;
-    *) echo "gpu_check.sh: unknown argument '$arg' (expected --build-only, --no-bench, --quick, --no-report or --profile)" >&2; exit 2 ;;
+    --python) PYTHON=1 ;;
+    *) echo "gpu_check.sh: unknown argument '$arg' (expected --build-only, --no-bench, --quick, --no-report, --profile or --python)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$OUT" "$BUILD/project"
+if [ "$PYTHON" = 1 ]; then
+  # Eigen and nlohmann-json from $DEPS when carried (see gpu/NOTES.md), pybind11 from pip.
+  PIP_ARGS=(--no-build-isolation --no-deps -C "cmake.define.pybind11_DIR=$(python3 -m pybind11 --cmakedir)")
+  [ -d "$DEPS/include" ] && PIP_ARGS+=(-C "cmake.define.CMAKE_PREFIX_PATH=$DEPS"
+                                       -C "cmake.define.Eigen3_DIR=$DEPS/share/eigen3/cmake")
+  echo "== pip install . (hils Python package)"
+  python3 -m pip install -v "${PIP_ARGS[@]}" "$ROOT" >"$OUT/pip.log" 2>&1 || { tail -n 20 "$OUT/pip.log"; exit 3; }
+  tail -n 1 "$OUT/pip.log"
+  echo "== pytest tests/python/test_gpu_kernels.py"
+  status=0
+  ( cd "$OUT" && python3 -m pytest -s -rA -p no:cacheprovider "$ROOT/tests/python/test_gpu_kernels.py" ) \
+    >"$OUT/pytest_gpu.log" 2>&1 || status=1
+  grep -E "^HEADROOM|PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$OUT/pytest_gpu.log" || true
+  exit $status
+fi
 NVCC="${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 
 cat >"$BUILD/project/CMakeLists.txt" <<CMAKE

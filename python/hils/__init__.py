@@ -1,0 +1,114 @@
+"""hils-sim's double-precision reference and its oracle, for Python (pytest, notebooks).
+
+    import hils
+    report = hils.verify({"preset": "hils", "S": 64, "W": 512, "K": 32}, q, k, v,
+                         {"o": o, "lse": lse, "selection": sel}, input_precision="bf16")
+    print(report)            # the text `hils verify` prints for the same data
+    assert report.passed
+
+Arrays follow the verify file's layout (data/verify_format.md): q [Hq, T, d], k [Hkv, T, d],
+v [Hkv, T, dv], q_retrieval [Hq, T, d], prior [Hq, rows, d]; kernel outputs by the same names
+(o, lse, selection, surrogate_scores, summary_key, summary_bias, o_window, lse_window,
+fusion_weights). Any float dtype and anything numpy converts are accepted; torch tensors on any
+device and in any float dtype (bf16, fp16 included) are converted by `as_numpy`. The work runs
+in C++ (the same code as `hils verify`) with the GIL released.
+
+Bad input raises TypeError (a wrong type or dtype) or ValueError (a wrong shape, NaN or Inf
+in an input, an unknown spec key or output name, a value out of range), naming the argument.
+"""
+
+import json
+from collections.abc import Mapping
+
+import numpy as np
+
+from . import _core
+from ._core import Report, SelectionReport, TensorReport
+
+__all__ = ["verify", "reference", "as_numpy", "Report", "TensorReport", "SelectionReport"]
+
+
+def as_numpy(array, name="array"):
+    """A torch tensor (any device; bf16 and fp16 widened to float32, exactly) or anything
+    np.asarray accepts -> a numpy array of the same values. `name` goes into the TypeError
+    raised for something that is not an array of numbers."""
+    if type(array).__module__.startswith("torch") and hasattr(array, "detach"):
+        tensor = array.detach()
+        if tensor.is_floating_point() and str(tensor.dtype) not in ("torch.float32", "torch.float64"):
+            tensor = tensor.float()
+        return tensor.cpu().numpy()
+    try:
+        return np.asarray(array)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{name}: expected an array of numbers, found {type(array).__name__} "
+                        f"({error})") from None
+
+
+def _json_scalar(value):
+    # numpy scalars (np.int64(64), np.float32(0.125), np.bool_) -> their Python values.
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"spec: expected JSON values (str, int, float, bool), found "
+                    f"{type(value).__name__} {value!r}")
+
+
+def _spec_json(spec):
+    # The spec dict -> the JSON text the verify file's spec attribute would hold.
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"spec: expected a dict such as {{\"preset\": \"hils\", \"S\": 64}}, "
+                        f"found {type(spec).__name__}")
+    try:
+        return json.dumps(dict(spec), default=_json_scalar, allow_nan=False)
+    except ValueError as error:
+        raise ValueError(f"spec: expected finite numbers, found a NaN or Inf ({error})") from None
+
+
+def _text(value, name, expected):
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected {expected}, found {type(value).__name__} {value!r}")
+    return value
+
+
+def _inputs(q, k, v, q_retrieval, prior):
+    arrays = {"q": q, "k": k, "v": v, "q_retrieval": q_retrieval, "prior": prior}
+    return {name: (None if a is None else as_numpy(a, name)) for name, a in arrays.items()}
+
+
+def verify(spec, q, k, v, outputs, *, input_precision="fp32", score_precision="fp32",
+           q_retrieval=None, prior=None, queries=None, kernel=None, max_messages=8):
+    """Judges a kernel's outputs against the reference in double (truth) and float (baseline).
+
+    spec: a dict with the verify file's spec keys ({"preset": "nsa", "S": 64, "W": 512, ...}).
+    outputs: {name: array}; a stage that is absent (or None) is not compared.
+    input_precision / score_precision: "fp32" or "bf16" (data/verify_format.md).
+    queries: the query slots computed (strictly ascending), when not all T.
+    kernel: a name for the report. max_messages: problems listed per tensor.
+    Returns a Report: .passed, .tensors[name] (max_abs, max_rel, nmse, tolerance, headroom,
+    passed, ...), .selection (rows_differing, rows_accepted, max_accepted_margin, bound, ...);
+    str(report) is the text `hils verify` prints below the line naming the file.
+    """
+    if not isinstance(outputs, Mapping):
+        raise TypeError(f"outputs: expected a dict of arrays such as {{\"o\": o, \"lse\": lse}}, "
+                        f"found {type(outputs).__name__}")
+    if isinstance(max_messages, bool) or not isinstance(max_messages, (int, np.integer)):
+        raise TypeError(f"max_messages: expected an integer, found {type(max_messages).__name__}")
+    kernel_outputs = {}
+    for name, array in outputs.items():
+        label = f"outputs[{name!r}]"
+        kernel_outputs[name] = None if array is None else as_numpy(array, label)
+    return _core.verify(
+        _spec_json(spec), _inputs(q, k, v, q_retrieval, prior), kernel_outputs,
+        _text(input_precision, "input_precision", '"fp32" or "bf16"'),
+        _text(score_precision, "score_precision", '"fp32" or "bf16"'),
+        None if queries is None else as_numpy(queries, "queries"), int(max_messages),
+        "" if kernel is None else _text(kernel, "kernel", "a name (str)"))
+
+
+def reference(spec, q, k, v, *, q_retrieval=None, prior=None, queries=None):
+    """The mechanism in double precision (the oracle's truth) -> dict of numpy arrays:
+    o [Hq, Tq, dv], lse [Hq, Tq], fusion_weights [Hq, Tq, K+2] (float64), and where the
+    mechanism has them: selection [Hkv, Tq, K] (int64, ascending, -1 padded),
+    surrogate_scores [Hq, Tq, n_chunks] (-inf outside V(t)), o_window, lse_window,
+    summary_key [Hq, n_chunks, d], summary_bias [Hq, n_chunks]."""
+    return _core.reference(_spec_json(spec), _inputs(q, k, v, q_retrieval, prior),
+                           None if queries is None else as_numpy(queries, "queries"))

@@ -1,0 +1,26 @@
+"""pytest helpers: judge a kernel with the oracle in one line.
+
+    from hils.testing import assert_kernel_matches
+
+    def test_my_kernel():
+        o, lse, sel = my_kernel(q, k, v)
+        assert_kernel_matches({"preset": "nsa", "S": 64, "W": 512, "K": 16}, q, k, v,
+                              {"o": o, "lse": lse, "selection": sel}, input_precision="bf16")
+"""
+
+from . import verify
+
+
+def assert_kernel_matches(spec, q, k, v, outputs, *, input_precision="fp32",
+                          score_precision="fp32", q_retrieval=None, prior=None, queries=None,
+                          kernel=None, max_messages=8):
+    """hils.verify with the same arguments; raises AssertionError whose message is the report
+    (preceded by the kernel's name when given) when the kernel fails, returns the Report when
+    it passes."""
+    __tracebackhide__ = True  # pytest shows the caller's line, not this one
+    report = verify(spec, q, k, v, outputs, input_precision=input_precision,
+                    score_precision=score_precision, q_retrieval=q_retrieval, prior=prior,
+                    queries=queries, kernel=kernel, max_messages=max_messages)
+    if not report.passed:
+        raise AssertionError(("" if kernel is None else f"kernel {kernel}\n") + str(report))
+    return report

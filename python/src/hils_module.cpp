@@ -1,0 +1,299 @@
+// hils._core: the reference and the oracle for Python (issue 9). The pure-Python package `hils`
+// (python/hils) wraps these functions; users call hils.verify, hils.reference and
+// hils.testing.assert_kernel_matches. Every computation runs the same C++ code as `hils
+// verify`: the spec codec, the reference and oracle::verify with its report text.
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <pybind11/stl.h>
+
+#include "arrays.hpp"
+#include "config/config.hpp"
+#include "hils/analysis/oracle.hpp"
+#include "hils/hils.hpp"
+
+namespace hils::python {
+
+namespace {
+
+// A verdict and the kernel name it was given (for repr and the caller's messages).
+struct Report {
+  oracle::Verdict verdict;
+  std::string kernel;
+};
+
+// The output names of the verify file (data/verify_format.md), in pipeline order.
+const std::vector<std::string>& output_names() {
+  static const std::vector<std::string> names = {
+      "summary_key", "summary_bias", "surrogate_scores", "selection", "o_window",
+      "lse_window",  "o",            "lse",              "fusion_weights"};
+  return names;
+}
+
+// spec JSON text (what json.dumps made of the caller's dict) -> validated spec, through the
+// same codec as the verify file's spec attribute.
+MechanismSpec spec_from_text(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(std::string("spec: expected a JSON object, found invalid JSON (") +
+                          e.what() + ")");
+  }
+  MechanismSpec spec = config::spec_from_json(j, "spec");
+  spec.validate();
+  return spec;
+}
+
+// The item `key` of a dict, or None.
+py::object item_or_none(const py::dict& d, const char* key) {
+  return d.contains(key) ? py::reinterpret_borrow<py::object>(d[key]) : py::none();
+}
+
+// Size of axis `axis` of an array already checked by heads_from_array.
+int64_t axis_size(const py::object& array, py::ssize_t axis) {
+  return static_cast<int64_t>(py::reinterpret_borrow<py::array>(array).shape(axis));
+}
+
+// {"q", "k", "v", "q_retrieval"?, "prior"?} -> inputs, checked as the CLI checks /inputs.
+AttentionInputs<double> inputs_from_dict(const py::dict& arrays) {
+  AttentionInputs<double> in;
+  const py::object q = item_or_none(arrays, "q");
+  in.q = heads_from_array("q", q, {{-1, -1, -1}, "(heads, rows, columns)"}, true);
+  const int64_t T = axis_size(q, 1), d = axis_size(q, 2);
+  const py::object k = item_or_none(arrays, "k");
+  in.k = heads_from_array("k", k, {{-1, T, d}, "(heads, rows, columns)"}, true);
+  in.v = heads_from_array("v", item_or_none(arrays, "v"),
+                          {{axis_size(k, 0), T, -1}, "(heads, rows, columns)"}, true);
+  const py::object q_retrieval = item_or_none(arrays, "q_retrieval");
+  if (!q_retrieval.is_none())
+    in.q_retrieval = heads_from_array("q_retrieval", q_retrieval,
+                                      {{axis_size(q, 0), T, d}, "(heads, rows, columns)"}, true);
+  const py::object prior = item_or_none(arrays, "prior");
+  if (!prior.is_none())
+    in.prior = heads_from_array("prior", prior, {{axis_size(q, 0), -1, d}, "(heads, rows, columns)"},
+                                true);
+  return in;
+}
+
+// "outputs: unknown key 'x' (expected one of ...)", the codec's words for a typo.
+void require_known_outputs(const py::dict& outputs) {
+  for (const auto& item : outputs) {
+    if (!py::isinstance<py::str>(item.first))
+      throw py::type_error("outputs: expected string keys, found " +
+                           py::repr(item.first).cast<std::string>());
+    const std::string key = item.first.cast<std::string>();
+    bool known = false;
+    for (const auto& name : output_names()) known = known || name == key;
+    if (!known) {
+      std::string list;
+      for (const auto& name : output_names()) list += (list.empty() ? "" : ", ") + name;
+      throw InvalidArgument("outputs: unknown key '" + key + "' (expected one of " + list + ")");
+    }
+  }
+}
+
+// {name: array or None} -> the kernel's stages; a None or missing name was not produced.
+oracle::KernelOutputs outputs_from_dict(const py::dict& outputs) {
+  require_known_outputs(outputs);
+  oracle::KernelOutputs out;
+  const ArrayShape heads{{-1, -1, -1}, "(heads, rows, columns)"}, vectors{{-1, -1}, "(heads, rows)"};
+  auto name = [](const char* key) { return std::string("outputs[\"") + key + "\"]"; };
+  auto matrices = [&](const char* key, std::vector<Matrix<double>>& target) {
+    const py::object a = item_or_none(outputs, key);
+    if (!a.is_none()) target = heads_from_array(name(key), a, heads, false);
+  };
+  auto columns = [&](const char* key, std::vector<Vector<double>>& target) {
+    const py::object a = item_or_none(outputs, key);
+    if (!a.is_none()) target = vectors_from_array(name(key), a, vectors, false);
+  };
+  matrices("summary_key", out.summary_key);
+  columns("summary_bias", out.summary_bias);
+  matrices("surrogate_scores", out.surrogate_scores);
+  const py::object selection = item_or_none(outputs, "selection");
+  if (!selection.is_none()) out.selection = selection_from_array(name("selection"), selection);
+  matrices("o_window", out.o_window);
+  columns("lse_window", out.lse_window);
+  matrices("o", out.o);
+  columns("lse", out.lse);
+  matrices("fusion_weights", out.fusion_weights);
+  return out;
+}
+
+std::vector<int64_t> queries_from(const py::object& queries) {
+  return queries.is_none() ? std::vector<int64_t>{} : int64s_from_array("queries", queries);
+}
+
+// hils.verify's engine: arrays are converted while the GIL is held, the oracle runs without it.
+Report verify(const std::string& spec_text, const py::dict& inputs, const py::dict& outputs,
+              const std::string& input_precision, const std::string& score_precision,
+              const py::object& queries, int64_t max_messages, const std::string& kernel) {
+  const MechanismSpec spec = spec_from_text(spec_text);
+  oracle::VerifyOptions options;
+  options.precision = oracle::parse_input_precision(input_precision, "input_precision");
+  options.score_precision = oracle::parse_input_precision(score_precision, "score_precision");
+  require(max_messages >= 1, "max_messages", "at least 1", std::to_string(max_messages));
+  options.max_messages = max_messages;
+  options.queries = queries_from(queries);
+  const AttentionInputs<double> in = inputs_from_dict(inputs);
+  const oracle::KernelOutputs out = outputs_from_dict(outputs);
+  Report report;
+  report.kernel = kernel;
+  {
+    py::gil_scoped_release release;
+    report.verdict = oracle::verify(spec, in, out, options);
+  }
+  return report;
+}
+
+// Everything hils.reference returns, computed without the GIL.
+struct ReferenceRun {
+  MechanismOutputs<double> run;
+  std::vector<Matrix<double>> summary_key;
+  std::vector<Vector<double>> summary_bias;
+};
+
+// The chunk summaries k'_c, b'_c of every query head (SPEC §4), for mechanisms that have them.
+void add_summaries(const MechanismSpec& spec, const AttentionInputs<double>& in, ReferenceRun& r) {
+  if (!spec.selects() || spec.key_rule == KeyRule::exact) return;
+  const Geometry geometry = geometry_of(spec, in.T());
+  const double scale = logit_scale(spec, in.d());
+  const int64_t G = in.Hq() / in.Hkv();
+  for (int64_t h = 0; h < in.Hq(); ++h) {
+    const Matrix<double> prior =
+        spec.needs_prior() ? resolve_prior(in, h, spec, geometry) : Matrix<double>();
+    const auto s = summarize(in.k[h / G], prior, spec.key_rule, spec.bias_rule, geometry, scale);
+    r.summary_key.push_back(s.key);
+    r.summary_bias.push_back(s.bias);
+  }
+}
+
+// hils.reference's engine: the double reference run -> dict of float64 (selection: int64) arrays.
+py::dict reference(const std::string& spec_text, const py::dict& inputs, const py::object& queries) {
+  const MechanismSpec spec = spec_from_text(spec_text);
+  const AttentionInputs<double> in = inputs_from_dict(inputs);
+  RunOptions options;
+  options.keep_surrogate_scores = spec.selects();
+  options.keep_window = spec.fusion != Fusion::full;
+  options.queries = queries_from(queries);
+  ReferenceRun r;
+  {
+    py::gil_scoped_release release;
+    in.validate(spec);
+    r.run = run_mechanism(spec, in, options);
+    add_summaries(spec, in, r);
+  }
+  auto heads = [&](auto field) {
+    std::vector<Matrix<double>> m;
+    for (const auto& h : r.run.heads) m.push_back(h.*field);
+    return m;
+  };
+  auto vectors = [&](auto field) {
+    std::vector<Vector<double>> m;
+    for (const auto& h : r.run.heads) m.push_back(h.*field);
+    return m;
+  };
+  using H = HeadOutputs<double>;
+  py::dict result;
+  result["o"] = array_from_heads(heads(&H::o));
+  result["lse"] = array_from_vectors(vectors(&H::lse));
+  result["fusion_weights"] = array_from_heads(heads(&H::fusion_weights));
+  if (spec.selects()) {
+    result["selection"] = array_from_selection(r.run.selection);
+    result["surrogate_scores"] = array_from_heads(heads(&H::surrogate_scores));
+  }
+  if (options.keep_window) {
+    result["o_window"] = array_from_heads(heads(&H::o_window));
+    result["lse_window"] = array_from_vectors(vectors(&H::lse_window));
+  }
+  if (!r.summary_key.empty()) {
+    result["summary_key"] = array_from_heads(r.summary_key);
+    result["summary_bias"] = array_from_vectors(r.summary_bias);
+  }
+  return result;
+}
+
+const char* verdict_text(bool passed) { return passed ? "PASS" : "FAIL"; }
+
+}  // namespace
+
+}  // namespace hils::python
+
+PYBIND11_MODULE(_core, m) {
+  using namespace hils;
+  using namespace hils::python;
+  m.doc() = "hils-sim's reference and oracle (C++); use the package hils, not this module.";
+
+  py::class_<oracle::TensorReport>(m, "TensorReport",
+                                   "The comparison of one tensor, all heads together.")
+      .def_readonly("name", &oracle::TensorReport::name)
+      .def_readonly("passed", &oracle::TensorReport::passed)
+      .def_property_readonly("verdict", [](const oracle::TensorReport& t) { return verdict_text(t.passed); })
+      .def_property_readonly("precision", [](const oracle::TensorReport& t) { return to_string(t.precision); },
+                             "the rounding unit of the floor: fp32 or bf16")
+      .def_readonly("count", &oracle::TensorReport::count, "elements compared")
+      .def_readonly("max_abs", &oracle::TensorReport::max_abs, "max |kernel - double|")
+      .def_readonly("max_rel", &oracle::TensorReport::max_rel)
+      .def_readonly("nmse", &oracle::TensorReport::nmse)
+      .def_readonly("worst_where", &oracle::TensorReport::worst_where)
+      .def_readonly("worst_kernel", &oracle::TensorReport::worst_kernel)
+      .def_readonly("worst_truth", &oracle::TensorReport::worst_truth)
+      .def_readonly("baseline_max_abs", &oracle::TensorReport::baseline_max_abs,
+                    "max |float reference - double| (the report's float_err)")
+      .def_readonly("floor", &oracle::TensorReport::floor)
+      .def_readonly("magnitude", &oracle::TensorReport::magnitude)
+      .def_readonly("tolerance", &oracle::TensorReport::tolerance)
+      .def_readonly("headroom", &oracle::TensorReport::headroom, "max_abs / tolerance; > 1 fails")
+      .def_readonly("problems", &oracle::TensorReport::problems)
+      .def_readonly("diagnosis", &oracle::TensorReport::diagnosis)
+      .def("__repr__", [](const oracle::TensorReport& t) {
+        return "<hils.TensorReport " + t.name + " " + verdict_text(t.passed) +
+               " headroom=" + std::to_string(t.headroom) + ">";
+      });
+
+  py::class_<oracle::SelectionReport>(m, "SelectionReport",
+                                      "The comparison of the selections as sets per (query, KV group).")
+      .def_readonly("compared", &oracle::SelectionReport::compared)
+      .def_readonly("passed", &oracle::SelectionReport::passed)
+      .def_readonly("rows", &oracle::SelectionReport::rows)
+      .def_readonly("rows_differing", &oracle::SelectionReport::rows_differing)
+      .def_readonly("rows_accepted", &oracle::SelectionReport::rows_accepted)
+      .def_readonly("bound", &oracle::SelectionReport::bound, "largest per-swap margin bound used")
+      .def_readonly("baseline_r_error", &oracle::SelectionReport::baseline_r_error)
+      .def_readonly("max_accepted_margin", &oracle::SelectionReport::max_accepted_margin)
+      .def_readonly("worst_margin", &oracle::SelectionReport::worst_margin)
+      .def_readonly("problems", &oracle::SelectionReport::problems)
+      .def("__repr__", [](const oracle::SelectionReport& s) {
+        return "<hils.SelectionReport " + std::string(s.compared ? verdict_text(s.passed) : "not compared") +
+               " rows=" + std::to_string(s.rows) + " differing=" + std::to_string(s.rows_differing) +
+               " accepted=" + std::to_string(s.rows_accepted) + ">";
+      });
+
+  py::class_<Report>(m, "Report", "The oracle's verdict; str() is the text `hils verify` prints.")
+      .def_property_readonly("passed", [](const Report& r) { return r.verdict.passed; })
+      .def_readonly("kernel", &Report::kernel)
+      .def_property_readonly("spec", [](const Report& r) { return r.verdict.spec_description; })
+      .def_property_readonly("input_precision", [](const Report& r) { return to_string(r.verdict.precision); })
+      .def_property_readonly("score_precision",
+                             [](const Report& r) { return to_string(r.verdict.score_precision); })
+      .def_property_readonly("tensors", [](const Report& r) {
+        py::dict d;
+        for (const auto& t : r.verdict.tensors) d[py::str(t.name)] = py::cast(t, py::return_value_policy::copy);
+        return d;
+      }, "name -> TensorReport, for every tensor compared")
+      .def_property_readonly("selection", [](const Report& r) { return r.verdict.selection; })
+      .def("__str__", [](const Report& r) { return r.verdict.report(); })
+      .def("__repr__", [](const Report& r) {
+        std::string text = "<hils.Report " + std::string(verdict_text(r.verdict.passed));
+        if (!r.kernel.empty()) text += " kernel '" + r.kernel + "'";
+        for (const auto& t : r.verdict.tensors) text += " " + t.name + "=" + verdict_text(t.passed);
+        if (r.verdict.selection.compared) text += std::string(" selection=") + verdict_text(r.verdict.selection.passed);
+        return text + ">";
+      });
+
+  m.def("verify", &verify, py::arg("spec_json"), py::arg("inputs"), py::arg("outputs"),
+        py::arg("input_precision"), py::arg("score_precision"), py::arg("queries"),
+        py::arg("max_messages"), py::arg("kernel"));
+  m.def("reference", &reference, py::arg("spec_json"), py::arg("inputs"), py::arg("queries"));
+}

@@ -1,0 +1,134 @@
+"""Bad input to hils.verify and hils.reference raises TypeError (wrong type or dtype) or
+ValueError (wrong shape, NaN/Inf input, unknown key, value out of range) naming the argument;
+nothing crashes the interpreter. Odd but valid layouts (non-contiguous, Fortran order, float16,
+float64, nested lists) give the same verdict as the plain float32 array."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import hils
+from conftest import case_inputs, case_spec
+from numpy_kernels import dense_attention
+
+SPEC = case_spec("full", "gqa_group4")
+
+
+@pytest.fixture(scope="module")
+def good():
+    q, k, v = case_inputs("gqa_group4")
+    o, lse = dense_attention(q, k, v, 1.0 / np.sqrt(q.shape[2]))
+    return q, k, v, {"o": o, "lse": lse}
+
+
+def check(error, call, *words):
+    with pytest.raises(error) as raised:
+        call()
+    for word in words:
+        assert word in str(raised.value), (word, str(raised.value))
+
+
+def test_wrong_shapes(good):
+    q, k, v, out = good
+    check(ValueError, lambda: hils.verify(SPEC, q[0], k, v, out),
+          "q: expected rank 3 shape [*, *, *] (heads, rows, columns), found rank 2 shape [131, 16]")
+    check(ValueError, lambda: hils.verify(SPEC, q, k[:, :-1], v, out),
+          "k: expected rank 3 shape [*, 131, 16]", "found rank 3 shape [2, 130, 16]")
+    check(ValueError, lambda: hils.verify(SPEC, q, k, v[:1], out), "v: expected rank 3 shape [2, 131, *]")
+    check(ValueError, lambda: hils.verify(SPEC, q[:3], k, v, out), "Hq", "a multiple of Hkv = 2")
+    check(ValueError, lambda: hils.verify(SPEC, q, k, v, {"o": out["o"][0]}),
+          'outputs["o"]: expected rank 3')
+    check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, q_retrieval=q[:, :5]), "q_retrieval")
+
+
+def test_zero_sizes(good):
+    q, k, v, out = good
+    check(ValueError, lambda: hils.verify(SPEC, q[:0], k, v, out), "q", "at least one query head")
+    check(ValueError, lambda: hils.verify(SPEC, q[:, :0], k[:, :0], v[:, :0], out), "q[0]", "at least 1 slot")
+    check(ValueError, lambda: hils.reference(SPEC, q[:, :, :0], k[:, :, :0], v), "q[0]", "at least 1 slot and 1 dim")
+    report = hils.verify(SPEC, q, k, v, {"o": out["o"][:, :0], "lse": out["lse"]})
+    assert not report.tensors["o"].passed and report.tensors["lse"].passed
+
+
+def test_wrong_dtypes(good):
+    q, k, v, out = good
+    check(TypeError, lambda: hils.verify(SPEC, q.astype(np.int32), k, v, out),
+          "q: expected float data", "found int32 data")
+    check(TypeError, lambda: hils.verify(SPEC, q, k.astype(np.complex64), v, out), "k: expected float data")
+    check(TypeError, lambda: hils.verify(SPEC, q, k, v, {"o": out["o"] > 0}), 'outputs["o"]', "bool")
+    sel = np.zeros((2, 131, 4), dtype=np.float32)
+    check(TypeError, lambda: hils.verify(case_spec("naive_bsa", "gqa_group4"), q, k, v, {"selection": sel}),
+          'outputs["selection"]: expected integer data')
+    check(TypeError, lambda: hils.verify(SPEC, "q", k, v, out), "q: expected float data")
+    check(TypeError, lambda: hils.verify(SPEC, [[1.0], [2.0, 3.0]], k, v, out), "q: expected an array")
+    check(TypeError, lambda: hils.verify(SPEC, q, k, v, [out["o"]]), "outputs: expected a dict")
+    check(TypeError, lambda: hils.verify(SPEC, q, k, v, out, input_precision=16), "input_precision")
+    check(TypeError, lambda: hils.verify(SPEC, q, k, v, out, queries=[0.5, 1.0]), "queries: expected integer data")
+
+
+def test_non_finite_inputs(good):
+    q, k, v, out = good
+    bad = q.copy()
+    bad[0, 3, 1] = np.nan
+    check(ValueError, lambda: hils.verify(SPEC, bad, k, v, out), "q: expected finite values, found nan at flat index 49")
+    bad = v.copy()
+    bad[1, 0, 0] = -np.inf
+    check(ValueError, lambda: hils.reference(SPEC, q, k, bad), "v: expected finite values, found -inf")
+
+
+def test_spec_errors(good):
+    q, k, v, out = good
+    check(ValueError, lambda: hils.verify({"preset": "full", "KK": 4}, q, k, v, out), "spec", "KK")
+    check(ValueError, lambda: hils.verify({"preset": "hilz"}, q, k, v, out), "preset", "hilz")
+    check(ValueError, lambda: hils.verify({"preset": "full", "S": "eight"}, q, k, v, out), "spec", "S")
+    check(ValueError, lambda: hils.verify({"preset": "full", "W": 0}, q, k, v, out), "W")
+    check(ValueError, lambda: hils.verify({"preset": "full", "scale": float("nan")}, q, k, v, out), "spec")
+    check(TypeError, lambda: hils.verify("full", q, k, v, out), "spec: expected a dict")
+    check(TypeError, lambda: hils.verify({"preset": "full", "S": object()}, q, k, v, out), "spec")
+    # numpy scalars are fine in a spec.
+    assert hils.verify({"preset": "full", "S": np.int64(8), "W": np.int32(16), "K": 4}, q, k, v, out).passed
+
+
+def test_other_argument_errors(good):
+    q, k, v, out = good
+    check(ValueError, lambda: hils.verify(SPEC, q, k, v, {"O": out["o"]}), "outputs: unknown key 'O'")
+    check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, input_precision="fp16"), "input_precision")
+    check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, queries=[5, 3]), "queries[1]", "strictly ascending")
+    check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, queries=[0, 131]), "queries[1]")
+    check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, max_messages=0), "max_messages")
+    sel = np.full((2, 131, 4), -5)
+    check(ValueError, lambda: hils.verify(case_spec("naive_bsa", "gqa_group4"), q, k, v, {"selection": sel}),
+          'outputs["selection"]: expected chunk indices >= -1, found -5')
+
+
+def test_odd_layouts_give_the_same_verdict(good):
+    q, k, v, out = good
+    plain = str(hils.verify(SPEC, q, k, v, out))
+    wide = np.zeros((q.shape[0], q.shape[1], 2 * q.shape[2]), dtype=np.float32)
+    wide[:, :, ::2] = q                                   # a strided, non-contiguous view
+    assert not wide[:, :, ::2].flags.c_contiguous
+    assert str(hils.verify(SPEC, wide[:, :, ::2], k, v, out)) == plain
+    assert str(hils.verify(SPEC, np.asfortranarray(q), k, v, out)) == plain
+    assert str(hils.verify(SPEC, q.astype(np.float64), k.tolist(), v, out)) == plain
+    half = hils.verify(SPEC, q.astype(np.float16), k, v, out)   # other inputs: o no longer matches
+    assert not half.passed
+
+
+def test_the_gil_is_released_while_computing():
+    # While another thread runs the reference, this thread keeps running: its longest pause is
+    # under half of the call (with the GIL held it would be the whole call).
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.standard_normal((2, 4096, 64)) for _ in range(3))
+    start = time.perf_counter()
+    hils.reference({"preset": "full"}, q, k, v)
+    duration = time.perf_counter() - start
+    worker = threading.Thread(target=hils.reference, args=({"preset": "full"}, q, k, v))
+    last, longest = time.perf_counter(), 0.0
+    worker.start()  # the clock runs from before the start: the call may begin inside start()
+    while worker.is_alive():
+        now = time.perf_counter()
+        longest, last = max(longest, now - last), now
+    worker.join()
+    assert longest < 0.5 * duration, (longest, duration)

@@ -1,0 +1,71 @@
+"""One oracle: for the same verify file, hils.verify gives the verdict and the text that
+`hils verify` prints. The file comes from oracle_make_verify_file (the reference's float run as
+the kernel, broken on purpose); the CLI's stdout is its first line (the file and the kernel's
+name) followed by exactly str(report); its exit code is 0 exactly when report.passed. For a
+malformed spec both name the key and the bad value (exit 2 / ValueError)."""
+
+import json
+import subprocess
+
+import pytest
+
+import hils
+from conftest import tool
+
+h5py = pytest.importorskip("h5py")
+
+OUTPUT_NAMES = ("summary_key", "summary_bias", "surrogate_scores", "selection", "o_window",
+                "lse_window", "o", "lse", "fusion_weights")
+
+# (case, break, preset, precision) as in tests/oracle/CMakeLists.txt's CLI tests.
+FILES = [
+    ("gqa_group4", "none", "hils", "fp32"),
+    ("peaked_attention", "none", "hils", "bf16"),
+    ("ragged_tail_no_landmarks", "none", "nsa", "fp32"),
+    ("longer_blocks", "wrong_chunk", "hils", "fp32"),
+    ("gqa_group4", "shifted_window", "hils", "fp32"),
+    ("peaked_attention", "missing_softmax1", "hils", "fp32"),
+    ("gqa_group4", "nan", "hils", "fp32"),
+    ("gqa_group4", "all_zero", "hils", "fp32"),
+]
+
+
+def make_file(directory, case, kind, preset, precision):
+    path = directory / "dump.h5"
+    subprocess.run([tool("HILS_MAKE_VERIFY_FILE"), str(path), case, kind, preset, precision],
+                   check=True, capture_output=True)
+    return path
+
+
+def verify_file_with_python(path):
+    """Reads a verify file (data/verify_format.md) with h5py and judges it with hils.verify."""
+    with h5py.File(path, "r") as f:
+        inputs = {name: f["inputs/" + name][()] for name in f["inputs"]}
+        outputs = {name: f["outputs/" + name][()] for name in OUTPUT_NAMES if "outputs/" + name in f}
+        spec = json.loads(f.attrs["spec"])
+        return hils.verify(spec, inputs["q"], inputs["k"], inputs["v"], outputs,
+                           input_precision=f.attrs["input_precision"],
+                           q_retrieval=inputs.get("q_retrieval"), prior=inputs.get("prior"),
+                           kernel=f.attrs["kernel"])
+
+
+@pytest.mark.parametrize("case,kind,preset,precision", FILES,
+                         ids=[f"{c}-{k}-{p}-{x}" for c, k, p, x in FILES])
+def test_same_text_and_verdict_as_the_cli(tmp_path, case, kind, preset, precision):
+    path = make_file(tmp_path, case, kind, preset, precision)
+    cli = subprocess.run([tool("HILS_CLI"), "verify", str(path)], capture_output=True, text=True)
+    report = verify_file_with_python(path)
+    heading = f"{path} (kernel {report.kernel})\n"
+    assert cli.stdout == heading + str(report)
+    assert cli.returncode == (0 if report.passed else 1)
+    assert report.passed == (kind == "none")
+
+
+def test_malformed_spec_same_message_as_the_cli(tmp_path):
+    path = make_file(tmp_path, "gqa_group4", "bad_spec", "hils", "fp32")
+    cli = subprocess.run([tool("HILS_CLI"), "verify", str(path)], capture_output=True, text=True)
+    assert cli.returncode == 2
+    with pytest.raises(ValueError) as error:
+        verify_file_with_python(path)
+    assert str(error.value) == 'spec.K: expected an integer, got string "four"'
+    assert 'spec, key "K"' in cli.stderr and '"four"' in cli.stderr

@@ -1,0 +1,127 @@
+"""numpy float32 kernels judged by hils.verify: correct ones pass, planted faults fail with the
+oracle's diagnosis (issue 9)."""
+
+import numpy as np
+import pytest
+
+import hils
+from hils.testing import assert_kernel_matches
+from conftest import CASES, case_inputs, case_spec
+from numpy_kernels import (block_sparse, dense_attention, round_to_bf16, window_attention)
+
+
+def scale_of(q):
+    return 1.0 / np.sqrt(q.shape[2])
+
+
+@pytest.mark.parametrize("case", ["gqa_group4", "peaked_attention", "ragged_tail_no_landmarks"])
+def test_dense_float32_passes(case):
+    q, k, v = case_inputs(case)
+    o, lse = dense_attention(q, k, v, scale_of(q))
+    report = assert_kernel_matches(case_spec("full", case), q, k, v, {"o": o, "lse": lse})
+    assert set(report.tensors) == {"o", "lse"}
+    assert 0 < report.tensors["o"].headroom <= 1 and 0 < report.tensors["lse"].headroom <= 1
+
+
+@pytest.mark.parametrize("case", ["gqa_group4", "window_one", "shorter_than_window"])
+def test_window_float32_passes(case):
+    q, k, v = case_inputs(case)
+    c = CASES[case]
+    o, lse = window_attention(q, k, v, c["S"], c["W"], scale_of(q))
+    outputs = {"o": o, "lse": lse, "o_window": o, "lse_window": lse}
+    report = assert_kernel_matches(case_spec("swa", case), q, k, v, outputs)
+    assert set(report.tensors) == set(outputs)
+
+
+@pytest.mark.parametrize("case", ["gqa_group4", "flat_attention", "peaked_attention", "k_covers_all"])
+def test_naive_bsa_float32_passes(case):
+    q, k, v = case_inputs(case)
+    c = CASES[case]
+    o, lse, sel = block_sparse(q, k, v, c["S"], c["W"], c["K"], scale_of(q), "exact")
+    report = assert_kernel_matches(case_spec("naive_bsa", case), q, k, v,
+                                   {"o": o, "lse": lse, "selection": sel})
+    assert report.selection.compared and report.selection.passed
+    assert report.selection.rows == c["Hkv"] * c["T"]
+
+
+def test_nsa_bf16_passes_as_in_the_readme():
+    # The README's example: bf16 inputs, an NSA kernel computing in float32, o stored in bf16.
+    q, k, v = (round_to_bf16(x) for x in case_inputs("longer_blocks"))
+    c = CASES["longer_blocks"]
+    o, lse, sel = block_sparse(q, k, v, c["S"], c["W"], c["K"], scale_of(q), "mean")
+    report = assert_kernel_matches({"preset": "nsa", "S": c["S"], "W": c["W"], "K": c["K"]},
+                                   q, k, v, {"o": round_to_bf16(o), "lse": lse, "selection": sel},
+                                   input_precision="bf16", kernel="numpy nsa")
+    assert report.input_precision == "bf16" and report.kernel == "numpy nsa"
+    assert report.tensors["o"].precision == "bf16"
+
+
+def test_queries_subset_passes():
+    q, k, v = case_inputs("gqa_group4")
+    o, lse = dense_attention(q, k, v, scale_of(q))
+    rows = np.array([0, 7, 64, 130])
+    report = hils.verify(case_spec("full", "gqa_group4"), q, k, v,
+                         {"o": o[:, rows], "lse": lse[:, rows]}, queries=rows)
+    assert report.passed and report.tensors["o"].count == q.shape[0] * len(rows) * v.shape[2]
+
+
+# ---- planted faults ------------------------------------------------------------------------
+
+def test_wrong_scale_fails():
+    q, k, v = case_inputs("gqa_group4")
+    o, lse = dense_attention(q, k, v, 1.0 / q.shape[2])       # 1/d instead of 1/sqrt(d)
+    report = hils.verify(case_spec("full", "gqa_group4"), q, k, v, {"o": o, "lse": lse})
+    assert not report.passed
+    assert not report.tensors["o"].passed and report.tensors["o"].headroom > 1
+    with pytest.raises(AssertionError) as failure:
+        assert_kernel_matches(case_spec("full", "gqa_group4"), q, k, v, {"o": o, "lse": lse})
+    assert str(failure.value) == str(report)
+
+
+def test_window_shifted_by_s_fails_with_diagnosis():
+    q, k, v = case_inputs("gqa_group4")
+    c = CASES["gqa_group4"]
+    o, lse = window_attention(q, k, v, c["S"], c["W"] + c["S"], scale_of(q))
+    report = hils.verify(case_spec("swa", "gqa_group4"), q, k, v,
+                         {"o": o, "lse": lse, "o_window": o, "lse_window": lse})
+    assert not report.passed
+    expected = f"matches a sliding window of W={c['W'] + c['S']} instead of W={c['W']}"
+    assert expected in report.tensors["o_window"].diagnosis
+    assert expected in str(report)
+
+
+def test_dropped_chunk_fails():
+    # Reports K chunks but attends K-1: the selection passes, o and lse do not.
+    q, k, v = case_inputs("peaked_attention")
+    c = CASES["peaked_attention"]
+    o, lse, sel = block_sparse(q, k, v, c["S"], c["W"], c["K"], scale_of(q), "exact", drop_chunk=True)
+    report = hils.verify(case_spec("naive_bsa", "peaked_attention"), q, k, v,
+                         {"o": o, "lse": lse, "selection": sel})
+    assert report.selection.passed and not report.passed
+    assert not report.tensors["o"].passed and not report.tensors["lse"].passed
+
+
+def test_wrong_chunk_fails_in_the_selection():
+    q, k, v = case_inputs("longer_blocks")
+    c = CASES["longer_blocks"]
+    o, lse, sel = block_sparse(q, k, v, c["S"], c["W"], c["K"], scale_of(q), "exact", wrong_chunk=True)
+    report = hils.verify(case_spec("naive_bsa", "longer_blocks"), q, k, v,
+                         {"o": o, "lse": lse, "selection": sel})
+    assert not report.selection.passed and not report.passed
+    assert report.selection.worst_margin > report.selection.bound
+    assert any(f"selection row t={c['T'] - 1}, group" in p for p in report.selection.problems)
+
+
+def test_nan_and_wrong_shape_outputs_fail_without_raising():
+    q, k, v = case_inputs("gqa_group4")
+    o, lse = dense_attention(q, k, v, scale_of(q))
+    o[1, 5, 2] = np.nan
+    report = hils.verify(case_spec("full", "gqa_group4"), q, k, v, {"o": o, "lse": lse[:, :-1]})
+    assert not report.tensors["o"].passed and not report.tensors["lse"].passed
+    assert "o contains NaN at h=1 t=5 col=2" in str(report)
+
+
+def test_empty_outputs_fail():
+    q, k, v = case_inputs("gqa_group4")
+    report = hils.verify(case_spec("full", "gqa_group4"), q, k, v, {})
+    assert not report.passed and "nothing to compare" in str(report)
