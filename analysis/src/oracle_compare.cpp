@@ -213,7 +213,7 @@ void check_mean_shift(TensorReport& report, const MeanShiftBound& bound) {
       static_cast<long long>(report.count), report.mean_tolerance, Tolerances::kBaselineFactor,
       report.baseline_mean_error, bound.rounding_bias, Tolerances::kMeanSigmas,
       bound.standard_error));
-  report.passed = false;
+  report.passed = report.mean_passed = false;
 }
 
 std::string Verdict::report() const {

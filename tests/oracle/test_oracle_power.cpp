@@ -104,7 +104,9 @@ TEST_CASE("mutation study: the power claimed in data/verify_format.md", "[oracle
     const auto rows = power_study(spec, inputs, claim);
     const int sixteen = sixteen_caught(rows);
     std::cout << format_power("mutation study, gqa_group4, hils, claimed " + claim.label() + ": " +
-                                  std::to_string(sixteen) + "/16 of issue 13's bugs caught",
+                                  std::to_string(sixteen) + "/16 of issue 13's bugs caught (" +
+                                  std::to_string(sixteen_caught(rows, true)) +
+                                  "/16 without the mean test)",
                               rows);
     INFO(claim.label());
     for (const char* kind : {"extra softmax1 logit", "missing softmax1 logit", "one wrong chunk",
@@ -116,7 +118,10 @@ TEST_CASE("mutation study: the power claimed in data/verify_format.md", "[oracle
     if (claim.score_precision == InputPrecision::fp32) CHECK(logit_scale_caught <= 0.03);
     if (claim.score_precision == InputPrecision::bf16) CHECK(logit_scale_caught <= 1.0);
     if (claim.precision == InputPrecision::fp32) CHECK(sixteen == 16);
-    if (claim.precision == InputPrecision::bf16) CHECK(sixteen >= 13);
+    // bf16 inputs: value noise of 0.1% and 0.3% of max|v| is below bf16's resolution; bf16
+    // scores: a 0.1% logit scale shifts the mean lse less than 6 SE on 1048 rows.
+    if (claim.precision == InputPrecision::bf16)
+      CHECK(sixteen >= (claim.score_precision == InputPrecision::fp32 ? 14 : 13));
     if (claim.precision == InputPrecision::fp32)
       CHECK(row_of(rows, "value noise").smallest_caught <= 0.03);
     if (claim.precision == InputPrecision::bf16)

@@ -29,7 +29,9 @@ TEST_CASE("mutation study in issue 13's setting (topics, T = 2048)", "[oracle][p
     const auto rows = power_study(spec, inputs, claim);
     const int sixteen = sixteen_caught(rows);
     std::cout << format_power("mutation study, issue 13 setting, claimed " + claim.label() + ": " +
-                                  std::to_string(sixteen) + "/16 caught", rows);
+                                  std::to_string(sixteen) + "/16 caught (" +
+                                  std::to_string(sixteen_caught(rows, true)) +
+                                  "/16 without the mean test)", rows);
     CHECK(sixteen >= (claim.precision == InputPrecision::fp32 ? 16 : 14));
   }
 }

@@ -10,6 +10,10 @@
 // every constant has its one-line reason there; data/verify_format.md lists the magnitudes).
 // For bf16 inputs the oracle rounds the inputs to bf16 first, so that double, float and the
 // kernel all see the same numbers; the floor then covers the kernel's bf16 intermediates.
+// Where that floor is a worst case far above a correct kernel's rounding (the hierarchical lse
+// under bf16 scores), a mean test adds statistics over all rows: a shift of every row (a wrong
+// logit scale, an extra softmax1 logit) fails when the mean error exceeds what unbiased bf16
+// rounding at the kernel's rounding points gives (Tolerances::kMeanSigmas, MeanShiftBound).
 //
 // Selections are compared as sets per (query, KV group). A kernel row that differs from the
 // reference passes only if the reference group scores r(t,g,c) of the swapped chunks differ by
@@ -170,6 +174,7 @@ struct TensorReport {
   // where the test applies (mean_tolerance > 0), the standard error and the tolerance.
   double mean_error = 0, baseline_mean_error = 0;
   double mean_standard_error = 0, mean_rounding_bias = 0, mean_tolerance = 0;
+  bool mean_passed = true;      // false: the mean test failed (one of the problems says so)
   std::vector<std::string> problems;  // why it failed: NaN, shape, all-zero, -inf pattern, ...
   std::string diagnosis;              // a guess at the cause, when one is recognised
 };
