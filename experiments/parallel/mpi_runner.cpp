@@ -20,12 +20,17 @@ namespace {
 using analysis::RecordingSink;
 using analysis::StudyUnit;
 
-// Worker -> rank 0: "give me a unit", carrying the finished unit's records when there is one.
-constexpr int kTagReady = 1;
+// Message kinds. Worker -> rank 0: "give me a unit", carrying the finished unit's records when
+// there is one.
+constexpr int kReady = 1;
 // Rank 0 -> worker: the index of the next unit, or -1: no more units in this run() call.
-constexpr int kTagAssign = 2;
+constexpr int kAssign = 2;
 // Worker -> rank 0: [uint64 unit index][char kBadInput or kOtherFailure] then the message.
-constexpr int kTagFailure = 3;
+constexpr int kFailure = 3;
+
+// The tag of a kind in the `call`-th run() (every rank makes the same calls): a worker that
+// already went on to the next call must not be taken for one still in this call.
+int tag(int kind, int64_t call) { return kind + 4 * static_cast<int>(call % 8000); }
 constexpr int64_t kNoMoreUnits = -1;
 constexpr char kBadInput = 'B', kOtherFailure = 'E';
 
@@ -38,8 +43,9 @@ std::vector<char> receive_bytes(const MPI_Status& probed) {
   return bytes;
 }
 
-void send_bytes(const std::vector<char>& bytes, int tag) {
-  MPI_Send(bytes.data(), static_cast<int>(bytes.size()), MPI_CHAR, 0, tag, MPI_COMM_WORLD);
+void send_bytes(const std::vector<char>& bytes, int message_tag) {
+  MPI_Send(bytes.data(), static_cast<int>(bytes.size()), MPI_CHAR, 0, message_tag,
+           MPI_COMM_WORLD);
 }
 
 }  // namespace
@@ -47,6 +53,7 @@ void send_bytes(const std::vector<char>& bytes, int tag) {
 analysis::UnitsDone MpiUnitRunner::run(const std::vector<StudyUnit>& units,
                                        analysis::ResultSink& sink,
                                        const analysis::Progress& progress) {
+  ++calls_;
   if (rank_ == 0) return coordinate(units, sink, progress);
   work(units);
   return {};
@@ -66,14 +73,15 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
   while (stopped < size_ - 1) {
     int flag = 0;
     MPI_Status status;
-    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, &status);
+    MPI_Iprobe(MPI_ANY_SOURCE, tag(kFailure, calls_), MPI_COMM_WORLD, &flag, &status);
+    if (!flag) MPI_Iprobe(MPI_ANY_SOURCE, tag(kReady, calls_), MPI_COMM_WORLD, &flag, &status);
     if (!flag) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       continue;
     }
     const auto bytes = receive_bytes(status);
     const int worker = status.MPI_SOURCE;
-    if (status.MPI_TAG == kTagFailure) {
+    if (status.MPI_TAG == tag(kFailure, calls_)) {
       uint64_t unit = 0;
       std::memcpy(&unit, bytes.data(), sizeof unit);
       const char kind = bytes.at(sizeof unit);
@@ -102,7 +110,7 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
     int64_t assign = kNoMoreUnits;
     if (next_out < hand_out.size()) assign = static_cast<int64_t>(hand_out[next_out++]);
     else ++stopped;
-    MPI_Send(&assign, 1, MPI_INT64_T, worker, kTagAssign, MPI_COMM_WORLD);
+    MPI_Send(&assign, 1, MPI_INT64_T, worker, tag(kAssign, calls_), MPI_COMM_WORLD);
   }
   if (next_write != pending.size())
     throw std::logic_error("MPI coordinator: " + std::to_string(pending.size() - next_write) +
@@ -113,9 +121,10 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
 void MpiUnitRunner::work(const std::vector<StudyUnit>& units) {
   std::vector<char> finished;  // empty: the first request carries no unit
   for (;;) {
-    send_bytes(finished, kTagReady);
+    send_bytes(finished, tag(kReady, calls_));
     int64_t assign = kNoMoreUnits;
-    MPI_Recv(&assign, 1, MPI_INT64_T, 0, kTagAssign, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Recv(&assign, 1, MPI_INT64_T, 0, tag(kAssign, calls_), MPI_COMM_WORLD,
+             MPI_STATUS_IGNORE);
     if (assign == kNoMoreUnits) return;
     const auto i = static_cast<size_t>(assign);
     RecordingSink records;
@@ -128,9 +137,10 @@ void MpiUnitRunner::work(const std::vector<StudyUnit>& units) {
       failure.push_back(dynamic_cast<const InvalidArgument*>(&e) ? kBadInput : kOtherFailure);
       const std::string message = e.what();
       failure.insert(failure.end(), message.begin(), message.end());
-      send_bytes(failure, kTagFailure);
+      send_bytes(failure, tag(kFailure, calls_));
       // Rank 0 ends the job; this rank waits for that instead of running on without a unit.
-      MPI_Recv(&assign, 1, MPI_INT64_T, 0, kTagAssign, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Recv(&assign, 1, MPI_INT64_T, 0, tag(kAssign, calls_), MPI_COMM_WORLD,
+               MPI_STATUS_IGNORE);
       throw;
     }
     finished = encode_unit(i, records);

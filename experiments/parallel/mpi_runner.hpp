@@ -35,6 +35,7 @@ class MpiUnitRunner final : public analysis::UnitRunner {
                                  analysis::ResultSink& sink, const analysis::Progress& progress);
   void work(const std::vector<analysis::StudyUnit>& units);
   int rank_, size_;
+  int64_t calls_ = 0;  // run() calls so far: a study may run several unit lists in turn
 };
 
 }  // namespace hils::parallel

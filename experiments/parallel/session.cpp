@@ -1,6 +1,9 @@
 #include "parallel/session.hpp"
 
+#include <chrono>
 #include <cstdlib>
+#include <iostream>
+#include <thread>
 
 #ifdef HILS_WITH_MPI
 #include <mpi.h>
@@ -51,7 +54,12 @@ Session::~Session() {
   g_session = nullptr;
 #ifdef HILS_WITH_MPI
   if (!mpi_) return;
-  if (failed_ && size_ > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (failed_ && size_ > 1) {
+    // Let mpirun forward this rank's message before the abort tears the job down.
+    std::cerr.flush();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   MPI_Finalize();
 #endif
 }

@@ -1,6 +1,6 @@
 #!/bin/bash
 # `mpirun -n N hils <study>` against one process (CTest, when MPI is built in):
-#   same_results: fidelity and overlap under N = 2 and 3 give the one-process file's datasets
+#   same_results: fidelity, overlap, extrapolate under N = 2 or 3 give the one-process file's datasets
 #                 and attributes bit for bit (provenance aside);
 #   failing_rank: a layer with a NaN found late ends the job naming the rank and the unit, the
 #                 file keeps its last checkpoint, and after the fix the run resumes under
@@ -26,6 +26,11 @@ if [[ $case_name == same_results ]]; then
   "$hils" -q overlap --out overlap_1.h5 --lengths 256 512 --layers 2 --W 128
   mpi 3 overlap --out overlap_3.h5 --lengths 256 512 --layers 2 --W 128
   same overlap_1.h5 overlap_3.h5
+  # Extrapolation runs several unit lists in turn (per encoding: fidelity, then needles).
+  extra=(--lengths 256 512 --layers 1 --queries 4 --S 32 --W 128)
+  "$hils" -q extrapolate --out extrapolate_1.h5 "${extra[@]}"
+  mpi 3 extrapolate --out extrapolate_3.h5 "${extra[@]}"
+  same extrapolate_1.h5 extrapolate_3.h5
   ranks=$(/usr/bin/python3 -c "import h5py; print(int(h5py.File('fidelity_3.h5')['/'].attrs['mpi_ranks']))")
   [[ $ranks == 3 ]] || fail "mpi_ranks attribute is $ranks, expected 3"
   echo "same results for N = 1, 2, 3"
