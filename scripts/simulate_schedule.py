@@ -5,16 +5,20 @@ they finish one. Prints the makespan and the efficiency against the ideal (total
 
 usage: simulate_schedule.py --cost T=SECONDS [--cost T=SECONDS ...] --layers L --groups G
                             --lengths T1,T2,... [--ranks 2,4,...,1024] [--latency 1e-4]
-Costs of lengths not measured are extrapolated as c * T^2 from the largest measured one."""
+Costs of lengths not measured are extrapolated as a power law c * T^p through the two largest
+measured lengths (p = 1 for sampled queries, 2 for every query)."""
+import math
 import argparse
 import heapq
 
 
 def unit_costs(measured, lengths, layers, groups):
-    top = max(measured)
+    top, below = sorted(measured)[-1], sorted(measured)[-2]
+    power = math.log(measured[top] / measured[below]) / math.log(top / below)
+    print(f"cost per unit ~ T^{power:.2f} beyond T={top}")
     costs = []
     for t in lengths:
-        c = measured.get(t, measured[top] * (t / top) ** 2)
+        c = measured.get(t, measured[top] * (t / top) ** power)
         costs += [c] * (layers * groups)
     return costs
 

@@ -76,3 +76,8 @@ cp good.h5 acts.h5
 "$hils" -q fidelity --out resumed.h5 "${acts[@]}"
 same reference.h5 resumed.h5
 echo "failure named, checkpoint kept, resumed under N = 2 and 1 to the same results"
+
+# hils run is not shared among ranks yet: refused clearly, nothing written.
+if mpi 2 run acts.h5 -o run.h5 --preset full 2> run.txt; then fail "hils run under mpirun ran"; fi
+grep -q "not shared among MPI ranks" run.txt || fail "hils run under mpirun: unclear refusal"
+[[ ! -e run.h5 ]] || fail "hils run under mpirun wrote run.h5"
