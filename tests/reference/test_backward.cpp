@@ -446,3 +446,28 @@ TEST_CASE("summary backward (Taylor pooling, entropy bias) matches complex-step 
   std::printf("summary backward vs complex-step derivatives (3 directions): worst relative %.2e\n",
               worst);
 }
+
+TEST_CASE("a saved forward gives the same gradient bits, and a forward of the wrong shape is "
+          "refused", "[backward]") {
+  const auto& c = cases::case_named("gqa_group4");
+  const auto g = upstream(c);
+  RunOptions keep;
+  keep.keep_window = true;
+  for (const char* name : {"full", "swa", "nsa", "hils"}) {
+    const auto spec = cases::with_case_geometry(preset(name), c);
+    const auto in = cases::make_inputs<double>(c);
+    const auto forward = run_mechanism(spec, in, keep);
+    const auto recomputed = run_mechanism_backward(spec, in, forward.selection, g);
+    const auto saved = run_mechanism_backward(spec, in, forward.selection, g, &forward);
+    INFO(name);
+    CHECK(saved.dq == recomputed.dq);
+    CHECK(saved.dk == recomputed.dk);
+    CHECK(saved.dv == recomputed.dv);
+    CHECK(saved.dq_retrieval == recomputed.dq_retrieval);
+    if (spec.selects()) {
+      const auto without_window = run_mechanism(spec, in);
+      CHECK_THROWS_WITH(run_mechanism_backward(spec, in, forward.selection, g, &without_window),
+                        Catch::Contains("keep_window"));
+    }
+  }
+}
