@@ -144,13 +144,13 @@ if [ "$PROFILE" = 1 ]; then
   NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)"
   if [ -n "$NCU" ]; then
     "$NCU" --profile-from-start off --clock-control none \
-      -k "regex:window_packed|select_packed_kernel|chunk_attention|reduce_kernel" -c 6 \
+      -k "regex:window_packed|select_packed_kernel|select_one_pass_kernel|chunk_attention|reduce_kernel" -c 6 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+      --metrics "smsp__inst_executed.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
       python3 "$ROOT/gpu/bench/profile_stages.py" --lib "$BUILD/gpu/libhils_gpu_c.so" \
       --T "${HILS_PROFILE_T:-131072}" >"$OUT/ncu.log" 2>&1 || echo "ncu failed (see ncu.log)"
-    grep -E "^  [A-Za-z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible" "$OUT/ncu.log" | head -60 || true
+    grep -E "^  [A-Za-z_].*\(|Duration|smsp__inst_executed.sum|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible" "$OUT/ncu.log" | head -60 || true
     # The largest stall reasons (warps per issued instruction) of each profiled kernel.
     python3 - "$OUT/ncu.log" <<'PY' || true
 import re, sys

@@ -9,6 +9,8 @@ BIAS = {"none": 0, "entropy": 1}
 PRIOR = {"landmark_query": 0, "shared": 1, "given": 2}
 GROUP = {"max_normalized": 0, "sum_probabilities": 1, "max_raw": 2}
 FUSION = {"full": 0, "window": 1, "flat": 2, "hierarchical": 3}
+# The selection kernel versions of hils_gpu_select_with (gpu/NOTES.md: v5 and v4.2).
+SELECT_KERNEL = {"two_pass_v4": 0, "one_pass_v5": 1}
 PRESETS = {
     "hils": dict(key="taylor", bias="entropy", fusion="hierarchical", landmarks=1),
     "lmk": dict(key="landmark_key", bias="none", fusion="hierarchical", landmarks=1),
@@ -93,8 +95,10 @@ class Stages:
         self.lib.call("hils_gpu_summarize", ctypes.byref(self.p), ptr(self.key), ptr(self.bias),
                       stream_ptr())
 
-    def select(self):
-        self.lib.call("hils_gpu_select", ctypes.byref(self.p), ptr(self.key), ptr(self.bias),
+    def select(self, kernel="two_pass_v4"):
+        """kernel: a hils::gpu::SelectKernel name (gpu/include/hils/gpu/c_api.h)."""
+        self.lib.call("hils_gpu_select_with", ctypes.byref(self.p),
+                      ctypes.c_int32(SELECT_KERNEL[kernel]), ptr(self.key), ptr(self.bias),
                       ptr(self.exact), ptr(self.lse_swa), ptr(self.selection),
                       ptr(self.selected_score), stream_ptr())
 
@@ -103,11 +107,11 @@ class Stages:
                       ptr(self.selected_score), ptr(self.o_swa), ptr(self.lse_swa), ptr(self.o),
                       ptr(self.lse), stream_ptr())
 
-    def forward(self):
+    def forward(self, select_kernel="two_pass_v4"):
         self.window()
         if self.exact is not None:
             self.exact_masses()
         else:
             self.summarize()
-        self.select()
+        self.select(select_kernel)
         self.fuse()

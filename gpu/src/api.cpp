@@ -163,13 +163,14 @@ void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const Devic
 void select_chunks(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                    const float* key, const float* bias, const float* exact,
                    const float* lse_swa, int32_t* selection, float* selected_score,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, SelectKernel kernel) {
   validate(spec, shape, in);
   require(spec.key_rule != KeyRule::exact || exact != nullptr, "exact",
           "L(t,c) scores for key_rule exact", "null");
   const detail::LaunchParams p = params_of(spec, shape, in);
   if (g_packed_kernels && spec.key_rule != KeyRule::exact && detail::packed_select_applies(p))
-    detail::launch_select_packed(p, key, bias, lse_swa, selection, selected_score, stream);
+    detail::launch_select_packed(p, key, bias, lse_swa, selection, selected_score,
+                                 kernel == SelectKernel::one_pass_v5, stream);
   else
     detail::launch_select(p, key, bias, spec.key_rule == KeyRule::exact ? exact : nullptr,
                           lse_swa, selection, selected_score, stream);

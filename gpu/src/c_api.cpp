@@ -106,6 +106,20 @@ int hils_gpu_select(const hils_gpu_problem* p, const float* key, const float* bi
   });
 }
 
+int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const float* key,
+                         const float* bias, const float* exact, const float* lse_swa,
+                         int32_t* selection, float* selected_score, void* stream) {
+  return guarded(p, [&](const Translated& t) {
+    if (select_kernel != 0 && select_kernel != 1)
+      throw std::invalid_argument("select_kernel: expected 0 (two_pass_v4) or 1 (one_pass_v5), got " +
+                                  std::to_string(select_kernel));
+    hils::gpu::select_chunks(t.spec, t.shape, t.in, key, bias, exact, lse_swa, selection,
+                             selected_score, as_stream(stream),
+                             select_kernel == 0 ? hils::gpu::SelectKernel::two_pass_v4
+                                                : hils::gpu::SelectKernel::one_pass_v5);
+  });
+}
+
 int hils_gpu_fuse(const hils_gpu_problem* p, const int32_t* selection,
                   const float* selected_score, const float* o_swa, const float* lse_swa,
                   float* o, float* lse, void* stream) {

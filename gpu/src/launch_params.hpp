@@ -59,7 +59,7 @@ namespace hils::gpu::detail {
 bool packed_select_applies(const LaunchParams& p);
 void launch_select_packed(const LaunchParams& p, const float* key, const float* bias,
                           const float* lse_swa, int32_t* selection, float* selected_score,
-                          cudaStream_t stream);
+                          bool one_pass, cudaStream_t stream);
 
 }  // namespace hils::gpu::detail
 

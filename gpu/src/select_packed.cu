@@ -1,4 +1,4 @@
-// Scoring and top-K on tensor cores (SPEC §5, Eq. 2, 8): a block owns 64 adjacent queries of one
+// Scoring and top-K on tensor cores (Eq. 2, 8): a block owns 64 adjacent queries of one
 // KV group; each warp 16 of them. Pass 1 accumulates log Z_hat(t,h) per head over tiles of 64
 // candidate chunks (s_hat = q~ . k' with k' rounded to bf16, fp32 accumulate); pass 2 forms the
 // group score per tile and offers it to a per-query top-K list in shared memory. The reported
@@ -25,6 +25,31 @@ __device__ __forceinline__ float fast_log2(float x) {
   float y;
   asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// log2 Z_hat = log2(2^swa2 + l 2^m): running sum (m, l) of 2^s2 joined with the window's mass.
+__device__ __forceinline__ float log2_normalizer(float m, float l, float swa2) {
+  const float top = fmaxf(m, swa2);
+  const float top_use = top == kNegInf ? 0.0f : top;
+  return top_use + fast_log2(fast_exp2(m - top_use) * l + fast_exp2(swa2 - top_use));
+}
+
+// Running base-2 log-sum-exp of the warp's two rows (m, l: max and scaled sum) over a tile.
+__device__ __forceinline__ void accumulate_mass(const float (&s)[8][4], float (&m)[2], float (&l)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float tile_max = kNegInf;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
+    tile_max = quad_max(tile_max);
+    const float m_new = fmaxf(m[i], tile_max);
+    const float m_use = m_new == kNegInf ? 0.0f : m_new;
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) sum += fast_exp2(s[nt][2 * i] - m_use) + fast_exp2(s[nt][2 * i + 1] - m_use);
+    l[i] = l[i] * fast_exp2(m[i] - m_use) + quad_sum(sum);
+    m[i] = m_new;
+  }
 }
 
 // 4-byte asynchronous copy (zero-filled when !valid; src must still point into an allocation).
@@ -90,10 +115,10 @@ __device__ __forceinline__ void issue_tile(__nv_bfloat16 (*dst)[kTilePitch], flo
 // displaces). Empty slots hold (-inf, -1); entry K - 1 is the threshold a candidate must beat.
 // While one query's tile row is offered, its list lives in registers (entries lane, lane + 32)
 // and each insertion is a ballot (its position) plus a one-lane shift.
-__device__ void offer_tile(const SelectShared& sh, int q, int c0, int n_cand, int K) {
+// r_row: the query's 64 tile values (sh.r row); value/index: its list of K entries.
+__device__ void offer_tile(const float* r_row, float* value, int32_t* index, int c0, int n_cand,
+                           int K) {
   const int lane = threadIdx.x % kWarp;
-  float* value = sh.value + q * K;
-  int32_t* index = sh.index + q * K;
   const bool two = K > kWarp;
   float v0 = lane < K ? value[lane] : kNegInf, v1 = two && lane + kWarp < K ? value[lane + kWarp] : kNegInf;
   int32_t i0 = lane < K ? index[lane] : -1, i1 = two && lane + kWarp < K ? index[lane + kWarp] : -1;
@@ -102,7 +127,7 @@ __device__ void offer_tile(const SelectShared& sh, int q, int c0, int n_cand, in
   bool changed = false;
   for (int half = 0; half < 2; ++half) {
     const int c = c0 + half * kWarp + lane;
-    const float r = c < n_cand ? sh.r[q * kRPitch + half * kWarp + lane] : kNegInf;
+    const float r = c < n_cand ? r_row[half * kWarp + lane] : kNegInf;
     unsigned pending = __ballot_sync(0xffffffffu, r > theta);
     while (pending != 0u) {
       const int src = __ffs(pending) - 1;
@@ -136,6 +161,101 @@ __device__ void offer_tile(const SelectShared& sh, int q, int c0, int n_cand, in
   if (changed) {
     if (lane < K) value[lane] = v0, index[lane] = i0;
     if (two && lane + kWarp < K) value[lane + kWarp] = v1, index[lane + kWarp] = i1;
+  }
+  __syncwarp();
+}
+
+// Bit j (j + 8) of the result: the warp's row j (j + 8) has a candidate. Row j sits in the quad
+// of lanes 4j .. 4j + 3: OR over the quad, one ballot bit per quad (bits 4j), compressed to bit j.
+__device__ __forceinline__ unsigned flagged_rows(const bool (&any)[2]) {
+  unsigned rows = 0;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    int a = any[i];
+    a |= __shfl_xor_sync(0xffffffffu, a, 1);
+    a |= __shfl_xor_sync(0xffffffffu, a, 2);
+    unsigned x = __ballot_sync(0xffffffffu, a != 0) & 0x11111111u;
+    x = (x | (x >> 3)) & 0x03030303u;
+    x = (x | (x >> 6)) & 0x000F000Fu;
+    x = (x | (x >> 12)) & 0xFFu;
+    rows |= x << (8 * i);
+  }
+  return rows;
+}
+
+// Entry (va, ia) ranks ahead of (vb, ib): a larger value, or an equal one with a lower chunk;
+// an empty entry (ib < 0) ranks behind every chunk.
+__device__ __forceinline__ bool ranks_ahead(float va, int32_t ia, float vb, int32_t ib) {
+  return ia >= 0 && (ib < 0 || va > vb || (va == vb && ia < ib));
+}
+
+// One-pass selection, end of head h: the head's K best (value s2, sorted, in shared memory)
+// join the query's running union list with value s2 - log2 Z_hat_h. A chunk listed by several
+// heads keeps its largest value; the union keeps its K best. The head entries arrive in
+// descending s2, so the walk stops at the first one below the union's K-th value. The union
+// sits in registers meanwhile (entries lane, lane + 32), as in offer_tile.
+__device__ void merge_head_list(float* u_value, int32_t* u_index, const float* h_value,
+                                const int32_t* h_index, float z, int K) {
+  const int lane = threadIdx.x % kWarp;
+  const bool two = K > kWarp;
+  const int e0 = lane, e1 = lane + kWarp;
+  float v0 = e0 < K ? u_value[e0] : kNegInf, v1 = two && e1 < K ? u_value[e1] : kNegInf;
+  int32_t i0 = e0 < K ? u_index[e0] : -1, i1 = two && e1 < K ? u_index[e1] : -1;
+  const int last_lane = (K - 1) % kWarp;
+  bool changed = false;
+  for (int e = 0; e < K; ++e) {
+    const int32_t c = h_index[e];
+    if (c < 0) break;
+    const float rv = h_value[e] - z;
+    const float last_v = __shfl_sync(0xffffffffu, two ? v1 : v0, last_lane);
+    const int32_t last_i = __shfl_sync(0xffffffffu, two ? i1 : i0, last_lane);
+    if (last_i >= 0 && rv < last_v) break;  // later entries are no larger
+    // Listed already: keep the larger value (remove the old entry, insert anew below).
+    const unsigned at0 = __ballot_sync(0xffffffffu, i0 == c), at1 = two ? __ballot_sync(0xffffffffu, i1 == c) : 0u;
+    if (at0 | at1) {
+      const int old_pos = at0 ? __ffs(at0) - 1 : kWarp + __ffs(at1) - 1;
+      const float old_v = __shfl_sync(0xffffffffu, at0 ? v0 : v1, (old_pos % kWarp));
+      if (!(rv > old_v)) continue;
+      // Entries after old_pos move one place forward; the last becomes empty.
+      const float dn_v0 = __shfl_down_sync(0xffffffffu, v0, 1), dn_v1 = __shfl_down_sync(0xffffffffu, v1, 1);
+      const int32_t dn_i0 = __shfl_down_sync(0xffffffffu, i0, 1), dn_i1 = __shfl_down_sync(0xffffffffu, i1, 1);
+      const float first_v1 = __shfl_sync(0xffffffffu, v1, 0);
+      const int32_t first_i1 = __shfl_sync(0xffffffffu, i1, 0);
+      if (e0 >= old_pos) {
+        v0 = lane == kWarp - 1 ? (two ? first_v1 : kNegInf) : dn_v0;
+        i0 = lane == kWarp - 1 ? (two ? first_i1 : -1) : dn_i0;
+      }
+      if (two && e1 >= old_pos) {
+        v1 = lane == kWarp - 1 ? kNegInf : dn_v1;
+        i1 = lane == kWarp - 1 ? -1 : dn_i1;
+      }
+      if (e0 >= K) v0 = kNegInf, i0 = -1;
+      if (e1 >= K) v1 = kNegInf, i1 = -1;
+    } else if (!ranks_ahead(rv, c, __shfl_sync(0xffffffffu, two ? v1 : v0, last_lane),
+                            __shfl_sync(0xffffffffu, two ? i1 : i0, last_lane))) {
+      continue;
+    }
+    const int pos = __popc(__ballot_sync(0xffffffffu, ranks_ahead(v0, i0, rv, c))) +
+                    (two ? __popc(__ballot_sync(0xffffffffu, ranks_ahead(v1, i1, rv, c))) : 0);
+    if (two) {
+      const float up_v1 = __shfl_up_sync(0xffffffffu, v1, 1);
+      const int32_t up_i1 = __shfl_up_sync(0xffffffffu, i1, 1);
+      const float top_v0 = __shfl_sync(0xffffffffu, v0, kWarp - 1);
+      const int32_t top_i0 = __shfl_sync(0xffffffffu, i0, kWarp - 1);
+      if (e1 == pos) v1 = rv, i1 = c;
+      else if (e1 > pos) v1 = lane == 0 ? top_v0 : up_v1, i1 = lane == 0 ? top_i0 : up_i1;
+      if (e1 >= K) v1 = kNegInf, i1 = -1;
+    }
+    const float up_v0 = __shfl_up_sync(0xffffffffu, v0, 1);
+    const int32_t up_i0 = __shfl_up_sync(0xffffffffu, i0, 1);
+    if (e0 == pos) v0 = rv, i0 = c;
+    else if (e0 > pos) v0 = up_v0, i0 = up_i0;
+    if (e0 >= K) v0 = kNegInf, i0 = -1;
+    changed = true;
+  }
+  if (changed) {
+    if (e0 < K) u_value[e0] = v0, u_index[e0] = i0;
+    if (two && e1 < K) u_value[e1] = v1, u_index[e1] = i1;
   }
   __syncwarp();
 }
@@ -292,27 +412,12 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
       if (step + 1 < steps) issue((step + 1) / n_tiles, ((step + 1) % n_tiles) * kTileDim, (step + 1) % 2);
       qk_tile(s, qa, tile[step % 2]);
       scale_and_mask(s, bias_tile[step % 2], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        float tile_max = kNegInf;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
-        tile_max = quad_max(tile_max);
-        const float m_new = fmaxf(m[i], tile_max);
-        const float m_use = m_new == kNegInf ? 0.0f : m_new;
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) sum += fast_exp2(s[nt][2 * i] - m_use) + fast_exp2(s[nt][2 * i + 1] - m_use);
-        l[i] = l[i] * fast_exp2(m[i] - m_use) + quad_sum(sum);
-        m[i] = m_new;
-      }
+      accumulate_mass(s, m, l);
       if (tile_i == n_tiles - 1) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const float swa = t[i] < p.T ? lse_swa[h * p.T + t[i]] * kLog2e : kNegInf;
-          const float top = fmaxf(m[i], swa);
-          const float top_use = top == kNegInf ? 0.0f : top;
-          const float z = top_use + fast_log2(fast_exp2(m[i] - top_use) * l[i] + fast_exp2(swa - top_use));
+          const float z = log2_normalizer(m[i], l[i], swa);
           if (lane % 4 == 0) sh.log_z[hg * kQueries + row[i]] = z;
         }
       }
@@ -399,18 +504,7 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
         for (int e = 0; e < 4; ++e) any[e / 2] |= r[nt][e] > theta[e / 2];
       // Row j (lane / 4) has a candidate if any lane of its quad has one: OR over the quad, one
       // ballot bit per quad (bits 4 j), compressed to bit j.
-      unsigned rows = 0;
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        int a = any[i];
-        a |= __shfl_xor_sync(0xffffffffu, a, 1);
-        a |= __shfl_xor_sync(0xffffffffu, a, 2);
-        unsigned x = __ballot_sync(0xffffffffu, a != 0) & 0x11111111u;
-        x = (x | (x >> 3)) & 0x03030303u;
-        x = (x | (x >> 6)) & 0x000F000Fu;
-        x = (x | (x >> 12)) & 0xFFu;
-        rows |= x << (8 * i);
-      }
+      const unsigned rows = flagged_rows(any);
       if (rows == 0u) continue;
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
@@ -421,7 +515,7 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
       // Each warp ranks its own 16 queries: no block barrier needed for sh.r rows.
       for (unsigned pending = rows; pending != 0u; pending &= pending - 1) {
         const int q = warp * 16 + __ffs(pending) - 1;
-        offer_tile(sh, q, c0, sh.n_cand[q], K);
+        offer_tile(sh.r + q * kRPitch, sh.value + q * K, sh.index + q * K, c0, sh.n_cand[q], K);
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i)
@@ -433,6 +527,146 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
     if (t0 + q < p.T) write_selection(p, sh, q, t0 + q, g, G, key, bias, selection, selected_score);
 }
 
+// One pass for the default group rule r(c) = max_h (s_hat_h(c) - log Z_hat_h) (v5). If c is
+// among the K best by r and head h* attains r(c), every chunk ranked ahead of c on s_hat_h*
+// (same tie rule) is ranked ahead of it on r too, so fewer than K are: c is among h*'s K best by
+// s_hat, listed with its exact r. A chunk outside the top K is never over-estimated (its listed
+// value is one of its per-head values). So per head: a running log2 Z_hat and the K best s2;
+// at the head's end its list joins the union (merge_head_list), which ends as the top K by r.
+// Pruning: Z_hat_h only grows, so log2 Z_hat_h >= zr (the sum so far); a candidate with
+// s2 - zr below the union's K-th value (minus a rounding allowance) can never enter. The
+// values are the two-pass kernel's (same s2, same log2 Z_hat arithmetic).
+template <int G>
+__global__ void __launch_bounds__(kPackedThreads, 3)
+    select_one_pass_kernel(LaunchParams p, const float* key, const __nv_bfloat16* key_bf16,
+                           const float* bias, const float* bias2, const float* lse_swa,
+                           int32_t* selection, float* selected_score) {
+  __shared__ __align__(16) __nv_bfloat16 tile[2][kTileDim][kTilePitch];
+  __shared__ __align__(16) float bias_tile[2][kTileDim];
+  extern __shared__ float dyn[];
+  const int K = static_cast<int>(p.K);
+  float* cursor = dyn;
+  auto take = [&](int64_t count) { float* out = cursor; cursor += count; return out; };
+  SelectShared sh;  // value/index: the union lists; log_z unused
+  sh.r = take(kQueries * kRPitch);
+  sh.log_z = nullptr;
+  sh.value = take(kQueries * K);
+  sh.index = reinterpret_cast<int32_t*>(take(kQueries * K));
+  sh.n_cand = reinterpret_cast<int32_t*>(take(kQueries));
+  float* head_value = take(kQueries * K);
+  int32_t* head_index = reinterpret_cast<int32_t*>(take(kQueries * K));
+  const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kQueries, g = blockIdx.y;
+  const int64_t n_chunks = geo.n_chunks();
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
+  const int64_t t[2] = {t0 + row[0], t0 + row[1]};
+  for (int e = threadIdx.x; e < kQueries * K; e += kPackedThreads) {
+    sh.value[e] = head_value[e] = kNegInf;
+    sh.index[e] = head_index[e] = -1;
+  }
+  for (int q = threadIdx.x; q < kQueries; q += kPackedThreads) {
+    sh.n_cand[q] = t0 + q < p.T ? static_cast<int>(geo.candidate_count(t0 + q)) : 0;
+  }
+  __syncthreads();
+  const int n_cand[2] = {sh.n_cand[row[0]], sh.n_cand[row[1]]};
+  int warp_min = n_cand[0] < n_cand[1] ? n_cand[0] : n_cand[1];
+  for (int off = kWarp / 2; off > 0; off /= 2) warp_min = min(warp_min, __shfl_xor_sync(0xffffffffu, warp_min, off));
+  const int64_t t_last = t0 + kQueries - 1 < p.T - 1 ? t0 + kQueries - 1 : p.T - 1;
+  const int n_tiles = (sh.n_cand[t_last - t0] + kTileDim - 1) / kTileDim;
+  const float scale2 = p.scale * kLog2e;
+  // A candidate is dropped only when s2 - zr falls this far (base 2) below the union's K-th
+  // value: the allowance covers the approximate ex2/lg2 of zr against the final log2 Z_hat.
+  constexpr float kPruneAllowance = 1.0f / 64;
+  auto issue = [&](int hg, int c0, int buf) {
+    const int64_t h = g * G + hg;
+    issue_tile(tile[buf], bias_tile[buf], key_bf16 + h * n_chunks * kTileDim, bias2 + h * n_chunks,
+               c0, static_cast<int>(n_chunks));
+  };
+  if (n_tiles > 0) {
+    const int steps = G * n_tiles;
+    uint32_t qa[4][4];
+    float s[8][4];
+    float m[2], l[2], swa[2];
+    float theta[2];        // the head list's K-th value: a candidate must beat it
+    float union_kth[2];    // the union list's K-th value (-inf until full)
+    union_kth[0] = union_kth[1] = kNegInf;
+    issue(0, 0, 0);
+    for (int step = 0; step < steps; ++step) {
+      const int hg = step / n_tiles;
+      const int tile_i = step % n_tiles;
+      const int c0 = tile_i * kTileDim;
+      const int64_t h = g * G + hg;
+      if (tile_i == 0) {
+        load_query_fragments(qa, p, h, t);
+        m[0] = m[1] = kNegInf, l[0] = l[1] = 0.0f;
+        theta[0] = theta[1] = kNegInf;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) swa[i] = t[i] < p.T ? lse_swa[h * p.T + t[i]] * kLog2e : kNegInf;
+      }
+      cp_async_wait_all();
+      __syncthreads();
+      if (step + 1 < steps) issue((step + 1) / n_tiles, ((step + 1) % n_tiles) * kTileDim, (step + 1) % 2);
+      qk_tile(s, qa, tile[step % 2]);
+      scale_and_mask(s, bias_tile[step % 2], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
+      accumulate_mass(s, m, l);
+      // Offer threshold per row: beat the head list, and reach the union's K-th value.
+      float floor2[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        floor2[i] = union_kth[i] == kNegInf ? kNegInf
+                                            : union_kth[i] + log2_normalizer(m[i], l[i], swa[i]) - kPruneAllowance;
+      bool any[2] = {false, false};
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (s[nt][e] < floor2[e / 2]) s[nt][e] = kNegInf;
+          any[e / 2] |= s[nt][e] > theta[e / 2];
+        }
+      const unsigned rows = flagged_rows(any);
+      if (rows != 0u) {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            sh.r[row[e / 2] * kRPitch + nt * 8 + (lane % 4) * 2 + (e % 2)] = s[nt][e];
+        __syncwarp();
+        for (unsigned pending = rows; pending != 0u; pending &= pending - 1) {
+          const int q = warp * 16 + __ffs(pending) - 1;
+          offer_tile(sh.r + q * kRPitch, head_value + q * K, head_index + q * K, c0, sh.n_cand[q], K);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) theta[i] = head_value[row[i] * K + K - 1];
+      }
+      if (tile_i != n_tiles - 1) continue;
+      // End of the head: its list joins the union with values s2 - log2 Z_hat_h.
+      float z[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) z[i] = log2_normalizer(m[i], l[i], swa[i]);
+      for (int j = 0; j < 16; ++j) {
+        const int q = warp * 16 + j;
+        const float zq = __shfl_sync(0xffffffffu, z[j / 8], (j % 8) * 4);
+        merge_head_list(sh.value + q * K, sh.index + q * K, head_value + q * K, head_index + q * K, zq, K);
+        for (int e = lane; e < K; e += kWarp) head_value[q * K + e] = kNegInf, head_index[q * K + e] = -1;
+      }
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int32_t last = sh.index[row[i] * K + K - 1];
+        union_kth[i] = last >= 0 ? sh.value[row[i] * K + K - 1] : kNegInf;
+      }
+    }
+  }
+  __syncthreads();
+  for (int q = warp * 16; q < warp * 16 + 16; ++q)
+    if (t0 + q < p.T) write_selection(p, sh, q, t0 + q, g, G, key, bias, selection, selected_score);
+}
+
+size_t select_one_pass_smem_bytes(int64_t K) {
+  return (kQueries * kRPitch + 4 * kQueries * K + kQueries) * 4;
+}
+
 size_t select_smem_bytes(int64_t G, int64_t K) {
   return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + kQueries) * 4;
 }
@@ -440,11 +674,15 @@ size_t select_smem_bytes(int64_t G, int64_t K) {
 template <int G>
 void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
                      const float* lse_swa, int32_t* selection, float* selected_score,
-                     cudaStream_t stream) {
+                     bool one_pass, cudaStream_t stream) {
   // Static stages plus this dynamic scratch may pass the 48 KB default: always raise the limit.
-  const size_t smem = select_smem_bytes(G, p.K);
-  cudaFuncSetAttribute(select_packed_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       static_cast<int>(smem));
+  const size_t smem = one_pass ? select_one_pass_smem_bytes(p.K) : select_smem_bytes(G, p.K);
+  if (one_pass)
+    cudaFuncSetAttribute(select_one_pass_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(smem));
+  else
+    cudaFuncSetAttribute(select_packed_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(smem));
   const dim3 grid(static_cast<unsigned>((p.T + kQueries - 1) / kQueries),
                   static_cast<unsigned>(p.Hkv));
   // A bf16 copy of k' and a log2 e scaled bias (stream-ordered scratch) feed the copy engine.
@@ -459,8 +697,12 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
   if (n > 0)
     to_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(key, key_bf16, n, bias,
                                                                                bias2, n_bias);
-  select_packed_kernel<G><<<grid, kPackedThreads, smem, stream>>>(p, key, key_bf16, bias, bias2,
-                                                                  lse_swa, selection, selected_score);
+  if (one_pass)
+    select_one_pass_kernel<G><<<grid, kPackedThreads, smem, stream>>>(
+        p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
+  else
+    select_packed_kernel<G><<<grid, kPackedThreads, smem, stream>>>(
+        p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
   cudaFreeAsync(scratch, stream);
 }
 
@@ -474,13 +716,15 @@ bool packed_select_applies(const LaunchParams& p) {
 
 void launch_select_packed(const LaunchParams& p, const float* key, const float* bias,
                           const float* lse_swa, int32_t* selection, float* selected_score,
-                          cudaStream_t stream) {
+                          bool one_pass, cudaStream_t stream) {
+  // The one-pass argument holds for the default group rule only.
+  const bool one = one_pass && p.group_rule == kGroupMaxNormalized;
   switch (p.Hq / p.Hkv) {
-    case 1: return launch_select_g<1>(p, key, bias, lse_swa, selection, selected_score, stream);
-    case 2: return launch_select_g<2>(p, key, bias, lse_swa, selection, selected_score, stream);
-    case 4: return launch_select_g<4>(p, key, bias, lse_swa, selection, selected_score, stream);
-    case 8: return launch_select_g<8>(p, key, bias, lse_swa, selection, selected_score, stream);
-    default: return launch_select_g<16>(p, key, bias, lse_swa, selection, selected_score, stream);
+    case 1: return launch_select_g<1>(p, key, bias, lse_swa, selection, selected_score, one, stream);
+    case 2: return launch_select_g<2>(p, key, bias, lse_swa, selection, selected_score, one, stream);
+    case 4: return launch_select_g<4>(p, key, bias, lse_swa, selection, selected_score, one, stream);
+    case 8: return launch_select_g<8>(p, key, bias, lse_swa, selection, selected_score, one, stream);
+    default: return launch_select_g<16>(p, key, bias, lse_swa, selection, selected_score, one, stream);
   }
 }
 

@@ -86,10 +86,26 @@ void mask_logits(Matrix<Scalar>& logits, const std::vector<int64_t>& left,
   }
 }
 
-// exp(x - shift) row by row, where a row whose shift is -inf (no valid key yet) uses 0.
-template <class Scalar>
-Vector<Scalar> finite_shift(const Vector<Scalar>& m) {
-  return m.unaryExpr([](Scalar x) { return x == neg_inf<Scalar>() ? Scalar(0) : x; });
+// One streaming-softmax step for one query row over a key block: raises the running max m to
+// include the row's logits, turns the logits into exp(logit - m) in place, and rescales the
+// running sum l and output row by exp(m_old - m). A row with no valid key yet (m = -inf)
+// shifts by 0, so its masked logits give exp(-inf) = 0.
+template <class Scalar, class Row>
+void rescale_row(Scalar* logit, int64_t width, Scalar& m, Scalar& l, Row acc_row) {
+  Scalar row_max = m;
+#pragma omp simd reduction(max : row_max)
+  for (int64_t j = 0; j < width; ++j) row_max = std::max(row_max, logit[j]);
+  const Scalar shift = row_max == neg_inf<Scalar>() ? Scalar(0) : row_max;
+  Scalar sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < width; ++j) {
+    logit[j] = exp_nonpositive(logit[j] - shift);
+    sum += logit[j];
+  }
+  const Scalar alpha = exp_nonpositive(m - shift);
+  l = alpha * l + sum;
+  acc_row *= alpha;
+  m = row_max;
 }
 
 }  // namespace
@@ -110,7 +126,7 @@ WindowResult<Scalar> block_attention(const Matrix<Scalar>& q_rows,
   const int64_t key_begin = *std::min_element(left.begin(), left.end());
   const int64_t key_end = *std::max_element(right.begin(), right.end()) + 1;
 
-  Matrix<Scalar> q_scaled = q_rows * scale;
+  const Matrix<Scalar> q_scaled = q_rows * scale;
   Vector<Scalar> m = Vector<Scalar>::Constant(n, neg_inf<Scalar>());
   Vector<Scalar> l = Vector<Scalar>::Zero(n);
   Matrix<Scalar> acc = Matrix<Scalar>::Zero(n, v.cols());
@@ -119,21 +135,48 @@ WindowResult<Scalar> block_attention(const Matrix<Scalar>& q_rows,
     const int64_t width = std::min(kKeyBlock, key_end - k0);
     logits.noalias() = q_scaled * k.middleRows(k0, width).transpose();
     mask_logits(logits, left, right, k0, geometry);
-    Vector<Scalar> m_new = m.cwiseMax(logits.rowwise().maxCoeff());
-    Vector<Scalar> shift = finite_shift(m_new);
-    logits.array().colwise() -= shift.array();
-    logits = logits.array().exp().matrix();
-    Vector<Scalar> alpha = (m - shift).array().exp().matrix();
-    l = alpha.cwiseProduct(l) + logits.rowwise().sum();
-    acc = alpha.asDiagonal() * acc;
+    for (int64_t i = 0; i < n; ++i)
+      rescale_row(logits.row(i).data(), width, m(i), l(i), acc.row(i));
     acc.noalias() += logits * v.middleRows(k0, width);
-    m = m_new;
   }
   WindowResult<Scalar> out;
   out.o = l.cwiseInverse().asDiagonal() * acc;
   out.lse = m + l.array().log().matrix();
   return out;
 }
+
+namespace {
+
+// Writes L(t,c) = LSE over the chunk's tokens into masses(i, c) for the block rows i that have
+// chunk c among their candidates. logits_by_key: [keys x n], the chunk's tokens are its rows
+// [first_row, first_row + tokens). Reduces down the key rows so every step is a vector
+// operation over the n queries; the sum runs over the tokens in slot order.
+template <class Scalar>
+void chunk_log_mass_by_key(const Matrix<Scalar>& logits_by_key, int64_t first_row,
+                           int64_t tokens, int64_t chunk,
+                           const std::vector<int64_t>& candidates, std::vector<Scalar>& top,
+                           std::vector<Scalar>& total, Matrix<Scalar>& masses) {
+  const int64_t n = masses.rows();
+  Scalar* const top_of = top.data();
+  Scalar* const total_of = total.data();
+  std::copy_n(logits_by_key.row(first_row).data(), n, top_of);
+  for (int64_t r = 1; r < tokens; ++r) {
+    const Scalar* const logit = logits_by_key.row(first_row + r).data();
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) top_of[i] = std::max(top_of[i], logit[i]);
+  }
+  std::fill_n(total_of, n, Scalar(0));
+  for (int64_t r = 0; r < tokens; ++r) {
+    const Scalar* const logit = logits_by_key.row(first_row + r).data();
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) total_of[i] += exp_nonpositive(logit[i] - top_of[i]);
+  }
+  for (int64_t i = 0; i < n; ++i)
+    if (chunk < candidates[static_cast<size_t>(i)])
+      masses(i, chunk) = top_of[i] + std::log(total_of[i]);
+}
+
+}  // namespace
 
 template <class Scalar>
 Matrix<Scalar> block_chunk_log_mass(const Matrix<Scalar>& q_rows,
@@ -149,22 +192,17 @@ Matrix<Scalar> block_chunk_log_mass(const Matrix<Scalar>& q_rows,
         geometry.candidate_count(queries[static_cast<size_t>(block.begin + i)]);
     max_candidates = std::max(max_candidates, candidates[static_cast<size_t>(i)]);
   }
-  const Matrix<Scalar> q_scaled = q_rows * scale;
+  // q^T scaled once: the product below is keys x queries, one key per row.
+  const Matrix<Scalar> q_scaled_t = (q_rows * scale).transpose();
   const int64_t chunks_per_product = std::max<int64_t>(1, kKeyBlock / S);
-  Matrix<Scalar> logits;
+  Matrix<Scalar> logits_by_key;
+  std::vector<Scalar> top(static_cast<size_t>(n)), total(static_cast<size_t>(n));
   for (int64_t c0 = 0; c0 < max_candidates; c0 += chunks_per_product) {
     const int64_t count = std::min(chunks_per_product, max_candidates - c0);
-    logits.noalias() = q_scaled * k.middleRows(c0 * S, count * S).transpose();
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t row_chunks = std::min(count, candidates[static_cast<size_t>(i)] - c0);
-      for (int64_t c = 0; c < row_chunks; ++c) {
-        // The attendable tokens of a chunk are its first `tokens` slots (the landmark is last).
-        const Eigen::Map<const Eigen::Array<Scalar, Eigen::Dynamic, 1>> segment(
-            logits.row(i).data() + c * S, tokens);
-        const Scalar top = segment.maxCoeff();
-        masses(i, c0 + c) = top + std::log((segment - top).exp().sum());
-      }
-    }
+    logits_by_key.noalias() = k.middleRows(c0 * S, count * S) * q_scaled_t;
+    // The attendable tokens of a chunk are its first `tokens` slots (the landmark is last).
+    for (int64_t c = 0; c < count; ++c)
+      chunk_log_mass_by_key(logits_by_key, c * S, tokens, c0 + c, candidates, top, total, masses);
   }
   return masses;
 }

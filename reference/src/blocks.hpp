@@ -2,6 +2,8 @@
 // run_mechanism and the public stage functions share. Not installed; not part of the API.
 #pragma once
 
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <exception>
 #include <limits>
@@ -76,6 +78,47 @@ template <class Scalar>
 ChunkAttention<Scalar> attend_chunk(const Eigen::Ref<const Vector<Scalar>>& q_row,
                                     const Matrix<Scalar>& k, const Matrix<Scalar>& v,
                                     int64_t chunk, const Geometry& geometry, Scalar scale);
+
+// exp(x) for x <= 0 (a logit minus its row maximum): the softmax's exponential. For double, a
+// branch-free polynomial the compiler vectorizes (Cody-Waite reduction x = n ln2 + r, |r| <=
+// ln2/2, degree-13 Taylor series of exp(r), times 2^n) within 1 ulp of std::exp; below
+// -708 (where 2^n would leave the normal range, and for -inf) it returns exactly 0, so masked
+// keys add nothing. Other scalar types use std::exp.
+template <class Scalar>
+inline Scalar exp_nonpositive(Scalar x) {
+  return std::exp(x);
+}
+template <>
+inline double exp_nonpositive<double>(double x) {
+  constexpr double kLog2e = 1.4426950408889634074;
+  constexpr double kLn2Hi = 6.93147180369123816490e-01;  // ln 2, first 32 bits: n * kLn2Hi is exact
+  constexpr double kLn2Lo = 1.90821492927058770002e-10;  // ln 2 - kLn2Hi
+  constexpr double kRoundingShift = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
+  constexpr double kUnderflow = -708.0;
+  const double clamped = x < kUnderflow ? kUnderflow : x;
+  const double shifted = std::fma(clamped, kLog2e, kRoundingShift);
+  const double n = shifted - kRoundingShift;
+  const double r = std::fma(-n, kLn2Lo, std::fma(-n, kLn2Hi, clamped));
+  // Horner's rule on 1/13!, 1/12!, ..., 1/1!, 1/0!, written out so the loop around it vectorizes.
+  double p = 1.0 / 6227020800.0;
+  p = std::fma(p, r, 1.0 / 479001600.0);
+  p = std::fma(p, r, 1.0 / 39916800.0);
+  p = std::fma(p, r, 1.0 / 3628800.0);
+  p = std::fma(p, r, 1.0 / 362880.0);
+  p = std::fma(p, r, 1.0 / 40320.0);
+  p = std::fma(p, r, 1.0 / 5040.0);
+  p = std::fma(p, r, 1.0 / 720.0);
+  p = std::fma(p, r, 1.0 / 120.0);
+  p = std::fma(p, r, 1.0 / 24.0);
+  p = std::fma(p, r, 1.0 / 6.0);
+  p = std::fma(p, r, 0.5);
+  p = std::fma(p, r, 1.0);
+  p = std::fma(p, r, 1.0);
+  // 2^n built from its exponent bits; the low bits of `shifted` hold n.
+  const int64_t n_bits = std::bit_cast<int64_t>(shifted) - std::bit_cast<int64_t>(kRoundingShift);
+  const double two_to_n = std::bit_cast<double>((n_bits + 1023) << 52);
+  return x < kUnderflow ? 0.0 : p * two_to_n;
+}
 
 // log(exp(a) + exp(b)) without overflow; -inf + -inf gives -inf.
 template <class Scalar>

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <iostream>
 #include <limits>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -212,4 +213,77 @@ TEST_CASE("gpu host API rejects bad input naming the field", "[gpu]") {
   hils::gpu::DeviceInputs missing = in;
   missing.v = nullptr;
   CHECK(message(spec, good, missing).rfind("v:", 0) == 0);
+}
+
+// The one-pass selection (v5) against the two-pass kernel it replaces (v4): the same s2 and
+// log2 Z_hat arithmetic, so the selections and selected scores must agree bit for bit, on
+// packed shapes (one and several scoring tiles, G = 1..16, K up to 64) and on exact and
+// near ties. The oracle judges the one-pass kernel over the case table through run_mechanism.
+TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
+  // clang-format off
+  static constexpr Case kCases[] = {
+    //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
+    Case{"packed_bench_geometry", 2113,   64, 512, 32, 16,  2, 64, 64, true, 1.0},
+    Case{"packed_g8_small_window",1500,   64, 128,  4,  8,  1, 64, 64, true, 1.0},
+    Case{"packed_g2_peaked",       777,   64,  64,  3,  4,  2, 64, 64, true, 4.0},
+    Case{"packed_g1_no_landmarks", 700,   64, 100,  5,  2,  2, 64, 64, false, 1.0},
+    Case{"packed_multi_tile",     5000,   64, 128, 16,  4,  1, 64, 64, true, 1.0},
+    Case{"packed_g16_k64",        4500,   64,  64, 64, 16,  1, 64, 64, true, 2.0},
+    Case{"packed_g4_k40_peaked",  6000,   64,  64, 40,  8,  2, 64, 64, true, 5.0},
+  };
+  // clang-format on
+  std::vector<std::pair<std::string, AttentionInputs<double>>> problems;
+  std::vector<Case> geometry;
+  for (const Case& c : kCases) {
+    problems.emplace_back(c.name, hils::cases::make_inputs<double>(c));
+    geometry.push_back(c);
+  }
+  const Case tied = case_named("longer_blocks");
+  for (double perturbation : {0.0, 1e-7, 1e-5}) {
+    std::ostringstream label;
+    label << "longer_blocks ties " << perturbation;
+    problems.emplace_back(label.str(), tied_inputs(tied, perturbation));
+    geometry.push_back(tied);
+  }
+  for (std::size_t n = 0; n < problems.size(); ++n) {
+    const Case& c = geometry[n];
+    const auto& inputs = problems[n].second;
+    for (const char* preset : {"hils", "lmk"}) {
+      const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+      if (!c.landmarks) continue;  // both presets read the landmark slots
+      const int64_t nc = c.T / c.S;
+      const hils::gpu::Shape shape{c.T, c.Hq, c.Hkv, c.d, c.dv};
+      auto set = gt::upload_inputs(inputs, DType::bf16);
+      gt::GuardedBuffer o_swa(c.Hq * c.T * c.dv * 4), lse_swa(c.Hq * c.T * 4);
+      gt::GuardedBuffer key(c.Hq * nc * c.d * 4), bias(c.Hq * nc * 4);
+      hils::gpu::window_attention(spec, shape, set.view, o_swa.as<float>(), lse_swa.as<float>());
+      hils::gpu::summarize(spec, shape, set.view, key.as<float>(), bias.as<float>());
+      std::vector<std::vector<unsigned char>> selections, scores;
+      for (auto kernel : {hils::gpu::SelectKernel::one_pass_v5, hils::gpu::SelectKernel::two_pass_v4}) {
+        gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), selected(c.Hq * c.T * c.K * 4);
+        hils::gpu::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,
+                                 lse_swa.as<float>(), selection.as<int32_t>(),
+                                 selected.as<float>(), nullptr, kernel);
+        gt::check_cuda(cudaDeviceSynchronize(), "select_chunks");
+        CHECK(selection.guard_damage("selection").empty());
+        CHECK(selected.guard_damage("selected_score").empty());
+        selections.push_back(selection.download());
+        scores.push_back(selected.download());
+      }
+      int64_t differing_rows = 0;
+      const auto* one = reinterpret_cast<const int32_t*>(selections[0].data());
+      const auto* two = reinterpret_cast<const int32_t*>(selections[1].data());
+      for (int64_t row = 0; row < c.Hkv * c.T; ++row)
+        for (int64_t i = 0; i < c.K; ++i)
+          if (one[row * c.K + i] != two[row * c.K + i]) {
+            ++differing_rows;
+            break;
+          }
+      std::cout << "one-pass vs two-pass " << problems[n].first << " " << preset
+                << ": rows " << c.Hkv * c.T << ", differing " << differing_rows << "\n";
+      INFO(problems[n].first << " " << preset);
+      CHECK(differing_rows == 0);
+      CHECK(scores[0] == scores[1]);
+    }
+  }
 }

@@ -77,13 +77,23 @@ void summarize(const MechanismSpec& spec, const Shape& shape, const DeviceInputs
 void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                       const float* key, const float* bias, float* scores,
                       cudaStream_t stream = nullptr);
+// Which packed selection kernel runs (gpu/NOTES.md has each version's numbers). Both give the
+// same selection. two_pass_v4 is the default: it measured 2.9x faster at T = 512K (v5's G
+// per-head top-K lists cost more than the scoring pass it saves). one_pass_v5 applies to the
+// default group rule (max_normalized); for the others it falls back to two_pass_v4.
+enum class SelectKernel {
+  two_pass_v4,  // pass 1: log Z_hat per head; pass 2: group scores offered to the top-K lists
+  one_pass_v5,  // per head a running log Z_hat and its K best; the union ranked at the end
+};
+
 // Selection per KV group (SPEC §5): [Hkv, T, K], ascending, -1 padded, ties to the lower
 // chunk. Scores come from the summaries, or from `exact` [Hq, T, n_chunks] for the exact
 // rule. selected_score [Hq, T, K] receives s_hat of each selected chunk (for the fusion).
 void select_chunks(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                    const float* key, const float* bias, const float* exact,
                    const float* lse_swa, int32_t* selection, float* selected_score,
-                   cudaStream_t stream = nullptr);
+                   cudaStream_t stream = nullptr,
+                   SelectKernel kernel = SelectKernel::two_pass_v4);
 // Fusion (SPEC §6) of a given selection: hierarchical (Eq. 10) or flat (Eq. 3).
 // selected_score is needed for hierarchical fusion only.
 void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
