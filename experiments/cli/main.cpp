@@ -7,6 +7,7 @@
 
 #include "cli/cli_util.hpp"
 #include "cli/commands.hpp"
+#include "parallel/session.hpp"
 
 namespace hils::cli {
 
@@ -74,6 +75,9 @@ int run_app(CLI::App& app, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // One rank of `mpirun -n N hils ...` when started so (experiments/parallel/session.hpp).
+  hils::parallel::Session session(argc, argv);
+  if (!session.holds_results()) hils::cli::global_options().quiet = true;
   // HDF5 prints its own error stack by default; our readers report errors themselves.
   H5::Exception::dontPrint();
   hils::cli::set_command_line(argc, argv);
@@ -103,5 +107,7 @@ int main(int argc, char** argv) {
   hils::cli::register_studies(app);
   hils::cli::register_verify(app);
 
-  return run_app(app, argc, argv);
+  const int code = run_app(app, argc, argv);
+  if (code != hils::cli::kExitOk) session.fail();  // ends every rank of an MPI job
+  return code;
 }

@@ -9,7 +9,7 @@
 #include <pybind11/stl.h>
 
 #include "arrays.hpp"
-#include "config/config.hpp"
+#include "config/spec_codec.hpp"
 #include "hils/analysis/oracle.hpp"
 #include "hils/hils.hpp"
 

@@ -7,7 +7,7 @@ namespace hils {
 namespace {
 
 std::string shape(int64_t rows, int64_t cols) {
-  return "[" + std::to_string(rows) + " x " + std::to_string(cols) + "]";
+  return std::string("[") + std::to_string(rows) + " x " + std::to_string(cols) + "]";
 }
 
 template <class Scalar>

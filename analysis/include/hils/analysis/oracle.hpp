@@ -105,7 +105,7 @@ struct VerifyOptions {
   InputPrecision score_precision = InputPrecision::fp32;
   // Query slots the kernel computed (strictly ascending); empty = all T. Must match the rows
   // of every per-query output.
-  std::vector<int64_t> queries;
+  std::vector<int64_t> queries = {};
   // Print at most this many selection/element problems per tensor in the report.
   int64_t max_messages = 8;
 };
