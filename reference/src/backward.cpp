@@ -55,9 +55,14 @@ template <class Scalar>
 void softmax_backward_tile(Matrix<Scalar>& p, Matrix<Scalar>& ds, const Matrix<Scalar>& do_rows,
                            const Eigen::Ref<const Matrix<Scalar>>& v_keys,
                            const Vector<Scalar>& lambda, const Vector<Scalar>& delta) {
-  p.array().colwise() -= lambda.array();
-  // Masked keys must get exactly 0 (Eigen's vectorized exp(-inf) returns ~1e-308, not 0).
-  p = (p.array() == neg_inf<Scalar>()).select(Scalar(0), p.array().exp()).matrix();
+  // exp(s - lambda) <= 1 (lambda >= the logits of its softmax); masked keys (-inf) and
+  // zero-weight branches (lambda = +inf) get exactly 0.
+  for (int64_t i = 0; i < p.rows(); ++i) {
+    Scalar* row = p.row(i).data();
+    const Scalar shift = lambda(i);
+#pragma omp simd
+    for (int64_t j = 0; j < p.cols(); ++j) row[j] = detail::exp_nonpositive(row[j] - shift);
+  }
   ds.noalias() = do_rows * v_keys.transpose();
   ds.array().colwise() -= delta.array();
   ds.array() *= p.array();
