@@ -81,3 +81,21 @@ def test_malformed_spec_same_message_as_the_cli(tmp_path):
     # The CLI still parses the file's spec with its own reader (cmd_verify.cpp), in other words;
     # once it reads it through the codec, assert cli.stderr ends with str(error.value).
     assert "K" in cli.stderr and '"four"' in cli.stderr
+
+
+def test_gradients_through_the_pytest_helper(tmp_path):
+    """assert_kernel_matches passes do/dlse/grads on: a zeroed chunk of dk raises with the
+    diagnosis; an unknown gradient name is a ValueError naming it."""
+    from hils.testing import assert_kernel_matches
+    path = make_file(tmp_path, "gqa_group4", "grads_zero_chunk", "hils", "fp32")
+    with h5py.File(path, "r") as f:
+        inputs = {name: f["inputs/" + name][()] for name in f["inputs"]}
+        grads = {name: f["grads/" + name][()] for name in f["grads"]}
+        spec = json.loads(f.attrs["spec"])
+    args = (spec, inputs["q"], inputs["k"], inputs["v"], {})
+    options = dict(q_retrieval=inputs["q_retrieval"], prior=inputs["prior"], do=inputs["do"],
+                   dlse=inputs["dlse"])
+    with pytest.raises(AssertionError, match=r"dk is exactly zero on h=1 rows 16-23 \(chunk 2\)"):
+        assert_kernel_matches(*args, grads=grads, **options)
+    with pytest.raises(ValueError, match="grads: unknown key 'dx'"):
+        assert_kernel_matches(*args, grads={"dx": grads["dq"]}, **options)
