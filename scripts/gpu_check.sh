@@ -88,7 +88,7 @@ if [ "$DECODE" = 1 ]; then
   grep -E "FAIL" "$OUT/decode_tests.log" | head -20 || true
   if [ "$BENCH" = 1 ]; then
     echo "== decode benchmark"
-    PYTHONUNBUFFERED=1 python3 "$ROOT/gpu/bench/bench_decode.py" --lib "$BUILD/gpu/libhils_gpu_c.so" \
+    PYTHONUNBUFFERED=1 python3 "$ROOT/gpu/bench/bench_decode.py" --lib "$BUILD/gpu/libhils_gpu_c.so" --profile \
       --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.log" || status=1
   fi
   echo "== compute-sanitizer memcheck (decode tests)"

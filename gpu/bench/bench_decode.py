@@ -5,7 +5,8 @@ Peers in the same run: PyTorch SDPA with a one-token query on each backend that 
 (GQA through enable_gqa, no repeated KV heads), FlexAttention decoding with the block mask of
 the same sparse work (window + the K selected chunks, the mask given), and the dense byte floor:
 the whole KV cache read once at the copy bandwidth measured here (no dense kernel beats it).
-Every timed call starts with a cold L2 (a 512 MiB buffer is written between calls), as a step
+Each side is timed as a CUDA-graph replay (one launch, as serving loops run decode; the eager
+time of ours is printed too). Every timed call starts with a cold L2 (a 512 MiB buffer is written between calls), as a step
 over a real model's layers would. Times are medians of CUDA-event-timed calls after warm-up.
 Usage: bench_decode.py --lib build/gpu/libhils_gpu_c.so [--out decode.json] [--no-flex]
 """
@@ -71,6 +72,34 @@ def time_us(fn, reps=30, warmup=3):
     return times[len(times) // 2]
 
 
+def graphed(fn):
+    """fn captured in a CUDA graph (one launch per call, as a serving loop runs decode), or
+    None when capture fails."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        return graph.replay
+    except Exception as e:  # noqa: BLE001  (reported, the eager time stays)
+        print(f"    graph capture failed ({str(e).splitlines()[0][:100]})")
+        return None
+
+
+def best_us(fn, reps=30):
+    """(graph replay time or None, eager time) of fn, microseconds."""
+    eager = time_us(fn, reps=reps)
+    g = graphed(fn)
+    return (time_us(g, reps=reps) if g else None), eager
+
+
 def copy_bandwidth():
     """Bytes moved (read + write) per second by a 4 GiB device-to-device copy."""
     n = 2 << 30
@@ -127,6 +156,17 @@ class HilsDecode:
         return summaries, kv
 
 
+def profile_kernels(run):
+    """GPU time per kernel of our decode step (torch.profiler / CUPTI), 20 calls."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            flush_l2()
+            run()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8, max_name_column_width=40))
+
+
 def sdpa_us(q, k, v, backend):
     """One-token SDPA (q [B, Hq, 1, d], GQA KV) time, or None when the backend refuses."""
     try:
@@ -134,7 +174,8 @@ def sdpa_us(q, k, v, backend):
             fn = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
             fn()
             torch.cuda.synchronize()
-            return time_us(fn, reps=10)
+            graph, eager = best_us(fn, reps=10)
+        return graph if graph is not None else eager
     except RuntimeError as e:
         print(f"    {backend}: refused ({str(e).splitlines()[0][:100]})")
         return None
@@ -153,12 +194,14 @@ def flex_us(q, k, v, sel, T):
     def mask_mod(b, h, q_idx, kv_idx):
         return (kv_idx >= lo) | chunk_of[b, h, kv_idx // S]
 
-    mask = create_block_mask(mask_mod, B, HQ, 1, T, device="cuda", BLOCK_SIZE=(128, S))
+    mask = create_block_mask(mask_mod, B, HQ, 1, T, device="cuda", BLOCK_SIZE=(128, S),
+                             _compile=True)
     flex = torch.compile(flex_attention, dynamic=False)
-    fn = lambda: flex(q, k, v, block_mask=mask, enable_gqa=True)
+    fn = lambda: flex(q, k, v, block_mask=mask, enable_gqa=True, kernel_options={"BLOCK_N": S})
     fn()
     torch.cuda.synchronize()
-    return time_us(fn, reps=10)
+    graph, eager = best_us(fn, reps=10)
+    return graph if graph is not None else eager
 
 
 def main():
@@ -166,6 +209,7 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--out", default="decode.json")
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="kernel times of B=8, T=512K")
     args = ap.parse_args()
     lib = ctypes.CDLL(args.lib)
     lib.hils_gpu_decode_last_error.restype = ctypes.c_char_p
@@ -178,24 +222,27 @@ def main():
     for B in BATCHES:
         for T in LENGTHS:
             run = HilsDecode(lib, B, T, gen)
-            ours = time_us(run)
+            ours_graph, ours_eager = best_us(run)
+            ours = ours_graph if ours_graph is not None else ours_eager
             summaries, kv = run.bytes_read(B, T)
             dense = B * HKV * T * 2 * D * 2
             row = dict(B=B, T=T, dense_bytes=dense, summary_bytes=summaries, sparse_kv_bytes=kv,
-                       floor_us=dense / bw * 1e6, hils_us=ours)
+                       floor_us=dense / bw * 1e6, hils_us=ours, hils_eager_us=ours_eager)
+            if args.profile and B == 8 and T == LENGTHS[-1]:
+                profile_kernels(run)
             q4 = run.q.unsqueeze(2)
             for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
                                   ("efficient", SDPBackend.EFFICIENT_ATTENTION),
                                   ("cudnn", SDPBackend.CUDNN_ATTENTION)):
                 row[f"{name}_us"] = sdpa_us(q4, run.k, run.v, backend)
-            if not args.no_flex and T == LENGTHS[-1]:
+            if not args.no_flex and T == LENGTHS[-1] and B <= 8:
                 try:
                     row["flex_us"] = flex_us(q4, run.k, run.v, run.sel, T)
                 except Exception as e:  # noqa: BLE001  (a peer that cannot run is reported)
                     print(f"    flex_attention: failed ({str(e).splitlines()[0][:120]})")
             row["floor_over_hils"] = row["floor_us"] / ours
             rows.append(row)
-            print(f"B={B:>2} T={T:>7}  hils {ours:8.1f} us  floor {row['floor_us']:8.1f} us  "
+            print(f"B={B:>2} T={T:>7}  hils {ours:8.1f} us (eager {ours_eager:8.1f})  floor {row['floor_us']:8.1f} us  "
                   f"floor/hils {row['floor_over_hils']:5.2f}x  " +
                   "  ".join(f"{n} {row.get(n + '_us') or math.nan:8.1f}"
                             for n in ("flash", "efficient", "cudnn", "flex")), flush=True)

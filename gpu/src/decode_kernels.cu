@@ -139,25 +139,66 @@ __device__ __forceinline__ float score_row(const float* q, const __nv_bfloat16* 
   return acc;
 }
 
-// ---- 2. score tiles: one thread per chunk, one block per (tile, b, h) --------------------
-__global__ void decode_score_kernel(DecodeParams p, bool vectorised, float* scores,
-                                    float2* score_part) {
+// ---- 2. score tiles: 256 chunks per block, one block per (tile, b, h) ---------------------
+// d = 64 (`coalesced`): 8 lanes read one chunk's 128-byte row (16 bytes each), so a warp load
+// covers 4 whole rows (512 contiguous bytes); a 3-step shuffle sums the 8 partial dots. Other
+// d: one thread per chunk.
+constexpr int kCoalescedDim = 64;
+constexpr int kLanesPerRow = kCoalescedDim / 8;
+__global__ void decode_score_kernel(DecodeParams p, bool vectorised, bool coalesced,
+                                    float* scores, float2* score_part) {
   extern __shared__ float q[];
   __shared__ float red[kScoreThreads / kWarp];
+  __shared__ float tile_scores[kScoreThreads];
   const int64_t item = blockIdx.y;  // b * Hq + h
   const int d = static_cast<int>(p.d);
   const __nv_bfloat16* qr = p.q_retrieval + item * p.d;
   for (int i = threadIdx.x; i < d; i += blockDim.x) q[i] = __bfloat162float(qr[i]);
   __syncthreads();
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kScoreThreads + threadIdx.x;
+  const int64_t tile_first = static_cast<int64_t>(blockIdx.x) * kScoreThreads;
+  const int64_t c = tile_first + threadIdx.x;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   float s = kNegInf;
-  if (c < p.n_cand) {
+  if (coalesced) {
+    constexpr int kRowsPerStep = kWarp / kLanesPerRow;                 // 4
+    constexpr int kSteps = kScoreThreads / kRowsPerStep / (kScoreThreads / kWarp);  // 8
+    const int part = lane % kLanesPerRow;
+    float qp[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) qp[j] = q[8 * part + j];
+    const uint4* rows = reinterpret_cast<const uint4*>(p.summary_key + item * p.chunk_cap * p.d);
+    uint4 u[kSteps];
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      const int64_t cc = tile_first + warp * (kSteps * kRowsPerStep) + step * kRowsPerStep +
+                         lane / kLanesPerRow;
+      u[step] = cc < p.n_cand ? __ldg(rows + cc * kLanesPerRow + part) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&u[step]);
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(pairs[j]);
+        acc = fmaf(qp[2 * j], f.x, acc);
+        acc = fmaf(qp[2 * j + 1], f.y, acc);
+      }
+#pragma unroll
+      for (int off = 1; off < kLanesPerRow; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+      if (part == 0)
+        tile_scores[warp * (kSteps * kRowsPerStep) + step * kRowsPerStep + lane / kLanesPerRow] =
+            acc;
+    }
+    __syncthreads();
+    if (c < p.n_cand)
+      s = p.scale * tile_scores[threadIdx.x] + p.summary_bias[item * p.chunk_cap + c];
+  } else if (c < p.n_cand) {
     const int64_t row = item * p.chunk_cap + c;
     s = p.scale * score_row(q, p.summary_key + row * p.d, d, vectorised) + p.summary_bias[row];
   }
   if (c < p.n_chunks) scores[item * p.n_chunks + c] = s;
   // The tile's (max, sum exp(s - max)) for log Z_hat.
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   float m = warp_max(s);
   if (lane == 0) red[warp] = m;
   __syncthreads();
@@ -289,9 +330,16 @@ __global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_w
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < kRadixBins; i += blockDim.x) hist[i] = 0;
     __syncthreads();
-    for (int64_t c = threadIdx.x; c < n; c += blockDim.x) {
-      const uint32_t u = keys[c];
-      if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 0xffu], 1);
+    // Warp-aggregated: lanes with the same digit add once (the top digits of float keys are
+    // nearly all equal, and 32 same-address shared atomics serialise).
+    for (int64_t c0 = 0; c0 < n; c0 += blockDim.x) {
+      const int64_t c = c0 + threadIdx.x;
+      const uint32_t u = c < n ? keys[c] : 0u;
+      const bool live = c < n && (u & mask) == prefix;
+      const int bin = live ? static_cast<int>((u >> shift) & 0xffu) : kRadixBins;
+      const unsigned peers = __match_any_sync(0xffffffffu, bin);
+      if (live && static_cast<int>(threadIdx.x % kWarp) == __ffs(peers) - 1)
+        atomicAdd(&hist[bin], __popc(peers));
     }
     __syncthreads();
     if (warp == 0) {
@@ -524,8 +572,10 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   check_launch("window");
   // 16-byte loads need 16-byte aligned rows.
   const bool vectorised = p.d % 8 == 0 && reinterpret_cast<uintptr_t>(p.summary_key) % 16 == 0;
+  const bool coalesced = vectorised && p.d == kCoalescedDim;
   decode_score_kernel<<<dim3(static_cast<unsigned>(p.n_score_tiles), bh), kScoreThreads,
-                        p.d * sizeof(float), stream>>>(p, vectorised, w.scores, w.score_part);
+                        p.d * sizeof(float), stream>>>(p, vectorised, coalesced, w.scores,
+                                                       w.score_part);
   check_launch("score");
   const size_t key_smem = p.n_cand <= kSelectSmemKeys ? p.n_cand * sizeof(uint32_t) : 0;
   decode_select_kernel<<<bg, kSelectThreads, key_smem, stream>>>(p, w, out.o_window,
