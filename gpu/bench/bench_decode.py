@@ -164,7 +164,7 @@ def profile_kernels(run):
             flush_l2()
             run()
         torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8, max_name_column_width=40))
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8, max_name_column_width=90))
 
 
 def sdpa_us(q, k, v, backend):

@@ -91,30 +91,76 @@ __device__ int block_exclusive_scan(int x, int* total) {
   return before;
 }
 
-// ---- 1. window tiles: one warp per (b, h, tile) ----------------------------------------
-__global__ void decode_window_kernel(DecodeParams p, float* win_part) {
-  extern __shared__ float smem[];
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int64_t item = static_cast<int64_t>(blockIdx.y) * kWarpsPerBlock + warp;
-  if (item >= p.B * p.Hq) return;
-  const int64_t b = item / p.Hq, h = item % p.Hq, g = h / p.G, tile = blockIdx.x;
+// Rows staged in shared memory by the window and chunk tiles when they fit this budget.
+constexpr size_t kStageBytes = 32 * 1024;
+
+size_t stage_bytes(int64_t rows, int64_t d, int64_t dv) {
+  const size_t bytes = rows * (d + dv) * sizeof(__nv_bfloat16);
+  return bytes <= kStageBytes ? bytes : 0;
+}
+
+// Block-wide copy of n bf16 values, in 16-byte pieces when both ends are aligned and n % 8 == 0.
+__device__ void stage_copy(__nv_bfloat16* dst, const __nv_bfloat16* src, int64_t n) {
+  const bool vec = n % 8 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  if (vec) {
+    for (int64_t i = threadIdx.x; i < n / 8; i += blockDim.x)
+      reinterpret_cast<uint4*>(dst)[i] = __ldg(reinterpret_cast<const uint4*>(src) + i);
+  } else {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
+// Block-wide softmax of q over the attendable slots [lo, hi] of KV group (b, g) for every query
+// head of the group (a warp per head); rows [lo, lo + rows) staged in shared memory when they
+// fit (`staged`). Calls emit(item, st) on each head's warp.
+template <class Emit>
+__device__ void group_tile_softmax(const DecodeParams& p, int64_t bg, int64_t lo, int64_t hi,
+                                   int64_t rows, bool staged, float* smem, Emit emit) {
+  const int warp = threadIdx.x / kWarp;
   const int d = static_cast<int>(p.d), dv = static_cast<int>(p.dv);
+  const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
+  const __nv_bfloat16* k = p.k + bg * p.slot_cap * p.d;
+  const __nv_bfloat16* v = p.v + bg * p.slot_cap * p.dv;
   float* q = smem + warp * p.d;
-  load_row(q, p.q + item * p.d, d);
+  if (staged) {
+    auto* ks = reinterpret_cast<__nv_bfloat16*>(smem + kWarpsPerBlock * p.d);
+    __nv_bfloat16* vs = ks + rows * p.d;
+    const int64_t n_rows = hi - lo + 1;
+    stage_copy(ks, k + lo * p.d, n_rows * p.d);
+    stage_copy(vs, v + lo * p.dv, n_rows * p.dv);
+    __syncthreads();
+    k = ks - lo * p.d;  // so that slot j reads staged row j - lo
+    v = vs - lo * p.dv;
+  }
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
+  for (int64_t j = warp; j < p.G; j += kWarpsPerBlock) {
+    const int64_t item = b * p.Hq + g * p.G + j;
+    load_row(q, p.q + item * p.d, d);
+    WarpSoftmax st;
+    attend_range(st, q, k, v, d, dv, lo, hi, p.scale, geo);
+    emit(item, st);
+    __syncwarp();
+  }
+}
+
+// ---- 1. window tiles: one block per (tile, b, g) -------------------------------------------
+__global__ void decode_window_kernel(DecodeParams p, bool staged, float* win_part) {
+  extern __shared__ float smem[];
+  const int64_t tile = blockIdx.x, bg = blockIdx.y;
   const int64_t lo = p.win_lo + tile * kDecodeTileSlots;
   const int64_t hi = min(p.T - 1, lo + kDecodeTileSlots - 1);
-  const __nv_bfloat16* k = p.k + (b * p.Hkv + g) * p.slot_cap * p.d;
-  const __nv_bfloat16* v = p.v + (b * p.Hkv + g) * p.slot_cap * p.dv;
-  WarpSoftmax st;
-  attend_range(st, q, k, v, d, dv, lo, hi, p.scale, geo);
-  float* out = win_part + (item * p.n_win_tiles + tile) * (p.dv + 2);
-  if (lane == 0) out[0] = st.m, out[1] = st.l;
+  const int lane = threadIdx.x % kWarp;
+  group_tile_softmax(p, bg, lo, hi, kDecodeTileSlots, staged, smem,
+                     [&](int64_t item, const WarpSoftmax& st) {
+                       float* out = win_part + (item * p.n_win_tiles + tile) * (p.dv + 2);
+                       if (lane == 0) out[0] = st.m, out[1] = st.l;
 #pragma unroll
-  for (int r = 0; r < kDimRegs; ++r) {
-    const int dim = lane + kWarp * r;
-    if (dim < dv) out[2 + dim] = st.o[r];
-  }
+                       for (int r = 0; r < kDimRegs; ++r) {
+                         const int dim = lane + kWarp * r;
+                         if (dim < p.dv) out[2 + dim] = st.o[r];
+                       }
+                     });
 }
 
 // sigma q~ . row + bias for one chunk row; `vectorised` rows are 16-byte aligned, d % 8 == 0.
@@ -215,44 +261,80 @@ __global__ void decode_score_kernel(DecodeParams p, bool vectorised, bool coales
   }
 }
 
-// Warp-wide: log Z_hat of head item (Eq. 8) from the score partials and the window partials;
-// stores o_swa, lse_swa of the head. Returns log Z_hat on every lane.
-__device__ float combine_head(const DecodeParams& p, const DecodeScratch& w, int64_t item,
-                              float* o_window, float* lse_window) {
+// Warp-wide LSE over the candidates of head `item` from the score tiles' (max, sum exp).
+__device__ float candidate_lse(const DecodeParams& p, const DecodeScratch& w, int64_t item) {
   const int lane = threadIdx.x % kWarp;
-  // Score partials: LSE over candidates.
+  const float2* part = w.score_part + item * p.n_score_tiles;
   float m = kNegInf;
-  for (int64_t i = lane; i < p.n_score_tiles; i += kWarp)
-    m = fmaxf(m, w.score_part[item * p.n_score_tiles + i].x);
+  for (int64_t i = lane; i < p.n_score_tiles; i += kWarp) m = fmaxf(m, part[i].x);
   m = warp_max(m);
   float l = 0.0f;
-  for (int64_t i = lane; i < p.n_score_tiles; i += kWarp) {
-    const float2 part = w.score_part[item * p.n_score_tiles + i];
-    l += part.y * exp_diff(part.x, m);
-  }
+  for (int64_t i = lane; i < p.n_score_tiles; i += kWarp) l += part[i].y * exp_diff(part[i].x, m);
   l = warp_sum(l);
-  const float lse_cand = l > 0.0f ? m + __logf(l) : kNegInf;
-  // Window partials: merged softmax.
+  return l > 0.0f ? m + __logf(l) : kNegInf;
+}
+
+// Warp-wide (max, sum) of head `item`'s window tiles: lse_swa = m + log l.
+__device__ float2 window_stats(const DecodeParams& p, const DecodeScratch& w, int64_t item) {
+  const int lane = threadIdx.x % kWarp;
   const float* part = w.win_part + item * p.n_win_tiles * (p.dv + 2);
-  float wm = kNegInf;
-  for (int64_t i = 0; i < p.n_win_tiles; ++i) wm = fmaxf(wm, part[i * (p.dv + 2)]);
-  float wl = 0.0f;
-  for (int64_t i = 0; i < p.n_win_tiles; ++i)
-    wl += part[i * (p.dv + 2) + 1] * exp_diff(part[i * (p.dv + 2)], wm);
-  const float inv = wl > 0.0f ? 1.0f / wl : 0.0f;
+  float m = kNegInf;
+  for (int64_t i = lane; i < p.n_win_tiles; i += kWarp) m = fmaxf(m, part[i * (p.dv + 2)]);
+  m = warp_max(m);
+  float l = 0.0f;
+  for (int64_t i = lane; i < p.n_win_tiles; i += kWarp)
+    l += part[i * (p.dv + 2) + 1] * exp_diff(part[i * (p.dv + 2)], m);
+  return make_float2(m, warp_sum(l));
+}
+
+__device__ float lse_of(float2 stats) {
+  return stats.y > 0.0f ? stats.x + __logf(stats.y) : kNegInf;
+}
+
+// Warp-wide: merges head `item`'s window tiles into o_swa, lse_swa (scratch and outputs).
+__device__ void write_window(const DecodeParams& p, const DecodeScratch& w, int64_t item,
+                             float* o_window, float* lse_window) {
+  const int lane = threadIdx.x % kWarp;
+  const float2 stats = window_stats(p, w, item);
+  const float* part = w.win_part + item * p.n_win_tiles * (p.dv + 2);
+  const float inv = stats.y > 0.0f ? 1.0f / stats.y : 0.0f;
   for (int64_t dim = lane; dim < p.dv; dim += kWarp) {
     float acc = 0.0f;
     for (int64_t i = 0; i < p.n_win_tiles; ++i)
-      acc += part[i * (p.dv + 2) + 2 + dim] * exp_diff(part[i * (p.dv + 2)], wm);
+      acc += part[i * (p.dv + 2) + 2 + dim] * exp_diff(part[i * (p.dv + 2)], stats.x);
     w.win_o[item * p.dv + dim] = acc * inv;
     if (o_window) o_window[item * p.dv + dim] = acc * inv;
   }
-  const float lse_swa = wl > 0.0f ? wm + __logf(wl) : kNegInf;
   if (lane == 0) {
-    w.win_lse[item] = lse_swa;
-    if (lse_window) lse_window[item] = lse_swa;
+    w.win_lse[item] = lse_of(stats);
+    if (lse_window) lse_window[item] = lse_of(stats);
   }
-  return logaddexp(lse_swa, lse_cand);
+}
+
+// ---- 2b. group scores: r (Eq. 2) of 256 candidates per block, one block per (tile, b, g) ---
+// log Z_hat per head (Eq. 8) is recomputed by every tile from the partials (a few KB).
+__global__ void decode_group_score_kernel(DecodeParams p, DecodeScratch w) {
+  __shared__ float log_z[64];
+  const int64_t bg = blockIdx.y, b = bg / p.Hkv, g = bg % p.Hkv;
+  const int warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  for (int64_t j = warp; j < p.G; j += warps) {
+    const int64_t item = b * p.Hq + g * p.G + j;
+    const float z = logaddexp(lse_of(window_stats(p, w, item)), candidate_lse(p, w, item));
+    if (threadIdx.x % kWarp == 0) log_z[j] = z;
+  }
+  __syncthreads();
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= p.n_cand) return;
+  const float* scores = w.scores + (b * p.Hq + g * p.G) * p.n_chunks + c;
+  float r = p.group_rule == static_cast<int>(GroupRule::sum_probabilities) ? 0.0f : kNegInf;
+  for (int64_t j = 0; j < p.G; ++j) {
+    const float s = scores[j * p.n_chunks];
+    if (p.group_rule == static_cast<int>(GroupRule::max_normalized)) r = fmaxf(r, s - log_z[j]);
+    else if (p.group_rule == static_cast<int>(GroupRule::sum_probabilities))
+      r += __expf(s - log_z[j]);
+    else r = fmaxf(r, s);
+  }
+  w.keys[bg * p.n_chunks + c] = order_key(r);
 }
 
 // The digit (bits [shift, shift+8)) holding the `rank`-th largest key (rank from 1) among the
@@ -292,16 +374,12 @@ __device__ int find_digit(const int* hist, int rank, int* above) {
 __global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_window,
                                      float* lse_window) {
   extern __shared__ uint32_t smem_keys[];
-  __shared__ float log_z[64];
   __shared__ int hist[kRadixBins];
   __shared__ int digit_info[2];
   const int64_t bg = blockIdx.x, b = bg / p.Hkv, g = bg % p.Hkv;
   const int warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
-  for (int64_t j = warp; j < p.G; j += warps) {
-    const float z = combine_head(p, w, b * p.Hq + g * p.G + j, o_window, lse_window);
-    if (threadIdx.x % kWarp == 0) log_z[j] = z;
-  }
-  __syncthreads();
+  for (int64_t j = warp; j < p.G; j += warps)
+    write_window(p, w, b * p.Hq + g * p.G + j, o_window, lse_window);
   int32_t* sel = w.selection + bg * p.K;
   const int64_t n = p.n_cand;
   if (p.K == 0) return;
@@ -310,18 +388,10 @@ __global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_w
       sel[i] = i < n ? static_cast<int32_t>(i) : -1;
     return;
   }
-  uint32_t* keys = n <= kSelectSmemKeys ? smem_keys : w.keys + bg * p.n_chunks;
-  const float* scores = w.scores + (b * p.Hq + g * p.G) * p.n_chunks;
-  for (int64_t c = threadIdx.x; c < n; c += blockDim.x) {
-    float r = p.group_rule == static_cast<int>(GroupRule::sum_probabilities) ? 0.0f : kNegInf;
-    for (int64_t j = 0; j < p.G; ++j) {
-      const float s = scores[j * p.n_chunks + c];
-      if (p.group_rule == static_cast<int>(GroupRule::max_normalized)) r = fmaxf(r, s - log_z[j]);
-      else if (p.group_rule == static_cast<int>(GroupRule::sum_probabilities))
-        r += __expf(s - log_z[j]);
-      else r = fmaxf(r, s);
-    }
-    keys[c] = order_key(r);
+  uint32_t* keys = w.keys + bg * p.n_chunks;
+  if (n <= kSelectSmemKeys) {
+    for (int64_t c = threadIdx.x; c < n; c += blockDim.x) smem_keys[c] = keys[c];
+    keys = smem_keys;
   }
   __syncthreads();
   // Radix select of the K-th largest key, 8 bits per pass from the top.
@@ -378,39 +448,35 @@ __global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_w
 }
 
 // ---- 4. chunk tiles: one block per (selected slot i, b, g), a warp per head ---------------
-__global__ void decode_chunk_kernel(DecodeParams p, const int32_t* selection,
+__global__ void decode_chunk_kernel(DecodeParams p, bool staged, const int32_t* selection,
                                     float* chunk_part) {
   extern __shared__ float smem[];
-  const int64_t i = blockIdx.x, bg = blockIdx.y, b = bg / p.Hkv, g = bg % p.Hkv;
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int d = static_cast<int>(p.d), dv = static_cast<int>(p.dv);
+  const int64_t i = blockIdx.x, bg = blockIdx.y;
+  const int lane = threadIdx.x % kWarp;
   const int32_t c = selection[bg * p.K + i];
-  const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
-  const __nv_bfloat16* k = p.k + bg * p.slot_cap * p.d;
-  const __nv_bfloat16* v = p.v + bg * p.slot_cap * p.dv;
-  float* q = smem + warp * p.d;
-  for (int64_t j = warp; j < p.G; j += kWarpsPerBlock) {
-    const int64_t item = b * p.Hq + g * p.G + j;
+  auto emit = [&](int64_t item, const WarpSoftmax& st) {
     float* out = chunk_part + (item * p.K + i) * (p.dv + 1);
-    WarpSoftmax st;
-    if (c >= 0) {
-      load_row(q, p.q + item * p.d, d);
-      attend_range(st, q, k, v, d, dv, c * p.S, c * p.S + p.S - 1, p.scale, geo);
-    }
     const float inv = st.l > 0.0f ? 1.0f / st.l : 0.0f;
     if (lane == 0) out[0] = st.lse();
 #pragma unroll
     for (int r = 0; r < kDimRegs; ++r) {
       const int dim = lane + kWarp * r;
-      if (dim < dv) out[1 + dim] = st.o[r] * inv;
+      if (dim < p.dv) out[1 + dim] = st.o[r] * inv;
     }
-    __syncwarp();
+  };
+  if (c >= 0) {
+    group_tile_softmax(p, bg, c * p.S, c * p.S + p.S - 1, p.S, staged, smem, emit);
+  } else {  // -1 padding: an empty softmax (lse -inf, o 0)
+    const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
+    for (int64_t j = threadIdx.x / kWarp; j < p.G; j += kWarpsPerBlock)
+      emit(b * p.Hq + g * p.G + j, WarpSoftmax{});
   }
 }
 
 // ---- 5. fuse: one warp per (b, h) -----------------------------------------------------------
 // Logits a_i: hierarchical s_hat(c_i) (Eq. 10), flat lse_{c_i} (Eq. 3 as a merge of
 // (lse, o) pairs); then the window (lse_swa) and, hierarchical with softmax1, a zero logit.
+// Lane i handles selected slot i (32 at a time); its weight is broadcast for the output sums.
 __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, float* lse,
                                    float* fusion_weights) {
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
@@ -420,32 +486,51 @@ __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, fl
   const int32_t* sel = w.selection + (b * p.Hkv + g) * p.K;
   const float* part = w.chunk_part + item * p.K * (p.dv + 1);
   auto logit = [&](int64_t i) {
+    if (i >= p.K) return kNegInf;
     const int32_t c = sel[i];
     if (c < 0) return kNegInf;
     return p.hierarchical ? w.scores[item * p.n_chunks + c] : part[i * (p.dv + 1)];
   };
   const float a_win = w.win_lse[item];
   const bool zero_logit = p.hierarchical && p.softmax1;
-  float m = fmaxf(a_win, zero_logit ? 0.0f : kNegInf);
-  for (int64_t i = 0; i < p.K; ++i) m = fmaxf(m, logit(i));
-  float l = exp_diff(a_win, m) + (zero_logit ? __expf(-m) : 0.0f);
-  for (int64_t i = 0; i < p.K; ++i) l += exp_diff(logit(i), m);
+  float m = kNegInf;
+  for (int64_t i = lane; i < p.K; i += kWarp) m = fmaxf(m, logit(i));
+  m = fmaxf(fmaxf(warp_max(m), a_win), zero_logit ? 0.0f : kNegInf);
+  float l = 0.0f;
+  for (int64_t i = lane; i < p.K; i += kWarp) l += exp_diff(logit(i), m);
+  l = warp_sum(l) + exp_diff(a_win, m) + (zero_logit ? __expf(-m) : 0.0f);
   const float total = m == kNegInf ? kNegInf : m + __logf(l);
   auto weight = [&](float a) { return total == kNegInf ? 0.0f : exp_diff(a, total); };
-  for (int64_t dim = lane; dim < p.dv; dim += kWarp) {
-    float acc = weight(a_win) * w.win_o[item * p.dv + dim];
-    for (int64_t i = 0; i < p.K; ++i)
-      if (sel[i] >= 0) acc += weight(logit(i)) * part[i * (p.dv + 1) + 1 + dim];
-    o[item * p.dv + dim] = acc;
+  float acc[kDimRegs];
+  const float w_win = weight(a_win);
+#pragma unroll
+  for (int r = 0; r < kDimRegs; ++r) {
+    const int dim = lane + kWarp * r;
+    acc[r] = dim < p.dv ? w_win * w.win_o[item * p.dv + dim] : 0.0f;
   }
-  if (lane == 0) lse[item] = total;
-  if (fusion_weights) {
-    float* fw = fusion_weights + item * (p.K + 2);
-    for (int64_t i = lane; i < p.K; i += kWarp) fw[i] = weight(logit(i));
-    if (lane == 0) {
-      fw[p.K] = weight(a_win);
-      fw[p.K + 1] = zero_logit ? weight(0.0f) : 0.0f;
+  float* fw = fusion_weights ? fusion_weights + item * (p.K + 2) : nullptr;
+  for (int64_t base = 0; base < p.K; base += kWarp) {
+    const float wi = weight(logit(base + lane));
+    if (fw && base + lane < p.K) fw[base + lane] = wi;
+    const int n = p.K - base < kWarp ? static_cast<int>(p.K - base) : kWarp;
+    for (int jj = 0; jj < n; ++jj) {
+      const float wj = __shfl_sync(0xffffffffu, wi, jj);
+      const float* row = part + (base + jj) * (p.dv + 1) + 1;
+#pragma unroll
+      for (int r = 0; r < kDimRegs; ++r) {
+        const int dim = lane + kWarp * r;
+        if (dim < p.dv) acc[r] = fmaf(wj, row[dim], acc[r]);
+      }
     }
+  }
+#pragma unroll
+  for (int r = 0; r < kDimRegs; ++r) {
+    const int dim = lane + kWarp * r;
+    if (dim < p.dv) o[item * p.dv + dim] = acc[r];
+  }
+  if (lane == 0) {
+    lse[item] = total;
+    if (fw) fw[p.K] = w_win, fw[p.K + 1] = zero_logit ? weight(0.0f) : 0.0f;
   }
 }
 
@@ -566,9 +651,9 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const size_t q_smem = kWarpsPerBlock * p.d * sizeof(float);
-  decode_window_kernel<<<dim3(static_cast<unsigned>(p.n_win_tiles),
-                              static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock))),
-                         kWarpsPerBlock * kWarp, q_smem, stream>>>(p, w.win_part);
+  const size_t win_stage = stage_bytes(kDecodeTileSlots, p.d, p.dv);
+  decode_window_kernel<<<dim3(static_cast<unsigned>(p.n_win_tiles), bg), kWarpsPerBlock * kWarp,
+                         q_smem + win_stage, stream>>>(p, win_stage > 0, w.win_part);
   check_launch("window");
   // 16-byte loads need 16-byte aligned rows.
   const bool vectorised = p.d % 8 == 0 && reinterpret_cast<uintptr_t>(p.summary_key) % 16 == 0;
@@ -577,13 +662,21 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
                         p.d * sizeof(float), stream>>>(p, vectorised, coalesced, w.scores,
                                                        w.score_part);
   check_launch("score");
+  if (p.K > 0 && p.n_cand > p.K) {
+    decode_group_score_kernel<<<dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)),
+                                     bg),
+                                kScoreThreads, 0, stream>>>(p, w);
+    check_launch("group score");
+  }
   const size_t key_smem = p.n_cand <= kSelectSmemKeys ? p.n_cand * sizeof(uint32_t) : 0;
   decode_select_kernel<<<bg, kSelectThreads, key_smem, stream>>>(p, w, out.o_window,
                                                                  out.lse_window);
   check_launch("select");
   if (p.K > 0) {
-    decode_chunk_kernel<<<dim3(static_cast<unsigned>(p.K), bg), kWarpsPerBlock * kWarp, q_smem,
-                          stream>>>(p, w.selection, w.chunk_part);
+    const size_t chunk_stage = stage_bytes(p.S, p.d, p.dv);
+    decode_chunk_kernel<<<dim3(static_cast<unsigned>(p.K), bg), kWarpsPerBlock * kWarp,
+                          q_smem + chunk_stage, stream>>>(p, chunk_stage > 0, w.selection,
+                                                          w.chunk_part);
     check_launch("chunk");
   }
   decode_fuse_kernel<<<static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock)),
