@@ -144,13 +144,97 @@ __device__ void group_tile_softmax(const DecodeParams& p, int64_t bg, int64_t lo
   }
 }
 
+// The packed shape (d = dv = 64, G <= 16, <= 64 slots, 128 threads): thread (j, half) scores
+// slot lo + j against heads half, half + 2, ... from 16-byte loads of its key row; a warp per
+// head turns the logits into probabilities; thread (dim, half) sums p * v over the slots
+// (coalesced rows). Calls emit(item, m, l, dim, unnormalised o) for each (head, dim).
+constexpr int kFastDim = 64;
+constexpr int kFastMaxGroup = 16;
+constexpr int kFastThreads = 128;
+
+size_t fast_tile_smem(int64_t G) { return (2 * G * kFastDim + 2 * G) * sizeof(float); }
+
+template <class Emit>
+__device__ void fast_tile_softmax(const DecodeParams& p, int64_t bg, int64_t lo, int64_t hi,
+                                  float* smem, Emit emit) {
+  constexpr int D = kFastDim;
+  const int G = static_cast<int>(p.G);
+  float* qs = smem;
+  float* pr = qs + G * D;
+  float* ms = pr + G * D;
+  float* ls = ms + G;
+  const int64_t b = bg / p.Hkv, g = bg % p.Hkv, first = b * p.Hq + g * G;
+  const __nv_bfloat16* k = p.k + bg * p.slot_cap * D;
+  const __nv_bfloat16* v = p.v + bg * p.slot_cap * D;
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x) qs[i] = __bfloat162float(p.q[first * D + i]);
+  __syncthreads();
+  const int j = threadIdx.x % D, half = threadIdx.x / D;
+  const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
+  const int64_t slot = lo + j;
+  const bool valid = slot <= hi && geo.attendable(slot);
+  uint4 u[D / 8];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+    u[i] = valid ? __ldg(reinterpret_cast<const uint4*>(k + slot * D) + i) : make_uint4(0, 0, 0, 0);
+  for (int h = half; h < G; h += 2) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&u[i]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(pairs[e]);
+        acc = fmaf(qs[h * D + 8 * i + 2 * e], f.x, acc);
+        acc = fmaf(qs[h * D + 8 * i + 2 * e + 1], f.y, acc);
+      }
+    }
+    pr[h * D + j] = valid ? p.scale * acc : kNegInf;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  for (int h = warp; h < G; h += kFastThreads / kWarp) {
+    const float s0 = pr[h * D + lane], s1 = pr[h * D + lane + kWarp];
+    const float m = warp_max(fmaxf(s0, s1));
+    const float p0 = exp_diff(s0, m), p1 = exp_diff(s1, m);
+    const float l = warp_sum(p0 + p1);
+    pr[h * D + lane] = p0, pr[h * D + lane + kWarp] = p1;
+    if (lane == 0) ms[h] = m, ls[h] = l;
+  }
+  __syncthreads();
+  const int dim = threadIdx.x % D;
+  const int n_rows = static_cast<int>(hi - lo + 1);
+  float acc[kFastMaxGroup / 2] = {};
+#pragma unroll 4
+  for (int r = 0; r < n_rows; ++r) {
+    const float vv = __bfloat162float(v[(lo + r) * D + dim]);
+#pragma unroll
+    for (int t = 0; t < kFastMaxGroup / 2; ++t) {
+      const int h = half + 2 * t;
+      if (h < G) acc[t] = fmaf(pr[h * D + r], vv, acc[t]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kFastMaxGroup / 2; ++t) {
+    const int h = half + 2 * t;
+    if (h < G) emit(first + h, ms[h], ls[h], dim, acc[t]);
+  }
+}
+
 // ---- 1. window tiles: one block per (tile, b, g) -------------------------------------------
-__global__ void decode_window_kernel(DecodeParams p, bool staged, float* win_part) {
+__global__ void decode_window_kernel(DecodeParams p, bool fast, bool staged, float* win_part) {
   extern __shared__ float smem[];
   const int64_t tile = blockIdx.x, bg = blockIdx.y;
   const int64_t lo = p.win_lo + tile * kDecodeTileSlots;
   const int64_t hi = min(p.T - 1, lo + kDecodeTileSlots - 1);
   const int lane = threadIdx.x % kWarp;
+  if (fast) {
+    fast_tile_softmax(p, bg, lo, hi, smem, [&](int64_t item, float m, float l, int dim, float o) {
+      float* out = win_part + (item * p.n_win_tiles + tile) * (p.dv + 2);
+      if (dim == 0) out[0] = m, out[1] = l;
+      out[2 + dim] = o;
+    });
+    return;
+  }
   group_tile_softmax(p, bg, lo, hi, kDecodeTileSlots, staged, smem,
                      [&](int64_t item, const WarpSoftmax& st) {
                        float* out = win_part + (item * p.n_win_tiles + tile) * (p.dv + 2);
@@ -388,11 +472,24 @@ __global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_w
       sel[i] = i < n ? static_cast<int32_t>(i) : -1;
     return;
   }
+  // Keys shifted to start at the smallest and scaled so that their range fills 32 bits (a
+  // monotone, one-to-one map): the first radix digit then splits the candidates instead of
+  // holding the nearly constant sign and exponent bits of all of them.
   uint32_t* keys = w.keys + bg * p.n_chunks;
-  if (n <= kSelectSmemKeys) {
-    for (int64_t c = threadIdx.x; c < n; c += blockDim.x) smem_keys[c] = keys[c];
-    keys = smem_keys;
+  __shared__ uint32_t range[2 * kSelectThreads / kWarp];
+  uint32_t lo_key = 0xffffffffu, hi_key = 0u;
+  for (int64_t c = threadIdx.x; c < n; c += blockDim.x) {
+    const uint32_t u = keys[c];
+    lo_key = min(lo_key, u), hi_key = max(hi_key, u);
   }
+  lo_key = __reduce_min_sync(0xffffffffu, lo_key), hi_key = __reduce_max_sync(0xffffffffu, hi_key);
+  if (threadIdx.x % kWarp == 0) range[2 * warp] = lo_key, range[2 * warp + 1] = hi_key;
+  __syncthreads();
+  for (int i = 0; i < warps; ++i) lo_key = min(lo_key, range[2 * i]), hi_key = max(hi_key, range[2 * i + 1]);
+  const int spread = hi_key > lo_key ? __clz(hi_key - lo_key) : 0;
+  uint32_t* dst = n <= kSelectSmemKeys ? smem_keys : keys;
+  for (int64_t c = threadIdx.x; c < n; c += blockDim.x) dst[c] = (keys[c] - lo_key) << spread;
+  keys = dst;
   __syncthreads();
   // Radix select of the K-th largest key, 8 bits per pass from the top.
   uint32_t prefix = 0, mask = 0;
@@ -448,12 +545,21 @@ __global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_w
 }
 
 // ---- 4. chunk tiles: one block per (selected slot i, b, g), a warp per head ---------------
-__global__ void decode_chunk_kernel(DecodeParams p, bool staged, const int32_t* selection,
-                                    float* chunk_part) {
+__global__ void decode_chunk_kernel(DecodeParams p, bool fast, bool staged,
+                                    const int32_t* selection, float* chunk_part) {
   extern __shared__ float smem[];
   const int64_t i = blockIdx.x, bg = blockIdx.y;
   const int lane = threadIdx.x % kWarp;
   const int32_t c = selection[bg * p.K + i];
+  if (fast && c >= 0) {
+    fast_tile_softmax(p, bg, c * p.S, c * p.S + p.S - 1, smem,
+                      [&](int64_t item, float m, float l, int dim, float o) {
+                        float* out = chunk_part + (item * p.K + i) * (p.dv + 1);
+                        if (dim == 0) out[0] = l > 0.0f ? m + __logf(l) : kNegInf;
+                        out[1 + dim] = l > 0.0f ? o / l : 0.0f;
+                      });
+    return;
+  }
   auto emit = [&](int64_t item, const WarpSoftmax& st) {
     float* out = chunk_part + (item * p.K + i) * (p.dv + 1);
     const float inv = st.l > 0.0f ? 1.0f / st.l : 0.0f;
@@ -651,9 +757,15 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const size_t q_smem = kWarpsPerBlock * p.d * sizeof(float);
+  // The fast tiles (d = dv = 64, G <= 16, 16-byte aligned rows) or the generic warp tiles.
+  const bool fast = p.d == kFastDim && p.dv == kFastDim && p.G <= kFastMaxGroup &&
+                    reinterpret_cast<uintptr_t>(p.k) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(p.v) % 16 == 0;
+  static_assert(kWarpsPerBlock * kWarp == kFastThreads, "tile kernels run 128 threads");
   const size_t win_stage = stage_bytes(kDecodeTileSlots, p.d, p.dv);
-  decode_window_kernel<<<dim3(static_cast<unsigned>(p.n_win_tiles), bg), kWarpsPerBlock * kWarp,
-                         q_smem + win_stage, stream>>>(p, win_stage > 0, w.win_part);
+  const size_t win_smem = fast ? fast_tile_smem(p.G) : q_smem + win_stage;
+  decode_window_kernel<<<dim3(static_cast<unsigned>(p.n_win_tiles), bg), kFastThreads, win_smem,
+                         stream>>>(p, fast, win_stage > 0, w.win_part);
   check_launch("window");
   // 16-byte loads need 16-byte aligned rows.
   const bool vectorised = p.d % 8 == 0 && reinterpret_cast<uintptr_t>(p.summary_key) % 16 == 0;
@@ -674,9 +786,11 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   check_launch("select");
   if (p.K > 0) {
     const size_t chunk_stage = stage_bytes(p.S, p.d, p.dv);
-    decode_chunk_kernel<<<dim3(static_cast<unsigned>(p.K), bg), kWarpsPerBlock * kWarp,
-                          q_smem + chunk_stage, stream>>>(p, chunk_stage > 0, w.selection,
-                                                          w.chunk_part);
+    const bool fast_chunk = fast && p.S <= kDecodeTileSlots;
+    const size_t chunk_smem =
+        std::max(fast_chunk ? fast_tile_smem(p.G) : 0, q_smem + chunk_stage);
+    decode_chunk_kernel<<<dim3(static_cast<unsigned>(p.K), bg), kFastThreads, chunk_smem,
+                          stream>>>(p, fast_chunk, chunk_stage > 0, w.selection, w.chunk_part);
     check_launch("chunk");
   }
   decode_fuse_kernel<<<static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock)),
