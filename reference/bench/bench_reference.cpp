@@ -113,13 +113,14 @@ OneHead one_head(int64_t T, int64_t d, uint64_t seed) {
 Row time_full_backward(int64_t T, int64_t d) {
   MechanismSpec spec = preset("full");
   const OneHead p = one_head(T, d, 7);
+  const auto forward = run_mechanism(spec, p.inputs);  // saved o, lse, as a training step has
   reset_peak_memory();
   auto start = Clock::now();
-  const auto g = run_mechanism_backward(spec, p.inputs, {}, p.grads);
+  const auto g = run_mechanism_backward(spec, p.inputs, {}, p.grads, &forward);
   const double s = seconds_since(start);
   // FlashAttention's count of useful backward work: per causal logit, 2d flops each for
-  // q.k, do.v, dv, dq and dk (2.5 x the forward). The reference does 18d (it recomputes the
-  // forward in pass 1 and q.k, do.v again in pass 2).
+  // q.k, do.v, dv, dq and dk (2.5 x the forward). The reference does 14d: q.k and do.v once for
+  // dq (pass 1) and once more for dk, dv (pass 2), so that no two units write one output.
   const double flops = double(T) * double(T + 1) / 2.0 * 10.0 * double(d);
   if (!g.dq[0].allFinite()) std::printf("warning: non-finite dq\n");
   return {"backward, full", T, d, s, flops / s / 1e9, peak_memory_mib()};
@@ -132,11 +133,13 @@ void time_hils_backward(int64_t T, int64_t d) {
   spec.W = 512;
   spec.K = 16;
   const OneHead p = one_head(T, d, 17);
+  RunOptions keep;
+  keep.keep_window = true;  // the backward reads the window branch instead of recomputing it
   auto start = Clock::now();
-  const auto forward = run_mechanism(spec, p.inputs);
+  const auto forward = run_mechanism(spec, p.inputs, keep);
   const double forward_s = seconds_since(start);
   start = Clock::now();
-  const auto g = run_mechanism_backward(spec, p.inputs, forward.selection, p.grads);
+  const auto g = run_mechanism_backward(spec, p.inputs, forward.selection, p.grads, &forward);
   const double backward_s = seconds_since(start);
   if (!g.dk[0].allFinite()) std::printf("warning: non-finite dk\n");
   std::printf("hils T=%ld d=%ld (S=64 W=512 K=16): forward %.3f s, backward %.3f s (%.2fx)\n",
