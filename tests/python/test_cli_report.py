@@ -99,3 +99,7 @@ def test_gradients_through_the_pytest_helper(tmp_path):
         assert_kernel_matches(*args, grads=grads, **options)
     with pytest.raises(ValueError, match="grads: unknown key 'dx'"):
         assert_kernel_matches(*args, grads={"dx": grads["dq"]}, **options)
+    # do without any gradient: nothing of the backward ran, and the report says so.
+    report = hils.verify(*args, grads={}, **options)
+    assert report.not_compared and report.not_compared[0].startswith("inputs/do")
+    assert "not compared: inputs/do" in str(report)
