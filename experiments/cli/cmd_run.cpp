@@ -205,7 +205,7 @@ AttentionInputs<double> inputs_for(const MechanismSpec& spec, const RunPlan& pla
                                input, spec.S, spec.landmarks));
   PositionalEncoding pe = encoding_for(plan, meta);
   if (pe.kind == PositionalKind::nope) return raw;
-  return apply_positional_encoding(raw, geometry, pe);
+  return apply_positional_encoding(raw, geometry, pe, spec.prior_rule);
 }
 
 void write_unit(io::ResultsWriter& writer, const std::string& unit, const MechanismSpec& spec,
