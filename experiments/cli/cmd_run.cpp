@@ -10,6 +10,7 @@
 #include "io/activation_file.hpp"
 #include "io/hdf5_util.hpp"
 #include "io/results_file.hpp"
+#include "parallel/session.hpp"
 #include "util/progress.hpp"
 
 namespace hils::cli {
@@ -205,7 +206,7 @@ AttentionInputs<double> inputs_for(const MechanismSpec& spec, const RunPlan& pla
                                input, spec.S, spec.landmarks));
   PositionalEncoding pe = encoding_for(plan, meta);
   if (pe.kind == PositionalKind::nope) return raw;
-  return apply_positional_encoding(raw, geometry, pe);
+  return apply_positional_encoding(raw, geometry, pe, spec.prior_rule);
 }
 
 void write_unit(io::ResultsWriter& writer, const std::string& unit, const MechanismSpec& spec,
@@ -400,7 +401,13 @@ void register_run(CLI::App& app) {
       "  hils run llama.h5 -o res.h5 --preset full,swa,naive_bsa,nsa -S 16 -W 32 -K 2\n"
       "  hils run llama.h5 -o res.h5 --preset hils --landmarks false --prior-rule shared\n"
       "  hils run synth.h5 -o res.h5 -c run.toml --resume");
-  cmd->callback([flags] { run(*flags); });
+  cmd->callback([flags] {
+    // Not yet shared among MPI ranks: N copies would race on one output file.
+    if (parallel::ranks() > 1)
+      throw BadInput("hils run: not shared among MPI ranks yet; start it without mpirun "
+                     "(the studies are: fidelity, overlap, extrapolate, studies)");
+    run(*flags);
+  });
 }
 
 }  // namespace hils::cli

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <optional>
 
 #include <H5Cpp.h>
 #include <fmt/format.h>
@@ -13,6 +14,7 @@
 #include "cli/commands.hpp"
 #include "io/hdf5_util.hpp"
 #include "io/results_file.hpp"
+#include "parallel/session.hpp"
 
 namespace hils::cli {
 
@@ -108,6 +110,10 @@ int run_app(CLI::App& app, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // One rank of `mpirun -n N hils ...` when started so (experiments/parallel/session.hpp).
+  // (optional only so that it can be ended before std::_Exit below)
+  std::optional<hils::parallel::Session> session(std::in_place, argc, argv);
+  if (!session->holds_results()) hils::cli::global_options().quiet = true;
   // HDF5 prints its own error stack by default; our readers report errors themselves.
   H5::Exception::dontPrint();
   // Past a file-size limit (ulimit -f) a write then fails with EFBIG and is reported like a
@@ -144,9 +150,11 @@ int main(int argc, char** argv) {
   hils::cli::register_verify(app);
 
   const int code = run_app(app, argc, argv);
+  if (code != hils::cli::kExitOk) session->fail();  // ends every rank of an MPI job
   if (hils::io::hdf5_file_abandoned()) {
     // A write failed (full disk) and left HDF5 a file it cannot close; its shutdown at exit
     // would crash on it. Temporary files are gone already (their owners were destroyed).
+    session.reset();  // MPI ends first (std::_Exit runs no destructors)
     std::cout.flush();
     std::cerr.flush();
     std::fflush(nullptr);
