@@ -50,8 +50,21 @@ struct DecodeScratch {
   float* win_lse;       // [B, Hq]
   int32_t* selection;   // [B, Hkv, K] (the caller's output when given)
   float* chunk_part;    // [B, Hq, K, dv + 1] (lse_c, normalised o_c)
-  uint32_t* keys;       // [B, Hkv, n_chunks] radix keys when they do not fit shared memory
+  uint32_t* cand_key;   // [B, Hkv, n_score_tiles, min(K, 256)] each tile's K best r (as keys)
+  int32_t* cand_idx;    // same shape: their chunk indices, ascending within each tile
 };
+
+// Candidates each 256-chunk tile keeps for the final selection.
+__host__ __device__ inline int64_t tile_keep(const DecodeParams& p) {
+  return p.K < kScoreThreads ? p.K : kScoreThreads;
+}
+
+// Candidates the select block ranks: `keep` from every full tile, fewer from the last.
+__host__ __device__ inline int64_t kept_candidates(const DecodeParams& p) {
+  const int64_t tiles = (p.n_cand + kScoreThreads - 1) / kScoreThreads;
+  const int64_t last = p.n_cand - (tiles - 1) * kScoreThreads;
+  return (tiles - 1) * tile_keep(p) + (last < tile_keep(p) ? last : tile_keep(p));
+}
 
 __device__ __forceinline__ float logaddexp(float a, float b) {
   const float m = fmaxf(a, b);
@@ -395,32 +408,6 @@ __device__ void write_window(const DecodeParams& p, const DecodeScratch& w, int6
   }
 }
 
-// ---- 2b. group scores: r (Eq. 2) of 256 candidates per block, one block per (tile, b, g) ---
-// log Z_hat per head (Eq. 8) is recomputed by every tile from the partials (a few KB).
-__global__ void decode_group_score_kernel(DecodeParams p, DecodeScratch w) {
-  __shared__ float log_z[64];
-  const int64_t bg = blockIdx.y, b = bg / p.Hkv, g = bg % p.Hkv;
-  const int warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
-  for (int64_t j = warp; j < p.G; j += warps) {
-    const int64_t item = b * p.Hq + g * p.G + j;
-    const float z = logaddexp(lse_of(window_stats(p, w, item)), candidate_lse(p, w, item));
-    if (threadIdx.x % kWarp == 0) log_z[j] = z;
-  }
-  __syncthreads();
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= p.n_cand) return;
-  const float* scores = w.scores + (b * p.Hq + g * p.G) * p.n_chunks + c;
-  float r = p.group_rule == static_cast<int>(GroupRule::sum_probabilities) ? 0.0f : kNegInf;
-  for (int64_t j = 0; j < p.G; ++j) {
-    const float s = scores[j * p.n_chunks];
-    if (p.group_rule == static_cast<int>(GroupRule::max_normalized)) r = fmaxf(r, s - log_z[j]);
-    else if (p.group_rule == static_cast<int>(GroupRule::sum_probabilities))
-      r += __expf(s - log_z[j]);
-    else r = fmaxf(r, s);
-  }
-  w.keys[bg * p.n_chunks + c] = order_key(r);
-}
-
 // The digit (bits [shift, shift+8)) holding the `rank`-th largest key (rank from 1) among the
 // histogram; returns it and sets *above to the count in higher digits. Warp 0 only.
 __device__ int find_digit(const int* hist, int rank, int* above) {
@@ -454,32 +441,25 @@ __device__ int find_digit(const int* hist, int rank, int* above) {
   return __shfl_sync(0xffffffffu, digit, src);
 }
 
-// ---- 3. select: one block per (b, g) ------------------------------------------------------
-__global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_window,
-                                     float* lse_window) {
-  extern __shared__ uint32_t smem_keys[];
+// Block-wide exact top-k of n keys (larger first, equal keys: lower position first): calls
+// emit(pos, c) for each chosen position c, pos = 0, 1, ... in ascending c; returns min(n, k).
+// `work` receives the keys shifted and scaled (may alias src).
+template <class Emit>
+__device__ int block_top_k(const uint32_t* src, uint32_t* work, int64_t n, int64_t k, Emit emit) {
   __shared__ int hist[kRadixBins];
   __shared__ int digit_info[2];
-  const int64_t bg = blockIdx.x, b = bg / p.Hkv, g = bg % p.Hkv;
   const int warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
-  for (int64_t j = warp; j < p.G; j += warps)
-    write_window(p, w, b * p.Hq + g * p.G + j, o_window, lse_window);
-  int32_t* sel = w.selection + bg * p.K;
-  const int64_t n = p.n_cand;
-  if (p.K == 0) return;
-  if (n <= p.K) {  // every candidate is selected
-    for (int64_t i = threadIdx.x; i < p.K; i += blockDim.x)
-      sel[i] = i < n ? static_cast<int32_t>(i) : -1;
-    return;
+  if (n <= k) {
+    for (int64_t c = threadIdx.x; c < n; c += blockDim.x) emit(static_cast<int>(c), c);
+    return static_cast<int>(n);
   }
   // Keys shifted to start at the smallest and scaled so that their range fills 32 bits (a
   // monotone, one-to-one map): the first radix digit then splits the candidates instead of
   // holding the nearly constant sign and exponent bits of all of them.
-  uint32_t* keys = w.keys + bg * p.n_chunks;
   __shared__ uint32_t range[2 * kSelectThreads / kWarp];
   uint32_t lo_key = 0xffffffffu, hi_key = 0u;
   for (int64_t c = threadIdx.x; c < n; c += blockDim.x) {
-    const uint32_t u = keys[c];
+    const uint32_t u = src[c];
     lo_key = min(lo_key, u), hi_key = max(hi_key, u);
   }
   lo_key = __reduce_min_sync(0xffffffffu, lo_key), hi_key = __reduce_max_sync(0xffffffffu, hi_key);
@@ -487,13 +467,12 @@ __global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_w
   __syncthreads();
   for (int i = 0; i < warps; ++i) lo_key = min(lo_key, range[2 * i]), hi_key = max(hi_key, range[2 * i + 1]);
   const int spread = hi_key > lo_key ? __clz(hi_key - lo_key) : 0;
-  uint32_t* dst = n <= kSelectSmemKeys ? smem_keys : keys;
-  for (int64_t c = threadIdx.x; c < n; c += blockDim.x) dst[c] = (keys[c] - lo_key) << spread;
-  keys = dst;
+  for (int64_t c = threadIdx.x; c < n; c += blockDim.x) work[c] = (src[c] - lo_key) << spread;
   __syncthreads();
+  const uint32_t* keys = work;
   // Radix select of the K-th largest key, 8 bits per pass from the top.
   uint32_t prefix = 0, mask = 0;
-  int rank = static_cast<int>(p.K);
+  int rank = static_cast<int>(k);
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < kRadixBins; i += blockDim.x) hist[i] = 0;
     __syncthreads();
@@ -539,8 +518,74 @@ __global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_w
   for (int64_t c = lo, e = eq_before; c < hi; ++c) {
     const uint32_t u = keys[c];
     const bool take = u > threshold || (u == threshold && e++ < rank);
-    if (take && pos < p.K) sel[pos++] = static_cast<int32_t>(c);
+    if (take) emit(pos++, c);
   }
+  __syncthreads();
+  return total;
+}
+
+// ---- 2b. group scores: r (Eq. 2) of 256 candidates per block, one block per (tile, b, g) ---
+// log Z_hat per head (Eq. 8) is recomputed by every tile from the partials (a few KB).
+__global__ void decode_group_score_kernel(DecodeParams p, DecodeScratch w) {
+  __shared__ float log_z[64];
+  const int64_t bg = blockIdx.y, b = bg / p.Hkv, g = bg % p.Hkv;
+  const int warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  for (int64_t j = warp; j < p.G; j += warps) {
+    const int64_t item = b * p.Hq + g * p.G + j;
+    const float z = logaddexp(lse_of(window_stats(p, w, item)), candidate_lse(p, w, item));
+    if (threadIdx.x % kWarp == 0) log_z[j] = z;
+  }
+  __syncthreads();
+  const int64_t tile_first = static_cast<int64_t>(blockIdx.x) * kScoreThreads;
+  const int64_t c = tile_first + threadIdx.x;
+  const bool valid = c < p.n_cand;
+  const float* scores = w.scores + (b * p.Hq + g * p.G) * p.n_chunks + c;
+  float r = p.group_rule == static_cast<int>(GroupRule::sum_probabilities) ? 0.0f : kNegInf;
+  for (int64_t j = 0; valid && j < p.G; ++j) {
+    const float s = scores[j * p.n_chunks];
+    if (p.group_rule == static_cast<int>(GroupRule::max_normalized)) r = fmaxf(r, s - log_z[j]);
+    else if (p.group_rule == static_cast<int>(GroupRule::sum_probabilities))
+      r += __expf(s - log_z[j]);
+    else r = fmaxf(r, s);
+  }
+  // The tile keeps its `keep` best (ties: lower chunk); the select block picks among them.
+  __shared__ uint32_t orig[kScoreThreads], work[kScoreThreads];
+  orig[threadIdx.x] = valid ? order_key(r) : 0u;
+  __syncthreads();
+  const int64_t keep = tile_keep(p), rest = p.n_cand - tile_first;
+  const int64_t n_tile = rest < kScoreThreads ? rest : kScoreThreads;
+  uint32_t* out_key = w.cand_key + (bg * p.n_score_tiles + blockIdx.x) * keep;
+  int32_t* out_idx = w.cand_idx + (bg * p.n_score_tiles + blockIdx.x) * keep;
+  block_top_k(orig, work, n_tile, keep, [&](int pos, int64_t i) {
+    out_key[pos] = orig[i];
+    out_idx[pos] = static_cast<int32_t>(tile_first + i);
+  });
+}
+
+// ---- 3. select: one block per (b, g), over the tiles' kept candidates -----------------------
+__global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_window,
+                                     float* lse_window) {
+  extern __shared__ uint32_t smem_keys[];
+  const int64_t bg = blockIdx.x, b = bg / p.Hkv, g = bg % p.Hkv;
+  const int warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  for (int64_t j = warp; j < p.G; j += warps)
+    write_window(p, w, b * p.Hq + g * p.G + j, o_window, lse_window);
+  int32_t* sel = w.selection + bg * p.K;
+  const int64_t n = p.n_cand;
+  if (p.K == 0) return;
+  if (n <= p.K) {  // every candidate is selected
+    for (int64_t i = threadIdx.x; i < p.K; i += blockDim.x)
+      sel[i] = i < n ? static_cast<int32_t>(i) : -1;
+    return;
+  }
+  // Every tile but the last kept `keep` candidates; they lie in ascending chunk order.
+  const int64_t keep = tile_keep(p), m = kept_candidates(p);
+  uint32_t* src = w.cand_key + bg * p.n_score_tiles * keep;
+  const int32_t* idx = w.cand_idx + bg * p.n_score_tiles * keep;
+  uint32_t* work = m <= kSelectSmemKeys ? smem_keys : src;
+  const int total = block_top_k(src, work, m, p.K, [&](int pos, int64_t c) {
+    if (pos < p.K) sel[pos] = idx[c];
+  });
   for (int64_t i = total + threadIdx.x; i < p.K; i += blockDim.x) sel[i] = -1;
 }
 
@@ -676,12 +721,13 @@ DecodeParams params_of(const MechanismSpec& spec, const DecodeCache& cache, cons
 
 // Byte sizes of the scratch arrays, in DecodeScratch order (each rounded to 256 bytes).
 struct ScratchSizes {
-  size_t bytes[8];
+  size_t bytes[9];
 };
 ScratchSizes scratch_sizes(const DecodeParams& p) {
   const size_t BH = p.B * p.Hq, BG = p.B * p.Hkv;
   return {{BH * p.n_chunks * 4, BH * p.n_score_tiles * 8, BH * p.n_win_tiles * (p.dv + 2) * 4,
-           BH * p.dv * 4, BH * 4, BG * p.K * 4, BH * p.K * (p.dv + 1) * 4, BG * p.n_chunks * 4}};
+           BH * p.dv * 4, BH * 4, BG * p.K * 4, BH * p.K * (p.dv + 1) * 4,
+           BG * p.n_score_tiles * tile_keep(p) * 4, BG * p.n_score_tiles * tile_keep(p) * 4}};
 }
 size_t round_up(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -745,12 +791,13 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   const DecodeParams p = params_of(spec, cache, q);
   const ScratchSizes sizes = scratch_sizes(p);
   char* base = static_cast<char*>(workspace);
-  void* parts[8];
-  for (int i = 0; i < 8; ++i) parts[i] = base, base += round_up(sizes.bytes[i]);
+  void* parts[9];
+  for (int i = 0; i < 9; ++i) parts[i] = base, base += round_up(sizes.bytes[i]);
   DecodeScratch w{static_cast<float*>(parts[0]), static_cast<float2*>(parts[1]),
                   static_cast<float*>(parts[2]), static_cast<float*>(parts[3]),
                   static_cast<float*>(parts[4]), static_cast<int32_t*>(parts[5]),
-                  static_cast<float*>(parts[6]), static_cast<uint32_t*>(parts[7])};
+                  static_cast<float*>(parts[6]), static_cast<uint32_t*>(parts[7]),
+                  static_cast<int32_t*>(parts[8])};
   if (out.surrogate) w.scores = out.surrogate;
   if (out.selection) w.selection = out.selection;
 
@@ -780,7 +827,8 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
                                 kScoreThreads, 0, stream>>>(p, w);
     check_launch("group score");
   }
-  const size_t key_smem = p.n_cand <= kSelectSmemKeys ? p.n_cand * sizeof(uint32_t) : 0;
+  const int64_t kept = p.n_cand > p.K ? kept_candidates(p) : 0;
+  const size_t key_smem = kept <= kSelectSmemKeys ? kept * sizeof(uint32_t) : 0;
   decode_select_kernel<<<bg, kSelectThreads, key_smem, stream>>>(p, w, out.o_window,
                                                                  out.lse_window);
   check_launch("select");

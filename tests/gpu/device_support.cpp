@@ -46,10 +46,6 @@ GuardedBuffer upload(const std::vector<unsigned char>& bytes) {
   return buffer;
 }
 
-namespace {
-
-// Copies chunk `from` (keys of every KV head, q and q~ at its landmark slot for every query
-// head) onto chunk `to`, so that every summary and every exact mass of the two is identical.
 void duplicate_chunk(AttentionInputs<double>& in, int64_t S, int64_t from, int64_t to,
                      double relative_perturbation) {
   for (auto& k : in.k)
@@ -59,7 +55,6 @@ void duplicate_chunk(AttentionInputs<double>& in, int64_t S, int64_t from, int64
     for (auto& q : *heads) q.row((to + 1) * S - 1) = q.row((from + 1) * S - 1);
 }
 
-}  // namespace
 
 AttentionInputs<double> tied_inputs(const cases::Case& c, double perturbation) {
   auto in = cases::make_inputs<double>(c, /*salt=*/0x7135);

@@ -69,6 +69,11 @@ std::vector<Vector<double>> head_vectors_of(const GuardedBuffer& buffer, int64_t
 std::vector<IndexMatrix> index_heads_of(const GuardedBuffer& buffer, int64_t H, int64_t rows,
                                         int64_t cols);
 
+// Copies chunk `from` (keys of every KV head scaled by 1 + relative_perturbation, q and q~ at
+// its landmark slot for every query head) onto chunk `to`: their summaries and exact masses tie.
+void duplicate_chunk(AttentionInputs<double>& in, int64_t S, int64_t from, int64_t to,
+                     double relative_perturbation);
+
 // Inputs of `c` with chunk 2 copied onto chunks 5, 9, 13 and 17 (keys scaled by
 // 1 + perturbation; q and q~ at the landmark slots copied), so that their summaries and exact
 // masses tie exactly (perturbation 0) or nearly.
