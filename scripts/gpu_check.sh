@@ -2,6 +2,9 @@
 # Builds and runs every GPU test, compute-sanitizer memcheck and the benchmark, on the device
 # machine. Usage (repository root):
 #   scripts/gpu_check.sh [--build-only] [--no-bench] [--quick] [--no-report] [--profile] [--python]
+#                        [--decode]
+# --decode: only the decode step: its tests ("gpu decode*"), gpu/bench/bench_decode.py and
+# compute-sanitizer memcheck of the tests (decode.log, decode.json in $OUT).
 # --python: only `pip install .` (scikit-build-core, no network) and the pytest of PyTorch's
 # kernels judged by the hils package (tests/python/test_gpu_kernels.py), logs in $OUT.
 # --quick: ctest only (no second full test report, no memcheck); --no-report: no second plain
@@ -11,8 +14,9 @@
 # eigen3/, catch2/ and cmake/ when the machine lacks Eigen or Catch2; default .device/deps),
 # HILS_BENCH_MAX_T (longest benchmark length, default 524288).
 #
-# It configures a small CMake project of its own (reference + the oracle sources + gpu/ +
-# tests/gpu) so that the device machine needs no Boost, HDF5 or CLI packages.
+# It configures the project's own CMakeLists with HILS_BUILD_ANALYSIS/EXPERIMENTS/PYTHON off
+# (reference + oracle + gpu/ + tests), so that the device machine needs only Eigen, OpenMP,
+# Catch2 and nvcc: no Boost, HDF5 or CLI packages.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${OUT:-$ROOT/out/gpu_check}"
@@ -24,6 +28,7 @@ QUICK=0
 NO_REPORT=0
 PROFILE=0
 PYTHON=0
+DECODE=0
 for arg in "$@"; do
   case "$arg" in
     --build-only) BUILD_ONLY=1 ;;
@@ -32,10 +37,11 @@ for arg in "$@"; do
     --no-report) NO_REPORT=1 ;;
     --profile) PROFILE=1 ;;
     --python) PYTHON=1 ;;
-    *) echo "gpu_check.sh: unknown argument '$arg' (expected --build-only, --no-bench, --quick, --no-report, --profile or --python)" >&2; exit 2 ;;
+    --decode) DECODE=1 ;;
+    *) echo "gpu_check.sh: unknown argument '$arg' (expected --build-only, --no-bench, --quick, --no-report, --profile, --python or --decode)" >&2; exit 2 ;;
   esac
 done
-mkdir -p "$OUT" "$BUILD/project"
+mkdir -p "$OUT" "$BUILD"
 if [ "$PYTHON" = 1 ]; then
   # Eigen and nlohmann-json from $DEPS when carried (see gpu/NOTES.md), pybind11 from pip.
   PIP_ARGS=(--no-build-isolation --no-deps -C "cmake.define.pybind11_DIR=$(python3 -m pybind11 --cmakedir)")
@@ -53,36 +59,6 @@ if [ "$PYTHON" = 1 ]; then
 fi
 NVCC="${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 
-cat >"$BUILD/project/CMakeLists.txt" <<CMAKE
-cmake_minimum_required(VERSION 3.25)
-project(hils_gpu_check LANGUAGES CXX CUDA)
-set(CMAKE_CXX_STANDARD 20)
-set(CMAKE_CXX_STANDARD_REQUIRED ON)
-if(NOT CMAKE_BUILD_TYPE)
-  set(CMAKE_BUILD_TYPE Release)
-endif()
-find_package(Eigen3 3.4 REQUIRED NO_MODULE)
-find_package(OpenMP REQUIRED COMPONENTS CXX)
-find_package(Catch2 2 REQUIRED)
-include(Catch)
-enable_testing()
-file(GLOB HILS_REFERENCE_SOURCES $ROOT/reference/src/*.cpp)
-add_library(hils_reference \${HILS_REFERENCE_SOURCES})
-add_library(hils::reference ALIAS hils_reference)
-target_include_directories(hils_reference PUBLIC $ROOT/reference/include)
-target_link_libraries(hils_reference PUBLIC Eigen3::Eigen OpenMP::OpenMP_CXX)
-target_compile_definitions(hils_reference PUBLIC EIGEN_DONT_PARALLELIZE)
-file(GLOB HILS_ORACLE_SOURCES $ROOT/analysis/src/oracle*.cpp)
-add_library(hils_analysis \${HILS_ORACLE_SOURCES})
-add_library(hils::analysis ALIAS hils_analysis)
-target_include_directories(hils_analysis PUBLIC $ROOT/analysis/include)
-target_link_libraries(hils_analysis PUBLIC hils_reference)
-add_library(hils_cases INTERFACE)
-target_include_directories(hils_cases INTERFACE $ROOT/tests/cases)
-add_subdirectory($ROOT/gpu gpu)
-add_subdirectory($ROOT/tests/gpu tests_gpu)
-CMAKE
-
 # Carried dependencies (see gpu/NOTES.md): Eigen and Catch2 headers with their CMake configs.
 DEP_ARGS=()
 # Layout: $DEPS/include/{eigen3,catch2}, $DEPS/share/eigen3/cmake, $DEPS/lib/cmake/Catch2
@@ -91,11 +67,36 @@ if [ -d "$DEPS/include" ]; then
   DEP_ARGS=(-DCMAKE_PREFIX_PATH="$DEPS" -DEigen3_DIR="$DEPS/share/eigen3/cmake"
             -DCatch2_DIR="$DEPS/lib/cmake/Catch2")
 fi
-cmake -S "$BUILD/project" -B "$BUILD" -G Ninja -DCMAKE_CUDA_COMPILER="$NVCC" \
-  -DCMAKE_CUDA_ARCHITECTURES=90 "${DEP_ARGS[@]}" 2>&1 | tee "$OUT/configure.log" | tail -3
+# A build folder configured by the older script (its own small project) cannot be reused.
+if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$ROOT" "$BUILD/CMakeCache.txt"; then
+  rm -rf "$BUILD/CMakeCache.txt" "$BUILD/CMakeFiles"
+fi
+cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_CUDA_COMPILER="$NVCC" -DHILS_CUDA_ARCHITECTURES=90 \
+  -DHILS_BUILD_ANALYSIS=OFF -DHILS_BUILD_EXPERIMENTS=OFF -DHILS_BUILD_PYTHON=OFF \
+  "${DEP_ARGS[@]}" 2>&1 | tee "$OUT/configure.log" | tail -3
+TEST_BIN="$BUILD/tests/gpu/test_gpu_kernels"
 ninja -C "$BUILD" ${HILS_NINJA_FLAGS:-} test_gpu_kernels hils_gpu_c 2>&1 | tee "$OUT/build.log" | grep -E "error|warning|FAILED" || true
-[ -x "$BUILD/tests_gpu/test_gpu_kernels" ] || { echo "build failed: see $OUT/build.log"; exit 3; }
+[ -x "$TEST_BIN" ] || { echo "build failed: see $OUT/build.log"; exit 3; }
 [ "$BUILD_ONLY" = 1 ] && { echo "built"; exit 0; }
+
+if [ "$DECODE" = 1 ]; then
+  status=0
+  echo "== decode tests"
+  "$TEST_BIN" "gpu decode*" >"$OUT/decode_tests.log" 2>&1 || status=1
+  grep -E "^(decode ties|decode three tiles|All tests|test cases)" "$OUT/decode_tests.log" || true
+  grep -cE "^=== decode" "$OUT/decode_tests.log" | sed "s/^/decode reports: /" || true
+  grep -E "FAIL" "$OUT/decode_tests.log" | head -20 || true
+  if [ "$BENCH" = 1 ]; then
+    echo "== decode benchmark"
+    PYTHONUNBUFFERED=1 python3 "$ROOT/gpu/bench/bench_decode.py" --lib "$BUILD/gpu/libhils_gpu_c.so" --profile \
+      --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.log" || status=1
+  fi
+  echo "== compute-sanitizer memcheck (decode tests)"
+  compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$TEST_BIN" "gpu decode*" \
+    >"$OUT/decode_memcheck.log" 2>&1 && echo "memcheck clean" || { echo "memcheck FAILED"; status=1; }
+  grep -E "ERROR SUMMARY|Invalid|LEAK" "$OUT/decode_memcheck.log" | head -5 || true
+  exit $status
+fi
 
 status=0
 echo "== GPU tests"
@@ -104,7 +105,7 @@ tail -n 25 "$OUT/ctest.log"
 if [ "$QUICK" = 0 ]; then
 REPORT="$OUT/test_report.log"
 if [ "$NO_REPORT" = 0 ]; then
-  "$BUILD/tests_gpu/test_gpu_kernels" >"$REPORT" 2>&1 || status=1
+  "$TEST_BIN" >"$REPORT" 2>&1 || status=1
   grep -E "^(===|  |ties|near)" "$REPORT" | grep -c PASS | sed "s/^/tensor reports passing: /" || true
   grep -E "FAIL" "$REPORT" | head -20 || true
 fi
@@ -112,7 +113,7 @@ fi
 echo "== compute-sanitizer memcheck"
 if command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full \
-    "$BUILD/tests_gpu/test_gpu_kernels" >"$OUT/memcheck.log" 2>&1 && echo "memcheck clean" || { echo "memcheck FAILED"; status=1; }
+    "$TEST_BIN" >"$OUT/memcheck.log" 2>&1 && echo "memcheck clean" || { echo "memcheck FAILED"; status=1; }
   grep -E "ERROR SUMMARY|Invalid|LEAK" "$OUT/memcheck.log" | head -5 || true
   if [ "$NO_REPORT" = 1 ]; then
     grep -E "^(===|  |ties|near)" "$OUT/memcheck.log" | grep -c PASS | sed "s/^/tensor reports passing (memcheck run): /" || true

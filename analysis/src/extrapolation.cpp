@@ -40,6 +40,12 @@ AttentionInputs<double> with_needle(const AttentionInputs<double>& raw, int64_t 
 
 void run_needle_unit(const AttentionInputs<double>& raw, const NamedEncoding& encoding,
                      const ExtrapolationOptions& options, ResultSink& sink) {
+  write_needle_unit(raw, encoding, options, sink);
+  sink.mark_complete(needle_unit(encoding, raw.T()));
+}
+
+void write_needle_unit(const AttentionInputs<double>& raw, const NamedEncoding& encoding,
+                       const ExtrapolationOptions& options, ResultSink& sink) {
   const auto& fo = options.fidelity;
   const int64_t T = raw.T();
   const Geometry geometry(T, fo.geometry.S, fo.geometry.W, fo.geometry.landmarks);
@@ -55,7 +61,8 @@ void run_needle_unit(const AttentionInputs<double>& raw, const NamedEncoding& en
     const int64_t slot = needle_slot(geometry, last[0], depth, &chunk);
     chunks.push_back(chunk);
     auto in = apply_positional_encoding<double>(
-        with_needle(raw, slot, last[0], scale, options.needle_logit), geometry, encoding.pe);
+        with_needle(raw, slot, last[0], scale, options.needle_logit), geometry, encoding.pe,
+        fo.prior.rule);
     fill_prior(in, geometry, fo.prior.source);
     RunOptions run;
     run.queries = last;
@@ -89,7 +96,6 @@ void run_needle_unit(const AttentionInputs<double>& raw, const NamedEncoding& en
   for (size_t m = 0; m < fo.mechanisms.size(); ++m)
     sink.write(unit + "/" + fo.mechanisms[m].name + "/success", success[m],
                "fraction of KV groups whose I(t_last) holds the needle's chunk, per depth");
-  sink.mark_complete(unit);
 }
 
 ExtrapolationReport run_extrapolation_study(const StudySource& raw_source,
@@ -102,14 +108,16 @@ ExtrapolationReport run_extrapolation_study(const StudySource& raw_source,
       (options.run_metrics ? 1 : 0) + (options.run_needle ? 1 : 0);
   const int64_t total = static_cast<int64_t>(options.encodings.size()) * per_encoding;
   int64_t done = 0;
+  UnitRunner& runner = options.fidelity.runner ? *options.fidelity.runner : serial_runner();
   for (const auto& encoding : options.encodings) {
     if (options.run_metrics) {
       // The fidelity study on positioned copies of the raw vectors.
       StudySource positioned = raw_source;
-      positioned.load = [&raw_source, &encoding, &geo](int64_t layer, int64_t T) {
+      const PriorRule prior_rule = options.fidelity.prior.rule;
+      positioned.load = [&raw_source, &encoding, &geo, prior_rule](int64_t layer, int64_t T) {
         const Geometry geometry(T, geo.S, geo.W, geo.landmarks);
         return apply_positional_encoding<double>(raw_source.load(layer, T), geometry,
-                                                 encoding.pe);
+                                                 encoding.pe, prior_rule);
       };
       FidelityOptions fo = options.fidelity;
       fo.prefix = encoding.name + "/";
@@ -123,17 +131,20 @@ ExtrapolationReport run_extrapolation_study(const StudySource& raw_source,
       if (progress) progress(++done, total);
     }
     if (options.run_needle) {
-      for (int64_t T : raw_source.lengths) {
-        if (sink.is_complete(needle_unit(encoding, T))) {
-          ++report.units_skipped;
-          continue;
-        }
-        run_needle_unit(raw_source.load(options.needle_layer, T), encoding, options, sink);
-        ++report.units_run;
-      }
+      std::vector<StudyUnit> units;
+      for (int64_t T : raw_source.lengths)
+        units.push_back({needle_unit(encoding, T), static_cast<double>(T) * static_cast<double>(T),
+                         [&raw_source, &encoding, &options, T](ResultSink& unit_sink) {
+                           write_needle_unit(raw_source.load(options.needle_layer, T), encoding,
+                                             options, unit_sink);
+                         }});
+      const auto needles = runner.run(units, sink, {});
+      report.units_run += static_cast<int64_t>(needles.ran.size());
+      report.units_skipped += needles.skipped;
       if (progress) progress(++done, total);
     }
   }
+  if (!runner.holds_results()) return report;
   if (options.run_needle && !sink.is_complete("needle/summary")) {
     sink.write("needle/depths", options.depths, "needle depth x in [0, 1] of V(t_last)");
     sink.write("needle/lengths", raw_source.lengths, "context lengths T (slots)");

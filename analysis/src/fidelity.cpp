@@ -133,6 +133,13 @@ const std::vector<std::string>& fidelity_metrics() {
 
 KlCheck run_fidelity_unit(const AttentionInputs<double>& inputs, int64_t layer, int64_t g,
                           const FidelityOptions& options, ResultSink& sink) {
+  const auto kl = write_fidelity_unit(inputs, layer, g, options, sink);
+  sink.mark_complete(options.prefix + unit_path(inputs.T(), layer, g));
+  return kl;
+}
+
+KlCheck write_fidelity_unit(const AttentionInputs<double>& inputs, int64_t layer, int64_t g,
+                            const FidelityOptions& options, ResultSink& sink) {
   const int64_t T = inputs.T();
   const std::string unit = options.prefix + unit_path(T, layer, g);
   const Geometry geometry(T, options.geometry.S, options.geometry.W, options.geometry.landmarks);
@@ -190,45 +197,43 @@ KlCheck run_fidelity_unit(const AttentionInputs<double>& inputs, int64_t layer, 
         sink.write(path + "/" + fidelity_metrics()[i], values[i], metric_meanings()[i]);
     }
   }
-  sink.mark_complete(unit);
   return worst;
 }
 
 FidelityReport run_fidelity_study(const StudySource& source, const FidelityOptions& options,
                                   ResultSink& sink, const Progress& progress) {
   require(!source.lengths.empty(), "lengths", "at least one context length", "none");
+  // The first layer at the first length tells the head counts (every process loads it).
+  LayerCache layers(source.load);
+  const auto& first = layers.get(0, source.lengths.front());
+  const int64_t Hq = first.Hq(), Hkv = first.Hkv();
+  std::vector<StudyUnit> units;
+  for (int64_t T : source.lengths)
+    for (int64_t layer = 0; layer < source.n_layers; ++layer)
+      for (int64_t g = 0; g < Hkv; ++g)
+        units.push_back({options.prefix + unit_path(T, layer, g),
+                         static_cast<double>(T) * static_cast<double>(T),
+                         [&layers, &options, T, layer, g](ResultSink& unit_sink) {
+                           write_fidelity_unit(layers.get(layer, T), layer, g, options, unit_sink);
+                         }});
+  UnitRunner& runner = options.runner ? *options.runner : serial_runner();
+  const auto done = runner.run(units, sink, progress);
   FidelityReport report;
+  report.units_run = static_cast<int64_t>(done.ran.size());
+  report.units_skipped = done.skipped;
+  if (!runner.holds_results()) return report;
+  // The Taylor/KL check over every head of the units run now, as each unit wrote it.
   report.worst_kl.min_gap = std::numeric_limits<double>::infinity();
-  int64_t Hq = 0, Hkv = 0, done = 0, total = 0;
-  for (int64_t T : source.lengths) {
-    for (int64_t layer = 0; layer < source.n_layers; ++layer) {
-      // A layer whose groups are all complete is not even loaded (Hkv is known from an
-      // earlier layer; the first layer is always loaded to learn it).
-      bool all_done = Hkv > 0;
-      for (int64_t g = 0; g < Hkv && all_done; ++g)
-        all_done = sink.is_complete(options.prefix + unit_path(T, layer, g));
-      AttentionInputs<double> inputs;
-      if (!all_done) {
-        inputs = source.load(layer, T);
-        Hq = inputs.Hq(), Hkv = inputs.Hkv();
-      }
-      if (total == 0)
-        total = static_cast<int64_t>(source.lengths.size()) * source.n_layers * Hkv;
-      for (int64_t g = 0; g < Hkv; ++g) {
-        if (sink.is_complete(options.prefix + unit_path(T, layer, g))) {
-          ++report.units_skipped;
-        } else {
-          const auto kl = run_fidelity_unit(inputs, layer, g, options, sink);
-          ++report.units_run;
-          report.worst_kl.pairs += kl.pairs;
-          report.worst_kl.max_abs_deviation =
-              std::max(report.worst_kl.max_abs_deviation, kl.max_abs_deviation);
-          report.worst_kl.min_gap = std::min(report.worst_kl.min_gap, kl.min_gap);
-        }
-        if (progress) progress(++done, total);
-      }
+  const int64_t G = Hq / Hkv;
+  for (size_t i : done.ran)
+    for (int64_t h = 0; h < G; ++h) {
+      const auto g = static_cast<int64_t>(i) % Hkv;
+      const auto kl = sink.read(head_path(units[i].path, g * G + h) + "/kl_check");
+      require(kl.has_value(), units[i].path + " kl_check", "written by the unit", "absent");
+      report.worst_kl.pairs += static_cast<int64_t>((*kl)(0, 0));
+      report.worst_kl.max_abs_deviation = std::max(report.worst_kl.max_abs_deviation, (*kl)(1, 0));
+      report.worst_kl.min_gap = std::min(report.worst_kl.min_gap, (*kl)(2, 0));
     }
-  }
   report.kl_ok = report.worst_kl.max_abs_deviation <= options.kl_tolerance &&
                  (report.units_run == 0 || report.worst_kl.min_gap >= -options.kl_tolerance);
   if (!sink.is_complete(options.prefix + "summary")) {

@@ -166,7 +166,7 @@ double kl_divergence(std::span<const double> logits_p, std::span<const double> l
 SelectionBlock block_of(const IndexMatrix& selection, int64_t first, int64_t M) {
   require(first >= 0 && M >= 1 && first + M <= selection.rows(), "block_of: rows",
           "[first, first+M) inside [0, " + std::to_string(selection.rows()) + ")",
-          "[" + std::to_string(first) + ", " + std::to_string(first + M) + ")");
+          std::string("[") + std::to_string(first) + ", " + std::to_string(first + M) + ")");
   SelectionBlock block(M);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k = 0; k < selection.cols(); ++k)

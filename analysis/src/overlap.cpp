@@ -14,8 +14,8 @@ double finite_mean(const std::vector<double>& v) {
 }
 
 // Writes one unit: the mechanism's selections for the tail queries and their overlap metrics.
-void run_overlap_unit(const AttentionInputs<double>& inputs, int64_t layer, int64_t g,
-                      const OverlapOptions& options, ResultSink& sink) {
+void write_overlap_unit(const AttentionInputs<double>& inputs, int64_t layer, int64_t g,
+                        const OverlapOptions& options, ResultSink& sink) {
   const int64_t T = inputs.T();
   const std::string unit = unit_path(T, layer, g);
   const Geometry geometry(T, options.geometry.S, options.geometry.W, options.geometry.landmarks);
@@ -42,7 +42,6 @@ void run_overlap_unit(const AttentionInputs<double>& inputs, int64_t layer, int6
              "final union / |V(t_last)|");
   sink.write(unit + "/reuse", metrics.reuse,
              "inter-block reuse |U_b ∩ U_{b-1}| / |U_b|, consecutive final-size blocks");
-  sink.mark_complete(unit);
 }
 
 // Per-unit scalar -> summary row per length and the per-unit table.
@@ -120,30 +119,23 @@ OverlapUnit overlap_of_selection(const IndexMatrix& selection,
 OverlapReport run_overlap_study(const StudySource& source, const OverlapOptions& options,
                                 ResultSink& sink, const Progress& progress) {
   require(!source.lengths.empty(), "lengths", "at least one context length", "none");
-  OverlapReport report;
-  int64_t Hkv = 0, done = 0, total = 0;
+  // The first layer at the first length tells the head counts (every process loads it).
+  LayerCache layers(source.load);
+  const int64_t Hkv = layers.get(0, source.lengths.front()).Hkv();
+  std::vector<StudyUnit> units;
   for (int64_t T : source.lengths)
-    for (int64_t layer = 0; layer < source.n_layers; ++layer) {
-      bool all_done = Hkv > 0;
-      for (int64_t g = 0; g < Hkv && all_done; ++g)
-        all_done = sink.is_complete(unit_path(T, layer, g));
-      AttentionInputs<double> inputs;
-      if (!all_done) {
-        inputs = source.load(layer, T);
-        Hkv = inputs.Hkv();
-      }
-      if (total == 0) total = static_cast<int64_t>(source.lengths.size()) * source.n_layers * Hkv;
-      for (int64_t g = 0; g < Hkv; ++g) {
-        if (sink.is_complete(unit_path(T, layer, g))) {
-          ++report.units_skipped;
-        } else {
-          run_overlap_unit(inputs, layer, g, options, sink);
-          ++report.units_run;
-        }
-        if (progress) progress(++done, total);
-      }
-    }
-  if (!sink.is_complete("summary")) {
+    for (int64_t layer = 0; layer < source.n_layers; ++layer)
+      for (int64_t g = 0; g < Hkv; ++g)
+        units.push_back({unit_path(T, layer, g), static_cast<double>(T) * static_cast<double>(T),
+                         [&layers, &options, T, layer, g](ResultSink& unit_sink) {
+                           write_overlap_unit(layers.get(layer, T), layer, g, options, unit_sink);
+                         }});
+  UnitRunner& runner = options.runner ? *options.runner : serial_runner();
+  const auto done = runner.run(units, sink, progress);
+  OverlapReport report;
+  report.units_run = static_cast<int64_t>(done.ran.size());
+  report.units_skipped = done.skipped;
+  if (runner.holds_results() && !sink.is_complete("summary")) {
     write_overlap_summaries(sink, source, options, Hkv);
     sink.mark_complete("summary");
   }

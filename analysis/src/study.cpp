@@ -55,7 +55,7 @@ MechanismSpec with_geometry(MechanismSpec spec, const StudyGeometry& geometry) {
 }
 
 std::string unit_path(int64_t T, int64_t layer, int64_t group) {
-  return "T" + std::to_string(T) + "/layer" + std::to_string(layer) + "/group" +
+  return std::string("T") + std::to_string(T) + "/layer" + std::to_string(layer) + "/group" +
          std::to_string(group);
 }
 

@@ -13,15 +13,18 @@
 #include <toml++/toml.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/cli_util.hpp"
 #include "cli/commands.hpp"
 #include "hils/analysis/extrapolation.hpp"
 #include "hils/analysis/overlap.hpp"
 #include "hils/analysis/study_cli.hpp"
 #include "hils/analysis/synthetic.hpp"
 #include "io/activation_file.hpp"
+#include "io/hdf5_util.hpp"
 #include "io/results_file.hpp"
 #include "model/llama2c.hpp"
 #include "model/tokenizer.hpp"
+#include "parallel/session.hpp"
 #include "util/progress.hpp"
 #include "util/shared_data.hpp"
 
@@ -41,7 +44,7 @@ using nlohmann::json;
 class ResultsFileSink : public analysis::ResultSink {
  public:
   ResultsFileSink(const std::filesystem::path& path, const io::Provenance& provenance)
-      : writer_(open(path, provenance)) {}
+      : lock_(path, provenance.command), writer_(open(path, provenance)) {}
   bool is_complete(const std::string& unit) const override { return writer_.is_complete(unit); }
   void mark_complete(const std::string& unit) override {
     writer_.mark_complete(unit);
@@ -81,6 +84,7 @@ class ResultsFileSink : public analysis::ResultSink {
     if (std::filesystem::exists(path)) previous_ = std::make_unique<io::ResultsReader>(path);
     return io::ResultsWriter::open(path, provenance);
   }
+  io::OutputLock lock_;  // taken before the earlier file is read (see io::OutputLock)
   std::unique_ptr<io::ResultsReader> previous_;
   io::ResultsWriter writer_;
   std::map<std::string, Matrix<double>> cache_;
@@ -231,22 +235,24 @@ void build_sources(Resolved& r, const StudyArgs& a, const toml::table& t, const 
     };
   } else if (r.source_kind == "activations") {
     if (a.activations.empty()) throw BadInput("--activations: a file is needed for source=activations");
-    auto file = std::make_shared<io::ActivationFile>(io::read_activation_file(a.activations));
-    r.source.n_layers = std::min<int64_t>(r.source.n_layers, file->meta.n_layers);
+    // One layer at a time from the file (read-only): a unit never holds more than its layer.
+    const std::filesystem::path file = a.activations;
+    const auto meta = std::make_shared<io::ActivationMeta>(io::read_activation_meta(file));
+    r.source.n_layers = std::min<int64_t>(r.source.n_layers, meta->n_layers);
     r.config["source"] = {{"kind", "activations"}, {"path", a.activations},
-                          {"provenance", file->meta.source}};
-    r.source.name = r.raw_source.name = std::filesystem::path(a.activations).stem().string();
-    r.source.load = [file](int64_t l, int64_t T) {
-      const auto& in = file->layers.at(l).inputs;
-      return prefix(in.q, in.k, in.v, T);
+                          {"provenance", meta->source}};
+    r.source.name = r.raw_source.name = file.stem().string();
+    r.source.load = [file, meta](int64_t l, int64_t T) {
+      const auto layer = io::read_activation_layer(file, *meta, l);
+      return prefix(layer.inputs.q, layer.inputs.k, layer.inputs.v, T);
     };
     r.raw_source = r.source;
-    r.raw_source.load = [file](int64_t l, int64_t T) {
-      const auto& L = file->layers.at(l);
-      if (L.q_unrotated.empty())
+    r.raw_source.load = [file, meta](int64_t l, int64_t T) {
+      const auto layer = io::read_activation_layer(file, *meta, l);
+      if (layer.q_unrotated.empty())
         throw BadInput("activations: the file stores no q_unrotated/k_unrotated; "
                        "extrapolation needs the un-rotated vectors");
-      return prefix(L.q_unrotated, L.k_unrotated, L.inputs.v, T);
+      return prefix(layer.q_unrotated, layer.k_unrotated, layer.inputs.v, T);
     };
   } else {
     throw BadInput("source: one of synthetic, model, activations, got '" + r.source_kind + "'");
@@ -349,12 +355,36 @@ std::vector<analysis::StudyMechanism> mechanisms_of(const Resolved& r) {
   return out;
 }
 
+// The results file where this process holds the results; on MPI worker ranks a sink that is
+// never written (their units' results travel to rank 0, experiments/parallel/).
+class StudyResults {
+ public:
+  StudyResults(const std::filesystem::path& path, const io::Provenance& provenance) {
+    if (!parallel::holds_results()) return;
+    file_ = std::make_unique<ResultsFileSink>(path, provenance);
+    file_->set_attribute("", "mpi_ranks", static_cast<double>(parallel::ranks()));
+  }
+  analysis::ResultSink& sink() {
+    return file_ ? static_cast<analysis::ResultSink&>(*file_) : unused_;
+  }
+  void commit() {
+    if (file_) file_->commit();
+  }
+
+ private:
+  std::unique_ptr<ResultsFileSink> file_;
+  analysis::RecordingSink unused_;
+};
+
 io::Provenance provenance(const Resolved& r, const std::string& command) {
-  return {r.config, 0x5eed, command};
+  return {r.config, 0x5eed, command_line().empty() ? command : command_line()};
 }
 
 std::string out_path(const StudyArgs& a, const std::string& study) {
-  if (!a.out.empty()) return a.out;
+  if (!a.out.empty()) {
+    if (!a.activations.empty()) require_distinct_files(a.activations, "--activations", a.out, "--out");
+    return a.out;
+  }
   throw BadInput("--out: a results file path is needed for hils " + study);
 }
 
@@ -379,6 +409,7 @@ void register_study(CLI::App& app, const std::string& name, const std::string& d
   add_study_options(cmd, *args);
   cmd->callback([args, run] {
     const auto path = run(*args);
+    if (!parallel::holds_results()) return;
     std::cout << "results: " << path.string() << "\n";
     if (!args->plot) return;
     const auto folder = path.parent_path() / (path.stem().string() + "_plots");
@@ -416,12 +447,14 @@ std::filesystem::path run_fidelity(const StudyArgs& a) {
   analysis::FidelityOptions o;
   o.geometry = r.geometry, o.prior = r.prior, o.mechanisms = mechanisms_of(r);
   o.queries_per_unit = r.queries, o.keep_scores = r.keep_scores;
+  o.runner = &parallel::current_runner();
   const std::filesystem::path path = out_path(a, "fidelity");
-  ResultsFileSink sink(path, provenance(r, "hils fidelity"));
+  StudyResults results(path, provenance(r, "hils fidelity"));
+  auto& sink = results.sink();
   std::unique_ptr<ProgressBar> bar;
   const auto start = std::chrono::steady_clock::now();
   const auto report = analysis::run_fidelity_study(r.source, o, sink, progress_bar(bar, "fidelity"));
-  sink.commit();
+  results.commit();
   bar.reset();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   say(fmt::format("fidelity: {} units run, {} resumed, {:.1f} s -> {}", report.units_run,
@@ -441,12 +474,14 @@ std::filesystem::path run_overlap(const StudyArgs& a) {
   o.geometry = r.geometry, o.prior = r.prior;
   o.mechanism = analysis::study_mechanism(r.overlap_mechanism, r.prior.rule);
   o.block_sizes = r.block_sizes, o.final_block = r.final_block, o.tail_queries = r.tail_queries;
+  o.runner = &parallel::current_runner();
   const std::filesystem::path path = out_path(a, "overlap");
-  ResultsFileSink sink(path, provenance(r, "hils overlap"));
+  StudyResults results(path, provenance(r, "hils overlap"));
+  auto& sink = results.sink();
   std::unique_ptr<ProgressBar> bar;
   const auto start = std::chrono::steady_clock::now();
   const auto report = analysis::run_overlap_study(r.source, o, sink, progress_bar(bar, "overlap"));
-  sink.commit();
+  results.commit();
   bar.reset();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   say(fmt::format("overlap: {} units run, {} resumed, {:.1f} s -> {}", report.units_run,
@@ -460,6 +495,7 @@ std::filesystem::path run_extrapolation(const StudyArgs& a) {
   o.fidelity.geometry = r.geometry, o.fidelity.prior = r.prior;
   o.fidelity.mechanisms = mechanisms_of(r), o.fidelity.queries_per_unit = r.queries;
   o.fidelity.keep_scores = false;
+  o.fidelity.runner = &parallel::current_runner();
   for (const auto& name : r.encodings) {
     PositionalEncoding pe;
     pe.kind = parse_positional_kind(name, "encodings");
@@ -470,12 +506,13 @@ std::filesystem::path run_extrapolation(const StudyArgs& a) {
   }
   o.depths = r.depths, o.needle_logit = r.needle_logit;
   const std::filesystem::path path = out_path(a, "extrapolate");
-  ResultsFileSink sink(path, provenance(r, "hils extrapolate"));
+  StudyResults results(path, provenance(r, "hils extrapolate"));
+  auto& sink = results.sink();
   std::unique_ptr<ProgressBar> bar;
   const auto start = std::chrono::steady_clock::now();
   const auto report =
       analysis::run_extrapolation_study(r.raw_source, o, sink, progress_bar(bar, "extrapolate"));
-  sink.commit();
+  results.commit();
   bar.reset();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   say(fmt::format("extrapolate: {} units run, {} resumed, {:.1f} s -> {}", report.units_run,
@@ -497,7 +534,7 @@ std::vector<std::filesystem::path> draw_plots(const std::filesystem::path& resul
       "plot_study.py";
   if (!std::filesystem::exists(script))
     throw BadInput(script.string() + ": plotting script not found (set HILS_PLOTS_DIR)");
-  std::filesystem::create_directories(folder);
+  make_output_folder(folder, "plots");
   const auto list = folder / ".plots.txt";
   const std::string command = fmt::format("/usr/bin/python3 '{}' '{}' --out '{}' --list '{}'",
                                           script.string(), results.string(), folder.string(),
@@ -535,7 +572,7 @@ void register_studies(CLI::App& app) {
   cmd->add_flag("--no-model", *skip_model, "skip the real-model runs");
   cmd->callback([out, model_dir, skip_model] {
     const std::filesystem::path folder = *out;
-    std::filesystem::create_directories(folder);
+    make_output_folder(folder, "--out");
     const auto start = std::chrono::steady_clock::now();
     std::vector<std::filesystem::path> files;
     studies::StudyArgs a;
@@ -563,6 +600,7 @@ void register_studies(CLI::App& app) {
       std::cerr << "studies: no real model at " << data.string()
                 << " (stories260K.bin); skipping the real-model runs\n";
     }
+    if (!parallel::holds_results()) return;
     std::vector<std::filesystem::path> pngs;
     for (const auto& f : files)
       for (const auto& p : studies::draw_plots(f, folder / "plots")) pngs.push_back(p);

@@ -38,7 +38,7 @@ py::array require_array(const std::string& name, const py::handle& object) {
   if (!py::isinstance<py::array>(object))
     throw py::type_error(message(name, "a numpy array",
                                  "an object of type " +
-                                     py::str(object.get_type().attr("__name__")).cast<std::string>()));
+                                     py::str(py::type::handle_of(object).attr("__name__")).cast<std::string>()));
   return py::reinterpret_borrow<py::array>(object);
 }
 

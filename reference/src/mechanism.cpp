@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "blocks.hpp"
@@ -98,32 +99,6 @@ struct HeadBlock {
   Matrix<Scalar> scores;  // s_hat, [n x n_chunks]
 };
 
-// Fuses one query row of one head from its window and the group's selection (Eq. 3, 10).
-template <class Scalar>
-void fuse_row(const MechanismSpec& spec, const HeadBlock<Scalar>& hb, int64_t i,
-              const int32_t* selected, const Matrix<Scalar>& k, const Matrix<Scalar>& v,
-              const Geometry& geometry, Scalar scale, HeadOutputs<Scalar>& head, int64_t row) {
-  const int64_t K = spec.K;
-  const bool flat = spec.fusion == Fusion::flat;
-  // logits: the selected chunks', the window's, and the optional zero logit.
-  Vector<Scalar> logits = Vector<Scalar>::Constant(K + 2, neg_inf<Scalar>());
-  Matrix<Scalar> chunk_out = Matrix<Scalar>::Zero(K, v.cols());
-  for (int64_t s = 0; s < K && selected[s] >= 0; ++s) {
-    auto chunk = detail::attend_chunk<Scalar>(hb.q_rows.row(i).transpose(), k, v, selected[s],
-                                              geometry, scale);
-    logits(s) = flat ? chunk.log_mass : hb.scores(i, selected[s]);
-    chunk_out.row(s) = chunk.o.transpose();
-  }
-  logits(K) = hb.window.lse(i);
-  if (spec.softmax1) logits(K + 1) = Scalar(0);
-  const Scalar top = logits.maxCoeff();
-  const Scalar lse = top + std::log((logits.array() - top).exp().sum());
-  Vector<Scalar> weights = (logits.array() - lse).exp().matrix();
-  head.lse(row) = lse;
-  head.fusion_weights.row(row) = weights.transpose();
-  head.o.row(row) = weights.head(K).transpose() * chunk_out + weights(K) * hb.window.o.row(i);
-}
-
 // Selecting mechanisms: independent (KV group, block) units; heads of a group share selection.
 template <class Scalar>
 void run_selecting(const MechanismSpec& spec, const AttentionInputs<Scalar>& inputs,
@@ -173,21 +148,57 @@ void run_selecting(const MechanismSpec& spec, const AttentionInputs<Scalar>& inp
       detail::select_row(score_rows, lse_rows,
                          geometry.candidate_count(out.queries[static_cast<size_t>(row)]),
                          spec.group_rule, spec.K, selected);
-      for (int64_t j = 0; j < G; ++j)
-        fuse_row(spec, heads[static_cast<size_t>(j)], i, selected, k, v, geometry, scale,
-                 out.heads[static_cast<size_t>(g * G + j)], row);
+      for (int64_t j = 0; j < G; ++j) {
+        const HeadBlock<Scalar>& hb = heads[static_cast<size_t>(j)];
+        auto& head = out.heads[static_cast<size_t>(g * G + j)];
+        const FusionRow<Scalar> fusion_row{hb.q_rows.row(i).transpose(), selected, spec.K,
+                                           hb.scores.row(i).data(), hb.window.lse(i),
+                                           hb.window.o.row(i)};
+        fuse<Scalar>(spec, fusion_row, k, v, geometry, scale, head.o.row(row), head.lse(row),
+             head.fusion_weights.row(row));
+      }
     }
   });
 }
 
-}  // namespace
-
+// The largest |v| over every KV head (0 without values).
 template <class Scalar>
-MechanismOutputs<Scalar> run_mechanism(const MechanismSpec& spec,
+Scalar max_abs_value(const AttentionInputs<Scalar>& inputs) {
+  Scalar top = 0;
+  for (const auto& v : inputs.v)
+    if (v.size() > 0) top = std::max(top, v.cwiseAbs().maxCoeff());
+  return top;
+}
+
+// The power of two that brings `top` (the largest |v|) at least 2^64 below the largest Scalar,
+// or 1. The weighted sums over keys then cannot overflow (their weights sum to at most the key
+// count), and multiplying by a power of two is exact (reference/SEMANTICS.md, numerics).
+template <class Scalar>
+Scalar value_downscale(Scalar top) {
+  constexpr int kHeadroomBits = 64;
+  const int allowed = std::numeric_limits<Scalar>::max_exponent - 1 - kHeadroomBits;
+  if (top == 0 || std::ilogb(top) <= allowed) return Scalar(1);
+  return std::ldexp(Scalar(1), allowed - std::ilogb(top));
+}
+
+// Undoes value_downscale on the outputs that are linear in v. o is a convex combination of
+// rows of v, so |o| <= top: clamping to it first removes only the rounding of the weights
+// (their sum can be 1 + ulp), which would otherwise overflow o when |v| is the largest Scalar.
+template <class Scalar>
+void upscale_values(MechanismOutputs<Scalar>& out, Scalar downscale, Scalar top) {
+  const Scalar up = Scalar(1) / downscale;  // a power of two: exact
+  const Scalar bound = top * downscale;     // exact, as |v| was scaled
+  for (auto& head : out.heads) {
+    for (auto* o : {&head.o, &head.o_window})
+      *o = o->cwiseMax(-bound).cwiseMin(bound) * up;
+  }
+}
+
+// run_mechanism after validation.
+template <class Scalar>
+MechanismOutputs<Scalar> run_validated(const MechanismSpec& spec,
                                        const AttentionInputs<Scalar>& inputs,
                                        const RunOptions& options) {
-  spec.validate();
-  inputs.validate(spec);
   const Geometry geometry = geometry_of(spec, inputs.T());
   const Scalar scale = static_cast<Scalar>(logit_scale(spec, inputs.d()));
   auto queries = detail::resolve_queries(options.queries, inputs.T());
@@ -210,6 +221,27 @@ MechanismOutputs<Scalar> run_mechanism(const MechanismSpec& spec,
   }
   run_selecting(spec, inputs, options, geometry, scale, blocks, summaries, out);
   return out;
+}
+
+}  // namespace
+
+template <class Scalar>
+MechanismOutputs<Scalar> run_mechanism(const MechanismSpec& spec,
+                                       const AttentionInputs<Scalar>& inputs,
+                                       const RunOptions& options) {
+  spec.validate();
+  inputs.validate(spec);
+  // Values near the top of the Scalar range: run on v scaled by an exact power of two and scale
+  // o back, so that o (a convex combination of rows of v) is the finite true output.
+  const Scalar top = max_abs_value(inputs);
+  if (const Scalar downscale = value_downscale(top); downscale != Scalar(1)) {
+    AttentionInputs<Scalar> scaled = inputs;
+    for (auto& v : scaled.v) v *= downscale;
+    MechanismOutputs<Scalar> out = run_validated(spec, scaled, options);
+    upscale_values(out, downscale, top);
+    return out;
+  }
+  return run_validated(spec, inputs, options);
 }
 
 template MechanismOutputs<float> run_mechanism<float>(const MechanismSpec&,

@@ -1,6 +1,7 @@
 #include "hils/spec.hpp"
 
 #include <array>
+#include <cmath>
 #include <sstream>
 #include <utility>
 
@@ -76,8 +77,8 @@ void MechanismSpec::validate() const {
   require(W >= 1, "W", "a window of at least 1 slot (W <= 0 is not a window)", std::to_string(W));
   require(K >= 0, "K", "a chunk count of at least 0", std::to_string(K));
   require(!landmarks || S >= 2, "S", "at least 2 when landmarks are on", std::to_string(S));
-  require(scale >= 0.0, "scale", "0 (meaning 1/sqrt(d)) or a positive logit scale",
-          std::to_string(scale));
+  require(std::isfinite(scale) && scale >= 0.0, "scale",
+          "0 (meaning 1/sqrt(d)) or a finite positive logit scale", std::to_string(scale));
   if (!selects()) return;
   require(key_rule != KeyRule::landmark_key || landmarks, "key_rule",
           "landmarks on for the landmark_key rule", "landmarks off");

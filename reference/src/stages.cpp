@@ -40,8 +40,8 @@ void require_key_shapes(const Matrix<Scalar>& q, const Matrix<Scalar>& k,
   require(q.rows() == geometry.T(), "q", std::to_string(geometry.T()) + " rows (T)",
           std::to_string(q.rows()));
   require(k.rows() == geometry.T() && k.cols() == q.cols(), "k",
-          "[" + std::to_string(geometry.T()) + " x " + std::to_string(q.cols()) + "]",
-          "[" + std::to_string(k.rows()) + " x " + std::to_string(k.cols()) + "]");
+          std::string("[") + std::to_string(geometry.T()) + " x " + std::to_string(q.cols()) + "]",
+          std::string("[") + std::to_string(k.rows()) + " x " + std::to_string(k.cols()) + "]");
 }
 
 template <class Scalar>
@@ -128,8 +128,8 @@ ChunkSummaries<Scalar> summarize(const Matrix<Scalar>& k, const Matrix<Scalar>& 
   const bool needs_p = key_rule == KeyRule::taylor || bias_rule == BiasRule::entropy;
   if (needs_p)
     require(prior.rows() == chunks && prior.cols() == k.cols(), "prior",
-            "[" + std::to_string(chunks) + " x " + std::to_string(k.cols()) + "]",
-            "[" + std::to_string(prior.rows()) + " x " + std::to_string(prior.cols()) + "]");
+            std::string("[") + std::to_string(chunks) + " x " + std::to_string(k.cols()) + "]",
+            std::string("[") + std::to_string(prior.rows()) + " x " + std::to_string(prior.cols()) + "]");
   ChunkSummaries<Scalar> out{Matrix<Scalar>(chunks, k.cols()), Vector<Scalar>::Zero(chunks)};
   for (int64_t c = 0; c < chunks; ++c) {
     const auto keys = k.middleRows(c * geometry.S(), tokens);
@@ -187,8 +187,8 @@ IndexMatrix select_chunks(const std::vector<Matrix<Scalar>>& scores,
   for (size_t h = 0; h < scores.size(); ++h) {
     require(scores[h].rows() == n && scores[h].cols() == geometry.n_chunks(),
             "scores[" + std::to_string(h) + "]",
-            "[" + std::to_string(n) + " x " + std::to_string(geometry.n_chunks()) + "]",
-            "[" + std::to_string(scores[h].rows()) + " x " + std::to_string(scores[h].cols()) + "]");
+            std::string("[") + std::to_string(n) + " x " + std::to_string(geometry.n_chunks()) + "]",
+            std::string("[") + std::to_string(scores[h].rows()) + " x " + std::to_string(scores[h].cols()) + "]");
     require(lse_window[h].size() == n, "lse_window[" + std::to_string(h) + "]",
             std::to_string(n) + " entries", std::to_string(lse_window[h].size()));
   }

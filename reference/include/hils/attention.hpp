@@ -19,8 +19,8 @@ struct AttentionInputs {
   std::vector<Matrix<Scalar>> k;            // Hkv x [T x d]
   std::vector<Matrix<Scalar>> v;            // Hkv x [T x dv]
   std::vector<Matrix<Scalar>> q_retrieval;  // empty (q~ = q) or Hq x [T x d]
-  std::vector<Matrix<Scalar>> prior;        // PriorRule::shared: Hq x [1 x d] (or n_chunks rows);
-                                            // PriorRule::given: Hq x [n_chunks x d]
+  std::vector<Matrix<Scalar>> prior;        // PriorRule::shared: Hq x [1 x d] (or n_chunks rows
+                                            // once positioned); PriorRule::given: Hq x [n_chunks x d]
 
   int64_t Hq() const { return static_cast<int64_t>(q.size()); }
   int64_t Hkv() const { return static_cast<int64_t>(k.size()); }
@@ -35,8 +35,16 @@ struct AttentionInputs {
   void validate(const MechanismSpec& spec) const;
 };
 
-// Rotates q, k, q~ by the geometry's position ids, and turns a 1-row shared prior into one row
-// per chunk rotated at the position id of slot (c+1)S-1 (SPEC §8).
+// Rotates q, k, q~ by the geometry's position ids. The prior follows `prior_rule`, never its
+// row count: under PriorRule::shared each head's 1-row prior becomes one row per chunk rotated at
+// the position id of slot (c+1)S-1; a given prior is left as given (reference/SEMANTICS.md,
+// Positional encodings).
+template <class Scalar>
+AttentionInputs<Scalar> apply_positional_encoding(const AttentionInputs<Scalar>& raw,
+                                                  const Geometry& geometry,
+                                                  const PositionalEncoding& pe,
+                                                  PriorRule prior_rule);
+// The same for inputs without a prior (throws InvalidArgument naming `prior` otherwise).
 template <class Scalar>
 AttentionInputs<Scalar> apply_positional_encoding(const AttentionInputs<Scalar>& raw,
                                                   const Geometry& geometry,
@@ -138,6 +146,26 @@ IndexMatrix select_chunks(const std::vector<Matrix<Scalar>>& scores,
                           const std::vector<Vector<Scalar>>& lse_window, GroupRule rule,
                           int64_t K, const Geometry& geometry,
                           const std::vector<int64_t>& queries);
+
+// One query row of one head as the fusion stage sees it.
+template <class Scalar>
+struct FusionRow {
+  Eigen::Ref<const Vector<Scalar>> q;  // the query q_t [d] (attention inside each chunk)
+  const int32_t* selected;             // the K selected chunks, -1 for padding (anywhere)
+  int64_t K;
+  const Scalar* scores;  // s_hat(t, .) [n_chunks]: the hierarchical fusion's chunk logits;
+                         // unread (may be null) for flat fusion
+  Scalar lse_window;     // lse_swa(t)
+  Eigen::Ref<const RowVector<Scalar>> o_window;  // o_swa(t) [dv]
+};
+// Fusion stage (SPEC §6): attends each selected chunk, then one softmax over [chunk logits,
+// lse_swa (, 0 with softmax1)] where a chunk's logit is its exact log-mass L (flat, Eq. 3) or
+// s_hat (hierarchical, Eq. 10). Writes o [dv], lse and the K+2 fusion weights (0 for padding).
+// The one implementation: run_mechanism and the oracle's forced fusion both call it.
+template <class Scalar>
+void fuse(const MechanismSpec& spec, const FusionRow<Scalar>& row, const Matrix<Scalar>& k,
+          const Matrix<Scalar>& v, const Geometry& geometry, Scalar scale,
+          Eigen::Ref<RowVector<Scalar>> o, Scalar& lse, Eigen::Ref<RowVector<Scalar>> weights);
 
 // The whole mechanism over all heads (OpenMP over independent (group, query-block) units;
 // the same bits for any number of threads).

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "hils/attention.hpp"
+#include "hils/backward.hpp"
 #include "hils/geometry.hpp"
 #include "hils/positional.hpp"
 #include "hils/spec.hpp"

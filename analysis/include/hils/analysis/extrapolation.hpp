@@ -39,6 +39,9 @@ struct ExtrapolationOptions {
 // "needle/<E>/T<T>" (see the header comment) and marks it complete.
 void run_needle_unit(const AttentionInputs<double>& raw, const NamedEncoding& encoding,
                      const ExtrapolationOptions& options, ResultSink& sink);
+// The same without marking the unit complete (its runner does that).
+void write_needle_unit(const AttentionInputs<double>& raw, const NamedEncoding& encoding,
+                       const ExtrapolationOptions& options, ResultSink& sink);
 
 struct ExtrapolationReport {
   int64_t units_run = 0, units_skipped = 0;

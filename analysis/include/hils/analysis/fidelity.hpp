@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "hils/analysis/study.hpp"
+#include "hils/analysis/units.hpp"
 
 namespace hils::analysis {
 
@@ -37,6 +38,7 @@ struct FidelityOptions {
   double kl_tolerance = 1e-8;  // max |gap - KL| accepted by the SPEC §4 check
   double confidence = 0.95;
   std::string prefix;          // prepended to every path (e.g. "rope/" in extrapolation)
+  UnitRunner* runner = nullptr;  // how the units run; nullptr: one after another here
 };
 
 // Per-query metric names, in the order written.
@@ -52,6 +54,9 @@ struct FidelityReport {
 // complete. Returns the unit's Taylor/KL check (worst over its heads).
 KlCheck run_fidelity_unit(const AttentionInputs<double>& inputs, int64_t layer, int64_t g,
                           const FidelityOptions& options, ResultSink& sink);
+// The same without marking the unit complete (its runner does that).
+KlCheck write_fidelity_unit(const AttentionInputs<double>& inputs, int64_t layer, int64_t g,
+                            const FidelityOptions& options, ResultSink& sink);
 
 // Every (length, layer, group) of the source, skipping units already complete, then the
 // summaries (skipped when "summary" is already complete).

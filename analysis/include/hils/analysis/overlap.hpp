@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "hils/analysis/study.hpp"
+#include "hils/analysis/units.hpp"
 
 namespace hils::analysis {
 
@@ -29,6 +30,7 @@ struct OverlapOptions {
   int64_t final_block = 16;
   int64_t tail_queries = 256;  // adjacent real-token queries at the end of each context
   double confidence = 0.95;
+  UnitRunner* runner = nullptr;  // how the units run; nullptr: one after another here
 };
 
 // Overlap metrics of one [Tq x K] selection (rows = adjacent queries, ascending).

@@ -1,0 +1,150 @@
+#include "parallel/mpi_runner.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstring>
+#include <chrono>
+#include <map>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "parallel/record_codec.hpp"
+
+namespace hils::parallel {
+
+namespace {
+
+using analysis::RecordingSink;
+using analysis::StudyUnit;
+
+// Message kinds. Worker -> rank 0: "give me a unit", carrying the finished unit's records when
+// there is one.
+constexpr int kReady = 1;
+// Rank 0 -> worker: the index of the next unit, or -1: no more units in this run() call.
+constexpr int kAssign = 2;
+// Worker -> rank 0: [uint64 unit index][char kBadInput or kOtherFailure] then the message.
+constexpr int kFailure = 3;
+
+// The tag of a kind in the `call`-th run() (every rank makes the same calls): a worker that
+// already went on to the next call must not be taken for one still in this call.
+int tag(int kind, int64_t call) { return kind + 4 * static_cast<int>(call % 8000); }
+constexpr int64_t kNoMoreUnits = -1;
+constexpr char kBadInput = 'B', kOtherFailure = 'E';
+
+std::vector<char> receive_bytes(const MPI_Status& probed) {
+  int count = 0;
+  MPI_Get_count(&probed, MPI_CHAR, &count);
+  std::vector<char> bytes(static_cast<size_t>(count));
+  MPI_Recv(bytes.data(), count, MPI_CHAR, probed.MPI_SOURCE, probed.MPI_TAG, MPI_COMM_WORLD,
+           MPI_STATUS_IGNORE);
+  return bytes;
+}
+
+void send_bytes(const std::vector<char>& bytes, int message_tag) {
+  MPI_Send(bytes.data(), static_cast<int>(bytes.size()), MPI_CHAR, 0, message_tag,
+           MPI_COMM_WORLD);
+}
+
+}  // namespace
+
+analysis::UnitsDone MpiUnitRunner::run(const std::vector<StudyUnit>& units,
+                                       analysis::ResultSink& sink,
+                                       const analysis::Progress& progress) {
+  ++calls_;
+  if (rank_ == 0) return coordinate(units, sink, progress);
+  work(units);
+  return {};
+}
+
+analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& units,
+                                              analysis::ResultSink& sink,
+                                              const analysis::Progress& progress) {
+  analysis::UnitsDone done;
+  // Handed out and written in the same order as one process runs them.
+  const std::vector<size_t> pending = analysis::schedule_order(units, sink);
+  const std::vector<size_t>& hand_out = pending;
+  done.skipped = static_cast<int64_t>(units.size() - pending.size());
+  size_t next_out = 0, next_write = 0;
+  std::map<size_t, RecordingSink> arrived;  // finished, waiting for their turn to be written
+  int stopped = 0;
+  while (stopped < size_ - 1) {
+    int flag = 0;
+    MPI_Status status;
+    MPI_Iprobe(MPI_ANY_SOURCE, tag(kFailure, calls_), MPI_COMM_WORLD, &flag, &status);
+    if (!flag) MPI_Iprobe(MPI_ANY_SOURCE, tag(kReady, calls_), MPI_COMM_WORLD, &flag, &status);
+    if (!flag) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    const auto bytes = receive_bytes(status);
+    const int worker = status.MPI_SOURCE;
+    if (status.MPI_TAG == tag(kFailure, calls_)) {
+      uint64_t unit = 0;
+      std::memcpy(&unit, bytes.data(), sizeof unit);
+      const char kind = bytes.at(sizeof unit);
+      const std::string message = "rank " + std::to_string(worker) + " failed on unit " +
+                                  (unit < units.size() ? units[unit].path : "?") + ": " +
+                                  std::string(bytes.begin() + sizeof unit + 1, bytes.end());
+      // Bad input stays bad input (exit code 2), as in one process.
+      if (kind == kBadInput) throw InvalidArgument(message);
+      throw std::runtime_error(message);
+    }
+    if (!bytes.empty()) {
+      uint64_t unit = 0;
+      auto records = decode_unit(bytes, unit);
+      arrived.emplace(static_cast<size_t>(unit), std::move(records));
+      // Write every unit whose turn has come, in schedule order, as one process would.
+      while (next_write < pending.size() && arrived.count(pending[next_write])) {
+        const size_t i = pending[next_write++];
+        arrived.at(i).replay(sink);
+        arrived.erase(i);
+        sink.mark_complete(units[i].path);
+        done.ran.push_back(i);
+        if (progress)
+          progress(static_cast<int64_t>(next_write), static_cast<int64_t>(pending.size()));
+      }
+    }
+    int64_t assign = kNoMoreUnits;
+    if (next_out < hand_out.size()) assign = static_cast<int64_t>(hand_out[next_out++]);
+    else ++stopped;
+    MPI_Send(&assign, 1, MPI_INT64_T, worker, tag(kAssign, calls_), MPI_COMM_WORLD);
+  }
+  if (next_write != pending.size())
+    throw std::logic_error("MPI coordinator: " + std::to_string(pending.size() - next_write) +
+                           " units were handed out but never returned");
+  return done;
+}
+
+void MpiUnitRunner::work(const std::vector<StudyUnit>& units) {
+  std::vector<char> finished;  // empty: the first request carries no unit
+  for (;;) {
+    send_bytes(finished, tag(kReady, calls_));
+    int64_t assign = kNoMoreUnits;
+    MPI_Recv(&assign, 1, MPI_INT64_T, 0, tag(kAssign, calls_), MPI_COMM_WORLD,
+             MPI_STATUS_IGNORE);
+    if (assign == kNoMoreUnits) return;
+    const auto i = static_cast<size_t>(assign);
+    RecordingSink records;
+    try {
+      units.at(i).work(records);
+    } catch (const std::exception& e) {
+      std::vector<char> failure(sizeof(uint64_t));
+      const uint64_t unit = i;
+      std::memcpy(failure.data(), &unit, sizeof unit);
+      failure.push_back(dynamic_cast<const InvalidArgument*>(&e) ? kBadInput : kOtherFailure);
+      const std::string message = e.what();
+      failure.insert(failure.end(), message.begin(), message.end());
+      send_bytes(failure, tag(kFailure, calls_));
+      // Rank 0 ends the job; this rank waits for that instead of running on without a unit.
+      MPI_Recv(&assign, 1, MPI_INT64_T, 0, tag(kAssign, calls_), MPI_COMM_WORLD,
+               MPI_STATUS_IGNORE);
+      throw;
+    }
+    finished = encode_unit(i, records);
+  }
+}
+
+}  // namespace hils::parallel

@@ -1,0 +1,41 @@
+// Units shared among MPI ranks: rank 0 coordinates and writes, ranks 1..N-1 compute.
+//
+// Why a coordinator and not a shared counter (MPI one-sided fetch-and-add): results must reach
+// one writer anyway, so the coordinator that receives a unit's results answers the same message
+// with the next unit; it needs no one-sided progress guarantees (which OpenMPI gives only with
+// shared memory or RDMA hardware) and hands units out largest-first (estimated cost T^2), the
+// classic longest-processing-time rule, so that the last units to finish are the small ones.
+// Rank 0 computes nothing: it waits in MPI_Iprobe with a 1 ms sleep (near-idle), so start one
+// rank more than the cores you want computing.
+//
+// Same file for any N: workers record a unit's writes (analysis::RecordingSink) and send them
+// to rank 0, which replays them into the results sink in analysis::schedule_order (holding
+// early arrivals; the hand-out order is the same, so few wait) and marks each complete, which
+// checkpoints the file, exactly as one process does.
+//
+// A failing unit on a worker (any exception: bad input found late, out of memory) is sent to
+// rank 0, which throws "rank R failed on unit U: ..." (the results writer then discards its
+// uncommitted temporary; the last checkpoint stays) and the session aborts the job.
+#pragma once
+
+#include "hils/analysis/units.hpp"
+
+namespace hils::parallel {
+
+class MpiUnitRunner final : public analysis::UnitRunner {
+ public:
+  MpiUnitRunner(int rank, int size) : rank_(rank), size_(size) {}
+  analysis::UnitsDone run(const std::vector<analysis::StudyUnit>& units,
+                          analysis::ResultSink& sink,
+                          const analysis::Progress& progress) override;
+  bool holds_results() const override { return rank_ == 0; }
+
+ private:
+  analysis::UnitsDone coordinate(const std::vector<analysis::StudyUnit>& units,
+                                 analysis::ResultSink& sink, const analysis::Progress& progress);
+  void work(const std::vector<analysis::StudyUnit>& units);
+  int rank_, size_;
+  int64_t calls_ = 0;  // run() calls so far: a study may run several unit lists in turn
+};
+
+}  // namespace hils::parallel

@@ -1,0 +1,81 @@
+#include "parallel/session.hpp"
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#ifdef HILS_WITH_MPI
+#include <mpi.h>
+
+#include "parallel/mpi_runner.hpp"
+#endif
+
+namespace hils::parallel {
+
+namespace {
+
+Session* g_session = nullptr;
+
+// Set by mpirun (OpenMPI), srun/PMIx and MPICH's hydra: only then is MPI initialized, so that
+// a plain `hils ...` never touches the MPI runtime.
+bool launched_by_mpi() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"})
+    if (std::getenv(name)) return true;
+  return false;
+}
+
+}  // namespace
+
+bool built_with_mpi() {
+#ifdef HILS_WITH_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+Session::Session(int& argc, char**& argv) {
+#ifdef HILS_WITH_MPI
+  if (launched_by_mpi()) {
+    MPI_Init(&argc, &argv);
+    mpi_ = true;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    if (size_ > 1) runner_ = std::make_unique<MpiUnitRunner>(rank_, size_);
+  }
+#else
+  (void)argc, (void)argv;
+#endif
+  g_session = this;
+}
+
+Session::~Session() {
+  g_session = nullptr;
+#ifdef HILS_WITH_MPI
+  if (!mpi_) return;
+  if (failed_ && size_ > 1) {
+    // Let mpirun forward this rank's message before the abort tears the job down.
+    std::cerr.flush();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+#endif
+}
+
+analysis::UnitRunner& Session::runner() {
+  return runner_ ? *runner_ : static_cast<analysis::UnitRunner&>(analysis::serial_runner());
+}
+
+Session* Session::current() { return g_session; }
+
+analysis::UnitRunner& current_runner() {
+  return g_session ? g_session->runner() : analysis::serial_runner();
+}
+
+bool holds_results() { return !g_session || g_session->holds_results(); }
+
+int ranks() { return g_session ? g_session->size() : 1; }
+
+}  // namespace hils::parallel

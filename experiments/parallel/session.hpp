@@ -1,0 +1,52 @@
+// Where this process runs: alone, or as one rank of `mpirun -n N hils ...`. One Session lives
+// in main(); the study commands ask it for their UnitRunner.
+//
+// Built with MPI (OpenMPI found at configure time) and started by mpirun/srun with N > 1 ranks,
+// rank 0 is the coordinator and the only writer of results; ranks 1..N-1 compute units (see
+// mpi_runner.hpp). Otherwise, with or without MPI built in, everything runs here, as before.
+#pragma once
+
+#include <memory>
+
+#include "hils/analysis/units.hpp"
+
+namespace hils::parallel {
+
+class Session {
+ public:
+  // Initializes MPI when built in and this process was started by an MPI launcher.
+  Session(int& argc, char**& argv);
+  ~Session();  // finalizes MPI (or aborts the job, see fail())
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // True on the process that opens, writes and reports the results file.
+  bool holds_results() const { return rank_ == 0; }
+  // The runner for a study's units: serial unless N > 1 ranks.
+  analysis::UnitRunner& runner();
+  // The command failed on this rank: with N > 1 ranks the destructor ends the whole job
+  // (MPI_Abort) instead of waiting for ranks that will never be answered.
+  void fail() { failed_ = true; }
+
+  // The one session of this process (nullptr before main created it, e.g. in tests).
+  static Session* current();
+
+ private:
+  int rank_ = 0, size_ = 1;
+  bool mpi_ = false, failed_ = false;
+  std::unique_ptr<analysis::UnitRunner> runner_;
+};
+
+// Whether this binary was built with MPI.
+bool built_with_mpi();
+
+// The runner of the current session, or the serial one when there is none.
+analysis::UnitRunner& current_runner();
+// Whether this process holds the results (true without a session).
+bool holds_results();
+// Ranks in this run (1 without a session).
+int ranks();
+
+}  // namespace hils::parallel
