@@ -126,7 +126,9 @@ std::vector<PowerRow> power_study(const MechanismSpec& spec, const AttentionInpu
   VerifyOptions options{claim.precision};
   options.score_precision = claim.score_precision;
   for (const auto& kind : bug_kinds()) {
-    PowerRow row{kind.name, kind.unit};
+    PowerRow row;
+    row.kind = kind.name;
+    row.unit = kind.unit;
     for (double size : kind.sizes) {
       const PlantedKernel planted = planted_kernel(kind, size, spec, inputs, claim);
       const Verdict verdict = verify(planted.declared, inputs, planted.outputs, options);
