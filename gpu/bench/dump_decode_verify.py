@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import bench_decode as bd  # noqa: E402
 import hils_ctypes as hc  # noqa: E402
 
-B, T, HQ, HKV, D, S, W, K = 2, 4100, 8, 2, 64, 64, 256, 8
+B, T, HQ, HKV, D, S, W, K = 2, 2052, 8, 2, 64, 64, 256, 8  # ~10 MB per file
 
 
 def main():
