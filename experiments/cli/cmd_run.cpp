@@ -8,6 +8,7 @@
 #include "cli/commands.hpp"
 #include "config/config.hpp"
 #include "io/activation_file.hpp"
+#include "io/hdf5_util.hpp"
 #include "io/results_file.hpp"
 #include "parallel/session.hpp"
 #include "util/progress.hpp"
@@ -268,6 +269,8 @@ nlohmann::json merged_config(const std::string& output, const RunPlan& plan,
 
 void run(const RunFlags& flags) {
   require_input_file(flags.input, "ACTIVATIONS");
+  require_distinct_files(flags.input, "ACTIVATIONS", flags.output, "--output");
+  io::require_writable_folder(flags.output);
   RunPlan plan = make_plan(flags);
   const io::ActivationMeta meta = io::read_activation_meta(flags.input);
   if (plan.layers.empty())
@@ -285,6 +288,9 @@ void run(const RunFlags& flags) {
 
   io::Provenance provenance{plan_json(plan, flags.input, meta.T),
                             static_cast<uint64_t>(plan.seed), command_line()};
+  // Held from before the old file is read until the new one is published: a second writer of
+  // this file (say another --resume) is refused instead of losing this run's units or its own.
+  io::OutputLock lock(flags.output, command_line());
   std::error_code ec;
   const bool resuming = flags.resume && std::filesystem::exists(flags.output, ec);
   if (resuming) provenance.config = merged_config(flags.output, plan, provenance.config);
