@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <random>
+#include <stdexcept>
 
 namespace hils::oracle::testing {
 
@@ -147,6 +148,13 @@ std::vector<PowerRow> power_study(const MechanismSpec& spec, const AttentionInpu
     rows.push_back(row);
   }
   return rows;
+}
+
+const PowerRow& row_of(const std::vector<PowerRow>& rows, const std::string& kind) {
+  // rows, kind name -> that kind's row.
+  for (const auto& r : rows)
+    if (r.kind == kind) return r;
+  throw std::logic_error("no bug kind " + kind);
 }
 
 int sixteen_caught(const std::vector<PowerRow>& rows, bool elementwise_only) {

@@ -59,6 +59,9 @@ struct PowerRow {
 std::vector<PowerRow> power_study(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                                   const Claim& claim);
 
+// The row of `kind` in a study's rows; throws std::logic_error when there is none.
+const PowerRow& row_of(const std::vector<PowerRow>& rows, const std::string& kind);
+
 // Issue 13's count over its sixteen bugs: each on/off kind, and the graded kinds at 0.1%, 0.3%
 // and 1%. Returns how many of the sixteen were caught.
 int sixteen_caught(const std::vector<PowerRow>& rows, bool elementwise_only = false);

@@ -16,12 +16,6 @@ using namespace hils::oracle::testing;
 
 namespace {
 
-const PowerRow& row_of(const std::vector<PowerRow>& rows, const std::string& kind) {
-  for (const auto& r : rows)
-    if (r.kind == kind) return r;
-  throw std::logic_error("no bug kind " + kind);
-}
-
 // A kernel that rounds to bf16 wherever one may: inputs; the summary weights p and keys k',
 // the bias b'; every s_hat; selects on those; fuses the rounded s_hat with a bf16-rounded
 // lse_swa; stores o and lse in bf16. o is the float reference's fusion of its selection.

@@ -32,6 +32,17 @@ TEST_CASE("mutation study in issue 13's setting (topics, T = 2048)", "[oracle][p
                                   std::to_string(sixteen) + "/16 caught (" +
                                   std::to_string(sixteen_caught(rows, true)) +
                                   "/16 without the mean test)", rows);
-    CHECK(sixteen >= (claim.precision == InputPrecision::fp32 ? 16 : 14));
+    // Measured (data/verify_format.md): 16, 14 and 13 of 16. Missed under bf16 inputs: value
+    // noise of 0.1% and 0.3% of max|v| (below bf16's resolution); under bf16 scores also a 0.1%
+    // logit scale (its shift of the mean lse is below 6 standard errors on 16384 rows).
+    INFO(claim.label());
+    CHECK(sixteen >= (claim.precision == InputPrecision::fp32           ? 16
+                      : claim.score_precision == InputPrecision::fp32 ? 14
+                                                                       : 13));
+    for (const char* kind : {"extra softmax1 logit", "missing softmax1 logit"})
+      CHECK(row_of(rows, kind).caught == 1);
+    const double logit_scale_caught = row_of(rows, "logit scale").smallest_caught;
+    CHECK(logit_scale_caught > 0);
+    CHECK(logit_scale_caught <= (claim.score_precision == InputPrecision::bf16 ? 0.3 : 0.03));
   }
 }
