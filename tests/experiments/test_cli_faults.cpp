@@ -199,7 +199,7 @@ TEST_CASE("study flags out of range are refused naming the flag and the expected
   CHECK_THAT(from_config.output, Catch::Contains("[geometry] S in"));
 }
 
-TEST_CASE("--source synthetic wins over a config that names the model", "[cli][faults]") {
+TEST_CASE("an explicit source synthetic flag wins over a config that names the model", "[cli][faults]") {
   TempDir dir("source_flag");
   // The model folder does not exist: running the model would fail (exit 2).
   std::ofstream(dir / "model.toml") << "[source]\nkind = \"model\"\n";
