@@ -127,7 +127,7 @@ void register_llama2c(CLI::App& dump) {
       "Prints the mean next-token NLL (about 1.276 nats/token for stories260K over the first\n"
       "128 tokens of tinystories_sample.txt). q and k are stored after RoPE, q_unrotated and\n"
       "k_unrotated before it; the model has no landmark slots, so landmarks are all 0.\n"
-      "Example:\n  hils dump llama2c -o acts.h5 --tokens 512");
+      "Example:\n  hils dump llama2c -o llama.h5 --tokens 512");
   cmd->callback([options] { dump_llama2c(*options); });
 }
 
@@ -180,7 +180,7 @@ void register_synthetic(CLI::App& dump) {
       "Statistical models: experiments/sources/synthetic.hpp.\nExamples:\n"
       "  hils dump synthetic -o flat.h5 --generator topics --logit-std 0.1 --seed 7\n"
       "  hils dump synthetic -o needle.h5 --generator needle -T 4096 --depth 0.25\n"
-      "  hils dump synthetic -o rope.h5 --positional rope --rope-pairing half -c synth.toml");
+      "  hils dump synthetic -o rope.h5 --positional rope --rope-pairing half -c experiments/configs/synthetic_example.toml");
   cmd->callback([flags] { dump_synthetic(*flags); });
 }
 
