@@ -240,3 +240,31 @@ TEST_CASE("the examples of hils --help, run, dump and info work as written", "[c
     CHECK(r.exit_code == 0);
   }
 }
+
+TEST_CASE("hils dump llama2c says and records a truncated text, and hashes its inputs",
+          "[cli][faults]") {
+  const auto data = hils::shared_data_dir();
+  if (!fs::exists(data / "stories260K.bin") || !fs::exists(data / "tok512.bin")) {
+    WARN("SKIPPED: no " << (data / "stories260K.bin").string());
+    return;
+  }
+  TempDir dir("dump_truncation");
+  auto cut = run_hils("dump llama2c --tokens 16 -o " + q(dir / "cut.h5"));
+  INFO(cut.output);
+  REQUIRE(cut.exit_code == 0);
+  CHECK_THAT(cut.output, Catch::Contains("kept its first 16 tokens"));
+  auto info = run_hils("info " + q(dir / "cut.h5") + " --json");
+  CHECK_THAT(info.output, Catch::Contains("\"text_truncated\": true"));
+  CHECK_THAT(info.output, Catch::Contains("\"model_fnv1a64\""));
+  CHECK_THAT(info.output, Catch::Contains("\"tokenizer_fnv1a64\""));
+  CHECK_THAT(info.output, Catch::Contains("\"hils_version\""));
+  // A text shorter than --tokens is kept whole and said to be so.
+  std::ofstream(dir / "short.txt") << "Once upon a time there was a cat.";
+  auto whole = run_hils("dump llama2c --tokens 128 --text " + q(dir / "short.txt") + " -o " +
+                        q(dir / "whole.h5"));
+  INFO(whole.output);
+  REQUIRE(whole.exit_code == 0);
+  CHECK_THAT(whole.output, !Catch::Contains("kept its first"));
+  CHECK_THAT(run_hils("info " + q(dir / "whole.h5") + " --json").output,
+             Catch::Contains("\"text_truncated\": false"));
+}
