@@ -268,3 +268,26 @@ TEST_CASE("hils dump llama2c says and records a truncated text, and hashes its i
   CHECK_THAT(run_hils("info " + q(dir / "whole.h5") + " --json").output,
              Catch::Contains("\"text_truncated\": false"));
 }
+
+TEST_CASE("hils plot of an interrupted study says the run is incomplete", "[cli][faults]") {
+  TempDir dir("plot_interrupted");
+  auto results = dir / "f.h5";
+  REQUIRE(run_hils("fidelity --out " + q(results) + " --lengths 1024 --layers 1 -q").exit_code ==
+          0);
+  auto finished = run_hils("plot " + q(results) + " --out " + q(dir / "done"));
+  INFO(finished.output);
+  CHECK(finished.exit_code == 0);
+  CHECK_THAT(finished.output, !Catch::Contains("the run is incomplete"));
+  {
+    // What an interrupted run leaves: units complete, the closing summary not yet.
+    H5::H5File file(results.string(), H5F_ACC_RDWR);
+    file.removeAttr("complete_units");
+    H5::StrType type(H5::PredType::C_S1, H5T_VARIABLE);
+    file.createAttribute("complete_units", type, H5::DataSpace(H5S_SCALAR))
+        .write(type, std::string("[\"T1024/layer0/group0\"]"));
+  }
+  auto partial = run_hils("plot " + q(results) + " --out " + q(dir / "partial"));
+  INFO(partial.output);
+  CHECK(partial.exit_code == 0);
+  CHECK_THAT(partial.output, Catch::Contains("the run is incomplete"));
+}
