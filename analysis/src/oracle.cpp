@@ -8,6 +8,7 @@
 #include <set>
 
 #include "hils/analysis/oracle.hpp"
+#include "oracle_gradients.hpp"
 
 namespace hils::oracle {
 
@@ -576,6 +577,30 @@ void compare_fused(const Context& ctx, const KernelOutputs& kernel,
                                              precision("fusion_weights"), "t", ctx.queries, n));
 }
 
+// ---- gradients ------------------------------------------------------------------------------
+
+// The kernel's gradients (oracle_gradients.cpp), the selection held at the kernel's own.
+void compare_backward(const Context& ctx, const KernelOutputs& kernel, Verdict& verdict) {
+  const KernelGradients& grads = kernel.gradients;
+  if (!grads.any_returned()) {
+    if (!grads.d_o.empty())
+      verdict.not_compared.push_back("inputs/do (no gradient of the kernel to compare it with)");
+    return;
+  }
+  require(!grads.d_o.empty(), "inputs/do",
+          "the upstream gradient the kernel's backward was given (required with gradients)",
+          "none");
+  require(static_cast<int64_t>(ctx.queries.size()) == ctx.inputs.T(), "queries",
+          "all T = " + std::to_string(ctx.inputs.T()) +
+              " slots when gradients are given (the backward sums over every query)",
+          std::to_string(ctx.queries.size()) + " slots");
+  const auto& selection =
+      ctx.spec.selects() && !kernel.selection.empty() ? kernel.selection : ctx.truth.selection;
+  for (auto& report : detail::compare_gradients(ctx.spec, ctx.inputs, ctx.inputs_float,
+                                                selection, grads, ctx.options))
+    verdict.tensors.push_back(std::move(report));
+}
+
 }  // namespace
 
 Verdict verify(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
@@ -592,6 +617,7 @@ Verdict verify(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
   compare_window(ctx, kernel, verdict);
   const auto selection = compare_selection(ctx, kernel, verdict.selection);
   compare_fused(ctx, kernel, selection, verdict);
+  compare_backward(ctx, kernel, verdict);
   verdict.passed = verdict.selection.passed;
   for (const auto& t : verdict.tensors) verdict.passed = verdict.passed && t.passed;
   if (verdict.tensors.empty() && !verdict.selection.compared) {

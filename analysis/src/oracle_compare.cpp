@@ -199,6 +199,16 @@ std::string Verdict::report() const {
   out << format("  %-18s %10s %10s %10s %10s %10s %9s %5s  %-24s %s\n", "tensor", "max_abs",
                 "max_rel", "nmse", "float_err", "tolerance", "headroom", "floor", "worst",
                 "verdict");
+  // Report order: the stages before the selection, the selection, the fused outputs, the
+  // gradients.
+  auto is_fused = [](const TensorReport& t) {
+    return t.name == "o" || t.name == "lse" || t.name == "fusion_weights";
+  };
+  auto is_gradient = [](const TensorReport& t) {
+    return t.name == "gradients" || t.name == "dq" || t.name == "dq_retrieval" ||
+           t.name == "dk" || t.name == "dv" || t.name == "dprior";
+  };
+  auto is_stage = [&](const TensorReport& t) { return !is_fused(t) && !is_gradient(t); };
   auto line = [&](const TensorReport& t) {
     out << format("  %-18s %10.3g %10.3g %10.3g %10.3g %10.3g %9.3g %5s  %-24s %s\n",
                   t.name.c_str(), t.max_abs, t.max_rel, t.nmse, t.baseline_max_abs, t.tolerance,
@@ -206,7 +216,7 @@ std::string Verdict::report() const {
                   t.passed ? "PASS" : "FAIL");
   };
   for (const auto& t : tensors)
-    if (t.name != "o" && t.name != "lse" && t.name != "fusion_weights") line(t);
+    if (is_stage(t)) line(t);
   if (selection.compared)
     out << format("  %-18s %lld rows, %lld differ, %lld accepted (max accepted margin %.3g, "
                   "largest bound used %.3g, float r error %.3g) %s\n", "selection",
@@ -215,17 +225,22 @@ std::string Verdict::report() const {
                   static_cast<long long>(selection.rows_accepted), selection.max_accepted_margin,
                   selection.bound, selection.baseline_r_error, selection.passed ? "PASS" : "FAIL");
   for (const auto& t : tensors)
-    if (t.name == "o" || t.name == "lse" || t.name == "fusion_weights") line(t);
-  // Problems in pipeline order: stages before the selection, the selection, the fused outputs.
+    if (is_fused(t)) line(t);
+  for (const auto& t : tensors)
+    if (is_gradient(t)) line(t);
+  for (const auto& what : not_compared) out << "  not compared: " << what << "\n";
+  // Problems in the same order.
   auto problems = [&](const TensorReport& t) {
     for (const auto& p : t.problems) out << "  FAIL: " << p << "\n";
     if (!t.diagnosis.empty()) out << "  diagnosis: " << t.name << " " << t.diagnosis << "\n";
   };
   for (const auto& t : tensors)
-    if (t.name != "o" && t.name != "lse" && t.name != "fusion_weights") problems(t);
+    if (is_stage(t)) problems(t);
   for (const auto& p : selection.problems) out << "  FAIL: " << p << "\n";
   for (const auto& t : tensors)
-    if (t.name == "o" || t.name == "lse" || t.name == "fusion_weights") problems(t);
+    if (is_fused(t)) problems(t);
+  for (const auto& t : tensors)
+    if (is_gradient(t)) problems(t);
   out << (passed ? "PASS" : "FAIL") << "\n";
   return out.str();
 }

@@ -2,6 +2,7 @@
 // oracle (reference in double and float) and prints a pass/fail report per tensor.
 // Exit 0 all pass, 1 a tensor or the selection fails, 2 the file is missing or malformed.
 #include <iostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -137,12 +138,65 @@ oracle::KernelOutputs read_outputs(const fs::path& file, const H5::H5File& h5) {
   return out;
 }
 
+// /inputs/do, /inputs/dlse (the upstream gradients) and /grads: the kernel's backward pass.
+oracle::KernelGradients read_gradients(const fs::path& file, const H5::H5File& h5) {
+  const H5::Group root = h5.openGroup("/");
+  oracle::KernelGradients grads;
+  if (io::has_object(root, "inputs/do"))
+    grads.d_o = read_heads(file, root, "inputs/do", {-1, -1, -1}, true);
+  if (io::has_object(root, "inputs/dlse")) {
+    grads.d_lse = read_head_vectors(file, root, "inputs/dlse");
+    for (const auto& x : grads.d_lse)
+      if (!x.allFinite()) io::fail(file, "inputs/dlse", "finite values", "NaN or Inf");
+  }
+  auto heads = [&](const char* name, std::vector<Matrix<double>>& target) {
+    const std::string path = std::string("grads/") + name;
+    if (io::has_object(root, path)) target = read_heads(file, root, path, {-1, -1, -1}, false);
+  };
+  heads("dq", grads.dq);
+  heads("dk", grads.dk);
+  heads("dv", grads.dv);
+  heads("dq_retrieval", grads.dq_retrieval);
+  heads("dprior", grads.dprior);
+  if (grads.any_returned() && grads.d_o.empty())
+    io::fail(file, "inputs/do", "the upstream gradient the kernel's backward was given (the file "
+             "holds /grads)", "no such dataset");
+  return grads;
+}
+
+// Every dataset of the format (data/verify_format.md); anything else in a file is named in the
+// report as not compared.
+const std::set<std::string> kKnownDatasets = {
+    "inputs/q", "inputs/k", "inputs/v", "inputs/q_retrieval", "inputs/prior", "inputs/do",
+    "inputs/dlse", "queries", "outputs/o", "outputs/lse", "outputs/selection",
+    "outputs/surrogate_scores", "outputs/summary_key", "outputs/summary_bias", "outputs/o_window",
+    "outputs/lse_window", "outputs/fusion_weights", "grads/dq", "grads/dk", "grads/dv",
+    "grads/dq_retrieval", "grads/dprior"};
+
+// Paths (relative, "grads/dfoo") of the objects under `group` the format does not define.
+void collect_unknown(const H5::Group& group, const std::string& prefix,
+                     std::vector<std::string>& unknown) {
+  for (hsize_t i = 0; i < group.getNumObjs(); ++i) {
+    const std::string name = group.getObjnameByIdx(i);
+    const std::string path = prefix.empty() ? name : prefix + "/" + name;
+    if (group.childObjType(name) == H5O_TYPE_GROUP) {
+      if (path == "inputs" || path == "outputs" || path == "grads")
+        collect_unknown(group.openGroup(name), path, unknown);
+      else
+        unknown.push_back("/" + path + " (a group the format does not define)");
+    } else if (!kKnownDatasets.count(path)) {
+      unknown.push_back("/" + path + " (a dataset the format does not define)");
+    }
+  }
+}
+
 struct VerifyFile {
   MechanismSpec spec;
   oracle::VerifyOptions options;
   AttentionInputs<double> inputs;
   oracle::KernelOutputs outputs;
   std::string kernel_name;
+  std::vector<std::string> unknown;  // datasets and groups the oracle does not read
 };
 
 VerifyFile read_verify_file(const fs::path& file) {
@@ -173,13 +227,16 @@ VerifyFile read_verify_file(const fs::path& file) {
     io::require_dims(file, "queries", ds, {-1}, "(queries)");
     v.options.queries = io::read_int64s(ds);
   }
-  if (!io::has_object(root, "outputs"))
-    io::fail(file, "outputs", "a group of kernel outputs (at least o)", "nothing");
-  v.outputs = read_outputs(file, h5);
+  if (!io::has_object(root, "outputs") && !io::has_object(root, "grads"))
+    io::fail(file, "outputs", "a group of kernel outputs (at least o) or of gradients (grads)",
+             "nothing");
+  if (io::has_object(root, "outputs")) v.outputs = read_outputs(file, h5);
+  v.outputs.gradients = read_gradients(file, h5);
+  collect_unknown(root, "", v.unknown);
   return v;
 }
 
-void run_verify(const std::string& path, int64_t max_messages) {
+void run_verify(const std::string& path, int64_t max_messages, bool strict) {
   VerifyFile v = read_verify_file(path);
   v.options.max_messages = max_messages;
   oracle::Verdict verdict;
@@ -189,9 +246,13 @@ void run_verify(const std::string& path, int64_t max_messages) {
     // Invalid inputs, spec or queries: the file is bad, not the kernel.
     throw io::FileError(path + ": " + e.what());
   }
+  for (const auto& what : v.unknown) verdict.not_compared.push_back(what);
   std::cout << path << (v.kernel_name.empty() ? "" : " (kernel " + v.kernel_name + ")") << "\n"
             << verdict.report();
   if (!verdict.passed) throw CheckFailed(path + ": the kernel's outputs fail the oracle");
+  if (strict && !verdict.not_compared.empty())
+    throw io::FileError(path + ": --strict: " + std::to_string(verdict.not_compared.size()) +
+                        " item(s) not compared, first " + verdict.not_compared.front());
 }
 
 }  // namespace
@@ -203,14 +264,20 @@ void register_verify(CLI::App& app) {
   static int64_t max_messages = 8;
   cmd->add_option("file", path, "HDF5 file with inputs, spec and the kernel's outputs")
       ->required();
+  static bool strict = false;
   cmd->add_option("--max-messages", max_messages, "problems listed per tensor")
       ->check(CLI::PositiveNumber);
+  cmd->add_flag("--strict", strict,
+                "fail (exit 2) when the file holds anything the oracle did not compare");
   cmd->footer(
       "Recomputes every stage the file holds with the reference in double (truth) and float\n"
       "(baseline); a tensor passes when its max abs error <= 2 x float's + a rounding floor;\n"
-      "selections are compared as sets with a margin bound. Exit 0 pass, 1 fail, 2 bad file.\n"
+      "selections are compared as sets with a margin bound; gradients (/grads, with\n"
+      "/inputs/do) against the fp64 backward with the kernel's selection held fixed.\n"
+      "Anything not compared is named in the report (an error with --strict).\n"
+      "Exit 0 pass, 1 fail, 2 bad file (or, with --strict, something not compared).\n"
       "Example: hils verify kernel_dump.h5");
-  cmd->callback([] { run_verify(path, max_messages); });
+  cmd->callback([] { run_verify(path, max_messages, strict); });
 }
 
 }  // namespace hils::cli

@@ -75,7 +75,8 @@ def _inputs(q, k, v, q_retrieval, prior):
 
 
 def verify(spec, q, k, v, outputs, *, input_precision="fp32", score_precision="fp32",
-           q_retrieval=None, prior=None, queries=None, kernel=None, max_messages=8):
+           q_retrieval=None, prior=None, queries=None, kernel=None, max_messages=8,
+           do=None, dlse=None, grads=None):
     """Judges a kernel's outputs against the reference in double (truth) and float (baseline).
 
     spec: a dict with the verify file's spec keys ({"preset": "nsa", "S": 64, "W": 512, ...}).
@@ -83,6 +84,10 @@ def verify(spec, q, k, v, outputs, *, input_precision="fp32", score_precision="f
     input_precision / score_precision: "fp32" or "bf16" (data/verify_format.md).
     queries: the query slots computed (strictly ascending), when not all T.
     kernel: a name for the report. max_messages: problems listed per tensor.
+    do, dlse, grads: a backward kernel's upstream gradients do [Hq, T, dv] (dlse [Hq, T]
+    optional) and its gradients {"dq", "dk", "dv", "dq_retrieval", "dprior": array}, judged
+    against the fp64 backward with the kernel's outputs["selection"] held fixed (the verify
+    file's /inputs/do, /inputs/dlse, /grads; data/verify_format.md "Gradients").
     Returns a Report: .passed, .tensors[name] (max_abs, max_rel, nmse, tolerance, headroom,
     passed, ...), .selection (rows_differing, rows_accepted, max_accepted_margin, bound, ...);
     str(report) is the text `hils verify` prints below the line naming the file.
@@ -96,12 +101,19 @@ def verify(spec, q, k, v, outputs, *, input_precision="fp32", score_precision="f
     for name, array in outputs.items():
         label = f"outputs[{name!r}]"
         kernel_outputs[name] = None if array is None else as_numpy(array, label)
+    if grads is not None and not isinstance(grads, Mapping):
+        raise TypeError(f"grads: expected a dict of arrays such as {{\"dq\": dq}}, "
+                        f"found {type(grads).__name__}")
+    kernel_grads = {name: (None if a is None else as_numpy(a, f"grads[{name!r}]"))
+                    for name, a in (grads or {}).items()}
     return _core.verify(
         _spec_json(spec), _inputs(q, k, v, q_retrieval, prior), kernel_outputs,
         _text(input_precision, "input_precision", '"fp32" or "bf16"'),
         _text(score_precision, "score_precision", '"fp32" or "bf16"'),
         None if queries is None else as_numpy(queries, "queries"), int(max_messages),
-        "" if kernel is None else _text(kernel, "kernel", "a name (str)"))
+        "" if kernel is None else _text(kernel, "kernel", "a name (str)"),
+        None if do is None else as_numpy(do, "do"), None if dlse is None else as_numpy(dlse, "dlse"),
+        kernel_grads)
 
 
 def reference(spec, q, k, v, *, q_retrieval=None, prior=None, queries=None):

@@ -2,6 +2,7 @@
 // (python/hils) wraps these functions; users call hils.verify, hils.reference and
 // hils.testing.assert_kernel_matches. Every computation runs the same C++ code as `hils
 // verify`: the spec codec, the reference and oracle::verify with its report text.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,35 @@ oracle::KernelOutputs outputs_from_dict(const py::dict& outputs) {
   return out;
 }
 
+// The gradient names of the verify file's /grads (data/verify_format.md "Gradients").
+const std::vector<std::string>& gradient_names() {
+  static const std::vector<std::string> names = {"dq", "dk", "dv", "dq_retrieval", "dprior"};
+  return names;
+}
+
+// do, dlse (None or arrays) and {name: array or None} of gradients -> the kernel's backward.
+oracle::KernelGradients gradients_from(const py::object& d_o, const py::object& d_lse,
+                                       const py::dict& grads) {
+  oracle::KernelGradients out;
+  const ArrayShape heads{{-1, -1, -1}, "(heads, rows, columns)"}, vectors{{-1, -1}, "(heads, rows)"};
+  if (!d_o.is_none()) out.d_o = heads_from_array("do", d_o, heads, true);
+  if (!d_lse.is_none()) out.d_lse = vectors_from_array("dlse", d_lse, vectors, true);
+  std::vector<Matrix<double>>* targets[] = {&out.dq, &out.dk, &out.dv, &out.dq_retrieval,
+                                            &out.dprior};
+  for (const auto& item : grads) {
+    const std::string key = py::str(item.first).cast<std::string>();
+    const auto& names = gradient_names();
+    const auto it = std::find(names.begin(), names.end(), key);
+    if (it == names.end())
+      throw InvalidArgument("grads: unknown key '" + key +
+                            "' (expected one of dq, dk, dv, dq_retrieval, dprior)");
+    if (!item.second.is_none())
+      *targets[it - names.begin()] =
+          heads_from_array("grads[\"" + key + "\"]", item.second, heads, false);
+  }
+  return out;
+}
+
 std::vector<int64_t> queries_from(const py::object& queries) {
   return queries.is_none() ? std::vector<int64_t>{} : int64s_from_array("queries", queries);
 }
@@ -128,7 +158,8 @@ std::vector<int64_t> queries_from(const py::object& queries) {
 // hils.verify's engine: arrays are converted while the GIL is held, the oracle runs without it.
 Report verify(const std::string& spec_text, const py::dict& inputs, const py::dict& outputs,
               const std::string& input_precision, const std::string& score_precision,
-              const py::object& queries, int64_t max_messages, const std::string& kernel) {
+              const py::object& queries, int64_t max_messages, const std::string& kernel,
+              const py::object& d_o, const py::object& d_lse, const py::dict& grads) {
   const MechanismSpec spec = spec_from_text(spec_text);
   oracle::VerifyOptions options;
   options.precision = oracle::parse_input_precision(input_precision, "input_precision");
@@ -137,7 +168,8 @@ Report verify(const std::string& spec_text, const py::dict& inputs, const py::di
   options.max_messages = max_messages;
   options.queries = queries_from(queries);
   const AttentionInputs<double> in = inputs_from_dict(inputs);
-  const oracle::KernelOutputs out = outputs_from_dict(outputs);
+  oracle::KernelOutputs out = outputs_from_dict(outputs);
+  out.gradients = gradients_from(d_o, d_lse, grads);
   Report report;
   report.kernel = kernel;
   {
@@ -294,6 +326,7 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("verify", &verify, py::arg("spec_json"), py::arg("inputs"), py::arg("outputs"),
         py::arg("input_precision"), py::arg("score_precision"), py::arg("queries"),
-        py::arg("max_messages"), py::arg("kernel"));
+        py::arg("max_messages"), py::arg("kernel"), py::arg("do"), py::arg("dlse"),
+        py::arg("grads"));
   m.def("reference", &reference, py::arg("spec_json"), py::arg("inputs"), py::arg("queries"));
 }

@@ -2,8 +2,12 @@
 // (data/verify_format.md) whose "kernel" is the reference's float run on a case of the table,
 // optionally broken on purpose. BREAK is one of: none, wrong_chunk, shifted_window,
 // missing_softmax1, nan, all_zero (kernel faults, exit 1 expected), bad_spec, bad_version,
-// missing_q (file faults, exit 2 expected).
+// missing_q (file faults, exit 2 expected). Gradients (/inputs/do, dlse and /grads): grads
+// (correct), grads_zero_chunk (dk of chunk 2, KV head 1, zeroed), grads_no_softmax1 (softmax1
+// in the spec, not in the backward), grads_wrong_sigma (dq x 1/sqrt(2)), grads_unknown (also a
+// /grads/dfoo the format does not define), grads_missing_do (file fault).
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <limits>
 #include <string>
@@ -102,7 +106,7 @@ int make(const std::string& out, const std::string& case_name, const std::string
   const InputPrecision precision = parse_input_precision(precision_text);
   MechanismSpec spec = cases::with_case_geometry(preset(preset_name), c);
   if (!c.landmarks && spec.needs_prior()) spec.prior_rule = PriorRule::shared;
-  if (kind == "missing_softmax1") spec.softmax1 = true;
+  if (kind == "missing_softmax1" || kind == "grads_no_softmax1") spec.softmax1 = true;
   // The kernel's inputs are float32 (or bf16) numbers: store exactly what it computed from.
   AttentionInputs<double> inputs;
   {
@@ -122,6 +126,16 @@ int make(const std::string& out, const std::string& case_name, const std::string
   if (kind == "nan") kernel.o[1](5, 2) = std::numeric_limits<double>::quiet_NaN();
   if (kind == "all_zero")
     for (auto& o : kernel.o) o.setZero();
+  const bool gradients = kind.rfind("grads", 0) == 0;
+  if (gradients) {
+    MechanismSpec backward_spec = spec;
+    if (kind == "grads_no_softmax1") backward_spec.softmax1 = false;
+    kernel.gradients = testing::float_gradients(backward_spec, inputs, kernel.selection,
+                                                cases::seed_of(c.name) ^ 0x9d, precision);
+    if (kind == "grads_zero_chunk") kernel.gradients.dk.at(1).middleRows(2 * spec.S, spec.S).setZero();
+    if (kind == "grads_wrong_sigma")
+      for (auto& dq : kernel.gradients.dq) dq *= 1 / std::sqrt(2.0);
+  }
 
   io::TempFile temp(out);
   {
@@ -148,6 +162,17 @@ int make(const std::string& out, const std::string& case_name, const std::string
     write_heads(root, "outputs/o", kernel.o);
     write_vectors(root, "outputs/lse", kernel.lse);
     write_heads(root, "outputs/fusion_weights", kernel.fusion_weights);
+    if (gradients) {
+      const auto& g = kernel.gradients;
+      if (kind != "grads_missing_do") write_heads(root, "inputs/do", g.d_o);
+      write_vectors(root, "inputs/dlse", g.d_lse);
+      write_heads(root, "grads/dq", g.dq);
+      write_heads(root, "grads/dk", g.dk);
+      write_heads(root, "grads/dv", g.dv);
+      write_heads(root, "grads/dq_retrieval", g.dq_retrieval);
+      write_heads(root, "grads/dprior", g.dprior);
+      if (kind == "grads_unknown") write_heads(root, "grads/dfoo", g.dq);
+    }
   }
   temp.publish();
   return 0;

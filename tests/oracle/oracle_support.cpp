@@ -1,6 +1,9 @@
 #include "oracle_support.hpp"
 
+#include <random>
 #include <stdexcept>
+
+#include "hils/backward.hpp"
 
 namespace hils::oracle::testing {
 
@@ -68,6 +71,39 @@ KernelOutputs float_kernel(const MechanismSpec& spec, const AttentionInputs<doub
       round_heads(out.fusion_weights);
     }
   }
+  return out;
+}
+
+KernelGradients float_gradients(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                                const std::vector<IndexMatrix>& selection, uint64_t seed,
+                                InputPrecision precision) {
+  // spec, inputs, selection -> Gaussian do, dlse and run_mechanism_backward<float>, widened.
+  const bool bf16 = precision == InputPrecision::bf16;
+  const AttentionInputs<float> in = to_float(bf16 ? round_inputs_to_bf16(inputs) : inputs);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> gauss(0.0, 1.0);
+  KernelGradients out;
+  OutputGradients<float> up;
+  for (int64_t h = 0; h < in.Hq(); ++h) {
+    Matrix<double> d_o(in.T(), in.dv());
+    for (int64_t i = 0; i < d_o.size(); ++i) d_o.data()[i] = gauss(rng);
+    if (bf16) d_o = d_o.unaryExpr([](double x) { return round_to_bf16(x); });
+    Vector<double> d_lse(in.T());
+    for (int64_t i = 0; i < d_lse.size(); ++i) d_lse(i) = static_cast<float>(gauss(rng));
+    up.d_o.push_back(d_o.cast<float>());
+    up.d_lse.push_back(d_lse.cast<float>());
+    out.d_o.push_back(d_o.cast<float>().cast<double>());
+    out.d_lse.push_back(d_lse);
+  }
+  const auto grads = run_mechanism_backward(spec, in, selection, up);
+  out.dq = widen(grads.dq);
+  out.dk = widen(grads.dk);
+  out.dv = widen(grads.dv);
+  out.dq_retrieval = widen(grads.dq_retrieval);
+  out.dprior = widen(grads.dprior);
+  if (bf16)
+    for (auto* heads : {&out.dq, &out.dk, &out.dv, &out.dq_retrieval, &out.dprior})
+      round_heads(*heads);
   return out;
 }
 

@@ -18,6 +18,13 @@ KernelOutputs float_kernel(const MechanismSpec& spec, const AttentionInputs<doub
                            InputPrecision precision = InputPrecision::fp32,
                            InputPrecision score_precision = InputPrecision::fp32);
 
+// A correct backward kernel: Gaussian upstream gradients do, dlse (from `seed`; do in bf16
+// for a bf16 kernel) and run_mechanism_backward in float with `selection` held fixed, widened
+// (stored in bf16 for a bf16 kernel).
+KernelGradients float_gradients(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                                const std::vector<IndexMatrix>& selection, uint64_t seed,
+                                InputPrecision precision = InputPrecision::fp32);
+
 // The presets the oracle is exercised on, with a case's geometry. Presets that need landmarks
 // (lmk, hils) are skipped for cases without landmarks; hils switches to the shared prior there.
 std::vector<MechanismSpec> specs_for(const cases::Case& c);

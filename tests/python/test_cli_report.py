@@ -27,7 +27,13 @@ FILES = [
     ("peaked_attention", "missing_softmax1", "hils", "fp32"),
     ("gqa_group4", "nan", "hils", "fp32"),
     ("gqa_group4", "all_zero", "hils", "fp32"),
+    ("gqa_group4", "grads", "hils", "fp32"),
+    ("longer_blocks", "grads", "naive_bsa", "bf16"),
+    ("gqa_group4", "grads_zero_chunk", "hils", "fp32"),
+    ("gqa_group4", "grads_no_softmax1", "hils", "fp32"),
+    ("gqa_group4", "grads_wrong_sigma", "full", "fp32"),
 ]
+PASSING = ("none", "grads")
 
 
 def make_file(directory, case, kind, preset, precision):
@@ -42,11 +48,13 @@ def verify_file_with_python(path):
     with h5py.File(path, "r") as f:
         inputs = {name: f["inputs/" + name][()] for name in f["inputs"]}
         outputs = {name: f["outputs/" + name][()] for name in OUTPUT_NAMES if "outputs/" + name in f}
+        grads = {name: f["grads/" + name][()] for name in f["grads"]} if "grads" in f else None
         spec = json.loads(f.attrs["spec"])
         return hils.verify(spec, inputs["q"], inputs["k"], inputs["v"], outputs,
                            input_precision=f.attrs["input_precision"],
                            q_retrieval=inputs.get("q_retrieval"), prior=inputs.get("prior"),
-                           kernel=f.attrs["kernel"])
+                           kernel=f.attrs["kernel"], do=inputs.get("do"),
+                           dlse=inputs.get("dlse"), grads=grads)
 
 
 @pytest.mark.parametrize("case,kind,preset,precision", FILES,
@@ -58,7 +66,9 @@ def test_same_text_and_verdict_as_the_cli(tmp_path, case, kind, preset, precisio
     heading = f"{path} (kernel {report.kernel})\n"
     assert cli.stdout == heading + str(report)
     assert cli.returncode == (0 if report.passed else 1)
-    assert report.passed == (kind == "none")
+    assert report.passed == (kind in PASSING)
+    if kind.startswith("grads"):
+        assert all(name in report.tensors for name in ("dq", "dk", "dv"))
 
 
 def test_malformed_spec_same_message_as_the_cli(tmp_path):

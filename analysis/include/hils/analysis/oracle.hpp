@@ -110,6 +110,25 @@ struct VerifyOptions {
   int64_t max_messages = 8;
 };
 
+// A kernel's backward pass, widened to double: the upstream gradients it was given (d_o and
+// optionally d_lse, like hils::OutputGradients) and the gradients it returned (like
+// hils::InputGradients, reference/SEMANTICS.md "Gradients"). Each returned gradient is
+// optional (empty = not produced); any of them needs d_o and all T queries. They are compared
+// with run_mechanism_backward in double (truth) and float (baseline), the selection held at
+// the kernel's forward selection (KernelOutputs::selection; the reference's when absent).
+struct KernelGradients {
+  std::vector<Matrix<double>> d_o;           // upstream, Hq x [T x dv]
+  std::vector<Vector<double>> d_lse;         // upstream, empty (zero) or Hq x [T]
+  std::vector<Matrix<double>> dq;            // Hq x [T x d]
+  std::vector<Matrix<double>> dk;            // Hkv x [T x d]
+  std::vector<Matrix<double>> dv;            // Hkv x [T x dv]
+  std::vector<Matrix<double>> dq_retrieval;  // Hq x [T x d], when inputs.q_retrieval is given
+  std::vector<Matrix<double>> dprior;        // like inputs.prior (shared / given priors)
+  bool any_returned() const {
+    return !dq.empty() || !dk.empty() || !dv.empty() || !dq_retrieval.empty() || !dprior.empty();
+  }
+};
+
 // What a kernel produced, widened to double exactly (every float is a double). Every field is
 // optional: an empty vector means "the kernel did not produce this stage" and is skipped.
 // Chunk-indexed tensors may carry ceil(T/S) columns (the authors' layout); the extra trailing
@@ -124,6 +143,7 @@ struct KernelOutputs {
   std::vector<Matrix<double>> o;                 // Hq x [Tq x dv]
   std::vector<Vector<double>> lse;               // Hq x [Tq]
   std::vector<Matrix<double>> fusion_weights;    // Hq x [Tq x (K+2)], see HeadOutputs
+  KernelGradients gradients;                     // the backward pass, when the kernel has one
 };
 
 // Widen a float (or any scalar) head-list to double for KernelOutputs.
@@ -181,14 +201,19 @@ struct Verdict {
   std::string spec_description;
   SelectionReport selection;
   std::vector<TensorReport> tensors;
+  // Data the kernel (or its file) gave that was NOT compared, with the reason, e.g.
+  // "/grads/dfoo (a dataset the oracle does not know)": the report names each, so that no one
+  // takes a check that never ran for a pass (`hils verify --strict` makes them an error).
+  std::vector<std::string> not_compared;
   // A multi-line human report: one line per tensor (max abs, max rel, NMSE, worst element,
   // headroom, PASS/FAIL) followed by the problems and diagnoses.
   std::string report() const;
 };
 
-// Compares everything the kernel produced. Throws InvalidArgument for an invalid spec, inputs
-// or options (they are the caller's data); a kernel tensor with the wrong number of heads or
-// the wrong shape, NaN, or all zeros is a kernel failure and is reported in the verdict.
+// Compares everything the kernel produced, its gradients included. Throws InvalidArgument for
+// an invalid spec, inputs, upstream gradients or options (they are the caller's data); a kernel
+// tensor with the wrong number of heads or the wrong shape, NaN, or all zeros is a kernel
+// failure and is reported in the verdict.
 Verdict verify(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                const KernelOutputs& kernel, const VerifyOptions& options = {});
 

@@ -1,0 +1,213 @@
+// The oracle for backward kernels (data/verify_format.md "Gradients"): a kernel's dq, dk, dv,
+// dq~ and dprior against run_mechanism_backward in double (truth) and float (baseline), with
+// the forward's policy (2 x the float error + a floor of the kernel's precision).
+#include "oracle_gradients.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "hils/backward.hpp"
+
+namespace hils::oracle::detail {
+
+namespace {
+
+template <class... Args>
+std::string format(const char* pattern, Args... args) {
+  char buffer[512];
+  std::snprintf(buffer, sizeof buffer, pattern, args...);
+  return buffer;
+}
+
+double max_abs(const std::vector<Matrix<double>>& heads) {
+  double m = 0;
+  for (const auto& x : heads) m = std::max(m, x.size() ? x.cwiseAbs().maxCoeff() : 0.0);
+  return m;
+}
+
+// Upstream gradients must be what a backward can take: Hq x [T x dv] finite d_o, optional
+// Hq x [T] finite d_lse (they are the kernel's inputs: a wrong one is the caller's error).
+void require_upstream(const KernelGradients& grads, const AttentionInputs<double>& inputs) {
+  const int64_t Hq = inputs.Hq(), T = inputs.T(), dv = inputs.dv();
+  auto shape = [](int64_t a, int64_t b, int64_t c) {
+    return "[" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c) + "]";
+  };
+  const bool d_o_shape =
+      static_cast<int64_t>(grads.d_o.size()) == Hq &&
+      std::all_of(grads.d_o.begin(), grads.d_o.end(),
+                  [&](const Matrix<double>& m) { return m.rows() == T && m.cols() == dv; });
+  require(d_o_shape, "inputs/do", shape(Hq, T, dv) + " (heads, all T queries, dv)",
+          grads.d_o.empty() ? "none"
+                            : shape(static_cast<int64_t>(grads.d_o.size()), grads.d_o[0].rows(),
+                                    grads.d_o[0].cols()));
+  for (const auto& m : grads.d_o) require(m.allFinite(), "inputs/do", "finite values", "NaN or Inf");
+  if (grads.d_lse.empty()) return;
+  const bool d_lse_shape =
+      static_cast<int64_t>(grads.d_lse.size()) == Hq &&
+      std::all_of(grads.d_lse.begin(), grads.d_lse.end(),
+                  [&](const Vector<double>& x) { return x.size() == T; });
+  require(d_lse_shape, "inputs/dlse", "[" + std::to_string(Hq) + ", " + std::to_string(T) + "]",
+          "[" + std::to_string(grads.d_lse.size()) + ", " +
+              std::to_string(grads.d_lse[0].size()) + "]");
+  for (const auto& x : grads.d_lse)
+    require(x.allFinite(), "inputs/dlse", "finite values", "NaN or Inf");
+}
+
+// The upstream gradients as the reference takes them; a bf16 kernel's d_o is rounded to bf16
+// like its other inputs (a no-op when it already is).
+template <class Scalar>
+OutputGradients<Scalar> upstream_of(const KernelGradients& grads, InputPrecision precision) {
+  OutputGradients<Scalar> up;
+  for (const auto& m : grads.d_o) {
+    Matrix<double> x = m;
+    if (precision == InputPrecision::bf16) x = x.unaryExpr([](double e) { return round_to_bf16(e); });
+    up.d_o.push_back(x.cast<Scalar>());
+  }
+  for (const auto& x : grads.d_lse) up.d_lse.push_back(x.cast<Scalar>());
+  return up;
+}
+
+// "is exactly zero on h=0 rows 128-191 (chunk 2) ...": blocks of S rows (chunk-aligned) that
+// the kernel left all zero where the truth is not, e.g. a key block its backward skipped.
+std::string diagnose_zero_blocks(const std::vector<Matrix<double>>& kernel,
+                                 const std::vector<Matrix<double>>& truth, int64_t S) {
+  std::string found;
+  int64_t count = 0;
+  for (size_t h = 0; h < kernel.size() && h < truth.size(); ++h) {
+    if (kernel[h].rows() != truth[h].rows() || kernel[h].cols() != truth[h].cols()) return "";
+    for (int64_t a = 0; a < truth[h].rows(); a += S) {
+      const int64_t n = std::min(S, truth[h].rows() - a);
+      if (!kernel[h].middleRows(a, n).isZero(0) || truth[h].middleRows(a, n).isZero(0)) continue;
+      if (count++ < 4)
+        found += format("%sh=%zu rows %lld-%lld (chunk %lld)", found.empty() ? "" : ", ", h,
+                        static_cast<long long>(a), static_cast<long long>(a + n - 1),
+                        static_cast<long long>(a / S));
+    }
+  }
+  if (count == 0) return "";
+  return "is exactly zero on " + found + (count > 4 ? format(" and %lld more", count - 4) : "") +
+         " where the reference is not: the kernel left those rows' gradient out (a skipped "
+         "key/query block?)";
+}
+
+// "is the reference times 0.707...": the kernel's tensor is a constant multiple of the truth
+// (within the tolerance) and the constant is not 1, e.g. a wrong logit scale in the backward.
+std::string diagnose_scaled(const std::vector<Matrix<double>>& kernel,
+                            const std::vector<Matrix<double>>& truth, double tolerance,
+                            double scale) {
+  double kt = 0, tt = 0;
+  for (size_t h = 0; h < kernel.size() && h < truth.size(); ++h) {
+    if (kernel[h].rows() != truth[h].rows() || kernel[h].cols() != truth[h].cols()) return "";
+    kt += (kernel[h].array() * truth[h].array()).sum();
+    tt += truth[h].squaredNorm();
+  }
+  if (!(tt > 0) || !std::isfinite(kt)) return "";
+  const double factor = kt / tt;
+  double residual = 0;
+  for (size_t h = 0; h < truth.size(); ++h)
+    residual = std::max(residual, (kernel[h] - factor * truth[h]).cwiseAbs().maxCoeff());
+  if (residual > tolerance || std::fabs(factor - 1) * max_abs(truth) <= tolerance) return "";
+  return format("is the reference times %.6g (within the tolerance): a constant factor is wrong, "
+                "e.g. the logit scale sigma (the spec's sigma = %.6g; sigma x %.6g = %.6g)",
+                factor, scale, factor, scale * factor);
+}
+
+// Whether the kernel's tensor matches the gradient of the fusion with softmax1 flipped.
+std::string diagnose_softmax1(const MechanismSpec& spec, const std::vector<Matrix<double>>& kernel,
+                              const std::vector<Matrix<double>>& flipped, double tolerance) {
+  if (flipped.size() != kernel.size() || flipped.empty()) return "";
+  for (size_t h = 0; h < kernel.size(); ++h)
+    if (flipped[h].rows() != kernel[h].rows() || flipped[h].cols() != kernel[h].cols() ||
+        !((flipped[h] - kernel[h]).cwiseAbs().maxCoeff() <= tolerance))
+      return "";
+  return spec.softmax1 ? "matches the gradient of the fusion without the softmax1 zero logit: the "
+                         "kernel's backward is missing the softmax1 term (spec.softmax1 = true)"
+                       : "matches the gradient of the fusion with a softmax1 zero logit that the "
+                         "spec does not have (spec.softmax1 = false)";
+}
+
+// One gradient tensor to compare: its name, row label and the field in each struct.
+struct GradientField {
+  const char* name;
+  const char* row_label;  // "t" (query slot), "slot" (key slot), "c" (prior row)
+  std::vector<Matrix<double>> KernelGradients::*kernel;
+  std::vector<Matrix<double>> InputGradients<double>::*truth;
+  std::vector<Matrix<float>> InputGradients<float>::*baseline;
+  const char* absent;  // why the truth may have no such tensor
+};
+
+const GradientField kGradientFields[] = {
+    {"dq", "t", &KernelGradients::dq, &InputGradients<double>::dq, &InputGradients<float>::dq, ""},
+    {"dq_retrieval", "t", &KernelGradients::dq_retrieval, &InputGradients<double>::dq_retrieval,
+     &InputGradients<float>::dq_retrieval,
+     "the inputs have no q_retrieval (q~ = q: its gradient is part of dq)"},
+    {"dk", "slot", &KernelGradients::dk, &InputGradients<double>::dk, &InputGradients<float>::dk, ""},
+    {"dv", "slot", &KernelGradients::dv, &InputGradients<double>::dv, &InputGradients<float>::dv, ""},
+    {"dprior", "c", &KernelGradients::dprior, &InputGradients<double>::dprior,
+     &InputGradients<float>::dprior, "the inputs have no prior (/inputs/prior)"},
+};
+
+}  // namespace
+
+std::vector<TensorReport> compare_gradients(const MechanismSpec& spec,
+                                            const AttentionInputs<double>& inputs,
+                                            const AttentionInputs<float>& inputs_float,
+                                            const std::vector<IndexMatrix>& selection,
+                                            const KernelGradients& kernel,
+                                            const VerifyOptions& options) {
+  // kernel gradients -> one report per returned gradient (policy: oracle.hpp, Tolerances).
+  require_upstream(kernel, inputs);
+  InputGradients<double> truth;
+  InputGradients<float> baseline;
+  try {
+    truth = run_mechanism_backward(spec, inputs, selection,
+                                   upstream_of<double>(kernel, options.precision));
+    baseline = run_mechanism_backward(spec, inputs_float, selection,
+                                      upstream_of<float>(kernel, options.precision));
+  } catch (const InvalidArgument& e) {
+    // Upstream and inputs are valid by now: what remains is the kernel's selection.
+    TensorReport r;
+    r.name = "gradients";
+    r.problems.push_back(std::string("gradients not compared: the kernel's selection cannot be "
+                                     "held fixed (") + e.what() + ")");
+    return {r};
+  }
+  std::vector<TensorReport> reports;
+  std::optional<InputGradients<double>> flipped;  // softmax1 flipped, computed on demand
+  const double scale = logit_scale(spec, inputs.d());
+  for (const auto& field : kGradientFields) {
+    const auto& ker = kernel.*field.kernel;
+    if (ker.empty()) continue;
+    const auto& tru = truth.*field.truth;
+    if (tru.empty()) {
+      TensorReport r;
+      r.name = field.name;
+      r.problems.push_back(format("%s: given, but %s", field.name, field.absent));
+      reports.push_back(r);
+      continue;
+    }
+    auto r = compare_tensor(field.name, ker, tru, widen(baseline.*field.baseline), max_abs(tru),
+                            options.precision, field.row_label, {}, options.max_messages);
+    if (!r.passed && r.problems.size() == 1) {  // only the tolerance failed: look for a cause
+      if (std::string(field.row_label) != "c")
+        r.diagnosis = diagnose_zero_blocks(ker, tru, spec.S);
+      if (r.diagnosis.empty()) r.diagnosis = diagnose_scaled(ker, tru, r.tolerance, scale);
+      if (r.diagnosis.empty() && spec.fusion == Fusion::hierarchical) {
+        if (!flipped) {
+          MechanismSpec other = spec;
+          other.softmax1 = !spec.softmax1;
+          flipped = run_mechanism_backward(other, inputs, selection,
+                                           upstream_of<double>(kernel, options.precision));
+        }
+        r.diagnosis = diagnose_softmax1(spec, ker, (*flipped).*field.truth, r.tolerance);
+      }
+    }
+    reports.push_back(std::move(r));
+  }
+  return reports;
+}
+
+}  // namespace hils::oracle::detail

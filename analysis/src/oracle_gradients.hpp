@@ -1,0 +1,23 @@
+// The oracle's comparison of a kernel's gradients (private to the oracle; verify() calls it).
+#pragma once
+
+#include <vector>
+
+#include "hils/analysis/oracle.hpp"
+
+namespace hils::oracle::detail {
+
+// Kernel gradients vs run_mechanism_backward in double (truth, on `inputs`, which the oracle
+// already rounded for a bf16 kernel) and float (baseline, on `inputs_float`), the selection held
+// at `selection`. One report per gradient the kernel returned, in the order dq, dq_retrieval,
+// dk, dv, dprior; a failing one carries a diagnosis when a known fault matches (a chunk's rows
+// left zero, the gradient scaled by a constant such as a wrong logit scale, softmax1 flipped).
+// Throws InvalidArgument for upstream gradients of the wrong shape or not finite.
+std::vector<TensorReport> compare_gradients(const MechanismSpec& spec,
+                                            const AttentionInputs<double>& inputs,
+                                            const AttentionInputs<float>& inputs_float,
+                                            const std::vector<IndexMatrix>& selection,
+                                            const KernelGradients& kernel,
+                                            const VerifyOptions& options);
+
+}  // namespace hils::oracle::detail
