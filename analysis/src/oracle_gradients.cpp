@@ -33,7 +33,7 @@ double max_abs(const std::vector<Matrix<double>>& heads) {
 void require_upstream(const KernelGradients& grads, const AttentionInputs<double>& inputs) {
   const int64_t Hq = inputs.Hq(), T = inputs.T(), dv = inputs.dv();
   auto shape = [](int64_t a, int64_t b, int64_t c) {
-    return "[" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c) + "]";
+    return std::string("[") + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c) + "]";
   };
   const bool d_o_shape =
       static_cast<int64_t>(grads.d_o.size()) == Hq &&
