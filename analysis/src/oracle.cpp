@@ -597,7 +597,8 @@ void compare_backward(const Context& ctx, const KernelOutputs& kernel, Verdict& 
   const auto& selection =
       ctx.spec.selects() && !kernel.selection.empty() ? kernel.selection : ctx.truth.selection;
   for (auto& report : detail::compare_gradients(ctx.spec, ctx.inputs, ctx.inputs_float,
-                                                selection, grads, ctx.options))
+                                                selection, ctx.truth, ctx.baseline, grads,
+                                                ctx.options))
     verdict.tensors.push_back(std::move(report));
 }
 

@@ -1,7 +1,8 @@
 // The oracle's own pieces of the reference mathematics: bf16 rounding, group scores r(t,g,c)
 // and the fusion stage run with a forced selection. Built only from the reference's public
 // stage functions (window_attention, exact_chunk_log_mass, summarize, resolve_prior,
-// surrogate_scores), so that reference/ needs no hook for the oracle.
+// surrogate_scores, fuse), so that reference/ needs no hook for the oracle and the oracle keeps
+// no copy of the fusion mathematics.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -36,32 +37,8 @@ Scalar row_log_sum_exp(const Eigen::Ref<const Eigen::Matrix<Scalar, 1, Eigen::Dy
   return top + std::log(sum);
 }
 
-// Softmax statistics of one query over chunk c's attendable tokens: (L, o_c) (Eq. 1, 10).
-template <class Scalar>
-std::pair<Scalar, Vector<Scalar>> attend_chunk(const Matrix<Scalar>& q, int64_t row,
-                                               const Matrix<Scalar>& k, const Matrix<Scalar>& v,
-                                               int64_t chunk, const Geometry& geometry,
-                                               Scalar scale) {
-  const int64_t first = chunk * geometry.S();
-  std::vector<int64_t> slots;
-  for (int64_t j = first; j < first + geometry.S(); ++j)
-    if (geometry.attendable(j)) slots.push_back(j);
-  Vector<Scalar> logits(static_cast<Eigen::Index>(slots.size()));
-  for (size_t i = 0; i < slots.size(); ++i)
-    logits(i) = scale * q.row(row).dot(k.row(slots[i]));
-  const Scalar top = logits.maxCoeff();
-  Vector<Scalar> o = Vector<Scalar>::Zero(v.cols());
-  Scalar sum = 0;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const Scalar p = std::exp(logits(i) - top);
-    sum += p;
-    o += p * v.row(slots[i]).transpose();
-  }
-  return {top + std::log(sum), o / sum};
-}
-
-// Chunks of one selection row, in row order, after checking them against V(t).
-std::vector<int64_t> selected_chunks(const IndexMatrix& selection, int64_t row, int64_t group,
+// Throws InvalidArgument unless the row's chunks (-1 is padding) are distinct chunks of V(t).
+void require_valid_selection_row(const IndexMatrix& selection, int64_t row, int64_t group,
                                      int64_t t, const Geometry& geometry) {
   std::vector<int64_t> chunks;
   const int64_t candidates = geometry.candidate_count(t);
@@ -76,7 +53,6 @@ std::vector<int64_t> selected_chunks(const IndexMatrix& selection, int64_t row, 
             "distinct chunks", "chunk " + std::to_string(c) + " twice");
     chunks.push_back(c);
   }
-  return chunks;
 }
 
 // The scores the hierarchical fusion uses for query head h: s_hat, or L for the exact rule.
@@ -92,35 +68,6 @@ Matrix<Scalar> fusion_scores(const MechanismSpec& spec, const AttentionInputs<Sc
   const ChunkSummaries<Scalar> summaries =
       summarize(inputs.k[g], prior, spec.key_rule, spec.bias_rule, geometry, scale);
   return surrogate_scores(inputs.retrieval_query(h), summaries, geometry, scale, queries);
-}
-
-// One query row of one head fused over its chunks and the window (Eq. 3 flat, Eq. 10
-// hierarchical). Writes o, lse and the K+2 fusion weights of row `row` of `out`.
-template <class Scalar>
-void fuse_row(const MechanismSpec& spec, const std::vector<Scalar>& chunk_logits, const std::vector<Vector<Scalar>>& chunk_o,
-              const WindowResult<Scalar>& window, int64_t row, const IndexMatrix& selection,
-              HeadOutputs<Scalar>& out) {
-  // Flat fusion weights each chunk by its exact mass L; hierarchical by s_hat. Both then are
-  // one softmax over [chunk logits, lse_swa (, 0)].
-  Scalar lse = window.lse(row);
-  for (Scalar a : chunk_logits) lse = log_add_exp(lse, a);
-  const bool zero_logit = spec.fusion == Fusion::hierarchical && spec.softmax1;
-  if (zero_logit) lse = log_add_exp(lse, Scalar(0));
-  Vector<Scalar> o = std::exp(window.lse(row) - lse) * window.o.row(row).transpose();
-  const int64_t K = selection.cols();
-  out.fusion_weights.row(row).setZero();
-  size_t next = 0;
-  for (int64_t i = 0; i < K; ++i) {
-    if (selection(row, i) == -1) continue;
-    const Scalar w = std::exp(chunk_logits[next] - lse);
-    o += w * chunk_o[next];
-    out.fusion_weights(row, i) = w;
-    ++next;
-  }
-  out.fusion_weights(row, K) = std::exp(window.lse(row) - lse);
-  out.fusion_weights(row, K + 1) = zero_logit ? std::exp(-lse) : Scalar(0);
-  out.o.row(row) = o.transpose();
-  out.lse(row) = lse;
 }
 
 // The fused outputs of query head h under the given selection of its KV group.
@@ -141,15 +88,13 @@ HeadOutputs<Scalar> fuse_head(const MechanismSpec& spec, const AttentionInputs<S
   out.fusion_weights.resize(Tq, selection.cols() + 2);
   for (int64_t row = 0; row < Tq; ++row) {
     const int64_t t = queries[row];
-    const std::vector<int64_t> chunks = selected_chunks(selection, row, g, t, geometry);
-    std::vector<Scalar> logits;
-    std::vector<Vector<Scalar>> chunk_o;
-    for (int64_t c : chunks) {
-      auto [mass, o_c] = attend_chunk(inputs.q[h], t, inputs.k[g], inputs.v[g], c, geometry, scale);
-      logits.push_back(spec.fusion == Fusion::hierarchical ? scores(row, c) : mass);
-      chunk_o.push_back(std::move(o_c));
-    }
-    fuse_row(spec, logits, chunk_o, window, row, selection, out);
+    require_valid_selection_row(selection, row, g, t, geometry);
+    const FusionRow<Scalar> fusion_row{
+        inputs.q[h].row(t).transpose(), selection.row(row).data(), selection.cols(),
+        spec.fusion == Fusion::hierarchical ? scores.row(row).data() : nullptr,
+        window.lse(row), window.o.row(row)};
+    fuse<Scalar>(spec, fusion_row, inputs.k[g], inputs.v[g], geometry, scale, out.o.row(row),
+         out.lse(row), out.fusion_weights.row(row));
   }
   return out;
 }

@@ -160,6 +160,8 @@ std::vector<TensorReport> compare_gradients(const MechanismSpec& spec,
                                             const AttentionInputs<double>& inputs,
                                             const AttentionInputs<float>& inputs_float,
                                             const std::vector<IndexMatrix>& selection,
+                                            const MechanismOutputs<double>& truth_forward,
+                                            const MechanismOutputs<float>& baseline_forward,
                                             const KernelGradients& kernel,
                                             const VerifyOptions& options) {
   // kernel gradients -> one report per returned gradient (policy: oracle.hpp, Tolerances).
@@ -168,9 +170,10 @@ std::vector<TensorReport> compare_gradients(const MechanismSpec& spec,
   InputGradients<float> baseline;
   try {
     truth = run_mechanism_backward(spec, inputs, selection,
-                                   upstream_of<double>(kernel, options.precision));
+                                   upstream_of<double>(kernel, options.precision), &truth_forward);
     baseline = run_mechanism_backward(spec, inputs_float, selection,
-                                      upstream_of<float>(kernel, options.precision));
+                                      upstream_of<float>(kernel, options.precision),
+                                      &baseline_forward);
   } catch (const InvalidArgument& e) {
     // Upstream and inputs are valid by now: what remains is the kernel's selection.
     TensorReport r;

@@ -9,7 +9,9 @@ namespace hils::oracle::detail {
 
 // Kernel gradients vs run_mechanism_backward in double (truth, on `inputs`, which the oracle
 // already rounded for a bf16 kernel) and float (baseline, on `inputs_float`), the selection held
-// at `selection`. One report per gradient the kernel returned, in the order dq, dq_retrieval,
+// at `selection`; `truth_forward`, `baseline_forward` are the reference's forward runs (all T
+// queries, keep_window), whose window branches the backward reuses. One report per gradient the
+// kernel returned, in the order dq, dq_retrieval,
 // dk, dv, dprior; a failing one carries a diagnosis when a known fault matches (a chunk's rows
 // left zero, the gradient scaled by a constant such as a wrong logit scale, softmax1 flipped).
 // Throws InvalidArgument for upstream gradients of the wrong shape or not finite.
@@ -17,6 +19,8 @@ std::vector<TensorReport> compare_gradients(const MechanismSpec& spec,
                                             const AttentionInputs<double>& inputs,
                                             const AttentionInputs<float>& inputs_float,
                                             const std::vector<IndexMatrix>& selection,
+                                            const MechanismOutputs<double>& truth_forward,
+                                            const MechanismOutputs<float>& baseline_forward,
                                             const KernelGradients& kernel,
                                             const VerifyOptions& options);
 

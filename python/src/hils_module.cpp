@@ -315,6 +315,8 @@ PYBIND11_MODULE(_core, m) {
         return d;
       }, "name -> TensorReport, for every tensor compared")
       .def_property_readonly("selection", [](const Report& r) { return r.verdict.selection; })
+      .def_property_readonly("not_compared", [](const Report& r) { return r.verdict.not_compared; },
+                             "what was given but not compared (e.g. do without gradients)")
       .def("__str__", [](const Report& r) { return r.verdict.report(); })
       .def("__repr__", [](const Report& r) {
         std::string text = "<hils.Report " + std::string(verdict_text(r.verdict.passed));

@@ -1,5 +1,6 @@
-// Benchmark of the double reference: full causal attention and exact chunk log-masses against
-// an Eigen double matrix product measured in the same run (issue: >= 50% of its rate at T=16384).
+// Benchmark of the double reference: full causal attention, exact chunk log-masses and the
+// backward (full attention; hils next to its forward) against an Eigen double matrix product
+// measured in the same run (issue: >= 50% of its rate at T=16384).
 //
 // usage: bench_reference [--quick]     (--quick: T = 4096 only)
 #include <omp.h>
@@ -94,6 +95,57 @@ Row time_chunk_mass(int64_t T, int64_t d) {
   return {"exact chunk log-mass", T, d, s, 2.0 * double(d) * logits / s / 1e9, peak_memory_mib()};
 }
 
+// Upstream gradient and inputs of one head (Hq = Hkv = 1) for the backward rows.
+struct OneHead {
+  AttentionInputs<double> inputs;
+  OutputGradients<double> grads;
+};
+OneHead one_head(int64_t T, int64_t d, uint64_t seed) {
+  OneHead p;
+  p.inputs.q = {gaussian(T, d, seed)};
+  p.inputs.k = {gaussian(T, d, seed + 1)};
+  p.inputs.v = {gaussian(T, d, seed + 2)};
+  p.grads.d_o = {gaussian(T, d, seed + 3)};
+  p.grads.d_lse = {Vector<double>(gaussian(T, 1, seed + 4))};
+  return p;
+}
+
+Row time_full_backward(int64_t T, int64_t d) {
+  MechanismSpec spec = preset("full");
+  const OneHead p = one_head(T, d, 7);
+  const auto forward = run_mechanism(spec, p.inputs);  // saved o, lse, as a training step has
+  reset_peak_memory();
+  auto start = Clock::now();
+  const auto g = run_mechanism_backward(spec, p.inputs, {}, p.grads, &forward);
+  const double s = seconds_since(start);
+  // FlashAttention's count of useful backward work: per causal logit, 2d flops each for
+  // q.k, do.v, dv, dq and dk (2.5 x the forward). The reference does 14d: q.k and do.v once for
+  // dq (pass 1) and once more for dk, dv (pass 2), so that no two units write one output.
+  const double flops = double(T) * double(T + 1) / 2.0 * 10.0 * double(d);
+  if (!g.dq[0].allFinite()) std::printf("warning: non-finite dq\n");
+  return {"backward, full", T, d, s, flops / s / 1e9, peak_memory_mib()};
+}
+
+// hils (S = 64, W = 512, K = 16, landmarks): backward seconds next to the forward's.
+void time_hils_backward(int64_t T, int64_t d) {
+  MechanismSpec spec = preset("hils");
+  spec.S = 64;
+  spec.W = 512;
+  spec.K = 16;
+  const OneHead p = one_head(T, d, 17);
+  RunOptions keep;
+  keep.keep_window = true;  // the backward reads the window branch instead of recomputing it
+  auto start = Clock::now();
+  const auto forward = run_mechanism(spec, p.inputs, keep);
+  const double forward_s = seconds_since(start);
+  start = Clock::now();
+  const auto g = run_mechanism_backward(spec, p.inputs, forward.selection, p.grads, &forward);
+  const double backward_s = seconds_since(start);
+  if (!g.dk[0].allFinite()) std::printf("warning: non-finite dk\n");
+  std::printf("hils T=%ld d=%ld (S=64 W=512 K=16): forward %.3f s, backward %.3f s (%.2fx)\n",
+              long(T), long(d), forward_s, backward_s, backward_s / forward_s);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -105,7 +157,10 @@ int main(int argc, char** argv) {
     for (int64_t d : {64, 128}) {
       rows.push_back(time_full(T, d));
       rows.push_back(time_chunk_mass(T, d));
+      rows.push_back(time_full_backward(T, d));
     }
+  for (int64_t T : quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{4096, 16384})
+    time_hils_backward(T, 64);
   const double gemm_after = matmul_gflops(1536, 3);
   const double gemm = 0.5 * (gemm_before + gemm_after);
   std::printf("Eigen dgemm 1536^3 per thread: %.1f GFLOP/s before, %.1f after (mean %.1f)\n",

@@ -55,9 +55,14 @@ template <class Scalar>
 void softmax_backward_tile(Matrix<Scalar>& p, Matrix<Scalar>& ds, const Matrix<Scalar>& do_rows,
                            const Eigen::Ref<const Matrix<Scalar>>& v_keys,
                            const Vector<Scalar>& lambda, const Vector<Scalar>& delta) {
-  p.array().colwise() -= lambda.array();
-  // Masked keys must get exactly 0 (Eigen's vectorized exp(-inf) returns ~1e-308, not 0).
-  p = (p.array() == neg_inf<Scalar>()).select(Scalar(0), p.array().exp()).matrix();
+  // exp(s - lambda) <= 1 (lambda >= the logits of its softmax); masked keys (-inf) and
+  // zero-weight branches (lambda = +inf) get exactly 0.
+  for (int64_t i = 0; i < p.rows(); ++i) {
+    Scalar* row = p.row(i).data();
+    const Scalar shift = lambda(i);
+#pragma omp simd
+    for (int64_t j = 0; j < p.cols(); ++j) row[j] = detail::exp_nonpositive(row[j] - shift);
+  }
   ds.noalias() = do_rows * v_keys.transpose();
   ds.array().colwise() -= delta.array();
   ds.array() *= p.array();
@@ -135,6 +140,7 @@ struct Problem {
   Scalar scale;
   int64_t G;
   bool hierarchical_summaries;  // hierarchical fusion with a summary key rule: d s_hat flows
+  const MechanismOutputs<Scalar>* forward;       // saved forward outputs, or nullptr
   std::vector<Matrix<Scalar>> prior;             // Hq x [n_chunks x d] (needs_prior only)
   std::vector<ChunkSummaries<Scalar>> summaries;  // Hq (hierarchical_summaries only)
 
@@ -214,6 +220,25 @@ void selected_row_backward(const Problem<Scalar>& pb, int64_t h, int64_t t, cons
   }
 }
 
+// The window (or, for full fusion, full) softmax of head h's block rows: read from the saved
+// forward when there is one, else recomputed as the forward computes it.
+template <class Scalar>
+WindowResult<Scalar> block_window(const Problem<Scalar>& pb, int64_t h,
+                                  const std::vector<int64_t>& rows, const QueryBlock& block,
+                                  const Matrix<Scalar>& q_rows) {
+  if (pb.forward) {
+    const auto& head = pb.forward->heads[static_cast<size_t>(h)];
+    const bool selects = pb.spec.selects();
+    const auto& o = selects ? head.o_window : head.o;
+    const auto& lse = selects ? head.lse_window : head.lse;
+    return {o.middleRows(block.begin, block.size()), lse.segment(block.begin, block.size())};
+  }
+  const int64_t g = h / pb.G;
+  return detail::block_attention(q_rows, rows, block, pb.inputs.k[static_cast<size_t>(g)],
+                                 pb.inputs.v[static_cast<size_t>(g)], pb.geometry, pb.scale,
+                                 pb.spec.fusion != Fusion::full);
+}
+
 // Pass 1, one (KV group, query block) unit.
 template <class Scalar>
 void query_block_backward(const Problem<Scalar>& pb, int64_t g, const std::vector<int64_t>& rows,
@@ -228,8 +253,7 @@ void query_block_backward(const Problem<Scalar>& pb, int64_t g, const std::vecto
     auto& st = stats[static_cast<size_t>(h)];
     const auto q_rows = detail::gather_rows(pb.inputs.q[static_cast<size_t>(h)], rows, block);
     const auto do_rows = detail::gather_rows(pb.grads.d_o[static_cast<size_t>(h)], rows, block);
-    const auto window =
-        detail::block_attention(q_rows, rows, block, k, v, pb.geometry, pb.scale, window_only);
+    const auto window = block_window(pb, h, rows, block, q_rows);
     Matrix<Scalar> dq_rows = Matrix<Scalar>::Zero(block.size(), q_rows.cols());
     Matrix<Scalar> dqr_rows = Matrix<Scalar>::Zero(block.size(), q_rows.cols());
     for (int64_t i = 0; i < block.size(); ++i) {
@@ -363,12 +387,39 @@ void key_block_backward(const Problem<Scalar>& pb, int64_t g, int64_t a, int64_t
   out.dv[static_cast<size_t>(g)].middleRows(a, b - a) = dv_block;
 }
 
+// The saved forward, when given: Hq heads of all T queries, with the window branch for a
+// selecting spec.
+template <class Scalar>
+void validate_forward(const Problem<Scalar>& pb) {
+  if (!pb.forward) return;
+  const int64_t T = pb.inputs.T(), Hq = pb.inputs.Hq(), dv = pb.inputs.dv();
+  const auto& f = *pb.forward;
+  require(static_cast<int64_t>(f.heads.size()) == Hq, "forward", std::to_string(Hq) + " heads",
+          std::to_string(f.heads.size()));
+  bool all_queries = f.queries.empty() || static_cast<int64_t>(f.queries.size()) == T;
+  for (size_t i = 0; all_queries && i < f.queries.size(); ++i)
+    all_queries = f.queries[i] == static_cast<int64_t>(i);
+  require(all_queries, "forward.queries", "all T = " + std::to_string(T) + " slots in order",
+          std::to_string(f.queries.size()) + " slots");
+  const bool selects = pb.spec.selects();
+  for (size_t h = 0; h < f.heads.size(); ++h) {
+    const auto& o = selects ? f.heads[h].o_window : f.heads[h].o;
+    const auto& lse = selects ? f.heads[h].lse_window : f.heads[h].lse;
+    require(o.rows() == T && o.cols() == dv && lse.size() == T,
+            "forward.heads[" + std::to_string(h) + (selects ? "].o_window" : "].o"),
+            "[" + std::to_string(T) + " x " + std::to_string(dv) + "] with its lse" +
+                (selects ? " (run the forward with keep_window)" : ""),
+            "[" + std::to_string(o.rows()) + " x " + std::to_string(o.cols()) + "]");
+  }
+}
+
 template <class Scalar>
 void validate_backward_arguments(const Problem<Scalar>& pb) {
   const int64_t T = pb.inputs.T(), Hq = pb.inputs.Hq();
   auto shape = [](int64_t r, int64_t c) {
     return std::string("[") + std::to_string(r) + " x " + std::to_string(c) + "]";
   };
+  validate_forward(pb);
   require(static_cast<int64_t>(pb.grads.d_o.size()) == Hq, "d_o", std::to_string(Hq) + " heads",
           std::to_string(pb.grads.d_o.size()));
   for (size_t h = 0; h < pb.grads.d_o.size(); ++h) {
@@ -444,14 +495,15 @@ template <class Scalar>
 InputGradients<Scalar> run_mechanism_backward(const MechanismSpec& spec,
                                               const AttentionInputs<Scalar>& inputs,
                                               const std::vector<IndexMatrix>& selection,
-                                              const OutputGradients<Scalar>& grads) {
+                                              const OutputGradients<Scalar>& grads,
+                                              const MechanismOutputs<Scalar>* forward) {
   spec.validate();
   inputs.validate(spec);
   Problem<Scalar> pb{spec, inputs, selection, grads, geometry_of(spec, inputs.T()),
                      static_cast<Scalar>(logit_scale(spec, inputs.d())),
                      inputs.Hq() / inputs.Hkv(),
                      spec.fusion == Fusion::hierarchical && spec.key_rule != KeyRule::exact,
-                     {}, {}};
+                     forward, {}, {}};
   validate_backward_arguments(pb);
   const int64_t T = inputs.T(), Hq = inputs.Hq(), Hkv = inputs.Hkv(), d = inputs.d(), K = spec.K;
   const int64_t chunks = pb.geometry.n_chunks();
@@ -532,7 +584,7 @@ InputGradients<Scalar> run_mechanism_backward(const MechanismSpec& spec,
 #define HILS_INSTANTIATE_BACKWARD(S)                                                        \
   template InputGradients<S> run_mechanism_backward<S>(                                     \
       const MechanismSpec&, const AttentionInputs<S>&, const std::vector<IndexMatrix>&,     \
-      const OutputGradients<S>&);                                                           \
+      const OutputGradients<S>&, const MechanismOutputs<S>*);                               \
   template SummaryGradients<S> summarize_backward<S>(const Matrix<S>&, const Matrix<S>&,    \
                                                      KeyRule, BiasRule, const Geometry&, S, \
                                                      const Matrix<S>&, const Vector<S>&);

@@ -98,32 +98,6 @@ struct HeadBlock {
   Matrix<Scalar> scores;  // s_hat, [n x n_chunks]
 };
 
-// Fuses one query row of one head from its window and the group's selection (Eq. 3, 10).
-template <class Scalar>
-void fuse_row(const MechanismSpec& spec, const HeadBlock<Scalar>& hb, int64_t i,
-              const int32_t* selected, const Matrix<Scalar>& k, const Matrix<Scalar>& v,
-              const Geometry& geometry, Scalar scale, HeadOutputs<Scalar>& head, int64_t row) {
-  const int64_t K = spec.K;
-  const bool flat = spec.fusion == Fusion::flat;
-  // logits: the selected chunks', the window's, and the optional zero logit.
-  Vector<Scalar> logits = Vector<Scalar>::Constant(K + 2, neg_inf<Scalar>());
-  Matrix<Scalar> chunk_out = Matrix<Scalar>::Zero(K, v.cols());
-  for (int64_t s = 0; s < K && selected[s] >= 0; ++s) {
-    auto chunk = detail::attend_chunk<Scalar>(hb.q_rows.row(i).transpose(), k, v, selected[s],
-                                              geometry, scale);
-    logits(s) = flat ? chunk.log_mass : hb.scores(i, selected[s]);
-    chunk_out.row(s) = chunk.o.transpose();
-  }
-  logits(K) = hb.window.lse(i);
-  if (spec.softmax1) logits(K + 1) = Scalar(0);
-  const Scalar top = logits.maxCoeff();
-  const Scalar lse = top + std::log((logits.array() - top).exp().sum());
-  Vector<Scalar> weights = (logits.array() - lse).exp().matrix();
-  head.lse(row) = lse;
-  head.fusion_weights.row(row) = weights.transpose();
-  head.o.row(row) = weights.head(K).transpose() * chunk_out + weights(K) * hb.window.o.row(i);
-}
-
 // Selecting mechanisms: independent (KV group, block) units; heads of a group share selection.
 template <class Scalar>
 void run_selecting(const MechanismSpec& spec, const AttentionInputs<Scalar>& inputs,
@@ -173,9 +147,15 @@ void run_selecting(const MechanismSpec& spec, const AttentionInputs<Scalar>& inp
       detail::select_row(score_rows, lse_rows,
                          geometry.candidate_count(out.queries[static_cast<size_t>(row)]),
                          spec.group_rule, spec.K, selected);
-      for (int64_t j = 0; j < G; ++j)
-        fuse_row(spec, heads[static_cast<size_t>(j)], i, selected, k, v, geometry, scale,
-                 out.heads[static_cast<size_t>(g * G + j)], row);
+      for (int64_t j = 0; j < G; ++j) {
+        const HeadBlock<Scalar>& hb = heads[static_cast<size_t>(j)];
+        auto& head = out.heads[static_cast<size_t>(g * G + j)];
+        const FusionRow<Scalar> fusion_row{hb.q_rows.row(i).transpose(), selected, spec.K,
+                                           hb.scores.row(i).data(), hb.window.lse(i),
+                                           hb.window.o.row(i)};
+        fuse<Scalar>(spec, fusion_row, k, v, geometry, scale, head.o.row(row), head.lse(row),
+             head.fusion_weights.row(row));
+      }
     }
   });
 }

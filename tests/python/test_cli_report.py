@@ -80,3 +80,25 @@ def test_malformed_spec_same_message_as_the_cli(tmp_path):
     assert str(error.value) == 'spec.K: expected an integer, got string "four"'
     # One codec (experiments/config/spec_codec) reads the spec for both; the CLI names the file.
     assert cli.stderr.strip() == f"hils: bad input: {path}: {error.value}"
+
+
+def test_gradients_through_the_pytest_helper(tmp_path):
+    """assert_kernel_matches passes do/dlse/grads on: a zeroed chunk of dk raises with the
+    diagnosis; an unknown gradient name is a ValueError naming it."""
+    from hils.testing import assert_kernel_matches
+    path = make_file(tmp_path, "gqa_group4", "grads_zero_chunk", "hils", "fp32")
+    with h5py.File(path, "r") as f:
+        inputs = {name: f["inputs/" + name][()] for name in f["inputs"]}
+        grads = {name: f["grads/" + name][()] for name in f["grads"]}
+        spec = json.loads(f.attrs["spec"])
+    args = (spec, inputs["q"], inputs["k"], inputs["v"], {})
+    options = dict(q_retrieval=inputs["q_retrieval"], prior=inputs["prior"], do=inputs["do"],
+                   dlse=inputs["dlse"])
+    with pytest.raises(AssertionError, match=r"dk is exactly zero on h=1 rows 16-23 \(chunk 2\)"):
+        assert_kernel_matches(*args, grads=grads, **options)
+    with pytest.raises(ValueError, match="grads: unknown key 'dx'"):
+        assert_kernel_matches(*args, grads={"dx": grads["dq"]}, **options)
+    # do without any gradient: nothing of the backward ran, and the report says so.
+    report = hils.verify(*args, grads={}, **options)
+    assert report.not_compared and report.not_compared[0].startswith("inputs/do")
+    assert "not compared: inputs/do" in str(report)

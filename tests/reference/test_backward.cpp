@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <complex>
 #include <cstdio>
 #include <random>
 
@@ -359,4 +360,114 @@ TEST_CASE("backward refuses bad selections and upstream gradients naming the fie
   g = upstream(c);
   g.d_lse.pop_back();
   CHECK_THROWS_WITH(run_mechanism_backward(spec, in, selection, g), Catch::Contains("d_lse"));
+}
+
+namespace {
+
+using Complex = std::complex<double>;
+
+// The summary of one chunk written independently of the library, for complex arguments:
+// l_j = sigma mu.k_j, p = softmax(l), k' = sum_j p_j k_j, b' = H(p) = log sum exp(l) - sum p l.
+// Returns sum_i dkey_i k'_i + dbias b' (analytic in k and mu, so the complex step applies).
+Complex summary_loss(const std::vector<std::vector<Complex>>& keys, const std::vector<Complex>& mu,
+                     double scale, const Vector<double>& dkey, double dbias) {
+  std::vector<Complex> logit(keys.size());
+  Complex total = 0;
+  for (size_t j = 0; j < keys.size(); ++j) {
+    Complex dot = 0;
+    for (size_t i = 0; i < mu.size(); ++i) dot += mu[i] * keys[j][i];
+    logit[j] = scale * dot;
+    total += std::exp(logit[j]);
+  }
+  Complex loss = 0, mean_logit = 0;
+  for (size_t j = 0; j < keys.size(); ++j) {
+    const Complex p = std::exp(logit[j]) / total;
+    for (size_t i = 0; i < mu.size(); ++i) loss += dkey(static_cast<int64_t>(i)) * p * keys[j][i];
+    mean_logit += p * logit[j];
+  }
+  return loss + dbias * (std::log(total) - mean_logit);
+}
+
+}  // namespace
+
+TEST_CASE("summary backward (Taylor pooling, entropy bias) matches complex-step derivatives of "
+          "an independent forward", "[backward]") {
+  // Complex step: f'(x).u = Im f(x + i h u) / h with no subtractive cancellation, so h = 1e-20
+  // gives the derivative to rounding error of f itself.
+  const auto& c = cases::case_named("ragged_tail");
+  const Geometry geometry(c.T, c.S, c.W, c.landmarks);
+  const auto in = cases::make_inputs<double>(c);
+  const double scale = 0.25, h = 1e-20;
+  const int64_t chunks = geometry.n_chunks(), tokens = geometry.tokens_per_chunk();
+  const Matrix<double>& k = in.k[0];
+  Matrix<double> prior(chunks, c.d);
+  for (int64_t ch = 0; ch < chunks; ++ch) prior.row(ch) = in.q[0].row(ch * c.S + 1);
+  std::mt19937_64 rng(cases::seed_of("complex step"));
+  std::normal_distribution<double> gauss(0.0, 1.0);
+  Matrix<double> dkey(chunks, c.d);
+  Vector<double> dbias(chunks);
+  for (int64_t i = 0; i < dkey.size(); ++i) dkey.data()[i] = gauss(rng);
+  for (int64_t i = 0; i < dbias.size(); ++i) dbias(i) = gauss(rng);
+  const auto grads =
+      summarize_backward(k, prior, KeyRule::taylor, BiasRule::entropy, geometry, scale, dkey, dbias);
+  double worst = 0;
+  for (int direction = 0; direction < 3; ++direction) {
+    Matrix<double> u(k.rows(), k.cols()), w(chunks, c.d);
+    for (int64_t i = 0; i < u.size(); ++i) u.data()[i] = gauss(rng);
+    for (int64_t i = 0; i < w.size(); ++i) w.data()[i] = gauss(rng);
+    double complex_step = 0;
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      std::vector<std::vector<Complex>> keys(static_cast<size_t>(tokens),
+                                             std::vector<Complex>(static_cast<size_t>(c.d)));
+      std::vector<Complex> mu(static_cast<size_t>(c.d));
+      for (int64_t j = 0; j < tokens; ++j)
+        for (int64_t i = 0; i < c.d; ++i)
+          keys[j][i] = Complex(k(ch * c.S + j, i), h * u(ch * c.S + j, i));
+      for (int64_t i = 0; i < c.d; ++i) mu[i] = Complex(prior(ch, i), h * w(ch, i));
+      complex_step += summary_loss(keys, mu, scale, dkey.row(ch).transpose(), dbias(ch)).imag() / h;
+    }
+    // Landmark slots are not summarised: their rows of u must not matter.
+    double analytic = 0, magnitude = 0;
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      const auto rows = grads.dk.middleRows(ch * c.S, tokens).array() *
+                        u.middleRows(ch * c.S, tokens).array();
+      analytic += rows.sum();
+      magnitude += rows.abs().sum();
+    }
+    analytic += (grads.dprior.array() * w.array()).sum();
+    magnitude += (grads.dprior.array() * w.array()).abs().sum();
+    const double err = std::abs(analytic - complex_step) / magnitude;
+    worst = std::max(worst, err);
+    INFO("direction " << direction << ": analytic " << analytic << ", complex step " << complex_step);
+    CHECK(err < 1e-12);
+  }
+  for (int64_t ch = 0; ch < chunks; ++ch)
+    CHECK(grads.dk.row(geometry.landmark_slot(ch)).isZero(0));
+  std::printf("summary backward vs complex-step derivatives (3 directions): worst relative %.2e\n",
+              worst);
+}
+
+TEST_CASE("a saved forward gives the same gradient bits, and a forward of the wrong shape is "
+          "refused", "[backward]") {
+  const auto& c = cases::case_named("gqa_group4");
+  const auto g = upstream(c);
+  RunOptions keep;
+  keep.keep_window = true;
+  for (const char* name : {"full", "swa", "nsa", "hils"}) {
+    const auto spec = cases::with_case_geometry(preset(name), c);
+    const auto in = cases::make_inputs<double>(c);
+    const auto forward = run_mechanism(spec, in, keep);
+    const auto recomputed = run_mechanism_backward(spec, in, forward.selection, g);
+    const auto saved = run_mechanism_backward(spec, in, forward.selection, g, &forward);
+    INFO(name);
+    CHECK(saved.dq == recomputed.dq);
+    CHECK(saved.dk == recomputed.dk);
+    CHECK(saved.dv == recomputed.dv);
+    CHECK(saved.dq_retrieval == recomputed.dq_retrieval);
+    if (spec.selects()) {
+      const auto without_window = run_mechanism(spec, in);
+      CHECK_THROWS_WITH(run_mechanism_backward(spec, in, forward.selection, g, &without_window),
+                        Catch::Contains("keep_window"));
+    }
+  }
 }

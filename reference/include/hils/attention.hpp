@@ -139,6 +139,26 @@ IndexMatrix select_chunks(const std::vector<Matrix<Scalar>>& scores,
                           int64_t K, const Geometry& geometry,
                           const std::vector<int64_t>& queries);
 
+// One query row of one head as the fusion stage sees it.
+template <class Scalar>
+struct FusionRow {
+  Eigen::Ref<const Vector<Scalar>> q;  // the query q_t [d] (attention inside each chunk)
+  const int32_t* selected;             // the K selected chunks, -1 for padding (anywhere)
+  int64_t K;
+  const Scalar* scores;  // s_hat(t, .) [n_chunks]: the hierarchical fusion's chunk logits;
+                         // unread (may be null) for flat fusion
+  Scalar lse_window;     // lse_swa(t)
+  Eigen::Ref<const RowVector<Scalar>> o_window;  // o_swa(t) [dv]
+};
+// Fusion stage (SPEC §6): attends each selected chunk, then one softmax over [chunk logits,
+// lse_swa (, 0 with softmax1)] where a chunk's logit is its exact log-mass L (flat, Eq. 3) or
+// s_hat (hierarchical, Eq. 10). Writes o [dv], lse and the K+2 fusion weights (0 for padding).
+// The one implementation: run_mechanism and the oracle's forced fusion both call it.
+template <class Scalar>
+void fuse(const MechanismSpec& spec, const FusionRow<Scalar>& row, const Matrix<Scalar>& k,
+          const Matrix<Scalar>& v, const Geometry& geometry, Scalar scale,
+          Eigen::Ref<RowVector<Scalar>> o, Scalar& lse, Eigen::Ref<RowVector<Scalar>> weights);
+
 // The whole mechanism over all heads (OpenMP over independent (group, query-block) units;
 // the same bits for any number of threads).
 template <class Scalar>

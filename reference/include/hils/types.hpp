@@ -27,6 +27,8 @@ template <class Scalar>
 using Matrix = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 template <class Scalar>
 using Vector = Eigen::Matrix<Scalar, Eigen::Dynamic, 1>;
+template <class Scalar>
+using RowVector = Eigen::Matrix<Scalar, 1, Eigen::Dynamic>;
 // Chunk indices; -1 pads a selection row to length K.
 using IndexMatrix = Eigen::Matrix<int32_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
