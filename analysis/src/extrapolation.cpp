@@ -61,7 +61,8 @@ void write_needle_unit(const AttentionInputs<double>& raw, const NamedEncoding& 
     const int64_t slot = needle_slot(geometry, last[0], depth, &chunk);
     chunks.push_back(chunk);
     auto in = apply_positional_encoding<double>(
-        with_needle(raw, slot, last[0], scale, options.needle_logit), geometry, encoding.pe);
+        with_needle(raw, slot, last[0], scale, options.needle_logit), geometry, encoding.pe,
+        fo.prior.rule);
     fill_prior(in, geometry, fo.prior.source);
     RunOptions run;
     run.queries = last;
@@ -112,10 +113,11 @@ ExtrapolationReport run_extrapolation_study(const StudySource& raw_source,
     if (options.run_metrics) {
       // The fidelity study on positioned copies of the raw vectors.
       StudySource positioned = raw_source;
-      positioned.load = [&raw_source, &encoding, &geo](int64_t layer, int64_t T) {
+      const PriorRule prior_rule = options.fidelity.prior.rule;
+      positioned.load = [&raw_source, &encoding, &geo, prior_rule](int64_t layer, int64_t T) {
         const Geometry geometry(T, geo.S, geo.W, geo.landmarks);
         return apply_positional_encoding<double>(raw_source.load(layer, T), geometry,
-                                                 encoding.pe);
+                                                 encoding.pe, prior_rule);
       };
       FidelityOptions fo = options.fidelity;
       fo.prefix = encoding.name + "/";

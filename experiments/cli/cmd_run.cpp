@@ -9,6 +9,7 @@
 #include "cli/spec_flags.hpp"
 #include "config/config.hpp"
 #include "io/activation_file.hpp"
+#include "io/hdf5_util.hpp"
 #include "io/results_file.hpp"
 #include "parallel/session.hpp"
 #include "util/progress.hpp"
@@ -206,7 +207,7 @@ AttentionInputs<double> inputs_for(const MechanismSpec& spec, const RunPlan& pla
                                input, spec.S, spec.landmarks));
   PositionalEncoding pe = encoding_for(plan, meta);
   if (pe.kind == PositionalKind::nope) return raw;
-  return apply_positional_encoding(raw, geometry, pe);
+  return apply_positional_encoding(raw, geometry, pe, spec.prior_rule);
 }
 
 void write_unit(io::ResultsWriter& writer, const std::string& unit, const MechanismSpec& spec,
@@ -269,6 +270,8 @@ nlohmann::json merged_config(const std::string& output, const RunPlan& plan,
 
 void run(const RunFlags& flags) {
   require_input_file(flags.input, "ACTIVATIONS");
+  require_distinct_files(flags.input, "ACTIVATIONS", flags.output, "--output");
+  io::require_writable_folder(flags.output);
   RunPlan plan = make_plan(flags);
   const io::ActivationMeta meta = io::read_activation_meta(flags.input);
   if (plan.layers.empty())
@@ -286,6 +289,9 @@ void run(const RunFlags& flags) {
 
   io::Provenance provenance{plan_json(plan, flags.input, meta.T),
                             static_cast<uint64_t>(plan.seed), command_line()};
+  // Held from before the old file is read until the new one is published: a second writer of
+  // this file (say another --resume) is refused instead of losing this run's units or its own.
+  io::OutputLock lock(flags.output, command_line());
   std::error_code ec;
   const bool resuming = flags.resume && std::filesystem::exists(flags.output, ec);
   if (resuming) provenance.config = merged_config(flags.output, plan, provenance.config);

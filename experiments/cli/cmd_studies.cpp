@@ -13,6 +13,7 @@
 #include <toml++/toml.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/cli_util.hpp"
 #include "cli/commands.hpp"
 #include "cli/spec_flags.hpp"
 #include "config/config.hpp"
@@ -22,6 +23,7 @@
 #include "hils/analysis/study_cli.hpp"
 #include "hils/analysis/synthetic.hpp"
 #include "io/activation_file.hpp"
+#include "io/hdf5_util.hpp"
 #include "io/results_file.hpp"
 #include "model/llama2c.hpp"
 #include "model/tokenizer.hpp"
@@ -45,7 +47,7 @@ using nlohmann::json;
 class ResultsFileSink : public analysis::ResultSink {
  public:
   ResultsFileSink(const std::filesystem::path& path, const io::Provenance& provenance)
-      : writer_(open(path, provenance)) {}
+      : lock_(path, provenance.command), writer_(open(path, provenance)) {}
   bool is_complete(const std::string& unit) const override { return writer_.is_complete(unit); }
   void mark_complete(const std::string& unit) override {
     writer_.mark_complete(unit);
@@ -85,6 +87,7 @@ class ResultsFileSink : public analysis::ResultSink {
     if (std::filesystem::exists(path)) previous_ = std::make_unique<io::ResultsReader>(path);
     return io::ResultsWriter::open(path, provenance);
   }
+  io::OutputLock lock_;  // taken before the earlier file is read (see io::OutputLock)
   std::unique_ptr<io::ResultsReader> previous_;
   io::ResultsWriter writer_;
   std::map<std::string, Matrix<double>> cache_;
@@ -383,11 +386,14 @@ class StudyResults {
 };
 
 io::Provenance provenance(const Resolved& r, const std::string& command) {
-  return {r.config, 0x5eed, command};
+  return {r.config, 0x5eed, command_line().empty() ? command : command_line()};
 }
 
 std::string out_path(const StudyArgs& a, const std::string& study) {
-  if (!a.out.empty()) return a.out;
+  if (!a.out.empty()) {
+    if (!a.activations.empty()) require_distinct_files(a.activations, "--activations", a.out, "--out");
+    return a.out;
+  }
   throw BadInput("--out: a results file path is needed for hils " + study);
 }
 
@@ -534,7 +540,7 @@ std::vector<std::filesystem::path> draw_plots(const std::filesystem::path& resul
       "plot_study.py";
   if (!std::filesystem::exists(script))
     throw BadInput(script.string() + ": plotting script not found (set HILS_PLOTS_DIR)");
-  std::filesystem::create_directories(folder);
+  make_output_folder(folder, "plots");
   const auto list = folder / ".plots.txt";
   const std::string command = fmt::format("/usr/bin/python3 '{}' '{}' --out '{}' --list '{}'",
                                           script.string(), results.string(), folder.string(),
@@ -572,7 +578,7 @@ void register_studies(CLI::App& app) {
   cmd->add_flag("--no-model", *skip_model, "skip the real-model runs");
   cmd->callback([out, model_dir, skip_model] {
     const std::filesystem::path folder = *out;
-    std::filesystem::create_directories(folder);
+    make_output_folder(folder, "--out");
     const auto start = std::chrono::steady_clock::now();
     std::vector<std::filesystem::path> files;
     studies::StudyArgs a;

@@ -171,7 +171,8 @@ SyntheticSample generate(const SyntheticParams& p) {
   }
   AttentionInputs<double> rotated = p.positional.kind == PositionalKind::nope
                                         ? raw
-                                        : apply_positional_encoding(raw, geometry, p.positional);
+                                        : apply_positional_encoding(raw, geometry, p.positional,
+                                                                    PriorRule::shared);
   nlohmann::json description = p.to_json();
   nlohmann::json needle_json = nlohmann::json::array();
   for (const auto& n : needles)

@@ -1,4 +1,7 @@
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <sstream>
 #include <string>
 
 #include "hils/attention.hpp"
@@ -10,6 +13,59 @@ std::string shape(int64_t rows, int64_t cols) {
   return std::string("[") + std::to_string(rows) + " x " + std::to_string(cols) + "]";
 }
 
+// Throws InvalidArgument naming the first NaN or Inf element, e.g. "q[1](5, 2)".
+template <class Scalar>
+void require_finite(const Matrix<Scalar>& x, const std::string& name) {
+  if (x.allFinite()) return;
+  for (int64_t i = 0; i < x.rows(); ++i)
+    for (int64_t j = 0; j < x.cols(); ++j)
+      if (!std::isfinite(x(i, j)))
+        throw InvalidArgument(name + "(" + std::to_string(i) + ", " + std::to_string(j) +
+                              "): expected a finite value, got " +
+                              (std::isnan(x(i, j)) ? "NaN" : x(i, j) > 0 ? "+Inf" : "-Inf"));
+}
+
+// The largest Euclidean row norm over every head. Squared norms first (one cheap pass); rows
+// whose square overflows are measured again with Eigen's overflow-safe blueNorm.
+template <class Scalar>
+long double max_row_norm(const std::vector<Matrix<Scalar>>& heads) {
+  long double top = 0;
+  for (const auto& x : heads) {
+    const Vector<Scalar> squares = x.rowwise().squaredNorm();
+    for (int64_t i = 0; i < x.rows(); ++i) {
+      const long double norm = std::isfinite(squares(i))
+                                   ? std::sqrt(static_cast<long double>(squares(i)))
+                                   : static_cast<long double>(x.row(i).blueNorm());
+      top = std::max(top, norm);
+    }
+  }
+  return top;
+}
+
+// Refuses inputs whose logits sigma q.k (or sigma mu.k of the prior) can leave the Scalar range:
+// their log-sum-exp, and so lse and the softmax, would not be representable. The bound is
+// sigma max|q| max|k| (Cauchy-Schwarz), with max(sigma, 1) because the dot product is formed
+// before it is scaled; half the range is kept for the rounding of the sums.
+template <class Scalar>
+void require_representable_logits(const AttentionInputs<Scalar>& in, double scale,
+                                  bool reads_prior) {
+  long double queries = std::max(max_row_norm(in.q), max_row_norm(in.q_retrieval));
+  if (reads_prior) queries = std::max(queries, max_row_norm(in.prior));
+  const long double keys = max_row_norm(in.k);
+  const long double bound = queries * keys * std::max<long double>(scale, 1.0L);
+  const long double limit = static_cast<long double>(std::numeric_limits<Scalar>::max()) / 2;
+  if (bound < limit) return;
+  std::ostringstream expected, found;
+  expected.precision(3);
+  found.precision(3);
+  expected << "logits scale * q . k below " << limit
+           << " (half the working precision's range), so that their log-sum-exp lse is "
+              "representable";
+  found << "|logit| up to " << bound << " (max |q| = " << queries << ", max |k| = " << keys
+        << ", scale = " << scale << "); rescale q or k";
+  require(false, "q, k", expected.str(), found.str());
+}
+
 template <class Scalar>
 void require_heads(const std::vector<Matrix<Scalar>>& heads, const std::string& field,
                    int64_t rows, int64_t cols) {
@@ -17,7 +73,26 @@ void require_heads(const std::vector<Matrix<Scalar>>& heads, const std::string& 
     const std::string name = field + "[" + std::to_string(h) + "]";
     require(heads[h].rows() == rows && heads[h].cols() == cols, name, shape(rows, cols),
             shape(heads[h].rows(), heads[h].cols()));
-    require(heads[h].allFinite(), name, "finite values", "NaN or Inf");
+    require_finite(heads[h], name);
+  }
+}
+
+// Shapes and values of inputs.prior under the shared and given rules.
+template <class Scalar>
+void require_prior(const AttentionInputs<Scalar>& in, const MechanismSpec& spec) {
+  require(static_cast<int64_t>(in.prior.size()) == in.Hq(), "prior",
+          std::to_string(in.Hq()) + " heads for prior_rule " + to_string(spec.prior_rule),
+          std::to_string(in.prior.size()));
+  const int64_t chunks = in.T() / spec.S, dk = in.d();
+  for (size_t h = 0; h < in.prior.size(); ++h) {
+    const auto& p = in.prior[h];
+    const std::string name = "prior[" + std::to_string(h) + "]";
+    const bool shared_row = spec.prior_rule == PriorRule::shared && p.rows() == 1;
+    require((shared_row || p.rows() == chunks) && p.cols() == dk, name,
+            spec.prior_rule == PriorRule::shared ? shape(1, dk) + " or " + shape(chunks, dk)
+                                                 : shape(chunks, dk),
+            shape(p.rows(), p.cols()));
+    require_finite(p, name);
   }
 }
 
@@ -42,26 +117,19 @@ void AttentionInputs<Scalar>::validate(const MechanismSpec& spec) const {
             std::to_string(Hq()) + " heads or none", std::to_string(q_retrieval.size()));
     require_heads(q_retrieval, "q_retrieval", t, dk);
   }
-  if (!spec.needs_prior() || spec.prior_rule == PriorRule::landmark_query) return;
-  require(static_cast<int64_t>(prior.size()) == Hq(), "prior",
-          std::to_string(Hq()) + " heads for prior_rule " + to_string(spec.prior_rule),
-          std::to_string(prior.size()));
-  const int64_t chunks = t / spec.S;
-  for (size_t h = 0; h < prior.size(); ++h) {
-    const std::string name = "prior[" + std::to_string(h) + "]";
-    const bool shared_row = spec.prior_rule == PriorRule::shared && prior[h].rows() == 1;
-    require((shared_row || prior[h].rows() == chunks) && prior[h].cols() == dk, name,
-            spec.prior_rule == PriorRule::shared ? shape(1, dk) + " or " + shape(chunks, dk)
-                                                 : shape(chunks, dk),
-            shape(prior[h].rows(), prior[h].cols()));
-    require(prior[h].allFinite(), name, "finite values", "NaN or Inf");
-  }
+  // The prior is read only by the taylor key and the entropy bias, from inputs.prior under the
+  // shared and given rules.
+  const bool reads_prior = spec.needs_prior() && spec.prior_rule != PriorRule::landmark_query;
+  if (reads_prior) require_prior(*this, spec);
+  require_representable_logits(*this, logit_scale(spec, dk), reads_prior);
 }
 
 template <class Scalar>
 AttentionInputs<Scalar> apply_positional_encoding(const AttentionInputs<Scalar>& raw,
                                                   const Geometry& geometry,
-                                                  const PositionalEncoding& pe) {
+                                                  const PositionalEncoding& pe,
+                                                  PriorRule prior_rule) {
+  // raw (un-rotated) inputs -> rotated q, k, q~ and, for the shared rule, a positioned prior.
   pe.validate(raw.d());
   require(raw.T() == geometry.T(), "geometry.T", "the inputs' " + std::to_string(raw.T()) +
           " slots", std::to_string(geometry.T()));
@@ -69,17 +137,35 @@ AttentionInputs<Scalar> apply_positional_encoding(const AttentionInputs<Scalar>&
   const std::vector<int64_t> positions = geometry.position_ids();
   for (auto* heads : {&out.q, &out.k, &out.q_retrieval})
     for (auto& x : *heads) apply_rotary(x, positions, pe);
-  // A one-row shared prior becomes one row per chunk, rotated where the chunk's landmark sits.
+  // The prior rule decides, never the row count: a given prior is used as given (one row per
+  // chunk, even when there is one chunk); a shared prior is one vector per head that becomes one
+  // row per chunk, rotated where the chunk's landmark sits (reference/SEMANTICS.md, Positional
+  // encodings).
+  if (prior_rule != PriorRule::shared) return out;
   std::vector<int64_t> chunk_positions(static_cast<size_t>(geometry.n_chunks()));
   for (int64_t c = 0; c < geometry.n_chunks(); ++c)
     chunk_positions[static_cast<size_t>(c)] = geometry.position_id(geometry.landmark_slot(c));
-  for (auto& p : out.prior) {
-    if (p.rows() != 1) continue;
+  for (size_t h = 0; h < out.prior.size(); ++h) {
+    auto& p = out.prior[h];
+    require(p.rows() == 1, "prior[" + std::to_string(h) + "]",
+            "1 row (the shared prior vector of the head, before positioning)",
+            std::to_string(p.rows()) + " rows");
     Matrix<Scalar> rows = p.replicate(geometry.n_chunks(), 1);
     apply_rotary(rows, chunk_positions, pe);
     p = std::move(rows);
   }
   return out;
+}
+
+template <class Scalar>
+AttentionInputs<Scalar> apply_positional_encoding(const AttentionInputs<Scalar>& raw,
+                                                  const Geometry& geometry,
+                                                  const PositionalEncoding& pe) {
+  // inputs without a prior -> rotated q, k, q~.
+  require(raw.prior.empty(), "prior",
+          "none here (pass the prior rule to apply_positional_encoding to position a prior)",
+          std::to_string(raw.prior.size()) + " heads");
+  return apply_positional_encoding(raw, geometry, pe, PriorRule::given);
 }
 
 template <class Scalar>
@@ -101,6 +187,8 @@ Matrix<Scalar> calibrated_query(const Matrix<Scalar>& q, const Matrix<Scalar>& h
   template struct AttentionInputs<S>;                                                      \
   template AttentionInputs<S> apply_positional_encoding<S>(                                \
       const AttentionInputs<S>&, const Geometry&, const PositionalEncoding&);              \
+  template AttentionInputs<S> apply_positional_encoding<S>(                                \
+      const AttentionInputs<S>&, const Geometry&, const PositionalEncoding&, PriorRule);   \
   template Matrix<S> calibrated_query<S>(const Matrix<S>&, const Matrix<S>&, const Matrix<S>&, \
                                          const Matrix<S>&);
 

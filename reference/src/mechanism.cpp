@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "blocks.hpp"
@@ -160,14 +161,44 @@ void run_selecting(const MechanismSpec& spec, const AttentionInputs<Scalar>& inp
   });
 }
 
-}  // namespace
-
+// The largest |v| over every KV head (0 without values).
 template <class Scalar>
-MechanismOutputs<Scalar> run_mechanism(const MechanismSpec& spec,
+Scalar max_abs_value(const AttentionInputs<Scalar>& inputs) {
+  Scalar top = 0;
+  for (const auto& v : inputs.v)
+    if (v.size() > 0) top = std::max(top, v.cwiseAbs().maxCoeff());
+  return top;
+}
+
+// The power of two that brings `top` (the largest |v|) at least 2^64 below the largest Scalar,
+// or 1. The weighted sums over keys then cannot overflow (their weights sum to at most the key
+// count), and multiplying by a power of two is exact (reference/SEMANTICS.md, numerics).
+template <class Scalar>
+Scalar value_downscale(Scalar top) {
+  constexpr int kHeadroomBits = 64;
+  const int allowed = std::numeric_limits<Scalar>::max_exponent - 1 - kHeadroomBits;
+  if (top == 0 || std::ilogb(top) <= allowed) return Scalar(1);
+  return std::ldexp(Scalar(1), allowed - std::ilogb(top));
+}
+
+// Undoes value_downscale on the outputs that are linear in v. o is a convex combination of
+// rows of v, so |o| <= top: clamping to it first removes only the rounding of the weights
+// (their sum can be 1 + ulp), which would otherwise overflow o when |v| is the largest Scalar.
+template <class Scalar>
+void upscale_values(MechanismOutputs<Scalar>& out, Scalar downscale, Scalar top) {
+  const Scalar up = Scalar(1) / downscale;  // a power of two: exact
+  const Scalar bound = top * downscale;     // exact, as |v| was scaled
+  for (auto& head : out.heads) {
+    for (auto* o : {&head.o, &head.o_window})
+      *o = o->cwiseMax(-bound).cwiseMin(bound) * up;
+  }
+}
+
+// run_mechanism after validation.
+template <class Scalar>
+MechanismOutputs<Scalar> run_validated(const MechanismSpec& spec,
                                        const AttentionInputs<Scalar>& inputs,
                                        const RunOptions& options) {
-  spec.validate();
-  inputs.validate(spec);
   const Geometry geometry = geometry_of(spec, inputs.T());
   const Scalar scale = static_cast<Scalar>(logit_scale(spec, inputs.d()));
   auto queries = detail::resolve_queries(options.queries, inputs.T());
@@ -190,6 +221,27 @@ MechanismOutputs<Scalar> run_mechanism(const MechanismSpec& spec,
   }
   run_selecting(spec, inputs, options, geometry, scale, blocks, summaries, out);
   return out;
+}
+
+}  // namespace
+
+template <class Scalar>
+MechanismOutputs<Scalar> run_mechanism(const MechanismSpec& spec,
+                                       const AttentionInputs<Scalar>& inputs,
+                                       const RunOptions& options) {
+  spec.validate();
+  inputs.validate(spec);
+  // Values near the top of the Scalar range: run on v scaled by an exact power of two and scale
+  // o back, so that o (a convex combination of rows of v) is the finite true output.
+  const Scalar top = max_abs_value(inputs);
+  if (const Scalar downscale = value_downscale(top); downscale != Scalar(1)) {
+    AttentionInputs<Scalar> scaled = inputs;
+    for (auto& v : scaled.v) v *= downscale;
+    MechanismOutputs<Scalar> out = run_validated(spec, scaled, options);
+    upscale_values(out, downscale, top);
+    return out;
+  }
+  return run_validated(spec, inputs, options);
 }
 
 template MechanismOutputs<float> run_mechanism<float>(const MechanismSpec&,

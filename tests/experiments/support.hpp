@@ -29,6 +29,10 @@ struct CommandResult {
 // output.
 CommandResult run_hils(const std::string& args);
 
+// run_hils under a file-size limit of `limit_kib` KiB (the shell's ulimit -f, i.e. RLIMIT_FSIZE):
+// a write past it fails as on a full disk.
+CommandResult run_hils_with_file_limit(const std::string& args, int limit_kib);
+
 // A small valid activation file: 2 layers, Hq=4, Hkv=2, T=40, d=8, dv=6, landmarks at S=8,
 // deterministic values from `seed`.
 io::ActivationFile small_activation_file(uint64_t seed);

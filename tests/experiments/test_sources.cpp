@@ -109,7 +109,8 @@ TEST_CASE("RoPE is applied to the kept un-rotated vectors", "[sources]") {
   p.positional.kind = hils::PositionalKind::rope;
   p.positional.pairing = hils::RopePairing::interleaved;
   auto sample = src::generate(p);
-  auto expected = hils::apply_positional_encoding(sample.unrotated, sample.geometry, p.positional);
+  auto expected = hils::apply_positional_encoding(sample.unrotated, sample.geometry, p.positional,
+                                                  hils::PriorRule::shared);
   CHECK(sample.inputs.q[1] == expected.q[1]);
   CHECK(sample.inputs.k[1] == expected.k[1]);
   CHECK(sample.inputs.q[1] != sample.unrotated.q[1]);

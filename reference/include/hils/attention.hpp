@@ -19,8 +19,8 @@ struct AttentionInputs {
   std::vector<Matrix<Scalar>> k;            // Hkv x [T x d]
   std::vector<Matrix<Scalar>> v;            // Hkv x [T x dv]
   std::vector<Matrix<Scalar>> q_retrieval;  // empty (q~ = q) or Hq x [T x d]
-  std::vector<Matrix<Scalar>> prior;        // PriorRule::shared: Hq x [1 x d] (or n_chunks rows);
-                                            // PriorRule::given: Hq x [n_chunks x d]
+  std::vector<Matrix<Scalar>> prior;        // PriorRule::shared: Hq x [1 x d] (or n_chunks rows
+                                            // once positioned); PriorRule::given: Hq x [n_chunks x d]
 
   int64_t Hq() const { return static_cast<int64_t>(q.size()); }
   int64_t Hkv() const { return static_cast<int64_t>(k.size()); }
@@ -35,8 +35,16 @@ struct AttentionInputs {
   void validate(const MechanismSpec& spec) const;
 };
 
-// Rotates q, k, q~ by the geometry's position ids, and turns a 1-row shared prior into one row
-// per chunk rotated at the position id of slot (c+1)S-1 (SPEC §8).
+// Rotates q, k, q~ by the geometry's position ids. The prior follows `prior_rule`, never its
+// row count: under PriorRule::shared each head's 1-row prior becomes one row per chunk rotated at
+// the position id of slot (c+1)S-1; a given prior is left as given (reference/SEMANTICS.md,
+// Positional encodings).
+template <class Scalar>
+AttentionInputs<Scalar> apply_positional_encoding(const AttentionInputs<Scalar>& raw,
+                                                  const Geometry& geometry,
+                                                  const PositionalEncoding& pe,
+                                                  PriorRule prior_rule);
+// The same for inputs without a prior (throws InvalidArgument naming `prior` otherwise).
 template <class Scalar>
 AttentionInputs<Scalar> apply_positional_encoding(const AttentionInputs<Scalar>& raw,
                                                   const Geometry& geometry,

@@ -1,0 +1,169 @@
+// Faults a user meets with the `hils` tool (issue 8): an output naming its input, two writers of
+// one file, a full disk, odd output paths, damaged resume state. Each ends in a clear error
+// (exit 2) with nothing lost and nothing left behind.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <iterator>
+
+#include <H5Cpp.h>
+
+#include "io/activation_file.hpp"
+#include "io/hdf5_util.hpp"
+#include "support.hpp"
+
+using hils::test::count_temp_files;
+using hils::test::run_hils;
+using hils::test::run_hils_with_file_limit;
+using hils::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+
+fs::path write_small(const TempDir& dir, const std::string& name = "acts.h5") {
+  auto path = dir / name;
+  hils::io::write_activation_file(path, hils::test::small_activation_file(7),
+                                  hils::io::StorageType::float64);
+  return path;
+}
+
+std::string bytes_of(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Files in `folder` whose name ends in ".lock" (left-over output locks).
+int count_lock_files(const fs::path& folder) {
+  int n = 0;
+  for (const auto& entry : fs::directory_iterator(folder))
+    if (entry.path().extension() == ".lock") ++n;
+  return n;
+}
+
+const std::string kGeometry = " -S 8 -W 16 -K 2 --landmarks true --keep-scores true";
+const std::string kFirstArgs = " -p full" + kGeometry;       // a first run
+const std::string kRunArgs = " -p full,hils" + kGeometry;    // the same, resumed with one more
+
+}  // namespace
+
+TEST_CASE("hils run refuses an output that is its input, by inode, not by name", "[cli][faults]") {
+  TempDir dir("same_file");
+  auto acts = write_small(dir);
+  const std::string before = bytes_of(acts);
+  fs::create_hard_link(acts, dir / "hard_link.h5");
+  fs::create_symlink(acts, dir / "sym_link.h5");
+  for (const auto& output : {acts, dir / "hard_link.h5", dir / "sym_link.h5",
+                             dir / "." / "acts.h5"}) {
+    auto r = run_hils("run " + q(acts) + " -o " + q(output) + kRunArgs);
+    INFO(output.string() + "\n" + r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains("is the same file as ACTIVATIONS"));
+  }
+  CHECK(bytes_of(acts) == before);
+  CHECK(count_temp_files(dir.path()) == 0);
+}
+
+TEST_CASE("a second writer of one results file is refused and told who holds it",
+          "[cli][faults]") {
+  TempDir dir("writer_lock");
+  auto acts = write_small(dir);
+  auto results = dir / "results.h5";
+  REQUIRE(run_hils("run " + q(acts) + " -o " + q(results) + kFirstArgs).exit_code == 0);
+  CHECK(count_lock_files(dir.path()) == 0);  // released and removed after a run
+  const std::string before = bytes_of(results);
+  {
+    // This test process is the first writer; hils (another process) must not get in.
+    hils::io::OutputLock held(results, "the first writer");
+    auto resumed = run_hils("run " + q(acts) + " -o " + q(results) + kRunArgs + " --resume");
+    INFO(resumed.output);
+    CHECK(resumed.exit_code == 2);
+    CHECK_THAT(resumed.output, Catch::Contains("being written by pid"));
+    CHECK_THAT(resumed.output, Catch::Contains("the first writer"));
+    auto study = run_hils("fidelity --out " + q(results) + " --lengths 256 -q");
+    CHECK(study.exit_code == 2);
+    CHECK_THAT(study.output, Catch::Contains("being written by"));
+    CHECK(bytes_of(results) == before);
+  }
+  auto after = run_hils("run " + q(acts) + " -o " + q(results) + kRunArgs + " --resume");
+  INFO(after.output);
+  CHECK(after.exit_code == 0);
+  CHECK(count_lock_files(dir.path()) == 0);
+}
+
+TEST_CASE("a full disk (file-size limit) gives a clear error, no crash, no temporary file",
+          "[cli][faults]") {
+  // RLIMIT_FSIZE stands in for a full disk: writes past it fail with EFBIG as they would with
+  // ENOSPC (a tmpfs of a few KiB gives the same message; it needs root to mount).
+  TempDir dir("full_disk");
+  auto acts = write_small(dir);
+  auto results = dir / "results.h5";
+  REQUIRE(run_hils("run " + q(acts) + " -o " + q(results) + kFirstArgs).exit_code == 0);
+  const std::string before = bytes_of(results);
+  for (int limit_kib : {4, 24}) {
+    auto run = run_hils_with_file_limit(
+        "run " + q(acts) + " -o " + q(results) + kRunArgs + " --resume", limit_kib);
+    INFO(limit_kib << " KiB\n" << run.output);
+    CHECK(run.exit_code == 2);
+    CHECK_THAT(run.output, Catch::Contains("room to"));
+    CHECK(bytes_of(results) == before);  // the earlier file is untouched
+    auto dump = run_hils_with_file_limit(
+        "dump synthetic -T 2048 -S 16 -o " + q(dir / "synthetic.h5"), limit_kib);
+    INFO(dump.output);
+    CHECK(dump.exit_code == 2);
+    CHECK_THAT(dump.output, Catch::Contains("room to write"));
+    CHECK_FALSE(fs::exists(dir / "synthetic.h5"));
+    CHECK(count_temp_files(dir.path()) == 0);
+    CHECK(count_lock_files(dir.path()) == 0);
+  }
+}
+
+TEST_CASE("odd output paths are bad input, not internal errors", "[cli][faults]") {
+  TempDir dir("odd_outputs");
+  auto acts = write_small(dir);
+  std::ofstream(dir / "plain_file") << "x";
+  auto empty = run_hils("run " + q(acts) + " -o ''" + kRunArgs);
+  INFO(empty.output);
+  CHECK(empty.exit_code == 2);
+  CHECK_THAT(empty.output, Catch::Contains("a file name for the output"));
+  auto below_file = run_hils("fidelity --out " + q(dir / "plain_file" / "x.h5") + " -q");
+  INFO(below_file.output);
+  CHECK(below_file.exit_code == 2);
+  CHECK_THAT(below_file.output, Catch::Contains("which is not a folder"));
+  auto studies = run_hils("studies --out " + q(dir / "plain_file" / "sub") + " --no-model -q");
+  INFO(studies.output);
+  CHECK(studies.exit_code == 2);
+  CHECK_THAT(studies.output, Catch::Contains("plain_file is a file, not a folder"));
+}
+
+TEST_CASE("a damaged complete_units attribute names the file and the attribute",
+          "[cli][faults]") {
+  TempDir dir("damaged_units");
+  auto acts = write_small(dir);
+  auto results = dir / "results.h5";
+  REQUIRE(run_hils("run " + q(acts) + " -o " + q(results) + " -p full -S 8 --landmarks true")
+              .exit_code == 0);
+  for (const std::string damaged : {"[\"full/layer0\", 3", "{\"a\": 1}", "[1, 2]"}) {
+    {
+      H5::H5File file(results.string(), H5F_ACC_RDWR);
+      file.removeAttr("complete_units");
+      H5::StrType type(H5::PredType::C_S1, H5T_VARIABLE);
+      file.createAttribute("complete_units", type, H5::DataSpace(H5S_SCALAR))
+          .write(type, damaged);
+    }
+    auto r = run_hils("run " + q(acts) + " -o " + q(results) + " -p full -S 8 --landmarks true " +
+                      "--resume");
+    INFO(damaged + "\n" + r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains("results.h5: / attribute complete_units"));
+  }
+}
+
+TEST_CASE("hils --version names the version and the commit", "[cli]") {
+  auto r = run_hils("--version");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::StartsWith("hils "));
+  CHECK_THAT(r.output, Catch::Contains("commit"));
+}
