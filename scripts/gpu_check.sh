@@ -3,8 +3,9 @@
 # machine. Usage (repository root):
 #   scripts/gpu_check.sh [--build-only] [--no-bench] [--quick] [--no-report] [--profile] [--python]
 #                        [--decode]
-# --decode: only the decode step: its tests ("gpu decode*"), gpu/bench/bench_decode.py and
-# compute-sanitizer memcheck of the tests (decode.log, decode.json in $OUT).
+# --decode: only the decode step: its tests ("gpu decode*"), the `hils verify` dumps of one step
+# (gpu/bench/dump_decode_verify.py), gpu/bench/bench_decode.py and compute-sanitizer memcheck of
+# the tests (decode.log, decode.json in $OUT).
 # --python: only `pip install .` (scikit-build-core, no network) and the pytest of PyTorch's
 # kernels judged by the hils package (tests/python/test_gpu_kernels.py), logs in $OUT.
 # --quick: ctest only (no second full test report, no memcheck); --no-report: no second plain
@@ -86,6 +87,10 @@ if [ "$DECODE" = 1 ]; then
   grep -E "^(decode ties|decode three tiles|All tests|test cases)" "$OUT/decode_tests.log" || true
   grep -cE "^=== decode" "$OUT/decode_tests.log" | sed "s/^/decode reports: /" || true
   grep -E "FAIL" "$OUT/decode_tests.log" | head -20 || true
+  echo "== decode dumps for hils verify"
+  PYTHONUNBUFFERED=1 python3 "$ROOT/gpu/bench/dump_decode_verify.py" --lib "$BUILD/gpu/libhils_gpu_c.so" \
+    --out "$OUT" >"$OUT/decode_dump.log" 2>&1 && tail -n 2 "$OUT/decode_dump.log" \
+    || { echo "decode dump failed:"; tail -n 5 "$OUT/decode_dump.log"; status=1; }
   if [ "$BENCH" = 1 ]; then
     echo "== decode benchmark"
     PYTHONUNBUFFERED=1 python3 "$ROOT/gpu/bench/bench_decode.py" --lib "$BUILD/gpu/libhils_gpu_c.so" --profile \

@@ -113,19 +113,19 @@ def copy_bandwidth():
 class HilsDecode:
     """Our decode step on a random cache of B sequences of T slots (hils preset)."""
 
-    def __init__(self, lib, B, T, gen):
-        nc = T // S
+    def __init__(self, lib, B, T, gen, hq=HQ, hkv=HKV, d=D, s=S, w=W, k=K):
+        nc = T // s
         bf = dict(device="cuda", dtype=torch.bfloat16)
-        self.k = torch.randn(B, HKV, T, D, generator=gen, **bf)
-        self.v = torch.randn(B, HKV, T, D, generator=gen, **bf)
-        self.key = torch.randn(B, HQ, nc, D, generator=gen, **bf)
-        self.bias = torch.rand(B, HQ, nc, generator=gen, device="cuda") * 3.0
-        self.q = torch.randn(B, HQ, D, generator=gen, **bf)
-        self.o = torch.empty(B, HQ, D, device="cuda")
-        self.lse = torch.empty(B, HQ, device="cuda")
-        self.sel = torch.empty(B, HKV, K, dtype=torch.int32, device="cuda")
+        self.k = torch.randn(B, hkv, T, d, generator=gen, **bf)
+        self.v = torch.randn(B, hkv, T, d, generator=gen, **bf)
+        self.key = torch.randn(B, hq, nc, d, generator=gen, **bf)
+        self.bias = torch.rand(B, hq, nc, generator=gen, device="cuda") * 3.0
+        self.q = torch.randn(B, hq, d, generator=gen, **bf)
+        self.o = torch.empty(B, hq, d, device="cuda")
+        self.lse = torch.empty(B, hq, device="cuda")
+        self.sel = torch.empty(B, hkv, k, dtype=torch.int32, device="cuda")
         p = Decode()
-        p.B, p.T, p.Hq, p.Hkv, p.d, p.dv, p.S, p.W, p.K = B, T, HQ, HKV, D, D, S, W, K
+        p.B, p.T, p.Hq, p.Hkv, p.d, p.dv, p.S, p.W, p.K = B, T, hq, hkv, d, d, s, w, k
         p.landmarks, p.key_rule, p.bias_rule = 1, TAYLOR, ENTROPY
         p.group_rule, p.fusion, p.softmax1, p.scale = MAX_NORMALIZED, HIERARCHICAL, 0, 0.0
         p.k, p.v, p.summary_key, p.summary_bias = ptr(self.k), ptr(self.v), ptr(self.key), ptr(self.bias)

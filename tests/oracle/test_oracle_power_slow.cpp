@@ -1,0 +1,37 @@
+// The mutation study in issue 13's own setting (label `slow`, minutes): the hils preset,
+// T = 2048, S = 64, W = 256, K = 8, Hq = 8, Hkv = 2, d = 64, synthetic topics data, each
+// claimed precision; prints the table of the smallest size caught per kind.
+#include <catch2/catch.hpp>
+
+#include <iostream>
+
+#include "mutation_study.hpp"
+#include "sources/synthetic.hpp"
+
+using namespace hils;
+using namespace hils::oracle;
+using namespace hils::oracle::testing;
+
+TEST_CASE("mutation study in issue 13's setting (topics, T = 2048)", "[oracle][power][slow]") {
+  sources::SyntheticParams params;
+  params.generator = "topics";
+  params.T = 2048;
+  params.S = 64;
+  params.Hq = 8;
+  params.Hkv = 2;
+  params.seed = cases::seed_of("oracle power, issue 13 setting");
+  const AttentionInputs<double> inputs = sources::generate(params).inputs;
+  MechanismSpec spec = preset("hils");
+  spec.S = 64;
+  spec.W = 256;
+  spec.K = 8;
+  for (const auto& claim : study_claims()) {
+    const auto rows = power_study(spec, inputs, claim);
+    const int sixteen = sixteen_caught(rows);
+    std::cout << format_power("mutation study, issue 13 setting, claimed " + claim.label() + ": " +
+                                  std::to_string(sixteen) + "/16 caught (" +
+                                  std::to_string(sixteen_caught(rows, true)) +
+                                  "/16 without the mean test)", rows);
+    CHECK(sixteen >= (claim.precision == InputPrecision::fp32 ? 16 : 14));
+  }
+}
