@@ -382,10 +382,13 @@ void register_run(CLI::App& app) {
       "Output: /<mechanism>/layer<l>/head<h>/{o,lse,fusion_weights},\n"
       "        /<mechanism>/layer<l>/kv_head<g>/selection, /<mechanism>/layer<l>/queries.\n"
       "Examples:\n"
-      "  hils run synth.h5 -o res.h5 --preset full,nsa,hils -S 16 -W 32 -K 4\n"
-      "  hils run llama.h5 -o res.h5 --preset full,swa,naive_bsa,nsa -S 16 -W 32 -K 2\n"
-      "  hils run llama.h5 -o res.h5 --preset hils --landmarks false --prior-rule shared\n"
-      "  hils run synth.h5 -o res.h5 -c run.toml --resume");
+      "  hils dump synthetic -o synth.h5 -S 16     # landmark slots every 16 slots\n"
+      "  hils run synth.h5 -o res.h5 --preset full,nsa,hils -S 16 -W 32 -K 4 --landmarks true\n"
+      "  hils run synth.h5 -o res_cfg.h5 -c experiments/configs/run_example.toml --resume\n"
+      "  hils dump llama2c -o llama.h5                # no landmark slots\n"
+      "  hils run llama.h5 -o llama_res.h5 --preset full,swa,naive_bsa,nsa -S 16 -W 32 -K 2\n"
+      "  hils run llama.h5 -o hils_res.h5 --preset hils --landmarks false --prior-rule shared\n"
+      "A file with landmark slots needs --landmarks true and its own chunk size (-S).");
   cmd->callback([flags] {
     // Not yet shared among MPI ranks: N copies would race on one output file.
     if (parallel::ranks() > 1)

@@ -263,6 +263,25 @@ void build_sources(Resolved& r, const StudyArgs& a, const toml::table& t, const 
 }
 
 
+// BadInput unless `value` >= `least`, naming the flag and the config key that can set it.
+void require_at_least(int64_t value, int64_t least, const std::string& flag,
+                      const std::string& key, const std::string& file) {
+  if (value >= least) return;
+  const std::string where = file == "(defaults)" ? flag : flag + " (or " + key + " in " + file + ")";
+  throw BadInput(fmt::format("{}: expected an integer >= {}, got {}", where, least, value));
+}
+
+// The resolved study values a run cannot use (flags and config alike): a chunk of no slots, a
+// window of no slots, a negative K, no queries or no layers.
+void require_study_values(const Resolved& r, const std::string& file) {
+  require_at_least(r.geometry.S, 1, "--S", "[geometry] S", file);
+  require_at_least(r.geometry.W, 1, "--W", "[geometry] W", file);
+  require_at_least(r.geometry.K, 0, "--K", "[geometry] K", file);
+  require_at_least(r.queries, 1, "--queries", "[study] queries", file);
+  require_at_least(r.source.n_layers, 1, "--layers", "[source] layers", file);
+  require_at_least(r.tail_queries, 1, "[overlap] tail_queries", "[overlap] tail_queries", file);
+}
+
 // Defaults per source and study, then the TOML config, then flags.
 Resolved resolve(const StudyArgs& a, const std::string& study) {
   toml::table t;
@@ -275,8 +294,9 @@ Resolved resolve(const StudyArgs& a, const std::string& study) {
     }
   }
   Resolved r;
-  r.source_kind = toml_value<std::string>(t, "source", "kind", a.source, f);
-  if (a.source != "synthetic") r.source_kind = a.source;  // an explicit flag wins
+  // An explicit --source wins over the config's [source] kind, --source synthetic included.
+  r.source_kind = a.source.empty() ? toml_value<std::string>(t, "source", "kind", "synthetic", f)
+                                   : a.source;
   const bool model = r.source_kind != "synthetic";
   // Synthetic: the paper's geometry. The real model (512 tokens, head dim 8): S=16, W=64, K=8,
   // so that the last query has 28 candidates of which K covers ~30% (the paper: 32 of 57-121).
@@ -285,8 +305,7 @@ Resolved resolve(const StudyArgs& a, const std::string& study) {
   spec.W = toml_value<int64_t>(t, "geometry", "W", model ? 64 : 512, f);
   spec.K = toml_value<int64_t>(t, "geometry", "K", model ? 8 : 32, f);
   spec.landmarks = toml_value<bool>(t, "geometry", "landmarks", !model, f);
-  config::apply_spec_overrides(spec, a.spec, "flags");
-  validate_fields(spec);
+  config::apply_spec_overrides(spec, a.spec, "flags");  // ranges: require_study_values
   r.geometry.S = spec.S, r.geometry.W = spec.W, r.geometry.K = spec.K;
   r.geometry.landmarks = spec.landmarks;
   // Without landmark slots there is no landmark query: the prior is the chunk's mean query.
@@ -304,7 +323,7 @@ Resolved resolve(const StudyArgs& a, const std::string& study) {
   r.mechanisms = toml_array<std::string>(t, "study", "mechanisms",
                                          analysis::default_mechanism_names(r.geometry.landmarks), f);
   if (!a.mechanisms.empty()) r.mechanisms = a.mechanisms;
-  r.queries = a.queries > 0 ? a.queries : toml_value<int64_t>(t, "study", "queries", 32, f);
+  r.queries = a.queries != -1 ? a.queries : toml_value<int64_t>(t, "study", "queries", 32, f);
   r.tail_queries = toml_value<int64_t>(t, "overlap", "tail_queries", model ? 256 : 256, f);
   r.block_sizes = toml_array<int64_t>(t, "overlap", "block_sizes", r.block_sizes, f);
   r.final_block = toml_value<int64_t>(t, "overlap", "final_block", r.final_block, f);
@@ -330,8 +349,9 @@ Resolved resolve(const StudyArgs& a, const std::string& study) {
     if (lengths[i] < 1 || (i > 0 && lengths[i] <= lengths[i - 1]))
       throw BadInput("lengths: positive and strictly ascending");
   r.source.lengths = lengths;
-  r.source.n_layers = a.layers > 0 ? a.layers
-                                   : toml_value<int64_t>(t, "source", "layers", model ? 5 : 2, f);
+  r.source.n_layers = a.layers != -1 ? a.layers
+                                    : toml_value<int64_t>(t, "source", "layers", model ? 5 : 2, f);
+  require_study_values(r, f);
   build_sources(r, a, t, f);
   r.raw_source.lengths = r.source.lengths = lengths;
   r.raw_source.n_layers = r.source.n_layers;
@@ -430,7 +450,9 @@ void add_study_options(CLI::App* cmd, StudyArgs& a) {
   cmd->add_option("--config", a.config, "study config (TOML, see experiments/configs/)")
       ->check(CLI::ExistingFile);
   cmd->add_option("-o,--out", a.out, "results file (.h5); an existing one is resumed");
-  cmd->add_option("--source", a.source, "synthetic | model | activations")
+  cmd->add_option("--source", a.source,
+                  "synthetic | model | activations (default: the config's [source] kind, else "
+                  "synthetic)")
       ->check(CLI::IsMember({"synthetic", "model", "activations"}));
   cmd->add_option("--activations", a.activations, "activation file (source=activations)");
   cmd->add_option("--model-dir", a.model_dir,
@@ -533,11 +555,7 @@ std::vector<std::filesystem::path> draw_plots(const std::filesystem::path& resul
                                               const std::filesystem::path& folder) {
   if (!std::filesystem::exists(results))
     throw BadInput(results.string() + ": no such results file");
-  const char* env = std::getenv("HILS_PLOTS_DIR");
-  const std::filesystem::path script =
-      (env ? std::filesystem::path(env)
-           : std::filesystem::path(__FILE__).parent_path() / "../../analysis/plots") /
-      "plot_study.py";
+  const std::filesystem::path script = plots_dir() / "plot_study.py";
   if (!std::filesystem::exists(script))
     throw BadInput(script.string() + ": plotting script not found (set HILS_PLOTS_DIR)");
   make_output_folder(folder, "plots");

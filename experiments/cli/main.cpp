@@ -135,7 +135,8 @@ int main(int argc, char** argv) {
       "  hils dump llama2c -o llama.h5                  # stories260K over tinystories_sample.txt\n"
       "  hils dump synthetic -o synth.h5 --generator topics -T 4096 -S 64\n"
       "  hils info synth.h5\n"
-      "  hils run synth.h5 -o results.h5 --preset full,nsa,hils -S 64 -W 512 -K 8\n"
+      "  hils run synth.h5 -o results.h5 --preset full,nsa,hils -S 64 -W 512 -K 8 --landmarks true\n"
+      "  hils info results.h5\n"
       "Exit codes: 0 success, 1 a check failed, 2 bad input, 3 internal error.\n"
       "Run `hils <command> --help` for a command's options and examples.");
 

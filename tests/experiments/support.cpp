@@ -21,8 +21,6 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
-namespace {
-
 CommandResult run_shell(const std::string& command) {
   CommandResult result;
   FILE* pipe = ::popen(command.c_str(), "r");
@@ -35,8 +33,6 @@ CommandResult run_shell(const std::string& command) {
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
 }
-
-}  // namespace
 
 CommandResult run_hils(const std::string& args) {
   return run_shell(std::string("'") + HILS_EXE + "' " + args + " 2>&1");

@@ -28,6 +28,8 @@ struct CommandResult {
 // Runs the hils executable with `args` (a shell-quoted string) and returns its exit code and
 // output.
 CommandResult run_hils(const std::string& args);
+// Runs a shell command line as given (sh -c), output and exit code as run_hils.
+CommandResult run_shell(const std::string& command);
 
 // run_hils under a file-size limit of `limit_kib` KiB (the shell's ulimit -f, i.e. RLIMIT_FSIZE):
 // a write past it fails as on a full disk.

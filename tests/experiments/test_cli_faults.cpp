@@ -4,17 +4,23 @@
 #include <catch2/catch.hpp>
 
 #include <fstream>
+#include <algorithm>
 #include <iterator>
+#include <sstream>
+#include <utility>
+#include <vector>
 
 #include <H5Cpp.h>
 
 #include "io/activation_file.hpp"
 #include "io/hdf5_util.hpp"
 #include "support.hpp"
+#include "util/shared_data.hpp"
 
 using hils::test::count_temp_files;
 using hils::test::run_hils;
 using hils::test::run_hils_with_file_limit;
+using hils::test::run_shell;
 using hils::test::TempDir;
 namespace fs = std::filesystem;
 
@@ -166,4 +172,99 @@ TEST_CASE("hils --version names the version and the commit", "[cli]") {
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Catch::StartsWith("hils "));
   CHECK_THAT(r.output, Catch::Contains("commit"));
+}
+
+TEST_CASE("study flags out of range are refused naming the flag and the expected value",
+          "[cli][faults]") {
+  TempDir dir("study_flags");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--K -2", "--K: expected an integer >= 0, got -2"},
+      {"--S 0", "--S: expected an integer >= 1, got 0"},
+      {"--W 0", "--W: expected an integer >= 1, got 0"},
+      {"--queries 0", "--queries: expected an integer >= 1, got 0"},
+      {"--layers 0", "--layers: expected an integer >= 1, got 0"}};
+  for (const auto& [flag, message] : cases) {
+    auto r = run_hils("fidelity --out " + q(dir / "f.h5") + " --lengths 1024 -q " + flag);
+    INFO(flag + "\n" + r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains(message));
+    CHECK_FALSE(fs::exists(dir / "f.h5"));
+  }
+  // The same values from a config file name the key and the file.
+  std::ofstream(dir / "bad.toml") << "[geometry]\nS = 0\n";
+  auto from_config = run_hils("fidelity --config " + q(dir / "bad.toml") + " --out " +
+                              q(dir / "f.h5") + " --lengths 1024 -q");
+  INFO(from_config.output);
+  CHECK(from_config.exit_code == 2);
+  CHECK_THAT(from_config.output, Catch::Contains("[geometry] S in"));
+}
+
+TEST_CASE("an explicit source synthetic flag wins over a config that names the model", "[cli][faults]") {
+  TempDir dir("source_flag");
+  // The model folder does not exist: running the model would fail (exit 2).
+  std::ofstream(dir / "model.toml") << "[source]\nkind = \"model\"\n";
+  auto r = run_hils("fidelity --config " + q(dir / "model.toml") + " --source synthetic --model-dir " +
+                    q(dir / "no_model") + " --out " + q(dir / "f.h5") + " --lengths 1024 -q");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  auto info = run_hils("info " + q(dir / "f.h5") + " --json");
+  CHECK_THAT(info.output, Catch::Contains("\"kind\": \"synthetic\""));
+}
+
+TEST_CASE("the examples of hils --help, run, dump and info work as written", "[cli][faults]") {
+  // Run in a fresh folder, in order, with `hils` on PATH and the project's experiments/ folder
+  // beside them (the examples name experiments/configs/*.toml from the project root).
+  TempDir dir("help_examples");
+  fs::create_directory_symlink(fs::path(HILS_SOURCE_DIR) / "experiments", dir / "experiments");
+  const std::string prefix = "cd " + q(dir.path()) + " && PATH=" +
+                             q(fs::path(HILS_EXE).parent_path()) + ":\"$PATH\" && ";
+  std::vector<std::string> examples;
+  for (const std::string help : {"--help", "run --help", "dump llama2c --help",
+                                 "dump synthetic --help", "info --help"}) {
+    std::istringstream lines(run_hils(help).output);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("  hils ", 0) != 0) continue;
+      line = line.substr(2, line.find('#') == std::string::npos ? std::string::npos
+                                                                : line.find('#') - 2);
+      if (std::find(examples.begin(), examples.end(), line) == examples.end())
+        examples.push_back(line);
+    }
+  }
+  REQUIRE(examples.size() >= 10);
+  const bool have_model = fs::exists(hils::shared_data_dir() / "stories260K.bin");
+  if (!have_model) WARN("SKIPPED the llama2c examples: no " << hils::shared_data_dir().string());
+  for (const auto& example : examples) {
+    if (!have_model && example.find("llama") != std::string::npos) continue;
+    auto r = run_shell(prefix + example + " -q 2>&1");
+    INFO(example + "\n" + r.output);
+    CHECK(r.exit_code == 0);
+  }
+}
+
+TEST_CASE("hils dump llama2c says and records a truncated text, and hashes its inputs",
+          "[cli][faults]") {
+  const auto data = hils::shared_data_dir();
+  if (!fs::exists(data / "stories260K.bin") || !fs::exists(data / "tok512.bin")) {
+    WARN("SKIPPED: no " << (data / "stories260K.bin").string());
+    return;
+  }
+  TempDir dir("dump_truncation");
+  auto cut = run_hils("dump llama2c --tokens 16 -o " + q(dir / "cut.h5"));
+  INFO(cut.output);
+  REQUIRE(cut.exit_code == 0);
+  CHECK_THAT(cut.output, Catch::Contains("kept its first 16 tokens"));
+  auto info = run_hils("info " + q(dir / "cut.h5") + " --json");
+  CHECK_THAT(info.output, Catch::Contains("\"text_truncated\": true"));
+  CHECK_THAT(info.output, Catch::Contains("\"model_fnv1a64\""));
+  CHECK_THAT(info.output, Catch::Contains("\"tokenizer_fnv1a64\""));
+  CHECK_THAT(info.output, Catch::Contains("\"hils_version\""));
+  // A text shorter than --tokens is kept whole and said to be so.
+  std::ofstream(dir / "short.txt") << "Once upon a time there was a cat.";
+  auto whole = run_hils("dump llama2c --tokens 128 --text " + q(dir / "short.txt") + " -o " +
+                        q(dir / "whole.h5"));
+  INFO(whole.output);
+  REQUIRE(whole.exit_code == 0);
+  CHECK_THAT(whole.output, !Catch::Contains("kept its first"));
+  CHECK_THAT(run_hils("info " + q(dir / "whole.h5") + " --json").output,
+             Catch::Contains("\"text_truncated\": false"));
 }
