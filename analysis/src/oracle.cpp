@@ -165,7 +165,7 @@ Context make_context(const MechanismSpec& spec, const AttentionInputs<double>& i
   Context ctx{spec, options,
               options.precision == InputPrecision::bf16 ? round_inputs_to_bf16(inputs) : inputs,
               {}, geometry_of(spec, inputs.T()), resolve_queries(options.queries, inputs.T()),
-              {}, {}, {}, inputs.Hq() / inputs.Hkv()};
+              {}, {}, {}, inputs.Hq() / inputs.Hkv(), {}};
   ctx.inputs_float = to_float(ctx.inputs);
   ctx.magnitude = magnitudes_of(spec, ctx.inputs, ctx.geometry);
   RunOptions run;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <optional>
 #include <string>
 
@@ -32,26 +33,29 @@ double max_abs(const std::vector<Matrix<double>>& heads) {
 // Hq x [T] finite d_lse (they are the kernel's inputs: a wrong one is the caller's error).
 void require_upstream(const KernelGradients& grads, const AttentionInputs<double>& inputs) {
   const int64_t Hq = inputs.Hq(), T = inputs.T(), dv = inputs.dv();
-  auto shape = [](int64_t a, int64_t b, int64_t c) {
-    return "[" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c) + "]";
+  // "[a, b, c]", appended piecewise (GCC 12 warns falsely (-Wrestrict) on long "+" chains).
+  auto shape = [](std::initializer_list<int64_t> dims) {
+    std::string text = "[";
+    for (int64_t n : dims) text += (text.size() > 1 ? ", " : "") + std::to_string(n);
+    return text += "]";
   };
   const bool d_o_shape =
       static_cast<int64_t>(grads.d_o.size()) == Hq &&
       std::all_of(grads.d_o.begin(), grads.d_o.end(),
                   [&](const Matrix<double>& m) { return m.rows() == T && m.cols() == dv; });
-  require(d_o_shape, "inputs/do", shape(Hq, T, dv) + " (heads, all T queries, dv)",
+  require(d_o_shape, "inputs/do", shape({Hq, T, dv}) + " (heads, all T queries, dv)",
           grads.d_o.empty() ? "none"
-                            : shape(static_cast<int64_t>(grads.d_o.size()), grads.d_o[0].rows(),
-                                    grads.d_o[0].cols()));
+                            : shape({static_cast<int64_t>(grads.d_o.size()), grads.d_o[0].rows(),
+                                     grads.d_o[0].cols()}));
   for (const auto& m : grads.d_o) require(m.allFinite(), "inputs/do", "finite values", "NaN or Inf");
   if (grads.d_lse.empty()) return;
   const bool d_lse_shape =
       static_cast<int64_t>(grads.d_lse.size()) == Hq &&
       std::all_of(grads.d_lse.begin(), grads.d_lse.end(),
                   [&](const Vector<double>& x) { return x.size() == T; });
-  require(d_lse_shape, "inputs/dlse", "[" + std::to_string(Hq) + ", " + std::to_string(T) + "]",
-          "[" + std::to_string(grads.d_lse.size()) + ", " +
-              std::to_string(grads.d_lse[0].size()) + "]");
+  require(d_lse_shape, "inputs/dlse", shape({Hq, T}),
+          shape({static_cast<int64_t>(grads.d_lse.size()),
+                 static_cast<int64_t>(grads.d_lse[0].size())}));
   for (const auto& x : grads.d_lse)
     require(x.allFinite(), "inputs/dlse", "finite values", "NaN or Inf");
 }

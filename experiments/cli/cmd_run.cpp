@@ -6,6 +6,7 @@
 
 #include "cli/cli_util.hpp"
 #include "cli/commands.hpp"
+#include "cli/spec_flags.hpp"
 #include "config/config.hpp"
 #include "io/activation_file.hpp"
 #include "io/hdf5_util.hpp"
@@ -354,23 +355,7 @@ void register_run(CLI::App& app) {
                   "preset(s): full swa naive_bsa nsa lmk hils (repeat or comma-separate)")
       ->delimiter(',');
   cmd->add_option("--layers", flags->layers, "layers to run (default all)")->delimiter(',');
-  nlohmann::json* spec = &flags->spec;
-  add_json_option<std::string>(cmd, spec, "--name", "name", "name of a custom mechanism");
-  add_json_option<std::string>(cmd, spec, "--fusion", "fusion",
-                               "full | window | flat | hierarchical");
-  add_json_option<std::string>(cmd, spec, "--key-rule", "key_rule",
-                               "exact | mean | landmark_key | taylor");
-  add_json_option<std::string>(cmd, spec, "--bias-rule", "bias_rule", "none | entropy");
-  add_json_option<std::string>(cmd, spec, "--prior-rule", "prior_rule",
-                               "landmark_query | shared (shared = mean query of the head)");
-  add_json_option<std::string>(cmd, spec, "--group-rule", "group_rule",
-                               "max_normalized | sum_probabilities | max_raw");
-  add_json_option<bool>(cmd, spec, "--softmax1", "softmax1", "true/false: extra zero logit");
-  add_json_option<int64_t>(cmd, spec, "-S,--chunk", "S", "chunk size in slots");
-  add_json_option<int64_t>(cmd, spec, "-W,--window", "W", "window size in slots");
-  add_json_option<int64_t>(cmd, spec, "-K,--top-k", "K", "retrieved chunks");
-  add_json_option<bool>(cmd, spec, "--landmarks", "landmarks", "true/false: landmark layout");
-  add_json_option<double>(cmd, spec, "--scale", "scale", "logit scale (0 = 1/sqrt(d))");
+  add_spec_flags(cmd, &flags->spec);
   nlohmann::json* run_settings = &flags->run;
   add_json_option<std::string>(cmd, run_settings, "--positional", "positional",
                                "auto | nope | rope | hope (auto: use the file as it is, "

@@ -15,6 +15,9 @@
 
 #include "cli/cli_util.hpp"
 #include "cli/commands.hpp"
+#include "cli/spec_flags.hpp"
+#include "config/config.hpp"
+#include "hils/spec_fields.hpp"
 #include "hils/analysis/extrapolation.hpp"
 #include "hils/analysis/overlap.hpp"
 #include "hils/analysis/study_cli.hpp"
@@ -297,19 +300,24 @@ Resolved resolve(const StudyArgs& a, const std::string& study) {
   const bool model = r.source_kind != "synthetic";
   // Synthetic: the paper's geometry. The real model (512 tokens, head dim 8): S=16, W=64, K=8,
   // so that the last query has 28 candidates of which K covers ~30% (the paper: 32 of 57-121).
-  r.geometry.S = toml_value<int64_t>(t, "geometry", "S", model ? 16 : 64, f);
-  r.geometry.W = toml_value<int64_t>(t, "geometry", "W", model ? 64 : 512, f);
-  r.geometry.K = toml_value<int64_t>(t, "geometry", "K", model ? 8 : 32, f);
-  r.geometry.landmarks = toml_value<bool>(t, "geometry", "landmarks", !model, f);
-  if (a.S != -1) r.geometry.S = a.S;  // -1: not given (flags are checked when parsed)
-  if (a.W != -1) r.geometry.W = a.W;
-  if (a.K != -1) r.geometry.K = a.K;
+  MechanismSpec spec;  // the spec fields a study uses: config, then the spec flags
+  spec.S = toml_value<int64_t>(t, "geometry", "S", model ? 16 : 64, f);
+  spec.W = toml_value<int64_t>(t, "geometry", "W", model ? 64 : 512, f);
+  spec.K = toml_value<int64_t>(t, "geometry", "K", model ? 8 : 32, f);
+  spec.landmarks = toml_value<bool>(t, "geometry", "landmarks", !model, f);
+  config::apply_spec_overrides(spec, a.spec, "flags");  // ranges: require_study_values
+  r.geometry.S = spec.S, r.geometry.W = spec.W, r.geometry.K = spec.K;
+  r.geometry.landmarks = spec.landmarks;
   // Without landmark slots there is no landmark query: the prior is the chunk's mean query.
-  r.prior.rule = parse_prior_rule(toml_value<std::string>(
-      t, "study", "prior_rule", a.prior_rule.empty() ? (r.geometry.landmarks ? "landmark_query" : "given") : a.prior_rule, f), "prior_rule");
+  r.prior.rule = a.spec.contains("prior_rule")
+                     ? spec.prior_rule
+                     : parse_prior_rule(toml_value<std::string>(t, "study", "prior_rule",
+                                                                spec.landmarks ? "landmark_query"
+                                                                               : "given",
+                                                                f),
+                                        f + ": [study] prior_rule");
   r.prior.source = analysis::parse_prior_source(toml_value<std::string>(
       t, "study", "prior_source", a.prior_source.empty() ? (r.prior.rule == PriorRule::landmark_query ? "inputs" : "chunk_mean_query") : a.prior_source, f), "prior_source");
-  if (!a.prior_rule.empty()) r.prior.rule = parse_prior_rule(a.prior_rule, "--prior-rule");
   if (!a.prior_source.empty())
     r.prior.source = analysis::parse_prior_source(a.prior_source, "--prior-source");
   r.mechanisms = toml_array<std::string>(t, "study", "mechanisms",
@@ -452,14 +460,11 @@ void add_study_options(CLI::App* cmd, StudyArgs& a) {
                   "default $HILS_SHARED_DATA or ../shared/data)");
   cmd->add_option("--lengths", a.lengths, "context lengths in slots, ascending");
   cmd->add_option("--layers", a.layers, "number of layers to study");
-  cmd->add_option("--S", a.S, "chunk size");
-  cmd->add_option("--W", a.W, "window size");
-  cmd->add_option("--K", a.K, "retrieved chunks");
+  add_spec_flags(cmd, &a.spec, {"S", "W", "K", "landmarks", "prior_rule"});
   cmd->add_option("--queries", a.queries, "sampled queries per unit");
   cmd->add_option("--mechanisms", a.mechanisms,
                   "scores to study: presets, mean, landmark_key, taylor, taylor_entropy, "
                   "max_logit, <key>+<bias>");
-  cmd->add_option("--prior-rule", a.prior_rule, "landmark_query | shared | given");
   cmd->add_option("--prior-source", a.prior_source,
                   "inputs | chunk_mean_query | chunk_last_query");
   cmd->add_flag("--plot", a.plot, "draw the plots next to the results file");

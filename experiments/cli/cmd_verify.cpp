@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
+#include "config/spec_codec.hpp"
 #include "hils/analysis/oracle.hpp"
 #include "io/file_error.hpp"
 #include "io/hdf5_util.hpp"
@@ -24,18 +25,8 @@ constexpr int64_t kVerifyFormatVersion = 1;
 
 // ---- spec ----------------------------------------------------------------------------------
 
-// One JSON member of a given type, or a FileError naming it.
-template <class T>
-T json_member(const fs::path& file, const nlohmann::json& j, const std::string& key,
-              const char* expected) {
-  try {
-    return j.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    io::fail(file, "attribute spec, key \"" + key + "\"", expected, j.at(key).dump());
-  }
-}
-
-// The spec attribute: {"preset": name?, then any MechanismSpec field by name}.
+// The spec attribute: {"preset": name?, then any MechanismSpec field by name}, decoded and
+// checked by the one spec codec; its errors become the file's ("<file>: spec.K: expected ...").
 MechanismSpec parse_spec(const fs::path& file, const std::string& text) {
   nlohmann::json j;
   try {
@@ -44,30 +35,13 @@ MechanismSpec parse_spec(const fs::path& file, const std::string& text) {
     io::fail(file, "attribute spec", "a JSON object", std::string("invalid JSON (") + e.what() + ")");
   }
   if (!j.is_object()) io::fail(file, "attribute spec", "a JSON object", j.dump());
-  MechanismSpec spec;
-  if (j.contains("preset")) spec = preset(json_member<std::string>(file, j, "preset", "a preset name"));
-  for (const auto& [key, value] : j.items()) {
-    const std::string field = "spec." + key;
-    if (key == "preset") continue;
-    else if (key == "name") spec.name = json_member<std::string>(file, j, key, "a string");
-    else if (key == "fusion") spec.fusion = parse_fusion(json_member<std::string>(file, j, key, "a string"), field);
-    else if (key == "key_rule") spec.key_rule = parse_key_rule(json_member<std::string>(file, j, key, "a string"), field);
-    else if (key == "bias_rule") spec.bias_rule = parse_bias_rule(json_member<std::string>(file, j, key, "a string"), field);
-    else if (key == "prior_rule") spec.prior_rule = parse_prior_rule(json_member<std::string>(file, j, key, "a string"), field);
-    else if (key == "group_rule") spec.group_rule = parse_group_rule(json_member<std::string>(file, j, key, "a string"), field);
-    else if (key == "softmax1") spec.softmax1 = json_member<bool>(file, j, key, "true or false");
-    else if (key == "landmarks") spec.landmarks = json_member<bool>(file, j, key, "true or false");
-    else if (key == "S") spec.S = json_member<int64_t>(file, j, key, "an integer");
-    else if (key == "W") spec.W = json_member<int64_t>(file, j, key, "an integer");
-    else if (key == "K") spec.K = json_member<int64_t>(file, j, key, "an integer");
-    else if (key == "scale") spec.scale = json_member<double>(file, j, key, "a number");
-    else
-      io::fail(file, "attribute spec, key \"" + key + "\"",
-               "one of preset, name, fusion, key_rule, bias_rule, prior_rule, group_rule, "
-               "softmax1, landmarks, S, W, K, scale", "an unknown key");
+  try {
+    MechanismSpec spec = config::spec_from_json(j, "spec");
+    spec.validate();
+    return spec;
+  } catch (const InvalidArgument& e) {
+    throw io::FileError(file.string() + ": " + e.what());
   }
-  spec.validate();
-  return spec;
 }
 
 // ---- datasets ------------------------------------------------------------------------------

@@ -1,5 +1,8 @@
 #include "config/spec_codec.hpp"
 
+#include <type_traits>
+
+#include "hils/spec_fields.hpp"
 #include "hils/types.hpp"
 
 namespace hils::config {
@@ -57,29 +60,38 @@ std::string get_string(const nlohmann::json& object, const std::string& key,
 }
 
 std::vector<std::string> spec_keys() {
-  return {"preset", "name", "fusion", "key_rule", "bias_rule", "prior_rule", "group_rule",
-          "softmax1", "S", "W", "K", "landmarks", "scale"};
+  std::vector<std::string> keys{"preset"};
+  for_each_spec_field([&](const auto& field) { keys.emplace_back(field.key); });
+  return keys;
 }
 
+namespace {
+
+// object[field.key], when present, decoded into spec's member with the type's getter.
+template <class T>
+void decode_field(const SpecField<T>& field, MechanismSpec& spec, const nlohmann::json& object,
+                  const std::string& where) {
+  if (!object.contains(field.key)) return;
+  T& value = spec.*field.member;
+  if constexpr (kIsSpecEnum<T>)
+    value = parse_enum<T>(get_string(object, field.key, where), where + "." + field.key);
+  else if constexpr (std::is_same_v<T, std::string>)
+    value = get_string(object, field.key, where);
+  else if constexpr (std::is_same_v<T, bool>)
+    value = get_bool(object, field.key, where);
+  else if constexpr (std::is_same_v<T, int64_t>)
+    value = get_int(object, field.key, where);
+  else
+    value = get_number(object, field.key, where);
+}
+
+}  // namespace
+
 void apply_spec_overrides(MechanismSpec& spec, const nlohmann::json& o, const std::string& where) {
-  require_known_keys(o, spec_keys(), where);
-  auto field = [&](const char* key) { return where + "." + key; };
-  if (o.contains("name")) spec.name = get_string(o, "name", where);
-  if (o.contains("fusion")) spec.fusion = parse_fusion(get_string(o, "fusion", where), field("fusion"));
-  if (o.contains("key_rule"))
-    spec.key_rule = parse_key_rule(get_string(o, "key_rule", where), field("key_rule"));
-  if (o.contains("bias_rule"))
-    spec.bias_rule = parse_bias_rule(get_string(o, "bias_rule", where), field("bias_rule"));
-  if (o.contains("prior_rule"))
-    spec.prior_rule = parse_prior_rule(get_string(o, "prior_rule", where), field("prior_rule"));
-  if (o.contains("group_rule"))
-    spec.group_rule = parse_group_rule(get_string(o, "group_rule", where), field("group_rule"));
-  if (o.contains("softmax1")) spec.softmax1 = get_bool(o, "softmax1", where);
-  if (o.contains("S")) spec.S = get_int(o, "S", where);
-  if (o.contains("W")) spec.W = get_int(o, "W", where);
-  if (o.contains("K")) spec.K = get_int(o, "K", where);
-  if (o.contains("landmarks")) spec.landmarks = get_bool(o, "landmarks", where);
-  if (o.contains("scale")) spec.scale = get_number(o, "scale", where);
+  std::vector<std::string> keys = spec_keys();
+  keys.erase(keys.begin());  // "preset" only starts a spec (spec_from_json)
+  require_known_keys(o, keys, where);
+  for_each_spec_field([&](const auto& field) { decode_field(field, spec, o, where); });
 }
 
 MechanismSpec spec_from_json(const nlohmann::json& o, const std::string& where) {
@@ -98,19 +110,16 @@ MechanismSpec spec_from_json(const nlohmann::json& o, const std::string& where) 
   return spec;
 }
 
-nlohmann::json spec_to_json(const MechanismSpec& s) {
-  return {{"name", s.name},
-          {"fusion", to_string(s.fusion)},
-          {"key_rule", to_string(s.key_rule)},
-          {"bias_rule", to_string(s.bias_rule)},
-          {"prior_rule", to_string(s.prior_rule)},
-          {"group_rule", to_string(s.group_rule)},
-          {"softmax1", s.softmax1},
-          {"S", s.S},
-          {"W", s.W},
-          {"K", s.K},
-          {"landmarks", s.landmarks},
-          {"scale", s.scale}};
+nlohmann::json spec_to_json(const MechanismSpec& spec) {
+  nlohmann::json object = nlohmann::json::object();
+  for_each_spec_field([&](const auto& field) {
+    const auto& value = spec.*field.member;
+    if constexpr (kIsSpecEnum<std::decay_t<decltype(value)>>)
+      object[field.key] = enum_name(value);
+    else
+      object[field.key] = value;
+  });
+  return object;
 }
 
 }  // namespace hils::config

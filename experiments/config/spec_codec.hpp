@@ -19,14 +19,16 @@ namespace hils::config {
 void require_known_keys(const nlohmann::json& object, const std::vector<std::string>& keys,
                         const std::string& where);
 
-// Spec fields: preset, name, fusion, key_rule, bias_rule, prior_rule, group_rule, softmax1,
-// S, W, K, landmarks, scale. A `preset` key starts from that preset; other keys override it.
+// Keys: `preset` and the fields of the table in hils/spec_fields.hpp (name, fusion, key_rule,
+// ..., scale). A `preset` key starts from that preset; other keys override it.
 // Throws InvalidArgument naming `where` and the key for unknown keys or bad values.
 MechanismSpec spec_from_json(const nlohmann::json& object, const std::string& where);
 // Applies the keys present in `overrides` (spec fields except preset) on top of `spec`.
 void apply_spec_overrides(MechanismSpec& spec, const nlohmann::json& overrides,
                           const std::string& where);
+// Every field of the table, enums by name.
 nlohmann::json spec_to_json(const MechanismSpec& spec);
+// "preset" and the table's keys, in table order.
 std::vector<std::string> spec_keys();
 
 // A value of the expected JSON type or InvalidArgument naming where.key, expected and found.

@@ -3,12 +3,11 @@ import ctypes
 
 import torch
 
-# Integer values of the hils:: enums (reference/include/hils/spec.hpp).
-KEY = {"exact": 0, "mean": 1, "landmark_key": 2, "taylor": 3}
-BIAS = {"none": 0, "entropy": 1}
-PRIOR = {"landmark_query": 0, "shared": 1, "given": 2}
-GROUP = {"max_normalized": 0, "sum_probabilities": 1, "max_raw": 2}
-FUSION = {"full": 0, "window": 1, "flat": 2, "hierarchical": 3}
+# Integer values of the hils:: enums, name -> int, filled from the library's own field table
+# (hils_gpu_enum_names, reference/include/hils/spec.hpp) when the first Library is loaded.
+KEY, BIAS, PRIOR, GROUP, FUSION = {}, {}, {}, {}, {}
+_ENUMS = {"key_rule": KEY, "bias_rule": BIAS, "prior_rule": PRIOR, "group_rule": GROUP,
+          "fusion": FUSION}
 # The selection kernel versions of hils_gpu_select_with (gpu/NOTES.md: v5 and v4.2).
 SELECT_KERNEL = {"two_pass_v4": 0, "one_pass_v5": 1}
 PRESETS = {
@@ -33,6 +32,11 @@ class Library:
     def __init__(self, path):
         self.lib = ctypes.CDLL(path)
         self.lib.hils_gpu_last_error.restype = ctypes.c_char_p
+        self.lib.hils_gpu_enum_names.restype = ctypes.c_char_p
+        self.lib.hils_gpu_enum_names.argtypes = [ctypes.c_char_p]
+        for field, table in _ENUMS.items():
+            names = self.lib.hils_gpu_enum_names(field.encode()).decode().split()
+            table.update({name: value for value, name in enumerate(names)})
 
     def call(self, name, *args):
         rc = getattr(self.lib, name)(*args)
@@ -51,6 +55,8 @@ def stream_ptr():
 def make_problem(q, k, v, S, W, K, preset="hils", q_retrieval=None, softmax1=False,
                  group="max_normalized", landmarks=None):
     """q [Hq, T, d], k [Hkv, T, d], v [Hkv, T, dv] contiguous, fp32 or bf16."""
+    if not KEY:
+        raise RuntimeError("hils_ctypes: load a Library first (it reads the enum values)")
     cfg = PRESETS[preset]
     p = Problem()
     p.Hq, p.T, p.d = q.shape

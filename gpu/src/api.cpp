@@ -39,10 +39,10 @@ detail::LaunchParams params_of(const MechanismSpec& spec, const Shape& shape,
   p.S = spec.S, p.W = spec.W, p.K = spec.K, p.landmarks = spec.landmarks;
   p.bf16 = in.dtype == DType::bf16;
   p.scale = logit_scale(spec, shape.d);
-  p.key_rule = static_cast<int>(spec.key_rule);
-  p.bias_rule = static_cast<int>(spec.bias_rule);
-  p.prior_rule = static_cast<int>(spec.prior_rule);
-  p.group_rule = static_cast<int>(spec.group_rule);
+  p.key_rule = spec.key_rule;
+  p.bias_rule = spec.bias_rule;
+  p.prior_rule = spec.prior_rule;
+  p.group_rule = spec.group_rule;
   p.softmax1 = spec.softmax1;
   p.q = in.q, p.k = in.k, p.v = in.v;
   p.q_retrieval = in.q_retrieval != nullptr ? in.q_retrieval : in.q;

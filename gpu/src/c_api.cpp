@@ -17,14 +17,28 @@ struct Translated {
   hils::gpu::DeviceInputs in;
 };
 
+// An enum field of hils_gpu_problem -> the spec's value, or invalid_argument naming the field
+// and the accepted integers (the names tables of hils/spec.hpp, in integer order).
+template <class Enum>
+Enum enum_field(int32_t value, const char* field) {
+  if (auto e = hils::enum_from_int<Enum>(value)) return *e;
+  std::string accepted;
+  for (const auto& entry : hils::enum_names(Enum{})) {
+    const int i = static_cast<int>(entry.value);  // the tables are in integer order
+    accepted += (i == 0 ? "" : ", ") + std::to_string(i) + " (" + entry.name + ")";
+  }
+  throw std::invalid_argument(std::string(field) + ": expected one of " + accepted + ", got " +
+                              std::to_string(value));
+}
+
 Translated translate(const hils_gpu_problem& p) {
   Translated t;
   t.spec.S = p.S, t.spec.W = p.W, t.spec.K = p.K, t.spec.landmarks = p.landmarks != 0;
-  t.spec.key_rule = static_cast<hils::KeyRule>(p.key_rule);
-  t.spec.bias_rule = static_cast<hils::BiasRule>(p.bias_rule);
-  t.spec.prior_rule = static_cast<hils::PriorRule>(p.prior_rule);
-  t.spec.group_rule = static_cast<hils::GroupRule>(p.group_rule);
-  t.spec.fusion = static_cast<hils::Fusion>(p.fusion);
+  t.spec.key_rule = enum_field<hils::KeyRule>(p.key_rule, "key_rule");
+  t.spec.bias_rule = enum_field<hils::BiasRule>(p.bias_rule, "bias_rule");
+  t.spec.prior_rule = enum_field<hils::PriorRule>(p.prior_rule, "prior_rule");
+  t.spec.group_rule = enum_field<hils::GroupRule>(p.group_rule, "group_rule");
+  t.spec.fusion = enum_field<hils::Fusion>(p.fusion, "fusion");
   t.spec.softmax1 = p.softmax1 != 0;
   t.spec.scale = p.scale;
   t.shape = hils::gpu::Shape{p.T, p.Hq, p.Hkv, p.d, p.dv};
@@ -58,6 +72,21 @@ cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 extern "C" {
 
 const char* hils_gpu_last_error(void) { return g_last_error.c_str(); }
+
+const char* hils_gpu_enum_names(const char* field) {
+  static const std::string key = hils::enum_options<hils::KeyRule>(" "),
+                           bias = hils::enum_options<hils::BiasRule>(" "),
+                           prior = hils::enum_options<hils::PriorRule>(" "),
+                           group = hils::enum_options<hils::GroupRule>(" "),
+                           fusion = hils::enum_options<hils::Fusion>(" ");
+  const std::string name = field == nullptr ? "" : field;
+  if (name == "key_rule") return key.c_str();
+  if (name == "bias_rule") return bias.c_str();
+  if (name == "prior_rule") return prior.c_str();
+  if (name == "group_rule") return group.c_str();
+  if (name == "fusion") return fusion.c_str();
+  return nullptr;
+}
 
 int hils_gpu_workspace_bytes(const hils_gpu_problem* p, size_t* bytes) {
   return guarded(p, [&](const Translated& t) {

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "hils/spec.hpp"
+
 namespace hils::gpu::detail {
 
 // Shapes, geometry and pointers of one launch; unused pointers stay null.
@@ -14,7 +16,11 @@ struct LaunchParams {
   bool landmarks = false;
   bool bf16 = false;
   float scale = 1.0f;
-  int key_rule = 0, bias_rule = 0, prior_rule = 0, group_rule = 0;  // hils enum values
+  // The spec's own enums (the spec type is shared with the reference by design).
+  KeyRule key_rule = KeyRule::exact;
+  BiasRule bias_rule = BiasRule::none;
+  PriorRule prior_rule = PriorRule::landmark_query;
+  GroupRule group_rule = GroupRule::max_normalized;
   bool softmax1 = false;
   const void* q = nullptr;
   const void* k = nullptr;

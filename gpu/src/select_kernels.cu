@@ -7,7 +7,9 @@
 namespace hils::gpu::detail {
 namespace {
 
-constexpr int kGroupMaxNormalized = 0, kGroupSumProbabilities = 1, kGroupMaxRaw = 2;
+constexpr GroupRule kGroupMaxNormalized = GroupRule::max_normalized,
+                    kGroupSumProbabilities = GroupRule::sum_probabilities,
+                    kGroupMaxRaw = GroupRule::max_raw;
 
 // Per-warp shared buffers: q~ of the G heads, log Z_hat per head, the top-K list.
 struct SelectScratch {
@@ -62,7 +64,8 @@ __device__ void group_normalizers(const ScoreSource& score, const float* lse_swa
 }
 
 // r(t,g,c) under the group rule.
-__device__ float group_score(const ScoreSource& score, const float* log_z, int rule, int64_t c) {
+__device__ float group_score(const ScoreSource& score, const float* log_z, GroupRule rule,
+                            int64_t c) {
   float r = rule == kGroupSumProbabilities ? 0.0f : kNegInf;
   for (int64_t hg = 0; hg < score.G; ++hg) {
     const float s = score(hg, c);
@@ -93,7 +96,7 @@ __device__ int worst_entry(const SelectScratch& sc, int K) {
 }
 
 // Keeps the K best of the ascending candidate stream 0..n_cand-1 in sc.value/sc.index.
-__device__ int top_k(const ScoreSource& score, const SelectScratch& sc, int rule, int K,
+__device__ int top_k(const ScoreSource& score, const SelectScratch& sc, GroupRule rule, int K,
                      int64_t n_cand) {
   const int lane = threadIdx.x % kWarp;
   int n = 0, worst = -1;

@@ -12,7 +12,8 @@ namespace {
 
 constexpr int kQueries = 64;     // queries per block, 16 per warp
 constexpr int kRPitch = 65;      // fp32 per row of the group-score tile
-constexpr int kGroupMaxNormalized = 0, kGroupSumProbabilities = 1;
+constexpr GroupRule kGroupMaxNormalized = GroupRule::max_normalized,
+                    kGroupSumProbabilities = GroupRule::sum_probabilities;
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Scores run in base 2 (s2 = s_hat log2 e): one ex2 per exponential, the same ranking.
@@ -394,7 +395,7 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   uint32_t qa[4][4], qn[4][4];
   float s[8][4];
   // Pass 1, step = (head, tile): log2 Z_hat(t,h) = log2(2^lse_swa2 + sum over V(t) of 2^s2).
-  if (p.group_rule != 2 && n_tiles > 0) {
+  if (p.group_rule != GroupRule::max_raw && n_tiles > 0) {
     const int steps = G * n_tiles;
     float m[2], l[2];
     issue(0, 0, 0);
@@ -710,7 +711,7 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
 
 bool packed_select_applies(const LaunchParams& p) {
   const int64_t G = p.Hq / p.Hkv;
-  return p.bf16 && p.d == kTileDim && p.K >= 1 && p.K <= 64 && p.key_rule != 0 &&
+  return p.bf16 && p.d == kTileDim && p.K >= 1 && p.K <= 64 && p.key_rule != KeyRule::exact &&
          (G == 1 || G == 2 || G == 4 || G == 8 || G == 16);
 }
 

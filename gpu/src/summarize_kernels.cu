@@ -6,9 +6,10 @@
 namespace hils::gpu::detail {
 namespace {
 
-constexpr int kKeyMean = 1, kKeyLandmark = 2, kKeyTaylor = 3;
-constexpr int kBiasEntropy = 1;
-constexpr int kPriorLandmarkQuery = 0;
+constexpr KeyRule kKeyMean = KeyRule::mean, kKeyLandmark = KeyRule::landmark_key,
+                  kKeyTaylor = KeyRule::taylor;
+constexpr BiasRule kBiasEntropy = BiasRule::entropy;
+constexpr PriorRule kPriorLandmarkQuery = PriorRule::landmark_query;
 
 // mu_c of query head h: q~ at the landmark slot, or the given/shared prior row.
 template <class Tin>

@@ -417,7 +417,7 @@ template <class Scalar>
 void validate_backward_arguments(const Problem<Scalar>& pb) {
   const int64_t T = pb.inputs.T(), Hq = pb.inputs.Hq();
   auto shape = [](int64_t r, int64_t c) {
-    return "[" + std::to_string(r) + " x " + std::to_string(c) + "]";
+    return std::string("[") + std::to_string(r) + " x " + std::to_string(c) + "]";
   };
   validate_forward(pb);
   require(static_cast<int64_t>(pb.grads.d_o.size()) == Hq, "d_o", std::to_string(Hq) + " heads",

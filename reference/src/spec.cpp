@@ -1,59 +1,13 @@
 #include "hils/spec.hpp"
 
-#include <array>
-#include <cmath>
 #include <sstream>
 #include <utility>
 
+#include "hils/spec_fields.hpp"
 #include "hils/types.hpp"
 
 namespace hils {
 namespace {
-
-template <class Enum, size_t N>
-std::string name_of(Enum value, const std::array<std::pair<Enum, const char*>, N>& names) {
-  for (const auto& [e, text] : names)
-    if (e == value) return text;
-  return "?";
-}
-
-template <class Enum, size_t N>
-Enum parse_enum(const std::string& text, const std::string& field,
-                const std::array<std::pair<Enum, const char*>, N>& names) {
-  std::string options;
-  for (const auto& [e, name] : names) {
-    if (text == name) return e;
-    options += (options.empty() ? "" : " | ") + std::string(name);
-  }
-  throw InvalidArgument(field + ": expected one of " + options + ", got '" + text + "'");
-}
-
-constexpr std::array<std::pair<KeyRule, const char*>, 4> kKeyRuleNames{{
-    {KeyRule::exact, "exact"},
-    {KeyRule::mean, "mean"},
-    {KeyRule::landmark_key, "landmark_key"},
-    {KeyRule::taylor, "taylor"},
-}};
-constexpr std::array<std::pair<BiasRule, const char*>, 2> kBiasRuleNames{{
-    {BiasRule::none, "none"},
-    {BiasRule::entropy, "entropy"},
-}};
-constexpr std::array<std::pair<PriorRule, const char*>, 3> kPriorRuleNames{{
-    {PriorRule::landmark_query, "landmark_query"},
-    {PriorRule::shared, "shared"},
-    {PriorRule::given, "given"},
-}};
-constexpr std::array<std::pair<GroupRule, const char*>, 3> kGroupRuleNames{{
-    {GroupRule::max_normalized, "max_normalized"},
-    {GroupRule::sum_probabilities, "sum_probabilities"},
-    {GroupRule::max_raw, "max_raw"},
-}};
-constexpr std::array<std::pair<Fusion, const char*>, 4> kFusionNames{{
-    {Fusion::full, "full"},
-    {Fusion::window, "window"},
-    {Fusion::flat, "flat"},
-    {Fusion::hierarchical, "hierarchical"},
-}};
 
 MechanismSpec make(std::string name, Fusion fusion, KeyRule key, BiasRule bias, bool landmarks) {
   MechanismSpec spec;
@@ -72,13 +26,17 @@ bool MechanismSpec::needs_prior() const {
   return selects() && (key_rule == KeyRule::taylor || bias_rule == BiasRule::entropy);
 }
 
+void validate_fields(const MechanismSpec& spec) {
+  for_each_spec_field([&](const auto& field) {
+    if (field.valid == nullptr) return;
+    const auto& value = spec.*field.member;
+    require(field.valid(value), field.key, field.expected, field_text(value));
+  });
+}
+
 void MechanismSpec::validate() const {
-  require(S >= 1, "S", "a chunk size of at least 1", std::to_string(S));
-  require(W >= 1, "W", "a window of at least 1 slot (W <= 0 is not a window)", std::to_string(W));
-  require(K >= 0, "K", "a chunk count of at least 0", std::to_string(K));
+  validate_fields(*this);
   require(!landmarks || S >= 2, "S", "at least 2 when landmarks are on", std::to_string(S));
-  require(std::isfinite(scale) && scale >= 0.0, "scale",
-          "0 (meaning 1/sqrt(d)) or a finite positive logit scale", std::to_string(scale));
   if (!selects()) return;
   require(key_rule != KeyRule::landmark_key || landmarks, "key_rule",
           "landmarks on for the landmark_key rule", "landmarks off");
@@ -131,38 +89,53 @@ std::vector<MechanismSpec> table5_ablations() {
   return {hils_spec, no_prop, lmk, mean_pool, shared, flat_taylor};
 }
 
-std::string to_string(KeyRule v) { return name_of(v, kKeyRuleNames); }
-std::string to_string(BiasRule v) { return name_of(v, kBiasRuleNames); }
-std::string to_string(PriorRule v) { return name_of(v, kPriorRuleNames); }
-std::string to_string(GroupRule v) { return name_of(v, kGroupRuleNames); }
-std::string to_string(Fusion v) { return name_of(v, kFusionNames); }
+std::string to_string(KeyRule v) { return enum_name(v); }
+std::string to_string(BiasRule v) { return enum_name(v); }
+std::string to_string(PriorRule v) { return enum_name(v); }
+std::string to_string(GroupRule v) { return enum_name(v); }
+std::string to_string(Fusion v) { return enum_name(v); }
 
 KeyRule parse_key_rule(const std::string& t, const std::string& f) {
-  return parse_enum(t, f, kKeyRuleNames);
+  return parse_enum<KeyRule>(t, f);
 }
 BiasRule parse_bias_rule(const std::string& t, const std::string& f) {
-  return parse_enum(t, f, kBiasRuleNames);
+  return parse_enum<BiasRule>(t, f);
 }
 PriorRule parse_prior_rule(const std::string& t, const std::string& f) {
-  return parse_enum(t, f, kPriorRuleNames);
+  return parse_enum<PriorRule>(t, f);
 }
 GroupRule parse_group_rule(const std::string& t, const std::string& f) {
-  return parse_enum(t, f, kGroupRuleNames);
+  return parse_enum<GroupRule>(t, f);
 }
 Fusion parse_fusion(const std::string& t, const std::string& f) {
-  return parse_enum(t, f, kFusionNames);
+  return parse_enum<Fusion>(t, f);
 }
 
+// "name: key=value ..." over the field table, each field shown where it applies (Shown).
 std::string describe(const MechanismSpec& spec) {
   std::ostringstream out;
-  out << spec.name << ": fusion=" << to_string(spec.fusion);
-  if (spec.selects()) {
-    out << " key=" << to_string(spec.key_rule) << " bias=" << to_string(spec.bias_rule);
-    if (spec.needs_prior()) out << " prior=" << to_string(spec.prior_rule);
-    out << " group=" << to_string(spec.group_rule) << " K=" << spec.K;
-    if (spec.softmax1) out << " softmax1";
-  }
-  out << " S=" << spec.S << " W=" << spec.W << " landmarks=" << (spec.landmarks ? "on" : "off");
+  out << spec.name << ":";
+  for_each_spec_field([&](const auto& field) {
+    using T = std::decay_t<decltype(spec.*field.member)>;
+    const T& value = spec.*field.member;
+    if constexpr (std::is_same_v<T, std::string>) {
+      return;  // the name leads the line
+    } else {
+      switch (field.shown) {
+        case Shown::always: break;
+        case Shown::selecting: if (!spec.selects()) return; break;
+        case Shown::with_prior: if (!spec.needs_prior()) return; break;
+        case Shown::when_set: if (value == T{}) return; break;
+      }
+      if constexpr (std::is_same_v<T, bool>) {
+        if (field.shown == Shown::when_set) {  // a switch that is on: its name says it
+          out << " " << field.key;
+          return;
+        }
+      }
+      out << " " << field.key << "=" << field_text(value);
+    }
+  });
   return out.str();
 }
 

@@ -2,8 +2,12 @@
 // MechanismSpec, never separate code paths.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace hils {
@@ -65,12 +69,98 @@ std::vector<std::string> preset_names();
 // The paper's Table 5 ablations as (name, spec) pairs, all on the hils geometry.
 std::vector<MechanismSpec> table5_ablations();
 
+// ---- Enum names --------------------------------------------------------------------------
+// The one list of each enum's names, in integer order (checked below): to_string, the parsers,
+// the JSON codec, the command-line help, describe, the GPU C API (hils_gpu_enum_names) and the
+// Python ctypes wrapper all read it. Adding a value means adding its row here, nothing else in
+// the plumbing. Header-only and C++17: the CUDA code (nvcc, no reference library) uses it.
+template <class Enum>
+struct EnumName {
+  Enum value;
+  const char* name;
+};
+inline constexpr std::array<EnumName<KeyRule>, 4> kKeyRuleNames{{
+    {KeyRule::exact, "exact"},
+    {KeyRule::mean, "mean"},
+    {KeyRule::landmark_key, "landmark_key"},
+    {KeyRule::taylor, "taylor"},
+}};
+inline constexpr std::array<EnumName<BiasRule>, 2> kBiasRuleNames{{
+    {BiasRule::none, "none"},
+    {BiasRule::entropy, "entropy"},
+}};
+inline constexpr std::array<EnumName<PriorRule>, 3> kPriorRuleNames{{
+    {PriorRule::landmark_query, "landmark_query"},
+    {PriorRule::shared, "shared"},
+    {PriorRule::given, "given"},
+}};
+inline constexpr std::array<EnumName<GroupRule>, 3> kGroupRuleNames{{
+    {GroupRule::max_normalized, "max_normalized"},
+    {GroupRule::sum_probabilities, "sum_probabilities"},
+    {GroupRule::max_raw, "max_raw"},
+}};
+inline constexpr std::array<EnumName<Fusion>, 4> kFusionNames{{
+    {Fusion::full, "full"},
+    {Fusion::window, "window"},
+    {Fusion::flat, "flat"},
+    {Fusion::hierarchical, "hierarchical"},
+}};
+// enum_names(Enum{}) -> that enum's table (overloads, so that generic code can ask by type).
+constexpr const auto& enum_names(KeyRule) { return kKeyRuleNames; }
+constexpr const auto& enum_names(BiasRule) { return kBiasRuleNames; }
+constexpr const auto& enum_names(PriorRule) { return kPriorRuleNames; }
+constexpr const auto& enum_names(GroupRule) { return kGroupRuleNames; }
+constexpr const auto& enum_names(Fusion) { return kFusionNames; }
+
+// True when row i holds the value with integer i: the C API passes enums as these integers.
+template <class Enum, size_t N>
+constexpr bool in_integer_order(const std::array<EnumName<Enum>, N>& names) {
+  for (size_t i = 0; i < N; ++i)
+    if (static_cast<size_t>(names[i].value) != i) return false;
+  return true;
+}
+static_assert(in_integer_order(kKeyRuleNames) && in_integer_order(kBiasRuleNames) &&
+              in_integer_order(kPriorRuleNames) && in_integer_order(kGroupRuleNames) &&
+              in_integer_order(kFusionNames),
+              "enum name tables must list the values in integer order");
+
+// value -> its name ("?" for a value outside the table).
+template <class Enum>
+const char* enum_name(Enum value) {
+  for (const auto& entry : enum_names(Enum{}))
+    if (entry.value == value) return entry.name;
+  return "?";
+}
+// name -> value, or nothing when the name is not in the table.
+template <class Enum>
+std::optional<Enum> enum_from_name(std::string_view name) {
+  for (const auto& entry : enum_names(Enum{}))
+    if (name == entry.name) return entry.value;
+  return std::nullopt;
+}
+// integer -> value, or nothing when no value has that integer (the C API's input).
+template <class Enum>
+std::optional<Enum> enum_from_int(long long value) {
+  const auto& names = enum_names(Enum{});
+  if (value < 0 || value >= static_cast<long long>(names.size())) return std::nullopt;
+  return names[static_cast<size_t>(value)].value;
+}
+// "a | b | c" (with the given separator): the names in integer order.
+template <class Enum>
+std::string enum_options(const char* separator = " | ") {
+  std::string options;
+  for (const auto& entry : enum_names(Enum{}))
+    options += (options.empty() ? "" : separator) + std::string(entry.name);
+  return options;
+}
+
 std::string to_string(KeyRule);
 std::string to_string(BiasRule);
 std::string to_string(PriorRule);
 std::string to_string(GroupRule);
 std::string to_string(Fusion);
-// Parsers accept exactly the to_string names; others throw InvalidArgument naming `field`.
+// Parsers accept exactly the to_string names; others throw InvalidArgument naming `field`
+// (generic form: parse_enum<Enum> in hils/spec_fields.hpp).
 KeyRule parse_key_rule(const std::string& text, const std::string& field = "key_rule");
 BiasRule parse_bias_rule(const std::string& text, const std::string& field = "bias_rule");
 PriorRule parse_prior_rule(const std::string& text, const std::string& field = "prior_rule");

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 namespace hils::cli::studies {
 
@@ -22,10 +23,12 @@ struct StudyArgs {
   std::string model_dir;         // folder with stories260K.bin, tok512.bin, text (source=model)
   std::vector<int64_t> lengths;  // context lengths in slots (synthetic), or prefixes (files)
   int64_t layers = -1;           // -1: the config's or the source's
-  int64_t S = -1, W = -1, K = -1;
+  // Spec flags given (S, W, K, landmarks, prior_rule; experiments/cli/spec_flags.hpp), applied
+  // over the config by the spec decoder.
+  nlohmann::json spec = nlohmann::json::object();
   int64_t queries = -1;          // sampled queries per unit (fidelity, extrapolation)
   std::vector<std::string> mechanisms;
-  std::string prior_rule, prior_source;
+  std::string prior_source;
   bool plot = false;             // draw plots after the run
 };
 

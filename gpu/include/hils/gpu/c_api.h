@@ -24,6 +24,10 @@ typedef struct hils_gpu_problem {
 } hils_gpu_problem;
 
 const char* hils_gpu_last_error(void);
+/* The names of a spec enum's values in integer order, space-separated, from the enum name
+   tables of hils/spec.hpp: field is "key_rule", "bias_rule", "prior_rule", "group_rule" or "fusion"
+   (e.g. "exact mean landmark_key taylor"); NULL for another field. */
+const char* hils_gpu_enum_names(const char* field);
 int hils_gpu_workspace_bytes(const hils_gpu_problem* p, size_t* bytes);
 int hils_gpu_run(const hils_gpu_problem* p, float* o, float* lse, void* workspace, void* stream);
 int hils_gpu_window(const hils_gpu_problem* p, float* o_swa, float* lse_swa, void* stream);

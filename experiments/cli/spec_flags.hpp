@@ -1,0 +1,22 @@
+// The mechanism spec's command-line flags, registered from the field table
+// (hils/spec_fields.hpp) so that every `hils` command spells them the same way:
+// -S,--chunk  -W,--window  -K,--top-k  --name  --fusion  --key-rule  --bias-rule  --prior-rule
+// --group-rule  --softmax1  --landmarks  --scale (and the studies' older --S --W --K, hidden).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+namespace hils::cli {
+
+// Registers on `cmd` the flag of every spec field in `keys` (every field when empty). A flag
+// given on the command line sets (*overrides)[key] to its value, unchecked: apply the object with
+// config::apply_spec_overrides(spec, *overrides, "flags"), the decoder that JSON and TOML specs
+// go through, so that one function checks every value and words every error.
+void add_spec_flags(CLI::App* cmd, nlohmann::json* overrides,
+                    const std::vector<std::string>& keys = {});
+
+}  // namespace hils::cli
