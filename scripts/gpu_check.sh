@@ -2,6 +2,10 @@
 # Builds and runs every GPU test, compute-sanitizer memcheck and the benchmark, on the device
 # machine. Usage (repository root):
 #   scripts/gpu_check.sh [--build-only] [--no-bench] [--quick] [--no-report] [--profile] [--python]
+#                        [--decode]
+# --decode: only the decode step: its tests ("gpu decode*"), the `hils verify` dumps of one step
+# (gpu/bench/dump_decode_verify.py), gpu/bench/bench_decode.py and compute-sanitizer memcheck of
+# the tests (decode.log, decode.json in $OUT).
 # --python: only `pip install .` (scikit-build-core, no network) and the pytest of PyTorch's
 # kernels judged by the hils package (tests/python/test_gpu_kernels.py), logs in $OUT.
 # --quick: ctest only (no second full test report, no memcheck); --no-report: no second plain
@@ -25,6 +29,7 @@ QUICK=0
 NO_REPORT=0
 PROFILE=0
 PYTHON=0
+DECODE=0
 for arg in "$@"; do
   case "$arg" in
     --build-only) BUILD_ONLY=1 ;;
@@ -33,7 +38,8 @@ for arg in "$@"; do
     --no-report) NO_REPORT=1 ;;
     --profile) PROFILE=1 ;;
     --python) PYTHON=1 ;;
-    *) echo "gpu_check.sh: unknown argument '$arg' (expected --build-only, --no-bench, --quick, --no-report, --profile or --python)" >&2; exit 2 ;;
+    --decode) DECODE=1 ;;
+    *) echo "gpu_check.sh: unknown argument '$arg' (expected --build-only, --no-bench, --quick, --no-report, --profile, --python or --decode)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$OUT" "$BUILD"
@@ -73,6 +79,29 @@ TEST_BIN="$BUILD/tests/gpu/test_gpu_kernels"
 ninja -C "$BUILD" ${HILS_NINJA_FLAGS:-} test_gpu_kernels hils_gpu_c 2>&1 | tee "$OUT/build.log" | grep -E "error|warning|FAILED" || true
 [ -x "$TEST_BIN" ] || { echo "build failed: see $OUT/build.log"; exit 3; }
 [ "$BUILD_ONLY" = 1 ] && { echo "built"; exit 0; }
+
+if [ "$DECODE" = 1 ]; then
+  status=0
+  echo "== decode tests"
+  "$TEST_BIN" "gpu decode*" >"$OUT/decode_tests.log" 2>&1 || status=1
+  grep -E "^(decode ties|decode three tiles|All tests|test cases)" "$OUT/decode_tests.log" || true
+  grep -cE "^=== decode" "$OUT/decode_tests.log" | sed "s/^/decode reports: /" || true
+  grep -E "FAIL" "$OUT/decode_tests.log" | head -20 || true
+  echo "== decode dumps for hils verify"
+  PYTHONUNBUFFERED=1 python3 "$ROOT/gpu/bench/dump_decode_verify.py" --lib "$BUILD/gpu/libhils_gpu_c.so" \
+    --out "$OUT" >"$OUT/decode_dump.log" 2>&1 && tail -n 2 "$OUT/decode_dump.log" \
+    || { echo "decode dump failed:"; tail -n 5 "$OUT/decode_dump.log"; status=1; }
+  if [ "$BENCH" = 1 ]; then
+    echo "== decode benchmark"
+    PYTHONUNBUFFERED=1 python3 "$ROOT/gpu/bench/bench_decode.py" --lib "$BUILD/gpu/libhils_gpu_c.so" --profile \
+      --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.log" || status=1
+  fi
+  echo "== compute-sanitizer memcheck (decode tests)"
+  compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$TEST_BIN" "gpu decode*" \
+    >"$OUT/decode_memcheck.log" 2>&1 && echo "memcheck clean" || { echo "memcheck FAILED"; status=1; }
+  grep -E "ERROR SUMMARY|Invalid|LEAK" "$OUT/decode_memcheck.log" | head -5 || true
+  exit $status
+fi
 
 status=0
 echo "== GPU tests"

@@ -200,6 +200,19 @@ def save(fig, out, name):
     return path
 
 
+def missing_summaries(f, config, study):
+    """The summary units a finished study writes last that the file's complete_units lacks."""
+    try:
+        units = set(json.loads(f.attrs["complete_units"]))
+    except (KeyError, ValueError):
+        units = set()
+    if study == "extrapolation":
+        wanted = [f"{e}/summary" for e in config.get("extrapolation", {}).get("encodings", [])]
+    else:
+        wanted = ["summary"]
+    return [w for w in wanted if not any(u == w or u.endswith("/" + w) for u in units)]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("results")
@@ -221,6 +234,11 @@ def main():
         print(f"{a.results}: config.study is '{study}', expected fidelity, overlap or "
               "extrapolation", file=sys.stderr)
         return 2
+    missing = missing_summaries(f, config, study)
+    if missing:
+        print(f"{a.results}: note: the run is incomplete (interrupted?): no {', '.join(missing)} "
+              "unit yet, so panels may be empty or partial; run the same command again to "
+              "resume it", file=sys.stderr)
     paths = draw(f, config, stem, a.out)
     if a.list:
         with open(a.list, "w") as fh:

@@ -515,6 +515,109 @@ std::vector<IndexMatrix> compare_selection(const Context& ctx, const KernelOutpu
   return merged;
 }
 
+// Variance of the error of rounding x to bf16 (to nearest): uniform within +-ulp(x)/2.
+double bf16_rounding_variance(double x) {
+  if (x == 0.0 || !std::isfinite(x)) return 0.0;
+  int exponent = 0;
+  std::frexp(x, &exponent);  // |x| in [2^(e-1), 2^e): 8 significant bits leave ulp = 2^(e-8)
+  return Tolerances::kRoundingVariance * std::ldexp(1.0, 2 * (exponent - 8));
+}
+
+// Per chunk, the variance of the error that rounding the summary to bf16 leaves, as a kernel
+// does it: k'_i once, and its weights w_j once (taylor: p, mean: 1/|T_c|; Eq. 6-7), so
+// var(dk'_i) = var(round k'_i) + sum_j var(round w_j) k_j,i^2; the entropy bias
+// b' = log|T_c| - H(p) likewise var(round b') + sum_j var(round p_j) (log p_j + 1)^2.
+// [n_chunks x (d + 1)], the bias in the last column.
+Matrix<double> summary_rounding_variance(const Context& ctx, int64_t h) {
+  const int64_t chunks = ctx.geometry.n_chunks(), tokens = ctx.geometry.tokens_per_chunk();
+  const int64_t d = ctx.inputs.d();
+  const Matrix<double>& k = ctx.inputs.k[h / ctx.G];
+  const double scale = logit_scale(ctx.spec, d);
+  const ChunkSummaries<double> summary = summaries_of(ctx, ctx.inputs, h);
+  Matrix<double> prior;
+  if (ctx.spec.key_rule == KeyRule::taylor) prior = resolve_prior(ctx.inputs, h, ctx.spec, ctx.geometry);
+  Matrix<double> var = Matrix<double>::Zero(chunks, d + 1);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const auto keys = k.middleRows(c * ctx.spec.S, tokens);
+    Vector<double> w = Vector<double>::Zero(tokens);
+    if (ctx.spec.key_rule == KeyRule::mean) w.setConstant(1.0 / static_cast<double>(tokens));
+    if (ctx.spec.key_rule == KeyRule::taylor) {
+      const Vector<double> logits = scale * (keys * prior.row(c).transpose());
+      w = (logits.array() - logits.maxCoeff()).exp().matrix();
+      w /= w.sum();
+    }
+    const Vector<double> w_var = w.unaryExpr([](double x) { return bf16_rounding_variance(x); });
+    var.row(c).head(d) = summary.key.row(c).unaryExpr([](double x) { return bf16_rounding_variance(x); }) +
+                         w_var.transpose() * keys.array().square().matrix();
+    if (ctx.spec.bias_rule == BiasRule::entropy && ctx.spec.key_rule != KeyRule::exact)
+      var(c, d) = bf16_rounding_variance(summary.bias(c)) +
+                  (w_var.array() * (w.array().max(1e-300).log() + 1.0).square()).sum();
+  }
+  return var;
+}
+
+// Standard error of the mean of a correct bf16-score kernel's lse error (hierarchical fusion):
+// each rounding is unbiased (bf16_rounding_variance); the kernel may round the stored lse, the
+// window's lse_swa and each fused s_hat where it fuses them (weights omega), and the summaries
+// behind s_hat
+// (summary_rounding_variance). A summary's error is shared by every row that fuses its chunk,
+// so its coefficient sums those rows' sigma omega q~ (omega for the bias) first; summaries kept
+// per KV head (mean, landmark keys) share it across the group's G heads too.
+// Also returns (rounding_bias) the one bias that rounding makes: a kernel that rounds its logits
+// and then stores lse = a_max + eps in bf16 rounds back to a_max when eps < ulp/2, a shift of
+// -eps in every such row; the bound is the mean of those eps.
+MeanShiftBound lse_mean_shift_bound(const Context& ctx, const std::vector<IndexMatrix>& selection,
+                                    const std::vector<HeadOutputs<double>>& truth) {
+  const double scale = logit_scale(ctx.spec, ctx.inputs.d());
+  const int64_t chunks = ctx.geometry.n_chunks(), d = ctx.inputs.d();
+  const bool summaries = ctx.spec.key_rule != KeyRule::exact && chunks > 0;
+  const int64_t K = ctx.spec.K;
+  const bool per_group = ctx.spec.key_rule == KeyRule::mean || ctx.spec.key_rule == KeyRule::landmark_key;
+  double variance = 0, bias = 0;
+  int64_t count = 0;
+  for (int64_t g = 0; g < ctx.inputs.Hkv(); ++g) {
+    Matrix<double> group_weight = Matrix<double>::Zero(chunks, d + 1);
+    for (int64_t h = g * ctx.G; h < (g + 1) * ctx.G; ++h) {
+      const HeadOutputs<double>& head = truth[static_cast<size_t>(h)];
+      const Matrix<double>& s_hat = ctx.truth.heads[static_cast<size_t>(h)].surrogate_scores;
+      const Vector<double>& lse_window = ctx.truth.heads[static_cast<size_t>(h)].lse_window;
+      const Matrix<double>& q = ctx.inputs.retrieval_query(h);
+      Matrix<double> weight = Matrix<double>::Zero(chunks, d + 1);  // d(sum of lse) / d(k', b')
+      for (Eigen::Index row = 0; row < head.lse.size(); ++row) {
+        const double omega_window = head.fusion_weights(row, K);
+        variance += bf16_rounding_variance(head.lse(row)) +
+                    omega_window * omega_window * bf16_rounding_variance(lse_window(row));
+        ++count;
+        double top = ctx.spec.softmax1 ? std::max(0.0, lse_window(row)) : lse_window(row);
+        for (Eigen::Index i = 0; i < selection[g].cols(); ++i)
+          if (selection[g](row, i) >= 0) top = std::max(top, s_hat(row, selection[g](row, i)));
+        const double eps = head.lse(row) - top;
+        if (eps * eps < 3.0 * bf16_rounding_variance(head.lse(row))) bias += eps;  // eps < ulp/2
+        for (Eigen::Index i = 0; i < selection[g].cols(); ++i) {
+          const int64_t c = selection[g](row, i);
+          if (c < 0) continue;
+          const double omega = head.fusion_weights(row, i);
+          variance += omega * omega * bf16_rounding_variance(s_hat(row, c));
+          weight.row(c).head(d) += scale * omega * q.row(ctx.queries[static_cast<size_t>(row)]);
+          weight(c, d) += omega;
+        }
+      }
+      if (!summaries) continue;
+      if (per_group) {
+        group_weight += weight.cwiseAbs();
+        if (h == (g + 1) * ctx.G - 1)
+          variance += group_weight.array().square().cwiseProduct(
+                                       summary_rounding_variance(ctx, h).array()).sum();
+      } else {
+        variance += weight.array().square().cwiseProduct(
+                                     summary_rounding_variance(ctx, h).array()).sum();
+      }
+    }
+  }
+  if (count == 0) return {};
+  return {std::sqrt(variance) / static_cast<double>(count), bias / static_cast<double>(count)};
+}
+
 // ---- fused outputs --------------------------------------------------------------------------
 
 // Whether the kernel's fused lse/o match the reference with softmax1 flipped.
@@ -565,6 +668,9 @@ void compare_fused(const Context& ctx, const KernelOutputs& kernel,
     auto r = compare_tensor("lse", as_columns(kernel.lse), field_of(truth, &H::lse),
                             field_of(base, &F::lse), ctx.magnitude.fused_lse, precision("lse"), "t",
                             ctx.queries, n);
+    if (ctx.spec.fusion == Fusion::hierarchical && precision("lse") == InputPrecision::bf16 &&
+        r.problems.empty())
+      check_mean_shift(r, lse_mean_shift_bound(ctx, selection, truth));
     if (!r.passed && ctx.spec.selects())
       r.diagnosis = diagnose_softmax1(ctx, selection, as_columns(kernel.lse), true, r.tolerance);
     verdict.tensors.push_back(r);

@@ -28,6 +28,8 @@ std::string where(const std::string& row_label, const std::vector<int64_t>& row_
 // Running statistics of one comparison.
 struct Accumulator {
   double max_abs = 0, max_rel = 0, sum_sq_err = 0, sum_sq_truth = 0, baseline_max_abs = 0;
+  double sum_err = 0, sum_baseline_err = 0;  // signed, over finite elements (the mean shift)
+  int64_t finite_count = 0;
   int64_t count = 0, nan_count = 0, inf_count = 0, zero_count = 0, truth_nonzero = 0;
   int64_t pattern_errors = 0;
   std::string first_nan, first_inf, worst_where;
@@ -68,6 +70,9 @@ void accumulate(Accumulator& acc, double kernel, double truth, double baseline, 
   }
   acc.max_rel = std::max(acc.max_rel, err / std::max(std::fabs(truth), rel_floor));
   acc.sum_sq_err += err * err;
+  acc.sum_err += kernel - truth;
+  if (std::isfinite(baseline)) acc.sum_baseline_err += baseline - truth;
+  ++acc.finite_count;
   acc.sum_sq_truth += truth * truth;
   if (std::isfinite(baseline)) acc.baseline_max_abs = std::max(acc.baseline_max_abs, std::fabs(baseline - truth));
 }
@@ -177,6 +182,10 @@ TensorReport compare_tensor(const std::string& name, const std::vector<Matrix<do
   report.worst_kernel = acc.worst_kernel;
   report.worst_truth = acc.worst_truth;
   report.baseline_max_abs = acc.baseline_max_abs;
+  if (acc.finite_count > 0) {
+    report.mean_error = acc.sum_err / static_cast<double>(acc.finite_count);
+    report.baseline_mean_error = acc.sum_baseline_err / static_cast<double>(acc.finite_count);
+  }
   report.tolerance = Tolerances::kBaselineFactor * report.baseline_max_abs + report.floor;
   report.headroom = report.max_abs / report.tolerance;
   report.problems = problems_of(acc, name);
@@ -188,6 +197,23 @@ TensorReport compare_tensor(const std::string& name, const std::vector<Matrix<do
         Tolerances::kBaselineFactor, report.baseline_max_abs, report.floor));
   report.passed = report.problems.empty();
   return report;
+}
+
+void check_mean_shift(TensorReport& report, const MeanShiftBound& bound) {
+  // report, what a correct kernel's rounding does to the mean -> the mean test applied.
+  report.mean_standard_error = bound.standard_error;
+  report.mean_rounding_bias = bound.rounding_bias;
+  report.mean_tolerance = Tolerances::kBaselineFactor * std::fabs(report.baseline_mean_error) +
+                          bound.rounding_bias + Tolerances::kMeanSigmas * bound.standard_error;
+  if (report.count == 0 || !(std::fabs(report.mean_error) > report.mean_tolerance)) return;
+  report.problems.push_back(format(
+      "%s: mean error %.3g over %lld elements (a shift of every element alike) exceeds the mean "
+      "tolerance %.3g = %g x float's mean error %.3g + rounding bias %.3g + %g x the standard "
+      "error %.3g that bf16 rounding gives", report.name.c_str(), report.mean_error,
+      static_cast<long long>(report.count), report.mean_tolerance, Tolerances::kBaselineFactor,
+      report.baseline_mean_error, bound.rounding_bias, Tolerances::kMeanSigmas,
+      bound.standard_error));
+  report.passed = report.mean_passed = false;
 }
 
 std::string Verdict::report() const {
@@ -227,9 +253,17 @@ std::string Verdict::report() const {
   for (const auto& t : tensors)
     if (is_fused(t)) line(t);
   for (const auto& t : tensors)
+    if (t.mean_tolerance > 0)
+      out << format("  %-18s mean error %.3g, tolerance %.3g (float's mean error %.3g, rounding "
+                    "bias %.3g, standard error %.3g), headroom %.3g %s\n",
+                    (t.name + " (mean)").c_str(), t.mean_error, t.mean_tolerance,
+                    t.baseline_mean_error, t.mean_rounding_bias, t.mean_standard_error,
+                    std::fabs(t.mean_error) / t.mean_tolerance,
+                    std::fabs(t.mean_error) <= t.mean_tolerance ? "PASS" : "FAIL");
+  for (const auto& t : tensors)
     if (is_gradient(t)) line(t);
   for (const auto& what : not_compared) out << "  not compared: " << what << "\n";
-  // Problems in the same order.
+  // Problems in pipeline order: stages before the selection, the selection, the fused outputs.
   auto problems = [&](const TensorReport& t) {
     for (const auto& p : t.problems) out << "  FAIL: " << p << "\n";
     if (!t.diagnosis.empty()) out << "  diagnosis: " << t.name << " " << t.diagnosis << "\n";

@@ -17,4 +17,12 @@ void set_command_line(int argc, char** argv);
 void require_input_file(const std::filesystem::path& path, const std::string& option,
                         const std::string& hint = "");
 
+// Creates `folder` (and its parents) for outputs, or BadInput naming the option and why.
+void make_output_folder(const std::filesystem::path& folder, const std::string& option);
+// BadInput when `output` is the same file as `input` (same device and inode, whatever the
+// names), so that an output never replaces the input it is computed from.
+void require_distinct_files(const std::filesystem::path& input, const std::string& input_option,
+                            const std::filesystem::path& output,
+                            const std::string& output_option);
+
 }  // namespace hils::cli

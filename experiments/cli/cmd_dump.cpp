@@ -1,5 +1,7 @@
 // hils dump llama2c | synthetic: real-model or synthetic activations -> activation file.
+#include <cstdint>
 #include <fstream>
+#include <iostream>
 #include <optional>
 #include <sstream>
 
@@ -9,6 +11,7 @@
 #include "cli/commands.hpp"
 #include "config/config.hpp"
 #include "io/activation_file.hpp"
+#include "io/results_file.hpp"
 #include "model/llama2c.hpp"
 #include "model/tokenizer.hpp"
 #include "sources/synthetic.hpp"
@@ -39,6 +42,14 @@ std::string read_text_file(const std::filesystem::path& path) {
   return text.str();
 }
 
+// bytes -> 16 hex digits: FNV-1a (64-bit) of a file's content, to tell which model, tokenizer
+// and text a dump came from (an identity check, not a cryptographic one).
+std::string fnv1a64_of(const std::string& bytes) {
+  uint64_t hash = 14695981039346656037ull;
+  for (unsigned char c : bytes) hash = (hash ^ c) * 1099511628211ull;
+  return fmt::format("{:016x}", hash);
+}
+
 // Tokens -> forward pass -> NLL on stdout, every layer's activations to the output file.
 void dump_llama2c(const Llama2cOptions& o) {
   auto data = shared_data_dir();
@@ -62,8 +73,17 @@ void dump_llama2c(const Llama2cOptions& o) {
   auto tokenizer = model::Tokenizer::load(tok_path, model.config().vocab_size);
   std::string text = read_text_file(text_path);
   if (text.empty()) throw BadInput("--text: " + text_path.string() + " is empty");
-  auto tokens = tokenizer.encode(text.substr(0, kBytesPerTokenBound * o.tokens), true);
+  const size_t prefix_bytes = static_cast<size_t>(kBytesPerTokenBound * o.tokens);
+  auto tokens = tokenizer.encode(text.substr(0, prefix_bytes), true);
+  // Cut when the text holds more tokens than --tokens: the encoded prefix was longer, or the
+  // text went on past the prefix that was encoded.
+  const bool truncated =
+      static_cast<int64_t>(tokens.size()) > o.tokens || text.size() > prefix_bytes;
   if (static_cast<int64_t>(tokens.size()) > o.tokens) tokens.resize(o.tokens);
+  if (truncated && !global_options().quiet)
+    std::cerr << fmt::format("hils: note: {} is longer than --tokens {}: kept its first {} "
+                             "tokens (BOS included); the file records the truncation\n",
+                             text_path.string(), o.tokens, tokens.size());
 
   std::vector<model::LayerTrace> trace;
   auto logits = model.forward(tokens, &trace);
@@ -73,6 +93,15 @@ void dump_llama2c(const Llama2cOptions& o) {
                            {"tokenizer", tok_path.filename().string()},
                            {"text", text_path.filename().string()},
                            {"tokens", tokens.size()},
+                           {"token_range", {0, tokens.size()}},
+                           {"tokens_requested", o.tokens},
+                           {"text_truncated", truncated},
+                           {"text_bytes", text.size()},
+                           {"model_fnv1a64", fnv1a64_of(read_text_file(model_path))},
+                           {"tokenizer_fnv1a64", fnv1a64_of(read_text_file(tok_path))},
+                           {"text_fnv1a64", fnv1a64_of(text)},
+                           {"hils_version", io::project_version()},
+                           {"git_commit", io::git_commit()},
                            {"bos", true},
                            {"mean_next_token_nll", nll},
                            {"computation", "float64"}};
@@ -127,7 +156,7 @@ void register_llama2c(CLI::App& dump) {
       "Prints the mean next-token NLL (about 1.276 nats/token for stories260K over the first\n"
       "128 tokens of tinystories_sample.txt). q and k are stored after RoPE, q_unrotated and\n"
       "k_unrotated before it; the model has no landmark slots, so landmarks are all 0.\n"
-      "Example:\n  hils dump llama2c -o acts.h5 --tokens 512");
+      "Example:\n  hils dump llama2c -o llama.h5 --tokens 512");
   cmd->callback([options] { dump_llama2c(*options); });
 }
 
@@ -180,7 +209,7 @@ void register_synthetic(CLI::App& dump) {
       "Statistical models: experiments/sources/synthetic.hpp.\nExamples:\n"
       "  hils dump synthetic -o flat.h5 --generator topics --logit-std 0.1 --seed 7\n"
       "  hils dump synthetic -o needle.h5 --generator needle -T 4096 --depth 0.25\n"
-      "  hils dump synthetic -o rope.h5 --positional rope --rope-pairing half -c synth.toml");
+      "  hils dump synthetic -o rope.h5 --positional rope --rope-pairing half -c experiments/configs/synthetic_example.toml");
   cmd->callback([flags] { dump_synthetic(*flags); });
 }
 

@@ -147,7 +147,7 @@ void register_info(CLI::App& app) {
   cmd->add_flag("--json", options->json, "print a JSON document instead of text");
   cmd->add_flag("--no-check", options->no_check,
                 "activation files: skip reading every layer (attributes and layout only)");
-  cmd->footer("Examples:\n  hils info acts.h5\n  hils info results.h5 --json | jq .config");
+  cmd->footer("Examples (files from `hils --help`'s examples):\n  hils info synth.h5\n  hils info results.h5 --json");
   cmd->callback([options] { run_info(*options); });
 }
 

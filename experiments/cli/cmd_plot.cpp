@@ -12,7 +12,7 @@ void register_plot(CLI::App& app) {
   auto out = std::make_shared<std::string>();
   auto* cmd = app.add_subcommand(
       "plot", "Draw the plots of a fidelity, overlap or extrapolation results file (PNG).\n"
-              "Example: hils plot results/overlap_synthetic.h5 --out plots/");
+              "Example: hils plot overlap.h5 --out plots/     # overlap.h5 from `hils overlap --out overlap.h5`");
   cmd->add_option("results", *results, "results file of hils fidelity/overlap/extrapolate")
       ->required();
   cmd->add_option("-o,--out", *out, "folder for the PNGs (default: <results>_plots)");

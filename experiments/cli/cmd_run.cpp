@@ -8,6 +8,7 @@
 #include "cli/commands.hpp"
 #include "config/config.hpp"
 #include "io/activation_file.hpp"
+#include "io/hdf5_util.hpp"
 #include "io/results_file.hpp"
 #include "parallel/session.hpp"
 #include "util/progress.hpp"
@@ -268,6 +269,8 @@ nlohmann::json merged_config(const std::string& output, const RunPlan& plan,
 
 void run(const RunFlags& flags) {
   require_input_file(flags.input, "ACTIVATIONS");
+  require_distinct_files(flags.input, "ACTIVATIONS", flags.output, "--output");
+  io::require_writable_folder(flags.output);
   RunPlan plan = make_plan(flags);
   const io::ActivationMeta meta = io::read_activation_meta(flags.input);
   if (plan.layers.empty())
@@ -285,6 +288,9 @@ void run(const RunFlags& flags) {
 
   io::Provenance provenance{plan_json(plan, flags.input, meta.T),
                             static_cast<uint64_t>(plan.seed), command_line()};
+  // Held from before the old file is read until the new one is published: a second writer of
+  // this file (say another --resume) is refused instead of losing this run's units or its own.
+  io::OutputLock lock(flags.output, command_line());
   std::error_code ec;
   const bool resuming = flags.resume && std::filesystem::exists(flags.output, ec);
   if (resuming) provenance.config = merged_config(flags.output, plan, provenance.config);
@@ -391,10 +397,13 @@ void register_run(CLI::App& app) {
       "Output: /<mechanism>/layer<l>/head<h>/{o,lse,fusion_weights},\n"
       "        /<mechanism>/layer<l>/kv_head<g>/selection, /<mechanism>/layer<l>/queries.\n"
       "Examples:\n"
-      "  hils run synth.h5 -o res.h5 --preset full,nsa,hils -S 16 -W 32 -K 4\n"
-      "  hils run llama.h5 -o res.h5 --preset full,swa,naive_bsa,nsa -S 16 -W 32 -K 2\n"
-      "  hils run llama.h5 -o res.h5 --preset hils --landmarks false --prior-rule shared\n"
-      "  hils run synth.h5 -o res.h5 -c run.toml --resume");
+      "  hils dump synthetic -o synth.h5 -S 16     # landmark slots every 16 slots\n"
+      "  hils run synth.h5 -o res.h5 --preset full,nsa,hils -S 16 -W 32 -K 4 --landmarks true\n"
+      "  hils run synth.h5 -o res_cfg.h5 -c experiments/configs/run_example.toml --resume\n"
+      "  hils dump llama2c -o llama.h5                # no landmark slots\n"
+      "  hils run llama.h5 -o llama_res.h5 --preset full,swa,naive_bsa,nsa -S 16 -W 32 -K 2\n"
+      "  hils run llama.h5 -o hils_res.h5 --preset hils --landmarks false --prior-rule shared\n"
+      "A file with landmark slots needs --landmarks true and its own chunk size (-S).");
   cmd->callback([flags] {
     // Not yet shared among MPI ranks: N copies would race on one output file.
     if (parallel::ranks() > 1)

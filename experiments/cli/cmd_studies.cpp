@@ -13,12 +13,14 @@
 #include <toml++/toml.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/cli_util.hpp"
 #include "cli/commands.hpp"
 #include "hils/analysis/extrapolation.hpp"
 #include "hils/analysis/overlap.hpp"
 #include "hils/analysis/study_cli.hpp"
 #include "hils/analysis/synthetic.hpp"
 #include "io/activation_file.hpp"
+#include "io/hdf5_util.hpp"
 #include "io/results_file.hpp"
 #include "model/llama2c.hpp"
 #include "model/tokenizer.hpp"
@@ -42,7 +44,7 @@ using nlohmann::json;
 class ResultsFileSink : public analysis::ResultSink {
  public:
   ResultsFileSink(const std::filesystem::path& path, const io::Provenance& provenance)
-      : writer_(open(path, provenance)) {}
+      : lock_(path, provenance.command), writer_(open(path, provenance)) {}
   bool is_complete(const std::string& unit) const override { return writer_.is_complete(unit); }
   void mark_complete(const std::string& unit) override {
     writer_.mark_complete(unit);
@@ -82,6 +84,7 @@ class ResultsFileSink : public analysis::ResultSink {
     if (std::filesystem::exists(path)) previous_ = std::make_unique<io::ResultsReader>(path);
     return io::ResultsWriter::open(path, provenance);
   }
+  io::OutputLock lock_;  // taken before the earlier file is read (see io::OutputLock)
   std::unique_ptr<io::ResultsReader> previous_;
   io::ResultsWriter writer_;
   std::map<std::string, Matrix<double>> cache_;
@@ -257,6 +260,25 @@ void build_sources(Resolved& r, const StudyArgs& a, const toml::table& t, const 
 }
 
 
+// BadInput unless `value` >= `least`, naming the flag and the config key that can set it.
+void require_at_least(int64_t value, int64_t least, const std::string& flag,
+                      const std::string& key, const std::string& file) {
+  if (value >= least) return;
+  const std::string where = file == "(defaults)" ? flag : flag + " (or " + key + " in " + file + ")";
+  throw BadInput(fmt::format("{}: expected an integer >= {}, got {}", where, least, value));
+}
+
+// The resolved study values a run cannot use (flags and config alike): a chunk of no slots, a
+// window of no slots, a negative K, no queries or no layers.
+void require_study_values(const Resolved& r, const std::string& file) {
+  require_at_least(r.geometry.S, 1, "--S", "[geometry] S", file);
+  require_at_least(r.geometry.W, 1, "--W", "[geometry] W", file);
+  require_at_least(r.geometry.K, 0, "--K", "[geometry] K", file);
+  require_at_least(r.queries, 1, "--queries", "[study] queries", file);
+  require_at_least(r.source.n_layers, 1, "--layers", "[source] layers", file);
+  require_at_least(r.tail_queries, 1, "[overlap] tail_queries", "[overlap] tail_queries", file);
+}
+
 // Defaults per source and study, then the TOML config, then flags.
 Resolved resolve(const StudyArgs& a, const std::string& study) {
   toml::table t;
@@ -269,8 +291,9 @@ Resolved resolve(const StudyArgs& a, const std::string& study) {
     }
   }
   Resolved r;
-  r.source_kind = toml_value<std::string>(t, "source", "kind", a.source, f);
-  if (a.source != "synthetic") r.source_kind = a.source;  // an explicit flag wins
+  // An explicit --source wins over the config's [source] kind, --source synthetic included.
+  r.source_kind = a.source.empty() ? toml_value<std::string>(t, "source", "kind", "synthetic", f)
+                                   : a.source;
   const bool model = r.source_kind != "synthetic";
   // Synthetic: the paper's geometry. The real model (512 tokens, head dim 8): S=16, W=64, K=8,
   // so that the last query has 28 candidates of which K covers ~30% (the paper: 32 of 57-121).
@@ -278,9 +301,9 @@ Resolved resolve(const StudyArgs& a, const std::string& study) {
   r.geometry.W = toml_value<int64_t>(t, "geometry", "W", model ? 64 : 512, f);
   r.geometry.K = toml_value<int64_t>(t, "geometry", "K", model ? 8 : 32, f);
   r.geometry.landmarks = toml_value<bool>(t, "geometry", "landmarks", !model, f);
-  if (a.S > 0) r.geometry.S = a.S;
-  if (a.W > 0) r.geometry.W = a.W;
-  if (a.K >= 0) r.geometry.K = a.K;
+  if (a.S != -1) r.geometry.S = a.S;  // -1: not given (flags are checked when parsed)
+  if (a.W != -1) r.geometry.W = a.W;
+  if (a.K != -1) r.geometry.K = a.K;
   // Without landmark slots there is no landmark query: the prior is the chunk's mean query.
   r.prior.rule = parse_prior_rule(toml_value<std::string>(
       t, "study", "prior_rule", a.prior_rule.empty() ? (r.geometry.landmarks ? "landmark_query" : "given") : a.prior_rule, f), "prior_rule");
@@ -292,7 +315,7 @@ Resolved resolve(const StudyArgs& a, const std::string& study) {
   r.mechanisms = toml_array<std::string>(t, "study", "mechanisms",
                                          analysis::default_mechanism_names(r.geometry.landmarks), f);
   if (!a.mechanisms.empty()) r.mechanisms = a.mechanisms;
-  r.queries = a.queries > 0 ? a.queries : toml_value<int64_t>(t, "study", "queries", 32, f);
+  r.queries = a.queries != -1 ? a.queries : toml_value<int64_t>(t, "study", "queries", 32, f);
   r.tail_queries = toml_value<int64_t>(t, "overlap", "tail_queries", model ? 256 : 256, f);
   r.block_sizes = toml_array<int64_t>(t, "overlap", "block_sizes", r.block_sizes, f);
   r.final_block = toml_value<int64_t>(t, "overlap", "final_block", r.final_block, f);
@@ -318,8 +341,9 @@ Resolved resolve(const StudyArgs& a, const std::string& study) {
     if (lengths[i] < 1 || (i > 0 && lengths[i] <= lengths[i - 1]))
       throw BadInput("lengths: positive and strictly ascending");
   r.source.lengths = lengths;
-  r.source.n_layers = a.layers > 0 ? a.layers
-                                   : toml_value<int64_t>(t, "source", "layers", model ? 5 : 2, f);
+  r.source.n_layers = a.layers != -1 ? a.layers
+                                    : toml_value<int64_t>(t, "source", "layers", model ? 5 : 2, f);
+  require_study_values(r, f);
   build_sources(r, a, t, f);
   r.raw_source.lengths = r.source.lengths = lengths;
   r.raw_source.n_layers = r.source.n_layers;
@@ -374,11 +398,14 @@ class StudyResults {
 };
 
 io::Provenance provenance(const Resolved& r, const std::string& command) {
-  return {r.config, 0x5eed, command};
+  return {r.config, 0x5eed, command_line().empty() ? command : command_line()};
 }
 
 std::string out_path(const StudyArgs& a, const std::string& study) {
-  if (!a.out.empty()) return a.out;
+  if (!a.out.empty()) {
+    if (!a.activations.empty()) require_distinct_files(a.activations, "--activations", a.out, "--out");
+    return a.out;
+  }
   throw BadInput("--out: a results file path is needed for hils " + study);
 }
 
@@ -415,7 +442,9 @@ void add_study_options(CLI::App* cmd, StudyArgs& a) {
   cmd->add_option("--config", a.config, "study config (TOML, see experiments/configs/)")
       ->check(CLI::ExistingFile);
   cmd->add_option("-o,--out", a.out, "results file (.h5); an existing one is resumed");
-  cmd->add_option("--source", a.source, "synthetic | model | activations")
+  cmd->add_option("--source", a.source,
+                  "synthetic | model | activations (default: the config's [source] kind, else "
+                  "synthetic)")
       ->check(CLI::IsMember({"synthetic", "model", "activations"}));
   cmd->add_option("--activations", a.activations, "activation file (source=activations)");
   cmd->add_option("--model-dir", a.model_dir,
@@ -521,14 +550,10 @@ std::vector<std::filesystem::path> draw_plots(const std::filesystem::path& resul
                                               const std::filesystem::path& folder) {
   if (!std::filesystem::exists(results))
     throw BadInput(results.string() + ": no such results file");
-  const char* env = std::getenv("HILS_PLOTS_DIR");
-  const std::filesystem::path script =
-      (env ? std::filesystem::path(env)
-           : std::filesystem::path(__FILE__).parent_path() / "../../analysis/plots") /
-      "plot_study.py";
+  const std::filesystem::path script = plots_dir() / "plot_study.py";
   if (!std::filesystem::exists(script))
     throw BadInput(script.string() + ": plotting script not found (set HILS_PLOTS_DIR)");
-  std::filesystem::create_directories(folder);
+  make_output_folder(folder, "plots");
   const auto list = folder / ".plots.txt";
   const std::string command = fmt::format("/usr/bin/python3 '{}' '{}' --out '{}' --list '{}'",
                                           script.string(), results.string(), folder.string(),
@@ -566,7 +591,7 @@ void register_studies(CLI::App& app) {
   cmd->add_flag("--no-model", *skip_model, "skip the real-model runs");
   cmd->callback([out, model_dir, skip_model] {
     const std::filesystem::path folder = *out;
-    std::filesystem::create_directories(folder);
+    make_output_folder(folder, "--out");
     const auto start = std::chrono::steady_clock::now();
     std::vector<std::filesystem::path> files;
     studies::StudyArgs a;

@@ -302,7 +302,9 @@ void register_verify(CLI::App& app) {
       "/inputs/do) against the fp64 backward with the kernel's selection held fixed.\n"
       "Anything not compared is named in the report (an error with --strict).\n"
       "Exit 0 pass, 1 fail, 2 bad file (or, with --strict, something not compared).\n"
-      "Example: hils verify kernel_dump.h5");
+      "Example (kernel_dump.h5: your kernel's dump, written as data/verify_format.md says;\n"
+      "`scripts/verify_demo.sh build` writes good and broken ones into out/verify_demo/):\n"
+      "  hils verify out/verify_demo/good_hils_fp32.h5");
   cmd->callback([] { run_verify(path, max_messages, strict); });
 }
 

@@ -1,12 +1,19 @@
 // The `hils` command: subcommands registered from experiments/cli/cmd_*.cpp; exceptions become
 // exit codes (see commands.hpp).
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <optional>
 
 #include <H5Cpp.h>
+#include <fmt/format.h>
 
 #include "cli/cli_util.hpp"
 #include "cli/commands.hpp"
+#include "io/hdf5_util.hpp"
+#include "io/results_file.hpp"
 #include "parallel/session.hpp"
 
 namespace hils::cli {
@@ -44,6 +51,34 @@ void require_input_file(const std::filesystem::path& path, const std::string& op
                  (hint.empty() ? "" : " (" + hint + ")"));
 }
 
+void make_output_folder(const std::filesystem::path& folder, const std::string& option) {
+  std::error_code ec;
+  if (folder.empty()) throw BadInput(option + ": expected a folder name, got ''");
+  std::filesystem::create_directories(folder, ec);
+  if (!ec && std::filesystem::is_directory(folder, ec)) return;
+  // Name the first component that is in the way (a regular file where a folder must be).
+  std::filesystem::path part;
+  for (const auto& piece : folder) {
+    part /= piece;
+    if (std::filesystem::exists(part, ec) && !std::filesystem::is_directory(part, ec))
+      throw BadInput(option + ": cannot create the folder " + folder.string() + ": " +
+                     part.string() + " is a file, not a folder");
+  }
+  throw BadInput(option + ": cannot create the folder " + folder.string() +
+                 (ec ? ": " + ec.message() : ""));
+}
+
+void require_distinct_files(const std::filesystem::path& input, const std::string& input_option,
+                            const std::filesystem::path& output,
+                            const std::string& output_option) {
+  std::error_code ec;
+  if (!std::filesystem::exists(output, ec)) return;
+  if (std::filesystem::equivalent(input, output, ec) && !ec)
+    throw BadInput(fmt::format("{} {} is the same file as {} {}: writing it would replace the "
+                               "input; choose another output file",
+                               output_option, output.string(), input_option, input.string()));
+}
+
 }  // namespace hils::cli
 
 namespace {
@@ -76,13 +111,20 @@ int run_app(CLI::App& app, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   // One rank of `mpirun -n N hils ...` when started so (experiments/parallel/session.hpp).
-  hils::parallel::Session session(argc, argv);
-  if (!session.holds_results()) hils::cli::global_options().quiet = true;
+  // (optional only so that it can be ended before std::_Exit below)
+  std::optional<hils::parallel::Session> session(std::in_place, argc, argv);
+  if (!session->holds_results()) hils::cli::global_options().quiet = true;
   // HDF5 prints its own error stack by default; our readers report errors themselves.
   H5::Exception::dontPrint();
+  // Past a file-size limit (ulimit -f) a write then fails with EFBIG and is reported like a
+  // full disk, instead of the process being killed with its temporary file left behind.
+  std::signal(SIGXFSZ, SIG_IGN);
   hils::cli::set_command_line(argc, argv);
   CLI::App app{"hils: activations in, attention mechanisms run, results out (HiLS-Attention "
                "reference simulator)"};
+  app.set_version_flag("--version", "hils " + hils::io::project_version() + " (commit " +
+                                        hils::io::git_commit() + ")",
+                       "print the version and the git commit it was built from, then exit");
   app.require_subcommand(1);
   // Global flags (--quiet) may also follow the subcommand.
   app.fallthrough();
@@ -93,7 +135,8 @@ int main(int argc, char** argv) {
       "  hils dump llama2c -o llama.h5                  # stories260K over tinystories_sample.txt\n"
       "  hils dump synthetic -o synth.h5 --generator topics -T 4096 -S 64\n"
       "  hils info synth.h5\n"
-      "  hils run synth.h5 -o results.h5 --preset full,nsa,hils -S 64 -W 512 -K 8\n"
+      "  hils run synth.h5 -o results.h5 --preset full,nsa,hils -S 64 -W 512 -K 8 --landmarks true\n"
+      "  hils info results.h5\n"
       "Exit codes: 0 success, 1 a check failed, 2 bad input, 3 internal error.\n"
       "Run `hils <command> --help` for a command's options and examples.");
 
@@ -108,6 +151,15 @@ int main(int argc, char** argv) {
   hils::cli::register_verify(app);
 
   const int code = run_app(app, argc, argv);
-  if (code != hils::cli::kExitOk) session.fail();  // ends every rank of an MPI job
+  if (code != hils::cli::kExitOk) session->fail();  // ends every rank of an MPI job
+  if (hils::io::hdf5_file_abandoned()) {
+    // A write failed (full disk) and left HDF5 a file it cannot close; its shutdown at exit
+    // would crash on it. Temporary files are gone already (their owners were destroyed).
+    session.reset();  // MPI ends first (std::_Exit runs no destructors)
+    std::cout.flush();
+    std::cerr.flush();
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }
   return code;
 }

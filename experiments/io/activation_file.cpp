@@ -211,13 +211,22 @@ void write_activation_file(const std::filesystem::path& path, const ActivationFi
 
   H5::Exception::dontPrint();
   TempFile temp(path);
-  {
-    H5::H5File h5(temp.path().string(), H5F_ACC_TRUNC);
-    write_meta(h5, file.meta);
-    for (size_t i = 0; i < file.layers.size(); ++i)
-      write_layer(h5, file.layers[i], static_cast<int64_t>(i), storage == StorageType::float32,
-                  file.meta.rotated);
-  }
+  guard_write(path, [&] {
+    auto h5 = std::make_unique<H5::H5File>(temp.path().string(), H5F_ACC_TRUNC);
+    try {
+      write_meta(*h5, file.meta);
+      for (size_t i = 0; i < file.layers.size(); ++i)
+        write_layer(*h5, file.layers[i], static_cast<int64_t>(i), storage == StorageType::float32,
+                    file.meta.rotated);
+    } catch (...) {
+      try {
+        close_file(path, h5);  // never leave a failed file for H5File's destructor to close
+      } catch (const FileError&) {
+      }
+      throw;
+    }
+    close_file(path, h5);
+  });
   temp.publish();
 }
 

@@ -1,12 +1,19 @@
 #include "io/hdf5_util.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstring>
 #include <cmath>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -372,13 +379,20 @@ std::filesystem::path temp_name_for(const std::filesystem::path& final_path) {
   return final_path.parent_path() / name;
 }
 
+}  // namespace
+
 void require_writable_folder(const std::filesystem::path& final_path) {
+  if (final_path.empty() || final_path.filename().empty() || final_path.filename() == "." ||
+      final_path.filename() == "..")
+    fail(final_path.empty() ? "(empty path)" : final_path, "", "a file name for the output",
+         "'" + final_path.string() + "'");
   auto folder = final_path.parent_path();
   if (folder.empty()) folder = ".";
   std::error_code ec;
   if (!std::filesystem::is_directory(folder, ec))
     fail(final_path, "", "an output folder that exists",
-         "no folder " + folder.string());
+         std::filesystem::exists(folder, ec) ? folder.string() + ", which is not a folder"
+                                             : "no folder " + folder.string());
   if (::access(folder.c_str(), W_OK) != 0)
     fail(final_path, "", "a writable output folder", "folder " + folder.string() +
                                                          " is not writable");
@@ -386,7 +400,6 @@ void require_writable_folder(const std::filesystem::path& final_path) {
     fail(final_path, "", "a file name for the output", "an existing folder");
 }
 
-}  // namespace
 
 TempFile::TempFile(const std::filesystem::path& final_path)
     : final_(final_path), temp_(temp_name_for(final_path)) {
@@ -448,8 +461,140 @@ void TempFile::publish_copy() const {
   if (ec) {
     std::error_code ignored;
     std::filesystem::remove(second, ignored);
-    fail(final_, "", "a checkpoint copy of the temporary file", ec.message());
+    fail(final_, "", "room to publish a checkpoint copy of the results so far",
+         ec.message() + " (the last published checkpoint, if any, is untouched)");
   }
+}
+
+void fail_write(const std::filesystem::path& output, const H5::Exception& error,
+                int saved_errno) {
+  auto folder = output.parent_path().empty() ? std::filesystem::path(".") : output.parent_path();
+  struct statvfs space {};
+  std::string reason;
+  if (::statvfs(folder.c_str(), &space) == 0 && space.f_bavail == 0)
+    reason = "no space left on the device of " + folder.string();
+  else if (saved_errno == ENOSPC || saved_errno == EFBIG || saved_errno == EDQUOT ||
+           saved_errno == EIO || saved_errno == EROFS)
+    reason = std::strerror(saved_errno);
+  else
+    reason = "HDF5 could not write it (" + error.getFuncName() + ": " + error.getDetailMsg() +
+             "; the disk may be full or a file-size limit reached)";
+  fail(output, "", "room to write the output",
+       reason + "; nothing was published (an earlier file of that name is untouched)");
+}
+
+namespace {
+std::atomic<bool> g_file_abandoned{false};
+}  // namespace
+
+bool hdf5_file_abandoned() { return g_file_abandoned.load(); }
+
+void close_file(const std::filesystem::path& output, std::unique_ptr<H5::H5File>& file) {
+  if (!file) return;
+  try {
+    file->close();
+    file.reset();
+  } catch (const H5::Exception& error) {
+    const int saved_errno = errno;
+    (void)file.release();  // see the header: never closed twice
+    g_file_abandoned = true;
+    fail_write(output, error, saved_errno);
+  }
+}
+
+// ---- OutputLock ------------------------------------------------------------------------------
+
+namespace {
+
+struct HeldLock {
+  int fd = -1;
+  int count = 0;
+};
+std::mutex g_locks_mutex;
+std::map<std::string, HeldLock>& held_locks() {
+  static std::map<std::string, HeldLock> locks;
+  return locks;
+}
+
+std::filesystem::path lock_path_for(const std::filesystem::path& final_path) {
+  auto folder = final_path.parent_path();
+  std::error_code ec;
+  auto absolute = std::filesystem::absolute(folder.empty() ? "." : folder, ec);
+  return (ec ? folder : absolute) / ("." + final_path.filename().string() + ".lock");
+}
+
+std::string read_holder(int fd) {
+  char text[512] = {};
+  ssize_t n = ::pread(fd, text, sizeof text - 1, 0);
+  std::string holder = n > 0 ? std::string(text, static_cast<size_t>(n)) : "";
+  while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+  return holder.empty() ? "another process" : holder;
+}
+
+// Locks `lock` exclusively (without waiting) and returns its descriptor, or fails naming the
+// holder. Retries when the file was removed or replaced between open and flock.
+int acquire_lock_file(const std::filesystem::path& final_path, const std::filesystem::path& lock,
+                      const std::string& holder) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+      fail(final_path, "", "a lock file the output folder can hold",
+           "cannot create " + lock.string() + ": " + std::strerror(errno));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      std::string who = read_holder(fd);
+      ::close(fd);
+      fail(final_path, "", "no other writer of this file",
+           "it is being written by " + who + " (lock " + lock.string() +
+               "); wait for it to finish or write another file");
+    }
+    struct stat opened {}, named {};
+    if (::fstat(fd, &opened) == 0 && ::stat(lock.c_str(), &named) == 0 &&
+        opened.st_dev == named.st_dev && opened.st_ino == named.st_ino) {
+      std::string text = holder + "\n";
+      if (::ftruncate(fd, 0) == 0) {
+        ssize_t ignored = ::pwrite(fd, text.data(), text.size(), 0);
+        (void)ignored;  // the holder's description is a courtesy; the lock is what excludes
+      }
+      return fd;
+    }
+    ::close(fd);  // the holder removed it after we opened it: lock the new one
+  }
+  fail(final_path, "", "a stable lock file", "it kept being replaced: " + lock.string());
+}
+
+}  // namespace
+
+OutputLock::OutputLock(const std::filesystem::path& final_path, const std::string& holder)
+    : key_(lock_path_for(final_path).string()) {
+  require_writable_folder(final_path);
+  std::lock_guard<std::mutex> guard(g_locks_mutex);
+  HeldLock& held = held_locks()[key_];
+  if (held.count == 0) {
+    try {
+      held.fd = acquire_lock_file(final_path, key_,
+                                  fmt::format("pid {} ({})", ::getpid(), holder));
+    } catch (...) {
+      held_locks().erase(key_);
+      throw;
+    }
+    register_temp(key_);  // an interrupted run removes it too (the flock dies with the process)
+  }
+  ++held.count;
+}
+
+OutputLock::OutputLock(OutputLock&& other) noexcept : key_(std::move(other.key_)) {
+  other.key_.clear();
+}
+
+OutputLock::~OutputLock() {
+  if (key_.empty()) return;
+  std::lock_guard<std::mutex> guard(g_locks_mutex);
+  auto it = held_locks().find(key_);
+  if (it == held_locks().end() || --it->second.count > 0) return;
+  ::unlink(key_.c_str());  // while still locked, so no waiter holds a removed file unnoticed
+  unregister_temp(key_);
+  ::close(it->second.fd);
+  held_locks().erase(it);
 }
 
 }  // namespace hils::io

@@ -2,8 +2,10 @@
 // reads of datasets and attributes, typed writes, and the temporary-name-then-rename dance.
 #pragma once
 
+#include <cerrno>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -65,6 +67,32 @@ H5::DataSet write_uint8s(H5::Group& location, const std::string& name, const uin
                          const std::vector<hsize_t>& dims);
 H5::DataSet write_text(H5::Group& location, const std::string& name, const std::string& text);
 
+// FileError unless `final_path` names a file (not empty, not a folder) in an existing, writable
+// folder: what every output needs, checked before any work is done.
+void require_writable_folder(const std::filesystem::path& final_path);
+
+// An HDF5 failure while writing `output` (a full disk, a file-size limit, an I/O error) as
+// FileError naming the file and the system's reason; `saved_errno` is errno at the failure.
+[[noreturn]] void fail_write(const std::filesystem::path& output, const H5::Exception& error,
+                             int saved_errno);
+// Runs `write()`, turning an HDF5 failure into fail_write's FileError.
+template <class Write>
+decltype(auto) guard_write(const std::filesystem::path& output, Write&& write) {
+  try {
+    return write();
+  } catch (const H5::Exception& error) {
+    const int saved_errno = errno;
+    fail_write(output, error, saved_errno);
+  }
+}
+// Closes `file` (flushing it) and resets the pointer. When HDF5 cannot close it (a full disk),
+// the half-closed file object is leaked on purpose, as any later H5Fclose of it (H5File's
+// destructor) crashes HDF5 1.10, and FileError follows.
+void close_file(const std::filesystem::path& output, std::unique_ptr<H5::H5File>& file);
+// Whether close_file had to leak a file: then HDF5's own shutdown at exit would crash on it,
+// so a program should end with std::_Exit after flushing its streams (hils's main does).
+bool hdf5_file_abandoned();
+
 // A temporary file beside `final_path` (".<name>.tmp-<pid>-<n>") that is removed on destruction
 // unless published. Creating it checks that the folder exists and is writable (FileError).
 class TempFile {
@@ -87,6 +115,25 @@ class TempFile {
  private:
   std::filesystem::path final_, temp_;
   bool active_ = false;
+};
+
+// Excludes other writers of one output file, across processes: an flock on a lock file beside
+// it (".<name>.lock", removed on release). A second writer gets FileError naming the holder
+// (pid, host and command written into the lock file). Re-entrant within one process, so a
+// command may hold the lock while it reads the old file and the writer it then opens takes it
+// again. The lock file is re-checked after locking so that a holder removing it cannot let two
+// writers in.
+class OutputLock {
+ public:
+  OutputLock(const std::filesystem::path& final_path, const std::string& holder);
+  ~OutputLock();
+  OutputLock(OutputLock&& other) noexcept;
+  OutputLock& operator=(OutputLock&&) = delete;
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+
+ private:
+  std::string key_;  // absolute lock path; empty once moved from
 };
 
 }  // namespace hils::io

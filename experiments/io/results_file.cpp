@@ -21,8 +21,9 @@ std::string utc_now() {
 }
 
 struct ResultsWriter::State {
+  OutputLock lock;  // declared first: released after the temporary file is gone
   TempFile temp;
-  std::optional<H5::H5File> file;
+  std::unique_ptr<H5::H5File> file;
   std::vector<std::string> complete;
 };
 
@@ -62,6 +63,23 @@ void require_results_format(const std::filesystem::path& path, const H5::H5File&
          std::to_string(version));
 }
 
+// The `complete_units` attribute: a JSON array of unit names, or FileError naming it.
+std::vector<std::string> read_complete_units(const std::filesystem::path& path,
+                                             const H5::H5File& file) {
+  const std::string text = read_string_attribute(path, file, "/", kCompleteUnits);
+  std::vector<std::string> units;
+  try {
+    auto parsed = nlohmann::json::parse(text);
+    if (!parsed.is_array()) throw std::invalid_argument("not an array");
+    for (const auto& unit : parsed) units.push_back(unit.get<std::string>());
+  } catch (const std::exception&) {
+    fail(path, std::string("/ attribute ") + kCompleteUnits,
+         "a JSON array of unit names (the file is damaged; write a new one)",
+         "\"" + text.substr(0, 60) + "\"");
+  }
+  return units;
+}
+
 std::string strip_slashes(const std::string& path) {
   size_t begin = path.find_first_not_of('/');
   if (begin == std::string::npos) return "";
@@ -78,7 +96,7 @@ ResultsWriter& ResultsWriter::operator=(ResultsWriter&&) noexcept = default;
 ResultsWriter::~ResultsWriter() {
   if (state_ && state_->file) {
     try {
-      state_->file->close();
+      close_file(state_->temp.path(), state_->file);
     } catch (...) {
       // The temporary file is removed by TempFile whatever state it is in.
     }
@@ -88,15 +106,20 @@ ResultsWriter::~ResultsWriter() {
 ResultsWriter ResultsWriter::create(const std::filesystem::path& path,
                                     const Provenance& provenance) {
   H5::Exception::dontPrint();
-  auto state = std::make_unique<State>(State{TempFile(path), std::nullopt, {}});
-  state->file.emplace(state->temp.path().string(), H5F_ACC_TRUNC);
-  write_provenance(*state->file, provenance);
+  OutputLock lock(path, provenance.command);
+  auto state =
+      std::make_unique<State>(State{std::move(lock), TempFile(path), nullptr, {}});
+  guard_write(path, [&] {
+    state->file = std::make_unique<H5::H5File>(state->temp.path().string(), H5F_ACC_TRUNC);
+    write_provenance(*state->file, provenance);
+  });
   return ResultsWriter(std::move(state));
 }
 
 ResultsWriter ResultsWriter::resume(const std::filesystem::path& path,
                                     const Provenance& provenance,
                                     const std::vector<std::string>& ignore_keys) {
+  OutputLock lock(path, provenance.command);  // before reading: no writer may change it meanwhile
   std::vector<std::string> complete;
   {
     H5::H5File existing = open_hdf5(path);
@@ -112,19 +135,23 @@ ResultsWriter ResultsWriter::resume(const std::filesystem::path& path,
       fail(path, "/ attribute config",
            "the configuration of this run (resuming must not mix experiments)",
            without_keys(config, ignore_keys).dump());
-    auto units = nlohmann::json::parse(read_string_attribute(path, existing, "/", kCompleteUnits));
-    for (const auto& unit : units) complete.push_back(unit.get<std::string>());
+    complete = read_complete_units(path, existing);
   }
-  auto state = std::make_unique<State>(State{TempFile(path), std::nullopt, std::move(complete)});
+  auto state = std::make_unique<State>(
+      State{std::move(lock), TempFile(path), nullptr, std::move(complete)});
   std::error_code ec;
   std::filesystem::copy_file(path, state->temp.path(),
                              std::filesystem::copy_options::overwrite_existing, ec);
-  if (ec) fail(path, "", "a results file that can be copied to resume it", ec.message());
-  state->file.emplace(state->temp.path().string(), H5F_ACC_RDWR);
-  std::string earlier = read_string_attribute(path, *state->file, "/", "git_commit");
-  if (earlier != git_commit())
-    write_attribute(*state->file, "git_commit", earlier + " then " + git_commit());
-  write_attribute(*state->file, "resumed", utc_now());
+  if (ec)
+    fail(path, "", "room to copy the results file to resume it",
+         ec.message() + " (is the disk full or a file-size limit reached? the file is untouched)");
+  guard_write(path, [&] {
+    state->file = std::make_unique<H5::H5File>(state->temp.path().string(), H5F_ACC_RDWR);
+    std::string earlier = read_string_attribute(path, *state->file, "/", "git_commit");
+    if (earlier != git_commit())
+      write_attribute(*state->file, "git_commit", earlier + " then " + git_commit());
+    write_attribute(*state->file, "resumed", utc_now());
+  });
   return ResultsWriter(std::move(state));
 }
 
@@ -150,55 +177,67 @@ void require_new(const H5::H5File& file, const std::filesystem::path& final_path
 
 void ResultsWriter::write_matrix(const std::string& path, const Matrix<double>& data,
                           const std::string& meaning) {
-  require_new(*state_->file, this->path(), path);
-  H5::Group root = root_of(*state_->file);
-  auto dataset = write_doubles(
-      root, path, data.data(),
-      {static_cast<hsize_t>(data.rows()), static_cast<hsize_t>(data.cols())}, false);
-  write_attribute(dataset, "meaning", meaning);
+  guard_write(this->path(), [&] {
+    require_new(*state_->file, this->path(), path);
+    H5::Group root = root_of(*state_->file);
+    auto dataset = write_doubles(
+        root, path, data.data(),
+        {static_cast<hsize_t>(data.rows()), static_cast<hsize_t>(data.cols())}, false);
+    write_attribute(dataset, "meaning", meaning);
+  });
 }
 
 void ResultsWriter::write_vector(const std::string& path, const Vector<double>& data,
                           const std::string& meaning) {
-  require_new(*state_->file, this->path(), path);
-  H5::Group root = root_of(*state_->file);
-  auto dataset =
-      write_doubles(root, path, data.data(), {static_cast<hsize_t>(data.size())}, false);
-  write_attribute(dataset, "meaning", meaning);
+  guard_write(this->path(), [&] {
+    require_new(*state_->file, this->path(), path);
+    H5::Group root = root_of(*state_->file);
+    auto dataset =
+        write_doubles(root, path, data.data(), {static_cast<hsize_t>(data.size())}, false);
+    write_attribute(dataset, "meaning", meaning);
+  });
 }
 
 void ResultsWriter::write_vector(const std::string& path, const std::vector<double>& data,
                           const std::string& meaning) {
-  require_new(*state_->file, this->path(), path);
-  H5::Group root = root_of(*state_->file);
-  auto dataset = write_doubles(root, path, data.data(), {data.size()}, false);
-  write_attribute(dataset, "meaning", meaning);
+  guard_write(this->path(), [&] {
+    require_new(*state_->file, this->path(), path);
+    H5::Group root = root_of(*state_->file);
+    auto dataset = write_doubles(root, path, data.data(), {data.size()}, false);
+    write_attribute(dataset, "meaning", meaning);
+  });
 }
 
 void ResultsWriter::write_indices(const std::string& path, const IndexMatrix& data,
                           const std::string& meaning) {
-  require_new(*state_->file, this->path(), path);
-  H5::Group root = root_of(*state_->file);
-  auto dataset = write_int32s(
-      root, path, data.data(),
-      {static_cast<hsize_t>(data.rows()), static_cast<hsize_t>(data.cols())});
-  write_attribute(dataset, "meaning", meaning);
+  guard_write(this->path(), [&] {
+    require_new(*state_->file, this->path(), path);
+    H5::Group root = root_of(*state_->file);
+    auto dataset = write_int32s(
+        root, path, data.data(),
+        {static_cast<hsize_t>(data.rows()), static_cast<hsize_t>(data.cols())});
+    write_attribute(dataset, "meaning", meaning);
+  });
 }
 
 void ResultsWriter::write_indices(const std::string& path, const std::vector<int64_t>& data,
                           const std::string& meaning) {
-  require_new(*state_->file, this->path(), path);
-  H5::Group root = root_of(*state_->file);
-  auto dataset = write_int64s(root, path, data.data(), {data.size()});
-  write_attribute(dataset, "meaning", meaning);
+  guard_write(this->path(), [&] {
+    require_new(*state_->file, this->path(), path);
+    H5::Group root = root_of(*state_->file);
+    auto dataset = write_int64s(root, path, data.data(), {data.size()});
+    write_attribute(dataset, "meaning", meaning);
+  });
 }
 
 void ResultsWriter::write_text(const std::string& path, const std::string& text,
                           const std::string& meaning) {
-  require_new(*state_->file, this->path(), path);
-  H5::Group root = root_of(*state_->file);
-  auto dataset = io::write_text(root, path, text);
-  write_attribute(dataset, "meaning", meaning);
+  guard_write(this->path(), [&] {
+    require_new(*state_->file, this->path(), path);
+    H5::Group root = root_of(*state_->file);
+    auto dataset = io::write_text(root, path, text);
+    write_attribute(dataset, "meaning", meaning);
+  });
 }
 
 namespace {
@@ -229,15 +268,21 @@ void set_attribute_on(H5::H5File& file, const std::string& object, const std::st
 
 void ResultsWriter::set_attribute(const std::string& object, const std::string& name,
                                   const std::string& v) {
-  set_attribute_on(*state_->file, object, name, v);
+  guard_write(this->path(), [&] {
+    set_attribute_on(*state_->file, object, name, v);
+  });
 }
 void ResultsWriter::set_attribute(const std::string& object, const std::string& name,
                                   double v) {
-  set_attribute_on(*state_->file, object, name, v);
+  guard_write(this->path(), [&] {
+    set_attribute_on(*state_->file, object, name, v);
+  });
 }
 void ResultsWriter::set_attribute(const std::string& object, const std::string& name,
                                   int64_t v) {
-  set_attribute_on(*state_->file, object, name, v);
+  guard_write(this->path(), [&] {
+    set_attribute_on(*state_->file, object, name, v);
+  });
 }
 
 bool ResultsWriter::exists(const std::string& path) const {
@@ -254,26 +299,27 @@ bool ResultsWriter::is_complete(const std::string& unit) const {
 }
 
 void ResultsWriter::mark_complete(const std::string& unit) {
-  std::string key = strip_slashes(unit);
-  if (is_complete(key)) return;
-  state_->complete.push_back(key);
-  if (!key.empty()) set_attribute(key, "complete", static_cast<int64_t>(1));
-  H5::Group root = state_->file->openGroup("/");
-  write_attribute(root, kCompleteUnits, nlohmann::json(state_->complete).dump());
+  guard_write(this->path(), [&] {
+    std::string key = strip_slashes(unit);
+    if (is_complete(key)) return;
+    state_->complete.push_back(key);
+    if (!key.empty()) set_attribute(key, "complete", static_cast<int64_t>(1));
+    H5::Group root = state_->file->openGroup("/");
+    write_attribute(root, kCompleteUnits, nlohmann::json(state_->complete).dump());
+  });
 }
 
 void ResultsWriter::checkpoint() {
   // Closing makes the temporary file self-consistent before it is copied.
-  state_->file->close();
+  close_file(path(), state_->file);
   state_->temp.publish_copy();
-  state_->file.emplace(state_->temp.path().string(), H5F_ACC_RDWR);
+  guard_write(path(), [&] { state_->file = std::make_unique<H5::H5File>(state_->temp.path().string(), H5F_ACC_RDWR); });
 }
 
 void ResultsWriter::commit() {
-  require(state_ && state_->file.has_value(), "ResultsWriter", "an open writer",
+  require(state_ && state_->file != nullptr, "ResultsWriter", "an open writer",
           "one already committed");
-  state_->file->close();
-  state_->file.reset();
+  close_file(path(), state_->file);
   state_->temp.publish();
 }
 

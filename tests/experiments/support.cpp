@@ -21,8 +21,7 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
-CommandResult run_hils(const std::string& args) {
-  std::string command = std::string("'") + HILS_EXE + "' " + args + " 2>&1";
+CommandResult run_shell(const std::string& command) {
   CommandResult result;
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) return result;
@@ -33,6 +32,15 @@ CommandResult run_hils(const std::string& args) {
   int status = ::pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
+}
+
+CommandResult run_hils(const std::string& args) {
+  return run_shell(std::string("'") + HILS_EXE + "' " + args + " 2>&1");
+}
+
+CommandResult run_hils_with_file_limit(const std::string& args, int limit_kib) {
+  return run_shell("(ulimit -f " + std::to_string(limit_kib) + " && '" + HILS_EXE + "' " + args +
+                   ") 2>&1");
 }
 
 io::ActivationFile small_activation_file(uint64_t seed) {

@@ -28,6 +28,12 @@ struct CommandResult {
 // Runs the hils executable with `args` (a shell-quoted string) and returns its exit code and
 // output.
 CommandResult run_hils(const std::string& args);
+// Runs a shell command line as given (sh -c), output and exit code as run_hils.
+CommandResult run_shell(const std::string& command);
+
+// run_hils under a file-size limit of `limit_kib` KiB (the shell's ulimit -f, i.e. RLIMIT_FSIZE):
+// a write past it fails as on a full disk.
+CommandResult run_hils_with_file_limit(const std::string& args, int limit_kib);
 
 // A small valid activation file: 2 layers, Hq=4, Hkv=2, T=40, d=8, dv=6, landmarks at S=8,
 // deterministic values from `seed`.

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "case_inputs.hpp"
+
 namespace hils::gpu::testing {
 namespace {
 
@@ -15,6 +17,8 @@ uint16_t bf16_bits(double rounded) {
   std::memcpy(&bits, &f, sizeof bits);
   return static_cast<uint16_t>(bits >> 16);
 }
+
+}  // namespace
 
 // Concatenates head matrices into one head-major host array of the element type.
 std::vector<unsigned char> pack_heads(const std::vector<Matrix<double>>& heads, DType dtype) {
@@ -42,7 +46,21 @@ GuardedBuffer upload(const std::vector<unsigned char>& bytes) {
   return buffer;
 }
 
-}  // namespace
+void duplicate_chunk(AttentionInputs<double>& in, int64_t S, int64_t from, int64_t to,
+                     double relative_perturbation) {
+  for (auto& k : in.k)
+    for (int64_t s = 0; s < S; ++s)
+      k.row(to * S + s) = k.row(from * S + s) * (1.0 + relative_perturbation);
+  for (auto* heads : {&in.q, &in.q_retrieval})
+    for (auto& q : *heads) q.row((to + 1) * S - 1) = q.row((from + 1) * S - 1);
+}
+
+
+AttentionInputs<double> tied_inputs(const cases::Case& c, double perturbation) {
+  auto in = cases::make_inputs<double>(c, /*salt=*/0x7135);
+  for (int64_t to : {5, 9, 13, 17}) duplicate_chunk(in, c.S, 2, to, perturbation);
+  return in;
+}
 
 void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));

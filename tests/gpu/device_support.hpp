@@ -9,6 +9,7 @@
 
 #include "hils/analysis/oracle.hpp"
 #include "hils/attention.hpp"
+#include "case_table.hpp"
 #include "hils/gpu/attention.hpp"
 
 namespace hils::gpu::testing {
@@ -46,6 +47,12 @@ class GuardedBuffer {
 // Throws std::runtime_error with the CUDA message when err != cudaSuccess.
 void check_cuda(cudaError_t err, const char* what);
 
+// Concatenates head matrices into one head-major host array of the element type (bf16: the
+// oracle's round_to_bf16 of each value).
+std::vector<unsigned char> pack_heads(const std::vector<Matrix<double>>& heads, DType dtype);
+// A guarded device copy of host bytes.
+GuardedBuffer upload(const std::vector<unsigned char>& bytes);
+
 // Inputs on the device: q, k, v, q~, prior, head-major, in the requested element type.
 struct DeviceInputSet {
   std::vector<GuardedBuffer> buffers;
@@ -61,6 +68,16 @@ std::vector<Vector<double>> head_vectors_of(const GuardedBuffer& buffer, int64_t
 // [H, rows, cols] int32 -> H index matrices.
 std::vector<IndexMatrix> index_heads_of(const GuardedBuffer& buffer, int64_t H, int64_t rows,
                                         int64_t cols);
+
+// Copies chunk `from` (keys of every KV head scaled by 1 + relative_perturbation, q and q~ at
+// its landmark slot for every query head) onto chunk `to`: their summaries and exact masses tie.
+void duplicate_chunk(AttentionInputs<double>& in, int64_t S, int64_t from, int64_t to,
+                     double relative_perturbation);
+
+// Inputs of `c` with chunk 2 copied onto chunks 5, 9, 13 and 17 (keys scaled by
+// 1 + perturbation; q and q~ at the landmark slots copied), so that their summaries and exact
+// masses tie exactly (perturbation 0) or nearly.
+AttentionInputs<double> tied_inputs(const cases::Case& c, double perturbation);
 
 oracle::InputPrecision precision_of(DType dtype);
 // Precision of the kernel's selection scores: bf16 where the packed selection runs (it rounds

@@ -25,6 +25,7 @@ using hils::gpu::DType;
 namespace oracle = hils::oracle;
 namespace gt = hils::gpu::testing;
 using hils::cases::case_named;
+using gt::tied_inputs;
 
 std::vector<int64_t> all_queries(int64_t T) {
   std::vector<int64_t> q(T);
@@ -55,24 +56,6 @@ double finite_magnitude(const std::vector<Matrix<double>>& heads) {
     for (int64_t i = 0; i < h.size(); ++i)
       if (std::isfinite(h.data()[i])) m = std::max(m, std::abs(h.data()[i]));
   return std::max(m, 1.0);
-}
-
-// Copies chunk `from` (keys of every KV head, q and q~ at its landmark slot for every query
-// head) onto chunk `to`, so that every summary and every exact mass of the two is identical.
-void duplicate_chunk(AttentionInputs<double>& in, int64_t S, int64_t from, int64_t to,
-                     double relative_perturbation) {
-  for (auto& k : in.k)
-    for (int64_t s = 0; s < S; ++s)
-      k.row(to * S + s) = k.row(from * S + s) * (1.0 + relative_perturbation);
-  for (auto* heads : {&in.q, &in.q_retrieval})
-    for (auto& q : *heads) q.row((to + 1) * S - 1) = q.row((from + 1) * S - 1);
-}
-
-// Inputs of `c` with chunk 2 copied onto chunks 5, 9, 13 and 17.
-AttentionInputs<double> tied_inputs(const Case& c, double perturbation) {
-  auto in = hils::cases::make_inputs<double>(c, /*salt=*/0x7135);
-  for (int64_t to : {5, 9, 13, 17}) duplicate_chunk(in, c.S, 2, to, perturbation);
-  return in;
 }
 
 }  // namespace

@@ -37,56 +37,6 @@ nlohmann::json spec_json(const MechanismSpec& spec) {
           {"scale", spec.scale}};
 }
 
-AttentionInputs<float> to_float(const AttentionInputs<double>& in) {
-  AttentionInputs<float> out;
-  for (const auto& x : in.q) out.q.push_back(x.cast<float>());
-  for (const auto& x : in.k) out.k.push_back(x.cast<float>());
-  for (const auto& x : in.v) out.v.push_back(x.cast<float>());
-  for (const auto& x : in.q_retrieval) out.q_retrieval.push_back(x.cast<float>());
-  for (const auto& x : in.prior) out.prior.push_back(x.cast<float>());
-  return out;
-}
-
-// The last query's best chunk (group 0) replaced by its worst non-selected candidate, and the
-// output fused from that wrong selection, as a kernel with a top-k bug would produce.
-void break_one_chunk(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
-                     KernelOutputs& kernel) {
-  RunOptions keep;
-  keep.keep_surrogate_scores = keep.keep_window = true;
-  const auto truth = run_mechanism(spec, inputs, keep);
-  const int64_t G = inputs.Hq() / inputs.Hkv(), t = inputs.T() - 1;
-  std::vector<Matrix<double>> scores;
-  std::vector<Vector<double>> lse;
-  for (int64_t h = 0; h < G; ++h) {
-    scores.push_back(truth.heads[h].surrogate_scores);
-    lse.push_back(truth.heads[h].lse_window);
-  }
-  const Matrix<double> r = group_scores(scores, lse, spec.group_rule);
-  IndexMatrix& sel = kernel.selection[0];
-  int32_t* row = sel.row(t).data();
-  int32_t* end = row + spec.K;
-  const int64_t candidates = geometry_of(spec, inputs.T()).candidate_count(t);
-  if (candidates <= spec.K || spec.K == 0)
-    throw InvalidArgument("wrong_chunk: the last query needs more candidates than K");
-  int32_t best = row[0], worst = -1;
-  for (int32_t* p = row; p != end; ++p)
-    if (r(t, *p) > r(t, best)) best = *p;
-  for (int32_t c = 0; c < candidates; ++c)
-    if (std::find(row, end, c) == end && (worst < 0 || r(t, c) < r(t, worst))) worst = c;
-  std::replace(row, end, best, worst);
-  std::sort(row, end);
-  std::vector<int64_t> all(static_cast<size_t>(inputs.T()));
-  for (int64_t q = 0; q < inputs.T(); ++q) all[static_cast<size_t>(q)] = q;
-  const auto fused = forced_fusion(spec, to_float(inputs), kernel.selection, all);
-  for (size_t h = 0; h < fused.size(); ++h) {
-    kernel.o[h] = fused[h].o.cast<double>();
-    kernel.lse[h] = fused[h].lse.cast<double>();
-    kernel.fusion_weights[h] = fused[h].fusion_weights.cast<double>();
-  }
-  std::cerr << "wrong_chunk: query t=" << t << ", group 0: chunk " << worst << " instead of "
-            << best << "\n";
-}
-
 // Head lists -> one [H x rows x cols] float32 dataset.
 void write_heads(H5::Group& root, const std::string& name, const std::vector<Matrix<double>>& heads) {
   if (heads.empty()) return;
@@ -136,7 +86,8 @@ int make(const std::string& out, const std::string& case_name, const std::string
   if (kind == "missing_softmax1") kernel_spec.softmax1 = false;
   if (kind == "shifted_window") kernel_spec.W = spec.W + spec.S;
   KernelOutputs kernel = testing::float_kernel(kernel_spec, inputs, precision);
-  if (kind == "wrong_chunk") break_one_chunk(spec, inputs, kernel);
+  if (kind == "wrong_chunk")
+    std::cerr << "wrong_chunk: " << testing::plant_wrong_chunk(spec, inputs, testing::to_float(inputs), kernel) << "\n";
   if (kind == "nan") kernel.o[1](5, 2) = std::numeric_limits<double>::quiet_NaN();
   if (kind == "all_zero")
     for (auto& o : kernel.o) o.setZero();

@@ -1,5 +1,6 @@
 #include "oracle_support.hpp"
 
+#include <algorithm>
 #include <random>
 #include <stdexcept>
 
@@ -7,9 +8,8 @@
 
 namespace hils::oracle::testing {
 
-namespace {
-
 AttentionInputs<float> to_float(const AttentionInputs<double>& in) {
+  // inputs in double -> the same numbers rounded to float.
   AttentionInputs<float> out;
   for (const auto& x : in.q) out.q.push_back(x.cast<float>());
   for (const auto& x : in.k) out.k.push_back(x.cast<float>());
@@ -19,6 +19,8 @@ AttentionInputs<float> to_float(const AttentionInputs<double>& in) {
   return out;
 }
 
+namespace {
+
 // Rounds every entry of a head list to bf16 (the store of a bf16 kernel); -inf stays.
 template <class M>
 void round_heads(std::vector<M>& heads) {
@@ -27,11 +29,33 @@ void round_heads(std::vector<M>& heads) {
 
 }  // namespace
 
+AttentionInputs<float> kernel_inputs(const AttentionInputs<double>& inputs, InputPrecision precision) {
+  // inputs -> what a kernel of this precision computes from, in float.
+  return to_float(precision == InputPrecision::bf16 ? round_inputs_to_bf16(inputs) : inputs);
+}
+
+void round_as_stored(const MechanismSpec& spec, KernelOutputs& out, InputPrecision precision,
+                     InputPrecision score_precision) {
+  // outputs -> the same outputs as a kernel of these precisions stores them.
+  if (precision == InputPrecision::bf16) {
+    round_heads(out.o);
+    round_heads(out.o_window);
+  }
+  if (score_precision == InputPrecision::bf16) {
+    round_heads(out.surrogate_scores);
+    round_heads(out.summary_key);
+    round_heads(out.summary_bias);
+    if (spec.fusion == Fusion::hierarchical) {
+      round_heads(out.lse);
+      round_heads(out.fusion_weights);
+    }
+  }
+}
+
 KernelOutputs float_kernel(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                            InputPrecision precision, InputPrecision score_precision) {
   // spec, inputs -> every stage of run_mechanism<float>, widened.
-  const bool bf16 = precision == InputPrecision::bf16;
-  const AttentionInputs<float> in = to_float(bf16 ? round_inputs_to_bf16(inputs) : inputs);
+  const AttentionInputs<float> in = kernel_inputs(inputs, precision);
   RunOptions options;
   options.keep_surrogate_scores = spec.selects();
   options.keep_window = true;
@@ -58,20 +82,47 @@ KernelOutputs float_kernel(const MechanismSpec& spec, const AttentionInputs<doub
       out.summary_bias.push_back(s.bias.cast<double>());
     }
   }
-  if (bf16) {
-    round_heads(out.o);
-    round_heads(out.o_window);
-  }
-  if (score_precision == InputPrecision::bf16) {
-    round_heads(out.surrogate_scores);
-    round_heads(out.summary_key);
-    round_heads(out.summary_bias);
-    if (spec.fusion == Fusion::hierarchical) {
-      round_heads(out.lse);
-      round_heads(out.fusion_weights);
-    }
-  }
+  round_as_stored(spec, out, precision, score_precision);
   return out;
+}
+
+std::string plant_wrong_chunk(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                              const AttentionInputs<float>& kernel_in, KernelOutputs& kernel) {
+  // kernel outputs -> the same with one selection row wrong and o, lse, weights fused from it.
+  RunOptions keep;
+  keep.keep_surrogate_scores = keep.keep_window = true;
+  const auto truth = run_mechanism(spec, inputs, keep);
+  const int64_t G = inputs.Hq() / inputs.Hkv(), t = inputs.T() - 1;
+  std::vector<Matrix<double>> scores;
+  std::vector<Vector<double>> lse;
+  for (int64_t h = 0; h < G; ++h) {
+    scores.push_back(truth.heads[h].surrogate_scores);
+    lse.push_back(truth.heads[h].lse_window);
+  }
+  const Matrix<double> r = group_scores(scores, lse, spec.group_rule);
+  IndexMatrix& sel = kernel.selection[0];
+  int32_t* row = sel.row(t).data();
+  int32_t* end = row + spec.K;
+  const int64_t candidates = geometry_of(spec, inputs.T()).candidate_count(t);
+  if (candidates <= spec.K || spec.K == 0)
+    throw InvalidArgument("wrong_chunk: the last query needs more candidates than K");
+  int32_t best = row[0], worst = -1;
+  for (int32_t* p = row; p != end; ++p)
+    if (r(t, *p) > r(t, best)) best = *p;
+  for (int32_t c = 0; c < candidates; ++c)
+    if (std::find(row, end, c) == end && (worst < 0 || r(t, c) < r(t, worst))) worst = c;
+  std::replace(row, end, best, worst);
+  std::sort(row, end);
+  std::vector<int64_t> all(static_cast<size_t>(inputs.T()));
+  for (int64_t q = 0; q < inputs.T(); ++q) all[static_cast<size_t>(q)] = q;
+  const auto fused = forced_fusion(spec, kernel_in, kernel.selection, all);
+  for (size_t h = 0; h < fused.size(); ++h) {
+    kernel.o[h] = fused[h].o.cast<double>();
+    kernel.lse[h] = fused[h].lse.cast<double>();
+    kernel.fusion_weights[h] = fused[h].fusion_weights.cast<double>();
+  }
+  return "query t=" + std::to_string(t) + ", group 0: chunk " + std::to_string(worst) +
+         " instead of " + std::to_string(best);
 }
 
 KernelGradients float_gradients(const MechanismSpec& spec, const AttentionInputs<double>& inputs,

@@ -10,6 +10,18 @@
 
 namespace hils::oracle::testing {
 
+// Inputs in double -> the same numbers rounded to float.
+AttentionInputs<float> to_float(const AttentionInputs<double>& inputs);
+
+// What a kernel of this precision computes from: the inputs (rounded to bf16 for bf16), in float.
+AttentionInputs<float> kernel_inputs(const AttentionInputs<double>& inputs, InputPrecision precision);
+
+// Rounds a kernel's outputs as a kernel of these precisions stores them: o, o_window in bf16 for
+// bf16 inputs; with bf16 scores, the summaries, scores and (hierarchical fusion) lse and fusion
+// weights in bf16 too. Idempotent.
+void round_as_stored(const MechanismSpec& spec, KernelOutputs& out, InputPrecision precision,
+                     InputPrecision score_precision);
+
 // Every stage of the reference run in float on `inputs`, widened to double: what a correct
 // kernel would produce. With bf16 the inputs are rounded to bf16 first and o, o_window are
 // stored in bf16 (FlashAttention's habit: bf16 o, fp32 lse); with bf16 scores too, every
@@ -17,6 +29,13 @@ namespace hils::oracle::testing {
 KernelOutputs float_kernel(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                            InputPrecision precision = InputPrecision::fp32,
                            InputPrecision score_precision = InputPrecision::fp32);
+
+// The last query's strongest chosen chunk (group 0, by the reference's group scores on `inputs`)
+// replaced by its weakest candidate left out, and o, lse, fusion weights fused in float on
+// `kernel_in` from that selection, as a kernel with a top-k bug would produce. Returns a line
+// naming the swap; throws InvalidArgument when the last query has no more than K candidates.
+std::string plant_wrong_chunk(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                              const AttentionInputs<float>& kernel_in, KernelOutputs& kernel);
 
 // A correct backward kernel: Gaussian upstream gradients do, dlse (from `seed`; do in bf16
 // for a bf16 kernel) and run_mechanism_backward in float with `selection` held fixed, widened

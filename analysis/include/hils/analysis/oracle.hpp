@@ -10,6 +10,10 @@
 // every constant has its one-line reason there; data/verify_format.md lists the magnitudes).
 // For bf16 inputs the oracle rounds the inputs to bf16 first, so that double, float and the
 // kernel all see the same numbers; the floor then covers the kernel's bf16 intermediates.
+// Where that floor is a worst case far above a correct kernel's rounding (the hierarchical lse
+// under bf16 scores), a mean test adds statistics over all rows: a shift of every row (a wrong
+// logit scale, an extra softmax1 logit) fails when the mean error exceeds what unbiased bf16
+// rounding at the kernel's rounding points gives (Tolerances::kMeanSigmas, MeanShiftBound).
 //
 // Selections are compared as sets per (query, KV group). A kernel row that differs from the
 // reference passes only if the reference group scores r(t,g,c) of the swapped chunks differ by
@@ -90,6 +94,16 @@ struct Tolerances {
   // A bf16 score path rounds once in the summary (p or k') and at most once in the stored
   // score, each moving s_hat by at most u A.
   static constexpr double kMarginUnitsBf16 = 2.0;
+
+  // Mean test (hierarchical lse with bf16 scores, where the worst-case floor sits far above
+  // what a correct kernel's rounding does): |mean error| <= kBaselineFactor x |float's mean
+  // error| + rounding bias + kMeanSigmas x SE, SE the standard error of the mean that unbiased
+  // bf16 rounding at the kernel's rounding points gives (MeanShiftBound). 6 sigmas: a correct kernel
+  // fails with probability ~2e-9 under the central limit theorem; a systematic shift of every
+  // row (a wrong logit scale, an extra softmax1 logit) stands out in the mean of thousands.
+  static constexpr double kMeanSigmas = 6.0;
+  // Round-to-nearest leaves an error uniform within +-ulp(x)/2: variance ulp^2 / 12.
+  static constexpr double kRoundingVariance = 1.0 / 12.0;
 
   static double floor_units(InputPrecision precision);
   static double margin_units(InputPrecision precision);
@@ -176,6 +190,11 @@ struct TensorReport {
   double magnitude = 0;         // the magnitude the floor scales with
   double tolerance = 0;         // kBaselineFactor * baseline_max_abs + floor
   double headroom = 0;          // max_abs / tolerance (fails when > 1)
+  // Mean test (Tolerances::kMeanSigmas): the signed mean errors over the finite elements, and,
+  // where the test applies (mean_tolerance > 0), the standard error and the tolerance.
+  double mean_error = 0, baseline_mean_error = 0;
+  double mean_standard_error = 0, mean_rounding_bias = 0, mean_tolerance = 0;
+  bool mean_passed = true;      // false: the mean test failed (one of the problems says so)
   std::vector<std::string> problems;  // why it failed: NaN, shape, all-zero, -inf pattern, ...
   std::string diagnosis;              // a guess at the cause, when one is recognised
 };
@@ -244,6 +263,16 @@ TensorReport compare_tensor(const std::string& name, const std::vector<Matrix<do
                             const std::vector<Matrix<double>>& baseline, double magnitude,
                             InputPrecision precision, const std::string& row_label,
                             const std::vector<int64_t>& row_ids, int64_t max_messages = 8);
+
+// What a correct kernel's rounding can do to the mean error of a tensor: the standard error of
+// its unbiased roundings, and a bound on the bias of the roundings that are not.
+struct MeanShiftBound {
+  double standard_error = 0;
+  double rounding_bias = 0;
+};
+// The mean test: fails `report` (with a problem line) when |mean_error| exceeds
+// kBaselineFactor x |baseline_mean_error| + rounding_bias + kMeanSigmas x standard_error.
+void check_mean_shift(TensorReport& report, const MeanShiftBound& bound);
 
 // Guard bytes: the first offset in [data, data+bytes) whose byte differs from `pattern`, or
 // nullopt when the whole guard is intact.

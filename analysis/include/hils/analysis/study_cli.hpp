@@ -17,7 +17,7 @@ namespace hils::cli::studies {
 struct StudyArgs {
   std::string config;            // TOML file, optional
   std::string out;               // results file (.h5)
-  std::string source = "synthetic";  // synthetic | model | activations
+  std::string source;            // synthetic | model | activations; empty: the config's or synthetic
   std::string activations;       // activation file for source = activations
   std::string model_dir;         // folder with stories260K.bin, tok512.bin, text (source=model)
   std::vector<int64_t> lengths;  // context lengths in slots (synthetic), or prefixes (files)

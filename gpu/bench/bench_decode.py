@@ -1,0 +1,272 @@
+"""Decode step (gpu/include/hils/gpu/decode.hpp) vs dense one-token attention, in the paper's
+small-model setting: Hq=16, Hkv=2, d=64, S=64, K=32, W=512, bf16, batch B in {1, 8, 32}.
+
+Peers in the same run: PyTorch SDPA with a one-token query on each backend that accepts it
+(GQA through enable_gqa, no repeated KV heads), FlexAttention decoding with the block mask of
+the same sparse work (window + the K selected chunks, the mask given), and the dense byte floor:
+the whole KV cache read once at the copy bandwidth measured here (no dense kernel beats it).
+Each side is timed as a CUDA-graph replay (one launch, as serving loops run decode; the eager
+time of ours is printed too). Every timed call starts with a cold L2 (a 512 MiB buffer is written between calls), as a step
+over a real model's layers would. Times are medians of CUDA-event-timed calls after warm-up.
+Usage: bench_decode.py --lib build/gpu/libhils_gpu_c.so [--out decode.json] [--no-flex]
+"""
+import argparse
+import ctypes
+import json
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+HQ, HKV, D, S, K, W = 16, 2, 64, 64, 32, 512
+BATCHES = (1, 8, 32)
+LENGTHS = (32768, 131072, 524288)
+# hils enum values (reference/include/hils/spec.hpp) of the hils preset.
+TAYLOR, ENTROPY, MAX_NORMALIZED, HIERARCHICAL = 3, 1, 0, 3
+
+
+class Decode(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in ("B", "T", "Hq", "Hkv", "d", "dv", "S", "W", "K")] + [
+        (n, ctypes.c_int32)
+        for n in ("landmarks", "key_rule", "bias_rule", "group_rule", "fusion", "softmax1")
+    ] + [("scale", ctypes.c_double), ("slot_capacity", ctypes.c_int64),
+         ("chunk_capacity", ctypes.c_int64)] + [
+        (n, ctypes.c_void_p) for n in ("k", "v", "summary_key", "summary_bias", "q", "q_retrieval")
+    ]
+
+
+class DecodeOutputs(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_void_p) for n in ("o", "lse", "selection", "o_window", "lse_window",
+                                               "surrogate", "fusion_weights")]
+
+
+def ptr(t):
+    return ctypes.c_void_p(t.data_ptr()) if t is not None else ctypes.c_void_p(0)
+
+
+_flush = None
+
+
+def flush_l2():
+    global _flush
+    if _flush is None:
+        _flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+    _flush.fill_(1)
+
+
+def time_us(fn, reps=30, warmup=3):
+    """Median time of fn in microseconds, each call after an L2 flush."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        flush_l2()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def graphed(fn):
+    """fn captured in a CUDA graph (one launch per call, as a serving loop runs decode), or
+    None when capture fails."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        return graph.replay
+    except Exception as e:  # noqa: BLE001  (reported, the eager time stays)
+        print(f"    graph capture failed ({str(e).splitlines()[0][:100]})")
+        return None
+
+
+def best_us(fn, reps=30):
+    """(graph replay time or None, eager time) of fn, microseconds."""
+    eager = time_us(fn, reps=reps)
+    g = graphed(fn)
+    return (time_us(g, reps=reps) if g else None), eager
+
+
+def copy_bandwidth():
+    """Bytes moved (read + write) per second by a 4 GiB device-to-device copy."""
+    n = 2 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    us = time_us(lambda: dst.copy_(src), reps=10)
+    del src, dst
+    return 2 * n / (us * 1e-6)
+
+
+class HilsDecode:
+    """Our decode step on a random cache of B sequences of T slots (hils preset)."""
+
+    def __init__(self, lib, B, T, gen, hq=HQ, hkv=HKV, d=D, s=S, w=W, k=K):
+        nc = T // s
+        bf = dict(device="cuda", dtype=torch.bfloat16)
+        self.k = torch.randn(B, hkv, T, d, generator=gen, **bf)
+        self.v = torch.randn(B, hkv, T, d, generator=gen, **bf)
+        self.key = torch.randn(B, hq, nc, d, generator=gen, **bf)
+        self.bias = torch.rand(B, hq, nc, generator=gen, device="cuda") * 3.0
+        self.q = torch.randn(B, hq, d, generator=gen, **bf)
+        self.o = torch.empty(B, hq, d, device="cuda")
+        self.lse = torch.empty(B, hq, device="cuda")
+        self.sel = torch.empty(B, hkv, k, dtype=torch.int32, device="cuda")
+        p = Decode()
+        p.B, p.T, p.Hq, p.Hkv, p.d, p.dv, p.S, p.W, p.K = B, T, hq, hkv, d, d, s, w, k
+        p.landmarks, p.key_rule, p.bias_rule = 1, TAYLOR, ENTROPY
+        p.group_rule, p.fusion, p.softmax1, p.scale = MAX_NORMALIZED, HIERARCHICAL, 0, 0.0
+        p.k, p.v, p.summary_key, p.summary_bias = ptr(self.k), ptr(self.v), ptr(self.key), ptr(self.bias)
+        p.q, p.q_retrieval = ptr(self.q), ctypes.c_void_p(0)
+        self.p = p
+        self.out = DecodeOutputs(ptr(self.o), ptr(self.lse), ptr(self.sel), None, None, None, None)
+        self.lib = lib
+        nbytes = ctypes.c_size_t(0)
+        self.check(lib.hils_gpu_decode_workspace_bytes(ctypes.byref(p), ctypes.byref(nbytes)))
+        self.ws = torch.empty(max(1, nbytes.value), dtype=torch.uint8, device="cuda")
+
+    def check(self, rc):
+        if rc != 0:
+            raise RuntimeError(self.lib.hils_gpu_decode_last_error().decode())
+
+    def __call__(self):
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        self.check(self.lib.hils_gpu_decode_step(ctypes.byref(self.p), ctypes.byref(self.out),
+                                                 ptr(self.ws), stream))
+
+    def bytes_read(self, B, T):
+        """Cache bytes one step reads: summaries, plus window and K chunks of K/V per KV head."""
+        nc = T // S
+        summaries = B * HQ * nc * (2 * D + 4)
+        tau = (T - 1 - W + 1) // S
+        window = T - max(0, tau * S)
+        kv = B * HKV * (K * S + window) * 2 * D * 2
+        return summaries, kv
+
+
+def profile_kernels(run):
+    """GPU time per kernel of our decode step (torch.profiler / CUPTI), 20 calls."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            flush_l2()
+            run()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8, max_name_column_width=90))
+
+
+def sdpa_us(q, k, v, backend):
+    """One-token SDPA (q [B, Hq, 1, d], GQA KV) time, or None when the backend refuses."""
+    try:
+        with sdpa_kernel(backend):
+            fn = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            fn()
+            torch.cuda.synchronize()
+            graph, eager = best_us(fn, reps=10)
+        return graph if graph is not None else eager
+    except RuntimeError as e:
+        print(f"    {backend}: refused ({str(e).splitlines()[0][:100]})")
+        return None
+
+
+def flex_us(q, k, v, sel, T):
+    """flex_attention decode over the window + the selected chunks (mask given), compiled."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    B = q.shape[0]
+    tau = (T - W) // S
+    lo = max(0, tau * S)
+    chunk_of = torch.zeros(B, HKV, T // S + 1, dtype=torch.bool, device="cuda")
+    chunk_of.scatter_(2, sel.long().clamp(min=0), True)
+    chunk_of = chunk_of.repeat_interleave(HQ // HKV, dim=1)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx >= lo) | chunk_of[b, h, kv_idx // S]
+
+    mask = create_block_mask(mask_mod, B, HQ, 1, T, device="cuda", BLOCK_SIZE=(128, S),
+                             _compile=True)
+    flex = torch.compile(flex_attention, dynamic=False)
+    fn = lambda: flex(q, k, v, block_mask=mask, enable_gqa=True, kernel_options={"BLOCK_N": S})
+    fn()
+    torch.cuda.synchronize()
+    graph, eager = best_us(fn, reps=10)
+    return graph if graph is not None else eager
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--out", default="decode.json")
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="kernel times of B=8, T=512K")
+    args = ap.parse_args()
+    lib = ctypes.CDLL(args.lib)
+    lib.hils_gpu_decode_last_error.restype = ctypes.c_char_p
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(4321)
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    bw = copy_bandwidth()
+    print(f"copy bandwidth (read + write, 4 GiB copy): {bw / 1e12:.2f} TB/s")
+    rows = []
+    for B in BATCHES:
+        for T in LENGTHS:
+            run = HilsDecode(lib, B, T, gen)
+            ours_graph, ours_eager = best_us(run)
+            ours = ours_graph if ours_graph is not None else ours_eager
+            summaries, kv = run.bytes_read(B, T)
+            dense = B * HKV * T * 2 * D * 2
+            row = dict(B=B, T=T, dense_bytes=dense, summary_bytes=summaries, sparse_kv_bytes=kv,
+                       floor_us=dense / bw * 1e6, hils_us=ours, hils_eager_us=ours_eager)
+            if args.profile and B == 8 and T == LENGTHS[-1]:
+                profile_kernels(run)
+            q4 = run.q.unsqueeze(2)
+            for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
+                                  ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+                                  ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                row[f"{name}_us"] = sdpa_us(q4, run.k, run.v, backend)
+            if not args.no_flex and T == LENGTHS[-1] and B <= 8:
+                try:
+                    row["flex_us"] = flex_us(q4, run.k, run.v, run.sel, T)
+                except Exception as e:  # noqa: BLE001  (a peer that cannot run is reported)
+                    print(f"    flex_attention: failed ({str(e).splitlines()[0][:120]})")
+            row["floor_over_hils"] = row["floor_us"] / ours
+            rows.append(row)
+            print(f"B={B:>2} T={T:>7}  hils {ours:8.1f} us (eager {ours_eager:8.1f})  floor {row['floor_us']:8.1f} us  "
+                  f"floor/hils {row['floor_over_hils']:5.2f}x  " +
+                  "  ".join(f"{n} {row.get(n + '_us') or math.nan:8.1f}"
+                            for n in ("flash", "efficient", "cudnn", "flex")), flush=True)
+            del run, q4
+            torch.cuda.empty_cache()
+    print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; bytes are of the cache read per step (all B)")
+    print("|  B |       T | dense KV MB | ours: summaries MB + KV MB | floor us | HiLS us |"
+          " floor/HiLS | flash us | efficient us | cuDNN us | flex us | best SDPA/HiLS |")
+    print("|---:|--------:|------------:|---------------------------:|---------:|--------:|"
+          "-----------:|---------:|-------------:|---------:|--------:|---------------:|")
+    for r in rows:
+        sd = [r[n] for n in ("flash_us", "efficient_us", "cudnn_us") if r.get(n)]
+        best = min(sd) / r["hils_us"] if sd else math.nan
+        r["best_sdpa_over_hils"] = best
+        f = lambda x: f"{x:8.1f}" if x else "       –"
+        print(f"| {r['B']:>2} | {r['T']:>7} | {r['dense_bytes'] / 1e6:11.1f} | "
+              f"{r['summary_bytes'] / 1e6:12.1f} + {r['sparse_kv_bytes'] / 1e6:11.1f} | "
+              f"{r['floor_us']:8.1f} | {r['hils_us']:7.1f} | {r['floor_over_hils']:10.2f} | "
+              f"{f(r.get('flash_us'))} | {f(r.get('efficient_us')):>12} | {f(r.get('cudnn_us'))} | "
+              f"{f(r.get('flex_us')):>7} | {best:14.2f} |")
+    with open(args.out, "w") as fh:
+        json.dump(dict(device=torch.cuda.get_device_name(), copy_bandwidth=bw, rows=rows), fh,
+                  indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+/* C ABI of the decode step (hils/gpu/decode.hpp) for ctypes callers (gpu/bench/bench_decode.py).
+ * Return codes as in c_api.h: 0 ok, 2 invalid argument, 3 CUDA or other failure; the message of
+ * the last failure is hils_gpu_decode_last_error(). */
+#ifndef HILS_GPU_DECODE_C_API_H
+#define HILS_GPU_DECODE_C_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One decode step's shapes, spec fields (hils enum values) and device pointers. */
+typedef struct hils_gpu_decode {
+  int64_t B, T, Hq, Hkv, d, dv, S, W, K;
+  int32_t landmarks, key_rule, bias_rule, group_rule, fusion, softmax1;
+  double scale; /* 0: 1/sqrt(d) */
+  int64_t slot_capacity, chunk_capacity;
+  const void *k, *v, *summary_key; /* bf16 */
+  const float* summary_bias;
+  const void *q, *q_retrieval; /* bf16 [B, Hq, d]; q_retrieval may be null */
+} hils_gpu_decode;
+
+/* Outputs (fp32 / int32); only o and lse are required. */
+typedef struct hils_gpu_decode_outputs {
+  float *o, *lse;
+  int32_t* selection;
+  float *o_window, *lse_window, *surrogate, *fusion_weights;
+} hils_gpu_decode_outputs;
+
+const char* hils_gpu_decode_last_error(void);
+int hils_gpu_decode_workspace_bytes(const hils_gpu_decode* p, size_t* bytes);
+int hils_gpu_decode_step(const hils_gpu_decode* p, const hils_gpu_decode_outputs* out,
+                         void* workspace, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,82 @@
+// C ABI of the decode step: translates hils_gpu_decode into the C++ API, exceptions into codes.
+#include "hils/gpu/decode_c_api.h"
+
+#include <exception>
+#include <stdexcept>
+#include <string>
+
+#include "hils/gpu/decode.hpp"
+
+namespace {
+
+thread_local std::string g_last_error;
+
+struct DecodeCall {
+  hils::MechanismSpec spec;
+  hils::gpu::DecodeCache cache;
+  hils::gpu::DecodeQuery query;
+};
+
+DecodeCall translate(const hils_gpu_decode& p) {
+  DecodeCall t;
+  t.spec.S = p.S, t.spec.W = p.W, t.spec.K = p.K, t.spec.landmarks = p.landmarks != 0;
+  t.spec.key_rule = static_cast<hils::KeyRule>(p.key_rule);
+  t.spec.bias_rule = static_cast<hils::BiasRule>(p.bias_rule);
+  t.spec.group_rule = static_cast<hils::GroupRule>(p.group_rule);
+  t.spec.fusion = static_cast<hils::Fusion>(p.fusion);
+  t.spec.softmax1 = p.softmax1 != 0;
+  t.spec.scale = p.scale;
+  t.cache.B = p.B, t.cache.T = p.T, t.cache.Hq = p.Hq, t.cache.Hkv = p.Hkv;
+  t.cache.d = p.d, t.cache.dv = p.dv;
+  t.cache.slot_capacity = p.slot_capacity, t.cache.chunk_capacity = p.chunk_capacity;
+  t.cache.k = p.k, t.cache.v = p.v, t.cache.summary_key = p.summary_key;
+  t.cache.summary_bias = p.summary_bias;
+  t.query.q = p.q, t.query.q_retrieval = p.q_retrieval;
+  return t;
+}
+
+// Runs `body` and maps its exceptions to the documented codes.
+template <class Body>
+int guarded(const hils_gpu_decode* p, Body body) {
+  try {
+    if (p == nullptr) throw std::invalid_argument("decode: expected a pointer, got null");
+    body(translate(*p));
+    g_last_error.clear();
+    return 0;
+  } catch (const std::invalid_argument& e) {
+    g_last_error = e.what();
+    return 2;
+  } catch (const std::exception& e) {
+    g_last_error = e.what();
+    return 3;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* hils_gpu_decode_last_error(void) { return g_last_error.c_str(); }
+
+int hils_gpu_decode_workspace_bytes(const hils_gpu_decode* p, size_t* bytes) {
+  return guarded(p, [&](const DecodeCall& t) {
+    if (bytes == nullptr) throw std::invalid_argument("bytes: expected a pointer, got null");
+    hils::gpu::validate_decode(t.spec, t.cache, t.query);
+    *bytes = hils::gpu::decode_workspace_bytes(t.spec, t.cache);
+  });
+}
+
+int hils_gpu_decode_step(const hils_gpu_decode* p, const hils_gpu_decode_outputs* out,
+                         void* workspace, void* stream) {
+  return guarded(p, [&](const DecodeCall& t) {
+    if (out == nullptr) throw std::invalid_argument("outputs: expected a pointer, got null");
+    hils::gpu::DecodeOutputs o;
+    o.o = out->o, o.lse = out->lse, o.selection = out->selection;
+    o.o_window = out->o_window, o.lse_window = out->lse_window;
+    o.surrogate = out->surrogate, o.fusion_weights = out->fusion_weights;
+    hils::gpu::decode_step(t.spec, t.cache, t.query, o, workspace,
+                           static_cast<cudaStream_t>(stream));
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,850 @@
+// Decode step (gpu/include/hils/gpu/decode.hpp, gpu/NOTES.md "decode"): the query at slot T-1
+// of B sequences against a bf16 cache with chunk summaries. Memory-bound, so every stage is
+// split over many blocks (flash-decoding style) and each byte of the cache is read once:
+//   1. window tiles: partial softmax (m, l, o) of 64 window slots per (sequence, head);
+//   2. score tiles: s_hat = sigma q~ . k'_c + b'_c for 256 chunks per (sequence, head), one
+//      thread per chunk (16-byte loads of its bf16 row), plus the tile's (max, sum exp);
+//   3. select, one block per (sequence, KV group): log Z_hat per head from the partials
+//      (Eq. 8), the group score r (Eq. 2) per candidate, an exact radix select of the K largest
+//      (ties to the lower chunk), written ascending;
+//   4. chunk tiles: softmax of q over each selected chunk's tokens per head (o_c, lse_c);
+//   5. fuse, one warp per (sequence, head): hierarchical (Eq. 10) or flat (Eq. 3).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "device_common.cuh"
+#include "hils/gpu/decode.hpp"
+
+namespace hils::gpu {
+namespace detail {
+namespace {
+
+constexpr int kDecodeTileSlots = 64;    // window slots per window block item
+constexpr int kScoreThreads = 256;      // chunks per score block (one per thread)
+constexpr int kSelectThreads = 256;
+constexpr int kSelectSmemKeys = 11264;  // candidates whose keys fit 44 KiB of shared memory
+constexpr int kRadixBins = 256;
+
+// Everything a decode kernel needs, by value.
+struct DecodeParams {
+  int64_t B, T, Hq, Hkv, G, d, dv, S, W, K;
+  int64_t slot_cap, chunk_cap, n_chunks, n_cand;  // n_cand = |V(T-1)|
+  int64_t win_lo, n_win_tiles, n_score_tiles;
+  float scale;
+  bool landmarks, softmax1, hierarchical;
+  int group_rule;  // hils::GroupRule value
+  const __nv_bfloat16 *q, *q_retrieval, *k, *v, *summary_key;
+  const float* summary_bias;
+};
+
+// Scratch pointers of one step (decode_workspace_bytes sizes them).
+struct DecodeScratch {
+  float* scores;        // [B, Hq, n_chunks] (the caller's surrogate output when given)
+  float2* score_part;   // [B, Hq, n_score_tiles] (max, sum exp) of each score tile
+  float* win_part;      // [B, Hq, n_win_tiles, dv + 2] (m, l, unnormalised o)
+  float* win_o;         // [B, Hq, dv]
+  float* win_lse;       // [B, Hq]
+  int32_t* selection;   // [B, Hkv, K] (the caller's output when given)
+  float* chunk_part;    // [B, Hq, K, dv + 1] (lse_c, normalised o_c)
+  uint32_t* cand_key;   // [B, Hkv, n_score_tiles, min(K, 256)] each tile's K best r (as keys)
+  int32_t* cand_idx;    // same shape: their chunk indices, ascending within each tile
+};
+
+// Candidates each 256-chunk tile keeps for the final selection.
+__host__ __device__ inline int64_t tile_keep(const DecodeParams& p) {
+  return p.K < kScoreThreads ? p.K : kScoreThreads;
+}
+
+// Candidates the select block ranks: `keep` from every full tile, fewer from the last.
+__host__ __device__ inline int64_t kept_candidates(const DecodeParams& p) {
+  const int64_t tiles = (p.n_cand + kScoreThreads - 1) / kScoreThreads;
+  const int64_t last = p.n_cand - (tiles - 1) * kScoreThreads;
+  return (tiles - 1) * tile_keep(p) + (last < tile_keep(p) ? last : tile_keep(p));
+}
+
+__device__ __forceinline__ float logaddexp(float a, float b) {
+  const float m = fmaxf(a, b);
+  return m == kNegInf ? kNegInf : m + __logf(__expf(a - m) + __expf(b - m));
+}
+
+// Monotone map of a float to uint32: a > b  <=>  key(a) > key(b).
+__device__ __forceinline__ uint32_t order_key(float x) {
+  const uint32_t u = __float_as_uint(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Exclusive prefix sum over the block (blockDim.x multiple of 32, <= 1024); total in *total.
+__device__ int block_exclusive_scan(int x, int* total) {
+  __shared__ int warp_sums[32];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int warps = blockDim.x / kWarp;
+  int incl = x;
+  for (int off = 1; off < kWarp; off *= 2) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += y;
+  }
+  if (lane == kWarp - 1) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < warps ? warp_sums[lane] : 0;
+    for (int off = 1; off < kWarp; off *= 2) {
+      const int y = __shfl_up_sync(0xffffffffu, w, off);
+      if (lane >= off) w += y;
+    }
+    if (lane < warps) warp_sums[lane] = w;  // inclusive over warps
+  }
+  __syncthreads();
+  const int before = (warp > 0 ? warp_sums[warp - 1] : 0) + incl - x;
+  *total = warp_sums[warps - 1];
+  __syncthreads();
+  return before;
+}
+
+// Rows staged in shared memory by the window and chunk tiles when they fit this budget.
+constexpr size_t kStageBytes = 32 * 1024;
+
+size_t stage_bytes(int64_t rows, int64_t d, int64_t dv) {
+  const size_t bytes = rows * (d + dv) * sizeof(__nv_bfloat16);
+  return bytes <= kStageBytes ? bytes : 0;
+}
+
+// Block-wide copy of n bf16 values, in 16-byte pieces when both ends are aligned and n % 8 == 0.
+__device__ void stage_copy(__nv_bfloat16* dst, const __nv_bfloat16* src, int64_t n) {
+  const bool vec = n % 8 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  if (vec) {
+    for (int64_t i = threadIdx.x; i < n / 8; i += blockDim.x)
+      reinterpret_cast<uint4*>(dst)[i] = __ldg(reinterpret_cast<const uint4*>(src) + i);
+  } else {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
+// Block-wide softmax of q over the attendable slots [lo, hi] of KV group (b, g) for every query
+// head of the group (a warp per head); rows [lo, lo + rows) staged in shared memory when they
+// fit (`staged`). Calls emit(item, st) on each head's warp.
+template <class Emit>
+__device__ void group_tile_softmax(const DecodeParams& p, int64_t bg, int64_t lo, int64_t hi,
+                                   int64_t rows, bool staged, float* smem, Emit emit) {
+  const int warp = threadIdx.x / kWarp;
+  const int d = static_cast<int>(p.d), dv = static_cast<int>(p.dv);
+  const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
+  const __nv_bfloat16* k = p.k + bg * p.slot_cap * p.d;
+  const __nv_bfloat16* v = p.v + bg * p.slot_cap * p.dv;
+  float* q = smem + warp * p.d;
+  if (staged) {
+    auto* ks = reinterpret_cast<__nv_bfloat16*>(smem + kWarpsPerBlock * p.d);
+    __nv_bfloat16* vs = ks + rows * p.d;
+    const int64_t n_rows = hi - lo + 1;
+    stage_copy(ks, k + lo * p.d, n_rows * p.d);
+    stage_copy(vs, v + lo * p.dv, n_rows * p.dv);
+    __syncthreads();
+    k = ks - lo * p.d;  // so that slot j reads staged row j - lo
+    v = vs - lo * p.dv;
+  }
+  const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
+  for (int64_t j = warp; j < p.G; j += kWarpsPerBlock) {
+    const int64_t item = b * p.Hq + g * p.G + j;
+    load_row(q, p.q + item * p.d, d);
+    WarpSoftmax st;
+    attend_range(st, q, k, v, d, dv, lo, hi, p.scale, geo);
+    emit(item, st);
+    __syncwarp();
+  }
+}
+
+// The packed shape (d = dv = 64, G <= 16, <= 64 slots, 128 threads): thread (j, half) scores
+// slot lo + j against heads half, half + 2, ... from 16-byte loads of its key row; a warp per
+// head turns the logits into probabilities; thread (dim, half) sums p * v over the slots
+// (coalesced rows). Calls emit(item, m, l, dim, unnormalised o) for each (head, dim).
+constexpr int kFastDim = 64;
+constexpr int kFastMaxGroup = 16;
+constexpr int kFastThreads = 128;
+
+size_t fast_tile_smem(int64_t G) { return (2 * G * kFastDim + 2 * G) * sizeof(float); }
+
+template <class Emit>
+__device__ void fast_tile_softmax(const DecodeParams& p, int64_t bg, int64_t lo, int64_t hi,
+                                  float* smem, Emit emit) {
+  constexpr int D = kFastDim;
+  const int G = static_cast<int>(p.G);
+  float* qs = smem;
+  float* pr = qs + G * D;
+  float* ms = pr + G * D;
+  float* ls = ms + G;
+  const int64_t b = bg / p.Hkv, g = bg % p.Hkv, first = b * p.Hq + g * G;
+  const __nv_bfloat16* k = p.k + bg * p.slot_cap * D;
+  const __nv_bfloat16* v = p.v + bg * p.slot_cap * D;
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x) qs[i] = __bfloat162float(p.q[first * D + i]);
+  __syncthreads();
+  const int j = threadIdx.x % D, half = threadIdx.x / D;
+  const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
+  const int64_t slot = lo + j;
+  const bool valid = slot <= hi && geo.attendable(slot);
+  uint4 u[D / 8];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+    u[i] = valid ? __ldg(reinterpret_cast<const uint4*>(k + slot * D) + i) : make_uint4(0, 0, 0, 0);
+  for (int h = half; h < G; h += 2) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&u[i]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(pairs[e]);
+        acc = fmaf(qs[h * D + 8 * i + 2 * e], f.x, acc);
+        acc = fmaf(qs[h * D + 8 * i + 2 * e + 1], f.y, acc);
+      }
+    }
+    pr[h * D + j] = valid ? p.scale * acc : kNegInf;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  for (int h = warp; h < G; h += kFastThreads / kWarp) {
+    const float s0 = pr[h * D + lane], s1 = pr[h * D + lane + kWarp];
+    const float m = warp_max(fmaxf(s0, s1));
+    const float p0 = exp_diff(s0, m), p1 = exp_diff(s1, m);
+    const float l = warp_sum(p0 + p1);
+    pr[h * D + lane] = p0, pr[h * D + lane + kWarp] = p1;
+    if (lane == 0) ms[h] = m, ls[h] = l;
+  }
+  __syncthreads();
+  const int dim = threadIdx.x % D;
+  const int n_rows = static_cast<int>(hi - lo + 1);
+  float acc[kFastMaxGroup / 2] = {};
+#pragma unroll 4
+  for (int r = 0; r < n_rows; ++r) {
+    const float vv = __bfloat162float(v[(lo + r) * D + dim]);
+#pragma unroll
+    for (int t = 0; t < kFastMaxGroup / 2; ++t) {
+      const int h = half + 2 * t;
+      if (h < G) acc[t] = fmaf(pr[h * D + r], vv, acc[t]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kFastMaxGroup / 2; ++t) {
+    const int h = half + 2 * t;
+    if (h < G) emit(first + h, ms[h], ls[h], dim, acc[t]);
+  }
+}
+
+// ---- 1. window tiles: one block per (tile, b, g) -------------------------------------------
+__global__ void decode_window_kernel(DecodeParams p, bool fast, bool staged, float* win_part) {
+  extern __shared__ float smem[];
+  const int64_t tile = blockIdx.x, bg = blockIdx.y;
+  const int64_t lo = p.win_lo + tile * kDecodeTileSlots;
+  const int64_t hi = min(p.T - 1, lo + kDecodeTileSlots - 1);
+  const int lane = threadIdx.x % kWarp;
+  if (fast) {
+    fast_tile_softmax(p, bg, lo, hi, smem, [&](int64_t item, float m, float l, int dim, float o) {
+      float* out = win_part + (item * p.n_win_tiles + tile) * (p.dv + 2);
+      if (dim == 0) out[0] = m, out[1] = l;
+      out[2 + dim] = o;
+    });
+    return;
+  }
+  group_tile_softmax(p, bg, lo, hi, kDecodeTileSlots, staged, smem,
+                     [&](int64_t item, const WarpSoftmax& st) {
+                       float* out = win_part + (item * p.n_win_tiles + tile) * (p.dv + 2);
+                       if (lane == 0) out[0] = st.m, out[1] = st.l;
+#pragma unroll
+                       for (int r = 0; r < kDimRegs; ++r) {
+                         const int dim = lane + kWarp * r;
+                         if (dim < p.dv) out[2 + dim] = st.o[r];
+                       }
+                     });
+}
+
+// sigma q~ . row + bias for one chunk row; `vectorised` rows are 16-byte aligned, d % 8 == 0.
+__device__ __forceinline__ float score_row(const float* q, const __nv_bfloat16* row, int d,
+                                           bool vectorised) {
+  float acc = 0.0f;
+  if (vectorised) {
+    const uint4* r4 = reinterpret_cast<const uint4*>(row);
+    for (int i = 0; i < d / 8; ++i) {
+      const uint4 u = __ldg(r4 + i);
+      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(pairs[j]);
+        acc = fmaf(q[8 * i + 2 * j], f.x, acc);
+        acc = fmaf(q[8 * i + 2 * j + 1], f.y, acc);
+      }
+    }
+  } else {
+    for (int i = 0; i < d; ++i) acc = fmaf(q[i], __bfloat162float(row[i]), acc);
+  }
+  return acc;
+}
+
+// ---- 2. score tiles: 256 chunks per block, one block per (tile, b, h) ---------------------
+// d = 64 (`coalesced`): 8 lanes read one chunk's 128-byte row (16 bytes each), so a warp load
+// covers 4 whole rows (512 contiguous bytes); a 3-step shuffle sums the 8 partial dots. Other
+// d: one thread per chunk.
+constexpr int kCoalescedDim = 64;
+constexpr int kLanesPerRow = kCoalescedDim / 8;
+__global__ void decode_score_kernel(DecodeParams p, bool vectorised, bool coalesced,
+                                    float* scores, float2* score_part) {
+  extern __shared__ float q[];
+  __shared__ float red[kScoreThreads / kWarp];
+  __shared__ float tile_scores[kScoreThreads];
+  const int64_t item = blockIdx.y;  // b * Hq + h
+  const int d = static_cast<int>(p.d);
+  const __nv_bfloat16* qr = p.q_retrieval + item * p.d;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) q[i] = __bfloat162float(qr[i]);
+  __syncthreads();
+  const int64_t tile_first = static_cast<int64_t>(blockIdx.x) * kScoreThreads;
+  const int64_t c = tile_first + threadIdx.x;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  float s = kNegInf;
+  if (coalesced) {
+    constexpr int kRowsPerStep = kWarp / kLanesPerRow;                 // 4
+    constexpr int kSteps = kScoreThreads / kRowsPerStep / (kScoreThreads / kWarp);  // 8
+    const int part = lane % kLanesPerRow;
+    float qp[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) qp[j] = q[8 * part + j];
+    const uint4* rows = reinterpret_cast<const uint4*>(p.summary_key + item * p.chunk_cap * p.d);
+    uint4 u[kSteps];
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      const int64_t cc = tile_first + warp * (kSteps * kRowsPerStep) + step * kRowsPerStep +
+                         lane / kLanesPerRow;
+      u[step] = cc < p.n_cand ? __ldg(rows + cc * kLanesPerRow + part) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&u[step]);
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(pairs[j]);
+        acc = fmaf(qp[2 * j], f.x, acc);
+        acc = fmaf(qp[2 * j + 1], f.y, acc);
+      }
+#pragma unroll
+      for (int off = 1; off < kLanesPerRow; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+      if (part == 0)
+        tile_scores[warp * (kSteps * kRowsPerStep) + step * kRowsPerStep + lane / kLanesPerRow] =
+            acc;
+    }
+    __syncthreads();
+    if (c < p.n_cand)
+      s = p.scale * tile_scores[threadIdx.x] + p.summary_bias[item * p.chunk_cap + c];
+  } else if (c < p.n_cand) {
+    const int64_t row = item * p.chunk_cap + c;
+    s = p.scale * score_row(q, p.summary_key + row * p.d, d, vectorised) + p.summary_bias[row];
+  }
+  if (c < p.n_chunks) scores[item * p.n_chunks + c] = s;
+  // The tile's (max, sum exp(s - max)) for log Z_hat.
+  float m = warp_max(s);
+  if (lane == 0) red[warp] = m;
+  __syncthreads();
+  m = kNegInf;
+  for (int w = 0; w < kScoreThreads / kWarp; ++w) m = fmaxf(m, red[w]);
+  __syncthreads();
+  float l = warp_sum(exp_diff(s, m));
+  if (lane == 0) red[warp] = l;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    l = 0.0f;
+    for (int w = 0; w < kScoreThreads / kWarp; ++w) l += red[w];
+    score_part[item * p.n_score_tiles + blockIdx.x] = make_float2(m, l);
+  }
+}
+
+// Warp-wide LSE over the candidates of head `item` from the score tiles' (max, sum exp).
+__device__ float candidate_lse(const DecodeParams& p, const DecodeScratch& w, int64_t item) {
+  const int lane = threadIdx.x % kWarp;
+  const float2* part = w.score_part + item * p.n_score_tiles;
+  float m = kNegInf;
+  for (int64_t i = lane; i < p.n_score_tiles; i += kWarp) m = fmaxf(m, part[i].x);
+  m = warp_max(m);
+  float l = 0.0f;
+  for (int64_t i = lane; i < p.n_score_tiles; i += kWarp) l += part[i].y * exp_diff(part[i].x, m);
+  l = warp_sum(l);
+  return l > 0.0f ? m + __logf(l) : kNegInf;
+}
+
+// Warp-wide (max, sum) of head `item`'s window tiles: lse_swa = m + log l.
+__device__ float2 window_stats(const DecodeParams& p, const DecodeScratch& w, int64_t item) {
+  const int lane = threadIdx.x % kWarp;
+  const float* part = w.win_part + item * p.n_win_tiles * (p.dv + 2);
+  float m = kNegInf;
+  for (int64_t i = lane; i < p.n_win_tiles; i += kWarp) m = fmaxf(m, part[i * (p.dv + 2)]);
+  m = warp_max(m);
+  float l = 0.0f;
+  for (int64_t i = lane; i < p.n_win_tiles; i += kWarp)
+    l += part[i * (p.dv + 2) + 1] * exp_diff(part[i * (p.dv + 2)], m);
+  return make_float2(m, warp_sum(l));
+}
+
+__device__ float lse_of(float2 stats) {
+  return stats.y > 0.0f ? stats.x + __logf(stats.y) : kNegInf;
+}
+
+// Warp-wide: merges head `item`'s window tiles into o_swa, lse_swa (scratch and outputs).
+__device__ void write_window(const DecodeParams& p, const DecodeScratch& w, int64_t item,
+                             float* o_window, float* lse_window) {
+  const int lane = threadIdx.x % kWarp;
+  const float2 stats = window_stats(p, w, item);
+  const float* part = w.win_part + item * p.n_win_tiles * (p.dv + 2);
+  const float inv = stats.y > 0.0f ? 1.0f / stats.y : 0.0f;
+  for (int64_t dim = lane; dim < p.dv; dim += kWarp) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < p.n_win_tiles; ++i)
+      acc += part[i * (p.dv + 2) + 2 + dim] * exp_diff(part[i * (p.dv + 2)], stats.x);
+    w.win_o[item * p.dv + dim] = acc * inv;
+    if (o_window) o_window[item * p.dv + dim] = acc * inv;
+  }
+  if (lane == 0) {
+    w.win_lse[item] = lse_of(stats);
+    if (lse_window) lse_window[item] = lse_of(stats);
+  }
+}
+
+// The digit (bits [shift, shift+8)) holding the `rank`-th largest key (rank from 1) among the
+// histogram; returns it and sets *above to the count in higher digits. Warp 0 only.
+__device__ int find_digit(const int* hist, int rank, int* above) {
+  const int lane = threadIdx.x % kWarp;
+  // Lane owns the 8 digits 255 - 8 lane ... 248 - 8 lane (descending).
+  int own = 0;
+  for (int i = 0; i < 8; ++i) own += hist[255 - 8 * lane - i];
+  int incl = own;
+  for (int off = 1; off < kWarp; off *= 2) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += y;
+  }
+  const int excl = incl - own;
+  const bool mine = excl < rank && incl >= rank;
+  const unsigned who = __ballot_sync(0xffffffffu, mine);
+  const int src = __ffs(who) - 1;
+  int digit = 0, count_above = 0;
+  if (lane == src) {
+    int acc = excl;
+    for (int i = 0; i < 8; ++i) {
+      const int dgt = 255 - 8 * lane - i;
+      if (acc + hist[dgt] >= rank) {
+        digit = dgt;
+        break;
+      }
+      acc += hist[dgt];
+    }
+    count_above = acc;
+  }
+  *above = __shfl_sync(0xffffffffu, count_above, src);
+  return __shfl_sync(0xffffffffu, digit, src);
+}
+
+// Block-wide exact top-k of n keys (larger first, equal keys: lower position first): calls
+// emit(pos, c) for each chosen position c, pos = 0, 1, ... in ascending c; returns min(n, k).
+// `work` receives the keys shifted and scaled (may alias src).
+template <class Emit>
+__device__ int block_top_k(const uint32_t* src, uint32_t* work, int64_t n, int64_t k, Emit emit) {
+  __shared__ int hist[kRadixBins];
+  __shared__ int digit_info[2];
+  const int warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  if (n <= k) {
+    for (int64_t c = threadIdx.x; c < n; c += blockDim.x) emit(static_cast<int>(c), c);
+    return static_cast<int>(n);
+  }
+  // Keys shifted to start at the smallest and scaled so that their range fills 32 bits (a
+  // monotone, one-to-one map): the first radix digit then splits the candidates instead of
+  // holding the nearly constant sign and exponent bits of all of them.
+  __shared__ uint32_t range[2 * kSelectThreads / kWarp];
+  uint32_t lo_key = 0xffffffffu, hi_key = 0u;
+  for (int64_t c = threadIdx.x; c < n; c += blockDim.x) {
+    const uint32_t u = src[c];
+    lo_key = min(lo_key, u), hi_key = max(hi_key, u);
+  }
+  lo_key = __reduce_min_sync(0xffffffffu, lo_key), hi_key = __reduce_max_sync(0xffffffffu, hi_key);
+  if (threadIdx.x % kWarp == 0) range[2 * warp] = lo_key, range[2 * warp + 1] = hi_key;
+  __syncthreads();
+  for (int i = 0; i < warps; ++i) lo_key = min(lo_key, range[2 * i]), hi_key = max(hi_key, range[2 * i + 1]);
+  const int spread = hi_key > lo_key ? __clz(hi_key - lo_key) : 0;
+  for (int64_t c = threadIdx.x; c < n; c += blockDim.x) work[c] = (src[c] - lo_key) << spread;
+  __syncthreads();
+  const uint32_t* keys = work;
+  // Radix select of the K-th largest key, 8 bits per pass from the top.
+  uint32_t prefix = 0, mask = 0;
+  int rank = static_cast<int>(k);
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < kRadixBins; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    // Warp-aggregated: lanes with the same digit add once (the top digits of float keys are
+    // nearly all equal, and 32 same-address shared atomics serialise).
+    for (int64_t c0 = 0; c0 < n; c0 += blockDim.x) {
+      const int64_t c = c0 + threadIdx.x;
+      const uint32_t u = c < n ? keys[c] : 0u;
+      const bool live = c < n && (u & mask) == prefix;
+      const int bin = live ? static_cast<int>((u >> shift) & 0xffu) : kRadixBins;
+      const unsigned peers = __match_any_sync(0xffffffffu, bin);
+      if (live && static_cast<int>(threadIdx.x % kWarp) == __ffs(peers) - 1)
+        atomicAdd(&hist[bin], __popc(peers));
+    }
+    __syncthreads();
+    if (warp == 0) {
+      int above = 0;
+      const int digit = find_digit(hist, rank, &above);
+      if (threadIdx.x == 0) digit_info[0] = digit, digit_info[1] = above;
+    }
+    __syncthreads();
+    prefix |= static_cast<uint32_t>(digit_info[0]) << shift;
+    mask |= 0xffu << shift;
+    rank -= digit_info[1];
+    __syncthreads();
+  }
+  // Keys above the threshold, then the `rank` lowest-index keys equal to it. Thread i walks
+  // the contiguous range [i * per, (i + 1) * per) so that the output stays ascending.
+  const uint32_t threshold = prefix;
+  const int64_t per = (n + blockDim.x - 1) / blockDim.x;
+  const int64_t lo = min(n, threadIdx.x * per), hi = min(n, lo + per);
+  int n_eq = 0;
+  for (int64_t c = lo; c < hi; ++c) n_eq += keys[c] == threshold;
+  int total = 0;
+  int eq_before = block_exclusive_scan(n_eq, &total);
+  int n_sel = 0;
+  for (int64_t c = lo, e = eq_before; c < hi; ++c) {
+    const uint32_t u = keys[c];
+    if (u > threshold) ++n_sel;
+    else if (u == threshold && e++ < rank) ++n_sel;
+  }
+  int pos = block_exclusive_scan(n_sel, &total);
+  for (int64_t c = lo, e = eq_before; c < hi; ++c) {
+    const uint32_t u = keys[c];
+    const bool take = u > threshold || (u == threshold && e++ < rank);
+    if (take) emit(pos++, c);
+  }
+  __syncthreads();
+  return total;
+}
+
+// ---- 2b. group scores: r (Eq. 2) of 256 candidates per block, one block per (tile, b, g) ---
+// log Z_hat per head (Eq. 8) is recomputed by every tile from the partials (a few KB).
+__global__ void decode_group_score_kernel(DecodeParams p, DecodeScratch w) {
+  __shared__ float log_z[64];
+  const int64_t bg = blockIdx.y, b = bg / p.Hkv, g = bg % p.Hkv;
+  const int warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  for (int64_t j = warp; j < p.G; j += warps) {
+    const int64_t item = b * p.Hq + g * p.G + j;
+    const float z = logaddexp(lse_of(window_stats(p, w, item)), candidate_lse(p, w, item));
+    if (threadIdx.x % kWarp == 0) log_z[j] = z;
+  }
+  __syncthreads();
+  const int64_t tile_first = static_cast<int64_t>(blockIdx.x) * kScoreThreads;
+  const int64_t c = tile_first + threadIdx.x;
+  const bool valid = c < p.n_cand;
+  const float* scores = w.scores + (b * p.Hq + g * p.G) * p.n_chunks + c;
+  float r = p.group_rule == static_cast<int>(GroupRule::sum_probabilities) ? 0.0f : kNegInf;
+  for (int64_t j = 0; valid && j < p.G; ++j) {
+    const float s = scores[j * p.n_chunks];
+    if (p.group_rule == static_cast<int>(GroupRule::max_normalized)) r = fmaxf(r, s - log_z[j]);
+    else if (p.group_rule == static_cast<int>(GroupRule::sum_probabilities))
+      r += __expf(s - log_z[j]);
+    else r = fmaxf(r, s);
+  }
+  // The tile keeps its `keep` best (ties: lower chunk); the select block picks among them.
+  __shared__ uint32_t orig[kScoreThreads], work[kScoreThreads];
+  orig[threadIdx.x] = valid ? order_key(r) : 0u;
+  __syncthreads();
+  const int64_t keep = tile_keep(p), rest = p.n_cand - tile_first;
+  const int64_t n_tile = rest < kScoreThreads ? rest : kScoreThreads;
+  uint32_t* out_key = w.cand_key + (bg * p.n_score_tiles + blockIdx.x) * keep;
+  int32_t* out_idx = w.cand_idx + (bg * p.n_score_tiles + blockIdx.x) * keep;
+  block_top_k(orig, work, n_tile, keep, [&](int pos, int64_t i) {
+    out_key[pos] = orig[i];
+    out_idx[pos] = static_cast<int32_t>(tile_first + i);
+  });
+}
+
+// ---- 3. select: one block per (b, g), over the tiles' kept candidates -----------------------
+__global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_window,
+                                     float* lse_window) {
+  extern __shared__ uint32_t smem_keys[];
+  const int64_t bg = blockIdx.x, b = bg / p.Hkv, g = bg % p.Hkv;
+  const int warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  for (int64_t j = warp; j < p.G; j += warps)
+    write_window(p, w, b * p.Hq + g * p.G + j, o_window, lse_window);
+  int32_t* sel = w.selection + bg * p.K;
+  const int64_t n = p.n_cand;
+  if (p.K == 0) return;
+  if (n <= p.K) {  // every candidate is selected
+    for (int64_t i = threadIdx.x; i < p.K; i += blockDim.x)
+      sel[i] = i < n ? static_cast<int32_t>(i) : -1;
+    return;
+  }
+  // Every tile but the last kept `keep` candidates; they lie in ascending chunk order.
+  const int64_t keep = tile_keep(p), m = kept_candidates(p);
+  uint32_t* src = w.cand_key + bg * p.n_score_tiles * keep;
+  const int32_t* idx = w.cand_idx + bg * p.n_score_tiles * keep;
+  uint32_t* work = m <= kSelectSmemKeys ? smem_keys : src;
+  const int total = block_top_k(src, work, m, p.K, [&](int pos, int64_t c) {
+    if (pos < p.K) sel[pos] = idx[c];
+  });
+  for (int64_t i = total + threadIdx.x; i < p.K; i += blockDim.x) sel[i] = -1;
+}
+
+// ---- 4. chunk tiles: one block per (selected slot i, b, g), a warp per head ---------------
+__global__ void decode_chunk_kernel(DecodeParams p, bool fast, bool staged,
+                                    const int32_t* selection, float* chunk_part) {
+  extern __shared__ float smem[];
+  const int64_t i = blockIdx.x, bg = blockIdx.y;
+  const int lane = threadIdx.x % kWarp;
+  const int32_t c = selection[bg * p.K + i];
+  if (fast && c >= 0) {
+    fast_tile_softmax(p, bg, c * p.S, c * p.S + p.S - 1, smem,
+                      [&](int64_t item, float m, float l, int dim, float o) {
+                        float* out = chunk_part + (item * p.K + i) * (p.dv + 1);
+                        if (dim == 0) out[0] = l > 0.0f ? m + __logf(l) : kNegInf;
+                        out[1 + dim] = l > 0.0f ? o / l : 0.0f;
+                      });
+    return;
+  }
+  auto emit = [&](int64_t item, const WarpSoftmax& st) {
+    float* out = chunk_part + (item * p.K + i) * (p.dv + 1);
+    const float inv = st.l > 0.0f ? 1.0f / st.l : 0.0f;
+    if (lane == 0) out[0] = st.lse();
+#pragma unroll
+    for (int r = 0; r < kDimRegs; ++r) {
+      const int dim = lane + kWarp * r;
+      if (dim < p.dv) out[1 + dim] = st.o[r] * inv;
+    }
+  };
+  if (c >= 0) {
+    group_tile_softmax(p, bg, c * p.S, c * p.S + p.S - 1, p.S, staged, smem, emit);
+  } else {  // -1 padding: an empty softmax (lse -inf, o 0)
+    const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
+    for (int64_t j = threadIdx.x / kWarp; j < p.G; j += kWarpsPerBlock)
+      emit(b * p.Hq + g * p.G + j, WarpSoftmax{});
+  }
+}
+
+// ---- 5. fuse: one warp per (b, h) -----------------------------------------------------------
+// Logits a_i: hierarchical s_hat(c_i) (Eq. 10), flat lse_{c_i} (Eq. 3 as a merge of
+// (lse, o) pairs); then the window (lse_swa) and, hierarchical with softmax1, a zero logit.
+// Lane i handles selected slot i (32 at a time); its weight is broadcast for the output sums.
+__global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, float* lse,
+                                   float* fusion_weights) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (item >= p.B * p.Hq) return;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t b = item / p.Hq, h = item % p.Hq, g = h / p.G;
+  const int32_t* sel = w.selection + (b * p.Hkv + g) * p.K;
+  const float* part = w.chunk_part + item * p.K * (p.dv + 1);
+  auto logit = [&](int64_t i) {
+    if (i >= p.K) return kNegInf;
+    const int32_t c = sel[i];
+    if (c < 0) return kNegInf;
+    return p.hierarchical ? w.scores[item * p.n_chunks + c] : part[i * (p.dv + 1)];
+  };
+  const float a_win = w.win_lse[item];
+  const bool zero_logit = p.hierarchical && p.softmax1;
+  float m = kNegInf;
+  for (int64_t i = lane; i < p.K; i += kWarp) m = fmaxf(m, logit(i));
+  m = fmaxf(fmaxf(warp_max(m), a_win), zero_logit ? 0.0f : kNegInf);
+  float l = 0.0f;
+  for (int64_t i = lane; i < p.K; i += kWarp) l += exp_diff(logit(i), m);
+  l = warp_sum(l) + exp_diff(a_win, m) + (zero_logit ? __expf(-m) : 0.0f);
+  const float total = m == kNegInf ? kNegInf : m + __logf(l);
+  auto weight = [&](float a) { return total == kNegInf ? 0.0f : exp_diff(a, total); };
+  float acc[kDimRegs];
+  const float w_win = weight(a_win);
+#pragma unroll
+  for (int r = 0; r < kDimRegs; ++r) {
+    const int dim = lane + kWarp * r;
+    acc[r] = dim < p.dv ? w_win * w.win_o[item * p.dv + dim] : 0.0f;
+  }
+  float* fw = fusion_weights ? fusion_weights + item * (p.K + 2) : nullptr;
+  for (int64_t base = 0; base < p.K; base += kWarp) {
+    const float wi = weight(logit(base + lane));
+    if (fw && base + lane < p.K) fw[base + lane] = wi;
+    const int n = p.K - base < kWarp ? static_cast<int>(p.K - base) : kWarp;
+    for (int jj = 0; jj < n; ++jj) {
+      const float wj = __shfl_sync(0xffffffffu, wi, jj);
+      const float* row = part + (base + jj) * (p.dv + 1) + 1;
+#pragma unroll
+      for (int r = 0; r < kDimRegs; ++r) {
+        const int dim = lane + kWarp * r;
+        if (dim < p.dv) acc[r] = fmaf(wj, row[dim], acc[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kDimRegs; ++r) {
+    const int dim = lane + kWarp * r;
+    if (dim < p.dv) o[item * p.dv + dim] = acc[r];
+  }
+  if (lane == 0) {
+    lse[item] = total;
+    if (fw) fw[p.K] = w_win, fw[p.K + 1] = zero_logit ? weight(0.0f) : 0.0f;
+  }
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Host copies of the slot geometry (reference/SEMANTICS.md, Eq. 1) for the query at T-1.
+int64_t window_edge_chunk(int64_t t, int64_t W, int64_t S) {
+  const int64_t num = t - W + 1;
+  return num >= 0 ? num / S : -((-num + S - 1) / S);
+}
+
+DecodeParams params_of(const MechanismSpec& spec, const DecodeCache& cache, const DecodeQuery& q) {
+  DecodeParams p{};
+  p.B = cache.B, p.T = cache.T, p.Hq = cache.Hq, p.Hkv = cache.Hkv, p.G = cache.Hq / cache.Hkv;
+  p.d = cache.d, p.dv = cache.dv, p.S = spec.S, p.W = spec.W, p.K = spec.K;
+  p.slot_cap = cache.slot_capacity > 0 ? cache.slot_capacity : cache.T;
+  p.n_chunks = cache.T / spec.S;
+  p.chunk_cap = cache.chunk_capacity > 0 ? cache.chunk_capacity : p.n_chunks;
+  const int64_t t = cache.T - 1, tau = window_edge_chunk(t, spec.W, spec.S);
+  p.n_cand = std::max<int64_t>(0, std::min(tau, p.n_chunks));
+  p.win_lo = tau > 0 ? tau * spec.S : 0;
+  p.n_win_tiles = ceil_div(t - p.win_lo + 1, kDecodeTileSlots);
+  p.n_score_tiles = std::max<int64_t>(1, ceil_div(p.n_chunks, kScoreThreads));
+  p.scale = spec.scale != 0.0 ? static_cast<float>(spec.scale)
+                              : static_cast<float>(1.0 / std::sqrt(static_cast<double>(cache.d)));
+  p.landmarks = spec.landmarks, p.softmax1 = spec.softmax1;
+  p.hierarchical = spec.fusion == Fusion::hierarchical;
+  p.group_rule = static_cast<int>(spec.group_rule);
+  p.q = static_cast<const __nv_bfloat16*>(q.q);
+  p.q_retrieval = static_cast<const __nv_bfloat16*>(q.q_retrieval ? q.q_retrieval : q.q);
+  p.k = static_cast<const __nv_bfloat16*>(cache.k);
+  p.v = static_cast<const __nv_bfloat16*>(cache.v);
+  p.summary_key = static_cast<const __nv_bfloat16*>(cache.summary_key);
+  p.summary_bias = cache.summary_bias;
+  return p;
+}
+
+// Byte sizes of the scratch arrays, in DecodeScratch order (each rounded to 256 bytes).
+struct ScratchSizes {
+  size_t bytes[9];
+};
+ScratchSizes scratch_sizes(const DecodeParams& p) {
+  const size_t BH = p.B * p.Hq, BG = p.B * p.Hkv;
+  return {{BH * p.n_chunks * 4, BH * p.n_score_tiles * 8, BH * p.n_win_tiles * (p.dv + 2) * 4,
+           BH * p.dv * 4, BH * 4, BG * p.K * 4, BH * p.K * (p.dv + 1) * 4,
+           BG * p.n_score_tiles * tile_keep(p) * 4, BG * p.n_score_tiles * tile_keep(p) * 4}};
+}
+size_t round_up(size_t x) { return (x + 255) / 256 * 256; }
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw std::invalid_argument(message);
+}
+
+void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string("decode_step: ") + what + ": " + cudaGetErrorString(err));
+}
+
+}  // namespace
+}  // namespace detail
+
+void validate_decode(const MechanismSpec& spec, const DecodeCache& cache, const DecodeQuery& q) {
+  using detail::require;
+  const auto field = [](const char* name, int64_t got, const char* expected) {
+    return std::string("decode: ") + name + " = " + std::to_string(got) + ", expected " + expected;
+  };
+  require(cache.B >= 1, field("B", cache.B, ">= 1"));
+  require(cache.T >= 1, field("T", cache.T, ">= 1"));
+  require(cache.Hkv >= 1 && cache.Hq >= cache.Hkv && cache.Hq % cache.Hkv == 0,
+          field("Hq", cache.Hq, "a positive multiple of Hkv"));
+  require(cache.B * cache.Hq <= 65535, field("B * Hq", cache.B * cache.Hq, "<= 65535"));
+  require(cache.Hq / cache.Hkv <= 64, field("Hq / Hkv", cache.Hq / cache.Hkv, "<= 64"));
+  require(cache.d >= 1 && cache.d <= detail::kMaxDim, field("d", cache.d, "1..256"));
+  require(cache.dv >= 1 && cache.dv <= detail::kMaxDim, field("dv", cache.dv, "1..256"));
+  require(spec.S >= 1, field("S", spec.S, ">= 1"));
+  require(!spec.landmarks || spec.S >= 2, field("S", spec.S, ">= 2 with landmarks"));
+  require(spec.W >= 1, field("W", spec.W, ">= 1"));
+  require(spec.K >= 0 && spec.K <= 1024, field("K", spec.K, "0..1024"));
+  require(spec.fusion == Fusion::flat || spec.fusion == Fusion::hierarchical,
+          "decode: fusion must be flat or hierarchical (a selecting mechanism)");
+  require(spec.key_rule != KeyRule::exact,
+          "decode: key_rule exact has no summaries to keep in the cache");
+  require(cache.slot_capacity == 0 || cache.slot_capacity >= cache.T,
+          field("slot_capacity", cache.slot_capacity, "0 or >= T"));
+  require(cache.chunk_capacity == 0 || cache.chunk_capacity >= cache.T / spec.S,
+          field("chunk_capacity", cache.chunk_capacity, "0 or >= T / S"));
+  require(cache.k && cache.v && q.q, "decode: k, v and q must be device pointers, got null");
+  require(cache.T / spec.S == 0 || (cache.summary_key && cache.summary_bias),
+          "decode: summary_key and summary_bias must be device pointers, got null");
+}
+
+size_t decode_workspace_bytes(const MechanismSpec& spec, const DecodeCache& cache) {
+  const detail::DecodeParams p = detail::params_of(spec, cache, DecodeQuery{});
+  size_t total = 0;
+  for (size_t b : detail::scratch_sizes(p).bytes) total += detail::round_up(b);
+  return total;
+}
+
+void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const DecodeQuery& q,
+                 const DecodeOutputs& out, void* workspace, cudaStream_t stream) {
+  using namespace detail;
+  validate_decode(spec, cache, q);
+  require(out.o && out.lse, "decode: outputs o and lse must be device pointers, got null");
+  require(workspace != nullptr || decode_workspace_bytes(spec, cache) == 0,
+          "decode: workspace must be a device pointer, got null");
+  const DecodeParams p = params_of(spec, cache, q);
+  const ScratchSizes sizes = scratch_sizes(p);
+  char* base = static_cast<char*>(workspace);
+  void* parts[9];
+  for (int i = 0; i < 9; ++i) parts[i] = base, base += round_up(sizes.bytes[i]);
+  DecodeScratch w{static_cast<float*>(parts[0]), static_cast<float2*>(parts[1]),
+                  static_cast<float*>(parts[2]), static_cast<float*>(parts[3]),
+                  static_cast<float*>(parts[4]), static_cast<int32_t*>(parts[5]),
+                  static_cast<float*>(parts[6]), static_cast<uint32_t*>(parts[7]),
+                  static_cast<int32_t*>(parts[8])};
+  if (out.surrogate) w.scores = out.surrogate;
+  if (out.selection) w.selection = out.selection;
+
+  const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
+  const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
+  const size_t q_smem = kWarpsPerBlock * p.d * sizeof(float);
+  // The fast tiles (d = dv = 64, G <= 16, 16-byte aligned rows) or the generic warp tiles.
+  const bool fast = p.d == kFastDim && p.dv == kFastDim && p.G <= kFastMaxGroup &&
+                    reinterpret_cast<uintptr_t>(p.k) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(p.v) % 16 == 0;
+  static_assert(kWarpsPerBlock * kWarp == kFastThreads, "tile kernels run 128 threads");
+  const size_t win_stage = stage_bytes(kDecodeTileSlots, p.d, p.dv);
+  const size_t win_smem = fast ? fast_tile_smem(p.G) : q_smem + win_stage;
+  decode_window_kernel<<<dim3(static_cast<unsigned>(p.n_win_tiles), bg), kFastThreads, win_smem,
+                         stream>>>(p, fast, win_stage > 0, w.win_part);
+  check_launch("window");
+  // 16-byte loads need 16-byte aligned rows.
+  const bool vectorised = p.d % 8 == 0 && reinterpret_cast<uintptr_t>(p.summary_key) % 16 == 0;
+  const bool coalesced = vectorised && p.d == kCoalescedDim;
+  decode_score_kernel<<<dim3(static_cast<unsigned>(p.n_score_tiles), bh), kScoreThreads,
+                        p.d * sizeof(float), stream>>>(p, vectorised, coalesced, w.scores,
+                                                       w.score_part);
+  check_launch("score");
+  if (p.K > 0 && p.n_cand > p.K) {
+    decode_group_score_kernel<<<dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)),
+                                     bg),
+                                kScoreThreads, 0, stream>>>(p, w);
+    check_launch("group score");
+  }
+  const int64_t kept = p.n_cand > p.K ? kept_candidates(p) : 0;
+  const size_t key_smem = kept <= kSelectSmemKeys ? kept * sizeof(uint32_t) : 0;
+  decode_select_kernel<<<bg, kSelectThreads, key_smem, stream>>>(p, w, out.o_window,
+                                                                 out.lse_window);
+  check_launch("select");
+  if (p.K > 0) {
+    const size_t chunk_stage = stage_bytes(p.S, p.d, p.dv);
+    const bool fast_chunk = fast && p.S <= kDecodeTileSlots;
+    const size_t chunk_smem =
+        std::max(fast_chunk ? fast_tile_smem(p.G) : 0, q_smem + chunk_stage);
+    decode_chunk_kernel<<<dim3(static_cast<unsigned>(p.K), bg), kFastThreads, chunk_smem,
+                          stream>>>(p, fast_chunk, chunk_stage > 0, w.selection, w.chunk_part);
+    check_launch("chunk");
+  }
+  decode_fuse_kernel<<<static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock)),
+                       kWarpsPerBlock * kWarp, 0, stream>>>(p, w, out.o, out.lse,
+                                                            out.fusion_weights);
+  check_launch("fuse");
+}
+
+}  // namespace hils::gpu

@@ -1,0 +1,293 @@
+// Faults a user meets with the `hils` tool (issue 8): an output naming its input, two writers of
+// one file, a full disk, odd output paths, damaged resume state. Each ends in a clear error
+// (exit 2) with nothing lost and nothing left behind.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <algorithm>
+#include <iterator>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include <H5Cpp.h>
+
+#include "io/activation_file.hpp"
+#include "io/hdf5_util.hpp"
+#include "support.hpp"
+#include "util/shared_data.hpp"
+
+using hils::test::count_temp_files;
+using hils::test::run_hils;
+using hils::test::run_hils_with_file_limit;
+using hils::test::run_shell;
+using hils::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+
+fs::path write_small(const TempDir& dir, const std::string& name = "acts.h5") {
+  auto path = dir / name;
+  hils::io::write_activation_file(path, hils::test::small_activation_file(7),
+                                  hils::io::StorageType::float64);
+  return path;
+}
+
+std::string bytes_of(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Files in `folder` whose name ends in ".lock" (left-over output locks).
+int count_lock_files(const fs::path& folder) {
+  int n = 0;
+  for (const auto& entry : fs::directory_iterator(folder))
+    if (entry.path().extension() == ".lock") ++n;
+  return n;
+}
+
+const std::string kGeometry = " -S 8 -W 16 -K 2 --landmarks true --keep-scores true";
+const std::string kFirstArgs = " -p full" + kGeometry;       // a first run
+const std::string kRunArgs = " -p full,hils" + kGeometry;    // the same, resumed with one more
+
+}  // namespace
+
+TEST_CASE("hils run refuses an output that is its input, by inode, not by name", "[cli][faults]") {
+  TempDir dir("same_file");
+  auto acts = write_small(dir);
+  const std::string before = bytes_of(acts);
+  fs::create_hard_link(acts, dir / "hard_link.h5");
+  fs::create_symlink(acts, dir / "sym_link.h5");
+  for (const auto& output : {acts, dir / "hard_link.h5", dir / "sym_link.h5",
+                             dir / "." / "acts.h5"}) {
+    auto r = run_hils("run " + q(acts) + " -o " + q(output) + kRunArgs);
+    INFO(output.string() + "\n" + r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains("is the same file as ACTIVATIONS"));
+  }
+  CHECK(bytes_of(acts) == before);
+  CHECK(count_temp_files(dir.path()) == 0);
+}
+
+TEST_CASE("a second writer of one results file is refused and told who holds it",
+          "[cli][faults]") {
+  TempDir dir("writer_lock");
+  auto acts = write_small(dir);
+  auto results = dir / "results.h5";
+  REQUIRE(run_hils("run " + q(acts) + " -o " + q(results) + kFirstArgs).exit_code == 0);
+  CHECK(count_lock_files(dir.path()) == 0);  // released and removed after a run
+  const std::string before = bytes_of(results);
+  {
+    // This test process is the first writer; hils (another process) must not get in.
+    hils::io::OutputLock held(results, "the first writer");
+    auto resumed = run_hils("run " + q(acts) + " -o " + q(results) + kRunArgs + " --resume");
+    INFO(resumed.output);
+    CHECK(resumed.exit_code == 2);
+    CHECK_THAT(resumed.output, Catch::Contains("being written by pid"));
+    CHECK_THAT(resumed.output, Catch::Contains("the first writer"));
+    auto study = run_hils("fidelity --out " + q(results) + " --lengths 256 -q");
+    CHECK(study.exit_code == 2);
+    CHECK_THAT(study.output, Catch::Contains("being written by"));
+    CHECK(bytes_of(results) == before);
+  }
+  auto after = run_hils("run " + q(acts) + " -o " + q(results) + kRunArgs + " --resume");
+  INFO(after.output);
+  CHECK(after.exit_code == 0);
+  CHECK(count_lock_files(dir.path()) == 0);
+}
+
+TEST_CASE("a full disk (file-size limit) gives a clear error, no crash, no temporary file",
+          "[cli][faults]") {
+  // RLIMIT_FSIZE stands in for a full disk: writes past it fail with EFBIG as they would with
+  // ENOSPC (a tmpfs of a few KiB gives the same message; it needs root to mount).
+  TempDir dir("full_disk");
+  auto acts = write_small(dir);
+  auto results = dir / "results.h5";
+  REQUIRE(run_hils("run " + q(acts) + " -o " + q(results) + kFirstArgs).exit_code == 0);
+  const std::string before = bytes_of(results);
+  for (int limit_kib : {4, 24}) {
+    auto run = run_hils_with_file_limit(
+        "run " + q(acts) + " -o " + q(results) + kRunArgs + " --resume", limit_kib);
+    INFO(limit_kib << " KiB\n" << run.output);
+    CHECK(run.exit_code == 2);
+    CHECK_THAT(run.output, Catch::Contains("room to"));
+    CHECK(bytes_of(results) == before);  // the earlier file is untouched
+    auto dump = run_hils_with_file_limit(
+        "dump synthetic -T 2048 -S 16 -o " + q(dir / "synthetic.h5"), limit_kib);
+    INFO(dump.output);
+    CHECK(dump.exit_code == 2);
+    CHECK_THAT(dump.output, Catch::Contains("room to write"));
+    CHECK_FALSE(fs::exists(dir / "synthetic.h5"));
+    CHECK(count_temp_files(dir.path()) == 0);
+    CHECK(count_lock_files(dir.path()) == 0);
+  }
+}
+
+TEST_CASE("odd output paths are bad input, not internal errors", "[cli][faults]") {
+  TempDir dir("odd_outputs");
+  auto acts = write_small(dir);
+  std::ofstream(dir / "plain_file") << "x";
+  auto empty = run_hils("run " + q(acts) + " -o ''" + kRunArgs);
+  INFO(empty.output);
+  CHECK(empty.exit_code == 2);
+  CHECK_THAT(empty.output, Catch::Contains("a file name for the output"));
+  auto below_file = run_hils("fidelity --out " + q(dir / "plain_file" / "x.h5") + " -q");
+  INFO(below_file.output);
+  CHECK(below_file.exit_code == 2);
+  CHECK_THAT(below_file.output, Catch::Contains("which is not a folder"));
+  auto studies = run_hils("studies --out " + q(dir / "plain_file" / "sub") + " --no-model -q");
+  INFO(studies.output);
+  CHECK(studies.exit_code == 2);
+  CHECK_THAT(studies.output, Catch::Contains("plain_file is a file, not a folder"));
+}
+
+TEST_CASE("a damaged complete_units attribute names the file and the attribute",
+          "[cli][faults]") {
+  TempDir dir("damaged_units");
+  auto acts = write_small(dir);
+  auto results = dir / "results.h5";
+  REQUIRE(run_hils("run " + q(acts) + " -o " + q(results) + " -p full -S 8 --landmarks true")
+              .exit_code == 0);
+  for (const std::string damaged : {"[\"full/layer0\", 3", "{\"a\": 1}", "[1, 2]"}) {
+    {
+      H5::H5File file(results.string(), H5F_ACC_RDWR);
+      file.removeAttr("complete_units");
+      H5::StrType type(H5::PredType::C_S1, H5T_VARIABLE);
+      file.createAttribute("complete_units", type, H5::DataSpace(H5S_SCALAR))
+          .write(type, damaged);
+    }
+    auto r = run_hils("run " + q(acts) + " -o " + q(results) + " -p full -S 8 --landmarks true " +
+                      "--resume");
+    INFO(damaged + "\n" + r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains("results.h5: / attribute complete_units"));
+  }
+}
+
+TEST_CASE("hils --version names the version and the commit", "[cli]") {
+  auto r = run_hils("--version");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::StartsWith("hils "));
+  CHECK_THAT(r.output, Catch::Contains("commit"));
+}
+
+TEST_CASE("study flags out of range are refused naming the flag and the expected value",
+          "[cli][faults]") {
+  TempDir dir("study_flags");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--K -2", "--K: expected an integer >= 0, got -2"},
+      {"--S 0", "--S: expected an integer >= 1, got 0"},
+      {"--W 0", "--W: expected an integer >= 1, got 0"},
+      {"--queries 0", "--queries: expected an integer >= 1, got 0"},
+      {"--layers 0", "--layers: expected an integer >= 1, got 0"}};
+  for (const auto& [flag, message] : cases) {
+    auto r = run_hils("fidelity --out " + q(dir / "f.h5") + " --lengths 1024 -q " + flag);
+    INFO(flag + "\n" + r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains(message));
+    CHECK_FALSE(fs::exists(dir / "f.h5"));
+  }
+  // The same values from a config file name the key and the file.
+  std::ofstream(dir / "bad.toml") << "[geometry]\nS = 0\n";
+  auto from_config = run_hils("fidelity --config " + q(dir / "bad.toml") + " --out " +
+                              q(dir / "f.h5") + " --lengths 1024 -q");
+  INFO(from_config.output);
+  CHECK(from_config.exit_code == 2);
+  CHECK_THAT(from_config.output, Catch::Contains("[geometry] S in"));
+}
+
+TEST_CASE("an explicit source synthetic flag wins over a config that names the model", "[cli][faults]") {
+  TempDir dir("source_flag");
+  // The model folder does not exist: running the model would fail (exit 2).
+  std::ofstream(dir / "model.toml") << "[source]\nkind = \"model\"\n";
+  auto r = run_hils("fidelity --config " + q(dir / "model.toml") + " --source synthetic --model-dir " +
+                    q(dir / "no_model") + " --out " + q(dir / "f.h5") + " --lengths 1024 -q");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  auto info = run_hils("info " + q(dir / "f.h5") + " --json");
+  CHECK_THAT(info.output, Catch::Contains("\"kind\": \"synthetic\""));
+}
+
+TEST_CASE("the examples of hils --help, run, dump and info work as written", "[cli][faults]") {
+  // Run in a fresh folder, in order, with `hils` on PATH and the project's experiments/ folder
+  // beside them (the examples name experiments/configs/*.toml from the project root).
+  TempDir dir("help_examples");
+  fs::create_directory_symlink(fs::path(HILS_SOURCE_DIR) / "experiments", dir / "experiments");
+  const std::string prefix = "cd " + q(dir.path()) + " && PATH=" +
+                             q(fs::path(HILS_EXE).parent_path()) + ":\"$PATH\" && ";
+  std::vector<std::string> examples;
+  for (const std::string help : {"--help", "run --help", "dump llama2c --help",
+                                 "dump synthetic --help", "info --help"}) {
+    std::istringstream lines(run_hils(help).output);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("  hils ", 0) != 0) continue;
+      line = line.substr(2, line.find('#') == std::string::npos ? std::string::npos
+                                                                : line.find('#') - 2);
+      if (std::find(examples.begin(), examples.end(), line) == examples.end())
+        examples.push_back(line);
+    }
+  }
+  REQUIRE(examples.size() >= 10);
+  const bool have_model = fs::exists(hils::shared_data_dir() / "stories260K.bin");
+  if (!have_model) WARN("SKIPPED the llama2c examples: no " << hils::shared_data_dir().string());
+  for (const auto& example : examples) {
+    if (!have_model && example.find("llama") != std::string::npos) continue;
+    auto r = run_shell(prefix + example + " -q 2>&1");
+    INFO(example + "\n" + r.output);
+    CHECK(r.exit_code == 0);
+  }
+}
+
+TEST_CASE("hils dump llama2c says and records a truncated text, and hashes its inputs",
+          "[cli][faults]") {
+  const auto data = hils::shared_data_dir();
+  if (!fs::exists(data / "stories260K.bin") || !fs::exists(data / "tok512.bin")) {
+    WARN("SKIPPED: no " << (data / "stories260K.bin").string());
+    return;
+  }
+  TempDir dir("dump_truncation");
+  auto cut = run_hils("dump llama2c --tokens 16 -o " + q(dir / "cut.h5"));
+  INFO(cut.output);
+  REQUIRE(cut.exit_code == 0);
+  CHECK_THAT(cut.output, Catch::Contains("kept its first 16 tokens"));
+  auto info = run_hils("info " + q(dir / "cut.h5") + " --json");
+  CHECK_THAT(info.output, Catch::Contains("\"text_truncated\": true"));
+  CHECK_THAT(info.output, Catch::Contains("\"model_fnv1a64\""));
+  CHECK_THAT(info.output, Catch::Contains("\"tokenizer_fnv1a64\""));
+  CHECK_THAT(info.output, Catch::Contains("\"hils_version\""));
+  // A text shorter than --tokens is kept whole and said to be so.
+  std::ofstream(dir / "short.txt") << "Once upon a time there was a cat.";
+  auto whole = run_hils("dump llama2c --tokens 128 --text " + q(dir / "short.txt") + " -o " +
+                        q(dir / "whole.h5"));
+  INFO(whole.output);
+  REQUIRE(whole.exit_code == 0);
+  CHECK_THAT(whole.output, !Catch::Contains("kept its first"));
+  CHECK_THAT(run_hils("info " + q(dir / "whole.h5") + " --json").output,
+             Catch::Contains("\"text_truncated\": false"));
+}
+
+TEST_CASE("hils plot of an interrupted study says the run is incomplete", "[cli][faults]") {
+  TempDir dir("plot_interrupted");
+  auto results = dir / "f.h5";
+  REQUIRE(run_hils("fidelity --out " + q(results) + " --lengths 1024 --layers 1 -q").exit_code ==
+          0);
+  auto finished = run_hils("plot " + q(results) + " --out " + q(dir / "done"));
+  INFO(finished.output);
+  CHECK(finished.exit_code == 0);
+  CHECK_THAT(finished.output, !Catch::Contains("the run is incomplete"));
+  {
+    // What an interrupted run leaves: units complete, the closing summary not yet.
+    H5::H5File file(results.string(), H5F_ACC_RDWR);
+    file.removeAttr("complete_units");
+    H5::StrType type(H5::PredType::C_S1, H5T_VARIABLE);
+    file.createAttribute("complete_units", type, H5::DataSpace(H5S_SCALAR))
+        .write(type, std::string("[\"T1024/layer0/group0\"]"));
+  }
+  auto partial = run_hils("plot " + q(results) + " --out " + q(dir / "partial"));
+  INFO(partial.output);
+  CHECK(partial.exit_code == 0);
+  CHECK_THAT(partial.output, Catch::Contains("the run is incomplete"));
+}

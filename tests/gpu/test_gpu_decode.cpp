@@ -1,0 +1,286 @@
+// The decode step (gpu/include/hils/gpu/decode.hpp) judged by the oracle: B = 2 sequences per
+// call, the query at slot T-1 of each (VerifyOptions::queries = {T-1}, what `hils verify`
+// does with /queries holding the last slot), over the case table, every group rule, and exact
+// and near ties. The cache holds bf16 K/V and the prefill's summaries rounded to bf16.
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "case_inputs.hpp"
+#include "device_support.hpp"
+#include "hils/gpu/decode.hpp"
+
+namespace {
+
+using hils::AttentionInputs;
+using hils::Matrix;
+using hils::MechanismSpec;
+using hils::cases::Case;
+using hils::gpu::DType;
+namespace oracle = hils::oracle;
+namespace gt = hils::gpu::testing;
+
+constexpr uint64_t kSecondSequenceSalt = 0x5eed;
+
+// Row `t` of every head as a 1-row matrix.
+std::vector<Matrix<double>> rows_at(const std::vector<Matrix<double>>& heads, int64_t t) {
+  std::vector<Matrix<double>> out;
+  for (const auto& m : heads) out.push_back(m.row(t));
+  return out;
+}
+
+// Head `h` of sequence `b` from a [B * H] list.
+template <class M>
+std::vector<M> sequence_heads(const std::vector<M>& all, int64_t b, int64_t H) {
+  return std::vector<M>(all.begin() + b * H, all.begin() + (b + 1) * H);
+}
+
+// The prefill's summaries of one sequence (GPU summarize stage, bf16 inputs), fp32.
+void prefill_summaries(const MechanismSpec& spec, const AttentionInputs<double>& in,
+                       std::vector<Matrix<double>>& key, std::vector<hils::Vector<double>>& bias) {
+  const int64_t nc = in.T() / spec.S;
+  auto set = gt::upload_inputs(in, DType::bf16);
+  gt::GuardedBuffer k(std::max<int64_t>(1, in.Hq() * nc * in.d()) * 4);
+  gt::GuardedBuffer b(std::max<int64_t>(1, in.Hq() * nc) * 4);
+  if (nc > 0) {
+    hils::gpu::summarize(spec, {in.T(), in.Hq(), in.Hkv(), in.d(), in.dv()}, set.view,
+                         k.as<float>(), b.as<float>());
+    gt::check_cuda(cudaDeviceSynchronize(), "summarize");
+  }
+  for (auto& m : gt::heads_of(k, in.Hq(), nc, in.d())) key.push_back(m);
+  for (auto& v : gt::head_vectors_of(b, in.Hq(), nc)) bias.push_back(v);
+}
+
+// One decode call over `seqs` (same shapes); returns the oracle's verdict per sequence.
+std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
+                                               const std::vector<AttentionInputs<double>>& seqs,
+                                               std::vector<hils::IndexMatrix>* selections) {
+  const auto& first = seqs.front();
+  const int64_t B = seqs.size(), T = first.T(), Hq = first.Hq(), Hkv = first.Hkv();
+  const int64_t d = first.d(), dv = first.dv(), nc = T / spec.S, K = spec.K;
+  std::vector<Matrix<double>> k, v, q, qr, key;
+  std::vector<hils::Vector<double>> bias;
+  for (const auto& s : seqs) {
+    for (const auto& m : s.k) k.push_back(m);
+    for (const auto& m : s.v) v.push_back(m);
+    for (const auto& m : rows_at(s.q, T - 1)) q.push_back(m);
+    for (const auto& m : rows_at(s.q_retrieval.empty() ? s.q : s.q_retrieval, T - 1))
+      qr.push_back(m);
+    prefill_summaries(spec, s, key, bias);
+  }
+  // The cache's summaries are bf16 (what the oracle sees too); biases stay fp32.
+  std::vector<Matrix<double>> bias_rows;
+  for (auto& m : key)
+    for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = oracle::round_to_bf16(m.data()[i]);
+  for (const auto& b : bias) bias_rows.push_back(b.transpose());
+  auto k_dev = gt::upload(gt::pack_heads(k, DType::bf16));
+  auto v_dev = gt::upload(gt::pack_heads(v, DType::bf16));
+  auto q_dev = gt::upload(gt::pack_heads(q, DType::bf16));
+  auto qr_dev = gt::upload(gt::pack_heads(qr, DType::bf16));
+  auto key_dev = gt::upload(gt::pack_heads(key, DType::bf16));
+  auto bias_dev = gt::upload(gt::pack_heads(bias_rows, DType::f32));
+
+  hils::gpu::DecodeCache cache;
+  cache.B = B, cache.T = T, cache.Hq = Hq, cache.Hkv = Hkv, cache.d = d, cache.dv = dv;
+  cache.k = k_dev.data(), cache.v = v_dev.data();
+  cache.summary_key = key_dev.data(), cache.summary_bias = bias_dev.as<float>();
+  const hils::gpu::DecodeQuery query{q_dev.data(), qr_dev.data()};
+  gt::GuardedBuffer o(B * Hq * dv * 4), lse(B * Hq * 4), o_window(B * Hq * dv * 4);
+  gt::GuardedBuffer lse_window(B * Hq * 4), selection(std::max<int64_t>(1, B * Hkv * K) * 4);
+  gt::GuardedBuffer surrogate(std::max<int64_t>(1, B * Hq * nc) * 4);
+  gt::GuardedBuffer weights(B * Hq * (K + 2) * 4);
+  gt::GuardedBuffer workspace(hils::gpu::decode_workspace_bytes(spec, cache));
+  hils::gpu::DecodeOutputs out;
+  out.o = o.as<float>(), out.lse = lse.as<float>(), out.selection = selection.as<int32_t>();
+  out.o_window = o_window.as<float>(), out.lse_window = lse_window.as<float>();
+  out.surrogate = surrogate.as<float>(), out.fusion_weights = weights.as<float>();
+  hils::gpu::decode_step(spec, cache, query, out, workspace.data());
+  gt::check_cuda(cudaDeviceSynchronize(), "decode_step");
+
+  std::vector<std::string> damage;
+  for (const auto& [buffer, name] :
+       std::vector<std::pair<const gt::GuardedBuffer*, std::string>>{
+           {&o, "o"}, {&lse, "lse"}, {&o_window, "o_window"}, {&lse_window, "lse_window"},
+           {&selection, "selection"}, {&surrogate, "surrogate"}, {&weights, "fusion_weights"},
+           {&workspace, "workspace"}})
+    if (auto problem = buffer->guard_damage(name); !problem.empty()) damage.push_back(problem);
+  const auto o_all = gt::heads_of(o, B * Hq, 1, dv);
+  const auto lse_all = gt::head_vectors_of(lse, B * Hq, 1);
+  const auto ow_all = gt::heads_of(o_window, B * Hq, 1, dv);
+  const auto lw_all = gt::head_vectors_of(lse_window, B * Hq, 1);
+  const auto fw_all = gt::heads_of(weights, B * Hq, 1, K + 2);
+  const auto sc_all = gt::heads_of(surrogate, B * Hq, 1, nc);
+  const auto sel_all = K > 0 ? gt::index_heads_of(selection, B * Hkv, 1, K)
+                             : std::vector<hils::IndexMatrix>(B * Hkv, hils::IndexMatrix(1, 0));
+  std::vector<oracle::Verdict> verdicts;
+  for (int64_t b = 0; b < B; ++b) {
+    oracle::KernelOutputs run;
+    run.o = sequence_heads(o_all, b, Hq), run.lse = sequence_heads(lse_all, b, Hq);
+    run.o_window = sequence_heads(ow_all, b, Hq);
+    run.lse_window = sequence_heads(lw_all, b, Hq);
+    run.fusion_weights = sequence_heads(fw_all, b, Hq);
+    if (K > 0) run.selection = sequence_heads(sel_all, b, Hkv);
+    if (nc > 0) {
+      run.surrogate_scores = sequence_heads(sc_all, b, Hq);
+      run.summary_key = sequence_heads(key, b, Hq);
+      run.summary_bias = sequence_heads(bias, b, Hq);
+    }
+    if (selections) selections->push_back(sel_all[b * Hkv]);
+    oracle::VerifyOptions options;
+    options.precision = oracle::InputPrecision::bf16;
+    options.score_precision = oracle::InputPrecision::bf16;
+    options.queries = {T - 1};
+    verdicts.push_back(oracle::verify(spec, seqs[b], run, options));
+    if (!damage.empty()) {
+      verdicts.back().passed = false;
+      for (const auto& problem : damage) std::cout << "GUARD: " << problem << "\n";
+    }
+  }
+  return verdicts;
+}
+
+bool reference_accepts(const MechanismSpec& spec, const AttentionInputs<double>& inputs) {
+  try {
+    spec.validate();
+    inputs.validate(spec);
+    return true;
+  } catch (const hils::InvalidArgument&) {
+    return false;
+  }
+}
+
+// Decodes two sequences of case `c` and checks both verdicts; prints the reports.
+void check_decode(const MechanismSpec& spec, const std::vector<AttentionInputs<double>>& seqs,
+                  const std::string& label) {
+  const auto verdicts = decode_and_verify(spec, seqs, nullptr);
+  for (size_t b = 0; b < verdicts.size(); ++b) {
+    std::cout << "=== decode " << label << " seq " << b << " " << spec.name << "\n"
+              << verdicts[b].report();
+    INFO(label << " seq " << b << " " << spec.name);
+    CHECK(verdicts[b].passed);
+  }
+}
+
+MechanismSpec with_group_rule(MechanismSpec spec, hils::GroupRule rule, const char* name) {
+  spec.group_rule = rule;
+  spec.name += name;
+  return spec;
+}
+
+}  // namespace
+
+TEST_CASE("gpu decode over the case table passes the oracle", "[gpu]") {
+  int64_t checked = 0;
+  for (const char* preset : {"hils", "lmk", "nsa"}) {
+    for (const Case& c : hils::cases::kCaseTable) {
+      const MechanismSpec base = hils::cases::with_case_geometry(hils::preset(preset), c);
+      const std::vector<AttentionInputs<double>> seqs{
+          hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
+      if (!reference_accepts(base, seqs.front())) continue;
+      std::vector<MechanismSpec> specs{base};
+      if (std::string(preset) == "hils") {
+        specs.push_back(with_group_rule(base, hils::GroupRule::sum_probabilities, "+sum_prob"));
+        specs.push_back(with_group_rule(base, hils::GroupRule::max_raw, "+max_raw"));
+        MechanismSpec one = base;
+        one.softmax1 = true, one.name += "+softmax1";
+        specs.push_back(one);
+      }
+      for (const auto& spec : specs) {
+        check_decode(spec, seqs, c.name);
+        ++checked;
+      }
+    }
+  }
+  REQUIRE(checked > 20);
+}
+
+TEST_CASE("gpu decode with exact and near ties passes the oracle", "[gpu]") {
+  const Case c = hils::cases::case_named("longer_blocks");
+  for (double perturbation : {0.0, 1e-7, 1e-5}) {
+    const std::vector<AttentionInputs<double>> seqs{gt::tied_inputs(c, perturbation),
+                                                    gt::tied_inputs(c, perturbation)};
+    for (const char* preset : {"hils", "lmk", "nsa"}) {
+      const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+      std::ostringstream label;
+      label << "longer_blocks ties " << perturbation;
+      check_decode(spec, seqs, label.str());
+    }
+  }
+}
+
+// Exact twins (chunks 2, 5, 9, 13, 17) score bit-identically: a twin may be chosen only after
+// every lower-indexed twin. K sweeps 1..12 so that the cut falls inside the twins.
+TEST_CASE("gpu decode with exact ties keeps the lower chunk", "[gpu]") {
+  const Case c = hils::cases::case_named("longer_blocks");
+  const std::vector<AttentionInputs<double>> seqs{gt::tied_inputs(c, 0.0)};
+  int64_t cuts_through_twins = 0, violations = 0;
+  for (const char* preset : {"hils", "lmk", "nsa"}) {
+    for (int64_t K = 1; K <= 12; ++K) {
+      MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+      spec.K = K;
+      std::vector<hils::IndexMatrix> selections;
+      const auto verdicts = decode_and_verify(spec, seqs, &selections);
+      CHECK(verdicts.front().passed);
+      std::vector<bool> chosen(c.T / c.S + 1, false);
+      for (int64_t i = 0; i < K; ++i)
+        if (selections.front()(0, i) >= 0) chosen[selections.front()(0, i)] = true;
+      bool gap = false;
+      int64_t count = 0;
+      for (int64_t twin : {2, 5, 9, 13, 17}) {
+        if (chosen[twin] && gap) ++violations;
+        gap = gap || !chosen[twin];
+        count += chosen[twin];
+      }
+      cuts_through_twins += count > 0 && count < 5;
+    }
+  }
+  std::cout << "decode ties: selections cutting through the twins " << cuts_through_twins
+            << ", violations " << violations << "\n";
+  CHECK(violations == 0);
+  CHECK(cuts_through_twins > 0);
+}
+
+// 700 candidates: the group-score kernel ranks three 256-chunk tiles, each keeps its K best and
+// the select block ranks those (K > 256: each tile keeps 256). Chunk 2 is copied onto chunks 300
+// and 600 (other tiles) so that exact ties cross tiles; a copy may be chosen only after every
+// lower-indexed one.
+TEST_CASE("gpu decode over several selection tiles passes the oracle", "[gpu]") {
+  const Case c{"decode_three_tiles", 2812, 4, 8, 8, 4, 2, 16, 16, true, 1.0};
+  auto tied = hils::cases::make_inputs<double>(c, /*salt=*/0x3711e5);
+  for (int64_t to : {300, 600}) gt::duplicate_chunk(tied, c.S, 2, to, 0.0);
+  const std::vector<AttentionInputs<double>> seqs{hils::cases::make_inputs<double>(c), tied};
+  int64_t cuts_through_twins = 0, violations = 0;
+  for (const char* preset : {"hils", "nsa"}) {
+    for (int64_t K : {1, 2, 3, 8, 33, 300}) {
+      MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+      spec.K = K;
+      std::vector<hils::IndexMatrix> selections;
+      const auto verdicts = decode_and_verify(spec, seqs, &selections);
+      for (size_t b = 0; b < verdicts.size(); ++b) {
+        std::cout << "=== decode three tiles K=" << K << " seq " << b << " " << spec.name << "\n"
+                  << verdicts[b].report();
+        INFO("K " << K << " seq " << b << " " << spec.name);
+        CHECK(verdicts[b].passed);
+      }
+      std::vector<bool> chosen(c.T / c.S + 1, false);
+      for (int64_t i = 0; i < K; ++i)
+        if (selections[1](0, i) >= 0) chosen[selections[1](0, i)] = true;
+      bool gap = false;
+      int64_t count = 0;
+      for (int64_t twin : {2, 300, 600}) {
+        if (chosen[twin] && gap) ++violations;
+        gap = gap || !chosen[twin];
+        count += chosen[twin];
+      }
+      cuts_through_twins += count > 0 && count < 3;
+    }
+  }
+  std::cout << "decode three tiles: selections cutting through the twins " << cuts_through_twins
+            << ", violations " << violations << "\n";
+  CHECK(violations == 0);
+}
