@@ -179,7 +179,7 @@ Context make_context(const MechanismSpec& spec, const AttentionInputs<double>& i
 
 // ---- summaries ------------------------------------------------------------------------------
 
-// Summaries of query head h (SPEC §4) in Scalar, from the spec's prior rule.
+// Summaries of query head h (reference/SEMANTICS.md §3) in Scalar, from the spec's prior rule.
 template <class Scalar>
 ChunkSummaries<Scalar> summaries_of(const Context& ctx, const AttentionInputs<Scalar>& inputs,
                                     int64_t h) {

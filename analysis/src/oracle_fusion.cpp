@@ -136,7 +136,8 @@ AttentionInputs<double> round_inputs_to_bf16(const AttentionInputs<double>& inpu
 template <class Scalar>
 Matrix<double> group_scores(const std::vector<Matrix<Scalar>>& scores,
                             const std::vector<Vector<Scalar>>& lse_window, GroupRule rule) {
-  // G x [Tq x n_chunks] s_hat, G x [Tq] lse_swa -> [Tq x n_chunks] r (SPEC §5), in double.
+  // G x [Tq x n_chunks] s_hat, G x [Tq] lse_swa -> [Tq x n_chunks] r (reference/SEMANTICS.md §4),
+  // in double.
   require(!scores.empty() && scores.size() == lse_window.size(), "group_scores",
           "one score matrix and one lse_window per head of the group",
           std::to_string(scores.size()) + " and " + std::to_string(lse_window.size()));

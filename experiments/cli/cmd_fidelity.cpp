@@ -1,4 +1,5 @@
-// hils fidelity: Chunk-mass fidelity: surrogate scores vs the true chunk mass (reference/SEMANTICS.md, Chunk mass), per layer, head and length.
+// hils fidelity: Chunk-mass fidelity: surrogate scores vs the true chunk mass
+// (reference/SEMANTICS.md §9), per layer, head and length.
 #include "cli/commands.hpp"
 #include "hils/analysis/study_cli.hpp"
 
@@ -7,7 +8,7 @@ namespace hils::cli {
 void register_fidelity(CLI::App& app) {
   studies::register_study(
       app, "fidelity",
-      "Chunk-mass fidelity: surrogate scores vs the true chunk mass (reference/SEMANTICS.md, Chunk mass), per layer, head and length.\nExample: hils fidelity --out fidelity.h5 --plot",
+      "Chunk-mass fidelity: surrogate scores vs the true chunk mass (reference/SEMANTICS.md §9), per layer, head and length.\nExample: hils fidelity --out fidelity.h5 --plot",
       studies::run_fidelity);
 }
 

@@ -1,6 +1,6 @@
-// A llama2.c-format Llama checkpoint (legacy format, see ../shared/data/README.md): loader and a
-// double-precision forward pass whose attention goes through the reference's full attention,
-// with a trace of every layer's hidden state, q/k before and after RoPE, and v.
+// A llama2.c-format Llama checkpoint (the legacy llama2.c format: a 7-integer header, then the
+// weights): loader and a double-precision forward pass whose attention goes through the reference's
+// full attention, with a trace of every layer's hidden state, q/k before and after RoPE, and v.
 #pragma once
 
 #include <cstdint>

@@ -687,7 +687,7 @@ __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, fl
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Host copies of the slot geometry (reference/SEMANTICS.md, Eq. 1) for the query at T-1.
+// Host copies of the slot geometry (reference/SEMANTICS.md §1–2, Eq. 1) for the query at T-1.
 int64_t window_edge_chunk(int64_t t, int64_t W, int64_t S) {
   const int64_t num = t - W + 1;
   return num >= 0 ? num / S : -((-num + S - 1) / S);

@@ -1,5 +1,5 @@
-// Window branch, full causal attention and exact chunk log-masses (SPEC §3, §4, §6):
-// one warp per (query slot t, query head h), fp32 arithmetic on fp32 or bf16 inputs.
+// Window branch, full causal attention and exact chunk log-masses (reference/SEMANTICS.md §2, §3,
+// §5): one warp per (query slot t, query head h), fp32 arithmetic on fp32 or bf16 inputs.
 #include "device_common.cuh"
 #include "launch_params.hpp"
 

@@ -1,5 +1,6 @@
 // Device helpers shared by the kernels: element loads, warp reductions, the slot geometry
-// re-derived from SPEC §2–3 (never the reference's code), and a warp-wide online softmax.
+// re-derived from reference/SEMANTICS.md §1–2 (never the reference's code), and a warp-wide online
+// softmax.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -32,7 +33,7 @@ __device__ __forceinline__ float exp_diff(float a, float b) {
   return a == kNegInf ? 0.0f : __expf(a - b);
 }
 
-// Slot geometry of SPEC §2–3, computed from scratch in every kernel.
+// Slot geometry of reference/SEMANTICS.md §1–2, computed from scratch in every kernel.
 struct SlotGeometry {
   int64_t T, S, W;
   bool landmarks;

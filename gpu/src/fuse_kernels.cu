@@ -1,6 +1,6 @@
-// Fusion of the selected chunks with the window (SPEC §6): hierarchical (Eq. 10: intra-chunk
-// softmax per (query, chunk), then a softmax over [s_hat..., lse_swa (, 0)]) and flat (Eq. 3:
-// one softmax over the window and the selected chunks' tokens). One warp per (t, h).
+// Fusion of the selected chunks with the window (reference/SEMANTICS.md §5): hierarchical (Eq. 10:
+// intra-chunk softmax per (query, chunk), then a softmax over [s_hat..., lse_swa (, 0)]) and flat
+// (Eq. 3: one softmax over the window and the selected chunks' tokens). One warp per (t, h).
 #include "device_common.cuh"
 #include "launch_params.hpp"
 

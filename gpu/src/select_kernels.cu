@@ -1,6 +1,6 @@
-// Scoring and top-K per KV group (SPEC §5, Eq. 2, 8): one warp per (query slot t, group g).
-// Pass 1 finds log Z_hat(t,h) per head, pass 2 ranks candidates by the group score and keeps
-// the K best in shared memory; ties go to the lower chunk index.
+// Scoring and top-K per KV group (reference/SEMANTICS.md §4, Eq. 2, 8): one warp per (query slot t,
+// group g). Pass 1 finds log Z_hat(t,h) per head, pass 2 ranks candidates by the group score and
+// keeps the K best in shared memory; ties go to the lower chunk index.
 #include "device_common.cuh"
 #include "launch_params.hpp"
 

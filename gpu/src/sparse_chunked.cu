@@ -1,12 +1,12 @@
-// Chunk-major hierarchical fusion (SPEC §6, Eq. 10) for the packed shapes (bf16, d = dv = S = 64,
-// G | 16). The query-major packed kernel loads every selected chunk once per block of M = 64/G
-// queries; with little overlap between the queries' selections that is ~K chunks (16 KB each)
-// per query and group, which bounds it by K/V bytes. Here the (query, chunk) pairs are bucketed
-// by chunk, a block loads one chunk's K/V once and runs every query (x G heads) that selected it
-// on tensor cores; each (query, head, slot) writes its intra-chunk result o_c (normalised, fp16)
-// to a scratch buffer, and a reduction per (query, head) forms the fusion softmax over
-// [s_hat(c)..., lse_swa (, 0)] with those values. Queries go in segments so the scratch stays
-// bounded (Hq x segment x K x 64 halves).
+// Chunk-major hierarchical fusion (reference/SEMANTICS.md §5, Eq. 10) for the packed shapes (bf16,
+// d = dv = S = 64, G | 16). The query-major packed kernel loads every selected chunk once per block
+// of M = 64/G queries; with little overlap between the queries' selections that is ~K chunks (16 KB
+// each) per query and group, which bounds it by K/V bytes. Here the (query, chunk) pairs are
+// bucketed by chunk, a block loads one chunk's K/V once and runs every query (x G heads) that
+// selected it on tensor cores; each (query, head, slot) writes its intra-chunk result o_c
+// (normalised, fp16) to a scratch buffer, and a reduction per (query, head) forms the fusion
+// softmax over [s_hat(c)..., lse_swa (, 0)] with those values. Queries go in segments so the
+// scratch stays bounded (Hq x segment x K x 64 halves).
 //
 // Kernels per segment: count pairs per chunk -> exclusive scans (pairs, items) -> scatter the
 // pairs into buckets -> one block per item (a chunk and up to 512/G of its pairs) -> reduce.

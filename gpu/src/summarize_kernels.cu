@@ -1,5 +1,5 @@
-// Chunk summaries (SPEC §4, Eq. 6 and Prop. 3.1): key k'_c and bias b'_c per (chunk, query
-// head), and the surrogate scores s_hat = sigma q~ . k'_c + b'_c. One warp per item.
+// Chunk summaries (reference/SEMANTICS.md §3, Eq. 6 and Prop. 3.1): key k'_c and bias b'_c per
+// (chunk, query head), and the surrogate scores s_hat = sigma q~ . k'_c + b'_c. One warp per item.
 #include "device_common.cuh"
 #include "launch_params.hpp"
 

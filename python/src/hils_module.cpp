@@ -186,7 +186,8 @@ struct ReferenceRun {
   std::vector<Vector<double>> summary_bias;
 };
 
-// The chunk summaries k'_c, b'_c of every query head (SPEC §4), for mechanisms that have them.
+// The chunk summaries k'_c, b'_c of every query head (reference/SEMANTICS.md §3), for mechanisms
+// that have them.
 void add_summaries(const MechanismSpec& spec, const AttentionInputs<double>& in, ReferenceRun& r) {
   if (!spec.selects() || spec.key_rule == KeyRule::exact) return;
   const Geometry geometry = geometry_of(spec, in.T());

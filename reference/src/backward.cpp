@@ -1,4 +1,4 @@
-// run_mechanism_backward (reference/SEMANTICS.md "Gradients"): pass 1 over (KV group, query
+// run_mechanism_backward (reference/SEMANTICS.md §6): pass 1 over (KV group, query
 // block) units writes dq, dq~ and per-row softmax statistics; pass 2 over (KV group,
 // chunk-aligned key block) units accumulates dk, dv and the summaries' gradients. Each unit
 // owns its outputs, so the bits do not depend on the thread count.
@@ -150,8 +150,8 @@ struct Problem {
 };
 
 // One query row of one head of a selecting mechanism: recomputes the fusion (Eq. 3, 10) with
-// the given selection, saves its statistics and returns the chunk part of dq and dq~ (SEMANTICS
-// "Gradients").
+// the given selection, saves its statistics and returns the chunk part of dq and dq~
+// (reference/SEMANTICS.md §6).
 template <class Scalar>
 void selected_row_backward(const Problem<Scalar>& pb, int64_t h, int64_t t, const int32_t* selected,
                            const WindowResult<Scalar>& window, int64_t i,

@@ -1,5 +1,5 @@
-// The fusion stage (SPEC §6, Eq. 3 and 10): the one implementation, called by run_mechanism and
-// by the oracle's forced fusion.
+// The fusion stage (reference/SEMANTICS.md §5, Eq. 3 and 10): the one implementation, called by
+// run_mechanism and by the oracle's forced fusion.
 #include <cmath>
 
 #include "blocks.hpp"

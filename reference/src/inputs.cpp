@@ -139,8 +139,7 @@ AttentionInputs<Scalar> apply_positional_encoding(const AttentionInputs<Scalar>&
     for (auto& x : *heads) apply_rotary(x, positions, pe);
   // The prior rule decides, never the row count: a given prior is used as given (one row per
   // chunk, even when there is one chunk); a shared prior is one vector per head that becomes one
-  // row per chunk, rotated where the chunk's landmark sits (reference/SEMANTICS.md, Positional
-  // encodings).
+  // row per chunk, rotated where the chunk's landmark sits (reference/SEMANTICS.md §8).
   if (prior_rule != PriorRule::shared) return out;
   std::vector<int64_t> chunk_positions(static_cast<size_t>(geometry.n_chunks()));
   for (int64_t c = 0; c < geometry.n_chunks(); ++c)

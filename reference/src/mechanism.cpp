@@ -1,4 +1,4 @@
-// run_mechanism: one per-(group, query-block) loop for every spec (SPEC §7).
+// run_mechanism: one per-(group, query-block) loop for every spec (reference/SEMANTICS.md §7).
 #include <unistd.h>
 
 #include <algorithm>
@@ -172,7 +172,7 @@ Scalar max_abs_value(const AttentionInputs<Scalar>& inputs) {
 
 // The power of two that brings `top` (the largest |v|) at least 2^64 below the largest Scalar,
 // or 1. The weighted sums over keys then cannot overflow (their weights sum to at most the key
-// count), and multiplying by a power of two is exact (reference/SEMANTICS.md, numerics).
+// count), and multiplying by a power of two is exact (reference/SEMANTICS.md §11.2).
 template <class Scalar>
 Scalar value_downscale(Scalar top) {
   constexpr int kHeadroomBits = 64;

@@ -1,5 +1,5 @@
-// Top-K selection of one query row of one KV group (SPEC §5); shared by select_chunks and
-// run_mechanism.
+// Top-K selection of one query row of one KV group (reference/SEMANTICS.md §4); shared by
+// select_chunks and run_mechanism.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
-// The fidelity study on case-table inputs: SPEC §4's Taylor gap = KL identity, exact scores
-// score perfectly, the analysis' own flat fusion agrees with the reference's, chunk statistics
-// bracket the true log-mass (Eq. 5), summaries match their units, and a resumed run redoes
-// nothing.
+// The fidelity study on case-table inputs: reference/SEMANTICS.md §3's Taylor gap = KL identity,
+// exact scores score perfectly, the analysis' own flat fusion agrees with the reference's, chunk
+// statistics bracket the true log-mass (Eq. 5), summaries match their units, and a resumed run
+// redoes nothing.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -38,7 +38,8 @@ StudySource source_for(const cases::Case& c, int64_t layers) {
 
 }  // namespace
 
-TEST_CASE("Taylor gap equals KL(p_mu || p_q) and is never negative (SPEC §4)", "[fidelity]") {
+TEST_CASE("Taylor gap equals KL(p_mu || p_q) and is never negative (reference/SEMANTICS.md §3)",
+          "[fidelity]") {
   for (const char* name : {"gqa_group4", "peaked_attention", "ragged_tail_no_landmarks"}) {
     const auto& c = case_named(name);
     auto in = cases::make_inputs<double>(c);

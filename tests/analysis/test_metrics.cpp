@@ -1,6 +1,6 @@
-// Metrics of SPEC §9 against hand-computed values; each check fails on the obvious wrong
-// implementation (ranks without tie averaging, recall over the wrong set, raw instead of
-// log-space masses, overlap with the wrong denominator, a normal instead of a t interval).
+// Metrics of reference/SEMANTICS.md §9 against hand-computed values; each check fails on the
+// obvious wrong implementation (ranks without tie averaging, recall over the wrong set, raw instead
+// of log-space masses, overlap with the wrong denominator, a normal instead of a t interval).
 #include <catch2/catch.hpp>
 
 #include <cmath>

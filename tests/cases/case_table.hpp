@@ -1,4 +1,4 @@
-// The one table of shapes that CPU tests, GPU tests and benchmarks all read (DESIGN.md).
+// The one table of shapes that CPU tests, GPU tests and benchmarks all read.
 // Flat literals; every case derives its random seed from its name.
 #pragma once
 

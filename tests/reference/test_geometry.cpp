@@ -1,4 +1,4 @@
-// Geometry, positional encodings and configuration errors (SPEC §2, §3, §8).
+// Geometry, positional encodings and configuration errors (reference/SEMANTICS.md §1, §2, §8).
 #include <catch2/catch.hpp>
 
 #include "support.hpp"

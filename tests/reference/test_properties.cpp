@@ -1,4 +1,5 @@
-// Properties of SPEC §4–6 over the case table; each one breaks under a wrong implementation.
+// Properties of reference/SEMANTICS.md §3–5 over the case table; each one breaks under a wrong
+// implementation.
 #include <catch2/catch.hpp>
 
 #include <algorithm>

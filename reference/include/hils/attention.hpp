@@ -1,4 +1,5 @@
-// Inputs, outputs and the stages window -> summarize -> score -> select -> fuse (SPEC §3–6).
+// Inputs, outputs and the stages window -> summarize -> score -> select -> fuse
+// (reference/SEMANTICS.md §2–5).
 #pragma once
 
 #include <cstdint>
@@ -37,8 +38,7 @@ struct AttentionInputs {
 
 // Rotates q, k, q~ by the geometry's position ids. The prior follows `prior_rule`, never its
 // row count: under PriorRule::shared each head's 1-row prior becomes one row per chunk rotated at
-// the position id of slot (c+1)S-1; a given prior is left as given (reference/SEMANTICS.md,
-// Positional encodings).
+// the position id of slot (c+1)S-1; a given prior is left as given (reference/SEMANTICS.md §8).
 template <class Scalar>
 AttentionInputs<Scalar> apply_positional_encoding(const AttentionInputs<Scalar>& raw,
                                                   const Geometry& geometry,
@@ -89,7 +89,8 @@ struct MechanismOutputs {
 
 // ---- Stages, each callable alone -------------------------------------------------------
 
-// Window branch (SPEC §3): o_swa, lse_swa of one query head for the listed queries.
+// Window branch (reference/SEMANTICS.md §2): o_swa, lse_swa of one query head for the listed
+// queries.
 template <class Scalar>
 struct WindowResult {
   Matrix<Scalar> o;    // [Tq x dv]
@@ -113,7 +114,8 @@ Matrix<Scalar> exact_chunk_log_mass(const Matrix<Scalar>& q, const Matrix<Scalar
                                     const Geometry& geometry, Scalar scale,
                                     const std::vector<int64_t>& queries);
 
-// Chunk summaries of one query head (SPEC §4): key [n_chunks x d] and bias [n_chunks].
+// Chunk summaries of one query head (reference/SEMANTICS.md §3): key [n_chunks x d] and bias
+// [n_chunks].
 template <class Scalar>
 struct ChunkSummaries {
   Matrix<Scalar> key;
@@ -138,9 +140,9 @@ Matrix<Scalar> surrogate_scores(const Matrix<Scalar>& q_retrieval,
                                 const Geometry& geometry, Scalar scale,
                                 const std::vector<int64_t>& queries);
 
-// Selection of one KV group (SPEC §5, Eq. 2, 8). scores: G x [Tq x n_chunks] (-inf outside V),
-// lse_window: G x [Tq]. Returns [Tq x K], the min(K, |V(t)|) best chunks ascending, -1 padded;
-// ties go to the lower chunk index.
+// Selection of one KV group (reference/SEMANTICS.md §4, Eq. 2, 8). scores: G x [Tq x n_chunks]
+// (-inf outside V), lse_window: G x [Tq]. Returns [Tq x K], the min(K, |V(t)|) best chunks
+// ascending, -1 padded; ties go to the lower chunk index.
 template <class Scalar>
 IndexMatrix select_chunks(const std::vector<Matrix<Scalar>>& scores,
                           const std::vector<Vector<Scalar>>& lse_window, GroupRule rule,
@@ -158,10 +160,10 @@ struct FusionRow {
   Scalar lse_window;     // lse_swa(t)
   Eigen::Ref<const RowVector<Scalar>> o_window;  // o_swa(t) [dv]
 };
-// Fusion stage (SPEC §6): attends each selected chunk, then one softmax over [chunk logits,
-// lse_swa (, 0 with softmax1)] where a chunk's logit is its exact log-mass L (flat, Eq. 3) or
-// s_hat (hierarchical, Eq. 10). Writes o [dv], lse and the K+2 fusion weights (0 for padding).
-// The one implementation: run_mechanism and the oracle's forced fusion both call it.
+// Fusion stage (reference/SEMANTICS.md §5): attends each selected chunk, then one softmax over
+// [chunk logits, lse_swa (, 0 with softmax1)] where a chunk's logit is its exact log-mass L (flat,
+// Eq. 3) or s_hat (hierarchical, Eq. 10). Writes o [dv], lse and the K+2 fusion weights (0 for
+// padding). The one implementation: run_mechanism and the oracle's forced fusion both call it.
 template <class Scalar>
 void fuse(const MechanismSpec& spec, const FusionRow<Scalar>& row, const Matrix<Scalar>& k,
           const Matrix<Scalar>& v, const Geometry& geometry, Scalar scale,

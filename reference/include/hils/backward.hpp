@@ -39,8 +39,9 @@ InputGradients<Scalar> run_mechanism_backward(const MechanismSpec& spec,
                                               const OutputGradients<Scalar>& grads,
                                               const MechanismOutputs<Scalar>* forward = nullptr);
 
-// Backward of summarize (SPEC §4) for one query head: given dkey [n_chunks x d] and dbias
-// [n_chunks], the gradients with respect to k [T x d] and the resolved prior [n_chunks x d].
+// Backward of summarize (reference/SEMANTICS.md §3) for one query head: given dkey
+// [n_chunks x d] and dbias [n_chunks], the gradients with respect to k [T x d] and the resolved
+// prior [n_chunks x d].
 template <class Scalar>
 struct SummaryGradients {
   Matrix<Scalar> dk;

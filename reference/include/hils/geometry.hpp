@@ -1,5 +1,5 @@
 // Slot layout, chunks, landmarks, the chunk-aligned window A(t) and the candidates V(t)
-// (SPEC §2–3, paper Eq. 1).
+// (reference/SEMANTICS.md §1–2, paper Eq. 1).
 #pragma once
 
 #include <cstdint>

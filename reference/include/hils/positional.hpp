@@ -1,4 +1,4 @@
-// Positional encodings applied to query and key vectors (SPEC §8).
+// Positional encodings applied to query and key vectors (reference/SEMANTICS.md §8).
 #pragma once
 
 #include <cstdint>

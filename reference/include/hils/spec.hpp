@@ -1,5 +1,5 @@
-// One description for every mechanism (SPEC §7): presets and Table 5 ablations are values of
-// MechanismSpec, never separate code paths.
+// One description for every mechanism (reference/SEMANTICS.md §7): presets and Table 5 ablations
+// are values of MechanismSpec, never separate code paths.
 #pragma once
 
 #include <array>
@@ -12,7 +12,7 @@
 
 namespace hils {
 
-// How a candidate chunk is scored (SPEC §4).
+// How a candidate chunk is scored (reference/SEMANTICS.md §3).
 enum class KeyRule {
   exact,         // s_hat = L(t,c), the true chunk log-mass (naive BSA)
   mean,          // k'_c = mean key of T_c (NSA-style, Eq. 6)
@@ -27,7 +27,7 @@ enum class PriorRule {
                    // positioned by apply_positional_encoding)
   given,           // inputs.prior[h] has one row per complete chunk
 };
-// How heads of a KV group agree on one selection (SPEC §5).
+// How heads of a KV group agree on one selection (reference/SEMANTICS.md §4).
 enum class GroupRule {
   max_normalized,     // max_h (s_hat - log Z_hat): the authors' code, our default
   sum_probabilities,  // sum_h exp(s_hat - log Z_hat): the NSA paper's rule
@@ -62,8 +62,8 @@ struct MechanismSpec {
   void validate() const;
 };
 
-// Presets of SPEC §7; the geometry fields keep their defaults (S=64, W=512, K=32) and landmarks
-// are on only where the mechanism uses them (lmk, hils).
+// Presets of reference/SEMANTICS.md §7; the geometry fields keep their defaults (S=64, W=512, K=32)
+// and landmarks are on only where the mechanism uses them (lmk, hils).
 MechanismSpec preset(const std::string& name);
 std::vector<std::string> preset_names();
 // The paper's Table 5 ablations as (name, spec) pairs, all on the hils geometry.

@@ -11,8 +11,8 @@
 
 namespace hils::analysis {
 
-// Per query and candidate chunk, from the token logits s(t,j), j in T_c (SPEC §9, paper Eq. 5):
-// [Tq x n_chunks] each, -inf (max, mean) or NaN (entropy) outside V(t).
+// Per query and candidate chunk, from the token logits s(t,j), j in T_c (reference/SEMANTICS.md §9,
+// paper Eq. 5): [Tq x n_chunks] each, -inf (max, mean) or NaN (entropy) outside V(t).
 struct ChunkLogitStats {
   Matrix<double> max_logit;   // max_j s(t,j): the "one logit dominates" regime; a max-logit score
   Matrix<double> mean_logit;  // mean_j s(t,j): what mean pooling scores (before log|T_c|)
@@ -45,15 +45,15 @@ void fill_prior(AttentionInputs<double>& inputs, const Geometry& geometry, Prior
 // The G query heads of KV group g and their KV head, as inputs with Hkv = 1.
 AttentionInputs<double> group_inputs(const AttentionInputs<double>& inputs, int64_t g);
 
-// Flat fusion (SPEC §6) over the window and the given selected chunks (-1 entries skipped):
-// [Tq x dv]. For scores that are not a MechanismSpec, such as the max-logit score.
+// Flat fusion (reference/SEMANTICS.md §5) over the window and the given selected chunks (-1 entries
+// skipped): [Tq x dv]. For scores that are not a MechanismSpec, such as the max-logit score.
 Matrix<double> flat_fusion_output(const Matrix<double>& q, const Matrix<double>& k,
                                   const Matrix<double>& v, const Geometry& geometry, double scale,
                                   const std::vector<int64_t>& queries,
                                   const IndexMatrix& selection);
 
-// SPEC §4 identity: with the taylor key, entropy bias and q~ = q, L(t,c) - s_hat(t,c) =
-// KL(p_mu || p_q) >= 0. Evaluated over every sampled (t, c in V(t)).
+// reference/SEMANTICS.md §3 identity: with the taylor key, entropy bias and q~ = q, L(t,c) -
+// s_hat(t,c) = KL(p_mu || p_q) >= 0. Evaluated over every sampled (t, c in V(t)).
 struct KlCheck {
   int64_t pairs = 0;                 // (t, c) pairs checked
   double max_abs_deviation = 0.0;    // max |(L - s_hat) - KL|

@@ -1,6 +1,6 @@
-// The length-extrapolation study (SPEC §9): the fidelity metrics as the context grows from the
-// training length to many times it, under RoPE, HoPE and NoPE applied to the same un-rotated
-// vectors; and a selection-level needle test on a length x depth grid per mechanism.
+// The length-extrapolation study (reference/SEMANTICS.md §9): the fidelity metrics as the context
+// grows from the training length to many times it, under RoPE, HoPE and NoPE applied to the same
+// un-rotated vectors; and a selection-level needle test on a length x depth grid per mechanism.
 //
 // Results: for each encoding E in {rope, hope, nope}, the fidelity layout under the prefix "E/"
 // (units E/T<T>/layer<l>/group<g>, summaries E/summary/...), and the needle grid:

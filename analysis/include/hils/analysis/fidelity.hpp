@@ -1,8 +1,9 @@
-// The chunk-mass fidelity study (SPEC §9, paper §2.2): for sampled queries and every candidate
-// chunk, the true chunk log-mass L and each mechanism's surrogate s_hat; per layer, head and
-// length the gap, Spearman rank correlation, top-K recall against naive BSA, mass recall,
-// covered attention mass and output error against full attention; the intra-chunk entropy of
-// the query's distribution (the two regimes of Eq. 5); and the Taylor gap = KL check of SPEC §4.
+// The chunk-mass fidelity study (reference/SEMANTICS.md §9, paper §2.2): for sampled queries and
+// every candidate chunk, the true chunk log-mass L and each mechanism's surrogate s_hat; per layer,
+// head and length the gap, Spearman rank correlation, top-K recall against naive BSA, mass recall,
+// covered attention mass and output error against full attention; the intra-chunk entropy of the
+// query's distribution (the two regimes of Eq. 5); and the Taylor gap = KL check of
+// reference/SEMANTICS.md §3.
 //
 // Results (paths under the sink), unit U = T<T>/layer<l>/group<g>:
 //   U/queries                         [Tq] query slots
@@ -35,7 +36,7 @@ struct FidelityOptions {
   std::vector<StudyMechanism> mechanisms;
   int64_t queries_per_unit = 64;
   bool keep_scores = true;     // write the [Tq x n_chunks] matrices (for scatter plots)
-  double kl_tolerance = 1e-8;  // max |gap - KL| accepted by the SPEC §4 check
+  double kl_tolerance = 1e-8;  // max |gap - KL| accepted by the reference/SEMANTICS.md §3 check
   double confidence = 0.95;
   std::string prefix;          // prepended to every path (e.g. "rope/" in extrapolation)
   UnitRunner* runner = nullptr;  // how the units run; nullptr: one after another here

@@ -1,6 +1,6 @@
-// The metrics of SPEC §9 on plain vectors: rank correlation, recall of a top-K selection, mass
-// recall and covered mass (all in log space), output error, chunk overlap of a query block, and
-// summaries with Student-t confidence intervals.
+// The metrics of reference/SEMANTICS.md §9 on plain vectors: rank correlation, recall of a top-K
+// selection, mass recall and covered mass (all in log space), output error, chunk overlap of a
+// query block, and summaries with Student-t confidence intervals.
 //
 // Conventions: a metric that is undefined on its input (zero variance, empty reference set)
 // returns NaN; summaries skip NaN values and report how many they used.
@@ -26,7 +26,7 @@ double spearman(std::span<const double> x, std::span<const double> y);
 // ---- Selections and masses ---------------------------------------------------------------
 
 // [n] -> the min(K, n) indices with the largest scores, ascending; ties go to the lower index
-// (SPEC §5). -inf entries are never selected.
+// (reference/SEMANTICS.md §4). -inf entries are never selected.
 std::vector<int64_t> top_k(std::span<const double> scores, int64_t K);
 // |selected ∩ reference| / |reference|; NaN when reference is empty.
 double topk_recall(std::span<const int64_t> selected, std::span<const int64_t> reference);

@@ -1,5 +1,5 @@
-// The oracle (DESIGN.md "The oracle's rules", issue 5): compares a kernel's outputs, stage by
-// stage, with the reference run in double (the truth) and in float (the same-precision
+// The oracle (data/verify_format.md, "The policy, in one place"): compares a kernel's outputs,
+// stage by stage, with the reference run in double (the truth) and in float (the same-precision
 // baseline), and returns a verdict with a printable report per tensor.
 //
 // Policy, per tensor: the kernel passes when
@@ -126,7 +126,7 @@ struct VerifyOptions {
 
 // A kernel's backward pass, widened to double: the upstream gradients it was given (d_o and
 // optionally d_lse, like hils::OutputGradients) and the gradients it returned (like
-// hils::InputGradients, reference/SEMANTICS.md "Gradients"). Each returned gradient is
+// hils::InputGradients, reference/SEMANTICS.md §6). Each returned gradient is
 // optional (empty = not produced); any of them needs d_o and all T queries. They are compared
 // with run_mechanism_backward in double (truth) and float (baseline), the selection held at
 // the kernel's forward selection (KernelOutputs::selection; the reference's when absent).
@@ -238,8 +238,8 @@ Verdict verify(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
 
 // ---- Building blocks (public so that tests and tools can use them alone) -------------------
 
-// Group scores r(t,g,c) of SPEC §5 for one KV group: scores and lse_window are the G heads'
-// s_hat [Tq x n_chunks] and lse_swa [Tq]; -inf outside V(t). [Tq x n_chunks].
+// Group scores r(t,g,c) of reference/SEMANTICS.md §4 for one KV group: scores and lse_window are
+// the G heads' s_hat [Tq x n_chunks] and lse_swa [Tq]; -inf outside V(t). [Tq x n_chunks].
 template <class Scalar>
 Matrix<double> group_scores(const std::vector<Matrix<Scalar>>& scores,
                             const std::vector<Vector<Scalar>>& lse_window, GroupRule rule);

@@ -1,6 +1,6 @@
-// The chunk-overlap study (paper §7.2, Fig. 7; SPEC §9): how much the selections of adjacent
-// real-token queries overlap, which is what lets a packed kernel load one union of chunks for a
-// block of M queries.
+// The chunk-overlap study (paper §7.2, Fig. 7; reference/SEMANTICS.md §9): how much the selections
+// of adjacent real-token queries overlap, which is what lets a packed kernel load one union of
+// chunks for a block of M queries.
 //
 // Results, unit U = T<T>/layer<l>/group<g> (selection is per KV group):
 //   U/queries [Tq], U/selection [Tq x K]   the last Tq adjacent real-token queries

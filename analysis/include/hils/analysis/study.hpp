@@ -40,10 +40,10 @@ struct StudyMechanism {
   MechanismSpec spec;
 };
 
-// Names the studies accept: any preset (SPEC §7), "mean" (= nsa), "landmark_key" (= lmk),
-// "taylor" (taylor key, no bias, hierarchical), "taylor_entropy" (= hils scores), "max_logit",
-// and "<key>+<bias>" for any key and bias rule (hierarchical fusion). The prior rule applies to
-// every spec that needs a prior.
+// Names the studies accept: any preset (reference/SEMANTICS.md §7), "mean" (= nsa), "landmark_key"
+// (= lmk), "taylor" (taylor key, no bias, hierarchical), "taylor_entropy" (= hils scores),
+// "max_logit", and "<key>+<bias>" for any key and bias rule (hierarchical fusion). The prior rule
+// applies to every spec that needs a prior.
 StudyMechanism study_mechanism(const std::string& name, PriorRule prior_rule);
 // The list: mean, landmark_key (only with landmarks), taylor, taylor_entropy, max_logit,
 // and naive_bsa (exact scores: the best any score can do).

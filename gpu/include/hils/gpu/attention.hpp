@@ -1,6 +1,6 @@
 // Host API of the CUDA kernels: the reference's stage names (window -> summarize -> score ->
-// select -> fuse) on device pointers, with the reference's MechanismSpec (SPEC §3–6).
-// C++17 and free of Eigen so that nvcc and plain C++ callers both include it.
+// select -> fuse) on device pointers, with the reference's MechanismSpec (reference/SEMANTICS.md
+// §2–5). C++17 and free of Eigen so that nvcc and plain C++ callers both include it.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -61,7 +61,7 @@ void set_sparse_segment_queries(int64_t queries);
 
 // ---- Stages, each callable alone --------------------------------------------------------
 
-// Window branch (SPEC §3): o_swa [Hq, T, dv], lse_swa [Hq, T].
+// Window branch (reference/SEMANTICS.md §2): o_swa [Hq, T, dv], lse_swa [Hq, T].
 void window_attention(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                       float* o_swa, float* lse_swa, cudaStream_t stream = nullptr);
 // Full causal attention over every attendable j <= t: o [Hq, T, dv], lse [Hq, T].
@@ -70,7 +70,8 @@ void full_attention(const MechanismSpec& spec, const Shape& shape, const DeviceI
 // Exact chunk log-masses L(t,c) for c in V(t), -inf elsewhere: [Hq, T, n_chunks].
 void exact_chunk_log_mass(const MechanismSpec& spec, const Shape& shape,
                           const DeviceInputs& in, float* exact, cudaStream_t stream = nullptr);
-// Chunk summaries (SPEC §4): key [Hq, n_chunks, d], bias [Hq, n_chunks]. Not for exact.
+// Chunk summaries (reference/SEMANTICS.md §3): key [Hq, n_chunks, d], bias [Hq, n_chunks].
+// Not for exact.
 void summarize(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                float* key, float* bias, cudaStream_t stream = nullptr);
 // Surrogate scores s_hat = sigma q~ . k' + b' for c in V(t), -inf elsewhere: [Hq, T, n_chunks].
@@ -86,15 +87,15 @@ enum class SelectKernel {
   one_pass_v5,  // per head a running log Z_hat and its K best; the union ranked at the end
 };
 
-// Selection per KV group (SPEC §5): [Hkv, T, K], ascending, -1 padded, ties to the lower
-// chunk. Scores come from the summaries, or from `exact` [Hq, T, n_chunks] for the exact
+// Selection per KV group (reference/SEMANTICS.md §4): [Hkv, T, K], ascending, -1 padded, ties to
+// the lower chunk. Scores come from the summaries, or from `exact` [Hq, T, n_chunks] for the exact
 // rule. selected_score [Hq, T, K] receives s_hat of each selected chunk (for the fusion).
 void select_chunks(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                    const float* key, const float* bias, const float* exact,
                    const float* lse_swa, int32_t* selection, float* selected_score,
                    cudaStream_t stream = nullptr,
                    SelectKernel kernel = SelectKernel::two_pass_v4);
-// Fusion (SPEC §6) of a given selection: hierarchical (Eq. 10) or flat (Eq. 3).
+// Fusion (reference/SEMANTICS.md §5) of a given selection: hierarchical (Eq. 10) or flat (Eq. 3).
 // selected_score is needed for hierarchical fusion only.
 void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
           const int32_t* selection, const float* selected_score, const float* o_swa,
