@@ -45,6 +45,11 @@ done
 mkdir -p "$OUT" "$BUILD"
 if [ "$PYTHON" = 1 ]; then
   # Eigen and nlohmann-json from $DEPS when carried (see gpu/NOTES.md), pybind11 from pip.
+  # The module is built by the system g++ (the compiler Python was built with): the GPU machine's
+  # CXX=/opt/gcc/bin/g++ wrapper links libstdc++ statically, and a module carrying its own
+  # libstdc++ inside a process that already loaded libstdc++.so.6 (numpy, torch) crashed in its
+  # first std::ostringstream (measured: SEGV in hils::describe, ldd showed no libstdc++.so.6).
+  [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CC=/usr/bin/gcc
   PIP_ARGS=(--no-build-isolation --no-deps -C "cmake.define.pybind11_DIR=$(python3 -m pybind11 --cmakedir)")
   [ -d "$DEPS/include" ] && PIP_ARGS+=(-C "cmake.define.CMAKE_PREFIX_PATH=$DEPS"
                                        -C "cmake.define.Eigen3_DIR=$DEPS/share/eigen3/cmake")
