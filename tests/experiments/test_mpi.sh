@@ -64,6 +64,14 @@ grep -qi "nan" failure.txt || fail "the message does not say what was wrong"
 # The last checkpoint is a valid results file, and no temporary file is left.
 /usr/bin/python3 -c "import h5py; h5py.File('resumed.h5', 'r')" || fail "checkpoint unreadable"
 [[ $(ls | grep -c "^resumed") == 1 ]] || fail "files besides resumed.h5: $(ls)"
+# Whatever the timing, the checkpoint holds every unit scheduled before the failed layer 2.
+/usr/bin/python3 - <<'PY' || fail "the checkpoint does not hold exactly the units before layer 2"
+import h5py, json
+done = set(json.loads(h5py.File("resumed.h5", "r").attrs["complete_units"]))
+expected = {f"T512/layer{l}/group{g}" for l in (0, 1) for g in (0, 1)}
+print("checkpoint holds", sorted(done))
+assert done == expected, done
+PY
 
 # Resumed under N = 2: layer 2 fixed, layer 1 now broken (its first pending unit fails).
 cp good.h5 acts.h5 && poke 1
