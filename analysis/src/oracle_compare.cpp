@@ -134,6 +134,24 @@ std::string describe_store(const std::optional<Bf16Rounding>& rounding) {
   return *rounding == Bf16Rounding::nearest ? "bf16 (to nearest)" : "bf16 (toward zero)";
 }
 
+std::string to_string(Bf16RoundingClaim claim) {
+  switch (claim) {
+    case Bf16RoundingClaim::detect: return "detect";
+    case Bf16RoundingClaim::any: return "any";
+    case Bf16RoundingClaim::nearest: return "nearest";
+    case Bf16RoundingClaim::toward_zero: return "toward_zero";
+  }
+  return "detect";
+}
+
+Bf16RoundingClaim parse_bf16_rounding(const std::string& text, const std::string& field) {
+  for (auto claim : {Bf16RoundingClaim::detect, Bf16RoundingClaim::any, Bf16RoundingClaim::nearest,
+                     Bf16RoundingClaim::toward_zero})
+    if (text == to_string(claim)) return claim;
+  throw InvalidArgument(field + ": expected \"detect\", \"any\", \"nearest\" or \"toward_zero\", got \"" +
+                        text + "\"");
+}
+
 std::string to_string(InputPrecision precision) {
   return precision == InputPrecision::bf16 ? "bf16" : "fp32";
 }
@@ -296,12 +314,13 @@ std::string Verdict::report() const {
     for (const auto& test : t.shift_tests)
       out << format("  %-18s %.3g%s, accepted [%.3g, %.3g]: truncation [%.3g, %.3g] +- %.3g "
                     "(float's %.3g, rounding bias %.3g, standard error %.3g model / %.3g "
-                    "spread; stored %s), headroom %.3g %s\n",
+                    "spread; stored %s, conversions %s), headroom %.3g %s\n",
                     (t.name + " (" + test.name + ")").c_str(), test.value, test.unit.c_str(),
                     test.truncation_low - test.tolerance, test.truncation_high + test.tolerance,
                     test.truncation_low, test.truncation_high, test.tolerance, test.baseline,
                     test.rounding_bias, test.model_standard_error, test.spread_standard_error,
-                    t.stored_as.c_str(), test.headroom(), test.passed ? "PASS" : "FAIL");
+                    t.stored_as.c_str(), t.conversions.c_str(), test.headroom(),
+                    test.passed ? "PASS" : "FAIL");
   for (const auto& t : tensors)
     if (is_gradient(t)) line(t);
   for (const auto& what : not_compared) out << "  not compared: " << what << "\n";

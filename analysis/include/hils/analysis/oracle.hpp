@@ -114,6 +114,16 @@ struct Tolerances {
   static double margin_units(InputPrecision precision);
 };
 
+// How a bf16-score kernel converts its summaries and scores to bf16 (the shift tests' rounding
+// model): `detect` (default) reads it from the values the kernel stored in bf16 (lse, else o)
+// and allows either where it stored none in bf16; `any` allows either (a kernel that rounds
+// some values to nearest and truncates others); `nearest` / `toward_zero` as declared.
+// Allowing truncation widens what the statistics accept by its mean shift toward zero.
+enum class Bf16RoundingClaim { detect, any, nearest, toward_zero };
+std::string to_string(Bf16RoundingClaim claim);
+Bf16RoundingClaim parse_bf16_rounding(const std::string& text,
+                                      const std::string& field = "bf16_rounding");
+
 struct VerifyOptions {
   InputPrecision precision = InputPrecision::fp32;
   // Arithmetic behind the kernel's summaries and selection scores. Kernels that read bf16
@@ -122,6 +132,7 @@ struct VerifyOptions {
   // k' in bf16), which widens those floors and the margin bound ~65000-fold. The inputs' own
   // rounding is no error source: the oracle rounds its inputs the same way.
   InputPrecision score_precision = InputPrecision::fp32;
+  Bf16RoundingClaim bf16_rounding = Bf16RoundingClaim::detect;
   // Query slots the kernel computed (strictly ascending); empty = all T. Must match the rows
   // of every per-query output.
   std::vector<int64_t> queries = {};
@@ -225,6 +236,7 @@ struct TensorReport {
   // they do not apply.
   std::vector<ShiftTest> shift_tests;
   std::string stored_as;        // the storage the shift tests found: "fp32", "bf16 (to nearest)", ...
+  std::string conversions;      // the shift tests' bf16 conversions: "to nearest (read from o)", ...
   bool shift_passed() const;    // every shift test passed (true when there is none)
   std::vector<std::string> problems;  // why it failed: NaN, shape, all-zero, -inf pattern, ...
   std::string diagnosis;              // a guess at the cause, when one is recognised
