@@ -9,7 +9,10 @@
 
 namespace hils::config {
 
-nlohmann::json load_toml(const std::filesystem::path& path) {
+namespace {
+
+// path -> the TOML document as JSON, or io::FileError naming the file, line and column.
+nlohmann::json parse_toml_file(const std::filesystem::path& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))
     io::fail(path, "", "a TOML configuration file", "no such file");
@@ -24,6 +27,160 @@ nlohmann::json load_toml(const std::filesystem::path& path) {
   std::stringstream text;
   text << toml::json_formatter{table};
   return nlohmann::json::parse(text.str());
+}
+
+// "[a], [b], [[c]]": the schema's tables as a reader writes them.
+std::string table_list(const TomlSchema& schema) {
+  std::string list;
+  for (const auto& table : schema)
+    list += (list.empty() ? "" : ", ") + (table.array ? "[[" + table.name + "]]"
+                                                       : "[" + table.name + "]");
+  return list;
+}
+
+std::string found_text(const nlohmann::json& value) {
+  return std::string(value.type_name()) + " " + value.dump();
+}
+
+}  // namespace
+
+// path, schema -> the document, every table and key checked against the schema.
+nlohmann::json load_toml(const std::filesystem::path& path, const TomlSchema& schema) {
+  nlohmann::json document = parse_toml_file(path);
+  const std::string file = path.string();
+  for (const auto& item : document.items()) {
+    const TomlTable* table = nullptr;
+    for (const auto& t : schema)
+      if (t.name == item.key()) table = &t;
+    if (!table)
+      throw InvalidArgument(fmt::format("{}: unknown table or key '{}' (expected the tables {})",
+                                        file, item.key(), table_list(schema)));
+    if (!table->array) {
+      require(item.value().is_object(), fmt::format("{}: {}", file, item.key()),
+              fmt::format("a table [{}]", item.key()), found_text(item.value()));
+      require_known_keys(item.value(), table->keys, fmt::format("{}: [{}]", file, item.key()));
+      continue;
+    }
+    require(item.value().is_array(), fmt::format("{}: {}", file, item.key()),
+            fmt::format("an array of tables [[{}]]", item.key()), found_text(item.value()));
+    for (size_t i = 0; i < item.value().size(); ++i)
+      require_known_keys(item.value()[i], table->keys,
+                         fmt::format("{}: [[{}]] #{}", file, item.key(), i + 1));
+  }
+  return document;
+}
+
+ConfigValues::ConfigValues(nlohmann::json root, std::string file)
+    : root_(std::move(root)), file_(std::move(file)) {}
+
+const nlohmann::json* ConfigValues::find(const std::string& table, const std::string& key) const {
+  if (!root_.contains(table) || !root_[table].is_object() || !root_[table].contains(key))
+    return nullptr;
+  return &root_[table][key];
+}
+
+bool ConfigValues::has(const std::string& table, const std::string& key) const {
+  return find(table, key) != nullptr;
+}
+
+std::string ConfigValues::where(const std::string& table, const std::string& key) const {
+  return fmt::format("{}: [{}].{}", file_, table, key);
+}
+
+nlohmann::json ConfigValues::table(const std::string& name) const {
+  return root_.contains(name) ? root_[name] : nlohmann::json::object();
+}
+
+int64_t ConfigValues::integer(const std::string& table, const std::string& key, int64_t fallback,
+                              int64_t least) const {
+  if (!has(table, key)) return fallback;
+  const int64_t value = get_int(root_[table], key, fmt::format("{}: [{}]", file_, table));
+  require(value >= least, where(table, key), fmt::format("an integer >= {}", least),
+          std::to_string(value));
+  return value;
+}
+
+double ConfigValues::number(const std::string& table, const std::string& key,
+                            double fallback) const {
+  return has(table, key) ? get_number(root_[table], key, fmt::format("{}: [{}]", file_, table))
+                         : fallback;
+}
+
+bool ConfigValues::boolean(const std::string& table, const std::string& key,
+                           bool fallback) const {
+  return has(table, key) ? get_bool(root_[table], key, fmt::format("{}: [{}]", file_, table))
+                         : fallback;
+}
+
+std::string ConfigValues::text(const std::string& table, const std::string& key,
+                               const std::string& fallback) const {
+  return has(table, key) ? get_string(root_[table], key, fmt::format("{}: [{}]", file_, table))
+                         : fallback;
+}
+
+const nlohmann::json& ConfigValues::array(const std::string& table, const std::string& key,
+                                          const char* expected) const {
+  const nlohmann::json& value = *find(table, key);
+  require(value.is_array(), where(table, key), expected, found_text(value));
+  return value;
+}
+
+std::vector<int64_t> ConfigValues::integers(const std::string& table, const std::string& key,
+                                            const std::vector<int64_t>& fallback,
+                                            int64_t least) const {
+  if (!has(table, key)) return fallback;
+  const std::string expected = fmt::format("an array of integers >= {}", least);
+  std::vector<int64_t> out;
+  for (const auto& element : array(table, key, expected.c_str())) {
+    const bool integral = element.is_number_integer() ||
+                          (element.is_number_float() &&
+                           element.get<double>() == static_cast<int64_t>(element.get<double>()));
+    require(integral && element.get<int64_t>() >= least, where(table, key), expected,
+            found_text(element));
+    out.push_back(element.get<int64_t>());
+  }
+  return out;
+}
+
+std::vector<double> ConfigValues::numbers(const std::string& table, const std::string& key,
+                                          const std::vector<double>& fallback) const {
+  if (!has(table, key)) return fallback;
+  std::vector<double> out;
+  for (const auto& element : array(table, key, "an array of numbers")) {
+    require(element.is_number(), where(table, key), "an array of numbers", found_text(element));
+    out.push_back(element.get<double>());
+  }
+  return out;
+}
+
+std::vector<std::string> ConfigValues::texts(const std::string& table, const std::string& key,
+                                             const std::vector<std::string>& fallback) const {
+  if (!has(table, key)) return fallback;
+  std::vector<std::string> out;
+  for (const auto& element : array(table, key, "an array of strings")) {
+    require(element.is_string(), where(table, key), "an array of strings", found_text(element));
+    out.push_back(element.get<std::string>());
+  }
+  return out;
+}
+
+// check, table, flags, where -> check(), its error naming the file when the file set the key.
+void check_naming_file(const std::function<void()>& check, const nlohmann::json& table,
+                       const nlohmann::json& flags, const std::string& table_where) {
+  try {
+    check();
+  } catch (const InvalidArgument& e) {
+    const std::string message = e.what();
+    const size_t colon = message.find(": ");
+    bool from_file = false;
+    std::stringstream keys(message.substr(0, colon == std::string::npos ? 0 : colon));
+    for (std::string key; std::getline(keys, key, ',');) {
+      key.erase(0, key.find_first_not_of(' '));
+      if (table.is_object() && table.contains(key) && !flags.contains(key)) from_file = true;
+    }
+    if (!from_file) throw;
+    throw InvalidArgument(table_where + ": " + message);
+  }
 }
 
 std::vector<std::string> synthetic_keys() {
