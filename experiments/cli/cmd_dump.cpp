@@ -121,7 +121,7 @@ void dump_synthetic(const SyntheticFlags& f) {
   sources::SyntheticParams params;
   nlohmann::json toml = nlohmann::json::object();
   if (!f.config.empty()) {
-    toml = config::load_toml(f.config, {{"synthetic", config::synthetic_keys()}});
+    toml = config::load_toml(f.config, config::synthetic_schema());
     if (toml.contains("synthetic"))
       config::apply_synthetic_json(params, toml["synthetic"], f.config + ": [synthetic]");
   }

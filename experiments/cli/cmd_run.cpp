@@ -42,12 +42,7 @@ struct RunPlan {
   int64_t seed = 0;
 };
 
-const std::vector<std::string> kRunKeys = {"layers",      "positional",  "rope_pairing",
-                                           "rope_theta",  "hope_train_length", "hope_m",
-                                           "last_queries", "keep_scores", "keep_window", "seed"};
-
 void apply_run_settings(RunPlan& plan, const nlohmann::json& o, const std::string& where) {
-  config::require_known_keys(o, kRunKeys, where);
   if (o.contains("layers")) {
     require(o["layers"].is_array(), where + ".layers", "an array of layer indices",
             o["layers"].dump());
@@ -88,7 +83,7 @@ RunPlan make_plan(const RunFlags& f) {
   RunPlan plan;
   nlohmann::json toml = nlohmann::json::object();
   if (!f.config.empty()) {
-    toml = config::load_toml(f.config, {{"run", kRunKeys}, {"mechanism", config::spec_keys(), true}});
+    toml = config::load_toml(f.config, config::run_schema());
     if (toml.contains("run")) apply_run_settings(plan, toml["run"], f.config + ": [run]");
     if (toml.contains("mechanism")) {
       for (size_t i = 0; i < toml["mechanism"].size(); ++i)

@@ -90,20 +90,6 @@ struct Resolved {
   json config;  // what went into the run, for provenance and resume checks
 };
 
-// The tables and keys a study config may hold (experiments/configs/stories260k.toml is one);
-// one config serves the three studies, so each study command accepts every table.
-const config::TomlSchema& study_schema() {
-  static const config::TomlSchema schema = {
-      {"source", {"kind", "layers", "Hq", "Hkv", "d", "segment", "query_rho", "query_gain", "seed"}},
-      {"geometry", {"S", "W", "K", "landmarks"}},
-      {"study", {"prior_rule", "prior_source", "mechanisms", "queries", "keep_scores"}},
-      {"fidelity", {"lengths"}},
-      {"overlap", {"lengths", "tail_queries", "block_sizes", "final_block", "mechanism"}},
-      {"extrapolation",
-       {"lengths", "encodings", "train_length", "theta", "pairing", "depths", "needle_logit"}}};
-  return schema;
-}
-
 std::filesystem::path shared_file(const std::string& dir, const std::string& name) {
   const std::filesystem::path folder = dir.empty() ? shared_data_dir() : std::filesystem::path(dir);
   const auto p = folder / name;
@@ -252,7 +238,7 @@ void require_study_values(const Resolved& r, const config::ConfigValues& c) {
 // The TOML config (every table and key checked), or no values when there is none.
 config::ConfigValues read_config(const StudyArgs& a) {
   if (a.config.empty()) return {};
-  return {config::load_toml(a.config, study_schema()), a.config};
+  return {config::load_toml(a.config, config::study_schema()), a.config};
 }
 
 // Each name checked now (a preset, mean, ..., <key>+<bias>), the error naming where it was set.

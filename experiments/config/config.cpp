@@ -191,6 +191,32 @@ std::vector<std::string> synthetic_keys() {
           "seed"};
 }
 
+const TomlSchema& run_schema() {
+  static const TomlSchema schema = {
+      {"run",
+       {"layers", "positional", "rope_pairing", "rope_theta", "hope_train_length", "hope_m",
+        "last_queries", "keep_scores", "keep_window", "seed"}},
+      {"mechanism", spec_keys(), true}};
+  return schema;
+}
+
+const TomlSchema& synthetic_schema() {
+  static const TomlSchema schema = {{"synthetic", synthetic_keys()}};
+  return schema;
+}
+
+const TomlSchema& study_schema() {
+  static const TomlSchema schema = {
+      {"source", {"kind", "layers", "Hq", "Hkv", "d", "segment", "query_rho", "query_gain", "seed"}},
+      {"geometry", {"S", "W", "K", "landmarks"}},
+      {"study", {"prior_rule", "prior_source", "mechanisms", "queries", "keep_scores"}},
+      {"fidelity", {"lengths"}},
+      {"overlap", {"lengths", "tail_queries", "block_sizes", "final_block", "mechanism"}},
+      {"extrapolation",
+       {"lengths", "encodings", "train_length", "theta", "pairing", "depths", "needle_logit"}}};
+  return schema;
+}
+
 void apply_synthetic_json(sources::SyntheticParams& p, const nlohmann::json& o,
                           const std::string& where) {
   require_known_keys(o, synthetic_keys(), where);

@@ -85,4 +85,12 @@ void apply_synthetic_json(sources::SyntheticParams& params, const nlohmann::json
                           const std::string& where);
 std::vector<std::string> synthetic_keys();
 
+// The schemas of the commands that read TOML: every table and key each may hold. Adding a
+// config key: add it here and read it where the command resolves its settings.
+const TomlSchema& run_schema();        // hils run: [run], [[mechanism]] (the spec's keys)
+const TomlSchema& synthetic_schema();  // hils dump synthetic: [synthetic]
+// hils fidelity / overlap / extrapolate / studies: one config serves the three studies, so
+// each accepts every study table (experiments/configs/stories260k.toml is one).
+const TomlSchema& study_schema();
+
 }  // namespace hils::config
