@@ -18,6 +18,7 @@ from conftest import ROOT, tool
 h5py = pytest.importorskip("h5py")
 pytest.importorskip("matplotlib")
 from matplotlib.colors import to_rgba  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
 
 def load_plot_study():
     """The plotting script as a module (it is a script, not a package)."""
@@ -208,9 +209,9 @@ def test_no_text_on_an_error_bar_and_no_legend_on_data(drawn):
     for figure_name, fig in figures.items():
         renderer = fig.canvas.get_renderer()
         for ax in fig.axes:
-            bar_boxes = [cols.get_window_extent(renderer)
-                         for c in ax.containers if getattr(c, "has_yerr", False)
-                         for cols in c.lines[2]]
+            # Each error bar as a display-space box, a few pixels wide (the bar's line).
+            bar_boxes = [Bbox(ax.transData.transform(segment)).padded(2.0)
+                         for _, _, segments in error_bars(ax) for segment in segments]
             for text in ax.texts:
                 if not text.get_text() or "needle" in figure_name:
                     continue  # the needle's cell values sit in their cells by design
@@ -223,7 +224,7 @@ def test_no_text_on_an_error_bar_and_no_legend_on_data(drawn):
             box = legend.get_window_extent(renderer)
             for line in ax.lines:
                 data = np.column_stack(line.get_data()).astype(float)
-                xy = ax.transData.transform(data)
+                xy = line.get_transform().transform(data)  # axhline: x in axes units
                 inside = ((xy[:, 0] > box.x0) & (xy[:, 0] < box.x1) & (xy[:, 1] > box.y0)
                           & (xy[:, 1] < box.y1))
                 assert not inside.any(), (figure_name, line.get_label())
