@@ -121,6 +121,20 @@ OUTPUT_ERROR_NOTE = (r"output error: $o_t$ is one query head's output row at sam
                      "value dimension")
 
 
+# Set by main when the run is incomplete: the first line of every figure's title then, so that a
+# PNG seen on its own (in a paper draft, a chat) still says it shows an unfinished run.
+INCOMPLETE_LINE = ""
+
+
+def suptitle(fig, text):
+    """A figure and its title -> the title set, led by the incomplete-run line when there is
+    one (in red)."""
+    if INCOMPLETE_LINE:
+        fig.suptitle(f"{INCOMPLETE_LINE}\n{text}", color="#aa0000")
+    else:
+        fig.suptitle(text)
+
+
 def col(rows, name):
     """[n_lengths, 8] summary rows -> the column `name`."""
     return rows[:, COLS.index(name)]
@@ -161,7 +175,7 @@ def length_axis(ax, lengths):
     ax.set_xlabel("context length T [slots]")
 
 
-DODGE = 0.035  # log2 units between neighbouring mechanisms on a length axis
+DODGE = 0.04  # between neighbouring mechanisms on a length axis, in steps between lengths
 
 
 def metric_panel(ax, summary, mechs, name, single_length):
@@ -173,6 +187,8 @@ def metric_panel(ax, summary, mechs, name, single_length):
     metric = METRICS[name]
     lengths = summary["lengths"][()]
     shown = [m for m in mechs if m in summary and name in summary[m]]
+    steps = np.diff(np.log2(lengths))
+    dodge = DODGE * (steps.min() if len(steps) else 1.0)
     for i, m in enumerate(shown):
         y, lo, hi = clipped_interval(summary[m][name][()], metric)
         # The reference choice (naive_bsa, black) goes under the others, which it often equals.
@@ -183,7 +199,7 @@ def metric_panel(ax, summary, mechs, name, single_length):
         else:
             # Each mechanism a little to the side (a fixed factor on the log axis), so that equal
             # values and their intervals stay visible side by side instead of one hiding another.
-            x = lengths * 2.0 ** (DODGE * (i - (len(shown) - 1) / 2))
+            x = lengths * 2.0 ** (dodge * (i - (len(shown) - 1) / 2))
             ax.errorbar(x, y, yerr=yerr_of(y, lo, hi), lw=1.3, **style)
     if single_length:
         ax.set_xticks(range(len(shown)), shown, rotation=35, ha="right")
@@ -193,6 +209,8 @@ def metric_panel(ax, summary, mechs, name, single_length):
     else:
         length_axis(ax, lengths)
     ax.set_ylabel(metric.axis)
+    if metric.low == 0.0 and metric.high == math.inf:
+        ax.set_ylim(bottom=0.0)  # an error: its size is read against zero
     ax.grid(axis="y", lw=0.4, alpha=0.5)
 
 
@@ -250,7 +268,7 @@ def fidelity_plots(f, config, stem, out):
             metric_panel(ax, summary, mechs, name, single)
             ax.set_title(METRICS[name].title)
         at = f"at T = {int(lengths[0])} slots (the study's only length)" if single else "vs length"
-        fig.suptitle(f"{stem}: chunk-selection fidelity {at}, "
+        suptitle(fig, f"{stem}: chunk-selection fidelity {at}, "
                      f"{n_of(summary, mechs, 'spearman')} (layers × heads)\n{SUMMARY_NOTE}")
         legend = [] if single else [m for m in mechs if m in summary]
         fig.tight_layout(rect=(0, bottom_strip(fig, legend, note=OUTPUT_ERROR_NOTE), 1, 1))
@@ -258,7 +276,7 @@ def fidelity_plots(f, config, stem, out):
         for ax, name in zip(axes, metrics):
             ax.set_title(METRICS[name].title)
             say_missing(ax, "summary")
-        fig.suptitle(f"{stem}: chunk-selection fidelity")
+        suptitle(fig, f"{stem}: chunk-selection fidelity")
         fig.tight_layout()
     paths.append(save(fig, out, f"{stem}_metrics.png"))
     return paths
@@ -286,7 +304,7 @@ def fidelity_scatter(head, mechs, stem, where, out):
             ax.set_ylabel("exact chunk log-mass L(t, c) [nats]")
     for k in range(len(shown), nrows * ncols):
         axes[k // ncols][k % ncols].set_visible(False)
-    fig.suptitle(f"{stem}: surrogate score vs exact chunk log-mass ({where})\n"
+    suptitle(fig, f"{stem}: surrogate score vs exact chunk log-mass ({where})\n"
                  "one point per sampled query t and candidate chunk c ∈ V(t); dashed: ŝ = L; "
                  "ρ: Spearman over V(t), mean over this head's queries")
     fig.tight_layout()
@@ -312,7 +330,7 @@ def gap_entropy(head, mechs, stem, where, out):
         ax.set_title(m, color=mechanism_colour(m))
         ax.set_xlabel("entropy H(p_q) in the chunk [nats]")
     axes[0][0].set_ylabel("gap L − ŝ [nats]")
-    fig.suptitle(f"{stem}: gap between exact log-mass and surrogate vs the query's entropy "
+    suptitle(fig, f"{stem}: gap between exact log-mass and surrogate vs the query's entropy "
                  f"inside the chunk ({where})\n"
                  "H(p_q) = entropy of softmax over the chunk's logits; low: one key dominates "
                  "(Eq. 5). Own y scale per panel.")
@@ -336,7 +354,7 @@ def overlap_plots(f, config, stem, out):
     if "summary" not in f:
         fig, ax = plt.subplots(figsize=(6, 3))
         say_missing(ax, "summary")
-        fig.suptitle(f"{stem}: chunk overlap of adjacent queries ({mech})")
+        suptitle(fig, f"{stem}: chunk overlap of adjacent queries ({mech})")
         return [save(fig, out, f"{stem}_overlap.png")]
     s = f["summary"]
     lengths = s["lengths"][()]
@@ -371,7 +389,7 @@ def overlap_plots(f, config, stem, out):
     # Below the axes: overlap values fill the whole [0, 1] range, so no corner is free of data.
     b.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False,
              ncol=2)
-    fig.suptitle(f"{stem}: chunk overlap of adjacent queries, mechanism {mech} "
+    suptitle(fig, f"{stem}: chunk overlap of adjacent queries, mechanism {mech} "
                  f"(S = {geometry['S']}, K = {geometry['K']}, last {ov['tail_queries']} queries)\n"
                  "mean over layers × KV groups; bars ±1 sd (clipped to [0, 1]), shading min–max")
     fig.tight_layout()
@@ -441,7 +459,7 @@ def extrapolation_plots(f, config, stem, out):
                 f"train length {train} slots)")
     else:
         what = f"fidelity as the context grows past the train length ({train} slots)"
-    fig.suptitle(f"{stem}: {what}, per positional encoding\n{SUMMARY_NOTE}")
+    suptitle(fig, f"{stem}: {what}, per positional encoding\n{SUMMARY_NOTE}")
     strip = bottom_strip(fig, [] if single else mechs, [train_line], OUTPUT_ERROR_NOTE)
     fig.tight_layout(rect=(0, strip, 1, 1))
     paths.append(save(fig, out, f"{stem}_metrics_vs_length.png"))
@@ -509,7 +527,7 @@ def needle_grid(f, config, stem, out):
     layout = ("one panel per positional encoding, one row per mechanism, "
               f"at T = {int(lengths[0])} slots" if single else
               "rows: positional encoding, columns: mechanism; white dashes: train length")
-    fig.suptitle(f"{stem}: needle retrieval by selection: a key planted at a depth of the last "
+    suptitle(fig, f"{stem}: needle retrieval by selection: a key planted at a depth of the last "
                  f"query's candidates\n(0 = oldest chunk, 1 = newest), logit "
                  f"{ex['needle_logit']:g} for that query; train length {ex['train_length']} "
                  f"slots\n{layout}")
@@ -582,6 +600,9 @@ def main():
               "extrapolation", file=sys.stderr)
         return 2
     missing = missing_summaries(f, config, study)
+    global INCOMPLETE_LINE
+    INCOMPLETE_LINE = ("INCOMPLETE RUN (interrupted?): run the same command again to resume it"
+                       if missing else "")
     if missing:
         print(f"{a.results}: note: the run is incomplete (interrupted?): no {', '.join(missing)} "
               "unit yet, so panels may be empty or partial; run the same command again to "

@@ -3,7 +3,7 @@ one colour and marker in every figure; an interval never leaves the range its st
 (Spearman in [-1, 1], fractions in [0, 1], errors >= 0); a study of one length has no length
 axis; the needle grid has a colour bar; the output error's axis says its formula; no text sits
 on an error bar and no legend on data. The results files come from the `hils` studies at a
-small size; the figures are inspected as matplotlib objects (the PNGs are written too)."""
+small size; the figures are inspected as matplotlib objects after the script saved them."""
 
 import importlib.util
 import os
@@ -60,17 +60,18 @@ def studies(tmp_path_factory):
 
 
 def draw(path, out):
-    """A results file -> {PNG name without the stem: figure}, drawn by the script's own entry
-    point; the figures are rendered (layout final) and kept open instead of saved."""
+    """A results file -> {PNG name without the stem: figure}, drawn and saved by the script's
+    own entry point; the figures are kept open (rendered, layout final) for inspection."""
     figures = {}
+    real_save = ps.save
 
     def keep(fig, folder, name):
-        fig.canvas.draw()
         figures[name.split("_", 1)[1]] = fig
-        return f"{folder}/{name}"
+        return real_save(fig, folder, name)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ps, "save", keep)
+        patch.setattr(ps.plt, "close", lambda fig: None)
         patch.setattr("sys.argv", ["plot_study.py", str(path), "--out", str(out)])
         assert ps.main() == 0
     return figures
@@ -230,13 +231,20 @@ def test_no_text_on_an_error_bar_and_no_legend_on_data(drawn):
                 assert not inside.any(), (figure_name, line.get_label())
 
 
-def test_a_missing_summary_is_said_in_the_panel(studies, tmp_path, capsys):
+def test_an_incomplete_run_is_said_in_every_figure(studies, drawn, tmp_path, capsys):
     path = tmp_path / "cut.h5"
     shutil.copy(studies["fid2"], path)
     with h5py.File(path, "r+") as f:
         del f["summary"]
         f.attrs["complete_units"] = '["T1024/layer0/group0"]'
-    fig = draw(path, tmp_path / "plots")["metrics.png"]
+    figures = draw(path, tmp_path / "plots")
     assert "the run is incomplete" in capsys.readouterr().err
-    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    texts = [t.get_text() for ax in figures["metrics.png"].axes for t in ax.texts]
     assert len(texts) == 4 and all("no summary in the file" in t for t in texts)
+    # Every figure of the file says so itself, in its title (a PNG is often seen alone).
+    assert len(figures) == 3
+    for name, fig in figures.items():
+        assert fig._suptitle.get_text().startswith("INCOMPLETE RUN"), name
+    # A finished run's figures carry no stamp.
+    assert not any("INCOMPLETE" in fig._suptitle.get_text() for figs in drawn.values()
+                   for fig in figs.values())
