@@ -126,6 +126,11 @@ sources::SyntheticParams synthetic_params(const toml::table& t, const StudyGeome
     text << toml::json_formatter{*table};
     json keys = json::parse(text.str());
     keys.erase("kind"), keys.erase("layers");
+    // The studies' own key before the sources were merged: say what it is called now.
+    if (keys.contains("query_gain"))
+      throw BadInput(fmt::format("{}: [source] query_gain: renamed logit_std (the same number: "
+                                 "the queries' gain); write logit_std = {}",
+                                 file, keys["query_gain"].dump()));
     for (const char* owned : {"T", "S", "landmarks", "positional", "rope_pairing", "rope_theta",
                               "hope_train_length", "hope_m"})
       if (keys.contains(owned))

@@ -136,7 +136,7 @@ TEST_CASE("synthetic parameters are validated with the field named", "[sources]"
   CHECK_THROWS_WITH(src::generate(p), Catch::Contains("depth"));
 }
 
-TEST_CASE("layers are independent draws; layer 0 is what a dump holds", "[sources]") {
+TEST_CASE("layers are independent draws, and layer 0 is what a dump holds", "[sources]") {
   for (const auto& name : src::generator_names()) {
     INFO(name);
     auto p = small(name, 8);
@@ -251,10 +251,17 @@ TEST_CASE("a study's [source] table takes the generator keys of hils dump synthe
                                     q(dir / "g.h5") + " --lengths 512 -q");
   CHECK(owned.exit_code == 2);
   CHECK_THAT(owned.output, Catch::Contains("[source] S"));
-  std::ofstream(dir / "unknown.toml") << "[source]\nquery_gain = 2.0\n";
-  auto unknown = hils::test::run_hils("fidelity --config " + q(dir / "unknown.toml") +
+  // The studies' old name of logit_std is refused with the new name.
+  std::ofstream(dir / "renamed.toml") << "[source]\nquery_gain = 2.0\n";
+  auto renamed = hils::test::run_hils("fidelity --config " + q(dir / "renamed.toml") +
                                       " --out " + q(dir / "h.h5") + " --lengths 512 -q");
+  CHECK(renamed.exit_code == 2);
+  CHECK_THAT(renamed.output, Catch::Contains("query_gain") && Catch::Contains("logit_std = 2.0"));
+  std::ofstream(dir / "unknown.toml") << "[source]\nsegmnet = 64\n";
+  auto unknown = hils::test::run_hils("fidelity --config " + q(dir / "unknown.toml") +
+                                      " --out " + q(dir / "i.h5") + " --lengths 512 -q");
   CHECK(unknown.exit_code == 2);
-  CHECK_THAT(unknown.output, Catch::Contains("query_gain"));
-  CHECK_FALSE(std::filesystem::exists(dir / "g.h5"));
+  CHECK_THAT(unknown.output, Catch::Contains("unknown key 'segmnet'"));
+  for (const char* name : {"g.h5", "h.h5", "i.h5"})
+    CHECK_FALSE(std::filesystem::exists(dir / name));
 }
