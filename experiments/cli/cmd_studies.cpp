@@ -21,14 +21,12 @@
 #include "hils/analysis/extrapolation.hpp"
 #include "hils/analysis/overlap.hpp"
 #include "hils/analysis/study_cli.hpp"
-#include "hils/analysis/synthetic.hpp"
 #include "io/activation_file.hpp"
 #include "io/hdf5_util.hpp"
 #include "io/results_file.hpp"
 #include "io/results_sink.hpp"
-#include "model/llama2c.hpp"
-#include "model/tokenizer.hpp"
 #include "parallel/session.hpp"
+#include "sources/study_inputs.hpp"
 #include "util/progress.hpp"
 #include "util/shared_data.hpp"
 
@@ -90,131 +88,42 @@ struct Resolved {
   json config;  // what went into the run, for provenance and resume checks
 };
 
-std::filesystem::path shared_file(const std::string& dir, const std::string& name) {
-  const std::filesystem::path folder = dir.empty() ? shared_data_dir() : std::filesystem::path(dir);
-  const auto p = folder / name;
-  if (!std::filesystem::exists(p))
-    throw BadInput(fmt::format("model source: {} not found (set --model-dir or "
-                               "HILS_SHARED_DATA to the folder of stories260K.bin, tok512.bin "
-                               "and tinystories_sample.txt)", p.string()));
-  return p;
-}
-
-// The real model's trace over the first T tokens of the sample text (BOS first), cached.
-struct ModelTrace {
-  std::vector<model::LayerTrace> layers;
-  int64_t Hq = 0, Hkv = 0, T = 0;
-};
-std::shared_ptr<ModelTrace> trace_model(const std::string& dir, int64_t T) {
-  auto m = model::Llama2cModel::load(shared_file(dir, "stories260K.bin"));
-  auto tok = model::Tokenizer::load(shared_file(dir, "tok512.bin"), m.config().vocab_size);
-  std::ifstream text_file(shared_file(dir, "tinystories_sample.txt"));
-  std::stringstream text;
-  text << text_file.rdbuf();
-  // BPE merging is quadratic in the text length: encode a prefix of ~8 characters per token
-  // (TinyStories averages ~2 characters per token), not the whole 197 kB sample.
-  auto tokens = tok.encode(text.str().substr(0, static_cast<size_t>(8 * T)), true);
-  if (static_cast<int64_t>(tokens.size()) < T)
-    throw BadInput(fmt::format("model source: the sample text has {} tokens, fewer than T={}",
-                               tokens.size(), T));
-  if (T > m.config().seq_len)
-    throw BadInput(fmt::format("lengths: the model's context is {} tokens, got T={}",
-                               m.config().seq_len, T));
-  tokens.resize(T);
-  auto trace = std::make_shared<ModelTrace>();
-  m.forward(tokens, &trace->layers);
-  trace->Hq = m.config().n_heads, trace->Hkv = m.config().n_kv_heads, trace->T = T;
-  return trace;
-}
-
-// The first T rows of every head.
-AttentionInputs<double> prefix(const std::vector<Matrix<double>>& q,
-                               const std::vector<Matrix<double>>& k,
-                               const std::vector<Matrix<double>>& v, int64_t T) {
-  AttentionInputs<double> in;
-  auto cut = [T](const std::vector<Matrix<double>>& heads, std::vector<Matrix<double>>& out) {
-    for (const auto& m : heads) {
-      if (m.rows() < T)
-        throw BadInput(fmt::format("lengths: T={} exceeds the source's {} slots", T, m.rows()));
-      out.push_back(m.topRows(T));
-    }
-  };
-  cut(q, in.q), cut(k, in.k), cut(v, in.v);
-  return in;
+// The synthetic source's parameters: the studies' default (the drift generator, seed 0x5eed),
+// then the [source] table's keys, which are those of `hils dump synthetic` (config/config.hpp)
+// less the ones a study sets itself (study_schema() refuses those by name).
+sources::SyntheticParams synthetic_params(const config::ConfigValues& c,
+                                          const StudyGeometry& geometry) {
+  sources::SyntheticParams params;
+  params.generator = "drift";
+  params.seed = 0x5eed;
+  json keys = c.table("source");
+  keys.erase("kind"), keys.erase("layers");
+  config::apply_synthetic_json(params, keys, c.file() + ": [source]");
+  params.S = geometry.S;
+  params.landmarks = geometry.landmarks;
+  return params;
 }
 
 void build_sources(Resolved& r, const StudyArgs& a, const config::ConfigValues& c) {
+  sources::StudyInputs inputs;
   if (r.source_kind == "synthetic") {
-    analysis::SyntheticConfig sc;
-    sc.Hq = c.integer("source", "Hq", 4, 1);
-    sc.Hkv = c.integer("source", "Hkv", 2, 1);
-    sc.d = sc.dv = c.integer("source", "d", 64, 1);
-    sc.segment = c.integer("source", "segment", sc.segment, 1);
-    sc.query_rho = c.number("source", "query_rho", sc.query_rho);
-    sc.query_gain = c.number("source", "query_gain", sc.query_gain);
-    sc.seed = static_cast<uint64_t>(c.integer("source", "seed", 0x5eed, 0));
-    require(sc.Hq % sc.Hkv == 0, c.where("source", "Hq"), "a multiple of Hkv = " +
-            std::to_string(sc.Hkv), std::to_string(sc.Hq));
-    require(sc.query_rho >= 0.0 && sc.query_rho < 1.0, c.where("source", "query_rho"),
-            "a correlation in [0, 1)", std::to_string(sc.query_rho));
-    require(std::isfinite(sc.query_gain) && sc.query_gain > 0.0, c.where("source", "query_gain"),
-            "a finite gain > 0", std::to_string(sc.query_gain));
-    r.config["source"] = {{"kind", "synthetic"}, {"Hq", sc.Hq}, {"Hkv", sc.Hkv}, {"d", sc.d},
-                          {"segment", sc.segment}, {"query_rho", sc.query_rho},
-                          {"query_gain", sc.query_gain}, {"seed", sc.seed}};
-    const auto geo = r.geometry;
-    auto raw = [sc, geo](int64_t layer, int64_t T) {
-      return analysis::synthetic_layer(sc, layer, Geometry(T, geo.S, geo.W, geo.landmarks));
-    };
-    r.raw_source = {"synthetic", r.source.n_layers, r.source.lengths, raw};
     // Fidelity and overlap see the synthetic vectors under RoPE, as a model would.
-    PositionalEncoding pe{PositionalKind::rope, RopePairing::half, r.theta};
-    r.source = {"synthetic", r.source.n_layers, r.source.lengths, [raw, geo, pe](int64_t l, int64_t T) {
-                  return apply_positional_encoding<double>(
-                      raw(l, T), Geometry(T, geo.S, geo.W, geo.landmarks), pe);
-                }};
+    const PositionalEncoding pe{PositionalKind::rope, RopePairing::half, r.theta};
+    inputs = sources::synthetic_study_inputs(synthetic_params(c, r.geometry), pe,
+                                             r.source.n_layers, r.source.lengths);
   } else if (r.source_kind == "model") {
-    const int64_t T = r.source.lengths.back();
-    auto trace = trace_model(a.model_dir, T);
-    r.source.n_layers = std::min<int64_t>(r.source.n_layers, trace->layers.size());
-    r.config["source"] = {{"kind", "model"}, {"model", "stories260K.bin"},
-                          {"text", "tinystories_sample.txt, first T tokens, BOS first"}};
-    r.source.name = r.raw_source.name = "stories260K";
-    r.source.load = [trace](int64_t l, int64_t T) {
-      const auto& L = trace->layers.at(l);
-      return prefix(L.q, L.k, L.v, T);
-    };
-    r.raw_source = r.source;
-    r.raw_source.load = [trace](int64_t l, int64_t T) {
-      const auto& L = trace->layers.at(l);
-      return prefix(L.q_unrotated, L.k_unrotated, L.v, T);
-    };
+    inputs = sources::model_study_inputs(sources::ModelFiles::in_folder(a.model_dir),
+                                         r.source.n_layers, r.source.lengths);
   } else if (r.source_kind == "activations") {
     if (a.activations.empty()) throw BadInput("--activations: a file is needed for source=activations");
-    // One layer at a time from the file (read-only): a unit never holds more than its layer.
-    const std::filesystem::path file = a.activations;
-    const auto meta = std::make_shared<io::ActivationMeta>(io::read_activation_meta(file));
-    r.source.n_layers = std::min<int64_t>(r.source.n_layers, meta->n_layers);
-    r.config["source"] = {{"kind", "activations"}, {"path", a.activations},
-                          {"provenance", meta->source}};
-    r.source.name = r.raw_source.name = file.stem().string();
-    r.source.load = [file, meta](int64_t l, int64_t T) {
-      const auto layer = io::read_activation_layer(file, *meta, l);
-      return prefix(layer.inputs.q, layer.inputs.k, layer.inputs.v, T);
-    };
-    r.raw_source = r.source;
-    r.raw_source.load = [file, meta](int64_t l, int64_t T) {
-      const auto layer = io::read_activation_layer(file, *meta, l);
-      if (layer.q_unrotated.empty())
-        throw BadInput("activations: the file stores no q_unrotated/k_unrotated; "
-                       "extrapolation needs the un-rotated vectors");
-      return prefix(layer.q_unrotated, layer.k_unrotated, layer.inputs.v, T);
-    };
+    inputs = sources::activation_study_inputs(a.activations, r.source.n_layers, r.source.lengths);
   } else {
     throw BadInput("source: one of synthetic, model, activations, got '" + r.source_kind + "'");
   }
+  r.source = std::move(inputs.positioned);
+  r.raw_source = std::move(inputs.raw);
+  r.config["source"] = std::move(inputs.description);
 }
-
 
 // BadInput unless `value` >= `least`, naming the flag and the config key that can set it.
 void require_at_least(int64_t value, int64_t least, const std::string& flag,

@@ -1,5 +1,6 @@
 #include "config/config.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -42,6 +43,24 @@ std::string found_text(const nlohmann::json& value) {
   return std::string(value.type_name()) + " " + value.dump();
 }
 
+// A key of `table` that the schema refuses with a hint -> InvalidArgument
+// "<file>: [table] key: <hint>"; each element of an array of tables is checked.
+void require_not_refused(const nlohmann::json& value, const TomlTable& table,
+                         const std::string& file) {
+  if (value.is_array()) {
+    for (const auto& element : value) require_not_refused(element, table, file);
+    return;
+  }
+  if (!value.is_object()) return;
+  for (const auto& [key, hint] : table.refused) {
+    if (!value.contains(key)) continue;
+    std::string text = hint;
+    if (const size_t at = text.find("{value}"); at != std::string::npos)
+      text.replace(at, 7, value[key].dump());
+    throw InvalidArgument(fmt::format("{}: [{}] {}: {}", file, table.name, key, text));
+  }
+}
+
 }  // namespace
 
 // path, schema -> the document, every table and key checked against the schema.
@@ -55,6 +74,7 @@ nlohmann::json load_toml(const std::filesystem::path& path, const TomlSchema& sc
     if (!table)
       throw InvalidArgument(fmt::format("{}: unknown table or key '{}' (expected the tables {})",
                                         file, item.key(), table_list(schema)));
+    require_not_refused(item.value(), *table, file);
     if (!table->array) {
       require(item.value().is_object(), fmt::format("{}: {}", file, item.key()),
               fmt::format("a table [{}]", item.key()), found_text(item.value()));
@@ -187,6 +207,7 @@ std::vector<std::string> synthetic_keys() {
   return {"generator",        "T",           "S",           "landmarks",    "Hq",
           "Hkv",              "d",           "dv",          "logit_std",    "topic_share",
           "query_topic_share", "depth",      "needle_query", "needle_logit", "retrieval_noise",
+          "segment",          "key_noise",   "query_rho",
           "positional",       "rope_pairing", "rope_theta",  "hope_train_length", "hope_m",
           "seed"};
 }
@@ -205,9 +226,30 @@ const TomlSchema& synthetic_schema() {
   return schema;
 }
 
+namespace {
+
+// The studies' [source] table: kind, layers and the synthetic generators' keys, less those a
+// study sets itself (refused with where to set them), and the studies' old name of logit_std.
+TomlTable study_source_table() {
+  TomlTable table{"source", {"kind", "layers"}};
+  const std::vector<std::string> owned = {"T",          "S",           "landmarks",
+                                          "positional", "rope_pairing", "rope_theta",
+                                          "hope_train_length", "hope_m"};
+  for (const auto& key : synthetic_keys())
+    if (std::find(owned.begin(), owned.end(), key) == owned.end()) table.keys.push_back(key);
+  for (const auto& key : owned)
+    table.refused.emplace_back(key, "set by the study (lengths, [geometry], [extrapolation]), "
+                                    "not by the source");
+  table.refused.emplace_back("query_gain", "renamed logit_std (the same number: the queries' "
+                                           "gain); write logit_std = {value}");
+  return table;
+}
+
+}  // namespace
+
 const TomlSchema& study_schema() {
   static const TomlSchema schema = {
-      {"source", {"kind", "layers", "Hq", "Hkv", "d", "segment", "query_rho", "query_gain", "seed"}},
+      study_source_table(),
       {"geometry", {"S", "W", "K", "landmarks"}},
       {"study", {"prior_rule", "prior_source", "mechanisms", "queries", "keep_scores"}},
       {"fidelity", {"lengths"}},
@@ -237,6 +279,9 @@ void apply_synthetic_json(sources::SyntheticParams& p, const nlohmann::json& o,
   if (o.contains("needle_query")) p.needle_query = get_int(o, "needle_query", where);
   if (o.contains("needle_logit")) p.needle_logit = get_number(o, "needle_logit", where);
   if (o.contains("retrieval_noise")) p.retrieval_noise = get_number(o, "retrieval_noise", where);
+  if (o.contains("segment")) p.segment = get_int(o, "segment", where);
+  if (o.contains("key_noise")) p.key_noise = get_number(o, "key_noise", where);
+  if (o.contains("query_rho")) p.query_rho = get_number(o, "query_rho", where);
   if (o.contains("positional"))
     p.positional.kind = parse_positional_kind(get_string(o, "positional", where), f("positional"));
   if (o.contains("rope_pairing"))

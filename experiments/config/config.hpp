@@ -8,6 +8,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -19,10 +20,14 @@ namespace hils::config {
 
 // What a TOML config may hold: its tables, each with its keys. `array`: the table is written
 // [[name]] (an array of tables, each element with these keys).
+// `refused`: keys this table does not take but a user may write (an old name, a key another
+// command's table takes), each with the hint its error gives; "{value}" in a hint is replaced
+// by the value written, so a rename can say what to write instead.
 struct TomlTable {
   std::string name;
   std::vector<std::string> keys;
   bool array = false;
+  std::vector<std::pair<std::string, std::string>> refused = {};
 };
 using TomlSchema = std::vector<TomlTable>;
 

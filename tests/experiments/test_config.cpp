@@ -214,9 +214,14 @@ TEST_CASE("TOML reader: unknown tables and keys are refused, naming file, table 
   CHECK_THAT(message_of([&] { load_toml(single, hils::config::run_schema()); }),
              Catch::Contains("expected an array of tables [[mechanism]]"));
   // The [synthetic] table of `hils dump synthetic` refuses what only a study config holds.
-  const auto synthetic = toml_file(dir, "synthetic.toml", "[synthetic]\nquery_rho = 0.5\n");
+  const auto synthetic = toml_file(dir, "synthetic.toml", "[synthetic]\nkind = \"model\"\n");
   CHECK_THAT(message_of([&] { load_toml(synthetic, hils::config::synthetic_schema()); }),
-             Catch::StartsWith(synthetic + ": [synthetic]: unknown key 'query_rho'"));
+             Catch::StartsWith(synthetic + ": [synthetic]: unknown key 'kind'"));
+  // Keys a table refuses with a hint: an old name says what to write instead.
+  const auto renamed = toml_file(dir, "renamed.toml", "[source]\nquery_gain = 2.5\n");
+  CHECK(message_of([&] { load_toml(renamed, study_schema()); }) ==
+        renamed + ": [source] query_gain: renamed logit_std (the same number: the queries' "
+                  "gain); write logit_std = 2.5");
 }
 
 TEST_CASE("TOML reader: typed values name the key and the expected type", "[config]") {
