@@ -219,7 +219,10 @@ CorrectCount correct_kernels(const MechanismSpec& spec, const AttentionInputs<do
     for (const auto& t : verdict.tensors) {
       count.worst_elementwise = std::max(count.worst_elementwise, t.headroom);
       for (const auto& test : t.shift_tests)
-        count.worst_shift = std::max(count.worst_shift, test.headroom());
+        if (test.headroom() > count.worst_shift) {
+          count.worst_shift = test.headroom();
+          count.worst_shift_kernel = what + " (" + test.name + ")";
+        }
     }
   };
   for (const auto rounding : {Bf16Rounding::nearest, Bf16Rounding::toward_zero}) {
@@ -241,10 +244,11 @@ std::string format_summary(const std::string& title, const std::vector<SummaryRo
       planted += p.planted;
     }
     out += format("  %-10s %2d/16 caught      %3d/%-3d caught   %2d/%-2d passed      "
-                  "element-wise %.3g, statistics %.3g%s%s\n",
+                  "element-wise %.3g, statistics %.3g %s%s%s\n",
                   r.claim.label().c_str(), sixteen_caught(r.power), caught, planted,
                   r.correct.passed, r.correct.total, r.correct.worst_elementwise,
-                  r.correct.worst_shift, r.correct.failures.empty() ? "" : "; FAILED: ",
+                  r.correct.worst_shift, r.correct.worst_shift_kernel.c_str(),
+                  r.correct.failures.empty() ? "" : "; FAILED: ",
                   r.correct.failures.c_str());
   }
   return out;

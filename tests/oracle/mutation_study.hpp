@@ -80,6 +80,7 @@ std::string failed_checks(const Verdict& verdict);
 struct CorrectCount {
   int passed = 0, total = 0;
   double worst_elementwise = 0, worst_shift = 0;  // largest headroom of any
+  std::string worst_shift_kernel;                 // the kernel of worst_shift
   std::string failures;                          // "what: failed_checks" of each failure
 };
 CorrectCount correct_kernels(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
