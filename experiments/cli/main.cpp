@@ -1,10 +1,13 @@
 // The `hils` command: subcommands registered from experiments/cli/cmd_*.cpp; exceptions become
 // exit codes (see commands.hpp).
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <new>
 #include <optional>
 
 #include <H5Cpp.h>
@@ -79,6 +82,15 @@ void require_distinct_files(const std::filesystem::path& input, const std::strin
                                output_option, output.string(), input_option, input.string()));
 }
 
+void require_fits_in_memory(double bytes, const std::string& what) {
+  const double memory =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (bytes < 0.8 * memory) return;
+  throw BadInput(fmt::format("{}: expected sizes whose data fit in 80% of this machine's {:.1f} "
+                             "GiB of memory, got about {:.3g} GiB",
+                             what, memory / (1 << 30), bytes / (1 << 30)));
+}
+
 }  // namespace hils::cli
 
 namespace {
@@ -96,6 +108,11 @@ int run_app(CLI::App& app, int argc, char** argv) {
     return hils::cli::kExitCheckFailed;
   } catch (const hils::InvalidArgument& e) {
     std::cerr << "hils: bad input: " << e.what() << "\n";
+    return hils::cli::kExitBadInput;
+  } catch (const std::bad_alloc&) {
+    // Nearly always a size from the input or the flags that this machine cannot hold.
+    std::cerr << "hils: bad input: out of memory: expected sizes (T, heads, dims, layers, "
+                 "queries) whose data fit in this machine's memory; choose smaller ones\n";
     return hils::cli::kExitBadInput;
   } catch (const H5::Exception& e) {
     std::cerr << "hils: internal error (HDF5): " << e.getFuncName() << ": "

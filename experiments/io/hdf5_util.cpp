@@ -77,6 +77,9 @@ H5::H5File open_hdf5(const std::filesystem::path& path, bool writable) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) fail(path, "", "an existing file", "no such file");
   if (std::filesystem::is_directory(path, ec)) fail(path, "", "a file", "a folder");
+  // A FIFO or device would block HDF5's signature read (a hang) or read garbage.
+  if (!std::filesystem::is_regular_file(path, ec))
+    fail(path, "", "a regular file", "a FIFO, socket or device");
   bool is_hdf5 = false;
   try {
     is_hdf5 = H5::H5File::isHdf5(path.string().c_str());

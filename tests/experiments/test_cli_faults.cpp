@@ -291,3 +291,60 @@ TEST_CASE("hils plot of an interrupted study says the run is incomplete", "[cli]
   CHECK(partial.exit_code == 0);
   CHECK_THAT(partial.output, Catch::Contains("the run is incomplete"));
 }
+
+TEST_CASE("dump sizes beyond this machine's memory and values float32 cannot hold are refused "
+          "before anything is written", "[cli][faults]") {
+  TempDir dir("dump_limits");
+  auto huge = run_hils("dump synthetic -o " + q(dir / "huge.h5") + " -T 1000000000000");
+  INFO(huge.output);
+  CHECK(huge.exit_code == 2);  // was exit 3, "internal error: std::bad_alloc"
+  CHECK_THAT(huge.output, Catch::Contains("-T, --Hq, --Hkv, -d, --dv: expected sizes whose data "
+                                          "fit in 80% of this machine's"));
+  auto overflow = run_hils("dump synthetic -o " + q(dir / "f32.h5") +
+                           " -T 64 -S 16 --logit-std 1e300 --precision float32");
+  INFO(overflow.output);
+  CHECK(overflow.exit_code == 2);  // was exit 0 with -inf stored in layer0/q
+  CHECK_THAT(overflow.output, Catch::Contains("layer0/q: expected values within float32's range"));
+  // The same values stored as float64 are finite and written.
+  CHECK(run_hils("dump synthetic -o " + q(dir / "f64.h5") + " -T 64 -S 16 --logit-std 1e300")
+            .exit_code == 0);
+  CHECK_FALSE(fs::exists(dir / "huge.h5"));
+  CHECK_FALSE(fs::exists(dir / "f32.h5"));
+  CHECK(count_temp_files(dir.path()) == 0);
+}
+
+TEST_CASE("a FIFO given as an input file is refused, not read (no hang)", "[cli][faults]") {
+  TempDir dir("fifo_input");
+  const auto fifo = dir / "acts.h5";
+  REQUIRE(run_shell("mkfifo " + q(fifo)).exit_code == 0);
+  // timeout: before the fix HDF5's signature read blocked on the FIFO for ever (exit 124 here).
+  auto r = run_shell("timeout 20 '" + std::string(HILS_EXE) + "' info " + q(fifo) + " 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("expected a regular file, found a FIFO"));
+}
+
+TEST_CASE("hils verify refuses an empty /queries instead of passing it vacuously",
+          "[cli][faults]") {
+  TempDir dir("verify_empty_queries");
+  const auto path = dir / "dump.h5";
+  {
+    // A minimal verify file (data/verify_format.md): full attention over T=4, d=dv=2.
+    H5::H5File file(path.string(), H5F_ACC_TRUNC);
+    H5::Group root = file.openGroup("/");
+    hils::io::write_attribute(root, "format", std::string("hils-verify"));
+    hils::io::write_attribute(root, "format_version", int64_t{1});
+    hils::io::write_attribute(root, "spec", std::string(R"({"preset": "full", "S": 2})"));
+    hils::io::write_attribute(root, "input_precision", std::string("fp32"));
+    H5::Group inputs = file.createGroup("inputs"), outputs = file.createGroup("outputs");
+    const std::vector<double> x = {0.5, -1, 0.25, 2, -0.5, 1, 0, 0.75};
+    for (const char* name : {"q", "k", "v"})
+      hils::io::write_doubles(inputs, name, x.data(), {1, 4, 2}, false);
+    hils::io::write_doubles(outputs, "o", x.data(), {1, 4, 2}, false);
+    hils::io::write_int64s(root, "queries", nullptr, {0});
+  }
+  auto r = run_hils("verify " + q(path));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);  // was exit 0: an empty list read as "every query"
+  CHECK_THAT(r.output, Catch::Contains("queries: expected at least one query slot"));
+}
