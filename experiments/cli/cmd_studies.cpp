@@ -25,6 +25,7 @@
 #include "io/activation_file.hpp"
 #include "io/hdf5_util.hpp"
 #include "io/results_file.hpp"
+#include "io/results_sink.hpp"
 #include "model/llama2c.hpp"
 #include "model/tokenizer.hpp"
 #include "parallel/session.hpp"
@@ -42,44 +43,15 @@ using nlohmann::json;
 
 // ---- Results sink over the HDF5 results writer --------------------------------------------
 
-// Writes through io::ResultsWriter; reads back what this run wrote (kept in memory) or what an
-// earlier, interrupted run left in the file (read from the previous file).
-class ResultsFileSink : public analysis::ResultSink {
+// The study's results file: locked, the earlier (interrupted) file kept for reading back its
+// units, and the writer seen as a sink (io::ResultsWriterSink).
+class ResultsFileSink {
  public:
   ResultsFileSink(const std::filesystem::path& path, const io::Provenance& provenance)
-      : lock_(path, provenance.command), writer_(open(path, provenance)) {}
-  bool is_complete(const std::string& unit) const override { return writer_.is_complete(unit); }
-  void mark_complete(const std::string& unit) override {
-    writer_.mark_complete(unit);
-    writer_.checkpoint();  // every finished unit survives an interruption
-  }
-  void write(const std::string& p, const Matrix<double>& m, const std::string& meaning) override {
-    writer_.write_matrix(p, m, meaning);
-    cache_[p] = m;
-  }
-  void write(const std::string& p, const std::vector<double>& v,
-             const std::string& meaning) override {
-    writer_.write_vector(p, v, meaning);
-    cache_[p] = Eigen::Map<const Matrix<double>>(v.data(), static_cast<int64_t>(v.size()), 1);
-  }
-  void write(const std::string& p, const std::vector<int64_t>& v,
-             const std::string& meaning) override {
-    writer_.write_indices(p, v, meaning);
-  }
-  void write(const std::string& p, const IndexMatrix& v, const std::string& meaning) override {
-    writer_.write_indices(p, v, meaning);
-  }
-  void set_attribute(const std::string& o, const std::string& n, const std::string& v) override {
-    writer_.set_attribute(o, n, v);
-  }
-  void set_attribute(const std::string& o, const std::string& n, double v) override {
-    writer_.set_attribute(o, n, v);
-  }
-  std::optional<Matrix<double>> read(const std::string& p) const override {
-    if (auto it = cache_.find(p); it != cache_.end()) return it->second;
-    if (previous_ && previous_->exists(p)) return previous_->matrix(p);
-    return std::nullopt;
-  }
+      : lock_(path, provenance.command),
+        writer_(open(path, provenance)),
+        sink_(writer_, io::ResultsWriterSink::ReadBack::written_and_previous, previous_.get()) {}
+  analysis::ResultSink& sink() { return sink_; }
   void commit() { writer_.commit(); }
 
  private:
@@ -90,7 +62,7 @@ class ResultsFileSink : public analysis::ResultSink {
   io::OutputLock lock_;  // taken before the earlier file is read (see io::OutputLock)
   std::unique_ptr<io::ResultsReader> previous_;
   io::ResultsWriter writer_;
-  std::map<std::string, Matrix<double>> cache_;
+  io::ResultsWriterSink sink_;
 };
 
 // ---- Configuration ------------------------------------------------------------------------
@@ -391,10 +363,10 @@ class StudyResults {
   StudyResults(const std::filesystem::path& path, const io::Provenance& provenance) {
     if (!parallel::holds_results()) return;
     file_ = std::make_unique<ResultsFileSink>(path, provenance);
-    file_->set_attribute("", "mpi_ranks", static_cast<double>(parallel::ranks()));
+    file_->sink().set_attribute("", "mpi_ranks", static_cast<double>(parallel::ranks()));
   }
   analysis::ResultSink& sink() {
-    return file_ ? static_cast<analysis::ResultSink&>(*file_) : unused_;
+    return file_ ? file_->sink() : unused_;
   }
   void commit() {
     if (file_) file_->commit();
