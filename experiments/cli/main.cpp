@@ -4,7 +4,9 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <iostream>
 #include <new>
@@ -147,6 +149,17 @@ int main(int argc, char** argv) {
   app.fallthrough();
   app.add_flag("-q,--quiet", hils::cli::global_options().quiet,
                "no progress bar and no informational messages (for scripts)");
+  hils::cli::register_info(app);
+  hils::cli::register_dump(app);
+  hils::cli::register_run(app);
+  hils::cli::register_fidelity(app);
+  hils::cli::register_overlap(app);
+  hils::cli::register_extrapolate(app);
+  hils::cli::register_plot(app);
+  hils::cli::register_studies(app);
+  hils::cli::register_verify(app);
+  // Set after the subcommands are added: a subcommand inherits the footer of its parent at
+  // creation, and these examples are the top level's (the study commands printed them).
   app.footer(
       "Examples:\n"
       "  hils dump llama2c -o llama.h5                  # stories260K over tinystories_sample.txt\n"
@@ -157,17 +170,14 @@ int main(int argc, char** argv) {
       "Exit codes: 0 success, 1 a check failed, 2 bad input, 3 internal error.\n"
       "Run `hils <command> --help` for a command's options and examples.");
 
-  hils::cli::register_info(app);
-  hils::cli::register_dump(app);
-  hils::cli::register_run(app);
-  hils::cli::register_fidelity(app);
-  hils::cli::register_overlap(app);
-  hils::cli::register_extrapolate(app);
-  hils::cli::register_plot(app);
-  hils::cli::register_studies(app);
-  hils::cli::register_verify(app);
-
-  const int code = run_app(app, argc, argv);
+  int code = run_app(app, argc, argv);
+  // A report cut short (full disk, file-size limit) must not end in exit 0.
+  std::cout.flush();
+  if (!std::cout && code == hils::cli::kExitOk) {
+    std::cerr << "hils: bad input: expected room to write the standard output, found "
+              << std::strerror(errno) << "; the output is incomplete\n";
+    code = hils::cli::kExitBadInput;
+  }
   if (code != hils::cli::kExitOk) session->fail();  // ends every rank of an MPI job
   if (hils::io::hdf5_file_abandoned()) {
     // A write failed (full disk) and left HDF5 a file it cannot close; its shutdown at exit
