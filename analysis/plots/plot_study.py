@@ -51,7 +51,15 @@ MECHANISM_COLOURS = {
     "nsa": "#0072B2",             # the preset mean runs
     "lmk": "#E69F00",             # the preset landmark_key runs
     "full": "#777777",
+    "swa": "#999999",
 }
+# And one marker each, so that mechanisms whose values coincide (lines drawn over each other)
+# still show, and so that a grey-scale print tells them apart.
+MECHANISM_MARKERS = {
+    "mean": "o", "landmark_key": "s", "taylor": "^", "taylor_entropy": "D", "max_logit": "v",
+    "naive_bsa": "x", "hils": "P", "nsa": "h", "lmk": "X", "full": "*", "swa": "<",
+}
+SPARE_MARKERS = ["p", ">", "d", "8", "H", "1", "2"]
 # Mechanisms the table does not name (presets, "<key>+<bias>"): a colour chosen by the name's
 # CRC, so the same name gets the same colour in every figure and every run.
 SPARE_COLOURS = ["#56B4E9", "#8C564B", "#BCBD22", "#7F7F7F", "#17BECF", "#9467BD", "#F0E442"]
@@ -62,6 +70,19 @@ def mechanism_colour(name):
     if name in MECHANISM_COLOURS:
         return MECHANISM_COLOURS[name]
     return SPARE_COLOURS[zlib.crc32(name.encode()) % len(SPARE_COLOURS)]
+
+
+def mechanism_marker(name):
+    """mechanism name -> its marker, the same in every figure."""
+    if name in MECHANISM_MARKERS:
+        return MECHANISM_MARKERS[name]
+    return SPARE_MARKERS[zlib.crc32(name.encode()) % len(SPARE_MARKERS)]
+
+
+def mechanism_style(name):
+    """mechanism name -> the colour, marker and legend label of its points in every figure."""
+    return dict(color=mechanism_colour(name), marker=mechanism_marker(name), label=name,
+                mfc="white" if name == "naive_bsa" else mechanism_colour(name))
 
 
 class Metric(NamedTuple):
@@ -86,7 +107,8 @@ METRICS = {
                            "relative output error\n"
                            r"$\Vert o_t - o^{full}_t\Vert_2 \;/\; \Vert o^{full}_t\Vert_2$", 0.0, math.inf),
     "overlap": Metric("overlap of a block of M adjacent queries",
-                      r"normalized overlap $(\Sigma|I_m| - |\cup I_m|) \,/\, (\Sigma|I_m| - \max|I_m|)$",
+                      "normalized overlap\n"
+                      r"$(\Sigma|I_m| - |\cup I_m|) \,/\, (\Sigma|I_m| - \max|I_m|)$",
                       0.0, 1.0),
     "gap_mean": Metric("mean gap L − ŝ", r"mean of $L - \hat s$ over $V(t)$ [nats]",
                        -math.inf, math.inf),
@@ -97,6 +119,20 @@ OUTPUT_ERROR_NOTE = (r"output error: $o_t$ is one query head's output row at sam
                      r"$o^{full}_t$ full causal attention of that query over every attendable slot "
                      r"$\leq t$ (no selection); $\Vert\cdot\Vert_2$: Euclidean norm over the "
                      "value dimension")
+
+
+# Set by main when the run is incomplete: the first line of every figure's title then, so that a
+# PNG seen on its own (in a paper draft, a chat) still says it shows an unfinished run.
+INCOMPLETE_LINE = ""
+
+
+def suptitle(fig, text):
+    """A figure and its title -> the title set, led by the incomplete-run line when there is
+    one (in red)."""
+    if INCOMPLETE_LINE:
+        fig.suptitle(f"{INCOMPLETE_LINE}\n{text}", color="#aa0000")
+    else:
+        fig.suptitle(text)
 
 
 def col(rows, name):
@@ -139,6 +175,9 @@ def length_axis(ax, lengths):
     ax.set_xlabel("context length T [slots]")
 
 
+DODGE = 0.04  # between neighbouring mechanisms on a length axis, in steps between lengths
+
+
 def metric_panel(ax, summary, mechs, name, single_length):
     """One metric of a summary group -> mean and clipped interval per mechanism on `ax`.
 
@@ -148,15 +187,20 @@ def metric_panel(ax, summary, mechs, name, single_length):
     metric = METRICS[name]
     lengths = summary["lengths"][()]
     shown = [m for m in mechs if m in summary and name in summary[m]]
+    steps = np.diff(np.log2(lengths))
+    dodge = DODGE * (steps.min() if len(steps) else 1.0)
     for i, m in enumerate(shown):
         y, lo, hi = clipped_interval(summary[m][name][()], metric)
         # The reference choice (naive_bsa, black) goes under the others, which it often equals.
-        style = dict(color=mechanism_colour(m), marker="o", ms=4, capsize=3, label=m,
+        style = dict(mechanism_style(m), ms=4.5, capsize=3,
                      zorder=1.5 if m == "naive_bsa" else 2.5)
         if single_length:
             ax.errorbar([i], y, yerr=yerr_of(y, lo, hi), ls="none", **style)
         else:
-            ax.errorbar(lengths, y, yerr=yerr_of(y, lo, hi), lw=1.4, **style)
+            # Each mechanism a little to the side (a fixed factor on the log axis), so that equal
+            # values and their intervals stay visible side by side instead of one hiding another.
+            x = lengths * 2.0 ** (dodge * (i - (len(shown) - 1) / 2))
+            ax.errorbar(x, y, yerr=yerr_of(y, lo, hi), lw=1.3, **style)
     if single_length:
         ax.set_xticks(range(len(shown)), shown, rotation=35, ha="right")
         for tick, m in zip(ax.get_xticklabels(), shown):
@@ -165,6 +209,8 @@ def metric_panel(ax, summary, mechs, name, single_length):
     else:
         length_axis(ax, lengths)
     ax.set_ylabel(metric.axis)
+    if metric.low == 0.0 and metric.high == math.inf:
+        ax.set_ylim(bottom=0.0)  # an error: its size is read against zero
     ax.grid(axis="y", lw=0.4, alpha=0.5)
 
 
@@ -179,8 +225,8 @@ def bottom_strip(fig, mechs=(), extra=(), note=""):
         fig.text(0.5, 0.08 / height, note, ha="center", va="bottom", fontsize=7.5,
                  color="#444444")
     if mechs:
-        handles = [Line2D([], [], color=mechanism_colour(m), marker="o", ms=4, lw=1.4, label=m)
-                   for m in mechs] + list(extra)
+        handles = [Line2D([], [], ms=4.5, lw=1.3, **mechanism_style(m)) for m in mechs]
+        handles += list(extra)
         fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 7),
                    frameon=False, bbox_to_anchor=(0.5, (0.02 + note_in) / height))
     return (legend_in + note_in + 0.05) / height
@@ -222,7 +268,7 @@ def fidelity_plots(f, config, stem, out):
             metric_panel(ax, summary, mechs, name, single)
             ax.set_title(METRICS[name].title)
         at = f"at T = {int(lengths[0])} slots (the study's only length)" if single else "vs length"
-        fig.suptitle(f"{stem}: chunk-selection fidelity {at}, "
+        suptitle(fig, f"{stem}: chunk-selection fidelity {at}, "
                      f"{n_of(summary, mechs, 'spearman')} (layers × heads)\n{SUMMARY_NOTE}")
         legend = [] if single else [m for m in mechs if m in summary]
         fig.tight_layout(rect=(0, bottom_strip(fig, legend, note=OUTPUT_ERROR_NOTE), 1, 1))
@@ -230,7 +276,7 @@ def fidelity_plots(f, config, stem, out):
         for ax, name in zip(axes, metrics):
             ax.set_title(METRICS[name].title)
             say_missing(ax, "summary")
-        fig.suptitle(f"{stem}: chunk-selection fidelity")
+        suptitle(fig, f"{stem}: chunk-selection fidelity")
         fig.tight_layout()
     paths.append(save(fig, out, f"{stem}_metrics.png"))
     return paths
@@ -251,16 +297,15 @@ def fidelity_scatter(head, mechs, stem, where, out):
         s = head[m]["surrogate"][()]
         rho = np.nanmean(head[m]["spearman"][()])
         ax.scatter(s[ok], L[ok], s=3, alpha=0.4, color=mechanism_colour(m), lw=0)
-        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="ŝ = L")
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
         ax.set_title(f"{m}   (mean Spearman ρ = {rho:.3f})", color=mechanism_colour(m))
         ax.set_xlabel("surrogate score ŝ(t, c) [nats]")
         if k % ncols == 0:
             ax.set_ylabel("exact chunk log-mass L(t, c) [nats]")
     for k in range(len(shown), nrows * ncols):
         axes[k // ncols][k % ncols].set_visible(False)
-    axes[0][0].legend(loc="upper left", frameon=False)
-    fig.suptitle(f"{stem}: surrogate score vs exact chunk log-mass ({where})\n"
-                 "one point per sampled query t and candidate chunk c ∈ V(t); "
+    suptitle(fig, f"{stem}: surrogate score vs exact chunk log-mass ({where})\n"
+                 "one point per sampled query t and candidate chunk c ∈ V(t); dashed: ŝ = L; "
                  "ρ: Spearman over V(t), mean over this head's queries")
     fig.tight_layout()
     return save(fig, out, f"{stem}_scatter.png")
@@ -285,7 +330,7 @@ def gap_entropy(head, mechs, stem, where, out):
         ax.set_title(m, color=mechanism_colour(m))
         ax.set_xlabel("entropy H(p_q) in the chunk [nats]")
     axes[0][0].set_ylabel("gap L − ŝ [nats]")
-    fig.suptitle(f"{stem}: gap between exact log-mass and surrogate vs the query's entropy "
+    suptitle(fig, f"{stem}: gap between exact log-mass and surrogate vs the query's entropy "
                  f"inside the chunk ({where})\n"
                  "H(p_q) = entropy of softmax over the chunk's logits; low: one key dominates "
                  "(Eq. 5). Own y scale per panel.")
@@ -309,7 +354,7 @@ def overlap_plots(f, config, stem, out):
     if "summary" not in f:
         fig, ax = plt.subplots(figsize=(6, 3))
         say_missing(ax, "summary")
-        fig.suptitle(f"{stem}: chunk overlap of adjacent queries ({mech})")
+        suptitle(fig, f"{stem}: chunk overlap of adjacent queries ({mech})")
         return [save(fig, out, f"{stem}_overlap.png")]
     s = f["summary"]
     lengths = s["lengths"][()]
@@ -339,9 +384,12 @@ def overlap_plots(f, config, stem, out):
     b.set_title(METRICS["overlap"].title)
     handles, _ = b.get_legend_handles_labels()
     handles.append(Line2D([], [], ls="--", lw=0.9, color=colour,
-                          label=f"inter-block reuse |U_b ∩ U_b−1| / |U_b|, M = {ov['final_block']}"))
-    b.legend(handles=handles, loc="lower right", frameon=False)
-    fig.suptitle(f"{stem}: chunk overlap of adjacent queries, mechanism {mech} "
+                          label=r"inter-block reuse $|U_b \cap U_{b-1}| \,/\, |U_b|$, "
+                          f"M = {ov['final_block']}"))
+    # Below the axes: overlap values fill the whole [0, 1] range, so no corner is free of data.
+    b.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False,
+             ncol=2)
+    suptitle(fig, f"{stem}: chunk overlap of adjacent queries, mechanism {mech} "
                  f"(S = {geometry['S']}, K = {geometry['K']}, last {ov['tail_queries']} queries)\n"
                  "mean over layers × KV groups; bars ±1 sd (clipped to [0, 1]), shading min–max")
     fig.tight_layout()
@@ -354,7 +402,7 @@ def loaded_union_bars(ax, s, lengths, final_block, colour):
     fc, fu, lf = s["final_candidates"][()], s["final_union"][()], s["loaded_fraction"][()]
     union, sd = col(fu, "mean"), np.nan_to_num(col(fu, "sd"))
     ax.bar(x - 0.2, col(fc, "mean"), width=0.4, color="#c8c8c8",
-           label="visible chunks |V(t_last)|")
+           label=r"visible chunks $|V(t_{last})|$")
     ax.bar(x + 0.2, union, width=0.4, yerr=sd, capsize=3, color=colour,
            label=f"loaded union of the last {final_block} queries, ±1 sd")
     top = max(np.nanmax(col(fc, "mean")), np.nanmax(union + sd))
@@ -371,7 +419,7 @@ def loaded_union_bars(ax, s, lengths, final_block, colour):
         ax.set_xlabel("context length T [slots]")
     ax.set_ylabel("chunks (count)")
     ax.set_title("loaded union vs visible chunks (label: loaded fraction |U| / |V|)")
-    ax.legend(loc="upper left", frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False, ncol=1)
 
 
 def extrapolation_plots(f, config, stem, out):
@@ -411,7 +459,7 @@ def extrapolation_plots(f, config, stem, out):
                 f"train length {train} slots)")
     else:
         what = f"fidelity as the context grows past the train length ({train} slots)"
-    fig.suptitle(f"{stem}: {what}, per positional encoding\n{SUMMARY_NOTE}")
+    suptitle(fig, f"{stem}: {what}, per positional encoding\n{SUMMARY_NOTE}")
     strip = bottom_strip(fig, [] if single else mechs, [train_line], OUTPUT_ERROR_NOTE)
     fig.tight_layout(rect=(0, strip, 1, 1))
     paths.append(save(fig, out, f"{stem}_metrics_vs_length.png"))
@@ -419,42 +467,88 @@ def extrapolation_plots(f, config, stem, out):
 
 
 def needle_grid(f, config, stem, out):
-    """Needle success rate [length x depth] per (encoding, mechanism), one colour bar."""
+    """Needle success rate [length x depth] per (encoding, mechanism), one colour bar.
+
+    Several lengths: a panel per (encoding, mechanism) with the lengths as rows. One length: a
+    panel per encoding with the mechanisms as rows (a length axis of one row says nothing).
+    """
     ex = config["extrapolation"]
     enc, mechs = ex["encodings"], config["mechanisms"]
     depths = f["needle/depths"][()]
     lengths = f["needle/lengths"][()]
-    fig, axes = plt.subplots(len(enc), len(mechs), figsize=(2.0 * len(mechs) + 1.2,
-                                                            1.9 * len(enc) + 1.1),
-                             squeeze=False, sharex=True, sharey=True)
+    single = len(lengths) == 1
+    grid = lambda e, m: f[f"needle/{e}/{m}/grid"][()] if f"needle/{e}/{m}/grid" in f else None
+    if single:
+        fig, axes = plt.subplots(1, len(enc), figsize=(0.55 * len(depths) * len(enc) + 2.6,
+                                                       0.32 * len(mechs) + 2.0),
+                                 squeeze=False, sharey=True)
+        panels = [(axes[0][i], e, None) for i, e in enumerate(enc)]
+    else:
+        fig, axes = plt.subplots(len(enc), len(mechs), figsize=(2.0 * len(mechs) + 1.2,
+                                                                1.9 * len(enc) + 1.1),
+                                 squeeze=False, sharex=True, sharey=True)
+        panels = [(axes[i][j], e, m) for i, e in enumerate(enc) for j, m in enumerate(mechs)]
     image = None
-    for i, e in enumerate(enc):
+    for ax, e, m in panels:
+        if single:
+            rows = [grid(e, name) for name in mechs]
+            values = np.vstack([r if r is not None else np.full((1, len(depths)), np.nan)
+                                for r in rows])
+            row_labels = mechs
+        else:
+            values = grid(e, m)
+            row_labels = [length_label(t) for t in lengths]
+        if values is None:
+            say_missing(ax, "grid")
+            continue
+        # Lengths grow upwards; mechanisms read top-down in the order of the legends.
+        image = ax.imshow(values, vmin=0, vmax=1, cmap="viridis", aspect="auto",
+                          origin="upper" if single else "lower")
+        annotate_cells(ax, values)
+        ax.set_xticks(range(len(depths)), [f"{d:g}" for d in depths])
+        ax.set_yticks(range(len(row_labels)), row_labels)
+        ax.tick_params(length=0)
+        if single:
+            for tick, name in zip(ax.get_yticklabels(), mechs):
+                tick.set_color(mechanism_colour(name))
+            ax.set_title(e)
+            ax.set_xlabel("needle depth")
+        else:
+            # The train length: rows above the line are longer than the model was trained on.
+            beyond = int(np.searchsorted(lengths, ex["train_length"], side="right"))
+            if 0 < beyond < len(lengths):
+                ax.axhline(beyond - 0.5, color="white", ls="--", lw=1.2)
+    if not single:
         for j, m in enumerate(mechs):
-            ax = axes[i][j]
-            key = f"needle/{e}/{m}/grid"
-            if key in f:
-                image = ax.imshow(f[key][()], vmin=0, vmax=1, cmap="viridis", aspect="auto",
-                                  origin="lower")
-            else:
-                say_missing(ax, "grid")
-            ax.set_xticks(range(len(depths)), [f"{d:g}" for d in depths])
-            ax.set_yticks(range(len(lengths)), [length_label(t) for t in lengths])
-            if i == 0:
-                ax.set_title(m, color=mechanism_colour(m))
-            if j == 0:
-                ax.set_ylabel(f"{e}\nT [slots]")
-            if i == len(enc) - 1:
-                ax.set_xlabel("needle depth")
-    fig.suptitle(f"{stem}: needle retrieval by selection: a key planted at a depth of the last "
-                 f"query's candidates (0 = oldest chunk, 1 = newest), logit "
-                 f"{ex['needle_logit']:g}\nfor that query; train length {ex['train_length']} "
-                 "slots; rows: positional encoding, columns: mechanism")
-    fig.tight_layout(rect=(0, 0, 0.91, 1))
+            axes[0][j].set_title(m, color=mechanism_colour(m))
+            axes[-1][j].set_xlabel("needle depth")
+        for i, e in enumerate(enc):
+            axes[i][0].set_ylabel(f"{e}\nT [slots]")
+    layout = ("one panel per positional encoding, one row per mechanism, "
+              f"at T = {int(lengths[0])} slots" if single else
+              "rows: positional encoding, columns: mechanism; white dashes: train length")
+    suptitle(fig, f"{stem}: needle retrieval by selection: a key planted at a depth of the last "
+                 f"query's candidates\n(0 = oldest chunk, 1 = newest), logit "
+                 f"{ex['needle_logit']:g} for that query; train length {ex['train_length']} "
+                 f"slots\n{layout}")
+    right = 1.0 - 1.0 / fig.get_figwidth()
+    fig.tight_layout(rect=(0, 0, right, 1))
     if image is not None:
-        bar_ax = fig.add_axes((0.925, 0.15, 0.014, 0.65))
+        bar_ax = fig.add_axes((right + 0.1 / fig.get_figwidth(), 0.15,
+                               0.12 / fig.get_figwidth(), 0.6))
         bar = fig.colorbar(image, cax=bar_ax)
-        bar.set_label("fraction of KV groups whose selection\nI(t_last) holds the needle's chunk")
+        bar.set_label("success: fraction of KV groups whose\nselection I(t_last) holds the "
+                      "needle's chunk", fontsize=7.5)
     return save(fig, out, f"{stem}_needle.png")
+
+
+def annotate_cells(ax, values):
+    """[rows x cols] values drawn by imshow -> each cell's value written in it (readable on the
+    dark and the light end of viridis)."""
+    for (r, c), v in np.ndenumerate(values):
+        if np.isfinite(v):
+            ax.text(c, r, f"{v:.2g}", ha="center", va="center", fontsize=7,
+                    color="white" if v < 0.6 else "black")
 
 
 def save(fig, out, name):
@@ -506,6 +600,9 @@ def main():
               "extrapolation", file=sys.stderr)
         return 2
     missing = missing_summaries(f, config, study)
+    global INCOMPLETE_LINE
+    INCOMPLETE_LINE = ("INCOMPLETE RUN (interrupted?): run the same command again to resume it"
+                       if missing else "")
     if missing:
         print(f"{a.results}: note: the run is incomplete (interrupted?): no {', '.join(missing)} "
               "unit yet, so panels may be empty or partial; run the same command again to "

@@ -20,9 +20,10 @@ rm -rf "$work" && mkdir -p "$work" && cd "$work"
 small=(--lengths 256 512 --layers 3 --queries 8 --mechanisms mean taylor_entropy)
 
 if [[ $case_name == same_results ]]; then
-  "$hils" -q fidelity --out fidelity_1.h5 "${small[@]}"
-  mpi 2 fidelity --out fidelity_2.h5 "${small[@]}"
-  mpi 3 fidelity --out fidelity_3.h5 "${small[@]}"
+  # W = 128 so that T = 256 and 512 have queries with retrieval candidates (fidelity refuses none).
+  "$hils" -q fidelity --out fidelity_1.h5 "${small[@]}" --W 128
+  mpi 2 fidelity --out fidelity_2.h5 "${small[@]}" --W 128
+  mpi 3 fidelity --out fidelity_3.h5 "${small[@]}" --W 128
   same fidelity_1.h5 fidelity_2.h5 && same fidelity_1.h5 fidelity_3.h5
   "$hils" -q overlap --out overlap_1.h5 --lengths 256 512 --layers 2 --W 128
   mpi 3 overlap --out overlap_3.h5 --lengths 256 512 --layers 2 --W 128
