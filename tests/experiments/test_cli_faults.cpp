@@ -348,3 +348,19 @@ TEST_CASE("hils verify refuses an empty /queries instead of passing it vacuously
   CHECK(r.exit_code == 2);  // was exit 0: an empty list read as "every query"
   CHECK_THAT(r.output, Catch::Contains("queries: expected at least one query slot"));
 }
+
+TEST_CASE("a report cut short on the standard output (full disk) is exit 2, not 0",
+          "[cli][faults]") {
+  TempDir dir("stdout_full");
+  auto acts = write_small(dir);
+  const auto report = dir / "info.json";
+  auto whole = run_shell("'" + std::string(HILS_EXE) + "' info " + q(acts) + " --json > " +
+                         q(report));
+  REQUIRE(whole.exit_code == 0);
+  REQUIRE(fs::file_size(report) > 1024);  // longer than the limit below
+  auto cut = run_shell("(ulimit -f 1 && '" + std::string(HILS_EXE) + "' info " + q(acts) +
+                       " --json > " + q(report) + ") 2>&1");
+  INFO(cut.output);
+  CHECK(cut.exit_code == 2);  // was 0 with the JSON cut at 1024 bytes
+  CHECK_THAT(cut.output, Catch::Contains("expected room to write the standard output"));
+}
