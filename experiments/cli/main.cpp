@@ -60,6 +60,7 @@ void make_output_folder(const std::filesystem::path& folder, const std::string& 
   std::error_code ec;
   if (folder.empty()) throw BadInput(option + ": expected a folder name, got ''");
   std::filesystem::create_directories(folder, ec);
+  const std::string reason = ec ? ": " + ec.message() : "";  // the checks below reuse ec
   if (!ec && std::filesystem::is_directory(folder, ec)) return;
   // Name the first component that is in the way (a regular file where a folder must be).
   std::filesystem::path part;
@@ -69,8 +70,7 @@ void make_output_folder(const std::filesystem::path& folder, const std::string& 
       throw BadInput(option + ": cannot create the folder " + folder.string() + ": " +
                      part.string() + " is a file, not a folder");
   }
-  throw BadInput(option + ": cannot create the folder " + folder.string() +
-                 (ec ? ": " + ec.message() : ""));
+  throw BadInput(option + ": cannot create the folder " + folder.string() + reason);
 }
 
 void require_distinct_files(const std::filesystem::path& input, const std::string& input_option,

@@ -3,6 +3,8 @@
 // (exit 2) with nothing lost and nothing left behind.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <fstream>
 #include <algorithm>
 #include <iterator>
@@ -363,4 +365,36 @@ TEST_CASE("a report cut short on the standard output (full disk) is exit 2, not 
   INFO(cut.output);
   CHECK(cut.exit_code == 2);  // was 0 with the JSON cut at 1024 bytes
   CHECK_THAT(cut.output, Catch::Contains("expected room to write the standard output"));
+}
+
+TEST_CASE("an unreadable input and an uncreatable output folder say why (permission denied)",
+          "[cli][faults]") {
+  // Root reads everything: run hils as nobody then (setpriv, util-linux).
+  std::string as_user;
+  if (::geteuid() == 0) {
+    if (run_shell("command -v setpriv >/dev/null").exit_code != 0)
+      SKIP("running as root without setpriv: permissions cannot be exercised");
+    as_user = "setpriv --reuid=65534 --regid=65534 --clear-groups ";
+  }
+  TempDir dir("permissions");
+  fs::permissions(dir.path(), fs::perms::all);  // traversable by the other user
+  auto acts = write_small(dir);
+  fs::permissions(acts, fs::perms::owner_read | fs::perms::owner_write);
+  fs::create_directory(dir / "locked");
+  fs::permissions(dir / "locked", fs::perms::owner_all);
+  const std::string hils = as_user + "'" + std::string(HILS_EXE) + "' ";
+  if (::geteuid() != 0) fs::permissions(acts, fs::perms::none);
+  auto unreadable = run_shell(hils + "info " + q(acts) + " 2>&1");
+  INFO(unreadable.output);
+  CHECK(unreadable.exit_code == 2);  // was "found a file without the HDF5 signature"
+  CHECK_THAT(unreadable.output, Catch::Contains("expected a file this user can read, found "
+                                                "Permission denied"));
+  if (::geteuid() != 0) fs::permissions(dir / "locked", fs::perms::owner_read);
+  auto folder = run_shell(hils + "studies --out " + q(dir / "locked" / "sub") + " --no-model -q 2>&1");
+  INFO(folder.output);
+  CHECK(folder.exit_code == 2);  // the reason was lost
+  CHECK_THAT(folder.output, Catch::Contains("cannot create the folder " + (dir / "locked" / "sub").string() +
+                                            ": Permission denied"));
+  fs::permissions(dir / "locked", fs::perms::owner_all);
+  fs::permissions(acts, fs::perms::owner_all);
 }
