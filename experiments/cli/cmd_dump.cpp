@@ -74,13 +74,15 @@ double synthetic_bytes(const sources::SyntheticParams& p) {
 
 void dump_synthetic(const SyntheticFlags& f) {
   sources::SyntheticParams params;
+  nlohmann::json toml = nlohmann::json::object();
   if (!f.config.empty()) {
-    auto toml = config::load_toml(f.config);
-    config::require_known_keys(toml, {"synthetic"}, f.config);
+    toml = config::load_toml(f.config, config::synthetic_schema());
     if (toml.contains("synthetic"))
       config::apply_synthetic_json(params, toml["synthetic"], f.config + ": [synthetic]");
   }
   config::apply_synthetic_json(params, f.given, "flags");
+  config::check_naming_file([&] { params.validate(); }, toml.value("synthetic", nlohmann::json()),
+                            f.given, f.config + ": [synthetic]");
   auto storage = storage_of(f.precision);
   require_fits_in_memory(synthetic_bytes(params), "-T, --Hq, --Hkv, -d, --dv");
   auto sample = sources::generate(params);
