@@ -343,9 +343,8 @@ void register_study(CLI::App& app, const std::string& name, const std::string& d
 }
 
 void add_study_options(CLI::App* cmd, StudyArgs& a) {
-  cmd->add_option("--config", a.config, "study config (TOML, see experiments/configs/)")
-      ->check(CLI::ExistingFile);
-  cmd->add_option("-o,--out", a.out, "results file (.h5); an existing one is resumed");
+  add_config_option(cmd, &a.config, "study config (TOML, see experiments/configs/)");
+  add_output_option(cmd, &a.out, "results file (.h5); an existing one is resumed");
   cmd->add_option("--source", a.source,
                   "synthetic | model | activations (default: the config's [source] kind, else "
                   "synthetic)")
@@ -487,7 +486,7 @@ void register_studies(CLI::App& app) {
   auto out = std::make_shared<std::string>("results");
   auto model_dir = std::make_shared<std::string>();
   auto skip_model = std::make_shared<bool>(false);
-  cmd->add_option("-o,--out", *out, "folder for the results files and plots (created)");
+  add_output_option(cmd, out.get(), "folder for the results files and plots (created)");
   cmd->add_option("--model-dir", *model_dir, "folder of the real model's files");
   cmd->add_flag("--no-model", *skip_model, "skip the real-model runs");
   cmd->callback([out, model_dir, skip_model] {
