@@ -411,8 +411,10 @@ TEST_CASE("an unreadable input and an uncreatable output folder say why (permiss
   // Root reads everything: run hils as nobody then (setpriv, util-linux).
   std::string as_user;
   if (::geteuid() == 0) {
-    if (run_shell("command -v setpriv >/dev/null").exit_code != 0)
-      SKIP("running as root without setpriv: permissions cannot be exercised");
+    if (run_shell("command -v setpriv >/dev/null").exit_code != 0) {
+      WARN("running as root without setpriv: permissions cannot be exercised");
+      return;  // Catch2 v2 has no SKIP
+    }
     as_user = "setpriv --reuid=65534 --regid=65534 --clear-groups ";
   }
   TempDir dir("permissions");
