@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 #include <set>
+#include <sstream>
 
 #include "hils/analysis/oracle.hpp"
 #include "oracle_gradients.hpp"
@@ -126,19 +127,36 @@ struct Context {
   std::vector<Matrix<double>> conditioning;  // per KV group: score_conditioning
 };
 
-// Inputs in double -> the same inputs rounded to float (the baseline's inputs).
+// Inputs in double -> the same inputs rounded to float (the baseline's inputs). A value beyond
+// float's range would become Inf there: refused, naming it (a kernel's fp32 or bf16 inputs
+// cannot hold it either).
 AttentionInputs<float> to_float(const AttentionInputs<double>& in) {
   AttentionInputs<float> out;
-  auto cast = [](const std::vector<Matrix<double>>& heads) {
+  auto cast = [](const std::vector<Matrix<double>>& heads, const std::string& name) {
+    constexpr double kFloatMax = std::numeric_limits<float>::max();
     std::vector<Matrix<float>> r;
-    for (const auto& x : heads) r.push_back(x.cast<float>());
+    for (size_t h = 0; h < heads.size(); ++h) {
+      const Matrix<double>& x = heads[h];
+      if (x.size() > 0 && x.cwiseAbs().maxCoeff() > kFloatMax) {
+        Eigen::Index i = 0, j = 0;
+        x.cwiseAbs().maxCoeff(&i, &j);
+        std::ostringstream found;
+        found.precision(3);
+        found << x(i, j);
+        throw InvalidArgument(name + "[" + std::to_string(h) + "](" + std::to_string(i) + ", " +
+                              std::to_string(j) + "): expected a value within float's range "
+                              "(|x| <= 3.4e38: the kernel's inputs are fp32 or bf16), got " +
+                              found.str());
+      }
+      r.push_back(x.cast<float>());
+    }
     return r;
   };
-  out.q = cast(in.q);
-  out.k = cast(in.k);
-  out.v = cast(in.v);
-  out.q_retrieval = cast(in.q_retrieval);
-  out.prior = cast(in.prior);
+  out.q = cast(in.q, "q");
+  out.k = cast(in.k, "k");
+  out.v = cast(in.v, "v");
+  out.q_retrieval = cast(in.q_retrieval, "q_retrieval");
+  out.prior = cast(in.prior, "prior");
   return out;
 }
 

@@ -230,6 +230,10 @@ VerifyFile read_verify_file(const fs::path& file) {
     io::require_integer(file, "queries", ds);
     io::require_dims(file, "queries", ds, {-1}, "(queries)");
     v.options.queries = io::read_int64s(ds);
+    // An empty list would read as "every query" (the oracle's default): say what is meant.
+    if (v.options.queries.empty())
+      io::fail(file, "queries", "at least one query slot (omit /queries to compare all T)",
+               "an empty dataset");
   }
   if (!io::has_object(root, "outputs") && !io::has_object(root, "grads"))
     io::fail(file, "outputs", "a group of kernel outputs (at least o) or of gradients (grads)",
