@@ -86,13 +86,18 @@ def _inputs(q, k, v, q_retrieval, prior):
 
 
 def verify(spec, q, k, v, outputs, *, input_precision="fp32", score_precision="fp32",
-           q_retrieval=None, prior=None, queries=None, kernel=None, max_messages=8,
+           bf16_rounding="detect", q_retrieval=None, prior=None, queries=None, kernel=None, max_messages=8,
            do=None, dlse=None, grads=None):
     """Judges a kernel's outputs against the reference in double (truth) and float (baseline).
 
     spec: a dict with the verify file's spec keys ({"preset": "nsa", "S": 64, "W": 512, ...}).
     outputs: {name: array}; a stage that is absent (or None) is not compared.
     input_precision / score_precision: "fp32" or "bf16" (data/verify_format.md).
+    bf16_rounding: how a bf16-score kernel converts its summaries and scores to bf16, as the
+    verify file's bf16_rounding attribute says it: "detect" (read from a bf16-stored lse or o,
+    else either is accepted), "any", "nearest" or "toward_zero". Declaring "nearest" gives the
+    statistics over all lse rows their full power (data/verify_format.md "Statistics over all
+    rows").
     queries: the query slots computed (strictly ascending), when not all T.
     kernel: a name for the report. max_messages: problems listed per tensor.
     do, dlse, grads: a backward kernel's upstream gradients do [Hq, T, dv] (dlse [Hq, T]
@@ -121,6 +126,7 @@ def verify(spec, q, k, v, outputs, *, input_precision="fp32", score_precision="f
         _spec_json(spec), _inputs(q, k, v, q_retrieval, prior), kernel_outputs,
         _text(input_precision, "input_precision", '"fp32" or "bf16"'),
         _text(score_precision, "score_precision", '"fp32" or "bf16"'),
+        _text(bf16_rounding, "bf16_rounding", '"detect", "any", "nearest" or "toward_zero"'),
         _queries(queries), int(max_messages),
         "" if kernel is None else _text(kernel, "kernel", "a name (str)"),
         None if do is None else as_numpy(do, "do"), None if dlse is None else as_numpy(dlse, "dlse"),

@@ -12,16 +12,17 @@ from . import verify
 
 
 def assert_kernel_matches(spec, q, k, v, outputs, *, input_precision="fp32",
-                          score_precision="fp32", q_retrieval=None, prior=None, queries=None,
-                          kernel=None, max_messages=8, do=None, dlse=None, grads=None):
+                          score_precision="fp32", bf16_rounding="detect", q_retrieval=None,
+                          prior=None, queries=None, kernel=None, max_messages=8, do=None,
+                          dlse=None, grads=None):
     """hils.verify with the same arguments; raises AssertionError whose message is the report
     (preceded by the kernel's name when given) when the kernel fails, returns the Report when
     it passes."""
     __tracebackhide__ = True  # pytest shows the caller's line, not this one
     report = verify(spec, q, k, v, outputs, input_precision=input_precision,
-                    score_precision=score_precision, q_retrieval=q_retrieval, prior=prior,
-                    queries=queries, kernel=kernel, max_messages=max_messages, do=do,
-                    dlse=dlse, grads=grads)
+                    score_precision=score_precision, bf16_rounding=bf16_rounding,
+                    q_retrieval=q_retrieval, prior=prior, queries=queries, kernel=kernel,
+                    max_messages=max_messages, do=do, dlse=dlse, grads=grads)
     if not report.passed:
         raise AssertionError(("" if kernel is None else f"kernel {kernel}\n") + str(report))
     return report

@@ -158,12 +158,13 @@ std::vector<int64_t> queries_from(const py::object& queries) {
 // hils.verify's engine: arrays are converted while the GIL is held, the oracle runs without it.
 Report verify(const std::string& spec_text, const py::dict& inputs, const py::dict& outputs,
               const std::string& input_precision, const std::string& score_precision,
-              const py::object& queries, int64_t max_messages, const std::string& kernel,
+              const std::string& bf16_rounding, const py::object& queries, int64_t max_messages, const std::string& kernel,
               const py::object& d_o, const py::object& d_lse, const py::dict& grads) {
   const MechanismSpec spec = spec_from_text(spec_text);
   oracle::VerifyOptions options;
   options.precision = oracle::parse_input_precision(input_precision, "input_precision");
   options.score_precision = oracle::parse_input_precision(score_precision, "score_precision");
+  options.bf16_rounding = oracle::parse_bf16_rounding(bf16_rounding, "bf16_rounding");
   require(max_messages >= 1, "max_messages", "at least 1", std::to_string(max_messages));
   options.max_messages = max_messages;
   options.queries = queries_from(queries);
@@ -328,7 +329,7 @@ PYBIND11_MODULE(_core, m) {
       });
 
   m.def("verify", &verify, py::arg("spec_json"), py::arg("inputs"), py::arg("outputs"),
-        py::arg("input_precision"), py::arg("score_precision"), py::arg("queries"),
+        py::arg("input_precision"), py::arg("score_precision"), py::arg("bf16_rounding"), py::arg("queries"),
         py::arg("max_messages"), py::arg("kernel"), py::arg("do"), py::arg("dlse"),
         py::arg("grads"));
   m.def("reference", &reference, py::arg("spec_json"), py::arg("inputs"), py::arg("queries"));

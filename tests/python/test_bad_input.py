@@ -107,6 +107,10 @@ def test_other_argument_errors(good):
     q, k, v, out = good
     check(ValueError, lambda: hils.verify(SPEC, q, k, v, {"O": out["o"]}), "outputs: unknown key 'O'")
     check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, input_precision="fp16"), "input_precision")
+    # The same message as `hils verify` gives for the file's bf16_rounding attribute.
+    check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, bf16_rounding="up"),
+          'bf16_rounding: expected "detect", "any", "nearest" or "toward_zero", got "up"')
+    check(TypeError, lambda: hils.verify(SPEC, q, k, v, out, bf16_rounding=None), "bf16_rounding")
     check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, queries=[5, 3]), "queries[1]", "strictly ascending")
     check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, queries=[0, 131]), "queries[1]")
     check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, max_messages=0), "max_messages")

@@ -125,3 +125,28 @@ def test_empty_outputs_fail():
     q, k, v = case_inputs("gqa_group4")
     report = hils.verify(case_spec("full", "gqa_group4"), q, k, v, {})
     assert not report.passed and "nothing to compare" in str(report)
+
+
+def test_bf16_rounding_declared_to_nearest_catches_a_small_logit_scale():
+    # A bf16-score hils kernel that keeps lse in fp32 computed with sigma 0.2% too small: the
+    # shift a truncating kernel's roundings make points the same way, so with nothing stored in
+    # bf16 to read the conversions from ("detect") it is accepted; declared to nearest, the
+    # logit-scale statistic fails it (data/verify_format.md "Statistics over all rows").
+    q, k, v = (round_to_bf16(x) for x in case_inputs("gqa_group4"))
+    spec = case_spec("hils", "gqa_group4")
+    run = hils.reference(dict(spec, scale=0.998 / np.sqrt(q.shape[2])), q, k, v)
+    out = {"o": run["o"], "lse": run["lse"], "selection": run["selection"]}
+
+    def judged(rounding):
+        return hils.verify(spec, q, k, v, out, input_precision="bf16", score_precision="bf16",
+                           bf16_rounding=rounding)
+
+    assert judged("detect").passed and judged("toward_zero").passed
+    assert "conversions either (no bf16-stored lse or o" in str(judged("detect"))
+    nearest = judged("nearest")
+    assert not nearest.passed
+    assert "lse: logit scale statistic" in str(nearest) and "to nearest (declared)" in str(nearest)
+    correct = hils.reference(spec, q, k, v)
+    assert hils.verify(spec, q, k, v, {"o": correct["o"], "lse": correct["lse"],
+                                       "selection": correct["selection"]},
+                       input_precision="bf16", score_precision="bf16", bf16_rounding="nearest").passed
