@@ -78,13 +78,14 @@ void summarize(const MechanismSpec& spec, const Shape& shape, const DeviceInputs
 void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                       const float* key, const float* bias, float* scores,
                       cudaStream_t stream = nullptr);
-// Which packed selection kernel runs (gpu/NOTES.md has each version's numbers). Both give the
-// same selection. two_pass_v4 is the default: it measured 2.9x faster at T = 512K (v5's G
-// per-head top-K lists cost more than the scoring pass it saves). one_pass_v5 applies to the
+// Which packed selection kernel runs (gpu/NOTES.md has each version's numbers). All give the
+// same selection and the same selected scores. two_pass_v6 is the default (the fastest
+// measured); v4 and v5 stay reachable as the benchmark's baselines. one_pass_v5 applies to the
 // default group rule (max_normalized); for the others it falls back to two_pass_v4.
 enum class SelectKernel {
   two_pass_v4,  // pass 1: log Z_hat per head; pass 2: group scores offered to the top-K lists
   one_pass_v5,  // per head a running log Z_hat and its K best; the union ranked at the end
+  two_pass_v6,  // v4 plus a pass-1 lower bound of the K-th group score that prunes the offers
 };
 
 // Selection per KV group (reference/SEMANTICS.md §4): [Hkv, T, K], ascending, -1 padded, ties to
@@ -94,7 +95,7 @@ void select_chunks(const MechanismSpec& spec, const Shape& shape, const DeviceIn
                    const float* key, const float* bias, const float* exact,
                    const float* lse_swa, int32_t* selection, float* selected_score,
                    cudaStream_t stream = nullptr,
-                   SelectKernel kernel = SelectKernel::two_pass_v4);
+                   SelectKernel kernel = SelectKernel::two_pass_v6);
 // Fusion (reference/SEMANTICS.md §5) of a given selection: hierarchical (Eq. 10) or flat (Eq. 3).
 // selected_score is needed for hierarchical fusion only.
 void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
