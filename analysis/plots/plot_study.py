@@ -3,12 +3,23 @@
 
 Usage: /usr/bin/python3 plot_study.py RESULTS.h5 --out FOLDER [--list FILE]
 Exit 2 when the file is not a study results file.
+
+What every figure shares, so that figures can be read side by side:
+- a mechanism has one colour in every figure (MECHANISM_COLOURS, through mechanism_colour);
+- a metric has one title, one axis label that defines it, and one range (METRICS); intervals
+  drawn for it are clipped to that range (a Student-t interval of a mean of Spearman values can
+  pass 1; the statistic cannot);
+- a study of a single length shows its mechanisms side by side at that length, not a length axis;
+- a panel without data says why in the panel (an interrupted run), never stays blank.
+The definitions are those of reference/SEMANTICS.md §9 and data/results_format.md.
 """
 import argparse
 import json
 import math
 import os
 import sys
+import zlib
+from typing import NamedTuple
 
 import h5py
 import matplotlib
@@ -16,186 +27,534 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.colors import to_rgb  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 COLS = ["n", "mean", "sd", "min", "max", "ci_low", "ci_high", "confidence"]
 
+# One look for every figure: fonts a printed page can read, no clipped labels.
+plt.rcParams.update({
+    "font.size": 9, "axes.titlesize": 9.5, "axes.labelsize": 9, "xtick.labelsize": 8,
+    "ytick.labelsize": 8, "legend.fontsize": 8, "figure.titlesize": 10.5,
+    "savefig.dpi": 130, "axes.spines.top": False, "axes.spines.right": False,
+})
+
+# The one colour of each mechanism in every figure (Okabe-Ito palette: colour-blind safe).
+MECHANISM_COLOURS = {
+    "mean": "#0072B2",            # blue
+    "landmark_key": "#E69F00",    # orange
+    "taylor": "#009E73",          # bluish green
+    "taylor_entropy": "#D55E00",  # vermillion
+    "max_logit": "#CC79A7",       # reddish purple
+    "naive_bsa": "#000000",       # black: the exact top-K by L, the reference choice
+    "hils": "#D55E00",            # the preset taylor_entropy runs
+    "nsa": "#0072B2",             # the preset mean runs
+    "lmk": "#E69F00",             # the preset landmark_key runs
+    "full": "#777777",
+    "swa": "#999999",
+}
+# And one marker each, so that mechanisms whose values coincide (lines drawn over each other)
+# still show, and so that a grey-scale print tells them apart.
+MECHANISM_MARKERS = {
+    "mean": "o", "landmark_key": "s", "taylor": "^", "taylor_entropy": "D", "max_logit": "v",
+    "naive_bsa": "x", "hils": "P", "nsa": "h", "lmk": "X", "full": "*", "swa": "<",
+}
+SPARE_MARKERS = ["p", ">", "d", "8", "H", "1", "2"]
+# Mechanisms the table does not name (presets, "<key>+<bias>"): a colour chosen by the name's
+# CRC, so the same name gets the same colour in every figure and every run.
+SPARE_COLOURS = ["#56B4E9", "#8C564B", "#BCBD22", "#7F7F7F", "#17BECF", "#9467BD", "#F0E442"]
+
+
+def mechanism_colour(name):
+    """mechanism name -> its colour, the same in every figure."""
+    if name in MECHANISM_COLOURS:
+        return MECHANISM_COLOURS[name]
+    return SPARE_COLOURS[zlib.crc32(name.encode()) % len(SPARE_COLOURS)]
+
+
+def mechanism_marker(name):
+    """mechanism name -> its marker, the same in every figure."""
+    if name in MECHANISM_MARKERS:
+        return MECHANISM_MARKERS[name]
+    return SPARE_MARKERS[zlib.crc32(name.encode()) % len(SPARE_MARKERS)]
+
+
+def mechanism_style(name):
+    """mechanism name -> the colour, marker and legend label of its points in every figure."""
+    return dict(color=mechanism_colour(name), marker=mechanism_marker(name), label=name,
+                mfc="white" if name == "naive_bsa" else mechanism_colour(name))
+
+
+class Metric(NamedTuple):
+    title: str    # what the panel shows, in words
+    axis: str     # the definition (reference/SEMANTICS.md §9), as the y-axis label
+    low: float    # the range the statistic can take; intervals are clipped to it
+    high: float
+
+
+# Per sampled query t, candidate chunks V(t), exact log-mass L(t,c), Z = exp L, surrogate ŝ,
+# I_ŝ the K chunks the mechanism selects, I_L the K chunks of largest L.
+METRICS = {
+    "spearman": Metric("rank correlation of ŝ and L", r"Spearman $\rho(\hat s, L)$ over $V(t)$",
+                       -1.0, 1.0),
+    "topk_recall": Metric("top-K recall", r"$|I_{\hat s} \cap I_L| \;/\; |I_L|$", 0.0, 1.0),
+    "mass_recall": Metric("mass recall", r"$\Sigma_{I_{\hat s}} Z \;/\; \Sigma_{I_L} Z$",
+                          0.0, 1.0),
+    "covered_mass": Metric("covered attention mass",
+                           r"$(\Sigma_{I_{\hat s}} Z + Z_{win}) \;/\; (\Sigma_{V} Z + Z_{win})$",
+                           0.0, 1.0),
+    "output_error": Metric("output error vs full attention",
+                           "relative output error\n"
+                           r"$\Vert o_t - o^{full}_t\Vert_2 \;/\; \Vert o^{full}_t\Vert_2$", 0.0, math.inf),
+    "overlap": Metric("overlap of a block of M adjacent queries",
+                      "normalized overlap\n"
+                      r"$(\Sigma|I_m| - |\cup I_m|) \,/\, (\Sigma|I_m| - \max|I_m|)$",
+                      0.0, 1.0),
+    "gap_mean": Metric("mean gap L − ŝ", r"mean of $L - \hat s$ over $V(t)$ [nats]",
+                       -math.inf, math.inf),
+}
+SUMMARY_NOTE = ("points: mean over (layer, head) of each head's mean over its sampled queries; "
+                "bars: 95% Student-t interval of that mean, clipped to the metric's range")
+OUTPUT_ERROR_NOTE = (r"output error: $o_t$ is one query head's output row at sampled query $t$, "
+                     r"$o^{full}_t$ full causal attention of that query over every attendable slot "
+                     r"$\leq t$ (no selection); $\Vert\cdot\Vert_2$: Euclidean norm over the "
+                     "value dimension")
+
+
+# Set by main when the run is incomplete: the first line of every figure's title then, so that a
+# PNG seen on its own (in a paper draft, a chat) still says it shows an unfinished run.
+INCOMPLETE_LINE = ""
+
+
+def suptitle(fig, text):
+    """A figure and its title -> the title set, led by the incomplete-run line when there is
+    one (in red)."""
+    if INCOMPLETE_LINE:
+        fig.suptitle(f"{INCOMPLETE_LINE}\n{text}", color="#aa0000")
+    else:
+        fig.suptitle(text)
+
 
 def col(rows, name):
+    """[n_lengths, 8] summary rows -> the column `name`."""
     return rows[:, COLS.index(name)]
 
 
-def mechanisms_of(group):
-    return [m for m in group.keys() if m not in ("lengths", "block_sizes")]
+def clipped_interval(rows, metric):
+    """[n, 8] summary rows -> mean, and its interval [lo, hi] clipped to the metric's range."""
+    y = col(rows, "mean")
+    lo = np.clip(col(rows, "ci_low"), metric.low, metric.high)
+    hi = np.clip(col(rows, "ci_high"), metric.low, metric.high)
+    return y, lo, hi
+
+
+def yerr_of(y, lo, hi):
+    """mean and interval -> matplotlib's [2, n] error-bar lengths (0 where undefined)."""
+    return np.nan_to_num(np.vstack([np.maximum(y - lo, 0.0), np.maximum(hi - y, 0.0)]))
+
+
+def length_label(T):
+    """slots -> '4K' style tick label."""
+    T = int(T)
+    return f"{T // 1024}K" if T >= 1024 and T % 1024 == 0 else str(T)
+
+
+def say_missing(ax, what):
+    """An axes without data -> a visible note in it instead of a blank panel."""
+    ax.text(0.5, 0.5, f"no {what} in the file\n(run interrupted? run it again to resume)",
+            ha="center", va="center", transform=ax.transAxes, fontsize=8, color="#aa0000")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def length_axis(ax, lengths):
+    """An axes -> a log2 length axis ticked at the study's own lengths."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [length_label(t) for t in lengths])
+    ax.minorticks_off()
+    ax.set_xlabel("context length T [slots]")
+
+
+DODGE = 0.04  # between neighbouring mechanisms on a length axis, in steps between lengths
+
+
+def metric_panel(ax, summary, mechs, name, single_length):
+    """One metric of a summary group -> mean and clipped interval per mechanism on `ax`.
+
+    Several lengths: a line per mechanism over a length axis. One length: the mechanisms side
+    by side (categorical axis), since a length axis with one point says nothing.
+    """
+    metric = METRICS[name]
+    lengths = summary["lengths"][()]
+    shown = [m for m in mechs if m in summary and name in summary[m]]
+    steps = np.diff(np.log2(lengths))
+    dodge = DODGE * (steps.min() if len(steps) else 1.0)
+    for i, m in enumerate(shown):
+        y, lo, hi = clipped_interval(summary[m][name][()], metric)
+        # The reference choice (naive_bsa, black) goes under the others, which it often equals.
+        style = dict(mechanism_style(m), ms=4.5, capsize=3,
+                     zorder=1.5 if m == "naive_bsa" else 2.5)
+        if single_length:
+            ax.errorbar([i], y, yerr=yerr_of(y, lo, hi), ls="none", **style)
+        else:
+            # Each mechanism a little to the side (a fixed factor on the log axis), so that equal
+            # values and their intervals stay visible side by side instead of one hiding another.
+            x = lengths * 2.0 ** (dodge * (i - (len(shown) - 1) / 2))
+            ax.errorbar(x, y, yerr=yerr_of(y, lo, hi), lw=1.3, **style)
+    if single_length:
+        ax.set_xticks(range(len(shown)), shown, rotation=35, ha="right")
+        for tick, m in zip(ax.get_xticklabels(), shown):
+            tick.set_color(mechanism_colour(m))
+        ax.set_xlim(-0.6, len(shown) - 0.4)
+    else:
+        length_axis(ax, lengths)
+    ax.set_ylabel(metric.axis)
+    if metric.low == 0.0 and metric.high == math.inf:
+        ax.set_ylim(bottom=0.0)  # an error: its size is read against zero
+    ax.grid(axis="y", lw=0.4, alpha=0.5)
+
+
+def bottom_strip(fig, mechs=(), extra=(), note=""):
+    """A figure -> its mechanism legend and a footnote in a strip below the panels.
+
+    Returns the fraction of the figure's height the strip takes (tight_layout's rect bottom).
+    """
+    height = fig.get_figheight()
+    legend_in, note_in = (0.35 if mechs else 0.0), (0.25 if note else 0.0)
+    if note:
+        fig.text(0.5, 0.08 / height, note, ha="center", va="bottom", fontsize=7.5,
+                 color="#444444")
+    if mechs:
+        handles = [Line2D([], [], ms=4.5, lw=1.3, **mechanism_style(m)) for m in mechs]
+        handles += list(extra)
+        fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 7),
+                   frameon=False, bbox_to_anchor=(0.5, (0.02 + note_in) / height))
+    return (legend_in + note_in + 0.05) / height
+
+
+def n_of(summary, mechs, name):
+    """The sample sizes n (values per length) of a metric's summaries, as text."""
+    ns = sorted({int(v) for m in mechs if m in summary and name in summary[m]
+                 for v in col(summary[m][name][()], "n") if np.isfinite(v)})
+    return "n = " + ", ".join(str(v) for v in ns) if ns else "n = 0"
 
 
 def fidelity_plots(f, config, stem, out):
-    """Surrogate-vs-true scatter, gap vs intra-chunk entropy, rank correlation per length."""
+    """Surrogate-vs-true scatter, gap vs intra-chunk entropy, the four metrics per mechanism."""
     paths = []
     mechs = config.get("mechanisms", [])
-    T = config["lengths"][-1]
-    unit = f[f"T{T}/layer0/group0"]
-    head = unit[sorted(k for k in unit.keys() if k.startswith("head"))[0]]
-    if "exact" in head:
-        L = head["exact"][()]
-        ok = np.isfinite(L)
-        shown = [m for m in mechs if m in head and "surrogate" in head[m]]
-        fig, axes = plt.subplots(1, len(shown), figsize=(3.2 * len(shown), 3.2), squeeze=False)
-        for ax, m in zip(axes[0], shown):
-            s = head[m]["surrogate"][()]
-            rho = np.nanmean(head[m]["spearman"][()])
-            ax.scatter(s[ok], L[ok], s=3, alpha=0.35)
-            lo, hi = np.nanmin(L[ok]), np.nanmax(L[ok])
-            ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="s = L")
-            ax.set_title(f"{m}\nmean Spearman {rho:.3f}", fontsize=9)
-            ax.set_xlabel("surrogate score ŝ")
-        axes[0][0].set_ylabel("true chunk log-mass L")
-        fig.suptitle(f"{stem}: surrogate vs true chunk mass (T={T}, layer 0, {head.name.split('/')[-1]})",
-                     fontsize=10)
-        fig.tight_layout()
-        paths.append(save(fig, out, f"{stem}_scatter.png"))
+    done = [T for T in config["lengths"] if f"T{T}/layer0/group0" in f]
+    if done:
+        T = done[-1]
+        unit = f[f"T{T}/layer0/group0"]
+        head_name = sorted((k for k in unit.keys() if k.startswith("head")),
+                           key=lambda k: int(k[4:]))[0]
+        head = unit[head_name]
+        where = f"T = {T} slots, layer 0, {head_name.replace('head', 'query head ')}"
+        if "exact" in head:
+            paths.append(fidelity_scatter(head, mechs, stem, where, out))
+            paths.append(gap_entropy(head, mechs, stem, where, out))
+    else:
+        print(f"{stem}: note: no finished unit of layer 0, group 0 yet: the scatter and gap "
+              "figures are not drawn", file=sys.stderr)
 
-        H = head["entropy"][()]
-        fig, ax = plt.subplots(figsize=(5.5, 3.8))
-        for m in [x for x in ("mean", "max_logit", "taylor", "taylor_entropy") if x in shown]:
-            # Only candidate chunks (finite L) have a gap; -inf - -inf outside V(t) is skipped.
-            gap = np.subtract(L, head[m]["surrogate"][()], where=ok, out=np.zeros_like(L))
-            ax.scatter(H[ok], gap[ok], s=3, alpha=0.35, label=m)
-        ax.axhline(0.0, color="k", lw=0.6)
-        ax.set_xlabel("intra-chunk entropy H(p_q) [nats]  (Eq. 5: low = one logit dominates)")
-        ax.set_ylabel("gap L − ŝ [nats]")
-        ax.set_title(f"{stem}: gap vs intra-chunk entropy (T={T})", fontsize=10)
-        ax.legend(markerscale=4, fontsize=8)
+    metrics = ["spearman", "topk_recall", "mass_recall", "output_error"]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.3 * len(metrics), 3.6))
+    if "summary" in f:
+        summary = f["summary"]
+        lengths = summary["lengths"][()]
+        single = len(lengths) == 1
+        for ax, name in zip(axes, metrics):
+            metric_panel(ax, summary, mechs, name, single)
+            ax.set_title(METRICS[name].title)
+        at = f"at T = {int(lengths[0])} slots (the study's only length)" if single else "vs length"
+        suptitle(fig, f"{stem}: chunk-selection fidelity {at}, "
+                     f"{n_of(summary, mechs, 'spearman')} (layers × heads)\n{SUMMARY_NOTE}")
+        legend = [] if single else [m for m in mechs if m in summary]
+        fig.tight_layout(rect=(0, bottom_strip(fig, legend, note=OUTPUT_ERROR_NOTE), 1, 1))
+    else:
+        for ax, name in zip(axes, metrics):
+            ax.set_title(METRICS[name].title)
+            say_missing(ax, "summary")
+        suptitle(fig, f"{stem}: chunk-selection fidelity")
         fig.tight_layout()
-        paths.append(save(fig, out, f"{stem}_gap_entropy.png"))
-
-    summary = f["summary"]
-    lengths = summary["lengths"][()]
-    metrics = [("spearman", "Spearman ρ(ŝ, L)"), ("topk_recall", "top-K recall"),
-               ("mass_recall", "mass recall"), ("output_error", "output rel. error")]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(3.4 * len(metrics), 3.2))
-    for ax, (metric, label) in zip(axes, metrics):
-        for m in mechs:
-            if m not in summary or metric not in summary[m]:
-                continue
-            rows = summary[m][metric][()]
-            y = col(rows, "mean")
-            err = np.vstack([y - col(rows, "ci_low"), col(rows, "ci_high") - y])
-            ax.errorbar(lengths, y, yerr=np.nan_to_num(err), marker="o", ms=3, capsize=2, label=m)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("context T (slots)")
-        ax.set_title(label, fontsize=9)
-    axes[0].legend(fontsize=7)
-    fig.suptitle(f"{stem}: mean over layers × heads, 95% t-interval", fontsize=10)
-    fig.tight_layout()
-    paths.append(save(fig, out, f"{stem}_rank_correlation.png"))
+    paths.append(save(fig, out, f"{stem}_metrics.png"))
     return paths
 
 
+def fidelity_scatter(head, mechs, stem, where, out):
+    """One head's (ŝ, L) pairs per mechanism, one panel each, in the mechanism's colour."""
+    L = head["exact"][()]
+    ok = np.isfinite(L)
+    shown = [m for m in mechs if m in head and "surrogate" in head[m]]
+    ncols = min(3, len(shown))
+    nrows = math.ceil(len(shown) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.4 * ncols, 3.0 * nrows + 0.6),
+                             squeeze=False, sharey=True)
+    lo, hi = np.nanmin(L[ok]), np.nanmax(L[ok])
+    for k, m in enumerate(shown):
+        ax = axes[k // ncols][k % ncols]
+        s = head[m]["surrogate"][()]
+        rho = np.nanmean(head[m]["spearman"][()])
+        ax.scatter(s[ok], L[ok], s=3, alpha=0.4, color=mechanism_colour(m), lw=0)
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+        ax.set_title(f"{m}   (mean Spearman ρ = {rho:.3f})", color=mechanism_colour(m))
+        ax.set_xlabel("surrogate score ŝ(t, c) [nats]")
+        if k % ncols == 0:
+            ax.set_ylabel("exact chunk log-mass L(t, c) [nats]")
+    for k in range(len(shown), nrows * ncols):
+        axes[k // ncols][k % ncols].set_visible(False)
+    suptitle(fig, f"{stem}: surrogate score vs exact chunk log-mass ({where})\n"
+                 "one point per sampled query t and candidate chunk c ∈ V(t); dashed: ŝ = L; "
+                 "ρ: Spearman over V(t), mean over this head's queries")
+    fig.tight_layout()
+    return save(fig, out, f"{stem}_scatter.png")
+
+
+def gap_entropy(head, mechs, stem, where, out):
+    """The gap L − ŝ against the query's entropy inside the chunk, one panel per estimator."""
+    L = head["exact"][()]
+    ok = np.isfinite(L)
+    H = head["entropy"][()]
+    # The pooling surrogates, which estimate L; naive_bsa's ŝ is L (gap 0) and landmark_key's
+    # is a logit, not a log-mass.
+    shown = [m for m in ("mean", "max_logit", "taylor", "taylor_entropy")
+             if m in mechs and m in head and "surrogate" in head[m]]
+    fig, axes = plt.subplots(1, len(shown), figsize=(3.2 * len(shown), 3.3), squeeze=False,
+                             sharex=True)
+    for ax, m in zip(axes[0], shown):
+        # Only candidate chunks (finite L) have a gap; -inf - -inf outside V(t) is skipped.
+        gap = np.subtract(L, head[m]["surrogate"][()], where=ok, out=np.zeros_like(L))
+        ax.scatter(H[ok], gap[ok], s=3, alpha=0.4, color=mechanism_colour(m), lw=0)
+        ax.axhline(0.0, color="k", lw=0.6)
+        ax.set_title(m, color=mechanism_colour(m))
+        ax.set_xlabel("entropy H(p_q) in the chunk [nats]")
+    axes[0][0].set_ylabel("gap L − ŝ [nats]")
+    suptitle(fig, f"{stem}: gap between exact log-mass and surrogate vs the query's entropy "
+                 f"inside the chunk ({where})\n"
+                 "H(p_q) = entropy of softmax over the chunk's logits; low: one key dominates "
+                 "(Eq. 5). Own y scale per panel.")
+    fig.tight_layout()
+    return save(fig, out, f"{stem}_gap_entropy.png")
+
+
+def shade(colour, k, n):
+    """A colour, step k of n -> a lighter (k = 0) to full (k = n - 1) shade of it."""
+    c = np.array(to_rgb(colour))
+    mix = 0.25 + 0.75 * (k + 1) / n if n > 1 else 1.0
+    return tuple(1.0 - mix * (1.0 - c))
+
+
 def overlap_plots(f, config, stem, out):
-    """The two panels of the paper's Fig. 7."""
+    """The two panels of the paper's Fig. 7, in the colour of the mechanism studied."""
+    ov = config["overlap"]
+    mech = ov["mechanism"]
+    colour = mechanism_colour(mech)
+    geometry = config["geometry"]
+    if "summary" not in f:
+        fig, ax = plt.subplots(figsize=(6, 3))
+        say_missing(ax, "summary")
+        suptitle(fig, f"{stem}: chunk overlap of adjacent queries ({mech})")
+        return [save(fig, out, f"{stem}_overlap.png")]
     s = f["summary"]
     lengths = s["lengths"][()]
     Ms = s["block_sizes"][()]
-    fu, fc, lf = s["final_union"][()], s["final_candidates"][()], s["loaded_fraction"][()]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
-    x = np.arange(len(lengths))
-    a.bar(x - 0.2, col(fc, "mean"), width=0.4, label="visible chunks |V|", color="#bbbbbb")
-    a.bar(x + 0.2, col(fu, "mean"), width=0.4, yerr=np.nan_to_num(col(fu, "sd")), capsize=3,
-          label=f"loaded union, final M={config['overlap']['final_block']}", color="#3b7dd8")
-    for i in range(len(lengths)):
-        a.text(x[i] + 0.2, col(fu, "mean")[i], f"{100 * col(lf, 'mean')[i]:.1f}%",
-               ha="center", va="bottom", fontsize=8)
-    a.set_xticks(x, [f"{int(t) // 1024}K" if t >= 1024 else str(int(t)) for t in lengths])
-    a.set_xlabel("context length")
-    a.set_ylabel("chunks")
-    a.set_title("loaded union vs visible chunks", fontsize=10)
-    a.legend(fontsize=8)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10.5, 4.2))
+    loaded_union_bars(a, s, lengths, ov["final_block"], colour)
+
     for i, T in enumerate(lengths):
+        c = shade(colour, i, len(lengths))
+        overlap = METRICS["overlap"]
         mean = np.array([col(s[f"overlap_M{m}"][()], "mean")[i] for m in Ms])
         sd = np.array([col(s[f"overlap_M{m}"][()], "sd")[i] for m in Ms])
+        lo = np.clip(mean - sd, overlap.low, overlap.high)
+        hi = np.clip(mean + sd, overlap.low, overlap.high)
         per = np.array([s[f"overlap_M{m}_per_unit"][()][i] for m in Ms])
-        b.errorbar(Ms, mean, yerr=np.nan_to_num(sd), marker="o", ms=3, capsize=2,
-                   label=f"T={int(T)}")
-        b.fill_between(Ms, np.nanmin(per, axis=1), np.nanmax(per, axis=1), alpha=0.15)
-        reuse = col(s["reuse"][()], "mean")[i]
-        b.axhline(reuse, ls="--", lw=0.8, color=b.lines[-1].get_color())
+        b.fill_between(Ms, np.nanmin(per, axis=1), np.nanmax(per, axis=1), color=c, alpha=0.15,
+                       lw=0)
+        b.errorbar(Ms, mean, yerr=yerr_of(mean, lo, hi), marker="os^vD"[i % 5], ms=4, capsize=2,
+                   color=c, label=f"T = {length_label(T)}")
+        b.axhline(col(s["reuse"][()], "mean")[i], ls="--", lw=0.9, color=c)
     b.set_xscale("log", base=2)
     b.set_xticks(Ms, [str(int(m)) for m in Ms])
+    b.minorticks_off()
     b.set_ylim(0, 1.05)
-    b.set_xlabel("block size M")
-    b.set_ylabel("normalized overlap")
-    b.set_title("overlap vs M (dashed: inter-block reuse)", fontsize=10)
-    b.legend(fontsize=8)
-    fig.suptitle(f"{stem}: chunk overlap of adjacent queries ({config['overlap']['mechanism']}, "
-                 f"S={config['geometry']['S']}, K={config['geometry']['K']}); "
-                 "bars ±1 sd over layers × groups, shade min–max", fontsize=9)
+    b.set_xlabel("block size M (adjacent queries)")
+    b.set_ylabel(METRICS["overlap"].axis)
+    b.set_title(METRICS["overlap"].title)
+    handles, _ = b.get_legend_handles_labels()
+    handles.append(Line2D([], [], ls="--", lw=0.9, color=colour,
+                          label=r"inter-block reuse $|U_b \cap U_{b-1}| \,/\, |U_b|$, "
+                          f"M = {ov['final_block']}"))
+    # Below the axes: overlap values fill the whole [0, 1] range, so no corner is free of data.
+    b.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False,
+             ncol=2)
+    suptitle(fig, f"{stem}: chunk overlap of adjacent queries, mechanism {mech} "
+                 f"(S = {geometry['S']}, K = {geometry['K']}, last {ov['tail_queries']} queries)\n"
+                 "mean over layers × KV groups; bars ±1 sd (clipped to [0, 1]), shading min–max")
     fig.tight_layout()
     return [save(fig, out, f"{stem}_overlap.png")]
 
 
+def loaded_union_bars(ax, s, lengths, final_block, colour):
+    """Visible chunks |V| and the final block's loaded union per length, with the fraction."""
+    x = np.arange(len(lengths))
+    fc, fu, lf = s["final_candidates"][()], s["final_union"][()], s["loaded_fraction"][()]
+    union, sd = col(fu, "mean"), np.nan_to_num(col(fu, "sd"))
+    ax.bar(x - 0.2, col(fc, "mean"), width=0.4, color="#c8c8c8",
+           label=r"visible chunks $|V(t_{last})|$")
+    ax.bar(x + 0.2, union, width=0.4, yerr=sd, capsize=3, color=colour,
+           label=f"loaded union of the last {final_block} queries, ±1 sd")
+    top = max(np.nanmax(col(fc, "mean")), np.nanmax(union + sd))
+    for i in range(len(lengths)):
+        # Above the error bar's cap, never over it.
+        ax.text(x[i] + 0.2, union[i] + sd[i] + 0.02 * top, f"{100 * col(lf, 'mean')[i]:.1f}%",
+                ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, 1.22 * top)
+    if len(lengths) == 1:
+        ax.set_xticks(x, [f"T = {int(lengths[0])} slots"])
+        ax.set_xlim(-1.0, 1.0)
+    else:
+        ax.set_xticks(x, [length_label(t) for t in lengths])
+        ax.set_xlabel("context length T [slots]")
+    ax.set_ylabel("chunks (count)")
+    ax.set_title("loaded union vs visible chunks (label: loaded fraction |U| / |V|)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False, ncol=1)
+
+
 def extrapolation_plots(f, config, stem, out):
-    """Needle heatmaps per (encoding, mechanism) and metric-vs-length curves per encoding."""
+    """Needle success grids per (encoding, mechanism) and the metrics vs length per encoding."""
     paths = []
-    enc = config["extrapolation"]["encodings"]
+    ex = config["extrapolation"]
+    enc = ex["encodings"]
     mechs = config["mechanisms"]
-    if "needle" in f and "depths" in f["needle"]:
-        depths = f["needle/depths"][()]
-        lengths = f["needle/lengths"][()]
-        fig, axes = plt.subplots(len(enc), len(mechs), figsize=(2.2 * len(mechs), 2.1 * len(enc)),
-                                 squeeze=False)
-        for i, e in enumerate(enc):
-            for j, m in enumerate(mechs):
-                ax = axes[i][j]
-                key = f"needle/{e}/{m}/grid"
-                if key not in f:
-                    ax.axis("off")
-                    continue
-                ax.imshow(f[key][()], vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="lower")
-                ax.set_xticks(range(len(depths)), [f"{d:.2g}" for d in depths], fontsize=6)
-                ax.set_yticks(range(len(lengths)), [f"{int(t) // 1024}K" if t >= 1024 else str(int(t))
-                                                    for t in lengths], fontsize=6)
-                if i == 0:
-                    ax.set_title(m, fontsize=8)
-                if j == 0:
-                    ax.set_ylabel(f"{e}\nlength", fontsize=8)
-                if i == len(enc) - 1:
-                    ax.set_xlabel("depth", fontsize=7)
-        fig.suptitle(f"{stem}: needle selected (green) by length × depth", fontsize=10)
-        fig.tight_layout()
-        paths.append(save(fig, out, f"{stem}_needle.png"))
-    metrics = [("spearman", "Spearman ρ"), ("topk_recall", "top-K recall"),
-               ("covered_mass", "covered mass"), ("output_error", "output rel. error")]
-    fig, axes = plt.subplots(len(enc), len(metrics), figsize=(3.2 * len(metrics), 2.6 * len(enc)),
+    if ex.get("depths"):
+        if "needle" in f and "depths" in f["needle"]:
+            paths.append(needle_grid(f, config, stem, out))
+        else:
+            print(f"{stem}: note: no needle summary in the file yet: the needle figure is not "
+                  "drawn", file=sys.stderr)
+
+    metrics = ["spearman", "topk_recall", "covered_mass", "output_error"]
+    fig, axes = plt.subplots(len(enc), len(metrics), figsize=(3.4 * len(metrics), 2.9 * len(enc)),
                              squeeze=False)
+    train = ex["train_length"]
+    single = len(config["lengths"]) == 1
     for i, e in enumerate(enc):
-        if f"{e}/summary" not in f:
-            continue
-        s = f[f"{e}/summary"]
-        lengths = s["lengths"][()]
-        for j, (metric, label) in enumerate(metrics):
+        for j, name in enumerate(metrics):
             ax = axes[i][j]
-            for m in mechs:
-                if m in s and metric in s[m]:
-                    rows = s[m][metric][()]
-                    y = col(rows, "mean")
-                    err = np.vstack([y - col(rows, "ci_low"), col(rows, "ci_high") - y])
-                    ax.errorbar(lengths, y, yerr=np.nan_to_num(err), marker="o", ms=3, capsize=2,
-                                label=m)
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"{e}: {label}", fontsize=9)
-            if i == len(enc) - 1:
-                ax.set_xlabel("context T (slots)")
-    axes[0][0].legend(fontsize=6)
-    fig.suptitle(f"{stem}: metrics vs length (train length {config['extrapolation']['train_length']})",
-                 fontsize=10)
-    fig.tight_layout()
+            ax.set_title(f"{e}: {METRICS[name].title}")
+            if f"{e}/summary" not in f:
+                say_missing(ax, f"{e} summary")
+                continue
+            metric_panel(ax, f[f"{e}/summary"], mechs, name, single)
+            if not single:
+                ax.axvline(train, color="#888888", ls=":", lw=1.0)
+            if i < len(enc) - 1 and not single:
+                ax.set_xlabel("")
+    train_line = Line2D([], [], color="#888888", ls=":", lw=1.0,
+                        label=f"train length {train} slots")
+    if single:
+        what = (f"fidelity at T = {config['lengths'][0]} slots (the study's only length; "
+                f"train length {train} slots)")
+    else:
+        what = f"fidelity as the context grows past the train length ({train} slots)"
+    suptitle(fig, f"{stem}: {what}, per positional encoding\n{SUMMARY_NOTE}")
+    strip = bottom_strip(fig, [] if single else mechs, [train_line], OUTPUT_ERROR_NOTE)
+    fig.tight_layout(rect=(0, strip, 1, 1))
     paths.append(save(fig, out, f"{stem}_metrics_vs_length.png"))
     return paths
 
 
+def needle_grid(f, config, stem, out):
+    """Needle success rate [length x depth] per (encoding, mechanism), one colour bar.
+
+    Several lengths: a panel per (encoding, mechanism) with the lengths as rows. One length: a
+    panel per encoding with the mechanisms as rows (a length axis of one row says nothing).
+    """
+    ex = config["extrapolation"]
+    enc, mechs = ex["encodings"], config["mechanisms"]
+    depths = f["needle/depths"][()]
+    lengths = f["needle/lengths"][()]
+    single = len(lengths) == 1
+    grid = lambda e, m: f[f"needle/{e}/{m}/grid"][()] if f"needle/{e}/{m}/grid" in f else None
+    if single:
+        fig, axes = plt.subplots(1, len(enc), figsize=(0.55 * len(depths) * len(enc) + 2.6,
+                                                       0.32 * len(mechs) + 2.0),
+                                 squeeze=False, sharey=True)
+        panels = [(axes[0][i], e, None) for i, e in enumerate(enc)]
+    else:
+        fig, axes = plt.subplots(len(enc), len(mechs), figsize=(2.0 * len(mechs) + 1.2,
+                                                                1.9 * len(enc) + 1.1),
+                                 squeeze=False, sharex=True, sharey=True)
+        panels = [(axes[i][j], e, m) for i, e in enumerate(enc) for j, m in enumerate(mechs)]
+    image = None
+    for ax, e, m in panels:
+        if single:
+            rows = [grid(e, name) for name in mechs]
+            values = np.vstack([r if r is not None else np.full((1, len(depths)), np.nan)
+                                for r in rows])
+            row_labels = mechs
+        else:
+            values = grid(e, m)
+            row_labels = [length_label(t) for t in lengths]
+        if values is None:
+            say_missing(ax, "grid")
+            continue
+        # Lengths grow upwards; mechanisms read top-down in the order of the legends.
+        image = ax.imshow(values, vmin=0, vmax=1, cmap="viridis", aspect="auto",
+                          origin="upper" if single else "lower")
+        annotate_cells(ax, values)
+        ax.set_xticks(range(len(depths)), [f"{d:g}" for d in depths])
+        ax.set_yticks(range(len(row_labels)), row_labels)
+        ax.tick_params(length=0)
+        if single:
+            for tick, name in zip(ax.get_yticklabels(), mechs):
+                tick.set_color(mechanism_colour(name))
+            ax.set_title(e)
+            ax.set_xlabel("needle depth")
+        else:
+            # The train length: rows above the line are longer than the model was trained on.
+            beyond = int(np.searchsorted(lengths, ex["train_length"], side="right"))
+            if 0 < beyond < len(lengths):
+                ax.axhline(beyond - 0.5, color="white", ls="--", lw=1.2)
+    if not single:
+        for j, m in enumerate(mechs):
+            axes[0][j].set_title(m, color=mechanism_colour(m))
+            axes[-1][j].set_xlabel("needle depth")
+        for i, e in enumerate(enc):
+            axes[i][0].set_ylabel(f"{e}\nT [slots]")
+    layout = ("one panel per positional encoding, one row per mechanism, "
+              f"at T = {int(lengths[0])} slots" if single else
+              "rows: positional encoding, columns: mechanism; white dashes: train length")
+    suptitle(fig, f"{stem}: needle retrieval by selection: a key planted at a depth of the last "
+                 f"query's candidates\n(0 = oldest chunk, 1 = newest), logit "
+                 f"{ex['needle_logit']:g} for that query; train length {ex['train_length']} "
+                 f"slots\n{layout}")
+    right = 1.0 - 1.0 / fig.get_figwidth()
+    fig.tight_layout(rect=(0, 0, right, 1))
+    if image is not None:
+        bar_ax = fig.add_axes((right + 0.1 / fig.get_figwidth(), 0.15,
+                               0.12 / fig.get_figwidth(), 0.6))
+        bar = fig.colorbar(image, cax=bar_ax)
+        bar.set_label("success: fraction of KV groups whose\nselection I(t_last) holds the "
+                      "needle's chunk", fontsize=7.5)
+    return save(fig, out, f"{stem}_needle.png")
+
+
+def annotate_cells(ax, values):
+    """[rows x cols] values drawn by imshow -> each cell's value written in it (readable on the
+    dark and the light end of viridis)."""
+    for (r, c), v in np.ndenumerate(values):
+        if np.isfinite(v):
+            ax.text(c, r, f"{v:.2g}", ha="center", va="center", fontsize=7,
+                    color="white" if v < 0.6 else "black")
+
+
 def save(fig, out, name):
+    """A figure -> the PNG `name` in `out`; returns its path."""
     path = os.path.join(out, name)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path)
     plt.close(fig)
     return path
 
@@ -207,10 +566,17 @@ def missing_summaries(f, config, study):
     except (KeyError, ValueError):
         units = set()
     if study == "extrapolation":
-        wanted = [f"{e}/summary" for e in config.get("extrapolation", {}).get("encodings", [])]
+        ex = config.get("extrapolation", {})
+        wanted = [f"{e}/summary" for e in ex.get("encodings", [])]
+        if ex.get("depths"):
+            wanted.append("needle/summary")
     else:
         wanted = ["summary"]
     return [w for w in wanted if not any(u == w or u.endswith("/" + w) for u in units)]
+
+
+DRAW = {"fidelity": fidelity_plots, "overlap": overlap_plots,
+        "extrapolation": extrapolation_plots}
 
 
 def main():
@@ -228,13 +594,15 @@ def main():
         return 2
     os.makedirs(a.out, exist_ok=True)
     stem = os.path.splitext(os.path.basename(a.results))[0]
-    draw = {"fidelity": fidelity_plots, "overlap": overlap_plots,
-            "extrapolation": extrapolation_plots}.get(study)
+    draw = DRAW.get(study)
     if draw is None:
         print(f"{a.results}: config.study is '{study}', expected fidelity, overlap or "
               "extrapolation", file=sys.stderr)
         return 2
     missing = missing_summaries(f, config, study)
+    global INCOMPLETE_LINE
+    INCOMPLETE_LINE = ("INCOMPLETE RUN (interrupted?): run the same command again to resume it"
+                       if missing else "")
     if missing:
         print(f"{a.results}: note: the run is incomplete (interrupted?): no {', '.join(missing)} "
               "unit yet, so panels may be empty or partial; run the same command again to "

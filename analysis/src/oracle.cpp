@@ -523,6 +523,10 @@ double bf16_rounding_variance(double x) {
   return Tolerances::kRoundingVariance * std::ldexp(1.0, 2 * (exponent - 8));
 }
 
+// The same for a value stored in fp32 (24 significant bits): a kernel whose stored lse are not
+// all bf16 numbers did not round them to bf16.
+double fp32_rounding_variance(double x) { return std::ldexp(bf16_rounding_variance(x), -32); }
+
 // Per chunk, the variance of the error that rounding the summary to bf16 leaves, as a kernel
 // does it: k'_i once, and its weights w_j once (taylor: p, mean: 1/|T_c|; Eq. 6-7), so
 // var(dk'_i) = var(round k'_i) + sum_j var(round w_j) k_j,i^2; the entropy bias
@@ -556,50 +560,57 @@ Matrix<double> summary_rounding_variance(const Context& ctx, int64_t h) {
   return var;
 }
 
-// Standard error of the mean of a correct bf16-score kernel's lse error (hierarchical fusion):
-// each rounding is unbiased (bf16_rounding_variance); the kernel may round the stored lse, the
-// window's lse_swa and each fused s_hat where it fuses them (weights omega), and the summaries
-// behind s_hat
-// (summary_rounding_variance). A summary's error is shared by every row that fuses its chunk,
-// so its coefficient sums those rows' sigma omega q~ (omega for the bias) first; summaries kept
-// per KV head (mean, landmark keys) share it across the group's G heads too.
+// Per head and row, a weight a_r of the lse errors' linear statistic sum_r a_r e_r.
+using RowWeights = std::vector<Vector<double>>;
+
+// Standard error of sum_r a_r e_r, e_r a correct bf16-score kernel's lse error (hierarchical
+// fusion): each rounding is unbiased (bf16_rounding_variance); the kernel may round the stored
+// lse, the window's lse_swa and each fused s_hat where it fuses them (weights omega), and the
+// summaries behind s_hat (summary_rounding_variance). A summary's error is shared by every row
+// that fuses its chunk, so its coefficient sums those rows' a sigma omega q~ (a omega for the
+// bias) first; summaries kept per KV head (mean, landmark keys) share it across the group's G
+// heads too.
+// The stored lse's own rounding is bf16's when the kernel stored bf16 numbers, else fp32's.
 // Also returns (rounding_bias) the one bias that rounding makes: a kernel that rounds its logits
 // and then stores lse = a_max + eps in bf16 rounds back to a_max when eps < ulp/2, a shift of
-// -eps in every such row; the bound is the mean of those eps.
-MeanShiftBound lse_mean_shift_bound(const Context& ctx, const std::vector<IndexMatrix>& selection,
-                                    const std::vector<HeadOutputs<double>>& truth) {
+// -eps in every such row; the bound is sum_r |a_r| eps_r.
+MeanShiftBound lse_shift_bound(const Context& ctx, const std::vector<IndexMatrix>& selection,
+                               const std::vector<HeadOutputs<double>>& truth, const RowWeights& a,
+                               bool stored_bf16) {
   const double scale = logit_scale(ctx.spec, ctx.inputs.d());
   const int64_t chunks = ctx.geometry.n_chunks(), d = ctx.inputs.d();
   const bool summaries = ctx.spec.key_rule != KeyRule::exact && chunks > 0;
   const int64_t K = ctx.spec.K;
   const bool per_group = ctx.spec.key_rule == KeyRule::mean || ctx.spec.key_rule == KeyRule::landmark_key;
   double variance = 0, bias = 0;
-  int64_t count = 0;
   for (int64_t g = 0; g < ctx.inputs.Hkv(); ++g) {
     Matrix<double> group_weight = Matrix<double>::Zero(chunks, d + 1);
     for (int64_t h = g * ctx.G; h < (g + 1) * ctx.G; ++h) {
       const HeadOutputs<double>& head = truth[static_cast<size_t>(h)];
+      const Vector<double>& a_h = a[static_cast<size_t>(h)];
       const Matrix<double>& s_hat = ctx.truth.heads[static_cast<size_t>(h)].surrogate_scores;
       const Vector<double>& lse_window = ctx.truth.heads[static_cast<size_t>(h)].lse_window;
       const Matrix<double>& q = ctx.inputs.retrieval_query(h);
-      Matrix<double> weight = Matrix<double>::Zero(chunks, d + 1);  // d(sum of lse) / d(k', b')
+      Matrix<double> weight = Matrix<double>::Zero(chunks, d + 1);  // d(statistic) / d(k', b')
       for (Eigen::Index row = 0; row < head.lse.size(); ++row) {
+        const double a_r = a_h(row);
         const double omega_window = head.fusion_weights(row, K);
-        variance += bf16_rounding_variance(head.lse(row)) +
-                    omega_window * omega_window * bf16_rounding_variance(lse_window(row));
-        ++count;
+        const double store_variance = stored_bf16 ? bf16_rounding_variance(head.lse(row))
+                                                  : fp32_rounding_variance(head.lse(row));
+        variance += a_r * a_r * (store_variance +
+                                 omega_window * omega_window * bf16_rounding_variance(lse_window(row)));
         double top = ctx.spec.softmax1 ? std::max(0.0, lse_window(row)) : lse_window(row);
         for (Eigen::Index i = 0; i < selection[g].cols(); ++i)
           if (selection[g](row, i) >= 0) top = std::max(top, s_hat(row, selection[g](row, i)));
         const double eps = head.lse(row) - top;
-        if (eps * eps < 3.0 * bf16_rounding_variance(head.lse(row))) bias += eps;  // eps < ulp/2
+        if (stored_bf16 && eps * eps < 3.0 * store_variance) bias += std::fabs(a_r) * eps;  // eps < ulp/2
         for (Eigen::Index i = 0; i < selection[g].cols(); ++i) {
           const int64_t c = selection[g](row, i);
           if (c < 0) continue;
           const double omega = head.fusion_weights(row, i);
-          variance += omega * omega * bf16_rounding_variance(s_hat(row, c));
-          weight.row(c).head(d) += scale * omega * q.row(ctx.queries[static_cast<size_t>(row)]);
-          weight(c, d) += omega;
+          variance += a_r * a_r * omega * omega * bf16_rounding_variance(s_hat(row, c));
+          weight.row(c).head(d) += a_r * scale * omega * q.row(ctx.queries[static_cast<size_t>(row)]);
+          weight(c, d) += a_r * omega;
         }
       }
       if (!summaries) continue;
@@ -614,8 +625,110 @@ MeanShiftBound lse_mean_shift_bound(const Context& ctx, const std::vector<IndexM
       }
     }
   }
-  if (count == 0) return {};
-  return {std::sqrt(variance) / static_cast<double>(count), bias / static_cast<double>(count)};
+  return {std::sqrt(variance), bias};
+}
+
+// Per head and row, g_r = d lse_r / d log(sigma): the lse of the fusion of `selection` with the
+// logit scale sigma (1 + eta) (summaries, scores and window alike), minus the truth, over eta.
+// A logit scale off by a fraction delta moves every row by delta g_r to first order.
+RowWeights lse_scale_sensitivity(const Context& ctx, const std::vector<IndexMatrix>& selection,
+                                 const std::vector<HeadOutputs<double>>& truth) {
+  constexpr double kEta = 1e-6;  // forward difference: relative error ~ eta, rounding ~ 1e-10
+  MechanismSpec scaled = ctx.spec;
+  scaled.scale = (1.0 + kEta) * logit_scale(ctx.spec, ctx.inputs.d());
+  const auto moved = forced_fusion(scaled, ctx.inputs, selection, ctx.queries);
+  RowWeights g;
+  for (size_t h = 0; h < truth.size(); ++h) g.push_back((moved[h].lse - truth[h].lse) / kEta);
+  return g;
+}
+
+// The reference as the kernel stored its lse: when every finite value the kernel gave is a bf16
+// number, the truth rounded to bf16 the way (nearest or toward zero) that reproduces more of the
+// kernel's rows; else the truth. Comparing like with like removes the bias of a truncating store.
+struct StoredReference {
+  std::vector<Vector<double>> lse;
+  std::string stored_as;  // "fp32", "bf16 (to nearest)", "bf16 (toward zero)"
+};
+StoredReference stored_reference(const std::vector<Vector<double>>& kernel,
+                                 const std::vector<HeadOutputs<double>>& truth) {
+  bool all_bf16 = true;
+  int64_t nearest_matches = 0, toward_zero_matches = 0;
+  for (size_t h = 0; h < truth.size(); ++h)
+    for (Eigen::Index r = 0; r < truth[h].lse.size(); ++r) {
+      const double y = kernel[h](r), t = truth[h].lse(r);
+      if (!std::isfinite(y) || !std::isfinite(t)) continue;
+      all_bf16 = all_bf16 && round_to_bf16(y) == y;
+      nearest_matches += round_to_bf16(t, Bf16Rounding::nearest) == y;
+      toward_zero_matches += round_to_bf16(t, Bf16Rounding::toward_zero) == y;
+    }
+  StoredReference ref;
+  if (!all_bf16) {
+    ref.stored_as = "fp32";
+    for (const auto& head : truth) ref.lse.push_back(head.lse);
+    return ref;
+  }
+  const Bf16Rounding mode = toward_zero_matches > nearest_matches ? Bf16Rounding::toward_zero
+                                                                   : Bf16Rounding::nearest;
+  ref.stored_as = mode == Bf16Rounding::nearest ? "bf16 (to nearest)" : "bf16 (toward zero)";
+  for (const auto& head : truth)
+    ref.lse.push_back(head.lse.unaryExpr([mode](double x) { return round_to_bf16(x, mode); }));
+  return ref;
+}
+
+// The statistics over all lse rows (hierarchical fusion, bf16 scores): the mean error and the
+// logit-scale slope sum g e / sum g^2, each against what a correct kernel's rounding gives.
+void check_lse_shifts(const Context& ctx, const std::vector<IndexMatrix>& selection,
+                      const std::vector<HeadOutputs<double>>& truth,
+                      const std::vector<HeadOutputs<float>>& base, const KernelOutputs& kernel,
+                      TensorReport& report) {
+  const StoredReference ref = stored_reference(kernel.lse, truth);
+  const RowWeights g = lse_scale_sensitivity(ctx, selection, truth);
+  int64_t count = 0;
+  double sum_g2 = 0;
+  for (size_t h = 0; h < truth.size(); ++h)
+    for (Eigen::Index r = 0; r < truth[h].lse.size(); ++r)
+      if (std::isfinite(kernel.lse[h](r)) && std::isfinite(ref.lse[h](r))) {
+        ++count;
+        sum_g2 += g[h](r) * g[h](r);
+      }
+  if (count == 0) return;
+  report.stored_as = ref.stored_as;
+  // a_r per statistic; value, baseline and the residual spread of sum a e.
+  auto run = [&](const std::string& name, const std::string& unit, const RowWeights& a,
+                 const RowWeights& fit_shape) {
+    ShiftTest test;
+    test.name = name;
+    test.unit = unit;
+    double fit_a = 0;  // a . fit_shape, to scale the fitted values from the value
+    for (size_t h = 0; h < truth.size(); ++h)
+      for (Eigen::Index r = 0; r < truth[h].lse.size(); ++r) {
+        const double y = kernel.lse[h](r);
+        if (!std::isfinite(y) || !std::isfinite(ref.lse[h](r))) continue;
+        test.value += a[h](r) * (y - ref.lse[h](r));
+        test.baseline += a[h](r) * (static_cast<double>(base[h].lse(r)) - truth[h].lse(r));
+        fit_a += a[h](r) * fit_shape[h](r);
+      }
+    const double fit = fit_a != 0 ? test.value / fit_a : 0.0;  // e_r ~ fit x fit_shape_r
+    double spread = 0;
+    for (size_t h = 0; h < truth.size(); ++h)
+      for (Eigen::Index r = 0; r < truth[h].lse.size(); ++r) {
+        const double y = kernel.lse[h](r);
+        if (!std::isfinite(y) || !std::isfinite(ref.lse[h](r))) continue;
+        const double residual = y - ref.lse[h](r) - fit * fit_shape[h](r);
+        spread += a[h](r) * a[h](r) * residual * residual;
+      }
+    test.spread_standard_error = std::sqrt(spread);
+    check_shift(report, test, lse_shift_bound(ctx, selection, truth, a, ref.stored_as != "fp32"));
+  };
+  RowWeights mean_weight, ones, slope_weight;
+  for (size_t h = 0; h < truth.size(); ++h) {
+    const Eigen::Index rows = truth[h].lse.size();
+    mean_weight.push_back(Vector<double>::Constant(rows, 1.0 / static_cast<double>(count)));
+    ones.push_back(Vector<double>::Ones(rows));
+    slope_weight.push_back(sum_g2 > 0 ? Vector<double>(g[h] / sum_g2) : Vector<double>::Zero(rows));
+  }
+  run("mean", "", mean_weight, ones);
+  if (sum_g2 > 0) run("logit scale", " of sigma", slope_weight, g);
 }
 
 // ---- fused outputs --------------------------------------------------------------------------
@@ -670,7 +783,7 @@ void compare_fused(const Context& ctx, const KernelOutputs& kernel,
                             ctx.queries, n);
     if (ctx.spec.fusion == Fusion::hierarchical && precision("lse") == InputPrecision::bf16 &&
         r.problems.empty())
-      check_mean_shift(r, lse_mean_shift_bound(ctx, selection, truth));
+      check_lse_shifts(ctx, selection, truth, base, kernel, r);
     if (!r.passed && ctx.spec.selects())
       r.diagnosis = diagnose_softmax1(ctx, selection, as_columns(kernel.lse), true, r.tolerance);
     verdict.tensors.push_back(r);

@@ -28,8 +28,6 @@ std::string where(const std::string& row_label, const std::vector<int64_t>& row_
 // Running statistics of one comparison.
 struct Accumulator {
   double max_abs = 0, max_rel = 0, sum_sq_err = 0, sum_sq_truth = 0, baseline_max_abs = 0;
-  double sum_err = 0, sum_baseline_err = 0;  // signed, over finite elements (the mean shift)
-  int64_t finite_count = 0;
   int64_t count = 0, nan_count = 0, inf_count = 0, zero_count = 0, truth_nonzero = 0;
   int64_t pattern_errors = 0;
   std::string first_nan, first_inf, worst_where;
@@ -70,9 +68,6 @@ void accumulate(Accumulator& acc, double kernel, double truth, double baseline, 
   }
   acc.max_rel = std::max(acc.max_rel, err / std::max(std::fabs(truth), rel_floor));
   acc.sum_sq_err += err * err;
-  acc.sum_err += kernel - truth;
-  if (std::isfinite(baseline)) acc.sum_baseline_err += baseline - truth;
-  ++acc.finite_count;
   acc.sum_sq_truth += truth * truth;
   if (std::isfinite(baseline)) acc.baseline_max_abs = std::max(acc.baseline_max_abs, std::fabs(baseline - truth));
 }
@@ -182,10 +177,6 @@ TensorReport compare_tensor(const std::string& name, const std::vector<Matrix<do
   report.worst_kernel = acc.worst_kernel;
   report.worst_truth = acc.worst_truth;
   report.baseline_max_abs = acc.baseline_max_abs;
-  if (acc.finite_count > 0) {
-    report.mean_error = acc.sum_err / static_cast<double>(acc.finite_count);
-    report.baseline_mean_error = acc.sum_baseline_err / static_cast<double>(acc.finite_count);
-  }
   report.tolerance = Tolerances::kBaselineFactor * report.baseline_max_abs + report.floor;
   report.headroom = report.max_abs / report.tolerance;
   report.problems = problems_of(acc, name);
@@ -199,21 +190,34 @@ TensorReport compare_tensor(const std::string& name, const std::vector<Matrix<do
   return report;
 }
 
-void check_mean_shift(TensorReport& report, const MeanShiftBound& bound) {
-  // report, what a correct kernel's rounding does to the mean -> the mean test applied.
-  report.mean_standard_error = bound.standard_error;
-  report.mean_rounding_bias = bound.rounding_bias;
-  report.mean_tolerance = Tolerances::kBaselineFactor * std::fabs(report.baseline_mean_error) +
-                          bound.rounding_bias + Tolerances::kMeanSigmas * bound.standard_error;
-  if (report.count == 0 || !(std::fabs(report.mean_error) > report.mean_tolerance)) return;
-  report.problems.push_back(format(
-      "%s: mean error %.3g over %lld elements (a shift of every element alike) exceeds the mean "
-      "tolerance %.3g = %g x float's mean error %.3g + rounding bias %.3g + %g x the standard "
-      "error %.3g that bf16 rounding gives", report.name.c_str(), report.mean_error,
-      static_cast<long long>(report.count), report.mean_tolerance, Tolerances::kBaselineFactor,
-      report.baseline_mean_error, bound.rounding_bias, Tolerances::kMeanSigmas,
-      bound.standard_error));
-  report.passed = report.mean_passed = false;
+bool TensorReport::shift_passed() const {
+  for (const auto& test : shift_tests)
+    if (!test.passed) return false;
+  return true;
+}
+
+void check_shift(TensorReport& report, ShiftTest test, const MeanShiftBound& bound) {
+  // report, the statistic, what a correct kernel's rounding does to it -> the test applied.
+  test.model_standard_error = bound.standard_error;
+  test.rounding_bias = bound.rounding_bias;
+  const double standard_error = std::max(test.model_standard_error, test.spread_standard_error);
+  test.tolerance = Tolerances::kBaselineFactor * std::fabs(test.baseline) + test.rounding_bias +
+                   Tolerances::kMeanSigmas * standard_error;
+  test.passed = !(std::fabs(test.value) > test.tolerance);
+  if (!test.passed) {
+    report.problems.push_back(format(
+        "%s: %s statistic %.3g%s over %lld elements is %.3g times its tolerance %.3g = %g x "
+        "float's %.3g + rounding bias %.3g + %g x the standard error %.3g (bf16 rounding model "
+        "%.3g, residual spread %.3g)%s", report.name.c_str(), test.name.c_str(), test.value,
+        test.unit.c_str(), static_cast<long long>(report.count), test.headroom(), test.tolerance,
+        Tolerances::kBaselineFactor, test.baseline, test.rounding_bias, Tolerances::kMeanSigmas,
+        standard_error, test.model_standard_error, test.spread_standard_error,
+        test.name == "mean" ? ": a shift of every element alike"
+                            : ": the error grows with d lse / d log(sigma), as a wrong logit "
+                              "scale makes it"));
+    report.passed = false;
+  }
+  report.shift_tests.push_back(test);
 }
 
 std::string Verdict::report() const {
@@ -253,13 +257,13 @@ std::string Verdict::report() const {
   for (const auto& t : tensors)
     if (is_fused(t)) line(t);
   for (const auto& t : tensors)
-    if (t.mean_tolerance > 0)
-      out << format("  %-18s mean error %.3g, tolerance %.3g (float's mean error %.3g, rounding "
-                    "bias %.3g, standard error %.3g), headroom %.3g %s\n",
-                    (t.name + " (mean)").c_str(), t.mean_error, t.mean_tolerance,
-                    t.baseline_mean_error, t.mean_rounding_bias, t.mean_standard_error,
-                    std::fabs(t.mean_error) / t.mean_tolerance,
-                    std::fabs(t.mean_error) <= t.mean_tolerance ? "PASS" : "FAIL");
+    for (const auto& test : t.shift_tests)
+      out << format("  %-18s %.3g%s, tolerance %.3g (float's %.3g, rounding bias %.3g, standard "
+                    "error %.3g model / %.3g spread; stored %s), headroom %.3g %s\n",
+                    (t.name + " (" + test.name + ")").c_str(), test.value, test.unit.c_str(),
+                    test.tolerance, test.baseline, test.rounding_bias, test.model_standard_error,
+                    test.spread_standard_error, t.stored_as.c_str(), test.headroom(),
+                    test.passed ? "PASS" : "FAIL");
   for (const auto& t : tensors)
     if (is_gradient(t)) line(t);
   for (const auto& what : not_compared) out << "  not compared: " << what << "\n";

@@ -101,19 +101,23 @@ HeadOutputs<Scalar> fuse_head(const MechanismSpec& spec, const AttentionInputs<S
 
 }  // namespace
 
-double round_to_bf16(double x) {
+double round_to_bf16(double x) { return round_to_bf16(x, Bf16Rounding::nearest); }
+
+double round_to_bf16(double x, Bf16Rounding mode) {
   // bf16 keeps 8 significant bits and float's exponent range; below 2^-126 the spacing is
-  // fixed at 2^-133 (subnormals). nearbyint rounds ties to even in the default mode.
+  // fixed at 2^-133 (subnormals). nearbyint rounds ties to even in the default mode; trunc
+  // drops the low bits (a conversion that keeps a float's upper 16 bits).
   if (!std::isfinite(x) || x == 0.0) return x;
+  auto to_integer = [mode](double m) { return mode == Bf16Rounding::nearest ? std::nearbyint(m) : std::trunc(m); };
   constexpr double kMinNormal = 0x1p-126;
   constexpr double kMaxBf16 = 0x1.FEp127;
   double rounded;
   if (std::fabs(x) < kMinNormal) {
-    rounded = std::nearbyint(x * 0x1p133) * 0x1p-133;
+    rounded = to_integer(x * 0x1p133) * 0x1p-133;
   } else {
     int exponent = 0;
     const double mantissa = std::frexp(x, &exponent);  // in [0.5, 1)
-    rounded = std::ldexp(std::nearbyint(std::ldexp(mantissa, 8)), exponent - 8);
+    rounded = std::ldexp(to_integer(std::ldexp(mantissa, 8)), exponent - 8);
   }
   if (std::fabs(rounded) > kMaxBf16) return std::copysign(std::numeric_limits<double>::infinity(), x);
   return rounded;

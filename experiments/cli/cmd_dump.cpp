@@ -12,16 +12,13 @@
 #include "config/config.hpp"
 #include "io/activation_file.hpp"
 #include "io/results_file.hpp"
-#include "model/llama2c.hpp"
-#include "model/tokenizer.hpp"
+#include "sources/model_trace.hpp"
 #include "sources/synthetic.hpp"
 #include "util/shared_data.hpp"
 
 namespace hils::cli {
 
 namespace {
-
-constexpr int64_t kBytesPerTokenBound = 16;  // encode only a prefix long enough for the tokens
 
 struct Llama2cOptions {
   std::string model, tokenizer, text, output;
@@ -35,21 +32,6 @@ io::StorageType storage_of(const std::string& precision) {
   throw BadInput("--precision: expected float32 or float64, got '" + precision + "'");
 }
 
-std::string read_text_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// bytes -> 16 hex digits: FNV-1a (64-bit) of a file's content, to tell which model, tokenizer
-// and text a dump came from (an identity check, not a cryptographic one).
-std::string fnv1a64_of(const std::string& bytes) {
-  uint64_t hash = 14695981039346656037ull;
-  for (unsigned char c : bytes) hash = (hash ^ c) * 1099511628211ull;
-  return fmt::format("{:016x}", hash);
-}
-
 // Tokens -> forward pass -> NLL on stdout, every layer's activations to the output file.
 void dump_llama2c(const Llama2cOptions& o) {
   auto data = shared_data_dir();
@@ -57,58 +39,23 @@ void dump_llama2c(const Llama2cOptions& o) {
       "the shared data folder is {} (set HILS_SHARED_DATA); stories260K.bin and tok512.bin "
       "come with karpathy/llama2.c",
       data.string());
-  std::filesystem::path model_path = o.model.empty() ? data / "stories260K.bin" : std::filesystem::path(o.model);
-  std::filesystem::path tok_path = o.tokenizer.empty() ? data / "tok512.bin" : std::filesystem::path(o.tokenizer);
-  std::filesystem::path text_path = o.text.empty() ? data / "tinystories_sample.txt" : std::filesystem::path(o.text);
-  require_input_file(model_path, "--model", hint);
-  require_input_file(tok_path, "--tokenizer", hint);
-  require_input_file(text_path, "--text", hint);
-  if (o.tokens < 2) throw BadInput(fmt::format("--tokens: expected >= 2, got {}", o.tokens));
+  sources::ModelFiles files = sources::ModelFiles::in_folder(data);
+  if (!o.model.empty()) files.model = o.model;
+  if (!o.tokenizer.empty()) files.tokenizer = o.tokenizer;
+  if (!o.text.empty()) files.text = o.text;
+  require_input_file(files.model, "--model", hint);
+  require_input_file(files.tokenizer, "--tokenizer", hint);
+  require_input_file(files.text, "--text", hint);
   auto storage = storage_of(o.precision);
 
-  auto model = model::Llama2cModel::load(model_path);
-  if (o.tokens > model.config().seq_len)
-    throw BadInput(fmt::format("--tokens: expected at most the model's context {}, got {}",
-                               model.config().seq_len, o.tokens));
-  auto tokenizer = model::Tokenizer::load(tok_path, model.config().vocab_size);
-  std::string text = read_text_file(text_path);
-  if (text.empty()) throw BadInput("--text: " + text_path.string() + " is empty");
-  const size_t prefix_bytes = static_cast<size_t>(kBytesPerTokenBound * o.tokens);
-  auto tokens = tokenizer.encode(text.substr(0, prefix_bytes), true);
-  // Cut when the text holds more tokens than --tokens: the encoded prefix was longer, or the
-  // text went on past the prefix that was encoded.
-  const bool truncated =
-      static_cast<int64_t>(tokens.size()) > o.tokens || text.size() > prefix_bytes;
-  if (static_cast<int64_t>(tokens.size()) > o.tokens) tokens.resize(o.tokens);
-  if (truncated && !global_options().quiet)
+  const auto trace = sources::trace_text(files, o.tokens, "--tokens");
+  if (trace.truncated && !global_options().quiet)
     std::cerr << fmt::format("hils: note: {} is longer than --tokens {}: kept its first {} "
                              "tokens (BOS included); the file records the truncation\n",
-                             text_path.string(), o.tokens, tokens.size());
-
-  std::vector<model::LayerTrace> trace;
-  auto logits = model.forward(tokens, &trace);
-  double nll = model::mean_next_token_nll(logits, tokens);
-  nlohmann::json source = {{"kind", "llama2c"},
-                           {"model", model_path.filename().string()},
-                           {"tokenizer", tok_path.filename().string()},
-                           {"text", text_path.filename().string()},
-                           {"tokens", tokens.size()},
-                           {"token_range", {0, tokens.size()}},
-                           {"tokens_requested", o.tokens},
-                           {"text_truncated", truncated},
-                           {"text_bytes", text.size()},
-                           {"model_fnv1a64", fnv1a64_of(read_text_file(model_path))},
-                           {"tokenizer_fnv1a64", fnv1a64_of(read_text_file(tok_path))},
-                           {"text_fnv1a64", fnv1a64_of(text)},
-                           {"hils_version", io::project_version()},
-                           {"git_commit", io::git_commit()},
-                           {"bos", true},
-                           {"mean_next_token_nll", nll},
-                           {"computation", "float64"}};
-  auto file = model::activations_from_trace(model.config(), trace, tokens, source);
-  io::write_activation_file(o.output, file, storage);
+                             files.text.string(), o.tokens, trace.tokens.size());
+  io::write_activation_file(o.output, sources::to_activation_file(trace), storage);
   fmt::print("tokens {}  mean next-token NLL {:.5f} nats/token  layers {}  -> {}\n",
-             tokens.size(), nll, trace.size(), o.output);
+             trace.tokens.size(), trace.mean_nll, trace.layers.size(), o.output);
 }
 
 // Flags given on the command line, as a JSON object of synthetic keys (flags win over TOML).
@@ -130,7 +77,7 @@ void dump_synthetic(const SyntheticFlags& f) {
   auto sample = sources::generate(params);
   io::write_activation_file(f.output, sources::to_activation_file(sample), storage);
   fmt::print("synthetic {}  T {}  Hq {}  Hkv {}  d {}  dv {}  seed {}", params.generator,
-             params.T, params.Hq, params.Hkv, params.d, params.dv, params.seed);
+             params.T, params.Hq, params.Hkv, params.d, params.value_dim(), params.seed);
   for (const auto& n : sample.needles)
     fmt::print("  needle(kv {}: slot {} chunk {} query {})", n.kv_head, n.slot, n.chunk,
                n.query_slot);
@@ -176,7 +123,7 @@ void register_synthetic(CLI::App& dump) {
                   "TOML file with a [synthetic] table (flags win over it)");
   cmd->add_option("--precision", flags->precision, "float32 or float64 (default float64)");
   add_synthetic_option<std::string>(cmd, flags, "--generator", "generator",
-                                    "gaussian | topics | needle (default gaussian)");
+                                    "gaussian | topics | needle | drift (default gaussian)");
   add_synthetic_option<int64_t>(cmd, flags, "-T,--slots", "T", "slots (default 1024)");
   add_synthetic_option<int64_t>(cmd, flags, "-S,--chunk", "S", "chunk size (default 64)");
   add_synthetic_option<bool>(cmd, flags, "--landmarks", "landmarks",
@@ -184,7 +131,7 @@ void register_synthetic(CLI::App& dump) {
   add_synthetic_option<int64_t>(cmd, flags, "--Hq", "Hq", "query heads (default 4)");
   add_synthetic_option<int64_t>(cmd, flags, "--Hkv", "Hkv", "key/value heads (default 2)");
   add_synthetic_option<int64_t>(cmd, flags, "-d,--head-dim", "d", "q/k head dim (default 64)");
-  add_synthetic_option<int64_t>(cmd, flags, "--dv", "dv", "value head dim (default 64)");
+  add_synthetic_option<int64_t>(cmd, flags, "--dv", "dv", "value head dim (default: d)");
   add_synthetic_option<double>(cmd, flags, "--logit-std", "logit_std",
                                "std of the logits: ~0 flat, large peaked (default 1)");
   add_synthetic_option<double>(cmd, flags, "--topic-share", "topic_share",
@@ -197,6 +144,12 @@ void register_synthetic(CLI::App& dump) {
                                 "needle: query slot it aligns with (-1 = last real token)");
   add_synthetic_option<double>(cmd, flags, "--needle-logit", "needle_logit",
                                "needle: its logit for that query (8)");
+  add_synthetic_option<int64_t>(cmd, flags, "--segment", "segment",
+                                "drift: mean topic segment length in slots (192)");
+  add_synthetic_option<double>(cmd, flags, "--key-noise", "key_noise",
+                               "drift: key noise std around the topic (0.6)");
+  add_synthetic_option<double>(cmd, flags, "--query-rho", "query_rho",
+                               "drift: adjacent-slot correlation of the queries (0.98)");
   add_synthetic_option<double>(cmd, flags, "--retrieval-noise", "retrieval_noise",
                                "> 0 stores q_retrieval = q + noise (0)");
   add_synthetic_option<std::string>(cmd, flags, "--positional", "positional",
@@ -209,6 +162,7 @@ void register_synthetic(CLI::App& dump) {
       "Statistical models: experiments/sources/synthetic.hpp.\nExamples:\n"
       "  hils dump synthetic -o flat.h5 --generator topics --logit-std 0.1 --seed 7\n"
       "  hils dump synthetic -o needle.h5 --generator needle -T 4096 --depth 0.25\n"
+      "  hils dump synthetic -o drift.h5 --generator drift --seed 24301   # the studies' synthetic layer 0\n"
       "  hils dump synthetic -o rope.h5 --positional rope --rope-pairing half -c experiments/configs/synthetic_example.toml");
   cmd->callback([flags] { dump_synthetic(*flags); });
 }

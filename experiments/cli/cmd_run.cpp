@@ -11,6 +11,7 @@
 #include "io/activation_file.hpp"
 #include "io/hdf5_util.hpp"
 #include "io/results_file.hpp"
+#include "io/results_sink.hpp"
 #include "parallel/session.hpp"
 #include "util/progress.hpp"
 
@@ -210,32 +211,80 @@ AttentionInputs<double> inputs_for(const MechanismSpec& spec, const RunPlan& pla
   return apply_positional_encoding(raw, geometry, pe, spec.prior_rule);
 }
 
-void write_unit(io::ResultsWriter& writer, const std::string& unit, const MechanismSpec& spec,
+// A unit's outputs -> datasets under `unit` (the layout in the --help footer).
+void write_unit(analysis::ResultSink& sink, const std::string& unit,
                 const MechanismOutputs<double>& out, const RunOptions& options) {
-  writer.write_indices(unit + "/queries", out.queries, "query slot of every output row");
+  auto as_vector = [](const Vector<double>& v) {
+    return std::vector<double>(v.data(), v.data() + v.size());
+  };
+  sink.write(unit + "/queries", out.queries, "query slot of every output row");
   for (size_t h = 0; h < out.heads.size(); ++h) {
     const auto& head = out.heads[h];
     std::string prefix = fmt::format("{}/head{}/", unit, h);
-    writer.write_matrix(prefix + "o", head.o, "attention output [Tq x dv]");
-    writer.write_vector(prefix + "lse", head.lse, "log normalizer of the final softmax [Tq]");
-    writer.write_matrix(prefix + "fusion_weights", head.fusion_weights,
-                        "[Tq x (K+2)] weight of each selected chunk (selection order, 0 for "
-                        "padding), then the window, then the softmax1 zero logit");
+    sink.write(prefix + "o", head.o, "attention output [Tq x dv]");
+    sink.write(prefix + "lse", as_vector(head.lse), "log normalizer of the final softmax [Tq]");
+    sink.write(prefix + "fusion_weights", head.fusion_weights,
+               "[Tq x (K+2)] weight of each selected chunk (selection order, 0 for "
+               "padding), then the window, then the softmax1 zero logit");
     if (options.keep_surrogate_scores && head.surrogate_scores.size() > 0)
-      writer.write_matrix(prefix + "surrogate_scores", head.surrogate_scores,
-                          "s_hat(t,c) [Tq x n_chunks], -inf outside V(t)");
+      sink.write(prefix + "surrogate_scores", head.surrogate_scores,
+                 "s_hat(t,c) [Tq x n_chunks], -inf outside V(t)");
     if (options.keep_exact_scores && head.exact_scores.size() > 0)
-      writer.write_matrix(prefix + "exact_scores", head.exact_scores,
-                          "exact chunk log-mass L(t,c) [Tq x n_chunks], -inf outside V(t)");
+      sink.write(prefix + "exact_scores", head.exact_scores,
+                 "exact chunk log-mass L(t,c) [Tq x n_chunks], -inf outside V(t)");
     if (options.keep_window && head.o_window.size() > 0) {
-      writer.write_matrix(prefix + "o_window", head.o_window, "window output o_swa [Tq x dv]");
-      writer.write_vector(prefix + "lse_window", head.lse_window, "window lse_swa [Tq]");
+      sink.write(prefix + "o_window", head.o_window, "window output o_swa [Tq x dv]");
+      sink.write(prefix + "lse_window", as_vector(head.lse_window), "window lse_swa [Tq]");
     }
   }
   for (size_t g = 0; g < out.selection.size(); ++g)
-    writer.write_indices(fmt::format("{}/kv_head{}/selection", unit, g), out.selection[g],
-                         "[Tq x K] selected chunks of the KV group, ascending, -1 padded");
-  (void)spec;
+    sink.write(fmt::format("{}/kv_head{}/selection", unit, g), out.selection[g],
+               "[Tq x K] selected chunks of the KV group, ascending, -1 padded");
+}
+
+// The layer the last unit of this process read, kept for the next unit of the same layer
+// (units are listed layer by layer); one layer is held at a time, never all of them.
+class LayerReader {
+ public:
+  LayerReader(std::string input, const io::ActivationMeta& meta)
+      : input_(std::move(input)), meta_(meta) {}
+  const io::LayerActivations& get(int64_t layer) {
+    if (layer != index_) {
+      data_ = io::LayerActivations{};  // free the old layer before reading the next
+      data_ = io::read_activation_layer(input_, meta_, layer);
+      index_ = layer;
+    }
+    return data_;
+  }
+
+ private:
+  std::string input_;
+  io::ActivationMeta meta_;
+  int64_t index_ = -1;
+  io::LayerActivations data_;
+};
+
+// One unit per (layer, mechanism), layer by layer, all of equal estimated cost, so that the
+// schedule (analysis::schedule_order) is this list order under any runner.
+std::vector<analysis::StudyUnit> list_units(const RunPlan& plan, const io::ActivationMeta& meta,
+                                            const std::string& input, const RunOptions& options,
+                                            LayerReader& layers) {
+  std::vector<analysis::StudyUnit> units;
+  for (int64_t l : plan.layers)
+    for (const auto& spec : plan.mechanisms) {
+      const std::string path = fmt::format("{}/layer{}", spec.name, l);
+      const MechanismSpec* mechanism = &spec;  // plan, meta, options, layers outlive the units
+      units.push_back({path, 1.0, [&plan, &meta, &input, &options, &layers, mechanism, l,
+                                   path](analysis::ResultSink& sink) {
+                         const MechanismSpec& spec = *mechanism;
+                         auto inputs = inputs_for(spec, plan, meta, layers.get(l), input);
+                         auto out = run_mechanism(spec, inputs, options);
+                         sink.set_attribute(spec.name, "spec", config::spec_to_json(spec).dump());
+                         sink.set_attribute(spec.name, "description", describe(spec));
+                         write_unit(sink, path, out, options);
+                       }});
+    }
+  return units;
 }
 
 // The configuration of a resumed file after this run: layers and mechanisms united. Throws
@@ -268,6 +317,37 @@ nlohmann::json merged_config(const std::string& output, const RunPlan& plan,
   return config;
 }
 
+// The results file, on the process that holds the results (alone, or MPI rank 0): locked, then
+// created, or resumed with its configuration merged with this run's.
+class RunResults {
+ public:
+  RunResults(const RunFlags& flags, const RunPlan& plan, io::Provenance provenance)
+      : lock_(flags.output, provenance.command),
+        writer_(open(flags, plan, provenance)),
+        sink_(writer_) {
+    if (resuming_) writer_.set_attribute("", "config", provenance.config.dump());
+    writer_.set_attribute("", "mpi_ranks", static_cast<double>(parallel::ranks()));
+  }
+  analysis::ResultSink& sink() { return sink_; }
+  void commit() { writer_.commit(); }
+
+ private:
+  io::ResultsWriter open(const RunFlags& flags, const RunPlan& plan, io::Provenance& provenance) {
+    std::error_code ec;
+    resuming_ = flags.resume && std::filesystem::exists(flags.output, ec);
+    if (!resuming_) return io::ResultsWriter::create(flags.output, provenance);
+    provenance.config = merged_config(flags.output, plan, provenance.config);
+    // Layers and mechanisms may grow when resuming; every other setting must match.
+    return io::ResultsWriter::resume(flags.output, provenance, {"layers", "mechanisms"});
+  }
+  // Held from before the old file is read until the new one is published: a second writer of
+  // this file (say another --resume) is refused instead of losing this run's units or its own.
+  io::OutputLock lock_;
+  bool resuming_ = false;
+  io::ResultsWriter writer_;
+  io::ResultsWriterSink sink_;
+};
+
 void run(const RunFlags& flags) {
   require_input_file(flags.input, "ACTIVATIONS");
   require_distinct_files(flags.input, "ACTIVATIONS", flags.output, "--output");
@@ -283,56 +363,37 @@ void run(const RunFlags& flags) {
   require(plan.last_queries <= meta.T, "last_queries", fmt::format("at most T={}", meta.T),
           std::to_string(plan.last_queries));
   for (const auto& spec : plan.mechanisms) check_layout(spec, meta, flags.input);
-  // Validate every layer before any output exists, so that bad input never leaves a partial
-  // results file behind (layers are read again, one at a time, when they are run).
-  for (int64_t l : plan.layers) io::read_activation_layer(flags.input, meta, l);
-
-  io::Provenance provenance{plan_json(plan, flags.input, meta.T),
-                            static_cast<uint64_t>(plan.seed), command_line()};
-  // Held from before the old file is read until the new one is published: a second writer of
-  // this file (say another --resume) is refused instead of losing this run's units or its own.
-  io::OutputLock lock(flags.output, command_line());
-  std::error_code ec;
-  const bool resuming = flags.resume && std::filesystem::exists(flags.output, ec);
-  if (resuming) provenance.config = merged_config(flags.output, plan, provenance.config);
-  // Layers and mechanisms may grow when resuming; every other setting must match.
-  auto writer = resuming ? io::ResultsWriter::resume(flags.output, provenance,
-                                                     {"layers", "mechanisms"})
-                         : io::ResultsWriter::create(flags.output, provenance);
-  if (resuming) writer.set_attribute("", "config", provenance.config.dump());
   RunOptions options;
   options.keep_surrogate_scores = options.keep_exact_scores = plan.keep_scores;
   options.keep_window = plan.keep_window;
   for (int64_t t = meta.T - plan.last_queries; plan.last_queries > 0 && t < meta.T; ++t)
     options.queries.push_back(t);
-
-  const int64_t units = static_cast<int64_t>(plan.mechanisms.size() * plan.layers.size());
-  ProgressBar bar("hils run", units, "units", global_options().quiet);
-  int64_t done = 0, skipped = 0;
-  for (int64_t l : plan.layers) {
-    std::optional<io::LayerActivations> layer;  // read only when some unit needs it
-    for (const auto& spec : plan.mechanisms) {
-      std::string unit = fmt::format("{}/layer{}", spec.name, l);
-      if (writer.is_complete(unit)) {
-        ++skipped;
-        bar.advance();
-        continue;
-      }
-      if (!layer) layer = io::read_activation_layer(flags.input, meta, l);
-      auto inputs = inputs_for(spec, plan, meta, *layer, flags.input);
-      auto out = run_mechanism(spec, inputs, options);
-      writer.set_attribute(spec.name, "spec", config::spec_to_json(spec).dump());
-      writer.set_attribute(spec.name, "description", describe(spec));
-      write_unit(writer, unit, spec, out, options);
-      writer.mark_complete(unit);
-      writer.checkpoint();
-      ++done;
-      bar.advance();
-    }
+  LayerReader layers(flags.input, meta);
+  const auto units = list_units(plan, meta, flags.input, options, layers);
+  analysis::UnitRunner& runner = parallel::current_runner();
+  if (!runner.holds_results()) {  // an MPI worker: computes the units rank 0 hands out
+    analysis::RecordingSink unused;
+    runner.run(units, unused, {});
+    return;
   }
-  writer.commit();
-  bar.finish();
-  fmt::print("{} unit(s) computed, {} already complete -> {}\n", done, skipped, flags.output);
+
+  // Validate every layer before any output exists, so that bad input never leaves a partial
+  // results file behind (layers are read again, one at a time, when they are run). Under MPI
+  // only rank 0 does this: N ranks reading the whole file up front would cost N full reads.
+  for (int64_t l : plan.layers) io::read_activation_layer(flags.input, meta, l);
+  RunResults results(flags, plan,
+                     {plan_json(plan, flags.input, meta.T), static_cast<uint64_t>(plan.seed),
+                      command_line()});
+  std::unique_ptr<ProgressBar> bar;
+  auto progress = [&bar](int64_t, int64_t total) {
+    if (!bar) bar = std::make_unique<ProgressBar>("hils run", total, "units", global_options().quiet);
+    bar->advance();
+  };
+  const auto done = runner.run(units, results.sink(), progress);
+  results.commit();
+  if (bar) bar->finish();
+  fmt::print("{} unit(s) computed, {} already complete -> {}\n", done.ran.size(), done.skipped,
+             flags.output);
 }
 
 template <class T>
@@ -389,13 +450,7 @@ void register_run(CLI::App& app) {
       "  hils run llama.h5 -o llama_res.h5 --preset full,swa,naive_bsa,nsa -S 16 -W 32 -K 2\n"
       "  hils run llama.h5 -o hils_res.h5 --preset hils --landmarks false --prior-rule shared\n"
       "A file with landmark slots needs --landmarks true and its own chunk size (-S).");
-  cmd->callback([flags] {
-    // Not yet shared among MPI ranks: N copies would race on one output file.
-    if (parallel::ranks() > 1)
-      throw BadInput("hils run: not shared among MPI ranks yet; start it without mpirun "
-                     "(the studies are: fidelity, overlap, extrapolate, studies)");
-    run(*flags);
-  });
+  cmd->callback([flags] { run(*flags); });
 }
 
 }  // namespace hils::cli

@@ -21,13 +21,12 @@
 #include "hils/analysis/extrapolation.hpp"
 #include "hils/analysis/overlap.hpp"
 #include "hils/analysis/study_cli.hpp"
-#include "hils/analysis/synthetic.hpp"
 #include "io/activation_file.hpp"
 #include "io/hdf5_util.hpp"
 #include "io/results_file.hpp"
-#include "model/llama2c.hpp"
-#include "model/tokenizer.hpp"
+#include "io/results_sink.hpp"
 #include "parallel/session.hpp"
+#include "sources/study_inputs.hpp"
 #include "util/progress.hpp"
 #include "util/shared_data.hpp"
 
@@ -42,44 +41,15 @@ using nlohmann::json;
 
 // ---- Results sink over the HDF5 results writer --------------------------------------------
 
-// Writes through io::ResultsWriter; reads back what this run wrote (kept in memory) or what an
-// earlier, interrupted run left in the file (read from the previous file).
-class ResultsFileSink : public analysis::ResultSink {
+// The study's results file: locked, the earlier (interrupted) file kept for reading back its
+// units, and the writer seen as a sink (io::ResultsWriterSink).
+class ResultsFileSink {
  public:
   ResultsFileSink(const std::filesystem::path& path, const io::Provenance& provenance)
-      : lock_(path, provenance.command), writer_(open(path, provenance)) {}
-  bool is_complete(const std::string& unit) const override { return writer_.is_complete(unit); }
-  void mark_complete(const std::string& unit) override {
-    writer_.mark_complete(unit);
-    writer_.checkpoint();  // every finished unit survives an interruption
-  }
-  void write(const std::string& p, const Matrix<double>& m, const std::string& meaning) override {
-    writer_.write_matrix(p, m, meaning);
-    cache_[p] = m;
-  }
-  void write(const std::string& p, const std::vector<double>& v,
-             const std::string& meaning) override {
-    writer_.write_vector(p, v, meaning);
-    cache_[p] = Eigen::Map<const Matrix<double>>(v.data(), static_cast<int64_t>(v.size()), 1);
-  }
-  void write(const std::string& p, const std::vector<int64_t>& v,
-             const std::string& meaning) override {
-    writer_.write_indices(p, v, meaning);
-  }
-  void write(const std::string& p, const IndexMatrix& v, const std::string& meaning) override {
-    writer_.write_indices(p, v, meaning);
-  }
-  void set_attribute(const std::string& o, const std::string& n, const std::string& v) override {
-    writer_.set_attribute(o, n, v);
-  }
-  void set_attribute(const std::string& o, const std::string& n, double v) override {
-    writer_.set_attribute(o, n, v);
-  }
-  std::optional<Matrix<double>> read(const std::string& p) const override {
-    if (auto it = cache_.find(p); it != cache_.end()) return it->second;
-    if (previous_ && previous_->exists(p)) return previous_->matrix(p);
-    return std::nullopt;
-  }
+      : lock_(path, provenance.command),
+        writer_(open(path, provenance)),
+        sink_(writer_, io::ResultsWriterSink::ReadBack::written_and_previous, previous_.get()) {}
+  analysis::ResultSink& sink() { return sink_; }
   void commit() { writer_.commit(); }
 
  private:
@@ -90,7 +60,7 @@ class ResultsFileSink : public analysis::ResultSink {
   io::OutputLock lock_;  // taken before the earlier file is read (see io::OutputLock)
   std::unique_ptr<io::ResultsReader> previous_;
   io::ResultsWriter writer_;
-  std::map<std::string, Matrix<double>> cache_;
+  io::ResultsWriterSink sink_;
 };
 
 // ---- Configuration ------------------------------------------------------------------------
@@ -143,123 +113,56 @@ std::vector<T> toml_array(const toml::table& t, const std::string& section,
   return out;
 }
 
-std::filesystem::path shared_file(const std::string& dir, const std::string& name) {
-  const std::filesystem::path folder = dir.empty() ? shared_data_dir() : std::filesystem::path(dir);
-  const auto p = folder / name;
-  if (!std::filesystem::exists(p))
-    throw BadInput(fmt::format("model source: {} not found (set --model-dir or "
-                               "HILS_SHARED_DATA to the folder of stories260K.bin, tok512.bin "
-                               "and tinystories_sample.txt)", p.string()));
-  return p;
-}
-
-// The real model's trace over the first T tokens of the sample text (BOS first), cached.
-struct ModelTrace {
-  std::vector<model::LayerTrace> layers;
-  int64_t Hq = 0, Hkv = 0, T = 0;
-};
-std::shared_ptr<ModelTrace> trace_model(const std::string& dir, int64_t T) {
-  auto m = model::Llama2cModel::load(shared_file(dir, "stories260K.bin"));
-  auto tok = model::Tokenizer::load(shared_file(dir, "tok512.bin"), m.config().vocab_size);
-  std::ifstream text_file(shared_file(dir, "tinystories_sample.txt"));
-  std::stringstream text;
-  text << text_file.rdbuf();
-  // BPE merging is quadratic in the text length: encode a prefix of ~8 characters per token
-  // (TinyStories averages ~2 characters per token), not the whole 197 kB sample.
-  auto tokens = tok.encode(text.str().substr(0, static_cast<size_t>(8 * T)), true);
-  if (static_cast<int64_t>(tokens.size()) < T)
-    throw BadInput(fmt::format("model source: the sample text has {} tokens, fewer than T={}",
-                               tokens.size(), T));
-  if (T > m.config().seq_len)
-    throw BadInput(fmt::format("lengths: the model's context is {} tokens, got T={}",
-                               m.config().seq_len, T));
-  tokens.resize(T);
-  auto trace = std::make_shared<ModelTrace>();
-  m.forward(tokens, &trace->layers);
-  trace->Hq = m.config().n_heads, trace->Hkv = m.config().n_kv_heads, trace->T = T;
-  return trace;
-}
-
-// The first T rows of every head.
-AttentionInputs<double> prefix(const std::vector<Matrix<double>>& q,
-                               const std::vector<Matrix<double>>& k,
-                               const std::vector<Matrix<double>>& v, int64_t T) {
-  AttentionInputs<double> in;
-  auto cut = [T](const std::vector<Matrix<double>>& heads, std::vector<Matrix<double>>& out) {
-    for (const auto& m : heads) {
-      if (m.rows() < T)
-        throw BadInput(fmt::format("lengths: T={} exceeds the source's {} slots", T, m.rows()));
-      out.push_back(m.topRows(T));
-    }
-  };
-  cut(q, in.q), cut(k, in.k), cut(v, in.v);
-  return in;
+// The synthetic source's parameters: the studies' default (the drift generator, seed 0x5eed),
+// then the [source] table's keys, which are those of `hils dump synthetic` (config/config.hpp)
+// less the ones a study sets itself.
+sources::SyntheticParams synthetic_params(const toml::table& t, const StudyGeometry& geometry,
+                                          const std::string& file) {
+  sources::SyntheticParams params;
+  params.generator = "drift";
+  params.seed = 0x5eed;
+  if (const auto* table = t["source"].as_table()) {
+    std::stringstream text;
+    text << toml::json_formatter{*table};
+    json keys = json::parse(text.str());
+    keys.erase("kind"), keys.erase("layers");
+    // The studies' own key before the sources were merged: say what it is called now.
+    if (keys.contains("query_gain"))
+      throw BadInput(fmt::format("{}: [source] query_gain: renamed logit_std (the same number: "
+                                 "the queries' gain); write logit_std = {}",
+                                 file, keys["query_gain"].dump()));
+    for (const char* owned : {"T", "S", "landmarks", "positional", "rope_pairing", "rope_theta",
+                              "hope_train_length", "hope_m"})
+      if (keys.contains(owned))
+        throw BadInput(fmt::format("{}: [source] {}: set by the study (lengths, [geometry], "
+                                   "[extrapolation]), not by the source",
+                                   file, owned));
+    config::apply_synthetic_json(params, keys, file + ": [source]");
+  }
+  params.S = geometry.S;
+  params.landmarks = geometry.landmarks;
+  return params;
 }
 
 void build_sources(Resolved& r, const StudyArgs& a, const toml::table& t, const std::string& f) {
+  sources::StudyInputs inputs;
   if (r.source_kind == "synthetic") {
-    analysis::SyntheticConfig sc;
-    sc.Hq = toml_value<int64_t>(t, "source", "Hq", 4, f);
-    sc.Hkv = toml_value<int64_t>(t, "source", "Hkv", 2, f);
-    sc.d = sc.dv = toml_value<int64_t>(t, "source", "d", 64, f);
-    sc.segment = toml_value<int64_t>(t, "source", "segment", sc.segment, f);
-    sc.query_rho = toml_value<double>(t, "source", "query_rho", sc.query_rho, f);
-    sc.query_gain = toml_value<double>(t, "source", "query_gain", sc.query_gain, f);
-    sc.seed = static_cast<uint64_t>(toml_value<int64_t>(t, "source", "seed", 0x5eed, f));
-    r.config["source"] = {{"kind", "synthetic"}, {"Hq", sc.Hq}, {"Hkv", sc.Hkv}, {"d", sc.d},
-                          {"segment", sc.segment}, {"query_rho", sc.query_rho},
-                          {"query_gain", sc.query_gain}, {"seed", sc.seed}};
-    const auto geo = r.geometry;
-    auto raw = [sc, geo](int64_t layer, int64_t T) {
-      return analysis::synthetic_layer(sc, layer, Geometry(T, geo.S, geo.W, geo.landmarks));
-    };
-    r.raw_source = {"synthetic", r.source.n_layers, r.source.lengths, raw};
     // Fidelity and overlap see the synthetic vectors under RoPE, as a model would.
-    PositionalEncoding pe{PositionalKind::rope, RopePairing::half, r.theta};
-    r.source = {"synthetic", r.source.n_layers, r.source.lengths, [raw, geo, pe](int64_t l, int64_t T) {
-                  return apply_positional_encoding<double>(
-                      raw(l, T), Geometry(T, geo.S, geo.W, geo.landmarks), pe);
-                }};
+    const PositionalEncoding pe{PositionalKind::rope, RopePairing::half, r.theta};
+    inputs = sources::synthetic_study_inputs(synthetic_params(t, r.geometry, f), pe,
+                                             r.source.n_layers, r.source.lengths);
   } else if (r.source_kind == "model") {
-    const int64_t T = r.source.lengths.back();
-    auto trace = trace_model(a.model_dir, T);
-    r.source.n_layers = std::min<int64_t>(r.source.n_layers, trace->layers.size());
-    r.config["source"] = {{"kind", "model"}, {"model", "stories260K.bin"},
-                          {"text", "tinystories_sample.txt, first T tokens, BOS first"}};
-    r.source.name = r.raw_source.name = "stories260K";
-    r.source.load = [trace](int64_t l, int64_t T) {
-      const auto& L = trace->layers.at(l);
-      return prefix(L.q, L.k, L.v, T);
-    };
-    r.raw_source = r.source;
-    r.raw_source.load = [trace](int64_t l, int64_t T) {
-      const auto& L = trace->layers.at(l);
-      return prefix(L.q_unrotated, L.k_unrotated, L.v, T);
-    };
+    inputs = sources::model_study_inputs(sources::ModelFiles::in_folder(a.model_dir),
+                                         r.source.n_layers, r.source.lengths);
   } else if (r.source_kind == "activations") {
     if (a.activations.empty()) throw BadInput("--activations: a file is needed for source=activations");
-    // One layer at a time from the file (read-only): a unit never holds more than its layer.
-    const std::filesystem::path file = a.activations;
-    const auto meta = std::make_shared<io::ActivationMeta>(io::read_activation_meta(file));
-    r.source.n_layers = std::min<int64_t>(r.source.n_layers, meta->n_layers);
-    r.config["source"] = {{"kind", "activations"}, {"path", a.activations},
-                          {"provenance", meta->source}};
-    r.source.name = r.raw_source.name = file.stem().string();
-    r.source.load = [file, meta](int64_t l, int64_t T) {
-      const auto layer = io::read_activation_layer(file, *meta, l);
-      return prefix(layer.inputs.q, layer.inputs.k, layer.inputs.v, T);
-    };
-    r.raw_source = r.source;
-    r.raw_source.load = [file, meta](int64_t l, int64_t T) {
-      const auto layer = io::read_activation_layer(file, *meta, l);
-      if (layer.q_unrotated.empty())
-        throw BadInput("activations: the file stores no q_unrotated/k_unrotated; "
-                       "extrapolation needs the un-rotated vectors");
-      return prefix(layer.q_unrotated, layer.k_unrotated, layer.inputs.v, T);
-    };
+    inputs = sources::activation_study_inputs(a.activations, r.source.n_layers, r.source.lengths);
   } else {
     throw BadInput("source: one of synthetic, model, activations, got '" + r.source_kind + "'");
   }
+  r.source = std::move(inputs.positioned);
+  r.raw_source = std::move(inputs.raw);
+  r.config["source"] = std::move(inputs.description);
 }
 
 
@@ -391,10 +294,10 @@ class StudyResults {
   StudyResults(const std::filesystem::path& path, const io::Provenance& provenance) {
     if (!parallel::holds_results()) return;
     file_ = std::make_unique<ResultsFileSink>(path, provenance);
-    file_->set_attribute("", "mpi_ranks", static_cast<double>(parallel::ranks()));
+    file_->sink().set_attribute("", "mpi_ranks", static_cast<double>(parallel::ranks()));
   }
   analysis::ResultSink& sink() {
-    return file_ ? static_cast<analysis::ResultSink&>(*file_) : unused_;
+    return file_ ? file_->sink() : unused_;
   }
   void commit() {
     if (file_) file_->commit();

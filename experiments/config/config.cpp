@@ -30,6 +30,7 @@ std::vector<std::string> synthetic_keys() {
   return {"generator",        "T",           "S",           "landmarks",    "Hq",
           "Hkv",              "d",           "dv",          "logit_std",    "topic_share",
           "query_topic_share", "depth",      "needle_query", "needle_logit", "retrieval_noise",
+          "segment",          "key_noise",   "query_rho",
           "positional",       "rope_pairing", "rope_theta",  "hope_train_length", "hope_m",
           "seed"};
 }
@@ -54,6 +55,9 @@ void apply_synthetic_json(sources::SyntheticParams& p, const nlohmann::json& o,
   if (o.contains("needle_query")) p.needle_query = get_int(o, "needle_query", where);
   if (o.contains("needle_logit")) p.needle_logit = get_number(o, "needle_logit", where);
   if (o.contains("retrieval_noise")) p.retrieval_noise = get_number(o, "retrieval_noise", where);
+  if (o.contains("segment")) p.segment = get_int(o, "segment", where);
+  if (o.contains("key_noise")) p.key_noise = get_number(o, "key_noise", where);
+  if (o.contains("query_rho")) p.query_rho = get_number(o, "query_rho", where);
   if (o.contains("positional"))
     p.positional.kind = parse_positional_kind(get_string(o, "positional", where), f("positional"));
   if (o.contains("rope_pairing"))

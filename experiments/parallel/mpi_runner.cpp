@@ -7,6 +7,7 @@
 #include <chrono>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -48,6 +49,27 @@ void send_bytes(const std::vector<char>& bytes, int message_tag) {
            MPI_COMM_WORLD);
 }
 
+// A worker's failure as rank 0 reports it; `order` is the unit's place in schedule order.
+struct Failure {
+  size_t order = 0;
+  bool bad_input = false;
+  std::string message;
+};
+
+Failure decode_failure(const std::vector<char>& bytes, int worker,
+                       const std::vector<StudyUnit>& units, const std::vector<size_t>& pending) {
+  uint64_t unit = 0;
+  std::memcpy(&unit, bytes.data(), sizeof unit);
+  Failure failure;
+  failure.bad_input = bytes.at(sizeof unit) == kBadInput;
+  failure.order = static_cast<size_t>(
+      std::find(pending.begin(), pending.end(), static_cast<size_t>(unit)) - pending.begin());
+  failure.message = "rank " + std::to_string(worker) + " failed on unit " +
+                    (unit < units.size() ? units[unit].path : "?") + ": " +
+                    std::string(bytes.begin() + sizeof unit + 1, bytes.end());
+  return failure;
+}
+
 }  // namespace
 
 analysis::UnitsDone MpiUnitRunner::run(const std::vector<StudyUnit>& units,
@@ -70,6 +92,11 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
   size_t next_out = 0, next_write = 0;
   std::map<size_t, RecordingSink> arrived;  // finished, waiting for their turn to be written
   int stopped = 0;
+  // The first failure (in schedule order) ends the run, but only after the other workers have
+  // returned the units they hold: those precede or follow the failed unit in schedule order,
+  // and the ones before it are written, so the checkpoint left holds every unit before the
+  // failed one, whatever the timing (and no computed work is lost).
+  std::optional<Failure> failure;
   while (stopped < size_ - 1) {
     int flag = 0;
     MPI_Status status;
@@ -82,15 +109,11 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
     const auto bytes = receive_bytes(status);
     const int worker = status.MPI_SOURCE;
     if (status.MPI_TAG == tag(kFailure, calls_)) {
-      uint64_t unit = 0;
-      std::memcpy(&unit, bytes.data(), sizeof unit);
-      const char kind = bytes.at(sizeof unit);
-      const std::string message = "rank " + std::to_string(worker) + " failed on unit " +
-                                  (unit < units.size() ? units[unit].path : "?") + ": " +
-                                  std::string(bytes.begin() + sizeof unit + 1, bytes.end());
-      // Bad input stays bad input (exit code 2), as in one process.
-      if (kind == kBadInput) throw InvalidArgument(message);
-      throw std::runtime_error(message);
+      Failure arrived_failure = decode_failure(bytes, worker, units, pending);
+      if (!failure || arrived_failure.order < failure->order) failure = std::move(arrived_failure);
+      // The failed worker waits for the job to end; it gets no reply and counts as stopped.
+      ++stopped;
+      continue;
     }
     if (!bytes.empty()) {
       uint64_t unit = 0;
@@ -108,9 +131,14 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
       }
     }
     int64_t assign = kNoMoreUnits;
-    if (next_out < hand_out.size()) assign = static_cast<int64_t>(hand_out[next_out++]);
+    if (!failure && next_out < hand_out.size()) assign = static_cast<int64_t>(hand_out[next_out++]);
     else ++stopped;
     MPI_Send(&assign, 1, MPI_INT64_T, worker, tag(kAssign, calls_), MPI_COMM_WORLD);
+  }
+  if (failure) {
+    // Bad input stays bad input (exit code 2), as in one process.
+    if (failure->bad_input) throw InvalidArgument(failure->message);
+    throw std::runtime_error(failure->message);
   }
   if (next_write != pending.size())
     throw std::logic_error("MPI coordinator: " + std::to_string(pending.size() - next_write) +

@@ -14,8 +14,10 @@
 // checkpoints the file, exactly as one process does.
 //
 // A failing unit on a worker (any exception: bad input found late, out of memory) is sent to
-// rank 0, which throws "rank R failed on unit U: ..." (the results writer then discards its
-// uncommitted temporary; the last checkpoint stays) and the session aborts the job.
+// rank 0, which stops handing out units, waits for the other workers' units and writes those
+// that precede the failed one in schedule order (so the checkpoint holds every unit before it,
+// whatever the timing), then throws "rank R failed on unit U: ..." (the results writer
+// discards its uncommitted temporary; the last checkpoint stays) and the session aborts the job.
 #pragma once
 
 #include "hils/analysis/units.hpp"

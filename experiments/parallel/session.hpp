@@ -1,5 +1,5 @@
 // Where this process runs: alone, or as one rank of `mpirun -n N hils ...`. One Session lives
-// in main(); the study commands ask it for their UnitRunner.
+// in main(); the study commands and `hils run` ask it for their UnitRunner.
 //
 // Built with MPI (OpenMPI found at configure time) and started by mpirun/srun with N > 1 ranks,
 // rank 0 is the coordinator and the only writer of results; ranks 1..N-1 compute units (see

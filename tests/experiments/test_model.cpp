@@ -6,8 +6,10 @@
 
 #include "hils/positional.hpp"
 #include "io/activation_file.hpp"
-#include "model/llama2c.hpp"
-#include "model/tokenizer.hpp"
+#include "sources/llama2c.hpp"
+#include "sources/model_trace.hpp"
+#include "sources/study_inputs.hpp"
+#include "sources/tokenizer.hpp"
 #include "support.hpp"
 #include "util/shared_data.hpp"
 
@@ -30,7 +32,7 @@ fs::path shared_or_skip() {
   return dir;
 }
 
-std::vector<int32_t> first_tokens(const fs::path& dir, const hils::model::Tokenizer& tokenizer,
+std::vector<int32_t> first_tokens(const fs::path& dir, const hils::sources::Tokenizer& tokenizer,
                                   size_t count) {
   std::ifstream in(dir / "tinystories_sample.txt", std::ios::binary);
   std::stringstream text;
@@ -46,12 +48,12 @@ TEST_CASE("stories260K: mean next-token NLL over the first 128 tokens is 1.276 +
           "[model]") {
   auto dir = shared_or_skip();
   if (dir.empty()) return;
-  auto model = hils::model::Llama2cModel::load(dir / "stories260K.bin");
-  auto tokenizer = hils::model::Tokenizer::load(dir / "tok512.bin", model.config().vocab_size);
+  auto model = hils::sources::Llama2cModel::load(dir / "stories260K.bin");
+  auto tokenizer = hils::sources::Tokenizer::load(dir / "tok512.bin", model.config().vocab_size);
   auto tokens = first_tokens(dir, tokenizer, 128);
-  CHECK(tokens[0] == hils::model::kTokenBos);
+  CHECK(tokens[0] == hils::sources::kTokenBos);
   auto logits = model.forward(tokens);
-  double nll = hils::model::mean_next_token_nll(logits, tokens);
+  double nll = hils::sources::mean_next_token_nll(logits, tokens);
   INFO("NLL " << nll);
   CHECK(std::abs(nll - 1.276) <= 0.005);
   // An untrained model would score ln 512 = 6.24: the figure really depends on the weights.
@@ -62,10 +64,10 @@ TEST_CASE("stories260K: dumped q/k after RoPE equal the reference's interleaved 
           "un-rotated ones", "[model]") {
   auto dir = shared_or_skip();
   if (dir.empty()) return;
-  auto model = hils::model::Llama2cModel::load(dir / "stories260K.bin");
-  auto tokenizer = hils::model::Tokenizer::load(dir / "tok512.bin", model.config().vocab_size);
+  auto model = hils::sources::Llama2cModel::load(dir / "stories260K.bin");
+  auto tokenizer = hils::sources::Tokenizer::load(dir / "tok512.bin", model.config().vocab_size);
   auto tokens = first_tokens(dir, tokenizer, 64);
-  std::vector<hils::model::LayerTrace> trace;
+  std::vector<hils::sources::LayerTrace> trace;
   model.forward(tokens, &trace);
   REQUIRE(trace.size() == 5);
   hils::PositionalEncoding pe;
@@ -85,6 +87,39 @@ TEST_CASE("stories260K: dumped q/k after RoPE equal the reference's interleaved 
       CHECK((layer.q[h] - layer.q_unrotated[h]).cwiseAbs().maxCoeff() > 1e-3);
     }
   }
+}
+
+TEST_CASE("the model tracer keeps the first tokens, says what it cut, and feeds the studies",
+          "[model]") {
+  auto dir = shared_or_skip();
+  if (dir.empty()) return;
+  const auto files = hils::sources::ModelFiles::in_folder(dir);
+  auto model = hils::sources::Llama2cModel::load(files.model);
+  auto tokenizer = hils::sources::Tokenizer::load(files.tokenizer, model.config().vocab_size);
+  const auto trace = hils::sources::trace_text(files, 48, "--tokens");
+  CHECK(trace.tokens == first_tokens(dir, tokenizer, 48));
+  CHECK(trace.truncated);
+  CHECK(trace.layers.size() == 5);
+  CHECK(trace.provenance["token_range"] == nlohmann::json::array({0, 48}));
+  CHECK(trace.provenance["text_truncated"] == true);
+  CHECK(trace.provenance["model_fnv1a64"].get<std::string>().size() == 16);
+  CHECK(trace.provenance.contains("hils_version"));
+  // The studies cut one trace of the longest length; a shorter length is its prefix.
+  auto inputs = hils::sources::model_study_inputs(files, 9, {32, 48});
+  CHECK(inputs.positioned.n_layers == 5);
+  CHECK(inputs.positioned.name == "stories260K");
+  auto layer = inputs.positioned.load(3, 32);
+  CHECK(layer.q[5] == trace.layers[3].q[5].topRows(32));
+  CHECK(layer.v[2] == trace.layers[3].v[2].topRows(32));
+  CHECK(inputs.raw.load(3, 48).k[1] == trace.layers[3].k_unrotated[1]);
+  // Errors name the setting that asked for the tokens.
+  CHECK_THROWS_WITH(hils::sources::trace_text(files, 513, "lengths"),
+                    Catch::Contains("lengths") && Catch::Contains("512"));
+  CHECK_THROWS_WITH(hils::sources::trace_text(files, 1, "--tokens"), Catch::Contains("--tokens"));
+  auto missing = files;
+  missing.text = dir / "no_such_text.txt";
+  CHECK_THROWS_WITH(hils::sources::model_study_inputs(missing, 1, {32}),
+                    Catch::Contains("no_such_text.txt"));
 }
 
 TEST_CASE("hils dump llama2c writes every layer and prints the NLL", "[model][cli]") {

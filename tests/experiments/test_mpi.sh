@@ -4,7 +4,8 @@
 #                 and attributes bit for bit (provenance aside);
 #   failing_rank: a layer with a NaN found late ends the job naming the rank and the unit, the
 #                 file keeps its last checkpoint, and after the fix the run resumes under
-#                 another N (2, then 1 process after a second interruption) to the same results.
+#                 another N (2, then 1 process after a second interruption) to the same results;
+#   run:          `hils run` over 3 layers x 2 mechanisms: the same, for its (mechanism, layer) units.
 # usage: test_mpi.sh CASE HILS MPIRUN WORKDIR
 set -euo pipefail
 case_name=$1 hils=$2 mpirun=$3 work=$4
@@ -37,6 +38,68 @@ if [[ $case_name == same_results ]]; then
   exit 0
 fi
 
+if [[ $case_name == run ]]; then
+  # Each rank runs in its own folder with its own copy of the activations, as ranks on cluster
+  # nodes read node-local copies: a corrupt copy on the workers is bad input found late, in a
+  # unit (rank 0 checks its own copy up front). The results file is ../run.h5 for every rank.
+  "$hils" -q dump synthetic -o good.h5 -T 256 -S 16 --seed 5
+  /usr/bin/python3 - <<'PY'
+import h5py
+with h5py.File("good.h5", "r+") as f:
+    f.copy("layer0", "layer1")
+    f.copy("layer0", "layer2")
+    f["layer1/k"][0, 3, 0] = 0.25  # layers differ
+    f["layer2/v"][1, 7, 2] = -0.5
+    f.attrs["n_layers"] = 3
+PY
+  mkdir rank0 rank1 rank2
+  copies() {  # copies BROKEN_LAYER: good copies, the workers' with a NaN in that layer
+    for r in 0 1 2; do cp good.h5 rank$r/acts.h5; done
+    [[ -z $1 ]] && return
+    for r in 1 2; do
+      /usr/bin/python3 -c "import h5py; h5py.File('rank$r/acts.h5', 'r+')['layer$1/k'][1, 9, 4] = float('nan')"
+    done
+  }
+  at_rank() { local n=$1; shift
+    "$mpirun" --oversubscribe -n "$n" bash -c 'cd rank$OMPI_COMM_WORLD_RANK && exec "$@"' _ "$hils" -q run acts.h5 "$@"; }
+  run_args=(--preset full,hils -S 16 --landmarks true -W 32 -K 2)
+  copies ""
+  (cd rank0 && "$hils" -q run acts.h5 -o ../run_1.h5 "${run_args[@]}")
+  at_rank 2 -o ../run_2.h5 "${run_args[@]}"
+  at_rank 3 -o ../run_3.h5 "${run_args[@]}"
+  same run_1.h5 run_2.h5 && same run_1.h5 run_3.h5
+  ranks=$(/usr/bin/python3 -c "import h5py; print(int(h5py.File('run_3.h5')['/'].attrs['mpi_ranks']))")
+  [[ $ranks == 3 ]] || fail "mpi_ranks attribute is $ranks, expected 3"
+
+  # Units of one layer are consecutive; holds UNITS: the checkpoint holds exactly those.
+  holds() { /usr/bin/python3 - "$@" <<'PY' || fail "the checkpoint does not hold the units before the failure"
+import h5py, json, sys
+done = json.loads(h5py.File("resumed.h5", "r").attrs["complete_units"])
+print("checkpoint holds", done)
+assert done == sys.argv[1:], done
+PY
+  }
+  # Interrupted under N = 3 (layer 1 broken on the workers) ...
+  copies 1
+  if at_rank 3 -o ../resumed.h5 "${run_args[@]}" 2> failure.txt; then fail "a NaN layer did not fail"; fi
+  cat failure.txt
+  grep -q "bad input: rank [12] failed on unit [a-z]*/layer1: .*layer1/k.*nan" failure.txt ||
+    fail "the message does not name the rank, the unit and what was wrong"
+  [[ $(ls | grep -c "^resumed") == 1 ]] || fail "files besides resumed.h5: $(ls)"
+  holds full/layer0 hils/layer0
+  # ... resumed under N = 2 and interrupted again (layer 2 broken) ...
+  copies 2
+  if at_rank 2 -o ../resumed.h5 "${run_args[@]}" --resume 2> failure.txt; then fail "a NaN layer did not fail"; fi
+  grep -q "bad input: rank 1 failed on unit full/layer2: .*nan" failure.txt || fail "second failure not named"
+  holds full/layer0 hils/layer0 full/layer1 hils/layer1
+  # ... and finished in one process: the same file as the uninterrupted run.
+  copies ""
+  (cd rank0 && "$hils" -q run acts.h5 -o ../resumed.h5 "${run_args[@]}" --resume)
+  same run_1.h5 resumed.h5
+  echo "hils run: same results for N = 1, 2, 3; failures named; resumed under N = 2 and 1"
+  exit 0
+fi
+
 [[ $case_name == failing_rank ]] || fail "unknown case $case_name"
 # Three layers from one synthetic layer; poke(L, value) sets one k entry of layer L.
 "$hils" -q dump synthetic -o acts.h5 -T 512 --seed 7
@@ -64,6 +127,14 @@ grep -qi "nan" failure.txt || fail "the message does not say what was wrong"
 # The last checkpoint is a valid results file, and no temporary file is left.
 /usr/bin/python3 -c "import h5py; h5py.File('resumed.h5', 'r')" || fail "checkpoint unreadable"
 [[ $(ls | grep -c "^resumed") == 1 ]] || fail "files besides resumed.h5: $(ls)"
+# Whatever the timing, the checkpoint holds every unit scheduled before the failed layer 2.
+/usr/bin/python3 - <<'PY' || fail "the checkpoint does not hold exactly the units before layer 2"
+import h5py, json
+done = set(json.loads(h5py.File("resumed.h5", "r").attrs["complete_units"]))
+expected = {f"T512/layer{l}/group{g}" for l in (0, 1) for g in (0, 1)}
+print("checkpoint holds", sorted(done))
+assert done == expected, done
+PY
 
 # Resumed under N = 2: layer 2 fixed, layer 1 now broken (its first pending unit fails).
 cp good.h5 acts.h5 && poke 1
@@ -77,7 +148,3 @@ cp good.h5 acts.h5
 same reference.h5 resumed.h5
 echo "failure named, checkpoint kept, resumed under N = 2 and 1 to the same results"
 
-# hils run is not shared among ranks yet: refused clearly, nothing written.
-if mpi 2 run acts.h5 -o run.h5 --preset full 2> run.txt; then fail "hils run under mpirun ran"; fi
-grep -q "not shared among MPI ranks" run.txt || fail "hils run under mpirun: unclear refusal"
-[[ ! -e run.h5 ]] || fail "hils run under mpirun wrote run.h5"

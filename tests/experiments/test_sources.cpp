@@ -4,6 +4,10 @@
 #include <cmath>
 
 #include "hils/attention.hpp"
+#include <fstream>
+
+#include "sources/study_inputs.hpp"
+#include "support.hpp"
 #include "sources/synthetic.hpp"
 
 namespace src = hils::sources;
@@ -130,4 +134,134 @@ TEST_CASE("synthetic parameters are validated with the field named", "[sources]"
   p = small("needle", 7);
   p.depth = 1.5;
   CHECK_THROWS_WITH(src::generate(p), Catch::Contains("depth"));
+}
+
+TEST_CASE("layers are independent draws, and layer 0 is what a dump holds", "[sources]") {
+  for (const auto& name : src::generator_names()) {
+    INFO(name);
+    auto p = small(name, 8);
+    auto dumped = src::generate(p);
+    auto layer0 = src::generate(p, 0);
+    auto layer1 = src::generate(p, 1);
+    CHECK(layer0.inputs.q[0] == dumped.inputs.q[0]);
+    CHECK(layer0.inputs.k[1] == dumped.inputs.k[1]);
+    CHECK(layer1.inputs.q[0] != layer0.inputs.q[0]);
+    CHECK(layer1.inputs.v[1] != layer0.inputs.v[1]);
+    CHECK(src::generate(p, 1).inputs.k[0] == layer1.inputs.k[0]);
+  }
+}
+
+TEST_CASE("drift: landmark slots hold their chunk's mean, queries drift, keys share segments",
+          "[sources]") {
+  auto p = small("drift", 9);
+  p.segment = 64;
+  p.query_rho = 0.9;
+  p.key_noise = 0.5;
+  auto sample = src::generate(p);
+  const auto& in = sample.unrotated;
+  CHECK(in.prior.empty());
+  CHECK(in.v[0].cols() == 16);
+  const auto& geometry = sample.geometry;
+  for (int64_t c : {int64_t{0}, geometry.n_chunks() - 1}) {
+    const int64_t slot = geometry.landmark_slot(c), first = c * p.S;
+    for (const auto* heads : {&in.q, &in.k, &in.v}) {
+      const hils::Matrix<double>& m = (*heads)[0];
+      Eigen::RowVectorXd mean = m.middleRows(first, slot - first).colwise().mean();
+      CHECK((m.row(slot) - mean).cwiseAbs().maxCoeff() < 1e-12);
+    }
+  }
+  // Adjacent real queries: correlation ~ query_rho; keys of one segment: ~ 1/(1 + key_noise^2).
+  double q_corr = 0, k_corr = 0;
+  int64_t n = 0;
+  for (int64_t t = 0; t + 1 < p.T; ++t) {
+    if (geometry.is_landmark(t) || geometry.is_landmark(t + 1)) continue;
+    const auto& q = in.q[1];
+    q_corr += q.row(t).dot(q.row(t + 1)) / (q.row(t).norm() * q.row(t + 1).norm());
+    const auto& k = in.k[1];
+    k_corr += k.row(t).dot(k.row(t + 1)) / (k.row(t).norm() * k.row(t + 1).norm());
+    ++n;
+  }
+  q_corr /= double(n), k_corr /= double(n);
+  INFO("q " << q_corr << " k " << k_corr);
+  CHECK(std::abs(q_corr - 0.9) < 0.05);
+  CHECK(k_corr > 0.6);  // 0.8 within a segment; a segment boundary every ~64 slots
+  CHECK(k_corr < 0.85);
+  // logit_std scales the queries and nothing else.
+  auto scaled = p;
+  scaled.logit_std = 2.0;
+  auto twice = src::draw_layer(scaled).inputs;
+  CHECK((twice.q[2] - 2.0 * in.q[2]).cwiseAbs().maxCoeff() < 1e-12);
+  CHECK(twice.k[0] == in.k[0]);
+}
+
+TEST_CASE("the studies' synthetic inputs are the generator's layer, under the study's RoPE",
+          "[sources]") {
+  auto p = small("topics", 10);
+  hils::PositionalEncoding pe{hils::PositionalKind::rope, hils::RopePairing::half, 10000.0};
+  auto inputs = src::synthetic_study_inputs(p, pe, 2, {128, 256});
+  CHECK(inputs.positioned.n_layers == 2);
+  CHECK(inputs.description["generator"] == "topics");
+  CHECK(inputs.description["kind"] == "synthetic");
+  CHECK_FALSE(inputs.description.contains("T"));
+  auto at = p;
+  at.T = 256;
+  auto drawn = src::draw_layer(at, 1).inputs;
+  drawn.prior.clear();
+  auto raw = inputs.raw.load(1, 256);
+  CHECK(raw.prior.empty());
+  CHECK(raw.q[3] == drawn.q[3]);
+  CHECK(raw.k[1] == drawn.k[1]);
+  auto positioned = inputs.positioned.load(1, 256);
+  auto expected = hils::apply_positional_encoding(drawn, hils::Geometry(256, p.S, p.S, true), pe);
+  CHECK(positioned.q[3] == expected.q[3]);
+  CHECK(positioned.k[0] == expected.k[0]);
+  CHECK(positioned.v[1] == drawn.v[1]);
+  CHECK(positioned.q[3] != raw.q[3]);
+}
+
+TEST_CASE("drift parameters are validated with the field named", "[sources]") {
+  auto p = small("drift", 11);
+  p.query_rho = 1.0;
+  CHECK_THROWS_WITH(src::generate(p), Catch::Contains("query_rho"));
+  p = small("drift", 11);
+  p.segment = 0;
+  CHECK_THROWS_WITH(src::generate(p), Catch::Contains("segment"));
+  p = small("drift", 11);
+  p.key_noise = -1;
+  CHECK_THROWS_WITH(src::generate(p), Catch::Contains("key_noise"));
+}
+
+TEST_CASE("a study's [source] table takes the generator keys of hils dump synthetic",
+          "[sources][cli]") {
+  hils::test::TempDir dir("study_source_keys");
+  auto q = [](const std::filesystem::path& p) { return "'" + p.string() + "'"; };
+  std::ofstream(dir / "topics.toml") << "[source]\ngenerator = \"topics\"\ntopic_share = 0.9\n"
+                                        "d = 32\nseed = 3\n";
+  auto r = hils::test::run_hils("fidelity --config " + q(dir / "topics.toml") + " --out " +
+                                q(dir / "f.h5") + " --lengths 1024 --layers 1 --queries 4 -q");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  auto info = hils::test::run_hils("info " + q(dir / "f.h5") + " --json");
+  CHECK_THAT(info.output, Catch::Contains("\"generator\": \"topics\"") &&
+                              Catch::Contains("\"topic_share\": 0.9") &&
+                              Catch::Contains("\"dv\": 32"));
+  // Keys the study sets itself, and keys no generator has, are refused by name.
+  std::ofstream(dir / "owned.toml") << "[source]\nS = 16\n";
+  auto owned = hils::test::run_hils("fidelity --config " + q(dir / "owned.toml") + " --out " +
+                                    q(dir / "g.h5") + " --lengths 512 -q");
+  CHECK(owned.exit_code == 2);
+  CHECK_THAT(owned.output, Catch::Contains("[source] S"));
+  // The studies' old name of logit_std is refused with the new name.
+  std::ofstream(dir / "renamed.toml") << "[source]\nquery_gain = 2.0\n";
+  auto renamed = hils::test::run_hils("fidelity --config " + q(dir / "renamed.toml") +
+                                      " --out " + q(dir / "h.h5") + " --lengths 512 -q");
+  CHECK(renamed.exit_code == 2);
+  CHECK_THAT(renamed.output, Catch::Contains("query_gain") && Catch::Contains("logit_std = 2.0"));
+  std::ofstream(dir / "unknown.toml") << "[source]\nsegmnet = 64\n";
+  auto unknown = hils::test::run_hils("fidelity --config " + q(dir / "unknown.toml") +
+                                      " --out " + q(dir / "i.h5") + " --lengths 512 -q");
+  CHECK(unknown.exit_code == 2);
+  CHECK_THAT(unknown.output, Catch::Contains("unknown key 'segmnet'"));
+  for (const char* name : {"g.h5", "h.h5", "i.h5"})
+    CHECK_FALSE(std::filesystem::exists(dir / name));
 }

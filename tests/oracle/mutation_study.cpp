@@ -135,8 +135,11 @@ std::vector<PowerRow> power_study(const MechanismSpec& spec, const AttentionInpu
       const Verdict verdict = verify(planted.declared, inputs, planted.outputs, options);
       const bool caught = !verdict.passed;
       bool caught_elementwise = !verdict.selection.passed;
-      for (const auto& t : verdict.tensors)
-        caught_elementwise = caught_elementwise || t.problems.size() > (t.mean_passed ? 0u : 1u);
+      for (const auto& t : verdict.tensors) {
+        size_t shift_failures = 0;
+        for (const auto& test : t.shift_tests) shift_failures += test.passed ? 0 : 1;
+        caught_elementwise = caught_elementwise || t.problems.size() > shift_failures;
+      }
       if (caught_elementwise) row.caught_sizes_elementwise.push_back(size);
       if (caught_elementwise && row.smallest_caught_elementwise == 0)
         row.smallest_caught_elementwise = size;

@@ -23,8 +23,8 @@ namespace {
 
 // Rounds every entry of a head list to bf16 (the store of a bf16 kernel); -inf stays.
 template <class M>
-void round_heads(std::vector<M>& heads) {
-  for (auto& m : heads) m = m.unaryExpr([](double x) { return round_to_bf16(x); });
+void round_heads(std::vector<M>& heads, Bf16Rounding rounding) {
+  for (auto& m : heads) m = m.unaryExpr([rounding](double x) { return round_to_bf16(x, rounding); });
 }
 
 }  // namespace
@@ -35,25 +35,26 @@ AttentionInputs<float> kernel_inputs(const AttentionInputs<double>& inputs, Inpu
 }
 
 void round_as_stored(const MechanismSpec& spec, KernelOutputs& out, InputPrecision precision,
-                     InputPrecision score_precision) {
+                     InputPrecision score_precision, Bf16Rounding rounding) {
   // outputs -> the same outputs as a kernel of these precisions stores them.
   if (precision == InputPrecision::bf16) {
-    round_heads(out.o);
-    round_heads(out.o_window);
+    round_heads(out.o, rounding);
+    round_heads(out.o_window, rounding);
   }
   if (score_precision == InputPrecision::bf16) {
-    round_heads(out.surrogate_scores);
-    round_heads(out.summary_key);
-    round_heads(out.summary_bias);
+    round_heads(out.surrogate_scores, rounding);
+    round_heads(out.summary_key, rounding);
+    round_heads(out.summary_bias, rounding);
     if (spec.fusion == Fusion::hierarchical) {
-      round_heads(out.lse);
-      round_heads(out.fusion_weights);
+      round_heads(out.lse, rounding);
+      round_heads(out.fusion_weights, rounding);
     }
   }
 }
 
 KernelOutputs float_kernel(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
-                           InputPrecision precision, InputPrecision score_precision) {
+                           InputPrecision precision, InputPrecision score_precision,
+                           Bf16Rounding rounding) {
   // spec, inputs -> every stage of run_mechanism<float>, widened.
   const AttentionInputs<float> in = kernel_inputs(inputs, precision);
   RunOptions options;
@@ -82,7 +83,7 @@ KernelOutputs float_kernel(const MechanismSpec& spec, const AttentionInputs<doub
       out.summary_bias.push_back(s.bias.cast<double>());
     }
   }
-  round_as_stored(spec, out, precision, score_precision);
+  round_as_stored(spec, out, precision, score_precision, rounding);
   return out;
 }
 
@@ -154,7 +155,7 @@ KernelGradients float_gradients(const MechanismSpec& spec, const AttentionInputs
   out.dprior = widen(grads.dprior);
   if (bf16)
     for (auto* heads : {&out.dq, &out.dk, &out.dv, &out.dq_retrieval, &out.dprior})
-      round_heads(*heads);
+      round_heads(*heads, Bf16Rounding::nearest);
   return out;
 }
 

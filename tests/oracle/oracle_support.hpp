@@ -18,17 +18,19 @@ AttentionInputs<float> kernel_inputs(const AttentionInputs<double>& inputs, Inpu
 
 // Rounds a kernel's outputs as a kernel of these precisions stores them: o, o_window in bf16 for
 // bf16 inputs; with bf16 scores, the summaries, scores and (hierarchical fusion) lse and fusion
-// weights in bf16 too. Idempotent.
+// weights in bf16 too, to nearest or (a truncating kernel) toward zero. Idempotent.
 void round_as_stored(const MechanismSpec& spec, KernelOutputs& out, InputPrecision precision,
-                     InputPrecision score_precision);
+                     InputPrecision score_precision,
+                     Bf16Rounding rounding = Bf16Rounding::nearest);
 
 // Every stage of the reference run in float on `inputs`, widened to double: what a correct
 // kernel would produce. With bf16 the inputs are rounded to bf16 first and o, o_window are
 // stored in bf16 (FlashAttention's habit: bf16 o, fp32 lse); with bf16 scores too, every
-// other output is stored in bf16 as well.
+// other output is stored in bf16 as well; `rounding` says how (to nearest, or toward zero).
 KernelOutputs float_kernel(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                            InputPrecision precision = InputPrecision::fp32,
-                           InputPrecision score_precision = InputPrecision::fp32);
+                           InputPrecision score_precision = InputPrecision::fp32,
+                           Bf16Rounding rounding = Bf16Rounding::nearest);
 
 // The last query's strongest chosen chunk (group 0, by the reference's group scores on `inputs`)
 // replaced by its weakest candidate left out, and o, lse, fusion weights fused in float on

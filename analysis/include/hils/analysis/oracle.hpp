@@ -31,6 +31,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cmath>
 #include <optional>
 #include <string>
 #include <vector>
@@ -64,6 +65,10 @@ InputPrecision tensor_precision(const std::string& tensor, const MechanismSpec& 
 // Rounds to the nearest bf16 (ties to even) and back; NaN stays NaN. The oracle applies this to
 // every input when the kernel's precision is bf16.
 double round_to_bf16(double x);
+// The two ways kernels convert to bf16: to nearest (ties to even; __float2bfloat16) and toward
+// zero (keeping a float's upper 16 bits, a truncating conversion). Both are correct kernels.
+enum class Bf16Rounding { nearest, toward_zero };
+double round_to_bf16(double x, Bf16Rounding mode);
 AttentionInputs<double> round_inputs_to_bf16(const AttentionInputs<double>& inputs);
 
 // Every tolerance of the oracle, in one place, each with its reason.
@@ -174,6 +179,24 @@ std::vector<Vector<double>> widen(const std::vector<Vector<Scalar>>& heads) {
   return out;
 }
 
+// A statistic over all rows of a tensor, value = sum_r a_r e_r with e_r the kernel's error at
+// its storage precision (kernel - the reference rounded as the kernel stores), and what a
+// correct kernel's rounding can make of it: tolerance = kBaselineFactor x |baseline| +
+// rounding_bias + kMeanSigmas x standard_error, standard_error the larger of the bf16 rounding
+// model's and the spread of the residuals' (reference/SEMANTICS.md, "The oracle's statistics").
+struct ShiftTest {
+  std::string name;   // "mean" (a_r = 1/N) or "logit scale" (a_r = g_r / sum g^2)
+  std::string unit;   // how the value reads: "" (lse units) or "of sigma" (a fraction)
+  double value = 0;                   // sum_r a_r e_r
+  double baseline = 0;                // the same of the float reference
+  double model_standard_error = 0;    // from the rounding model (MeanShiftBound)
+  double spread_standard_error = 0;   // sqrt(sum_r a_r^2 residual_r^2)
+  double rounding_bias = 0;           // what a biased rounding can add (MeanShiftBound)
+  double tolerance = 0;
+  bool passed = true;
+  double headroom() const { return tolerance > 0 ? std::fabs(value) / tolerance : 0.0; }
+};
+
 // The comparison of one tensor (all heads together).
 struct TensorReport {
   std::string name;          // "o", "lse", "surrogate_scores", ...
@@ -190,11 +213,12 @@ struct TensorReport {
   double magnitude = 0;         // the magnitude the floor scales with
   double tolerance = 0;         // kBaselineFactor * baseline_max_abs + floor
   double headroom = 0;          // max_abs / tolerance (fails when > 1)
-  // Mean test (Tolerances::kMeanSigmas): the signed mean errors over the finite elements, and,
-  // where the test applies (mean_tolerance > 0), the standard error and the tolerance.
-  double mean_error = 0, baseline_mean_error = 0;
-  double mean_standard_error = 0, mean_rounding_bias = 0, mean_tolerance = 0;
-  bool mean_passed = true;      // false: the mean test failed (one of the problems says so)
+  // Statistics over all rows (hierarchical lse under bf16 scores, Tolerances::kMeanSigmas):
+  // the mean error and the logit-scale slope, each with its tolerance (ShiftTest); empty where
+  // they do not apply.
+  std::vector<ShiftTest> shift_tests;
+  std::string stored_as;        // the storage the shift tests found: "fp32", "bf16 (to nearest)", ...
+  bool shift_passed() const;    // every shift test passed (true when there is none)
   std::vector<std::string> problems;  // why it failed: NaN, shape, all-zero, -inf pattern, ...
   std::string diagnosis;              // a guess at the cause, when one is recognised
 };
@@ -264,15 +288,16 @@ TensorReport compare_tensor(const std::string& name, const std::vector<Matrix<do
                             InputPrecision precision, const std::string& row_label,
                             const std::vector<int64_t>& row_ids, int64_t max_messages = 8);
 
-// What a correct kernel's rounding can do to the mean error of a tensor: the standard error of
-// its unbiased roundings, and a bound on the bias of the roundings that are not.
+// What a correct kernel's rounding can do to a statistic sum_r a_r e_r of a tensor's errors:
+// the standard error of its unbiased roundings, and a bound on the bias of the roundings that
+// are not.
 struct MeanShiftBound {
   double standard_error = 0;
   double rounding_bias = 0;
 };
-// The mean test: fails `report` (with a problem line) when |mean_error| exceeds
-// kBaselineFactor x |baseline_mean_error| + rounding_bias + kMeanSigmas x standard_error.
-void check_mean_shift(TensorReport& report, const MeanShiftBound& bound);
+// Completes `test` (value, baseline, spread_standard_error set) with its tolerance and verdict
+// and, when it fails, adds a problem line naming the statistic to `report`.
+void check_shift(TensorReport& report, ShiftTest test, const MeanShiftBound& bound);
 
 // Guard bytes: the first offset in [data, data+bytes) whose byte differs from `pattern`, or
 // nullopt when the whole guard is intact.

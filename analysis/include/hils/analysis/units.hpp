@@ -1,4 +1,4 @@
-// How a study's units of work run. A study driver lists its units (unit_path, a cost estimate
+// How units of work run. A study driver (or `hils run`) lists its units (path, a cost estimate
 // and the work); a UnitRunner runs them and delivers each unit's writes to the results sink in
 // SCHEDULE order (schedule_order: largest cost first, ties in list order), each followed by
 // mark_complete(unit). The results file therefore does not depend on the runner: SerialUnitRunner (here) runs them one after another; the MPI runner

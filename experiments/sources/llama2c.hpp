@@ -10,7 +10,7 @@
 #include "hils/types.hpp"
 #include "io/activation_file.hpp"
 
-namespace hils::model {
+namespace hils::sources {
 
 struct Llama2cConfig {
   int64_t dim = 0, hidden_dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0;
@@ -71,4 +71,4 @@ io::ActivationFile activations_from_trace(const Llama2cConfig& config,
                                           const std::vector<int32_t>& tokens,
                                           nlohmann::json source);
 
-}  // namespace hils::model
+}  // namespace hils::sources

@@ -7,7 +7,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace hils::model {
+namespace hils::sources {
 
 inline constexpr int32_t kTokenBos = 1;
 inline constexpr int32_t kTokenEos = 2;
@@ -33,4 +33,4 @@ class Tokenizer {
   std::unordered_map<std::string, int32_t> index_;
 };
 
-}  // namespace hils::model
+}  // namespace hils::sources

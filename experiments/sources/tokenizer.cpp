@@ -1,4 +1,4 @@
-#include "model/tokenizer.hpp"
+#include "sources/tokenizer.hpp"
 
 #include <cstring>
 #include <fstream>
@@ -7,7 +7,7 @@
 
 #include "io/file_error.hpp"
 
-namespace hils::model {
+namespace hils::sources {
 
 namespace {
 
@@ -105,4 +105,4 @@ std::string Tokenizer::piece(int32_t token) const {
   return text;
 }
 
-}  // namespace hils::model
+}  // namespace hils::sources

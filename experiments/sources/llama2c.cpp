@@ -1,4 +1,4 @@
-#include "model/llama2c.hpp"
+#include "sources/llama2c.hpp"
 
 #include <cmath>
 #include <fstream>
@@ -8,7 +8,7 @@
 #include "hils/attention.hpp"
 #include "io/file_error.hpp"
 
-namespace hils::model {
+namespace hils::sources {
 
 namespace {
 
@@ -249,4 +249,4 @@ io::ActivationFile activations_from_trace(const Llama2cConfig& config,
   return file;
 }
 
-}  // namespace hils::model
+}  // namespace hils::sources

@@ -1,0 +1,114 @@
+#include "sources/study_inputs.hpp"
+
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "io/activation_file.hpp"
+
+namespace hils::sources {
+
+namespace {
+
+// The first T rows of every head.
+AttentionInputs<double> prefix(const std::vector<Matrix<double>>& q,
+                               const std::vector<Matrix<double>>& k,
+                               const std::vector<Matrix<double>>& v, int64_t T) {
+  AttentionInputs<double> in;
+  auto cut = [T](const std::vector<Matrix<double>>& heads, std::vector<Matrix<double>>& out) {
+    for (const auto& m : heads) {
+      require(m.rows() >= T, "lengths", fmt::format("T <= the source's {} slots", m.rows()),
+              std::to_string(T));
+      out.push_back(m.topRows(T));
+    }
+  };
+  cut(q, in.q), cut(k, in.k), cut(v, in.v);
+  return in;
+}
+
+// What the results' config says of a synthetic source: its parameters, less those the study
+// sets itself (the lengths, the layout, the positional encodings).
+nlohmann::json synthetic_description(const SyntheticParams& params) {
+  nlohmann::json description = params.to_json();
+  for (const char* key : {"T", "S", "landmarks", "positional", "rope_pairing", "rope_theta",
+                          "hope_train_length", "hope_m"})
+    description.erase(key);
+  description["kind"] = "synthetic";
+  return description;
+}
+
+}  // namespace
+
+StudyInputs synthetic_study_inputs(const SyntheticParams& params, const PositionalEncoding& pe,
+                                   int64_t n_layers, const std::vector<int64_t>& lengths) {
+  auto raw = [params](int64_t layer, int64_t T) {
+    SyntheticParams p = params;
+    p.T = T;
+    p.positional = PositionalEncoding{};
+    AttentionInputs<double> in = draw_layer(p, layer).inputs;
+    in.prior.clear();
+    return in;
+  };
+  const int64_t S = params.S;
+  const bool landmarks = params.landmarks;
+  auto positioned = [raw, pe, S, landmarks](int64_t layer, int64_t T) {
+    return apply_positional_encoding<double>(raw(layer, T), Geometry(T, S, S, landmarks), pe);
+  };
+  return {{"synthetic", n_layers, lengths, positioned},
+          {"synthetic", n_layers, lengths, raw},
+          synthetic_description(params)};
+}
+
+StudyInputs model_study_inputs(const ModelFiles& files, int64_t n_layers,
+                               const std::vector<int64_t>& lengths) {
+  for (const auto& path : {files.model, files.tokenizer, files.text})
+    if (!std::filesystem::exists(path))
+      throw InvalidArgument(fmt::format(
+          "model source: {} not found (set --model-dir or HILS_SHARED_DATA to the folder of "
+          "stories260K.bin, tok512.bin and tinystories_sample.txt)",
+          path.string()));
+  const int64_t T = lengths.back();
+  auto trace = std::make_shared<const TextTrace>(trace_text(files, T, "lengths"));
+  if (static_cast<int64_t>(trace->tokens.size()) < T)
+    throw InvalidArgument(fmt::format("model source: the sample text has {} tokens, fewer than T={}",
+                                      trace->tokens.size(), T));
+  n_layers = std::min<int64_t>(n_layers, static_cast<int64_t>(trace->layers.size()));
+  const std::string name = files.model.stem().string();
+  auto positioned = [trace](int64_t l, int64_t T) {
+    const auto& L = trace->layers.at(static_cast<size_t>(l));
+    return prefix(L.q, L.k, L.v, T);
+  };
+  auto raw = [trace](int64_t l, int64_t T) {
+    const auto& L = trace->layers.at(static_cast<size_t>(l));
+    return prefix(L.q_unrotated, L.k_unrotated, L.v, T);
+  };
+  return {{name, n_layers, lengths, positioned},
+          {name, n_layers, lengths, raw},
+          {{"kind", "model"},
+           {"model", files.model.filename().string()},
+           {"text", files.text.filename().string() + ", first T tokens, BOS first"}}};
+}
+
+StudyInputs activation_study_inputs(const std::filesystem::path& file, int64_t n_layers,
+                                    const std::vector<int64_t>& lengths) {
+  const auto meta = std::make_shared<const io::ActivationMeta>(io::read_activation_meta(file));
+  n_layers = std::min<int64_t>(n_layers, meta->n_layers);
+  const std::string name = file.stem().string();
+  auto positioned = [file, meta](int64_t l, int64_t T) {
+    const auto layer = io::read_activation_layer(file, *meta, l);
+    return prefix(layer.inputs.q, layer.inputs.k, layer.inputs.v, T);
+  };
+  auto raw = [file, meta](int64_t l, int64_t T) {
+    const auto layer = io::read_activation_layer(file, *meta, l);
+    require(!layer.q_unrotated.empty(), "activations",
+            "a file that stores q_unrotated/k_unrotated (extrapolation needs the un-rotated "
+            "vectors)",
+            "none in " + file.string());
+    return prefix(layer.q_unrotated, layer.k_unrotated, layer.inputs.v, T);
+  };
+  return {{name, n_layers, lengths, positioned},
+          {name, n_layers, lengths, raw},
+          {{"kind", "activations"}, {"path", file.string()}, {"provenance", meta->source}}};
+}
+
+}  // namespace hils::sources

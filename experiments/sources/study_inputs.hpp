@@ -1,0 +1,44 @@
+// Where a study's activations come from: the synthetic generators, the llama2.c model's trace of
+// a text, or an activation file, as the analysis layer's StudySource (one layer at a time, at
+// every length under study).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hils/analysis/study.hpp"
+#include "sources/model_trace.hpp"
+#include "sources/synthetic.hpp"
+
+namespace hils::sources {
+
+// `positioned` feeds fidelity and overlap (it carries the source's positional encoding);
+// `raw` (un-rotated) feeds extrapolation, which applies each encoding itself. `description`
+// goes into the results file's config (the source's part of the provenance).
+struct StudyInputs {
+  analysis::StudySource positioned, raw;
+  nlohmann::json description;
+};
+
+// Synthetic: layer l at length T is draw_layer(params with T, l) with the study's S and
+// landmarks already in `params` (its T is ignored); `positioned` applies `pe` to it. The drawn
+// prior is dropped: the studies derive the prior by their own prior rule.
+StudyInputs synthetic_study_inputs(const SyntheticParams& params, const PositionalEncoding& pe,
+                                   int64_t n_layers, const std::vector<int64_t>& lengths);
+
+// The model: one trace of the first max(lengths) tokens of the text (BOS first), cut to each
+// length; at most the model's layers. InvalidArgument when a file is missing (naming the folder
+// flag) or the text is shorter than the longest length.
+StudyInputs model_study_inputs(const ModelFiles& files, int64_t n_layers,
+                               const std::vector<int64_t>& lengths);
+
+// An activation file, read one layer at a time; at most the file's layers. `raw` needs the
+// file's q_unrotated/k_unrotated (InvalidArgument when it has none, at the first load).
+StudyInputs activation_study_inputs(const std::filesystem::path& file, int64_t n_layers,
+                                    const std::vector<int64_t>& lengths);
+
+}  // namespace hils::sources

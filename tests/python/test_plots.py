@@ -1,0 +1,250 @@
+"""The study figures (analysis/plots/plot_study.py) read as one paper's figures: a mechanism has
+one colour and marker in every figure; an interval never leaves the range its statistic can take
+(Spearman in [-1, 1], fractions in [0, 1], errors >= 0); a study of one length has no length
+axis; the needle grid has a colour bar; the output error's axis says its formula; no text sits
+on an error bar and no legend on data. The results files come from the `hils` studies at a
+small size; the figures are inspected as matplotlib objects after the script saved them."""
+
+import importlib.util
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, tool
+
+h5py = pytest.importorskip("h5py")
+pytest.importorskip("matplotlib")
+from matplotlib.colors import to_rgba  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
+
+def load_plot_study():
+    """The plotting script as a module (it is a script, not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "plot_study", ROOT / "analysis" / "plots" / "plot_study.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ps = load_plot_study()
+
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory):
+    """name -> results file of a small study: fidelity at two lengths and at one, overlap at
+    one, extrapolation at two lengths (the first is the train length) and at one."""
+    hils = tool("HILS_CLI")
+    folder = tmp_path_factory.mktemp("studies")
+    config = folder / "extrapolation.toml"
+    config.write_text("[extrapolation]\ntrain_length = 256\ndepths = [0.0, 0.5, 1.0]\n")
+    small = ["--layers", "1", "-K", "4", "-S", "16", "-W", "64", "-q"]
+    runs = {
+        "fid2": ["fidelity", "--lengths", "256", "512", "--queries", "4"],
+        "fid1": ["fidelity", "--lengths", "512", "--queries", "4"],
+        "ov1": ["overlap", "--lengths", "512"],
+        "ex2": ["extrapolate", "--config", str(config), "--lengths", "256", "512",
+                "--queries", "4"],
+        "ex1": ["extrapolate", "--config", str(config), "--lengths", "512", "--queries", "4"],
+    }
+    # One thread: these runs are tiny, and OpenMP's waiting threads only cost time on a busy
+    # machine.
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    files = {}
+    for name, args in runs.items():
+        files[name] = folder / f"{name}.h5"
+        subprocess.run([hils, *args, "--out", str(files[name]), *small], check=True, env=env)
+    return files
+
+
+def draw(path, out):
+    """A results file -> {PNG name without the stem: figure}, drawn and saved by the script's
+    own entry point; the figures are kept open (rendered, layout final) for inspection."""
+    figures = {}
+    real_save = ps.save
+
+    def keep(fig, folder, name):
+        figures[name.split("_", 1)[1]] = fig
+        return real_save(fig, folder, name)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ps, "save", keep)
+        patch.setattr(ps.plt, "close", lambda fig: None)
+        patch.setattr("sys.argv", ["plot_study.py", str(path), "--out", str(out)])
+        assert ps.main() == 0
+    return figures
+
+
+@pytest.fixture(scope="module")
+def drawn(studies, tmp_path_factory):
+    """name -> {PNG name: figure} of each small study, drawn once for all the tests."""
+    out = tmp_path_factory.mktemp("plots")
+    figures = {name: draw(path, out) for name, path in studies.items()}
+    yield figures
+    ps.plt.close("all")
+
+
+def error_bars(ax):
+    """An axes -> [(label, data line, [n, 2, 2] bar segments)] of its error bars."""
+    bars = []
+    for c in ax.containers:
+        if hasattr(c, "has_yerr") and c.has_yerr:
+            line, _, cols = c.lines
+            bars.append((c.get_label(), line, np.array(cols[0].get_segments())))
+    return bars
+
+
+def metric_of(ax):
+    """An axes -> the METRICS entry whose axis label it carries (None if none)."""
+    return ps.METRICS.get(metric_name(ax))
+
+
+def metric_name(ax):
+    """An axes -> the METRICS key whose axis label it carries (None if none)."""
+    return next((k for k, m in ps.METRICS.items() if ax.get_ylabel() == m.axis), None)
+
+
+def test_one_colour_and_marker_per_mechanism_in_every_figure(drawn):
+    seen = {}
+    for name in ("fid2", "fid1", "ex2", "ex1"):
+        for figure_name, fig in drawn[name].items():
+            for ax in fig.axes:
+                for label, line, _ in error_bars(ax):
+                    if label not in ps.MECHANISM_COLOURS:
+                        continue
+                    style = (to_rgba(line.get_color()), line.get_marker())
+                    assert style == (to_rgba(ps.mechanism_colour(label)),
+                                     ps.mechanism_marker(label)), (name, figure_name, label)
+                    seen.setdefault(label, set()).add(style)
+            # The legends show the same style as the points.
+            for legend in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]:
+                handles = getattr(legend, "legend_handles", None) or legend.legendHandles
+                for handle, text in zip(handles, legend.get_texts()):
+                    if text.get_text() in ps.MECHANISM_COLOURS:
+                        assert to_rgba(handle.get_color()) == to_rgba(
+                            ps.mechanism_colour(text.get_text())), (name, figure_name)
+    assert len(seen) >= 5
+    assert all(len(styles) == 1 for styles in seen.values()), seen
+    # Distinct mechanisms of one study are told apart by colour or marker.
+    assert len({next(iter(s)) for s in seen.values()}) == len(seen)
+
+
+def test_intervals_stay_in_the_range_of_their_statistic(studies, tmp_path):
+    # A Student-t interval of a mean can leave the statistic's range; write such intervals into
+    # a copy of the file, as a run on heavy-tailed data would.
+    path = tmp_path / "wide.h5"
+    shutil.copy(studies["fid2"], path)
+    low, high = ps.COLS.index("ci_low"), ps.COLS.index("ci_high")
+    wide = {"spearman": (-1.7, 1.4), "topk_recall": (-0.3, 1.2), "mass_recall": (-0.2, 1.5),
+            "output_error": (-0.6, 5.0)}
+    with h5py.File(path, "r+") as f:
+        for m in ("mean", "taylor"):
+            for name, (lo, hi) in wide.items():
+                rows = f[f"summary/{m}/{name}"][()]
+                rows[:, low], rows[:, high] = lo, hi
+                f[f"summary/{m}/{name}"][...] = rows
+    fig = draw(path, tmp_path / "plots")["metrics.png"]
+    checked = 0
+    for ax in fig.axes:
+        name = metric_name(ax)
+        if name is None:
+            continue
+        metric = ps.METRICS[name]
+        for label, _, segments in error_bars(ax):
+            y = segments[:, :, 1]
+            assert y.min() >= metric.low and y.max() <= metric.high, (name, label, y)
+            if label in ("mean", "taylor"):
+                checked += 1
+                # Clipped, not dropped: each bar reaches the bound it was clipped to (or the
+                # written end, where the statistic has no bound).
+                assert np.allclose(y.min(axis=1), max(metric.low, wide[name][0])), (name, y)
+                assert np.allclose(y.max(axis=1), min(metric.high, wide[name][1])), (name, y)
+    assert checked == 8
+
+
+def test_a_single_length_has_no_length_axis(drawn):
+    two, one = drawn["fid2"]["metrics.png"], drawn["fid1"]["metrics.png"]
+    metric_axes = [ax for ax in two.axes if metric_of(ax)]
+    assert metric_axes and all(ax.get_xscale() == "log" for ax in metric_axes)
+    for ax in (ax for ax in one.axes if metric_of(ax)):
+        assert ax.get_xscale() == "linear"
+        names = [t.get_text() for t in ax.get_xticklabels()]
+        assert names and all(n in ps.MECHANISM_COLOURS for n in names), names
+        assert "length" not in ax.get_xlabel()
+    # The single-length needle: one panel per encoding, the mechanisms as its rows.
+    needle = drawn["ex1"]["needle.png"]
+    panels = [ax for ax in needle.axes if ax.images]
+    assert len(panels) == 3
+    assert [t.get_text() for t in panels[0].get_yticklabels()][0] == "mean"
+
+
+def test_needle_grid_has_a_colour_bar_and_cell_values(drawn):
+    needle = drawn["ex2"]["needle.png"]
+    bars = [ax for ax in needle.axes if "fraction of KV groups" in ax.get_ylabel()]
+    assert len(bars) == 1
+    lo, hi = bars[0].get_ylim()
+    assert (lo, hi) == (0.0, 1.0)
+    panel = next(ax for ax in needle.axes if ax.images)
+    grid = panel.images[0].get_array()
+    assert len(panel.texts) == grid.size
+
+
+def test_output_error_axis_states_its_formula(drawn):
+    for name, figure in (("fid2", "metrics.png"), ("ex2", "metrics_vs_length.png")):
+        fig = drawn[name][figure]
+        labels = [ax.get_ylabel() for ax in fig.axes if metric_of(ax) is ps.METRICS["output_error"]]
+        assert labels and all(r"\Vert o_t - o^{full}_t\Vert_2" in lab for lab in labels)
+        notes = [t.get_text() for t in fig.texts]
+        assert any("full causal attention" in n for n in notes), notes
+
+
+def overlaps(a, b):
+    """Two display-space boxes -> whether they intersect with positive area."""
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_no_text_on_an_error_bar_and_no_legend_on_data(drawn):
+    figures = {f"{name}/{k}": fig for name, figs in drawn.items() for k, fig in figs.items()}
+    for figure_name, fig in figures.items():
+        renderer = fig.canvas.get_renderer()
+        for ax in fig.axes:
+            # Each error bar as a display-space box, a few pixels wide (the bar's line).
+            bar_boxes = [Bbox(ax.transData.transform(segment)).padded(2.0)
+                         for _, _, segments in error_bars(ax) for segment in segments]
+            for text in ax.texts:
+                if not text.get_text() or "needle" in figure_name:
+                    continue  # the needle's cell values sit in their cells by design
+                box = text.get_window_extent(renderer)
+                for bar in bar_boxes:
+                    assert not overlaps(box, bar), (figure_name, text.get_text())
+            legend = ax.get_legend()
+            if legend is None:
+                continue
+            box = legend.get_window_extent(renderer)
+            for line in ax.lines:
+                data = np.column_stack(line.get_data()).astype(float)
+                xy = line.get_transform().transform(data)  # axhline: x in axes units
+                inside = ((xy[:, 0] > box.x0) & (xy[:, 0] < box.x1) & (xy[:, 1] > box.y0)
+                          & (xy[:, 1] < box.y1))
+                assert not inside.any(), (figure_name, line.get_label())
+
+
+def test_an_incomplete_run_is_said_in_every_figure(studies, drawn, tmp_path, capsys):
+    path = tmp_path / "cut.h5"
+    shutil.copy(studies["fid2"], path)
+    with h5py.File(path, "r+") as f:
+        del f["summary"]
+        f.attrs["complete_units"] = '["T1024/layer0/group0"]'
+    figures = draw(path, tmp_path / "plots")
+    assert "the run is incomplete" in capsys.readouterr().err
+    texts = [t.get_text() for ax in figures["metrics.png"].axes for t in ax.texts]
+    assert len(texts) == 4 and all("no summary in the file" in t for t in texts)
+    # Every figure of the file says so itself, in its title (a PNG is often seen alone).
+    assert len(figures) == 3
+    for name, fig in figures.items():
+        assert fig._suptitle.get_text().startswith("INCOMPLETE RUN"), name
+    # A finished run's figures carry no stamp.
+    assert not any("INCOMPLETE" in fig._suptitle.get_text() for figs in drawn.values()
+                   for fig in figs.values())
