@@ -8,7 +8,7 @@ import torch
 KEY, BIAS, PRIOR, GROUP, FUSION = {}, {}, {}, {}, {}
 _ENUMS = {"key_rule": KEY, "bias_rule": BIAS, "prior_rule": PRIOR, "group_rule": GROUP,
           "fusion": FUSION}
-# The selection kernel versions of hils_gpu_select_with (gpu/NOTES.md: v5 and v4.2).
+# The selection kernel versions of hils_gpu_select_with (gpu/NOTES.md: v4.2, v5 and v6).
 SELECT_KERNEL = {"two_pass_v4": 0, "one_pass_v5": 1, "two_pass_v6": 2}
 PRESETS = {
     "hils": dict(key="taylor", bias="entropy", fusion="hierarchical", landmarks=1),
@@ -101,7 +101,7 @@ class Stages:
         self.lib.call("hils_gpu_summarize", ctypes.byref(self.p), ptr(self.key), ptr(self.bias),
                       stream_ptr())
 
-    def select(self, kernel="two_pass_v6"):
+    def select(self, kernel="two_pass_v4"):
         """kernel: a hils::gpu::SelectKernel name (gpu/include/hils/gpu/c_api.h)."""
         self.lib.call("hils_gpu_select_with", ctypes.byref(self.p),
                       ctypes.c_int32(SELECT_KERNEL[kernel]), ptr(self.key), ptr(self.bias),
@@ -113,7 +113,7 @@ class Stages:
                       ptr(self.selected_score), ptr(self.o_swa), ptr(self.lse_swa), ptr(self.o),
                       ptr(self.lse), stream_ptr())
 
-    def forward(self, select_kernel="two_pass_v6"):
+    def forward(self, select_kernel="two_pass_v4"):
         self.window()
         if self.exact is not None:
             self.exact_masses()

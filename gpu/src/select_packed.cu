@@ -451,7 +451,7 @@ __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n, 
 }
 
 // kBound (v6): pass 1 also forms the lower bound of each row's K-th group score
-// (kth_largest_of_64), pass 2 drops candidates below it, and write_selection_by_lane writes.
+// (kth_largest_of_32), pass 2 drops candidates below it, and write_selection_by_lane writes.
 template <int G, bool kBound>
 __global__ void __launch_bounds__(kPackedThreads, 4)
     select_packed_kernel(LaunchParams p, const float* key, const __nv_bfloat16* key_bf16,

@@ -199,11 +199,12 @@ TEST_CASE("gpu host API rejects bad input naming the field", "[gpu]") {
   CHECK(message(spec, good, missing).rfind("v:", 0) == 0);
 }
 
-// The one-pass selection (v5) and the bounded two-pass selection (v6, the default) against the
+// The one-pass selection (v5) and the bounded two-pass selection (v6) against the default
 // two-pass kernel v4: the same s2 and log2 Z_hat arithmetic, v6's bound drops only candidates
 // that cannot be selected, and its selected scores add the same partial sums in the same order,
 // so the selections and selected scores must agree bit for bit, on packed shapes (one and
-// several scoring tiles, G = 1..16, K up to 64, K = 64 with the bound over exactly 64 slots) and
+// several scoring tiles, G = 1..16, K up to 64; K = 32 uses all 32 of
+// v6's bound slots, K > 32 runs v6 without the bound) and
 // on exact and near ties, for the group rules each kernel takes. The oracle judges the default
 // kernel over the case table through run_mechanism.
 TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
