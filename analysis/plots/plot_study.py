@@ -403,7 +403,9 @@ def loaded_union_bars(ax, s, lengths, final_block, colour):
     union, sd = col(fu, "mean"), np.nan_to_num(col(fu, "sd"))
     ax.bar(x - 0.2, col(fc, "mean"), width=0.4, color="#c8c8c8",
            label=r"visible chunks $|V(t_{last})|$")
-    ax.bar(x + 0.2, union, width=0.4, yerr=sd, capsize=3, color=colour,
+    # A count is >= 0: the bar's lower end stops at zero.
+    ax.bar(x + 0.2, union, width=0.4, yerr=np.vstack([np.minimum(sd, union), sd]), capsize=3,
+           color=colour,
            label=f"loaded union of the last {final_block} queries, ±1 sd")
     top = max(np.nanmax(col(fc, "mean")), np.nanmax(union + sd))
     for i in range(len(lengths)):

@@ -149,6 +149,8 @@ KlCheck write_fidelity_unit(const AttentionInputs<double>& inputs, int64_t layer
                                     options.geometry);
   const double scale = logit_scale(taylor, inputs.d());
   const auto queries = sample_queries(geometry, options.geometry.K, options.queries_per_unit);
+  require(!queries.empty(), "context length T=" + std::to_string(T),
+          "long enough for retrieval candidates (T > W + S)", "no query with a candidate");
   const int64_t G = in.Hq();
 
   std::vector<HeadTruth> truths;

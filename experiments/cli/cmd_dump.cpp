@@ -66,13 +66,15 @@ struct SyntheticFlags {
 
 void dump_synthetic(const SyntheticFlags& f) {
   sources::SyntheticParams params;
+  nlohmann::json toml = nlohmann::json::object();
   if (!f.config.empty()) {
-    auto toml = config::load_toml(f.config);
-    config::require_known_keys(toml, {"synthetic"}, f.config);
+    toml = config::load_toml(f.config, config::synthetic_schema());
     if (toml.contains("synthetic"))
       config::apply_synthetic_json(params, toml["synthetic"], f.config + ": [synthetic]");
   }
   config::apply_synthetic_json(params, f.given, "flags");
+  config::check_naming_file([&] { params.validate(); }, toml.value("synthetic", nlohmann::json()),
+                            f.given, f.config + ": [synthetic]");
   auto storage = storage_of(f.precision);
   auto sample = sources::generate(params);
   io::write_activation_file(f.output, sources::to_activation_file(sample), storage);

@@ -1,5 +1,6 @@
 // hils run: mechanisms (presets or specs, from flags and a TOML file) over an activation file's
 // layers -> a results file with o, lse, fusion weights per head and selections per KV head.
+#include <cmath>
 #include <optional>
 
 #include <fmt/format.h>
@@ -41,12 +42,7 @@ struct RunPlan {
   int64_t seed = 0;
 };
 
-const std::vector<std::string> kRunKeys = {"layers",      "positional",  "rope_pairing",
-                                           "rope_theta",  "hope_train_length", "hope_m",
-                                           "last_queries", "keep_scores", "keep_window", "seed"};
-
 void apply_run_settings(RunPlan& plan, const nlohmann::json& o, const std::string& where) {
-  config::require_known_keys(o, kRunKeys, where);
   if (o.contains("layers")) {
     require(o["layers"].is_array(), where + ".layers", "an array of layer indices",
             o["layers"].dump());
@@ -70,6 +66,15 @@ void apply_run_settings(RunPlan& plan, const nlohmann::json& o, const std::strin
   require(plan.positional == "auto" || plan.positional == "nope" || plan.positional == "rope" ||
               plan.positional == "hope",
           where + ".positional", "auto | nope | rope | hope", plan.positional);
+  if (plan.rope_pairing) parse_rope_pairing(*plan.rope_pairing, where + ".rope_pairing");
+  if (plan.rope_theta)
+    require(std::isfinite(*plan.rope_theta) && *plan.rope_theta > 1.0, where + ".rope_theta",
+            "a finite RoPE base greater than 1", std::to_string(*plan.rope_theta));
+  require(std::isfinite(plan.hope_train_length) && plan.hope_train_length > 0.0,
+          where + ".hope_train_length", "a finite, positive training length",
+          std::to_string(plan.hope_train_length));
+  require(std::isfinite(plan.hope_m) && plan.hope_m > 0.0, where + ".hope_m",
+          "a finite, positive period multiplier", std::to_string(plan.hope_m));
   require(plan.last_queries >= 0, where + ".last_queries", ">= 0 (0 = every query)",
           std::to_string(plan.last_queries));
 }
@@ -78,12 +83,9 @@ RunPlan make_plan(const RunFlags& f) {
   RunPlan plan;
   nlohmann::json toml = nlohmann::json::object();
   if (!f.config.empty()) {
-    toml = config::load_toml(f.config);
-    config::require_known_keys(toml, {"run", "mechanism"}, f.config);
+    toml = config::load_toml(f.config, config::run_schema());
     if (toml.contains("run")) apply_run_settings(plan, toml["run"], f.config + ": [run]");
     if (toml.contains("mechanism")) {
-      require(toml["mechanism"].is_array(), f.config + ": mechanism",
-              "an array of tables ([[mechanism]])", toml["mechanism"].type_name());
       for (size_t i = 0; i < toml["mechanism"].size(); ++i)
         plan.mechanisms.push_back(config::spec_from_json(
             toml["mechanism"][i], fmt::format("{}: [[mechanism]] #{}", f.config, i + 1)));
@@ -100,9 +102,14 @@ RunPlan make_plan(const RunFlags& f) {
           "spec flags (--fusion, --key-rule, ...), or [[mechanism]] tables in --config");
     plan.mechanisms.push_back(MechanismSpec{});
   }
-  for (auto& spec : plan.mechanisms) {
+  const nlohmann::json tables = toml.value("mechanism", nlohmann::json::array());
+  for (size_t i = 0; i < plan.mechanisms.size(); ++i) {
+    MechanismSpec& spec = plan.mechanisms[i];
     config::apply_spec_overrides(spec, overrides, "flags");
-    spec.validate();
+    // Mechanisms from [[mechanism]] tables come first; presets after them.
+    const bool from_file = i < tables.size();
+    config::check_naming_file([&] { spec.validate(); }, from_file ? tables[i] : nlohmann::json(),
+                              overrides, fmt::format("{}: [[mechanism]] #{}", f.config, i + 1));
   }
   for (size_t i = 0; i < plan.mechanisms.size(); ++i)
     for (size_t j = 0; j < i; ++j)

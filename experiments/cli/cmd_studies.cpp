@@ -2,6 +2,7 @@
 // few minutes, plus the plumbing the study commands share (study_cli.hpp): configs, sources,
 // the HDF5 results sink and plotting.
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -10,7 +11,6 @@
 #include <sstream>
 
 #include <fmt/format.h>
-#include <toml++/toml.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_util.hpp"
@@ -88,68 +88,28 @@ struct Resolved {
   json config;  // what went into the run, for provenance and resume checks
 };
 
-template <class T>
-T toml_value(const toml::table& t, const std::string& section, const std::string& key, T dflt,
-             const std::string& file) {
-  auto node = t[section][key];
-  if (!node) return dflt;
-  if (auto v = node.template value<T>()) return *v;
-  throw BadInput(fmt::format("{}: [{}] {}: wrong type", file, section, key));
-}
-
-template <class T>
-std::vector<T> toml_array(const toml::table& t, const std::string& section,
-                          const std::string& key, std::vector<T> dflt, const std::string& file) {
-  auto node = t[section][key];
-  if (!node) return dflt;
-  const auto* arr = node.as_array();
-  if (!arr) throw BadInput(fmt::format("{}: [{}] {}: expected an array", file, section, key));
-  std::vector<T> out;
-  for (const auto& e : *arr) {
-    auto v = e.template value<T>();
-    if (!v) throw BadInput(fmt::format("{}: [{}] {}: wrong element type", file, section, key));
-    out.push_back(*v);
-  }
-  return out;
-}
-
 // The synthetic source's parameters: the studies' default (the drift generator, seed 0x5eed),
 // then the [source] table's keys, which are those of `hils dump synthetic` (config/config.hpp)
-// less the ones a study sets itself.
-sources::SyntheticParams synthetic_params(const toml::table& t, const StudyGeometry& geometry,
-                                          const std::string& file) {
+// less the ones a study sets itself (study_schema() refuses those by name).
+sources::SyntheticParams synthetic_params(const config::ConfigValues& c,
+                                          const StudyGeometry& geometry) {
   sources::SyntheticParams params;
   params.generator = "drift";
   params.seed = 0x5eed;
-  if (const auto* table = t["source"].as_table()) {
-    std::stringstream text;
-    text << toml::json_formatter{*table};
-    json keys = json::parse(text.str());
-    keys.erase("kind"), keys.erase("layers");
-    // The studies' own key before the sources were merged: say what it is called now.
-    if (keys.contains("query_gain"))
-      throw BadInput(fmt::format("{}: [source] query_gain: renamed logit_std (the same number: "
-                                 "the queries' gain); write logit_std = {}",
-                                 file, keys["query_gain"].dump()));
-    for (const char* owned : {"T", "S", "landmarks", "positional", "rope_pairing", "rope_theta",
-                              "hope_train_length", "hope_m"})
-      if (keys.contains(owned))
-        throw BadInput(fmt::format("{}: [source] {}: set by the study (lengths, [geometry], "
-                                   "[extrapolation]), not by the source",
-                                   file, owned));
-    config::apply_synthetic_json(params, keys, file + ": [source]");
-  }
+  json keys = c.table("source");
+  keys.erase("kind"), keys.erase("layers");
+  config::apply_synthetic_json(params, keys, c.file() + ": [source]");
   params.S = geometry.S;
   params.landmarks = geometry.landmarks;
   return params;
 }
 
-void build_sources(Resolved& r, const StudyArgs& a, const toml::table& t, const std::string& f) {
+void build_sources(Resolved& r, const StudyArgs& a, const config::ConfigValues& c) {
   sources::StudyInputs inputs;
   if (r.source_kind == "synthetic") {
     // Fidelity and overlap see the synthetic vectors under RoPE, as a model would.
     const PositionalEncoding pe{PositionalKind::rope, RopePairing::half, r.theta};
-    inputs = sources::synthetic_study_inputs(synthetic_params(t, r.geometry, f), pe,
+    inputs = sources::synthetic_study_inputs(synthetic_params(c, r.geometry), pe,
                                              r.source.n_layers, r.source.lengths);
   } else if (r.source_kind == "model") {
     inputs = sources::model_study_inputs(sources::ModelFiles::in_folder(a.model_dir),
@@ -165,97 +125,130 @@ void build_sources(Resolved& r, const StudyArgs& a, const toml::table& t, const 
   r.config["source"] = std::move(inputs.description);
 }
 
-
 // BadInput unless `value` >= `least`, naming the flag and the config key that can set it.
 void require_at_least(int64_t value, int64_t least, const std::string& flag,
-                      const std::string& key, const std::string& file) {
+                      const std::string& key, const config::ConfigValues& c) {
   if (value >= least) return;
-  const std::string where = file == "(defaults)" ? flag : flag + " (or " + key + " in " + file + ")";
+  const std::string where =
+      c.file() == "(defaults)" ? flag : flag + " (or " + key + " in " + c.file() + ")";
   throw BadInput(fmt::format("{}: expected an integer >= {}, got {}", where, least, value));
 }
 
-// The resolved study values a run cannot use (flags and config alike): a chunk of no slots, a
-// window of no slots, a negative K, no queries or no layers.
-void require_study_values(const Resolved& r, const std::string& file) {
-  require_at_least(r.geometry.S, 1, "--S", "[geometry] S", file);
-  require_at_least(r.geometry.W, 1, "--W", "[geometry] W", file);
-  require_at_least(r.geometry.K, 0, "--K", "[geometry] K", file);
-  require_at_least(r.queries, 1, "--queries", "[study] queries", file);
-  require_at_least(r.source.n_layers, 1, "--layers", "[source] layers", file);
-  require_at_least(r.tail_queries, 1, "[overlap] tail_queries", "[overlap] tail_queries", file);
+// The resolved study values a run cannot use that flags and the config alike can set: a chunk
+// of no slots, a window of no slots, a negative K, no queries or no layers.
+void require_study_values(const Resolved& r, const config::ConfigValues& c) {
+  require_at_least(r.geometry.S, 1, "-S,--chunk", "[geometry] S", c);
+  require_at_least(r.geometry.W, 1, "-W,--window", "[geometry] W", c);
+  require_at_least(r.geometry.K, 0, "-K,--top-k", "[geometry] K", c);
+  require_at_least(r.queries, 1, "--queries", "[study] queries", c);
+  require_at_least(r.source.n_layers, 1, "--layers", "[source] layers", c);
+}
+
+// The TOML config (every table and key checked), or no values when there is none.
+config::ConfigValues read_config(const StudyArgs& a) {
+  if (a.config.empty()) return {};
+  return {config::load_toml(a.config, config::study_schema()), a.config};
+}
+
+// Each name checked now (a preset, mean, ..., <key>+<bias>), the error naming where it was set.
+void require_mechanism_names(const std::vector<std::string>& names, PriorRule rule,
+                             const std::string& where) {
+  for (const auto& name : names) {
+    try {
+      analysis::study_mechanism(name, rule);
+    } catch (const InvalidArgument& e) {
+      throw BadInput(where + ": " + e.what());
+    }
+  }
+}
+
+// The context lengths: the study's default, then the config's [<study>] lengths, then --lengths.
+std::vector<int64_t> resolve_lengths(const StudyArgs& a, const config::ConfigValues& c,
+                                     const std::string& study, bool model, int64_t train_length) {
+  std::vector<int64_t> lengths;
+  if (study == "fidelity") lengths = model ? std::vector<int64_t>{512} : std::vector<int64_t>{4096};
+  if (study == "overlap")
+    lengths = model ? std::vector<int64_t>{512} : std::vector<int64_t>{4096, 16384, 65536};
+  if (study == "extrapolation")
+    for (int64_t x = 1; x <= 64 && train_length * x <= (model ? 512 : 1 << 20); x *= 2)
+      lengths.push_back(train_length * x);
+  lengths = c.integers(study, "lengths", lengths);
+  std::string where = c.where(study, "lengths");
+  if (!a.lengths.empty()) lengths = a.lengths, where = "--lengths";
+  for (size_t i = 0; i < lengths.size(); ++i)
+    if (lengths[i] < 1 || (i > 0 && lengths[i] <= lengths[i - 1]))
+      throw BadInput(fmt::format("{}: expected positive, strictly ascending lengths, got {}",
+                                 where, nlohmann::json(lengths).dump()));
+  return lengths;
 }
 
 // Defaults per source and study, then the TOML config, then flags.
 Resolved resolve(const StudyArgs& a, const std::string& study) {
-  toml::table t;
-  const std::string f = a.config.empty() ? "(defaults)" : a.config;
-  if (!a.config.empty()) {
-    try {
-      t = toml::parse_file(a.config);
-    } catch (const toml::parse_error& e) {
-      throw BadInput(fmt::format("{}: not a valid TOML file: {}", a.config, e.description()));
-    }
-  }
+  const config::ConfigValues c = read_config(a);
   Resolved r;
   // An explicit --source wins over the config's [source] kind, --source synthetic included.
-  r.source_kind = a.source.empty() ? toml_value<std::string>(t, "source", "kind", "synthetic", f)
-                                   : a.source;
+  r.source_kind = a.source.empty() ? c.text("source", "kind", "synthetic") : a.source;
+  require(r.source_kind == "synthetic" || r.source_kind == "model" ||
+              r.source_kind == "activations",
+          c.where("source", "kind"), "synthetic, model or activations", r.source_kind);
   const bool model = r.source_kind != "synthetic";
   // Synthetic: the paper's geometry. The real model (512 tokens, head dim 8): S=16, W=64, K=8,
   // so that the last query has 28 candidates of which K covers ~30% (the paper: 32 of 57-121).
-  MechanismSpec spec;  // the spec fields a study uses: config, then the spec flags
-  spec.S = toml_value<int64_t>(t, "geometry", "S", model ? 16 : 64, f);
-  spec.W = toml_value<int64_t>(t, "geometry", "W", model ? 64 : 512, f);
-  spec.K = toml_value<int64_t>(t, "geometry", "K", model ? 8 : 32, f);
-  spec.landmarks = toml_value<bool>(t, "geometry", "landmarks", !model, f);
+  // The spec fields a study uses go through the spec decoder: [geometry], then the spec flags.
+  MechanismSpec spec;
+  spec.S = model ? 16 : 64, spec.W = model ? 64 : 512, spec.K = model ? 8 : 32;
+  spec.landmarks = !model;
+  config::apply_spec_overrides(spec, c.table("geometry"), c.file() + ": [geometry]");
   config::apply_spec_overrides(spec, a.spec, "flags");  // ranges: require_study_values
   r.geometry.S = spec.S, r.geometry.W = spec.W, r.geometry.K = spec.K;
   r.geometry.landmarks = spec.landmarks;
   // Without landmark slots there is no landmark query: the prior is the chunk's mean query.
   r.prior.rule = a.spec.contains("prior_rule")
                      ? spec.prior_rule
-                     : parse_prior_rule(toml_value<std::string>(t, "study", "prior_rule",
-                                                                spec.landmarks ? "landmark_query"
-                                                                               : "given",
-                                                                f),
-                                        f + ": [study] prior_rule");
-  r.prior.source = analysis::parse_prior_source(toml_value<std::string>(
-      t, "study", "prior_source", a.prior_source.empty() ? (r.prior.rule == PriorRule::landmark_query ? "inputs" : "chunk_mean_query") : a.prior_source, f), "prior_source");
-  if (!a.prior_source.empty())
-    r.prior.source = analysis::parse_prior_source(a.prior_source, "--prior-source");
-  r.mechanisms = toml_array<std::string>(t, "study", "mechanisms",
-                                         analysis::default_mechanism_names(r.geometry.landmarks), f);
+                     : parse_prior_rule(c.text("study", "prior_rule",
+                                               spec.landmarks ? "landmark_query" : "given"),
+                                        c.where("study", "prior_rule"));
+  const std::string source_default =
+      r.prior.rule == PriorRule::landmark_query ? "inputs" : "chunk_mean_query";
+  r.prior.source = a.prior_source.empty()
+                       ? analysis::parse_prior_source(
+                             c.text("study", "prior_source", source_default),
+                             c.where("study", "prior_source"))
+                       : analysis::parse_prior_source(a.prior_source, "--prior-source");
+  r.mechanisms = c.texts("study", "mechanisms",
+                         analysis::default_mechanism_names(r.geometry.landmarks));
+  require_mechanism_names(r.mechanisms, r.prior.rule, c.where("study", "mechanisms"));
   if (!a.mechanisms.empty()) r.mechanisms = a.mechanisms;
-  r.queries = a.queries != -1 ? a.queries : toml_value<int64_t>(t, "study", "queries", 32, f);
-  r.tail_queries = toml_value<int64_t>(t, "overlap", "tail_queries", model ? 256 : 256, f);
-  r.block_sizes = toml_array<int64_t>(t, "overlap", "block_sizes", r.block_sizes, f);
-  r.final_block = toml_value<int64_t>(t, "overlap", "final_block", r.final_block, f);
-  r.overlap_mechanism = toml_value<std::string>(t, "overlap", "mechanism", r.overlap_mechanism, f);
-  r.encodings = toml_array<std::string>(t, "extrapolation", "encodings", r.encodings, f);
-  r.train_length = toml_value<int64_t>(t, "extrapolation", "train_length", model ? 128 : 1024, f);
-  r.theta = toml_value<double>(t, "extrapolation", "theta", r.theta, f);
-  r.pairing = toml_value<std::string>(t, "extrapolation", "pairing", model ? "interleaved" : "half", f);
-  r.depths = toml_array<double>(t, "extrapolation", "depths", r.depths, f);
-  r.needle_logit = toml_value<double>(t, "extrapolation", "needle_logit", r.needle_logit, f);
-  r.keep_scores = toml_value<bool>(t, "study", "keep_scores", true, f);
+  require_mechanism_names(a.mechanisms, r.prior.rule, "--mechanisms");
+  r.queries = a.queries != -1 ? a.queries : c.integer("study", "queries", 32);
+  r.keep_scores = c.boolean("study", "keep_scores", true);
+  r.tail_queries = c.integer("overlap", "tail_queries", 256, 1);
+  r.block_sizes = c.integers("overlap", "block_sizes", r.block_sizes, 1);
+  r.final_block = c.integer("overlap", "final_block", r.final_block, 1);
+  r.overlap_mechanism = c.text("overlap", "mechanism", r.overlap_mechanism);
+  require_mechanism_names({r.overlap_mechanism}, r.prior.rule, c.where("overlap", "mechanism"));
+  r.encodings = c.texts("extrapolation", "encodings", r.encodings);
+  for (const auto& name : r.encodings)
+    parse_positional_kind(name, c.where("extrapolation", "encodings"));
+  r.train_length = c.integer("extrapolation", "train_length", model ? 128 : 1024, 1);
+  r.theta = c.number("extrapolation", "theta", r.theta);
+  require(std::isfinite(r.theta) && r.theta > 1.0, c.where("extrapolation", "theta"),
+          "a finite RoPE base greater than 1", std::to_string(r.theta));
+  r.pairing = c.text("extrapolation", "pairing", model ? "interleaved" : "half");
+  parse_rope_pairing(r.pairing, c.where("extrapolation", "pairing"));
+  r.depths = c.numbers("extrapolation", "depths", r.depths);
+  for (double depth : r.depths)
+    require(depth >= 0.0 && depth <= 1.0, c.where("extrapolation", "depths"),
+            "needle depths in [0, 1]", std::to_string(depth));
+  r.needle_logit = c.number("extrapolation", "needle_logit", r.needle_logit);
+  require(std::isfinite(r.needle_logit), c.where("extrapolation", "needle_logit"),
+          "a finite logit", std::to_string(r.needle_logit));
 
-  std::vector<int64_t> lengths;
-  if (study == "fidelity") lengths = model ? std::vector<int64_t>{512} : std::vector<int64_t>{4096};
-  if (study == "overlap")
-    lengths = model ? std::vector<int64_t>{512} : std::vector<int64_t>{4096, 16384, 65536};
-  if (study == "extrapolation")
-    for (int64_t x = 1; x <= 64 && r.train_length * x <= (model ? 512 : 1 << 20); x *= 2)
-      lengths.push_back(r.train_length * x);
-  lengths = toml_array<int64_t>(t, study, "lengths", lengths, f);
-  if (!a.lengths.empty()) lengths = a.lengths;
-  for (size_t i = 0; i < lengths.size(); ++i)
-    if (lengths[i] < 1 || (i > 0 && lengths[i] <= lengths[i - 1]))
-      throw BadInput("lengths: positive and strictly ascending");
+  const std::vector<int64_t> lengths = resolve_lengths(a, c, study, model, r.train_length);
   r.source.lengths = lengths;
-  r.source.n_layers = a.layers != -1 ? a.layers
-                                    : toml_value<int64_t>(t, "source", "layers", model ? 5 : 2, f);
-  require_study_values(r, f);
-  build_sources(r, a, t, f);
+  r.source.n_layers = a.layers != -1 ? a.layers : c.integer("source", "layers", model ? 5 : 2);
+  require_study_values(r, c);
+  build_sources(r, a, c);
   r.raw_source.lengths = r.source.lengths = lengths;
   r.raw_source.n_layers = r.source.n_layers;
 

@@ -91,6 +91,8 @@ int run_app(CLI::App& app, int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);  // prints help or the usage error
     return code == 0 ? hils::cli::kExitOk : hils::cli::kExitBadInput;
+  } catch (const hils::parallel::JobEnded&) {
+    return hils::cli::kExitOk;  // an MPI worker of a failed run: rank 0 reports the failure
   } catch (const hils::cli::CheckFailed& e) {
     std::cerr << "hils: check failed: " << e.what() << "\n";
     return hils::cli::kExitCheckFailed;

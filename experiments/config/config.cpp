@@ -1,5 +1,6 @@
 #include "config/config.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -9,7 +10,10 @@
 
 namespace hils::config {
 
-nlohmann::json load_toml(const std::filesystem::path& path) {
+namespace {
+
+// path -> the TOML document as JSON, or io::FileError naming the file, line and column.
+nlohmann::json parse_toml_file(const std::filesystem::path& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))
     io::fail(path, "", "a TOML configuration file", "no such file");
@@ -26,6 +30,179 @@ nlohmann::json load_toml(const std::filesystem::path& path) {
   return nlohmann::json::parse(text.str());
 }
 
+// "[a], [b], [[c]]": the schema's tables as a reader writes them.
+std::string table_list(const TomlSchema& schema) {
+  std::string list;
+  for (const auto& table : schema)
+    list += (list.empty() ? "" : ", ") + (table.array ? "[[" + table.name + "]]"
+                                                       : "[" + table.name + "]");
+  return list;
+}
+
+std::string found_text(const nlohmann::json& value) {
+  return std::string(value.type_name()) + " " + value.dump();
+}
+
+// A key of `table` that the schema refuses with a hint -> InvalidArgument
+// "<file>: [table] key: <hint>"; each element of an array of tables is checked.
+void require_not_refused(const nlohmann::json& value, const TomlTable& table,
+                         const std::string& file) {
+  if (value.is_array()) {
+    for (const auto& element : value) require_not_refused(element, table, file);
+    return;
+  }
+  if (!value.is_object()) return;
+  for (const auto& [key, hint] : table.refused) {
+    if (!value.contains(key)) continue;
+    std::string text = hint;
+    if (const size_t at = text.find("{value}"); at != std::string::npos)
+      text.replace(at, 7, value[key].dump());
+    throw InvalidArgument(fmt::format("{}: [{}] {}: {}", file, table.name, key, text));
+  }
+}
+
+}  // namespace
+
+// path, schema -> the document, every table and key checked against the schema.
+nlohmann::json load_toml(const std::filesystem::path& path, const TomlSchema& schema) {
+  nlohmann::json document = parse_toml_file(path);
+  const std::string file = path.string();
+  for (const auto& item : document.items()) {
+    const TomlTable* table = nullptr;
+    for (const auto& t : schema)
+      if (t.name == item.key()) table = &t;
+    if (!table)
+      throw InvalidArgument(fmt::format("{}: unknown table or key '{}' (expected the tables {})",
+                                        file, item.key(), table_list(schema)));
+    require_not_refused(item.value(), *table, file);
+    if (!table->array) {
+      require(item.value().is_object(), fmt::format("{}: {}", file, item.key()),
+              fmt::format("a table [{}]", item.key()), found_text(item.value()));
+      require_known_keys(item.value(), table->keys, fmt::format("{}: [{}]", file, item.key()));
+      continue;
+    }
+    require(item.value().is_array(), fmt::format("{}: {}", file, item.key()),
+            fmt::format("an array of tables [[{}]]", item.key()), found_text(item.value()));
+    for (size_t i = 0; i < item.value().size(); ++i)
+      require_known_keys(item.value()[i], table->keys,
+                         fmt::format("{}: [[{}]] #{}", file, item.key(), i + 1));
+  }
+  return document;
+}
+
+ConfigValues::ConfigValues(nlohmann::json root, std::string file)
+    : root_(std::move(root)), file_(std::move(file)) {}
+
+const nlohmann::json* ConfigValues::find(const std::string& table, const std::string& key) const {
+  if (!root_.contains(table) || !root_[table].is_object() || !root_[table].contains(key))
+    return nullptr;
+  return &root_[table][key];
+}
+
+bool ConfigValues::has(const std::string& table, const std::string& key) const {
+  return find(table, key) != nullptr;
+}
+
+std::string ConfigValues::where(const std::string& table, const std::string& key) const {
+  return fmt::format("{}: [{}].{}", file_, table, key);
+}
+
+nlohmann::json ConfigValues::table(const std::string& name) const {
+  return root_.contains(name) ? root_[name] : nlohmann::json::object();
+}
+
+int64_t ConfigValues::integer(const std::string& table, const std::string& key, int64_t fallback,
+                              int64_t least) const {
+  if (!has(table, key)) return fallback;
+  const int64_t value = get_int(root_[table], key, fmt::format("{}: [{}]", file_, table));
+  require(value >= least, where(table, key), fmt::format("an integer >= {}", least),
+          std::to_string(value));
+  return value;
+}
+
+double ConfigValues::number(const std::string& table, const std::string& key,
+                            double fallback) const {
+  return has(table, key) ? get_number(root_[table], key, fmt::format("{}: [{}]", file_, table))
+                         : fallback;
+}
+
+bool ConfigValues::boolean(const std::string& table, const std::string& key,
+                           bool fallback) const {
+  return has(table, key) ? get_bool(root_[table], key, fmt::format("{}: [{}]", file_, table))
+                         : fallback;
+}
+
+std::string ConfigValues::text(const std::string& table, const std::string& key,
+                               const std::string& fallback) const {
+  return has(table, key) ? get_string(root_[table], key, fmt::format("{}: [{}]", file_, table))
+                         : fallback;
+}
+
+const nlohmann::json& ConfigValues::array(const std::string& table, const std::string& key,
+                                          const char* expected) const {
+  const nlohmann::json& value = *find(table, key);
+  require(value.is_array(), where(table, key), expected, found_text(value));
+  return value;
+}
+
+std::vector<int64_t> ConfigValues::integers(const std::string& table, const std::string& key,
+                                            const std::vector<int64_t>& fallback,
+                                            int64_t least) const {
+  if (!has(table, key)) return fallback;
+  const std::string expected = fmt::format("an array of integers >= {}", least);
+  std::vector<int64_t> out;
+  for (const auto& element : array(table, key, expected.c_str())) {
+    const bool integral = element.is_number_integer() ||
+                          (element.is_number_float() &&
+                           element.get<double>() == static_cast<int64_t>(element.get<double>()));
+    require(integral && element.get<int64_t>() >= least, where(table, key), expected,
+            found_text(element));
+    out.push_back(element.get<int64_t>());
+  }
+  return out;
+}
+
+std::vector<double> ConfigValues::numbers(const std::string& table, const std::string& key,
+                                          const std::vector<double>& fallback) const {
+  if (!has(table, key)) return fallback;
+  std::vector<double> out;
+  for (const auto& element : array(table, key, "an array of numbers")) {
+    require(element.is_number(), where(table, key), "an array of numbers", found_text(element));
+    out.push_back(element.get<double>());
+  }
+  return out;
+}
+
+std::vector<std::string> ConfigValues::texts(const std::string& table, const std::string& key,
+                                             const std::vector<std::string>& fallback) const {
+  if (!has(table, key)) return fallback;
+  std::vector<std::string> out;
+  for (const auto& element : array(table, key, "an array of strings")) {
+    require(element.is_string(), where(table, key), "an array of strings", found_text(element));
+    out.push_back(element.get<std::string>());
+  }
+  return out;
+}
+
+// check, table, flags, where -> check(), its error naming the file when the file set the key.
+void check_naming_file(const std::function<void()>& check, const nlohmann::json& table,
+                       const nlohmann::json& flags, const std::string& table_where) {
+  try {
+    check();
+  } catch (const InvalidArgument& e) {
+    const std::string message = e.what();
+    const size_t colon = message.find(": ");
+    bool from_file = false;
+    std::stringstream keys(message.substr(0, colon == std::string::npos ? 0 : colon));
+    for (std::string key; std::getline(keys, key, ',');) {
+      key.erase(0, key.find_first_not_of(' '));
+      if (table.is_object() && table.contains(key) && !flags.contains(key)) from_file = true;
+    }
+    if (!from_file) throw;
+    throw InvalidArgument(table_where + ": " + message);
+  }
+}
+
 std::vector<std::string> synthetic_keys() {
   return {"generator",        "T",           "S",           "landmarks",    "Hq",
           "Hkv",              "d",           "dv",          "logit_std",    "topic_share",
@@ -33,6 +210,53 @@ std::vector<std::string> synthetic_keys() {
           "segment",          "key_noise",   "query_rho",
           "positional",       "rope_pairing", "rope_theta",  "hope_train_length", "hope_m",
           "seed"};
+}
+
+const TomlSchema& run_schema() {
+  static const TomlSchema schema = {
+      {"run",
+       {"layers", "positional", "rope_pairing", "rope_theta", "hope_train_length", "hope_m",
+        "last_queries", "keep_scores", "keep_window", "seed"}},
+      {"mechanism", spec_keys(), true}};
+  return schema;
+}
+
+const TomlSchema& synthetic_schema() {
+  static const TomlSchema schema = {{"synthetic", synthetic_keys()}};
+  return schema;
+}
+
+namespace {
+
+// The studies' [source] table: kind, layers and the synthetic generators' keys, less those a
+// study sets itself (refused with where to set them), and the studies' old name of logit_std.
+TomlTable study_source_table() {
+  TomlTable table{"source", {"kind", "layers"}};
+  const std::vector<std::string> owned = {"T",          "S",           "landmarks",
+                                          "positional", "rope_pairing", "rope_theta",
+                                          "hope_train_length", "hope_m"};
+  for (const auto& key : synthetic_keys())
+    if (std::find(owned.begin(), owned.end(), key) == owned.end()) table.keys.push_back(key);
+  for (const auto& key : owned)
+    table.refused.emplace_back(key, "set by the study (lengths, [geometry], [extrapolation]), "
+                                    "not by the source");
+  table.refused.emplace_back("query_gain", "renamed logit_std (the same number: the queries' "
+                                           "gain); write logit_std = {value}");
+  return table;
+}
+
+}  // namespace
+
+const TomlSchema& study_schema() {
+  static const TomlSchema schema = {
+      study_source_table(),
+      {"geometry", {"S", "W", "K", "landmarks"}},
+      {"study", {"prior_rule", "prior_source", "mechanisms", "queries", "keep_scores"}},
+      {"fidelity", {"lengths"}},
+      {"overlap", {"lengths", "tail_queries", "block_sizes", "final_block", "mechanism"}},
+      {"extrapolation",
+       {"lengths", "encodings", "train_length", "theta", "pairing", "depths", "needle_logit"}}};
+  return schema;
 }
 
 void apply_synthetic_json(sources::SyntheticParams& p, const nlohmann::json& o,

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "parallel/record_codec.hpp"
+#include "parallel/session.hpp"
 
 namespace hils::parallel {
 
@@ -24,7 +25,8 @@ using analysis::StudyUnit;
 // Message kinds. Worker -> rank 0: "give me a unit", carrying the finished unit's records when
 // there is one.
 constexpr int kReady = 1;
-// Rank 0 -> worker: the index of the next unit, or -1: no more units in this run() call.
+// Rank 0 -> worker: the index of the next unit, or kNoMoreUnits / kJobFailed: this run() call is
+// over (sent only once every unit is written or the run failed, see coordinate()).
 constexpr int kAssign = 2;
 // Worker -> rank 0: [uint64 unit index][char kBadInput or kOtherFailure] then the message.
 constexpr int kFailure = 3;
@@ -32,7 +34,7 @@ constexpr int kFailure = 3;
 // The tag of a kind in the `call`-th run() (every rank makes the same calls): a worker that
 // already went on to the next call must not be taken for one still in this call.
 int tag(int kind, int64_t call) { return kind + 4 * static_cast<int>(call % 8000); }
-constexpr int64_t kNoMoreUnits = -1;
+constexpr int64_t kNoMoreUnits = -1, kJobFailed = -2;
 constexpr char kBadInput = 'B', kOtherFailure = 'E';
 
 std::vector<char> receive_bytes(const MPI_Status& probed) {
@@ -91,13 +93,18 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
   done.skipped = static_cast<int64_t>(units.size() - pending.size());
   size_t next_out = 0, next_write = 0;
   std::map<size_t, RecordingSink> arrived;  // finished, waiting for their turn to be written
-  int stopped = 0;
+  // Workers that asked for a unit when none was left to give (or that failed). They are
+  // answered only when the run is decided, all together: released before, a worker would go
+  // on to the command's next step while this run may still fail, and could then wait forever
+  // for a rank 0 that has ended.
+  std::vector<int> parked;
   // The first failure (in schedule order) ends the run, but only after the other workers have
   // returned the units they hold: those precede or follow the failed unit in schedule order,
   // and the ones before it are written, so the checkpoint left holds every unit before the
   // failed one, whatever the timing (and no computed work is lost).
   std::optional<Failure> failure;
-  while (stopped < size_ - 1) {
+  std::exception_ptr write_failure;  // rank 0's own (say a full disk): nothing more is written
+  while (static_cast<int>(parked.size()) < size_ - 1) {
     int flag = 0;
     MPI_Status status;
     MPI_Iprobe(MPI_ANY_SOURCE, tag(kFailure, calls_), MPI_COMM_WORLD, &flag, &status);
@@ -111,30 +118,42 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
     if (status.MPI_TAG == tag(kFailure, calls_)) {
       Failure arrived_failure = decode_failure(bytes, worker, units, pending);
       if (!failure || arrived_failure.order < failure->order) failure = std::move(arrived_failure);
-      // The failed worker waits for the job to end; it gets no reply and counts as stopped.
-      ++stopped;
+      parked.push_back(worker);
       continue;
     }
-    if (!bytes.empty()) {
+    if (!bytes.empty() && !write_failure) {
       uint64_t unit = 0;
       auto records = decode_unit(bytes, unit);
       arrived.emplace(static_cast<size_t>(unit), std::move(records));
-      // Write every unit whose turn has come, in schedule order, as one process would.
-      while (next_write < pending.size() && arrived.count(pending[next_write])) {
-        const size_t i = pending[next_write++];
-        arrived.at(i).replay(sink);
-        arrived.erase(i);
-        sink.mark_complete(units[i].path);
-        done.ran.push_back(i);
-        if (progress)
-          progress(static_cast<int64_t>(next_write), static_cast<int64_t>(pending.size()));
+      try {
+        // Write every unit whose turn has come, in schedule order, as one process would.
+        while (next_write < pending.size() && arrived.count(pending[next_write])) {
+          const size_t i = pending[next_write];
+          arrived.at(i).replay(sink);
+          arrived.erase(i);
+          sink.mark_complete(units[i].path);
+          ++next_write;
+          done.ran.push_back(i);
+          if (progress)
+            progress(static_cast<int64_t>(next_write), static_cast<int64_t>(pending.size()));
+        }
+      } catch (...) {
+        write_failure = std::current_exception();
       }
     }
-    int64_t assign = kNoMoreUnits;
-    if (!failure && next_out < hand_out.size()) assign = static_cast<int64_t>(hand_out[next_out++]);
-    else ++stopped;
-    MPI_Send(&assign, 1, MPI_INT64_T, worker, tag(kAssign, calls_), MPI_COMM_WORLD);
+    if (!failure && !write_failure && next_out < hand_out.size()) {
+      const auto assign = static_cast<int64_t>(hand_out[next_out++]);
+      MPI_Send(&assign, 1, MPI_INT64_T, worker, tag(kAssign, calls_), MPI_COMM_WORLD);
+    } else {
+      parked.push_back(worker);
+    }
   }
+  const bool failed = failure || write_failure;
+  const int64_t verdict = failed ? kJobFailed : kNoMoreUnits;
+  for (int worker : parked)
+    MPI_Send(&verdict, 1, MPI_INT64_T, worker, tag(kAssign, calls_), MPI_COMM_WORLD);
+  if (failed) ended_together_ = true;  // every worker is ending: no MPI_Abort needed
+  if (write_failure) std::rethrow_exception(write_failure);
   if (failure) {
     // Bad input stays bad input (exit code 2), as in one process.
     if (failure->bad_input) throw InvalidArgument(failure->message);
@@ -154,6 +173,7 @@ void MpiUnitRunner::work(const std::vector<StudyUnit>& units) {
     MPI_Recv(&assign, 1, MPI_INT64_T, 0, tag(kAssign, calls_), MPI_COMM_WORLD,
              MPI_STATUS_IGNORE);
     if (assign == kNoMoreUnits) return;
+    if (assign == kJobFailed) end_with_job();
     const auto i = static_cast<size_t>(assign);
     RecordingSink records;
     try {
@@ -166,13 +186,18 @@ void MpiUnitRunner::work(const std::vector<StudyUnit>& units) {
       const std::string message = e.what();
       failure.insert(failure.end(), message.begin(), message.end());
       send_bytes(failure, tag(kFailure, calls_));
-      // Rank 0 ends the job; this rank waits for that instead of running on without a unit.
+      // Rank 0 reports it and answers when the other workers are stopped too.
       MPI_Recv(&assign, 1, MPI_INT64_T, 0, tag(kAssign, calls_), MPI_COMM_WORLD,
                MPI_STATUS_IGNORE);
-      throw;
+      end_with_job();
     }
     finished = encode_unit(i, records);
   }
+}
+
+void MpiUnitRunner::end_with_job() {
+  ended_together_ = true;
+  throw JobEnded("the run failed; rank 0 reports why");
 }
 
 }  // namespace hils::parallel

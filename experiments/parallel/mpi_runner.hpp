@@ -16,8 +16,13 @@
 // A failing unit on a worker (any exception: bad input found late, out of memory) is sent to
 // rank 0, which stops handing out units, waits for the other workers' units and writes those
 // that precede the failed one in schedule order (so the checkpoint holds every unit before it,
-// whatever the timing), then throws "rank R failed on unit U: ..." (the results writer
-// discards its uncommitted temporary; the last checkpoint stays) and the session aborts the job.
+// whatever the timing), tells every worker that the job failed (they end quietly: JobEnded),
+// then throws "rank R failed on unit U: ..." (the results writer discards its uncommitted
+// temporary; the last checkpoint stays). The ranks then finalize MPI together and rank 0 exits
+// with the failure's code: no MPI_Abort, whose teardown can leave OpenMPI 4.1's mpirun hung in
+// PMIx_server_finalize with every rank already gone (seen here). A failure to write on rank 0
+// (a full disk) ends the job the same way. MPI_Abort stays for a rank failing outside a run
+// (session.hpp).
 #pragma once
 
 #include "hils/analysis/units.hpp"
@@ -31,13 +36,17 @@ class MpiUnitRunner final : public analysis::UnitRunner {
                           analysis::ResultSink& sink,
                           const analysis::Progress& progress) override;
   bool holds_results() const override { return rank_ == 0; }
+  // A run failed and every rank was told: the job can end without MPI_Abort.
+  bool ended_together() const { return ended_together_; }
 
  private:
   analysis::UnitsDone coordinate(const std::vector<analysis::StudyUnit>& units,
                                  analysis::ResultSink& sink, const analysis::Progress& progress);
   void work(const std::vector<analysis::StudyUnit>& units);
+  [[noreturn]] void end_with_job();  // a worker told that the run failed: throws JobEnded
   int rank_, size_;
-  int64_t calls_ = 0;  // run() calls so far: a study may run several unit lists in turn
+  int64_t calls_ = 0;
+  bool ended_together_ = false;  // run() calls so far: a study may run several unit lists in turn
 };
 
 }  // namespace hils::parallel

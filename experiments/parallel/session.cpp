@@ -5,10 +5,10 @@
 #include <iostream>
 #include <thread>
 
+#include "parallel/mpi_runner.hpp"
+
 #ifdef HILS_WITH_MPI
 #include <mpi.h>
-
-#include "parallel/mpi_runner.hpp"
 #endif
 
 namespace hils::parallel {
@@ -54,7 +54,7 @@ Session::~Session() {
   g_session = nullptr;
 #ifdef HILS_WITH_MPI
   if (!mpi_) return;
-  if (failed_ && size_ > 1) {
+  if (failed_ && size_ > 1 && !(runner_ && runner_->ended_together())) {
     // Let mpirun forward this rank's message before the abort tears the job down.
     std::cerr.flush();
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -65,7 +65,8 @@ Session::~Session() {
 }
 
 analysis::UnitRunner& Session::runner() {
-  return runner_ ? *runner_ : static_cast<analysis::UnitRunner&>(analysis::serial_runner());
+  if (runner_) return *runner_;
+  return analysis::serial_runner();
 }
 
 Session* Session::current() { return g_session; }

@@ -7,10 +7,20 @@
 #pragma once
 
 #include <memory>
+#include <stdexcept>
 
 #include "hils/analysis/units.hpp"
 
 namespace hils::parallel {
+
+class MpiUnitRunner;
+
+// Thrown on an MPI worker whose run rank 0 ended because a unit failed (on this or another
+// rank): rank 0 reports the failure; this rank ends quietly (exit 0, so that the job's exit
+// status is rank 0's, e.g. 2 for bad input).
+struct JobEnded : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 class Session {
  public:
@@ -27,7 +37,8 @@ class Session {
   // The runner for a study's units: serial unless N > 1 ranks.
   analysis::UnitRunner& runner();
   // The command failed on this rank: with N > 1 ranks the destructor ends the whole job
-  // (MPI_Abort) instead of waiting for ranks that will never be answered.
+  // (MPI_Abort) instead of waiting for ranks that will never be answered, unless the failure
+  // happened in a run that told every rank already (MpiUnitRunner::ended_together()).
   void fail() { failed_ = true; }
 
   // The one session of this process (nullptr before main created it, e.g. in tests).
@@ -36,7 +47,7 @@ class Session {
  private:
   int rank_ = 0, size_ = 1;
   bool mpi_ = false, failed_ = false;
-  std::unique_ptr<analysis::UnitRunner> runner_;
+  std::unique_ptr<MpiUnitRunner> runner_;
 };
 
 // Whether this binary was built with MPI.

@@ -131,6 +131,17 @@ TEST_CASE("fidelity unit: exact scores are perfect, surrogates are not", "[fidel
   CHECK(!sink.read("T131/layer0/group1/head0/mean/spearman"));  // head 0 is group 0's
 }
 
+TEST_CASE("fidelity unit: a context with no retrieval candidate is refused naming T",
+          "[fidelity][errors]") {
+  const auto& c = case_named("gqa_group4");
+  const auto in = cases::make_inputs<double>(c);
+  auto options = options_for(c, {"naive_bsa"});
+  options.geometry.W = c.T;  // the window covers every slot: no query has a candidate chunk
+  MemorySink sink;
+  CHECK_THROWS_WITH(run_fidelity_unit(in, 0, 0, options, sink),
+                    Catch::Contains("context length T=131") && Catch::Contains("T > W + S"));
+}
+
 TEST_CASE("fidelity study: summaries match the units and a resumed run redoes nothing",
           "[fidelity]") {
   const auto& c = case_named("ragged_tail_no_landmarks");

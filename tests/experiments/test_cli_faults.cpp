@@ -178,9 +178,9 @@ TEST_CASE("study flags out of range are refused naming the flag and the expected
           "[cli][faults]") {
   TempDir dir("study_flags");
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"--K -2", "--K: expected an integer >= 0, got -2"},
-      {"--S 0", "--S: expected an integer >= 1, got 0"},
-      {"--W 0", "--W: expected an integer >= 1, got 0"},
+      {"--K -2", "-K,--top-k: expected an integer >= 0, got -2"},
+      {"--S 0", "-S,--chunk: expected an integer >= 1, got 0"},
+      {"-W 0", "-W,--window: expected an integer >= 1, got 0"},
       {"--queries 0", "--queries: expected an integer >= 1, got 0"},
       {"--layers 0", "--layers: expected an integer >= 1, got 0"}};
   for (const auto& [flag, message] : cases) {
@@ -197,6 +197,28 @@ TEST_CASE("study flags out of range are refused naming the flag and the expected
   INFO(from_config.output);
   CHECK(from_config.exit_code == 2);
   CHECK_THAT(from_config.output, Catch::Contains("[geometry] S in"));
+}
+
+TEST_CASE("a study config with an unknown key, table or type is refused before any work",
+          "[cli][faults]") {
+  // One strict reader for every command: a misspelt key is an error, not a silent default.
+  TempDir dir("study_config");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"[geometry]\nwindw = 64\n", "[geometry]: unknown key 'windw' (expected one of S, W, K"},
+      {"[fidelty]\nlengths = [1024]\n", "unknown table or key 'fidelty'"},
+      {"[study]\nqueries = \"all\"\n", "[study].queries: expected an integer, got string"}};
+  for (const auto& [text, message] : cases) {
+    std::ofstream(dir / "c.toml") << text;
+    for (const std::string study : {"fidelity", "overlap", "extrapolate"}) {
+      auto r = run_hils(study + " --config " + q(dir / "c.toml") + " --out " + q(dir / "f.h5") +
+                        " --lengths 1024 -q");
+      INFO(study + "\n" + text + r.output);
+      CHECK(r.exit_code == 2);
+      CHECK_THAT(r.output, Catch::Contains((dir / "c.toml").string() + ": ") &&
+                               Catch::Contains(message));
+      CHECK_FALSE(fs::exists(dir / "f.h5"));
+    }
+  }
 }
 
 TEST_CASE("an explicit source synthetic flag wins over a config that names the model", "[cli][faults]") {

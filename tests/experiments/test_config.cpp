@@ -19,6 +19,7 @@ namespace {
 
 using hils::MechanismSpec;
 using nlohmann::json;
+using hils::test::TempDir;
 
 // The message of the InvalidArgument that `body` throws ("" when it throws none).
 template <class Body>
@@ -169,4 +170,109 @@ TEST_CASE("describe and validate read the field table", "[config]") {
   CHECK_THAT(message_of([&] { bad.validate(); }), Catch::StartsWith("scale: expected 0 (meaning"));
   bad.scale = 0.0, bad.W = 0;
   CHECK_THAT(message_of([&] { hils::validate_fields(bad); }), Catch::StartsWith("W: expected"));
+}
+
+namespace {
+
+// A TOML file `name` with `text` in `dir`, its path as a string.
+std::string toml_file(const TempDir& dir, const std::string& name, const std::string& text) {
+  std::ofstream(dir / name) << text;
+  return (dir / name).string();
+}
+
+}  // namespace
+
+TEST_CASE("TOML reader: unknown tables and keys are refused, naming file, table and key",
+          "[config]") {
+  using hils::config::load_toml;
+  using hils::config::study_schema;
+  TempDir dir("config_strict");
+  // A misspelt key in a known table (a lenient reader would run with W's default).
+  const auto key = toml_file(dir, "key.toml", "[geometry]\nS = 16\nwindw = 64\n");
+  CHECK(message_of([&] { load_toml(key, study_schema()); }) ==
+        key + ": [geometry]: unknown key 'windw' (expected one of S, W, K, landmarks)");
+  // A misspelt table.
+  const auto table = toml_file(dir, "table.toml", "[geometri]\nS = 16\n");
+  CHECK_THAT(message_of([&] { load_toml(table, study_schema()); }),
+             Catch::StartsWith(table + ": unknown table or key 'geometri' (expected the tables "
+                               "[source], [geometry], [study], [fidelity], [overlap]"));
+  // A key outside any table, and a table written as a plain value.
+  const auto bare = toml_file(dir, "bare.toml", "S = 16\n");
+  CHECK_THAT(message_of([&] { load_toml(bare, study_schema()); }),
+             Catch::Contains("unknown table or key 'S'"));
+  const auto value = toml_file(dir, "value.toml", "geometry = 3\n");
+  CHECK(message_of([&] { load_toml(value, study_schema()); }) ==
+        value + ": geometry: expected a table [geometry], got number 3");
+  // Each element of an array of tables is checked, and named by its position.
+  const auto run = toml_file(dir, "run.toml",
+                             "[[mechanism]]\npreset = \"full\"\n[[mechanism]]\npreset = \"nsa\"\n"
+                             "windw = 4\n");
+  CHECK_THAT(message_of([&] { load_toml(run, hils::config::run_schema()); }),
+             Catch::StartsWith(run + ": [[mechanism]] #2: unknown key 'windw' (expected one of "
+                               "preset, name,"));
+  const auto single = toml_file(dir, "single.toml", "[mechanism]\npreset = \"full\"\n");
+  CHECK_THAT(message_of([&] { load_toml(single, hils::config::run_schema()); }),
+             Catch::Contains("expected an array of tables [[mechanism]]"));
+  // The [synthetic] table of `hils dump synthetic` refuses what only a study config holds.
+  const auto synthetic = toml_file(dir, "synthetic.toml", "[synthetic]\nkind = \"model\"\n");
+  CHECK_THAT(message_of([&] { load_toml(synthetic, hils::config::synthetic_schema()); }),
+             Catch::StartsWith(synthetic + ": [synthetic]: unknown key 'kind'"));
+  // Keys a table refuses with a hint: an old name says what to write instead.
+  const auto renamed = toml_file(dir, "renamed.toml", "[source]\nquery_gain = 2.5\n");
+  CHECK(message_of([&] { load_toml(renamed, study_schema()); }) ==
+        renamed + ": [source] query_gain: renamed logit_std (the same number: the queries' "
+                  "gain); write logit_std = 2.5");
+}
+
+TEST_CASE("TOML reader: typed values name the key and the expected type", "[config]") {
+  using hils::config::ConfigValues;
+  TempDir dir("config_types");
+  const auto file = toml_file(dir, "types.toml",
+                              "[source]\nHq = \"four\"\nquery_rho = true\nkind = 3\nlayers = 0\n"
+                              "[study]\nmechanisms = [\"hils\", 2]\nkeep_scores = 1\n"
+                              "[overlap]\nblock_sizes = [64, 1.5]\n"
+                              "[extrapolation]\ndepths = 0.5\n");
+  const ConfigValues c(hils::config::load_toml(file, hils::config::study_schema()), file);
+  CHECK(message_of([&] { c.integer("source", "Hq", 4); }) ==
+        file + ": [source].Hq: expected an integer, got string \"four\"");
+  CHECK_THAT(message_of([&] { c.number("source", "query_rho", 0.0); }),
+             Catch::StartsWith(file + ": [source].query_rho: expected a number"));
+  CHECK_THAT(message_of([&] { c.text("source", "kind", "synthetic"); }),
+             Catch::StartsWith(file + ": [source].kind: expected a string"));
+  CHECK(message_of([&] { c.integer("source", "layers", 2, 1); }) ==
+        file + ": [source].layers: expected an integer >= 1, got 0");
+  CHECK(message_of([&] { c.texts("study", "mechanisms", {}); }) ==
+        file + ": [study].mechanisms: expected an array of strings, got number 2");
+  CHECK(message_of([&] { c.boolean("study", "keep_scores", true); }) ==
+        file + ": [study].keep_scores: expected true or false, got number 1");
+  CHECK(message_of([&] { c.integers("overlap", "block_sizes", {}, 1); }) ==
+        file + ": [overlap].block_sizes: expected an array of integers >= 1, got number 1.5");
+  CHECK(message_of([&] { c.numbers("extrapolation", "depths", {}); }) ==
+        file + ": [extrapolation].depths: expected an array of numbers, got number 0.5");
+  // Absent keys and tables take the default; no file at all is "(defaults)".
+  CHECK(c.integer("geometry", "S", 64) == 64);
+  CHECK(ConfigValues().integers("fidelity", "lengths", {4096}) == std::vector<int64_t>{4096});
+  CHECK(ConfigValues().file() == "(defaults)");
+}
+
+TEST_CASE("TOML reader: every shipped config loads under one command's schema", "[config]") {
+  const std::vector<const hils::config::TomlSchema*> schemas = {
+      &hils::config::run_schema(), &hils::config::synthetic_schema(),
+      &hils::config::study_schema()};
+  int files = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::filesystem::path(HILS_SOURCE_DIR) /
+                                           "experiments" / "configs")) {
+    if (entry.path().extension() != ".toml") continue;
+    ++files;
+    std::vector<std::string> refusals;
+    for (const auto* schema : schemas) {
+      const std::string message =
+          message_of([&] { hils::config::load_toml(entry.path(), *schema); });
+      if (!message.empty()) refusals.push_back(message);
+    }
+    INFO(entry.path().string());
+    CHECK(refusals.size() == schemas.size() - 1);  // exactly one command reads it
+  }
+  CHECK(files >= 3);
 }
