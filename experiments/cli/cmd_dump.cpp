@@ -9,6 +9,7 @@
 
 #include "cli/cli_util.hpp"
 #include "cli/commands.hpp"
+#include "cli/spec_flags.hpp"
 #include "config/config.hpp"
 #include "io/activation_file.hpp"
 #include "io/results_file.hpp"
@@ -90,7 +91,7 @@ void register_llama2c(CLI::App& dump) {
   auto options = std::make_shared<Llama2cOptions>();
   auto* cmd = dump.add_subcommand(
       "llama2c", "run a llama2.c-format model over a text and dump every layer's activations");
-  cmd->add_option("-o,--output", options->output, "activation file to write (HDF5)")
+  add_output_option(cmd, &options->output, "activation file to write (HDF5)")
       ->required();
   cmd->add_option("--model", options->model,
                   "llama2.c checkpoint (default: $HILS_SHARED_DATA/stories260K.bin)");
@@ -120,8 +121,8 @@ void add_synthetic_option(CLI::App* cmd, std::shared_ptr<SyntheticFlags> flags,
 void register_synthetic(CLI::App& dump) {
   auto flags = std::make_shared<SyntheticFlags>();
   auto* cmd = dump.add_subcommand("synthetic", "generate seeded synthetic activations");
-  cmd->add_option("-o,--output", flags->output, "activation file to write (HDF5)")->required();
-  cmd->add_option("-c,--config", flags->config,
+  add_output_option(cmd, &flags->output, "activation file to write (HDF5)")->required();
+  add_config_option(cmd, &flags->config,
                   "TOML file with a [synthetic] table (flags win over it)");
   cmd->add_option("--precision", flags->precision, "float32 or float64 (default float64)");
   add_synthetic_option<std::string>(cmd, flags, "--generator", "generator",

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "cli/commands.hpp"
+#include "cli/spec_flags.hpp"
 #include "hils/analysis/study_cli.hpp"
 
 namespace hils::cli {
@@ -15,7 +16,7 @@ void register_plot(CLI::App& app) {
               "Example: hils plot overlap.h5 --out plots/     # overlap.h5 from `hils overlap --out overlap.h5`");
   cmd->add_option("results", *results, "results file of hils fidelity/overlap/extrapolate")
       ->required();
-  cmd->add_option("-o,--out", *out, "folder for the PNGs (default: <results>_plots)");
+  add_output_option(cmd, out.get(), "folder for the PNGs (default: <results>_plots)");
   cmd->callback([results, out] {
     const std::filesystem::path path = *results;
     const std::filesystem::path folder =

@@ -416,8 +416,8 @@ void register_run(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "run attention mechanisms over an activation file");
   cmd->add_option("ACTIVATIONS", flags->input, "activation file (hils dump, hf_dump.py)")
       ->required();
-  cmd->add_option("-o,--output", flags->output, "results file to write (HDF5)")->required();
-  cmd->add_option("-c,--config", flags->config,
+  add_output_option(cmd, &flags->output, "results file to write (HDF5)")->required();
+  add_config_option(cmd, &flags->config,
                   "TOML file: [run] settings and [[mechanism]] tables (flags win)");
   cmd->add_option("-p,--preset", flags->presets,
                   "preset(s): full swa naive_bsa nsa lmk hils (repeat or comma-separate)")

@@ -38,4 +38,12 @@ void add_spec_flags(CLI::App* cmd, nlohmann::json* overrides,
   });
 }
 
+CLI::Option* add_output_option(CLI::App* cmd, std::string* path, const std::string& help) {
+  return cmd->add_option("-o,--output,--out", *path, help);
+}
+
+CLI::Option* add_config_option(CLI::App* cmd, std::string* path, const std::string& help) {
+  return cmd->add_option("-c,--config", *path, help);  // load_toml names a missing file
+}
+
 }  // namespace hils::cli

@@ -1,7 +1,8 @@
 // The mechanism spec's command-line flags, registered from the field table
 // (hils/spec_fields.hpp) so that every `hils` command spells them the same way:
 // -S,--chunk  -W,--window  -K,--top-k  --name  --fusion  --key-rule  --bias-rule  --prior-rule
-// --group-rule  --softmax1  --landmarks  --scale (and the studies' older --S --W --K, hidden).
+// --group-rule  --softmax1  --landmarks  --scale (and the studies' older --S --W --K, hidden);
+// and the two file options every command has: -o,--output (also --out) and -c,--config.
 #pragma once
 
 #include <string>
@@ -18,5 +19,12 @@ namespace hils::cli {
 // go through, so that one function checks every value and words every error.
 void add_spec_flags(CLI::App* cmd, nlohmann::json* overrides,
                     const std::vector<std::string>& keys = {});
+
+// The output option of every command: -o,--output, with --out (the studies' first spelling)
+// accepted too. Returns the option, e.g. to mark it required.
+CLI::Option* add_output_option(CLI::App* cmd, std::string* path, const std::string& help);
+// The config option of every command that reads TOML: -c,--config (config::load_toml
+// refuses a missing file, naming it).
+CLI::Option* add_config_option(CLI::App* cmd, std::string* path, const std::string& help);
 
 }  // namespace hils::cli

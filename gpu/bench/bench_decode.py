@@ -22,8 +22,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 HQ, HKV, D, S, K, W = 16, 2, 64, 64, 32, 512
 BATCHES = (1, 8, 32)
 LENGTHS = (32768, 131072, 524288)
-# hils enum values (reference/include/hils/spec.hpp) of the hils preset.
-TAYLOR, ENTROPY, MAX_NORMALIZED, HIERARCHICAL = 3, 1, 0, 3
+
+
+def enum_value(lib, field, name):
+    """The hils enum integer of `name` (e.g. key_rule taylor), from the library's own table."""
+    lib.hils_gpu_enum_names.restype = ctypes.c_char_p
+    lib.hils_gpu_enum_names.argtypes = [ctypes.c_char_p]
+    return lib.hils_gpu_enum_names(field.encode()).decode().split().index(name)
 
 
 class Decode(ctypes.Structure):
@@ -126,8 +131,10 @@ class HilsDecode:
         self.sel = torch.empty(B, hkv, k, dtype=torch.int32, device="cuda")
         p = Decode()
         p.B, p.T, p.Hq, p.Hkv, p.d, p.dv, p.S, p.W, p.K = B, T, hq, hkv, d, d, s, w, k
-        p.landmarks, p.key_rule, p.bias_rule = 1, TAYLOR, ENTROPY
-        p.group_rule, p.fusion, p.softmax1, p.scale = MAX_NORMALIZED, HIERARCHICAL, 0, 0.0
+        p.landmarks, p.softmax1, p.scale = 1, 0, 0.0  # the hils preset
+        for field, name in (("key_rule", "taylor"), ("bias_rule", "entropy"),
+                            ("group_rule", "max_normalized"), ("fusion", "hierarchical")):
+            setattr(p, field, enum_value(lib, field, name))
         p.k, p.v, p.summary_key, p.summary_bias = ptr(self.k), ptr(self.v), ptr(self.key), ptr(self.bias)
         p.q, p.q_retrieval = ptr(self.q), ctypes.c_void_p(0)
         self.p = p

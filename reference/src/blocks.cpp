@@ -2,7 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
+
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 
 namespace hils::detail {
 
@@ -21,6 +26,17 @@ std::vector<int64_t> resolve_queries(const std::vector<int64_t>& queries, int64_
             std::to_string(queries[i]));
   }
   return queries;
+}
+
+void prefer_huge_pages(void* data, size_t bytes) {
+#ifdef __linux__
+  constexpr uintptr_t kHugePage = uintptr_t(1) << 21;
+  const auto begin = (reinterpret_cast<uintptr_t>(data) + kHugePage - 1) & ~(kHugePage - 1);
+  const auto end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHugePage - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#else
+  (void)data, (void)bytes;
+#endif
 }
 
 std::vector<QueryBlock> partition_queries(const std::vector<int64_t>& queries,

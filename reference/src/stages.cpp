@@ -26,7 +26,7 @@ template <class Scalar, class Stage>
 Matrix<Scalar> stack_blocks(const std::vector<int64_t>& queries, const Geometry& geometry,
                             int64_t cols, const Stage& stage) {
   const auto blocks = detail::partition_queries(queries, geometry);
-  Matrix<Scalar> out(static_cast<int64_t>(queries.size()), cols);
+  Matrix<Scalar> out = detail::large_output<Scalar>(static_cast<int64_t>(queries.size()), cols);
   detail::parallel_units(static_cast<int64_t>(blocks.size()), [&](int64_t b) {
     const auto& block = blocks[static_cast<size_t>(b)];
     out.middleRows(block.begin, block.size()) = stage(block);
@@ -54,8 +54,9 @@ WindowResult<Scalar> attention_over_blocks(const Matrix<Scalar>& q, const Matrix
           std::to_string(v.rows()));
   const auto rows = detail::resolve_queries(queries, geometry.T());
   const auto blocks = detail::partition_queries(rows, geometry);
-  WindowResult<Scalar> out{Matrix<Scalar>(static_cast<int64_t>(rows.size()), v.cols()),
-                           Vector<Scalar>(static_cast<int64_t>(rows.size()))};
+  const auto n = static_cast<int64_t>(rows.size());
+  WindowResult<Scalar> out{detail::large_output<Scalar>(n, v.cols()),
+                           Vector<Scalar>(n)};
   detail::parallel_units(static_cast<int64_t>(blocks.size()), [&](int64_t b) {
     const auto& block = blocks[static_cast<size_t>(b)];
     auto part = detail::block_attention(detail::gather_rows(q, rows, block), rows, block, k, v,

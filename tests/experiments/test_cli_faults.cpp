@@ -87,7 +87,7 @@ TEST_CASE("a second writer of one results file is refused and told who holds it"
     CHECK(resumed.exit_code == 2);
     CHECK_THAT(resumed.output, Catch::Contains("being written by pid"));
     CHECK_THAT(resumed.output, Catch::Contains("the first writer"));
-    auto study = run_hils("fidelity --out " + q(results) + " --lengths 256 -q");
+    auto study = run_hils("fidelity --out " + q(results) + " --lengths 1024 -q");
     CHECK(study.exit_code == 2);
     CHECK_THAT(study.output, Catch::Contains("being written by"));
     CHECK(bytes_of(results) == before);
@@ -197,6 +197,23 @@ TEST_CASE("study flags out of range are refused naming the flag and the expected
   INFO(from_config.output);
   CHECK(from_config.exit_code == 2);
   CHECK_THAT(from_config.output, Catch::Contains("[geometry] S in"));
+}
+
+TEST_CASE("every command spells its output and config options the same way", "[cli][faults]") {
+  for (const std::string command : {"run", "dump synthetic", "dump llama2c", "fidelity",
+                                    "overlap", "extrapolate", "studies", "plot"}) {
+    auto help = run_hils(command + " --help");
+    INFO(command + "\n" + help.output);
+    CHECK_THAT(help.output, Catch::Contains("-o,--output,--out "));
+    if (command != "dump llama2c" && command != "studies" && command != "plot")
+      CHECK_THAT(help.output, Catch::Contains("-c,--config "));
+  }
+  // The study spelling --out and the run spelling --output reach the same option.
+  TempDir dir("output_spelling");
+  auto dump = run_hils("-q dump synthetic --out " + q(dir / "a.h5") + " -T 128 -S 16");
+  INFO(dump.output);
+  CHECK(dump.exit_code == 0);
+  CHECK(fs::exists(dir / "a.h5"));
 }
 
 TEST_CASE("a study config with an unknown key, table or type is refused before any work",

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/spec_codec.hpp"
 #include "io/hdf5_util.hpp"
 #include "oracle_support.hpp"
 
@@ -21,21 +22,6 @@ using namespace hils;
 using namespace hils::oracle;
 
 namespace {
-
-nlohmann::json spec_json(const MechanismSpec& spec) {
-  return {{"name", spec.name},
-          {"fusion", to_string(spec.fusion)},
-          {"key_rule", to_string(spec.key_rule)},
-          {"bias_rule", to_string(spec.bias_rule)},
-          {"prior_rule", to_string(spec.prior_rule)},
-          {"group_rule", to_string(spec.group_rule)},
-          {"softmax1", spec.softmax1},
-          {"S", spec.S},
-          {"W", spec.W},
-          {"K", spec.K},
-          {"landmarks", spec.landmarks},
-          {"scale", spec.scale}};
-}
 
 // Head lists -> one [H x rows x cols] float32 dataset.
 void write_heads(H5::Group& root, const std::string& name, const std::vector<Matrix<double>>& heads) {
@@ -108,7 +94,7 @@ int make(const std::string& out, const std::string& case_name, const std::string
     H5::Group root = file.openGroup("/");
     io::write_attribute(root, "format", std::string("hils-verify"));
     io::write_attribute(root, "format_version", int64_t{kind == "bad_version" ? 99 : 1});
-    nlohmann::json sj = spec_json(spec);
+    nlohmann::json sj = config::spec_to_json(spec);
     if (kind == "bad_spec") sj["K"] = "four";
     io::write_attribute(root, "spec", sj.dump());
     io::write_attribute(root, "input_precision", to_string(precision));
