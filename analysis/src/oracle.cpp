@@ -1,12 +1,14 @@
 // oracle::verify: the reference in double (truth) and float (baseline) against a kernel's
 // outputs, stage by stage; selections as sets with a margin bound (see oracle.hpp).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <numeric>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "hils/analysis/oracle.hpp"
 #include "oracle_gradients.hpp"
@@ -548,22 +550,54 @@ double bf16_rounding_variance(double x) {
   return Tolerances::kRoundingVariance * ulp * ulp;
 }
 
-// The mean error of rounding x to bf16 toward zero (a truncating conversion): -sign(x) ulp/2,
-// x's position within its ulp being uniform. To nearest it is 0.
-double bf16_truncation_shift(double x) { return -std::copysign(0.5 * bf16_ulp(x), x); }
-
 // The same variance for a value stored in fp32 (24 significant bits): a kernel whose stored lse
 // are not all bf16 numbers did not round them to bf16.
 double fp32_rounding_variance(double x) { return std::ldexp(bf16_rounding_variance(x), -32); }
 
+// The mean error of storing x + nu in bf16 by `mode`, nu ~ N(0, tau^2), less the mean of the
+// same rounding over a uniform position within the ulp (0 to nearest, -sign ulp/2 toward
+// zero): E[R(x + nu) - (x + nu)] - E_uniform[R(y) - y]. With tau = 0 it is R(x) - x less that
+// mean, a deterministic sawtooth; as tau grows past the ulp it falls to 0.
+double expected_store_error(double x, double tau, Bf16Rounding mode) {
+  const double ulp = bf16_ulp(x);
+  if (ulp == 0.0) return 0.0;
+  if (mode == Bf16Rounding::toward_zero && x < 0) return -expected_store_error(-x, tau, mode);
+  const double uniform_mean = mode == Bf16Rounding::toward_zero ? -0.5 * ulp : 0.0;
+  const double base = std::floor(x / ulp) * ulp;
+  const double offset = mode == Bf16Rounding::nearest ? 0.5 : 0.0;  // cell m: value base + m ulp
+  if (tau <= 0.0) {
+    const double m = std::floor((x - base) / ulp + offset);
+    return base + m * ulp - x - uniform_mean;
+  }
+  // Cell m holds [base + (m - offset) ulp, base + (m + 1 - offset) ulp), value base + m ulp.
+  const int span = 2 + static_cast<int>(std::ceil(8.0 * tau / ulp));
+  auto below = [&](double edge) { return 0.5 * std::erfc(-(edge - x) / (std::sqrt(2.0) * tau)); };
+  double expected = 0.0;
+  for (int m = -span; m <= span + 1; ++m)
+    expected += (base + m * ulp) * (below(base + (m + 1 - offset) * ulp) - below(base + (m - offset) * ulp));
+  return expected - x - uniform_mean;
+}
+
+// expected_store_error averaged over a uniform offset of x within +-width/2 (midpoint rule): a
+// top logit's own rounding, of which a row's lse carries the fraction 1 - omega_top.
+double smeared_store_error(double x, double tau, double width, Bf16Rounding mode) {
+  if (width <= 0.0) return expected_store_error(x, tau, mode);
+  constexpr int kNodes = 16;
+  double sum = 0.0;
+  for (int k = 0; k < kNodes; ++k)
+    sum += expected_store_error(x + width * ((k + 0.5) / kNodes - 0.5), tau, mode);
+  return sum / kNodes;
+}
+
 // Per chunk [n_chunks x (d + 1)], the bias in the last column: what rounding the summary to bf16
 // does, as a kernel does it: k'_i once, and its weights w_j once (taylor: p, mean: 1/|T_c|;
 // Eq. 6-7), so var(dk'_i) = var(round k'_i) + sum_j var(round w_j) k_j,i^2; the entropy bias
-// b' = log|T_c| - H(p) likewise var(round b') + sum_j var(round p_j) (log p_j + 1)^2. The
-// shifts are the mean errors of the same roundings toward zero: of the stored k', b' (store)
-// and through the weights w (weights).
+// b' = log|T_c| - H(p) likewise var(round b') + sum_j var(round p_j) (log p_j + 1)^2. And, per
+// rounding mode (index: Bf16Rounding), the exact errors of the same roundings, known from the
+// reference's values: of the stored k' and b' (key, bias) and through the weights (weights).
 struct SummaryRounding {
-  Matrix<double> variance, store_shift, weight_shift;
+  Matrix<double> variance;
+  std::array<Matrix<double>, 2> key, bias, weights;
 };
 SummaryRounding summary_rounding(const Context& ctx, int64_t h) {
   const int64_t chunks = ctx.geometry.n_chunks(), tokens = ctx.geometry.tokens_per_chunk();
@@ -573,8 +607,8 @@ SummaryRounding summary_rounding(const Context& ctx, int64_t h) {
   const ChunkSummaries<double> summary = summaries_of(ctx, ctx.inputs, h);
   Matrix<double> prior;
   if (ctx.spec.key_rule == KeyRule::taylor) prior = resolve_prior(ctx.inputs, h, ctx.spec, ctx.geometry);
-  SummaryRounding out{Matrix<double>::Zero(chunks, d + 1), Matrix<double>::Zero(chunks, d + 1),
-                      Matrix<double>::Zero(chunks, d + 1)};
+  const Matrix<double> zero = Matrix<double>::Zero(chunks, d + 1);
+  SummaryRounding out{zero, {zero, zero}, {zero, zero}, {zero, zero}};
   const bool entropy = ctx.spec.bias_rule == BiasRule::entropy && ctx.spec.key_rule != KeyRule::exact;
   for (int64_t c = 0; c < chunks; ++c) {
     const auto keys = k.middleRows(c * ctx.spec.S, tokens);
@@ -586,43 +620,99 @@ SummaryRounding summary_rounding(const Context& ctx, int64_t h) {
       w /= w.sum();
     }
     const Vector<double> w_var = w.unaryExpr([](double x) { return bf16_rounding_variance(x); });
-    const Vector<double> w_shift = w.unaryExpr([](double x) { return bf16_truncation_shift(x); });
     const Vector<double> entropy_slope = (w.array().max(1e-300).log() + 1.0).matrix();
     out.variance.row(c).head(d) =
         summary.key.row(c).unaryExpr([](double x) { return bf16_rounding_variance(x); }) +
         w_var.transpose() * keys.array().square().matrix();
-    out.store_shift.row(c).head(d) =
-        summary.key.row(c).unaryExpr([](double x) { return bf16_truncation_shift(x); });
-    out.weight_shift.row(c).head(d) = w_shift.transpose() * keys;
-    if (entropy) {
+    if (entropy)
       out.variance(c, d) = bf16_rounding_variance(summary.bias(c)) +
                            (w_var.array() * entropy_slope.array().square()).sum();
-      out.store_shift(c, d) = bf16_truncation_shift(summary.bias(c));
-      out.weight_shift(c, d) = w_shift.dot(entropy_slope);
+    for (const Bf16Rounding mode : {Bf16Rounding::nearest, Bf16Rounding::toward_zero}) {
+      auto error = [mode](double x) { return round_to_bf16(x, mode) - x; };
+      const size_t m = static_cast<size_t>(mode);
+      const Vector<double> w_error = w.unaryExpr(error);
+      out.key[m].row(c).head(d) = summary.key.row(c).unaryExpr(error);
+      out.weights[m].row(c).head(d) = w_error.transpose() * keys;
+      if (entropy) {
+        out.bias[m](c, d) = error(summary.bias(c));
+        out.weights[m](c, d) = w_error.dot(entropy_slope);
+      }
     }
   }
   return out;
 }
 
-// Each rounding point's mean contribution to a statistic when it truncates; a correct kernel's
-// statistic is centred in [sum of the negative ones, sum of the positive ones] (each point
-// rounds to nearest, contributing 0, or toward zero).
-struct TruncationShifts {
-  std::vector<double> points;
-  double low() const {
-    double sum = 0;
-    for (double x : points) sum += std::min(x, 0.0);
-    return sum;
+// Where a correct kernel's biased roundings can centre a statistic. Each rounding point (the
+// fused s_hat, the stored k', the stored b', the summaries' weights) contributes, when the
+// kernel rounds there, its exact error (computed from the reference's values: round(x) - x,
+// per mode, index Bf16Rounding), or nothing when it keeps that value in fp32; so the statistic
+// is centred within [sum of each point's smallest, sum of each point's largest] (0 among them).
+// A bf16-stored lse adds one of store_alternatives or nothing (lse_shift_bound).
+struct RoundingShifts {
+  std::vector<std::array<double, 2>> points;
+  std::vector<double> store_alternatives;
+  // The range of the points' sum, the conversions' mode known (nullopt: either, per point).
+  std::pair<double, double> range(const std::optional<Bf16Rounding>& conversions) const {
+    double low = 0, high = 0;
+    for (const auto& point : points) {
+      double point_low = 0, point_high = 0;
+      for (const Bf16Rounding mode : {Bf16Rounding::nearest, Bf16Rounding::toward_zero})
+        if (!conversions || *conversions == mode) {
+          point_low = std::min(point_low, point[static_cast<size_t>(mode)]);
+          point_high = std::max(point_high, point[static_cast<size_t>(mode)]);
+        }
+      low += point_low;
+      high += point_high;
+    }
+    return {low, high};
   }
-  double high() const {
-    double sum = 0;
-    for (double x : points) sum += std::max(x, 0.0);
-    return sum;
+  std::pair<double, double> store_range() const {
+    double low = 0, high = 0;
+    for (double x : store_alternatives) {
+      low = std::min(low, x);
+      high = std::max(high, x);
+    }
+    return {low, high};
   }
 };
 
 // Per head and row, a weight a_r of the lse errors' linear statistic sum_r a_r e_r.
 using RowWeights = std::vector<Vector<double>>;
+
+// One row's error of a bf16-stored lse when the kernel rounds its scores (lse_shift_bound):
+// exact (summaries exact) and expected (summaries rounded too). Zero for a row without a
+// selected chunk.
+struct RowStoreShift {
+  double exact = 0, smeared = 0;
+};
+RowStoreShift row_store_shift(const HeadOutputs<double>& head, Eigen::Index row,
+                              const Matrix<double>& s_hat, const IndexMatrix& selection,
+                              Bf16Rounding store, Bf16Rounding scores) {
+  const double t = head.lse(row);
+  Eigen::Index top = -1;
+  double lse_moved = 0;  // sum_i omega_i (R(s_i) - s_i): the scores' rounding in the lse
+  for (Eigen::Index i = 0; i < selection.cols(); ++i) {
+    const int64_t c = selection(row, i);
+    if (c < 0) continue;
+    lse_moved += head.fusion_weights(row, i) * (round_to_bf16(s_hat(row, c), scores) - s_hat(row, c));
+    if (top < 0 || s_hat(row, c) > s_hat(row, selection(row, top))) top = i;
+  }
+  if (top < 0 || !std::isfinite(t)) return {};
+  const double s_top = s_hat(row, selection(row, top));
+  const double omega_top = head.fusion_weights(row, top);
+  double others = 0;  // variance of the other scores' roundings in eps
+  for (Eigen::Index i = 0; i < selection.cols(); ++i) {
+    const int64_t c = selection(row, i);
+    if (c < 0 || i == top) continue;
+    const double omega = head.fusion_weights(row, i);
+    others += omega * omega * bf16_rounding_variance(s_hat(row, c));
+  }
+  RowStoreShift shift;
+  shift.exact = round_to_bf16(t + lse_moved, store) - round_to_bf16(t, store) - lse_moved;
+  shift.smeared = smeared_store_error(round_to_bf16(s_top, scores) + (t - s_top), std::sqrt(others),
+                                      (1.0 - omega_top) * bf16_ulp(s_top), store);
+  return shift;
+}
 
 // Standard error of sum_r a_r e_r, e_r a correct bf16-score kernel's lse error (hierarchical
 // fusion): each rounding is unbiased about its mean (bf16_rounding_variance); the kernel may
@@ -633,21 +723,36 @@ using RowWeights = std::vector<Vector<double>>;
 // bias) first; summaries kept per KV head (mean, landmark keys) share it across the group's G
 // heads too. The stored lse's own rounding is bf16's when the kernel stored bf16 numbers, else
 // fp32's.
-// Also returns (rounding_bias) the one bias that rounding to nearest makes: a kernel that rounds
-// its logits and then stores lse = a_max + eps in bf16 rounds back to a_max when eps < ulp/2, a
-// shift of -eps in every such row; the bound is sum_r |a_r| eps_r. And (truncation) the mean
-// shift of each rounding point when it truncates (bf16_truncation_shift): s_hat, the stored
-// summaries and their weights.
+// Also returns (shifts.points) each rounding point's exact error in the statistic when the
+// kernel rounds there, per mode: s_hat (sum a omega (R(s) - s)), the stored k' and b', and the
+// summaries' weights. And (shifts.store_alternatives) the one rounding whose error a bf16 store
+// does not average away: a kernel that rounds its scores puts its largest s_hat on the bf16
+// grid, so its lse = s'_top + eps stores with the error R(s'_top + eps) - (s'_top + eps), a
+// sawtooth in eps that is the same in every row with the same eps (rounding back to s'_top
+// when eps < ulp/2: -eps). Computed per row from the reference's values, for each mode the
+// conversions may have, two ways, one of which (or neither: scores kept in fp32) a correct
+// kernel is: its scores rounded from exact summaries (exact: R(t + D) - R(t) - D, D = sum_i
+// omega_i (R(s_i) - s_i)), or from rounded summaries (expected: the top's grid point R(s_top)
+// fixed, the others' roundings and the fraction 1 - omega_top of the top's own as noise,
+// expected_store_error).
 MeanShiftBound lse_shift_bound(const Context& ctx, const std::vector<IndexMatrix>& selection,
                                const std::vector<HeadOutputs<double>>& truth, const RowWeights& a,
-                               bool stored_bf16, TruncationShifts& truncation) {
+                               const std::optional<Bf16Rounding>& store,
+                               const std::optional<Bf16Rounding>& conversions,
+                               RoundingShifts& shifts) {
+  const bool stored_bf16 = store.has_value();
+  std::vector<Bf16Rounding> modes;  // the conversions' modes to account for
+  for (const Bf16Rounding mode : {Bf16Rounding::nearest, Bf16Rounding::toward_zero})
+    if (!conversions || *conversions == mode) modes.push_back(mode);
   const double scale = logit_scale(ctx.spec, ctx.inputs.d());
   const int64_t chunks = ctx.geometry.n_chunks(), d = ctx.inputs.d();
   const bool summaries = ctx.spec.key_rule != KeyRule::exact && chunks > 0;
   const int64_t K = ctx.spec.K;
   const bool per_group = ctx.spec.key_rule == KeyRule::mean || ctx.spec.key_rule == KeyRule::landmark_key;
-  double variance = 0, bias = 0;
-  double score_shift = 0, summary_store_shift = 0, summary_weight_shift = 0;
+  double variance = 0;
+  std::array<double, 2> score_error{}, key_error{}, bias_error{}, weights_key_error{},
+      weights_bias_error{};
+  std::array<double, 2> store_exact{}, store_smeared{};  // per mode of the scores
   for (int64_t g = 0; g < ctx.inputs.Hkv(); ++g) {
     Matrix<double> group_weight = Matrix<double>::Zero(chunks, d + 1);
     Matrix<double> group_signed = Matrix<double>::Zero(chunks, d + 1);
@@ -665,17 +770,20 @@ MeanShiftBound lse_shift_bound(const Context& ctx, const std::vector<IndexMatrix
                                                   : fp32_rounding_variance(head.lse(row));
         variance += a_r * a_r * (store_variance +
                                  omega_window * omega_window * fp32_rounding_variance(lse_window(row)));
-        double top = ctx.spec.softmax1 ? std::max(0.0, lse_window(row)) : lse_window(row);
-        for (Eigen::Index i = 0; i < selection[g].cols(); ++i)
-          if (selection[g](row, i) >= 0) top = std::max(top, s_hat(row, selection[g](row, i)));
-        const double eps = head.lse(row) - top;
-        if (stored_bf16 && eps * eps < 3.0 * store_variance) bias += std::fabs(a_r) * eps;  // eps < ulp/2
+        if (stored_bf16 && a_r != 0.0)
+          for (const Bf16Rounding mode : modes) {
+            const RowStoreShift shift = row_store_shift(head, row, s_hat, selection[g], *store, mode);
+            store_exact[static_cast<size_t>(mode)] += a_r * shift.exact;
+            store_smeared[static_cast<size_t>(mode)] += a_r * shift.smeared;
+          }
         for (Eigen::Index i = 0; i < selection[g].cols(); ++i) {
           const int64_t c = selection[g](row, i);
           if (c < 0) continue;
           const double omega = head.fusion_weights(row, i);
           variance += a_r * a_r * omega * omega * bf16_rounding_variance(s_hat(row, c));
-          score_shift += a_r * omega * bf16_truncation_shift(s_hat(row, c));
+          for (const Bf16Rounding mode : {Bf16Rounding::nearest, Bf16Rounding::toward_zero})
+            score_error[static_cast<size_t>(mode)] +=
+                a_r * omega * (round_to_bf16(s_hat(row, c), mode) - s_hat(row, c));
           weight.row(c).head(d) += a_r * scale * omega * q.row(ctx.queries[static_cast<size_t>(row)]);
           weight(c, d) += a_r * omega;
         }
@@ -690,12 +798,22 @@ MeanShiftBound lse_shift_bound(const Context& ctx, const std::vector<IndexMatrix
       const SummaryRounding rounding = summary_rounding(ctx, h);
       variance += (per_group ? group_weight : weight).array().square().cwiseProduct(
                       rounding.variance.array()).sum();
-      summary_store_shift += weight.cwiseProduct(rounding.store_shift).sum();
-      summary_weight_shift += weight.cwiseProduct(rounding.weight_shift).sum();
+      for (size_t m = 0; m < 2; ++m) {
+        key_error[m] += weight.cwiseProduct(rounding.key[m]).sum();
+        bias_error[m] += weight.cwiseProduct(rounding.bias[m]).sum();
+        // the weights' rounding reaches k' and b' each or not (a kernel may take b' from fp32 p)
+        weights_key_error[m] += weight.leftCols(d).cwiseProduct(rounding.weights[m].leftCols(d)).sum();
+        weights_bias_error[m] += weight.col(d).cwiseProduct(rounding.weights[m].col(d)).sum();
+      }
     }
   }
-  truncation.points = {score_shift, summary_store_shift, summary_weight_shift};
-  return {std::sqrt(variance), bias};
+  shifts.points = {score_error, key_error, bias_error, weights_key_error, weights_bias_error};
+  shifts.store_alternatives.clear();
+  for (const Bf16Rounding mode : modes) {
+    shifts.store_alternatives.push_back(store_exact[static_cast<size_t>(mode)]);
+    shifts.store_alternatives.push_back(store_smeared[static_cast<size_t>(mode)]);
+  }
+  return {std::sqrt(variance)};
 }
 
 // Whether each kernel head has the truth's shape (else the element-wise report says so).
@@ -798,13 +916,10 @@ void check_lse_shifts(const Context& ctx, const std::vector<IndexMatrix>& select
         spread += a[h](r) * a[h](r) * residual * residual;
       }
     test.spread_standard_error = std::sqrt(spread);
-    TruncationShifts truncation;
-    const MeanShiftBound bound =
-        lse_shift_bound(ctx, selection, truth, a, rounding.has_value(), truncation);
-    if (conversions != Bf16Rounding::nearest) {
-      test.truncation_low = truncation.low();
-      test.truncation_high = truncation.high();
-    }
+    RoundingShifts shifts;
+    const MeanShiftBound bound = lse_shift_bound(ctx, selection, truth, a, rounding, conversions, shifts);
+    std::tie(test.rounding_low, test.rounding_high) = shifts.range(conversions);
+    std::tie(test.store_low, test.store_high) = shifts.store_range();
     check_shift(report, test, bound);
   };
   RowWeights mean_weight, ones, slope_weight;

@@ -249,22 +249,20 @@ bool TensorReport::shift_passed() const {
 void check_shift(TensorReport& report, ShiftTest test, const MeanShiftBound& bound) {
   // report, the statistic, what a correct kernel's rounding does to it -> the test applied.
   test.model_standard_error = bound.standard_error;
-  test.rounding_bias = bound.rounding_bias;
   const double standard_error = std::max(test.model_standard_error, test.spread_standard_error);
-  test.tolerance = Tolerances::kBaselineFactor * std::fabs(test.baseline) + test.rounding_bias +
+  test.tolerance = Tolerances::kBaselineFactor * std::fabs(test.baseline) +
                    Tolerances::kMeanSigmas * standard_error;
-  test.passed = test.value >= test.truncation_low - test.tolerance &&
-                test.value <= test.truncation_high + test.tolerance;
+  test.passed = test.value >= test.low() - test.tolerance && test.value <= test.high() + test.tolerance;
   if (!test.passed) {
     report.problems.push_back(format(
         "%s: %s statistic %.3g%s over %lld elements lies outside [%.3g, %.3g] (%.3g times the "
-        "way to its edge): truncation's range [%.3g, %.3g] +- tolerance %.3g = %g x float's "
-        "%.3g + rounding bias %.3g + %g x the standard error %.3g (bf16 rounding model %.3g, "
-        "residual spread %.3g)%s", report.name.c_str(), test.name.c_str(), test.value,
-        test.unit.c_str(), static_cast<long long>(report.count),
-        test.truncation_low - test.tolerance, test.truncation_high + test.tolerance,
-        test.headroom(), test.truncation_low, test.truncation_high, test.tolerance,
-        Tolerances::kBaselineFactor, test.baseline, test.rounding_bias, Tolerances::kMeanSigmas,
+        "way to its edge): rounding's range [%.3g, %.3g] (roundings [%.3g, %.3g], bf16 store "
+        "[%.3g, %.3g]) +- tolerance %.3g = %g x float's %.3g + %g x the standard error %.3g "
+        "(bf16 rounding model %.3g, residual spread %.3g)%s", report.name.c_str(),
+        test.name.c_str(), test.value, test.unit.c_str(), static_cast<long long>(report.count),
+        test.low() - test.tolerance, test.high() + test.tolerance, test.headroom(), test.low(),
+        test.high(), test.rounding_low, test.rounding_high, test.store_low, test.store_high,
+        test.tolerance, Tolerances::kBaselineFactor, test.baseline, Tolerances::kMeanSigmas,
         standard_error, test.model_standard_error, test.spread_standard_error,
         test.name == "mean" ? ": a shift of every element alike"
                             : ": the error grows with d lse / d log(sigma), as a wrong logit "
@@ -312,13 +310,14 @@ std::string Verdict::report() const {
     if (is_fused(t)) line(t);
   for (const auto& t : tensors)
     for (const auto& test : t.shift_tests)
-      out << format("  %-18s %.3g%s, accepted [%.3g, %.3g]: truncation [%.3g, %.3g] +- %.3g "
-                    "(float's %.3g, rounding bias %.3g, standard error %.3g model / %.3g "
+      out << format("  %-18s %.3g%s, accepted [%.3g, %.3g]: roundings [%.3g, %.3g] + bf16 "
+                    "store [%.3g, %.3g] +- %.3g (float's %.3g, standard error %.3g model / %.3g "
                     "spread; stored %s, conversions %s), headroom %.3g %s\n",
                     (t.name + " (" + test.name + ")").c_str(), test.value, test.unit.c_str(),
-                    test.truncation_low - test.tolerance, test.truncation_high + test.tolerance,
-                    test.truncation_low, test.truncation_high, test.tolerance, test.baseline,
-                    test.rounding_bias, test.model_standard_error, test.spread_standard_error,
+                    test.low() - test.tolerance, test.high() + test.tolerance,
+                    test.rounding_low, test.rounding_high, test.store_low, test.store_high,
+                    test.tolerance, test.baseline, test.model_standard_error,
+                    test.spread_standard_error,
                     t.stored_as.c_str(), t.conversions.c_str(), test.headroom(),
                     test.passed ? "PASS" : "FAIL");
   for (const auto& t : tensors)

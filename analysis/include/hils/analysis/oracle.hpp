@@ -101,8 +101,9 @@ struct Tolerances {
   static constexpr double kMarginUnitsBf16 = 2.0;
 
   // Mean test (hierarchical lse with bf16 scores, where the worst-case floor sits far above
-  // what a correct kernel's rounding does): |mean error| <= kBaselineFactor x |float's mean
-  // error| + rounding bias + kMeanSigmas x SE, SE the standard error of the mean that unbiased
+  // what a correct kernel's rounding does): the mean error within kBaselineFactor x |float's
+  // mean error| + kMeanSigmas x SE of where biased roundings can centre it (ShiftTest), SE the
+  // standard error of the mean that unbiased
   // bf16 rounding at the kernel's rounding points gives (MeanShiftBound). 6 sigmas: a correct kernel
   // fails with probability ~2e-9 under the central limit theorem; a systematic shift of every
   // row (a wrong logit scale, an extra softmax1 logit) stands out in the mean of thousands.
@@ -118,7 +119,7 @@ struct Tolerances {
 // model): `detect` (default) reads it from the values the kernel stored in bf16 (lse, else o)
 // and allows either where it stored none in bf16; `any` allows either (a kernel that rounds
 // some values to nearest and truncates others); `nearest` / `toward_zero` as declared.
-// Allowing truncation widens what the statistics accept by its mean shift toward zero.
+// Allowing truncation widens what the statistics accept by its errors' lean toward zero.
 enum class Bf16RoundingClaim { detect, any, nearest, toward_zero };
 std::string to_string(Bf16RoundingClaim claim);
 Bf16RoundingClaim parse_bf16_rounding(const std::string& text,
@@ -193,11 +194,12 @@ std::vector<Vector<double>> widen(const std::vector<Vector<Scalar>>& heads) {
 // A statistic over all rows of a tensor, value = sum_r a_r e_r with e_r the kernel's error at
 // its storage precision (kernel - the reference rounded as the kernel stores), and what a
 // correct kernel's rounding can make of it: it passes when value lies in
-//   [truncation_low - tolerance, truncation_high + tolerance],
-// tolerance = kBaselineFactor x |baseline| + rounding_bias + kMeanSigmas x standard_error,
-// standard_error the larger of the bf16 rounding model's and the spread of the residuals', and
-// [truncation_low, truncation_high] where the mean error of roundings toward zero (a
-// truncating kernel) can centre it (reference/SEMANTICS.md, "Statistics over all rows").
+//   [low() - tolerance, high() + tolerance],
+// tolerance = kBaselineFactor x |baseline| + kMeanSigmas x standard_error, standard_error the
+// larger of the bf16 rounding model's and the spread of the residuals', and [low(), high()]
+// where a correct kernel's roundings can centre it: the exact errors of its roundings (known
+// from the reference's values; a truncating kernel's lean toward zero) and of a bf16-stored lse
+// against a bf16 top logit (data/verify_format.md, "Statistics over all rows").
 struct ShiftTest {
   std::string name;   // "mean" (a_r = 1/N) or "logit scale" (a_r = g_r / sum g^2)
   std::string unit;   // how the value reads: "" (lse units) or " of sigma" (a fraction)
@@ -205,13 +207,18 @@ struct ShiftTest {
   double baseline = 0;                // the same of the float reference
   double model_standard_error = 0;    // from the rounding model (MeanShiftBound)
   double spread_standard_error = 0;   // sqrt(sum_r a_r^2 residual_r^2)
-  double rounding_bias = 0;           // what rounding to nearest can add (MeanShiftBound)
-  double truncation_low = 0, truncation_high = 0;  // where truncating roundings centre it
+  // Where the exact errors of the kernel's roundings can centre it, each rounding point rounded
+  // (to nearest, toward zero: as the conversions are known) or not ...
+  double rounding_low = 0, rounding_high = 0;
+  // ... plus where a bf16-stored lse's rounding against a bf16 top logit can (0 = scores fp32).
+  double store_low = 0, store_high = 0;
+  double low() const { return rounding_low + store_low; }
+  double high() const { return rounding_high + store_high; }
   double tolerance = 0;
   bool passed = true;
   // |value| over the edge of the accepted interval on its side (fails when > 1).
   double headroom() const {
-    const double edge = value >= 0 ? truncation_high + tolerance : tolerance - truncation_low;
+    const double edge = value >= 0 ? high() + tolerance : tolerance - low();
     return edge > 0 ? std::fabs(value) / edge : 0.0;
   }
 };
@@ -308,11 +315,9 @@ TensorReport compare_tensor(const std::string& name, const std::vector<Matrix<do
                             const std::vector<int64_t>& row_ids, int64_t max_messages = 8);
 
 // What a correct kernel's rounding can do to a statistic sum_r a_r e_r of a tensor's errors:
-// the standard error of its unbiased roundings, and a bound on the bias of the roundings that
-// are not.
+// the standard error of its unbiased roundings (the biased ones give ShiftTest's ranges).
 struct MeanShiftBound {
   double standard_error = 0;
-  double rounding_bias = 0;
 };
 // Completes `test` (value, baseline, spread_standard_error set) with its tolerance and verdict
 // and, when it fails, adds a problem line naming the statistic to `report`.
