@@ -214,6 +214,10 @@ VerifyFile read_verify_file(const fs::path& file) {
   v.options.precision = oracle::parse_input_precision(
       io::read_string_attribute(file, root, "/", "input_precision"),
       file.string() + ": / attribute input_precision");
+  if (io::has_attribute(root, "bf16_rounding"))
+    v.options.bf16_rounding = oracle::parse_bf16_rounding(
+        io::read_string_attribute(file, root, "/", "bf16_rounding"),
+        file.string() + ": / attribute bf16_rounding");
   if (io::has_attribute(root, "score_precision"))
     v.options.score_precision = oracle::parse_input_precision(
         io::read_string_attribute(file, root, "/", "score_precision"),
