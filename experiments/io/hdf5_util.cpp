@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstring>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -537,6 +538,25 @@ std::string read_holder(int fd) {
   return holder.empty() ? "another process" : holder;
 }
 
+// Removes the temporary files ".<name>.tmp-<pid>-<n>" beside `final_path` of a writer whose
+// lock we just took over: a lock file still present when we lock it names a holder that died
+// without cleaning up (SIGKILL, a crash, a killed MPI rank 0), and that holder's temporary
+// files (a copy of the results, possibly GBs) would otherwise stay forever. Only that pid's
+// files: a temporary file of another pid may belong to a live writer (hils dump).
+void remove_orphaned_temps(const std::filesystem::path& final_path,
+                           const std::string& stale_holder) {
+  long pid = 0;
+  if (std::sscanf(stale_holder.c_str(), "pid %ld", &pid) != 1 || pid <= 0) return;
+  const std::filesystem::path folder =
+      final_path.parent_path().empty() ? std::filesystem::path(".") : final_path.parent_path();
+  const std::string prefix = fmt::format(".{}.tmp-{}-", final_path.filename().string(), pid);
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) std::filesystem::remove(entry.path(), ec);
+  }
+}
+
 // Locks `lock` exclusively (without waiting) and returns its descriptor, or fails naming the
 // holder. Retries when the file was removed or replaced between open and flock.
 int acquire_lock_file(const std::filesystem::path& final_path, const std::filesystem::path& lock,
@@ -556,6 +576,7 @@ int acquire_lock_file(const std::filesystem::path& final_path, const std::filesy
     struct stat opened {}, named {};
     if (::fstat(fd, &opened) == 0 && ::stat(lock.c_str(), &named) == 0 &&
         opened.st_dev == named.st_dev && opened.st_ino == named.st_ino) {
+      remove_orphaned_temps(final_path, read_holder(fd));
       std::string text = holder + "\n";
       if (::ftruncate(fd, 0) == 0) {
         ssize_t ignored = ::pwrite(fd, text.data(), text.size(), 0);

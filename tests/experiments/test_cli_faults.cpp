@@ -100,6 +100,25 @@ TEST_CASE("a second writer of one results file is refused and told who holds it"
   CHECK(count_lock_files(dir.path()) == 0);
 }
 
+TEST_CASE("a writer killed outright leaves a temporary copy that the next writer removes",
+          "[cli][faults]") {
+  // SIGKILL (or a killed MPI rank 0) runs no handler: the lock file naming the dead writer and
+  // its temporary copy of the results stay. The next writer takes the lock over and removes
+  // that pid's temporary files only (another pid's may be a live `hils dump`).
+  TempDir dir("orphaned_temps");
+  auto acts = write_small(dir);
+  auto results = dir / "results.h5";
+  std::ofstream(dir / ".results.h5.lock") << "pid 2147483000 (hils run, killed)\n";
+  std::ofstream(dir / ".results.h5.tmp-2147483000-0") << "a dead writer's copy";
+  std::ofstream(dir / ".results.h5.tmp-2147483001-0") << "someone else's";
+  auto r = run_hils("run " + q(acts) + " -o " + q(results) + kFirstArgs);
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_FALSE(fs::exists(dir / ".results.h5.tmp-2147483000-0"));  // was left forever
+  CHECK(fs::exists(dir / ".results.h5.tmp-2147483001-0"));
+  CHECK(count_lock_files(dir.path()) == 0);
+}
+
 TEST_CASE("a full disk (file-size limit) gives a clear error, no crash, no temporary file",
           "[cli][faults]") {
   // RLIMIT_FSIZE stands in for a full disk: writes past it fail with EFBIG as they would with
