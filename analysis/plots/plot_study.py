@@ -619,6 +619,16 @@ def main():
     except (OSError, KeyError, TypeError, ValueError) as e:
         print(f"{a.results}: not a hils study results file ({e})", file=sys.stderr)
         return 2
+    # The layout is that of data/results_format.md's format_version; another one (a newer hils,
+    # a file edited by hand) would be drawn wrongly or half, so it is refused as `hils info` does.
+    fmt, version = f.attrs.get("format"), f.attrs.get("format_version")
+    if isinstance(fmt, bytes):
+        fmt = fmt.decode(errors="replace")
+    if fmt != "hils-results" or not isinstance(version, (int, np.integer)) or version != 1:
+        print(f"{a.results}: / attributes format, format_version: expected 'hils-results', 1 "
+              f"(this hils version's results layout), found {fmt!r}, {version!r}",
+              file=sys.stderr)
+        return 2
     stem = os.path.splitext(os.path.basename(a.results))[0]
     draw = DRAW.get(study) if isinstance(study, str) else None
     if draw is None:
@@ -649,7 +659,7 @@ def main():
     except (KeyError, TypeError) as e:
         # A file of another version or tool: its config or datasets lack what this study writes.
         print(f"{a.results}: expected the datasets and config keys of a {study} results file of "
-              f"this hils version, found none for {e}", file=sys.stderr)
+              f"this hils version; reading it failed ({type(e).__name__}: {e})", file=sys.stderr)
         return 2
     if not a.list:
         for path in paths:

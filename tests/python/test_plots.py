@@ -307,3 +307,15 @@ def test_ctrl_c_ends_the_script_by_the_signal_without_a_traceback(studies, tmp_p
     code, err = run_script(studies["fid1"], tmp_path, sigint=True)
     assert code == -signal.SIGINT, err
     assert "Traceback" not in err
+
+
+def test_a_results_file_of_another_format_version_is_refused(studies, tmp_path):
+    # Was drawn as if it had this version's layout (exit 0), while `hils info` refused it.
+    path = tmp_path / "newer.h5"
+    shutil.copy(studies["fid1"], path)
+    with h5py.File(path, "r+") as f:
+        f.attrs["format_version"] = 2
+    code, err = run_script(path, tmp_path)
+    assert code == 2, err
+    assert "format_version: expected 'hils-results', 1" in err and ", 2" in err
+    assert not list(tmp_path.glob("*.png"))
