@@ -28,6 +28,11 @@ if __name__ == "__main__":
     # Ctrl-C while the libraries load ends the script at once (nothing is written yet); main()
     # turns it back into KeyboardInterrupt, so that a PNG being written is removed.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # A user whose home is not writable gets matplotlib's advice to set MPLCONFIGDIR on every
+    # run; matplotlib then uses a temporary folder, which is all a plot needs.
+    import logging
+    logging.getLogger("matplotlib").addFilter(
+        lambda record: "MPLCONFIGDIR" not in record.getMessage())
 
 import h5py
 import matplotlib
@@ -578,8 +583,8 @@ def save(fig, out, name):
         except OSError:
             pass
         if isinstance(e, OSError):
-            raise OutputError(f"{path}: expected room to write the plot, found "
-                              f"{e.strerror or e}") from e
+            raise OutputError(f"{path}: expected a writable folder with room for the plot, "
+                              f"found {e.strerror or e}") from e
         raise
     finally:
         plt.close(fig)

@@ -73,6 +73,22 @@ H5::StrType utf8_string_type() {
 
 }  // namespace
 
+namespace {
+
+// Whether another process holds the flock that HDF5 (1.10+) takes on a file it opens: shared
+// for readers, exclusive for a writer. H5Fopen then fails with a message about locking that
+// would otherwise be reported as a corrupt file.
+bool locked_by_another_writer(const std::filesystem::path& path, bool writable) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool locked = ::flock(fd, (writable ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0 &&
+                      errno == EWOULDBLOCK;
+  ::close(fd);  // releases the probe's lock, if it got one
+  return locked;
+}
+
+}  // namespace
+
 H5::H5File open_hdf5(const std::filesystem::path& path, bool writable) {
   H5::Exception::dontPrint();
   std::error_code ec;
@@ -94,6 +110,10 @@ H5::H5File open_hdf5(const std::filesystem::path& path, bool writable) {
   try {
     return H5::H5File(path.string(), writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY);
   } catch (const H5::Exception& e) {
+    if (locked_by_another_writer(path, writable))
+      fail(path, "", "a file no other program is writing",
+           "it locked by another process that has it open for writing (HDF5's file lock); "
+           "run again once that program has closed it");
     fail(path, "", "a complete HDF5 file",
          "one the HDF5 library cannot open (truncated or corrupt: " + e.getDetailMsg() + ")");
   }
@@ -413,11 +433,18 @@ TempFile::TempFile(const std::filesystem::path& final_path)
   require_writable_folder(final_);
   // Create it now so that permission problems surface before any work is done.
   register_temp(temp_);
-  std::ofstream probe(temp_, std::ios::binary);
-  if (!probe) {
+  const int fd = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int error = errno;
     unregister_temp(temp_);
-    fail(final_, "", "a writable output folder", "cannot create " + temp_.string());
+    if (error == ENAMETOOLONG)
+      fail(final_, "", "a file name short enough for its temporary file's (NAME_MAX 255 with "
+           "'.' and '.tmp-<pid>-<n>' added)", temp_.filename().string() + ": " +
+           std::strerror(error));
+    fail(final_, "", "a writable output folder",
+         "cannot create " + temp_.string() + ": " + std::strerror(error));
   }
+  ::close(fd);
   active_ = true;
 }
 

@@ -434,6 +434,27 @@ TEST_CASE("a report cut short on the standard output (full disk) is exit 2, not 
   CHECK_THAT(cut.output, Catch::Contains("expected room to write the standard output"));
 }
 
+TEST_CASE("a file another program is writing, and a name too long for its temporary file, say so",
+          "[cli][faults]") {
+  TempDir dir("locked_and_long");
+  auto acts = write_small(dir);
+  {
+    // This process opens it for writing: HDF5 holds its exclusive file lock until closed.
+    H5::H5File writing(acts.string(), H5F_ACC_RDWR);
+    auto info = run_hils("info " + q(acts));
+    INFO(info.output);
+    CHECK(info.exit_code == 2);  // was "found one the HDF5 library cannot open (truncated ...)"
+    CHECK_THAT(info.output, Catch::Contains("expected a file no other program is writing"));
+  }
+  CHECK(run_hils("info " + q(acts)).exit_code == 0);
+  // 252 + ".h5" is a valid name, but ".<name>.tmp-<pid>-<n>" is not.
+  auto long_name = dir / (std::string(252, 'a') + ".h5");
+  auto dump = run_hils("dump synthetic -T 64 -S 16 -o " + q(long_name));
+  INFO(dump.output);
+  CHECK(dump.exit_code == 2);
+  CHECK_THAT(dump.output, Catch::Contains("File name too long"));  // was no reason at all
+}
+
 TEST_CASE("an unreadable input and an uncreatable output folder say why (permission denied)",
           "[cli][faults]") {
   // Root reads everything: run hils as nobody then (setpriv, util-linux).

@@ -296,7 +296,7 @@ def test_a_full_disk_is_a_clear_message_and_no_half_written_png(studies, tmp_pat
     out.mkdir()
     code, err = run_script(studies["fid1"], out, limit=4096)
     assert code == 3, err
-    assert "expected room to write the plot, found File too large" in err
+    assert "expected a writable folder with room for the plot, found File too large" in err
     assert "Traceback" not in err
     assert sorted(os.listdir(out)) == []  # no PNG cut short, no temporary file
 
