@@ -434,6 +434,17 @@ TEST_CASE("a report cut short on the standard output (full disk) is exit 2, not 
   CHECK_THAT(cut.output, Catch::Contains("expected room to write the standard output"));
 }
 
+TEST_CASE("an OMP_NUM_THREADS beyond what the machine can run is not a crash", "[cli][faults]") {
+  // Was SIGSEGV inside libgomp (GOMP_parallel) creating a team of 100000 threads.
+  TempDir dir("huge_team");
+  auto acts = write_small(dir);
+  auto r = run_shell("OMP_NUM_THREADS=100000 '" + std::string(HILS_EXE) + "' run " + q(acts) +
+                     " -o " + q(dir / "r.h5") + kFirstArgs + " 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(fs::exists(dir / "r.h5"));
+}
+
 TEST_CASE("a file another program is writing, and a name too long for its temporary file, say so",
           "[cli][faults]") {
   TempDir dir("locked_and_long");
