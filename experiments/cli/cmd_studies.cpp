@@ -18,6 +18,7 @@
 #include "cli/spec_flags.hpp"
 #include "config/config.hpp"
 #include "hils/spec_fields.hpp"
+#include "hils/analysis/chunk_stats.hpp"
 #include "hils/analysis/extrapolation.hpp"
 #include "hils/analysis/overlap.hpp"
 #include "hils/analysis/study_cli.hpp"
@@ -125,23 +126,52 @@ void build_sources(Resolved& r, const StudyArgs& a, const config::ConfigValues& 
   r.config["source"] = std::move(inputs.description);
 }
 
+// How an error names a value that a flag or a config key can set: "--flag (or key in FILE)".
+std::string where_set(const std::string& flag, const std::string& key,
+                      const config::ConfigValues& c) {
+  return c.file() == "(defaults)" ? flag : flag + " (or " + key + " in " + c.file() + ")";
+}
+
 // BadInput unless `value` >= `least`, naming the flag and the config key that can set it.
 void require_at_least(int64_t value, int64_t least, const std::string& flag,
                       const std::string& key, const config::ConfigValues& c) {
   if (value >= least) return;
-  const std::string where =
-      c.file() == "(defaults)" ? flag : flag + " (or " + key + " in " + c.file() + ")";
-  throw BadInput(fmt::format("{}: expected an integer >= {}, got {}", where, least, value));
+  throw BadInput(fmt::format("{}: expected an integer >= {}, got {}", where_set(flag, key, c),
+                             least, value));
 }
 
+// The most layers a synthetic source draws. Each layer is one more independent draw of the same
+// model (its intervals narrow as 1/sqrt(layers x heads)), so more only lengthen the run: a
+// larger sample is a second run with another [source] seed. The limit stops a slip such as
+// --layers 1000000 from starting a run of days (reference/SEMANTICS.md §9, the studies' inputs).
+constexpr int64_t kMaxSyntheticLayers = 128;
+
 // The resolved study values a run cannot use that flags and the config alike can set: a chunk
-// of no slots, a window of no slots, a negative K, no queries or no layers.
+// of no slots, a window of no slots, a negative K, no queries, no layers, or more synthetic
+// layers than kMaxSyntheticLayers.
 void require_study_values(const Resolved& r, const config::ConfigValues& c) {
   require_at_least(r.geometry.S, 1, "-S,--chunk", "[geometry] S", c);
   require_at_least(r.geometry.W, 1, "-W,--window", "[geometry] W", c);
   require_at_least(r.geometry.K, 0, "-K,--top-k", "[geometry] K", c);
   require_at_least(r.queries, 1, "--queries", "[study] queries", c);
   require_at_least(r.source.n_layers, 1, "--layers", "[source] layers", c);
+  if (r.source_kind == "synthetic" && r.source.n_layers > kMaxSyntheticLayers)
+    throw BadInput(fmt::format(
+        "{}: expected at most {} layers for the synthetic source (each layer is one more "
+        "independent draw of the same model; for a larger sample run again with another "
+        "[source] seed), got {}",
+        where_set("--layers", "[source] layers", c), kMaxSyntheticLayers, r.source.n_layers));
+}
+
+// Every context length must hold a query with a retrieval candidate (T > W + S, the condition
+// the study drivers check unit by unit), or BadInput naming where the lengths were set.
+void require_retrieval_candidates(const std::vector<int64_t>& lengths, const StudyGeometry& g,
+                                  const std::string& where) {
+  for (int64_t T : lengths)
+    if (analysis::tail_queries(Geometry(T, g.S, g.W, g.landmarks), 1).empty())
+      throw BadInput(fmt::format("{}: expected lengths with a retrieval candidate (T > W + S = "
+                                 "{} at S={}, W={}), got {}",
+                                 where, g.W + g.S, g.S, g.W, T));
 }
 
 // The TOML config (every table and key checked), or no values when there is none.
@@ -162,6 +192,12 @@ void require_mechanism_names(const std::vector<std::string>& names, PriorRule ru
   }
 }
 
+// Where the lengths were set: --lengths, else the config's [<study>] lengths.
+std::string lengths_where(const StudyArgs& a, const config::ConfigValues& c,
+                          const std::string& study) {
+  return a.lengths.empty() ? c.where(study, "lengths") : "--lengths";
+}
+
 // The context lengths: the study's default, then the config's [<study>] lengths, then --lengths.
 std::vector<int64_t> resolve_lengths(const StudyArgs& a, const config::ConfigValues& c,
                                      const std::string& study, bool model, int64_t train_length) {
@@ -173,8 +209,8 @@ std::vector<int64_t> resolve_lengths(const StudyArgs& a, const config::ConfigVal
     for (int64_t x = 1; x <= 64 && train_length * x <= (model ? 512 : 1 << 20); x *= 2)
       lengths.push_back(train_length * x);
   lengths = c.integers(study, "lengths", lengths);
-  std::string where = c.where(study, "lengths");
-  if (!a.lengths.empty()) lengths = a.lengths, where = "--lengths";
+  if (!a.lengths.empty()) lengths = a.lengths;
+  const std::string where = lengths_where(a, c, study);
   for (size_t i = 0; i < lengths.size(); ++i)
     if (lengths[i] < 1 || (i > 0 && lengths[i] <= lengths[i - 1]))
       throw BadInput(fmt::format("{}: expected positive, strictly ascending lengths, got {}",
@@ -220,7 +256,7 @@ Resolved resolve(const StudyArgs& a, const std::string& study) {
   require_mechanism_names(r.mechanisms, r.prior.rule, c.where("study", "mechanisms"));
   if (!a.mechanisms.empty()) r.mechanisms = a.mechanisms;
   require_mechanism_names(a.mechanisms, r.prior.rule, "--mechanisms");
-  r.queries = a.queries != -1 ? a.queries : c.integer("study", "queries", 32);
+  r.queries = a.queries ? *a.queries : c.integer("study", "queries", 32);
   r.keep_scores = c.boolean("study", "keep_scores", true);
   r.tail_queries = c.integer("overlap", "tail_queries", 256, 1);
   r.block_sizes = c.integers("overlap", "block_sizes", r.block_sizes, 1);
@@ -246,9 +282,10 @@ Resolved resolve(const StudyArgs& a, const std::string& study) {
 
   const std::vector<int64_t> lengths = resolve_lengths(a, c, study, model, r.train_length);
   r.source.lengths = lengths;
-  r.source.n_layers = a.layers != -1 ? a.layers : c.integer("source", "layers", model ? 5 : 2);
+  r.source.n_layers = a.layers ? *a.layers : c.integer("source", "layers", model ? 5 : 2);
   require_study_values(r, c);
-  build_sources(r, a, c);
+  build_sources(r, a, c);  // first: its config errors come before this cross-value check
+  require_retrieval_candidates(lengths, r.geometry, lengths_where(a, c, study));
   r.raw_source.lengths = r.source.lengths = lengths;
   r.raw_source.n_layers = r.source.n_layers;
 
@@ -354,9 +391,14 @@ void add_study_options(CLI::App* cmd, StudyArgs& a) {
                   "folder of stories260K.bin, tok512.bin, tinystories_sample.txt (source=model; "
                   "default $HILS_SHARED_DATA or ../shared/data)");
   cmd->add_option("--lengths", a.lengths, "context lengths in slots, ascending");
-  cmd->add_option("--layers", a.layers, "number of layers to study");
+  // Optional values, not sentinels: any integer given (-1 too) is checked by
+  // require_study_values, naming the flag.
+  cmd->add_option_function<int64_t>(
+      "--layers", [&a](int64_t n) { a.layers = n; },
+      "number of layers to study (synthetic: at most 128 independent draws)");
   add_spec_flags(cmd, &a.spec, {"S", "W", "K", "landmarks", "prior_rule"});
-  cmd->add_option("--queries", a.queries, "sampled queries per unit");
+  cmd->add_option_function<int64_t>(
+      "--queries", [&a](int64_t n) { a.queries = n; }, "sampled queries per unit");
   cmd->add_option("--mechanisms", a.mechanisms,
                   "scores to study: presets, mean, landmark_key, taylor, taylor_entropy, "
                   "max_logit, <key>+<bias>");

@@ -87,7 +87,7 @@ TEST_CASE("a second writer of one results file is refused and told who holds it"
     CHECK(resumed.exit_code == 2);
     CHECK_THAT(resumed.output, Catch::Contains("being written by pid"));
     CHECK_THAT(resumed.output, Catch::Contains("the first writer"));
-    auto study = run_hils("fidelity --out " + q(results) + " --lengths 256 -q");
+    auto study = run_hils("fidelity --out " + q(results) + " --lengths 1024 -q");
     CHECK(study.exit_code == 2);
     CHECK_THAT(study.output, Catch::Contains("being written by"));
     CHECK(bytes_of(results) == before);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,11 +23,11 @@ struct StudyArgs {
   std::string activations;       // activation file for source = activations
   std::string model_dir;         // folder with stories260K.bin, tok512.bin, text (source=model)
   std::vector<int64_t> lengths;  // context lengths in slots (synthetic), or prefixes (files)
-  int64_t layers = -1;           // -1: the config's or the source's
+  std::optional<int64_t> layers;   // absent: the config's or the source's
   // Spec flags given (S, W, K, landmarks, prior_rule; experiments/cli/spec_flags.hpp), applied
   // over the config by the spec decoder.
   nlohmann::json spec = nlohmann::json::object();
-  int64_t queries = -1;          // sampled queries per unit (fidelity, extrapolation)
+  std::optional<int64_t> queries;  // sampled queries per unit (fidelity, extrapolation)
   std::vector<std::string> mechanisms;
   std::string prior_source;
   bool plot = false;             // draw plots after the run

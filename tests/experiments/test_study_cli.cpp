@@ -1,0 +1,92 @@
+// The study commands (hils fidelity, overlap, extrapolate) given values they cannot use: each is
+// refused before any work with exit 2 and a message naming the flag (or the config key) and the
+// value, and no results file is written.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "support.hpp"
+
+using hils::test::run_hils;
+using hils::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+
+// Runs `hils -q <command>` into dir/f.h5 and checks exit 2, `message` and that no file exists.
+void require_refused(const TempDir& dir, const std::string& command, const std::string& message) {
+  auto r = run_hils("-q " + command + " --out " + q(dir / "f.h5"));
+  INFO(command + "\n" + r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains(message));
+  CHECK_FALSE(fs::exists(dir / "f.h5"));
+}
+
+}  // namespace
+
+TEST_CASE("study counts given as -1 are checked, not taken for 'not given'", "[cli][study]") {
+  TempDir dir("study_minus_one");
+  for (const std::string study : {"fidelity", "overlap", "extrapolate"}) {
+    require_refused(dir, study + " --lengths 1024 --queries -1",
+                    "--queries: expected an integer >= 1, got -1");
+    require_refused(dir, study + " --lengths 1024 --layers -1",
+                    "--layers: expected an integer >= 1, got -1");
+  }
+}
+
+TEST_CASE("the synthetic source draws at most 128 layers", "[cli][study]") {
+  TempDir dir("study_layer_limit");
+  require_refused(dir, "fidelity --lengths 1024 --layers 1000000",
+                  "--layers: expected at most 128 layers for the synthetic source");
+  require_refused(dir, "fidelity --lengths 1024 --layers 129", "got 129");
+  std::ofstream(dir / "layers.toml") << "[source]\nlayers = 500\n";
+  require_refused(dir, "fidelity --lengths 1024 -c " + q(dir / "layers.toml"),
+                  "--layers (or [source] layers in " + (dir / "layers.toml").string() +
+                      "): expected at most 128 layers");
+}
+
+TEST_CASE("context lengths without a retrieval candidate are refused naming --lengths",
+          "[cli][study]") {
+  TempDir dir("study_short_lengths");
+  for (const std::string study : {"fidelity", "overlap", "extrapolate"})
+    require_refused(dir, study + " --lengths 1",
+                    "--lengths: expected lengths with a retrieval candidate (T > W + S = 576 at "
+                    "S=64, W=512), got 1");
+  // The boundary: T = W + S has no candidate, T = W + S + 1 has one.
+  require_refused(dir, "overlap -S 16 -W 64 --lengths 80", "T > W + S = 80 at S=16, W=64), got 80");
+  auto r = run_hils("-q overlap -S 16 -W 64 -K 2 --lengths 81 --layers 1 --out " +
+                    q(dir / "ok.h5"));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  // Set in a config, the error names the file and the key.
+  std::ofstream(dir / "short.toml") << "[fidelity]\nlengths = [100]\n";
+  require_refused(dir, "fidelity -c " + q(dir / "short.toml"),
+                  (dir / "short.toml").string() + ": [fidelity].lengths: expected lengths with a "
+                  "retrieval candidate");
+}
+
+TEST_CASE("lengths out of order or not positive are refused showing the lengths given",
+          "[cli][study]") {
+  TempDir dir("study_lengths_order");
+  require_refused(dir, "fidelity --lengths 2048 1024",
+                  "--lengths: expected positive, strictly ascending lengths, got [2048,1024]");
+  require_refused(dir, "fidelity --lengths 0",
+                  "--lengths: expected positive, strictly ascending lengths, got [0]");
+}
+
+TEST_CASE("a study config's unknown key or table is refused", "[cli][study]") {
+  TempDir dir("study_unknown_keys");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"[study]\nbanana = 3\n", "[study]: unknown key 'banana'"},
+      {"[bananas]\nx = 3\n", "unknown table or key 'bananas'"}};
+  for (const auto& [text, message] : cases) {
+    std::ofstream(dir / "c.toml") << text;
+    require_refused(dir, "fidelity --lengths 1024 -c " + q(dir / "c.toml"),
+                    (dir / "c.toml").string() + ": " + message);
+  }
+}
