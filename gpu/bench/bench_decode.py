@@ -42,7 +42,7 @@ class Decode(ctypes.Structure):
          ("chunk_capacity", ctypes.c_int64)] + [
         (n, ctypes.c_void_p) for n in ("k", "v", "summary_key", "summary_bias", "q", "q_retrieval")
     ] + [("summary_type", ctypes.c_int32), ("kernel", ctypes.c_int32),
-         ("summary_scale", ctypes.c_void_p)]
+         ("summary_scale", ctypes.c_void_p), ("summary_key_bf16", ctypes.c_void_p)]
 
 SUMMARY_TYPES = {"bf16": 0, "fp8": 1}
 KERNELS = {"fused": 0, "d5": 1}
@@ -150,8 +150,9 @@ class HilsDecode:
         self.k = torch.randn(B, hkv, T, d, generator=gen, **bf)
         self.v = torch.randn(B, hkv, T, d, generator=gen, **bf)
         self.key = torch.randn(B, hq, nc, d, generator=gen, **bf)
-        self.scale = None
-        if summary == "fp8":
+        self.scale = self.key_bf16 = None
+        if summary == "fp8":  # the bf16 rows stay for the fusion logits of the selected chunks
+            self.key_bf16 = self.key
             self.key, self.scale = quantize_fp8(lib, self.key)
         self.bias = torch.rand(B, hq, nc, generator=gen, device="cuda") * 3.0
         self.q = torch.randn(B, hq, d, generator=gen, **bf)
@@ -167,7 +168,7 @@ class HilsDecode:
         p.k, p.v, p.summary_key, p.summary_bias = ptr(self.k), ptr(self.v), ptr(self.key), ptr(self.bias)
         p.q, p.q_retrieval = ptr(self.q), ctypes.c_void_p(0)
         p.summary_type, p.kernel = SUMMARY_TYPES[summary], KERNELS[kernel]
-        p.summary_scale = ptr(self.scale)
+        p.summary_scale, p.summary_key_bf16 = ptr(self.scale), ptr(self.key_bf16)
         self.p = p
         self.out = DecodeOutputs(ptr(self.o), ptr(self.lse), ptr(self.sel), None, None, None, None)
         self.lib = lib
@@ -188,11 +189,11 @@ class HilsDecode:
         self.p.kernel = KERNELS[kernel]
 
     def bytes_read(self, B, T):
-        """Cache bytes one step reads: summaries (k' + b' [+ the fp8 row scale]), plus window
-        and K chunks of K/V per KV head."""
+        """Cache bytes one step reads: summaries (k' + b' [+ the fp8 row scale, + the K
+        selected bf16 rows]), plus window and K chunks of K/V per KV head."""
         nc = T // S
         row = D * self.key.element_size() + 4 + (4 if self.scale is not None else 0)
-        summaries = B * HQ * nc * row
+        summaries = B * HQ * nc * row + (B * HQ * K * D * 2 if self.scale is not None else 0)
         tau = (T - 1 - W + 1) // S
         window = T - max(0, tau * S)
         kv = B * HKV * (K * S + window) * 2 * D * 2

@@ -56,8 +56,10 @@ def dump_step(lib, gen, seqs, keys, biases, summary, out_dir):
     run.k.copy_(torch.stack([s[1] for s in seqs]))
     run.v.copy_(torch.stack([s[2] for s in seqs]))
     if summary == "fp8":
+        run.key_bf16 = torch.stack(keys).bfloat16()
         run.key, run.scale = bd.quantize_fp8(lib.lib, torch.stack(keys))
         run.p.summary_key, run.p.summary_scale = hc.ptr(run.key), hc.ptr(run.scale)
+        run.p.summary_key_bf16 = hc.ptr(run.key_bf16)
         stored = run.key.float() * run.scale[..., None]  # what the step scores with
     else:
         run.key.copy_(torch.stack(keys).bfloat16())

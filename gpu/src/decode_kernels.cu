@@ -43,6 +43,7 @@ struct DecodeParams {
   const void* summary_key;      // bf16 or fp8 e4m3 (SummaryType)
   const float* summary_bias;
   const float* summary_scale;   // fp8: the row scales; null for bf16 (scale 1)
+  const __nv_bfloat16* summary_key_bf16;  // fp8 + hierarchical: bf16 rows for the fusion logits
 };
 
 // Scratch pointers of one step (decode_workspace_bytes sizes them).
@@ -57,6 +58,7 @@ struct DecodeScratch {
   uint32_t* cand_key;   // [B, Hkv, n_score_tiles, min(K, 256)] each tile's K best r (as keys)
   int32_t* cand_idx;    // same shape: their chunk indices, ascending within each tile
   int32_t* arrivals;    // [2, B, Hkv] blocks of the fused launches 2 and 3 done per group
+  float* fusion_logit;  // [B, Hq, K] s_hat of the selected chunks from summary_key_bf16
 };
 
 // Candidates each 256-chunk tile keeps for the final selection.
@@ -319,47 +321,62 @@ __device__ __forceinline__ float score_row(const float* q, const typename Summar
   return acc;
 }
 
-// s_hat of chunk c from the dot q~ . stored row: sigma x (row scale) x dot + b'.
-__device__ __forceinline__ float chunk_score(const DecodeParams& p, int64_t row, float dot) {
-  const float row_scale = p.summary_scale ? p.summary_scale[row] : 1.0f;
-  return p.scale * row_scale * dot + p.summary_bias[row];
-}
-
 // ---- 2. score tiles: 256 chunks per tile, one block (kWarps warps) per (tile, b, h) --------
 // d = 64 (`coalesced`): 16-byte lanes cover one chunk's row (8 lanes for a 128-byte bf16 row, 4
 // for a 64-byte fp8 row), so a warp load covers 512 contiguous bytes; every load of a warp's
 // share of the tile is issued before the first use (bytes in flight); a short shuffle sums the
 // partial dots. Other d: one thread per chunk. Writes s_hat and the tile's (max, sum exp).
 constexpr int kCoalescedDim = 64;
-template <class Summary, int kWarps>
+// kEarly (the fused kernel): every global load of the tile (its rows, b' and the fp8 scales)
+// is issued before q~ is staged, so that a block waits for one memory round trip, not three
+// (d5, kEarly false, stages q~ first and reads b' after the dot).
+template <class Summary, int kWarps, bool kEarly>
 __device__ void score_tile(const DecodeParams& p, int64_t item, int64_t tile, bool vectorised,
                            bool coalesced, float* q, float* scores, float2* score_part) {
   constexpr int kThreads = kWarps * kWarp;
   constexpr int kLanesPerRow = kCoalescedDim / Summary::kPerLoad;
   constexpr int kRowsPerStep = kWarp / kLanesPerRow;
   constexpr int kSteps = kScoreThreads / kRowsPerStep / kWarps;
+  constexpr int kPerThread = kScoreThreads / kThreads;
   __shared__ float red[kWarps];
   __shared__ float tile_scores[kScoreThreads];
   const int d = static_cast<int>(p.d);
-  const __nv_bfloat16* qr = p.q_retrieval + item * p.d;
-  for (int i = threadIdx.x; i < d; i += kThreads) q[i] = __bfloat162float(qr[i]);
-  __syncthreads();
   const int64_t tile_first = tile * kScoreThreads;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const auto* keys = static_cast<const typename Summary::Elem*>(p.summary_key) + item * p.chunk_cap * p.d;
-  if (coalesced) {
-    const int part = lane % kLanesPerRow;
-    float qp[Summary::kPerLoad];
-#pragma unroll
-    for (int j = 0; j < Summary::kPerLoad; ++j) qp[j] = q[Summary::kPerLoad * part + j];
-    const uint4* rows = reinterpret_cast<const uint4*>(keys);
-    uint4 u[kSteps];
+  const int part = lane % kLanesPerRow;
+  const uint4* rows = reinterpret_cast<const uint4*>(keys);
+  uint4 u[kSteps];
+  auto load_rows = [&] {
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
       const int64_t cc = tile_first + warp * (kSteps * kRowsPerStep) + step * kRowsPerStep +
                          lane / kLanesPerRow;
       u[step] = cc < p.n_cand ? __ldg(rows + cc * kLanesPerRow + part) : make_uint4(0, 0, 0, 0);
     }
+  };
+  // b' and the row scale of the chunks thread t owns (tile_first + t, + kThreads, ...).
+  float bias[kPerThread], row_scale[kPerThread];
+  auto load_bias = [&] {
+#pragma unroll
+    for (int r = 0; r < kPerThread; ++r) {
+      const int64_t c = tile_first + threadIdx.x + r * kThreads, row = item * p.chunk_cap + c;
+      bias[r] = c < p.n_cand ? __ldg(p.summary_bias + row) : 0.0f;
+      row_scale[r] = c < p.n_cand && p.summary_scale ? __ldg(p.summary_scale + row) : 1.0f;
+    }
+  };
+  if (kEarly) {
+    if (coalesced) load_rows();
+    load_bias();
+  }
+  const __nv_bfloat16* qr = p.q_retrieval + item * p.d;
+  for (int i = threadIdx.x; i < d; i += kThreads) q[i] = __bfloat162float(qr[i]);
+  __syncthreads();
+  if (coalesced) {
+    float qp[Summary::kPerLoad];
+#pragma unroll
+    for (int j = 0; j < Summary::kPerLoad; ++j) qp[j] = q[Summary::kPerLoad * part + j];
+    if (!kEarly) load_rows();
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
       float f[Summary::kPerLoad];
@@ -374,8 +391,8 @@ __device__ void score_tile(const DecodeParams& p, int64_t item, int64_t tile, bo
     }
     __syncthreads();
   }
+  if (!kEarly) load_bias();
   // Thread t owns chunks tile_first + t, + kThreads, ...
-  constexpr int kPerThread = kScoreThreads / kThreads;
   float s[kPerThread];
   float m = kNegInf;
 #pragma unroll
@@ -384,10 +401,9 @@ __device__ void score_tile(const DecodeParams& p, int64_t item, int64_t tile, bo
     const int64_t c = tile_first + local;
     s[r] = kNegInf;
     if (c < p.n_cand) {
-      const int64_t row = item * p.chunk_cap + c;
       const float dot = coalesced ? tile_scores[local]
                                   : score_row<Summary>(q, keys + c * p.d, d, vectorised);
-      s[r] = chunk_score(p, row, dot);
+      s[r] = p.scale * row_scale[r] * dot + bias[r];
     }
     if (c < p.n_chunks) scores[item * p.n_chunks + c] = s[r];
     m = fmaxf(m, s[r]);
@@ -418,8 +434,8 @@ template <class Summary>
 __global__ void decode_score_kernel(DecodeParams p, bool vectorised, bool coalesced,
                                     float* scores, float2* score_part) {
   extern __shared__ float q[];
-  score_tile<Summary, kScoreThreads / kWarp>(p, blockIdx.y, blockIdx.x, vectorised, coalesced,
-                                             q, scores, score_part);
+  score_tile<Summary, kScoreThreads / kWarp, false>(p, blockIdx.y, blockIdx.x, vectorised,
+                                                    coalesced, q, scores, score_part);
 }
 // Warp-wide LSE over the candidates of head `item` from the score tiles' (max, sum exp).
 __device__ float candidate_lse(const DecodeParams& p, const DecodeScratch& w, int64_t item) {
@@ -663,11 +679,29 @@ __global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_w
 }
 
 // ---- 4. chunk tiles: one block per (selected slot i, b, g), a warp per head ---------------
+// s_hat(c) = sigma q~ . k'_c + b'_c from the bf16 row of chunk c for every head of group bg (a
+// warp per head), into fusion_logit[item, i]: the fusion logit of selected slot i.
+__device__ void selected_logits(const DecodeParams& p, float* fusion_logit, int32_t c, int64_t i,
+                                int64_t bg) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
+  for (int64_t j = threadIdx.x / kWarp; j < p.G; j += blockDim.x / kWarp) {
+    const int64_t item = b * p.Hq + g * p.G + j, row = item * p.chunk_cap + c;
+    float acc = 0.0f;
+    for (int64_t e = lane; e < p.d; e += kWarp)
+      acc = fmaf(__bfloat162float(p.q_retrieval[item * p.d + e]),
+                 __bfloat162float(p.summary_key_bf16[row * p.d + e]), acc);
+    acc = warp_sum(acc);
+    if (lane == 0) fusion_logit[item * p.K + i] = c >= 0 ? p.scale * acc + p.summary_bias[row] : kNegInf;
+  }
+}
+
 __device__ void chunk_tile(const DecodeParams& p, bool fast, bool staged,
                            const int32_t* selection, float* chunk_part, int64_t i, int64_t bg,
-                           float* smem) {
+                           float* smem, float* fusion_logit) {
   const int lane = threadIdx.x % kWarp;
   const int32_t c = selection[bg * p.K + i];
+  if (p.summary_key_bf16 && c >= 0) selected_logits(p, fusion_logit, c, i, bg);
   if (fast && c >= 0) {
     fast_tile_softmax(p, bg, c * p.S, c * p.S + p.S - 1, smem,
                       [&](int64_t item, float m, float l, int dim, float o) {
@@ -697,15 +731,22 @@ __device__ void chunk_tile(const DecodeParams& p, bool fast, bool staged,
 }
 
 __global__ void decode_chunk_kernel(DecodeParams p, bool fast, bool staged,
-                                    const int32_t* selection, float* chunk_part) {
+                                    const int32_t* selection, float* chunk_part,
+                                    float* fusion_logit) {
   extern __shared__ float smem[];
-  chunk_tile(p, fast, staged, selection, chunk_part, blockIdx.x, blockIdx.y, smem);
+  chunk_tile(p, fast, staged, selection, chunk_part, blockIdx.x, blockIdx.y, smem, fusion_logit);
 }
 
 // ---- 5. fuse: one warp per (b, h) -----------------------------------------------------------
 // Logits a_i: hierarchical s_hat(c_i) (Eq. 10), flat lse_{c_i} (Eq. 3 as a merge of
 // (lse, o) pairs); then the window (lse_swa) and, hierarchical with softmax1, a zero logit.
 // Lane i handles selected slot i (32 at a time); its weight is broadcast for the output sums.
+// kBatched (the fused kernel): the selected chunks' o_c rows are loaded kFuseBatch at a time
+// before their sums, so that one head's fusion is not a chain of K dependent L2 round trips (d5,
+// kBatched false, loads one row per step). Hierarchical with `fusion_logit`: the logits of the
+// selected chunks come from there (the bf16 rows next to fp8 summaries) instead of the scores.
+constexpr int kFuseBatch = 8;
+template <bool kBatched>
 __device__ void fuse_head(const DecodeParams& p, const DecodeScratch& w, int64_t item, float* o,
                           float* lse, float* fusion_weights) {
   const int lane = threadIdx.x % kWarp;
@@ -716,7 +757,8 @@ __device__ void fuse_head(const DecodeParams& p, const DecodeScratch& w, int64_t
     if (i >= p.K) return kNegInf;
     const int32_t c = sel[i];
     if (c < 0) return kNegInf;
-    return p.hierarchical ? w.scores[item * p.n_chunks + c] : part[i * (p.dv + 1)];
+    if (!p.hierarchical) return part[i * (p.dv + 1)];
+    return p.summary_key_bf16 ? w.fusion_logit[item * p.K + i] : w.scores[item * p.n_chunks + c];
   };
   const float a_win = w.win_lse[item];
   const bool zero_logit = p.hierarchical && p.softmax1;
@@ -740,13 +782,33 @@ __device__ void fuse_head(const DecodeParams& p, const DecodeScratch& w, int64_t
     const float wi = weight(logit(base + lane));
     if (fw && base + lane < p.K) fw[base + lane] = wi;
     const int n = p.K - base < kWarp ? static_cast<int>(p.K - base) : kWarp;
-    for (int jj = 0; jj < n; ++jj) {
-      const float wj = __shfl_sync(0xffffffffu, wi, jj);
-      const float* row = part + (base + jj) * (p.dv + 1) + 1;
+    if constexpr (kBatched) {
+      for (int jj0 = 0; jj0 < n; jj0 += kFuseBatch) {
+        float wj[kFuseBatch], v[kFuseBatch][kDimRegs];
 #pragma unroll
-      for (int r = 0; r < kDimRegs; ++r) {
-        const int dim = lane + kWarp * r;
-        if (dim < p.dv) acc[r] = fmaf(wj, row[dim], acc[r]);
+        for (int u = 0; u < kFuseBatch; ++u) {
+          wj[u] = __shfl_sync(0xffffffffu, wi, (jj0 + u) % kWarp);
+          const float* row = part + (base + jj0 + u) * (p.dv + 1) + 1;
+#pragma unroll
+          for (int r = 0; r < kDimRegs; ++r) {
+            const int dim = lane + kWarp * r;
+            v[u][r] = jj0 + u < n && dim < p.dv ? row[dim] : 0.0f;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kFuseBatch; ++u)
+#pragma unroll
+          for (int r = 0; r < kDimRegs; ++r) acc[r] = fmaf(jj0 + u < n ? wj[u] : 0.0f, v[u][r], acc[r]);
+      }
+    } else {
+      for (int jj = 0; jj < n; ++jj) {
+        const float wj = __shfl_sync(0xffffffffu, wi, jj);
+        const float* row = part + (base + jj) * (p.dv + 1) + 1;
+#pragma unroll
+        for (int r = 0; r < kDimRegs; ++r) {
+          const int dim = lane + kWarp * r;
+          if (dim < p.dv) acc[r] = fmaf(wj, row[dim], acc[r]);
+        }
       }
     }
   }
@@ -765,7 +827,7 @@ __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, fl
                                    float* fusion_weights) {
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (item >= p.B * p.Hq) return;
-  fuse_head(p, w, item, o, lse, fusion_weights);
+  fuse_head<false>(p, w, item, o, lse, fusion_weights);
 }
 
 // ---- the fused step (DecodeKernel::fused): three launches ----------------------------------
@@ -797,8 +859,9 @@ __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool 
     return;
   }
   const int64_t j = block - n_win_blocks;
-  score_tile<Summary, kFastThreads / kWarp>(p, j / p.n_score_tiles, j % p.n_score_tiles,
-                                            vectorised, coalesced, smem, w.scores, w.score_part);
+  score_tile<Summary, kFastThreads / kWarp, true>(p, j / p.n_score_tiles, j % p.n_score_tiles,
+                                                  vectorised, coalesced, smem, w.scores,
+                                                  w.score_part);
 }
 
 // Launch 2, 256 threads, one block per (candidate tile, b, g): the tile's group scores and its
@@ -820,11 +883,11 @@ __global__ void fused_chunk_fuse_kernel(DecodeParams p, DecodeScratch w, bool fa
   extern __shared__ float smem[];
   const int64_t bg = blockIdx.y;
   if (blockIdx.x < p.K)
-    chunk_tile(p, fast, staged, w.selection, w.chunk_part, blockIdx.x, bg, smem);
+    chunk_tile(p, fast, staged, w.selection, w.chunk_part, blockIdx.x, bg, smem, w.fusion_logit);
   if (!last_to_arrive(w.arrivals + p.B * p.Hkv + bg, gridDim.x)) return;
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
   for (int64_t j = threadIdx.x / kWarp; j < p.G; j += kWarpsPerBlock)
-    fuse_head(p, w, b * p.Hq + g * p.G + j, o, lse, fusion_weights);
+    fuse_head<true>(p, w, b * p.Hq + g * p.G + j, o, lse, fusion_weights);
 }
 
 // ---- fp8 summaries: a warp per row ----------------------------------------------------------
@@ -883,11 +946,14 @@ DecodeParams params_of(const MechanismSpec& spec, const DecodeCache& cache, cons
   p.summary_key = cache.summary_key;
   p.summary_bias = cache.summary_bias;
   p.summary_scale = cache.summary_type == SummaryType::fp8_e4m3 ? cache.summary_scale : nullptr;
+  p.summary_key_bf16 = cache.summary_type == SummaryType::fp8_e4m3 && p.hierarchical
+                           ? static_cast<const __nv_bfloat16*>(cache.summary_key_bf16)
+                           : nullptr;
   return p;
 }
 
 // Byte sizes of the scratch arrays, in DecodeScratch order (each rounded to 256 bytes).
-constexpr int kScratchArrays = 10;
+constexpr int kScratchArrays = 11;
 struct ScratchSizes {
   size_t bytes[kScratchArrays];
 };
@@ -896,7 +962,7 @@ ScratchSizes scratch_sizes(const DecodeParams& p) {
   return {{BH * p.n_chunks * 4, BH * p.n_score_tiles * 8, BH * p.n_win_tiles * (p.dv + 2) * 4,
            BH * p.dv * 4, BH * 4, BG * p.K * 4, BH * p.K * (p.dv + 1) * 4,
            BG * p.n_score_tiles * tile_keep(p) * 4, BG * p.n_score_tiles * tile_keep(p) * 4,
-           2 * BG * 4}};
+           2 * BG * 4, BH * p.K * 4}};
 }
 size_t round_up(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -946,6 +1012,10 @@ void validate_decode(const MechanismSpec& spec, const DecodeCache& cache, const 
   require(cache.summary_type != SummaryType::fp8_e4m3 || cache.T / spec.S == 0 ||
               cache.summary_scale,
           "decode: summary_scale must be a device pointer with fp8_e4m3 summaries, got null");
+  require(cache.summary_type != SummaryType::fp8_e4m3 || spec.fusion != Fusion::hierarchical ||
+              cache.T / spec.S == 0 || cache.summary_key_bf16,
+          "decode: summary_key_bf16 must be a device pointer with fp8_e4m3 summaries and "
+          "hierarchical fusion (its s_hat are fusion logits: gpu/NOTES.md \"decode\"), got null");
 }
 
 size_t decode_workspace_bytes(const MechanismSpec& spec, const DecodeCache& cache) {
@@ -1011,7 +1081,8 @@ void launch_d5(const DecodeParams& p, const LaunchShape& s, const DecodeScratch&
   check_launch("select");
   if (p.K > 0) {
     decode_chunk_kernel<<<dim3(static_cast<unsigned>(p.K), bg), kFastThreads, s.chunk_smem,
-                          stream>>>(p, s.fast_chunk, s.chunk_staged, w.selection, w.chunk_part);
+                          stream>>>(p, s.fast_chunk, s.chunk_staged, w.selection, w.chunk_part,
+                                    w.fusion_logit);
     check_launch("chunk");
   }
   decode_fuse_kernel<<<static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock)),
@@ -1063,7 +1134,8 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
                   static_cast<float*>(parts[2]), static_cast<float*>(parts[3]),
                   static_cast<float*>(parts[4]), static_cast<int32_t*>(parts[5]),
                   static_cast<float*>(parts[6]), static_cast<uint32_t*>(parts[7]),
-                  static_cast<int32_t*>(parts[8]), static_cast<int32_t*>(parts[9])};
+                  static_cast<int32_t*>(parts[8]), static_cast<int32_t*>(parts[9]),
+                  static_cast<float*>(parts[10])};
   if (out.surrogate) w.scores = out.surrogate;
   if (out.selection) w.selection = out.selection;
   const LaunchShape shape = launch_shape(p, cache.summary_type);

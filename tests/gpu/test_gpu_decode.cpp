@@ -133,9 +133,12 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
   const bool fp8 = variant.summary == hils::gpu::SummaryType::fp8_e4m3;
   std::vector<Matrix<double>> bias_rows;
   int64_t quantize_mismatches = 0;
-  std::vector<gt::GuardedBuffer> fp8_cache;  // e4m3 rows, row scales
+  std::vector<gt::GuardedBuffer> fp8_cache;  // e4m3 rows, row scales, bf16 rows
   if (fp8) {
+    // The bf16 copy (the fusion logits of hierarchical fusion) before key becomes e4m3 x scale.
+    auto bf16_rows = gt::upload(gt::pack_heads(key, DType::bf16));
     quantize_fp8(key, fp8_cache, &quantize_mismatches);
+    fp8_cache.push_back(std::move(bf16_rows));
   } else {
     for (auto& m : key)
       for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = oracle::round_to_bf16(m.data()[i]);
@@ -155,6 +158,7 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
   if (fp8) {
     cache.summary_type = hils::gpu::SummaryType::fp8_e4m3;
     cache.summary_key = fp8_cache[0].data(), cache.summary_scale = fp8_cache[1].as<float>();
+    cache.summary_key_bf16 = fp8_cache[2].data();
   }
   const hils::gpu::DecodeQuery query{q_dev.data(), qr_dev.data()};
   gt::GuardedBuffer o(B * Hq * dv * 4), lse(B * Hq * 4), o_window(B * Hq * dv * 4);

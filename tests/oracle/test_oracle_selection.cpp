@@ -391,12 +391,16 @@ TEST_CASE("fp8 e4m3 summaries: a wrong chunk or a dropped scale still fails", "[
   // Measured: bf16 6 of 7 (flat_attention's margins are below even bf16's bound), fp8 2 of 7.
   CHECK(caught_bf16 >= cases_run - 1);
   CHECK(caught_fp8 >= 2);
-  int64_t caught = 0, total = 0;
-  over_fp8_cases(KeyStore::fp8_scale_dropped, [&](const cases::Case&, const char*, const Verdict& v) {
-    caught += !v.passed;
-    ++total;
-  });
-  std::printf("fp8 summaries read back without their scale: %lld of %lld cases fail\n",
-              static_cast<long long>(caught), static_cast<long long>(total));
-  CHECK(caught == total);
+  // Rows read back without their scale (a planted dequantisation bug), a few cases (the suite's
+  // time): every verdict fails.
+  for (const char* name : {"gqa_group4", "flat_attention", "longer_blocks"}) {
+    const auto c = case_named(name);
+    const auto inputs = cases::make_inputs<double>(c);
+    const MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
+    VerifyOptions options;
+    options.score_precision = InputPrecision::fp8_e4m3;
+    INFO("case " << name);
+    CHECK_FALSE(verify(spec, inputs, bf16_score_kernel(spec, inputs, KeyStore::fp8_scale_dropped, true),
+                       options).passed);
+  }
 }

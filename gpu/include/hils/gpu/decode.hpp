@@ -41,6 +41,11 @@ struct DecodeCache {
   const float* summary_bias = nullptr;
   SummaryType summary_type = SummaryType::bf16;
   const float* summary_scale = nullptr;
+  // fp8 with hierarchical fusion: the same summaries in bf16 [B, Hq, chunk_capacity, d]. The
+  // scan scores every chunk from the fp8 rows; the fusion logits s_hat of the K selected chunks
+  // (Eq. 10) are read from these rows, so that fp8's rounding (2^-4) moves the selection but not
+  // the fused output (gpu/NOTES.md "decode"). Unused otherwise.
+  const void* summary_key_bf16 = nullptr;
 };
 
 // The new queries: q [B, Hq, d] bf16 (already rotated), q_retrieval the same or null (q~ = q).

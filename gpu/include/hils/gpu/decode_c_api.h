@@ -23,6 +23,7 @@ typedef struct hils_gpu_decode {
   int32_t summary_type;        /* 0 bf16, 1 fp8 e4m3 (hils::gpu::SummaryType) */
   int32_t kernel;              /* 0 fused (three launches), 1 d5 (seven; hils::gpu::DecodeKernel) */
   const float* summary_scale;  /* fp8: [B, Hq, chunk_capacity] row scales; else null */
+  const void* summary_key_bf16; /* fp8 + hierarchical fusion: the summaries in bf16; else null */
 } hils_gpu_decode;
 
 /* Outputs (fp32 / int32); only o and lse are required. */
