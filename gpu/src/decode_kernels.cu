@@ -1,6 +1,7 @@
 // Decode step (gpu/include/hils/gpu/decode.hpp, gpu/NOTES.md "decode"): the query at slot T-1
-// of B sequences against a bf16 cache with chunk summaries. Memory-bound, so every stage is
-// split over many blocks (flash-decoding style) and each byte of the cache is read once:
+// of B sequences against a bf16 cache with chunk summaries (bf16, or fp8 e4m3 with row scales).
+// Memory-bound, so every stage is split over many blocks (flash-decoding style) and each byte of
+// the cache is read once (DecodeKernel::fused runs 1 and 2 in one grid; d5 launches each):
 //   1. window tiles: partial softmax (m, l, o) of 64 window slots per (sequence, head);
 //   2. score tiles: s_hat = sigma q~ . k'_c + b'_c for 256 chunks per (sequence, head), one
 //      thread per chunk (16-byte loads of its bf16 row), plus the tile's (max, sum exp);
@@ -57,7 +58,6 @@ struct DecodeScratch {
   float* chunk_part;    // [B, Hq, K, dv + 1] (lse_c, normalised o_c)
   uint32_t* cand_key;   // [B, Hkv, n_score_tiles, min(K, 256)] each tile's K best r (as keys)
   int32_t* cand_idx;    // same shape: their chunk indices, ascending within each tile
-  int32_t* arrivals;    // [2, B, Hkv] blocks of the fused launches 2 and 3 done per group
   float* fusion_logit;  // [B, Hq, K] s_hat of the selected chunks from summary_key_bf16
 };
 
@@ -823,37 +823,22 @@ __device__ void fuse_head(const DecodeParams& p, const DecodeScratch& w, int64_t
   }
 }
 
+template <bool kBatched>
 __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, float* lse,
                                    float* fusion_weights) {
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (item >= p.B * p.Hq) return;
-  fuse_head<false>(p, w, item, o, lse, fusion_weights);
+  fuse_head<kBatched>(p, w, item, o, lse, fusion_weights);
 }
 
-// ---- the fused step (DecodeKernel::fused): three launches ----------------------------------
-// True in the block that arrives last of `expected` at `counter` (block-uniform). Every
-// thread's writes are fenced before thread 0 counts, and the last block fences again before it
-// reads what the others wrote (CUDA's threadFenceReduction pattern).
-__device__ bool last_to_arrive(int32_t* counter, int64_t expected) {
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == expected - 1;
-  __syncthreads();
-  if (last) __threadfence();
-  return last;
-}
-
+// ---- the fused step (DecodeKernel::fused) ----------------------------------------------------
 // Launch 1, 128 threads: window tiles (blocks [0, n_win_tiles * B * Hkv)), then score tiles
-// (n_score_tiles per (b, h)); the two stages are independent, so one grid runs both. Block 0
-// also clears the arrival counters of launches 2 and 3 (stream order puts this before them).
+// (n_score_tiles per (b, h)); the two stages are independent, so one grid runs both.
 template <class Summary>
 __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged,
                                           bool vectorised, bool coalesced) {
   extern __shared__ float smem[];
   const int64_t n_win_blocks = p.n_win_tiles * p.B * p.Hkv, block = blockIdx.x;
-  if (block == 0)
-    for (int64_t i = threadIdx.x; i < 2 * p.B * p.Hkv; i += blockDim.x) w.arrivals[i] = 0;
   if (block < n_win_blocks) {
     window_tile(p, fast, staged, w.win_part, block % p.n_win_tiles, block / p.n_win_tiles, smem);
     return;
@@ -862,32 +847,6 @@ __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool 
   score_tile<Summary, kFastThreads / kWarp, true>(p, j / p.n_score_tiles, j % p.n_score_tiles,
                                                   vectorised, coalesced, smem, w.scores,
                                                   w.score_part);
-}
-
-// Launch 2, 256 threads, one block per (candidate tile, b, g): the tile's group scores and its
-// K best; the group's last tile to finish selects the K best of the kept ones (no launch in
-// between). One block per group when there is nothing to rank (n_cand <= K or K = 0).
-__global__ void fused_group_select_kernel(DecodeParams p, DecodeScratch w, float* o_window,
-                                          float* lse_window) {
-  extern __shared__ uint32_t smem_keys[];
-  const int64_t bg = blockIdx.y;
-  if (p.K > 0 && p.n_cand > p.K) group_score_tile(p, w, blockIdx.x, bg);
-  if (last_to_arrive(w.arrivals + bg, gridDim.x))
-    select_group(p, w, bg, o_window, lse_window, smem_keys);
-}
-
-// Launch 3, 128 threads, one block per (selected slot, b, g): the chunk's softmax; the group's
-// last chunk to finish fuses its G heads (a warp per head).
-__global__ void fused_chunk_fuse_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged,
-                                        float* o, float* lse, float* fusion_weights) {
-  extern __shared__ float smem[];
-  const int64_t bg = blockIdx.y;
-  if (blockIdx.x < p.K)
-    chunk_tile(p, fast, staged, w.selection, w.chunk_part, blockIdx.x, bg, smem, w.fusion_logit);
-  if (!last_to_arrive(w.arrivals + p.B * p.Hkv + bg, gridDim.x)) return;
-  const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
-  for (int64_t j = threadIdx.x / kWarp; j < p.G; j += kWarpsPerBlock)
-    fuse_head<true>(p, w, b * p.Hq + g * p.G + j, o, lse, fusion_weights);
 }
 
 // ---- fp8 summaries: a warp per row ----------------------------------------------------------
@@ -953,7 +912,7 @@ DecodeParams params_of(const MechanismSpec& spec, const DecodeCache& cache, cons
 }
 
 // Byte sizes of the scratch arrays, in DecodeScratch order (each rounded to 256 bytes).
-constexpr int kScratchArrays = 11;
+constexpr int kScratchArrays = 10;
 struct ScratchSizes {
   size_t bytes[kScratchArrays];
 };
@@ -962,7 +921,7 @@ ScratchSizes scratch_sizes(const DecodeParams& p) {
   return {{BH * p.n_chunks * 4, BH * p.n_score_tiles * 8, BH * p.n_win_tiles * (p.dv + 2) * 4,
            BH * p.dv * 4, BH * 4, BG * p.K * 4, BH * p.K * (p.dv + 1) * 4,
            BG * p.n_score_tiles * tile_keep(p) * 4, BG * p.n_score_tiles * tile_keep(p) * 4,
-           2 * BG * 4, BH * p.K * 4}};
+           BH * p.K * 4}};
 }
 size_t round_up(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -1085,16 +1044,18 @@ void launch_d5(const DecodeParams& p, const LaunchShape& s, const DecodeScratch&
                                     w.fusion_logit);
     check_launch("chunk");
   }
-  decode_fuse_kernel<<<static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock)),
-                       kWarpsPerBlock * kWarp, 0, stream>>>(p, w, out.o, out.lse,
-                                                            out.fusion_weights);
+  decode_fuse_kernel<false><<<static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock)),
+                              kWarpsPerBlock * kWarp, 0, stream>>>(p, w, out.o, out.lse,
+                                                                   out.fusion_weights);
   check_launch("fuse");
 }
 
-// fused: three launches (window + score; group scores + select; chunk + fuse).
+// fused: five launches (window + score tiles in one grid; group scores; select; chunk tiles;
+// fuse with batched loads).
 template <class Summary>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
                   const DecodeOutputs& out, cudaStream_t stream) {
+  const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
   require(blocks1 < (int64_t{1} << 31), "decode: too many tiles for one grid");
@@ -1102,14 +1063,25 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
       <<<static_cast<unsigned>(blocks1), kFastThreads, std::max(s.win_smem, p.d * sizeof(float)),
          stream>>>(p, w, s.fast, s.win_staged, s.vectorised, s.coalesced);
   check_launch("window + score");
-  const int64_t tiles = p.K > 0 && p.n_cand > p.K ? ceil_div(p.n_cand, kScoreThreads) : 1;
-  fused_group_select_kernel<<<dim3(static_cast<unsigned>(tiles), bg), kScoreThreads, s.key_smem,
-                              stream>>>(p, w, out.o_window, out.lse_window);
-  check_launch("group scores + select");
-  fused_chunk_fuse_kernel<<<dim3(static_cast<unsigned>(std::max<int64_t>(1, p.K)), bg),
-                            kFastThreads, s.chunk_smem, stream>>>(
-      p, w, s.fast_chunk, s.chunk_staged, out.o, out.lse, out.fusion_weights);
-  check_launch("chunk + fuse");
+  if (p.K > 0 && p.n_cand > p.K) {
+    decode_group_score_kernel<<<dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)),
+                                     bg),
+                                kScoreThreads, 0, stream>>>(p, w);
+    check_launch("group score");
+  }
+  decode_select_kernel<<<bg, kSelectThreads, s.key_smem, stream>>>(p, w, out.o_window,
+                                                                   out.lse_window);
+  check_launch("select");
+  if (p.K > 0) {
+    decode_chunk_kernel<<<dim3(static_cast<unsigned>(p.K), bg), kFastThreads, s.chunk_smem,
+                          stream>>>(p, s.fast_chunk, s.chunk_staged, w.selection, w.chunk_part,
+                                    w.fusion_logit);
+    check_launch("chunk");
+  }
+  decode_fuse_kernel<true><<<static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock)),
+                             kWarpsPerBlock * kWarp, 0, stream>>>(p, w, out.o, out.lse,
+                                                                  out.fusion_weights);
+  check_launch("fuse");
 }
 
 }  // namespace
@@ -1134,8 +1106,7 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
                   static_cast<float*>(parts[2]), static_cast<float*>(parts[3]),
                   static_cast<float*>(parts[4]), static_cast<int32_t*>(parts[5]),
                   static_cast<float*>(parts[6]), static_cast<uint32_t*>(parts[7]),
-                  static_cast<int32_t*>(parts[8]), static_cast<int32_t*>(parts[9]),
-                  static_cast<float*>(parts[10])};
+                  static_cast<int32_t*>(parts[8]), static_cast<float*>(parts[9])};
   if (out.surrogate) w.scores = out.surrogate;
   if (out.selection) w.selection = out.selection;
   const LaunchShape shape = launch_shape(p, cache.summary_type);

@@ -66,11 +66,11 @@ struct DecodeOutputs {
 };
 
 // Which launch sequence runs the step (gpu/NOTES.md "decode", versions):
-//   fused: three launches: window tiles and score tiles in one grid; group scores with each
-//          KV group's selection done by the last of its tiles; chunk tiles with the group's
-//          fusion done by the last of its chunks (d6)
-//   d5:    the seven launches of d5 (window, score, group scores, select, chunk, fuse), kept
-//          as the benchmark's baseline
+//   fused: window tiles and score tiles in one grid (the score tiles issue all their loads
+//          before staging q~), then group scores, select, chunk tiles and a fuse that loads
+//          the chunks' outputs 8 at a time: five launches (d7)
+//   d5:    the launches of d5 (window, score, group scores, select, chunk, fuse), kept as the
+//          benchmark's baseline
 enum class DecodeKernel { fused = 0, d5 = 1 };
 
 // Throws std::invalid_argument naming the first bad field. Supported: bf16 K/V, bf16 or fp8
