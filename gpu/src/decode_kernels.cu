@@ -172,30 +172,62 @@ constexpr int kFastDim = 64;
 constexpr int kFastMaxGroup = 16;
 constexpr int kFastThreads = 128;
 
-size_t fast_tile_smem(int64_t G) { return (2 * G * kFastDim + 2 * G) * sizeof(float); }
+// Floats before the staged value rows (kEarly), a multiple of 4 so that they are 16-byte aligned.
+__host__ __device__ inline int64_t fast_tile_floats(int64_t G) {
+  return (2 * G * kFastDim + 2 * G + 3) / 4 * 4;
+}
+// kEarly also stages the tile's value rows, 64 x 64 bf16.
+size_t fast_tile_smem(int64_t G, bool early = false) {
+  return early ? fast_tile_floats(G) * sizeof(float) + kDecodeTileSlots * kFastDim * 2
+               : (2 * G * kFastDim + 2 * G) * sizeof(float);
+}
 
-template <class Emit>
+// kEarly (the fused kernel): the key row and the tile's value rows (4 16-byte pieces per
+// thread, into shared memory) are loaded before q is staged, so that the tile waits for one
+// memory round trip; d5 (kEarly false) loads the key row after staging q and reads the value
+// rows in the p.v loop, 4 rows per round trip (16 round trips for 64 rows).
+template <bool kEarly, class Emit>
 __device__ void fast_tile_softmax(const DecodeParams& p, int64_t bg, int64_t lo, int64_t hi,
                                   float* smem, Emit emit) {
   constexpr int D = kFastDim;
+  constexpr int kPieces = kDecodeTileSlots * D / 8 / kFastThreads;  // 16-byte pieces per thread
   const int G = static_cast<int>(p.G);
   float* qs = smem;
   float* pr = qs + G * D;
   float* ms = pr + G * D;
   float* ls = ms + G;
+  auto* vs = reinterpret_cast<__nv_bfloat16*>(smem + fast_tile_floats(G));
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv, first = b * p.Hq + g * G;
   const __nv_bfloat16* k = p.k + bg * p.slot_cap * D;
   const __nv_bfloat16* v = p.v + bg * p.slot_cap * D;
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x) qs[i] = __bfloat162float(p.q[first * D + i]);
-  __syncthreads();
   const int j = threadIdx.x % D, half = threadIdx.x / D;
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
   const int64_t slot = lo + j;
   const bool valid = slot <= hi && geo.attendable(slot);
-  uint4 u[D / 8];
+  const int n_rows = static_cast<int>(hi - lo + 1);
+  uint4 u[D / 8], vpiece[kPieces];
+  auto load_key_row = [&] {
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i)
-    u[i] = valid ? __ldg(reinterpret_cast<const uint4*>(k + slot * D) + i) : make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < D / 8; ++i)
+      u[i] = valid ? __ldg(reinterpret_cast<const uint4*>(k + slot * D) + i) : make_uint4(0, 0, 0, 0);
+  };
+  if (kEarly) {
+    load_key_row();
+#pragma unroll
+    for (int e = 0; e < kPieces; ++e) {
+      const int piece = threadIdx.x + kFastThreads * e, row = piece / (D / 8);
+      vpiece[e] = row < n_rows ? __ldg(reinterpret_cast<const uint4*>(v + (lo + row) * D) + piece % (D / 8))
+                               : make_uint4(0, 0, 0, 0);
+    }
+  }
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x) qs[i] = __bfloat162float(p.q[first * D + i]);
+  if (kEarly) {
+#pragma unroll
+    for (int e = 0; e < kPieces; ++e)
+      reinterpret_cast<uint4*>(vs)[threadIdx.x + kFastThreads * e] = vpiece[e];
+  }
+  __syncthreads();
+  if (!kEarly) load_key_row();
   for (int h = half; h < G; h += 2) {
     float acc = 0.0f;
 #pragma unroll
@@ -222,11 +254,10 @@ __device__ void fast_tile_softmax(const DecodeParams& p, int64_t bg, int64_t lo,
   }
   __syncthreads();
   const int dim = threadIdx.x % D;
-  const int n_rows = static_cast<int>(hi - lo + 1);
   float acc[kFastMaxGroup / 2] = {};
 #pragma unroll 4
   for (int r = 0; r < n_rows; ++r) {
-    const float vv = __bfloat162float(v[(lo + r) * D + dim]);
+    const float vv = __bfloat162float(kEarly ? vs[r * D + dim] : v[(lo + r) * D + dim]);
 #pragma unroll
     for (int t = 0; t < kFastMaxGroup / 2; ++t) {
       const int h = half + 2 * t;
@@ -241,13 +272,14 @@ __device__ void fast_tile_softmax(const DecodeParams& p, int64_t bg, int64_t lo,
 }
 
 // ---- 1. window tiles: one block (128 threads) per (tile, b, g) ----------------------------
+template <bool kEarly>
 __device__ void window_tile(const DecodeParams& p, bool fast, bool staged, float* win_part,
                             int64_t tile, int64_t bg, float* smem) {
   const int64_t lo = p.win_lo + tile * kDecodeTileSlots;
   const int64_t hi = min(p.T - 1, lo + kDecodeTileSlots - 1);
   const int lane = threadIdx.x % kWarp;
   if (fast) {
-    fast_tile_softmax(p, bg, lo, hi, smem, [&](int64_t item, float m, float l, int dim, float o) {
+    fast_tile_softmax<kEarly>(p, bg, lo, hi, smem, [&](int64_t item, float m, float l, int dim, float o) {
       float* out = win_part + (item * p.n_win_tiles + tile) * (p.dv + 2);
       if (dim == 0) out[0] = m, out[1] = l;
       out[2 + dim] = o;
@@ -268,7 +300,7 @@ __device__ void window_tile(const DecodeParams& p, bool fast, bool staged, float
 
 __global__ void decode_window_kernel(DecodeParams p, bool fast, bool staged, float* win_part) {
   extern __shared__ float smem[];
-  window_tile(p, fast, staged, win_part, blockIdx.x, blockIdx.y, smem);
+  window_tile<false>(p, fast, staged, win_part, blockIdx.x, blockIdx.y, smem);
 }
 
 // Summary element types: a 16-byte load holds kPerLoad values, widened to fp32 exactly.
@@ -696,6 +728,7 @@ __device__ void selected_logits(const DecodeParams& p, float* fusion_logit, int3
   }
 }
 
+template <bool kEarly>
 __device__ void chunk_tile(const DecodeParams& p, bool fast, bool staged,
                            const int32_t* selection, float* chunk_part, int64_t i, int64_t bg,
                            float* smem, float* fusion_logit) {
@@ -703,7 +736,7 @@ __device__ void chunk_tile(const DecodeParams& p, bool fast, bool staged,
   const int32_t c = selection[bg * p.K + i];
   if (p.summary_key_bf16 && c >= 0) selected_logits(p, fusion_logit, c, i, bg);
   if (fast && c >= 0) {
-    fast_tile_softmax(p, bg, c * p.S, c * p.S + p.S - 1, smem,
+    fast_tile_softmax<kEarly>(p, bg, c * p.S, c * p.S + p.S - 1, smem,
                       [&](int64_t item, float m, float l, int dim, float o) {
                         float* out = chunk_part + (item * p.K + i) * (p.dv + 1);
                         if (dim == 0) out[0] = l > 0.0f ? m + __logf(l) : kNegInf;
@@ -730,11 +763,13 @@ __device__ void chunk_tile(const DecodeParams& p, bool fast, bool staged,
   }
 }
 
+template <bool kEarly>
 __global__ void decode_chunk_kernel(DecodeParams p, bool fast, bool staged,
                                     const int32_t* selection, float* chunk_part,
                                     float* fusion_logit) {
   extern __shared__ float smem[];
-  chunk_tile(p, fast, staged, selection, chunk_part, blockIdx.x, blockIdx.y, smem, fusion_logit);
+  chunk_tile<kEarly>(p, fast, staged, selection, chunk_part, blockIdx.x, blockIdx.y, smem,
+                     fusion_logit);
 }
 
 // ---- 5. fuse: one warp per (b, h) -----------------------------------------------------------
@@ -840,7 +875,8 @@ __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool 
   extern __shared__ float smem[];
   const int64_t n_win_blocks = p.n_win_tiles * p.B * p.Hkv, block = blockIdx.x;
   if (block < n_win_blocks) {
-    window_tile(p, fast, staged, w.win_part, block % p.n_win_tiles, block / p.n_win_tiles, smem);
+    window_tile<true>(p, fast, staged, w.win_part, block % p.n_win_tiles, block / p.n_win_tiles,
+                      smem);
     return;
   }
   const int64_t j = block - n_win_blocks;
@@ -991,6 +1027,7 @@ namespace {
 struct LaunchShape {
   bool fast, win_staged, vectorised, coalesced, fast_chunk, chunk_staged;
   size_t win_smem, chunk_smem, key_smem;
+  size_t win_smem_early, chunk_smem_early;  // the fused kernel's tiles (value rows staged)
 };
 
 LaunchShape launch_shape(const DecodeParams& p, SummaryType type) {
@@ -1002,6 +1039,7 @@ LaunchShape launch_shape(const DecodeParams& p, SummaryType type) {
   const size_t win_stage = stage_bytes(kDecodeTileSlots, p.d, p.dv);
   s.win_staged = win_stage > 0;
   s.win_smem = s.fast ? fast_tile_smem(p.G) : q_smem + win_stage;
+  s.win_smem_early = s.fast ? fast_tile_smem(p.G, true) : q_smem + win_stage;
   // 16-byte loads need 16-byte aligned rows of whole loads.
   const int per_load = type == SummaryType::fp8_e4m3 ? Fp8Summary::kPerLoad : Bf16Summary::kPerLoad;
   s.vectorised = p.d % per_load == 0 && reinterpret_cast<uintptr_t>(p.summary_key) % 16 == 0;
@@ -1010,6 +1048,8 @@ LaunchShape launch_shape(const DecodeParams& p, SummaryType type) {
   s.chunk_staged = chunk_stage > 0;
   s.fast_chunk = s.fast && p.S <= kDecodeTileSlots;
   s.chunk_smem = std::max(s.fast_chunk ? fast_tile_smem(p.G) : 0, q_smem + chunk_stage);
+  s.chunk_smem_early =
+      std::max(s.fast_chunk ? fast_tile_smem(p.G, true) : 0, q_smem + chunk_stage);
   const int64_t kept = p.n_cand > p.K ? kept_candidates(p) : 0;
   s.key_smem = kept <= kSelectSmemKeys ? kept * sizeof(uint32_t) : 0;
   return s;
@@ -1039,9 +1079,10 @@ void launch_d5(const DecodeParams& p, const LaunchShape& s, const DecodeScratch&
                                                                    out.lse_window);
   check_launch("select");
   if (p.K > 0) {
-    decode_chunk_kernel<<<dim3(static_cast<unsigned>(p.K), bg), kFastThreads, s.chunk_smem,
-                          stream>>>(p, s.fast_chunk, s.chunk_staged, w.selection, w.chunk_part,
-                                    w.fusion_logit);
+    decode_chunk_kernel<false><<<dim3(static_cast<unsigned>(p.K), bg), kFastThreads,
+                                 s.chunk_smem, stream>>>(p, s.fast_chunk, s.chunk_staged,
+                                                         w.selection, w.chunk_part,
+                                                         w.fusion_logit);
     check_launch("chunk");
   }
   decode_fuse_kernel<false><<<static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock)),
@@ -1060,7 +1101,8 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
   require(blocks1 < (int64_t{1} << 31), "decode: too many tiles for one grid");
   fused_window_score_kernel<Summary>
-      <<<static_cast<unsigned>(blocks1), kFastThreads, std::max(s.win_smem, p.d * sizeof(float)),
+      <<<static_cast<unsigned>(blocks1), kFastThreads,
+         std::max(s.win_smem_early, p.d * sizeof(float)),
          stream>>>(p, w, s.fast, s.win_staged, s.vectorised, s.coalesced);
   check_launch("window + score");
   if (p.K > 0 && p.n_cand > p.K) {
@@ -1073,9 +1115,10 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
                                                                    out.lse_window);
   check_launch("select");
   if (p.K > 0) {
-    decode_chunk_kernel<<<dim3(static_cast<unsigned>(p.K), bg), kFastThreads, s.chunk_smem,
-                          stream>>>(p, s.fast_chunk, s.chunk_staged, w.selection, w.chunk_part,
-                                    w.fusion_logit);
+    decode_chunk_kernel<true><<<dim3(static_cast<unsigned>(p.K), bg), kFastThreads,
+                                s.chunk_smem_early, stream>>>(p, s.fast_chunk, s.chunk_staged,
+                                                              w.selection, w.chunk_part,
+                                                              w.fusion_logit);
     check_launch("chunk");
   }
   decode_fuse_kernel<true><<<static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock)),
