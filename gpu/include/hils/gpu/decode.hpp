@@ -66,9 +66,9 @@ struct DecodeOutputs {
 };
 
 // Which launch sequence runs the step (gpu/NOTES.md "decode", versions):
-//   fused: window tiles and score tiles in one grid (the score tiles issue all their loads
-//          before staging q~), then group scores, select, chunk tiles and a fuse that loads
-//          the chunks' outputs 8 at a time: five launches (d7)
+//   fused: window tiles and score tiles in one grid (every tile issues all its loads before
+//          staging q / q~), then group scores, select, chunk tiles and a fuse that loads the
+//          chunks' outputs 8 at a time: five launches (d8)
 //   d5:    the launches of d5 (window, score, group scores, select, chunk, fuse), kept as the
 //          benchmark's baseline
 enum class DecodeKernel { fused = 0, d5 = 1 };
