@@ -31,7 +31,6 @@ constexpr int kScoreThreads = 256;      // chunks per score block (one per threa
 constexpr int kSelectThreads = 256;
 constexpr int kSelectSmemKeys = 10240;  // keys in 40 KiB of shared memory (+ static < 48 KiB)
 constexpr int kRadixBins = 256;
-constexpr int kFuseBatch = 8;           // rows a batched merge loads per round trip
 
 // Everything a decode kernel needs, by value.
 struct DecodeParams {
@@ -520,50 +519,6 @@ __device__ void write_window(const DecodeParams& p, const DecodeScratch& w, int6
   }
 }
 
-// write_window for the fused kernel: lane i holds window tile i's factor exp(m_i - m), and
-// the tiles' o rows are loaded 8 at a time (d5's write_window walks them one per round trip).
-__device__ void write_window_batched(const DecodeParams& p, const DecodeScratch& w, int64_t item,
-                                     float* o_window, float* lse_window) {
-  const int lane = threadIdx.x % kWarp;
-  const float2 stats = window_stats(p, w, item);
-  const float* part = w.win_part + item * p.n_win_tiles * (p.dv + 2);
-  const float inv = stats.y > 0.0f ? 1.0f / stats.y : 0.0f;
-  float acc[kDimRegs] = {};
-  for (int64_t base = 0; base < p.n_win_tiles; base += kWarp) {
-    const int64_t mine = base + lane;
-    const float factor = mine < p.n_win_tiles ? exp_diff(part[mine * (p.dv + 2)], stats.x) : 0.0f;
-    const int count = p.n_win_tiles - base < kWarp ? static_cast<int>(p.n_win_tiles - base) : kWarp;
-    for (int t0 = 0; t0 < count; t0 += kFuseBatch) {
-      float f[kFuseBatch], v[kFuseBatch][kDimRegs];
-#pragma unroll
-      for (int u = 0; u < kFuseBatch; ++u) {
-        f[u] = __shfl_sync(0xffffffffu, factor, (t0 + u) % kWarp);
-        const float* row = part + (base + t0 + u) * (p.dv + 2) + 2;
-#pragma unroll
-        for (int r = 0; r < kDimRegs; ++r) {
-          const int dim = lane + kWarp * r;
-          v[u][r] = t0 + u < count && dim < p.dv ? row[dim] : 0.0f;
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kFuseBatch; ++u)
-#pragma unroll
-        for (int r = 0; r < kDimRegs; ++r) acc[r] = fmaf(t0 + u < count ? f[u] : 0.0f, v[u][r], acc[r]);
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kDimRegs; ++r) {
-    const int dim = lane + kWarp * r;
-    if (dim >= p.dv) continue;
-    w.win_o[item * p.dv + dim] = acc[r] * inv;
-    if (o_window) o_window[item * p.dv + dim] = acc[r] * inv;
-  }
-  if (lane == 0) {
-    w.win_lse[item] = lse_of(stats);
-    if (lse_window) lse_window[item] = lse_of(stats);
-  }
-}
-
 // The digit (bits [shift, shift+8)) holding the `rank`-th largest key (rank from 1) among the
 // histogram; returns it and sets *above to the count in higher digits. Warp 0 only.
 __device__ int find_digit(const int* hist, int rank, int* above) {
@@ -682,22 +637,11 @@ __device__ int block_top_k(const uint32_t* src, uint32_t* work, int64_t n, int64
 
 // ---- 2b. group scores: r (Eq. 2) of 256 candidates per block, one block per (tile, b, g) ---
 // log Z_hat per head (Eq. 8) is recomputed by every tile from the partials (a few KB).
-// kEarly (the fused kernel): the candidate's G scores (G <= 16) are loaded before log Z_hat is
-// computed, all in one round trip; d5 loads them one head at a time after it.
-template <bool kEarly>
 __device__ void group_score_tile(const DecodeParams& p, const DecodeScratch& w, int64_t tile,
                                  int64_t bg) {
   __shared__ float log_z[64];
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
   const int warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
-  const int64_t c = tile * kScoreThreads + threadIdx.x;
-  const bool valid = c < p.n_cand;
-  const float* scores = w.scores + (b * p.Hq + g * p.G) * p.n_chunks + c;
-  const bool early = kEarly && p.G <= kFastMaxGroup;
-  float early_s[kFastMaxGroup];
-#pragma unroll
-  for (int j = 0; j < kFastMaxGroup; ++j)
-    early_s[j] = early && valid && j < p.G ? scores[j * p.n_chunks] : 0.0f;
   for (int64_t j = warp; j < p.G; j += warps) {
     const int64_t item = b * p.Hq + g * p.G + j;
     const float z = logaddexp(lse_of(window_stats(p, w, item)), candidate_lse(p, w, item));
@@ -705,19 +649,16 @@ __device__ void group_score_tile(const DecodeParams& p, const DecodeScratch& w, 
   }
   __syncthreads();
   const int64_t tile_first = tile * kScoreThreads;
+  const int64_t c = tile_first + threadIdx.x;
+  const bool valid = c < p.n_cand;
+  const float* scores = w.scores + (b * p.Hq + g * p.G) * p.n_chunks + c;
   float r = p.group_rule == static_cast<int>(GroupRule::sum_probabilities) ? 0.0f : kNegInf;
-  auto add_head = [&](float s, int64_t j) {
+  for (int64_t j = 0; valid && j < p.G; ++j) {
+    const float s = scores[j * p.n_chunks];
     if (p.group_rule == static_cast<int>(GroupRule::max_normalized)) r = fmaxf(r, s - log_z[j]);
     else if (p.group_rule == static_cast<int>(GroupRule::sum_probabilities))
       r += __expf(s - log_z[j]);
     else r = fmaxf(r, s);
-  };
-  if (early) {
-#pragma unroll
-    for (int j = 0; j < kFastMaxGroup; ++j)
-      if (valid && j < p.G) add_head(early_s[j], j);
-  } else {
-    for (int64_t j = 0; valid && j < p.G; ++j) add_head(scores[j * p.n_chunks], j);
   }
   // The tile keeps its `keep` best (ties: lower chunk); the select block picks among them.
   __shared__ uint32_t orig[kScoreThreads], work[kScoreThreads];
@@ -733,21 +674,17 @@ __device__ void group_score_tile(const DecodeParams& p, const DecodeScratch& w, 
   });
 }
 
-template <bool kEarly>
 __global__ void decode_group_score_kernel(DecodeParams p, DecodeScratch w) {
-  group_score_tile<kEarly>(p, w, blockIdx.x, blockIdx.y);
+  group_score_tile(p, w, blockIdx.x, blockIdx.y);
 }
 
 // ---- 3. select: one block per (b, g), over the tiles' kept candidates -----------------------
-template <bool kEarly>
 __device__ void select_group(const DecodeParams& p, const DecodeScratch& w, int64_t bg,
                              float* o_window, float* lse_window, uint32_t* smem_keys) {
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
   const int warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
-  for (int64_t j = warp; j < p.G; j += warps) {
-    if (kEarly) write_window_batched(p, w, b * p.Hq + g * p.G + j, o_window, lse_window);
-    else write_window(p, w, b * p.Hq + g * p.G + j, o_window, lse_window);
-  }
+  for (int64_t j = warp; j < p.G; j += warps)
+    write_window(p, w, b * p.Hq + g * p.G + j, o_window, lse_window);
   int32_t* sel = w.selection + bg * p.K;
   const int64_t n = p.n_cand;
   if (p.K == 0) return;
@@ -767,11 +704,10 @@ __device__ void select_group(const DecodeParams& p, const DecodeScratch& w, int6
   for (int64_t i = total + threadIdx.x; i < p.K; i += blockDim.x) sel[i] = -1;
 }
 
-template <bool kEarly>
 __global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_window,
                                      float* lse_window) {
   extern __shared__ uint32_t smem_keys[];
-  select_group<kEarly>(p, w, blockIdx.x, o_window, lse_window, smem_keys);
+  select_group(p, w, blockIdx.x, o_window, lse_window, smem_keys);
 }
 
 // ---- 4. chunk tiles: one block per (selected slot i, b, g), a warp per head ---------------
@@ -844,6 +780,7 @@ __global__ void decode_chunk_kernel(DecodeParams p, bool fast, bool staged,
 // before their sums, so that one head's fusion is not a chain of K dependent L2 round trips (d5,
 // kBatched false, loads one row per step). Hierarchical with `fusion_logit`: the logits of the
 // selected chunks come from there (the bf16 rows next to fp8 summaries) instead of the scores.
+constexpr int kFuseBatch = 8;
 template <bool kBatched>
 __device__ void fuse_head(const DecodeParams& p, const DecodeScratch& w, int64_t item, float* o,
                           float* lse, float* fusion_weights) {
@@ -1133,12 +1070,13 @@ void launch_d5(const DecodeParams& p, const LaunchShape& s, const DecodeScratch&
                                                                 w.scores, w.score_part);
   check_launch("score");
   if (p.K > 0 && p.n_cand > p.K) {
-    const dim3 tiles(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)), bg);
-    decode_group_score_kernel<false><<<tiles, kScoreThreads, 0, stream>>>(p, w);
+    decode_group_score_kernel<<<dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)),
+                                     bg),
+                                kScoreThreads, 0, stream>>>(p, w);
     check_launch("group score");
   }
-  decode_select_kernel<false><<<bg, kSelectThreads, s.key_smem, stream>>>(p, w, out.o_window,
-                                                                          out.lse_window);
+  decode_select_kernel<<<bg, kSelectThreads, s.key_smem, stream>>>(p, w, out.o_window,
+                                                                   out.lse_window);
   check_launch("select");
   if (p.K > 0) {
     decode_chunk_kernel<false><<<dim3(static_cast<unsigned>(p.K), bg), kFastThreads,
@@ -1168,12 +1106,13 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
          stream>>>(p, w, s.fast, s.win_staged, s.vectorised, s.coalesced);
   check_launch("window + score");
   if (p.K > 0 && p.n_cand > p.K) {
-    const dim3 tiles(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)), bg);
-    decode_group_score_kernel<true><<<tiles, kScoreThreads, 0, stream>>>(p, w);
+    decode_group_score_kernel<<<dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)),
+                                     bg),
+                                kScoreThreads, 0, stream>>>(p, w);
     check_launch("group score");
   }
-  decode_select_kernel<true><<<bg, kSelectThreads, s.key_smem, stream>>>(p, w, out.o_window,
-                                                                          out.lse_window);
+  decode_select_kernel<<<bg, kSelectThreads, s.key_smem, stream>>>(p, w, out.o_window,
+                                                                   out.lse_window);
   check_launch("select");
   if (p.K > 0) {
     decode_chunk_kernel<true><<<dim3(static_cast<unsigned>(p.K), bg), kFastThreads,
