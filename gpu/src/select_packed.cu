@@ -15,6 +15,7 @@ constexpr int kRPitch = 65;      // fp32 per row of the group-score tile
 constexpr GroupRule kGroupMaxNormalized = GroupRule::max_normalized,
                     kGroupSumProbabilities = GroupRule::sum_probabilities;
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kPosInf = __builtin_huge_valf();
 
 // Scores run in base 2 (s2 = s_hat log2 e): one ex2 per exponential, the same ranking.
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -188,6 +189,89 @@ __device__ __forceinline__ unsigned flagged_rows(const bool (&any)[2]) {
 // an empty entry (ib < 0) ranks behind every chunk.
 __device__ __forceinline__ bool ranks_ahead(float va, int32_t ia, float vb, int32_t ib) {
   return ia >= 0 && (ib < 0 || va > vb || (va == vb && ia < ib));
+}
+
+// v7 (quad offers): a row's top-K is an unsorted set in shared memory (value/index, entries
+// [0, K)); lane l of the row's quad owns entries [8 l, 8 l + 8) (K <= 32). Entry (va, ia) at
+// pa is worse than (vb, ib) at pb: a smaller value, or an equal value with a larger chunk; among
+// equal entries (the empty ones, (-inf, -1)) the lower position, so that empty entries fill in
+// position order and the filled ones stay the first n (write_selection counts them that way).
+__device__ __forceinline__ bool worse_entry(float va, int32_t ia, int pa, float vb, int32_t ib, int pb) {
+  return va < vb || (va == vb && (ia > ib || (ia == ib && pa < pb)));
+}
+
+// The worst of the quad's four lane-worst entries (v, i, p), the same in every lane of the quad.
+__device__ __forceinline__ void quad_worst(float& v, int32_t& i, int& p) {
+#pragma unroll
+  for (int off = 1; off <= 2; off *= 2) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, off);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, i, off);
+    const int op = __shfl_xor_sync(0xffffffffu, p, off);
+    if (worse_entry(ov, oi, op, v, i, p)) v = ov, i = oi, p = op;
+  }
+}
+
+// The worst entry of this lane's segment [8 (lane % 4), + 8) of a row's set; (+inf, -1, first)
+// when the segment lies past K (it then never holds an entry).
+__device__ __forceinline__ void segment_worst(const float* value, const int32_t* index, int K,
+                                              float& v, int32_t& i, int& p) {
+  const int first = 8 * (threadIdx.x % 4);
+  v = kPosInf, i = -1, p = first;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int e = first + j;
+    if (e < K) {
+      const float ve = value[e];
+      const int32_t ie = index[e];
+      if (worse_entry(ve, ie, e, v, i, p)) v = ve, i = ie, p = e;
+    }
+  }
+}
+
+// v7 offers of one tile for the warp's rows j + 8 half (j = lane / 4), all 8 rows at once: each
+// quad takes one pending candidate per round (pending: bit k of `pending` = the lane's tile
+// value k, column (k / 2) 8 + 2 (lane % 4) + k % 2, ranked ahead of the row's worst entry when
+// the tile was flagged) and, if it still beats the worst entry, puts it in the worst entry's
+// place; the owner lane rescans its segment and the quad finds the new worst. Candidates are
+// compared by (value, chunk) as in ranks_ahead, so the order of the rounds does not matter: the
+// set ends as the K best under the same total order as the sorted lists of v4.
+// r_row: the row's 64 tile values (sh.r); (wv, wi): the row's worst entry, updated.
+__device__ void offer_tile_quads(unsigned pending, const float* r_row, float* value, int32_t* index,
+                                 int c0, int K, float& wv, int32_t& wi) {
+  const int lane = threadIdx.x % kWarp;
+  float lv;
+  int32_t li;
+  int lp;
+  segment_worst(value, index, K, lv, li, lp);
+  float mv = lv;
+  int32_t mi = li;
+  int mp = lp;
+  quad_worst(mv, mi, mp);
+  while (true) {
+    const unsigned ballot = __ballot_sync(0xffffffffu, pending != 0u);
+    if (ballot == 0u) break;
+    const unsigned quad_bits = (ballot >> (lane & ~3)) & 0xFu;
+    const int src = (lane & ~3) + (quad_bits != 0u ? __ffs(quad_bits) - 1 : 0);
+    const int bit = pending != 0u ? __ffs(pending) - 1 : 0;
+    const int my_col = (bit >> 1) * 8 + (lane % 4) * 2 + (bit & 1);
+    const int col = __shfl_sync(0xffffffffu, my_col, src);
+    if (lane == src) pending &= pending - 1;
+    bool take = false;
+    float cv = 0.0f;
+    const int32_t ci = c0 + col;
+    if (quad_bits != 0u) {
+      cv = r_row[col];
+      take = cv > mv || (cv == mv && ci < mi);
+    }
+    if (take && (mp >> 3) == lane % 4) {
+      value[mp] = cv, index[mp] = ci;
+      segment_worst(value, index, K, lv, li, lp);
+    }
+    mv = lv, mi = li, mp = lp;
+    quad_worst(mv, mi, mp);
+  }
+  wv = mv, wi = mi;
+  __syncwarp();
 }
 
 // One-pass selection, end of head h: the head's K best (value s2, sorted, in shared memory)
@@ -452,7 +536,9 @@ __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n, 
 
 // kBound (v6): pass 1 also forms the lower bound of each row's K-th group score
 // (kth_largest_of_32), pass 2 drops candidates below it, and write_selection_by_lane writes.
-template <int G, bool kBound>
+// kQuad (v7, K <= 32): pass 2 offers through offer_tile_quads (8 rows of a warp at once,
+// unsorted sets) instead of offer_tile (one row at a time, sorted lists).
+template <int G, bool kBound, bool kQuad = false>
 __global__ void __launch_bounds__(kPackedThreads, 4)
     select_packed_kernel(LaunchParams p, const float* key, const __nv_bfloat16* key_bf16,
                          const float* bias, const float* bias2, const float* lse_swa,
@@ -568,6 +654,7 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
     const int steps = G * n_tiles;
     float r[8][4];
     float theta[2] = {kNegInf, kNegInf};  // a candidate must beat this to enter (full list)
+    int32_t theta_index[2] = {-1, -1};    // kQuad: the chunk of the row's worst entry
     // kBound: candidates below the row's bound cannot be among its K best.
     const float lower[2] = {bound ? row_bound[row[0]] : kNegInf, bound ? row_bound[row[1]] : kNegInf};
     issue(0, 0, 0);
@@ -643,6 +730,30 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
             if (r[nt][e] < lower[e / 2]) r[nt][e] = kNegInf;
+      if (kQuad) {
+        // Pending bits per row half: values ranked ahead of the row's worst entry.
+        unsigned pending[2] = {0u, 0u};
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int32_t c = c0 + nt * 8 + (lane % 4) * 2 + (e % 2);
+            const bool ahead = r[nt][e] > theta[e / 2] || (r[nt][e] == theta[e / 2] && c < theta_index[e / 2]);
+            pending[e / 2] |= static_cast<unsigned>(ahead) << (2 * nt + e % 2);
+          }
+        if (__ballot_sync(0xffffffffu, (pending[0] | pending[1]) != 0u) == 0u) continue;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            sh.r[row[e / 2] * kRPitch + nt * 8 + (lane % 4) * 2 + (e % 2)] = r[nt][e];
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          offer_tile_quads(pending[i], sh.r + row[i] * kRPitch, sh.value + row[i] * K, sh.index + row[i] * K,
+                           c0, K, theta[i], theta_index[i]);
+        continue;
+      }
       bool any[2] = {false, false};
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
@@ -836,6 +947,9 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
   else if (kernel == PackedSelect::two_pass_v6)
     cudaFuncSetAttribute(select_packed_kernel<G, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(smem));
+  else if (kernel == PackedSelect::two_pass_v7)
+    cudaFuncSetAttribute(select_packed_kernel<G, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(smem));
   else
     cudaFuncSetAttribute(select_packed_kernel<G, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(smem));
@@ -859,6 +973,9 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
   else if (kernel == PackedSelect::two_pass_v6)
     select_packed_kernel<G, true><<<grid, kPackedThreads, smem, stream>>>(
         p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
+  else if (kernel == PackedSelect::two_pass_v7)
+    select_packed_kernel<G, false, true><<<grid, kPackedThreads, smem, stream>>>(
+        p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
   else
     select_packed_kernel<G, false><<<grid, kPackedThreads, smem, stream>>>(
         p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
@@ -876,10 +993,11 @@ bool packed_select_applies(const LaunchParams& p) {
 void launch_select_packed(const LaunchParams& p, const float* key, const float* bias,
                           const float* lse_swa, int32_t* selection, float* selected_score,
                           PackedSelect kernel, cudaStream_t stream) {
-  // The one-pass argument holds for the default group rule only.
-  const PackedSelect one = kernel == PackedSelect::one_pass_v5 && p.group_rule != kGroupMaxNormalized
-                               ? PackedSelect::two_pass_v4
-                               : kernel;
+  // The one-pass argument holds for the default group rule only; v7's segments of 8 entries per
+  // quad lane hold K <= 32.
+  const bool fall_back = (kernel == PackedSelect::one_pass_v5 && p.group_rule != kGroupMaxNormalized) ||
+                         (kernel == PackedSelect::two_pass_v7 && p.K > kWarp);
+  const PackedSelect one = fall_back ? PackedSelect::two_pass_v4 : kernel;
   switch (p.Hq / p.Hkv) {
     case 1: return launch_select_g<1>(p, key, bias, lse_swa, selection, selected_score, one, stream);
     case 2: return launch_select_g<2>(p, key, bias, lse_swa, selection, selected_score, one, stream);

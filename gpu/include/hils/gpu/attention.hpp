@@ -87,6 +87,8 @@ enum class SelectKernel {
   two_pass_v4,  // pass 1: log Z_hat per head; pass 2: group scores offered to the top-K lists
   one_pass_v5,  // per head a running log Z_hat and its K best; the union ranked at the end
   two_pass_v6,  // v4 plus a pass-1 lower bound of the K-th group score that prunes the offers
+  two_pass_v7,  // v4 with the offers of 8 rows at once per warp into unsorted sets (K <= 32,
+                // else two_pass_v4)
 };
 
 // Selection per KV group (reference/SEMANTICS.md §4): [Hkv, T, K], ascending, -1 padded, ties to
