@@ -95,19 +95,25 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[8][4], const float* bi
 }
 
 // k' rows [c0, c0 + 64) of one head (bf16, [n_chunks, 64]) into a padded tile, and its 64
-// biases, through the copy engine (zeros past n_chunks); 32-bit offsets from the head's base.
+// biases, through the copy engine (zeros past n_chunks). Thread x copies the 16-byte segment
+// x % 8 of rows x / 8 + 16 j: one base address per call, the rows at fixed offsets from it
+// (rows past n_chunks read row c0, which exists, with a source size of 0).
 __device__ __forceinline__ void issue_tile(__nv_bfloat16 (*dst)[kTilePitch], float* bias_dst,
                                            const __nv_bfloat16* key_head, const float* bias_head,
                                            int c0, int n_chunks) {
+  const int row0 = threadIdx.x / 8, col = (threadIdx.x % 8) * 8;
+  const __nv_bfloat16* tile_base = key_head + c0 * kTileDim;
+  const __nv_bfloat16* src = tile_base + row0 * kTileDim + col;
+  const int rows_left = n_chunks - c0 - row0;
 #pragma unroll
   for (int j = 0; j < kTileDim * 8 / kPackedThreads; ++j) {
-    const int seg = threadIdx.x + kPackedThreads * j, row = seg / 8, col = (seg % 8) * 8;
-    const bool valid = c0 + row < n_chunks;
-    cp_async16(&dst[row][col], key_head + (valid ? (c0 + row) * kTileDim + col : 0), valid);
+    const int row = row0 + j * (kPackedThreads / 8);
+    const bool valid = j * (kPackedThreads / 8) < rows_left;
+    cp_async16(&dst[row][col], valid ? src + j * (kPackedThreads / 8) * kTileDim : tile_base, valid);
   }
   if (threadIdx.x < kTileDim) {
     const bool valid = c0 + static_cast<int>(threadIdx.x) < n_chunks;
-    cp_async4(&bias_dst[threadIdx.x], bias_head + (valid ? c0 + threadIdx.x : 0), valid);
+    cp_async4(&bias_dst[threadIdx.x], bias_head + (valid ? c0 + threadIdx.x : c0), valid);
   }
   cp_async_commit();
 }
@@ -579,10 +585,11 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   const int64_t t_last = t0 + kQueries - 1 < p.T - 1 ? t0 + kQueries - 1 : p.T - 1;
   const int n_tiles = (sh.n_cand[t_last - t0] + kTileDim - 1) / kTileDim;
   const float scale2 = p.scale * kLog2e;
-  // Stage `buf` <- k' and bias2 of head hg, chunks [c0, c0 + 64).
+  // Stage `buf` <- k' and bias2 of head g G + hg, chunks [c0, c0 + 64).
+  const __nv_bfloat16* key_group = key_bf16 + g * G * n_chunks * kTileDim;
+  const float* bias_group = bias2 + g * G * n_chunks;
   auto issue = [&](int hg, int c0, int buf) {
-    const int64_t h = g * G + hg;
-    issue_tile(tile[buf], bias_tile[buf], key_bf16 + h * n_chunks * kTileDim, bias2 + h * n_chunks,
+    issue_tile(tile[buf], bias_tile[buf], key_group + hg * n_chunks * kTileDim, bias_group + hg * n_chunks,
                c0, static_cast<int>(n_chunks));
   };
   uint32_t qa[4][4], qn[4][4];
@@ -593,11 +600,12 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
     float m[2], l[2];
     float slot_max[8][2];  // kBound: running max of s2 per column slot and row of the current head
     issue(0, 0, 0);
-    for (int step = 0; step < steps; ++step) {
-      const int hg = step / n_tiles;
-      const int tile_i = step % n_tiles;
+    // (hg, tile_i): the step's head and tile, advanced by counters (no division per step).
+    for (int step = 0, hg = 0, tile_i = 0; step < steps; ++step) {
       const int c0 = tile_i * kTileDim;
       const int64_t h = g * G + hg;
+      const int next_tile = tile_i + 1 == n_tiles ? 0 : tile_i + 1;
+      const int next_hg = next_tile == 0 ? hg + 1 : hg;
       if (tile_i == 0) {
         load_query_fragments(qa, p, h, t);
         m[0] = m[1] = kNegInf, l[0] = l[1] = 0.0f;
@@ -607,9 +615,9 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
       }
       cp_async_wait_all();
       __syncthreads();
-      if (step + 1 < steps) issue((step + 1) / n_tiles, ((step + 1) % n_tiles) * kTileDim, (step + 1) % 2);
-      qk_tile(s, qa, tile[step % 2]);
-      scale_and_mask(s, bias_tile[step % 2], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
+      if (step + 1 < steps) issue(next_hg, next_tile * kTileDim, (step + 1) & 1);
+      qk_tile(s, qa, tile[step & 1]);
+      scale_and_mask(s, bias_tile[step & 1], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
       accumulate_mass(s, m, l);
       if (kBound)
 #pragma unroll
@@ -637,6 +645,7 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
               v = fmaxf(v, term);
             }
       }
+      hg = next_hg, tile_i = next_tile;
     }
   }
   __syncthreads();
@@ -667,6 +676,7 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
     for (int step = 0; step < steps; ++step) {
       const int hg = step % G;
       const int c0 = (step / G) * kTileDim;
+      const int next_hg = (step + 1) % G;
 #pragma unroll
       for (int a = 0; a < 4; ++a)
 #pragma unroll
@@ -674,9 +684,9 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
       cp_async_wait_all();
       __syncthreads();
       if (step + 1 < steps) {
-        issue((step + 1) % G, ((step + 1) / G) * kTileDim, (step + 1) % 2);
+        issue(next_hg, ((step + 1) / G) * kTileDim, (step + 1) & 1);
         if (G > 1) {
-          const int64_t off = ((step + 1) % G) * head_stride;
+          const int64_t off = next_hg * head_stride;
           load_q_fragments(qn, qrow[0] ? qrow[0] + off : nullptr, qrow[1] ? qrow[1] + off : nullptr);
         }
       }
@@ -686,8 +696,8 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
 #pragma unroll
           for (int e = 0; e < 4; ++e) r[nt][e] = p.group_rule == kGroupSumProbabilities ? 0.0f : kNegInf;
       }
-      qk_tile(s, qa, tile[step % 2]);
-      const float* b2 = bias_tile[step % 2];
+      qk_tile(s, qa, tile[step & 1]);
+      const float* b2 = bias_tile[step & 1];
       const float z[2] = {sh.log_z[hg * kQueries + row[0]], sh.log_z[hg * kQueries + row[1]]};
       // One loop per group rule (the rule is uniform: no branch per element).
       if (p.group_rule == kGroupMaxNormalized) {
