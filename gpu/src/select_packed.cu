@@ -29,6 +29,9 @@ __device__ __forceinline__ float fast_log2(float x) {
   return y;
 }
 
+// The largest float below x (-inf stays -inf): r > floor_of(x) <=> r >= x for every float r.
+__device__ __forceinline__ float floor_of(float x) { return x == kNegInf ? x : nextafterf(x, kNegInf); }
+
 // log2 Z_hat = log2(2^swa2 + l 2^m): running sum (m, l) of 2^s2 joined with the window's mass.
 __device__ __forceinline__ float log2_normalizer(float m, float l, float swa2) {
   const float top = fmaxf(m, swa2);
@@ -37,12 +40,15 @@ __device__ __forceinline__ float log2_normalizer(float m, float l, float swa2) {
 }
 
 // Running base-2 log-sum-exp of the warp's two rows (m, l: max and scaled sum) over a tile.
-__device__ __forceinline__ void accumulate_mass(const float (&s)[8][4], float (&m)[2], float (&l)[2]) {
+// lane_max (optional): this lane's maximum of each row over its 16 columns of the tile.
+__device__ __forceinline__ void accumulate_mass(const float (&s)[8][4], float (&m)[2], float (&l)[2],
+                                                float* lane_max = nullptr) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float tile_max = kNegInf;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
+    if (lane_max != nullptr) lane_max[i] = tile_max;
     tile_max = quad_max(tile_max);
     const float m_new = fmaxf(m[i], tile_max);
     const float m_use = m_new == kNegInf ? 0.0f : m_new;
@@ -95,25 +101,19 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[8][4], const float* bi
 }
 
 // k' rows [c0, c0 + 64) of one head (bf16, [n_chunks, 64]) into a padded tile, and its 64
-// biases, through the copy engine (zeros past n_chunks). Thread x copies the 16-byte segment
-// x % 8 of rows x / 8 + 16 j: one base address per call, the rows at fixed offsets from it
-// (rows past n_chunks read row c0, which exists, with a source size of 0).
+// biases, through the copy engine (zeros past n_chunks); 32-bit offsets from the head's base.
 __device__ __forceinline__ void issue_tile(__nv_bfloat16 (*dst)[kTilePitch], float* bias_dst,
                                            const __nv_bfloat16* key_head, const float* bias_head,
                                            int c0, int n_chunks) {
-  const int row0 = threadIdx.x / 8, col = (threadIdx.x % 8) * 8;
-  const __nv_bfloat16* tile_base = key_head + c0 * kTileDim;
-  const __nv_bfloat16* src = tile_base + row0 * kTileDim + col;
-  const int rows_left = n_chunks - c0 - row0;
 #pragma unroll
   for (int j = 0; j < kTileDim * 8 / kPackedThreads; ++j) {
-    const int row = row0 + j * (kPackedThreads / 8);
-    const bool valid = j * (kPackedThreads / 8) < rows_left;
-    cp_async16(&dst[row][col], valid ? src + j * (kPackedThreads / 8) * kTileDim : tile_base, valid);
+    const int seg = threadIdx.x + kPackedThreads * j, row = seg / 8, col = (seg % 8) * 8;
+    const bool valid = c0 + row < n_chunks;
+    cp_async16(&dst[row][col], key_head + (valid ? (c0 + row) * kTileDim + col : 0), valid);
   }
   if (threadIdx.x < kTileDim) {
     const bool valid = c0 + static_cast<int>(threadIdx.x) < n_chunks;
-    cp_async4(&bias_dst[threadIdx.x], bias_head + (valid ? c0 + threadIdx.x : c0), valid);
+    cp_async4(&bias_dst[threadIdx.x], bias_head + (valid ? c0 + threadIdx.x : 0), valid);
   }
   cp_async_commit();
 }
@@ -124,14 +124,15 @@ __device__ __forceinline__ void issue_tile(__nv_bfloat16 (*dst)[kTilePitch], flo
 // While one query's tile row is offered, its list lives in registers (entries lane, lane + 32)
 // and each insertion is a ballot (its position) plus a one-lane shift.
 // r_row: the query's 64 tile values (sh.r row); value/index: its list of K entries.
+// floor (v6): candidates must also beat it (the float below the row's bound; -inf without).
 __device__ void offer_tile(const float* r_row, float* value, int32_t* index, int c0, int n_cand,
-                           int K) {
+                           int K, float floor = kNegInf) {
   const int lane = threadIdx.x % kWarp;
   const bool two = K > kWarp;
   float v0 = lane < K ? value[lane] : kNegInf, v1 = two && lane + kWarp < K ? value[lane + kWarp] : kNegInf;
   int32_t i0 = lane < K ? index[lane] : -1, i1 = two && lane + kWarp < K ? index[lane + kWarp] : -1;
   const int last_lane = (K - 1) % kWarp;
-  float theta = __shfl_sync(0xffffffffu, K > kWarp ? v1 : v0, last_lane);
+  float theta = fmaxf(__shfl_sync(0xffffffffu, K > kWarp ? v1 : v0, last_lane), floor);
   bool changed = false;
   for (int half = 0; half < 2; ++half) {
     const int c = c0 + half * kWarp + lane;
@@ -162,7 +163,7 @@ __device__ void offer_tile(const float* r_row, float* value, int32_t* index, int
       if (e0 == pos) v0 = rv, i0 = ci;
       else if (e0 > pos) v0 = up_v0, i0 = up_i0;
       if (e0 >= K) v0 = kNegInf, i0 = -1;
-      theta = __shfl_sync(0xffffffffu, K > kWarp ? v1 : v0, last_lane);
+      theta = fmaxf(__shfl_sync(0xffffffffu, K > kWarp ? v1 : v0, last_lane), floor);
       changed = true;
     }
   }
@@ -432,92 +433,16 @@ __device__ void write_selection(const LaunchParams& p, const SelectShared& sh, i
   }
 }
 
-// write_selection with one lane per slot (v6): the warp stages q~ of the query's G heads in fp32
-// (stage: G x 64 floats of the warp's own shared scratch), then lane e computes the whole dot
-// of slot e (16 x 16-byte loads of its contiguous key row, broadcast q~ reads). The eight
-// 8-dim partial sums are added in write_selection's order (its 3-step shuffle tree), so the
-// selected scores are the v4 kernel's bit for bit.
-__device__ void write_selection_by_lane(const LaunchParams& p, const SelectShared& sh, int q,
-                                        int64_t t, int64_t g, int G, const float* key,
-                                        const float* bias, float* stage, int32_t* selection,
-                                        float* selected_score) {
-  const int lane = threadIdx.x % kWarp;
-  const int K = static_cast<int>(p.K);
-  const int32_t* index = sh.index + q * K;
-  const int n = __popc(__ballot_sync(0xffffffffu, lane < K && index[lane] >= 0)) +
-                (K > kWarp ? __popc(__ballot_sync(0xffffffffu, lane + kWarp < K && index[lane + kWarp] >= 0)) : 0);
-  const int64_t n_chunks = p.T / p.S;
-  int32_t chunk[2];
-  int rank_of[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int e = lane + kWarp * i;
-    chunk[i] = e < n ? index[e] : -1;
-    int rank = e;
-    if (e < n) {
-      rank = 0;
-      for (int f = 0; f < n; ++f) rank += index[f] < chunk[i];
-    }
-    rank_of[i] = rank;
-    if (e < K) selection[(g * p.T + t) * K + rank] = chunk[i];
-  }
-  // q~ rows of the G heads, bf16 -> fp32, 8 dims per lane and step.
-  const auto* qr = static_cast<const __nv_bfloat16*>(p.q_retrieval);
-  for (int seg = lane; seg < G * 8; seg += kWarp) {
-    const int hg = seg / 8, part = seg % 8;
-    const uint4 raw = *reinterpret_cast<const uint4*>(qr + ((g * G + hg) * p.T + t) * kTileDim + 8 * part);
-    const __nv_bfloat162* q2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-    float4* dst = reinterpret_cast<float4*>(stage + hg * kTileDim + 8 * part);
-    const float2 a = __bfloat1622float2(q2[0]), b = __bfloat1622float2(q2[1]);
-    const float2 c = __bfloat1622float2(q2[2]), d = __bfloat1622float2(q2[3]);
-    dst[0] = make_float4(a.x, a.y, b.x, b.y);
-    dst[1] = make_float4(c.x, c.y, d.x, d.y);
-  }
-  __syncwarp();
-  for (int hg = 0; hg < G; ++hg) {
-    const int64_t h = g * G + hg;
-    const float4* qf = reinterpret_cast<const float4*>(stage + hg * kTileDim);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int e = lane + kWarp * i;
-      if (i == 1 && K <= kWarp) break;
-      float score = kNegInf;
-      if (e < n) {
-        const float4* row = reinterpret_cast<const float4*>(key + (h * n_chunks + chunk[i]) * kTileDim);
-        const float own_bias = bias[h * n_chunks + chunk[i]];
-        // Two halves of 8 loads (128 bytes) each: the loads of a half are in flight together.
-        float part[8];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float4 k[8];
-#pragma unroll
-          for (int j = 0; j < 8; ++j) k[j] = row[8 * half + j];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float4 q0 = qf[8 * half + 2 * j], q1 = qf[8 * half + 2 * j + 1];
-            const float4 k0 = k[2 * j], k1 = k[2 * j + 1];
-            part[4 * half + j] = q0.x * k0.x + q0.y * k0.y + q0.z * k0.z + q0.w * k0.w +
-                                 q1.x * k1.x + q1.y * k1.y + q1.z * k1.z + q1.w * k1.w;
-          }
-        }
-        const float sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-        score = p.scale * sum + own_bias;
-      }
-      if (e < K) selected_score[(h * p.T + t) * K + rank_of[i]] = score;
-    }
-  }
-  __syncwarp();
-}
-
-// Lower bound on a row's K-th group score (v6), from pass 1: each lane keeps, per row, the
-// running maximum of s2 over each of its 8 column slots (a slot = the column pair 2j, 2j + 1 of
-// a tile: chunks c with c mod 32 = j, disjoint sets), and at the end of head h folds
-// max(V[slot], term(slot max - log2 Z_hat_h)) into the row's V (term: identity for
-// max_normalized, 2^x for sum_probabilities). V[slot] is a term of the group score of one chunk
-// of that slot (the same arithmetic as pass 2), so it is at most that chunk's group score; the
-// 32 slots name 32 distinct chunks, so the K-th largest V is at most the K-th largest group
-// score. Pass 2 then drops candidates below it: none of them can be selected. 32 slots (not 64)
-// keep pass 1 within its 128 registers; so the bound needs K <= 32.
+// Lower bound on a row's K-th group score (v6), from pass 1. The row's candidate chunks are
+// split into 32 disjoint slots: chunk c of tile i, in the column quarter j = (c / 2) % 4 that
+// lane j of the row's quad holds, belongs to slot (4 i + j) % 32. While head h is scored, each
+// lane keeps in shared memory the running maximum of s2 over its slots (a free lane maximum of
+// pass 1's log-sum-exp); at the end of head h it folds max(V[slot], term(slot max - log2 Z_hat_h))
+// into the row's V (term: identity for max_normalized, 2^x for sum_probabilities, the same
+// arithmetic as pass 2). V[slot] is a term of the group score of one chunk of its slot, so it is
+// at most that chunk's group score; the 32 slots name 32 distinct chunks, so the K-th largest V
+// is at most the K-th largest group score, and pass 2 drops candidates below it: none of them
+// can be selected. Needs K <= 32; a row with fewer than K nonempty slots gets -inf (no bound).
 // v_row: the row's 32 V values; returns the K-th largest (1 <= K <= 32).
 __device__ float kth_largest_of_32(const float* v_row, int K) {
   const int lane = threadIdx.x % kWarp;
@@ -541,7 +466,7 @@ __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n, 
 }
 
 // kBound (v6): pass 1 also forms the lower bound of each row's K-th group score
-// (kth_largest_of_32), pass 2 drops candidates below it, and write_selection_by_lane writes.
+// (kth_largest_of_32) and pass 2 offers no candidate below it.
 // kQuad (v7, K <= 32): pass 2 offers through offer_tile_quads (8 rows of a warp at once,
 // unsorted sets) instead of offer_tile (one row at a time, sorted lists).
 template <int G, bool kBound, bool kQuad = false>
@@ -585,46 +510,49 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   const int64_t t_last = t0 + kQueries - 1 < p.T - 1 ? t0 + kQueries - 1 : p.T - 1;
   const int n_tiles = (sh.n_cand[t_last - t0] + kTileDim - 1) / kTileDim;
   const float scale2 = p.scale * kLog2e;
+  // With fewer than K nonempty slots (4 per tile) the bound is -inf: not formed at all.
+  const bool prune = bound && 4 * n_tiles >= K;
   // Stage `buf` <- k' and bias2 of head g G + hg, chunks [c0, c0 + 64).
-  const __nv_bfloat16* key_group = key_bf16 + g * G * n_chunks * kTileDim;
-  const float* bias_group = bias2 + g * G * n_chunks;
   auto issue = [&](int hg, int c0, int buf) {
-    issue_tile(tile[buf], bias_tile[buf], key_group + hg * n_chunks * kTileDim, bias_group + hg * n_chunks,
+    const int64_t h = g * G + hg;
+    issue_tile(tile[buf], bias_tile[buf], key_bf16 + h * n_chunks * kTileDim, bias2 + h * n_chunks,
                c0, static_cast<int>(n_chunks));
   };
   uint32_t qa[4][4], qn[4][4];
   float s[8][4];
   // Pass 1, step = (head, tile): log2 Z_hat(t,h) = log2(2^lse_swa2 + sum over V(t) of 2^s2).
   if (p.group_rule != GroupRule::max_raw && n_tiles > 0) {
-    const int steps = G * n_tiles;
     float m[2], l[2];
-    float slot_max[8][2];  // kBound: running max of s2 per column slot and row of the current head
     issue(0, 0, 0);
     // (hg, tile_i): the step's head and tile, advanced by counters (no division per step).
-    for (int step = 0, hg = 0, tile_i = 0; step < steps; ++step) {
+    for (int hg = 0, tile_i = 0, buf = 0; hg < G; buf ^= 1) {
       const int c0 = tile_i * kTileDim;
       const int64_t h = g * G + hg;
-      const int next_tile = tile_i + 1 == n_tiles ? 0 : tile_i + 1;
-      const int next_hg = next_tile == 0 ? hg + 1 : hg;
+      const bool last_tile = tile_i + 1 == n_tiles;
       if (tile_i == 0) {
         load_query_fragments(qa, p, h, t);
         m[0] = m[1] = kNegInf, l[0] = l[1] = 0.0f;
-        if (kBound)
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt) slot_max[nt][0] = slot_max[nt][1] = kNegInf;
       }
       cp_async_wait_all();
       __syncthreads();
-      if (step + 1 < steps) issue(next_hg, next_tile * kTileDim, (step + 1) & 1);
-      qk_tile(s, qa, tile[step & 1]);
-      scale_and_mask(s, bias_tile[step & 1], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
-      accumulate_mass(s, m, l);
-      if (kBound)
+      if (!last_tile) issue(hg, c0 + kTileDim, buf ^ 1);
+      else if (hg + 1 < G) issue(hg + 1, 0, buf ^ 1);
+      qk_tile(s, qa, tile[buf]);
+      scale_and_mask(s, bias_tile[buf], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
+      if (prune) {
+        // The running maximum of this lane's slot of the tile, columns 32 + slot of its sh.r rows.
+        float lane_max[2];
+        accumulate_mass(s, m, l, lane_max);
+        const int slot = (4 * tile_i + lane % 4) % kWarp;
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-          for (int i = 0; i < 2; ++i) slot_max[nt][i] = fmaxf(slot_max[nt][i], fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
-      if (tile_i == n_tiles - 1) {
+        for (int i = 0; i < 2; ++i) {
+          float& cur = sh.r[row[i] * kRPitch + kWarp + slot];
+          cur = fmaxf(cur, lane_max[i]);
+        }
+      } else {
+        accumulate_mass(s, m, l);
+      }
+      if (last_tile) {
         float z[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -633,23 +561,27 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
           if (lane % 4 == 0) sh.log_z[hg * kQueries + row[i]] = z[i];
         }
         // V[slot] = max over heads of the slot's best term (pass 2's arithmetic; a NaN from a
-        // row without any mass is ignored by fmaxf). Each (row, slot) belongs to one thread.
-        if (bound)
+        // row without any mass is ignored by fmaxf), and the slot maxima restart for the next
+        // head. Each (row, slot) belongs to one thread: slots lane % 4 + 4 j.
+        if (prune)
 #pragma unroll
-          for (int nt = 0; nt < 8; ++nt)
+          for (int j = 0; j < kWarp / 4; ++j)
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
-              const float x = slot_max[nt][i] - z[i];
+              float& cur = sh.r[row[i] * kRPitch + kWarp + lane % 4 + 4 * j];
+              const float x = cur - z[i];
               const float term = p.group_rule == kGroupSumProbabilities ? fast_exp2(x) : x;
-              float& v = sh.r[row[i] * kRPitch + nt * 4 + lane % 4];
+              float& v = sh.r[row[i] * kRPitch + lane % 4 + 4 * j];
               v = fmaxf(v, term);
+              cur = kNegInf;
             }
       }
-      hg = next_hg, tile_i = next_tile;
+      if (last_tile) tile_i = 0, ++hg;
+      else ++tile_i;
     }
   }
   __syncthreads();
-  if (bound) {
+  if (prune) {
     for (int j = 0; j < 16; ++j) {
       const int q = warp * 16 + j;
       const float kth = kth_largest_of_32(sh.r + q * kRPitch, K);
@@ -662,10 +594,10 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   if (n_tiles > 0) {
     const int steps = G * n_tiles;
     float r[8][4];
-    float theta[2] = {kNegInf, kNegInf};  // a candidate must beat this to enter (full list)
+    // A candidate must beat theta to enter: the list's K-th value or, with the bound (v6), the
+    // float below the row's bound if that is larger (r > floor_of(bound) <=> r >= bound).
+    float theta[2] = {prune ? floor_of(row_bound[row[0]]) : kNegInf, prune ? floor_of(row_bound[row[1]]) : kNegInf};
     int32_t theta_index[2] = {-1, -1};    // kQuad: the chunk of the row's worst entry
-    // kBound: candidates below the row's bound cannot be among its K best.
-    const float lower[2] = {bound ? row_bound[row[0]] : kNegInf, bound ? row_bound[row[1]] : kNegInf};
     issue(0, 0, 0);
     // Rows of q~ for head g G (null past T); head g G + hg is hg T 64 elements further.
     const auto* q0 = static_cast<const __nv_bfloat16*>(p.q_retrieval) + g * G * p.T * kTileDim;
@@ -734,12 +666,6 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
           for (int e = 0; e < 4; ++e)
             if (c0 + nt * 8 + (lane % 4) * 2 + (e % 2) >= n_cand[e / 2]) r[nt][e] = kNegInf;
       }
-      if (bound)
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (r[nt][e] < lower[e / 2]) r[nt][e] = kNegInf;
       if (kQuad) {
         // Pending bits per row half: values ranked ahead of the row's worst entry.
         unsigned pending[2] = {0u, 0u};
@@ -782,21 +708,18 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
       // Each warp ranks its own 16 queries: no block barrier needed for sh.r rows.
       for (unsigned pending = rows; pending != 0u; pending &= pending - 1) {
         const int q = warp * 16 + __ffs(pending) - 1;
-        offer_tile(sh.r + q * kRPitch, sh.value + q * K, sh.index + q * K, c0, sh.n_cand[q], K);
+        offer_tile(sh.r + q * kRPitch, sh.value + q * K, sh.index + q * K, c0, sh.n_cand[q], K,
+                   prune ? floor_of(row_bound[q]) : kNegInf);
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        theta[i] = sh.value[row[i] * K + K - 1];
+        theta[i] = fmaxf(sh.value[row[i] * K + K - 1], prune ? floor_of(row_bound[row[i]]) : kNegInf);
     }
   }
   __syncthreads();
   for (int q = warp * 16; q < warp * 16 + 16; ++q) {
     if (t0 + q >= p.T) continue;
-    if (kBound)
-      write_selection_by_lane(p, sh, q, t0 + q, g, G, key, bias, sh.r + warp * 16 * kRPitch, selection,
-                              selected_score);
-    else
-      write_selection(p, sh, q, t0 + q, g, G, key, bias, selection, selected_score);
+    write_selection(p, sh, q, t0 + q, g, G, key, bias, selection, selected_score);
   }
 }
 
