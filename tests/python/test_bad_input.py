@@ -99,6 +99,10 @@ def test_spec_errors(good):
     check(ValueError, lambda: hils.verify({"preset": "full", "scale": float("nan")}, q, k, v, out), "spec")
     check(TypeError, lambda: hils.verify("full", q, k, v, out), "spec: expected a dict")
     check(TypeError, lambda: hils.verify({"preset": "full", "S": object()}, q, k, v, out), "spec")
+    # A K whose outputs cannot fit names the spec's K, not the C++ option struct.
+    with pytest.raises(ValueError) as raised:
+        hils.reference(case_spec("naive_bsa", "gqa_group4") | {"K": 10**12}, q, k, v)
+    assert "spec.K" in str(raised.value) and "RunOptions" not in str(raised.value), str(raised.value)
     # numpy scalars are fine in a spec.
     assert hils.verify({"preset": "full", "S": np.int64(8), "W": np.int32(16), "K": 4}, q, k, v, out).passed
 
@@ -115,6 +119,30 @@ def test_other_argument_errors(good):
     sel = np.full((2, 131, 4), -5)
     check(ValueError, lambda: hils.verify(case_spec("naive_bsa", "gqa_group4"), q, k, v, {"selection": sel}),
           'outputs["selection"]: expected chunk indices >= -1, found -5')
+
+
+class MetaTensor:
+    """Stands in for a torch tensor numpy cannot hold (sparse, meta device): torch raises
+    its own RuntimeError or NotImplementedError on .numpy()."""
+    __module__ = "torch"
+
+    def detach(self):
+        return self
+
+    def is_floating_point(self):
+        return True
+
+    dtype = "torch.float32"
+
+    def cpu(self):
+        raise NotImplementedError("Could not run 'aten::_to_copy' with arguments from the 'Meta' backend")
+
+
+def test_a_tensor_numpy_cannot_hold_is_a_type_error_naming_the_argument(good):
+    q, k, v, out = good
+    # Was torch's NotImplementedError, naming neither the argument nor what was expected.
+    check(TypeError, lambda: hils.verify(SPEC, q, MetaTensor(), v, out),
+          "k: expected a dense torch tensor of numbers", "Meta")
 
 
 def test_odd_layouts_give_the_same_verdict(good):
