@@ -161,68 +161,6 @@ WindowResult<Scalar> block_attention(const Matrix<Scalar>& q_rows,
   return out;
 }
 
-namespace {
-
-// Writes L(t,c) = LSE over the chunk's tokens into masses(i, c) for the block rows i that have
-// chunk c among their candidates. logits_by_key: [keys x n], the chunk's tokens are its rows
-// [first_row, first_row + tokens). Reduces down the key rows so every step is a vector
-// operation over the n queries; the sum runs over the tokens in slot order.
-template <class Scalar>
-void chunk_log_mass_by_key(const Matrix<Scalar>& logits_by_key, int64_t first_row,
-                           int64_t tokens, int64_t chunk,
-                           const std::vector<int64_t>& candidates, std::vector<Scalar>& top,
-                           std::vector<Scalar>& total, Matrix<Scalar>& masses) {
-  const int64_t n = masses.rows();
-  Scalar* const top_of = top.data();
-  Scalar* const total_of = total.data();
-  std::copy_n(logits_by_key.row(first_row).data(), n, top_of);
-  for (int64_t r = 1; r < tokens; ++r) {
-    const Scalar* const logit = logits_by_key.row(first_row + r).data();
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) top_of[i] = std::max(top_of[i], logit[i]);
-  }
-  std::fill_n(total_of, n, Scalar(0));
-  for (int64_t r = 0; r < tokens; ++r) {
-    const Scalar* const logit = logits_by_key.row(first_row + r).data();
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) total_of[i] += exp_nonpositive(logit[i] - top_of[i]);
-  }
-  for (int64_t i = 0; i < n; ++i)
-    if (chunk < candidates[static_cast<size_t>(i)])
-      masses(i, chunk) = top_of[i] + std::log(total_of[i]);
-}
-
-}  // namespace
-
-template <class Scalar>
-Matrix<Scalar> block_chunk_log_mass(const Matrix<Scalar>& q_rows,
-                                    const std::vector<int64_t>& queries,
-                                    const QueryBlock& block, const Matrix<Scalar>& k,
-                                    const Geometry& geometry, Scalar scale) {
-  const int64_t n = block.size(), S = geometry.S(), tokens = geometry.tokens_per_chunk();
-  Matrix<Scalar> masses = Matrix<Scalar>::Constant(n, geometry.n_chunks(), neg_inf<Scalar>());
-  std::vector<int64_t> candidates(static_cast<size_t>(n));
-  int64_t max_candidates = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    candidates[static_cast<size_t>(i)] =
-        geometry.candidate_count(queries[static_cast<size_t>(block.begin + i)]);
-    max_candidates = std::max(max_candidates, candidates[static_cast<size_t>(i)]);
-  }
-  // q^T scaled once: the product below is keys x queries, one key per row.
-  const Matrix<Scalar> q_scaled_t = (q_rows * scale).transpose();
-  const int64_t chunks_per_product = std::max<int64_t>(1, kKeyBlock / S);
-  Matrix<Scalar> logits_by_key;
-  std::vector<Scalar> top(static_cast<size_t>(n)), total(static_cast<size_t>(n));
-  for (int64_t c0 = 0; c0 < max_candidates; c0 += chunks_per_product) {
-    const int64_t count = std::min(chunks_per_product, max_candidates - c0);
-    logits_by_key.noalias() = k.middleRows(c0 * S, count * S) * q_scaled_t;
-    // The attendable tokens of a chunk are its first `tokens` slots (the landmark is last).
-    for (int64_t c = 0; c < count; ++c)
-      chunk_log_mass_by_key(logits_by_key, c * S, tokens, c0 + c, candidates, top, total, masses);
-  }
-  return masses;
-}
-
 template <class Scalar>
 Matrix<Scalar> block_surrogate_scores(const Matrix<Scalar>& q_retrieval_rows,
                                       const std::vector<int64_t>& queries,
@@ -260,9 +198,6 @@ ChunkAttention<Scalar> attend_chunk(const Eigen::Ref<const Vector<Scalar>>& q_ro
   template WindowResult<S> block_attention<S>(const Matrix<S>&, const std::vector<int64_t>&, \
                                               const QueryBlock&, const Matrix<S>&,          \
                                               const Matrix<S>&, const Geometry&, S, bool);  \
-  template Matrix<S> block_chunk_log_mass<S>(const Matrix<S>&, const std::vector<int64_t>&, \
-                                             const QueryBlock&, const Matrix<S>&,           \
-                                             const Geometry&, S);                           \
   template Matrix<S> block_surrogate_scores<S>(                                             \
       const Matrix<S>&, const std::vector<int64_t>&, const QueryBlock&,                     \
       const ChunkSummaries<S>&, const Geometry&, S);                                        \
