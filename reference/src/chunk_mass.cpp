@@ -1,5 +1,7 @@
 #include "chunk_mass.hpp"
 
+#include "tiles.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -57,52 +59,7 @@ void plain_chunk_log_mass(const Matrix<Scalar>& q_rows, const std::vector<int64_
   }
 }
 
-#ifdef HILS_FUSED_CHUNK_MASS
-
-constexpr int kLanes = 8;         // doubles per AVX-512 register
-constexpr int kTileQueries = 3;   // queries per register tile
-constexpr int kTileVectors = 8;   // key vectors per register tile: 3 x 8 accumulators of 32
-
-// acc[q][v] = logits of queries q (rows of q_scaled, `d` apart) with the panel's keys
-// [8v, 8v + 8) of this tile: sum over the d dimensions in order, one FMA each.
-template <int kQ, int kV>
-void logit_tile(const double* q_scaled, int64_t d, const double* panel, int64_t width,
-                double* out, int64_t out_stride) {
-  __m512d acc[kQ][kV];
-  for (int q = 0; q < kQ; ++q)
-    for (int v = 0; v < kV; ++v) acc[q][v] = _mm512_setzero_pd();
-  for (int64_t dim = 0; dim < d; ++dim) {
-    __m512d query[kQ];
-    for (int q = 0; q < kQ; ++q) query[q] = _mm512_set1_pd(q_scaled[q * d + dim]);
-    const double* keys = panel + dim * width;
-    for (int v = 0; v < kV; ++v) {
-      const __m512d key = _mm512_loadu_pd(keys + v * kLanes);
-      for (int q = 0; q < kQ; ++q) acc[q][v] = _mm512_fmadd_pd(query[q], key, acc[q][v]);
-    }
-  }
-  for (int q = 0; q < kQ; ++q)
-    for (int v = 0; v < kV; ++v) _mm512_storeu_pd(out + q * out_stride + v * kLanes, acc[q][v]);
-}
-
-// The logits of kQ queries with the chunk's `width` keys (a multiple of 8) into out[q][width].
-template <int kQ>
-void chunk_logits(const double* q_scaled, int64_t d, const double* panel, int64_t width,
-                  double* out) {
-  for (int64_t v0 = 0; v0 < width / kLanes; v0 += kTileVectors) {
-    const double* keys = panel + v0 * kLanes;
-    double* dest = out + v0 * kLanes;
-    switch (std::min<int64_t>(kTileVectors, width / kLanes - v0)) {
-      case 1: logit_tile<kQ, 1>(q_scaled, d, keys, width, dest, width); break;
-      case 2: logit_tile<kQ, 2>(q_scaled, d, keys, width, dest, width); break;
-      case 3: logit_tile<kQ, 3>(q_scaled, d, keys, width, dest, width); break;
-      case 4: logit_tile<kQ, 4>(q_scaled, d, keys, width, dest, width); break;
-      case 5: logit_tile<kQ, 5>(q_scaled, d, keys, width, dest, width); break;
-      case 6: logit_tile<kQ, 6>(q_scaled, d, keys, width, dest, width); break;
-      case 7: logit_tile<kQ, 7>(q_scaled, d, keys, width, dest, width); break;
-      default: logit_tile<kQ, 8>(q_scaled, d, keys, width, dest, width); break;
-    }
-  }
-}
+#ifdef HILS_FUSED_KERNELS
 
 // LSE of logits[0, tokens) (logits padded to a multiple of 8, in L1): the maximum, then the
 // sum of exp(logit - maximum) lane by lane in key order, the 8 lanes added in a fixed order.
@@ -156,71 +113,16 @@ void fused_chunk_log_mass(const Matrix<double>& q_rows, const std::vector<int64_
   }
 }
 
-// The table of exp_nonpositive8: 2^(j/16) = head[j] + tail[j], j = 0..15.
-struct ExpTable {
-  alignas(64) double head[16];
-  alignas(64) double tail[16];
-  ExpTable() {
-    for (int j = 0; j < 16; ++j) {
-      const long double value = std::exp2l(static_cast<long double>(j) / 16);
-      head[j] = static_cast<double>(value);
-      tail[j] = static_cast<double>(value - head[j]);
-    }
-  }
-};
-const ExpTable kExpTable;
-
-#endif  // HILS_FUSED_CHUNK_MASS
+#endif  // HILS_FUSED_KERNELS
 
 }  // namespace
-
-#ifdef HILS_FUSED_CHUNK_MASS
-__m512d exp_nonpositive8(__m512d x) {
-  constexpr double kSixteenLog2e = 23.083120654223414517;  // 16 / ln 2
-  // ln2/16 in two parts: the head has 32 significant bits, so k * head is exact for |k| < 2^21.
-  constexpr double kHead = 6.93147180369123816490e-01 / 16;
-  constexpr double kTail = 1.90821492927058770002e-10 / 16;
-  constexpr double kRoundingShift = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
-  const __m512d underflow = _mm512_set1_pd(-708.0);
-  // max(a, b) returns b when either is NaN: NaN goes through to the result.
-  const __m512d clamped = _mm512_max_pd(underflow, x);
-  const __m512d shift = _mm512_set1_pd(kRoundingShift);
-  const __m512d shifted = _mm512_fmadd_pd(clamped, _mm512_set1_pd(kSixteenLog2e), shift);
-  const __m512d k = _mm512_sub_pd(shifted, shift);
-  __m512d r = _mm512_fnmadd_pd(k, _mm512_set1_pd(kHead), clamped);
-  r = _mm512_fnmadd_pd(k, _mm512_set1_pd(kTail), r);
-  // q = exp(r) - 1 = r + r^2/2! + ... + r^7/7!, Horner's rule.
-  __m512d p = _mm512_set1_pd(1.0 / 5040);
-  p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0 / 720));
-  p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0 / 120));
-  p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0 / 24));
-  p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0 / 6));
-  p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(0.5));
-  p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0));
-  const __m512d q = _mm512_mul_pd(p, r);
-  // The low bits of `shifted` hold k = 16 n + j.
-  const __m512i k_bits = _mm512_sub_epi64(_mm512_castpd_si512(shifted), _mm512_castpd_si512(shift));
-  const __m512i j = _mm512_and_si512(k_bits, _mm512_set1_epi64(15));
-  const __m512i n = _mm512_srai_epi64(k_bits, 4);
-  const __m512d head_lo = _mm512_loadu_pd(kExpTable.head), head_hi = _mm512_loadu_pd(kExpTable.head + 8);
-  const __m512d tail_lo = _mm512_loadu_pd(kExpTable.tail), tail_hi = _mm512_loadu_pd(kExpTable.tail + 8);
-  const __m512d head = _mm512_permutex2var_pd(head_lo, j, head_hi);
-  const __m512d tail = _mm512_permutex2var_pd(tail_lo, j, tail_hi);
-  // 2^(j/16) (1 + q), then times 2^n: exact, as the result is normal for x >= -708.
-  const __m512d mantissa = _mm512_add_pd(_mm512_fmadd_pd(head, q, tail), head);
-  const __m512d two_to_n =
-      _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_add_epi64(n, _mm512_set1_epi64(1023)), 52));
-  const __mmask8 below = _mm512_cmp_pd_mask(x, underflow, _CMP_LT_OQ);
-  return _mm512_maskz_mul_pd(static_cast<__mmask8>(~below), mantissa, two_to_n);
-}
-#endif
 
 template <class Scalar>
 ChunkKeys<Scalar> prepare_chunk_keys(const Matrix<Scalar>& k, const Geometry& geometry,
                                      bool fused) {
   ChunkKeys<Scalar> keys;
   keys.k = &k;
-#ifdef HILS_FUSED_CHUNK_MASS
+#ifdef HILS_FUSED_KERNELS
   if constexpr (std::is_same_v<Scalar, double>) {
     if (!fused) return keys;
     const int64_t d = k.cols(), S = geometry.S(), tokens = geometry.tokens_per_chunk();
@@ -252,7 +154,7 @@ Matrix<Scalar> block_chunk_log_mass(const Matrix<Scalar>& q_rows,
         geometry.candidate_count(queries[static_cast<size_t>(block.begin + i)]);
     max_candidates = std::max(max_candidates, candidates[static_cast<size_t>(i)]);
   }
-#ifdef HILS_FUSED_CHUNK_MASS
+#ifdef HILS_FUSED_KERNELS
   if constexpr (std::is_same_v<Scalar, double>) {
     if (!keys.panels.empty()) {
       fused_chunk_log_mass(q_rows, candidates, max_candidates, keys, geometry, scale, masses);

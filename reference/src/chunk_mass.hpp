@@ -5,14 +5,14 @@
 //   chunk's keys are computed for a few queries at a time by a register-blocked kernel that
 //   reads the keys from panels prepared once per key matrix (no per-block packing); the chunk's
 //   max, exponentials and sum follow while its logits are in L1. Its exponential is
-//   exp_nonpositive8 (table of 2^(j/16) plus a degree-7 polynomial, ~12 FMAs per 8 values
-//   instead of ~17), so that at d = 64 the exponentials cost about a fifth of the products.
+//   exp_nonpositive8 (tiles.hpp), so that at d = 64 the exponentials cost about a fifth of the
+//   products.
 // - plain (every other type, or no AVX-512): Eigen products over 256 keys, then the same
 //   reductions with exp_nonpositive (blocks.hpp).
 //
 // Both reduce each chunk in key order inside one query's computation, so results do not depend
 // on the number of threads; the two differ from each other by rounding only (tested:
-// tests/reference/test_chunk_mass.cpp).
+// tests/reference/test_fused_kernels.cpp).
 #pragma once
 
 #include <cstdint>
@@ -22,10 +22,7 @@
 
 #include "blocks.hpp"
 
-#if defined(__AVX512F__)
-#define HILS_FUSED_CHUNK_MASS 1
-#include <immintrin.h>
-#endif
+#include "tiles.hpp"
 
 namespace hils::detail {
 
@@ -54,21 +51,11 @@ Matrix<Scalar> block_chunk_log_mass(const Matrix<Scalar>& q_rows,
 
 // Whether this build has the fused kernel.
 constexpr bool fused_chunk_mass_built() {
-#ifdef HILS_FUSED_CHUNK_MASS
+#ifdef HILS_FUSED_KERNELS
   return true;
 #else
   return false;
 #endif
 }
-
-#ifdef HILS_FUSED_CHUNK_MASS
-// exp(x) of 8 values x <= 0 (a logit minus its chunk's maximum). x = (16 n + j) ln2/16 + r with
-// |r| <= ln2/32; exp(x) = 2^n (T_j + T_j q(r) + t_j), where T_j + t_j is 2^(j/16) to ~2^-64
-// (head and tail, from exp2l) and q(r) = exp(r) - 1 is its degree-7 Taylor polynomial
-// (truncation < 2^-59 relative). Worst error measured against std::exp over [-708, 0]: see
-// tests/reference/test_exp.cpp (<= 1 ulp asserted). Below -708, and at -inf, exactly 0; NaN
-// stays NaN.
-__m512d exp_nonpositive8(__m512d x);
-#endif
 
 }  // namespace hils::detail

@@ -8,6 +8,7 @@
 
 #include "blocks.hpp"
 #include "chunk_mass.hpp"
+#include "tiles.hpp"
 
 using hils::detail::exp_nonpositive;
 
@@ -41,7 +42,7 @@ TEST_CASE("exp_nonpositive is exact at 0 and 0 below the normal range and at -in
   CHECK(std::isnan(exp_nonpositive(std::numeric_limits<double>::quiet_NaN())));
 }
 
-#ifdef HILS_FUSED_CHUNK_MASS
+#ifdef HILS_FUSED_KERNELS
 namespace {
 
 // exp_nonpositive8 of 8 values, back as doubles.
