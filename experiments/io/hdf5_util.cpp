@@ -428,8 +428,19 @@ void require_writable_folder(const std::filesystem::path& final_path) {
 }
 
 
+std::filesystem::path output_target(const std::filesystem::path& path) {
+  std::filesystem::path target = path;
+  std::error_code ec;
+  for (int hop = 0; hop < 40 && std::filesystem::is_symlink(target, ec); ++hop) {
+    const auto next = std::filesystem::read_symlink(target, ec);
+    if (ec) break;
+    target = next.is_absolute() ? next : target.parent_path() / next;
+  }
+  return target;
+}
+
 TempFile::TempFile(const std::filesystem::path& final_path)
-    : final_(final_path), temp_(temp_name_for(final_path)) {
+    : final_(output_target(final_path)), temp_(temp_name_for(final_)) {
   require_writable_folder(final_);
   // Create it now so that permission problems surface before any work is done.
   register_temp(temp_);
@@ -619,7 +630,7 @@ int acquire_lock_file(const std::filesystem::path& final_path, const std::filesy
 }  // namespace
 
 OutputLock::OutputLock(const std::filesystem::path& final_path, const std::string& holder)
-    : key_(lock_path_for(final_path).string()) {
+    : key_(lock_path_for(output_target(final_path)).string()) {
   require_writable_folder(final_path);
   std::lock_guard<std::mutex> guard(g_locks_mutex);
   HeldLock& held = held_locks()[key_];

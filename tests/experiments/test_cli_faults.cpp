@@ -434,6 +434,24 @@ TEST_CASE("a report cut short on the standard output (full disk) is exit 2, not 
   CHECK_THAT(cut.output, Catch::Contains("expected room to write the standard output"));
 }
 
+TEST_CASE("an output path that is a symlink is written through, the link kept", "[cli][faults]") {
+  // Was: the link replaced by a regular file holding the new results, its target left stale.
+  TempDir dir("output_symlink");
+  auto acts = write_small(dir);
+  fs::create_directory(dir / "store");
+  const auto target = dir / "store" / "results.h5";
+  REQUIRE(run_hils("run " + q(acts) + " -o " + q(target) + kFirstArgs).exit_code == 0);
+  const std::string first = bytes_of(target);
+  fs::create_symlink(fs::path("store") / "results.h5", dir / "link.h5");
+  auto r = run_hils("run " + q(acts) + " -o " + q(dir / "link.h5") + kRunArgs + " --resume");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(fs::is_symlink(dir / "link.h5"));
+  CHECK(bytes_of(target) != first);  // the resumed run's second mechanism is in the target
+  CHECK(count_temp_files(dir.path()) + count_temp_files(dir / "store") == 0);
+  CHECK(count_lock_files(dir.path()) + count_lock_files(dir / "store") == 0);
+}
+
 TEST_CASE("an OMP_NUM_THREADS beyond what the machine can run is not a crash", "[cli][faults]") {
   // Was SIGSEGV inside libgomp (GOMP_parallel) creating a team of 100000 threads.
   TempDir dir("huge_team");
