@@ -358,8 +358,8 @@ H5::DataSet write_text(H5::Group& location, const std::string& name, const std::
 
 namespace {
 
-// Temporary files alive right now, so that SIGINT/SIGTERM/SIGHUP can remove them before the
-// process dies (destructors do not run on a signal). Fixed storage: the handler may only call
+// Temporary files alive right now, so that SIGINT/SIGTERM/SIGHUP/SIGQUIT can remove them before
+// the process dies (destructors do not run on a signal). Fixed storage: the handler may only call
 // async-signal-safe functions.
 constexpr int kMaxLiveTemps = 32;
 constexpr size_t kMaxPathBytes = 4096;
@@ -377,8 +377,14 @@ void install_signal_cleanup() {
   static bool installed = false;
   if (installed) return;
   installed = true;
-  for (int signal_number : {SIGINT, SIGTERM, SIGHUP})
+  for (int signal_number : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+    // A signal the caller ignores stays ignored: `nohup hils ...` must survive the hangup, and
+    // a background job of a script ignores Ctrl-C.
+    struct sigaction current {};
+    if (::sigaction(signal_number, nullptr, &current) == 0 && current.sa_handler == SIG_IGN)
+      continue;
     std::signal(signal_number, remove_live_temps_and_die);
+  }
 }
 
 void register_temp(const std::filesystem::path& path) {
