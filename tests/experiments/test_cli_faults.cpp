@@ -483,7 +483,7 @@ int signal_during_write(const fs::path& folder, const std::vector<std::string>& 
   return status;
 }
 
-TEST_CASE("a hangup that nohup ignores stays ignored; SIGQUIT removes the temporary file",
+TEST_CASE("a hangup that nohup ignores stays ignored, and SIGQUIT removes the temporary file",
           "[cli][faults]") {
   // hils installs handlers that remove its temporary files; it replaced nohup's SIG_IGN, so
   // `nohup hils ...` died when the terminal closed. SIGQUIT (Ctrl-\) left the temporary file.
