@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 #include <set>
+#include <sstream>
 
 #include "hils/analysis/oracle.hpp"
 #include "oracle_gradients.hpp"
@@ -126,19 +127,36 @@ struct Context {
   std::vector<Matrix<double>> conditioning;  // per KV group: score_conditioning
 };
 
-// Inputs in double -> the same inputs rounded to float (the baseline's inputs).
+// Inputs in double -> the same inputs rounded to float (the baseline's inputs). A value beyond
+// float's range would become Inf there: refused, naming it (a kernel's fp32 or bf16 inputs
+// cannot hold it either).
 AttentionInputs<float> to_float(const AttentionInputs<double>& in) {
   AttentionInputs<float> out;
-  auto cast = [](const std::vector<Matrix<double>>& heads) {
+  auto cast = [](const std::vector<Matrix<double>>& heads, const std::string& name) {
+    constexpr double kFloatMax = std::numeric_limits<float>::max();
     std::vector<Matrix<float>> r;
-    for (const auto& x : heads) r.push_back(x.cast<float>());
+    for (size_t h = 0; h < heads.size(); ++h) {
+      const Matrix<double>& x = heads[h];
+      if (x.size() > 0 && x.cwiseAbs().maxCoeff() > kFloatMax) {
+        Eigen::Index i = 0, j = 0;
+        x.cwiseAbs().maxCoeff(&i, &j);
+        std::ostringstream found;
+        found.precision(3);
+        found << x(i, j);
+        throw InvalidArgument(name + "[" + std::to_string(h) + "](" + std::to_string(i) + ", " +
+                              std::to_string(j) + "): expected a value within float's range "
+                              "(|x| <= 3.4e38: the kernel's inputs are fp32 or bf16), got " +
+                              found.str());
+      }
+      r.push_back(x.cast<float>());
+    }
     return r;
   };
-  out.q = cast(in.q);
-  out.k = cast(in.k);
-  out.v = cast(in.v);
-  out.q_retrieval = cast(in.q_retrieval);
-  out.prior = cast(in.prior);
+  out.q = cast(in.q, "q");
+  out.k = cast(in.k, "k");
+  out.v = cast(in.v, "v");
+  out.q_retrieval = cast(in.q_retrieval, "q_retrieval");
+  out.prior = cast(in.prior, "prior");
   return out;
 }
 
@@ -515,24 +533,39 @@ std::vector<IndexMatrix> compare_selection(const Context& ctx, const KernelOutpu
   return merged;
 }
 
-// Variance of the error of rounding x to bf16 (to nearest): uniform within +-ulp(x)/2.
-double bf16_rounding_variance(double x) {
+// The spacing of bf16 numbers at x: |x| in [2^(e-1), 2^e) keeps 8 significant bits, ulp = 2^(e-8).
+double bf16_ulp(double x) {
   if (x == 0.0 || !std::isfinite(x)) return 0.0;
   int exponent = 0;
-  std::frexp(x, &exponent);  // |x| in [2^(e-1), 2^e): 8 significant bits leave ulp = 2^(e-8)
-  return Tolerances::kRoundingVariance * std::ldexp(1.0, 2 * (exponent - 8));
+  std::frexp(x, &exponent);
+  return std::ldexp(1.0, exponent - 8);
 }
 
-// The same for a value stored in fp32 (24 significant bits): a kernel whose stored lse are not
-// all bf16 numbers did not round them to bf16.
+// Variance of the error of rounding x to bf16: uniform within +-ulp(x)/2 to nearest, within
+// (-ulp, 0] toward zero; either way ulp^2 / 12 about its mean.
+double bf16_rounding_variance(double x) {
+  const double ulp = bf16_ulp(x);
+  return Tolerances::kRoundingVariance * ulp * ulp;
+}
+
+// The mean error of rounding x to bf16 toward zero (a truncating conversion): -sign(x) ulp/2,
+// x's position within its ulp being uniform. To nearest it is 0.
+double bf16_truncation_shift(double x) { return -std::copysign(0.5 * bf16_ulp(x), x); }
+
+// The same variance for a value stored in fp32 (24 significant bits): a kernel whose stored lse
+// are not all bf16 numbers did not round them to bf16.
 double fp32_rounding_variance(double x) { return std::ldexp(bf16_rounding_variance(x), -32); }
 
-// Per chunk, the variance of the error that rounding the summary to bf16 leaves, as a kernel
-// does it: k'_i once, and its weights w_j once (taylor: p, mean: 1/|T_c|; Eq. 6-7), so
-// var(dk'_i) = var(round k'_i) + sum_j var(round w_j) k_j,i^2; the entropy bias
-// b' = log|T_c| - H(p) likewise var(round b') + sum_j var(round p_j) (log p_j + 1)^2.
-// [n_chunks x (d + 1)], the bias in the last column.
-Matrix<double> summary_rounding_variance(const Context& ctx, int64_t h) {
+// Per chunk [n_chunks x (d + 1)], the bias in the last column: what rounding the summary to bf16
+// does, as a kernel does it: k'_i once, and its weights w_j once (taylor: p, mean: 1/|T_c|;
+// Eq. 6-7), so var(dk'_i) = var(round k'_i) + sum_j var(round w_j) k_j,i^2; the entropy bias
+// b' = log|T_c| - H(p) likewise var(round b') + sum_j var(round p_j) (log p_j + 1)^2. The
+// shifts are the mean errors of the same roundings toward zero: of the stored k', b' (store)
+// and through the weights w (weights).
+struct SummaryRounding {
+  Matrix<double> variance, store_shift, weight_shift;
+};
+SummaryRounding summary_rounding(const Context& ctx, int64_t h) {
   const int64_t chunks = ctx.geometry.n_chunks(), tokens = ctx.geometry.tokens_per_chunk();
   const int64_t d = ctx.inputs.d();
   const Matrix<double>& k = ctx.inputs.k[h / ctx.G];
@@ -540,7 +573,9 @@ Matrix<double> summary_rounding_variance(const Context& ctx, int64_t h) {
   const ChunkSummaries<double> summary = summaries_of(ctx, ctx.inputs, h);
   Matrix<double> prior;
   if (ctx.spec.key_rule == KeyRule::taylor) prior = resolve_prior(ctx.inputs, h, ctx.spec, ctx.geometry);
-  Matrix<double> var = Matrix<double>::Zero(chunks, d + 1);
+  SummaryRounding out{Matrix<double>::Zero(chunks, d + 1), Matrix<double>::Zero(chunks, d + 1),
+                      Matrix<double>::Zero(chunks, d + 1)};
+  const bool entropy = ctx.spec.bias_rule == BiasRule::entropy && ctx.spec.key_rule != KeyRule::exact;
   for (int64_t c = 0; c < chunks; ++c) {
     const auto keys = k.middleRows(c * ctx.spec.S, tokens);
     Vector<double> w = Vector<double>::Zero(tokens);
@@ -551,40 +586,71 @@ Matrix<double> summary_rounding_variance(const Context& ctx, int64_t h) {
       w /= w.sum();
     }
     const Vector<double> w_var = w.unaryExpr([](double x) { return bf16_rounding_variance(x); });
-    var.row(c).head(d) = summary.key.row(c).unaryExpr([](double x) { return bf16_rounding_variance(x); }) +
-                         w_var.transpose() * keys.array().square().matrix();
-    if (ctx.spec.bias_rule == BiasRule::entropy && ctx.spec.key_rule != KeyRule::exact)
-      var(c, d) = bf16_rounding_variance(summary.bias(c)) +
-                  (w_var.array() * (w.array().max(1e-300).log() + 1.0).square()).sum();
+    const Vector<double> w_shift = w.unaryExpr([](double x) { return bf16_truncation_shift(x); });
+    const Vector<double> entropy_slope = (w.array().max(1e-300).log() + 1.0).matrix();
+    out.variance.row(c).head(d) =
+        summary.key.row(c).unaryExpr([](double x) { return bf16_rounding_variance(x); }) +
+        w_var.transpose() * keys.array().square().matrix();
+    out.store_shift.row(c).head(d) =
+        summary.key.row(c).unaryExpr([](double x) { return bf16_truncation_shift(x); });
+    out.weight_shift.row(c).head(d) = w_shift.transpose() * keys;
+    if (entropy) {
+      out.variance(c, d) = bf16_rounding_variance(summary.bias(c)) +
+                           (w_var.array() * entropy_slope.array().square()).sum();
+      out.store_shift(c, d) = bf16_truncation_shift(summary.bias(c));
+      out.weight_shift(c, d) = w_shift.dot(entropy_slope);
+    }
   }
-  return var;
+  return out;
 }
+
+// Each rounding point's mean contribution to a statistic when it truncates; a correct kernel's
+// statistic is centred in [sum of the negative ones, sum of the positive ones] (each point
+// rounds to nearest, contributing 0, or toward zero).
+struct TruncationShifts {
+  std::vector<double> points;
+  double low() const {
+    double sum = 0;
+    for (double x : points) sum += std::min(x, 0.0);
+    return sum;
+  }
+  double high() const {
+    double sum = 0;
+    for (double x : points) sum += std::max(x, 0.0);
+    return sum;
+  }
+};
 
 // Per head and row, a weight a_r of the lse errors' linear statistic sum_r a_r e_r.
 using RowWeights = std::vector<Vector<double>>;
 
 // Standard error of sum_r a_r e_r, e_r a correct bf16-score kernel's lse error (hierarchical
-// fusion): each rounding is unbiased (bf16_rounding_variance); the kernel may round the stored
-// lse, the window's lse_swa and each fused s_hat where it fuses them (weights omega), and the
-// summaries behind s_hat (summary_rounding_variance). A summary's error is shared by every row
-// that fuses its chunk, so its coefficient sums those rows' a sigma omega q~ (a omega for the
+// fusion): each rounding is unbiased about its mean (bf16_rounding_variance); the kernel may
+// round each fused s_hat to bf16 where it fuses it (weight omega) and the summaries behind s_hat
+// (summary_rounding); the window's lse_swa stays fp32 (its logits accumulate in fp32, the
+// precision the oracle holds lse_window to: tensor_precision). A summary's error is shared by every
+// row that fuses its chunk, so its coefficient sums those rows' a sigma omega q~ (a omega for the
 // bias) first; summaries kept per KV head (mean, landmark keys) share it across the group's G
-// heads too.
-// The stored lse's own rounding is bf16's when the kernel stored bf16 numbers, else fp32's.
-// Also returns (rounding_bias) the one bias that rounding makes: a kernel that rounds its logits
-// and then stores lse = a_max + eps in bf16 rounds back to a_max when eps < ulp/2, a shift of
-// -eps in every such row; the bound is sum_r |a_r| eps_r.
+// heads too. The stored lse's own rounding is bf16's when the kernel stored bf16 numbers, else
+// fp32's.
+// Also returns (rounding_bias) the one bias that rounding to nearest makes: a kernel that rounds
+// its logits and then stores lse = a_max + eps in bf16 rounds back to a_max when eps < ulp/2, a
+// shift of -eps in every such row; the bound is sum_r |a_r| eps_r. And (truncation) the mean
+// shift of each rounding point when it truncates (bf16_truncation_shift): s_hat, the stored
+// summaries and their weights.
 MeanShiftBound lse_shift_bound(const Context& ctx, const std::vector<IndexMatrix>& selection,
                                const std::vector<HeadOutputs<double>>& truth, const RowWeights& a,
-                               bool stored_bf16) {
+                               bool stored_bf16, TruncationShifts& truncation) {
   const double scale = logit_scale(ctx.spec, ctx.inputs.d());
   const int64_t chunks = ctx.geometry.n_chunks(), d = ctx.inputs.d();
   const bool summaries = ctx.spec.key_rule != KeyRule::exact && chunks > 0;
   const int64_t K = ctx.spec.K;
   const bool per_group = ctx.spec.key_rule == KeyRule::mean || ctx.spec.key_rule == KeyRule::landmark_key;
   double variance = 0, bias = 0;
+  double score_shift = 0, summary_store_shift = 0, summary_weight_shift = 0;
   for (int64_t g = 0; g < ctx.inputs.Hkv(); ++g) {
     Matrix<double> group_weight = Matrix<double>::Zero(chunks, d + 1);
+    Matrix<double> group_signed = Matrix<double>::Zero(chunks, d + 1);
     for (int64_t h = g * ctx.G; h < (g + 1) * ctx.G; ++h) {
       const HeadOutputs<double>& head = truth[static_cast<size_t>(h)];
       const Vector<double>& a_h = a[static_cast<size_t>(h)];
@@ -598,7 +664,7 @@ MeanShiftBound lse_shift_bound(const Context& ctx, const std::vector<IndexMatrix
         const double store_variance = stored_bf16 ? bf16_rounding_variance(head.lse(row))
                                                   : fp32_rounding_variance(head.lse(row));
         variance += a_r * a_r * (store_variance +
-                                 omega_window * omega_window * bf16_rounding_variance(lse_window(row)));
+                                 omega_window * omega_window * fp32_rounding_variance(lse_window(row)));
         double top = ctx.spec.softmax1 ? std::max(0.0, lse_window(row)) : lse_window(row);
         for (Eigen::Index i = 0; i < selection[g].cols(); ++i)
           if (selection[g](row, i) >= 0) top = std::max(top, s_hat(row, selection[g](row, i)));
@@ -609,23 +675,36 @@ MeanShiftBound lse_shift_bound(const Context& ctx, const std::vector<IndexMatrix
           if (c < 0) continue;
           const double omega = head.fusion_weights(row, i);
           variance += a_r * a_r * omega * omega * bf16_rounding_variance(s_hat(row, c));
+          score_shift += a_r * omega * bf16_truncation_shift(s_hat(row, c));
           weight.row(c).head(d) += a_r * scale * omega * q.row(ctx.queries[static_cast<size_t>(row)]);
           weight(c, d) += a_r * omega;
         }
       }
       if (!summaries) continue;
-      if (per_group) {
+      if (per_group) {  // one summary per KV head: its rounding is shared by the G heads
         group_weight += weight.cwiseAbs();
-        if (h == (g + 1) * ctx.G - 1)
-          variance += group_weight.array().square().cwiseProduct(
-                                       summary_rounding_variance(ctx, h).array()).sum();
-      } else {
-        variance += weight.array().square().cwiseProduct(
-                                     summary_rounding_variance(ctx, h).array()).sum();
+        group_signed += weight;
+        if (h < (g + 1) * ctx.G - 1) continue;
+        weight = group_signed;
       }
+      const SummaryRounding rounding = summary_rounding(ctx, h);
+      variance += (per_group ? group_weight : weight).array().square().cwiseProduct(
+                      rounding.variance.array()).sum();
+      summary_store_shift += weight.cwiseProduct(rounding.store_shift).sum();
+      summary_weight_shift += weight.cwiseProduct(rounding.weight_shift).sum();
     }
   }
+  truncation.points = {score_shift, summary_store_shift, summary_weight_shift};
   return {std::sqrt(variance), bias};
+}
+
+// Whether each kernel head has the truth's shape (else the element-wise report says so).
+bool shape_problems_free(const std::vector<Matrix<double>>& kernel,
+                         const std::vector<HeadOutputs<double>>& truth) {
+  if (kernel.size() != truth.size()) return false;
+  for (size_t h = 0; h < truth.size(); ++h)
+    if (kernel[h].rows() != truth[h].o.rows() || kernel[h].cols() != truth[h].o.cols()) return false;
+  return true;
 }
 
 // Per head and row, g_r = d lse_r / d log(sigma): the lse of the fusion of `selection` with the
@@ -642,37 +721,35 @@ RowWeights lse_scale_sensitivity(const Context& ctx, const std::vector<IndexMatr
   return g;
 }
 
-// The reference as the kernel stored its lse: when every finite value the kernel gave is a bf16
-// number, the truth rounded to bf16 the way (nearest or toward zero) that reproduces more of the
-// kernel's rows; else the truth. Comparing like with like removes the bias of a truncating store.
-struct StoredReference {
+// The reference as the kernel stored its lse: rounded to bf16 as the kernel rounded
+// (bf16_store_rounding) when every finite value it gave is a bf16 number; else the truth.
+// Comparing like with like removes the bias of a truncating store.
+std::vector<Vector<double>> stored_reference(const std::optional<Bf16Rounding>& rounding,
+                                             const std::vector<HeadOutputs<double>>& truth) {
   std::vector<Vector<double>> lse;
-  std::string stored_as;  // "fp32", "bf16 (to nearest)", "bf16 (toward zero)"
-};
-StoredReference stored_reference(const std::vector<Vector<double>>& kernel,
-                                 const std::vector<HeadOutputs<double>>& truth) {
-  bool all_bf16 = true;
-  int64_t nearest_matches = 0, toward_zero_matches = 0;
-  for (size_t h = 0; h < truth.size(); ++h)
-    for (Eigen::Index r = 0; r < truth[h].lse.size(); ++r) {
-      const double y = kernel[h](r), t = truth[h].lse(r);
-      if (!std::isfinite(y) || !std::isfinite(t)) continue;
-      all_bf16 = all_bf16 && round_to_bf16(y) == y;
-      nearest_matches += round_to_bf16(t, Bf16Rounding::nearest) == y;
-      toward_zero_matches += round_to_bf16(t, Bf16Rounding::toward_zero) == y;
-    }
-  StoredReference ref;
-  if (!all_bf16) {
-    ref.stored_as = "fp32";
-    for (const auto& head : truth) ref.lse.push_back(head.lse);
-    return ref;
-  }
-  const Bf16Rounding mode = toward_zero_matches > nearest_matches ? Bf16Rounding::toward_zero
-                                                                   : Bf16Rounding::nearest;
-  ref.stored_as = mode == Bf16Rounding::nearest ? "bf16 (to nearest)" : "bf16 (toward zero)";
   for (const auto& head : truth)
-    ref.lse.push_back(head.lse.unaryExpr([mode](double x) { return round_to_bf16(x, mode); }));
-  return ref;
+    lse.push_back(!rounding ? head.lse : head.lse.unaryExpr([&](double x) { return round_to_bf16(x, *rounding); }).eval());
+  return lse;
+}
+
+// The rounding of the kernel's bf16 conversions of summaries and scores, and where it was read:
+// as declared, or (detect) as the kernel's bf16-stored lse, else o, shows; nullopt = either.
+std::pair<std::optional<Bf16Rounding>, std::string> conversion_rounding(
+    const Context& ctx, const KernelOutputs& kernel, const std::optional<Bf16Rounding>& lse_store,
+    const std::vector<HeadOutputs<double>>& truth) {
+  switch (ctx.options.bf16_rounding) {
+    case Bf16RoundingClaim::nearest: return {Bf16Rounding::nearest, "to nearest (declared)"};
+    case Bf16RoundingClaim::toward_zero: return {Bf16Rounding::toward_zero, "toward zero (declared)"};
+    case Bf16RoundingClaim::any: return {std::nullopt, "either (declared any)"};
+    case Bf16RoundingClaim::detect: break;
+  }
+  auto name = [](Bf16Rounding r) { return r == Bf16Rounding::nearest ? "to nearest" : "toward zero"; };
+  if (lse_store) return {lse_store, std::string(name(*lse_store)) + " (read from the stored lse)"};
+  if (!kernel.o.empty() && shape_problems_free(kernel.o, truth)) {
+    const auto o_store = bf16_store_rounding(kernel.o, field_of(truth, &HeadOutputs<double>::o));
+    if (o_store) return {o_store, std::string(name(*o_store)) + " (read from the stored o)"};
+  }
+  return {std::nullopt, "either (no bf16-stored lse or o to read it from)"};
 }
 
 // The statistics over all lse rows (hierarchical fusion, bf16 scores): the mean error and the
@@ -681,18 +758,21 @@ void check_lse_shifts(const Context& ctx, const std::vector<IndexMatrix>& select
                       const std::vector<HeadOutputs<double>>& truth,
                       const std::vector<HeadOutputs<float>>& base, const KernelOutputs& kernel,
                       TensorReport& report) {
-  const StoredReference ref = stored_reference(kernel.lse, truth);
+  const auto rounding = bf16_store_rounding(as_columns(kernel.lse), field_of(truth, &HeadOutputs<double>::lse));
+  const std::vector<Vector<double>> reference = stored_reference(rounding, truth);
+  const auto [conversions, conversions_text] = conversion_rounding(ctx, kernel, rounding, truth);
   const RowWeights g = lse_scale_sensitivity(ctx, selection, truth);
   int64_t count = 0;
   double sum_g2 = 0;
   for (size_t h = 0; h < truth.size(); ++h)
     for (Eigen::Index r = 0; r < truth[h].lse.size(); ++r)
-      if (std::isfinite(kernel.lse[h](r)) && std::isfinite(ref.lse[h](r))) {
+      if (std::isfinite(kernel.lse[h](r)) && std::isfinite(reference[h](r))) {
         ++count;
         sum_g2 += g[h](r) * g[h](r);
       }
   if (count == 0) return;
-  report.stored_as = ref.stored_as;
+  report.stored_as = describe_store(rounding);
+  report.conversions = conversions_text;
   // a_r per statistic; value, baseline and the residual spread of sum a e.
   auto run = [&](const std::string& name, const std::string& unit, const RowWeights& a,
                  const RowWeights& fit_shape) {
@@ -703,8 +783,8 @@ void check_lse_shifts(const Context& ctx, const std::vector<IndexMatrix>& select
     for (size_t h = 0; h < truth.size(); ++h)
       for (Eigen::Index r = 0; r < truth[h].lse.size(); ++r) {
         const double y = kernel.lse[h](r);
-        if (!std::isfinite(y) || !std::isfinite(ref.lse[h](r))) continue;
-        test.value += a[h](r) * (y - ref.lse[h](r));
+        if (!std::isfinite(y) || !std::isfinite(reference[h](r))) continue;
+        test.value += a[h](r) * (y - reference[h](r));
         test.baseline += a[h](r) * (static_cast<double>(base[h].lse(r)) - truth[h].lse(r));
         fit_a += a[h](r) * fit_shape[h](r);
       }
@@ -713,12 +793,19 @@ void check_lse_shifts(const Context& ctx, const std::vector<IndexMatrix>& select
     for (size_t h = 0; h < truth.size(); ++h)
       for (Eigen::Index r = 0; r < truth[h].lse.size(); ++r) {
         const double y = kernel.lse[h](r);
-        if (!std::isfinite(y) || !std::isfinite(ref.lse[h](r))) continue;
-        const double residual = y - ref.lse[h](r) - fit * fit_shape[h](r);
+        if (!std::isfinite(y) || !std::isfinite(reference[h](r))) continue;
+        const double residual = y - reference[h](r) - fit * fit_shape[h](r);
         spread += a[h](r) * a[h](r) * residual * residual;
       }
     test.spread_standard_error = std::sqrt(spread);
-    check_shift(report, test, lse_shift_bound(ctx, selection, truth, a, ref.stored_as != "fp32"));
+    TruncationShifts truncation;
+    const MeanShiftBound bound =
+        lse_shift_bound(ctx, selection, truth, a, rounding.has_value(), truncation);
+    if (conversions != Bf16Rounding::nearest) {
+      test.truncation_low = truncation.low();
+      test.truncation_high = truncation.high();
+    }
+    check_shift(report, test, bound);
   };
   RowWeights mean_weight, ones, slope_weight;
   for (size_t h = 0; h < truth.size(); ++h) {

@@ -109,6 +109,49 @@ std::vector<std::string> shape_problems(const std::string& name,
 
 }  // namespace
 
+std::optional<Bf16Rounding> bf16_store_rounding(const std::vector<Matrix<double>>& kernel,
+                                                const std::vector<Matrix<double>>& truth) {
+  // kernel, truth (equal shapes) -> the rounding of a bf16 store, nullopt when not bf16.
+  double lean = 0;  // sum of -(kernel - truth) sign(truth) / ulp(truth)
+  int64_t count = 0;
+  for (size_t h = 0; h < truth.size() && h < kernel.size(); ++h)
+    for (Eigen::Index i = 0; i < truth[h].size() && i < kernel[h].size(); ++i) {
+      const double k = kernel[h].data()[i], t = truth[h].data()[i];
+      if (!std::isfinite(k) || !std::isfinite(t)) continue;
+      if (round_to_bf16(k) != k) return std::nullopt;
+      if (t == 0.0) continue;
+      int exponent = 0;
+      std::frexp(t, &exponent);
+      lean -= (k - t) * std::copysign(1.0, t) / std::ldexp(1.0, exponent - 8);
+      ++count;
+    }
+  if (count == 0) return std::nullopt;
+  return lean / static_cast<double>(count) > 0.25 ? Bf16Rounding::toward_zero : Bf16Rounding::nearest;
+}
+
+std::string describe_store(const std::optional<Bf16Rounding>& rounding) {
+  if (!rounding) return "fp32";
+  return *rounding == Bf16Rounding::nearest ? "bf16 (to nearest)" : "bf16 (toward zero)";
+}
+
+std::string to_string(Bf16RoundingClaim claim) {
+  switch (claim) {
+    case Bf16RoundingClaim::detect: return "detect";
+    case Bf16RoundingClaim::any: return "any";
+    case Bf16RoundingClaim::nearest: return "nearest";
+    case Bf16RoundingClaim::toward_zero: return "toward_zero";
+  }
+  return "detect";
+}
+
+Bf16RoundingClaim parse_bf16_rounding(const std::string& text, const std::string& field) {
+  for (auto claim : {Bf16RoundingClaim::detect, Bf16RoundingClaim::any, Bf16RoundingClaim::nearest,
+                     Bf16RoundingClaim::toward_zero})
+    if (text == to_string(claim)) return claim;
+  throw InvalidArgument(field + ": expected \"detect\", \"any\", \"nearest\" or \"toward_zero\", got \"" +
+                        text + "\"");
+}
+
 std::string to_string(InputPrecision precision) {
   return precision == InputPrecision::bf16 ? "bf16" : "fp32";
 }
@@ -161,6 +204,13 @@ TensorReport compare_tensor(const std::string& name, const std::vector<Matrix<do
     report.tolerance = report.floor;
     return report;
   }
+  // A bf16 tensor stored by truncation errs by up to one ulp (2u |x|) at each rounding where
+  // rounding to nearest errs by half (u |x|), so its floor doubles.
+  if (precision == InputPrecision::bf16) {
+    const auto rounding = bf16_store_rounding(kernel, truth);
+    report.stored_as = describe_store(rounding);
+    if (rounding == Bf16Rounding::toward_zero) report.floor *= 2.0;
+  }
   const double rel_floor = Tolerances::kRelFloorFraction * report.magnitude;
   Accumulator acc;
   for (size_t h = 0; h < truth.size(); ++h)
@@ -203,13 +253,17 @@ void check_shift(TensorReport& report, ShiftTest test, const MeanShiftBound& bou
   const double standard_error = std::max(test.model_standard_error, test.spread_standard_error);
   test.tolerance = Tolerances::kBaselineFactor * std::fabs(test.baseline) + test.rounding_bias +
                    Tolerances::kMeanSigmas * standard_error;
-  test.passed = !(std::fabs(test.value) > test.tolerance);
+  test.passed = test.value >= test.truncation_low - test.tolerance &&
+                test.value <= test.truncation_high + test.tolerance;
   if (!test.passed) {
     report.problems.push_back(format(
-        "%s: %s statistic %.3g%s over %lld elements is %.3g times its tolerance %.3g = %g x "
-        "float's %.3g + rounding bias %.3g + %g x the standard error %.3g (bf16 rounding model "
-        "%.3g, residual spread %.3g)%s", report.name.c_str(), test.name.c_str(), test.value,
-        test.unit.c_str(), static_cast<long long>(report.count), test.headroom(), test.tolerance,
+        "%s: %s statistic %.3g%s over %lld elements lies outside [%.3g, %.3g] (%.3g times the "
+        "way to its edge): truncation's range [%.3g, %.3g] +- tolerance %.3g = %g x float's "
+        "%.3g + rounding bias %.3g + %g x the standard error %.3g (bf16 rounding model %.3g, "
+        "residual spread %.3g)%s", report.name.c_str(), test.name.c_str(), test.value,
+        test.unit.c_str(), static_cast<long long>(report.count),
+        test.truncation_low - test.tolerance, test.truncation_high + test.tolerance,
+        test.headroom(), test.truncation_low, test.truncation_high, test.tolerance,
         Tolerances::kBaselineFactor, test.baseline, test.rounding_bias, Tolerances::kMeanSigmas,
         standard_error, test.model_standard_error, test.spread_standard_error,
         test.name == "mean" ? ": a shift of every element alike"
@@ -258,11 +312,14 @@ std::string Verdict::report() const {
     if (is_fused(t)) line(t);
   for (const auto& t : tensors)
     for (const auto& test : t.shift_tests)
-      out << format("  %-18s %.3g%s, tolerance %.3g (float's %.3g, rounding bias %.3g, standard "
-                    "error %.3g model / %.3g spread; stored %s), headroom %.3g %s\n",
+      out << format("  %-18s %.3g%s, accepted [%.3g, %.3g]: truncation [%.3g, %.3g] +- %.3g "
+                    "(float's %.3g, rounding bias %.3g, standard error %.3g model / %.3g "
+                    "spread; stored %s, conversions %s), headroom %.3g %s\n",
                     (t.name + " (" + test.name + ")").c_str(), test.value, test.unit.c_str(),
-                    test.tolerance, test.baseline, test.rounding_bias, test.model_standard_error,
-                    test.spread_standard_error, t.stored_as.c_str(), test.headroom(),
+                    test.truncation_low - test.tolerance, test.truncation_high + test.tolerance,
+                    test.truncation_low, test.truncation_high, test.tolerance, test.baseline,
+                    test.rounding_bias, test.model_standard_error, test.spread_standard_error,
+                    t.stored_as.c_str(), t.conversions.c_str(), test.headroom(),
                     test.passed ? "PASS" : "FAIL");
   for (const auto& t : tensors)
     if (is_gradient(t)) line(t);

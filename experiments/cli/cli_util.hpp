@@ -24,5 +24,8 @@ void make_output_folder(const std::filesystem::path& folder, const std::string& 
 void require_distinct_files(const std::filesystem::path& input, const std::string& input_option,
                             const std::filesystem::path& output,
                             const std::string& output_option);
+// BadInput when `bytes` (an estimate of what a command will hold at once) exceeds 80% of this
+// machine's physical memory, naming `what` (the flags that set the size) and the sizes.
+void require_fits_in_memory(double bytes, const std::string& what);
 
 }  // namespace hils::cli

@@ -65,6 +65,14 @@ struct SyntheticFlags {
   nlohmann::json given = nlohmann::json::object();
 };
 
+// Bytes that generating and writing `p` holds at once, roughly: the rotated and unrotated
+// inputs, the activation file's copy and the writer's buffer, all in double.
+double synthetic_bytes(const sources::SyntheticParams& p) {
+  const double per_slot = static_cast<double>(p.Hq) * static_cast<double>(p.d) * 2 +
+                          static_cast<double>(p.Hkv) * static_cast<double>(p.d + p.dv);
+  return 4.0 * sizeof(double) * static_cast<double>(p.T) * per_slot;
+}
+
 void dump_synthetic(const SyntheticFlags& f) {
   sources::SyntheticParams params;
   nlohmann::json toml = nlohmann::json::object();
@@ -77,6 +85,7 @@ void dump_synthetic(const SyntheticFlags& f) {
   config::check_naming_file([&] { params.validate(); }, toml.value("synthetic", nlohmann::json()),
                             f.given, f.config + ": [synthetic]");
   auto storage = storage_of(f.precision);
+  require_fits_in_memory(synthetic_bytes(params), "-T, --Hq, --Hkv, -d, --dv");
   auto sample = sources::generate(params);
   io::write_activation_file(f.output, sources::to_activation_file(sample), storage);
   fmt::print("synthetic {}  T {}  Hq {}  Hkv {}  d {}  dv {}  seed {}", params.generator,

@@ -214,6 +214,10 @@ VerifyFile read_verify_file(const fs::path& file) {
   v.options.precision = oracle::parse_input_precision(
       io::read_string_attribute(file, root, "/", "input_precision"),
       file.string() + ": / attribute input_precision");
+  if (io::has_attribute(root, "bf16_rounding"))
+    v.options.bf16_rounding = oracle::parse_bf16_rounding(
+        io::read_string_attribute(file, root, "/", "bf16_rounding"),
+        file.string() + ": / attribute bf16_rounding");
   if (io::has_attribute(root, "score_precision"))
     v.options.score_precision = oracle::parse_input_precision(
         io::read_string_attribute(file, root, "/", "score_precision"),
@@ -226,6 +230,10 @@ VerifyFile read_verify_file(const fs::path& file) {
     io::require_integer(file, "queries", ds);
     io::require_dims(file, "queries", ds, {-1}, "(queries)");
     v.options.queries = io::read_int64s(ds);
+    // An empty list would read as "every query" (the oracle's default): say what is meant.
+    if (v.options.queries.empty())
+      io::fail(file, "queries", "at least one query slot (omit /queries to compare all T)",
+               "an empty dataset");
   }
   if (!io::has_object(root, "outputs") && !io::has_object(root, "grads"))
     io::fail(file, "outputs", "a group of kernel outputs (at least o) or of gradients (grads)",

@@ -1,10 +1,15 @@
 // The `hils` command: subcommands registered from experiments/cli/cmd_*.cpp; exceptions become
 // exit codes (see commands.hpp).
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <iostream>
+#include <new>
 #include <optional>
 
 #include <H5Cpp.h>
@@ -55,6 +60,7 @@ void make_output_folder(const std::filesystem::path& folder, const std::string& 
   std::error_code ec;
   if (folder.empty()) throw BadInput(option + ": expected a folder name, got ''");
   std::filesystem::create_directories(folder, ec);
+  const std::string reason = ec ? ": " + ec.message() : "";  // the checks below reuse ec
   if (!ec && std::filesystem::is_directory(folder, ec)) return;
   // Name the first component that is in the way (a regular file where a folder must be).
   std::filesystem::path part;
@@ -64,8 +70,7 @@ void make_output_folder(const std::filesystem::path& folder, const std::string& 
       throw BadInput(option + ": cannot create the folder " + folder.string() + ": " +
                      part.string() + " is a file, not a folder");
   }
-  throw BadInput(option + ": cannot create the folder " + folder.string() +
-                 (ec ? ": " + ec.message() : ""));
+  throw BadInput(option + ": cannot create the folder " + folder.string() + reason);
 }
 
 void require_distinct_files(const std::filesystem::path& input, const std::string& input_option,
@@ -77,6 +82,15 @@ void require_distinct_files(const std::filesystem::path& input, const std::strin
     throw BadInput(fmt::format("{} {} is the same file as {} {}: writing it would replace the "
                                "input; choose another output file",
                                output_option, output.string(), input_option, input.string()));
+}
+
+void require_fits_in_memory(double bytes, const std::string& what) {
+  const double memory =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (bytes < 0.8 * memory) return;
+  throw BadInput(fmt::format("{}: expected sizes whose data fit in 80% of this machine's {:.1f} "
+                             "GiB of memory, got about {:.3g} GiB",
+                             what, memory / (1 << 30), bytes / (1 << 30)));
 }
 
 }  // namespace hils::cli
@@ -98,6 +112,11 @@ int run_app(CLI::App& app, int argc, char** argv) {
     return hils::cli::kExitCheckFailed;
   } catch (const hils::InvalidArgument& e) {
     std::cerr << "hils: bad input: " << e.what() << "\n";
+    return hils::cli::kExitBadInput;
+  } catch (const std::bad_alloc&) {
+    // Nearly always a size from the input or the flags that this machine cannot hold.
+    std::cerr << "hils: bad input: out of memory: expected sizes (T, heads, dims, layers, "
+                 "queries) whose data fit in this machine's memory; choose smaller ones\n";
     return hils::cli::kExitBadInput;
   } catch (const H5::Exception& e) {
     std::cerr << "hils: internal error (HDF5): " << e.getFuncName() << ": "
@@ -132,6 +151,17 @@ int main(int argc, char** argv) {
   app.fallthrough();
   app.add_flag("-q,--quiet", hils::cli::global_options().quiet,
                "no progress bar and no informational messages (for scripts)");
+  hils::cli::register_info(app);
+  hils::cli::register_dump(app);
+  hils::cli::register_run(app);
+  hils::cli::register_fidelity(app);
+  hils::cli::register_overlap(app);
+  hils::cli::register_extrapolate(app);
+  hils::cli::register_plot(app);
+  hils::cli::register_studies(app);
+  hils::cli::register_verify(app);
+  // Set after the subcommands are added: a subcommand inherits the footer of its parent at
+  // creation, and these examples are the top level's (the study commands printed them).
   app.footer(
       "Examples:\n"
       "  hils dump llama2c -o llama.h5                  # stories260K over tinystories_sample.txt\n"
@@ -142,17 +172,14 @@ int main(int argc, char** argv) {
       "Exit codes: 0 success, 1 a check failed, 2 bad input, 3 internal error.\n"
       "Run `hils <command> --help` for a command's options and examples.");
 
-  hils::cli::register_info(app);
-  hils::cli::register_dump(app);
-  hils::cli::register_run(app);
-  hils::cli::register_fidelity(app);
-  hils::cli::register_overlap(app);
-  hils::cli::register_extrapolate(app);
-  hils::cli::register_plot(app);
-  hils::cli::register_studies(app);
-  hils::cli::register_verify(app);
-
-  const int code = run_app(app, argc, argv);
+  int code = run_app(app, argc, argv);
+  // A report cut short (full disk, file-size limit) must not end in exit 0.
+  std::cout.flush();
+  if (!std::cout && code == hils::cli::kExitOk) {
+    std::cerr << "hils: bad input: expected room to write the standard output, found "
+              << std::strerror(errno) << "; the output is incomplete\n";
+    code = hils::cli::kExitBadInput;
+  }
   if (code != hils::cli::kExitOk) session->fail();  // ends every rank of an MPI job
   if (hils::io::hdf5_file_abandoned()) {
     // A write failed (full disk) and left HDF5 a file it cannot close; its shutdown at exit

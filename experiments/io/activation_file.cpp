@@ -1,6 +1,7 @@
 #include "io/activation_file.hpp"
 
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -30,15 +31,25 @@ std::string layer_name(int64_t layer) { return fmt::format("layer{}", layer); }
 
 // ---- writing ------------------------------------------------------------------------------
 
+// Throws InvalidArgument when a matrix holds a value that float32 storage would turn into Inf.
+void check_float32_range(const Matrix<double>& m, const std::string& what) {
+  if (m.size() == 0) return;
+  const double largest = m.cwiseAbs().maxCoeff();
+  require(largest <= static_cast<double>(std::numeric_limits<float>::max()), what,
+          "values within float32's range (|x| <= 3.4e38) for float32 storage (store float64)",
+          fmt::format("|x| = {:.3g}", largest));
+}
+
 // Throws InvalidArgument when a stack of head matrices disagrees with [heads x rows x cols].
 void check_heads(const std::vector<Matrix<double>>& heads, int64_t n, int64_t rows, int64_t cols,
-                 const std::string& what) {
+                 const std::string& what, bool as_float32) {
   require(static_cast<int64_t>(heads.size()) == n, what + " heads", std::to_string(n),
           std::to_string(heads.size()));
   for (const auto& m : heads) {
     require(m.rows() == rows && m.cols() == cols, what + " shape",
             fmt::format("[{} x {}]", rows, cols), fmt::format("[{} x {}]", m.rows(), m.cols()));
     require(m.allFinite(), what, "finite values", "NaN or Inf");
+    if (as_float32) check_float32_range(m, what);
   }
 }
 
@@ -61,23 +72,25 @@ void check_meta(const ActivationMeta& meta) {
           "false when rope_pairing is none", "true");
 }
 
-void check_layer(const ActivationMeta& meta, const LayerActivations& layer, int64_t index) {
+void check_layer(const ActivationMeta& meta, const LayerActivations& layer, int64_t index,
+                 bool as_float32) {
   std::string prefix = layer_name(index) + "/";
   const auto& in = layer.inputs;
-  check_heads(in.q, meta.Hq, meta.T, meta.d, prefix + "q");
-  check_heads(in.k, meta.Hkv, meta.T, meta.d, prefix + "k");
-  check_heads(in.v, meta.Hkv, meta.T, meta.dv, prefix + "v");
+  check_heads(in.q, meta.Hq, meta.T, meta.d, prefix + "q", as_float32);
+  check_heads(in.k, meta.Hkv, meta.T, meta.d, prefix + "k", as_float32);
+  check_heads(in.v, meta.Hkv, meta.T, meta.dv, prefix + "v", as_float32);
   if (!in.q_retrieval.empty())
-    check_heads(in.q_retrieval, meta.Hq, meta.T, meta.d, prefix + "q_retrieval");
+    check_heads(in.q_retrieval, meta.Hq, meta.T, meta.d, prefix + "q_retrieval", as_float32);
   if (!layer.q_unrotated.empty())
-    check_heads(layer.q_unrotated, meta.Hq, meta.T, meta.d, prefix + "q_unrotated");
+    check_heads(layer.q_unrotated, meta.Hq, meta.T, meta.d, prefix + "q_unrotated", as_float32);
   if (!layer.k_unrotated.empty())
-    check_heads(layer.k_unrotated, meta.Hkv, meta.T, meta.d, prefix + "k_unrotated");
+    check_heads(layer.k_unrotated, meta.Hkv, meta.T, meta.d, prefix + "k_unrotated", as_float32);
   if (layer.hidden.size() > 0) {
     require(layer.hidden.rows() == meta.T && layer.hidden.cols() == meta.d_model,
             prefix + "hidden shape", fmt::format("[{} x {}]", meta.T, meta.d_model),
             fmt::format("[{} x {}]", layer.hidden.rows(), layer.hidden.cols()));
     require(layer.hidden.allFinite(), prefix + "hidden", "finite values", "NaN or Inf");
+    if (as_float32) check_float32_range(layer.hidden, prefix + "hidden");
   }
 }
 
@@ -207,7 +220,8 @@ void write_activation_file(const std::filesystem::path& path, const ActivationFi
   require(static_cast<int64_t>(file.layers.size()) == file.meta.n_layers, "layers",
           std::to_string(file.meta.n_layers), std::to_string(file.layers.size()));
   for (size_t i = 0; i < file.layers.size(); ++i)
-    check_layer(file.meta, file.layers[i], static_cast<int64_t>(i));
+    check_layer(file.meta, file.layers[i], static_cast<int64_t>(i),
+                storage == StorageType::float32);
 
   H5::Exception::dontPrint();
   TempFile temp(path);

@@ -77,6 +77,12 @@ H5::H5File open_hdf5(const std::filesystem::path& path, bool writable) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) fail(path, "", "an existing file", "no such file");
   if (std::filesystem::is_directory(path, ec)) fail(path, "", "a file", "a folder");
+  // A FIFO or device would block HDF5's signature read (a hang) or read garbage.
+  if (!std::filesystem::is_regular_file(path, ec))
+    fail(path, "", "a regular file", "a FIFO, socket or device");
+  if (::access(path.c_str(), writable ? R_OK | W_OK : R_OK) != 0)
+    fail(path, "", writable ? "a file this user can read and write" : "a file this user can read",
+         std::strerror(errno));
   bool is_hdf5 = false;
   try {
     is_hdf5 = H5::H5File::isHdf5(path.string().c_str());

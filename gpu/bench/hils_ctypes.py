@@ -8,8 +8,8 @@ import torch
 KEY, BIAS, PRIOR, GROUP, FUSION = {}, {}, {}, {}, {}
 _ENUMS = {"key_rule": KEY, "bias_rule": BIAS, "prior_rule": PRIOR, "group_rule": GROUP,
           "fusion": FUSION}
-# The selection kernel versions of hils_gpu_select_with (gpu/NOTES.md: v5 and v4.2).
-SELECT_KERNEL = {"two_pass_v4": 0, "one_pass_v5": 1}
+# The selection kernel versions of hils_gpu_select_with (gpu/NOTES.md: v4.2, v5 and v6).
+SELECT_KERNEL = {"two_pass_v4": 0, "one_pass_v5": 1, "two_pass_v6": 2}
 PRESETS = {
     "hils": dict(key="taylor", bias="entropy", fusion="hierarchical", landmarks=1),
     "lmk": dict(key="landmark_key", bias="none", fusion="hierarchical", landmarks=1),

@@ -1,5 +1,5 @@
 """One forward of the benchmark geometry (bench_hils.py) for Nsight Compute: every stage runs
-once to warm up, then select (two-pass v4.2 and one-pass v5) and fuse run again between cudaProfilerStart/Stop, so
+once to warm up, then select (two-pass v4.2, one-pass v5 and bounded two-pass v6) and fuse run again between cudaProfilerStart/Stop, so
 `ncu --profile-from-start off` sees only those launches. Used by scripts/gpu_check.sh --profile.
 """
 import argparse
@@ -32,6 +32,7 @@ def main():
     st.window()
     st.select()
     st.select("one_pass_v5")
+    st.select("two_pass_v6")
     st.fuse()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()

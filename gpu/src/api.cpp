@@ -170,7 +170,7 @@ void select_chunks(const MechanismSpec& spec, const Shape& shape, const DeviceIn
   const detail::LaunchParams p = params_of(spec, shape, in);
   if (g_packed_kernels && spec.key_rule != KeyRule::exact && detail::packed_select_applies(p))
     detail::launch_select_packed(p, key, bias, lse_swa, selection, selected_score,
-                                 kernel == SelectKernel::one_pass_v5, stream);
+                                 kernel, stream);
   else
     detail::launch_select(p, key, bias, spec.key_rule == KeyRule::exact ? exact : nullptr,
                           lse_swa, selection, selected_score, stream);

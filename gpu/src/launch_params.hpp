@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "hils/gpu/attention.hpp"
 #include "hils/spec.hpp"
 
 namespace hils::gpu::detail {
@@ -62,10 +63,11 @@ void launch_fuse_packed(const LaunchParams& p, const int32_t* selection,
 namespace hils::gpu::detail {
 
 // Tensor-core scoring + top-K (select_packed.cu): bf16 q~, d = 64, G | 16, 1 <= K <= 64.
+using PackedSelect = hils::gpu::SelectKernel;
 bool packed_select_applies(const LaunchParams& p);
 void launch_select_packed(const LaunchParams& p, const float* key, const float* bias,
                           const float* lse_swa, int32_t* selection, float* selected_score,
-                          bool one_pass, cudaStream_t stream);
+                          PackedSelect kernel, cudaStream_t stream);
 
 }  // namespace hils::gpu::detail
 

@@ -342,6 +342,106 @@ __device__ void write_selection(const LaunchParams& p, const SelectShared& sh, i
   }
 }
 
+// write_selection with one lane per slot (v6): the warp stages q~ of the query's G heads in fp32
+// (stage: G x 64 floats of the warp's own shared scratch), then lane e computes the whole dot
+// of slot e (16 x 16-byte loads of its contiguous key row, broadcast q~ reads). The eight
+// 8-dim partial sums are added in write_selection's order (its 3-step shuffle tree), so the
+// selected scores are the v4 kernel's bit for bit.
+__device__ void write_selection_by_lane(const LaunchParams& p, const SelectShared& sh, int q,
+                                        int64_t t, int64_t g, int G, const float* key,
+                                        const float* bias, float* stage, int32_t* selection,
+                                        float* selected_score) {
+  const int lane = threadIdx.x % kWarp;
+  const int K = static_cast<int>(p.K);
+  const int32_t* index = sh.index + q * K;
+  const int n = __popc(__ballot_sync(0xffffffffu, lane < K && index[lane] >= 0)) +
+                (K > kWarp ? __popc(__ballot_sync(0xffffffffu, lane + kWarp < K && index[lane + kWarp] >= 0)) : 0);
+  const int64_t n_chunks = p.T / p.S;
+  int32_t chunk[2];
+  int rank_of[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int e = lane + kWarp * i;
+    chunk[i] = e < n ? index[e] : -1;
+    int rank = e;
+    if (e < n) {
+      rank = 0;
+      for (int f = 0; f < n; ++f) rank += index[f] < chunk[i];
+    }
+    rank_of[i] = rank;
+    if (e < K) selection[(g * p.T + t) * K + rank] = chunk[i];
+  }
+  // q~ rows of the G heads, bf16 -> fp32, 8 dims per lane and step.
+  const auto* qr = static_cast<const __nv_bfloat16*>(p.q_retrieval);
+  for (int seg = lane; seg < G * 8; seg += kWarp) {
+    const int hg = seg / 8, part = seg % 8;
+    const uint4 raw = *reinterpret_cast<const uint4*>(qr + ((g * G + hg) * p.T + t) * kTileDim + 8 * part);
+    const __nv_bfloat162* q2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    float4* dst = reinterpret_cast<float4*>(stage + hg * kTileDim + 8 * part);
+    const float2 a = __bfloat1622float2(q2[0]), b = __bfloat1622float2(q2[1]);
+    const float2 c = __bfloat1622float2(q2[2]), d = __bfloat1622float2(q2[3]);
+    dst[0] = make_float4(a.x, a.y, b.x, b.y);
+    dst[1] = make_float4(c.x, c.y, d.x, d.y);
+  }
+  __syncwarp();
+  for (int hg = 0; hg < G; ++hg) {
+    const int64_t h = g * G + hg;
+    const float4* qf = reinterpret_cast<const float4*>(stage + hg * kTileDim);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int e = lane + kWarp * i;
+      if (i == 1 && K <= kWarp) break;
+      float score = kNegInf;
+      if (e < n) {
+        const float4* row = reinterpret_cast<const float4*>(key + (h * n_chunks + chunk[i]) * kTileDim);
+        const float own_bias = bias[h * n_chunks + chunk[i]];
+        // Two halves of 8 loads (128 bytes) each: the loads of a half are in flight together.
+        float part[8];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float4 k[8];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) k[j] = row[8 * half + j];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float4 q0 = qf[8 * half + 2 * j], q1 = qf[8 * half + 2 * j + 1];
+            const float4 k0 = k[2 * j], k1 = k[2 * j + 1];
+            part[4 * half + j] = q0.x * k0.x + q0.y * k0.y + q0.z * k0.z + q0.w * k0.w +
+                                 q1.x * k1.x + q1.y * k1.y + q1.z * k1.z + q1.w * k1.w;
+          }
+        }
+        const float sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+        score = p.scale * sum + own_bias;
+      }
+      if (e < K) selected_score[(h * p.T + t) * K + rank_of[i]] = score;
+    }
+  }
+  __syncwarp();
+}
+
+// Lower bound on a row's K-th group score (v6), from pass 1: each lane keeps, per row, the
+// running maximum of s2 over each of its 8 column slots (a slot = the column pair 2j, 2j + 1 of
+// a tile: chunks c with c mod 32 = j, disjoint sets), and at the end of head h folds
+// max(V[slot], term(slot max - log2 Z_hat_h)) into the row's V (term: identity for
+// max_normalized, 2^x for sum_probabilities). V[slot] is a term of the group score of one chunk
+// of that slot (the same arithmetic as pass 2), so it is at most that chunk's group score; the
+// 32 slots name 32 distinct chunks, so the K-th largest V is at most the K-th largest group
+// score. Pass 2 then drops candidates below it: none of them can be selected. 32 slots (not 64)
+// keep pass 1 within its 128 registers; so the bound needs K <= 32.
+// v_row: the row's 32 V values; returns the K-th largest (1 <= K <= 32).
+__device__ float kth_largest_of_32(const float* v_row, int K) {
+  const int lane = threadIdx.x % kWarp;
+  const float a = v_row[lane];
+  int rank = 0;  // entries ahead: greater, or equal at a lower slot
+#pragma unroll 8
+  for (int u = 0; u < kWarp; ++u) {
+    const float v = v_row[u];
+    rank += v > a || (v == a && u < lane);
+  }
+  const unsigned at = __ballot_sync(0xffffffffu, rank == K - 1);
+  return __shfl_sync(0xffffffffu, a, __ffs(at) - 1);
+}
+
 // fp32 summaries -> bf16 copy for the copy engine and the tensor cores; bias -> bias log2 e.
 __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n, const float* bias,
                                float* bias2, int64_t n_bias) {
@@ -350,7 +450,9 @@ __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n, 
   if (i < n_bias) bias2[i] = bias[i] * kLog2e;
 }
 
-template <int G>
+// kBound (v6): pass 1 also forms the lower bound of each row's K-th group score
+// (kth_largest_of_32), pass 2 drops candidates below it, and write_selection_by_lane writes.
+template <int G, bool kBound>
 __global__ void __launch_bounds__(kPackedThreads, 4)
     select_packed_kernel(LaunchParams p, const float* key, const __nv_bfloat16* key_bf16,
                          const float* bias, const float* bias2, const float* lse_swa,
@@ -358,7 +460,7 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   // Two stages of (k' tile, bias tile): step s + 1 streams in while step s is computed.
   __shared__ __align__(16) __nv_bfloat16 tile[2][kTileDim][kTilePitch];
   __shared__ __align__(16) float bias_tile[2][kTileDim];
-  extern __shared__ float dyn[];
+  extern __shared__ __align__(16) float dyn[];
   const int K = static_cast<int>(p.K);
   float* cursor = dyn;
   auto take = [&](int64_t count) { float* out = cursor; cursor += count; return out; };
@@ -368,13 +470,18 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   sh.value = take(kQueries * K);
   sh.index = reinterpret_cast<int32_t*>(take(kQueries * K));
   sh.n_cand = reinterpret_cast<int32_t*>(take(kQueries));
+  float* row_bound = take(kQueries);  // kBound: lower bound of each row's K-th group score
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kQueries, g = blockIdx.y;
   const int64_t n_chunks = geo.n_chunks();
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
   const int64_t t[2] = {t0 + row[0], t0 + row[1]};
+  // The bound needs pass 1's log2 Z_hat: not for max_raw. Its V rows live in sh.r in pass 1.
+  const bool bound = kBound && p.group_rule != GroupRule::max_raw && K <= kWarp;
   for (int e = threadIdx.x; e < kQueries * K; e += kPackedThreads) sh.value[e] = kNegInf, sh.index[e] = -1;
+  if (bound)
+    for (int e = threadIdx.x; e < kQueries * kRPitch; e += kPackedThreads) sh.r[e] = kNegInf;
   for (int q = threadIdx.x; q < kQueries; q += kPackedThreads) {
     sh.n_cand[q] = t0 + q < p.T ? static_cast<int>(geo.candidate_count(t0 + q)) : 0;
   }
@@ -398,6 +505,7 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   if (p.group_rule != GroupRule::max_raw && n_tiles > 0) {
     const int steps = G * n_tiles;
     float m[2], l[2];
+    float slot_max[8][2];  // kBound: running max of s2 per column slot and row of the current head
     issue(0, 0, 0);
     for (int step = 0; step < steps; ++step) {
       const int hg = step / n_tiles;
@@ -407,6 +515,9 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
       if (tile_i == 0) {
         load_query_fragments(qa, p, h, t);
         m[0] = m[1] = kNegInf, l[0] = l[1] = 0.0f;
+        if (kBound)
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) slot_max[nt][0] = slot_max[nt][1] = kNegInf;
       }
       cp_async_wait_all();
       __syncthreads();
@@ -414,23 +525,51 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
       qk_tile(s, qa, tile[step % 2]);
       scale_and_mask(s, bias_tile[step % 2], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
       accumulate_mass(s, m, l);
+      if (kBound)
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) slot_max[nt][i] = fmaxf(slot_max[nt][i], fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
       if (tile_i == n_tiles - 1) {
+        float z[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const float swa = t[i] < p.T ? lse_swa[h * p.T + t[i]] * kLog2e : kNegInf;
-          const float z = log2_normalizer(m[i], l[i], swa);
-          if (lane % 4 == 0) sh.log_z[hg * kQueries + row[i]] = z;
+          z[i] = log2_normalizer(m[i], l[i], swa);
+          if (lane % 4 == 0) sh.log_z[hg * kQueries + row[i]] = z[i];
         }
+        // V[slot] = max over heads of the slot's best term (pass 2's arithmetic; a NaN from a
+        // row without any mass is ignored by fmaxf). Each (row, slot) belongs to one thread.
+        if (bound)
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const float x = slot_max[nt][i] - z[i];
+              const float term = p.group_rule == kGroupSumProbabilities ? fast_exp2(x) : x;
+              float& v = sh.r[row[i] * kRPitch + nt * 4 + lane % 4];
+              v = fmaxf(v, term);
+            }
       }
     }
   }
   __syncthreads();
+  if (bound) {
+    for (int j = 0; j < 16; ++j) {
+      const int q = warp * 16 + j;
+      const float kth = kth_largest_of_32(sh.r + q * kRPitch, K);
+      if (lane == 0) row_bound[q] = kth;
+    }
+    __syncwarp();
+  }
   // Pass 2, step = (tile, head): group score per tile; rows with a score above their list's
   // threshold (held in registers) are offered to their top-K lists.
   if (n_tiles > 0) {
     const int steps = G * n_tiles;
     float r[8][4];
     float theta[2] = {kNegInf, kNegInf};  // a candidate must beat this to enter (full list)
+    // kBound: candidates below the row's bound cannot be among its K best.
+    const float lower[2] = {bound ? row_bound[row[0]] : kNegInf, bound ? row_bound[row[1]] : kNegInf};
     issue(0, 0, 0);
     // Rows of q~ for head g G (null past T); head g G + hg is hg T 64 elements further.
     const auto* q0 = static_cast<const __nv_bfloat16*>(p.q_retrieval) + g * G * p.T * kTileDim;
@@ -498,6 +637,12 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
           for (int e = 0; e < 4; ++e)
             if (c0 + nt * 8 + (lane % 4) * 2 + (e % 2) >= n_cand[e / 2]) r[nt][e] = kNegInf;
       }
+      if (bound)
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (r[nt][e] < lower[e / 2]) r[nt][e] = kNegInf;
       bool any[2] = {false, false};
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
@@ -524,8 +669,14 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
     }
   }
   __syncthreads();
-  for (int q = warp * 16; q < warp * 16 + 16; ++q)
-    if (t0 + q < p.T) write_selection(p, sh, q, t0 + q, g, G, key, bias, selection, selected_score);
+  for (int q = warp * 16; q < warp * 16 + 16; ++q) {
+    if (t0 + q >= p.T) continue;
+    if (kBound)
+      write_selection_by_lane(p, sh, q, t0 + q, g, G, key, bias, sh.r + warp * 16 * kRPitch, selection,
+                              selected_score);
+    else
+      write_selection(p, sh, q, t0 + q, g, G, key, bias, selection, selected_score);
+  }
 }
 
 // One pass for the default group rule r(c) = max_h (s_hat_h(c) - log Z_hat_h) (v5). If c is
@@ -544,7 +695,7 @@ __global__ void __launch_bounds__(kPackedThreads, 3)
                            int32_t* selection, float* selected_score) {
   __shared__ __align__(16) __nv_bfloat16 tile[2][kTileDim][kTilePitch];
   __shared__ __align__(16) float bias_tile[2][kTileDim];
-  extern __shared__ float dyn[];
+  extern __shared__ __align__(16) float dyn[];
   const int K = static_cast<int>(p.K);
   float* cursor = dyn;
   auto take = [&](int64_t count) { float* out = cursor; cursor += count; return out; };
@@ -669,20 +820,24 @@ size_t select_one_pass_smem_bytes(int64_t K) {
 }
 
 size_t select_smem_bytes(int64_t G, int64_t K) {
-  return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + kQueries) * 4;
+  return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries) * 4;
 }
 
 template <int G>
 void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
                      const float* lse_swa, int32_t* selection, float* selected_score,
-                     bool one_pass, cudaStream_t stream) {
+                     PackedSelect kernel, cudaStream_t stream) {
   // Static stages plus this dynamic scratch may pass the 48 KB default: always raise the limit.
+  const bool one_pass = kernel == PackedSelect::one_pass_v5;
   const size_t smem = one_pass ? select_one_pass_smem_bytes(p.K) : select_smem_bytes(G, p.K);
   if (one_pass)
     cudaFuncSetAttribute(select_one_pass_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(smem));
+  else if (kernel == PackedSelect::two_pass_v6)
+    cudaFuncSetAttribute(select_packed_kernel<G, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(smem));
   else
-    cudaFuncSetAttribute(select_packed_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(select_packed_kernel<G, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(smem));
   const dim3 grid(static_cast<unsigned>((p.T + kQueries - 1) / kQueries),
                   static_cast<unsigned>(p.Hkv));
@@ -701,8 +856,11 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
   if (one_pass)
     select_one_pass_kernel<G><<<grid, kPackedThreads, smem, stream>>>(
         p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
+  else if (kernel == PackedSelect::two_pass_v6)
+    select_packed_kernel<G, true><<<grid, kPackedThreads, smem, stream>>>(
+        p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
   else
-    select_packed_kernel<G><<<grid, kPackedThreads, smem, stream>>>(
+    select_packed_kernel<G, false><<<grid, kPackedThreads, smem, stream>>>(
         p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
   cudaFreeAsync(scratch, stream);
 }
@@ -717,9 +875,11 @@ bool packed_select_applies(const LaunchParams& p) {
 
 void launch_select_packed(const LaunchParams& p, const float* key, const float* bias,
                           const float* lse_swa, int32_t* selection, float* selected_score,
-                          bool one_pass, cudaStream_t stream) {
+                          PackedSelect kernel, cudaStream_t stream) {
   // The one-pass argument holds for the default group rule only.
-  const bool one = one_pass && p.group_rule == kGroupMaxNormalized;
+  const PackedSelect one = kernel == PackedSelect::one_pass_v5 && p.group_rule != kGroupMaxNormalized
+                               ? PackedSelect::two_pass_v4
+                               : kernel;
   switch (p.Hq / p.Hkv) {
     case 1: return launch_select_g<1>(p, key, bias, lse_swa, selection, selected_score, one, stream);
     case 2: return launch_select_g<2>(p, key, bias, lse_swa, selection, selected_score, one, stream);

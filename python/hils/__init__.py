@@ -44,6 +44,17 @@ def as_numpy(array, name="array"):
                         f"({error})") from None
 
 
+def _queries(queries):
+    # None (every query) or a non-empty list of slots; an empty list would read as "every query".
+    if queries is None:
+        return None
+    array = as_numpy(queries, "queries")
+    if array.size == 0:
+        raise ValueError("queries: expected at least one query slot (None computes all T), "
+                         "found an empty array")
+    return array
+
+
 def _json_scalar(value):
     # numpy scalars (np.int64(64), np.float32(0.125), np.bool_) -> their Python values.
     if isinstance(value, np.generic):
@@ -110,7 +121,7 @@ def verify(spec, q, k, v, outputs, *, input_precision="fp32", score_precision="f
         _spec_json(spec), _inputs(q, k, v, q_retrieval, prior), kernel_outputs,
         _text(input_precision, "input_precision", '"fp32" or "bf16"'),
         _text(score_precision, "score_precision", '"fp32" or "bf16"'),
-        None if queries is None else as_numpy(queries, "queries"), int(max_messages),
+        _queries(queries), int(max_messages),
         "" if kernel is None else _text(kernel, "kernel", "a name (str)"),
         None if do is None else as_numpy(do, "do"), None if dlse is None else as_numpy(dlse, "dlse"),
         kernel_grads)
@@ -123,4 +134,4 @@ def reference(spec, q, k, v, *, q_retrieval=None, prior=None, queries=None):
     surrogate_scores [Hq, Tq, n_chunks] (-inf outside V(t)), o_window, lse_window,
     summary_key [Hq, n_chunks, d], summary_bias [Hq, n_chunks]."""
     return _core.reference(_spec_json(spec), _inputs(q, k, v, q_retrieval, prior),
-                           None if queries is None else as_numpy(queries, "queries"))
+                           _queries(queries))

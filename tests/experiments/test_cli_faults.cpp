@@ -3,6 +3,8 @@
 // (exit 2) with nothing lost and nothing left behind.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <fstream>
 #include <algorithm>
 #include <iterator>
@@ -329,4 +331,111 @@ TEST_CASE("hils plot of an interrupted study says the run is incomplete", "[cli]
   INFO(partial.output);
   CHECK(partial.exit_code == 0);
   CHECK_THAT(partial.output, Catch::Contains("the run is incomplete"));
+}
+
+TEST_CASE("dump sizes beyond this machine's memory and values float32 cannot hold are refused "
+          "before anything is written", "[cli][faults]") {
+  TempDir dir("dump_limits");
+  auto huge = run_hils("dump synthetic -o " + q(dir / "huge.h5") + " -T 1000000000000");
+  INFO(huge.output);
+  CHECK(huge.exit_code == 2);  // was exit 3, "internal error: std::bad_alloc"
+  CHECK_THAT(huge.output, Catch::Contains("-T, --Hq, --Hkv, -d, --dv: expected sizes whose data "
+                                          "fit in 80% of this machine's"));
+  auto overflow = run_hils("dump synthetic -o " + q(dir / "f32.h5") +
+                           " -T 64 -S 16 --logit-std 1e300 --precision float32");
+  INFO(overflow.output);
+  CHECK(overflow.exit_code == 2);  // was exit 0 with -inf stored in layer0/q
+  CHECK_THAT(overflow.output, Catch::Contains("layer0/q: expected values within float32's range"));
+  // The same values stored as float64 are finite and written.
+  CHECK(run_hils("dump synthetic -o " + q(dir / "f64.h5") + " -T 64 -S 16 --logit-std 1e300")
+            .exit_code == 0);
+  CHECK_FALSE(fs::exists(dir / "huge.h5"));
+  CHECK_FALSE(fs::exists(dir / "f32.h5"));
+  CHECK(count_temp_files(dir.path()) == 0);
+}
+
+TEST_CASE("a FIFO given as an input file is refused, not read (no hang)", "[cli][faults]") {
+  TempDir dir("fifo_input");
+  const auto fifo = dir / "acts.h5";
+  REQUIRE(run_shell("mkfifo " + q(fifo)).exit_code == 0);
+  // timeout: before the fix HDF5's signature read blocked on the FIFO for ever (exit 124 here).
+  auto r = run_shell("timeout 20 '" + std::string(HILS_EXE) + "' info " + q(fifo) + " 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("expected a regular file, found a FIFO"));
+}
+
+TEST_CASE("hils verify refuses an empty /queries instead of passing it vacuously",
+          "[cli][faults]") {
+  TempDir dir("verify_empty_queries");
+  const auto path = dir / "dump.h5";
+  {
+    // A minimal verify file (data/verify_format.md): full attention over T=4, d=dv=2.
+    H5::H5File file(path.string(), H5F_ACC_TRUNC);
+    H5::Group root = file.openGroup("/");
+    hils::io::write_attribute(root, "format", std::string("hils-verify"));
+    hils::io::write_attribute(root, "format_version", int64_t{1});
+    hils::io::write_attribute(root, "spec", std::string(R"({"preset": "full", "S": 2})"));
+    hils::io::write_attribute(root, "input_precision", std::string("fp32"));
+    H5::Group inputs = file.createGroup("inputs"), outputs = file.createGroup("outputs");
+    const std::vector<double> x = {0.5, -1, 0.25, 2, -0.5, 1, 0, 0.75};
+    for (const char* name : {"q", "k", "v"})
+      hils::io::write_doubles(inputs, name, x.data(), {1, 4, 2}, false);
+    hils::io::write_doubles(outputs, "o", x.data(), {1, 4, 2}, false);
+    hils::io::write_int64s(root, "queries", nullptr, {0});
+  }
+  auto r = run_hils("verify " + q(path));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);  // was exit 0: an empty list read as "every query"
+  CHECK_THAT(r.output, Catch::Contains("queries: expected at least one query slot"));
+}
+
+TEST_CASE("a report cut short on the standard output (full disk) is exit 2, not 0",
+          "[cli][faults]") {
+  TempDir dir("stdout_full");
+  auto acts = write_small(dir);
+  const auto report = dir / "info.json";
+  auto whole = run_shell("'" + std::string(HILS_EXE) + "' info " + q(acts) + " --json > " +
+                         q(report));
+  REQUIRE(whole.exit_code == 0);
+  REQUIRE(fs::file_size(report) > 1024);  // longer than the limit below
+  auto cut = run_shell("(ulimit -f 1 && '" + std::string(HILS_EXE) + "' info " + q(acts) +
+                       " --json > " + q(report) + ") 2>&1");
+  INFO(cut.output);
+  CHECK(cut.exit_code == 2);  // was 0 with the JSON cut at 1024 bytes
+  CHECK_THAT(cut.output, Catch::Contains("expected room to write the standard output"));
+}
+
+TEST_CASE("an unreadable input and an uncreatable output folder say why (permission denied)",
+          "[cli][faults]") {
+  // Root reads everything: run hils as nobody then (setpriv, util-linux).
+  std::string as_user;
+  if (::geteuid() == 0) {
+    if (run_shell("command -v setpriv >/dev/null").exit_code != 0) {
+      WARN("running as root without setpriv: permissions cannot be exercised");
+      return;  // Catch2 v2 has no SKIP
+    }
+    as_user = "setpriv --reuid=65534 --regid=65534 --clear-groups ";
+  }
+  TempDir dir("permissions");
+  fs::permissions(dir.path(), fs::perms::all);  // traversable by the other user
+  auto acts = write_small(dir);
+  fs::permissions(acts, fs::perms::owner_read | fs::perms::owner_write);
+  fs::create_directory(dir / "locked");
+  fs::permissions(dir / "locked", fs::perms::owner_all);
+  const std::string hils = as_user + "'" + std::string(HILS_EXE) + "' ";
+  if (::geteuid() != 0) fs::permissions(acts, fs::perms::none);
+  auto unreadable = run_shell(hils + "info " + q(acts) + " 2>&1");
+  INFO(unreadable.output);
+  CHECK(unreadable.exit_code == 2);  // was "found a file without the HDF5 signature"
+  CHECK_THAT(unreadable.output, Catch::Contains("expected a file this user can read, found "
+                                                "Permission denied"));
+  if (::geteuid() != 0) fs::permissions(dir / "locked", fs::perms::owner_read);
+  auto folder = run_shell(hils + "studies --out " + q(dir / "locked" / "sub") + " --no-model -q 2>&1");
+  INFO(folder.output);
+  CHECK(folder.exit_code == 2);  // the reason was lost
+  CHECK_THAT(folder.output, Catch::Contains("cannot create the folder " + (dir / "locked" / "sub").string() +
+                                            ": Permission denied"));
+  fs::permissions(dir / "locked", fs::perms::owner_all);
+  fs::permissions(acts, fs::perms::owner_all);
 }

@@ -19,6 +19,7 @@ namespace {
 
 using hils::AttentionInputs;
 using hils::Matrix;
+using hils::GroupRule;
 using hils::MechanismSpec;
 using hils::cases::Case;
 using hils::gpu::DType;
@@ -198,10 +199,14 @@ TEST_CASE("gpu host API rejects bad input naming the field", "[gpu]") {
   CHECK(message(spec, good, missing).rfind("v:", 0) == 0);
 }
 
-// The one-pass selection (v5) against the two-pass kernel it replaces (v4): the same s2 and
-// log2 Z_hat arithmetic, so the selections and selected scores must agree bit for bit, on
-// packed shapes (one and several scoring tiles, G = 1..16, K up to 64) and on exact and
-// near ties. The oracle judges the one-pass kernel over the case table through run_mechanism.
+// The one-pass selection (v5) and the bounded two-pass selection (v6) against the default
+// two-pass kernel v4: the same s2 and log2 Z_hat arithmetic, v6's bound drops only candidates
+// that cannot be selected, and its selected scores add the same partial sums in the same order,
+// so the selections and selected scores must agree bit for bit, on packed shapes (one and
+// several scoring tiles, G = 1..16, K up to 64; K = 32 uses all 32 of
+// v6's bound slots, K > 32 runs v6 without the bound) and
+// on exact and near ties, for the group rules each kernel takes. The oracle judges the default
+// kernel over the case table through run_mechanism.
 TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
   // clang-format off
   static constexpr Case kCases[] = {
@@ -231,8 +236,11 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
   for (std::size_t n = 0; n < problems.size(); ++n) {
     const Case& c = geometry[n];
     const auto& inputs = problems[n].second;
-    for (const char* preset : {"hils", "lmk"}) {
-      const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+    for (const char* preset : {"hils", "lmk", "hils sum_probabilities", "hils max_raw"}) {
+      const std::string name(preset);
+      MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(name.substr(0, name.find(' '))), c);
+      if (name.find("sum_probabilities") != std::string::npos) spec.group_rule = GroupRule::sum_probabilities;
+      if (name.find("max_raw") != std::string::npos) spec.group_rule = GroupRule::max_raw;
       if (!c.landmarks) continue;  // both presets read the landmark slots
       const int64_t nc = c.T / c.S;
       const hils::gpu::Shape shape{c.T, c.Hq, c.Hkv, c.d, c.dv};
@@ -242,7 +250,9 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
       hils::gpu::window_attention(spec, shape, set.view, o_swa.as<float>(), lse_swa.as<float>());
       hils::gpu::summarize(spec, shape, set.view, key.as<float>(), bias.as<float>());
       std::vector<std::vector<unsigned char>> selections, scores;
-      for (auto kernel : {hils::gpu::SelectKernel::one_pass_v5, hils::gpu::SelectKernel::two_pass_v4}) {
+      const auto kernels = {hils::gpu::SelectKernel::two_pass_v4, hils::gpu::SelectKernel::one_pass_v5,
+                            hils::gpu::SelectKernel::two_pass_v6};
+      for (auto kernel : kernels) {
         gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), selected(c.Hq * c.T * c.K * 4);
         hils::gpu::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,
                                  lse_swa.as<float>(), selection.as<int32_t>(),
@@ -253,20 +263,23 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
         selections.push_back(selection.download());
         scores.push_back(selected.download());
       }
-      int64_t differing_rows = 0;
-      const auto* one = reinterpret_cast<const int32_t*>(selections[0].data());
-      const auto* two = reinterpret_cast<const int32_t*>(selections[1].data());
-      for (int64_t row = 0; row < c.Hkv * c.T; ++row)
-        for (int64_t i = 0; i < c.K; ++i)
-          if (one[row * c.K + i] != two[row * c.K + i]) {
-            ++differing_rows;
-            break;
-          }
-      std::cout << "one-pass vs two-pass " << problems[n].first << " " << preset
-                << ": rows " << c.Hkv * c.T << ", differing " << differing_rows << "\n";
-      INFO(problems[n].first << " " << preset);
-      CHECK(differing_rows == 0);
-      CHECK(scores[0] == scores[1]);
+      const auto* base = reinterpret_cast<const int32_t*>(selections[0].data());
+      for (std::size_t k = 1; k < selections.size(); ++k) {
+        int64_t differing_rows = 0;
+        const auto* other = reinterpret_cast<const int32_t*>(selections[k].data());
+        for (int64_t row = 0; row < c.Hkv * c.T; ++row)
+          for (int64_t i = 0; i < c.K; ++i)
+            if (other[row * c.K + i] != base[row * c.K + i]) {
+              ++differing_rows;
+              break;
+            }
+        const char* label = k == 1 ? "one-pass v5" : "two-pass v6";
+        std::cout << label << " vs two-pass v4 " << problems[n].first << " " << preset << ": rows "
+                  << c.Hkv * c.T << ", differing " << differing_rows << "\n";
+        INFO(problems[n].first << " " << preset << " " << label);
+        CHECK(differing_rows == 0);
+        CHECK(scores[k] == scores[0]);
+      }
     }
   }
 }

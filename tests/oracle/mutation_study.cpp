@@ -13,7 +13,7 @@ namespace {
 // printf-style formatting into a std::string.
 template <class... Args>
 std::string format(const char* pattern, Args... args) {
-  char buffer[256];
+  char buffer[512];
   std::snprintf(buffer, sizeof buffer, pattern, args...);
   return buffer;
 }
@@ -62,6 +62,20 @@ void drop_last_chunk(const MechanismSpec& spec, const AttentionInputs<float>& ke
 
 }  // namespace
 
+std::string failed_checks(const Verdict& verdict) {
+  // verdict -> "lse logit scale 2.1x, o 1.3x, selection": what failed, by how much.
+  std::string out;
+  auto add = [&](const std::string& what) { out += (out.empty() ? "" : ", ") + what; };
+  if (!verdict.selection.passed) add("selection");
+  for (const auto& t : verdict.tensors) {
+    if (t.headroom > 1) add(format("%s %.2gx", t.name.c_str(), t.headroom));
+    for (const auto& test : t.shift_tests)
+      if (!test.passed) add(format("%s %s %.2gx", t.name.c_str(), test.name.c_str(), test.headroom()));
+    if (t.headroom <= 1 && t.shift_passed() && !t.problems.empty()) add(t.name + " (pattern)");
+  }
+  return out;
+}
+
 std::string Claim::label() const { return to_string(precision) + "/" + to_string(score_precision); }
 
 std::vector<Claim> study_claims() {
@@ -74,6 +88,7 @@ std::vector<BugKind> bug_kinds() {
   // around them, so that the smallest size caught moves when a tolerance loosens.
   const std::vector<double> graded = {0.03, 0.1, 0.3, 1, 3, 10};
   return {{"logit scale", "% of sigma", graded},
+          {"logit scale, too small", "% of sigma", graded},
           {"value noise", "% of max|v| (std)", graded},
           {"extra softmax1 logit", "", {1}},
           {"missing softmax1 logit", "", {1}},
@@ -102,6 +117,7 @@ PlantedKernel planted_kernel(const BugKind& kind, double size, const MechanismSp
   MechanismSpec run = spec;
   const std::string& k = kind.name;
   if (k == "logit scale") run.scale = (1.0 + size / 100.0) * logit_scale(spec, inputs.d());
+  if (k == "logit scale, too small") run.scale = (1.0 - size / 100.0) * logit_scale(spec, inputs.d());
   if (k == "extra softmax1 logit") planted.declared.softmax1 = !(run.softmax1 = true);
   if (k == "missing softmax1 logit") planted.declared.softmax1 = !(run.softmax1 = false);
   if (k == "window W+S") run.W = spec.W + spec.S;
@@ -146,7 +162,10 @@ std::vector<PowerRow> power_study(const MechanismSpec& spec, const AttentionInpu
       ++row.planted;
       if (caught) ++row.caught;
       if (caught) row.caught_sizes.push_back(size);
-      if (caught && row.smallest_caught == 0) row.smallest_caught = size;
+      if (caught && row.smallest_caught == 0) {
+        row.smallest_caught = size;
+        row.caught_by = failed_checks(verdict);
+      }
     }
     rows.push_back(row);
   }
@@ -163,6 +182,7 @@ const PowerRow& row_of(const std::vector<PowerRow>& rows, const std::string& kin
 int sixteen_caught(const std::vector<PowerRow>& rows, bool elementwise_only) {
   int caught = 0;
   for (const auto& r : rows)
+    if (r.kind != "logit scale, too small")  // not one of issue 13's sixteen
     for (double size : elementwise_only ? r.caught_sizes_elementwise : r.caught_sizes)
       if (r.unit.find('%') == std::string::npos || size == 0.1 || size == 0.3 || size == 1.0) ++caught;
   return caught;
@@ -172,11 +192,65 @@ std::string format_power(const std::string& title, const std::vector<PowerRow>& 
   auto smallest = [](const PowerRow& r, double size) {
     return size == 0 ? std::string("none") : r.unit.empty() ? std::string("yes") : format("%g %s", size, r.unit.c_str());
   };
-  std::string out = title + "\n" + format("  %-24s %-26s %7s   %s\n", "bug", "smallest caught", "caught",
-                                           "without the mean test");
+  std::string out = title + "\n" + format("  %-24s %-22s %7s   %-22s %s\n", "bug", "smallest caught", "caught",
+                                           "element-wise only", "failed at the smallest caught");
   for (const auto& r : rows)
-    out += format("  %-24s %-26s %4d/%d   %s\n", r.kind.c_str(), smallest(r, r.smallest_caught).c_str(),
-                  r.caught, r.planted, smallest(r, r.smallest_caught_elementwise).c_str());
+    out += format("  %-24s %-22s %4d/%d   %-22s %s\n", r.kind.c_str(), smallest(r, r.smallest_caught).c_str(),
+                  r.caught, r.planted, smallest(r, r.smallest_caught_elementwise).c_str(),
+                  r.caught_by.c_str());
+  return out;
+}
+
+CorrectCount correct_kernels(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                             const Claim& claim) {
+  // spec, inputs, claim -> how many of the claim's correct kernels pass, and the worst.
+  VerifyOptions options{claim.precision};
+  options.score_precision = claim.score_precision;
+  const bool bf16 = claim.precision == InputPrecision::bf16 || claim.score_precision == InputPrecision::bf16;
+  const bool everywhere = claim.precision == InputPrecision::bf16 &&
+                          claim.score_precision == InputPrecision::bf16 &&
+                          spec.fusion == Fusion::hierarchical && spec.key_rule != KeyRule::exact;
+  CorrectCount count;
+  auto judge = [&](const std::string& what, const KernelOutputs& outputs) {
+    const Verdict verdict = verify(spec, inputs, minimal_outputs(outputs), options);
+    ++count.total;
+    if (verdict.passed) ++count.passed;
+    else count.failures += (count.failures.empty() ? "" : "; ") + what + ": " + failed_checks(verdict);
+    for (const auto& t : verdict.tensors) {
+      count.worst_elementwise = std::max(count.worst_elementwise, t.headroom);
+      for (const auto& test : t.shift_tests)
+        if (test.headroom() > count.worst_shift) {
+          count.worst_shift = test.headroom();
+          count.worst_shift_kernel = what + " (" + test.name + ")";
+        }
+    }
+  };
+  for (const auto rounding : {Bf16Rounding::nearest, Bf16Rounding::toward_zero}) {
+    if (rounding == Bf16Rounding::toward_zero && !bf16) continue;
+    const std::string how = rounding == Bf16Rounding::nearest ? "to nearest" : "truncating";
+    judge("stores " + how, float_kernel(spec, inputs, claim.precision, claim.score_precision, rounding));
+    if (everywhere) judge("bf16 everywhere " + how, bf16_everywhere_kernel(spec, inputs, rounding));
+  }
+  return count;
+}
+
+std::string format_summary(const std::string& title, const std::vector<SummaryRow>& rows) {
+  std::string out = title + "\n" + format("  %-10s %-18s %-16s %-18s %s\n", "claim", "issue 13's bugs",
+                                           "all mutants", "correct kernels", "worst headroom of a correct kernel");
+  for (const auto& r : rows) {
+    int caught = 0, planted = 0;
+    for (const auto& p : r.power) {
+      caught += p.caught;
+      planted += p.planted;
+    }
+    out += format("  %-10s %2d/16 caught      %3d/%-3d caught   %2d/%-2d passed      "
+                  "element-wise %.3g, statistics %.3g %s%s%s\n",
+                  r.claim.label().c_str(), sixteen_caught(r.power), caught, planted,
+                  r.correct.passed, r.correct.total, r.correct.worst_elementwise,
+                  r.correct.worst_shift, r.correct.worst_shift_kernel.c_str(),
+                  r.correct.failures.empty() ? "" : "; FAILED: ",
+                  r.correct.failures.c_str());
+  }
   return out;
 }
 

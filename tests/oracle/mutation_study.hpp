@@ -28,7 +28,8 @@ struct Claim {
 // The three claims of the study.
 std::vector<Claim> study_claims();
 
-// The sixteen kinds of bug (issue 13), with their graded sizes.
+// The sixteen kinds of bug (issue 13), with their graded sizes, and a logit scale too small by
+// the same grades (not one of the sixteen; a truncating kernel's bias points that way).
 std::vector<BugKind> bug_kinds();
 
 // What a kernel with this bug of this size produced (o, lse and selection only, what most
@@ -50,6 +51,7 @@ struct PowerRow {
   double smallest_caught = 0;
   int caught = 0, planted = 0;  // over the graded sizes
   std::vector<double> caught_sizes;
+  std::string caught_by;  // what failed at the smallest size caught (failed_checks)
   // The same without the mean test (the oracle before issue 13): only element-wise bounds and
   // the selection.
   double smallest_caught_elementwise = 0;
@@ -68,5 +70,28 @@ int sixteen_caught(const std::vector<PowerRow>& rows, bool elementwise_only = fa
 
 // The study's table, one line per kind, for the test's report.
 std::string format_power(const std::string& title, const std::vector<PowerRow>& rows);
+
+// What failed in a verdict and by how much: "lse logit scale 2.1x, o 1.3x, selection".
+std::string failed_checks(const Verdict& verdict);
+
+// The correct kernels of a claim judged by the oracle: the float run stored as the claim stores
+// (bf16 to nearest and toward zero), and under bf16/bf16 with hierarchical summaries the
+// bf16-everywhere kernel both ways (oracle_support.hpp).
+struct CorrectCount {
+  int passed = 0, total = 0;
+  double worst_elementwise = 0, worst_shift = 0;  // largest headroom of any
+  std::string worst_shift_kernel;                 // the kernel of worst_shift
+  std::string failures;                          // "what: failed_checks" of each failure
+};
+CorrectCount correct_kernels(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                             const Claim& claim);
+
+// One claim's line of the summary: mutants caught, correct kernels passed.
+struct SummaryRow {
+  Claim claim;
+  std::vector<PowerRow> power;
+  CorrectCount correct;
+};
+std::string format_summary(const std::string& title, const std::vector<SummaryRow>& rows);
 
 }  // namespace hils::oracle::testing

@@ -1,6 +1,7 @@
 #include "oracle_support.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <stdexcept>
 
@@ -84,6 +85,64 @@ KernelOutputs float_kernel(const MechanismSpec& spec, const AttentionInputs<doub
     }
   }
   round_as_stored(spec, out, precision, score_precision, rounding);
+  return out;
+}
+
+KernelOutputs bf16_everywhere_kernel(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                                     Bf16Rounding rounding) {
+  // spec, inputs -> o, lse, selection of a kernel rounding at every point a bf16 one may.
+  const auto bf16 = InputPrecision::bf16;
+  KernelOutputs out = float_kernel(spec, inputs, bf16, bf16, rounding);
+  const AttentionInputs<float> in = kernel_inputs(inputs, bf16);
+  const Geometry geometry = geometry_of(spec, in.T());
+  const float scale = static_cast<float>(logit_scale(spec, in.d()));
+  const int64_t G = in.Hq() / in.Hkv(), tokens = geometry.tokens_per_chunk();
+  auto to_bf16 = [rounding](double x) { return round_to_bf16(x, rounding); };
+  auto round = [&](const auto& m) {
+    return m.unaryExpr([&](float x) { return static_cast<float>(to_bf16(x)); }).eval();
+  };
+  std::vector<int64_t> all(static_cast<size_t>(in.T()));
+  for (int64_t t = 0; t < in.T(); ++t) all[static_cast<size_t>(t)] = t;
+  std::vector<Matrix<float>> scores;
+  std::vector<Vector<float>> lse_window;
+  for (int64_t h = 0; h < in.Hq(); ++h) {
+    const Matrix<float>& k = in.k[h / G];
+    const Matrix<float> prior =
+        spec.needs_prior() ? resolve_prior(in, h, spec, geometry) : Matrix<float>();
+    ChunkSummaries<float> s = summarize(k, prior, spec.key_rule, spec.bias_rule, geometry, scale);
+    for (int64_t c = 0; c < geometry.n_chunks() && spec.key_rule == KeyRule::taylor; ++c) {
+      const auto keys = k.middleRows(c * spec.S, tokens);
+      const Vector<float> logits = scale * (keys * prior.row(c).transpose());
+      Vector<float> p = (logits.array() - logits.maxCoeff()).exp().matrix();
+      p = round(Vector<float>(p / p.sum()));
+      s.key.row(c) = p.transpose() * keys;
+    }
+    s.key = round(s.key);
+    s.bias = round(s.bias);
+    scores.push_back(round(surrogate_scores(in.retrieval_query(h), s, geometry, scale, all)));
+    lse_window.push_back(window_attention(in.q[h], k, in.v[h / G], geometry, scale, all).lse);
+  }
+  for (int64_t g = 0; g < in.Hkv(); ++g)
+    out.selection[g] = select_chunks(
+        std::vector<Matrix<float>>(scores.begin() + g * G, scores.begin() + (g + 1) * G),
+        std::vector<Vector<float>>(lse_window.begin() + g * G, lse_window.begin() + (g + 1) * G),
+        spec.group_rule, spec.K, geometry, all);
+  const auto fused = forced_fusion(spec, in, out.selection, all);  // o of its own selection
+  for (int64_t h = 0; h < in.Hq(); ++h) {
+    out.o[h] = fused[h].o.cast<double>().unaryExpr(to_bf16);
+    const IndexMatrix& sel = out.selection[h / G];
+    for (int64_t t = 0; t < in.T(); ++t) {
+      // lse = log(exp(lse_swa) + sum_selected exp(s_hat) [+ 1]) (Eq. 10), from rounded parts.
+      std::vector<double> logits = {lse_window[h](t)};  // fp32, as the oracle holds lse_window
+      for (Eigen::Index i = 0; i < sel.cols(); ++i)
+        if (sel(t, i) >= 0) logits.push_back(scores[h](t, sel(t, i)));
+      if (spec.softmax1) logits.push_back(0.0);
+      const double top = *std::max_element(logits.begin(), logits.end());
+      double sum = 0;
+      for (double a : logits) sum += std::exp(a - top);
+      out.lse[h](t) = to_bf16(top + std::log(sum));
+    }
+  }
   return out;
 }
 

@@ -32,6 +32,14 @@ KernelOutputs float_kernel(const MechanismSpec& spec, const AttentionInputs<doub
                            InputPrecision score_precision = InputPrecision::fp32,
                            Bf16Rounding rounding = Bf16Rounding::nearest);
 
+// A correct kernel that rounds to bf16 wherever one may: inputs; the summary weights p and keys
+// k', the bias b'; every s_hat; selects on those; fuses the rounded s_hat with the fp32 lse_swa
+// (its logits accumulate in fp32: the oracle holds lse_window to fp32); stores o and lse in bf16 (o: the float fusion of its selection). Every rounding to
+// nearest, or (a truncating kernel) every one toward zero. Gives o, lse and the selection
+// (the other stages as float_kernel gives them). Hierarchical specs with summaries.
+KernelOutputs bf16_everywhere_kernel(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                                     Bf16Rounding rounding = Bf16Rounding::nearest);
+
 // The last query's strongest chosen chunk (group 0, by the reference's group scores on `inputs`)
 // replaced by its weakest candidate left out, and o, lse, fusion weights fused in float on
 // `kernel_in` from that selection, as a kernel with a top-k bug would produce. Returns a line

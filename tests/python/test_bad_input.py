@@ -78,6 +78,18 @@ def test_non_finite_inputs(good):
     check(ValueError, lambda: hils.reference(SPEC, q, k, bad), "v: expected finite values, found -inf")
 
 
+def test_inputs_beyond_float_range(good):
+    # Finite in float64 but Inf once rounded to the kernel's fp32: refused, naming the element.
+    q, k, v, out = good
+    big = q.astype(np.float64)
+    big[1, 7, 3] = -4e200
+    check(ValueError, lambda: hils.verify(SPEC, big, k, v, out),
+          "q[1](7, 3): expected a value within float's range", "got -4e+200")
+    huge = v.astype(np.float64)
+    huge[0, 2, 5] = 1.7e308
+    check(ValueError, lambda: hils.verify(SPEC, q, k, huge, out), "v[0](2, 5)", "got 1.7e+308")
+
+
 def test_spec_errors(good):
     q, k, v, out = good
     check(ValueError, lambda: hils.verify({"preset": "full", "KK": 4}, q, k, v, out), "spec", "KK")
@@ -98,6 +110,8 @@ def test_other_argument_errors(good):
     check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, queries=[5, 3]), "queries[1]", "strictly ascending")
     check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, queries=[0, 131]), "queries[1]")
     check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, max_messages=0), "max_messages")
+    check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, queries=[]), "queries: expected at least one query slot")
+    check(ValueError, lambda: hils.reference(SPEC, q, k, v, queries=np.zeros(0, np.int64)), "queries: expected at least one")
     sel = np.full((2, 131, 4), -5)
     check(ValueError, lambda: hils.verify(case_spec("naive_bsa", "gqa_group4"), q, k, v, {"selection": sel}),
           'outputs["selection"]: expected chunk indices >= -1, found -5')

@@ -7,7 +7,9 @@ namespace hils::cli {
 void register_extrapolate(CLI::App& app) {
   studies::register_study(
       app, "extrapolate",
-      "Length extrapolation under RoPE, HoPE and NoPE, and the needle grid.\nExample: hils extrapolate --out extrapolation.h5",
+      "Length extrapolation under RoPE, HoPE and NoPE, and the needle grid.\n"
+      "Example (seconds): hils extrapolate --out extrapolation.h5 --lengths 1024 2048 --layers 1 --queries 8\n"
+      "The defaults (lengths 1024 to 65536, 2 layers) take many minutes.",
       studies::run_extrapolation);
 }
 

@@ -114,6 +114,16 @@ struct Tolerances {
   static double margin_units(InputPrecision precision);
 };
 
+// How a bf16-score kernel converts its summaries and scores to bf16 (the shift tests' rounding
+// model): `detect` (default) reads it from the values the kernel stored in bf16 (lse, else o)
+// and allows either where it stored none in bf16; `any` allows either (a kernel that rounds
+// some values to nearest and truncates others); `nearest` / `toward_zero` as declared.
+// Allowing truncation widens what the statistics accept by its mean shift toward zero.
+enum class Bf16RoundingClaim { detect, any, nearest, toward_zero };
+std::string to_string(Bf16RoundingClaim claim);
+Bf16RoundingClaim parse_bf16_rounding(const std::string& text,
+                                      const std::string& field = "bf16_rounding");
+
 struct VerifyOptions {
   InputPrecision precision = InputPrecision::fp32;
   // Arithmetic behind the kernel's summaries and selection scores. Kernels that read bf16
@@ -122,6 +132,7 @@ struct VerifyOptions {
   // k' in bf16), which widens those floors and the margin bound ~65000-fold. The inputs' own
   // rounding is no error source: the oracle rounds its inputs the same way.
   InputPrecision score_precision = InputPrecision::fp32;
+  Bf16RoundingClaim bf16_rounding = Bf16RoundingClaim::detect;
   // Query slots the kernel computed (strictly ascending); empty = all T. Must match the rows
   // of every per-query output.
   std::vector<int64_t> queries = {};
@@ -181,23 +192,30 @@ std::vector<Vector<double>> widen(const std::vector<Vector<Scalar>>& heads) {
 
 // A statistic over all rows of a tensor, value = sum_r a_r e_r with e_r the kernel's error at
 // its storage precision (kernel - the reference rounded as the kernel stores), and what a
-// correct kernel's rounding can make of it: tolerance = kBaselineFactor x |baseline| +
-// rounding_bias + kMeanSigmas x standard_error, standard_error the larger of the bf16 rounding
-// model's and the spread of the residuals' (reference/SEMANTICS.md, "The oracle's statistics").
+// correct kernel's rounding can make of it: it passes when value lies in
+//   [truncation_low - tolerance, truncation_high + tolerance],
+// tolerance = kBaselineFactor x |baseline| + rounding_bias + kMeanSigmas x standard_error,
+// standard_error the larger of the bf16 rounding model's and the spread of the residuals', and
+// [truncation_low, truncation_high] where the mean error of roundings toward zero (a
+// truncating kernel) can centre it (reference/SEMANTICS.md, "Statistics over all rows").
 struct ShiftTest {
   std::string name;   // "mean" (a_r = 1/N) or "logit scale" (a_r = g_r / sum g^2)
-  std::string unit;   // how the value reads: "" (lse units) or "of sigma" (a fraction)
+  std::string unit;   // how the value reads: "" (lse units) or " of sigma" (a fraction)
   double value = 0;                   // sum_r a_r e_r
   double baseline = 0;                // the same of the float reference
   double model_standard_error = 0;    // from the rounding model (MeanShiftBound)
   double spread_standard_error = 0;   // sqrt(sum_r a_r^2 residual_r^2)
-  double rounding_bias = 0;           // what a biased rounding can add (MeanShiftBound)
+  double rounding_bias = 0;           // what rounding to nearest can add (MeanShiftBound)
+  double truncation_low = 0, truncation_high = 0;  // where truncating roundings centre it
   double tolerance = 0;
   bool passed = true;
-  double headroom() const { return tolerance > 0 ? std::fabs(value) / tolerance : 0.0; }
+  // |value| over the edge of the accepted interval on its side (fails when > 1).
+  double headroom() const {
+    const double edge = value >= 0 ? truncation_high + tolerance : tolerance - truncation_low;
+    return edge > 0 ? std::fabs(value) / edge : 0.0;
+  }
 };
 
-// The comparison of one tensor (all heads together).
 struct TensorReport {
   std::string name;          // "o", "lse", "surrogate_scores", ...
   bool passed = false;
@@ -218,6 +236,7 @@ struct TensorReport {
   // they do not apply.
   std::vector<ShiftTest> shift_tests;
   std::string stored_as;        // the storage the shift tests found: "fp32", "bf16 (to nearest)", ...
+  std::string conversions;      // the shift tests' bf16 conversions: "to nearest (read from o)", ...
   bool shift_passed() const;    // every shift test passed (true when there is none)
   std::vector<std::string> problems;  // why it failed: NaN, shape, all-zero, -inf pattern, ...
   std::string diagnosis;              // a guess at the cause, when one is recognised
@@ -298,6 +317,14 @@ struct MeanShiftBound {
 // Completes `test` (value, baseline, spread_standard_error set) with its tolerance and verdict
 // and, when it fails, adds a problem line naming the statistic to `report`.
 void check_shift(TensorReport& report, ShiftTest test, const MeanShiftBound& bound);
+
+// How a kernel stored a tensor, read from its values against the truth: nullopt when some finite
+// value is not a bf16 number (stored wider); else toward zero when the errors lean toward zero by
+// more than a quarter ulp on average (truncation leans by half an ulp, rounding to nearest by
+// none, whatever the error before the store), to nearest otherwise.
+std::optional<Bf16Rounding> bf16_store_rounding(const std::vector<Matrix<double>>& kernel,
+                                                const std::vector<Matrix<double>>& truth);
+std::string describe_store(const std::optional<Bf16Rounding>& rounding);  // "fp32", "bf16 (toward zero)", ...
 
 // Guard bytes: the first offset in [data, data+bytes) whose byte differs from `pattern`, or
 // nullopt when the whole guard is intact.

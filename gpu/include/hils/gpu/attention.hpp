@@ -78,13 +78,15 @@ void summarize(const MechanismSpec& spec, const Shape& shape, const DeviceInputs
 void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                       const float* key, const float* bias, float* scores,
                       cudaStream_t stream = nullptr);
-// Which packed selection kernel runs (gpu/NOTES.md has each version's numbers). Both give the
-// same selection. two_pass_v4 is the default: it measured 2.9x faster at T = 512K (v5's G
-// per-head top-K lists cost more than the scoring pass it saves). one_pass_v5 applies to the
-// default group rule (max_normalized); for the others it falls back to two_pass_v4.
+// Which packed selection kernel runs (gpu/NOTES.md has each version's numbers). All give the
+// same selection and the same selected scores. two_pass_v4 is the default: it measured the
+// fastest at every T (H200, 512K: v4 91.0 ms, v6 92.9 ms, v5 268 ms); v5 and v6 stay reachable as
+// the benchmark's comparison points. one_pass_v5 applies to the default group rule
+// (max_normalized); for the others it falls back to two_pass_v4.
 enum class SelectKernel {
   two_pass_v4,  // pass 1: log Z_hat per head; pass 2: group scores offered to the top-K lists
   one_pass_v5,  // per head a running log Z_hat and its K best; the union ranked at the end
+  two_pass_v6,  // v4 plus a pass-1 lower bound of the K-th group score that prunes the offers
 };
 
 // Selection per KV group (reference/SEMANTICS.md §4): [Hkv, T, K], ascending, -1 padded, ties to
