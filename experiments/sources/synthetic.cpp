@@ -159,6 +159,13 @@ uint64_t layer_seed(uint64_t seed, int64_t layer) {
 
 std::vector<std::string> generator_names() { return {"gaussian", "topics", "needle", "drift"}; }
 
+// params -> bytes: (q and q_retrieval per query head, k and v per KV head) x T slots x 4 copies.
+double SyntheticParams::working_bytes() const {
+  const double per_slot = static_cast<double>(Hq) * static_cast<double>(d) * 2 +
+                          static_cast<double>(Hkv) * static_cast<double>(d + value_dim());
+  return 4.0 * sizeof(double) * static_cast<double>(T) * per_slot;
+}
+
 void SyntheticParams::validate() const {
   bool known = false;
   for (const auto& name : generator_names()) known = known || name == generator;

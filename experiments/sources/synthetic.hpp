@@ -73,6 +73,10 @@ struct SyntheticParams {
   uint64_t seed = 0;
 
   int64_t value_dim() const { return dv > 0 ? dv : d; }
+  // Bytes that generating one layer of T slots holds at once, roughly: the rotated and
+  // un-rotated inputs, a copy and a writer's buffer, all in double (hils dump synthetic and the
+  // studies' synthetic source check it against the machine's memory before generating).
+  double working_bytes() const;
   // Throws InvalidArgument naming the first field that makes no sense.
   void validate() const;
   // The generator, the fields every generator uses and its own (dv resolved).

@@ -138,7 +138,8 @@ Resolved resolve(const StudyArgs& a, const std::string& study) {
   r.source.lengths = lengths;
   r.source.n_layers = a.layers ? *a.layers : c.integer("source", "layers", model ? 5 : 2);
   require_study_values(r, c);
-  build_sources(r, a, c);  // first: its config errors come before this cross-value check
+  // First: its config errors come before this cross-value check.
+  build_sources(r, a, c, lengths_where(a, c, study));
   require_retrieval_candidates(lengths, r.geometry, lengths_where(a, c, study));
   r.raw_source.lengths = r.source.lengths = lengths;
   r.raw_source.n_layers = r.source.n_layers;

@@ -47,8 +47,10 @@ Resolved resolve(const StudyArgs& args, const std::string& study);
 std::vector<analysis::StudyMechanism> mechanisms_of(const Resolved& r);
 
 // study_sources.cpp: r.source, r.raw_source and r.config["source"] from the source kind, the
-// layers and lengths already in r, and the config's [source] table.
-void build_sources(Resolved& r, const StudyArgs& args, const config::ConfigValues& c);
+// layers and lengths already in r, and the config's [source] table. BadInput naming
+// `lengths_where` when the longest synthetic layer cannot fit in memory.
+void build_sources(Resolved& r, const StudyArgs& args, const config::ConfigValues& c,
+                   const std::string& lengths_where);
 
 // study_checks.cpp: each throws BadInput naming where the value was set.
 // S, W >= 1, K >= 0, queries >= 1, 1 <= layers (<= 128 for the synthetic source).

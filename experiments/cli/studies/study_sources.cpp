@@ -1,5 +1,6 @@
 // A study's inputs: the source kind resolved by study_config.cpp, handed to the one sources
 // module (experiments/sources/study_inputs.hpp).
+#include "cli/cli_util.hpp"
 #include "cli/commands.hpp"
 #include "cli/studies/study_config.hpp"
 #include "sources/study_inputs.hpp"
@@ -24,16 +25,26 @@ sources::SyntheticParams synthetic_params(const config::ConfigValues& c,
   return params;
 }
 
+// params at the longest of the lengths (the layer a unit holds at once).
+sources::SyntheticParams longest(sources::SyntheticParams params,
+                                 const std::vector<int64_t>& lengths) {
+  params.T = lengths.back();
+  return params;
+}
+
 }  // namespace
 
-// r (source kind, layers, lengths, geometry), args, c -> r.source, r.raw_source, r.config["source"].
-void build_sources(Resolved& r, const StudyArgs& a, const config::ConfigValues& c) {
+// r (source kind, layers, lengths, geometry), args, c, lengths_where -> r.source, r.raw_source,
+// r.config["source"].
+void build_sources(Resolved& r, const StudyArgs& a, const config::ConfigValues& c,
+                   const std::string& lengths_where) {
   sources::StudyInputs inputs;
   if (r.source_kind == "synthetic") {
+    const sources::SyntheticParams params = synthetic_params(c, r.geometry);
+    require_fits_in_memory(longest(params, r.source.lengths).working_bytes(), lengths_where);
     // Fidelity and overlap see the synthetic vectors under RoPE, as a model would.
     const PositionalEncoding pe{PositionalKind::rope, RopePairing::half, r.theta};
-    inputs = sources::synthetic_study_inputs(synthetic_params(c, r.geometry), pe,
-                                             r.source.n_layers, r.source.lengths);
+    inputs = sources::synthetic_study_inputs(params, pe, r.source.n_layers, r.source.lengths);
   } else if (r.source_kind == "model") {
     inputs = sources::model_study_inputs(sources::ModelFiles::in_folder(a.model_dir),
                                          r.source.n_layers, r.source.lengths);
