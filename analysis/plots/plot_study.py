@@ -2,7 +2,9 @@
 """Plots of a hils study results file (fidelity, overlap or extrapolation), from the file alone.
 
 Usage: /usr/bin/python3 plot_study.py RESULTS.h5 --out FOLDER [--list FILE]
-Exit 2 when the file is not a study results file.
+Exit 2 when the file is not a study results file, 3 when a PNG cannot be written (a full disk,
+a read-only folder: the message names the file and the reason); a PNG appears whole or not at
+all. Ctrl-C (SIGINT) ends the script by that signal, without a traceback.
 
 What every figure shares, so that figures can be read side by side:
 - a mechanism has one colour in every figure (MECHANISM_COLOURS, through mechanism_colour);
@@ -17,9 +19,15 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
 import zlib
 from typing import NamedTuple
+
+if __name__ == "__main__":
+    # Ctrl-C while the libraries load ends the script at once (nothing is written yet); main()
+    # turns it back into KeyboardInterrupt, so that a PNG being written is removed.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import h5py
 import matplotlib
@@ -553,11 +561,28 @@ def annotate_cells(ax, values):
                     color="white" if v < 0.6 else "black")
 
 
+class OutputError(Exception):
+    """A PNG that could not be written (full disk, read-only folder): exit 3 with the reason."""
+
+
 def save(fig, out, name):
-    """A figure -> the PNG `name` in `out`; returns its path."""
+    """A figure -> the PNG `name` in `out`, whole or not at all; returns its path."""
     path = os.path.join(out, name)
-    fig.savefig(path)
-    plt.close(fig)
+    temp = os.path.join(out, f".{name}.tmp-{os.getpid()}")
+    try:
+        fig.savefig(temp, format="png")
+        os.replace(temp, path)
+    except BaseException as e:  # a full disk, or Ctrl-C mid-write: no half-written file
+        try:
+            os.remove(temp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise OutputError(f"{path}: expected room to write the plot, found "
+                              f"{e.strerror or e}") from e
+        raise
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -591,12 +616,11 @@ def main():
         f = h5py.File(a.results, "r")
         config = json.loads(f.attrs["config"])
         study = config["study"]
-    except (OSError, KeyError, ValueError) as e:
+    except (OSError, KeyError, TypeError, ValueError) as e:
         print(f"{a.results}: not a hils study results file ({e})", file=sys.stderr)
         return 2
-    os.makedirs(a.out, exist_ok=True)
     stem = os.path.splitext(os.path.basename(a.results))[0]
-    draw = DRAW.get(study)
+    draw = DRAW.get(study) if isinstance(study, str) else None
     if draw is None:
         print(f"{a.results}: config.study is '{study}', expected fidelity, overlap or "
               "extrapolation", file=sys.stderr)
@@ -609,14 +633,35 @@ def main():
         print(f"{a.results}: note: the run is incomplete (interrupted?): no {', '.join(missing)} "
               "unit yet, so panels may be empty or partial; run the same command again to "
               "resume it", file=sys.stderr)
-    paths = draw(f, config, stem, a.out)
-    if a.list:
-        with open(a.list, "w") as fh:
-            fh.write("\n".join(paths) + "\n")
-    for path in paths:
-        print(path)
+    try:
+        os.makedirs(a.out, exist_ok=True)
+        paths = draw(f, config, stem, a.out)
+        if a.list:  # the caller (hils plot) prints the paths itself
+            with open(a.list, "w") as fh:
+                fh.write("\n".join(paths) + "\n")
+    except OutputError as e:
+        print(e, file=sys.stderr)
+        return 3
+    except OSError as e:
+        print(f"{e.filename or a.out}: expected a writable plot folder with room, found "
+              f"{e.strerror or e}", file=sys.stderr)
+        return 3
+    except (KeyError, TypeError) as e:
+        # A file of another version or tool: its config or datasets lack what this study writes.
+        print(f"{a.results}: expected the datasets and config keys of a {study} results file of "
+              f"this hils version, found none for {e}", file=sys.stderr)
+        return 2
+    if not a.list:
+        for path in paths:
+            print(path)
     return 0
 
-
 if __name__ == "__main__":
-    sys.exit(main())
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        # End by the signal itself, as a program without a handler would: the caller sees
+        # "killed by SIGINT" (a shell: status 130), and no traceback is printed.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)

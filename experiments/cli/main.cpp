@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
               << std::strerror(errno) << "; the output is incomplete\n";
     code = hils::cli::kExitBadInput;
   }
-  if (code != hils::cli::kExitOk) session->fail();  // ends every rank of an MPI job
+  if (code != hils::cli::kExitOk) session->fail(code);  // ends every rank of an MPI job
   if (hils::io::hdf5_file_abandoned()) {
     // A write failed (full disk) and left HDF5 a file it cannot close; its shutdown at exit
     // would crash on it. Temporary files are gone already (their owners were destroyed).

@@ -184,6 +184,9 @@ void ResultsWriter::write_matrix(const std::string& path, const Matrix<double>& 
         root, path, data.data(),
         {static_cast<hsize_t>(data.rows()), static_cast<hsize_t>(data.cols())}, false);
     write_attribute(dataset, "meaning", meaning);
+    // Closed inside the guard: a failed close (full disk) becomes FileError here rather than
+    // a "DataSet::~DataSet - H5Dclose failed" line printed by the destructor.
+    dataset.close();
   });
 }
 
@@ -195,6 +198,7 @@ void ResultsWriter::write_vector(const std::string& path, const Vector<double>& 
     auto dataset =
         write_doubles(root, path, data.data(), {static_cast<hsize_t>(data.size())}, false);
     write_attribute(dataset, "meaning", meaning);
+    dataset.close();  // see write_matrix
   });
 }
 
@@ -205,6 +209,7 @@ void ResultsWriter::write_vector(const std::string& path, const std::vector<doub
     H5::Group root = root_of(*state_->file);
     auto dataset = write_doubles(root, path, data.data(), {data.size()}, false);
     write_attribute(dataset, "meaning", meaning);
+    dataset.close();  // see write_matrix
   });
 }
 
@@ -217,6 +222,7 @@ void ResultsWriter::write_indices(const std::string& path, const IndexMatrix& da
         root, path, data.data(),
         {static_cast<hsize_t>(data.rows()), static_cast<hsize_t>(data.cols())});
     write_attribute(dataset, "meaning", meaning);
+    dataset.close();  // see write_matrix
   });
 }
 
@@ -227,6 +233,7 @@ void ResultsWriter::write_indices(const std::string& path, const std::vector<int
     H5::Group root = root_of(*state_->file);
     auto dataset = write_int64s(root, path, data.data(), {data.size()});
     write_attribute(dataset, "meaning", meaning);
+    dataset.close();  // see write_matrix
   });
 }
 
@@ -237,6 +244,7 @@ void ResultsWriter::write_text(const std::string& path, const std::string& text,
     H5::Group root = root_of(*state_->file);
     auto dataset = io::write_text(root, path, text);
     write_attribute(dataset, "meaning", meaning);
+    dataset.close();  // see write_matrix
   });
 }
 
@@ -258,6 +266,7 @@ void set_attribute_on(H5::H5File& file, const std::string& object, const std::st
       info.type == H5O_TYPE_DATASET) {
     H5::DataSet dataset = root.openDataSet(path);
     write_attribute(dataset, name, value);
+    dataset.close();  // see write_matrix
     return;
   }
   H5::Group group = ensure_group(root, path);

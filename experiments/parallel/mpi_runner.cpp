@@ -30,12 +30,19 @@ constexpr int kReady = 1;
 constexpr int kAssign = 2;
 // Worker -> rank 0: [uint64 unit index][char kBadInput or kOtherFailure] then the message.
 constexpr int kFailure = 3;
+// Worker -> rank 0, once, as the worker's command ends (done, failed, or told that the run
+// failed): [int exit status]. Outside every run's tags (tag() stays below 32000; MPI
+// guarantees tags up to 32767).
+constexpr int kGoodbye = 32000;
 
 // The tag of a kind in the `call`-th run() (every rank makes the same calls): a worker that
 // already went on to the next call must not be taken for one still in this call.
 int tag(int kind, int64_t call) { return kind + 4 * static_cast<int>(call % 8000); }
+// The kAssign tag that answers a worker's kReady or kFailure message of the same run() call.
+int answer_tag(int request_tag) { return request_tag - request_tag % 4 + kAssign; }
 constexpr int64_t kNoMoreUnits = -1, kJobFailed = -2;
 constexpr char kBadInput = 'B', kOtherFailure = 'E';
+constexpr int kBadInputExit = 2;  // hils's exit status for bad input (README, "Exit codes")
 
 std::vector<char> receive_bytes(const MPI_Status& probed) {
   int count = 0;
@@ -104,9 +111,24 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
   // failed one, whatever the timing (and no computed work is lost).
   std::optional<Failure> failure;
   std::exception_ptr write_failure;  // rank 0's own (say a full disk): nothing more is written
-  while (static_cast<int>(parked.size()) < size_ - 1) {
+  while (static_cast<int>(parked.size()) + workers_gone() < size_ - 1) {
     int flag = 0;
     MPI_Status status;
+    MPI_Iprobe(MPI_ANY_SOURCE, kGoodbye, MPI_COMM_WORLD, &flag, &status);
+    if (flag) {
+      // A worker whose command ended before it joined this run (it failed outside any run,
+      // say on its copy of the input): it will never ask for a unit.
+      const int worker = status.MPI_SOURCE;
+      const int exit_status = receive_goodbye(status.MPI_SOURCE);
+      Failure gone;  // order 0: reported before any unit's failure
+      gone.bad_input = exit_status == kBadInputExit;
+      gone.message = "rank " + std::to_string(worker) + " ended before this run" +
+                     (exit_status ? " with exit status " + std::to_string(exit_status) +
+                                        " (its message above)"
+                                  : " (the ranks disagree on the units to run)");
+      if (!failure || failure->order > 0) failure = std::move(gone);
+      continue;
+    }
     MPI_Iprobe(MPI_ANY_SOURCE, tag(kFailure, calls_), MPI_COMM_WORLD, &flag, &status);
     if (!flag) MPI_Iprobe(MPI_ANY_SOURCE, tag(kReady, calls_), MPI_COMM_WORLD, &flag, &status);
     if (!flag) {
@@ -152,7 +174,6 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
   const int64_t verdict = failed ? kJobFailed : kNoMoreUnits;
   for (int worker : parked)
     MPI_Send(&verdict, 1, MPI_INT64_T, worker, tag(kAssign, calls_), MPI_COMM_WORLD);
-  if (failed) ended_together_ = true;  // every worker is ending: no MPI_Abort needed
   if (write_failure) std::rethrow_exception(write_failure);
   if (failure) {
     // Bad input stays bad input (exit code 2), as in one process.
@@ -195,8 +216,43 @@ void MpiUnitRunner::work(const std::vector<StudyUnit>& units) {
   }
 }
 
+int MpiUnitRunner::receive_goodbye(int worker) {
+  int exit_status = 0;
+  MPI_Recv(&exit_status, 1, MPI_INT, worker, kGoodbye, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  gone_.at(static_cast<size_t>(worker)) = true;
+  return exit_status;
+}
+
+int MpiUnitRunner::workers_gone() const {
+  return static_cast<int>(std::count(gone_.begin(), gone_.end(), true));
+}
+
+void MpiUnitRunner::end_job(int exit_status) {
+  if (rank_ != 0) {
+    MPI_Send(&exit_status, 1, MPI_INT, 0, kGoodbye, MPI_COMM_WORLD);
+    return;
+  }
+  while (workers_gone() < size_ - 1) {
+    int flag = 0;
+    MPI_Status status;
+    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, &status);
+    if (!flag) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    if (status.MPI_TAG == kGoodbye) {
+      receive_goodbye(status.MPI_SOURCE);
+      continue;
+    }
+    // A worker waiting in a run this rank never started (it failed before, e.g. validating
+    // the input up front): that run is over before it began.
+    receive_bytes(status);
+    MPI_Send(&kJobFailed, 1, MPI_INT64_T, status.MPI_SOURCE, answer_tag(status.MPI_TAG),
+             MPI_COMM_WORLD);
+  }
+}
+
 void MpiUnitRunner::end_with_job() {
-  ended_together_ = true;
   throw JobEnded("the run failed; rank 0 reports why");
 }
 

@@ -21,9 +21,17 @@
 // temporary; the last checkpoint stays). The ranks then finalize MPI together and rank 0 exits
 // with the failure's code: no MPI_Abort, whose teardown can leave OpenMPI 4.1's mpirun hung in
 // PMIx_server_finalize with every rank already gone (seen here). A failure to write on rank 0
-// (a full disk) ends the job the same way. MPI_Abort stays for a rank failing outside a run
-// (session.hpp).
+// (a full disk) ends the job the same way.
+//
+// Failures outside a run end the job in order too (end_job(), from ~Session): every worker
+// says goodbye to rank 0 as its command ends, and rank 0 waits for every goodbye before MPI
+// is finalized. Rank 0 failing before a run (its up-front validation, a held lock) answers the
+// workers waiting in that run with kJobFailed while it waits; a worker failing before a run
+// (its copy of the input) says goodbye with its exit status, and rank 0's run ends with
+// "rank R ended before this run".
 #pragma once
+
+#include <vector>
 
 #include "hils/analysis/units.hpp"
 
@@ -36,17 +44,20 @@ class MpiUnitRunner final : public analysis::UnitRunner {
                           analysis::ResultSink& sink,
                           const analysis::Progress& progress) override;
   bool holds_results() const override { return rank_ == 0; }
-  // A run failed and every rank was told: the job can end without MPI_Abort.
-  bool ended_together() const { return ended_together_; }
+  // This rank's command ended with `exit_status` (0: done): a worker tells rank 0; rank 0
+  // waits until every worker has, ending the runs they wait in. Then MPI can be finalized.
+  void end_job(int exit_status);
 
  private:
   analysis::UnitsDone coordinate(const std::vector<analysis::StudyUnit>& units,
                                  analysis::ResultSink& sink, const analysis::Progress& progress);
   void work(const std::vector<analysis::StudyUnit>& units);
   [[noreturn]] void end_with_job();  // a worker told that the run failed: throws JobEnded
+  int receive_goodbye(int worker);  // rank 0: returns the worker's exit status
+  int workers_gone() const;        // rank 0: goodbyes received
   int rank_, size_;
-  int64_t calls_ = 0;
-  bool ended_together_ = false;  // run() calls so far: a study may run several unit lists in turn
+  int64_t calls_ = 0;  // run() calls so far: a study may run several unit lists in turn
+  std::vector<bool> gone_ = std::vector<bool>(static_cast<size_t>(size_), false);
 };
 
 }  // namespace hils::parallel

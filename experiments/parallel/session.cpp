@@ -1,9 +1,6 @@
 #include "parallel/session.hpp"
 
-#include <chrono>
 #include <cstdlib>
-#include <iostream>
-#include <thread>
 
 #include "parallel/mpi_runner.hpp"
 
@@ -54,12 +51,8 @@ Session::~Session() {
   g_session = nullptr;
 #ifdef HILS_WITH_MPI
   if (!mpi_) return;
-  if (failed_ && size_ > 1 && !(runner_ && runner_->ended_together())) {
-    // Let mpirun forward this rank's message before the abort tears the job down.
-    std::cerr.flush();
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
+  // Every rank ends through the same handshake, failed or not (no MPI_Abort: mpi_runner.hpp).
+  if (runner_) runner_->end_job(exit_status_);
   MPI_Finalize();
 #endif
 }

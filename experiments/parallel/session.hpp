@@ -26,7 +26,7 @@ class Session {
  public:
   // Initializes MPI when built in and this process was started by an MPI launcher.
   Session(int& argc, char**& argv);
-  ~Session();  // finalizes MPI (or aborts the job, see fail())
+  ~Session();  // ends the job in order with the other ranks (see fail()), finalizes MPI
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
@@ -36,17 +36,18 @@ class Session {
   bool holds_results() const { return rank_ == 0; }
   // The runner for a study's units: serial unless N > 1 ranks.
   analysis::UnitRunner& runner();
-  // The command failed on this rank: with N > 1 ranks the destructor ends the whole job
-  // (MPI_Abort) instead of waiting for ranks that will never be answered, unless the failure
-  // happened in a run that told every rank already (MpiUnitRunner::ended_together()).
-  void fail() { failed_ = true; }
+  // The command failed on this rank with `exit_status`: with N > 1 ranks the destructor ends
+  // the whole job, rank 0 answering workers that wait for a run it will not start, a worker
+  // telling rank 0, which then fails its run naming the rank (MpiUnitRunner::end_job()).
+  void fail(int exit_status) { exit_status_ = exit_status; }
 
   // The one session of this process (nullptr before main created it, e.g. in tests).
   static Session* current();
 
  private:
   int rank_ = 0, size_ = 1;
-  bool mpi_ = false, failed_ = false;
+  bool mpi_ = false;
+  int exit_status_ = 0;
   std::unique_ptr<MpiUnitRunner> runner_;
 };
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <string>
 
@@ -15,7 +16,16 @@ namespace {
 using detail::neg_inf;
 using detail::QueryBlock;
 
+// GiB with 3 significant digits -> text ("15.3", "1.53e+06").
+std::string gib_text(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", bytes / (1 << 30));
+  return text;
+}
+
 // Refuses runs whose outputs cannot fit in this machine's memory, before allocating anything.
+// The message names the sizes a user sets (spec.K, the sampled queries, kept scores), not the
+// C++ option struct: it reaches CLI and Python users too.
 template <class Scalar>
 void require_outputs_fit(const MechanismSpec& spec, const AttentionInputs<Scalar>& inputs,
                          const RunOptions& options, int64_t rows) {
@@ -28,10 +38,21 @@ void require_outputs_fit(const MechanismSpec& spec, const AttentionInputs<Scalar
                        static_cast<double>(sizeof(Scalar));
   const double memory =
       static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-  require(bytes < 0.8 * memory, "RunOptions",
-          "outputs within 80% of this machine's " + std::to_string(memory / (1 << 30)) +
-              " GiB (sample queries with RunOptions::queries or drop kept scores)",
-          std::to_string(bytes / (1 << 30)) + " GiB");
+  if (bytes < 0.8 * memory) return;
+  // fusion_weights hold K + 2 columns per row; a K beyond the chunk count selects nothing more.
+  const bool k_dominates = static_cast<double>(spec.K) > chunks &&
+                           static_cast<double>(spec.K) > 0.5 * per_row;
+  const std::string advice =
+      k_dominates ? "K = " + std::to_string(spec.K) + " is above the " +
+                        std::to_string(inputs.T() / spec.S) +
+                        " chunks of T; K >= the chunk count already selects every chunk"
+                  : "sample fewer queries or keep fewer scores";
+  require(false, k_dominates ? "spec.K" : "outputs",
+          "outputs (" + std::to_string(rows) + " queries x " + std::to_string(inputs.Hq()) +
+              " heads x " + std::to_string(static_cast<int64_t>(per_row)) +
+              " values) within 80% of this machine's " + gib_text(memory) + " GiB (" + advice +
+              ")",
+          gib_text(bytes) + " GiB");
 }
 
 template <class Scalar>

@@ -8,11 +8,15 @@ namespace hils {
 void PositionalEncoding::validate(int64_t d) const {
   if (kind == PositionalKind::nope) return;
   require(d % 2 == 0, "d", "an even head dim for rotary encodings", std::to_string(d));
-  require(theta > 1.0, "theta", "a RoPE base greater than 1", std::to_string(theta));
+  // An infinite base is refused although its limit exists (inv_freq = 0 for every pair but the
+  // first): that is NoPE on d-2 dims and a rotation on two, which no one means by "RoPE".
+  require(theta > 1.0 && std::isfinite(theta), "theta", "a finite RoPE base greater than 1",
+          std::to_string(theta));
   if (kind == PositionalKind::hope) {
-    require(hope_train_length > 0.0, "hope_train_length", "a positive training length",
-            std::to_string(hope_train_length));
-    require(hope_m > 0.0, "hope_m", "a positive period multiplier", std::to_string(hope_m));
+    require(hope_train_length > 0.0 && std::isfinite(hope_train_length), "hope_train_length",
+            "a positive finite training length", std::to_string(hope_train_length));
+    require(hope_m > 0.0 && std::isfinite(hope_m), "hope_m",
+            "a positive finite period multiplier", std::to_string(hope_m));
   }
 }
 

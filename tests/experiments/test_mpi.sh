@@ -5,7 +5,8 @@
 #   failing_rank: a layer with a NaN found late ends the job naming the rank and the unit, the
 #                 file keeps its last checkpoint, and after the fix the run resumes under
 #                 another N (2, then 1 process after a second interruption) to the same results;
-#   run:          `hils run` over 3 layers x 2 mechanisms: the same, for its (mechanism, layer) units.
+#   run:          `hils run` over 3 layers x 2 mechanisms: the same, for its (mechanism, layer) units;
+#                 rank 0 or a worker failing before the run ends the job in order, named.
 # usage: test_mpi.sh CASE HILS MPIRUN WORKDIR
 set -euo pipefail
 case_name=$1 hils=$2 mpirun=$3 work=$4
@@ -80,6 +81,39 @@ print("checkpoint holds", done)
 assert done == sys.argv[1:], done
 PY
   }
+  # Failures before the run starts end the job in order too (no MPI_Abort, whose teardown can
+  # hang OpenMPI 4.1's mpirun; `timeout` turns such a hang into a failure here).
+  # Rank 0's copy broken: its up-front validation fails while the workers wait for units.
+  copies ""
+  /usr/bin/python3 -c "import h5py; h5py.File('rank0/acts.h5', 'r+')['layer2/v'][0, 5, 1] = float('nan')"
+  status=0; timeout 120 "$mpirun" --oversubscribe -n 3 bash -c 'cd rank$OMPI_COMM_WORLD_RANK && exec "$@"' \
+    _ "$hils" -q run acts.h5 -o ../early.h5 "${run_args[@]}" 2> failure.txt || status=$?
+  cat failure.txt
+  [[ $status == 2 ]] || fail "rank 0 failing up front: exit status $status, expected 2 (124: hung)"
+  grep -q "bad input: .*layer2/v.*nan" failure.txt || fail "rank 0's up-front failure not named"
+  [[ $(grep -c "hils:" failure.txt) == 1 ]] || fail "expected one message (rank 0's), got: $(cat failure.txt)"
+  [[ -z $(ls | grep "^early") ]] || fail "a results file was left: $(ls)"
+  # A worker's copy missing: it fails before joining the run; rank 0's run names it.
+  copies "" && rm rank2/acts.h5
+  status=0; timeout 120 "$mpirun" --oversubscribe -n 3 bash -c 'cd rank$OMPI_COMM_WORLD_RANK && exec "$@"' \
+    _ "$hils" -q run acts.h5 -o ../early.h5 "${run_args[@]}" 2> failure.txt || status=$?
+  cat failure.txt
+  [[ $status == 2 ]] || fail "a worker failing up front: exit status $status, expected 2 (124: hung)"
+  grep -q "bad input: .*acts.h5" failure.txt || fail "the worker's own message is missing"
+  grep -q "bad input: rank 2 ended before this run with exit status 2" failure.txt ||
+    fail "rank 0 does not name the worker that ended"
+  # The other worker may have finished units meanwhile: a valid checkpoint of the first units.
+  /usr/bin/python3 - <<'PY' || fail "early.h5 is not a checkpoint of the first units"
+import h5py, json, os
+if os.path.exists("early.h5"):
+    done = json.loads(h5py.File("early.h5", "r").attrs["complete_units"])
+    order = json.loads(h5py.File("run_1.h5", "r").attrs["complete_units"])
+    print("checkpoint holds", done)
+    assert done == order[:len(done)], (done, order)
+PY
+  [[ $(ls | grep -c "^early") -le 1 ]] || fail "files besides early.h5: $(ls)"
+  rm -f early.h5
+
   # Interrupted under N = 3 (layer 1 broken on the workers) ...
   copies 1
   # mpirun's exit status is rank 0's: 2, bad input (the ranks end together, without MPI_Abort).

@@ -99,6 +99,10 @@ def test_spec_errors(good):
     check(ValueError, lambda: hils.verify({"preset": "full", "scale": float("nan")}, q, k, v, out), "spec")
     check(TypeError, lambda: hils.verify("full", q, k, v, out), "spec: expected a dict")
     check(TypeError, lambda: hils.verify({"preset": "full", "S": object()}, q, k, v, out), "spec")
+    # A K whose outputs cannot fit names the spec's K, not the C++ option struct.
+    with pytest.raises(ValueError) as raised:
+        hils.reference(case_spec("naive_bsa", "gqa_group4") | {"K": 10**12}, q, k, v)
+    assert "spec.K" in str(raised.value) and "RunOptions" not in str(raised.value), str(raised.value)
     # numpy scalars are fine in a spec.
     assert hils.verify({"preset": "full", "S": np.int64(8), "W": np.int32(16), "K": 4}, q, k, v, out).passed
 

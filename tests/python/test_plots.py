@@ -254,3 +254,56 @@ def test_an_incomplete_run_is_said_in_every_figure(studies, drawn, tmp_path, cap
     # A finished run's figures carry no stamp.
     assert not any("INCOMPLETE" in fig._suptitle.get_text() for figs in drawn.values()
                    for fig in figs.values())
+
+
+def loading_matplotlib(pid):
+    """Whether process `pid` has mapped one of matplotlib's compiled modules (it is importing
+    matplotlib, well past the interpreter's start)."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            return "matplotlib" in maps.read()
+    except OSError:
+        return False
+
+
+def run_script(results, out, limit=None, sigint=False):
+    """The plotting script as hils runs it -> (return code, stderr); optionally under a
+    file-size limit (a full disk: writes fail with EFBIG) or sent SIGINT (Ctrl-C) once it is
+    loading matplotlib."""
+    import resource
+    import signal
+    import sys
+    import time
+
+    def limited():
+        if limit is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    command = [sys.executable, str(ROOT / "analysis" / "plots" / "plot_study.py"), str(results),
+               "--out", str(out), "--list", str(out / ".plots.txt")]
+    p = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, preexec_fn=limited)
+    if sigint:
+        deadline = time.monotonic() + 60
+        while not loading_matplotlib(p.pid) and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        p.send_signal(signal.SIGINT)
+    _, err = p.communicate()
+    return p.returncode, err
+
+
+def test_a_full_disk_is_a_clear_message_and_no_half_written_png(studies, tmp_path):
+    # Was a PIL traceback (exit 1: "internal error" in hils) and a truncated PNG.
+    out = tmp_path / "plots"
+    out.mkdir()
+    code, err = run_script(studies["fid1"], out, limit=4096)
+    assert code == 3, err
+    assert "expected room to write the plot, found File too large" in err
+    assert "Traceback" not in err
+    assert sorted(os.listdir(out)) == []  # no PNG cut short, no temporary file
+
+
+def test_ctrl_c_ends_the_script_by_the_signal_without_a_traceback(studies, tmp_path):
+    # Was a KeyboardInterrupt traceback and exit 1, reported by hils as an internal error.
+    import signal
+    code, err = run_script(studies["fid1"], tmp_path, sigint=True)
+    assert code == -signal.SIGINT, err
+    assert "Traceback" not in err

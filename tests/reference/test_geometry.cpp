@@ -1,5 +1,6 @@
 // Geometry, positional encodings and configuration errors (reference/SEMANTICS.md §1, §2, §8).
 #include <catch2/catch.hpp>
+#include <limits>
 
 #include "support.hpp"
 
@@ -97,6 +98,18 @@ TEST_CASE("RoPE pairings rotate the documented dimensions", "[positional]") {
   Matrix<double> none = x;
   apply_rotary(none, {2}, PositionalEncoding{});
   CHECK(none == x);
+}
+
+TEST_CASE("positional encodings refuse non-finite bases and lengths", "[positional][errors]") {
+  const double inf = std::numeric_limits<double>::infinity();
+  PositionalEncoding rope{PositionalKind::rope, RopePairing::half, inf};
+  CHECK_THROWS_WITH(rope.validate(8), Catch::Contains("theta: expected a finite RoPE base"));
+  PositionalEncoding hope{PositionalKind::hope, RopePairing::half, 1e4, inf, 2};
+  CHECK_THROWS_WITH(hope.validate(8), Catch::Contains("hope_train_length"));
+  hope.hope_train_length = 8192, hope.hope_m = inf;
+  CHECK_THROWS_WITH(hope.validate(8), Catch::Contains("hope_m"));
+  hope.hope_m = 2;
+  CHECK_NOTHROW(hope.validate(8));
 }
 
 TEST_CASE("configurations that make no sense are clear errors", "[errors]") {
