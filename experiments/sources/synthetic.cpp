@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "hils/analysis/needle.hpp"
+
 namespace hils::sources {
 
 namespace {
@@ -75,10 +77,8 @@ std::vector<Needle> plant_needles(const SyntheticParams& p, const Geometry& geom
   std::vector<Needle> needles;
   for (int64_t g = 0; g < p.Hkv; ++g) {
     const int64_t h = g * G;
-    Eigen::RowVectorXd q = in.q[h].row(query);
-    double norm2 = q.squaredNorm();
-    require(norm2 > 0, "needle_query", "a query with nonzero norm", "a zero query");
-    in.k[g].row(slot) = (p.needle_logit / (sigma * norm2)) * q;
+    analysis::plant_needle(in.k, g, slot, in.q[h].row(query), sigma, p.needle_logit,
+                           "needle_query");
     needles.push_back(Needle{g, slot, geometry.chunk_of(slot), query, h});
   }
   return needles;
