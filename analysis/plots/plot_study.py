@@ -28,6 +28,11 @@ if __name__ == "__main__":
     # Ctrl-C while the libraries load ends the script at once (nothing is written yet); main()
     # turns it back into KeyboardInterrupt, so that a PNG being written is removed.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # A user whose home is not writable gets matplotlib's advice to set MPLCONFIGDIR on every
+    # run; matplotlib then uses a temporary folder, which is all a plot needs.
+    import logging
+    logging.getLogger("matplotlib").addFilter(
+        lambda record: "MPLCONFIGDIR" not in record.getMessage())
 
 import h5py
 import matplotlib
@@ -578,8 +583,8 @@ def save(fig, out, name):
         except OSError:
             pass
         if isinstance(e, OSError):
-            raise OutputError(f"{path}: expected room to write the plot, found "
-                              f"{e.strerror or e}") from e
+            raise OutputError(f"{path}: expected a writable folder with room for the plot, "
+                              f"found {e.strerror or e}") from e
         raise
     finally:
         plt.close(fig)
@@ -619,6 +624,16 @@ def main():
     except (OSError, KeyError, TypeError, ValueError) as e:
         print(f"{a.results}: not a hils study results file ({e})", file=sys.stderr)
         return 2
+    # The layout is that of data/results_format.md's format_version; another one (a newer hils,
+    # a file edited by hand) would be drawn wrongly or half, so it is refused as `hils info` does.
+    fmt, version = f.attrs.get("format"), f.attrs.get("format_version")
+    if isinstance(fmt, bytes):
+        fmt = fmt.decode(errors="replace")
+    if fmt != "hils-results" or not isinstance(version, (int, np.integer)) or version != 1:
+        print(f"{a.results}: / attributes format, format_version: expected 'hils-results', 1 "
+              f"(this hils version's results layout), found {fmt!r}, {version!r}",
+              file=sys.stderr)
+        return 2
     stem = os.path.splitext(os.path.basename(a.results))[0]
     draw = DRAW.get(study) if isinstance(study, str) else None
     if draw is None:
@@ -649,7 +664,7 @@ def main():
     except (KeyError, TypeError) as e:
         # A file of another version or tool: its config or datasets lack what this study writes.
         print(f"{a.results}: expected the datasets and config keys of a {study} results file of "
-              f"this hils version, found none for {e}", file=sys.stderr)
+              f"this hils version; reading it failed ({type(e).__name__}: {e})", file=sys.stderr)
         return 2
     if not a.list:
         for path in paths:

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "hils/analysis/metrics.hpp"
+#include "hils/threads.hpp"
 
 namespace hils::analysis {
 
@@ -58,7 +59,7 @@ ChunkLogitStats chunk_logit_stats(const Matrix<double>& q, const Matrix<double>&
                         Matrix<double>::Constant(Tq, nc, kNaN)};
   std::vector<std::vector<int64_t>> tokens(nc);
   for (int64_t c = 0; c < nc; ++c) tokens[c] = chunk_tokens(geometry, c);
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) num_threads(thread_team_size(Tq))
   for (int64_t i = 0; i < Tq; ++i) {
     const Vector<double> qt = q.row(queries[i]).transpose();
     for (int64_t c = 0; c < geometry.candidate_count(queries[i]); ++c) {
@@ -155,7 +156,8 @@ Matrix<double> flat_fusion_output(const Matrix<double>& q, const Matrix<double>&
   require(selection.rows() == static_cast<int64_t>(queries.size()), "selection rows",
           std::to_string(queries.size()), std::to_string(selection.rows()));
   Matrix<double> o(static_cast<int64_t>(queries.size()), v.cols());
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) \
+    num_threads(thread_team_size(static_cast<int64_t>(queries.size())))
   for (int64_t i = 0; i < static_cast<int64_t>(queries.size()); ++i) {
     const int64_t t = queries[i];
     std::vector<int64_t> slots;

@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstring>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -72,6 +73,22 @@ H5::StrType utf8_string_type() {
 
 }  // namespace
 
+namespace {
+
+// Whether another process holds the flock that HDF5 (1.10+) takes on a file it opens: shared
+// for readers, exclusive for a writer. H5Fopen then fails with a message about locking that
+// would otherwise be reported as a corrupt file.
+bool locked_by_another_writer(const std::filesystem::path& path, bool writable) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool locked = ::flock(fd, (writable ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0 &&
+                      errno == EWOULDBLOCK;
+  ::close(fd);  // releases the probe's lock, if it got one
+  return locked;
+}
+
+}  // namespace
+
 H5::H5File open_hdf5(const std::filesystem::path& path, bool writable) {
   H5::Exception::dontPrint();
   std::error_code ec;
@@ -93,6 +110,10 @@ H5::H5File open_hdf5(const std::filesystem::path& path, bool writable) {
   try {
     return H5::H5File(path.string(), writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY);
   } catch (const H5::Exception& e) {
+    if (locked_by_another_writer(path, writable))
+      fail(path, "", "a file no other program is writing",
+           "it locked by another process that has it open for writing (HDF5's file lock); "
+           "run again once that program has closed it");
     fail(path, "", "a complete HDF5 file",
          "one the HDF5 library cannot open (truncated or corrupt: " + e.getDetailMsg() + ")");
   }
@@ -412,11 +433,18 @@ TempFile::TempFile(const std::filesystem::path& final_path)
   require_writable_folder(final_);
   // Create it now so that permission problems surface before any work is done.
   register_temp(temp_);
-  std::ofstream probe(temp_, std::ios::binary);
-  if (!probe) {
+  const int fd = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int error = errno;
     unregister_temp(temp_);
-    fail(final_, "", "a writable output folder", "cannot create " + temp_.string());
+    if (error == ENAMETOOLONG)
+      fail(final_, "", "a file name short enough for its temporary file's (NAME_MAX 255 with "
+           "'.' and '.tmp-<pid>-<n>' added)", temp_.filename().string() + ": " +
+           std::strerror(error));
+    fail(final_, "", "a writable output folder",
+         "cannot create " + temp_.string() + ": " + std::strerror(error));
   }
+  ::close(fd);
   active_ = true;
 }
 
@@ -537,6 +565,25 @@ std::string read_holder(int fd) {
   return holder.empty() ? "another process" : holder;
 }
 
+// Removes the temporary files ".<name>.tmp-<pid>-<n>" beside `final_path` of a writer whose
+// lock we just took over: a lock file still present when we lock it names a holder that died
+// without cleaning up (SIGKILL, a crash, a killed MPI rank 0), and that holder's temporary
+// files (a copy of the results, possibly GBs) would otherwise stay forever. Only that pid's
+// files: a temporary file of another pid may belong to a live writer (hils dump).
+void remove_orphaned_temps(const std::filesystem::path& final_path,
+                           const std::string& stale_holder) {
+  long pid = 0;
+  if (std::sscanf(stale_holder.c_str(), "pid %ld", &pid) != 1 || pid <= 0) return;
+  const std::filesystem::path folder =
+      final_path.parent_path().empty() ? std::filesystem::path(".") : final_path.parent_path();
+  const std::string prefix = fmt::format(".{}.tmp-{}-", final_path.filename().string(), pid);
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) std::filesystem::remove(entry.path(), ec);
+  }
+}
+
 // Locks `lock` exclusively (without waiting) and returns its descriptor, or fails naming the
 // holder. Retries when the file was removed or replaced between open and flock.
 int acquire_lock_file(const std::filesystem::path& final_path, const std::filesystem::path& lock,
@@ -556,6 +603,7 @@ int acquire_lock_file(const std::filesystem::path& final_path, const std::filesy
     struct stat opened {}, named {};
     if (::fstat(fd, &opened) == 0 && ::stat(lock.c_str(), &named) == 0 &&
         opened.st_dev == named.st_dev && opened.st_ino == named.st_ino) {
+      remove_orphaned_temps(final_path, read_holder(fd));
       std::string text = holder + "\n";
       if (::ftruncate(fd, 0) == 0) {
         ssize_t ignored = ::pwrite(fd, text.data(), text.size(), 0);

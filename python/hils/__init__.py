@@ -33,10 +33,15 @@ def as_numpy(array, name="array"):
     np.asarray accepts -> a numpy array of the same values. `name` goes into the TypeError
     raised for something that is not an array of numbers."""
     if type(array).__module__.startswith("torch") and hasattr(array, "detach"):
-        tensor = array.detach()
-        if tensor.is_floating_point() and str(tensor.dtype) not in ("torch.float32", "torch.float64"):
-            tensor = tensor.float()
-        return tensor.cpu().numpy()
+        try:
+            tensor = array.detach()
+            if tensor.is_floating_point() and str(tensor.dtype) not in ("torch.float32",
+                                                                        "torch.float64"):
+                tensor = tensor.float()
+            return tensor.cpu().numpy()
+        except Exception as error:  # sparse, meta, quantized...: torch's own error, named
+            raise TypeError(f"{name}: expected a dense torch tensor of numbers, found "
+                            f"{type(array).__name__} ({type(error).__name__}: {error})") from None
     try:
         return np.asarray(array)
     except (TypeError, ValueError) as error:

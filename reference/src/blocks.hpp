@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "hils/attention.hpp"
+#include "hils/threads.hpp"
 
 namespace hils::detail {
 
@@ -144,7 +145,7 @@ Scalar log_add_exp(Scalar a, Scalar b);
 template <class Body>
 void parallel_units(int64_t units, const Body& body) {
   std::exception_ptr failure;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(thread_team_size(units))
   for (int64_t unit = 0; unit < units; ++unit) {
     try {
       body(unit);

@@ -100,6 +100,25 @@ TEST_CASE("a second writer of one results file is refused and told who holds it"
   CHECK(count_lock_files(dir.path()) == 0);
 }
 
+TEST_CASE("a writer killed outright leaves a temporary copy that the next writer removes",
+          "[cli][faults]") {
+  // SIGKILL (or a killed MPI rank 0) runs no handler: the lock file naming the dead writer and
+  // its temporary copy of the results stay. The next writer takes the lock over and removes
+  // that pid's temporary files only (another pid's may be a live `hils dump`).
+  TempDir dir("orphaned_temps");
+  auto acts = write_small(dir);
+  auto results = dir / "results.h5";
+  std::ofstream(dir / ".results.h5.lock") << "pid 2147483000 (hils run, killed)\n";
+  std::ofstream(dir / ".results.h5.tmp-2147483000-0") << "a dead writer's copy";
+  std::ofstream(dir / ".results.h5.tmp-2147483001-0") << "someone else's";
+  auto r = run_hils("run " + q(acts) + " -o " + q(results) + kFirstArgs);
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_FALSE(fs::exists(dir / ".results.h5.tmp-2147483000-0"));  // was left forever
+  CHECK(fs::exists(dir / ".results.h5.tmp-2147483001-0"));
+  CHECK(count_lock_files(dir.path()) == 0);
+}
+
 TEST_CASE("a full disk (file-size limit) gives a clear error, no crash, no temporary file",
           "[cli][faults]") {
   // RLIMIT_FSIZE stands in for a full disk: writes past it fail with EFBIG as they would with
@@ -413,6 +432,38 @@ TEST_CASE("a report cut short on the standard output (full disk) is exit 2, not 
   INFO(cut.output);
   CHECK(cut.exit_code == 2);  // was 0 with the JSON cut at 1024 bytes
   CHECK_THAT(cut.output, Catch::Contains("expected room to write the standard output"));
+}
+
+TEST_CASE("an OMP_NUM_THREADS beyond what the machine can run is not a crash", "[cli][faults]") {
+  // Was SIGSEGV inside libgomp (GOMP_parallel) creating a team of 100000 threads.
+  TempDir dir("huge_team");
+  auto acts = write_small(dir);
+  auto r = run_shell("OMP_NUM_THREADS=100000 '" + std::string(HILS_EXE) + "' run " + q(acts) +
+                     " -o " + q(dir / "r.h5") + kFirstArgs + " 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(fs::exists(dir / "r.h5"));
+}
+
+TEST_CASE("a file another program is writing, and a name too long for its temporary file, say so",
+          "[cli][faults]") {
+  TempDir dir("locked_and_long");
+  auto acts = write_small(dir);
+  {
+    // This process opens it for writing: HDF5 holds its exclusive file lock until closed.
+    H5::H5File writing(acts.string(), H5F_ACC_RDWR);
+    auto info = run_hils("info " + q(acts));
+    INFO(info.output);
+    CHECK(info.exit_code == 2);  // was "found one the HDF5 library cannot open (truncated ...)"
+    CHECK_THAT(info.output, Catch::Contains("expected a file no other program is writing"));
+  }
+  CHECK(run_hils("info " + q(acts)).exit_code == 0);
+  // 252 + ".h5" is a valid name, but ".<name>.tmp-<pid>-<n>" is not.
+  auto long_name = dir / (std::string(252, 'a') + ".h5");
+  auto dump = run_hils("dump synthetic -T 64 -S 16 -o " + q(long_name));
+  INFO(dump.output);
+  CHECK(dump.exit_code == 2);
+  CHECK_THAT(dump.output, Catch::Contains("File name too long"));  // was no reason at all
 }
 
 TEST_CASE("an unreadable input and an uncreatable output folder say why (permission denied)",

@@ -121,6 +121,30 @@ def test_other_argument_errors(good):
           'outputs["selection"]: expected chunk indices >= -1, found -5')
 
 
+class MetaTensor:
+    """Stands in for a torch tensor numpy cannot hold (sparse, meta device): torch raises
+    its own RuntimeError or NotImplementedError on .numpy()."""
+    __module__ = "torch"
+
+    def detach(self):
+        return self
+
+    def is_floating_point(self):
+        return True
+
+    dtype = "torch.float32"
+
+    def cpu(self):
+        raise NotImplementedError("Could not run 'aten::_to_copy' with arguments from the 'Meta' backend")
+
+
+def test_a_tensor_numpy_cannot_hold_is_a_type_error_naming_the_argument(good):
+    q, k, v, out = good
+    # Was torch's NotImplementedError, naming neither the argument nor what was expected.
+    check(TypeError, lambda: hils.verify(SPEC, q, MetaTensor(), v, out),
+          "k: expected a dense torch tensor of numbers", "Meta")
+
+
 def test_odd_layouts_give_the_same_verdict(good):
     q, k, v, out = good
     plain = str(hils.verify(SPEC, q, k, v, out))

@@ -296,7 +296,7 @@ def test_a_full_disk_is_a_clear_message_and_no_half_written_png(studies, tmp_pat
     out.mkdir()
     code, err = run_script(studies["fid1"], out, limit=4096)
     assert code == 3, err
-    assert "expected room to write the plot, found File too large" in err
+    assert "expected a writable folder with room for the plot, found File too large" in err
     assert "Traceback" not in err
     assert sorted(os.listdir(out)) == []  # no PNG cut short, no temporary file
 
@@ -307,3 +307,15 @@ def test_ctrl_c_ends_the_script_by_the_signal_without_a_traceback(studies, tmp_p
     code, err = run_script(studies["fid1"], tmp_path, sigint=True)
     assert code == -signal.SIGINT, err
     assert "Traceback" not in err
+
+
+def test_a_results_file_of_another_format_version_is_refused(studies, tmp_path):
+    # Was drawn as if it had this version's layout (exit 0), while `hils info` refused it.
+    path = tmp_path / "newer.h5"
+    shutil.copy(studies["fid1"], path)
+    with h5py.File(path, "r+") as f:
+        f.attrs["format_version"] = 2
+    code, err = run_script(path, tmp_path)
+    assert code == 2, err
+    assert "format_version: expected 'hils-results', 1" in err and ", 2" in err
+    assert not list(tmp_path.glob("*.png"))
