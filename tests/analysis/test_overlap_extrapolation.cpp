@@ -99,7 +99,7 @@ TEST_CASE("needle: exact scores find a strong needle at every depth without rota
   CHECK(none.read("needle/nope/T799/naive_bsa/success")->mean() < 1.0);
 }
 
-TEST_CASE("plant_needle: the planted key gives the aim exactly its logit; a zero aim is refused",
+TEST_CASE("plant_needle: the planted key gives the aim exactly its logit, a zero aim is refused",
           "[extrapolation][needle]") {
   std::vector<Matrix<double>> k(2, Matrix<double>::Constant(6, 3, 0.25));
   RowVector<double> aim(3);

@@ -3,9 +3,10 @@
 // file (run_studies.cpp), which `hils studies` calls too.
 //
 // The flow of a study run, one file per step (all in this folder):
-//   options (study_options.cpp) -> settings from defaults, TOML and flags (study_config.cpp),
-//   checked (study_checks.cpp) -> inputs from a source (study_sources.cpp, experiments/sources/)
-//   -> the study driver (analysis/) into a results file (study_results.cpp) -> plots (cli/plot/).
+//   options (study_options.cpp) -> settings from defaults, TOML and flags (study_config.cpp,
+//   study_tables.cpp), checked (study_checks.cpp) -> inputs from a source (study_sources.cpp,
+//   experiments/sources/) -> the study driver (analysis/, run_studies.cpp) into a results file
+//   (study_results.cpp) -> plots (cli/plot/).
 #pragma once
 
 #include <cstdint>

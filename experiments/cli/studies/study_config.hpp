@@ -46,6 +46,12 @@ Resolved resolve(const StudyArgs& args, const std::string& study);
 // the layout has no landmark slots).
 std::vector<analysis::StudyMechanism> mechanisms_of(const Resolved& r);
 
+// study_tables.cpp: r's mechanisms, queries, scores and overlap blocks from [study] and
+// [overlap] (then --mechanisms, --queries), and its encodings, RoPE and needle grid from
+// [extrapolation]; r.geometry and r.prior must be resolved. `model`: the source is a model.
+void resolve_study_tables(Resolved& r, const StudyArgs& args, const config::ConfigValues& c);
+void resolve_extrapolation_table(Resolved& r, const config::ConfigValues& c, bool model);
+
 // study_sources.cpp: r.source, r.raw_source and r.config["source"] from the source kind, the
 // layers and lengths already in r, and the config's [source] table. BadInput naming
 // `lengths_where` when the longest synthetic layer cannot fit in memory.
