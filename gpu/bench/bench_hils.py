@@ -80,13 +80,16 @@ def hils_run(lib, T, gen):
         "summarize": time_ms(st.summarize, reps=3),
         "select": time_ms(st.select, reps=3),
         "sparse": time_ms(st.fuse, reps=3),
-        # The other versions of the default two-pass v4.2 selection (same selection): the
-        # one-pass v5 and the bounded two-pass v6 (gpu/NOTES.md).
+        # Every version of the selection by name (same selection; "select" is the library's
+        # default): two-pass v4.3, one-pass v5, bounded two-pass v6, quad-offer v7 (gpu/NOTES.md).
+        "select_v4": time_ms(lambda: st.select("two_pass_v4"), reps=3),
         "select_v5": time_ms(lambda: st.select("one_pass_v5"), reps=3),
         "select_v6": time_ms(lambda: st.select("two_pass_v6"), reps=3),
+        "select_v7": time_ms(lambda: st.select("two_pass_v7"), reps=3),
     }
     total = time_ms(st.forward, reps=3)
-    stage_ms["forward_v6"] = time_ms(lambda: st.forward("two_pass_v6"), reps=3)
+    stage_ms["forward_v4"] = time_ms(lambda: st.forward("two_pass_v4"), reps=3)
+    stage_ms["forward_v7"] = time_ms(lambda: st.forward("two_pass_v7"), reps=3)
     # Selected work of the sparse stage: QK and PV over S-1 tokens of each selected chunk.
     selected = int((st.selection >= 0).sum().item())
     sparse_flops = selected * (HQ // HKV) * 4 * (S - 1) * D

@@ -8,8 +8,8 @@ import torch
 KEY, BIAS, PRIOR, GROUP, FUSION = {}, {}, {}, {}, {}
 _ENUMS = {"key_rule": KEY, "bias_rule": BIAS, "prior_rule": PRIOR, "group_rule": GROUP,
           "fusion": FUSION}
-# The selection kernel versions of hils_gpu_select_with (gpu/NOTES.md: v4.2, v5 and v6).
-SELECT_KERNEL = {"two_pass_v4": 0, "one_pass_v5": 1, "two_pass_v6": 2}
+# The selection kernel versions of hils_gpu_select_with (gpu/NOTES.md: v4.2, v5, v6, v7).
+SELECT_KERNEL = {"two_pass_v4": 0, "one_pass_v5": 1, "two_pass_v6": 2, "two_pass_v7": 3}
 PRESETS = {
     "hils": dict(key="taylor", bias="entropy", fusion="hierarchical", landmarks=1),
     "lmk": dict(key="landmark_key", bias="none", fusion="hierarchical", landmarks=1),
@@ -101,8 +101,14 @@ class Stages:
         self.lib.call("hils_gpu_summarize", ctypes.byref(self.p), ptr(self.key), ptr(self.bias),
                       stream_ptr())
 
-    def select(self, kernel="two_pass_v4"):
-        """kernel: a hils::gpu::SelectKernel name (gpu/include/hils/gpu/c_api.h)."""
+    def select(self, kernel=None):
+        """kernel: a hils::gpu::SelectKernel name (gpu/include/hils/gpu/c_api.h); None: the
+        library's default (hils_gpu_select)."""
+        if kernel is None:
+            self.lib.call("hils_gpu_select", ctypes.byref(self.p), ptr(self.key), ptr(self.bias),
+                          ptr(self.exact), ptr(self.lse_swa), ptr(self.selection),
+                          ptr(self.selected_score), stream_ptr())
+            return
         self.lib.call("hils_gpu_select_with", ctypes.byref(self.p),
                       ctypes.c_int32(SELECT_KERNEL[kernel]), ptr(self.key), ptr(self.bias),
                       ptr(self.exact), ptr(self.lse_swa), ptr(self.selection),
@@ -113,7 +119,7 @@ class Stages:
                       ptr(self.selected_score), ptr(self.o_swa), ptr(self.lse_swa), ptr(self.o),
                       ptr(self.lse), stream_ptr())
 
-    def forward(self, select_kernel="two_pass_v4"):
+    def forward(self, select_kernel=None):
         self.window()
         if self.exact is not None:
             self.exact_masses()

@@ -1,5 +1,5 @@
 """One forward of the benchmark geometry (bench_hils.py) for Nsight Compute: every stage runs
-once to warm up, then select (two-pass v4.2, one-pass v5 and bounded two-pass v6) and fuse run again between cudaProfilerStart/Stop, so
+once to warm up, then select (two-pass v4.3, one-pass v5, bounded two-pass v6 and quad-offer v7) and fuse run again between cudaProfilerStart/Stop, so
 `ncu --profile-from-start off` sees only those launches. Used by scripts/gpu_check.sh --profile.
 """
 import argparse
@@ -30,9 +30,10 @@ def main():
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
     st.window()
-    st.select()
+    st.select("two_pass_v4")
     st.select("one_pass_v5")
     st.select("two_pass_v6")
+    st.select("two_pass_v7")
     st.fuse()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()

@@ -15,6 +15,7 @@ constexpr int kRPitch = 65;      // fp32 per row of the group-score tile
 constexpr GroupRule kGroupMaxNormalized = GroupRule::max_normalized,
                     kGroupSumProbabilities = GroupRule::sum_probabilities;
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kPosInf = __builtin_huge_valf();
 
 // Scores run in base 2 (s2 = s_hat log2 e): one ex2 per exponential, the same ranking.
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -28,6 +29,9 @@ __device__ __forceinline__ float fast_log2(float x) {
   return y;
 }
 
+// The largest float below x (-inf stays -inf): r > floor_of(x) <=> r >= x for every float r.
+__device__ __forceinline__ float floor_of(float x) { return x == kNegInf ? x : nextafterf(x, kNegInf); }
+
 // log2 Z_hat = log2(2^swa2 + l 2^m): running sum (m, l) of 2^s2 joined with the window's mass.
 __device__ __forceinline__ float log2_normalizer(float m, float l, float swa2) {
   const float top = fmaxf(m, swa2);
@@ -36,12 +40,15 @@ __device__ __forceinline__ float log2_normalizer(float m, float l, float swa2) {
 }
 
 // Running base-2 log-sum-exp of the warp's two rows (m, l: max and scaled sum) over a tile.
-__device__ __forceinline__ void accumulate_mass(const float (&s)[8][4], float (&m)[2], float (&l)[2]) {
+// lane_max (optional): this lane's maximum of each row over its 16 columns of the tile.
+__device__ __forceinline__ void accumulate_mass(const float (&s)[8][4], float (&m)[2], float (&l)[2],
+                                                float* lane_max = nullptr) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float tile_max = kNegInf;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
+    if (lane_max != nullptr) lane_max[i] = tile_max;
     tile_max = quad_max(tile_max);
     const float m_new = fmaxf(m[i], tile_max);
     const float m_use = m_new == kNegInf ? 0.0f : m_new;
@@ -117,14 +124,15 @@ __device__ __forceinline__ void issue_tile(__nv_bfloat16 (*dst)[kTilePitch], flo
 // While one query's tile row is offered, its list lives in registers (entries lane, lane + 32)
 // and each insertion is a ballot (its position) plus a one-lane shift.
 // r_row: the query's 64 tile values (sh.r row); value/index: its list of K entries.
+// floor (v6): candidates must also beat it (the float below the row's bound; -inf without).
 __device__ void offer_tile(const float* r_row, float* value, int32_t* index, int c0, int n_cand,
-                           int K) {
+                           int K, float floor = kNegInf) {
   const int lane = threadIdx.x % kWarp;
   const bool two = K > kWarp;
   float v0 = lane < K ? value[lane] : kNegInf, v1 = two && lane + kWarp < K ? value[lane + kWarp] : kNegInf;
   int32_t i0 = lane < K ? index[lane] : -1, i1 = two && lane + kWarp < K ? index[lane + kWarp] : -1;
   const int last_lane = (K - 1) % kWarp;
-  float theta = __shfl_sync(0xffffffffu, K > kWarp ? v1 : v0, last_lane);
+  float theta = fmaxf(__shfl_sync(0xffffffffu, K > kWarp ? v1 : v0, last_lane), floor);
   bool changed = false;
   for (int half = 0; half < 2; ++half) {
     const int c = c0 + half * kWarp + lane;
@@ -155,7 +163,7 @@ __device__ void offer_tile(const float* r_row, float* value, int32_t* index, int
       if (e0 == pos) v0 = rv, i0 = ci;
       else if (e0 > pos) v0 = up_v0, i0 = up_i0;
       if (e0 >= K) v0 = kNegInf, i0 = -1;
-      theta = __shfl_sync(0xffffffffu, K > kWarp ? v1 : v0, last_lane);
+      theta = fmaxf(__shfl_sync(0xffffffffu, K > kWarp ? v1 : v0, last_lane), floor);
       changed = true;
     }
   }
@@ -188,6 +196,89 @@ __device__ __forceinline__ unsigned flagged_rows(const bool (&any)[2]) {
 // an empty entry (ib < 0) ranks behind every chunk.
 __device__ __forceinline__ bool ranks_ahead(float va, int32_t ia, float vb, int32_t ib) {
   return ia >= 0 && (ib < 0 || va > vb || (va == vb && ia < ib));
+}
+
+// v7 (quad offers): a row's top-K is an unsorted set in shared memory (value/index, entries
+// [0, K)); lane l of the row's quad owns entries [8 l, 8 l + 8) (K <= 32). Entry (va, ia) at
+// pa is worse than (vb, ib) at pb: a smaller value, or an equal value with a larger chunk; among
+// equal entries (the empty ones, (-inf, -1)) the lower position, so that empty entries fill in
+// position order and the filled ones stay the first n (write_selection counts them that way).
+__device__ __forceinline__ bool worse_entry(float va, int32_t ia, int pa, float vb, int32_t ib, int pb) {
+  return va < vb || (va == vb && (ia > ib || (ia == ib && pa < pb)));
+}
+
+// The worst of the quad's four lane-worst entries (v, i, p), the same in every lane of the quad.
+__device__ __forceinline__ void quad_worst(float& v, int32_t& i, int& p) {
+#pragma unroll
+  for (int off = 1; off <= 2; off *= 2) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, off);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, i, off);
+    const int op = __shfl_xor_sync(0xffffffffu, p, off);
+    if (worse_entry(ov, oi, op, v, i, p)) v = ov, i = oi, p = op;
+  }
+}
+
+// The worst entry of this lane's segment [8 (lane % 4), + 8) of a row's set; (+inf, -1, first)
+// when the segment lies past K (it then never holds an entry).
+__device__ __forceinline__ void segment_worst(const float* value, const int32_t* index, int K,
+                                              float& v, int32_t& i, int& p) {
+  const int first = 8 * (threadIdx.x % 4);
+  v = kPosInf, i = -1, p = first;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int e = first + j;
+    if (e < K) {
+      const float ve = value[e];
+      const int32_t ie = index[e];
+      if (worse_entry(ve, ie, e, v, i, p)) v = ve, i = ie, p = e;
+    }
+  }
+}
+
+// v7 offers of one tile for the warp's rows j + 8 half (j = lane / 4), all 8 rows at once: each
+// quad takes one pending candidate per round (pending: bit k of `pending` = the lane's tile
+// value k, column (k / 2) 8 + 2 (lane % 4) + k % 2, ranked ahead of the row's worst entry when
+// the tile was flagged) and, if it still beats the worst entry, puts it in the worst entry's
+// place; the owner lane rescans its segment and the quad finds the new worst. Candidates are
+// compared by (value, chunk) as in ranks_ahead, so the order of the rounds does not matter: the
+// set ends as the K best under the same total order as the sorted lists of v4.
+// r_row: the row's 64 tile values (sh.r); (wv, wi): the row's worst entry, updated.
+__device__ void offer_tile_quads(unsigned pending, const float* r_row, float* value, int32_t* index,
+                                 int c0, int K, float& wv, int32_t& wi) {
+  const int lane = threadIdx.x % kWarp;
+  float lv;
+  int32_t li;
+  int lp;
+  segment_worst(value, index, K, lv, li, lp);
+  float mv = lv;
+  int32_t mi = li;
+  int mp = lp;
+  quad_worst(mv, mi, mp);
+  while (true) {
+    const unsigned ballot = __ballot_sync(0xffffffffu, pending != 0u);
+    if (ballot == 0u) break;
+    const unsigned quad_bits = (ballot >> (lane & ~3)) & 0xFu;
+    const int src = (lane & ~3) + (quad_bits != 0u ? __ffs(quad_bits) - 1 : 0);
+    const int bit = pending != 0u ? __ffs(pending) - 1 : 0;
+    const int my_col = (bit >> 1) * 8 + (lane % 4) * 2 + (bit & 1);
+    const int col = __shfl_sync(0xffffffffu, my_col, src);
+    if (lane == src) pending &= pending - 1;
+    bool take = false;
+    float cv = 0.0f;
+    const int32_t ci = c0 + col;
+    if (quad_bits != 0u) {
+      cv = r_row[col];
+      take = cv > mv || (cv == mv && ci < mi);
+    }
+    if (take && (mp >> 3) == lane % 4) {
+      value[mp] = cv, index[mp] = ci;
+      segment_worst(value, index, K, lv, li, lp);
+    }
+    mv = lv, mi = li, mp = lp;
+    quad_worst(mv, mi, mp);
+  }
+  wv = mv, wi = mi;
+  __syncwarp();
 }
 
 // One-pass selection, end of head h: the head's K best (value s2, sorted, in shared memory)
@@ -342,92 +433,16 @@ __device__ void write_selection(const LaunchParams& p, const SelectShared& sh, i
   }
 }
 
-// write_selection with one lane per slot (v6): the warp stages q~ of the query's G heads in fp32
-// (stage: G x 64 floats of the warp's own shared scratch), then lane e computes the whole dot
-// of slot e (16 x 16-byte loads of its contiguous key row, broadcast q~ reads). The eight
-// 8-dim partial sums are added in write_selection's order (its 3-step shuffle tree), so the
-// selected scores are the v4 kernel's bit for bit.
-__device__ void write_selection_by_lane(const LaunchParams& p, const SelectShared& sh, int q,
-                                        int64_t t, int64_t g, int G, const float* key,
-                                        const float* bias, float* stage, int32_t* selection,
-                                        float* selected_score) {
-  const int lane = threadIdx.x % kWarp;
-  const int K = static_cast<int>(p.K);
-  const int32_t* index = sh.index + q * K;
-  const int n = __popc(__ballot_sync(0xffffffffu, lane < K && index[lane] >= 0)) +
-                (K > kWarp ? __popc(__ballot_sync(0xffffffffu, lane + kWarp < K && index[lane + kWarp] >= 0)) : 0);
-  const int64_t n_chunks = p.T / p.S;
-  int32_t chunk[2];
-  int rank_of[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int e = lane + kWarp * i;
-    chunk[i] = e < n ? index[e] : -1;
-    int rank = e;
-    if (e < n) {
-      rank = 0;
-      for (int f = 0; f < n; ++f) rank += index[f] < chunk[i];
-    }
-    rank_of[i] = rank;
-    if (e < K) selection[(g * p.T + t) * K + rank] = chunk[i];
-  }
-  // q~ rows of the G heads, bf16 -> fp32, 8 dims per lane and step.
-  const auto* qr = static_cast<const __nv_bfloat16*>(p.q_retrieval);
-  for (int seg = lane; seg < G * 8; seg += kWarp) {
-    const int hg = seg / 8, part = seg % 8;
-    const uint4 raw = *reinterpret_cast<const uint4*>(qr + ((g * G + hg) * p.T + t) * kTileDim + 8 * part);
-    const __nv_bfloat162* q2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-    float4* dst = reinterpret_cast<float4*>(stage + hg * kTileDim + 8 * part);
-    const float2 a = __bfloat1622float2(q2[0]), b = __bfloat1622float2(q2[1]);
-    const float2 c = __bfloat1622float2(q2[2]), d = __bfloat1622float2(q2[3]);
-    dst[0] = make_float4(a.x, a.y, b.x, b.y);
-    dst[1] = make_float4(c.x, c.y, d.x, d.y);
-  }
-  __syncwarp();
-  for (int hg = 0; hg < G; ++hg) {
-    const int64_t h = g * G + hg;
-    const float4* qf = reinterpret_cast<const float4*>(stage + hg * kTileDim);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int e = lane + kWarp * i;
-      if (i == 1 && K <= kWarp) break;
-      float score = kNegInf;
-      if (e < n) {
-        const float4* row = reinterpret_cast<const float4*>(key + (h * n_chunks + chunk[i]) * kTileDim);
-        const float own_bias = bias[h * n_chunks + chunk[i]];
-        // Two halves of 8 loads (128 bytes) each: the loads of a half are in flight together.
-        float part[8];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float4 k[8];
-#pragma unroll
-          for (int j = 0; j < 8; ++j) k[j] = row[8 * half + j];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float4 q0 = qf[8 * half + 2 * j], q1 = qf[8 * half + 2 * j + 1];
-            const float4 k0 = k[2 * j], k1 = k[2 * j + 1];
-            part[4 * half + j] = q0.x * k0.x + q0.y * k0.y + q0.z * k0.z + q0.w * k0.w +
-                                 q1.x * k1.x + q1.y * k1.y + q1.z * k1.z + q1.w * k1.w;
-          }
-        }
-        const float sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-        score = p.scale * sum + own_bias;
-      }
-      if (e < K) selected_score[(h * p.T + t) * K + rank_of[i]] = score;
-    }
-  }
-  __syncwarp();
-}
-
-// Lower bound on a row's K-th group score (v6), from pass 1: each lane keeps, per row, the
-// running maximum of s2 over each of its 8 column slots (a slot = the column pair 2j, 2j + 1 of
-// a tile: chunks c with c mod 32 = j, disjoint sets), and at the end of head h folds
-// max(V[slot], term(slot max - log2 Z_hat_h)) into the row's V (term: identity for
-// max_normalized, 2^x for sum_probabilities). V[slot] is a term of the group score of one chunk
-// of that slot (the same arithmetic as pass 2), so it is at most that chunk's group score; the
-// 32 slots name 32 distinct chunks, so the K-th largest V is at most the K-th largest group
-// score. Pass 2 then drops candidates below it: none of them can be selected. 32 slots (not 64)
-// keep pass 1 within its 128 registers; so the bound needs K <= 32.
+// Lower bound on a row's K-th group score (v6), from pass 1. The row's candidate chunks are
+// split into 32 disjoint slots: chunk c of tile i, in the column quarter j = (c / 2) % 4 that
+// lane j of the row's quad holds, belongs to slot (4 i + j) % 32. While head h is scored, each
+// lane keeps in shared memory the running maximum of s2 over its slots (a free lane maximum of
+// pass 1's log-sum-exp); at the end of head h it folds max(V[slot], term(slot max - log2 Z_hat_h))
+// into the row's V (term: identity for max_normalized, 2^x for sum_probabilities, the same
+// arithmetic as pass 2). V[slot] is a term of the group score of one chunk of its slot, so it is
+// at most that chunk's group score; the 32 slots name 32 distinct chunks, so the K-th largest V
+// is at most the K-th largest group score, and pass 2 drops candidates below it: none of them
+// can be selected. Needs K <= 32; a row with fewer than K nonempty slots gets -inf (no bound).
 // v_row: the row's 32 V values; returns the K-th largest (1 <= K <= 32).
 __device__ float kth_largest_of_32(const float* v_row, int K) {
   const int lane = threadIdx.x % kWarp;
@@ -451,8 +466,10 @@ __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n, 
 }
 
 // kBound (v6): pass 1 also forms the lower bound of each row's K-th group score
-// (kth_largest_of_32), pass 2 drops candidates below it, and write_selection_by_lane writes.
-template <int G, bool kBound>
+// (kth_largest_of_32) and pass 2 offers no candidate below it.
+// kQuad (v7, K <= 32): pass 2 offers through offer_tile_quads (8 rows of a warp at once,
+// unsorted sets) instead of offer_tile (one row at a time, sorted lists).
+template <int G, bool kBound, bool kQuad = false>
 __global__ void __launch_bounds__(kPackedThreads, 4)
     select_packed_kernel(LaunchParams p, const float* key, const __nv_bfloat16* key_bf16,
                          const float* bias, const float* bias2, const float* lse_swa,
@@ -493,7 +510,9 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   const int64_t t_last = t0 + kQueries - 1 < p.T - 1 ? t0 + kQueries - 1 : p.T - 1;
   const int n_tiles = (sh.n_cand[t_last - t0] + kTileDim - 1) / kTileDim;
   const float scale2 = p.scale * kLog2e;
-  // Stage `buf` <- k' and bias2 of head hg, chunks [c0, c0 + 64).
+  // With fewer than K nonempty slots (4 per tile) the bound is -inf: not formed at all.
+  const bool prune = bound && 4 * n_tiles >= K;
+  // Stage `buf` <- k' and bias2 of head g G + hg, chunks [c0, c0 + 64).
   auto issue = [&](int hg, int c0, int buf) {
     const int64_t h = g * G + hg;
     issue_tile(tile[buf], bias_tile[buf], key_bf16 + h * n_chunks * kTileDim, bias2 + h * n_chunks,
@@ -503,34 +522,37 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   float s[8][4];
   // Pass 1, step = (head, tile): log2 Z_hat(t,h) = log2(2^lse_swa2 + sum over V(t) of 2^s2).
   if (p.group_rule != GroupRule::max_raw && n_tiles > 0) {
-    const int steps = G * n_tiles;
     float m[2], l[2];
-    float slot_max[8][2];  // kBound: running max of s2 per column slot and row of the current head
     issue(0, 0, 0);
-    for (int step = 0; step < steps; ++step) {
-      const int hg = step / n_tiles;
-      const int tile_i = step % n_tiles;
+    // (hg, tile_i): the step's head and tile, advanced by counters (no division per step).
+    for (int hg = 0, tile_i = 0, buf = 0; hg < G; buf ^= 1) {
       const int c0 = tile_i * kTileDim;
       const int64_t h = g * G + hg;
+      const bool last_tile = tile_i + 1 == n_tiles;
       if (tile_i == 0) {
         load_query_fragments(qa, p, h, t);
         m[0] = m[1] = kNegInf, l[0] = l[1] = 0.0f;
-        if (kBound)
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt) slot_max[nt][0] = slot_max[nt][1] = kNegInf;
       }
       cp_async_wait_all();
       __syncthreads();
-      if (step + 1 < steps) issue((step + 1) / n_tiles, ((step + 1) % n_tiles) * kTileDim, (step + 1) % 2);
-      qk_tile(s, qa, tile[step % 2]);
-      scale_and_mask(s, bias_tile[step % 2], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
-      accumulate_mass(s, m, l);
-      if (kBound)
+      if (!last_tile) issue(hg, c0 + kTileDim, buf ^ 1);
+      else if (hg + 1 < G) issue(hg + 1, 0, buf ^ 1);
+      qk_tile(s, qa, tile[buf]);
+      scale_and_mask(s, bias_tile[buf], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
+      if (prune) {
+        // The running maximum of this lane's slot of the tile, columns 32 + slot of its sh.r rows.
+        float lane_max[2];
+        accumulate_mass(s, m, l, lane_max);
+        const int slot = (4 * tile_i + lane % 4) % kWarp;
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-          for (int i = 0; i < 2; ++i) slot_max[nt][i] = fmaxf(slot_max[nt][i], fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
-      if (tile_i == n_tiles - 1) {
+        for (int i = 0; i < 2; ++i) {
+          float& cur = sh.r[row[i] * kRPitch + kWarp + slot];
+          cur = fmaxf(cur, lane_max[i]);
+        }
+      } else {
+        accumulate_mass(s, m, l);
+      }
+      if (last_tile) {
         float z[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -539,22 +561,27 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
           if (lane % 4 == 0) sh.log_z[hg * kQueries + row[i]] = z[i];
         }
         // V[slot] = max over heads of the slot's best term (pass 2's arithmetic; a NaN from a
-        // row without any mass is ignored by fmaxf). Each (row, slot) belongs to one thread.
-        if (bound)
+        // row without any mass is ignored by fmaxf), and the slot maxima restart for the next
+        // head. Each (row, slot) belongs to one thread: slots lane % 4 + 4 j.
+        if (prune)
 #pragma unroll
-          for (int nt = 0; nt < 8; ++nt)
+          for (int j = 0; j < kWarp / 4; ++j)
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
-              const float x = slot_max[nt][i] - z[i];
+              float& cur = sh.r[row[i] * kRPitch + kWarp + lane % 4 + 4 * j];
+              const float x = cur - z[i];
               const float term = p.group_rule == kGroupSumProbabilities ? fast_exp2(x) : x;
-              float& v = sh.r[row[i] * kRPitch + nt * 4 + lane % 4];
+              float& v = sh.r[row[i] * kRPitch + lane % 4 + 4 * j];
               v = fmaxf(v, term);
+              cur = kNegInf;
             }
       }
+      if (last_tile) tile_i = 0, ++hg;
+      else ++tile_i;
     }
   }
   __syncthreads();
-  if (bound) {
+  if (prune) {
     for (int j = 0; j < 16; ++j) {
       const int q = warp * 16 + j;
       const float kth = kth_largest_of_32(sh.r + q * kRPitch, K);
@@ -567,9 +594,10 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   if (n_tiles > 0) {
     const int steps = G * n_tiles;
     float r[8][4];
-    float theta[2] = {kNegInf, kNegInf};  // a candidate must beat this to enter (full list)
-    // kBound: candidates below the row's bound cannot be among its K best.
-    const float lower[2] = {bound ? row_bound[row[0]] : kNegInf, bound ? row_bound[row[1]] : kNegInf};
+    // A candidate must beat theta to enter: the list's K-th value or, with the bound (v6), the
+    // float below the row's bound if that is larger (r > floor_of(bound) <=> r >= bound).
+    float theta[2] = {prune ? floor_of(row_bound[row[0]]) : kNegInf, prune ? floor_of(row_bound[row[1]]) : kNegInf};
+    int32_t theta_index[2] = {-1, -1};    // kQuad: the chunk of the row's worst entry
     issue(0, 0, 0);
     // Rows of q~ for head g G (null past T); head g G + hg is hg T 64 elements further.
     const auto* q0 = static_cast<const __nv_bfloat16*>(p.q_retrieval) + g * G * p.T * kTileDim;
@@ -580,6 +608,7 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
     for (int step = 0; step < steps; ++step) {
       const int hg = step % G;
       const int c0 = (step / G) * kTileDim;
+      const int next_hg = (step + 1) % G;
 #pragma unroll
       for (int a = 0; a < 4; ++a)
 #pragma unroll
@@ -587,9 +616,9 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
       cp_async_wait_all();
       __syncthreads();
       if (step + 1 < steps) {
-        issue((step + 1) % G, ((step + 1) / G) * kTileDim, (step + 1) % 2);
+        issue(next_hg, ((step + 1) / G) * kTileDim, (step + 1) & 1);
         if (G > 1) {
-          const int64_t off = ((step + 1) % G) * head_stride;
+          const int64_t off = next_hg * head_stride;
           load_q_fragments(qn, qrow[0] ? qrow[0] + off : nullptr, qrow[1] ? qrow[1] + off : nullptr);
         }
       }
@@ -599,8 +628,8 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
 #pragma unroll
           for (int e = 0; e < 4; ++e) r[nt][e] = p.group_rule == kGroupSumProbabilities ? 0.0f : kNegInf;
       }
-      qk_tile(s, qa, tile[step % 2]);
-      const float* b2 = bias_tile[step % 2];
+      qk_tile(s, qa, tile[step & 1]);
+      const float* b2 = bias_tile[step & 1];
       const float z[2] = {sh.log_z[hg * kQueries + row[0]], sh.log_z[hg * kQueries + row[1]]};
       // One loop per group rule (the rule is uniform: no branch per element).
       if (p.group_rule == kGroupMaxNormalized) {
@@ -637,12 +666,30 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
           for (int e = 0; e < 4; ++e)
             if (c0 + nt * 8 + (lane % 4) * 2 + (e % 2) >= n_cand[e / 2]) r[nt][e] = kNegInf;
       }
-      if (bound)
+      if (kQuad) {
+        // Pending bits per row half: values ranked ahead of the row's worst entry.
+        unsigned pending[2] = {0u, 0u};
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int32_t c = c0 + nt * 8 + (lane % 4) * 2 + (e % 2);
+            const bool ahead = r[nt][e] > theta[e / 2] || (r[nt][e] == theta[e / 2] && c < theta_index[e / 2]);
+            pending[e / 2] |= static_cast<unsigned>(ahead) << (2 * nt + e % 2);
+          }
+        if (__ballot_sync(0xffffffffu, (pending[0] | pending[1]) != 0u) == 0u) continue;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            if (r[nt][e] < lower[e / 2]) r[nt][e] = kNegInf;
+            sh.r[row[e / 2] * kRPitch + nt * 8 + (lane % 4) * 2 + (e % 2)] = r[nt][e];
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          offer_tile_quads(pending[i], sh.r + row[i] * kRPitch, sh.value + row[i] * K, sh.index + row[i] * K,
+                           c0, K, theta[i], theta_index[i]);
+        continue;
+      }
       bool any[2] = {false, false};
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
@@ -661,21 +708,18 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
       // Each warp ranks its own 16 queries: no block barrier needed for sh.r rows.
       for (unsigned pending = rows; pending != 0u; pending &= pending - 1) {
         const int q = warp * 16 + __ffs(pending) - 1;
-        offer_tile(sh.r + q * kRPitch, sh.value + q * K, sh.index + q * K, c0, sh.n_cand[q], K);
+        offer_tile(sh.r + q * kRPitch, sh.value + q * K, sh.index + q * K, c0, sh.n_cand[q], K,
+                   prune ? floor_of(row_bound[q]) : kNegInf);
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        theta[i] = sh.value[row[i] * K + K - 1];
+        theta[i] = fmaxf(sh.value[row[i] * K + K - 1], prune ? floor_of(row_bound[row[i]]) : kNegInf);
     }
   }
   __syncthreads();
   for (int q = warp * 16; q < warp * 16 + 16; ++q) {
     if (t0 + q >= p.T) continue;
-    if (kBound)
-      write_selection_by_lane(p, sh, q, t0 + q, g, G, key, bias, sh.r + warp * 16 * kRPitch, selection,
-                              selected_score);
-    else
-      write_selection(p, sh, q, t0 + q, g, G, key, bias, selection, selected_score);
+    write_selection(p, sh, q, t0 + q, g, G, key, bias, selection, selected_score);
   }
 }
 
@@ -836,6 +880,9 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
   else if (kernel == PackedSelect::two_pass_v6)
     cudaFuncSetAttribute(select_packed_kernel<G, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(smem));
+  else if (kernel == PackedSelect::two_pass_v7)
+    cudaFuncSetAttribute(select_packed_kernel<G, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(smem));
   else
     cudaFuncSetAttribute(select_packed_kernel<G, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(smem));
@@ -859,6 +906,9 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
   else if (kernel == PackedSelect::two_pass_v6)
     select_packed_kernel<G, true><<<grid, kPackedThreads, smem, stream>>>(
         p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
+  else if (kernel == PackedSelect::two_pass_v7)
+    select_packed_kernel<G, false, true><<<grid, kPackedThreads, smem, stream>>>(
+        p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
   else
     select_packed_kernel<G, false><<<grid, kPackedThreads, smem, stream>>>(
         p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
@@ -876,10 +926,11 @@ bool packed_select_applies(const LaunchParams& p) {
 void launch_select_packed(const LaunchParams& p, const float* key, const float* bias,
                           const float* lse_swa, int32_t* selection, float* selected_score,
                           PackedSelect kernel, cudaStream_t stream) {
-  // The one-pass argument holds for the default group rule only.
-  const PackedSelect one = kernel == PackedSelect::one_pass_v5 && p.group_rule != kGroupMaxNormalized
-                               ? PackedSelect::two_pass_v4
-                               : kernel;
+  // The one-pass argument holds for the default group rule only; v7's segments of 8 entries per
+  // quad lane hold K <= 32.
+  const bool fall_back = (kernel == PackedSelect::one_pass_v5 && p.group_rule != kGroupMaxNormalized) ||
+                         (kernel == PackedSelect::two_pass_v7 && p.K > kWarp);
+  const PackedSelect one = fall_back ? PackedSelect::two_pass_v4 : kernel;
   switch (p.Hq / p.Hkv) {
     case 1: return launch_select_g<1>(p, key, bias, lse_swa, selection, selected_score, one, stream);
     case 2: return launch_select_g<2>(p, key, bias, lse_swa, selection, selected_score, one, stream);

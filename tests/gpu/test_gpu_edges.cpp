@@ -199,12 +199,14 @@ TEST_CASE("gpu host API rejects bad input naming the field", "[gpu]") {
   CHECK(message(spec, good, missing).rfind("v:", 0) == 0);
 }
 
-// The one-pass selection (v5) and the bounded two-pass selection (v6) against the default
-// two-pass kernel v4: the same s2 and log2 Z_hat arithmetic, v6's bound drops only candidates
-// that cannot be selected, and its selected scores add the same partial sums in the same order,
+// The one-pass selection (v5), the bounded two-pass selection (v6) and the quad-offer two-pass
+// selection (v7) against the default two-pass kernel v4: the same s2 and log2 Z_hat arithmetic,
+// v6's bound drops only candidates that cannot be selected, v7 keeps the K best under the same
+// (value, chunk) order in another way, and v6's selected scores add the same partial sums in the same order,
 // so the selections and selected scores must agree bit for bit, on packed shapes (one and
 // several scoring tiles, G = 1..16, K up to 64; K = 32 uses all 32 of
-// v6's bound slots, K > 32 runs v6 without the bound) and
+// v6's bound slots, K > 32 runs v6 without the bound and v7 as v4; K = 3, 4, 16, 20, 32 leave
+// v7's quad segments empty, partly and wholly filled, over up to three tiles) and
 // on exact and near ties, for the group rules each kernel takes. The oracle judges the default
 // kernel over the case table through run_mechanism.
 TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
@@ -218,6 +220,8 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
     Case{"packed_multi_tile",     5000,   64, 128, 16,  4,  1, 64, 64, true, 1.0},
     Case{"packed_g16_k64",        4500,   64,  64, 64, 16,  1, 64, 64, true, 2.0},
     Case{"packed_g4_k40_peaked",  6000,   64,  64, 40,  8,  2, 64, 64, true, 5.0},
+    Case{"packed_k32_three_tiles",12000,  64, 512, 32,  8,  1, 64, 64, true, 1.0},
+    Case{"packed_k20_peaked",     9000,   64, 256, 20,  4,  1, 64, 64, true, 3.0},
   };
   // clang-format on
   std::vector<std::pair<std::string, AttentionInputs<double>>> problems;
@@ -251,7 +255,7 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
       hils::gpu::summarize(spec, shape, set.view, key.as<float>(), bias.as<float>());
       std::vector<std::vector<unsigned char>> selections, scores;
       const auto kernels = {hils::gpu::SelectKernel::two_pass_v4, hils::gpu::SelectKernel::one_pass_v5,
-                            hils::gpu::SelectKernel::two_pass_v6};
+                            hils::gpu::SelectKernel::two_pass_v6, hils::gpu::SelectKernel::two_pass_v7};
       for (auto kernel : kernels) {
         gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), selected(c.Hq * c.T * c.K * 4);
         hils::gpu::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,
@@ -273,7 +277,7 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
               ++differing_rows;
               break;
             }
-        const char* label = k == 1 ? "one-pass v5" : "two-pass v6";
+        const char* label = k == 1 ? "one-pass v5" : k == 2 ? "two-pass v6" : "two-pass v7";
         std::cout << label << " vs two-pass v4 " << problems[n].first << " " << preset << ": rows "
                   << c.Hkv * c.T << ", differing " << differing_rows << "\n";
         INFO(problems[n].first << " " << preset << " " << label);
