@@ -92,8 +92,12 @@ std::vector<int64_t> sample_queries(const Geometry& geometry, int64_t K, int64_t
 
 std::vector<int64_t> tail_queries(const Geometry& geometry, int64_t n) {
   require(n >= 1, "tail queries", ">= 1", std::to_string(n));
-  auto slots = eligible_slots(geometry, 0);
-  if (static_cast<int64_t>(slots.size()) > n) slots.erase(slots.begin(), slots.end() - n);
+  // From the end, so that the cost is O(n), not O(T): a CLI check calls this on lengths no
+  // one will run (--lengths 1e11 hung here building a list of every slot).
+  std::vector<int64_t> slots;
+  for (int64_t t = geometry.T() - 1; t >= 0 && static_cast<int64_t>(slots.size()) < n; --t)
+    if (geometry.attendable(t) && geometry.candidate_count(t) > 0) slots.push_back(t);
+  std::reverse(slots.begin(), slots.end());
   return slots;
 }
 

@@ -913,6 +913,8 @@ void compare_backward(const Context& ctx, const KernelOutputs& kernel, Verdict& 
 Verdict verify(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                const KernelOutputs& kernel, const VerifyOptions& options) {
   // spec, inputs, kernel stages -> verdict with one report per tensor given.
+  require(options.precision != InputPrecision::fp8_e4m3, "input_precision", "fp32 or bf16",
+          "fp8_e4m3 (a score precision only)");
   Context ctx = make_context(spec, inputs, options);
   add_score_conditioning(ctx);
   Verdict verdict;

@@ -153,7 +153,12 @@ Bf16RoundingClaim parse_bf16_rounding(const std::string& text, const std::string
 }
 
 std::string to_string(InputPrecision precision) {
-  return precision == InputPrecision::bf16 ? "bf16" : "fp32";
+  switch (precision) {
+    case InputPrecision::bf16: return "bf16";
+    case InputPrecision::fp8_e4m3: return "fp8_e4m3";
+    case InputPrecision::fp32: break;
+  }
+  return "fp32";
 }
 
 InputPrecision parse_input_precision(const std::string& text, const std::string& field) {
@@ -162,8 +167,20 @@ InputPrecision parse_input_precision(const std::string& text, const std::string&
   throw InvalidArgument(field + ": expected \"fp32\" or \"bf16\", got \"" + text + "\"");
 }
 
+InputPrecision parse_score_precision(const std::string& text, const std::string& field) {
+  if (text == "fp8_e4m3") return InputPrecision::fp8_e4m3;
+  if (text == "fp32" || text == "bf16") return parse_input_precision(text, field);
+  throw InvalidArgument(field + ": expected \"fp32\", \"bf16\" or \"fp8_e4m3\", got \"" + text +
+                        "\"");
+}
+
 double unit_roundoff(InputPrecision precision) {
-  return precision == InputPrecision::bf16 ? 0x1p-8 : 0x1p-24;
+  switch (precision) {
+    case InputPrecision::bf16: return 0x1p-8;
+    case InputPrecision::fp8_e4m3: return 0x1p-4;
+    case InputPrecision::fp32: break;
+  }
+  return 0x1p-24;
 }
 
 InputPrecision tensor_precision(const std::string& tensor, const MechanismSpec& spec,
@@ -179,11 +196,11 @@ InputPrecision tensor_precision(const std::string& tensor, const MechanismSpec& 
 }
 
 double Tolerances::floor_units(InputPrecision precision) {
-  return precision == InputPrecision::bf16 ? kFloorUnitsBf16 : kFloorUnitsFp32;
+  return precision == InputPrecision::fp32 ? kFloorUnitsFp32 : kFloorUnitsBf16;
 }
 
 double Tolerances::margin_units(InputPrecision precision) {
-  return precision == InputPrecision::bf16 ? kMarginUnitsBf16 : kMarginUnitsFp32;
+  return precision == InputPrecision::fp32 ? kMarginUnitsFp32 : kMarginUnitsBf16;
 }
 
 TensorReport compare_tensor(const std::string& name, const std::vector<Matrix<double>>& kernel,

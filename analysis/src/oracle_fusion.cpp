@@ -123,6 +123,30 @@ double round_to_bf16(double x, Bf16Rounding mode) {
   return rounded;
 }
 
+double round_to_fp8_e4m3(double x) {
+  // e4m3 keeps 4 significant bits, exponents down to 2^-6 (below: fixed spacing 2^-9) and
+  // saturates at 448 (a SATFINITE conversion); nearbyint rounds ties to even.
+  if (std::isnan(x) || x == 0.0) return x;
+  constexpr double kMinNormal = 0x1p-6, kMax = 448.0;
+  double rounded;
+  if (std::fabs(x) < kMinNormal) {
+    rounded = std::nearbyint(x * 0x1p9) * 0x1p-9;
+  } else {
+    int exponent = 0;
+    const double mantissa = std::frexp(x, &exponent);  // in [0.5, 1)
+    rounded = std::ldexp(std::nearbyint(std::ldexp(mantissa, 4)), exponent - 4);
+  }
+  return std::clamp(rounded, -kMax, kMax);
+}
+
+double fp8_row_scale(double amax) {
+  // amax -> the smallest power of two s with amax / s <= 448.
+  if (!(amax > 0.0) || !std::isfinite(amax)) return 1.0;
+  int exponent = 0;
+  const double mantissa = std::frexp(amax / 448.0, &exponent);  // amax / 448 = mantissa 2^exponent
+  return std::ldexp(1.0, mantissa == 0.5 ? exponent - 1 : exponent);
+}
+
 AttentionInputs<double> round_inputs_to_bf16(const AttentionInputs<double>& inputs) {
   // inputs -> the same inputs with every entry rounded to bf16.
   auto round_all = [](std::vector<Matrix<double>>& heads) {

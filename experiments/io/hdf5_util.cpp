@@ -358,8 +358,8 @@ H5::DataSet write_text(H5::Group& location, const std::string& name, const std::
 
 namespace {
 
-// Temporary files alive right now, so that SIGINT/SIGTERM/SIGHUP can remove them before the
-// process dies (destructors do not run on a signal). Fixed storage: the handler may only call
+// Temporary files alive right now, so that SIGINT/SIGTERM/SIGHUP/SIGQUIT can remove them before
+// the process dies (destructors do not run on a signal). Fixed storage: the handler may only call
 // async-signal-safe functions.
 constexpr int kMaxLiveTemps = 32;
 constexpr size_t kMaxPathBytes = 4096;
@@ -377,8 +377,14 @@ void install_signal_cleanup() {
   static bool installed = false;
   if (installed) return;
   installed = true;
-  for (int signal_number : {SIGINT, SIGTERM, SIGHUP})
+  for (int signal_number : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+    // A signal the caller ignores stays ignored: `nohup hils ...` must survive the hangup, and
+    // a background job of a script ignores Ctrl-C.
+    struct sigaction current {};
+    if (::sigaction(signal_number, nullptr, &current) == 0 && current.sa_handler == SIG_IGN)
+      continue;
     std::signal(signal_number, remove_live_temps_and_die);
+  }
 }
 
 void register_temp(const std::filesystem::path& path) {
@@ -428,8 +434,19 @@ void require_writable_folder(const std::filesystem::path& final_path) {
 }
 
 
+std::filesystem::path output_target(const std::filesystem::path& path) {
+  std::filesystem::path target = path;
+  std::error_code ec;
+  for (int hop = 0; hop < 40 && std::filesystem::is_symlink(target, ec); ++hop) {
+    const auto next = std::filesystem::read_symlink(target, ec);
+    if (ec) break;
+    target = next.is_absolute() ? next : target.parent_path() / next;
+  }
+  return target;
+}
+
 TempFile::TempFile(const std::filesystem::path& final_path)
-    : final_(final_path), temp_(temp_name_for(final_path)) {
+    : final_(output_target(final_path)), temp_(temp_name_for(final_)) {
   require_writable_folder(final_);
   // Create it now so that permission problems surface before any work is done.
   register_temp(temp_);
@@ -619,7 +636,7 @@ int acquire_lock_file(const std::filesystem::path& final_path, const std::filesy
 }  // namespace
 
 OutputLock::OutputLock(const std::filesystem::path& final_path, const std::string& holder)
-    : key_(lock_path_for(final_path).string()) {
+    : key_(lock_path_for(output_target(final_path)).string()) {
   require_writable_folder(final_path);
   std::lock_guard<std::mutex> guard(g_locks_mutex);
   HeldLock& held = held_locks()[key_];

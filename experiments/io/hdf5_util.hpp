@@ -93,6 +93,11 @@ void close_file(const std::filesystem::path& output, std::unique_ptr<H5::H5File>
 // so a program should end with std::_Exit after flushing its streams (hils's main does).
 bool hdf5_file_abandoned();
 
+// The file an output path names -> `path`, or where the symlink(s) at its last component lead:
+// an output is written through a symlink (to the file it points to, temporary file beside that
+// file) instead of replacing the link by a regular file and leaving the target stale.
+std::filesystem::path output_target(const std::filesystem::path& path);
+
 // A temporary file beside `final_path` (".<name>.tmp-<pid>-<n>") that is removed on destruction
 // unless published. Creating it checks that the folder exists and is writable (FileError).
 class TempFile {

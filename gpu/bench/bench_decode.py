@@ -5,6 +5,9 @@ Peers in the same run: PyTorch SDPA with a one-token query on each backend that 
 (GQA through enable_gqa, no repeated KV heads), FlexAttention decoding with the block mask of
 the same sparse work (window + the K selected chunks, the mask given), and the dense byte floor:
 the whole KV cache read once at the copy bandwidth measured here (no dense kernel beats it).
+Ours runs three ways: the d5 kernel (seven launches, bf16 summaries: the baseline), the fused
+kernel (three launches) with bf16 summaries, and the fused kernel with fp8 e4m3 summaries (a
+per-row power-of-two scale, gpu/NOTES.md "decode").
 Each side is timed as a CUDA-graph replay (one launch, as serving loops run decode; the eager
 time of ours is printed too). Every timed call starts with a cold L2 (a 512 MiB buffer is written between calls), as a step
 over a real model's layers would. Times are medians of CUDA-event-timed calls after warm-up.
@@ -38,7 +41,13 @@ class Decode(ctypes.Structure):
     ] + [("scale", ctypes.c_double), ("slot_capacity", ctypes.c_int64),
          ("chunk_capacity", ctypes.c_int64)] + [
         (n, ctypes.c_void_p) for n in ("k", "v", "summary_key", "summary_bias", "q", "q_retrieval")
-    ]
+    ] + [("summary_type", ctypes.c_int32), ("kernel", ctypes.c_int32),
+         ("summary_scale", ctypes.c_void_p), ("summary_key_bf16", ctypes.c_void_p)]
+
+SUMMARY_TYPES = {"bf16": 0, "fp8": 1}
+KERNELS = {"fused": 0, "d5": 1}
+# The variants timed per (B, T): (label, kernel, summary type).
+VARIANTS = (("d5_bf16", "d5", "bf16"), ("fused_bf16", "fused", "bf16"), ("fused_fp8", "fused", "fp8"))
 
 
 class DecodeOutputs(ctypes.Structure):
@@ -115,15 +124,36 @@ def copy_bandwidth():
     return 2 * n / (us * 1e-6)
 
 
-class HilsDecode:
-    """Our decode step on a random cache of B sequences of T slots (hils preset)."""
+def quantize_fp8(lib, key):
+    """key fp32 [..., d] -> (e4m3 [..., d], fp32 row scales [...]) by the library's quantizer."""
+    key = key.float().contiguous()
+    out = torch.empty(key.shape, dtype=torch.float8_e4m3fn, device="cuda")
+    scale = torch.empty(key.shape[:-1], dtype=torch.float32, device="cuda")
+    rows = key.numel() // key.shape[-1]
+    lib.hils_gpu_quantize_summaries_fp8.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    rc = lib.hils_gpu_quantize_summaries_fp8(ptr(key), rows, key.shape[-1], ptr(out), ptr(scale),
+                                             ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+    if rc != 0:
+        raise RuntimeError(lib.hils_gpu_decode_last_error().decode())
+    return out, scale
 
-    def __init__(self, lib, B, T, gen, hq=HQ, hkv=HKV, d=D, s=S, w=W, k=K):
+
+class HilsDecode:
+    """Our decode step on a random cache of B sequences of T slots (hils preset); `summary`
+    "bf16" or "fp8" (e4m3 + row scales), `kernel` "fused" or "d5"."""
+
+    def __init__(self, lib, B, T, gen, hq=HQ, hkv=HKV, d=D, s=S, w=W, k=K, summary="bf16",
+                 kernel="fused"):
         nc = T // s
         bf = dict(device="cuda", dtype=torch.bfloat16)
         self.k = torch.randn(B, hkv, T, d, generator=gen, **bf)
         self.v = torch.randn(B, hkv, T, d, generator=gen, **bf)
         self.key = torch.randn(B, hq, nc, d, generator=gen, **bf)
+        self.scale = self.key_bf16 = None
+        if summary == "fp8":  # the bf16 rows stay for the fusion logits of the selected chunks
+            self.key_bf16 = self.key
+            self.key, self.scale = quantize_fp8(lib, self.key)
         self.bias = torch.rand(B, hq, nc, generator=gen, device="cuda") * 3.0
         self.q = torch.randn(B, hq, d, generator=gen, **bf)
         self.o = torch.empty(B, hq, d, device="cuda")
@@ -137,6 +167,8 @@ class HilsDecode:
             setattr(p, field, enum_value(lib, field, name))
         p.k, p.v, p.summary_key, p.summary_bias = ptr(self.k), ptr(self.v), ptr(self.key), ptr(self.bias)
         p.q, p.q_retrieval = ptr(self.q), ctypes.c_void_p(0)
+        p.summary_type, p.kernel = SUMMARY_TYPES[summary], KERNELS[kernel]
+        p.summary_scale, p.summary_key_bf16 = ptr(self.scale), ptr(self.key_bf16)
         self.p = p
         self.out = DecodeOutputs(ptr(self.o), ptr(self.lse), ptr(self.sel), None, None, None, None)
         self.lib = lib
@@ -153,10 +185,15 @@ class HilsDecode:
         self.check(self.lib.hils_gpu_decode_step(ctypes.byref(self.p), ctypes.byref(self.out),
                                                  ptr(self.ws), stream))
 
+    def set_kernel(self, kernel):
+        self.p.kernel = KERNELS[kernel]
+
     def bytes_read(self, B, T):
-        """Cache bytes one step reads: summaries, plus window and K chunks of K/V per KV head."""
+        """Cache bytes one step reads: summaries (k' + b' [+ the fp8 row scale, + the K
+        selected bf16 rows]), plus window and K chunks of K/V per KV head."""
         nc = T // S
-        summaries = B * HQ * nc * (2 * D + 4)
+        row = D * self.key.element_size() + 4 + (4 if self.scale is not None else 0)
+        summaries = B * HQ * nc * row + (B * HQ * K * D * 2 if self.scale is not None else 0)
         tau = (T - 1 - W + 1) // S
         window = T - max(0, tau * S)
         kv = B * HKV * (K * S + window) * 2 * D * 2
@@ -228,15 +265,24 @@ def main():
     rows = []
     for B in BATCHES:
         for T in LENGTHS:
-            run = HilsDecode(lib, B, T, gen)
-            ours_graph, ours_eager = best_us(run)
-            ours = ours_graph if ours_graph is not None else ours_eager
-            summaries, kv = run.bytes_read(B, T)
             dense = B * HKV * T * 2 * D * 2
-            row = dict(B=B, T=T, dense_bytes=dense, summary_bytes=summaries, sparse_kv_bytes=kv,
-                       floor_us=dense / bw * 1e6, hils_us=ours, hils_eager_us=ours_eager)
-            if args.profile and B == 8 and T == LENGTHS[-1]:
-                profile_kernels(run)
+            row = dict(B=B, T=T, dense_bytes=dense, floor_us=dense / bw * 1e6)
+            runs = {}
+            for summary in ("bf16", "fp8"):
+                run = HilsDecode(lib, B, T, gen, summary=summary)
+                row[f"summary_bytes_{summary}"], row["sparse_kv_bytes"] = run.bytes_read(B, T)
+                for label, kernel, kind in VARIANTS:
+                    if kind != summary:
+                        continue
+                    run.set_kernel(kernel)
+                    graph_us, eager_us = best_us(run)
+                    row[f"{label}_us"] = graph_us if graph_us is not None else eager_us
+                    row[f"{label}_eager_us"] = eager_us
+                    if args.profile and B == 8 and T == LENGTHS[-1] and kernel == "fused":
+                        print(f"  profile {label}:")
+                        profile_kernels(run)
+                runs[summary] = run
+            run = runs["bf16"]
             q4 = run.q.unsqueeze(2)
             for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
                                   ("efficient", SDPBackend.EFFICIENT_ATTENTION),
@@ -247,29 +293,33 @@ def main():
                     row["flex_us"] = flex_us(q4, run.k, run.v, run.sel, T)
                 except Exception as e:  # noqa: BLE001  (a peer that cannot run is reported)
                     print(f"    flex_attention: failed ({str(e).splitlines()[0][:120]})")
-            row["floor_over_hils"] = row["floor_us"] / ours
+            for label, _, _ in VARIANTS:
+                row[f"floor_over_{label}"] = row["floor_us"] / row[f"{label}_us"]
             rows.append(row)
-            print(f"B={B:>2} T={T:>7}  hils {ours:8.1f} us (eager {ours_eager:8.1f})  floor {row['floor_us']:8.1f} us  "
-                  f"floor/hils {row['floor_over_hils']:5.2f}x  " +
+            print(f"B={B:>2} T={T:>7}  floor {row['floor_us']:8.1f} us  " +
+                  "  ".join(f"{label} {row[label + '_us']:7.1f} ({row['floor_over_' + label]:5.2f}x)"
+                            for label, _, _ in VARIANTS) + "  " +
                   "  ".join(f"{n} {row.get(n + '_us') or math.nan:8.1f}"
                             for n in ("flash", "efficient", "cudnn", "flex")), flush=True)
-            del run, q4
+            del run, runs, q4
             torch.cuda.empty_cache()
-    print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; bytes are of the cache read per step (all B)")
-    print("|  B |       T | dense KV MB | ours: summaries MB + KV MB | floor us | HiLS us |"
-          " floor/HiLS | flash us | efficient us | cuDNN us | flex us | best SDPA/HiLS |")
-    print("|---:|--------:|------------:|---------------------------:|---------:|--------:|"
-          "-----------:|---------:|-------------:|---------:|--------:|---------------:|")
+    print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; bytes are of the cache read per step (all B); "
+          "summaries MB bf16 / fp8, then the window and K chunks of K/V")
+    print("|  B |       T | dense KV MB | summaries MB bf16 / fp8 | K/V MB | floor us | d5 bf16 us |"
+          " fused bf16 us | fused fp8 us | floor/fused fp8 | floor/fused bf16 | floor/d5 |"
+          " flash us | cuDNN us | flex us |")
+    print("|---:|--------:|------------:|------------------------:|-------:|---------:|-----------:|"
+          "--------------:|-------------:|----------------:|-----------------:|---------:|"
+          "---------:|---------:|--------:|")
+    f = lambda x: f"{x:8.1f}" if x else "       –"
     for r in rows:
-        sd = [r[n] for n in ("flash_us", "efficient_us", "cudnn_us") if r.get(n)]
-        best = min(sd) / r["hils_us"] if sd else math.nan
-        r["best_sdpa_over_hils"] = best
-        f = lambda x: f"{x:8.1f}" if x else "       –"
         print(f"| {r['B']:>2} | {r['T']:>7} | {r['dense_bytes'] / 1e6:11.1f} | "
-              f"{r['summary_bytes'] / 1e6:12.1f} + {r['sparse_kv_bytes'] / 1e6:11.1f} | "
-              f"{r['floor_us']:8.1f} | {r['hils_us']:7.1f} | {r['floor_over_hils']:10.2f} | "
-              f"{f(r.get('flash_us'))} | {f(r.get('efficient_us')):>12} | {f(r.get('cudnn_us'))} | "
-              f"{f(r.get('flex_us')):>7} | {best:14.2f} |")
+              f"{r['summary_bytes_bf16'] / 1e6:11.1f} / {r['summary_bytes_fp8'] / 1e6:9.1f} | "
+              f"{r['sparse_kv_bytes'] / 1e6:6.1f} | {r['floor_us']:8.1f} | {r['d5_bf16_us']:10.1f} | "
+              f"{r['fused_bf16_us']:13.1f} | {r['fused_fp8_us']:12.1f} | "
+              f"{r['floor_over_fused_fp8']:15.2f} | {r['floor_over_fused_bf16']:16.2f} | "
+              f"{r['floor_over_d5_bf16']:8.2f} | {f(r.get('flash_us'))} | {f(r.get('cudnn_us'))} | "
+              f"{f(r.get('flex_us')):>7} |")
     with open(args.out, "w") as fh:
         json.dump(dict(device=torch.cuda.get_device_name(), copy_bandwidth=bw, rows=rows), fh,
                   indent=1)

@@ -2,7 +2,9 @@
 (data/verify_format.md): B = 2 sequences of T slots, one file per sequence,
 verify_decode_seq<b>.h5, with /queries = [T - 1] (the cache's last slot) and the cache's
 summaries (the prefill's summarize stage, rounded to bf16 as the cache keeps them) as
-/outputs/summary_key and summary_bias. Run by `scripts/gpu_check.sh --decode` on the device
+/outputs/summary_key and summary_bias; then the same step with fp8 e4m3 summaries (the library's
+quantizer, k' read back as e4m3 x row scale) as verify_decode_fp8_seq<b>.h5 with
+score_precision fp8_e4m3. Run by `scripts/gpu_check.sh --decode` on the device
 machine; `hils verify FILE` judges the files wherever the CLI is built."""
 import argparse
 import ctypes
@@ -40,13 +42,28 @@ def main():
         st = hc.Stages(lib, hc.make_problem(q, k, v, S, W, K, "hils", q_retrieval=qr))
         st.summarize()
         seqs.append((q, k, v, qr))
-        keys.append(st.key.bfloat16())
+        keys.append(st.key.float())
         biases.append(st.bias)
+    for summary in ("bf16", "fp8"):
+        dump_step(lib, gen, seqs, keys, biases, summary, args.out)
+
+
+def dump_step(lib, gen, seqs, keys, biases, summary, out_dir):
+    """One fused decode step over `seqs` with `summary` ("bf16" or "fp8") summaries, one file
+    per sequence."""
     nc = T // S
-    run = bd.HilsDecode(lib.lib, B, T, gen, hq=HQ, hkv=HKV, d=D, s=S, w=W, k=K)
+    run = bd.HilsDecode(lib.lib, B, T, gen, hq=HQ, hkv=HKV, d=D, s=S, w=W, k=K, summary=summary)
     run.k.copy_(torch.stack([s[1] for s in seqs]))
     run.v.copy_(torch.stack([s[2] for s in seqs]))
-    run.key.copy_(torch.stack(keys))
+    if summary == "fp8":
+        run.key_bf16 = torch.stack(keys).bfloat16()
+        run.key, run.scale = bd.quantize_fp8(lib.lib, torch.stack(keys))
+        run.p.summary_key, run.p.summary_scale = hc.ptr(run.key), hc.ptr(run.scale)
+        run.p.summary_key_bf16 = hc.ptr(run.key_bf16)
+        stored = run.key.float() * run.scale[..., None]  # what the step scores with
+    else:
+        run.key.copy_(torch.stack(keys).bfloat16())
+        stored = run.key.float()
     run.bias.copy_(torch.stack(biases))
     run.q.copy_(torch.stack([s[0][:, T - 1] for s in seqs]))
     qr_last = torch.stack([s[3][:, T - 1] for s in seqs]).contiguous()
@@ -60,16 +77,18 @@ def main():
     torch.cuda.synchronize()
     spec = {"preset": "hils", "S": S, "W": W, "K": K, "landmarks": True}
     np32 = lambda t: t.float().cpu().numpy()
+    tag = "_fp8" if summary == "fp8" else ""
     for b in range(B):
         q, k, v, qr = seqs[b]
-        path = os.path.join(args.out, f"verify_decode_seq{b}.h5")
+        path = os.path.join(out_dir, f"verify_decode{tag}_seq{b}.h5")
         with h5py.File(path + ".tmp", "w") as f:
             f.attrs["format"] = "hils-verify"
             f.attrs["format_version"] = np.int64(1)
             f.attrs["spec"] = json.dumps(spec)
             f.attrs["input_precision"] = "bf16"
-            f.attrs["score_precision"] = "bf16"  # the cache keeps k' in bf16
-            f.attrs["kernel"] = f"hils::gpu decode_step (B = {B}, sequence {b})"
+            # the cache keeps k' in bf16, or in e4m3 with a per-row power-of-two scale
+            f.attrs["score_precision"] = "fp8_e4m3" if summary == "fp8" else "bf16"
+            f.attrs["kernel"] = f"hils::gpu decode_step fused, {summary} summaries (B = {B}, sequence {b})"
             f["inputs/q"], f["inputs/k"], f["inputs/v"] = np32(q), np32(k), np32(v)
             f["inputs/q_retrieval"] = np32(qr)
             f["queries"] = np.array([T - 1], dtype=np.int64)
@@ -79,11 +98,10 @@ def main():
             f["outputs/selection"] = run.sel[b, :, None].cpu().numpy().astype(np.int32)
             f["outputs/surrogate_scores"] = np32(surrogate[b, :, None])
             f["outputs/fusion_weights"] = np32(weights[b, :, None])
-            f["outputs/summary_key"] = np32(keys[b])
+            f["outputs/summary_key"] = np32(stored[b])
             f["outputs/summary_bias"] = np32(biases[b])
         os.replace(path + ".tmp", path)
         print(f"wrote {path}")
-
 
 if __name__ == "__main__":
     main()

@@ -15,6 +15,7 @@ struct DecodeCall {
   hils::MechanismSpec spec;
   hils::gpu::DecodeCache cache;
   hils::gpu::DecodeQuery query;
+  hils::gpu::DecodeKernel kernel = hils::gpu::DecodeKernel::fused;
 };
 
 DecodeCall translate(const hils_gpu_decode& p) {
@@ -32,6 +33,10 @@ DecodeCall translate(const hils_gpu_decode& p) {
   t.cache.k = p.k, t.cache.v = p.v, t.cache.summary_key = p.summary_key;
   t.cache.summary_bias = p.summary_bias;
   t.query.q = p.q, t.query.q_retrieval = p.q_retrieval;
+  t.cache.summary_type = static_cast<hils::gpu::SummaryType>(p.summary_type);
+  t.cache.summary_scale = p.summary_scale;
+  t.cache.summary_key_bf16 = p.summary_key_bf16;
+  t.kernel = static_cast<hils::gpu::DecodeKernel>(p.kernel);
   return t;
 }
 
@@ -75,7 +80,16 @@ int hils_gpu_decode_step(const hils_gpu_decode* p, const hils_gpu_decode_outputs
     o.o_window = out->o_window, o.lse_window = out->lse_window;
     o.surrogate = out->surrogate, o.fusion_weights = out->fusion_weights;
     hils::gpu::decode_step(t.spec, t.cache, t.query, o, workspace,
-                           static_cast<cudaStream_t>(stream));
+                           static_cast<cudaStream_t>(stream), t.kernel);
+  });
+}
+
+int hils_gpu_quantize_summaries_fp8(const float* key, int64_t rows, int64_t d, void* key_fp8,
+                                    float* scale, void* stream) {
+  const hils_gpu_decode unused{};
+  return guarded(&unused, [&](const DecodeCall&) {
+    hils::gpu::quantize_summaries_fp8(key, rows, d, key_fp8, scale,
+                                      static_cast<cudaStream_t>(stream));
   });
 }
 

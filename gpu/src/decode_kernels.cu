@@ -1,6 +1,7 @@
 // Decode step (gpu/include/hils/gpu/decode.hpp, gpu/NOTES.md "decode"): the query at slot T-1
-// of B sequences against a bf16 cache with chunk summaries. Memory-bound, so every stage is
-// split over many blocks (flash-decoding style) and each byte of the cache is read once:
+// of B sequences against a bf16 cache with chunk summaries (bf16, or fp8 e4m3 with row scales).
+// Memory-bound, so every stage is split over many blocks (flash-decoding style) and each byte of
+// the cache is read once (DecodeKernel::fused runs 1 and 2 in one grid; d5 launches each):
 //   1. window tiles: partial softmax (m, l, o) of 64 window slots per (sequence, head);
 //   2. score tiles: s_hat = sigma q~ . k'_c + b'_c for 256 chunks per (sequence, head), one
 //      thread per chunk (16-byte loads of its bf16 row), plus the tile's (max, sum exp);
@@ -10,6 +11,8 @@
 //   4. chunk tiles: softmax of q over each selected chunk's tokens per head (o_c, lse_c);
 //   5. fuse, one warp per (sequence, head): hierarchical (Eq. 10) or flat (Eq. 3).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cmath>
@@ -26,7 +29,7 @@ namespace {
 constexpr int kDecodeTileSlots = 64;    // window slots per window block item
 constexpr int kScoreThreads = 256;      // chunks per score block (one per thread)
 constexpr int kSelectThreads = 256;
-constexpr int kSelectSmemKeys = 11264;  // candidates whose keys fit 44 KiB of shared memory
+constexpr int kSelectSmemKeys = 10240;  // keys in 40 KiB of shared memory (+ static < 48 KiB)
 constexpr int kRadixBins = 256;
 
 // Everything a decode kernel needs, by value.
@@ -37,8 +40,11 @@ struct DecodeParams {
   float scale;
   bool landmarks, softmax1, hierarchical;
   int group_rule;  // hils::GroupRule value
-  const __nv_bfloat16 *q, *q_retrieval, *k, *v, *summary_key;
+  const __nv_bfloat16 *q, *q_retrieval, *k, *v;
+  const void* summary_key;      // bf16 or fp8 e4m3 (SummaryType)
   const float* summary_bias;
+  const float* summary_scale;   // fp8: the row scales; null for bf16 (scale 1)
+  const __nv_bfloat16* summary_key_bf16;  // fp8 + hierarchical: bf16 rows for the fusion logits
 };
 
 // Scratch pointers of one step (decode_workspace_bytes sizes them).
@@ -52,6 +58,7 @@ struct DecodeScratch {
   float* chunk_part;    // [B, Hq, K, dv + 1] (lse_c, normalised o_c)
   uint32_t* cand_key;   // [B, Hkv, n_score_tiles, min(K, 256)] each tile's K best r (as keys)
   int32_t* cand_idx;    // same shape: their chunk indices, ascending within each tile
+  float* fusion_logit;  // [B, Hq, K] s_hat of the selected chunks from summary_key_bf16
 };
 
 // Candidates each 256-chunk tile keeps for the final selection.
@@ -165,30 +172,62 @@ constexpr int kFastDim = 64;
 constexpr int kFastMaxGroup = 16;
 constexpr int kFastThreads = 128;
 
-size_t fast_tile_smem(int64_t G) { return (2 * G * kFastDim + 2 * G) * sizeof(float); }
+// Floats before the staged value rows (kEarly), a multiple of 4 so that they are 16-byte aligned.
+__host__ __device__ inline int64_t fast_tile_floats(int64_t G) {
+  return (2 * G * kFastDim + 2 * G + 3) / 4 * 4;
+}
+// kEarly also stages the tile's value rows, 64 x 64 bf16.
+size_t fast_tile_smem(int64_t G, bool early = false) {
+  return early ? fast_tile_floats(G) * sizeof(float) + kDecodeTileSlots * kFastDim * 2
+               : (2 * G * kFastDim + 2 * G) * sizeof(float);
+}
 
-template <class Emit>
+// kEarly (the fused kernel): the key row and the tile's value rows (4 16-byte pieces per
+// thread, into shared memory) are loaded before q is staged, so that the tile waits for one
+// memory round trip; d5 (kEarly false) loads the key row after staging q and reads the value
+// rows in the p.v loop, 4 rows per round trip (16 round trips for 64 rows).
+template <bool kEarly, class Emit>
 __device__ void fast_tile_softmax(const DecodeParams& p, int64_t bg, int64_t lo, int64_t hi,
                                   float* smem, Emit emit) {
   constexpr int D = kFastDim;
+  constexpr int kPieces = kDecodeTileSlots * D / 8 / kFastThreads;  // 16-byte pieces per thread
   const int G = static_cast<int>(p.G);
   float* qs = smem;
   float* pr = qs + G * D;
   float* ms = pr + G * D;
   float* ls = ms + G;
+  auto* vs = reinterpret_cast<__nv_bfloat16*>(smem + fast_tile_floats(G));
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv, first = b * p.Hq + g * G;
   const __nv_bfloat16* k = p.k + bg * p.slot_cap * D;
   const __nv_bfloat16* v = p.v + bg * p.slot_cap * D;
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x) qs[i] = __bfloat162float(p.q[first * D + i]);
-  __syncthreads();
   const int j = threadIdx.x % D, half = threadIdx.x / D;
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
   const int64_t slot = lo + j;
   const bool valid = slot <= hi && geo.attendable(slot);
-  uint4 u[D / 8];
+  const int n_rows = static_cast<int>(hi - lo + 1);
+  uint4 u[D / 8], vpiece[kPieces];
+  auto load_key_row = [&] {
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i)
-    u[i] = valid ? __ldg(reinterpret_cast<const uint4*>(k + slot * D) + i) : make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < D / 8; ++i)
+      u[i] = valid ? __ldg(reinterpret_cast<const uint4*>(k + slot * D) + i) : make_uint4(0, 0, 0, 0);
+  };
+  if (kEarly) {
+    load_key_row();
+#pragma unroll
+    for (int e = 0; e < kPieces; ++e) {
+      const int piece = threadIdx.x + kFastThreads * e, row = piece / (D / 8);
+      vpiece[e] = row < n_rows ? __ldg(reinterpret_cast<const uint4*>(v + (lo + row) * D) + piece % (D / 8))
+                               : make_uint4(0, 0, 0, 0);
+    }
+  }
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x) qs[i] = __bfloat162float(p.q[first * D + i]);
+  if (kEarly) {
+#pragma unroll
+    for (int e = 0; e < kPieces; ++e)
+      reinterpret_cast<uint4*>(vs)[threadIdx.x + kFastThreads * e] = vpiece[e];
+  }
+  __syncthreads();
+  if (!kEarly) load_key_row();
   for (int h = half; h < G; h += 2) {
     float acc = 0.0f;
 #pragma unroll
@@ -215,11 +254,10 @@ __device__ void fast_tile_softmax(const DecodeParams& p, int64_t bg, int64_t lo,
   }
   __syncthreads();
   const int dim = threadIdx.x % D;
-  const int n_rows = static_cast<int>(hi - lo + 1);
   float acc[kFastMaxGroup / 2] = {};
 #pragma unroll 4
   for (int r = 0; r < n_rows; ++r) {
-    const float vv = __bfloat162float(v[(lo + r) * D + dim]);
+    const float vv = __bfloat162float(kEarly ? vs[r * D + dim] : v[(lo + r) * D + dim]);
 #pragma unroll
     for (int t = 0; t < kFastMaxGroup / 2; ++t) {
       const int h = half + 2 * t;
@@ -233,15 +271,15 @@ __device__ void fast_tile_softmax(const DecodeParams& p, int64_t bg, int64_t lo,
   }
 }
 
-// ---- 1. window tiles: one block per (tile, b, g) -------------------------------------------
-__global__ void decode_window_kernel(DecodeParams p, bool fast, bool staged, float* win_part) {
-  extern __shared__ float smem[];
-  const int64_t tile = blockIdx.x, bg = blockIdx.y;
+// ---- 1. window tiles: one block (128 threads) per (tile, b, g) ----------------------------
+template <bool kEarly>
+__device__ void window_tile(const DecodeParams& p, bool fast, bool staged, float* win_part,
+                            int64_t tile, int64_t bg, float* smem) {
   const int64_t lo = p.win_lo + tile * kDecodeTileSlots;
   const int64_t hi = min(p.T - 1, lo + kDecodeTileSlots - 1);
   const int lane = threadIdx.x % kWarp;
   if (fast) {
-    fast_tile_softmax(p, bg, lo, hi, smem, [&](int64_t item, float m, float l, int dim, float o) {
+    fast_tile_softmax<kEarly>(p, bg, lo, hi, smem, [&](int64_t item, float m, float l, int dim, float o) {
       float* out = win_part + (item * p.n_win_tiles + tile) * (p.dv + 2);
       if (dim == 0) out[0] = m, out[1] = l;
       out[2 + dim] = o;
@@ -260,104 +298,177 @@ __global__ void decode_window_kernel(DecodeParams p, bool fast, bool staged, flo
                      });
 }
 
-// sigma q~ . row + bias for one chunk row; `vectorised` rows are 16-byte aligned, d % 8 == 0.
-__device__ __forceinline__ float score_row(const float* q, const __nv_bfloat16* row, int d,
-                                           bool vectorised) {
+__global__ void decode_window_kernel(DecodeParams p, bool fast, bool staged, float* win_part) {
+  extern __shared__ float smem[];
+  window_tile<false>(p, fast, staged, win_part, blockIdx.x, blockIdx.y, smem);
+}
+
+// Summary element types: a 16-byte load holds kPerLoad values, widened to fp32 exactly.
+struct Bf16Summary {
+  using Elem = __nv_bfloat16;
+  static constexpr int kPerLoad = 8;
+  __device__ static void widen(const uint4& u, float* out) {
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(pairs[j]);
+      out[2 * j] = f.x, out[2 * j + 1] = f.y;
+    }
+  }
+  __device__ static float widen_one(Elem x) { return __bfloat162float(x); }
+};
+struct Fp8Summary {
+  using Elem = __nv_fp8_storage_t;
+  static constexpr int kPerLoad = 16;
+  __device__ static void widen(const uint4& u, float* out) {
+    const __nv_fp8x2_storage_t* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&u);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {  // e4m3 -> f16 is exact (hardware cvt on sm_89+)
+      const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[j], __NV_E4M3)));
+      out[2 * j] = f.x, out[2 * j + 1] = f.y;
+    }
+  }
+  __device__ static float widen_one(Elem x) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(x, __NV_E4M3)));
+  }
+};
+
+// q~ . row for one stored chunk row; `vectorised` rows are 16-byte aligned, d % kPerLoad == 0.
+template <class Summary>
+__device__ __forceinline__ float score_row(const float* q, const typename Summary::Elem* row,
+                                           int d, bool vectorised) {
+  constexpr int kPer = Summary::kPerLoad;
   float acc = 0.0f;
   if (vectorised) {
     const uint4* r4 = reinterpret_cast<const uint4*>(row);
-    for (int i = 0; i < d / 8; ++i) {
-      const uint4 u = __ldg(r4 + i);
-      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&u);
+    for (int i = 0; i < d / kPer; ++i) {
+      float f[kPer];
+      Summary::widen(__ldg(r4 + i), f);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __bfloat1622float2(pairs[j]);
-        acc = fmaf(q[8 * i + 2 * j], f.x, acc);
-        acc = fmaf(q[8 * i + 2 * j + 1], f.y, acc);
-      }
+      for (int j = 0; j < kPer; ++j) acc = fmaf(q[kPer * i + j], f[j], acc);
     }
   } else {
-    for (int i = 0; i < d; ++i) acc = fmaf(q[i], __bfloat162float(row[i]), acc);
+    for (int i = 0; i < d; ++i) acc = fmaf(q[i], Summary::widen_one(row[i]), acc);
   }
   return acc;
 }
 
-// ---- 2. score tiles: 256 chunks per block, one block per (tile, b, h) ---------------------
-// d = 64 (`coalesced`): 8 lanes read one chunk's 128-byte row (16 bytes each), so a warp load
-// covers 4 whole rows (512 contiguous bytes); a 3-step shuffle sums the 8 partial dots. Other
-// d: one thread per chunk.
+// ---- 2. score tiles: 256 chunks per tile, one block (kWarps warps) per (tile, b, h) --------
+// d = 64 (`coalesced`): 16-byte lanes cover one chunk's row (8 lanes for a 128-byte bf16 row, 4
+// for a 64-byte fp8 row), so a warp load covers 512 contiguous bytes; every load of a warp's
+// share of the tile is issued before the first use (bytes in flight); a short shuffle sums the
+// partial dots. Other d: one thread per chunk. Writes s_hat and the tile's (max, sum exp).
 constexpr int kCoalescedDim = 64;
-constexpr int kLanesPerRow = kCoalescedDim / 8;
-__global__ void decode_score_kernel(DecodeParams p, bool vectorised, bool coalesced,
-                                    float* scores, float2* score_part) {
-  extern __shared__ float q[];
-  __shared__ float red[kScoreThreads / kWarp];
+// kEarly (the fused kernel): every global load of the tile (its rows, b' and the fp8 scales)
+// is issued before q~ is staged, so that a block waits for one memory round trip, not three
+// (d5, kEarly false, stages q~ first and reads b' after the dot).
+template <class Summary, int kWarps, bool kEarly>
+__device__ void score_tile(const DecodeParams& p, int64_t item, int64_t tile, bool vectorised,
+                           bool coalesced, float* q, float* scores, float2* score_part) {
+  constexpr int kThreads = kWarps * kWarp;
+  constexpr int kLanesPerRow = kCoalescedDim / Summary::kPerLoad;
+  constexpr int kRowsPerStep = kWarp / kLanesPerRow;
+  constexpr int kSteps = kScoreThreads / kRowsPerStep / kWarps;
+  constexpr int kPerThread = kScoreThreads / kThreads;
+  __shared__ float red[kWarps];
   __shared__ float tile_scores[kScoreThreads];
-  const int64_t item = blockIdx.y;  // b * Hq + h
   const int d = static_cast<int>(p.d);
-  const __nv_bfloat16* qr = p.q_retrieval + item * p.d;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) q[i] = __bfloat162float(qr[i]);
-  __syncthreads();
-  const int64_t tile_first = static_cast<int64_t>(blockIdx.x) * kScoreThreads;
-  const int64_t c = tile_first + threadIdx.x;
+  const int64_t tile_first = tile * kScoreThreads;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  float s = kNegInf;
-  if (coalesced) {
-    constexpr int kRowsPerStep = kWarp / kLanesPerRow;                 // 4
-    constexpr int kSteps = kScoreThreads / kRowsPerStep / (kScoreThreads / kWarp);  // 8
-    const int part = lane % kLanesPerRow;
-    float qp[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) qp[j] = q[8 * part + j];
-    const uint4* rows = reinterpret_cast<const uint4*>(p.summary_key + item * p.chunk_cap * p.d);
-    uint4 u[kSteps];
+  const auto* keys = static_cast<const typename Summary::Elem*>(p.summary_key) + item * p.chunk_cap * p.d;
+  const int part = lane % kLanesPerRow;
+  const uint4* rows = reinterpret_cast<const uint4*>(keys);
+  uint4 u[kSteps];
+  auto load_rows = [&] {
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
       const int64_t cc = tile_first + warp * (kSteps * kRowsPerStep) + step * kRowsPerStep +
                          lane / kLanesPerRow;
       u[step] = cc < p.n_cand ? __ldg(rows + cc * kLanesPerRow + part) : make_uint4(0, 0, 0, 0);
     }
+  };
+  // b' and the row scale of the chunks thread t owns (tile_first + t, + kThreads, ...).
+  float bias[kPerThread], row_scale[kPerThread];
+  auto load_bias = [&] {
+#pragma unroll
+    for (int r = 0; r < kPerThread; ++r) {
+      const int64_t c = tile_first + threadIdx.x + r * kThreads, row = item * p.chunk_cap + c;
+      bias[r] = c < p.n_cand ? __ldg(p.summary_bias + row) : 0.0f;
+      row_scale[r] = c < p.n_cand && p.summary_scale ? __ldg(p.summary_scale + row) : 1.0f;
+    }
+  };
+  if (kEarly) {
+    if (coalesced) load_rows();
+    load_bias();
+  }
+  const __nv_bfloat16* qr = p.q_retrieval + item * p.d;
+  for (int i = threadIdx.x; i < d; i += kThreads) q[i] = __bfloat162float(qr[i]);
+  __syncthreads();
+  if (coalesced) {
+    float qp[Summary::kPerLoad];
+#pragma unroll
+    for (int j = 0; j < Summary::kPerLoad; ++j) qp[j] = q[Summary::kPerLoad * part + j];
+    if (!kEarly) load_rows();
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
-      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&u[step]);
+      float f[Summary::kPerLoad];
+      Summary::widen(u[step], f);
       float acc = 0.0f;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __bfloat1622float2(pairs[j]);
-        acc = fmaf(qp[2 * j], f.x, acc);
-        acc = fmaf(qp[2 * j + 1], f.y, acc);
-      }
+      for (int j = 0; j < Summary::kPerLoad; ++j) acc = fmaf(qp[j], f[j], acc);
 #pragma unroll
       for (int off = 1; off < kLanesPerRow; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
       if (part == 0)
-        tile_scores[warp * (kSteps * kRowsPerStep) + step * kRowsPerStep + lane / kLanesPerRow] =
-            acc;
+        tile_scores[warp * (kSteps * kRowsPerStep) + step * kRowsPerStep + lane / kLanesPerRow] = acc;
     }
     __syncthreads();
-    if (c < p.n_cand)
-      s = p.scale * tile_scores[threadIdx.x] + p.summary_bias[item * p.chunk_cap + c];
-  } else if (c < p.n_cand) {
-    const int64_t row = item * p.chunk_cap + c;
-    s = p.scale * score_row(q, p.summary_key + row * p.d, d, vectorised) + p.summary_bias[row];
   }
-  if (c < p.n_chunks) scores[item * p.n_chunks + c] = s;
+  if (!kEarly) load_bias();
+  // Thread t owns chunks tile_first + t, + kThreads, ...
+  float s[kPerThread];
+  float m = kNegInf;
+#pragma unroll
+  for (int r = 0; r < kPerThread; ++r) {
+    const int local = threadIdx.x + r * kThreads;
+    const int64_t c = tile_first + local;
+    s[r] = kNegInf;
+    if (c < p.n_cand) {
+      const float dot = coalesced ? tile_scores[local]
+                                  : score_row<Summary>(q, keys + c * p.d, d, vectorised);
+      s[r] = p.scale * row_scale[r] * dot + bias[r];
+    }
+    if (c < p.n_chunks) scores[item * p.n_chunks + c] = s[r];
+    m = fmaxf(m, s[r]);
+  }
   // The tile's (max, sum exp(s - max)) for log Z_hat.
-  float m = warp_max(s);
+  m = warp_max(m);
   if (lane == 0) red[warp] = m;
   __syncthreads();
   m = kNegInf;
-  for (int w = 0; w < kScoreThreads / kWarp; ++w) m = fmaxf(m, red[w]);
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red[w]);
   __syncthreads();
-  float l = warp_sum(exp_diff(s, m));
+  float l = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kPerThread; ++r) l += exp_diff(s[r], m);
+  l = warp_sum(l);
   if (lane == 0) red[warp] = l;
   __syncthreads();
   if (threadIdx.x == 0) {
     l = 0.0f;
-    for (int w = 0; w < kScoreThreads / kWarp; ++w) l += red[w];
-    score_part[item * p.n_score_tiles + blockIdx.x] = make_float2(m, l);
+    for (int w = 0; w < kWarps; ++w) l += red[w];
+    score_part[item * p.n_score_tiles + tile] = make_float2(m, l);
   }
 }
 
+// d5's score launch: 256 threads, one block per (tile, b, h).
+template <class Summary>
+__global__ void decode_score_kernel(DecodeParams p, bool vectorised, bool coalesced,
+                                    float* scores, float2* score_part) {
+  extern __shared__ float q[];
+  score_tile<Summary, kScoreThreads / kWarp, false>(p, blockIdx.y, blockIdx.x, vectorised,
+                                                    coalesced, q, scores, score_part);
+}
 // Warp-wide LSE over the candidates of head `item` from the score tiles' (max, sum exp).
 __device__ float candidate_lse(const DecodeParams& p, const DecodeScratch& w, int64_t item) {
   const int lane = threadIdx.x % kWarp;
@@ -526,9 +637,10 @@ __device__ int block_top_k(const uint32_t* src, uint32_t* work, int64_t n, int64
 
 // ---- 2b. group scores: r (Eq. 2) of 256 candidates per block, one block per (tile, b, g) ---
 // log Z_hat per head (Eq. 8) is recomputed by every tile from the partials (a few KB).
-__global__ void decode_group_score_kernel(DecodeParams p, DecodeScratch w) {
+__device__ void group_score_tile(const DecodeParams& p, const DecodeScratch& w, int64_t tile,
+                                 int64_t bg) {
   __shared__ float log_z[64];
-  const int64_t bg = blockIdx.y, b = bg / p.Hkv, g = bg % p.Hkv;
+  const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
   const int warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
   for (int64_t j = warp; j < p.G; j += warps) {
     const int64_t item = b * p.Hq + g * p.G + j;
@@ -536,7 +648,7 @@ __global__ void decode_group_score_kernel(DecodeParams p, DecodeScratch w) {
     if (threadIdx.x % kWarp == 0) log_z[j] = z;
   }
   __syncthreads();
-  const int64_t tile_first = static_cast<int64_t>(blockIdx.x) * kScoreThreads;
+  const int64_t tile_first = tile * kScoreThreads;
   const int64_t c = tile_first + threadIdx.x;
   const bool valid = c < p.n_cand;
   const float* scores = w.scores + (b * p.Hq + g * p.G) * p.n_chunks + c;
@@ -554,19 +666,22 @@ __global__ void decode_group_score_kernel(DecodeParams p, DecodeScratch w) {
   __syncthreads();
   const int64_t keep = tile_keep(p), rest = p.n_cand - tile_first;
   const int64_t n_tile = rest < kScoreThreads ? rest : kScoreThreads;
-  uint32_t* out_key = w.cand_key + (bg * p.n_score_tiles + blockIdx.x) * keep;
-  int32_t* out_idx = w.cand_idx + (bg * p.n_score_tiles + blockIdx.x) * keep;
+  uint32_t* out_key = w.cand_key + (bg * p.n_score_tiles + tile) * keep;
+  int32_t* out_idx = w.cand_idx + (bg * p.n_score_tiles + tile) * keep;
   block_top_k(orig, work, n_tile, keep, [&](int pos, int64_t i) {
     out_key[pos] = orig[i];
     out_idx[pos] = static_cast<int32_t>(tile_first + i);
   });
 }
 
+__global__ void decode_group_score_kernel(DecodeParams p, DecodeScratch w) {
+  group_score_tile(p, w, blockIdx.x, blockIdx.y);
+}
+
 // ---- 3. select: one block per (b, g), over the tiles' kept candidates -----------------------
-__global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_window,
-                                     float* lse_window) {
-  extern __shared__ uint32_t smem_keys[];
-  const int64_t bg = blockIdx.x, b = bg / p.Hkv, g = bg % p.Hkv;
+__device__ void select_group(const DecodeParams& p, const DecodeScratch& w, int64_t bg,
+                             float* o_window, float* lse_window, uint32_t* smem_keys) {
+  const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
   const int warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
   for (int64_t j = warp; j < p.G; j += warps)
     write_window(p, w, b * p.Hq + g * p.G + j, o_window, lse_window);
@@ -589,15 +704,39 @@ __global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_w
   for (int64_t i = total + threadIdx.x; i < p.K; i += blockDim.x) sel[i] = -1;
 }
 
+__global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_window,
+                                     float* lse_window) {
+  extern __shared__ uint32_t smem_keys[];
+  select_group(p, w, blockIdx.x, o_window, lse_window, smem_keys);
+}
+
 // ---- 4. chunk tiles: one block per (selected slot i, b, g), a warp per head ---------------
-__global__ void decode_chunk_kernel(DecodeParams p, bool fast, bool staged,
-                                    const int32_t* selection, float* chunk_part) {
-  extern __shared__ float smem[];
-  const int64_t i = blockIdx.x, bg = blockIdx.y;
+// s_hat(c) = sigma q~ . k'_c + b'_c from the bf16 row of chunk c for every head of group bg (a
+// warp per head), into fusion_logit[item, i]: the fusion logit of selected slot i.
+__device__ void selected_logits(const DecodeParams& p, float* fusion_logit, int32_t c, int64_t i,
+                                int64_t bg) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
+  for (int64_t j = threadIdx.x / kWarp; j < p.G; j += blockDim.x / kWarp) {
+    const int64_t item = b * p.Hq + g * p.G + j, row = item * p.chunk_cap + c;
+    float acc = 0.0f;
+    for (int64_t e = lane; e < p.d; e += kWarp)
+      acc = fmaf(__bfloat162float(p.q_retrieval[item * p.d + e]),
+                 __bfloat162float(p.summary_key_bf16[row * p.d + e]), acc);
+    acc = warp_sum(acc);
+    if (lane == 0) fusion_logit[item * p.K + i] = c >= 0 ? p.scale * acc + p.summary_bias[row] : kNegInf;
+  }
+}
+
+template <bool kEarly>
+__device__ void chunk_tile(const DecodeParams& p, bool fast, bool staged,
+                           const int32_t* selection, float* chunk_part, int64_t i, int64_t bg,
+                           float* smem, float* fusion_logit) {
   const int lane = threadIdx.x % kWarp;
   const int32_t c = selection[bg * p.K + i];
+  if (p.summary_key_bf16 && c >= 0) selected_logits(p, fusion_logit, c, i, bg);
   if (fast && c >= 0) {
-    fast_tile_softmax(p, bg, c * p.S, c * p.S + p.S - 1, smem,
+    fast_tile_softmax<kEarly>(p, bg, c * p.S, c * p.S + p.S - 1, smem,
                       [&](int64_t item, float m, float l, int dim, float o) {
                         float* out = chunk_part + (item * p.K + i) * (p.dv + 1);
                         if (dim == 0) out[0] = l > 0.0f ? m + __logf(l) : kNegInf;
@@ -624,14 +763,27 @@ __global__ void decode_chunk_kernel(DecodeParams p, bool fast, bool staged,
   }
 }
 
+template <bool kEarly>
+__global__ void decode_chunk_kernel(DecodeParams p, bool fast, bool staged,
+                                    const int32_t* selection, float* chunk_part,
+                                    float* fusion_logit) {
+  extern __shared__ float smem[];
+  chunk_tile<kEarly>(p, fast, staged, selection, chunk_part, blockIdx.x, blockIdx.y, smem,
+                     fusion_logit);
+}
+
 // ---- 5. fuse: one warp per (b, h) -----------------------------------------------------------
 // Logits a_i: hierarchical s_hat(c_i) (Eq. 10), flat lse_{c_i} (Eq. 3 as a merge of
 // (lse, o) pairs); then the window (lse_swa) and, hierarchical with softmax1, a zero logit.
 // Lane i handles selected slot i (32 at a time); its weight is broadcast for the output sums.
-__global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, float* lse,
-                                   float* fusion_weights) {
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-  if (item >= p.B * p.Hq) return;
+// kBatched (the fused kernel): the selected chunks' o_c rows are loaded kFuseBatch at a time
+// before their sums, so that one head's fusion is not a chain of K dependent L2 round trips (d5,
+// kBatched false, loads one row per step). Hierarchical with `fusion_logit`: the logits of the
+// selected chunks come from there (the bf16 rows next to fp8 summaries) instead of the scores.
+constexpr int kFuseBatch = 8;
+template <bool kBatched>
+__device__ void fuse_head(const DecodeParams& p, const DecodeScratch& w, int64_t item, float* o,
+                          float* lse, float* fusion_weights) {
   const int lane = threadIdx.x % kWarp;
   const int64_t b = item / p.Hq, h = item % p.Hq, g = h / p.G;
   const int32_t* sel = w.selection + (b * p.Hkv + g) * p.K;
@@ -640,7 +792,8 @@ __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, fl
     if (i >= p.K) return kNegInf;
     const int32_t c = sel[i];
     if (c < 0) return kNegInf;
-    return p.hierarchical ? w.scores[item * p.n_chunks + c] : part[i * (p.dv + 1)];
+    if (!p.hierarchical) return part[i * (p.dv + 1)];
+    return p.summary_key_bf16 ? w.fusion_logit[item * p.K + i] : w.scores[item * p.n_chunks + c];
   };
   const float a_win = w.win_lse[item];
   const bool zero_logit = p.hierarchical && p.softmax1;
@@ -664,13 +817,33 @@ __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, fl
     const float wi = weight(logit(base + lane));
     if (fw && base + lane < p.K) fw[base + lane] = wi;
     const int n = p.K - base < kWarp ? static_cast<int>(p.K - base) : kWarp;
-    for (int jj = 0; jj < n; ++jj) {
-      const float wj = __shfl_sync(0xffffffffu, wi, jj);
-      const float* row = part + (base + jj) * (p.dv + 1) + 1;
+    if constexpr (kBatched) {
+      for (int jj0 = 0; jj0 < n; jj0 += kFuseBatch) {
+        float wj[kFuseBatch], v[kFuseBatch][kDimRegs];
 #pragma unroll
-      for (int r = 0; r < kDimRegs; ++r) {
-        const int dim = lane + kWarp * r;
-        if (dim < p.dv) acc[r] = fmaf(wj, row[dim], acc[r]);
+        for (int u = 0; u < kFuseBatch; ++u) {
+          wj[u] = __shfl_sync(0xffffffffu, wi, (jj0 + u) % kWarp);
+          const float* row = part + (base + jj0 + u) * (p.dv + 1) + 1;
+#pragma unroll
+          for (int r = 0; r < kDimRegs; ++r) {
+            const int dim = lane + kWarp * r;
+            v[u][r] = jj0 + u < n && dim < p.dv ? row[dim] : 0.0f;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kFuseBatch; ++u)
+#pragma unroll
+          for (int r = 0; r < kDimRegs; ++r) acc[r] = fmaf(jj0 + u < n ? wj[u] : 0.0f, v[u][r], acc[r]);
+      }
+    } else {
+      for (int jj = 0; jj < n; ++jj) {
+        const float wj = __shfl_sync(0xffffffffu, wi, jj);
+        const float* row = part + (base + jj) * (p.dv + 1) + 1;
+#pragma unroll
+        for (int r = 0; r < kDimRegs; ++r) {
+          const int dim = lane + kWarp * r;
+          if (dim < p.dv) acc[r] = fmaf(wj, row[dim], acc[r]);
+        }
       }
     }
   }
@@ -683,6 +856,57 @@ __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, fl
     lse[item] = total;
     if (fw) fw[p.K] = w_win, fw[p.K + 1] = zero_logit ? weight(0.0f) : 0.0f;
   }
+}
+
+template <bool kBatched>
+__global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, float* lse,
+                                   float* fusion_weights) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (item >= p.B * p.Hq) return;
+  fuse_head<kBatched>(p, w, item, o, lse, fusion_weights);
+}
+
+// ---- the fused step (DecodeKernel::fused) ----------------------------------------------------
+// Launch 1, 128 threads: window tiles (blocks [0, n_win_tiles * B * Hkv)), then score tiles
+// (n_score_tiles per (b, h)); the two stages are independent, so one grid runs both.
+template <class Summary>
+__global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged,
+                                          bool vectorised, bool coalesced) {
+  extern __shared__ float smem[];
+  const int64_t n_win_blocks = p.n_win_tiles * p.B * p.Hkv, block = blockIdx.x;
+  if (block < n_win_blocks) {
+    window_tile<true>(p, fast, staged, w.win_part, block % p.n_win_tiles, block / p.n_win_tiles,
+                      smem);
+    return;
+  }
+  const int64_t j = block - n_win_blocks;
+  score_tile<Summary, kFastThreads / kWarp, true>(p, j / p.n_score_tiles, j % p.n_score_tiles,
+                                                  vectorised, coalesced, smem, w.scores,
+                                                  w.score_part);
+}
+
+// ---- fp8 summaries: a warp per row ----------------------------------------------------------
+// The row's power-of-two scale s (the smallest with amax / s <= 448) and e4m3(k' / s).
+__global__ void quantize_fp8_kernel(const float* key, int64_t rows, int64_t d,
+                                    __nv_fp8_storage_t* out, float* scale) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % kWarp;
+  const float* x = key + row * d;
+  float amax = 0.0f;
+  for (int64_t i = lane; i < d; i += kWarp) amax = fmaxf(amax, fabsf(x[i]));
+  amax = warp_max(amax);
+  float s = 1.0f;
+  if (amax > 0.0f && isfinite(amax)) {
+    int e = 0;
+    frexpf(amax / 448.0f, &e);  // amax / 448 in [2^(e-1), 2^e)
+    s = ldexpf(1.0f, e);
+    if (amax <= 224.0f * s) s *= 0.5f;  // exact products: fix a rounded quotient either way
+    if (amax > 448.0f * s) s *= 2.0f;
+  }
+  for (int64_t i = lane; i < d; i += kWarp)
+    out[row * d + i] = __nv_cvt_float_to_fp8(x[i] / s, __NV_SATFINITE, __NV_E4M3);
+  if (lane == 0) scale[row] = s;
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -714,20 +938,26 @@ DecodeParams params_of(const MechanismSpec& spec, const DecodeCache& cache, cons
   p.q_retrieval = static_cast<const __nv_bfloat16*>(q.q_retrieval ? q.q_retrieval : q.q);
   p.k = static_cast<const __nv_bfloat16*>(cache.k);
   p.v = static_cast<const __nv_bfloat16*>(cache.v);
-  p.summary_key = static_cast<const __nv_bfloat16*>(cache.summary_key);
+  p.summary_key = cache.summary_key;
   p.summary_bias = cache.summary_bias;
+  p.summary_scale = cache.summary_type == SummaryType::fp8_e4m3 ? cache.summary_scale : nullptr;
+  p.summary_key_bf16 = cache.summary_type == SummaryType::fp8_e4m3 && p.hierarchical
+                           ? static_cast<const __nv_bfloat16*>(cache.summary_key_bf16)
+                           : nullptr;
   return p;
 }
 
 // Byte sizes of the scratch arrays, in DecodeScratch order (each rounded to 256 bytes).
+constexpr int kScratchArrays = 10;
 struct ScratchSizes {
-  size_t bytes[9];
+  size_t bytes[kScratchArrays];
 };
 ScratchSizes scratch_sizes(const DecodeParams& p) {
   const size_t BH = p.B * p.Hq, BG = p.B * p.Hkv;
   return {{BH * p.n_chunks * 4, BH * p.n_score_tiles * 8, BH * p.n_win_tiles * (p.dv + 2) * 4,
            BH * p.dv * 4, BH * 4, BG * p.K * 4, BH * p.K * (p.dv + 1) * 4,
-           BG * p.n_score_tiles * tile_keep(p) * 4, BG * p.n_score_tiles * tile_keep(p) * 4}};
+           BG * p.n_score_tiles * tile_keep(p) * 4, BG * p.n_score_tiles * tile_keep(p) * 4,
+           BH * p.K * 4}};
 }
 size_t round_up(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -772,6 +1002,15 @@ void validate_decode(const MechanismSpec& spec, const DecodeCache& cache, const 
   require(cache.k && cache.v && q.q, "decode: k, v and q must be device pointers, got null");
   require(cache.T / spec.S == 0 || (cache.summary_key && cache.summary_bias),
           "decode: summary_key and summary_bias must be device pointers, got null");
+  require(cache.summary_type == SummaryType::bf16 || cache.summary_type == SummaryType::fp8_e4m3,
+          field("summary_type", static_cast<int64_t>(cache.summary_type), "0 (bf16) or 1 (fp8_e4m3)"));
+  require(cache.summary_type != SummaryType::fp8_e4m3 || cache.T / spec.S == 0 ||
+              cache.summary_scale,
+          "decode: summary_scale must be a device pointer with fp8_e4m3 summaries, got null");
+  require(cache.summary_type != SummaryType::fp8_e4m3 || spec.fusion != Fusion::hierarchical ||
+              cache.T / spec.S == 0 || cache.summary_key_bf16,
+          "decode: summary_key_bf16 must be a device pointer with fp8_e4m3 summaries and "
+          "hierarchical fusion (its s_hat are fusion logits: gpu/NOTES.md \"decode\"), got null");
 }
 
 size_t decode_workspace_bytes(const MechanismSpec& spec, const DecodeCache& cache) {
@@ -781,45 +1020,54 @@ size_t decode_workspace_bytes(const MechanismSpec& spec, const DecodeCache& cach
   return total;
 }
 
-void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const DecodeQuery& q,
-                 const DecodeOutputs& out, void* workspace, cudaStream_t stream) {
-  using namespace detail;
-  validate_decode(spec, cache, q);
-  require(out.o && out.lse, "decode: outputs o and lse must be device pointers, got null");
-  require(workspace != nullptr || decode_workspace_bytes(spec, cache) == 0,
-          "decode: workspace must be a device pointer, got null");
-  const DecodeParams p = params_of(spec, cache, q);
-  const ScratchSizes sizes = scratch_sizes(p);
-  char* base = static_cast<char*>(workspace);
-  void* parts[9];
-  for (int i = 0; i < 9; ++i) parts[i] = base, base += round_up(sizes.bytes[i]);
-  DecodeScratch w{static_cast<float*>(parts[0]), static_cast<float2*>(parts[1]),
-                  static_cast<float*>(parts[2]), static_cast<float*>(parts[3]),
-                  static_cast<float*>(parts[4]), static_cast<int32_t*>(parts[5]),
-                  static_cast<float*>(parts[6]), static_cast<uint32_t*>(parts[7]),
-                  static_cast<int32_t*>(parts[8])};
-  if (out.surrogate) w.scores = out.surrogate;
-  if (out.selection) w.selection = out.selection;
+namespace detail {
+namespace {
 
-  const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
-  const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
+// The launch shapes both kernels share.
+struct LaunchShape {
+  bool fast, win_staged, vectorised, coalesced, fast_chunk, chunk_staged;
+  size_t win_smem, chunk_smem, key_smem;
+  size_t win_smem_early, chunk_smem_early;  // the fused kernel's tiles (value rows staged)
+};
+
+LaunchShape launch_shape(const DecodeParams& p, SummaryType type) {
+  LaunchShape s{};
   const size_t q_smem = kWarpsPerBlock * p.d * sizeof(float);
   // The fast tiles (d = dv = 64, G <= 16, 16-byte aligned rows) or the generic warp tiles.
-  const bool fast = p.d == kFastDim && p.dv == kFastDim && p.G <= kFastMaxGroup &&
-                    reinterpret_cast<uintptr_t>(p.k) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(p.v) % 16 == 0;
-  static_assert(kWarpsPerBlock * kWarp == kFastThreads, "tile kernels run 128 threads");
+  s.fast = p.d == kFastDim && p.dv == kFastDim && p.G <= kFastMaxGroup &&
+           reinterpret_cast<uintptr_t>(p.k) % 16 == 0 && reinterpret_cast<uintptr_t>(p.v) % 16 == 0;
   const size_t win_stage = stage_bytes(kDecodeTileSlots, p.d, p.dv);
-  const size_t win_smem = fast ? fast_tile_smem(p.G) : q_smem + win_stage;
-  decode_window_kernel<<<dim3(static_cast<unsigned>(p.n_win_tiles), bg), kFastThreads, win_smem,
-                         stream>>>(p, fast, win_stage > 0, w.win_part);
+  s.win_staged = win_stage > 0;
+  s.win_smem = s.fast ? fast_tile_smem(p.G) : q_smem + win_stage;
+  s.win_smem_early = s.fast ? fast_tile_smem(p.G, true) : q_smem + win_stage;
+  // 16-byte loads need 16-byte aligned rows of whole loads.
+  const int per_load = type == SummaryType::fp8_e4m3 ? Fp8Summary::kPerLoad : Bf16Summary::kPerLoad;
+  s.vectorised = p.d % per_load == 0 && reinterpret_cast<uintptr_t>(p.summary_key) % 16 == 0;
+  s.coalesced = s.vectorised && p.d == kCoalescedDim;
+  const size_t chunk_stage = stage_bytes(p.S, p.d, p.dv);
+  s.chunk_staged = chunk_stage > 0;
+  s.fast_chunk = s.fast && p.S <= kDecodeTileSlots;
+  s.chunk_smem = std::max(s.fast_chunk ? fast_tile_smem(p.G) : 0, q_smem + chunk_stage);
+  s.chunk_smem_early =
+      std::max(s.fast_chunk ? fast_tile_smem(p.G, true) : 0, q_smem + chunk_stage);
+  const int64_t kept = p.n_cand > p.K ? kept_candidates(p) : 0;
+  s.key_smem = kept <= kSelectSmemKeys ? kept * sizeof(uint32_t) : 0;
+  return s;
+}
+
+// d5: seven launches (window, score, group scores, select, chunk, fuse).
+template <class Summary>
+void launch_d5(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
+               const DecodeOutputs& out, cudaStream_t stream) {
+  const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
+  const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
+  static_assert(kWarpsPerBlock * kWarp == kFastThreads, "tile kernels run 128 threads");
+  decode_window_kernel<<<dim3(static_cast<unsigned>(p.n_win_tiles), bg), kFastThreads,
+                         s.win_smem, stream>>>(p, s.fast, s.win_staged, w.win_part);
   check_launch("window");
-  // 16-byte loads need 16-byte aligned rows.
-  const bool vectorised = p.d % 8 == 0 && reinterpret_cast<uintptr_t>(p.summary_key) % 16 == 0;
-  const bool coalesced = vectorised && p.d == kCoalescedDim;
-  decode_score_kernel<<<dim3(static_cast<unsigned>(p.n_score_tiles), bh), kScoreThreads,
-                        p.d * sizeof(float), stream>>>(p, vectorised, coalesced, w.scores,
-                                                       w.score_part);
+  decode_score_kernel<Summary><<<dim3(static_cast<unsigned>(p.n_score_tiles), bh), kScoreThreads,
+                                 p.d * sizeof(float), stream>>>(p, s.vectorised, s.coalesced,
+                                                                w.scores, w.score_part);
   check_launch("score");
   if (p.K > 0 && p.n_cand > p.K) {
     decode_group_score_kernel<<<dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)),
@@ -827,24 +1075,105 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
                                 kScoreThreads, 0, stream>>>(p, w);
     check_launch("group score");
   }
-  const int64_t kept = p.n_cand > p.K ? kept_candidates(p) : 0;
-  const size_t key_smem = kept <= kSelectSmemKeys ? kept * sizeof(uint32_t) : 0;
-  decode_select_kernel<<<bg, kSelectThreads, key_smem, stream>>>(p, w, out.o_window,
-                                                                 out.lse_window);
+  decode_select_kernel<<<bg, kSelectThreads, s.key_smem, stream>>>(p, w, out.o_window,
+                                                                   out.lse_window);
   check_launch("select");
   if (p.K > 0) {
-    const size_t chunk_stage = stage_bytes(p.S, p.d, p.dv);
-    const bool fast_chunk = fast && p.S <= kDecodeTileSlots;
-    const size_t chunk_smem =
-        std::max(fast_chunk ? fast_tile_smem(p.G) : 0, q_smem + chunk_stage);
-    decode_chunk_kernel<<<dim3(static_cast<unsigned>(p.K), bg), kFastThreads, chunk_smem,
-                          stream>>>(p, fast_chunk, chunk_stage > 0, w.selection, w.chunk_part);
+    decode_chunk_kernel<false><<<dim3(static_cast<unsigned>(p.K), bg), kFastThreads,
+                                 s.chunk_smem, stream>>>(p, s.fast_chunk, s.chunk_staged,
+                                                         w.selection, w.chunk_part,
+                                                         w.fusion_logit);
     check_launch("chunk");
   }
-  decode_fuse_kernel<<<static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock)),
-                       kWarpsPerBlock * kWarp, 0, stream>>>(p, w, out.o, out.lse,
-                                                            out.fusion_weights);
+  decode_fuse_kernel<false><<<static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock)),
+                              kWarpsPerBlock * kWarp, 0, stream>>>(p, w, out.o, out.lse,
+                                                                   out.fusion_weights);
   check_launch("fuse");
+}
+
+// fused: five launches (window + score tiles in one grid; group scores; select; chunk tiles;
+// fuse with batched loads).
+template <class Summary>
+void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
+                  const DecodeOutputs& out, cudaStream_t stream) {
+  const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
+  const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
+  const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
+  require(blocks1 < (int64_t{1} << 31), "decode: too many tiles for one grid");
+  fused_window_score_kernel<Summary>
+      <<<static_cast<unsigned>(blocks1), kFastThreads,
+         std::max(s.win_smem_early, p.d * sizeof(float)),
+         stream>>>(p, w, s.fast, s.win_staged, s.vectorised, s.coalesced);
+  check_launch("window + score");
+  if (p.K > 0 && p.n_cand > p.K) {
+    decode_group_score_kernel<<<dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)),
+                                     bg),
+                                kScoreThreads, 0, stream>>>(p, w);
+    check_launch("group score");
+  }
+  decode_select_kernel<<<bg, kSelectThreads, s.key_smem, stream>>>(p, w, out.o_window,
+                                                                   out.lse_window);
+  check_launch("select");
+  if (p.K > 0) {
+    decode_chunk_kernel<true><<<dim3(static_cast<unsigned>(p.K), bg), kFastThreads,
+                                s.chunk_smem_early, stream>>>(p, s.fast_chunk, s.chunk_staged,
+                                                              w.selection, w.chunk_part,
+                                                              w.fusion_logit);
+    check_launch("chunk");
+  }
+  decode_fuse_kernel<true><<<static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock)),
+                             kWarpsPerBlock * kWarp, 0, stream>>>(p, w, out.o, out.lse,
+                                                                  out.fusion_weights);
+  check_launch("fuse");
+}
+
+}  // namespace
+}  // namespace detail
+
+void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const DecodeQuery& q,
+                 const DecodeOutputs& out, void* workspace, cudaStream_t stream,
+                 DecodeKernel kernel) {
+  using namespace detail;
+  validate_decode(spec, cache, q);
+  require(out.o && out.lse, "decode: outputs o and lse must be device pointers, got null");
+  require(workspace != nullptr || decode_workspace_bytes(spec, cache) == 0,
+          "decode: workspace must be a device pointer, got null");
+  require(kernel == DecodeKernel::fused || kernel == DecodeKernel::d5,
+          "decode: kernel must be fused (0) or d5 (1)");
+  const DecodeParams p = params_of(spec, cache, q);
+  const ScratchSizes sizes = scratch_sizes(p);
+  char* base = static_cast<char*>(workspace);
+  void* parts[kScratchArrays];
+  for (int i = 0; i < kScratchArrays; ++i) parts[i] = base, base += round_up(sizes.bytes[i]);
+  DecodeScratch w{static_cast<float*>(parts[0]), static_cast<float2*>(parts[1]),
+                  static_cast<float*>(parts[2]), static_cast<float*>(parts[3]),
+                  static_cast<float*>(parts[4]), static_cast<int32_t*>(parts[5]),
+                  static_cast<float*>(parts[6]), static_cast<uint32_t*>(parts[7]),
+                  static_cast<int32_t*>(parts[8]), static_cast<float*>(parts[9])};
+  if (out.surrogate) w.scores = out.surrogate;
+  if (out.selection) w.selection = out.selection;
+  const LaunchShape shape = launch_shape(p, cache.summary_type);
+  const bool fp8 = cache.summary_type == SummaryType::fp8_e4m3;
+  if (kernel == DecodeKernel::d5) {
+    if (fp8) launch_d5<Fp8Summary>(p, shape, w, out, stream);
+    else launch_d5<Bf16Summary>(p, shape, w, out, stream);
+  } else {
+    if (fp8) launch_fused<Fp8Summary>(p, shape, w, out, stream);
+    else launch_fused<Bf16Summary>(p, shape, w, out, stream);
+  }
+}
+
+void quantize_summaries_fp8(const float* key, int64_t rows, int64_t d, void* key_fp8,
+                            float* scale, cudaStream_t stream) {
+  using namespace detail;
+  require(rows >= 0 && d >= 1, "quantize_summaries_fp8: rows >= 0 and d >= 1 expected");
+  if (rows == 0) return;
+  require(key && key_fp8 && scale, "quantize_summaries_fp8: null device pointer");
+  require(ceil_div(rows, kWarpsPerBlock) < (int64_t{1} << 31), "quantize_summaries_fp8: too many rows");
+  quantize_fp8_kernel<<<static_cast<unsigned>(ceil_div(rows, kWarpsPerBlock)),
+                        kWarpsPerBlock * kWarp, 0, stream>>>(
+      key, rows, d, static_cast<__nv_fp8_storage_t*>(key_fp8), scale);
+  check_launch("quantize fp8");
 }
 
 }  // namespace hils::gpu

@@ -97,7 +97,8 @@ def verify(spec, q, k, v, outputs, *, input_precision="fp32", score_precision="f
 
     spec: a dict with the verify file's spec keys ({"preset": "nsa", "S": 64, "W": 512, ...}).
     outputs: {name: array}; a stage that is absent (or None) is not compared.
-    input_precision / score_precision: "fp32" or "bf16" (data/verify_format.md).
+    input_precision: "fp32" or "bf16"; score_precision: "fp32", "bf16" or "fp8_e4m3"
+        (data/verify_format.md).
     queries: the query slots computed (strictly ascending), when not all T.
     kernel: a name for the report. max_messages: problems listed per tensor.
     do, dlse, grads: a backward kernel's upstream gradients do [Hq, T, dv] (dlse [Hq, T]
@@ -125,7 +126,7 @@ def verify(spec, q, k, v, outputs, *, input_precision="fp32", score_precision="f
     return _core.verify(
         _spec_json(spec), _inputs(q, k, v, q_retrieval, prior), kernel_outputs,
         _text(input_precision, "input_precision", '"fp32" or "bf16"'),
-        _text(score_precision, "score_precision", '"fp32" or "bf16"'),
+        _text(score_precision, "score_precision", '"fp32", "bf16" or "fp8_e4m3"'),
         _queries(queries), int(max_messages),
         "" if kernel is None else _text(kernel, "kernel", "a name (str)"),
         None if do is None else as_numpy(do, "do"), None if dlse is None else as_numpy(dlse, "dlse"),

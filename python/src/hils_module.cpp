@@ -163,7 +163,7 @@ Report verify(const std::string& spec_text, const py::dict& inputs, const py::di
   const MechanismSpec spec = spec_from_text(spec_text);
   oracle::VerifyOptions options;
   options.precision = oracle::parse_input_precision(input_precision, "input_precision");
-  options.score_precision = oracle::parse_input_precision(score_precision, "score_precision");
+  options.score_precision = oracle::parse_score_precision(score_precision, "score_precision");
   require(max_messages >= 1, "max_messages", "at least 1", std::to_string(max_messages));
   options.max_messages = max_messages;
   options.queries = queries_from(queries);

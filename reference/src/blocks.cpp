@@ -1,5 +1,9 @@
 #include "blocks.hpp"
 
+#include <type_traits>
+
+#include "tiles.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -124,6 +128,201 @@ void rescale_row(Scalar* logit, int64_t width, Scalar& m, Scalar& l, Row acc_row
   m = row_max;
 }
 
+#ifdef HILS_FUSED_KERNELS
+
+// rescale_row for double with exp_nonpositive8: logit[0, width) (width a multiple of 8) in
+// place to exp(logit - m_new); l and acc_row[0, dv) rescaled by exp(m - m_new). The sum adds
+// lane by lane in key order, then the 8 lanes in a fixed order.
+void rescale_row8(double* logit, int64_t width, double& m, double& l, double* acc_row,
+                  int64_t dv) {
+  __m512d top = _mm512_set1_pd(m);
+  for (int64_t j = 0; j < width; j += kLanes) top = _mm512_max_pd(top, _mm512_loadu_pd(logit + j));
+  alignas(64) double lanes[kLanes];
+  _mm512_store_pd(lanes, top);
+  const double row_max = *std::max_element(lanes, lanes + kLanes);
+  const double shift = row_max == neg_inf<double>() ? 0.0 : row_max;
+  const __m512d shift8 = _mm512_set1_pd(shift);
+  __m512d sum = _mm512_setzero_pd();
+  for (int64_t j = 0; j < width; j += kLanes) {
+    const __m512d p = exp_nonpositive8(_mm512_sub_pd(_mm512_loadu_pd(logit + j), shift8));
+    _mm512_storeu_pd(logit + j, p);
+    sum = _mm512_add_pd(sum, p);
+  }
+  _mm512_store_pd(lanes, sum);
+  double total = 0;
+  for (double lane : lanes) total += lane;
+  const double alpha = exp_nonpositive(m - shift);
+  l = alpha * l + total;
+  for (int64_t c = 0; c < dv; ++c) acc_row[c] *= alpha;
+  m = row_max;
+}
+
+// out[dim * stride + j] = k(k0 + j, dim) for j in [0, keys): 8 x 8 blocks through registers
+// (whole cache lines stored; a scalar transpose here cost a third of the kernel at d = 128),
+// the ragged edges one by one.
+void transpose_rows(const Matrix<double>& k, int64_t k0, int64_t keys, double* out,
+                    int64_t stride) {
+  const int64_t d = k.cols();
+  const int64_t full_keys = keys / kLanes * kLanes, full_dims = d / kLanes * kLanes;
+  // Index vectors of _mm512_permutex2var_pd: 0-7 pick from the first operand, 8-15 the second.
+  const __m512i pairs_even = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+  const __m512i pairs_odd = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+  const __m512i low_halves = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11);
+  const __m512i high_halves = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
+  for (int64_t j = 0; j < full_keys; j += kLanes) {
+    for (int64_t dim = 0; dim < full_dims; dim += kLanes) {
+      __m512d row[kLanes];  // row[r] = k(k0 + j + r, dim .. dim + 7)
+      for (int r = 0; r < kLanes; ++r) row[r] = _mm512_loadu_pd(&k(k0 + j + r, dim));
+      // Interleave pairs of rows: even[p] holds columns 0,2,4,6 of rows 2p, 2p+1; odd[p] 1,3,5,7.
+      __m512d even[4], odd[4];
+      for (int p = 0; p < 4; ++p) {
+        even[p] = _mm512_unpacklo_pd(row[2 * p], row[2 * p + 1]);
+        odd[p] = _mm512_unpackhi_pd(row[2 * p], row[2 * p + 1]);
+      }
+      // Quarters: rows 0-3 (from pairs 0, 1) or 4-7 (pairs 2, 3) of columns c and c + 4.
+      const __m512d c04_lo = _mm512_permutex2var_pd(even[0], pairs_even, even[1]);
+      const __m512d c26_lo = _mm512_permutex2var_pd(even[0], pairs_odd, even[1]);
+      const __m512d c15_lo = _mm512_permutex2var_pd(odd[0], pairs_even, odd[1]);
+      const __m512d c37_lo = _mm512_permutex2var_pd(odd[0], pairs_odd, odd[1]);
+      const __m512d c04_hi = _mm512_permutex2var_pd(even[2], pairs_even, even[3]);
+      const __m512d c26_hi = _mm512_permutex2var_pd(even[2], pairs_odd, even[3]);
+      const __m512d c15_hi = _mm512_permutex2var_pd(odd[2], pairs_even, odd[3]);
+      const __m512d c37_hi = _mm512_permutex2var_pd(odd[2], pairs_odd, odd[3]);
+      double* column = out + dim * stride + j;
+      _mm512_storeu_pd(column + 0 * stride, _mm512_permutex2var_pd(c04_lo, low_halves, c04_hi));
+      _mm512_storeu_pd(column + 4 * stride, _mm512_permutex2var_pd(c04_lo, high_halves, c04_hi));
+      _mm512_storeu_pd(column + 2 * stride, _mm512_permutex2var_pd(c26_lo, low_halves, c26_hi));
+      _mm512_storeu_pd(column + 6 * stride, _mm512_permutex2var_pd(c26_lo, high_halves, c26_hi));
+      _mm512_storeu_pd(column + 1 * stride, _mm512_permutex2var_pd(c15_lo, low_halves, c15_hi));
+      _mm512_storeu_pd(column + 5 * stride, _mm512_permutex2var_pd(c15_lo, high_halves, c15_hi));
+      _mm512_storeu_pd(column + 3 * stride, _mm512_permutex2var_pd(c37_lo, low_halves, c37_hi));
+      _mm512_storeu_pd(column + 7 * stride, _mm512_permutex2var_pd(c37_lo, high_halves, c37_hi));
+    }
+    for (int64_t dim = full_dims; dim < d; ++dim)
+      for (int64_t r = j; r < j + kLanes; ++r) out[dim * stride + r] = k(k0 + r, dim);
+  }
+  for (int64_t r = full_keys; r < keys; ++r)
+    for (int64_t dim = 0; dim < d; ++dim) out[dim * stride + r] = k(k0 + r, dim);
+}
+
+// acc[q][:] = acc[q][:] + sum_j p[q][j] v[j][:] over `keys` rows of v (dv wide) for kQ query
+// rows, kV vectors of 8 output dimensions from `first`: p in key order, one FMA each.
+template <int kQ, int kV>
+void weighted_values_tile(const double* p, int64_t p_stride, int64_t keys, const double* v,
+                          int64_t dv, int64_t first, double* acc, int64_t acc_stride) {
+  __m512d out[kQ][kV];
+  for (int q = 0; q < kQ; ++q)
+    for (int c = 0; c < kV; ++c) out[q][c] = _mm512_loadu_pd(acc + q * acc_stride + first + c * kLanes);
+  // The last vector may pass dv: masked loads read no memory past the row.
+  const int64_t tail = std::min<int64_t>(kLanes, dv - first - (kV - 1) * kLanes);
+  const __mmask8 last = static_cast<__mmask8>((1u << tail) - 1);
+  for (int64_t j = 0; j < keys; ++j) {
+    __m512d weight[kQ];
+    for (int q = 0; q < kQ; ++q) weight[q] = _mm512_set1_pd(p[q * p_stride + j]);
+    const double* row = v + j * dv + first;
+    for (int c = 0; c < kV; ++c) {
+      const __m512d value = c < kV - 1 ? _mm512_loadu_pd(row + c * kLanes)
+                                       : _mm512_maskz_loadu_pd(last, row + c * kLanes);
+      for (int q = 0; q < kQ; ++q) out[q][c] = _mm512_fmadd_pd(weight[q], value, out[q][c]);
+    }
+  }
+  for (int q = 0; q < kQ; ++q)
+    for (int c = 0; c < kV; ++c) _mm512_storeu_pd(acc + q * acc_stride + first + c * kLanes, out[q][c]);
+}
+
+template <int kQ>
+void weighted_values(const double* p, int64_t p_stride, int64_t keys, const double* v,
+                     int64_t dv, double* acc, int64_t acc_stride) {
+  for (int64_t first = 0; first < dv; first += kTileVectors * kLanes) {
+    switch (std::min<int64_t>(kTileVectors, (dv - first + kLanes - 1) / kLanes)) {
+      case 1: weighted_values_tile<kQ, 1>(p, p_stride, keys, v, dv, first, acc, acc_stride); break;
+      case 2: weighted_values_tile<kQ, 2>(p, p_stride, keys, v, dv, first, acc, acc_stride); break;
+      case 3: weighted_values_tile<kQ, 3>(p, p_stride, keys, v, dv, first, acc, acc_stride); break;
+      case 4: weighted_values_tile<kQ, 4>(p, p_stride, keys, v, dv, first, acc, acc_stride); break;
+      case 5: weighted_values_tile<kQ, 5>(p, p_stride, keys, v, dv, first, acc, acc_stride); break;
+      case 6: weighted_values_tile<kQ, 6>(p, p_stride, keys, v, dv, first, acc, acc_stride); break;
+      case 7: weighted_values_tile<kQ, 7>(p, p_stride, keys, v, dv, first, acc, acc_stride); break;
+      default: weighted_values_tile<kQ, 8>(p, p_stride, keys, v, dv, first, acc, acc_stride); break;
+    }
+  }
+}
+
+// The streaming softmax of block_attention for double, fused: per 64 keys, their transpose
+// [d x 64] in L1, then per tile of 3 queries the logits (register tile), mask, max, exp and
+// rescale while they are in L1, and the weighted values into the tile's output rows. The same
+// steps in the same order for any thread count; differs from the plain path by rounding only
+// (tests/reference/test_fused_kernels.cpp).
+WindowResult<double> fused_block_attention(const Matrix<double>& q_rows,
+                                           const std::vector<int64_t>& left,
+                                           const std::vector<int64_t>& right,
+                                           const Matrix<double>& k, const Matrix<double>& v,
+                                           const Geometry& geometry, double scale) {
+  constexpr int64_t kKeys = kTileVectors * kLanes;  // keys per step: one register tile wide
+  const int64_t n = q_rows.rows(), d = q_rows.cols(), dv = v.cols();
+  const int64_t key_begin = *std::min_element(left.begin(), left.end());
+  const int64_t key_end = *std::max_element(right.begin(), right.end()) + 1;
+  const Matrix<double> q_scaled = q_rows * scale;
+  std::vector<double> m(static_cast<size_t>(n), neg_inf<double>()), l(static_cast<size_t>(n), 0.0);
+  Matrix<double> acc = Matrix<double>::Zero(n, dv);
+  std::vector<double, Eigen::aligned_allocator<double>> keys_t(static_cast<size_t>(d * kKeys)),
+      logits(static_cast<size_t>(kTileQueries * kKeys)), column_mask(static_cast<size_t>(kKeys));
+  for (int64_t k0 = key_begin; k0 < key_end; k0 += kKeys) {
+    const int64_t width = std::min(kKeys, key_end - k0);
+    const int64_t padded = (width + kLanes - 1) / kLanes * kLanes;
+    transpose_rows(k, k0, width, keys_t.data(), padded);
+    // Added to every query's logits: -inf at landmark slots and the padding, else 0.
+    bool columns_masked = false;
+    for (int64_t j = 0; j < padded; ++j) {
+      const bool masked = j >= width || geometry.is_landmark(k0 + j);
+      column_mask[static_cast<size_t>(j)] = masked ? neg_inf<double>() : 0.0;
+      columns_masked |= masked;
+    }
+    for (int64_t i = 0; i < n; i += kTileQueries) {
+      const int64_t count = std::min<int64_t>(kTileQueries, n - i);
+      // A tile whose queries attend none of these keys skips them.
+      bool any = false;
+      for (int64_t r = 0; r < count; ++r)
+        any |= left[static_cast<size_t>(i + r)] < k0 + width && right[static_cast<size_t>(i + r)] >= k0;
+      if (!any) continue;
+      const double* q = q_scaled.row(i).data();
+      switch (count) {
+        case 1: chunk_logits<1>(q, d, keys_t.data(), padded, logits.data()); break;
+        case 2: chunk_logits<2>(q, d, keys_t.data(), padded, logits.data()); break;
+        default: chunk_logits<3>(q, d, keys_t.data(), padded, logits.data()); break;
+      }
+      for (int64_t r = 0; r < count; ++r) {
+        double* row = logits.data() + r * padded;
+        const auto at = static_cast<size_t>(i + r);
+        // Keys outside [left, right], landmark slots and the padding give exp(-inf) = 0.
+        if (k0 >= left[at] && k0 + width - 1 <= right[at]) {
+          if (columns_masked)
+            for (int64_t j = 0; j < padded; j += kLanes)
+              _mm512_storeu_pd(row + j, _mm512_add_pd(_mm512_loadu_pd(row + j),
+                                                      _mm512_loadu_pd(column_mask.data() + j)));
+        } else {
+          for (int64_t j = 0; j < padded; ++j)
+            if (k0 + j < left[at] || k0 + j > right[at]) row[j] = neg_inf<double>();
+            else row[j] += column_mask[static_cast<size_t>(j)];
+        }
+        rescale_row8(row, padded, m[at], l[at], acc.row(i + r).data(), dv);
+      }
+      const int64_t stride = acc.cols();
+      switch (count) {
+        case 1: weighted_values<1>(logits.data(), padded, width, v.row(k0).data(), dv, acc.row(i).data(), stride); break;
+        case 2: weighted_values<2>(logits.data(), padded, width, v.row(k0).data(), dv, acc.row(i).data(), stride); break;
+        default: weighted_values<3>(logits.data(), padded, width, v.row(k0).data(), dv, acc.row(i).data(), stride); break;
+      }
+    }
+  }
+  WindowResult<double> out;
+  const Eigen::Map<const Vector<double>> m_map(m.data(), n), l_map(l.data(), n);
+  out.o = l_map.cwiseInverse().asDiagonal() * acc;
+  out.lse = m_map + l_map.array().log().matrix();
+  return out;
+}
+
+#endif  // HILS_FUSED_KERNELS
+
 }  // namespace
 
 template <class Scalar>
@@ -139,6 +338,10 @@ WindowResult<Scalar> block_attention(const Matrix<Scalar>& q_rows,
     left[static_cast<size_t>(i)] = window_only ? geometry.window_left(t) : 0;
     right[static_cast<size_t>(i)] = t;
   }
+#ifdef HILS_FUSED_KERNELS
+  if constexpr (std::is_same_v<Scalar, double>)
+    return fused_block_attention(q_rows, left, right, k, v, geometry, scale);
+#endif
   const int64_t key_begin = *std::min_element(left.begin(), left.end());
   const int64_t key_end = *std::max_element(right.begin(), right.end()) + 1;
 
@@ -159,68 +362,6 @@ WindowResult<Scalar> block_attention(const Matrix<Scalar>& q_rows,
   out.o = l.cwiseInverse().asDiagonal() * acc;
   out.lse = m + l.array().log().matrix();
   return out;
-}
-
-namespace {
-
-// Writes L(t,c) = LSE over the chunk's tokens into masses(i, c) for the block rows i that have
-// chunk c among their candidates. logits_by_key: [keys x n], the chunk's tokens are its rows
-// [first_row, first_row + tokens). Reduces down the key rows so every step is a vector
-// operation over the n queries; the sum runs over the tokens in slot order.
-template <class Scalar>
-void chunk_log_mass_by_key(const Matrix<Scalar>& logits_by_key, int64_t first_row,
-                           int64_t tokens, int64_t chunk,
-                           const std::vector<int64_t>& candidates, std::vector<Scalar>& top,
-                           std::vector<Scalar>& total, Matrix<Scalar>& masses) {
-  const int64_t n = masses.rows();
-  Scalar* const top_of = top.data();
-  Scalar* const total_of = total.data();
-  std::copy_n(logits_by_key.row(first_row).data(), n, top_of);
-  for (int64_t r = 1; r < tokens; ++r) {
-    const Scalar* const logit = logits_by_key.row(first_row + r).data();
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) top_of[i] = std::max(top_of[i], logit[i]);
-  }
-  std::fill_n(total_of, n, Scalar(0));
-  for (int64_t r = 0; r < tokens; ++r) {
-    const Scalar* const logit = logits_by_key.row(first_row + r).data();
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) total_of[i] += exp_nonpositive(logit[i] - top_of[i]);
-  }
-  for (int64_t i = 0; i < n; ++i)
-    if (chunk < candidates[static_cast<size_t>(i)])
-      masses(i, chunk) = top_of[i] + std::log(total_of[i]);
-}
-
-}  // namespace
-
-template <class Scalar>
-Matrix<Scalar> block_chunk_log_mass(const Matrix<Scalar>& q_rows,
-                                    const std::vector<int64_t>& queries,
-                                    const QueryBlock& block, const Matrix<Scalar>& k,
-                                    const Geometry& geometry, Scalar scale) {
-  const int64_t n = block.size(), S = geometry.S(), tokens = geometry.tokens_per_chunk();
-  Matrix<Scalar> masses = Matrix<Scalar>::Constant(n, geometry.n_chunks(), neg_inf<Scalar>());
-  std::vector<int64_t> candidates(static_cast<size_t>(n));
-  int64_t max_candidates = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    candidates[static_cast<size_t>(i)] =
-        geometry.candidate_count(queries[static_cast<size_t>(block.begin + i)]);
-    max_candidates = std::max(max_candidates, candidates[static_cast<size_t>(i)]);
-  }
-  // q^T scaled once: the product below is keys x queries, one key per row.
-  const Matrix<Scalar> q_scaled_t = (q_rows * scale).transpose();
-  const int64_t chunks_per_product = std::max<int64_t>(1, kKeyBlock / S);
-  Matrix<Scalar> logits_by_key;
-  std::vector<Scalar> top(static_cast<size_t>(n)), total(static_cast<size_t>(n));
-  for (int64_t c0 = 0; c0 < max_candidates; c0 += chunks_per_product) {
-    const int64_t count = std::min(chunks_per_product, max_candidates - c0);
-    logits_by_key.noalias() = k.middleRows(c0 * S, count * S) * q_scaled_t;
-    // The attendable tokens of a chunk are its first `tokens` slots (the landmark is last).
-    for (int64_t c = 0; c < count; ++c)
-      chunk_log_mass_by_key(logits_by_key, c * S, tokens, c0 + c, candidates, top, total, masses);
-  }
-  return masses;
 }
 
 template <class Scalar>
@@ -260,9 +401,6 @@ ChunkAttention<Scalar> attend_chunk(const Eigen::Ref<const Vector<Scalar>>& q_ro
   template WindowResult<S> block_attention<S>(const Matrix<S>&, const std::vector<int64_t>&, \
                                               const QueryBlock&, const Matrix<S>&,          \
                                               const Matrix<S>&, const Geometry&, S, bool);  \
-  template Matrix<S> block_chunk_log_mass<S>(const Matrix<S>&, const std::vector<int64_t>&, \
-                                             const QueryBlock&, const Matrix<S>&,           \
-                                             const Geometry&, S);                           \
   template Matrix<S> block_surrogate_scores<S>(                                             \
       const Matrix<S>&, const std::vector<int64_t>&, const QueryBlock&,                     \
       const ChunkSummaries<S>&, const Geometry&, S);                                        \

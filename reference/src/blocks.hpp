@@ -68,12 +68,7 @@ WindowResult<Scalar> block_attention(const Matrix<Scalar>& q_rows,
                                      const Matrix<Scalar>& v, const Geometry& geometry,
                                      Scalar scale, bool window_only);
 
-// L(t,c) of the block's queries: [n x n_chunks], -inf outside V(t).
-template <class Scalar>
-Matrix<Scalar> block_chunk_log_mass(const Matrix<Scalar>& q_rows,
-                                    const std::vector<int64_t>& queries,
-                                    const QueryBlock& block, const Matrix<Scalar>& k,
-                                    const Geometry& geometry, Scalar scale);
+// L(t,c) of the block's queries: block_chunk_log_mass in chunk_mass.hpp.
 
 // s_hat of the block's queries from summaries: [n x n_chunks], -inf outside V(t).
 template <class Scalar>

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "blocks.hpp"
+#include "chunk_mass.hpp"
 #include "selection.hpp"
 
 namespace hils {
@@ -82,6 +83,16 @@ MechanismOutputs<Scalar> allocate_outputs(const MechanismSpec& spec,
   return out;
 }
 
+// The keys of every KV group as the chunk log-mass reads them (its panels built only when
+// `needed`: they take as much memory as k).
+template <class Scalar>
+std::vector<detail::ChunkKeys<Scalar>> chunk_keys_of(const AttentionInputs<Scalar>& inputs,
+                                                     const Geometry& geometry, bool needed) {
+  std::vector<detail::ChunkKeys<Scalar>> keys;
+  for (const auto& k : inputs.k) keys.push_back(detail::prepare_chunk_keys(k, geometry, needed));
+  return keys;
+}
+
 // Full and window mechanisms: independent (head, block) units.
 template <class Scalar>
 void run_dense(const MechanismSpec& spec, const AttentionInputs<Scalar>& inputs,
@@ -89,6 +100,7 @@ void run_dense(const MechanismSpec& spec, const AttentionInputs<Scalar>& inputs,
                const std::vector<QueryBlock>& blocks, MechanismOutputs<Scalar>& out) {
   const int64_t G = inputs.Hq() / inputs.Hkv(), n_blocks = static_cast<int64_t>(blocks.size());
   const bool window_only = spec.fusion == Fusion::window;
+  const auto chunk_keys = chunk_keys_of(inputs, geometry, options.keep_exact_scores);
   detail::parallel_units(inputs.Hq() * n_blocks, [&](int64_t unit) {
     const int64_t h = unit / n_blocks, g = h / G;
     const QueryBlock& block = blocks[static_cast<size_t>(unit % n_blocks)];
@@ -108,7 +120,7 @@ void run_dense(const MechanismSpec& spec, const AttentionInputs<Scalar>& inputs,
     }
     if (options.keep_exact_scores)
       head.exact_scores.middleRows(block.begin, block.size()) = detail::block_chunk_log_mass(
-          q_rows, out.queries, block, inputs.k[g], geometry, scale);
+          q_rows, out.queries, block, chunk_keys[static_cast<size_t>(g)], geometry, scale);
   });
 }
 
@@ -128,6 +140,8 @@ void run_selecting(const MechanismSpec& spec, const AttentionInputs<Scalar>& inp
                    const std::vector<ChunkSummaries<Scalar>>& summaries,
                    MechanismOutputs<Scalar>& out) {
   const int64_t G = inputs.Hq() / inputs.Hkv(), n_blocks = static_cast<int64_t>(blocks.size());
+  const bool need_exact = spec.key_rule == KeyRule::exact || options.keep_exact_scores;
+  const auto chunk_keys = chunk_keys_of(inputs, geometry, need_exact);
   detail::parallel_units(inputs.Hkv() * n_blocks, [&](int64_t unit) {
     const int64_t g = unit / n_blocks;
     const QueryBlock& block = blocks[static_cast<size_t>(unit % n_blocks)];
@@ -139,10 +153,10 @@ void run_selecting(const MechanismSpec& spec, const AttentionInputs<Scalar>& inp
       auto& hb = heads[static_cast<size_t>(j)];
       hb.q_rows = detail::gather_rows(inputs.q[h], out.queries, block);
       hb.window = detail::block_attention(hb.q_rows, out.queries, block, k, v, geometry, scale, true);
-      const bool need_exact = spec.key_rule == KeyRule::exact || options.keep_exact_scores;
       Matrix<Scalar> exact;
       if (need_exact)
-        exact = detail::block_chunk_log_mass(hb.q_rows, out.queries, block, k, geometry, scale);
+        exact = detail::block_chunk_log_mass(hb.q_rows, out.queries, block,
+                                             chunk_keys[static_cast<size_t>(g)], geometry, scale);
       hb.scores = spec.key_rule == KeyRule::exact
                       ? exact
                       : detail::block_surrogate_scores(

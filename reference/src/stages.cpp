@@ -5,6 +5,7 @@
 #include <string>
 
 #include "blocks.hpp"
+#include "chunk_mass.hpp"
 #include "selection.hpp"
 
 namespace hils {
@@ -89,8 +90,9 @@ Matrix<Scalar> exact_chunk_log_mass(const Matrix<Scalar>& q, const Matrix<Scalar
                                     const std::vector<int64_t>& queries) {
   require_key_shapes(q, k, geometry);
   const auto rows = detail::resolve_queries(queries, geometry.T());
+  const auto keys = detail::prepare_chunk_keys(k, geometry);
   return stack_blocks<Scalar>(rows, geometry, geometry.n_chunks(), [&](const auto& block) {
-    return detail::block_chunk_log_mass(detail::gather_rows(q, rows, block), rows, block, k,
+    return detail::block_chunk_log_mass(detail::gather_rows(q, rows, block), rows, block, keys,
                                         geometry, scale);
   });
 }

@@ -4,6 +4,7 @@
 // redoes nothing.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string_view>
 
@@ -168,4 +169,22 @@ TEST_CASE("fidelity study: summaries match the units and a resumed run redoes no
   CHECK(again.units_run == 0);
   CHECK(again.units_skipped == 2 * c.Hkv);
   CHECK(sink.writes == writes);
+}
+
+TEST_CASE("tail queries are the last eligible slots, found from the end", "[fidelity]") {
+  // T = 200 with landmarks (S = 8, W = 16): every attendable slot with a candidate, in order.
+  const Geometry small(200, 8, 16, true);
+  std::vector<int64_t> eligible;
+  for (int64_t t = 0; t < small.T(); ++t)
+    if (small.attendable(t) && small.candidate_count(t) > 0) eligible.push_back(t);
+  REQUIRE(eligible.size() > 3);
+  CHECK(analysis::tail_queries(small, 3) ==
+        std::vector<int64_t>(eligible.end() - 3, eligible.end()));
+  CHECK(analysis::tail_queries(small, 100000) == eligible);
+  // T = 1e11: was a list of every slot (a hang, then out of memory) for a 4-query answer.
+  const Geometry huge(100'000'000'000, 64, 512, true);
+  const auto last = analysis::tail_queries(huge, 4);
+  REQUIRE(last.size() == 4);
+  CHECK(last.back() == huge.T() - 2);  // the final slot is a landmark
+  CHECK(std::is_sorted(last.begin(), last.end()));
 }

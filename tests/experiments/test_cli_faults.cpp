@@ -3,7 +3,10 @@
 // (exit 2) with nothing lost and nothing left behind.
 #include <catch2/catch.hpp>
 
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <fstream>
 #include <algorithm>
@@ -432,6 +435,72 @@ TEST_CASE("a report cut short on the standard output (full disk) is exit 2, not 
   INFO(cut.output);
   CHECK(cut.exit_code == 2);  // was 0 with the JSON cut at 1024 bytes
   CHECK_THAT(cut.output, Catch::Contains("expected room to write the standard output"));
+}
+
+TEST_CASE("an output path that is a symlink is written through, the link kept", "[cli][faults]") {
+  // Was: the link replaced by a regular file holding the new results, its target left stale.
+  TempDir dir("output_symlink");
+  auto acts = write_small(dir);
+  fs::create_directory(dir / "store");
+  const auto target = dir / "store" / "results.h5";
+  REQUIRE(run_hils("run " + q(acts) + " -o " + q(target) + kFirstArgs).exit_code == 0);
+  const std::string first = bytes_of(target);
+  fs::create_symlink(fs::path("store") / "results.h5", dir / "link.h5");
+  auto r = run_hils("run " + q(acts) + " -o " + q(dir / "link.h5") + kRunArgs + " --resume");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(fs::is_symlink(dir / "link.h5"));
+  CHECK(bytes_of(target) != first);  // the resumed run's second mechanism is in the target
+  CHECK(count_temp_files(dir.path()) + count_temp_files(dir / "store") == 0);
+  CHECK(count_lock_files(dir.path()) + count_lock_files(dir / "store") == 0);
+}
+
+// Runs `hils <args>` in `folder` with `ignored` (0: none) set to SIG_IGN, as nohup does; once
+// its temporary file appears (its signal handlers are installed by then) sends it `signal`.
+// Returns the wait status, or -1 when no temporary file was seen before hils ended.
+int signal_during_write(const fs::path& folder, const std::vector<std::string>& args,
+                        int ignored, int signal) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::chdir(folder.c_str()) != 0) ::_exit(127);
+    if (ignored != 0) std::signal(ignored, SIG_IGN);
+    std::vector<char*> argv{const_cast<char*>(HILS_EXE)};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(HILS_EXE, argv.data());
+    ::_exit(127);
+  }
+  bool seen = false;
+  int status = 0;
+  while (!seen && ::waitpid(pid, &status, WNOHANG) == 0) {
+    for (const auto& entry : fs::directory_iterator(folder))
+      if (entry.path().filename().string().find(".tmp-") != std::string::npos) seen = true;
+    if (seen) ::kill(pid, signal);
+    else ::usleep(500);
+  }
+  if (!seen) return -1;
+  ::waitpid(pid, &status, 0);
+  return status;
+}
+
+TEST_CASE("a hangup that nohup ignores stays ignored, and SIGQUIT removes the temporary file",
+          "[cli][faults]") {
+  // hils installs handlers that remove its temporary files; it replaced nohup's SIG_IGN, so
+  // `nohup hils ...` died when the terminal closed. SIGQUIT (Ctrl-\) left the temporary file.
+  TempDir dir("signals");
+  REQUIRE(run_hils("-q dump synthetic -T 2048 -S 16 -d 16 --dv 16 -o " + q(dir / "acts.h5"))
+              .exit_code == 0);
+  const std::vector<std::string> run{"-q", "run", "acts.h5", "-o", "out.h5", "-p", "full,hils",
+                                     "-S", "16", "--landmarks", "true"};
+  const int hup = signal_during_write(dir.path(), run, SIGHUP, SIGHUP);
+  REQUIRE(hup != -1);
+  CHECK(WIFEXITED(hup));  // was killed by SIGHUP
+  CHECK(fs::exists(dir / "out.h5"));
+  fs::remove(dir / "out.h5");
+  const int quit = signal_during_write(dir.path(), run, 0, SIGQUIT);
+  REQUIRE(quit != -1);
+  CHECK((WIFSIGNALED(quit) && WTERMSIG(quit) == SIGQUIT));
+  CHECK(count_temp_files(dir.path()) == 0);  // was left behind
 }
 
 TEST_CASE("an OMP_NUM_THREADS beyond what the machine can run is not a crash", "[cli][faults]") {

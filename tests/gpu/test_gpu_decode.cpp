@@ -1,11 +1,15 @@
 // The decode step (gpu/include/hils/gpu/decode.hpp) judged by the oracle: B = 2 sequences per
 // call, the query at slot T-1 of each (VerifyOptions::queries = {T-1}, what `hils verify`
 // does with /queries holding the last slot), over the case table, every group rule, and exact
-// and near ties. The cache holds bf16 K/V and the prefill's summaries rounded to bf16.
+// and near ties. The cache holds bf16 K/V and the prefill's summaries rounded to bf16 (the
+// oracle's score_precision bf16) or quantised to fp8 e4m3 with per-row scales by
+// quantize_summaries_fp8 (score_precision fp8_e4m3); both the fused kernel and d5 run.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
 
+#include <cmath>
+#include <cstring>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -26,6 +30,56 @@ namespace oracle = hils::oracle;
 namespace gt = hils::gpu::testing;
 
 constexpr uint64_t kSecondSequenceSalt = 0x5eed;
+
+// Which decode kernel runs, on which summaries.
+struct Variant {
+  hils::gpu::DecodeKernel kernel;
+  hils::gpu::SummaryType summary;
+  const char* name;
+};
+constexpr Variant kFusedBf16{hils::gpu::DecodeKernel::fused, hils::gpu::SummaryType::bf16, "fused bf16"};
+constexpr Variant kFusedFp8{hils::gpu::DecodeKernel::fused, hils::gpu::SummaryType::fp8_e4m3, "fused fp8"};
+constexpr Variant kD5Bf16{hils::gpu::DecodeKernel::d5, hils::gpu::SummaryType::bf16, "d5 bf16"};
+
+// An e4m3 byte as a double (sign, 4 exponent bits with bias 7, 3 mantissa bits; no NaN expected).
+double decode_e4m3(unsigned char byte) {
+  const int exponent = (byte >> 3) & 0xf, mantissa = byte & 0x7;
+  const double magnitude = exponent == 0 ? std::ldexp(mantissa, -9)
+                                         : std::ldexp(8 + mantissa, exponent - 10);
+  return byte & 0x80 ? -magnitude : magnitude;
+}
+
+// Quantises the summaries `key` (fp32 values) on the device with quantize_summaries_fp8;
+// appends the e4m3 and scale buffers to `cache`, replaces `key` by what the step scores with (e4m3 x
+// scale) and counts in *mismatches the values that differ from the oracle's
+// round_to_fp8_e4m3(k' / s) x s with s = fp8_row_scale(max |k'|).
+void quantize_fp8(std::vector<Matrix<double>>& key, std::vector<gt::GuardedBuffer>& cache,
+                  int64_t* mismatches) {
+  const int64_t rows = key.empty() ? 0 : key.size() * key.front().rows();
+  const int64_t d = key.empty() ? 1 : key.front().cols();
+  auto fp32 = gt::upload(gt::pack_heads(key, DType::f32));
+  gt::GuardedBuffer bytes(std::max<int64_t>(1, rows * d)), scale(std::max<int64_t>(1, rows) * 4);
+  hils::gpu::quantize_summaries_fp8(fp32.as<float>(), rows, d, bytes.data(), scale.as<float>());
+  gt::check_cuda(cudaDeviceSynchronize(), "quantize_summaries_fp8");
+  const auto host_bytes = bytes.download();
+  const auto host_scale = scale.download();
+  int64_t row = 0;
+  for (auto& m : key)
+    for (int64_t c = 0; c < m.rows(); ++c, ++row) {
+      float s = 0;
+      std::memcpy(&s, host_scale.data() + 4 * row, 4);
+      const double expected_scale =
+          oracle::fp8_row_scale(m.row(c).cwiseAbs().maxCoeff());
+      *mismatches += s != expected_scale;
+      for (int64_t i = 0; i < d; ++i) {
+        const double stored = decode_e4m3(host_bytes[row * d + i]) * s;
+        *mismatches += stored != oracle::round_to_fp8_e4m3(m(c, i) / expected_scale) * expected_scale;
+        m(c, i) = stored;
+      }
+    }
+  cache.push_back(std::move(bytes));
+  cache.push_back(std::move(scale));
+}
 
 // Row `t` of every head as a 1-row matrix.
 std::vector<Matrix<double>> rows_at(const std::vector<Matrix<double>>& heads, int64_t t) {
@@ -59,7 +113,8 @@ void prefill_summaries(const MechanismSpec& spec, const AttentionInputs<double>&
 // One decode call over `seqs` (same shapes); returns the oracle's verdict per sequence.
 std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
                                                const std::vector<AttentionInputs<double>>& seqs,
-                                               std::vector<hils::IndexMatrix>* selections) {
+                                               std::vector<hils::IndexMatrix>* selections,
+                                               const Variant& variant = kFusedBf16) {
   const auto& first = seqs.front();
   const int64_t B = seqs.size(), T = first.T(), Hq = first.Hq(), Hkv = first.Hkv();
   const int64_t d = first.d(), dv = first.dv(), nc = T / spec.S, K = spec.K;
@@ -73,10 +128,21 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
       qr.push_back(m);
     prefill_summaries(spec, s, key, bias);
   }
-  // The cache's summaries are bf16 (what the oracle sees too); biases stay fp32.
+  // The cache's summaries are bf16 or fp8 e4m3 x row scale (what the oracle sees too); biases
+  // stay fp32. The summary fp32 values are floats already (the prefill's output).
+  const bool fp8 = variant.summary == hils::gpu::SummaryType::fp8_e4m3;
   std::vector<Matrix<double>> bias_rows;
-  for (auto& m : key)
-    for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = oracle::round_to_bf16(m.data()[i]);
+  int64_t quantize_mismatches = 0;
+  std::vector<gt::GuardedBuffer> fp8_cache;  // e4m3 rows, row scales, bf16 rows
+  if (fp8) {
+    // The bf16 copy (the fusion logits of hierarchical fusion) before key becomes e4m3 x scale.
+    auto bf16_rows = gt::upload(gt::pack_heads(key, DType::bf16));
+    quantize_fp8(key, fp8_cache, &quantize_mismatches);
+    fp8_cache.push_back(std::move(bf16_rows));
+  } else {
+    for (auto& m : key)
+      for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = oracle::round_to_bf16(m.data()[i]);
+  }
   for (const auto& b : bias) bias_rows.push_back(b.transpose());
   auto k_dev = gt::upload(gt::pack_heads(k, DType::bf16));
   auto v_dev = gt::upload(gt::pack_heads(v, DType::bf16));
@@ -89,6 +155,11 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
   cache.B = B, cache.T = T, cache.Hq = Hq, cache.Hkv = Hkv, cache.d = d, cache.dv = dv;
   cache.k = k_dev.data(), cache.v = v_dev.data();
   cache.summary_key = key_dev.data(), cache.summary_bias = bias_dev.as<float>();
+  if (fp8) {
+    cache.summary_type = hils::gpu::SummaryType::fp8_e4m3;
+    cache.summary_key = fp8_cache[0].data(), cache.summary_scale = fp8_cache[1].as<float>();
+    cache.summary_key_bf16 = fp8_cache[2].data();
+  }
   const hils::gpu::DecodeQuery query{q_dev.data(), qr_dev.data()};
   gt::GuardedBuffer o(B * Hq * dv * 4), lse(B * Hq * 4), o_window(B * Hq * dv * 4);
   gt::GuardedBuffer lse_window(B * Hq * 4), selection(std::max<int64_t>(1, B * Hkv * K) * 4);
@@ -99,7 +170,7 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
   out.o = o.as<float>(), out.lse = lse.as<float>(), out.selection = selection.as<int32_t>();
   out.o_window = o_window.as<float>(), out.lse_window = lse_window.as<float>();
   out.surrogate = surrogate.as<float>(), out.fusion_weights = weights.as<float>();
-  hils::gpu::decode_step(spec, cache, query, out, workspace.data());
+  hils::gpu::decode_step(spec, cache, query, out, workspace.data(), nullptr, variant.kernel);
   gt::check_cuda(cudaDeviceSynchronize(), "decode_step");
 
   std::vector<std::string> damage;
@@ -109,6 +180,9 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
            {&selection, "selection"}, {&surrogate, "surrogate"}, {&weights, "fusion_weights"},
            {&workspace, "workspace"}})
     if (auto problem = buffer->guard_damage(name); !problem.empty()) damage.push_back(problem);
+  if (quantize_mismatches > 0)
+    damage.push_back("quantize_summaries_fp8: " + std::to_string(quantize_mismatches) +
+                     " values or scales differ from oracle::round_to_fp8_e4m3 / fp8_row_scale");
   const auto o_all = gt::heads_of(o, B * Hq, 1, dv);
   const auto lse_all = gt::head_vectors_of(lse, B * Hq, 1);
   const auto ow_all = gt::heads_of(o_window, B * Hq, 1, dv);
@@ -133,7 +207,8 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
     if (selections) selections->push_back(sel_all[b * Hkv]);
     oracle::VerifyOptions options;
     options.precision = oracle::InputPrecision::bf16;
-    options.score_precision = oracle::InputPrecision::bf16;
+    options.score_precision =
+        fp8 ? oracle::InputPrecision::fp8_e4m3 : oracle::InputPrecision::bf16;
     options.queries = {T - 1};
     verdicts.push_back(oracle::verify(spec, seqs[b], run, options));
     if (!damage.empty()) {
@@ -156,12 +231,12 @@ bool reference_accepts(const MechanismSpec& spec, const AttentionInputs<double>&
 
 // Decodes two sequences of case `c` and checks both verdicts; prints the reports.
 void check_decode(const MechanismSpec& spec, const std::vector<AttentionInputs<double>>& seqs,
-                  const std::string& label) {
-  const auto verdicts = decode_and_verify(spec, seqs, nullptr);
+                  const std::string& label, const Variant& variant = kFusedBf16) {
+  const auto verdicts = decode_and_verify(spec, seqs, nullptr, variant);
   for (size_t b = 0; b < verdicts.size(); ++b) {
-    std::cout << "=== decode " << label << " seq " << b << " " << spec.name << "\n"
-              << verdicts[b].report();
-    INFO(label << " seq " << b << " " << spec.name);
+    std::cout << "=== decode " << variant.name << " " << label << " seq " << b << " " << spec.name
+              << "\n" << verdicts[b].report();
+    INFO(variant.name << " " << label << " seq " << b << " " << spec.name);
     CHECK(verdicts[b].passed);
   }
 }
@@ -191,7 +266,9 @@ TEST_CASE("gpu decode over the case table passes the oracle", "[gpu]") {
         specs.push_back(one);
       }
       for (const auto& spec : specs) {
-        check_decode(spec, seqs, c.name);
+        check_decode(spec, seqs, c.name, kFusedBf16);
+        check_decode(spec, seqs, c.name, kFusedFp8);
+        if (&spec == &specs.front()) check_decode(spec, seqs, c.name, kD5Bf16);
         ++checked;
       }
     }
@@ -208,7 +285,8 @@ TEST_CASE("gpu decode with exact and near ties passes the oracle", "[gpu]") {
       const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
       std::ostringstream label;
       label << "longer_blocks ties " << perturbation;
-      check_decode(spec, seqs, label.str());
+      for (const Variant& variant : {kFusedBf16, kFusedFp8, kD5Bf16})
+        check_decode(spec, seqs, label.str(), variant);
     }
   }
 }
@@ -219,12 +297,14 @@ TEST_CASE("gpu decode with exact ties keeps the lower chunk", "[gpu]") {
   const Case c = hils::cases::case_named("longer_blocks");
   const std::vector<AttentionInputs<double>> seqs{gt::tied_inputs(c, 0.0)};
   int64_t cuts_through_twins = 0, violations = 0;
+  for (const Variant& variant : {kFusedBf16, kFusedFp8, kD5Bf16})
   for (const char* preset : {"hils", "lmk", "nsa"}) {
     for (int64_t K = 1; K <= 12; ++K) {
       MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
       spec.K = K;
       std::vector<hils::IndexMatrix> selections;
-      const auto verdicts = decode_and_verify(spec, seqs, &selections);
+      const auto verdicts = decode_and_verify(spec, seqs, &selections, variant);
+      INFO(variant.name << " " << preset << " K " << K);
       CHECK(verdicts.front().passed);
       std::vector<bool> chosen(c.T / c.S + 1, false);
       for (int64_t i = 0; i < K; ++i)
@@ -255,16 +335,17 @@ TEST_CASE("gpu decode over several selection tiles passes the oracle", "[gpu]") 
   for (int64_t to : {300, 600}) gt::duplicate_chunk(tied, c.S, 2, to, 0.0);
   const std::vector<AttentionInputs<double>> seqs{hils::cases::make_inputs<double>(c), tied};
   int64_t cuts_through_twins = 0, violations = 0;
+  for (const Variant& variant : {kFusedBf16, kFusedFp8, kD5Bf16})
   for (const char* preset : {"hils", "nsa"}) {
     for (int64_t K : {1, 2, 3, 8, 33, 300}) {
       MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
       spec.K = K;
       std::vector<hils::IndexMatrix> selections;
-      const auto verdicts = decode_and_verify(spec, seqs, &selections);
+      const auto verdicts = decode_and_verify(spec, seqs, &selections, variant);
       for (size_t b = 0; b < verdicts.size(); ++b) {
-        std::cout << "=== decode three tiles K=" << K << " seq " << b << " " << spec.name << "\n"
-                  << verdicts[b].report();
-        INFO("K " << K << " seq " << b << " " << spec.name);
+        std::cout << "=== decode " << variant.name << " three tiles K=" << K << " seq " << b << " "
+                  << spec.name << "\n" << verdicts[b].report();
+        INFO(variant.name << " K " << K << " seq " << b << " " << spec.name);
         CHECK(verdicts[b].passed);
       }
       std::vector<bool> chosen(c.T / c.S + 1, false);

@@ -199,10 +199,10 @@ TEST_CASE("gpu host API rejects bad input naming the field", "[gpu]") {
   CHECK(message(spec, good, missing).rfind("v:", 0) == 0);
 }
 
-// The one-pass selection (v5), the bounded two-pass selection (v6) and the quad-offer two-pass
-// selection (v7) against the default two-pass kernel v4: the same s2 and log2 Z_hat arithmetic,
-// v6's bound drops only candidates that cannot be selected, v7 keeps the K best under the same
-// (value, chunk) order in another way, and v6's selected scores add the same partial sums in the same order,
+// The one-pass selection (v5), the bounded two-pass selection (v6, the default) and the
+// quad-offer two-pass selection (v7) against the two-pass kernel v4: the same s2 and log2 Z_hat
+// arithmetic and the same selected-score writer, v6's bound drops only candidates that cannot be
+// selected, v7 keeps the K best under the same (value, chunk) order in another way,
 // so the selections and selected scores must agree bit for bit, on packed shapes (one and
 // several scoring tiles, G = 1..16, K up to 64; K = 32 uses all 32 of
 // v6's bound slots, K > 32 runs v6 without the bound and v7 as v4; K = 3, 4, 16, 20, 32 leave

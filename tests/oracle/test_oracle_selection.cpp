@@ -193,10 +193,32 @@ TEST_CASE("with bf16 inputs a wrong chunk is still caught and bf16 scores widen 
 
 namespace {
 
+// How the score path stores k': bf16, or fp8 e4m3 with a per-row power-of-two scale (the
+// decode cache's fp8 summaries, data/verify_format.md), or that fp8 row read back without its
+// scale (a planted dequantisation bug).
+enum class KeyStore { bf16, fp8_e4m3, fp8_scale_dropped };
+
+// k' row -> the row as the score path reads it back.
+Matrix<float> stored_keys(Matrix<float> key, KeyStore store) {
+  for (Eigen::Index c = 0; c < key.rows(); ++c) {
+    if (store == KeyStore::bf16) {
+      key.row(c) = key.row(c).unaryExpr([](float x) { return static_cast<float>(round_to_bf16(x)); });
+      continue;
+    }
+    const double s = fp8_row_scale(key.row(c).cwiseAbs().maxCoeff());
+    const double back = store == KeyStore::fp8_e4m3 ? s : 1.0;
+    key.row(c) = key.row(c).unaryExpr(
+        [s, back](float x) { return static_cast<float>(round_to_fp8_e4m3(x / s) * back); });
+  }
+  return key;
+}
+
 // A kernel with a bf16 score path, like the authors' code or a tensor-core selection: the
-// summary weights p and the summary key k' rounded to bf16, scores and selection in float, the
-// fusion of its own selection. Everything else is the float reference.
-KernelOutputs bf16_score_kernel(const MechanismSpec& spec, const AttentionInputs<double>& inputs) {
+// summary weights p rounded to bf16 and the summary key k' stored as `store` says, scores and
+// selection in float, the fusion of its own selection. Everything else is the float reference.
+// With `summaries`, the k' it scored with, b' and the fusion weights are returned too.
+KernelOutputs bf16_score_kernel(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                                KeyStore store = KeyStore::bf16, bool summaries = false) {
   auto round_matrix = [](Matrix<float> m) {
     return Matrix<float>(m.unaryExpr([](float x) { return static_cast<float>(round_to_bf16(x)); }));
   };
@@ -213,6 +235,8 @@ KernelOutputs bf16_score_kernel(const MechanismSpec& spec, const AttentionInputs
   for (int64_t t = 0; t < in.T(); ++t) all[static_cast<size_t>(t)] = t;
   std::vector<Matrix<float>> scores;
   std::vector<Vector<float>> lse_window;
+  std::vector<Matrix<double>> summary_key;
+  std::vector<Vector<double>> summary_bias;
   for (int64_t h = 0; h < in.Hq(); ++h) {
     const Matrix<float>& k = in.k[h / G];
     const Matrix<float> prior =
@@ -225,7 +249,9 @@ KernelOutputs bf16_score_kernel(const MechanismSpec& spec, const AttentionInputs
       p = round_matrix(p / p.sum());
       s.key.row(c) = p.transpose() * keys;
     }
-    s.key = round_matrix(s.key);
+    s.key = stored_keys(s.key, store);
+    summary_key.push_back(s.key.cast<double>());
+    summary_bias.push_back(s.bias.cast<double>());
     scores.push_back(surrogate_scores(in.retrieval_query(h), s, geometry, scale, all));
     lse_window.push_back(window_attention(in.q[h], k, in.v[h / G], geometry, scale, all).lse);
   }
@@ -238,7 +264,9 @@ KernelOutputs bf16_score_kernel(const MechanismSpec& spec, const AttentionInputs
   for (const auto& head : forced_fusion(spec, in, out.selection, all)) {
     out.o.push_back(head.o.cast<double>());
     out.lse.push_back(head.lse.cast<double>());
+    if (summaries) out.fusion_weights.push_back(head.fusion_weights.cast<double>());
   }
+  if (summaries) out.summary_key = summary_key, out.summary_bias = summary_bias;
   return out;
 }
 
@@ -268,4 +296,111 @@ TEST_CASE("a kernel with bf16 summaries passes with score_precision bf16, its fl
   }
   // The test means something only if bf16 rounding did flip some selections.
   CHECK(flipped > 0);
+}
+
+namespace {
+
+// Per case and preset of the table: the verdict on the fp8-summary kernel `store` (with its
+// summaries) under score_precision fp8_e4m3; calls check(case, preset, verdict).
+template <class Check>
+void over_fp8_cases(KeyStore store, Check check) {
+  for (const auto& c : cases::kCaseTable) {
+    if (c.T / c.S == 0 || c.K == 0) continue;
+    const auto inputs = cases::make_inputs<double>(c);
+    for (const char* name : {"hils", "nsa", "lmk"}) {
+      MechanismSpec spec = cases::with_case_geometry(preset(name), c);
+      if (spec.key_rule == KeyRule::landmark_key && !c.landmarks) continue;
+      if (spec.needs_prior() && !c.landmarks) spec.prior_rule = PriorRule::shared;
+      VerifyOptions options;
+      options.score_precision = InputPrecision::fp8_e4m3;
+      check(c, name, verify(spec, inputs, bf16_score_kernel(spec, inputs, store, true), options));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("fp8 e4m3 rounding and the per-row scale", "[oracle]") {
+  CHECK(round_to_fp8_e4m3(1.0) == 1.0);
+  CHECK(round_to_fp8_e4m3(1.0625) == 1.0);    // a tie: to even (1.000)
+  CHECK(round_to_fp8_e4m3(1.1875) == 1.25);   // a tie: to even (1.010)
+  CHECK(round_to_fp8_e4m3(1.07) == 1.125);
+  CHECK(round_to_fp8_e4m3(-300.0) == -288.0);
+  CHECK(round_to_fp8_e4m3(1000.0) == 448.0);  // saturates
+  CHECK(round_to_fp8_e4m3(0x1p-9) == 0x1p-9);  // smallest subnormal
+  CHECK(round_to_fp8_e4m3(0x1.8p-8) == 0x1.8p-8);
+  CHECK(round_to_fp8_e4m3(0x1p-11) == 0.0);
+  CHECK(fp8_row_scale(448.0) == 1.0);
+  CHECK(fp8_row_scale(449.0) == 2.0);
+  CHECK(fp8_row_scale(1.0) == 0x1p-8);   // 1 / 2^-8 = 256 <= 448 < 512
+  CHECK(fp8_row_scale(0.0) == 1.0);
+  CHECK(parse_score_precision("fp8_e4m3") == InputPrecision::fp8_e4m3);
+  CHECK_THROWS_AS(parse_input_precision("fp8_e4m3"), InvalidArgument);
+  CHECK(unit_roundoff(InputPrecision::fp8_e4m3) == 0x1p-4);
+}
+
+TEST_CASE("a kernel with fp8 e4m3 summaries passes with score_precision fp8_e4m3", "[oracle][selection]") {
+  int64_t flipped = 0, rows = 0;
+  double largest_margin = 0, largest_bound = 0;
+  over_fp8_cases(KeyStore::fp8_e4m3, [&](const cases::Case& c, const char* name, const Verdict& v) {
+    INFO("case " << c.name << ", spec " << name << "\n" << v.report());
+    CHECK(v.passed);
+    flipped += v.selection.rows_differing;
+    rows += v.selection.rows;
+    largest_margin = std::max(largest_margin, v.selection.max_accepted_margin);
+    largest_bound = std::max(largest_bound, v.selection.bound);
+  });
+  std::printf("fp8 e4m3 summaries over the case table: %lld of %lld selection rows differ from the "
+              "double reference, largest accepted margin %.3g, largest bound %.3g\n",
+              static_cast<long long>(flipped), static_cast<long long>(rows), largest_margin,
+              largest_bound);
+  // fp8's rounding must flip selections, or the test would not exercise the wider bound.
+  CHECK(flipped > 0);
+}
+
+TEST_CASE("fp8 e4m3 summaries: a wrong chunk or a dropped scale still fails", "[oracle][selection]") {
+  // Per case (hils preset): the weakest candidate instead of the strongest chosen chunk in the
+  // last query's row, judged under bf16 and under fp8 summaries. fp8's wider margin bound
+  // (2 x 2^-4 x A against 2 x 2^-8 x A) accepts the swap where the margin is small against A.
+  int64_t cases_run = 0, caught_bf16 = 0, caught_fp8 = 0;
+  for (const auto& c : cases::kCaseTable) {
+    const MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
+    if (c.K == 0 || !c.landmarks) continue;
+    const int64_t t = c.T - 1;
+    if (geometry_of(spec, c.T).candidate_count(t) <= c.K) continue;
+    const auto inputs = cases::make_inputs<double>(c);
+    bool caught[2] = {false, false};
+    for (KeyStore store : {KeyStore::bf16, KeyStore::fp8_e4m3}) {
+      VerifyOptions options;
+      options.score_precision = store == KeyStore::bf16 ? InputPrecision::bf16 : InputPrecision::fp8_e4m3;
+      KernelOutputs kernel = bf16_score_kernel(spec, inputs, store, true);
+      INFO("case " << c.name);
+      REQUIRE(verify(spec, inputs, kernel, options).passed);
+      testing::plant_wrong_chunk(spec, inputs, testing::to_float(inputs), kernel);
+      caught[store == KeyStore::fp8_e4m3] = !verify(spec, inputs, kernel, options).selection.passed;
+    }
+    ++cases_run;
+    caught_bf16 += caught[0], caught_fp8 += caught[1];
+    std::printf("planted wrong chunk, case %-26s caught under bf16 summaries %d, fp8 %d\n", c.name,
+                caught[0], caught[1]);
+    if (std::string(c.name) == "chunk_two" || std::string(c.name) == "window_one") CHECK(caught[1]);
+  }
+  std::printf("planted wrong chunk caught in %lld (bf16) and %lld (fp8 e4m3) of %lld cases\n",
+              static_cast<long long>(caught_bf16), static_cast<long long>(caught_fp8),
+              static_cast<long long>(cases_run));
+  // Measured: bf16 6 of 7 (flat_attention's margins are below even bf16's bound), fp8 2 of 7.
+  CHECK(caught_bf16 >= cases_run - 1);
+  CHECK(caught_fp8 >= 2);
+  // Rows read back without their scale (a planted dequantisation bug), a few cases (the suite's
+  // time): every verdict fails.
+  for (const char* name : {"gqa_group4", "flat_attention", "longer_blocks"}) {
+    const auto c = case_named(name);
+    const auto inputs = cases::make_inputs<double>(c);
+    const MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
+    VerifyOptions options;
+    options.score_precision = InputPrecision::fp8_e4m3;
+    INFO("case " << name);
+    CHECK_FALSE(verify(spec, inputs, bf16_score_kernel(spec, inputs, KeyStore::fp8_scale_dropped, true),
+                       options).passed);
+  }
 }

@@ -86,7 +86,7 @@ VerifyFile read_verify_file(const fs::path& file) {
         io::read_string_attribute(file, root, "/", "bf16_rounding"),
         file.string() + ": / attribute bf16_rounding");
   if (io::has_attribute(root, "score_precision"))
-    v.options.score_precision = oracle::parse_input_precision(
+    v.options.score_precision = oracle::parse_score_precision(
         io::read_string_attribute(file, root, "/", "score_precision"),
         file.string() + ": / attribute score_precision");
   if (io::has_attribute(root, "kernel"))

@@ -42,12 +42,19 @@
 namespace hils::oracle {
 
 // Precision of the numbers the kernel computes from (its inputs and its rounding unit).
-enum class InputPrecision { fp32, bf16 };
+// fp8_e4m3 is a score precision only (summaries k' stored in e4m3 with a per-row power-of-two
+// scale, data/verify_format.md); it is no input precision.
+enum class InputPrecision { fp32, bf16, fp8_e4m3 };
 std::string to_string(InputPrecision);
+// "fp32" or "bf16" (an input precision).
 InputPrecision parse_input_precision(const std::string& text,
                                      const std::string& field = "input_precision");
+// "fp32", "bf16" or "fp8_e4m3" (a score precision).
+InputPrecision parse_score_precision(const std::string& text,
+                                     const std::string& field = "score_precision");
 
-// Unit roundoff: fp32 2^-24, bf16 2^-8 (8 significand bits incl. the implicit one).
+// Unit roundoff: fp32 2^-24, bf16 2^-8 (8 significand bits incl. the implicit one), fp8 e4m3
+// 2^-4 (4 significand bits).
 double unit_roundoff(InputPrecision precision);
 
 struct VerifyOptions;
@@ -69,6 +76,13 @@ double round_to_bf16(double x);
 // zero (keeping a float's upper 16 bits, a truncating conversion). Both are correct kernels.
 enum class Bf16Rounding { nearest, toward_zero };
 double round_to_bf16(double x, Bf16Rounding mode);
+// Rounds to the nearest fp8 e4m3 number (ties to even; 4 significand bits, subnormal spacing
+// 2^-9, saturating at +-448 as a SATFINITE conversion does); NaN stays NaN.
+double round_to_fp8_e4m3(double x);
+// The per-row scale of an fp8 e4m3 summary row whose largest |entry| is `amax`: the smallest
+// power of two s with amax / s <= 448 (1 for amax = 0). Row entries are stored as
+// round_to_fp8_e4m3(x / s) and read back as that times s.
+double fp8_row_scale(double amax);
 AttentionInputs<double> round_inputs_to_bf16(const AttentionInputs<double>& inputs);
 
 // Every tolerance of the oracle, in one place, each with its reason.
@@ -97,7 +111,9 @@ struct Tolerances {
   // of two different heads. x G for sum_probabilities (G terms).
   static constexpr double kMarginUnitsFp32 = 32.0;
   // A bf16 score path rounds once in the summary (p or k') and at most once in the stored
-  // score, each moving s_hat by at most u A.
+  // score, each moving s_hat by at most u A. fp8_e4m3 scores use the bf16 units with u = 2^-4
+  // (k' rounded once to e4m3; the second unit covers p in bf16 and e4m3's subnormals, which
+  // a per-row scale keeps below 2^-14 of the row's largest entry).
   static constexpr double kMarginUnitsBf16 = 2.0;
 
   // Mean test (hierarchical lse with bf16 scores, where the worst-case floor sits far above

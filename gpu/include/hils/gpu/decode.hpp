@@ -15,13 +15,22 @@
 
 namespace hils::gpu {
 
+// How the cache stores k' (gpu/NOTES.md "decode": the choice and its byte counts).
+//   bf16:     the oracle's `score_precision = bf16`
+//   fp8_e4m3: e4m3(k'_c,i / s_c) with s_c the row's power-of-two scale in summary_scale
+//             (oracle::fp8_row_scale: the smallest 2^e with max_i |k'_c,i| / 2^e <= 448), the
+//             oracle's `score_precision = fp8_e4m3` (data/verify_format.md)
+enum class SummaryType { bf16 = 0, fp8_e4m3 = 1 };
+
 // B sequences of T slots each; the new token is slot T-1 (its key and value already appended).
 // Layouts, head-major per sequence, bf16 unless noted:
-//   k            [B, Hkv, slot_capacity, d]     v [B, Hkv, slot_capacity, dv]
-//   summary_key  [B, Hq, chunk_capacity, d]     (k'_c of every complete chunk c < T / S)
-//   summary_bias [B, Hq, chunk_capacity] fp32   (b'_c; zeros for bias rule none)
-// Summaries are per query head (the landmark-query prior differs per head) and bf16: the scores
-// are fp32 dot products of bf16 values, the oracle's `score_precision = bf16` case.
+//   k             [B, Hkv, slot_capacity, d]     v [B, Hkv, slot_capacity, dv]
+//   summary_key   [B, Hq, chunk_capacity, d]     (k'_c of every complete chunk c < T / S),
+//                                                 bf16 or fp8 e4m3 (summary_type)
+//   summary_scale [B, Hq, chunk_capacity] fp32   (fp8 only: s_c; k'_c = s_c x the stored row)
+//   summary_bias  [B, Hq, chunk_capacity] fp32   (b'_c; zeros for bias rule none)
+// Summaries are per query head (the landmark-query prior differs per head); the scores are
+// fp32 dot products of the stored values.
 struct DecodeCache {
   int64_t B = 0, T = 0, Hq = 0, Hkv = 0, d = 0, dv = 0;
   int64_t slot_capacity = 0;   // rows per (sequence, KV head); 0 means T
@@ -30,6 +39,13 @@ struct DecodeCache {
   const void* v = nullptr;
   const void* summary_key = nullptr;
   const float* summary_bias = nullptr;
+  SummaryType summary_type = SummaryType::bf16;
+  const float* summary_scale = nullptr;
+  // fp8 with hierarchical fusion: the same summaries in bf16 [B, Hq, chunk_capacity, d]. The
+  // scan scores every chunk from the fp8 rows; the fusion logits s_hat of the K selected chunks
+  // (Eq. 10) are read from these rows, so that fp8's rounding (2^-4) moves the selection but not
+  // the fused output (gpu/NOTES.md "decode"). Unused otherwise.
+  const void* summary_key_bf16 = nullptr;
 };
 
 // The new queries: q [B, Hq, d] bf16 (already rotated), q_retrieval the same or null (q~ = q).
@@ -49,13 +65,31 @@ struct DecodeOutputs {
   float* fusion_weights = nullptr;  // [B, Hq, K + 2]
 };
 
-// Throws std::invalid_argument naming the first bad field. Supported: bf16 cache, d, dv <= 256,
-// a spec whose fusion is flat or hierarchical with summaries (key rule not exact), K <= 1024.
+// Which launch sequence runs the step (gpu/NOTES.md "decode", versions):
+//   fused: window tiles and score tiles in one grid (every tile issues all its loads before
+//          staging q / q~), then group scores, select, chunk tiles and a fuse that loads the
+//          chunks' outputs 8 at a time: five launches (d8)
+//   d5:    the launches of d5 (window, score, group scores, select, chunk, fuse), kept as the
+//          benchmark's baseline
+enum class DecodeKernel { fused = 0, d5 = 1 };
+
+// Throws std::invalid_argument naming the first bad field. Supported: bf16 K/V, bf16 or fp8
+// e4m3 summaries, d, dv <= 256, a spec whose fusion is flat or hierarchical with summaries (key
+// rule not exact), K <= 1024.
 void validate_decode(const MechanismSpec& spec, const DecodeCache& cache, const DecodeQuery& q);
-// Device scratch bytes of one decode_step.
+// Device scratch bytes of one decode_step (either kernel).
 size_t decode_workspace_bytes(const MechanismSpec& spec, const DecodeCache& cache);
-// One decode step for all B sequences; `workspace` holds decode_workspace_bytes device bytes.
+// One decode step for all B sequences; `workspace` holds decode_workspace_bytes device bytes
+// (no initialisation needed).
 void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const DecodeQuery& q,
-                 const DecodeOutputs& out, void* workspace, cudaStream_t stream = nullptr);
+                 const DecodeOutputs& out, void* workspace, cudaStream_t stream = nullptr,
+                 DecodeKernel kernel = DecodeKernel::fused);
+
+// Stores summaries as the fp8 cache keeps them: key_fp8 [rows, d] e4m3 and scale [rows] fp32
+// from key [rows, d] fp32 (per row: s = the smallest power of two with max |k'| / s <= 448,
+// e4m3(k' / s) to nearest; oracle::fp8_row_scale, round_to_fp8_e4m3). Appending a completed
+// chunk's summary is one row.
+void quantize_summaries_fp8(const float* key, int64_t rows, int64_t d, void* key_fp8,
+                            float* scale, cudaStream_t stream = nullptr);
 
 }  // namespace hils::gpu

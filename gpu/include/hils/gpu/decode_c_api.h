@@ -20,6 +20,10 @@ typedef struct hils_gpu_decode {
   const void *k, *v, *summary_key; /* bf16 */
   const float* summary_bias;
   const void *q, *q_retrieval; /* bf16 [B, Hq, d]; q_retrieval may be null */
+  int32_t summary_type;        /* 0 bf16, 1 fp8 e4m3 (hils::gpu::SummaryType) */
+  int32_t kernel;              /* 0 fused (three launches), 1 d5 (seven; hils::gpu::DecodeKernel) */
+  const float* summary_scale;  /* fp8: [B, Hq, chunk_capacity] row scales; else null */
+  const void* summary_key_bf16; /* fp8 + hierarchical fusion: the summaries in bf16; else null */
 } hils_gpu_decode;
 
 /* Outputs (fp32 / int32); only o and lse are required. */
@@ -33,6 +37,9 @@ const char* hils_gpu_decode_last_error(void);
 int hils_gpu_decode_workspace_bytes(const hils_gpu_decode* p, size_t* bytes);
 int hils_gpu_decode_step(const hils_gpu_decode* p, const hils_gpu_decode_outputs* out,
                          void* workspace, void* stream);
+/* key fp32 [rows, d] -> key_fp8 e4m3 [rows, d] and scale fp32 [rows] (hils::gpu::quantize_summaries_fp8). */
+int hils_gpu_quantize_summaries_fp8(const float* key, int64_t rows, int64_t d, void* key_fp8,
+                                    float* scale, void* stream);
 
 #ifdef __cplusplus
 }
