@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "hils/analysis/needle.hpp"
+
 namespace hils::analysis {
 
 namespace {
@@ -29,9 +31,8 @@ AttentionInputs<double> with_needle(const AttentionInputs<double>& raw, int64_t 
     Vector<double> mean_q = Vector<double>::Zero(raw.d());
     for (int64_t h = g * G; h < (g + 1) * G; ++h) mean_q += raw.q[h].row(t).transpose();
     mean_q /= static_cast<double>(G);
-    const double norm2 = mean_q.squaredNorm();
-    require(norm2 > 0.0, "needle query", "a non-zero query at the last slot", "a zero vector");
-    in.k[g].row(slot) = (needle_logit / (scale * norm2)) * mean_q.transpose();
+    plant_needle(in.k, g, slot, mean_q.transpose(), scale, needle_logit,
+                 "needle query (the last slot's)");
   }
   return in;
 }

@@ -1,4 +1,4 @@
-// Small helpers shared by the experiments engineer's subcommands (not part of the register_ API).
+// Small helpers shared by every subcommand (cli_util.cpp; not part of the register_ API).
 #pragma once
 
 #include <filesystem>

@@ -1,9 +1,16 @@
-// The subcommands of the `hils` tool: one register_<name> per experiments/cli/cmd_<name>.cpp.
+// The subcommands of the `hils` tool: one register_<name> per cmd_<name>.cpp, each in the folder
+// of its step of the data flow (README, "Layout"):
+//   dump/      source -> activations             (hils dump llama2c | synthetic)
+//   run/       activations -> reference -> results (hils run)
+//   studies/   source -> reference -> results    (hils fidelity, overlap, extrapolate, studies)
+//   plot/      results -> plots                  (hils plot)
+//   info/, verify/  reading files back           (hils info, hils verify: a kernel's outputs
+//                                                 judged by the oracle)
 //
-// To add a subcommand: write experiments/cli/cmd_<name>.cpp defining
+// To add a subcommand: write experiments/cli/<folder>/cmd_<name>.cpp defining
 //   void hils::cli::register_<name>(CLI::App& app)
 // that adds `app.add_subcommand("<name>", ...)` with its options and a callback, declare it below
-// (one line) and call it from main.cpp (one line). The CMake globs cmd_*.cpp.
+// (one line) and call it from main.cpp (one line). The CMake globs cli/*/*.cpp.
 //
 // Exit codes (main.cpp maps exceptions to them, so a callback just throws):
 //   0 success

@@ -20,6 +20,16 @@ namespace hils::cli {
 void add_spec_flags(CLI::App* cmd, nlohmann::json* overrides,
                     const std::vector<std::string>& keys = {});
 
+// Registers the option `names` on `cmd`: a value given sets (*target)[key], unchecked, for the
+// decoder of that settings table to check (hils run's [run] settings, hils dump synthetic's
+// [synthetic] keys), as add_spec_flags does for the spec's fields.
+template <class T>
+CLI::Option* add_json_option(CLI::App* cmd, nlohmann::json* target, const std::string& names,
+                             const std::string& key, const std::string& help) {
+  return cmd->add_option_function<T>(
+      names, [target, key](const T& value) { (*target)[key] = value; }, help);
+}
+
 // The output option of every command: -o,--output, with --out (the studies' first spelling)
 // accepted too. Returns the option, e.g. to mark it required.
 CLI::Option* add_output_option(CLI::App* cmd, std::string* path, const std::string& help);

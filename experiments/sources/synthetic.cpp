@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "hils/analysis/needle.hpp"
+
 namespace hils::sources {
 
 namespace {
@@ -75,10 +77,8 @@ std::vector<Needle> plant_needles(const SyntheticParams& p, const Geometry& geom
   std::vector<Needle> needles;
   for (int64_t g = 0; g < p.Hkv; ++g) {
     const int64_t h = g * G;
-    Eigen::RowVectorXd q = in.q[h].row(query);
-    double norm2 = q.squaredNorm();
-    require(norm2 > 0, "needle_query", "a query with nonzero norm", "a zero query");
-    in.k[g].row(slot) = (p.needle_logit / (sigma * norm2)) * q;
+    analysis::plant_needle(in.k, g, slot, in.q[h].row(query), sigma, p.needle_logit,
+                           "needle_query");
     needles.push_back(Needle{g, slot, geometry.chunk_of(slot), query, h});
   }
   return needles;
@@ -158,6 +158,13 @@ uint64_t layer_seed(uint64_t seed, int64_t layer) {
 }  // namespace
 
 std::vector<std::string> generator_names() { return {"gaussian", "topics", "needle", "drift"}; }
+
+// params -> bytes: (q and q_retrieval per query head, k and v per KV head) x T slots x 4 copies.
+double SyntheticParams::working_bytes() const {
+  const double per_slot = static_cast<double>(Hq) * static_cast<double>(d) * 2 +
+                          static_cast<double>(Hkv) * static_cast<double>(d + value_dim());
+  return 4.0 * sizeof(double) * static_cast<double>(T) * per_slot;
+}
 
 void SyntheticParams::validate() const {
   bool known = false;

@@ -19,7 +19,8 @@
 // - needle: the gaussian model plus one planted key per KV head: at the real token at `depth`
 //   (0 = first real token, 1 = last) the key is replaced by a multiple of the query of the first
 //   head of the group at `needle_query` (default the last real token), scaled so that the
-//   needle's logit for that query is exactly `needle_logit`. The sample reports where it is.
+//   needle's logit for that query is exactly `needle_logit` (analysis/needle.hpp, the planter the
+//   extrapolation study shares). The sample reports where it is.
 // - drift (the studies' default): the slots are cut into topic segments of random length
 //   (exponential, mean `segment` slots); a key is its segment's topic ~ N(0, I) plus
 //   `key_noise` N(0, I). A query drifts: AR(1) over slots with correlation `query_rho` and unit
@@ -73,6 +74,10 @@ struct SyntheticParams {
   uint64_t seed = 0;
 
   int64_t value_dim() const { return dv > 0 ? dv : d; }
+  // Bytes that generating one layer of T slots holds at once, roughly: the rotated and
+  // un-rotated inputs, a copy and a writer's buffer, all in double (hils dump synthetic and the
+  // studies' synthetic source check it against the machine's memory before generating).
+  double working_bytes() const;
   // Throws InvalidArgument naming the first field that makes no sense.
   void validate() const;
   // The generator, the fields every generator uses and its own (dv resolved).

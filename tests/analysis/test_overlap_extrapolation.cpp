@@ -8,6 +8,7 @@
 #include "case_inputs.hpp"
 #include "study_support.hpp"
 #include "hils/analysis/extrapolation.hpp"
+#include "hils/analysis/needle.hpp"
 #include "hils/analysis/overlap.hpp"
 
 using namespace hils;
@@ -96,4 +97,17 @@ TEST_CASE("needle: exact scores find a strong needle at every depth without rota
   MemorySink none;
   run_needle_unit(raw, {"nope", {}}, options, none);
   CHECK(none.read("needle/nope/T799/naive_bsa/success")->mean() < 1.0);
+}
+
+TEST_CASE("plant_needle: the planted key gives the aim exactly its logit, a zero aim is refused",
+          "[extrapolation][needle]") {
+  std::vector<Matrix<double>> k(2, Matrix<double>::Constant(6, 3, 0.25));
+  RowVector<double> aim(3);
+  aim << 0.5, -1.0, 2.0;
+  plant_needle(k, 1, 4, aim, 0.125, 7.0, "needle_query");
+  CHECK(0.125 * aim.dot(k[1].row(4)) == Approx(7.0).epsilon(1e-14));
+  CHECK(k[0] == Matrix<double>::Constant(6, 3, 0.25));  // other heads and rows untouched
+  CHECK(k[1].row(3) == RowVector<double>::Constant(3, 0.25));
+  CHECK_THROWS_WITH(plant_needle(k, 0, 1, RowVector<double>::Zero(3), 0.125, 7.0, "needle_query"),
+                    Catch::Contains("needle_query") && Catch::Contains("zero vector"));
 }

@@ -70,6 +70,17 @@ TEST_CASE("context lengths without a retrieval candidate are refused naming --le
                   "retrieval candidate");
 }
 
+TEST_CASE("lengths whose synthetic layers cannot fit in memory are refused naming --lengths",
+          "[cli][study]") {
+  TempDir dir("study_huge_lengths");
+  require_refused(dir, "fidelity --lengths 100000000000",
+                  "--lengths: expected sizes whose data fit in 80% of this machine's");
+  require_refused(dir, "overlap --lengths 1024 100000000000", "--lengths: expected sizes");
+  std::ofstream(dir / "big.toml") << "[extrapolation]\nlengths = [100000000000]\n";
+  require_refused(dir, "extrapolate -c " + q(dir / "big.toml"),
+                  (dir / "big.toml").string() + ": [extrapolation].lengths: expected sizes");
+}
+
 TEST_CASE("lengths out of order or not positive are refused showing the lengths given",
           "[cli][study]") {
   TempDir dir("study_lengths_order");

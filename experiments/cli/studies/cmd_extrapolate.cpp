@@ -1,6 +1,6 @@
 // hils extrapolate: Length extrapolation under RoPE, HoPE and NoPE, and the needle grid.
 #include "cli/commands.hpp"
-#include "hils/analysis/study_cli.hpp"
+#include "cli/studies/study_cli.hpp"
 
 namespace hils::cli {
 

@@ -3,8 +3,8 @@
 #include <memory>
 
 #include "cli/commands.hpp"
+#include "cli/plot/draw_plots.hpp"
 #include "cli/spec_flags.hpp"
-#include "hils/analysis/study_cli.hpp"
 
 namespace hils::cli {
 
@@ -22,7 +22,7 @@ void register_plot(CLI::App& app) {
     const std::filesystem::path folder =
         out->empty() ? path.parent_path() / (path.stem().string() + "_plots")
                      : std::filesystem::path(*out);
-    for (const auto& png : studies::draw_plots(path, folder))
+    for (const auto& png : draw_plots(path, folder))
       std::cout << "plot: " << png.string() << "\n";
   });
 }

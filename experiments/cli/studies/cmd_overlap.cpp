@@ -1,6 +1,6 @@
 // hils overlap: Chunk overlap of adjacent queries' selections (paper §7.2, Fig. 7), per layer, KV group and length.
 #include "cli/commands.hpp"
-#include "hils/analysis/study_cli.hpp"
+#include "cli/studies/study_cli.hpp"
 
 namespace hils::cli {
 

@@ -1,9 +1,15 @@
-// The command-line side of the three studies, shared by `hils fidelity`, `hils overlap`,
-// `hils extrapolate`, `hils plot` and `hils studies`. Declared here, defined in
-// experiments/cli/cmd_studies.cpp, because it needs the experiments library (results writer,
-// activation files, the llama2.c model), which the analysis library does not link.
+// The study commands' shared entry points: the options of `hils fidelity`, `hils overlap` and
+// `hils extrapolate` (study_options.cpp), and one function per study that runs it into a results
+// file (run_studies.cpp), which `hils studies` calls too.
+//
+// The flow of a study run, one file per step (all in this folder):
+//   options (study_options.cpp) -> settings from defaults, TOML and flags (study_config.cpp,
+//   study_tables.cpp), checked (study_checks.cpp) -> inputs from a source (study_sources.cpp,
+//   experiments/sources/) -> the study driver (analysis/, run_studies.cpp) into a results file
+//   (study_results.cpp) -> plots (cli/plot/).
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -46,9 +52,5 @@ void register_study(CLI::App& app, const std::string& name, const std::string& d
 std::filesystem::path run_fidelity(const StudyArgs& args);
 std::filesystem::path run_overlap(const StudyArgs& args);
 std::filesystem::path run_extrapolation(const StudyArgs& args);
-// Draws every plot of a results file into `folder` with /usr/bin/python3 (matplotlib); returns
-// the PNG paths. Throws BadInput when the file is not a study result.
-std::vector<std::filesystem::path> draw_plots(const std::filesystem::path& results,
-                                              const std::filesystem::path& folder);
 
 }  // namespace hils::cli::studies

@@ -1,7 +1,7 @@
 // hils fidelity: Chunk-mass fidelity: surrogate scores vs the true chunk mass
 // (reference/SEMANTICS.md §9), per layer, head and length.
 #include "cli/commands.hpp"
-#include "hils/analysis/study_cli.hpp"
+#include "cli/studies/study_cli.hpp"
 
 namespace hils::cli {
 

@@ -1,26 +1,18 @@
-// hils info FILE: what an activation or results file holds (validating it on the way).
-#include <iostream>
+// The report of `hils info`: activation and results files described from their attributes
+// (the readers of experiments/io/ validate them on the way), and their datasets listed.
+#include "cli/info/info_report.hpp"
+
+#include <algorithm>
 
 #include <fmt/format.h>
 
-#include "cli/cli_util.hpp"
-#include "cli/commands.hpp"
 #include "io/activation_file.hpp"
-#include "io/file_error.hpp"
 #include "io/hdf5_util.hpp"
 #include "io/results_file.hpp"
 
-namespace hils::cli {
+namespace hils::cli::info {
 
-namespace {
-
-struct InfoOptions {
-  std::string file;
-  bool json = false;
-  bool no_check = false;
-};
-
-// Every dataset below `group` as {path, shape, dtype, meaning}, depth first in name order.
+// group, prefix -> out: one row per dataset, depth first in name order.
 void list_datasets(const H5::Group& group, const std::string& prefix, nlohmann::json& out) {
   std::vector<std::string> names;
   for (hsize_t i = 0; i < group.getNumObjs(); ++i) names.push_back(group.getObjnameByIdx(i));
@@ -51,6 +43,7 @@ void list_datasets(const H5::Group& group, const std::string& prefix, nlohmann::
   }
 }
 
+// path, check -> the activation file's kind, sizes, encoding, source and validation.
 nlohmann::json activation_info(const std::string& path, bool check) {
   auto meta = io::read_activation_meta(path);
   if (check)
@@ -76,6 +69,7 @@ nlohmann::json activation_info(const std::string& path, bool check) {
           {"validated", check ? "all layers" : "attributes and slot layout only"}};
 }
 
+// path -> the results file's provenance attributes, config and complete units.
 nlohmann::json results_info(const std::string& path) {
   io::ResultsReader reader(path);
   nlohmann::json info = {{"kind", "results"}};
@@ -86,6 +80,7 @@ nlohmann::json results_info(const std::string& path) {
   return info;
 }
 
+// info, datasets -> the text report.
 void print_text(const nlohmann::json& info, const nlohmann::json& datasets) {
   if (info["kind"] == "activations") {
     fmt::print("activation file: {} layer(s), Hq={} Hkv={} T={} d={} dv={} d_model={}\n",
@@ -115,40 +110,4 @@ void print_text(const nlohmann::json& info, const nlohmann::json& datasets) {
   }
 }
 
-void run_info(const InfoOptions& o) {
-  H5::H5File file = io::open_hdf5(o.file);
-  std::string format = io::read_string_attribute(o.file, file, "/", "format");
-  nlohmann::json info;
-  if (format == io::kActivationFormat)
-    info = activation_info(o.file, !o.no_check);
-  else if (format == io::kResultsFormat)
-    info = results_info(o.file);
-  else
-    io::fail(o.file, "/ attribute format", "hils-activations or hils-results",
-             "\"" + format + "\"");
-  nlohmann::json datasets = nlohmann::json::array();
-  list_datasets(file.openGroup("/"), "", datasets);
-  if (o.json) {
-    info["datasets"] = datasets;
-    std::cout << info.dump(2) << "\n";
-  } else {
-    print_text(info, datasets);
-  }
-}
-
-}  // namespace
-
-void register_info(CLI::App& app) {
-  auto options = std::make_shared<InfoOptions>();
-  auto* cmd = app.add_subcommand("info", "describe an activation or results file (and validate "
-                                         "it)");
-  cmd->add_option("file", options->file, "HDF5 file written by hils or the Python dumper")
-      ->required();
-  cmd->add_flag("--json", options->json, "print a JSON document instead of text");
-  cmd->add_flag("--no-check", options->no_check,
-                "activation files: skip reading every layer (attributes and layout only)");
-  cmd->footer("Examples (files from `hils --help`'s examples):\n  hils info synth.h5\n  hils info results.h5 --json");
-  cmd->callback([options] { run_info(*options); });
-}
-
-}  // namespace hils::cli
+}  // namespace hils::cli::info

@@ -1,0 +1,85 @@
+// The helpers every `hils` command shares (cli_util.hpp): global options, the command line for
+// provenance, and the checks of input files, output folders and sizes.
+#include "cli/cli_util.hpp"
+
+#include <unistd.h>
+
+#include <iostream>
+
+#include <fmt/format.h>
+
+#include "cli/commands.hpp"
+
+namespace hils::cli {
+
+GlobalOptions& global_options() {
+  static GlobalOptions options;
+  return options;
+}
+
+namespace {
+std::string& stored_command_line() {
+  static std::string line;
+  return line;
+}
+}  // namespace
+
+void note(const std::string& text) {
+  if (!global_options().quiet) std::cerr << text << "\n";
+}
+
+std::string command_line() { return stored_command_line(); }
+
+void set_command_line(int argc, char** argv) {
+  std::string line;
+  for (int i = 0; i < argc; ++i) line += (i ? " " : "") + std::string(argv[i]);
+  stored_command_line() = line;
+}
+
+void require_input_file(const std::filesystem::path& path, const std::string& option,
+                        const std::string& hint) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec)) return;
+  std::string found = std::filesystem::exists(path, ec) ? "not a regular file" : "no such file";
+  throw BadInput(option + ": expected an existing file, found " + found + ": " + path.string() +
+                 (hint.empty() ? "" : " (" + hint + ")"));
+}
+
+void make_output_folder(const std::filesystem::path& folder, const std::string& option) {
+  std::error_code ec;
+  if (folder.empty()) throw BadInput(option + ": expected a folder name, got ''");
+  std::filesystem::create_directories(folder, ec);
+  const std::string reason = ec ? ": " + ec.message() : "";  // the checks below reuse ec
+  if (!ec && std::filesystem::is_directory(folder, ec)) return;
+  // Name the first component that is in the way (a regular file where a folder must be).
+  std::filesystem::path part;
+  for (const auto& piece : folder) {
+    part /= piece;
+    if (std::filesystem::exists(part, ec) && !std::filesystem::is_directory(part, ec))
+      throw BadInput(option + ": cannot create the folder " + folder.string() + ": " +
+                     part.string() + " is a file, not a folder");
+  }
+  throw BadInput(option + ": cannot create the folder " + folder.string() + reason);
+}
+
+void require_distinct_files(const std::filesystem::path& input, const std::string& input_option,
+                            const std::filesystem::path& output,
+                            const std::string& output_option) {
+  std::error_code ec;
+  if (!std::filesystem::exists(output, ec)) return;
+  if (std::filesystem::equivalent(input, output, ec) && !ec)
+    throw BadInput(fmt::format("{} {} is the same file as {} {}: writing it would replace the "
+                               "input; choose another output file",
+                               output_option, output.string(), input_option, input.string()));
+}
+
+void require_fits_in_memory(double bytes, const std::string& what) {
+  const double memory =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (bytes < 0.8 * memory) return;
+  throw BadInput(fmt::format("{}: expected sizes whose data fit in 80% of this machine's {:.1f} "
+                             "GiB of memory, got about {:.3g} GiB",
+                             what, memory / (1 << 30), bytes / (1 << 30)));
+}
+
+}  // namespace hils::cli

@@ -1,0 +1,15 @@
+// Results -> plots: the one way `hils` draws a study's figures (hils plot, a study's --plot,
+// hils studies), by the plotting script analysis/plots/plot_study.py.
+#pragma once
+
+#include <filesystem>
+#include <vector>
+
+namespace hils::cli {
+
+// Draws every plot of a results file into `folder` with /usr/bin/python3 (matplotlib); returns
+// the PNG paths. Throws BadInput when the file is not a study result.
+std::vector<std::filesystem::path> draw_plots(const std::filesystem::path& results,
+                                              const std::filesystem::path& folder);
+
+}  // namespace hils::cli

@@ -1,0 +1,88 @@
+// The three studies run from resolved settings: each builds its driver's options
+// (analysis/include/hils/analysis/{fidelity,overlap,extrapolation}.hpp), runs the driver into the
+// results file and reports the Taylor/KL check where it has one.
+#include <fmt/format.h>
+
+#include "cli/commands.hpp"
+#include "cli/studies/study_cli.hpp"
+#include "cli/studies/study_results.hpp"
+#include "hils/analysis/extrapolation.hpp"
+#include "hils/analysis/overlap.hpp"
+#include "parallel/session.hpp"
+
+namespace hils::cli::studies {
+
+namespace {
+
+// r -> one positional encoding per name of [extrapolation] encodings.
+std::vector<analysis::NamedEncoding> encodings_of(const Resolved& r) {
+  std::vector<analysis::NamedEncoding> out;
+  for (const auto& name : r.encodings) {
+    PositionalEncoding pe;
+    pe.kind = parse_positional_kind(name, "encodings");
+    pe.pairing = parse_rope_pairing(r.pairing, "pairing");
+    pe.theta = r.theta;
+    pe.hope_train_length = static_cast<double>(r.train_length);
+    out.push_back({name, pe});
+  }
+  return out;
+}
+
+}  // namespace
+
+// args -> the fidelity results file; CheckFailed when the Taylor gap differs from the KL.
+std::filesystem::path run_fidelity(const StudyArgs& a) {
+  const auto r = resolve(a, "fidelity");
+  analysis::FidelityOptions o;
+  o.geometry = r.geometry, o.prior = r.prior, o.mechanisms = mechanisms_of(r);
+  o.queries_per_unit = r.queries, o.keep_scores = r.keep_scores;
+  o.runner = &parallel::current_runner();
+  const auto path = out_path(a, "fidelity");
+  const auto report = run_into_results(r, path, "fidelity", [&](auto& sink, const auto& progress) {
+    return analysis::run_fidelity_study(r.source, o, sink, progress);
+  });
+  note(fmt::format("fidelity: Taylor gap = KL check over {} pairs: max |gap - KL| = {:.3g}, "
+                   "min gap = {:.3g}", report.worst_kl.pairs, report.worst_kl.max_abs_deviation,
+                   report.worst_kl.min_gap));
+  if (!report.kl_ok)
+    throw CheckFailed(fmt::format("Taylor gap differs from KL by {:.3g} (> {:.1g})",
+                                  report.worst_kl.max_abs_deviation, o.kl_tolerance));
+  return path;
+}
+
+// args -> the overlap results file.
+std::filesystem::path run_overlap(const StudyArgs& a) {
+  const auto r = resolve(a, "overlap");
+  analysis::OverlapOptions o;
+  o.geometry = r.geometry, o.prior = r.prior;
+  o.mechanism = analysis::study_mechanism(r.overlap_mechanism, r.prior.rule);
+  o.block_sizes = r.block_sizes, o.final_block = r.final_block, o.tail_queries = r.tail_queries;
+  o.runner = &parallel::current_runner();
+  const auto path = out_path(a, "overlap");
+  run_into_results(r, path, "overlap", [&](auto& sink, const auto& progress) {
+    return analysis::run_overlap_study(r.source, o, sink, progress);
+  });
+  return path;
+}
+
+// args -> the extrapolation results file; CheckFailed when the Taylor gap differs from the KL.
+std::filesystem::path run_extrapolation(const StudyArgs& a) {
+  const auto r = resolve(a, "extrapolation");
+  analysis::ExtrapolationOptions o;
+  o.fidelity.geometry = r.geometry, o.fidelity.prior = r.prior;
+  o.fidelity.mechanisms = mechanisms_of(r), o.fidelity.queries_per_unit = r.queries;
+  o.fidelity.keep_scores = false;
+  o.fidelity.runner = &parallel::current_runner();
+  o.encodings = encodings_of(r);
+  o.depths = r.depths, o.needle_logit = r.needle_logit;
+  const auto path = out_path(a, "extrapolate");
+  const auto report = run_into_results(r, path, "extrapolate", [&](auto& sink, const auto& progress) {
+    return analysis::run_extrapolation_study(r.raw_source, o, sink, progress);
+  });
+  if (!report.kl_ok)
+    throw CheckFailed(fmt::format("Taylor gap differs from KL by {:.3g}",
+                                  report.worst_kl.max_abs_deviation));
+  return path;
+}
+
+}  // namespace hils::cli::studies

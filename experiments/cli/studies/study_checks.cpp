@@ -1,0 +1,83 @@
+// The checks of a study's resolved settings that neither the config reader nor the spec decoder
+// can make alone: each names the flag, or the config key and file, that set the value.
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.hpp"
+#include "cli/studies/study_config.hpp"
+#include "hils/analysis/chunk_stats.hpp"
+
+namespace hils::cli::studies {
+
+namespace {
+
+// The most layers a synthetic source draws. Each layer is one more independent draw of the same
+// model (its intervals narrow as 1/sqrt(layers x heads)), so more only lengthen the run: a
+// larger sample is a second run with another [source] seed. The limit stops a slip such as
+// --layers 1000000 from starting a run of days (reference/SEMANTICS.md §9, the studies' inputs).
+constexpr int64_t kMaxSyntheticLayers = 128;
+
+// How an error names a value that a flag or a config key can set: "--flag (or key in FILE)".
+std::string where_set(const std::string& flag, const std::string& key,
+                      const config::ConfigValues& c) {
+  return c.file() == "(defaults)" ? flag : flag + " (or " + key + " in " + c.file() + ")";
+}
+
+// BadInput unless `value` >= `least`, naming the flag and the config key that can set it.
+void require_at_least(int64_t value, int64_t least, const std::string& flag,
+                      const std::string& key, const config::ConfigValues& c) {
+  if (value >= least) return;
+  throw BadInput(fmt::format("{}: expected an integer >= {}, got {}", where_set(flag, key, c),
+                             least, value));
+}
+
+}  // namespace
+
+// r, c -> nothing, or BadInput for a chunk or window of no slots, a negative K, no queries, no
+// layers, or more synthetic layers than kMaxSyntheticLayers.
+void require_study_values(const Resolved& r, const config::ConfigValues& c) {
+  require_at_least(r.geometry.S, 1, "-S,--chunk", "[geometry] S", c);
+  require_at_least(r.geometry.W, 1, "-W,--window", "[geometry] W", c);
+  require_at_least(r.geometry.K, 0, "-K,--top-k", "[geometry] K", c);
+  require_at_least(r.queries, 1, "--queries", "[study] queries", c);
+  require_at_least(r.source.n_layers, 1, "--layers", "[source] layers", c);
+  if (r.source_kind == "synthetic" && r.source.n_layers > kMaxSyntheticLayers)
+    throw BadInput(fmt::format(
+        "{}: expected at most {} layers for the synthetic source (each layer is one more "
+        "independent draw of the same model; for a larger sample run again with another "
+        "[source] seed), got {}",
+        where_set("--layers", "[source] layers", c), kMaxSyntheticLayers, r.source.n_layers));
+}
+
+// lengths, where -> nothing, or BadInput showing every length given.
+void require_ascending_lengths(const std::vector<int64_t>& lengths, const std::string& where) {
+  for (size_t i = 0; i < lengths.size(); ++i)
+    if (lengths[i] < 1 || (i > 0 && lengths[i] <= lengths[i - 1]))
+      throw BadInput(fmt::format("{}: expected positive, strictly ascending lengths, got {}",
+                                 where, nlohmann::json(lengths).dump()));
+}
+
+// lengths, geometry, where -> nothing, or BadInput for the first length whose last real token
+// has no retrieval candidate: the condition the study drivers check unit by unit.
+void require_retrieval_candidates(const std::vector<int64_t>& lengths,
+                                  const analysis::StudyGeometry& g, const std::string& where) {
+  for (int64_t T : lengths)
+    if (analysis::tail_queries(Geometry(T, g.S, g.W, g.landmarks), 1).empty())
+      throw BadInput(fmt::format("{}: expected lengths with a retrieval candidate (T > W + S = "
+                                 "{} at S={}, W={}), got {}",
+                                 where, g.W + g.S, g.S, g.W, T));
+}
+
+// names, rule, where -> nothing, or BadInput naming where the unknown name was set.
+void require_mechanism_names(const std::vector<std::string>& names, PriorRule rule,
+                             const std::string& where) {
+  for (const auto& name : names) {
+    try {
+      analysis::study_mechanism(name, rule);
+    } catch (const InvalidArgument& e) {
+      throw BadInput(where + ": " + e.what());
+    }
+  }
+}
+
+}  // namespace hils::cli::studies

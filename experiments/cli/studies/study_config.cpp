@@ -1,0 +1,123 @@
+// A study's settings: the study's defaults per source, then the TOML config (every table and key
+// checked by config::study_schema), then the flags; checked, then joined to their inputs.
+#include "cli/commands.hpp"
+#include "cli/studies/study_config.hpp"
+
+namespace hils::cli::studies {
+
+namespace {
+
+// The TOML config (every table and key checked), or no values when there is none.
+config::ConfigValues read_config(const StudyArgs& a) {
+  if (a.config.empty()) return {};
+  return {config::load_toml(a.config, config::study_schema()), a.config};
+}
+
+// The geometry and the prior. The spec fields a study uses go through the spec decoder:
+// [geometry], then the spec flags (their ranges: require_study_values).
+void resolve_geometry(Resolved& r, const StudyArgs& a, const config::ConfigValues& c, bool model) {
+  // Synthetic: the paper's geometry. The real model (512 tokens, head dim 8): S=16, W=64, K=8,
+  // so that the last query has 28 candidates of which K covers ~30% (the paper: 32 of 57-121).
+  MechanismSpec spec;
+  spec.S = model ? 16 : 64, spec.W = model ? 64 : 512, spec.K = model ? 8 : 32;
+  spec.landmarks = !model;
+  config::apply_spec_overrides(spec, c.table("geometry"), c.file() + ": [geometry]");
+  config::apply_spec_overrides(spec, a.spec, "flags");
+  r.geometry.S = spec.S, r.geometry.W = spec.W, r.geometry.K = spec.K;
+  r.geometry.landmarks = spec.landmarks;
+  // Without landmark slots there is no landmark query: the prior is the chunk's mean query.
+  r.prior.rule = a.spec.contains("prior_rule")
+                     ? spec.prior_rule
+                     : parse_prior_rule(c.text("study", "prior_rule",
+                                               spec.landmarks ? "landmark_query" : "given"),
+                                        c.where("study", "prior_rule"));
+  const std::string source_default =
+      r.prior.rule == PriorRule::landmark_query ? "inputs" : "chunk_mean_query";
+  r.prior.source = a.prior_source.empty()
+                       ? analysis::parse_prior_source(
+                             c.text("study", "prior_source", source_default),
+                             c.where("study", "prior_source"))
+                       : analysis::parse_prior_source(a.prior_source, "--prior-source");
+}
+
+// Where the lengths were set: --lengths, else the config's [<study>] lengths.
+std::string lengths_where(const StudyArgs& a, const config::ConfigValues& c,
+                          const std::string& study) {
+  return a.lengths.empty() ? c.where(study, "lengths") : "--lengths";
+}
+
+// The context lengths: the study's default, then the config's [<study>] lengths, then --lengths.
+std::vector<int64_t> resolve_lengths(const StudyArgs& a, const config::ConfigValues& c,
+                                     const std::string& study, bool model, int64_t train_length) {
+  std::vector<int64_t> lengths;
+  if (study == "fidelity") lengths = model ? std::vector<int64_t>{512} : std::vector<int64_t>{4096};
+  if (study == "overlap")
+    lengths = model ? std::vector<int64_t>{512} : std::vector<int64_t>{4096, 16384, 65536};
+  if (study == "extrapolation")
+    for (int64_t x = 1; x <= 64 && train_length * x <= (model ? 512 : 1 << 20); x *= 2)
+      lengths.push_back(train_length * x);
+  lengths = c.integers(study, "lengths", lengths);
+  if (!a.lengths.empty()) lengths = a.lengths;
+  require_ascending_lengths(lengths, lengths_where(a, c, study));
+  return lengths;
+}
+
+// What went into the run, as the results file records it (its provenance and resume check).
+void record_config(Resolved& r, const std::string& study) {
+  r.config["study"] = study;
+  r.config["geometry"] = {{"S", r.geometry.S}, {"W", r.geometry.W}, {"K", r.geometry.K},
+                          {"landmarks", r.geometry.landmarks}};
+  r.config["prior"] = {{"rule", to_string(r.prior.rule)},
+                       {"source", analysis::to_string(r.prior.source)}};
+  r.config["lengths"] = r.source.lengths;
+  r.config["layers"] = r.source.n_layers;
+  if (study != "overlap") r.config["mechanisms"] = r.mechanisms, r.config["queries"] = r.queries;
+  if (study == "overlap")
+    r.config["overlap"] = {{"mechanism", r.overlap_mechanism}, {"tail_queries", r.tail_queries},
+                           {"block_sizes", r.block_sizes}, {"final_block", r.final_block}};
+  if (study == "extrapolation")
+    r.config["extrapolation"] = {{"encodings", r.encodings}, {"train_length", r.train_length},
+                                 {"theta", r.theta}, {"pairing", r.pairing},
+                                 {"depths", r.depths}, {"needle_logit", r.needle_logit}};
+}
+
+}  // namespace
+
+// args, study -> the resolved, checked settings with their inputs.
+Resolved resolve(const StudyArgs& a, const std::string& study) {
+  const config::ConfigValues c = read_config(a);
+  Resolved r;
+  // An explicit --source wins over the config's [source] kind, --source synthetic included.
+  r.source_kind = a.source.empty() ? c.text("source", "kind", "synthetic") : a.source;
+  require(r.source_kind == "synthetic" || r.source_kind == "model" ||
+              r.source_kind == "activations",
+          c.where("source", "kind"), "synthetic, model or activations", r.source_kind);
+  const bool model = r.source_kind != "synthetic";
+  resolve_geometry(r, a, c, model);
+  resolve_study_tables(r, a, c);
+  resolve_extrapolation_table(r, c, model);
+  const std::vector<int64_t> lengths = resolve_lengths(a, c, study, model, r.train_length);
+  r.source.lengths = lengths;
+  r.source.n_layers = a.layers ? *a.layers : c.integer("source", "layers", model ? 5 : 2);
+  require_study_values(r, c);
+  // First: its config errors come before this cross-value check.
+  build_sources(r, a, c, lengths_where(a, c, study));
+  require_retrieval_candidates(lengths, r.geometry, lengths_where(a, c, study));
+  r.raw_source.lengths = r.source.lengths = lengths;
+  r.raw_source.n_layers = r.source.n_layers;
+  record_config(r, study);
+  return r;
+}
+
+// r -> one StudyMechanism per name, with r's geometry, validated.
+std::vector<analysis::StudyMechanism> mechanisms_of(const Resolved& r) {
+  std::vector<analysis::StudyMechanism> out;
+  for (const auto& n : r.mechanisms) {
+    if (n == "landmark_key" && !r.geometry.landmarks) continue;  // needs landmark slots
+    out.push_back(analysis::study_mechanism(n, r.prior.rule));
+    analysis::with_geometry(out.back().spec, r.geometry).validate();
+  }
+  return out;
+}
+
+}  // namespace hils::cli::studies

@@ -1,0 +1,59 @@
+// The options of the study commands (hils fidelity, overlap, extrapolate), and the command
+// around a study runner: run, print the results file, draw the plots with --plot.
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.hpp"
+#include "cli/plot/draw_plots.hpp"
+#include "cli/spec_flags.hpp"
+#include "cli/studies/study_cli.hpp"
+#include "parallel/session.hpp"
+
+namespace hils::cli::studies {
+
+// app, name, description, run -> `hils <name>` with the study options.
+void register_study(CLI::App& app, const std::string& name, const std::string& description,
+                    StudyRunner run) {
+  auto args = std::make_shared<StudyArgs>();
+  auto* cmd = app.add_subcommand(name, description);
+  add_study_options(cmd, *args);
+  cmd->callback([args, run] {
+    const auto path = run(*args);
+    if (!parallel::holds_results()) return;
+    std::cout << "results: " << path.string() << "\n";
+    if (!args->plot) return;
+    const auto folder = path.parent_path() / (path.stem().string() + "_plots");
+    for (const auto& png : draw_plots(path, folder)) std::cout << "plot: " << png.string() << "\n";
+  });
+}
+
+// cmd, a -> the study flags on cmd, each writing into a (which outlives the parse).
+void add_study_options(CLI::App* cmd, StudyArgs& a) {
+  add_config_option(cmd, &a.config, "study config (TOML, see experiments/configs/)");
+  add_output_option(cmd, &a.out, "results file (.h5); an existing one is resumed");
+  cmd->add_option("--source", a.source,
+                  "synthetic | model | activations (default: the config's [source] kind, else "
+                  "synthetic)")
+      ->check(CLI::IsMember({"synthetic", "model", "activations"}));
+  cmd->add_option("--activations", a.activations, "activation file (source=activations)");
+  cmd->add_option("--model-dir", a.model_dir,
+                  "folder of stories260K.bin, tok512.bin, tinystories_sample.txt (source=model; "
+                  "default $HILS_SHARED_DATA or ../shared/data)");
+  cmd->add_option("--lengths", a.lengths, "context lengths in slots, ascending");
+  // Optional values, not sentinels: any integer given (-1 too) is checked by
+  // require_study_values, naming the flag.
+  cmd->add_option_function<int64_t>(
+      "--layers", [&a](int64_t n) { a.layers = n; },
+      "number of layers to study (synthetic: at most 128 independent draws)");
+  add_spec_flags(cmd, &a.spec, {"S", "W", "K", "landmarks", "prior_rule"});
+  cmd->add_option_function<int64_t>(
+      "--queries", [&a](int64_t n) { a.queries = n; }, "sampled queries per unit");
+  cmd->add_option("--mechanisms", a.mechanisms,
+                  "scores to study: presets, mean, landmark_key, taylor, taylor_entropy, "
+                  "max_logit, <key>+<bias>");
+  cmd->add_option("--prior-source", a.prior_source,
+                  "inputs | chunk_mean_query | chunk_last_query");
+  cmd->add_flag("--plot", a.plot, "draw the plots next to the results file");
+}
+
+}  // namespace hils::cli::studies

@@ -1,0 +1,63 @@
+// A study's results file over the HDF5 results writer (experiments/io/), and the small helpers
+// of a study run's reporting.
+#include "cli/studies/study_results.hpp"
+
+#include "cli/cli_util.hpp"
+#include "io/hdf5_util.hpp"
+#include "io/results_file.hpp"
+#include "io/results_sink.hpp"
+#include "parallel/session.hpp"
+
+namespace hils::cli::studies {
+
+// The study's results file: locked, the earlier (interrupted) file kept for reading back its
+// units, and the writer seen as a sink (io::ResultsWriterSink).
+class ResultsFileSink {
+ public:
+  ResultsFileSink(const std::filesystem::path& path, const io::Provenance& provenance)
+      : lock_(path, provenance.command),
+        writer_(open(path, provenance)),
+        sink_(writer_, io::ResultsWriterSink::ReadBack::written_and_previous, previous_.get()) {}
+  analysis::ResultSink& sink() { return sink_; }
+  void commit() { writer_.commit(); }
+
+ private:
+  io::ResultsWriter open(const std::filesystem::path& path, const io::Provenance& provenance) {
+    if (std::filesystem::exists(path)) previous_ = std::make_unique<io::ResultsReader>(path);
+    return io::ResultsWriter::open(path, provenance);
+  }
+  io::OutputLock lock_;  // taken before the earlier file is read (see io::OutputLock)
+  std::unique_ptr<io::ResultsReader> previous_;
+  io::ResultsWriter writer_;
+  io::ResultsWriterSink sink_;
+};
+
+// path, r, command -> the results file of `hils <command>` with r's config as provenance, on the
+// process that holds the results.
+StudyResults::StudyResults(const std::filesystem::path& path, const Resolved& r,
+                           const std::string& command) {
+  if (!parallel::holds_results()) return;
+  const io::Provenance provenance{r.config, 0x5eed,
+                                  command_line().empty() ? "hils " + command : command_line()};
+  file_ = std::make_unique<ResultsFileSink>(path, provenance);
+  file_->sink().set_attribute("", "mpi_ranks", static_cast<double>(parallel::ranks()));
+}
+
+StudyResults::~StudyResults() = default;
+
+analysis::ResultSink& StudyResults::sink() { return file_ ? file_->sink() : unused_; }
+
+void StudyResults::commit() {
+  if (file_) file_->commit();
+}
+
+// args, command -> the results file's path.
+std::filesystem::path out_path(const StudyArgs& a, const std::string& command) {
+  if (a.out.empty())
+    throw BadInput("--out: a results file path is needed for hils " + command);
+  if (!a.activations.empty())
+    require_distinct_files(a.activations, "--activations", a.out, "--out");
+  return a.out;
+}
+
+}  // namespace hils::cli::studies

@@ -1,0 +1,60 @@
+// A study's inputs: the source kind resolved by study_config.cpp, handed to the one sources
+// module (experiments/sources/study_inputs.hpp).
+#include "cli/cli_util.hpp"
+#include "cli/commands.hpp"
+#include "cli/studies/study_config.hpp"
+#include "sources/study_inputs.hpp"
+
+namespace hils::cli::studies {
+
+namespace {
+
+// The synthetic source's parameters: the studies' default (the drift generator, seed 0x5eed),
+// then the [source] table's keys, which are those of `hils dump synthetic` (config/config.hpp)
+// less the ones a study sets itself (study_schema() refuses those by name).
+sources::SyntheticParams synthetic_params(const config::ConfigValues& c,
+                                          const analysis::StudyGeometry& geometry) {
+  sources::SyntheticParams params;
+  params.generator = "drift";
+  params.seed = 0x5eed;
+  nlohmann::json keys = c.table("source");
+  keys.erase("kind"), keys.erase("layers");
+  config::apply_synthetic_json(params, keys, c.file() + ": [source]");
+  params.S = geometry.S;
+  params.landmarks = geometry.landmarks;
+  return params;
+}
+
+// params at the longest of the lengths (the layer a unit holds at once).
+sources::SyntheticParams longest(sources::SyntheticParams params,
+                                 const std::vector<int64_t>& lengths) {
+  params.T = lengths.back();
+  return params;
+}
+
+}  // namespace
+
+// r (source kind, layers, lengths, geometry), args, c, lengths_where -> r.source, r.raw_source,
+// r.config["source"].
+void build_sources(Resolved& r, const StudyArgs& a, const config::ConfigValues& c,
+                   const std::string& lengths_where) {
+  sources::StudyInputs inputs;
+  if (r.source_kind == "synthetic") {
+    const sources::SyntheticParams params = synthetic_params(c, r.geometry);
+    require_fits_in_memory(longest(params, r.source.lengths).working_bytes(), lengths_where);
+    // Fidelity and overlap see the synthetic vectors under RoPE, as a model would.
+    const PositionalEncoding pe{PositionalKind::rope, RopePairing::half, r.theta};
+    inputs = sources::synthetic_study_inputs(params, pe, r.source.n_layers, r.source.lengths);
+  } else if (r.source_kind == "model") {
+    inputs = sources::model_study_inputs(sources::ModelFiles::in_folder(a.model_dir),
+                                         r.source.n_layers, r.source.lengths);
+  } else {  // activations (resolve() accepts no other kind)
+    if (a.activations.empty()) throw BadInput("--activations: a file is needed for source=activations");
+    inputs = sources::activation_study_inputs(a.activations, r.source.n_layers, r.source.lengths);
+  }
+  r.source = std::move(inputs.positioned);
+  r.raw_source = std::move(inputs.raw);
+  r.config["source"] = std::move(inputs.description);
+}
+
+}  // namespace hils::cli::studies

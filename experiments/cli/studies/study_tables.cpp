@@ -1,0 +1,46 @@
+// A study's own settings: the [study], [overlap] and [extrapolation] tables of its config (then
+// the flags that override them), each checked as it is read.
+#include <cmath>
+
+#include "cli/commands.hpp"
+#include "cli/studies/study_config.hpp"
+
+namespace hils::cli::studies {
+
+// The [study] and [overlap] settings: mechanisms, queries, scores, the overlap's blocks.
+void resolve_study_tables(Resolved& r, const StudyArgs& a, const config::ConfigValues& c) {
+  r.mechanisms = c.texts("study", "mechanisms",
+                         analysis::default_mechanism_names(r.geometry.landmarks));
+  require_mechanism_names(r.mechanisms, r.prior.rule, c.where("study", "mechanisms"));
+  if (!a.mechanisms.empty()) r.mechanisms = a.mechanisms;
+  require_mechanism_names(a.mechanisms, r.prior.rule, "--mechanisms");
+  r.queries = a.queries ? *a.queries : c.integer("study", "queries", 32);
+  r.keep_scores = c.boolean("study", "keep_scores", true);
+  r.tail_queries = c.integer("overlap", "tail_queries", 256, 1);
+  r.block_sizes = c.integers("overlap", "block_sizes", r.block_sizes, 1);
+  r.final_block = c.integer("overlap", "final_block", r.final_block, 1);
+  r.overlap_mechanism = c.text("overlap", "mechanism", r.overlap_mechanism);
+  require_mechanism_names({r.overlap_mechanism}, r.prior.rule, c.where("overlap", "mechanism"));
+}
+
+// The [extrapolation] settings: encodings, training length, RoPE, the needle grid.
+void resolve_extrapolation_table(Resolved& r, const config::ConfigValues& c, bool model) {
+  const auto where = [&c](const char* key) { return c.where("extrapolation", key); };
+  r.encodings = c.texts("extrapolation", "encodings", r.encodings);
+  for (const auto& name : r.encodings) parse_positional_kind(name, where("encodings"));
+  r.train_length = c.integer("extrapolation", "train_length", model ? 128 : 1024, 1);
+  r.theta = c.number("extrapolation", "theta", r.theta);
+  require(std::isfinite(r.theta) && r.theta > 1.0, where("theta"),
+          "a finite RoPE base greater than 1", std::to_string(r.theta));
+  r.pairing = c.text("extrapolation", "pairing", model ? "interleaved" : "half");
+  parse_rope_pairing(r.pairing, where("pairing"));
+  r.depths = c.numbers("extrapolation", "depths", r.depths);
+  for (double depth : r.depths)
+    require(depth >= 0.0 && depth <= 1.0, where("depths"), "needle depths in [0, 1]",
+            std::to_string(depth));
+  r.needle_logit = c.number("extrapolation", "needle_logit", r.needle_logit);
+  require(std::isfinite(r.needle_logit), where("needle_logit"), "a finite logit",
+          std::to_string(r.needle_logit));
+}
+
+}  // namespace hils::cli::studies

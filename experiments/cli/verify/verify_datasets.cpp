@@ -1,0 +1,135 @@
+// The datasets of a verify file (data/verify_format.md): heads of matrices and vectors, the
+// selection, and the /inputs, /outputs and /grads groups built from them.
+#include <limits>
+
+#include "cli/verify/verify_file.hpp"
+#include "io/file_error.hpp"
+#include "io/hdf5_util.hpp"
+
+namespace hils::cli::verify {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// A rank-3 float dataset [H x rows x cols] as H row-major matrices; `expected` may hold -1.
+std::vector<Matrix<double>> read_heads(const fs::path& file, const H5::Group& root,
+                                       const std::string& name, const std::vector<int64_t>& expected,
+                                       bool finite_only) {
+  const H5::DataSet ds = io::open_dataset(file, root, name);
+  io::require_dims(file, name, ds, expected, "(heads, rows, columns)");
+  const auto dims = io::dataset_dims(ds);
+  const std::vector<double> data = io::read_doubles(file, name, ds, finite_only);
+  std::vector<Matrix<double>> heads;
+  const auto rows = static_cast<Eigen::Index>(dims[1]), cols = static_cast<Eigen::Index>(dims[2]);
+  for (hsize_t h = 0; h < dims[0]; ++h)
+    heads.push_back(Eigen::Map<const Matrix<double>>(data.data() + h * rows * cols, rows, cols));
+  return heads;
+}
+
+// A rank-2 float dataset [H x n] as H vectors.
+std::vector<Vector<double>> read_head_vectors(const fs::path& file, const H5::Group& root,
+                                              const std::string& name) {
+  const H5::DataSet ds = io::open_dataset(file, root, name);
+  io::require_dims(file, name, ds, {-1, -1}, "(heads, rows)");
+  const auto dims = io::dataset_dims(ds);
+  const std::vector<double> data = io::read_doubles(file, name, ds, false);
+  std::vector<Vector<double>> heads;
+  const auto n = static_cast<Eigen::Index>(dims[1]);
+  for (hsize_t h = 0; h < dims[0]; ++h)
+    heads.push_back(Eigen::Map<const Vector<double>>(data.data() + h * n, n));
+  return heads;
+}
+
+// The selection [Hkv x Tq x K] (any integer type) as Hkv index matrices.
+std::vector<IndexMatrix> read_selection(const fs::path& file, const H5::Group& root,
+                                        const std::string& name) {
+  const H5::DataSet ds = io::open_dataset(file, root, name);
+  io::require_integer(file, name, ds);
+  io::require_dims(file, name, ds, {-1, -1, -1}, "(KV groups, queries, K)");
+  const auto dims = io::dataset_dims(ds);
+  const std::vector<int64_t> data = io::read_int64s(ds);
+  std::vector<IndexMatrix> heads;
+  const auto rows = static_cast<Eigen::Index>(dims[1]), cols = static_cast<Eigen::Index>(dims[2]);
+  for (hsize_t g = 0; g < dims[0]; ++g) {
+    IndexMatrix m(rows, cols);
+    for (Eigen::Index i = 0; i < m.size(); ++i) {
+      const int64_t value = data[g * rows * cols + i];
+      if (value < -1 || value > std::numeric_limits<int32_t>::max())
+        io::fail(file, name, "chunk indices >= -1", std::to_string(value));
+      m.data()[i] = static_cast<int32_t>(value);
+    }
+    heads.push_back(std::move(m));
+  }
+  return heads;
+}
+
+}  // namespace
+
+// /inputs: q [Hq,T,d], k [Hkv,T,d], v [Hkv,T,dv], optional q_retrieval [Hq,T,d], prior [Hq,R,d].
+AttentionInputs<double> read_inputs(const fs::path& file, const H5::H5File& h5) {
+  const H5::Group root = h5.openGroup("/");
+  AttentionInputs<double> in;
+  in.q = read_heads(file, root, "inputs/q", {-1, -1, -1}, true);
+  const int64_t Hq = in.Hq(), T = in.T(), d = in.d();
+  in.k = read_heads(file, root, "inputs/k", {-1, T, d}, true);
+  in.v = read_heads(file, root, "inputs/v", {in.Hkv(), T, -1}, true);
+  if (io::has_object(root, "inputs/q_retrieval"))
+    in.q_retrieval = read_heads(file, root, "inputs/q_retrieval", {Hq, T, d}, true);
+  if (io::has_object(root, "inputs/prior"))
+    in.prior = read_heads(file, root, "inputs/prior", {Hq, -1, d}, true);
+  return in;
+}
+
+// /outputs: every stage is optional; values may be NaN or Inf (the oracle judges them).
+oracle::KernelOutputs read_outputs(const fs::path& file, const H5::H5File& h5) {
+  const H5::Group root = h5.openGroup("/");
+  oracle::KernelOutputs out;
+  auto heads = [&](const char* name, std::vector<Matrix<double>>& target) {
+    const std::string path = std::string("outputs/") + name;
+    if (io::has_object(root, path)) target = read_heads(file, root, path, {-1, -1, -1}, false);
+  };
+  auto vectors = [&](const char* name, std::vector<Vector<double>>& target) {
+    const std::string path = std::string("outputs/") + name;
+    if (io::has_object(root, path)) target = read_head_vectors(file, root, path);
+  };
+  heads("summary_key", out.summary_key);
+  vectors("summary_bias", out.summary_bias);
+  heads("surrogate_scores", out.surrogate_scores);
+  if (io::has_object(root, "outputs/selection"))
+    out.selection = read_selection(file, root, "outputs/selection");
+  heads("o_window", out.o_window);
+  vectors("lse_window", out.lse_window);
+  heads("o", out.o);
+  vectors("lse", out.lse);
+  heads("fusion_weights", out.fusion_weights);
+  return out;
+}
+
+// /inputs/do, /inputs/dlse (the upstream gradients) and /grads: the kernel's backward pass.
+oracle::KernelGradients read_gradients(const fs::path& file, const H5::H5File& h5) {
+  const H5::Group root = h5.openGroup("/");
+  oracle::KernelGradients grads;
+  if (io::has_object(root, "inputs/do"))
+    grads.d_o = read_heads(file, root, "inputs/do", {-1, -1, -1}, true);
+  if (io::has_object(root, "inputs/dlse")) {
+    grads.d_lse = read_head_vectors(file, root, "inputs/dlse");
+    for (const auto& x : grads.d_lse)
+      if (!x.allFinite()) io::fail(file, "inputs/dlse", "finite values", "NaN or Inf");
+  }
+  auto heads = [&](const char* name, std::vector<Matrix<double>>& target) {
+    const std::string path = std::string("grads/") + name;
+    if (io::has_object(root, path)) target = read_heads(file, root, path, {-1, -1, -1}, false);
+  };
+  heads("dq", grads.dq);
+  heads("dk", grads.dk);
+  heads("dv", grads.dv);
+  heads("dq_retrieval", grads.dq_retrieval);
+  heads("dprior", grads.dprior);
+  if (grads.any_returned() && grads.d_o.empty())
+    io::fail(file, "inputs/do", "the upstream gradient the kernel's backward was given (the file "
+             "holds /grads)", "no such dataset");
+  return grads;
+}
+
+}  // namespace hils::cli::verify

@@ -1,0 +1,114 @@
+// A verify file read: format and version, the spec through the one spec codec, the precisions,
+// the queries, the groups (verify_datasets.cpp), and every object the format does not define.
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/verify/verify_file.hpp"
+#include "config/spec_codec.hpp"
+#include "io/file_error.hpp"
+#include "io/hdf5_util.hpp"
+
+namespace hils::cli::verify {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kVerifyFormat = "hils-verify";
+constexpr int64_t kVerifyFormatVersion = 1;
+
+// The spec attribute: {"preset": name?, then any MechanismSpec field by name}, decoded and
+// checked by the one spec codec; its errors become the file's ("<file>: spec.K: expected ...").
+MechanismSpec parse_spec(const fs::path& file, const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    io::fail(file, "attribute spec", "a JSON object", std::string("invalid JSON (") + e.what() + ")");
+  }
+  if (!j.is_object()) io::fail(file, "attribute spec", "a JSON object", j.dump());
+  try {
+    MechanismSpec spec = config::spec_from_json(j, "spec");
+    spec.validate();
+    return spec;
+  } catch (const InvalidArgument& e) {
+    throw io::FileError(file.string() + ": " + e.what());
+  }
+}
+
+// Every dataset of the format (data/verify_format.md); anything else in a file is named in the
+// report as not compared.
+const std::set<std::string> kKnownDatasets = {
+    "inputs/q", "inputs/k", "inputs/v", "inputs/q_retrieval", "inputs/prior", "inputs/do",
+    "inputs/dlse", "queries", "outputs/o", "outputs/lse", "outputs/selection",
+    "outputs/surrogate_scores", "outputs/summary_key", "outputs/summary_bias", "outputs/o_window",
+    "outputs/lse_window", "outputs/fusion_weights", "grads/dq", "grads/dk", "grads/dv",
+    "grads/dq_retrieval", "grads/dprior"};
+
+// Paths (relative, "grads/dfoo") of the objects under `group` the format does not define.
+void collect_unknown(const H5::Group& group, const std::string& prefix,
+                     std::vector<std::string>& unknown) {
+  for (hsize_t i = 0; i < group.getNumObjs(); ++i) {
+    const std::string name = group.getObjnameByIdx(i);
+    const std::string path = prefix.empty() ? name : prefix + "/" + name;
+    if (group.childObjType(name) == H5O_TYPE_GROUP) {
+      if (path == "inputs" || path == "outputs" || path == "grads")
+        collect_unknown(group.openGroup(name), path, unknown);
+      else
+        unknown.push_back("/" + path + " (a group the format does not define)");
+    } else if (!kKnownDatasets.count(path)) {
+      unknown.push_back("/" + path + " (a dataset the format does not define)");
+    }
+  }
+}
+
+}  // namespace
+
+// file -> spec, options, inputs, outputs (gradients included) and the objects not compared.
+VerifyFile read_verify_file(const fs::path& file) {
+  const H5::H5File h5 = io::open_hdf5(file);
+  const H5::Group root = h5.openGroup("/");
+  const std::string format = io::read_string_attribute(file, root, "/", "format");
+  if (format != kVerifyFormat)
+    io::fail(file, "/ attribute format", std::string("\"") + kVerifyFormat + "\"", "\"" + format + "\"");
+  const int64_t version = io::read_int_attribute(file, root, "/", "format_version");
+  if (version != kVerifyFormatVersion)
+    io::fail(file, "/ attribute format_version", std::to_string(kVerifyFormatVersion),
+             std::to_string(version));
+  VerifyFile v;
+  v.spec = parse_spec(file, io::read_string_attribute(file, root, "/", "spec"));
+  v.options.precision = oracle::parse_input_precision(
+      io::read_string_attribute(file, root, "/", "input_precision"),
+      file.string() + ": / attribute input_precision");
+  if (io::has_attribute(root, "bf16_rounding"))
+    v.options.bf16_rounding = oracle::parse_bf16_rounding(
+        io::read_string_attribute(file, root, "/", "bf16_rounding"),
+        file.string() + ": / attribute bf16_rounding");
+  if (io::has_attribute(root, "score_precision"))
+    v.options.score_precision = oracle::parse_score_precision(
+        io::read_string_attribute(file, root, "/", "score_precision"),
+        file.string() + ": / attribute score_precision");
+  if (io::has_attribute(root, "kernel"))
+    v.kernel_name = io::read_string_attribute(file, root, "/", "kernel");
+  v.inputs = read_inputs(file, h5);
+  if (io::has_object(root, "queries")) {
+    const H5::DataSet ds = io::open_dataset(file, root, "queries");
+    io::require_integer(file, "queries", ds);
+    io::require_dims(file, "queries", ds, {-1}, "(queries)");
+    v.options.queries = io::read_int64s(ds);
+    // An empty list would read as "every query" (the oracle's default): say what is meant.
+    if (v.options.queries.empty())
+      io::fail(file, "queries", "at least one query slot (omit /queries to compare all T)",
+               "an empty dataset");
+  }
+  if (!io::has_object(root, "outputs") && !io::has_object(root, "grads"))
+    io::fail(file, "outputs", "a group of kernel outputs (at least o) or of gradients (grads)",
+             "nothing");
+  if (io::has_object(root, "outputs")) v.outputs = read_outputs(file, h5);
+  v.outputs.gradients = read_gradients(file, h5);
+  collect_unknown(root, "", v.unknown);
+  return v;
+}
+
+}  // namespace hils::cli::verify

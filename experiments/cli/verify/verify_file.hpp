@@ -1,0 +1,36 @@
+// A kernel's dump for the oracle (data/verify_format.md) read and checked: its spec, precisions,
+// inputs, outputs, gradients, and what the format does not define. verify_file.cpp reads the
+// file and its attributes, verify_datasets.cpp its datasets.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <H5Cpp.h>
+
+#include "hils/analysis/oracle.hpp"
+
+namespace hils::cli::verify {
+
+struct VerifyFile {
+  MechanismSpec spec;
+  oracle::VerifyOptions options;
+  AttentionInputs<double> inputs;
+  oracle::KernelOutputs outputs;
+  std::string kernel_name;
+  std::vector<std::string> unknown;  // datasets and groups the oracle does not read
+};
+
+// file -> its contents, or io::FileError naming the file and the attribute or dataset at fault.
+VerifyFile read_verify_file(const std::filesystem::path& file);
+
+// verify_datasets.cpp: the groups of the format, each dataset's shape, type and values checked.
+// /inputs: q [Hq,T,d], k [Hkv,T,d], v [Hkv,T,dv], optional q_retrieval [Hq,T,d], prior [Hq,R,d].
+AttentionInputs<double> read_inputs(const std::filesystem::path& file, const H5::H5File& h5);
+// /outputs: every stage is optional; values may be NaN or Inf (the oracle judges them).
+oracle::KernelOutputs read_outputs(const std::filesystem::path& file, const H5::H5File& h5);
+// /inputs/do, /inputs/dlse (the upstream gradients) and /grads: the kernel's backward pass.
+oracle::KernelGradients read_gradients(const std::filesystem::path& file, const H5::H5File& h5);
+
+}  // namespace hils::cli::verify
