@@ -319,3 +319,21 @@ def test_a_results_file_of_another_format_version_is_refused(studies, tmp_path):
     assert code == 2, err
     assert "format_version: expected 'hils-results', 1" in err and ", 2" in err
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_hils_plot_takes_any_path_and_reports_a_full_disk_as_bad_input(studies, tmp_path):
+    # Was a shell command line: a quote in the path broke it (and `$(...)` would have run), and
+    # the script's exit 3 (full disk) was reported by hils as an internal error.
+    hils = tool("HILS_CLI")
+    odd = tmp_path / "it's $(touch pwned) fid.h5"
+    shutil.copy(studies["fid1"], odd)
+    done = subprocess.run([hils, "plot", str(odd), "--out", str(tmp_path / "p q")],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert list((tmp_path / "p q").glob("*.png"))
+    assert not (tmp_path / "pwned").exists()
+    full = subprocess.run(["bash", "-c", 'ulimit -f 4; exec "$@"', "-", hils, "plot", str(odd),
+                           "--out", str(tmp_path / "full")], capture_output=True, text=True)
+    assert full.returncode == 2, full.stderr
+    assert "expected a writable plot folder with room" in full.stderr
+    assert "internal error" not in full.stderr

@@ -1,9 +1,13 @@
 // Results -> plots through the plotting script; its list of PNGs read back.
 #include "cli/plot/draw_plots.hpp"
 
+#include <spawn.h>
 #include <sys/wait.h>
 
+#include <cerrno>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -14,7 +18,30 @@
 #include "cli/commands.hpp"
 #include "util/shared_data.hpp"
 
+extern "C" char** environ;
+
 namespace hils::cli {
+
+namespace {
+
+// argv -> the child's wait status; run without a shell, so that no path is ever parsed as a
+// command (a results path holding a quote or `$(...)` is only a name).
+int run_without_shell(std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  const int err = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ);
+  if (err != 0)
+    throw BadInput(std::string(argv[0]) + ": expected a Python 3 interpreter for the plots, "
+                   "could not start it (" + std::strerror(err) + ")");
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) throw std::runtime_error("waiting for the plotting script failed");
+  return status;
+}
+
+}  // namespace
 
 // results, folder -> the PNGs plot_study.py drew into folder (it lists them in a file).
 std::vector<std::filesystem::path> draw_plots(const std::filesystem::path& results,
@@ -26,14 +53,24 @@ std::vector<std::filesystem::path> draw_plots(const std::filesystem::path& resul
     throw BadInput(script.string() + ": plotting script not found (set HILS_PLOTS_DIR)");
   make_output_folder(folder, "plots");
   const auto list = folder / ".plots.txt";
-  const std::string command = fmt::format("/usr/bin/python3 '{}' '{}' --out '{}' --list '{}'",
-                                          script.string(), results.string(), folder.string(),
-                                          list.string());
-  const int rc = std::system(command.c_str());
+  const int rc = run_without_shell({"/usr/bin/python3", script.string(), results.string(),
+                                     "--out", folder.string(), "--list", list.string()});
+  // The script's statuses: 2 = not a study results file of this version, 3 = the plots could
+  // not be written (full disk, read-only folder); both named on stderr by the script.
+  if (WIFSIGNALED(rc)) {
+    std::filesystem::remove(list);
+    if (WTERMSIG(rc) == SIGINT) std::raise(SIGINT);  // Ctrl-C: end as the script did
+    throw std::runtime_error(fmt::format("plotting script killed by signal {}", WTERMSIG(rc)));
+  }
   if (rc != 0) {
+    std::filesystem::remove(list);
     if (WIFEXITED(rc) && WEXITSTATUS(rc) == 2)
       throw BadInput(results.string() + ": not a study results file (see the message above)");
-    throw std::runtime_error("plotting failed: " + command);
+    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 3)
+      throw BadInput(folder.string() + ": expected a writable plot folder with room (see the "
+                     "message above); no partial PNG was kept");
+    throw std::runtime_error(fmt::format("plotting failed (exit {}): {}", WEXITSTATUS(rc),
+                                         script.string()));
   }
   std::vector<std::filesystem::path> pngs;
   std::ifstream in(list);
