@@ -9,6 +9,7 @@
 #include <iostream>
 #include <new>
 #include <optional>
+#include <string>
 
 #include <H5Cpp.h>
 
@@ -20,34 +21,38 @@
 
 namespace {
 
-// Exceptions -> exit codes 1 (verdict), 2 (bad input), 3 (internal).
-int run_app(CLI::App& app, int argc, char** argv) {
+// How a command ended: its exit code and the line for stderr ("" when there is none, or when
+// CLI11 printed it already), without the leading "hils: ".
+struct Outcome {
+  int code = hils::cli::kExitOk;
+  std::string message;
+};
+
+// Exceptions -> exit codes 1 (verdict), 2 (bad input), 3 (internal). `speaks`: false on an MPI
+// worker, which leaves help and usage errors to rank 0 (the same argv gives the same ones).
+Outcome run_app(CLI::App& app, int argc, char** argv, bool speaks) {
   try {
     app.parse(argc, argv);
-    return hils::cli::kExitOk;
+    return {};
   } catch (const CLI::ParseError& e) {
-    int code = app.exit(e);  // prints help or the usage error
-    return code == 0 ? hils::cli::kExitOk : hils::cli::kExitBadInput;
+    int code = speaks ? app.exit(e) : e.get_exit_code();  // app.exit prints help or the error
+    return {code == 0 ? hils::cli::kExitOk : hils::cli::kExitBadInput, ""};
   } catch (const hils::parallel::JobEnded&) {
-    return hils::cli::kExitOk;  // an MPI worker of a failed run: rank 0 reports the failure
+    return {};  // an MPI worker of a failed run: rank 0 reports the failure
   } catch (const hils::cli::CheckFailed& e) {
-    std::cerr << "hils: check failed: " << e.what() << "\n";
-    return hils::cli::kExitCheckFailed;
+    return {hils::cli::kExitCheckFailed, std::string("check failed: ") + e.what()};
   } catch (const hils::InvalidArgument& e) {
-    std::cerr << "hils: bad input: " << e.what() << "\n";
-    return hils::cli::kExitBadInput;
+    return {hils::cli::kExitBadInput, std::string("bad input: ") + e.what()};
   } catch (const std::bad_alloc&) {
     // Nearly always a size from the input or the flags that this machine cannot hold.
-    std::cerr << "hils: bad input: out of memory: expected sizes (T, heads, dims, layers, "
-                 "queries) whose data fit in this machine's memory; choose smaller ones\n";
-    return hils::cli::kExitBadInput;
+    return {hils::cli::kExitBadInput,
+            "bad input: out of memory: expected sizes (T, heads, dims, layers, queries) whose "
+            "data fit in this machine's memory; choose smaller ones"};
   } catch (const H5::Exception& e) {
-    std::cerr << "hils: internal error (HDF5): " << e.getFuncName() << ": "
-              << e.getDetailMsg() << "\n";
-    return hils::cli::kExitInternal;
+    return {hils::cli::kExitInternal,
+            "internal error (HDF5): " + e.getFuncName() + ": " + e.getDetailMsg()};
   } catch (const std::exception& e) {
-    std::cerr << "hils: internal error: " << e.what() << "\n";
-    return hils::cli::kExitInternal;
+    return {hils::cli::kExitInternal, std::string("internal error: ") + e.what()};
   }
 }
 
@@ -95,15 +100,19 @@ int main(int argc, char** argv) {
       "Exit codes: 0 success, 1 a check failed, 2 bad input, 3 internal error.\n"
       "Run `hils <command> --help` for a command's options and examples.");
 
-  int code = run_app(app, argc, argv);
+  // Only rank 0 of an MPI job speaks: a worker's message goes to rank 0, which prints it unless
+  // it is rank 0's own (flags, config and inputs are the same on every rank).
+  const bool speaks = session->holds_results();
+  auto [code, message] = run_app(app, argc, argv, speaks);
   // A report cut short (full disk, file-size limit) must not end in exit 0.
   std::cout.flush();
   if (!std::cout && code == hils::cli::kExitOk) {
-    std::cerr << "hils: bad input: expected room to write the standard output, found "
-              << std::strerror(errno) << "; the output is incomplete\n";
+    message = std::string("bad input: expected room to write the standard output, found ") +
+              std::strerror(errno) + "; the output is incomplete";
     code = hils::cli::kExitBadInput;
   }
-  if (code != hils::cli::kExitOk) session->fail(code);  // ends every rank of an MPI job
+  if (speaks && !message.empty()) std::cerr << "hils: " + message + "\n";  // one write
+  if (code != hils::cli::kExitOk) session->fail(code, message);  // ends every rank of an MPI job
   if (hils::io::hdf5_file_abandoned()) {
     // A write failed (full disk) and left HDF5 a file it cannot close; its shutdown at exit
     // would crash on it. Temporary files are gone already (their owners were destroyed).

@@ -7,7 +7,9 @@
 #include <chrono>
 #include <map>
 #include <numeric>
+#include <iostream>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -31,7 +33,7 @@ constexpr int kAssign = 2;
 // Worker -> rank 0: [uint64 unit index][char kBadInput or kOtherFailure] then the message.
 constexpr int kFailure = 3;
 // Worker -> rank 0, once, as the worker's command ends (done, failed, or told that the run
-// failed): [int exit status]. Outside every run's tags (tag() stays below 32000; MPI
+// failed): [int exit status] then its error message (none when done). Outside every run's tags (tag() stays below 32000; MPI
 // guarantees tags up to 32767).
 constexpr int kGoodbye = 32000;
 
@@ -119,13 +121,14 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
       // A worker whose command ended before it joined this run (it failed outside any run,
       // say on its copy of the input): it will never ask for a unit.
       const int worker = status.MPI_SOURCE;
-      const int exit_status = receive_goodbye(status.MPI_SOURCE);
+      const Goodbye goodbye = receive_goodbye(status.MPI_SOURCE);
       Failure gone;  // order 0: reported before any unit's failure
-      gone.bad_input = exit_status == kBadInputExit;
+      gone.bad_input = goodbye.exit_status == kBadInputExit;
       gone.message = "rank " + std::to_string(worker) + " ended before this run" +
-                     (exit_status ? " with exit status " + std::to_string(exit_status) +
-                                        " (its message above)"
-                                  : " (the ranks disagree on the units to run)");
+                     (goodbye.exit_status
+                          ? " with exit status " + std::to_string(goodbye.exit_status) + " (" +
+                                goodbye.message + ")"
+                          : " (the ranks disagree on the units to run)");
       if (!failure || failure->order > 0) failure = std::move(gone);
       continue;
     }
@@ -216,22 +219,32 @@ void MpiUnitRunner::work(const std::vector<StudyUnit>& units) {
   }
 }
 
-int MpiUnitRunner::receive_goodbye(int worker) {
-  int exit_status = 0;
-  MPI_Recv(&exit_status, 1, MPI_INT, worker, kGoodbye, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+MpiUnitRunner::Goodbye MpiUnitRunner::receive_goodbye(int worker) {
+  MPI_Status probed;
+  MPI_Probe(worker, kGoodbye, MPI_COMM_WORLD, &probed);
+  const std::vector<char> bytes = receive_bytes(probed);
+  Goodbye goodbye;
+  std::memcpy(&goodbye.exit_status, bytes.data(), sizeof goodbye.exit_status);
+  goodbye.message.assign(bytes.begin() + sizeof goodbye.exit_status, bytes.end());
   gone_.at(static_cast<size_t>(worker)) = true;
-  return exit_status;
+  return goodbye;
 }
 
 int MpiUnitRunner::workers_gone() const {
   return static_cast<int>(std::count(gone_.begin(), gone_.end(), true));
 }
 
-void MpiUnitRunner::end_job(int exit_status) {
+void MpiUnitRunner::end_job(int exit_status, const std::string& message) {
   if (rank_ != 0) {
-    MPI_Send(&exit_status, 1, MPI_INT, 0, kGoodbye, MPI_COMM_WORLD);
+    std::vector<char> goodbye(sizeof exit_status);
+    std::memcpy(goodbye.data(), &exit_status, sizeof exit_status);
+    goodbye.insert(goodbye.end(), message.begin(), message.end());
+    send_bytes(goodbye, kGoodbye);
     return;
   }
+  // Rank 0 speaks for the job: a worker's error is printed once, unless it is rank 0's own
+  // (the same flags, config and inputs fail the same way on every rank).
+  std::set<std::string> said = {message};
   while (workers_gone() < size_ - 1) {
     int flag = 0;
     MPI_Status status;
@@ -241,7 +254,10 @@ void MpiUnitRunner::end_job(int exit_status) {
       continue;
     }
     if (status.MPI_TAG == kGoodbye) {
-      receive_goodbye(status.MPI_SOURCE);
+      const Goodbye goodbye = receive_goodbye(status.MPI_SOURCE);
+      if (goodbye.exit_status != 0 && said.insert(goodbye.message).second)
+        std::cerr << "hils: rank " + std::to_string(status.MPI_SOURCE) + ": " +
+                         goodbye.message + "\n";
       continue;
     }
     // A worker waiting in a run this rank never started (it failed before, e.g. validating

@@ -27,10 +27,12 @@
 // says goodbye to rank 0 as its command ends, and rank 0 waits for every goodbye before MPI
 // is finalized. Rank 0 failing before a run (its up-front validation, a held lock) answers the
 // workers waiting in that run with kJobFailed while it waits; a worker failing before a run
-// (its copy of the input) says goodbye with its exit status, and rank 0's run ends with
-// "rank R ended before this run".
+// (its copy of the input) says goodbye with its exit status and message, and rank 0's run ends
+// with "rank R ended before this run with exit status S (message)". Only rank 0 prints: a
+// worker's error that rank 0 shares (a bad flag, the same missing file) is printed once.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "hils/analysis/units.hpp"
@@ -44,16 +46,21 @@ class MpiUnitRunner final : public analysis::UnitRunner {
                           analysis::ResultSink& sink,
                           const analysis::Progress& progress) override;
   bool holds_results() const override { return rank_ == 0; }
-  // This rank's command ended with `exit_status` (0: done): a worker tells rank 0; rank 0
-  // waits until every worker has, ending the runs they wait in. Then MPI can be finalized.
-  void end_job(int exit_status);
+  // This rank's command ended with `exit_status` (0: done) and `message` (its error line): a
+  // worker tells rank 0; rank 0 waits until every worker has, ending the runs they wait in,
+  // and prints each worker's message that is not its own. Then MPI can be finalized.
+  void end_job(int exit_status, const std::string& message);
 
  private:
   analysis::UnitsDone coordinate(const std::vector<analysis::StudyUnit>& units,
                                  analysis::ResultSink& sink, const analysis::Progress& progress);
   void work(const std::vector<analysis::StudyUnit>& units);
   [[noreturn]] void end_with_job();  // a worker told that the run failed: throws JobEnded
-  int receive_goodbye(int worker);  // rank 0: returns the worker's exit status
+  struct Goodbye {
+    int exit_status = 0;
+    std::string message;
+  };
+  Goodbye receive_goodbye(int worker);  // rank 0: a worker's last word
   int workers_gone() const;        // rank 0: goodbyes received
   int rank_, size_;
   int64_t calls_ = 0;  // run() calls so far: a study may run several unit lists in turn

@@ -52,7 +52,7 @@ Session::~Session() {
 #ifdef HILS_WITH_MPI
   if (!mpi_) return;
   // Every rank ends through the same handshake, failed or not (no MPI_Abort: mpi_runner.hpp).
-  if (runner_) runner_->end_job(exit_status_);
+  if (runner_) runner_->end_job(exit_status_, message_);
   MPI_Finalize();
 #endif
 }

@@ -8,6 +8,8 @@
 
 #include <memory>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 #include "hils/analysis/units.hpp"
 
@@ -36,10 +38,14 @@ class Session {
   bool holds_results() const { return rank_ == 0; }
   // The runner for a study's units: serial unless N > 1 ranks.
   analysis::UnitRunner& runner();
-  // The command failed on this rank with `exit_status`: with N > 1 ranks the destructor ends
-  // the whole job, rank 0 answering workers that wait for a run it will not start, a worker
-  // telling rank 0, which then fails its run naming the rank (MpiUnitRunner::end_job()).
-  void fail(int exit_status) { exit_status_ = exit_status; }
+  // The command failed on this rank with `exit_status` and `message` (the error line without
+  // "hils: "; a worker prints nothing itself): with N > 1 ranks the destructor ends the whole
+  // job, rank 0 answering workers that wait for a run it will not start, a worker telling
+  // rank 0 its status and message, which rank 0 reports (MpiUnitRunner::end_job()).
+  void fail(int exit_status, std::string message) {
+    exit_status_ = exit_status;
+    message_ = std::move(message);
+  }
 
   // The one session of this process (nullptr before main created it, e.g. in tests).
   static Session* current();
@@ -48,6 +54,7 @@ class Session {
   int rank_ = 0, size_ = 1;
   bool mpi_ = false;
   int exit_status_ = 0;
+  std::string message_;
   std::unique_ptr<MpiUnitRunner> runner_;
 };
 

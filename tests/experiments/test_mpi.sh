@@ -100,8 +100,18 @@ PY
   cat failure.txt
   [[ $status == 2 ]] || fail "a worker failing up front: exit status $status, expected 2 (124: hung)"
   grep -q "bad input: .*acts.h5" failure.txt || fail "the worker's own message is missing"
-  grep -q "bad input: rank 2 ended before this run with exit status 2" failure.txt ||
-    fail "rank 0 does not name the worker that ended"
+  grep -q "bad input: rank 2 ended before this run with exit status 2 (bad input: .*acts.h5" failure.txt ||
+    fail "rank 0 does not name the worker that ended and why"
+  [[ $(grep -c "hils:" failure.txt) == 1 ]] || fail "expected one message (rank 0's), got: $(cat failure.txt)"
+  # Errors every rank finds (flags, a missing input): rank 0 alone prints them, once, and the
+  # job's status is 2; no half-printed or interleaved lines.
+  for bad in "fidelity --queries -1" "fidelity --lengths 100" "run missing.h5 -o x.h5" "run --bogus" \
+             "fidelity --config missing.toml"; do
+    status=0; timeout 120 "$mpirun" --oversubscribe -n 3 "$hils" $bad 2> failure.txt > /dev/null || status=$?
+    [[ $status == 2 ]] || fail "mpirun -n 3 hils $bad: exit status $status, expected 2"
+    [[ $(grep -c -e "hils:" -e "Run with --help" failure.txt) == 1 ]] ||
+      fail "mpirun -n 3 hils $bad: expected one message (rank 0's), got: $(cat failure.txt)"
+  done
   # The other worker may have finished units meanwhile: a valid checkpoint of the first units.
   /usr/bin/python3 - <<'PY' || fail "early.h5 is not a checkpoint of the first units"
 import h5py, json, os
