@@ -568,3 +568,30 @@ TEST_CASE("an unreadable input and an uncreatable output folder say why (permiss
   fs::permissions(dir / "locked", fs::perms::owner_all);
   fs::permissions(acts, fs::perms::owner_all);
 }
+
+TEST_CASE("hils dump checks its output before running the model, and never replaces an input",
+          "[cli][faults]") {
+  const auto data = hils::shared_data_dir();
+  if (!fs::exists(data / "stories260K.bin") || !fs::exists(data / "tok512.bin")) {
+    WARN("SKIPPED: no " << (data / "stories260K.bin").string());
+    return;
+  }
+  TempDir dir("dump_output_first");
+  // The model ran (and said so: the truncation note) before the folder was refused.
+  auto no_folder = run_hils("dump llama2c -o " + q(dir / "missing" / "x.h5"));
+  INFO(no_folder.output);
+  CHECK(no_folder.exit_code == 2);
+  CHECK_THAT(no_folder.output, Catch::Contains("an output folder that exists"));
+  CHECK_THAT(no_folder.output, !Catch::Contains("kept its first"));
+  // -o naming the model file replaced the model with the dump.
+  fs::copy_file(data / "stories260K.bin", dir / "model.bin");
+  const std::string model = bytes_of(dir / "model.bin");
+  for (const std::string option : {"--model", "--text"}) {
+    const auto input = option == "--model" ? dir / "model.bin" : data / "tinystories_sample.txt";
+    auto same = run_hils("dump llama2c " + option + " " + q(input) + " -o " + q(input));
+    INFO(same.output);
+    CHECK(same.exit_code == 2);
+    CHECK_THAT(same.output, Catch::Contains("is the same file as " + option));
+  }
+  CHECK(bytes_of(dir / "model.bin") == model);
+}

@@ -2,6 +2,7 @@
 // experiments/sources/model_trace.hpp) -> every layer's activations.
 #include <iostream>
 #include <memory>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -9,6 +10,7 @@
 #include "cli/commands.hpp"
 #include "cli/dump/dump.hpp"
 #include "cli/spec_flags.hpp"
+#include "io/hdf5_util.hpp"
 #include "sources/model_trace.hpp"
 #include "util/shared_data.hpp"
 
@@ -37,6 +39,11 @@ void dump_llama2c(const Llama2cOptions& o) {
   require_input_file(files.tokenizer, "--tokenizer", hint);
   require_input_file(files.text, "--text", hint);
   auto storage = storage_of(o.precision);
+  // The output is checked before the model runs (as `hils run` does before its units).
+  for (const auto& [input, option] : {std::pair{files.model, "--model"},
+                                      {files.tokenizer, "--tokenizer"}, {files.text, "--text"}})
+    require_distinct_files(input, option, o.output, "--output");
+  io::require_writable_folder(io::output_target(o.output));
 
   const auto trace = sources::trace_text(files, o.tokens, "--tokens");
   if (trace.truncated && !global_options().quiet)

@@ -9,6 +9,7 @@
 #include "cli/dump/dump.hpp"
 #include "cli/spec_flags.hpp"
 #include "config/config.hpp"
+#include "io/hdf5_util.hpp"
 #include "sources/synthetic.hpp"
 
 namespace hils::cli {
@@ -35,6 +36,7 @@ void dump_synthetic(const SyntheticFlags& f) {
                             f.given, f.config + ": [synthetic]");
   auto storage = storage_of(f.precision);
   require_fits_in_memory(params.working_bytes(), "-T, --Hq, --Hkv, -d, --dv");
+  io::require_writable_folder(io::output_target(f.output));  // before the generator runs
   auto sample = sources::generate(params);
   io::write_activation_file(f.output, sources::to_activation_file(sample), storage);
   fmt::print("synthetic {}  T {}  Hq {}  Hkv {}  d {}  dv {}  seed {}", params.generator,
