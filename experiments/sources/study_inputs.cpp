@@ -60,7 +60,8 @@ StudyInputs synthetic_study_inputs(const SyntheticParams& params, const Position
 }
 
 StudyInputs model_study_inputs(const ModelFiles& files, int64_t n_layers,
-                               const std::vector<int64_t>& lengths) {
+                               const std::vector<int64_t>& lengths,
+                               const std::string& lengths_where) {
   for (const auto& path : {files.model, files.tokenizer, files.text})
     if (!std::filesystem::exists(path))
       throw InvalidArgument(fmt::format(
@@ -68,10 +69,11 @@ StudyInputs model_study_inputs(const ModelFiles& files, int64_t n_layers,
           "stories260K.bin, tok512.bin and tinystories_sample.txt)",
           path.string()));
   const int64_t T = lengths.back();
-  auto trace = std::make_shared<const TextTrace>(trace_text(files, T, "lengths"));
-  if (static_cast<int64_t>(trace->tokens.size()) < T)
-    throw InvalidArgument(fmt::format("model source: the sample text has {} tokens, fewer than T={}",
-                                      trace->tokens.size(), T));
+  auto trace = std::make_shared<const TextTrace>(trace_text(files, T, lengths_where));
+  require(static_cast<int64_t>(trace->tokens.size()) >= T, lengths_where,
+          fmt::format("lengths within the model source's text ({}: {} tokens)",
+                      files.text.string(), trace->tokens.size()),
+          std::to_string(T));
   n_layers = std::min<int64_t>(n_layers, static_cast<int64_t>(trace->layers.size()));
   const std::string name = files.model.stem().string();
   auto positioned = [trace](int64_t l, int64_t T) {
@@ -90,8 +92,13 @@ StudyInputs model_study_inputs(const ModelFiles& files, int64_t n_layers,
 }
 
 StudyInputs activation_study_inputs(const std::filesystem::path& file, int64_t n_layers,
-                                    const std::vector<int64_t>& lengths) {
+                                    const std::vector<int64_t>& lengths,
+                                    const std::string& lengths_where) {
   const auto meta = std::make_shared<const io::ActivationMeta>(io::read_activation_meta(file));
+  require(lengths.back() <= meta->T, lengths_where,
+          fmt::format("lengths within the activation file's T = {} slots ({})", meta->T,
+                      file.string()),
+          std::to_string(lengths.back()));
   n_layers = std::min<int64_t>(n_layers, meta->n_layers);
   const std::string name = file.stem().string();
   auto positioned = [file, meta](int64_t l, int64_t T) {

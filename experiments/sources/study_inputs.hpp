@@ -32,13 +32,17 @@ StudyInputs synthetic_study_inputs(const SyntheticParams& params, const Position
 
 // The model: one trace of the first max(lengths) tokens of the text (BOS first), cut to each
 // length; at most the model's layers. InvalidArgument when a file is missing (naming the folder
-// flag) or the text is shorter than the longest length.
+// flag) or when the longest length exceeds the model's context or the text (naming
+// `lengths_where`, the flag or config key that set the lengths).
 StudyInputs model_study_inputs(const ModelFiles& files, int64_t n_layers,
-                               const std::vector<int64_t>& lengths);
+                               const std::vector<int64_t>& lengths,
+                               const std::string& lengths_where);
 
-// An activation file, read one layer at a time; at most the file's layers. `raw` needs the
+// An activation file, read one layer at a time; at most the file's layers. InvalidArgument up
+// front when the longest length exceeds the file's T (naming `lengths_where`). `raw` needs the
 // file's q_unrotated/k_unrotated (InvalidArgument when it has none, at the first load).
 StudyInputs activation_study_inputs(const std::filesystem::path& file, int64_t n_layers,
-                                    const std::vector<int64_t>& lengths);
+                                    const std::vector<int64_t>& lengths,
+                                    const std::string& lengths_where);
 
 }  // namespace hils::sources

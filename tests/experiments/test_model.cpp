@@ -105,7 +105,7 @@ TEST_CASE("the model tracer keeps the first tokens, says what it cut, and feeds 
   CHECK(trace.provenance["model_fnv1a64"].get<std::string>().size() == 16);
   CHECK(trace.provenance.contains("hils_version"));
   // The studies cut one trace of the longest length; a shorter length is its prefix.
-  auto inputs = hils::sources::model_study_inputs(files, 9, {32, 48});
+  auto inputs = hils::sources::model_study_inputs(files, 9, {32, 48}, "--lengths");
   CHECK(inputs.positioned.n_layers == 5);
   CHECK(inputs.positioned.name == "stories260K");
   auto layer = inputs.positioned.load(3, 32);
@@ -118,7 +118,7 @@ TEST_CASE("the model tracer keeps the first tokens, says what it cut, and feeds 
   CHECK_THROWS_WITH(hils::sources::trace_text(files, 1, "--tokens"), Catch::Contains("--tokens"));
   auto missing = files;
   missing.text = dir / "no_such_text.txt";
-  CHECK_THROWS_WITH(hils::sources::model_study_inputs(missing, 1, {32}),
+  CHECK_THROWS_WITH(hils::sources::model_study_inputs(missing, 1, {32}, "--lengths"),
                     Catch::Contains("no_such_text.txt"));
 }
 

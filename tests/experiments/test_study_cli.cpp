@@ -101,3 +101,29 @@ TEST_CASE("a study config's unknown key or table is refused", "[cli][study]") {
                     (dir / "c.toml").string() + ": " + message);
   }
 }
+
+TEST_CASE("lengths beyond an activation file's T are refused up front naming --lengths or the key",
+          "[cli][study]") {
+  TempDir dir("study_activation_lengths");
+  const auto acts = dir / "acts.h5";
+  REQUIRE(run_hils("-q dump synthetic -T 640 -S 64 -o " + q(acts)).exit_code == 0);
+  // Was refused only when a unit loaded the layer, naming "lengths".
+  require_refused(dir, "fidelity --source activations --activations " + q(acts) +
+                           " --lengths 600 1024",
+                  "--lengths: expected lengths within the activation file's T = 640 slots");
+  std::ofstream(dir / "long.toml") << "[source]\nkind = \"activations\"\n[overlap]\n"
+                                      "lengths = [600, 4096]\n";
+  require_refused(dir, "overlap --activations " + q(acts) + " -c " + q(dir / "long.toml"),
+                  "[overlap].lengths: expected lengths within the activation file's T = 640");
+}
+
+TEST_CASE("an empty list of lengths is refused, not a crash", "[cli][study]") {
+  TempDir dir("study_no_lengths");
+  std::ofstream(dir / "empty.toml") << "[fidelity]\nlengths = []\n";
+  require_refused(dir, "fidelity -c " + q(dir / "empty.toml"),
+                  "[fidelity].lengths: expected at least one length, got []");
+  // Extrapolation's default lengths start at train_length: none within the source's context.
+  std::ofstream(dir / "train.toml") << "[extrapolation]\ntrain_length = 2000000\n";
+  require_refused(dir, "extrapolate -c " + q(dir / "train.toml"),
+                  "[extrapolation].train_length: expected a train length whose default lengths");
+}

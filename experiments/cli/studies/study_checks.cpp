@@ -51,6 +51,8 @@ void require_study_values(const Resolved& r, const config::ConfigValues& c) {
 
 // lengths, where -> nothing, or BadInput showing every length given.
 void require_ascending_lengths(const std::vector<int64_t>& lengths, const std::string& where) {
+  if (lengths.empty())
+    throw BadInput(where + ": expected at least one length, got []");  // was a crash (back())
   for (size_t i = 0; i < lengths.size(); ++i)
     if (lengths[i] < 1 || (i > 0 && lengths[i] <= lengths[i - 1]))
       throw BadInput(fmt::format("{}: expected positive, strictly ascending lengths, got {}",

@@ -1,5 +1,7 @@
 // A study's settings: the study's defaults per source, then the TOML config (every table and key
 // checked by config::study_schema), then the flags; checked, then joined to their inputs.
+#include <fmt/format.h>
+
 #include "cli/commands.hpp"
 #include "cli/studies/study_config.hpp"
 
@@ -53,11 +55,17 @@ std::vector<int64_t> resolve_lengths(const StudyArgs& a, const config::ConfigVal
   if (study == "fidelity") lengths = model ? std::vector<int64_t>{512} : std::vector<int64_t>{4096};
   if (study == "overlap")
     lengths = model ? std::vector<int64_t>{512} : std::vector<int64_t>{4096, 16384, 65536};
+  const int64_t longest_default = model ? 512 : 1 << 20;
   if (study == "extrapolation")
-    for (int64_t x = 1; x <= 64 && train_length * x <= (model ? 512 : 1 << 20); x *= 2)
+    for (int64_t x = 1; x <= 64 && train_length * x <= longest_default; x *= 2)
       lengths.push_back(train_length * x);
   lengths = c.integers(study, "lengths", lengths);
   if (!a.lengths.empty()) lengths = a.lengths;
+  if (lengths.empty() && study == "extrapolation" && !c.has(study, "lengths"))
+    throw BadInput(fmt::format("{}: expected a train length whose default lengths (train_length "
+                               "x 1, 2, 4, ..., 64) start within {} slots, got {} (or set "
+                               "--lengths)",
+                               c.where(study, "train_length"), longest_default, train_length));
   require_ascending_lengths(lengths, lengths_where(a, c, study));
   return lengths;
 }

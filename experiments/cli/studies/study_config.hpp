@@ -54,7 +54,7 @@ void resolve_extrapolation_table(Resolved& r, const config::ConfigValues& c, boo
 
 // study_sources.cpp: r.source, r.raw_source and r.config["source"] from the source kind, the
 // layers and lengths already in r, and the config's [source] table. BadInput naming
-// `lengths_where` when the longest synthetic layer cannot fit in memory.
+// `lengths_where` when the longest length cannot fit in memory or exceeds the source.
 void build_sources(Resolved& r, const StudyArgs& args, const config::ConfigValues& c,
                    const std::string& lengths_where);
 

@@ -47,10 +47,11 @@ void build_sources(Resolved& r, const StudyArgs& a, const config::ConfigValues& 
     inputs = sources::synthetic_study_inputs(params, pe, r.source.n_layers, r.source.lengths);
   } else if (r.source_kind == "model") {
     inputs = sources::model_study_inputs(sources::ModelFiles::in_folder(a.model_dir),
-                                         r.source.n_layers, r.source.lengths);
+                                         r.source.n_layers, r.source.lengths, lengths_where);
   } else {  // activations (resolve() accepts no other kind)
     if (a.activations.empty()) throw BadInput("--activations: a file is needed for source=activations");
-    inputs = sources::activation_study_inputs(a.activations, r.source.n_layers, r.source.lengths);
+    inputs = sources::activation_study_inputs(a.activations, r.source.n_layers, r.source.lengths,
+                                              lengths_where);
   }
   r.source = std::move(inputs.positioned);
   r.raw_source = std::move(inputs.raw);
