@@ -270,55 +270,45 @@ KernelOutputs bf16_score_kernel(const MechanismSpec& spec, const AttentionInputs
   return out;
 }
 
+// Per case and preset (hils, nsa, lmk) of the table: the verdict on the kernel whose summary
+// keys are stored as `store` (`summaries`: it also returns them), under the score_precision of
+// that store (bf16, or fp8_e4m3 for both fp8 stores); calls check(case, preset, verdict).
+template <class Check>
+void over_rounded_cases(KeyStore store, bool summaries, Check check) {
+  for (const auto& c : cases::kCaseTable) {
+    if (c.T / c.S == 0 || c.K == 0) continue;
+    const auto inputs = cases::make_inputs<double>(c);
+    for (const char* name : {"hils", "nsa", "lmk"}) {
+      MechanismSpec spec = cases::with_case_geometry(preset(name), c);
+      if (spec.key_rule == KeyRule::landmark_key && !c.landmarks) continue;
+      if (spec.needs_prior() && !c.landmarks) spec.prior_rule = PriorRule::shared;
+      VerifyOptions options;
+      options.score_precision =
+          store == KeyStore::bf16 ? InputPrecision::bf16 : InputPrecision::fp8_e4m3;
+      check(c, name, verify(spec, inputs, bf16_score_kernel(spec, inputs, store, summaries),
+                            options));
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("a kernel with bf16 summaries passes with score_precision bf16, its flips accepted",
           "[oracle][selection]") {
   int64_t flipped = 0;
-  for (const auto& c : cases::kCaseTable) {
-    if (c.T / c.S == 0 || c.K == 0) continue;
-    const auto inputs = cases::make_inputs<double>(c);
-    for (const char* name : {"hils", "nsa", "lmk"}) {
-      MechanismSpec spec = cases::with_case_geometry(preset(name), c);
-      if (spec.key_rule == KeyRule::landmark_key && !c.landmarks) continue;
-      if (spec.needs_prior() && !c.landmarks) spec.prior_rule = PriorRule::shared;
-      VerifyOptions options;
-      options.score_precision = InputPrecision::bf16;
-      const Verdict verdict = verify(spec, inputs, bf16_score_kernel(spec, inputs), options);
-      INFO("case " << c.name << ", spec " << name << "\n" << verdict.report());
-      CHECK(verdict.passed);
-      flipped += verdict.selection.rows_differing;
-      if (verdict.selection.rows_differing > 0)
-        std::printf("bf16 summaries %s %s: %lld rows flipped, max margin %.3g, largest bound %.3g\n",
-                    c.name, name, static_cast<long long>(verdict.selection.rows_differing),
-                    verdict.selection.max_accepted_margin, verdict.selection.bound);
-    }
-  }
+  over_rounded_cases(KeyStore::bf16, false, [&](const cases::Case& c, const char* name,
+                                                const Verdict& verdict) {
+    INFO("case " << c.name << ", spec " << name << "\n" << verdict.report());
+    CHECK(verdict.passed);
+    flipped += verdict.selection.rows_differing;
+    if (verdict.selection.rows_differing > 0)
+      std::printf("bf16 summaries %s %s: %lld rows flipped, max margin %.3g, largest bound %.3g\n",
+                  c.name, name, static_cast<long long>(verdict.selection.rows_differing),
+                  verdict.selection.max_accepted_margin, verdict.selection.bound);
+  });
   // The test means something only if bf16 rounding did flip some selections.
   CHECK(flipped > 0);
 }
-
-namespace {
-
-// Per case and preset of the table: the verdict on the fp8-summary kernel `store` (with its
-// summaries) under score_precision fp8_e4m3; calls check(case, preset, verdict).
-template <class Check>
-void over_fp8_cases(KeyStore store, Check check) {
-  for (const auto& c : cases::kCaseTable) {
-    if (c.T / c.S == 0 || c.K == 0) continue;
-    const auto inputs = cases::make_inputs<double>(c);
-    for (const char* name : {"hils", "nsa", "lmk"}) {
-      MechanismSpec spec = cases::with_case_geometry(preset(name), c);
-      if (spec.key_rule == KeyRule::landmark_key && !c.landmarks) continue;
-      if (spec.needs_prior() && !c.landmarks) spec.prior_rule = PriorRule::shared;
-      VerifyOptions options;
-      options.score_precision = InputPrecision::fp8_e4m3;
-      check(c, name, verify(spec, inputs, bf16_score_kernel(spec, inputs, store, true), options));
-    }
-  }
-}
-
-}  // namespace
 
 TEST_CASE("fp8 e4m3 rounding and the per-row scale", "[oracle]") {
   CHECK(round_to_fp8_e4m3(1.0) == 1.0);
@@ -342,7 +332,7 @@ TEST_CASE("fp8 e4m3 rounding and the per-row scale", "[oracle]") {
 TEST_CASE("a kernel with fp8 e4m3 summaries passes with score_precision fp8_e4m3", "[oracle][selection]") {
   int64_t flipped = 0, rows = 0;
   double largest_margin = 0, largest_bound = 0;
-  over_fp8_cases(KeyStore::fp8_e4m3, [&](const cases::Case& c, const char* name, const Verdict& v) {
+  over_rounded_cases(KeyStore::fp8_e4m3, true, [&](const cases::Case& c, const char* name, const Verdict& v) {
     INFO("case " << c.name << ", spec " << name << "\n" << v.report());
     CHECK(v.passed);
     flipped += v.selection.rows_differing;
