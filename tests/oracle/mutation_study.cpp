@@ -18,13 +18,6 @@ std::string format(const char* pattern, Args... args) {
   return buffer;
 }
 
-// All query slots 0..T-1.
-std::vector<int64_t> all_queries(int64_t T) {
-  std::vector<int64_t> all(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) all[static_cast<size_t>(t)] = t;
-  return all;
-}
-
 // Inputs with the KV heads in reverse order: query head h then reads KV head Hkv-1-h/G, the
 // bug of a kernel that maps heads to groups the wrong way round.
 AttentionInputs<double> reversed_kv_heads(AttentionInputs<double> inputs) {

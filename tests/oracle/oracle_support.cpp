@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <stdexcept>
 
@@ -18,6 +19,67 @@ AttentionInputs<float> to_float(const AttentionInputs<double>& in) {
   for (const auto& x : in.q_retrieval) out.q_retrieval.push_back(x.cast<float>());
   for (const auto& x : in.prior) out.prior.push_back(x.cast<float>());
   return out;
+}
+
+std::vector<int64_t> all_queries(int64_t T) {
+  // T -> 0, 1, ..., T-1.
+  std::vector<int64_t> all(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) all[static_cast<size_t>(t)] = t;
+  return all;
+}
+
+void fuse_own_selection(const MechanismSpec& spec, const AttentionInputs<float>& in,
+                        KernelOutputs& kernel) {
+  // kernel.selection -> kernel.o, lse, fusion_weights fused from it in float on `in`.
+  const auto fused = forced_fusion(spec, in, kernel.selection, all_queries(in.T()));
+  kernel.o.resize(fused.size()), kernel.lse.resize(fused.size());
+  kernel.fusion_weights.resize(fused.size());
+  for (size_t h = 0; h < fused.size(); ++h) {
+    kernel.o[h] = fused[h].o.cast<double>();
+    kernel.lse[h] = fused[h].lse.cast<double>();
+    kernel.fusion_weights[h] = fused[h].fusion_weights.cast<double>();
+  }
+}
+
+ScorePath rounded_score_path(const MechanismSpec& spec, const AttentionInputs<float>& in,
+                             const ScoreRounding& rounding) {
+  // spec, float inputs, roundings -> s_hat, lse_swa, k', b' per head, selection per group.
+  auto each = [](const auto& m, const std::function<float(float)>& f) {
+    return m.unaryExpr([&f](float x) { return f(x); }).eval();
+  };
+  const Geometry geometry = geometry_of(spec, in.T());
+  const float scale = static_cast<float>(logit_scale(spec, in.d()));
+  const int64_t G = in.Hq() / in.Hkv(), tokens = geometry.tokens_per_chunk();
+  const std::vector<int64_t> all = all_queries(in.T());
+  ScorePath path;
+  for (int64_t h = 0; h < in.Hq(); ++h) {
+    const Matrix<float>& k = in.k[h / G];
+    const Matrix<float> prior =
+        spec.needs_prior() ? resolve_prior(in, h, spec, geometry) : Matrix<float>();
+    ChunkSummaries<float> s = summarize(k, prior, spec.key_rule, spec.bias_rule, geometry, scale);
+    for (int64_t c = 0; c < geometry.n_chunks() && spec.key_rule == KeyRule::taylor; ++c) {
+      // k' = p^T k with the summary weights p rounded (Eq. 6's Taylor key).
+      const auto keys = k.middleRows(c * spec.S, tokens);
+      const Vector<float> logits = scale * (keys * prior.row(c).transpose());
+      Vector<float> p = (logits.array() - logits.maxCoeff()).exp().matrix();
+      p = each(Vector<float>(p / p.sum()), rounding.weights);
+      s.key.row(c) = p.transpose() * keys;
+    }
+    s.key = rounding.keys(s.key);
+    s.bias = each(s.bias, rounding.bias);
+    path.summary_key.push_back(s.key);
+    path.summary_bias.push_back(s.bias);
+    path.scores.push_back(
+        each(surrogate_scores(in.retrieval_query(h), s, geometry, scale, all), rounding.scores));
+    path.lse_window.push_back(window_attention(in.q[h], k, in.v[h / G], geometry, scale, all).lse);
+  }
+  for (int64_t g = 0; g < in.Hkv(); ++g)
+    path.selection.push_back(select_chunks(
+        std::vector<Matrix<float>>(path.scores.begin() + g * G, path.scores.begin() + (g + 1) * G),
+        std::vector<Vector<float>>(path.lse_window.begin() + g * G,
+                                   path.lse_window.begin() + (g + 1) * G),
+        spec.group_rule, spec.K, geometry, all));
+  return path;
 }
 
 namespace {
@@ -94,39 +156,17 @@ KernelOutputs bf16_everywhere_kernel(const MechanismSpec& spec, const AttentionI
   const auto bf16 = InputPrecision::bf16;
   KernelOutputs out = float_kernel(spec, inputs, bf16, bf16, rounding);
   const AttentionInputs<float> in = kernel_inputs(inputs, bf16);
-  const Geometry geometry = geometry_of(spec, in.T());
-  const float scale = static_cast<float>(logit_scale(spec, in.d()));
-  const int64_t G = in.Hq() / in.Hkv(), tokens = geometry.tokens_per_chunk();
   auto to_bf16 = [rounding](double x) { return round_to_bf16(x, rounding); };
-  auto round = [&](const auto& m) {
-    return m.unaryExpr([&](float x) { return static_cast<float>(to_bf16(x)); }).eval();
-  };
-  std::vector<int64_t> all(static_cast<size_t>(in.T()));
-  for (int64_t t = 0; t < in.T(); ++t) all[static_cast<size_t>(t)] = t;
-  std::vector<Matrix<float>> scores;
-  std::vector<Vector<float>> lse_window;
-  for (int64_t h = 0; h < in.Hq(); ++h) {
-    const Matrix<float>& k = in.k[h / G];
-    const Matrix<float> prior =
-        spec.needs_prior() ? resolve_prior(in, h, spec, geometry) : Matrix<float>();
-    ChunkSummaries<float> s = summarize(k, prior, spec.key_rule, spec.bias_rule, geometry, scale);
-    for (int64_t c = 0; c < geometry.n_chunks() && spec.key_rule == KeyRule::taylor; ++c) {
-      const auto keys = k.middleRows(c * spec.S, tokens);
-      const Vector<float> logits = scale * (keys * prior.row(c).transpose());
-      Vector<float> p = (logits.array() - logits.maxCoeff()).exp().matrix();
-      p = round(Vector<float>(p / p.sum()));
-      s.key.row(c) = p.transpose() * keys;
-    }
-    s.key = round(s.key);
-    s.bias = round(s.bias);
-    scores.push_back(round(surrogate_scores(in.retrieval_query(h), s, geometry, scale, all)));
-    lse_window.push_back(window_attention(in.q[h], k, in.v[h / G], geometry, scale, all).lse);
-  }
-  for (int64_t g = 0; g < in.Hkv(); ++g)
-    out.selection[g] = select_chunks(
-        std::vector<Matrix<float>>(scores.begin() + g * G, scores.begin() + (g + 1) * G),
-        std::vector<Vector<float>>(lse_window.begin() + g * G, lse_window.begin() + (g + 1) * G),
-        spec.group_rule, spec.K, geometry, all);
+  const std::function<float(float)> round = [&](float x) { return static_cast<float>(to_bf16(x)); };
+  ScoreRounding every;
+  every.weights = every.bias = every.scores = round;
+  every.keys = [&](const Matrix<float>& m) { return Matrix<float>(m.unaryExpr(round)); };
+  const ScorePath path = rounded_score_path(spec, in, every);
+  const auto& scores = path.scores;
+  const auto& lse_window = path.lse_window;
+  const int64_t G = in.Hq() / in.Hkv();
+  out.selection = path.selection;
+  const std::vector<int64_t> all = all_queries(in.T());
   const auto fused = forced_fusion(spec, in, out.selection, all);  // o of its own selection
   for (int64_t h = 0; h < in.Hq(); ++h) {
     out.o[h] = fused[h].o.cast<double>().unaryExpr(to_bf16);
@@ -146,9 +186,10 @@ KernelOutputs bf16_everywhere_kernel(const MechanismSpec& spec, const AttentionI
   return out;
 }
 
-std::string plant_wrong_chunk(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
-                              const AttentionInputs<float>& kernel_in, KernelOutputs& kernel) {
-  // kernel outputs -> the same with one selection row wrong and o, lse, weights fused from it.
+ChunkSwap swap_strongest_for_weakest(const MechanismSpec& spec,
+                                    const AttentionInputs<double>& inputs, IndexMatrix& selection) {
+  // group 0's selection -> its last row with the strongest chosen chunk swapped for the weakest
+  // candidate left out (by the reference's group scores).
   RunOptions keep;
   keep.keep_surrogate_scores = keep.keep_window = true;
   const auto truth = run_mechanism(spec, inputs, keep);
@@ -160,8 +201,7 @@ std::string plant_wrong_chunk(const MechanismSpec& spec, const AttentionInputs<d
     lse.push_back(truth.heads[h].lse_window);
   }
   const Matrix<double> r = group_scores(scores, lse, spec.group_rule);
-  IndexMatrix& sel = kernel.selection[0];
-  int32_t* row = sel.row(t).data();
+  int32_t* row = selection.row(t).data();
   int32_t* end = row + spec.K;
   const int64_t candidates = geometry_of(spec, inputs.T()).candidate_count(t);
   if (candidates <= spec.K || spec.K == 0)
@@ -173,16 +213,16 @@ std::string plant_wrong_chunk(const MechanismSpec& spec, const AttentionInputs<d
     if (std::find(row, end, c) == end && (worst < 0 || r(t, c) < r(t, worst))) worst = c;
   std::replace(row, end, best, worst);
   std::sort(row, end);
-  std::vector<int64_t> all(static_cast<size_t>(inputs.T()));
-  for (int64_t q = 0; q < inputs.T(); ++q) all[static_cast<size_t>(q)] = q;
-  const auto fused = forced_fusion(spec, kernel_in, kernel.selection, all);
-  for (size_t h = 0; h < fused.size(); ++h) {
-    kernel.o[h] = fused[h].o.cast<double>();
-    kernel.lse[h] = fused[h].lse.cast<double>();
-    kernel.fusion_weights[h] = fused[h].fusion_weights.cast<double>();
-  }
-  return "query t=" + std::to_string(t) + ", group 0: chunk " + std::to_string(worst) +
-         " instead of " + std::to_string(best);
+  return {t, best, worst};
+}
+
+std::string plant_wrong_chunk(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                              const AttentionInputs<float>& kernel_in, KernelOutputs& kernel) {
+  // kernel outputs -> the same with one selection row wrong and o, lse, weights fused from it.
+  const ChunkSwap swap = swap_strongest_for_weakest(spec, inputs, kernel.selection[0]);
+  fuse_own_selection(spec, kernel_in, kernel);
+  return "query t=" + std::to_string(swap.t) + ", group 0: chunk " + std::to_string(swap.worst) +
+         " instead of " + std::to_string(swap.best);
 }
 
 KernelGradients float_gradients(const MechanismSpec& spec, const AttentionInputs<double>& inputs,

@@ -2,6 +2,7 @@
 // oracle tests cover.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,34 @@ namespace hils::oracle::testing {
 
 // Inputs in double -> the same numbers rounded to float.
 AttentionInputs<float> to_float(const AttentionInputs<double>& inputs);
+
+// 0, 1, ..., T-1: every query slot.
+std::vector<int64_t> all_queries(int64_t T);
+
+// kernel.selection fused in float on `in` (forced_fusion) -> kernel.o, lse and fusion_weights,
+// as a kernel fusing its own selection does.
+void fuse_own_selection(const MechanismSpec& spec, const AttentionInputs<float>& in,
+                        KernelOutputs& kernel);
+
+// How a kernel's score path rounds, each step (identity: kept in float): the Taylor summary
+// weights p, the summary keys k' (a whole matrix: a store may scale its rows), the bias b',
+// every s_hat.
+struct ScoreRounding {
+  std::function<float(float)> weights = [](float x) { return x; };
+  std::function<Matrix<float>(const Matrix<float>&)> keys = [](const Matrix<float>& m) { return m; };
+  std::function<float(float)> bias = [](float x) { return x; };
+  std::function<float(float)> scores = [](float x) { return x; };
+};
+
+// What that score path computed in float on `in`: per query head s_hat, lse_swa and the k', b'
+// it scored with; per KV group the selection made from them (select_chunks).
+struct ScorePath {
+  std::vector<Matrix<float>> scores, summary_key;
+  std::vector<Vector<float>> lse_window, summary_bias;
+  std::vector<IndexMatrix> selection;
+};
+ScorePath rounded_score_path(const MechanismSpec& spec, const AttentionInputs<float>& in,
+                             const ScoreRounding& rounding);
 
 // What a kernel of this precision computes from: the inputs (rounded to bf16 for bf16), in float.
 AttentionInputs<float> kernel_inputs(const AttentionInputs<double>& inputs, InputPrecision precision);
@@ -40,10 +69,18 @@ KernelOutputs float_kernel(const MechanismSpec& spec, const AttentionInputs<doub
 KernelOutputs bf16_everywhere_kernel(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                                      Bf16Rounding rounding = Bf16Rounding::nearest);
 
-// The last query's strongest chosen chunk (group 0, by the reference's group scores on `inputs`)
-// replaced by its weakest candidate left out, and o, lse, fusion weights fused in float on
-// `kernel_in` from that selection, as a kernel with a top-k bug would produce. Returns a line
-// naming the swap; throws InvalidArgument when the last query has no more than K candidates.
+// In group 0's `selection`, the last query's strongest chosen chunk (by the reference's group
+// scores on `inputs`) replaced by its weakest candidate left out; throws InvalidArgument when
+// the last query has no more than K candidates.
+struct ChunkSwap {
+  int64_t t, best, worst;  // the query, the chunk taken out, the chunk put in
+};
+ChunkSwap swap_strongest_for_weakest(const MechanismSpec& spec,
+                                    const AttentionInputs<double>& inputs, IndexMatrix& selection);
+
+// That swap in the kernel's selection, and o, lse, fusion weights fused in float on
+// `kernel_in` from it, as a kernel with a top-k bug would produce. Returns a line naming the
+// swap.
 std::string plant_wrong_chunk(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                               const AttentionInputs<float>& kernel_in, KernelOutputs& kernel);
 

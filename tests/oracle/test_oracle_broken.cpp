@@ -15,6 +15,9 @@ using namespace hils;
 using namespace hils::oracle;
 using hils::oracle::testing::case_named;
 using hils::oracle::testing::float_kernel;
+using hils::oracle::testing::all_queries;
+using hils::oracle::testing::ChunkSwap;
+using hils::oracle::testing::swap_strongest_for_weakest;
 
 namespace {
 
@@ -64,8 +67,7 @@ TEST_CASE("a shifted window is caught and recognised", "[oracle][broken]") {
     // The kernel's window edge is one chunk too far left: tau computed with W + S.
     const Geometry shifted(c.T, c.S, c.W + c.S, c.landmarks);
     const float scale = static_cast<float>(logit_scale(spec, c.d));
-    std::vector<int64_t> all(static_cast<size_t>(c.T));
-    for (int64_t t = 0; t < c.T; ++t) all[static_cast<size_t>(t)] = t;
+    const std::vector<int64_t> all = all_queries(c.T);
     for (int64_t h = 0; h < c.Hq; ++h) {
       const int64_t g = h / (c.Hq / c.Hkv);
       const auto w = window_attention<float>(inputs.q[h].cast<float>(), inputs.k[g].cast<float>(),
@@ -104,32 +106,10 @@ TEST_CASE("one wrong chunk in a selection is caught with its margin", "[oracle][
     const auto inputs = cases::make_inputs<double>(c);
     const auto spec = hils_spec(c);
     KernelOutputs kernel = float_kernel(spec, inputs);
-    RunOptions keep;
-    keep.keep_surrogate_scores = keep.keep_window = true;
-    const auto truth = run_mechanism(spec, inputs, keep);
-    const int64_t G = c.Hq / c.Hkv;
-    std::vector<Matrix<double>> scores;
-    std::vector<Vector<double>> lse;
-    for (int64_t h = 0; h < G; ++h) {
-      scores.push_back(truth.heads[h].surrogate_scores);
-      lse.push_back(truth.heads[h].lse_window);
-    }
-    const Matrix<double> r = group_scores(scores, lse, spec.group_rule);
-    // The last query: replace its best chunk by its worst non-selected candidate.
-    const Geometry geometry = geometry_of(spec, c.T);
-    const int64_t t = c.T - 1, candidates = geometry.candidate_count(t);
-    REQUIRE(candidates > c.K);
-    IndexMatrix& sel = kernel.selection[0];
-    int64_t best = sel(t, 0), worst = -1;
-    for (int64_t i = 0; i < c.K; ++i)
-      if (r(t, sel(t, i)) > r(t, best)) best = sel(t, i);
-    for (int64_t ch = 0; ch < candidates; ++ch)
-      if (std::find(sel.row(t).data(), sel.row(t).data() + c.K, ch) == sel.row(t).data() + c.K &&
-          (worst < 0 || r(t, ch) < r(t, worst)))
-        worst = ch;
-    std::replace(sel.row(t).data(), sel.row(t).data() + c.K, static_cast<int32_t>(best),
-                 static_cast<int32_t>(worst));
-    std::sort(sel.row(t).data(), sel.row(t).data() + c.K);
+    // The last query: its best chunk replaced by its worst non-selected candidate.
+    REQUIRE(geometry_of(spec, c.T).candidate_count(c.T - 1) > c.K);
+    const ChunkSwap swap = swap_strongest_for_weakest(spec, inputs, kernel.selection[0]);
+    const int64_t t = swap.t, best = swap.best, worst = swap.worst;
     const Verdict verdict = verify(spec, inputs, kernel);
     INFO(verdict.report());
     CHECK_FALSE(verdict.passed);

@@ -12,6 +12,11 @@ using namespace hils;
 using namespace hils::oracle;
 using hils::oracle::testing::case_named;
 using hils::oracle::testing::float_kernel;
+using hils::oracle::testing::fuse_own_selection;
+using hils::oracle::testing::rounded_score_path;
+using hils::oracle::testing::ScorePath;
+using hils::oracle::testing::ScoreRounding;
+using hils::oracle::testing::to_float;
 
 namespace {
 
@@ -64,20 +69,7 @@ KernelOutputs swapped_kernel(const MechanismSpec& spec, const AttentionInputs<do
   KernelOutputs kernel = float_kernel(spec, inputs);
   kernel.selection = run_mechanism(spec, inputs).selection;
   swapped = swap_ties(kernel.selection, geometry_of(spec, inputs.T()), source, copy);
-  AttentionInputs<float> in;
-  for (const auto& x : inputs.q) in.q.push_back(x.cast<float>());
-  for (const auto& x : inputs.k) in.k.push_back(x.cast<float>());
-  for (const auto& x : inputs.v) in.v.push_back(x.cast<float>());
-  for (const auto& x : inputs.q_retrieval) in.q_retrieval.push_back(x.cast<float>());
-  for (const auto& x : inputs.prior) in.prior.push_back(x.cast<float>());
-  std::vector<int64_t> all(static_cast<size_t>(inputs.T()));
-  for (int64_t t = 0; t < inputs.T(); ++t) all[static_cast<size_t>(t)] = t;
-  const auto fused = forced_fusion(spec, in, kernel.selection, all);
-  for (size_t h = 0; h < fused.size(); ++h) {
-    kernel.o[h] = fused[h].o.cast<double>();
-    kernel.lse[h] = fused[h].lse.cast<double>();
-    kernel.fusion_weights[h] = fused[h].fusion_weights.cast<double>();
-  }
+  fuse_own_selection(spec, to_float(inputs), kernel);
   return kernel;
 }
 
@@ -219,54 +211,20 @@ Matrix<float> stored_keys(Matrix<float> key, KeyStore store) {
 // With `summaries`, the k' it scored with, b' and the fusion weights are returned too.
 KernelOutputs bf16_score_kernel(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                                 KeyStore store = KeyStore::bf16, bool summaries = false) {
-  auto round_matrix = [](Matrix<float> m) {
-    return Matrix<float>(m.unaryExpr([](float x) { return static_cast<float>(round_to_bf16(x)); }));
-  };
-  AttentionInputs<float> in;
-  for (const auto& x : inputs.q) in.q.push_back(x.cast<float>());
-  for (const auto& x : inputs.k) in.k.push_back(x.cast<float>());
-  for (const auto& x : inputs.v) in.v.push_back(x.cast<float>());
-  for (const auto& x : inputs.q_retrieval) in.q_retrieval.push_back(x.cast<float>());
-  for (const auto& x : inputs.prior) in.prior.push_back(x.cast<float>());
-  const Geometry geometry = geometry_of(spec, in.T());
-  const float scale = static_cast<float>(logit_scale(spec, in.d()));
-  const int64_t G = in.Hq() / in.Hkv(), tokens = geometry.tokens_per_chunk();
-  std::vector<int64_t> all(static_cast<size_t>(in.T()));
-  for (int64_t t = 0; t < in.T(); ++t) all[static_cast<size_t>(t)] = t;
-  std::vector<Matrix<float>> scores;
-  std::vector<Vector<float>> lse_window;
-  std::vector<Matrix<double>> summary_key;
-  std::vector<Vector<double>> summary_bias;
-  for (int64_t h = 0; h < in.Hq(); ++h) {
-    const Matrix<float>& k = in.k[h / G];
-    const Matrix<float> prior =
-        spec.needs_prior() ? resolve_prior(in, h, spec, geometry) : Matrix<float>();
-    ChunkSummaries<float> s = summarize(k, prior, spec.key_rule, spec.bias_rule, geometry, scale);
-    for (int64_t c = 0; c < geometry.n_chunks() && spec.key_rule == KeyRule::taylor; ++c) {
-      const auto keys = k.middleRows(c * spec.S, tokens);
-      Vector<float> logits = scale * (keys * prior.row(c).transpose());
-      Vector<float> p = (logits.array() - logits.maxCoeff()).exp().matrix();
-      p = round_matrix(p / p.sum());
-      s.key.row(c) = p.transpose() * keys;
-    }
-    s.key = stored_keys(s.key, store);
-    summary_key.push_back(s.key.cast<double>());
-    summary_bias.push_back(s.bias.cast<double>());
-    scores.push_back(surrogate_scores(in.retrieval_query(h), s, geometry, scale, all));
-    lse_window.push_back(window_attention(in.q[h], k, in.v[h / G], geometry, scale, all).lse);
-  }
+  ScoreRounding rounding;
+  rounding.weights = [](float x) { return static_cast<float>(round_to_bf16(x)); };
+  rounding.keys = [store](const Matrix<float>& key) { return stored_keys(key, store); };
+  const AttentionInputs<float> in = to_float(inputs);
+  const ScorePath path = rounded_score_path(spec, in, rounding);
   KernelOutputs out;
-  for (int64_t g = 0; g < in.Hkv(); ++g)
-    out.selection.push_back(select_chunks(
-        std::vector<Matrix<float>>(scores.begin() + g * G, scores.begin() + (g + 1) * G),
-        std::vector<Vector<float>>(lse_window.begin() + g * G, lse_window.begin() + (g + 1) * G),
-        spec.group_rule, spec.K, geometry, all));
-  for (const auto& head : forced_fusion(spec, in, out.selection, all)) {
-    out.o.push_back(head.o.cast<double>());
-    out.lse.push_back(head.lse.cast<double>());
-    if (summaries) out.fusion_weights.push_back(head.fusion_weights.cast<double>());
+  out.selection = path.selection;
+  fuse_own_selection(spec, in, out);
+  if (!summaries) {
+    out.fusion_weights.clear();
+    return out;
   }
-  if (summaries) out.summary_key = summary_key, out.summary_bias = summary_bias;
+  for (const auto& key : path.summary_key) out.summary_key.push_back(key.cast<double>());
+  for (const auto& bias : path.summary_bias) out.summary_bias.push_back(bias.cast<double>());
   return out;
 }
 
