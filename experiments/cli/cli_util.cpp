@@ -4,7 +4,11 @@
 
 #include <unistd.h>
 
+#include <charconv>
+#include <cstdint>
 #include <iostream>
+#include <limits>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -23,6 +27,43 @@ std::string& stored_command_line() {
   return line;
 }
 }  // namespace
+
+namespace {
+
+// A decimal integer (an optional '-', then digits) of type T, rewritten without leading zeros
+// so that CLI11's conversion (base 0: "010" is octal) reads it in base 10; "" when it is fine
+// or is not a plain decimal (hex, "abc", "1e3": CLI11's own conversion answers those).
+template <class T>
+std::string check_decimal(std::string& text) {
+  const bool negative = !text.empty() && text[0] == '-';
+  const size_t digits = negative ? 1 : 0;
+  if (text.size() == digits ||
+      text.find_first_not_of("0123456789", digits) != std::string::npos)
+    return "";
+  if (negative && std::is_unsigned_v<T>)
+    return "expected a non-negative integer, got " + text;
+  T value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error == std::errc::result_out_of_range || end != text.data() + text.size())
+    return fmt::format("expected an integer from {} to {}, got {}", std::numeric_limits<T>::min(),
+                       std::numeric_limits<T>::max(), text);
+  text = std::to_string(value);
+  return "";
+}
+
+}  // namespace
+
+void check_integer_options(CLI::App& app) {
+  for (CLI::Option* option : app.get_options()) {
+    const std::string type = option->get_type_name();
+    if (type.rfind("INT", 0) == 0)
+      option->transform(CLI::Validator(check_decimal<int64_t>, "", "decimal integer"));
+    if (type.rfind("UINT", 0) == 0)
+      option->transform(CLI::Validator(check_decimal<uint64_t>, "", "decimal integer"));
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    check_integer_options(*sub);
+}
 
 void note(const std::string& text) {
   if (!global_options().quiet) std::cerr << text << "\n";

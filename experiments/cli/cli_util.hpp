@@ -4,9 +4,15 @@
 #include <filesystem>
 #include <string>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 namespace hils::cli {
+
+// Every integer option of `app` and its subcommands reads its value in base 10 and within its
+// type's range, or is refused naming the option: CLI11 2.1.2 alone reads "010" as octal 8 and
+// clamps 99999999999999999999 to the largest int64 without a word.
+void check_integer_options(CLI::App& app);
 
 // Informational line on stderr unless --quiet.
 void note(const std::string& text);

@@ -1,6 +1,10 @@
 #include "config/config.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -15,8 +19,15 @@ namespace {
 // path -> the TOML document as JSON, or io::FileError naming the file, line and column.
 nlohmann::json parse_toml_file(const std::filesystem::path& path) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
+  const auto status = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(status))
     io::fail(path, "", "a TOML configuration file", "no such file");
+  if (std::filesystem::is_directory(status))
+    io::fail(path, "", "a TOML configuration file", "a folder");
+  if (!std::filesystem::is_regular_file(status))  // a FIFO would block the read
+    io::fail(path, "", "a TOML configuration file", "a FIFO, socket or device");
+  if (::access(path.c_str(), R_OK) != 0)
+    io::fail(path, "", "a TOML configuration file this user can read", std::strerror(errno));
   toml::table table;
   try {
     table = toml::parse_file(path.string());

@@ -24,6 +24,13 @@ std::string gib_text(double bytes) {
   return text;
 }
 
+// A count held in a double -> "%.4g" text (no int64 overflow for a K near its maximum).
+std::string count_text(double count) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.4g", count);
+  return text;
+}
+
 // Refuses runs whose outputs cannot fit in this machine's memory, before allocating anything.
 // The message names the sizes a user sets (spec.K, the sampled queries, kept scores), not the
 // C++ option struct: it reaches CLI and Python users too.
@@ -31,7 +38,8 @@ template <class Scalar>
 void require_outputs_fit(const MechanismSpec& spec, const AttentionInputs<Scalar>& inputs,
                          const RunOptions& options, int64_t rows) {
   const double chunks = static_cast<double>(inputs.T() / spec.S);
-  double per_row = static_cast<double>(inputs.dv() + 1 + spec.K + 2);
+  // In double: K + 2 overflows int64 for a K near its maximum.
+  double per_row = static_cast<double>(inputs.dv()) + 3.0 + static_cast<double>(spec.K);
   if (options.keep_surrogate_scores) per_row += chunks;
   if (options.keep_exact_scores) per_row += chunks;
   if (options.keep_window) per_row += static_cast<double>(inputs.dv() + 1);
@@ -50,7 +58,7 @@ void require_outputs_fit(const MechanismSpec& spec, const AttentionInputs<Scalar
                   : "sample fewer queries or keep fewer scores";
   require(false, k_dominates ? "spec.K" : "outputs",
           "outputs (" + std::to_string(rows) + " queries x " + std::to_string(inputs.Hq()) +
-              " heads x " + std::to_string(static_cast<int64_t>(per_row)) +
+              " heads x " + count_text(per_row) +
               " values) within 80% of this machine's " + gib_text(memory) + " GiB (" + advice +
               ")",
           gib_text(bytes) + " GiB");

@@ -24,6 +24,11 @@ void check_against_file(RunPlan& plan, const io::ActivationMeta& meta, const std
     if (l < 0 || l >= meta.n_layers)
       throw BadInput(fmt::format("--layers: expected indices in 0..{} ({} has {} layers), got {}",
                                  meta.n_layers - 1, input, meta.n_layers, l));
+  for (size_t i = 0; i < plan.layers.size(); ++i)  // each layer is one unit, written once
+    for (size_t j = 0; j < i; ++j)
+      if (plan.layers[i] == plan.layers[j])
+        throw BadInput(fmt::format("--layers: expected distinct layer indices, got {} twice",
+                                   plan.layers[i]));
   require(plan.last_queries <= meta.T, "last_queries", fmt::format("at most T={}", meta.T),
           std::to_string(plan.last_queries));
   for (const auto& spec : plan.mechanisms) check_layout(spec, meta, input);

@@ -86,6 +86,12 @@ RunPlan make_plan(const RunFlags& f) {
     config::check_naming_file([&] { spec.validate(); }, from_file ? tables[i] : nlohmann::json(),
                               overrides, fmt::format("{}: [[mechanism]] #{}", f.config, i + 1));
   }
+  for (const auto& spec : plan.mechanisms)  // the name is one group of the results file
+    if (spec.name.empty() || spec.name == "." || spec.name == ".." ||
+        spec.name.find('/') != std::string::npos)
+      throw BadInput(fmt::format("mechanism name: expected a results group name (not empty, no "
+                                 "'/', not . or ..), got '{}'",
+                                 spec.name));
   for (size_t i = 0; i < plan.mechanisms.size(); ++i)
     for (size_t j = 0; j < i; ++j)
       if (plan.mechanisms[i].name == plan.mechanisms[j].name)

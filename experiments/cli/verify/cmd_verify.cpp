@@ -2,6 +2,7 @@
 // oracle (reference in double and float) and prints a pass/fail report per tensor.
 // Exit 0 all pass, 1 a tensor or the selection fails, 2 the file is missing or malformed.
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -50,7 +51,7 @@ void register_verify(CLI::App& app) {
   cmd->add_option("file", flags->path, "HDF5 file with inputs, spec and the kernel's outputs")
       ->required();
   cmd->add_option("--max-messages", flags->max_messages, "problems listed per tensor")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));  // PositiveNumber says "0 to 1.8e308"
   cmd->add_flag("--strict", flags->strict,
                 "fail (exit 2) when the file holds anything the oracle did not compare");
   cmd->footer(
