@@ -1,0 +1,96 @@
+// Values a user types that the `hils` tool must read as written or refuse by name (issue 8,
+// battery round 3): integers in base 10 and in range, sizes that overflow, duplicate layers,
+// mechanism names that are not one results group, config paths that are not files.
+#include <catch2/catch.hpp>
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <string>
+
+#include "io/activation_file.hpp"
+#include "support.hpp"
+
+using hils::test::run_hils;
+using hils::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+
+// A small activation file in `dir` (landmarks at S = 8, T = 40, 2 layers).
+fs::path write_small(const TempDir& dir) {
+  const auto path = dir / "acts.h5";
+  hils::io::write_activation_file(path, hils::test::small_activation_file(3),
+                                  hils::io::StorageType::float64);
+  return path;
+}
+
+// `hils <args>`: exit 2, the output holds `message`, and dir/out.h5 was not written.
+void require_refused(const TempDir& dir, const std::string& args, const std::string& message) {
+  const auto r = run_hils(args);
+  INFO(args + "\n" + r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains(message));
+  CHECK_FALSE(fs::exists(dir / "out.h5"));
+}
+
+}  // namespace
+
+TEST_CASE("integer flags are read in base 10 and within range", "[cli][values]") {
+  TempDir dir("integer_flags");
+  // CLI11 alone read 0100 as octal (T = 64) and clamped an overflow to the largest int64.
+  auto dump = run_hils("dump synthetic -T 0100 -S 16 -o " + q(dir / "a.h5"));
+  INFO(dump.output);
+  REQUIRE(dump.exit_code == 0);
+  CHECK_THAT(dump.output, Catch::Contains("T 100 "));
+  require_refused(dir, "dump synthetic -T 99999999999999999999 -o " + q(dir / "out.h5"),
+                  "--slots: expected an integer from -9223372036854775808 to 9223372036854775807, "
+                  "got 99999999999999999999");
+  require_refused(dir, "fidelity --lengths 1024 18446744073709551617 --out " + q(dir / "out.h5"),
+                  "--lengths: expected an integer from");
+  require_refused(dir, "run " + q(dir / "a.h5") + " --preset hils -S 99999999999999999999 -o " +
+                           q(dir / "out.h5"),
+                  "--chunk: expected an integer from");
+  require_refused(dir, "verify " + q(dir / "a.h5") + " --max-messages 0",
+                  "--max-messages: Value 0 not in range 1 to 9223372036854775807");
+}
+
+TEST_CASE("hils run refuses K near the int64 limit naming spec.K, and duplicate layers",
+          "[cli][values]") {
+  TempDir dir("run_values");
+  const auto acts = write_small(dir);
+  const std::string run = "run " + q(acts) + " -o " + q(dir / "out.h5");
+  // K + 2 overflowed: the size check passed and the allocation failed ("out of memory").
+  require_refused(dir, run + " --preset hils --landmarks true -S 8 -K 9223372036854775807",
+                  "spec.K: expected outputs (40 queries x 4 heads x 9.223e+18 values)");
+  // A layer twice was found only when its datasets were written the second time.
+  require_refused(dir, run + " --preset full --landmarks true -S 8 --layers 1,0,1",
+                  "--layers: expected distinct layer indices, got 1 twice");
+}
+
+TEST_CASE("a mechanism name must be one results group", "[cli][values]") {
+  TempDir dir("mechanism_names");
+  const auto acts = write_small(dir);
+  const std::string run =
+      "run " + q(acts) + " -o " + q(dir / "out.h5") + " --preset full --landmarks true -S 8";
+  // Each was accepted and wrote its layers under nested groups (/a/b/layer0) or at the root.
+  for (const std::string name : {"a/b", "..", "x/../y"})
+    require_refused(dir, run + " --name '" + name + "'",
+                    "mechanism name: expected a results group name (not empty, no '/', not . or "
+                    "..), got '" + name + "'");
+  std::ofstream(dir / "empty_name.toml") << "[[mechanism]]\npreset = \"full\"\nname = \"\"\n";
+  require_refused(dir, run + " -c " + q(dir / "empty_name.toml"), "got ''");
+}
+
+TEST_CASE("a config path that is a folder or a FIFO says so", "[cli][values]") {
+  TempDir dir("config_paths");
+  fs::create_directory(dir / "folder.toml");
+  REQUIRE(::mkfifo((dir / "fifo.toml").c_str(), 0600) == 0);
+  // Both were "found no such file".
+  require_refused(dir, "fidelity -c " + q(dir / "folder.toml") + " --out " + q(dir / "out.h5"),
+                  "folder.toml: expected a TOML configuration file, found a folder");
+  require_refused(dir, "dump synthetic -c " + q(dir / "fifo.toml") + " -o " + q(dir / "out.h5"),
+                  "fifo.toml: expected a TOML configuration file, found a FIFO, socket or device");
+}
