@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <iostream>
@@ -112,6 +113,36 @@ void require_distinct_files(const std::filesystem::path& input, const std::strin
     throw BadInput(fmt::format("{} {} is the same file as {} {}: writing it would replace the "
                                "input; choose another output file",
                                output_option, output.string(), input_option, input.string()));
+}
+
+namespace {
+
+// meta -> "landmark slots at 63, 127, ... (S=64)", "landmark slots at other places" or
+// "no landmark slots".
+std::string landmark_layout_text(const io::ActivationMeta& meta) {
+  if (!meta.has_landmarks()) return "no landmark slots";
+  const auto first = std::find(meta.landmarks.begin(), meta.landmarks.end(), 1);
+  const int64_t S = static_cast<int64_t>(first - meta.landmarks.begin()) + 1;
+  if (!meta.landmarks_match(S)) return "landmark slots at other places";
+  return fmt::format("landmark slots at {}, {}, ... (S={})", S - 1, 2 * S - 1, S);
+}
+
+}  // namespace
+
+void require_landmark_layout(bool landmarks, int64_t S, const io::ActivationMeta& meta,
+                             const std::string& input, const std::string& who) {
+  if (landmarks && !meta.landmarks_match(S))
+    throw BadInput(fmt::format(
+        "{} needs the landmark layout (a landmark slot at (c+1)S-1 of every chunk, S={}), but "
+        "{} has {}. Real-model dumps have no landmark slots: run a landmark-free spec "
+        "(--landmarks false, and --prior-rule shared for taylor/entropy summaries; lmk's "
+        "landmark_key rule cannot run), or dump a synthetic source with --landmarks true -S {}",
+        who, S, input, landmark_layout_text(meta), S));
+  if (!landmarks && meta.has_landmarks())
+    throw BadInput(fmt::format(
+        "{} has landmarks off, but {} has {} (their keys would be attended as tokens); set "
+        "--landmarks true with the file's chunk size",
+        who, input, landmark_layout_text(meta)));
 }
 
 void require_fits_in_memory(double bytes, const std::string& what) {

@@ -7,6 +7,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "io/activation_file.hpp"
+
 namespace hils::cli {
 
 // Every integer option of `app` and its subcommands reads its value in base 10 and within its
@@ -30,6 +32,12 @@ void make_output_folder(const std::filesystem::path& folder, const std::string& 
 void require_distinct_files(const std::filesystem::path& input, const std::string& input_option,
                             const std::filesystem::path& output,
                             const std::string& output_option);
+// BadInput unless an activation file's landmark slots (`meta`, read from `input`) are the ones
+// that `who` (a mechanism, a study's geometry) assumes: one at (c+1)S-1 of every chunk when
+// `landmarks`, none otherwise; the message says what the file holds and the flags that fit it.
+void require_landmark_layout(bool landmarks, int64_t S, const io::ActivationMeta& meta,
+                             const std::string& input, const std::string& who);
+
 // BadInput when `bytes` (an estimate of what a command will hold at once) exceeds 80% of this
 // machine's physical memory, naming `what` (the flags that set the size) and the sizes.
 void require_fits_in_memory(double bytes, const std::string& what);

@@ -138,13 +138,27 @@ H5::Group ensure_group(H5::Group location, const std::string& path) {
   return prefix.empty() ? location : location.openGroup(prefix);
 }
 
+namespace {
+
+// location, name -> "layer0/q": the object's path from the file's root, for messages.
+std::string path_in(const H5::Group& location, const std::string& name) {
+  char group[512] = "";
+  if (H5Iget_name(location.getId(), group, sizeof group) <= 1) return name;  // the root
+  return std::string(group + 1) + "/" + name;
+}
+
+}  // namespace
+
 H5::DataSet open_dataset(const std::filesystem::path& file, const H5::Group& location,
                          const std::string& name) {
   if (!has_object(location, name)) fail(file, name, "a dataset", "nothing at that path");
   H5O_info_t info;
-  if (H5Oget_info_by_name(location.getId(), name.c_str(), &info, H5P_DEFAULT) < 0 ||
-      info.type != H5O_TYPE_DATASET)
-    fail(file, name, "a dataset", "a group or other object");
+  if (H5Oget_info_by_name(location.getId(), name.c_str(), &info, H5P_DEFAULT) < 0)
+    // The link exists but leads nowhere: an external link to a missing file, a soft-link loop.
+    fail(file, path_in(location, name), "a dataset",
+         "a link that cannot be followed (a dangling soft or external link)");
+  if (info.type != H5O_TYPE_DATASET)
+    fail(file, path_in(location, name), "a dataset", "a group or other object");
   try {
     return location.openDataSet(name);
   } catch (const H5::Exception& e) {

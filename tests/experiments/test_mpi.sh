@@ -150,7 +150,8 @@ fi
 
 [[ $case_name == failing_rank ]] || fail "unknown case $case_name"
 # Three layers from one synthetic layer; poke(L, value) sets one k entry of layer L.
-"$hils" -q dump synthetic -o acts.h5 -T 512 --seed 7
+# No landmark slots: the activation source's default geometry has none (S = 16, landmarks off).
+"$hils" -q dump synthetic -o acts.h5 -T 512 --seed 7 --landmarks false
 /usr/bin/python3 - <<'PY'
 import h5py
 with h5py.File("acts.h5", "r+") as f:

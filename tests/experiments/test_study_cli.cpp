@@ -127,3 +127,25 @@ TEST_CASE("an empty list of lengths is refused, not a crash", "[cli][study]") {
   require_refused(dir, "extrapolate -c " + q(dir / "train.toml"),
                   "[extrapolation].train_length: expected a train length whose default lengths");
 }
+
+TEST_CASE("a study on an activation file needs the file's landmark layout", "[cli][study]") {
+  TempDir dir("study_activation_layout");
+  const auto with = dir / "with.h5", without = dir / "without.h5";
+  REQUIRE(run_hils("-q dump synthetic -T 640 -S 16 -o " + q(with)).exit_code == 0);
+  REQUIRE(run_hils("-q dump synthetic -T 640 -S 16 --landmarks false -o " + q(without))
+              .exit_code == 0);
+  const std::string fidelity = "fidelity --source activations --lengths 640 --layers 1 --queries 2 ";
+  // Both ran, the landmark keys attended as tokens or real tokens taken for landmarks.
+  require_refused(dir, fidelity + "--activations " + q(with),
+                  "the study's geometry (-S 16, --landmarks false) has landmarks off, but " +
+                      with.string() + " has landmark slots at 15, 31, ... (S=16)");
+  require_refused(dir, fidelity + "--landmarks true --activations " + q(without),
+                  "the study's geometry (-S 16, --landmarks true) needs the landmark layout");
+  require_refused(dir, fidelity + "--landmarks true -S 32 --activations " + q(with),
+                  "has landmark slots at 15, 31, ... (S=16). Real-model dumps");
+  // The matching layout runs.
+  auto r = run_hils("-q " + fidelity + "--landmarks true --activations " + q(with) + " --out " +
+                    q(dir / "f.h5"));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+}

@@ -2,6 +2,7 @@
 // positional encoding the plan asks for applied (or not) to the stored vectors.
 #include <fmt/format.h>
 
+#include "cli/cli_util.hpp"
 #include "cli/commands.hpp"
 #include "cli/run/run_plan.hpp"
 
@@ -35,19 +36,8 @@ std::vector<Matrix<double>> mean_queries(const std::vector<Matrix<double>>& q) {
 // spec, meta, input -> nothing, or BadInput saying how the layout and the spec differ.
 void check_layout(const MechanismSpec& spec, const io::ActivationMeta& meta,
                   const std::string& input) {
-  if (spec.landmarks && !meta.landmarks_match(spec.S))
-    throw BadInput(fmt::format(
-        "mechanism '{}' needs the landmark layout (a landmark slot at (c+1)S-1 of every chunk, "
-        "S={}), but {} has {}. Real-model dumps have no landmark slots: run a landmark-free "
-        "spec (--landmarks false, and --prior-rule shared for taylor/entropy summaries; lmk's "
-        "landmark_key rule cannot run), or dump a synthetic source with --landmarks true -S {}",
-        spec.name, spec.S, input,
-        meta.has_landmarks() ? "landmark slots at other places" : "no landmark slots", spec.S));
-  if (!spec.landmarks && meta.has_landmarks())
-    throw BadInput(fmt::format(
-        "mechanism '{}' has landmarks off, but {} has landmark slots (their keys would be "
-        "attended as tokens); set --landmarks true with the file's chunk size",
-        spec.name, input));
+  require_landmark_layout(spec.landmarks, spec.S, meta, input,
+                          fmt::format("mechanism '{}'", spec.name));
   if (spec.needs_prior() && spec.selects() && spec.prior_rule == PriorRule::given)
     throw BadInput(fmt::format("mechanism '{}': prior_rule given needs per-chunk prior queries, "
                                "which activation files do not hold; use landmark_query or shared",

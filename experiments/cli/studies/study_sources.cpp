@@ -1,5 +1,7 @@
 // A study's inputs: the source kind resolved by study_config.cpp, handed to the one sources
 // module (experiments/sources/study_inputs.hpp).
+#include <fmt/format.h>
+
 #include "cli/cli_util.hpp"
 #include "cli/commands.hpp"
 #include "cli/studies/study_config.hpp"
@@ -52,6 +54,11 @@ void build_sources(Resolved& r, const StudyArgs& a, const config::ConfigValues& 
     if (a.activations.empty()) throw BadInput("--activations: a file is needed for source=activations");
     inputs = sources::activation_study_inputs(a.activations, r.source.n_layers, r.source.lengths,
                                               lengths_where);
+    // The study's chunks must be the file's (run does the same check per mechanism).
+    require_landmark_layout(r.geometry.landmarks, r.geometry.S,
+                            io::read_activation_meta(a.activations), a.activations,
+                            fmt::format("the study's geometry (-S {}, --landmarks {})",
+                                        r.geometry.S, r.geometry.landmarks));
   }
   r.source = std::move(inputs.positioned);
   r.raw_source = std::move(inputs.raw);
