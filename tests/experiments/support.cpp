@@ -1,5 +1,7 @@
 #include "support.hpp"
 
+#include <catch2/catch.hpp>
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -80,6 +82,15 @@ int count_temp_files(const std::filesystem::path& folder) {
   for (const auto& entry : std::filesystem::directory_iterator(folder))
     if (entry.path().filename().string().find(".tmp-") != std::string::npos) ++count;
   return count;
+}
+
+void require_refused(const std::string& args, const std::string& message,
+                     const std::filesystem::path& not_written) {
+  const auto r = run_hils(args);
+  INFO(args + "\n" + r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains(message));
+  CHECK_FALSE(std::filesystem::exists(not_written));
 }
 
 }  // namespace hils::test

@@ -28,6 +28,10 @@ struct CommandResult {
 // Runs the hils executable with `args` (a shell-quoted string) and returns its exit code and
 // output.
 CommandResult run_hils(const std::string& args);
+// `hils <args>` is refused as bad input: exit 2, the output holds `message`, and the output
+// file `not_written` does not exist (Catch2 checks; the command and output are reported).
+void require_refused(const std::string& args, const std::string& message,
+                     const std::filesystem::path& not_written);
 // Runs a shell command line as given (sh -c), output and exit code as run_hils.
 CommandResult run_shell(const std::string& command);
 

@@ -29,11 +29,7 @@ fs::path write_small(const TempDir& dir) {
 
 // `hils <args>`: exit 2, the output holds `message`, and dir/out.h5 was not written.
 void require_refused(const TempDir& dir, const std::string& args, const std::string& message) {
-  const auto r = run_hils(args);
-  INFO(args + "\n" + r.output);
-  CHECK(r.exit_code == 2);
-  CHECK_THAT(r.output, Catch::Contains(message));
-  CHECK_FALSE(fs::exists(dir / "out.h5"));
+  hils::test::require_refused(args, message, dir / "out.h5");
 }
 
 }  // namespace

@@ -20,11 +20,7 @@ std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
 
 // Runs `hils -q <command>` into dir/f.h5 and checks exit 2, `message` and that no file exists.
 void require_refused(const TempDir& dir, const std::string& command, const std::string& message) {
-  auto r = run_hils("-q " + command + " --out " + q(dir / "f.h5"));
-  INFO(command + "\n" + r.output);
-  CHECK(r.exit_code == 2);
-  CHECK_THAT(r.output, Catch::Contains(message));
-  CHECK_FALSE(fs::exists(dir / "f.h5"));
+  hils::test::require_refused("-q " + command + " --out " + q(dir / "f.h5"), message, dir / "f.h5");
 }
 
 }  // namespace
