@@ -1042,6 +1042,13 @@ Verdict verify(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
   const auto selection = compare_selection(ctx, kernel, verdict.selection);
   compare_fused(ctx, kernel, selection, verdict);
   compare_backward(ctx, kernel, verdict);
+  // A prior the spec does not read: the kernel's author may think it was used.
+  const bool reads_prior = spec.needs_prior() && (spec.prior_rule == PriorRule::shared ||
+                                                  spec.prior_rule == PriorRule::given);
+  if (!inputs.prior.empty() && !reads_prior)
+    verdict.not_compared.push_back("inputs/prior (the spec's prior rule " +
+                                   to_string(spec.prior_rule) + " with key rule " +
+                                   to_string(spec.key_rule) + " does not read it)");
   verdict.passed = verdict.selection.passed;
   for (const auto& t : verdict.tensors) verdict.passed = verdict.passed && t.passed;
   if (verdict.tensors.empty() && !verdict.selection.compared) {

@@ -1,5 +1,7 @@
 #include "config/spec_codec.hpp"
 
+#include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "hils/spec_fields.hpp"
@@ -32,6 +34,11 @@ std::string found_text(const nlohmann::json& value) {
 
 int64_t get_int(const nlohmann::json& object, const std::string& key, const std::string& where) {
   const auto& value = object.at(key);
+  // JSON integers above int64's range arrive unsigned: get<int64_t> would wrap them.
+  if (value.is_number_unsigned() &&
+      value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    throw InvalidArgument(where + "." + key + ": expected an integer within int64's range, got " +
+                          found_text(value));
   if (value.is_number_integer()) return value.get<int64_t>();
   // TOML integers arrive as integers; allow 64.0 written as a float only when integral.
   if (value.is_number_float() && value.get<double>() == static_cast<int64_t>(value.get<double>()))

@@ -251,6 +251,9 @@ std::string read_string_attribute(const std::filesystem::path& file, const H5::H
   H5::DataType type = attribute.getDataType();
   if (type.getClass() != H5T_STRING)
     fail(file, object_name + " attribute " + name, "a string", type_text(type));
+  if (const hssize_t n = attribute.getSpace().getSimpleExtentNpoints(); n != 1)
+    fail(file, object_name + " attribute " + name, "one string",
+         "an array of " + std::to_string(n) + " strings");
   H5::StrType str_type = attribute.getStrType();
   std::string value;
   attribute.read(str_type.isVariableStr() ? utf8_string_type() : str_type, value);

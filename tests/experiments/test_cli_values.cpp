@@ -7,8 +7,12 @@
 
 #include <fstream>
 #include <string>
+#include <vector>
+
+#include <H5Cpp.h>
 
 #include "io/activation_file.hpp"
+#include "io/hdf5_util.hpp"
 #include "support.hpp"
 
 using hils::test::run_hils;
@@ -89,4 +93,78 @@ TEST_CASE("a config path that is a folder or a FIFO says so", "[cli][values]") {
                   "folder.toml: expected a TOML configuration file, found a folder");
   require_refused(dir, "dump synthetic -c " + q(dir / "fifo.toml") + " -o " + q(dir / "out.h5"),
                   "fifo.toml: expected a TOML configuration file, found a FIFO, socket or device");
+}
+
+namespace {
+
+// A minimal verify file (data/verify_format.md): `spec` over T = 4, d = dv = 2, one head, the
+// kernel's o; `extra` adds to it (root group, /inputs, /outputs).
+template <class Extra>
+void write_verify_file(const fs::path& path, const std::string& spec, Extra extra) {
+  H5::H5File file(path.string(), H5F_ACC_TRUNC);
+  H5::Group root = file.openGroup("/");
+  hils::io::write_attribute(root, "format", std::string("hils-verify"));
+  hils::io::write_attribute(root, "format_version", int64_t{1});
+  if (!spec.empty()) hils::io::write_attribute(root, "spec", spec);
+  hils::io::write_attribute(root, "input_precision", std::string("fp32"));
+  H5::Group inputs = file.createGroup("inputs"), outputs = file.createGroup("outputs");
+  const std::vector<double> x = {0.5, -1, 0.25, 2, -0.5, 1, 0, 0.75};
+  for (const char* name : {"q", "k", "v"})
+    hils::io::write_doubles(inputs, name, x.data(), {1, 4, 2}, false);
+  hils::io::write_doubles(outputs, "o", x.data(), {1, 4, 2}, false);
+  extra(root, inputs, outputs);
+}
+
+}  // namespace
+
+TEST_CASE("hils verify: values its reader used to misread are refused or named", "[cli][values]") {
+  TempDir dir("verify_values");
+  const auto path = dir / "dump.h5";
+  auto verify = [&](const std::string& flags = "") { return run_hils("verify " + flags + q(path)); };
+  // The spec as an array of two strings: the first was used, silently.
+  write_verify_file(path, "", [](H5::Group& root, H5::Group&, H5::Group&) {
+    const char* specs[2] = {R"({"preset": "full", "S": 2})", R"({"preset": "nsa"})"};
+    const hsize_t two = 2;
+    root.createAttribute("spec", H5::StrType(H5::PredType::C_S1, H5T_VARIABLE),
+                         H5::DataSpace(1, &two))
+        .write(H5::StrType(H5::PredType::C_S1, H5T_VARIABLE), specs);
+  });
+  auto r = verify();
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("attribute spec: expected one string, found an array of 2"));
+  // K above int64's range arrived wrapped ("got -1").
+  write_verify_file(path, R"({"preset": "nsa", "S": 2, "K": 18446744073709551615})",
+                    [](H5::Group&, H5::Group&, H5::Group&) {});
+  r = verify();
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("spec.K: expected an integer within int64's range, got "
+                                       "number 18446744073709551615"));
+  // A selection index beyond int32 was "expected chunk indices >= -1".
+  write_verify_file(path, R"({"preset": "nsa", "S": 2, "K": 1})",
+                    [](H5::Group&, H5::Group&, H5::Group& outputs) {
+                      const std::vector<int64_t> selection = {-1, -1, 0, int64_t{1} << 40};
+                      hils::io::write_int64s(outputs, "selection", selection.data(), {1, 4, 1});
+                    });
+  r = verify();
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("expected chunk indices from -1 (padding) to 2147483647 "
+                                       "(int32), found 1099511627776"));
+  // A prior the spec's rule does not read passed without a word; now named (--strict: exit 2).
+  // The kernel's output here is its selection alone: no candidate beyond the window, all -1.
+  write_verify_file(path, R"({"preset": "nsa", "S": 2, "K": 1})",
+                    [](H5::Group&, H5::Group& inputs, H5::Group& outputs) {
+                      const std::vector<double> prior = {1, 2, 3, 4};
+                      hils::io::write_doubles(inputs, "prior", prior.data(), {1, 2, 2}, false);
+                      outputs.unlink("o");
+                      const std::vector<int64_t> none = {-1, -1, -1, -1};
+                      hils::io::write_int64s(outputs, "selection", none.data(), {1, 4, 1});
+                    });
+  r = verify();
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("not compared: inputs/prior (the spec's prior rule"));
+  CHECK(verify("--strict ").exit_code == 2);
 }

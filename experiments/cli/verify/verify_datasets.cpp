@@ -56,7 +56,8 @@ std::vector<IndexMatrix> read_selection(const fs::path& file, const H5::Group& r
     for (Eigen::Index i = 0; i < m.size(); ++i) {
       const int64_t value = data[g * rows * cols + i];
       if (value < -1 || value > std::numeric_limits<int32_t>::max())
-        io::fail(file, name, "chunk indices >= -1", std::to_string(value));
+        io::fail(file, name, "chunk indices from -1 (padding) to 2147483647 (int32)",
+                 std::to_string(value));
       m.data()[i] = static_cast<int32_t>(value);
     }
     heads.push_back(std::move(m));
