@@ -71,6 +71,13 @@ def main():
     peaked = run(lib, qp, k, v, qrp, W)
     write(os.path.join(args.out, "verify_hils_peaked.h5"), spec, qp, k, v, qrp, peaked,
           "hils::gpu v2 packed bf16, peaked queries")
+    # The same two problems through the other sparse stage (gpu/NOTES.md, sparse v5).
+    hc.set_sparse(lib, "atomic_v5")
+    for name, (qq, qr) in (("verify_hils_sparse_v5.h5", (q, q_retrieval)),
+                           ("verify_hils_peaked_sparse_v5.h5", (qp, qrp))):
+        write(os.path.join(args.out, name), spec, qq, k, v, qr, run(lib, qq, k, v, qr, W),
+              "hils::gpu v2 packed bf16, sparse stage atomic_v5")
+    hc.set_sparse(lib, "chunked_v4")
     shifted = run(lib, q, k, v, q_retrieval, W + S)
     write(os.path.join(args.out, "verify_shifted_window.h5"), spec, q, k, v, q_retrieval, shifted,
           "hils::gpu v2 packed bf16, run with W + S (broken on purpose)")

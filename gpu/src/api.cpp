@@ -118,6 +118,8 @@ void validate(const MechanismSpec& spec, const Shape& shape, const DeviceInputs&
 
 void set_packed_kernels(bool enabled) { g_packed_kernels = enabled; }
 void set_sparse_segment_queries(int64_t queries) { detail::set_sparse_segment_queries(queries); }
+void set_sparse_kernel(SparseKernel kernel) { detail::set_sparse_kernel(kernel); }
+SparseKernel sparse_kernel() { return detail::sparse_kernel(); }
 bool packed_kernels() { return g_packed_kernels; }
 
 void window_attention(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,

@@ -149,6 +149,27 @@ int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const
   });
 }
 
+int hils_gpu_set_sparse_kernel(int32_t sparse_kernel) {
+  if (sparse_kernel < 0 || sparse_kernel > 1) {
+    g_last_error = "sparse_kernel: expected 0 (chunked_v4) or 1 (atomic_v5), got " +
+                   std::to_string(sparse_kernel);
+    return 2;
+  }
+  hils::gpu::set_sparse_kernel(static_cast<hils::gpu::SparseKernel>(sparse_kernel));
+  g_last_error.clear();
+  return 0;
+}
+
+int hils_gpu_set_sparse_segment_queries(int64_t queries) {
+  if (queries < 0) {
+    g_last_error = "queries: expected >= 0, got " + std::to_string(queries);
+    return 2;
+  }
+  hils::gpu::set_sparse_segment_queries(queries);
+  g_last_error.clear();
+  return 0;
+}
+
 int hils_gpu_fuse(const hils_gpu_problem* p, const int32_t* selection,
                   const float* selected_score, const float* o_swa, const float* lse_swa,
                   float* o, float* lse, void* stream) {

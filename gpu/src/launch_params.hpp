@@ -78,7 +78,10 @@ bool chunked_fuse_applies(const LaunchParams& p);
 void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
                          const float* selected_score, const float* o_swa, const float* lse_swa,
                          float* o, float* lse, cudaStream_t stream);
-// Queries per segment of the chunk-major fusion (0: from its 1 GiB scratch budget).
+// Queries per segment of the chunk-major fusion (0: from its scratch or L2 budget).
 void set_sparse_segment_queries(int64_t queries);
+// The chunk-major variant launch_fuse_chunked runs (hils::gpu::set_sparse_kernel).
+void set_sparse_kernel(SparseKernel kernel);
+SparseKernel sparse_kernel();
 
 }  // namespace hils::gpu::detail

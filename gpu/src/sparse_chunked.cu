@@ -10,6 +10,13 @@
 //
 // Kernels per segment: count pairs per chunk -> exclusive scans (pairs, items) -> scatter the
 // pairs into buckets -> one block per item (a chunk and up to 512/G of its pairs) -> reduce.
+//
+// SparseKernel::atomic_v5 (gpu/NOTES.md "sparse v5") drops the fp16 scratch and the reduce: the
+// fusion weights depend only on the selected scores and lse_swa, so a first kernel per segment
+// forms each row's fusion softmax (m, 1 / l), writes lse and starts o at its window term, and
+// the chunk kernel adds w_c * o_c of every (row, slot) into o in fp32 with vector reductions
+// (red.global.add.v2.f32). Segments are sized so that the segment's o and q stay in L2. The sum
+// order of the reductions varies from run to run, so o varies in its last bits (fp32 rounding).
 #include <cuda_fp16.h>
 
 #include "launch_params.hpp"
@@ -21,6 +28,7 @@ namespace {
 constexpr int kScanThreads = 1024;
 constexpr int kReduceWarps = 8;
 int64_t g_segment_queries = 0;  // 0: choose from the scratch budget
+SparseKernel g_sparse_kernel = kDefaultSparseKernel;
 constexpr size_t kPartialBudget = size_t{1} << 30;  // bytes of fp16 partial outputs per segment
 
 // Pairs of one item: 512 / G, i.e. 32 slices of 16 rows (query, head).
@@ -85,11 +93,29 @@ __global__ void scatter_pairs_kernel(const int32_t* selection, int64_t T, int64_
 // the next slice's q rows stream into the warp's other stage (cp.async) while the current one
 // is computed (A fragments by ldmatrix), and results leave through the same stage as 16-byte
 // rows.
-template <int G>
+// Accumulating variant (kAccumulate, atomic_v5): instead of the fp16 rows, each row's w_c / l_c
+// times its P.V goes into o with fp32 reductions; w_c = exp(s_hat(c) - m) / l from `weights`.
+struct Accumulate {
+  const float* selected_score = nullptr;  // [Hq, T, K]
+  const float2* weights = nullptr;        // [Hq, seg]: (m, 1 / l) of the row's fusion softmax
+  float* o = nullptr;                     // [Hq, T, dv]
+};
+
+// o[0..1] += (a, b) in fp32 (one vector reduction on sm_90, two scalar ones before).
+__device__ __forceinline__ void red_add2(float* o, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(o), "f"(a), "f"(b) : "memory");
+#else
+  atomicAdd(o, a);
+  atomicAdd(o + 1, b);
+#endif
+}
+
+template <int G, bool kAccumulate>
 __global__ void __launch_bounds__(kPackedThreads)
     chunk_attention_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
                            const int32_t* offsets, const int32_t* items, const uint32_t* bucket,
-                           __half* partial) {
+                           __half* partial, Accumulate acc) {
   constexpr int kPairs = pairs_per_item<G>();
   __shared__ __align__(16) __nv_bfloat16 ks_tile[kTileDim][kTilePitch];
   __shared__ __align__(16) __nv_bfloat16 vs_tile[kTileDim][kTilePitch];
@@ -152,6 +178,23 @@ __global__ void __launch_bounds__(kPackedThreads)
     }
     __syncwarp();
     __nv_bfloat16(*stage)[kTilePitch] = q_stage[warp][buf];
+    // kAccumulate: the lane's two rows (lane / 4, + 8): their o row and fusion weight, loaded
+    // before the matrix work so that the latency hides behind it.
+    float* o_row[2] = {nullptr, nullptr};
+    float weight[2] = {0.0f, 0.0f};
+    if constexpr (kAccumulate) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int rr = 16 * s + lane / 4 + 8 * i;
+        if (rr / G >= n_pairs) continue;
+        const uint32_t entry = entries[rr / G];
+        const int64_t tl = entry >> 6, t = t0 + tl, slot = entry & 63u;
+        const int64_t h = g * G + rr % G;
+        const float2 w = acc.weights[h * seg + tl];
+        weight[i] = exp_diff(acc.selected_score[(h * p.T + t) * K + slot], w.x) * w.y;
+        o_row[i] = acc.o + (h * p.T + t) * kTileDim;
+      }
+    }
     uint32_t qa[4][4];
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
@@ -180,6 +223,18 @@ __global__ void __launch_bounds__(kPackedThreads)
 #pragma unroll
     for (int i = 0; i < 2; ++i) row_sum[i] = quad_sum(row_sum[i]);
     pv_tile(oc, sc, vs_tile);
+    if constexpr (kAccumulate) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if (o_row[i] == nullptr) continue;
+        const float f = weight[i] / row_sum[i];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+          red_add2(o_row[i] + nt * 8 + (lane % 4) * 2, oc[nt][2 * i] * f, oc[nt][2 * i + 1] * f);
+      }
+      __syncwarp();  // every lane's ldmatrix of this stage is done before it is refilled
+      continue;
+    }
     // Stage the normalised rows as fp16 in the q buffer (its q is consumed), then store each
     // 128-byte row with 16-byte writes.
     __syncwarp();
@@ -290,6 +345,60 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp)
   if (lane == 0) lse[row] = l > 0.0f ? m + __logf(l) : kNegInf;
 }
 
+// atomic_v5, one warp per (head, query) of the segment: the fusion softmax over [s_hat(c) for
+// selected c, lse_swa (, 0 with softmax1)] (Eq. 10): lse, weights (m, 1 / l) for the chunk
+// kernel, and o started at its window term o_swa * exp(lse_swa - m) / l.
+__global__ void __launch_bounds__(kReduceWarps * kWarp)
+    fusion_weights_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t seg,
+                          const int32_t* selection, const float* selected_score,
+                          const float* o_swa, const float* lse_swa, float2* weights, float* o,
+                          float* lse) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kReduceWarps + threadIdx.x / kWarp;
+  if (item >= p.Hq * tn) return;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t h = item / tn, tl = item % tn, t = t0 + tl, G = p.Hq / p.Hkv, g = h / G;
+  const int K = static_cast<int>(p.K);
+  const int32_t* sel = selection + (g * p.T + t) * K;
+  const float* score = selected_score + (h * p.T + t) * K;
+  float a[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int slot = lane + kWarp * i;
+    a[i] = slot < K && sel[slot] >= 0 ? score[slot] : kNegInf;
+  }
+  const int64_t row = h * p.T + t;
+  const float a_swa = lse_swa[row];
+  float m = warp_max(fmaxf(fmaxf(a[0], a[1]), a_swa));
+  if (p.softmax1) m = fmaxf(m, 0.0f);
+  float l = warp_sum(exp_diff(a[0], m) + exp_diff(a[1], m));
+  const float w_swa = exp_diff(a_swa, m);
+  l += w_swa;
+  if (p.softmax1) l += exp_diff(0.0f, m);
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  if (lane < kTileDim / 4) {
+    const float4 x = reinterpret_cast<const float4*>(o_swa + row * kTileDim)[lane];
+    const float f = w_swa * inv;
+    reinterpret_cast<float4*>(o + row * kTileDim)[lane] = make_float4(x.x * f, x.y * f, x.z * f, x.w * f);
+  }
+  if (lane == 0) {
+    weights[h * seg + tl] = make_float2(m, inv);
+    lse[row] = l > 0.0f ? m + __logf(l) : kNegInf;
+  }
+}
+
+// Queries per segment of atomic_v5: the segment's o (fp32) and q (bf16) rows in half the L2.
+int64_t accumulate_segment_queries(const LaunchParams& p) {
+  if (g_segment_queries > 0) return g_segment_queries < p.T ? g_segment_queries : p.T;
+  int device = 0, l2_bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device) != cudaSuccess || l2_bytes <= 0)
+    l2_bytes = 40 << 20;
+  const int64_t per_query = p.Hq * kTileDim * static_cast<int64_t>(sizeof(float) + sizeof(__nv_bfloat16));
+  int64_t seg = static_cast<int64_t>(l2_bytes) / 2 / per_query;
+  if (seg < 64) seg = 64;
+  return seg < p.T ? seg : p.T;
+}
+
 int64_t segment_queries(const LaunchParams& p) {
   if (g_segment_queries > 0) return g_segment_queries < p.T ? g_segment_queries : p.T;
   const int64_t per_query = p.Hq * p.K * kTileDim * static_cast<int64_t>(sizeof(__half));
@@ -300,28 +409,35 @@ int64_t segment_queries(const LaunchParams& p) {
 
 size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// The pool keeps freed memory reserved: the scratch is re-taken at every call.
+void keep_pool_reserved() {
+  static bool pool_configured = false;
+  if (pool_configured) return;
+  int device = 0;
+  cudaMemPool_t pool;
+  if (cudaGetDevice(&device) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+    uint64_t threshold = UINT64_MAX;
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
+  }
+  pool_configured = true;
+}
+
 template <int G>
 void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
                       const float* selected_score, const float* o_swa, const float* lse_swa,
-                      float* o, float* lse, cudaStream_t stream) {
+                      float* o, float* lse, SparseKernel kernel, cudaStream_t stream) {
   constexpr int kPairs = pairs_per_item<G>();
+  const bool accumulate = kernel == SparseKernel::atomic_v5;
   const int64_t nc = p.T / p.S, n_ch = p.Hkv * nc;
-  const int64_t seg = segment_queries(p);
+  const int64_t seg = accumulate ? accumulate_segment_queries(p) : segment_queries(p);
   const size_t counts_bytes = round_up((n_ch + 1) * sizeof(int32_t));
   const size_t bucket_bytes = round_up(static_cast<size_t>(p.Hkv * seg * p.K) * sizeof(uint32_t));
-  const size_t partial_bytes = round_up(static_cast<size_t>(p.Hq * seg * p.K * kTileDim) * sizeof(__half));
+  // chunked_v4: fp16 rows o_c [Hq, seg, K, 64]; atomic_v5: the rows' (m, 1 / l) [Hq, seg].
+  const size_t partial_bytes =
+      accumulate ? round_up(static_cast<size_t>(p.Hq * seg) * sizeof(float2))
+                 : round_up(static_cast<size_t>(p.Hq * seg * p.K * kTileDim) * sizeof(__half));
   const size_t total = 3 * counts_bytes + bucket_bytes + partial_bytes;
-  // Keep freed pool memory reserved: the scratch is re-taken at every call.
-  static bool pool_configured = false;
-  if (!pool_configured) {
-    int device = 0;
-    cudaMemPool_t pool;
-    if (cudaGetDevice(&device) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
-      uint64_t threshold = UINT64_MAX;
-      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
-    }
-    pool_configured = true;
-  }
+  keep_pool_reserved();
   char* scratch = nullptr;
   if (cudaMallocAsync(reinterpret_cast<void**>(&scratch), total, stream) != cudaSuccess) return;
   auto* counts = reinterpret_cast<int32_t*>(scratch);
@@ -329,10 +445,19 @@ void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
   auto* items = reinterpret_cast<int32_t*>(scratch + 2 * counts_bytes);
   auto* bucket = reinterpret_cast<uint32_t*>(scratch + 3 * counts_bytes);
   auto* partial = reinterpret_cast<__half*>(scratch + 3 * counts_bytes + bucket_bytes);
+  Accumulate acc;
+  if (accumulate)
+    acc = Accumulate{selected_score, reinterpret_cast<const float2*>(partial), o};
   cudaMemsetAsync(counts, 0, (n_ch + 1) * sizeof(int32_t), stream);
   for (int64_t t0 = 0; t0 < p.T; t0 += seg) {
     const int64_t tn = p.T - t0 < seg ? p.T - t0 : seg;
     const int64_t n_pairs = p.Hkv * tn * p.K;
+    const int64_t rows = p.Hq * tn;
+    const unsigned row_blocks = static_cast<unsigned>((rows + kReduceWarps - 1) / kReduceWarps);
+    if (accumulate)
+      fusion_weights_kernel<<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
+          p, t0, tn, seg, selection, selected_score, o_swa, lse_swa,
+          reinterpret_cast<float2*>(partial), o, lse);
     if (n_ch > 0 && n_pairs > 0) {
       const unsigned blocks = static_cast<unsigned>((n_pairs + 255) / 256);
       count_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, p.T, p.K, t0, tn, p.Hkv, nc, counts);
@@ -341,18 +466,21 @@ void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
                                                        offsets, counts, bucket);
       // Upper bound of the item count; blocks past the real count return at once.
       const int64_t max_items = (n_pairs + kPairs - 1) / kPairs + n_ch;
-      chunk_attention_kernel<G><<<static_cast<unsigned>(max_items), kPackedThreads, 0, stream>>>(
-          p, t0, seg, nc, offsets, items, bucket, partial);
+      if (accumulate)
+        chunk_attention_kernel<G, true><<<static_cast<unsigned>(max_items), kPackedThreads, 0, stream>>>(
+            p, t0, seg, nc, offsets, items, bucket, nullptr, acc);
+      else
+        chunk_attention_kernel<G, false><<<static_cast<unsigned>(max_items), kPackedThreads, 0, stream>>>(
+            p, t0, seg, nc, offsets, items, bucket, partial, acc);
       // The scatter's cursors end at the counts: zero them for the next segment.
       cudaMemsetAsync(counts, 0, (n_ch + 1) * sizeof(int32_t), stream);
     }
-    const int64_t rows = p.Hq * tn;
-    const unsigned reduce_blocks = static_cast<unsigned>((rows + kReduceWarps - 1) / kReduceWarps);
+    if (accumulate) continue;
     if (p.K <= 32)
-      reduce_kernel<8><<<reduce_blocks, kReduceWarps * kWarp, 0, stream>>>(
+      reduce_kernel<8><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
           p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, partial, o, lse);
     else
-      reduce_kernel<16><<<reduce_blocks, kReduceWarps * kWarp, 0, stream>>>(
+      reduce_kernel<16><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
           p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, partial, o, lse);
   }
   cudaFreeAsync(scratch, stream);
@@ -361,6 +489,8 @@ void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
 }  // namespace
 
 void set_sparse_segment_queries(int64_t queries) { g_segment_queries = queries; }
+void set_sparse_kernel(SparseKernel kernel) { g_sparse_kernel = kernel; }
+SparseKernel sparse_kernel() { return g_sparse_kernel; }
 
 bool chunked_fuse_applies(const LaunchParams& p) {
   // Bucket entries pack (t - t0) << 6 | slot into 32 bits; the scan counts in int32.
@@ -370,12 +500,13 @@ bool chunked_fuse_applies(const LaunchParams& p) {
 void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
                          const float* selected_score, const float* o_swa, const float* lse_swa,
                          float* o, float* lse, cudaStream_t stream) {
+  const SparseKernel kernel = g_sparse_kernel;
   switch (p.Hq / p.Hkv) {
-    case 1: return launch_chunked_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
-    case 2: return launch_chunked_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
-    case 4: return launch_chunked_g<4>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
-    case 8: return launch_chunked_g<8>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
-    default: return launch_chunked_g<16>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+    case 1: return launch_chunked_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
+    case 2: return launch_chunked_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
+    case 4: return launch_chunked_g<4>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
+    case 8: return launch_chunked_g<8>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
+    default: return launch_chunked_g<16>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
   }
 }
 

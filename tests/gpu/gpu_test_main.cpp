@@ -7,7 +7,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+
+#include "hils/gpu/attention.hpp"
 
 namespace {
 
@@ -19,6 +22,18 @@ std::string device_unusable_reason() {
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) return std::string("cudaGetDeviceCount: ") + cudaGetErrorString(err);
   if (count == 0) return "no CUDA device found";
+  return "";
+}
+
+// HILS_GPU_SPARSE_KERNEL=chunked_v4|atomic_v5 runs every test with that sparse stage as the
+// process default (gpu/NOTES.md); "" when set and valid or unset, else what is wrong.
+std::string apply_sparse_kernel_env() {
+  const char* name = std::getenv("HILS_GPU_SPARSE_KERNEL");
+  if (name == nullptr) return "";
+  const std::string value = name;
+  if (value == "chunked_v4") hils::gpu::set_sparse_kernel(hils::gpu::SparseKernel::chunked_v4);
+  else if (value == "atomic_v5") hils::gpu::set_sparse_kernel(hils::gpu::SparseKernel::atomic_v5);
+  else return "HILS_GPU_SPARSE_KERNEL: expected chunked_v4 or atomic_v5, got '" + value + "'";
   return "";
 }
 
@@ -36,6 +51,10 @@ int main(int argc, char** argv) {
       std::printf("SKIPPED: no usable GPU (%s)\n", reason.c_str());
       return kSkipReturnCode;
     }
+  }
+  if (std::string problem = apply_sparse_kernel_env(); !problem.empty()) {
+    std::fprintf(stderr, "%s\n", problem.c_str());
+    return 2;
   }
   return session.run();
 }

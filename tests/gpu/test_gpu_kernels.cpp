@@ -28,6 +28,16 @@ struct KernelRun {
   std::vector<std::string> guard_problems;
 };
 
+const char* sparse_name(hils::gpu::SparseKernel kernel) {
+  return kernel == hils::gpu::SparseKernel::atomic_v5 ? "atomic_v5" : "chunked_v4";
+}
+// The chunk-major sparse stage that is not the process's current one.
+hils::gpu::SparseKernel other_sparse_kernel() {
+  return hils::gpu::sparse_kernel() == hils::gpu::SparseKernel::atomic_v5
+             ? hils::gpu::SparseKernel::chunked_v4
+             : hils::gpu::SparseKernel::atomic_v5;
+}
+
 hils::gpu::Shape shape_of(const AttentionInputs<double>& in) {
   return {in.T(), in.Hq(), in.Hkv(), in.d(), in.dv()};
 }
@@ -193,6 +203,13 @@ TEST_CASE("gpu packed tensor-core kernels against the reference", "[gpu]") {
                               std::string(c.name) + (packed ? " packed" : " simt")));
       }
       hils::gpu::set_packed_kernels(true);
+      // The other chunk-major sparse stage (the current one ran above).
+      const auto current = hils::gpu::sparse_kernel(), other = other_sparse_kernel();
+      hils::gpu::set_sparse_kernel(other);
+      INFO("case " << c.name << " preset " << preset << " packed, " << sparse_name(other));
+      CHECK(check_mechanism(spec, inputs, DType::bf16,
+                            std::string(c.name) + " packed " + sparse_name(other)));
+      hils::gpu::set_sparse_kernel(current);
     }
   }
 }
@@ -222,12 +239,19 @@ TEST_CASE("gpu packed sparse stage in segments, softmax1 and group rules", "[gpu
     for (const MechanismSpec& preset : {base, softmax1, sum_prob, max_raw}) {
       const MechanismSpec spec = hils::cases::with_case_geometry(preset, c);
       if (!reference_accepts(spec, inputs)) continue;
-      for (int64_t segment : {int64_t{0}, int64_t{257}}) {
-        hils::gpu::set_sparse_segment_queries(segment);
-        INFO("case " << c.name << " spec " << spec.name << " segment " << segment);
-        CHECK(check_mechanism(spec, inputs, DType::bf16,
-                              std::string(c.name) + " segment " + std::to_string(segment)));
+      const auto current = hils::gpu::sparse_kernel();
+      for (auto kernel : {hils::gpu::SparseKernel::chunked_v4, hils::gpu::SparseKernel::atomic_v5}) {
+        hils::gpu::set_sparse_kernel(kernel);
+        for (int64_t segment : {int64_t{0}, int64_t{257}}) {
+          hils::gpu::set_sparse_segment_queries(segment);
+          INFO("case " << c.name << " spec " << spec.name << " " << sparse_name(kernel)
+                       << " segment " << segment);
+          CHECK(check_mechanism(spec, inputs, DType::bf16,
+                                std::string(c.name) + " " + sparse_name(kernel) + " segment " +
+                                    std::to_string(segment)));
+        }
       }
+      hils::gpu::set_sparse_kernel(current);
       hils::gpu::set_sparse_segment_queries(0);
     }
   }

@@ -42,6 +42,11 @@ int hils_gpu_select(const hils_gpu_problem* p, const float* key, const float* bi
 int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const float* key,
                          const float* bias, const float* exact, const float* lse_swa,
                          int32_t* selection, float* selected_score, void* stream);
+/* The sparse stage of hils_gpu_fuse / hils_gpu_run on the packed shapes, process-wide:
+   0 = chunked_v4 (the default), 1 = atomic_v5 (gpu/NOTES.md). Returns 2 for another value. */
+int hils_gpu_set_sparse_kernel(int32_t sparse_kernel);
+/* Queries per segment of that stage; 0 (default) sizes it from its budget. 2 when negative. */
+int hils_gpu_set_sparse_segment_queries(int64_t queries);
 int hils_gpu_fuse(const hils_gpu_problem* p, const int32_t* selection,
                   const float* selected_score, const float* o_swa, const float* lse_swa,
                   float* o, float* lse, void* stream);

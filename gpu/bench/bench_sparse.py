@@ -1,0 +1,106 @@
+"""The sparse stage alone (hils_gpu_fuse on the packed path) in the benchmark geometry of
+bench_hils.py, each chunk-major version and segment size on the same inputs, with the dense bf16
+matmul rate of the same run; and the largest difference of each version's o and lse from
+chunked_v4's (the versions compute the same fusion, Eq. 10, in another order).
+
+Inputs are bench_hils.py's: random normal q, k, v (bf16), so adjacent queries' selections barely
+overlap. --profile VARIANT runs one version once between cudaProfilerStart/Stop (Nsight Compute).
+"""
+import argparse
+import json
+import sys
+
+import torch
+
+sys.path.insert(0, __import__("os").path.dirname(__file__))
+import hils_ctypes as hc  # noqa: E402
+from bench_hils import HQ, HKV, D, S, K, W, dense_matmul_tflops, time_ms  # noqa: E402
+
+# (label, sparse kernel, queries per segment; 0 = the version's own choice)
+VARIANTS = [("v4", "chunked_v4", 0), ("v5", "atomic_v5", 0), ("v5_seg2048", "atomic_v5", 2048),
+            ("v5_seg8192", "atomic_v5", 8192), ("v5_seg16384", "atomic_v5", 16384)]
+
+
+def prepared_stages(lib, T, gen):
+    q = torch.randn(HQ, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    st = hc.Stages(lib, hc.make_problem(q, k, v, S, W, K, "hils"))
+    st.window()
+    st.summarize()
+    st.select()
+    torch.cuda.synchronize()
+    return (q, k, v), st
+
+
+def run_variant(lib, st, kernel, segment):
+    hc.set_sparse(lib, kernel, segment)
+    try:
+        ms = time_ms(st.fuse, warmup=1, reps=5)
+        st.o.fill_(float("nan"))
+        st.fuse()
+        torch.cuda.synchronize()
+        return ms, st.o.clone(), st.lse.clone()
+    finally:
+        hc.set_sparse(lib, "chunked_v4", 0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--T", type=int, nargs="+", default=[131072, 524288])
+    ap.add_argument("--out", default="bench_sparse.json")
+    ap.add_argument("--profile", metavar="VARIANT", help="a VARIANTS label, for Nsight Compute")
+    args = ap.parse_args()
+    lib = hc.Library(args.lib)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(1234)
+    if args.profile:
+        # One variant (a VARIANTS label), warmed up, then once between profiler start and stop.
+        _, kernel, segment = next(v for v in VARIANTS if v[0] == args.profile)
+        _, st = prepared_stages(lib, args.T[0], gen)
+        hc.set_sparse(lib, kernel, segment)
+        st.fuse()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        st.fuse()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        hc.set_sparse(lib, "chunked_v4", 0)
+        print(f"profiled the sparse stage {args.profile} at T = {args.T[0]}")
+        return
+    peak = dense_matmul_tflops()
+    print(f"device: {torch.cuda.get_device_name()}  dense bf16 matmul {peak:.0f} TFLOP/s")
+    rows = []
+    for T in args.T:
+        _, st = prepared_stages(lib, T, gen)
+        selected = int((st.selection >= 0).sum().item())
+        flops = selected * (HQ // HKV) * 4 * (S - 1) * D
+        base_o = base_lse = None
+        for label, kernel, segment in VARIANTS:
+            if segment > T:
+                continue
+            ms, o, lse = run_variant(lib, st, kernel, segment)
+            if base_o is None:
+                base_o, base_lse = o, lse
+            tflops = flops / (ms * 1e-3) / 1e12
+            row = dict(T=T, variant=label, kernel=kernel, segment=segment, ms=ms, tflops=tflops,
+                       pct_matmul=100 * tflops / peak,
+                       o_nan=int(torch.isnan(o).sum().item()),
+                       o_maxdiff=float((o - base_o).abs().max().item()),
+                       o_maxabs=float(base_o.abs().max().item()),
+                       lse_maxdiff=float((lse - base_lse).abs().max().item()))
+            rows.append(row)
+            print(f"T={T:>7} {label:12s} {ms:8.2f} ms  {tflops:6.1f} TFLOP/s  "
+                  f"{row['pct_matmul']:5.1f}% of matmul  o NaN {row['o_nan']}  |o - o_v4| max "
+                  f"{row['o_maxdiff']:.3g} (max |o| {row['o_maxabs']:.3g})  |lse - lse_v4| max "
+                  f"{row['lse_maxdiff']:.3g}", flush=True)
+        del st
+        torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), matmul_tflops=peak, rows=rows), f,
+                  indent=1)
+
+
+if __name__ == "__main__":
+    main()
