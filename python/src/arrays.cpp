@@ -105,13 +105,29 @@ std::vector<Vector<double>> vectors_from_array(const std::string& name, const py
   return heads;
 }
 
+namespace {
+
+// An integer array a (any integer dtype) -> its values as int64; uint64 values above int64's
+// range are refused (numpy's cast would wrap them to negatives).
+IntArray int64s_of(const std::string& name, const py::array& a) {
+  if (a.dtype().kind() == 'u' && a.itemsize() == 8 && a.size() > 0) {
+    const auto top = py::cast<uint64_t>(a.attr("max")());
+    if (top > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      throw py::value_error(message(name, "values within int64's range", std::to_string(top)));
+  }
+  const IntArray d = IntArray::ensure(a);
+  if (!d) throw py::type_error(message(name, "values convertible to int64", "an array that is not"));
+  return d;
+}
+
+}  // namespace
+
 std::vector<IndexMatrix> selection_from_array(const std::string& name, const py::handle& object) {
   // [Hkv x Tq x K] integer array -> Hkv index matrices; indices must fit int32 and be >= -1.
   const py::array a = require_array(name, object);
   require_kind(name, a, true);
   require_dims(name, a, {{-1, -1, -1}, "(KV groups, queries, K)"});
-  const IntArray d = IntArray::ensure(a);
-  if (!d) throw py::type_error(message(name, "values convertible to int64", "an array that is not"));
+  const IntArray d = int64s_of(name, a);
   const auto rows = static_cast<Eigen::Index>(d.shape(1)), cols = static_cast<Eigen::Index>(d.shape(2));
   std::vector<IndexMatrix> heads;
   for (py::ssize_t g = 0; g < d.shape(0); ++g) {
@@ -119,7 +135,8 @@ std::vector<IndexMatrix> selection_from_array(const std::string& name, const py:
     for (Eigen::Index i = 0; i < m.size(); ++i) {
       const int64_t value = d.data()[g * rows * cols + i];
       if (value < -1 || value > std::numeric_limits<int32_t>::max())
-        throw py::value_error(message(name, "chunk indices >= -1", std::to_string(value)));
+        throw py::value_error(message(name, "chunk indices from -1 (padding) to 2147483647 (int32)",
+                                      std::to_string(value)));
       m.data()[i] = static_cast<int32_t>(value);
     }
     heads.push_back(std::move(m));
@@ -132,8 +149,7 @@ std::vector<int64_t> int64s_from_array(const std::string& name, const py::handle
   const py::array a = require_array(name, object);
   require_kind(name, a, true);
   require_dims(name, a, {{-1}, "(queries)"});
-  const IntArray d = IntArray::ensure(a);
-  if (!d) throw py::type_error(message(name, "values convertible to int64", "an array that is not"));
+  const IntArray d = int64s_of(name, a);
   return std::vector<int64_t>(d.data(), d.data() + d.size());
 }
 

@@ -122,7 +122,25 @@ def test_other_argument_errors(good):
     check(ValueError, lambda: hils.reference(SPEC, q, k, v, queries=np.zeros(0, np.int64)), "queries: expected at least one")
     sel = np.full((2, 131, 4), -5)
     check(ValueError, lambda: hils.verify(case_spec("naive_bsa", "gqa_group4"), q, k, v, {"selection": sel}),
-          'outputs["selection"]: expected chunk indices >= -1, found -5')
+          'outputs["selection"]: expected chunk indices from -1 (padding) to 2147483647 (int32), found -5')
+    # uint64 values beyond int64 were wrapped by numpy's cast ("got -1"); a huge max_messages
+    # (meaning all) was pybind11's "incompatible function arguments".
+    check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, queries=np.array([2**64 - 1], np.uint64)),
+          "queries: expected values within int64's range, found 18446744073709551615")
+    check(ValueError, lambda: hils.verify(case_spec("naive_bsa", "gqa_group4"), q, k, v,
+                                          {"selection": np.full((2, 131, 4), 2**63, np.uint64)}),
+          'outputs["selection"]: expected values within int64\'s range, found 9223372036854775808')
+    assert hils.verify(SPEC, q, k, v, out, max_messages=2**70).passed
+
+
+def test_a_prior_the_spec_does_not_read_is_named_as_not_compared(good):
+    # It passed without a word: the kernel's author may think the prior was used.
+    q, k, v, out = good
+    prior = np.ones((q.shape[0], 1, q.shape[2]), np.float32)
+    report = hils.verify(SPEC, q, k, v, out, prior=prior)
+    assert report.passed
+    assert report.not_compared == ["inputs/prior (the spec's prior rule landmark_query with key "
+                                   "rule exact does not read it)"]
 
 
 class MetaTensor:
