@@ -33,6 +33,10 @@ if __name__ == "__main__":
     import logging
     logging.getLogger("matplotlib").addFilter(
         lambda record: "MPLCONFIGDIR" not in record.getMessage())
+    # A results name that is not UTF-8 shows a box in the titles; one warning per figure
+    # about the missing glyph says nothing more.
+    import warnings
+    warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from (current )?font")
 
 import h5py
 import matplotlib
@@ -652,7 +656,8 @@ def main():
         os.makedirs(a.out, exist_ok=True)
         paths = draw(f, config, stem, a.out)
         if a.list:  # the caller (hils plot) prints the paths itself
-            with open(a.list, "w") as fh:
+            # surrogateescape: a results name that is not UTF-8 goes back to hils byte for byte
+            with open(a.list, "w", errors="surrogateescape") as fh:
                 fh.write("\n".join(paths) + "\n")
     except OutputError as e:
         print(e, file=sys.stderr)

@@ -124,6 +124,7 @@ std::string landmark_layout_text(const io::ActivationMeta& meta) {
   const auto first = std::find(meta.landmarks.begin(), meta.landmarks.end(), 1);
   const int64_t S = static_cast<int64_t>(first - meta.landmarks.begin()) + 1;
   if (!meta.landmarks_match(S)) return "landmark slots at other places";
+  if (2 * S > meta.T) return fmt::format("one landmark slot, at {} (S={})", S - 1, S);
   return fmt::format("landmark slots at {}, {}, ... (S={})", S - 1, 2 * S - 1, S);
 }
 

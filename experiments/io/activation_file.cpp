@@ -106,6 +106,9 @@ void write_heads(H5::Group& group, const std::string& name,
                     {heads.size(), static_cast<hsize_t>(rows), static_cast<hsize_t>(cols)},
                     as_float32);
   write_attribute(dataset, "meaning", meaning);
+  // Closed here, inside the write guard: a failed close (full disk) becomes FileError rather
+  // than a "DataSet::~DataSet - H5Dclose failed" line printed by the destructor.
+  dataset.close();
 }
 
 void write_layer(H5::H5File& file, const LayerActivations& layer, int64_t index,
@@ -131,6 +134,7 @@ void write_layer(H5::H5File& file, const LayerActivations& layer, int64_t index,
         {static_cast<hsize_t>(layer.hidden.rows()), static_cast<hsize_t>(layer.hidden.cols())},
         as_float32);
     write_attribute(dataset, "meaning", std::string("hidden state entering the layer [T, d_model]"));
+    dataset.close();  // see write_heads
   }
 }
 
@@ -147,17 +151,20 @@ void write_meta(H5::H5File& file, const ActivationMeta& meta) {
   write_attribute(file, "rotated", static_cast<int64_t>(meta.rotated ? 1 : 0));
   write_attribute(file, "rope_pairing", meta.rope_pairing);
   write_attribute(file, "rope_theta", meta.rope_theta);
-  write_attribute(file, "source", meta.source.dump());
+  write_attribute(file, "source", json_text(meta.source));
   const auto T = static_cast<hsize_t>(meta.T);
   // A copy of an H5File sliced to a Group has no valid id: write through the root group.
   H5::Group root = file.openGroup("/");
   auto positions = write_int64s(root, "position_ids", meta.position_ids.data(), {T});
   write_attribute(positions, "meaning", std::string("position id of every slot (for RoPE)"));
+  positions.close();  // see write_heads
   auto landmarks = write_uint8s(root, "landmarks", meta.landmarks.data(), {T});
   write_attribute(landmarks, "meaning", std::string("1 where the slot is a landmark slot"));
+  landmarks.close();
   if (!meta.tokens.empty()) {
     auto tokens = write_int32s(root, "tokens", meta.tokens.data(), {T});
     write_attribute(tokens, "meaning", std::string("token id of every slot, -1 at landmarks"));
+    tokens.close();
   }
 }
 

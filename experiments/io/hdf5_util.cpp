@@ -431,6 +431,10 @@ std::filesystem::path temp_name_for(const std::filesystem::path& final_path) {
 
 }  // namespace
 
+std::string json_text(const nlohmann::json& document) {
+  return document.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 void require_writable_folder(const std::filesystem::path& final_path) {
   if (final_path.empty() || final_path.filename().empty() || final_path.filename() == "." ||
       final_path.filename() == "..")

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <H5Cpp.h>
+#include <nlohmann/json.hpp>
 
 namespace hils::io {
 
@@ -51,6 +52,9 @@ int64_t read_int_attribute(const std::filesystem::path& file, const H5::H5Object
                            const std::string& object_name, const std::string& name);
 double read_double_attribute(const std::filesystem::path& file, const H5::H5Object& object,
                              const std::string& object_name, const std::string& name);
+// A JSON document as the text of an attribute: bytes that are not UTF-8 (a path or a name
+// from a non-UTF-8 file system) become U+FFFD instead of nlohmann's exception.
+std::string json_text(const nlohmann::json& document);
 // Writes (replacing an attribute of the same name).
 void write_attribute(H5::H5Object& object, const std::string& name, const std::string& value);
 void write_attribute(H5::H5Object& object, const std::string& name, int64_t value);

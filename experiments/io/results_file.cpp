@@ -34,7 +34,7 @@ constexpr const char* kCompleteUnits = "complete_units";
 void write_provenance(H5::H5File& file, const Provenance& provenance) {
   write_attribute(file, "format", std::string(kResultsFormat));
   write_attribute(file, "format_version", kResultsFormatVersion);
-  write_attribute(file, "config", provenance.config.dump());
+  write_attribute(file, "config", json_text(provenance.config));
   write_attribute(file, "hils_version", project_version());
   write_attribute(file, "git_commit", git_commit());
   // Seeds are 64-bit unsigned; HDF5 readers see the same bits as a signed int64, so the decimal
@@ -131,10 +131,12 @@ ResultsWriter ResultsWriter::resume(const std::filesystem::path& path,
     } catch (const nlohmann::json::exception&) {
       fail(path, "/ attribute config", "a JSON document", "\"" + text.substr(0, 60) + "\"");
     }
-    if (without_keys(config, ignore_keys) != without_keys(provenance.config, ignore_keys))
+    // This run's config as it would be stored (non-UTF-8 bytes of a path replaced alike).
+    const nlohmann::json current = nlohmann::json::parse(json_text(provenance.config));
+    if (without_keys(config, ignore_keys) != without_keys(current, ignore_keys))
       fail(path, "/ attribute config",
            "the configuration of this run (resuming must not mix experiments)",
-           without_keys(config, ignore_keys).dump());
+           json_text(without_keys(config, ignore_keys)));
     complete = read_complete_units(path, existing);
   }
   auto state = std::make_unique<State>(
@@ -314,7 +316,7 @@ void ResultsWriter::mark_complete(const std::string& unit) {
     state_->complete.push_back(key);
     if (!key.empty()) set_attribute(key, "complete", static_cast<int64_t>(1));
     H5::Group root = state_->file->openGroup("/");
-    write_attribute(root, kCompleteUnits, nlohmann::json(state_->complete).dump());
+    write_attribute(root, kCompleteUnits, json_text(nlohmann::json(state_->complete)));
   });
 }
 

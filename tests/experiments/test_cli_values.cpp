@@ -78,8 +78,8 @@ TEST_CASE("a mechanism name must be one results group", "[cli][values]") {
   // Each was accepted and wrote its layers under nested groups (/a/b/layer0) or at the root.
   for (const std::string name : {"a/b", "..", "x/../y"})
     require_refused(dir, run + " --name '" + name + "'",
-                    "mechanism name: expected a results group name (not empty, no '/', not . or "
-                    "..), got '" + name + "'");
+                    "mechanism name: expected a results group name (UTF-8, not empty, no '/', "
+                    "not . or ..), got '" + name + "'");
   std::ofstream(dir / "empty_name.toml") << "[[mechanism]]\npreset = \"full\"\nname = \"\"\n";
   require_refused(dir, run + " -c " + q(dir / "empty_name.toml"), "got ''");
 }
@@ -167,4 +167,37 @@ TEST_CASE("hils verify: values its reader used to misread are refused or named",
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Catch::Contains("not compared: inputs/prior (the spec's prior rule"));
   CHECK(verify("--strict ").exit_code == 2);
+}
+
+TEST_CASE("paths and names that are not UTF-8 are recorded and resumed", "[cli][values]") {
+  TempDir dir("not_utf8");
+  const auto acts = dir / "a\xff.h5", results = dir / "r\xff.h5";
+  REQUIRE(run_hils("-q dump synthetic -T 64 -S 16 -o " + q(acts)).exit_code == 0);
+  // The config attribute's JSON threw "invalid UTF-8 byte" (exit 3) for the input path.
+  const std::string run = "-q run " + q(acts) + " -o " + q(results) + " --landmarks true -S 16";
+  auto first = run_hils(run + " --preset full");
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  auto resumed = run_hils(run + " --preset full,swa --resume");
+  INFO(resumed.output);
+  CHECK(resumed.exit_code == 0);
+  CHECK_THAT(resumed.output, Catch::Contains("1 unit(s) computed, 1 already complete"));
+  CHECK(run_hils("info --json " + q(results)).exit_code == 0);
+  // A mechanism name names a results group and a unit of complete_units: it must be UTF-8.
+  require_refused(dir, "-q run " + q(acts) + " -o " + q(dir / "out.h5") +
+                           " --landmarks true -S 16 --preset full --name 'm\xff'",
+                  "mechanism name: expected a results group name (UTF-8");
+}
+
+TEST_CASE("a full disk while dumping activations is one message", "[cli][values]") {
+  TempDir dir("dump_full_disk");
+  // The activation writer's datasets were closed by their destructors, which printed
+  // "DataSet::~DataSet - H5Dclose failed" before the message.
+  auto r = hils::test::run_hils_with_file_limit(
+      "-q dump synthetic -T 512 -S 16 -o " + q(dir / "out.h5"), 10);
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("expected room to write the output, found File too large"));
+  CHECK_THAT(r.output, !Catch::Contains("H5Dclose"));
+  CHECK_FALSE(fs::exists(dir / "out.h5"));
 }

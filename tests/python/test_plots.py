@@ -337,3 +337,17 @@ def test_hils_plot_takes_any_path_and_reports_a_full_disk_as_bad_input(studies, 
     assert full.returncode == 2, full.stderr
     assert "expected a writable plot folder with room" in full.stderr
     assert "internal error" not in full.stderr
+
+
+def test_a_results_name_that_is_not_utf8_is_plotted(studies, tmp_path):
+    # The list of PNGs the script hands back to hils raised UnicodeEncodeError (a traceback,
+    # then "internal error: plotting failed"), and each title warned of a missing glyph.
+    hils = tool("HILS_CLI")
+    odd = os.fsencode(tmp_path) + b"/f\xff.h5"
+    shutil.copy(studies["fid1"], odd)
+    done = subprocess.run([hils, "plot", odd, "--out", os.fsencode(tmp_path) + b"/p\xff"],
+                          capture_output=True)
+    err = done.stderr.decode(errors="replace")
+    assert done.returncode == 0, err
+    assert "Traceback" not in err and "Glyph" not in err, err
+    assert list((tmp_path / os.fsdecode(b"p\xff")).glob("*.png"))

@@ -35,7 +35,8 @@ void run_info(const InfoOptions& o) {
   info::list_datasets(file.openGroup("/"), "", datasets);
   if (o.json) {
     report["datasets"] = datasets;
-    std::cout << report.dump(2) << "\n";
+    // A path or command line that is not UTF-8 is shown with U+FFFD, not an exception.
+    std::cout << report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     info::print_text(report, datasets);
   }

@@ -51,6 +51,16 @@ void apply_run_settings(RunPlan& plan, const nlohmann::json& o, const std::strin
           std::to_string(plan.last_queries));
 }
 
+// text -> whether it is valid UTF-8 (unit names go into the complete_units JSON attribute).
+bool is_utf8(const std::string& text) {
+  try {
+    (void)nlohmann::json(text).dump();
+    return true;
+  } catch (const nlohmann::json::type_error&) {
+    return false;
+  }
+}
+
 }  // namespace
 
 // flags -> the plan: TOML first, flags over it.
@@ -88,9 +98,9 @@ RunPlan make_plan(const RunFlags& f) {
   }
   for (const auto& spec : plan.mechanisms)  // the name is one group of the results file
     if (spec.name.empty() || spec.name == "." || spec.name == ".." ||
-        spec.name.find('/') != std::string::npos)
-      throw BadInput(fmt::format("mechanism name: expected a results group name (not empty, no "
-                                 "'/', not . or ..), got '{}'",
+        spec.name.find('/') != std::string::npos || !is_utf8(spec.name))
+      throw BadInput(fmt::format("mechanism name: expected a results group name (UTF-8, not "
+                                 "empty, no '/', not . or ..), got '{}'",
                                  spec.name));
   for (size_t i = 0; i < plan.mechanisms.size(); ++i)
     for (size_t j = 0; j < i; ++j)

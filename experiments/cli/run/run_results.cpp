@@ -7,6 +7,7 @@
 
 #include "cli/commands.hpp"
 #include "config/spec_codec.hpp"
+#include "io/hdf5_util.hpp"
 #include "parallel/session.hpp"
 
 namespace hils::cli::run_command {
@@ -50,7 +51,7 @@ RunResults::RunResults(const RunFlags& flags, const RunPlan& plan, io::Provenanc
     : lock_(flags.output, provenance.command),
       writer_(open(flags, plan, provenance)),
       sink_(writer_) {
-  if (resuming_) writer_.set_attribute("", "config", provenance.config.dump());
+  if (resuming_) writer_.set_attribute("", "config", io::json_text(provenance.config));
   writer_.set_attribute("", "mpi_ranks", static_cast<double>(parallel::ranks()));
 }
 

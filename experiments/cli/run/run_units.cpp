@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "config/spec_codec.hpp"
+#include "io/hdf5_util.hpp"
 
 namespace hils::cli::run_command {
 
@@ -57,7 +58,7 @@ std::vector<analysis::StudyUnit> list_units(const RunPlan& plan, const io::Activ
                          const MechanismSpec& spec = *mechanism;
                          auto inputs = inputs_for(spec, plan, meta, layers.get(l), input);
                          auto out = run_mechanism(spec, inputs, options);
-                         sink.set_attribute(spec.name, "spec", config::spec_to_json(spec).dump());
+                         sink.set_attribute(spec.name, "spec", io::json_text(config::spec_to_json(spec)));
                          sink.set_attribute(spec.name, "description", describe(spec));
                          write_unit(sink, path, out, options);
                        }});
