@@ -450,8 +450,14 @@ void require_writable_folder(const std::filesystem::path& final_path) {
   if (::access(folder.c_str(), W_OK) != 0)
     fail(final_path, "", "a writable output folder", "folder " + folder.string() +
                                                          " is not writable");
-  if (std::filesystem::is_directory(final_path, ec))
+  const auto status = std::filesystem::status(final_path, ec);
+  if (std::filesystem::is_directory(status))
     fail(final_path, "", "a file name for the output", "an existing folder");
+  // The output is written beside and renamed over its name: a device (/dev/null as root), FIFO
+  // or socket there would be replaced by a regular file.
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
+    fail(final_path, "", "a regular file or a new name for the output",
+         "a device, FIFO or socket (hils writes a new file and renames it over the name)");
 }
 
 

@@ -1,5 +1,5 @@
-// Values a user types that the `hils` tool must read as written or refuse by name (issue 8,
-// battery round 3): integers in base 10 and in range, sizes that overflow, duplicate layers,
+// Values a user types that the `hils` tool must read as written or refuse by name (the
+// battery's third round): integers in base 10 and in range, sizes that overflow, duplicate layers,
 // mechanism names that are not one results group, config paths that are not files.
 #include <catch2/catch.hpp>
 
@@ -200,4 +200,48 @@ TEST_CASE("a full disk while dumping activations is one message", "[cli][values]
   CHECK_THAT(r.output, Catch::Contains("expected room to write the output, found File too large"));
   CHECK_THAT(r.output, !Catch::Contains("H5Dclose"));
   CHECK_FALSE(fs::exists(dir / "out.h5"));
+}
+
+TEST_CASE("an output path that is a FIFO (or a device) is refused, not replaced", "[cli][values]") {
+  TempDir dir("output_device");
+  const auto acts = write_small(dir);
+  // A FIFO stands in for /dev/null: as root, `-o /dev/null` replaced the device node with a
+  // regular file (the writer renames its temporary file over the name). Never a real device
+  // here: a regression would destroy it.
+  const auto fifo = dir / "fifo.h5";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const std::string expected =
+      "expected a regular file or a new name for the output, found a device, FIFO or socket";
+  for (const std::string& command :
+       {"run " + q(acts) + " --preset full --landmarks true -S 8 -o " + q(fifo),
+        "dump synthetic -T 64 -o " + q(fifo),
+        "fidelity --lengths 1024 --layers 1 --queries 2 --out " + q(fifo)}) {
+    auto r = run_hils("-q " + command);
+    INFO(command + "\n" + r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains(expected));
+    CHECK(fs::is_fifo(fifo));
+  }
+}
+
+TEST_CASE("a study's lists are not empty and its overlap blocks fit the tail", "[cli][values]") {
+  TempDir dir("study_lists");
+  auto refused = [&](const std::string& study, const std::string& toml,
+                     const std::string& message) {
+    std::ofstream(dir / "c.toml") << toml;
+    require_refused(dir, "-q " + study + " --lengths 1024 --layers 1 --queries 2 -c " +
+                             q(dir / "c.toml") + " --out " + q(dir / "out.h5"),
+                    message);
+  };
+  // Each ran: a block of 99999999 queries gave NaN overlaps, empty lists ran nothing of that part.
+  refused("overlap", "[overlap]\nblock_sizes = [4, 99999999]\n",
+          "[overlap].block_sizes: expected block sizes of at most tail_queries = 256, got 99999999");
+  refused("overlap", "[overlap]\ntail_queries = 8\nblock_sizes = [1, 2]\nfinal_block = 16\n",
+          "[overlap].final_block: expected at most tail_queries = 8, got 16");
+  refused("overlap", "[overlap]\nblock_sizes = []\n",
+          "[overlap].block_sizes: expected at least one block size, got []");
+  refused("extrapolate", "[extrapolation]\nencodings = []\n",
+          "[extrapolation].encodings: expected at least one positional encoding, got []");
+  refused("fidelity", "[study]\nmechanisms = []\n",
+          "[study].mechanisms: expected at least one mechanism, got []");
 }

@@ -1,4 +1,4 @@
-"""Attention "kernels" written in numpy float32 from reference/SEMANTICS.md, as a kernel author
+"""Attention "kernels" written in numpy float32 from reference/SEMANTICS.md §2-5, as a kernel author
 would write them (dense T x T masks, no landmarks), with switches that plant the faults the
 oracle must catch. Arrays in the verify layout: q [Hq, T, d], k [Hkv, T, d], v [Hkv, T, dv]."""
 

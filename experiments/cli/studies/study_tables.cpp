@@ -7,11 +7,23 @@
 
 namespace hils::cli::studies {
 
+namespace {
+
+// BadInput when a list the study iterates over is empty: it would run nothing (or nothing of
+// that part) and still write a results file.
+template <class T>
+void require_some(const std::vector<T>& list, const std::string& where, const std::string& what) {
+  if (list.empty()) throw BadInput(where + ": expected at least one " + what + ", got []");
+}
+
+}  // namespace
+
 // The [study] and [overlap] settings: mechanisms, queries, scores, the overlap's blocks.
 void resolve_study_tables(Resolved& r, const StudyArgs& a, const config::ConfigValues& c) {
   r.mechanisms = c.texts("study", "mechanisms",
                          analysis::default_mechanism_names(r.geometry.landmarks));
   require_mechanism_names(r.mechanisms, r.prior.rule, c.where("study", "mechanisms"));
+  require_some(r.mechanisms, c.where("study", "mechanisms"), "mechanism");
   if (!a.mechanisms.empty()) r.mechanisms = a.mechanisms;
   require_mechanism_names(a.mechanisms, r.prior.rule, "--mechanisms");
   r.queries = a.queries ? *a.queries : c.integer("study", "queries", 32);
@@ -19,6 +31,15 @@ void resolve_study_tables(Resolved& r, const StudyArgs& a, const config::ConfigV
   r.tail_queries = c.integer("overlap", "tail_queries", 256, 1);
   r.block_sizes = c.integers("overlap", "block_sizes", r.block_sizes, 1);
   r.final_block = c.integer("overlap", "final_block", r.final_block, 1);
+  require_some(r.block_sizes, c.where("overlap", "block_sizes"), "block size");
+  // A block of M adjacent queries needs M of the tail's queries: a larger one gave NaN overlaps.
+  for (int64_t M : r.block_sizes)
+    require(M <= r.tail_queries, c.where("overlap", "block_sizes"),
+            "block sizes of at most tail_queries = " + std::to_string(r.tail_queries),
+            std::to_string(M));
+  require(r.final_block <= r.tail_queries, c.where("overlap", "final_block"),
+          "at most tail_queries = " + std::to_string(r.tail_queries),
+          std::to_string(r.final_block));
   r.overlap_mechanism = c.text("overlap", "mechanism", r.overlap_mechanism);
   require_mechanism_names({r.overlap_mechanism}, r.prior.rule, c.where("overlap", "mechanism"));
 }
@@ -28,6 +49,7 @@ void resolve_extrapolation_table(Resolved& r, const config::ConfigValues& c, boo
   const auto where = [&c](const char* key) { return c.where("extrapolation", key); };
   r.encodings = c.texts("extrapolation", "encodings", r.encodings);
   for (const auto& name : r.encodings) parse_positional_kind(name, where("encodings"));
+  require_some(r.encodings, where("encodings"), "positional encoding");
   r.train_length = c.integer("extrapolation", "train_length", model ? 128 : 1024, 1);
   r.theta = c.number("extrapolation", "theta", r.theta);
   require(std::isfinite(r.theta) && r.theta > 1.0, where("theta"),

@@ -1,5 +1,5 @@
-// Gradients of every mechanism with the selection held fixed (reference/SEMANTICS.md,
-// "Gradients"): streaming, blocked like the forward, the same bits for any thread count.
+// Gradients of every mechanism with the selection held fixed (reference/SEMANTICS.md
+// §6): streaming, blocked like the forward, the same bits for any thread count.
 #pragma once
 
 #include <vector>
