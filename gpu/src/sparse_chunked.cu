@@ -17,6 +17,13 @@
 // the chunk kernel adds w_c * o_c of every (row, slot) into o in fp32 with vector reductions
 // (red.global.add.v2.f32). Segments are sized so that the segment's o and q stay in L2. The sum
 // order of the reductions varies from run to run, so o varies in its last bits (fp32 rounding).
+//
+// SparseKernel::chunked_v6 (gpu/NOTES.md "sparse v6") is chunked_v4 with fewer instructions per
+// 16-row slice: the scan writes one descriptor per item (no binary search over the items), the
+// block turns its pairs into q rows and scratch rows once, each lane keeps the head pointers of
+// its four rows, the softmax takes one FFMA and one ex2 per score (scale and log2 e folded, the
+// landmark column masked in the one register that holds it), and the fp16 rows are staged with
+// stmatrix. Same scratch, same reduce.
 #include <cuda_fp16.h>
 
 #include "launch_params.hpp"
@@ -44,10 +51,17 @@ __global__ void count_pairs_kernel(const int32_t* selection, int64_t T, int64_t 
   if (c >= 0) atomicAdd(&counts[g * nc + c], 1);
 }
 
+// One item of the chunk kernel (chunked_v6): its chunk, its first pair in the buckets, its pairs.
+struct ItemDesc {
+  int32_t chunk, first, count, unused;
+};
+
 // Exclusive scans of counts (pair offsets) and of ceil(counts / per_item) (item offsets), one
 // block; resets counts to zero for the scatter's cursors. offsets/items have n + 1 entries.
+// With item_desc (chunked_v6), also each item's descriptor.
 __global__ void __launch_bounds__(kScanThreads)
-    scan_kernel(int32_t* counts, int64_t n, int per_item, int32_t* offsets, int32_t* items) {
+    scan_kernel(int32_t* counts, int64_t n, int per_item, int32_t* offsets, int32_t* items,
+                ItemDesc* item_desc) {
   __shared__ int32_t s_pairs[kScanThreads], s_items[kScanThreads];
   const int64_t per_thread = (n + kScanThreads - 1) / kScanThreads;
   const int64_t lo = threadIdx.x * per_thread;
@@ -68,6 +82,10 @@ __global__ void __launch_bounds__(kScanThreads)
   for (int64_t i = lo; i < hi; ++i) {
     const int32_t c = counts[i];
     offsets[i] = run_pairs, items[i] = run_items;
+    if (item_desc != nullptr)
+      for (int32_t done = 0, it = run_items; done < c; done += per_item, ++it)
+        item_desc[it] = ItemDesc{static_cast<int32_t>(i), run_pairs + done,
+                                 c - done < per_item ? c - done : per_item, 0};
     run_pairs += c, run_items += (c + per_item - 1) / per_item;
     counts[i] = 0;
   }
@@ -263,6 +281,147 @@ __global__ void __launch_bounds__(kPackedThreads)
   }
 }
 
+// Four 8x8 b16 matrices to shared memory (lanes 8i..8i+7 give the row addresses of matrix i;
+// each lane's register i holds its fragment of matrix i, as ldmatrix returns it).
+__device__ __forceinline__ void stmatrix_x4(void* row, uint32_t r0, uint32_t r1, uint32_t r2,
+                                            uint32_t r3) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// chunked_v6: one block per item descriptor (the scan's), the same work and output as
+// chunk_attention_kernel<G, false>. The block first turns its rows (pair x head, 16 per slice)
+// into their q element offsets and scratch rows in shared memory, so that a slice's copies and
+// stores cost one shared load per row; lane l copies and stores rows l / 8 + 4 j (j < 4) of a
+// slice, columns 8 (l % 8) .. + 7.
+template <int G>
+__global__ void __launch_bounds__(kPackedThreads)
+    chunk_attention_v6_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
+                              const int32_t* items, const ItemDesc* item_desc,
+                              const uint32_t* bucket, __half* partial) {
+  constexpr int kRows = pairs_per_item<G>() * G;  // 512
+  __shared__ __align__(16) __nv_bfloat16 ks_tile[kTileDim][kTilePitch];
+  __shared__ __align__(16) __nv_bfloat16 vs_tile[kTileDim][kTilePitch];
+  __shared__ __align__(16) __nv_bfloat16 q_stage[kWarpsPerBlock][2][16][kTilePitch];
+  __shared__ int64_t row_q[kRows];     // q element offset of the row; -1 past the pairs
+  __shared__ uint32_t row_out[kRows];  // its scratch row: (h seg + tl) K + slot
+  const int32_t item = static_cast<int32_t>(blockIdx.x);
+  const int32_t n_items = items[p.Hkv * nc];
+  const ItemDesc desc = item_desc[item];  // past n_items: zeros or another segment's, unused
+  if (item >= n_items) return;
+  const int64_t g = desc.chunk / nc, c = desc.chunk % nc;
+  const int n_pairs = desc.count, n_slices = (n_pairs * G + 15) / 16;
+  const int K = static_cast<int>(p.K);
+  const auto* k = static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim;
+  const auto* v = static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim;
+  load_tile_async(ks_tile, k, c * kTileDim, p.T);
+  load_tile_async(vs_tile, v, c * kTileDim, p.T);
+  cp_async_commit();
+  for (int rr = threadIdx.x; rr < 16 * n_slices; rr += kPackedThreads) {
+    const int e = rr / G;
+    const int64_t h = g * G + rr % G;
+    if (e < n_pairs) {
+      const uint32_t entry = bucket[desc.first + e];
+      const int64_t tl = entry >> 6;
+      row_q[rr] = (h * p.T + t0 + tl) * kTileDim;
+      row_out[rr] = static_cast<uint32_t>((h * seg + tl) * K + (entry & 63u));
+    } else {
+      row_q[rr] = -1;
+    }
+  }
+  cp_async_wait_all();
+  __syncthreads();
+
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int col = (lane % 8) * 8;
+  const auto* q = static_cast<const __nv_bfloat16*>(p.q) + col;
+  __half* out = partial + col;
+  // The warp's 16 q rows of slice s -> q_stage[warp][buf] (cp.async, zeros past the pairs).
+  auto issue_q = [&](int s, int buf) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t off = row_q[16 * s + lane / 8 + 4 * j];
+      cp_async16(&q_stage[warp][buf][lane / 8 + 4 * j][col], q + (off >= 0 ? off : 0), off >= 0);
+    }
+    cp_async_commit();
+  };
+  // Scores in base 2: p = 2^(s c - max(s) c) with c = scale log2 e > 0 (SEMANTICS §11.2: the
+  // scale is positive), the landmark key (column 63: lane % 4 == 3, registers [7][1], [7][3])
+  // masked.
+  const float c2 = p.scale * 1.4426950408889634f;
+  const bool mask_landmark = p.landmarks && lane % 4 == 3;
+  if (warp < n_slices) issue_q(warp, 0);
+  int it = 0;
+  for (int s = warp; s < n_slices; s += kWarpsPerBlock, ++it) {
+    const int buf = it & 1;
+    if (s + kWarpsPerBlock < n_slices) {
+      issue_q(s + kWarpsPerBlock, buf ^ 1);
+      cp_async_wait_one();
+    } else {
+      cp_async_wait_all();
+    }
+    __syncwarp();
+    __nv_bfloat16(*stage)[kTilePitch] = q_stage[warp][buf];
+    __nv_bfloat16* frag_row = stage[lane % 8 + 8 * ((lane / 8) % 2)] + 8 * (lane / 16);
+    uint32_t qa[4][4];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) ldmatrix_x4(qa[ks], frag_row + 16 * ks);
+    float sc[8][4], oc[8][4] = {};
+    qk_tile(sc, qa, ks_tile);
+    if (mask_landmark) sc[7][1] = sc[7][3] = kNegInf;
+    float row_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) row_max[e / 2] = fmaxf(row_max[e / 2], sc[nt][e]);
+    float neg_max[2], row_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) neg_max[i] = -quad_max(row_max[i]) * c2;  // finite: 63 keys
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[nt][e] = ex2_approx(fmaf(sc[nt][e], c2, neg_max[e / 2]));  // -inf -> 0
+        row_sum[e / 2] += sc[nt][e];
+      }
+    float inv[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) inv[i] = 1.0f / quad_sum(row_sum[i]);
+    pv_tile(oc, sc, vs_tile);
+    // The normalised rows as fp16 into the stage (its q is in registers), then 16-byte stores.
+    __syncwarp();
+#pragma unroll
+    for (int nt = 0; nt < 8; nt += 2)
+      stmatrix_x4(frag_row + 8 * nt,
+                  pack_half2(oc[nt][0] * inv[0], oc[nt][1] * inv[0]),
+                  pack_half2(oc[nt][2] * inv[1], oc[nt][3] * inv[1]),
+                  pack_half2(oc[nt + 1][0] * inv[0], oc[nt + 1][1] * inv[0]),
+                  pack_half2(oc[nt + 1][2] * inv[1], oc[nt + 1][3] * inv[1]));
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int rr = 16 * s + lane / 8 + 4 * j;
+      if (row_q[rr] >= 0)
+        *reinterpret_cast<uint4*>(out + static_cast<uint64_t>(row_out[rr]) * kTileDim) =
+            *reinterpret_cast<const uint4*>(&stage[lane / 8 + 4 * j][col]);
+    }
+    __syncwarp();  // the buffer is refilled by the prefetch two slices on
+  }
+}
+
 // One warp per (head, query) of the segment: softmax over [s_hat(c) for selected c, lse_swa
 // (, 0 with softmax1)] with values [o_c..., o_swa (, 0)]. Lane 8 j + part reads dims
 // 8 part .. 8 part + 7 of slots j, j + 4, ... with 16-byte loads, all issued before the sums.
@@ -428,15 +587,19 @@ void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
                       float* o, float* lse, SparseKernel kernel, cudaStream_t stream) {
   constexpr int kPairs = pairs_per_item<G>();
   const bool accumulate = kernel == SparseKernel::atomic_v5;
+  const bool described = kernel == SparseKernel::chunked_v6;
   const int64_t nc = p.T / p.S, n_ch = p.Hkv * nc;
   const int64_t seg = accumulate ? accumulate_segment_queries(p) : segment_queries(p);
+  // Upper bound of the item count of a segment; blocks past the real count return at once.
+  const int64_t max_items = (p.Hkv * seg * p.K + kPairs - 1) / kPairs + n_ch;
   const size_t counts_bytes = round_up((n_ch + 1) * sizeof(int32_t));
   const size_t bucket_bytes = round_up(static_cast<size_t>(p.Hkv * seg * p.K) * sizeof(uint32_t));
-  // chunked_v4: fp16 rows o_c [Hq, seg, K, 64]; atomic_v5: the rows' (m, 1 / l) [Hq, seg].
+  const size_t desc_bytes = described ? round_up(static_cast<size_t>(max_items) * sizeof(ItemDesc)) : 0;
+  // chunked_v4/v6: fp16 rows o_c [Hq, seg, K, 64]; atomic_v5: the rows' (m, 1 / l) [Hq, seg].
   const size_t partial_bytes =
       accumulate ? round_up(static_cast<size_t>(p.Hq * seg) * sizeof(float2))
                  : round_up(static_cast<size_t>(p.Hq * seg * p.K * kTileDim) * sizeof(__half));
-  const size_t total = 3 * counts_bytes + bucket_bytes + partial_bytes;
+  const size_t total = 3 * counts_bytes + bucket_bytes + desc_bytes + partial_bytes;
   keep_pool_reserved();
   char* scratch = nullptr;
   if (cudaMallocAsync(reinterpret_cast<void**>(&scratch), total, stream) != cudaSuccess) return;
@@ -444,11 +607,14 @@ void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
   auto* offsets = reinterpret_cast<int32_t*>(scratch + counts_bytes);
   auto* items = reinterpret_cast<int32_t*>(scratch + 2 * counts_bytes);
   auto* bucket = reinterpret_cast<uint32_t*>(scratch + 3 * counts_bytes);
-  auto* partial = reinterpret_cast<__half*>(scratch + 3 * counts_bytes + bucket_bytes);
+  auto* item_desc = described ? reinterpret_cast<ItemDesc*>(scratch + 3 * counts_bytes + bucket_bytes) : nullptr;
+  auto* partial = reinterpret_cast<__half*>(scratch + 3 * counts_bytes + bucket_bytes + desc_bytes);
   Accumulate acc;
   if (accumulate)
     acc = Accumulate{selected_score, reinterpret_cast<const float2*>(partial), o};
   cudaMemsetAsync(counts, 0, (n_ch + 1) * sizeof(int32_t), stream);
+  // Blocks past a segment's item count read a descriptor before they know it: never stale bytes.
+  if (described) cudaMemsetAsync(item_desc, 0, desc_bytes, stream);
   for (int64_t t0 = 0; t0 < p.T; t0 += seg) {
     const int64_t tn = p.T - t0 < seg ? p.T - t0 : seg;
     const int64_t n_pairs = p.Hkv * tn * p.K;
@@ -461,16 +627,19 @@ void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
     if (n_ch > 0 && n_pairs > 0) {
       const unsigned blocks = static_cast<unsigned>((n_pairs + 255) / 256);
       count_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, p.T, p.K, t0, tn, p.Hkv, nc, counts);
-      scan_kernel<<<1, kScanThreads, 0, stream>>>(counts, n_ch, kPairs, offsets, items);
+      scan_kernel<<<1, kScanThreads, 0, stream>>>(counts, n_ch, kPairs, offsets, items, item_desc);
       scatter_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, p.T, p.K, t0, tn, p.Hkv, nc,
                                                        offsets, counts, bucket);
-      // Upper bound of the item count; blocks past the real count return at once.
-      const int64_t max_items = (n_pairs + kPairs - 1) / kPairs + n_ch;
+      const int64_t seg_items = (n_pairs + kPairs - 1) / kPairs + n_ch;
+      const auto grid = static_cast<unsigned>(seg_items);
       if (accumulate)
-        chunk_attention_kernel<G, true><<<static_cast<unsigned>(max_items), kPackedThreads, 0, stream>>>(
+        chunk_attention_kernel<G, true><<<grid, kPackedThreads, 0, stream>>>(
             p, t0, seg, nc, offsets, items, bucket, nullptr, acc);
+      else if (described)
+        chunk_attention_v6_kernel<G><<<grid, kPackedThreads, 0, stream>>>(
+            p, t0, seg, nc, items, item_desc, bucket, partial);
       else
-        chunk_attention_kernel<G, false><<<static_cast<unsigned>(max_items), kPackedThreads, 0, stream>>>(
+        chunk_attention_kernel<G, false><<<grid, kPackedThreads, 0, stream>>>(
             p, t0, seg, nc, offsets, items, bucket, partial, acc);
       // The scatter's cursors end at the counts: zero them for the next segment.
       cudaMemsetAsync(counts, 0, (n_ch + 1) * sizeof(int32_t), stream);

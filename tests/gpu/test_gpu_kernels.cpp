@@ -5,12 +5,14 @@
 #include <cuda_runtime_api.h>
 
 #include <iostream>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "case_inputs.hpp"
 #include "device_support.hpp"
+#include "hils/gpu/c_api.h"
 
 namespace {
 
@@ -28,15 +30,7 @@ struct KernelRun {
   std::vector<std::string> guard_problems;
 };
 
-const char* sparse_name(hils::gpu::SparseKernel kernel) {
-  return kernel == hils::gpu::SparseKernel::atomic_v5 ? "atomic_v5" : "chunked_v4";
-}
-// The chunk-major sparse stage that is not the process's current one.
-hils::gpu::SparseKernel other_sparse_kernel() {
-  return hils::gpu::sparse_kernel() == hils::gpu::SparseKernel::atomic_v5
-             ? hils::gpu::SparseKernel::chunked_v4
-             : hils::gpu::SparseKernel::atomic_v5;
-}
+using hils::gpu::sparse_kernel_name;
 
 hils::gpu::Shape shape_of(const AttentionInputs<double>& in) {
   return {in.T(), in.Hq(), in.Hkv(), in.d(), in.dv()};
@@ -203,12 +197,15 @@ TEST_CASE("gpu packed tensor-core kernels against the reference", "[gpu]") {
                               std::string(c.name) + (packed ? " packed" : " simt")));
       }
       hils::gpu::set_packed_kernels(true);
-      // The other chunk-major sparse stage (the current one ran above).
-      const auto current = hils::gpu::sparse_kernel(), other = other_sparse_kernel();
-      hils::gpu::set_sparse_kernel(other);
-      INFO("case " << c.name << " preset " << preset << " packed, " << sparse_name(other));
-      CHECK(check_mechanism(spec, inputs, DType::bf16,
-                            std::string(c.name) + " packed " + sparse_name(other)));
+      // Every other chunk-major sparse stage (the current one ran above).
+      const auto current = hils::gpu::sparse_kernel();
+      for (auto other : hils::gpu::kSparseKernels) {
+        if (other == current) continue;
+        hils::gpu::set_sparse_kernel(other);
+        INFO("case " << c.name << " preset " << preset << " packed, " << sparse_kernel_name(other));
+        CHECK(check_mechanism(spec, inputs, DType::bf16,
+                              std::string(c.name) + " packed " + sparse_kernel_name(other)));
+      }
       hils::gpu::set_sparse_kernel(current);
     }
   }
@@ -240,19 +237,37 @@ TEST_CASE("gpu packed sparse stage in segments, softmax1 and group rules", "[gpu
       const MechanismSpec spec = hils::cases::with_case_geometry(preset, c);
       if (!reference_accepts(spec, inputs)) continue;
       const auto current = hils::gpu::sparse_kernel();
-      for (auto kernel : {hils::gpu::SparseKernel::chunked_v4, hils::gpu::SparseKernel::atomic_v5}) {
+      for (auto kernel : hils::gpu::kSparseKernels) {
         hils::gpu::set_sparse_kernel(kernel);
         for (int64_t segment : {int64_t{0}, int64_t{257}}) {
           hils::gpu::set_sparse_segment_queries(segment);
-          INFO("case " << c.name << " spec " << spec.name << " " << sparse_name(kernel)
+          INFO("case " << c.name << " spec " << spec.name << " " << sparse_kernel_name(kernel)
                        << " segment " << segment);
           CHECK(check_mechanism(spec, inputs, DType::bf16,
-                                std::string(c.name) + " " + sparse_name(kernel) + " segment " +
-                                    std::to_string(segment)));
+                                std::string(c.name) + " " + sparse_kernel_name(kernel) +
+                                    " segment " + std::to_string(segment)));
         }
       }
       hils::gpu::set_sparse_kernel(current);
       hils::gpu::set_sparse_segment_queries(0);
     }
   }
+}
+
+// The C API's sparse-stage values are the enum's (the Python benchmark sets them by number),
+// its getter reports what runs, and a value past the last kernel is refused by name.
+TEST_CASE("gpu C API sparse kernel values", "[gpu]") {
+  const auto current = hils::gpu::sparse_kernel();
+  CHECK(hils_gpu_sparse_kernel() == static_cast<int32_t>(current));
+  for (auto kernel : hils::gpu::kSparseKernels) {
+    INFO(sparse_kernel_name(kernel));
+    REQUIRE(hils_gpu_set_sparse_kernel(static_cast<int32_t>(kernel)) == 0);
+    CHECK(hils::gpu::sparse_kernel() == kernel);
+    CHECK(hils_gpu_sparse_kernel() == static_cast<int32_t>(kernel));
+  }
+  const auto past = static_cast<int32_t>(std::size(hils::gpu::kSparseKernels));
+  CHECK(hils_gpu_set_sparse_kernel(past) == 2);
+  CHECK(hils_gpu_set_sparse_kernel(-1) == 2);
+  CHECK(std::string(hils_gpu_last_error()).rfind("sparse_kernel:", 0) == 0);
+  hils::gpu::set_sparse_kernel(current);
 }
