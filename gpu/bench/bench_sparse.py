@@ -19,8 +19,8 @@ import hils_ctypes as hc  # noqa: E402
 from bench_hils import HQ, HKV, D, S, K, W, dense_matmul_tflops, time_ms  # noqa: E402
 
 # (label, sparse kernel, queries per segment; 0 = the version's own choice)
-VARIANTS = [("v4", "chunked_v4", 0), ("v6", "chunked_v6", 0), ("v6_seg32768", "chunked_v6", 32768),
-            ("v5", "atomic_v5", 0), ("v5_seg8192", "atomic_v5", 8192)]
+VARIANTS = [("v4", "chunked_v4", 0), ("v6", "chunked_v6", 0), ("v7", "chunked_v7", 0),
+            ("v7_seg32768", "chunked_v7", 32768), ("v5", "atomic_v5", 0)]
 
 
 def prepared_stages(lib, T, gen):

@@ -125,6 +125,7 @@ const char* sparse_kernel_name(SparseKernel kernel) {
     case SparseKernel::chunked_v4: return "chunked_v4";
     case SparseKernel::atomic_v5: return "atomic_v5";
     case SparseKernel::chunked_v6: return "chunked_v6";
+    case SparseKernel::chunked_v7: return "chunked_v7";
   }
   return "unknown";
 }

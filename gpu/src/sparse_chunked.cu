@@ -58,10 +58,8 @@ struct ItemDesc {
 
 // Exclusive scans of counts (pair offsets) and of ceil(counts / per_item) (item offsets), one
 // block; resets counts to zero for the scatter's cursors. offsets/items have n + 1 entries.
-// With item_desc (chunked_v6), also each item's descriptor.
 __global__ void __launch_bounds__(kScanThreads)
-    scan_kernel(int32_t* counts, int64_t n, int per_item, int32_t* offsets, int32_t* items,
-                ItemDesc* item_desc) {
+    scan_kernel(int32_t* counts, int64_t n, int per_item, int32_t* offsets, int32_t* items) {
   __shared__ int32_t s_pairs[kScanThreads], s_items[kScanThreads];
   const int64_t per_thread = (n + kScanThreads - 1) / kScanThreads;
   const int64_t lo = threadIdx.x * per_thread;
@@ -82,14 +80,22 @@ __global__ void __launch_bounds__(kScanThreads)
   for (int64_t i = lo; i < hi; ++i) {
     const int32_t c = counts[i];
     offsets[i] = run_pairs, items[i] = run_items;
-    if (item_desc != nullptr)
-      for (int32_t done = 0, it = run_items; done < c; done += per_item, ++it)
-        item_desc[it] = ItemDesc{static_cast<int32_t>(i), run_pairs + done,
-                                 c - done < per_item ? c - done : per_item, 0};
     run_pairs += c, run_items += (c + per_item - 1) / per_item;
     counts[i] = 0;
   }
   if (threadIdx.x == kScanThreads - 1) offsets[n] = s_pairs[kScanThreads - 1], items[n] = s_items[kScanThreads - 1];
+}
+
+// chunked_v6/v7: the descriptors of chunk i's items, one thread per chunk (the scan's one block
+// wrote them serially at first: 136 us per 16K-query segment at 512K instead of 46).
+__global__ void describe_items_kernel(const int32_t* offsets, const int32_t* items, int64_t n,
+                                      int per_item, ItemDesc* item_desc) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int32_t first = offsets[i], count = offsets[i + 1] - first;
+  for (int32_t done = 0, it = items[i]; done < count; done += per_item, ++it)
+    item_desc[it] = ItemDesc{static_cast<int32_t>(i), first + done,
+                             count - done < per_item ? count - done : per_item, 0};
 }
 
 // Bucket entry: (t - t0) << 6 | slot.
@@ -302,20 +308,71 @@ __device__ __forceinline__ float ex2_approx(float x) {
   return y;
 }
 
-// chunked_v6: one block per item descriptor (the scan's), the same work and output as
-// chunk_attention_kernel<G, false>. The block first turns its rows (pair x head, 16 per slice)
-// into their q element offsets and scratch rows in shared memory, so that a slice's copies and
-// stores cost one shared load per row; lane l copies and stores rows l / 8 + 4 j (j < 4) of a
-// slice, columns 8 (l % 8) .. + 7.
-template <int G>
-__global__ void __launch_bounds__(kPackedThreads)
+// s[i] = q[i] . K_tile^T for kSub 16-row slices (qk_tile of mma_common.cuh, each B fragment
+// loaded once for all slices).
+template <int kSub>
+__device__ __forceinline__ void qk_tiles(float (&s)[kSub][8][4], const uint32_t (&qa)[kSub][4][4],
+                                         const __nv_bfloat16 (*ks_tile)[kTilePitch]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) s[i][nt][0] = s[i][nt][1] = s[i][nt][2] = s[i][nt][3] = 0.0f;
+    const __nv_bfloat16* key = ks_tile[nt * 8 + lane % 8] + 8 * (lane / 8);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint32_t b[4];
+      ldmatrix_x4(b, key + 32 * half);
+#pragma unroll
+      for (int i = 0; i < kSub; ++i) {
+        mma_16816(s[i][nt], qa[i][2 * half], b[0], b[1]);
+        mma_16816(s[i][nt], qa[i][2 * half + 1], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// o[i] += P[i] . V_tile for kSub slices, P as bf16 A fragments (pv_tile of mma_common.cuh).
+template <int kSub>
+__device__ __forceinline__ void pv_tiles(float (&o)[kSub][8][4], const uint32_t (&pa)[kSub][4][4],
+                                         const __nv_bfloat16 (*vs_tile)[kTilePitch]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    const __nv_bfloat16* row = vs_tile[16 * ks + lane % 8 + 8 * ((lane / 8) % 2)] + 8 * (lane / 16);
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, row + 16 * np);
+#pragma unroll
+      for (int i = 0; i < kSub; ++i) {
+        mma_16816(o[i][2 * np], pa[i][ks], b[0], b[1]);
+        mma_16816(o[i][2 * np + 1], pa[i][ks], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// chunked_v6 (kSub = 1) and chunked_v7 (kSub = 2): one block per item descriptor, the same
+// work and output as chunk_attention_kernel<G, false>. The block first turns its rows (pair x
+// head) into their q element offsets and scratch rows in shared memory, so that copies and
+// stores cost one shared load per row. A warp step is kSub 16-row slices (v7: each K/V B
+// fragment loaded by ldmatrix serves two slices, halving the shared-memory reads that bound
+// v6); lane l copies and stores rows l / 8 + 4 j of a step, columns 8 (l % 8) .. + 7. Every row
+// is computed alike whatever kSub, so v7's output is v6's bit for bit.
+template <int G, int kSub>
+__global__ void __launch_bounds__(kPackedThreads, kSub == 1 ? 5 : 3)
     chunk_attention_v6_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
                               const int32_t* items, const ItemDesc* item_desc,
                               const uint32_t* bucket, __half* partial) {
   constexpr int kRows = pairs_per_item<G>() * G;  // 512
+  constexpr int kStep = 16 * kSub;                // rows per warp step
+  constexpr int kCopies = kStep / 4;              // 16-byte pieces per lane and step
   __shared__ __align__(16) __nv_bfloat16 ks_tile[kTileDim][kTilePitch];
   __shared__ __align__(16) __nv_bfloat16 vs_tile[kTileDim][kTilePitch];
-  __shared__ __align__(16) __nv_bfloat16 q_stage[kWarpsPerBlock][2][16][kTilePitch];
+  // The warps' q stages (two per warp) in dynamic shared memory: v7's pass the 48 KB static limit.
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  auto* q_stage = reinterpret_cast<__nv_bfloat16(*)[2][kStep][kTilePitch]>(dynamic_smem);
   __shared__ int64_t row_q[kRows];     // q element offset of the row; -1 past the pairs
   __shared__ uint32_t row_out[kRows];  // its scratch row: (h seg + tl) K + slot
   const int32_t item = static_cast<int32_t>(blockIdx.x);
@@ -323,14 +380,14 @@ __global__ void __launch_bounds__(kPackedThreads)
   const ItemDesc desc = item_desc[item];  // past n_items: zeros or another segment's, unused
   if (item >= n_items) return;
   const int64_t g = desc.chunk / nc, c = desc.chunk % nc;
-  const int n_pairs = desc.count, n_slices = (n_pairs * G + 15) / 16;
+  const int n_pairs = desc.count, n_steps = (n_pairs * G + kStep - 1) / kStep;
   const int K = static_cast<int>(p.K);
   const auto* k = static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim;
   const auto* v = static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim;
   load_tile_async(ks_tile, k, c * kTileDim, p.T);
   load_tile_async(vs_tile, v, c * kTileDim, p.T);
   cp_async_commit();
-  for (int rr = threadIdx.x; rr < 16 * n_slices; rr += kPackedThreads) {
+  for (int rr = threadIdx.x; rr < kStep * n_steps; rr += kPackedThreads) {
     const int e = rr / G;
     const int64_t h = g * G + rr % G;
     if (e < n_pairs) {
@@ -349,11 +406,11 @@ __global__ void __launch_bounds__(kPackedThreads)
   const int col = (lane % 8) * 8;
   const auto* q = static_cast<const __nv_bfloat16*>(p.q) + col;
   __half* out = partial + col;
-  // The warp's 16 q rows of slice s -> q_stage[warp][buf] (cp.async, zeros past the pairs).
+  // The warp's kStep q rows of step s -> q_stage[warp][buf] (cp.async, zeros past the pairs).
   auto issue_q = [&](int s, int buf) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t off = row_q[16 * s + lane / 8 + 4 * j];
+    for (int j = 0; j < kCopies; ++j) {
+      const int64_t off = row_q[kStep * s + lane / 8 + 4 * j];
       cp_async16(&q_stage[warp][buf][lane / 8 + 4 * j][col], q + (off >= 0 ? off : 0), off >= 0);
     }
     cp_async_commit();
@@ -363,11 +420,11 @@ __global__ void __launch_bounds__(kPackedThreads)
   // masked.
   const float c2 = p.scale * 1.4426950408889634f;
   const bool mask_landmark = p.landmarks && lane % 4 == 3;
-  if (warp < n_slices) issue_q(warp, 0);
+  if (warp < n_steps) issue_q(warp, 0);
   int it = 0;
-  for (int s = warp; s < n_slices; s += kWarpsPerBlock, ++it) {
+  for (int s = warp; s < n_steps; s += kWarpsPerBlock, ++it) {
     const int buf = it & 1;
-    if (s + kWarpsPerBlock < n_slices) {
+    if (s + kWarpsPerBlock < n_steps) {
       issue_q(s + kWarpsPerBlock, buf ^ 1);
       cp_async_wait_one();
     } else {
@@ -375,50 +432,69 @@ __global__ void __launch_bounds__(kPackedThreads)
     }
     __syncwarp();
     __nv_bfloat16(*stage)[kTilePitch] = q_stage[warp][buf];
-    __nv_bfloat16* frag_row = stage[lane % 8 + 8 * ((lane / 8) % 2)] + 8 * (lane / 16);
-    uint32_t qa[4][4];
+    __nv_bfloat16* frag_row[kSub];
+    uint32_t qa[kSub][4][4];
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) ldmatrix_x4(qa[ks], frag_row + 16 * ks);
-    float sc[8][4], oc[8][4] = {};
-    qk_tile(sc, qa, ks_tile);
-    if (mask_landmark) sc[7][1] = sc[7][3] = kNegInf;
-    float row_max[2] = {kNegInf, kNegInf};
+    for (int i = 0; i < kSub; ++i) {
+      frag_row[i] = stage[16 * i + lane % 8 + 8 * ((lane / 8) % 2)] + 8 * (lane / 16);
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+      for (int ks = 0; ks < 4; ++ks) ldmatrix_x4(qa[i][ks], frag_row[i] + 16 * ks);
+    }
+    float sc[kSub][8][4];
+    qk_tiles<kSub>(sc, qa, ks_tile);
+    uint32_t pa[kSub][4][4];
+    float inv[kSub][2];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) row_max[e / 2] = fmaxf(row_max[e / 2], sc[nt][e]);
-    float neg_max[2], row_sum[2] = {0.0f, 0.0f};
+    for (int i = 0; i < kSub; ++i) {
+      if (mask_landmark) sc[i][7][1] = sc[i][7][3] = kNegInf;
+      float row_max[2] = {kNegInf, kNegInf};
 #pragma unroll
-    for (int i = 0; i < 2; ++i) neg_max[i] = -quad_max(row_max[i]) * c2;  // finite: 63 keys
+      for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+        for (int e = 0; e < 4; ++e) row_max[e / 2] = fmaxf(row_max[e / 2], sc[i][nt][e]);
+      float neg_max[2], row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        sc[nt][e] = ex2_approx(fmaf(sc[nt][e], c2, neg_max[e / 2]));  // -inf -> 0
-        row_sum[e / 2] += sc[nt][e];
+      for (int r = 0; r < 2; ++r) neg_max[r] = -quad_max(row_max[r]) * c2;  // finite: 63 keys
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          sc[i][nt][e] = ex2_approx(fmaf(sc[i][nt][e], c2, neg_max[e / 2]));  // -inf -> 0
+          row_sum[e / 2] += sc[i][nt][e];
+        }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) inv[i][r] = 1.0f / quad_sum(row_sum[r]);
+      // A fragments of P (pv_tile's packing): keys 16 ks .. 16 ks + 15.
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        pa[i][ks][0] = pack_bf16(sc[i][2 * ks][0], sc[i][2 * ks][1]);
+        pa[i][ks][1] = pack_bf16(sc[i][2 * ks][2], sc[i][2 * ks][3]);
+        pa[i][ks][2] = pack_bf16(sc[i][2 * ks + 1][0], sc[i][2 * ks + 1][1]);
+        pa[i][ks][3] = pack_bf16(sc[i][2 * ks + 1][2], sc[i][2 * ks + 1][3]);
       }
-    float inv[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) inv[i] = 1.0f / quad_sum(row_sum[i]);
-    pv_tile(oc, sc, vs_tile);
+    }
+    float oc[kSub][8][4] = {};
+    pv_tiles<kSub>(oc, pa, vs_tile);
     // The normalised rows as fp16 into the stage (its q is in registers), then 16-byte stores.
     __syncwarp();
 #pragma unroll
-    for (int nt = 0; nt < 8; nt += 2)
-      stmatrix_x4(frag_row + 8 * nt,
-                  pack_half2(oc[nt][0] * inv[0], oc[nt][1] * inv[0]),
-                  pack_half2(oc[nt][2] * inv[1], oc[nt][3] * inv[1]),
-                  pack_half2(oc[nt + 1][0] * inv[0], oc[nt + 1][1] * inv[0]),
-                  pack_half2(oc[nt + 1][2] * inv[1], oc[nt + 1][3] * inv[1]));
+    for (int i = 0; i < kSub; ++i)
+#pragma unroll
+      for (int nt = 0; nt < 8; nt += 2)
+        stmatrix_x4(frag_row[i] + 8 * nt,
+                    pack_half2(oc[i][nt][0] * inv[i][0], oc[i][nt][1] * inv[i][0]),
+                    pack_half2(oc[i][nt][2] * inv[i][1], oc[i][nt][3] * inv[i][1]),
+                    pack_half2(oc[i][nt + 1][0] * inv[i][0], oc[i][nt + 1][1] * inv[i][0]),
+                    pack_half2(oc[i][nt + 1][2] * inv[i][1], oc[i][nt + 1][3] * inv[i][1]));
     __syncwarp();
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int rr = 16 * s + lane / 8 + 4 * j;
+    for (int j = 0; j < kCopies; ++j) {
+      const int rr = kStep * s + lane / 8 + 4 * j;
       if (row_q[rr] >= 0)
         *reinterpret_cast<uint4*>(out + static_cast<uint64_t>(row_out[rr]) * kTileDim) =
             *reinterpret_cast<const uint4*>(&stage[lane / 8 + 4 * j][col]);
     }
-    __syncwarp();  // the buffer is refilled by the prefetch two slices on
+    __syncwarp();  // the buffer is refilled by the prefetch two steps on
   }
 }
 
@@ -581,13 +657,28 @@ void keep_pool_reserved() {
   pool_configured = true;
 }
 
+// chunk_attention_v6_kernel<G, kSub> with its dynamic shared memory (the q stages), raising the
+// kernel's limit once (v7: 36 KB dynamic + 24 KB static).
+template <int G, int kSub>
+void launch_chunk_v6(unsigned grid, cudaStream_t stream, const LaunchParams& p, int64_t t0,
+                     int64_t seg, int64_t nc, const int32_t* items, const ItemDesc* item_desc,
+                     const uint32_t* bucket, __half* partial) {
+  constexpr int kBytes = kWarpsPerBlock * 2 * 16 * kSub * kTilePitch * sizeof(__nv_bfloat16);
+  static const bool raised = cudaFuncSetAttribute(chunk_attention_v6_kernel<G, kSub>,
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  kBytes) == cudaSuccess;
+  (void)raised;  // a failure surfaces as the launch's error
+  chunk_attention_v6_kernel<G, kSub><<<grid, kPackedThreads, kBytes, stream>>>(
+      p, t0, seg, nc, items, item_desc, bucket, partial);
+}
+
 template <int G>
 void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
                       const float* selected_score, const float* o_swa, const float* lse_swa,
                       float* o, float* lse, SparseKernel kernel, cudaStream_t stream) {
   constexpr int kPairs = pairs_per_item<G>();
   const bool accumulate = kernel == SparseKernel::atomic_v5;
-  const bool described = kernel == SparseKernel::chunked_v6;
+  const bool described = kernel == SparseKernel::chunked_v6 || kernel == SparseKernel::chunked_v7;
   const int64_t nc = p.T / p.S, n_ch = p.Hkv * nc;
   const int64_t seg = accumulate ? accumulate_segment_queries(p) : segment_queries(p);
   // Upper bound of the item count of a segment; blocks past the real count return at once.
@@ -627,7 +718,10 @@ void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
     if (n_ch > 0 && n_pairs > 0) {
       const unsigned blocks = static_cast<unsigned>((n_pairs + 255) / 256);
       count_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, p.T, p.K, t0, tn, p.Hkv, nc, counts);
-      scan_kernel<<<1, kScanThreads, 0, stream>>>(counts, n_ch, kPairs, offsets, items, item_desc);
+      scan_kernel<<<1, kScanThreads, 0, stream>>>(counts, n_ch, kPairs, offsets, items);
+      if (described)
+        describe_items_kernel<<<static_cast<unsigned>((n_ch + 255) / 256), 256, 0, stream>>>(
+            offsets, items, n_ch, kPairs, item_desc);
       scatter_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, p.T, p.K, t0, tn, p.Hkv, nc,
                                                        offsets, counts, bucket);
       const int64_t seg_items = (n_pairs + kPairs - 1) / kPairs + n_ch;
@@ -635,9 +729,10 @@ void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
       if (accumulate)
         chunk_attention_kernel<G, true><<<grid, kPackedThreads, 0, stream>>>(
             p, t0, seg, nc, offsets, items, bucket, nullptr, acc);
-      else if (described)
-        chunk_attention_v6_kernel<G><<<grid, kPackedThreads, 0, stream>>>(
-            p, t0, seg, nc, items, item_desc, bucket, partial);
+      else if (kernel == SparseKernel::chunked_v6)
+        launch_chunk_v6<G, 1>(grid, stream, p, t0, seg, nc, items, item_desc, bucket, partial);
+      else if (kernel == SparseKernel::chunked_v7)
+        launch_chunk_v6<G, 2>(grid, stream, p, t0, seg, nc, items, item_desc, bucket, partial);
       else
         chunk_attention_kernel<G, false><<<grid, kPackedThreads, 0, stream>>>(
             p, t0, seg, nc, offsets, items, bucket, partial, acc);

@@ -254,6 +254,62 @@ TEST_CASE("gpu packed sparse stage in segments, softmax1 and group rules", "[gpu
   }
 }
 
+// chunked_v7 computes every row as chunked_v6 does (two slices per warp step instead of one), so
+// o and lse must be v6's bit for bit; all chunk-major versions share the fusion softmax's
+// normaliser (the reduce, or v5's weights kernel), so lse must equal chunked_v4's bit for bit. On
+// packed shapes with G = 1, 8 and 16, one and several query segments (and both selections alike:
+// the same selection kernel runs before each).
+TEST_CASE("gpu sparse v7 equals v6 bit for bit, lse equals v4's", "[gpu]") {
+  // clang-format off
+  static constexpr Case kCases[] = {
+    //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
+    Case{"packed_bench_geometry", 2113,   64, 512, 32, 16,  2, 64, 64, true, 1.0},
+    Case{"packed_g1_no_landmarks", 700,   64, 100,  5,  2,  2, 64, 64, false, 1.0},
+    Case{"packed_g16_k64",        4500,   64,  64, 64, 16,  1, 64, 64, true, 2.0},
+  };
+  // clang-format on
+  const auto current = hils::gpu::sparse_kernel();
+  for (const Case& c : kCases) {
+    const auto inputs = hils::cases::make_inputs<double>(c);
+    const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
+    if (!reference_accepts(spec, inputs)) continue;
+    for (int64_t segment : {int64_t{0}, int64_t{257}}) {
+      hils::gpu::set_sparse_segment_queries(segment);
+      auto run_with = [&](hils::gpu::SparseKernel kernel) {
+        hils::gpu::set_sparse_kernel(kernel);
+        return run_on_device(spec, inputs, DType::bf16);
+      };
+      const KernelRun v4 = run_with(hils::gpu::SparseKernel::chunked_v4);
+      const KernelRun v6 = run_with(hils::gpu::SparseKernel::chunked_v6);
+      const KernelRun v7 = run_with(hils::gpu::SparseKernel::chunked_v7);
+      INFO("case " << c.name << " segment " << segment);
+      CHECK(v6.guard_problems.empty());
+      CHECK(v7.guard_problems.empty());
+      REQUIRE(v4.out.o.size() == static_cast<size_t>(c.Hq));
+      REQUIRE(v6.out.o.size() == v4.out.o.size());
+      REQUIRE(v7.out.o.size() == v4.out.o.size());
+      int64_t o_rows_differing = 0, lse_v6_v4 = 0, lse_v7_v6 = 0;
+      bool o_v6_differs_from_v4 = false;
+      for (size_t h = 0; h < v4.out.o.size(); ++h) {
+        for (Eigen::Index t = 0; t < v4.out.o[h].rows(); ++t) {
+          o_rows_differing += (v7.out.o[h].row(t).array() != v6.out.o[h].row(t).array()).any();
+          o_v6_differs_from_v4 |= (v6.out.o[h].row(t).array() != v4.out.o[h].row(t).array()).any();
+          lse_v6_v4 += v6.out.lse[h](t) != v4.out.lse[h](t);
+          lse_v7_v6 += v7.out.lse[h](t) != v6.out.lse[h](t);
+        }
+      }
+      std::cout << "sparse v7 vs v6 " << c.name << " segment " << segment << ": o rows differing "
+                << o_rows_differing << ", lse v7/v6 " << lse_v7_v6 << ", lse v6/v4 " << lse_v6_v4
+                << ", o v6 differs from v4 (base-2 rounding): " << o_v6_differs_from_v4 << "\n";
+      CHECK(o_rows_differing == 0);
+      CHECK(lse_v7_v6 == 0);
+      CHECK(lse_v6_v4 == 0);
+    }
+  }
+  hils::gpu::set_sparse_kernel(current);
+  hils::gpu::set_sparse_segment_queries(0);
+}
+
 // The C API's sparse-stage values are the enum's (the Python benchmark sets them by number),
 // its getter reports what runs, and a value past the last kernel is refused by name.
 TEST_CASE("gpu C API sparse kernel values", "[gpu]") {

@@ -66,13 +66,15 @@ enum class SparseKernel {
   atomic_v5,   // fusion weights first, then w_c * o_c added into o in fp32 (no scratch, no
                // reduce; o's last bits vary from run to run with the order of the additions)
   chunked_v6,  // chunked_v4 with fewer instructions per 16-row slice (softmax in base 2)
+  chunked_v7,  // chunked_v6 with two slices per warp step (each K/V fragment serves both);
+               // the same arithmetic per row as chunked_v6, so the same bits
 };
 // Every SparseKernel, in the order of their values.
 constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
-                                           SparseKernel::chunked_v6};
+                                           SparseKernel::chunked_v6, SparseKernel::chunked_v7};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
-constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v6;
+constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v7;
 void set_sparse_kernel(SparseKernel kernel);
 SparseKernel sparse_kernel();
 
