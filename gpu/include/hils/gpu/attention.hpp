@@ -74,7 +74,7 @@ constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKerne
                                            SparseKernel::chunked_v6, SparseKernel::chunked_v7};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
-constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v7;
+constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v6;
 void set_sparse_kernel(SparseKernel kernel);
 SparseKernel sparse_kernel();
 
