@@ -18,12 +18,13 @@
 // (red.global.add.v2.f32). Segments are sized so that the segment's o and q stay in L2. The sum
 // order of the reductions varies from run to run, so o varies in its last bits (fp32 rounding).
 //
-// SparseKernel::chunked_v6 (gpu/NOTES.md "sparse v6") is chunked_v4 with fewer instructions per
-// 16-row slice: the scan writes one descriptor per item (no binary search over the items), the
-// block turns its pairs into q rows and scratch rows once, each lane keeps the head pointers of
-// its four rows, the softmax takes one FFMA and one ex2 per score (scale and log2 e folded, the
-// landmark column masked in the one register that holds it), and the fp16 rows are staged with
-// stmatrix. Same scratch, same reduce.
+// SparseKernel::chunked_v6 (gpu/NOTES.md "sparse v6", the default) is chunked_v4 with fewer
+// instructions per 16-row slice: a kernel after the scan writes one descriptor per item (no
+// binary search over the items), the block turns its rows into q offsets and scratch rows once
+// (shared memory), the softmax takes one FFMA and one ex2 per score (scale and log2 e folded, the
+// landmark column masked in the registers that hold it), and the fp16 rows are staged with
+// stmatrix. Same scratch, same reduce. chunked_v7 runs two slices per warp step (measured not
+// faster: fewer warps per SM).
 #include <cuda_fp16.h>
 
 #include "launch_params.hpp"
@@ -51,7 +52,7 @@ __global__ void count_pairs_kernel(const int32_t* selection, int64_t T, int64_t 
   if (c >= 0) atomicAdd(&counts[g * nc + c], 1);
 }
 
-// One item of the chunk kernel (chunked_v6): its chunk, its first pair in the buckets, its pairs.
+// One item of the chunk kernel (chunked_v6/v7): its chunk, its first pair in the buckets, its pairs.
 struct ItemDesc {
   int32_t chunk, first, count, unused;
 };
