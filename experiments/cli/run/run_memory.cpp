@@ -38,7 +38,8 @@ UnitBytes unit_bytes(const MechanismSpec& spec, const io::ActivationMeta& meta,
   UnitBytes b;
   b.layer = 3 * 8 * T * (3 * Hq * d + 2 * Hkv * d + Hkv * dv + static_cast<double>(meta.d_model));
   double per_head = dv + 1 + K + 2;
-  b.per_query_text = fmt::format("Hq={} x (dv={} + K+3={}", meta.Hq, meta.dv, spec.K + 3);
+  // K + 3 in double: it overflows int64 for a K near its maximum
+  b.per_query_text = fmt::format("Hq={} x (dv={} + K+3={:.0f}", meta.Hq, meta.dv, K + 3);
   if (plan.keep_scores) {
     per_head += 2 * chunks;
     b.per_query_text += fmt::format(" + 2 x {} chunk scores of --keep-scores", chunks);
