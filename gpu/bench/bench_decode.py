@@ -5,7 +5,7 @@ Peers in the same run: PyTorch SDPA with a one-token query on each backend that 
 (GQA through enable_gqa, no repeated KV heads), FlexAttention decoding with the block mask of
 the same sparse work (window + the K selected chunks, the mask given), and the dense byte floor:
 the whole KV cache read once at the copy bandwidth measured here (no dense kernel beats it).
-Ours runs four ways: the d5 kernel (seven launches, bf16 summaries), the fused kernel (d12, five
+Ours runs four ways: the d5 kernel (seven launches, bf16 summaries), the fused kernel (d13, five
 launches) with bf16 summaries, and with fp8 e4m3 summaries (a per-row power-of-two scale,
 gpu/NOTES.md "decode"), and d8 with fp8 summaries (the previous default: the baseline).
 Each side is timed as a CUDA-graph replay (one launch, as serving loops run decode; the eager

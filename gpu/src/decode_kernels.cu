@@ -9,7 +9,8 @@
 //      (Eq. 8), the group score r (Eq. 2) per candidate, an exact radix select of the K largest
 //      (ties to the lower chunk), written ascending;
 //   4. chunk tiles: softmax of q over each selected chunk's tokens per head (o_c, lse_c);
-//   5. fuse, one warp per (sequence, head): hierarchical (Eq. 10) or flat (Eq. 3).
+//   5. fuse, one warp per (sequence, head): hierarchical (Eq. 10) or flat (Eq. 3); in the fused
+//      kernel (d13) it also merges the window tiles, which the select does otherwise.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -60,6 +61,22 @@ struct DecodeScratch {
   int32_t* cand_idx;    // same shape: their chunk indices, ascending within each tile
   float* fusion_logit;  // [B, Hq, K] s_hat of the selected chunks from summary_key_bf16
 };
+
+// The shortened tails of the fused kernel (since d12) for K <= kShortK selected chunks; since
+// d13 its fuse also merges the window tiles when dv <= kShortDim and there are at most
+// kShortWinTiles of them (fuse_merges_window), and the select then leaves the window alone.
+constexpr int kShortK = 32;
+constexpr int kShortDim = 64;
+constexpr int kShortWinTiles = 16;
+constexpr int kShortSelectThreads = 1024;  // the select's block for K <= 32 (one list per warp)
+
+__host__ __device__ inline bool fuse_merges_window(const DecodeParams& p) {
+  return p.K <= kShortK && p.dv <= kShortDim && p.n_win_tiles <= kShortWinTiles;
+}
+// The select ranks by warp sorts (select_group_short) rather than radix passes.
+__host__ __device__ inline bool select_by_sorts(const DecodeParams& p) {
+  return p.K > 0 && p.K <= kShortK && p.n_cand > p.K;
+}
 
 // Candidates each 256-chunk tile keeps for the final selection.
 __host__ __device__ inline int64_t tile_keep(const DecodeParams& p) {
@@ -647,7 +664,6 @@ __device__ int block_top_k(const uint32_t* src, uint32_t* work, int64_t n, int64
 // (below every candidate). A warp holds 32 ranks (one per lane); a bitonic sort orders them in
 // 15 shuffle steps, a merge of two sorted lists keeps the 32 largest in 6, with no block barrier:
 // the radix select above needs 4 passes of 3-4 barriers each.
-constexpr int kShortK = kWarp;
 
 __device__ __forceinline__ uint64_t candidate_rank(uint32_t key, int64_t chunk) {
   return (static_cast<uint64_t>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(chunk));
@@ -797,11 +813,13 @@ __global__ void decode_group_score_kernel(DecodeParams p, DecodeScratch w) {
 }
 
 // ---- 3. select: one block per (b, g), over the tiles' kept candidates -----------------------
+// merge_window: o_swa and lse_swa from the window tiles here (false: the fuse merges them).
 __device__ void select_group(const DecodeParams& p, const DecodeScratch& w, int64_t bg,
-                             float* o_window, float* lse_window, uint32_t* smem_keys) {
+                             float* o_window, float* lse_window, uint32_t* smem_keys,
+                             bool merge_window = true) {
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
   const int warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
-  for (int64_t j = warp; j < p.G; j += warps)
+  for (int64_t j = warp; merge_window && j < p.G; j += warps)
     write_window(p, w, b * p.Hq + g * p.G + j, o_window, lse_window);
   int32_t* sel = w.selection + bg * p.K;
   const int64_t n = p.n_cand;
@@ -822,13 +840,14 @@ __device__ void select_group(const DecodeParams& p, const DecodeScratch& w, int6
   for (int64_t i = total + threadIdx.x; i < p.K; i += blockDim.x) sel[i] = -1;
 }
 
-// kShort with n_cand > K, K <= 32: warp w ranks the kept candidates w * 32 + lane, + 256, ...
-// (sorts and merges in registers), a merge tree gives the K best, a last sort orders them by
-// chunk. The first candidates' loads are issued before the window merge so that they overlap.
+// kShort with select_by_sorts, kShortSelectThreads threads (since d13; d12 ran 256): warp w
+// ranks the kept candidates w * 32 + lane, + 1024, ... (sorts and merges in registers), a merge
+// tree gives the K best, a last sort orders them by chunk. The first candidates' loads are
+// issued before the window merge (when this block does it) so that they overlap.
 __device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w, int64_t bg,
-                                   float* o_window, float* lse_window) {
-  constexpr int kBatch = 4;  // 32-candidate lists a warp loads at once
-  __shared__ uint64_t lists[kSelectThreads];
+                                   float* o_window, float* lse_window, bool merge_window) {
+  constexpr int kBatch = 1;  // 32-candidate lists a warp loads at once
+  __shared__ uint64_t lists[kShortSelectThreads];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
   const int64_t keep = tile_keep(p), m = kept_candidates(p);
@@ -845,7 +864,7 @@ __device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w
   };
   int64_t base = warp * kWarp;
   load(base);
-  for (int64_t j = warp; j < p.G; j += warps)
+  for (int64_t j = warp; merge_window && j < p.G; j += warps)
     write_window(p, w, b * p.Hq + g * p.G + j, o_window, lse_window);
   uint64_t best = 0;
   while (base < m) {
@@ -867,10 +886,15 @@ template <bool kShort>
 __global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_window,
                                      float* lse_window) {
   extern __shared__ uint32_t smem_keys[];
-  if (kShort && p.K > 0 && p.K <= kShortK && p.n_cand > p.K)
-    select_group_short(p, w, blockIdx.x, o_window, lse_window);
-  else
-    select_group(p, w, blockIdx.x, o_window, lse_window, smem_keys);
+  const bool merge_window = !(kShort && fuse_merges_window(p));  // else the fuse merges it
+  select_group(p, w, blockIdx.x, o_window, lse_window, smem_keys, merge_window);
+}
+
+// The fused kernel's select when select_by_sorts (kShortSelectThreads threads).
+__global__ void __launch_bounds__(kShortSelectThreads)
+    decode_select_sorted_kernel(DecodeParams p, DecodeScratch w, float* o_window,
+                                float* lse_window) {
+  select_group_short(p, w, blockIdx.x, o_window, lse_window, !fuse_merges_window(p));
 }
 
 // ---- 4. chunk tiles: one block per (selected slot i, b, g), a warp per head ---------------
@@ -1060,12 +1084,13 @@ __device__ void fuse_head(const DecodeParams& p, const DecodeScratch& w, int64_t
   }
 }
 
-// kShort with K <= 32, dv <= 64: every load of the head is issued at once (lane i: selected
-// slot i's chunk and logit; all K rows of o_c, dims lane and lane + 32), then the sums: one
-// round trip (two for hierarchical fusion with bf16 summaries: the logit is read at its chunk).
-constexpr int kShortDim = 2 * kWarp;
+// kShort when fuse_merges_window: every load of the head is issued at once (lane i: selected
+// slot i's chunk and logit, window tile i's (m, l); all K rows of o_c and all window tiles' o,
+// dims lane and lane + 32), then the sums: one round trip (two for hierarchical fusion with bf16
+// summaries: the logit is read at its chunk). The window merge (o_swa, lse_swa) happens here.
 __device__ void fuse_head_short(const DecodeParams& p, const DecodeScratch& w, int64_t item,
-                                float* o, float* lse, float* fusion_weights) {
+                                float* o, float* lse, float* fusion_weights, float* o_window,
+                                float* lse_window) {
   const int lane = threadIdx.x % kWarp;
   const int64_t b = item / p.Hq, h = item % p.Hq, g = h / p.G;
   const int32_t* sel = w.selection + (b * p.Hkv + g) * p.K;
@@ -1082,9 +1107,34 @@ __device__ void fuse_head_short(const DecodeParams& p, const DecodeScratch& w, i
     v0[i] = i < p.K && lane < p.dv ? row[lane] : 0.0f;
     v1[i] = i < p.K && lane + kWarp < p.dv ? row[lane + kWarp] : 0.0f;
   }
-  const float a_win = w.win_lse[item];
-  const float wo0 = lane < p.dv ? w.win_o[item * p.dv + lane] : 0.0f;
-  const float wo1 = lane + kWarp < p.dv ? w.win_o[item * p.dv + lane + kWarp] : 0.0f;
+  const float* win = w.win_part + item * p.n_win_tiles * (p.dv + 2);
+  const bool my_tile = lane < p.n_win_tiles;
+  const float tile_m = my_tile ? win[lane * (p.dv + 2)] : kNegInf;
+  const float tile_l = my_tile ? win[lane * (p.dv + 2) + 1] : 0.0f;
+  float t0[kShortWinTiles], t1[kShortWinTiles];
+#pragma unroll
+  for (int t = 0; t < kShortWinTiles; ++t) {
+    const float* row = win + t * (p.dv + 2) + 2;
+    t0[t] = t < p.n_win_tiles && lane < p.dv ? row[lane] : 0.0f;
+    t1[t] = t < p.n_win_tiles && lane + kWarp < p.dv ? row[lane + kWarp] : 0.0f;
+  }
+  // The window (write_window's merge): lse_swa and o_swa.
+  const float win_m = warp_max(tile_m);
+  const float factor = exp_diff(tile_m, win_m);
+  const float win_l = warp_sum(tile_l * factor);
+  const float a_win = win_l > 0.0f ? win_m + __logf(win_l) : kNegInf;
+  const float win_inv = win_l > 0.0f ? 1.0f / win_l : 0.0f;
+  float wo0 = 0.0f, wo1 = 0.0f;
+#pragma unroll
+  for (int t = 0; t < kShortWinTiles; ++t) {
+    const float ft = __shfl_sync(0xffffffffu, factor, t);
+    wo0 = fmaf(t0[t], ft, wo0);
+    wo1 = fmaf(t1[t], ft, wo1);
+  }
+  wo0 *= win_inv, wo1 *= win_inv;
+  if (o_window && lane < p.dv) o_window[item * p.dv + lane] = wo0;
+  if (o_window && lane + kWarp < p.dv) o_window[item * p.dv + lane + kWarp] = wo1;
+  if (lse_window && lane == 0) lse_window[item] = a_win;
   float a = kNegInf;
   if (mine && c >= 0)
     a = !p.hierarchical ? flat : logit_given ? given : w.scores[item * p.n_chunks + c];
@@ -1113,11 +1163,11 @@ __device__ void fuse_head_short(const DecodeParams& p, const DecodeScratch& w, i
 
 template <bool kBatched, bool kShort>
 __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, float* lse,
-                                   float* fusion_weights) {
+                                   float* fusion_weights, float* o_window, float* lse_window) {
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (item >= p.B * p.Hq) return;
-  if (kShort && p.K <= kShortK && p.dv <= kShortDim)
-    fuse_head_short(p, w, item, o, lse, fusion_weights);
+  if (kShort && fuse_merges_window(p))
+    fuse_head_short(p, w, item, o, lse, fusion_weights, o_window, lse_window);
   else
     fuse_head<kBatched>(p, w, item, o, lse, fusion_weights);
 }
@@ -1343,12 +1393,13 @@ void launch_d5(const DecodeParams& p, const LaunchShape& s, const DecodeScratch&
   }
   decode_fuse_kernel<false, false><<<static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock)),
                               kWarpsPerBlock * kWarp, 0, stream>>>(p, w, out.o, out.lse,
-                                                                   out.fusion_weights);
+                                                                   out.fusion_weights,
+                                                                   out.o_window, out.lse_window);
   check_launch("fuse");
 }
 
 // fused and d8: five launches (window + score tiles in one grid; group scores; select; chunk
-// tiles; fuse with batched loads); kShort (fused, d12) the shorter chains of its tails.
+// tiles; fuse with batched loads); kShort (fused, d12/d13) the shorter chains of its tails.
 template <class Summary, bool kShort>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
                   const DecodeOutputs& out, cudaStream_t stream) {
@@ -1367,8 +1418,12 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
                                 kScoreThreads, 0, stream>>>(p, w);
     check_launch("group score");
   }
-  decode_select_kernel<kShort><<<bg, kSelectThreads, s.key_smem, stream>>>(p, w, out.o_window,
-                                                                   out.lse_window);
+  if (kShort && select_by_sorts(p))
+    decode_select_sorted_kernel<<<bg, kShortSelectThreads, 0, stream>>>(p, w, out.o_window,
+                                                                         out.lse_window);
+  else
+    decode_select_kernel<kShort><<<bg, kSelectThreads, s.key_smem, stream>>>(p, w, out.o_window,
+                                                                     out.lse_window);
   check_launch("select");
   if (p.K > 0) {
     decode_chunk_kernel<true, kShort><<<dim3(static_cast<unsigned>(p.K), bg), kFastThreads,
@@ -1379,7 +1434,8 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
   }
   decode_fuse_kernel<true, kShort><<<static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock)),
                              kWarpsPerBlock * kWarp, 0, stream>>>(p, w, out.o, out.lse,
-                                                                  out.fusion_weights);
+                                                                  out.fusion_weights,
+                                                                  out.o_window, out.lse_window);
   check_launch("fuse");
 }
 

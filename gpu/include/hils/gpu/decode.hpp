@@ -66,9 +66,10 @@ struct DecodeOutputs {
 };
 
 // Which launch sequence runs the step (gpu/NOTES.md "decode", versions):
-//   fused: d8's five launches with shorter chains in the tails (d12): for K <= 32 the group
-//          scores and the select rank candidates by warp sorts instead of radix passes, and the
-//          chunk tiles compute the fusion logits while their rows are in flight
+//   fused: d8's five launches with shorter chains in the tails (d13): for K <= 32 the group
+//          scores and the select rank candidates by warp sorts instead of radix passes, the
+//          chunk tiles compute the fusion logits while their rows are in flight, and the fuse
+//          merges the window tiles itself (one round trip per head)
 //   d5:    the launches of d5 (window, score, group scores, select, chunk, fuse)
 //   d8:    window tiles and score tiles in one grid (every tile issues all its loads before
 //          staging q / q~), then group scores, select, chunk tiles and a fuse that loads the
