@@ -649,3 +649,20 @@ TEST_CASE("hils run refuses a unit beyond the memory limit before any work, sayi
   CHECK_FALSE(fs::exists(results));
   CHECK(count_temp_files(dir.path()) == 0);
 }
+
+TEST_CASE("a report longer than stdio's buffer meeting a full disk is bad input, not an "
+          "internal error", "[cli][faults]") {
+  TempDir dir("report_full_disk");
+  const auto acts = write_small(dir);
+  const auto results = dir / "r.h5";
+  REQUIRE(run_hils("-q run " + q(acts) + " -o " + q(results) + " -p full,hils -S 8 "
+                   "--landmarks true").exit_code == 0);
+  // The report is over 4 KiB, so the write fails inside fmt::print (which throws), not only at
+  // the flush at exit; ulimit -f 1 (one block) fails it with EFBIG as a full disk does with ENOSPC.
+  auto r = run_shell("(ulimit -f 1 && '" + std::string(HILS_EXE) + "' info " + q(results) +
+                     " > " + q(dir / "report.txt")  + ") 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);  // was 3, "internal error: cannot write to file: File too large"
+  CHECK_THAT(r.output, Catch::Contains("hils: bad input: expected room to write the standard "
+                                       "output, found File too large; the output is incomplete"));
+}
