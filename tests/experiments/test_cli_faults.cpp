@@ -205,6 +205,12 @@ TEST_CASE("hils --version names the version and the commit", "[cli]") {
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Catch::StartsWith("hils "));
   CHECK_THAT(r.output, Catch::Contains("commit"));
+  // The commit the sources are at (a rebuild after a commit kept the configure-time commit,
+  // and every results file recorded it as its provenance). Skipped outside a git checkout.
+  auto head = run_shell("git -C '" + std::string(HILS_SOURCE_DIR) +
+                        "' rev-parse --short=12 HEAD 2>/dev/null");
+  if (head.exit_code == 0 && head.output.size() > 1)
+    CHECK_THAT(r.output, Catch::Contains("(commit " + head.output.substr(0, 12) + ")"));
 }
 
 TEST_CASE("study flags out of range are refused naming the flag and the expected value",
