@@ -5,9 +5,9 @@ Peers in the same run: PyTorch SDPA with a one-token query on each backend that 
 (GQA through enable_gqa, no repeated KV heads), FlexAttention decoding with the block mask of
 the same sparse work (window + the K selected chunks, the mask given), and the dense byte floor:
 the whole KV cache read once at the copy bandwidth measured here (no dense kernel beats it).
-Ours runs three ways: the d5 kernel (seven launches, bf16 summaries: the baseline), the fused
-kernel (three launches) with bf16 summaries, and the fused kernel with fp8 e4m3 summaries (a
-per-row power-of-two scale, gpu/NOTES.md "decode").
+Ours runs four ways: the d5 kernel (seven launches, bf16 summaries), the fused kernel (d13, five
+launches) with bf16 summaries, and with fp8 e4m3 summaries (a per-row power-of-two scale,
+gpu/NOTES.md "decode"), and d8 with fp8 summaries (the previous default: the baseline).
 Each side is timed as a CUDA-graph replay (one launch, as serving loops run decode; the eager
 time of ours is printed too). Every timed call starts with a cold L2 (a 512 MiB buffer is written between calls), as a step
 over a real model's layers would. Times are medians of CUDA-event-timed calls after warm-up.
@@ -45,9 +45,10 @@ class Decode(ctypes.Structure):
          ("summary_scale", ctypes.c_void_p), ("summary_key_bf16", ctypes.c_void_p)]
 
 SUMMARY_TYPES = {"bf16": 0, "fp8": 1}
-KERNELS = {"fused": 0, "d5": 1}
-# The variants timed per (B, T): (label, kernel, summary type).
-VARIANTS = (("d5_bf16", "d5", "bf16"), ("fused_bf16", "fused", "bf16"), ("fused_fp8", "fused", "fp8"))
+KERNELS = {"fused": 0, "d5": 1, "d8": 2}
+# The variants timed per (B, T): (label, kernel, summary type); d8 fp8 is the baseline of fused.
+VARIANTS = (("d5_bf16", "d5", "bf16"), ("fused_bf16", "fused", "bf16"), ("d8_fp8", "d8", "fp8"),
+            ("fused_fp8", "fused", "fp8"))
 
 
 class DecodeOutputs(ctypes.Structure):
@@ -141,7 +142,7 @@ def quantize_fp8(lib, key):
 
 class HilsDecode:
     """Our decode step on a random cache of B sequences of T slots (hils preset); `summary`
-    "bf16" or "fp8" (e4m3 + row scales), `kernel` "fused" or "d5"."""
+    "bf16" or "fp8" (e4m3 + row scales), `kernel` "fused", "d5" or "d8"."""
 
     def __init__(self, lib, B, T, gen, hq=HQ, hkv=HKV, d=D, s=S, w=W, k=K, summary="bf16",
                  kernel="fused"):
@@ -278,7 +279,7 @@ def main():
                     graph_us, eager_us = best_us(run)
                     row[f"{label}_us"] = graph_us if graph_us is not None else eager_us
                     row[f"{label}_eager_us"] = eager_us
-                    if args.profile and B == 8 and T == LENGTHS[-1] and kernel == "fused":
+                    if args.profile and B == 8 and T == LENGTHS[-1] and kernel in ("fused", "d8"):
                         print(f"  profile {label}:")
                         profile_kernels(run)
                 runs[summary] = run
@@ -306,18 +307,19 @@ def main():
     print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; bytes are of the cache read per step (all B); "
           "summaries MB bf16 / fp8, then the window and K chunks of K/V")
     print("|  B |       T | dense KV MB | summaries MB bf16 / fp8 | K/V MB | floor us | d5 bf16 us |"
-          " fused bf16 us | fused fp8 us | floor/fused fp8 | floor/fused bf16 | floor/d5 |"
-          " flash us | cuDNN us | flex us |")
+          " fused bf16 us | d8 fp8 us | fused fp8 us | floor/fused fp8 | floor/d8 fp8 |"
+          " floor/fused bf16 | floor/d5 | flash us | cuDNN us | flex us |")
     print("|---:|--------:|------------:|------------------------:|-------:|---------:|-----------:|"
-          "--------------:|-------------:|----------------:|-----------------:|---------:|"
-          "---------:|---------:|--------:|")
+          "--------------:|----------:|-------------:|----------------:|-------------:|"
+          "-----------------:|---------:|---------:|---------:|--------:|")
     f = lambda x: f"{x:8.1f}" if x else "       –"
     for r in rows:
         print(f"| {r['B']:>2} | {r['T']:>7} | {r['dense_bytes'] / 1e6:11.1f} | "
               f"{r['summary_bytes_bf16'] / 1e6:11.1f} / {r['summary_bytes_fp8'] / 1e6:9.1f} | "
               f"{r['sparse_kv_bytes'] / 1e6:6.1f} | {r['floor_us']:8.1f} | {r['d5_bf16_us']:10.1f} | "
-              f"{r['fused_bf16_us']:13.1f} | {r['fused_fp8_us']:12.1f} | "
-              f"{r['floor_over_fused_fp8']:15.2f} | {r['floor_over_fused_bf16']:16.2f} | "
+              f"{r['fused_bf16_us']:13.1f} | {r['d8_fp8_us']:9.1f} | {r['fused_fp8_us']:12.1f} | "
+              f"{r['floor_over_fused_fp8']:15.2f} | {r['floor_over_d8_fp8']:12.2f} | "
+              f"{r['floor_over_fused_bf16']:16.2f} | "
               f"{r['floor_over_d5_bf16']:8.2f} | {f(r.get('flash_us'))} | {f(r.get('cudnn_us'))} | "
               f"{f(r.get('flex_us')):>7} |")
     with open(args.out, "w") as fh:

@@ -16,7 +16,6 @@ sys.path.insert(0, __import__("os").path.dirname(__file__))
 import hils_ctypes as hc  # noqa: E402
 
 HQ, HKV, D, S, K, W = 16, 2, 64, 64, 32, 512
-DEFAULT_SPARSE = "chunked_v4"  # hils::gpu::kDefaultSparseKernel
 
 
 def time_ms(fn, warmup=1, reps=5, budget_ms=20000.0):
@@ -91,10 +90,11 @@ def hils_run(lib, T, gen):
         "select_v8": time_ms(lambda: st.select("two_pass_v8"), reps=3),
     }
     # Every version of the sparse stage by name ("sparse" is the library's default).
-    for name, kernel in (("sparse_v4", "chunked_v4"), ("sparse_v5", "atomic_v5")):
+    default_sparse = hc.sparse_kernel(lib)
+    for kernel in hc.SPARSE_KERNEL:
         hc.set_sparse(lib, kernel)
-        stage_ms[name] = time_ms(st.fuse, reps=3)
-    hc.set_sparse(lib, DEFAULT_SPARSE)
+        stage_ms["sparse_" + kernel.split("_")[-1]] = time_ms(st.fuse, reps=3)
+    hc.set_sparse(lib, default_sparse)
     total = time_ms(st.forward, reps=3)
     stage_ms["forward_v4"] = time_ms(lambda: st.forward("two_pass_v4"), reps=3)
     stage_ms["forward_v6"] = time_ms(lambda: st.forward("two_pass_v6"), reps=3)

@@ -1,13 +1,15 @@
 """The sparse stage alone (hils_gpu_fuse on the packed path) in the benchmark geometry of
 bench_hils.py, each chunk-major version and segment size on the same inputs, with the dense bf16
 matmul rate of the same run; and the largest difference of each version's o and lse from
-chunked_v4's (the versions compute the same fusion, Eq. 10, in another order).
+chunked_v4's (the versions compute the same fusion, Eq. 10, in another order or rounding).
 
 Inputs are bench_hils.py's: random normal q, k, v (bf16), so adjacent queries' selections barely
-overlap. --profile VARIANT runs one version once between cudaProfilerStart/Stop (Nsight Compute).
+overlap. --profile VARIANT runs one version once between cudaProfilerStart/Stop (Nsight Compute);
+--kernels prints each version's GPU time per kernel (torch.profiler, 3 calls) at every T.
 """
 import argparse
 import json
+import re
 import sys
 
 import torch
@@ -17,8 +19,8 @@ import hils_ctypes as hc  # noqa: E402
 from bench_hils import HQ, HKV, D, S, K, W, dense_matmul_tflops, time_ms  # noqa: E402
 
 # (label, sparse kernel, queries per segment; 0 = the version's own choice)
-VARIANTS = [("v4", "chunked_v4", 0), ("v5", "atomic_v5", 0), ("v5_seg2048", "atomic_v5", 2048),
-            ("v5_seg8192", "atomic_v5", 8192), ("v5_seg16384", "atomic_v5", 16384)]
+VARIANTS = [("v4", "chunked_v4", 0), ("v6", "chunked_v6", 0), ("v7", "chunked_v7", 0),
+            ("v7_seg32768", "chunked_v7", 32768), ("v5", "atomic_v5", 0)]
 
 
 def prepared_stages(lib, T, gen):
@@ -34,6 +36,7 @@ def prepared_stages(lib, T, gen):
 
 
 def run_variant(lib, st, kernel, segment):
+    default = hc.sparse_kernel(lib)
     hc.set_sparse(lib, kernel, segment)
     try:
         ms = time_ms(st.fuse, warmup=1, reps=5)
@@ -42,7 +45,34 @@ def run_variant(lib, st, kernel, segment):
         torch.cuda.synchronize()
         return ms, st.o.clone(), st.lse.clone()
     finally:
-        hc.set_sparse(lib, "chunked_v4", 0)
+        hc.set_sparse(lib, default, 0)
+
+
+def kernel_table(lib, st, kernel, segment, calls=3):
+    """GPU ms per call of each kernel of the sparse stage (torch.profiler / CUPTI)."""
+    from torch.profiler import ProfilerActivity, profile
+    default = hc.sparse_kernel(lib)
+    hc.set_sparse(lib, kernel, segment)
+    try:
+        st.fuse()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                st.fuse()
+            torch.cuda.synchronize()
+    finally:
+        hc.set_sparse(lib, default, 0)
+    rows = {}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None)
+        if us is None:
+            us = e.cuda_time_total
+        if us > 0:
+            m = re.search(r"(\w+_kernel(<[^>]*>)?)", e.key)
+            name = m.group(1) if m else e.key[:60]
+            ms_old, n_old = rows.get(name, (0.0, 0))
+            rows[name] = (ms_old + us / 1e3 / calls, n_old + e.count // calls)
+    return rows
 
 
 def main():
@@ -51,6 +81,7 @@ def main():
     ap.add_argument("--T", type=int, nargs="+", default=[131072, 524288])
     ap.add_argument("--out", default="bench_sparse.json")
     ap.add_argument("--profile", metavar="VARIANT", help="a VARIANTS label, for Nsight Compute")
+    ap.add_argument("--kernels", action="store_true", help="per-kernel GPU time of each version")
     args = ap.parse_args()
     lib = hc.Library(args.lib)
     gen = torch.Generator(device="cuda")
@@ -59,6 +90,7 @@ def main():
         # One variant (a VARIANTS label), warmed up, then once between profiler start and stop.
         _, kernel, segment = next(v for v in VARIANTS if v[0] == args.profile)
         _, st = prepared_stages(lib, args.T[0], gen)
+        default = hc.sparse_kernel(lib)
         hc.set_sparse(lib, kernel, segment)
         st.fuse()
         torch.cuda.synchronize()
@@ -66,7 +98,7 @@ def main():
         st.fuse()
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
-        hc.set_sparse(lib, "chunked_v4", 0)
+        hc.set_sparse(lib, default, 0)
         print(f"profiled the sparse stage {args.profile} at T = {args.T[0]}")
         return
     peak = dense_matmul_tflops()
@@ -95,6 +127,11 @@ def main():
                   f"{row['pct_matmul']:5.1f}% of matmul  o NaN {row['o_nan']}  |o - o_v4| max "
                   f"{row['o_maxdiff']:.3g} (max |o| {row['o_maxabs']:.3g})  |lse - lse_v4| max "
                   f"{row['lse_maxdiff']:.3g}", flush=True)
+            if args.kernels and segment == 0:
+                table = kernel_table(lib, st, kernel, segment)
+                row["kernels_ms"] = table
+                for name, (ms_k, count) in sorted(table.items(), key=lambda kv: -kv[1][0]):
+                    print(f"    {ms_k:8.3f} ms  x{count:<4d} {name}", flush=True)
         del st
         torch.cuda.empty_cache()
     with open(args.out, "w") as f:

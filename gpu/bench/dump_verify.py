@@ -51,6 +51,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--sparse-versions", nargs="*", choices=sorted(hc.SPARSE_KERNEL),
+                    default=sorted(hc.SPARSE_KERNEL),
+                    help="sparse stages dumped besides the default one (default: all)")
     args = ap.parse_args()
     lib = hc.Library(args.lib)
     gen = torch.Generator(device="cuda")
@@ -71,13 +74,19 @@ def main():
     peaked = run(lib, qp, k, v, qrp, W)
     write(os.path.join(args.out, "verify_hils_peaked.h5"), spec, qp, k, v, qrp, peaked,
           "hils::gpu v2 packed bf16, peaked queries")
-    # The same two problems through the other sparse stage (gpu/NOTES.md, sparse v5).
-    hc.set_sparse(lib, "atomic_v5")
-    for name, (qq, qr) in (("verify_hils_sparse_v5.h5", (q, q_retrieval)),
-                           ("verify_hils_peaked_sparse_v5.h5", (qp, qrp))):
-        write(os.path.join(args.out, name), spec, qq, k, v, qr, run(lib, qq, k, v, qr, W),
-              "hils::gpu v2 packed bf16, sparse stage atomic_v5")
-    hc.set_sparse(lib, "chunked_v4")
+    # The same two problems through every other sparse stage (gpu/NOTES.md, sparse v4-v6):
+    # verify_hils_sparse_v5.h5, verify_hils_peaked_sparse_v5.h5, ...
+    default = hc.sparse_kernel(lib)
+    for kernel in args.sparse_versions:
+        if kernel == default:
+            continue
+        hc.set_sparse(lib, kernel)
+        version = kernel.split("_")[-1]
+        for name, (qq, qr) in ((f"verify_hils_sparse_{version}.h5", (q, q_retrieval)),
+                               (f"verify_hils_peaked_sparse_{version}.h5", (qp, qrp))):
+            write(os.path.join(args.out, name), spec, qq, k, v, qr, run(lib, qq, k, v, qr, W),
+                  f"hils::gpu v2 packed bf16, sparse stage {kernel}")
+    hc.set_sparse(lib, default)
     shifted = run(lib, q, k, v, q_retrieval, W + S)
     write(os.path.join(args.out, "verify_shifted_window.h5"), spec, q, k, v, q_retrieval, shifted,
           "hils::gpu v2 packed bf16, run with W + S (broken on purpose)")

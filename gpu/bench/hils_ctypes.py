@@ -10,8 +10,8 @@ _ENUMS = {"key_rule": KEY, "bias_rule": BIAS, "prior_rule": PRIOR, "group_rule":
           "fusion": FUSION}
 # The selection kernel versions of hils_gpu_select_with (gpu/NOTES.md: v4.2, v5, v6, v7, v8).
 SELECT_KERNEL = {"two_pass_v4": 0, "one_pass_v5": 1, "two_pass_v6": 2, "two_pass_v7": 3, "two_pass_v8": 4}
-# The chunk-major sparse stages of hils_gpu_set_sparse_kernel (gpu/NOTES.md: v4, v5).
-SPARSE_KERNEL = {"chunked_v4": 0, "atomic_v5": 1}
+# The chunk-major sparse stages of hils_gpu_set_sparse_kernel (gpu/NOTES.md: v4, v5, v6, v7).
+SPARSE_KERNEL = {"chunked_v4": 0, "atomic_v5": 1, "chunked_v6": 2, "chunked_v7": 3}
 PRESETS = {
     "hils": dict(key="taylor", bias="entropy", fusion="hierarchical", landmarks=1),
     "lmk": dict(key="landmark_key", bias="none", fusion="hierarchical", landmarks=1),
@@ -50,6 +50,12 @@ def set_sparse(lib, kernel, segment_queries=0):
     """Process-wide sparse stage (a SPARSE_KERNEL name) and its queries per segment (0: its own)."""
     lib.call("hils_gpu_set_sparse_kernel", ctypes.c_int32(SPARSE_KERNEL[kernel]))
     lib.call("hils_gpu_set_sparse_segment_queries", ctypes.c_int64(segment_queries))
+
+
+def sparse_kernel(lib):
+    """The SPARSE_KERNEL name of the sparse stage that runs now (the library's default until set)."""
+    value = lib.lib.hils_gpu_sparse_kernel()
+    return next(name for name, v in SPARSE_KERNEL.items() if v == value)
 
 
 def ptr(t):

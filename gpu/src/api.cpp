@@ -120,6 +120,15 @@ void set_packed_kernels(bool enabled) { g_packed_kernels = enabled; }
 void set_sparse_segment_queries(int64_t queries) { detail::set_sparse_segment_queries(queries); }
 void set_sparse_kernel(SparseKernel kernel) { detail::set_sparse_kernel(kernel); }
 SparseKernel sparse_kernel() { return detail::sparse_kernel(); }
+const char* sparse_kernel_name(SparseKernel kernel) {
+  switch (kernel) {
+    case SparseKernel::chunked_v4: return "chunked_v4";
+    case SparseKernel::atomic_v5: return "atomic_v5";
+    case SparseKernel::chunked_v6: return "chunked_v6";
+    case SparseKernel::chunked_v7: return "chunked_v7";
+  }
+  return "unknown";
+}
 bool packed_kernels() { return g_packed_kernels; }
 
 void window_attention(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,

@@ -2,6 +2,7 @@
 #include "hils/gpu/c_api.h"
 
 #include <exception>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 
@@ -151,14 +152,22 @@ int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const
 }
 
 int hils_gpu_set_sparse_kernel(int32_t sparse_kernel) {
-  if (sparse_kernel < 0 || sparse_kernel > 1) {
-    g_last_error = "sparse_kernel: expected 0 (chunked_v4) or 1 (atomic_v5), got " +
-                   std::to_string(sparse_kernel);
+  const auto n_kernels = static_cast<int32_t>(std::size(hils::gpu::kSparseKernels));
+  if (sparse_kernel < 0 || sparse_kernel >= n_kernels) {
+    std::string names;
+    for (int32_t i = 0; i < n_kernels; ++i)
+      names += (i > 0 ? ", " : "") + std::to_string(i) + " (" +
+               hils::gpu::sparse_kernel_name(hils::gpu::kSparseKernels[i]) + ")";
+    g_last_error = "sparse_kernel: expected one of " + names + ", got " + std::to_string(sparse_kernel);
     return 2;
   }
   hils::gpu::set_sparse_kernel(static_cast<hils::gpu::SparseKernel>(sparse_kernel));
   g_last_error.clear();
   return 0;
+}
+
+int32_t hils_gpu_sparse_kernel(void) {
+  return static_cast<int32_t>(hils::gpu::sparse_kernel());
 }
 
 int hils_gpu_set_sparse_segment_queries(int64_t queries) {

@@ -9,7 +9,8 @@
 //      (Eq. 8), the group score r (Eq. 2) per candidate, an exact radix select of the K largest
 //      (ties to the lower chunk), written ascending;
 //   4. chunk tiles: softmax of q over each selected chunk's tokens per head (o_c, lse_c);
-//   5. fuse, one warp per (sequence, head): hierarchical (Eq. 10) or flat (Eq. 3).
+//   5. fuse, one warp per (sequence, head): hierarchical (Eq. 10) or flat (Eq. 3); in the fused
+//      kernel (d13) it also merges the window tiles, which the select does otherwise.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -60,6 +61,22 @@ struct DecodeScratch {
   int32_t* cand_idx;    // same shape: their chunk indices, ascending within each tile
   float* fusion_logit;  // [B, Hq, K] s_hat of the selected chunks from summary_key_bf16
 };
+
+// The shortened tails of the fused kernel (since d12) for K <= kShortK selected chunks; since
+// d13 its fuse also merges the window tiles when dv <= kShortDim and there are at most
+// kShortWinTiles of them (fuse_merges_window), and the select then leaves the window alone.
+constexpr int kShortK = 32;
+constexpr int kShortDim = 64;
+constexpr int kShortWinTiles = 16;
+constexpr int kShortSelectThreads = 1024;  // the select's block for K <= 32 (one list per warp)
+
+__host__ __device__ inline bool fuse_merges_window(const DecodeParams& p) {
+  return p.K <= kShortK && p.dv <= kShortDim && p.n_win_tiles <= kShortWinTiles;
+}
+// The select ranks by warp sorts (select_group_short) rather than radix passes.
+__host__ __device__ inline bool select_by_sorts(const DecodeParams& p) {
+  return p.K > 0 && p.K <= kShortK && p.n_cand > p.K;
+}
 
 // Candidates each 256-chunk tile keeps for the final selection.
 __host__ __device__ inline int64_t tile_keep(const DecodeParams& p) {
@@ -186,9 +203,14 @@ size_t fast_tile_smem(int64_t G, bool early = false) {
 // thread, into shared memory) are loaded before q is staged, so that the tile waits for one
 // memory round trip; d5 (kEarly false) loads the key row after staging q and reads the value
 // rows in the p.v loop, 4 rows per round trip (16 round trips for 64 rows).
-template <bool kEarly, class Emit>
+struct NoWork {
+  __device__ void operator()() const {}
+};
+
+// `during` runs (on every thread, no barrier inside) once the tile's loads are issued.
+template <bool kEarly, class Emit, class During = NoWork>
 __device__ void fast_tile_softmax(const DecodeParams& p, int64_t bg, int64_t lo, int64_t hi,
-                                  float* smem, Emit emit) {
+                                  float* smem, Emit emit, During during = {}) {
   constexpr int D = kFastDim;
   constexpr int kPieces = kDecodeTileSlots * D / 8 / kFastThreads;  // 16-byte pieces per thread
   const int G = static_cast<int>(p.G);
@@ -220,6 +242,7 @@ __device__ void fast_tile_softmax(const DecodeParams& p, int64_t bg, int64_t lo,
                                : make_uint4(0, 0, 0, 0);
     }
   }
+  during();
   for (int i = threadIdx.x; i < G * D; i += blockDim.x) qs[i] = __bfloat162float(p.q[first * D + i]);
   if (kEarly) {
 #pragma unroll
@@ -635,55 +658,168 @@ __device__ int block_top_k(const uint32_t* src, uint32_t* work, int64_t n, int64
   return total;
 }
 
+// ---- short chains (the fused kernel since d12): exact top-K for K <= 32 by warp sorts -------
+// A candidate as one 64-bit rank: its order key above, 0xffffffff - chunk below, so that a larger
+// rank is a larger key or, on equal keys, the lower chunk (the tie rule). 0 is "no candidate"
+// (below every candidate). A warp holds 32 ranks (one per lane); a bitonic sort orders them in
+// 15 shuffle steps, a merge of two sorted lists keeps the 32 largest in 6, with no block barrier:
+// the radix select above needs 4 passes of 3-4 barriers each.
+
+__device__ __forceinline__ uint64_t candidate_rank(uint32_t key, int64_t chunk) {
+  return (static_cast<uint64_t>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(chunk));
+}
+__device__ __forceinline__ int32_t rank_chunk(uint64_t rank) {
+  return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(rank));
+}
+__device__ __forceinline__ uint32_t rank_key(uint64_t rank) { return static_cast<uint32_t>(rank >> 32); }
+
+// The warp's 32 values sorted descending (lane 0 the largest).
+__device__ __forceinline__ uint64_t warp_sort_desc(uint64_t x) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int k = 2; k <= kWarp; k *= 2) {
+#pragma unroll
+    for (int j = k / 2; j > 0; j /= 2) {
+      const uint64_t y = __shfl_xor_sync(0xffffffffu, x, j);
+      const bool keep_max = ((lane & j) == 0) == ((lane & k) == 0);
+      x = keep_max ? max(x, y) : min(x, y);
+    }
+  }
+  return x;
+}
+
+// The 32 largest of two descending lists, descending; `b_reversed` holds b[31 - lane].
+// max(a[i], b[31 - i]) is bitonic and holds the 32 largest; half-cleaners sort it.
+__device__ __forceinline__ uint64_t warp_merge_desc(uint64_t a, uint64_t b_reversed) {
+  const int lane = threadIdx.x % kWarp;
+  uint64_t x = max(a, b_reversed);
+#pragma unroll
+  for (int j = kWarp / 2; j > 0; j /= 2) {
+    const uint64_t y = __shfl_xor_sync(0xffffffffu, x, j);
+    x = (lane & j) == 0 ? max(x, y) : min(x, y);
+  }
+  return x;
+}
+
+__device__ __forceinline__ uint64_t lane_reversed(uint64_t x) {
+  return __shfl_sync(0xffffffffu, x, kWarp - 1 - threadIdx.x % kWarp);
+}
+
+// Block-wide: every warp holds a descending list; returns on warp 0 the 32 largest of all of
+// them, descending (other warps: their own list or a partial merge). `lists` holds 32 per warp.
+// Each slot is written once (by the warp that gives its list away), so one barrier per level.
+__device__ uint64_t block_merge_desc(uint64_t x, uint64_t* lists) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  for (int stride = 1; stride < warps; stride *= 2) {
+    if (warp % (2 * stride) == stride) lists[warp * kWarp + lane] = x;
+    __syncthreads();
+    if (warp % (2 * stride) == 0 && warp + stride < warps)
+      x = warp_merge_desc(x, lists[(warp + stride) * kWarp + kWarp - 1 - lane]);
+  }
+  return x;
+}
+
+// Warp-wide log Z_hat of head `item` (Eq. 8, the window and the candidates) in one pass: lane i
+// loads window tile i's and score tile i's (max, sum) together, one round trip per 32 tiles
+// (window_stats and candidate_lse take two each, one after the other).
+__device__ float head_log_z(const DecodeParams& p, const DecodeScratch& w, int64_t item) {
+  const int lane = threadIdx.x % kWarp;
+  const float* win = w.win_part + item * p.n_win_tiles * (p.dv + 2);
+  const float2* part = w.score_part + item * p.n_score_tiles;
+  const int64_t n = p.n_win_tiles > p.n_score_tiles ? p.n_win_tiles : p.n_score_tiles;
+  float m = kNegInf, l = 0.0f;
+  for (int64_t i = lane; i < n; i += kWarp) {
+    const bool in_win = i < p.n_win_tiles;
+    const float wm = in_win ? win[i * (p.dv + 2)] : kNegInf;
+    const float wl = in_win ? win[i * (p.dv + 2) + 1] : 0.0f;
+    const float2 sp = i < p.n_score_tiles ? part[i] : make_float2(kNegInf, 0.0f);
+    const float mn = fmaxf(m, fmaxf(wm, sp.x));
+    l = l * exp_diff(m, mn) + wl * exp_diff(wm, mn) + sp.y * exp_diff(sp.x, mn);
+    m = mn;
+  }
+  const float top = warp_max(m);
+  const float sum = warp_sum(l * exp_diff(m, top));
+  return sum > 0.0f ? top + __logf(sum) : kNegInf;
+}
+
 // ---- 2b. group scores: r (Eq. 2) of 256 candidates per block, one block per (tile, b, g) ---
 // log Z_hat per head (Eq. 8) is recomputed by every tile from the partials (a few KB).
+// kShort with K <= 32: the tile's K best by warp sorts and a merge tree (no radix passes); the
+// kept candidates are then in no particular order (the select of kShort ranks them by chunk too).
+template <bool kShort>
 __device__ void group_score_tile(const DecodeParams& p, const DecodeScratch& w, int64_t tile,
                                  int64_t bg) {
   __shared__ float log_z[64];
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
   const int warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
-  for (int64_t j = warp; j < p.G; j += warps) {
-    const int64_t item = b * p.Hq + g * p.G + j;
-    const float z = logaddexp(lse_of(window_stats(p, w, item)), candidate_lse(p, w, item));
-    if (threadIdx.x % kWarp == 0) log_z[j] = z;
-  }
-  __syncthreads();
   const int64_t tile_first = tile * kScoreThreads;
   const int64_t c = tile_first + threadIdx.x;
   const bool valid = c < p.n_cand;
   const float* scores = w.scores + (b * p.Hq + g * p.G) * p.n_chunks + c;
+  // kShort, G <= 16: the candidate's scores are loaded before log Z_hat, which takes one pass.
+  const bool preload = kShort && p.G <= kFastMaxGroup;
+  float pre[kFastMaxGroup];
+  if (preload) {
+#pragma unroll
+    for (int j = 0; j < kFastMaxGroup; ++j) pre[j] = valid && j < p.G ? scores[j * p.n_chunks] : kNegInf;
+  }
+  for (int64_t j = warp; j < p.G; j += warps) {
+    const int64_t item = b * p.Hq + g * p.G + j;
+    const float z = kShort ? head_log_z(p, w, item)
+                           : logaddexp(lse_of(window_stats(p, w, item)), candidate_lse(p, w, item));
+    if (threadIdx.x % kWarp == 0) log_z[j] = z;
+  }
+  __syncthreads();
   float r = p.group_rule == static_cast<int>(GroupRule::sum_probabilities) ? 0.0f : kNegInf;
-  for (int64_t j = 0; valid && j < p.G; ++j) {
-    const float s = scores[j * p.n_chunks];
+  auto add_head = [&](int64_t j, float s) {
     if (p.group_rule == static_cast<int>(GroupRule::max_normalized)) r = fmaxf(r, s - log_z[j]);
     else if (p.group_rule == static_cast<int>(GroupRule::sum_probabilities))
       r += __expf(s - log_z[j]);
     else r = fmaxf(r, s);
+  };
+  if (preload) {
+#pragma unroll
+    for (int j = 0; j < kFastMaxGroup; ++j)
+      if (valid && j < p.G) add_head(j, pre[j]);
+  } else {
+    for (int64_t j = 0; valid && j < p.G; ++j) add_head(j, scores[j * p.n_chunks]);
   }
   // The tile keeps its `keep` best (ties: lower chunk); the select block picks among them.
-  __shared__ uint32_t orig[kScoreThreads], work[kScoreThreads];
-  orig[threadIdx.x] = valid ? order_key(r) : 0u;
-  __syncthreads();
   const int64_t keep = tile_keep(p), rest = p.n_cand - tile_first;
   const int64_t n_tile = rest < kScoreThreads ? rest : kScoreThreads;
   uint32_t* out_key = w.cand_key + (bg * p.n_score_tiles + tile) * keep;
   int32_t* out_idx = w.cand_idx + (bg * p.n_score_tiles + tile) * keep;
+  if (kShort && keep <= kShortK) {
+    __shared__ uint64_t lists[kScoreThreads];
+    uint64_t x = warp_sort_desc(valid ? candidate_rank(order_key(r), c) : 0u);
+    x = block_merge_desc(x, lists);
+    const int lane = threadIdx.x % kWarp;
+    if (threadIdx.x < kWarp && lane < keep && lane < n_tile)
+      out_key[lane] = rank_key(x), out_idx[lane] = rank_chunk(x);
+    return;
+  }
+  __shared__ uint32_t orig[kScoreThreads], work[kScoreThreads];
+  orig[threadIdx.x] = valid ? order_key(r) : 0u;
+  __syncthreads();
   block_top_k(orig, work, n_tile, keep, [&](int pos, int64_t i) {
     out_key[pos] = orig[i];
     out_idx[pos] = static_cast<int32_t>(tile_first + i);
   });
 }
 
+template <bool kShort>
 __global__ void decode_group_score_kernel(DecodeParams p, DecodeScratch w) {
-  group_score_tile(p, w, blockIdx.x, blockIdx.y);
+  group_score_tile<kShort>(p, w, blockIdx.x, blockIdx.y);
 }
 
 // ---- 3. select: one block per (b, g), over the tiles' kept candidates -----------------------
+// merge_window: o_swa and lse_swa from the window tiles here (false: the fuse merges them).
 __device__ void select_group(const DecodeParams& p, const DecodeScratch& w, int64_t bg,
-                             float* o_window, float* lse_window, uint32_t* smem_keys) {
+                             float* o_window, float* lse_window, uint32_t* smem_keys,
+                             bool merge_window = true) {
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
   const int warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
-  for (int64_t j = warp; j < p.G; j += warps)
+  for (int64_t j = warp; merge_window && j < p.G; j += warps)
     write_window(p, w, b * p.Hq + g * p.G + j, o_window, lse_window);
   int32_t* sel = w.selection + bg * p.K;
   const int64_t n = p.n_cand;
@@ -704,10 +840,61 @@ __device__ void select_group(const DecodeParams& p, const DecodeScratch& w, int6
   for (int64_t i = total + threadIdx.x; i < p.K; i += blockDim.x) sel[i] = -1;
 }
 
+// kShort with select_by_sorts, kShortSelectThreads threads (since d13; d12 ran 256): warp w
+// ranks the kept candidates w * 32 + lane, + 1024, ... (sorts and merges in registers), a merge
+// tree gives the K best, a last sort orders them by chunk. The first candidates' loads are
+// issued before the window merge (when this block does it) so that they overlap.
+__device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w, int64_t bg,
+                                   float* o_window, float* lse_window, bool merge_window) {
+  constexpr int kBatch = 1;  // 32-candidate lists a warp loads at once
+  __shared__ uint64_t lists[kShortSelectThreads];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
+  const int64_t keep = tile_keep(p), m = kept_candidates(p);
+  const uint32_t* src = w.cand_key + bg * p.n_score_tiles * keep;
+  const int32_t* idx = w.cand_idx + bg * p.n_score_tiles * keep;
+  const int64_t step = static_cast<int64_t>(warps) * kWarp;
+  uint64_t x[kBatch];
+  auto load = [&](int64_t base) {
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t i = base + u * step + lane;
+      x[u] = i < m ? candidate_rank(__ldg(src + i), __ldg(idx + i)) : 0u;
+    }
+  };
+  int64_t base = warp * kWarp;
+  load(base);
+  for (int64_t j = warp; merge_window && j < p.G; j += warps)
+    write_window(p, w, b * p.Hq + g * p.G + j, o_window, lse_window);
+  uint64_t best = 0;
+  while (base < m) {
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) best = warp_merge_desc(best, lane_reversed(warp_sort_desc(x[u])));
+    base += kBatch * step;
+    if (base < m) load(base);
+  }
+  best = block_merge_desc(best, lists);
+  if (warp == 0) {
+    // The K best by chunk: sort their low words (0xffffffff - chunk) descending.
+    const uint64_t low = lane < p.K ? (best & 0xffffffffu) : 0u;
+    const int32_t chunk = rank_chunk(warp_sort_desc(low));
+    if (lane < p.K) w.selection[bg * p.K + lane] = chunk;
+  }
+}
+
+template <bool kShort>
 __global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_window,
                                      float* lse_window) {
   extern __shared__ uint32_t smem_keys[];
-  select_group(p, w, blockIdx.x, o_window, lse_window, smem_keys);
+  const bool merge_window = !(kShort && fuse_merges_window(p));  // else the fuse merges it
+  select_group(p, w, blockIdx.x, o_window, lse_window, smem_keys, merge_window);
+}
+
+// The fused kernel's select when select_by_sorts (kShortSelectThreads threads).
+__global__ void __launch_bounds__(kShortSelectThreads)
+    decode_select_sorted_kernel(DecodeParams p, DecodeScratch w, float* o_window,
+                                float* lse_window) {
+  select_group_short(p, w, blockIdx.x, o_window, lse_window, !fuse_merges_window(p));
 }
 
 // ---- 4. chunk tiles: one block per (selected slot i, b, g), a warp per head ---------------
@@ -728,20 +915,59 @@ __device__ void selected_logits(const DecodeParams& p, float* fusion_logit, int3
   }
 }
 
-template <bool kEarly>
+// The same for d = 64, G <= 16 and 16-byte aligned rows, in one round trip: thread (head
+// t / 8, piece t % 8) loads 16 bytes of q~ and of the row, 8 lanes sum. 128 threads.
+__device__ void selected_logits_packed(const DecodeParams& p, float* fusion_logit, int32_t c,
+                                       int64_t i, int64_t bg) {
+  constexpr int D = kFastDim, kLanes = D / 8;
+  const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
+  const int j = threadIdx.x / kLanes, piece = threadIdx.x % kLanes;
+  const int64_t item = b * p.Hq + g * p.G + j, row = item * p.chunk_cap + c;
+  const bool live = j < p.G;
+  const uint4 qu = live ? __ldg(reinterpret_cast<const uint4*>(p.q_retrieval + item * D) + piece)
+                        : make_uint4(0, 0, 0, 0);
+  const uint4 ku = live ? __ldg(reinterpret_cast<const uint4*>(p.summary_key_bf16 + row * D) + piece)
+                        : make_uint4(0, 0, 0, 0);
+  const float bias = live && piece == 0 ? __ldg(p.summary_bias + row) : 0.0f;
+  float qf[8], kf[8];
+  Bf16Summary::widen(qu, qf);
+  Bf16Summary::widen(ku, kf);
+  float acc = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc = fmaf(qf[e], kf[e], acc);
+#pragma unroll
+  for (int off = 1; off < kLanes; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (live && piece == 0) fusion_logit[item * p.K + i] = p.scale * acc + bias;
+}
+
+__device__ bool logits_packable(const DecodeParams& p) {
+  return p.d == kFastDim && p.G <= kFastThreads / (kFastDim / 8) && blockDim.x == kFastThreads &&
+         reinterpret_cast<uintptr_t>(p.q_retrieval) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.summary_key_bf16) % 16 == 0;
+}
+
+// kShort: on the fast path the fusion logits are computed while the tile's key and value rows
+// are in flight (one round trip, packed), not before issuing them.
+template <bool kEarly, bool kShort>
 __device__ void chunk_tile(const DecodeParams& p, bool fast, bool staged,
                            const int32_t* selection, float* chunk_part, int64_t i, int64_t bg,
                            float* smem, float* fusion_logit) {
   const int lane = threadIdx.x % kWarp;
   const int32_t c = selection[bg * p.K + i];
-  if (p.summary_key_bf16 && c >= 0) selected_logits(p, fusion_logit, c, i, bg);
+  const bool overlap = kShort && fast && c >= 0;
+  if (p.summary_key_bf16 && c >= 0 && !overlap) selected_logits(p, fusion_logit, c, i, bg);
   if (fast && c >= 0) {
+    auto logits = [&] {
+      if (!overlap || !p.summary_key_bf16) return;
+      if (logits_packable(p)) selected_logits_packed(p, fusion_logit, c, i, bg);
+      else selected_logits(p, fusion_logit, c, i, bg);
+    };
     fast_tile_softmax<kEarly>(p, bg, c * p.S, c * p.S + p.S - 1, smem,
                       [&](int64_t item, float m, float l, int dim, float o) {
                         float* out = chunk_part + (item * p.K + i) * (p.dv + 1);
                         if (dim == 0) out[0] = l > 0.0f ? m + __logf(l) : kNegInf;
                         out[1 + dim] = l > 0.0f ? o / l : 0.0f;
-                      });
+                      }, logits);
     return;
   }
   auto emit = [&](int64_t item, const WarpSoftmax& st) {
@@ -763,12 +989,12 @@ __device__ void chunk_tile(const DecodeParams& p, bool fast, bool staged,
   }
 }
 
-template <bool kEarly>
+template <bool kEarly, bool kShort>
 __global__ void decode_chunk_kernel(DecodeParams p, bool fast, bool staged,
                                     const int32_t* selection, float* chunk_part,
                                     float* fusion_logit) {
   extern __shared__ float smem[];
-  chunk_tile<kEarly>(p, fast, staged, selection, chunk_part, blockIdx.x, blockIdx.y, smem,
+  chunk_tile<kEarly, kShort>(p, fast, staged, selection, chunk_part, blockIdx.x, blockIdx.y, smem,
                      fusion_logit);
 }
 
@@ -858,12 +1084,92 @@ __device__ void fuse_head(const DecodeParams& p, const DecodeScratch& w, int64_t
   }
 }
 
-template <bool kBatched>
+// kShort when fuse_merges_window: every load of the head is issued at once (lane i: selected
+// slot i's chunk and logit, window tile i's (m, l); all K rows of o_c and all window tiles' o,
+// dims lane and lane + 32), then the sums: one round trip (two for hierarchical fusion with bf16
+// summaries: the logit is read at its chunk). The window merge (o_swa, lse_swa) happens here.
+__device__ void fuse_head_short(const DecodeParams& p, const DecodeScratch& w, int64_t item,
+                                float* o, float* lse, float* fusion_weights, float* o_window,
+                                float* lse_window) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t b = item / p.Hq, h = item % p.Hq, g = h / p.G;
+  const int32_t* sel = w.selection + (b * p.Hkv + g) * p.K;
+  const float* part = w.chunk_part + item * p.K * (p.dv + 1);
+  const bool mine = lane < p.K;
+  const int32_t c = mine ? sel[lane] : -1;
+  const bool logit_given = p.hierarchical && p.summary_key_bf16;
+  const float given = mine && logit_given ? w.fusion_logit[item * p.K + lane] : kNegInf;
+  const float flat = mine && !p.hierarchical ? part[lane * (p.dv + 1)] : kNegInf;
+  float v0[kShortK], v1[kShortK];
+#pragma unroll
+  for (int i = 0; i < kShortK; ++i) {
+    const float* row = part + i * (p.dv + 1) + 1;
+    v0[i] = i < p.K && lane < p.dv ? row[lane] : 0.0f;
+    v1[i] = i < p.K && lane + kWarp < p.dv ? row[lane + kWarp] : 0.0f;
+  }
+  const float* win = w.win_part + item * p.n_win_tiles * (p.dv + 2);
+  const bool my_tile = lane < p.n_win_tiles;
+  const float tile_m = my_tile ? win[lane * (p.dv + 2)] : kNegInf;
+  const float tile_l = my_tile ? win[lane * (p.dv + 2) + 1] : 0.0f;
+  float t0[kShortWinTiles], t1[kShortWinTiles];
+#pragma unroll
+  for (int t = 0; t < kShortWinTiles; ++t) {
+    const float* row = win + t * (p.dv + 2) + 2;
+    t0[t] = t < p.n_win_tiles && lane < p.dv ? row[lane] : 0.0f;
+    t1[t] = t < p.n_win_tiles && lane + kWarp < p.dv ? row[lane + kWarp] : 0.0f;
+  }
+  // The window (write_window's merge): lse_swa and o_swa.
+  const float win_m = warp_max(tile_m);
+  const float factor = exp_diff(tile_m, win_m);
+  const float win_l = warp_sum(tile_l * factor);
+  const float a_win = win_l > 0.0f ? win_m + __logf(win_l) : kNegInf;
+  const float win_inv = win_l > 0.0f ? 1.0f / win_l : 0.0f;
+  float wo0 = 0.0f, wo1 = 0.0f;
+#pragma unroll
+  for (int t = 0; t < kShortWinTiles; ++t) {
+    const float ft = __shfl_sync(0xffffffffu, factor, t);
+    wo0 = fmaf(t0[t], ft, wo0);
+    wo1 = fmaf(t1[t], ft, wo1);
+  }
+  wo0 *= win_inv, wo1 *= win_inv;
+  if (o_window && lane < p.dv) o_window[item * p.dv + lane] = wo0;
+  if (o_window && lane + kWarp < p.dv) o_window[item * p.dv + lane + kWarp] = wo1;
+  if (lse_window && lane == 0) lse_window[item] = a_win;
+  float a = kNegInf;
+  if (mine && c >= 0)
+    a = !p.hierarchical ? flat : logit_given ? given : w.scores[item * p.n_chunks + c];
+  const bool zero_logit = p.hierarchical && p.softmax1;
+  const float m = fmaxf(fmaxf(warp_max(a), a_win), zero_logit ? 0.0f : kNegInf);
+  const float l = warp_sum(exp_diff(a, m)) + exp_diff(a_win, m) + (zero_logit ? __expf(-m) : 0.0f);
+  const float total = m == kNegInf ? kNegInf : m + __logf(l);
+  auto weight = [&](float x) { return total == kNegInf ? 0.0f : exp_diff(x, total); };
+  const float wi = weight(a), w_win = weight(a_win);
+  float* fw = fusion_weights ? fusion_weights + item * (p.K + 2) : nullptr;
+  if (fw && mine) fw[lane] = wi;
+  float acc0 = w_win * wo0, acc1 = w_win * wo1;
+#pragma unroll
+  for (int i = 0; i < kShortK; ++i) {
+    const float wj = __shfl_sync(0xffffffffu, wi, i);
+    acc0 = fmaf(wj, v0[i], acc0);
+    acc1 = fmaf(wj, v1[i], acc1);
+  }
+  if (lane < p.dv) o[item * p.dv + lane] = acc0;
+  if (lane + kWarp < p.dv) o[item * p.dv + lane + kWarp] = acc1;
+  if (lane == 0) {
+    lse[item] = total;
+    if (fw) fw[p.K] = w_win, fw[p.K + 1] = zero_logit ? weight(0.0f) : 0.0f;
+  }
+}
+
+template <bool kBatched, bool kShort>
 __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, float* lse,
-                                   float* fusion_weights) {
+                                   float* fusion_weights, float* o_window, float* lse_window) {
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (item >= p.B * p.Hq) return;
-  fuse_head<kBatched>(p, w, item, o, lse, fusion_weights);
+  if (kShort && fuse_merges_window(p))
+    fuse_head_short(p, w, item, o, lse, fusion_weights, o_window, lse_window);
+  else
+    fuse_head<kBatched>(p, w, item, o, lse, fusion_weights);
 }
 
 // ---- the fused step (DecodeKernel::fused) ----------------------------------------------------
@@ -1070,30 +1376,31 @@ void launch_d5(const DecodeParams& p, const LaunchShape& s, const DecodeScratch&
                                                                 w.scores, w.score_part);
   check_launch("score");
   if (p.K > 0 && p.n_cand > p.K) {
-    decode_group_score_kernel<<<dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)),
+    decode_group_score_kernel<false><<<dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)),
                                      bg),
                                 kScoreThreads, 0, stream>>>(p, w);
     check_launch("group score");
   }
-  decode_select_kernel<<<bg, kSelectThreads, s.key_smem, stream>>>(p, w, out.o_window,
+  decode_select_kernel<false><<<bg, kSelectThreads, s.key_smem, stream>>>(p, w, out.o_window,
                                                                    out.lse_window);
   check_launch("select");
   if (p.K > 0) {
-    decode_chunk_kernel<false><<<dim3(static_cast<unsigned>(p.K), bg), kFastThreads,
+    decode_chunk_kernel<false, false><<<dim3(static_cast<unsigned>(p.K), bg), kFastThreads,
                                  s.chunk_smem, stream>>>(p, s.fast_chunk, s.chunk_staged,
                                                          w.selection, w.chunk_part,
                                                          w.fusion_logit);
     check_launch("chunk");
   }
-  decode_fuse_kernel<false><<<static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock)),
+  decode_fuse_kernel<false, false><<<static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock)),
                               kWarpsPerBlock * kWarp, 0, stream>>>(p, w, out.o, out.lse,
-                                                                   out.fusion_weights);
+                                                                   out.fusion_weights,
+                                                                   out.o_window, out.lse_window);
   check_launch("fuse");
 }
 
-// fused: five launches (window + score tiles in one grid; group scores; select; chunk tiles;
-// fuse with batched loads).
-template <class Summary>
+// fused and d8: five launches (window + score tiles in one grid; group scores; select; chunk
+// tiles; fuse with batched loads); kShort (fused, d12/d13) the shorter chains of its tails.
+template <class Summary, bool kShort>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
                   const DecodeOutputs& out, cudaStream_t stream) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
@@ -1106,24 +1413,29 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
          stream>>>(p, w, s.fast, s.win_staged, s.vectorised, s.coalesced);
   check_launch("window + score");
   if (p.K > 0 && p.n_cand > p.K) {
-    decode_group_score_kernel<<<dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)),
+    decode_group_score_kernel<kShort><<<dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)),
                                      bg),
                                 kScoreThreads, 0, stream>>>(p, w);
     check_launch("group score");
   }
-  decode_select_kernel<<<bg, kSelectThreads, s.key_smem, stream>>>(p, w, out.o_window,
-                                                                   out.lse_window);
+  if (kShort && select_by_sorts(p))
+    decode_select_sorted_kernel<<<bg, kShortSelectThreads, 0, stream>>>(p, w, out.o_window,
+                                                                         out.lse_window);
+  else
+    decode_select_kernel<kShort><<<bg, kSelectThreads, s.key_smem, stream>>>(p, w, out.o_window,
+                                                                     out.lse_window);
   check_launch("select");
   if (p.K > 0) {
-    decode_chunk_kernel<true><<<dim3(static_cast<unsigned>(p.K), bg), kFastThreads,
+    decode_chunk_kernel<true, kShort><<<dim3(static_cast<unsigned>(p.K), bg), kFastThreads,
                                 s.chunk_smem_early, stream>>>(p, s.fast_chunk, s.chunk_staged,
                                                               w.selection, w.chunk_part,
                                                               w.fusion_logit);
     check_launch("chunk");
   }
-  decode_fuse_kernel<true><<<static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock)),
+  decode_fuse_kernel<true, kShort><<<static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock)),
                              kWarpsPerBlock * kWarp, 0, stream>>>(p, w, out.o, out.lse,
-                                                                  out.fusion_weights);
+                                                                  out.fusion_weights,
+                                                                  out.o_window, out.lse_window);
   check_launch("fuse");
 }
 
@@ -1138,8 +1450,8 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   require(out.o && out.lse, "decode: outputs o and lse must be device pointers, got null");
   require(workspace != nullptr || decode_workspace_bytes(spec, cache) == 0,
           "decode: workspace must be a device pointer, got null");
-  require(kernel == DecodeKernel::fused || kernel == DecodeKernel::d5,
-          "decode: kernel must be fused (0) or d5 (1)");
+  require(kernel == DecodeKernel::fused || kernel == DecodeKernel::d5 || kernel == DecodeKernel::d8,
+          "decode: kernel must be fused (0), d5 (1) or d8 (2)");
   const DecodeParams p = params_of(spec, cache, q);
   const ScratchSizes sizes = scratch_sizes(p);
   char* base = static_cast<char*>(workspace);
@@ -1157,9 +1469,12 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   if (kernel == DecodeKernel::d5) {
     if (fp8) launch_d5<Fp8Summary>(p, shape, w, out, stream);
     else launch_d5<Bf16Summary>(p, shape, w, out, stream);
+  } else if (kernel == DecodeKernel::d8) {
+    if (fp8) launch_fused<Fp8Summary, false>(p, shape, w, out, stream);
+    else launch_fused<Bf16Summary, false>(p, shape, w, out, stream);
   } else {
-    if (fp8) launch_fused<Fp8Summary>(p, shape, w, out, stream);
-    else launch_fused<Bf16Summary>(p, shape, w, out, stream);
+    if (fp8) launch_fused<Fp8Summary, true>(p, shape, w, out, stream);
+    else launch_fused<Bf16Summary, true>(p, shape, w, out, stream);
   }
 }
 

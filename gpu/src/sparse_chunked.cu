@@ -17,6 +17,14 @@
 // the chunk kernel adds w_c * o_c of every (row, slot) into o in fp32 with vector reductions
 // (red.global.add.v2.f32). Segments are sized so that the segment's o and q stay in L2. The sum
 // order of the reductions varies from run to run, so o varies in its last bits (fp32 rounding).
+//
+// SparseKernel::chunked_v6 (gpu/NOTES.md "sparse v6", the default) is chunked_v4 with fewer
+// instructions per 16-row slice: a kernel after the scan writes one descriptor per item (no
+// binary search over the items), the block turns its rows into q offsets and scratch rows once
+// (shared memory), the softmax takes one FFMA and one ex2 per score (scale and log2 e folded, the
+// landmark column masked in the registers that hold it), and the fp16 rows are staged with
+// stmatrix. Same scratch, same reduce. chunked_v7 runs two slices per warp step (measured not
+// faster: fewer warps per SM).
 #include <cuda_fp16.h>
 
 #include "launch_params.hpp"
@@ -43,6 +51,11 @@ __global__ void count_pairs_kernel(const int32_t* selection, int64_t T, int64_t 
   const int32_t c = selection[(g * T + t0) * K + rest];
   if (c >= 0) atomicAdd(&counts[g * nc + c], 1);
 }
+
+// One item of the chunk kernel (chunked_v6/v7): its chunk, its first pair in the buckets, its pairs.
+struct ItemDesc {
+  int32_t chunk, first, count, unused;
+};
 
 // Exclusive scans of counts (pair offsets) and of ceil(counts / per_item) (item offsets), one
 // block; resets counts to zero for the scatter's cursors. offsets/items have n + 1 entries.
@@ -72,6 +85,18 @@ __global__ void __launch_bounds__(kScanThreads)
     counts[i] = 0;
   }
   if (threadIdx.x == kScanThreads - 1) offsets[n] = s_pairs[kScanThreads - 1], items[n] = s_items[kScanThreads - 1];
+}
+
+// chunked_v6/v7: the descriptors of chunk i's items, one thread per chunk (the scan's one block
+// wrote them serially at first: 136 us per 16K-query segment at 512K instead of 46).
+__global__ void describe_items_kernel(const int32_t* offsets, const int32_t* items, int64_t n,
+                                      int per_item, ItemDesc* item_desc) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int32_t first = offsets[i], count = offsets[i + 1] - first;
+  for (int32_t done = 0, it = items[i]; done < count; done += per_item, ++it)
+    item_desc[it] = ItemDesc{static_cast<int32_t>(i), first + done,
+                             count - done < per_item ? count - done : per_item, 0};
 }
 
 // Bucket entry: (t - t0) << 6 | slot.
@@ -263,6 +288,217 @@ __global__ void __launch_bounds__(kPackedThreads)
   }
 }
 
+// Four 8x8 b16 matrices to shared memory (lanes 8i..8i+7 give the row addresses of matrix i;
+// each lane's register i holds its fragment of matrix i, as ldmatrix returns it).
+__device__ __forceinline__ void stmatrix_x4(void* row, uint32_t r0, uint32_t r1, uint32_t r2,
+                                            uint32_t r3) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// s[i] = q[i] . K_tile^T for kSub 16-row slices (qk_tile of mma_common.cuh, each B fragment
+// loaded once for all slices).
+template <int kSub>
+__device__ __forceinline__ void qk_tiles(float (&s)[kSub][8][4], const uint32_t (&qa)[kSub][4][4],
+                                         const __nv_bfloat16 (*ks_tile)[kTilePitch]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) s[i][nt][0] = s[i][nt][1] = s[i][nt][2] = s[i][nt][3] = 0.0f;
+    const __nv_bfloat16* key = ks_tile[nt * 8 + lane % 8] + 8 * (lane / 8);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint32_t b[4];
+      ldmatrix_x4(b, key + 32 * half);
+#pragma unroll
+      for (int i = 0; i < kSub; ++i) {
+        mma_16816(s[i][nt], qa[i][2 * half], b[0], b[1]);
+        mma_16816(s[i][nt], qa[i][2 * half + 1], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// o[i] += P[i] . V_tile for kSub slices, P as bf16 A fragments (pv_tile of mma_common.cuh).
+template <int kSub>
+__device__ __forceinline__ void pv_tiles(float (&o)[kSub][8][4], const uint32_t (&pa)[kSub][4][4],
+                                         const __nv_bfloat16 (*vs_tile)[kTilePitch]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    const __nv_bfloat16* row = vs_tile[16 * ks + lane % 8 + 8 * ((lane / 8) % 2)] + 8 * (lane / 16);
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, row + 16 * np);
+#pragma unroll
+      for (int i = 0; i < kSub; ++i) {
+        mma_16816(o[i][2 * np], pa[i][ks], b[0], b[1]);
+        mma_16816(o[i][2 * np + 1], pa[i][ks], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// chunked_v6 (kSub = 1) and chunked_v7 (kSub = 2): one block per item descriptor, the same
+// work and output as chunk_attention_kernel<G, false>. The block first turns its rows (pair x
+// head) into their q element offsets and scratch rows in shared memory, so that copies and
+// stores cost one shared load per row. A warp step is kSub 16-row slices (v7: each K/V B
+// fragment loaded by ldmatrix serves two slices, halving the shared-memory reads that bound
+// v6); lane l copies and stores rows l / 8 + 4 j of a step, columns 8 (l % 8) .. + 7. Every row
+// is computed alike whatever kSub, so v7's output is v6's bit for bit.
+template <int G, int kSub>
+__global__ void __launch_bounds__(kPackedThreads, kSub == 1 ? 5 : 3)
+    chunk_attention_v6_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
+                              const int32_t* items, const ItemDesc* item_desc,
+                              const uint32_t* bucket, __half* partial) {
+  constexpr int kRows = pairs_per_item<G>() * G;  // 512
+  constexpr int kStep = 16 * kSub;                // rows per warp step
+  constexpr int kCopies = kStep / 4;              // 16-byte pieces per lane and step
+  __shared__ __align__(16) __nv_bfloat16 ks_tile[kTileDim][kTilePitch];
+  __shared__ __align__(16) __nv_bfloat16 vs_tile[kTileDim][kTilePitch];
+  // The warps' q stages (two per warp) in dynamic shared memory: v7's pass the 48 KB static limit.
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  auto* q_stage = reinterpret_cast<__nv_bfloat16(*)[2][kStep][kTilePitch]>(dynamic_smem);
+  __shared__ int64_t row_q[kRows];     // q element offset of the row; -1 past the pairs
+  __shared__ uint32_t row_out[kRows];  // its scratch row: (h seg + tl) K + slot
+  const int32_t item = static_cast<int32_t>(blockIdx.x);
+  const int32_t n_items = items[p.Hkv * nc];
+  const ItemDesc desc = item_desc[item];  // past n_items: zeros or another segment's, unused
+  if (item >= n_items) return;
+  const int64_t g = desc.chunk / nc, c = desc.chunk % nc;
+  const int n_pairs = desc.count, n_steps = (n_pairs * G + kStep - 1) / kStep;
+  const int K = static_cast<int>(p.K);
+  const auto* k = static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim;
+  const auto* v = static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim;
+  load_tile_async(ks_tile, k, c * kTileDim, p.T);
+  load_tile_async(vs_tile, v, c * kTileDim, p.T);
+  cp_async_commit();
+  for (int rr = threadIdx.x; rr < kStep * n_steps; rr += kPackedThreads) {
+    const int e = rr / G;
+    const int64_t h = g * G + rr % G;
+    if (e < n_pairs) {
+      const uint32_t entry = bucket[desc.first + e];
+      const int64_t tl = entry >> 6;
+      row_q[rr] = (h * p.T + t0 + tl) * kTileDim;
+      row_out[rr] = static_cast<uint32_t>((h * seg + tl) * K + (entry & 63u));
+    } else {
+      row_q[rr] = -1;
+    }
+  }
+  cp_async_wait_all();
+  __syncthreads();
+
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int col = (lane % 8) * 8;
+  const auto* q = static_cast<const __nv_bfloat16*>(p.q) + col;
+  __half* out = partial + col;
+  // The warp's kStep q rows of step s -> q_stage[warp][buf] (cp.async, zeros past the pairs).
+  auto issue_q = [&](int s, int buf) {
+#pragma unroll
+    for (int j = 0; j < kCopies; ++j) {
+      const int64_t off = row_q[kStep * s + lane / 8 + 4 * j];
+      cp_async16(&q_stage[warp][buf][lane / 8 + 4 * j][col], q + (off >= 0 ? off : 0), off >= 0);
+    }
+    cp_async_commit();
+  };
+  // Scores in base 2: p = 2^(s c - max(s) c) with c = scale log2 e > 0 (SEMANTICS §11.2: the
+  // scale is positive), the landmark key (column 63: lane % 4 == 3, registers [7][1], [7][3])
+  // masked.
+  const float c2 = p.scale * 1.4426950408889634f;
+  const bool mask_landmark = p.landmarks && lane % 4 == 3;
+  if (warp < n_steps) issue_q(warp, 0);
+  int it = 0;
+  for (int s = warp; s < n_steps; s += kWarpsPerBlock, ++it) {
+    const int buf = it & 1;
+    if (s + kWarpsPerBlock < n_steps) {
+      issue_q(s + kWarpsPerBlock, buf ^ 1);
+      cp_async_wait_one();
+    } else {
+      cp_async_wait_all();
+    }
+    __syncwarp();
+    __nv_bfloat16(*stage)[kTilePitch] = q_stage[warp][buf];
+    __nv_bfloat16* frag_row[kSub];
+    uint32_t qa[kSub][4][4];
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) {
+      frag_row[i] = stage[16 * i + lane % 8 + 8 * ((lane / 8) % 2)] + 8 * (lane / 16);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) ldmatrix_x4(qa[i][ks], frag_row[i] + 16 * ks);
+    }
+    float sc[kSub][8][4];
+    qk_tiles<kSub>(sc, qa, ks_tile);
+    uint32_t pa[kSub][4][4];
+    float inv[kSub][2];
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) {
+      if (mask_landmark) sc[i][7][1] = sc[i][7][3] = kNegInf;
+      float row_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) row_max[e / 2] = fmaxf(row_max[e / 2], sc[i][nt][e]);
+      float neg_max[2], row_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int r = 0; r < 2; ++r) neg_max[r] = -quad_max(row_max[r]) * c2;  // finite: 63 keys
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          sc[i][nt][e] = ex2_approx(fmaf(sc[i][nt][e], c2, neg_max[e / 2]));  // -inf -> 0
+          row_sum[e / 2] += sc[i][nt][e];
+        }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) inv[i][r] = 1.0f / quad_sum(row_sum[r]);
+      // A fragments of P (pv_tile's packing): keys 16 ks .. 16 ks + 15.
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        pa[i][ks][0] = pack_bf16(sc[i][2 * ks][0], sc[i][2 * ks][1]);
+        pa[i][ks][1] = pack_bf16(sc[i][2 * ks][2], sc[i][2 * ks][3]);
+        pa[i][ks][2] = pack_bf16(sc[i][2 * ks + 1][0], sc[i][2 * ks + 1][1]);
+        pa[i][ks][3] = pack_bf16(sc[i][2 * ks + 1][2], sc[i][2 * ks + 1][3]);
+      }
+    }
+    float oc[kSub][8][4] = {};
+    pv_tiles<kSub>(oc, pa, vs_tile);
+    // The normalised rows as fp16 into the stage (its q is in registers), then 16-byte stores.
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < kSub; ++i)
+#pragma unroll
+      for (int nt = 0; nt < 8; nt += 2)
+        stmatrix_x4(frag_row[i] + 8 * nt,
+                    pack_half2(oc[i][nt][0] * inv[i][0], oc[i][nt][1] * inv[i][0]),
+                    pack_half2(oc[i][nt][2] * inv[i][1], oc[i][nt][3] * inv[i][1]),
+                    pack_half2(oc[i][nt + 1][0] * inv[i][0], oc[i][nt + 1][1] * inv[i][0]),
+                    pack_half2(oc[i][nt + 1][2] * inv[i][1], oc[i][nt + 1][3] * inv[i][1]));
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < kCopies; ++j) {
+      const int rr = kStep * s + lane / 8 + 4 * j;
+      if (row_q[rr] >= 0)
+        *reinterpret_cast<uint4*>(out + static_cast<uint64_t>(row_out[rr]) * kTileDim) =
+            *reinterpret_cast<const uint4*>(&stage[lane / 8 + 4 * j][col]);
+    }
+    __syncwarp();  // the buffer is refilled by the prefetch two steps on
+  }
+}
+
 // One warp per (head, query) of the segment: softmax over [s_hat(c) for selected c, lse_swa
 // (, 0 with softmax1)] with values [o_c..., o_swa (, 0)]. Lane 8 j + part reads dims
 // 8 part .. 8 part + 7 of slots j, j + 4, ... with 16-byte loads, all issued before the sums.
@@ -422,21 +658,40 @@ void keep_pool_reserved() {
   pool_configured = true;
 }
 
+// chunk_attention_v6_kernel<G, kSub> with its dynamic shared memory (the q stages), raising the
+// kernel's limit once (v7: 36 KB dynamic + 24 KB static).
+template <int G, int kSub>
+void launch_chunk_v6(unsigned grid, cudaStream_t stream, const LaunchParams& p, int64_t t0,
+                     int64_t seg, int64_t nc, const int32_t* items, const ItemDesc* item_desc,
+                     const uint32_t* bucket, __half* partial) {
+  constexpr int kBytes = kWarpsPerBlock * 2 * 16 * kSub * kTilePitch * sizeof(__nv_bfloat16);
+  static const bool raised = cudaFuncSetAttribute(chunk_attention_v6_kernel<G, kSub>,
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  kBytes) == cudaSuccess;
+  (void)raised;  // a failure surfaces as the launch's error
+  chunk_attention_v6_kernel<G, kSub><<<grid, kPackedThreads, kBytes, stream>>>(
+      p, t0, seg, nc, items, item_desc, bucket, partial);
+}
+
 template <int G>
 void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
                       const float* selected_score, const float* o_swa, const float* lse_swa,
                       float* o, float* lse, SparseKernel kernel, cudaStream_t stream) {
   constexpr int kPairs = pairs_per_item<G>();
   const bool accumulate = kernel == SparseKernel::atomic_v5;
+  const bool described = kernel == SparseKernel::chunked_v6 || kernel == SparseKernel::chunked_v7;
   const int64_t nc = p.T / p.S, n_ch = p.Hkv * nc;
   const int64_t seg = accumulate ? accumulate_segment_queries(p) : segment_queries(p);
+  // Upper bound of the item count of a segment; blocks past the real count return at once.
+  const int64_t max_items = (p.Hkv * seg * p.K + kPairs - 1) / kPairs + n_ch;
   const size_t counts_bytes = round_up((n_ch + 1) * sizeof(int32_t));
   const size_t bucket_bytes = round_up(static_cast<size_t>(p.Hkv * seg * p.K) * sizeof(uint32_t));
-  // chunked_v4: fp16 rows o_c [Hq, seg, K, 64]; atomic_v5: the rows' (m, 1 / l) [Hq, seg].
+  const size_t desc_bytes = described ? round_up(static_cast<size_t>(max_items) * sizeof(ItemDesc)) : 0;
+  // chunked_v4/v6: fp16 rows o_c [Hq, seg, K, 64]; atomic_v5: the rows' (m, 1 / l) [Hq, seg].
   const size_t partial_bytes =
       accumulate ? round_up(static_cast<size_t>(p.Hq * seg) * sizeof(float2))
                  : round_up(static_cast<size_t>(p.Hq * seg * p.K * kTileDim) * sizeof(__half));
-  const size_t total = 3 * counts_bytes + bucket_bytes + partial_bytes;
+  const size_t total = 3 * counts_bytes + bucket_bytes + desc_bytes + partial_bytes;
   keep_pool_reserved();
   char* scratch = nullptr;
   if (cudaMallocAsync(reinterpret_cast<void**>(&scratch), total, stream) != cudaSuccess) return;
@@ -444,11 +699,14 @@ void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
   auto* offsets = reinterpret_cast<int32_t*>(scratch + counts_bytes);
   auto* items = reinterpret_cast<int32_t*>(scratch + 2 * counts_bytes);
   auto* bucket = reinterpret_cast<uint32_t*>(scratch + 3 * counts_bytes);
-  auto* partial = reinterpret_cast<__half*>(scratch + 3 * counts_bytes + bucket_bytes);
+  auto* item_desc = described ? reinterpret_cast<ItemDesc*>(scratch + 3 * counts_bytes + bucket_bytes) : nullptr;
+  auto* partial = reinterpret_cast<__half*>(scratch + 3 * counts_bytes + bucket_bytes + desc_bytes);
   Accumulate acc;
   if (accumulate)
     acc = Accumulate{selected_score, reinterpret_cast<const float2*>(partial), o};
   cudaMemsetAsync(counts, 0, (n_ch + 1) * sizeof(int32_t), stream);
+  // Blocks past a segment's item count read a descriptor before they know it: never stale bytes.
+  if (described) cudaMemsetAsync(item_desc, 0, desc_bytes, stream);
   for (int64_t t0 = 0; t0 < p.T; t0 += seg) {
     const int64_t tn = p.T - t0 < seg ? p.T - t0 : seg;
     const int64_t n_pairs = p.Hkv * tn * p.K;
@@ -462,15 +720,22 @@ void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
       const unsigned blocks = static_cast<unsigned>((n_pairs + 255) / 256);
       count_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, p.T, p.K, t0, tn, p.Hkv, nc, counts);
       scan_kernel<<<1, kScanThreads, 0, stream>>>(counts, n_ch, kPairs, offsets, items);
+      if (described)
+        describe_items_kernel<<<static_cast<unsigned>((n_ch + 255) / 256), 256, 0, stream>>>(
+            offsets, items, n_ch, kPairs, item_desc);
       scatter_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, p.T, p.K, t0, tn, p.Hkv, nc,
                                                        offsets, counts, bucket);
-      // Upper bound of the item count; blocks past the real count return at once.
-      const int64_t max_items = (n_pairs + kPairs - 1) / kPairs + n_ch;
+      const int64_t seg_items = (n_pairs + kPairs - 1) / kPairs + n_ch;
+      const auto grid = static_cast<unsigned>(seg_items);
       if (accumulate)
-        chunk_attention_kernel<G, true><<<static_cast<unsigned>(max_items), kPackedThreads, 0, stream>>>(
+        chunk_attention_kernel<G, true><<<grid, kPackedThreads, 0, stream>>>(
             p, t0, seg, nc, offsets, items, bucket, nullptr, acc);
+      else if (kernel == SparseKernel::chunked_v6)
+        launch_chunk_v6<G, 1>(grid, stream, p, t0, seg, nc, items, item_desc, bucket, partial);
+      else if (kernel == SparseKernel::chunked_v7)
+        launch_chunk_v6<G, 2>(grid, stream, p, t0, seg, nc, items, item_desc, bucket, partial);
       else
-        chunk_attention_kernel<G, false><<<static_cast<unsigned>(max_items), kPackedThreads, 0, stream>>>(
+        chunk_attention_kernel<G, false><<<grid, kPackedThreads, 0, stream>>>(
             p, t0, seg, nc, offsets, items, bucket, partial, acc);
       // The scatter's cursors end at the counts: zero them for the next segment.
       cudaMemsetAsync(counts, 0, (n_ch + 1) * sizeof(int32_t), stream);

@@ -25,16 +25,21 @@ std::string device_unusable_reason() {
   return "";
 }
 
-// HILS_GPU_SPARSE_KERNEL=chunked_v4|atomic_v5 runs every test with that sparse stage as the
-// process default (gpu/NOTES.md); "" when set and valid or unset, else what is wrong.
+// HILS_GPU_SPARSE_KERNEL=chunked_v4|atomic_v5|chunked_v6 runs every test with that sparse stage
+// as the process default (gpu/NOTES.md); "" when set and valid or unset, else what is wrong.
 std::string apply_sparse_kernel_env() {
   const char* name = std::getenv("HILS_GPU_SPARSE_KERNEL");
   if (name == nullptr) return "";
   const std::string value = name;
-  if (value == "chunked_v4") hils::gpu::set_sparse_kernel(hils::gpu::SparseKernel::chunked_v4);
-  else if (value == "atomic_v5") hils::gpu::set_sparse_kernel(hils::gpu::SparseKernel::atomic_v5);
-  else return "HILS_GPU_SPARSE_KERNEL: expected chunked_v4 or atomic_v5, got '" + value + "'";
-  return "";
+  std::string names;
+  for (auto kernel : hils::gpu::kSparseKernels) {
+    if (value == hils::gpu::sparse_kernel_name(kernel)) {
+      hils::gpu::set_sparse_kernel(kernel);
+      return "";
+    }
+    names += (names.empty() ? "" : ", ") + std::string(hils::gpu::sparse_kernel_name(kernel));
+  }
+  return "HILS_GPU_SPARSE_KERNEL: expected one of " + names + ", got '" + value + "'";
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // does with /queries holding the last slot), over the case table, every group rule, and exact
 // and near ties. The cache holds bf16 K/V and the prefill's summaries rounded to bf16 (the
 // oracle's score_precision bf16) or quantised to fp8 e4m3 with per-row scales by
-// quantize_summaries_fp8 (score_precision fp8_e4m3); both the fused kernel and d5 run.
+// quantize_summaries_fp8 (score_precision fp8_e4m3); the fused kernel, d5 and (ties and the
+// several-tile case) d8 run.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
@@ -40,6 +41,7 @@ struct Variant {
 constexpr Variant kFusedBf16{hils::gpu::DecodeKernel::fused, hils::gpu::SummaryType::bf16, "fused bf16"};
 constexpr Variant kFusedFp8{hils::gpu::DecodeKernel::fused, hils::gpu::SummaryType::fp8_e4m3, "fused fp8"};
 constexpr Variant kD5Bf16{hils::gpu::DecodeKernel::d5, hils::gpu::SummaryType::bf16, "d5 bf16"};
+constexpr Variant kD8Fp8{hils::gpu::DecodeKernel::d8, hils::gpu::SummaryType::fp8_e4m3, "d8 fp8"};
 
 // An e4m3 byte as a double (sign, 4 exponent bits with bias 7, 3 mantissa bits; no NaN expected).
 double decode_e4m3(unsigned char byte) {
@@ -285,7 +287,7 @@ TEST_CASE("gpu decode with exact and near ties passes the oracle", "[gpu]") {
       const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
       std::ostringstream label;
       label << "longer_blocks ties " << perturbation;
-      for (const Variant& variant : {kFusedBf16, kFusedFp8, kD5Bf16})
+      for (const Variant& variant : {kFusedBf16, kFusedFp8, kD5Bf16, kD8Fp8})
         check_decode(spec, seqs, label.str(), variant);
     }
   }
@@ -297,7 +299,7 @@ TEST_CASE("gpu decode with exact ties keeps the lower chunk", "[gpu]") {
   const Case c = hils::cases::case_named("longer_blocks");
   const std::vector<AttentionInputs<double>> seqs{gt::tied_inputs(c, 0.0)};
   int64_t cuts_through_twins = 0, violations = 0;
-  for (const Variant& variant : {kFusedBf16, kFusedFp8, kD5Bf16})
+  for (const Variant& variant : {kFusedBf16, kFusedFp8, kD5Bf16, kD8Fp8})
   for (const char* preset : {"hils", "lmk", "nsa"}) {
     for (int64_t K = 1; K <= 12; ++K) {
       MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
@@ -335,7 +337,7 @@ TEST_CASE("gpu decode over several selection tiles passes the oracle", "[gpu]") 
   for (int64_t to : {300, 600}) gt::duplicate_chunk(tied, c.S, 2, to, 0.0);
   const std::vector<AttentionInputs<double>> seqs{hils::cases::make_inputs<double>(c), tied};
   int64_t cuts_through_twins = 0, violations = 0;
-  for (const Variant& variant : {kFusedBf16, kFusedFp8, kD5Bf16})
+  for (const Variant& variant : {kFusedBf16, kFusedFp8, kD5Bf16, kD8Fp8})
   for (const char* preset : {"hils", "nsa"}) {
     for (int64_t K : {1, 2, 3, 8, 33, 300}) {
       MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);

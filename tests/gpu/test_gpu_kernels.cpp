@@ -5,12 +5,14 @@
 #include <cuda_runtime_api.h>
 
 #include <iostream>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "case_inputs.hpp"
 #include "device_support.hpp"
+#include "hils/gpu/c_api.h"
 
 namespace {
 
@@ -28,15 +30,7 @@ struct KernelRun {
   std::vector<std::string> guard_problems;
 };
 
-const char* sparse_name(hils::gpu::SparseKernel kernel) {
-  return kernel == hils::gpu::SparseKernel::atomic_v5 ? "atomic_v5" : "chunked_v4";
-}
-// The chunk-major sparse stage that is not the process's current one.
-hils::gpu::SparseKernel other_sparse_kernel() {
-  return hils::gpu::sparse_kernel() == hils::gpu::SparseKernel::atomic_v5
-             ? hils::gpu::SparseKernel::chunked_v4
-             : hils::gpu::SparseKernel::atomic_v5;
-}
+using hils::gpu::sparse_kernel_name;
 
 hils::gpu::Shape shape_of(const AttentionInputs<double>& in) {
   return {in.T(), in.Hq(), in.Hkv(), in.d(), in.dv()};
@@ -203,12 +197,15 @@ TEST_CASE("gpu packed tensor-core kernels against the reference", "[gpu]") {
                               std::string(c.name) + (packed ? " packed" : " simt")));
       }
       hils::gpu::set_packed_kernels(true);
-      // The other chunk-major sparse stage (the current one ran above).
-      const auto current = hils::gpu::sparse_kernel(), other = other_sparse_kernel();
-      hils::gpu::set_sparse_kernel(other);
-      INFO("case " << c.name << " preset " << preset << " packed, " << sparse_name(other));
-      CHECK(check_mechanism(spec, inputs, DType::bf16,
-                            std::string(c.name) + " packed " + sparse_name(other)));
+      // Every other chunk-major sparse stage (the current one ran above).
+      const auto current = hils::gpu::sparse_kernel();
+      for (auto other : hils::gpu::kSparseKernels) {
+        if (other == current) continue;
+        hils::gpu::set_sparse_kernel(other);
+        INFO("case " << c.name << " preset " << preset << " packed, " << sparse_kernel_name(other));
+        CHECK(check_mechanism(spec, inputs, DType::bf16,
+                              std::string(c.name) + " packed " + sparse_kernel_name(other)));
+      }
       hils::gpu::set_sparse_kernel(current);
     }
   }
@@ -240,19 +237,93 @@ TEST_CASE("gpu packed sparse stage in segments, softmax1 and group rules", "[gpu
       const MechanismSpec spec = hils::cases::with_case_geometry(preset, c);
       if (!reference_accepts(spec, inputs)) continue;
       const auto current = hils::gpu::sparse_kernel();
-      for (auto kernel : {hils::gpu::SparseKernel::chunked_v4, hils::gpu::SparseKernel::atomic_v5}) {
+      for (auto kernel : hils::gpu::kSparseKernels) {
         hils::gpu::set_sparse_kernel(kernel);
         for (int64_t segment : {int64_t{0}, int64_t{257}}) {
           hils::gpu::set_sparse_segment_queries(segment);
-          INFO("case " << c.name << " spec " << spec.name << " " << sparse_name(kernel)
+          INFO("case " << c.name << " spec " << spec.name << " " << sparse_kernel_name(kernel)
                        << " segment " << segment);
           CHECK(check_mechanism(spec, inputs, DType::bf16,
-                                std::string(c.name) + " " + sparse_name(kernel) + " segment " +
-                                    std::to_string(segment)));
+                                std::string(c.name) + " " + sparse_kernel_name(kernel) +
+                                    " segment " + std::to_string(segment)));
         }
       }
       hils::gpu::set_sparse_kernel(current);
       hils::gpu::set_sparse_segment_queries(0);
     }
   }
+}
+
+// chunked_v7 computes every row as chunked_v6 does (two slices per warp step instead of one), so
+// o and lse must be v6's bit for bit; all chunk-major versions share the fusion softmax's
+// normaliser (the reduce, or v5's weights kernel), so lse must equal chunked_v4's bit for bit. On
+// packed shapes with G = 1, 8 and 16, one and several query segments (and both selections alike:
+// the same selection kernel runs before each).
+TEST_CASE("gpu sparse v7 equals v6 bit for bit, lse equals v4's", "[gpu]") {
+  // clang-format off
+  static constexpr Case kCases[] = {
+    //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
+    Case{"packed_bench_geometry", 2113,   64, 512, 32, 16,  2, 64, 64, true, 1.0},
+    Case{"packed_g1_no_landmarks", 700,   64, 100,  5,  2,  2, 64, 64, false, 1.0},
+    Case{"packed_g16_k64",        4500,   64,  64, 64, 16,  1, 64, 64, true, 2.0},
+  };
+  // clang-format on
+  const auto current = hils::gpu::sparse_kernel();
+  for (const Case& c : kCases) {
+    const auto inputs = hils::cases::make_inputs<double>(c);
+    const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
+    if (!reference_accepts(spec, inputs)) continue;
+    for (int64_t segment : {int64_t{0}, int64_t{257}}) {
+      hils::gpu::set_sparse_segment_queries(segment);
+      auto run_with = [&](hils::gpu::SparseKernel kernel) {
+        hils::gpu::set_sparse_kernel(kernel);
+        return run_on_device(spec, inputs, DType::bf16);
+      };
+      const KernelRun v4 = run_with(hils::gpu::SparseKernel::chunked_v4);
+      const KernelRun v6 = run_with(hils::gpu::SparseKernel::chunked_v6);
+      const KernelRun v7 = run_with(hils::gpu::SparseKernel::chunked_v7);
+      INFO("case " << c.name << " segment " << segment);
+      CHECK(v6.guard_problems.empty());
+      CHECK(v7.guard_problems.empty());
+      REQUIRE(v4.out.o.size() == static_cast<size_t>(c.Hq));
+      REQUIRE(v6.out.o.size() == v4.out.o.size());
+      REQUIRE(v7.out.o.size() == v4.out.o.size());
+      int64_t o_rows_differing = 0, lse_v6_v4 = 0, lse_v7_v6 = 0;
+      bool o_v6_differs_from_v4 = false;
+      for (size_t h = 0; h < v4.out.o.size(); ++h) {
+        for (Eigen::Index t = 0; t < v4.out.o[h].rows(); ++t) {
+          o_rows_differing += (v7.out.o[h].row(t).array() != v6.out.o[h].row(t).array()).any();
+          o_v6_differs_from_v4 |= (v6.out.o[h].row(t).array() != v4.out.o[h].row(t).array()).any();
+          lse_v6_v4 += v6.out.lse[h](t) != v4.out.lse[h](t);
+          lse_v7_v6 += v7.out.lse[h](t) != v6.out.lse[h](t);
+        }
+      }
+      std::cout << "sparse v7 vs v6 " << c.name << " segment " << segment << ": o rows differing "
+                << o_rows_differing << ", lse v7/v6 " << lse_v7_v6 << ", lse v6/v4 " << lse_v6_v4
+                << ", o v6 differs from v4 (base-2 rounding): " << o_v6_differs_from_v4 << "\n";
+      CHECK(o_rows_differing == 0);
+      CHECK(lse_v7_v6 == 0);
+      CHECK(lse_v6_v4 == 0);
+    }
+  }
+  hils::gpu::set_sparse_kernel(current);
+  hils::gpu::set_sparse_segment_queries(0);
+}
+
+// The C API's sparse-stage values are the enum's (the Python benchmark sets them by number),
+// its getter reports what runs, and a value past the last kernel is refused by name.
+TEST_CASE("gpu C API sparse kernel values", "[gpu]") {
+  const auto current = hils::gpu::sparse_kernel();
+  CHECK(hils_gpu_sparse_kernel() == static_cast<int32_t>(current));
+  for (auto kernel : hils::gpu::kSparseKernels) {
+    INFO(sparse_kernel_name(kernel));
+    REQUIRE(hils_gpu_set_sparse_kernel(static_cast<int32_t>(kernel)) == 0);
+    CHECK(hils::gpu::sparse_kernel() == kernel);
+    CHECK(hils_gpu_sparse_kernel() == static_cast<int32_t>(kernel));
+  }
+  const auto past = static_cast<int32_t>(std::size(hils::gpu::kSparseKernels));
+  CHECK(hils_gpu_set_sparse_kernel(past) == 2);
+  CHECK(hils_gpu_set_sparse_kernel(-1) == 2);
+  CHECK(std::string(hils_gpu_last_error()).rfind("sparse_kernel:", 0) == 0);
+  hils::gpu::set_sparse_kernel(current);
 }

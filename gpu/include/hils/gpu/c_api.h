@@ -43,8 +43,12 @@ int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const
                          const float* bias, const float* exact, const float* lse_swa,
                          int32_t* selection, float* selected_score, void* stream);
 /* The sparse stage of hils_gpu_fuse / hils_gpu_run on the packed shapes, process-wide:
-   0 = chunked_v4 (the default), 1 = atomic_v5 (gpu/NOTES.md). Returns 2 for another value. */
+   0 = chunked_v4, 1 = atomic_v5, 2 = chunked_v6, 3 = chunked_v7 (the default is
+   hils::gpu::kDefaultSparseKernel; gpu/NOTES.md). Returns 2 for
+   another value. */
 int hils_gpu_set_sparse_kernel(int32_t sparse_kernel);
+/* The sparse stage that runs now (the default until set), as the numbers above. */
+int32_t hils_gpu_sparse_kernel(void);
 /* Queries per segment of that stage; 0 (default) sizes it from its budget. 2 when negative. */
 int hils_gpu_set_sparse_segment_queries(int64_t queries);
 int hils_gpu_fuse(const hils_gpu_problem* p, const int32_t* selection,

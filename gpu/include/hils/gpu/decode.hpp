@@ -66,12 +66,15 @@ struct DecodeOutputs {
 };
 
 // Which launch sequence runs the step (gpu/NOTES.md "decode", versions):
-//   fused: window tiles and score tiles in one grid (every tile issues all its loads before
+//   fused: d8's five launches with shorter chains in the tails (d13): for K <= 32 the group
+//          scores and the select rank candidates by warp sorts instead of radix passes, the
+//          chunk tiles compute the fusion logits while their rows are in flight, and the fuse
+//          merges the window tiles itself (one round trip per head)
+//   d5:    the launches of d5 (window, score, group scores, select, chunk, fuse)
+//   d8:    window tiles and score tiles in one grid (every tile issues all its loads before
 //          staging q / q~), then group scores, select, chunk tiles and a fuse that loads the
-//          chunks' outputs 8 at a time: five launches (d8)
-//   d5:    the launches of d5 (window, score, group scores, select, chunk, fuse), kept as the
-//          benchmark's baseline
-enum class DecodeKernel { fused = 0, d5 = 1 };
+//          chunks' outputs 8 at a time: five launches; the benchmark's baseline
+enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2 };
 
 // Throws std::invalid_argument naming the first bad field. Supported: bf16 K/V, bf16 or fp8
 // e4m3 summaries, d, dv <= 256, a spec whose fusion is flat or hierarchical with summaries (key
