@@ -256,15 +256,15 @@ TEST_CASE("gpu packed sparse stage in segments, softmax1 and group rules", "[gpu
 
 // chunked_v7 computes every row as chunked_v6 does (two slices per warp step instead of one), so
 // o and lse must be v6's bit for bit; all chunk-major versions share the fusion softmax's
-// normaliser (the reduce, or v5's weights kernel), so lse must equal chunked_v4's bit for bit. On
-// packed shapes with G = 1, 8 and 16, one and several query segments (and both selections alike:
-// the same selection kernel runs before each).
+// normaliser (the reduce), so lse must equal chunked_v4's bit for bit. On packed shapes with
+// G = 1, 8 and 16 (the packed test's G = 1 case has no landmarks, so no selection), in one and in
+// several query segments; the same selection kernel runs before each.
 TEST_CASE("gpu sparse v7 equals v6 bit for bit, lse equals v4's", "[gpu]") {
   // clang-format off
   static constexpr Case kCases[] = {
     //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
     Case{"packed_bench_geometry", 2113,   64, 512, 32, 16,  2, 64, 64, true, 1.0},
-    Case{"packed_g1_no_landmarks", 700,   64, 100,  5,  2,  2, 64, 64, false, 1.0},
+    Case{"packed_g1",              700,   64, 100,  5,  2,  2, 64, 64, true, 1.0},
     Case{"packed_g16_k64",        4500,   64,  64, 64, 16,  1, 64, 64, true, 2.0},
   };
   // clang-format on
@@ -272,7 +272,7 @@ TEST_CASE("gpu sparse v7 equals v6 bit for bit, lse equals v4's", "[gpu]") {
   for (const Case& c : kCases) {
     const auto inputs = hils::cases::make_inputs<double>(c);
     const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
-    if (!reference_accepts(spec, inputs)) continue;
+    REQUIRE(reference_accepts(spec, inputs));
     for (int64_t segment : {int64_t{0}, int64_t{257}}) {
       hils::gpu::set_sparse_segment_queries(segment);
       auto run_with = [&](hils::gpu::SparseKernel kernel) {
@@ -304,6 +304,10 @@ TEST_CASE("gpu sparse v7 equals v6 bit for bit, lse equals v4's", "[gpu]") {
       CHECK(o_rows_differing == 0);
       CHECK(lse_v7_v6 == 0);
       CHECK(lse_v6_v4 == 0);
+      // And v6 against the reference (no other packed case selects with G = 1).
+      hils::gpu::set_sparse_kernel(hils::gpu::SparseKernel::chunked_v6);
+      CHECK(check_mechanism(spec, inputs, DType::bf16,
+                            std::string(c.name) + " chunked_v6 segment " + std::to_string(segment)));
     }
   }
   hils::gpu::set_sparse_kernel(current);
