@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.hpp"
+#include "hils/memory.hpp"
 
 namespace hils::cli {
 
@@ -147,12 +148,10 @@ void require_landmark_layout(bool landmarks, int64_t S, const io::ActivationMeta
 }
 
 void require_fits_in_memory(double bytes, const std::string& what) {
-  const double memory =
-      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-  if (bytes < 0.8 * memory) return;
-  throw BadInput(fmt::format("{}: expected sizes whose data fit in 80% of this machine's {:.1f} "
-                             "GiB of memory, got about {:.3g} GiB",
-                             what, memory / (1 << 30), bytes / (1 << 30)));
+  const MemoryLimit memory = memory_limit();
+  if (bytes < 0.8 * memory.bytes) return;
+  throw BadInput(fmt::format("{}: expected sizes whose data fit in 80% of {}, got about {}", what,
+                             memory.text, bytes_text(bytes)));
 }
 
 }  // namespace hils::cli

@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "io/file_error.hpp"
+#include "hils/memory.hpp"
 
 namespace hils::io {
 
@@ -199,10 +200,30 @@ void require_integer(const std::filesystem::path& file, const std::string& name,
   if (type.getClass() != H5T_INTEGER) fail(file, name, "integer data", type_text(type));
 }
 
+namespace {
+
+// The dataset's element count, or FileError when its values as 8-byte numbers, held twice (read
+// whole, then copied into matrices), would not fit in 80% of the memory this process may use.
+// A file can declare extents it does not store (unwritten HDF5 chunks take no room on disk):
+// without this check such a file ends in an out-of-memory kill or bad_alloc, not a message.
+size_t element_count(const std::filesystem::path& file, const std::string& name,
+                     const H5::DataSet& dataset) {
+  const auto dims = dataset_dims(dataset);
+  double count = 1;  // in double: a product of extents can overflow 64 bits
+  for (hsize_t extent : dims) count *= static_cast<double>(extent);
+  const MemoryLimit memory = memory_limit();
+  if (2 * 8 * count >= 0.8 * memory.bytes)
+    fail(file, name, "a dataset whose values fit in 80% of " + memory.text,
+         fmt::format("shape {}, about {} as doubles", dims_text(dims), bytes_text(2 * 8 * count)));
+  return static_cast<size_t>(count);
+}
+
+}  // namespace
+
 std::vector<double> read_doubles(const std::filesystem::path& file, const std::string& name,
                                  const H5::DataSet& dataset, bool finite_only) {
   require_float(file, name, dataset);
-  std::vector<double> data(dataset.getSpace().getSimpleExtentNpoints());
+  std::vector<double> data(element_count(file, name, dataset));
   try {
     if (!data.empty()) dataset.read(data.data(), H5::PredType::NATIVE_DOUBLE);
   } catch (const H5::Exception& e) {
@@ -215,7 +236,8 @@ std::vector<double> read_doubles(const std::filesystem::path& file, const std::s
 }
 
 std::vector<int64_t> read_int64s(const H5::DataSet& dataset) {
-  std::vector<int64_t> data(dataset.getSpace().getSimpleExtentNpoints());
+  std::vector<int64_t> data(
+      element_count(dataset.getFileName(), dataset.getObjName(), dataset));
   if (!data.empty()) dataset.read(data.data(), H5::PredType::NATIVE_INT64);
   return data;
 }

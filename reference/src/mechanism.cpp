@@ -1,6 +1,4 @@
 // run_mechanism: one per-(group, query-block) loop for every spec (reference/SEMANTICS.md §7).
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -9,6 +7,7 @@
 
 #include "blocks.hpp"
 #include "chunk_mass.hpp"
+#include "hils/memory.hpp"
 #include "selection.hpp"
 
 namespace hils {
@@ -17,13 +16,6 @@ namespace {
 using detail::neg_inf;
 using detail::QueryBlock;
 
-// GiB with 3 significant digits -> text ("15.3", "1.53e+06").
-std::string gib_text(double bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.3g", bytes / (1 << 30));
-  return text;
-}
-
 // A count held in a double -> "%.4g" text (no int64 overflow for a K near its maximum).
 std::string count_text(double count) {
   char text[32];
@@ -31,7 +23,8 @@ std::string count_text(double count) {
   return text;
 }
 
-// Refuses runs whose outputs cannot fit in this machine's memory, before allocating anything.
+// Refuses runs whose outputs cannot fit in the memory this process may use (hils/memory.hpp),
+// before allocating anything.
 // The message names the sizes a user sets (spec.K, the sampled queries, kept scores), not the
 // C++ option struct: it reaches CLI and Python users too.
 template <class Scalar>
@@ -45,9 +38,8 @@ void require_outputs_fit(const MechanismSpec& spec, const AttentionInputs<Scalar
   if (options.keep_window) per_row += static_cast<double>(inputs.dv() + 1);
   const double bytes = static_cast<double>(rows) * static_cast<double>(inputs.Hq()) * per_row *
                        static_cast<double>(sizeof(Scalar));
-  const double memory =
-      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-  if (bytes < 0.8 * memory) return;
+  const MemoryLimit memory = memory_limit();
+  if (bytes < 0.8 * memory.bytes) return;
   // fusion_weights hold K + 2 columns per row; a K beyond the chunk count selects nothing more.
   const bool k_dominates = static_cast<double>(spec.K) > chunks &&
                            static_cast<double>(spec.K) > 0.5 * per_row;
@@ -59,9 +51,8 @@ void require_outputs_fit(const MechanismSpec& spec, const AttentionInputs<Scalar
   require(false, k_dominates ? "spec.K" : "outputs",
           "outputs (" + std::to_string(rows) + " queries x " + std::to_string(inputs.Hq()) +
               " heads x " + count_text(per_row) +
-              " values) within 80% of this machine's " + gib_text(memory) + " GiB (" + advice +
-              ")",
-          gib_text(bytes) + " GiB");
+              " values) within 80% of " + memory.text + " (" + advice + ")",
+          bytes_text(bytes));
 }
 
 template <class Scalar>

@@ -597,3 +597,55 @@ TEST_CASE("hils dump checks its output before running the model, and never repla
     CHECK(bytes_of(input) == before);
   }
 }
+
+TEST_CASE("an activation file declaring more slots than memory holds is refused naming the "
+          "dataset, not ended by bad_alloc or an out-of-memory kill", "[cli][faults]") {
+  TempDir dir("huge_file");
+  const auto path = write_small(dir);
+  {  // T = 2^40 slots declared: unwritten HDF5 chunks take no room, so the file stays small
+    const int64_t T = int64_t{1} << 40;
+    H5::H5File file(path.string(), H5F_ACC_RDWR);
+    file.removeAttr("T");
+    file.createAttribute("T", H5::PredType::NATIVE_INT64, H5::DataSpace(H5S_SCALAR))
+        .write(H5::PredType::NATIVE_INT64, &T);
+    file.unlink("position_ids");
+    const hsize_t dims[1] = {static_cast<hsize_t>(T)}, chunk[1] = {1 << 16};
+    H5::DSetCreatPropList chunked;
+    chunked.setChunk(1, chunk);
+    file.createDataSet("position_ids", H5::PredType::STD_I64LE, H5::DataSpace(1, dims), chunked);
+  }
+  REQUIRE(fs::file_size(path) < (1 << 20));
+  for (const std::string command : {"info " + q(path),
+                                    "run " + q(path) + " -o " + q(dir / "r.h5") + " -p full"}) {
+    auto r = run_hils(command);
+    INFO(command << "\n" << r.output);
+    CHECK(r.exit_code == 2);  // was "out of memory" (bad_alloc of 8 TiB), or a kill below that
+    CHECK_THAT(r.output, Catch::Contains("/position_ids: expected a dataset whose values fit in "
+                                         "80% of") &&
+                             Catch::Contains("found shape [1099511627776], about 16 TiB"));
+  }
+  CHECK_FALSE(fs::exists(dir / "r.h5"));
+}
+
+TEST_CASE("hils run refuses a unit beyond the memory limit before any work, saying what fits",
+          "[cli][faults]") {
+  TempDir dir("huge_unit");
+  const auto acts = write_small(dir);  // T = 40, Hq = 4, Hkv = 2, dv = 6
+  const auto results = dir / "r.h5";
+  // Under ulimit -v 2 GB (the limit is read: on a cluster it is the job's cgroup) K = 10^7
+  // asks ~38 GB of fusion weights and selections; the reference alone would allocate them.
+  auto r = run_shell("(ulimit -v 2000000 && '" + std::string(HILS_EXE) + "' run " + q(acts) +
+                     " -o " + q(results) + " -p hils -S 8 --landmarks true -K 10000000) 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output,
+             Catch::Contains("mechanism hils over") &&
+                 Catch::Contains("whose data fit in 80% of the address-space limit (ulimit -v) "
+                                 "of 1.91 GiB") &&
+                 Catch::Contains("Hq=4 x (dv=6 + K+3=10000003) + Hkv=2 x K=10000000 values") &&
+                 Catch::Contains("at most 1 computed queries fit (--last-queries 1), or -K at "
+                                 "most ") &&
+                 Catch::Contains(" with 40 queries"));
+  CHECK_FALSE(fs::exists(results));
+  CHECK(count_temp_files(dir.path()) == 0);
+}

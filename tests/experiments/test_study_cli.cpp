@@ -84,6 +84,12 @@ TEST_CASE("lengths out of order or not positive are refused showing the lengths 
                   "--lengths: expected positive, strictly ascending lengths, got [2048,1024]");
   require_refused(dir, "fidelity --lengths 0",
                   "--lengths: expected positive, strictly ascending lengths, got [0]");
+  // Comma-separated as `hils run --preset a,b` takes them (was "Could not convert").
+  require_refused(dir, "extrapolate --lengths 4096,2048",
+                  "--lengths: expected positive, strictly ascending lengths, got [4096,2048]");
+  require_refused(dir, "fidelity --lengths 2048 --mechanisms hils,bogus",
+                  "--mechanisms: mechanism: a preset, mean, landmark_key, taylor, "
+                  "taylor_entropy, max_logit or <key>+<bias>, got 'bogus'");
 }
 
 TEST_CASE("a study config's unknown key or table is refused", "[cli][study]") {

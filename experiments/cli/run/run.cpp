@@ -32,6 +32,7 @@ void check_against_file(RunPlan& plan, const io::ActivationMeta& meta, const std
   require(plan.last_queries <= meta.T, "last_queries", fmt::format("at most T={}", meta.T),
           std::to_string(plan.last_queries));
   for (const auto& spec : plan.mechanisms) check_layout(spec, meta, input);
+  require_units_fit(plan, meta, input);
 }
 
 // plan, meta -> what the reference keeps and which queries it computes.

@@ -56,6 +56,11 @@ AttentionInputs<double> inputs_for(const MechanismSpec& spec, const RunPlan& pla
                                    const io::ActivationMeta& meta,
                                    const io::LayerActivations& layer, const std::string& input);
 
+// BadInput when a mechanism's unit (one layer, the queries computed, the outputs kept) would
+// not fit in memory, naming the sizes and what would fit (run_memory.cpp).
+void require_units_fit(const RunPlan& plan, const io::ActivationMeta& meta,
+                       const std::string& input);
+
 // Runs the plan: layers checked, units listed and run (under MPI too), results written.
 void run(const RunFlags& flags);
 

@@ -39,7 +39,9 @@ void add_study_options(CLI::App* cmd, StudyArgs& a) {
   cmd->add_option("--model-dir", a.model_dir,
                   "folder of stories260K.bin, tok512.bin, tinystories_sample.txt (source=model; "
                   "default $HILS_SHARED_DATA or ../shared/data)");
-  cmd->add_option("--lengths", a.lengths, "context lengths in slots, ascending");
+  cmd->add_option("--lengths", a.lengths,
+                  "context lengths in slots, ascending (space- or comma-separated)")
+      ->delimiter(',');
   // Optional values, not sentinels: any integer given (-1 too) is checked by
   // require_study_values, naming the flag.
   cmd->add_option_function<int64_t>(
@@ -50,7 +52,8 @@ void add_study_options(CLI::App* cmd, StudyArgs& a) {
       "--queries", [&a](int64_t n) { a.queries = n; }, "sampled queries per unit");
   cmd->add_option("--mechanisms", a.mechanisms,
                   "scores to study: presets, mean, landmark_key, taylor, taylor_entropy, "
-                  "max_logit, <key>+<bias>");
+                  "max_logit, <key>+<bias> (space- or comma-separated)")
+      ->delimiter(',');
   cmd->add_option("--prior-source", a.prior_source,
                   "inputs | chunk_mean_query | chunk_last_query");
   cmd->add_flag("--plot", a.plot, "draw the plots next to the results file");

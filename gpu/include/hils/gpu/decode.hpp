@@ -2,7 +2,7 @@
 // slots that also keeps the chunk summaries (k', b' per complete chunk, appended when the chunk
 // completes). A step scores the T/S summaries, selects K chunks per KV group and attends
 // K*S + W keys, split over many blocks (flash-decoding style). Same contract as the prefill
-// (reference/SEMANTICS.md) for the query at slot T-1 of each sequence.
+// (reference/SEMANTICS.md §2–5) for the query at slot T-1 of each sequence.
 // C++17 and free of Eigen so that nvcc and plain C++ callers both include it.
 #pragma once
 

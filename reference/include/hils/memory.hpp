@@ -1,0 +1,23 @@
+// How much memory this process may use, for the checks that refuse a size before anything is
+// allocated (a size beyond it ends in an out-of-memory kill, not a message): the reference's
+// outputs check (run_mechanism) and the `hils` tool's checks of its inputs and units.
+#pragma once
+
+#include <string>
+
+namespace hils {
+
+struct MemoryLimit {
+  double bytes = 0;
+  std::string text;  // what sets it: "this machine's 23.5 GiB of memory", "the cgroup limit ..."
+};
+
+// The least of: the machine's physical memory, the memory limit of this process's cgroup (v2
+// memory.max, v1 memory.limit_in_bytes) and its address-space limit (ulimit -v). On a cluster
+// node a job's cgroup, not the node's memory, is what the kernel enforces.
+MemoryLimit memory_limit();
+
+// A byte count for messages: "512 bytes", "3.5 KiB", "12.3 GiB", "1.49e+04 TiB".
+std::string bytes_text(double bytes);
+
+}  // namespace hils

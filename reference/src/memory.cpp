@@ -1,0 +1,65 @@
+// The memory limit of this process (hils/memory.hpp).
+#include "hils/memory.hpp"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <string>
+
+namespace hils {
+
+namespace {
+
+// The first word of a cgroup file as a byte count; 0 when absent, "max" or not a number.
+double cgroup_bytes(const char* file) {
+  std::ifstream in(file);
+  std::string value;
+  if (!(in >> value) || value == "max") return 0;
+  try {
+    return std::stod(value);
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+// The limit of the cgroup this process is in, or 0 for none. v1 writes "no limit" as a number
+// near 2^63, which is above any machine's memory and so never chosen.
+double cgroup_limit() {
+  const double v2 = cgroup_bytes("/sys/fs/cgroup/memory.max");
+  return v2 > 0 ? v2 : cgroup_bytes("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+}
+
+}  // namespace
+
+std::string bytes_text(double bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  for (; unit < 4 && bytes >= 1024; ++unit) bytes /= 1024;
+  char text[48];
+  std::snprintf(text, sizeof text, "%.3g %s", bytes, units[unit]);
+  return text;
+}
+
+MemoryLimit memory_limit() {
+  MemoryLimit limit;
+  limit.bytes =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  limit.text = "this machine's " + bytes_text(limit.bytes) + " of memory";
+  const double cgroup = cgroup_limit();
+  if (cgroup > 0 && cgroup < limit.bytes) {
+    limit.bytes = cgroup;
+    limit.text = "this process's cgroup limit of " + bytes_text(cgroup);
+  }
+  rlimit address{};
+  if (getrlimit(RLIMIT_AS, &address) == 0 && address.rlim_cur != RLIM_INFINITY &&
+      static_cast<double>(address.rlim_cur) < limit.bytes) {
+    limit.bytes = static_cast<double>(address.rlim_cur);
+    limit.text = "the address-space limit (ulimit -v) of " + bytes_text(limit.bytes);
+  }
+  return limit;
+}
+
+}  // namespace hils
