@@ -38,8 +38,9 @@ void require_distinct_files(const std::filesystem::path& input, const std::strin
 void require_landmark_layout(bool landmarks, int64_t S, const io::ActivationMeta& meta,
                              const std::string& input, const std::string& who);
 
-// BadInput when `bytes` (an estimate of what a command will hold at once) exceeds 80% of this
-// machine's physical memory, naming `what` (the flags that set the size) and the sizes.
+// BadInput when `bytes` (an estimate of what a command will hold at once) exceeds 80% of the
+// memory this process may use (hils/memory.hpp: the machine's or cgroup's share, ulimit -v),
+// naming `what` (the flags that set the size) and the sizes.
 void require_fits_in_memory(double bytes, const std::string& what);
 
 }  // namespace hils::cli
