@@ -40,15 +40,27 @@ __device__ __forceinline__ float log2_normalizer(float m, float l, float swa2) {
 }
 
 // Running base-2 log-sum-exp of the warp's two rows (m, l: max and scaled sum) over a tile.
-// lane_max (optional): this lane's maximum of each row over its 16 columns of the tile.
+// lane_max (optional): this lane's maximum of each row over each of kParts groups of its 16
+// columns of the tile (part k: the columns of n-tiles [8 k / kParts, 8 (k + 1) / kParts)).
+template <int kParts = 1>
 __device__ __forceinline__ void accumulate_mass(const float (&s)[8][4], float (&m)[2], float (&l)[2],
-                                                float* lane_max = nullptr) {
+                                                float (*lane_max)[kParts] = nullptr) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    float tile_max = kNegInf;
+    float part_max[kParts];
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
-    if (lane_max != nullptr) lane_max[i] = tile_max;
+    for (int k = 0; k < kParts; ++k) {
+      part_max[k] = kNegInf;
+#pragma unroll
+      for (int nt = 8 * k / kParts; nt < 8 * (k + 1) / kParts; ++nt)
+        part_max[k] = fmaxf(part_max[k], fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
+    }
+    float tile_max = part_max[0];
+#pragma unroll
+    for (int k = 1; k < kParts; ++k) tile_max = fmaxf(tile_max, part_max[k]);
+    if (lane_max != nullptr)
+#pragma unroll
+      for (int k = 0; k < kParts; ++k) lane_max[i][k] = part_max[k];
     tile_max = quad_max(tile_max);
     const float m_new = fmaxf(m[i], tile_max);
     const float m_use = m_new == kNegInf ? 0.0f : m_new;
@@ -352,14 +364,29 @@ __device__ void merge_head_list(float* u_value, int32_t* u_index, const float* h
   __syncwarp();
 }
 
-// Writes query q's list ascending, -1 padded, with fp32 s_hat of every head of the group. The
-// dot products run 4 at a time per warp: 8 lanes per slot, 8 dims per lane (16-byte loads).
-__device__ void write_selection(const LaunchParams& p, const SelectShared& sh, int q, int64_t t,
+// The fp32 selected score of one slot and head is sigma (q~ . k') + b' with the dot product in
+// 8 parts of 8 dims (part j: dims 8 j .. 8 j + 7, one FMA chain each) summed as the tree
+// ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)), every operation rounded explicitly (no
+// contraction choices of the compiler): any writer that keeps this order gives the same bits.
+__device__ __forceinline__ float dot8(const float (&q)[8], float4 k0, float4 k1) {
+  float a = __fmul_rn(q[0], k0.x);
+  a = __fmaf_rn(q[1], k0.y, a);
+  a = __fmaf_rn(q[2], k0.z, a);
+  a = __fmaf_rn(q[3], k0.w, a);
+  a = __fmaf_rn(q[4], k1.x, a);
+  a = __fmaf_rn(q[5], k1.y, a);
+  a = __fmaf_rn(q[6], k1.z, a);
+  return __fmaf_rn(q[7], k1.w, a);
+}
+
+// Writes a query's list (index: its K entries, the valid ones first, -1 after) ascending, -1
+// padded, with fp32 s_hat of every head of the group. The dot products run 4 at a time per warp:
+// 8 lanes per slot, 8 dims (one dot8 part) per lane (16-byte loads).
+__device__ void write_selection(const LaunchParams& p, const int32_t* index, int64_t t,
                                 int64_t g, int G, const float* key, const float* bias,
                                 int32_t* selection, float* selected_score) {
   const int lane = threadIdx.x % kWarp;
   const int K = static_cast<int>(p.K);
-  const int32_t* index = sh.index + q * K;
   const int n = __popc(__ballot_sync(0xffffffffu, lane < K && index[lane] >= 0)) +
                 (K > kWarp ? __popc(__ballot_sync(0xffffffffu, lane + kWarp < K && index[lane + kWarp] >= 0)) : 0);
   const int64_t n_chunks = p.T / p.S;
@@ -383,9 +410,12 @@ __device__ void write_selection(const LaunchParams& p, const SelectShared& sh, i
     const int64_t h = g * G + hg;
     const uint4 qraw = *reinterpret_cast<const uint4*>(qr + (h * p.T + t) * kTileDim + 8 * part);
     const __nv_bfloat162* q2 = reinterpret_cast<const __nv_bfloat162*>(&qraw);
-    float2 qf[4];
+    float qf[8];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) qf[j] = __bfloat1622float2(q2[j]);
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(q2[j]);
+      qf[2 * j] = f.x, qf[2 * j + 1] = f.y;
+    }
     float score[2] = {kNegInf, kNegInf};
     // Biases of the slots this lane collects (lane, lane + 32), loaded ahead of the sums.
     float own_bias[2];
@@ -412,16 +442,16 @@ __device__ void write_selection(const LaunchParams& p, const SelectShared& sh, i
 #pragma unroll
       for (int jj = 0; jj < kBatch; ++jj) {
         const int j = j0 + jj;
-        float acc = qf[0].x * k0[jj].x + qf[0].y * k0[jj].y + qf[1].x * k0[jj].z + qf[1].y * k0[jj].w +
-                    qf[2].x * k1[jj].x + qf[2].y * k1[jj].y + qf[3].x * k1[jj].z + qf[3].y * k1[jj].w;
-        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-        acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+        // The xor butterfly over the 8 parts is dot8's sum tree (addition commutes).
+        float acc = dot8(qf, k0[jj], k1[jj]);
+        acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 1));
+        acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 2));
+        acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 4));
         // Slot e's sum is in lanes 8 group .. 8 group + 7; lane e % 32 collects it.
         const float mine = __shfl_sync(0xffffffffu, acc, 8 * ((lane - 4 * j) & 3));
         if ((lane & ~3) == ((4 * j) & 31) && 4 * j + (lane & 3) < n) {
-          if (4 * j < kWarp) score[0] = p.scale * mine + own_bias[0];
-          else score[1] = p.scale * mine + own_bias[1];
+          if (4 * j < kWarp) score[0] = __fmaf_rn(p.scale, mine, own_bias[0]);
+          else score[1] = __fmaf_rn(p.scale, mine, own_bias[1]);
         }
       }
     }
@@ -433,28 +463,170 @@ __device__ void write_selection(const LaunchParams& p, const SelectShared& sh, i
   }
 }
 
-// Lower bound on a row's K-th group score (v6), from pass 1. The row's candidate chunks are
-// split into 32 disjoint slots: chunk c of tile i, in the column quarter j = (c / 2) % 4 that
-// lane j of the row's quad holds, belongs to slot (4 i + j) % 32. While head h is scored, each
-// lane keeps in shared memory the running maximum of s2 over its slots (a free lane maximum of
-// pass 1's log-sum-exp); at the end of head h it folds max(V[slot], term(slot max - log2 Z_hat_h))
-// into the row's V (term: identity for max_normalized, 2^x for sum_probabilities, the same
-// arithmetic as pass 2). V[slot] is a term of the group score of one chunk of its slot, so it is
-// at most that chunk's group score; the 32 slots name 32 distinct chunks, so the K-th largest V
-// is at most the K-th largest group score, and pass 2 drops candidates below it: none of them
-// can be selected. Needs K <= 32; a row with fewer than K nonempty slots gets -inf (no bound).
-// v_row: the row's 32 V values; returns the K-th largest (1 <= K <= 32).
-__device__ float kth_largest_of_32(const float* v_row, int K) {
+// Warp-wide bitonic sort, largest first, of 32 kPer entries held kPer per lane (entry
+// e = lane + 32 i in x[i]; kPer = 1 or 2): entry e ends as the e-th largest. Floats (no NaN) or
+// the rank keys of rank_key.
+__device__ __forceinline__ float larger(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ float smaller(float a, float b) { return fminf(a, b); }
+__device__ __forceinline__ uint64_t larger(uint64_t a, uint64_t b) { return a > b ? a : b; }
+__device__ __forceinline__ uint64_t smaller(uint64_t a, uint64_t b) { return a > b ? b : a; }
+template <typename T, int kPer>
+__device__ __forceinline__ void sort_largest_first(T (&x)[kPer]) {
   const int lane = threadIdx.x % kWarp;
-  const float a = v_row[lane];
-  int rank = 0;  // entries ahead: greater, or equal at a lower slot
-#pragma unroll 8
-  for (int u = 0; u < kWarp; ++u) {
-    const float v = v_row[u];
-    rank += v > a || (v == a && u < lane);
+#pragma unroll
+  for (int k = 2; k <= kWarp * kPer; k *= 2)
+#pragma unroll
+    for (int j = k / 2; j > 0; j /= 2) {
+      if (j == kWarp) {  // entries lane and lane + 32 of the one largest-first block
+        const T hi = larger(x[0], x[kPer - 1]), lo = smaller(x[0], x[kPer - 1]);
+        x[0] = hi, x[kPer - 1] = lo;
+        continue;
+      }
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int e = lane + kWarp * i;
+        const T other = __shfl_xor_sync(0xffffffffu, x[i], j);
+        // The lower entry of a pair keeps the larger one in a largest-first block (e & k == 0).
+        x[i] = ((e & j) == 0) == ((e & k) == 0) ? larger(x[i], other) : smaller(x[i], other);
+      }
+    }
+}
+
+// Lower bound on a row's K-th group score (v6), from pass 1. The row's candidate chunks are
+// split into kSlots disjoint slots (32 for v6.1, 64 for v8): with P = kSlots / 32 parts per lane,
+// chunk c of tile i, in part k (its n-tile nt in [8 k / P, 8 (k + 1) / P)) of the column quarter
+// j = (c / 2) % 4 that lane j of the row's quad holds, belongs to slot (4 P i + P j + k) % kSlots.
+// While head h is scored, each lane keeps in shared memory the running maximum of s2 over its
+// slots (free lane maxima of pass 1's log-sum-exp); at the end of head h it folds
+// max(V[slot], term(slot max - log2 Z_hat_h)) into the row's V (term: identity for
+// max_normalized, 2^x for sum_probabilities, the same arithmetic as pass 2). V[slot] is a term of
+// the group score of one chunk of its slot, so it is at most that chunk's group score; the slots
+// name distinct chunks, so the K-th largest V is at most the K-th largest group score, and pass
+// 2 drops candidates below it: none of them can be selected. Needs K <= 32; a row with fewer than
+// K nonempty slots gets -inf (no bound).
+// v_row: the row's kSlots V values (in any order); returns the K-th largest (1 <= K <= 32).
+template <int kSlots>
+__device__ float kth_largest(const float* v_row, int K) {
+  constexpr int kPer = kSlots / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  float v[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) v[k] = v_row[lane + kWarp * k];
+  sort_largest_first(v);
+  return __shfl_sync(0xffffffffu, v[0], K - 1);  // element K - 1: lane K - 1, register 0
+}
+
+// v8's rows in shared memory: kBufPitch words per row. Pass 1: the bound's 64 slots, V in words
+// [0, 64) and the running slot maxima in [64, 128), slot s of row r at s ^ 8 (r % 4) (a swizzle:
+// a half warp's float2 slot accesses, 4 rows x 4 quad lanes, hit 16 distinct bank pairs).
+// Pass 2: the row's candidate buffer, values in [0, 64), chunks in [64, 128).
+constexpr int kBufPitch = 128;
+constexpr int kBufCap = 64;
+__device__ __forceinline__ int swizzled_slot(int row, int slot) { return slot ^ (8 * (row % 4)); }
+
+// Inclusive-exclusive sum over a quad: before = x of the quad lanes below this one, total = all 4.
+__device__ __forceinline__ void quad_scan(int x, int& before, int& total) {
+  const int quad_lane = threadIdx.x % 4;
+  int incl = x;
+  int y = __shfl_up_sync(0xffffffffu, incl, 1, 4);
+  if (quad_lane >= 1) incl += y;
+  y = __shfl_up_sync(0xffffffffu, incl, 2, 4);
+  if (quad_lane >= 2) incl += y;
+  total = __shfl_sync(0xffffffffu, incl, 3, 4);
+  before = incl - x;
+}
+
+// A 64-bit key that orders entries as ranks_ahead does, larger first: the value's bits made
+// monotonic (-0 taken as +0, equal values compare equal), then the complement of the chunk (a
+// lower chunk ranks ahead); an empty entry (chunk < 0) is 0, behind every chunk.
+__device__ __forceinline__ uint64_t rank_key(float v, int32_t c) {
+  uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return c < 0 ? 0ull : (static_cast<uint64_t>(u) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(c));
+}
+__device__ __forceinline__ float key_value(uint64_t key) {
+  const uint32_t u = static_cast<uint32_t>(key >> 32);
+  return __uint_as_float((u & 0x80000000u) ? (u & 0x7FFFFFFFu) : ~u);
+}
+__device__ __forceinline__ int32_t key_chunk(uint64_t key) {
+  return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key));
+}
+
+// Keeps the K best (ranks_ahead order) of a row's n buffered candidates (K < n <= kBufCap, K <=
+// 32) at positions [0, K), best first, and returns the K-th value. Warp-wide (n, K uniform).
+__device__ float keep_best(float* value, int32_t* index, int n, int K) {
+  const int lane = threadIdx.x % kWarp;
+  uint64_t key[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int e = lane + kWarp * i;
+    key[i] = e < n ? rank_key(value[e], index[e]) : 0ull;
   }
-  const unsigned at = __ballot_sync(0xffffffffu, rank == K - 1);
-  return __shfl_sync(0xffffffffu, a, __ffs(at) - 1);
+  sort_largest_first(key);
+  __syncwarp();  // every entry is read before any is written
+  if (lane < K) value[lane] = key_value(key[0]), index[lane] = key_chunk(key[0]);
+  __syncwarp();
+  return key_value(__shfl_sync(0xffffffffu, key[0], K - 1));
+}
+
+// v8 offers of one half (columns [32 half, 32 half + 32)) of a tile's group scores r, for the
+// warp's rows row[0], row[1]: each lane appends its values above the row's theta to the row's
+// buffer (values and chunks at count + the quad lanes before it), no ranking. theta is the float
+// below the row's bound (v6), or the K-th value of the row's last compaction: when a row's buffer
+// would overflow, keep_best cuts it to its K best first (the buffered chunks are all lower than
+// this half's, so a later candidate equal to the K-th value ranks behind it and strict > is the
+// tie rule). count: the row's buffered entries. Warp-wide.
+template <int kHalf>
+__device__ __forceinline__ void append_half(const float (&r)[8][4], float (&theta)[2], int (&count)[2],
+                                            float* buf, const int (&row)[2], int c0, int K) {
+  const int lane = threadIdx.x % kWarp;
+  unsigned bits[2];
+  int before[2], total[2];
+  auto flag = [&]() {
+    bits[0] = bits[1] = 0u;
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        bits[e / 2] |= static_cast<unsigned>(r[4 * kHalf + n][e] > theta[e / 2]) << (2 * n + e % 2);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) quad_scan(__popc(bits[i]), before[i], total[i]);
+  };
+  flag();
+  if (__ballot_sync(0xffffffffu, (bits[0] | bits[1]) != 0u) == 0u) return;
+  const bool over[2] = {count[0] + total[0] > kBufCap, count[1] + total[1] > kBufCap};
+  const unsigned rows = flagged_rows(over);
+  if (rows != 0u) {
+    __syncwarp();  // the buffers' earlier appends are visible to the warp
+    const int warp = threadIdx.x / kWarp;
+    for (unsigned pending = rows; pending != 0u; pending &= pending - 1) {
+      const int j = __ffs(pending) - 1, q = warp * 16 + j;
+      const int n = __shfl_sync(0xffffffffu, j < 8 ? count[0] : count[1], 4 * (j % 8));
+      float* value = buf + q * kBufPitch;
+      const float kth = keep_best(value, reinterpret_cast<int32_t*>(value + kBufCap), n, K);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        if (row[i] == q) count[i] = K, theta[i] = kth;
+    }
+    flag();
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float* value = buf + row[i] * kBufPitch;
+    int32_t* index = reinterpret_cast<int32_t*>(value + kBufCap);
+    int pos = count[i] + before[i];
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e2 = 0; e2 < 2; ++e2)
+        if ((bits[i] >> (2 * n + e2)) & 1u) {
+          const int nt = 4 * kHalf + n;
+          value[pos] = r[nt][2 * i + e2];
+          index[pos] = c0 + nt * 8 + (lane % 4) * 2 + e2;
+          ++pos;
+        }
+    count[i] += total[i];
+  }
 }
 
 // fp32 summaries -> bf16 copy for the copy engine and the tensor cores; bias -> bias log2 e.
@@ -465,15 +637,22 @@ __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n, 
   if (i < n_bias) bias2[i] = bias[i] * kLog2e;
 }
 
-// kBound (v6): pass 1 also forms the lower bound of each row's K-th group score
-// (kth_largest_of_32) and pass 2 offers no candidate below it.
-// kQuad (v7, K <= 32): pass 2 offers through offer_tile_quads (8 rows of a warp at once,
-// unsorted sets) instead of offer_tile (one row at a time, sorted lists).
-template <int G, bool kBound, bool kQuad = false>
+// How pass 2 hands a tile's group scores to the rows' top K: one row at a time into sorted
+// lists (offer_tile, v4/v6), 8 rows at once into unsorted sets (offer_tile_quads, v7, K <= 32),
+// or appended to per-row buffers without ranking (append_half, v8, K <= 32).
+enum class Offers { sorted, quads, buffered };
+
+// kSlots (v6: 32, v8: 64; 0: none): pass 1 also forms the lower bound of each row's K-th group
+// score over that many slots (kth_largest) and pass 2 offers no candidate below it.
+template <int G, int kSlots, Offers kOffers>
 __global__ void __launch_bounds__(kPackedThreads, 4)
     select_packed_kernel(LaunchParams p, const float* key, const __nv_bfloat16* key_bf16,
                          const float* bias, const float* bias2, const float* lse_swa,
                          int32_t* selection, float* selected_score) {
+  constexpr bool kBuffered = kOffers == Offers::buffered;
+  static_assert(!kBuffered || kSlots == 64, "v8's rows hold 64 bound slots in pass 1");
+  constexpr int kParts = kSlots > kWarp ? kSlots / kWarp : 1;  // slot maxima per lane and row
+  constexpr int kSlotCount = kSlots > 0 ? kSlots : kWarp;       // (the code of kSlots = 0 never runs)
   // Two stages of (k' tile, bias tile): step s + 1 streams in while step s is computed.
   __shared__ __align__(16) __nv_bfloat16 tile[2][kTileDim][kTilePitch];
   __shared__ __align__(16) float bias_tile[2][kTileDim];
@@ -482,23 +661,34 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   float* cursor = dyn;
   auto take = [&](int64_t count) { float* out = cursor; cursor += count; return out; };
   SelectShared sh;
-  sh.r = take(kQueries * kRPitch);
+  // v8: the rows of kBufPitch words (bound slots in pass 1, candidate buffers in pass 2) replace
+  // the group-score tile and the lists.
+  float* buf = kBuffered ? take(kQueries * kBufPitch) : nullptr;
+  sh.r = kBuffered ? nullptr : take(kQueries * kRPitch);
   sh.log_z = take(G * kQueries);
-  sh.value = take(kQueries * K);
-  sh.index = reinterpret_cast<int32_t*>(take(kQueries * K));
+  sh.value = kBuffered ? nullptr : take(kQueries * K);
+  sh.index = kBuffered ? nullptr : reinterpret_cast<int32_t*>(take(kQueries * K));
   sh.n_cand = reinterpret_cast<int32_t*>(take(kQueries));
-  float* row_bound = take(kQueries);  // kBound: lower bound of each row's K-th group score
+  float* row_bound = take(kQueries);  // kSlots: lower bound of each row's K-th group score
+  // Word of the bound's slot `slot` of row r: V at +0, the running slot maximum at +kSlots.
+  auto slot_word = [&](int r, int slot) {
+    return kBuffered ? r * kBufPitch + swizzled_slot(r, slot) : r * kRPitch + slot;
+  };
+  float* slot_base = kBuffered ? buf : sh.r;
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kQueries, g = blockIdx.y;
   const int64_t n_chunks = geo.n_chunks();
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
   const int64_t t[2] = {t0 + row[0], t0 + row[1]};
-  // The bound needs pass 1's log2 Z_hat: not for max_raw. Its V rows live in sh.r in pass 1.
-  const bool bound = kBound && p.group_rule != GroupRule::max_raw && K <= kWarp;
-  for (int e = threadIdx.x; e < kQueries * K; e += kPackedThreads) sh.value[e] = kNegInf, sh.index[e] = -1;
+  // The bound needs pass 1's log2 Z_hat: not for max_raw. Its V rows live in sh.r (v6) or the
+  // buffer rows (v8) in pass 1.
+  const bool bound = kSlots > 0 && p.group_rule != GroupRule::max_raw && K <= kWarp;
+  if (!kBuffered)
+    for (int e = threadIdx.x; e < kQueries * K; e += kPackedThreads) sh.value[e] = kNegInf, sh.index[e] = -1;
   if (bound)
-    for (int e = threadIdx.x; e < kQueries * kRPitch; e += kPackedThreads) sh.r[e] = kNegInf;
+    for (int e = threadIdx.x; e < kQueries * (kBuffered ? kBufPitch : kRPitch); e += kPackedThreads)
+      slot_base[e] = kNegInf;
   for (int q = threadIdx.x; q < kQueries; q += kPackedThreads) {
     sh.n_cand[q] = t0 + q < p.T ? static_cast<int>(geo.candidate_count(t0 + q)) : 0;
   }
@@ -510,8 +700,8 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   const int64_t t_last = t0 + kQueries - 1 < p.T - 1 ? t0 + kQueries - 1 : p.T - 1;
   const int n_tiles = (sh.n_cand[t_last - t0] + kTileDim - 1) / kTileDim;
   const float scale2 = p.scale * kLog2e;
-  // With fewer than K nonempty slots (4 per tile) the bound is -inf: not formed at all.
-  const bool prune = bound && 4 * n_tiles >= K;
+  // With fewer than K nonempty slots (kSlots / 8 per tile) the bound is -inf: not formed at all.
+  const bool prune = bound && (kSlots / 8) * n_tiles >= K;
   // Stage `buf` <- k' and bias2 of head g G + hg, chunks [c0, c0 + 64).
   auto issue = [&](int hg, int c0, int buf) {
     const int64_t h = g * G + hg;
@@ -540,14 +730,17 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
       qk_tile(s, qa, tile[buf]);
       scale_and_mask(s, bias_tile[buf], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
       if (prune) {
-        // The running maximum of this lane's slot of the tile, columns 32 + slot of its sh.r rows.
-        float lane_max[2];
-        accumulate_mass(s, m, l, lane_max);
-        const int slot = (4 * tile_i + lane % 4) % kWarp;
+        // The running maxima of this lane's slots of the tile (words kSlots + slot of its rows).
+        float lane_max[2][kParts];
+        accumulate_mass<kParts>(s, m, l, lane_max);
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          float& cur = sh.r[row[i] * kRPitch + kWarp + slot];
-          cur = fmaxf(cur, lane_max[i]);
+        for (int k = 0; k < kParts; ++k) {
+          const int slot = (4 * kParts * tile_i + kParts * (lane % 4) + k) % kSlotCount;
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            float& cur = slot_base[slot_word(row[i], slot) + kSlots];
+            cur = fmaxf(cur, lane_max[i][k]);
+          }
         }
       } else {
         accumulate_mass(s, m, l);
@@ -562,19 +755,22 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
         }
         // V[slot] = max over heads of the slot's best term (pass 2's arithmetic; a NaN from a
         // row without any mass is ignored by fmaxf), and the slot maxima restart for the next
-        // head. Each (row, slot) belongs to one thread: slots lane % 4 + 4 j.
+        // head. Each (row, slot) belongs to one thread: slots kParts (lane % 4) + k + 4 kParts j.
         if (prune)
 #pragma unroll
           for (int j = 0; j < kWarp / 4; ++j)
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              float& cur = sh.r[row[i] * kRPitch + kWarp + lane % 4 + 4 * j];
-              const float x = cur - z[i];
-              const float term = p.group_rule == kGroupSumProbabilities ? fast_exp2(x) : x;
-              float& v = sh.r[row[i] * kRPitch + lane % 4 + 4 * j];
-              v = fmaxf(v, term);
-              cur = kNegInf;
-            }
+            for (int k = 0; k < kParts; ++k)
+#pragma unroll
+              for (int i = 0; i < 2; ++i) {
+                const int word = slot_word(row[i], kParts * (lane % 4) + k + 4 * kParts * j);
+                float& cur = slot_base[word + kSlots];
+                const float x = cur - z[i];
+                const float term = p.group_rule == kGroupSumProbabilities ? fast_exp2(x) : x;
+                float& v = slot_base[word];
+                v = fmaxf(v, term);
+                cur = kNegInf;
+              }
       }
       if (last_tile) tile_i = 0, ++hg;
       else ++tile_i;
@@ -584,13 +780,14 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   if (prune) {
     for (int j = 0; j < 16; ++j) {
       const int q = warp * 16 + j;
-      const float kth = kth_largest_of_32(sh.r + q * kRPitch, K);
+      const float kth = kth_largest<kSlotCount>(slot_base + q * (kBuffered ? kBufPitch : kRPitch), K);
       if (lane == 0) row_bound[q] = kth;
     }
     __syncwarp();
   }
   // Pass 2, step = (tile, head): group score per tile; rows with a score above their list's
   // threshold (held in registers) are offered to their top-K lists.
+  int count[2] = {0, 0};  // v8: entries in the buffers of rows row[0], row[1]
   if (n_tiles > 0) {
     const int steps = G * n_tiles;
     float r[8][4];
@@ -666,7 +863,12 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
           for (int e = 0; e < 4; ++e)
             if (c0 + nt * 8 + (lane % 4) * 2 + (e % 2) >= n_cand[e / 2]) r[nt][e] = kNegInf;
       }
-      if (kQuad) {
+      if (kBuffered) {
+        append_half<0>(r, theta, count, buf, row, c0, K);
+        append_half<1>(r, theta, count, buf, row, c0, K);
+        continue;
+      }
+      if (kOffers == Offers::quads) {
         // Pending bits per row half: values ranked ahead of the row's worst entry.
         unsigned pending[2] = {0u, 0u};
 #pragma unroll
@@ -717,9 +919,27 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
     }
   }
   __syncthreads();
-  for (int q = warp * 16; q < warp * 16 + 16; ++q) {
-    if (t0 + q >= p.T) continue;
-    write_selection(p, sh, q, t0 + q, g, G, key, bias, selection, selected_score);
+  if (kBuffered) {
+    // Each row's K best of its buffer, the valid entries first and -1 after.
+    for (int j = 0; j < 16; ++j) {
+      const int q = warp * 16 + j;
+      if (t0 + q >= p.T) continue;
+      float* value = buf + q * kBufPitch;
+      int32_t* index = reinterpret_cast<int32_t*>(value + kBufCap);
+      int n = __shfl_sync(0xffffffffu, j < 8 ? count[0] : count[1], 4 * (j % 8));
+      if (n > K) {
+        keep_best(value, index, n, K);
+        n = K;
+      }
+      if (lane >= n && lane < K) index[lane] = -1;
+      __syncwarp();
+      write_selection(p, index, t0 + q, g, G, key, bias, selection, selected_score);
+    }
+  } else {
+    for (int q = warp * 16; q < warp * 16 + 16; ++q) {
+      if (t0 + q >= p.T) continue;
+      write_selection(p, sh.index + q * K, t0 + q, g, G, key, bias, selection, selected_score);
+    }
   }
 }
 
@@ -856,15 +1076,30 @@ __global__ void __launch_bounds__(kPackedThreads, 3)
   }
   __syncthreads();
   for (int q = warp * 16; q < warp * 16 + 16; ++q)
-    if (t0 + q < p.T) write_selection(p, sh, q, t0 + q, g, G, key, bias, selection, selected_score);
+    if (t0 + q < p.T) write_selection(p, sh.index + q * K, t0 + q, g, G, key, bias, selection, selected_score);
 }
 
 size_t select_one_pass_smem_bytes(int64_t K) {
   return (kQueries * kRPitch + 4 * kQueries * K + kQueries) * 4;
 }
 
-size_t select_smem_bytes(int64_t G, int64_t K) {
+size_t select_smem_bytes(int64_t G, int64_t K, PackedSelect kernel) {
+  if (kernel == PackedSelect::two_pass_v8) return (kQueries * kBufPitch + G * kQueries + 2 * kQueries) * 4;
   return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries) * 4;
+}
+
+using SelectKernelFn = void (*)(LaunchParams, const float*, const __nv_bfloat16*, const float*,
+                                const float*, const float*, int32_t*, float*);
+
+template <int G>
+SelectKernelFn select_kernel_of(PackedSelect kernel) {
+  switch (kernel) {
+    case PackedSelect::one_pass_v5: return select_one_pass_kernel<G>;
+    case PackedSelect::two_pass_v6: return select_packed_kernel<G, 32, Offers::sorted>;
+    case PackedSelect::two_pass_v7: return select_packed_kernel<G, 0, Offers::quads>;
+    case PackedSelect::two_pass_v8: return select_packed_kernel<G, 64, Offers::buffered>;
+    default: return select_packed_kernel<G, 0, Offers::sorted>;
+  }
 }
 
 template <int G>
@@ -872,20 +1107,10 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
                      const float* lse_swa, int32_t* selection, float* selected_score,
                      PackedSelect kernel, cudaStream_t stream) {
   // Static stages plus this dynamic scratch may pass the 48 KB default: always raise the limit.
-  const bool one_pass = kernel == PackedSelect::one_pass_v5;
-  const size_t smem = one_pass ? select_one_pass_smem_bytes(p.K) : select_smem_bytes(G, p.K);
-  if (one_pass)
-    cudaFuncSetAttribute(select_one_pass_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(smem));
-  else if (kernel == PackedSelect::two_pass_v6)
-    cudaFuncSetAttribute(select_packed_kernel<G, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(smem));
-  else if (kernel == PackedSelect::two_pass_v7)
-    cudaFuncSetAttribute(select_packed_kernel<G, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(smem));
-  else
-    cudaFuncSetAttribute(select_packed_kernel<G, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(smem));
+  const size_t smem = kernel == PackedSelect::one_pass_v5 ? select_one_pass_smem_bytes(p.K)
+                                                          : select_smem_bytes(G, p.K, kernel);
+  const SelectKernelFn fn = select_kernel_of<G>(kernel);
+  cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   const dim3 grid(static_cast<unsigned>((p.T + kQueries - 1) / kQueries),
                   static_cast<unsigned>(p.Hkv));
   // A bf16 copy of k' and a log2 e scaled bias (stream-ordered scratch) feed the copy engine.
@@ -900,18 +1125,7 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
   if (n > 0)
     to_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(key, key_bf16, n, bias,
                                                                                bias2, n_bias);
-  if (one_pass)
-    select_one_pass_kernel<G><<<grid, kPackedThreads, smem, stream>>>(
-        p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
-  else if (kernel == PackedSelect::two_pass_v6)
-    select_packed_kernel<G, true><<<grid, kPackedThreads, smem, stream>>>(
-        p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
-  else if (kernel == PackedSelect::two_pass_v7)
-    select_packed_kernel<G, false, true><<<grid, kPackedThreads, smem, stream>>>(
-        p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
-  else
-    select_packed_kernel<G, false><<<grid, kPackedThreads, smem, stream>>>(
-        p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
+  fn<<<grid, kPackedThreads, smem, stream>>>(p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
   cudaFreeAsync(scratch, stream);
 }
 
@@ -927,9 +1141,10 @@ void launch_select_packed(const LaunchParams& p, const float* key, const float* 
                           const float* lse_swa, int32_t* selection, float* selected_score,
                           PackedSelect kernel, cudaStream_t stream) {
   // The one-pass argument holds for the default group rule only; v7's segments of 8 entries per
-  // quad lane hold K <= 32.
+  // quad lane and v8's 64-entry buffers (K + 32 entries) hold K <= 32.
   const bool fall_back = (kernel == PackedSelect::one_pass_v5 && p.group_rule != kGroupMaxNormalized) ||
-                         (kernel == PackedSelect::two_pass_v7 && p.K > kWarp);
+                         ((kernel == PackedSelect::two_pass_v7 || kernel == PackedSelect::two_pass_v8) &&
+                          p.K > kWarp);
   const PackedSelect one = fall_back ? PackedSelect::two_pass_v4 : kernel;
   switch (p.Hq / p.Hkv) {
     case 1: return launch_select_g<1>(p, key, bias, lse_swa, selection, selected_score, one, stream);

@@ -199,10 +199,12 @@ TEST_CASE("gpu host API rejects bad input naming the field", "[gpu]") {
   CHECK(message(spec, good, missing).rfind("v:", 0) == 0);
 }
 
-// The one-pass selection (v5), the bounded two-pass selection (v6, the default) and the
-// quad-offer two-pass selection (v7) against the two-pass kernel v4: the same s2 and log2 Z_hat
-// arithmetic and the same selected-score writer, v6's bound drops only candidates that cannot be
-// selected, v7 keeps the K best under the same (value, chunk) order in another way,
+// The one-pass selection (v5), the bounded two-pass selection (v6), the quad-offer two-pass
+// selection (v7) and the buffered two-pass selection (v8) against the two-pass kernel v4: the
+// same s2 and log2 Z_hat arithmetic and selected-score writers with the same sum order, v6's and
+// v8's bounds (32 and 64 slots) drop only candidates that cannot be selected, v7 and v8 keep the
+// K best under the same (value, chunk) order in other ways (v8's buffer cuts run on every tile
+// without a bound: max_raw, and the few-tile shapes),
 // so the selections and selected scores must agree bit for bit, on packed shapes (one and
 // several scoring tiles, G = 1..16, K up to 64; K = 32 uses all 32 of
 // v6's bound slots, K > 32 runs v6 without the bound and v7 as v4; K = 3, 4, 16, 20, 32 leave
@@ -255,7 +257,8 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
       hils::gpu::summarize(spec, shape, set.view, key.as<float>(), bias.as<float>());
       std::vector<std::vector<unsigned char>> selections, scores;
       const auto kernels = {hils::gpu::SelectKernel::two_pass_v4, hils::gpu::SelectKernel::one_pass_v5,
-                            hils::gpu::SelectKernel::two_pass_v6, hils::gpu::SelectKernel::two_pass_v7};
+                            hils::gpu::SelectKernel::two_pass_v6, hils::gpu::SelectKernel::two_pass_v7,
+                            hils::gpu::SelectKernel::two_pass_v8};
       for (auto kernel : kernels) {
         gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), selected(c.Hq * c.T * c.K * 4);
         hils::gpu::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,
@@ -277,7 +280,7 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
               ++differing_rows;
               break;
             }
-        const char* label = k == 1 ? "one-pass v5" : k == 2 ? "two-pass v6" : "two-pass v7";
+        const char* label = k == 1 ? "one-pass v5" : k == 2 ? "two-pass v6" : k == 3 ? "two-pass v7" : "two-pass v8";
         std::cout << label << " vs two-pass v4 " << problems[n].first << " " << preset << ": rows "
                   << c.Hkv * c.T << ", differing " << differing_rows << "\n";
         INFO(problems[n].first << " " << preset << " " << label);

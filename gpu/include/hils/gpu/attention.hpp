@@ -98,19 +98,22 @@ void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const Devic
                       const float* key, const float* bias, float* scores,
                       cudaStream_t stream = nullptr);
 // Which packed selection kernel runs (gpu/NOTES.md has each version's numbers). All give the
-// same selection and the same selected scores. two_pass_v6 is the default (kDefaultSelectKernel:
-// the fastest measured at 512K on the H200, see gpu/NOTES.md); v4, v5 and v7 stay reachable as
-// the benchmark's comparison points. one_pass_v5 applies to the default group rule
-// (max_normalized); for the others it falls back to two_pass_v4. v6 forms its bound for K <= 32
-// and the normalised group rules, and runs as v4 otherwise.
+// same selection and the same selected scores. two_pass_v8 is the default (kDefaultSelectKernel:
+// the fastest measured at every length on the H200, see gpu/NOTES.md); v4, v5, v6 (the previous
+// default) and v7 stay reachable as the benchmark's comparison points. one_pass_v5 applies to the
+// default group rule (max_normalized); for the others it falls back to two_pass_v4. v6 and v8
+// form their bounds for K <= 32 and the normalised group rules; v6 runs as v4 otherwise, v8 takes
+// K <= 32 (else two_pass_v4).
 enum class SelectKernel {
   two_pass_v4,  // pass 1: log Z_hat per head; pass 2: group scores offered to the top-K lists
   one_pass_v5,  // per head a running log Z_hat and its K best; the union ranked at the end
   two_pass_v6,  // v4 plus a pass-1 lower bound of the K-th group score that prunes the offers
   two_pass_v7,  // v4 with the offers of 8 rows at once per warp into unsorted sets (K <= 32,
                 // else two_pass_v4)
+  two_pass_v8,  // v6's bound over 64 slots, candidates appended to per-row buffers (no ranking
+                // in pass 2; K <= 32, else two_pass_v4)
 };
-constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v6;
+constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v8;
 
 // Selection per KV group (reference/SEMANTICS.md §4): [Hkv, T, K], ascending, -1 padded, ties to
 // the lower chunk. Scores come from the summaries, or from `exact` [Hq, T, n_chunks] for the exact
