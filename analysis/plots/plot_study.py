@@ -184,6 +184,15 @@ def say_missing(ax, what):
     ax.set_yticks([])
 
 
+def say_undefined(ax, x, y, mechanism):
+    """Means that are NaN (the metric is undefined for every sample at that length, e.g. the
+    Spearman correlation of tied scores) -> "undefined" at their place, written up from the
+    bottom of the axes in the mechanism's colour, instead of a point silently left out."""
+    for xi in np.asarray(x)[~np.isfinite(y)]:
+        ax.text(xi, 0.03, "undefined", transform=ax.get_xaxis_transform(), rotation=90,
+                ha="center", va="bottom", fontsize=6.5, color=mechanism_colour(mechanism))
+
+
 def length_axis(ax, lengths):
     """An axes -> a log2 length axis ticked at the study's own lengths."""
     ax.set_xscale("log", base=2)
@@ -212,12 +221,14 @@ def metric_panel(ax, summary, mechs, name, single_length):
         style = dict(mechanism_style(m), ms=4.5, capsize=3,
                      zorder=1.5 if m == "naive_bsa" else 2.5)
         if single_length:
-            ax.errorbar([i], y, yerr=yerr_of(y, lo, hi), ls="none", **style)
+            x = np.array([i])
+            ax.errorbar(x, y, yerr=yerr_of(y, lo, hi), ls="none", **style)
         else:
             # Each mechanism a little to the side (a fixed factor on the log axis), so that equal
             # values and their intervals stay visible side by side instead of one hiding another.
             x = lengths * 2.0 ** (dodge * (i - (len(shown) - 1) / 2))
             ax.errorbar(x, y, yerr=yerr_of(y, lo, hi), lw=1.3, **style)
+        say_undefined(ax, x, y, m)
     if single_length:
         ax.set_xticks(range(len(shown)), shown, rotation=35, ha="right")
         for tick, m in zip(ax.get_xticklabels(), shown):

@@ -6,10 +6,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <new>
 #include <optional>
 #include <string>
+#include <system_error>
 
 #include <H5Cpp.h>
 
@@ -27,6 +29,21 @@ struct Outcome {
   int code = hils::cli::kExitOk;
   std::string message;
 };
+
+// The error of a report cut short: nothing the command computed is lost, but stdout is.
+std::string stdout_error(const std::string& reason) {
+  return "bad input: expected room to write the standard output, found " + reason +
+         "; the output is incomplete";
+}
+
+// A failed write of the report (fmt::print throws std::system_error with the write's errno);
+// not a filesystem_error, which names a path and has its own causes.
+bool is_write_error(const std::system_error& e) {
+  if (dynamic_cast<const std::filesystem::filesystem_error*>(&e)) return false;
+  const int code = e.code().value();
+  return e.code().category() == std::generic_category() &&
+         (code == ENOSPC || code == EFBIG || code == EDQUOT || code == EIO);
+}
 
 // Exceptions -> exit codes 1 (verdict), 2 (bad input), 3 (internal). `speaks`: false on an MPI
 // worker, which leaves help and usage errors to rank 0 (the same argv gives the same ones).
@@ -48,6 +65,11 @@ Outcome run_app(CLI::App& app, int argc, char** argv, bool speaks) {
     return {hils::cli::kExitBadInput,
             "bad input: out of memory: expected sizes (T, heads, dims, layers, queries) whose "
             "data fit in this machine's memory; choose smaller ones"};
+  } catch (const std::system_error& e) {
+    // fmt::print's "cannot write to file": the report on stdout met a full disk or ulimit -f.
+    if (is_write_error(e))
+      return {hils::cli::kExitBadInput, stdout_error(e.code().message())};
+    return {hils::cli::kExitInternal, std::string("internal error: ") + e.what()};
   } catch (const H5::Exception& e) {
     return {hils::cli::kExitInternal,
             "internal error (HDF5): " + e.getFuncName() + ": " + e.getDetailMsg()};
@@ -108,8 +130,7 @@ int main(int argc, char** argv) {
   // A report cut short (full disk, file-size limit) must not end in exit 0.
   std::cout.flush();
   if (!std::cout && code == hils::cli::kExitOk) {
-    message = std::string("bad input: expected room to write the standard output, found ") +
-              std::strerror(errno) + "; the output is incomplete";
+    message = stdout_error(std::strerror(errno));
     code = hils::cli::kExitBadInput;
   }
   if (speaks && !message.empty()) std::cerr << "hils: " + message + "\n";  // one write

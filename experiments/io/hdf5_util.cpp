@@ -206,6 +206,18 @@ namespace {
 // whole, then copied into matrices), would not fit in 80% of the memory this process may use.
 // A file can declare extents it does not store (unwritten HDF5 chunks take no room on disk):
 // without this check such a file ends in an out-of-memory kill or bad_alloc, not a message.
+// A flat row-major index as the dataset's index: "[1, 5, 3] (flat index 2883)".
+std::string index_text(const H5::DataSet& dataset, size_t flat) {
+  const auto dims = dataset_dims(dataset);
+  std::vector<hsize_t> index(dims.size());
+  size_t rest = flat;
+  for (size_t axis = dims.size(); axis-- > 0;) {
+    index[axis] = rest % dims[axis];
+    rest /= dims[axis];
+  }
+  return fmt::format("{} (flat index {})", dims_text(index), flat);
+}
+
 size_t element_count(const std::filesystem::path& file, const std::string& name,
                      const H5::DataSet& dataset) {
   const auto dims = dataset_dims(dataset);
@@ -231,7 +243,7 @@ std::vector<double> read_doubles(const std::filesystem::path& file, const std::s
   }
   for (size_t i = 0; finite_only && i < data.size(); ++i)
     if (!std::isfinite(data[i]))
-      fail(file, name, "finite values", fmt::format("{} at flat index {}", data[i], i));
+      fail(file, name, "finite values", fmt::format("{} at {}", data[i], index_text(dataset, i)));
   return data;
 }
 

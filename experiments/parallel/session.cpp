@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "hils/memory.hpp"
 #include "parallel/mpi_runner.hpp"
 
 #ifdef HILS_WITH_MPI
@@ -39,6 +40,13 @@ Session::Session(int& argc, char**& argv) {
     mpi_ = true;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    // The ranks on this node share its memory: each size check counts its share only.
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+    int on_node = 1;
+    MPI_Comm_size(node, &on_node);
+    MPI_Comm_free(&node);
+    set_processes_sharing_memory(on_node);
     if (size_ > 1) runner_ = std::make_unique<MpiUnitRunner>(rank_, size_);
   }
 #else

@@ -64,6 +64,19 @@ void require_dims(const std::string& name, const py::array& a, const ArrayShape&
         "rank " + std::to_string(a.ndim()) + " shape " + dims_text(a)));
 }
 
+// A flat C-order index as the array's index: "[1, 5, 3] (flat index 2883)".
+std::string index_text(const FloatArray& d, py::ssize_t flat) {
+  std::vector<py::ssize_t> index(static_cast<size_t>(d.ndim()));
+  py::ssize_t rest = flat;
+  for (py::ssize_t axis = d.ndim() - 1; axis >= 0; --axis) {
+    index[static_cast<size_t>(axis)] = rest % d.shape(axis);
+    rest /= d.shape(axis);
+  }
+  std::string text = "[";
+  for (size_t i = 0; i < index.size(); ++i) text += (i ? ", " : "") + std::to_string(index[i]);
+  return text + "] (flat index " + std::to_string(flat) + ")";
+}
+
 // The array's values as C-ordered doubles (a copy for other dtypes or strides).
 FloatArray doubles_of(const std::string& name, const py::handle& object, const ArrayShape& shape,
                       bool finite_only) {
@@ -77,7 +90,7 @@ FloatArray doubles_of(const std::string& name, const py::handle& object, const A
     if (!std::isfinite(data[i]))
       throw py::value_error(message(name, "finite values",
                                     std::string(std::isnan(data[i]) ? "nan" : data[i] > 0 ? "inf" : "-inf") +
-                                        " at flat index " + std::to_string(i)));
+                                        " at " + index_text(d, i)));
   return d;
 }
 

@@ -32,7 +32,11 @@ double cgroup_limit() {
   return v2 > 0 ? v2 : cgroup_bytes("/sys/fs/cgroup/memory/memory.limit_in_bytes");
 }
 
+int g_sharing = 1;  // set_processes_sharing_memory
+
 }  // namespace
+
+void set_processes_sharing_memory(int processes) { g_sharing = processes > 1 ? processes : 1; }
 
 std::string bytes_text(double bytes) {
   const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
@@ -52,6 +56,11 @@ MemoryLimit memory_limit() {
   if (cgroup > 0 && cgroup < limit.bytes) {
     limit.bytes = cgroup;
     limit.text = "this process's cgroup limit of " + bytes_text(cgroup);
+  }
+  if (g_sharing > 1) {
+    limit.bytes /= g_sharing;
+    limit.text += " shared by " + std::to_string(g_sharing) + " processes of this job (" +
+                  bytes_text(limit.bytes) + " each)";
   }
   rlimit address{};
   if (getrlimit(RLIMIT_AS, &address) == 0 && address.rlim_cur != RLIM_INFINITY &&

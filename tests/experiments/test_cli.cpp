@@ -154,10 +154,11 @@ TEST_CASE("bad input: NaN or Inf in the data", "[cli][bad-input]") {
   TempDir dir("nonfinite");
   auto nan_path = write_small(dir, "nan.h5");
   poke(nan_path, "layer1/q", std::nan(""));
-  expect_bad_file(dir, nan_path, {"layer1/q", "finite", "nan"});
+  // Named by head, slot and dimension (was only "at flat index 640").
+  expect_bad_file(dir, nan_path, {"layer1/q", "finite", "nan at [2, 0, 0] (flat index 640)"});
   auto inf_path = write_small(dir, "inf.h5");
   poke(inf_path, "layer0/k", -INFINITY);
-  expect_bad_file(dir, inf_path, {"layer0/k", "finite", "inf"});
+  expect_bad_file(dir, inf_path, {"layer0/k", "finite", "-inf at [1, 0, 0] (flat index 320)"});
 }
 
 TEST_CASE("bad input: the file is not an activation file", "[cli][bad-input]") {

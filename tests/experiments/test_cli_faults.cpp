@@ -205,6 +205,12 @@ TEST_CASE("hils --version names the version and the commit", "[cli]") {
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Catch::StartsWith("hils "));
   CHECK_THAT(r.output, Catch::Contains("commit"));
+  // The commit the sources are at (a rebuild after a commit kept the configure-time commit,
+  // and every results file recorded it as its provenance). Skipped outside a git checkout.
+  auto head = run_shell("git -C '" + std::string(HILS_SOURCE_DIR) +
+                        "' rev-parse --short=12 HEAD 2>/dev/null");
+  if (head.exit_code == 0 && head.output.size() > 1)
+    CHECK_THAT(r.output, Catch::Contains("(commit " + head.output.substr(0, 12) + ")"));
 }
 
 TEST_CASE("study flags out of range are refused naming the flag and the expected value",
@@ -648,4 +654,21 @@ TEST_CASE("hils run refuses a unit beyond the memory limit before any work, sayi
                  Catch::Contains(" with 40 queries"));
   CHECK_FALSE(fs::exists(results));
   CHECK(count_temp_files(dir.path()) == 0);
+}
+
+TEST_CASE("a report longer than stdio's buffer meeting a full disk is bad input, not an "
+          "internal error", "[cli][faults]") {
+  TempDir dir("report_full_disk");
+  const auto acts = write_small(dir);
+  const auto results = dir / "r.h5";
+  REQUIRE(run_hils("-q run " + q(acts) + " -o " + q(results) + " -p full,hils -S 8 "
+                   "--landmarks true").exit_code == 0);
+  // The report is over 4 KiB, so the write fails inside fmt::print (which throws), not only at
+  // the flush at exit; ulimit -f 1 (one block) fails it with EFBIG as a full disk does with ENOSPC.
+  auto r = run_shell("(ulimit -f 1 && '" + std::string(HILS_EXE) + "' info " + q(results) +
+                     " > " + q(dir / "report.txt")  + ") 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);  // was 3, "internal error: cannot write to file: File too large"
+  CHECK_THAT(r.output, Catch::Contains("hils: bad input: expected room to write the standard "
+                                       "output, found File too large; the output is incomplete"));
 }

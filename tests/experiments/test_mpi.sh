@@ -6,7 +6,8 @@
 #                 file keeps its last checkpoint, and after the fix the run resumes under
 #                 another N (2, then 1 process after a second interruption) to the same results;
 #   run:          `hils run` over 3 layers x 2 mechanisms: the same, for its (mechanism, layer) units;
-#                 rank 0 or a worker failing before the run ends the job in order, named.
+#                 rank 0 or a worker failing before the run ends the job in order, named;
+#                 size checks count each rank's share of the node's memory.
 # usage: test_mpi.sh CASE HILS MPIRUN WORKDIR
 set -euo pipefail
 case_name=$1 hils=$2 mpirun=$3 work=$4
@@ -112,6 +113,15 @@ PY
     [[ $(grep -c -e "hils:" -e "Run with --help" failure.txt) == 1 ]] ||
       fail "mpirun -n 3 hils $bad: expected one message (rank 0's), got: $(cat failure.txt)"
   done
+  # Size checks count each rank's share of the node's memory (every rank may hold a unit at
+  # once): a K that fits nowhere is refused naming the share, once, before any output.
+  status=0; timeout 120 "$mpirun" --oversubscribe -n 3 "$hils" run good.h5 -o big.h5 \
+    --preset hils -S 16 --landmarks true -K 1000000000000 2> failure.txt > /dev/null || status=$?
+  cat failure.txt
+  [[ $status == 2 ]] || fail "a unit beyond memory under mpirun -n 3: exit status $status, expected 2"
+  grep -q "memory shared by 3 processes of this job (.* each)" failure.txt ||
+    fail "the size check does not count the node's memory as shared by the 3 ranks"
+  [[ $(grep -c "hils:" failure.txt) == 1 && ! -e big.h5 ]] || fail "expected one message, no file"
   # The other worker may have finished units meanwhile: a valid checkpoint of the first units.
   /usr/bin/python3 - <<'PY' || fail "early.h5 is not a checkpoint of the first units"
 import h5py, json, os

@@ -72,7 +72,7 @@ def test_non_finite_inputs(good):
     q, k, v, out = good
     bad = q.copy()
     bad[0, 3, 1] = np.nan
-    check(ValueError, lambda: hils.verify(SPEC, bad, k, v, out), "q: expected finite values, found nan at flat index 49")
+    check(ValueError, lambda: hils.verify(SPEC, bad, k, v, out), "q: expected finite values, found nan at [0, 3, 1] (flat index 49)")
     bad = v.copy()
     bad[1, 0, 0] = -np.inf
     check(ValueError, lambda: hils.reference(SPEC, q, k, bad), "v: expected finite values, found -inf")

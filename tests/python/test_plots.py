@@ -170,6 +170,27 @@ def test_intervals_stay_in_the_range_of_their_statistic(studies, tmp_path):
     assert checked == 8
 
 
+@pytest.mark.parametrize("study", ["fid1", "fid2"])
+def test_an_undefined_mean_is_said_where_its_point_would_be(studies, tmp_path, study):
+    # A mean that is NaN (the metric undefined for every sample, as Spearman is for tied
+    # scores) was left out without a word: the panel looked as if the mechanism had not run.
+    path = tmp_path / f"{study}nan.h5"  # no "_": draw() keys figures by the name after it
+    shutil.copy(studies[study], path)
+    with h5py.File(path, "r+") as f:
+        rows = f["summary/taylor/spearman"][()]
+        rows[-1, ps.COLS.index("mean")] = np.nan
+        f["summary/taylor/spearman"][...] = rows
+    fig = draw(path, tmp_path / "plots")["metrics.png"]
+    ax = next(a for a in fig.axes if metric_name(a) == "spearman")
+    notes = [t for t in ax.texts if t.get_text() == "undefined"]
+    assert len(notes) == 1
+    assert to_rgba(notes[0].get_color()) == to_rgba(ps.mechanism_colour("taylor"))
+    line = next(c.lines[0] for c in ax.containers if c.get_label() == "taylor")
+    assert np.isclose(notes[0].get_position()[0], line.get_xdata()[-1])
+    # The other panels, whose means are all defined, say nothing of the kind.
+    assert not any(t.get_text() == "undefined" for a in fig.axes if a is not ax for t in a.texts)
+
+
 def test_a_single_length_has_no_length_axis(drawn):
     two, one = drawn["fid2"]["metrics.png"], drawn["fid1"]["metrics.png"]
     metric_axes = [ax for ax in two.axes if metric_of(ax)]

@@ -12,10 +12,16 @@ struct MemoryLimit {
   std::string text;  // what sets it: "this machine's 23.5 GiB of memory", "the cgroup limit ..."
 };
 
-// The least of: the machine's physical memory, the memory limit of this process's cgroup (v2
-// memory.max, v1 memory.limit_in_bytes) and its address-space limit (ulimit -v). On a cluster
-// node a job's cgroup, not the node's memory, is what the kernel enforces.
+// The least of: the machine's physical memory or the memory limit of this process's cgroup (v2
+// memory.max, v1 memory.limit_in_bytes), divided among the processes sharing it, and its
+// address-space limit (ulimit -v). On a cluster node a job's cgroup, not the node's memory, is
+// what the kernel enforces.
 MemoryLimit memory_limit();
+
+// The processes of one job that share this machine's memory (the MPI ranks on this node, set
+// once at start-up by the `hils` tool; 1 otherwise): memory_limit() gives each its share of the
+// machine's or cgroup's memory, since each may hold a unit of that size at once.
+void set_processes_sharing_memory(int processes);
 
 // A byte count for messages: "512 bytes", "3.5 KiB", "12.3 GiB", "1.49e+04 TiB".
 std::string bytes_text(double bytes);
