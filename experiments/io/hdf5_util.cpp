@@ -202,10 +202,6 @@ void require_integer(const std::filesystem::path& file, const std::string& name,
 
 namespace {
 
-// The dataset's element count, or FileError when its values as 8-byte numbers, held twice (read
-// whole, then copied into matrices), would not fit in 80% of the memory this process may use.
-// A file can declare extents it does not store (unwritten HDF5 chunks take no room on disk):
-// without this check such a file ends in an out-of-memory kill or bad_alloc, not a message.
 // A flat row-major index as the dataset's index: "[1, 5, 3] (flat index 2883)".
 std::string index_text(const H5::DataSet& dataset, size_t flat) {
   const auto dims = dataset_dims(dataset);
@@ -218,6 +214,10 @@ std::string index_text(const H5::DataSet& dataset, size_t flat) {
   return fmt::format("{} (flat index {})", dims_text(index), flat);
 }
 
+// The dataset's element count, or FileError when its values as 8-byte numbers, held twice (read
+// whole, then copied into matrices), would not fit in 80% of the memory this process may use.
+// A file can declare extents it does not store (unwritten HDF5 chunks take no room on disk):
+// without this check such a file ends in an out-of-memory kill or bad_alloc, not a message.
 size_t element_count(const std::filesystem::path& file, const std::string& name,
                      const H5::DataSet& dataset) {
   const auto dims = dataset_dims(dataset);
