@@ -127,6 +127,7 @@ const char* sparse_kernel_name(SparseKernel kernel) {
     case SparseKernel::chunked_v6: return "chunked_v6";
     case SparseKernel::chunked_v7: return "chunked_v7";
     case SparseKernel::chunked_v8: return "chunked_v8";
+    case SparseKernel::chunked_v9: return "chunked_v9";
   }
   return "unknown";
 }

@@ -31,6 +31,7 @@
 
 #include "launch_params.hpp"
 #include "mma_common.cuh"
+#include "wgmma_common.cuh"
 
 namespace hils::gpu::detail {
 namespace {
@@ -550,6 +551,169 @@ __global__ void __launch_bounds__(kPackedThreads, kSub == 1 ? 5 : 3)
   }
 }
 
+// chunked_v9: chunked_v8's work with Hopper's warpgroup MMA (wgmma). The block (one warpgroup)
+// runs 64-row steps: S = Q K^T with Q (the step's 64 q rows) and K from 128-byte-swizzled
+// shared-memory panels, P = softmax in registers (each warp's 16 rows, v6's code: the
+// accumulator of warp w is the mma.sync C fragment of rows 16 w ..), O = P V with P from
+// registers and V as the N-major B panel. No ldmatrix: the tensor cores read q, K and V from
+// shared memory themselves (v6: K and V through ldmatrix for every 16-row slice, the L1 limit).
+// The step's q rows come by cp.async into one of two swizzled stages (the next step's while this
+// one computes); the fp16 results leave through the same stage (stmatrix, 16-byte stores).
+constexpr int kV9Panel = 64 * wg::kPanelRowBytes;  // bytes of a 64-row panel
+constexpr int kV9SmemBytes = wg::kAtomBytes + 4 * kV9Panel;  // K, V, 2 q stages, alignment slack
+
+// Rows [row0, row0 + 64) of a [rows, 64] bf16 matrix into a swizzled panel (cp.async, 128
+// threads).
+__device__ __forceinline__ void load_panel_async(unsigned char* panel, const __nv_bfloat16* src,
+                                                 int64_t row0) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int piece = threadIdx.x + kPackedThreads * j, row = piece / 8, col = (piece % 8) * 8;
+    cp_async16(panel + wg::sw128_offset(row, col), src + (row0 + row) * kTileDim + col, true);
+  }
+}
+
+template <int G>
+__global__ void __launch_bounds__(kPackedThreads, 4)
+    chunk_attention_v9_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
+                              const int32_t* items, const ItemDesc* item_desc,
+                              const uint32_t* bucket, __half* partial) {
+  constexpr int kRows = pairs_per_item<G>() * G;  // 512
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  // Panels on 1024-byte boundaries (the swizzle's atom).
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(dynamic_smem) + wg::kAtomBytes - 1) &
+      ~static_cast<uintptr_t>(wg::kAtomBytes - 1));
+  unsigned char* k_panel = smem;
+  unsigned char* v_panel = smem + kV9Panel;
+  unsigned char* q_stages = smem + 2 * kV9Panel;  // two stages, kV9Panel bytes apart
+  __shared__ int64_t row_q[kRows];     // q element offset of the row; -1 past the pairs
+  __shared__ uint32_t row_out[kRows];  // its scratch row: (h seg + tl) K + slot
+  const int32_t item = static_cast<int32_t>(blockIdx.x);
+  const int32_t n_items = items[p.Hkv * nc];
+  const ItemDesc desc = item_desc[item];  // past n_items: zeros or another segment's, unused
+  if (item >= n_items) return;
+  const int64_t g = desc.chunk / nc, c = desc.chunk % nc;
+  const int n_pairs = desc.count, n_steps = (n_pairs * G + 63) / 64;
+  const int K = static_cast<int>(p.K);
+  load_panel_async(k_panel, static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim, c * kTileDim);
+  load_panel_async(v_panel, static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim, c * kTileDim);
+  cp_async_commit();
+  for (int rr = threadIdx.x; rr < 64 * n_steps; rr += kPackedThreads) {
+    const int e = rr / G;
+    const int64_t h = g * G + rr % G;
+    if (e < n_pairs) {
+      const uint32_t entry = bucket[desc.first + e];
+      const int64_t tl = entry >> 6;
+      row_q[rr] = (h * p.T + t0 + tl) * kTileDim;
+      row_out[rr] = static_cast<uint32_t>((h * seg + tl) * K + (entry & 63u));
+    } else {
+      row_q[rr] = -1;
+    }
+  }
+  __syncthreads();  // the row table
+
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const auto* q = static_cast<const __nv_bfloat16*>(p.q);
+  // The step's 64 q rows -> a stage (zeros past the pairs); thread t copies pieces t + 128 j.
+  auto issue_q = [&](int s, unsigned char* stage) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int piece = threadIdx.x + kPackedThreads * j, row = piece / 8, col = (piece % 8) * 8;
+      const int64_t off = row_q[64 * s + row];
+      cp_async16(stage + wg::sw128_offset(row, col), q + (off >= 0 ? off + col : 0), off >= 0);
+    }
+    cp_async_commit();
+  };
+  const uint64_t k_desc = wg::desc_k_major(k_panel);
+  const uint64_t v_desc = wg::desc_n_major(v_panel, kV9Panel);
+  // Base-2 softmax as v6 (c = scale log2 e > 0), the landmark key (column 63) masked.
+  const float c2 = p.scale * 1.4426950408889634f;
+  const bool mask_landmark = p.landmarks && lane % 4 == 3;
+  const int row_in_step = 16 * warp + lane % 8 + 8 * ((lane / 8) % 2);  // stmatrix row address
+  issue_q(0, q_stages);
+  for (int s = 0; s < n_steps; ++s) {
+    unsigned char* stage = q_stages + (s & 1) * kV9Panel;
+    cp_async_wait_all();  // this step's q (and, at s = 0, K and V)
+    wg::fence_proxy_async();
+    __syncthreads();  // q visible to the tensor cores; every warp is done with the other stage
+    if (s + 1 < n_steps) issue_q(s + 1, q_stages + ((s + 1) & 1) * kV9Panel);
+    float sc[8][4];
+    const uint64_t q_desc = wg::desc_k_major(stage);
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      wg::mma_ss<false>(sc, wg::desc_advance(q_desc, 32 * ks), wg::desc_advance(k_desc, 32 * ks),
+                        ks > 0);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(sc);
+    if (mask_landmark) sc[7][1] = sc[7][3] = kNegInf;
+    float row_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) row_max[e / 2] = fmaxf(row_max[e / 2], sc[nt][e]);
+    float neg_max[2], row_sum[2] = {0.0f, 0.0f}, inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) neg_max[r] = -quad_max(row_max[r]) * c2;  // finite: 63 keys
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[nt][e] = ex2_approx(fmaf(sc[nt][e], c2, neg_max[e / 2]));  // -inf -> 0
+        row_sum[e / 2] += sc[nt][e];
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) inv[r] = 1.0f / quad_sum(row_sum[r]);
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      pa[ks][0] = pack_bf16(sc[2 * ks][0], sc[2 * ks][1]);
+      pa[ks][1] = pack_bf16(sc[2 * ks][2], sc[2 * ks][3]);
+      pa[ks][2] = pack_bf16(sc[2 * ks + 1][0], sc[2 * ks + 1][1]);
+      pa[ks][3] = pack_bf16(sc[2 * ks + 1][2], sc[2 * ks + 1][3]);
+    }
+    float oc[8][4];
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      wg::mma_rs<true>(oc, pa[ks], wg::desc_advance(v_desc, 16 * wg::kPanelRowBytes * ks), ks > 0);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(oc);
+    // The normalised rows as fp16 into the stage (the tensor cores are done with its q), the
+    // warp's own 16 rows, then 16-byte stores of those rows.
+#pragma unroll
+    for (int nt = 0; nt < 8; nt += 2)
+      stmatrix_x4(stage + wg::sw128_offset(row_in_step, 8 * nt + 8 * (lane / 16)),
+                  pack_half2(oc[nt][0] * inv[0], oc[nt][1] * inv[0]),
+                  pack_half2(oc[nt][2] * inv[1], oc[nt][3] * inv[1]),
+                  pack_half2(oc[nt + 1][0] * inv[0], oc[nt + 1][1] * inv[0]),
+                  pack_half2(oc[nt + 1][2] * inv[1], oc[nt + 1][3] * inv[1]));
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int row = 16 * warp + lane / 8 + 4 * j, col = (lane % 8) * 8, rr = 64 * s + row;
+      if (row_q[rr] >= 0)
+        *reinterpret_cast<uint4*>(partial + static_cast<uint64_t>(row_out[rr]) * kTileDim + col) =
+            *reinterpret_cast<const uint4*>(stage + wg::sw128_offset(row, col));
+    }
+  }
+}
+
+template <int G>
+void launch_chunk_v9(unsigned grid, cudaStream_t stream, const LaunchParams& p, int64_t t0,
+                     int64_t seg, int64_t nc, const int32_t* items, const ItemDesc* item_desc,
+                     const uint32_t* bucket, __half* partial) {
+  static const bool raised = cudaFuncSetAttribute(chunk_attention_v9_kernel<G>,
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  kV9SmemBytes) == cudaSuccess;
+  (void)raised;  // a failure surfaces as the launch's error
+  chunk_attention_v9_kernel<G><<<grid, kPackedThreads, kV9SmemBytes, stream>>>(
+      p, t0, seg, nc, items, item_desc, bucket, partial);
+}
+
 // One warp per (head, query) of the segment: softmax over [s_hat(c) for selected c, lse_swa
 // (, 0 with softmax1)] with values [o_c..., o_swa (, 0)]. Lane 8 j + part reads dims
 // 8 part .. 8 part + 7 of slots j, j + 4, ... with 16-byte loads, all issued before the sums.
@@ -724,15 +888,15 @@ void launch_chunk_v6(unsigned grid, cudaStream_t stream, const LaunchParams& p, 
       p, t0, seg, nc, items, item_desc, bucket, partial);
 }
 
-// chunked_v8: the pairs of all query segments bucketed at once (one count with ranks, one scan
-// launch with a block per segment, one describe, one scatter), then per segment the chunk
-// kernel of chunked_v6 and the reduce. Scratch besides v6's partials: the ranks and the buckets
+// chunked_v8 and v9: the pairs of all query segments bucketed at once (one count with ranks, one
+// scan launch with a block per segment, one describe, one scatter), then per segment the chunk
+// kernel (v8: chunked_v6's, v9: the wgmma one) and the reduce. Scratch besides v6's partials: the ranks and the buckets
 // (4 bytes per pair each, twice the selection's bytes) and the counts and descriptors of every
 // segment.
 template <int G>
-void launch_chunked_v8_g(const LaunchParams& p, const int32_t* selection,
-                         const float* selected_score, const float* o_swa, const float* lse_swa,
-                         float* o, float* lse, cudaStream_t stream) {
+void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
+                            const float* selected_score, const float* o_swa, const float* lse_swa,
+                            float* o, float* lse, SparseKernel kernel, cudaStream_t stream) {
   constexpr int kPairs = pairs_per_item<G>();
   const int64_t nc = p.T / p.S, n_ch = p.Hkv * nc;
   const int64_t seg = segment_queries(p), n_seg = (p.T + seg - 1) / seg;
@@ -786,8 +950,12 @@ void launch_chunked_v8_g(const LaunchParams& p, const int32_t* selection,
     const unsigned row_blocks = static_cast<unsigned>((p.Hq * tn + kReduceWarps - 1) / kReduceWarps);
     if (n_ch > 0 && n_pairs > 0) {
       const auto grid = static_cast<unsigned>((p.Hkv * tn * p.K + kPairs - 1) / kPairs + n_ch);
-      launch_chunk_v6<G, 1>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
-                            item_desc + s * max_items, bucket + s * bucket_stride, partial);
+      if (kernel == SparseKernel::chunked_v9)
+        launch_chunk_v9<G>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
+                           item_desc + s * max_items, bucket + s * bucket_stride, partial);
+      else
+        launch_chunk_v6<G, 1>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
+                              item_desc + s * max_items, bucket + s * bucket_stride, partial);
     }
     if (p.K <= 32)
       reduce_kernel<8><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
@@ -892,13 +1060,13 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
                          const float* selected_score, const float* o_swa, const float* lse_swa,
                          float* o, float* lse, cudaStream_t stream) {
   const SparseKernel kernel = g_sparse_kernel;
-  if (kernel == SparseKernel::chunked_v8) {
+  if (kernel == SparseKernel::chunked_v8 || kernel == SparseKernel::chunked_v9) {
     switch (p.Hq / p.Hkv) {
-      case 1: return launch_chunked_v8_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
-      case 2: return launch_chunked_v8_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
-      case 4: return launch_chunked_v8_g<4>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
-      case 8: return launch_chunked_v8_g<8>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
-      default: return launch_chunked_v8_g<16>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+      case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
+      case 2: return launch_bucketed_once_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
+      case 4: return launch_bucketed_once_g<4>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
+      case 8: return launch_bucketed_once_g<8>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
+      default: return launch_bucketed_once_g<16>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
     }
   }
   switch (p.Hq / p.Hkv) {

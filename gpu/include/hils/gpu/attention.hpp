@@ -70,11 +70,13 @@ enum class SparseKernel {
                // the same arithmetic per row as chunked_v6, so the same bits
   chunked_v8,  // chunked_v6's chunk kernel with the pairs bucketed once per call (all query
                // segments in one count, scan and scatter): the same bits as chunked_v6
+  chunked_v9,  // chunked_v8 with the chunk kernel on wgmma (sm_90a): 64-row steps, q, K and V
+               // read by the tensor cores from swizzled shared memory
 };
 // Every SparseKernel, in the order of their values.
 constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
                                            SparseKernel::chunked_v6, SparseKernel::chunked_v7,
-                                           SparseKernel::chunked_v8};
+                                           SparseKernel::chunked_v8, SparseKernel::chunked_v9};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
 constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v8;
