@@ -81,13 +81,15 @@ def hils_run(lib, T, gen):
         "select": time_ms(st.select, reps=3),
         "sparse": time_ms(st.fuse, reps=3),
         # Every version of the selection by name (same selection; "select" is the library's
-        # default): two-pass v4.3, one-pass v5, bounded two-pass v6, quad-offer v7, buffered v8
+        # default): two-pass v4.3, one-pass v5, bounded two-pass v6, quad-offer v7, buffered v8,
+        # v8 on wgmma (v9)
         # (gpu/NOTES.md).
         "select_v4": time_ms(lambda: st.select("two_pass_v4"), reps=3),
         "select_v5": time_ms(lambda: st.select("one_pass_v5"), reps=3),
         "select_v6": time_ms(lambda: st.select("two_pass_v6"), reps=3),
         "select_v7": time_ms(lambda: st.select("two_pass_v7"), reps=3),
         "select_v8": time_ms(lambda: st.select("two_pass_v8"), reps=3),
+        "select_v9": time_ms(lambda: st.select("two_pass_v9"), reps=3),
     }
     # Every version of the sparse stage by name ("sparse" is the library's default).
     default_sparse = hc.sparse_kernel(lib)
@@ -99,6 +101,7 @@ def hils_run(lib, T, gen):
     stage_ms["forward_v4"] = time_ms(lambda: st.forward("two_pass_v4"), reps=3)
     stage_ms["forward_v6"] = time_ms(lambda: st.forward("two_pass_v6"), reps=3)
     stage_ms["forward_v7"] = time_ms(lambda: st.forward("two_pass_v7"), reps=3)
+    stage_ms["forward_v8"] = time_ms(lambda: st.forward("two_pass_v8"), reps=3)
     # Selected work of the sparse stage: QK and PV over S-1 tokens of each selected chunk.
     selected = int((st.selection >= 0).sum().item())
     sparse_flops = selected * (HQ // HKV) * 4 * (S - 1) * D

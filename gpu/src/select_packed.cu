@@ -6,12 +6,14 @@
 // Fast path only: bf16 q~, d = 64, G in {1, 2, 4, 8, 16}, K <= 64, summary key rules.
 #include "launch_params.hpp"
 #include "mma_common.cuh"
+#include "wgmma_common.cuh"
 
 namespace hils::gpu::detail {
 namespace {
 
 constexpr int kQueries = 64;     // queries per block, 16 per warp
 constexpr int kRPitch = 65;      // fp32 per row of the group-score tile
+constexpr int kPanelBytes = kTileDim * wg::kPanelRowBytes;  // v9: one swizzled k' tile
 constexpr GroupRule kGroupMaxNormalized = GroupRule::max_normalized,
                     kGroupSumProbabilities = GroupRule::sum_probabilities;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -128,6 +130,40 @@ __device__ __forceinline__ void issue_tile(__nv_bfloat16 (*dst)[kTilePitch], flo
     cp_async4(&bias_dst[threadIdx.x], bias_head + (valid ? c0 + threadIdx.x : 0), valid);
   }
   cp_async_commit();
+}
+
+// v9: issue_tile into a 128-byte-swizzled panel (wgmma_common.cuh: 64 rows of 128 bytes, on a
+// 1024-byte boundary) instead of the padded tile.
+__device__ __forceinline__ void issue_tile_sw128(unsigned char* dst, float* bias_dst,
+                                                 const __nv_bfloat16* key_head,
+                                                 const float* bias_head, int c0, int n_chunks) {
+#pragma unroll
+  for (int j = 0; j < kTileDim * 8 / kPackedThreads; ++j) {
+    const int seg = threadIdx.x + kPackedThreads * j, row = seg / 8, col = (seg % 8) * 8;
+    const bool valid = c0 + row < n_chunks;
+    cp_async16(dst + wg::sw128_offset(row, col), key_head + (valid ? (c0 + row) * kTileDim + col : 0),
+               valid);
+  }
+  if (threadIdx.x < kTileDim) {
+    const bool valid = c0 + static_cast<int>(threadIdx.x) < n_chunks;
+    cp_async4(&bias_dst[threadIdx.x], bias_head + (valid ? c0 + threadIdx.x : 0), valid);
+  }
+  cp_async_commit();
+}
+
+// qk_tile by the block's warpgroup (v9): s = q (64 rows, this warp's 16 in qa) . k'^T over the
+// swizzled panel, m64n64k16 x 4 with A from registers. s has qk_tile's layout, and the k16 steps
+// accumulate in qk_tile's order (the same bits as mma.sync: tests/gpu/test_gpu_wgmma.cpp).
+__device__ __forceinline__ void qk_tile_wgmma(float (&s)[8][4], const uint32_t (&qa)[4][4],
+                                              const unsigned char* panel) {
+  const uint64_t desc = wg::desc_k_major(panel);
+  wg::fence_operands(s);
+  wg::fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) wg::mma_rs<false>(s, qa[ks], wg::desc_advance(desc, 32 * ks), ks > 0);
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_operands(s);
 }
 
 // Each query's top-K list is kept sorted in shared memory: descending value, and of equal
@@ -644,21 +680,31 @@ enum class Offers { sorted, quads, buffered };
 
 // kSlots (v6: 32, v8: 64; 0: none): pass 1 also forms the lower bound of each row's K-th group
 // score over that many slots (kth_largest) and pass 2 offers no candidate below it.
-template <int G, int kSlots, Offers kOffers>
+// kWgmma (v9): the scoring by the warpgroup's wgmma from swizzled k' panels (qk_tile_wgmma),
+// which the tensor cores read once per step for all 4 warps (qk_tile: 4 ldmatrix passes).
+template <int G, int kSlots, Offers kOffers, bool kWgmma = false>
 __global__ void __launch_bounds__(kPackedThreads, 4)
     select_packed_kernel(LaunchParams p, const float* key, const __nv_bfloat16* key_bf16,
                          const float* bias, const float* bias2, const float* lse_swa,
                          int32_t* selection, float* selected_score) {
   constexpr bool kBuffered = kOffers == Offers::buffered;
+  static_assert(!kWgmma || kBuffered, "v9 is v8 with wgmma scoring");
   static_assert(!kBuffered || kSlots == 64, "v8's rows hold 64 bound slots in pass 1");
   constexpr int kParts = kSlots > kWarp ? kSlots / kWarp : 1;  // slot maxima per lane and row
   constexpr int kSlotCount = kSlots > 0 ? kSlots : kWarp;       // (the code of kSlots = 0 never runs)
   // Two stages of (k' tile, bias tile): step s + 1 streams in while step s is computed.
-  __shared__ __align__(16) __nv_bfloat16 tile[2][kTileDim][kTilePitch];
+  __shared__ __align__(16) __nv_bfloat16 tile[2][kWgmma ? 1 : kTileDim][kTilePitch];
   __shared__ __align__(16) float bias_tile[2][kTileDim];
   extern __shared__ __align__(16) float dyn[];
   const int K = static_cast<int>(p.K);
+  // v9: two swizzled k' panels first, on a 1024-byte boundary (select_smem_bytes adds the slack).
+  unsigned char* panels = nullptr;
   float* cursor = dyn;
+  if (kWgmma) {
+    const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(dyn));
+    panels = reinterpret_cast<unsigned char*>(dyn) + (wg::kAtomBytes - base % wg::kAtomBytes) % wg::kAtomBytes;
+    cursor = reinterpret_cast<float*>(panels + 2 * kPanelBytes);
+  }
   auto take = [&](int64_t count) { float* out = cursor; cursor += count; return out; };
   SelectShared sh;
   // v8: the rows of kBufPitch words (bound slots in pass 1, candidate buffers in pass 2) replace
@@ -705,8 +751,24 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   // Stage `buf` <- k' and bias2 of head g G + hg, chunks [c0, c0 + 64).
   auto issue = [&](int hg, int c0, int buf) {
     const int64_t h = g * G + hg;
-    issue_tile(tile[buf], bias_tile[buf], key_bf16 + h * n_chunks * kTileDim, bias2 + h * n_chunks,
-               c0, static_cast<int>(n_chunks));
+    if (kWgmma)
+      issue_tile_sw128(panels + buf * kPanelBytes, bias_tile[buf], key_bf16 + h * n_chunks * kTileDim,
+                       bias2 + h * n_chunks, c0, static_cast<int>(n_chunks));
+    else
+      issue_tile(tile[buf], bias_tile[buf], key_bf16 + h * n_chunks * kTileDim, bias2 + h * n_chunks,
+                 c0, static_cast<int>(n_chunks));
+  };
+  // The staged tile is complete and visible to the block (and, v9, to the tensor cores).
+  auto await_tile = [&]() {
+    cp_async_wait_all();
+    if (kWgmma) wg::fence_proxy_async();
+    __syncthreads();
+  };
+  auto score_tile = [&](float (&s)[8][4], const uint32_t (&qa)[4][4], int buf) {
+    if (kWgmma)
+      qk_tile_wgmma(s, qa, panels + buf * kPanelBytes);
+    else
+      qk_tile(s, qa, tile[buf]);
   };
   uint32_t qa[4][4], qn[4][4];
   float s[8][4];
@@ -723,11 +785,10 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
         load_query_fragments(qa, p, h, t);
         m[0] = m[1] = kNegInf, l[0] = l[1] = 0.0f;
       }
-      cp_async_wait_all();
-      __syncthreads();
+      await_tile();
       if (!last_tile) issue(hg, c0 + kTileDim, buf ^ 1);
       else if (hg + 1 < G) issue(hg + 1, 0, buf ^ 1);
-      qk_tile(s, qa, tile[buf]);
+      score_tile(s, qa, buf);
       scale_and_mask(s, bias_tile[buf], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
       if (prune) {
         // The running maxima of this lane's slots of the tile (words kSlots + slot of its rows).
@@ -810,8 +871,7 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
       for (int a = 0; a < 4; ++a)
 #pragma unroll
         for (int b = 0; b < 4; ++b) qa[a][b] = qn[a][b];
-      cp_async_wait_all();
-      __syncthreads();
+      await_tile();
       if (step + 1 < steps) {
         issue(next_hg, ((step + 1) / G) * kTileDim, (step + 1) & 1);
         if (G > 1) {
@@ -825,7 +885,7 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
 #pragma unroll
           for (int e = 0; e < 4; ++e) r[nt][e] = p.group_rule == kGroupSumProbabilities ? 0.0f : kNegInf;
       }
-      qk_tile(s, qa, tile[step & 1]);
+      score_tile(s, qa, step & 1);
       const float* b2 = bias_tile[step & 1];
       const float z[2] = {sh.log_z[hg * kQueries + row[0]], sh.log_z[hg * kQueries + row[1]]};
       // One loop per group rule (the rule is uniform: no branch per element).
@@ -1084,7 +1144,9 @@ size_t select_one_pass_smem_bytes(int64_t K) {
 }
 
 size_t select_smem_bytes(int64_t G, int64_t K, PackedSelect kernel) {
-  if (kernel == PackedSelect::two_pass_v8) return (kQueries * kBufPitch + G * kQueries + 2 * kQueries) * 4;
+  const size_t v8_bytes = (kQueries * kBufPitch + G * kQueries + 2 * kQueries) * 4;
+  if (kernel == PackedSelect::two_pass_v8) return v8_bytes;
+  if (kernel == PackedSelect::two_pass_v9) return v8_bytes + 2 * kPanelBytes + wg::kAtomBytes;
   return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries) * 4;
 }
 
@@ -1098,6 +1160,7 @@ SelectKernelFn select_kernel_of(PackedSelect kernel) {
     case PackedSelect::two_pass_v6: return select_packed_kernel<G, 32, Offers::sorted>;
     case PackedSelect::two_pass_v7: return select_packed_kernel<G, 0, Offers::quads>;
     case PackedSelect::two_pass_v8: return select_packed_kernel<G, 64, Offers::buffered>;
+    case PackedSelect::two_pass_v9: return select_packed_kernel<G, 64, Offers::buffered, true>;
     default: return select_packed_kernel<G, 0, Offers::sorted>;
   }
 }
@@ -1143,7 +1206,8 @@ void launch_select_packed(const LaunchParams& p, const float* key, const float* 
   // The one-pass argument holds for the default group rule only; v7's segments of 8 entries per
   // quad lane and v8's 64-entry buffers (K + 32 entries) hold K <= 32.
   const bool fall_back = (kernel == PackedSelect::one_pass_v5 && p.group_rule != kGroupMaxNormalized) ||
-                         ((kernel == PackedSelect::two_pass_v7 || kernel == PackedSelect::two_pass_v8) &&
+                         ((kernel == PackedSelect::two_pass_v7 || kernel == PackedSelect::two_pass_v8 ||
+                           kernel == PackedSelect::two_pass_v9) &&
                           p.K > kWarp);
   const PackedSelect one = fall_back ? PackedSelect::two_pass_v4 : kernel;
   switch (p.Hq / p.Hkv) {
