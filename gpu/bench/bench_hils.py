@@ -90,6 +90,7 @@ def hils_run(lib, T, gen):
         "select_v7": time_ms(lambda: st.select("two_pass_v7"), reps=3),
         "select_v8": time_ms(lambda: st.select("two_pass_v8"), reps=3),
         "select_v9": time_ms(lambda: st.select("two_pass_v9"), reps=3),
+        "select_v10": time_ms(lambda: st.select("two_pass_v10"), reps=3),
     }
     # Every version of the sparse stage by name ("sparse" is the library's default).
     default_sparse = hc.sparse_kernel(lib)
