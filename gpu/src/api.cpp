@@ -138,6 +138,7 @@ const char* window_kernel_name(WindowKernel kernel) {
   switch (kernel) {
     case WindowKernel::mma_v4: return "mma_v4";
     case WindowKernel::mma_v9: return "mma_v9";
+    case WindowKernel::mma_v10: return "mma_v10";
   }
   return "unknown";
 }
@@ -150,6 +151,8 @@ void window_attention(const MechanismSpec& spec, const Shape& shape, const Devic
     detail::launch_window(p, o_swa, lse_swa, stream);
   else if (g_window_kernel == WindowKernel::mma_v9)
     detail::launch_window_v9(p, o_swa, lse_swa, stream);
+  else if (g_window_kernel == WindowKernel::mma_v10)
+    detail::launch_window_v10(p, o_swa, lse_swa, stream);
   else
     detail::launch_window_packed(p, o_swa, lse_swa, stream);
   check_launch("window_attention");

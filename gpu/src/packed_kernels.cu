@@ -158,8 +158,8 @@ __global__ void __launch_bounds__(kPackedThreads)
 // element mask (the landmark column only), and in the causal edge tile only the 8-key
 // column groups up to the warp's last query are computed. The softmax runs in base 2 with the
 // scale folded into one FFMA per score, row sums stay per thread until the end.
-constexpr int kWindowRows = 128;
-constexpr int kWindowThreads = 256;
+// kWarps = 8 (mma_v9) or 4 (mma_v10: 64 rows per block as v4, 4 blocks per SM); both at 128
+// registers (16 warps per SM).
 
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
@@ -167,11 +167,12 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
-// load_tile_async for kWindowThreads threads.
+// load_tile_async for kThreads threads.
+template <int kThreads>
 __device__ __forceinline__ void load_window_tile(__nv_bfloat16 (*dst)[kTilePitch],
                                                  const __nv_bfloat16* src, int64_t row0,
                                                  int64_t rows_total) {
-  for (int seg = threadIdx.x; seg < kTileDim * 8; seg += kWindowThreads) {
+  for (int seg = threadIdx.x; seg < kTileDim * 8; seg += kThreads) {
     const int row = seg / 8, col = (seg % 8) * 8;
     const bool valid = row0 + row < rows_total;
     cp_async16(&dst[row][col], src + (valid ? (row0 + row) * kTileDim + col : 0), valid);
@@ -180,18 +181,20 @@ __device__ __forceinline__ void load_window_tile(__nv_bfloat16 (*dst)[kTilePitch
 
 // Shared memory of window_v9_kernel: two K/V stages and the block's 128 q rows (the q
 // fragments are read per tile by ldmatrix instead of living in 16 registers through the loop).
+template <int kRows>
 struct WindowSmem {
   __nv_bfloat16 k[2][kTileDim][kTilePitch];
   __nv_bfloat16 v[2][kTileDim][kTilePitch];
-  __nv_bfloat16 q[kWindowRows][kTilePitch];
+  __nv_bfloat16 q[kRows][kTilePitch];
 };
 
-template <int G>
-__global__ void __launch_bounds__(kWindowThreads, 2)
+template <int G, int kWarps>
+__global__ void __launch_bounds__(kWarps * kWarp, 16 / kWarps)
     window_v9_kernel(LaunchParams p, float* o_swa, float* lse_swa) {
+  constexpr int kWindowRows = 16 * kWarps, kWindowThreads = kWarp * kWarps;
   constexpr int M = kWindowRows / G;
   extern __shared__ __align__(16) unsigned char window_smem[];
-  WindowSmem& sm = *reinterpret_cast<WindowSmem*>(window_smem);
+  auto& sm = *reinterpret_cast<WindowSmem<kWindowRows>*>(window_smem);
   auto& ks_tile = sm.k;
   auto& vs_tile = sm.v;
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
@@ -235,16 +238,16 @@ __global__ void __launch_bounds__(kWindowThreads, 2)
   const float c2 = p.scale * 1.4426950408889634f;  // logits in base 2
   const int lane = threadIdx.x % kWarp;
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f}, o[8][4] = {};
-  load_window_tile(ks_tile[0], k, first, p.T);
-  load_window_tile(vs_tile[0], v, first, p.T);
+  load_window_tile<kWindowThreads>(ks_tile[0], k, first, p.T);
+  load_window_tile<kWindowThreads>(vs_tile[0], v, first, p.T);
   cp_async_commit();
   for (int it = 0; it < n_tiles; ++it) {
     const int key0 = it * kTileDim;
     cp_async_wait_all();
     __syncthreads();
     if (it + 1 < n_tiles) {
-      load_window_tile(ks_tile[(it + 1) % 2], k, first + key0 + kTileDim, p.T);
-      load_window_tile(vs_tile[(it + 1) % 2], v, first + key0 + kTileDim, p.T);
+      load_window_tile<kWindowThreads>(ks_tile[(it + 1) % 2], k, first + key0 + kTileDim, p.T);
+      load_window_tile<kWindowThreads>(vs_tile[(it + 1) % 2], v, first + key0 + kTileDim, p.T);
       cp_async_commit();
     }
     if (key0 > hi_max || key0 + kTileDim - 1 < lo_min) continue;  // no row of the warp sees it
@@ -519,15 +522,16 @@ void launch_window_g(const LaunchParams& p, float* o, float* lse, cudaStream_t s
   window_packed_kernel<G><<<grid, kPackedThreads, 0, stream>>>(p, o, lse);
 }
 
-template <int G>
+template <int G, int kWarps>
 void launch_window_v9_g(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
-  constexpr int M = kWindowRows / G;
+  constexpr int M = 16 * kWarps / G;
+  using Smem = WindowSmem<16 * kWarps>;
   const dim3 grid(static_cast<unsigned>((p.T + M - 1) / M), static_cast<unsigned>(p.Hkv));
-  static const bool raised = cudaFuncSetAttribute(window_v9_kernel<G>,
+  static const bool raised = cudaFuncSetAttribute(window_v9_kernel<G, kWarps>,
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                  sizeof(WindowSmem)) == cudaSuccess;
+                                                  sizeof(Smem)) == cudaSuccess;
   (void)raised;  // a failure surfaces as the launch's error
-  window_v9_kernel<G><<<grid, kWindowThreads, sizeof(WindowSmem), stream>>>(p, o, lse);
+  window_v9_kernel<G, kWarps><<<grid, kWarp * kWarps, sizeof(Smem), stream>>>(p, o, lse);
 }
 
 template <int G>
@@ -567,14 +571,23 @@ void launch_window_packed(const LaunchParams& p, float* o, float* lse, cudaStrea
   }
 }
 
-void launch_window_v9(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
+template <int kWarps>
+void launch_window_v9_warps(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
   switch (p.Hq / p.Hkv) {
-    case 1: return launch_window_v9_g<1>(p, o, lse, stream);
-    case 2: return launch_window_v9_g<2>(p, o, lse, stream);
-    case 4: return launch_window_v9_g<4>(p, o, lse, stream);
-    case 8: return launch_window_v9_g<8>(p, o, lse, stream);
-    default: return launch_window_v9_g<16>(p, o, lse, stream);
+    case 1: return launch_window_v9_g<1, kWarps>(p, o, lse, stream);
+    case 2: return launch_window_v9_g<2, kWarps>(p, o, lse, stream);
+    case 4: return launch_window_v9_g<4, kWarps>(p, o, lse, stream);
+    case 8: return launch_window_v9_g<8, kWarps>(p, o, lse, stream);
+    default: return launch_window_v9_g<16, kWarps>(p, o, lse, stream);
   }
+}
+
+void launch_window_v9(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
+  launch_window_v9_warps<8>(p, o, lse, stream);
+}
+
+void launch_window_v10(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
+  launch_window_v9_warps<4>(p, o, lse, stream);
 }
 
 void launch_fuse_packed(const LaunchParams& p, const int32_t* selection,
