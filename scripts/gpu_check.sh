@@ -89,7 +89,7 @@ if [ "$DECODE" = 1 ]; then
   status=0
   echo "== decode tests"
   "$TEST_BIN" "gpu decode*" >"$OUT/decode_tests.log" 2>&1 || status=1
-  grep -E "^(decode ties|decode three tiles|All tests|test cases)" "$OUT/decode_tests.log" || true
+  grep -E "^(decode ties|decode three tiles|decode eleven tiles|All tests|test cases)" "$OUT/decode_tests.log" || true
   grep -cE "^=== decode" "$OUT/decode_tests.log" | sed "s/^/decode reports: /" || true
   grep -E "FAIL" "$OUT/decode_tests.log" | head -20 || true
   echo "== decode dumps for hils verify"

@@ -45,7 +45,7 @@ class Decode(ctypes.Structure):
          ("summary_scale", ctypes.c_void_p), ("summary_key_bf16", ctypes.c_void_p)]
 
 SUMMARY_TYPES = {"bf16": 0, "fp8": 1}
-KERNELS = {"fused": 0, "d5": 1, "d8": 2}
+KERNELS = {"fused": 0, "d5": 1, "d8": 2, "d13": 3, "d16": 4}
 # The variants timed per (B, T): (label, kernel, summary type); d8 fp8 is the baseline of fused.
 VARIANTS = (("d5_bf16", "d5", "bf16"), ("fused_bf16", "fused", "bf16"), ("d8_fp8", "d8", "fp8"),
             ("fused_fp8", "fused", "fp8"))
@@ -142,7 +142,7 @@ def quantize_fp8(lib, key):
 
 class HilsDecode:
     """Our decode step on a random cache of B sequences of T slots (hils preset); `summary`
-    "bf16" or "fp8" (e4m3 + row scales), `kernel` "fused", "d5" or "d8"."""
+    "bf16" or "fp8" (e4m3 + row scales), `kernel` a name of KERNELS."""
 
     def __init__(self, lib, B, T, gen, hq=HQ, hkv=HKV, d=D, s=S, w=W, k=K, summary="bf16",
                  kernel="fused"):

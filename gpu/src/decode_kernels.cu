@@ -101,6 +101,24 @@ __device__ __forceinline__ uint32_t order_key(float x) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// Programmatic dependent launch (Hopper; d16, not the default): a kernel launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization may start while the previous kernel of the
+// stream still runs; wait_for_previous_grid() returns once that kernel has completed and its
+// writes are visible, so every read of an earlier stage's output and every global write comes
+// after it. allow_next_grid() lets the next kernel launch once every block of this one has
+// called it (or exited). Both are no-ops for a kernel launched without the attribute (d5, d8,
+// d13), and compile to nothing below sm_90.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Exclusive prefix sum over the block (blockDim.x multiple of 32, <= 1024); total in *total.
 __device__ int block_exclusive_scan(int x, int* total) {
   __shared__ int warp_sums[32];
@@ -809,6 +827,8 @@ __device__ void group_score_tile(const DecodeParams& p, const DecodeScratch& w, 
 
 template <bool kShort>
 __global__ void decode_group_score_kernel(DecodeParams p, DecodeScratch w) {
+  allow_next_grid();
+  wait_for_previous_grid();
   group_score_tile<kShort>(p, w, blockIdx.x, blockIdx.y);
 }
 
@@ -886,6 +906,8 @@ template <bool kShort>
 __global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_window,
                                      float* lse_window) {
   extern __shared__ uint32_t smem_keys[];
+  allow_next_grid();
+  wait_for_previous_grid();
   const bool merge_window = !(kShort && fuse_merges_window(p));  // else the fuse merges it
   select_group(p, w, blockIdx.x, o_window, lse_window, smem_keys, merge_window);
 }
@@ -894,6 +916,8 @@ __global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_w
 __global__ void __launch_bounds__(kShortSelectThreads)
     decode_select_sorted_kernel(DecodeParams p, DecodeScratch w, float* o_window,
                                 float* lse_window) {
+  allow_next_grid();
+  wait_for_previous_grid();
   select_group_short(p, w, blockIdx.x, o_window, lse_window, !fuse_merges_window(p));
 }
 
@@ -994,6 +1018,8 @@ __global__ void decode_chunk_kernel(DecodeParams p, bool fast, bool staged,
                                     const int32_t* selection, float* chunk_part,
                                     float* fusion_logit) {
   extern __shared__ float smem[];
+  allow_next_grid();
+  wait_for_previous_grid();
   chunk_tile<kEarly, kShort>(p, fast, staged, selection, chunk_part, blockIdx.x, blockIdx.y, smem,
                      fusion_logit);
 }
@@ -1164,6 +1190,7 @@ __device__ void fuse_head_short(const DecodeParams& p, const DecodeScratch& w, i
 template <bool kBatched, bool kShort>
 __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, float* lse,
                                    float* fusion_weights, float* o_window, float* lse_window) {
+  wait_for_previous_grid();
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (item >= p.B * p.Hq) return;
   if (kShort && fuse_merges_window(p))
@@ -1179,6 +1206,7 @@ template <class Summary>
 __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged,
                                           bool vectorised, bool coalesced) {
   extern __shared__ float smem[];
+  allow_next_grid();
   const int64_t n_win_blocks = p.n_win_tiles * p.B * p.Hkv, block = blockIdx.x;
   if (block < n_win_blocks) {
     window_tile<true>(p, fast, staged, w.win_part, block % p.n_win_tiles, block / p.n_win_tiles,
@@ -1398,45 +1426,61 @@ void launch_d5(const DecodeParams& p, const LaunchShape& s, const DecodeScratch&
   check_launch("fuse");
 }
 
-// fused and d8: five launches (window + score tiles in one grid; group scores; select; chunk
-// tiles; fuse with batched loads); kShort (fused, d12/d13) the shorter chains of its tails.
+// Launches kernel<<<grid, block, smem, stream>>>(args...); `after_previous` (d16) with
+// programmatic stream serialization, so that its blocks launch while the previous
+// kernel finishes and wait in wait_for_previous_grid() (CUDA graphs capture the edge).
+template <class... Params, class... Args>
+void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsigned block,
+                   size_t smem, cudaStream_t stream, bool after_previous, Args... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(block);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = after_previous ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string("decode_step: ") + what + ": " + cudaGetErrorString(err));
+  check_launch(what);
+}
+
+// fused (d13), d16 and d8: five launches (window + score tiles in one grid; group scores;
+// select; chunk tiles; fuse with batched loads); kShort (d12/d13/d16) the shorter chains of its
+// tails; `pdl` (d16) launches the four tails with programmatic dependent launch.
 template <class Summary, bool kShort>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
-                  const DecodeOutputs& out, cudaStream_t stream) {
+                  const DecodeOutputs& out, cudaStream_t stream, bool pdl) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
   require(blocks1 < (int64_t{1} << 31), "decode: too many tiles for one grid");
-  fused_window_score_kernel<Summary>
-      <<<static_cast<unsigned>(blocks1), kFastThreads,
-         std::max(s.win_smem_early, p.d * sizeof(float)),
-         stream>>>(p, w, s.fast, s.win_staged, s.vectorised, s.coalesced);
-  check_launch("window + score");
-  if (p.K > 0 && p.n_cand > p.K) {
-    decode_group_score_kernel<kShort><<<dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)),
-                                     bg),
-                                kScoreThreads, 0, stream>>>(p, w);
-    check_launch("group score");
-  }
+  launch_kernel("window + score", fused_window_score_kernel<Summary>,
+                dim3(static_cast<unsigned>(blocks1)), kFastThreads,
+                std::max(s.win_smem_early, p.d * sizeof(float)), stream, false, p, w, s.fast,
+                s.win_staged, s.vectorised, s.coalesced);
+  if (p.K > 0 && p.n_cand > p.K)
+    launch_kernel("group score", decode_group_score_kernel<kShort>,
+                  dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)), bg),
+                  kScoreThreads, 0, stream, pdl, p, w);
   if (kShort && select_by_sorts(p))
-    decode_select_sorted_kernel<<<bg, kShortSelectThreads, 0, stream>>>(p, w, out.o_window,
-                                                                         out.lse_window);
+    launch_kernel("select", decode_select_sorted_kernel, dim3(bg), kShortSelectThreads, 0, stream,
+                  pdl, p, w, out.o_window, out.lse_window);
   else
-    decode_select_kernel<kShort><<<bg, kSelectThreads, s.key_smem, stream>>>(p, w, out.o_window,
-                                                                     out.lse_window);
-  check_launch("select");
-  if (p.K > 0) {
-    decode_chunk_kernel<true, kShort><<<dim3(static_cast<unsigned>(p.K), bg), kFastThreads,
-                                s.chunk_smem_early, stream>>>(p, s.fast_chunk, s.chunk_staged,
-                                                              w.selection, w.chunk_part,
-                                                              w.fusion_logit);
-    check_launch("chunk");
-  }
-  decode_fuse_kernel<true, kShort><<<static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock)),
-                             kWarpsPerBlock * kWarp, 0, stream>>>(p, w, out.o, out.lse,
-                                                                  out.fusion_weights,
-                                                                  out.o_window, out.lse_window);
-  check_launch("fuse");
+    launch_kernel("select", decode_select_kernel<kShort>, dim3(bg), kSelectThreads, s.key_smem,
+                  stream, pdl, p, w, out.o_window, out.lse_window);
+  if (p.K > 0)
+    launch_kernel("chunk", decode_chunk_kernel<true, kShort>,
+                  dim3(static_cast<unsigned>(p.K), bg), kFastThreads, s.chunk_smem_early, stream,
+                  pdl, p, s.fast_chunk, s.chunk_staged, static_cast<const int32_t*>(w.selection),
+                  w.chunk_part, w.fusion_logit);
+  launch_kernel("fuse", decode_fuse_kernel<true, kShort>,
+                dim3(static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock))), kWarpsPerBlock * kWarp,
+                0, stream, pdl, p, w, out.o, out.lse, out.fusion_weights, out.o_window,
+                out.lse_window);
 }
 
 }  // namespace
@@ -1450,8 +1494,10 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   require(out.o && out.lse, "decode: outputs o and lse must be device pointers, got null");
   require(workspace != nullptr || decode_workspace_bytes(spec, cache) == 0,
           "decode: workspace must be a device pointer, got null");
-  require(kernel == DecodeKernel::fused || kernel == DecodeKernel::d5 || kernel == DecodeKernel::d8,
-          "decode: kernel must be fused (0), d5 (1) or d8 (2)");
+  require(kernel == DecodeKernel::fused || kernel == DecodeKernel::d5 ||
+              kernel == DecodeKernel::d8 || kernel == DecodeKernel::d13 ||
+              kernel == DecodeKernel::d16,
+          "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3) or d16 (4)");
   const DecodeParams p = params_of(spec, cache, q);
   const ScratchSizes sizes = scratch_sizes(p);
   char* base = static_cast<char*>(workspace);
@@ -1470,11 +1516,12 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
     if (fp8) launch_d5<Fp8Summary>(p, shape, w, out, stream);
     else launch_d5<Bf16Summary>(p, shape, w, out, stream);
   } else if (kernel == DecodeKernel::d8) {
-    if (fp8) launch_fused<Fp8Summary, false>(p, shape, w, out, stream);
-    else launch_fused<Bf16Summary, false>(p, shape, w, out, stream);
+    if (fp8) launch_fused<Fp8Summary, false>(p, shape, w, out, stream, false);
+    else launch_fused<Bf16Summary, false>(p, shape, w, out, stream, false);
   } else {
-    if (fp8) launch_fused<Fp8Summary, true>(p, shape, w, out, stream);
-    else launch_fused<Bf16Summary, true>(p, shape, w, out, stream);
+    const bool pdl = kernel == DecodeKernel::d16;  // fused = d13: the same kernels, plain launches
+    if (fp8) launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl);
+    else launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl);
   }
 }
 
