@@ -5,13 +5,15 @@ Peers in the same run: PyTorch SDPA with a one-token query on each backend that 
 (GQA through enable_gqa, no repeated KV heads), FlexAttention decoding with the block mask of
 the same sparse work (window + the K selected chunks, the mask given), and the dense byte floor:
 the whole KV cache read once at the copy bandwidth measured here (no dense kernel beats it).
-Ours runs four ways: the d5 kernel (seven launches, bf16 summaries), the fused kernel (d13, five
-launches) with bf16 summaries, and with fp8 e4m3 summaries (a per-row power-of-two scale,
-gpu/NOTES.md "decode"), and d8 with fp8 summaries (the previous default: the baseline).
+Ours runs four ways: the d5 kernel (seven launches, bf16 summaries), the fused kernel (the
+default, gpu/NOTES.md "decode") with bf16 summaries, and with fp8 e4m3 summaries (a per-row
+power-of-two scale), and d13 with fp8 summaries (the previous default: the baseline); --variants
+picks others (d8, d16, d17) and --batches / --lengths fewer shapes (no table then).
 Each side is timed as a CUDA-graph replay (one launch, as serving loops run decode; the eager
 time of ours is printed too). Every timed call starts with a cold L2 (a 512 MiB buffer is written between calls), as a step
 over a real model's layers would. Times are medians of CUDA-event-timed calls after warm-up.
 Usage: bench_decode.py --lib build/gpu/libhils_gpu_c.so [--out decode.json] [--no-flex]
+       [--profile] [--variants fused_fp8,d13_fp8,...] [--batches 8,32] [--lengths 524288]
 """
 import argparse
 import ctypes
@@ -45,10 +47,18 @@ class Decode(ctypes.Structure):
          ("summary_scale", ctypes.c_void_p), ("summary_key_bf16", ctypes.c_void_p)]
 
 SUMMARY_TYPES = {"bf16": 0, "fp8": 1}
-KERNELS = {"fused": 0, "d5": 1, "d8": 2, "d13": 3, "d16": 4}
-# The variants timed per (B, T): (label, kernel, summary type); d8 fp8 is the baseline of fused.
-VARIANTS = (("d5_bf16", "d5", "bf16"), ("fused_bf16", "fused", "bf16"), ("d8_fp8", "d8", "fp8"),
+KERNELS = {"fused": 0, "d5": 1, "d8": 2, "d13": 3, "d16": 4, "d17": 5}
+# The variants timed per (B, T): (label, kernel, summary type); d13 fp8 is the baseline of fused.
+VARIANTS = (("d5_bf16", "d5", "bf16"), ("fused_bf16", "fused", "bf16"), ("d13_fp8", "d13", "fp8"),
             ("fused_fp8", "fused", "fp8"))
+
+
+def variant(label):
+    """'d16_fp8' -> ('d16_fp8', 'd16', 'fp8')."""
+    kernel, summary = label.rsplit("_", 1)
+    if kernel not in KERNELS or summary not in SUMMARY_TYPES:
+        raise SystemExit(f"--variants: unknown '{label}' (expected <{'|'.join(KERNELS)}>_<bf16|fp8>)")
+    return label, kernel, summary
 
 
 class DecodeOutputs(ctypes.Structure):
@@ -255,7 +265,14 @@ def main():
     ap.add_argument("--out", default="decode.json")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--profile", action="store_true", help="kernel times of B=8, T=512K")
+    ap.add_argument("--variants", help="comma-separated <kernel>_<summary> labels (no table)")
+    ap.add_argument("--batches", help="comma-separated B (default 1,8,32; no table)")
+    ap.add_argument("--lengths", help="comma-separated T (default 32K,128K,512K; no table)")
     args = ap.parse_args()
+    variants = tuple(variant(v) for v in args.variants.split(",")) if args.variants else VARIANTS
+    batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else BATCHES
+    lengths = tuple(int(t) for t in args.lengths.split(",")) if args.lengths else LENGTHS
+    table = (variants, batches, lengths) == (VARIANTS, BATCHES, LENGTHS)
     lib = ctypes.CDLL(args.lib)
     lib.hils_gpu_decode_last_error.restype = ctypes.c_char_p
     gen = torch.Generator(device="cuda")
@@ -264,22 +281,22 @@ def main():
     bw = copy_bandwidth()
     print(f"copy bandwidth (read + write, 4 GiB copy): {bw / 1e12:.2f} TB/s")
     rows = []
-    for B in BATCHES:
-        for T in LENGTHS:
+    for B in batches:
+        for T in lengths:
             dense = B * HKV * T * 2 * D * 2
             row = dict(B=B, T=T, dense_bytes=dense, floor_us=dense / bw * 1e6)
             runs = {}
             for summary in ("bf16", "fp8"):
                 run = HilsDecode(lib, B, T, gen, summary=summary)
                 row[f"summary_bytes_{summary}"], row["sparse_kv_bytes"] = run.bytes_read(B, T)
-                for label, kernel, kind in VARIANTS:
+                for label, kernel, kind in variants:
                     if kind != summary:
                         continue
                     run.set_kernel(kernel)
                     graph_us, eager_us = best_us(run)
                     row[f"{label}_us"] = graph_us if graph_us is not None else eager_us
                     row[f"{label}_eager_us"] = eager_us
-                    if args.profile and B == 8 and T == LENGTHS[-1] and kernel in ("fused", "d8"):
+                    if args.profile and B == 8 and T == LENGTHS[-1] and kernel in ("fused", "d13"):
                         print(f"  profile {label}:")
                         profile_kernels(run)
                 runs[summary] = run
@@ -294,20 +311,25 @@ def main():
                     row["flex_us"] = flex_us(q4, run.k, run.v, run.sel, T)
                 except Exception as e:  # noqa: BLE001  (a peer that cannot run is reported)
                     print(f"    flex_attention: failed ({str(e).splitlines()[0][:120]})")
-            for label, _, _ in VARIANTS:
+            for label, _, _ in variants:
                 row[f"floor_over_{label}"] = row["floor_us"] / row[f"{label}_us"]
             rows.append(row)
             print(f"B={B:>2} T={T:>7}  floor {row['floor_us']:8.1f} us  " +
                   "  ".join(f"{label} {row[label + '_us']:7.1f} ({row['floor_over_' + label]:5.2f}x)"
-                            for label, _, _ in VARIANTS) + "  " +
+                            for label, _, _ in variants) + "  " +
                   "  ".join(f"{n} {row.get(n + '_us') or math.nan:8.1f}"
                             for n in ("flash", "efficient", "cudnn", "flex")), flush=True)
             del run, runs, q4
             torch.cuda.empty_cache()
+    with open(args.out, "w") as fh:
+        json.dump(dict(device=torch.cuda.get_device_name(), copy_bandwidth=bw, rows=rows), fh,
+                  indent=1)
+    if not table:
+        return
     print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; bytes are of the cache read per step (all B); "
           "summaries MB bf16 / fp8, then the window and K chunks of K/V")
     print("|  B |       T | dense KV MB | summaries MB bf16 / fp8 | K/V MB | floor us | d5 bf16 us |"
-          " fused bf16 us | d8 fp8 us | fused fp8 us | floor/fused fp8 | floor/d8 fp8 |"
+          " fused bf16 us | d13 fp8 us | fused fp8 us | floor/fused fp8 | floor/d13 fp8 |"
           " floor/fused bf16 | floor/d5 | flash us | cuDNN us | flex us |")
     print("|---:|--------:|------------:|------------------------:|-------:|---------:|-----------:|"
           "--------------:|----------:|-------------:|----------------:|-------------:|"
@@ -317,14 +339,11 @@ def main():
         print(f"| {r['B']:>2} | {r['T']:>7} | {r['dense_bytes'] / 1e6:11.1f} | "
               f"{r['summary_bytes_bf16'] / 1e6:11.1f} / {r['summary_bytes_fp8'] / 1e6:9.1f} | "
               f"{r['sparse_kv_bytes'] / 1e6:6.1f} | {r['floor_us']:8.1f} | {r['d5_bf16_us']:10.1f} | "
-              f"{r['fused_bf16_us']:13.1f} | {r['d8_fp8_us']:9.1f} | {r['fused_fp8_us']:12.1f} | "
-              f"{r['floor_over_fused_fp8']:15.2f} | {r['floor_over_d8_fp8']:12.2f} | "
+              f"{r['fused_bf16_us']:13.1f} | {r['d13_fp8_us']:10.1f} | {r['fused_fp8_us']:12.1f} | "
+              f"{r['floor_over_fused_fp8']:15.2f} | {r['floor_over_d13_fp8']:13.2f} | "
               f"{r['floor_over_fused_bf16']:16.2f} | "
               f"{r['floor_over_d5_bf16']:8.2f} | {f(r.get('flash_us'))} | {f(r.get('cudnn_us'))} | "
               f"{f(r.get('flex_us')):>7} |")
-    with open(args.out, "w") as fh:
-        json.dump(dict(device=torch.cuda.get_device_name(), copy_bandwidth=bw, rows=rows), fh,
-                  indent=1)
 
 
 if __name__ == "__main__":

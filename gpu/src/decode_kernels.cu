@@ -21,6 +21,7 @@
 #include <string>
 
 #include "device_common.cuh"
+#include "mma_common.cuh"
 #include "hils/gpu/decode.hpp"
 
 namespace hils::gpu {
@@ -101,13 +102,15 @@ __device__ __forceinline__ uint32_t order_key(float x) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Programmatic dependent launch (Hopper; d16, not the default): a kernel launched with
+// Programmatic dependent launch (Hopper; d16 and the fused kernel, d18): a kernel launched with
 // cudaLaunchAttributeProgrammaticStreamSerialization may start while the previous kernel of the
 // stream still runs; wait_for_previous_grid() returns once that kernel has completed and its
 // writes are visible, so every read of an earlier stage's output and every global write comes
 // after it. allow_next_grid() lets the next kernel launch once every block of this one has
-// called it (or exited). Both are no-ops for a kernel launched without the attribute (d5, d8,
-// d13), and compile to nothing below sm_90.
+// called it (or exited): each block calls it after its last store (session 9 run 1 called it
+// first, and the early-resident tails slowed the running kernel). Both are no-ops for a kernel
+// launched without the attribute (d5, d8, d13, d17), and compile to nothing below sm_90.
+// The fused kernel (d18) launches its tails this way.
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -827,9 +830,9 @@ __device__ void group_score_tile(const DecodeParams& p, const DecodeScratch& w, 
 
 template <bool kShort>
 __global__ void decode_group_score_kernel(DecodeParams p, DecodeScratch w) {
-  allow_next_grid();
   wait_for_previous_grid();
   group_score_tile<kShort>(p, w, blockIdx.x, blockIdx.y);
+  allow_next_grid();
 }
 
 // ---- 3. select: one block per (b, g), over the tiles' kept candidates -----------------------
@@ -906,19 +909,19 @@ template <bool kShort>
 __global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_window,
                                      float* lse_window) {
   extern __shared__ uint32_t smem_keys[];
-  allow_next_grid();
   wait_for_previous_grid();
   const bool merge_window = !(kShort && fuse_merges_window(p));  // else the fuse merges it
   select_group(p, w, blockIdx.x, o_window, lse_window, smem_keys, merge_window);
+  allow_next_grid();
 }
 
 // The fused kernel's select when select_by_sorts (kShortSelectThreads threads).
 __global__ void __launch_bounds__(kShortSelectThreads)
     decode_select_sorted_kernel(DecodeParams p, DecodeScratch w, float* o_window,
                                 float* lse_window) {
-  allow_next_grid();
   wait_for_previous_grid();
   select_group_short(p, w, blockIdx.x, o_window, lse_window, !fuse_merges_window(p));
+  allow_next_grid();
 }
 
 // ---- 4. chunk tiles: one block per (selected slot i, b, g), a warp per head ---------------
@@ -1018,10 +1021,147 @@ __global__ void decode_chunk_kernel(DecodeParams p, bool fast, bool staged,
                                     const int32_t* selection, float* chunk_part,
                                     float* fusion_logit) {
   extern __shared__ float smem[];
-  allow_next_grid();
   wait_for_previous_grid();
   chunk_tile<kEarly, kShort>(p, fast, staged, selection, chunk_part, blockIdx.x, blockIdx.y, smem,
                      fusion_logit);
+  allow_next_grid();
+}
+
+// ---- 4b. chunk tiles on the tensor cores (d17; the fused kernel, d18) ----------------------
+// One warp per (selected slot i, b, g), kMmaChunkWarps warps per block, for the fast tiles'
+// shape (d = dv = 64, G <= 16, S <= 64, 16-byte aligned rows). The warp copies the chunk's key
+// and value rows into its own shared tiles (cp.async, zeros past S), computes the logits of
+// its G heads (rows 0..G-1 of one 16-row A fragment, zero rows beyond) against the 64 slots by
+// mma.sync (qk_tile), the softmax per head on the C fragments (a head's row lies in one quad of
+// lanes), and o = P V (pv_tile: P rounded to bf16 as in the prefill's packed kernels, the sum l
+// from the fp32 probabilities). d13's tile ran ~2,660 scalar instructions per warp for this
+// (gpu/NOTES.md "decode", the chunk tiles under Nsight Compute). The fusion logits of the
+// selected chunk (fp8 summaries) are computed while the rows are in flight.
+constexpr int kMmaChunkWarps = 2;  // 2 x 18 KB of static shared memory per block
+
+struct ChunkTiles {
+  __nv_bfloat16 k[kTileDim][kTilePitch];
+  __nv_bfloat16 v[kTileDim][kTilePitch];
+};
+
+// The launch condition (host and device): the fast tiles' shape, 16-byte rows for the fusion
+// logits' loads and 4-byte q rows for the A fragments.
+__host__ __device__ inline bool chunk_by_mma(const DecodeParams& p, bool fast_chunk) {
+  return fast_chunk && p.d == kTileDim && p.dv == kTileDim && p.S <= kTileDim &&
+         p.G <= kFastMaxGroup && reinterpret_cast<uintptr_t>(p.q) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.q_retrieval) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.summary_key_bf16) % 16 == 0;
+}
+
+// fusion_logit[item, i] = sigma q~ . k'_c + b'_c (bf16 rows) for the G heads of group (b, g):
+// lane (head t / 8, piece t % 8) loads 16 bytes of q~ and of the row; 8 lanes sum.
+__device__ void selected_logits_warp(const DecodeParams& p, float* fusion_logit, int32_t c,
+                                     int64_t i, int64_t first) {
+  constexpr int kLanes = kTileDim / 8;
+  const int lane = threadIdx.x % kWarp;
+  for (int base = 0; base < p.G * kLanes; base += kWarp) {
+    const int t = base + lane, j = t / kLanes, piece = t % kLanes;
+    const bool live = j < p.G;
+    const int64_t item = first + j, row = item * p.chunk_cap + c;
+    const uint4 qu = live ? __ldg(reinterpret_cast<const uint4*>(p.q_retrieval + item * kTileDim) + piece)
+                          : make_uint4(0, 0, 0, 0);
+    const uint4 ku = live ? __ldg(reinterpret_cast<const uint4*>(p.summary_key_bf16 + row * kTileDim) + piece)
+                          : make_uint4(0, 0, 0, 0);
+    const float bias = live && piece == 0 ? __ldg(p.summary_bias + row) : 0.0f;
+    float qf[8], kf[8];
+    Bf16Summary::widen(qu, qf);
+    Bf16Summary::widen(ku, kf);
+    float acc = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc = fmaf(qf[e], kf[e], acc);
+#pragma unroll
+    for (int off = 1; off < kLanes; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (live && piece == 0) fusion_logit[item * p.K + i] = p.scale * acc + bias;
+  }
+}
+
+__global__ void __launch_bounds__(kMmaChunkWarps * kWarp)
+    decode_chunk_mma_kernel(DecodeParams p, const int32_t* selection, float* chunk_part,
+                            float* fusion_logit) {
+  __shared__ __align__(16) ChunkTiles tiles[kMmaChunkWarps];
+  wait_for_previous_grid();
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kMmaChunkWarps + warp, bg = blockIdx.y;
+  const int64_t b = bg / p.Hkv, g = bg % p.Hkv, first = b * p.Hq + g * p.G;
+  const int G = static_cast<int>(p.G), quad = lane % 4, r0 = lane / 4, r1 = r0 + 8;
+  const int32_t c = i < p.K ? selection[bg * p.K + i] : -1;
+  if (i < p.K && c < 0) {  // -1 padding: an empty softmax (lse -inf, o 0)
+    for (int t = lane; t < G * (kTileDim + 1); t += kWarp) {
+      const int j = t / (kTileDim + 1), col = t % (kTileDim + 1);
+      chunk_part[((first + j) * p.K + i) * (p.dv + 1) + col] = col == 0 ? kNegInf : 0.0f;
+    }
+  }
+  if (i < p.K && c >= 0) {
+    ChunkTiles& tile = tiles[warp];
+    const int64_t lo = static_cast<int64_t>(c) * p.S;
+    const int n_rows = static_cast<int>(p.S);
+    const __nv_bfloat16* k = p.k + (bg * p.slot_cap + lo) * kTileDim;
+    const __nv_bfloat16* v = p.v + (bg * p.slot_cap + lo) * kTileDim;
+    for (int seg = lane; seg < kTileDim * 8; seg += kWarp) {
+      const int row = seg / 8, col = (seg % 8) * 8;
+      cp_async16(&tile.k[row][col], k + (row < n_rows ? row * kTileDim + col : 0), row < n_rows);
+    }
+    cp_async_commit();
+    for (int seg = lane; seg < kTileDim * 8; seg += kWarp) {
+      const int row = seg / 8, col = (seg % 8) * 8;
+      cp_async16(&tile.v[row][col], v + (row < n_rows ? row * kTileDim + col : 0), row < n_rows);
+    }
+    cp_async_commit();
+    uint32_t qa[4][4];
+    load_q_fragments(qa, r0 < G ? p.q + (first + r0) * kTileDim : nullptr,
+                     r1 < G ? p.q + (first + r1) * kTileDim : nullptr);
+    if (p.summary_key_bf16) selected_logits_warp(p, fusion_logit, c, i, first);
+    cp_async_wait_one();  // the key rows
+    __syncwarp();
+    float s[8][4];
+    qk_tile(s, qa, tile.k);
+    // Logits of rows r0 (s[nt][0..1]) and r1 (s[nt][2..3]) at slots nt * 8 + 2 * quad + e.
+    const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
+    float m0 = kNegInf, m1 = kNegInf;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int slot = nt * 8 + 2 * quad + e;
+        const bool valid = slot < n_rows && geo.attendable(lo + slot);
+        s[nt][e] = valid ? p.scale * s[nt][e] : kNegInf;
+        s[nt][2 + e] = valid ? p.scale * s[nt][2 + e] : kNegInf;
+        m0 = fmaxf(m0, s[nt][e]);
+        m1 = fmaxf(m1, s[nt][2 + e]);
+      }
+    m0 = quad_max(m0), m1 = quad_max(m1);
+    float l0 = 0.0f, l1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        s[nt][e] = exp_diff(s[nt][e], m0), l0 += s[nt][e];
+        s[nt][2 + e] = exp_diff(s[nt][2 + e], m1), l1 += s[nt][2 + e];
+      }
+    l0 = quad_sum(l0), l1 = quad_sum(l1);
+    float o[8][4] = {};
+    cp_async_wait_all();  // the value rows
+    __syncwarp();
+    pv_tile(o, s, tile.v);
+    auto emit = [&](int row, float m, float l, int half) {
+      if (row >= G) return;
+      float* out = chunk_part + ((first + row) * p.K + i) * (p.dv + 1);
+      if (quad == 0) out[0] = l > 0.0f ? m + __logf(l) : kNegInf;
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) out[1 + nt * 8 + 2 * quad + e] = o[nt][2 * half + e] * inv;
+    };
+    emit(r0, m0, l0, 0);
+    emit(r1, m1, l1, 1);
+  }
+  allow_next_grid();
 }
 
 // ---- 5. fuse: one warp per (b, h) -----------------------------------------------------------
@@ -1206,17 +1346,17 @@ template <class Summary>
 __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged,
                                           bool vectorised, bool coalesced) {
   extern __shared__ float smem[];
-  allow_next_grid();
   const int64_t n_win_blocks = p.n_win_tiles * p.B * p.Hkv, block = blockIdx.x;
   if (block < n_win_blocks) {
     window_tile<true>(p, fast, staged, w.win_part, block % p.n_win_tiles, block / p.n_win_tiles,
                       smem);
-    return;
+  } else {
+    const int64_t j = block - n_win_blocks;
+    score_tile<Summary, kFastThreads / kWarp, true>(p, j / p.n_score_tiles, j % p.n_score_tiles,
+                                                    vectorised, coalesced, smem, w.scores,
+                                                    w.score_part);
   }
-  const int64_t j = block - n_win_blocks;
-  score_tile<Summary, kFastThreads / kWarp, true>(p, j / p.n_score_tiles, j % p.n_score_tiles,
-                                                  vectorised, coalesced, smem, w.scores,
-                                                  w.score_part);
+  allow_next_grid();
 }
 
 // ---- fp8 summaries: a warp per row ----------------------------------------------------------
@@ -1426,7 +1566,7 @@ void launch_d5(const DecodeParams& p, const LaunchShape& s, const DecodeScratch&
   check_launch("fuse");
 }
 
-// Launches kernel<<<grid, block, smem, stream>>>(args...); `after_previous` (d16) with
+// Launches kernel<<<grid, block, smem, stream>>>(args...); `after_previous` (d16, d18) with
 // programmatic stream serialization, so that its blocks launch while the previous
 // kernel finishes and wait in wait_for_previous_grid() (CUDA graphs capture the edge).
 template <class... Params, class... Args>
@@ -1448,12 +1588,13 @@ void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsig
   check_launch(what);
 }
 
-// fused (d13), d16 and d8: five launches (window + score tiles in one grid; group scores;
-// select; chunk tiles; fuse with batched loads); kShort (d12/d13/d16) the shorter chains of its
-// tails; `pdl` (d16) launches the four tails with programmatic dependent launch.
+// fused (d18), d17, d16, d13 and d8: five launches (window + score tiles in one grid; group
+// scores; select; chunk tiles; fuse with batched loads); kShort (d12 on) the shorter chains of
+// its tails; `mma` (d17, d18) the chunk tiles on the tensor cores where their shape allows;
+// `pdl` (d16, d18) launches the four tails with programmatic dependent launch.
 template <class Summary, bool kShort>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
-                  const DecodeOutputs& out, cudaStream_t stream, bool pdl) {
+                  const DecodeOutputs& out, cudaStream_t stream, bool pdl, bool mma) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
@@ -1472,7 +1613,12 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
   else
     launch_kernel("select", decode_select_kernel<kShort>, dim3(bg), kSelectThreads, s.key_smem,
                   stream, pdl, p, w, out.o_window, out.lse_window);
-  if (p.K > 0)
+  if (p.K > 0 && mma && chunk_by_mma(p, s.fast_chunk))
+    launch_kernel("chunk", decode_chunk_mma_kernel,
+                  dim3(static_cast<unsigned>(ceil_div(p.K, kMmaChunkWarps)), bg),
+                  kMmaChunkWarps * kWarp, 0, stream, pdl, p,
+                  static_cast<const int32_t*>(w.selection), w.chunk_part, w.fusion_logit);
+  else if (p.K > 0)
     launch_kernel("chunk", decode_chunk_kernel<true, kShort>,
                   dim3(static_cast<unsigned>(p.K), bg), kFastThreads, s.chunk_smem_early, stream,
                   pdl, p, s.fast_chunk, s.chunk_staged, static_cast<const int32_t*>(w.selection),
@@ -1496,8 +1642,8 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
           "decode: workspace must be a device pointer, got null");
   require(kernel == DecodeKernel::fused || kernel == DecodeKernel::d5 ||
               kernel == DecodeKernel::d8 || kernel == DecodeKernel::d13 ||
-              kernel == DecodeKernel::d16,
-          "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3) or d16 (4)");
+              kernel == DecodeKernel::d16 || kernel == DecodeKernel::d17,
+          "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3), d16 (4) or d17 (5)");
   const DecodeParams p = params_of(spec, cache, q);
   const ScratchSizes sizes = scratch_sizes(p);
   char* base = static_cast<char*>(workspace);
@@ -1516,12 +1662,13 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
     if (fp8) launch_d5<Fp8Summary>(p, shape, w, out, stream);
     else launch_d5<Bf16Summary>(p, shape, w, out, stream);
   } else if (kernel == DecodeKernel::d8) {
-    if (fp8) launch_fused<Fp8Summary, false>(p, shape, w, out, stream, false);
-    else launch_fused<Bf16Summary, false>(p, shape, w, out, stream, false);
-  } else {
-    const bool pdl = kernel == DecodeKernel::d16;  // fused = d13: the same kernels, plain launches
-    if (fp8) launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl);
-    else launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl);
+    if (fp8) launch_fused<Fp8Summary, false>(p, shape, w, out, stream, false, false);
+    else launch_fused<Bf16Summary, false>(p, shape, w, out, stream, false, false);
+  } else {  // fused = d18: d13's kernels, the tensor-core chunk tiles (d17), d16's launches
+    const bool pdl = kernel == DecodeKernel::fused || kernel == DecodeKernel::d16;
+    const bool mma = kernel == DecodeKernel::fused || kernel == DecodeKernel::d17;
+    if (fp8) launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma);
+    else launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma);
   }
 }
 

@@ -4,11 +4,12 @@
 // and near ties. The cache holds bf16 K/V and the prefill's summaries rounded to bf16 (the
 // oracle's score_precision bf16) or quantised to fp8 e4m3 with per-row scales by
 // quantize_summaries_fp8 (score_precision fp8_e4m3); the fused kernel, d5 and (ties and the
-// several-tile cases) d8 and d16 run.
+// several-tile cases) d8, d13, d16 and d17 run.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -42,7 +43,12 @@ constexpr Variant kFusedBf16{hils::gpu::DecodeKernel::fused, hils::gpu::SummaryT
 constexpr Variant kFusedFp8{hils::gpu::DecodeKernel::fused, hils::gpu::SummaryType::fp8_e4m3, "fused fp8"};
 constexpr Variant kD5Bf16{hils::gpu::DecodeKernel::d5, hils::gpu::SummaryType::bf16, "d5 bf16"};
 constexpr Variant kD8Fp8{hils::gpu::DecodeKernel::d8, hils::gpu::SummaryType::fp8_e4m3, "d8 fp8"};
+constexpr Variant kD13Fp8{hils::gpu::DecodeKernel::d13, hils::gpu::SummaryType::fp8_e4m3, "d13 fp8"};
 constexpr Variant kD16Fp8{hils::gpu::DecodeKernel::d16, hils::gpu::SummaryType::fp8_e4m3, "d16 fp8"};
+constexpr Variant kD17Fp8{hils::gpu::DecodeKernel::d17, hils::gpu::SummaryType::fp8_e4m3, "d17 fp8"};
+// Every variant, for the tie and several-tile cases.
+const std::vector<Variant> kAllVariants{kFusedBf16, kFusedFp8, kD5Bf16, kD8Fp8,
+                                        kD13Fp8,    kD16Fp8,   kD17Fp8};
 
 // An e4m3 byte as a double (sign, 4 exponent bits with bias 7, 3 mantissa bits; no NaN expected).
 double decode_e4m3(unsigned char byte) {
@@ -288,7 +294,7 @@ TEST_CASE("gpu decode with exact and near ties passes the oracle", "[gpu]") {
       const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
       std::ostringstream label;
       label << "longer_blocks ties " << perturbation;
-      for (const Variant& variant : {kFusedBf16, kFusedFp8, kD5Bf16, kD8Fp8, kD16Fp8})
+      for (const Variant& variant : kAllVariants)
         check_decode(spec, seqs, label.str(), variant);
     }
   }
@@ -300,7 +306,7 @@ TEST_CASE("gpu decode with exact ties keeps the lower chunk", "[gpu]") {
   const Case c = hils::cases::case_named("longer_blocks");
   const std::vector<AttentionInputs<double>> seqs{gt::tied_inputs(c, 0.0)};
   int64_t cuts_through_twins = 0, violations = 0;
-  for (const Variant& variant : {kFusedBf16, kFusedFp8, kD5Bf16, kD8Fp8, kD16Fp8})
+  for (const Variant& variant : kAllVariants)
   for (const char* preset : {"hils", "lmk", "nsa"}) {
     for (int64_t K = 1; K <= 12; ++K) {
       MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
@@ -330,23 +336,39 @@ TEST_CASE("gpu decode with exact ties keeps the lower chunk", "[gpu]") {
 
 namespace {
 
-// Decodes case `c` twice (the second sequence has chunk 2 copied onto each of `twins`, in other
-// selection tiles) for each K and variant; every verdict must pass, and a twin may be chosen only
-// after every lower-indexed one. Returns the selections that cut through the twins.
-int64_t check_cross_tile_ties(const Case& c, const std::vector<int64_t>& twins,
+// The chunk the double reference selects first for KV group 0 of `in` at its last slot.
+int64_t reference_top_chunk(MechanismSpec spec, const AttentionInputs<double>& in) {
+  spec.K = 1;
+  hils::RunOptions options;
+  options.queries = {in.T() - 1};
+  return hils::run_mechanism(spec, in, options).selection.front()(0, 0);
+}
+
+// Decodes case `c` twice per preset: the second sequence has the chunk that the reference ranks
+// first (group 0) copied onto two of `spots` outside its selection tile, so that the three exact
+// twins sit in three tiles at the top of the ranking and K = 1, 2 cut through them. Every
+// verdict must pass, and a twin may be chosen only after every lower-indexed one. Returns the
+// selections that cut through the twins.
+int64_t check_cross_tile_ties(const Case& c, const std::vector<int64_t>& spots,
                               const std::vector<int64_t>& Ks,
                               const std::vector<Variant>& variants, const char* label,
                               int64_t* violations) {
-  auto tied = hils::cases::make_inputs<double>(c, /*salt=*/0x3711e5);
-  for (int64_t to : twins) gt::duplicate_chunk(tied, c.S, 2, to, 0.0);
-  const std::vector<AttentionInputs<double>> seqs{hils::cases::make_inputs<double>(c), tied};
-  std::vector<int64_t> all_twins{2};
-  all_twins.insert(all_twins.end(), twins.begin(), twins.end());
+  constexpr int64_t kTileChunks = 256;  // candidates per group-score tile (decode_kernels.cu)
   int64_t cuts_through_twins = 0;
-  for (const Variant& variant : variants)
   for (const char* preset : {"hils", "nsa"}) {
+    const MechanismSpec base = hils::cases::with_case_geometry(hils::preset(preset), c);
+    auto tied = hils::cases::make_inputs<double>(c, /*salt=*/0x3711e5);
+    const int64_t source = reference_top_chunk(base, tied);
+    std::vector<int64_t> twins{source};
+    for (int64_t spot : spots)
+      if (spot / kTileChunks != source / kTileChunks && twins.size() < 3) twins.push_back(spot);
+    REQUIRE(twins.size() == 3);
+    for (size_t i = 1; i < twins.size(); ++i) gt::duplicate_chunk(tied, c.S, source, twins[i], 0.0);
+    std::sort(twins.begin(), twins.end());
+    const std::vector<AttentionInputs<double>> seqs{hils::cases::make_inputs<double>(c), tied};
+    for (const Variant& variant : variants)
     for (int64_t K : Ks) {
-      MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+      MechanismSpec spec = base;
       spec.K = K;
       std::vector<hils::IndexMatrix> selections;
       const auto verdicts = decode_and_verify(spec, seqs, &selections, variant);
@@ -361,12 +383,12 @@ int64_t check_cross_tile_ties(const Case& c, const std::vector<int64_t>& twins,
         if (selections[1](0, i) >= 0) chosen[selections[1](0, i)] = true;
       bool gap = false;
       int64_t count = 0;
-      for (int64_t twin : all_twins) {
+      for (int64_t twin : twins) {
         if (chosen[twin] && gap) ++*violations;
         gap = gap || !chosen[twin];
         count += chosen[twin];
       }
-      cuts_through_twins += count > 0 && count < static_cast<int64_t>(all_twins.size());
+      cuts_through_twins += count > 0 && count < static_cast<int64_t>(twins.size());
     }
   }
   return cuts_through_twins;
@@ -375,32 +397,47 @@ int64_t check_cross_tile_ties(const Case& c, const std::vector<int64_t>& twins,
 }  // namespace
 
 // 700 candidates: the group-score kernel ranks three 256-chunk tiles, each keeps its K best and
-// the select block ranks those (K > 256: each tile keeps 256). Chunk 2 is copied onto chunks 300
-// and 600 (other tiles) so that exact ties cross tiles; a copy may be chosen only after every
+// the select block ranks those (K > 256: each tile keeps 256). The top chunk is copied into the
+// other tiles so that exact ties cross tiles; a copy may be chosen only after every
 // lower-indexed one.
 TEST_CASE("gpu decode over several selection tiles passes the oracle", "[gpu]") {
   const Case c{"decode_three_tiles", 2812, 4, 8, 8, 4, 2, 16, 16, true, 1.0};
   int64_t violations = 0;
-  const int64_t cuts = check_cross_tile_ties(c, {300, 600}, {1, 2, 3, 8, 33, 300},
-                                             {kFusedBf16, kFusedFp8, kD5Bf16, kD8Fp8, kD16Fp8},
+  const int64_t cuts = check_cross_tile_ties(c, {20, 300, 600}, {1, 2, 3, 8, 33, 300}, kAllVariants,
                                              "three tiles", &violations);
   std::cout << "decode three tiles: selections cutting through the twins " << cuts
             << ", violations " << violations << "\n";
   CHECK(violations == 0);
+  CHECK(cuts > 0);
 }
 
 // ~2600 candidates, K <= 32: eleven 256-chunk group-score tiles each keep their K best (warp
-// sorts and a merge tree) and the select block merges the eleven lists (one per warp); chunk 2
-// is copied onto chunks 1100 and 2200 (tiles 4 and 8) so that exact ties cross tiles. (In device
-// run 1 of session 9 no K put the cut through the twins: the cross-tile tie rule was exercised
-// by construction only.)
+// sorts and a merge tree) and the select block merges the eleven lists (one per warp); the top
+// chunk is copied into two other tiles (of 20, 1100, 2200) so that exact ties reach the select's
+// merge tree from different warps.
 TEST_CASE("gpu decode over eleven selection tiles passes the oracle", "[gpu]") {
   const Case c{"decode_eleven_tiles", 10400, 4, 8, 8, 4, 2, 16, 16, true, 1.0};
   int64_t violations = 0;
-  const int64_t cuts = check_cross_tile_ties(c, {1100, 2200}, {1, 2, 3, 8, 32},
-                                             {kFusedBf16, kFusedFp8, kD8Fp8, kD16Fp8},
+  const int64_t cuts = check_cross_tile_ties(c, {20, 1100, 2200}, {1, 2, 3, 8, 32},
+                                             {kFusedBf16, kFusedFp8, kD8Fp8, kD13Fp8, kD16Fp8,
+                                              kD17Fp8},
                                              "eleven tiles", &violations);
   std::cout << "decode eleven tiles: selections cutting through the twins " << cuts
             << ", violations " << violations << "\n";
   CHECK(violations == 0);
+  CHECK(cuts > 0);
+}
+
+// The benchmark's shape class on the tensor-core chunk tiles (d = dv = 64, S = 64) with 16 query
+// heads per KV group, so that the tile's A fragment rows 8..15 carry heads too (the case table's
+// longer_blocks has 2 per group, the verify dumps 4).
+TEST_CASE("gpu decode with 16 heads per group passes the oracle", "[gpu]") {
+  const Case c{"decode_group16", 1411, 64, 128, 6, 16, 1, 64, 64, true, 1.0};
+  const std::vector<AttentionInputs<double>> seqs{
+      hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
+  for (const char* preset : {"hils", "nsa"}) {
+    const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+    for (const Variant& variant : {kFusedBf16, kFusedFp8, kD13Fp8})
+      check_decode(spec, seqs, c.name, variant);
+  }
 }

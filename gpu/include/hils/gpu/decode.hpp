@@ -66,18 +66,20 @@ struct DecodeOutputs {
 };
 
 // Which launch sequence runs the step (gpu/NOTES.md "decode", versions):
-//   fused: the default, now d13
+//   fused: the default, d18: d17's kernels launched as d16 launches them
 //   d13:   d8's five launches with shorter chains in the tails: for K <= 32 the group
 //          scores and the select rank candidates by warp sorts instead of radix passes, the
 //          chunk tiles compute the fusion logits while their rows are in flight, and the fuse
-//          merges the window tiles itself (one round trip per head)
+//          merges the window tiles itself (one round trip per head); the benchmark's baseline
 //   d16:   d13 with the four tail launches by programmatic dependent launch (each tail's blocks
-//          start while the previous kernel runs and wait for its writes); slower at B <= 8
+//          start while the previous kernel ends and wait for its writes)
+//   d17:   d13 with the chunk tiles on the tensor cores (mma.sync, one warp per selected chunk)
+//          for d = dv = 64, G <= 16, S <= 64 (d13's tiles otherwise)
 //   d5:    the launches of d5 (window, score, group scores, select, chunk, fuse)
 //   d8:    window tiles and score tiles in one grid (every tile issues all its loads before
 //          staging q / q~), then group scores, select, chunk tiles and a fuse that loads the
-//          chunks' outputs 8 at a time: five launches; the benchmark's baseline
-enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4 };
+//          chunks' outputs 8 at a time: five launches
+enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5 };
 
 // Throws std::invalid_argument naming the first bad field. Supported: bf16 K/V, bf16 or fp8
 // e4m3 summaries, d, dv <= 256, a spec whose fusion is flat or hierarchical with summaries (key
