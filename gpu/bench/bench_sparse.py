@@ -1,7 +1,7 @@
 """The sparse stage alone (hils_gpu_fuse on the packed path) in the benchmark geometry of
 bench_hils.py, each chunk-major version and segment size on the same inputs, with the dense bf16
 matmul rate of the same run; and the largest difference of each version's o and lse from
-chunked_v4's (the versions compute the same fusion, Eq. 10, in another order or rounding).
+the first variant's (chunked_v4 unless --variants; the versions compute the same fusion, Eq. 10, in another order or rounding).
 
 Inputs are bench_hils.py's: random normal q, k, v (bf16), so adjacent queries' selections barely
 overlap. --profile VARIANT runs one version once between cudaProfilerStart/Stop (Nsight Compute);
@@ -20,7 +20,8 @@ from bench_hils import HQ, HKV, D, S, K, W, dense_matmul_tflops, time_ms  # noqa
 
 # (label, sparse kernel, queries per segment; 0 = the version's own choice)
 VARIANTS = [("v4", "chunked_v4", 0), ("v6", "chunked_v6", 0), ("v7", "chunked_v7", 0),
-            ("v7_seg32768", "chunked_v7", 32768), ("v5", "atomic_v5", 0)]
+            ("v7_seg32768", "chunked_v7", 32768), ("v5", "atomic_v5", 0),
+            ("v8", "chunked_v8", 0)]
 
 
 def prepared_stages(lib, T, gen):
@@ -82,6 +83,9 @@ def main():
     ap.add_argument("--out", default="bench_sparse.json")
     ap.add_argument("--profile", metavar="VARIANT", help="a VARIANTS label, for Nsight Compute")
     ap.add_argument("--kernels", action="store_true", help="per-kernel GPU time of each version")
+    ap.add_argument("--variants", nargs="+", metavar="LABEL",
+                    help="VARIANTS labels to run, in this order (default: all; the first is the "
+                         "baseline of the differences)")
     args = ap.parse_args()
     lib = hc.Library(args.lib)
     gen = torch.Generator(device="cuda")
@@ -103,13 +107,20 @@ def main():
         return
     peak = dense_matmul_tflops()
     print(f"device: {torch.cuda.get_device_name()}  dense bf16 matmul {peak:.0f} TFLOP/s")
+    variants = VARIANTS
+    if args.variants:
+        by_label = {v[0]: v for v in VARIANTS}
+        unknown = [label for label in args.variants if label not in by_label]
+        if unknown:
+            sys.exit(f"--variants: expected labels among {sorted(by_label)}, got {unknown}")
+        variants = [by_label[label] for label in args.variants]
     rows = []
     for T in args.T:
         _, st = prepared_stages(lib, T, gen)
         selected = int((st.selection >= 0).sum().item())
         flops = selected * (HQ // HKV) * 4 * (S - 1) * D
         base_o = base_lse = None
-        for label, kernel, segment in VARIANTS:
+        for label, kernel, segment in variants:
             if segment > T:
                 continue
             ms, o, lse = run_variant(lib, st, kernel, segment)
@@ -124,8 +135,8 @@ def main():
                        lse_maxdiff=float((lse - base_lse).abs().max().item()))
             rows.append(row)
             print(f"T={T:>7} {label:12s} {ms:8.2f} ms  {tflops:6.1f} TFLOP/s  "
-                  f"{row['pct_matmul']:5.1f}% of matmul  o NaN {row['o_nan']}  |o - o_v4| max "
-                  f"{row['o_maxdiff']:.3g} (max |o| {row['o_maxabs']:.3g})  |lse - lse_v4| max "
+                  f"{row['pct_matmul']:5.1f}% of matmul  o NaN {row['o_nan']}  |o - o_base| max "
+                  f"{row['o_maxdiff']:.3g} (max |o| {row['o_maxabs']:.3g})  |lse - lse_base| max "
                   f"{row['lse_maxdiff']:.3g}", flush=True)
             if args.kernels and segment == 0:
                 table = kernel_table(lib, st, kernel, segment)

@@ -128,6 +128,7 @@ const char* sparse_kernel_name(SparseKernel kernel) {
     case SparseKernel::atomic_v5: return "atomic_v5";
     case SparseKernel::chunked_v6: return "chunked_v6";
     case SparseKernel::chunked_v7: return "chunked_v7";
+    case SparseKernel::chunked_v8: return "chunked_v8";
   }
   return "unknown";
 }

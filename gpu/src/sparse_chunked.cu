@@ -18,13 +18,15 @@
 // (red.global.add.v2.f32). Segments are sized so that the segment's o and q stay in L2. The sum
 // order of the reductions varies from run to run, so o varies in its last bits (fp32 rounding).
 //
-// SparseKernel::chunked_v6 (gpu/NOTES.md "sparse v6", the default) is chunked_v4 with fewer
+// SparseKernel::chunked_v6 (gpu/NOTES.md "sparse v6") is chunked_v4 with fewer
 // instructions per 16-row slice: a kernel after the scan writes one descriptor per item (no
 // binary search over the items), the block turns its rows into q offsets and scratch rows once
 // (shared memory), the softmax takes one FFMA and one ex2 per score (scale and log2 e folded, the
 // landmark column masked in the registers that hold it), and the fp16 rows are staged with
 // stmatrix. Same scratch, same reduce. chunked_v7 runs two slices per warp step (measured not
-// faster: fewer warps per SM).
+// faster: fewer warps per SM). chunked_v8 (the default) is chunked_v6 with the pairs of all
+// segments bucketed at once (count with ranks, a scan block per segment, a scatter without
+// atomics) instead of four launches per segment.
 #include <cuda_fp16.h>
 
 #include "launch_params.hpp"
@@ -58,10 +60,13 @@ struct ItemDesc {
 };
 
 // Exclusive scans of counts (pair offsets) and of ceil(counts / per_item) (item offsets), one
-// block; resets counts to zero for the scatter's cursors. offsets/items have n + 1 entries.
+// block per query segment (block b: the n + 1 entries from b (n + 1) on); resets counts to zero
+// for the scatter's cursors. offsets/items have n + 1 entries per segment.
 __global__ void __launch_bounds__(kScanThreads)
     scan_kernel(int32_t* counts, int64_t n, int per_item, int32_t* offsets, int32_t* items) {
   __shared__ int32_t s_pairs[kScanThreads], s_items[kScanThreads];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * (n + 1);
+  counts += base, offsets += base, items += base;
   const int64_t per_thread = (n + kScanThreads - 1) / kScanThreads;
   const int64_t lo = threadIdx.x * per_thread;
   const int64_t hi = lo + per_thread < n ? lo + per_thread : n;
@@ -97,6 +102,52 @@ __global__ void describe_items_kernel(const int32_t* offsets, const int32_t* ite
   for (int32_t done = 0, it = items[i]; done < count; done += per_item, ++it)
     item_desc[it] = ItemDesc{static_cast<int32_t>(i), first + done,
                              count - done < per_item ? count - done : per_item, 0};
+}
+
+// chunked_v8: the pairs of every query segment at once. Pair i of the selection [Hkv, T, K]
+// (chunk c >= 0 of query t, group g) counts into counts[s (n_ch + 1) + g nc + c], s = t / seg,
+// and keeps its rank among that chunk's pairs of the segment, so the scatter needs no atomics.
+// 32-bit indices: chunked_fuse_applies bounds Hkv T K below 2^31.
+__global__ void count_rank_pairs_kernel(const int32_t* selection, uint32_t TK, uint32_t K,
+                                        uint32_t seg, uint32_t nc, uint32_t n_ch,
+                                        uint32_t n_pairs, int32_t* counts, int32_t* rank) {
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n_pairs) return;
+  const int32_t c = selection[i];
+  if (c < 0) return;
+  const uint32_t g = i / TK, s = (i % TK) / K / seg;
+  rank[i] = atomicAdd(&counts[s * (n_ch + 1) + g * nc + c], 1);
+}
+
+// chunked_v8: describe_items_kernel over every segment, thread s n_ch + i for chunk i of
+// segment s (its offsets and items at s (n_ch + 1), its descriptors at s max_items).
+__global__ void describe_segment_items_kernel(const int32_t* offsets, const int32_t* items,
+                                              int64_t n_ch, int64_t n_seg, int64_t max_items,
+                                              int per_item, ItemDesc* item_desc) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_seg * n_ch) return;
+  const int64_t s = i / n_ch, chunk = i % n_ch, at = s * (n_ch + 1) + chunk;
+  const int32_t first = offsets[at], count = offsets[at + 1] - first;
+  ItemDesc* desc = item_desc + s * max_items;
+  for (int32_t done = 0, it = items[at]; done < count; done += per_item, ++it)
+    desc[it] = ItemDesc{static_cast<int32_t>(chunk), first + done,
+                        count - done < per_item ? count - done : per_item, 0};
+}
+
+// chunked_v8: pair i into its segment's buckets (segment s at s bucket_stride) at its chunk's
+// offset plus its rank; entry (t - s seg) << 6 | slot as below.
+__global__ void scatter_ranked_pairs_kernel(const int32_t* selection, const int32_t* rank,
+                                            uint32_t TK, uint32_t K, uint32_t seg, uint32_t nc,
+                                            uint32_t n_ch, uint32_t n_pairs,
+                                            const int32_t* offsets, int64_t bucket_stride,
+                                            uint32_t* bucket) {
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n_pairs) return;
+  const int32_t c = selection[i];
+  if (c < 0) return;
+  const uint32_t g = i / TK, rest = i % TK, t = rest / K, s = t / seg;
+  const int32_t pos = offsets[s * (n_ch + 1) + g * nc + c] + rank[i];
+  bucket[s * bucket_stride + pos] = ((t - s * seg) << 6) | (rest % K);
 }
 
 // Bucket entry: (t - t0) << 6 | slot.
@@ -673,6 +724,81 @@ void launch_chunk_v6(unsigned grid, cudaStream_t stream, const LaunchParams& p, 
       p, t0, seg, nc, items, item_desc, bucket, partial);
 }
 
+// chunked_v8: the pairs of all query segments bucketed at once (one count with ranks, one scan
+// launch with a block per segment, one describe, one scatter), then per segment the chunk
+// kernel of chunked_v6 and the reduce. Scratch besides v6's partials: the ranks and the buckets
+// (4 bytes per pair each, twice the selection's bytes) and the counts and descriptors of every
+// segment.
+template <int G>
+void launch_chunked_v8_g(const LaunchParams& p, const int32_t* selection,
+                         const float* selected_score, const float* o_swa, const float* lse_swa,
+                         float* o, float* lse, cudaStream_t stream) {
+  constexpr int kPairs = pairs_per_item<G>();
+  const int64_t nc = p.T / p.S, n_ch = p.Hkv * nc;
+  const int64_t seg = segment_queries(p), n_seg = (p.T + seg - 1) / seg;
+  const int64_t n_pairs = p.Hkv * p.T * p.K, bucket_stride = p.Hkv * seg * p.K;
+  const int64_t max_items = (bucket_stride + kPairs - 1) / kPairs + n_ch;
+  const size_t counts_bytes = round_up(static_cast<size_t>(n_seg * (n_ch + 1)) * sizeof(int32_t));
+  const size_t rank_bytes = round_up(static_cast<size_t>(n_pairs) * sizeof(int32_t));
+  const size_t bucket_bytes = round_up(static_cast<size_t>(n_seg * bucket_stride) * sizeof(uint32_t));
+  const size_t desc_bytes = round_up(static_cast<size_t>(n_seg * max_items) * sizeof(ItemDesc));
+  const size_t partial_bytes = round_up(static_cast<size_t>(p.Hq * seg * p.K * kTileDim) * sizeof(__half));
+  keep_pool_reserved();
+  char* scratch = nullptr;
+  if (cudaMallocAsync(reinterpret_cast<void**>(&scratch),
+                      3 * counts_bytes + rank_bytes + bucket_bytes + desc_bytes + partial_bytes,
+                      stream) != cudaSuccess)
+    return;
+  char* at = scratch;
+  auto take = [&at](size_t bytes) {
+    char* here = at;
+    at += bytes;
+    return here;
+  };
+  auto* counts = reinterpret_cast<int32_t*>(take(counts_bytes));
+  auto* offsets = reinterpret_cast<int32_t*>(take(counts_bytes));
+  auto* items = reinterpret_cast<int32_t*>(take(counts_bytes));
+  auto* rank = reinterpret_cast<int32_t*>(take(rank_bytes));
+  auto* bucket = reinterpret_cast<uint32_t*>(take(bucket_bytes));
+  auto* item_desc = reinterpret_cast<ItemDesc*>(take(desc_bytes));
+  auto* partial = reinterpret_cast<__half*>(take(partial_bytes));
+  if (n_ch > 0 && n_pairs > 0) {
+    cudaMemsetAsync(counts, 0, counts_bytes, stream);
+    // Blocks past a segment's item count read a descriptor before they know it: never stale bytes.
+    cudaMemsetAsync(item_desc, 0, desc_bytes, stream);
+    const auto TK = static_cast<uint32_t>(p.T * p.K), K = static_cast<uint32_t>(p.K);
+    const auto seg32 = static_cast<uint32_t>(seg), nc32 = static_cast<uint32_t>(nc);
+    const auto n_ch32 = static_cast<uint32_t>(n_ch), n_pairs32 = static_cast<uint32_t>(n_pairs);
+    const auto blocks = static_cast<unsigned>((n_pairs + 255) / 256);
+    count_rank_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, TK, K, seg32, nc32, n_ch32,
+                                                         n_pairs32, counts, rank);
+    scan_kernel<<<static_cast<unsigned>(n_seg), kScanThreads, 0, stream>>>(counts, n_ch, kPairs,
+                                                                           offsets, items);
+    describe_segment_items_kernel<<<static_cast<unsigned>((n_seg * n_ch + 255) / 256), 256, 0,
+                                    stream>>>(offsets, items, n_ch, n_seg, max_items, kPairs,
+                                              item_desc);
+    scatter_ranked_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, rank, TK, K, seg32, nc32,
+                                                             n_ch32, n_pairs32, offsets,
+                                                             bucket_stride, bucket);
+  }
+  for (int64_t s = 0; s < n_seg; ++s) {
+    const int64_t t0 = s * seg, tn = p.T - t0 < seg ? p.T - t0 : seg;
+    const unsigned row_blocks = static_cast<unsigned>((p.Hq * tn + kReduceWarps - 1) / kReduceWarps);
+    if (n_ch > 0 && n_pairs > 0) {
+      const auto grid = static_cast<unsigned>((p.Hkv * tn * p.K + kPairs - 1) / kPairs + n_ch);
+      launch_chunk_v6<G, 1>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
+                            item_desc + s * max_items, bucket + s * bucket_stride, partial);
+    }
+    if (p.K <= 32)
+      reduce_kernel<8><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
+          p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, partial, o, lse);
+    else
+      reduce_kernel<16><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
+          p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, partial, o, lse);
+  }
+  cudaFreeAsync(scratch, stream);
+}
+
 template <int G>
 void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
                       const float* selected_score, const float* o_swa, const float* lse_swa,
@@ -766,6 +892,15 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
                          const float* selected_score, const float* o_swa, const float* lse_swa,
                          float* o, float* lse, cudaStream_t stream) {
   const SparseKernel kernel = g_sparse_kernel;
+  if (kernel == SparseKernel::chunked_v8) {
+    switch (p.Hq / p.Hkv) {
+      case 1: return launch_chunked_v8_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+      case 2: return launch_chunked_v8_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+      case 4: return launch_chunked_v8_g<4>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+      case 8: return launch_chunked_v8_g<8>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+      default: return launch_chunked_v8_g<16>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+    }
+  }
   switch (p.Hq / p.Hkv) {
     case 1: return launch_chunked_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
     case 2: return launch_chunked_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);

@@ -254,12 +254,13 @@ TEST_CASE("gpu packed sparse stage in segments, softmax1 and group rules", "[gpu
   }
 }
 
-// chunked_v7 computes every row as chunked_v6 does (two slices per warp step instead of one), so
-// o and lse must be v6's bit for bit; all chunk-major versions share the fusion softmax's
+// chunked_v7 computes every row as chunked_v6 does (two slices per warp step instead of one), and
+// chunked_v8 runs v6's chunk kernel on pairs bucketed once per call (the pairs of a chunk in
+// another order), so o and lse of both must be v6's bit for bit; all chunk-major versions share the fusion softmax's
 // normaliser (the reduce), so lse must equal chunked_v4's bit for bit. On packed shapes with
 // G = 1, 8 and 16 (the packed test's G = 1 case has no landmarks, so no selection), in one and in
 // several query segments; the same selection kernel runs before each.
-TEST_CASE("gpu sparse v7 equals v6 bit for bit, lse equals v4's", "[gpu]") {
+TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, lse equals v4's", "[gpu]") {
   // clang-format off
   static constexpr Case kCases[] = {
     //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
@@ -282,27 +283,36 @@ TEST_CASE("gpu sparse v7 equals v6 bit for bit, lse equals v4's", "[gpu]") {
       const KernelRun v4 = run_with(hils::gpu::SparseKernel::chunked_v4);
       const KernelRun v6 = run_with(hils::gpu::SparseKernel::chunked_v6);
       const KernelRun v7 = run_with(hils::gpu::SparseKernel::chunked_v7);
+      const KernelRun v8 = run_with(hils::gpu::SparseKernel::chunked_v8);
       INFO("case " << c.name << " segment " << segment);
       CHECK(v6.guard_problems.empty());
       CHECK(v7.guard_problems.empty());
+      CHECK(v8.guard_problems.empty());
       REQUIRE(v4.out.o.size() == static_cast<size_t>(c.Hq));
       REQUIRE(v6.out.o.size() == v4.out.o.size());
       REQUIRE(v7.out.o.size() == v4.out.o.size());
-      int64_t o_rows_differing = 0, lse_v6_v4 = 0, lse_v7_v6 = 0;
+      REQUIRE(v8.out.o.size() == v4.out.o.size());
+      int64_t o_rows_differing = 0, o_rows_v8_differing = 0, lse_v6_v4 = 0, lse_v7_v6 = 0,
+              lse_v8_v6 = 0;
       bool o_v6_differs_from_v4 = false;
       for (size_t h = 0; h < v4.out.o.size(); ++h) {
         for (Eigen::Index t = 0; t < v4.out.o[h].rows(); ++t) {
           o_rows_differing += (v7.out.o[h].row(t).array() != v6.out.o[h].row(t).array()).any();
+          o_rows_v8_differing += (v8.out.o[h].row(t).array() != v6.out.o[h].row(t).array()).any();
           o_v6_differs_from_v4 |= (v6.out.o[h].row(t).array() != v4.out.o[h].row(t).array()).any();
           lse_v6_v4 += v6.out.lse[h](t) != v4.out.lse[h](t);
           lse_v7_v6 += v7.out.lse[h](t) != v6.out.lse[h](t);
+          lse_v8_v6 += v8.out.lse[h](t) != v6.out.lse[h](t);
         }
       }
       std::cout << "sparse v7 vs v6 " << c.name << " segment " << segment << ": o rows differing "
-                << o_rows_differing << ", lse v7/v6 " << lse_v7_v6 << ", lse v6/v4 " << lse_v6_v4
+                << o_rows_differing << ", lse v7/v6 " << lse_v7_v6 << ", v8/v6 o rows "
+                << o_rows_v8_differing << " lse " << lse_v8_v6 << ", lse v6/v4 " << lse_v6_v4
                 << ", o v6 differs from v4 (base-2 rounding): " << o_v6_differs_from_v4 << "\n";
       CHECK(o_rows_differing == 0);
       CHECK(lse_v7_v6 == 0);
+      CHECK(o_rows_v8_differing == 0);
+      CHECK(lse_v8_v6 == 0);
       CHECK(lse_v6_v4 == 0);
       // And v6 against the reference (no other packed case selects with G = 1).
       hils::gpu::set_sparse_kernel(hils::gpu::SparseKernel::chunked_v6);

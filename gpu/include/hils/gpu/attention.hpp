@@ -56,7 +56,7 @@ void validate(const MechanismSpec& spec, const Shape& shape, const DeviceInputs&
 void set_packed_kernels(bool enabled);
 bool packed_kernels();
 // Queries per segment of the chunk-major sparse stage (packed shapes): 0 (default) sizes it from
-// a 1 GiB scratch budget (chunked_v4, chunked_v6) or from the L2 size (atomic_v5); tests set
+// a 1 GiB budget of fp16 partials (chunked_v4, v6, v7, v8) or from the L2 size (atomic_v5); tests set
 // small values to cover several segments.
 void set_sparse_segment_queries(int64_t queries);
 // Which chunk-major sparse stage runs on the packed shapes (gpu/NOTES.md has each version's
@@ -68,13 +68,16 @@ enum class SparseKernel {
   chunked_v6,  // chunked_v4 with fewer instructions per 16-row slice (softmax in base 2)
   chunked_v7,  // chunked_v6 with two slices per warp step (each K/V fragment serves both);
                // the same arithmetic per row as chunked_v6, so the same bits
+  chunked_v8,  // chunked_v6's chunk kernel with the pairs bucketed once per call (all query
+               // segments in one count, scan and scatter): the same bits as chunked_v6
 };
 // Every SparseKernel, in the order of their values.
 constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
-                                           SparseKernel::chunked_v6, SparseKernel::chunked_v7};
+                                           SparseKernel::chunked_v6, SparseKernel::chunked_v7,
+                                           SparseKernel::chunked_v8};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
-constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v6;
+constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v8;
 void set_sparse_kernel(SparseKernel kernel);
 SparseKernel sparse_kernel();
 

@@ -43,7 +43,7 @@ int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const
                          const float* bias, const float* exact, const float* lse_swa,
                          int32_t* selection, float* selected_score, void* stream);
 /* The sparse stage of hils_gpu_fuse / hils_gpu_run on the packed shapes, process-wide:
-   0 = chunked_v4, 1 = atomic_v5, 2 = chunked_v6, 3 = chunked_v7 (the default is
+   0 = chunked_v4, 1 = atomic_v5, 2 = chunked_v6, 3 = chunked_v7, 4 = chunked_v8 (the default is
    hils::gpu::kDefaultSparseKernel; gpu/NOTES.md). Returns 2 for
    another value. */
 int hils_gpu_set_sparse_kernel(int32_t sparse_kernel);
