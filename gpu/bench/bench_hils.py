@@ -95,6 +95,16 @@ def hils_run(lib, T, gen):
         hc.set_sparse(lib, kernel)
         stage_ms["sparse_" + kernel.split("_")[-1]] = time_ms(st.fuse, reps=3)
     hc.set_sparse(lib, default_sparse)
+    # Every version of the window kernel by name ("window" is the library's default), and the
+    # generic SIMT summaries ("summarize_simt") against the packed ones ("summarize").
+    default_window = hc.window_kernel(lib)
+    for kernel in hc.WINDOW_KERNEL:
+        hc.set_window(lib, kernel)
+        stage_ms["window_" + kernel.split("_")[-1]] = time_ms(st.window, reps=3)
+    hc.set_window(lib, default_window)
+    hc.set_packed(lib, False)
+    stage_ms["summarize_simt"] = time_ms(st.summarize, reps=3)
+    hc.set_packed(lib, True)
     total = time_ms(st.forward, reps=3)
     stage_ms["forward_v4"] = time_ms(lambda: st.forward("two_pass_v4"), reps=3)
     stage_ms["forward_v6"] = time_ms(lambda: st.forward("two_pass_v6"), reps=3)

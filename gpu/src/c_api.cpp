@@ -170,6 +170,35 @@ int32_t hils_gpu_sparse_kernel(void) {
   return static_cast<int32_t>(hils::gpu::sparse_kernel());
 }
 
+int hils_gpu_set_window_kernel(int32_t window_kernel) {
+  const auto n_kernels = static_cast<int32_t>(std::size(hils::gpu::kWindowKernels));
+  if (window_kernel < 0 || window_kernel >= n_kernels) {
+    std::string names;
+    for (int32_t i = 0; i < n_kernels; ++i)
+      names += (i > 0 ? ", " : "") + std::to_string(i) + " (" +
+               hils::gpu::window_kernel_name(hils::gpu::kWindowKernels[i]) + ")";
+    g_last_error = "window_kernel: expected one of " + names + ", got " + std::to_string(window_kernel);
+    return 2;
+  }
+  hils::gpu::set_window_kernel(static_cast<hils::gpu::WindowKernel>(window_kernel));
+  g_last_error.clear();
+  return 0;
+}
+
+int32_t hils_gpu_window_kernel(void) {
+  return static_cast<int32_t>(hils::gpu::window_kernel());
+}
+
+int hils_gpu_set_packed_kernels(int32_t enabled) {
+  if (enabled != 0 && enabled != 1) {
+    g_last_error = "enabled: expected 0 or 1, got " + std::to_string(enabled);
+    return 2;
+  }
+  hils::gpu::set_packed_kernels(enabled == 1);
+  g_last_error.clear();
+  return 0;
+}
+
 int hils_gpu_set_sparse_segment_queries(int64_t queries) {
   if (queries < 0) {
     g_last_error = "queries: expected >= 0, got " + std::to_string(queries);

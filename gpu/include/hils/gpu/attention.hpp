@@ -81,6 +81,23 @@ constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v8;
 void set_sparse_kernel(SparseKernel kernel);
 SparseKernel sparse_kernel();
 
+// Which packed window kernel window_attention runs on the packed shapes (gpu/NOTES.md has each
+// version's numbers); process-wide like set_sparse_kernel. Both compute the window branch of
+// reference/SEMANTICS.md §2.
+enum class WindowKernel {
+  mma_v4,   // 64 rows (M = 64 / G queries x G heads) per block, the element mask on every tile
+  mma_v9,   // 128 rows per block, the mask only on tiles that cut a row's window, base-2 softmax
+  mma_v10,  // mma_v9 with 64 rows (4 warps) per block, 4 blocks per SM
+};
+// Every WindowKernel, in the order of their values.
+constexpr WindowKernel kWindowKernels[] = {WindowKernel::mma_v4, WindowKernel::mma_v9,
+                                           WindowKernel::mma_v10};
+// The kernel's name as above ("mma_v4", ...).
+const char* window_kernel_name(WindowKernel kernel);
+constexpr WindowKernel kDefaultWindowKernel = WindowKernel::mma_v9;
+void set_window_kernel(WindowKernel kernel);
+WindowKernel window_kernel();
+
 // ---- Stages, each callable alone --------------------------------------------------------
 
 // Window branch (reference/SEMANTICS.md §2): o_swa [Hq, T, dv], lse_swa [Hq, T].
