@@ -179,7 +179,7 @@ __device__ __forceinline__ void load_window_tile(__nv_bfloat16 (*dst)[kTilePitch
   }
 }
 
-// Shared memory of window_v9_kernel: two K/V stages and the block's 128 q rows (the q
+// Shared memory of window_v9_kernel: two K/V stages and the block's kRows q rows (the q
 // fragments are read per tile by ldmatrix instead of living in 16 registers through the loop).
 template <int kRows>
 struct WindowSmem {
