@@ -77,7 +77,7 @@ fi
 if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$ROOT" "$BUILD/CMakeCache.txt"; then
   rm -rf "$BUILD/CMakeCache.txt" "$BUILD/CMakeFiles"
 fi
-cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_CUDA_COMPILER="$NVCC" -DHILS_CUDA_ARCHITECTURES=90 \
+cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_CUDA_COMPILER="$NVCC" -DHILS_CUDA_ARCHITECTURES=90a \
   -DHILS_BUILD_ANALYSIS=OFF -DHILS_BUILD_EXPERIMENTS=OFF -DHILS_BUILD_PYTHON=OFF \
   "${DEP_ARGS[@]}" 2>&1 | tee "$OUT/configure.log" | tail -3
 TEST_BIN="$BUILD/tests/gpu/test_gpu_kernels"

@@ -81,13 +81,16 @@ def hils_run(lib, T, gen):
         "select": time_ms(st.select, reps=3),
         "sparse": time_ms(st.fuse, reps=3),
         # Every version of the selection by name (same selection; "select" is the library's
-        # default): two-pass v4.3, one-pass v5, bounded two-pass v6, quad-offer v7, buffered v8
+        # default): two-pass v4.3, one-pass v5, bounded two-pass v6, quad-offer v7, buffered v8,
+        # v8 on wgmma (v9)
         # (gpu/NOTES.md).
         "select_v4": time_ms(lambda: st.select("two_pass_v4"), reps=3),
         "select_v5": time_ms(lambda: st.select("one_pass_v5"), reps=3),
         "select_v6": time_ms(lambda: st.select("two_pass_v6"), reps=3),
         "select_v7": time_ms(lambda: st.select("two_pass_v7"), reps=3),
         "select_v8": time_ms(lambda: st.select("two_pass_v8"), reps=3),
+        "select_v9": time_ms(lambda: st.select("two_pass_v9"), reps=3),
+        "select_v10": time_ms(lambda: st.select("two_pass_v10"), reps=3),
     }
     # Every version of the sparse stage by name ("sparse" is the library's default).
     default_sparse = hc.sparse_kernel(lib)
@@ -95,10 +98,21 @@ def hils_run(lib, T, gen):
         hc.set_sparse(lib, kernel)
         stage_ms["sparse_" + kernel.split("_")[-1]] = time_ms(st.fuse, reps=3)
     hc.set_sparse(lib, default_sparse)
+    # Every version of the window kernel by name ("window" is the library's default), and the
+    # generic SIMT summaries ("summarize_simt") against the packed ones ("summarize").
+    default_window = hc.window_kernel(lib)
+    for kernel in hc.WINDOW_KERNEL:
+        hc.set_window(lib, kernel)
+        stage_ms["window_" + kernel.split("_")[-1]] = time_ms(st.window, reps=3)
+    hc.set_window(lib, default_window)
+    hc.set_packed(lib, False)
+    stage_ms["summarize_simt"] = time_ms(st.summarize, reps=3)
+    hc.set_packed(lib, True)
     total = time_ms(st.forward, reps=3)
     stage_ms["forward_v4"] = time_ms(lambda: st.forward("two_pass_v4"), reps=3)
     stage_ms["forward_v6"] = time_ms(lambda: st.forward("two_pass_v6"), reps=3)
     stage_ms["forward_v7"] = time_ms(lambda: st.forward("two_pass_v7"), reps=3)
+    stage_ms["forward_v8"] = time_ms(lambda: st.forward("two_pass_v8"), reps=3)
     # Selected work of the sparse stage: QK and PV over S-1 tokens of each selected chunk.
     selected = int((st.selection >= 0).sum().item())
     sparse_flops = selected * (HQ // HKV) * 4 * (S - 1) * D

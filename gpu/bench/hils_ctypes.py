@@ -8,10 +8,13 @@ import torch
 KEY, BIAS, PRIOR, GROUP, FUSION = {}, {}, {}, {}, {}
 _ENUMS = {"key_rule": KEY, "bias_rule": BIAS, "prior_rule": PRIOR, "group_rule": GROUP,
           "fusion": FUSION}
-# The selection kernel versions of hils_gpu_select_with (gpu/NOTES.md: v4.2, v5, v6, v7, v8).
-SELECT_KERNEL = {"two_pass_v4": 0, "one_pass_v5": 1, "two_pass_v6": 2, "two_pass_v7": 3, "two_pass_v8": 4}
-# The chunk-major sparse stages of hils_gpu_set_sparse_kernel (gpu/NOTES.md: v4, v5, v6, v7).
+# The selection kernel versions of hils_gpu_select_with (gpu/NOTES.md: v4.2, v5, v6, v7, v8, v9).
+SELECT_KERNEL = {"two_pass_v4": 0, "one_pass_v5": 1, "two_pass_v6": 2, "two_pass_v7": 3, "two_pass_v8": 4,
+                 "two_pass_v9": 5, "two_pass_v10": 6}
+# The chunk-major sparse stages of hils_gpu_set_sparse_kernel (gpu/NOTES.md: v4-v9).
 SPARSE_KERNEL = {"chunked_v4": 0, "atomic_v5": 1, "chunked_v6": 2, "chunked_v7": 3, "chunked_v8": 4, "chunked_v9": 5}
+# The packed window kernels of hils_gpu_set_window_kernel (gpu/NOTES.md: v4, v9, v10).
+WINDOW_KERNEL = {"mma_v4": 0, "mma_v9": 1, "mma_v10": 2}
 PRESETS = {
     "hils": dict(key="taylor", bias="entropy", fusion="hierarchical", landmarks=1),
     "lmk": dict(key="landmark_key", bias="none", fusion="hierarchical", landmarks=1),
@@ -56,6 +59,22 @@ def sparse_kernel(lib):
     """The SPARSE_KERNEL name of the sparse stage that runs now (the library's default until set)."""
     value = lib.lib.hils_gpu_sparse_kernel()
     return next(name for name, v in SPARSE_KERNEL.items() if v == value)
+
+
+def set_window(lib, kernel):
+    """Process-wide packed window kernel (a WINDOW_KERNEL name)."""
+    lib.call("hils_gpu_set_window_kernel", ctypes.c_int32(WINDOW_KERNEL[kernel]))
+
+
+def window_kernel(lib):
+    """The WINDOW_KERNEL name of the window kernel that runs now (the library's default until set)."""
+    value = lib.lib.hils_gpu_window_kernel()
+    return next(name for name, v in WINDOW_KERNEL.items() if v == value)
+
+
+def set_packed(lib, enabled):
+    """Packed tensor-core kernels where they apply (True, the default) or SIMT kernels everywhere."""
+    lib.call("hils_gpu_set_packed_kernels", ctypes.c_int32(int(enabled)))
 
 
 def ptr(t):

@@ -14,6 +14,8 @@ constexpr size_t kMaxSelectSmem = 48 * 1024;   // the selection kernel's default
 constexpr int kWarpsPerBlock = 4;
 // Process-wide switch between the packed tensor-core kernels and the SIMT ones (tests run both).
 bool g_packed_kernels = true;
+// The packed window kernel (set_window_kernel).
+WindowKernel g_window_kernel = kDefaultWindowKernel;
 
 // Throws std::invalid_argument("<field>: expected <expected>, got <found>") unless ok.
 void require(bool ok, const std::string& field, const std::string& expected,
@@ -132,15 +134,29 @@ const char* sparse_kernel_name(SparseKernel kernel) {
   return "unknown";
 }
 bool packed_kernels() { return g_packed_kernels; }
+void set_window_kernel(WindowKernel kernel) { g_window_kernel = kernel; }
+WindowKernel window_kernel() { return g_window_kernel; }
+const char* window_kernel_name(WindowKernel kernel) {
+  switch (kernel) {
+    case WindowKernel::mma_v4: return "mma_v4";
+    case WindowKernel::mma_v9: return "mma_v9";
+    case WindowKernel::mma_v10: return "mma_v10";
+  }
+  return "unknown";
+}
 
 void window_attention(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                       float* o_swa, float* lse_swa, cudaStream_t stream) {
   validate(spec, shape, in);
   const detail::LaunchParams p = params_of(spec, shape, in);
-  if (g_packed_kernels && detail::packed_path_applies(p))
-    detail::launch_window_packed(p, o_swa, lse_swa, stream);
-  else
+  if (!g_packed_kernels || !detail::packed_path_applies(p))
     detail::launch_window(p, o_swa, lse_swa, stream);
+  else if (g_window_kernel == WindowKernel::mma_v9)
+    detail::launch_window_v9(p, o_swa, lse_swa, stream);
+  else if (g_window_kernel == WindowKernel::mma_v10)
+    detail::launch_window_v10(p, o_swa, lse_swa, stream);
+  else
+    detail::launch_window_packed(p, o_swa, lse_swa, stream);
   check_launch("window_attention");
 }
 
@@ -162,7 +178,11 @@ void summarize(const MechanismSpec& spec, const Shape& shape, const DeviceInputs
                float* bias, cudaStream_t stream) {
   validate(spec, shape, in);
   require(spec.key_rule != KeyRule::exact, "key_rule", "a summary rule (not exact)", "exact");
-  detail::launch_summarize(params_of(spec, shape, in), key, bias, stream);
+  const auto p = params_of(spec, shape, in);
+  if (g_packed_kernels && detail::summarize_packed_applies(p))
+    detail::launch_summarize_packed(p, key, bias, stream);
+  else
+    detail::launch_summarize(p, key, bias, stream);
   check_launch("summarize");
 }
 

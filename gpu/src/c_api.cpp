@@ -140,10 +140,10 @@ int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const
                          const float* bias, const float* exact, const float* lse_swa,
                          int32_t* selection, float* selected_score, void* stream) {
   return guarded(p, [&](const Translated& t) {
-    if (select_kernel < 0 || select_kernel > 4)
+    if (select_kernel < 0 || select_kernel > 6)
       throw std::invalid_argument(
-          "select_kernel: expected 0 (two_pass_v4), 1 (one_pass_v5), 2 (two_pass_v6), 3 (two_pass_v7) or "
-          "4 (two_pass_v8), got " +
+          "select_kernel: expected 0 (two_pass_v4), 1 (one_pass_v5), 2 (two_pass_v6), 3 (two_pass_v7), "
+          "4 (two_pass_v8), 5 (two_pass_v9) or 6 (two_pass_v10), got " +
           std::to_string(select_kernel));
     hils::gpu::select_chunks(t.spec, t.shape, t.in, key, bias, exact, lse_swa, selection,
                              selected_score, as_stream(stream),
@@ -168,6 +168,35 @@ int hils_gpu_set_sparse_kernel(int32_t sparse_kernel) {
 
 int32_t hils_gpu_sparse_kernel(void) {
   return static_cast<int32_t>(hils::gpu::sparse_kernel());
+}
+
+int hils_gpu_set_window_kernel(int32_t window_kernel) {
+  const auto n_kernels = static_cast<int32_t>(std::size(hils::gpu::kWindowKernels));
+  if (window_kernel < 0 || window_kernel >= n_kernels) {
+    std::string names;
+    for (int32_t i = 0; i < n_kernels; ++i)
+      names += (i > 0 ? ", " : "") + std::to_string(i) + " (" +
+               hils::gpu::window_kernel_name(hils::gpu::kWindowKernels[i]) + ")";
+    g_last_error = "window_kernel: expected one of " + names + ", got " + std::to_string(window_kernel);
+    return 2;
+  }
+  hils::gpu::set_window_kernel(static_cast<hils::gpu::WindowKernel>(window_kernel));
+  g_last_error.clear();
+  return 0;
+}
+
+int32_t hils_gpu_window_kernel(void) {
+  return static_cast<int32_t>(hils::gpu::window_kernel());
+}
+
+int hils_gpu_set_packed_kernels(int32_t enabled) {
+  if (enabled != 0 && enabled != 1) {
+    g_last_error = "enabled: expected 0 or 1, got " + std::to_string(enabled);
+    return 2;
+  }
+  hils::gpu::set_packed_kernels(enabled == 1);
+  g_last_error.clear();
+  return 0;
 }
 
 int hils_gpu_set_sparse_segment_queries(int64_t queries) {

@@ -36,6 +36,9 @@ void launch_window(const LaunchParams& p, float* o, float* lse, cudaStream_t str
 void launch_full(const LaunchParams& p, float* o, float* lse, cudaStream_t stream);
 void launch_exact(const LaunchParams& p, float* exact, cudaStream_t stream);
 void launch_summarize(const LaunchParams& p, float* key, float* bias, cudaStream_t stream);
+// The summaries on the packed shapes (bf16, d = S = 64, taylor key): one block per (chunk, group).
+bool summarize_packed_applies(const LaunchParams& p);
+void launch_summarize_packed(const LaunchParams& p, float* key, float* bias, cudaStream_t stream);
 void launch_surrogate(const LaunchParams& p, const float* key, const float* bias, float* scores,
                       cudaStream_t stream);
 void launch_select(const LaunchParams& p, const float* key, const float* bias,
@@ -54,6 +57,10 @@ namespace hils::gpu::detail {
 // The packed tensor-core kernels (packed_kernels.cu) cover bf16, d = dv = S = 64, G | 16.
 bool packed_path_applies(const LaunchParams& p);
 void launch_window_packed(const LaunchParams& p, float* o, float* lse, cudaStream_t stream);
+// WindowKernel::mma_v9 (packed_kernels.cu): 128 rows per block, masks on edge tiles only.
+void launch_window_v9(const LaunchParams& p, float* o, float* lse, cudaStream_t stream);
+// WindowKernel::mma_v10: mma_v9 with 64 rows (4 warps) per block.
+void launch_window_v10(const LaunchParams& p, float* o, float* lse, cudaStream_t stream);
 void launch_fuse_packed(const LaunchParams& p, const int32_t* selection,
                         const float* selected_score, const float* o_swa, const float* lse_swa,
                         float* o, float* lse, cudaStream_t stream);

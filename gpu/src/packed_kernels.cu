@@ -3,6 +3,8 @@
 // windows; the hierarchical kernel loads the union of their selected chunks once, with an
 // intra-chunk softmax per (query, chunk) and the fusion with the window (Eq. 10).
 // Fast path only: bf16 inputs, d = dv = 64, S = 64, G in {1, 2, 4, 8, 16}.
+#include <climits>
+
 #include "launch_params.hpp"
 #include "mma_common.cuh"
 
@@ -146,6 +148,211 @@ __global__ void __launch_bounds__(kPackedThreads)
       *reinterpret_cast<float2*>(out + col) = make_float2(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
     }
     if (lane % 4 == 0) lse_swa[rows.h[i] * p.T + rows.t[i]] = l[i] > 0.0f ? m[i] + __logf(l[i]) : kNegInf;
+  }
+}
+
+// ---- window v9: 128 rows per block, masks only where a tile cuts a row's window ----------
+// Block = 8 warps x 16 rows = M = 128 / G adjacent queries x the G heads of one KV group, so
+// each K/V tile in shared memory serves 128 rows (v4: 64). Per warp and tile, from the bounds
+// of its rows' windows: tiles outside them are skipped, tiles inside them run without the
+// element mask (the landmark column only), and in the causal edge tile only the 8-key
+// column groups up to the warp's last query are computed. The softmax runs in base 2 with the
+// scale folded into one FFMA per score, row sums stay per thread until the end.
+// kWarps = 8 (mma_v9) or 4 (mma_v10: 64 rows per block as v4, 4 blocks per SM); both at 128
+// registers (16 warps per SM).
+
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// load_tile_async for kThreads threads.
+template <int kThreads>
+__device__ __forceinline__ void load_window_tile(__nv_bfloat16 (*dst)[kTilePitch],
+                                                 const __nv_bfloat16* src, int64_t row0,
+                                                 int64_t rows_total) {
+  for (int seg = threadIdx.x; seg < kTileDim * 8; seg += kThreads) {
+    const int row = seg / 8, col = (seg % 8) * 8;
+    const bool valid = row0 + row < rows_total;
+    cp_async16(&dst[row][col], src + (valid ? (row0 + row) * kTileDim + col : 0), valid);
+  }
+}
+
+// Shared memory of window_v9_kernel: two K/V stages and the block's kRows q rows (the q
+// fragments are read per tile by ldmatrix instead of living in 16 registers through the loop).
+template <int kRows>
+struct WindowSmem {
+  __nv_bfloat16 k[2][kTileDim][kTilePitch];
+  __nv_bfloat16 v[2][kTileDim][kTilePitch];
+  __nv_bfloat16 q[kRows][kTilePitch];
+};
+
+template <int G, int kWarps>
+__global__ void __launch_bounds__(kWarps * kWarp, 16 / kWarps)
+    window_v9_kernel(LaunchParams p, float* o_swa, float* lse_swa) {
+  constexpr int kWindowRows = 16 * kWarps, kWindowThreads = kWarp * kWarps;
+  constexpr int M = kWindowRows / G;
+  extern __shared__ __align__(16) unsigned char window_smem[];
+  auto& sm = *reinterpret_cast<WindowSmem<kWindowRows>*>(window_smem);
+  auto& ks_tile = sm.k;
+  auto& vs_tile = sm.v;
+  const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * M, g = blockIdx.y;
+  const auto* k = static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim;
+  const auto* v = static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim;
+  // Columns relative to `first` (the block's leftmost window slot, a multiple of S = 64): row i
+  // sees [lo_i, hi_i]; a row past T sees nothing. (The rows are derived again for the output:
+  // fewer registers live through the loop.)
+  const int64_t first = geo.window_left(t0);
+  const int64_t t_last = t0 + M - 1 < p.T - 1 ? t0 + M - 1 : p.T - 1;
+  const int n_tiles = static_cast<int>((t_last - first) / kTileDim + 1);
+  const bool landmarks_complete = p.landmarks;
+  const int complete_col = static_cast<int>((p.T / kTileDim) * kTileDim - first);
+  // q rows r = (query t0 + r / G, head g G + r % G), zeros past T, with the first K/V tile.
+  {
+    const auto* q = static_cast<const __nv_bfloat16*>(p.q);
+    for (int seg = threadIdx.x; seg < kWindowRows * 8; seg += kWindowThreads) {
+      const int r = seg / 8, col = (seg % 8) * 8;
+      const int64_t t = t0 + r / G, h = g * G + r % G;
+      cp_async16(&sm.q[r][col], q + (t < p.T ? (h * p.T + t) * kTileDim + col : 0), t < p.T);
+    }
+  }
+  int lo[2], hi[2];
+  bool valid1;
+  {
+    const ThreadRows<G> rows(t0, g, p.T);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      lo[i] = rows.valid[i] ? static_cast<int>(geo.window_left(rows.t[i]) - first) : INT_MAX;
+      hi[i] = rows.valid[i] ? static_cast<int>(rows.t[i] - first) : -1;
+    }
+    valid1 = rows.valid[1];
+  }
+  // Rows go down the block in slot order: row 1 valid implies row 0 valid.
+  const unsigned all = 0xffffffffu;
+  const int lo_min = __reduce_min_sync(all, min(lo[0], lo[1]));
+  const int lo_max = __reduce_max_sync(all, valid1 ? lo[1] : (hi[0] >= 0 ? lo[0] : INT_MIN));
+  const int hi_min = __reduce_min_sync(all, valid1 ? hi[0] : (hi[0] >= 0 ? hi[0] : INT_MAX));
+  const int hi_max = __reduce_max_sync(all, max(hi[0], hi[1]));
+  const float c2 = p.scale * 1.4426950408889634f;  // logits in base 2
+  const int lane = threadIdx.x % kWarp;
+  float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f}, o[8][4] = {};
+  load_window_tile<kWindowThreads>(ks_tile[0], k, first, p.T);
+  load_window_tile<kWindowThreads>(vs_tile[0], v, first, p.T);
+  cp_async_commit();
+  for (int it = 0; it < n_tiles; ++it) {
+    const int key0 = it * kTileDim;
+    cp_async_wait_all();
+    __syncthreads();
+    if (it + 1 < n_tiles) {
+      load_window_tile<kWindowThreads>(ks_tile[(it + 1) % 2], k, first + key0 + kTileDim, p.T);
+      load_window_tile<kWindowThreads>(vs_tile[(it + 1) % 2], v, first + key0 + kTileDim, p.T);
+      cp_async_commit();
+    }
+    if (key0 > hi_max || key0 + kTileDim - 1 < lo_min) continue;  // no row of the warp sees it
+    // 8-key column groups [0, nt_end) hold every column the warp's rows may see.
+    const int nt_end = min(8, (hi_max - key0) / 8 + 1);
+    const bool inside = lo_max <= key0 && hi_min >= key0 + kTileDim - 1;
+    const bool landmark_col = landmarks_complete && key0 + kTileDim <= complete_col;
+    const __nv_bfloat16(*kt)[kTilePitch] = ks_tile[it % 2];
+    // A fragments of the warp's 16 q rows: matrices (rows 0-7 | 8-15) x (dims 0-7 | 8-15).
+    uint32_t qa[4][4];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      ldmatrix_x4(qa[ks], &sm.q[(threadIdx.x / kWarp) * 16 + lane % 16][16 * ks + 8 * (lane / 16)]);
+    float s[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+      if (nt < nt_end) {
+        const __nv_bfloat16* key = kt[nt * 8 + lane % 8] + 8 * (lane / 8);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          uint32_t b[4];
+          ldmatrix_x4(b, key + 32 * half);
+          mma_16816(s[nt], qa[2 * half], b[0], b[1]);
+          mma_16816(s[nt], qa[2 * half + 1], b[2], b[3]);
+        }
+      } else {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = kNegInf;
+      }
+    }
+    if (inside) {
+      if (landmark_col && lane % 4 == 3) s[7][1] = s[7][3] = kNegInf;
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = e / 2, col = key0 + nt * 8 + (lane % 4) * 2 + (e % 2);
+          const bool landmark = landmark_col && (col % kTileDim) == kTileDim - 1;
+          if (col < lo[i] || col > hi[i] || landmark) s[nt][e] = kNegInf;
+        }
+    }
+    float tile_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
+    float neg_max2[2], alpha[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float m_new = fmaxf(m[i], quad_max(tile_max[i]));
+      neg_max2[i] = m_new == kNegInf ? 0.0f : -m_new * c2;
+      alpha[i] = exp2_approx(fmaf(m[i], c2, neg_max2[i]));  // 0 while m = -inf
+      m[i] = m_new;
+      l[i] *= alpha[i];
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[nt][e] *= alpha[e / 2];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      if (nt >= nt_end) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+        continue;
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = exp2_approx(fmaf(s[nt][e], c2, neg_max2[e / 2]));  // -inf -> 0
+        l[e / 2] += s[nt][e];
+      }
+    }
+    const int ks_end = (nt_end + 1) / 2;
+    const __nv_bfloat16(*vt)[kTilePitch] = vs_tile[it % 2];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      if (ks >= ks_end) continue;
+      const uint32_t a[4] = {pack_bf16(s[2 * ks][0], s[2 * ks][1]),
+                             pack_bf16(s[2 * ks][2], s[2 * ks][3]),
+                             pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                             pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+      const __nv_bfloat16* row = vt[16 * ks + lane % 8 + 8 * ((lane / 8) % 2)] + 8 * (lane / 16);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, row + 16 * np);
+        mma_16816(o[2 * np], a, b[0], b[1]);
+        mma_16816(o[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+  }
+  const ThreadRows<G> rows(t0, g, p.T);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float sum = quad_sum(l[i]);
+    if (!rows.valid[i]) continue;
+    float* out = o_swa + (rows.h[i] * p.T + rows.t[i]) * kTileDim;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const int col = nt * 8 + (lane % 4) * 2;
+      *reinterpret_cast<float2*>(out + col) = make_float2(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
+    }
+    if (lane % 4 == 0)
+      lse_swa[rows.h[i] * p.T + rows.t[i]] = sum > 0.0f ? m[i] * p.scale + __logf(sum) : kNegInf;
   }
 }
 
@@ -315,6 +522,18 @@ void launch_window_g(const LaunchParams& p, float* o, float* lse, cudaStream_t s
   window_packed_kernel<G><<<grid, kPackedThreads, 0, stream>>>(p, o, lse);
 }
 
+template <int G, int kWarps>
+void launch_window_v9_g(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
+  constexpr int M = 16 * kWarps / G;
+  using Smem = WindowSmem<16 * kWarps>;
+  const dim3 grid(static_cast<unsigned>((p.T + M - 1) / M), static_cast<unsigned>(p.Hkv));
+  static const bool raised = cudaFuncSetAttribute(window_v9_kernel<G, kWarps>,
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  sizeof(Smem)) == cudaSuccess;
+  (void)raised;  // a failure surfaces as the launch's error
+  window_v9_kernel<G, kWarps><<<grid, kWarp * kWarps, sizeof(Smem), stream>>>(p, o, lse);
+}
+
 template <int G>
 void launch_fuse_g(const LaunchParams& p, const int32_t* selection, const float* selected_score,
                    const float* o_swa, const float* lse_swa, float* o, float* lse,
@@ -350,6 +569,25 @@ void launch_window_packed(const LaunchParams& p, float* o, float* lse, cudaStrea
     case 8: return launch_window_g<8>(p, o, lse, stream);
     default: return launch_window_g<16>(p, o, lse, stream);
   }
+}
+
+template <int kWarps>
+void launch_window_v9_warps(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
+  switch (p.Hq / p.Hkv) {
+    case 1: return launch_window_v9_g<1, kWarps>(p, o, lse, stream);
+    case 2: return launch_window_v9_g<2, kWarps>(p, o, lse, stream);
+    case 4: return launch_window_v9_g<4, kWarps>(p, o, lse, stream);
+    case 8: return launch_window_v9_g<8, kWarps>(p, o, lse, stream);
+    default: return launch_window_v9_g<16, kWarps>(p, o, lse, stream);
+  }
+}
+
+void launch_window_v9(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
+  launch_window_v9_warps<8>(p, o, lse, stream);
+}
+
+void launch_window_v10(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
+  launch_window_v9_warps<4>(p, o, lse, stream);
 }
 
 void launch_fuse_packed(const LaunchParams& p, const int32_t* selection,

@@ -6,12 +6,14 @@
 // Fast path only: bf16 q~, d = 64, G in {1, 2, 4, 8, 16}, K <= 64, summary key rules.
 #include "launch_params.hpp"
 #include "mma_common.cuh"
+#include "wgmma_common.cuh"
 
 namespace hils::gpu::detail {
 namespace {
 
 constexpr int kQueries = 64;     // queries per block, 16 per warp
 constexpr int kRPitch = 65;      // fp32 per row of the group-score tile
+constexpr int kPanelBytes = kTileDim * wg::kPanelRowBytes;  // v9: one swizzled k' tile
 constexpr GroupRule kGroupMaxNormalized = GroupRule::max_normalized,
                     kGroupSumProbabilities = GroupRule::sum_probabilities;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -128,6 +130,69 @@ __device__ __forceinline__ void issue_tile(__nv_bfloat16 (*dst)[kTilePitch], flo
     cp_async4(&bias_dst[threadIdx.x], bias_head + (valid ? c0 + threadIdx.x : 0), valid);
   }
   cp_async_commit();
+}
+
+// v9: issue_tile into a 128-byte-swizzled panel (wgmma_common.cuh: 64 rows of 128 bytes, on a
+// 1024-byte boundary) instead of the padded tile.
+// kThreads: the block's threads (128 or 256), all taking part.
+template <int kThreads>
+__device__ __forceinline__ void issue_tile_sw128(unsigned char* dst, float* bias_dst,
+                                                 const __nv_bfloat16* key_head,
+                                                 const float* bias_head, int c0, int n_chunks) {
+#pragma unroll
+  for (int j = 0; j < kTileDim * 8 / kThreads; ++j) {
+    const int seg = threadIdx.x + kThreads * j, row = seg / 8, col = (seg % 8) * 8;
+    const bool valid = c0 + row < n_chunks;
+    cp_async16(dst + wg::sw128_offset(row, col), key_head + (valid ? (c0 + row) * kTileDim + col : 0),
+               valid);
+  }
+  if (threadIdx.x < kTileDim) {
+    const bool valid = c0 + static_cast<int>(threadIdx.x) < n_chunks;
+    cp_async4(&bias_dst[threadIdx.x], bias_head + (valid ? c0 + threadIdx.x : 0), valid);
+  }
+  cp_async_commit();
+}
+
+// v10: q~ rows [t0, t0 + 64) of one head ([T, 64] bf16) into the warpgroup's swizzled panel by
+// its 128 threads (zeros past T), without committing.
+__device__ __forceinline__ void issue_q_panel(unsigned char* dst, const __nv_bfloat16* q_head,
+                                              int64_t t0, int64_t T) {
+  const int tid = threadIdx.x % 128;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int seg = tid + 128 * j, row = seg / 8, col = (seg % 8) * 8;
+    const bool valid = t0 + row < T;
+    cp_async16(dst + wg::sw128_offset(row, col), q_head + (valid ? (t0 + row) * kTileDim + col : 0), valid);
+  }
+}
+
+// The same product with A (the warpgroup's 64 rows of q~) from a swizzled panel too (v10).
+__device__ __forceinline__ void qk_tile_wgmma_ss(float (&s)[8][4], const unsigned char* q_panel,
+                                                 const unsigned char* panel) {
+  const uint64_t desc = wg::desc_k_major(panel), q_desc = wg::desc_k_major(q_panel);
+  wg::fence_operands(s);
+  wg::fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+    wg::mma_ss<false>(s, wg::desc_advance(q_desc, 32 * ks), wg::desc_advance(desc, 32 * ks), ks > 0);
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_operands(s);
+}
+
+// qk_tile by the block's warpgroup (v9): s = q (64 rows, this warp's 16 in qa) . k'^T over the
+// swizzled panel, m64n64k16 x 4 with A from registers. s has qk_tile's layout, and the k16 steps
+// accumulate in qk_tile's order (the same bits as mma.sync: tests/gpu/test_gpu_wgmma.cpp).
+__device__ __forceinline__ void qk_tile_wgmma(float (&s)[8][4], const uint32_t (&qa)[4][4],
+                                              const unsigned char* panel) {
+  const uint64_t desc = wg::desc_k_major(panel);
+  wg::fence_operands(s);
+  wg::fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) wg::mma_rs<false>(s, qa[ks], wg::desc_advance(desc, 32 * ks), ks > 0);
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_operands(s);
 }
 
 // Each query's top-K list is kept sorted in shared memory: descending value, and of equal
@@ -644,21 +709,41 @@ enum class Offers { sorted, quads, buffered };
 
 // kSlots (v6: 32, v8: 64; 0: none): pass 1 also forms the lower bound of each row's K-th group
 // score over that many slots (kth_largest) and pass 2 offers no candidate below it.
-template <int G, int kSlots, Offers kOffers>
-__global__ void __launch_bounds__(kPackedThreads, 4)
+// kScoring: mma.sync (qk_tile, v4-v8); wgmma (v9): the warpgroup's wgmma from swizzled k'
+// panels (qk_tile_wgmma), which the tensor cores read once per step for all 4 warps (qk_tile: 4
+// ldmatrix passes); wgmma_q_smem (v10): 128 queries per block (two warpgroups sharing each k'
+// panel), and pass 2's q~ (a new head every step) staged by cp.async into a swizzled panel per
+// warpgroup instead of loaded as register fragments.
+enum class Scoring { mma_sync, wgmma, wgmma_q_smem };
+template <Scoring kScoring>
+constexpr int kBlockQueries = kScoring == Scoring::wgmma_q_smem ? 128 : 64;
+
+template <int G, int kSlots, Offers kOffers, Scoring kScoring = Scoring::mma_sync>
+__global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kScoring> == 64 ? 4 : 2)
     select_packed_kernel(LaunchParams p, const float* key, const __nv_bfloat16* key_bf16,
                          const float* bias, const float* bias2, const float* lse_swa,
                          int32_t* selection, float* selected_score) {
   constexpr bool kBuffered = kOffers == Offers::buffered;
+  constexpr bool kWgmma = kScoring != Scoring::mma_sync, kQSmem = kScoring == Scoring::wgmma_q_smem;
+  constexpr int kQueries = kBlockQueries<kScoring>, kThreads = 2 * kQueries;  // 16 rows per warp
+  static_assert(!kWgmma || kBuffered, "v9 and v10 are v8 with wgmma scoring");
   static_assert(!kBuffered || kSlots == 64, "v8's rows hold 64 bound slots in pass 1");
   constexpr int kParts = kSlots > kWarp ? kSlots / kWarp : 1;  // slot maxima per lane and row
   constexpr int kSlotCount = kSlots > 0 ? kSlots : kWarp;       // (the code of kSlots = 0 never runs)
   // Two stages of (k' tile, bias tile): step s + 1 streams in while step s is computed.
-  __shared__ __align__(16) __nv_bfloat16 tile[2][kTileDim][kTilePitch];
+  __shared__ __align__(16) __nv_bfloat16 tile[2][kWgmma ? 1 : kTileDim][kTilePitch];
   __shared__ __align__(16) float bias_tile[2][kTileDim];
   extern __shared__ __align__(16) float dyn[];
   const int K = static_cast<int>(p.K);
+  // v9: two swizzled k' panels first, on a 1024-byte boundary (select_smem_bytes adds the slack);
+  // v10: then one q~ panel per warpgroup.
+  unsigned char* panels = nullptr;
   float* cursor = dyn;
+  if (kWgmma) {
+    const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(dyn));
+    panels = reinterpret_cast<unsigned char*>(dyn) + (wg::kAtomBytes - base % wg::kAtomBytes) % wg::kAtomBytes;
+    cursor = reinterpret_cast<float*>(panels + (kQSmem ? 4 : 2) * kPanelBytes);
+  }
   auto take = [&](int64_t count) { float* out = cursor; cursor += count; return out; };
   SelectShared sh;
   // v8: the rows of kBufPitch words (bound slots in pass 1, candidate buffers in pass 2) replace
@@ -685,11 +770,11 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   // buffer rows (v8) in pass 1.
   const bool bound = kSlots > 0 && p.group_rule != GroupRule::max_raw && K <= kWarp;
   if (!kBuffered)
-    for (int e = threadIdx.x; e < kQueries * K; e += kPackedThreads) sh.value[e] = kNegInf, sh.index[e] = -1;
+    for (int e = threadIdx.x; e < kQueries * K; e += kThreads) sh.value[e] = kNegInf, sh.index[e] = -1;
   if (bound)
-    for (int e = threadIdx.x; e < kQueries * (kBuffered ? kBufPitch : kRPitch); e += kPackedThreads)
+    for (int e = threadIdx.x; e < kQueries * (kBuffered ? kBufPitch : kRPitch); e += kThreads)
       slot_base[e] = kNegInf;
-  for (int q = threadIdx.x; q < kQueries; q += kPackedThreads) {
+  for (int q = threadIdx.x; q < kQueries; q += kThreads) {
     sh.n_cand[q] = t0 + q < p.T ? static_cast<int>(geo.candidate_count(t0 + q)) : 0;
   }
   __syncthreads();
@@ -705,8 +790,24 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   // Stage `buf` <- k' and bias2 of head g G + hg, chunks [c0, c0 + 64).
   auto issue = [&](int hg, int c0, int buf) {
     const int64_t h = g * G + hg;
-    issue_tile(tile[buf], bias_tile[buf], key_bf16 + h * n_chunks * kTileDim, bias2 + h * n_chunks,
-               c0, static_cast<int>(n_chunks));
+    if (kWgmma)
+      issue_tile_sw128<kThreads>(panels + buf * kPanelBytes, bias_tile[buf], key_bf16 + h * n_chunks * kTileDim,
+                                 bias2 + h * n_chunks, c0, static_cast<int>(n_chunks));
+    else
+      issue_tile(tile[buf], bias_tile[buf], key_bf16 + h * n_chunks * kTileDim, bias2 + h * n_chunks,
+                 c0, static_cast<int>(n_chunks));
+  };
+  // The staged tile is complete and visible to the block (and, v9, to the tensor cores).
+  auto await_tile = [&]() {
+    cp_async_wait_all();
+    if (kWgmma) wg::fence_proxy_async();
+    __syncthreads();
+  };
+  auto score_tile = [&](float (&s)[8][4], const uint32_t (&qa)[4][4], int buf) {
+    if (kWgmma)
+      qk_tile_wgmma(s, qa, panels + buf * kPanelBytes);
+    else
+      qk_tile(s, qa, tile[buf]);
   };
   uint32_t qa[4][4], qn[4][4];
   float s[8][4];
@@ -723,11 +824,10 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
         load_query_fragments(qa, p, h, t);
         m[0] = m[1] = kNegInf, l[0] = l[1] = 0.0f;
       }
-      cp_async_wait_all();
-      __syncthreads();
+      await_tile();
       if (!last_tile) issue(hg, c0 + kTileDim, buf ^ 1);
       else if (hg + 1 < G) issue(hg + 1, 0, buf ^ 1);
-      qk_tile(s, qa, tile[buf]);
+      score_tile(s, qa, buf);
       scale_and_mask(s, bias_tile[buf], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
       if (prune) {
         // The running maxima of this lane's slots of the tile (words kSlots + slot of its rows).
@@ -795,26 +895,31 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
     // float below the row's bound if that is larger (r > floor_of(bound) <=> r >= bound).
     float theta[2] = {prune ? floor_of(row_bound[row[0]]) : kNegInf, prune ? floor_of(row_bound[row[1]]) : kNegInf};
     int32_t theta_index[2] = {-1, -1};    // kQuad: the chunk of the row's worst entry
-    issue(0, 0, 0);
     // Rows of q~ for head g G (null past T); head g G + hg is hg T 64 elements further.
     const auto* q0 = static_cast<const __nv_bfloat16*>(p.q_retrieval) + g * G * p.T * kTileDim;
     const __nv_bfloat16* qrow[2] = {t[0] < p.T ? q0 + t[0] * kTileDim : nullptr,
                                     t[1] < p.T ? q0 + t[1] * kTileDim : nullptr};
     const int64_t head_stride = p.T * kTileDim;
-    load_q_fragments(qn, qrow[0], qrow[1]);
+    // v10: the warpgroup's q~ panel, rows [t0 + 64 wg, + 64) of the step's head.
+    const int wg_index = warp / 4;
+    unsigned char* q_panel = kQSmem ? panels + (2 + wg_index) * kPanelBytes : nullptr;
+    const int64_t wg_t0 = t0 + 64 * wg_index;
+    if (kQSmem) issue_q_panel(q_panel, q0, wg_t0, p.T);  // committed with the first k' tile
+    issue(0, 0, 0);
+    if (!kQSmem) load_q_fragments(qn, qrow[0], qrow[1]);
     for (int step = 0; step < steps; ++step) {
       const int hg = step % G;
       const int c0 = (step / G) * kTileDim;
       const int next_hg = (step + 1) % G;
+      if (!kQSmem)
 #pragma unroll
-      for (int a = 0; a < 4; ++a)
+        for (int a = 0; a < 4; ++a)
 #pragma unroll
-        for (int b = 0; b < 4; ++b) qa[a][b] = qn[a][b];
-      cp_async_wait_all();
-      __syncthreads();
+          for (int b = 0; b < 4; ++b) qa[a][b] = qn[a][b];
+      await_tile();
       if (step + 1 < steps) {
         issue(next_hg, ((step + 1) / G) * kTileDim, (step + 1) & 1);
-        if (G > 1) {
+        if (G > 1 && !kQSmem) {
           const int64_t off = next_hg * head_stride;
           load_q_fragments(qn, qrow[0] ? qrow[0] + off : nullptr, qrow[1] ? qrow[1] + off : nullptr);
         }
@@ -825,7 +930,21 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
 #pragma unroll
           for (int e = 0; e < 4; ++e) r[nt][e] = p.group_rule == kGroupSumProbabilities ? 0.0f : kNegInf;
       }
-      qk_tile(s, qa, tile[step & 1]);
+      if (kQSmem) {
+        qk_tile_wgmma_ss(s, q_panel, panels + (step & 1) * kPanelBytes);
+        // The warpgroup's wgmma has read the panel: it takes the next step's head.
+        if (G > 1 && step + 1 < steps) {
+          // Named barrier 1 or 2 (an immediate: a register id makes ptxas reserve all 16).
+          if (wg_index == 0)
+            asm volatile("bar.sync 1, 128;\n" ::: "memory");
+          else
+            asm volatile("bar.sync 2, 128;\n" ::: "memory");
+          issue_q_panel(q_panel, q0 + next_hg * head_stride, wg_t0, p.T);
+          cp_async_commit();
+        }
+      } else {
+        score_tile(s, qa, step & 1);
+      }
       const float* b2 = bias_tile[step & 1];
       const float z[2] = {sh.log_z[hg * kQueries + row[0]], sh.log_z[hg * kQueries + row[1]]};
       // One loop per group rule (the rule is uniform: no branch per element).
@@ -1083,8 +1202,16 @@ size_t select_one_pass_smem_bytes(int64_t K) {
   return (kQueries * kRPitch + 4 * kQueries * K + kQueries) * 4;
 }
 
+// Queries per block of each kernel (threads: 2 per query).
+int block_queries(PackedSelect kernel) {
+  return kernel == PackedSelect::two_pass_v10 ? kBlockQueries<Scoring::wgmma_q_smem> : kQueries;
+}
+
 size_t select_smem_bytes(int64_t G, int64_t K, PackedSelect kernel) {
-  if (kernel == PackedSelect::two_pass_v8) return (kQueries * kBufPitch + G * kQueries + 2 * kQueries) * 4;
+  const size_t v8_bytes = (kQueries * kBufPitch + G * kQueries + 2 * kQueries) * 4;
+  if (kernel == PackedSelect::two_pass_v8) return v8_bytes;
+  if (kernel == PackedSelect::two_pass_v9) return v8_bytes + 2 * kPanelBytes + wg::kAtomBytes;
+  if (kernel == PackedSelect::two_pass_v10) return 2 * v8_bytes + 4 * kPanelBytes + wg::kAtomBytes;
   return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries) * 4;
 }
 
@@ -1098,6 +1225,9 @@ SelectKernelFn select_kernel_of(PackedSelect kernel) {
     case PackedSelect::two_pass_v6: return select_packed_kernel<G, 32, Offers::sorted>;
     case PackedSelect::two_pass_v7: return select_packed_kernel<G, 0, Offers::quads>;
     case PackedSelect::two_pass_v8: return select_packed_kernel<G, 64, Offers::buffered>;
+    case PackedSelect::two_pass_v9: return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma>;
+    case PackedSelect::two_pass_v10:
+      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem>;
     default: return select_packed_kernel<G, 0, Offers::sorted>;
   }
 }
@@ -1111,7 +1241,8 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
                                                           : select_smem_bytes(G, p.K, kernel);
   const SelectKernelFn fn = select_kernel_of<G>(kernel);
   cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  const dim3 grid(static_cast<unsigned>((p.T + kQueries - 1) / kQueries),
+  const int queries = block_queries(kernel);
+  const dim3 grid(static_cast<unsigned>((p.T + queries - 1) / queries),
                   static_cast<unsigned>(p.Hkv));
   // A bf16 copy of k' and a log2 e scaled bias (stream-ordered scratch) feed the copy engine.
   const int64_t n = p.Hq * (p.T / p.S) * kTileDim, n_bias = p.Hq * (p.T / p.S);
@@ -1125,7 +1256,7 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
   if (n > 0)
     to_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(key, key_bf16, n, bias,
                                                                                bias2, n_bias);
-  fn<<<grid, kPackedThreads, smem, stream>>>(p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
+  fn<<<grid, 2 * queries, smem, stream>>>(p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
   cudaFreeAsync(scratch, stream);
 }
 
@@ -1143,7 +1274,8 @@ void launch_select_packed(const LaunchParams& p, const float* key, const float* 
   // The one-pass argument holds for the default group rule only; v7's segments of 8 entries per
   // quad lane and v8's 64-entry buffers (K + 32 entries) hold K <= 32.
   const bool fall_back = (kernel == PackedSelect::one_pass_v5 && p.group_rule != kGroupMaxNormalized) ||
-                         ((kernel == PackedSelect::two_pass_v7 || kernel == PackedSelect::two_pass_v8) &&
+                         ((kernel == PackedSelect::two_pass_v7 || kernel == PackedSelect::two_pass_v8 ||
+                           kernel == PackedSelect::two_pass_v9 || kernel == PackedSelect::two_pass_v10) &&
                           p.K > kWarp);
   const PackedSelect one = fall_back ? PackedSelect::two_pass_v4 : kernel;
   switch (p.Hq / p.Hkv) {

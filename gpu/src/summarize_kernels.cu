@@ -94,6 +94,82 @@ __global__ void surrogate_kernel(LaunchParams p, const float* key, const float* 
   }
 }
 
+// The packed shapes (bf16, d = S = 64, taylor key): one block per (chunk, KV group) holds the
+// chunk's 64 key rows in shared memory once for the G heads of the group; each warp folds one
+// head at a time with lanes over keys for the logits (keys lane, lane + 32) and lanes over dims
+// for k' (dims 2 lane, 2 lane + 1): about 0.4 k instructions per (chunk, head) against the
+// generic kernel's serial per-key loop (gpu/NOTES.md, v9).
+constexpr int kSummaryDim = 64;
+constexpr int kSummaryPitch = 66;  // bf16 per row (33 words): lanes over rows or over words hit 32 banks
+
+__device__ __forceinline__ float2 bf16x2_to_float2(uint32_t word) {
+  __nv_bfloat162 v = *reinterpret_cast<__nv_bfloat162*>(&word);
+  return __bfloat1622float2(v);
+}
+
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp)
+    summarize_packed_kernel(LaunchParams p, float* key_out, float* bias_out) {
+  __shared__ __align__(16) __nv_bfloat16 ks[kSummaryDim][kSummaryPitch];
+  __shared__ float mu[kWarpsPerBlock][kSummaryDim];
+  __shared__ float pr[kWarpsPerBlock][kSummaryDim];
+  const int64_t n_chunks = p.T / kSummaryDim, c = blockIdx.x, g = blockIdx.y;
+  const int G = static_cast<int>(p.Hq / p.Hkv);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const auto* src = reinterpret_cast<const uint32_t*>(static_cast<const __nv_bfloat16*>(p.k) +
+                                                      (g * p.T + c * kSummaryDim) * kSummaryDim);
+  for (int w = threadIdx.x; w < kSummaryDim * kSummaryDim / 2; w += kWarpsPerBlock * kWarp)
+    reinterpret_cast<uint32_t*>(ks[w / 32])[w % 32] = src[w];
+  __syncthreads();
+  for (int hh = warp; hh < G; hh += kWarpsPerBlock) {
+    const int64_t h = g * G + hh;
+    const float2 m2 =
+        bf16x2_to_float2(reinterpret_cast<const uint32_t*>(prior_row<__nv_bfloat16>(p, h, c))[lane]);
+    mu[warp][2 * lane] = m2.x, mu[warp][2 * lane + 1] = m2.y;
+    __syncwarp();
+    // Logits of keys lane and lane + 32 (the chunk is complete: with landmarks its slot 63 is
+    // the landmark, not attendable); the same fmaf order over dims as dot_row.
+    float s[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int j = lane + kWarp * r;
+      const auto* row = reinterpret_cast<const uint32_t*>(ks[j]);
+      float acc = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kSummaryDim / 2; ++i) {
+        const float2 kv = bf16x2_to_float2(row[i]);
+        acc = fmaf(mu[warp][2 * i], kv.x, acc);
+        acc = fmaf(mu[warp][2 * i + 1], kv.y, acc);
+      }
+      s[r] = p.landmarks && j == kSummaryDim - 1 ? kNegInf : p.scale * acc;
+    }
+    const float m = warp_max(fmaxf(s[0], s[1]));
+    float pj[2], sum = 0.0f, ps = 0.0f;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      pj[r] = exp_diff(s[r], m);
+      sum += pj[r];
+      if (pj[r] > 0.0f) ps += pj[r] * (s[r] - m);
+    }
+    const float l = warp_sum(sum);
+    ps = warp_sum(ps);
+    pr[warp][lane] = pj[0], pr[warp][lane + kWarp] = pj[1];
+    __syncwarp();
+    // k' = sum_j p_j k_j / l, lanes over dims.
+    float2 acc = make_float2(0.0f, 0.0f);
+#pragma unroll 16
+    for (int j = 0; j < kSummaryDim; ++j) {
+      const float2 kv = bf16x2_to_float2(reinterpret_cast<const uint32_t*>(ks[j])[lane]);
+      acc.x = fmaf(pr[warp][j], kv.x, acc.x);
+      acc.y = fmaf(pr[warp][j], kv.y, acc.y);
+    }
+    *reinterpret_cast<float2*>(key_out + (h * n_chunks + c) * kSummaryDim + 2 * lane) =
+        make_float2(acc.x / l, acc.y / l);
+    if (lane == 0)
+      bias_out[h * n_chunks + c] = p.bias_rule == kBiasEntropy ? __logf(l) - ps / l : 0.0f;
+    __syncwarp();  // mu and pr are rewritten for the next head
+  }
+}
+
 }  // namespace
 
 void launch_summarize(const LaunchParams& p, float* key, float* bias, cudaStream_t stream) {
@@ -103,6 +179,17 @@ void launch_summarize(const LaunchParams& p, float* key, float* bias, cudaStream
   const unsigned blocks = static_cast<unsigned>((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
   kernel<<<blocks, kWarpsPerBlock * kWarp, kWarpsPerBlock * p.d * sizeof(float), stream>>>(
       p, key, bias);
+}
+
+bool summarize_packed_applies(const LaunchParams& p) {
+  return p.bf16 && p.d == kSummaryDim && p.S == kSummaryDim && p.key_rule == kKeyTaylor;
+}
+
+void launch_summarize_packed(const LaunchParams& p, float* key, float* bias, cudaStream_t stream) {
+  const int64_t n_chunks = p.T / p.S;
+  if (n_chunks == 0) return;
+  const dim3 grid(static_cast<unsigned>(n_chunks), static_cast<unsigned>(p.Hkv));
+  summarize_packed_kernel<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p, key, bias);
 }
 
 void launch_surrogate(const LaunchParams& p, const float* key, const float* bias, float* scores,

@@ -200,7 +200,8 @@ TEST_CASE("gpu host API rejects bad input naming the field", "[gpu]") {
 }
 
 // The one-pass selection (v5), the bounded two-pass selection (v6), the quad-offer two-pass
-// selection (v7) and the buffered two-pass selection (v8) against the two-pass kernel v4: the
+// selection (v7) and the buffered two-pass selection (v8, and v9: v8 scored by wgmma, whose sums
+// equal mma.sync's bit for bit) against the two-pass kernel v4: the
 // same s2 and log2 Z_hat arithmetic and selected-score writers with the same sum order, v6's and
 // v8's bounds (32 and 64 slots) drop only candidates that cannot be selected, v7 and v8 keep the
 // K best under the same (value, chunk) order in other ways (v8's buffer cuts run on every tile
@@ -258,7 +259,8 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
       std::vector<std::vector<unsigned char>> selections, scores;
       const auto kernels = {hils::gpu::SelectKernel::two_pass_v4, hils::gpu::SelectKernel::one_pass_v5,
                             hils::gpu::SelectKernel::two_pass_v6, hils::gpu::SelectKernel::two_pass_v7,
-                            hils::gpu::SelectKernel::two_pass_v8};
+                            hils::gpu::SelectKernel::two_pass_v8, hils::gpu::SelectKernel::two_pass_v9,
+                            hils::gpu::SelectKernel::two_pass_v10};
       for (auto kernel : kernels) {
         gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), selected(c.Hq * c.T * c.K * 4);
         hils::gpu::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,
@@ -280,7 +282,9 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
               ++differing_rows;
               break;
             }
-        const char* label = k == 1 ? "one-pass v5" : k == 2 ? "two-pass v6" : k == 3 ? "two-pass v7" : "two-pass v8";
+        const char* labels[] = {"two-pass v4", "one-pass v5", "two-pass v6", "two-pass v7",
+                                "two-pass v8", "two-pass v9", "two-pass v10"};
+        const char* label = labels[k];
         std::cout << label << " vs two-pass v4 " << problems[n].first << " " << preset << ": rows "
                   << c.Hkv * c.T << ", differing " << differing_rows << "\n";
         INFO(problems[n].first << " " << preset << " " << label);

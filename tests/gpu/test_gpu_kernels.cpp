@@ -350,3 +350,60 @@ TEST_CASE("gpu C API sparse kernel values", "[gpu]") {
   CHECK(std::string(hils_gpu_last_error()).rfind("sparse_kernel:", 0) == 0);
   hils::gpu::set_sparse_kernel(current);
 }
+
+// Every packed window kernel on shapes that stress its tiling: the benchmark geometry, one head
+// per group (128 queries per block of mma_v9, windows cut across many tiles), 16 heads per
+// group, windows shorter than a tile and not a multiple of it, a length shorter than a tile, a
+// ragged last block, with and without landmarks. The swa preset checks o_window alone; hils
+// also runs the summaries (the packed summaries on these shapes) and the selection.
+TEST_CASE("gpu packed window kernels against the reference", "[gpu]") {
+  // clang-format off
+  static constexpr Case kCases[] = {
+    //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
+    Case{"window_bench_geometry",  1333,   64, 512,  8, 16,  2, 64, 64, true, 1.0},
+    Case{"window_g1_long",         1900,   64, 700,  4,  1,  1, 64, 64, true, 2.0},
+    Case{"window_g16_short",        901,   64,  40,  3, 16,  1, 64, 64, false, 1.0},
+    Case{"window_g4_ragged",        555,   64, 100,  3,  8,  2, 64, 64, true, 4.0},
+    Case{"window_g2_tiny",           45,   64,  16,  2,  2,  1, 64, 64, false, 1.0},
+  };
+  // clang-format on
+  const auto current = hils::gpu::window_kernel();
+  for (const Case& c : kCases) {
+    const auto inputs = hils::cases::make_inputs<double>(c);
+    for (const char* preset : {"swa", "hils"}) {
+      const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+      if (!reference_accepts(spec, inputs)) continue;
+      for (auto kernel : hils::gpu::kWindowKernels) {
+        hils::gpu::set_window_kernel(kernel);
+        const std::string name = hils::gpu::window_kernel_name(kernel);
+        INFO("case " << c.name << " preset " << preset << " " << name);
+        CHECK(check_mechanism(spec, inputs, DType::bf16, std::string(c.name) + " " + name));
+      }
+    }
+  }
+  hils::gpu::set_window_kernel(current);
+}
+
+// The C API's window-kernel values are the enum's, its getter reports what runs, a value past
+// the last kernel is refused by name; set_packed_kernels takes 0 or 1 only.
+TEST_CASE("gpu C API window kernel values", "[gpu]") {
+  const auto current = hils::gpu::window_kernel();
+  CHECK(hils_gpu_window_kernel() == static_cast<int32_t>(current));
+  for (auto kernel : hils::gpu::kWindowKernels) {
+    INFO(hils::gpu::window_kernel_name(kernel));
+    REQUIRE(hils_gpu_set_window_kernel(static_cast<int32_t>(kernel)) == 0);
+    CHECK(hils::gpu::window_kernel() == kernel);
+    CHECK(hils_gpu_window_kernel() == static_cast<int32_t>(kernel));
+  }
+  const auto past = static_cast<int32_t>(std::size(hils::gpu::kWindowKernels));
+  CHECK(hils_gpu_set_window_kernel(past) == 2);
+  CHECK(hils_gpu_set_window_kernel(-1) == 2);
+  CHECK(std::string(hils_gpu_last_error()).rfind("window_kernel:", 0) == 0);
+  hils::gpu::set_window_kernel(current);
+  CHECK(hils_gpu_set_packed_kernels(2) == 2);
+  CHECK(std::string(hils_gpu_last_error()).rfind("enabled:", 0) == 0);
+  REQUIRE(hils_gpu_set_packed_kernels(0) == 0);
+  CHECK_FALSE(hils::gpu::packed_kernels());
+  REQUIRE(hils_gpu_set_packed_kernels(1) == 0);
+  CHECK(hils::gpu::packed_kernels());
+}

@@ -83,6 +83,23 @@ constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v8;
 void set_sparse_kernel(SparseKernel kernel);
 SparseKernel sparse_kernel();
 
+// Which packed window kernel window_attention runs on the packed shapes (gpu/NOTES.md has each
+// version's numbers); process-wide like set_sparse_kernel. Both compute the window branch of
+// reference/SEMANTICS.md §2.
+enum class WindowKernel {
+  mma_v4,   // 64 rows (M = 64 / G queries x G heads) per block, the element mask on every tile
+  mma_v9,   // 128 rows per block, the mask only on tiles that cut a row's window, base-2 softmax
+  mma_v10,  // mma_v9 with 64 rows (4 warps) per block, 4 blocks per SM
+};
+// Every WindowKernel, in the order of their values.
+constexpr WindowKernel kWindowKernels[] = {WindowKernel::mma_v4, WindowKernel::mma_v9,
+                                           WindowKernel::mma_v10};
+// The kernel's name as above ("mma_v4", ...).
+const char* window_kernel_name(WindowKernel kernel);
+constexpr WindowKernel kDefaultWindowKernel = WindowKernel::mma_v9;
+void set_window_kernel(WindowKernel kernel);
+WindowKernel window_kernel();
+
 // ---- Stages, each callable alone --------------------------------------------------------
 
 // Window branch (reference/SEMANTICS.md §2): o_swa [Hq, T, dv], lse_swa [Hq, T].
@@ -103,12 +120,13 @@ void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const Devic
                       const float* key, const float* bias, float* scores,
                       cudaStream_t stream = nullptr);
 // Which packed selection kernel runs (gpu/NOTES.md has each version's numbers). All give the
-// same selection and the same selected scores. two_pass_v8 is the default (kDefaultSelectKernel:
-// the fastest measured at every length on the H200, see gpu/NOTES.md); v4, v5, v6 (the previous
-// default) and v7 stay reachable as the benchmark's comparison points. one_pass_v5 applies to the
+// same selection and the same selected scores. two_pass_v10 (v8 scored by wgmma, sm_90a, 128
+// queries per block) is the default (kDefaultSelectKernel: the fastest measured from 32K to 512K
+// on the H200, see gpu/NOTES.md); v4, v5, v6, v7, v8 and v9 stay reachable as the benchmark's
+// comparison points. one_pass_v5 applies to the
 // default group rule (max_normalized); for the others it falls back to two_pass_v4. v6 and v8
 // form their bounds for K <= 32 and the normalised group rules; v6 runs as v4 otherwise, v8 takes
-// K <= 32 (else two_pass_v4).
+// K <= 32 (else two_pass_v4), and so do v9 and v10.
 enum class SelectKernel {
   two_pass_v4,  // pass 1: log Z_hat per head; pass 2: group scores offered to the top-K lists
   one_pass_v5,  // per head a running log Z_hat and its K best; the union ranked at the end
@@ -117,8 +135,10 @@ enum class SelectKernel {
                 // else two_pass_v4)
   two_pass_v8,  // v6's bound over 64 slots, candidates appended to per-row buffers (no ranking
                 // in pass 2; K <= 32, else two_pass_v4)
+  two_pass_v9,  // v8 with the scoring on wgmma (sm_90a; K <= 32, else two_pass_v4)
+  two_pass_v10,  // v9 with 128 queries per block and pass 2's q~ staged in shared memory
 };
-constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v8;
+constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v10;
 
 // Selection per KV group (reference/SEMANTICS.md §4): [Hkv, T, K], ascending, -1 padded, ties to
 // the lower chunk. Scores come from the summaries, or from `exact` [Hq, T, n_chunks] for the exact

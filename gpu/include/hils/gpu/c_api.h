@@ -38,7 +38,7 @@ int hils_gpu_select(const hils_gpu_problem* p, const float* key, const float* bi
                     const float* exact, const float* lse_swa, int32_t* selection,
                     float* selected_score, void* stream);
 /* select_kernel: 0 = two_pass_v4, 1 = one_pass_v5, 2 = two_pass_v6, 3 = two_pass_v7,
-   4 = two_pass_v8 (what hils_gpu_select runs). */
+   4 = two_pass_v8, 5 = two_pass_v9, 6 = two_pass_v10 (what hils_gpu_select runs). */
 int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const float* key,
                          const float* bias, const float* exact, const float* lse_swa,
                          int32_t* selection, float* selected_score, void* stream);
@@ -50,6 +50,15 @@ int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const
 int hils_gpu_set_sparse_kernel(int32_t sparse_kernel);
 /* The sparse stage that runs now (the default until set), as the numbers above. */
 int32_t hils_gpu_sparse_kernel(void);
+/* The window kernel of hils_gpu_window / hils_gpu_run on the packed shapes, process-wide:
+   0 = mma_v4, 1 = mma_v9, 2 = mma_v10 (the default is hils::gpu::kDefaultWindowKernel; gpu/NOTES.md).
+   Returns 2 for another value. */
+int hils_gpu_set_window_kernel(int32_t window_kernel);
+/* The window kernel that runs now (the default until set), as the numbers above. */
+int32_t hils_gpu_window_kernel(void);
+/* 1 (default): the packed tensor-core kernels where they apply; 0: the SIMT kernels everywhere
+   (hils::gpu::set_packed_kernels), process-wide. Returns 2 for another value. */
+int hils_gpu_set_packed_kernels(int32_t enabled);
 /* Queries per segment of that stage; 0 (default) sizes it from its budget. 2 when negative. */
 int hils_gpu_set_sparse_segment_queries(int64_t queries);
 int hils_gpu_fuse(const hils_gpu_problem* p, const int32_t* selection,

@@ -1,0 +1,117 @@
+"""The window stage and the forward's other pieces in the benchmark geometry of bench_hils.py:
+each packed window kernel by name, the packed summaries against the generic SIMT ones, the
+default selection and sparse stage, and the whole forward against the sum of its stages, all on
+the same inputs; with the largest difference of each window kernel's o_swa and lse_swa from
+mma_v4's (the kernels compute the same window branch in another rounding) and the dense bf16
+matmul rate of the same run.
+
+--profile KERNEL runs that window kernel once at the largest T between cudaProfilerStart/Stop
+(Nsight Compute with --profile-from-start off).
+"""
+import argparse
+import json
+import sys
+
+import torch
+
+sys.path.insert(0, __import__("os").path.dirname(__file__))
+import hils_ctypes as hc  # noqa: E402
+from bench_hils import HQ, HKV, D, S, K, W, dense_matmul_tflops, time_ms  # noqa: E402
+
+# Window branch flops: every (query, head) row against its ~W + S/2 attendable keys, QK and PV.
+WINDOW_FLOP_PER_ROW_KEY = 4 * D
+
+
+def window_flops(T):
+    keys = 0
+    for t in range(0, T, 64):  # rows of one 64-slot chunk see about the same window length
+        left = max(0, ((t + 32 - W + 1) // S) * S)  # window_left, floor division
+        keys += min(64, T - t) * (t + 32 - left)
+    return keys * HQ * WINDOW_FLOP_PER_ROW_KEY
+
+
+def run_window(lib, st, kernel):
+    default = hc.window_kernel(lib)
+    hc.set_window(lib, kernel)
+    try:
+        ms = time_ms(st.window, warmup=1, reps=5)
+        st.o_swa.fill_(float("nan"))
+        st.window()
+        torch.cuda.synchronize()
+        return ms, st.o_swa.clone(), st.lse_swa.clone()
+    finally:
+        hc.set_window(lib, default)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--T", type=int, nargs="+", default=[16384, 131072, 524288])
+    ap.add_argument("--out", default="bench_window.json")
+    ap.add_argument("--profile", default=None, help="a WINDOW_KERNEL name")
+    args = ap.parse_args()
+    lib = hc.Library(args.lib)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(1234)
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    peak = dense_matmul_tflops()
+    print(f"dense bf16 matmul (8192^3, torch.matmul): {peak:.0f} TFLOP/s")
+    rows = []
+    for T in args.T:
+        q = torch.randn(HQ, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+        k = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+        v = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+        st = hc.Stages(lib, hc.make_problem(q, k, v, S, W, K, "hils"))
+        row = dict(T=T, window_ms={}, window_tflops={}, o_diff_vs_v4={}, lse_diff_vs_v4={})
+        flops = window_flops(T)
+        ref = None
+        for kernel in hc.WINDOW_KERNEL:
+            ms, o, lse = run_window(lib, st, kernel)
+            row["window_ms"][kernel] = ms
+            row["window_tflops"][kernel] = flops / (ms * 1e-3) / 1e12
+            if ref is None:
+                ref = (o, lse)
+            finite = torch.isfinite(ref[1])
+            row["o_diff_vs_v4"][kernel] = (o - ref[0]).abs().max().item()
+            row["lse_diff_vs_v4"][kernel] = (lse[finite] - ref[1][finite]).abs().max().item()
+            row.setdefault("nonfinite_o", {})[kernel] = int((~torch.isfinite(o)).sum().item())
+        st.window()
+        row["summarize_ms"] = time_ms(st.summarize, reps=5)
+        hc.set_packed(lib, False)
+        row["summarize_simt_ms"] = time_ms(st.summarize, reps=3)
+        hc.set_packed(lib, True)
+        key_simt = st.key.clone()
+        st.summarize()
+        torch.cuda.synchronize()
+        row["summary_key_diff_packed_vs_simt"] = (st.key - key_simt).abs().max().item()
+        row["select_ms"] = time_ms(st.select, reps=3)
+        row["sparse_ms"] = time_ms(st.fuse, reps=3)
+        row["forward_ms"] = time_ms(st.forward, reps=5)
+        row["sum_of_stages_ms"] = (row["window_ms"][hc.window_kernel(lib)] + row["summarize_ms"] +
+                                   row["select_ms"] + row["sparse_ms"])
+        rows.append(row)
+        print(f"T={T:>7} window " +
+              " ".join(f"{n}={t:.3f}ms({row['window_tflops'][n]:.0f}TF/s)"
+                       for n, t in row["window_ms"].items()) +
+              f" | summarize packed={row['summarize_ms']:.3f} simt={row['summarize_simt_ms']:.3f}"
+              f" | select={row['select_ms']:.2f} sparse={row['sparse_ms']:.2f}"
+              f" | forward={row['forward_ms']:.2f} sum={row['sum_of_stages_ms']:.2f}"
+              f" | o diff vs v4 {row['o_diff_vs_v4']} lse diff {row['lse_diff_vs_v4']}"
+              f" nonfinite {row['nonfinite_o']} key diff {row['summary_key_diff_packed_vs_simt']:.2e}",
+              flush=True)
+        if args.profile and T == args.T[-1]:
+            hc.set_window(lib, args.profile)
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+            st.window()
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+        del q, k, v, st
+        torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), matmul_tflops=peak, rows=rows), f,
+                  indent=1)
+
+
+if __name__ == "__main__":
+    main()
