@@ -942,18 +942,15 @@ __device__ void selected_logits(const DecodeParams& p, float* fusion_logit, int3
   }
 }
 
-// The same for d = 64, G <= 16 and 16-byte aligned rows, in one round trip: thread (head
-// t / 8, piece t % 8) loads 16 bytes of q~ and of the row, 8 lanes sum. 128 threads.
-__device__ void selected_logits_packed(const DecodeParams& p, float* fusion_logit, int32_t c,
-                                       int64_t i, int64_t bg) {
-  constexpr int D = kFastDim, kLanes = D / 8;
-  const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
-  const int j = threadIdx.x / kLanes, piece = threadIdx.x % kLanes;
-  const int64_t item = b * p.Hq + g * p.G + j, row = item * p.chunk_cap + c;
-  const bool live = j < p.G;
-  const uint4 qu = live ? __ldg(reinterpret_cast<const uint4*>(p.q_retrieval + item * D) + piece)
+// sigma q~ . k'_c + b'_c of `item` against the bf16 summary row `row` (d = 64) by 8 lanes: lane
+// `piece` loads 16 bytes of q~ and of the row, xor shuffles sum the 8 pieces. Every lane of the
+// warp must call it (lanes with live == false add zeros); the value is meant for piece 0.
+__device__ __forceinline__ float fusion_logit_by_8_lanes(const DecodeParams& p, int64_t item,
+                                                         int64_t row, int piece, bool live) {
+  constexpr int kLanes = kFastDim / 8;
+  const uint4 qu = live ? __ldg(reinterpret_cast<const uint4*>(p.q_retrieval + item * kFastDim) + piece)
                         : make_uint4(0, 0, 0, 0);
-  const uint4 ku = live ? __ldg(reinterpret_cast<const uint4*>(p.summary_key_bf16 + row * D) + piece)
+  const uint4 ku = live ? __ldg(reinterpret_cast<const uint4*>(p.summary_key_bf16 + row * kFastDim) + piece)
                         : make_uint4(0, 0, 0, 0);
   const float bias = live && piece == 0 ? __ldg(p.summary_bias + row) : 0.0f;
   float qf[8], kf[8];
@@ -964,7 +961,20 @@ __device__ void selected_logits_packed(const DecodeParams& p, float* fusion_logi
   for (int e = 0; e < 8; ++e) acc = fmaf(qf[e], kf[e], acc);
 #pragma unroll
   for (int off = 1; off < kLanes; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (live && piece == 0) fusion_logit[item * p.K + i] = p.scale * acc + bias;
+  return p.scale * acc + bias;
+}
+
+// The same for d = 64, G <= 16 and 16-byte aligned rows, in one round trip: thread (head
+// t / 8, piece t % 8) loads 16 bytes of q~ and of the row, 8 lanes sum. 128 threads.
+__device__ void selected_logits_packed(const DecodeParams& p, float* fusion_logit, int32_t c,
+                                       int64_t i, int64_t bg) {
+  constexpr int kLanes = kFastDim / 8;
+  const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
+  const int j = threadIdx.x / kLanes, piece = threadIdx.x % kLanes;
+  const int64_t item = b * p.Hq + g * p.G + j, row = item * p.chunk_cap + c;
+  const bool live = j < p.G;
+  const float logit = fusion_logit_by_8_lanes(p, item, row, piece, live);
+  if (live && piece == 0) fusion_logit[item * p.K + i] = logit;
 }
 
 __device__ bool logits_packable(const DecodeParams& p) {
@@ -1058,25 +1068,14 @@ __host__ __device__ inline bool chunk_by_mma(const DecodeParams& p, bool fast_ch
 __device__ void selected_logits_warp(const DecodeParams& p, float* fusion_logit, int32_t c,
                                      int64_t i, int64_t first) {
   constexpr int kLanes = kTileDim / 8;
+  static_assert(kTileDim == kFastDim, "fusion_logit_by_8_lanes reads rows of kFastDim");
   const int lane = threadIdx.x % kWarp;
   for (int base = 0; base < p.G * kLanes; base += kWarp) {
     const int t = base + lane, j = t / kLanes, piece = t % kLanes;
     const bool live = j < p.G;
     const int64_t item = first + j, row = item * p.chunk_cap + c;
-    const uint4 qu = live ? __ldg(reinterpret_cast<const uint4*>(p.q_retrieval + item * kTileDim) + piece)
-                          : make_uint4(0, 0, 0, 0);
-    const uint4 ku = live ? __ldg(reinterpret_cast<const uint4*>(p.summary_key_bf16 + row * kTileDim) + piece)
-                          : make_uint4(0, 0, 0, 0);
-    const float bias = live && piece == 0 ? __ldg(p.summary_bias + row) : 0.0f;
-    float qf[8], kf[8];
-    Bf16Summary::widen(qu, qf);
-    Bf16Summary::widen(ku, kf);
-    float acc = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc = fmaf(qf[e], kf[e], acc);
-#pragma unroll
-    for (int off = 1; off < kLanes; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (live && piece == 0) fusion_logit[item * p.K + i] = p.scale * acc + bias;
+    const float logit = fusion_logit_by_8_lanes(p, item, row, piece, live);
+    if (live && piece == 0) fusion_logit[item * p.K + i] = logit;
   }
 }
 

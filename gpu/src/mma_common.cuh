@@ -101,11 +101,14 @@ __device__ __forceinline__ void qk_tile(float (&s)[8][4], const uint32_t (&qa)[4
 
 // o[nt] += P (16 x 64 keys, C layout in p) . V_tile (64 keys x 64 dims). The B fragments come
 // from transposing ldmatrix over value rows: keys 16ks + (0..7 | 8..15) x dims of nt, nt + 1.
+// Only the first ks_end of the four 16-key steps are taken (a caller whose later keys are all
+// masked passes fewer; the default 4 unrolls without a test).
 __device__ __forceinline__ void pv_tile(float (&o)[8][4], const float (&p)[8][4],
-                                        const __nv_bfloat16 (*vs_tile)[kTilePitch]) {
+                                        const __nv_bfloat16 (*vs_tile)[kTilePitch], int ks_end = 4) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
+    if (ks >= ks_end) continue;
     const uint32_t a[4] = {pack_bf16(p[2 * ks][0], p[2 * ks][1]),
                            pack_bf16(p[2 * ks][2], p[2 * ks][3]),
                            pack_bf16(p[2 * ks + 1][0], p[2 * ks + 1][1]),

@@ -320,24 +320,7 @@ __global__ void __launch_bounds__(kWarps * kWarp, 16 / kWarps)
         l[e / 2] += s[nt][e];
       }
     }
-    const int ks_end = (nt_end + 1) / 2;
-    const __nv_bfloat16(*vt)[kTilePitch] = vs_tile[it % 2];
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      if (ks >= ks_end) continue;
-      const uint32_t a[4] = {pack_bf16(s[2 * ks][0], s[2 * ks][1]),
-                             pack_bf16(s[2 * ks][2], s[2 * ks][3]),
-                             pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                             pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-      const __nv_bfloat16* row = vt[16 * ks + lane % 8 + 8 * ((lane / 8) % 2)] + 8 * (lane / 16);
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, row + 16 * np);
-        mma_16816(o[2 * np], a, b[0], b[1]);
-        mma_16816(o[2 * np + 1], a, b[2], b[3]);
-      }
-    }
+    pv_tile(o, s, vs_tile[it % 2], (nt_end + 1) / 2);
   }
   const ThreadRows<G> rows(t0, g, p.T);
 #pragma unroll

@@ -413,6 +413,27 @@ __device__ __forceinline__ void pv_tiles(float (&o)[kSub][8][4], const uint32_t 
 // fragment loaded by ldmatrix serves two slices, halving the shared-memory reads that bound
 // v6); lane l copies and stores rows l / 8 + 4 j of a step, columns 8 (l % 8) .. + 7. Every row
 // is computed alike whatever kSub, so v7's output is v6's bit for bit.
+// A chunk kernel's row table: row rr is head g G + rr % G of the item's pair rr / G; row_q holds
+// its q element offset (-1 past the item's pairs), row_out its scratch row (h seg + tl) K + slot.
+template <int G>
+__device__ __forceinline__ void fill_row_table(int64_t* row_q, uint32_t* row_out, int n_rows,
+                                               const LaunchParams& p, int64_t t0, int64_t seg,
+                                               const ItemDesc& desc, const uint32_t* bucket,
+                                               int64_t g) {
+  for (int rr = threadIdx.x; rr < n_rows; rr += kPackedThreads) {
+    const int e = rr / G;
+    const int64_t h = g * G + rr % G;
+    if (e < desc.count) {
+      const uint32_t entry = bucket[desc.first + e];
+      const int64_t tl = entry >> 6;
+      row_q[rr] = (h * p.T + t0 + tl) * kTileDim;
+      row_out[rr] = static_cast<uint32_t>((h * seg + tl) * p.K + (entry & 63u));
+    } else {
+      row_q[rr] = -1;
+    }
+  }
+}
+
 template <int G, int kSub>
 __global__ void __launch_bounds__(kPackedThreads, kSub == 1 ? 5 : 3)
     chunk_attention_v6_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
@@ -433,25 +454,13 @@ __global__ void __launch_bounds__(kPackedThreads, kSub == 1 ? 5 : 3)
   const ItemDesc desc = item_desc[item];  // past n_items: zeros or another segment's, unused
   if (item >= n_items) return;
   const int64_t g = desc.chunk / nc, c = desc.chunk % nc;
-  const int n_pairs = desc.count, n_steps = (n_pairs * G + kStep - 1) / kStep;
-  const int K = static_cast<int>(p.K);
+  const int n_steps = (desc.count * G + kStep - 1) / kStep;
   const auto* k = static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim;
   const auto* v = static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim;
   load_tile_async(ks_tile, k, c * kTileDim, p.T);
   load_tile_async(vs_tile, v, c * kTileDim, p.T);
   cp_async_commit();
-  for (int rr = threadIdx.x; rr < kStep * n_steps; rr += kPackedThreads) {
-    const int e = rr / G;
-    const int64_t h = g * G + rr % G;
-    if (e < n_pairs) {
-      const uint32_t entry = bucket[desc.first + e];
-      const int64_t tl = entry >> 6;
-      row_q[rr] = (h * p.T + t0 + tl) * kTileDim;
-      row_out[rr] = static_cast<uint32_t>((h * seg + tl) * K + (entry & 63u));
-    } else {
-      row_q[rr] = -1;
-    }
-  }
+  fill_row_table<G>(row_q, row_out, kStep * n_steps, p, t0, seg, desc, bucket, g);
   cp_async_wait_all();
   __syncthreads();
 
@@ -594,23 +603,11 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   const ItemDesc desc = item_desc[item];  // past n_items: zeros or another segment's, unused
   if (item >= n_items) return;
   const int64_t g = desc.chunk / nc, c = desc.chunk % nc;
-  const int n_pairs = desc.count, n_steps = (n_pairs * G + 63) / 64;
-  const int K = static_cast<int>(p.K);
+  const int n_steps = (desc.count * G + 63) / 64;
   load_panel_async(k_panel, static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim, c * kTileDim);
   load_panel_async(v_panel, static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim, c * kTileDim);
   cp_async_commit();
-  for (int rr = threadIdx.x; rr < 64 * n_steps; rr += kPackedThreads) {
-    const int e = rr / G;
-    const int64_t h = g * G + rr % G;
-    if (e < n_pairs) {
-      const uint32_t entry = bucket[desc.first + e];
-      const int64_t tl = entry >> 6;
-      row_q[rr] = (h * p.T + t0 + tl) * kTileDim;
-      row_out[rr] = static_cast<uint32_t>((h * seg + tl) * K + (entry & 63u));
-    } else {
-      row_q[rr] = -1;
-    }
-  }
+  fill_row_table<G>(row_q, row_out, 64 * n_steps, p, t0, seg, desc, bucket, g);
   __syncthreads();  // the row table
 
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
