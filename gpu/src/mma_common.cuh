@@ -149,11 +149,13 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
 
-// load_tile through the copy engine: rows [row0, row0 + 64) of a [rows_total, 64] bf16 matrix.
+// load_tile through the copy engine: rows [row0, row0 + 64) of a [rows_total, 64] bf16 matrix,
+// by the kThreads threads of the block.
+template <int kThreads = kPackedThreads>
 __device__ __forceinline__ void load_tile_async(__nv_bfloat16 (*dst)[kTilePitch],
                                                 const __nv_bfloat16* src, int64_t row0,
                                                 int64_t rows_total) {
-  for (int seg = threadIdx.x; seg < kTileDim * 8; seg += kPackedThreads) {
+  for (int seg = threadIdx.x; seg < kTileDim * 8; seg += kThreads) {
     const int row = seg / 8, col = (seg % 8) * 8;
     const bool valid = row0 + row < rows_total;
     cp_async16(&dst[row][col], src + (valid ? (row0 + row) * kTileDim + col : 0), valid);

@@ -167,18 +167,6 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
-// load_tile_async for kThreads threads.
-template <int kThreads>
-__device__ __forceinline__ void load_window_tile(__nv_bfloat16 (*dst)[kTilePitch],
-                                                 const __nv_bfloat16* src, int64_t row0,
-                                                 int64_t rows_total) {
-  for (int seg = threadIdx.x; seg < kTileDim * 8; seg += kThreads) {
-    const int row = seg / 8, col = (seg % 8) * 8;
-    const bool valid = row0 + row < rows_total;
-    cp_async16(&dst[row][col], src + (valid ? (row0 + row) * kTileDim + col : 0), valid);
-  }
-}
-
 // Shared memory of window_v9_kernel: two K/V stages and the block's kRows q rows (the q
 // fragments are read per tile by ldmatrix instead of living in 16 registers through the loop).
 template <int kRows>
@@ -238,16 +226,16 @@ __global__ void __launch_bounds__(kWarps * kWarp, 16 / kWarps)
   const float c2 = p.scale * 1.4426950408889634f;  // logits in base 2
   const int lane = threadIdx.x % kWarp;
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f}, o[8][4] = {};
-  load_window_tile<kWindowThreads>(ks_tile[0], k, first, p.T);
-  load_window_tile<kWindowThreads>(vs_tile[0], v, first, p.T);
+  load_tile_async<kWindowThreads>(ks_tile[0], k, first, p.T);
+  load_tile_async<kWindowThreads>(vs_tile[0], v, first, p.T);
   cp_async_commit();
   for (int it = 0; it < n_tiles; ++it) {
     const int key0 = it * kTileDim;
     cp_async_wait_all();
     __syncthreads();
     if (it + 1 < n_tiles) {
-      load_window_tile<kWindowThreads>(ks_tile[(it + 1) % 2], k, first + key0 + kTileDim, p.T);
-      load_window_tile<kWindowThreads>(vs_tile[(it + 1) % 2], v, first + key0 + kTileDim, p.T);
+      load_tile_async<kWindowThreads>(ks_tile[(it + 1) % 2], k, first + key0 + kTileDim, p.T);
+      load_tile_async<kWindowThreads>(vs_tile[(it + 1) % 2], v, first + key0 + kTileDim, p.T);
       cp_async_commit();
     }
     if (key0 > hi_max || key0 + kTileDim - 1 < lo_min) continue;  // no row of the warp sees it

@@ -796,6 +796,19 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp)
 // atomic_v5, one warp per (head, query) of the segment: the fusion softmax over [s_hat(c) for
 // selected c, lse_swa (, 0 with softmax1)] (Eq. 10): lse, weights (m, 1 / l) for the chunk
 // kernel, and o started at its window term o_swa * exp(lse_swa - m) / l.
+// One query segment's reduce, with reduce_kernel's unrolling chosen by K (<= 32 or <= 64).
+void launch_reduce(const LaunchParams& p, int64_t t0, int64_t tn, int64_t seg, unsigned row_blocks,
+                   const int32_t* selection, const float* selected_score, const float* o_swa,
+                   const float* lse_swa, const __half* partial, float* o, float* lse,
+                   cudaStream_t stream) {
+  if (p.K <= 32)
+    reduce_kernel<8><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
+        p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, partial, o, lse);
+  else
+    reduce_kernel<16><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
+        p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, partial, o, lse);
+}
+
 __global__ void __launch_bounds__(kReduceWarps * kWarp)
     fusion_weights_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t seg,
                           const int32_t* selection, const float* selected_score,
@@ -954,12 +967,8 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
         launch_chunk_v6<G, 1>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
                               item_desc + s * max_items, bucket + s * bucket_stride, partial);
     }
-    if (p.K <= 32)
-      reduce_kernel<8><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
-          p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, partial, o, lse);
-    else
-      reduce_kernel<16><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
-          p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, partial, o, lse);
+    launch_reduce(p, t0, tn, seg, row_blocks, selection, selected_score, o_swa, lse_swa, partial, o,
+                  lse, stream);
   }
   cudaFreeAsync(scratch, stream);
 }
@@ -1032,12 +1041,8 @@ void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
       cudaMemsetAsync(counts, 0, (n_ch + 1) * sizeof(int32_t), stream);
     }
     if (accumulate) continue;
-    if (p.K <= 32)
-      reduce_kernel<8><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
-          p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, partial, o, lse);
-    else
-      reduce_kernel<16><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
-          p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, partial, o, lse);
+    launch_reduce(p, t0, tn, seg, row_blocks, selection, selected_score, o_swa, lse_swa, partial, o,
+                  lse, stream);
   }
   cudaFreeAsync(scratch, stream);
 }
