@@ -26,7 +26,8 @@
 // stmatrix. Same scratch, same reduce. chunked_v7 runs two slices per warp step (measured not
 // faster: fewer warps per SM). chunked_v8 (the default) is chunked_v6 with the pairs of all
 // segments bucketed at once (count with ranks, a scan block per segment, a scatter without
-// atomics) instead of four launches per segment.
+// atomics) instead of four launches per segment. chunked_v9 is chunked_v8 with the chunk kernel
+// on wgmma (sm_90a; measured not faster, gpu/NOTES.md "sparse v9").
 #include <cuda_fp16.h>
 
 #include "launch_params.hpp"
