@@ -81,12 +81,18 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
 }
 
 // s[nt] = q (16 x 64) . K_tile^T for keys nt*8 .. nt*8+7 (C layout, unscaled). The B fragments
-// come from ldmatrix over key rows: matrix j of a load = dims 8j .. 8j+7 of 8 keys.
+// come from ldmatrix over key rows: matrix j of a load = dims 8j .. 8j+7 of 8 keys. Groups of 8
+// keys from nt_end on are not computed and read -inf (a caller whose later keys are all masked
+// passes fewer; the default 8 unrolls without a test).
 __device__ __forceinline__ void qk_tile(float (&s)[8][4], const uint32_t (&qa)[4][4],
-                                        const __nv_bfloat16 (*ks_tile)[kTilePitch]) {
+                                        const __nv_bfloat16 (*ks_tile)[kTilePitch], int nt_end = 8) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt) {
+    if (nt >= nt_end) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = kNegInf;
+      continue;
+    }
     s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
     const __nv_bfloat16* key = ks_tile[nt * 8 + lane % 8] + 8 * (lane / 8);
 #pragma unroll

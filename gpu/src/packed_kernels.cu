@@ -250,22 +250,7 @@ __global__ void __launch_bounds__(kWarps * kWarp, 16 / kWarps)
     for (int ks = 0; ks < 4; ++ks)
       ldmatrix_x4(qa[ks], &sm.q[(threadIdx.x / kWarp) * 16 + lane % 16][16 * ks + 8 * (lane / 16)]);
     float s[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-      if (nt < nt_end) {
-        const __nv_bfloat16* key = kt[nt * 8 + lane % 8] + 8 * (lane / 8);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          uint32_t b[4];
-          ldmatrix_x4(b, key + 32 * half);
-          mma_16816(s[nt], qa[2 * half], b[0], b[1]);
-          mma_16816(s[nt], qa[2 * half + 1], b[2], b[3]);
-        }
-      } else {
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = kNegInf;
-      }
-    }
+    qk_tile(s, qa, kt, nt_end);
     if (inside) {
       if (landmark_col && lane % 4 == 3) s[7][1] = s[7][3] = kNegInf;
     } else {
