@@ -121,8 +121,9 @@ void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const Devic
                       cudaStream_t stream = nullptr);
 // Which packed selection kernel runs (gpu/NOTES.md has each version's numbers). All give the
 // same selection and the same selected scores. two_pass_v10 (v8 scored by wgmma, sm_90a, 128
-// queries per block) is the default (kDefaultSelectKernel: the fastest measured from 32K to 512K
-// on the H200, see gpu/NOTES.md); v4, v5, v6, v7, v8 and v9 stay reachable as the benchmark's
+// queries per block) is the default (kDefaultSelectKernel: the fastest at 128K and 512K on the
+// H200 and from 64K to 512K on the H100; at 16K-32K v9 is as fast or a little faster, gpu/NOTES.md
+// and README); v4, v5, v6, v7, v8 and v9 stay reachable as the benchmark's
 // comparison points. one_pass_v5 applies to the
 // default group rule (max_normalized); for the others it falls back to two_pass_v4. v6 and v8
 // form their bounds for K <= 32 and the normalised group rules; v6 runs as v4 otherwise, v8 takes
