@@ -2,7 +2,6 @@
 #include "hils/gpu/c_api.h"
 
 #include <exception>
-#include <iterator>
 #include <stdexcept>
 #include <string>
 
@@ -67,6 +66,24 @@ int guarded(const hils_gpu_problem* p, Body body) {
 }
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+// A process-wide kernel choice by its enum value (the values are the indices of `kernels`): 0 and
+// the choice made, or 2 with an error naming the field and every accepted value with its name.
+template <class Kernel, size_t N, class NameOf, class Set>
+int set_kernel_by_value(const char* field, int32_t value, const Kernel (&kernels)[N], NameOf name_of,
+                        Set set) {
+  const auto n_kernels = static_cast<int32_t>(N);
+  if (value < 0 || value >= n_kernels) {
+    std::string names;
+    for (int32_t i = 0; i < n_kernels; ++i)
+      names += (i > 0 ? ", " : "") + std::to_string(i) + " (" + name_of(kernels[i]) + ")";
+    g_last_error = std::string(field) + ": expected one of " + names + ", got " + std::to_string(value);
+    return 2;
+  }
+  set(static_cast<Kernel>(value));
+  g_last_error.clear();
+  return 0;
+}
 
 }  // namespace
 
@@ -152,18 +169,10 @@ int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const
 }
 
 int hils_gpu_set_sparse_kernel(int32_t sparse_kernel) {
-  const auto n_kernels = static_cast<int32_t>(std::size(hils::gpu::kSparseKernels));
-  if (sparse_kernel < 0 || sparse_kernel >= n_kernels) {
-    std::string names;
-    for (int32_t i = 0; i < n_kernels; ++i)
-      names += (i > 0 ? ", " : "") + std::to_string(i) + " (" +
-               hils::gpu::sparse_kernel_name(hils::gpu::kSparseKernels[i]) + ")";
-    g_last_error = "sparse_kernel: expected one of " + names + ", got " + std::to_string(sparse_kernel);
-    return 2;
-  }
-  hils::gpu::set_sparse_kernel(static_cast<hils::gpu::SparseKernel>(sparse_kernel));
-  g_last_error.clear();
-  return 0;
+  return set_kernel_by_value(
+      "sparse_kernel", sparse_kernel, hils::gpu::kSparseKernels,
+      [](hils::gpu::SparseKernel k) { return hils::gpu::sparse_kernel_name(k); },
+      [](hils::gpu::SparseKernel k) { hils::gpu::set_sparse_kernel(k); });
 }
 
 int32_t hils_gpu_sparse_kernel(void) {
@@ -171,18 +180,10 @@ int32_t hils_gpu_sparse_kernel(void) {
 }
 
 int hils_gpu_set_window_kernel(int32_t window_kernel) {
-  const auto n_kernels = static_cast<int32_t>(std::size(hils::gpu::kWindowKernels));
-  if (window_kernel < 0 || window_kernel >= n_kernels) {
-    std::string names;
-    for (int32_t i = 0; i < n_kernels; ++i)
-      names += (i > 0 ? ", " : "") + std::to_string(i) + " (" +
-               hils::gpu::window_kernel_name(hils::gpu::kWindowKernels[i]) + ")";
-    g_last_error = "window_kernel: expected one of " + names + ", got " + std::to_string(window_kernel);
-    return 2;
-  }
-  hils::gpu::set_window_kernel(static_cast<hils::gpu::WindowKernel>(window_kernel));
-  g_last_error.clear();
-  return 0;
+  return set_kernel_by_value(
+      "window_kernel", window_kernel, hils::gpu::kWindowKernels,
+      [](hils::gpu::WindowKernel k) { return hils::gpu::window_kernel_name(k); },
+      [](hils::gpu::WindowKernel k) { hils::gpu::set_window_kernel(k); });
 }
 
 int32_t hils_gpu_window_kernel(void) {
