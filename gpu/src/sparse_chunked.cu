@@ -31,7 +31,8 @@
 // (weights first) on v8's bucketing and v6's chunk kernel: each row, scaled by its fusion weight,
 // is added into an fp16 copy of o with 16-byte f16x2 reductions (half of v5's L2 reduction
 // sectors), segments sized to keep that copy and q in L2; no partials, no reduce (gpu/NOTES.md
-// "sparse v10"; the default: -14% against v8 at 512K on the H100).
+// "sparse v10": -14% against v8 at 512K on the H100). chunked_v11 (the default) is v10 with the
+// rows' weights formed before the chunk kernel and stored in bucket order (-11% against v10).
 #include <cuda_fp16.h>
 
 #include "launch_params.hpp"
@@ -733,12 +734,14 @@ __device__ __forceinline__ void red_add_f16x8(__half* o, uint4 v) {
 #endif
 }
 
-template <int G>
+// kPairWeights (chunked_v11): the rows' weights come in bucket order from pair_weight (written
+// by fusion_pair_weights_kernel) instead of from the row's selected score and (m, 1 / l).
+template <int G, bool kPairWeights>
 __global__ void __launch_bounds__(kPackedThreads, 5)
     chunk_attention_f16_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
                                const int32_t* items, const ItemDesc* item_desc,
                                const uint32_t* bucket, const float* selected_score,
-                               const float2* weights, __half* o16) {
+                               const float2* weights, const float* pair_weight, __half* o16) {
   constexpr int kRows = pairs_per_item<G>() * G;  // 512
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
   auto* q_stage = reinterpret_cast<__nv_bfloat16(*)[2][16][kTilePitch]>(dynamic_smem);
@@ -763,8 +766,12 @@ __global__ void __launch_bounds__(kPackedThreads, 5)
       const uint32_t entry = bucket[desc.first + e];
       const int64_t tl = entry >> 6, t = t0 + tl;
       row_q[rr] = (h * p.T + t) * kTileDim;
-      const float2 w = weights[h * seg + tl];
-      row_weight[rr] = exp_diff(selected_score[(h * p.T + t) * K + (entry & 63u)], w.x) * w.y;
+      if constexpr (kPairWeights) {
+        row_weight[rr] = pair_weight[static_cast<int64_t>(desc.first) * G + rr];
+      } else {
+        const float2 w = weights[h * seg + tl];
+        row_weight[rr] = exp_diff(selected_score[(h * p.T + t) * K + (entry & 63u)], w.x) * w.y;
+      }
     } else {
       row_q[rr] = -1;
       row_weight[rr] = 0.0f;
@@ -1009,6 +1016,74 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp)
   }
 }
 
+// chunked_v11, one warp per (group, query) of the segment: fusion_weights_kernel<__half>'s work
+// for each head of the group (lse, o16 started at the window term), and each selected slot's
+// weight w_c / l (the same arithmetic as v10's chunk kernel, so the same values), stored with
+// the group's G heads side by side at the pair's position in the segment's bucket (the
+// scatter's offset + rank): the chunk kernel then reads its rows' weights in order, one 32-byte
+// sector per pair for G = 8, instead of two scattered 4-byte loads per row.
+template <int G>
+__global__ void __launch_bounds__(kReduceWarps * kWarp)
+    fusion_pair_weights_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t nc,
+                               const int32_t* selection, const float* selected_score,
+                               const float* o_swa, const float* lse_swa, const int32_t* rank,
+                               const int32_t* seg_offsets, float* pair_weight, __half* o16,
+                               float* lse) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kReduceWarps + threadIdx.x / kWarp;
+  if (item >= p.Hkv * tn) return;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t g = item / tn, tl = item % tn, t = t0 + tl;
+  const int K = static_cast<int>(p.K);
+  const int64_t pair0 = (g * p.T + t) * K;  // the pairs of (g, t) in the selection and in rank
+  bool valid[2];
+  int64_t pos[2];  // the pair's position in the segment's bucket
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int slot = lane + kWarp * i;
+    const int32_t c = slot < K ? selection[pair0 + slot] : -1;
+    valid[i] = c >= 0;
+    pos[i] = valid[i] ? static_cast<int64_t>(seg_offsets[g * nc + c]) + rank[pair0 + slot] : 0;
+  }
+  float w[2][G];
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    const int64_t row = (g * G + j) * p.T + t;
+    const float* score = selected_score + row * K;
+    float a[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) a[i] = valid[i] ? score[lane + kWarp * i] : kNegInf;
+    const float a_swa = lse_swa[row];
+    float m = warp_max(fmaxf(fmaxf(a[0], a[1]), a_swa));
+    if (p.softmax1) m = fmaxf(m, 0.0f);
+    float l = warp_sum(exp_diff(a[0], m) + exp_diff(a[1], m));
+    const float w_swa = exp_diff(a_swa, m);
+    l += w_swa;
+    if (p.softmax1) l += exp_diff(0.0f, m);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) w[i][j] = exp_diff(a[i], m) * inv;
+    if (lane < kTileDim / 4) {
+      const float4 x = reinterpret_cast<const float4*>(o_swa + row * kTileDim)[lane];
+      const float f = w_swa * inv;
+      store4(o16 + row * kTileDim + 4 * lane, make_float4(x.x * f, x.y * f, x.z * f, x.w * f));
+    }
+    if (lane == 0) lse[row] = l > 0.0f ? m + __logf(l) : kNegInf;
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!valid[i]) continue;
+    float* out = pair_weight + pos[i] * G;
+    if constexpr (G % 4 == 0) {
+#pragma unroll
+      for (int j = 0; j < G; j += 4)
+        *reinterpret_cast<float4*>(out + j) = make_float4(w[i][j], w[i][j + 1], w[i][j + 2], w[i][j + 3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < G; ++j) out[j] = w[i][j];
+    }
+  }
+}
+
 // Queries per segment of atomic_v5: the segment's o (fp32) and q (bf16) rows in half the L2.
 int64_t accumulate_segment_queries(const LaunchParams& p) {
   if (g_segment_queries > 0) return g_segment_queries < p.T ? g_segment_queries : p.T;
@@ -1084,7 +1159,8 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
                             const float* selected_score, const float* o_swa, const float* lse_swa,
                             float* o, float* lse, SparseKernel kernel, cudaStream_t stream) {
   constexpr int kPairs = pairs_per_item<G>();
-  const bool f16_sums = kernel == SparseKernel::chunked_v10;
+  const bool pair_weights = kernel == SparseKernel::chunked_v11;
+  const bool f16_sums = kernel == SparseKernel::chunked_v10 || pair_weights;
   const int64_t nc = p.T / p.S, n_ch = p.Hkv * nc;
   const int64_t seg = f16_sums ? f16_segment_queries(p) : segment_queries(p);
   const int64_t n_seg = (p.T + seg - 1) / seg;
@@ -1094,10 +1170,13 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   const size_t rank_bytes = round_up(static_cast<size_t>(n_pairs) * sizeof(int32_t));
   const size_t bucket_bytes = round_up(static_cast<size_t>(n_seg * bucket_stride) * sizeof(uint32_t));
   const size_t desc_bytes = round_up(static_cast<size_t>(n_seg * max_items) * sizeof(ItemDesc));
-  // v10: the rows' (m, 1 / l) [Hq, seg] and o in fp16 [Hq, T, 64] instead of the partials.
+  // v10: the rows' (m, 1 / l) [Hq, seg] and o in fp16 [Hq, T, 64] instead of the partials; v11:
+  // the segment's pair weights [bucket_stride, G] instead of (m, 1 / l).
+  const size_t weights_bytes =
+      pair_weights ? round_up(static_cast<size_t>(bucket_stride * G) * sizeof(float))
+                   : round_up(static_cast<size_t>(p.Hq * seg) * sizeof(float2));
   const size_t partial_bytes =
-      f16_sums ? round_up(static_cast<size_t>(p.Hq * seg) * sizeof(float2)) +
-                     round_up(static_cast<size_t>(p.Hq * p.T * kTileDim) * sizeof(__half))
+      f16_sums ? weights_bytes + round_up(static_cast<size_t>(p.Hq * p.T * kTileDim) * sizeof(__half))
                : round_up(static_cast<size_t>(p.Hq * seg * p.K * kTileDim) * sizeof(__half));
   keep_pool_reserved();
   char* scratch = nullptr;
@@ -1141,17 +1220,29 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
     const int64_t t0 = s * seg, tn = p.T - t0 < seg ? p.T - t0 : seg;
     const unsigned row_blocks = static_cast<unsigned>((p.Hq * tn + kReduceWarps - 1) / kReduceWarps);
     if (f16_sums) {
-      auto* weights = reinterpret_cast<float2*>(partial);
-      auto* o16 = reinterpret_cast<__half*>(reinterpret_cast<char*>(partial) +
-                                            round_up(static_cast<size_t>(p.Hq * seg) * sizeof(float2)));
-      fusion_weights_kernel<__half><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
-          p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, weights, o16, lse);
+      auto* weights = reinterpret_cast<float2*>(partial);  // v10
+      auto* pair_weight = reinterpret_cast<float*>(partial);  // v11
+      auto* o16 = reinterpret_cast<__half*>(reinterpret_cast<char*>(partial) + weights_bytes);
+      if (pair_weights) {
+        const auto group_blocks = static_cast<unsigned>((p.Hkv * tn + kReduceWarps - 1) / kReduceWarps);
+        fusion_pair_weights_kernel<G><<<group_blocks, kReduceWarps * kWarp, 0, stream>>>(
+            p, t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank,
+            offsets + s * (n_ch + 1), pair_weight, o16, lse);
+      } else {
+        fusion_weights_kernel<__half><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
+            p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, weights, o16, lse);
+      }
       if (n_ch > 0 && n_pairs > 0) {
         const auto grid = static_cast<unsigned>((p.Hkv * tn * p.K + kPairs - 1) / kPairs + n_ch);
         constexpr int kBytes = kWarpsPerBlock * 2 * 16 * kTilePitch * sizeof(__nv_bfloat16);
-        chunk_attention_f16_kernel<G><<<grid, kPackedThreads, kBytes, stream>>>(
-            p, t0, seg, nc, items + s * (n_ch + 1), item_desc + s * max_items,
-            bucket + s * bucket_stride, selected_score, weights, o16);
+        if (pair_weights)
+          chunk_attention_f16_kernel<G, true><<<grid, kPackedThreads, kBytes, stream>>>(
+              p, t0, seg, nc, items + s * (n_ch + 1), item_desc + s * max_items,
+              bucket + s * bucket_stride, selected_score, weights, pair_weight, o16);
+        else
+          chunk_attention_f16_kernel<G, false><<<grid, kPackedThreads, kBytes, stream>>>(
+              p, t0, seg, nc, items + s * (n_ch + 1), item_desc + s * max_items,
+              bucket + s * bucket_stride, selected_score, weights, pair_weight, o16);
       }
       const int64_t halves2 = p.Hq * tn * kTileDim / 2;
       convert_o16_kernel<<<static_cast<unsigned>((halves2 + 255) / 256), 256, 0, stream>>>(
@@ -1263,7 +1354,7 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
                          float* o, float* lse, cudaStream_t stream) {
   const SparseKernel kernel = g_sparse_kernel;
   if (kernel == SparseKernel::chunked_v8 || kernel == SparseKernel::chunked_v9 ||
-      kernel == SparseKernel::chunked_v10) {
+      kernel == SparseKernel::chunked_v10 || kernel == SparseKernel::chunked_v11) {
     switch (p.Hq / p.Hkv) {
       case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
       case 2: return launch_bucketed_once_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
