@@ -103,7 +103,7 @@ __device__ __forceinline__ uint32_t order_key(float x) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Programmatic dependent launch (Hopper; d16 and the fused kernel, d18): a kernel launched with
+// Programmatic dependent launch (Hopper; d16, d18 and the fused kernel, d19): a kernel launched with
 // cudaLaunchAttributeProgrammaticStreamSerialization may start while the previous kernel of the
 // stream still runs; wait_for_previous_grid() returns once that kernel has completed and its
 // writes are visible, so every read of an earlier stage's output and every global write comes
@@ -111,7 +111,7 @@ __device__ __forceinline__ uint32_t order_key(float x) {
 // called it (or exited): each block calls it after its last store (session 9 run 1 called it
 // first, and the early-resident tails slowed the running kernel). Both are no-ops for a kernel
 // launched without the attribute (d5, d8, d13, d17), and compile to nothing below sm_90.
-// The fused kernel (d18) launches its tails this way.
+// d18 and the fused kernel (d19) launch their tails this way.
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -1850,8 +1850,9 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   } else if (kernel == DecodeKernel::d8) {
     if (fp8) launch_fused<Fp8Summary, false>(p, shape, w, out, stream, false, false);
     else launch_fused<Bf16Summary, false>(p, shape, w, out, stream, false, false);
-  } else {  // fused = d18: d13's kernels, the tensor-core chunk tiles (d17), d16's launches
-    const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d18 : kernel;
+  } else {  // fused = d19: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's launches)
+            // with the persistent fp8 scan and the chunk tiles' landmark mask
+    const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d19 : kernel;
     const bool d19 = k == DecodeKernel::d19;
     const bool pdl = k == DecodeKernel::d16 || k == DecodeKernel::d18 || d19;
     const bool mma = k == DecodeKernel::d17 || k == DecodeKernel::d18 || d19;

@@ -66,7 +66,7 @@ struct DecodeOutputs {
 };
 
 // Which launch sequence runs the step (gpu/NOTES.md "decode", versions):
-//   fused: the default, d18: d17's kernels launched as d16 launches them
+//   fused: the default, d19 (below)
 //   d13:   d8's five launches with shorter chains in the tails: for K <= 32 the group
 //          scores and the select rank candidates by warp sorts instead of radix passes, the
 //          chunk tiles compute the fusion logits while their rows are in flight, and the fuse
@@ -75,7 +75,7 @@ struct DecodeOutputs {
 //          start while the previous kernel ends and wait for its writes)
 //   d17:   d13 with the chunk tiles on the tensor cores (mma.sync, one warp per selected chunk)
 //          for d = dv = 64, G <= 16, S <= 64 (d13's tiles otherwise)
-//   d18:   d17's kernels launched as d16 launches them (what fused runs)
+//   d18:   d17's kernels launched as d16 launches them (the default before d19)
 //   d19:   d18 with launch 1 as a persistent scan that keeps the next score tile's loads in
 //          flight (fp8 summaries, d = 64; d18's launch 1 otherwise) and the chunk tiles' mask
 //          testing only the landmark slot
