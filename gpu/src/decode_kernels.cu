@@ -1397,13 +1397,6 @@ struct ScanTileLoads {
   float bias[kScanOwned], row_scale[kScanOwned];
 };
 
-// The chunk of tile_first + (lane's warp, step, row).
-__device__ __forceinline__ int64_t scan_chunk(int64_t tile_first, int step) {
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  return tile_first + warp * (kScanSteps * kScanRowsPerStep) + step * kScanRowsPerStep +
-         lane / kScanLanesPerRow;
-}
-
 // Score tile j (of B * Hq * n_score_tiles, the fused kernel's order): item and tile.
 __device__ __forceinline__ void scan_tile_of(const DecodeParams& p, int64_t j, int64_t* item,
                                              int64_t* tile) {
@@ -1411,15 +1404,21 @@ __device__ __forceinline__ void scan_tile_of(const DecodeParams& p, int64_t j, i
   *tile = j - *item * p.n_score_tiles;
 }
 
-// Issues the loads of score tile j.
+// The chunk of tile_first + (lane's warp, step, row).
+__device__ __forceinline__ int64_t scan_chunk(int64_t tile_first, int step) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  return tile_first + warp * (kScanSteps * kScanRowsPerStep) + step * kScanRowsPerStep +
+         lane / kScanLanesPerRow;
+}
+
 __device__ __forceinline__ ScanTileLoads scan_issue(const DecodeParams& p, int64_t j) {
-  ScanTileLoads t;
   int64_t item, tile;
   scan_tile_of(p, j, &item, &tile);
   const int piece = threadIdx.x % kScanLanesPerRow;
   const int64_t tile_first = tile * kScoreThreads;
   const uint4* rows = reinterpret_cast<const uint4*>(
       static_cast<const __nv_fp8_storage_t*>(p.summary_key) + item * p.chunk_cap * kCoalescedDim);
+  ScanTileLoads t;
 #pragma unroll
   for (int step = 0; step < kScanSteps; ++step) {
     const int64_t c = scan_chunk(tile_first, step);
@@ -1438,91 +1437,9 @@ __device__ __forceinline__ ScanTileLoads scan_issue(const DecodeParams& p, int64
   return t;
 }
 
-// f16 x f16 -> f32 tensor-core product (d20's scan; mma_16816 is the bf16 one).
-__device__ __forceinline__ void mma_16816_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                              uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// Two e4m3 values (the low or high 16 bits of `word`) as f16x2, exactly.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t word, int high) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
-      static_cast<__nv_fp8x2_storage_t>(high ? word >> 16 : word & 0xffffu), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-}
-__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
-  const __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// The dots of a lane's 8 rows (steps), every lane of a row's quad getting the row's dot.
-// Scalar (d19): widen to fp32, 16 FMAs per 16-byte piece, two xor shuffles per row.
-// kMma (d20): the tensor cores. Rows 16 G + g and 16 G + 8 + g (steps 2 G and 2 G + 1, g = lane
-// / 4) are rows g and g + 8 of one m16n8k16 A tile whose k index runs over the quad's pieces:
-// for k-step s, lane (g, t = piece) gives dims 16 t + 4 s + {0, 1} as A columns 2 t, 2 t + 1 and
-// 16 t + 4 s + {2, 3} as columns 2 t + 8, 2 t + 9 (the e4m3 pairs of its piece's word s, converted
-// to f16 exactly), and B (every column the same q~) the same dims of q~. q~ enters as f16 scaled
-// by a power of two 2^e that puts the quad's largest |q~| in [2^14, 2^15) (bf16 values are then
-// exact in f16 unless below 2^-31 of that largest; the dot is multiplied back by 2^-e); the
-// products are exact and the tensor cores sum them in fp32: 16 mma.sync and 64 conversions per
-// lane and tile, where the scalar form issues ~8 x 45 instructions.
-template <bool kMma>
-__device__ __forceinline__ void scan_dots(const ScanTileLoads& t, float (&dots)[kScanSteps]) {
-  float qf[Fp8Summary::kPerLoad];
-  Bf16Summary::widen(t.q[0], qf);
-  Bf16Summary::widen(t.q[1], qf + 8);
-  if constexpr (kMma) {
-    static_assert(kScanSteps == 8 && kScanLanesPerRow == 4, "two m16 tiles of 4 k-steps per 16 rows");
-    float amax = 0.0f;
-#pragma unroll
-    for (int e = 0; e < Fp8Summary::kPerLoad; ++e) amax = fmaxf(amax, fabsf(qf[e]));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    int ex = 0;
-    frexpf(amax, &ex);  // amax = f 2^ex, f in [0.5, 1) (ex = 0 for 0)
-    const int up_exp = min(15 - ex, 100);
-    const float up = ldexpf(1.0f, up_exp), down = ldexpf(1.0f, -up_exp);
-    uint32_t qb[4][2];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      qb[k][0] = pack_f16(qf[4 * k] * up, qf[4 * k + 1] * up);
-      qb[k][1] = pack_f16(qf[4 * k + 2] * up, qf[4 * k + 3] * up);
-    }
-#pragma unroll
-    for (int G = 0; G < kScanSteps / 2; ++G) {
-      const uint4 lo = t.rows[2 * G], hi = t.rows[2 * G + 1];
-      const uint32_t wl[4] = {lo.x, lo.y, lo.z, lo.w}, wh[4] = {hi.x, hi.y, hi.z, hi.w};
-      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t a[4] = {e4m3x2_to_f16x2(wl[k], 0), e4m3x2_to_f16x2(wh[k], 0),
-                               e4m3x2_to_f16x2(wl[k], 1), e4m3x2_to_f16x2(wh[k], 1)};
-        mma_16816_f16(c, a, qb[k][0], qb[k][1]);
-      }
-      dots[2 * G] = c[0] * down;
-      dots[2 * G + 1] = c[2] * down;
-    }
-  } else {
-#pragma unroll
-    for (int step = 0; step < kScanSteps; ++step) {
-      float f[Fp8Summary::kPerLoad];
-      Fp8Summary::widen(t.rows[step], f);
-      float acc = 0.0f;
-#pragma unroll
-      for (int e = 0; e < Fp8Summary::kPerLoad; ++e) acc = fmaf(qf[e], f[e], acc);
-#pragma unroll
-      for (int off = 1; off < kScanLanesPerRow; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-      dots[step] = acc;
-    }
-  }
-}
-
 // Scores tile j from its loads: s_hat into scores, the tile's (max, sum exp) into score_part.
 // One barrier; `red` alternates between two buffers so that the next tile's writes cannot
 // overtake thread 0's reads.
-template <bool kMma>
 __device__ __forceinline__ void scan_consume(const DecodeParams& p, const DecodeScratch& w,
                                              int64_t j, const ScanTileLoads& t, float2* red) {
   int64_t item, tile;
@@ -1530,8 +1447,21 @@ __device__ __forceinline__ void scan_consume(const DecodeParams& p, const Decode
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int piece = lane % kScanLanesPerRow;
   const int64_t tile_first = tile * kScoreThreads;
+  float qf[Fp8Summary::kPerLoad];
+  Bf16Summary::widen(t.q[0], qf);
+  Bf16Summary::widen(t.q[1], qf + 8);
   float dots[kScanSteps];
-  scan_dots<kMma>(t, dots);
+#pragma unroll
+  for (int step = 0; step < kScanSteps; ++step) {
+    float f[Fp8Summary::kPerLoad];
+    Fp8Summary::widen(t.rows[step], f);
+    float acc = 0.0f;
+#pragma unroll
+    for (int e = 0; e < Fp8Summary::kPerLoad; ++e) acc = fmaf(qf[e], f[e], acc);
+#pragma unroll
+    for (int off = 1; off < kScanLanesPerRow; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    dots[step] = acc;
+  }
   float s[kScanOwned];
   float m = kNegInf;
 #pragma unroll
@@ -1562,7 +1492,6 @@ __device__ __forceinline__ void scan_consume(const DecodeParams& p, const Decode
   }
 }
 
-template <bool kMma>
 __global__ void __launch_bounds__(kFastThreads, kScanBlocksPerSm)
     fused_scan_persistent_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged) {
   extern __shared__ float smem[];
@@ -1580,7 +1509,7 @@ __global__ void __launch_bounds__(kFastThreads, kScanBlocksPerSm)
   for (; it < total; it += gridDim.x) {
     const int64_t after = it + gridDim.x;
     if (after < total) next = scan_issue(p, after - n_win);
-    scan_consume<kMma>(p, w, it - n_win, cur, red[parity]);
+    scan_consume(p, w, it - n_win, cur, red[parity]);
     cur = next;
     parity ^= 1;
   }
@@ -1820,13 +1749,12 @@ int scan_grid_cap = 0;  // set_decode_scan_grid_cap
 
 // The persistent scan's grid: as many blocks as fit on the device at once, at most `items`
 // (and at most scan_grid_cap when set).
-template <bool kMma>
 unsigned persistent_scan_blocks(size_t smem, int64_t items) {
   int device = 0, sms = 0, per_sm = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err == cudaSuccess)
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_scan_persistent_kernel<kMma>,
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_scan_persistent_kernel,
                                                         kFastThreads, smem);
   if (err != cudaSuccess)
     throw std::runtime_error(std::string("decode_step: persistent scan occupancy: ") +
@@ -1836,27 +1764,24 @@ unsigned persistent_scan_blocks(size_t smem, int64_t items) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(items, resident)));
 }
 
-// fused (d18), d19, d17, d16, d13 and d8: five launches (window + score tiles in one grid; group
-// scores; select; chunk tiles; fuse with batched loads); kShort (d12 on) the shorter chains of
-// its tails; `mma` (d17, d18, d19) the chunk tiles on the tensor cores where their shape allows;
-// `pdl` (d16, d18, d19) launches the four tails with programmatic dependent launch; `d19` the
-// persistent scan (fp8 summaries, d = 64) and the chunk tiles' landmark mask.
+// fused (d19), d21, d18, d17, d16, d13 and d8: five launches (window + score tiles in one grid;
+// group scores; select; chunk tiles; fuse with batched loads); kShort (d12 on) the shorter
+// chains of its tails; `mma` (d17 on) the chunk tiles on the tensor cores where their shape
+// allows; `pdl` (d16, d18 on) launches the four tails with programmatic dependent launch;
+// `landmark_mask` (d19, d21) the chunk tiles' mask of the landmark slot only; `persistent`
+// (d19) the persistent scan (fp8 summaries, d = 64).
 template <class Summary, bool kShort>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
                   const DecodeOutputs& out, cudaStream_t stream, bool pdl, bool mma,
-                  bool d19 = false, bool d20 = false) {
+                  bool landmark_mask = false, bool persistent = false) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
   require(blocks1 < (int64_t{1} << 31), "decode: too many tiles for one grid");
   constexpr bool kFp8 = std::is_same<Summary, Fp8Summary>::value;
-  if (d20 && scan_persistent(p, s.coalesced, kFp8))
-    launch_kernel("window + score (persistent, mma)", fused_scan_persistent_kernel<true>,
-                  dim3(persistent_scan_blocks<true>(s.win_smem_early, blocks1)), kFastThreads,
-                  s.win_smem_early, stream, false, p, w, s.fast, s.win_staged);
-  else if (d19 && scan_persistent(p, s.coalesced, kFp8))
-    launch_kernel("window + score (persistent)", fused_scan_persistent_kernel<false>,
-                  dim3(persistent_scan_blocks<false>(s.win_smem_early, blocks1)), kFastThreads,
+  if (persistent && scan_persistent(p, s.coalesced, kFp8))
+    launch_kernel("window + score (persistent)", fused_scan_persistent_kernel,
+                  dim3(persistent_scan_blocks(s.win_smem_early, blocks1)), kFastThreads,
                   s.win_smem_early, stream, false, p, w, s.fast, s.win_staged);
   else
     launch_kernel("window + score", fused_window_score_kernel<Summary>,
@@ -1874,7 +1799,8 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
     launch_kernel("select", decode_select_kernel<kShort>, dim3(bg), kSelectThreads, s.key_smem,
                   stream, pdl, p, w, out.o_window, out.lse_window);
   if (p.K > 0 && mma && chunk_by_mma(p, s.fast_chunk))
-    launch_kernel("chunk", d19 || d20 ? decode_chunk_mma_kernel<true> : decode_chunk_mma_kernel<false>,
+    launch_kernel("chunk",
+                  landmark_mask ? decode_chunk_mma_kernel<true> : decode_chunk_mma_kernel<false>,
                   dim3(static_cast<unsigned>(ceil_div(p.K, kMmaChunkWarps)), bg),
                   kMmaChunkWarps * kWarp, 0, stream, pdl, p,
                   static_cast<const int32_t*>(w.selection), w.chunk_part, w.fusion_logit);
@@ -1904,9 +1830,9 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
               kernel == DecodeKernel::d8 || kernel == DecodeKernel::d13 ||
               kernel == DecodeKernel::d16 || kernel == DecodeKernel::d17 ||
               kernel == DecodeKernel::d18 || kernel == DecodeKernel::d19 ||
-              kernel == DecodeKernel::d20,
+              kernel == DecodeKernel::d21,
           "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3), d16 (4), d17 (5), d18 (6), "
-          "d19 (7) or d20 (8)");
+          "d19 (7) or d21 (8)");
   const DecodeParams p = params_of(spec, cache, q);
   const ScratchSizes sizes = scratch_sizes(p);
   char* base = static_cast<char*>(workspace);
@@ -1930,11 +1856,11 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   } else {  // fused = d19: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's launches)
             // with the persistent fp8 scan and the chunk tiles' landmark mask
     const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d19 : kernel;
-    const bool d19 = k == DecodeKernel::d19, d20 = k == DecodeKernel::d20;
-    const bool pdl = k == DecodeKernel::d16 || k == DecodeKernel::d18 || d19 || d20;
-    const bool mma = k == DecodeKernel::d17 || k == DecodeKernel::d18 || d19 || d20;
-    if (fp8) launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma, d19, d20);
-    else launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma, d19, d20);
+    const bool d19 = k == DecodeKernel::d19, d21 = k == DecodeKernel::d21;
+    const bool pdl = k == DecodeKernel::d16 || k == DecodeKernel::d18 || d19 || d21;
+    const bool mma = k == DecodeKernel::d17 || k == DecodeKernel::d18 || d19 || d21;
+    if (fp8) launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma, d19 || d21, d19);
+    else launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma, d19 || d21, d19);
   }
 }
 
