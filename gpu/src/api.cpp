@@ -132,6 +132,7 @@ const char* sparse_kernel_name(SparseKernel kernel) {
     case SparseKernel::chunked_v9: return "chunked_v9";
     case SparseKernel::chunked_v10: return "chunked_v10";
     case SparseKernel::chunked_v11: return "chunked_v11";
+    case SparseKernel::chunked_v12: return "chunked_v12";
   }
   return "unknown";
 }

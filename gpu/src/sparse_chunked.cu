@@ -32,7 +32,8 @@
 // is added into an fp16 copy of o with 16-byte f16x2 reductions (half of v5's L2 reduction
 // sectors), segments sized to keep that copy and q in L2; no partials, no reduce (gpu/NOTES.md
 // "sparse v10": -14% against v8 at 512K on the H100). chunked_v11 (the default) is v10 with the
-// rows' weights formed before the chunk kernel and stored in bucket order (-11% against v10).
+// rows' weights formed before the chunk kernel and stored in bucket order (-11% against v10);
+// chunked_v12 is v11 on v9's wgmma chunk kernel (-8% against v11; by name until memcheck'd).
 #include <cuda_fp16.h>
 
 #include "launch_params.hpp"
@@ -588,11 +589,28 @@ __device__ __forceinline__ void load_panel_async(unsigned char* panel, const __n
   }
 }
 
-template <int G>
+// Eight halves at o (16-byte aligned) += v (chunked_v10-v12): one 16-byte reduction on sm_90
+// (ptxas refuses .v8), four half2 atomics below.
+__device__ __forceinline__ void red_add_f16x8(__half* o, uint4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};\n" ::"l"(o), "r"(v.x),
+               "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+#else
+  const uint32_t parts[4] = {v.x, v.y, v.z, v.w};
+  for (int i = 0; i < 4; ++i)
+    atomicAdd(reinterpret_cast<__half2*>(o) + i, *reinterpret_cast<const __half2*>(&parts[i]));
+#endif
+}
+
+// kReduce (chunked_v12): v11's output instead of the partials: each row scaled by its weight
+// from pair_weight (bucket order, fusion_pair_weights_kernel) over its softmax sum, then added
+// into o16 (the partial argument) with f16x2 reductions at the row's q offset.
+template <int G, bool kReduce>
 __global__ void __launch_bounds__(kPackedThreads, 4)
     chunk_attention_v9_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
                               const int32_t* items, const ItemDesc* item_desc,
-                              const uint32_t* bucket, __half* partial) {
+                              const uint32_t* bucket, __half* partial, const float* pair_weight) {
   constexpr int kRows = pairs_per_item<G>() * G;  // 512
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
   // Panels on 1024-byte boundaries (the swizzle's atom).
@@ -614,6 +632,10 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   load_panel_async(v_panel, static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim, c * kTileDim);
   cp_async_commit();
   fill_row_table<G>(row_q, row_out, 64 * n_steps, p, t0, seg, desc, bucket, g);
+  __shared__ float row_weight[kReduce ? kRows : 1];  // kReduce: w_c / l of the row
+  if constexpr (kReduce)
+    for (int rr = threadIdx.x; rr < 64 * n_steps; rr += kPackedThreads)
+      row_weight[rr] = rr < desc.count * G ? pair_weight[static_cast<int64_t>(desc.first) * G + rr] : 0.0f;
   __syncthreads();  // the row table
 
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
@@ -668,7 +690,12 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
         row_sum[e / 2] += sc[nt][e];
       }
 #pragma unroll
-    for (int r = 0; r < 2; ++r) inv[r] = 1.0f / quad_sum(row_sum[r]);
+    for (int r = 0; r < 2; ++r) {
+      if constexpr (kReduce)  // the row's fusion weight over its sum (v10's scale)
+        inv[r] = row_weight[64 * s + 16 * warp + lane / 4 + 8 * r] / quad_sum(row_sum[r]);
+      else
+        inv[r] = 1.0f / quad_sum(row_sum[r]);
+    }
     uint32_t pa[4][4];
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
@@ -698,42 +725,32 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int row = 16 * warp + lane / 8 + 4 * j, col = (lane % 8) * 8, rr = 64 * s + row;
-      if (row_q[rr] >= 0)
-        *reinterpret_cast<uint4*>(partial + static_cast<uint64_t>(row_out[rr]) * kTileDim + col) =
-            *reinterpret_cast<const uint4*>(stage + wg::sw128_offset(row, col));
+      if (row_q[rr] < 0) continue;
+      const uint4 x = *reinterpret_cast<const uint4*>(stage + wg::sw128_offset(row, col));
+      if constexpr (kReduce)
+        red_add_f16x8(partial + row_q[rr] + col, x);
+      else
+        *reinterpret_cast<uint4*>(partial + static_cast<uint64_t>(row_out[rr]) * kTileDim + col) = x;
     }
   }
 }
 
-template <int G>
+template <int G, bool kReduce>
 void launch_chunk_v9(unsigned grid, cudaStream_t stream, const LaunchParams& p, int64_t t0,
                      int64_t seg, int64_t nc, const int32_t* items, const ItemDesc* item_desc,
-                     const uint32_t* bucket, __half* partial) {
-  static const bool raised = cudaFuncSetAttribute(chunk_attention_v9_kernel<G>,
+                     const uint32_t* bucket, __half* partial, const float* pair_weight) {
+  static const bool raised = cudaFuncSetAttribute(chunk_attention_v9_kernel<G, kReduce>,
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                   kV9SmemBytes) == cudaSuccess;
   (void)raised;  // a failure surfaces as the launch's error
-  chunk_attention_v9_kernel<G><<<grid, kPackedThreads, kV9SmemBytes, stream>>>(
-      p, t0, seg, nc, items, item_desc, bucket, partial);
+  chunk_attention_v9_kernel<G, kReduce><<<grid, kPackedThreads, kV9SmemBytes, stream>>>(
+      p, t0, seg, nc, items, item_desc, bucket, partial, pair_weight);
 }
 
 // chunked_v10: v6's chunk kernel whose rows go into an fp16 copy of o (o16) with f16x2 vector
 // reductions instead of the fp16 partial scratch (no reduce). Each row is scaled by its fusion
 // weight w_c / l = exp(s_hat(c) - m) / l (weights: (m, 1 / l) per row of the segment, from
-// fusion_weights_kernel) before its fp16 rounding. Eight halves at o (16-byte aligned) += v:
-// one 16-byte reduction on sm_90 (ptxas refuses .v8), four half2 atomics below.
-__device__ __forceinline__ void red_add_f16x8(__half* o, uint4 v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};\n" ::"l"(o), "r"(v.x),
-               "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-#else
-  const uint32_t parts[4] = {v.x, v.y, v.z, v.w};
-  for (int i = 0; i < 4; ++i)
-    atomicAdd(reinterpret_cast<__half2*>(o) + i, *reinterpret_cast<const __half2*>(&parts[i]));
-#endif
-}
-
+// fusion_weights_kernel) before its fp16 rounding.
 // kPairWeights (chunked_v11): the rows' weights come in bucket order from pair_weight (written
 // by fusion_pair_weights_kernel) instead of from the row's selected score and (m, 1 / l).
 template <int G, bool kPairWeights>
@@ -1159,7 +1176,7 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
                             const float* selected_score, const float* o_swa, const float* lse_swa,
                             float* o, float* lse, SparseKernel kernel, cudaStream_t stream) {
   constexpr int kPairs = pairs_per_item<G>();
-  const bool pair_weights = kernel == SparseKernel::chunked_v11;
+  const bool pair_weights = kernel == SparseKernel::chunked_v11 || kernel == SparseKernel::chunked_v12;
   const bool f16_sums = kernel == SparseKernel::chunked_v10 || pair_weights;
   const int64_t nc = p.T / p.S, n_ch = p.Hkv * nc;
   const int64_t seg = f16_sums ? f16_segment_queries(p) : segment_queries(p);
@@ -1235,7 +1252,11 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
       if (n_ch > 0 && n_pairs > 0) {
         const auto grid = static_cast<unsigned>((p.Hkv * tn * p.K + kPairs - 1) / kPairs + n_ch);
         constexpr int kBytes = kWarpsPerBlock * 2 * 16 * kTilePitch * sizeof(__nv_bfloat16);
-        if (pair_weights)
+        if (kernel == SparseKernel::chunked_v12)
+          launch_chunk_v9<G, true>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
+                                   item_desc + s * max_items, bucket + s * bucket_stride, o16,
+                                   pair_weight);
+        else if (pair_weights)
           chunk_attention_f16_kernel<G, true><<<grid, kPackedThreads, kBytes, stream>>>(
               p, t0, seg, nc, items + s * (n_ch + 1), item_desc + s * max_items,
               bucket + s * bucket_stride, selected_score, weights, pair_weight, o16);
@@ -1252,8 +1273,9 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
     if (n_ch > 0 && n_pairs > 0) {
       const auto grid = static_cast<unsigned>((p.Hkv * tn * p.K + kPairs - 1) / kPairs + n_ch);
       if (kernel == SparseKernel::chunked_v9)
-        launch_chunk_v9<G>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
-                           item_desc + s * max_items, bucket + s * bucket_stride, partial);
+        launch_chunk_v9<G, false>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
+                                  item_desc + s * max_items, bucket + s * bucket_stride, partial,
+                                  nullptr);
       else
         launch_chunk_v6<G, 1>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
                               item_desc + s * max_items, bucket + s * bucket_stride, partial);
@@ -1354,7 +1376,8 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
                          float* o, float* lse, cudaStream_t stream) {
   const SparseKernel kernel = g_sparse_kernel;
   if (kernel == SparseKernel::chunked_v8 || kernel == SparseKernel::chunked_v9 ||
-      kernel == SparseKernel::chunked_v10 || kernel == SparseKernel::chunked_v11) {
+      kernel == SparseKernel::chunked_v10 || kernel == SparseKernel::chunked_v11 ||
+      kernel == SparseKernel::chunked_v12) {
     switch (p.Hq / p.Hkv) {
       case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
       case 2: return launch_bucketed_once_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);

@@ -259,13 +259,13 @@ TEST_CASE("gpu packed sparse stage in segments, softmax1 and group rules", "[gpu
 // chunked_v8 runs v6's chunk kernel on pairs bucketed once per call (the pairs of a chunk in
 // another order), so o and lse of both must be v6's bit for bit; chunked_v9 (wgmma) rounds its
 // products in the tensor cores' own order, so only its lse must be v6's (the reduce's); all chunk-major versions share the fusion softmax's
-// normaliser (the reduce), so lse must equal chunked_v4's bit for bit; chunked_v10 and v11 form
+// normaliser (the reduce), so lse must equal chunked_v4's bit for bit; chunked_v10 to v12 form
 // lse before their chunk kernel with the reduce's arithmetic, so their lse must be v6's too
 // (their o is fp16 sums in a run-dependent order: the oracle judges it, here for the current
 // version and in the packed and segment tests). On packed shapes with G = 1, 8 and 16 (the
 // packed test's G = 1 case has no landmarks, so no selection), in one and in several query
 // segments; the same selection kernel runs before each.
-TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's to v11's and v6's lse equal v4's", "[gpu]") {
+TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's to v12's and v6's lse equal v4's", "[gpu]") {
   // clang-format off
   static constexpr Case kCases[] = {
     //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
@@ -289,10 +289,10 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's to v11's and v6's lse
       const KernelRun v6 = run_with(hils::gpu::SparseKernel::chunked_v6);
       const KernelRun v7 = run_with(hils::gpu::SparseKernel::chunked_v7);
       const KernelRun v8 = run_with(hils::gpu::SparseKernel::chunked_v8);
-      // Versions whose lse (only) must be v6's: v9, v10, v11.
-      const hils::gpu::SparseKernel lse_only[] = {hils::gpu::SparseKernel::chunked_v9,
-                                                  hils::gpu::SparseKernel::chunked_v10,
-                                                  hils::gpu::SparseKernel::chunked_v11};
+      // Versions whose lse (only) must be v6's: v9 to v12.
+      const hils::gpu::SparseKernel lse_only[] = {
+          hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v10,
+          hils::gpu::SparseKernel::chunked_v11, hils::gpu::SparseKernel::chunked_v12};
       std::vector<KernelRun> lse_runs;
       for (auto kernel : lse_only) lse_runs.push_back(run_with(kernel));
       INFO("case " << c.name << " segment " << segment);

@@ -77,12 +77,14 @@ enum class SparseKernel {
                 // partials, no reduce); o's last bits vary from run to run (fp16 sums)
   chunked_v11,  // chunked_v10 with each row's fusion weight formed before the chunk kernel and
                 // stored in bucket order (read in order instead of two scattered loads per row)
+  chunked_v12,  // chunked_v11 with chunked_v9's chunk kernel (wgmma, sm_90a)
 };
 // Every SparseKernel, in the order of their values.
 constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
                                            SparseKernel::chunked_v6, SparseKernel::chunked_v7,
                                            SparseKernel::chunked_v8, SparseKernel::chunked_v9,
-                                           SparseKernel::chunked_v10, SparseKernel::chunked_v11};
+                                           SparseKernel::chunked_v10, SparseKernel::chunked_v11,
+                                           SparseKernel::chunked_v12};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
 constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v11;
