@@ -1537,8 +1537,8 @@ __global__ void __launch_bounds__(kFastThreads, kScanBlocksPerSm)
 constexpr int kRingStages = 3;
 constexpr int kRingTileBytes = kScanSteps * kScanRowsPerStep * kCoalescedDim;  // a warp's 4 KB
 
-size_t ring_scan_smem(size_t win_smem) {
-  return std::max(win_smem, static_cast<size_t>(kScanWarps) * kRingStages * kRingTileBytes);
+size_t ring_scan_smem(size_t win_smem) {  // + 16: the rings start 16-byte aligned
+  return std::max(win_smem, static_cast<size_t>(kScanWarps) * kRingStages * kRingTileBytes + 16);
 }
 
 __device__ __forceinline__ uint32_t smem_address(const void* p) {
@@ -1612,10 +1612,12 @@ __global__ void __launch_bounds__(kFastThreads, kScanBlocksPerSm)
   // Score tile k of this block is item it + k * grid (j = that - n_win).
   const int64_t grid = gridDim.x;
   const int64_t n_tiles = it < total ? (total - it + grid - 1) / grid : 0;
-  char* ring = reinterpret_cast<char*>(smem) + warp * kRingStages * kRingTileBytes;
+  char* rings = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem) + 15) & ~uintptr_t{15});
+  char* ring = rings + warp * kRingStages * kRingTileBytes;
   if (lane == 0) {
     for (int s = 0; s < kRingStages; ++s) mbarrier_init(&bars[warp][s], 1);
     mbarrier_init_fence();
+    fence_proxy_async_shared();  // the window tiles' generic accesses before the copies' writes
     for (int s = 0; s < kRingStages && s < n_tiles; ++s)
       ring_fill(p, it + s * grid - n_win, ring + s * kRingTileBytes, &bars[warp][s]);
   }
