@@ -103,7 +103,7 @@ __device__ __forceinline__ uint32_t order_key(float x) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Programmatic dependent launch (Hopper; d16, d18 and the fused kernel, d19): a kernel launched with
+// Programmatic dependent launch (Hopper; d16, d18, d19 and the fused kernel, d21): a kernel launched with
 // cudaLaunchAttributeProgrammaticStreamSerialization may start while the previous kernel of the
 // stream still runs; wait_for_previous_grid() returns once that kernel has completed and its
 // writes are visible, so every read of an earlier stage's output and every global write comes
@@ -111,7 +111,7 @@ __device__ __forceinline__ uint32_t order_key(float x) {
 // called it (or exited): each block calls it after its last store (session 9 run 1 called it
 // first, and the early-resident tails slowed the running kernel). Both are no-ops for a kernel
 // launched without the attribute (d5, d8, d13, d17), and compile to nothing below sm_90.
-// d18 and the fused kernel (d19) launch their tails this way.
+// d18, d19 and the fused kernel (d21) launch their tails this way.
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -1411,24 +1411,6 @@ __device__ __forceinline__ int64_t scan_chunk(int64_t tile_first, int step) {
          lane / kScanLanesPerRow;
 }
 
-// q~, b' and the row scales of score tile j into t (d22 takes the rows from shared memory).
-__device__ __forceinline__ void scan_issue_small(const DecodeParams& p, int64_t j, ScanTileLoads& t) {
-  int64_t item, tile;
-  scan_tile_of(p, j, &item, &tile);
-  const int piece = threadIdx.x % kScanLanesPerRow;
-  const int64_t tile_first = tile * kScoreThreads;
-  const uint4* q = reinterpret_cast<const uint4*>(p.q_retrieval + item * kCoalescedDim);
-  t.q[0] = __ldg(q + 2 * piece);
-  t.q[1] = __ldg(q + 2 * piece + 1);
-#pragma unroll
-  for (int k = 0; k < kScanOwned; ++k) {
-    const int64_t c = scan_chunk(tile_first, piece + kScanLanesPerRow * k);
-    const int64_t row = item * p.chunk_cap + c;
-    t.bias[k] = c < p.n_cand ? __ldg(p.summary_bias + row) : 0.0f;
-    t.row_scale[k] = c < p.n_cand ? __ldg(p.summary_scale + row) : 1.0f;
-  }
-}
-
 __device__ __forceinline__ ScanTileLoads scan_issue(const DecodeParams& p, int64_t j) {
   int64_t item, tile;
   scan_tile_of(p, j, &item, &tile);
@@ -1442,7 +1424,16 @@ __device__ __forceinline__ ScanTileLoads scan_issue(const DecodeParams& p, int64
     const int64_t c = scan_chunk(tile_first, step);
     t.rows[step] = c < p.n_cand ? __ldg(rows + c * kScanLanesPerRow + piece) : make_uint4(0, 0, 0, 0);
   }
-  scan_issue_small(p, j, t);
+  const uint4* q = reinterpret_cast<const uint4*>(p.q_retrieval + item * kCoalescedDim);
+  t.q[0] = __ldg(q + 2 * piece);
+  t.q[1] = __ldg(q + 2 * piece + 1);
+#pragma unroll
+  for (int k = 0; k < kScanOwned; ++k) {
+    const int64_t c = scan_chunk(tile_first, piece + kScanLanesPerRow * k);
+    const int64_t row = item * p.chunk_cap + c;
+    t.bias[k] = c < p.n_cand ? __ldg(p.summary_bias + row) : 0.0f;
+    t.row_scale[k] = c < p.n_cand ? __ldg(p.summary_scale + row) : 1.0f;
+  }
   return t;
 }
 
@@ -1521,127 +1512,6 @@ __global__ void __launch_bounds__(kFastThreads, kScanBlocksPerSm)
     scan_consume(p, w, it - n_win, cur, red[parity]);
     cur = next;
     parity ^= 1;
-  }
-  allow_next_grid();
-}
-
-// ---- launch 1 as a persistent scan fed by bulk copies (d22) -------------------------------
-// d19's scan keeps one tile (4 KB per warp) in flight in registers and reached ~2.2 TB/s (68%
-// of DRAM peak on the H100), bound by the loads in flight rather than by issue (d20). Here each
-// warp's 64 rows of a tile (4 KB, contiguous) come by one bulk copy (`cp.async.bulk`, completed
-// on an mbarrier) into a ring of kRingStages stages per warp in shared memory, so that up to
-// kRingStages tiles per warp are in flight without registers (48 KB per block, 4 blocks per SM:
-// up to 192 KB per SM). q~, b' and the row scales stay one tile ahead in registers. A stage is
-// refilled after the tile's barrier (every lane's reads of it are done by then), with the
-// async-proxy fence the generic reads need before the copy's writes.
-constexpr int kRingStages = 3;
-constexpr int kRingTileBytes = kScanSteps * kScanRowsPerStep * kCoalescedDim;  // a warp's 4 KB
-
-size_t ring_scan_smem(size_t win_smem) {  // + 16: the rings start 16-byte aligned
-  return std::max(win_smem, static_cast<size_t>(kScanWarps) * kRingStages * kRingTileBytes + 16);
-}
-
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_address(bar)), "r"(count)
-               : "memory");
-}
-__device__ __forceinline__ void mbarrier_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-// Arrives on `bar` and expects `bytes` more of transactions before its phase completes.
-__device__ __forceinline__ void mbarrier_expect_bytes(uint64_t* bar, uint32_t bytes) {
-  asm volatile(
-      "{\n .reg .b64 state;\n mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}" ::"r"(
-          smem_address(bar)),
-      "r"(bytes)
-      : "memory");
-}
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n .reg .pred done;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra WAIT_%=;\n}" ::"r"(smem_address(bar)),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes,
-                                                    uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          smem_address(dst)),
-      "l"(src), "r"(bytes), "r"(smem_address(bar))
-      : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-// Lane 0 of a warp: this warp's rows of score tile j (those below n_cand; none is a plain
-// arrival) into `stage`, completing on `bar`.
-__device__ void ring_fill(const DecodeParams& p, int64_t j, void* stage, uint64_t* bar) {
-  int64_t item, tile;
-  scan_tile_of(p, j, &item, &tile);
-  const int warp = threadIdx.x / kWarp;
-  const int64_t row0 = tile * kScoreThreads + warp * (kScanSteps * kScanRowsPerStep);
-  const int64_t rows = max(int64_t{0}, min(int64_t{kScanSteps * kScanRowsPerStep}, p.n_cand - row0));
-  const uint32_t bytes = static_cast<uint32_t>(rows * kCoalescedDim);
-  mbarrier_expect_bytes(bar, bytes);
-  if (bytes > 0)
-    bulk_copy_to_shared(stage,
-                        static_cast<const __nv_fp8_storage_t*>(p.summary_key) +
-                            (item * p.chunk_cap + row0) * kCoalescedDim,
-                        bytes, bar);
-}
-
-__global__ void __launch_bounds__(kFastThreads, kScanBlocksPerSm)
-    fused_scan_ring_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged) {
-  extern __shared__ float smem[];  // the window tiles', then the warps' rings
-  __shared__ float2 red[2][kScanWarps];
-  __shared__ uint64_t bars[kScanWarps][kRingStages];
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int piece = lane % kScanLanesPerRow;
-  const int64_t n_win = p.n_win_tiles * p.B * p.Hkv;
-  const int64_t total = n_win + p.n_score_tiles * p.B * p.Hq;
-  int64_t it = blockIdx.x;
-  for (; it < n_win; it += gridDim.x) {
-    window_tile<true>(p, fast, staged, w.win_part, it % p.n_win_tiles, it / p.n_win_tiles, smem);
-    __syncthreads();  // the next tile (or the rings) reuse the shared memory
-  }
-  // Score tile k of this block is item it + k * grid (j = that - n_win).
-  const int64_t grid = gridDim.x;
-  const int64_t n_tiles = it < total ? (total - it + grid - 1) / grid : 0;
-  char* rings = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem) + 15) & ~uintptr_t{15});
-  char* ring = rings + warp * kRingStages * kRingTileBytes;
-  if (lane == 0) {
-    for (int s = 0; s < kRingStages; ++s) mbarrier_init(&bars[warp][s], 1);
-    mbarrier_init_fence();
-    fence_proxy_async_shared();  // the window tiles' generic accesses before the copies' writes
-    for (int s = 0; s < kRingStages && s < n_tiles; ++s)
-      ring_fill(p, it + s * grid - n_win, ring + s * kRingTileBytes, &bars[warp][s]);
-  }
-  __syncwarp();
-  ScanTileLoads cur{}, next{};
-  if (n_tiles > 0) scan_issue_small(p, it - n_win, cur);
-  for (int64_t k = 0; k < n_tiles; ++k) {
-    const int64_t j = it + k * grid - n_win;
-    if (k + 1 < n_tiles) scan_issue_small(p, j + grid, next);
-    const int stage = static_cast<int>(k % kRingStages);
-    mbarrier_wait(&bars[warp][stage], static_cast<uint32_t>((k / kRingStages) & 1));
-    const char* rows = ring + stage * kRingTileBytes;
-#pragma unroll
-    for (int step = 0; step < kScanSteps; ++step)
-      cur.rows[step] = *reinterpret_cast<const uint4*>(
-          rows + (step * kScanRowsPerStep + lane / kScanLanesPerRow) * kCoalescedDim + piece * 16);
-    scan_consume(p, w, j, cur, red[k & 1]);  // ends with a block barrier: the stage is read
-    if (lane == 0 && k + kRingStages < n_tiles) {
-      fence_proxy_async_shared();
-      ring_fill(p, j + kRingStages * grid, ring + stage * kRingTileBytes, &bars[warp][stage]);
-    }
-    cur.q[0] = next.q[0], cur.q[1] = next.q[1];
-#pragma unroll
-    for (int o = 0; o < kScanOwned; ++o) cur.bias[o] = next.bias[o], cur.row_scale[o] = next.row_scale[o];
   }
   allow_next_grid();
 }
@@ -1877,19 +1747,15 @@ void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsig
 
 int scan_grid_cap = 0;  // set_decode_scan_grid_cap
 
-// The persistent scan's grid (d19: fused_scan_persistent_kernel, d22: fused_scan_ring_kernel):
-// as many blocks as fit on the device at once, at most `items` (and at most scan_grid_cap when
-// set). Allows `kernel` its dynamic shared memory first (d22's rings are 48 KB).
-unsigned persistent_scan_blocks(void (*kernel)(DecodeParams, DecodeScratch, bool, bool),
-                                size_t smem, int64_t items) {
+// The persistent scan's grid: as many blocks as fit on the device at once, at most `items`
+// (and at most scan_grid_cap when set).
+unsigned persistent_scan_blocks(size_t smem, int64_t items) {
   int device = 0, sms = 0, per_sm = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err == cudaSuccess)
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(smem));
-  if (err == cudaSuccess)
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFastThreads, smem);
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_scan_persistent_kernel,
+                                                        kFastThreads, smem);
   if (err != cudaSuccess)
     throw std::runtime_error(std::string("decode_step: persistent scan occupancy: ") +
                              cudaGetErrorString(err));
@@ -1898,32 +1764,25 @@ unsigned persistent_scan_blocks(void (*kernel)(DecodeParams, DecodeScratch, bool
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(items, resident)));
 }
 
-// fused (d19), d21, d22, d18, d17, d16, d13 and d8: five launches (window + score tiles in one grid;
+// fused (d21), d19, d18, d17, d16, d13 and d8: five launches (window + score tiles in one grid;
 // group scores; select; chunk tiles; fuse with batched loads); kShort (d12 on) the shorter
 // chains of its tails; `mma` (d17 on) the chunk tiles on the tensor cores where their shape
 // allows; `pdl` (d16, d18 on) launches the four tails with programmatic dependent launch;
-// `landmark_mask` (d19, d21, d22) the chunk tiles' mask of the landmark slot only; `persistent`
-// (d19) the persistent scan (fp8 summaries, d = 64), `ring` (d22) the one fed by bulk copies.
+// `landmark_mask` (d19, d21) the chunk tiles' mask of the landmark slot only; `persistent`
+// (d19) the persistent scan (fp8 summaries, d = 64).
 template <class Summary, bool kShort>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
                   const DecodeOutputs& out, cudaStream_t stream, bool pdl, bool mma,
-                  bool landmark_mask = false, bool persistent = false, bool ring = false) {
+                  bool landmark_mask = false, bool persistent = false) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
   require(blocks1 < (int64_t{1} << 31), "decode: too many tiles for one grid");
   constexpr bool kFp8 = std::is_same<Summary, Fp8Summary>::value;
-  if (ring && scan_persistent(p, s.coalesced, kFp8))
-    launch_kernel("window + score (bulk copies)", fused_scan_ring_kernel,
-                  dim3(persistent_scan_blocks(fused_scan_ring_kernel,
-                                              ring_scan_smem(s.win_smem_early), blocks1)),
-                  kFastThreads, ring_scan_smem(s.win_smem_early), stream, false, p, w, s.fast,
-                  s.win_staged);
-  else if (persistent && scan_persistent(p, s.coalesced, kFp8))
+  if (persistent && scan_persistent(p, s.coalesced, kFp8))
     launch_kernel("window + score (persistent)", fused_scan_persistent_kernel,
-                  dim3(persistent_scan_blocks(fused_scan_persistent_kernel, s.win_smem_early,
-                                              blocks1)),
-                  kFastThreads, s.win_smem_early, stream, false, p, w, s.fast, s.win_staged);
+                  dim3(persistent_scan_blocks(s.win_smem_early, blocks1)), kFastThreads,
+                  s.win_smem_early, stream, false, p, w, s.fast, s.win_staged);
   else
     launch_kernel("window + score", fused_window_score_kernel<Summary>,
                   dim3(static_cast<unsigned>(blocks1)), kFastThreads,
@@ -1971,9 +1830,9 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
               kernel == DecodeKernel::d8 || kernel == DecodeKernel::d13 ||
               kernel == DecodeKernel::d16 || kernel == DecodeKernel::d17 ||
               kernel == DecodeKernel::d18 || kernel == DecodeKernel::d19 ||
-              kernel == DecodeKernel::d21 || kernel == DecodeKernel::d22,
+              kernel == DecodeKernel::d21,
           "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3), d16 (4), d17 (5), d18 (6), "
-          "d19 (7), d21 (8) or d22 (9)");
+          "d19 (7) or d21 (8)");
   const DecodeParams p = params_of(spec, cache, q);
   const ScratchSizes sizes = scratch_sizes(p);
   char* base = static_cast<char*>(workspace);
@@ -1994,15 +1853,14 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   } else if (kernel == DecodeKernel::d8) {
     if (fp8) launch_fused<Fp8Summary, false>(p, shape, w, out, stream, false, false);
     else launch_fused<Bf16Summary, false>(p, shape, w, out, stream, false, false);
-  } else {  // fused = d19: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's launches)
-            // with the persistent fp8 scan and the chunk tiles' landmark mask
-    const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d19 : kernel;
+  } else {  // fused = d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's launches)
+            // with the chunk tiles' landmark mask
+    const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d21 : kernel;
     const bool d19 = k == DecodeKernel::d19, d21 = k == DecodeKernel::d21;
-    const bool d22 = k == DecodeKernel::d22, mask = d19 || d21 || d22;
-    const bool pdl = k == DecodeKernel::d16 || k == DecodeKernel::d18 || mask;
-    const bool mma = k == DecodeKernel::d17 || k == DecodeKernel::d18 || mask;
-    if (fp8) launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d22);
-    else launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d22);
+    const bool pdl = k == DecodeKernel::d16 || k == DecodeKernel::d18 || d19 || d21;
+    const bool mma = k == DecodeKernel::d17 || k == DecodeKernel::d18 || d19 || d21;
+    if (fp8) launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma, d19 || d21, d19);
+    else launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma, d19 || d21, d19);
   }
 }
 
