@@ -1764,21 +1764,22 @@ unsigned persistent_scan_blocks(size_t smem, int64_t items) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(items, resident)));
 }
 
-// fused (d18), d19, d17, d16, d13 and d8: five launches (window + score tiles in one grid; group
-// scores; select; chunk tiles; fuse with batched loads); kShort (d12 on) the shorter chains of
-// its tails; `mma` (d17, d18, d19) the chunk tiles on the tensor cores where their shape allows;
-// `pdl` (d16, d18, d19) launches the four tails with programmatic dependent launch; `d19` the
-// persistent scan (fp8 summaries, d = 64) and the chunk tiles' landmark mask.
+// fused (d19), d21, d18, d17, d16, d13 and d8: five launches (window + score tiles in one grid;
+// group scores; select; chunk tiles; fuse with batched loads); kShort (d12 on) the shorter
+// chains of its tails; `mma` (d17 on) the chunk tiles on the tensor cores where their shape
+// allows; `pdl` (d16, d18 on) launches the four tails with programmatic dependent launch;
+// `landmark_mask` (d19, d21) the chunk tiles' mask of the landmark slot only; `persistent`
+// (d19) the persistent scan (fp8 summaries, d = 64).
 template <class Summary, bool kShort>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
                   const DecodeOutputs& out, cudaStream_t stream, bool pdl, bool mma,
-                  bool d19 = false) {
+                  bool landmark_mask = false, bool persistent = false) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
   require(blocks1 < (int64_t{1} << 31), "decode: too many tiles for one grid");
   constexpr bool kFp8 = std::is_same<Summary, Fp8Summary>::value;
-  if (d19 && scan_persistent(p, s.coalesced, kFp8))
+  if (persistent && scan_persistent(p, s.coalesced, kFp8))
     launch_kernel("window + score (persistent)", fused_scan_persistent_kernel,
                   dim3(persistent_scan_blocks(s.win_smem_early, blocks1)), kFastThreads,
                   s.win_smem_early, stream, false, p, w, s.fast, s.win_staged);
@@ -1798,7 +1799,8 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
     launch_kernel("select", decode_select_kernel<kShort>, dim3(bg), kSelectThreads, s.key_smem,
                   stream, pdl, p, w, out.o_window, out.lse_window);
   if (p.K > 0 && mma && chunk_by_mma(p, s.fast_chunk))
-    launch_kernel("chunk", d19 ? decode_chunk_mma_kernel<true> : decode_chunk_mma_kernel<false>,
+    launch_kernel("chunk",
+                  landmark_mask ? decode_chunk_mma_kernel<true> : decode_chunk_mma_kernel<false>,
                   dim3(static_cast<unsigned>(ceil_div(p.K, kMmaChunkWarps)), bg),
                   kMmaChunkWarps * kWarp, 0, stream, pdl, p,
                   static_cast<const int32_t*>(w.selection), w.chunk_part, w.fusion_logit);
@@ -1827,9 +1829,10 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   require(kernel == DecodeKernel::fused || kernel == DecodeKernel::d5 ||
               kernel == DecodeKernel::d8 || kernel == DecodeKernel::d13 ||
               kernel == DecodeKernel::d16 || kernel == DecodeKernel::d17 ||
-              kernel == DecodeKernel::d18 || kernel == DecodeKernel::d19,
-          "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3), d16 (4), d17 (5), d18 (6) "
-          "or d19 (7)");
+              kernel == DecodeKernel::d18 || kernel == DecodeKernel::d19 ||
+              kernel == DecodeKernel::d21,
+          "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3), d16 (4), d17 (5), d18 (6), "
+          "d19 (7) or d21 (8)");
   const DecodeParams p = params_of(spec, cache, q);
   const ScratchSizes sizes = scratch_sizes(p);
   char* base = static_cast<char*>(workspace);
@@ -1853,11 +1856,11 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   } else {  // fused = d19: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's launches)
             // with the persistent fp8 scan and the chunk tiles' landmark mask
     const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d19 : kernel;
-    const bool d19 = k == DecodeKernel::d19;
-    const bool pdl = k == DecodeKernel::d16 || k == DecodeKernel::d18 || d19;
-    const bool mma = k == DecodeKernel::d17 || k == DecodeKernel::d18 || d19;
-    if (fp8) launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma, d19);
-    else launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma, d19);
+    const bool d19 = k == DecodeKernel::d19, d21 = k == DecodeKernel::d21;
+    const bool pdl = k == DecodeKernel::d16 || k == DecodeKernel::d18 || d19 || d21;
+    const bool mma = k == DecodeKernel::d17 || k == DecodeKernel::d18 || d19 || d21;
+    if (fp8) launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma, d19 || d21, d19);
+    else launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma, d19 || d21, d19);
   }
 }
 

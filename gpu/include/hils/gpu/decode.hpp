@@ -79,11 +79,13 @@ struct DecodeOutputs {
 //   d19:   d18 with launch 1 as a persistent scan that keeps the next score tile's loads in
 //          flight (fp8 summaries, d = 64; d18's launch 1 otherwise) and the chunk tiles' mask
 //          testing only the landmark slot
+//   d21:   d19 without the persistent scan (d18's launch 1): d18 with the landmark mask only
 //   d5:    the launches of d5 (window, score, group scores, select, chunk, fuse)
 //   d8:    window tiles and score tiles in one grid (every tile issues all its loads before
 //          staging q / q~), then group scores, select, chunk tiles and a fuse that loads the
 //          chunks' outputs 8 at a time: five launches
-enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, d18 = 6, d19 = 7 };
+enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, d18 = 6, d19 = 7,
+                          d21 = 8 };
 
 // For tests: caps d19's persistent scan grid at `blocks` (0, the default: as many blocks as fit
 // on the device at once), so that small cases walk several tiles per block as 512K steps do.
