@@ -8,6 +8,8 @@
 #include "mma_common.cuh"
 #include "wgmma_common.cuh"
 
+#include <type_traits>
+
 namespace hils::gpu::detail {
 namespace {
 
@@ -810,11 +812,15 @@ enum class Scoring { mma_sync, wgmma, wgmma_q_smem };
 // Which writer puts out the selected chunks and scores: write_selection (v4-v10), or
 // write_selection_ahead (v11: its loads one unit ahead; K <= 32, buffered offers only).
 enum class Writer { in_order, ahead };
+// Pass 2's steps as written first (v4-v11), or lean (v12: the copies' per-thread pieces and the
+// wgmma descriptors worked out once, each tile's first head without the per-step reset selects;
+// wgmma_q_smem scoring and buffered offers only).
+enum class Lean { none, pass2 };
 template <Scoring kScoring>
 constexpr int kBlockQueries = kScoring == Scoring::wgmma_q_smem ? 128 : 64;
 
 template <int G, int kSlots, Offers kOffers, Scoring kScoring = Scoring::mma_sync,
-          Writer kWriter = Writer::in_order>
+          Writer kWriter = Writer::in_order, Lean kLeanSteps = Lean::none>
 __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kScoring> == 64 ? 4 : 2)
     select_packed_kernel(LaunchParams p, const float* key, const __nv_bfloat16* key_bf16,
                          const float* bias, const float* bias2, const float* lse_swa,
@@ -824,6 +830,8 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   constexpr int kQueries = kBlockQueries<kScoring>, kThreads = 2 * kQueries;  // 16 rows per warp
   static_assert(!kWgmma || kBuffered, "v9 and v10 are v8 with wgmma scoring");
   static_assert(kWriter == Writer::in_order || kBuffered, "the writer ahead takes v8's buffers (K <= 32)");
+  constexpr bool kLean = kLeanSteps == Lean::pass2;
+  static_assert(!kLean || (kQSmem && kBuffered), "the lean pass 2 is v10's with buffered offers");
   static_assert(!kBuffered || kSlots == 64, "v8's rows hold 64 bound slots in pass 1");
   constexpr int kParts = kSlots > kWarp ? kSlots / kWarp : 1;  // slot maxima per lane and row
   constexpr int kSlotCount = kSlots > 0 ? kSlots : kWarp;       // (the code of kSlots = 0 never runs)
@@ -906,6 +914,31 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
     else
       qk_tile(s, qa, tile[buf]);
   };
+  // v12: the k' copy's per-thread pieces (rows tid / 8 + 32 j: the 128-byte swizzle of
+  // row + 32 j is row's, 4096 bytes on; 32-bit element offsets inside the group) and the k'
+  // panels' descriptor (panel 1: + kPanelBytes / 16), worked out once.
+  const int nc = static_cast<int>(n_chunks), k_row = threadIdx.x / 8, k_col = (threadIdx.x % 8) * 8;
+  const uint32_t k_dst = kLean ? wg::sw128_offset(k_row, k_col) : 0u;
+  const __nv_bfloat16* key_g = key_bf16 + g * G * n_chunks * kTileDim;
+  const float* bias_g = bias2 + g * G * n_chunks;
+  // k' rows [c0, c0 + 64) and their biases of head g G + hg into stage `stage`, committed.
+  auto copy_k = [&](int hg, int c0, int stage) {
+    const __nv_bfloat16* head = key_g + hg * nc * kTileDim;
+    unsigned char* dst = panels + stage * kPanelBytes + k_dst;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int rr = c0 + k_row + 32 * j;
+      const bool valid = rr < nc;
+      cp_async16(dst + 4096 * j, valid ? head + rr * kTileDim + k_col : head, valid);
+    }
+    if (threadIdx.x < kTileDim) {
+      const int cc = c0 + static_cast<int>(threadIdx.x);
+      const bool valid = cc < nc;
+      cp_async4(&bias_tile[stage][threadIdx.x], bias_g + hg * nc + (valid ? cc : 0), valid);
+    }
+    cp_async_commit();
+  };
+  const uint64_t k_desc = kLean ? wg::desc_k_major(panels) : 0ull;
   uint32_t qa[4][4], qn[4][4];
   float s[8][4];
   // Pass 1, step = (head, tile): log2 Z_hat(t,h) = log2(2^lse_swa2 + sum over V(t) of 2^s2).
@@ -985,7 +1018,118 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   // Pass 2, step = (tile, head): group score per tile; rows with a score above their list's
   // threshold (held in registers) are offered to their top-K lists.
   int count[2] = {0, 0};  // v8: entries in the buffers of rows row[0], row[1]
-  if (n_tiles > 0) {
+  if constexpr (kLean) {
+    // v12: v10's pass 2 (same products, same epilogue arithmetic and order), with the per-step
+    // overhead v10's SASS showed (~330 instructions per step for 96 of score arithmetic) cut:
+    // the per-thread pieces of the q~ panel copy (rows tq / 8 + 16 j) and of the k' copy (rows
+    // tid / 8 + 32 j: the 128-byte swizzle of row + 16 j or + 32 j is row's, 2048 or 4096 bytes
+    // on) and the wgmma descriptors are worked out once; 32-bit element offsets inside a group;
+    // the loop runs (tile, head) with each tile's first head as its own code, so r needs no
+    // reset selects on every step.
+    if (n_tiles > 0) {
+      const int steps = G * n_tiles;
+      float r[8][4];
+      float theta[2] = {prune ? floor_of(row_bound[row[0]]) : kNegInf, prune ? floor_of(row_bound[row[1]]) : kNegInf};
+      const int wg_index = warp / 4;
+      unsigned char* q_panel = panels + (2 + wg_index) * kPanelBytes;
+      const int64_t wg_t0 = t0 + 64 * wg_index;
+      const auto* q0 = static_cast<const __nv_bfloat16*>(p.q_retrieval) + g * G * p.T * kTileDim;
+      const int64_t head_stride = p.T * kTileDim;
+      const int tq = threadIdx.x % 128, q_row = tq / 8;
+      unsigned char* const q_dst = q_panel + wg::sw128_offset(q_row, (tq % 8) * 8);
+      const int64_t q_off = (wg_t0 + q_row) * kTileDim + (tq % 8) * 8;  // used only where valid
+      const int64_t q_left = p.T - (wg_t0 + q_row);                      // row q_row + 16 j valid: 16 j < q_left
+      // The warpgroup's q~ rows of head g G + hg (not committed).
+      auto copy_q = [&](int hg) {
+        const __nv_bfloat16* head = q0 + hg * head_stride;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const bool valid = 16 * j < q_left;
+          cp_async16(q_dst + 2048 * j, valid ? head + q_off + 1024 * j : head, valid);
+        }
+      };
+      const uint64_t q_desc = wg::desc_k_major(q_panel);
+      auto product = [&](int stage) {
+        const uint64_t kd = k_desc + static_cast<uint64_t>(stage * (kPanelBytes >> 4));
+        wg::fence_operands(s);
+        wg::fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          wg::mma_ss<false>(s, wg::desc_advance(q_desc, 32 * ks), wg::desc_advance(kd, 32 * ks), ks > 0);
+        wg::commit();
+        wg::wait<0>();
+        wg::fence_operands(s);
+      };
+      copy_q(0);  // committed with the first k' tile
+      copy_k(0, 0, 0);
+      int step = 0;
+      // Step (tile at c0, head hg): v10's step; kFirst: the tile's first head (r starts here).
+      auto head_step = [&](int hg, int c0, auto first) {
+        constexpr bool kFirst = decltype(first)::value;
+        const int stage = step & 1;
+        await_tile();
+        const bool more = step + 1 < steps;
+        if (more) {
+          if (hg + 1 < G) copy_k(hg + 1, c0, stage ^ 1);
+          else copy_k(0, c0 + kTileDim, stage ^ 1);
+        }
+        product(stage);
+        // The warpgroup's wgmma has read the panel: it takes the next step's head.
+        if (G > 1 && more) {
+          if (wg_index == 0)
+            asm volatile("bar.sync 1, 128;\n" ::: "memory");
+          else
+            asm volatile("bar.sync 2, 128;\n" ::: "memory");
+          copy_q(hg + 1 < G ? hg + 1 : 0);
+          cp_async_commit();
+        }
+        const float* b2 = bias_tile[stage];
+        const float z[2] = {sh.log_z[hg * kQueries + row[0]], sh.log_z[hg * kQueries + row[1]]};
+        const float init = p.group_rule == kGroupSumProbabilities ? 0.0f : kNegInf;
+        if (p.group_rule == kGroupMaxNormalized) {
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int col = nt * 8 + (lane % 4) * 2 + (e % 2);
+              r[nt][e] = fmaxf(kFirst ? init : r[nt][e], fmaf(s[nt][e], scale2, b2[col]) - z[e / 2]);
+            }
+        } else if (p.group_rule == kGroupSumProbabilities) {
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int col = nt * 8 + (lane % 4) * 2 + (e % 2);
+              r[nt][e] = (kFirst ? init : r[nt][e]) + fast_exp2(fmaf(s[nt][e], scale2, b2[col]) - z[e / 2]);
+            }
+        } else {
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int col = nt * 8 + (lane % 4) * 2 + (e % 2);
+              r[nt][e] = fmaxf(kFirst ? init : r[nt][e], fmaf(s[nt][e], scale2, b2[col]));
+            }
+        }
+        ++step;
+      };
+      for (int tile_i = 0; tile_i < n_tiles; ++tile_i) {
+        const int c0 = tile_i * kTileDim;
+        head_step(0, c0, std::true_type{});
+        for (int hg = 1; hg < G; ++hg) head_step(hg, c0, std::false_type{});
+        // Sums of probabilities are ranked in the linear domain, the others in base 2.
+        if (c0 + kTileDim > warp_min) {
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (c0 + nt * 8 + (lane % 4) * 2 + (e % 2) >= n_cand[e / 2]) r[nt][e] = kNegInf;
+        }
+        append_half<0>(r, theta, count, buf, row, c0, K);
+        append_half<1>(r, theta, count, buf, row, c0, K);
+      }
+    }
+  } else if (n_tiles > 0) {
     const int steps = G * n_tiles;
     float r[8][4];
     // A candidate must beat theta to enter: the list's K-th value or, with the bound (v6), the
@@ -1304,7 +1448,8 @@ size_t select_one_pass_smem_bytes(int64_t K) {
 
 // Queries per block of each kernel (threads: 2 per query).
 int block_queries(PackedSelect kernel) {
-  return kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11
+  return kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11 ||
+                 kernel == PackedSelect::two_pass_v12
              ? kBlockQueries<Scoring::wgmma_q_smem>
              : kQueries;
 }
@@ -1313,7 +1458,8 @@ size_t select_smem_bytes(int64_t G, int64_t K, PackedSelect kernel) {
   const size_t v8_bytes = (kQueries * kBufPitch + G * kQueries + 2 * kQueries) * 4;
   if (kernel == PackedSelect::two_pass_v8) return v8_bytes;
   if (kernel == PackedSelect::two_pass_v9) return v8_bytes + 2 * kPanelBytes + wg::kAtomBytes;
-  if (kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11)
+  if (kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11 ||
+      kernel == PackedSelect::two_pass_v12)
     return 2 * v8_bytes + 4 * kPanelBytes + wg::kAtomBytes;
   return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries) * 4;
 }
@@ -1333,6 +1479,8 @@ SelectKernelFn select_kernel_of(PackedSelect kernel) {
       return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem>;
     case PackedSelect::two_pass_v11:
       return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead>;
+    case PackedSelect::two_pass_v12:
+      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::pass2>;
     default: return select_packed_kernel<G, 0, Offers::sorted>;
   }
 }
@@ -1381,7 +1529,7 @@ void launch_select_packed(const LaunchParams& p, const float* key, const float* 
   const bool fall_back = (kernel == PackedSelect::one_pass_v5 && p.group_rule != kGroupMaxNormalized) ||
                          ((kernel == PackedSelect::two_pass_v7 || kernel == PackedSelect::two_pass_v8 ||
                            kernel == PackedSelect::two_pass_v9 || kernel == PackedSelect::two_pass_v10 ||
-                           kernel == PackedSelect::two_pass_v11) &&
+                           kernel == PackedSelect::two_pass_v11 || kernel == PackedSelect::two_pass_v12) &&
                           p.K > kWarp);
   const PackedSelect one = fall_back ? PackedSelect::two_pass_v4 : kernel;
   switch (p.Hq / p.Hkv) {
