@@ -1025,16 +1025,27 @@ void compare_backward(const Context& ctx, const KernelOutputs& kernel, Verdict& 
 
 }  // namespace
 
-Verdict verify(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
-               const KernelOutputs& kernel, const VerifyOptions& options) {
-  // spec, inputs, kernel stages -> verdict with one report per tensor given.
+// The reference side of a verdict: everything make_context computes (Verifier's constructor).
+struct VerifierState {
+  Context ctx;
+};
+
+Verifier::Verifier(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                   const VerifyOptions& options) {
   require(options.precision != InputPrecision::fp8_e4m3, "input_precision", "fp32 or bf16",
           "fp8_e4m3 (a score precision only)");
-  Context ctx = make_context(spec, inputs, options);
-  add_score_conditioning(ctx);
+  auto state = std::make_shared<VerifierState>(VerifierState{make_context(spec, inputs, options)});
+  add_score_conditioning(state->ctx);
+  state_ = std::move(state);
+}
+
+Verdict Verifier::verify(const KernelOutputs& kernel) const {
+  // kernel stages -> verdict with one report per tensor given.
+  const Context& ctx = state_->ctx;
+  const MechanismSpec& spec = ctx.spec;
   Verdict verdict;
-  verdict.precision = options.precision;
-  verdict.score_precision = options.score_precision;
+  verdict.precision = ctx.options.precision;
+  verdict.score_precision = ctx.options.score_precision;
   verdict.spec_description = describe(spec);
   compare_summaries(ctx, kernel, verdict);
   compare_scores(ctx, kernel, verdict);
@@ -1045,7 +1056,7 @@ Verdict verify(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
   // A prior the spec does not read: the kernel's author may think it was used.
   const bool reads_prior = spec.needs_prior() && (spec.prior_rule == PriorRule::shared ||
                                                   spec.prior_rule == PriorRule::given);
-  if (!inputs.prior.empty() && !reads_prior)
+  if (!ctx.inputs.prior.empty() && !reads_prior)
     verdict.not_compared.push_back("inputs/prior (the spec's prior rule " +
                                    to_string(spec.prior_rule) + " with key rule " +
                                    to_string(spec.key_rule) + " does not read it)");
@@ -1056,6 +1067,11 @@ Verdict verify(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
     verdict.selection.problems.push_back("the kernel outputs are empty: nothing to compare");
   }
   return verdict;
+}
+
+Verdict verify(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+               const KernelOutputs& kernel, const VerifyOptions& options) {
+  return Verifier(spec, inputs, options).verify(kernel);
 }
 
 }  // namespace hils::oracle

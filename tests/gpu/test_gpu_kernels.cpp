@@ -99,18 +99,31 @@ bool reference_accepts(const MechanismSpec& spec, const AttentionInputs<double>&
   }
 }
 
-// Runs the kernels and the oracle for one (spec, inputs, dtype); prints the report.
-bool check_mechanism(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
-                     DType dtype, const std::string& label) {
-  const KernelRun run = run_on_device(spec, inputs, dtype);
+// The oracle for one (spec, inputs, dtype): the reference runs once per Verifier, so a test
+// that judges several kernel variants on the same problem builds one and passes it to each.
+oracle::Verifier verifier_for(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                              DType dtype) {
   oracle::VerifyOptions options;
   options.precision = gt::precision_of(dtype);
   options.score_precision = gt::score_precision_of(dtype, inputs.d(), spec);
-  const oracle::Verdict verdict = oracle::verify(spec, inputs, run.out, options);
+  return oracle::Verifier(spec, inputs, options);
+}
+
+// Runs the kernels for one (spec, inputs, dtype), judges them with `verifier` (built by
+// verifier_for from the same three) and prints the report.
+bool check_with(const oracle::Verifier& verifier, const MechanismSpec& spec,
+                const AttentionInputs<double>& inputs, DType dtype, const std::string& label) {
+  const KernelRun run = run_on_device(spec, inputs, dtype);
+  const oracle::Verdict verdict = verifier.verify(run.out);
   std::cout << "=== " << label << " [" << gt::name_of(dtype) << "] " << spec.name << "\n"
             << verdict.report();
   for (const auto& problem : run.guard_problems) std::cout << "GUARD: " << problem << "\n";
   return verdict.passed && run.guard_problems.empty();
+}
+
+bool check_mechanism(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                     DType dtype, const std::string& label) {
+  return check_with(verifier_for(spec, inputs, dtype), spec, inputs, dtype, label);
 }
 
 // Runs a preset over every case of the table in both precisions.
@@ -190,11 +203,12 @@ TEST_CASE("gpu packed tensor-core kernels against the reference", "[gpu]") {
     for (const char* preset : {"hils", "lmk", "swa"}) {
       MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
       if (!reference_accepts(spec, inputs)) continue;
+      const auto verifier = verifier_for(spec, inputs, DType::bf16);
       for (bool packed : {true, false}) {
         hils::gpu::set_packed_kernels(packed);
         INFO("case " << c.name << " preset " << preset << (packed ? " packed" : " simt"));
-        CHECK(check_mechanism(spec, inputs, DType::bf16,
-                              std::string(c.name) + (packed ? " packed" : " simt")));
+        CHECK(check_with(verifier, spec, inputs, DType::bf16,
+                         std::string(c.name) + (packed ? " packed" : " simt")));
       }
       hils::gpu::set_packed_kernels(true);
       // Every other chunk-major sparse stage (the current one ran above).
@@ -203,8 +217,8 @@ TEST_CASE("gpu packed tensor-core kernels against the reference", "[gpu]") {
         if (other == current) continue;
         hils::gpu::set_sparse_kernel(other);
         INFO("case " << c.name << " preset " << preset << " packed, " << sparse_kernel_name(other));
-        CHECK(check_mechanism(spec, inputs, DType::bf16,
-                              std::string(c.name) + " packed " + sparse_kernel_name(other)));
+        CHECK(check_with(verifier, spec, inputs, DType::bf16,
+                         std::string(c.name) + " packed " + sparse_kernel_name(other)));
       }
       hils::gpu::set_sparse_kernel(current);
     }
@@ -236,6 +250,7 @@ TEST_CASE("gpu packed sparse stage in segments, softmax1 and group rules", "[gpu
     for (const MechanismSpec& preset : {base, softmax1, sum_prob, max_raw}) {
       const MechanismSpec spec = hils::cases::with_case_geometry(preset, c);
       if (!reference_accepts(spec, inputs)) continue;
+      const auto verifier = verifier_for(spec, inputs, DType::bf16);
       const auto current = hils::gpu::sparse_kernel();
       for (auto kernel : hils::gpu::kSparseKernels) {
         hils::gpu::set_sparse_kernel(kernel);
@@ -243,9 +258,9 @@ TEST_CASE("gpu packed sparse stage in segments, softmax1 and group rules", "[gpu
           hils::gpu::set_sparse_segment_queries(segment);
           INFO("case " << c.name << " spec " << spec.name << " " << sparse_kernel_name(kernel)
                        << " segment " << segment);
-          CHECK(check_mechanism(spec, inputs, DType::bf16,
-                                std::string(c.name) + " " + sparse_kernel_name(kernel) +
-                                    " segment " + std::to_string(segment)));
+          CHECK(check_with(verifier, spec, inputs, DType::bf16,
+                           std::string(c.name) + " " + sparse_kernel_name(kernel) +
+                               " segment " + std::to_string(segment)));
         }
       }
       hils::gpu::set_sparse_kernel(current);
@@ -275,6 +290,7 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's lse and v6's equal v4
     const auto inputs = hils::cases::make_inputs<double>(c);
     const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
     REQUIRE(reference_accepts(spec, inputs));
+    const auto verifier = verifier_for(spec, inputs, DType::bf16);
     for (int64_t segment : {int64_t{0}, int64_t{257}}) {
       hils::gpu::set_sparse_segment_queries(segment);
       auto run_with = [&](hils::gpu::SparseKernel kernel) {
@@ -325,8 +341,8 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's lse and v6's equal v4
       CHECK(lse_v6_v4 == 0);
       // And v6 against the reference (no other packed case selects with G = 1).
       hils::gpu::set_sparse_kernel(hils::gpu::SparseKernel::chunked_v6);
-      CHECK(check_mechanism(spec, inputs, DType::bf16,
-                            std::string(c.name) + " chunked_v6 segment " + std::to_string(segment)));
+      CHECK(check_with(verifier, spec, inputs, DType::bf16,
+                       std::string(c.name) + " chunked_v6 segment " + std::to_string(segment)));
     }
   }
   hils::gpu::set_sparse_kernel(current);
@@ -373,11 +389,12 @@ TEST_CASE("gpu packed window kernels against the reference", "[gpu]") {
     for (const char* preset : {"swa", "hils"}) {
       const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
       if (!reference_accepts(spec, inputs)) continue;
+      const auto verifier = verifier_for(spec, inputs, DType::bf16);
       for (auto kernel : hils::gpu::kWindowKernels) {
         hils::gpu::set_window_kernel(kernel);
         const std::string name = hils::gpu::window_kernel_name(kernel);
         INFO("case " << c.name << " preset " << preset << " " << name);
-        CHECK(check_mechanism(spec, inputs, DType::bf16, std::string(c.name) + " " + name));
+        CHECK(check_with(verifier, spec, inputs, DType::bf16, std::string(c.name) + " " + name));
       }
     }
   }
