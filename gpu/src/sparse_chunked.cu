@@ -1063,6 +1063,8 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
                          const float* selected_score, const float* o_swa, const float* lse_swa,
                          float* o, float* lse, cudaStream_t stream) {
   const SparseKernel kernel = g_sparse_kernel;
+  if (kernel == SparseKernel::chunked_v9 && !wgmma_runs_on_current_device())
+    refuse_wgmma_kernel("sparse_kernel", "chunked_v9", "chunked_v4 to chunked_v8; chunked_v8 is the default");
   if (kernel == SparseKernel::chunked_v8 || kernel == SparseKernel::chunked_v9) {
     switch (p.Hq / p.Hkv) {
       case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);

@@ -13,6 +13,7 @@
 #include "case_inputs.hpp"
 #include "device_support.hpp"
 #include "hils/gpu/c_api.h"
+#include "launch_params.hpp"
 
 namespace {
 
@@ -423,4 +424,58 @@ TEST_CASE("gpu C API window kernel values", "[gpu]") {
   CHECK_FALSE(hils::gpu::packed_kernels());
   REQUIRE(hils_gpu_set_packed_kernels(1) == 0);
   CHECK(hils::gpu::packed_kernels());
+}
+
+// Where wgmma cannot run (a build without sm_90a, a GPU of another generation; forced here by
+// the test switch), the default selection is two_pass_v8 and selects what two_pass_v10 selects,
+// and a wgmma kernel named by the caller is refused when it would run, with an error that names
+// the field, the kernel and the build setting, instead of a trap in the kernel.
+TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "[gpu]") {
+  cudaDeviceProp prop{};
+  REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+  const bool sm90 = prop.major == 9 && prop.minor == 0;
+  INFO("device sm_" << prop.major << prop.minor << ", build for sm_90a: " << HILS_TEST_BUILD_HAS_SM90A);
+  CHECK(hils::gpu::wgmma_available() == (sm90 && HILS_TEST_BUILD_HAS_SM90A));
+  CHECK(hils::gpu::default_select_kernel() == (hils::gpu::wgmma_available()
+                                                   ? hils::gpu::kDefaultSelectKernel
+                                                   : hils::gpu::kSelectKernelWithoutWgmma));
+
+  const Case c{"packed_bench_geometry", 2113, 64, 512, 32, 16, 2, 64, 64, true, 1.0};
+  const auto inputs = hils::cases::make_inputs<double>(c);
+  const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
+  const KernelRun with_default = run_on_device(spec, inputs, DType::bf16);
+
+  hils::gpu::detail::disable_wgmma_for_testing(true);
+  CHECK_FALSE(hils::gpu::wgmma_available());
+  CHECK(hils::gpu::default_select_kernel() == hils::gpu::SelectKernel::two_pass_v8);
+  const KernelRun fallen_back = run_on_device(spec, inputs, DType::bf16);
+  CHECK(fallen_back.guard_problems.empty());
+  REQUIRE(fallen_back.out.selection.size() == with_default.out.selection.size());
+  for (size_t g = 0; g < fallen_back.out.selection.size(); ++g)
+    CHECK(fallen_back.out.selection[g] == with_default.out.selection[g]);
+
+  const auto shape = hils::gpu::Shape{c.T, c.Hq, c.Hkv, c.d, c.dv};
+  auto set = gt::upload_inputs(inputs, DType::bf16);
+  const int64_t nc = c.T / c.S;
+  gt::GuardedBuffer key(c.Hq * nc * c.d * 4), bias(c.Hq * nc * 4), lse_swa(c.Hq * c.T * 4);
+  gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), score(c.Hq * c.T * c.K * 4);
+  for (auto kernel : {hils::gpu::SelectKernel::two_pass_v9, hils::gpu::SelectKernel::two_pass_v10}) {
+    INFO(hils::gpu::select_kernel_name(kernel));
+    CHECK_THROWS_WITH(
+        hils::gpu::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,
+                                 lse_swa.as<float>(), selection.as<int32_t>(), score.as<float>(),
+                                 nullptr, kernel),
+        Catch::StartsWith("select_kernel: expected a kernel without wgmma") &&
+            Catch::Contains(hils::gpu::select_kernel_name(kernel)) &&
+            Catch::Contains("HILS_CUDA_ARCHITECTURES=90a"));
+  }
+  const auto sparse = hils::gpu::sparse_kernel();
+  hils::gpu::set_sparse_kernel(hils::gpu::SparseKernel::chunked_v9);
+  CHECK_THROWS_WITH(run_on_device(spec, inputs, DType::bf16),
+                    Catch::StartsWith("sparse_kernel: expected a kernel without wgmma") &&
+                        Catch::Contains("chunked_v9"));
+  hils::gpu::set_sparse_kernel(sparse);
+  hils::gpu::detail::disable_wgmma_for_testing(false);
+  CHECK(hils::gpu::wgmma_available() == (sm90 && HILS_TEST_BUILD_HAS_SM90A));
+  gt::check_cuda(cudaDeviceSynchronize(), "after the refusals");
 }

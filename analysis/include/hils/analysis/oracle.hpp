@@ -304,11 +304,13 @@ Verdict verify(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                const KernelOutputs& kernel, const VerifyOptions& options = {});
 
 // verify() in two steps, for several kernels' outputs on the same spec, inputs and options (the
-// variants of one kernel, a parametrised test): the constructor validates, rounds the inputs and
-// runs the reference in double and in float once (the bulk of verify()'s time); each verify()
-// then does only what depends on that kernel's outputs. Verifier(spec, inputs, options)
-// .verify(kernel) is verify(spec, inputs, kernel, options), verdict for verdict. Copies share
-// the reference runs.
+// variants of one kernel, a parametrised test): the constructor validates, rounds the inputs,
+// runs the reference in double and in float and fuses the reference's own selection, once (the
+// bulk of verify()'s time); each verify() then does only what depends on that kernel's outputs,
+// fusing again only the query blocks where its selection differs. Measured on a 2-core machine
+// (T = 4500, Hq = 16, K = 64, bf16): verify() 43 s, Verifier::verify() 6 s after a 32 s
+// constructor. Verifier(spec, inputs, options).verify(kernel) is verify(spec, inputs, kernel,
+// options), verdict for verdict. Copies share the reference runs.
 struct VerifierState;  // oracle.cpp
 class Verifier {
  public:

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "hils/spec.hpp"
 
@@ -140,15 +141,32 @@ enum class SelectKernel {
   two_pass_v10,  // v9 with 128 queries per block and pass 2's q~ staged in shared memory
 };
 constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v10;
+// The selection without wgmma where wgmma cannot run (wgmma_available).
+constexpr SelectKernel kSelectKernelWithoutWgmma = SelectKernel::two_pass_v8;
+// The kernel's name as above ("two_pass_v10", ...).
+const char* select_kernel_name(SelectKernel kernel);
+
+// Whether the wgmma kernels (the selections two_pass_v9 and two_pass_v10, the sparse stage
+// chunked_v9) can run on the current GPU with this build: its code for the GPU must be sm_90a
+// (HILS_CUDA_ARCHITECTURES=90a and an sm_90 GPU). Probed once per device, at the first call,
+// by a one-thread kernel and a copy on the default stream (a program that captures CUDA graphs
+// makes one call before capturing). Where they cannot run, the default selection is
+// kSelectKernelWithoutWgmma (default_select_kernel), and naming a wgmma kernel (select_chunks'
+// `kernel`, set_sparse_kernel) is refused when it would run, with an std::invalid_argument
+// that names the field, the kernel and the build setting.
+bool wgmma_available();
+// kDefaultSelectKernel where wgmma_available(), else kSelectKernelWithoutWgmma.
+SelectKernel default_select_kernel();
 
 // Selection per KV group (reference/SEMANTICS.md §4): [Hkv, T, K], ascending, -1 padded, ties to
 // the lower chunk. Scores come from the summaries, or from `exact` [Hq, T, n_chunks] for the exact
 // rule. selected_score [Hq, T, K] receives s_hat of each selected chunk (for the fusion).
+// `kernel`: default_select_kernel() when not given.
 void select_chunks(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                    const float* key, const float* bias, const float* exact,
                    const float* lse_swa, int32_t* selection, float* selected_score,
                    cudaStream_t stream = nullptr,
-                   SelectKernel kernel = kDefaultSelectKernel);
+                   std::optional<SelectKernel> kernel = std::nullopt);
 // Fusion (reference/SEMANTICS.md §5) of a given selection: hierarchical (Eq. 10) or flat (Eq. 3).
 // selected_score is needed for hierarchical fusion only.
 void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
