@@ -130,6 +130,8 @@ const char* sparse_kernel_name(SparseKernel kernel) {
     case SparseKernel::chunked_v7: return "chunked_v7";
     case SparseKernel::chunked_v8: return "chunked_v8";
     case SparseKernel::chunked_v9: return "chunked_v9";
+    case SparseKernel::chunked_v10: return "chunked_v10";
+    case SparseKernel::chunked_v11: return "chunked_v11";
   }
   return "unknown";
 }

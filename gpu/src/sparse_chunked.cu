@@ -24,10 +24,15 @@
 // (shared memory), the softmax takes one FFMA and one ex2 per score (scale and log2 e folded, the
 // landmark column masked in the registers that hold it), and the fp16 rows are staged with
 // stmatrix. Same scratch, same reduce. chunked_v7 runs two slices per warp step (measured not
-// faster: fewer warps per SM). chunked_v8 (the default) is chunked_v6 with the pairs of all
+// faster: fewer warps per SM). chunked_v8 is chunked_v6 with the pairs of all
 // segments bucketed at once (count with ranks, a scan block per segment, a scatter without
 // atomics) instead of four launches per segment. chunked_v9 is chunked_v8 with the chunk kernel
-// on wgmma (sm_90a; measured not faster, gpu/NOTES.md "sparse v9").
+// on wgmma (sm_90a; measured not faster, gpu/NOTES.md "sparse v9"). chunked_v10 is v5's order
+// (weights first) on v8's bucketing and v6's chunk kernel: each row, scaled by its fusion weight,
+// is added into an fp16 copy of o with 16-byte f16x2 reductions (half of v5's L2 reduction
+// sectors), segments sized to keep that copy and q in L2; no partials, no reduce (gpu/NOTES.md
+// "sparse v10": -14% against v8 at 512K on the H100). chunked_v11 (the default) is v10 with the
+// rows' weights formed before the chunk kernel and stored in bucket order (-11% against v10).
 #include <cuda_fp16.h>
 
 #include "launch_params.hpp"
@@ -712,6 +717,160 @@ void launch_chunk_v9(unsigned grid, cudaStream_t stream, const LaunchParams& p, 
       p, t0, seg, nc, items, item_desc, bucket, partial);
 }
 
+// chunked_v10: v6's chunk kernel whose rows go into an fp16 copy of o (o16) with f16x2 vector
+// reductions instead of the fp16 partial scratch (no reduce). Each row is scaled by its fusion
+// weight w_c / l = exp(s_hat(c) - m) / l (weights: (m, 1 / l) per row of the segment, from
+// fusion_weights_kernel) before its fp16 rounding. Eight halves at o (16-byte aligned) += v:
+// one 16-byte reduction on sm_90 (ptxas refuses .v8), four half2 atomics below.
+__device__ __forceinline__ void red_add_f16x8(__half* o, uint4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};\n" ::"l"(o), "r"(v.x),
+               "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+#else
+  const uint32_t parts[4] = {v.x, v.y, v.z, v.w};
+  for (int i = 0; i < 4; ++i)
+    atomicAdd(reinterpret_cast<__half2*>(o) + i, *reinterpret_cast<const __half2*>(&parts[i]));
+#endif
+}
+
+// kPairWeights (chunked_v11): the rows' weights come in bucket order from pair_weight (written
+// by fusion_pair_weights_kernel) instead of from the row's selected score and (m, 1 / l).
+template <int G, bool kPairWeights>
+__global__ void __launch_bounds__(kPackedThreads, 5)
+    chunk_attention_f16_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
+                               const int32_t* items, const ItemDesc* item_desc,
+                               const uint32_t* bucket, const float* selected_score,
+                               const float2* weights, const float* pair_weight, __half* o16) {
+  constexpr int kRows = pairs_per_item<G>() * G;  // 512
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  auto* q_stage = reinterpret_cast<__nv_bfloat16(*)[2][16][kTilePitch]>(dynamic_smem);
+  __shared__ __align__(16) __nv_bfloat16 ks_tile[kTileDim][kTilePitch];
+  __shared__ __align__(16) __nv_bfloat16 vs_tile[kTileDim][kTilePitch];
+  __shared__ int64_t row_q[kRows];   // q element offset of the row (= its o16 offset); -1 past
+  __shared__ float row_weight[kRows];  // w_c / l of the row
+  const int32_t item = static_cast<int32_t>(blockIdx.x);
+  const int32_t n_items = items[p.Hkv * nc];
+  const ItemDesc desc = item_desc[item];
+  if (item >= n_items) return;
+  const int64_t g = desc.chunk / nc, c = desc.chunk % nc;
+  const int n_pairs = desc.count, n_steps = (n_pairs * G + 15) / 16;
+  const int K = static_cast<int>(p.K);
+  load_tile_async(ks_tile, static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim, c * kTileDim, p.T);
+  load_tile_async(vs_tile, static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim, c * kTileDim, p.T);
+  cp_async_commit();
+  for (int rr = threadIdx.x; rr < 16 * n_steps; rr += kPackedThreads) {
+    const int e = rr / G;
+    const int64_t h = g * G + rr % G;
+    if (e < n_pairs) {
+      const uint32_t entry = bucket[desc.first + e];
+      const int64_t tl = entry >> 6, t = t0 + tl;
+      row_q[rr] = (h * p.T + t) * kTileDim;
+      if constexpr (kPairWeights) {
+        row_weight[rr] = pair_weight[static_cast<int64_t>(desc.first) * G + rr];
+      } else {
+        const float2 w = weights[h * seg + tl];
+        row_weight[rr] = exp_diff(selected_score[(h * p.T + t) * K + (entry & 63u)], w.x) * w.y;
+      }
+    } else {
+      row_q[rr] = -1;
+      row_weight[rr] = 0.0f;
+    }
+  }
+  cp_async_wait_all();
+  __syncthreads();
+
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int col = (lane % 8) * 8;
+  const auto* q = static_cast<const __nv_bfloat16*>(p.q) + col;
+  auto issue_q = [&](int s, int buf) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t off = row_q[16 * s + lane / 8 + 4 * j];
+      cp_async16(&q_stage[warp][buf][lane / 8 + 4 * j][col], q + (off >= 0 ? off : 0), off >= 0);
+    }
+    cp_async_commit();
+  };
+  const float c2 = p.scale * 1.4426950408889634f;
+  const bool mask_landmark = p.landmarks && lane % 4 == 3;
+  if (warp < n_steps) issue_q(warp, 0);
+  int it = 0;
+  for (int s = warp; s < n_steps; s += kWarpsPerBlock, ++it) {
+    const int buf = it & 1;
+    if (s + kWarpsPerBlock < n_steps) {
+      issue_q(s + kWarpsPerBlock, buf ^ 1);
+      cp_async_wait_one();
+    } else {
+      cp_async_wait_all();
+    }
+    __syncwarp();
+    __nv_bfloat16(*stage)[kTilePitch] = q_stage[warp][buf];
+    __nv_bfloat16* frag_row = stage[lane % 8 + 8 * ((lane / 8) % 2)] + 8 * (lane / 16);
+    uint32_t qa[1][4][4];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) ldmatrix_x4(qa[0][ks], frag_row + 16 * ks);
+    float sc[1][8][4];
+    qk_tiles<1>(sc, qa, ks_tile);
+    if (mask_landmark) sc[0][7][1] = sc[0][7][3] = kNegInf;
+    float row_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) row_max[e / 2] = fmaxf(row_max[e / 2], sc[0][nt][e]);
+    float neg_max[2], row_sum[2] = {0.0f, 0.0f}, scale[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) neg_max[r] = -quad_max(row_max[r]) * c2;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[0][nt][e] = ex2_approx(fmaf(sc[0][nt][e], c2, neg_max[e / 2]));
+        row_sum[e / 2] += sc[0][nt][e];
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      scale[r] = row_weight[16 * s + lane / 4 + 8 * r] / quad_sum(row_sum[r]);
+    uint32_t pa[1][4][4];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      pa[0][ks][0] = pack_bf16(sc[0][2 * ks][0], sc[0][2 * ks][1]);
+      pa[0][ks][1] = pack_bf16(sc[0][2 * ks][2], sc[0][2 * ks][3]);
+      pa[0][ks][2] = pack_bf16(sc[0][2 * ks + 1][0], sc[0][2 * ks + 1][1]);
+      pa[0][ks][3] = pack_bf16(sc[0][2 * ks + 1][2], sc[0][2 * ks + 1][3]);
+    }
+    float oc[1][8][4] = {};
+    pv_tiles<1>(oc, pa, vs_tile);
+    __syncwarp();
+#pragma unroll
+    for (int nt = 0; nt < 8; nt += 2)
+      stmatrix_x4(frag_row + 8 * nt,
+                  pack_half2(oc[0][nt][0] * scale[0], oc[0][nt][1] * scale[0]),
+                  pack_half2(oc[0][nt][2] * scale[1], oc[0][nt][3] * scale[1]),
+                  pack_half2(oc[0][nt + 1][0] * scale[0], oc[0][nt + 1][1] * scale[0]),
+                  pack_half2(oc[0][nt + 1][2] * scale[1], oc[0][nt + 1][3] * scale[1]));
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int rr = 16 * s + lane / 8 + 4 * j;
+      if (row_q[rr] >= 0)
+        red_add_f16x8(o16 + row_q[rr] + col,
+                      *reinterpret_cast<const uint4*>(&stage[lane / 8 + 4 * j][col]));
+    }
+    __syncwarp();
+  }
+}
+
+// chunked_v10, after the segment's chunk kernel: o = o16 in fp32 (one thread per half2).
+__global__ void convert_o16_kernel(LaunchParams p, int64_t t0, int64_t tn, const __half* o16,
+                                   float* o) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // half2 index
+  const int64_t per_head = tn * kTileDim / 2;
+  if (i >= p.Hq * per_head) return;
+  const int64_t h = i / per_head, at = (h * p.T + t0) * kTileDim / 2 + i % per_head;
+  const float2 v = __half22float2(reinterpret_cast<const __half2*>(o16)[at]);
+  reinterpret_cast<float2*>(o)[at] = v;
+}
+
 // One warp per (head, query) of the segment: softmax over [s_hat(c) for selected c, lse_swa
 // (, 0 with softmax1)] with values [o_c..., o_swa (, 0)]. Lane 8 j + part reads dims
 // 8 part .. 8 part + 7 of slots j, j + 4, ... with 16-byte loads, all issued before the sums.
@@ -794,9 +953,6 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp)
   if (lane == 0) lse[row] = l > 0.0f ? m + __logf(l) : kNegInf;
 }
 
-// atomic_v5, one warp per (head, query) of the segment: the fusion softmax over [s_hat(c) for
-// selected c, lse_swa (, 0 with softmax1)] (Eq. 10): lse, weights (m, 1 / l) for the chunk
-// kernel, and o started at its window term o_swa * exp(lse_swa - m) / l.
 // One query segment's reduce, with reduce_kernel's unrolling chosen by K (<= 32 or <= 64).
 void launch_reduce(const LaunchParams& p, int64_t t0, int64_t tn, int64_t seg, unsigned row_blocks,
                    const int32_t* selection, const float* selected_score, const float* o_swa,
@@ -810,10 +966,22 @@ void launch_reduce(const LaunchParams& p, int64_t t0, int64_t tn, int64_t seg, u
         p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, partial, o, lse);
 }
 
+__device__ __forceinline__ void store4(float* at, float4 x) { *reinterpret_cast<float4*>(at) = x; }
+__device__ __forceinline__ void store4(__half* at, float4 x) {
+  __half2* h2 = reinterpret_cast<__half2*>(at);
+  h2[0] = __floats2half2_rn(x.x, x.y);
+  h2[1] = __floats2half2_rn(x.z, x.w);
+}
+
+// atomic_v5 and chunked_v10, one warp per (head, query) of the segment: the fusion softmax over
+// [s_hat(c) for selected c, lse_swa (, 0 with softmax1)] (Eq. 10): lse (the reduce's arithmetic,
+// so the same bits), weights (m, 1 / l) for the chunk kernel, and o started at its window term
+// o_swa * exp(lse_swa - m) / l; Out = float: atomic_v5's o, __half: chunked_v10's o16.
+template <typename Out>
 __global__ void __launch_bounds__(kReduceWarps * kWarp)
     fusion_weights_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t seg,
                           const int32_t* selection, const float* selected_score,
-                          const float* o_swa, const float* lse_swa, float2* weights, float* o,
+                          const float* o_swa, const float* lse_swa, float2* weights, Out* o,
                           float* lse) {
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kReduceWarps + threadIdx.x / kWarp;
   if (item >= p.Hq * tn) return;
@@ -840,11 +1008,79 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp)
   if (lane < kTileDim / 4) {
     const float4 x = reinterpret_cast<const float4*>(o_swa + row * kTileDim)[lane];
     const float f = w_swa * inv;
-    reinterpret_cast<float4*>(o + row * kTileDim)[lane] = make_float4(x.x * f, x.y * f, x.z * f, x.w * f);
+    store4(o + row * kTileDim + 4 * lane, make_float4(x.x * f, x.y * f, x.z * f, x.w * f));
   }
   if (lane == 0) {
     weights[h * seg + tl] = make_float2(m, inv);
     lse[row] = l > 0.0f ? m + __logf(l) : kNegInf;
+  }
+}
+
+// chunked_v11, one warp per (group, query) of the segment: fusion_weights_kernel<__half>'s work
+// for each head of the group (lse, o16 started at the window term), and each selected slot's
+// weight w_c / l (the same arithmetic as v10's chunk kernel, so the same values), stored with
+// the group's G heads side by side at the pair's position in the segment's bucket (the
+// scatter's offset + rank): the chunk kernel then reads its rows' weights in order, one 32-byte
+// sector per pair for G = 8, instead of two scattered 4-byte loads per row.
+template <int G>
+__global__ void __launch_bounds__(kReduceWarps * kWarp)
+    fusion_pair_weights_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t nc,
+                               const int32_t* selection, const float* selected_score,
+                               const float* o_swa, const float* lse_swa, const int32_t* rank,
+                               const int32_t* seg_offsets, float* pair_weight, __half* o16,
+                               float* lse) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kReduceWarps + threadIdx.x / kWarp;
+  if (item >= p.Hkv * tn) return;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t g = item / tn, tl = item % tn, t = t0 + tl;
+  const int K = static_cast<int>(p.K);
+  const int64_t pair0 = (g * p.T + t) * K;  // the pairs of (g, t) in the selection and in rank
+  bool valid[2];
+  int64_t pos[2];  // the pair's position in the segment's bucket
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int slot = lane + kWarp * i;
+    const int32_t c = slot < K ? selection[pair0 + slot] : -1;
+    valid[i] = c >= 0;
+    pos[i] = valid[i] ? static_cast<int64_t>(seg_offsets[g * nc + c]) + rank[pair0 + slot] : 0;
+  }
+  float w[2][G];
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    const int64_t row = (g * G + j) * p.T + t;
+    const float* score = selected_score + row * K;
+    float a[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) a[i] = valid[i] ? score[lane + kWarp * i] : kNegInf;
+    const float a_swa = lse_swa[row];
+    float m = warp_max(fmaxf(fmaxf(a[0], a[1]), a_swa));
+    if (p.softmax1) m = fmaxf(m, 0.0f);
+    float l = warp_sum(exp_diff(a[0], m) + exp_diff(a[1], m));
+    const float w_swa = exp_diff(a_swa, m);
+    l += w_swa;
+    if (p.softmax1) l += exp_diff(0.0f, m);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) w[i][j] = exp_diff(a[i], m) * inv;
+    if (lane < kTileDim / 4) {
+      const float4 x = reinterpret_cast<const float4*>(o_swa + row * kTileDim)[lane];
+      const float f = w_swa * inv;
+      store4(o16 + row * kTileDim + 4 * lane, make_float4(x.x * f, x.y * f, x.z * f, x.w * f));
+    }
+    if (lane == 0) lse[row] = l > 0.0f ? m + __logf(l) : kNegInf;
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!valid[i]) continue;
+    float* out = pair_weight + pos[i] * G;
+    if constexpr (G % 4 == 0) {
+#pragma unroll
+      for (int j = 0; j < G; j += 4)
+        *reinterpret_cast<float4*>(out + j) = make_float4(w[i][j], w[i][j + 1], w[i][j + 2], w[i][j + 3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < G; ++j) out[j] = w[i][j];
+    }
   }
 }
 
@@ -870,6 +1106,19 @@ int64_t segment_queries(const LaunchParams& p) {
 }
 
 size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// Queries per segment of chunked_v10: the segment's fp16 o and bf16 q rows in half the L2.
+int64_t f16_segment_queries(const LaunchParams& p) {
+  if (g_segment_queries > 0) return g_segment_queries < p.T ? g_segment_queries : p.T;
+  int device = 0, l2_bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device) != cudaSuccess || l2_bytes <= 0)
+    l2_bytes = 40 << 20;
+  const int64_t per_query = p.Hq * kTileDim * static_cast<int64_t>(2 * sizeof(__half));
+  int64_t seg = static_cast<int64_t>(l2_bytes) / 2 / per_query;
+  if (seg < 64) seg = 64;
+  return seg < p.T ? seg : p.T;
+}
 
 // The pool keeps freed memory reserved: the scratch is re-taken at every call.
 void keep_pool_reserved() {
@@ -899,9 +1148,10 @@ void launch_chunk_v6(unsigned grid, cudaStream_t stream, const LaunchParams& p, 
       p, t0, seg, nc, items, item_desc, bucket, partial);
 }
 
-// chunked_v8 and v9: the pairs of all query segments bucketed at once (one count with ranks, one
-// scan launch with a block per segment, one describe, one scatter), then per segment the chunk
-// kernel (v8: chunked_v6's, v9: the wgmma one) and the reduce. Scratch besides v6's partials: the ranks and the buckets
+// chunked_v8, v9 and v10: the pairs of all query segments bucketed at once (one count with ranks,
+// one scan launch with a block per segment, one describe, one scatter), then per segment the
+// chunk kernel (v8: chunked_v6's, v9: the wgmma one) and the reduce; v10 per segment: the fusion
+// weights (o16 started at the window term), the f16x2-reducing chunk kernel, o = o16. Scratch besides v6's partials: the ranks and the buckets
 // (4 bytes per pair each, twice the selection's bytes) and the counts and descriptors of every
 // segment.
 template <int G>
@@ -909,15 +1159,25 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
                             const float* selected_score, const float* o_swa, const float* lse_swa,
                             float* o, float* lse, SparseKernel kernel, cudaStream_t stream) {
   constexpr int kPairs = pairs_per_item<G>();
+  const bool pair_weights = kernel == SparseKernel::chunked_v11;
+  const bool f16_sums = kernel == SparseKernel::chunked_v10 || pair_weights;
   const int64_t nc = p.T / p.S, n_ch = p.Hkv * nc;
-  const int64_t seg = segment_queries(p), n_seg = (p.T + seg - 1) / seg;
+  const int64_t seg = f16_sums ? f16_segment_queries(p) : segment_queries(p);
+  const int64_t n_seg = (p.T + seg - 1) / seg;
   const int64_t n_pairs = p.Hkv * p.T * p.K, bucket_stride = p.Hkv * seg * p.K;
   const int64_t max_items = (bucket_stride + kPairs - 1) / kPairs + n_ch;
   const size_t counts_bytes = round_up(static_cast<size_t>(n_seg * (n_ch + 1)) * sizeof(int32_t));
   const size_t rank_bytes = round_up(static_cast<size_t>(n_pairs) * sizeof(int32_t));
   const size_t bucket_bytes = round_up(static_cast<size_t>(n_seg * bucket_stride) * sizeof(uint32_t));
   const size_t desc_bytes = round_up(static_cast<size_t>(n_seg * max_items) * sizeof(ItemDesc));
-  const size_t partial_bytes = round_up(static_cast<size_t>(p.Hq * seg * p.K * kTileDim) * sizeof(__half));
+  // v10: the rows' (m, 1 / l) [Hq, seg] and o in fp16 [Hq, T, 64] instead of the partials; v11:
+  // the segment's pair weights [bucket_stride, G] instead of (m, 1 / l).
+  const size_t weights_bytes =
+      pair_weights ? round_up(static_cast<size_t>(bucket_stride * G) * sizeof(float))
+                   : round_up(static_cast<size_t>(p.Hq * seg) * sizeof(float2));
+  const size_t partial_bytes =
+      f16_sums ? weights_bytes + round_up(static_cast<size_t>(p.Hq * p.T * kTileDim) * sizeof(__half))
+               : round_up(static_cast<size_t>(p.Hq * seg * p.K * kTileDim) * sizeof(__half));
   keep_pool_reserved();
   char* scratch = nullptr;
   if (cudaMallocAsync(reinterpret_cast<void**>(&scratch),
@@ -959,6 +1219,36 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   for (int64_t s = 0; s < n_seg; ++s) {
     const int64_t t0 = s * seg, tn = p.T - t0 < seg ? p.T - t0 : seg;
     const unsigned row_blocks = static_cast<unsigned>((p.Hq * tn + kReduceWarps - 1) / kReduceWarps);
+    if (f16_sums) {
+      auto* weights = reinterpret_cast<float2*>(partial);  // v10
+      auto* pair_weight = reinterpret_cast<float*>(partial);  // v11
+      auto* o16 = reinterpret_cast<__half*>(reinterpret_cast<char*>(partial) + weights_bytes);
+      if (pair_weights) {
+        const auto group_blocks = static_cast<unsigned>((p.Hkv * tn + kReduceWarps - 1) / kReduceWarps);
+        fusion_pair_weights_kernel<G><<<group_blocks, kReduceWarps * kWarp, 0, stream>>>(
+            p, t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank,
+            offsets + s * (n_ch + 1), pair_weight, o16, lse);
+      } else {
+        fusion_weights_kernel<__half><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
+            p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, weights, o16, lse);
+      }
+      if (n_ch > 0 && n_pairs > 0) {
+        const auto grid = static_cast<unsigned>((p.Hkv * tn * p.K + kPairs - 1) / kPairs + n_ch);
+        constexpr int kBytes = kWarpsPerBlock * 2 * 16 * kTilePitch * sizeof(__nv_bfloat16);
+        if (pair_weights)
+          chunk_attention_f16_kernel<G, true><<<grid, kPackedThreads, kBytes, stream>>>(
+              p, t0, seg, nc, items + s * (n_ch + 1), item_desc + s * max_items,
+              bucket + s * bucket_stride, selected_score, weights, pair_weight, o16);
+        else
+          chunk_attention_f16_kernel<G, false><<<grid, kPackedThreads, kBytes, stream>>>(
+              p, t0, seg, nc, items + s * (n_ch + 1), item_desc + s * max_items,
+              bucket + s * bucket_stride, selected_score, weights, pair_weight, o16);
+      }
+      const int64_t halves2 = p.Hq * tn * kTileDim / 2;
+      convert_o16_kernel<<<static_cast<unsigned>((halves2 + 255) / 256), 256, 0, stream>>>(
+          p, t0, tn, o16, o);
+      continue;
+    }
     if (n_ch > 0 && n_pairs > 0) {
       const auto grid = static_cast<unsigned>((p.Hkv * tn * p.K + kPairs - 1) / kPairs + n_ch);
       if (kernel == SparseKernel::chunked_v9)
@@ -1064,8 +1354,9 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
                          float* o, float* lse, cudaStream_t stream) {
   const SparseKernel kernel = g_sparse_kernel;
   if (kernel == SparseKernel::chunked_v9 && !wgmma_runs_on_current_device())
-    refuse_wgmma_kernel("sparse_kernel", "chunked_v9", "chunked_v4 to chunked_v8; chunked_v8 is the default");
-  if (kernel == SparseKernel::chunked_v8 || kernel == SparseKernel::chunked_v9) {
+    refuse_wgmma_kernel("sparse_kernel", "chunked_v9", "another sparse kernel; chunked_v11 is the default");
+  if (kernel == SparseKernel::chunked_v8 || kernel == SparseKernel::chunked_v9 ||
+      kernel == SparseKernel::chunked_v10 || kernel == SparseKernel::chunked_v11) {
     switch (p.Hq / p.Hkv) {
       case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
       case 2: return launch_bucketed_once_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);

@@ -73,14 +73,20 @@ enum class SparseKernel {
                // segments in one count, scan and scatter): the same bits as chunked_v6
   chunked_v9,  // chunked_v8 with the chunk kernel on wgmma (sm_90a): 64-row steps, q, K and V
                // read by the tensor cores from swizzled shared memory
+  chunked_v10,  // chunked_v8's bucketing, fusion weights first, then the chunk kernel adds
+                // w_c o_c into an fp16 copy of o by f16x2 vector reductions (no scratch of
+                // partials, no reduce); o's last bits vary from run to run (fp16 sums)
+  chunked_v11,  // chunked_v10 with each row's fusion weight formed before the chunk kernel and
+                // stored in bucket order (read in order instead of two scattered loads per row)
 };
 // Every SparseKernel, in the order of their values.
 constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
                                            SparseKernel::chunked_v6, SparseKernel::chunked_v7,
-                                           SparseKernel::chunked_v8, SparseKernel::chunked_v9};
+                                           SparseKernel::chunked_v8, SparseKernel::chunked_v9,
+                                           SparseKernel::chunked_v10, SparseKernel::chunked_v11};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
-constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v8;
+constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v11;
 void set_sparse_kernel(SparseKernel kernel);
 SparseKernel sparse_kernel();
 
