@@ -103,7 +103,7 @@ __device__ __forceinline__ uint32_t order_key(float x) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Programmatic dependent launch (Hopper; d16, d18 and the fused kernel, d19): a kernel launched with
+// Programmatic dependent launch (Hopper; d16, d18, d19 and the fused kernel, d21): a kernel launched with
 // cudaLaunchAttributeProgrammaticStreamSerialization may start while the previous kernel of the
 // stream still runs; wait_for_previous_grid() returns once that kernel has completed and its
 // writes are visible, so every read of an earlier stage's output and every global write comes
@@ -111,7 +111,7 @@ __device__ __forceinline__ uint32_t order_key(float x) {
 // called it (or exited): each block calls it after its last store (session 9 run 1 called it
 // first, and the early-resident tails slowed the running kernel). Both are no-ops for a kernel
 // launched without the attribute (d5, d8, d13, d17), and compile to nothing below sm_90.
-// d18 and the fused kernel (d19) launch their tails this way.
+// d18, d19 and the fused kernel (d21) launch their tails this way.
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -1764,7 +1764,7 @@ unsigned persistent_scan_blocks(size_t smem, int64_t items) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(items, resident)));
 }
 
-// fused (d19), d21, d18, d17, d16, d13 and d8: five launches (window + score tiles in one grid;
+// fused (d21), d19, d18, d17, d16, d13 and d8: five launches (window + score tiles in one grid;
 // group scores; select; chunk tiles; fuse with batched loads); kShort (d12 on) the shorter
 // chains of its tails; `mma` (d17 on) the chunk tiles on the tensor cores where their shape
 // allows; `pdl` (d16, d18 on) launches the four tails with programmatic dependent launch;
@@ -1853,9 +1853,9 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   } else if (kernel == DecodeKernel::d8) {
     if (fp8) launch_fused<Fp8Summary, false>(p, shape, w, out, stream, false, false);
     else launch_fused<Bf16Summary, false>(p, shape, w, out, stream, false, false);
-  } else {  // fused = d19: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's launches)
-            // with the persistent fp8 scan and the chunk tiles' landmark mask
-    const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d19 : kernel;
+  } else {  // fused = d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's launches)
+            // with the chunk tiles' landmark mask
+    const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d21 : kernel;
     const bool d19 = k == DecodeKernel::d19, d21 = k == DecodeKernel::d21;
     const bool pdl = k == DecodeKernel::d16 || k == DecodeKernel::d18 || d19 || d21;
     const bool mma = k == DecodeKernel::d17 || k == DecodeKernel::d18 || d19 || d21;

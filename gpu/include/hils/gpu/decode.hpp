@@ -66,7 +66,7 @@ struct DecodeOutputs {
 };
 
 // Which launch sequence runs the step (gpu/NOTES.md "decode", versions):
-//   fused: the default, d19 (below)
+//   fused: the default, d21 (below)
 //   d13:   d8's five launches with shorter chains in the tails: for K <= 32 the group
 //          scores and the select rank candidates by warp sorts instead of radix passes, the
 //          chunk tiles compute the fusion logits while their rows are in flight, and the fuse
@@ -78,8 +78,9 @@ struct DecodeOutputs {
 //   d18:   d17's kernels launched as d16 launches them (the default before d19)
 //   d19:   d18 with launch 1 as a persistent scan that keeps the next score tile's loads in
 //          flight (fp8 summaries, d = 64; d18's launch 1 otherwise) and the chunk tiles' mask
-//          testing only the landmark slot
+//          testing only the landmark slot (the default before d21)
 //   d21:   d19 without the persistent scan (d18's launch 1): d18 with the landmark mask only
+//          (the default since session 10: faster than d19 and d18 at B = 8 and 32)
 //   d5:    the launches of d5 (window, score, group scores, select, chunk, fuse)
 //   d8:    window tiles and score tiles in one grid (every tile issues all its loads before
 //          staging q / q~), then group scores, select, chunk tiles and a fuse that loads the
