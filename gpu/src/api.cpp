@@ -155,6 +155,8 @@ const char* select_kernel_name(SelectKernel kernel) {
     case SelectKernel::two_pass_v8: return "two_pass_v8";
     case SelectKernel::two_pass_v9: return "two_pass_v9";
     case SelectKernel::two_pass_v10: return "two_pass_v10";
+    case SelectKernel::two_pass_v11: return "two_pass_v11";
+    case SelectKernel::two_pass_v12: return "two_pass_v12";
   }
   return "unknown";
 }

@@ -157,10 +157,10 @@ int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const
                          const float* bias, const float* exact, const float* lse_swa,
                          int32_t* selection, float* selected_score, void* stream) {
   return guarded(p, [&](const Translated& t) {
-    if (select_kernel < 0 || select_kernel > 6)
+    if (select_kernel < 0 || select_kernel > 8)
       throw std::invalid_argument(
           "select_kernel: expected 0 (two_pass_v4), 1 (one_pass_v5), 2 (two_pass_v6), 3 (two_pass_v7), "
-          "4 (two_pass_v8), 5 (two_pass_v9) or 6 (two_pass_v10), got " +
+          "4 (two_pass_v8), 5 (two_pass_v9), 6 (two_pass_v10), 7 (two_pass_v11) or 8 (two_pass_v12), got " +
           std::to_string(select_kernel));
     hils::gpu::select_chunks(t.spec, t.shape, t.in, key, bias, exact, lse_swa, selection,
                              selected_score, as_stream(stream),

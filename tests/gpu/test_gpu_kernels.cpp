@@ -452,7 +452,7 @@ TEST_CASE("gpu C API window kernel values", "[gpu]") {
 }
 
 // Where wgmma cannot run (a build without sm_90a, a GPU of another generation; forced here by
-// the test switch), the default selection is two_pass_v8 and selects what two_pass_v10 selects,
+// the test switch), the default selection is two_pass_v8 and selects what the wgmma default selects,
 // and a wgmma kernel named by the caller is refused when it would run, with an error that names
 // the field, the kernel and the build setting, instead of a trap in the kernel.
 TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "[gpu]") {
@@ -484,7 +484,9 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
   const int64_t nc = c.T / c.S;
   gt::GuardedBuffer key(c.Hq * nc * c.d * 4), bias(c.Hq * nc * 4), lse_swa(c.Hq * c.T * 4);
   gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), score(c.Hq * c.T * c.K * 4);
-  for (auto kernel : {hils::gpu::SelectKernel::two_pass_v9, hils::gpu::SelectKernel::two_pass_v10}) {
+  for (auto kernel : {hils::gpu::SelectKernel::two_pass_v9, hils::gpu::SelectKernel::two_pass_v10,
+                      hils::gpu::SelectKernel::two_pass_v11, hils::gpu::SelectKernel::two_pass_v12}) {
+    REQUIRE(hils::gpu::uses_wgmma(kernel));
     INFO(hils::gpu::select_kernel_name(kernel));
     CHECK_THROWS_WITH(
         hils::gpu::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,

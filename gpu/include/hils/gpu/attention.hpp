@@ -86,6 +86,21 @@ constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKerne
                                            SparseKernel::chunked_v10, SparseKernel::chunked_v11};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
+// Whether the sparse stage runs wgmma (sm_90a; wgmma_available below). Every kernel is listed,
+// so that a new one cannot be left out (-Wswitch).
+constexpr bool uses_wgmma(SparseKernel kernel) {
+  switch (kernel) {
+    case SparseKernel::chunked_v4:
+    case SparseKernel::atomic_v5:
+    case SparseKernel::chunked_v6:
+    case SparseKernel::chunked_v7:
+    case SparseKernel::chunked_v8:
+    case SparseKernel::chunked_v10:
+    case SparseKernel::chunked_v11: return false;
+    case SparseKernel::chunked_v9: return true;
+  }
+  return true;
+}
 constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v11;
 void set_sparse_kernel(SparseKernel kernel);
 SparseKernel sparse_kernel();
@@ -127,14 +142,14 @@ void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const Devic
                       const float* key, const float* bias, float* scores,
                       cudaStream_t stream = nullptr);
 // Which packed selection kernel runs (gpu/NOTES.md has each version's numbers). All give the
-// same selection and the same selected scores. two_pass_v10 (v8 scored by wgmma, sm_90a, 128
-// queries per block) is the default (kDefaultSelectKernel: the fastest at 128K and 512K on the
-// H200 and from 64K to 512K on the H100; at 16K-32K v9 is as fast or a little faster, gpu/NOTES.md
-// and README); v4, v5, v6, v7, v8 and v9 stay reachable as the benchmark's
-// comparison points. one_pass_v5 applies to the
+// same selection and the same selected scores. two_pass_v12 (v10, i.e. v8 scored by wgmma on
+// sm_90a with 128 queries per block, with the selected-score writer's loads one unit ahead (v11)
+// and pass 2's per-step overhead trimmed) is the default (kDefaultSelectKernel: on the H100
+// 8.6-9.6% faster than v10 at 16K-512K, 512K 50.5 ms against 55.3; gpu/NOTES.md); v4 to v11 stay
+// reachable as the benchmark's comparison points. one_pass_v5 applies to the
 // default group rule (max_normalized); for the others it falls back to two_pass_v4. v6 and v8
 // form their bounds for K <= 32 and the normalised group rules; v6 runs as v4 otherwise, v8 takes
-// K <= 32 (else two_pass_v4), and so do v9 and v10.
+// K <= 32 (else two_pass_v4), and so do v9 to v12.
 enum class SelectKernel {
   two_pass_v4,  // pass 1: log Z_hat per head; pass 2: group scores offered to the top-K lists
   one_pass_v5,  // per head a running log Z_hat and its K best; the union ranked at the end
@@ -145,14 +160,33 @@ enum class SelectKernel {
                 // in pass 2; K <= 32, else two_pass_v4)
   two_pass_v9,  // v8 with the scoring on wgmma (sm_90a; K <= 32, else two_pass_v4)
   two_pass_v10,  // v9 with 128 queries per block and pass 2's q~ staged in shared memory
+  two_pass_v11,  // v10 with the selected-score writer's loads one unit ahead (K <= 32, else
+                 // two_pass_v4)
+  two_pass_v12,  // v11 with pass 2's per-step copies, descriptors and resets trimmed
 };
-constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v10;
+constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v12;
 // The selection without wgmma where wgmma cannot run (wgmma_available).
 constexpr SelectKernel kSelectKernelWithoutWgmma = SelectKernel::two_pass_v8;
-// The kernel's name as above ("two_pass_v10", ...).
+// The kernel's name as above ("two_pass_v12", ...).
 const char* select_kernel_name(SelectKernel kernel);
+// Whether the kernel runs wgmma (sm_90a): two_pass_v9 and later. Every kernel is listed, so
+// that a new one cannot be left out (-Wswitch).
+constexpr bool uses_wgmma(SelectKernel kernel) {
+  switch (kernel) {
+    case SelectKernel::two_pass_v4:
+    case SelectKernel::one_pass_v5:
+    case SelectKernel::two_pass_v6:
+    case SelectKernel::two_pass_v7:
+    case SelectKernel::two_pass_v8: return false;
+    case SelectKernel::two_pass_v9:
+    case SelectKernel::two_pass_v10:
+    case SelectKernel::two_pass_v11:
+    case SelectKernel::two_pass_v12: return true;
+  }
+  return true;
+}
 
-// Whether the wgmma kernels (the selections two_pass_v9 and two_pass_v10, the sparse stage
+// Whether the wgmma kernels (uses_wgmma: selections from two_pass_v9, sparse stages such as
 // chunked_v9) can run on the current GPU with this build: its code for the GPU must be sm_90a
 // (HILS_CUDA_ARCHITECTURES=90a and an sm_90 GPU). Probed once per device, at the first call,
 // by a one-thread kernel and a copy on the default stream (a program that captures CUDA graphs
