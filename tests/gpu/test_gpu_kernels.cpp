@@ -497,10 +497,14 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
             Catch::Contains("HILS_CUDA_ARCHITECTURES=90a"));
   }
   const auto sparse = hils::gpu::sparse_kernel();
-  hils::gpu::set_sparse_kernel(hils::gpu::SparseKernel::chunked_v9);
-  CHECK_THROWS_WITH(run_on_device(spec, inputs, DType::bf16),
-                    Catch::StartsWith("sparse_kernel: expected a kernel without wgmma") &&
-                        Catch::Contains("chunked_v9"));
+  for (auto kernel : {hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v12}) {
+    REQUIRE(hils::gpu::uses_wgmma(kernel));
+    INFO(sparse_kernel_name(kernel));
+    hils::gpu::set_sparse_kernel(kernel);
+    CHECK_THROWS_WITH(run_on_device(spec, inputs, DType::bf16),
+                      Catch::StartsWith("sparse_kernel: expected a kernel without wgmma") &&
+                          Catch::Contains(sparse_kernel_name(kernel)));
+  }
   hils::gpu::set_sparse_kernel(sparse);
   hils::gpu::detail::disable_wgmma_for_testing(false);
   CHECK(hils::gpu::wgmma_available() == (sm90 && HILS_TEST_BUILD_HAS_SM90A));

@@ -99,7 +99,8 @@ constexpr bool uses_wgmma(SparseKernel kernel) {
     case SparseKernel::chunked_v8:
     case SparseKernel::chunked_v10:
     case SparseKernel::chunked_v11: return false;
-    case SparseKernel::chunked_v9: return true;
+    case SparseKernel::chunked_v9:
+    case SparseKernel::chunked_v12: return true;
   }
   return true;
 }
