@@ -146,6 +146,24 @@ const char* window_kernel_name(WindowKernel kernel) {
   }
   return "unknown";
 }
+const char* select_kernel_name(SelectKernel kernel) {
+  switch (kernel) {
+    case SelectKernel::two_pass_v4: return "two_pass_v4";
+    case SelectKernel::one_pass_v5: return "one_pass_v5";
+    case SelectKernel::two_pass_v6: return "two_pass_v6";
+    case SelectKernel::two_pass_v7: return "two_pass_v7";
+    case SelectKernel::two_pass_v8: return "two_pass_v8";
+    case SelectKernel::two_pass_v9: return "two_pass_v9";
+    case SelectKernel::two_pass_v10: return "two_pass_v10";
+    case SelectKernel::two_pass_v11: return "two_pass_v11";
+    case SelectKernel::two_pass_v12: return "two_pass_v12";
+  }
+  return "unknown";
+}
+bool wgmma_available() { return detail::wgmma_runs_on_current_device(); }
+SelectKernel default_select_kernel() {
+  return wgmma_available() ? kDefaultSelectKernel : kSelectKernelWithoutWgmma;
+}
 
 void window_attention(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                       float* o_swa, float* lse_swa, cudaStream_t stream) {
@@ -198,14 +216,14 @@ void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const Devic
 void select_chunks(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                    const float* key, const float* bias, const float* exact,
                    const float* lse_swa, int32_t* selection, float* selected_score,
-                   cudaStream_t stream, SelectKernel kernel) {
+                   cudaStream_t stream, std::optional<SelectKernel> kernel) {
   validate(spec, shape, in);
   require(spec.key_rule != KeyRule::exact || exact != nullptr, "exact",
           "L(t,c) scores for key_rule exact", "null");
   const detail::LaunchParams p = params_of(spec, shape, in);
   if (g_packed_kernels && spec.key_rule != KeyRule::exact && detail::packed_select_applies(p))
     detail::launch_select_packed(p, key, bias, lse_swa, selection, selected_score,
-                                 kernel, stream);
+                                 kernel.value_or(default_select_kernel()), stream);
   else
     detail::launch_select(p, key, bias, spec.key_rule == KeyRule::exact ? exact : nullptr,
                           lse_swa, selection, selected_score, stream);

@@ -1532,6 +1532,9 @@ void launch_select_packed(const LaunchParams& p, const float* key, const float* 
                            kernel == PackedSelect::two_pass_v11 || kernel == PackedSelect::two_pass_v12) &&
                           p.K > kWarp);
   const PackedSelect one = fall_back ? PackedSelect::two_pass_v4 : kernel;
+  if (uses_wgmma(one) && !wgmma_runs_on_current_device())
+    refuse_wgmma_kernel("select_kernel", select_kernel_name(one),
+                        "two_pass_v4 to two_pass_v8; two_pass_v8 is the fastest");
   switch (p.Hq / p.Hkv) {
     case 1: return launch_select_g<1>(p, key, bias, lse_swa, selection, selected_score, one, stream);
     case 2: return launch_select_g<2>(p, key, bias, lse_swa, selection, selected_score, one, stream);

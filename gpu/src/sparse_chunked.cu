@@ -1353,6 +1353,9 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
                          const float* selected_score, const float* o_swa, const float* lse_swa,
                          float* o, float* lse, cudaStream_t stream) {
   const SparseKernel kernel = g_sparse_kernel;
+  if (uses_wgmma(kernel) && !wgmma_runs_on_current_device())
+    refuse_wgmma_kernel("sparse_kernel", sparse_kernel_name(kernel),
+                        "a kernel without wgmma, such as the default chunked_v11");
   if (kernel == SparseKernel::chunked_v8 || kernel == SparseKernel::chunked_v9 ||
       kernel == SparseKernel::chunked_v10 || kernel == SparseKernel::chunked_v11) {
     switch (p.Hq / p.Hkv) {

@@ -13,6 +13,7 @@
 #include "case_inputs.hpp"
 #include "device_support.hpp"
 #include "hils/gpu/c_api.h"
+#include "launch_params.hpp"
 
 namespace {
 
@@ -99,18 +100,31 @@ bool reference_accepts(const MechanismSpec& spec, const AttentionInputs<double>&
   }
 }
 
-// Runs the kernels and the oracle for one (spec, inputs, dtype); prints the report.
-bool check_mechanism(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
-                     DType dtype, const std::string& label) {
-  const KernelRun run = run_on_device(spec, inputs, dtype);
+// The oracle for one (spec, inputs, dtype): the reference runs once per Verifier, so a test
+// that judges several kernel variants on the same problem builds one and passes it to each.
+oracle::Verifier verifier_for(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                              DType dtype) {
   oracle::VerifyOptions options;
   options.precision = gt::precision_of(dtype);
   options.score_precision = gt::score_precision_of(dtype, inputs.d(), spec);
-  const oracle::Verdict verdict = oracle::verify(spec, inputs, run.out, options);
+  return oracle::Verifier(spec, inputs, options);
+}
+
+// Runs the kernels for one (spec, inputs, dtype), judges them with `verifier` (built by
+// verifier_for from the same three) and prints the report.
+bool check_with(const oracle::Verifier& verifier, const MechanismSpec& spec,
+                const AttentionInputs<double>& inputs, DType dtype, const std::string& label) {
+  const KernelRun run = run_on_device(spec, inputs, dtype);
+  const oracle::Verdict verdict = verifier.verify(run.out);
   std::cout << "=== " << label << " [" << gt::name_of(dtype) << "] " << spec.name << "\n"
             << verdict.report();
   for (const auto& problem : run.guard_problems) std::cout << "GUARD: " << problem << "\n";
   return verdict.passed && run.guard_problems.empty();
+}
+
+bool check_mechanism(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                     DType dtype, const std::string& label) {
+  return check_with(verifier_for(spec, inputs, dtype), spec, inputs, dtype, label);
 }
 
 // Runs a preset over every case of the table in both precisions.
@@ -190,11 +204,12 @@ TEST_CASE("gpu packed tensor-core kernels against the reference", "[gpu]") {
     for (const char* preset : {"hils", "lmk", "swa"}) {
       MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
       if (!reference_accepts(spec, inputs)) continue;
+      const auto verifier = verifier_for(spec, inputs, DType::bf16);
       for (bool packed : {true, false}) {
         hils::gpu::set_packed_kernels(packed);
         INFO("case " << c.name << " preset " << preset << (packed ? " packed" : " simt"));
-        CHECK(check_mechanism(spec, inputs, DType::bf16,
-                              std::string(c.name) + (packed ? " packed" : " simt")));
+        CHECK(check_with(verifier, spec, inputs, DType::bf16,
+                         std::string(c.name) + (packed ? " packed" : " simt")));
       }
       hils::gpu::set_packed_kernels(true);
       // Every other chunk-major sparse stage under test (the current one ran above); a spec
@@ -204,8 +219,8 @@ TEST_CASE("gpu packed tensor-core kernels against the reference", "[gpu]") {
         if (other == current || !spec.selects()) continue;
         hils::gpu::set_sparse_kernel(other);
         INFO("case " << c.name << " preset " << preset << " packed, " << sparse_kernel_name(other));
-        CHECK(check_mechanism(spec, inputs, DType::bf16,
-                              std::string(c.name) + " packed " + sparse_kernel_name(other)));
+        CHECK(check_with(verifier, spec, inputs, DType::bf16,
+                         std::string(c.name) + " packed " + sparse_kernel_name(other)));
       }
       hils::gpu::set_sparse_kernel(current);
     }
@@ -237,6 +252,7 @@ TEST_CASE("gpu packed sparse stage in segments, softmax1 and group rules", "[gpu
     for (const MechanismSpec& preset : {base, softmax1, sum_prob, max_raw}) {
       const MechanismSpec spec = hils::cases::with_case_geometry(preset, c);
       if (!reference_accepts(spec, inputs)) continue;
+      const auto verifier = verifier_for(spec, inputs, DType::bf16);
       const auto current = hils::gpu::sparse_kernel();
       for (auto kernel : gt::sparse_kernels_under_test()) {
         hils::gpu::set_sparse_kernel(kernel);
@@ -244,9 +260,9 @@ TEST_CASE("gpu packed sparse stage in segments, softmax1 and group rules", "[gpu
           hils::gpu::set_sparse_segment_queries(segment);
           INFO("case " << c.name << " spec " << spec.name << " " << sparse_kernel_name(kernel)
                        << " segment " << segment);
-          CHECK(check_mechanism(spec, inputs, DType::bf16,
-                                std::string(c.name) + " " + sparse_kernel_name(kernel) +
-                                    " segment " + std::to_string(segment)));
+          CHECK(check_with(verifier, spec, inputs, DType::bf16,
+                           std::string(c.name) + " " + sparse_kernel_name(kernel) +
+                               " segment " + std::to_string(segment)));
         }
       }
       hils::gpu::set_sparse_kernel(current);
@@ -279,6 +295,7 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's to v11's and v6's lse
     const auto inputs = hils::cases::make_inputs<double>(c);
     const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
     REQUIRE(reference_accepts(spec, inputs));
+    const auto verifier = verifier_for(spec, inputs, DType::bf16);
     for (int64_t segment : {int64_t{0}, int64_t{257}}) {
       hils::gpu::set_sparse_segment_queries(segment);
       auto run_with = [&](hils::gpu::SparseKernel kernel) {
@@ -348,9 +365,9 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's to v11's and v6's lse
       // against the reference (no other packed case selects with G = 1).
       for (auto kernel : {hils::gpu::SparseKernel::chunked_v6, current}) {
         hils::gpu::set_sparse_kernel(kernel);
-        CHECK(check_mechanism(spec, inputs, DType::bf16,
-                              std::string(c.name) + " " + sparse_kernel_name(kernel) +
-                                  " segment " + std::to_string(segment)));
+        CHECK(check_with(verifier, spec, inputs, DType::bf16,
+                         std::string(c.name) + " " + sparse_kernel_name(kernel) + " segment " +
+                             std::to_string(segment)));
       }
     }
   }
@@ -398,11 +415,12 @@ TEST_CASE("gpu packed window kernels against the reference", "[gpu]") {
     for (const char* preset : {"swa", "hils"}) {
       const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
       if (!reference_accepts(spec, inputs)) continue;
+      const auto verifier = verifier_for(spec, inputs, DType::bf16);
       for (auto kernel : hils::gpu::kWindowKernels) {
         hils::gpu::set_window_kernel(kernel);
         const std::string name = hils::gpu::window_kernel_name(kernel);
         INFO("case " << c.name << " preset " << preset << " " << name);
-        CHECK(check_mechanism(spec, inputs, DType::bf16, std::string(c.name) + " " + name));
+        CHECK(check_with(verifier, spec, inputs, DType::bf16, std::string(c.name) + " " + name));
       }
     }
   }
@@ -431,4 +449,60 @@ TEST_CASE("gpu C API window kernel values", "[gpu]") {
   CHECK_FALSE(hils::gpu::packed_kernels());
   REQUIRE(hils_gpu_set_packed_kernels(1) == 0);
   CHECK(hils::gpu::packed_kernels());
+}
+
+// Where wgmma cannot run (a build without sm_90a, a GPU of another generation; forced here by
+// the test switch), the default selection is two_pass_v8 and selects what the wgmma default selects,
+// and a wgmma kernel named by the caller is refused when it would run, with an error that names
+// the field, the kernel and the build setting, instead of a trap in the kernel.
+TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "[gpu]") {
+  cudaDeviceProp prop{};
+  REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+  const bool sm90 = prop.major == 9 && prop.minor == 0;
+  INFO("device sm_" << prop.major << prop.minor << ", build for sm_90a: " << HILS_TEST_BUILD_HAS_SM90A);
+  CHECK(hils::gpu::wgmma_available() == (sm90 && HILS_TEST_BUILD_HAS_SM90A));
+  CHECK(hils::gpu::default_select_kernel() == (hils::gpu::wgmma_available()
+                                                   ? hils::gpu::kDefaultSelectKernel
+                                                   : hils::gpu::kSelectKernelWithoutWgmma));
+
+  const Case c{"packed_bench_geometry", 2113, 64, 512, 32, 16, 2, 64, 64, true, 1.0};
+  const auto inputs = hils::cases::make_inputs<double>(c);
+  const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
+  const KernelRun with_default = run_on_device(spec, inputs, DType::bf16);
+
+  hils::gpu::detail::disable_wgmma_for_testing(true);
+  CHECK_FALSE(hils::gpu::wgmma_available());
+  CHECK(hils::gpu::default_select_kernel() == hils::gpu::SelectKernel::two_pass_v8);
+  const KernelRun fallen_back = run_on_device(spec, inputs, DType::bf16);
+  CHECK(fallen_back.guard_problems.empty());
+  REQUIRE(fallen_back.out.selection.size() == with_default.out.selection.size());
+  for (size_t g = 0; g < fallen_back.out.selection.size(); ++g)
+    CHECK(fallen_back.out.selection[g] == with_default.out.selection[g]);
+
+  const auto shape = hils::gpu::Shape{c.T, c.Hq, c.Hkv, c.d, c.dv};
+  auto set = gt::upload_inputs(inputs, DType::bf16);
+  const int64_t nc = c.T / c.S;
+  gt::GuardedBuffer key(c.Hq * nc * c.d * 4), bias(c.Hq * nc * 4), lse_swa(c.Hq * c.T * 4);
+  gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), score(c.Hq * c.T * c.K * 4);
+  for (auto kernel : {hils::gpu::SelectKernel::two_pass_v9, hils::gpu::SelectKernel::two_pass_v10,
+                      hils::gpu::SelectKernel::two_pass_v11, hils::gpu::SelectKernel::two_pass_v12}) {
+    REQUIRE(hils::gpu::uses_wgmma(kernel));
+    INFO(hils::gpu::select_kernel_name(kernel));
+    CHECK_THROWS_WITH(
+        hils::gpu::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,
+                                 lse_swa.as<float>(), selection.as<int32_t>(), score.as<float>(),
+                                 nullptr, kernel),
+        Catch::StartsWith("select_kernel: expected a kernel without wgmma") &&
+            Catch::Contains(hils::gpu::select_kernel_name(kernel)) &&
+            Catch::Contains("HILS_CUDA_ARCHITECTURES=90a"));
+  }
+  const auto sparse = hils::gpu::sparse_kernel();
+  hils::gpu::set_sparse_kernel(hils::gpu::SparseKernel::chunked_v9);
+  CHECK_THROWS_WITH(run_on_device(spec, inputs, DType::bf16),
+                    Catch::StartsWith("sparse_kernel: expected a kernel without wgmma") &&
+                        Catch::Contains("chunked_v9"));
+  hils::gpu::set_sparse_kernel(sparse);
+  hils::gpu::detail::disable_wgmma_for_testing(false);
+  CHECK(hils::gpu::wgmma_available() == (sm90 && HILS_TEST_BUILD_HAS_SM90A));
+  gt::check_cuda(cudaDeviceSynchronize(), "after the refusals");
 }

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "hils/spec.hpp"
 
@@ -85,6 +86,21 @@ constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKerne
                                            SparseKernel::chunked_v10, SparseKernel::chunked_v11};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
+// Whether the sparse stage runs wgmma (sm_90a; wgmma_available below). Every kernel is listed,
+// so that a new one cannot be left out (-Wswitch).
+constexpr bool uses_wgmma(SparseKernel kernel) {
+  switch (kernel) {
+    case SparseKernel::chunked_v4:
+    case SparseKernel::atomic_v5:
+    case SparseKernel::chunked_v6:
+    case SparseKernel::chunked_v7:
+    case SparseKernel::chunked_v8:
+    case SparseKernel::chunked_v10:
+    case SparseKernel::chunked_v11: return false;
+    case SparseKernel::chunked_v9: return true;
+  }
+  return true;
+}
 constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v11;
 void set_sparse_kernel(SparseKernel kernel);
 SparseKernel sparse_kernel();
@@ -149,15 +165,48 @@ enum class SelectKernel {
   two_pass_v12,  // v11 with pass 2's per-step copies, descriptors and resets trimmed
 };
 constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v12;
+// The selection without wgmma where wgmma cannot run (wgmma_available).
+constexpr SelectKernel kSelectKernelWithoutWgmma = SelectKernel::two_pass_v8;
+// The kernel's name as above ("two_pass_v12", ...).
+const char* select_kernel_name(SelectKernel kernel);
+// Whether the kernel runs wgmma (sm_90a): two_pass_v9 and later. Every kernel is listed, so
+// that a new one cannot be left out (-Wswitch).
+constexpr bool uses_wgmma(SelectKernel kernel) {
+  switch (kernel) {
+    case SelectKernel::two_pass_v4:
+    case SelectKernel::one_pass_v5:
+    case SelectKernel::two_pass_v6:
+    case SelectKernel::two_pass_v7:
+    case SelectKernel::two_pass_v8: return false;
+    case SelectKernel::two_pass_v9:
+    case SelectKernel::two_pass_v10:
+    case SelectKernel::two_pass_v11:
+    case SelectKernel::two_pass_v12: return true;
+  }
+  return true;
+}
+
+// Whether the wgmma kernels (uses_wgmma: selections from two_pass_v9, sparse stages such as
+// chunked_v9) can run on the current GPU with this build: its code for the GPU must be sm_90a
+// (HILS_CUDA_ARCHITECTURES=90a and an sm_90 GPU). Probed once per device, at the first call,
+// by a one-thread kernel and a copy on the default stream (a program that captures CUDA graphs
+// makes one call before capturing). Where they cannot run, the default selection is
+// kSelectKernelWithoutWgmma (default_select_kernel), and naming a wgmma kernel (select_chunks'
+// `kernel`, set_sparse_kernel) is refused when it would run, with an std::invalid_argument
+// that names the field, the kernel and the build setting.
+bool wgmma_available();
+// kDefaultSelectKernel where wgmma_available(), else kSelectKernelWithoutWgmma.
+SelectKernel default_select_kernel();
 
 // Selection per KV group (reference/SEMANTICS.md §4): [Hkv, T, K], ascending, -1 padded, ties to
 // the lower chunk. Scores come from the summaries, or from `exact` [Hq, T, n_chunks] for the exact
 // rule. selected_score [Hq, T, K] receives s_hat of each selected chunk (for the fusion).
+// `kernel`: default_select_kernel() when not given.
 void select_chunks(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                    const float* key, const float* bias, const float* exact,
                    const float* lse_swa, int32_t* selection, float* selected_score,
                    cudaStream_t stream = nullptr,
-                   SelectKernel kernel = kDefaultSelectKernel);
+                   std::optional<SelectKernel> kernel = std::nullopt);
 // Fusion (reference/SEMANTICS.md §5) of a given selection: hierarchical (Eq. 10) or flat (Eq. 3).
 // selected_score is needed for hierarchical fusion only.
 void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
