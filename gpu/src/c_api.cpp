@@ -2,6 +2,7 @@
 #include "hils/gpu/c_api.h"
 
 #include <exception>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 
@@ -67,17 +68,25 @@ int guarded(const hils_gpu_problem* p, Body body) {
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
+// Every value of `kernels` (the values are their indices) with its name: "0 (a), 1 (b)", the
+// last one joined by `last_joiner`.
+template <class Kernel, size_t N, class NameOf>
+std::string kernel_values(const Kernel (&kernels)[N], NameOf name_of, const char* last_joiner) {
+  std::string names;
+  for (size_t i = 0; i < N; ++i)
+    names += (i == 0 ? "" : i + 1 == N ? last_joiner : ", ") + std::to_string(i) + " (" +
+             name_of(kernels[i]) + ")";
+  return names;
+}
+
 // A process-wide kernel choice by its enum value (the values are the indices of `kernels`): 0 and
 // the choice made, or 2 with an error naming the field and every accepted value with its name.
 template <class Kernel, size_t N, class NameOf, class Set>
 int set_kernel_by_value(const char* field, int32_t value, const Kernel (&kernels)[N], NameOf name_of,
                         Set set) {
-  const auto n_kernels = static_cast<int32_t>(N);
-  if (value < 0 || value >= n_kernels) {
-    std::string names;
-    for (int32_t i = 0; i < n_kernels; ++i)
-      names += (i > 0 ? ", " : "") + std::to_string(i) + " (" + name_of(kernels[i]) + ")";
-    g_last_error = std::string(field) + ": expected one of " + names + ", got " + std::to_string(value);
+  if (value < 0 || value >= static_cast<int32_t>(N)) {
+    g_last_error = std::string(field) + ": expected one of " + kernel_values(kernels, name_of, ", ") +
+                   ", got " + std::to_string(value);
     return 2;
   }
   set(static_cast<Kernel>(value));
@@ -157,11 +166,11 @@ int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const
                          const float* bias, const float* exact, const float* lse_swa,
                          int32_t* selection, float* selected_score, void* stream) {
   return guarded(p, [&](const Translated& t) {
-    if (select_kernel < 0 || select_kernel > 8)
+    if (select_kernel < 0 || select_kernel >= static_cast<int32_t>(std::size(hils::gpu::kSelectKernels)))
       throw std::invalid_argument(
-          "select_kernel: expected 0 (two_pass_v4), 1 (one_pass_v5), 2 (two_pass_v6), 3 (two_pass_v7), "
-          "4 (two_pass_v8), 5 (two_pass_v9), 6 (two_pass_v10), 7 (two_pass_v11) or 8 (two_pass_v12), got " +
-          std::to_string(select_kernel));
+          "select_kernel: expected " +
+          kernel_values(hils::gpu::kSelectKernels, hils::gpu::select_kernel_name, " or ") +
+          ", got " + std::to_string(select_kernel));
     hils::gpu::select_chunks(t.spec, t.shape, t.in, key, bias, exact, lse_swa, selection,
                              selected_score, as_stream(stream),
                              static_cast<hils::gpu::SelectKernel>(select_kernel));

@@ -167,6 +167,11 @@ enum class SelectKernel {
                  // two_pass_v4)
   two_pass_v12,  // v11 with pass 2's per-step copies, descriptors and resets trimmed
 };
+// Every SelectKernel, in the order of their values.
+constexpr SelectKernel kSelectKernels[] = {
+    SelectKernel::two_pass_v4, SelectKernel::one_pass_v5,  SelectKernel::two_pass_v6,
+    SelectKernel::two_pass_v7, SelectKernel::two_pass_v8,  SelectKernel::two_pass_v9,
+    SelectKernel::two_pass_v10, SelectKernel::two_pass_v11, SelectKernel::two_pass_v12};
 constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v12;
 // The selection without wgmma where wgmma cannot run (wgmma_available).
 constexpr SelectKernel kSelectKernelWithoutWgmma = SelectKernel::two_pass_v8;
