@@ -104,6 +104,14 @@ __device__ __forceinline__ float logaddexp(float a, float b) {
   return m == kNegInf ? kNegInf : m + __logf(__expf(a - m) + __expf(b - m));
 }
 
+// A value another block of the same kernel may have written (kFresh, d23's tail kernel: through
+// the L2, ld.global.cg, past this SM's L1) or one an earlier kernel wrote (a plain load).
+template <bool kFresh, class T>
+__device__ __forceinline__ T load_written(const T* p) {
+  if constexpr (kFresh) return __ldcg(p);
+  else return *p;
+}
+
 // Monotone map of a float to uint32: a > b  <=>  key(a) > key(b).
 __device__ __forceinline__ uint32_t order_key(float x) {
   const uint32_t u = __float_as_uint(x);
@@ -717,6 +725,24 @@ __device__ __forceinline__ uint64_t warp_sort_desc(uint64_t x) {
   return x;
 }
 
+// warp_sort_desc of N lists at once (their shuffles interleaved: one sort's latency, not N).
+template <int N>
+__device__ __forceinline__ void warp_sort_desc_batch(uint64_t (&x)[N]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int k = 2; k <= kWarp; k *= 2) {
+#pragma unroll
+    for (int j = k / 2; j > 0; j /= 2) {
+      const bool keep_max = ((lane & j) == 0) == ((lane & k) == 0);
+      uint64_t y[N];
+#pragma unroll
+      for (int u = 0; u < N; ++u) y[u] = __shfl_xor_sync(0xffffffffu, x[u], j);
+#pragma unroll
+      for (int u = 0; u < N; ++u) x[u] = keep_max ? max(x[u], y[u]) : min(x[u], y[u]);
+    }
+  }
+}
+
 // The 32 largest of two descending lists, descending; `b_reversed` holds b[31 - lane].
 // max(a[i], b[31 - i]) is bitonic and holds the 32 largest; half-cleaners sort it.
 __device__ __forceinline__ uint64_t warp_merge_desc(uint64_t a, uint64_t b_reversed) {
@@ -792,11 +818,13 @@ __device__ __forceinline__ float group_score(const DecodeParams& p, const float 
   return r;
 }
 
-// kShort's path for G <= 16 and K <= 32 on kThreads threads (256: the group-score launch; 128:
-// the tail kernel of d23), kScoreThreads / kThreads candidates per thread (c = tile_first +
-// threadIdx.x + u kThreads): each candidate's G scores are loaded before log Z_hat (one pass),
-// each warp sorts its lists of 32 ranks and merges them, a merge tree over the warps gives the
-// tile's K best, descending (the same list whatever kThreads: ranks are distinct).
+// d23's group-score tile (G <= 16, K <= 32) on kThreads threads, kScoreThreads / kThreads
+// candidates per thread (c = tile_first + threadIdx.x + u kThreads): each candidate's G scores
+// are loaded before log Z_hat (one pass), each warp sorts its lists of 32 ranks and merges them,
+// a merge tree over the warps gives the tile's K best, descending: the list of kShort's
+// 256-thread tile (group_score_tile), whatever kThreads (ranks are distinct). d21 keeps its own
+// code: calling this template from its tile raised it from 60 to 71 registers (3 blocks per SM
+// instead of 4) and its group scores from 7.1 to 8.8 us (session 11, run 1).
 template <int kThreads>
 __device__ void group_score_tile_sorted(const DecodeParams& p, const DecodeScratch& w,
                                         int64_t tile, int64_t bg) {
@@ -841,10 +869,6 @@ __device__ void group_score_tile_sorted(const DecodeParams& p, const DecodeScrat
 template <bool kShort>
 __device__ void group_score_tile(const DecodeParams& p, const DecodeScratch& w, int64_t tile,
                                  int64_t bg) {
-  if (kShort && p.G <= kFastMaxGroup && tile_keep(p) <= kShortK) {
-    group_score_tile_sorted<kScoreThreads>(p, w, tile, bg);
-    return;
-  }
   __shared__ float log_z[64];
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
   const int warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
@@ -942,9 +966,9 @@ __device__ void select_group(const DecodeParams& p, const DecodeScratch& w, int6
 // 128 in d23's tail kernel): warp w ranks the kept candidates w * 32 + lane, + kThreads, ...
 // (sorts and merges in registers; kBatch lists of 32 loaded at once), a merge tree gives the K
 // best, a last sort orders them by chunk. The first candidates' loads are issued before the
-// window merge (when this block does it) so that they overlap. The kept lists are read through
-// the L2 (ld.global.cg): in d23 other blocks of the same kernel wrote them.
-template <int kThreads, int kBatch>
+// window merge (when this block does it) so that they overlap. kFresh (d23): other blocks of the
+// same kernel wrote the kept lists, read through the L2.
+template <int kThreads, int kBatch, bool kFresh>
 __device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w, int64_t bg,
                                    float* o_window, float* lse_window, bool merge_window) {
   __shared__ uint64_t lists[kThreads];
@@ -959,7 +983,9 @@ __device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int64_t i = base + u * step + lane;
-      x[u] = i < m ? candidate_rank(__ldcg(src + i), __ldcg(idx + i)) : 0u;
+      x[u] = i < m ? (kFresh ? candidate_rank(__ldcg(src + i), __ldcg(idx + i))
+                             : candidate_rank(__ldg(src + i), __ldg(idx + i)))
+                   : 0u;
     }
   };
   int64_t base = warp * kWarp;
@@ -968,8 +994,13 @@ __device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w
     write_window(p, w, b * p.Hq + g * p.G + j, o_window, lse_window);
   uint64_t best = 0;
   while (base < m) {
+    warp_sort_desc_batch(x);
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) best = warp_merge_desc(best, lane_reversed(warp_sort_desc(x[u])));
+    for (int width = 1; width < kBatch; width *= 2)  // a merge tree over the batch's lists
+#pragma unroll
+      for (int u = 0; u + width < kBatch; u += 2 * width)
+        x[u] = warp_merge_desc(x[u], lane_reversed(x[u + width]));
+    best = warp_merge_desc(best, lane_reversed(x[0]));
     base += kBatch * step;
     if (base < m) load(base);
   }
@@ -997,8 +1028,8 @@ __global__ void __launch_bounds__(kShortSelectThreads)
     decode_select_sorted_kernel(DecodeParams p, DecodeScratch w, float* o_window,
                                 float* lse_window) {
   wait_for_previous_grid();
-  select_group_short<kShortSelectThreads, 1>(p, w, blockIdx.x, o_window, lse_window,
-                                             !fuse_merges_window(p));
+  select_group_short<kShortSelectThreads, 1, false>(p, w, blockIdx.x, o_window, lse_window,
+                                                    !fuse_merges_window(p));
   allow_next_grid();
 }
 
@@ -1160,15 +1191,15 @@ __device__ void selected_logits_warp(const DecodeParams& p, float* fusion_logit,
 // kLandmarkMask (d19): a selected chunk is complete (c < T / S), so its one unattendable slot is
 // the landmark S - 1; the mask tests that instead of SlotGeometry::attendable per slot (two
 // 64-bit divisions each, 16 slots per lane: the PTX falls from 1,765 to 1,205 instructions).
-// One warp: selected slot i of group bg in `tile` (the selection read through the L2: in d23
-// other blocks of the same kernel wrote it).
-template <bool kLandmarkMask>
+// One warp: selected slot i of group bg in `tile`; kFresh (d23): the selection was written by
+// another block of the same kernel.
+template <bool kLandmarkMask, bool kFresh>
 __device__ void chunk_mma_warp(const DecodeParams& p, const int32_t* selection, float* chunk_part,
                                float* fusion_logit, int64_t i, int64_t bg, ChunkTiles& tile) {
   const int lane = threadIdx.x % kWarp;
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv, first = b * p.Hq + g * p.G;
   const int G = static_cast<int>(p.G), quad = lane % 4, r0 = lane / 4, r1 = r0 + 8;
-  const int32_t c = i < p.K ? __ldcg(selection + bg * p.K + i) : -1;
+  const int32_t c = i < p.K ? load_written<kFresh>(selection + bg * p.K + i) : -1;
   if (i < p.K && c < 0) {  // -1 padding: an empty softmax (lse -inf, o 0)
     for (int t = lane; t < G * (kTileDim + 1); t += kWarp) {
       const int j = t / (kTileDim + 1), col = t % (kTileDim + 1);
@@ -1250,7 +1281,7 @@ __global__ void __launch_bounds__(kMmaChunkWarps * kWarp)
   __shared__ __align__(16) ChunkTiles tiles[kMmaChunkWarps];
   wait_for_previous_grid();
   const int warp = threadIdx.x / kWarp;
-  chunk_mma_warp<kLandmarkMask>(p, selection, chunk_part, fusion_logit,
+  chunk_mma_warp<kLandmarkMask, false>(p, selection, chunk_part, fusion_logit,
                                 static_cast<int64_t>(blockIdx.x) * kMmaChunkWarps + warp,
                                 blockIdx.y, tiles[warp]);
   allow_next_grid();
@@ -1346,8 +1377,9 @@ __device__ void fuse_head(const DecodeParams& p, const DecodeScratch& w, int64_t
 // slot i's chunk and logit, window tile i's (m, l); all K rows of o_c and all window tiles' o,
 // dims lane and lane + 32), then the sums: one round trip (two for hierarchical fusion with bf16
 // summaries: the logit is read at its chunk). The window merge (o_swa, lse_swa) happens here.
-// The selection, the fusion logits and the chunks' outputs are read through the L2
-// (ld.global.cg): in d23 other blocks of the same kernel wrote them.
+// kFresh (d23): the selection, the fusion logits and the chunks' outputs were written by other
+// blocks of the same kernel.
+template <bool kFresh>
 __device__ void fuse_head_short(const DecodeParams& p, const DecodeScratch& w, int64_t item,
                                 float* o, float* lse, float* fusion_weights, float* o_window,
                                 float* lse_window) {
@@ -1356,16 +1388,18 @@ __device__ void fuse_head_short(const DecodeParams& p, const DecodeScratch& w, i
   const int32_t* sel = w.selection + (b * p.Hkv + g) * p.K;
   const float* part = w.chunk_part + item * p.K * (p.dv + 1);
   const bool mine = lane < p.K;
-  const int32_t c = mine ? __ldcg(sel + lane) : -1;
+  const int32_t c = mine ? load_written<kFresh>(sel + lane) : -1;
   const bool logit_given = p.hierarchical && p.summary_key_bf16;
-  const float given = mine && logit_given ? __ldcg(w.fusion_logit + item * p.K + lane) : kNegInf;
-  const float flat = mine && !p.hierarchical ? __ldcg(part + lane * (p.dv + 1)) : kNegInf;
+  const float given =
+      mine && logit_given ? load_written<kFresh>(w.fusion_logit + item * p.K + lane) : kNegInf;
+  const float flat =
+      mine && !p.hierarchical ? load_written<kFresh>(part + lane * (p.dv + 1)) : kNegInf;
   float v0[kShortK], v1[kShortK];
 #pragma unroll
   for (int i = 0; i < kShortK; ++i) {
     const float* row = part + i * (p.dv + 1) + 1;
-    v0[i] = i < p.K && lane < p.dv ? __ldcg(row + lane) : 0.0f;
-    v1[i] = i < p.K && lane + kWarp < p.dv ? __ldcg(row + lane + kWarp) : 0.0f;
+    v0[i] = i < p.K && lane < p.dv ? load_written<kFresh>(row + lane) : 0.0f;
+    v1[i] = i < p.K && lane + kWarp < p.dv ? load_written<kFresh>(row + lane + kWarp) : 0.0f;
   }
   const float* win = w.win_part + item * p.n_win_tiles * (p.dv + 2);
   const bool my_tile = lane < p.n_win_tiles;
@@ -1428,7 +1462,7 @@ __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, fl
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (item >= p.B * p.Hq) return;
   if (kShort && fuse_merges_window(p))
-    fuse_head_short(p, w, item, o, lse, fusion_weights, o_window, lse_window);
+    fuse_head_short<false>(p, w, item, o, lse, fusion_weights, o_window, lse_window);
   else
     fuse_head<kBatched>(p, w, item, o, lse, fusion_weights);
 }
@@ -1462,12 +1496,19 @@ __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool 
 // of work). Here one grid of 128-thread blocks runs them with dependencies per KV group (b, g)
 // instead of kernel boundaries. A block takes a ticket (an atomic counter) when it starts and runs
 // the item of that ticket: first every group-score tile (group by group), then every chunk item
-// (2 selected chunks each, a warp per chunk on the tensor cores). The last group-score tile of a
-// group to finish (a fenced counter) runs the group's select and raises its flag; a chunk item
-// waits for its group's flag; the last chunk item of a group to finish runs the group's fuse (a
-// warp per head). No deadlock: a ticket is taken by a resident block, and a chunk item waits only
-// on group-score tiles, whose tickets are all lower and which never wait.
+// (2 selected chunks each, a warp per chunk on the tensor cores), then every fuse item (4 heads,
+// a warp per head). The last group-score tile of a group to finish (a counter) runs the group's
+// select and raises its flag; a chunk item waits for its group's flag, a fuse item for its
+// group's chunk items. No deadlock: a ticket is taken by a resident block, and an item waits only
+// on items of lower tickets (held by resident blocks), and group-score tiles never wait.
+// Ordering: one thread per block publishes (after a block barrier) with a release atomic at GPU
+// scope and the waiter reads with an acquire load, then a block barrier (the pattern of CUTLASS's
+// GenericBarrier); data written inside the kernel is read with ld.global.cg. Measured (session 11,
+// gpu/NOTES.md "decode", d23): correct and bit for bit d21's outputs, but slower: each stage of the
+// chain runs code that the scan's 77 MB have evicted from the L2 (the group scores + select cost
+// 26 us at B = 1 after an L2 flush, 11 us without one, with all their data written on chip).
 constexpr int kTailThreads = 128;
+constexpr int kTailWarps = kTailThreads / kWarp;
 constexpr int kTailChunkWarps = 2;   // chunk tiles per item: 2 x 18 KB of shared memory
 constexpr int kTailSelectBatch = 8;  // the select's lists per warp at once (1,024 candidates)
 
@@ -1483,19 +1524,43 @@ __host__ __device__ inline int64_t tail_score_tiles(const DecodeParams& p) {
 __host__ __device__ inline int64_t tail_chunk_items(const DecodeParams& p) {
   return (p.K + kTailChunkWarps - 1) / kTailChunkWarps;
 }
+__host__ __device__ inline int64_t tail_fuse_items(const DecodeParams& p) {
+  return (p.G + kTailWarps - 1) / kTailWarps;
+}
 
-// Block-wide: this block's global writes are published, then it counts itself at `counter`;
-// true on the block that brings it to n (every other block's writes are then visible to it).
+__device__ __forceinline__ uint32_t atomic_add_acq_rel(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+__device__ __forceinline__ void add_release(uint32_t* p, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Block-wide: this block's writes are published and it counts itself at `counter`; true on the
+// block that brings it to n (every other counted block's writes are then visible to it).
 __device__ bool arrive_last(uint32_t* counter, int64_t n) {
   __shared__ int last;
-  __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(counter, 1u) == static_cast<uint32_t>(n - 1);
-    __threadfence();
-  }
+  if (threadIdx.x == 0) last = atomic_add_acq_rel(counter, 1u) == static_cast<uint32_t>(n - 1);
   __syncthreads();
   return last;
+}
+// Block-wide: this block's writes are published, then `counter` grows by one.
+__device__ void arrive(uint32_t* counter) {
+  __syncthreads();
+  if (threadIdx.x == 0) add_release(counter, 1u);
+}
+// Block-wide: returns once `counter` reached n; the writes published before are visible.
+__device__ void wait_for(const uint32_t* counter, int64_t n) {
+  if (threadIdx.x == 0)
+    while (load_acquire(counter) < static_cast<uint32_t>(n)) __nanosleep(32);
+  __syncthreads();
 }
 
 __global__ void __launch_bounds__(kTailThreads, 4)
@@ -1511,31 +1576,32 @@ __global__ void __launch_bounds__(kTailThreads, 4)
   if (threadIdx.x == 0) ticket = atomicAdd(w.sync + 3 * BG, 1u);
   __syncthreads();
   const int64_t n_tiles = tail_score_tiles(p), n_items = tail_chunk_items(p);
-  if (ticket < BG * n_tiles) {
+  const int warp = threadIdx.x / kWarp;
+  if (ticket < BG * n_tiles) {  // a group-score tile; the group's last one selects
     const int64_t bg = ticket / n_tiles;
     group_score_tile_sorted<kTailThreads>(p, w, ticket % n_tiles, bg);
     if (!arrive_last(score_tiles_done + bg, n_tiles)) return;
-    select_group_short<kTailThreads, kTailSelectBatch>(p, w, bg, nullptr, nullptr, false);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) atomicExch(selected + bg, 1u);
+    select_group_short<kTailThreads, kTailSelectBatch, true>(p, w, bg, nullptr, nullptr, false);
+    arrive(selected + bg);
     return;
   }
-  const int64_t j = ticket - BG * n_tiles, bg = j / n_items, pair = j % n_items;
-  if (threadIdx.x == 0) {
-    while (atomicAdd(selected + bg, 0u) == 0u) __nanosleep(32);
-    __threadfence();
+  const int64_t j = ticket - BG * n_tiles;
+  if (j < BG * n_items) {  // two selected chunks of group bg
+    const int64_t bg = j / n_items, pair = j % n_items;
+    wait_for(selected + bg, 1);
+    if (warp < kTailChunkWarps)
+      chunk_mma_warp<true, true>(p, w.selection, w.chunk_part, w.fusion_logit,
+                           pair * kTailChunkWarps + warp, bg,
+                           reinterpret_cast<ChunkTiles*>(tail_smem)[warp]);
+    arrive(chunk_items_done + bg);
+    return;
   }
-  __syncthreads();
-  const int warp = threadIdx.x / kWarp;
-  if (warp < kTailChunkWarps)
-    chunk_mma_warp<true>(p, w.selection, w.chunk_part, w.fusion_logit,
-                         pair * kTailChunkWarps + warp, bg,
-                         reinterpret_cast<ChunkTiles*>(tail_smem)[warp]);
-  if (!arrive_last(chunk_items_done + bg, n_items)) return;
-  const int64_t first = (bg / p.Hkv) * p.Hq + (bg % p.Hkv) * p.G;
-  for (int64_t h = warp; h < p.G; h += kTailThreads / kWarp)
-    fuse_head_short(p, w, first + h, o, lse, fusion_weights, o_window, lse_window);
+  const int64_t n_fuse = tail_fuse_items(p), f = j - BG * n_items;  // kTailWarps heads of bg
+  const int64_t bg = f / n_fuse, h = (f % n_fuse) * kTailWarps + warp;
+  wait_for(chunk_items_done + bg, n_items);
+  if (h < p.G)
+    fuse_head_short<true>(p, w, (bg / p.Hkv) * p.Hq + (bg % p.Hkv) * p.G + h, o, lse, fusion_weights,
+                    o_window, lse_window);
 }
 
 // ---- launch 1 as a persistent, pipelined scan (d19): fp8 summaries, d = 64 ----------------
@@ -1963,7 +2029,8 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
                   std::max(s.win_smem_early, p.d * sizeof(float)), stream, false, p, w, s.fast,
                   s.win_staged, s.vectorised, s.coalesced);
   if (tail && kShort && tail_fused(p, s.fast_chunk)) {
-    const int64_t items = p.B * p.Hkv * (tail_score_tiles(p) + tail_chunk_items(p));
+    const int64_t items =
+        p.B * p.Hkv * (tail_score_tiles(p) + tail_chunk_items(p) + tail_fuse_items(p));
     require(items < (int64_t{1} << 31), "decode: too many tail items for one grid");
     launch_kernel("tails", decode_tail_kernel, dim3(static_cast<unsigned>(items)), kTailThreads,
                   kTailChunkWarps * sizeof(ChunkTiles), stream, pdl, p, w, out.o, out.lse,

@@ -83,7 +83,8 @@ struct DecodeOutputs {
 //          (the default since session 10: faster than d19 and d18 at B = 8 and 32)
 //   d23:   d21 with its four tails (group scores, select, chunk tiles, fuse) in one kernel whose
 //          blocks take tickets and wait per KV group instead of per launch (K <= 32, G <= 16,
-//          d = dv = 64, S <= 64; d21's tails otherwise): two launches
+//          d = dv = 64, S <= 64; d21's tails otherwise): two launches; the same outputs as d21
+//          bit for bit, slower in session 11 (cold code in each stage of the chain: gpu/NOTES.md)
 //   d5:    the launches of d5 (window, score, group scores, select, chunk, fuse)
 //   d8:    window tiles and score tiles in one grid (every tile issues all its loads before
 //          staging q / q~), then group scores, select, chunk tiles and a fuse that loads the
