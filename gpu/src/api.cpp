@@ -135,6 +135,7 @@ const char* sparse_kernel_name(SparseKernel kernel) {
     case SparseKernel::chunked_v12: return "chunked_v12";
     case SparseKernel::chunked_v13: return "chunked_v13";
     case SparseKernel::chunked_v14: return "chunked_v14";
+    case SparseKernel::chunked_v15: return "chunked_v15";
   }
   return "unknown";
 }

@@ -34,9 +34,10 @@
 // "sparse v10": -14% against v8 at 512K on the H100). chunked_v11 is v10 with the rows'
 // weights formed before the chunk kernel and stored in bucket order (-11% against v10), the
 // default where wgmma cannot run; chunked_v12 is v11 on v9's wgmma chunk kernel (-8% against
-// v11 on the H100); chunked_v13 (the default) is v12 with the pair-weights kernel's loads issued
-// before its arithmetic (-4% against v12); chunked_v14 is v13 with one bulk (TMA) reduction
-// per row (measured slower: the L2 takes more requests per row, gpu/NOTES.md "sparse v14").
+// v11 on the H100); chunked_v13 is v12 with the pair-weights kernel's loads issued before its
+// arithmetic (-4% against v12); chunked_v14 is v13 with one bulk (TMA) reduction per row
+// (measured slower: the L2 takes more requests per row, gpu/NOTES.md "sparse v14"); chunked_v15
+// (the default) is v13 with a leaner weights kernel and query segments of 3/4 of the L2 (-4%).
 #include <cuda_fp16.h>
 
 #include "launch_params.hpp"
@@ -1104,12 +1105,17 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp)
 // the group's G heads side by side at the pair's position in the segment's bucket (the
 // scatter's offset + rank): the chunk kernel then reads its rows' weights in order, one 32-byte
 // sector per pair for G = 8, instead of two scattered 4-byte loads per row.
-// kLoadsFirst (chunked_v13): every head's selected scores, lse_swa and o_swa row are loaded
-// before the first head's arithmetic. Without it (v11, v12) each head's loads come after the
-// previous head's lse and o16 stores, which the compiler keeps in order (they may alias): one
-// dependent round trip to memory per head. The same values either way.
-template <int G, bool kLoadsFirst>
-__global__ void __launch_bounds__(kReduceWarps * kWarp)
+// kLoads: per_head (v11, v12): each head's loads come after the previous head's lse and o16
+// stores, which the compiler keeps in order (they may alias): one dependent round trip to memory
+// per head. all_first (chunked_v13, v14): every head's selected scores, lse_swa and o_swa row
+// are loaded before the first head's arithmetic (80 registers for G = 8: 3 blocks per SM).
+// all_first_half_warps (chunked_v15): as all_first, with head j's o_swa row held by half-warp
+// j % 2 (16 lanes x 16 bytes) instead of lanes 0-15 for every head: half the registers for the
+// rows, 4 blocks per SM. The same values in all three.
+enum class WeightLoads { per_head, all_first, all_first_half_warps };
+template <int G, WeightLoads kLoads>
+__global__ void __launch_bounds__(kReduceWarps * kWarp,
+                                  kLoads == WeightLoads::all_first_half_warps ? 4 : 1)
     fusion_pair_weights_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t nc,
                                const int32_t* selection, const float* selected_score,
                                const float* o_swa, const float* lse_swa, const int32_t* rank,
@@ -1130,8 +1136,11 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp)
     valid[i] = c >= 0;
     pos[i] = valid[i] ? static_cast<int64_t>(seg_offsets[g * nc + c]) + rank[pair0 + slot] : 0;
   }
+  constexpr bool kLoadsFirst = kLoads != WeightLoads::per_head;
+  constexpr bool kHalfWarps = kLoads == WeightLoads::all_first_half_warps;
+  const int half = lane / 16;  // kHalfWarps: this lane holds the o_swa rows of heads j % 2 == half
   float a[G][2], a_swa[G];
-  float4 x[G] = {};
+  float4 x[kHalfWarps ? (G + 1) / 2 : G] = {};
   auto load_scores = [&](int j) {
     const int64_t row = (g * G + j) * p.T + t;
     const float* score = selected_score + row * K;
@@ -1143,7 +1152,16 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp)
     const int64_t row = (g * G + j) * p.T + t;
     if (lane < kTileDim / 4) x[j] = reinterpret_cast<const float4*>(o_swa + row * kTileDim)[lane];
   };
-  if constexpr (kLoadsFirst) {
+  if constexpr (kHalfWarps) {
+#pragma unroll
+    for (int j = 0; j < G; ++j) load_scores(j);
+#pragma unroll
+    for (int jj = 0; jj < (G + 1) / 2; ++jj) {
+      const int j = 2 * jj + half;
+      if (j < G)
+        x[jj] = reinterpret_cast<const float4*>(o_swa + ((g * G + j) * p.T + t) * kTileDim)[lane % 16];
+    }
+  } else if constexpr (kLoadsFirst) {
 #pragma unroll
     for (int j = 0; j < G; ++j) load_scores(j), load_window_row(j);
   }
@@ -1161,7 +1179,14 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp)
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
     for (int i = 0; i < 2; ++i) w[i][j] = exp_diff(a[j][i], m) * inv;
-    if (lane < kTileDim / 4) {
+    if constexpr (kHalfWarps) {
+      if (half == j % 2) {
+        const float f = w_swa * inv;
+        const float4 xj = x[j / 2];
+        store4(o16 + row * kTileDim + 4 * (lane % 16),
+               make_float4(xj.x * f, xj.y * f, xj.z * f, xj.w * f));
+      }
+    } else if (lane < kTileDim / 4) {
       if constexpr (!kLoadsFirst) load_window_row(j);
       const float f = w_swa * inv;
       store4(o16 + row * kTileDim + 4 * lane,
@@ -1207,15 +1232,17 @@ int64_t segment_queries(const LaunchParams& p) {
 
 size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// Queries per segment of chunked_v10: the segment's fp16 o and bf16 q rows in half the L2.
-int64_t f16_segment_queries(const LaunchParams& p) {
+// Queries per segment of chunked_v10-v14: the segment's fp16 o and bf16 q rows in half the L2;
+// chunked_v15 (l2_share 3 / 4): in three quarters of it (9600 queries with 50 MB: more pairs
+// per (group, chunk) and item, so fewer K/V loads per row; measured in gpu/NOTES.md "sparse v15").
+int64_t f16_segment_queries(const LaunchParams& p, int64_t l2_share_num, int64_t l2_share_den) {
   if (g_segment_queries > 0) return g_segment_queries < p.T ? g_segment_queries : p.T;
   int device = 0, l2_bytes = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device) != cudaSuccess || l2_bytes <= 0)
     l2_bytes = 40 << 20;
   const int64_t per_query = p.Hq * kTileDim * static_cast<int64_t>(2 * sizeof(__half));
-  int64_t seg = static_cast<int64_t>(l2_bytes) / 2 / per_query;
+  int64_t seg = static_cast<int64_t>(l2_bytes) * l2_share_num / l2_share_den / per_query;
   if (seg < 64) seg = 64;
   return seg < p.T ? seg : p.T;
 }
@@ -1260,10 +1287,13 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
                             float* o, float* lse, SparseKernel kernel, cudaStream_t stream) {
   constexpr int kPairs = pairs_per_item<G>();
   const bool pair_weights = kernel == SparseKernel::chunked_v11 || kernel == SparseKernel::chunked_v12 ||
-                            kernel == SparseKernel::chunked_v13 || kernel == SparseKernel::chunked_v14;
+                            kernel == SparseKernel::chunked_v13 || kernel == SparseKernel::chunked_v14 ||
+                            kernel == SparseKernel::chunked_v15;
   const bool f16_sums = kernel == SparseKernel::chunked_v10 || pair_weights;
   const int64_t nc = p.T / p.S, n_ch = p.Hkv * nc;
-  const int64_t seg = f16_sums ? f16_segment_queries(p) : segment_queries(p);
+  const int64_t seg = !f16_sums ? segment_queries(p)
+                     : kernel == SparseKernel::chunked_v15 ? f16_segment_queries(p, 3, 4)
+                                                           : f16_segment_queries(p, 1, 2);
   const int64_t n_seg = (p.T + seg - 1) / seg;
   const int64_t n_pairs = p.Hkv * p.T * p.K, bucket_stride = p.Hkv * seg * p.K;
   const int64_t max_items = (bucket_stride + kPairs - 1) / kPairs + n_ch;
@@ -1326,14 +1356,17 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
       auto* o16 = reinterpret_cast<__half*>(reinterpret_cast<char*>(partial) + weights_bytes);
       if (pair_weights) {
         const auto group_blocks = static_cast<unsigned>((p.Hkv * tn + kReduceWarps - 1) / kReduceWarps);
-        if (kernel == SparseKernel::chunked_v13 || kernel == SparseKernel::chunked_v14)
-          fusion_pair_weights_kernel<G, true><<<group_blocks, kReduceWarps * kWarp, 0, stream>>>(
+        const auto launch_weights = [&](auto kernel_fn) {
+          kernel_fn<<<group_blocks, kReduceWarps * kWarp, 0, stream>>>(
               p, t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank,
               offsets + s * (n_ch + 1), pair_weight, o16, lse);
+        };
+        if (kernel == SparseKernel::chunked_v15)
+          launch_weights(fusion_pair_weights_kernel<G, WeightLoads::all_first_half_warps>);
+        else if (kernel == SparseKernel::chunked_v13 || kernel == SparseKernel::chunked_v14)
+          launch_weights(fusion_pair_weights_kernel<G, WeightLoads::all_first>);
         else
-          fusion_pair_weights_kernel<G, false><<<group_blocks, kReduceWarps * kWarp, 0, stream>>>(
-              p, t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank,
-              offsets + s * (n_ch + 1), pair_weight, o16, lse);
+          launch_weights(fusion_pair_weights_kernel<G, WeightLoads::per_head>);
       } else {
         fusion_weights_kernel<__half><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
             p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, weights, o16, lse);
@@ -1341,7 +1374,8 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
       if (n_ch > 0 && n_pairs > 0) {
         const auto grid = static_cast<unsigned>((p.Hkv * tn * p.K + kPairs - 1) / kPairs + n_ch);
         constexpr int kBytes = kWarpsPerBlock * 2 * 16 * kTilePitch * sizeof(__nv_bfloat16);
-        if (kernel == SparseKernel::chunked_v12 || kernel == SparseKernel::chunked_v13)
+        if (kernel == SparseKernel::chunked_v12 || kernel == SparseKernel::chunked_v13 ||
+            kernel == SparseKernel::chunked_v15)
           launch_chunk_v9<G, V9Out::red_f16x2>(grid, stream, p, t0, seg, nc,
                                                items + s * (n_ch + 1), item_desc + s * max_items,
                                                bucket + s * bucket_stride, o16, pair_weight);
@@ -1474,7 +1508,7 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
   if (kernel == SparseKernel::chunked_v8 || kernel == SparseKernel::chunked_v9 ||
       kernel == SparseKernel::chunked_v10 || kernel == SparseKernel::chunked_v11 ||
       kernel == SparseKernel::chunked_v12 || kernel == SparseKernel::chunked_v13 ||
-      kernel == SparseKernel::chunked_v14) {
+      kernel == SparseKernel::chunked_v14 || kernel == SparseKernel::chunked_v15) {
     switch (p.Hq / p.Hkv) {
       case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
       case 2: return launch_bucketed_once_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);

@@ -83,6 +83,9 @@ enum class SparseKernel {
                 // issued before their arithmetic (the same values)
   chunked_v14,  // chunked_v13 with one 128-byte bulk reduction (TMA) per row instead of eight
                 // 16-byte f16x2 reductions (sm_90a)
+  chunked_v15,  // chunked_v13 with the pair-weights kernel's o_swa rows split over half-warps
+                // (fewer registers, more warps per SM; the same values) and query segments of
+                // 3/4 of the L2 instead of 1/2
 };
 // Every SparseKernel, in the order of their values.
 constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
@@ -90,7 +93,7 @@ constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKerne
                                            SparseKernel::chunked_v8, SparseKernel::chunked_v9,
                                            SparseKernel::chunked_v10, SparseKernel::chunked_v11,
                                            SparseKernel::chunked_v12, SparseKernel::chunked_v13,
-                                           SparseKernel::chunked_v14};
+                                           SparseKernel::chunked_v14, SparseKernel::chunked_v15};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
 // Whether the sparse stage runs wgmma (sm_90a; wgmma_available below). Every kernel is listed,
@@ -107,13 +110,14 @@ constexpr bool uses_wgmma(SparseKernel kernel) {
     case SparseKernel::chunked_v9:
     case SparseKernel::chunked_v12:
     case SparseKernel::chunked_v13:
-    case SparseKernel::chunked_v14: return true;
+    case SparseKernel::chunked_v14:
+    case SparseKernel::chunked_v15: return true;
   }
   return true;
 }
-// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v13.
-constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v13;
-// The sparse stage without wgmma where wgmma cannot run: chunked_v11 (v13's arithmetic with
+// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v15.
+constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v15;
+// The sparse stage without wgmma where wgmma cannot run: chunked_v11 (v15's arithmetic with
 // v6's mma.sync chunk kernel).
 constexpr SparseKernel kSparseKernelWithoutWgmma = SparseKernel::chunked_v11;
 // kDefaultSparseKernel where wgmma_available(), else kSparseKernelWithoutWgmma.
