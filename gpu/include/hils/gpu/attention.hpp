@@ -88,10 +88,11 @@ enum class WindowKernel {
   mma_v4,   // 64 rows (M = 64 / G queries x G heads) per block, the element mask on every tile
   mma_v9,   // 128 rows per block, the mask only on tiles that cut a row's window, base-2 softmax
   mma_v10,  // mma_v9 with 64 rows (4 warps) per block, 4 blocks per SM
+  wgmma_v11,  // mma_v9's block as two warpgroups issuing wgmma m64n64k16 (sm_90a)
 };
 // Every WindowKernel, in the order of their values.
 constexpr WindowKernel kWindowKernels[] = {WindowKernel::mma_v4, WindowKernel::mma_v9,
-                                           WindowKernel::mma_v10};
+                                           WindowKernel::mma_v10, WindowKernel::wgmma_v11};
 // The kernel's name as above ("mma_v4", ...).
 const char* window_kernel_name(WindowKernel kernel);
 constexpr WindowKernel kDefaultWindowKernel = WindowKernel::mma_v9;

@@ -50,7 +50,7 @@ int hils_gpu_set_sparse_kernel(int32_t sparse_kernel);
 /* The sparse stage that runs now (the default until set), as the numbers above. */
 int32_t hils_gpu_sparse_kernel(void);
 /* The window kernel of hils_gpu_window / hils_gpu_run on the packed shapes, process-wide:
-   0 = mma_v4, 1 = mma_v9, 2 = mma_v10 (the default is hils::gpu::kDefaultWindowKernel; gpu/NOTES.md).
+   0 = mma_v4, 1 = mma_v9, 2 = mma_v10, 3 = wgmma_v11 (the default is hils::gpu::kDefaultWindowKernel; gpu/NOTES.md).
    Returns 2 for another value. */
 int hils_gpu_set_window_kernel(int32_t window_kernel);
 /* The window kernel that runs now (the default until set), as the numbers above. */
