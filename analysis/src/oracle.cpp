@@ -127,6 +127,13 @@ struct Context {
   MechanismOutputs<float> baseline;
   int64_t G = 1;
   std::vector<Matrix<double>> conditioning;  // per KV group: score_conditioning
+  // The fusion of the reference's own selection (truth.selection) in double and float, and in
+  // double with the logit scale moved (lse_scale_sensitivity; only where check_lse_shifts can
+  // run): a kernel's fusion takes their rows wherever it selected as the reference did
+  // (fusion_from_own). Filled by add_own_fusions.
+  std::vector<HeadOutputs<double>> own_truth;
+  std::vector<HeadOutputs<float>> own_base;
+  std::vector<HeadOutputs<double>> own_scaled;
 };
 
 // Inputs in double -> the same inputs rounded to float (the baseline's inputs). A value beyond
@@ -185,7 +192,7 @@ Context make_context(const MechanismSpec& spec, const AttentionInputs<double>& i
   Context ctx{spec, options,
               options.precision == InputPrecision::bf16 ? round_inputs_to_bf16(inputs) : inputs,
               {}, geometry_of(spec, inputs.T()), resolve_queries(options.queries, inputs.T()),
-              {}, {}, {}, inputs.Hq() / inputs.Hkv(), {}};
+              {}, {}, {}, inputs.Hq() / inputs.Hkv(), {}, {}, {}, {}};
   ctx.inputs_float = to_float(ctx.inputs);
   ctx.magnitude = magnitudes_of(spec, ctx.inputs, ctx.geometry);
   RunOptions run;
@@ -403,6 +410,77 @@ void add_score_conditioning(Context& ctx) {
                ctx.magnitude.lse * unit_roundoff(InputPrecision::fp32) / u_score);
   // omega = softmax(a): |d omega| <= omega (1 - omega) x 2 max|d a| <= max|d a| / 2.
   ctx.magnitude.fusion_weights = std::max(1.0, ctx.magnitude.fused_lse / 2);
+}
+
+// The spec with the logit scale sigma moved to sigma (1 + eta) (lse_scale_sensitivity).
+constexpr double kScaleEta = 1e-6;  // forward difference: relative error ~ eta, rounding ~ 1e-10
+MechanismSpec scale_moved(const Context& ctx) {
+  MechanismSpec scaled = ctx.spec;
+  scaled.scale = (1.0 + kScaleEta) * logit_scale(ctx.spec, ctx.inputs.d());
+  return scaled;
+}
+
+// Whether compare_fused may run check_lse_shifts (it also needs the lse without problems).
+bool lse_shifts_apply(const Context& ctx) {
+  return ctx.spec.fusion == Fusion::hierarchical &&
+         tensor_precision("lse", ctx.spec, ctx.options) == InputPrecision::bf16;
+}
+
+void add_own_fusions(Context& ctx) {
+  if (!ctx.spec.selects()) return;
+  const auto& selection = ctx.truth.selection;
+  ctx.own_truth = forced_fusion(ctx.spec, ctx.inputs, selection, ctx.queries);
+  ctx.own_base = forced_fusion(ctx.spec, ctx.inputs_float, selection, ctx.queries);
+  if (lse_shifts_apply(ctx))
+    ctx.own_scaled = forced_fusion(scale_moved(ctx), ctx.inputs, selection, ctx.queries);
+}
+
+// forced_fusion(spec, inputs, selection, ctx.queries), given `own`, the same fusion of the
+// reference's selection: only the query blocks (hils::query_blocks) where `selection` differs
+// from the reference's in some row and KV group are fused again, whole, so that every row is
+// what the full fusion gives, bit for bit; the other rows are own's.
+template <class Scalar>
+std::vector<HeadOutputs<Scalar>> fusion_from_own(const Context& ctx, const MechanismSpec& spec,
+                                                 const AttentionInputs<Scalar>& inputs,
+                                                 const std::vector<IndexMatrix>& selection,
+                                                 const std::vector<HeadOutputs<Scalar>>& own) {
+  const std::vector<IndexMatrix>& reference = ctx.truth.selection;
+  const Eigen::Index Tq = static_cast<Eigen::Index>(ctx.queries.size());
+  bool same_shape = selection.size() == reference.size();
+  for (size_t g = 0; same_shape && g < selection.size(); ++g)
+    same_shape = selection[g].rows() == Tq && selection[g].cols() == reference[g].cols();
+  if (!same_shape || own.empty()) return forced_fusion(spec, inputs, selection, ctx.queries);
+  auto differs = [&](Eigen::Index r) {
+    for (size_t g = 0; g < selection.size(); ++g)
+      if (selection[g].row(r) != reference[g].row(r)) return true;
+    return false;
+  };
+  std::vector<Eigen::Index> rows;  // rows to fuse again: every row of a block with a difference
+  for (const auto& [begin, end] : query_blocks(ctx.queries, ctx.geometry)) {
+    bool any = false;
+    for (int64_t r = begin; r < end && !any; ++r) any = differs(static_cast<Eigen::Index>(r));
+    for (int64_t r = begin; any && r < end; ++r) rows.push_back(static_cast<Eigen::Index>(r));
+  }
+  if (rows.empty()) return own;
+  std::vector<int64_t> queries;
+  std::vector<IndexMatrix> rows_selection(selection.size());
+  for (size_t g = 0; g < selection.size(); ++g)
+    rows_selection[g].resize(static_cast<Eigen::Index>(rows.size()), selection[g].cols());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    queries.push_back(ctx.queries[static_cast<size_t>(rows[i])]);
+    for (size_t g = 0; g < selection.size(); ++g)
+      rows_selection[g].row(static_cast<Eigen::Index>(i)) = selection[g].row(rows[i]);
+  }
+  const auto fused = forced_fusion(spec, inputs, rows_selection, queries);
+  std::vector<HeadOutputs<Scalar>> out = own;
+  for (size_t h = 0; h < out.size(); ++h)
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto row = static_cast<Eigen::Index>(i);
+      out[h].o.row(rows[i]) = fused[h].o.row(row);
+      out[h].lse(rows[i]) = fused[h].lse(row);
+      out[h].fusion_weights.row(rows[i]) = fused[h].fusion_weights.row(row);
+    }
+  return out;
 }
 
 // The margin bound of one swap (kernel chose `chosen` where the reference has `missed`):
@@ -830,12 +908,9 @@ bool shape_problems_free(const std::vector<Matrix<double>>& kernel,
 // A logit scale off by a fraction delta moves every row by delta g_r to first order.
 RowWeights lse_scale_sensitivity(const Context& ctx, const std::vector<IndexMatrix>& selection,
                                  const std::vector<HeadOutputs<double>>& truth) {
-  constexpr double kEta = 1e-6;  // forward difference: relative error ~ eta, rounding ~ 1e-10
-  MechanismSpec scaled = ctx.spec;
-  scaled.scale = (1.0 + kEta) * logit_scale(ctx.spec, ctx.inputs.d());
-  const auto moved = forced_fusion(scaled, ctx.inputs, selection, ctx.queries);
+  const auto moved = fusion_from_own(ctx, scale_moved(ctx), ctx.inputs, selection, ctx.own_scaled);
   RowWeights g;
-  for (size_t h = 0; h < truth.size(); ++h) g.push_back((moved[h].lse - truth[h].lse) / kEta);
+  for (size_t h = 0; h < truth.size(); ++h) g.push_back((moved[h].lse - truth[h].lse) / kScaleEta);
   return g;
 }
 
@@ -967,8 +1042,8 @@ void compare_fused(const Context& ctx, const KernelOutputs& kernel,
   if (ctx.spec.selects()) {
     // Both sides fuse the same chunks, so a near tie flipped by float rounding cannot inflate
     // the baseline's error.
-    truth = forced_fusion(ctx.spec, ctx.inputs, selection, ctx.queries);
-    base = forced_fusion(ctx.spec, ctx.inputs_float, selection, ctx.queries);
+    truth = fusion_from_own(ctx, ctx.spec, ctx.inputs, selection, ctx.own_truth);
+    base = fusion_from_own(ctx, ctx.spec, ctx.inputs_float, selection, ctx.own_base);
   }
   const auto n = ctx.options.max_messages;
   auto precision = [&](const char* tensor) { return tensor_precision(tensor, ctx.spec, ctx.options); };
@@ -983,8 +1058,7 @@ void compare_fused(const Context& ctx, const KernelOutputs& kernel,
     auto r = compare_tensor("lse", as_columns(kernel.lse), field_of(truth, &H::lse),
                             field_of(base, &F::lse), ctx.magnitude.fused_lse, precision("lse"), "t",
                             ctx.queries, n);
-    if (ctx.spec.fusion == Fusion::hierarchical && precision("lse") == InputPrecision::bf16 &&
-        r.problems.empty())
+    if (lse_shifts_apply(ctx) && r.problems.empty())
       check_lse_shifts(ctx, selection, truth, base, kernel, r);
     if (!r.passed && ctx.spec.selects())
       r.diagnosis = diagnose_softmax1(ctx, selection, as_columns(kernel.lse), true, r.tolerance);
@@ -1025,16 +1099,28 @@ void compare_backward(const Context& ctx, const KernelOutputs& kernel, Verdict& 
 
 }  // namespace
 
-Verdict verify(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
-               const KernelOutputs& kernel, const VerifyOptions& options) {
-  // spec, inputs, kernel stages -> verdict with one report per tensor given.
+// The reference side of a verdict: everything make_context computes (Verifier's constructor).
+struct VerifierState {
+  Context ctx;
+};
+
+Verifier::Verifier(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                   const VerifyOptions& options) {
   require(options.precision != InputPrecision::fp8_e4m3, "input_precision", "fp32 or bf16",
           "fp8_e4m3 (a score precision only)");
-  Context ctx = make_context(spec, inputs, options);
-  add_score_conditioning(ctx);
+  auto state = std::make_shared<VerifierState>(VerifierState{make_context(spec, inputs, options)});
+  add_score_conditioning(state->ctx);
+  add_own_fusions(state->ctx);
+  state_ = std::move(state);
+}
+
+Verdict Verifier::verify(const KernelOutputs& kernel) const {
+  // kernel stages -> verdict with one report per tensor given.
+  const Context& ctx = state_->ctx;
+  const MechanismSpec& spec = ctx.spec;
   Verdict verdict;
-  verdict.precision = options.precision;
-  verdict.score_precision = options.score_precision;
+  verdict.precision = ctx.options.precision;
+  verdict.score_precision = ctx.options.score_precision;
   verdict.spec_description = describe(spec);
   compare_summaries(ctx, kernel, verdict);
   compare_scores(ctx, kernel, verdict);
@@ -1045,7 +1131,7 @@ Verdict verify(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
   // A prior the spec does not read: the kernel's author may think it was used.
   const bool reads_prior = spec.needs_prior() && (spec.prior_rule == PriorRule::shared ||
                                                   spec.prior_rule == PriorRule::given);
-  if (!inputs.prior.empty() && !reads_prior)
+  if (!ctx.inputs.prior.empty() && !reads_prior)
     verdict.not_compared.push_back("inputs/prior (the spec's prior rule " +
                                    to_string(spec.prior_rule) + " with key rule " +
                                    to_string(spec.key_rule) + " does not read it)");
@@ -1056,6 +1142,11 @@ Verdict verify(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
     verdict.selection.problems.push_back("the kernel outputs are empty: nothing to compare");
   }
   return verdict;
+}
+
+Verdict verify(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+               const KernelOutputs& kernel, const VerifyOptions& options) {
+  return Verifier(spec, inputs, options).verify(kernel);
 }
 
 }  // namespace hils::oracle

@@ -7,13 +7,13 @@ the same sparse work (window + the K selected chunks, the mask given), and the d
 the whole KV cache read once at the copy bandwidth measured here (no dense kernel beats it).
 Ours runs four ways: the d5 kernel (seven launches, bf16 summaries), the fused kernel (the
 default, gpu/NOTES.md "decode") with bf16 summaries, and with fp8 e4m3 summaries (a per-row
-power-of-two scale), and d13 with fp8 summaries (the previous default: the baseline); --variants
-picks others (d8, d16, d17) and --batches / --lengths fewer shapes (no table then).
+power-of-two scale), and d19 with fp8 summaries (the previous default: the baseline); --variants
+picks others (d8, d16, d17, d18, d21) and --batches / --lengths fewer shapes (no table then).
 Each side is timed as a CUDA-graph replay (one launch, as serving loops run decode; the eager
 time of ours is printed too). Every timed call starts with a cold L2 (a 512 MiB buffer is written between calls), as a step
 over a real model's layers would. Times are medians of CUDA-event-timed calls after warm-up.
 Usage: bench_decode.py --lib build/gpu/libhils_gpu_c.so [--out decode.json] [--no-flex]
-       [--profile] [--variants fused_fp8,d13_fp8,...] [--batches 8,32] [--lengths 524288]
+       [--profile] [--variants fused_fp8,d19_fp8,...] [--batches 8,32] [--lengths 524288]
 """
 import argparse
 import ctypes
@@ -47,9 +47,9 @@ class Decode(ctypes.Structure):
          ("summary_scale", ctypes.c_void_p), ("summary_key_bf16", ctypes.c_void_p)]
 
 SUMMARY_TYPES = {"bf16": 0, "fp8": 1}
-KERNELS = {"fused": 0, "d5": 1, "d8": 2, "d13": 3, "d16": 4, "d17": 5}
-# The variants timed per (B, T): (label, kernel, summary type); d13 fp8 is the baseline of fused.
-VARIANTS = (("d5_bf16", "d5", "bf16"), ("fused_bf16", "fused", "bf16"), ("d13_fp8", "d13", "fp8"),
+KERNELS = {"fused": 0, "d5": 1, "d8": 2, "d13": 3, "d16": 4, "d17": 5, "d18": 6, "d19": 7, "d21": 8}
+# The variants timed per (B, T): (label, kernel, summary type); d19 fp8 is the baseline of fused.
+VARIANTS = (("d5_bf16", "d5", "bf16"), ("fused_bf16", "fused", "bf16"), ("d19_fp8", "d19", "fp8"),
             ("fused_fp8", "fused", "fp8"))
 
 
@@ -296,7 +296,7 @@ def main():
                     graph_us, eager_us = best_us(run)
                     row[f"{label}_us"] = graph_us if graph_us is not None else eager_us
                     row[f"{label}_eager_us"] = eager_us
-                    if args.profile and B == 8 and T == LENGTHS[-1] and kernel in ("fused", "d13"):
+                    if args.profile and B == 8 and T == LENGTHS[-1] and kernel != "d5":
                         print(f"  profile {label}:")
                         profile_kernels(run)
                 runs[summary] = run
@@ -329,7 +329,7 @@ def main():
     print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; bytes are of the cache read per step (all B); "
           "summaries MB bf16 / fp8, then the window and K chunks of K/V")
     print("|  B |       T | dense KV MB | summaries MB bf16 / fp8 | K/V MB | floor us | d5 bf16 us |"
-          " fused bf16 us | d13 fp8 us | fused fp8 us | floor/fused fp8 | floor/d13 fp8 |"
+          " fused bf16 us | d19 fp8 us | fused fp8 us | floor/fused fp8 | floor/d19 fp8 |"
           " floor/fused bf16 | floor/d5 | flash us | cuDNN us | flex us |")
     print("|---:|--------:|------------:|------------------------:|-------:|---------:|-----------:|"
           "--------------:|----------:|-------------:|----------------:|-------------:|"
@@ -339,8 +339,8 @@ def main():
         print(f"| {r['B']:>2} | {r['T']:>7} | {r['dense_bytes'] / 1e6:11.1f} | "
               f"{r['summary_bytes_bf16'] / 1e6:11.1f} / {r['summary_bytes_fp8'] / 1e6:9.1f} | "
               f"{r['sparse_kv_bytes'] / 1e6:6.1f} | {r['floor_us']:8.1f} | {r['d5_bf16_us']:10.1f} | "
-              f"{r['fused_bf16_us']:13.1f} | {r['d13_fp8_us']:10.1f} | {r['fused_fp8_us']:12.1f} | "
-              f"{r['floor_over_fused_fp8']:15.2f} | {r['floor_over_d13_fp8']:13.2f} | "
+              f"{r['fused_bf16_us']:13.1f} | {r['d19_fp8_us']:10.1f} | {r['fused_fp8_us']:12.1f} | "
+              f"{r['floor_over_fused_fp8']:15.2f} | {r['floor_over_d19_fp8']:13.2f} | "
               f"{r['floor_over_fused_bf16']:16.2f} | "
               f"{r['floor_over_d5_bf16']:8.2f} | {f(r.get('flash_us'))} | {f(r.get('cudnn_us'))} | "
               f"{f(r.get('flex_us')):>7} |")

@@ -21,7 +21,11 @@ from bench_hils import HQ, HKV, D, S, K, W, dense_matmul_tflops, time_ms  # noqa
 # (label, sparse kernel, queries per segment; 0 = the version's own choice)
 VARIANTS = [("v4", "chunked_v4", 0), ("v6", "chunked_v6", 0), ("v7", "chunked_v7", 0),
             ("v7_seg32768", "chunked_v7", 32768), ("v5", "atomic_v5", 0),
-            ("v8", "chunked_v8", 0)]
+            ("v8", "chunked_v8", 0), ("v9", "chunked_v9", 0), ("v10", "chunked_v10", 0),
+            ("v10_seg3200", "chunked_v10", 3200), ("v10_seg12800", "chunked_v10", 12800),
+            ("v10_seg25600", "chunked_v10", 25600), ("v11", "chunked_v11", 0),
+            ("v11_seg4800", "chunked_v11", 4800), ("v11_seg9600", "chunked_v11", 9600),
+            ("v11_seg12800", "chunked_v11", 12800), ("v12", "chunked_v12", 0)]
 
 
 def prepared_stages(lib, T, gen):

@@ -27,6 +27,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--kernel", choices=tuple(bd.KERNELS), default="fused")
     args = ap.parse_args()
     lib = hc.Library(args.lib)
     lib.lib.hils_gpu_decode_last_error.restype = ctypes.c_char_p
@@ -45,14 +46,15 @@ def main():
         keys.append(st.key.float())
         biases.append(st.bias)
     for summary in ("bf16", "fp8"):
-        dump_step(lib, gen, seqs, keys, biases, summary, args.out)
+        dump_step(lib, gen, seqs, keys, biases, summary, args.out, args.kernel)
 
 
-def dump_step(lib, gen, seqs, keys, biases, summary, out_dir):
-    """One fused decode step over `seqs` with `summary` ("bf16" or "fp8") summaries, one file
-    per sequence."""
+def dump_step(lib, gen, seqs, keys, biases, summary, out_dir, kernel="fused"):
+    """One decode step of `kernel` over `seqs` with `summary` ("bf16" or "fp8") summaries, one
+    file per sequence."""
     nc = T // S
-    run = bd.HilsDecode(lib.lib, B, T, gen, hq=HQ, hkv=HKV, d=D, s=S, w=W, k=K, summary=summary)
+    run = bd.HilsDecode(lib.lib, B, T, gen, hq=HQ, hkv=HKV, d=D, s=S, w=W, k=K, summary=summary,
+                        kernel=kernel)
     run.k.copy_(torch.stack([s[1] for s in seqs]))
     run.v.copy_(torch.stack([s[2] for s in seqs]))
     if summary == "fp8":
@@ -88,7 +90,7 @@ def dump_step(lib, gen, seqs, keys, biases, summary, out_dir):
             f.attrs["input_precision"] = "bf16"
             # the cache keeps k' in bf16, or in e4m3 with a per-row power-of-two scale
             f.attrs["score_precision"] = "fp8_e4m3" if summary == "fp8" else "bf16"
-            f.attrs["kernel"] = f"hils::gpu decode_step fused, {summary} summaries (B = {B}, sequence {b})"
+            f.attrs["kernel"] = f"hils::gpu decode_step {kernel}, {summary} summaries (B = {B}, sequence {b})"
             f["inputs/q"], f["inputs/k"], f["inputs/v"] = np32(q), np32(k), np32(v)
             f["inputs/q_retrieval"] = np32(qr)
             f["queries"] = np.array([T - 1], dtype=np.int64)

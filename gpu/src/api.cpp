@@ -1,5 +1,6 @@
 // Host side of the kernels: input validation, stage wrappers and the whole mechanism.
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -14,8 +15,8 @@ constexpr size_t kMaxSelectSmem = 48 * 1024;   // the selection kernel's default
 constexpr int kWarpsPerBlock = 4;
 // Process-wide switch between the packed tensor-core kernels and the SIMT ones (tests run both).
 bool g_packed_kernels = true;
-// The packed window kernel (set_window_kernel).
-WindowKernel g_window_kernel = kDefaultWindowKernel;
+// The packed window kernel named by set_window_kernel; none: default_window_kernel().
+std::optional<WindowKernel> g_window_kernel;
 
 // Throws std::invalid_argument("<field>: expected <expected>, got <found>") unless ok.
 void require(bool ok, const std::string& field, const std::string& expected,
@@ -129,12 +130,16 @@ const char* sparse_kernel_name(SparseKernel kernel) {
     case SparseKernel::chunked_v6: return "chunked_v6";
     case SparseKernel::chunked_v7: return "chunked_v7";
     case SparseKernel::chunked_v8: return "chunked_v8";
+    case SparseKernel::chunked_v9: return "chunked_v9";
+    case SparseKernel::chunked_v10: return "chunked_v10";
+    case SparseKernel::chunked_v11: return "chunked_v11";
+    case SparseKernel::chunked_v12: return "chunked_v12";
   }
   return "unknown";
 }
 bool packed_kernels() { return g_packed_kernels; }
-void set_window_kernel(WindowKernel kernel) { g_window_kernel = kernel; }
-WindowKernel window_kernel() { return g_window_kernel; }
+void set_window_kernel(std::optional<WindowKernel> kernel) { g_window_kernel = kernel; }
+WindowKernel window_kernel() { return g_window_kernel ? *g_window_kernel : default_window_kernel(); }
 const char* window_kernel_name(WindowKernel kernel) {
   switch (kernel) {
     case WindowKernel::mma_v4: return "mma_v4";
@@ -144,21 +149,47 @@ const char* window_kernel_name(WindowKernel kernel) {
   }
   return "unknown";
 }
+const char* select_kernel_name(SelectKernel kernel) {
+  switch (kernel) {
+    case SelectKernel::two_pass_v4: return "two_pass_v4";
+    case SelectKernel::one_pass_v5: return "one_pass_v5";
+    case SelectKernel::two_pass_v6: return "two_pass_v6";
+    case SelectKernel::two_pass_v7: return "two_pass_v7";
+    case SelectKernel::two_pass_v8: return "two_pass_v8";
+    case SelectKernel::two_pass_v9: return "two_pass_v9";
+    case SelectKernel::two_pass_v10: return "two_pass_v10";
+    case SelectKernel::two_pass_v11: return "two_pass_v11";
+    case SelectKernel::two_pass_v12: return "two_pass_v12";
+  }
+  return "unknown";
+}
+bool wgmma_available() { return detail::wgmma_runs_on_current_device(); }
+SelectKernel default_select_kernel() {
+  return wgmma_available() ? kDefaultSelectKernel : kSelectKernelWithoutWgmma;
+}
+WindowKernel default_window_kernel() {
+  return wgmma_available() ? kDefaultWindowKernel : kWindowKernelWithoutWgmma;
+}
 
 void window_attention(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                       float* o_swa, float* lse_swa, cudaStream_t stream) {
   validate(spec, shape, in);
   const detail::LaunchParams p = params_of(spec, shape, in);
-  if (!g_packed_kernels || !detail::packed_path_applies(p))
+  const WindowKernel kernel = window_kernel();
+  if (!g_packed_kernels || !detail::packed_path_applies(p)) {
     detail::launch_window(p, o_swa, lse_swa, stream);
-  else if (g_window_kernel == WindowKernel::mma_v9)
+  } else if (uses_wgmma(kernel) && !wgmma_available()) {
+    detail::refuse_wgmma_kernel("window_kernel", window_kernel_name(kernel),
+                                "mma_v4, mma_v9 or mma_v10; mma_v9 is the fastest");
+  } else if (kernel == WindowKernel::mma_v9) {
     detail::launch_window_v9(p, o_swa, lse_swa, stream);
-  else if (g_window_kernel == WindowKernel::mma_v10)
+  } else if (kernel == WindowKernel::mma_v10) {
     detail::launch_window_v10(p, o_swa, lse_swa, stream);
-  else if (g_window_kernel == WindowKernel::wgmma_v11)
+  } else if (kernel == WindowKernel::wgmma_v11) {
     detail::launch_window_wgmma(p, o_swa, lse_swa, stream);
-  else
+  } else {
     detail::launch_window_packed(p, o_swa, lse_swa, stream);
+  }
   check_launch("window_attention");
 }
 
@@ -198,14 +229,14 @@ void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const Devic
 void select_chunks(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                    const float* key, const float* bias, const float* exact,
                    const float* lse_swa, int32_t* selection, float* selected_score,
-                   cudaStream_t stream, SelectKernel kernel) {
+                   cudaStream_t stream, std::optional<SelectKernel> kernel) {
   validate(spec, shape, in);
   require(spec.key_rule != KeyRule::exact || exact != nullptr, "exact",
           "L(t,c) scores for key_rule exact", "null");
   const detail::LaunchParams p = params_of(spec, shape, in);
   if (g_packed_kernels && spec.key_rule != KeyRule::exact && detail::packed_select_applies(p))
     detail::launch_select_packed(p, key, bias, lse_swa, selection, selected_score,
-                                 kernel, stream);
+                                 kernel.value_or(default_select_kernel()), stream);
   else
     detail::launch_select(p, key, bias, spec.key_rule == KeyRule::exact ? exact : nullptr,
                           lse_swa, selection, selected_score, stream);

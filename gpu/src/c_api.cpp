@@ -68,6 +68,32 @@ int guarded(const hils_gpu_problem* p, Body body) {
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
+// Every value of `kernels` (the values are their indices) with its name: "0 (a), 1 (b)", the
+// last one joined by `last_joiner`.
+template <class Kernel, size_t N, class NameOf>
+std::string kernel_values(const Kernel (&kernels)[N], NameOf name_of, const char* last_joiner) {
+  std::string names;
+  for (size_t i = 0; i < N; ++i)
+    names += (i == 0 ? "" : i + 1 == N ? last_joiner : ", ") + std::to_string(i) + " (" +
+             name_of(kernels[i]) + ")";
+  return names;
+}
+
+// A process-wide kernel choice by its enum value (the values are the indices of `kernels`): 0 and
+// the choice made, or 2 with an error naming the field and every accepted value with its name.
+template <class Kernel, size_t N, class NameOf, class Set>
+int set_kernel_by_value(const char* field, int32_t value, const Kernel (&kernels)[N], NameOf name_of,
+                        Set set) {
+  if (value < 0 || value >= static_cast<int32_t>(N)) {
+    g_last_error = std::string(field) + ": expected one of " + kernel_values(kernels, name_of, ", ") +
+                   ", got " + std::to_string(value);
+    return 2;
+  }
+  set(static_cast<Kernel>(value));
+  g_last_error.clear();
+  return 0;
+}
+
 }  // namespace
 
 extern "C" {
@@ -140,11 +166,11 @@ int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const
                          const float* bias, const float* exact, const float* lse_swa,
                          int32_t* selection, float* selected_score, void* stream) {
   return guarded(p, [&](const Translated& t) {
-    if (select_kernel < 0 || select_kernel > 6)
+    if (select_kernel < 0 || select_kernel >= static_cast<int32_t>(std::size(hils::gpu::kSelectKernels)))
       throw std::invalid_argument(
-          "select_kernel: expected 0 (two_pass_v4), 1 (one_pass_v5), 2 (two_pass_v6), 3 (two_pass_v7), "
-          "4 (two_pass_v8), 5 (two_pass_v9) or 6 (two_pass_v10), got " +
-          std::to_string(select_kernel));
+          "select_kernel: expected " +
+          kernel_values(hils::gpu::kSelectKernels, hils::gpu::select_kernel_name, " or ") +
+          ", got " + std::to_string(select_kernel));
     hils::gpu::select_chunks(t.spec, t.shape, t.in, key, bias, exact, lse_swa, selection,
                              selected_score, as_stream(stream),
                              static_cast<hils::gpu::SelectKernel>(select_kernel));
@@ -152,18 +178,10 @@ int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const
 }
 
 int hils_gpu_set_sparse_kernel(int32_t sparse_kernel) {
-  const auto n_kernels = static_cast<int32_t>(std::size(hils::gpu::kSparseKernels));
-  if (sparse_kernel < 0 || sparse_kernel >= n_kernels) {
-    std::string names;
-    for (int32_t i = 0; i < n_kernels; ++i)
-      names += (i > 0 ? ", " : "") + std::to_string(i) + " (" +
-               hils::gpu::sparse_kernel_name(hils::gpu::kSparseKernels[i]) + ")";
-    g_last_error = "sparse_kernel: expected one of " + names + ", got " + std::to_string(sparse_kernel);
-    return 2;
-  }
-  hils::gpu::set_sparse_kernel(static_cast<hils::gpu::SparseKernel>(sparse_kernel));
-  g_last_error.clear();
-  return 0;
+  return set_kernel_by_value(
+      "sparse_kernel", sparse_kernel, hils::gpu::kSparseKernels,
+      [](hils::gpu::SparseKernel k) { return hils::gpu::sparse_kernel_name(k); },
+      [](hils::gpu::SparseKernel k) { hils::gpu::set_sparse_kernel(k); });
 }
 
 int32_t hils_gpu_sparse_kernel(void) {
@@ -171,18 +189,10 @@ int32_t hils_gpu_sparse_kernel(void) {
 }
 
 int hils_gpu_set_window_kernel(int32_t window_kernel) {
-  const auto n_kernels = static_cast<int32_t>(std::size(hils::gpu::kWindowKernels));
-  if (window_kernel < 0 || window_kernel >= n_kernels) {
-    std::string names;
-    for (int32_t i = 0; i < n_kernels; ++i)
-      names += (i > 0 ? ", " : "") + std::to_string(i) + " (" +
-               hils::gpu::window_kernel_name(hils::gpu::kWindowKernels[i]) + ")";
-    g_last_error = "window_kernel: expected one of " + names + ", got " + std::to_string(window_kernel);
-    return 2;
-  }
-  hils::gpu::set_window_kernel(static_cast<hils::gpu::WindowKernel>(window_kernel));
-  g_last_error.clear();
-  return 0;
+  return set_kernel_by_value(
+      "window_kernel", window_kernel, hils::gpu::kWindowKernels,
+      [](hils::gpu::WindowKernel k) { return hils::gpu::window_kernel_name(k); },
+      [](hils::gpu::WindowKernel k) { hils::gpu::set_window_kernel(k); });
 }
 
 int32_t hils_gpu_window_kernel(void) {

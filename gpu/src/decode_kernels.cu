@@ -19,6 +19,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "device_common.cuh"
 #include "mma_common.cuh"
@@ -102,7 +103,7 @@ __device__ __forceinline__ uint32_t order_key(float x) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Programmatic dependent launch (Hopper; d16 and the fused kernel, d18): a kernel launched with
+// Programmatic dependent launch (Hopper; d16, d18, d19 and the fused kernel, d21): a kernel launched with
 // cudaLaunchAttributeProgrammaticStreamSerialization may start while the previous kernel of the
 // stream still runs; wait_for_previous_grid() returns once that kernel has completed and its
 // writes are visible, so every read of an earlier stage's output and every global write comes
@@ -110,7 +111,7 @@ __device__ __forceinline__ uint32_t order_key(float x) {
 // called it (or exited): each block calls it after its last store (session 9 run 1 called it
 // first, and the early-resident tails slowed the running kernel). Both are no-ops for a kernel
 // launched without the attribute (d5, d8, d13, d17), and compile to nothing below sm_90.
-// The fused kernel (d18) launches its tails this way.
+// d18, d19 and the fused kernel (d21) launch their tails this way.
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -942,18 +943,15 @@ __device__ void selected_logits(const DecodeParams& p, float* fusion_logit, int3
   }
 }
 
-// The same for d = 64, G <= 16 and 16-byte aligned rows, in one round trip: thread (head
-// t / 8, piece t % 8) loads 16 bytes of q~ and of the row, 8 lanes sum. 128 threads.
-__device__ void selected_logits_packed(const DecodeParams& p, float* fusion_logit, int32_t c,
-                                       int64_t i, int64_t bg) {
-  constexpr int D = kFastDim, kLanes = D / 8;
-  const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
-  const int j = threadIdx.x / kLanes, piece = threadIdx.x % kLanes;
-  const int64_t item = b * p.Hq + g * p.G + j, row = item * p.chunk_cap + c;
-  const bool live = j < p.G;
-  const uint4 qu = live ? __ldg(reinterpret_cast<const uint4*>(p.q_retrieval + item * D) + piece)
+// sigma q~ . k'_c + b'_c of `item` against the bf16 summary row `row` (d = 64) by 8 lanes: lane
+// `piece` loads 16 bytes of q~ and of the row, xor shuffles sum the 8 pieces. Every lane of the
+// warp must call it (lanes with live == false add zeros); the value is meant for piece 0.
+__device__ __forceinline__ float fusion_logit_by_8_lanes(const DecodeParams& p, int64_t item,
+                                                         int64_t row, int piece, bool live) {
+  constexpr int kLanes = kFastDim / 8;
+  const uint4 qu = live ? __ldg(reinterpret_cast<const uint4*>(p.q_retrieval + item * kFastDim) + piece)
                         : make_uint4(0, 0, 0, 0);
-  const uint4 ku = live ? __ldg(reinterpret_cast<const uint4*>(p.summary_key_bf16 + row * D) + piece)
+  const uint4 ku = live ? __ldg(reinterpret_cast<const uint4*>(p.summary_key_bf16 + row * kFastDim) + piece)
                         : make_uint4(0, 0, 0, 0);
   const float bias = live && piece == 0 ? __ldg(p.summary_bias + row) : 0.0f;
   float qf[8], kf[8];
@@ -964,7 +962,20 @@ __device__ void selected_logits_packed(const DecodeParams& p, float* fusion_logi
   for (int e = 0; e < 8; ++e) acc = fmaf(qf[e], kf[e], acc);
 #pragma unroll
   for (int off = 1; off < kLanes; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (live && piece == 0) fusion_logit[item * p.K + i] = p.scale * acc + bias;
+  return p.scale * acc + bias;
+}
+
+// The same for d = 64, G <= 16 and 16-byte aligned rows, in one round trip: thread (head
+// t / 8, piece t % 8) loads 16 bytes of q~ and of the row, 8 lanes sum. 128 threads.
+__device__ void selected_logits_packed(const DecodeParams& p, float* fusion_logit, int32_t c,
+                                       int64_t i, int64_t bg) {
+  constexpr int kLanes = kFastDim / 8;
+  const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
+  const int j = threadIdx.x / kLanes, piece = threadIdx.x % kLanes;
+  const int64_t item = b * p.Hq + g * p.G + j, row = item * p.chunk_cap + c;
+  const bool live = j < p.G;
+  const float logit = fusion_logit_by_8_lanes(p, item, row, piece, live);
+  if (live && piece == 0) fusion_logit[item * p.K + i] = logit;
 }
 
 __device__ bool logits_packable(const DecodeParams& p) {
@@ -1058,28 +1069,21 @@ __host__ __device__ inline bool chunk_by_mma(const DecodeParams& p, bool fast_ch
 __device__ void selected_logits_warp(const DecodeParams& p, float* fusion_logit, int32_t c,
                                      int64_t i, int64_t first) {
   constexpr int kLanes = kTileDim / 8;
+  static_assert(kTileDim == kFastDim, "fusion_logit_by_8_lanes reads rows of kFastDim");
   const int lane = threadIdx.x % kWarp;
   for (int base = 0; base < p.G * kLanes; base += kWarp) {
     const int t = base + lane, j = t / kLanes, piece = t % kLanes;
     const bool live = j < p.G;
     const int64_t item = first + j, row = item * p.chunk_cap + c;
-    const uint4 qu = live ? __ldg(reinterpret_cast<const uint4*>(p.q_retrieval + item * kTileDim) + piece)
-                          : make_uint4(0, 0, 0, 0);
-    const uint4 ku = live ? __ldg(reinterpret_cast<const uint4*>(p.summary_key_bf16 + row * kTileDim) + piece)
-                          : make_uint4(0, 0, 0, 0);
-    const float bias = live && piece == 0 ? __ldg(p.summary_bias + row) : 0.0f;
-    float qf[8], kf[8];
-    Bf16Summary::widen(qu, qf);
-    Bf16Summary::widen(ku, kf);
-    float acc = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc = fmaf(qf[e], kf[e], acc);
-#pragma unroll
-    for (int off = 1; off < kLanes; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (live && piece == 0) fusion_logit[item * p.K + i] = p.scale * acc + bias;
+    const float logit = fusion_logit_by_8_lanes(p, item, row, piece, live);
+    if (live && piece == 0) fusion_logit[item * p.K + i] = logit;
   }
 }
 
+// kLandmarkMask (d19): a selected chunk is complete (c < T / S), so its one unattendable slot is
+// the landmark S - 1; the mask tests that instead of SlotGeometry::attendable per slot (two
+// 64-bit divisions each, 16 slots per lane: the PTX falls from 1,765 to 1,205 instructions).
+template <bool kLandmarkMask>
 __global__ void __launch_bounds__(kMmaChunkWarps * kWarp)
     decode_chunk_mma_kernel(DecodeParams p, const int32_t* selection, float* chunk_part,
                             float* fusion_logit) {
@@ -1122,13 +1126,15 @@ __global__ void __launch_bounds__(kMmaChunkWarps * kWarp)
     qk_tile(s, qa, tile.k);
     // Logits of rows r0 (s[nt][0..1]) and r1 (s[nt][2..3]) at slots nt * 8 + 2 * quad + e.
     const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
+    const int landmark = p.landmarks ? n_rows - 1 : n_rows;
     float m0 = kNegInf, m1 = kNegInf;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int slot = nt * 8 + 2 * quad + e;
-        const bool valid = slot < n_rows && geo.attendable(lo + slot);
+        const bool valid = slot < n_rows && (kLandmarkMask ? slot != landmark
+                                                           : geo.attendable(lo + slot));
         s[nt][e] = valid ? p.scale * s[nt][e] : kNegInf;
         s[nt][2 + e] = valid ? p.scale * s[nt][2 + e] : kNegInf;
         m0 = fmaxf(m0, s[nt][e]);
@@ -1355,6 +1361,157 @@ __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool 
     score_tile<Summary, kFastThreads / kWarp, true>(p, j / p.n_score_tiles, j % p.n_score_tiles,
                                                     vectorised, coalesced, smem, w.scores,
                                                     w.score_part);
+  }
+  allow_next_grid();
+}
+
+// ---- launch 1 as a persistent, pipelined scan (d19): fp8 summaries, d = 64 ----------------
+// d18's launch 1 runs ~6 waves of short blocks (4,096 score tiles at B = 8, 512K), each a single
+// round trip followed by its reductions with nothing in flight: 76 MB took 27.8 us on the H200
+// where the copy rate gives 18. Here a grid of as many 128-thread blocks as fit at once walks the
+// same items (window tiles first, then score tiles in the fused kernel's order, block i taking
+// items i, i + grid, ...) and issues the next score tile's loads (its 16 KB of rows, q~, b' and
+// the row scales) before it scores the current one, so that every block keeps a tile in flight.
+// Lane (row r, piece) of warp w loads 16 bytes of the rows w * 64 + 8 * step + r (4 lanes per
+// 64-byte row), sums its piece of the dot against q~'s 16 values and the quad's xor shuffles
+// give the dot to all four; lane piece keeps steps piece and piece + 4 (its two chunks). The
+// scores are d18's (same products, same order); a tile's (max, sum exp) is taken per warp and
+// then over the 4 warps (sums in another order than d18's).
+constexpr int kScanWarps = kFastThreads / kWarp;
+constexpr int kScanLanesPerRow = kCoalescedDim / Fp8Summary::kPerLoad;           // 4
+constexpr int kScanRowsPerStep = kWarp / kScanLanesPerRow;                        // 8
+constexpr int kScanSteps = kScoreThreads / kScanWarps / kScanRowsPerStep;        // 8
+constexpr int kScanOwned = kScanSteps / kScanLanesPerRow;                        // 2 chunks per lane
+constexpr int kScanBlocksPerSm = 4;  // launch bounds: <= 128 registers
+
+// The host's condition for the persistent scan: fp8 rows of d = 64 in whole 16-byte loads, q~ in
+// 16-byte pieces.
+__host__ __device__ inline bool scan_persistent(const DecodeParams& p, bool coalesced, bool fp8) {
+  return fp8 && coalesced && p.d == kCoalescedDim &&
+         reinterpret_cast<uintptr_t>(p.q_retrieval) % 16 == 0;
+}
+
+struct ScanTileLoads {
+  uint4 rows[kScanSteps];
+  uint4 q[2];  // q~'s 16 bf16 values of this lane's piece
+  float bias[kScanOwned], row_scale[kScanOwned];
+};
+
+// Score tile j (of B * Hq * n_score_tiles, the fused kernel's order): item and tile.
+__device__ __forceinline__ void scan_tile_of(const DecodeParams& p, int64_t j, int64_t* item,
+                                             int64_t* tile) {
+  *item = j / p.n_score_tiles;
+  *tile = j - *item * p.n_score_tiles;
+}
+
+// The chunk of tile_first + (lane's warp, step, row).
+__device__ __forceinline__ int64_t scan_chunk(int64_t tile_first, int step) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  return tile_first + warp * (kScanSteps * kScanRowsPerStep) + step * kScanRowsPerStep +
+         lane / kScanLanesPerRow;
+}
+
+__device__ __forceinline__ ScanTileLoads scan_issue(const DecodeParams& p, int64_t j) {
+  int64_t item, tile;
+  scan_tile_of(p, j, &item, &tile);
+  const int piece = threadIdx.x % kScanLanesPerRow;
+  const int64_t tile_first = tile * kScoreThreads;
+  const uint4* rows = reinterpret_cast<const uint4*>(
+      static_cast<const __nv_fp8_storage_t*>(p.summary_key) + item * p.chunk_cap * kCoalescedDim);
+  ScanTileLoads t;
+#pragma unroll
+  for (int step = 0; step < kScanSteps; ++step) {
+    const int64_t c = scan_chunk(tile_first, step);
+    t.rows[step] = c < p.n_cand ? __ldg(rows + c * kScanLanesPerRow + piece) : make_uint4(0, 0, 0, 0);
+  }
+  const uint4* q = reinterpret_cast<const uint4*>(p.q_retrieval + item * kCoalescedDim);
+  t.q[0] = __ldg(q + 2 * piece);
+  t.q[1] = __ldg(q + 2 * piece + 1);
+#pragma unroll
+  for (int k = 0; k < kScanOwned; ++k) {
+    const int64_t c = scan_chunk(tile_first, piece + kScanLanesPerRow * k);
+    const int64_t row = item * p.chunk_cap + c;
+    t.bias[k] = c < p.n_cand ? __ldg(p.summary_bias + row) : 0.0f;
+    t.row_scale[k] = c < p.n_cand ? __ldg(p.summary_scale + row) : 1.0f;
+  }
+  return t;
+}
+
+// Scores tile j from its loads: s_hat into scores, the tile's (max, sum exp) into score_part.
+// One barrier; `red` alternates between two buffers so that the next tile's writes cannot
+// overtake thread 0's reads.
+__device__ __forceinline__ void scan_consume(const DecodeParams& p, const DecodeScratch& w,
+                                             int64_t j, const ScanTileLoads& t, float2* red) {
+  int64_t item, tile;
+  scan_tile_of(p, j, &item, &tile);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int piece = lane % kScanLanesPerRow;
+  const int64_t tile_first = tile * kScoreThreads;
+  float qf[Fp8Summary::kPerLoad];
+  Bf16Summary::widen(t.q[0], qf);
+  Bf16Summary::widen(t.q[1], qf + 8);
+  float dots[kScanSteps];
+#pragma unroll
+  for (int step = 0; step < kScanSteps; ++step) {
+    float f[Fp8Summary::kPerLoad];
+    Fp8Summary::widen(t.rows[step], f);
+    float acc = 0.0f;
+#pragma unroll
+    for (int e = 0; e < Fp8Summary::kPerLoad; ++e) acc = fmaf(qf[e], f[e], acc);
+#pragma unroll
+    for (int off = 1; off < kScanLanesPerRow; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    dots[step] = acc;
+  }
+  float s[kScanOwned];
+  float m = kNegInf;
+#pragma unroll
+  for (int k = 0; k < kScanOwned; ++k) {
+    float dot = dots[kScanLanesPerRow * k];
+#pragma unroll
+    for (int e = 1; e < kScanLanesPerRow; ++e) dot = piece == e ? dots[kScanLanesPerRow * k + e] : dot;
+    const int64_t c = scan_chunk(tile_first, piece + kScanLanesPerRow * k);
+    s[k] = c < p.n_cand ? p.scale * t.row_scale[k] * dot + t.bias[k] : kNegInf;
+    if (c < p.n_chunks) w.scores[item * p.n_chunks + c] = s[k];
+    m = fmaxf(m, s[k]);
+  }
+  m = warp_max(m);
+  float l = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kScanOwned; ++k) l += exp_diff(s[k], m);
+  l = warp_sum(l);
+  if (lane == 0) red[warp] = make_float2(m, l);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float top = kNegInf;
+#pragma unroll
+    for (int v = 0; v < kScanWarps; ++v) top = fmaxf(top, red[v].x);
+    float sum = 0.0f;
+#pragma unroll
+    for (int v = 0; v < kScanWarps; ++v) sum += red[v].y * exp_diff(red[v].x, top);
+    w.score_part[item * p.n_score_tiles + tile] = make_float2(top, sum);
+  }
+}
+
+__global__ void __launch_bounds__(kFastThreads, kScanBlocksPerSm)
+    fused_scan_persistent_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged) {
+  extern __shared__ float smem[];
+  __shared__ float2 red[2][kScanWarps];
+  const int64_t n_win = p.n_win_tiles * p.B * p.Hkv;
+  const int64_t total = n_win + p.n_score_tiles * p.B * p.Hq;
+  int64_t it = blockIdx.x;
+  for (; it < n_win; it += gridDim.x) {
+    window_tile<true>(p, fast, staged, w.win_part, it % p.n_win_tiles, it / p.n_win_tiles, smem);
+    __syncthreads();  // the next tile reuses the shared memory
+  }
+  ScanTileLoads cur{}, next{};
+  if (it < total) cur = scan_issue(p, it - n_win);
+  int parity = 0;
+  for (; it < total; it += gridDim.x) {
+    const int64_t after = it + gridDim.x;
+    if (after < total) next = scan_issue(p, after - n_win);
+    scan_consume(p, w, it - n_win, cur, red[parity]);
+    cur = next;
+    parity ^= 1;
   }
   allow_next_grid();
 }
@@ -1588,21 +1745,49 @@ void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsig
   check_launch(what);
 }
 
-// fused (d18), d17, d16, d13 and d8: five launches (window + score tiles in one grid; group
-// scores; select; chunk tiles; fuse with batched loads); kShort (d12 on) the shorter chains of
-// its tails; `mma` (d17, d18) the chunk tiles on the tensor cores where their shape allows;
-// `pdl` (d16, d18) launches the four tails with programmatic dependent launch.
+int scan_grid_cap = 0;  // set_decode_scan_grid_cap
+
+// The persistent scan's grid: as many blocks as fit on the device at once, at most `items`
+// (and at most scan_grid_cap when set).
+unsigned persistent_scan_blocks(size_t smem, int64_t items) {
+  int device = 0, sms = 0, per_sm = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess)
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_scan_persistent_kernel,
+                                                        kFastThreads, smem);
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string("decode_step: persistent scan occupancy: ") +
+                             cudaGetErrorString(err));
+  int64_t resident = static_cast<int64_t>(std::max(1, sms)) * std::max(1, per_sm);
+  if (scan_grid_cap > 0) resident = std::min<int64_t>(resident, scan_grid_cap);
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(items, resident)));
+}
+
+// fused (d21), d19, d18, d17, d16, d13 and d8: five launches (window + score tiles in one grid;
+// group scores; select; chunk tiles; fuse with batched loads); kShort (d12 on) the shorter
+// chains of its tails; `mma` (d17 on) the chunk tiles on the tensor cores where their shape
+// allows; `pdl` (d16, d18 on) launches the four tails with programmatic dependent launch;
+// `landmark_mask` (d19, d21) the chunk tiles' mask of the landmark slot only; `persistent`
+// (d19) the persistent scan (fp8 summaries, d = 64).
 template <class Summary, bool kShort>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
-                  const DecodeOutputs& out, cudaStream_t stream, bool pdl, bool mma) {
+                  const DecodeOutputs& out, cudaStream_t stream, bool pdl, bool mma,
+                  bool landmark_mask = false, bool persistent = false) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
   require(blocks1 < (int64_t{1} << 31), "decode: too many tiles for one grid");
-  launch_kernel("window + score", fused_window_score_kernel<Summary>,
-                dim3(static_cast<unsigned>(blocks1)), kFastThreads,
-                std::max(s.win_smem_early, p.d * sizeof(float)), stream, false, p, w, s.fast,
-                s.win_staged, s.vectorised, s.coalesced);
+  constexpr bool kFp8 = std::is_same<Summary, Fp8Summary>::value;
+  if (persistent && scan_persistent(p, s.coalesced, kFp8))
+    launch_kernel("window + score (persistent)", fused_scan_persistent_kernel,
+                  dim3(persistent_scan_blocks(s.win_smem_early, blocks1)), kFastThreads,
+                  s.win_smem_early, stream, false, p, w, s.fast, s.win_staged);
+  else
+    launch_kernel("window + score", fused_window_score_kernel<Summary>,
+                  dim3(static_cast<unsigned>(blocks1)), kFastThreads,
+                  std::max(s.win_smem_early, p.d * sizeof(float)), stream, false, p, w, s.fast,
+                  s.win_staged, s.vectorised, s.coalesced);
   if (p.K > 0 && p.n_cand > p.K)
     launch_kernel("group score", decode_group_score_kernel<kShort>,
                   dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)), bg),
@@ -1614,7 +1799,8 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
     launch_kernel("select", decode_select_kernel<kShort>, dim3(bg), kSelectThreads, s.key_smem,
                   stream, pdl, p, w, out.o_window, out.lse_window);
   if (p.K > 0 && mma && chunk_by_mma(p, s.fast_chunk))
-    launch_kernel("chunk", decode_chunk_mma_kernel,
+    launch_kernel("chunk",
+                  landmark_mask ? decode_chunk_mma_kernel<true> : decode_chunk_mma_kernel<false>,
                   dim3(static_cast<unsigned>(ceil_div(p.K, kMmaChunkWarps)), bg),
                   kMmaChunkWarps * kWarp, 0, stream, pdl, p,
                   static_cast<const int32_t*>(w.selection), w.chunk_part, w.fusion_logit);
@@ -1642,8 +1828,11 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
           "decode: workspace must be a device pointer, got null");
   require(kernel == DecodeKernel::fused || kernel == DecodeKernel::d5 ||
               kernel == DecodeKernel::d8 || kernel == DecodeKernel::d13 ||
-              kernel == DecodeKernel::d16 || kernel == DecodeKernel::d17,
-          "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3), d16 (4) or d17 (5)");
+              kernel == DecodeKernel::d16 || kernel == DecodeKernel::d17 ||
+              kernel == DecodeKernel::d18 || kernel == DecodeKernel::d19 ||
+              kernel == DecodeKernel::d21,
+          "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3), d16 (4), d17 (5), d18 (6), "
+          "d19 (7) or d21 (8)");
   const DecodeParams p = params_of(spec, cache, q);
   const ScratchSizes sizes = scratch_sizes(p);
   char* base = static_cast<char*>(workspace);
@@ -1664,12 +1853,21 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   } else if (kernel == DecodeKernel::d8) {
     if (fp8) launch_fused<Fp8Summary, false>(p, shape, w, out, stream, false, false);
     else launch_fused<Bf16Summary, false>(p, shape, w, out, stream, false, false);
-  } else {  // fused = d18: d13's kernels, the tensor-core chunk tiles (d17), d16's launches
-    const bool pdl = kernel == DecodeKernel::fused || kernel == DecodeKernel::d16;
-    const bool mma = kernel == DecodeKernel::fused || kernel == DecodeKernel::d17;
-    if (fp8) launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma);
-    else launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma);
+  } else {  // fused = d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's launches)
+            // with the chunk tiles' landmark mask
+    const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d21 : kernel;
+    const bool d19 = k == DecodeKernel::d19, d21 = k == DecodeKernel::d21;
+    const bool pdl = k == DecodeKernel::d16 || k == DecodeKernel::d18 || d19 || d21;
+    const bool mma = k == DecodeKernel::d17 || k == DecodeKernel::d18 || d19 || d21;
+    if (fp8) launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma, d19 || d21, d19);
+    else launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma, d19 || d21, d19);
   }
+}
+
+void set_decode_scan_grid_cap(int blocks) {
+  detail::require(blocks >= 0, "set_decode_scan_grid_cap: blocks = " + std::to_string(blocks) +
+                                   ", expected >= 0");
+  detail::scan_grid_cap = blocks;
 }
 
 void quantize_summaries_fp8(const float* key, int64_t rows, int64_t d, void* key_fp8,

@@ -31,6 +31,15 @@ struct LaunchParams {
   int64_t prior_rows = 0;
 };
 
+// Whether this build's code for the current GPU has the wgmma kernels (sm_90a code on an sm_90
+// GPU; wgmma_probe.cu): probed once per device by a one-thread kernel, at the first call.
+bool wgmma_runs_on_current_device();
+// Tests: makes wgmma_runs_on_current_device() false (true again with false), so that the
+// fallback and the refusal run on a GPU that has wgmma.
+void disable_wgmma_for_testing(bool disabled);
+// The error for a named wgmma kernel that cannot run here (std::invalid_argument).
+[[noreturn]] void refuse_wgmma_kernel(const char* field, const char* kernel, const char* instead);
+
 // Each launcher enqueues one kernel on `stream`; errors surface through cudaGetLastError.
 void launch_window(const LaunchParams& p, float* o, float* lse, cudaStream_t stream);
 void launch_full(const LaunchParams& p, float* o, float* lse, cudaStream_t stream);

@@ -81,12 +81,18 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
 }
 
 // s[nt] = q (16 x 64) . K_tile^T for keys nt*8 .. nt*8+7 (C layout, unscaled). The B fragments
-// come from ldmatrix over key rows: matrix j of a load = dims 8j .. 8j+7 of 8 keys.
+// come from ldmatrix over key rows: matrix j of a load = dims 8j .. 8j+7 of 8 keys. Groups of 8
+// keys from nt_end on are not computed and read -inf (a caller whose later keys are all masked
+// passes fewer; the default 8 unrolls without a test).
 __device__ __forceinline__ void qk_tile(float (&s)[8][4], const uint32_t (&qa)[4][4],
-                                        const __nv_bfloat16 (*ks_tile)[kTilePitch]) {
+                                        const __nv_bfloat16 (*ks_tile)[kTilePitch], int nt_end = 8) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt) {
+    if (nt >= nt_end) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = kNegInf;
+      continue;
+    }
     s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
     const __nv_bfloat16* key = ks_tile[nt * 8 + lane % 8] + 8 * (lane / 8);
 #pragma unroll
@@ -101,11 +107,14 @@ __device__ __forceinline__ void qk_tile(float (&s)[8][4], const uint32_t (&qa)[4
 
 // o[nt] += P (16 x 64 keys, C layout in p) . V_tile (64 keys x 64 dims). The B fragments come
 // from transposing ldmatrix over value rows: keys 16ks + (0..7 | 8..15) x dims of nt, nt + 1.
+// Only the first ks_end of the four 16-key steps are taken (a caller whose later keys are all
+// masked passes fewer; the default 4 unrolls without a test).
 __device__ __forceinline__ void pv_tile(float (&o)[8][4], const float (&p)[8][4],
-                                        const __nv_bfloat16 (*vs_tile)[kTilePitch]) {
+                                        const __nv_bfloat16 (*vs_tile)[kTilePitch], int ks_end = 4) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
+    if (ks >= ks_end) continue;
     const uint32_t a[4] = {pack_bf16(p[2 * ks][0], p[2 * ks][1]),
                            pack_bf16(p[2 * ks][2], p[2 * ks][3]),
                            pack_bf16(p[2 * ks + 1][0], p[2 * ks + 1][1]),
@@ -146,11 +155,13 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
 
-// load_tile through the copy engine: rows [row0, row0 + 64) of a [rows_total, 64] bf16 matrix.
+// load_tile through the copy engine: rows [row0, row0 + 64) of a [rows_total, 64] bf16 matrix,
+// by the kThreads threads of the block.
+template <int kThreads = kPackedThreads>
 __device__ __forceinline__ void load_tile_async(__nv_bfloat16 (*dst)[kTilePitch],
                                                 const __nv_bfloat16* src, int64_t row0,
                                                 int64_t rows_total) {
-  for (int seg = threadIdx.x; seg < kTileDim * 8; seg += kPackedThreads) {
+  for (int seg = threadIdx.x; seg < kTileDim * 8; seg += kThreads) {
     const int row = seg / 8, col = (seg % 8) * 8;
     const bool valid = row0 + row < rows_total;
     cp_async16(&dst[row][col], src + (valid ? (row0 + row) * kTileDim + col : 0), valid);

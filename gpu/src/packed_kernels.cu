@@ -168,18 +168,6 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
-// load_tile_async for kThreads threads.
-template <int kThreads>
-__device__ __forceinline__ void load_window_tile(__nv_bfloat16 (*dst)[kTilePitch],
-                                                 const __nv_bfloat16* src, int64_t row0,
-                                                 int64_t rows_total) {
-  for (int seg = threadIdx.x; seg < kTileDim * 8; seg += kThreads) {
-    const int row = seg / 8, col = (seg % 8) * 8;
-    const bool valid = row0 + row < rows_total;
-    cp_async16(&dst[row][col], src + (valid ? (row0 + row) * kTileDim + col : 0), valid);
-  }
-}
-
 // Shared memory of window_v9_kernel: two K/V stages and the block's kRows q rows (the q
 // fragments are read per tile by ldmatrix instead of living in 16 registers through the loop).
 template <int kRows>
@@ -239,16 +227,16 @@ __global__ void __launch_bounds__(kWarps * kWarp, 16 / kWarps)
   const float c2 = p.scale * 1.4426950408889634f;  // logits in base 2
   const int lane = threadIdx.x % kWarp;
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f}, o[8][4] = {};
-  load_window_tile<kWindowThreads>(ks_tile[0], k, first, p.T);
-  load_window_tile<kWindowThreads>(vs_tile[0], v, first, p.T);
+  load_tile_async<kWindowThreads>(ks_tile[0], k, first, p.T);
+  load_tile_async<kWindowThreads>(vs_tile[0], v, first, p.T);
   cp_async_commit();
   for (int it = 0; it < n_tiles; ++it) {
     const int key0 = it * kTileDim;
     cp_async_wait_all();
     __syncthreads();
     if (it + 1 < n_tiles) {
-      load_window_tile<kWindowThreads>(ks_tile[(it + 1) % 2], k, first + key0 + kTileDim, p.T);
-      load_window_tile<kWindowThreads>(vs_tile[(it + 1) % 2], v, first + key0 + kTileDim, p.T);
+      load_tile_async<kWindowThreads>(ks_tile[(it + 1) % 2], k, first + key0 + kTileDim, p.T);
+      load_tile_async<kWindowThreads>(vs_tile[(it + 1) % 2], v, first + key0 + kTileDim, p.T);
       cp_async_commit();
     }
     if (key0 > hi_max || key0 + kTileDim - 1 < lo_min) continue;  // no row of the warp sees it
@@ -263,22 +251,7 @@ __global__ void __launch_bounds__(kWarps * kWarp, 16 / kWarps)
     for (int ks = 0; ks < 4; ++ks)
       ldmatrix_x4(qa[ks], &sm.q[(threadIdx.x / kWarp) * 16 + lane % 16][16 * ks + 8 * (lane / 16)]);
     float s[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-      if (nt < nt_end) {
-        const __nv_bfloat16* key = kt[nt * 8 + lane % 8] + 8 * (lane / 8);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          uint32_t b[4];
-          ldmatrix_x4(b, key + 32 * half);
-          mma_16816(s[nt], qa[2 * half], b[0], b[1]);
-          mma_16816(s[nt], qa[2 * half + 1], b[2], b[3]);
-        }
-      } else {
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = kNegInf;
-      }
-    }
+    qk_tile(s, qa, kt, nt_end);
     if (inside) {
       if (landmark_col && lane % 4 == 3) s[7][1] = s[7][3] = kNegInf;
     } else {
@@ -321,24 +294,7 @@ __global__ void __launch_bounds__(kWarps * kWarp, 16 / kWarps)
         l[e / 2] += s[nt][e];
       }
     }
-    const int ks_end = (nt_end + 1) / 2;
-    const __nv_bfloat16(*vt)[kTilePitch] = vs_tile[it % 2];
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      if (ks >= ks_end) continue;
-      const uint32_t a[4] = {pack_bf16(s[2 * ks][0], s[2 * ks][1]),
-                             pack_bf16(s[2 * ks][2], s[2 * ks][3]),
-                             pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                             pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-      const __nv_bfloat16* row = vt[16 * ks + lane % 8 + 8 * ((lane / 8) % 2)] + 8 * (lane / 16);
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, row + 16 * np);
-        mma_16816(o[2 * np], a, b[0], b[1]);
-        mma_16816(o[2 * np + 1], a, b[2], b[3]);
-      }
-    }
+    pv_tile(o, s, vs_tile[it % 2], (nt_end + 1) / 2);
   }
   const ThreadRows<G> rows(t0, g, p.T);
 #pragma unroll

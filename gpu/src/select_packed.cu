@@ -8,6 +8,8 @@
 #include "mma_common.cuh"
 #include "wgmma_common.cuh"
 
+#include <type_traits>
+
 namespace hils::gpu::detail {
 namespace {
 
@@ -444,20 +446,15 @@ __device__ __forceinline__ float dot8(const float (&q)[8], float4 k0, float4 k1)
   return __fmaf_rn(q[7], k1.w, a);
 }
 
-// Writes a query's list (index: its K entries, the valid ones first, -1 after) ascending, -1
-// padded, with fp32 s_hat of every head of the group. The dot products run 4 at a time per warp:
-// 8 lanes per slot, 8 dims (one dot8 part) per lane (16-byte loads).
-__device__ void write_selection(const LaunchParams& p, const int32_t* index, int64_t t,
-                                int64_t g, int G, const float* key, const float* bias,
-                                int32_t* selection, float* selected_score) {
+// A query's selection row: index (its K entries, the valid ones first, -1 after) written
+// ascending, -1 padded. Returns n (the valid entries); rank_of[i]: the place of slot lane + 32 i.
+__device__ __forceinline__ int write_selected_chunks(const LaunchParams& p, const int32_t* index, int64_t t,
+                                                     int64_t g, int32_t* selection, int (&rank_of)[2]) {
   const int lane = threadIdx.x % kWarp;
   const int K = static_cast<int>(p.K);
   const int n = __popc(__ballot_sync(0xffffffffu, lane < K && index[lane] >= 0)) +
                 (K > kWarp ? __popc(__ballot_sync(0xffffffffu, lane + kWarp < K && index[lane + kWarp] >= 0)) : 0);
-  const int64_t n_chunks = p.T / p.S;
-  const auto* qr = static_cast<const __nv_bfloat16*>(p.q_retrieval);
   // Slots lane and lane + 32 (K <= 64): chunk and rank in the ascending list.
-  int rank_of[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int e = lane + kWarp * i;
@@ -470,17 +467,54 @@ __device__ void write_selection(const LaunchParams& p, const int32_t* index, int
     rank_of[i] = rank;
     if (e < K) selection[(g * p.T + t) * K + rank] = c;
   }
+  return n;
+}
+
+// One step of the selected-score sums: slots 4 j + group (group = lane / 8) of one head, lane
+// holding dims 8 part .. 8 part + 7 (part = lane % 8) of q~ (qf) and of the slot's key row (k0,
+// k1). The xor butterfly over the 8 parts is dot8's sum tree (addition commutes); lane e % 32
+// of slot e (< n) takes sigma * sum + its bias into score[e / 32].
+__device__ __forceinline__ void selected_score_step(const float (&qf)[8], float4 k0, float4 k1, int j, int n,
+                                                    float scale, const float (&own_bias)[2], float (&score)[2]) {
+  const int lane = threadIdx.x % kWarp;
+  float acc = dot8(qf, k0, k1);
+  acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 1));
+  acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 2));
+  acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 4));
+  // Slot e's sum is in lanes 8 group .. 8 group + 7; lane e % 32 collects it.
+  const float mine = __shfl_sync(0xffffffffu, acc, 8 * ((lane - 4 * j) & 3));
+  if ((lane & ~3) == ((4 * j) & 31) && 4 * j + (lane & 3) < n) {
+    if (4 * j < kWarp) score[0] = __fmaf_rn(scale, mine, own_bias[0]);
+    else score[1] = __fmaf_rn(scale, mine, own_bias[1]);
+  }
+}
+
+__device__ __forceinline__ void bf16x8_to_float(uint4 raw, float (&qf)[8]) {
+  const __nv_bfloat162* q2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(q2[j]);
+    qf[2 * j] = f.x, qf[2 * j + 1] = f.y;
+  }
+}
+
+// Writes a query's list (index: its K entries, the valid ones first, -1 after) ascending, -1
+// padded, with fp32 s_hat of every head of the group. The dot products run 4 at a time per warp:
+// 8 lanes per slot, 8 dims (one dot8 part) per lane (16-byte loads).
+__device__ void write_selection(const LaunchParams& p, const int32_t* index, int64_t t,
+                                int64_t g, int G, const float* key, const float* bias,
+                                int32_t* selection, float* selected_score) {
+  const int lane = threadIdx.x % kWarp;
+  const int K = static_cast<int>(p.K);
+  int rank_of[2];
+  const int n = write_selected_chunks(p, index, t, g, selection, rank_of);
+  const int64_t n_chunks = p.T / p.S;
+  const auto* qr = static_cast<const __nv_bfloat16*>(p.q_retrieval);
   const int part = lane % 8, group = lane / 8;  // dims 8 part .. 8 part + 7 of slot 4 j + group
   for (int hg = 0; hg < G; ++hg) {
     const int64_t h = g * G + hg;
-    const uint4 qraw = *reinterpret_cast<const uint4*>(qr + (h * p.T + t) * kTileDim + 8 * part);
-    const __nv_bfloat162* q2 = reinterpret_cast<const __nv_bfloat162*>(&qraw);
     float qf[8];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f = __bfloat1622float2(q2[j]);
-      qf[2 * j] = f.x, qf[2 * j + 1] = f.y;
-    }
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(qr + (h * p.T + t) * kTileDim + 8 * part), qf);
     float score[2] = {kNegInf, kNegInf};
     // Biases of the slots this lane collects (lane, lane + 32), loaded ahead of the sums.
     float own_bias[2];
@@ -505,25 +539,85 @@ __device__ void write_selection(const LaunchParams& p, const int32_t* index, int
         }
       }
 #pragma unroll
-      for (int jj = 0; jj < kBatch; ++jj) {
-        const int j = j0 + jj;
-        // The xor butterfly over the 8 parts is dot8's sum tree (addition commutes).
-        float acc = dot8(qf, k0[jj], k1[jj]);
-        acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 1));
-        acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 2));
-        acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 4));
-        // Slot e's sum is in lanes 8 group .. 8 group + 7; lane e % 32 collects it.
-        const float mine = __shfl_sync(0xffffffffu, acc, 8 * ((lane - 4 * j) & 3));
-        if ((lane & ~3) == ((4 * j) & 31) && 4 * j + (lane & 3) < n) {
-          if (4 * j < kWarp) score[0] = __fmaf_rn(p.scale, mine, own_bias[0]);
-          else score[1] = __fmaf_rn(p.scale, mine, own_bias[1]);
-        }
-      }
+      for (int jj = 0; jj < kBatch; ++jj) selected_score_step(qf, k0[jj], k1[jj], j0 + jj, n, p.scale, own_bias, score);
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int e = lane + kWarp * i;
       if (e < K) selected_score[(h * p.T + t) * K + rank_of[i]] = score[i];
+    }
+  }
+}
+
+// v11: write_selection for K <= 32 with its loads one unit ahead. Unit u = (head u / nb, batch
+// u % nb), nb = ceil(n / 16) batches of 4 steps (16 slots) per head; the q~ part, the biases and
+// the key rows of unit u + 1 are in flight while unit u is summed (write_selection waits for
+// them at every batch and every head: at 128K the writer was ~45% of v10's stall samples, most
+// of them on those loads). The sums are write_selection's, step for step.
+template <int G>
+__device__ void write_selection_ahead(const LaunchParams& p, const int32_t* index, int64_t t, int64_t g,
+                                      const float* key, const float* bias, int32_t* selection,
+                                      float* selected_score) {
+  const int lane = threadIdx.x % kWarp;
+  const int K = static_cast<int>(p.K);
+  int rank_of[2];
+  const int n = write_selected_chunks(p, index, t, g, selection, rank_of);
+  const int64_t n_chunks = p.T / p.S;
+  const auto* qr = static_cast<const __nv_bfloat16*>(p.q_retrieval);
+  const int part = lane % 8, group = lane / 8;
+  const bool two = n > 16;  // nb = 2 (K <= 32), else 1 (n = 0 too: its heads get -inf)
+  const int units = two ? 2 * G : G;
+  struct Unit {
+    float4 k0[4], k1[4];
+    uint4 q;
+    float own_bias[2];
+  };
+  auto load = [&](Unit& w, int u) {
+    const int hg = two ? u >> 1 : u, b = two ? u & 1 : 0;
+    const int64_t h = g * G + hg;
+    w.q = *reinterpret_cast<const uint4*>(qr + (h * p.T + t) * kTileDim + 8 * part);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int e = lane + kWarp * i;
+      w.own_bias[i] = e < n ? bias[h * n_chunks + index[e]] : 0.0f;
+    }
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int e = 4 * (4 * b + jj) + group;
+      if (e < n) {
+        const float* row = key + (h * n_chunks + index[e]) * kTileDim + 8 * part;
+        w.k0[jj] = *reinterpret_cast<const float4*>(row);
+        w.k1[jj] = *reinterpret_cast<const float4*>(row + 4);
+      } else {
+        w.k0[jj] = w.k1[jj] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+  };
+  float score[2] = {kNegInf, kNegInf};
+  auto sum = [&](const Unit& w, int u) {
+    const int hg = two ? u >> 1 : u, b = two ? u & 1 : 0;
+    float qf[8];
+    bf16x8_to_float(w.q, qf);
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) selected_score_step(qf, w.k0[jj], w.k1[jj], 4 * b + jj, n, p.scale, w.own_bias, score);
+    if (b == (two ? 1 : 0)) {  // the head's last batch
+      const int64_t h = g * G + hg;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int e = lane + kWarp * i;
+        if (e < K) selected_score[(h * p.T + t) * K + rank_of[i]] = score[i];
+      }
+      score[0] = score[1] = kNegInf;
+    }
+  };
+  Unit wa, wb;
+  load(wa, 0);
+  for (int u = 0; u < units; u += 2) {
+    if (u + 1 < units) load(wb, u + 1);
+    sum(wa, u);
+    if (u + 1 < units) {
+      if (u + 2 < units) load(wa, u + 2);
+      sum(wb, u + 1);
     }
   }
 }
@@ -715,10 +809,18 @@ enum class Offers { sorted, quads, buffered };
 // panel), and pass 2's q~ (a new head every step) staged by cp.async into a swizzled panel per
 // warpgroup instead of loaded as register fragments.
 enum class Scoring { mma_sync, wgmma, wgmma_q_smem };
+// Which writer puts out the selected chunks and scores: write_selection (v4-v10), or
+// write_selection_ahead (v11: its loads one unit ahead; K <= 32, buffered offers only).
+enum class Writer { in_order, ahead };
+// Pass 2's steps as written first (v4-v11), or lean (v12: the copies' per-thread pieces and the
+// wgmma descriptors worked out once, each tile's first head without the per-step reset selects;
+// wgmma_q_smem scoring and buffered offers only).
+enum class Lean { none, pass2 };
 template <Scoring kScoring>
 constexpr int kBlockQueries = kScoring == Scoring::wgmma_q_smem ? 128 : 64;
 
-template <int G, int kSlots, Offers kOffers, Scoring kScoring = Scoring::mma_sync>
+template <int G, int kSlots, Offers kOffers, Scoring kScoring = Scoring::mma_sync,
+          Writer kWriter = Writer::in_order, Lean kLeanSteps = Lean::none>
 __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kScoring> == 64 ? 4 : 2)
     select_packed_kernel(LaunchParams p, const float* key, const __nv_bfloat16* key_bf16,
                          const float* bias, const float* bias2, const float* lse_swa,
@@ -727,6 +829,9 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   constexpr bool kWgmma = kScoring != Scoring::mma_sync, kQSmem = kScoring == Scoring::wgmma_q_smem;
   constexpr int kQueries = kBlockQueries<kScoring>, kThreads = 2 * kQueries;  // 16 rows per warp
   static_assert(!kWgmma || kBuffered, "v9 and v10 are v8 with wgmma scoring");
+  static_assert(kWriter == Writer::in_order || kBuffered, "the writer ahead takes v8's buffers (K <= 32)");
+  constexpr bool kLean = kLeanSteps == Lean::pass2;
+  static_assert(!kLean || (kQSmem && kBuffered), "the lean pass 2 is v10's with buffered offers");
   static_assert(!kBuffered || kSlots == 64, "v8's rows hold 64 bound slots in pass 1");
   constexpr int kParts = kSlots > kWarp ? kSlots / kWarp : 1;  // slot maxima per lane and row
   constexpr int kSlotCount = kSlots > 0 ? kSlots : kWarp;       // (the code of kSlots = 0 never runs)
@@ -809,6 +914,31 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
     else
       qk_tile(s, qa, tile[buf]);
   };
+  // v12: the k' copy's per-thread pieces (rows tid / 8 + 32 j: the 128-byte swizzle of
+  // row + 32 j is row's, 4096 bytes on; 32-bit element offsets inside the group) and the k'
+  // panels' descriptor (panel 1: + kPanelBytes / 16), worked out once.
+  const int nc = static_cast<int>(n_chunks), k_row = threadIdx.x / 8, k_col = (threadIdx.x % 8) * 8;
+  const uint32_t k_dst = kLean ? wg::sw128_offset(k_row, k_col) : 0u;
+  const __nv_bfloat16* key_g = key_bf16 + g * G * n_chunks * kTileDim;
+  const float* bias_g = bias2 + g * G * n_chunks;
+  // k' rows [c0, c0 + 64) and their biases of head g G + hg into stage `stage`, committed.
+  auto copy_k = [&](int hg, int c0, int stage) {
+    const __nv_bfloat16* head = key_g + hg * nc * kTileDim;
+    unsigned char* dst = panels + stage * kPanelBytes + k_dst;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int rr = c0 + k_row + 32 * j;
+      const bool valid = rr < nc;
+      cp_async16(dst + 4096 * j, valid ? head + rr * kTileDim + k_col : head, valid);
+    }
+    if (threadIdx.x < kTileDim) {
+      const int cc = c0 + static_cast<int>(threadIdx.x);
+      const bool valid = cc < nc;
+      cp_async4(&bias_tile[stage][threadIdx.x], bias_g + hg * nc + (valid ? cc : 0), valid);
+    }
+    cp_async_commit();
+  };
+  const uint64_t k_desc = kLean ? wg::desc_k_major(panels) : 0ull;
   uint32_t qa[4][4], qn[4][4];
   float s[8][4];
   // Pass 1, step = (head, tile): log2 Z_hat(t,h) = log2(2^lse_swa2 + sum over V(t) of 2^s2).
@@ -888,7 +1018,118 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   // Pass 2, step = (tile, head): group score per tile; rows with a score above their list's
   // threshold (held in registers) are offered to their top-K lists.
   int count[2] = {0, 0};  // v8: entries in the buffers of rows row[0], row[1]
-  if (n_tiles > 0) {
+  if constexpr (kLean) {
+    // v12: v10's pass 2 (same products, same epilogue arithmetic and order), with the per-step
+    // overhead v10's SASS showed (~330 instructions per step for 96 of score arithmetic) cut:
+    // the per-thread pieces of the q~ panel copy (rows tq / 8 + 16 j) and of the k' copy (rows
+    // tid / 8 + 32 j: the 128-byte swizzle of row + 16 j or + 32 j is row's, 2048 or 4096 bytes
+    // on) and the wgmma descriptors are worked out once; 32-bit element offsets inside a group;
+    // the loop runs (tile, head) with each tile's first head as its own code, so r needs no
+    // reset selects on every step.
+    if (n_tiles > 0) {
+      const int steps = G * n_tiles;
+      float r[8][4];
+      float theta[2] = {prune ? floor_of(row_bound[row[0]]) : kNegInf, prune ? floor_of(row_bound[row[1]]) : kNegInf};
+      const int wg_index = warp / 4;
+      unsigned char* q_panel = panels + (2 + wg_index) * kPanelBytes;
+      const int64_t wg_t0 = t0 + 64 * wg_index;
+      const auto* q0 = static_cast<const __nv_bfloat16*>(p.q_retrieval) + g * G * p.T * kTileDim;
+      const int64_t head_stride = p.T * kTileDim;
+      const int tq = threadIdx.x % 128, q_row = tq / 8;
+      unsigned char* const q_dst = q_panel + wg::sw128_offset(q_row, (tq % 8) * 8);
+      const int64_t q_off = (wg_t0 + q_row) * kTileDim + (tq % 8) * 8;  // used only where valid
+      const int64_t q_left = p.T - (wg_t0 + q_row);                      // row q_row + 16 j valid: 16 j < q_left
+      // The warpgroup's q~ rows of head g G + hg (not committed).
+      auto copy_q = [&](int hg) {
+        const __nv_bfloat16* head = q0 + hg * head_stride;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const bool valid = 16 * j < q_left;
+          cp_async16(q_dst + 2048 * j, valid ? head + q_off + 1024 * j : head, valid);
+        }
+      };
+      const uint64_t q_desc = wg::desc_k_major(q_panel);
+      auto product = [&](int stage) {
+        const uint64_t kd = k_desc + static_cast<uint64_t>(stage * (kPanelBytes >> 4));
+        wg::fence_operands(s);
+        wg::fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          wg::mma_ss<false>(s, wg::desc_advance(q_desc, 32 * ks), wg::desc_advance(kd, 32 * ks), ks > 0);
+        wg::commit();
+        wg::wait<0>();
+        wg::fence_operands(s);
+      };
+      copy_q(0);  // committed with the first k' tile
+      copy_k(0, 0, 0);
+      int step = 0;
+      // Step (tile at c0, head hg): v10's step; kFirst: the tile's first head (r starts here).
+      auto head_step = [&](int hg, int c0, auto first) {
+        constexpr bool kFirst = decltype(first)::value;
+        const int stage = step & 1;
+        await_tile();
+        const bool more = step + 1 < steps;
+        if (more) {
+          if (hg + 1 < G) copy_k(hg + 1, c0, stage ^ 1);
+          else copy_k(0, c0 + kTileDim, stage ^ 1);
+        }
+        product(stage);
+        // The warpgroup's wgmma has read the panel: it takes the next step's head.
+        if (G > 1 && more) {
+          if (wg_index == 0)
+            asm volatile("bar.sync 1, 128;\n" ::: "memory");
+          else
+            asm volatile("bar.sync 2, 128;\n" ::: "memory");
+          copy_q(hg + 1 < G ? hg + 1 : 0);
+          cp_async_commit();
+        }
+        const float* b2 = bias_tile[stage];
+        const float z[2] = {sh.log_z[hg * kQueries + row[0]], sh.log_z[hg * kQueries + row[1]]};
+        const float init = p.group_rule == kGroupSumProbabilities ? 0.0f : kNegInf;
+        if (p.group_rule == kGroupMaxNormalized) {
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int col = nt * 8 + (lane % 4) * 2 + (e % 2);
+              r[nt][e] = fmaxf(kFirst ? init : r[nt][e], fmaf(s[nt][e], scale2, b2[col]) - z[e / 2]);
+            }
+        } else if (p.group_rule == kGroupSumProbabilities) {
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int col = nt * 8 + (lane % 4) * 2 + (e % 2);
+              r[nt][e] = (kFirst ? init : r[nt][e]) + fast_exp2(fmaf(s[nt][e], scale2, b2[col]) - z[e / 2]);
+            }
+        } else {
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int col = nt * 8 + (lane % 4) * 2 + (e % 2);
+              r[nt][e] = fmaxf(kFirst ? init : r[nt][e], fmaf(s[nt][e], scale2, b2[col]));
+            }
+        }
+        ++step;
+      };
+      for (int tile_i = 0; tile_i < n_tiles; ++tile_i) {
+        const int c0 = tile_i * kTileDim;
+        head_step(0, c0, std::true_type{});
+        for (int hg = 1; hg < G; ++hg) head_step(hg, c0, std::false_type{});
+        // Sums of probabilities are ranked in the linear domain, the others in base 2.
+        if (c0 + kTileDim > warp_min) {
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (c0 + nt * 8 + (lane % 4) * 2 + (e % 2) >= n_cand[e / 2]) r[nt][e] = kNegInf;
+        }
+        append_half<0>(r, theta, count, buf, row, c0, K);
+        append_half<1>(r, theta, count, buf, row, c0, K);
+      }
+    }
+  } else if (n_tiles > 0) {
     const int steps = G * n_tiles;
     float r[8][4];
     // A candidate must beat theta to enter: the list's K-th value or, with the bound (v6), the
@@ -1052,7 +1293,10 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
       }
       if (lane >= n && lane < K) index[lane] = -1;
       __syncwarp();
-      write_selection(p, index, t0 + q, g, G, key, bias, selection, selected_score);
+      if constexpr (kWriter == Writer::ahead)
+        write_selection_ahead<G>(p, index, t0 + q, g, key, bias, selection, selected_score);
+      else
+        write_selection(p, index, t0 + q, g, G, key, bias, selection, selected_score);
     }
   } else {
     for (int q = warp * 16; q < warp * 16 + 16; ++q) {
@@ -1204,14 +1448,19 @@ size_t select_one_pass_smem_bytes(int64_t K) {
 
 // Queries per block of each kernel (threads: 2 per query).
 int block_queries(PackedSelect kernel) {
-  return kernel == PackedSelect::two_pass_v10 ? kBlockQueries<Scoring::wgmma_q_smem> : kQueries;
+  return kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11 ||
+                 kernel == PackedSelect::two_pass_v12
+             ? kBlockQueries<Scoring::wgmma_q_smem>
+             : kQueries;
 }
 
 size_t select_smem_bytes(int64_t G, int64_t K, PackedSelect kernel) {
   const size_t v8_bytes = (kQueries * kBufPitch + G * kQueries + 2 * kQueries) * 4;
   if (kernel == PackedSelect::two_pass_v8) return v8_bytes;
   if (kernel == PackedSelect::two_pass_v9) return v8_bytes + 2 * kPanelBytes + wg::kAtomBytes;
-  if (kernel == PackedSelect::two_pass_v10) return 2 * v8_bytes + 4 * kPanelBytes + wg::kAtomBytes;
+  if (kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11 ||
+      kernel == PackedSelect::two_pass_v12)
+    return 2 * v8_bytes + 4 * kPanelBytes + wg::kAtomBytes;
   return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries) * 4;
 }
 
@@ -1228,6 +1477,10 @@ SelectKernelFn select_kernel_of(PackedSelect kernel) {
     case PackedSelect::two_pass_v9: return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma>;
     case PackedSelect::two_pass_v10:
       return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem>;
+    case PackedSelect::two_pass_v11:
+      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead>;
+    case PackedSelect::two_pass_v12:
+      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::pass2>;
     default: return select_packed_kernel<G, 0, Offers::sorted>;
   }
 }
@@ -1275,9 +1528,13 @@ void launch_select_packed(const LaunchParams& p, const float* key, const float* 
   // quad lane and v8's 64-entry buffers (K + 32 entries) hold K <= 32.
   const bool fall_back = (kernel == PackedSelect::one_pass_v5 && p.group_rule != kGroupMaxNormalized) ||
                          ((kernel == PackedSelect::two_pass_v7 || kernel == PackedSelect::two_pass_v8 ||
-                           kernel == PackedSelect::two_pass_v9 || kernel == PackedSelect::two_pass_v10) &&
+                           kernel == PackedSelect::two_pass_v9 || kernel == PackedSelect::two_pass_v10 ||
+                           kernel == PackedSelect::two_pass_v11 || kernel == PackedSelect::two_pass_v12) &&
                           p.K > kWarp);
   const PackedSelect one = fall_back ? PackedSelect::two_pass_v4 : kernel;
+  if (uses_wgmma(one) && !wgmma_runs_on_current_device())
+    refuse_wgmma_kernel("select_kernel", select_kernel_name(one),
+                        "two_pass_v4 to two_pass_v8; two_pass_v8 is the fastest");
   switch (p.Hq / p.Hkv) {
     case 1: return launch_select_g<1>(p, key, bias, lse_swa, selection, selected_score, one, stream);
     case 2: return launch_select_g<2>(p, key, bias, lse_swa, selection, selected_score, one, stream);

@@ -24,13 +24,21 @@
 // (shared memory), the softmax takes one FFMA and one ex2 per score (scale and log2 e folded, the
 // landmark column masked in the registers that hold it), and the fp16 rows are staged with
 // stmatrix. Same scratch, same reduce. chunked_v7 runs two slices per warp step (measured not
-// faster: fewer warps per SM). chunked_v8 (the default) is chunked_v6 with the pairs of all
+// faster: fewer warps per SM). chunked_v8 is chunked_v6 with the pairs of all
 // segments bucketed at once (count with ranks, a scan block per segment, a scatter without
-// atomics) instead of four launches per segment.
+// atomics) instead of four launches per segment. chunked_v9 is chunked_v8 with the chunk kernel
+// on wgmma (sm_90a; measured not faster, gpu/NOTES.md "sparse v9"). chunked_v10 is v5's order
+// (weights first) on v8's bucketing and v6's chunk kernel: each row, scaled by its fusion weight,
+// is added into an fp16 copy of o with 16-byte f16x2 reductions (half of v5's L2 reduction
+// sectors), segments sized to keep that copy and q in L2; no partials, no reduce (gpu/NOTES.md
+// "sparse v10": -14% against v8 at 512K on the H100). chunked_v11 (the default) is v10 with the
+// rows' weights formed before the chunk kernel and stored in bucket order (-11% against v10);
+// chunked_v12 is v11 on v9's wgmma chunk kernel (-8% against v11; by name until memcheck'd).
 #include <cuda_fp16.h>
 
 #include "launch_params.hpp"
 #include "mma_common.cuh"
+#include "wgmma_common.cuh"
 
 namespace hils::gpu::detail {
 namespace {
@@ -412,6 +420,27 @@ __device__ __forceinline__ void pv_tiles(float (&o)[kSub][8][4], const uint32_t 
 // fragment loaded by ldmatrix serves two slices, halving the shared-memory reads that bound
 // v6); lane l copies and stores rows l / 8 + 4 j of a step, columns 8 (l % 8) .. + 7. Every row
 // is computed alike whatever kSub, so v7's output is v6's bit for bit.
+// A chunk kernel's row table: row rr is head g G + rr % G of the item's pair rr / G; row_q holds
+// its q element offset (-1 past the item's pairs), row_out its scratch row (h seg + tl) K + slot.
+template <int G>
+__device__ __forceinline__ void fill_row_table(int64_t* row_q, uint32_t* row_out, int n_rows,
+                                               const LaunchParams& p, int64_t t0, int64_t seg,
+                                               const ItemDesc& desc, const uint32_t* bucket,
+                                               int64_t g) {
+  for (int rr = threadIdx.x; rr < n_rows; rr += kPackedThreads) {
+    const int e = rr / G;
+    const int64_t h = g * G + rr % G;
+    if (e < desc.count) {
+      const uint32_t entry = bucket[desc.first + e];
+      const int64_t tl = entry >> 6;
+      row_q[rr] = (h * p.T + t0 + tl) * kTileDim;
+      row_out[rr] = static_cast<uint32_t>((h * seg + tl) * p.K + (entry & 63u));
+    } else {
+      row_q[rr] = -1;
+    }
+  }
+}
+
 template <int G, int kSub>
 __global__ void __launch_bounds__(kPackedThreads, kSub == 1 ? 5 : 3)
     chunk_attention_v6_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
@@ -432,25 +461,13 @@ __global__ void __launch_bounds__(kPackedThreads, kSub == 1 ? 5 : 3)
   const ItemDesc desc = item_desc[item];  // past n_items: zeros or another segment's, unused
   if (item >= n_items) return;
   const int64_t g = desc.chunk / nc, c = desc.chunk % nc;
-  const int n_pairs = desc.count, n_steps = (n_pairs * G + kStep - 1) / kStep;
-  const int K = static_cast<int>(p.K);
+  const int n_steps = (desc.count * G + kStep - 1) / kStep;
   const auto* k = static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim;
   const auto* v = static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim;
   load_tile_async(ks_tile, k, c * kTileDim, p.T);
   load_tile_async(vs_tile, v, c * kTileDim, p.T);
   cp_async_commit();
-  for (int rr = threadIdx.x; rr < kStep * n_steps; rr += kPackedThreads) {
-    const int e = rr / G;
-    const int64_t h = g * G + rr % G;
-    if (e < n_pairs) {
-      const uint32_t entry = bucket[desc.first + e];
-      const int64_t tl = entry >> 6;
-      row_q[rr] = (h * p.T + t0 + tl) * kTileDim;
-      row_out[rr] = static_cast<uint32_t>((h * seg + tl) * K + (entry & 63u));
-    } else {
-      row_q[rr] = -1;
-    }
-  }
+  fill_row_table<G>(row_q, row_out, kStep * n_steps, p, t0, seg, desc, bucket, g);
   cp_async_wait_all();
   __syncthreads();
 
@@ -550,6 +567,327 @@ __global__ void __launch_bounds__(kPackedThreads, kSub == 1 ? 5 : 3)
   }
 }
 
+// chunked_v9: chunked_v8's work with Hopper's warpgroup MMA (wgmma). The block (one warpgroup)
+// runs 64-row steps: S = Q K^T with Q (the step's 64 q rows) and K from 128-byte-swizzled
+// shared-memory panels, P = softmax in registers (each warp's 16 rows, v6's code: the
+// accumulator of warp w is the mma.sync C fragment of rows 16 w ..), O = P V with P from
+// registers and V as the N-major B panel. No ldmatrix: the tensor cores read q, K and V from
+// shared memory themselves (v6: K and V through ldmatrix for every 16-row slice, the L1 limit).
+// The step's q rows come by cp.async into one of two swizzled stages (the next step's while this
+// one computes); the fp16 results leave through the same stage (stmatrix, 16-byte stores).
+constexpr int kV9Panel = 64 * wg::kPanelRowBytes;  // bytes of a 64-row panel
+constexpr int kV9SmemBytes = wg::kAtomBytes + 4 * kV9Panel;  // K, V, 2 q stages, alignment slack
+
+// Rows [row0, row0 + 64) of a [rows, 64] bf16 matrix into a swizzled panel (cp.async, 128
+// threads).
+__device__ __forceinline__ void load_panel_async(unsigned char* panel, const __nv_bfloat16* src,
+                                                 int64_t row0) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int piece = threadIdx.x + kPackedThreads * j, row = piece / 8, col = (piece % 8) * 8;
+    cp_async16(panel + wg::sw128_offset(row, col), src + (row0 + row) * kTileDim + col, true);
+  }
+}
+
+// Eight halves at o (16-byte aligned) += v (chunked_v10-v12): one 16-byte reduction on sm_90
+// (ptxas refuses .v8), four half2 atomics below.
+__device__ __forceinline__ void red_add_f16x8(__half* o, uint4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};\n" ::"l"(o), "r"(v.x),
+               "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+#else
+  const uint32_t parts[4] = {v.x, v.y, v.z, v.w};
+  for (int i = 0; i < 4; ++i)
+    atomicAdd(reinterpret_cast<__half2*>(o) + i, *reinterpret_cast<const __half2*>(&parts[i]));
+#endif
+}
+
+// kReduce (chunked_v12): v11's output instead of the partials: each row scaled by its weight
+// from pair_weight (bucket order, fusion_pair_weights_kernel) over its softmax sum, then added
+// into o16 (the partial argument) with f16x2 reductions at the row's q offset.
+template <int G, bool kReduce>
+__global__ void __launch_bounds__(kPackedThreads, 4)
+    chunk_attention_v9_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
+                              const int32_t* items, const ItemDesc* item_desc,
+                              const uint32_t* bucket, __half* partial, const float* pair_weight) {
+  constexpr int kRows = pairs_per_item<G>() * G;  // 512
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  // Panels on 1024-byte boundaries (the swizzle's atom).
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(dynamic_smem) + wg::kAtomBytes - 1) &
+      ~static_cast<uintptr_t>(wg::kAtomBytes - 1));
+  unsigned char* k_panel = smem;
+  unsigned char* v_panel = smem + kV9Panel;
+  unsigned char* q_stages = smem + 2 * kV9Panel;  // two stages, kV9Panel bytes apart
+  __shared__ int64_t row_q[kRows];     // q element offset of the row; -1 past the pairs
+  __shared__ uint32_t row_out[kRows];  // its scratch row: (h seg + tl) K + slot
+  const int32_t item = static_cast<int32_t>(blockIdx.x);
+  const int32_t n_items = items[p.Hkv * nc];
+  const ItemDesc desc = item_desc[item];  // past n_items: zeros or another segment's, unused
+  if (item >= n_items) return;
+  const int64_t g = desc.chunk / nc, c = desc.chunk % nc;
+  const int n_steps = (desc.count * G + 63) / 64;
+  load_panel_async(k_panel, static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim, c * kTileDim);
+  load_panel_async(v_panel, static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim, c * kTileDim);
+  cp_async_commit();
+  fill_row_table<G>(row_q, row_out, 64 * n_steps, p, t0, seg, desc, bucket, g);
+  __shared__ float row_weight[kReduce ? kRows : 1];  // kReduce: w_c / l of the row
+  if constexpr (kReduce)
+    for (int rr = threadIdx.x; rr < 64 * n_steps; rr += kPackedThreads)
+      row_weight[rr] = rr < desc.count * G ? pair_weight[static_cast<int64_t>(desc.first) * G + rr] : 0.0f;
+  __syncthreads();  // the row table
+
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const auto* q = static_cast<const __nv_bfloat16*>(p.q);
+  // The step's 64 q rows -> a stage (zeros past the pairs); thread t copies pieces t + 128 j.
+  auto issue_q = [&](int s, unsigned char* stage) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int piece = threadIdx.x + kPackedThreads * j, row = piece / 8, col = (piece % 8) * 8;
+      const int64_t off = row_q[64 * s + row];
+      cp_async16(stage + wg::sw128_offset(row, col), q + (off >= 0 ? off + col : 0), off >= 0);
+    }
+    cp_async_commit();
+  };
+  const uint64_t k_desc = wg::desc_k_major(k_panel);
+  const uint64_t v_desc = wg::desc_n_major(v_panel, kV9Panel);
+  // Base-2 softmax as v6 (c = scale log2 e > 0), the landmark key (column 63) masked.
+  const float c2 = p.scale * 1.4426950408889634f;
+  const bool mask_landmark = p.landmarks && lane % 4 == 3;
+  const int row_in_step = 16 * warp + lane % 8 + 8 * ((lane / 8) % 2);  // stmatrix row address
+  issue_q(0, q_stages);
+  for (int s = 0; s < n_steps; ++s) {
+    unsigned char* stage = q_stages + (s & 1) * kV9Panel;
+    cp_async_wait_all();  // this step's q (and, at s = 0, K and V)
+    wg::fence_proxy_async();
+    __syncthreads();  // q visible to the tensor cores; every warp is done with the other stage
+    if (s + 1 < n_steps) issue_q(s + 1, q_stages + ((s + 1) & 1) * kV9Panel);
+    float sc[8][4];
+    const uint64_t q_desc = wg::desc_k_major(stage);
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      wg::mma_ss<false>(sc, wg::desc_advance(q_desc, 32 * ks), wg::desc_advance(k_desc, 32 * ks),
+                        ks > 0);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(sc);
+    if (mask_landmark) sc[7][1] = sc[7][3] = kNegInf;
+    float row_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) row_max[e / 2] = fmaxf(row_max[e / 2], sc[nt][e]);
+    float neg_max[2], row_sum[2] = {0.0f, 0.0f}, inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) neg_max[r] = -quad_max(row_max[r]) * c2;  // finite: 63 keys
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[nt][e] = ex2_approx(fmaf(sc[nt][e], c2, neg_max[e / 2]));  // -inf -> 0
+        row_sum[e / 2] += sc[nt][e];
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if constexpr (kReduce)  // the row's fusion weight over its sum (v10's scale)
+        inv[r] = row_weight[64 * s + 16 * warp + lane / 4 + 8 * r] / quad_sum(row_sum[r]);
+      else
+        inv[r] = 1.0f / quad_sum(row_sum[r]);
+    }
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      pa[ks][0] = pack_bf16(sc[2 * ks][0], sc[2 * ks][1]);
+      pa[ks][1] = pack_bf16(sc[2 * ks][2], sc[2 * ks][3]);
+      pa[ks][2] = pack_bf16(sc[2 * ks + 1][0], sc[2 * ks + 1][1]);
+      pa[ks][3] = pack_bf16(sc[2 * ks + 1][2], sc[2 * ks + 1][3]);
+    }
+    float oc[8][4];
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      wg::mma_rs<true>(oc, pa[ks], wg::desc_advance(v_desc, 16 * wg::kPanelRowBytes * ks), ks > 0);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(oc);
+    // The normalised rows as fp16 into the stage (the tensor cores are done with its q), the
+    // warp's own 16 rows, then 16-byte stores of those rows.
+#pragma unroll
+    for (int nt = 0; nt < 8; nt += 2)
+      stmatrix_x4(stage + wg::sw128_offset(row_in_step, 8 * nt + 8 * (lane / 16)),
+                  pack_half2(oc[nt][0] * inv[0], oc[nt][1] * inv[0]),
+                  pack_half2(oc[nt][2] * inv[1], oc[nt][3] * inv[1]),
+                  pack_half2(oc[nt + 1][0] * inv[0], oc[nt + 1][1] * inv[0]),
+                  pack_half2(oc[nt + 1][2] * inv[1], oc[nt + 1][3] * inv[1]));
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int row = 16 * warp + lane / 8 + 4 * j, col = (lane % 8) * 8, rr = 64 * s + row;
+      if (row_q[rr] < 0) continue;
+      const uint4 x = *reinterpret_cast<const uint4*>(stage + wg::sw128_offset(row, col));
+      if constexpr (kReduce)
+        red_add_f16x8(partial + row_q[rr] + col, x);
+      else
+        *reinterpret_cast<uint4*>(partial + static_cast<uint64_t>(row_out[rr]) * kTileDim + col) = x;
+    }
+  }
+}
+
+template <int G, bool kReduce>
+void launch_chunk_v9(unsigned grid, cudaStream_t stream, const LaunchParams& p, int64_t t0,
+                     int64_t seg, int64_t nc, const int32_t* items, const ItemDesc* item_desc,
+                     const uint32_t* bucket, __half* partial, const float* pair_weight) {
+  static const bool raised = cudaFuncSetAttribute(chunk_attention_v9_kernel<G, kReduce>,
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  kV9SmemBytes) == cudaSuccess;
+  (void)raised;  // a failure surfaces as the launch's error
+  chunk_attention_v9_kernel<G, kReduce><<<grid, kPackedThreads, kV9SmemBytes, stream>>>(
+      p, t0, seg, nc, items, item_desc, bucket, partial, pair_weight);
+}
+
+// chunked_v10: v6's chunk kernel whose rows go into an fp16 copy of o (o16) with f16x2 vector
+// reductions instead of the fp16 partial scratch (no reduce). Each row is scaled by its fusion
+// weight w_c / l = exp(s_hat(c) - m) / l (weights: (m, 1 / l) per row of the segment, from
+// fusion_weights_kernel) before its fp16 rounding.
+// kPairWeights (chunked_v11): the rows' weights come in bucket order from pair_weight (written
+// by fusion_pair_weights_kernel) instead of from the row's selected score and (m, 1 / l).
+template <int G, bool kPairWeights>
+__global__ void __launch_bounds__(kPackedThreads, 5)
+    chunk_attention_f16_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
+                               const int32_t* items, const ItemDesc* item_desc,
+                               const uint32_t* bucket, const float* selected_score,
+                               const float2* weights, const float* pair_weight, __half* o16) {
+  constexpr int kRows = pairs_per_item<G>() * G;  // 512
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  auto* q_stage = reinterpret_cast<__nv_bfloat16(*)[2][16][kTilePitch]>(dynamic_smem);
+  __shared__ __align__(16) __nv_bfloat16 ks_tile[kTileDim][kTilePitch];
+  __shared__ __align__(16) __nv_bfloat16 vs_tile[kTileDim][kTilePitch];
+  __shared__ int64_t row_q[kRows];   // q element offset of the row (= its o16 offset); -1 past
+  __shared__ float row_weight[kRows];  // w_c / l of the row
+  const int32_t item = static_cast<int32_t>(blockIdx.x);
+  const int32_t n_items = items[p.Hkv * nc];
+  const ItemDesc desc = item_desc[item];
+  if (item >= n_items) return;
+  const int64_t g = desc.chunk / nc, c = desc.chunk % nc;
+  const int n_pairs = desc.count, n_steps = (n_pairs * G + 15) / 16;
+  const int K = static_cast<int>(p.K);
+  load_tile_async(ks_tile, static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim, c * kTileDim, p.T);
+  load_tile_async(vs_tile, static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim, c * kTileDim, p.T);
+  cp_async_commit();
+  for (int rr = threadIdx.x; rr < 16 * n_steps; rr += kPackedThreads) {
+    const int e = rr / G;
+    const int64_t h = g * G + rr % G;
+    if (e < n_pairs) {
+      const uint32_t entry = bucket[desc.first + e];
+      const int64_t tl = entry >> 6, t = t0 + tl;
+      row_q[rr] = (h * p.T + t) * kTileDim;
+      if constexpr (kPairWeights) {
+        row_weight[rr] = pair_weight[static_cast<int64_t>(desc.first) * G + rr];
+      } else {
+        const float2 w = weights[h * seg + tl];
+        row_weight[rr] = exp_diff(selected_score[(h * p.T + t) * K + (entry & 63u)], w.x) * w.y;
+      }
+    } else {
+      row_q[rr] = -1;
+      row_weight[rr] = 0.0f;
+    }
+  }
+  cp_async_wait_all();
+  __syncthreads();
+
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int col = (lane % 8) * 8;
+  const auto* q = static_cast<const __nv_bfloat16*>(p.q) + col;
+  auto issue_q = [&](int s, int buf) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t off = row_q[16 * s + lane / 8 + 4 * j];
+      cp_async16(&q_stage[warp][buf][lane / 8 + 4 * j][col], q + (off >= 0 ? off : 0), off >= 0);
+    }
+    cp_async_commit();
+  };
+  const float c2 = p.scale * 1.4426950408889634f;
+  const bool mask_landmark = p.landmarks && lane % 4 == 3;
+  if (warp < n_steps) issue_q(warp, 0);
+  int it = 0;
+  for (int s = warp; s < n_steps; s += kWarpsPerBlock, ++it) {
+    const int buf = it & 1;
+    if (s + kWarpsPerBlock < n_steps) {
+      issue_q(s + kWarpsPerBlock, buf ^ 1);
+      cp_async_wait_one();
+    } else {
+      cp_async_wait_all();
+    }
+    __syncwarp();
+    __nv_bfloat16(*stage)[kTilePitch] = q_stage[warp][buf];
+    __nv_bfloat16* frag_row = stage[lane % 8 + 8 * ((lane / 8) % 2)] + 8 * (lane / 16);
+    uint32_t qa[1][4][4];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) ldmatrix_x4(qa[0][ks], frag_row + 16 * ks);
+    float sc[1][8][4];
+    qk_tiles<1>(sc, qa, ks_tile);
+    if (mask_landmark) sc[0][7][1] = sc[0][7][3] = kNegInf;
+    float row_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) row_max[e / 2] = fmaxf(row_max[e / 2], sc[0][nt][e]);
+    float neg_max[2], row_sum[2] = {0.0f, 0.0f}, scale[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) neg_max[r] = -quad_max(row_max[r]) * c2;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[0][nt][e] = ex2_approx(fmaf(sc[0][nt][e], c2, neg_max[e / 2]));
+        row_sum[e / 2] += sc[0][nt][e];
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      scale[r] = row_weight[16 * s + lane / 4 + 8 * r] / quad_sum(row_sum[r]);
+    uint32_t pa[1][4][4];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      pa[0][ks][0] = pack_bf16(sc[0][2 * ks][0], sc[0][2 * ks][1]);
+      pa[0][ks][1] = pack_bf16(sc[0][2 * ks][2], sc[0][2 * ks][3]);
+      pa[0][ks][2] = pack_bf16(sc[0][2 * ks + 1][0], sc[0][2 * ks + 1][1]);
+      pa[0][ks][3] = pack_bf16(sc[0][2 * ks + 1][2], sc[0][2 * ks + 1][3]);
+    }
+    float oc[1][8][4] = {};
+    pv_tiles<1>(oc, pa, vs_tile);
+    __syncwarp();
+#pragma unroll
+    for (int nt = 0; nt < 8; nt += 2)
+      stmatrix_x4(frag_row + 8 * nt,
+                  pack_half2(oc[0][nt][0] * scale[0], oc[0][nt][1] * scale[0]),
+                  pack_half2(oc[0][nt][2] * scale[1], oc[0][nt][3] * scale[1]),
+                  pack_half2(oc[0][nt + 1][0] * scale[0], oc[0][nt + 1][1] * scale[0]),
+                  pack_half2(oc[0][nt + 1][2] * scale[1], oc[0][nt + 1][3] * scale[1]));
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int rr = 16 * s + lane / 8 + 4 * j;
+      if (row_q[rr] >= 0)
+        red_add_f16x8(o16 + row_q[rr] + col,
+                      *reinterpret_cast<const uint4*>(&stage[lane / 8 + 4 * j][col]));
+    }
+    __syncwarp();
+  }
+}
+
+// chunked_v10, after the segment's chunk kernel: o = o16 in fp32 (one thread per half2).
+__global__ void convert_o16_kernel(LaunchParams p, int64_t t0, int64_t tn, const __half* o16,
+                                   float* o) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // half2 index
+  const int64_t per_head = tn * kTileDim / 2;
+  if (i >= p.Hq * per_head) return;
+  const int64_t h = i / per_head, at = (h * p.T + t0) * kTileDim / 2 + i % per_head;
+  const float2 v = __half22float2(reinterpret_cast<const __half2*>(o16)[at]);
+  reinterpret_cast<float2*>(o)[at] = v;
+}
+
 // One warp per (head, query) of the segment: softmax over [s_hat(c) for selected c, lse_swa
 // (, 0 with softmax1)] with values [o_c..., o_swa (, 0)]. Lane 8 j + part reads dims
 // 8 part .. 8 part + 7 of slots j, j + 4, ... with 16-byte loads, all issued before the sums.
@@ -632,13 +970,35 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp)
   if (lane == 0) lse[row] = l > 0.0f ? m + __logf(l) : kNegInf;
 }
 
-// atomic_v5, one warp per (head, query) of the segment: the fusion softmax over [s_hat(c) for
-// selected c, lse_swa (, 0 with softmax1)] (Eq. 10): lse, weights (m, 1 / l) for the chunk
-// kernel, and o started at its window term o_swa * exp(lse_swa - m) / l.
+// One query segment's reduce, with reduce_kernel's unrolling chosen by K (<= 32 or <= 64).
+void launch_reduce(const LaunchParams& p, int64_t t0, int64_t tn, int64_t seg, unsigned row_blocks,
+                   const int32_t* selection, const float* selected_score, const float* o_swa,
+                   const float* lse_swa, const __half* partial, float* o, float* lse,
+                   cudaStream_t stream) {
+  if (p.K <= 32)
+    reduce_kernel<8><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
+        p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, partial, o, lse);
+  else
+    reduce_kernel<16><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
+        p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, partial, o, lse);
+}
+
+__device__ __forceinline__ void store4(float* at, float4 x) { *reinterpret_cast<float4*>(at) = x; }
+__device__ __forceinline__ void store4(__half* at, float4 x) {
+  __half2* h2 = reinterpret_cast<__half2*>(at);
+  h2[0] = __floats2half2_rn(x.x, x.y);
+  h2[1] = __floats2half2_rn(x.z, x.w);
+}
+
+// atomic_v5 and chunked_v10, one warp per (head, query) of the segment: the fusion softmax over
+// [s_hat(c) for selected c, lse_swa (, 0 with softmax1)] (Eq. 10): lse (the reduce's arithmetic,
+// so the same bits), weights (m, 1 / l) for the chunk kernel, and o started at its window term
+// o_swa * exp(lse_swa - m) / l; Out = float: atomic_v5's o, __half: chunked_v10's o16.
+template <typename Out>
 __global__ void __launch_bounds__(kReduceWarps * kWarp)
     fusion_weights_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t seg,
                           const int32_t* selection, const float* selected_score,
-                          const float* o_swa, const float* lse_swa, float2* weights, float* o,
+                          const float* o_swa, const float* lse_swa, float2* weights, Out* o,
                           float* lse) {
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kReduceWarps + threadIdx.x / kWarp;
   if (item >= p.Hq * tn) return;
@@ -665,11 +1025,79 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp)
   if (lane < kTileDim / 4) {
     const float4 x = reinterpret_cast<const float4*>(o_swa + row * kTileDim)[lane];
     const float f = w_swa * inv;
-    reinterpret_cast<float4*>(o + row * kTileDim)[lane] = make_float4(x.x * f, x.y * f, x.z * f, x.w * f);
+    store4(o + row * kTileDim + 4 * lane, make_float4(x.x * f, x.y * f, x.z * f, x.w * f));
   }
   if (lane == 0) {
     weights[h * seg + tl] = make_float2(m, inv);
     lse[row] = l > 0.0f ? m + __logf(l) : kNegInf;
+  }
+}
+
+// chunked_v11, one warp per (group, query) of the segment: fusion_weights_kernel<__half>'s work
+// for each head of the group (lse, o16 started at the window term), and each selected slot's
+// weight w_c / l (the same arithmetic as v10's chunk kernel, so the same values), stored with
+// the group's G heads side by side at the pair's position in the segment's bucket (the
+// scatter's offset + rank): the chunk kernel then reads its rows' weights in order, one 32-byte
+// sector per pair for G = 8, instead of two scattered 4-byte loads per row.
+template <int G>
+__global__ void __launch_bounds__(kReduceWarps * kWarp)
+    fusion_pair_weights_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t nc,
+                               const int32_t* selection, const float* selected_score,
+                               const float* o_swa, const float* lse_swa, const int32_t* rank,
+                               const int32_t* seg_offsets, float* pair_weight, __half* o16,
+                               float* lse) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kReduceWarps + threadIdx.x / kWarp;
+  if (item >= p.Hkv * tn) return;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t g = item / tn, tl = item % tn, t = t0 + tl;
+  const int K = static_cast<int>(p.K);
+  const int64_t pair0 = (g * p.T + t) * K;  // the pairs of (g, t) in the selection and in rank
+  bool valid[2];
+  int64_t pos[2];  // the pair's position in the segment's bucket
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int slot = lane + kWarp * i;
+    const int32_t c = slot < K ? selection[pair0 + slot] : -1;
+    valid[i] = c >= 0;
+    pos[i] = valid[i] ? static_cast<int64_t>(seg_offsets[g * nc + c]) + rank[pair0 + slot] : 0;
+  }
+  float w[2][G];
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    const int64_t row = (g * G + j) * p.T + t;
+    const float* score = selected_score + row * K;
+    float a[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) a[i] = valid[i] ? score[lane + kWarp * i] : kNegInf;
+    const float a_swa = lse_swa[row];
+    float m = warp_max(fmaxf(fmaxf(a[0], a[1]), a_swa));
+    if (p.softmax1) m = fmaxf(m, 0.0f);
+    float l = warp_sum(exp_diff(a[0], m) + exp_diff(a[1], m));
+    const float w_swa = exp_diff(a_swa, m);
+    l += w_swa;
+    if (p.softmax1) l += exp_diff(0.0f, m);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) w[i][j] = exp_diff(a[i], m) * inv;
+    if (lane < kTileDim / 4) {
+      const float4 x = reinterpret_cast<const float4*>(o_swa + row * kTileDim)[lane];
+      const float f = w_swa * inv;
+      store4(o16 + row * kTileDim + 4 * lane, make_float4(x.x * f, x.y * f, x.z * f, x.w * f));
+    }
+    if (lane == 0) lse[row] = l > 0.0f ? m + __logf(l) : kNegInf;
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!valid[i]) continue;
+    float* out = pair_weight + pos[i] * G;
+    if constexpr (G % 4 == 0) {
+#pragma unroll
+      for (int j = 0; j < G; j += 4)
+        *reinterpret_cast<float4*>(out + j) = make_float4(w[i][j], w[i][j + 1], w[i][j + 2], w[i][j + 3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < G; ++j) out[j] = w[i][j];
+    }
   }
 }
 
@@ -695,6 +1123,19 @@ int64_t segment_queries(const LaunchParams& p) {
 }
 
 size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// Queries per segment of chunked_v10: the segment's fp16 o and bf16 q rows in half the L2.
+int64_t f16_segment_queries(const LaunchParams& p) {
+  if (g_segment_queries > 0) return g_segment_queries < p.T ? g_segment_queries : p.T;
+  int device = 0, l2_bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device) != cudaSuccess || l2_bytes <= 0)
+    l2_bytes = 40 << 20;
+  const int64_t per_query = p.Hq * kTileDim * static_cast<int64_t>(2 * sizeof(__half));
+  int64_t seg = static_cast<int64_t>(l2_bytes) / 2 / per_query;
+  if (seg < 64) seg = 64;
+  return seg < p.T ? seg : p.T;
+}
 
 // The pool keeps freed memory reserved: the scratch is re-taken at every call.
 void keep_pool_reserved() {
@@ -724,25 +1165,36 @@ void launch_chunk_v6(unsigned grid, cudaStream_t stream, const LaunchParams& p, 
       p, t0, seg, nc, items, item_desc, bucket, partial);
 }
 
-// chunked_v8: the pairs of all query segments bucketed at once (one count with ranks, one scan
-// launch with a block per segment, one describe, one scatter), then per segment the chunk
-// kernel of chunked_v6 and the reduce. Scratch besides v6's partials: the ranks and the buckets
+// chunked_v8, v9 and v10: the pairs of all query segments bucketed at once (one count with ranks,
+// one scan launch with a block per segment, one describe, one scatter), then per segment the
+// chunk kernel (v8: chunked_v6's, v9: the wgmma one) and the reduce; v10 per segment: the fusion
+// weights (o16 started at the window term), the f16x2-reducing chunk kernel, o = o16. Scratch besides v6's partials: the ranks and the buckets
 // (4 bytes per pair each, twice the selection's bytes) and the counts and descriptors of every
 // segment.
 template <int G>
-void launch_chunked_v8_g(const LaunchParams& p, const int32_t* selection,
-                         const float* selected_score, const float* o_swa, const float* lse_swa,
-                         float* o, float* lse, cudaStream_t stream) {
+void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
+                            const float* selected_score, const float* o_swa, const float* lse_swa,
+                            float* o, float* lse, SparseKernel kernel, cudaStream_t stream) {
   constexpr int kPairs = pairs_per_item<G>();
+  const bool pair_weights = kernel == SparseKernel::chunked_v11 || kernel == SparseKernel::chunked_v12;
+  const bool f16_sums = kernel == SparseKernel::chunked_v10 || pair_weights;
   const int64_t nc = p.T / p.S, n_ch = p.Hkv * nc;
-  const int64_t seg = segment_queries(p), n_seg = (p.T + seg - 1) / seg;
+  const int64_t seg = f16_sums ? f16_segment_queries(p) : segment_queries(p);
+  const int64_t n_seg = (p.T + seg - 1) / seg;
   const int64_t n_pairs = p.Hkv * p.T * p.K, bucket_stride = p.Hkv * seg * p.K;
   const int64_t max_items = (bucket_stride + kPairs - 1) / kPairs + n_ch;
   const size_t counts_bytes = round_up(static_cast<size_t>(n_seg * (n_ch + 1)) * sizeof(int32_t));
   const size_t rank_bytes = round_up(static_cast<size_t>(n_pairs) * sizeof(int32_t));
   const size_t bucket_bytes = round_up(static_cast<size_t>(n_seg * bucket_stride) * sizeof(uint32_t));
   const size_t desc_bytes = round_up(static_cast<size_t>(n_seg * max_items) * sizeof(ItemDesc));
-  const size_t partial_bytes = round_up(static_cast<size_t>(p.Hq * seg * p.K * kTileDim) * sizeof(__half));
+  // v10: the rows' (m, 1 / l) [Hq, seg] and o in fp16 [Hq, T, 64] instead of the partials; v11:
+  // the segment's pair weights [bucket_stride, G] instead of (m, 1 / l).
+  const size_t weights_bytes =
+      pair_weights ? round_up(static_cast<size_t>(bucket_stride * G) * sizeof(float))
+                   : round_up(static_cast<size_t>(p.Hq * seg) * sizeof(float2));
+  const size_t partial_bytes =
+      f16_sums ? weights_bytes + round_up(static_cast<size_t>(p.Hq * p.T * kTileDim) * sizeof(__half))
+               : round_up(static_cast<size_t>(p.Hq * seg * p.K * kTileDim) * sizeof(__half));
   keep_pool_reserved();
   char* scratch = nullptr;
   if (cudaMallocAsync(reinterpret_cast<void**>(&scratch),
@@ -784,17 +1236,52 @@ void launch_chunked_v8_g(const LaunchParams& p, const int32_t* selection,
   for (int64_t s = 0; s < n_seg; ++s) {
     const int64_t t0 = s * seg, tn = p.T - t0 < seg ? p.T - t0 : seg;
     const unsigned row_blocks = static_cast<unsigned>((p.Hq * tn + kReduceWarps - 1) / kReduceWarps);
+    if (f16_sums) {
+      auto* weights = reinterpret_cast<float2*>(partial);  // v10
+      auto* pair_weight = reinterpret_cast<float*>(partial);  // v11
+      auto* o16 = reinterpret_cast<__half*>(reinterpret_cast<char*>(partial) + weights_bytes);
+      if (pair_weights) {
+        const auto group_blocks = static_cast<unsigned>((p.Hkv * tn + kReduceWarps - 1) / kReduceWarps);
+        fusion_pair_weights_kernel<G><<<group_blocks, kReduceWarps * kWarp, 0, stream>>>(
+            p, t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank,
+            offsets + s * (n_ch + 1), pair_weight, o16, lse);
+      } else {
+        fusion_weights_kernel<__half><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
+            p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, weights, o16, lse);
+      }
+      if (n_ch > 0 && n_pairs > 0) {
+        const auto grid = static_cast<unsigned>((p.Hkv * tn * p.K + kPairs - 1) / kPairs + n_ch);
+        constexpr int kBytes = kWarpsPerBlock * 2 * 16 * kTilePitch * sizeof(__nv_bfloat16);
+        if (kernel == SparseKernel::chunked_v12)
+          launch_chunk_v9<G, true>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
+                                   item_desc + s * max_items, bucket + s * bucket_stride, o16,
+                                   pair_weight);
+        else if (pair_weights)
+          chunk_attention_f16_kernel<G, true><<<grid, kPackedThreads, kBytes, stream>>>(
+              p, t0, seg, nc, items + s * (n_ch + 1), item_desc + s * max_items,
+              bucket + s * bucket_stride, selected_score, weights, pair_weight, o16);
+        else
+          chunk_attention_f16_kernel<G, false><<<grid, kPackedThreads, kBytes, stream>>>(
+              p, t0, seg, nc, items + s * (n_ch + 1), item_desc + s * max_items,
+              bucket + s * bucket_stride, selected_score, weights, pair_weight, o16);
+      }
+      const int64_t halves2 = p.Hq * tn * kTileDim / 2;
+      convert_o16_kernel<<<static_cast<unsigned>((halves2 + 255) / 256), 256, 0, stream>>>(
+          p, t0, tn, o16, o);
+      continue;
+    }
     if (n_ch > 0 && n_pairs > 0) {
       const auto grid = static_cast<unsigned>((p.Hkv * tn * p.K + kPairs - 1) / kPairs + n_ch);
-      launch_chunk_v6<G, 1>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
-                            item_desc + s * max_items, bucket + s * bucket_stride, partial);
+      if (kernel == SparseKernel::chunked_v9)
+        launch_chunk_v9<G, false>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
+                                  item_desc + s * max_items, bucket + s * bucket_stride, partial,
+                                  nullptr);
+      else
+        launch_chunk_v6<G, 1>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
+                              item_desc + s * max_items, bucket + s * bucket_stride, partial);
     }
-    if (p.K <= 32)
-      reduce_kernel<8><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
-          p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, partial, o, lse);
-    else
-      reduce_kernel<16><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
-          p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, partial, o, lse);
+    launch_reduce(p, t0, tn, seg, row_blocks, selection, selected_score, o_swa, lse_swa, partial, o,
+                  lse, stream);
   }
   cudaFreeAsync(scratch, stream);
 }
@@ -867,12 +1354,8 @@ void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
       cudaMemsetAsync(counts, 0, (n_ch + 1) * sizeof(int32_t), stream);
     }
     if (accumulate) continue;
-    if (p.K <= 32)
-      reduce_kernel<8><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
-          p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, partial, o, lse);
-    else
-      reduce_kernel<16><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
-          p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, partial, o, lse);
+    launch_reduce(p, t0, tn, seg, row_blocks, selection, selected_score, o_swa, lse_swa, partial, o,
+                  lse, stream);
   }
   cudaFreeAsync(scratch, stream);
 }
@@ -892,13 +1375,18 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
                          const float* selected_score, const float* o_swa, const float* lse_swa,
                          float* o, float* lse, cudaStream_t stream) {
   const SparseKernel kernel = g_sparse_kernel;
-  if (kernel == SparseKernel::chunked_v8) {
+  if (uses_wgmma(kernel) && !wgmma_runs_on_current_device())
+    refuse_wgmma_kernel("sparse_kernel", sparse_kernel_name(kernel),
+                        "a kernel without wgmma, such as the default chunked_v11");
+  if (kernel == SparseKernel::chunked_v8 || kernel == SparseKernel::chunked_v9 ||
+      kernel == SparseKernel::chunked_v10 || kernel == SparseKernel::chunked_v11 ||
+      kernel == SparseKernel::chunked_v12) {
     switch (p.Hq / p.Hkv) {
-      case 1: return launch_chunked_v8_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
-      case 2: return launch_chunked_v8_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
-      case 4: return launch_chunked_v8_g<4>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
-      case 8: return launch_chunked_v8_g<8>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
-      default: return launch_chunked_v8_g<16>(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+      case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
+      case 2: return launch_bucketed_once_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
+      case 4: return launch_bucketed_once_g<4>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
+      case 8: return launch_bucketed_once_g<8>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
+      default: return launch_bucketed_once_g<16>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
     }
   }
   switch (p.Hq / p.Hkv) {

@@ -28,8 +28,9 @@
 // accumulators, then fence_operands(d) so the compiler does not move reads above the wait.
 //
 // Built only for sm_90a (gpu/CMakeLists.txt: HILS_CUDA_ARCHITECTURES "90a"); compiled for any
-// other target the instructions are replaced by a trap, so such a build compiles but a wgmma
-// kernel stops with an error at its first use.
+// other target the instructions are replaced by a trap, so such a build compiles; the host
+// never launches them there (wgmma_probe.cu: the default selection falls back to v8, a wgmma
+// kernel named by the caller is refused with an error).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -25,7 +25,7 @@ import numpy as np
 from . import _core
 from ._core import Report, SelectionReport, TensorReport
 
-__all__ = ["verify", "reference", "as_numpy", "Report", "TensorReport", "SelectionReport"]
+__all__ = ["verify", "Verifier", "reference", "as_numpy", "Report", "TensorReport", "SelectionReport"]
 
 
 def as_numpy(array, name="array"):
@@ -90,6 +90,52 @@ def _inputs(q, k, v, q_retrieval, prior):
     return {name: (None if a is None else as_numpy(a, name)) for name, a in arrays.items()}
 
 
+class Verifier:
+    """The oracle for one problem (spec, inputs and options), to judge several kernels' outputs:
+    the reference runs in double and in float once, when it is built (the bulk of verify's
+    time); each .verify(outputs) then costs only what depends on those outputs (the oracle fuses
+    again only the query blocks where a kernel's selection differs from the reference's).
+    hils.Verifier(spec, q, k, v, **options).verify(outputs) is hils.verify(spec, q, k, v,
+    outputs, **options), report for report. Arguments as hils.verify's.
+
+        oracle = hils.Verifier(spec, q, k, v, input_precision="bf16")
+        for name, kernel in kernels.items():
+            assert oracle.verify(kernel(q, k, v), kernel=name).passed
+    """
+
+    def __init__(self, spec, q, k, v, *, input_precision="fp32", score_precision="fp32",
+                 bf16_rounding="detect", q_retrieval=None, prior=None, queries=None,
+                 max_messages=8):
+        if isinstance(max_messages, bool) or not isinstance(max_messages, (int, np.integer)):
+            raise TypeError(f"max_messages: expected an integer, found {type(max_messages).__name__}")
+        self._core = _core.Verifier(
+            _spec_json(spec), _inputs(q, k, v, q_retrieval, prior),
+            _text(input_precision, "input_precision", '"fp32" or "bf16"'),
+            _text(score_precision, "score_precision", '"fp32", "bf16" or "fp8_e4m3"'),
+            _text(bf16_rounding, "bf16_rounding", '"detect", "any", "nearest" or "toward_zero"'),
+            _queries(queries), min(int(max_messages), 2**62))  # more than there are = all
+
+    def verify(self, outputs, *, kernel=None, do=None, dlse=None, grads=None):
+        """Judges one kernel's outputs ({name: array}); kernel, do, dlse, grads as hils.verify's.
+        Returns a Report."""
+        if not isinstance(outputs, Mapping):
+            raise TypeError(f"outputs: expected a dict of arrays such as {{\"o\": o, \"lse\": lse}}, "
+                            f"found {type(outputs).__name__}")
+        kernel_outputs = {}
+        for name, array in outputs.items():
+            label = f"outputs[{name!r}]"
+            kernel_outputs[name] = None if array is None else as_numpy(array, label)
+        if grads is not None and not isinstance(grads, Mapping):
+            raise TypeError(f"grads: expected a dict of arrays such as {{\"dq\": dq}}, "
+                            f"found {type(grads).__name__}")
+        kernel_grads = {name: (None if a is None else as_numpy(a, f"grads[{name!r}]"))
+                        for name, a in (grads or {}).items()}
+        return self._core.verify(
+            kernel_outputs, "" if kernel is None else _text(kernel, "kernel", "a name (str)"),
+            None if do is None else as_numpy(do, "do"), None if dlse is None else as_numpy(dlse, "dlse"),
+            kernel_grads)
+
+
 def verify(spec, q, k, v, outputs, *, input_precision="fp32", score_precision="fp32",
            bf16_rounding="detect", q_retrieval=None, prior=None, queries=None, kernel=None, max_messages=8,
            do=None, dlse=None, grads=None):
@@ -114,29 +160,14 @@ def verify(spec, q, k, v, outputs, *, input_precision="fp32", score_precision="f
     passed, ...), .selection (rows_differing, rows_accepted, max_accepted_margin, bound, ...);
     str(report) is the text `hils verify` prints below the line naming the file.
     """
-    if not isinstance(outputs, Mapping):
+    if not isinstance(outputs, Mapping):  # before the reference runs
         raise TypeError(f"outputs: expected a dict of arrays such as {{\"o\": o, \"lse\": lse}}, "
                         f"found {type(outputs).__name__}")
-    if isinstance(max_messages, bool) or not isinstance(max_messages, (int, np.integer)):
-        raise TypeError(f"max_messages: expected an integer, found {type(max_messages).__name__}")
-    kernel_outputs = {}
-    for name, array in outputs.items():
-        label = f"outputs[{name!r}]"
-        kernel_outputs[name] = None if array is None else as_numpy(array, label)
-    if grads is not None and not isinstance(grads, Mapping):
-        raise TypeError(f"grads: expected a dict of arrays such as {{\"dq\": dq}}, "
-                        f"found {type(grads).__name__}")
-    kernel_grads = {name: (None if a is None else as_numpy(a, f"grads[{name!r}]"))
-                    for name, a in (grads or {}).items()}
-    return _core.verify(
-        _spec_json(spec), _inputs(q, k, v, q_retrieval, prior), kernel_outputs,
-        _text(input_precision, "input_precision", '"fp32" or "bf16"'),
-        _text(score_precision, "score_precision", '"fp32", "bf16" or "fp8_e4m3"'),
-        _text(bf16_rounding, "bf16_rounding", '"detect", "any", "nearest" or "toward_zero"'),
-        _queries(queries), min(int(max_messages), 2**62),  # more than there are = all
-        "" if kernel is None else _text(kernel, "kernel", "a name (str)"),
-        None if do is None else as_numpy(do, "do"), None if dlse is None else as_numpy(dlse, "dlse"),
-        kernel_grads)
+    oracle = Verifier(spec, q, k, v, input_precision=input_precision,
+                      score_precision=score_precision, bf16_rounding=bf16_rounding,
+                      q_retrieval=q_retrieval, prior=prior, queries=queries,
+                      max_messages=max_messages)
+    return oracle.verify(outputs, kernel=kernel, do=do, dlse=dlse, grads=grads)
 
 
 def reference(spec, q, k, v, *, q_retrieval=None, prior=None, queries=None):

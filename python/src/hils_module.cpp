@@ -3,6 +3,7 @@
 // hils.testing.assert_kernel_matches. Every computation runs the same C++ code as `hils
 // verify`: the spec codec, the reference and oracle::verify with its report text.
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -155,30 +156,41 @@ std::vector<int64_t> queries_from(const py::object& queries) {
   return queries.is_none() ? std::vector<int64_t>{} : int64s_from_array("queries", queries);
 }
 
-// hils.verify's engine: arrays are converted while the GIL is held, the oracle runs without it.
-Report verify(const std::string& spec_text, const py::dict& inputs, const py::dict& outputs,
-              const std::string& input_precision, const std::string& score_precision,
-              const std::string& bf16_rounding, const py::object& queries, int64_t max_messages, const std::string& kernel,
-              const py::object& d_o, const py::object& d_lse, const py::dict& grads) {
-  const MechanismSpec spec = spec_from_text(spec_text);
-  oracle::VerifyOptions options;
-  options.precision = oracle::parse_input_precision(input_precision, "input_precision");
-  options.score_precision = oracle::parse_score_precision(score_precision, "score_precision");
-  options.bf16_rounding = oracle::parse_bf16_rounding(bf16_rounding, "bf16_rounding");
-  require(max_messages >= 1, "max_messages", "at least 1", std::to_string(max_messages));
-  options.max_messages = max_messages;
-  options.queries = queries_from(queries);
-  const AttentionInputs<double> in = inputs_from_dict(inputs);
-  oracle::KernelOutputs out = outputs_from_dict(outputs);
-  out.gradients = gradients_from(d_o, d_lse, grads);
-  Report report;
-  report.kernel = kernel;
-  {
+// hils.Verifier's engine (hils.verify builds one and calls it once): the reference runs when it
+// is built, each verify() judges one kernel's outputs. Arrays are converted while the GIL is
+// held, the oracle runs without it.
+class Verifier {
+ public:
+  Verifier(const std::string& spec_text, const py::dict& inputs, const std::string& input_precision,
+           const std::string& score_precision, const std::string& bf16_rounding,
+           const py::object& queries, int64_t max_messages) {
+    const MechanismSpec spec = spec_from_text(spec_text);
+    oracle::VerifyOptions options;
+    options.precision = oracle::parse_input_precision(input_precision, "input_precision");
+    options.score_precision = oracle::parse_score_precision(score_precision, "score_precision");
+    options.bf16_rounding = oracle::parse_bf16_rounding(bf16_rounding, "bf16_rounding");
+    require(max_messages >= 1, "max_messages", "at least 1", std::to_string(max_messages));
+    options.max_messages = max_messages;
+    options.queries = queries_from(queries);
+    const AttentionInputs<double> in = inputs_from_dict(inputs);
     py::gil_scoped_release release;
-    report.verdict = oracle::verify(spec, in, out, options);
+    verifier_ = std::make_unique<oracle::Verifier>(spec, in, options);
   }
-  return report;
-}
+
+  Report verify(const py::dict& outputs, const std::string& kernel, const py::object& d_o,
+                const py::object& d_lse, const py::dict& grads) const {
+    oracle::KernelOutputs out = outputs_from_dict(outputs);
+    out.gradients = gradients_from(d_o, d_lse, grads);
+    Report report;
+    report.kernel = kernel;
+    py::gil_scoped_release release;
+    report.verdict = verifier_->verify(out);
+    return report;
+  }
+
+ private:
+  std::unique_ptr<const oracle::Verifier> verifier_;
+};
 
 // Everything hils.reference returns, computed without the GIL.
 struct ReferenceRun {
@@ -328,9 +340,13 @@ PYBIND11_MODULE(_core, m) {
         return text + ">";
       });
 
-  m.def("verify", &verify, py::arg("spec_json"), py::arg("inputs"), py::arg("outputs"),
-        py::arg("input_precision"), py::arg("score_precision"), py::arg("bf16_rounding"), py::arg("queries"),
-        py::arg("max_messages"), py::arg("kernel"), py::arg("do"), py::arg("dlse"),
-        py::arg("grads"));
+  py::class_<Verifier>(m, "Verifier", "The oracle for one problem (use hils.Verifier).")
+      .def(py::init<const std::string&, const py::dict&, const std::string&, const std::string&,
+                    const std::string&, const py::object&, int64_t>(),
+           py::arg("spec_json"), py::arg("inputs"), py::arg("input_precision"),
+           py::arg("score_precision"), py::arg("bf16_rounding"), py::arg("queries"),
+           py::arg("max_messages"))
+      .def("verify", &Verifier::verify, py::arg("outputs"), py::arg("kernel"), py::arg("do"),
+           py::arg("dlse"), py::arg("grads"));
   m.def("reference", &reference, py::arg("spec_json"), py::arg("inputs"), py::arg("queries"));
 }

@@ -63,6 +63,22 @@ std::vector<QueryBlock> partition_queries(const std::vector<int64_t>& queries,
   return blocks;
 }
 
+}  // namespace hils::detail
+
+namespace hils {
+
+std::vector<std::pair<int64_t, int64_t>> query_blocks(const std::vector<int64_t>& queries,
+                                                      const Geometry& geometry) {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const detail::QueryBlock& block : detail::partition_queries(queries, geometry))
+    ranges.emplace_back(block.begin, block.end);
+  return ranges;
+}
+
+}  // namespace hils
+
+namespace hils::detail {
+
 template <class Scalar>
 Matrix<Scalar> gather_rows(const Matrix<Scalar>& x, const std::vector<int64_t>& queries,
                            const QueryBlock& block) {

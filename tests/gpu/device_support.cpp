@@ -2,7 +2,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 
 #include "case_inputs.hpp"
@@ -19,6 +22,26 @@ uint16_t bf16_bits(double rounded) {
 }
 
 }  // namespace
+
+std::vector<SparseKernel> sparse_kernels_under_test() {
+  const char* list = std::getenv("HILS_GPU_SPARSE_KERNELS");
+  if (list == nullptr) return {std::begin(kSparseKernels), std::end(kSparseKernels)};
+  std::vector<SparseKernel> kernels;
+  std::string names = list, known;
+  for (auto kernel : kSparseKernels) known += (known.empty() ? "" : ", ") + std::string(sparse_kernel_name(kernel));
+  for (std::size_t at = 0; at <= names.size();) {
+    const std::size_t comma = std::min(names.find(',', at), names.size());
+    const std::string name = names.substr(at, comma - at);
+    bool found = false;
+    for (auto kernel : kSparseKernels)
+      if (name == sparse_kernel_name(kernel)) kernels.push_back(kernel), found = true;
+    if (!found)
+      throw std::invalid_argument("HILS_GPU_SPARSE_KERNELS: expected a comma-separated list of " +
+                                  known + ", got '" + names + "'");
+    at = comma + 1;
+  }
+  return kernels;
+}
 
 // Concatenates head matrices into one head-major host array of the element type.
 std::vector<unsigned char> pack_heads(const std::vector<Matrix<double>>& heads, DType dtype) {

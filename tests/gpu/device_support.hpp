@@ -44,6 +44,12 @@ class GuardedBuffer {
   std::size_t bytes_ = 0;
 };
 
+// The sparse stages that the packed and segment tests iterate: every SparseKernel, or those
+// named in HILS_GPU_SPARSE_KERNELS (comma-separated, e.g. "chunked_v8,chunked_v10"; one device
+// run cannot afford every version in those tests). Throws std::invalid_argument naming the
+// variable and the accepted names when a name is unknown.
+std::vector<SparseKernel> sparse_kernels_under_test();
+
 // Throws std::runtime_error with the CUDA message when err != cudaSuccess.
 void check_cuda(cudaError_t err, const char* what);
 

@@ -8,8 +8,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 
+#include "device_support.hpp"
 #include "hils/gpu/attention.hpp"
 
 namespace {
@@ -59,6 +61,12 @@ int main(int argc, char** argv) {
   }
   if (std::string problem = apply_sparse_kernel_env(); !problem.empty()) {
     std::fprintf(stderr, "%s\n", problem.c_str());
+    return 2;
+  }
+  try {
+    hils::gpu::testing::sparse_kernels_under_test();  // HILS_GPU_SPARSE_KERNELS, checked once here
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "%s\n", e.what());
     return 2;
   }
   return session.run();

@@ -3,8 +3,10 @@
 // does with /queries holding the last slot), over the case table, every group rule, and exact
 // and near ties. The cache holds bf16 K/V and the prefill's summaries rounded to bf16 (the
 // oracle's score_precision bf16) or quantised to fp8 e4m3 with per-row scales by
-// quantize_summaries_fp8 (score_precision fp8_e4m3); the fused kernel, d5 and (ties and the
-// several-tile cases) d8, d13, d16 and d17 run.
+// quantize_summaries_fp8 (score_precision fp8_e4m3); the fused kernel (d21), d5 and (ties and the
+// several-tile cases) d8, d13, d16, d17 and d18 run; d18 and d19 also on every case with d = 64
+// and with 16 heads per group, d19 also with its persistent scan's grid capped (several tiles per
+// block).
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
@@ -46,9 +48,12 @@ constexpr Variant kD8Fp8{hils::gpu::DecodeKernel::d8, hils::gpu::SummaryType::fp
 constexpr Variant kD13Fp8{hils::gpu::DecodeKernel::d13, hils::gpu::SummaryType::fp8_e4m3, "d13 fp8"};
 constexpr Variant kD16Fp8{hils::gpu::DecodeKernel::d16, hils::gpu::SummaryType::fp8_e4m3, "d16 fp8"};
 constexpr Variant kD17Fp8{hils::gpu::DecodeKernel::d17, hils::gpu::SummaryType::fp8_e4m3, "d17 fp8"};
+constexpr Variant kD18Fp8{hils::gpu::DecodeKernel::d18, hils::gpu::SummaryType::fp8_e4m3, "d18 fp8"};
+constexpr Variant kD19Fp8{hils::gpu::DecodeKernel::d19, hils::gpu::SummaryType::fp8_e4m3, "d19 fp8"};
+constexpr Variant kD19Bf16{hils::gpu::DecodeKernel::d19, hils::gpu::SummaryType::bf16, "d19 bf16"};
 // Every variant, for the tie and several-tile cases.
 const std::vector<Variant> kAllVariants{kFusedBf16, kFusedFp8, kD5Bf16, kD8Fp8,
-                                        kD13Fp8,    kD16Fp8,   kD17Fp8};
+                                        kD13Fp8,    kD16Fp8,   kD17Fp8, kD18Fp8};
 
 // An e4m3 byte as a double (sign, 4 exponent bits with bias 7, 3 mantissa bits; no NaN expected).
 double decode_e4m3(unsigned char byte) {
@@ -278,6 +283,10 @@ TEST_CASE("gpu decode over the case table passes the oracle", "[gpu]") {
         check_decode(spec, seqs, c.name, kFusedBf16);
         check_decode(spec, seqs, c.name, kFusedFp8);
         if (&spec == &specs.front()) check_decode(spec, seqs, c.name, kD5Bf16);
+        if (c.d == 64) {  // where fused (d21), d18 and d19 differ
+          check_decode(spec, seqs, c.name, kD18Fp8);
+          check_decode(spec, seqs, c.name, kD19Fp8);
+        }
         ++checked;
       }
     }
@@ -420,7 +429,7 @@ TEST_CASE("gpu decode over eleven selection tiles passes the oracle", "[gpu]") {
   int64_t violations = 0;
   const int64_t cuts = check_cross_tile_ties(c, {20, 1100, 2200}, {1, 2, 3, 8, 32},
                                              {kFusedBf16, kFusedFp8, kD8Fp8, kD13Fp8, kD16Fp8,
-                                              kD17Fp8},
+                                              kD17Fp8, kD18Fp8},
                                              "eleven tiles", &violations);
   std::cout << "decode eleven tiles: selections cutting through the twins " << cuts
             << ", violations " << violations << "\n";
@@ -437,7 +446,41 @@ TEST_CASE("gpu decode with 16 heads per group passes the oracle", "[gpu]") {
       hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
   for (const char* preset : {"hils", "nsa"}) {
     const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
-    for (const Variant& variant : {kFusedBf16, kFusedFp8, kD13Fp8})
+    for (const Variant& variant : {kFusedBf16, kFusedFp8, kD13Fp8, kD18Fp8, kD19Fp8})
       check_decode(spec, seqs, c.name, variant);
+  }
+}
+
+// d19's persistent scan (fp8 summaries, d = 64) walks several window and score tiles per block
+// at 512K (4,240 tiles on ~528 blocks at B = 8); here its grid is capped at 1 and 3 blocks (then
+// uncapped) so that small cases do the same: one block runs every window tile, then every score
+// tile with the next one's loads in flight. Four 256-chunk tiles per head, the last one partly
+// past the candidates (chunks 809..824 score -inf), the top chunk copied into two other tiles; a
+// second shape with dv = 32 takes the generic window tiles inside the persistent kernel. d19 with
+// bf16 summaries runs d18's scan (the persistent one is fp8 only).
+TEST_CASE("gpu decode d19 with several tiles per scan block passes the oracle", "[gpu]") {
+  struct CapReset {
+    ~CapReset() { hils::gpu::set_decode_scan_grid_cap(0); }
+  } reset;
+  const Case tiles{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
+  const Case narrow{"decode_d64_dv32", 2100, 4, 64, 8, 4, 2, 64, 32, true, 1.0};
+  const std::vector<AttentionInputs<double>> seqs{
+      hils::cases::make_inputs<double>(narrow),
+      hils::cases::make_inputs<double>(narrow, kSecondSequenceSalt)};
+  for (int cap : {1, 3, 0}) {
+    hils::gpu::set_decode_scan_grid_cap(cap);
+    std::ostringstream label;
+    label << "d19 scan grid cap " << cap;
+    int64_t violations = 0;
+    const int64_t cuts = check_cross_tile_ties(tiles, {20, 300, 600, 780}, {1, 2, 8, 32},
+                                               {kD19Fp8, kD19Bf16}, label.str().c_str(),
+                                               &violations);
+    std::cout << "decode " << label.str() << ": selections cutting through the twins " << cuts
+              << ", violations " << violations << "\n";
+    CHECK(violations == 0);
+    CHECK(cuts > 0);
+    for (const char* preset : {"hils", "nsa"})
+      check_decode(hils::cases::with_case_geometry(hils::preset(preset), narrow), seqs,
+                   narrow.name + (" " + label.str()), kD19Fp8);
   }
 }

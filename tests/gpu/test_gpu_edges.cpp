@@ -260,7 +260,8 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
       const auto kernels = {hils::gpu::SelectKernel::two_pass_v4, hils::gpu::SelectKernel::one_pass_v5,
                             hils::gpu::SelectKernel::two_pass_v6, hils::gpu::SelectKernel::two_pass_v7,
                             hils::gpu::SelectKernel::two_pass_v8, hils::gpu::SelectKernel::two_pass_v9,
-                            hils::gpu::SelectKernel::two_pass_v10};
+                            hils::gpu::SelectKernel::two_pass_v10, hils::gpu::SelectKernel::two_pass_v11,
+                            hils::gpu::SelectKernel::two_pass_v12};
       for (auto kernel : kernels) {
         gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), selected(c.Hq * c.T * c.K * 4);
         hils::gpu::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,
@@ -283,7 +284,7 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
               break;
             }
         const char* labels[] = {"two-pass v4", "one-pass v5", "two-pass v6", "two-pass v7",
-                                "two-pass v8", "two-pass v9", "two-pass v10"};
+                                "two-pass v8", "two-pass v9", "two-pass v10", "two-pass v11", "two-pass v12"};
         const char* label = labels[k];
         std::cout << label << " vs two-pass v4 " << problems[n].first << " " << preset << ": rows "
                   << c.Hkv * c.T << ", differing " << differing_rows << "\n";

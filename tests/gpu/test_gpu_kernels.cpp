@@ -7,12 +7,14 @@
 #include <iostream>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "case_inputs.hpp"
 #include "device_support.hpp"
 #include "hils/gpu/c_api.h"
+#include "launch_params.hpp"
 
 namespace {
 
@@ -99,18 +101,31 @@ bool reference_accepts(const MechanismSpec& spec, const AttentionInputs<double>&
   }
 }
 
-// Runs the kernels and the oracle for one (spec, inputs, dtype); prints the report.
-bool check_mechanism(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
-                     DType dtype, const std::string& label) {
-  const KernelRun run = run_on_device(spec, inputs, dtype);
+// The oracle for one (spec, inputs, dtype): the reference runs once per Verifier, so a test
+// that judges several kernel variants on the same problem builds one and passes it to each.
+oracle::Verifier verifier_for(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                              DType dtype) {
   oracle::VerifyOptions options;
   options.precision = gt::precision_of(dtype);
   options.score_precision = gt::score_precision_of(dtype, inputs.d(), spec);
-  const oracle::Verdict verdict = oracle::verify(spec, inputs, run.out, options);
+  return oracle::Verifier(spec, inputs, options);
+}
+
+// Runs the kernels for one (spec, inputs, dtype), judges them with `verifier` (built by
+// verifier_for from the same three) and prints the report.
+bool check_with(const oracle::Verifier& verifier, const MechanismSpec& spec,
+                const AttentionInputs<double>& inputs, DType dtype, const std::string& label) {
+  const KernelRun run = run_on_device(spec, inputs, dtype);
+  const oracle::Verdict verdict = verifier.verify(run.out);
   std::cout << "=== " << label << " [" << gt::name_of(dtype) << "] " << spec.name << "\n"
             << verdict.report();
   for (const auto& problem : run.guard_problems) std::cout << "GUARD: " << problem << "\n";
   return verdict.passed && run.guard_problems.empty();
+}
+
+bool check_mechanism(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                     DType dtype, const std::string& label) {
+  return check_with(verifier_for(spec, inputs, dtype), spec, inputs, dtype, label);
 }
 
 // Runs a preset over every case of the table in both precisions.
@@ -190,21 +205,23 @@ TEST_CASE("gpu packed tensor-core kernels against the reference", "[gpu]") {
     for (const char* preset : {"hils", "lmk", "swa"}) {
       MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
       if (!reference_accepts(spec, inputs)) continue;
+      const auto verifier = verifier_for(spec, inputs, DType::bf16);
       for (bool packed : {true, false}) {
         hils::gpu::set_packed_kernels(packed);
         INFO("case " << c.name << " preset " << preset << (packed ? " packed" : " simt"));
-        CHECK(check_mechanism(spec, inputs, DType::bf16,
-                              std::string(c.name) + (packed ? " packed" : " simt")));
+        CHECK(check_with(verifier, spec, inputs, DType::bf16,
+                         std::string(c.name) + (packed ? " packed" : " simt")));
       }
       hils::gpu::set_packed_kernels(true);
-      // Every other chunk-major sparse stage (the current one ran above).
+      // Every other chunk-major sparse stage under test (the current one ran above); a spec
+      // without selection runs no sparse stage.
       const auto current = hils::gpu::sparse_kernel();
-      for (auto other : hils::gpu::kSparseKernels) {
-        if (other == current) continue;
+      for (auto other : gt::sparse_kernels_under_test()) {
+        if (other == current || !spec.selects()) continue;
         hils::gpu::set_sparse_kernel(other);
         INFO("case " << c.name << " preset " << preset << " packed, " << sparse_kernel_name(other));
-        CHECK(check_mechanism(spec, inputs, DType::bf16,
-                              std::string(c.name) + " packed " + sparse_kernel_name(other)));
+        CHECK(check_with(verifier, spec, inputs, DType::bf16,
+                         std::string(c.name) + " packed " + sparse_kernel_name(other)));
       }
       hils::gpu::set_sparse_kernel(current);
     }
@@ -236,16 +253,17 @@ TEST_CASE("gpu packed sparse stage in segments, softmax1 and group rules", "[gpu
     for (const MechanismSpec& preset : {base, softmax1, sum_prob, max_raw}) {
       const MechanismSpec spec = hils::cases::with_case_geometry(preset, c);
       if (!reference_accepts(spec, inputs)) continue;
+      const auto verifier = verifier_for(spec, inputs, DType::bf16);
       const auto current = hils::gpu::sparse_kernel();
-      for (auto kernel : hils::gpu::kSparseKernels) {
+      for (auto kernel : gt::sparse_kernels_under_test()) {
         hils::gpu::set_sparse_kernel(kernel);
         for (int64_t segment : {int64_t{0}, int64_t{257}}) {
           hils::gpu::set_sparse_segment_queries(segment);
           INFO("case " << c.name << " spec " << spec.name << " " << sparse_kernel_name(kernel)
                        << " segment " << segment);
-          CHECK(check_mechanism(spec, inputs, DType::bf16,
-                                std::string(c.name) + " " + sparse_kernel_name(kernel) +
-                                    " segment " + std::to_string(segment)));
+          CHECK(check_with(verifier, spec, inputs, DType::bf16,
+                           std::string(c.name) + " " + sparse_kernel_name(kernel) +
+                               " segment " + std::to_string(segment)));
         }
       }
       hils::gpu::set_sparse_kernel(current);
@@ -256,11 +274,15 @@ TEST_CASE("gpu packed sparse stage in segments, softmax1 and group rules", "[gpu
 
 // chunked_v7 computes every row as chunked_v6 does (two slices per warp step instead of one), and
 // chunked_v8 runs v6's chunk kernel on pairs bucketed once per call (the pairs of a chunk in
-// another order), so o and lse of both must be v6's bit for bit; all chunk-major versions share the fusion softmax's
-// normaliser (the reduce), so lse must equal chunked_v4's bit for bit. On packed shapes with
-// G = 1, 8 and 16 (the packed test's G = 1 case has no landmarks, so no selection), in one and in
-// several query segments; the same selection kernel runs before each.
-TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, lse equals v4's", "[gpu]") {
+// another order), so o and lse of both must be v6's bit for bit; chunked_v9 (wgmma) rounds its
+// products in the tensor cores' own order, so only its lse must be v6's (the reduce's); all chunk-major versions share the fusion softmax's
+// normaliser (the reduce), so lse must equal chunked_v4's bit for bit; chunked_v10 to v12 form
+// lse before their chunk kernel with the reduce's arithmetic, so their lse must be v6's too
+// (their o is fp16 sums in a run-dependent order: the oracle judges it, here for the current
+// version and in the packed and segment tests). On packed shapes with G = 1, 8 and 16 (the
+// packed test's G = 1 case has no landmarks, so no selection), in one and in several query
+// segments; the same selection kernel runs before each.
+TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's to v12's and v6's lse equal v4's", "[gpu]") {
   // clang-format off
   static constexpr Case kCases[] = {
     //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
@@ -274,6 +296,7 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, lse equals v4's", "[gpu]")
     const auto inputs = hils::cases::make_inputs<double>(c);
     const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
     REQUIRE(reference_accepts(spec, inputs));
+    const auto verifier = verifier_for(spec, inputs, DType::bf16);
     for (int64_t segment : {int64_t{0}, int64_t{257}}) {
       hils::gpu::set_sparse_segment_queries(segment);
       auto run_with = [&](hils::gpu::SparseKernel kernel) {
@@ -284,6 +307,12 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, lse equals v4's", "[gpu]")
       const KernelRun v6 = run_with(hils::gpu::SparseKernel::chunked_v6);
       const KernelRun v7 = run_with(hils::gpu::SparseKernel::chunked_v7);
       const KernelRun v8 = run_with(hils::gpu::SparseKernel::chunked_v8);
+      // Versions whose lse (only) must be v6's: v9 to v12.
+      const hils::gpu::SparseKernel lse_only[] = {
+          hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v10,
+          hils::gpu::SparseKernel::chunked_v11, hils::gpu::SparseKernel::chunked_v12};
+      std::vector<KernelRun> lse_runs;
+      for (auto kernel : lse_only) lse_runs.push_back(run_with(kernel));
       INFO("case " << c.name << " segment " << segment);
       CHECK(v6.guard_problems.empty());
       CHECK(v7.guard_problems.empty());
@@ -292,8 +321,14 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, lse equals v4's", "[gpu]")
       REQUIRE(v6.out.o.size() == v4.out.o.size());
       REQUIRE(v7.out.o.size() == v4.out.o.size());
       REQUIRE(v8.out.o.size() == v4.out.o.size());
+      for (const KernelRun& run : lse_runs) {
+        CHECK(run.guard_problems.empty());
+        REQUIRE(run.out.o.size() == v4.out.o.size());
+      }
       int64_t o_rows_differing = 0, o_rows_v8_differing = 0, lse_v6_v4 = 0, lse_v7_v6 = 0,
               lse_v8_v6 = 0;
+      std::vector<int64_t> lse_differing(lse_runs.size(), 0);
+      std::vector<double> o_max_diff(lse_runs.size(), 0.0);
       bool o_v6_differs_from_v4 = false;
       for (size_t h = 0; h < v4.out.o.size(); ++h) {
         for (Eigen::Index t = 0; t < v4.out.o[h].rows(); ++t) {
@@ -303,21 +338,38 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, lse equals v4's", "[gpu]")
           lse_v6_v4 += v6.out.lse[h](t) != v4.out.lse[h](t);
           lse_v7_v6 += v7.out.lse[h](t) != v6.out.lse[h](t);
           lse_v8_v6 += v8.out.lse[h](t) != v6.out.lse[h](t);
+          for (size_t i = 0; i < lse_runs.size(); ++i) {
+            lse_differing[i] += lse_runs[i].out.lse[h](t) != v6.out.lse[h](t);
+            o_max_diff[i] = std::max(
+                o_max_diff[i], (lse_runs[i].out.o[h].row(t) - v6.out.o[h].row(t)).cwiseAbs().maxCoeff());
+          }
         }
       }
       std::cout << "sparse v7 vs v6 " << c.name << " segment " << segment << ": o rows differing "
                 << o_rows_differing << ", lse v7/v6 " << lse_v7_v6 << ", v8/v6 o rows "
-                << o_rows_v8_differing << " lse " << lse_v8_v6 << ", lse v6/v4 " << lse_v6_v4
+                << o_rows_v8_differing << " lse " << lse_v8_v6;
+      for (size_t i = 0; i < lse_runs.size(); ++i)
+        std::cout << ", " << sparse_kernel_name(lse_only[i]) << "/v6 lse " << lse_differing[i]
+                  << " max |o diff| " << o_max_diff[i];
+      std::cout << ", lse v6/v4 " << lse_v6_v4
                 << ", o v6 differs from v4 (base-2 rounding): " << o_v6_differs_from_v4 << "\n";
       CHECK(o_rows_differing == 0);
       CHECK(lse_v7_v6 == 0);
       CHECK(o_rows_v8_differing == 0);
       CHECK(lse_v8_v6 == 0);
+      for (size_t i = 0; i < lse_runs.size(); ++i) {
+        INFO(sparse_kernel_name(lse_only[i]));
+        CHECK(lse_differing[i] == 0);
+      }
       CHECK(lse_v6_v4 == 0);
-      // And v6 against the reference (no other packed case selects with G = 1).
-      hils::gpu::set_sparse_kernel(hils::gpu::SparseKernel::chunked_v6);
-      CHECK(check_mechanism(spec, inputs, DType::bf16,
-                            std::string(c.name) + " chunked_v6 segment " + std::to_string(segment)));
+      // And v6 and the process's current version (the default, or HILS_GPU_SPARSE_KERNEL's)
+      // against the reference (no other packed case selects with G = 1).
+      for (auto kernel : {hils::gpu::SparseKernel::chunked_v6, current}) {
+        hils::gpu::set_sparse_kernel(kernel);
+        CHECK(check_with(verifier, spec, inputs, DType::bf16,
+                         std::string(c.name) + " " + sparse_kernel_name(kernel) + " segment " +
+                             std::to_string(segment)));
+      }
     }
   }
   hils::gpu::set_sparse_kernel(current);
@@ -358,28 +410,27 @@ TEST_CASE("gpu packed window kernels against the reference", "[gpu]") {
     Case{"window_g2_tiny",           45,   64,  16,  2,  2,  1, 64, 64, false, 1.0},
   };
   // clang-format on
-  const auto current = hils::gpu::window_kernel();
   for (const Case& c : kCases) {
     const auto inputs = hils::cases::make_inputs<double>(c);
     for (const char* preset : {"swa", "hils"}) {
       const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
       if (!reference_accepts(spec, inputs)) continue;
+      const auto verifier = verifier_for(spec, inputs, DType::bf16);
       for (auto kernel : hils::gpu::kWindowKernels) {
         hils::gpu::set_window_kernel(kernel);
         const std::string name = hils::gpu::window_kernel_name(kernel);
         INFO("case " << c.name << " preset " << preset << " " << name);
-        CHECK(check_mechanism(spec, inputs, DType::bf16, std::string(c.name) + " " + name));
+        CHECK(check_with(verifier, spec, inputs, DType::bf16, std::string(c.name) + " " + name));
       }
     }
   }
-  hils::gpu::set_window_kernel(current);
+  hils::gpu::set_window_kernel(std::nullopt);  // the default again
 }
 
 // The C API's window-kernel values are the enum's, its getter reports what runs, a value past
 // the last kernel is refused by name; set_packed_kernels takes 0 or 1 only.
 TEST_CASE("gpu C API window kernel values", "[gpu]") {
-  const auto current = hils::gpu::window_kernel();
-  CHECK(hils_gpu_window_kernel() == static_cast<int32_t>(current));
+  CHECK(hils_gpu_window_kernel() == static_cast<int32_t>(hils::gpu::window_kernel()));
   for (auto kernel : hils::gpu::kWindowKernels) {
     INFO(hils::gpu::window_kernel_name(kernel));
     REQUIRE(hils_gpu_set_window_kernel(static_cast<int32_t>(kernel)) == 0);
@@ -390,11 +441,97 @@ TEST_CASE("gpu C API window kernel values", "[gpu]") {
   CHECK(hils_gpu_set_window_kernel(past) == 2);
   CHECK(hils_gpu_set_window_kernel(-1) == 2);
   CHECK(std::string(hils_gpu_last_error()).rfind("window_kernel:", 0) == 0);
-  hils::gpu::set_window_kernel(current);
+  hils::gpu::set_window_kernel(std::nullopt);
   CHECK(hils_gpu_set_packed_kernels(2) == 2);
   CHECK(std::string(hils_gpu_last_error()).rfind("enabled:", 0) == 0);
   REQUIRE(hils_gpu_set_packed_kernels(0) == 0);
   CHECK_FALSE(hils::gpu::packed_kernels());
   REQUIRE(hils_gpu_set_packed_kernels(1) == 0);
   CHECK(hils::gpu::packed_kernels());
+}
+
+// Where wgmma cannot run (a build without sm_90a, a GPU of another generation; forced here by
+// the test switch), the default selection is two_pass_v8 and selects what the wgmma default selects,
+// the default window kernel is mma_v9 (the same o_window bits as mma_v9 named), and a wgmma
+// kernel named by the caller is refused when it would run, with an error that names the field,
+// the kernel and the build setting, instead of a trap in the kernel.
+TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "[gpu]") {
+  cudaDeviceProp prop{};
+  REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+  const bool sm90 = prop.major == 9 && prop.minor == 0;
+  INFO("device sm_" << prop.major << prop.minor << ", build for sm_90a: " << HILS_TEST_BUILD_HAS_SM90A);
+  CHECK(hils::gpu::wgmma_available() == (sm90 && HILS_TEST_BUILD_HAS_SM90A));
+  CHECK(hils::gpu::default_select_kernel() == (hils::gpu::wgmma_available()
+                                                   ? hils::gpu::kDefaultSelectKernel
+                                                   : hils::gpu::kSelectKernelWithoutWgmma));
+
+  const Case c{"packed_bench_geometry", 2113, 64, 512, 32, 16, 2, 64, 64, true, 1.0};
+  const auto inputs = hils::cases::make_inputs<double>(c);
+  const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
+  CHECK(hils::gpu::window_kernel() == hils::gpu::default_window_kernel());
+  CHECK(hils::gpu::default_window_kernel() == (hils::gpu::wgmma_available()
+                                                   ? hils::gpu::kDefaultWindowKernel
+                                                   : hils::gpu::kWindowKernelWithoutWgmma));
+  // The default selection; the fallback window kernel by name, so that both runs' lse_swa (which
+  // the selection reads) are the same bits.
+  hils::gpu::set_window_kernel(hils::gpu::kWindowKernelWithoutWgmma);
+  const KernelRun with_default = run_on_device(spec, inputs, DType::bf16);
+  hils::gpu::set_window_kernel(std::nullopt);
+
+  hils::gpu::detail::disable_wgmma_for_testing(true);
+  CHECK_FALSE(hils::gpu::wgmma_available());
+  CHECK(hils::gpu::default_select_kernel() == hils::gpu::SelectKernel::two_pass_v8);
+  CHECK(hils::gpu::default_window_kernel() == hils::gpu::WindowKernel::mma_v9);
+  CHECK(hils::gpu::window_kernel() == hils::gpu::WindowKernel::mma_v9);
+  const KernelRun fallen_back = run_on_device(spec, inputs, DType::bf16);
+  CHECK(fallen_back.guard_problems.empty());
+  REQUIRE(fallen_back.out.selection.size() == with_default.out.selection.size());
+  for (size_t g = 0; g < fallen_back.out.selection.size(); ++g)
+    CHECK(fallen_back.out.selection[g] == with_default.out.selection[g]);
+  REQUIRE(fallen_back.out.o_window.size() == with_default.out.o_window.size());
+  for (size_t h = 0; h < fallen_back.out.o_window.size(); ++h) {
+    CHECK((fallen_back.out.o_window[h] == with_default.out.o_window[h]));
+    CHECK((fallen_back.out.lse_window[h] == with_default.out.lse_window[h]));
+  }
+
+  const auto shape = hils::gpu::Shape{c.T, c.Hq, c.Hkv, c.d, c.dv};
+  auto set = gt::upload_inputs(inputs, DType::bf16);
+  const int64_t nc = c.T / c.S;
+  gt::GuardedBuffer key(c.Hq * nc * c.d * 4), bias(c.Hq * nc * 4), lse_swa(c.Hq * c.T * 4);
+  gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), score(c.Hq * c.T * c.K * 4);
+  for (auto kernel : {hils::gpu::SelectKernel::two_pass_v9, hils::gpu::SelectKernel::two_pass_v10,
+                      hils::gpu::SelectKernel::two_pass_v11, hils::gpu::SelectKernel::two_pass_v12}) {
+    REQUIRE(hils::gpu::uses_wgmma(kernel));
+    INFO(hils::gpu::select_kernel_name(kernel));
+    CHECK_THROWS_WITH(
+        hils::gpu::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,
+                                 lse_swa.as<float>(), selection.as<int32_t>(), score.as<float>(),
+                                 nullptr, kernel),
+        Catch::StartsWith("select_kernel: expected a kernel without wgmma") &&
+            Catch::Contains(hils::gpu::select_kernel_name(kernel)) &&
+            Catch::Contains("HILS_CUDA_ARCHITECTURES=90a"));
+  }
+  const auto sparse = hils::gpu::sparse_kernel();
+  for (auto kernel : {hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v12}) {
+    REQUIRE(hils::gpu::uses_wgmma(kernel));
+    INFO(sparse_kernel_name(kernel));
+    hils::gpu::set_sparse_kernel(kernel);
+    CHECK_THROWS_WITH(run_on_device(spec, inputs, DType::bf16),
+                      Catch::StartsWith("sparse_kernel: expected a kernel without wgmma") &&
+                          Catch::Contains(sparse_kernel_name(kernel)));
+  }
+  hils::gpu::set_sparse_kernel(sparse);
+  for (auto kernel : hils::gpu::kWindowKernels) {
+    if (!hils::gpu::uses_wgmma(kernel)) continue;
+    INFO(hils::gpu::window_kernel_name(kernel));
+    hils::gpu::set_window_kernel(kernel);
+    CHECK_THROWS_WITH(run_on_device(spec, inputs, DType::bf16),
+                      Catch::StartsWith("window_kernel: expected a kernel without wgmma") &&
+                          Catch::Contains(hils::gpu::window_kernel_name(kernel)));
+  }
+  CHECK(hils::gpu::uses_wgmma(hils::gpu::WindowKernel::wgmma_v11));
+  hils::gpu::set_window_kernel(std::nullopt);
+  hils::gpu::detail::disable_wgmma_for_testing(false);
+  CHECK(hils::gpu::wgmma_available() == (sm90 && HILS_TEST_BUILD_HAS_SM90A));
+  gt::check_cuda(cudaDeviceSynchronize(), "after the refusals");
 }

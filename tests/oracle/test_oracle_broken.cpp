@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <vector>
 
 #include "oracle_support.hpp"
 
@@ -195,4 +196,30 @@ TEST_CASE("guard bytes: the first overwritten byte is found", "[oracle]") {
   guard[17] = 0;
   REQUIRE(first_guard_violation(guard, sizeof guard, 0xA5).has_value());
   CHECK(*first_guard_violation(guard, sizeof guard, 0xA5) == 17);
+}
+
+// A Verifier (the reference runs once) judges each kernel exactly as verify() does, and one
+// kernel's verdict leaves nothing behind for the next: good, broken, good again, on the same
+// Verifier, give verify()'s three reports byte for byte, with fp32 and bf16 options.
+TEST_CASE("a Verifier gives verify's verdicts, kernel after kernel", "[oracle][broken]") {
+  const auto& c = case_named("gqa_group4");
+  const auto inputs = cases::make_inputs<double>(c);
+  const auto spec = hils_spec(c);
+  for (InputPrecision precision : {InputPrecision::fp32, InputPrecision::bf16}) {
+    VerifyOptions options;
+    options.precision = precision;
+    const KernelOutputs good = float_kernel(spec, inputs, precision);
+    KernelOutputs broken = good;
+    broken.o[1](5, 2) = std::numeric_limits<double>::quiet_NaN();
+    broken.lse[0](3) += 1.0;
+    const Verifier verifier(spec, inputs, options);
+    for (const KernelOutputs* kernel : std::vector<const KernelOutputs*>{&good, &broken, &good}) {
+      const Verdict once = verify(spec, inputs, *kernel, options);
+      const Verdict reused = verifier.verify(*kernel);
+      INFO(reused.report());
+      CHECK(reused.passed == (kernel == &good));
+      CHECK(reused.passed == once.passed);
+      CHECK(reused.report() == once.report());
+    }
+  }
 }

@@ -73,6 +73,58 @@ TEST_CASE("forced fusion with the reference's selection reproduces run_mechanism
   }
 }
 
+// The oracle fuses again only the query blocks where a kernel's selection differs from the
+// reference's and takes the reference fusion's other rows (oracle.cpp, fusion_from_own): sound
+// only if a row's fused outputs depend on its own block's queries alone (hils::query_blocks).
+// Every other block, fused alone, must give the full fusion's rows bit for bit, in double and
+// float, with a selection moved so that some rows differ from the reference's, on all queries
+// and on every third or fifth slot (blocks cut by the span rule).
+TEST_CASE("forced fusion of whole query blocks gives the full fusion's rows bit for bit", "[oracle]") {
+  // (case, query stride): strides above 1 give blocks cut by the span rule.
+  const std::pair<const char*, int64_t> kRuns[] = {{"gqa_group4", 1},       {"ragged_tail", 1},
+                                                   {"peaked_attention", 1}, {"peaked_attention", 3},
+                                                   {"longer_blocks", 1},    {"longer_blocks", 5}};
+  for (const auto& [name, stride] : kRuns) {
+    const auto& c = case_named(name);
+    const auto inputs = cases::make_inputs<double>(c);
+    const auto inputs_float = hils::oracle::testing::to_float(inputs);
+    for (const auto& spec : specs_for(c)) {
+      if (!spec.selects()) continue;
+      RunOptions options;
+      for (int64_t t = 0; t < c.T; t += stride) options.queries.push_back(t);
+      const auto run = run_mechanism(spec, inputs, options);
+      // Every odd row takes the row before it (valid: V(t') is within V(t) for t' < t).
+      std::vector<IndexMatrix> selection = run.selection;
+      for (auto& rows : selection)
+        for (Eigen::Index r = 1; r < rows.rows(); r += 2) rows.row(r) = rows.row(r - 1);
+      const auto blocks = query_blocks(run.queries, geometry_of(spec, c.T));
+      REQUIRE(blocks.size() >= 2);
+      std::vector<int64_t> some;
+      std::vector<Eigen::Index> some_rows;
+      for (size_t b = 0; b < blocks.size(); b += 2)
+        for (int64_t r = blocks[b].first; r < blocks[b].second; ++r) {
+          some.push_back(run.queries[static_cast<size_t>(r)]);
+          some_rows.push_back(static_cast<Eigen::Index>(r));
+        }
+      std::vector<IndexMatrix> some_selection;
+      for (const auto& rows : selection) some_selection.push_back(rows(some_rows, Eigen::all));
+      INFO("case " << name << ", spec " << spec.name << ", every " << stride << " queries");
+      auto same_rows = [&](const auto& full, const auto& part) {
+        REQUIRE(full.size() == part.size());
+        for (size_t h = 0; h < full.size(); ++h) {
+          CHECK(full[h].o(some_rows, Eigen::all) == part[h].o);
+          CHECK(full[h].lse(some_rows) == part[h].lse);
+          CHECK(full[h].fusion_weights(some_rows, Eigen::all) == part[h].fusion_weights);
+        }
+      };
+      same_rows(forced_fusion(spec, inputs, selection, run.queries),
+                forced_fusion(spec, inputs, some_selection, some));
+      same_rows(forced_fusion(spec, inputs_float, selection, run.queries),
+                forced_fusion(spec, inputs_float, some_selection, some));
+    }
+  }
+}
+
 TEST_CASE("a perturbation inside the tolerance passes, one beyond it fails", "[oracle]") {
   const auto& c = case_named("longer_blocks");
   const auto inputs = cases::make_inputs<double>(c);

@@ -150,3 +150,25 @@ def test_bf16_rounding_declared_to_nearest_catches_a_small_logit_scale():
     assert hils.verify(spec, q, k, v, {"o": correct["o"], "lse": correct["lse"],
                                        "selection": correct["selection"]},
                        input_precision="bf16", score_precision="bf16", bf16_rounding="nearest").passed
+
+
+def test_one_verifier_judges_kernel_after_kernel_as_verify_does():
+    # One hils.Verifier (the reference runs once) for a correct kernel, one with a wrong chunk
+    # (its selection differs, so the oracle fuses those rows again), one that drops a chunk, and
+    # the correct one again: each report is hils.verify's, text for text.
+    q, k, v = case_inputs("longer_blocks")
+    c = CASES["longer_blocks"]
+    spec = case_spec("naive_bsa", "longer_blocks")
+    kernels = {name: block_sparse(q, k, v, c["S"], c["W"], c["K"], scale_of(q), "exact", **faults)
+               for name, faults in [("correct", {}), ("wrong chunk", {"wrong_chunk": True}),
+                                    ("dropped chunk", {"drop_chunk": True})]}
+    oracle = hils.Verifier(spec, q, k, v)
+    for name in ["correct", "wrong chunk", "dropped chunk", "correct"]:
+        o, lse, sel = kernels[name]
+        outputs = {"o": o, "lse": lse, "selection": sel}
+        report = oracle.verify(outputs, kernel=name)
+        assert report.passed == (name == "correct"), str(report)
+        assert report.kernel == name
+        assert str(report) == str(hils.verify(spec, q, k, v, outputs, kernel=name))
+    with pytest.raises(TypeError, match="outputs: expected a dict of arrays"):
+        oracle.verify([o, lse])

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "hils/geometry.hpp"
@@ -86,6 +87,14 @@ struct MechanismOutputs {
   std::vector<HeadOutputs<Scalar>> heads;  // Hq
   std::vector<IndexMatrix> selection;  // Hkv x [Tq x K], ascending, -1 padded; empty if none
 };
+
+// The query blocks the stages below compute together, one matrix product each, as [begin, end)
+// ranges of indices into `queries` (strictly ascending slots): a row's outputs depend on its own
+// block's queries alone. Given a union of whole blocks as its query list, a stage gives the
+// rows it gives with all the queries, bit for bit; a subset that splits a block may differ in
+// the last bits (the oracle fuses only a kernel's differing blocks again on this promise).
+std::vector<std::pair<int64_t, int64_t>> query_blocks(const std::vector<int64_t>& queries,
+                                                      const Geometry& geometry);
 
 // ---- Stages, each callable alone -------------------------------------------------------
 

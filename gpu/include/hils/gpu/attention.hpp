@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "hils/spec.hpp"
 
@@ -70,14 +71,40 @@ enum class SparseKernel {
                // the same arithmetic per row as chunked_v6, so the same bits
   chunked_v8,  // chunked_v6's chunk kernel with the pairs bucketed once per call (all query
                // segments in one count, scan and scatter): the same bits as chunked_v6
+  chunked_v9,  // chunked_v8 with the chunk kernel on wgmma (sm_90a): 64-row steps, q, K and V
+               // read by the tensor cores from swizzled shared memory
+  chunked_v10,  // chunked_v8's bucketing, fusion weights first, then the chunk kernel adds
+                // w_c o_c into an fp16 copy of o by f16x2 vector reductions (no scratch of
+                // partials, no reduce); o's last bits vary from run to run (fp16 sums)
+  chunked_v11,  // chunked_v10 with each row's fusion weight formed before the chunk kernel and
+                // stored in bucket order (read in order instead of two scattered loads per row)
+  chunked_v12,  // chunked_v11 with chunked_v9's chunk kernel (wgmma, sm_90a)
 };
 // Every SparseKernel, in the order of their values.
 constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
                                            SparseKernel::chunked_v6, SparseKernel::chunked_v7,
-                                           SparseKernel::chunked_v8};
+                                           SparseKernel::chunked_v8, SparseKernel::chunked_v9,
+                                           SparseKernel::chunked_v10, SparseKernel::chunked_v11,
+                                           SparseKernel::chunked_v12};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
-constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v8;
+// Whether the sparse stage runs wgmma (sm_90a; wgmma_available below). Every kernel is listed,
+// so that a new one cannot be left out (-Wswitch).
+constexpr bool uses_wgmma(SparseKernel kernel) {
+  switch (kernel) {
+    case SparseKernel::chunked_v4:
+    case SparseKernel::atomic_v5:
+    case SparseKernel::chunked_v6:
+    case SparseKernel::chunked_v7:
+    case SparseKernel::chunked_v8:
+    case SparseKernel::chunked_v10:
+    case SparseKernel::chunked_v11: return false;
+    case SparseKernel::chunked_v9:
+    case SparseKernel::chunked_v12: return true;
+  }
+  return true;
+}
+constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v11;
 void set_sparse_kernel(SparseKernel kernel);
 SparseKernel sparse_kernel();
 
@@ -95,8 +122,26 @@ constexpr WindowKernel kWindowKernels[] = {WindowKernel::mma_v4, WindowKernel::m
                                            WindowKernel::mma_v10, WindowKernel::wgmma_v11};
 // The kernel's name as above ("mma_v4", ...).
 const char* window_kernel_name(WindowKernel kernel);
-constexpr WindowKernel kDefaultWindowKernel = WindowKernel::mma_v9;
-void set_window_kernel(WindowKernel kernel);
+// Whether the kernel runs wgmma (sm_90a; wgmma_available below). Every kernel is listed, so
+// that a new one cannot be left out (-Wswitch).
+constexpr bool uses_wgmma(WindowKernel kernel) {
+  switch (kernel) {
+    case WindowKernel::mma_v4:
+    case WindowKernel::mma_v9:
+    case WindowKernel::mma_v10: return false;
+    case WindowKernel::wgmma_v11: return true;
+  }
+  return true;
+}
+constexpr WindowKernel kDefaultWindowKernel = WindowKernel::wgmma_v11;
+// The window kernel without wgmma where wgmma cannot run (wgmma_available).
+constexpr WindowKernel kWindowKernelWithoutWgmma = WindowKernel::mma_v9;
+// kDefaultWindowKernel where wgmma_available(), else kWindowKernelWithoutWgmma.
+WindowKernel default_window_kernel();
+// std::nullopt (the state at start): default_window_kernel(). A wgmma kernel named here is
+// refused by window_attention where wgmma cannot run (wgmma_available).
+void set_window_kernel(std::optional<WindowKernel> kernel);
+// The kernel that window_attention runs now: the one set, else default_window_kernel().
 WindowKernel window_kernel();
 
 // ---- Stages, each callable alone --------------------------------------------------------
@@ -119,13 +164,14 @@ void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const Devic
                       const float* key, const float* bias, float* scores,
                       cudaStream_t stream = nullptr);
 // Which packed selection kernel runs (gpu/NOTES.md has each version's numbers). All give the
-// same selection and the same selected scores. two_pass_v10 (v8 scored by wgmma, sm_90a, 128
-// queries per block) is the default (kDefaultSelectKernel: the fastest measured from 32K to 512K
-// on the H200, see gpu/NOTES.md); v4, v5, v6, v7, v8 and v9 stay reachable as the benchmark's
-// comparison points. one_pass_v5 applies to the
+// same selection and the same selected scores. two_pass_v12 (v10, i.e. v8 scored by wgmma on
+// sm_90a with 128 queries per block, with the selected-score writer's loads one unit ahead (v11)
+// and pass 2's per-step overhead trimmed) is the default (kDefaultSelectKernel: on the H100
+// 8.6-9.6% faster than v10 at 16K-512K, 512K 50.5 ms against 55.3; gpu/NOTES.md); v4 to v11 stay
+// reachable as the benchmark's comparison points. one_pass_v5 applies to the
 // default group rule (max_normalized); for the others it falls back to two_pass_v4. v6 and v8
 // form their bounds for K <= 32 and the normalised group rules; v6 runs as v4 otherwise, v8 takes
-// K <= 32 (else two_pass_v4), and so do v9 and v10.
+// K <= 32 (else two_pass_v4), and so do v9 to v12.
 enum class SelectKernel {
   two_pass_v4,  // pass 1: log Z_hat per head; pass 2: group scores offered to the top-K lists
   one_pass_v5,  // per head a running log Z_hat and its K best; the union ranked at the end
@@ -136,17 +182,59 @@ enum class SelectKernel {
                 // in pass 2; K <= 32, else two_pass_v4)
   two_pass_v9,  // v8 with the scoring on wgmma (sm_90a; K <= 32, else two_pass_v4)
   two_pass_v10,  // v9 with 128 queries per block and pass 2's q~ staged in shared memory
+  two_pass_v11,  // v10 with the selected-score writer's loads one unit ahead (K <= 32, else
+                 // two_pass_v4)
+  two_pass_v12,  // v11 with pass 2's per-step copies, descriptors and resets trimmed
 };
-constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v10;
+// Every SelectKernel, in the order of their values.
+constexpr SelectKernel kSelectKernels[] = {
+    SelectKernel::two_pass_v4, SelectKernel::one_pass_v5,  SelectKernel::two_pass_v6,
+    SelectKernel::two_pass_v7, SelectKernel::two_pass_v8,  SelectKernel::two_pass_v9,
+    SelectKernel::two_pass_v10, SelectKernel::two_pass_v11, SelectKernel::two_pass_v12};
+constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v12;
+// The selection without wgmma where wgmma cannot run (wgmma_available).
+constexpr SelectKernel kSelectKernelWithoutWgmma = SelectKernel::two_pass_v8;
+// The kernel's name as above ("two_pass_v12", ...).
+const char* select_kernel_name(SelectKernel kernel);
+// Whether the kernel runs wgmma (sm_90a): two_pass_v9 and later. Every kernel is listed, so
+// that a new one cannot be left out (-Wswitch).
+constexpr bool uses_wgmma(SelectKernel kernel) {
+  switch (kernel) {
+    case SelectKernel::two_pass_v4:
+    case SelectKernel::one_pass_v5:
+    case SelectKernel::two_pass_v6:
+    case SelectKernel::two_pass_v7:
+    case SelectKernel::two_pass_v8: return false;
+    case SelectKernel::two_pass_v9:
+    case SelectKernel::two_pass_v10:
+    case SelectKernel::two_pass_v11:
+    case SelectKernel::two_pass_v12: return true;
+  }
+  return true;
+}
+
+// Whether the wgmma kernels (uses_wgmma: selections from two_pass_v9, sparse stages such as
+// chunked_v9, the window kernel wgmma_v11) can run on the current GPU with this build: its code for the GPU must be sm_90a
+// (HILS_CUDA_ARCHITECTURES=90a and an sm_90 GPU). Probed once per device, at the first call,
+// by a one-thread kernel and a copy on the default stream (a program that captures CUDA graphs
+// makes one call before capturing). Where they cannot run, the default selection is
+// kSelectKernelWithoutWgmma (default_select_kernel), the default window kernel
+// kWindowKernelWithoutWgmma (default_window_kernel), and naming a wgmma kernel (select_chunks'
+// `kernel`, set_sparse_kernel, set_window_kernel) is refused when it would run, with an std::invalid_argument
+// that names the field, the kernel and the build setting.
+bool wgmma_available();
+// kDefaultSelectKernel where wgmma_available(), else kSelectKernelWithoutWgmma.
+SelectKernel default_select_kernel();
 
 // Selection per KV group (reference/SEMANTICS.md §4): [Hkv, T, K], ascending, -1 padded, ties to
 // the lower chunk. Scores come from the summaries, or from `exact` [Hq, T, n_chunks] for the exact
 // rule. selected_score [Hq, T, K] receives s_hat of each selected chunk (for the fusion).
+// `kernel`: default_select_kernel() when not given.
 void select_chunks(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                    const float* key, const float* bias, const float* exact,
                    const float* lse_swa, int32_t* selection, float* selected_score,
                    cudaStream_t stream = nullptr,
-                   SelectKernel kernel = kDefaultSelectKernel);
+                   std::optional<SelectKernel> kernel = std::nullopt);
 // Fusion (reference/SEMANTICS.md §5) of a given selection: hierarchical (Eq. 10) or flat (Eq. 3).
 // selected_score is needed for hierarchical fusion only.
 void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,

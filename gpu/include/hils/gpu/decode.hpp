@@ -66,7 +66,7 @@ struct DecodeOutputs {
 };
 
 // Which launch sequence runs the step (gpu/NOTES.md "decode", versions):
-//   fused: the default, d18: d17's kernels launched as d16 launches them
+//   fused: the default, d21 (below)
 //   d13:   d8's five launches with shorter chains in the tails: for K <= 32 the group
 //          scores and the select rank candidates by warp sorts instead of radix passes, the
 //          chunk tiles compute the fusion logits while their rows are in flight, and the fuse
@@ -75,11 +75,22 @@ struct DecodeOutputs {
 //          start while the previous kernel ends and wait for its writes)
 //   d17:   d13 with the chunk tiles on the tensor cores (mma.sync, one warp per selected chunk)
 //          for d = dv = 64, G <= 16, S <= 64 (d13's tiles otherwise)
+//   d18:   d17's kernels launched as d16 launches them (the default before d19)
+//   d19:   d18 with launch 1 as a persistent scan that keeps the next score tile's loads in
+//          flight (fp8 summaries, d = 64; d18's launch 1 otherwise) and the chunk tiles' mask
+//          testing only the landmark slot (the default before d21)
+//   d21:   d19 without the persistent scan (d18's launch 1): d18 with the landmark mask only
+//          (the default since session 10: faster than d19 and d18 at B = 8 and 32)
 //   d5:    the launches of d5 (window, score, group scores, select, chunk, fuse)
 //   d8:    window tiles and score tiles in one grid (every tile issues all its loads before
 //          staging q / q~), then group scores, select, chunk tiles and a fuse that loads the
 //          chunks' outputs 8 at a time: five launches
-enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5 };
+enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, d18 = 6, d19 = 7,
+                          d21 = 8 };
+
+// For tests: caps d19's persistent scan grid at `blocks` (0, the default: as many blocks as fit
+// on the device at once), so that small cases walk several tiles per block as 512K steps do.
+void set_decode_scan_grid_cap(int blocks);
 
 // Throws std::invalid_argument naming the first bad field. Supported: bf16 K/V, bf16 or fp8
 // e4m3 summaries, d, dv <= 256, a spec whose fusion is flat or hierarchical with summaries (key
