@@ -146,6 +146,7 @@ const char* window_kernel_name(WindowKernel kernel) {
     case WindowKernel::mma_v9: return "mma_v9";
     case WindowKernel::mma_v10: return "mma_v10";
     case WindowKernel::wgmma_v11: return "wgmma_v11";
+    case WindowKernel::wgmma_v12: return "wgmma_v12";
   }
   return "unknown";
 }
@@ -188,8 +189,8 @@ void window_attention(const MechanismSpec& spec, const Shape& shape, const Devic
     detail::launch_window_v9(p, o_swa, lse_swa, stream);
   } else if (kernel == WindowKernel::mma_v10) {
     detail::launch_window_v10(p, o_swa, lse_swa, stream);
-  } else if (kernel == WindowKernel::wgmma_v11) {
-    detail::launch_window_wgmma(p, o_swa, lse_swa, stream);
+  } else if (uses_wgmma(kernel)) {
+    detail::launch_window_wgmma(p, kernel, o_swa, lse_swa, stream);
   } else {
     detail::launch_window_packed(p, o_swa, lse_swa, stream);
   }

@@ -342,10 +342,46 @@ __device__ __forceinline__ void load_panel_async(unsigned char* panel, const __n
   }
 }
 
-template <int G>
+// v12's copy of a 64-row panel: this thread's two 16-byte segments, (row r, dims c..c+7) and
+// (r + 32, c) with r = tid / 8, c = 8 (tid % 8), worked out once; both land at the same swizzled
+// column ((r + 32) % 8 = r % 8), 32 rows apart.
+struct PanelSlice {
+  uint32_t smem;  // byte offset of (r, c) inside a panel
+  int row;        // r
+  int elem;       // r * 64 + c
+  __device__ PanelSlice() {
+    row = static_cast<int>(threadIdx.x / 8);
+    const int col = static_cast<int>(threadIdx.x % 8) * 8;
+    smem = wg::sw128_offset(row, col);
+    elem = row * kTileDim + col;
+  }
+};
+// Rows [row0, row0 + 64) of the bf16 [T, 64] matrix `matrix` into the panel at shared address
+// `panel`, rows = T - row0 (>= 1): zeros from row T on (those segments read `matrix` itself).
+__device__ __forceinline__ void copy_panel(uint32_t panel, const __nv_bfloat16* matrix,
+                                           int64_t row0, int rows, const PanelSlice& slice) {
+  const __nv_bfloat16* src = matrix + row0 * kTileDim + slice.elem;
+  constexpr int kHalf = kTileDim / 2;
+  if (rows >= kTileDim) {  // every tile but the last
+    cp_async16_at(panel + slice.smem, src, true);
+    cp_async16_at(panel + slice.smem + kHalf * wg::kPanelRowBytes, src + kHalf * kTileDim, true);
+  } else {
+    const bool first_valid = slice.row < rows, second_valid = slice.row + kHalf < rows;
+    cp_async16_at(panel + slice.smem, first_valid ? src : matrix, first_valid);
+    cp_async16_at(panel + slice.smem + kHalf * wg::kPanelRowBytes,
+                  second_valid ? src + kHalf * kTileDim : matrix, second_valid);
+  }
+}
+
+// kVersion 12 (wgmma_v12): the K/V copies from per-thread offsets worked out once (two cp.async
+// per panel, no loop, bounds only on the last tile), descriptors from 32-bit shared addresses,
+// and every score exponentiated (masked ones are -inf -> 0) instead of branching on the 8-key
+// groups past the warp's last query; the same values as v11.
+template <int G, int kVersion>
 __global__ void __launch_bounds__(256, 2)
     window_wgmma_kernel(LaunchParams p, float* o_swa, float* lse_swa) {
   constexpr int kRows = 128, M = kRows / G;
+  constexpr bool kLean = kVersion >= 12;
   extern __shared__ unsigned char window_wg_raw[];
   // Panels on a 1024-byte boundary (the swizzle's period).
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(window_wg_raw));
@@ -392,23 +428,40 @@ __global__ void __launch_bounds__(256, 2)
   const int hi_max = __reduce_max_sync(all, max(hi[0], hi[1]));
   const float c2 = p.scale * 1.4426950408889634f;  // logits in base 2
   const uint64_t q_desc = wg::desc_k_major(sm.q[group]);
+  const uint32_t smem_k = static_cast<uint32_t>(__cvta_generic_to_shared(sm.k[0]));
+  const uint32_t smem_v = static_cast<uint32_t>(__cvta_generic_to_shared(sm.v[0]));
+  const PanelSlice slice;
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f}, o[8][4] = {};
-  load_panel_async(sm.k[0], k, first, p.T);
-  load_panel_async(sm.v[0], v, first, p.T);
+  if constexpr (kLean) {
+    const int rows = static_cast<int>(min(p.T - first, int64_t{kTileDim}));
+    copy_panel(smem_k, k, first, rows, slice);
+    copy_panel(smem_v, v, first, rows, slice);
+  } else {
+    load_panel_async(sm.k[0], k, first, p.T);
+    load_panel_async(sm.v[0], v, first, p.T);
+  }
   cp_async_commit();
   for (int it = 0; it < n_tiles; ++it) {
     const int key0 = it * kTileDim;
+    const uint32_t stage = static_cast<uint32_t>(it % 2) * kWgPanelBytes;
     cp_async_wait_all();
     wg::fence_proxy_async();  // cp.async writes -> the tensor cores' reads
     __syncthreads();
     if (it + 1 < n_tiles) {
-      load_panel_async(sm.k[(it + 1) % 2], k, first + key0 + kTileDim, p.T);
-      load_panel_async(sm.v[(it + 1) % 2], v, first + key0 + kTileDim, p.T);
+      const int64_t row0 = first + key0 + kTileDim;
+      if constexpr (kLean) {
+        const int rows = static_cast<int>(min(p.T - row0, int64_t{kTileDim}));
+        copy_panel(smem_k + (kWgPanelBytes - stage), k, row0, rows, slice);
+        copy_panel(smem_v + (kWgPanelBytes - stage), v, row0, rows, slice);
+      } else {
+        load_panel_async(sm.k[(it + 1) % 2], k, row0, p.T);
+        load_panel_async(sm.v[(it + 1) % 2], v, row0, p.T);
+      }
       cp_async_commit();
     }
     if (key0 > wg_hi || key0 + kTileDim - 1 < wg_lo) continue;  // uniform over the warpgroup
     float s[8][4];
-    const uint64_t k_desc = wg::desc_k_major(sm.k[it % 2]);
+    const uint64_t k_desc = kLean ? wg::desc_k_major(smem_k + stage) : wg::desc_k_major(sm.k[it % 2]);
     wg::fence_operands(s);
     wg::fence();
 #pragma unroll
@@ -418,8 +471,8 @@ __global__ void __launch_bounds__(256, 2)
     wg::commit();
     wg::wait<0>();
     wg::fence_operands(s);
-    // Per warp: 8-key groups past its last query hold nothing it may see.
-    const int nt_end = key0 > hi_max ? 0 : min(8, (hi_max - key0) / 8 + 1);
+    // Per warp: 8-key groups past its last query hold nothing it may see (v11 skips them).
+    const int nt_end = kLean ? 8 : key0 > hi_max ? 0 : min(8, (hi_max - key0) / 8 + 1);
     const bool inside = lo_max <= key0 && hi_min >= key0 + kTileDim - 1;
     const bool landmark_col = p.landmarks && key0 + kTileDim <= complete_col;
     if (inside) {
@@ -472,7 +525,8 @@ __global__ void __launch_bounds__(256, 2)
       pa[ks][2] = pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]);
       pa[ks][3] = pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3]);
     }
-    const uint64_t v_desc = wg::desc_n_major(sm.v[it % 2], kWgPanelBytes);
+    const uint64_t v_desc = kLean ? wg::desc_n_major(smem_v + stage, kWgPanelBytes)
+                                  : wg::desc_n_major(sm.v[it % 2], kWgPanelBytes);
     wg::fence_operands(o);
     wg::fence();
 #pragma unroll
@@ -714,15 +768,15 @@ void launch_window_packed(const LaunchParams& p, float* o, float* lse, cudaStrea
   }
 }
 
-template <int G>
+template <int G, int kVersion>
 void launch_window_wgmma_g(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
   constexpr int M = 128 / G;
   const dim3 grid(static_cast<unsigned>((p.T + M - 1) / M), static_cast<unsigned>(p.Hkv));
-  static const bool raised = cudaFuncSetAttribute(window_wgmma_kernel<G>,
+  static const bool raised = cudaFuncSetAttribute(window_wgmma_kernel<G, kVersion>,
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                   static_cast<int>(kWindowWgSmemBytes)) == cudaSuccess;
   (void)raised;  // a failure surfaces as the launch's error
-  window_wgmma_kernel<G><<<grid, 256, kWindowWgSmemBytes, stream>>>(p, o, lse);
+  window_wgmma_kernel<G, kVersion><<<grid, 256, kWindowWgSmemBytes, stream>>>(p, o, lse);
 }
 
 template <int kWarps>
@@ -740,13 +794,22 @@ void launch_window_v9(const LaunchParams& p, float* o, float* lse, cudaStream_t 
   launch_window_v9_warps<8>(p, o, lse, stream);
 }
 
-void launch_window_wgmma(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
+template <int kVersion>
+void launch_window_wgmma_version(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
   switch (p.Hq / p.Hkv) {
-    case 1: return launch_window_wgmma_g<1>(p, o, lse, stream);
-    case 2: return launch_window_wgmma_g<2>(p, o, lse, stream);
-    case 4: return launch_window_wgmma_g<4>(p, o, lse, stream);
-    case 8: return launch_window_wgmma_g<8>(p, o, lse, stream);
-    default: return launch_window_wgmma_g<16>(p, o, lse, stream);
+    case 1: return launch_window_wgmma_g<1, kVersion>(p, o, lse, stream);
+    case 2: return launch_window_wgmma_g<2, kVersion>(p, o, lse, stream);
+    case 4: return launch_window_wgmma_g<4, kVersion>(p, o, lse, stream);
+    case 8: return launch_window_wgmma_g<8, kVersion>(p, o, lse, stream);
+    default: return launch_window_wgmma_g<16, kVersion>(p, o, lse, stream);
+  }
+}
+
+void launch_window_wgmma(const LaunchParams& p, WindowKernel kernel, float* o, float* lse,
+                         cudaStream_t stream) {
+  switch (kernel) {
+    case WindowKernel::wgmma_v11: return launch_window_wgmma_version<11>(p, o, lse, stream);
+    default: return launch_window_wgmma_version<12>(p, o, lse, stream);
   }
 }
 

@@ -126,10 +126,12 @@ enum class WindowKernel {
   mma_v9,   // 128 rows per block, the mask only on tiles that cut a row's window, base-2 softmax
   mma_v10,  // mma_v9 with 64 rows (4 warps) per block, 4 blocks per SM
   wgmma_v11,  // mma_v9's block as two warpgroups issuing wgmma m64n64k16 (sm_90a)
+  wgmma_v12,  // wgmma_v11 with fewer instructions per tile (copies, descriptors, exponentials)
 };
 // Every WindowKernel, in the order of their values.
 constexpr WindowKernel kWindowKernels[] = {WindowKernel::mma_v4, WindowKernel::mma_v9,
-                                           WindowKernel::mma_v10, WindowKernel::wgmma_v11};
+                                           WindowKernel::mma_v10, WindowKernel::wgmma_v11,
+                                           WindowKernel::wgmma_v12};
 // The kernel's name as above ("mma_v4", ...).
 const char* window_kernel_name(WindowKernel kernel);
 // Whether the kernel runs wgmma (sm_90a; wgmma_available below). Every kernel is listed, so
@@ -139,11 +141,12 @@ constexpr bool uses_wgmma(WindowKernel kernel) {
     case WindowKernel::mma_v4:
     case WindowKernel::mma_v9:
     case WindowKernel::mma_v10: return false;
-    case WindowKernel::wgmma_v11: return true;
+    case WindowKernel::wgmma_v11:
+    case WindowKernel::wgmma_v12: return true;
   }
   return true;
 }
-constexpr WindowKernel kDefaultWindowKernel = WindowKernel::wgmma_v11;
+constexpr WindowKernel kDefaultWindowKernel = WindowKernel::wgmma_v12;
 // The window kernel without wgmma where wgmma cannot run (wgmma_available).
 constexpr WindowKernel kWindowKernelWithoutWgmma = WindowKernel::mma_v9;
 // kDefaultWindowKernel where wgmma_available(), else kWindowKernelWithoutWgmma.
@@ -224,7 +227,7 @@ constexpr bool uses_wgmma(SelectKernel kernel) {
 }
 
 // Whether the wgmma kernels (uses_wgmma: selections from two_pass_v9, sparse stages such as
-// chunked_v9, the window kernel wgmma_v11) can run on the current GPU with this build: its
+// chunked_v9, window kernels from wgmma_v11) can run on the current GPU with this build: its
 // code for the GPU must be sm_90a (HILS_CUDA_ARCHITECTURES=90a and an sm_90 GPU). Probed once
 // per device, at the first call, by a one-thread kernel and a copy on the default stream (a
 // program that captures CUDA graphs makes one call before capturing). Where they cannot run,
