@@ -147,6 +147,7 @@ const char* window_kernel_name(WindowKernel kernel) {
     case WindowKernel::mma_v10: return "mma_v10";
     case WindowKernel::wgmma_v11: return "wgmma_v11";
     case WindowKernel::wgmma_v12: return "wgmma_v12";
+    case WindowKernel::wgmma_v13: return "wgmma_v13";
   }
   return "unknown";
 }

@@ -373,15 +373,32 @@ __device__ __forceinline__ void copy_panel(uint32_t panel, const __nv_bfloat16* 
   }
 }
 
+// v13's copy of a full 64-row panel: this thread's two segments from `src` (its first segment's
+// source) and 32 rows (4096 bytes) on, to `panel` + its offset and 32 rows on.
+__device__ __forceinline__ void copy_full_panel(uint32_t dst, const __nv_bfloat16* src) {
+  asm volatile(
+      "cp.async.cg.shared.global [%0], [%1], 16;\n"
+      "cp.async.cg.shared.global [%0+4096], [%1+4096], 16;\n" ::"r"(dst),
+      "l"(src));
+}
+// A descriptor from its two words; v13 keeps the low word (start address) in a register and adds
+// the k16 step to it alone (no carry: the address field has 14 bits, the panels lie below 256 KB).
+__device__ __forceinline__ uint64_t desc_of(uint32_t lo, uint32_t hi) {
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
 // kVersion 12 (wgmma_v12): the K/V copies from per-thread offsets worked out once (two cp.async
 // per panel, no loop, bounds only on the last tile), descriptors from 32-bit shared addresses,
 // and every score exponentiated (masked ones are -inf -> 0) instead of branching on the 8-key
-// groups past the warp's last query; the same values as v11.
+// groups past the warp's last query. kVersion 13 (wgmma_v13): v12 with a running source pointer
+// per K/V panel (two cp.async per panel with an immediate offset instead of each address
+// worked out from the row) and the descriptors' low words worked out once, the k16 steps added
+// to the low word only. All give the same values as v11.
 template <int G, int kVersion>
 __global__ void __launch_bounds__(256, 2)
     window_wgmma_kernel(LaunchParams p, float* o_swa, float* lse_swa) {
   constexpr int kRows = 128, M = kRows / G;
-  constexpr bool kLean = kVersion >= 12;
+  constexpr bool kLean = kVersion >= 12, kRunning = kVersion >= 13;
   extern __shared__ unsigned char window_wg_raw[];
   // Panels on a 1024-byte boundary (the swizzle's period).
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(window_wg_raw));
@@ -431,6 +448,15 @@ __global__ void __launch_bounds__(256, 2)
   const uint32_t smem_k = static_cast<uint32_t>(__cvta_generic_to_shared(sm.k[0]));
   const uint32_t smem_v = static_cast<uint32_t>(__cvta_generic_to_shared(sm.v[0]));
   const PanelSlice slice;
+  // v13: the descriptors' words (the high word is the same for every panel here) and the
+  // running sources of this thread's first segment in the next K and V tiles.
+  const uint64_t q_desc_full = q_desc, k0_desc = wg::desc_k_major(smem_k),
+                 v0_desc = wg::desc_n_major(smem_v, kWgPanelBytes);
+  const uint32_t q_lo = static_cast<uint32_t>(q_desc_full), k0_lo = static_cast<uint32_t>(k0_desc),
+                 v0_lo = static_cast<uint32_t>(v0_desc);
+  const uint32_t desc_hi = static_cast<uint32_t>(k0_desc >> 32);
+  const __nv_bfloat16* k_src = k + (first + kTileDim) * kTileDim + slice.elem;
+  const int64_t v_minus_k = v - k;
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f}, o[8][4] = {};
   if constexpr (kLean) {
     const int rows = static_cast<int>(min(p.T - first, int64_t{kTileDim}));
@@ -449,7 +475,18 @@ __global__ void __launch_bounds__(256, 2)
     __syncthreads();
     if (it + 1 < n_tiles) {
       const int64_t row0 = first + key0 + kTileDim;
-      if constexpr (kLean) {
+      if constexpr (kRunning) {
+        const uint32_t next = kWgPanelBytes - stage;
+        if (p.T - row0 >= kTileDim) {  // every tile but the last
+          copy_full_panel(smem_k + next + slice.smem, k_src);
+          copy_full_panel(smem_v + next + slice.smem, k_src + v_minus_k);
+        } else {
+          const int rows = static_cast<int>(p.T - row0);
+          copy_panel(smem_k + next, k, row0, rows, slice);
+          copy_panel(smem_v + next, v, row0, rows, slice);
+        }
+        k_src += kTileDim * kTileDim;
+      } else if constexpr (kLean) {
         const int rows = static_cast<int>(min(p.T - row0, int64_t{kTileDim}));
         copy_panel(smem_k + (kWgPanelBytes - stage), k, row0, rows, slice);
         copy_panel(smem_v + (kWgPanelBytes - stage), v, row0, rows, slice);
@@ -465,9 +502,14 @@ __global__ void __launch_bounds__(256, 2)
     wg::fence_operands(s);
     wg::fence();
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-      wg::mma_ss<false>(s, wg::desc_advance(q_desc, 32 * ks), wg::desc_advance(k_desc, 32 * ks),
-                        ks > 0);
+    for (int ks = 0; ks < 4; ++ks) {
+      if constexpr (kRunning)
+        wg::mma_ss<false>(s, desc_of(q_lo + 2 * ks, desc_hi),
+                          desc_of(k0_lo + stage / 16 + 2 * ks, desc_hi), ks > 0);
+      else
+        wg::mma_ss<false>(s, wg::desc_advance(q_desc, 32 * ks), wg::desc_advance(k_desc, 32 * ks),
+                          ks > 0);
+    }
     wg::commit();
     wg::wait<0>();
     wg::fence_operands(s);
@@ -530,8 +572,12 @@ __global__ void __launch_bounds__(256, 2)
     wg::fence_operands(o);
     wg::fence();
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-      wg::mma_rs<true>(o, pa[ks], wg::desc_advance(v_desc, 16 * wg::kPanelRowBytes * ks), true);
+    for (int ks = 0; ks < 4; ++ks) {
+      if constexpr (kRunning)
+        wg::mma_rs<true>(o, pa[ks], desc_of(v0_lo + stage / 16 + 128 * ks, desc_hi), true);
+      else
+        wg::mma_rs<true>(o, pa[ks], wg::desc_advance(v_desc, 16 * wg::kPanelRowBytes * ks), true);
+    }
     wg::commit();
     wg::wait<0>();
     wg::fence_operands(o);
@@ -809,7 +855,8 @@ void launch_window_wgmma(const LaunchParams& p, WindowKernel kernel, float* o, f
                          cudaStream_t stream) {
   switch (kernel) {
     case WindowKernel::wgmma_v11: return launch_window_wgmma_version<11>(p, o, lse, stream);
-    default: return launch_window_wgmma_version<12>(p, o, lse, stream);
+    case WindowKernel::wgmma_v12: return launch_window_wgmma_version<12>(p, o, lse, stream);
+    default: return launch_window_wgmma_version<13>(p, o, lse, stream);
   }
 }
 

@@ -537,7 +537,8 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
                       Catch::StartsWith("window_kernel: expected a kernel without wgmma") &&
                           Catch::Contains(hils::gpu::window_kernel_name(kernel)));
   }
-  for (auto kernel : {hils::gpu::WindowKernel::wgmma_v11, hils::gpu::WindowKernel::wgmma_v12})
+  for (auto kernel : {hils::gpu::WindowKernel::wgmma_v11, hils::gpu::WindowKernel::wgmma_v12,
+                      hils::gpu::WindowKernel::wgmma_v13})
     CHECK(hils::gpu::uses_wgmma(kernel));
   hils::gpu::set_window_kernel(std::nullopt);
   for (auto kernel : {hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v12}) {

@@ -127,11 +127,12 @@ enum class WindowKernel {
   mma_v10,  // mma_v9 with 64 rows (4 warps) per block, 4 blocks per SM
   wgmma_v11,  // mma_v9's block as two warpgroups issuing wgmma m64n64k16 (sm_90a)
   wgmma_v12,  // wgmma_v11 with fewer instructions per tile (copies, descriptors, exponentials)
+  wgmma_v13,  // wgmma_v12 with running copy sources and descriptor low words worked out once
 };
 // Every WindowKernel, in the order of their values.
 constexpr WindowKernel kWindowKernels[] = {WindowKernel::mma_v4, WindowKernel::mma_v9,
                                            WindowKernel::mma_v10, WindowKernel::wgmma_v11,
-                                           WindowKernel::wgmma_v12};
+                                           WindowKernel::wgmma_v12, WindowKernel::wgmma_v13};
 // The kernel's name as above ("mma_v4", ...).
 const char* window_kernel_name(WindowKernel kernel);
 // Whether the kernel runs wgmma (sm_90a; wgmma_available below). Every kernel is listed, so
@@ -142,11 +143,12 @@ constexpr bool uses_wgmma(WindowKernel kernel) {
     case WindowKernel::mma_v9:
     case WindowKernel::mma_v10: return false;
     case WindowKernel::wgmma_v11:
-    case WindowKernel::wgmma_v12: return true;
+    case WindowKernel::wgmma_v12:
+    case WindowKernel::wgmma_v13: return true;
   }
   return true;
 }
-constexpr WindowKernel kDefaultWindowKernel = WindowKernel::wgmma_v12;
+constexpr WindowKernel kDefaultWindowKernel = WindowKernel::wgmma_v13;
 // The window kernel without wgmma where wgmma cannot run (wgmma_available).
 constexpr WindowKernel kWindowKernelWithoutWgmma = WindowKernel::mma_v9;
 // kDefaultWindowKernel where wgmma_available(), else kWindowKernelWithoutWgmma.
