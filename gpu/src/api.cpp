@@ -158,6 +158,8 @@ const char* select_kernel_name(SelectKernel kernel) {
     case SelectKernel::two_pass_v10: return "two_pass_v10";
     case SelectKernel::two_pass_v11: return "two_pass_v11";
     case SelectKernel::two_pass_v12: return "two_pass_v12";
+    case SelectKernel::two_pass_v13: return "two_pass_v13";
+    case SelectKernel::two_pass_v14: return "two_pass_v14";
   }
   return "unknown";
 }
