@@ -13,7 +13,9 @@
 # window, select and fuse kernels at T = HILS_PROFILE_T (default 131072) into ncu.log.
 # Environment: OUT (logs land there, default ./out/gpu_check), HILS_DEPS (a folder holding
 # eigen3/, catch2/ and cmake/ when the machine lacks Eigen or Catch2; default .device/deps),
-# HILS_BENCH_MAX_T (longest benchmark length, default 524288).
+# HILS_BENCH_MAX_T (longest benchmark length, default 524288), HILS_GPU_BUILD (build folder,
+# default build-gpu-check), HILS_CUDA_ARCHITECTURES (default 90a, which the wgmma kernels need; with
+# another value those kernels are refused at run time and the defaults fall back, README "GPU").
 #
 # It configures the project's own CMakeLists with HILS_BUILD_ANALYSIS/EXPERIMENTS/PYTHON off
 # (reference + oracle + gpu/ + tests), so that the device machine needs only Eigen, OpenMP,
@@ -77,7 +79,7 @@ fi
 if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$ROOT" "$BUILD/CMakeCache.txt"; then
   rm -rf "$BUILD/CMakeCache.txt" "$BUILD/CMakeFiles"
 fi
-cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_CUDA_COMPILER="$NVCC" -DHILS_CUDA_ARCHITECTURES=90a \
+cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_CUDA_COMPILER="$NVCC" -DHILS_CUDA_ARCHITECTURES="${HILS_CUDA_ARCHITECTURES:-90a}" \
   -DHILS_BUILD_ANALYSIS=OFF -DHILS_BUILD_EXPERIMENTS=OFF -DHILS_BUILD_PYTHON=OFF \
   "${DEP_ARGS[@]}" 2>&1 | tee "$OUT/configure.log" | tail -3
 TEST_BIN="$BUILD/tests/gpu/test_gpu_kernels"

@@ -20,6 +20,9 @@ import ctypes
 import json
 import math
 
+from script_needs import needs
+needs("torch")
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -8,6 +8,9 @@ import json
 import math
 import sys
 
+from script_needs import needs
+needs("torch")
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel

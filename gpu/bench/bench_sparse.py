@@ -12,6 +12,9 @@ import json
 import re
 import sys
 
+from script_needs import needs
+needs("torch")
+
 import torch
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))

@@ -8,6 +8,9 @@ import json
 import os
 import sys
 
+from script_needs import needs
+needs("h5py", "numpy", "torch")
+
 import h5py
 import numpy as np
 import torch

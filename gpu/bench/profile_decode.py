@@ -7,6 +7,9 @@ call after an L2 flush. Usage:
 import argparse
 import ctypes
 
+from script_needs import needs
+needs("torch")
+
 import torch
 
 from bench_decode import KERNELS, HilsDecode, flush_l2

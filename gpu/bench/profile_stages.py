@@ -5,6 +5,9 @@ once to warm up, then select (two-pass v4.3, one-pass v5, bounded two-pass v6, q
 import argparse
 import sys
 
+from script_needs import needs
+needs("torch")
+
 import torch
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))

@@ -118,22 +118,32 @@ class Verifier:
     def verify(self, outputs, *, kernel=None, do=None, dlse=None, grads=None):
         """Judges one kernel's outputs ({name: array}); kernel, do, dlse, grads as hils.verify's.
         Returns a Report."""
-        if not isinstance(outputs, Mapping):
-            raise TypeError(f"outputs: expected a dict of arrays such as {{\"o\": o, \"lse\": lse}}, "
-                            f"found {type(outputs).__name__}")
-        kernel_outputs = {}
-        for name, array in outputs.items():
-            label = f"outputs[{name!r}]"
-            kernel_outputs[name] = None if array is None else as_numpy(array, label)
-        if grads is not None and not isinstance(grads, Mapping):
-            raise TypeError(f"grads: expected a dict of arrays such as {{\"dq\": dq}}, "
-                            f"found {type(grads).__name__}")
-        kernel_grads = {name: (None if a is None else as_numpy(a, f"grads[{name!r}]"))
-                        for name, a in (grads or {}).items()}
-        return self._core.verify(
-            kernel_outputs, "" if kernel is None else _text(kernel, "kernel", "a name (str)"),
-            None if do is None else as_numpy(do, "do"), None if dlse is None else as_numpy(dlse, "dlse"),
-            kernel_grads)
+        return self._judge(_kernel_arrays(outputs, do, dlse, grads), _kernel_name(kernel))
+
+    def _judge(self, arrays, kernel_name):
+        return self._core.verify(arrays, kernel_name)
+
+
+def _kernel_name(kernel):
+    return "" if kernel is None else _text(kernel, "kernel", "a name (str)")
+
+
+def _kernel_arrays(outputs, do, dlse, grads):
+    """A kernel's outputs, upstream gradients and gradients, converted and checked (names, dtypes,
+    do and dlse values) -> the core's KernelArrays. No reference runs here."""
+    if not isinstance(outputs, Mapping):
+        raise TypeError(f"outputs: expected a dict of arrays such as {{\"o\": o, \"lse\": lse}}, "
+                        f"found {type(outputs).__name__}")
+    kernel_outputs = {name: (None if a is None else as_numpy(a, f"outputs[{name!r}]"))
+                      for name, a in outputs.items()}
+    if grads is not None and not isinstance(grads, Mapping):
+        raise TypeError(f"grads: expected a dict of arrays such as {{\"dq\": dq}}, "
+                        f"found {type(grads).__name__}")
+    kernel_grads = {name: (None if a is None else as_numpy(a, f"grads[{name!r}]"))
+                    for name, a in (grads or {}).items()}
+    return _core.KernelArrays(
+        kernel_outputs, None if do is None else as_numpy(do, "do"),
+        None if dlse is None else as_numpy(dlse, "dlse"), kernel_grads)
 
 
 def verify(spec, q, k, v, outputs, *, input_precision="fp32", score_precision="fp32",
@@ -160,14 +170,13 @@ def verify(spec, q, k, v, outputs, *, input_precision="fp32", score_precision="f
     passed, ...), .selection (rows_differing, rows_accepted, max_accepted_margin, bound, ...);
     str(report) is the text `hils verify` prints below the line naming the file.
     """
-    if not isinstance(outputs, Mapping):  # before the reference runs
-        raise TypeError(f"outputs: expected a dict of arrays such as {{\"o\": o, \"lse\": lse}}, "
-                        f"found {type(outputs).__name__}")
+    # The kernel's arrays are checked first: a bad output is reported before the reference runs.
+    arrays, kernel_name = _kernel_arrays(outputs, do, dlse, grads), _kernel_name(kernel)
     oracle = Verifier(spec, q, k, v, input_precision=input_precision,
                       score_precision=score_precision, bf16_rounding=bf16_rounding,
                       q_retrieval=q_retrieval, prior=prior, queries=queries,
                       max_messages=max_messages)
-    return oracle.verify(outputs, kernel=kernel, do=do, dlse=dlse, grads=grads)
+    return oracle._judge(arrays, kernel_name)
 
 
 def reference(spec, q, k, v, *, q_retrieval=None, prior=None, queries=None):

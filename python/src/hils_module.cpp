@@ -156,8 +156,19 @@ std::vector<int64_t> queries_from(const py::object& queries) {
   return queries.is_none() ? std::vector<int64_t>{} : int64s_from_array("queries", queries);
 }
 
+// A kernel's arrays converted and checked (names, dtypes, do/dlse values) for the oracle. hils.verify
+// builds it before the reference runs, so that a bad output is reported at once, not after it.
+struct KernelArrays {
+  KernelArrays(const py::dict& outputs, const py::object& d_o, const py::object& d_lse,
+               const py::dict& grads)
+      : kernel(outputs_from_dict(outputs)) {
+    kernel.gradients = gradients_from(d_o, d_lse, grads);
+  }
+  oracle::KernelOutputs kernel;
+};
+
 // hils.Verifier's engine (hils.verify builds one and calls it once): the reference runs when it
-// is built, each verify() judges one kernel's outputs. Arrays are converted while the GIL is
+// is built, each verify() judges one kernel's arrays. Arrays are converted while the GIL is
 // held, the oracle runs without it.
 class Verifier {
  public:
@@ -177,14 +188,11 @@ class Verifier {
     verifier_ = std::make_unique<oracle::Verifier>(spec, in, options);
   }
 
-  Report verify(const py::dict& outputs, const std::string& kernel, const py::object& d_o,
-                const py::object& d_lse, const py::dict& grads) const {
-    oracle::KernelOutputs out = outputs_from_dict(outputs);
-    out.gradients = gradients_from(d_o, d_lse, grads);
+  Report verify(const KernelArrays& arrays, const std::string& kernel) const {
     Report report;
     report.kernel = kernel;
     py::gil_scoped_release release;
-    report.verdict = verifier_->verify(out);
+    report.verdict = verifier_->verify(arrays.kernel);
     return report;
   }
 
@@ -346,7 +354,9 @@ PYBIND11_MODULE(_core, m) {
            py::arg("spec_json"), py::arg("inputs"), py::arg("input_precision"),
            py::arg("score_precision"), py::arg("bf16_rounding"), py::arg("queries"),
            py::arg("max_messages"))
-      .def("verify", &Verifier::verify, py::arg("outputs"), py::arg("kernel"), py::arg("do"),
-           py::arg("dlse"), py::arg("grads"));
+      .def("verify", &Verifier::verify, py::arg("arrays"), py::arg("kernel"));
+  py::class_<KernelArrays>(m, "KernelArrays", "A kernel's arrays, checked (use hils.Verifier.verify).")
+      .def(py::init<const py::dict&, const py::object&, const py::object&, const py::dict&>(),
+           py::arg("outputs"), py::arg("do"), py::arg("dlse"), py::arg("grads"));
   m.def("reference", &reference, py::arg("spec_json"), py::arg("inputs"), py::arg("queries"));
 }

@@ -9,11 +9,14 @@ import math
 import os
 import sys
 
-import h5py
-import numpy as np
-import torch
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "gpu", "bench"))
+from script_needs import needs  # noqa: E402
+needs("h5py", "numpy", "torch")
+
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
 import hils_ctypes as hc  # noqa: E402
 from dump_verify import T, HQ, HKV, D, S, W, K  # noqa: E402
 

@@ -133,6 +133,22 @@ def test_other_argument_errors(good):
     assert hils.verify(SPEC, q, k, v, out, max_messages=2**70).passed
 
 
+def test_a_bad_output_is_reported_before_the_reference_runs(good):
+    # hils.verify checks the kernel's arrays before it builds the reference: with inputs that
+    # the reference would refuse (a NaN in q), the output's own error is the one raised. It was
+    # the other way round, so that a typo in an output's name surfaced only after a long reference.
+    q, k, v, out = good
+    q_nan = q.copy()
+    q_nan[0, 0, 0] = np.nan
+    check(ValueError, lambda: hils.verify(SPEC, q_nan, k, v, {"O": out["o"]}), "outputs: unknown key 'O'")
+    check(TypeError, lambda: hils.verify(SPEC, q_nan, k, v, {"o": out["o"].astype(np.complex64)}),
+          'outputs["o"]: expected float data')
+    check(ValueError, lambda: hils.verify(SPEC, q_nan, k, v, out, grads={"dx": out["o"]}), "grads: unknown key 'dx'")
+    check(TypeError, lambda: hils.verify(SPEC, q_nan, k, v, out, kernel=3), "kernel")
+    # With good outputs the same call names the input.
+    check(ValueError, lambda: hils.verify(SPEC, q_nan, k, v, out), "q")
+
+
 def test_a_prior_the_spec_does_not_read_is_named_as_not_compared(good):
     # It passed without a word: the kernel's author may think the prior was used.
     q, k, v, out = good
