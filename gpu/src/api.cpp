@@ -120,7 +120,7 @@ void validate(const MechanismSpec& spec, const Shape& shape, const DeviceInputs&
 
 void set_packed_kernels(bool enabled) { g_packed_kernels = enabled; }
 void set_sparse_segment_queries(int64_t queries) { detail::set_sparse_segment_queries(queries); }
-void set_sparse_kernel(SparseKernel kernel) { detail::set_sparse_kernel(kernel); }
+void set_sparse_kernel(std::optional<SparseKernel> kernel) { detail::set_sparse_kernel(kernel); }
 SparseKernel sparse_kernel() { return detail::sparse_kernel(); }
 const char* sparse_kernel_name(SparseKernel kernel) {
   switch (kernel) {
@@ -166,6 +166,9 @@ const char* select_kernel_name(SelectKernel kernel) {
 bool wgmma_available() { return detail::wgmma_runs_on_current_device(); }
 SelectKernel default_select_kernel() {
   return wgmma_available() ? kDefaultSelectKernel : kSelectKernelWithoutWgmma;
+}
+SparseKernel default_sparse_kernel() {
+  return wgmma_available() ? kDefaultSparseKernel : kSparseKernelWithoutWgmma;
 }
 
 void window_attention(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,

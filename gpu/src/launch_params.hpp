@@ -96,8 +96,9 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
                          float* o, float* lse, cudaStream_t stream);
 // Queries per segment of the chunk-major fusion (0: from its scratch or L2 budget).
 void set_sparse_segment_queries(int64_t queries);
-// The chunk-major variant launch_fuse_chunked runs (hils::gpu::set_sparse_kernel).
-void set_sparse_kernel(SparseKernel kernel);
+// The chunk-major variant launch_fuse_chunked runs (hils::gpu::set_sparse_kernel): the one
+// set, else default_sparse_kernel().
+void set_sparse_kernel(std::optional<SparseKernel> kernel);
 SparseKernel sparse_kernel();
 
 }  // namespace hils::gpu::detail

@@ -31,9 +31,10 @@
 // (weights first) on v8's bucketing and v6's chunk kernel: each row, scaled by its fusion weight,
 // is added into an fp16 copy of o with 16-byte f16x2 reductions (half of v5's L2 reduction
 // sectors), segments sized to keep that copy and q in L2; no partials, no reduce (gpu/NOTES.md
-// "sparse v10": -14% against v8 at 512K on the H100). chunked_v11 (the default) is v10 with the
-// rows' weights formed before the chunk kernel and stored in bucket order (-11% against v10);
-// chunked_v12 is v11 on v9's wgmma chunk kernel (-8% against v11; by name until memcheck'd).
+// "sparse v10": -14% against v8 at 512K on the H100). chunked_v11 is v10 with the rows'
+// weights formed before the chunk kernel and stored in bucket order (-11% against v10), the
+// default where wgmma cannot run; chunked_v12 (the default) is v11 on v9's wgmma chunk kernel
+// (-8% against v11 on the H100).
 #include <cuda_fp16.h>
 
 #include "launch_params.hpp"
@@ -46,7 +47,7 @@ namespace {
 constexpr int kScanThreads = 1024;
 constexpr int kReduceWarps = 8;
 int64_t g_segment_queries = 0;  // 0: choose from the scratch budget
-SparseKernel g_sparse_kernel = kDefaultSparseKernel;
+std::optional<SparseKernel> g_sparse_kernel;  // nullopt: default_sparse_kernel() at each call
 constexpr size_t kPartialBudget = size_t{1} << 30;  // bytes of fp16 partial outputs per segment
 
 // Pairs of one item: 512 / G, i.e. 32 slices of 16 rows (query, head).
@@ -1363,8 +1364,8 @@ void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
 }  // namespace
 
 void set_sparse_segment_queries(int64_t queries) { g_segment_queries = queries; }
-void set_sparse_kernel(SparseKernel kernel) { g_sparse_kernel = kernel; }
-SparseKernel sparse_kernel() { return g_sparse_kernel; }
+void set_sparse_kernel(std::optional<SparseKernel> kernel) { g_sparse_kernel = kernel; }
+SparseKernel sparse_kernel() { return g_sparse_kernel.value_or(default_sparse_kernel()); }
 
 bool chunked_fuse_applies(const LaunchParams& p) {
   // Bucket entries pack (t - t0) << 6 | slot into 32 bits; the scan counts in int32.
@@ -1374,10 +1375,10 @@ bool chunked_fuse_applies(const LaunchParams& p) {
 void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
                          const float* selected_score, const float* o_swa, const float* lse_swa,
                          float* o, float* lse, cudaStream_t stream) {
-  const SparseKernel kernel = g_sparse_kernel;
+  const SparseKernel kernel = sparse_kernel();
   if (uses_wgmma(kernel) && !wgmma_runs_on_current_device())
     refuse_wgmma_kernel("sparse_kernel", sparse_kernel_name(kernel),
-                        "a kernel without wgmma, such as the default chunked_v11");
+                        "a kernel without wgmma, such as chunked_v11, the default here");
   if (kernel == SparseKernel::chunked_v8 || kernel == SparseKernel::chunked_v9 ||
       kernel == SparseKernel::chunked_v10 || kernel == SparseKernel::chunked_v11 ||
       kernel == SparseKernel::chunked_v12) {

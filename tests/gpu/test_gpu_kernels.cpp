@@ -110,16 +110,20 @@ oracle::Verifier verifier_for(const MechanismSpec& spec, const AttentionInputs<d
   return oracle::Verifier(spec, inputs, options);
 }
 
+// Judges one run with `verifier` and prints the report under `title`.
+bool judge(const oracle::Verifier& verifier, const KernelRun& run, const std::string& title) {
+  const oracle::Verdict verdict = verifier.verify(run.out);
+  std::cout << "=== " << title << "\n" << verdict.report();
+  for (const auto& problem : run.guard_problems) std::cout << "GUARD: " << problem << "\n";
+  return verdict.passed && run.guard_problems.empty();
+}
+
 // Runs the kernels for one (spec, inputs, dtype), judges them with `verifier` (built by
 // verifier_for from the same three) and prints the report.
 bool check_with(const oracle::Verifier& verifier, const MechanismSpec& spec,
                 const AttentionInputs<double>& inputs, DType dtype, const std::string& label) {
-  const KernelRun run = run_on_device(spec, inputs, dtype);
-  const oracle::Verdict verdict = verifier.verify(run.out);
-  std::cout << "=== " << label << " [" << gt::name_of(dtype) << "] " << spec.name << "\n"
-            << verdict.report();
-  for (const auto& problem : run.guard_problems) std::cout << "GUARD: " << problem << "\n";
-  return verdict.passed && run.guard_problems.empty();
+  return judge(verifier, run_on_device(spec, inputs, dtype),
+               label + " [" + gt::name_of(dtype) + "] " + spec.name);
 }
 
 bool check_mechanism(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
@@ -452,9 +456,10 @@ TEST_CASE("gpu C API window kernel values", "[gpu]") {
 }
 
 // Where wgmma cannot run (a build without sm_90a, a GPU of another generation; forced here by
-// the test switch), the default selection is two_pass_v8 and selects what the wgmma default selects,
-// and a wgmma kernel named by the caller is refused when it would run, with an error that names
-// the field, the kernel and the build setting, instead of a trap in the kernel.
+// the test switch), the default selection is two_pass_v8 and selects what the wgmma default
+// selects, the default sparse stage is chunked_v11 and passes the oracle as the wgmma default
+// does, and a wgmma kernel named by the caller is refused when it would run, with an error that
+// names the field, the kernel and the build setting, instead of a trap in the kernel.
 TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "[gpu]") {
   cudaDeviceProp prop{};
   REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
@@ -464,17 +469,29 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
   CHECK(hils::gpu::default_select_kernel() == (hils::gpu::wgmma_available()
                                                    ? hils::gpu::kDefaultSelectKernel
                                                    : hils::gpu::kSelectKernelWithoutWgmma));
+  CHECK(hils::gpu::default_sparse_kernel() == (hils::gpu::wgmma_available()
+                                                   ? hils::gpu::kDefaultSparseKernel
+                                                   : hils::gpu::kSparseKernelWithoutWgmma));
+  const auto sparse = hils::gpu::sparse_kernel();
+  hils::gpu::set_sparse_kernel(std::nullopt);  // the default, as in a process that sets none
+  CHECK(hils::gpu::sparse_kernel() == hils::gpu::default_sparse_kernel());
 
   const Case c{"packed_bench_geometry", 2113, 64, 512, 32, 16, 2, 64, 64, true, 1.0};
   const auto inputs = hils::cases::make_inputs<double>(c);
   const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
+  const auto verifier = verifier_for(spec, inputs, DType::bf16);
   const KernelRun with_default = run_on_device(spec, inputs, DType::bf16);
+  CHECK(judge(verifier, with_default,
+              std::string("wgmma fallback test, default sparse stage ") +
+                  sparse_kernel_name(hils::gpu::sparse_kernel())));
 
   hils::gpu::detail::disable_wgmma_for_testing(true);
   CHECK_FALSE(hils::gpu::wgmma_available());
   CHECK(hils::gpu::default_select_kernel() == hils::gpu::SelectKernel::two_pass_v8);
+  CHECK(hils::gpu::default_sparse_kernel() == hils::gpu::SparseKernel::chunked_v11);
+  CHECK(hils::gpu::sparse_kernel() == hils::gpu::SparseKernel::chunked_v11);
   const KernelRun fallen_back = run_on_device(spec, inputs, DType::bf16);
-  CHECK(fallen_back.guard_problems.empty());
+  CHECK(judge(verifier, fallen_back, "wgmma fallback test, without wgmma: chunked_v11"));
   REQUIRE(fallen_back.out.selection.size() == with_default.out.selection.size());
   for (size_t g = 0; g < fallen_back.out.selection.size(); ++g)
     CHECK(fallen_back.out.selection[g] == with_default.out.selection[g]);
@@ -497,7 +514,6 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
             Catch::Contains(hils::gpu::select_kernel_name(kernel)) &&
             Catch::Contains("HILS_CUDA_ARCHITECTURES=90a"));
   }
-  const auto sparse = hils::gpu::sparse_kernel();
   for (auto kernel : {hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v12}) {
     REQUIRE(hils::gpu::uses_wgmma(kernel));
     INFO(sparse_kernel_name(kernel));

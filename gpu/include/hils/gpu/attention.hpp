@@ -104,8 +104,18 @@ constexpr bool uses_wgmma(SparseKernel kernel) {
   }
   return true;
 }
-constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v11;
-void set_sparse_kernel(SparseKernel kernel);
+// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v12.
+constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v12;
+// The sparse stage without wgmma where wgmma cannot run: chunked_v11 (v12's arithmetic with
+// v6's mma.sync chunk kernel).
+constexpr SparseKernel kSparseKernelWithoutWgmma = SparseKernel::chunked_v11;
+// kDefaultSparseKernel where wgmma_available(), else kSparseKernelWithoutWgmma.
+SparseKernel default_sparse_kernel();
+// The sparse stage of the following calls, process-wide: a named kernel (refused when it would
+// run, if it needs wgmma where wgmma cannot run), or std::nullopt (the start value) for
+// default_sparse_kernel() at each call.
+void set_sparse_kernel(std::optional<SparseKernel> kernel);
+// The sparse stage that runs now: the one set, else default_sparse_kernel().
 SparseKernel sparse_kernel();
 
 // Which packed window kernel window_attention runs on the packed shapes (gpu/NOTES.md has each
@@ -205,7 +215,8 @@ constexpr bool uses_wgmma(SelectKernel kernel) {
 // (HILS_CUDA_ARCHITECTURES=90a and an sm_90 GPU). Probed once per device, at the first call,
 // by a one-thread kernel and a copy on the default stream (a program that captures CUDA graphs
 // makes one call before capturing). Where they cannot run, the default selection is
-// kSelectKernelWithoutWgmma (default_select_kernel), and naming a wgmma kernel (select_chunks'
+// kSelectKernelWithoutWgmma (default_select_kernel), the default sparse stage
+// kSparseKernelWithoutWgmma (default_sparse_kernel), and naming a wgmma kernel (select_chunks'
 // `kernel`, set_sparse_kernel) is refused when it would run, with an std::invalid_argument
 // that names the field, the kernel and the build setting.
 bool wgmma_available();
