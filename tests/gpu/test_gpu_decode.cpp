@@ -127,11 +127,14 @@ void prefill_summaries(const MechanismSpec& spec, const AttentionInputs<double>&
   for (auto& v : gt::head_vectors_of(b, in.Hq(), nc)) bias.push_back(v);
 }
 
-// One decode call over `seqs` (same shapes); returns the oracle's verdict per sequence.
+// One decode call over `seqs` (same shapes); returns the oracle's verdict per sequence. `bytes`
+// (when given) receives the bytes of every output (o, lse, o_window, lse_window, selection,
+// surrogate, fusion_weights), for kernels that must agree bit for bit.
 std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
                                                const std::vector<AttentionInputs<double>>& seqs,
                                                std::vector<hils::IndexMatrix>* selections,
-                                               const Variant& variant = kFusedBf16) {
+                                               const Variant& variant = kFusedBf16,
+                                               std::vector<unsigned char>* bytes = nullptr) {
   const auto& first = seqs.front();
   const int64_t B = seqs.size(), T = first.T(), Hq = first.Hq(), Hkv = first.Hkv();
   const int64_t d = first.d(), dv = first.dv(), nc = T / spec.S, K = spec.K;
@@ -197,6 +200,14 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
            {&selection, "selection"}, {&surrogate, "surrogate"}, {&weights, "fusion_weights"},
            {&workspace, "workspace"}})
     if (auto problem = buffer->guard_damage(name); !problem.empty()) damage.push_back(problem);
+  if (bytes) {
+    bytes->clear();
+    for (const gt::GuardedBuffer* buffer : {&o, &lse, &o_window, &lse_window, &selection,
+                                            &surrogate, &weights}) {
+      const auto host = buffer->download();
+      bytes->insert(bytes->end(), host.begin(), host.end());
+    }
+  }
   if (quantize_mismatches > 0)
     damage.push_back("quantize_summaries_fp8: " + std::to_string(quantize_mismatches) +
                      " values or scales differ from oracle::round_to_fp8_e4m3 / fp8_row_scale");
@@ -510,4 +521,29 @@ TEST_CASE("gpu decode d23 tails over several group-score tiles pass the oracle",
     CHECK(violations == 0);
     CHECK(cuts > 0);
   }
+}
+
+// d23's kernels compute what d21's compute, in the same order (the group-score tiles' kept lists
+// are the same whatever their block size): every output equals d21's bit for bit (measured at
+// 512K, B = 1, 8 and 32, in session 11's device run 4).
+TEST_CASE("gpu decode d23 equals d21 bit for bit", "[gpu]") {
+  const Case c{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
+  const std::vector<AttentionInputs<double>> seqs{
+      hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
+  constexpr Variant kD21Fp8{hils::gpu::DecodeKernel::d21, hils::gpu::SummaryType::fp8_e4m3, "d21 fp8"};
+  constexpr Variant kD21Bf16{hils::gpu::DecodeKernel::d21, hils::gpu::SummaryType::bf16, "d21 bf16"};
+  for (const char* preset : {"hils", "nsa"})
+    for (int64_t K : {1, 8, 32})
+      for (const auto& [d21, d23] : {std::pair{kD21Fp8, kD23Fp8}, std::pair{kD21Bf16, kD23Bf16}}) {
+        MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+        spec.K = K;
+        std::vector<hils::IndexMatrix> selections;
+        std::vector<unsigned char> expected, got;
+        decode_and_verify(spec, seqs, &selections, d21, &expected);
+        const auto verdicts = decode_and_verify(spec, seqs, &selections, d23, &got);
+        INFO(preset << " K " << K << " " << d23.name);
+        CHECK(expected.size() > 0);
+        CHECK(got == expected);
+        for (const auto& verdict : verdicts) CHECK(verdict.passed);
+      }
 }
