@@ -133,6 +133,8 @@ const char* sparse_kernel_name(SparseKernel kernel) {
     case SparseKernel::chunked_v10: return "chunked_v10";
     case SparseKernel::chunked_v11: return "chunked_v11";
     case SparseKernel::chunked_v12: return "chunked_v12";
+    case SparseKernel::chunked_v13: return "chunked_v13";
+    case SparseKernel::chunked_v14: return "chunked_v14";
   }
   return "unknown";
 }

@@ -313,7 +313,8 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's to v12's and v6's lse
       // Versions whose lse (only) must be v6's: v9 to v12.
       const hils::gpu::SparseKernel lse_only[] = {
           hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v10,
-          hils::gpu::SparseKernel::chunked_v11, hils::gpu::SparseKernel::chunked_v12};
+          hils::gpu::SparseKernel::chunked_v11, hils::gpu::SparseKernel::chunked_v12,
+          hils::gpu::SparseKernel::chunked_v13, hils::gpu::SparseKernel::chunked_v14};
       std::vector<KernelRun> lse_runs;
       for (auto kernel : lse_only) lse_runs.push_back(run_with(kernel));
       INFO("case " << c.name << " segment " << segment);
@@ -514,7 +515,8 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
             Catch::Contains(hils::gpu::select_kernel_name(kernel)) &&
             Catch::Contains("HILS_CUDA_ARCHITECTURES=90a"));
   }
-  for (auto kernel : {hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v12}) {
+  for (auto kernel : {hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v12,
+                      hils::gpu::SparseKernel::chunked_v13, hils::gpu::SparseKernel::chunked_v14}) {
     REQUIRE(hils::gpu::uses_wgmma(kernel));
     INFO(sparse_kernel_name(kernel));
     hils::gpu::set_sparse_kernel(kernel);

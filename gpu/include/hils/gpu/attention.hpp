@@ -79,13 +79,18 @@ enum class SparseKernel {
   chunked_v11,  // chunked_v10 with each row's fusion weight formed before the chunk kernel and
                 // stored in bucket order (read in order instead of two scattered loads per row)
   chunked_v12,  // chunked_v11 with chunked_v9's chunk kernel (wgmma, sm_90a)
+  chunked_v13,  // chunked_v12 with the pair-weights kernel's loads of the group's G heads
+                // issued before their arithmetic (the same values)
+  chunked_v14,  // chunked_v13 with one 128-byte bulk reduction (TMA) per row instead of eight
+                // 16-byte f16x2 reductions (sm_90a)
 };
 // Every SparseKernel, in the order of their values.
 constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
                                            SparseKernel::chunked_v6, SparseKernel::chunked_v7,
                                            SparseKernel::chunked_v8, SparseKernel::chunked_v9,
                                            SparseKernel::chunked_v10, SparseKernel::chunked_v11,
-                                           SparseKernel::chunked_v12};
+                                           SparseKernel::chunked_v12, SparseKernel::chunked_v13,
+                                           SparseKernel::chunked_v14};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
 // Whether the sparse stage runs wgmma (sm_90a; wgmma_available below). Every kernel is listed,
@@ -100,13 +105,15 @@ constexpr bool uses_wgmma(SparseKernel kernel) {
     case SparseKernel::chunked_v10:
     case SparseKernel::chunked_v11: return false;
     case SparseKernel::chunked_v9:
-    case SparseKernel::chunked_v12: return true;
+    case SparseKernel::chunked_v12:
+    case SparseKernel::chunked_v13:
+    case SparseKernel::chunked_v14: return true;
   }
   return true;
 }
-// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v12.
-constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v12;
-// The sparse stage without wgmma where wgmma cannot run: chunked_v11 (v12's arithmetic with
+// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v13.
+constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v13;
+// The sparse stage without wgmma where wgmma cannot run: chunked_v11 (v13's arithmetic with
 // v6's mma.sync chunk kernel).
 constexpr SparseKernel kSparseKernelWithoutWgmma = SparseKernel::chunked_v11;
 // kDefaultSparseKernel where wgmma_available(), else kSparseKernelWithoutWgmma.

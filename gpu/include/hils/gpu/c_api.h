@@ -46,8 +46,9 @@ int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const
                          int32_t* selection, float* selected_score, void* stream);
 /* The sparse stage of hils_gpu_fuse / hils_gpu_run on the packed shapes, process-wide:
    0 = chunked_v4, 1 = atomic_v5, 2 = chunked_v6, 3 = chunked_v7, 4 = chunked_v8,
-   5 = chunked_v9, 6 = chunked_v10, 7 = chunked_v11, 8 = chunked_v12 (until set:
-   hils::gpu::default_sparse_kernel(), i.e. chunked_v12, or chunked_v11 where wgmma cannot run;
+   5 = chunked_v9, 6 = chunked_v10, 7 = chunked_v11, 8 = chunked_v12, 9 = chunked_v13,
+   10 = chunked_v14 (until set:
+   hils::gpu::default_sparse_kernel(), i.e. chunked_v13, or chunked_v11 where wgmma cannot run;
    gpu/NOTES.md). Returns 2 for another value. */
 int hils_gpu_set_sparse_kernel(int32_t sparse_kernel);
 /* The sparse stage that runs now (the default until set), as the numbers above. */
