@@ -769,11 +769,7 @@ __device__ int keep_best_unique(float* value, int32_t* index, int n, int K, floa
 // would overflow, keep_best cuts it to its K best first (the buffered chunks are all lower than
 // this half's, so a later candidate equal to the K-th value ranks behind it and strict > is the
 // tie rule). count: the row's buffered entries. Warp-wide.
-// kHeadMajor (v13): r holds one head's values v_h (the head-major pass 2 appends per head), so a
-// chunk may be listed once per head, and a later append may carry a lower chunk than the
-// buffered ones: a cut keeps distinct chunks (keep_best_unique) and theta becomes the float
-// below the K-th value (a later equal value may rank ahead), only when K distinct were kept.
-template <int kHalf, bool kHeadMajor = false>
+template <int kHalf>
 __device__ __forceinline__ void append_half(const float (&r)[8][4], float (&theta)[2], int (&count)[2],
                                             float* buf, const int (&row)[2], int c0, int K) {
   const int lane = threadIdx.x % kWarp;
@@ -800,21 +796,10 @@ __device__ __forceinline__ void append_half(const float (&r)[8][4], float (&thet
       const int j = __ffs(pending) - 1, q = warp * 16 + j;
       const int n = __shfl_sync(0xffffffffu, j < 8 ? count[0] : count[1], 4 * (j % 8));
       float* value = buf + q * kBufPitch;
-      if constexpr (kHeadMajor) {
-        float kth = kNegInf;
-        const int kept = keep_best_unique(value, reinterpret_cast<int32_t*>(value + kBufCap), n, K, kth);
+      const float kth = keep_best(value, reinterpret_cast<int32_t*>(value + kBufCap), n, K);
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
-          if (row[i] == q) {
-            count[i] = kept;
-            if (kept == K) theta[i] = fmaxf(theta[i], floor_of(kth));
-          }
-      } else {
-        const float kth = keep_best(value, reinterpret_cast<int32_t*>(value + kBufCap), n, K);
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-          if (row[i] == q) count[i] = K, theta[i] = kth;
-      }
+      for (int i = 0; i < 2; ++i)
+        if (row[i] == q) count[i] = K, theta[i] = kth;
     }
     flag();
   }
@@ -835,6 +820,63 @@ __device__ __forceinline__ void append_half(const float (&r)[8][4], float (&thet
         }
     count[i] += total[i];
   }
+}
+
+// v13's appends (pass 2 head-major): append_half for one head's values v_h and the warp's row
+// set kI only (rows j + 8 kI, the
+// rows of r[..][2 kI], r[..][2 kI + 1]), called where some row of that set has a value above
+// theta in the half: the other set's flags, scan and stores are skipped. A chunk may be listed
+// once per head, and a later head can append a lower chunk than the buffered ones, so a cut
+// keeps distinct chunks (keep_best_unique) and theta becomes the float below the K-th value
+// (a later equal value may rank ahead), only when K distinct chunks were kept.
+template <int kHalf, int kI>
+__device__ __forceinline__ void append_row_set(const float (&r)[8][4], float (&theta)[2], int (&count)[2],
+                                               float* buf, const int (&row)[2], int c0, int K) {
+  const int lane = threadIdx.x % kWarp;
+  unsigned bits;
+  int before, total;
+  auto flag = [&]() {
+    bits = 0u;
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e2 = 0; e2 < 2; ++e2)
+        bits |= static_cast<unsigned>(r[4 * kHalf + n][2 * kI + e2] > theta[kI]) << (2 * n + e2);
+    quad_scan(__popc(bits), before, total);
+  };
+  flag();
+  // Rows whose buffer would overflow (one ballot bit per quad: lane 4 j holds row j's total).
+  const unsigned over = __ballot_sync(0xffffffffu, count[kI] + total > kBufCap) & 0x11111111u;
+  if (over != 0u) {
+    __syncwarp();  // the buffers' earlier appends are visible to the warp
+    const int warp = threadIdx.x / kWarp;
+    for (unsigned pending = over; pending != 0u; pending &= pending - 1) {
+      const int j = (__ffs(pending) - 1) / 4, q = warp * 16 + 8 * kI + j;
+      const int n = __shfl_sync(0xffffffffu, count[kI], 4 * j);
+      float* value = buf + q * kBufPitch;
+      float kth = kNegInf;
+      const int kept = keep_best_unique(value, reinterpret_cast<int32_t*>(value + kBufCap), n, K, kth);
+      if (row[kI] == q) {
+        count[kI] = kept;
+        if (kept == K) theta[kI] = fmaxf(theta[kI], floor_of(kth));
+      }
+    }
+    flag();
+  }
+  float* value = buf + row[kI] * kBufPitch;
+  int32_t* index = reinterpret_cast<int32_t*>(value + kBufCap);
+  int pos = count[kI] + before;
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int e2 = 0; e2 < 2; ++e2)
+      if ((bits >> (2 * n + e2)) & 1u) {
+        const int nt = 4 * kHalf + n;
+        value[pos] = r[nt][2 * kI + e2];
+        index[pos] = c0 + nt * 8 + (lane % 4) * 2 + e2;
+        ++pos;
+      }
+  count[kI] += total;
 }
 
 // fp32 summaries -> bf16 copy for the copy engine and the tensor cores; bias -> bias log2 e.
@@ -1211,12 +1253,31 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
         // is monotone), so the common step forms only u and its half-tile maxima.
         for (int hg = 0, step = 0; hg < G; ++hg) {
           const float z[2] = {sh.log_z[hg * kQueries + row[0]], sh.log_z[hg * kQueries + row[1]]};
+          // This head's k' rows and biases; a copy's row is clamped into the head (its bytes
+          // are zero-filled past nc, so any row of the head serves as the address).
+          const __nv_bfloat16* k_head = key_g + hg * nc * kTileDim + k_col;
+          const float* b_head = bias_g + hg * nc;
+          const __nv_bfloat16* k_next = k_head + nc * kTileDim;
+          const float* b_next = b_head + nc;
+          auto copy_tile = [&](const __nv_bfloat16* kh, const float* bh, int c0, int stage) {
+            unsigned char* dst = panels + stage * kPanelBytes + k_dst;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const int rr = c0 + k_row + 32 * j;
+              cp_async16(dst + 4096 * j, kh + min(rr, nc - 1) * kTileDim, rr < nc);
+            }
+            if (threadIdx.x < kTileDim) {
+              const int cc = c0 + static_cast<int>(threadIdx.x);
+              cp_async4(&bias_tile[stage][threadIdx.x], bh + min(cc, nc - 1), cc < nc);
+            }
+            cp_async_commit();
+          };
           for (int tile_i = 0; tile_i < n_tiles; ++tile_i, ++step) {
             const int c0 = tile_i * kTileDim, stage = step & 1;
             await_tile();
             const bool head_ends = tile_i + 1 == n_tiles;
-            if (!head_ends) copy_k(hg, c0 + kTileDim, stage ^ 1);
-            else if (hg + 1 < G) copy_k(hg + 1, 0, stage ^ 1);
+            if (!head_ends) copy_tile(k_head, b_head, c0 + kTileDim, stage ^ 1);
+            else if (hg + 1 < G) copy_tile(k_next, b_next, 0, stage ^ 1);
             product(stage);
             // The warpgroup's wgmma has read the q~ panel for the head's last time.
             if (G > 1 && head_ends && hg + 1 < G) {
@@ -1234,15 +1295,9 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
 #pragma unroll
               for (int e = 0; e < 4; ++e) s[nt][e] = fmaf(s[nt][e], scale2, e % 2 ? b.y : b.x);
             }
-            if (c0 + kTileDim > warp_min) {
-#pragma unroll
-              for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                  if (c0 + nt * 8 + (lane % 4) * 2 + (e % 2) >= n_cand[e / 2]) s[nt][e] = kNegInf;
-            }
-            // Whether half 0 / half 1 of any row of the warp holds a value above theta.
-            bool hit[2] = {false, false};
+            // hit[half][i]: the half of row i holds a value above theta, columns past the row's
+            // count included (they can only add hits; the appends mask them).
+            bool hit[2][2];
 #pragma unroll
             for (int half = 0; half < 2; ++half)
 #pragma unroll
@@ -1253,23 +1308,27 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
                 for (int nt = 2; nt < 4; ++nt)
 #pragma unroll
                   for (int e = 0; e < 2; ++e) mx[e] = fmaxf(mx[e], s[4 * half + nt][2 * i + e]);
-                hit[half] = hit[half] || fmaxf(mx[0], mx[1]) - z[i] > theta[i];
+                hit[half][i] = fmaxf(mx[0], mx[1]) - z[i] > theta[i];
               }
-            // The half's values v = u - z in place (s is not read again), appended above theta.
-            if (__any_sync(0xffffffffu, hit[0])) {
+            if (!__any_sync(0xffffffffu, hit[0][0] || hit[0][1] || hit[1][0] || hit[1][1])) continue;
+            const bool masked = c0 + kTileDim > warp_min;
+            // The values v = u - z of a half's row set in place (s is not read again), the
+            // columns past each row's count at -inf, appended above theta.
+            auto append = [&](auto half_c, auto i_c) {
+              constexpr int kHalf = decltype(half_c)::value, kI = decltype(i_c)::value;
 #pragma unroll
-              for (int nt = 0; nt < 4; ++nt)
+              for (int nt = 4 * kHalf; nt < 4 * kHalf + 4; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[nt][e] -= z[e / 2];
-              append_half<0, true>(s, theta, count, buf, row, c0, K);
-            }
-            if (__any_sync(0xffffffffu, hit[1])) {
-#pragma unroll
-              for (int nt = 4; nt < 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[nt][e] -= z[e / 2];
-              append_half<1, true>(s, theta, count, buf, row, c0, K);
-            }
+                for (int e = 2 * kI; e < 2 * kI + 2; ++e) {
+                  const bool past = masked && c0 + nt * 8 + (lane % 4) * 2 + (e % 2) >= n_cand[kI];
+                  s[nt][e] = past ? kNegInf : s[nt][e] - z[kI];
+                }
+              append_row_set<kHalf, kI>(s, theta, count, buf, row, c0, K);
+            };
+            if (__any_sync(0xffffffffu, hit[0][0])) append(std::integral_constant<int, 0>{}, std::integral_constant<int, 0>{});
+            if (__any_sync(0xffffffffu, hit[0][1])) append(std::integral_constant<int, 0>{}, std::integral_constant<int, 1>{});
+            if (__any_sync(0xffffffffu, hit[1][0])) append(std::integral_constant<int, 1>{}, std::integral_constant<int, 0>{});
+            if (__any_sync(0xffffffffu, hit[1][1])) append(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{});
           }
         }
       } else {
@@ -1665,7 +1724,7 @@ size_t select_one_pass_smem_bytes(int64_t K) {
 int block_queries(PackedSelect kernel) {
   return kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11 ||
                  kernel == PackedSelect::two_pass_v12 || kernel == PackedSelect::two_pass_v13 ||
-                 kernel == PackedSelect::two_pass_v14
+                 kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15
              ? kBlockQueries<Scoring::wgmma_q_smem>
              : kQueries;
 }
@@ -1676,7 +1735,7 @@ size_t select_smem_bytes(int64_t G, int64_t K, PackedSelect kernel) {
   if (kernel == PackedSelect::two_pass_v9) return v8_bytes + 2 * kPanelBytes + wg::kAtomBytes;
   if (kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11 ||
       kernel == PackedSelect::two_pass_v12 || kernel == PackedSelect::two_pass_v13 ||
-      kernel == PackedSelect::two_pass_v14)
+      kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15)
     return 2 * v8_bytes + 4 * kPanelBytes + wg::kAtomBytes;
   return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries) * 4;
 }
@@ -1702,6 +1761,9 @@ SelectKernelFn select_kernel_of(PackedSelect kernel) {
       return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::heads>;
     case PackedSelect::two_pass_v14:
       return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::heads,
+                                  Pass1::pairs>;
+    case PackedSelect::two_pass_v15:
+      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::pass2,
                                   Pass1::pairs>;
     default: return select_packed_kernel<G, 0, Offers::sorted>;
   }
@@ -1752,7 +1814,8 @@ void launch_select_packed(const LaunchParams& p, const float* key, const float* 
                          ((kernel == PackedSelect::two_pass_v7 || kernel == PackedSelect::two_pass_v8 ||
                            kernel == PackedSelect::two_pass_v9 || kernel == PackedSelect::two_pass_v10 ||
                            kernel == PackedSelect::two_pass_v11 || kernel == PackedSelect::two_pass_v12 ||
-                           kernel == PackedSelect::two_pass_v13 || kernel == PackedSelect::two_pass_v14) &&
+                           kernel == PackedSelect::two_pass_v13 || kernel == PackedSelect::two_pass_v14 ||
+                           kernel == PackedSelect::two_pass_v15) &&
                           p.K > kWarp);
   const PackedSelect one = fall_back ? PackedSelect::two_pass_v4 : kernel;
   if (uses_wgmma(one) && !wgmma_runs_on_current_device())
