@@ -16,8 +16,9 @@ SELECT_KERNEL = {"two_pass_v4": 0, "one_pass_v5": 1, "two_pass_v6": 2, "two_pass
 SPARSE_KERNEL = {"chunked_v4": 0, "atomic_v5": 1, "chunked_v6": 2, "chunked_v7": 3, "chunked_v8": 4, "chunked_v9": 5,
                  "chunked_v10": 6, "chunked_v11": 7, "chunked_v12": 8, "chunked_v13": 9,
                  "chunked_v14": 10}
-# The packed window kernels of hils_gpu_set_window_kernel (gpu/NOTES.md: v4, v9, v10).
-WINDOW_KERNEL = {"mma_v4": 0, "mma_v9": 1, "mma_v10": 2}
+# The packed window kernels of hils_gpu_set_window_kernel (gpu/NOTES.md: v4, v9, v10, v11-v13).
+WINDOW_KERNEL = {"mma_v4": 0, "mma_v9": 1, "mma_v10": 2, "wgmma_v11": 3, "wgmma_v12": 4,
+                 "wgmma_v13": 5}
 PRESETS = {
     "hils": dict(key="taylor", bias="entropy", fusion="hierarchical", landmarks=1),
     "lmk": dict(key="landmark_key", bias="none", fusion="hierarchical", landmarks=1),

@@ -1,5 +1,6 @@
 // Host side of the kernels: input validation, stage wrappers and the whole mechanism.
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -14,8 +15,8 @@ constexpr size_t kMaxSelectSmem = 48 * 1024;   // the selection kernel's default
 constexpr int kWarpsPerBlock = 4;
 // Process-wide switch between the packed tensor-core kernels and the SIMT ones (tests run both).
 bool g_packed_kernels = true;
-// The packed window kernel (set_window_kernel).
-WindowKernel g_window_kernel = kDefaultWindowKernel;
+// The packed window kernel named by set_window_kernel; none: default_window_kernel().
+std::optional<WindowKernel> g_window_kernel;
 
 // Throws std::invalid_argument("<field>: expected <expected>, got <found>") unless ok.
 void require(bool ok, const std::string& field, const std::string& expected,
@@ -139,13 +140,16 @@ const char* sparse_kernel_name(SparseKernel kernel) {
   return "unknown";
 }
 bool packed_kernels() { return g_packed_kernels; }
-void set_window_kernel(WindowKernel kernel) { g_window_kernel = kernel; }
-WindowKernel window_kernel() { return g_window_kernel; }
+void set_window_kernel(std::optional<WindowKernel> kernel) { g_window_kernel = kernel; }
+WindowKernel window_kernel() { return g_window_kernel ? *g_window_kernel : default_window_kernel(); }
 const char* window_kernel_name(WindowKernel kernel) {
   switch (kernel) {
     case WindowKernel::mma_v4: return "mma_v4";
     case WindowKernel::mma_v9: return "mma_v9";
     case WindowKernel::mma_v10: return "mma_v10";
+    case WindowKernel::wgmma_v11: return "wgmma_v11";
+    case WindowKernel::wgmma_v12: return "wgmma_v12";
+    case WindowKernel::wgmma_v13: return "wgmma_v13";
   }
   return "unknown";
 }
@@ -173,19 +177,29 @@ SelectKernel default_select_kernel() {
 SparseKernel default_sparse_kernel() {
   return wgmma_available() ? kDefaultSparseKernel : kSparseKernelWithoutWgmma;
 }
+WindowKernel default_window_kernel() {
+  return wgmma_available() ? kDefaultWindowKernel : kWindowKernelWithoutWgmma;
+}
 
 void window_attention(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                       float* o_swa, float* lse_swa, cudaStream_t stream) {
   validate(spec, shape, in);
   const detail::LaunchParams p = params_of(spec, shape, in);
-  if (!g_packed_kernels || !detail::packed_path_applies(p))
+  const WindowKernel kernel = window_kernel();
+  if (!g_packed_kernels || !detail::packed_path_applies(p)) {
     detail::launch_window(p, o_swa, lse_swa, stream);
-  else if (g_window_kernel == WindowKernel::mma_v9)
+  } else if (uses_wgmma(kernel) && !wgmma_available()) {
+    detail::refuse_wgmma_kernel("window_kernel", window_kernel_name(kernel),
+                                "mma_v4, mma_v9 or mma_v10; mma_v9 is the fastest");
+  } else if (kernel == WindowKernel::mma_v9) {
     detail::launch_window_v9(p, o_swa, lse_swa, stream);
-  else if (g_window_kernel == WindowKernel::mma_v10)
+  } else if (kernel == WindowKernel::mma_v10) {
     detail::launch_window_v10(p, o_swa, lse_swa, stream);
-  else
+  } else if (uses_wgmma(kernel)) {
+    detail::launch_window_wgmma(p, kernel, o_swa, lse_swa, stream);
+  } else {
     detail::launch_window_packed(p, o_swa, lse_swa, stream);
+  }
   check_launch("window_attention");
 }
 

@@ -132,14 +132,38 @@ enum class WindowKernel {
   mma_v4,   // 64 rows (M = 64 / G queries x G heads) per block, the element mask on every tile
   mma_v9,   // 128 rows per block, the mask only on tiles that cut a row's window, base-2 softmax
   mma_v10,  // mma_v9 with 64 rows (4 warps) per block, 4 blocks per SM
+  wgmma_v11,  // mma_v9's block as two warpgroups issuing wgmma m64n64k16 (sm_90a)
+  wgmma_v12,  // wgmma_v11 with fewer instructions per tile (copies, descriptors, exponentials)
+  wgmma_v13,  // wgmma_v12 with running copy sources and descriptor low words worked out once
 };
 // Every WindowKernel, in the order of their values.
 constexpr WindowKernel kWindowKernels[] = {WindowKernel::mma_v4, WindowKernel::mma_v9,
-                                           WindowKernel::mma_v10};
+                                           WindowKernel::mma_v10, WindowKernel::wgmma_v11,
+                                           WindowKernel::wgmma_v12, WindowKernel::wgmma_v13};
 // The kernel's name as above ("mma_v4", ...).
 const char* window_kernel_name(WindowKernel kernel);
-constexpr WindowKernel kDefaultWindowKernel = WindowKernel::mma_v9;
-void set_window_kernel(WindowKernel kernel);
+// Whether the kernel runs wgmma (sm_90a; wgmma_available below). Every kernel is listed, so
+// that a new one cannot be left out (-Wswitch).
+constexpr bool uses_wgmma(WindowKernel kernel) {
+  switch (kernel) {
+    case WindowKernel::mma_v4:
+    case WindowKernel::mma_v9:
+    case WindowKernel::mma_v10: return false;
+    case WindowKernel::wgmma_v11:
+    case WindowKernel::wgmma_v12:
+    case WindowKernel::wgmma_v13: return true;
+  }
+  return true;
+}
+constexpr WindowKernel kDefaultWindowKernel = WindowKernel::wgmma_v13;
+// The window kernel without wgmma where wgmma cannot run (wgmma_available).
+constexpr WindowKernel kWindowKernelWithoutWgmma = WindowKernel::mma_v9;
+// kDefaultWindowKernel where wgmma_available(), else kWindowKernelWithoutWgmma.
+WindowKernel default_window_kernel();
+// std::nullopt (the state at start): default_window_kernel(). A wgmma kernel named here is
+// refused by window_attention where wgmma cannot run (wgmma_available).
+void set_window_kernel(std::optional<WindowKernel> kernel);
+// The kernel that window_attention runs now: the one set, else default_window_kernel().
 WindowKernel window_kernel();
 
 // ---- Stages, each callable alone --------------------------------------------------------
@@ -220,14 +244,15 @@ constexpr bool uses_wgmma(SelectKernel kernel) {
 }
 
 // Whether the wgmma kernels (uses_wgmma: selections from two_pass_v9, sparse stages such as
-// chunked_v9) can run on the current GPU with this build: its code for the GPU must be sm_90a
-// (HILS_CUDA_ARCHITECTURES=90a and an sm_90 GPU). Probed once per device, at the first call,
-// by a one-thread kernel and a copy on the default stream (a program that captures CUDA graphs
-// makes one call before capturing). Where they cannot run, the default selection is
-// kSelectKernelWithoutWgmma (default_select_kernel), the default sparse stage
-// kSparseKernelWithoutWgmma (default_sparse_kernel), and naming a wgmma kernel (select_chunks'
-// `kernel`, set_sparse_kernel) is refused when it would run, with an std::invalid_argument
-// that names the field, the kernel and the build setting.
+// chunked_v9, window kernels from wgmma_v11) can run on the current GPU with this build: its
+// code for the GPU must be sm_90a (HILS_CUDA_ARCHITECTURES=90a and an sm_90 GPU). Probed once
+// per device, at the first call, by a one-thread kernel and a copy on the default stream (a
+// program that captures CUDA graphs makes one call before capturing). Where they cannot run,
+// the default selection is kSelectKernelWithoutWgmma (default_select_kernel), the default sparse stage
+// kSparseKernelWithoutWgmma (default_sparse_kernel), the default window kernel
+// kWindowKernelWithoutWgmma (default_window_kernel), and naming a wgmma kernel (select_chunks'
+// `kernel`, set_sparse_kernel, set_window_kernel) is refused when it would run, with an
+// std::invalid_argument that names the field, the kernel and the build setting.
 bool wgmma_available();
 // kDefaultSelectKernel where wgmma_available(), else kSelectKernelWithoutWgmma.
 SelectKernel default_select_kernel();
