@@ -165,6 +165,9 @@ const char* select_kernel_name(SelectKernel kernel) {
     case SelectKernel::two_pass_v10: return "two_pass_v10";
     case SelectKernel::two_pass_v11: return "two_pass_v11";
     case SelectKernel::two_pass_v12: return "two_pass_v12";
+    case SelectKernel::two_pass_v13: return "two_pass_v13";
+    case SelectKernel::two_pass_v14: return "two_pass_v14";
+    case SelectKernel::two_pass_v15: return "two_pass_v15";
   }
   return "unknown";
 }

@@ -520,7 +520,9 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
   gt::GuardedBuffer key(c.Hq * nc * c.d * 4), bias(c.Hq * nc * 4), lse_swa(c.Hq * c.T * 4);
   gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), score(c.Hq * c.T * c.K * 4);
   for (auto kernel : {hils::gpu::SelectKernel::two_pass_v9, hils::gpu::SelectKernel::two_pass_v10,
-                      hils::gpu::SelectKernel::two_pass_v11, hils::gpu::SelectKernel::two_pass_v12}) {
+                      hils::gpu::SelectKernel::two_pass_v11, hils::gpu::SelectKernel::two_pass_v12,
+                      hils::gpu::SelectKernel::two_pass_v13, hils::gpu::SelectKernel::two_pass_v14,
+                      hils::gpu::SelectKernel::two_pass_v15}) {
     REQUIRE(hils::gpu::uses_wgmma(kernel));
     INFO(hils::gpu::select_kernel_name(kernel));
     CHECK_THROWS_WITH(
