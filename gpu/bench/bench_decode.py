@@ -8,7 +8,7 @@ the whole KV cache read once at the copy bandwidth measured here (no dense kerne
 Ours runs four ways: the d5 kernel (seven launches, bf16 summaries), the fused kernel (the
 default, gpu/NOTES.md "decode") with bf16 summaries, and with fp8 e4m3 summaries (a per-row
 power-of-two scale), and d19 with fp8 summaries (the previous default: the baseline); --variants
-picks others (d8, d16, d17, d18, d21) and --batches / --lengths fewer shapes (no table then).
+picks others (d8, d16, d17, d18, d21, d23) and --batches / --lengths fewer shapes (no table then).
 Each side is timed as a CUDA-graph replay (one launch, as serving loops run decode; the eager
 time of ours is printed too). Every timed call starts with a cold L2 (a 512 MiB buffer is written between calls), as a step
 over a real model's layers would. Times are medians of CUDA-event-timed calls after warm-up.
@@ -50,7 +50,7 @@ class Decode(ctypes.Structure):
          ("summary_scale", ctypes.c_void_p), ("summary_key_bf16", ctypes.c_void_p)]
 
 SUMMARY_TYPES = {"bf16": 0, "fp8": 1}
-KERNELS = {"fused": 0, "d5": 1, "d8": 2, "d13": 3, "d16": 4, "d17": 5, "d18": 6, "d19": 7, "d21": 8}
+KERNELS = {"fused": 0, "d5": 1, "d8": 2, "d13": 3, "d16": 4, "d17": 5, "d18": 6, "d19": 7, "d21": 8, "d23": 9}
 # The variants timed per (B, T): (label, kernel, summary type); d19 fp8 is the baseline of fused.
 VARIANTS = (("d5_bf16", "d5", "bf16"), ("fused_bf16", "fused", "bf16"), ("d19_fp8", "d19", "fp8"),
             ("fused_fp8", "fused", "fp8"))

@@ -28,7 +28,14 @@ VARIANTS = [("v4", "chunked_v4", 0), ("v6", "chunked_v6", 0), ("v7", "chunked_v7
             ("v10_seg3200", "chunked_v10", 3200), ("v10_seg12800", "chunked_v10", 12800),
             ("v10_seg25600", "chunked_v10", 25600), ("v11", "chunked_v11", 0),
             ("v11_seg4800", "chunked_v11", 4800), ("v11_seg9600", "chunked_v11", 9600),
-            ("v11_seg12800", "chunked_v11", 12800), ("v12", "chunked_v12", 0)]
+            ("v11_seg12800", "chunked_v11", 12800), ("v12", "chunked_v12", 0),
+            ("v12_seg9600", "chunked_v12", 9600), ("v13", "chunked_v13", 0),
+            ("v14", "chunked_v14", 0), ("v14_seg9600", "chunked_v14", 9600),
+            ("v14_seg12800", "chunked_v14", 12800), ("v13_seg8000", "chunked_v13", 8000),
+            ("v13_seg9600", "chunked_v13", 9600), ("v13_seg11200", "chunked_v13", 11200),
+            ("v13_seg12800", "chunked_v13", 12800), ("v13_seg16000", "chunked_v13", 16000),
+            ("v15", "chunked_v15", 0), ("v15_seg6400", "chunked_v15", 6400),
+            ("v15_seg12800", "chunked_v15", 12800)]
 
 
 def prepared_stages(lib, T, gen):

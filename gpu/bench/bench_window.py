@@ -7,6 +7,9 @@ matmul rate of the same run.
 
 --profile KERNEL runs that window kernel once at the largest T between cudaProfilerStart/Stop
 (Nsight Compute with --profile-from-start off).
+--trace records one forward at the largest T with torch.profiler: the forward's span on the GPU
+(first kernel start to last kernel end) against the sum of its kernels' times, the gaps between
+kernels, and the time per kernel name (trace_forward in the JSON).
 """
 import argparse
 import json
@@ -46,12 +49,60 @@ def run_window(lib, st, kernel):
         hc.set_window(lib, default)
 
 
+def forward_stage_ms(st, reps=3):
+    """Median CUDA-event time of each stage inside whole forwards (window, summarize, select,
+    fuse back to back, as st.forward runs them), to compare with the stages timed alone."""
+    stages = [("window", st.window), ("summarize", st.summarize), ("select", st.select),
+              ("fuse", st.fuse)]
+    times = {name: [] for name, _ in stages}
+    times["forward"] = []
+    for _ in range(reps):
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(len(stages) + 1)]
+        events[0].record()
+        for i, (_, fn) in enumerate(stages):
+            fn()
+            events[i + 1].record()
+        events[-1].synchronize()
+        for i, (name, _) in enumerate(stages):
+            times[name].append(events[i].elapsed_time(events[i + 1]))
+        times["forward"].append(events[0].elapsed_time(events[-1]))
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
+def trace_forward(st):
+    """One forward under torch.profiler: span, busy time, gaps and per-kernel times (ms)."""
+    from torch.profiler import ProfilerActivity, profile
+    st.forward()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        st.forward()
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    spans = [(e.time_range.start, e.time_range.end, e.name) for e in events]
+    busy, gaps, end, per_name = 0.0, [], None, {}
+    for start, stop, name in spans:
+        if end is not None and start > end:
+            gaps.append((start - end, name))
+        end = stop if end is None else max(end, stop)
+        busy += stop - start
+        count, total = per_name.get(name, (0, 0.0))
+        per_name[name] = (count + 1, total + (stop - start))
+    gaps.sort(reverse=True)
+    top = sorted(per_name.items(), key=lambda kv: -kv[1][1])[:12]
+    return dict(span_ms=(spans[-1][1] - spans[0][0]) / 1e3 if spans else 0.0, busy_ms=busy / 1e3,
+                n_kernels=len(spans), gap_total_ms=sum(g for g, _ in gaps) / 1e3,
+                largest_gaps_us=[(round(g, 1), n[:60]) for g, n in gaps[:8]],
+                per_kernel_ms=[(n[:80], c, round(t / 1e3, 3)) for n, (c, t) in top])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--T", type=int, nargs="+", default=[16384, 131072, 524288])
     ap.add_argument("--out", default="bench_window.json")
     ap.add_argument("--profile", default=None, help="a WINDOW_KERNEL name")
+    ap.add_argument("--trace", action="store_true", help="torch.profiler trace of one forward")
     args = ap.parse_args()
     lib = hc.Library(args.lib)
     gen = torch.Generator(device="cuda")
@@ -90,6 +141,7 @@ def main():
         row["select_ms"] = time_ms(st.select, reps=3)
         row["sparse_ms"] = time_ms(st.fuse, reps=3)
         row["forward_ms"] = time_ms(st.forward, reps=5)
+        row["forward_stage_ms"] = forward_stage_ms(st)
         row["sum_of_stages_ms"] = (row["window_ms"][hc.window_kernel(lib)] + row["summarize_ms"] +
                                    row["select_ms"] + row["sparse_ms"])
         rows.append(row)
@@ -99,9 +151,13 @@ def main():
               f" | summarize packed={row['summarize_ms']:.3f} simt={row['summarize_simt_ms']:.3f}"
               f" | select={row['select_ms']:.2f} sparse={row['sparse_ms']:.2f}"
               f" | forward={row['forward_ms']:.2f} sum={row['sum_of_stages_ms']:.2f}"
+              f" | inside the forward {json.dumps({k: round(v, 3) for k, v in row['forward_stage_ms'].items()})}"
               f" | o diff vs v4 {row['o_diff_vs_v4']} lse diff {row['lse_diff_vs_v4']}"
               f" nonfinite {row['nonfinite_o']} key diff {row['summary_key_diff_packed_vs_simt']:.2e}",
               flush=True)
+        if args.trace and T == args.T[-1]:
+            row["trace_forward"] = trace_forward(st)
+            print("trace of one forward:", json.dumps(row["trace_forward"]), flush=True)
         if args.profile and T == args.T[-1]:
             hc.set_window(lib, args.profile)
             torch.cuda.synchronize()

@@ -1,5 +1,6 @@
 // Host side of the kernels: input validation, stage wrappers and the whole mechanism.
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -14,8 +15,8 @@ constexpr size_t kMaxSelectSmem = 48 * 1024;   // the selection kernel's default
 constexpr int kWarpsPerBlock = 4;
 // Process-wide switch between the packed tensor-core kernels and the SIMT ones (tests run both).
 bool g_packed_kernels = true;
-// The packed window kernel (set_window_kernel).
-WindowKernel g_window_kernel = kDefaultWindowKernel;
+// The packed window kernel named by set_window_kernel; none: default_window_kernel().
+std::optional<WindowKernel> g_window_kernel;
 
 // Throws std::invalid_argument("<field>: expected <expected>, got <found>") unless ok.
 void require(bool ok, const std::string& field, const std::string& expected,
@@ -120,7 +121,7 @@ void validate(const MechanismSpec& spec, const Shape& shape, const DeviceInputs&
 
 void set_packed_kernels(bool enabled) { g_packed_kernels = enabled; }
 void set_sparse_segment_queries(int64_t queries) { detail::set_sparse_segment_queries(queries); }
-void set_sparse_kernel(SparseKernel kernel) { detail::set_sparse_kernel(kernel); }
+void set_sparse_kernel(std::optional<SparseKernel> kernel) { detail::set_sparse_kernel(kernel); }
 SparseKernel sparse_kernel() { return detail::sparse_kernel(); }
 const char* sparse_kernel_name(SparseKernel kernel) {
   switch (kernel) {
@@ -133,17 +134,23 @@ const char* sparse_kernel_name(SparseKernel kernel) {
     case SparseKernel::chunked_v10: return "chunked_v10";
     case SparseKernel::chunked_v11: return "chunked_v11";
     case SparseKernel::chunked_v12: return "chunked_v12";
+    case SparseKernel::chunked_v13: return "chunked_v13";
+    case SparseKernel::chunked_v14: return "chunked_v14";
+    case SparseKernel::chunked_v15: return "chunked_v15";
   }
   return "unknown";
 }
 bool packed_kernels() { return g_packed_kernels; }
-void set_window_kernel(WindowKernel kernel) { g_window_kernel = kernel; }
-WindowKernel window_kernel() { return g_window_kernel; }
+void set_window_kernel(std::optional<WindowKernel> kernel) { g_window_kernel = kernel; }
+WindowKernel window_kernel() { return g_window_kernel ? *g_window_kernel : default_window_kernel(); }
 const char* window_kernel_name(WindowKernel kernel) {
   switch (kernel) {
     case WindowKernel::mma_v4: return "mma_v4";
     case WindowKernel::mma_v9: return "mma_v9";
     case WindowKernel::mma_v10: return "mma_v10";
+    case WindowKernel::wgmma_v11: return "wgmma_v11";
+    case WindowKernel::wgmma_v12: return "wgmma_v12";
+    case WindowKernel::wgmma_v13: return "wgmma_v13";
   }
   return "unknown";
 }
@@ -158,6 +165,9 @@ const char* select_kernel_name(SelectKernel kernel) {
     case SelectKernel::two_pass_v10: return "two_pass_v10";
     case SelectKernel::two_pass_v11: return "two_pass_v11";
     case SelectKernel::two_pass_v12: return "two_pass_v12";
+    case SelectKernel::two_pass_v13: return "two_pass_v13";
+    case SelectKernel::two_pass_v14: return "two_pass_v14";
+    case SelectKernel::two_pass_v15: return "two_pass_v15";
   }
   return "unknown";
 }
@@ -165,19 +175,32 @@ bool wgmma_available() { return detail::wgmma_runs_on_current_device(); }
 SelectKernel default_select_kernel() {
   return wgmma_available() ? kDefaultSelectKernel : kSelectKernelWithoutWgmma;
 }
+SparseKernel default_sparse_kernel() {
+  return wgmma_available() ? kDefaultSparseKernel : kSparseKernelWithoutWgmma;
+}
+WindowKernel default_window_kernel() {
+  return wgmma_available() ? kDefaultWindowKernel : kWindowKernelWithoutWgmma;
+}
 
 void window_attention(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                       float* o_swa, float* lse_swa, cudaStream_t stream) {
   validate(spec, shape, in);
   const detail::LaunchParams p = params_of(spec, shape, in);
-  if (!g_packed_kernels || !detail::packed_path_applies(p))
+  const WindowKernel kernel = window_kernel();
+  if (!g_packed_kernels || !detail::packed_path_applies(p)) {
     detail::launch_window(p, o_swa, lse_swa, stream);
-  else if (g_window_kernel == WindowKernel::mma_v9)
+  } else if (uses_wgmma(kernel) && !wgmma_available()) {
+    detail::refuse_wgmma_kernel("window_kernel", window_kernel_name(kernel),
+                                "mma_v4, mma_v9 or mma_v10; mma_v9 is the fastest");
+  } else if (kernel == WindowKernel::mma_v9) {
     detail::launch_window_v9(p, o_swa, lse_swa, stream);
-  else if (g_window_kernel == WindowKernel::mma_v10)
+  } else if (kernel == WindowKernel::mma_v10) {
     detail::launch_window_v10(p, o_swa, lse_swa, stream);
-  else
+  } else if (uses_wgmma(kernel)) {
+    detail::launch_window_wgmma(p, kernel, o_swa, lse_swa, stream);
+  } else {
     detail::launch_window_packed(p, o_swa, lse_swa, stream);
+  }
   check_launch("window_attention");
 }
 

@@ -62,6 +62,7 @@ struct DecodeScratch {
   uint32_t* cand_key;   // [B, Hkv, n_score_tiles, min(K, 256)] each tile's K best r (as keys)
   int32_t* cand_idx;    // same shape: their chunk indices, ascending within each tile
   float* fusion_logit;  // [B, Hq, K] s_hat of the selected chunks from summary_key_bf16
+  uint32_t* sync;       // [3 B Hkv + 1] the tail kernel's counters (d23), zeroed by launch 1
 };
 
 // The shortened tails of the fused kernel (since d12) for K <= kShortK selected chunks; since
@@ -92,9 +93,23 @@ __host__ __device__ inline int64_t kept_candidates(const DecodeParams& p) {
   return (tiles - 1) * tile_keep(p) + (last < tile_keep(p) ? last : tile_keep(p));
 }
 
+// The tail kernel's counters (d23), in DecodeScratch::sync: per KV group (b, g) the group-score
+// tiles done, the selection ready, the chunk items done; then the ticket counter.
+__host__ __device__ inline int64_t tail_sync_words(const DecodeParams& p) {
+  return 3 * p.B * p.Hkv + 1;
+}
+
 __device__ __forceinline__ float logaddexp(float a, float b) {
   const float m = fmaxf(a, b);
   return m == kNegInf ? kNegInf : m + __logf(__expf(a - m) + __expf(b - m));
+}
+
+// A value another block of the same kernel may have written (kFresh, d23's tail kernel: through
+// the L2, ld.global.cg, past this SM's L1) or one an earlier kernel wrote (a plain load).
+template <bool kFresh, class T>
+__device__ __forceinline__ T load_written(const T* p) {
+  if constexpr (kFresh) return __ldcg(p);
+  else return *p;
 }
 
 // Monotone map of a float to uint32: a > b  <=>  key(a) > key(b).
@@ -710,6 +725,24 @@ __device__ __forceinline__ uint64_t warp_sort_desc(uint64_t x) {
   return x;
 }
 
+// warp_sort_desc of N lists at once (their shuffles interleaved: one sort's latency, not N).
+template <int N>
+__device__ __forceinline__ void warp_sort_desc_batch(uint64_t (&x)[N]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int k = 2; k <= kWarp; k *= 2) {
+#pragma unroll
+    for (int j = k / 2; j > 0; j /= 2) {
+      const bool keep_max = ((lane & j) == 0) == ((lane & k) == 0);
+      uint64_t y[N];
+#pragma unroll
+      for (int u = 0; u < N; ++u) y[u] = __shfl_xor_sync(0xffffffffu, x[u], j);
+#pragma unroll
+      for (int u = 0; u < N; ++u) x[u] = keep_max ? max(x[u], y[u]) : min(x[u], y[u]);
+    }
+  }
+}
+
 // The 32 largest of two descending lists, descending; `b_reversed` holds b[31 - lane].
 // max(a[i], b[31 - i]) is bitonic and holds the 32 largest; half-cleaners sort it.
 __device__ __forceinline__ uint64_t warp_merge_desc(uint64_t a, uint64_t b_reversed) {
@@ -768,6 +801,71 @@ __device__ float head_log_z(const DecodeParams& p, const DecodeScratch& w, int64
 // log Z_hat per head (Eq. 8) is recomputed by every tile from the partials (a few KB).
 // kShort with K <= 32: the tile's K best by warp sorts and a merge tree (no radix passes); the
 // kept candidates are then in no particular order (the select of kShort ranks them by chunk too).
+
+// r (Eq. 2) of a candidate from its G <= 16 scores s[j] (registers: the loop is unrolled) and
+// the heads' log Z_hat.
+__device__ __forceinline__ float group_score(const DecodeParams& p, const float (&s)[kFastMaxGroup],
+                                             const float* log_z, int G) {
+  float r = p.group_rule == static_cast<int>(GroupRule::sum_probabilities) ? 0.0f : kNegInf;
+#pragma unroll
+  for (int j = 0; j < kFastMaxGroup; ++j) {
+    if (j >= G) break;
+    if (p.group_rule == static_cast<int>(GroupRule::max_normalized)) r = fmaxf(r, s[j] - log_z[j]);
+    else if (p.group_rule == static_cast<int>(GroupRule::sum_probabilities))
+      r += __expf(s[j] - log_z[j]);
+    else r = fmaxf(r, s[j]);
+  }
+  return r;
+}
+
+// d23's group-score tile (G <= 16, K <= 32) on kThreads threads, kScoreThreads / kThreads
+// candidates per thread (c = tile_first + threadIdx.x + u kThreads): each candidate's G scores
+// are loaded before log Z_hat (one pass), each warp sorts its lists of 32 ranks and merges them,
+// a merge tree over the warps gives the tile's K best, descending: the list of kShort's
+// 256-thread tile (group_score_tile), whatever kThreads (ranks are distinct). d21 keeps its own
+// code: calling this template from its tile raised it from 60 to 71 registers (3 blocks per SM
+// instead of 4) and its group scores from 7.1 to 8.8 us (session 11, run 1).
+template <int kThreads>
+__device__ void group_score_tile_sorted(const DecodeParams& p, const DecodeScratch& w,
+                                        int64_t tile, int64_t bg) {
+  constexpr int kPer = kScoreThreads / kThreads, kWarps = kThreads / kWarp;
+  __shared__ float log_z[kFastMaxGroup];
+  __shared__ uint64_t lists[kThreads];
+  const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int G = static_cast<int>(p.G);
+  const int64_t tile_first = tile * kScoreThreads;
+  const float* scores = w.scores + (b * p.Hq + g * p.G) * p.n_chunks;
+  float pre[kPer][kFastMaxGroup];
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int64_t c = tile_first + threadIdx.x + u * kThreads;
+#pragma unroll
+    for (int j = 0; j < kFastMaxGroup; ++j)
+      pre[u][j] = c < p.n_cand && j < G ? scores[j * p.n_chunks + c] : kNegInf;
+  }
+  for (int j = warp; j < G; j += kWarps) {
+    const float z = head_log_z(p, w, b * p.Hq + g * p.G + j);
+    if (lane == 0) log_z[j] = z;
+  }
+  __syncthreads();
+  uint64_t x = 0;
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int64_t c = tile_first + threadIdx.x + u * kThreads;
+    const float r = group_score(p, pre[u], log_z, G);
+    const uint64_t sorted = warp_sort_desc(c < p.n_cand ? candidate_rank(order_key(r), c) : 0u);
+    x = u == 0 ? sorted : warp_merge_desc(x, lane_reversed(sorted));
+  }
+  x = block_merge_desc(x, lists);
+  const int64_t keep = tile_keep(p), rest = p.n_cand - tile_first;
+  const int64_t n_tile = rest < kScoreThreads ? rest : kScoreThreads;
+  if (threadIdx.x < kWarp && lane < keep && lane < n_tile) {
+    const int64_t at = (bg * p.n_score_tiles + tile) * keep + lane;
+    w.cand_key[at] = rank_key(x), w.cand_idx[at] = rank_chunk(x);
+  }
+}
+
 template <bool kShort>
 __device__ void group_score_tile(const DecodeParams& p, const DecodeScratch& w, int64_t tile,
                                  int64_t bg) {
@@ -864,15 +962,17 @@ __device__ void select_group(const DecodeParams& p, const DecodeScratch& w, int6
   for (int64_t i = total + threadIdx.x; i < p.K; i += blockDim.x) sel[i] = -1;
 }
 
-// kShort with select_by_sorts, kShortSelectThreads threads (since d13; d12 ran 256): warp w
-// ranks the kept candidates w * 32 + lane, + 1024, ... (sorts and merges in registers), a merge
-// tree gives the K best, a last sort orders them by chunk. The first candidates' loads are
-// issued before the window merge (when this block does it) so that they overlap.
+// kShort with select_by_sorts, kThreads threads (kShortSelectThreads since d13, d12 ran 256;
+// 128 in d23's tail kernel): warp w ranks the kept candidates w * 32 + lane, + kThreads, ...
+// (sorts and merges in registers; kBatch lists of 32 loaded at once), a merge tree gives the K
+// best, a last sort orders them by chunk. The first candidates' loads are issued before the
+// window merge (when this block does it) so that they overlap. kFresh (d23): other blocks of the
+// same kernel wrote the kept lists, read through the L2.
+template <int kThreads, int kBatch, bool kFresh>
 __device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w, int64_t bg,
                                    float* o_window, float* lse_window, bool merge_window) {
-  constexpr int kBatch = 1;  // 32-candidate lists a warp loads at once
-  __shared__ uint64_t lists[kShortSelectThreads];
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  __shared__ uint64_t lists[kThreads];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = kThreads / kWarp;
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
   const int64_t keep = tile_keep(p), m = kept_candidates(p);
   const uint32_t* src = w.cand_key + bg * p.n_score_tiles * keep;
@@ -883,7 +983,9 @@ __device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int64_t i = base + u * step + lane;
-      x[u] = i < m ? candidate_rank(__ldg(src + i), __ldg(idx + i)) : 0u;
+      x[u] = i < m ? (kFresh ? candidate_rank(__ldcg(src + i), __ldcg(idx + i))
+                             : candidate_rank(__ldg(src + i), __ldg(idx + i)))
+                   : 0u;
     }
   };
   int64_t base = warp * kWarp;
@@ -892,8 +994,13 @@ __device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w
     write_window(p, w, b * p.Hq + g * p.G + j, o_window, lse_window);
   uint64_t best = 0;
   while (base < m) {
+    warp_sort_desc_batch(x);
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) best = warp_merge_desc(best, lane_reversed(warp_sort_desc(x[u])));
+    for (int width = 1; width < kBatch; width *= 2)  // a merge tree over the batch's lists
+#pragma unroll
+      for (int u = 0; u + width < kBatch; u += 2 * width)
+        x[u] = warp_merge_desc(x[u], lane_reversed(x[u + width]));
+    best = warp_merge_desc(best, lane_reversed(x[0]));
     base += kBatch * step;
     if (base < m) load(base);
   }
@@ -921,7 +1028,8 @@ __global__ void __launch_bounds__(kShortSelectThreads)
     decode_select_sorted_kernel(DecodeParams p, DecodeScratch w, float* o_window,
                                 float* lse_window) {
   wait_for_previous_grid();
-  select_group_short(p, w, blockIdx.x, o_window, lse_window, !fuse_merges_window(p));
+  select_group_short<kShortSelectThreads, 1, false>(p, w, blockIdx.x, o_window, lse_window,
+                                                    !fuse_merges_window(p));
   allow_next_grid();
 }
 
@@ -1083,17 +1191,15 @@ __device__ void selected_logits_warp(const DecodeParams& p, float* fusion_logit,
 // kLandmarkMask (d19): a selected chunk is complete (c < T / S), so its one unattendable slot is
 // the landmark S - 1; the mask tests that instead of SlotGeometry::attendable per slot (two
 // 64-bit divisions each, 16 slots per lane: the PTX falls from 1,765 to 1,205 instructions).
-template <bool kLandmarkMask>
-__global__ void __launch_bounds__(kMmaChunkWarps * kWarp)
-    decode_chunk_mma_kernel(DecodeParams p, const int32_t* selection, float* chunk_part,
-                            float* fusion_logit) {
-  __shared__ __align__(16) ChunkTiles tiles[kMmaChunkWarps];
-  wait_for_previous_grid();
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kMmaChunkWarps + warp, bg = blockIdx.y;
+// One warp: selected slot i of group bg in `tile`; kFresh (d23): the selection was written by
+// another block of the same kernel.
+template <bool kLandmarkMask, bool kFresh>
+__device__ void chunk_mma_warp(const DecodeParams& p, const int32_t* selection, float* chunk_part,
+                               float* fusion_logit, int64_t i, int64_t bg, ChunkTiles& tile) {
+  const int lane = threadIdx.x % kWarp;
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv, first = b * p.Hq + g * p.G;
   const int G = static_cast<int>(p.G), quad = lane % 4, r0 = lane / 4, r1 = r0 + 8;
-  const int32_t c = i < p.K ? selection[bg * p.K + i] : -1;
+  const int32_t c = i < p.K ? load_written<kFresh>(selection + bg * p.K + i) : -1;
   if (i < p.K && c < 0) {  // -1 padding: an empty softmax (lse -inf, o 0)
     for (int t = lane; t < G * (kTileDim + 1); t += kWarp) {
       const int j = t / (kTileDim + 1), col = t % (kTileDim + 1);
@@ -1101,7 +1207,6 @@ __global__ void __launch_bounds__(kMmaChunkWarps * kWarp)
     }
   }
   if (i < p.K && c >= 0) {
-    ChunkTiles& tile = tiles[warp];
     const int64_t lo = static_cast<int64_t>(c) * p.S;
     const int n_rows = static_cast<int>(p.S);
     const __nv_bfloat16* k = p.k + (bg * p.slot_cap + lo) * kTileDim;
@@ -1167,6 +1272,18 @@ __global__ void __launch_bounds__(kMmaChunkWarps * kWarp)
     emit(r0, m0, l0, 0);
     emit(r1, m1, l1, 1);
   }
+}
+
+template <bool kLandmarkMask>
+__global__ void __launch_bounds__(kMmaChunkWarps * kWarp)
+    decode_chunk_mma_kernel(DecodeParams p, const int32_t* selection, float* chunk_part,
+                            float* fusion_logit) {
+  __shared__ __align__(16) ChunkTiles tiles[kMmaChunkWarps];
+  wait_for_previous_grid();
+  const int warp = threadIdx.x / kWarp;
+  chunk_mma_warp<kLandmarkMask, false>(p, selection, chunk_part, fusion_logit,
+                                static_cast<int64_t>(blockIdx.x) * kMmaChunkWarps + warp,
+                                blockIdx.y, tiles[warp]);
   allow_next_grid();
 }
 
@@ -1260,6 +1377,9 @@ __device__ void fuse_head(const DecodeParams& p, const DecodeScratch& w, int64_t
 // slot i's chunk and logit, window tile i's (m, l); all K rows of o_c and all window tiles' o,
 // dims lane and lane + 32), then the sums: one round trip (two for hierarchical fusion with bf16
 // summaries: the logit is read at its chunk). The window merge (o_swa, lse_swa) happens here.
+// kFresh (d23): the selection, the fusion logits and the chunks' outputs were written by other
+// blocks of the same kernel.
+template <bool kFresh>
 __device__ void fuse_head_short(const DecodeParams& p, const DecodeScratch& w, int64_t item,
                                 float* o, float* lse, float* fusion_weights, float* o_window,
                                 float* lse_window) {
@@ -1268,16 +1388,18 @@ __device__ void fuse_head_short(const DecodeParams& p, const DecodeScratch& w, i
   const int32_t* sel = w.selection + (b * p.Hkv + g) * p.K;
   const float* part = w.chunk_part + item * p.K * (p.dv + 1);
   const bool mine = lane < p.K;
-  const int32_t c = mine ? sel[lane] : -1;
+  const int32_t c = mine ? load_written<kFresh>(sel + lane) : -1;
   const bool logit_given = p.hierarchical && p.summary_key_bf16;
-  const float given = mine && logit_given ? w.fusion_logit[item * p.K + lane] : kNegInf;
-  const float flat = mine && !p.hierarchical ? part[lane * (p.dv + 1)] : kNegInf;
+  const float given =
+      mine && logit_given ? load_written<kFresh>(w.fusion_logit + item * p.K + lane) : kNegInf;
+  const float flat =
+      mine && !p.hierarchical ? load_written<kFresh>(part + lane * (p.dv + 1)) : kNegInf;
   float v0[kShortK], v1[kShortK];
 #pragma unroll
   for (int i = 0; i < kShortK; ++i) {
     const float* row = part + i * (p.dv + 1) + 1;
-    v0[i] = i < p.K && lane < p.dv ? row[lane] : 0.0f;
-    v1[i] = i < p.K && lane + kWarp < p.dv ? row[lane + kWarp] : 0.0f;
+    v0[i] = i < p.K && lane < p.dv ? load_written<kFresh>(row + lane) : 0.0f;
+    v1[i] = i < p.K && lane + kWarp < p.dv ? load_written<kFresh>(row + lane + kWarp) : 0.0f;
   }
   const float* win = w.win_part + item * p.n_win_tiles * (p.dv + 2);
   const bool my_tile = lane < p.n_win_tiles;
@@ -1340,7 +1462,7 @@ __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, fl
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (item >= p.B * p.Hq) return;
   if (kShort && fuse_merges_window(p))
-    fuse_head_short(p, w, item, o, lse, fusion_weights, o_window, lse_window);
+    fuse_head_short<false>(p, w, item, o, lse, fusion_weights, o_window, lse_window);
   else
     fuse_head<kBatched>(p, w, item, o, lse, fusion_weights);
 }
@@ -1353,6 +1475,9 @@ __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool 
                                           bool vectorised, bool coalesced) {
   extern __shared__ float smem[];
   const int64_t n_win_blocks = p.n_win_tiles * p.B * p.Hkv, block = blockIdx.x;
+  if (block == 0) {  // d23's tail kernel starts from zeroed counters (it runs after this grid)
+    for (int64_t i = threadIdx.x; i < tail_sync_words(p); i += blockDim.x) w.sync[i] = 0u;
+  }
   if (block < n_win_blocks) {
     window_tile<true>(p, fast, staged, w.win_part, block % p.n_win_tiles, block / p.n_win_tiles,
                       smem);
@@ -1363,6 +1488,120 @@ __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool 
                                                     w.score_part);
   }
   allow_next_grid();
+}
+
+// ---- the four tails in one kernel (d23) ------------------------------------------------------
+// d21 ran group scores, select, chunk tiles and fuse as four launches; at B = 8, 512K each grid's
+// drain and ramp made them ~27 us of dependent launches (the select: 6.7 us for 16 blocks of ~1 us
+// of work). Here one grid of 128-thread blocks runs them with dependencies per KV group (b, g)
+// instead of kernel boundaries. A block takes a ticket (an atomic counter) when it starts and runs
+// the item of that ticket: first every group-score tile (group by group), then every chunk item
+// (2 selected chunks each, a warp per chunk on the tensor cores), then every fuse item (4 heads,
+// a warp per head). The last group-score tile of a group to finish (a counter) runs the group's
+// select and raises its flag; a chunk item waits for its group's flag, a fuse item for its
+// group's chunk items. No deadlock: a ticket is taken by a resident block, and an item waits only
+// on items of lower tickets (held by resident blocks), and group-score tiles never wait.
+// Ordering: one thread per block publishes (after a block barrier) with a release atomic at GPU
+// scope and the waiter reads with an acquire load, then a block barrier (the pattern of CUTLASS's
+// GenericBarrier); data written inside the kernel is read with ld.global.cg. Measured (session 11,
+// gpu/NOTES.md "decode", d23): correct and bit for bit d21's outputs, but slower: each stage of the
+// chain runs code that the scan's 77 MB have evicted from the L2 (the group scores + select cost
+// 26 us at B = 1 after an L2 flush, 11 us without one, with all their data written on chip).
+constexpr int kTailThreads = 128;
+constexpr int kTailWarps = kTailThreads / kWarp;
+constexpr int kTailChunkWarps = 2;   // chunk tiles per item: 2 x 18 KB of shared memory
+constexpr int kTailSelectBatch = 8;  // the select's lists per warp at once (1,024 candidates)
+
+// The launch condition: the short tails (K <= 32 by sorts, the fuse merging the window, the
+// tensor-core chunk tiles), G <= 16.
+__host__ __device__ inline bool tail_fused(const DecodeParams& p, bool fast_chunk) {
+  return select_by_sorts(p) && fuse_merges_window(p) && chunk_by_mma(p, fast_chunk) &&
+         p.G <= kFastMaxGroup && kept_candidates(p) <= kTailThreads * kTailSelectBatch;
+}
+__host__ __device__ inline int64_t tail_score_tiles(const DecodeParams& p) {
+  return (p.n_cand + kScoreThreads - 1) / kScoreThreads;
+}
+__host__ __device__ inline int64_t tail_chunk_items(const DecodeParams& p) {
+  return (p.K + kTailChunkWarps - 1) / kTailChunkWarps;
+}
+__host__ __device__ inline int64_t tail_fuse_items(const DecodeParams& p) {
+  return (p.G + kTailWarps - 1) / kTailWarps;
+}
+
+__device__ __forceinline__ uint32_t atomic_add_acq_rel(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+__device__ __forceinline__ void add_release(uint32_t* p, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Block-wide: this block's writes are published and it counts itself at `counter`; true on the
+// block that brings it to n (every other counted block's writes are then visible to it).
+__device__ bool arrive_last(uint32_t* counter, int64_t n) {
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomic_add_acq_rel(counter, 1u) == static_cast<uint32_t>(n - 1);
+  __syncthreads();
+  return last;
+}
+// Block-wide: this block's writes are published, then `counter` grows by one.
+__device__ void arrive(uint32_t* counter) {
+  __syncthreads();
+  if (threadIdx.x == 0) add_release(counter, 1u);
+}
+// Block-wide: returns once `counter` reached n; the writes published before are visible.
+__device__ void wait_for(const uint32_t* counter, int64_t n) {
+  if (threadIdx.x == 0)
+    while (load_acquire(counter) < static_cast<uint32_t>(n)) __nanosleep(32);
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kTailThreads, 4)
+    decode_tail_kernel(DecodeParams p, DecodeScratch w, float* o, float* lse,
+                       float* fusion_weights, float* o_window, float* lse_window) {
+  extern __shared__ __align__(16) unsigned char tail_smem[];
+  __shared__ int64_t ticket;
+  wait_for_previous_grid();
+  const int64_t BG = p.B * p.Hkv;
+  uint32_t* score_tiles_done = w.sync;
+  uint32_t* selected = w.sync + BG;
+  uint32_t* chunk_items_done = w.sync + 2 * BG;
+  if (threadIdx.x == 0) ticket = atomicAdd(w.sync + 3 * BG, 1u);
+  __syncthreads();
+  const int64_t n_tiles = tail_score_tiles(p), n_items = tail_chunk_items(p);
+  const int warp = threadIdx.x / kWarp;
+  if (ticket < BG * n_tiles) {  // a group-score tile; the group's last one selects
+    const int64_t bg = ticket / n_tiles;
+    group_score_tile_sorted<kTailThreads>(p, w, ticket % n_tiles, bg);
+    if (!arrive_last(score_tiles_done + bg, n_tiles)) return;
+    select_group_short<kTailThreads, kTailSelectBatch, true>(p, w, bg, nullptr, nullptr, false);
+    arrive(selected + bg);
+    return;
+  }
+  const int64_t j = ticket - BG * n_tiles;
+  if (j < BG * n_items) {  // two selected chunks of group bg
+    const int64_t bg = j / n_items, pair = j % n_items;
+    wait_for(selected + bg, 1);
+    if (warp < kTailChunkWarps)
+      chunk_mma_warp<true, true>(p, w.selection, w.chunk_part, w.fusion_logit,
+                           pair * kTailChunkWarps + warp, bg,
+                           reinterpret_cast<ChunkTiles*>(tail_smem)[warp]);
+    arrive(chunk_items_done + bg);
+    return;
+  }
+  const int64_t n_fuse = tail_fuse_items(p), f = j - BG * n_items;  // kTailWarps heads of bg
+  const int64_t bg = f / n_fuse, h = (f % n_fuse) * kTailWarps + warp;
+  wait_for(chunk_items_done + bg, n_items);
+  if (h < p.G)
+    fuse_head_short<true>(p, w, (bg / p.Hkv) * p.Hq + (bg % p.Hkv) * p.G + h, o, lse, fusion_weights,
+                    o_window, lse_window);
 }
 
 // ---- launch 1 as a persistent, pipelined scan (d19): fp8 summaries, d = 64 ----------------
@@ -1579,7 +1818,7 @@ DecodeParams params_of(const MechanismSpec& spec, const DecodeCache& cache, cons
 }
 
 // Byte sizes of the scratch arrays, in DecodeScratch order (each rounded to 256 bytes).
-constexpr int kScratchArrays = 10;
+constexpr int kScratchArrays = 11;
 struct ScratchSizes {
   size_t bytes[kScratchArrays];
 };
@@ -1588,7 +1827,7 @@ ScratchSizes scratch_sizes(const DecodeParams& p) {
   return {{BH * p.n_chunks * 4, BH * p.n_score_tiles * 8, BH * p.n_win_tiles * (p.dv + 2) * 4,
            BH * p.dv * 4, BH * 4, BG * p.K * 4, BH * p.K * (p.dv + 1) * 4,
            BG * p.n_score_tiles * tile_keep(p) * 4, BG * p.n_score_tiles * tile_keep(p) * 4,
-           BH * p.K * 4}};
+           BH * p.K * 4, static_cast<size_t>(tail_sync_words(p)) * 4}};
 }
 size_t round_up(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -1769,11 +2008,12 @@ unsigned persistent_scan_blocks(size_t smem, int64_t items) {
 // chains of its tails; `mma` (d17 on) the chunk tiles on the tensor cores where their shape
 // allows; `pdl` (d16, d18 on) launches the four tails with programmatic dependent launch;
 // `landmark_mask` (d19, d21) the chunk tiles' mask of the landmark slot only; `persistent`
-// (d19) the persistent scan (fp8 summaries, d = 64).
+// (d19) the persistent scan (fp8 summaries, d = 64); `tail` (d23) the four tails as one kernel
+// where tail_fused allows (two launches in all).
 template <class Summary, bool kShort>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
                   const DecodeOutputs& out, cudaStream_t stream, bool pdl, bool mma,
-                  bool landmark_mask = false, bool persistent = false) {
+                  bool landmark_mask = false, bool persistent = false, bool tail = false) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
@@ -1788,6 +2028,15 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
                   dim3(static_cast<unsigned>(blocks1)), kFastThreads,
                   std::max(s.win_smem_early, p.d * sizeof(float)), stream, false, p, w, s.fast,
                   s.win_staged, s.vectorised, s.coalesced);
+  if (tail && kShort && tail_fused(p, s.fast_chunk)) {
+    const int64_t items =
+        p.B * p.Hkv * (tail_score_tiles(p) + tail_chunk_items(p) + tail_fuse_items(p));
+    require(items < (int64_t{1} << 31), "decode: too many tail items for one grid");
+    launch_kernel("tails", decode_tail_kernel, dim3(static_cast<unsigned>(items)), kTailThreads,
+                  kTailChunkWarps * sizeof(ChunkTiles), stream, pdl, p, w, out.o, out.lse,
+                  out.fusion_weights, out.o_window, out.lse_window);
+    return;
+  }
   if (p.K > 0 && p.n_cand > p.K)
     launch_kernel("group score", decode_group_score_kernel<kShort>,
                   dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)), bg),
@@ -1830,9 +2079,9 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
               kernel == DecodeKernel::d8 || kernel == DecodeKernel::d13 ||
               kernel == DecodeKernel::d16 || kernel == DecodeKernel::d17 ||
               kernel == DecodeKernel::d18 || kernel == DecodeKernel::d19 ||
-              kernel == DecodeKernel::d21,
+              kernel == DecodeKernel::d21 || kernel == DecodeKernel::d23,
           "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3), d16 (4), d17 (5), d18 (6), "
-          "d19 (7) or d21 (8)");
+          "d19 (7), d21 (8) or d23 (9)");
   const DecodeParams p = params_of(spec, cache, q);
   const ScratchSizes sizes = scratch_sizes(p);
   char* base = static_cast<char*>(workspace);
@@ -1842,7 +2091,8 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
                   static_cast<float*>(parts[2]), static_cast<float*>(parts[3]),
                   static_cast<float*>(parts[4]), static_cast<int32_t*>(parts[5]),
                   static_cast<float*>(parts[6]), static_cast<uint32_t*>(parts[7]),
-                  static_cast<int32_t*>(parts[8]), static_cast<float*>(parts[9])};
+                  static_cast<int32_t*>(parts[8]), static_cast<float*>(parts[9]),
+                  static_cast<uint32_t*>(parts[10])};
   if (out.surrogate) w.scores = out.surrogate;
   if (out.selection) w.selection = out.selection;
   const LaunchShape shape = launch_shape(p, cache.summary_type);
@@ -1854,13 +2104,14 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
     if (fp8) launch_fused<Fp8Summary, false>(p, shape, w, out, stream, false, false);
     else launch_fused<Bf16Summary, false>(p, shape, w, out, stream, false, false);
   } else {  // fused = d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's launches)
-            // with the chunk tiles' landmark mask
+            // with the chunk tiles' landmark mask; d23: d21 with its four tails in one kernel
     const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d21 : kernel;
     const bool d19 = k == DecodeKernel::d19, d21 = k == DecodeKernel::d21;
-    const bool pdl = k == DecodeKernel::d16 || k == DecodeKernel::d18 || d19 || d21;
-    const bool mma = k == DecodeKernel::d17 || k == DecodeKernel::d18 || d19 || d21;
-    if (fp8) launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma, d19 || d21, d19);
-    else launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma, d19 || d21, d19);
+    const bool d23 = k == DecodeKernel::d23, mask = d19 || d21 || d23;
+    const bool pdl = k == DecodeKernel::d16 || k == DecodeKernel::d18 || mask;
+    const bool mma = k == DecodeKernel::d17 || k == DecodeKernel::d18 || mask;
+    if (fp8) launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23);
+    else launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23);
   }
 }
 

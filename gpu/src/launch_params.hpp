@@ -70,6 +70,9 @@ void launch_window_packed(const LaunchParams& p, float* o, float* lse, cudaStrea
 void launch_window_v9(const LaunchParams& p, float* o, float* lse, cudaStream_t stream);
 // WindowKernel::mma_v10: mma_v9 with 64 rows (4 warps) per block.
 void launch_window_v10(const LaunchParams& p, float* o, float* lse, cudaStream_t stream);
+// WindowKernel::wgmma_v11, v12, v13: mma_v9's block as two warpgroups issuing wgmma (sm_90a).
+void launch_window_wgmma(const LaunchParams& p, WindowKernel kernel, float* o, float* lse,
+                         cudaStream_t stream);
 void launch_fuse_packed(const LaunchParams& p, const int32_t* selection,
                         const float* selected_score, const float* o_swa, const float* lse_swa,
                         float* o, float* lse, cudaStream_t stream);
@@ -96,8 +99,9 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
                          float* o, float* lse, cudaStream_t stream);
 // Queries per segment of the chunk-major fusion (0: from its scratch or L2 budget).
 void set_sparse_segment_queries(int64_t queries);
-// The chunk-major variant launch_fuse_chunked runs (hils::gpu::set_sparse_kernel).
-void set_sparse_kernel(SparseKernel kernel);
+// The chunk-major variant launch_fuse_chunked runs (hils::gpu::set_sparse_kernel): the one
+// set, else default_sparse_kernel().
+void set_sparse_kernel(std::optional<SparseKernel> kernel);
 SparseKernel sparse_kernel();
 
 }  // namespace hils::gpu::detail

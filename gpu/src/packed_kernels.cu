@@ -7,6 +7,7 @@
 
 #include "launch_params.hpp"
 #include "mma_common.cuh"
+#include "wgmma_common.cuh"
 
 namespace hils::gpu::detail {
 namespace {
@@ -312,6 +313,292 @@ __global__ void __launch_bounds__(kWarps * kWarp, 16 / kWarps)
   }
 }
 
+// ---- window v11: wgmma (sm_90a) -------------------------------------------------------------
+// mma_v9's block (128 rows = M = 128 / G queries x G heads, 8 warps) as two warpgroups of 64
+// rows. Per 64-key tile each warpgroup issues S = Q K^T as 4 wgmma m64n64k16 (Q and K from
+// 128-byte-swizzled panels in shared memory) and O += P V as 4 more (P from registers in
+// mma.sync's A layout, V an N-major panel): 8 instructions where mma_v9's 4 warps issue 256
+// HMMA, and no register chains between them. The softmax is mma_v9's (per warp: tiles inside
+// every row's window carry the landmark mask only; base 2). Tiles are skipped per warpgroup (a
+// wgmma is issued by all 128 threads of its warpgroup).
+constexpr int kWgPanelBytes = kTileDim * wg::kPanelRowBytes;  // 64 rows of 128 bytes
+
+struct WindowWgSmem {
+  unsigned char q[2][kWgPanelBytes];  // the two warpgroups' 64 q rows
+  unsigned char k[2][kWgPanelBytes];  // two K stages
+  unsigned char v[2][kWgPanelBytes];  // two V stages
+};
+constexpr size_t kWindowWgSmemBytes = sizeof(WindowWgSmem) + wg::kAtomBytes;  // + alignment
+
+// Rows [row0, row0 + 64) of a [rows_total, 64] bf16 matrix into a swizzled panel (zeros past
+// rows_total), 256 threads.
+__device__ __forceinline__ void load_panel_async(unsigned char* panel, const __nv_bfloat16* src,
+                                                 int64_t row0, int64_t rows_total) {
+  for (int seg = threadIdx.x; seg < kTileDim * 8; seg += 256) {
+    const int row = seg / 8, col = (seg % 8) * 8;
+    const bool valid = row0 + row < rows_total;
+    cp_async16(panel + wg::sw128_offset(row, col), src + (valid ? (row0 + row) * kTileDim + col : 0),
+               valid);
+  }
+}
+
+// v12's copy of a 64-row panel: this thread's two 16-byte segments, (row r, dims c..c+7) and
+// (r + 32, c) with r = tid / 8, c = 8 (tid % 8), worked out once; both land at the same swizzled
+// column ((r + 32) % 8 = r % 8), 32 rows apart.
+struct PanelSlice {
+  uint32_t smem;  // byte offset of (r, c) inside a panel
+  int row;        // r
+  int elem;       // r * 64 + c
+  __device__ PanelSlice() {
+    row = static_cast<int>(threadIdx.x / 8);
+    const int col = static_cast<int>(threadIdx.x % 8) * 8;
+    smem = wg::sw128_offset(row, col);
+    elem = row * kTileDim + col;
+  }
+};
+// Rows [row0, row0 + 64) of the bf16 [T, 64] matrix `matrix` into the panel at shared address
+// `panel`, rows = T - row0 (>= 1): zeros from row T on (those segments read `matrix` itself).
+__device__ __forceinline__ void copy_panel(uint32_t panel, const __nv_bfloat16* matrix,
+                                           int64_t row0, int rows, const PanelSlice& slice) {
+  const __nv_bfloat16* src = matrix + row0 * kTileDim + slice.elem;
+  constexpr int kHalf = kTileDim / 2;
+  if (rows >= kTileDim) {  // every tile but the last
+    cp_async16_at(panel + slice.smem, src, true);
+    cp_async16_at(panel + slice.smem + kHalf * wg::kPanelRowBytes, src + kHalf * kTileDim, true);
+  } else {
+    const bool first_valid = slice.row < rows, second_valid = slice.row + kHalf < rows;
+    cp_async16_at(panel + slice.smem, first_valid ? src : matrix, first_valid);
+    cp_async16_at(panel + slice.smem + kHalf * wg::kPanelRowBytes,
+                  second_valid ? src + kHalf * kTileDim : matrix, second_valid);
+  }
+}
+
+// v13's copy of a full 64-row panel: this thread's two segments from `src` (its first segment's
+// source) and 32 rows (4096 bytes) on, to `panel` + its offset and 32 rows on.
+__device__ __forceinline__ void copy_full_panel(uint32_t dst, const __nv_bfloat16* src) {
+  asm volatile(
+      "cp.async.cg.shared.global [%0], [%1], 16;\n"
+      "cp.async.cg.shared.global [%0+4096], [%1+4096], 16;\n" ::"r"(dst),
+      "l"(src));
+}
+// A descriptor from its two words; v13 keeps the low word (start address) in a register and adds
+// the k16 step to it alone (no carry: the address field has 14 bits, the panels lie below 256 KB).
+__device__ __forceinline__ uint64_t desc_of(uint32_t lo, uint32_t hi) {
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
+// kVersion 12 (wgmma_v12): the K/V copies from per-thread offsets worked out once (two cp.async
+// per panel, no loop, bounds only on the last tile), descriptors from 32-bit shared addresses,
+// and every score exponentiated (masked ones are -inf -> 0) instead of branching on the 8-key
+// groups past the warp's last query. kVersion 13 (wgmma_v13): v12 with a running source pointer
+// per K/V panel (two cp.async per panel with an immediate offset instead of each address
+// worked out from the row) and the descriptors' low words worked out once, the k16 steps added
+// to the low word only. All give the same values as v11.
+template <int G, int kVersion>
+__global__ void __launch_bounds__(256, 2)
+    window_wgmma_kernel(LaunchParams p, float* o_swa, float* lse_swa) {
+  constexpr int kRows = 128, M = kRows / G;
+  constexpr bool kLean = kVersion >= 12, kRunning = kVersion >= 13;
+  extern __shared__ unsigned char window_wg_raw[];
+  // Panels on a 1024-byte boundary (the swizzle's period).
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(window_wg_raw));
+  auto& sm = *reinterpret_cast<WindowWgSmem*>(
+      window_wg_raw + (wg::kAtomBytes - base % wg::kAtomBytes) % wg::kAtomBytes);
+  const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * M, g = blockIdx.y;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, group = warp / 4;
+  const auto* k = static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim;
+  const auto* v = static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim;
+  const int64_t first = geo.window_left(t0);
+  const int64_t t_last = t0 + M - 1 < p.T - 1 ? t0 + M - 1 : p.T - 1;
+  const int n_tiles = static_cast<int>((t_last - first) / kTileDim + 1);
+  const int complete_col = static_cast<int>((p.T / kTileDim) * kTileDim - first);
+  // q rows r = (query t0 + r / G, head g G + r % G): warpgroup r / 64's panel, row r % 64.
+  {
+    const auto* q = static_cast<const __nv_bfloat16*>(p.q);
+    for (int seg = threadIdx.x; seg < kRows * 8; seg += 256) {
+      const int r = seg / 8, col = (seg % 8) * 8;
+      const int64_t t = t0 + r / G, h = g * G + r % G;
+      cp_async16(sm.q[r / 64] + wg::sw128_offset(r % 64, col),
+                 q + (t < p.T ? (h * p.T + t) * kTileDim + col : 0), t < p.T);
+    }
+  }
+  // The warpgroup's columns (relative to `first`): its first query's window start to its last
+  // query; empty when its rows start past T.
+  const int64_t wg_t0 = t0 + group * 64 / G, wg_t1 = t0 + (group * 64 + 63) / G;
+  const int wg_lo = wg_t0 < p.T ? static_cast<int>(geo.window_left(wg_t0) - first) : INT_MAX;
+  const int wg_hi = wg_t0 < p.T ? static_cast<int>((wg_t1 < p.T ? wg_t1 : p.T - 1) - first) : -1;
+  int lo[2], hi[2];
+  bool valid1;
+  {
+    const ThreadRows<G> rows(t0, g, p.T);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      lo[i] = rows.valid[i] ? static_cast<int>(geo.window_left(rows.t[i]) - first) : INT_MAX;
+      hi[i] = rows.valid[i] ? static_cast<int>(rows.t[i] - first) : -1;
+    }
+    valid1 = rows.valid[1];
+  }
+  const unsigned all = 0xffffffffu;
+  const int lo_max = __reduce_max_sync(all, valid1 ? lo[1] : (hi[0] >= 0 ? lo[0] : INT_MIN));
+  const int hi_min = __reduce_min_sync(all, valid1 ? hi[0] : (hi[0] >= 0 ? hi[0] : INT_MAX));
+  const int hi_max = __reduce_max_sync(all, max(hi[0], hi[1]));
+  const float c2 = p.scale * 1.4426950408889634f;  // logits in base 2
+  const uint64_t q_desc = wg::desc_k_major(sm.q[group]);
+  const uint32_t smem_k = static_cast<uint32_t>(__cvta_generic_to_shared(sm.k[0]));
+  const uint32_t smem_v = static_cast<uint32_t>(__cvta_generic_to_shared(sm.v[0]));
+  const PanelSlice slice;
+  // v13: the descriptors' words (the high word is the same for every panel here) and the
+  // running sources of this thread's first segment in the next K and V tiles.
+  const uint64_t q_desc_full = q_desc, k0_desc = wg::desc_k_major(smem_k),
+                 v0_desc = wg::desc_n_major(smem_v, kWgPanelBytes);
+  const uint32_t q_lo = static_cast<uint32_t>(q_desc_full), k0_lo = static_cast<uint32_t>(k0_desc),
+                 v0_lo = static_cast<uint32_t>(v0_desc);
+  const uint32_t desc_hi = static_cast<uint32_t>(k0_desc >> 32);
+  const __nv_bfloat16* k_src = k + (first + kTileDim) * kTileDim + slice.elem;
+  const int64_t v_minus_k = v - k;
+  float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f}, o[8][4] = {};
+  if constexpr (kLean) {
+    const int rows = static_cast<int>(min(p.T - first, int64_t{kTileDim}));
+    copy_panel(smem_k, k, first, rows, slice);
+    copy_panel(smem_v, v, first, rows, slice);
+  } else {
+    load_panel_async(sm.k[0], k, first, p.T);
+    load_panel_async(sm.v[0], v, first, p.T);
+  }
+  cp_async_commit();
+  for (int it = 0; it < n_tiles; ++it) {
+    const int key0 = it * kTileDim;
+    const uint32_t stage = static_cast<uint32_t>(it % 2) * kWgPanelBytes;
+    cp_async_wait_all();
+    wg::fence_proxy_async();  // cp.async writes -> the tensor cores' reads
+    __syncthreads();
+    if (it + 1 < n_tiles) {
+      const int64_t row0 = first + key0 + kTileDim;
+      if constexpr (kRunning) {
+        const uint32_t next = kWgPanelBytes - stage;
+        if (p.T - row0 >= kTileDim) {  // every tile but the last
+          copy_full_panel(smem_k + next + slice.smem, k_src);
+          copy_full_panel(smem_v + next + slice.smem, k_src + v_minus_k);
+        } else {
+          const int rows = static_cast<int>(p.T - row0);
+          copy_panel(smem_k + next, k, row0, rows, slice);
+          copy_panel(smem_v + next, v, row0, rows, slice);
+        }
+        k_src += kTileDim * kTileDim;
+      } else if constexpr (kLean) {
+        const int rows = static_cast<int>(min(p.T - row0, int64_t{kTileDim}));
+        copy_panel(smem_k + (kWgPanelBytes - stage), k, row0, rows, slice);
+        copy_panel(smem_v + (kWgPanelBytes - stage), v, row0, rows, slice);
+      } else {
+        load_panel_async(sm.k[(it + 1) % 2], k, row0, p.T);
+        load_panel_async(sm.v[(it + 1) % 2], v, row0, p.T);
+      }
+      cp_async_commit();
+    }
+    if (key0 > wg_hi || key0 + kTileDim - 1 < wg_lo) continue;  // uniform over the warpgroup
+    float s[8][4];
+    const uint64_t k_desc = kLean ? wg::desc_k_major(smem_k + stage) : wg::desc_k_major(sm.k[it % 2]);
+    wg::fence_operands(s);
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      if constexpr (kRunning)
+        wg::mma_ss<false>(s, desc_of(q_lo + 2 * ks, desc_hi),
+                          desc_of(k0_lo + stage / 16 + 2 * ks, desc_hi), ks > 0);
+      else
+        wg::mma_ss<false>(s, wg::desc_advance(q_desc, 32 * ks), wg::desc_advance(k_desc, 32 * ks),
+                          ks > 0);
+    }
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(s);
+    // Per warp: 8-key groups past its last query hold nothing it may see (v11 skips them).
+    const int nt_end = kLean ? 8 : key0 > hi_max ? 0 : min(8, (hi_max - key0) / 8 + 1);
+    const bool inside = lo_max <= key0 && hi_min >= key0 + kTileDim - 1;
+    const bool landmark_col = p.landmarks && key0 + kTileDim <= complete_col;
+    if (inside) {
+      if (landmark_col && lane % 4 == 3) s[7][1] = s[7][3] = kNegInf;
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = e / 2, col = key0 + nt * 8 + (lane % 4) * 2 + (e % 2);
+          const bool landmark = landmark_col && (col % kTileDim) == kTileDim - 1;
+          if (nt >= nt_end || col < lo[i] || col > hi[i] || landmark) s[nt][e] = kNegInf;
+        }
+    }
+    float tile_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
+    float neg_max2[2], alpha[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float m_new = fmaxf(m[i], quad_max(tile_max[i]));
+      neg_max2[i] = m_new == kNegInf ? 0.0f : -m_new * c2;
+      alpha[i] = exp2_approx(fmaf(m[i], c2, neg_max2[i]));  // 0 while m = -inf
+      m[i] = m_new;
+      l[i] *= alpha[i];
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[nt][e] *= alpha[e / 2];
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      if (nt >= nt_end) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[nt][e] = exp2_approx(fmaf(s[nt][e], c2, neg_max2[e / 2]));  // -inf -> 0
+          l[e / 2] += s[nt][e];
+        }
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      pa[ks][0] = pack_bf16(s[2 * ks][0], s[2 * ks][1]);
+      pa[ks][1] = pack_bf16(s[2 * ks][2], s[2 * ks][3]);
+      pa[ks][2] = pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+      pa[ks][3] = pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+    }
+    const uint64_t v_desc = kLean ? wg::desc_n_major(smem_v + stage, kWgPanelBytes)
+                                  : wg::desc_n_major(sm.v[it % 2], kWgPanelBytes);
+    wg::fence_operands(o);
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      if constexpr (kRunning)
+        wg::mma_rs<true>(o, pa[ks], desc_of(v0_lo + stage / 16 + 128 * ks, desc_hi), true);
+      else
+        wg::mma_rs<true>(o, pa[ks], wg::desc_advance(v_desc, 16 * wg::kPanelRowBytes * ks), true);
+    }
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(o);
+  }
+  const ThreadRows<G> rows(t0, g, p.T);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float sum = quad_sum(l[i]);
+    if (!rows.valid[i]) continue;
+    float* out = o_swa + (rows.h[i] * p.T + rows.t[i]) * kTileDim;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const int col = nt * 8 + (lane % 4) * 2;
+      *reinterpret_cast<float2*>(out + col) = make_float2(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
+    }
+    if (lane % 4 == 0)
+      lse_swa[rows.h[i] * p.T + rows.t[i]] = sum > 0.0f ? m[i] * p.scale + __logf(sum) : kNegInf;
+  }
+}
+
 // Shared scratch of the hierarchical kernel: the block's selections and their union.
 struct UnionScratch {
   int32_t* selection;  // [M, K]
@@ -527,6 +814,17 @@ void launch_window_packed(const LaunchParams& p, float* o, float* lse, cudaStrea
   }
 }
 
+template <int G, int kVersion>
+void launch_window_wgmma_g(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
+  constexpr int M = 128 / G;
+  const dim3 grid(static_cast<unsigned>((p.T + M - 1) / M), static_cast<unsigned>(p.Hkv));
+  static const bool raised = cudaFuncSetAttribute(window_wgmma_kernel<G, kVersion>,
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  static_cast<int>(kWindowWgSmemBytes)) == cudaSuccess;
+  (void)raised;  // a failure surfaces as the launch's error
+  window_wgmma_kernel<G, kVersion><<<grid, 256, kWindowWgSmemBytes, stream>>>(p, o, lse);
+}
+
 template <int kWarps>
 void launch_window_v9_warps(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
   switch (p.Hq / p.Hkv) {
@@ -540,6 +838,26 @@ void launch_window_v9_warps(const LaunchParams& p, float* o, float* lse, cudaStr
 
 void launch_window_v9(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
   launch_window_v9_warps<8>(p, o, lse, stream);
+}
+
+template <int kVersion>
+void launch_window_wgmma_version(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
+  switch (p.Hq / p.Hkv) {
+    case 1: return launch_window_wgmma_g<1, kVersion>(p, o, lse, stream);
+    case 2: return launch_window_wgmma_g<2, kVersion>(p, o, lse, stream);
+    case 4: return launch_window_wgmma_g<4, kVersion>(p, o, lse, stream);
+    case 8: return launch_window_wgmma_g<8, kVersion>(p, o, lse, stream);
+    default: return launch_window_wgmma_g<16, kVersion>(p, o, lse, stream);
+  }
+}
+
+void launch_window_wgmma(const LaunchParams& p, WindowKernel kernel, float* o, float* lse,
+                         cudaStream_t stream) {
+  switch (kernel) {
+    case WindowKernel::wgmma_v11: return launch_window_wgmma_version<11>(p, o, lse, stream);
+    case WindowKernel::wgmma_v12: return launch_window_wgmma_version<12>(p, o, lse, stream);
+    default: return launch_window_wgmma_version<13>(p, o, lse, stream);
+  }
 }
 
 void launch_window_v10(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {

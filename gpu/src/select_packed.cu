@@ -728,6 +728,40 @@ __device__ float keep_best(float* value, int32_t* index, int n, int K) {
   return key_value(__shfl_sync(0xffffffffu, key[0], K - 1));
 }
 
+// v13: keep_best for a buffer that may list a chunk more than once (the head-major pass 2
+// appends a chunk once for each head whose value passes theta; the chunk's group score is the
+// largest of them). Sorts the n entries as keep_best does, drops every entry whose chunk has a
+// better-ranked entry, and keeps the best min(K, distinct chunks) at positions [0, ...), best
+// first. Returns how many it kept; kth: the K-th kept value when it kept K (else untouched).
+// Warp-wide (n, K uniform; n <= kBufCap, K <= 32).
+__device__ int keep_best_unique(float* value, int32_t* index, int n, int K, float& kth) {
+  const int lane = threadIdx.x % kWarp;
+  uint64_t key[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int e = lane + kWarp * i;
+    key[i] = e < n ? rank_key(value[e], index[e]) : 0ull;
+  }
+  sort_largest_first(key);
+  // Entry lane + 32 i is the (lane + 32 i)-th best; a chunk's first entry is its best.
+  const int32_t c0 = key_chunk(key[0]), c1 = key_chunk(key[1]);
+  const unsigned below = (1u << lane) - 1u;
+  const bool dup0 = (__match_any_sync(0xffffffffu, c0) & below) != 0u;
+  bool dup1 = (__match_any_sync(0xffffffffu, c1) & below) != 0u;
+#pragma unroll 8
+  for (int j = 0; j < kWarp; ++j) dup1 |= __shfl_sync(0xffffffffu, c0, j) == c1;
+  const bool keep0 = key[0] != 0ull && !dup0, keep1 = key[1] != 0ull && !dup1;
+  const unsigned b0 = __ballot_sync(0xffffffffu, keep0), b1 = __ballot_sync(0xffffffffu, keep1);
+  const int pos0 = __popc(b0 & below), pos1 = __popc(b0) + __popc(b1 & below);
+  const int distinct = __popc(b0) + __popc(b1);
+  __syncwarp();  // every entry is read before any is written
+  if (keep0 && pos0 < K) value[pos0] = key_value(key[0]), index[pos0] = c0;
+  if (keep1 && pos1 < K) value[pos1] = key_value(key[1]), index[pos1] = c1;
+  __syncwarp();
+  if (distinct >= K) kth = value[K - 1];
+  return distinct < K ? distinct : K;
+}
+
 // v8 offers of one half (columns [32 half, 32 half + 32)) of a tile's group scores r, for the
 // warp's rows row[0], row[1]: each lane appends its values above the row's theta to the row's
 // buffer (values and chunks at count + the quad lanes before it), no ranking. theta is the float
@@ -788,6 +822,63 @@ __device__ __forceinline__ void append_half(const float (&r)[8][4], float (&thet
   }
 }
 
+// v13's appends (pass 2 head-major): append_half for one head's values v_h and the warp's row
+// set kI only (rows j + 8 kI, the
+// rows of r[..][2 kI], r[..][2 kI + 1]), called where some row of that set has a value above
+// theta in the half: the other set's flags, scan and stores are skipped. A chunk may be listed
+// once per head, and a later head can append a lower chunk than the buffered ones, so a cut
+// keeps distinct chunks (keep_best_unique) and theta becomes the float below the K-th value
+// (a later equal value may rank ahead), only when K distinct chunks were kept.
+template <int kHalf, int kI>
+__device__ __forceinline__ void append_row_set(const float (&r)[8][4], float (&theta)[2], int (&count)[2],
+                                               float* buf, const int (&row)[2], int c0, int K) {
+  const int lane = threadIdx.x % kWarp;
+  unsigned bits;
+  int before, total;
+  auto flag = [&]() {
+    bits = 0u;
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e2 = 0; e2 < 2; ++e2)
+        bits |= static_cast<unsigned>(r[4 * kHalf + n][2 * kI + e2] > theta[kI]) << (2 * n + e2);
+    quad_scan(__popc(bits), before, total);
+  };
+  flag();
+  // Rows whose buffer would overflow (one ballot bit per quad: lane 4 j holds row j's total).
+  const unsigned over = __ballot_sync(0xffffffffu, count[kI] + total > kBufCap) & 0x11111111u;
+  if (over != 0u) {
+    __syncwarp();  // the buffers' earlier appends are visible to the warp
+    const int warp = threadIdx.x / kWarp;
+    for (unsigned pending = over; pending != 0u; pending &= pending - 1) {
+      const int j = (__ffs(pending) - 1) / 4, q = warp * 16 + 8 * kI + j;
+      const int n = __shfl_sync(0xffffffffu, count[kI], 4 * j);
+      float* value = buf + q * kBufPitch;
+      float kth = kNegInf;
+      const int kept = keep_best_unique(value, reinterpret_cast<int32_t*>(value + kBufCap), n, K, kth);
+      if (row[kI] == q) {
+        count[kI] = kept;
+        if (kept == K) theta[kI] = fmaxf(theta[kI], floor_of(kth));
+      }
+    }
+    flag();
+  }
+  float* value = buf + row[kI] * kBufPitch;
+  int32_t* index = reinterpret_cast<int32_t*>(value + kBufCap);
+  int pos = count[kI] + before;
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int e2 = 0; e2 < 2; ++e2)
+      if ((bits >> (2 * n + e2)) & 1u) {
+        const int nt = 4 * kHalf + n;
+        value[pos] = r[nt][2 * kI + e2];
+        index[pos] = c0 + nt * 8 + (lane % 4) * 2 + e2;
+        ++pos;
+      }
+  count[kI] += total;
+}
+
 // fp32 summaries -> bf16 copy for the copy engine and the tensor cores; bias -> bias log2 e.
 __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n, const float* bias,
                                float* bias2, int64_t n_bias) {
@@ -814,13 +905,18 @@ enum class Scoring { mma_sync, wgmma, wgmma_q_smem };
 enum class Writer { in_order, ahead };
 // Pass 2's steps as written first (v4-v11), or lean (v12: the copies' per-thread pieces and the
 // wgmma descriptors worked out once, each tile's first head without the per-step reset selects;
-// wgmma_q_smem scoring and buffered offers only).
-enum class Lean { none, pass2 };
+// wgmma_q_smem scoring and buffered offers only), or head-major (v13: for max_normalized with the
+// bound, pass 2 walks (head, tile) with the head's q~ in registers and appends each head's
+// values above theta; v12's lean pass 2 otherwise).
+enum class Lean { none, pass2, heads };
+// Pass 1 one k' tile per step (v4-v13) or two (v14: panels 0-3, which pass 1 has free with
+// wgmma_q_smem scoring; lean copies only).
+enum class Pass1 { tiles, pairs };
 template <Scoring kScoring>
 constexpr int kBlockQueries = kScoring == Scoring::wgmma_q_smem ? 128 : 64;
 
 template <int G, int kSlots, Offers kOffers, Scoring kScoring = Scoring::mma_sync,
-          Writer kWriter = Writer::in_order, Lean kLeanSteps = Lean::none>
+          Writer kWriter = Writer::in_order, Lean kLeanSteps = Lean::none, Pass1 kPass1 = Pass1::tiles>
 __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kScoring> == 64 ? 4 : 2)
     select_packed_kernel(LaunchParams p, const float* key, const __nv_bfloat16* key_bf16,
                          const float* bias, const float* bias2, const float* lse_swa,
@@ -830,14 +926,16 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   constexpr int kQueries = kBlockQueries<kScoring>, kThreads = 2 * kQueries;  // 16 rows per warp
   static_assert(!kWgmma || kBuffered, "v9 and v10 are v8 with wgmma scoring");
   static_assert(kWriter == Writer::in_order || kBuffered, "the writer ahead takes v8's buffers (K <= 32)");
-  constexpr bool kLean = kLeanSteps == Lean::pass2;
+  constexpr bool kLean = kLeanSteps != Lean::none, kHeads = kLeanSteps == Lean::heads;
+  constexpr bool kPairs = kPass1 == Pass1::pairs;
+  static_assert(!kPairs || kLean, "the paired pass 1 takes v12's copy pieces and four panels");
   static_assert(!kLean || (kQSmem && kBuffered), "the lean pass 2 is v10's with buffered offers");
   static_assert(!kBuffered || kSlots == 64, "v8's rows hold 64 bound slots in pass 1");
   constexpr int kParts = kSlots > kWarp ? kSlots / kWarp : 1;  // slot maxima per lane and row
   constexpr int kSlotCount = kSlots > 0 ? kSlots : kWarp;       // (the code of kSlots = 0 never runs)
   // Two stages of (k' tile, bias tile): step s + 1 streams in while step s is computed.
   __shared__ __align__(16) __nv_bfloat16 tile[2][kWgmma ? 1 : kTileDim][kTilePitch];
-  __shared__ __align__(16) float bias_tile[2][kTileDim];
+  __shared__ __align__(16) float bias_tile[kPairs ? 4 : 2][kTileDim];
   extern __shared__ __align__(16) float dyn[];
   const int K = static_cast<int>(p.K);
   // v9: two swizzled k' panels first, on a 1024-byte boundary (select_smem_bytes adds the slack);
@@ -942,7 +1040,120 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   uint32_t qa[4][4], qn[4][4];
   float s[8][4];
   // Pass 1, step = (head, tile): log2 Z_hat(t,h) = log2(2^lse_swa2 + sum over V(t) of 2^s2).
-  if (p.group_rule != GroupRule::max_raw && n_tiles > 0) {
+  // Folds a tile's lane maxima into this lane's running slot maxima (words kSlots + slot).
+  auto update_slots = [&](int tile_i, const float (&lane_max)[2][kParts]) {
+#pragma unroll
+    for (int k = 0; k < kParts; ++k) {
+      const int slot = (4 * kParts * tile_i + kParts * (lane % 4) + k) % kSlotCount;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float& cur = slot_base[slot_word(row[i], slot) + kSlots];
+        cur = fmaxf(cur, lane_max[i][k]);
+      }
+    }
+  };
+  // End of head hg: log2 Z_hat into sh.log_z; V[slot] = max over heads of the slot's best term
+  // (pass 2's arithmetic; a NaN from a row without any mass is ignored by fmaxf), and the slot
+  // maxima restart for the next head. Each (row, slot) belongs to one thread: slots kParts
+  // (lane % 4) + k + 4 kParts j.
+  auto end_head = [&](int hg, const float (&m)[2], const float (&l)[2]) {
+    const int64_t h = g * G + hg;
+    float z[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float swa = t[i] < p.T ? lse_swa[h * p.T + t[i]] * kLog2e : kNegInf;
+      z[i] = log2_normalizer(m[i], l[i], swa);
+      if (lane % 4 == 0) sh.log_z[hg * kQueries + row[i]] = z[i];
+    }
+    if (prune)
+#pragma unroll
+      for (int j = 0; j < kWarp / 4; ++j)
+#pragma unroll
+        for (int k = 0; k < kParts; ++k)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int word = slot_word(row[i], kParts * (lane % 4) + k + 4 * kParts * j);
+            float& cur = slot_base[word + kSlots];
+            const float x = cur - z[i];
+            const float term = p.group_rule == kGroupSumProbabilities ? fast_exp2(x) : x;
+            float& v = slot_base[word];
+            v = fmaxf(v, term);
+            cur = kNegInf;
+          }
+  };
+  if (kPairs && p.group_rule != GroupRule::max_raw && n_tiles > 0) {
+    // v14: two k' tiles per step (tiles 2 j and 2 j + 1 of a head; an odd count ends on a
+    // phantom tile past every row's candidates, which leaves m, l and the slots as they are:
+    // exactly what a row shorter than the block's longest sees in v12). One block barrier, one
+    // copy commit and one wgmma wait per two tiles, and two independent tile maxima and ex2
+    // sums per step for the schedulers; the mass of tile 2 j is accumulated before that of
+    // 2 j + 1, as in v12 (the same bits).
+    float m[2], l[2];
+    float sb[8][4];
+    const int n_pairs = (n_tiles + 1) / 2;
+    // k' tiles [c0, c0 + 128) of head hg into panels 2 stage, 2 stage + 1, one commit.
+    auto copy_pair = [&](int hg, int c0, int stage) {
+      const __nv_bfloat16* head = key_g + hg * nc * kTileDim;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        unsigned char* dst = panels + (2 * stage + half) * kPanelBytes + k_dst;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int rr = c0 + kTileDim * half + k_row + 32 * j;
+          const bool valid = rr < nc;
+          cp_async16(dst + 4096 * j, valid ? head + rr * kTileDim + k_col : head, valid);
+        }
+      }
+      if (threadIdx.x < 2 * kTileDim) {
+        const int cc = c0 + static_cast<int>(threadIdx.x);
+        const bool valid = cc < nc;
+        cp_async4(&bias_tile[2 * stage][threadIdx.x], bias_g + hg * nc + (valid ? cc : 0), valid);
+      }
+      cp_async_commit();
+    };
+    copy_pair(0, 0, 0);
+    for (int hg = 0, pair = 0, stage = 0; hg < G; stage ^= 1) {
+      const int c0 = pair * 2 * kTileDim;
+      const bool last_pair = pair + 1 == n_pairs;
+      if (pair == 0) {
+        load_query_fragments(qa, p, g * G + hg, t);
+        m[0] = m[1] = kNegInf, l[0] = l[1] = 0.0f;
+      }
+      await_tile();
+      if (!last_pair) copy_pair(hg, c0 + 2 * kTileDim, stage ^ 1);
+      else if (hg + 1 < G) copy_pair(hg + 1, 0, stage ^ 1);
+      {
+        const uint64_t kd = k_desc + static_cast<uint64_t>(2 * stage * (kPanelBytes >> 4));
+        const uint64_t kd1 = kd + static_cast<uint64_t>(kPanelBytes >> 4);
+        wg::fence_operands(s);
+        wg::fence_operands(sb);
+        wg::fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) wg::mma_rs<false>(s, qa[ks], wg::desc_advance(kd, 32 * ks), ks > 0);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) wg::mma_rs<false>(sb, qa[ks], wg::desc_advance(kd1, 32 * ks), ks > 0);
+        wg::commit();
+        wg::wait<0>();
+        wg::fence_operands(s);
+        wg::fence_operands(sb);
+      }
+      scale_and_mask(s, bias_tile[2 * stage], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
+      scale_and_mask(sb, bias_tile[2 * stage + 1], scale2, c0 + kTileDim, n_cand, c0 + 2 * kTileDim <= warp_min);
+      if (prune) {
+        float lane_max[2][kParts], lane_max_b[2][kParts];
+        accumulate_mass<kParts>(s, m, l, lane_max);
+        accumulate_mass<kParts>(sb, m, l, lane_max_b);
+        update_slots(2 * pair, lane_max);
+        update_slots(2 * pair + 1, lane_max_b);
+      } else {
+        accumulate_mass(s, m, l);
+        accumulate_mass(sb, m, l);
+      }
+      if (last_pair) end_head(hg, m, l);
+      if (last_pair) pair = 0, ++hg;
+      else ++pair;
+    }
+  } else if (p.group_rule != GroupRule::max_raw && n_tiles > 0) {
     float m[2], l[2];
     issue(0, 0, 0);
     // (hg, tile_i): the step's head and tile, advanced by counters (no division per step).
@@ -960,48 +1171,13 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
       score_tile(s, qa, buf);
       scale_and_mask(s, bias_tile[buf], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
       if (prune) {
-        // The running maxima of this lane's slots of the tile (words kSlots + slot of its rows).
         float lane_max[2][kParts];
         accumulate_mass<kParts>(s, m, l, lane_max);
-#pragma unroll
-        for (int k = 0; k < kParts; ++k) {
-          const int slot = (4 * kParts * tile_i + kParts * (lane % 4) + k) % kSlotCount;
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            float& cur = slot_base[slot_word(row[i], slot) + kSlots];
-            cur = fmaxf(cur, lane_max[i][k]);
-          }
-        }
+        update_slots(tile_i, lane_max);
       } else {
         accumulate_mass(s, m, l);
       }
-      if (last_tile) {
-        float z[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const float swa = t[i] < p.T ? lse_swa[h * p.T + t[i]] * kLog2e : kNegInf;
-          z[i] = log2_normalizer(m[i], l[i], swa);
-          if (lane % 4 == 0) sh.log_z[hg * kQueries + row[i]] = z[i];
-        }
-        // V[slot] = max over heads of the slot's best term (pass 2's arithmetic; a NaN from a
-        // row without any mass is ignored by fmaxf), and the slot maxima restart for the next
-        // head. Each (row, slot) belongs to one thread: slots kParts (lane % 4) + k + 4 kParts j.
-        if (prune)
-#pragma unroll
-          for (int j = 0; j < kWarp / 4; ++j)
-#pragma unroll
-            for (int k = 0; k < kParts; ++k)
-#pragma unroll
-              for (int i = 0; i < 2; ++i) {
-                const int word = slot_word(row[i], kParts * (lane % 4) + k + 4 * kParts * j);
-                float& cur = slot_base[word + kSlots];
-                const float x = cur - z[i];
-                const float term = p.group_rule == kGroupSumProbabilities ? fast_exp2(x) : x;
-                float& v = slot_base[word];
-                v = fmaxf(v, term);
-                cur = kNegInf;
-              }
-      }
+      if (last_tile) end_head(hg, m, l);
       if (last_tile) tile_i = 0, ++hg;
       else ++tile_i;
     }
@@ -1018,6 +1194,8 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   // Pass 2, step = (tile, head): group score per tile; rows with a score above their list's
   // threshold (held in registers) are offered to their top-K lists.
   int count[2] = {0, 0};  // v8: entries in the buffers of rows row[0], row[1]
+  // v13: pass 2 head-major (max_normalized with the bound; block-uniform).
+  const bool heads_major = kHeads && p.group_rule == kGroupMaxNormalized && prune && n_tiles > 0;
   if constexpr (kLean) {
     // v12: v10's pass 2 (same products, same epilogue arithmetic and order), with the per-step
     // overhead v10's SASS showed (~330 instructions per step for 96 of score arithmetic) cut:
@@ -1062,6 +1240,98 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
       };
       copy_q(0);  // committed with the first k' tile
       copy_k(0, 0, 0);
+      if (kHeads && heads_major) {
+        // v13. For r(c) = max_h v_h(c), v_h(c) = s2_h(c) - log2 Z_hat_h: a chunk is a candidate
+        // (r(c) > theta) iff some head has v_h(c) > theta, and then r(c) is the largest of those
+        // heads' values. So each head's pass appends its own values above theta (a chunk's
+        // best entry counts: keep_best_unique), the warpgroup's q~ panel is staged once per
+        // head instead of every step (no named barrier per step), and no r runs across heads.
+        // A chunk of the final top K is appended by the head that attains r(c) (theta never
+        // passes the K-th group score: every buffered value is at most its chunk's), so the
+        // selection is v8's. The values are v12's, v = fmaf(s, scale2, b2) - z; a half tile of
+        // a row holds a v > theta iff fl(max u - z) > theta (u = fmaf(s, scale2, b2): rounding
+        // is monotone), so the common step forms only u and its half-tile maxima.
+        for (int hg = 0, step = 0; hg < G; ++hg) {
+          const float z[2] = {sh.log_z[hg * kQueries + row[0]], sh.log_z[hg * kQueries + row[1]]};
+          // This head's k' rows and biases; a copy's row is clamped into the head (its bytes
+          // are zero-filled past nc, so any row of the head serves as the address).
+          const __nv_bfloat16* k_head = key_g + hg * nc * kTileDim + k_col;
+          const float* b_head = bias_g + hg * nc;
+          const __nv_bfloat16* k_next = k_head + nc * kTileDim;
+          const float* b_next = b_head + nc;
+          auto copy_tile = [&](const __nv_bfloat16* kh, const float* bh, int c0, int stage) {
+            unsigned char* dst = panels + stage * kPanelBytes + k_dst;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const int rr = c0 + k_row + 32 * j;
+              cp_async16(dst + 4096 * j, kh + min(rr, nc - 1) * kTileDim, rr < nc);
+            }
+            if (threadIdx.x < kTileDim) {
+              const int cc = c0 + static_cast<int>(threadIdx.x);
+              cp_async4(&bias_tile[stage][threadIdx.x], bh + min(cc, nc - 1), cc < nc);
+            }
+            cp_async_commit();
+          };
+          for (int tile_i = 0; tile_i < n_tiles; ++tile_i, ++step) {
+            const int c0 = tile_i * kTileDim, stage = step & 1;
+            await_tile();
+            const bool head_ends = tile_i + 1 == n_tiles;
+            if (!head_ends) copy_tile(k_head, b_head, c0 + kTileDim, stage ^ 1);
+            else if (hg + 1 < G) copy_tile(k_next, b_next, 0, stage ^ 1);
+            product(stage);
+            // The warpgroup's wgmma has read the q~ panel for the head's last time.
+            if (G > 1 && head_ends && hg + 1 < G) {
+              if (wg_index == 0)
+                asm volatile("bar.sync 1, 128;\n" ::: "memory");
+              else
+                asm volatile("bar.sync 2, 128;\n" ::: "memory");
+              copy_q(hg + 1);
+              cp_async_commit();
+            }
+            const float* b2 = bias_tile[stage];
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+              const float2 b = *reinterpret_cast<const float2*>(b2 + nt * 8 + (lane % 4) * 2);
+#pragma unroll
+              for (int e = 0; e < 4; ++e) s[nt][e] = fmaf(s[nt][e], scale2, e % 2 ? b.y : b.x);
+            }
+            // hit[half][i]: the half of row i holds a value above theta, columns past the row's
+            // count included (they can only add hits; the appends mask them).
+            bool hit[2][2];
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+#pragma unroll
+              for (int i = 0; i < 2; ++i) {
+                float mx[2] = {fmaxf(s[4 * half][2 * i], s[4 * half][2 * i + 1]),
+                               fmaxf(s[4 * half + 1][2 * i], s[4 * half + 1][2 * i + 1])};
+#pragma unroll
+                for (int nt = 2; nt < 4; ++nt)
+#pragma unroll
+                  for (int e = 0; e < 2; ++e) mx[e] = fmaxf(mx[e], s[4 * half + nt][2 * i + e]);
+                hit[half][i] = fmaxf(mx[0], mx[1]) - z[i] > theta[i];
+              }
+            if (!__any_sync(0xffffffffu, hit[0][0] || hit[0][1] || hit[1][0] || hit[1][1])) continue;
+            const bool masked = c0 + kTileDim > warp_min;
+            // The values v = u - z of a half's row set in place (s is not read again), the
+            // columns past each row's count at -inf, appended above theta.
+            auto append = [&](auto half_c, auto i_c) {
+              constexpr int kHalf = decltype(half_c)::value, kI = decltype(i_c)::value;
+#pragma unroll
+              for (int nt = 4 * kHalf; nt < 4 * kHalf + 4; ++nt)
+#pragma unroll
+                for (int e = 2 * kI; e < 2 * kI + 2; ++e) {
+                  const bool past = masked && c0 + nt * 8 + (lane % 4) * 2 + (e % 2) >= n_cand[kI];
+                  s[nt][e] = past ? kNegInf : s[nt][e] - z[kI];
+                }
+              append_row_set<kHalf, kI>(s, theta, count, buf, row, c0, K);
+            };
+            if (__any_sync(0xffffffffu, hit[0][0])) append(std::integral_constant<int, 0>{}, std::integral_constant<int, 0>{});
+            if (__any_sync(0xffffffffu, hit[0][1])) append(std::integral_constant<int, 0>{}, std::integral_constant<int, 1>{});
+            if (__any_sync(0xffffffffu, hit[1][0])) append(std::integral_constant<int, 1>{}, std::integral_constant<int, 0>{});
+            if (__any_sync(0xffffffffu, hit[1][1])) append(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{});
+          }
+        }
+      } else {
       int step = 0;
       // Step (tile at c0, head hg): v10's step; kFirst: the tile's first head (r starts here).
       auto head_step = [&](int hg, int c0, auto first) {
@@ -1127,6 +1397,7 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
         }
         append_half<0>(r, theta, count, buf, row, c0, K);
         append_half<1>(r, theta, count, buf, row, c0, K);
+      }
       }
     }
   } else if (n_tiles > 0) {
@@ -1287,7 +1558,10 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
       float* value = buf + q * kBufPitch;
       int32_t* index = reinterpret_cast<int32_t*>(value + kBufCap);
       int n = __shfl_sync(0xffffffffu, j < 8 ? count[0] : count[1], 4 * (j % 8));
-      if (n > K) {
+      if (kHeads && heads_major) {
+        float kth;
+        if (n > 1) n = keep_best_unique(value, index, n, K, kth);
+      } else if (n > K) {
         keep_best(value, index, n, K);
         n = K;
       }
@@ -1449,7 +1723,8 @@ size_t select_one_pass_smem_bytes(int64_t K) {
 // Queries per block of each kernel (threads: 2 per query).
 int block_queries(PackedSelect kernel) {
   return kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11 ||
-                 kernel == PackedSelect::two_pass_v12
+                 kernel == PackedSelect::two_pass_v12 || kernel == PackedSelect::two_pass_v13 ||
+                 kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15
              ? kBlockQueries<Scoring::wgmma_q_smem>
              : kQueries;
 }
@@ -1459,7 +1734,8 @@ size_t select_smem_bytes(int64_t G, int64_t K, PackedSelect kernel) {
   if (kernel == PackedSelect::two_pass_v8) return v8_bytes;
   if (kernel == PackedSelect::two_pass_v9) return v8_bytes + 2 * kPanelBytes + wg::kAtomBytes;
   if (kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11 ||
-      kernel == PackedSelect::two_pass_v12)
+      kernel == PackedSelect::two_pass_v12 || kernel == PackedSelect::two_pass_v13 ||
+      kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15)
     return 2 * v8_bytes + 4 * kPanelBytes + wg::kAtomBytes;
   return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries) * 4;
 }
@@ -1481,6 +1757,14 @@ SelectKernelFn select_kernel_of(PackedSelect kernel) {
       return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead>;
     case PackedSelect::two_pass_v12:
       return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::pass2>;
+    case PackedSelect::two_pass_v13:
+      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::heads>;
+    case PackedSelect::two_pass_v14:
+      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::heads,
+                                  Pass1::pairs>;
+    case PackedSelect::two_pass_v15:
+      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::pass2,
+                                  Pass1::pairs>;
     default: return select_packed_kernel<G, 0, Offers::sorted>;
   }
 }
@@ -1529,7 +1813,9 @@ void launch_select_packed(const LaunchParams& p, const float* key, const float* 
   const bool fall_back = (kernel == PackedSelect::one_pass_v5 && p.group_rule != kGroupMaxNormalized) ||
                          ((kernel == PackedSelect::two_pass_v7 || kernel == PackedSelect::two_pass_v8 ||
                            kernel == PackedSelect::two_pass_v9 || kernel == PackedSelect::two_pass_v10 ||
-                           kernel == PackedSelect::two_pass_v11 || kernel == PackedSelect::two_pass_v12) &&
+                           kernel == PackedSelect::two_pass_v11 || kernel == PackedSelect::two_pass_v12 ||
+                           kernel == PackedSelect::two_pass_v13 || kernel == PackedSelect::two_pass_v14 ||
+                           kernel == PackedSelect::two_pass_v15) &&
                           p.K > kWarp);
   const PackedSelect one = fall_back ? PackedSelect::two_pass_v4 : kernel;
   if (uses_wgmma(one) && !wgmma_runs_on_current_device())

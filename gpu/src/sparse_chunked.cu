@@ -31,9 +31,13 @@
 // (weights first) on v8's bucketing and v6's chunk kernel: each row, scaled by its fusion weight,
 // is added into an fp16 copy of o with 16-byte f16x2 reductions (half of v5's L2 reduction
 // sectors), segments sized to keep that copy and q in L2; no partials, no reduce (gpu/NOTES.md
-// "sparse v10": -14% against v8 at 512K on the H100). chunked_v11 (the default) is v10 with the
-// rows' weights formed before the chunk kernel and stored in bucket order (-11% against v10);
-// chunked_v12 is v11 on v9's wgmma chunk kernel (-8% against v11; by name until memcheck'd).
+// "sparse v10": -14% against v8 at 512K on the H100). chunked_v11 is v10 with the rows'
+// weights formed before the chunk kernel and stored in bucket order (-11% against v10), the
+// default where wgmma cannot run; chunked_v12 is v11 on v9's wgmma chunk kernel (-8% against
+// v11 on the H100); chunked_v13 is v12 with the pair-weights kernel's loads issued before its
+// arithmetic (-4% against v12); chunked_v14 is v13 with one bulk (TMA) reduction per row
+// (measured slower: the L2 takes more requests per row, gpu/NOTES.md "sparse v14"); chunked_v15
+// (the default) is v13 with a leaner weights kernel and query segments of 3/4 of the L2 (-4%).
 #include <cuda_fp16.h>
 
 #include "launch_params.hpp"
@@ -46,7 +50,7 @@ namespace {
 constexpr int kScanThreads = 1024;
 constexpr int kReduceWarps = 8;
 int64_t g_segment_queries = 0;  // 0: choose from the scratch budget
-SparseKernel g_sparse_kernel = kDefaultSparseKernel;
+std::optional<SparseKernel> g_sparse_kernel;  // nullopt: default_sparse_kernel() at each call
 constexpr size_t kPartialBudget = size_t{1} << 30;  // bytes of fp16 partial outputs per segment
 
 // Pairs of one item: 512 / G, i.e. 32 slices of 16 rows (query, head).
@@ -577,6 +581,15 @@ __global__ void __launch_bounds__(kPackedThreads, kSub == 1 ? 5 : 3)
 // one computes); the fp16 results leave through the same stage (stmatrix, 16-byte stores).
 constexpr int kV9Panel = 64 * wg::kPanelRowBytes;  // bytes of a 64-row panel
 constexpr int kV9SmemBytes = wg::kAtomBytes + 4 * kV9Panel;  // K, V, 2 q stages, alignment slack
+// chunked_v14's output stage: 64 fp16 rows of 128 bytes, 144 bytes apart (linear rows for the
+// bulk reductions; the 16-byte pad spreads stmatrix's 8 rows over all 32 banks).
+constexpr int kBulkRowBytes = 144;
+constexpr int kBulkStageBytes = 64 * kBulkRowBytes;
+
+// Where chunk_attention_v9_kernel's rows go: fp16 partials (chunked_v9), 16-byte f16x2
+// reductions into o16 (chunked_v12), or one 128-byte bulk reduction per row into o16 by the
+// tensor memory accelerator (chunked_v14).
+enum class V9Out { partials, red_f16x2, bulk_red };
 
 // Rows [row0, row0 + 64) of a [rows, 64] bf16 matrix into a swizzled panel (cp.async, 128
 // threads).
@@ -603,14 +616,43 @@ __device__ __forceinline__ void red_add_f16x8(__half* o, uint4 v) {
 #endif
 }
 
-// kReduce (chunked_v12): v11's output instead of the partials: each row scaled by its weight
-// from pair_weight (bucket order, fusion_pair_weights_kernel) over its softmax sum, then added
-// into o16 (the partial argument) with f16x2 reductions at the row's q offset.
-template <int G, bool kReduce>
+// Bulk reduction (sm_90): o16[0 .. 64) += the 128-byte fp16 row at shared address `row`
+// (async proxy; the row's writers ran fence.proxy.async first), in this thread's bulk group.
+__device__ __forceinline__ void bulk_red_add_f16_row(__half* o, uint32_t row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.f16 [%0], [%1], 128;\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(o), "r"(row)
+      : "memory");
+#else
+  (void)o, (void)row;
+  __trap();
+#endif
+}
+// Waits until this thread's bulk operations have read their shared memory (kReadOnly) or are
+// complete.
+template <bool kReadOnly>
+__device__ __forceinline__ void bulk_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kReadOnly)
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  else
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// kOut != partials (chunked_v12-v14): v11's output instead of the partials: each row scaled by
+// its weight from pair_weight (bucket order, fusion_pair_weights_kernel) over its softmax sum,
+// then added into o16 (the partial argument) at the row's q offset: red_f16x2 (v12) by 8
+// f16x2 reductions of 16 bytes per row from the consumed q stage, bulk_red (v14) by one
+// 128-byte bulk reduction per row from an output stage of linear rows (kBulkStageBytes more
+// shared memory), issued by lane r of warp w for row 16 w + r and awaited (read) one step later.
+template <int G, V9Out kOut>
 __global__ void __launch_bounds__(kPackedThreads, 4)
     chunk_attention_v9_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
                               const int32_t* items, const ItemDesc* item_desc,
                               const uint32_t* bucket, __half* partial, const float* pair_weight) {
+  constexpr bool kReduce = kOut != V9Out::partials;
   constexpr int kRows = pairs_per_item<G>() * G;  // 512
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
   // Panels on 1024-byte boundaries (the swizzle's atom).
@@ -620,6 +662,7 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   unsigned char* k_panel = smem;
   unsigned char* v_panel = smem + kV9Panel;
   unsigned char* q_stages = smem + 2 * kV9Panel;  // two stages, kV9Panel bytes apart
+  unsigned char* out_stage = smem + 4 * kV9Panel;  // bulk_red only
   __shared__ int64_t row_q[kRows];     // q element offset of the row; -1 past the pairs
   __shared__ uint32_t row_out[kRows];  // its scratch row: (h seg + tl) K + slot
   const int32_t item = static_cast<int32_t>(blockIdx.x);
@@ -712,38 +755,61 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
     wg::commit();
     wg::wait<0>();
     wg::fence_operands(oc);
-    // The normalised rows as fp16 into the stage (the tensor cores are done with its q), the
-    // warp's own 16 rows, then 16-byte stores of those rows.
+    if constexpr (kOut == V9Out::bulk_red) {
+      // The warp's 16 rows into the output stage once the previous step's bulk reductions have
+      // read it, then one bulk reduction per row (lane r: row 16 w + r).
+      bulk_wait_all<true>();
+      __syncwarp();
+      const int row = 16 * warp + lane % 16;
 #pragma unroll
-    for (int nt = 0; nt < 8; nt += 2)
-      stmatrix_x4(stage + wg::sw128_offset(row_in_step, 8 * nt + 8 * (lane / 16)),
-                  pack_half2(oc[nt][0] * inv[0], oc[nt][1] * inv[0]),
-                  pack_half2(oc[nt][2] * inv[1], oc[nt][3] * inv[1]),
-                  pack_half2(oc[nt + 1][0] * inv[0], oc[nt + 1][1] * inv[0]),
-                  pack_half2(oc[nt + 1][2] * inv[1], oc[nt + 1][3] * inv[1]));
-    __syncwarp();
+      for (int nt = 0; nt < 8; nt += 2)
+        stmatrix_x4(out_stage + row_in_step * kBulkRowBytes + 2 * (8 * nt + 8 * (lane / 16)),
+                    pack_half2(oc[nt][0] * inv[0], oc[nt][1] * inv[0]),
+                    pack_half2(oc[nt][2] * inv[1], oc[nt][3] * inv[1]),
+                    pack_half2(oc[nt + 1][0] * inv[0], oc[nt + 1][1] * inv[0]),
+                    pack_half2(oc[nt + 1][2] * inv[1], oc[nt + 1][3] * inv[1]));
+      wg::fence_proxy_async();
+      __syncwarp();
+      if (lane < 16 && row_q[64 * s + row] >= 0)
+        bulk_red_add_f16_row(partial + row_q[64 * s + row],
+                             static_cast<uint32_t>(__cvta_generic_to_shared(
+                                 out_stage + row * kBulkRowBytes)));
+    } else {
+      // The normalised rows as fp16 into the stage (the tensor cores are done with its q), the
+      // warp's own 16 rows, then 16-byte stores of those rows.
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int row = 16 * warp + lane / 8 + 4 * j, col = (lane % 8) * 8, rr = 64 * s + row;
-      if (row_q[rr] < 0) continue;
-      const uint4 x = *reinterpret_cast<const uint4*>(stage + wg::sw128_offset(row, col));
-      if constexpr (kReduce)
-        red_add_f16x8(partial + row_q[rr] + col, x);
-      else
-        *reinterpret_cast<uint4*>(partial + static_cast<uint64_t>(row_out[rr]) * kTileDim + col) = x;
+      for (int nt = 0; nt < 8; nt += 2)
+        stmatrix_x4(stage + wg::sw128_offset(row_in_step, 8 * nt + 8 * (lane / 16)),
+                    pack_half2(oc[nt][0] * inv[0], oc[nt][1] * inv[0]),
+                    pack_half2(oc[nt][2] * inv[1], oc[nt][3] * inv[1]),
+                    pack_half2(oc[nt + 1][0] * inv[0], oc[nt + 1][1] * inv[0]),
+                    pack_half2(oc[nt + 1][2] * inv[1], oc[nt + 1][3] * inv[1]));
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int row = 16 * warp + lane / 8 + 4 * j, col = (lane % 8) * 8, rr = 64 * s + row;
+        if (row_q[rr] < 0) continue;
+        const uint4 x = *reinterpret_cast<const uint4*>(stage + wg::sw128_offset(row, col));
+        if constexpr (kReduce)
+          red_add_f16x8(partial + row_q[rr] + col, x);
+        else
+          *reinterpret_cast<uint4*>(partial + static_cast<uint64_t>(row_out[rr]) * kTileDim + col) = x;
+      }
     }
   }
+  if constexpr (kOut == V9Out::bulk_red) bulk_wait_all<false>();  // the stage outlives its reads
 }
 
-template <int G, bool kReduce>
+template <int G, V9Out kOut>
 void launch_chunk_v9(unsigned grid, cudaStream_t stream, const LaunchParams& p, int64_t t0,
                      int64_t seg, int64_t nc, const int32_t* items, const ItemDesc* item_desc,
                      const uint32_t* bucket, __half* partial, const float* pair_weight) {
-  static const bool raised = cudaFuncSetAttribute(chunk_attention_v9_kernel<G, kReduce>,
+  constexpr int kBytes = kV9SmemBytes + (kOut == V9Out::bulk_red ? kBulkStageBytes : 0);
+  static const bool raised = cudaFuncSetAttribute(chunk_attention_v9_kernel<G, kOut>,
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                  kV9SmemBytes) == cudaSuccess;
+                                                  kBytes) == cudaSuccess;
   (void)raised;  // a failure surfaces as the launch's error
-  chunk_attention_v9_kernel<G, kReduce><<<grid, kPackedThreads, kV9SmemBytes, stream>>>(
+  chunk_attention_v9_kernel<G, kOut><<<grid, kPackedThreads, kBytes, stream>>>(
       p, t0, seg, nc, items, item_desc, bucket, partial, pair_weight);
 }
 
@@ -1039,8 +1105,17 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp)
 // the group's G heads side by side at the pair's position in the segment's bucket (the
 // scatter's offset + rank): the chunk kernel then reads its rows' weights in order, one 32-byte
 // sector per pair for G = 8, instead of two scattered 4-byte loads per row.
-template <int G>
-__global__ void __launch_bounds__(kReduceWarps * kWarp)
+// kLoads: per_head (v11, v12): each head's loads come after the previous head's lse and o16
+// stores, which the compiler keeps in order (they may alias): one dependent round trip to memory
+// per head. all_first (chunked_v13, v14): every head's selected scores, lse_swa and o_swa row
+// are loaded before the first head's arithmetic (80 registers for G = 8: 3 blocks per SM).
+// all_first_half_warps (chunked_v15): as all_first, with head j's o_swa row held by half-warp
+// j % 2 (16 lanes x 16 bytes) instead of lanes 0-15 for every head: half the registers for the
+// rows, 4 blocks per SM. The same values in all three.
+enum class WeightLoads { per_head, all_first, all_first_half_warps };
+template <int G, WeightLoads kLoads>
+__global__ void __launch_bounds__(kReduceWarps * kWarp,
+                                  kLoads == WeightLoads::all_first_half_warps ? 4 : 1)
     fusion_pair_weights_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t nc,
                                const int32_t* selection, const float* selected_score,
                                const float* o_swa, const float* lse_swa, const int32_t* rank,
@@ -1061,28 +1136,61 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp)
     valid[i] = c >= 0;
     pos[i] = valid[i] ? static_cast<int64_t>(seg_offsets[g * nc + c]) + rank[pair0 + slot] : 0;
   }
+  constexpr bool kLoadsFirst = kLoads != WeightLoads::per_head;
+  constexpr bool kHalfWarps = kLoads == WeightLoads::all_first_half_warps;
+  const int half = lane / 16;  // kHalfWarps: this lane holds the o_swa rows of heads j % 2 == half
+  float a[G][2], a_swa[G];
+  float4 x[kHalfWarps ? (G + 1) / 2 : G] = {};
+  auto load_scores = [&](int j) {
+    const int64_t row = (g * G + j) * p.T + t;
+    const float* score = selected_score + row * K;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) a[j][i] = valid[i] ? score[lane + kWarp * i] : kNegInf;
+    a_swa[j] = lse_swa[row];
+  };
+  auto load_window_row = [&](int j) {
+    const int64_t row = (g * G + j) * p.T + t;
+    if (lane < kTileDim / 4) x[j] = reinterpret_cast<const float4*>(o_swa + row * kTileDim)[lane];
+  };
+  if constexpr (kHalfWarps) {
+#pragma unroll
+    for (int j = 0; j < G; ++j) load_scores(j);
+#pragma unroll
+    for (int jj = 0; jj < (G + 1) / 2; ++jj) {
+      const int j = 2 * jj + half;
+      if (j < G)
+        x[jj] = reinterpret_cast<const float4*>(o_swa + ((g * G + j) * p.T + t) * kTileDim)[lane % 16];
+    }
+  } else if constexpr (kLoadsFirst) {
+#pragma unroll
+    for (int j = 0; j < G; ++j) load_scores(j), load_window_row(j);
+  }
   float w[2][G];
 #pragma unroll
   for (int j = 0; j < G; ++j) {
     const int64_t row = (g * G + j) * p.T + t;
-    const float* score = selected_score + row * K;
-    float a[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) a[i] = valid[i] ? score[lane + kWarp * i] : kNegInf;
-    const float a_swa = lse_swa[row];
-    float m = warp_max(fmaxf(fmaxf(a[0], a[1]), a_swa));
+    if constexpr (!kLoadsFirst) load_scores(j);
+    float m = warp_max(fmaxf(fmaxf(a[j][0], a[j][1]), a_swa[j]));
     if (p.softmax1) m = fmaxf(m, 0.0f);
-    float l = warp_sum(exp_diff(a[0], m) + exp_diff(a[1], m));
-    const float w_swa = exp_diff(a_swa, m);
+    float l = warp_sum(exp_diff(a[j][0], m) + exp_diff(a[j][1], m));
+    const float w_swa = exp_diff(a_swa[j], m);
     l += w_swa;
     if (p.softmax1) l += exp_diff(0.0f, m);
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) w[i][j] = exp_diff(a[i], m) * inv;
-    if (lane < kTileDim / 4) {
-      const float4 x = reinterpret_cast<const float4*>(o_swa + row * kTileDim)[lane];
+    for (int i = 0; i < 2; ++i) w[i][j] = exp_diff(a[j][i], m) * inv;
+    if constexpr (kHalfWarps) {
+      if (half == j % 2) {
+        const float f = w_swa * inv;
+        const float4 xj = x[j / 2];
+        store4(o16 + row * kTileDim + 4 * (lane % 16),
+               make_float4(xj.x * f, xj.y * f, xj.z * f, xj.w * f));
+      }
+    } else if (lane < kTileDim / 4) {
+      if constexpr (!kLoadsFirst) load_window_row(j);
       const float f = w_swa * inv;
-      store4(o16 + row * kTileDim + 4 * lane, make_float4(x.x * f, x.y * f, x.z * f, x.w * f));
+      store4(o16 + row * kTileDim + 4 * lane,
+             make_float4(x[j].x * f, x[j].y * f, x[j].z * f, x[j].w * f));
     }
     if (lane == 0) lse[row] = l > 0.0f ? m + __logf(l) : kNegInf;
   }
@@ -1124,15 +1232,17 @@ int64_t segment_queries(const LaunchParams& p) {
 
 size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// Queries per segment of chunked_v10: the segment's fp16 o and bf16 q rows in half the L2.
-int64_t f16_segment_queries(const LaunchParams& p) {
+// Queries per segment of chunked_v10-v14: the segment's fp16 o and bf16 q rows in half the L2;
+// chunked_v15 (l2_share 3 / 4): in three quarters of it (9600 queries with 50 MB: more pairs
+// per (group, chunk) and item, so fewer K/V loads per row; measured in gpu/NOTES.md "sparse v15").
+int64_t f16_segment_queries(const LaunchParams& p, int64_t l2_share_num, int64_t l2_share_den) {
   if (g_segment_queries > 0) return g_segment_queries < p.T ? g_segment_queries : p.T;
   int device = 0, l2_bytes = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device) != cudaSuccess || l2_bytes <= 0)
     l2_bytes = 40 << 20;
   const int64_t per_query = p.Hq * kTileDim * static_cast<int64_t>(2 * sizeof(__half));
-  int64_t seg = static_cast<int64_t>(l2_bytes) / 2 / per_query;
+  int64_t seg = static_cast<int64_t>(l2_bytes) * l2_share_num / l2_share_den / per_query;
   if (seg < 64) seg = 64;
   return seg < p.T ? seg : p.T;
 }
@@ -1176,10 +1286,14 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
                             const float* selected_score, const float* o_swa, const float* lse_swa,
                             float* o, float* lse, SparseKernel kernel, cudaStream_t stream) {
   constexpr int kPairs = pairs_per_item<G>();
-  const bool pair_weights = kernel == SparseKernel::chunked_v11 || kernel == SparseKernel::chunked_v12;
+  const bool pair_weights = kernel == SparseKernel::chunked_v11 || kernel == SparseKernel::chunked_v12 ||
+                            kernel == SparseKernel::chunked_v13 || kernel == SparseKernel::chunked_v14 ||
+                            kernel == SparseKernel::chunked_v15;
   const bool f16_sums = kernel == SparseKernel::chunked_v10 || pair_weights;
   const int64_t nc = p.T / p.S, n_ch = p.Hkv * nc;
-  const int64_t seg = f16_sums ? f16_segment_queries(p) : segment_queries(p);
+  const int64_t seg = !f16_sums ? segment_queries(p)
+                     : kernel == SparseKernel::chunked_v15 ? f16_segment_queries(p, 3, 4)
+                                                           : f16_segment_queries(p, 1, 2);
   const int64_t n_seg = (p.T + seg - 1) / seg;
   const int64_t n_pairs = p.Hkv * p.T * p.K, bucket_stride = p.Hkv * seg * p.K;
   const int64_t max_items = (bucket_stride + kPairs - 1) / kPairs + n_ch;
@@ -1242,9 +1356,17 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
       auto* o16 = reinterpret_cast<__half*>(reinterpret_cast<char*>(partial) + weights_bytes);
       if (pair_weights) {
         const auto group_blocks = static_cast<unsigned>((p.Hkv * tn + kReduceWarps - 1) / kReduceWarps);
-        fusion_pair_weights_kernel<G><<<group_blocks, kReduceWarps * kWarp, 0, stream>>>(
-            p, t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank,
-            offsets + s * (n_ch + 1), pair_weight, o16, lse);
+        const auto launch_weights = [&](auto kernel_fn) {
+          kernel_fn<<<group_blocks, kReduceWarps * kWarp, 0, stream>>>(
+              p, t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank,
+              offsets + s * (n_ch + 1), pair_weight, o16, lse);
+        };
+        if (kernel == SparseKernel::chunked_v15)
+          launch_weights(fusion_pair_weights_kernel<G, WeightLoads::all_first_half_warps>);
+        else if (kernel == SparseKernel::chunked_v13 || kernel == SparseKernel::chunked_v14)
+          launch_weights(fusion_pair_weights_kernel<G, WeightLoads::all_first>);
+        else
+          launch_weights(fusion_pair_weights_kernel<G, WeightLoads::per_head>);
       } else {
         fusion_weights_kernel<__half><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
             p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, weights, o16, lse);
@@ -1252,10 +1374,15 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
       if (n_ch > 0 && n_pairs > 0) {
         const auto grid = static_cast<unsigned>((p.Hkv * tn * p.K + kPairs - 1) / kPairs + n_ch);
         constexpr int kBytes = kWarpsPerBlock * 2 * 16 * kTilePitch * sizeof(__nv_bfloat16);
-        if (kernel == SparseKernel::chunked_v12)
-          launch_chunk_v9<G, true>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
-                                   item_desc + s * max_items, bucket + s * bucket_stride, o16,
-                                   pair_weight);
+        if (kernel == SparseKernel::chunked_v12 || kernel == SparseKernel::chunked_v13 ||
+            kernel == SparseKernel::chunked_v15)
+          launch_chunk_v9<G, V9Out::red_f16x2>(grid, stream, p, t0, seg, nc,
+                                               items + s * (n_ch + 1), item_desc + s * max_items,
+                                               bucket + s * bucket_stride, o16, pair_weight);
+        else if (kernel == SparseKernel::chunked_v14)
+          launch_chunk_v9<G, V9Out::bulk_red>(grid, stream, p, t0, seg, nc,
+                                              items + s * (n_ch + 1), item_desc + s * max_items,
+                                              bucket + s * bucket_stride, o16, pair_weight);
         else if (pair_weights)
           chunk_attention_f16_kernel<G, true><<<grid, kPackedThreads, kBytes, stream>>>(
               p, t0, seg, nc, items + s * (n_ch + 1), item_desc + s * max_items,
@@ -1273,7 +1400,7 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
     if (n_ch > 0 && n_pairs > 0) {
       const auto grid = static_cast<unsigned>((p.Hkv * tn * p.K + kPairs - 1) / kPairs + n_ch);
       if (kernel == SparseKernel::chunked_v9)
-        launch_chunk_v9<G, false>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
+        launch_chunk_v9<G, V9Out::partials>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
                                   item_desc + s * max_items, bucket + s * bucket_stride, partial,
                                   nullptr);
       else
@@ -1363,8 +1490,8 @@ void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
 }  // namespace
 
 void set_sparse_segment_queries(int64_t queries) { g_segment_queries = queries; }
-void set_sparse_kernel(SparseKernel kernel) { g_sparse_kernel = kernel; }
-SparseKernel sparse_kernel() { return g_sparse_kernel; }
+void set_sparse_kernel(std::optional<SparseKernel> kernel) { g_sparse_kernel = kernel; }
+SparseKernel sparse_kernel() { return g_sparse_kernel.value_or(default_sparse_kernel()); }
 
 bool chunked_fuse_applies(const LaunchParams& p) {
   // Bucket entries pack (t - t0) << 6 | slot into 32 bits; the scan counts in int32.
@@ -1374,13 +1501,14 @@ bool chunked_fuse_applies(const LaunchParams& p) {
 void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
                          const float* selected_score, const float* o_swa, const float* lse_swa,
                          float* o, float* lse, cudaStream_t stream) {
-  const SparseKernel kernel = g_sparse_kernel;
+  const SparseKernel kernel = sparse_kernel();
   if (uses_wgmma(kernel) && !wgmma_runs_on_current_device())
     refuse_wgmma_kernel("sparse_kernel", sparse_kernel_name(kernel),
-                        "a kernel without wgmma, such as the default chunked_v11");
+                        "a kernel without wgmma, such as chunked_v11, the default here");
   if (kernel == SparseKernel::chunked_v8 || kernel == SparseKernel::chunked_v9 ||
       kernel == SparseKernel::chunked_v10 || kernel == SparseKernel::chunked_v11 ||
-      kernel == SparseKernel::chunked_v12) {
+      kernel == SparseKernel::chunked_v12 || kernel == SparseKernel::chunked_v13 ||
+      kernel == SparseKernel::chunked_v14 || kernel == SparseKernel::chunked_v15) {
     switch (p.Hq / p.Hkv) {
       case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
       case 2: return launch_bucketed_once_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);

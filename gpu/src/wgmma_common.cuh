@@ -55,19 +55,26 @@ __device__ __forceinline__ uint32_t sw128_offset(int row, int col) {
 
 // Matrix descriptor (PTX "matrix-descriptor-encode"): start address, leading and stride byte
 // offsets (>> 4, 14 bits each), base offset 0, swizzle mode 1 = 128 bytes.
-__device__ __forceinline__ uint64_t desc_sw128(const void* panel, uint32_t leading_bytes,
+// The panel given by its shared-memory address (__cvta_generic_to_shared) or by a pointer.
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t panel, uint32_t leading_bytes,
                                                uint32_t stride_bytes) {
-  const uint64_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(panel));
-  return ((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((leading_bytes >> 4) & 0x3FFF) << 16) |
+  return ((panel & 0x3FFFF) >> 4) | (static_cast<uint64_t>((leading_bytes >> 4) & 0x3FFF) << 16) |
          (static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
+__device__ __forceinline__ uint64_t desc_sw128(const void* panel, uint32_t leading_bytes,
+                                               uint32_t stride_bytes) {
+  return desc_sw128(static_cast<uint32_t>(__cvta_generic_to_shared(panel)), leading_bytes,
+                    stride_bytes);
+}
 // K-major panel: the next 8 rows (M or N) 1024 bytes on; the leading offset is unused.
-__device__ __forceinline__ uint64_t desc_k_major(const void* panel) {
+template <class Panel>
+__device__ __forceinline__ uint64_t desc_k_major(Panel panel) {
   return desc_sw128(panel, 16, kAtomBytes);
 }
 // N-major panel (B as [k][n]): the next 8 k rows 1024 bytes on, the next 64 n columns
 // panel_stride bytes on.
-__device__ __forceinline__ uint64_t desc_n_major(const void* panel, uint32_t panel_stride) {
+template <class Panel>
+__device__ __forceinline__ uint64_t desc_n_major(Panel panel, uint32_t panel_stride) {
   return desc_sw128(panel, panel_stride, kAtomBytes);
 }
 // The same descriptor `bytes` further on (bytes a multiple of 16; within the 18-bit address).

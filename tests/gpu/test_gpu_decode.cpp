@@ -4,9 +4,10 @@
 // and near ties. The cache holds bf16 K/V and the prefill's summaries rounded to bf16 (the
 // oracle's score_precision bf16) or quantised to fp8 e4m3 with per-row scales by
 // quantize_summaries_fp8 (score_precision fp8_e4m3); the fused kernel (d21), d5 and (ties and the
-// several-tile cases) d8, d13, d16, d17 and d18 run; d18 and d19 also on every case with d = 64
-// and with 16 heads per group, d19 also with its persistent scan's grid capped (several tiles per
-// block).
+// several-tile cases) d8, d13, d16, d17 and d18 run; d18, d19 and d23 also on every case with
+// d = 64 and with 16 heads per group, d19 also with its persistent scan's grid capped (several
+// tiles per block), d23 (its tails in one kernel) also on the ties and over four and eleven
+// group-score tiles at d = 64.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
@@ -51,9 +52,11 @@ constexpr Variant kD17Fp8{hils::gpu::DecodeKernel::d17, hils::gpu::SummaryType::
 constexpr Variant kD18Fp8{hils::gpu::DecodeKernel::d18, hils::gpu::SummaryType::fp8_e4m3, "d18 fp8"};
 constexpr Variant kD19Fp8{hils::gpu::DecodeKernel::d19, hils::gpu::SummaryType::fp8_e4m3, "d19 fp8"};
 constexpr Variant kD19Bf16{hils::gpu::DecodeKernel::d19, hils::gpu::SummaryType::bf16, "d19 bf16"};
+constexpr Variant kD23Fp8{hils::gpu::DecodeKernel::d23, hils::gpu::SummaryType::fp8_e4m3, "d23 fp8"};
+constexpr Variant kD23Bf16{hils::gpu::DecodeKernel::d23, hils::gpu::SummaryType::bf16, "d23 bf16"};
 // Every variant, for the tie and several-tile cases.
-const std::vector<Variant> kAllVariants{kFusedBf16, kFusedFp8, kD5Bf16, kD8Fp8,
-                                        kD13Fp8,    kD16Fp8,   kD17Fp8, kD18Fp8};
+const std::vector<Variant> kAllVariants{kFusedBf16, kFusedFp8, kD5Bf16, kD8Fp8,  kD13Fp8,
+                                        kD16Fp8,    kD17Fp8,   kD18Fp8, kD23Fp8, kD23Bf16};
 
 // An e4m3 byte as a double (sign, 4 exponent bits with bias 7, 3 mantissa bits; no NaN expected).
 double decode_e4m3(unsigned char byte) {
@@ -124,11 +127,14 @@ void prefill_summaries(const MechanismSpec& spec, const AttentionInputs<double>&
   for (auto& v : gt::head_vectors_of(b, in.Hq(), nc)) bias.push_back(v);
 }
 
-// One decode call over `seqs` (same shapes); returns the oracle's verdict per sequence.
+// One decode call over `seqs` (same shapes); returns the oracle's verdict per sequence. `bytes`
+// (when given) receives the bytes of every output (o, lse, o_window, lse_window, selection,
+// surrogate, fusion_weights), for kernels that must agree bit for bit.
 std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
                                                const std::vector<AttentionInputs<double>>& seqs,
                                                std::vector<hils::IndexMatrix>* selections,
-                                               const Variant& variant = kFusedBf16) {
+                                               const Variant& variant = kFusedBf16,
+                                               std::vector<unsigned char>* bytes = nullptr) {
   const auto& first = seqs.front();
   const int64_t B = seqs.size(), T = first.T(), Hq = first.Hq(), Hkv = first.Hkv();
   const int64_t d = first.d(), dv = first.dv(), nc = T / spec.S, K = spec.K;
@@ -194,6 +200,14 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
            {&selection, "selection"}, {&surrogate, "surrogate"}, {&weights, "fusion_weights"},
            {&workspace, "workspace"}})
     if (auto problem = buffer->guard_damage(name); !problem.empty()) damage.push_back(problem);
+  if (bytes) {
+    bytes->clear();
+    for (const gt::GuardedBuffer* buffer : {&o, &lse, &o_window, &lse_window, &selection,
+                                            &surrogate, &weights}) {
+      const auto host = buffer->download();
+      bytes->insert(bytes->end(), host.begin(), host.end());
+    }
+  }
   if (quantize_mismatches > 0)
     damage.push_back("quantize_summaries_fp8: " + std::to_string(quantize_mismatches) +
                      " values or scales differ from oracle::round_to_fp8_e4m3 / fp8_row_scale");
@@ -283,9 +297,11 @@ TEST_CASE("gpu decode over the case table passes the oracle", "[gpu]") {
         check_decode(spec, seqs, c.name, kFusedBf16);
         check_decode(spec, seqs, c.name, kFusedFp8);
         if (&spec == &specs.front()) check_decode(spec, seqs, c.name, kD5Bf16);
-        if (c.d == 64) {  // where fused (d21), d18 and d19 differ
+        if (c.d == 64) {  // where fused (d21), d18, d19 and d23 differ
           check_decode(spec, seqs, c.name, kD18Fp8);
           check_decode(spec, seqs, c.name, kD19Fp8);
+          check_decode(spec, seqs, c.name, kD23Fp8);
+          check_decode(spec, seqs, c.name, kD23Bf16);
         }
         ++checked;
       }
@@ -446,7 +462,7 @@ TEST_CASE("gpu decode with 16 heads per group passes the oracle", "[gpu]") {
       hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
   for (const char* preset : {"hils", "nsa"}) {
     const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
-    for (const Variant& variant : {kFusedBf16, kFusedFp8, kD13Fp8, kD18Fp8, kD19Fp8})
+    for (const Variant& variant : {kFusedBf16, kFusedFp8, kD13Fp8, kD18Fp8, kD19Fp8, kD23Fp8, kD23Bf16})
       check_decode(spec, seqs, c.name, variant);
   }
 }
@@ -483,4 +499,51 @@ TEST_CASE("gpu decode d19 with several tiles per scan block passes the oracle", 
       check_decode(hils::cases::with_case_geometry(hils::preset(preset), narrow), seqs,
                    narrow.name + (" " + label.str()), kD19Fp8);
   }
+}
+
+// d23 runs the four tails in one kernel: the group-score tiles (128 threads, two candidates each),
+// the select by the last of a group's tiles to finish, chunk items that wait for their group's
+// select, the fuse by the last chunk item. Four and eleven 256-chunk group-score tiles per KV
+// group at d = dv = 64 (the kernel's shape; the three- and eleven-tile cases above have d = 8 and
+// take d21's launches), the top chunk copied into other tiles so that exact ties cross tiles and
+// reach the select's merge from different warps (eleven tiles: 352 kept candidates, 88 per warp).
+TEST_CASE("gpu decode d23 tails over several group-score tiles pass the oracle", "[gpu]") {
+  const Case four{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
+  const Case eleven{"decode_d64_eleven_tiles", 10400, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
+  const std::vector<std::pair<Case, std::vector<int64_t>>> shapes{{four, {20, 300, 600, 780}},
+                                                                 {eleven, {20, 1100, 2200}}};
+  for (const auto& [c, twins] : shapes) {
+    int64_t violations = 0;
+    const int64_t cuts = check_cross_tile_ties(c, twins, {1, 2, 8, 32}, {kD23Fp8, kD23Bf16},
+                                               c.name, &violations);
+    std::cout << "decode d23 " << c.name << ": selections cutting through the twins " << cuts
+              << ", violations " << violations << "\n";
+    CHECK(violations == 0);
+    CHECK(cuts > 0);
+  }
+}
+
+// d23's kernels compute what d21's compute, in the same order (the group-score tiles' kept lists
+// are the same whatever their block size): every output equals d21's bit for bit (measured at
+// 512K, B = 1, 8 and 32, in session 11's device run 4).
+TEST_CASE("gpu decode d23 equals d21 bit for bit", "[gpu]") {
+  const Case c{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
+  const std::vector<AttentionInputs<double>> seqs{
+      hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
+  constexpr Variant kD21Fp8{hils::gpu::DecodeKernel::d21, hils::gpu::SummaryType::fp8_e4m3, "d21 fp8"};
+  constexpr Variant kD21Bf16{hils::gpu::DecodeKernel::d21, hils::gpu::SummaryType::bf16, "d21 bf16"};
+  for (const char* preset : {"hils", "nsa"})
+    for (int64_t K : {1, 8, 32})
+      for (const auto& [d21, d23] : {std::pair{kD21Fp8, kD23Fp8}, std::pair{kD21Bf16, kD23Bf16}}) {
+        MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+        spec.K = K;
+        std::vector<hils::IndexMatrix> selections;
+        std::vector<unsigned char> expected, got;
+        decode_and_verify(spec, seqs, &selections, d21, &expected);
+        const auto verdicts = decode_and_verify(spec, seqs, &selections, d23, &got);
+        INFO(preset << " K " << K << " " << d23.name);
+        CHECK(expected.size() > 0);
+        CHECK(got == expected);
+        for (const auto& verdict : verdicts) CHECK(verdict.passed);
+      }
 }

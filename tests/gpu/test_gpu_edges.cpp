@@ -201,7 +201,9 @@ TEST_CASE("gpu host API rejects bad input naming the field", "[gpu]") {
 
 // The one-pass selection (v5), the bounded two-pass selection (v6), the quad-offer two-pass
 // selection (v7) and the buffered two-pass selection (v8, and v9: v8 scored by wgmma, whose sums
-// equal mma.sync's bit for bit) against the two-pass kernel v4: the
+// equal mma.sync's bit for bit; v13: pass 2 head-major, a chunk's best head entry; v14: two
+// tiles per pass-1 step, odd counts ending on a phantom tile; v15: v12 with v14's pass 1) against the
+// two-pass kernel v4: the
 // same s2 and log2 Z_hat arithmetic and selected-score writers with the same sum order, v6's and
 // v8's bounds (32 and 64 slots) drop only candidates that cannot be selected, v7 and v8 keep the
 // K best under the same (value, chunk) order in other ways (v8's buffer cuts run on every tile
@@ -225,12 +227,22 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
     Case{"packed_g4_k40_peaked",  6000,   64,  64, 40,  8,  2, 64, 64, true, 5.0},
     Case{"packed_k32_three_tiles",12000,  64, 512, 32,  8,  1, 64, 64, true, 1.0},
     Case{"packed_k20_peaked",     9000,   64, 256, 20,  4,  1, 64, 64, true, 3.0},
+    Case{"packed_k32_five_tiles", 17000,  64, 512, 32,  8,  1, 64, 64, true, 1.0},
   };
   // clang-format on
   std::vector<std::pair<std::string, AttentionInputs<double>>> problems;
   std::vector<Case> geometry;
   for (const Case& c : kCases) {
     problems.emplace_back(c.name, hils::cases::make_inputs<double>(c));
+    geometry.push_back(c);
+  }
+  // v13 appends each head's values: with every head of the group equal, each candidate chunk is
+  // appended G times with equal values (its buffer cuts keep one entry per chunk).
+  {
+    const Case& c = kCases[std::size(kCases) - 1];
+    auto equal = hils::cases::make_inputs<double>(c);
+    for (int64_t h = 0; h < c.Hq; ++h) equal.q[h] = equal.q[h / (c.Hq / c.Hkv) * (c.Hq / c.Hkv)];
+    problems.emplace_back(std::string(c.name) + " equal heads", std::move(equal));
     geometry.push_back(c);
   }
   const Case tied = case_named("longer_blocks");
@@ -261,7 +273,8 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
                             hils::gpu::SelectKernel::two_pass_v6, hils::gpu::SelectKernel::two_pass_v7,
                             hils::gpu::SelectKernel::two_pass_v8, hils::gpu::SelectKernel::two_pass_v9,
                             hils::gpu::SelectKernel::two_pass_v10, hils::gpu::SelectKernel::two_pass_v11,
-                            hils::gpu::SelectKernel::two_pass_v12};
+                            hils::gpu::SelectKernel::two_pass_v12, hils::gpu::SelectKernel::two_pass_v13,
+                            hils::gpu::SelectKernel::two_pass_v14, hils::gpu::SelectKernel::two_pass_v15};
       for (auto kernel : kernels) {
         gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), selected(c.Hq * c.T * c.K * 4);
         hils::gpu::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,
@@ -284,7 +297,8 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
               break;
             }
         const char* labels[] = {"two-pass v4", "one-pass v5", "two-pass v6", "two-pass v7",
-                                "two-pass v8", "two-pass v9", "two-pass v10", "two-pass v11", "two-pass v12"};
+                                "two-pass v8", "two-pass v9", "two-pass v10", "two-pass v11", "two-pass v12",
+                                "two-pass v13", "two-pass v14", "two-pass v15"};
         const char* label = labels[k];
         std::cout << label << " vs two-pass v4 " << problems[n].first << " " << preset << ": rows "
                   << c.Hkv * c.T << ", differing " << differing_rows << "\n";

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -110,16 +111,20 @@ oracle::Verifier verifier_for(const MechanismSpec& spec, const AttentionInputs<d
   return oracle::Verifier(spec, inputs, options);
 }
 
+// Judges one run with `verifier` and prints the report under `title`.
+bool judge(const oracle::Verifier& verifier, const KernelRun& run, const std::string& title) {
+  const oracle::Verdict verdict = verifier.verify(run.out);
+  std::cout << "=== " << title << "\n" << verdict.report();
+  for (const auto& problem : run.guard_problems) std::cout << "GUARD: " << problem << "\n";
+  return verdict.passed && run.guard_problems.empty();
+}
+
 // Runs the kernels for one (spec, inputs, dtype), judges them with `verifier` (built by
 // verifier_for from the same three) and prints the report.
 bool check_with(const oracle::Verifier& verifier, const MechanismSpec& spec,
                 const AttentionInputs<double>& inputs, DType dtype, const std::string& label) {
-  const KernelRun run = run_on_device(spec, inputs, dtype);
-  const oracle::Verdict verdict = verifier.verify(run.out);
-  std::cout << "=== " << label << " [" << gt::name_of(dtype) << "] " << spec.name << "\n"
-            << verdict.report();
-  for (const auto& problem : run.guard_problems) std::cout << "GUARD: " << problem << "\n";
-  return verdict.passed && run.guard_problems.empty();
+  return judge(verifier, run_on_device(spec, inputs, dtype),
+               label + " [" + gt::name_of(dtype) + "] " + spec.name);
 }
 
 bool check_mechanism(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
@@ -309,7 +314,9 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's to v12's and v6's lse
       // Versions whose lse (only) must be v6's: v9 to v12.
       const hils::gpu::SparseKernel lse_only[] = {
           hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v10,
-          hils::gpu::SparseKernel::chunked_v11, hils::gpu::SparseKernel::chunked_v12};
+          hils::gpu::SparseKernel::chunked_v11, hils::gpu::SparseKernel::chunked_v12,
+          hils::gpu::SparseKernel::chunked_v13, hils::gpu::SparseKernel::chunked_v14,
+          hils::gpu::SparseKernel::chunked_v15};
       std::vector<KernelRun> lse_runs;
       for (auto kernel : lse_only) lse_runs.push_back(run_with(kernel));
       INFO("case " << c.name << " segment " << segment);
@@ -409,7 +416,6 @@ TEST_CASE("gpu packed window kernels against the reference", "[gpu]") {
     Case{"window_g2_tiny",           45,   64,  16,  2,  2,  1, 64, 64, false, 1.0},
   };
   // clang-format on
-  const auto current = hils::gpu::window_kernel();
   for (const Case& c : kCases) {
     const auto inputs = hils::cases::make_inputs<double>(c);
     for (const char* preset : {"swa", "hils"}) {
@@ -424,14 +430,13 @@ TEST_CASE("gpu packed window kernels against the reference", "[gpu]") {
       }
     }
   }
-  hils::gpu::set_window_kernel(current);
+  hils::gpu::set_window_kernel(std::nullopt);  // the default again
 }
 
 // The C API's window-kernel values are the enum's, its getter reports what runs, a value past
 // the last kernel is refused by name; set_packed_kernels takes 0 or 1 only.
 TEST_CASE("gpu C API window kernel values", "[gpu]") {
-  const auto current = hils::gpu::window_kernel();
-  CHECK(hils_gpu_window_kernel() == static_cast<int32_t>(current));
+  CHECK(hils_gpu_window_kernel() == static_cast<int32_t>(hils::gpu::window_kernel()));
   for (auto kernel : hils::gpu::kWindowKernels) {
     INFO(hils::gpu::window_kernel_name(kernel));
     REQUIRE(hils_gpu_set_window_kernel(static_cast<int32_t>(kernel)) == 0);
@@ -442,7 +447,7 @@ TEST_CASE("gpu C API window kernel values", "[gpu]") {
   CHECK(hils_gpu_set_window_kernel(past) == 2);
   CHECK(hils_gpu_set_window_kernel(-1) == 2);
   CHECK(std::string(hils_gpu_last_error()).rfind("window_kernel:", 0) == 0);
-  hils::gpu::set_window_kernel(current);
+  hils::gpu::set_window_kernel(std::nullopt);
   CHECK(hils_gpu_set_packed_kernels(2) == 2);
   CHECK(std::string(hils_gpu_last_error()).rfind("enabled:", 0) == 0);
   REQUIRE(hils_gpu_set_packed_kernels(0) == 0);
@@ -452,9 +457,11 @@ TEST_CASE("gpu C API window kernel values", "[gpu]") {
 }
 
 // Where wgmma cannot run (a build without sm_90a, a GPU of another generation; forced here by
-// the test switch), the default selection is two_pass_v8 and selects what the wgmma default selects,
-// and a wgmma kernel named by the caller is refused when it would run, with an error that names
-// the field, the kernel and the build setting, instead of a trap in the kernel.
+// the test switch), the default selection is two_pass_v8 and selects what the wgmma default
+// selects, the default sparse stage is chunked_v11 and passes the oracle as the wgmma default
+// does, the default window kernel is mma_v9 (the same o_window bits as mma_v9 named), and a
+// wgmma kernel named by the caller is refused when it would run, with an error that names the
+// field, the kernel and the build setting, instead of a trap in the kernel.
 TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "[gpu]") {
   cudaDeviceProp prop{};
   REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
@@ -464,20 +471,48 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
   CHECK(hils::gpu::default_select_kernel() == (hils::gpu::wgmma_available()
                                                    ? hils::gpu::kDefaultSelectKernel
                                                    : hils::gpu::kSelectKernelWithoutWgmma));
+  CHECK(hils::gpu::default_sparse_kernel() == (hils::gpu::wgmma_available()
+                                                   ? hils::gpu::kDefaultSparseKernel
+                                                   : hils::gpu::kSparseKernelWithoutWgmma));
+  const auto sparse = hils::gpu::sparse_kernel();
+  hils::gpu::set_sparse_kernel(std::nullopt);  // the default, as in a process that sets none
+  CHECK(hils::gpu::sparse_kernel() == hils::gpu::default_sparse_kernel());
+  CHECK(hils::gpu::default_window_kernel() == (hils::gpu::wgmma_available()
+                                                   ? hils::gpu::kDefaultWindowKernel
+                                                   : hils::gpu::kWindowKernelWithoutWgmma));
+  hils::gpu::set_window_kernel(std::nullopt);
+  CHECK(hils::gpu::window_kernel() == hils::gpu::default_window_kernel());
 
   const Case c{"packed_bench_geometry", 2113, 64, 512, 32, 16, 2, 64, 64, true, 1.0};
   const auto inputs = hils::cases::make_inputs<double>(c);
   const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
+  const auto verifier = verifier_for(spec, inputs, DType::bf16);
+  // The default selection and sparse stage; the fallback window kernel by name, so that both
+  // runs' lse_swa (which the selection reads) are the same bits.
+  hils::gpu::set_window_kernel(hils::gpu::kWindowKernelWithoutWgmma);
   const KernelRun with_default = run_on_device(spec, inputs, DType::bf16);
+  hils::gpu::set_window_kernel(std::nullopt);
+  CHECK(judge(verifier, with_default,
+              std::string("wgmma fallback test, default sparse stage ") +
+                  sparse_kernel_name(hils::gpu::sparse_kernel())));
 
   hils::gpu::detail::disable_wgmma_for_testing(true);
   CHECK_FALSE(hils::gpu::wgmma_available());
   CHECK(hils::gpu::default_select_kernel() == hils::gpu::SelectKernel::two_pass_v8);
+  CHECK(hils::gpu::default_sparse_kernel() == hils::gpu::SparseKernel::chunked_v11);
+  CHECK(hils::gpu::sparse_kernel() == hils::gpu::SparseKernel::chunked_v11);
+  CHECK(hils::gpu::default_window_kernel() == hils::gpu::WindowKernel::mma_v9);
+  CHECK(hils::gpu::window_kernel() == hils::gpu::WindowKernel::mma_v9);
   const KernelRun fallen_back = run_on_device(spec, inputs, DType::bf16);
-  CHECK(fallen_back.guard_problems.empty());
+  CHECK(judge(verifier, fallen_back, "wgmma fallback test, without wgmma: chunked_v11"));
   REQUIRE(fallen_back.out.selection.size() == with_default.out.selection.size());
   for (size_t g = 0; g < fallen_back.out.selection.size(); ++g)
     CHECK(fallen_back.out.selection[g] == with_default.out.selection[g]);
+  REQUIRE(fallen_back.out.o_window.size() == with_default.out.o_window.size());
+  for (size_t h = 0; h < fallen_back.out.o_window.size(); ++h) {
+    CHECK((fallen_back.out.o_window[h] == with_default.out.o_window[h]));
+    CHECK((fallen_back.out.lse_window[h] == with_default.out.lse_window[h]));
+  }
 
   const auto shape = hils::gpu::Shape{c.T, c.Hq, c.Hkv, c.d, c.dv};
   auto set = gt::upload_inputs(inputs, DType::bf16);
@@ -485,7 +520,9 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
   gt::GuardedBuffer key(c.Hq * nc * c.d * 4), bias(c.Hq * nc * 4), lse_swa(c.Hq * c.T * 4);
   gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), score(c.Hq * c.T * c.K * 4);
   for (auto kernel : {hils::gpu::SelectKernel::two_pass_v9, hils::gpu::SelectKernel::two_pass_v10,
-                      hils::gpu::SelectKernel::two_pass_v11, hils::gpu::SelectKernel::two_pass_v12}) {
+                      hils::gpu::SelectKernel::two_pass_v11, hils::gpu::SelectKernel::two_pass_v12,
+                      hils::gpu::SelectKernel::two_pass_v13, hils::gpu::SelectKernel::two_pass_v14,
+                      hils::gpu::SelectKernel::two_pass_v15}) {
     REQUIRE(hils::gpu::uses_wgmma(kernel));
     INFO(hils::gpu::select_kernel_name(kernel));
     CHECK_THROWS_WITH(
@@ -496,8 +533,21 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
             Catch::Contains(hils::gpu::select_kernel_name(kernel)) &&
             Catch::Contains("HILS_CUDA_ARCHITECTURES=90a"));
   }
-  const auto sparse = hils::gpu::sparse_kernel();
-  for (auto kernel : {hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v12}) {
+  for (auto kernel : hils::gpu::kWindowKernels) {
+    if (!hils::gpu::uses_wgmma(kernel)) continue;
+    INFO(hils::gpu::window_kernel_name(kernel));
+    hils::gpu::set_window_kernel(kernel);
+    CHECK_THROWS_WITH(run_on_device(spec, inputs, DType::bf16),
+                      Catch::StartsWith("window_kernel: expected a kernel without wgmma") &&
+                          Catch::Contains(hils::gpu::window_kernel_name(kernel)));
+  }
+  for (auto kernel : {hils::gpu::WindowKernel::wgmma_v11, hils::gpu::WindowKernel::wgmma_v12,
+                      hils::gpu::WindowKernel::wgmma_v13})
+    CHECK(hils::gpu::uses_wgmma(kernel));
+  hils::gpu::set_window_kernel(std::nullopt);
+  for (auto kernel : {hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v12,
+                      hils::gpu::SparseKernel::chunked_v13, hils::gpu::SparseKernel::chunked_v14,
+                      hils::gpu::SparseKernel::chunked_v15}) {
     REQUIRE(hils::gpu::uses_wgmma(kernel));
     INFO(sparse_kernel_name(kernel));
     hils::gpu::set_sparse_kernel(kernel);

@@ -79,13 +79,21 @@ enum class SparseKernel {
   chunked_v11,  // chunked_v10 with each row's fusion weight formed before the chunk kernel and
                 // stored in bucket order (read in order instead of two scattered loads per row)
   chunked_v12,  // chunked_v11 with chunked_v9's chunk kernel (wgmma, sm_90a)
+  chunked_v13,  // chunked_v12 with the pair-weights kernel's loads of the group's G heads
+                // issued before their arithmetic (the same values)
+  chunked_v14,  // chunked_v13 with one 128-byte bulk reduction (TMA) per row instead of eight
+                // 16-byte f16x2 reductions (sm_90a)
+  chunked_v15,  // chunked_v13 with the pair-weights kernel's o_swa rows split over half-warps
+                // (fewer registers, more warps per SM; the same values) and query segments of
+                // 3/4 of the L2 instead of 1/2
 };
 // Every SparseKernel, in the order of their values.
 constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
                                            SparseKernel::chunked_v6, SparseKernel::chunked_v7,
                                            SparseKernel::chunked_v8, SparseKernel::chunked_v9,
                                            SparseKernel::chunked_v10, SparseKernel::chunked_v11,
-                                           SparseKernel::chunked_v12};
+                                           SparseKernel::chunked_v12, SparseKernel::chunked_v13,
+                                           SparseKernel::chunked_v14, SparseKernel::chunked_v15};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
 // Whether the sparse stage runs wgmma (sm_90a; wgmma_available below). Every kernel is listed,
@@ -100,12 +108,25 @@ constexpr bool uses_wgmma(SparseKernel kernel) {
     case SparseKernel::chunked_v10:
     case SparseKernel::chunked_v11: return false;
     case SparseKernel::chunked_v9:
-    case SparseKernel::chunked_v12: return true;
+    case SparseKernel::chunked_v12:
+    case SparseKernel::chunked_v13:
+    case SparseKernel::chunked_v14:
+    case SparseKernel::chunked_v15: return true;
   }
   return true;
 }
-constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v11;
-void set_sparse_kernel(SparseKernel kernel);
+// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v15.
+constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v15;
+// The sparse stage without wgmma where wgmma cannot run: chunked_v11 (v15's arithmetic with
+// v6's mma.sync chunk kernel).
+constexpr SparseKernel kSparseKernelWithoutWgmma = SparseKernel::chunked_v11;
+// kDefaultSparseKernel where wgmma_available(), else kSparseKernelWithoutWgmma.
+SparseKernel default_sparse_kernel();
+// The sparse stage of the following calls, process-wide: a named kernel (refused when it would
+// run, if it needs wgmma where wgmma cannot run), or std::nullopt (the start value) for
+// default_sparse_kernel() at each call.
+void set_sparse_kernel(std::optional<SparseKernel> kernel);
+// The sparse stage that runs now: the one set, else default_sparse_kernel().
 SparseKernel sparse_kernel();
 
 // Which packed window kernel window_attention runs on the packed shapes (gpu/NOTES.md has each
@@ -115,14 +136,38 @@ enum class WindowKernel {
   mma_v4,   // 64 rows (M = 64 / G queries x G heads) per block, the element mask on every tile
   mma_v9,   // 128 rows per block, the mask only on tiles that cut a row's window, base-2 softmax
   mma_v10,  // mma_v9 with 64 rows (4 warps) per block, 4 blocks per SM
+  wgmma_v11,  // mma_v9's block as two warpgroups issuing wgmma m64n64k16 (sm_90a)
+  wgmma_v12,  // wgmma_v11 with fewer instructions per tile (copies, descriptors, exponentials)
+  wgmma_v13,  // wgmma_v12 with running copy sources and descriptor low words worked out once
 };
 // Every WindowKernel, in the order of their values.
 constexpr WindowKernel kWindowKernels[] = {WindowKernel::mma_v4, WindowKernel::mma_v9,
-                                           WindowKernel::mma_v10};
+                                           WindowKernel::mma_v10, WindowKernel::wgmma_v11,
+                                           WindowKernel::wgmma_v12, WindowKernel::wgmma_v13};
 // The kernel's name as above ("mma_v4", ...).
 const char* window_kernel_name(WindowKernel kernel);
-constexpr WindowKernel kDefaultWindowKernel = WindowKernel::mma_v9;
-void set_window_kernel(WindowKernel kernel);
+// Whether the kernel runs wgmma (sm_90a; wgmma_available below). Every kernel is listed, so
+// that a new one cannot be left out (-Wswitch).
+constexpr bool uses_wgmma(WindowKernel kernel) {
+  switch (kernel) {
+    case WindowKernel::mma_v4:
+    case WindowKernel::mma_v9:
+    case WindowKernel::mma_v10: return false;
+    case WindowKernel::wgmma_v11:
+    case WindowKernel::wgmma_v12:
+    case WindowKernel::wgmma_v13: return true;
+  }
+  return true;
+}
+constexpr WindowKernel kDefaultWindowKernel = WindowKernel::wgmma_v13;
+// The window kernel without wgmma where wgmma cannot run (wgmma_available).
+constexpr WindowKernel kWindowKernelWithoutWgmma = WindowKernel::mma_v9;
+// kDefaultWindowKernel where wgmma_available(), else kWindowKernelWithoutWgmma.
+WindowKernel default_window_kernel();
+// std::nullopt (the state at start): default_window_kernel(). A wgmma kernel named here is
+// refused by window_attention where wgmma cannot run (wgmma_available).
+void set_window_kernel(std::optional<WindowKernel> kernel);
+// The kernel that window_attention runs now: the one set, else default_window_kernel().
 WindowKernel window_kernel();
 
 // ---- Stages, each callable alone --------------------------------------------------------
@@ -152,7 +197,7 @@ void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const Devic
 // reachable as the benchmark's comparison points. one_pass_v5 applies to the
 // default group rule (max_normalized); for the others it falls back to two_pass_v4. v6 and v8
 // form their bounds for K <= 32 and the normalised group rules; v6 runs as v4 otherwise, v8 takes
-// K <= 32 (else two_pass_v4), and so do v9 to v12.
+// K <= 32 (else two_pass_v4), and so do v9 to v15.
 enum class SelectKernel {
   two_pass_v4,  // pass 1: log Z_hat per head; pass 2: group scores offered to the top-K lists
   one_pass_v5,  // per head a running log Z_hat and its K best; the union ranked at the end
@@ -166,12 +211,17 @@ enum class SelectKernel {
   two_pass_v11,  // v10 with the selected-score writer's loads one unit ahead (K <= 32, else
                  // two_pass_v4)
   two_pass_v12,  // v11 with pass 2's per-step copies, descriptors and resets trimmed
+  two_pass_v13,  // v12 with pass 2 head-major for max_normalized: each head appends its own
+                 // values above the bound, q~ staged once per head (K <= 32, else two_pass_v4)
+  two_pass_v14,  // v13 with two k' tiles per pass-1 step
+  two_pass_v15,  // v12 with two k' tiles per pass-1 step
 };
 // Every SelectKernel, in the order of their values.
 constexpr SelectKernel kSelectKernels[] = {
     SelectKernel::two_pass_v4, SelectKernel::one_pass_v5,  SelectKernel::two_pass_v6,
     SelectKernel::two_pass_v7, SelectKernel::two_pass_v8,  SelectKernel::two_pass_v9,
-    SelectKernel::two_pass_v10, SelectKernel::two_pass_v11, SelectKernel::two_pass_v12};
+    SelectKernel::two_pass_v10, SelectKernel::two_pass_v11, SelectKernel::two_pass_v12,
+    SelectKernel::two_pass_v13, SelectKernel::two_pass_v14, SelectKernel::two_pass_v15};
 constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v12;
 // The selection without wgmma where wgmma cannot run (wgmma_available).
 constexpr SelectKernel kSelectKernelWithoutWgmma = SelectKernel::two_pass_v8;
@@ -189,19 +239,24 @@ constexpr bool uses_wgmma(SelectKernel kernel) {
     case SelectKernel::two_pass_v9:
     case SelectKernel::two_pass_v10:
     case SelectKernel::two_pass_v11:
-    case SelectKernel::two_pass_v12: return true;
+    case SelectKernel::two_pass_v12:
+    case SelectKernel::two_pass_v13:
+    case SelectKernel::two_pass_v14:
+    case SelectKernel::two_pass_v15: return true;
   }
   return true;
 }
 
 // Whether the wgmma kernels (uses_wgmma: selections from two_pass_v9, sparse stages such as
-// chunked_v9) can run on the current GPU with this build: its code for the GPU must be sm_90a
-// (HILS_CUDA_ARCHITECTURES=90a and an sm_90 GPU). Probed once per device, at the first call,
-// by a one-thread kernel and a copy on the default stream (a program that captures CUDA graphs
-// makes one call before capturing). Where they cannot run, the default selection is
-// kSelectKernelWithoutWgmma (default_select_kernel), and naming a wgmma kernel (select_chunks'
-// `kernel`, set_sparse_kernel) is refused when it would run, with an std::invalid_argument
-// that names the field, the kernel and the build setting.
+// chunked_v9, window kernels from wgmma_v11) can run on the current GPU with this build: its
+// code for the GPU must be sm_90a (HILS_CUDA_ARCHITECTURES=90a and an sm_90 GPU). Probed once
+// per device, at the first call, by a one-thread kernel and a copy on the default stream (a
+// program that captures CUDA graphs makes one call before capturing). Where they cannot run,
+// the default selection is kSelectKernelWithoutWgmma (default_select_kernel), the default sparse stage
+// kSparseKernelWithoutWgmma (default_sparse_kernel), the default window kernel
+// kWindowKernelWithoutWgmma (default_window_kernel), and naming a wgmma kernel (select_chunks'
+// `kernel`, set_sparse_kernel, set_window_kernel) is refused when it would run, with an
+// std::invalid_argument that names the field, the kernel and the build setting.
 bool wgmma_available();
 // kDefaultSelectKernel where wgmma_available(), else kSelectKernelWithoutWgmma.
 SelectKernel default_select_kernel();

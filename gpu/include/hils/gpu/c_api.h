@@ -38,22 +38,26 @@ int hils_gpu_select(const hils_gpu_problem* p, const float* key, const float* bi
                     const float* exact, const float* lse_swa, int32_t* selection,
                     float* selected_score, void* stream);
 /* select_kernel: 0 = two_pass_v4, 1 = one_pass_v5, 2 = two_pass_v6, 3 = two_pass_v7,
-   4 = two_pass_v8, 5 = two_pass_v9, 6 = two_pass_v10, 7 = two_pass_v11, 8 = two_pass_v12
+   4 = two_pass_v8, 5 = two_pass_v9, 6 = two_pass_v10, 7 = two_pass_v11, 8 = two_pass_v12,
+   9 = two_pass_v13, 10 = two_pass_v14, 11 = two_pass_v15
    (what hils_gpu_select runs). */
 int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const float* key,
                          const float* bias, const float* exact, const float* lse_swa,
                          int32_t* selection, float* selected_score, void* stream);
 /* The sparse stage of hils_gpu_fuse / hils_gpu_run on the packed shapes, process-wide:
    0 = chunked_v4, 1 = atomic_v5, 2 = chunked_v6, 3 = chunked_v7, 4 = chunked_v8,
-   5 = chunked_v9 (the default is
-   hils::gpu::kDefaultSparseKernel; gpu/NOTES.md). Returns 2 for
-   another value. */
+   5 = chunked_v9, 6 = chunked_v10, 7 = chunked_v11, 8 = chunked_v12, 9 = chunked_v13,
+   10 = chunked_v14, 11 = chunked_v15 (until set:
+   hils::gpu::default_sparse_kernel(), i.e. chunked_v15, or chunked_v11 where wgmma cannot run;
+   gpu/NOTES.md). Returns 2 for another value. */
 int hils_gpu_set_sparse_kernel(int32_t sparse_kernel);
 /* The sparse stage that runs now (the default until set), as the numbers above. */
 int32_t hils_gpu_sparse_kernel(void);
 /* The window kernel of hils_gpu_window / hils_gpu_run on the packed shapes, process-wide:
-   0 = mma_v4, 1 = mma_v9, 2 = mma_v10 (the default is hils::gpu::kDefaultWindowKernel; gpu/NOTES.md).
-   Returns 2 for another value. */
+   0 = mma_v4, 1 = mma_v9, 2 = mma_v10, 3 = wgmma_v11, 4 = wgmma_v12, 5 = wgmma_v13 (the
+   default is hils::gpu::default_window_kernel(): wgmma_v13 where wgmma can run, else mma_v9;
+   gpu/NOTES.md). Returns 2 for another value; a wgmma kernel (3 to 5) set where wgmma cannot
+   run makes those calls fail. */
 int hils_gpu_set_window_kernel(int32_t window_kernel);
 /* The window kernel that runs now (the default until set), as the numbers above. */
 int32_t hils_gpu_window_kernel(void);

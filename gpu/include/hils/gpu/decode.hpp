@@ -81,12 +81,16 @@ struct DecodeOutputs {
 //          testing only the landmark slot (the default before d21)
 //   d21:   d19 without the persistent scan (d18's launch 1): d18 with the landmark mask only
 //          (the default since session 10: faster than d19 and d18 at B = 8 and 32)
+//   d23:   d21 with its four tails (group scores, select, chunk tiles, fuse) in one kernel whose
+//          blocks take tickets and wait per KV group instead of per launch (K <= 32, G <= 16,
+//          d = dv = 64, S <= 64; d21's tails otherwise): two launches; the same outputs as d21
+//          bit for bit, slower in session 11 (cold code in each stage of the chain: gpu/NOTES.md)
 //   d5:    the launches of d5 (window, score, group scores, select, chunk, fuse)
 //   d8:    window tiles and score tiles in one grid (every tile issues all its loads before
 //          staging q / q~), then group scores, select, chunk tiles and a fuse that loads the
 //          chunks' outputs 8 at a time: five launches
 enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, d18 = 6, d19 = 7,
-                          d21 = 8 };
+                          d21 = 8, d23 = 9 };
 
 // For tests: caps d19's persistent scan grid at `blocks` (0, the default: as many blocks as fit
 // on the device at once), so that small cases walk several tiles per block as 512K steps do.
