@@ -168,6 +168,76 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// The per-tile softmax and the epilogue shared by window_v9_kernel (mma.sync) and
+// window_wgmma_kernel: a warp's 16 rows x 64 keys as s[8][4] in mma.sync's accumulator layout,
+// which is also a warp's share of a wgmma m64n64 accumulator. Scores s are in units of the logit
+// scale; c2 = scale * log2(e) (base-2 softmax), m the rows' running maxima of s.
+
+// Raises the rows' maxima m to the tile's and rescales their sums l and outputs o; neg_max2 gets
+// -m * c2 per row (0 for a row that has seen nothing).
+__device__ __forceinline__ void rescale_to_tile_max(const float (&s)[8][4], float c2, float (&m)[2],
+                                                    float (&l)[2], float (&o)[8][4],
+                                                    float (&neg_max2)[2]) {
+  float tile_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
+  float alpha[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float m_new = fmaxf(m[i], quad_max(tile_max[i]));
+    neg_max2[i] = m_new == kNegInf ? 0.0f : -m_new * c2;
+    alpha[i] = exp2_approx(fmaf(m[i], c2, neg_max2[i]));  // 0 while m = -inf
+    m[i] = m_new;
+    l[i] *= alpha[i];
+  }
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[nt][e] *= alpha[e / 2];
+}
+
+// s -> the tile's probabilities 2^(s c2 - m c2), added into the rows' sums l; the 8-key groups
+// from nt_end on (past the warp's last query) become 0.
+__device__ __forceinline__ void exponentiate_tile(float (&s)[8][4], int nt_end, float c2,
+                                                  const float (&neg_max2)[2], float (&l)[2]) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    if (nt >= nt_end) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+      continue;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[nt][e] = exp2_approx(fmaf(s[nt][e], c2, neg_max2[e / 2]));  // -inf -> 0
+      l[e / 2] += s[nt][e];
+    }
+  }
+}
+
+// The rows' o_swa (o / sum) and lse_swa (m * scale + ln sum; -inf for an empty row).
+template <int G>
+__device__ __forceinline__ void store_window_rows(const ThreadRows<G>& rows, const LaunchParams& p,
+                                                  const float (&o)[8][4], const float (&l)[2],
+                                                  const float (&m)[2], int lane, float* o_swa,
+                                                  float* lse_swa) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float sum = quad_sum(l[i]);
+    if (!rows.valid[i]) continue;
+    float* out = o_swa + (rows.h[i] * p.T + rows.t[i]) * kTileDim;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const int col = nt * 8 + (lane % 4) * 2;
+      *reinterpret_cast<float2*>(out + col) = make_float2(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
+    }
+    if (lane % 4 == 0)
+      lse_swa[rows.h[i] * p.T + rows.t[i]] = sum > 0.0f ? m[i] * p.scale + __logf(sum) : kNegInf;
+  }
+}
+
 // Shared memory of window_v9_kernel: two K/V stages and the block's kRows q rows (the q
 // fragments are read per tile by ldmatrix instead of living in 16 registers through the loop).
 template <int kRows>
@@ -264,53 +334,12 @@ __global__ void __launch_bounds__(kWarps * kWarp, 16 / kWarps)
           if (col < lo[i] || col > hi[i] || landmark) s[nt][e] = kNegInf;
         }
     }
-    float tile_max[2] = {kNegInf, kNegInf};
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
-    float neg_max2[2], alpha[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float m_new = fmaxf(m[i], quad_max(tile_max[i]));
-      neg_max2[i] = m_new == kNegInf ? 0.0f : -m_new * c2;
-      alpha[i] = exp2_approx(fmaf(m[i], c2, neg_max2[i]));  // 0 while m = -inf
-      m[i] = m_new;
-      l[i] *= alpha[i];
-    }
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[nt][e] *= alpha[e / 2];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      if (nt >= nt_end) {
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-        continue;
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nt][e] = exp2_approx(fmaf(s[nt][e], c2, neg_max2[e / 2]));  // -inf -> 0
-        l[e / 2] += s[nt][e];
-      }
-    }
+    float neg_max2[2];
+    rescale_to_tile_max(s, c2, m, l, o, neg_max2);
+    exponentiate_tile(s, nt_end, c2, neg_max2, l);
     pv_tile(o, s, vs_tile[it % 2], (nt_end + 1) / 2);
   }
-  const ThreadRows<G> rows(t0, g, p.T);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float sum = quad_sum(l[i]);
-    if (!rows.valid[i]) continue;
-    float* out = o_swa + (rows.h[i] * p.T + rows.t[i]) * kTileDim;
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      const int col = nt * 8 + (lane % 4) * 2;
-      *reinterpret_cast<float2*>(out + col) = make_float2(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
-    }
-    if (lane % 4 == 0)
-      lse_swa[rows.h[i] * p.T + rows.t[i]] = sum > 0.0f ? m[i] * p.scale + __logf(sum) : kNegInf;
-  }
+  store_window_rows(ThreadRows<G>(t0, g, p.T), p, o, l, m, lane, o_swa, lse_swa);
 }
 
 // ---- window v11: wgmma (sm_90a) -------------------------------------------------------------
@@ -529,37 +558,10 @@ __global__ void __launch_bounds__(256, 2)
           if (nt >= nt_end || col < lo[i] || col > hi[i] || landmark) s[nt][e] = kNegInf;
         }
     }
-    float tile_max[2] = {kNegInf, kNegInf};
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
-    float neg_max2[2], alpha[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float m_new = fmaxf(m[i], quad_max(tile_max[i]));
-      neg_max2[i] = m_new == kNegInf ? 0.0f : -m_new * c2;
-      alpha[i] = exp2_approx(fmaf(m[i], c2, neg_max2[i]));  // 0 while m = -inf
-      m[i] = m_new;
-      l[i] *= alpha[i];
-    }
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[nt][e] *= alpha[e / 2];
+    float neg_max2[2];
+    rescale_to_tile_max(s, c2, m, l, o, neg_max2);
     uint32_t pa[4][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      if (nt >= nt_end) {
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-      } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[nt][e] = exp2_approx(fmaf(s[nt][e], c2, neg_max2[e / 2]));  // -inf -> 0
-          l[e / 2] += s[nt][e];
-        }
-      }
-    }
+    exponentiate_tile(s, nt_end, c2, neg_max2, l);
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       pa[ks][0] = pack_bf16(s[2 * ks][0], s[2 * ks][1]);
@@ -582,21 +584,7 @@ __global__ void __launch_bounds__(256, 2)
     wg::wait<0>();
     wg::fence_operands(o);
   }
-  const ThreadRows<G> rows(t0, g, p.T);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float sum = quad_sum(l[i]);
-    if (!rows.valid[i]) continue;
-    float* out = o_swa + (rows.h[i] * p.T + rows.t[i]) * kTileDim;
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      const int col = nt * 8 + (lane % 4) * 2;
-      *reinterpret_cast<float2*>(out + col) = make_float2(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
-    }
-    if (lane % 4 == 0)
-      lse_swa[rows.h[i] * p.T + rows.t[i]] = sum > 0.0f ? m[i] * p.scale + __logf(sum) : kNegInf;
-  }
+  store_window_rows(ThreadRows<G>(t0, g, p.T), p, o, l, m, lane, o_swa, lse_swa);
 }
 
 // Shared scratch of the hierarchical kernel: the block's selections and their union.
