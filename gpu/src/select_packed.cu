@@ -711,17 +711,25 @@ __device__ __forceinline__ int32_t key_chunk(uint64_t key) {
   return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key));
 }
 
-// Keeps the K best (ranks_ahead order) of a row's n buffered candidates (K < n <= kBufCap, K <=
-// 32) at positions [0, K), best first, and returns the K-th value. Warp-wide (n, K uniform).
-__device__ float keep_best(float* value, int32_t* index, int n, int K) {
+// The rank keys of a row's n buffered candidates (n <= kBufCap = 64), sorted best first across
+// the warp: lane holds the lane-th best in key[0] and the (lane + 32)-th in key[1]; 0 past n.
+__device__ __forceinline__ void sorted_rank_keys(const float* value, const int32_t* index, int n,
+                                                 uint64_t (&key)[2]) {
   const int lane = threadIdx.x % kWarp;
-  uint64_t key[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int e = lane + kWarp * i;
     key[i] = e < n ? rank_key(value[e], index[e]) : 0ull;
   }
   sort_largest_first(key);
+}
+
+// Keeps the K best (ranks_ahead order) of a row's n buffered candidates (K < n <= kBufCap, K <=
+// 32) at positions [0, K), best first, and returns the K-th value. Warp-wide (n, K uniform).
+__device__ float keep_best(float* value, int32_t* index, int n, int K) {
+  const int lane = threadIdx.x % kWarp;
+  uint64_t key[2];
+  sorted_rank_keys(value, index, n, key);
   __syncwarp();  // every entry is read before any is written
   if (lane < K) value[lane] = key_value(key[0]), index[lane] = key_chunk(key[0]);
   __syncwarp();
@@ -737,12 +745,7 @@ __device__ float keep_best(float* value, int32_t* index, int n, int K) {
 __device__ int keep_best_unique(float* value, int32_t* index, int n, int K, float& kth) {
   const int lane = threadIdx.x % kWarp;
   uint64_t key[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int e = lane + kWarp * i;
-    key[i] = e < n ? rank_key(value[e], index[e]) : 0ull;
-  }
-  sort_largest_first(key);
+  sorted_rank_keys(value, index, n, key);
   // Entry lane + 32 i is the (lane + 32 i)-th best; a chunk's first entry is its best.
   const int32_t c0 = key_chunk(key[0]), c1 = key_chunk(key[1]);
   const unsigned below = (1u << lane) - 1u;
