@@ -8,7 +8,7 @@ the whole KV cache read once at the copy bandwidth measured here (no dense kerne
 Ours runs four ways: the d5 kernel (seven launches, bf16 summaries), the fused kernel (the
 default, gpu/NOTES.md "decode") with bf16 summaries, and with fp8 e4m3 summaries (a per-row
 power-of-two scale), and d19 with fp8 summaries (the previous default: the baseline); --variants
-picks others (d8, d16, d17, d18, d21, d23, d24, d25) and --batches / --lengths fewer shapes (no
+picks others (d8, d16, d17, d18, d21, d23, d24, d25, d26, d27) and --batches / --lengths fewer shapes (no
 table then). --scan-floor also times, per shape with fp8 summaries, launch 1 alone of d21, d24
 and d25, launch 1's loads alone (its grid, no arithmetic) and a flat read of the summary arrays
 (hils::gpu::decode_scan_probe): what the scan could reach.
@@ -55,9 +55,10 @@ class Decode(ctypes.Structure):
 
 SUMMARY_TYPES = {"bf16": 0, "fp8": 1}
 KERNELS = {"fused": 0, "d5": 1, "d8": 2, "d13": 3, "d16": 4, "d17": 5, "d18": 6, "d19": 7, "d21": 8, "d23": 9,
-           "d24": 10, "d25": 11}
+           "d24": 10, "d25": 11, "d26": 12, "d27": 13}
 # decode_scan_probe's probes (hils::gpu::ScanProbe), timed by --scan-floor.
-SCAN_PROBES = {"d21_scan": 0, "d24_scan": 1, "d25_scan": 2, "loads_only": 3, "flat_read": 4}
+SCAN_PROBES = {"d21_scan": 0, "d24_scan": 1, "d25_scan": 2, "loads_only": 3, "flat_read": 4,
+               "loads_at_occ": 5}
 # The variants timed per (B, T): (label, kernel, summary type); d19 fp8 is the baseline of fused.
 VARIANTS = (("d5_bf16", "d5", "bf16"), ("fused_bf16", "fused", "bf16"), ("d19_fp8", "d19", "fp8"),
             ("fused_fp8", "fused", "fp8"))
@@ -299,7 +300,7 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--out", default="decode.json")
     ap.add_argument("--no-flex", action="store_true")
-    ap.add_argument("--profile", action="store_true", help="kernel times of B=8, T=512K")
+    ap.add_argument("--profile", action="store_true", help="kernel times of B=8 and 32, T=512K")
     ap.add_argument("--variants", help="comma-separated <kernel>_<summary> labels (no table)")
     ap.add_argument("--batches", help="comma-separated B (default 1,8,32; no table)")
     ap.add_argument("--lengths", help="comma-separated T (default 32K,128K,512K; no table)")
@@ -333,7 +334,7 @@ def main():
                     graph_us, eager_us = best_us(run)
                     row[f"{label}_us"] = graph_us if graph_us is not None else eager_us
                     row[f"{label}_eager_us"] = eager_us
-                    if args.profile and B == 8 and T == LENGTHS[-1] and kernel != "d5":
+                    if args.profile and B in (8, 32) and T == LENGTHS[-1] and kernel != "d5":
                         print(f"  profile {label}:")
                         profile_kernels(run)
                 if args.scan_floor and summary == "fp8":

@@ -1521,8 +1521,9 @@ __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, fl
 // Launch 1, 128 threads: window tiles (blocks [0, n_win_tiles * B * Hkv)), then score tiles
 // (n_score_tiles per (b, h)); the two stages are independent, so one grid runs both.
 template <class Summary, ScanLoads kLoads>
-__global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged,
-                                          bool vectorised, bool coalesced) {
+__device__ __forceinline__ void window_score_block(const DecodeParams& p, const DecodeScratch& w,
+                                                   bool fast, bool staged, bool vectorised,
+                                                   bool coalesced) {
   extern __shared__ float smem[];
   const int64_t n_win_blocks = p.n_win_tiles * p.B * p.Hkv, block = blockIdx.x;
   if (block == 0) {  // d23's tail kernel starts from zeroed counters (it runs after this grid)
@@ -1538,6 +1539,23 @@ __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool 
         w.score_part);
   }
   allow_next_grid();
+}
+
+template <class Summary, ScanLoads kLoads>
+__global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged,
+                                          bool vectorised, bool coalesced) {
+  window_score_block<Summary, kLoads>(p, w, fast, staged, vectorised, coalesced);
+}
+
+// d27: d25's launch 1 (fp8) with a register cap so that kTightScanBlocksPerSm blocks fit on an
+// SM (7: 72 registers and 40 bytes of spills, against 79 registers and 6 blocks). Without
+// launch bounds ptxas picks 79 / 96 registers (fp8 / bf16); __launch_bounds__(128, 1) would
+// raise them to 111 / 186, so the other kernels keep none.
+constexpr int kTightScanBlocksPerSm = 7;
+__global__ void __launch_bounds__(kFastThreads, kTightScanBlocksPerSm)
+    fused_window_score_tight_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged,
+                                    bool vectorised, bool coalesced) {
+  window_score_block<Fp8Summary, ScanLoads::streaming>(p, w, fast, staged, vectorised, coalesced);
 }
 
 // ---- the scan's read floor (decode_scan_probe, ScanProbe) ---------------------------------------
@@ -2145,15 +2163,20 @@ unsigned persistent_scan_blocks(size_t smem, int64_t items) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(items, resident)));
 }
 
-// Launch 1 (window + score tiles in one grid), its score tiles loading the stream as `loads` says.
+// Launch 1 (window + score tiles in one grid), its score tiles loading the stream as `loads`
+// says; `tight` (d27) with the register cap for kTightScanBlocksPerSm blocks per SM (fp8).
 template <class Summary>
 void launch_window_score(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
-                         cudaStream_t stream, ScanLoads loads) {
+                         cudaStream_t stream, ScanLoads loads, bool tight = false) {
+  constexpr bool kFp8 = std::is_same<Summary, Fp8Summary>::value;
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
   require(blocks1 < (int64_t{1} << 31), "decode: too many tiles for one grid");
   auto* kernel = fused_window_score_kernel<Summary, ScanLoads::plain>;
-  if (loads == ScanLoads::evict_first) kernel = fused_window_score_kernel<Summary, ScanLoads::evict_first>;
-  if (loads == ScanLoads::streaming) kernel = fused_window_score_kernel<Summary, ScanLoads::streaming>;
+  if (loads == ScanLoads::evict_first)
+    kernel = fused_window_score_kernel<Summary, ScanLoads::evict_first>;
+  if (loads == ScanLoads::streaming)
+    kernel = fused_window_score_kernel<Summary, ScanLoads::streaming>;
+  if (kFp8 && tight && loads == ScanLoads::streaming) kernel = fused_window_score_tight_kernel;
   launch_kernel("window + score", kernel, dim3(static_cast<unsigned>(blocks1)), kFastThreads,
                 std::max(s.win_smem_early, p.d * sizeof(float)), stream, false, p, w, s.fast,
                 s.win_staged, s.vectorised, s.coalesced);
@@ -2179,12 +2202,13 @@ DecodeScratch scratch_at(const DecodeParams& p, void* workspace) {
 // allows; `pdl` (d16, d18 on) launches the four tails with programmatic dependent launch;
 // `landmark_mask` (d19, d21) the chunk tiles' mask of the landmark slot only; `persistent`
 // (d19) the persistent scan (fp8 summaries, d = 64); `tail` (d23) the four tails as one kernel
-// where tail_fused allows (two launches in all); `loads` (d24, d25) the score tiles' stream loads.
+// where tail_fused allows (two launches in all); `loads` (d24, d25) the score tiles' stream loads;
+// `tight_scan` (d27) launch 1 capped for kTightScanBlocksPerSm blocks per SM (fp8).
 template <class Summary, bool kShort>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
                   const DecodeOutputs& out, cudaStream_t stream, bool pdl, bool mma,
                   bool landmark_mask = false, bool persistent = false, bool tail = false,
-                  ScanLoads loads = ScanLoads::plain) {
+                  ScanLoads loads = ScanLoads::plain, bool tight_scan = false) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
@@ -2195,7 +2219,7 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
                   dim3(persistent_scan_blocks(s.win_smem_early, blocks1)), kFastThreads,
                   s.win_smem_early, stream, false, p, w, s.fast, s.win_staged);
   else
-    launch_window_score<Summary>(p, s, w, stream, loads);
+    launch_window_score<Summary>(p, s, w, stream, loads, tight_scan);
   if (tail && kShort && tail_fused(p, s.fast_chunk)) {
     const int64_t items =
         p.B * p.Hkv * (tail_score_tiles(p) + tail_chunk_items(p) + tail_fuse_items(p));
@@ -2248,9 +2272,10 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
               kernel == DecodeKernel::d16 || kernel == DecodeKernel::d17 ||
               kernel == DecodeKernel::d18 || kernel == DecodeKernel::d19 ||
               kernel == DecodeKernel::d21 || kernel == DecodeKernel::d23 ||
-              kernel == DecodeKernel::d24 || kernel == DecodeKernel::d25,
+              kernel == DecodeKernel::d24 || kernel == DecodeKernel::d25 ||
+              kernel == DecodeKernel::d26 || kernel == DecodeKernel::d27,
           "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3), d16 (4), d17 (5), d18 (6), "
-          "d19 (7), d21 (8), d23 (9), d24 (10) or d25 (11)");
+          "d19 (7), d21 (8), d23 (9), d24 (10), d25 (11), d26 (12) or d27 (13)");
   const DecodeParams p = params_of(spec, cache, q);
   DecodeScratch w = scratch_at(p, workspace);
   if (out.surrogate) w.scores = out.surrogate;
@@ -2265,22 +2290,64 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
     else launch_fused<Bf16Summary, false>(p, shape, w, out, stream, false, false);
   } else {  // fused = d25; d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's
             // launches) with the chunk tiles' landmark mask; d23: d21 with its four tails in one
-            // kernel; d24, d25: d21 with the score tiles' stream loaded evict-first (ScanLoads)
+            // kernel; d24, d25: d21 with the score tiles' stream loaded evict-first (ScanLoads);
+            // d26: d23 with d25's loads; d27: d25 with launch 1 capped for 7 blocks per SM (fp8)
     const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d25 : kernel;
-    const bool d19 = k == DecodeKernel::d19, d23 = k == DecodeKernel::d23;
-    const bool d21 = k == DecodeKernel::d21 || k == DecodeKernel::d24 || k == DecodeKernel::d25;
+    const bool d19 = k == DecodeKernel::d19;
+    const bool d23 = k == DecodeKernel::d23 || k == DecodeKernel::d26;
+    const bool d21 = k == DecodeKernel::d21 || k == DecodeKernel::d24 ||
+                     k == DecodeKernel::d25 || k == DecodeKernel::d27;
     const bool mask = d19 || d21 || d23;
     const bool pdl = k == DecodeKernel::d16 || k == DecodeKernel::d18 || mask;
     const bool mma = k == DecodeKernel::d17 || k == DecodeKernel::d18 || mask;
-    const ScanLoads loads = k == DecodeKernel::d24   ? ScanLoads::evict_first
-                            : k == DecodeKernel::d25 ? ScanLoads::streaming
-                                                     : ScanLoads::plain;
+    const bool tight = k == DecodeKernel::d27;
+    const ScanLoads loads = k == DecodeKernel::d24 ? ScanLoads::evict_first
+                            : k == DecodeKernel::d25 || k == DecodeKernel::d26 || tight
+                                ? ScanLoads::streaming
+                                : ScanLoads::plain;
     if (fp8)
-      launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23, loads);
+      launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23, loads,
+                                     tight);
     else
-      launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23, loads);
+      launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23, loads,
+                                      tight);
   }
 }
+
+namespace detail {
+namespace {
+
+// Dynamic shared memory that limits `probe` (a 128-thread kernel) to as many blocks per SM as
+// d25's launch 1 gets (by its registers); throws when it cannot.
+size_t smem_for_scan_occupancy(void (*probe)(DecodeParams, uint32_t*), bool fp8,
+                               const DecodeParams& p, const LaunchShape& shape) {
+  int device = 0, smem_per_sm = 0, scan_blocks = 0, probe_blocks = 0;
+  const size_t scan_smem = std::max(shape.win_smem_early, p.d * sizeof(float));
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  if (err == cudaSuccess)
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &scan_blocks,
+        fp8 ? fused_window_score_kernel<Fp8Summary, ScanLoads::streaming>
+            : fused_window_score_kernel<Bf16Summary, ScanLoads::streaming>,
+        kFastThreads, scan_smem);
+  require(err == cudaSuccess && scan_blocks > 0, "decode_scan_probe: scan occupancy unknown");
+  constexpr size_t kReservedPerBlock = 1024;  // the runtime's shared memory per block (sm_80+)
+  const size_t smem = static_cast<size_t>(smem_per_sm) / scan_blocks - kReservedPerBlock;
+  if (smem > 48 * 1024)
+    err = cudaFuncSetAttribute(probe, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(smem));
+  if (err == cudaSuccess)
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&probe_blocks, probe, kFastThreads, smem);
+  require(err == cudaSuccess && probe_blocks == scan_blocks,
+          "decode_scan_probe: could not limit the probe to " + std::to_string(scan_blocks) +
+              " blocks per SM (got " + std::to_string(probe_blocks) + ")");
+  return smem;
+}
+
+}  // namespace
+}  // namespace detail
 
 void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, const DecodeQuery& q,
                        void* workspace, ScanProbe probe, cudaStream_t stream) {
@@ -2306,14 +2373,18 @@ void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, cons
       else launch_window_score<Bf16Summary>(p, shape, w, stream, loads);
       return;
     }
-    case ScanProbe::loads_only: {
+    case ScanProbe::loads_only:
+    case ScanProbe::loads_only_at_scan_occupancy: {
       require(shape.fast && shape.coalesced,
               "decode_scan_probe: loads_only needs 16-byte aligned K/V and summary rows");
       const int64_t blocks = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
       require(blocks < (int64_t{1} << 31), "decode_scan_probe: too many tiles for one grid");
-      launch_kernel("loads only", fp8 ? scan_loads_only_kernel<Fp8Summary>
-                                      : scan_loads_only_kernel<Bf16Summary>,
-                    dim3(static_cast<unsigned>(blocks)), kFastThreads, 0, stream, false, p, sink);
+      auto* kernel = fp8 ? scan_loads_only_kernel<Fp8Summary> : scan_loads_only_kernel<Bf16Summary>;
+      const size_t smem = probe == ScanProbe::loads_only
+                              ? 0
+                              : smem_for_scan_occupancy(kernel, fp8, p, shape);
+      launch_kernel("loads only", kernel, dim3(static_cast<unsigned>(blocks)), kFastThreads, smem,
+                    stream, false, p, sink);
       return;
     }
     case ScanProbe::flat_read: {
@@ -2336,7 +2407,7 @@ void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, cons
       return;
     }
   }
-  throw std::invalid_argument("decode_scan_probe: probe must be 0-4, got " +
+  throw std::invalid_argument("decode_scan_probe: probe must be 0-5, got " +
                               std::to_string(static_cast<int>(probe)));
 }
 

@@ -7,8 +7,8 @@
 // several-tile cases) d8, d13, d16, d17 and d18 run; d18, d19, d23 (and d24, d21 with fp8) also
 // on every case with d = 64, d18, d19 and d23 with 16 heads per group, d19 also with its
 // persistent scan's grid capped (several tiles per block), d23 (its tails in one kernel) also on
-// the ties and over four and eleven group-score tiles at d = 64; d23, d24 and d25 equal d21 bit
-// for bit.
+// the ties and over four and eleven group-score tiles at d = 64; d23 to d27 equal d21 bit for
+// bit.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
@@ -61,6 +61,9 @@ constexpr Variant kD24Fp8{hils::gpu::DecodeKernel::d24, hils::gpu::SummaryType::
 constexpr Variant kD24Bf16{hils::gpu::DecodeKernel::d24, hils::gpu::SummaryType::bf16, "d24 bf16"};
 constexpr Variant kD25Fp8{hils::gpu::DecodeKernel::d25, hils::gpu::SummaryType::fp8_e4m3, "d25 fp8"};
 constexpr Variant kD25Bf16{hils::gpu::DecodeKernel::d25, hils::gpu::SummaryType::bf16, "d25 bf16"};
+constexpr Variant kD26Fp8{hils::gpu::DecodeKernel::d26, hils::gpu::SummaryType::fp8_e4m3, "d26 fp8"};
+constexpr Variant kD26Bf16{hils::gpu::DecodeKernel::d26, hils::gpu::SummaryType::bf16, "d26 bf16"};
+constexpr Variant kD27Fp8{hils::gpu::DecodeKernel::d27, hils::gpu::SummaryType::fp8_e4m3, "d27 fp8"};
 // Every variant, for the tie and several-tile cases.
 const std::vector<Variant> kAllVariants{kFusedBf16, kFusedFp8, kD5Bf16, kD8Fp8,  kD13Fp8,
                                         kD16Fp8,    kD17Fp8,   kD18Fp8, kD23Fp8, kD23Bf16};
@@ -535,14 +538,16 @@ TEST_CASE("gpu decode d23 tails over several group-score tiles pass the oracle",
 // d23's kernels compute what d21's compute, in the same order (the group-score tiles' kept lists
 // are the same whatever their block size): every output equals d21's bit for bit (measured at
 // 512K, B = 1, 8 and 32, in session 11's device run 4). d24 and d25 are d21 with other cache
-// policies on launch 1's loads: the same bits too.
+// policies on launch 1's loads, d26 d23 with d25's loads, d27 d25 with launch 1 under a register
+// cap: the same bits too.
 TEST_CASE("gpu decode kernels of d21's arithmetic equal d21 bit for bit", "[gpu]") {
   const Case c{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
   const std::vector<AttentionInputs<double>> seqs{
       hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
   const std::vector<std::pair<Variant, Variant>> pairs{
       {kD21Fp8, kD23Fp8}, {kD21Bf16, kD23Bf16}, {kD21Fp8, kD24Fp8},
-      {kD21Bf16, kD24Bf16}, {kD21Fp8, kD25Fp8}, {kD21Bf16, kD25Bf16}};
+      {kD21Bf16, kD24Bf16}, {kD21Fp8, kD25Fp8}, {kD21Bf16, kD25Bf16},
+      {kD21Fp8, kD26Fp8}, {kD21Bf16, kD26Bf16}, {kD21Fp8, kD27Fp8}};
   for (const char* preset : {"hils", "nsa"})
     for (int64_t K : {1, 8, 32})
       for (const auto& [d21, other] : pairs) {
