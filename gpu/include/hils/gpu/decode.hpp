@@ -90,14 +90,15 @@ struct DecodeOutputs {
 //          launch 1's outputs from the L2; the same outputs as d21 bit for bit
 //   d25:   d24 with ld.global.cs (cache-streaming) loads instead of the policy operand (the
 //          default since session 12: 3 us faster than d21 at B = 8, 512K, equal at B = 32)
-//   d26:   d23 with d25's loads (its tails' code and inputs kept in the L2)
-//   d27:   d25 with launch 1 capped to 72 registers (fp8: 7 blocks per SM instead of 6)
+//   d29:   d25 with the chunk tiles' K/V rows (read once per step) copied with an L2
+//          evict-first policy too
+//   (d26 = 12, d27 = 13, d28 = 14: measured slower in session 12 and removed, gpu/NOTES.md)
 //   d5:    the launches of d5 (window, score, group scores, select, chunk, fuse)
 //   d8:    window tiles and score tiles in one grid (every tile issues all its loads before
 //          staging q / q~), then group scores, select, chunk tiles and a fuse that loads the
 //          chunks' outputs 8 at a time: five launches
 enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, d18 = 6, d19 = 7,
-                          d21 = 8, d23 = 9, d24 = 10, d25 = 11, d26 = 12, d27 = 13 };
+                          d21 = 8, d23 = 9, d24 = 10, d25 = 11, d29 = 15 };
 
 // A measurement probe for the benchmark (gpu/bench/bench_decode.py --scan-floor), not a step:
 // launch 1 of the step alone, or a kernel that only reads launch 1's bytes, writing nothing
@@ -108,10 +109,8 @@ enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, 
 //   flat_read:  the summary rows, b' and scales read as three flat arrays by a grid-stride
 //               kernel with 4 16-byte loads per thread in flight (the window's K/V left out):
 //               the floor of the bytes
-//   loads_only_at_scan_occupancy: loads_only with shared memory padded so that as many blocks
-//               fit on an SM as d25's launch 1 gets (its registers): occupancy's share of the gap
-enum class ScanProbe { d21_scan = 0, d24_scan = 1, d25_scan = 2, loads_only = 3, flat_read = 4,
-                       loads_only_at_scan_occupancy = 5 };
+//   (both load the summary arrays as d25 does, ld.global.cs)
+enum class ScanProbe { d21_scan = 0, d24_scan = 1, d25_scan = 2, loads_only = 3, flat_read = 4 };
 void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, const DecodeQuery& q,
                        void* workspace, ScanProbe probe, cudaStream_t stream = nullptr);
 
