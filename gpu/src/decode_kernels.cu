@@ -2297,11 +2297,11 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   } else if (kernel == DecodeKernel::d8) {
     if (fp8) launch_fused<Fp8Summary, false>(p, shape, w, out, stream, false, false);
     else launch_fused<Bf16Summary, false>(p, shape, w, out, stream, false, false);
-  } else {  // fused = d25; d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's
+  } else {  // fused = d29; d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's
             // launches) with the chunk tiles' landmark mask; d23: d21 with its four tails in one
             // kernel; d24, d25: d21 with the score tiles' stream loaded evict-first (ScanLoads);
             // d29: d25 with the chunk tiles' K/V rows loaded evict-first too
-    const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d25 : kernel;
+    const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d29 : kernel;
     const bool d19 = k == DecodeKernel::d19, d23 = k == DecodeKernel::d23;
     const bool d29 = k == DecodeKernel::d29;
     const bool d21 = k == DecodeKernel::d21 || k == DecodeKernel::d24 || k == DecodeKernel::d25 || d29;
