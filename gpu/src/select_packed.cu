@@ -5,6 +5,7 @@
 // selected_score is recomputed in fp32 from the fp32 summaries.
 // Fast path only: bf16 q~, d = 64, G in {1, 2, 4, 8, 16}, K <= 64, summary key rules.
 #include "launch_params.hpp"
+#include "scratch_pool.hpp"
 #include "mma_common.cuh"
 #include "wgmma_common.cuh"
 
@@ -1794,17 +1795,15 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
   // A bf16 copy of k' and a log2 e scaled bias (stream-ordered scratch) feed the copy engine.
   const int64_t n = p.Hq * (p.T / p.S) * kTileDim, n_bias = p.Hq * (p.T / p.S);
   const size_t key_bytes = ((n > 0 ? n : 1) * sizeof(__nv_bfloat16) + 255) / 256 * 256;
-  char* scratch = nullptr;
-  if (cudaMallocAsync(reinterpret_cast<void**>(&scratch), key_bytes + (n_bias > 0 ? n_bias : 1) * sizeof(float),
-                      stream) != cudaSuccess)
-    return;  // the error surfaces through cudaGetLastError in the caller
+  auto* scratch = static_cast<char*>(
+      take_scratch(key_bytes + (n_bias > 0 ? n_bias : 1) * sizeof(float), stream, "selection"));
   auto* key_bf16 = reinterpret_cast<__nv_bfloat16*>(scratch);
   auto* bias2 = reinterpret_cast<float*>(scratch + key_bytes);
   if (n > 0)
     to_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(key, key_bf16, n, bias,
                                                                                bias2, n_bias);
   fn<<<grid, 2 * queries, smem, stream>>>(p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
-  cudaFreeAsync(scratch, stream);
+  give_back_scratch(scratch, stream);
 }
 
 }  // namespace
