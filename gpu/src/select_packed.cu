@@ -5,6 +5,7 @@
 // selected_score is recomputed in fp32 from the fp32 summaries.
 // Fast path only: bf16 q~, d = 64, G in {1, 2, 4, 8, 16}, K <= 64, summary key rules.
 #include "launch_params.hpp"
+#include "scratch_pool.hpp"
 #include "mma_common.cuh"
 #include "wgmma_common.cuh"
 
@@ -1903,10 +1904,8 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
   // A bf16 copy of k' and a log2 e scaled bias (stream-ordered scratch) feed the copy engine.
   const int64_t n = p.Hq * (p.T / p.S) * kTileDim, n_bias = p.Hq * (p.T / p.S);
   const size_t key_bytes = ((n > 0 ? n : 1) * sizeof(__nv_bfloat16) + 255) / 256 * 256;
-  char* scratch = nullptr;
-  if (cudaMallocAsync(reinterpret_cast<void**>(&scratch), key_bytes + (n_bias > 0 ? n_bias : 1) * sizeof(float),
-                      stream) != cudaSuccess)
-    return;  // the error surfaces through cudaGetLastError in the caller
+  auto* scratch = static_cast<char*>(
+      take_scratch(key_bytes + (n_bias > 0 ? n_bias : 1) * sizeof(float), stream, "selection"));
   auto* key_bf16 = reinterpret_cast<__nv_bfloat16*>(scratch);
   auto* bias2 = reinterpret_cast<float*>(scratch + key_bytes);
   if (n > 0)
@@ -1917,7 +1916,7 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
   if (kernel == PackedSelect::two_pass_v17)
     selected_scores_kernel<G><<<dim3(static_cast<unsigned>((p.T + 7) / 8), static_cast<unsigned>(p.Hkv)), 256, 0,
                                  stream>>>(p, key, bias, selection, selected_score);
-  cudaFreeAsync(scratch, stream);
+  give_back_scratch(scratch, stream);
 }
 
 }  // namespace
