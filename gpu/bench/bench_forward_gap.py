@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 import hils_ctypes as hc  # noqa: E402
-from bench_hils import HQ, HKV, D, S, K, W  # noqa: E402
+from bench_hils import paper_problem  # noqa: E402
 
 CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4
 CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5
@@ -186,10 +186,8 @@ def main():
           flush=True)
     out = []
     for T in args.T:
-        q = torch.randn(HQ, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-        k = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-        v = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-        st = hc.Stages(lib, hc.make_problem(q, k, v, S, W, K, "hils"))
+        q, k, v, p = paper_problem(T, gen)  # p points into q, k, v: keep them
+        st = hc.Stages(lib, p)
         row = dict(T=T, **measure(st, pool))
         out.append(row)
         print(json.dumps({key: value for key, value in row.items() if key != "profiled"}), flush=True)

@@ -72,11 +72,18 @@ def sdpa_ms(q, k, v, backend):
             return None
 
 
-def hils_run(lib, T, gen):
+def paper_problem(T, gen):
+    """The benchmarks' problem: the paper's shape at length T, q, k and v drawn from gen (bf16
+    normals, in this order, so that every script sees the same inputs for the same seed). The
+    problem holds raw device pointers into q, k and v: keep them alive while it is used."""
     q = torch.randn(HQ, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     k = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     v = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-    p = hc.make_problem(q, k, v, S, W, K, "hils")
+    return q, k, v, hc.make_problem(q, k, v, S, W, K, "hils")
+
+
+def hils_run(lib, T, gen):
+    q, k, v, p = paper_problem(T, gen)
     st = hc.Stages(lib, p)
     stage_ms = {
         "window": time_ms(st.window, reps=3),

@@ -18,8 +18,8 @@ import torch
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 import hils_ctypes as hc  # noqa: E402
+from bench_hils import paper_problem  # noqa: E402
 
-HQ, HKV, D, S, K, W = 16, 2, 64, 64, 32, 512
 REPS = 5
 
 
@@ -49,10 +49,7 @@ def time_fork_join(launches, reps=None):
 def measure(lib, T, gen):
     global REPS
     REPS = 21 if T <= 131072 else 5
-    q = torch.randn(HQ, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-    v = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-    p = hc.make_problem(q, k, v, S, W, K, "hils")
+    q, k, v, p = paper_problem(T, gen)
     st = hc.Stages(lib, p)
     st.forward()
     # A second set of outputs on the same inputs: the concurrent selection writes these.

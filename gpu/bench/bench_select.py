@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 import hils_ctypes as hc  # noqa: E402
-from bench_hils import HQ, HKV, D, S, K, W  # noqa: E402
+from bench_hils import paper_problem  # noqa: E402
 
 
 def time_in_turns(calls, rounds):
@@ -59,10 +59,7 @@ def main():
     for T in (int(t) for t in args.T.split(",")):
         gen = torch.Generator(device="cuda")
         gen.manual_seed(1234)
-        q = torch.randn(HQ, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-        k = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-        v = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-        p = hc.make_problem(q, k, v, S, W, K, "hils")
+        q, k, v, p = paper_problem(T, gen)
         st = hc.Stages(lib, p)
         st.window()
         st.summarize()

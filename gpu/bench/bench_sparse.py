@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 import hils_ctypes as hc  # noqa: E402
-from bench_hils import HQ, HKV, D, S, K, W, dense_matmul_tflops, time_ms  # noqa: E402
+from bench_hils import HQ, HKV, D, S, K, W, dense_matmul_tflops, paper_problem, time_ms  # noqa: E402
 
 # (label, sparse kernel, queries per segment; 0 = the version's own choice)
 VARIANTS = [("v4", "chunked_v4", 0), ("v6", "chunked_v6", 0), ("v7", "chunked_v7", 0),
@@ -39,10 +39,8 @@ VARIANTS = [("v4", "chunked_v4", 0), ("v6", "chunked_v6", 0), ("v7", "chunked_v7
 
 
 def prepared_stages(lib, T, gen):
-    q = torch.randn(HQ, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-    v = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-    st = hc.Stages(lib, hc.make_problem(q, k, v, S, W, K, "hils"))
+    q, k, v, p = paper_problem(T, gen)  # p points into q, k, v: keep them
+    st = hc.Stages(lib, p)
     st.window()
     st.summarize()
     st.select()

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 import hils_ctypes as hc  # noqa: E402
-from bench_hils import HQ, HKV, D, S, K, W, dense_matmul_tflops, time_ms  # noqa: E402
+from bench_hils import HQ, HKV, D, S, K, W, dense_matmul_tflops, paper_problem, time_ms  # noqa: E402
 
 # Window branch flops: every (query, head) row against its ~W + S/2 attendable keys, QK and PV.
 WINDOW_FLOP_PER_ROW_KEY = 4 * D
@@ -112,10 +112,8 @@ def main():
     print(f"dense bf16 matmul (8192^3, torch.matmul): {peak:.0f} TFLOP/s")
     rows = []
     for T in args.T:
-        q = torch.randn(HQ, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-        k = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-        v = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-        st = hc.Stages(lib, hc.make_problem(q, k, v, S, W, K, "hils"))
+        q, k, v, p = paper_problem(T, gen)  # p points into q, k, v: keep them
+        st = hc.Stages(lib, p)
         row = dict(T=T, window_ms={}, window_tflops={}, o_diff_vs_v4={}, lse_diff_vs_v4={})
         flops = window_flops(T)
         ref = None

@@ -12,7 +12,7 @@ import torch
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 import hils_ctypes as hc  # noqa: E402
-from bench_hils import HQ, HKV, D, S, K, W  # noqa: E402
+from bench_hils import paper_problem  # noqa: E402
 
 
 def main():
@@ -24,10 +24,7 @@ def main():
     gen = torch.Generator(device="cuda")
     gen.manual_seed(1234)
     T = args.T
-    q = torch.randn(HQ, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-    v = torch.randn(HKV, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-    p = hc.make_problem(q, k, v, S, W, K, "hils")
+    q, k, v, p = paper_problem(T, gen)
     st = hc.Stages(lib, p)
     st.forward()
     torch.cuda.synchronize()
