@@ -38,6 +38,10 @@
 // arithmetic (-4% against v12); chunked_v14 is v13 with one bulk (TMA) reduction per row
 // (measured slower: the L2 takes more requests per row, gpu/NOTES.md "sparse v14"); chunked_v15
 // (the default) is v13 with a leaner weights kernel and query segments of 3/4 of the L2 (-4%).
+// chunked_v16 is v11 (no wgmma) with v15's weights kernel and segments; chunked_v17 is v15 with
+// the pair weights of every segment formed in one launch; chunked_v18 is v15 with the segment's
+// o16 laid out [queries, Hq, 64] (a pair's G heads reduced into adjacent rows; gpu/NOTES.md
+// "sparse v16-v18").
 #include <cuda_fp16.h>
 
 #include "launch_params.hpp"
@@ -426,7 +430,9 @@ __device__ __forceinline__ void pv_tiles(float (&o)[kSub][8][4], const uint32_t 
 // is computed alike whatever kSub, so v7's output is v6's bit for bit.
 // A chunk kernel's row table: row rr is head g G + rr % G of the item's pair rr / G; row_q holds
 // its q element offset (-1 past the item's pairs), row_out its scratch row (h seg + tl) K + slot.
-template <int G>
+// row_out: the row's scratch row (h seg + tl) K + slot, or with kQueryMajorOut its row tl Hq + h of
+// the segment's query-major o16 (chunked_v18).
+template <int G, bool kQueryMajorOut = false>
 __device__ __forceinline__ void fill_row_table(int64_t* row_q, uint32_t* row_out, int n_rows,
                                                const LaunchParams& p, int64_t t0, int64_t seg,
                                                const ItemDesc& desc, const uint32_t* bucket,
@@ -438,7 +444,8 @@ __device__ __forceinline__ void fill_row_table(int64_t* row_q, uint32_t* row_out
       const uint32_t entry = bucket[desc.first + e];
       const int64_t tl = entry >> 6;
       row_q[rr] = (h * p.T + t0 + tl) * kTileDim;
-      row_out[rr] = static_cast<uint32_t>((h * seg + tl) * p.K + (entry & 63u));
+      row_out[rr] = kQueryMajorOut ? static_cast<uint32_t>(tl * p.Hq + h)
+                                   : static_cast<uint32_t>((h * seg + tl) * p.K + (entry & 63u));
     } else {
       row_q[rr] = -1;
     }
@@ -589,7 +596,9 @@ constexpr int kBulkStageBytes = 64 * kBulkRowBytes;
 // Where chunk_attention_v9_kernel's rows go: fp16 partials (chunked_v9), 16-byte f16x2
 // reductions into o16 (chunked_v12), or one 128-byte bulk reduction per row into o16 by the
 // tensor memory accelerator (chunked_v14).
-enum class V9Out { partials, red_f16x2, bulk_red };
+// red_f16x2_query_major (chunked_v18): as red_f16x2 into the segment's o16 laid out [seg, Hq, 64]
+// (a pair's G heads are G adjacent rows) instead of o's [Hq, T, 64].
+enum class V9Out { partials, red_f16x2, bulk_red, red_f16x2_query_major };
 
 // Rows [row0, row0 + 64) of a [rows, 64] bf16 matrix into a swizzled panel (cp.async, 128
 // threads).
@@ -674,7 +683,8 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   load_panel_async(k_panel, static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim, c * kTileDim);
   load_panel_async(v_panel, static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim, c * kTileDim);
   cp_async_commit();
-  fill_row_table<G>(row_q, row_out, 64 * n_steps, p, t0, seg, desc, bucket, g);
+  fill_row_table<G, kOut == V9Out::red_f16x2_query_major>(row_q, row_out, 64 * n_steps, p, t0, seg,
+                                                          desc, bucket, g);
   __shared__ float row_weight[kReduce ? kRows : 1];  // kReduce: w_c / l of the row
   if constexpr (kReduce)
     for (int rr = threadIdx.x; rr < 64 * n_steps; rr += kPackedThreads)
@@ -790,7 +800,9 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
         const int row = 16 * warp + lane / 8 + 4 * j, col = (lane % 8) * 8, rr = 64 * s + row;
         if (row_q[rr] < 0) continue;
         const uint4 x = *reinterpret_cast<const uint4*>(stage + wg::sw128_offset(row, col));
-        if constexpr (kReduce)
+        if constexpr (kOut == V9Out::red_f16x2_query_major)
+          red_add_f16x8(partial + static_cast<int64_t>(row_out[rr]) * kTileDim + col, x);
+        else if constexpr (kReduce)
           red_add_f16x8(partial + row_q[rr] + col, x);
         else
           *reinterpret_cast<uint4*>(partial + static_cast<uint64_t>(row_out[rr]) * kTileDim + col) = x;
@@ -954,6 +966,17 @@ __global__ void convert_o16_kernel(LaunchParams p, int64_t t0, int64_t tn, const
   reinterpret_cast<float2*>(o)[at] = v;
 }
 
+// chunked_v18: o = o16 of the segment, o16 laid out [tn, Hq, 64] (a warp per row).
+__global__ void convert_query_major_o16_kernel(LaunchParams p, int64_t t0, int64_t tn,
+                                               const __half* o16, float* o) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // half2 index
+  constexpr int64_t kPerRow = kTileDim / 2;
+  if (i >= tn * p.Hq * kPerRow) return;
+  const int64_t row = i / kPerRow, tl = row / p.Hq, h = row % p.Hq;
+  const float2 v = __half22float2(reinterpret_cast<const __half2*>(o16)[i]);
+  reinterpret_cast<float2*>(o)[(h * p.T + t0 + tl) * kPerRow + i % kPerRow] = v;
+}
+
 // One warp per (head, query) of the segment: softmax over [s_hat(c) for selected c, lse_swa
 // (, 0 with softmax1)] with values [o_c..., o_swa (, 0)]. Lane 8 j + part reads dims
 // 8 part .. 8 part + 7 of slots j, j + 4, ... with 16-byte loads, all issued before the sums.
@@ -1113,18 +1136,32 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp)
 // j % 2 (16 lanes x 16 bytes) instead of lanes 0-15 for every head: half the registers for the
 // rows, 4 blocks per SM. The same values in all three.
 enum class WeightLoads { per_head, all_first, all_first_half_warps };
-template <int G, WeightLoads kLoads>
+// Where fusion_pair_weights_kernel puts the pair weights of query t: segment s = t / seg (counted
+// from t0's) has its pairs' bucket offsets at offsets + s offsets_stride and its pair weights at
+// pair_weight + s pair_weight_stride. One segment per launch (v11-v16) or all (chunked_v17).
+struct SegmentTables {
+  int64_t seg;
+  const int32_t* offsets;
+  int64_t offsets_stride;
+  float* pair_weight;
+  int64_t pair_weight_stride;
+};
+// kQueryMajorO16 (chunked_v18): o16 is the segment's, laid out [tn, Hq, 64].
+template <int G, WeightLoads kLoads, bool kQueryMajorO16 = false>
 __global__ void __launch_bounds__(kReduceWarps * kWarp,
                                   kLoads == WeightLoads::all_first_half_warps ? 4 : 1)
     fusion_pair_weights_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t nc,
                                const int32_t* selection, const float* selected_score,
                                const float* o_swa, const float* lse_swa, const int32_t* rank,
-                               const int32_t* seg_offsets, float* pair_weight, __half* o16,
-                               float* lse) {
+                               SegmentTables tables, __half* o16, float* lse) {
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kReduceWarps + threadIdx.x / kWarp;
   if (item >= p.Hkv * tn) return;
   const int lane = threadIdx.x % kWarp;
   const int64_t g = item / tn, tl = item % tn, t = t0 + tl;
+  // The query's segment relative to t0's: its offsets and its pair weights.
+  const int64_t s = t / tables.seg - t0 / tables.seg;
+  const int32_t* seg_offsets = tables.offsets + s * tables.offsets_stride;
+  float* pair_weight = tables.pair_weight + s * tables.pair_weight_stride;
   const int K = static_cast<int>(p.K);
   const int64_t pair0 = (g * p.T + t) * K;  // the pairs of (g, t) in the selection and in rank
   bool valid[2];
@@ -1169,6 +1206,7 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp,
 #pragma unroll
   for (int j = 0; j < G; ++j) {
     const int64_t row = (g * G + j) * p.T + t;
+    const int64_t o16_row = kQueryMajorO16 ? tl * p.Hq + g * G + j : row;
     if constexpr (!kLoadsFirst) load_scores(j);
     float m = warp_max(fmaxf(fmaxf(a[j][0], a[j][1]), a_swa[j]));
     if (p.softmax1) m = fmaxf(m, 0.0f);
@@ -1183,13 +1221,13 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp,
       if (half == j % 2) {
         const float f = w_swa * inv;
         const float4 xj = x[j / 2];
-        store4(o16 + row * kTileDim + 4 * (lane % 16),
+        store4(o16 + o16_row * kTileDim + 4 * (lane % 16),
                make_float4(xj.x * f, xj.y * f, xj.z * f, xj.w * f));
       }
     } else if (lane < kTileDim / 4) {
       if constexpr (!kLoadsFirst) load_window_row(j);
       const float f = w_swa * inv;
-      store4(o16 + row * kTileDim + 4 * lane,
+      store4(o16 + o16_row * kTileDim + 4 * lane,
              make_float4(x[j].x * f, x[j].y * f, x[j].z * f, x[j].w * f));
     }
     if (lane == 0) lse[row] = l > 0.0f ? m + __logf(l) : kNegInf;
@@ -1288,12 +1326,19 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   constexpr int kPairs = pairs_per_item<G>();
   const bool pair_weights = kernel == SparseKernel::chunked_v11 || kernel == SparseKernel::chunked_v12 ||
                             kernel == SparseKernel::chunked_v13 || kernel == SparseKernel::chunked_v14 ||
-                            kernel == SparseKernel::chunked_v15;
+                            kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v16 ||
+                            kernel == SparseKernel::chunked_v17 || kernel == SparseKernel::chunked_v18;
   const bool f16_sums = kernel == SparseKernel::chunked_v10 || pair_weights;
+  const bool half_warp_weights = kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v16 ||
+                                 kernel == SparseKernel::chunked_v17 || kernel == SparseKernel::chunked_v18;
+  // chunked_v18: o16 is the segment's, [seg, Hq, 64] (a pair's G heads in adjacent rows).
+  const bool query_major_o16 = kernel == SparseKernel::chunked_v18;
+  // chunked_v17: the pair weights of every segment in one launch (and in memory at once).
+  const bool weights_at_once = kernel == SparseKernel::chunked_v17;
   const int64_t nc = p.T / p.S, n_ch = p.Hkv * nc;
   const int64_t seg = !f16_sums ? segment_queries(p)
-                     : kernel == SparseKernel::chunked_v15 ? f16_segment_queries(p, 3, 4)
-                                                           : f16_segment_queries(p, 1, 2);
+                     : half_warp_weights ? f16_segment_queries(p, 3, 4)
+                                         : f16_segment_queries(p, 1, 2);
   const int64_t n_seg = (p.T + seg - 1) / seg;
   const int64_t n_pairs = p.Hkv * p.T * p.K, bucket_stride = p.Hkv * seg * p.K;
   const int64_t max_items = (bucket_stride + kPairs - 1) / kPairs + n_ch;
@@ -1303,11 +1348,14 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   const size_t desc_bytes = round_up(static_cast<size_t>(n_seg * max_items) * sizeof(ItemDesc));
   // v10: the rows' (m, 1 / l) [Hq, seg] and o in fp16 [Hq, T, 64] instead of the partials; v11:
   // the segment's pair weights [bucket_stride, G] instead of (m, 1 / l).
+  const int64_t pair_weight_stride = bucket_stride * G;
   const size_t weights_bytes =
-      pair_weights ? round_up(static_cast<size_t>(bucket_stride * G) * sizeof(float))
+      pair_weights ? round_up(static_cast<size_t>((weights_at_once ? n_seg : 1) * pair_weight_stride) *
+                              sizeof(float))
                    : round_up(static_cast<size_t>(p.Hq * seg) * sizeof(float2));
   const size_t partial_bytes =
-      f16_sums ? weights_bytes + round_up(static_cast<size_t>(p.Hq * p.T * kTileDim) * sizeof(__half))
+      f16_sums ? weights_bytes + round_up(static_cast<size_t>(p.Hq * (query_major_o16 ? seg : p.T) * kTileDim) *
+                                          sizeof(__half))
                : round_up(static_cast<size_t>(p.Hq * seg * p.K * kTileDim) * sizeof(__half));
   keep_pool_reserved();
   char* scratch = nullptr;
@@ -1347,26 +1395,35 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
                                                              n_ch32, n_pairs32, offsets,
                                                              bucket_stride, bucket);
   }
+  const auto launch_pair_weights = [&](int64_t t0, int64_t tn) {
+    const auto group_blocks = static_cast<unsigned>((p.Hkv * tn + kReduceWarps - 1) / kReduceWarps);
+    const SegmentTables tables{seg, offsets + t0 / seg * (n_ch + 1), n_ch + 1,
+                               reinterpret_cast<float*>(partial), pair_weight_stride};
+    auto* o16 = reinterpret_cast<__half*>(reinterpret_cast<char*>(partial) + weights_bytes);
+    const auto launch = [&](auto kernel_fn) {
+      kernel_fn<<<group_blocks, kReduceWarps * kWarp, 0, stream>>>(
+          p, t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank, tables, o16, lse);
+    };
+    if (query_major_o16)
+      launch(fusion_pair_weights_kernel<G, WeightLoads::all_first_half_warps, true>);
+    else if (half_warp_weights)
+      launch(fusion_pair_weights_kernel<G, WeightLoads::all_first_half_warps>);
+    else if (kernel == SparseKernel::chunked_v13 || kernel == SparseKernel::chunked_v14)
+      launch(fusion_pair_weights_kernel<G, WeightLoads::all_first>);
+    else
+      launch(fusion_pair_weights_kernel<G, WeightLoads::per_head>);
+  };
+  if (weights_at_once) launch_pair_weights(0, p.T);
   for (int64_t s = 0; s < n_seg; ++s) {
     const int64_t t0 = s * seg, tn = p.T - t0 < seg ? p.T - t0 : seg;
     const unsigned row_blocks = static_cast<unsigned>((p.Hq * tn + kReduceWarps - 1) / kReduceWarps);
     if (f16_sums) {
       auto* weights = reinterpret_cast<float2*>(partial);  // v10
-      auto* pair_weight = reinterpret_cast<float*>(partial);  // v11
+      // v11: the segment's pair weights (v17: all segments', this one's at s pair_weight_stride)
+      auto* pair_weight = reinterpret_cast<float*>(partial) + (weights_at_once ? s * pair_weight_stride : 0);
       auto* o16 = reinterpret_cast<__half*>(reinterpret_cast<char*>(partial) + weights_bytes);
       if (pair_weights) {
-        const auto group_blocks = static_cast<unsigned>((p.Hkv * tn + kReduceWarps - 1) / kReduceWarps);
-        const auto launch_weights = [&](auto kernel_fn) {
-          kernel_fn<<<group_blocks, kReduceWarps * kWarp, 0, stream>>>(
-              p, t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank,
-              offsets + s * (n_ch + 1), pair_weight, o16, lse);
-        };
-        if (kernel == SparseKernel::chunked_v15)
-          launch_weights(fusion_pair_weights_kernel<G, WeightLoads::all_first_half_warps>);
-        else if (kernel == SparseKernel::chunked_v13 || kernel == SparseKernel::chunked_v14)
-          launch_weights(fusion_pair_weights_kernel<G, WeightLoads::all_first>);
-        else
-          launch_weights(fusion_pair_weights_kernel<G, WeightLoads::per_head>);
+        if (!weights_at_once) launch_pair_weights(t0, tn);
       } else {
         fusion_weights_kernel<__half><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
             p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, weights, o16, lse);
@@ -1375,10 +1432,14 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
         const auto grid = static_cast<unsigned>((p.Hkv * tn * p.K + kPairs - 1) / kPairs + n_ch);
         constexpr int kBytes = kWarpsPerBlock * 2 * 16 * kTilePitch * sizeof(__nv_bfloat16);
         if (kernel == SparseKernel::chunked_v12 || kernel == SparseKernel::chunked_v13 ||
-            kernel == SparseKernel::chunked_v15)
+            kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v17)
           launch_chunk_v9<G, V9Out::red_f16x2>(grid, stream, p, t0, seg, nc,
                                                items + s * (n_ch + 1), item_desc + s * max_items,
                                                bucket + s * bucket_stride, o16, pair_weight);
+        else if (query_major_o16)
+          launch_chunk_v9<G, V9Out::red_f16x2_query_major>(
+              grid, stream, p, t0, seg, nc, items + s * (n_ch + 1), item_desc + s * max_items,
+              bucket + s * bucket_stride, o16, pair_weight);
         else if (kernel == SparseKernel::chunked_v14)
           launch_chunk_v9<G, V9Out::bulk_red>(grid, stream, p, t0, seg, nc,
                                               items + s * (n_ch + 1), item_desc + s * max_items,
@@ -1393,8 +1454,12 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
               bucket + s * bucket_stride, selected_score, weights, pair_weight, o16);
       }
       const int64_t halves2 = p.Hq * tn * kTileDim / 2;
-      convert_o16_kernel<<<static_cast<unsigned>((halves2 + 255) / 256), 256, 0, stream>>>(
-          p, t0, tn, o16, o);
+      if (query_major_o16)
+        convert_query_major_o16_kernel<<<static_cast<unsigned>((halves2 + 255) / 256), 256, 0, stream>>>(
+            p, t0, tn, o16, o);
+      else
+        convert_o16_kernel<<<static_cast<unsigned>((halves2 + 255) / 256), 256, 0, stream>>>(
+            p, t0, tn, o16, o);
       continue;
     }
     if (n_ch > 0 && n_pairs > 0) {
@@ -1504,11 +1569,13 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
   const SparseKernel kernel = sparse_kernel();
   if (uses_wgmma(kernel) && !wgmma_runs_on_current_device())
     refuse_wgmma_kernel("sparse_kernel", sparse_kernel_name(kernel),
-                        "a kernel without wgmma, such as chunked_v11, the default here");
+                        "a kernel without wgmma, such as chunked_v16, the default here");
   if (kernel == SparseKernel::chunked_v8 || kernel == SparseKernel::chunked_v9 ||
       kernel == SparseKernel::chunked_v10 || kernel == SparseKernel::chunked_v11 ||
       kernel == SparseKernel::chunked_v12 || kernel == SparseKernel::chunked_v13 ||
-      kernel == SparseKernel::chunked_v14 || kernel == SparseKernel::chunked_v15) {
+      kernel == SparseKernel::chunked_v14 || kernel == SparseKernel::chunked_v15 ||
+      kernel == SparseKernel::chunked_v16 || kernel == SparseKernel::chunked_v17 ||
+      kernel == SparseKernel::chunked_v18) {
     switch (p.Hq / p.Hkv) {
       case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
       case 2: return launch_bucketed_once_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
