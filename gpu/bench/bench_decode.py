@@ -8,12 +8,16 @@ the whole KV cache read once at the copy bandwidth measured here (no dense kerne
 Ours runs four ways: the d5 kernel (seven launches, bf16 summaries), the fused kernel (the
 default, gpu/NOTES.md "decode") with bf16 summaries, and with fp8 e4m3 summaries (a per-row
 power-of-two scale), and d19 with fp8 summaries (the previous default: the baseline); --variants
-picks others (d8, d16, d17, d18, d21, d23) and --batches / --lengths fewer shapes (no table then).
+picks others (d8, d16, d17, d18, d21, d23, d24, d25) and --batches / --lengths fewer shapes (no
+table then). --scan-floor also times, per shape with fp8 summaries, launch 1 alone of d21, d24
+and d25, launch 1's loads alone (its grid, no arithmetic) and a flat read of the summary arrays
+(hils::gpu::decode_scan_probe): what the scan could reach.
 Each side is timed as a CUDA-graph replay (one launch, as serving loops run decode; the eager
 time of ours is printed too). Every timed call starts with a cold L2 (a 512 MiB buffer is written between calls), as a step
 over a real model's layers would. Times are medians of CUDA-event-timed calls after warm-up.
 Usage: bench_decode.py --lib build/gpu/libhils_gpu_c.so [--out decode.json] [--no-flex]
        [--profile] [--variants fused_fp8,d19_fp8,...] [--batches 8,32] [--lengths 524288]
+       [--scan-floor]
 """
 import argparse
 import ctypes
@@ -50,7 +54,10 @@ class Decode(ctypes.Structure):
          ("summary_scale", ctypes.c_void_p), ("summary_key_bf16", ctypes.c_void_p)]
 
 SUMMARY_TYPES = {"bf16": 0, "fp8": 1}
-KERNELS = {"fused": 0, "d5": 1, "d8": 2, "d13": 3, "d16": 4, "d17": 5, "d18": 6, "d19": 7, "d21": 8, "d23": 9}
+KERNELS = {"fused": 0, "d5": 1, "d8": 2, "d13": 3, "d16": 4, "d17": 5, "d18": 6, "d19": 7, "d21": 8, "d23": 9,
+           "d24": 10, "d25": 11}
+# decode_scan_probe's probes (hils::gpu::ScanProbe), timed by --scan-floor.
+SCAN_PROBES = {"d21_scan": 0, "d24_scan": 1, "d25_scan": 2, "loads_only": 3, "flat_read": 4}
 # The variants timed per (B, T): (label, kernel, summary type); d19 fp8 is the baseline of fused.
 VARIANTS = (("d5_bf16", "d5", "bf16"), ("fused_bf16", "fused", "bf16"), ("d19_fp8", "d19", "fp8"),
             ("fused_fp8", "fused", "fp8"))
@@ -214,6 +221,31 @@ class HilsDecode:
         return summaries, kv
 
 
+def scan_floor(run, B, T):
+    """Times (graph replay, cold L2) each ScanProbe on run's cache; prints us and TB/s over the
+    bytes launch 1 reads (summary rows, b', scales; the window's K/V)."""
+    nc = T // S
+    row = D * run.key.element_size() + 4 + (4 if run.scale is not None else 0)
+    tau = (T - 1 - W + 1) // S
+    window_kv = B * HKV * (T - max(0, tau * S)) * 2 * D * 2
+    scan_bytes = B * HQ * nc * row + window_kv
+    lib = run.lib
+    lib.hils_gpu_decode_scan_probe.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p,
+                                               ctypes.c_void_p]
+    result = {}
+    for name, probe in SCAN_PROBES.items():
+        def fn(probe=probe):
+            stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+            run.check(lib.hils_gpu_decode_scan_probe(ctypes.byref(run.p), probe, ptr(run.ws), stream))
+        graph_us, eager_us = best_us(fn)
+        us = graph_us if graph_us is not None else eager_us
+        nbytes = scan_bytes - (window_kv if name == "flat_read" else 0)
+        result[name] = us
+        print(f"  scan floor B={B} T={T} {name:>10}: {us:7.1f} us  {nbytes / 1e6:6.1f} MB  "
+              f"{nbytes / us / 1e6:5.2f} TB/s", flush=True)
+    return result
+
+
 def profile_kernels(run):
     """GPU time per kernel of our decode step (torch.profiler / CUPTI), 20 calls."""
     from torch.profiler import ProfilerActivity, profile
@@ -271,6 +303,8 @@ def main():
     ap.add_argument("--variants", help="comma-separated <kernel>_<summary> labels (no table)")
     ap.add_argument("--batches", help="comma-separated B (default 1,8,32; no table)")
     ap.add_argument("--lengths", help="comma-separated T (default 32K,128K,512K; no table)")
+    ap.add_argument("--scan-floor", action="store_true",
+                    help="time launch 1 alone and its read floor per shape (fp8 summaries)")
     args = ap.parse_args()
     variants = tuple(variant(v) for v in args.variants.split(",")) if args.variants else VARIANTS
     batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else BATCHES
@@ -302,6 +336,8 @@ def main():
                     if args.profile and B == 8 and T == LENGTHS[-1] and kernel != "d5":
                         print(f"  profile {label}:")
                         profile_kernels(run)
+                if args.scan_floor and summary == "fp8":
+                    row["scan_floor_us"] = scan_floor(run, B, T)
                 runs[summary] = run
             run = runs["bf16"]
             q4 = run.q.unsqueeze(2)

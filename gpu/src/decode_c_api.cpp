@@ -84,6 +84,15 @@ int hils_gpu_decode_step(const hils_gpu_decode* p, const hils_gpu_decode_outputs
   });
 }
 
+int hils_gpu_decode_scan_probe(const hils_gpu_decode* p, int32_t probe, void* workspace,
+                               void* stream) {
+  return guarded(p, [&](const DecodeCall& t) {
+    hils::gpu::decode_scan_probe(t.spec, t.cache, t.query, workspace,
+                                 static_cast<hils::gpu::ScanProbe>(probe),
+                                 static_cast<cudaStream_t>(stream));
+  });
+}
+
 int hils_gpu_quantize_summaries_fp8(const float* key, int64_t rows, int64_t d, void* key_fp8,
                                     float* scale, void* stream) {
   const hils_gpu_decode unused{};

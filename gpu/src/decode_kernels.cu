@@ -413,6 +413,53 @@ __device__ __forceinline__ float score_row(const float* q, const typename Summar
   return acc;
 }
 
+// How the score tiles load the summary rows, b' and the row scales: the stream that launch 1 reads
+// once (77.6 MB at B = 8, 512K fp8; 304 MB at B = 32) and that thrashes the 50 MB L2 for the tails'
+// code and launch 1's own outputs (gpu/NOTES.md "decode", d23). `plain` (d21): __ldg; `evict_first`
+// (d24): ld.global.nc.L1::no_allocate with an L2 cache-policy operand from createpolicy
+// (fractional evict_first, 1.0), so the L2 replaces these lines first; `streaming` (d25):
+// ld.global.cs (__ldcs), which PTX defines as evict-first allocation in L1 and L2. The bytes and
+// the arithmetic are the same in all three: outputs equal d21's bit for bit.
+enum class ScanLoads { plain, evict_first, streaming };
+
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#endif
+  return policy;
+}
+
+template <ScanLoads kLoads>
+__device__ __forceinline__ uint4 scan_load(const uint4* p, uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (kLoads == ScanLoads::evict_first) {
+    uint4 u;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                 : "l"(p), "l"(policy));
+    return u;
+  }
+#endif
+  if constexpr (kLoads == ScanLoads::streaming) return __ldcs(p);
+  return __ldg(p);
+}
+
+template <ScanLoads kLoads>
+__device__ __forceinline__ float scan_load(const float* p, uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (kLoads == ScanLoads::evict_first) {
+    float x;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.f32 %0, [%1], %2;"
+                 : "=f"(x)
+                 : "l"(p), "l"(policy));
+    return x;
+  }
+#endif
+  if constexpr (kLoads == ScanLoads::streaming) return __ldcs(p);
+  return __ldg(p);
+}
+
 // ---- 2. score tiles: 256 chunks per tile, one block (kWarps warps) per (tile, b, h) --------
 // d = 64 (`coalesced`): 16-byte lanes cover one chunk's row (8 lanes for a 128-byte bf16 row, 4
 // for a 64-byte fp8 row), so a warp load covers 512 contiguous bytes; every load of a warp's
@@ -422,7 +469,7 @@ constexpr int kCoalescedDim = 64;
 // kEarly (the fused kernel): every global load of the tile (its rows, b' and the fp8 scales)
 // is issued before q~ is staged, so that a block waits for one memory round trip, not three
 // (d5, kEarly false, stages q~ first and reads b' after the dot).
-template <class Summary, int kWarps, bool kEarly>
+template <class Summary, int kWarps, bool kEarly, ScanLoads kLoads = ScanLoads::plain>
 __device__ void score_tile(const DecodeParams& p, int64_t item, int64_t tile, bool vectorised,
                            bool coalesced, float* q, float* scores, float2* score_part) {
   constexpr int kThreads = kWarps * kWarp;
@@ -438,13 +485,15 @@ __device__ void score_tile(const DecodeParams& p, int64_t item, int64_t tile, bo
   const auto* keys = static_cast<const typename Summary::Elem*>(p.summary_key) + item * p.chunk_cap * p.d;
   const int part = lane % kLanesPerRow;
   const uint4* rows = reinterpret_cast<const uint4*>(keys);
+  const uint64_t policy = kLoads == ScanLoads::evict_first ? evict_first_policy() : 0;
   uint4 u[kSteps];
   auto load_rows = [&] {
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
       const int64_t cc = tile_first + warp * (kSteps * kRowsPerStep) + step * kRowsPerStep +
                          lane / kLanesPerRow;
-      u[step] = cc < p.n_cand ? __ldg(rows + cc * kLanesPerRow + part) : make_uint4(0, 0, 0, 0);
+      u[step] = cc < p.n_cand ? scan_load<kLoads>(rows + cc * kLanesPerRow + part, policy)
+                              : make_uint4(0, 0, 0, 0);
     }
   };
   // b' and the row scale of the chunks thread t owns (tile_first + t, + kThreads, ...).
@@ -453,8 +502,9 @@ __device__ void score_tile(const DecodeParams& p, int64_t item, int64_t tile, bo
 #pragma unroll
     for (int r = 0; r < kPerThread; ++r) {
       const int64_t c = tile_first + threadIdx.x + r * kThreads, row = item * p.chunk_cap + c;
-      bias[r] = c < p.n_cand ? __ldg(p.summary_bias + row) : 0.0f;
-      row_scale[r] = c < p.n_cand && p.summary_scale ? __ldg(p.summary_scale + row) : 1.0f;
+      bias[r] = c < p.n_cand ? scan_load<kLoads>(p.summary_bias + row, policy) : 0.0f;
+      row_scale[r] =
+          c < p.n_cand && p.summary_scale ? scan_load<kLoads>(p.summary_scale + row, policy) : 1.0f;
     }
   };
   if (kEarly) {
@@ -1470,7 +1520,7 @@ __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, fl
 // ---- the fused step (DecodeKernel::fused) ----------------------------------------------------
 // Launch 1, 128 threads: window tiles (blocks [0, n_win_tiles * B * Hkv)), then score tiles
 // (n_score_tiles per (b, h)); the two stages are independent, so one grid runs both.
-template <class Summary>
+template <class Summary, ScanLoads kLoads>
 __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged,
                                           bool vectorised, bool coalesced) {
   extern __shared__ float smem[];
@@ -1483,11 +1533,103 @@ __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool 
                       smem);
   } else {
     const int64_t j = block - n_win_blocks;
-    score_tile<Summary, kFastThreads / kWarp, true>(p, j / p.n_score_tiles, j % p.n_score_tiles,
-                                                    vectorised, coalesced, smem, w.scores,
-                                                    w.score_part);
+    score_tile<Summary, kFastThreads / kWarp, true, kLoads>(
+        p, j / p.n_score_tiles, j % p.n_score_tiles, vectorised, coalesced, smem, w.scores,
+        w.score_part);
   }
   allow_next_grid();
+}
+
+// ---- the scan's read floor (decode_scan_probe, ScanProbe) ---------------------------------------
+// Folds the words of u into x (what the probes read must not be dead code).
+__device__ __forceinline__ void fold(uint32_t& x, const uint4& u) { x ^= u.x ^ u.y ^ u.z ^ u.w; }
+// The probes store only when the fold hits this value (they read, they do not write).
+constexpr uint32_t kProbeNeverValue = 0x9e3779b9u;
+
+// ScanProbe::loads_only: fused_window_score_kernel's grid and global loads (the fast window tile
+// with its value rows, kEarly; the coalesced score tile: rows, b', row scales), nothing else.
+template <class Summary>
+__global__ void __launch_bounds__(kFastThreads) scan_loads_only_kernel(DecodeParams p,
+                                                                       uint32_t* sink) {
+  constexpr int D = kFastDim;
+  const int64_t n_win_blocks = p.n_win_tiles * p.B * p.Hkv, block = blockIdx.x;
+  uint32_t x = 0;
+  if (block < n_win_blocks) {
+    constexpr int kPieces = kDecodeTileSlots * D / 8 / kFastThreads;
+    const int64_t tile = block % p.n_win_tiles, bg = block / p.n_win_tiles;
+    const int64_t lo = p.win_lo + tile * kDecodeTileSlots;
+    const int64_t hi = min(p.T - 1, lo + kDecodeTileSlots - 1);
+    const __nv_bfloat16* k = p.k + bg * p.slot_cap * D;
+    const __nv_bfloat16* v = p.v + bg * p.slot_cap * D;
+    const int64_t slot = lo + threadIdx.x % D;
+    uint4 u[D / 8 + kPieces];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+      u[i] = slot <= hi ? __ldg(reinterpret_cast<const uint4*>(k + slot * D) + i) : uint4{};
+#pragma unroll
+    for (int e = 0; e < kPieces; ++e) {
+      const int piece = threadIdx.x + kFastThreads * e, row = piece / (D / 8);
+      u[D / 8 + e] = lo + row <= hi
+                         ? __ldg(reinterpret_cast<const uint4*>(v + (lo + row) * D) + piece % (D / 8))
+                         : uint4{};
+    }
+#pragma unroll
+    for (const uint4& piece : u) fold(x, piece);
+  } else {
+    constexpr int kLanesPerRow = kCoalescedDim / Summary::kPerLoad;
+    constexpr int kRowsPerStep = kWarp / kLanesPerRow;
+    constexpr int kWarps = kFastThreads / kWarp;
+    constexpr int kSteps = kScoreThreads / kRowsPerStep / kWarps;
+    constexpr int kPerThread = kScoreThreads / kFastThreads;
+    const int64_t j = block - n_win_blocks, item = j / p.n_score_tiles;
+    const int64_t tile_first = j % p.n_score_tiles * kScoreThreads;
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, part = lane % kLanesPerRow;
+    const uint4* rows = reinterpret_cast<const uint4*>(
+        static_cast<const typename Summary::Elem*>(p.summary_key) + item * p.chunk_cap * p.d);
+    uint4 u[kSteps];
+    float extra[2 * kPerThread];
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      const int64_t cc = tile_first + warp * (kSteps * kRowsPerStep) + step * kRowsPerStep +
+                         lane / kLanesPerRow;
+      u[step] = cc < p.n_cand ? __ldg(rows + cc * kLanesPerRow + part) : uint4{};
+    }
+#pragma unroll
+    for (int r = 0; r < kPerThread; ++r) {
+      const int64_t c = tile_first + threadIdx.x + r * kFastThreads, row = item * p.chunk_cap + c;
+      extra[2 * r] = c < p.n_cand ? __ldg(p.summary_bias + row) : 0.0f;
+      extra[2 * r + 1] = c < p.n_cand && p.summary_scale ? __ldg(p.summary_scale + row) : 1.0f;
+    }
+#pragma unroll
+    for (const uint4& piece : u) fold(x, piece);
+#pragma unroll
+    for (float f : extra) x ^= __float_as_uint(f);
+  }
+  if (x == kProbeNeverValue) sink[0] = x;
+}
+
+// ScanProbe::flat_read: n 16-byte words from `a`, 4 loads per thread in flight per step.
+__device__ void read_flat(const uint4* a, int64_t n, uint32_t& x) {
+  constexpr int kInFlight = 4;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + (kInFlight - 1) * stride < n; i += kInFlight * stride) {
+    uint4 u[kInFlight];
+#pragma unroll
+    for (int e = 0; e < kInFlight; ++e) u[e] = __ldg(a + i + e * stride);
+#pragma unroll
+    for (int e = 0; e < kInFlight; ++e) fold(x, u[e]);
+  }
+  for (; i < n; i += stride) fold(x, __ldg(a + i));
+}
+
+__global__ void flat_read_kernel(const uint4* a, int64_t na, const uint4* b, int64_t nb,
+                                 const uint4* c, int64_t nc, uint32_t* sink) {
+  uint32_t x = 0;
+  read_flat(a, na, x);
+  read_flat(b, nb, x);
+  read_flat(c, nc, x);
+  if (x == kProbeNeverValue) sink[0] = x;
 }
 
 // ---- the four tails in one kernel (d23) ------------------------------------------------------
@@ -2003,17 +2145,46 @@ unsigned persistent_scan_blocks(size_t smem, int64_t items) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(items, resident)));
 }
 
+// Launch 1 (window + score tiles in one grid), its score tiles loading the stream as `loads` says.
+template <class Summary>
+void launch_window_score(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
+                         cudaStream_t stream, ScanLoads loads) {
+  const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
+  require(blocks1 < (int64_t{1} << 31), "decode: too many tiles for one grid");
+  auto* kernel = fused_window_score_kernel<Summary, ScanLoads::plain>;
+  if (loads == ScanLoads::evict_first) kernel = fused_window_score_kernel<Summary, ScanLoads::evict_first>;
+  if (loads == ScanLoads::streaming) kernel = fused_window_score_kernel<Summary, ScanLoads::streaming>;
+  launch_kernel("window + score", kernel, dim3(static_cast<unsigned>(blocks1)), kFastThreads,
+                std::max(s.win_smem_early, p.d * sizeof(float)), stream, false, p, w, s.fast,
+                s.win_staged, s.vectorised, s.coalesced);
+}
+
+// The scratch arrays of one step, laid out in `workspace` (decode_workspace_bytes).
+DecodeScratch scratch_at(const DecodeParams& p, void* workspace) {
+  const ScratchSizes sizes = scratch_sizes(p);
+  char* base = static_cast<char*>(workspace);
+  void* parts[kScratchArrays];
+  for (int i = 0; i < kScratchArrays; ++i) parts[i] = base, base += round_up(sizes.bytes[i]);
+  return DecodeScratch{static_cast<float*>(parts[0]), static_cast<float2*>(parts[1]),
+                       static_cast<float*>(parts[2]), static_cast<float*>(parts[3]),
+                       static_cast<float*>(parts[4]), static_cast<int32_t*>(parts[5]),
+                       static_cast<float*>(parts[6]), static_cast<uint32_t*>(parts[7]),
+                       static_cast<int32_t*>(parts[8]), static_cast<float*>(parts[9]),
+                       static_cast<uint32_t*>(parts[10])};
+}
+
 // fused (d21), d19, d18, d17, d16, d13 and d8: five launches (window + score tiles in one grid;
 // group scores; select; chunk tiles; fuse with batched loads); kShort (d12 on) the shorter
 // chains of its tails; `mma` (d17 on) the chunk tiles on the tensor cores where their shape
 // allows; `pdl` (d16, d18 on) launches the four tails with programmatic dependent launch;
 // `landmark_mask` (d19, d21) the chunk tiles' mask of the landmark slot only; `persistent`
 // (d19) the persistent scan (fp8 summaries, d = 64); `tail` (d23) the four tails as one kernel
-// where tail_fused allows (two launches in all).
+// where tail_fused allows (two launches in all); `loads` (d24, d25) the score tiles' stream loads.
 template <class Summary, bool kShort>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
                   const DecodeOutputs& out, cudaStream_t stream, bool pdl, bool mma,
-                  bool landmark_mask = false, bool persistent = false, bool tail = false) {
+                  bool landmark_mask = false, bool persistent = false, bool tail = false,
+                  ScanLoads loads = ScanLoads::plain) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
@@ -2024,10 +2195,7 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
                   dim3(persistent_scan_blocks(s.win_smem_early, blocks1)), kFastThreads,
                   s.win_smem_early, stream, false, p, w, s.fast, s.win_staged);
   else
-    launch_kernel("window + score", fused_window_score_kernel<Summary>,
-                  dim3(static_cast<unsigned>(blocks1)), kFastThreads,
-                  std::max(s.win_smem_early, p.d * sizeof(float)), stream, false, p, w, s.fast,
-                  s.win_staged, s.vectorised, s.coalesced);
+    launch_window_score<Summary>(p, s, w, stream, loads);
   if (tail && kShort && tail_fused(p, s.fast_chunk)) {
     const int64_t items =
         p.B * p.Hkv * (tail_score_tiles(p) + tail_chunk_items(p) + tail_fuse_items(p));
@@ -2079,20 +2247,12 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
               kernel == DecodeKernel::d8 || kernel == DecodeKernel::d13 ||
               kernel == DecodeKernel::d16 || kernel == DecodeKernel::d17 ||
               kernel == DecodeKernel::d18 || kernel == DecodeKernel::d19 ||
-              kernel == DecodeKernel::d21 || kernel == DecodeKernel::d23,
+              kernel == DecodeKernel::d21 || kernel == DecodeKernel::d23 ||
+              kernel == DecodeKernel::d24 || kernel == DecodeKernel::d25,
           "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3), d16 (4), d17 (5), d18 (6), "
-          "d19 (7), d21 (8) or d23 (9)");
+          "d19 (7), d21 (8), d23 (9), d24 (10) or d25 (11)");
   const DecodeParams p = params_of(spec, cache, q);
-  const ScratchSizes sizes = scratch_sizes(p);
-  char* base = static_cast<char*>(workspace);
-  void* parts[kScratchArrays];
-  for (int i = 0; i < kScratchArrays; ++i) parts[i] = base, base += round_up(sizes.bytes[i]);
-  DecodeScratch w{static_cast<float*>(parts[0]), static_cast<float2*>(parts[1]),
-                  static_cast<float*>(parts[2]), static_cast<float*>(parts[3]),
-                  static_cast<float*>(parts[4]), static_cast<int32_t*>(parts[5]),
-                  static_cast<float*>(parts[6]), static_cast<uint32_t*>(parts[7]),
-                  static_cast<int32_t*>(parts[8]), static_cast<float*>(parts[9]),
-                  static_cast<uint32_t*>(parts[10])};
+  DecodeScratch w = scratch_at(p, workspace);
   if (out.surrogate) w.scores = out.surrogate;
   if (out.selection) w.selection = out.selection;
   const LaunchShape shape = launch_shape(p, cache.summary_type);
@@ -2103,16 +2263,81 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   } else if (kernel == DecodeKernel::d8) {
     if (fp8) launch_fused<Fp8Summary, false>(p, shape, w, out, stream, false, false);
     else launch_fused<Bf16Summary, false>(p, shape, w, out, stream, false, false);
-  } else {  // fused = d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's launches)
-            // with the chunk tiles' landmark mask; d23: d21 with its four tails in one kernel
-    const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d21 : kernel;
-    const bool d19 = k == DecodeKernel::d19, d21 = k == DecodeKernel::d21;
-    const bool d23 = k == DecodeKernel::d23, mask = d19 || d21 || d23;
+  } else {  // fused = d25; d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's
+            // launches) with the chunk tiles' landmark mask; d23: d21 with its four tails in one
+            // kernel; d24, d25: d21 with the score tiles' stream loaded evict-first (ScanLoads)
+    const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d25 : kernel;
+    const bool d19 = k == DecodeKernel::d19, d23 = k == DecodeKernel::d23;
+    const bool d21 = k == DecodeKernel::d21 || k == DecodeKernel::d24 || k == DecodeKernel::d25;
+    const bool mask = d19 || d21 || d23;
     const bool pdl = k == DecodeKernel::d16 || k == DecodeKernel::d18 || mask;
     const bool mma = k == DecodeKernel::d17 || k == DecodeKernel::d18 || mask;
-    if (fp8) launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23);
-    else launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23);
+    const ScanLoads loads = k == DecodeKernel::d24   ? ScanLoads::evict_first
+                            : k == DecodeKernel::d25 ? ScanLoads::streaming
+                                                     : ScanLoads::plain;
+    if (fp8)
+      launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23, loads);
+    else
+      launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23, loads);
   }
+}
+
+void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, const DecodeQuery& q,
+                       void* workspace, ScanProbe probe, cudaStream_t stream) {
+  using namespace detail;
+  validate_decode(spec, cache, q);
+  require(workspace != nullptr, "decode_scan_probe: workspace must be a device pointer, got null");
+  const DecodeParams p = params_of(spec, cache, q);
+  require(p.d == kFastDim && p.dv == kFastDim,
+          "decode_scan_probe: d = dv = 64 expected, got d = " + std::to_string(p.d) +
+              ", dv = " + std::to_string(p.dv));
+  const DecodeScratch w = scratch_at(p, workspace);
+  const LaunchShape shape = launch_shape(p, cache.summary_type);
+  const bool fp8 = cache.summary_type == SummaryType::fp8_e4m3;
+  auto* sink = reinterpret_cast<uint32_t*>(w.scores);
+  switch (probe) {
+    case ScanProbe::d21_scan:
+    case ScanProbe::d24_scan:
+    case ScanProbe::d25_scan: {
+      const ScanLoads loads = probe == ScanProbe::d24_scan   ? ScanLoads::evict_first
+                              : probe == ScanProbe::d25_scan ? ScanLoads::streaming
+                                                             : ScanLoads::plain;
+      if (fp8) launch_window_score<Fp8Summary>(p, shape, w, stream, loads);
+      else launch_window_score<Bf16Summary>(p, shape, w, stream, loads);
+      return;
+    }
+    case ScanProbe::loads_only: {
+      require(shape.fast && shape.coalesced,
+              "decode_scan_probe: loads_only needs 16-byte aligned K/V and summary rows");
+      const int64_t blocks = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
+      require(blocks < (int64_t{1} << 31), "decode_scan_probe: too many tiles for one grid");
+      launch_kernel("loads only", fp8 ? scan_loads_only_kernel<Fp8Summary>
+                                      : scan_loads_only_kernel<Bf16Summary>,
+                    dim3(static_cast<unsigned>(blocks)), kFastThreads, 0, stream, false, p, sink);
+      return;
+    }
+    case ScanProbe::flat_read: {
+      const int64_t rows = p.B * p.Hq * p.chunk_cap;
+      const int64_t key_bytes = rows * p.d * (fp8 ? 1 : 2);
+      for (const void* a : {cache.summary_key, static_cast<const void*>(cache.summary_bias),
+                            static_cast<const void*>(cache.summary_scale)})
+        require(reinterpret_cast<uintptr_t>(a) % 16 == 0,
+                "decode_scan_probe: flat_read needs 16-byte aligned summary arrays");
+      int device = 0, sms = 0;
+      if (cudaGetDevice(&device) != cudaSuccess ||
+          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+        throw std::runtime_error("decode_scan_probe: no device");
+      constexpr unsigned kThreads = 256, kBlocksPerSm = 8;
+      launch_kernel("flat read", flat_read_kernel, dim3(static_cast<unsigned>(sms) * kBlocksPerSm),
+                    kThreads, 0, stream, false, static_cast<const uint4*>(cache.summary_key),
+                    key_bytes / 16, reinterpret_cast<const uint4*>(cache.summary_bias), rows * 4 / 16,
+                    reinterpret_cast<const uint4*>(cache.summary_scale),
+                    fp8 ? rows * 4 / 16 : int64_t{0}, sink);
+      return;
+    }
+  }
+  throw std::invalid_argument("decode_scan_probe: probe must be 0-4, got " +
+                              std::to_string(static_cast<int>(probe)));
 }
 
 void set_decode_scan_grid_cap(int blocks) {

@@ -21,6 +21,13 @@ constexpr GroupRule kGroupMaxNormalized = GroupRule::max_normalized,
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kPosInf = __builtin_huge_valf();
 
+// First query of this block, blocks in descending t: a block's work grows with its queries'
+// causal candidate chunks (~t / S), so the heaviest blocks start first and the grid ends on the
+// lightest instead of a last wave of the longest (gpu/NOTES.md "Pipelined forward").
+__device__ __forceinline__ int64_t heaviest_first_t0(int queries) {
+  return static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * queries;
+}
+
 // Scores run in base 2 (s2 = s_hat log2 e): one ex2 per exponential, the same ranking.
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -967,7 +974,7 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   };
   float* slot_base = kBuffered ? buf : sh.r;
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kQueries, g = blockIdx.y;
+  const int64_t t0 = heaviest_first_t0(kQueries), g = blockIdx.y;
   const int64_t n_chunks = geo.n_chunks();
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
@@ -1612,7 +1619,7 @@ __global__ void __launch_bounds__(kPackedThreads, 3)
   float* head_value = take(kQueries * K);
   int32_t* head_index = reinterpret_cast<int32_t*>(take(kQueries * K));
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kQueries, g = blockIdx.y;
+  const int64_t t0 = heaviest_first_t0(kQueries), g = blockIdx.y;
   const int64_t n_chunks = geo.n_chunks();
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};

@@ -66,7 +66,7 @@ struct DecodeOutputs {
 };
 
 // Which launch sequence runs the step (gpu/NOTES.md "decode", versions):
-//   fused: the default, d21 (below)
+//   fused: the default, d25 (below)
 //   d13:   d8's five launches with shorter chains in the tails: for K <= 32 the group
 //          scores and the select rank candidates by warp sorts instead of radix passes, the
 //          chunk tiles compute the fusion logits while their rows are in flight, and the fuse
@@ -80,17 +80,35 @@ struct DecodeOutputs {
 //          flight (fp8 summaries, d = 64; d18's launch 1 otherwise) and the chunk tiles' mask
 //          testing only the landmark slot (the default before d21)
 //   d21:   d19 without the persistent scan (d18's launch 1): d18 with the landmark mask only
-//          (the default since session 10: faster than d19 and d18 at B = 8 and 32)
+//          (the default from session 10 to d25: faster than d19 and d18 at B = 8 and 32)
 //   d23:   d21 with its four tails (group scores, select, chunk tiles, fuse) in one kernel whose
 //          blocks take tickets and wait per KV group instead of per launch (K <= 32, G <= 16,
 //          d = dv = 64, S <= 64; d21's tails otherwise): two launches; the same outputs as d21
 //          bit for bit, slower in session 11 (cold code in each stage of the chain: gpu/NOTES.md)
+//   d24:   d21 with the score tiles' stream (summary rows, b', row scales: read once) loaded
+//          with an L2 evict-first cache policy, so that it does not evict the tails' code and
+//          launch 1's outputs from the L2; the same outputs as d21 bit for bit
+//   d25:   d24 with ld.global.cs (cache-streaming) loads instead of the policy operand (the
+//          default since session 12: 3 us faster than d21 at B = 8, 512K, equal at B = 32)
 //   d5:    the launches of d5 (window, score, group scores, select, chunk, fuse)
 //   d8:    window tiles and score tiles in one grid (every tile issues all its loads before
 //          staging q / q~), then group scores, select, chunk tiles and a fuse that loads the
 //          chunks' outputs 8 at a time: five launches
 enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, d18 = 6, d19 = 7,
-                          d21 = 8, d23 = 9 };
+                          d21 = 8, d23 = 9, d24 = 10, d25 = 11 };
+
+// A measurement probe for the benchmark (gpu/bench/bench_decode.py --scan-floor), not a step:
+// launch 1 of the step alone, or a kernel that only reads launch 1's bytes, writing nothing
+// but scratch in `workspace` (decode_workspace_bytes). d = dv = 64 only.
+//   d21_scan, d24_scan, d25_scan: launch 1 (window + score tiles) of d21, d24, d25
+//   loads_only: launch 1's grid and loads (every block's rows, b', scales, window K/V rows),
+//               none of its arithmetic, shared memory or stores: the floor of its layout
+//   flat_read:  the summary rows, b' and scales read as three flat arrays by a grid-stride
+//               kernel with 4 16-byte loads per thread in flight (the window's K/V left out):
+//               the floor of the bytes
+enum class ScanProbe { d21_scan = 0, d24_scan = 1, d25_scan = 2, loads_only = 3, flat_read = 4 };
+void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, const DecodeQuery& q,
+                       void* workspace, ScanProbe probe, cudaStream_t stream = nullptr);
 
 // For tests: caps d19's persistent scan grid at `blocks` (0, the default: as many blocks as fit
 // on the device at once), so that small cases walk several tiles per block as 512K steps do.

@@ -21,7 +21,7 @@ typedef struct hils_gpu_decode {
   const float* summary_bias;
   const void *q, *q_retrieval; /* bf16 [B, Hq, d]; q_retrieval may be null */
   int32_t summary_type;        /* 0 bf16, 1 fp8 e4m3 (hils::gpu::SummaryType) */
-  int32_t kernel;              /* 0 fused (the default: d21), 1 d5, 2 d8, 3 d13, 4 d16, 5 d17, 6 d18, 7 d19, 8 d21, 9 d23 (hils::gpu::DecodeKernel) */
+  int32_t kernel;              /* 0 fused (the default: d25), 1 d5, 2 d8, 3 d13, 4 d16, 5 d17, 6 d18, 7 d19, 8 d21, 9 d23, 10 d24, 11 d25 (hils::gpu::DecodeKernel) */
   const float* summary_scale;  /* fp8: [B, Hq, chunk_capacity] row scales; else null */
   const void* summary_key_bf16; /* fp8 + hierarchical fusion: the summaries in bf16; else null */
 } hils_gpu_decode;
@@ -37,6 +37,10 @@ const char* hils_gpu_decode_last_error(void);
 int hils_gpu_decode_workspace_bytes(const hils_gpu_decode* p, size_t* bytes);
 int hils_gpu_decode_step(const hils_gpu_decode* p, const hils_gpu_decode_outputs* out,
                          void* workspace, void* stream);
+/* A measurement probe, not a step (hils::gpu::decode_scan_probe): probe 0 d21's launch 1, 1 d24's,
+ * 2 d25's, 3 launch 1's loads only, 4 a flat read of the summary arrays (hils::gpu::ScanProbe). */
+int hils_gpu_decode_scan_probe(const hils_gpu_decode* p, int32_t probe, void* workspace,
+                               void* stream);
 /* key fp32 [rows, d] -> key_fp8 e4m3 [rows, d] and scale fp32 [rows] (hils::gpu::quantize_summaries_fp8). */
 int hils_gpu_quantize_summaries_fp8(const float* key, int64_t rows, int64_t d, void* key_fp8,
                                     float* scale, void* stream);
