@@ -140,6 +140,8 @@ const char* sparse_kernel_name(SparseKernel kernel) {
     case SparseKernel::chunked_v16: return "chunked_v16";
     case SparseKernel::chunked_v17: return "chunked_v17";
     case SparseKernel::chunked_v18: return "chunked_v18";
+    case SparseKernel::chunked_v19: return "chunked_v19";
+    case SparseKernel::chunked_v20: return "chunked_v20";
   }
   return "unknown";
 }

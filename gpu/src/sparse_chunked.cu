@@ -37,11 +37,15 @@
 // v11 on the H100); chunked_v13 is v12 with the pair-weights kernel's loads issued before its
 // arithmetic (-4% against v12); chunked_v14 is v13 with one bulk (TMA) reduction per row
 // (measured slower: the L2 takes more requests per row, gpu/NOTES.md "sparse v14"); chunked_v15
-// (the default) is v13 with a leaner weights kernel and query segments of 3/4 of the L2 (-4%).
+// is v13 with a leaner weights kernel and query segments of 3/4 of the L2 (-4%).
 // chunked_v16 is v11 (no wgmma) with v15's weights kernel and segments; chunked_v17 is v15 with
 // the pair weights of every segment formed in one launch; chunked_v18 is v15 with the segment's
 // o16 laid out [queries, Hq, 64] (a pair's G heads reduced into adjacent rows; gpu/NOTES.md
-// "sparse v16-v18").
+// "sparse v16-v18"); chunked_v19 (the default) is v15 with the pairs' ranks counted per tile of
+// queries in shared memory and query segments of the whole L2 (-7%, gpu/NOTES.md "sparse v19,
+// v20"); chunked_v20 is v19 with segment s + 1's weights kernel started in the last wave of
+// segment s's chunk kernel, and s + 1's chunk kernel in the last wave of s's convert
+// (programmatic dependent launch; measured slower).
 #include <cuda_fp16.h>
 
 #include "launch_params.hpp"
@@ -60,6 +64,17 @@ constexpr size_t kPartialBudget = size_t{1} << 30;  // bytes of fp16 partial out
 // Pairs of one item: 512 / G, i.e. 32 slices of 16 rows (query, head).
 template <int G>
 __host__ __device__ constexpr int pairs_per_item() { return 512 / G; }
+
+// Programmatic dependent launch (Hopper; chunked_v20): a kernel launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization (launch_after_previous below) may start once
+// every block of the previous kernel of the stream has called allow_next_grid() (or exited),
+// i.e. in that kernel's last wave. chunked_v20 launches that way only kernels that read nothing
+// the previous kernel writes (decode_kernels.cu has the same pair with griddepcontrol.wait).
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 __global__ void count_pairs_kernel(const int32_t* selection, int64_t T, int64_t K, int64_t t0,
                                    int64_t tn, int64_t Hkv, int64_t nc, int32_t* counts) {
@@ -133,6 +148,58 @@ __global__ void count_rank_pairs_kernel(const int32_t* selection, uint32_t TK, u
   if (c < 0) return;
   const uint32_t g = i / TK, s = (i % TK) / K / seg;
   rank[i] = atomicAdd(&counts[s * (n_ch + 1) + g * nc + c], 1);
+}
+
+// chunked_v19: count_rank_pairs_kernel with the atomics aggregated per block. A block takes the
+// pairs of count_tile_queries(K) adjacent queries of one group and one segment (kCountThreads x
+// kCountPairsPerThread pairs at most): each pair's rank among the tile's pairs of its chunk
+// comes from an atomicAdd on a histogram of the group's nc chunks in shared memory, then one
+// global atomicAdd per chunk the tile selected returns the tile's base in that chunk's count,
+// and rank = base + the rank in the tile. The same counts; the ranks are another numbering of
+// each bucket's pairs (any one serves the scatter). Global atomics: ~n_pairs / 4 at 512K
+// instead of n_pairs, on counters that drew ~37 atomics each (~150 at 128K).
+constexpr int kCountThreads = 1024, kCountPairsPerThread = 32;
+// Queries per tile of count_rank_pairs_tiled_kernel.
+__host__ __device__ constexpr uint32_t count_tile_queries(uint32_t K) {
+  return kCountThreads * kCountPairsPerThread / K;
+}
+// The most chunks per group whose histogram (4 bytes per chunk) the tiled count takes.
+constexpr int64_t kCountMaxChunks = 96 * 1024 / 4;
+static_assert(kCountMaxChunks < (1 << 16) && kCountThreads * kCountPairsPerThread <= (1 << 16),
+              "count_rank_pairs_tiled_kernel packs a chunk and a rank in 16 bits each");
+__global__ void __launch_bounds__(kCountThreads)
+    count_rank_pairs_tiled_kernel(const int32_t* selection, uint32_t T, uint32_t K, uint32_t seg,
+                                  uint32_t tiles_per_seg, uint32_t nc, uint32_t n_ch,
+                                  int32_t* counts, int32_t* rank) {
+  extern __shared__ int32_t hist[];  // [nc]: the tile's pairs per chunk, then the global bases
+  const uint32_t tile = blockIdx.x % tiles_per_seg, gs = blockIdx.x / tiles_per_seg;
+  const uint32_t n_seg = (T + seg - 1) / seg, g = gs / n_seg, s = gs % n_seg;
+  const uint32_t tq0 = s * seg + tile * count_tile_queries(K);
+  const uint32_t seg_end = (s + 1) * seg < T ? (s + 1) * seg : T;
+  if (tq0 >= seg_end) return;
+  const uint32_t tq1 = tq0 + count_tile_queries(K) < seg_end ? tq0 + count_tile_queries(K) : seg_end;
+  const uint32_t first = (g * T + tq0) * K, n = (tq1 - tq0) * K;  // the tile's pairs
+  for (uint32_t b = threadIdx.x; b < nc; b += kCountThreads) hist[b] = 0;
+  __syncthreads();
+  // Pair r of this thread: its chunk << 16 | its rank in the tile (both below 2^16: nc <=
+  // kCountMaxChunks, n <= 2^15), or kNone.
+  constexpr uint32_t kNone = 0xffffffffu;
+  uint32_t pair[kCountPairsPerThread];
+#pragma unroll
+  for (int r = 0; r < kCountPairsPerThread; ++r) {
+    const uint32_t j = threadIdx.x + kCountThreads * r;
+    const int32_t c = j < n ? selection[first + j] : -1;
+    pair[r] = c >= 0 ? static_cast<uint32_t>(c) << 16 | static_cast<uint32_t>(atomicAdd(&hist[c], 1)) : kNone;
+  }
+  __syncthreads();
+  int32_t* seg_counts = counts + s * (n_ch + 1) + g * nc;
+  for (uint32_t b = threadIdx.x; b < nc; b += kCountThreads)
+    if (hist[b] > 0) hist[b] = atomicAdd(&seg_counts[b], hist[b]);
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < kCountPairsPerThread; ++r)
+    if (pair[r] != kNone)
+      rank[first + threadIdx.x + kCountThreads * r] = hist[pair[r] >> 16] + static_cast<int32_t>(pair[r] & 0xffffu);
 }
 
 // chunked_v8: describe_items_kernel over every segment, thread s n_ch + i for chunk i of
@@ -656,11 +723,14 @@ __device__ __forceinline__ void bulk_wait_all() {
 // f16x2 reductions of 16 bytes per row from the consumed q stage, bulk_red (v14) by one
 // 128-byte bulk reduction per row from an output stage of linear rows (kBulkStageBytes more
 // shared memory), issued by lane r of warp w for row 16 w + r and awaited (read) one step later.
-template <int G, V9Out kOut>
+// kAllowNext (chunked_v20): the next kernel (the next segment's weights) may start in this one's
+// last wave.
+template <int G, V9Out kOut, bool kAllowNext = false>
 __global__ void __launch_bounds__(kPackedThreads, 4)
     chunk_attention_v9_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
                               const int32_t* items, const ItemDesc* item_desc,
                               const uint32_t* bucket, __half* partial, const float* pair_weight) {
+  if constexpr (kAllowNext) allow_next_grid();
   constexpr bool kReduce = kOut != V9Out::partials;
   constexpr int kRows = pairs_per_item<G>() * G;  // 512
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
@@ -812,17 +882,38 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   if constexpr (kOut == V9Out::bulk_red) bulk_wait_all<false>();  // the stage outlives its reads
 }
 
-template <int G, V9Out kOut>
+// kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when
+// after_previous (chunked_v20: the kernel may start in the previous kernel's last wave).
+template <class... Params, class... Args>
+void launch_after_previous(bool after_previous, void (*kernel)(Params...), unsigned grid,
+                           unsigned block, size_t smem, cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(block);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = after_previous ? 1 : 0;
+  cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);  // errors: the fuse's check
+}
+
+// kAllowNext, after_previous: chunked_v20 (above).
+template <int G, V9Out kOut, bool kAllowNext = false>
 void launch_chunk_v9(unsigned grid, cudaStream_t stream, const LaunchParams& p, int64_t t0,
                      int64_t seg, int64_t nc, const int32_t* items, const ItemDesc* item_desc,
-                     const uint32_t* bucket, __half* partial, const float* pair_weight) {
+                     const uint32_t* bucket, __half* partial, const float* pair_weight,
+                     bool after_previous = false) {
   constexpr int kBytes = kV9SmemBytes + (kOut == V9Out::bulk_red ? kBulkStageBytes : 0);
-  static const bool raised = cudaFuncSetAttribute(chunk_attention_v9_kernel<G, kOut>,
+  static const bool raised = cudaFuncSetAttribute(chunk_attention_v9_kernel<G, kOut, kAllowNext>,
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                   kBytes) == cudaSuccess;
   (void)raised;  // a failure surfaces as the launch's error
-  chunk_attention_v9_kernel<G, kOut><<<grid, kPackedThreads, kBytes, stream>>>(
-      p, t0, seg, nc, items, item_desc, bucket, partial, pair_weight);
+  launch_after_previous(after_previous, chunk_attention_v9_kernel<G, kOut, kAllowNext>, grid,
+                        kPackedThreads, kBytes, stream, p, t0, seg, nc, items, item_desc, bucket,
+                        partial, pair_weight);
 }
 
 // chunked_v10: v6's chunk kernel whose rows go into an fp16 copy of o (o16) with f16x2 vector
@@ -956,8 +1047,12 @@ __global__ void __launch_bounds__(kPackedThreads, 5)
 }
 
 // chunked_v10, after the segment's chunk kernel: o = o16 in fp32 (one thread per half2).
+// kAllowNext (chunked_v20): the next kernel (the next segment's chunk kernel) may start in this
+// one's last wave.
+template <bool kAllowNext = false>
 __global__ void convert_o16_kernel(LaunchParams p, int64_t t0, int64_t tn, const __half* o16,
                                    float* o) {
+  if constexpr (kAllowNext) allow_next_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // half2 index
   const int64_t per_head = tn * kTileDim / 2;
   if (i >= p.Hq * per_head) return;
@@ -1327,18 +1422,29 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   const bool pair_weights = kernel == SparseKernel::chunked_v11 || kernel == SparseKernel::chunked_v12 ||
                             kernel == SparseKernel::chunked_v13 || kernel == SparseKernel::chunked_v14 ||
                             kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v16 ||
-                            kernel == SparseKernel::chunked_v17 || kernel == SparseKernel::chunked_v18;
+                            kernel == SparseKernel::chunked_v17 || kernel == SparseKernel::chunked_v18 ||
+                            kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20;
   const bool f16_sums = kernel == SparseKernel::chunked_v10 || pair_weights;
   const bool half_warp_weights = kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v16 ||
-                                 kernel == SparseKernel::chunked_v17 || kernel == SparseKernel::chunked_v18;
+                                 kernel == SparseKernel::chunked_v17 || kernel == SparseKernel::chunked_v18 ||
+                                 kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20;
   // chunked_v18: o16 is the segment's, [seg, Hq, 64] (a pair's G heads in adjacent rows).
   const bool query_major_o16 = kernel == SparseKernel::chunked_v18;
   // chunked_v17: the pair weights of every segment in one launch (and in memory at once).
   const bool weights_at_once = kernel == SparseKernel::chunked_v17;
   const int64_t nc = p.T / p.S, n_ch = p.Hkv * nc;
   const int64_t seg = !f16_sums ? segment_queries(p)
-                     : half_warp_weights ? f16_segment_queries(p, 3, 4)
-                                         : f16_segment_queries(p, 1, 2);
+                     : kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20
+                         ? f16_segment_queries(p, 1, 1)
+                     : half_warp_weights                   ? f16_segment_queries(p, 3, 4)
+                                                           : f16_segment_queries(p, 1, 2);
+  // chunked_v19: the ranks counted per tile of queries in shared memory (where the group's
+  // chunks' histogram fits).
+  const bool tiled_count =
+      (kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20) && nc <= kCountMaxChunks;
+  // chunked_v20: segment s + 1's weights start in the last wave of s's chunk kernel, s + 1's
+  // chunk kernel in the last wave of s's convert; the pair weights in two alternating buffers.
+  const bool overlapped = kernel == SparseKernel::chunked_v20;
   const int64_t n_seg = (p.T + seg - 1) / seg;
   const int64_t n_pairs = p.Hkv * p.T * p.K, bucket_stride = p.Hkv * seg * p.K;
   const int64_t max_items = (bucket_stride + kPairs - 1) / kPairs + n_ch;
@@ -1350,7 +1456,8 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   // the segment's pair weights [bucket_stride, G] instead of (m, 1 / l).
   const int64_t pair_weight_stride = bucket_stride * G;
   const size_t weights_bytes =
-      pair_weights ? round_up(static_cast<size_t>((weights_at_once ? n_seg : 1) * pair_weight_stride) *
+      pair_weights ? round_up(static_cast<size_t>((weights_at_once ? n_seg : overlapped ? 2 : 1) *
+                                                  pair_weight_stride) *
                               sizeof(float))
                    : round_up(static_cast<size_t>(p.Hq * seg) * sizeof(float2));
   const size_t partial_bytes =
@@ -1384,8 +1491,19 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
     const auto seg32 = static_cast<uint32_t>(seg), nc32 = static_cast<uint32_t>(nc);
     const auto n_ch32 = static_cast<uint32_t>(n_ch), n_pairs32 = static_cast<uint32_t>(n_pairs);
     const auto blocks = static_cast<unsigned>((n_pairs + 255) / 256);
-    count_rank_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, TK, K, seg32, nc32, n_ch32,
-                                                         n_pairs32, counts, rank);
+    if (tiled_count) {
+      const uint32_t tiles_per_seg = (seg32 + count_tile_queries(K) - 1) / count_tile_queries(K);
+      static const bool raised =
+          cudaFuncSetAttribute(count_rank_pairs_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(kCountMaxChunks * sizeof(int32_t))) == cudaSuccess;
+      (void)raised;  // a failure surfaces as the launch's error
+      count_rank_pairs_tiled_kernel<<<static_cast<unsigned>(p.Hkv * n_seg * tiles_per_seg), kCountThreads,
+                                      static_cast<size_t>(nc) * sizeof(int32_t), stream>>>(
+          selection, static_cast<uint32_t>(p.T), K, seg32, tiles_per_seg, nc32, n_ch32, counts, rank);
+    } else {
+      count_rank_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, TK, K, seg32, nc32, n_ch32,
+                                                           n_pairs32, counts, rank);
+    }
     scan_kernel<<<static_cast<unsigned>(n_seg), kScanThreads, 0, stream>>>(counts, n_ch, kPairs,
                                                                            offsets, items);
     describe_segment_items_kernel<<<static_cast<unsigned>((n_seg * n_ch + 255) / 256), 256, 0,
@@ -1395,14 +1513,19 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
                                                              n_ch32, n_pairs32, offsets,
                                                              bucket_stride, bucket);
   }
-  const auto launch_pair_weights = [&](int64_t t0, int64_t tn) {
+  // The pair weights of segment s (v17: every segment's at once; v20: two alternating buffers).
+  const auto segment_pair_weight = [&](int64_t s) {
+    return reinterpret_cast<float*>(partial) +
+           (weights_at_once ? s : overlapped ? s % 2 : 0) * pair_weight_stride;
+  };
+  const auto launch_pair_weights = [&](int64_t t0, int64_t tn, bool after_previous) {
     const auto group_blocks = static_cast<unsigned>((p.Hkv * tn + kReduceWarps - 1) / kReduceWarps);
     const SegmentTables tables{seg, offsets + t0 / seg * (n_ch + 1), n_ch + 1,
-                               reinterpret_cast<float*>(partial), pair_weight_stride};
+                               segment_pair_weight(t0 / seg), pair_weight_stride};
     auto* o16 = reinterpret_cast<__half*>(reinterpret_cast<char*>(partial) + weights_bytes);
     const auto launch = [&](auto kernel_fn) {
-      kernel_fn<<<group_blocks, kReduceWarps * kWarp, 0, stream>>>(
-          p, t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank, tables, o16, lse);
+      launch_after_previous(after_previous, kernel_fn, group_blocks, kReduceWarps * kWarp, 0, stream, p,
+                            t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank, tables, o16, lse);
     };
     if (query_major_o16)
       launch(fusion_pair_weights_kernel<G, WeightLoads::all_first_half_warps, true>);
@@ -1413,17 +1536,17 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
     else
       launch(fusion_pair_weights_kernel<G, WeightLoads::per_head>);
   };
-  if (weights_at_once) launch_pair_weights(0, p.T);
+  if (weights_at_once) launch_pair_weights(0, p.T, false);
   for (int64_t s = 0; s < n_seg; ++s) {
     const int64_t t0 = s * seg, tn = p.T - t0 < seg ? p.T - t0 : seg;
     const unsigned row_blocks = static_cast<unsigned>((p.Hq * tn + kReduceWarps - 1) / kReduceWarps);
     if (f16_sums) {
       auto* weights = reinterpret_cast<float2*>(partial);  // v10
       // v11: the segment's pair weights (v17: all segments', this one's at s pair_weight_stride)
-      auto* pair_weight = reinterpret_cast<float*>(partial) + (weights_at_once ? s * pair_weight_stride : 0);
+      auto* pair_weight = segment_pair_weight(s);
       auto* o16 = reinterpret_cast<__half*>(reinterpret_cast<char*>(partial) + weights_bytes);
       if (pair_weights) {
-        if (!weights_at_once) launch_pair_weights(t0, tn);
+        if (!weights_at_once && !(overlapped && s > 0)) launch_pair_weights(t0, tn, false);
       } else {
         fusion_weights_kernel<__half><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
             p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, weights, o16, lse);
@@ -1432,10 +1555,15 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
         const auto grid = static_cast<unsigned>((p.Hkv * tn * p.K + kPairs - 1) / kPairs + n_ch);
         constexpr int kBytes = kWarpsPerBlock * 2 * 16 * kTilePitch * sizeof(__nv_bfloat16);
         if (kernel == SparseKernel::chunked_v12 || kernel == SparseKernel::chunked_v13 ||
-            kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v17)
+            kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v17 ||
+            kernel == SparseKernel::chunked_v19)
           launch_chunk_v9<G, V9Out::red_f16x2>(grid, stream, p, t0, seg, nc,
                                                items + s * (n_ch + 1), item_desc + s * max_items,
                                                bucket + s * bucket_stride, o16, pair_weight);
+        else if (overlapped)
+          launch_chunk_v9<G, V9Out::red_f16x2, true>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
+                                                     item_desc + s * max_items, bucket + s * bucket_stride,
+                                                     o16, pair_weight, s > 0);
         else if (query_major_o16)
           launch_chunk_v9<G, V9Out::red_f16x2_query_major>(
               grid, stream, p, t0, seg, nc, items + s * (n_ch + 1), item_desc + s * max_items,
@@ -1453,13 +1581,18 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
               p, t0, seg, nc, items + s * (n_ch + 1), item_desc + s * max_items,
               bucket + s * bucket_stride, selected_score, weights, pair_weight, o16);
       }
+      if (overlapped && s + 1 < n_seg) {  // the next segment's weights, in this chunk kernel's last wave
+        const int64_t t1 = t0 + seg;
+        launch_pair_weights(t1, p.T - t1 < seg ? p.T - t1 : seg, n_ch > 0 && n_pairs > 0);
+      }
       const int64_t halves2 = p.Hq * tn * kTileDim / 2;
+      const auto convert_blocks = static_cast<unsigned>((halves2 + 255) / 256);
       if (query_major_o16)
-        convert_query_major_o16_kernel<<<static_cast<unsigned>((halves2 + 255) / 256), 256, 0, stream>>>(
-            p, t0, tn, o16, o);
+        convert_query_major_o16_kernel<<<convert_blocks, 256, 0, stream>>>(p, t0, tn, o16, o);
+      else if (overlapped)
+        convert_o16_kernel<true><<<convert_blocks, 256, 0, stream>>>(p, t0, tn, o16, o);
       else
-        convert_o16_kernel<<<static_cast<unsigned>((halves2 + 255) / 256), 256, 0, stream>>>(
-            p, t0, tn, o16, o);
+        convert_o16_kernel<<<convert_blocks, 256, 0, stream>>>(p, t0, tn, o16, o);
       continue;
     }
     if (n_ch > 0 && n_pairs > 0) {
@@ -1575,7 +1708,8 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
       kernel == SparseKernel::chunked_v12 || kernel == SparseKernel::chunked_v13 ||
       kernel == SparseKernel::chunked_v14 || kernel == SparseKernel::chunked_v15 ||
       kernel == SparseKernel::chunked_v16 || kernel == SparseKernel::chunked_v17 ||
-      kernel == SparseKernel::chunked_v18) {
+      kernel == SparseKernel::chunked_v18 || kernel == SparseKernel::chunked_v19 ||
+      kernel == SparseKernel::chunked_v20) {
     switch (p.Hq / p.Hkv) {
       case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
       case 2: return launch_bucketed_once_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);

@@ -92,6 +92,12 @@ enum class SparseKernel {
                 // launch before the first chunk kernel (the same values)
   chunked_v18,  // chunked_v15 with the segment's fp16 o laid out [queries, Hq, 64], so that a
                 // pair's G heads are reduced into adjacent rows
+  chunked_v19,  // chunked_v15 with the pairs' ranks counted per tile of queries in shared
+                // memory (a global atomic per tile and chunk, not per pair) and query segments
+                // of the whole L2
+  chunked_v20,  // chunked_v19 with segment s + 1's weights kernel started in the last wave of
+                // segment s's chunk kernel and s + 1's chunk kernel in the last wave of s's
+                // o16 -> o conversion (programmatic dependent launch; the same values)
 };
 // Every SparseKernel, in the order of their values.
 constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
@@ -101,7 +107,8 @@ constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKerne
                                            SparseKernel::chunked_v12, SparseKernel::chunked_v13,
                                            SparseKernel::chunked_v14, SparseKernel::chunked_v15,
                                            SparseKernel::chunked_v16, SparseKernel::chunked_v17,
-                                           SparseKernel::chunked_v18};
+                                           SparseKernel::chunked_v18, SparseKernel::chunked_v19,
+                                           SparseKernel::chunked_v20};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
 // Whether the sparse stage runs wgmma (sm_90a; wgmma_available below). Every kernel is listed,
@@ -122,12 +129,14 @@ constexpr bool uses_wgmma(SparseKernel kernel) {
     case SparseKernel::chunked_v14:
     case SparseKernel::chunked_v15:
     case SparseKernel::chunked_v17:
-    case SparseKernel::chunked_v18: return true;
+    case SparseKernel::chunked_v18:
+    case SparseKernel::chunked_v19:
+    case SparseKernel::chunked_v20: return true;
   }
   return true;
 }
-// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v15.
-constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v15;
+// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v19.
+constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v19;
 // The sparse stage without wgmma where wgmma cannot run: chunked_v16 (v15's weights kernel and
 // segments with v6's mma.sync chunk kernel).
 constexpr SparseKernel kSparseKernelWithoutWgmma = SparseKernel::chunked_v16;
