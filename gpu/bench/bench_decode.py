@@ -8,13 +8,13 @@ the whole KV cache read once at the copy bandwidth measured here (no dense kerne
 Ours runs four ways: the d5 kernel (seven launches, bf16 summaries), the fused kernel (the
 default, gpu/NOTES.md "decode") with bf16 summaries, and with fp8 e4m3 summaries (a per-row
 power-of-two scale), and d19 with fp8 summaries (the previous default: the baseline); --variants
-picks others (d8, d16, d17, d18, d21, d23, d24, d25) and --batches / --lengths fewer shapes (no
+picks others (d8, d16, d17, d18, d21, d23, d24, d25, d29) and --batches / --lengths fewer shapes (no
 table then). --scan-floor also times, per shape with fp8 summaries, launch 1 alone of d21, d24
 and d25, launch 1's loads alone (its grid, no arithmetic) and a flat read of the summary arrays
 (hils::gpu::decode_scan_probe): what the scan could reach.
 Each side is timed as a CUDA-graph replay (one launch, as serving loops run decode; the eager
-time of ours is printed too). Every timed call starts with a cold L2 (a 512 MiB buffer is written between calls), as a step
-over a real model's layers would. Times are medians of CUDA-event-timed calls after warm-up.
+time of ours is printed too). Every timed call starts with a cold L2 (a 512 MiB buffer is written
+between calls, or read with --flush read), as a step over a real model's layers would. Times are medians of CUDA-event-timed calls after warm-up.
 Usage: bench_decode.py --lib build/gpu/libhils_gpu_c.so [--out decode.json] [--no-flex]
        [--profile] [--variants fused_fp8,d19_fp8,...] [--batches 8,32] [--lengths 524288]
        [--scan-floor]
@@ -55,7 +55,7 @@ class Decode(ctypes.Structure):
 
 SUMMARY_TYPES = {"bf16": 0, "fp8": 1}
 KERNELS = {"fused": 0, "d5": 1, "d8": 2, "d13": 3, "d16": 4, "d17": 5, "d18": 6, "d19": 7, "d21": 8, "d23": 9,
-           "d24": 10, "d25": 11}
+           "d24": 10, "d25": 11, "d29": 15}
 # decode_scan_probe's probes (hils::gpu::ScanProbe), timed by --scan-floor.
 SCAN_PROBES = {"d21_scan": 0, "d24_scan": 1, "d25_scan": 2, "loads_only": 3, "flat_read": 4}
 # The variants timed per (B, T): (label, kernel, summary type); d19 fp8 is the baseline of fused.
@@ -81,13 +81,21 @@ def ptr(t):
 
 
 _flush = None
+# How flush_l2 empties the L2 between timed calls: "write" (the default since session 6) fills a
+# 512 MiB buffer, which leaves the L2 full of dirty lines that the timed call's misses must write
+# back; "read" reads the buffer (a max over it), which leaves clean lines, as a model's weight
+# reads between two decode steps would (--flush).
+FLUSH = "write"
 
 
 def flush_l2():
     global _flush
     if _flush is None:
-        _flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
-    _flush.fill_(1)
+        _flush = torch.ones(512 << 20, dtype=torch.uint8, device="cuda")
+    if FLUSH == "read":
+        _flush.view(torch.int32).max()
+    else:
+        _flush.fill_(1)
 
 
 def time_us(fn, reps=30, warmup=3):
@@ -299,13 +307,17 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--out", default="decode.json")
     ap.add_argument("--no-flex", action="store_true")
-    ap.add_argument("--profile", action="store_true", help="kernel times of B=8, T=512K")
+    ap.add_argument("--profile", action="store_true", help="kernel times of B=8 and 32, T=512K")
     ap.add_argument("--variants", help="comma-separated <kernel>_<summary> labels (no table)")
     ap.add_argument("--batches", help="comma-separated B (default 1,8,32; no table)")
     ap.add_argument("--lengths", help="comma-separated T (default 32K,128K,512K; no table)")
+    ap.add_argument("--flush", choices=("write", "read"), default="write",
+                    help="empty the L2 between calls by writing (default) or reading 512 MiB")
     ap.add_argument("--scan-floor", action="store_true",
                     help="time launch 1 alone and its read floor per shape (fp8 summaries)")
     args = ap.parse_args()
+    global FLUSH
+    FLUSH = args.flush
     variants = tuple(variant(v) for v in args.variants.split(",")) if args.variants else VARIANTS
     batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else BATCHES
     lengths = tuple(int(t) for t in args.lengths.split(",")) if args.lengths else LENGTHS
@@ -314,7 +326,7 @@ def main():
     lib.hils_gpu_decode_last_error.restype = ctypes.c_char_p
     gen = torch.Generator(device="cuda")
     gen.manual_seed(4321)
-    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  L2 flush: {FLUSH}")
     bw = copy_bandwidth()
     print(f"copy bandwidth (read + write, 4 GiB copy): {bw / 1e12:.2f} TB/s")
     rows = []
@@ -333,7 +345,7 @@ def main():
                     graph_us, eager_us = best_us(run)
                     row[f"{label}_us"] = graph_us if graph_us is not None else eager_us
                     row[f"{label}_eager_us"] = eager_us
-                    if args.profile and B == 8 and T == LENGTHS[-1] and kernel != "d5":
+                    if args.profile and B in (8, 32) and T == LENGTHS[-1] and kernel != "d5":
                         print(f"  profile {label}:")
                         profile_kernels(run)
                 if args.scan_floor and summary == "fp8":

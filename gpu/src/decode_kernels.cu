@@ -1243,7 +1243,18 @@ __device__ void selected_logits_warp(const DecodeParams& p, float* fusion_logit,
 // 64-bit divisions each, 16 slots per lane: the PTX falls from 1,765 to 1,205 instructions).
 // One warp: selected slot i of group bg in `tile`; kFresh (d23): the selection was written by
 // another block of the same kernel.
-template <bool kLandmarkMask, bool kFresh>
+// cp_async16 with an L2 cache-policy operand (kEvictFirst chunk tiles: the selected chunks' K/V
+// rows, read once per step).
+__device__ __forceinline__ void cp_async16_policy(void* smem, const void* gmem, bool valid,
+                                                  uint64_t policy) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+               "l"(gmem), "r"(bytes), "l"(policy));
+}
+
+// kEvictFirst (d29): the K/V rows come in with an L2 evict-first policy, as d25's stream does.
+template <bool kLandmarkMask, bool kFresh, bool kEvictFirst = false>
 __device__ void chunk_mma_warp(const DecodeParams& p, const int32_t* selection, float* chunk_part,
                                float* fusion_logit, int64_t i, int64_t bg, ChunkTiles& tile) {
   const int lane = threadIdx.x % kWarp;
@@ -1261,14 +1272,19 @@ __device__ void chunk_mma_warp(const DecodeParams& p, const int32_t* selection, 
     const int n_rows = static_cast<int>(p.S);
     const __nv_bfloat16* k = p.k + (bg * p.slot_cap + lo) * kTileDim;
     const __nv_bfloat16* v = p.v + (bg * p.slot_cap + lo) * kTileDim;
+    const uint64_t policy = kEvictFirst ? evict_first_policy() : 0;
+    auto copy_row_piece = [&](__nv_bfloat16* dst, const __nv_bfloat16* src, bool valid) {
+      if constexpr (kEvictFirst) cp_async16_policy(dst, src, valid, policy);
+      else cp_async16(dst, src, valid);
+    };
     for (int seg = lane; seg < kTileDim * 8; seg += kWarp) {
       const int row = seg / 8, col = (seg % 8) * 8;
-      cp_async16(&tile.k[row][col], k + (row < n_rows ? row * kTileDim + col : 0), row < n_rows);
+      copy_row_piece(&tile.k[row][col], k + (row < n_rows ? row * kTileDim + col : 0), row < n_rows);
     }
     cp_async_commit();
     for (int seg = lane; seg < kTileDim * 8; seg += kWarp) {
       const int row = seg / 8, col = (seg % 8) * 8;
-      cp_async16(&tile.v[row][col], v + (row < n_rows ? row * kTileDim + col : 0), row < n_rows);
+      copy_row_piece(&tile.v[row][col], v + (row < n_rows ? row * kTileDim + col : 0), row < n_rows);
     }
     cp_async_commit();
     uint32_t qa[4][4];
@@ -1324,14 +1340,14 @@ __device__ void chunk_mma_warp(const DecodeParams& p, const int32_t* selection, 
   }
 }
 
-template <bool kLandmarkMask>
+template <bool kLandmarkMask, bool kEvictFirst = false>
 __global__ void __launch_bounds__(kMmaChunkWarps * kWarp)
     decode_chunk_mma_kernel(DecodeParams p, const int32_t* selection, float* chunk_part,
                             float* fusion_logit) {
   __shared__ __align__(16) ChunkTiles tiles[kMmaChunkWarps];
   wait_for_previous_grid();
   const int warp = threadIdx.x / kWarp;
-  chunk_mma_warp<kLandmarkMask, false>(p, selection, chunk_part, fusion_logit,
+  chunk_mma_warp<kLandmarkMask, false, kEvictFirst>(p, selection, chunk_part, fusion_logit,
                                 static_cast<int64_t>(blockIdx.x) * kMmaChunkWarps + warp,
                                 blockIdx.y, tiles[warp]);
   allow_next_grid();
@@ -1521,8 +1537,9 @@ __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, fl
 // Launch 1, 128 threads: window tiles (blocks [0, n_win_tiles * B * Hkv)), then score tiles
 // (n_score_tiles per (b, h)); the two stages are independent, so one grid runs both.
 template <class Summary, ScanLoads kLoads>
-__global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged,
-                                          bool vectorised, bool coalesced) {
+__device__ __forceinline__ void window_score_block(const DecodeParams& p, const DecodeScratch& w,
+                                                   bool fast, bool staged, bool vectorised,
+                                                   bool coalesced) {
   extern __shared__ float smem[];
   const int64_t n_win_blocks = p.n_win_tiles * p.B * p.Hkv, block = blockIdx.x;
   if (block == 0) {  // d23's tail kernel starts from zeroed counters (it runs after this grid)
@@ -1540,14 +1557,24 @@ __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool 
   allow_next_grid();
 }
 
+template <class Summary, ScanLoads kLoads>
+__global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged,
+                                          bool vectorised, bool coalesced) {
+  window_score_block<Summary, kLoads>(p, w, fast, staged, vectorised, coalesced);
+}
+
 // ---- the scan's read floor (decode_scan_probe, ScanProbe) ---------------------------------------
 // Folds the words of u into x (what the probes read must not be dead code).
 __device__ __forceinline__ void fold(uint32_t& x, const uint4& u) { x ^= u.x ^ u.y ^ u.z ^ u.w; }
 // The probes store only when the fold hits this value (they read, they do not write).
 constexpr uint32_t kProbeNeverValue = 0x9e3779b9u;
+// The probes load the summary arrays as d25 does (ld.global.cs): with plain loads they were
+// ~10% slower than d25's launch 1 itself on the H100 (session 12 run 2), no floor then.
+constexpr ScanLoads kStream = ScanLoads::streaming;
 
 // ScanProbe::loads_only: fused_window_score_kernel's grid and global loads (the fast window tile
-// with its value rows, kEarly; the coalesced score tile: rows, b', row scales), nothing else.
+// with its value rows, kEarly; the coalesced score tile: rows, b', row scales, as d25 loads
+// them), nothing else.
 template <class Summary>
 __global__ void __launch_bounds__(kFastThreads) scan_loads_only_kernel(DecodeParams p,
                                                                        uint32_t* sink) {
@@ -1592,13 +1619,14 @@ __global__ void __launch_bounds__(kFastThreads) scan_loads_only_kernel(DecodePar
     for (int step = 0; step < kSteps; ++step) {
       const int64_t cc = tile_first + warp * (kSteps * kRowsPerStep) + step * kRowsPerStep +
                          lane / kLanesPerRow;
-      u[step] = cc < p.n_cand ? __ldg(rows + cc * kLanesPerRow + part) : uint4{};
+      u[step] = cc < p.n_cand ? scan_load<kStream>(rows + cc * kLanesPerRow + part, 0) : uint4{};
     }
 #pragma unroll
     for (int r = 0; r < kPerThread; ++r) {
       const int64_t c = tile_first + threadIdx.x + r * kFastThreads, row = item * p.chunk_cap + c;
-      extra[2 * r] = c < p.n_cand ? __ldg(p.summary_bias + row) : 0.0f;
-      extra[2 * r + 1] = c < p.n_cand && p.summary_scale ? __ldg(p.summary_scale + row) : 1.0f;
+      extra[2 * r] = c < p.n_cand ? scan_load<kStream>(p.summary_bias + row, 0) : 0.0f;
+      extra[2 * r + 1] =
+          c < p.n_cand && p.summary_scale ? scan_load<kStream>(p.summary_scale + row, 0) : 1.0f;
     }
 #pragma unroll
     for (const uint4& piece : u) fold(x, piece);
@@ -1616,11 +1644,11 @@ __device__ void read_flat(const uint4* a, int64_t n, uint32_t& x) {
   for (; i + (kInFlight - 1) * stride < n; i += kInFlight * stride) {
     uint4 u[kInFlight];
 #pragma unroll
-    for (int e = 0; e < kInFlight; ++e) u[e] = __ldg(a + i + e * stride);
+    for (int e = 0; e < kInFlight; ++e) u[e] = scan_load<kStream>(a + i + e * stride, 0);
 #pragma unroll
     for (int e = 0; e < kInFlight; ++e) fold(x, u[e]);
   }
-  for (; i < n; i += stride) fold(x, __ldg(a + i));
+  for (; i < n; i += stride) fold(x, scan_load<kStream>(a + i, 0));
 }
 
 __global__ void flat_read_kernel(const uint4* a, int64_t na, const uint4* b, int64_t nb,
@@ -2152,8 +2180,10 @@ void launch_window_score(const DecodeParams& p, const LaunchShape& s, const Deco
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
   require(blocks1 < (int64_t{1} << 31), "decode: too many tiles for one grid");
   auto* kernel = fused_window_score_kernel<Summary, ScanLoads::plain>;
-  if (loads == ScanLoads::evict_first) kernel = fused_window_score_kernel<Summary, ScanLoads::evict_first>;
-  if (loads == ScanLoads::streaming) kernel = fused_window_score_kernel<Summary, ScanLoads::streaming>;
+  if (loads == ScanLoads::evict_first)
+    kernel = fused_window_score_kernel<Summary, ScanLoads::evict_first>;
+  if (loads == ScanLoads::streaming)
+    kernel = fused_window_score_kernel<Summary, ScanLoads::streaming>;
   launch_kernel("window + score", kernel, dim3(static_cast<unsigned>(blocks1)), kFastThreads,
                 std::max(s.win_smem_early, p.d * sizeof(float)), stream, false, p, w, s.fast,
                 s.win_staged, s.vectorised, s.coalesced);
@@ -2179,12 +2209,13 @@ DecodeScratch scratch_at(const DecodeParams& p, void* workspace) {
 // allows; `pdl` (d16, d18 on) launches the four tails with programmatic dependent launch;
 // `landmark_mask` (d19, d21) the chunk tiles' mask of the landmark slot only; `persistent`
 // (d19) the persistent scan (fp8 summaries, d = 64); `tail` (d23) the four tails as one kernel
-// where tail_fused allows (two launches in all); `loads` (d24, d25) the score tiles' stream loads.
+// where tail_fused allows (two launches in all); `loads` (d24, d25) the stream's loads;
+// `chunk_evict_first` (d29) the mma chunk tiles' K/V rows loaded with an L2 evict-first policy.
 template <class Summary, bool kShort>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
                   const DecodeOutputs& out, cudaStream_t stream, bool pdl, bool mma,
                   bool landmark_mask = false, bool persistent = false, bool tail = false,
-                  ScanLoads loads = ScanLoads::plain) {
+                  ScanLoads loads = ScanLoads::plain, bool chunk_evict_first = false) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
@@ -2217,7 +2248,9 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
                   stream, pdl, p, w, out.o_window, out.lse_window);
   if (p.K > 0 && mma && chunk_by_mma(p, s.fast_chunk))
     launch_kernel("chunk",
-                  landmark_mask ? decode_chunk_mma_kernel<true> : decode_chunk_mma_kernel<false>,
+                  chunk_evict_first && landmark_mask ? decode_chunk_mma_kernel<true, true>
+                  : landmark_mask                    ? decode_chunk_mma_kernel<true>
+                                                     : decode_chunk_mma_kernel<false>,
                   dim3(static_cast<unsigned>(ceil_div(p.K, kMmaChunkWarps)), bg),
                   kMmaChunkWarps * kWarp, 0, stream, pdl, p,
                   static_cast<const int32_t*>(w.selection), w.chunk_part, w.fusion_logit);
@@ -2248,9 +2281,10 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
               kernel == DecodeKernel::d16 || kernel == DecodeKernel::d17 ||
               kernel == DecodeKernel::d18 || kernel == DecodeKernel::d19 ||
               kernel == DecodeKernel::d21 || kernel == DecodeKernel::d23 ||
-              kernel == DecodeKernel::d24 || kernel == DecodeKernel::d25,
+              kernel == DecodeKernel::d24 || kernel == DecodeKernel::d25 ||
+              kernel == DecodeKernel::d29,
           "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3), d16 (4), d17 (5), d18 (6), "
-          "d19 (7), d21 (8), d23 (9), d24 (10) or d25 (11)");
+          "d19 (7), d21 (8), d23 (9), d24 (10), d25 (11) or d29 (15)");
   const DecodeParams p = params_of(spec, cache, q);
   DecodeScratch w = scratch_at(p, workspace);
   if (out.surrogate) w.scores = out.surrogate;
@@ -2263,22 +2297,26 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   } else if (kernel == DecodeKernel::d8) {
     if (fp8) launch_fused<Fp8Summary, false>(p, shape, w, out, stream, false, false);
     else launch_fused<Bf16Summary, false>(p, shape, w, out, stream, false, false);
-  } else {  // fused = d25; d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's
+  } else {  // fused = d29; d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's
             // launches) with the chunk tiles' landmark mask; d23: d21 with its four tails in one
-            // kernel; d24, d25: d21 with the score tiles' stream loaded evict-first (ScanLoads)
-    const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d25 : kernel;
+            // kernel; d24, d25: d21 with the score tiles' stream loaded evict-first (ScanLoads);
+            // d29: d25 with the chunk tiles' K/V rows loaded evict-first too
+    const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d29 : kernel;
     const bool d19 = k == DecodeKernel::d19, d23 = k == DecodeKernel::d23;
-    const bool d21 = k == DecodeKernel::d21 || k == DecodeKernel::d24 || k == DecodeKernel::d25;
+    const bool d29 = k == DecodeKernel::d29;
+    const bool d21 = k == DecodeKernel::d21 || k == DecodeKernel::d24 || k == DecodeKernel::d25 || d29;
     const bool mask = d19 || d21 || d23;
     const bool pdl = k == DecodeKernel::d16 || k == DecodeKernel::d18 || mask;
     const bool mma = k == DecodeKernel::d17 || k == DecodeKernel::d18 || mask;
-    const ScanLoads loads = k == DecodeKernel::d24   ? ScanLoads::evict_first
-                            : k == DecodeKernel::d25 ? ScanLoads::streaming
-                                                     : ScanLoads::plain;
+    const ScanLoads loads = k == DecodeKernel::d24             ? ScanLoads::evict_first
+                            : k == DecodeKernel::d25 || d29 ? ScanLoads::streaming
+                                                            : ScanLoads::plain;
     if (fp8)
-      launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23, loads);
+      launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23, loads,
+                                     d29);
     else
-      launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23, loads);
+      launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23, loads,
+                                      d29);
   }
 }
 
@@ -2311,9 +2349,9 @@ void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, cons
               "decode_scan_probe: loads_only needs 16-byte aligned K/V and summary rows");
       const int64_t blocks = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
       require(blocks < (int64_t{1} << 31), "decode_scan_probe: too many tiles for one grid");
-      launch_kernel("loads only", fp8 ? scan_loads_only_kernel<Fp8Summary>
-                                      : scan_loads_only_kernel<Bf16Summary>,
-                    dim3(static_cast<unsigned>(blocks)), kFastThreads, 0, stream, false, p, sink);
+      auto* kernel = fp8 ? scan_loads_only_kernel<Fp8Summary> : scan_loads_only_kernel<Bf16Summary>;
+      launch_kernel("loads only", kernel, dim3(static_cast<unsigned>(blocks)), kFastThreads, 0,
+                    stream, false, p, sink);
       return;
     }
     case ScanProbe::flat_read: {

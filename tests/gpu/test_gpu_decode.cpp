@@ -3,12 +3,12 @@
 // does with /queries holding the last slot), over the case table, every group rule, and exact
 // and near ties. The cache holds bf16 K/V and the prefill's summaries rounded to bf16 (the
 // oracle's score_precision bf16) or quantised to fp8 e4m3 with per-row scales by
-// quantize_summaries_fp8 (score_precision fp8_e4m3); the fused kernel (d25), d5 and (ties and the
-// several-tile cases) d8, d13, d16, d17 and d18 run; d18, d19, d23 (and d24, d21 with fp8) also
+// quantize_summaries_fp8 (score_precision fp8_e4m3); the fused kernel (d29), d5 and (ties and the
+// several-tile cases) d8, d13, d16, d17 and d18 run; d18, d19, d23 (d24, d21, d25 with fp8) also
 // on every case with d = 64, d18, d19 and d23 with 16 heads per group, d19 also with its
 // persistent scan's grid capped (several tiles per block), d23 (its tails in one kernel) also on
-// the ties and over four and eleven group-score tiles at d = 64; d23, d24 and d25 equal d21 bit
-// for bit.
+// the ties and over four and eleven group-score tiles at d = 64; d23, d24, d25 and d29 equal d21
+// bit for bit.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
@@ -61,6 +61,8 @@ constexpr Variant kD24Fp8{hils::gpu::DecodeKernel::d24, hils::gpu::SummaryType::
 constexpr Variant kD24Bf16{hils::gpu::DecodeKernel::d24, hils::gpu::SummaryType::bf16, "d24 bf16"};
 constexpr Variant kD25Fp8{hils::gpu::DecodeKernel::d25, hils::gpu::SummaryType::fp8_e4m3, "d25 fp8"};
 constexpr Variant kD25Bf16{hils::gpu::DecodeKernel::d25, hils::gpu::SummaryType::bf16, "d25 bf16"};
+constexpr Variant kD29Fp8{hils::gpu::DecodeKernel::d29, hils::gpu::SummaryType::fp8_e4m3, "d29 fp8"};
+constexpr Variant kD29Bf16{hils::gpu::DecodeKernel::d29, hils::gpu::SummaryType::bf16, "d29 bf16"};
 // Every variant, for the tie and several-tile cases.
 const std::vector<Variant> kAllVariants{kFusedBf16, kFusedFp8, kD5Bf16, kD8Fp8,  kD13Fp8,
                                         kD16Fp8,    kD17Fp8,   kD18Fp8, kD23Fp8, kD23Bf16};
@@ -304,13 +306,14 @@ TEST_CASE("gpu decode over the case table passes the oracle", "[gpu]") {
         check_decode(spec, seqs, c.name, kFusedBf16);
         check_decode(spec, seqs, c.name, kFusedFp8);
         if (&spec == &specs.front()) check_decode(spec, seqs, c.name, kD5Bf16);
-        if (c.d == 64) {  // where fused (d25), d18, d19, d23, d24 and d21 differ
+        if (c.d == 64) {  // where fused (d29), d18, d19, d23, d24, d21 and d25 differ
           check_decode(spec, seqs, c.name, kD18Fp8);
           check_decode(spec, seqs, c.name, kD19Fp8);
           check_decode(spec, seqs, c.name, kD23Fp8);
           check_decode(spec, seqs, c.name, kD23Bf16);
           check_decode(spec, seqs, c.name, kD24Fp8);
           check_decode(spec, seqs, c.name, kD21Fp8);
+          check_decode(spec, seqs, c.name, kD25Fp8);
         }
         ++checked;
       }
@@ -535,22 +538,23 @@ TEST_CASE("gpu decode d23 tails over several group-score tiles pass the oracle",
 // d23's kernels compute what d21's compute, in the same order (the group-score tiles' kept lists
 // are the same whatever their block size): every output equals d21's bit for bit (measured at
 // 512K, B = 1, 8 and 32, in session 11's device run 4). d24 and d25 are d21 with other cache
-// policies on launch 1's loads: the same bits too.
-TEST_CASE("gpu decode kernels of d21's arithmetic equal d21 bit for bit", "[gpu]") {
+// policies on launch 1's loads, d29 d25 with another on the chunk tiles' copies: the same bits.
+TEST_CASE("gpu decode kernels that differ in launches or cache policy give the same bits", "[gpu]") {
   const Case c{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
   const std::vector<AttentionInputs<double>> seqs{
       hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
   const std::vector<std::pair<Variant, Variant>> pairs{
       {kD21Fp8, kD23Fp8}, {kD21Bf16, kD23Bf16}, {kD21Fp8, kD24Fp8},
-      {kD21Bf16, kD24Bf16}, {kD21Fp8, kD25Fp8}, {kD21Bf16, kD25Bf16}};
+      {kD21Bf16, kD24Bf16}, {kD21Fp8, kD25Fp8}, {kD21Bf16, kD25Bf16},
+      {kD21Fp8, kD29Fp8}, {kD21Bf16, kD29Bf16}};
   for (const char* preset : {"hils", "nsa"})
     for (int64_t K : {1, 8, 32})
-      for (const auto& [d21, other] : pairs) {
+      for (const auto& [baseline, other] : pairs) {
         MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
         spec.K = K;
         std::vector<hils::IndexMatrix> selections;
         std::vector<unsigned char> expected, got;
-        decode_and_verify(spec, seqs, &selections, d21, &expected);
+        decode_and_verify(spec, seqs, &selections, baseline, &expected);
         const auto verdicts = decode_and_verify(spec, seqs, &selections, other, &got);
         INFO(preset << " K " << K << " " << other.name);
         CHECK(expected.size() > 0);

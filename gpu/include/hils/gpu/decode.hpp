@@ -66,7 +66,7 @@ struct DecodeOutputs {
 };
 
 // Which launch sequence runs the step (gpu/NOTES.md "decode", versions):
-//   fused: the default, d25 (below)
+//   fused: the default, d29 (below)
 //   d13:   d8's five launches with shorter chains in the tails: for K <= 32 the group
 //          scores and the select rank candidates by warp sorts instead of radix passes, the
 //          chunk tiles compute the fusion logits while their rows are in flight, and the fuse
@@ -89,13 +89,17 @@ struct DecodeOutputs {
 //          with an L2 evict-first cache policy, so that it does not evict the tails' code and
 //          launch 1's outputs from the L2; the same outputs as d21 bit for bit
 //   d25:   d24 with ld.global.cs (cache-streaming) loads instead of the policy operand (the
-//          default since session 12: 3 us faster than d21 at B = 8, 512K, equal at B = 32)
+//          default before d29: 3-4 us faster than d21 at B = 8, 512K, ~1 at B = 32)
+//   d29:   d25 with the chunk tiles' K/V rows (read once per step) copied with an L2
+//          evict-first policy too (the default since session 12: 3.3-3.5 us faster than d25 at
+//          B = 32, 512K, 0.7-1.1 us slower at B = 8 in the same run; the same bits as d21)
+//   (d26 = 12, d27 = 13, d28 = 14: measured slower in session 12 and removed, gpu/NOTES.md)
 //   d5:    the launches of d5 (window, score, group scores, select, chunk, fuse)
 //   d8:    window tiles and score tiles in one grid (every tile issues all its loads before
 //          staging q / q~), then group scores, select, chunk tiles and a fuse that loads the
 //          chunks' outputs 8 at a time: five launches
 enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, d18 = 6, d19 = 7,
-                          d21 = 8, d23 = 9, d24 = 10, d25 = 11 };
+                          d21 = 8, d23 = 9, d24 = 10, d25 = 11, d29 = 15 };
 
 // A measurement probe for the benchmark (gpu/bench/bench_decode.py --scan-floor), not a step:
 // launch 1 of the step alone, or a kernel that only reads launch 1's bytes, writing nothing
@@ -106,6 +110,7 @@ enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, 
 //   flat_read:  the summary rows, b' and scales read as three flat arrays by a grid-stride
 //               kernel with 4 16-byte loads per thread in flight (the window's K/V left out):
 //               the floor of the bytes
+//   (both load the summary arrays as d25 does, ld.global.cs)
 enum class ScanProbe { d21_scan = 0, d24_scan = 1, d25_scan = 2, loads_only = 3, flat_read = 4 };
 void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, const DecodeQuery& q,
                        void* workspace, ScanProbe probe, cudaStream_t stream = nullptr);
