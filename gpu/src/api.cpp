@@ -142,6 +142,8 @@ const char* sparse_kernel_name(SparseKernel kernel) {
     case SparseKernel::chunked_v18: return "chunked_v18";
     case SparseKernel::chunked_v19: return "chunked_v19";
     case SparseKernel::chunked_v20: return "chunked_v20";
+    case SparseKernel::chunked_v21: return "chunked_v21";
+    case SparseKernel::chunked_v22: return "chunked_v22";
   }
   return "unknown";
 }

@@ -45,7 +45,9 @@
 // queries in shared memory and query segments of the whole L2 (-7%, gpu/NOTES.md "sparse v19,
 // v20"); chunked_v20 is v19 with segment s + 1's weights kernel started in the last wave of
 // segment s's chunk kernel, and s + 1's chunk kernel in the last wave of s's convert
-// (programmatic dependent launch; measured slower).
+// (programmatic dependent launch; measured slower); chunked_v21 (the default where wgmma cannot
+// run) is v16 with v19's count and segments; chunked_v22 is v19 with segment s + 1's weights
+// kernel and segment s's conversion in one launch (measured slower).
 #include <cuda_fp16.h>
 
 #include "launch_params.hpp"
@@ -1049,16 +1051,21 @@ __global__ void __launch_bounds__(kPackedThreads, 5)
 // chunked_v10, after the segment's chunk kernel: o = o16 in fp32 (one thread per half2).
 // kAllowNext (chunked_v20): the next kernel (the next segment's chunk kernel) may start in this
 // one's last wave.
-template <bool kAllowNext = false>
-__global__ void convert_o16_kernel(LaunchParams p, int64_t t0, int64_t tn, const __half* o16,
-                                   float* o) {
-  if constexpr (kAllowNext) allow_next_grid();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // half2 index
+// Block `block` of convert_o16_kernel (256 threads).
+__device__ __forceinline__ void convert_o16_block(unsigned block, const LaunchParams& p, int64_t t0,
+                                                  int64_t tn, const __half* o16, float* o) {
+  const int64_t i = static_cast<int64_t>(block) * 256 + threadIdx.x;  // half2 index
   const int64_t per_head = tn * kTileDim / 2;
   if (i >= p.Hq * per_head) return;
   const int64_t h = i / per_head, at = (h * p.T + t0) * kTileDim / 2 + i % per_head;
   const float2 v = __half22float2(reinterpret_cast<const __half2*>(o16)[at]);
   reinterpret_cast<float2*>(o)[at] = v;
+}
+template <bool kAllowNext = false>
+__global__ void __launch_bounds__(256) convert_o16_kernel(LaunchParams p, int64_t t0, int64_t tn,
+                                                          const __half* o16, float* o) {
+  if constexpr (kAllowNext) allow_next_grid();
+  convert_o16_block(blockIdx.x, p, t0, tn, o16, o);
 }
 
 // chunked_v18: o = o16 of the segment, o16 laid out [tn, Hq, 64] (a warp per row).
@@ -1241,15 +1248,15 @@ struct SegmentTables {
   float* pair_weight;
   int64_t pair_weight_stride;
 };
-// kQueryMajorO16 (chunked_v18): o16 is the segment's, laid out [tn, Hq, 64].
+// kQueryMajorO16 (chunked_v18): o16 is the segment's, laid out [tn, Hq, 64]. Block `block` of
+// fusion_pair_weights_kernel (below).
 template <int G, WeightLoads kLoads, bool kQueryMajorO16 = false>
-__global__ void __launch_bounds__(kReduceWarps * kWarp,
-                                  kLoads == WeightLoads::all_first_half_warps ? 4 : 1)
-    fusion_pair_weights_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t nc,
-                               const int32_t* selection, const float* selected_score,
-                               const float* o_swa, const float* lse_swa, const int32_t* rank,
-                               SegmentTables tables, __half* o16, float* lse) {
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * kReduceWarps + threadIdx.x / kWarp;
+__device__ __forceinline__ void pair_weights_block(unsigned block, const LaunchParams& p, int64_t t0,
+                                                   int64_t tn, int64_t nc, const int32_t* selection,
+                                                   const float* selected_score, const float* o_swa,
+                                                   const float* lse_swa, const int32_t* rank,
+                                                   const SegmentTables& tables, __half* o16, float* lse) {
+  const int64_t item = static_cast<int64_t>(block) * kReduceWarps + threadIdx.x / kWarp;
   if (item >= p.Hkv * tn) return;
   const int lane = threadIdx.x % kWarp;
   const int64_t g = item / tn, tl = item % tn, t = t0 + tl;
@@ -1342,6 +1349,35 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp,
   }
 }
 
+template <int G, WeightLoads kLoads, bool kQueryMajorO16 = false>
+__global__ void __launch_bounds__(kReduceWarps * kWarp,
+                                  kLoads == WeightLoads::all_first_half_warps ? 4 : 1)
+    fusion_pair_weights_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t nc,
+                               const int32_t* selection, const float* selected_score,
+                               const float* o_swa, const float* lse_swa, const int32_t* rank,
+                               SegmentTables tables, __half* o16, float* lse) {
+  pair_weights_block<G, kLoads, kQueryMajorO16>(blockIdx.x, p, t0, tn, nc, selection, selected_score,
+                                                o_swa, lse_swa, rank, tables, o16, lse);
+}
+
+// chunked_v22: the next segment's pair weights (blocks below weight_blocks: v15's weights kernel
+// for queries [t0, t0 + tn)) and this segment's o = o16 (the others: convert_o16_kernel for
+// queries [t0c, t0c + tnc)) in one launch of 256-thread blocks.
+template <int G>
+__global__ void __launch_bounds__(kReduceWarps * kWarp, 4)
+    pair_weights_and_convert_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t nc,
+                                    const int32_t* selection, const float* selected_score,
+                                    const float* o_swa, const float* lse_swa, const int32_t* rank,
+                                    SegmentTables tables, __half* o16, float* lse,
+                                    unsigned weight_blocks, int64_t t0c, int64_t tnc, float* o) {
+  if (blockIdx.x < weight_blocks)
+    pair_weights_block<G, WeightLoads::all_first_half_warps>(blockIdx.x, p, t0, tn, nc, selection,
+                                                             selected_score, o_swa, lse_swa, rank,
+                                                             tables, o16, lse);
+  else
+    convert_o16_block(blockIdx.x - weight_blocks, p, t0c, tnc, o16, o);
+}
+
 // Queries per segment of atomic_v5: the segment's o (fp32) and q (bf16) rows in half the L2.
 int64_t accumulate_segment_queries(const LaunchParams& p) {
   if (g_segment_queries > 0) return g_segment_queries < p.T ? g_segment_queries : p.T;
@@ -1423,28 +1459,33 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
                             kernel == SparseKernel::chunked_v13 || kernel == SparseKernel::chunked_v14 ||
                             kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v16 ||
                             kernel == SparseKernel::chunked_v17 || kernel == SparseKernel::chunked_v18 ||
-                            kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20;
+                            kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20 ||
+                            kernel == SparseKernel::chunked_v21 || kernel == SparseKernel::chunked_v22;
   const bool f16_sums = kernel == SparseKernel::chunked_v10 || pair_weights;
   const bool half_warp_weights = kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v16 ||
                                  kernel == SparseKernel::chunked_v17 || kernel == SparseKernel::chunked_v18 ||
-                                 kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20;
+                                 kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20 ||
+                                 kernel == SparseKernel::chunked_v21 || kernel == SparseKernel::chunked_v22;
+  // chunked_v19-v22: the ranks counted per tile (below) and segments of the whole L2.
+  const bool tiled_segments = kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20 ||
+                              kernel == SparseKernel::chunked_v21 || kernel == SparseKernel::chunked_v22;
   // chunked_v18: o16 is the segment's, [seg, Hq, 64] (a pair's G heads in adjacent rows).
   const bool query_major_o16 = kernel == SparseKernel::chunked_v18;
   // chunked_v17: the pair weights of every segment in one launch (and in memory at once).
   const bool weights_at_once = kernel == SparseKernel::chunked_v17;
   const int64_t nc = p.T / p.S, n_ch = p.Hkv * nc;
   const int64_t seg = !f16_sums ? segment_queries(p)
-                     : kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20
-                         ? f16_segment_queries(p, 1, 1)
+                     : tiled_segments                      ? f16_segment_queries(p, 1, 1)
                      : half_warp_weights                   ? f16_segment_queries(p, 3, 4)
                                                            : f16_segment_queries(p, 1, 2);
   // chunked_v19: the ranks counted per tile of queries in shared memory (where the group's
   // chunks' histogram fits).
-  const bool tiled_count =
-      (kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20) && nc <= kCountMaxChunks;
+  const bool tiled_count = tiled_segments && nc <= kCountMaxChunks;
   // chunked_v20: segment s + 1's weights start in the last wave of s's chunk kernel, s + 1's
   // chunk kernel in the last wave of s's convert; the pair weights in two alternating buffers.
   const bool overlapped = kernel == SparseKernel::chunked_v20;
+  // chunked_v22: segment s + 1's weights and segment s's o = o16 in one launch.
+  const bool weights_with_convert = kernel == SparseKernel::chunked_v22;
   const int64_t n_seg = (p.T + seg - 1) / seg;
   const int64_t n_pairs = p.Hkv * p.T * p.K, bucket_stride = p.Hkv * seg * p.K;
   const int64_t max_items = (bucket_stride + kPairs - 1) / kPairs + n_ch;
@@ -1518,10 +1559,16 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
     return reinterpret_cast<float*>(partial) +
            (weights_at_once ? s : overlapped ? s % 2 : 0) * pair_weight_stride;
   };
+  const auto weight_blocks = [&](int64_t tn) {
+    return static_cast<unsigned>((p.Hkv * tn + kReduceWarps - 1) / kReduceWarps);
+  };
+  const auto segment_tables = [&](int64_t t0) {
+    return SegmentTables{seg, offsets + t0 / seg * (n_ch + 1), n_ch + 1, segment_pair_weight(t0 / seg),
+                         pair_weight_stride};
+  };
   const auto launch_pair_weights = [&](int64_t t0, int64_t tn, bool after_previous) {
-    const auto group_blocks = static_cast<unsigned>((p.Hkv * tn + kReduceWarps - 1) / kReduceWarps);
-    const SegmentTables tables{seg, offsets + t0 / seg * (n_ch + 1), n_ch + 1,
-                               segment_pair_weight(t0 / seg), pair_weight_stride};
+    const auto group_blocks = weight_blocks(tn);
+    const SegmentTables tables = segment_tables(t0);
     auto* o16 = reinterpret_cast<__half*>(reinterpret_cast<char*>(partial) + weights_bytes);
     const auto launch = [&](auto kernel_fn) {
       launch_after_previous(after_previous, kernel_fn, group_blocks, kReduceWarps * kWarp, 0, stream, p,
@@ -1546,7 +1593,9 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
       auto* pair_weight = segment_pair_weight(s);
       auto* o16 = reinterpret_cast<__half*>(reinterpret_cast<char*>(partial) + weights_bytes);
       if (pair_weights) {
-        if (!weights_at_once && !(overlapped && s > 0)) launch_pair_weights(t0, tn, false);
+        // v17: all at once above; v20, v22: segment s > 0's with segment s - 1's kernels below.
+        if (!weights_at_once && !((overlapped || weights_with_convert) && s > 0))
+          launch_pair_weights(t0, tn, false);
       } else {
         fusion_weights_kernel<__half><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
             p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, weights, o16, lse);
@@ -1556,7 +1605,7 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
         constexpr int kBytes = kWarpsPerBlock * 2 * 16 * kTilePitch * sizeof(__nv_bfloat16);
         if (kernel == SparseKernel::chunked_v12 || kernel == SparseKernel::chunked_v13 ||
             kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v17 ||
-            kernel == SparseKernel::chunked_v19)
+            kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v22)
           launch_chunk_v9<G, V9Out::red_f16x2>(grid, stream, p, t0, seg, nc,
                                                items + s * (n_ch + 1), item_desc + s * max_items,
                                                bucket + s * bucket_stride, o16, pair_weight);
@@ -1587,7 +1636,13 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
       }
       const int64_t halves2 = p.Hq * tn * kTileDim / 2;
       const auto convert_blocks = static_cast<unsigned>((halves2 + 255) / 256);
-      if (query_major_o16)
+      if (weights_with_convert && s + 1 < n_seg) {
+        const int64_t t1 = t0 + seg, tn1 = p.T - t1 < seg ? p.T - t1 : seg;
+        pair_weights_and_convert_kernel<G><<<weight_blocks(tn1) + convert_blocks, kReduceWarps * kWarp, 0,
+                                             stream>>>(p, t1, tn1, nc, selection, selected_score, o_swa,
+                                                       lse_swa, rank, segment_tables(t1), o16, lse,
+                                                       weight_blocks(tn1), t0, tn, o);
+      } else if (query_major_o16)
         convert_query_major_o16_kernel<<<convert_blocks, 256, 0, stream>>>(p, t0, tn, o16, o);
       else if (overlapped)
         convert_o16_kernel<true><<<convert_blocks, 256, 0, stream>>>(p, t0, tn, o16, o);
@@ -1702,14 +1757,15 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
   const SparseKernel kernel = sparse_kernel();
   if (uses_wgmma(kernel) && !wgmma_runs_on_current_device())
     refuse_wgmma_kernel("sparse_kernel", sparse_kernel_name(kernel),
-                        "a kernel without wgmma, such as chunked_v16, the default here");
+                        "a kernel without wgmma, such as chunked_v21, the default here");
   if (kernel == SparseKernel::chunked_v8 || kernel == SparseKernel::chunked_v9 ||
       kernel == SparseKernel::chunked_v10 || kernel == SparseKernel::chunked_v11 ||
       kernel == SparseKernel::chunked_v12 || kernel == SparseKernel::chunked_v13 ||
       kernel == SparseKernel::chunked_v14 || kernel == SparseKernel::chunked_v15 ||
       kernel == SparseKernel::chunked_v16 || kernel == SparseKernel::chunked_v17 ||
       kernel == SparseKernel::chunked_v18 || kernel == SparseKernel::chunked_v19 ||
-      kernel == SparseKernel::chunked_v20) {
+      kernel == SparseKernel::chunked_v20 || kernel == SparseKernel::chunked_v21 ||
+      kernel == SparseKernel::chunked_v22) {
     switch (p.Hq / p.Hkv) {
       case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
       case 2: return launch_bucketed_once_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);

@@ -311,14 +311,15 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's to v12's and v6's lse
       const KernelRun v6 = run_with(hils::gpu::SparseKernel::chunked_v6);
       const KernelRun v7 = run_with(hils::gpu::SparseKernel::chunked_v7);
       const KernelRun v8 = run_with(hils::gpu::SparseKernel::chunked_v8);
-      // Versions whose lse (only) must be v6's: v9 to v20.
+      // Versions whose lse (only) must be v6's: v9 to v22.
       const hils::gpu::SparseKernel lse_only[] = {
           hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v10,
           hils::gpu::SparseKernel::chunked_v11, hils::gpu::SparseKernel::chunked_v12,
           hils::gpu::SparseKernel::chunked_v13, hils::gpu::SparseKernel::chunked_v14,
           hils::gpu::SparseKernel::chunked_v15, hils::gpu::SparseKernel::chunked_v16,
           hils::gpu::SparseKernel::chunked_v17, hils::gpu::SparseKernel::chunked_v18,
-          hils::gpu::SparseKernel::chunked_v19, hils::gpu::SparseKernel::chunked_v20};
+          hils::gpu::SparseKernel::chunked_v19, hils::gpu::SparseKernel::chunked_v20,
+          hils::gpu::SparseKernel::chunked_v21, hils::gpu::SparseKernel::chunked_v22};
       std::vector<KernelRun> lse_runs;
       for (auto kernel : lse_only) lse_runs.push_back(run_with(kernel));
       INFO("case " << c.name << " segment " << segment);
@@ -554,7 +555,7 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
                       hils::gpu::SparseKernel::chunked_v13, hils::gpu::SparseKernel::chunked_v14,
                       hils::gpu::SparseKernel::chunked_v15, hils::gpu::SparseKernel::chunked_v17,
                       hils::gpu::SparseKernel::chunked_v18, hils::gpu::SparseKernel::chunked_v19,
-                      hils::gpu::SparseKernel::chunked_v20}) {
+                      hils::gpu::SparseKernel::chunked_v20, hils::gpu::SparseKernel::chunked_v22}) {
     REQUIRE(hils::gpu::uses_wgmma(kernel));
     INFO(sparse_kernel_name(kernel));
     hils::gpu::set_sparse_kernel(kernel);

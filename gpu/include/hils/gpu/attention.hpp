@@ -98,6 +98,9 @@ enum class SparseKernel {
   chunked_v20,  // chunked_v19 with segment s + 1's weights kernel started in the last wave of
                 // segment s's chunk kernel and s + 1's chunk kernel in the last wave of s's
                 // o16 -> o conversion (programmatic dependent launch; the same values)
+  chunked_v21,  // chunked_v16 (no wgmma) with chunked_v19's count per tile and segments
+  chunked_v22,  // chunked_v19 with segment s + 1's weights kernel and segment s's o16 -> o
+                // conversion in one launch (the same values)
 };
 // Every SparseKernel, in the order of their values.
 constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
@@ -108,7 +111,8 @@ constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKerne
                                            SparseKernel::chunked_v14, SparseKernel::chunked_v15,
                                            SparseKernel::chunked_v16, SparseKernel::chunked_v17,
                                            SparseKernel::chunked_v18, SparseKernel::chunked_v19,
-                                           SparseKernel::chunked_v20};
+                                           SparseKernel::chunked_v20, SparseKernel::chunked_v21,
+                                           SparseKernel::chunked_v22};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
 // Whether the sparse stage runs wgmma (sm_90a; wgmma_available below). Every kernel is listed,
@@ -122,7 +126,8 @@ constexpr bool uses_wgmma(SparseKernel kernel) {
     case SparseKernel::chunked_v8:
     case SparseKernel::chunked_v10:
     case SparseKernel::chunked_v11:
-    case SparseKernel::chunked_v16: return false;
+    case SparseKernel::chunked_v16:
+    case SparseKernel::chunked_v21: return false;
     case SparseKernel::chunked_v9:
     case SparseKernel::chunked_v12:
     case SparseKernel::chunked_v13:
@@ -131,15 +136,16 @@ constexpr bool uses_wgmma(SparseKernel kernel) {
     case SparseKernel::chunked_v17:
     case SparseKernel::chunked_v18:
     case SparseKernel::chunked_v19:
-    case SparseKernel::chunked_v20: return true;
+    case SparseKernel::chunked_v20:
+    case SparseKernel::chunked_v22: return true;
   }
   return true;
 }
 // The default sparse stage where wgmma can run (wgmma_available, below): chunked_v19.
 constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v19;
-// The sparse stage without wgmma where wgmma cannot run: chunked_v16 (v15's weights kernel and
-// segments with v6's mma.sync chunk kernel).
-constexpr SparseKernel kSparseKernelWithoutWgmma = SparseKernel::chunked_v16;
+// The sparse stage without wgmma where wgmma cannot run: chunked_v21 (v19's weights kernel,
+// count and segments with v6's mma.sync chunk kernel).
+constexpr SparseKernel kSparseKernelWithoutWgmma = SparseKernel::chunked_v21;
 // kDefaultSparseKernel where wgmma_available(), else kSparseKernelWithoutWgmma.
 SparseKernel default_sparse_kernel();
 // The sparse stage of the following calls, process-wide: a named kernel (refused when it would
