@@ -14,7 +14,8 @@ and d25, launch 1's loads alone (its grid, no arithmetic) and a flat read of the
 (hils::gpu::decode_scan_probe): what the scan could reach.
 Each side is timed as a CUDA-graph replay (one launch, as serving loops run decode; the eager
 time of ours is printed too). Every timed call starts with a cold L2 (a 512 MiB buffer is written
-between calls, or read with --flush read), as a step over a real model's layers would. Times are medians of CUDA-event-timed calls after warm-up.
+between calls, or read with --flush read), as a step over a real model's layers would. Times are
+medians of CUDA-event-timed calls after warm-up.
 Usage: bench_decode.py --lib build/gpu/libhils_gpu_c.so [--out decode.json] [--no-flex]
        [--profile] [--variants fused_fp8,d19_fp8,...] [--batches 8,32] [--lengths 524288]
        [--scan-floor]
@@ -244,7 +245,8 @@ def scan_floor(run, B, T):
     for name, probe in SCAN_PROBES.items():
         def fn(probe=probe):
             stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-            run.check(lib.hils_gpu_decode_scan_probe(ctypes.byref(run.p), probe, ptr(run.ws), stream))
+            run.check(lib.hils_gpu_decode_scan_probe(ctypes.byref(run.p), probe, ptr(run.ws),
+                                                     stream))
         graph_us, eager_us = best_us(fn)
         us = graph_us if graph_us is not None else eager_us
         nbytes = scan_bytes - (window_kv if name == "flat_read" else 0)

@@ -5,6 +5,7 @@
 // selected_score is recomputed in fp32 from the fp32 summaries.
 // Fast path only: bf16 q~, d = 64, G in {1, 2, 4, 8, 16}, K <= 64, summary key rules.
 #include "launch_params.hpp"
+#include "scratch_pool.hpp"
 #include "mma_common.cuh"
 #include "wgmma_common.cuh"
 
@@ -917,8 +918,11 @@ enum class Writer { in_order, ahead };
 // wgmma descriptors worked out once, each tile's first head without the per-step reset selects;
 // wgmma_q_smem scoring and buffered offers only), or head-major (v13: for max_normalized with the
 // bound, pass 2 walks (head, tile) with the head's q~ in registers and appends each head's
-// values above theta; v12's lean pass 2 otherwise).
-enum class Lean { none, pass2, heads };
+// values above theta; v12's lean pass 2 otherwise), or v12's with 32-bit copy state (v16: the q~
+// and k' copy sources worked out per step from the head index, the kernel's parameters and 32-bit
+// offsets, shared addresses and descriptor low words in 32 bits, so that pass 2 keeps no 64-bit
+// copy state in registers; v15 spilled v12's 64-bit q~ copy pieces and reloaded them every step).
+enum class Lean { none, pass2, heads, pass2_q32 };
 // Pass 1 one k' tile per step (v4-v13) or two (v14: panels 0-3, which pass 1 has free with
 // wgmma_q_smem scoring; lean copies only).
 enum class Pass1 { tiles, pairs };
@@ -937,6 +941,7 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   static_assert(!kWgmma || kBuffered, "v9 and v10 are v8 with wgmma scoring");
   static_assert(kWriter == Writer::in_order || kBuffered, "the writer ahead takes v8's buffers (K <= 32)");
   constexpr bool kLean = kLeanSteps != Lean::none, kHeads = kLeanSteps == Lean::heads;
+  constexpr bool kQ32 = kLeanSteps == Lean::pass2_q32;
   constexpr bool kPairs = kPass1 == Pass1::pairs;
   static_assert(!kPairs || kLean, "the paired pass 1 takes v12's copy pieces and four panels");
   static_assert(!kLean || (kQSmem && kBuffered), "the lean pass 2 is v10's with buffered offers");
@@ -1236,20 +1241,79 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
           cp_async16(q_dst + 2048 * j, valid ? head + q_off + 1024 * j : head, valid);
         }
       };
+      // v16: pass 2's copies from 32-bit element offsets on the kernel's parameters (q~: Hq T 64
+      // < 2^32, launch_select_packed checks; k': Hq n_chunks 64 < Hq T), worked out per step
+      // from the head index, into 32-bit shared addresses, so that no 64-bit copy state stays
+      // live across the steps (v15 spilled v12's and reloaded it after every wgmma). Every
+      // warpgroup but the last block's has its 64 rows before T: no per-row test there.
+      const uint32_t hq0 = blockIdx.y * G, T64 = static_cast<uint32_t>(p.T) * kTileDim;
+      const uint32_t q_dst32 = kQ32 ? static_cast<uint32_t>(__cvta_generic_to_shared(q_dst)) : 0u;
+      const uint32_t k_dst32 = kQ32 ? static_cast<uint32_t>(__cvta_generic_to_shared(panels)) + k_dst : 0u;
+      const uint32_t q_off32 = static_cast<uint32_t>(q_off);
+      const int q_rows = q_left < 64 ? static_cast<int>(q_left) : 64;
+      auto copy_q2 = [&](int hg) {
+        if constexpr (kQ32) {
+          const auto* q = static_cast<const __nv_bfloat16*>(p.q_retrieval);
+          const uint32_t off = (hq0 + hg) * T64 + q_off32;
+          if (q_rows == 64) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) cp_async16_at(q_dst32 + 2048 * j, q + off + 1024 * j, true);
+          } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const bool valid = 16 * j < q_rows;
+              cp_async16_at(q_dst32 + 2048 * j, q + (valid ? off + 1024 * j : 0u), valid);
+            }
+          }
+        } else {
+          copy_q(hg);
+        }
+      };
+      auto copy_k2 = [&](int hg, int c0, int stage) {
+        if constexpr (kQ32) {
+          const uint32_t head = (hq0 + hg) * static_cast<uint32_t>(nc);
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int rr = c0 + k_row + 32 * j;
+            const bool valid = rr < nc;
+            cp_async16_at(k_dst32 + stage * kPanelBytes + 4096 * j,
+                          key_bf16 + (valid ? (head + rr) * kTileDim + k_col : 0u), valid);
+          }
+          if (threadIdx.x < kTileDim) {
+            const int cc = c0 + static_cast<int>(threadIdx.x);
+            const bool valid = cc < nc;
+            cp_async4(&bias_tile[stage][threadIdx.x], bias2 + (valid ? head + cc : 0u), valid);
+          }
+          cp_async_commit();
+        } else {
+          copy_k(hg, c0, stage);
+        }
+      };
       const uint64_t q_desc = wg::desc_k_major(q_panel);
+      // v16: the descriptors' k16 steps on their low words only (the 14-bit address field of a
+      // shared address below 228 KB, plus 6, does not carry; both high words are equal).
+      const uint32_t q_lo = static_cast<uint32_t>(q_desc), k_lo = static_cast<uint32_t>(k_desc);
       auto product = [&](int stage) {
-        const uint64_t kd = k_desc + static_cast<uint64_t>(stage * (kPanelBytes >> 4));
         wg::fence_operands(s);
         wg::fence();
+        if constexpr (kQ32) {
+          const uint32_t kd_lo = k_lo + static_cast<uint32_t>(stage * (kPanelBytes >> 4));
+          wg::mma_ss_k_major<0>(s, q_lo, kd_lo, false);
+          wg::mma_ss_k_major<1>(s, q_lo, kd_lo, true);
+          wg::mma_ss_k_major<2>(s, q_lo, kd_lo, true);
+          wg::mma_ss_k_major<3>(s, q_lo, kd_lo, true);
+        } else {
+          const uint64_t kd = k_desc + static_cast<uint64_t>(stage * (kPanelBytes >> 4));
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-          wg::mma_ss<false>(s, wg::desc_advance(q_desc, 32 * ks), wg::desc_advance(kd, 32 * ks), ks > 0);
+          for (int ks = 0; ks < 4; ++ks)
+            wg::mma_ss<false>(s, wg::desc_advance(q_desc, 32 * ks), wg::desc_advance(kd, 32 * ks), ks > 0);
+        }
         wg::commit();
         wg::wait<0>();
         wg::fence_operands(s);
       };
-      copy_q(0);  // committed with the first k' tile
-      copy_k(0, 0, 0);
+      copy_q2(0);  // committed with the first k' tile
+      copy_k2(0, 0, 0);
       if (kHeads && heads_major) {
         // v13. For r(c) = max_h v_h(c), v_h(c) = s2_h(c) - log2 Z_hat_h: a chunk is a candidate
         // (r(c) > theta) iff some head has v_h(c) > theta, and then r(c) is the largest of those
@@ -1350,8 +1414,15 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
         await_tile();
         const bool more = step + 1 < steps;
         if (more) {
-          if (hg + 1 < G) copy_k(hg + 1, c0, stage ^ 1);
-          else copy_k(0, c0 + kTileDim, stage ^ 1);
+          if constexpr (kQ32) {
+            // One copy with the next (head, tile) selected: the next tile's addresses are not
+            // worked out ahead of the head loop (and kept live across it).
+            const bool next_tile = hg + 1 == G;
+            copy_k2(next_tile ? 0 : hg + 1, next_tile ? c0 + kTileDim : c0, stage ^ 1);
+          } else {
+            if (hg + 1 < G) copy_k(hg + 1, c0, stage ^ 1);
+            else copy_k(0, c0 + kTileDim, stage ^ 1);
+          }
         }
         product(stage);
         // The warpgroup's wgmma has read the panel: it takes the next step's head.
@@ -1360,7 +1431,7 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
             asm volatile("bar.sync 1, 128;\n" ::: "memory");
           else
             asm volatile("bar.sync 2, 128;\n" ::: "memory");
-          copy_q(hg + 1 < G ? hg + 1 : 0);
+          copy_q2(hg + 1 < G ? hg + 1 : 0);
           cp_async_commit();
         }
         const float* b2 = bias_tile[stage];
@@ -1734,7 +1805,8 @@ size_t select_one_pass_smem_bytes(int64_t K) {
 int block_queries(PackedSelect kernel) {
   return kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11 ||
                  kernel == PackedSelect::two_pass_v12 || kernel == PackedSelect::two_pass_v13 ||
-                 kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15
+                 kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15 ||
+                 kernel == PackedSelect::two_pass_v16
              ? kBlockQueries<Scoring::wgmma_q_smem>
              : kQueries;
 }
@@ -1745,7 +1817,8 @@ size_t select_smem_bytes(int64_t G, int64_t K, PackedSelect kernel) {
   if (kernel == PackedSelect::two_pass_v9) return v8_bytes + 2 * kPanelBytes + wg::kAtomBytes;
   if (kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11 ||
       kernel == PackedSelect::two_pass_v12 || kernel == PackedSelect::two_pass_v13 ||
-      kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15)
+      kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15 ||
+      kernel == PackedSelect::two_pass_v16)
     return 2 * v8_bytes + 4 * kPanelBytes + wg::kAtomBytes;
   return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries) * 4;
 }
@@ -1775,6 +1848,9 @@ SelectKernelFn select_kernel_of(PackedSelect kernel) {
     case PackedSelect::two_pass_v15:
       return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::pass2,
                                   Pass1::pairs>;
+    case PackedSelect::two_pass_v16:
+      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::pass2_q32,
+                                  Pass1::pairs>;
     default: return select_packed_kernel<G, 0, Offers::sorted>;
   }
 }
@@ -1794,17 +1870,15 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
   // A bf16 copy of k' and a log2 e scaled bias (stream-ordered scratch) feed the copy engine.
   const int64_t n = p.Hq * (p.T / p.S) * kTileDim, n_bias = p.Hq * (p.T / p.S);
   const size_t key_bytes = ((n > 0 ? n : 1) * sizeof(__nv_bfloat16) + 255) / 256 * 256;
-  char* scratch = nullptr;
-  if (cudaMallocAsync(reinterpret_cast<void**>(&scratch), key_bytes + (n_bias > 0 ? n_bias : 1) * sizeof(float),
-                      stream) != cudaSuccess)
-    return;  // the error surfaces through cudaGetLastError in the caller
+  auto* scratch = static_cast<char*>(
+      take_scratch(key_bytes + (n_bias > 0 ? n_bias : 1) * sizeof(float), stream, "selection"));
   auto* key_bf16 = reinterpret_cast<__nv_bfloat16*>(scratch);
   auto* bias2 = reinterpret_cast<float*>(scratch + key_bytes);
   if (n > 0)
     to_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(key, key_bf16, n, bias,
                                                                                bias2, n_bias);
   fn<<<grid, 2 * queries, smem, stream>>>(p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
-  cudaFreeAsync(scratch, stream);
+  give_back_scratch(scratch, stream);
 }
 
 }  // namespace
@@ -1825,9 +1899,12 @@ void launch_select_packed(const LaunchParams& p, const float* key, const float* 
                            kernel == PackedSelect::two_pass_v9 || kernel == PackedSelect::two_pass_v10 ||
                            kernel == PackedSelect::two_pass_v11 || kernel == PackedSelect::two_pass_v12 ||
                            kernel == PackedSelect::two_pass_v13 || kernel == PackedSelect::two_pass_v14 ||
-                           kernel == PackedSelect::two_pass_v15) &&
+                           kernel == PackedSelect::two_pass_v15 || kernel == PackedSelect::two_pass_v16) &&
                           p.K > kWarp);
-  const PackedSelect one = fall_back ? PackedSelect::two_pass_v4 : kernel;
+  // v16 offsets q~ rows in 32 bits (Hq T 64 < 2^32); longer sequences run v15 (the same
+  // selection, the same bytes).
+  const bool long_rows = kernel == PackedSelect::two_pass_v16 && p.Hq * p.T * kTileDim > UINT32_MAX;
+  const PackedSelect one = fall_back ? PackedSelect::two_pass_v4 : long_rows ? PackedSelect::two_pass_v15 : kernel;
   if (uses_wgmma(one) && !wgmma_runs_on_current_device())
     refuse_wgmma_kernel("select_kernel", select_kernel_name(one),
                         "two_pass_v4 to two_pass_v8; two_pass_v8 is the fastest");

@@ -51,6 +51,7 @@
 #include <cuda_fp16.h>
 
 #include "launch_params.hpp"
+#include "scratch_pool.hpp"
 #include "mma_common.cuh"
 #include "wgmma_common.cuh"
 
@@ -1416,19 +1417,6 @@ int64_t f16_segment_queries(const LaunchParams& p, int64_t l2_share_num, int64_t
   return seg < p.T ? seg : p.T;
 }
 
-// The pool keeps freed memory reserved: the scratch is re-taken at every call.
-void keep_pool_reserved() {
-  static bool pool_configured = false;
-  if (pool_configured) return;
-  int device = 0;
-  cudaMemPool_t pool;
-  if (cudaGetDevice(&device) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
-    uint64_t threshold = UINT64_MAX;
-    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
-  }
-  pool_configured = true;
-}
-
 // chunk_attention_v6_kernel<G, kSub> with its dynamic shared memory (the q stages), raising the
 // kernel's limit once (v7: 36 KB dynamic + 24 KB static).
 template <int G, int kSub>
@@ -1505,12 +1493,8 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
       f16_sums ? weights_bytes + round_up(static_cast<size_t>(p.Hq * (query_major_o16 ? seg : p.T) * kTileDim) *
                                           sizeof(__half))
                : round_up(static_cast<size_t>(p.Hq * seg * p.K * kTileDim) * sizeof(__half));
-  keep_pool_reserved();
-  char* scratch = nullptr;
-  if (cudaMallocAsync(reinterpret_cast<void**>(&scratch),
-                      3 * counts_bytes + rank_bytes + bucket_bytes + desc_bytes + partial_bytes,
-                      stream) != cudaSuccess)
-    return;
+  auto* scratch = static_cast<char*>(take_scratch(
+      3 * counts_bytes + rank_bytes + bucket_bytes + desc_bytes + partial_bytes, stream, "sparse stage"));
   char* at = scratch;
   auto take = [&at](size_t bytes) {
     char* here = at;
@@ -1663,7 +1647,7 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
     launch_reduce(p, t0, tn, seg, row_blocks, selection, selected_score, o_swa, lse_swa, partial, o,
                   lse, stream);
   }
-  cudaFreeAsync(scratch, stream);
+  give_back_scratch(scratch, stream);
 }
 
 template <int G>
@@ -1685,9 +1669,7 @@ void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
       accumulate ? round_up(static_cast<size_t>(p.Hq * seg) * sizeof(float2))
                  : round_up(static_cast<size_t>(p.Hq * seg * p.K * kTileDim) * sizeof(__half));
   const size_t total = 3 * counts_bytes + bucket_bytes + desc_bytes + partial_bytes;
-  keep_pool_reserved();
-  char* scratch = nullptr;
-  if (cudaMallocAsync(reinterpret_cast<void**>(&scratch), total, stream) != cudaSuccess) return;
+  auto* scratch = static_cast<char*>(take_scratch(total, stream, "sparse stage"));
   auto* counts = reinterpret_cast<int32_t*>(scratch);
   auto* offsets = reinterpret_cast<int32_t*>(scratch + counts_bytes);
   auto* items = reinterpret_cast<int32_t*>(scratch + 2 * counts_bytes);
@@ -1737,7 +1719,7 @@ void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
     launch_reduce(p, t0, tn, seg, row_blocks, selection, selected_score, o_swa, lse_swa, partial, o,
                   lse, stream);
   }
-  cudaFreeAsync(scratch, stream);
+  give_back_scratch(scratch, stream);
 }
 
 }  // namespace

@@ -177,6 +177,28 @@ __device__ __forceinline__ void mma_ss(float (&d)[8][4], uint64_t a, uint64_t b,
       : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(static_cast<int>(kTransB)));
 #endif
 }
+// The same with both operands K-major panels given by their descriptors' low words (a K-major
+// descriptor's high word, kKMajorDescHi, is the same for every panel) and the k16 step
+// kStep (0..3: 32 bytes each, within the 14-bit address field). The words are put together
+// inside the asm, so that the compiler keeps one 32-bit value per operand, not four 64-bit
+// descriptors, across a loop.
+constexpr uint32_t kKMajorDescHi = ((kAtomBytes >> 4) & 0x3FFF) | (1u << 30);
+template <int kStep>
+__device__ __forceinline__ void mma_ss_k_major(float (&d)[8][4], uint32_t a_lo, uint32_t b_lo,
+                                               bool accumulate) {
+#ifdef HILS_WGMMA_UNAVAILABLE
+  __trap();
+#else
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b32 al, bl;\n.reg .b64 da, db;\nsetp.ne.b32 p, %34, 0;\n"
+      "add.u32 al, %32, %35;\nadd.u32 bl, %33, %35;\n"
+      "mov.b64 da, {al, %36};\nmov.b64 db, {bl, %36};\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " HILS_WG_D64
+      ", da, db, p, 1, 1, 0, 0;\n}\n"
+      : HILS_WG_ACC64(d)
+      : "r"(a_lo), "r"(b_lo), "r"(static_cast<int>(accumulate)), "n"(2 * kStep), "r"(kKMajorDescHi));
+#endif
+}
 template <bool kTransB>
 __device__ __forceinline__ void mma_ss(float (&d)[16][4], uint64_t a, uint64_t b,
                                        bool accumulate) {

@@ -199,10 +199,40 @@ TEST_CASE("gpu host API rejects bad input naming the field", "[gpu]") {
   CHECK(message(spec, good, missing).rfind("v:", 0) == 0);
 }
 
+// A stage whose scratch cannot be allocated throws before it launches anything, naming the stage
+// and the bytes, and leaves no CUDA error behind (a size above the device's whole memory is refused
+// without asking the driver, so memcheck sees no failed call). The shapes are far beyond any device's memory
+// (the selection's bf16 keys of T = 2^34 alone are 512 GiB; the sparse stage's fp16 sums of
+// 128 heads at T = 2^24, 256 GiB), so nothing is read from the dummy pointers.
+TEST_CASE("gpu stage scratch that cannot be allocated names the stage and the bytes", "[gpu]") {
+  int dummy = 0;
+  hils::gpu::DeviceInputs in;
+  in.dtype = hils::gpu::DType::bf16;
+  in.q = in.k = in.v = &dummy;
+  MechanismSpec spec = hils::preset("hils");
+  spec.S = 64, spec.W = 512, spec.K = 32;
+  float* f = reinterpret_cast<float*>(&dummy);
+  int32_t* selection = &dummy;
+  const hils::gpu::Shape select_shape{int64_t{1} << 34, 16, 2, 64, 64};
+  // The bf16 copy of k' [Hq, T / S, 64] and the scaled bias [Hq, T / S] (select_packed.cu).
+  const int64_t rows = select_shape.Hq * (select_shape.T / spec.S);
+  const std::string select_bytes = std::to_string(rows * 64 * 2 + rows * 4);
+  CHECK_THROWS_WITH(hils::gpu::select_chunks(spec, select_shape, in, f, f, nullptr, f, selection, f),
+                    Catch::StartsWith("hils::gpu selection scratch: cannot allocate " + select_bytes +
+                                      " bytes ("));
+  CHECK(cudaGetLastError() == cudaSuccess);
+  spec.K = 15;
+  const hils::gpu::Shape sparse_shape{int64_t{1} << 24, 128, 8, 64, 64};
+  CHECK_THROWS_WITH(hils::gpu::fuse(spec, sparse_shape, in, selection, f, f, f, f, f),
+                    Catch::StartsWith("hils::gpu sparse stage scratch: cannot allocate ") &&
+                        Catch::Contains(" bytes ("));
+  CHECK(cudaGetLastError() == cudaSuccess);
+}
+
 // The one-pass selection (v5), the bounded two-pass selection (v6), the quad-offer two-pass
 // selection (v7) and the buffered two-pass selection (v8, and v9: v8 scored by wgmma, whose sums
 // equal mma.sync's bit for bit; v13: pass 2 head-major, a chunk's best head entry; v14: two
-// tiles per pass-1 step, odd counts ending on a phantom tile; v15: v12 with v14's pass 1) against the
+// tiles per pass-1 step, odd counts ending on a phantom tile; v15: v12 with v14's pass 1; v16: v15's arithmetic, its pass-2 copies from 32-bit state) against the
 // two-pass kernel v4: the
 // same s2 and log2 Z_hat arithmetic and selected-score writers with the same sum order, v6's and
 // v8's bounds (32 and 64 slots) drop only candidates that cannot be selected, v7 and v8 keep the
@@ -274,7 +304,8 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
                             hils::gpu::SelectKernel::two_pass_v8, hils::gpu::SelectKernel::two_pass_v9,
                             hils::gpu::SelectKernel::two_pass_v10, hils::gpu::SelectKernel::two_pass_v11,
                             hils::gpu::SelectKernel::two_pass_v12, hils::gpu::SelectKernel::two_pass_v13,
-                            hils::gpu::SelectKernel::two_pass_v14, hils::gpu::SelectKernel::two_pass_v15};
+                            hils::gpu::SelectKernel::two_pass_v14, hils::gpu::SelectKernel::two_pass_v15,
+                            hils::gpu::SelectKernel::two_pass_v16};
       for (auto kernel : kernels) {
         gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), selected(c.Hq * c.T * c.K * 4);
         hils::gpu::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,
@@ -298,7 +329,7 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
             }
         const char* labels[] = {"two-pass v4", "one-pass v5", "two-pass v6", "two-pass v7",
                                 "two-pass v8", "two-pass v9", "two-pass v10", "two-pass v11", "two-pass v12",
-                                "two-pass v13", "two-pass v14", "two-pass v15"};
+                                "two-pass v13", "two-pass v14", "two-pass v15", "two-pass v16"};
         const char* label = labels[k];
         std::cout << label << " vs two-pass v4 " << problems[n].first << " " << preset << ": rows "
                   << c.Hkv * c.T << ", differing " << differing_rows << "\n";

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <iostream>
 #include <iterator>
 #include <limits>
@@ -14,6 +15,7 @@
 #include "case_inputs.hpp"
 #include "device_support.hpp"
 #include "hils/gpu/c_api.h"
+#include "hils/gpu/scratch.hpp"
 #include "launch_params.hpp"
 
 namespace {
@@ -38,8 +40,40 @@ hils::gpu::Shape shape_of(const AttentionInputs<double>& in) {
   return {in.T(), in.Hq(), in.Hkv(), in.d(), in.dv()};
 }
 
+// How run_on_device runs the mechanism: on the default stream, or captured into a CUDA graph.
+enum class Launch { direct, graph };
+
+// run_mechanism captured into a CUDA graph on a stream of its own (global capture mode: a call
+// that may not run during a capture, or a launch on another stream, fails the capture), then
+// the graph launched once and waited for.
+void run_captured(const MechanismSpec& spec, const hils::gpu::Shape& shape,
+                  const hils::gpu::DeviceInputs& in, const hils::gpu::DeviceOutputs& out,
+                  void* workspace) {
+  cudaStream_t stream = nullptr;
+  gt::check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  gt::check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+  cudaGraph_t graph = nullptr;
+  try {
+    hils::gpu::run_mechanism(spec, shape, in, out, workspace, stream);
+  } catch (...) {
+    cudaStreamEndCapture(stream, &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    throw;
+  }
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = ended == cudaSuccess ? cudaGraphInstantiate(&exec, graph, 0) : ended;
+  const cudaError_t ran = made == cudaSuccess ? cudaGraphLaunch(exec, stream) : made;
+  const cudaError_t done = ran == cudaSuccess ? cudaStreamSynchronize(stream) : ran;
+  if (exec != nullptr) cudaGraphExecDestroy(exec);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  gt::check_cuda(done, "run_mechanism captured in a CUDA graph");
+}
+
 KernelRun run_on_device(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
-                        DType dtype) {
+                        DType dtype, Launch launch = Launch::direct) {
   const auto shape = shape_of(inputs);
   const int64_t T = shape.T, Hq = shape.Hq, Hkv = shape.Hkv, nc = T / spec.S;
   const bool summaries = spec.selects() && spec.key_rule != hils::KeyRule::exact;
@@ -58,7 +92,10 @@ KernelRun run_on_device(const MechanismSpec& spec, const AttentionInputs<double>
     dev.surrogate = surrogate.as<float>();
     dev.summary_key = key.as<float>(), dev.summary_bias = bias.as<float>();
   }
-  hils::gpu::run_mechanism(spec, shape, set.view, dev, workspace.data());
+  if (launch == Launch::graph)
+    run_captured(spec, shape, set.view, dev, workspace.data());
+  else
+    hils::gpu::run_mechanism(spec, shape, set.view, dev, workspace.data());
   gt::check_cuda(cudaDeviceSynchronize(), "run_mechanism");
 
   KernelRun run;
@@ -465,6 +502,48 @@ TEST_CASE("gpu C API window kernel values", "[gpu]") {
 // does, the default window kernel is mma_v9 (the same o_window bits as mma_v9 named), and a
 // wgmma kernel named by the caller is refused when it would run, with an error that names the
 // field, the kernel and the build setting, instead of a trap in the kernel.
+// The packed selection's and the sparse stage's scratch come from the library's own pool
+// (gpu/src/scratch_pool.cpp): a forward leaves the process's default pool as the caller set it
+// (here: release threshold 0), the library's pool keeps its memory across a synchronize until
+// release_scratch_memory(), and the whole forward captured into a CUDA graph (its scratch as the
+// graph's allocation nodes) passes the oracle with the direct run's selection and window bits.
+TEST_CASE("gpu forward captured in a CUDA graph and the scratch pool", "[gpu]") {
+  const Case c{"packed_bench_geometry", 2113, 64, 512, 32, 16, 2, 64, 64, true, 1.0};
+  const auto inputs = hils::cases::make_inputs<double>(c);
+  const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
+  const auto verifier = verifier_for(spec, inputs, DType::bf16);
+  int device = 0;
+  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+  cudaMemPool_t default_pool = nullptr;
+  REQUIRE(cudaDeviceGetDefaultMemPool(&default_pool, device) == cudaSuccess);
+  uint64_t callers_threshold = 0, threshold = 1;
+  REQUIRE(cudaMemPoolGetAttribute(default_pool, cudaMemPoolAttrReleaseThreshold, &callers_threshold) ==
+          cudaSuccess);
+  uint64_t zero = 0;
+  REQUIRE(cudaMemPoolSetAttribute(default_pool, cudaMemPoolAttrReleaseThreshold, &zero) == cudaSuccess);
+
+  const KernelRun direct = run_on_device(spec, inputs, DType::bf16);
+  CHECK(judge(verifier, direct, "forward on the default stream"));
+  REQUIRE(cudaMemPoolGetAttribute(default_pool, cudaMemPoolAttrReleaseThreshold, &threshold) == cudaSuccess);
+  CHECK(threshold == 0);
+  CHECK(hils::gpu::scratch_bytes_reserved() > 0);  // kept across run_on_device's synchronize
+  hils::gpu::release_scratch_memory();
+  CHECK(hils::gpu::scratch_bytes_reserved() == 0);
+
+  const KernelRun captured = run_on_device(spec, inputs, DType::bf16, Launch::graph);
+  CHECK(judge(verifier, captured, "forward captured in a CUDA graph"));
+  REQUIRE(captured.out.selection.size() == direct.out.selection.size());
+  for (size_t g = 0; g < captured.out.selection.size(); ++g)
+    CHECK(captured.out.selection[g] == direct.out.selection[g]);
+  REQUIRE(captured.out.o_window.size() == direct.out.o_window.size());
+  for (size_t h = 0; h < captured.out.o_window.size(); ++h) {
+    CHECK((captured.out.o_window[h] == direct.out.o_window[h]));
+    CHECK((captured.out.lse_window[h] == direct.out.lse_window[h]));
+  }
+  REQUIRE(cudaMemPoolSetAttribute(default_pool, cudaMemPoolAttrReleaseThreshold, &callers_threshold) ==
+          cudaSuccess);
+}
+
 TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "[gpu]") {
   cudaDeviceProp prop{};
   REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
@@ -528,7 +607,7 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
   for (auto kernel : {hils::gpu::SelectKernel::two_pass_v9, hils::gpu::SelectKernel::two_pass_v10,
                       hils::gpu::SelectKernel::two_pass_v11, hils::gpu::SelectKernel::two_pass_v12,
                       hils::gpu::SelectKernel::two_pass_v13, hils::gpu::SelectKernel::two_pass_v14,
-                      hils::gpu::SelectKernel::two_pass_v15}) {
+                      hils::gpu::SelectKernel::two_pass_v15, hils::gpu::SelectKernel::two_pass_v16}) {
     REQUIRE(hils::gpu::uses_wgmma(kernel));
     INFO(hils::gpu::select_kernel_name(kernel));
     CHECK_THROWS_WITH(

@@ -216,14 +216,15 @@ void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const Devic
                       const float* key, const float* bias, float* scores,
                       cudaStream_t stream = nullptr);
 // Which packed selection kernel runs (gpu/NOTES.md has each version's numbers). All give the
-// same selection and the same selected scores. two_pass_v12 (v10, i.e. v8 scored by wgmma on
-// sm_90a with 128 queries per block, with the selected-score writer's loads one unit ahead (v11)
-// and pass 2's per-step overhead trimmed) is the default (kDefaultSelectKernel: on the H100
-// 8.6-9.6% faster than v10 at 16K-512K, 512K 50.5 ms against 55.3; gpu/NOTES.md); v4 to v11 stay
+// same selection and the same selected scores. two_pass_v16 (v10, i.e. v8 scored by wgmma on
+// sm_90a with 128 queries per block, with the selected-score writer's loads one unit ahead (v11),
+// pass 2's per-step overhead trimmed (v12), two k' tiles per pass-1 step (v15) and pass 2's copy
+// state in 32 bits, without v15's spills) is the default (kDefaultSelectKernel: on the H100
+// 5-13% faster than v12 at 16K-512K, 512K 44.9 ms against 51.4; gpu/NOTES.md); v4 to v15 stay
 // reachable as the benchmark's comparison points. one_pass_v5 applies to the
 // default group rule (max_normalized); for the others it falls back to two_pass_v4. v6 and v8
 // form their bounds for K <= 32 and the normalised group rules; v6 runs as v4 otherwise, v8 takes
-// K <= 32 (else two_pass_v4), and so do v9 to v15.
+// K <= 32 (else two_pass_v4), and so do v9 to v16.
 enum class SelectKernel {
   two_pass_v4,  // pass 1: log Z_hat per head; pass 2: group scores offered to the top-K lists
   one_pass_v5,  // per head a running log Z_hat and its K best; the union ranked at the end
@@ -241,14 +242,16 @@ enum class SelectKernel {
                  // values above the bound, q~ staged once per head (K <= 32, else two_pass_v4)
   two_pass_v14,  // v13 with two k' tiles per pass-1 step
   two_pass_v15,  // v12 with two k' tiles per pass-1 step
+  two_pass_v16,  // v15 with pass 2's copy state in 32 bits (no spills)
 };
 // Every SelectKernel, in the order of their values.
 constexpr SelectKernel kSelectKernels[] = {
     SelectKernel::two_pass_v4, SelectKernel::one_pass_v5,  SelectKernel::two_pass_v6,
     SelectKernel::two_pass_v7, SelectKernel::two_pass_v8,  SelectKernel::two_pass_v9,
     SelectKernel::two_pass_v10, SelectKernel::two_pass_v11, SelectKernel::two_pass_v12,
-    SelectKernel::two_pass_v13, SelectKernel::two_pass_v14, SelectKernel::two_pass_v15};
-constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v12;
+    SelectKernel::two_pass_v13, SelectKernel::two_pass_v14, SelectKernel::two_pass_v15,
+    SelectKernel::two_pass_v16};
+constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v16;
 // The selection without wgmma where wgmma cannot run (wgmma_available).
 constexpr SelectKernel kSelectKernelWithoutWgmma = SelectKernel::two_pass_v8;
 // The kernel's name as above ("two_pass_v12", ...).
@@ -268,7 +271,8 @@ constexpr bool uses_wgmma(SelectKernel kernel) {
     case SelectKernel::two_pass_v12:
     case SelectKernel::two_pass_v13:
     case SelectKernel::two_pass_v14:
-    case SelectKernel::two_pass_v15: return true;
+    case SelectKernel::two_pass_v15:
+    case SelectKernel::two_pass_v16: return true;
   }
   return true;
 }
