@@ -87,7 +87,7 @@ def hils_run(lib, T, gen):
         # default): two-pass v4.3, one-pass v5, bounded two-pass v6, quad-offer v7, buffered v8,
         # v8 on wgmma (v9), 128 queries per block (v10), the writer's loads ahead (v11), pass 2 trimmed (v12),
         # pass 2 head-major (v13), two tiles per pass-1 step (v14: on v13, v15: on v12), v15 without
-        # its spills (v16)
+        # its spills (v16), the scores by a kernel of their own (v17)
         # (gpu/NOTES.md).
         "select_v4": time_ms(lambda: st.select("two_pass_v4"), reps=3),
         "select_v5": time_ms(lambda: st.select("one_pass_v5"), reps=3),
@@ -102,6 +102,7 @@ def hils_run(lib, T, gen):
         "select_v14": time_ms(lambda: st.select("two_pass_v14"), reps=3),
         "select_v15": time_ms(lambda: st.select("two_pass_v15"), reps=3),
         "select_v16": time_ms(lambda: st.select("two_pass_v16"), reps=3),
+        "select_v17": time_ms(lambda: st.select("two_pass_v17"), reps=3),
     }
     # Every version of the sparse stage by name ("sparse" is the library's default).
     default_sparse = hc.sparse_kernel(lib)

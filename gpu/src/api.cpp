@@ -176,6 +176,7 @@ const char* select_kernel_name(SelectKernel kernel) {
     case SelectKernel::two_pass_v14: return "two_pass_v14";
     case SelectKernel::two_pass_v15: return "two_pass_v15";
     case SelectKernel::two_pass_v16: return "two_pass_v16";
+    case SelectKernel::two_pass_v17: return "two_pass_v17";
   }
   return "unknown";
 }

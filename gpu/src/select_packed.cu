@@ -509,13 +509,22 @@ __device__ __forceinline__ void bf16x8_to_float(uint4 raw, float (&qf)[8]) {
 // Writes a query's list (index: its K entries, the valid ones first, -1 after) ascending, -1
 // padded, with fp32 s_hat of every head of the group. The dot products run 4 at a time per warp:
 // 8 lanes per slot, 8 dims (one dot8 part) per lane (16-byte loads).
+// The scores only (write_selected_scores): slot e's score goes to rank_of[e / 32] (lane e % 32).
+__device__ void write_selected_scores(const LaunchParams& p, const int32_t* index, int n, const int (&rank_of)[2],
+                                      int64_t t, int64_t g, int G, const float* key, const float* bias,
+                                      float* selected_score);
 __device__ void write_selection(const LaunchParams& p, const int32_t* index, int64_t t,
                                 int64_t g, int G, const float* key, const float* bias,
                                 int32_t* selection, float* selected_score) {
-  const int lane = threadIdx.x % kWarp;
-  const int K = static_cast<int>(p.K);
   int rank_of[2];
   const int n = write_selected_chunks(p, index, t, g, selection, rank_of);
+  write_selected_scores(p, index, n, rank_of, t, g, G, key, bias, selected_score);
+}
+__device__ void write_selected_scores(const LaunchParams& p, const int32_t* index, int n, const int (&rank_of)[2],
+                                      int64_t t, int64_t g, int G, const float* key, const float* bias,
+                                      float* selected_score) {
+  const int lane = threadIdx.x % kWarp;
+  const int K = static_cast<int>(p.K);
   const int64_t n_chunks = p.T / p.S;
   const auto* qr = static_cast<const __nv_bfloat16*>(p.q_retrieval);
   const int part = lane % 8, group = lane / 8;  // dims 8 part .. 8 part + 7 of slot 4 j + group
@@ -555,6 +564,24 @@ __device__ void write_selection(const LaunchParams& p, const int32_t* index, int
       if (e < K) selected_score[(h * p.T + t) * K + rank_of[i]] = score[i];
     }
   }
+}
+
+// v17: the selected scores by a kernel of their own, after the selection kernel has written the
+// selection: one warp per (query, group), 8 per block, so that an SM holds more warps than the
+// selection kernel's 16 to cover the loads' latency (at 16K the writer was ~60% of v16's
+// instructions and stall samples). Slot e is the e-th chunk of the ascending list, its score
+// goes to position e: the same sums, the same bits (write_selected_scores).
+template <int G>
+__global__ void __launch_bounds__(256, 3)
+    selected_scores_kernel(LaunchParams p, const float* key, const float* bias, const int32_t* selection,
+                           float* selected_score) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / kWarp, g = blockIdx.y;
+  if (t >= p.T) return;  // the whole warp
+  const int lane = threadIdx.x % kWarp, K = static_cast<int>(p.K);
+  const int32_t* index = selection + (g * p.T + t) * K;
+  const int n = __popc(__ballot_sync(0xffffffffu, lane < K && index[lane] >= 0));
+  const int rank_of[2] = {lane, lane + kWarp};
+  write_selected_scores(p, index, n, rank_of, t, g, G, key, bias, selected_score);
 }
 
 // v11: write_selection for K <= 32 with its loads one unit ahead. Unit u = (head u / nb, batch
@@ -912,8 +939,9 @@ enum class Offers { sorted, quads, buffered };
 // warpgroup instead of loaded as register fragments.
 enum class Scoring { mma_sync, wgmma, wgmma_q_smem };
 // Which writer puts out the selected chunks and scores: write_selection (v4-v10), or
-// write_selection_ahead (v11: its loads one unit ahead; K <= 32, buffered offers only).
-enum class Writer { in_order, ahead };
+// write_selection_ahead (v11: its loads one unit ahead; K <= 32, buffered offers only), or only
+// the selection, the scores by selected_scores_kernel after it (v17).
+enum class Writer { in_order, ahead, separate };
 // Pass 2's steps as written first (v4-v11), or lean (v12: the copies' per-thread pieces and the
 // wgmma descriptors worked out once, each tile's first head without the per-step reset selects;
 // wgmma_q_smem scoring and buffered offers only), or head-major (v13: for max_normalized with the
@@ -1648,9 +1676,12 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
       }
       if (lane >= n && lane < K) index[lane] = -1;
       __syncwarp();
-      if constexpr (kWriter == Writer::ahead)
+      if constexpr (kWriter == Writer::ahead) {
         write_selection_ahead<G>(p, index, t0 + q, g, key, bias, selection, selected_score);
-      else
+      } else if constexpr (kWriter == Writer::separate) {
+        int rank_of[2];
+        write_selected_chunks(p, index, t0 + q, g, selection, rank_of);
+      } else
         write_selection(p, index, t0 + q, g, G, key, bias, selection, selected_score);
     }
   } else {
@@ -1806,7 +1837,7 @@ int block_queries(PackedSelect kernel) {
   return kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11 ||
                  kernel == PackedSelect::two_pass_v12 || kernel == PackedSelect::two_pass_v13 ||
                  kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15 ||
-                 kernel == PackedSelect::two_pass_v16
+                 kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17
              ? kBlockQueries<Scoring::wgmma_q_smem>
              : kQueries;
 }
@@ -1818,7 +1849,7 @@ size_t select_smem_bytes(int64_t G, int64_t K, PackedSelect kernel) {
   if (kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11 ||
       kernel == PackedSelect::two_pass_v12 || kernel == PackedSelect::two_pass_v13 ||
       kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15 ||
-      kernel == PackedSelect::two_pass_v16)
+      kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17)
     return 2 * v8_bytes + 4 * kPanelBytes + wg::kAtomBytes;
   return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries) * 4;
 }
@@ -1851,6 +1882,9 @@ SelectKernelFn select_kernel_of(PackedSelect kernel) {
     case PackedSelect::two_pass_v16:
       return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::pass2_q32,
                                   Pass1::pairs>;
+    case PackedSelect::two_pass_v17:
+      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::separate, Lean::pass2_q32,
+                                  Pass1::pairs>;
     default: return select_packed_kernel<G, 0, Offers::sorted>;
   }
 }
@@ -1878,6 +1912,10 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
     to_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(key, key_bf16, n, bias,
                                                                                bias2, n_bias);
   fn<<<grid, 2 * queries, smem, stream>>>(p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
+  // v17: the selected scores after the selection, by a kernel of their own.
+  if (kernel == PackedSelect::two_pass_v17)
+    selected_scores_kernel<G><<<dim3(static_cast<unsigned>((p.T + 7) / 8), static_cast<unsigned>(p.Hkv)), 256, 0,
+                                 stream>>>(p, key, bias, selection, selected_score);
   give_back_scratch(scratch, stream);
 }
 
@@ -1899,11 +1937,13 @@ void launch_select_packed(const LaunchParams& p, const float* key, const float* 
                            kernel == PackedSelect::two_pass_v9 || kernel == PackedSelect::two_pass_v10 ||
                            kernel == PackedSelect::two_pass_v11 || kernel == PackedSelect::two_pass_v12 ||
                            kernel == PackedSelect::two_pass_v13 || kernel == PackedSelect::two_pass_v14 ||
-                           kernel == PackedSelect::two_pass_v15 || kernel == PackedSelect::two_pass_v16) &&
+                           kernel == PackedSelect::two_pass_v15 || kernel == PackedSelect::two_pass_v16 ||
+                           kernel == PackedSelect::two_pass_v17) &&
                           p.K > kWarp);
   // v16 offsets q~ rows in 32 bits (Hq T 64 < 2^32); longer sequences run v15 (the same
   // selection, the same bytes).
-  const bool long_rows = kernel == PackedSelect::two_pass_v16 && p.Hq * p.T * kTileDim > UINT32_MAX;
+  const bool long_rows = (kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17) &&
+                         p.Hq * p.T * kTileDim > UINT32_MAX;
   const PackedSelect one = fall_back ? PackedSelect::two_pass_v4 : long_rows ? PackedSelect::two_pass_v15 : kernel;
   if (uses_wgmma(one) && !wgmma_runs_on_current_device())
     refuse_wgmma_kernel("select_kernel", select_kernel_name(one),

@@ -232,7 +232,8 @@ TEST_CASE("gpu stage scratch that cannot be allocated names the stage and the by
 // The one-pass selection (v5), the bounded two-pass selection (v6), the quad-offer two-pass
 // selection (v7) and the buffered two-pass selection (v8, and v9: v8 scored by wgmma, whose sums
 // equal mma.sync's bit for bit; v13: pass 2 head-major, a chunk's best head entry; v14: two
-// tiles per pass-1 step, odd counts ending on a phantom tile; v15: v12 with v14's pass 1; v16: v15's arithmetic, its pass-2 copies from 32-bit state) against the
+// tiles per pass-1 step, odd counts ending on a phantom tile; v15: v12 with v14's pass 1; v16: v15's arithmetic, its pass-2 copies from 32-bit state; v17: v16 with the scores by a kernel
+// of their own) against the
 // two-pass kernel v4: the
 // same s2 and log2 Z_hat arithmetic and selected-score writers with the same sum order, v6's and
 // v8's bounds (32 and 64 slots) drop only candidates that cannot be selected, v7 and v8 keep the
@@ -305,7 +306,7 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
                             hils::gpu::SelectKernel::two_pass_v10, hils::gpu::SelectKernel::two_pass_v11,
                             hils::gpu::SelectKernel::two_pass_v12, hils::gpu::SelectKernel::two_pass_v13,
                             hils::gpu::SelectKernel::two_pass_v14, hils::gpu::SelectKernel::two_pass_v15,
-                            hils::gpu::SelectKernel::two_pass_v16};
+                            hils::gpu::SelectKernel::two_pass_v16, hils::gpu::SelectKernel::two_pass_v17};
       for (auto kernel : kernels) {
         gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), selected(c.Hq * c.T * c.K * 4);
         hils::gpu::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,
@@ -329,7 +330,7 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
             }
         const char* labels[] = {"two-pass v4", "one-pass v5", "two-pass v6", "two-pass v7",
                                 "two-pass v8", "two-pass v9", "two-pass v10", "two-pass v11", "two-pass v12",
-                                "two-pass v13", "two-pass v14", "two-pass v15", "two-pass v16"};
+                                "two-pass v13", "two-pass v14", "two-pass v15", "two-pass v16", "two-pass v17"};
         const char* label = labels[k];
         std::cout << label << " vs two-pass v4 " << problems[n].first << " " << preset << ": rows "
                   << c.Hkv * c.T << ", differing " << differing_rows << "\n";

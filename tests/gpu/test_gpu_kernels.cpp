@@ -607,7 +607,8 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
   for (auto kernel : {hils::gpu::SelectKernel::two_pass_v9, hils::gpu::SelectKernel::two_pass_v10,
                       hils::gpu::SelectKernel::two_pass_v11, hils::gpu::SelectKernel::two_pass_v12,
                       hils::gpu::SelectKernel::two_pass_v13, hils::gpu::SelectKernel::two_pass_v14,
-                      hils::gpu::SelectKernel::two_pass_v15, hils::gpu::SelectKernel::two_pass_v16}) {
+                      hils::gpu::SelectKernel::two_pass_v15, hils::gpu::SelectKernel::two_pass_v16,
+                      hils::gpu::SelectKernel::two_pass_v17}) {
     REQUIRE(hils::gpu::uses_wgmma(kernel));
     INFO(hils::gpu::select_kernel_name(kernel));
     CHECK_THROWS_WITH(

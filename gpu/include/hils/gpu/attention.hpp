@@ -224,7 +224,7 @@ void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const Devic
 // reachable as the benchmark's comparison points. one_pass_v5 applies to the
 // default group rule (max_normalized); for the others it falls back to two_pass_v4. v6 and v8
 // form their bounds for K <= 32 and the normalised group rules; v6 runs as v4 otherwise, v8 takes
-// K <= 32 (else two_pass_v4), and so do v9 to v16.
+// K <= 32 (else two_pass_v4), and so do v9 to v17.
 enum class SelectKernel {
   two_pass_v4,  // pass 1: log Z_hat per head; pass 2: group scores offered to the top-K lists
   one_pass_v5,  // per head a running log Z_hat and its K best; the union ranked at the end
@@ -243,6 +243,7 @@ enum class SelectKernel {
   two_pass_v14,  // v13 with two k' tiles per pass-1 step
   two_pass_v15,  // v12 with two k' tiles per pass-1 step
   two_pass_v16,  // v15 with pass 2's copy state in 32 bits (no spills)
+  two_pass_v17,  // v16 with the selected scores by a kernel of their own (more warps per SM)
 };
 // Every SelectKernel, in the order of their values.
 constexpr SelectKernel kSelectKernels[] = {
@@ -250,7 +251,7 @@ constexpr SelectKernel kSelectKernels[] = {
     SelectKernel::two_pass_v7, SelectKernel::two_pass_v8,  SelectKernel::two_pass_v9,
     SelectKernel::two_pass_v10, SelectKernel::two_pass_v11, SelectKernel::two_pass_v12,
     SelectKernel::two_pass_v13, SelectKernel::two_pass_v14, SelectKernel::two_pass_v15,
-    SelectKernel::two_pass_v16};
+    SelectKernel::two_pass_v16, SelectKernel::two_pass_v17};
 constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v16;
 // The selection without wgmma where wgmma cannot run (wgmma_available).
 constexpr SelectKernel kSelectKernelWithoutWgmma = SelectKernel::two_pass_v8;
@@ -272,7 +273,8 @@ constexpr bool uses_wgmma(SelectKernel kernel) {
     case SelectKernel::two_pass_v13:
     case SelectKernel::two_pass_v14:
     case SelectKernel::two_pass_v15:
-    case SelectKernel::two_pass_v16: return true;
+    case SelectKernel::two_pass_v16:
+    case SelectKernel::two_pass_v17: return true;
   }
   return true;
 }
