@@ -35,7 +35,13 @@ VARIANTS = [("v4", "chunked_v4", 0), ("v6", "chunked_v6", 0), ("v7", "chunked_v7
             ("v13_seg9600", "chunked_v13", 9600), ("v13_seg11200", "chunked_v13", 11200),
             ("v13_seg12800", "chunked_v13", 12800), ("v13_seg16000", "chunked_v13", 16000),
             ("v15", "chunked_v15", 0), ("v15_seg6400", "chunked_v15", 6400),
-            ("v15_seg12800", "chunked_v15", 12800)]
+            ("v15_seg12800", "chunked_v15", 12800), ("v15_seg11200", "chunked_v15", 11200),
+            ("v16", "chunked_v16", 0), ("v17", "chunked_v17", 0),
+            ("v17_seg12800", "chunked_v17", 12800), ("v18", "chunked_v18", 0),
+            ("v18_seg12800", "chunked_v18", 12800), ("v19", "chunked_v19", 0),
+            ("v19_seg9600", "chunked_v19", 9600), ("v19_seg11200", "chunked_v19", 11200),
+            ("v19_seg16000", "chunked_v19", 16000), ("v20", "chunked_v20", 0),
+            ("v21", "chunked_v21", 0), ("v22", "chunked_v22", 0)]
 
 
 def prepared_stages(lib, T, gen):

@@ -13,10 +13,13 @@ SELECT_KERNEL = {"two_pass_v4": 0, "one_pass_v5": 1, "two_pass_v6": 2, "two_pass
                  "two_pass_v9": 5, "two_pass_v10": 6, "two_pass_v11": 7,
                  "two_pass_v12": 8, "two_pass_v13": 9, "two_pass_v14": 10, "two_pass_v15": 11,
                  "two_pass_v16": 12, "two_pass_v17": 13}
-# The chunk-major sparse stages of hils_gpu_set_sparse_kernel (gpu/NOTES.md: v4-v15).
+# The chunk-major sparse stages of hils_gpu_set_sparse_kernel (gpu/NOTES.md: v4-v22).
 SPARSE_KERNEL = {"chunked_v4": 0, "atomic_v5": 1, "chunked_v6": 2, "chunked_v7": 3, "chunked_v8": 4, "chunked_v9": 5,
                  "chunked_v10": 6, "chunked_v11": 7, "chunked_v12": 8, "chunked_v13": 9,
-                 "chunked_v14": 10, "chunked_v15": 11}
+                 "chunked_v14": 10, "chunked_v15": 11, "chunked_v16": 12,
+                 "chunked_v17": 13, "chunked_v18": 14,
+                 "chunked_v19": 15, "chunked_v20": 16, "chunked_v21": 17,
+                 "chunked_v22": 18}
 # The packed window kernels of hils_gpu_set_window_kernel (gpu/NOTES.md: v4, v9, v10, v11-v13).
 WINDOW_KERNEL = {"mma_v4": 0, "mma_v9": 1, "mma_v10": 2, "wgmma_v11": 3, "wgmma_v12": 4,
                  "wgmma_v13": 5}

@@ -137,6 +137,13 @@ const char* sparse_kernel_name(SparseKernel kernel) {
     case SparseKernel::chunked_v13: return "chunked_v13";
     case SparseKernel::chunked_v14: return "chunked_v14";
     case SparseKernel::chunked_v15: return "chunked_v15";
+    case SparseKernel::chunked_v16: return "chunked_v16";
+    case SparseKernel::chunked_v17: return "chunked_v17";
+    case SparseKernel::chunked_v18: return "chunked_v18";
+    case SparseKernel::chunked_v19: return "chunked_v19";
+    case SparseKernel::chunked_v20: return "chunked_v20";
+    case SparseKernel::chunked_v21: return "chunked_v21";
+    case SparseKernel::chunked_v22: return "chunked_v22";
   }
   return "unknown";
 }

@@ -37,7 +37,17 @@
 // v11 on the H100); chunked_v13 is v12 with the pair-weights kernel's loads issued before its
 // arithmetic (-4% against v12); chunked_v14 is v13 with one bulk (TMA) reduction per row
 // (measured slower: the L2 takes more requests per row, gpu/NOTES.md "sparse v14"); chunked_v15
-// (the default) is v13 with a leaner weights kernel and query segments of 3/4 of the L2 (-4%).
+// is v13 with a leaner weights kernel and query segments of 3/4 of the L2 (-4%).
+// chunked_v16 is v11 (no wgmma) with v15's weights kernel and segments; chunked_v17 is v15 with
+// the pair weights of every segment formed in one launch; chunked_v18 is v15 with the segment's
+// o16 laid out [queries, Hq, 64] (a pair's G heads reduced into adjacent rows; gpu/NOTES.md
+// "sparse v16-v18"); chunked_v19 (the default) is v15 with the pairs' ranks counted per tile of
+// queries in shared memory and query segments of the whole L2 (-7%, gpu/NOTES.md "sparse v19,
+// v20"); chunked_v20 is v19 with segment s + 1's weights kernel started in the last wave of
+// segment s's chunk kernel, and s + 1's chunk kernel in the last wave of s's convert
+// (programmatic dependent launch; measured slower); chunked_v21 (the default where wgmma cannot
+// run) is v16 with v19's count and segments; chunked_v22 is v19 with segment s + 1's weights
+// kernel and segment s's conversion in one launch (measured slower).
 #include <cuda_fp16.h>
 
 #include "launch_params.hpp"
@@ -57,6 +67,17 @@ constexpr size_t kPartialBudget = size_t{1} << 30;  // bytes of fp16 partial out
 // Pairs of one item: 512 / G, i.e. 32 slices of 16 rows (query, head).
 template <int G>
 __host__ __device__ constexpr int pairs_per_item() { return 512 / G; }
+
+// Programmatic dependent launch (Hopper; chunked_v20): a kernel launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization (launch_after_previous below) may start once
+// every block of the previous kernel of the stream has called allow_next_grid() (or exited),
+// i.e. in that kernel's last wave. chunked_v20 launches that way only kernels that read nothing
+// the previous kernel writes (decode_kernels.cu has the same pair with griddepcontrol.wait).
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 __global__ void count_pairs_kernel(const int32_t* selection, int64_t T, int64_t K, int64_t t0,
                                    int64_t tn, int64_t Hkv, int64_t nc, int32_t* counts) {
@@ -130,6 +151,58 @@ __global__ void count_rank_pairs_kernel(const int32_t* selection, uint32_t TK, u
   if (c < 0) return;
   const uint32_t g = i / TK, s = (i % TK) / K / seg;
   rank[i] = atomicAdd(&counts[s * (n_ch + 1) + g * nc + c], 1);
+}
+
+// chunked_v19: count_rank_pairs_kernel with the atomics aggregated per block. A block takes the
+// pairs of count_tile_queries(K) adjacent queries of one group and one segment (kCountThreads x
+// kCountPairsPerThread pairs at most): each pair's rank among the tile's pairs of its chunk
+// comes from an atomicAdd on a histogram of the group's nc chunks in shared memory, then one
+// global atomicAdd per chunk the tile selected returns the tile's base in that chunk's count,
+// and rank = base + the rank in the tile. The same counts; the ranks are another numbering of
+// each bucket's pairs (any one serves the scatter). Global atomics: ~n_pairs / 4 at 512K
+// instead of n_pairs, on counters that drew ~37 atomics each (~150 at 128K).
+constexpr int kCountThreads = 1024, kCountPairsPerThread = 32;
+// Queries per tile of count_rank_pairs_tiled_kernel.
+__host__ __device__ constexpr uint32_t count_tile_queries(uint32_t K) {
+  return kCountThreads * kCountPairsPerThread / K;
+}
+// The most chunks per group whose histogram (4 bytes per chunk) the tiled count takes.
+constexpr int64_t kCountMaxChunks = 96 * 1024 / 4;
+static_assert(kCountMaxChunks < (1 << 16) && kCountThreads * kCountPairsPerThread <= (1 << 16),
+              "count_rank_pairs_tiled_kernel packs a chunk and a rank in 16 bits each");
+__global__ void __launch_bounds__(kCountThreads)
+    count_rank_pairs_tiled_kernel(const int32_t* selection, uint32_t T, uint32_t K, uint32_t seg,
+                                  uint32_t tiles_per_seg, uint32_t nc, uint32_t n_ch,
+                                  int32_t* counts, int32_t* rank) {
+  extern __shared__ int32_t hist[];  // [nc]: the tile's pairs per chunk, then the global bases
+  const uint32_t tile = blockIdx.x % tiles_per_seg, gs = blockIdx.x / tiles_per_seg;
+  const uint32_t n_seg = (T + seg - 1) / seg, g = gs / n_seg, s = gs % n_seg;
+  const uint32_t tq0 = s * seg + tile * count_tile_queries(K);
+  const uint32_t seg_end = (s + 1) * seg < T ? (s + 1) * seg : T;
+  if (tq0 >= seg_end) return;
+  const uint32_t tq1 = tq0 + count_tile_queries(K) < seg_end ? tq0 + count_tile_queries(K) : seg_end;
+  const uint32_t first = (g * T + tq0) * K, n = (tq1 - tq0) * K;  // the tile's pairs
+  for (uint32_t b = threadIdx.x; b < nc; b += kCountThreads) hist[b] = 0;
+  __syncthreads();
+  // Pair r of this thread: its chunk << 16 | its rank in the tile (both below 2^16: nc <=
+  // kCountMaxChunks, n <= 2^15), or kNone.
+  constexpr uint32_t kNone = 0xffffffffu;
+  uint32_t pair[kCountPairsPerThread];
+#pragma unroll
+  for (int r = 0; r < kCountPairsPerThread; ++r) {
+    const uint32_t j = threadIdx.x + kCountThreads * r;
+    const int32_t c = j < n ? selection[first + j] : -1;
+    pair[r] = c >= 0 ? static_cast<uint32_t>(c) << 16 | static_cast<uint32_t>(atomicAdd(&hist[c], 1)) : kNone;
+  }
+  __syncthreads();
+  int32_t* seg_counts = counts + s * (n_ch + 1) + g * nc;
+  for (uint32_t b = threadIdx.x; b < nc; b += kCountThreads)
+    if (hist[b] > 0) hist[b] = atomicAdd(&seg_counts[b], hist[b]);
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < kCountPairsPerThread; ++r)
+    if (pair[r] != kNone)
+      rank[first + threadIdx.x + kCountThreads * r] = hist[pair[r] >> 16] + static_cast<int32_t>(pair[r] & 0xffffu);
 }
 
 // chunked_v8: describe_items_kernel over every segment, thread s n_ch + i for chunk i of
@@ -427,7 +500,9 @@ __device__ __forceinline__ void pv_tiles(float (&o)[kSub][8][4], const uint32_t 
 // is computed alike whatever kSub, so v7's output is v6's bit for bit.
 // A chunk kernel's row table: row rr is head g G + rr % G of the item's pair rr / G; row_q holds
 // its q element offset (-1 past the item's pairs), row_out its scratch row (h seg + tl) K + slot.
-template <int G>
+// row_out: the row's scratch row (h seg + tl) K + slot, or with kQueryMajorOut its row tl Hq + h of
+// the segment's query-major o16 (chunked_v18).
+template <int G, bool kQueryMajorOut = false>
 __device__ __forceinline__ void fill_row_table(int64_t* row_q, uint32_t* row_out, int n_rows,
                                                const LaunchParams& p, int64_t t0, int64_t seg,
                                                const ItemDesc& desc, const uint32_t* bucket,
@@ -439,7 +514,8 @@ __device__ __forceinline__ void fill_row_table(int64_t* row_q, uint32_t* row_out
       const uint32_t entry = bucket[desc.first + e];
       const int64_t tl = entry >> 6;
       row_q[rr] = (h * p.T + t0 + tl) * kTileDim;
-      row_out[rr] = static_cast<uint32_t>((h * seg + tl) * p.K + (entry & 63u));
+      row_out[rr] = kQueryMajorOut ? static_cast<uint32_t>(tl * p.Hq + h)
+                                   : static_cast<uint32_t>((h * seg + tl) * p.K + (entry & 63u));
     } else {
       row_q[rr] = -1;
     }
@@ -590,7 +666,9 @@ constexpr int kBulkStageBytes = 64 * kBulkRowBytes;
 // Where chunk_attention_v9_kernel's rows go: fp16 partials (chunked_v9), 16-byte f16x2
 // reductions into o16 (chunked_v12), or one 128-byte bulk reduction per row into o16 by the
 // tensor memory accelerator (chunked_v14).
-enum class V9Out { partials, red_f16x2, bulk_red };
+// red_f16x2_query_major (chunked_v18): as red_f16x2 into the segment's o16 laid out [seg, Hq, 64]
+// (a pair's G heads are G adjacent rows) instead of o's [Hq, T, 64].
+enum class V9Out { partials, red_f16x2, bulk_red, red_f16x2_query_major };
 
 // Rows [row0, row0 + 64) of a [rows, 64] bf16 matrix into a swizzled panel (cp.async, 128
 // threads).
@@ -648,11 +726,14 @@ __device__ __forceinline__ void bulk_wait_all() {
 // f16x2 reductions of 16 bytes per row from the consumed q stage, bulk_red (v14) by one
 // 128-byte bulk reduction per row from an output stage of linear rows (kBulkStageBytes more
 // shared memory), issued by lane r of warp w for row 16 w + r and awaited (read) one step later.
-template <int G, V9Out kOut>
+// kAllowNext (chunked_v20): the next kernel (the next segment's weights) may start in this one's
+// last wave.
+template <int G, V9Out kOut, bool kAllowNext = false>
 __global__ void __launch_bounds__(kPackedThreads, 4)
     chunk_attention_v9_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
                               const int32_t* items, const ItemDesc* item_desc,
                               const uint32_t* bucket, __half* partial, const float* pair_weight) {
+  if constexpr (kAllowNext) allow_next_grid();
   constexpr bool kReduce = kOut != V9Out::partials;
   constexpr int kRows = pairs_per_item<G>() * G;  // 512
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
@@ -675,7 +756,8 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   load_panel_async(k_panel, static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim, c * kTileDim);
   load_panel_async(v_panel, static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim, c * kTileDim);
   cp_async_commit();
-  fill_row_table<G>(row_q, row_out, 64 * n_steps, p, t0, seg, desc, bucket, g);
+  fill_row_table<G, kOut == V9Out::red_f16x2_query_major>(row_q, row_out, 64 * n_steps, p, t0, seg,
+                                                          desc, bucket, g);
   __shared__ float row_weight[kReduce ? kRows : 1];  // kReduce: w_c / l of the row
   if constexpr (kReduce)
     for (int rr = threadIdx.x; rr < 64 * n_steps; rr += kPackedThreads)
@@ -791,7 +873,9 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
         const int row = 16 * warp + lane / 8 + 4 * j, col = (lane % 8) * 8, rr = 64 * s + row;
         if (row_q[rr] < 0) continue;
         const uint4 x = *reinterpret_cast<const uint4*>(stage + wg::sw128_offset(row, col));
-        if constexpr (kReduce)
+        if constexpr (kOut == V9Out::red_f16x2_query_major)
+          red_add_f16x8(partial + static_cast<int64_t>(row_out[rr]) * kTileDim + col, x);
+        else if constexpr (kReduce)
           red_add_f16x8(partial + row_q[rr] + col, x);
         else
           *reinterpret_cast<uint4*>(partial + static_cast<uint64_t>(row_out[rr]) * kTileDim + col) = x;
@@ -801,17 +885,38 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   if constexpr (kOut == V9Out::bulk_red) bulk_wait_all<false>();  // the stage outlives its reads
 }
 
-template <int G, V9Out kOut>
+// kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when
+// after_previous (chunked_v20: the kernel may start in the previous kernel's last wave).
+template <class... Params, class... Args>
+void launch_after_previous(bool after_previous, void (*kernel)(Params...), unsigned grid,
+                           unsigned block, size_t smem, cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(block);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = after_previous ? 1 : 0;
+  cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);  // errors: the fuse's check
+}
+
+// kAllowNext, after_previous: chunked_v20 (above).
+template <int G, V9Out kOut, bool kAllowNext = false>
 void launch_chunk_v9(unsigned grid, cudaStream_t stream, const LaunchParams& p, int64_t t0,
                      int64_t seg, int64_t nc, const int32_t* items, const ItemDesc* item_desc,
-                     const uint32_t* bucket, __half* partial, const float* pair_weight) {
+                     const uint32_t* bucket, __half* partial, const float* pair_weight,
+                     bool after_previous = false) {
   constexpr int kBytes = kV9SmemBytes + (kOut == V9Out::bulk_red ? kBulkStageBytes : 0);
-  static const bool raised = cudaFuncSetAttribute(chunk_attention_v9_kernel<G, kOut>,
+  static const bool raised = cudaFuncSetAttribute(chunk_attention_v9_kernel<G, kOut, kAllowNext>,
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                   kBytes) == cudaSuccess;
   (void)raised;  // a failure surfaces as the launch's error
-  chunk_attention_v9_kernel<G, kOut><<<grid, kPackedThreads, kBytes, stream>>>(
-      p, t0, seg, nc, items, item_desc, bucket, partial, pair_weight);
+  launch_after_previous(after_previous, chunk_attention_v9_kernel<G, kOut, kAllowNext>, grid,
+                        kPackedThreads, kBytes, stream, p, t0, seg, nc, items, item_desc, bucket,
+                        partial, pair_weight);
 }
 
 // chunked_v10: v6's chunk kernel whose rows go into an fp16 copy of o (o16) with f16x2 vector
@@ -945,14 +1050,34 @@ __global__ void __launch_bounds__(kPackedThreads, 5)
 }
 
 // chunked_v10, after the segment's chunk kernel: o = o16 in fp32 (one thread per half2).
-__global__ void convert_o16_kernel(LaunchParams p, int64_t t0, int64_t tn, const __half* o16,
-                                   float* o) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // half2 index
+// kAllowNext (chunked_v20): the next kernel (the next segment's chunk kernel) may start in this
+// one's last wave.
+// Block `block` of convert_o16_kernel (256 threads).
+__device__ __forceinline__ void convert_o16_block(unsigned block, const LaunchParams& p, int64_t t0,
+                                                  int64_t tn, const __half* o16, float* o) {
+  const int64_t i = static_cast<int64_t>(block) * 256 + threadIdx.x;  // half2 index
   const int64_t per_head = tn * kTileDim / 2;
   if (i >= p.Hq * per_head) return;
   const int64_t h = i / per_head, at = (h * p.T + t0) * kTileDim / 2 + i % per_head;
   const float2 v = __half22float2(reinterpret_cast<const __half2*>(o16)[at]);
   reinterpret_cast<float2*>(o)[at] = v;
+}
+template <bool kAllowNext = false>
+__global__ void __launch_bounds__(256) convert_o16_kernel(LaunchParams p, int64_t t0, int64_t tn,
+                                                          const __half* o16, float* o) {
+  if constexpr (kAllowNext) allow_next_grid();
+  convert_o16_block(blockIdx.x, p, t0, tn, o16, o);
+}
+
+// chunked_v18: o = o16 of the segment, o16 laid out [tn, Hq, 64] (a warp per row).
+__global__ void convert_query_major_o16_kernel(LaunchParams p, int64_t t0, int64_t tn,
+                                               const __half* o16, float* o) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // half2 index
+  constexpr int64_t kPerRow = kTileDim / 2;
+  if (i >= tn * p.Hq * kPerRow) return;
+  const int64_t row = i / kPerRow, tl = row / p.Hq, h = row % p.Hq;
+  const float2 v = __half22float2(reinterpret_cast<const __half2*>(o16)[i]);
+  reinterpret_cast<float2*>(o)[(h * p.T + t0 + tl) * kPerRow + i % kPerRow] = v;
 }
 
 // One warp per (head, query) of the segment: softmax over [s_hat(c) for selected c, lse_swa
@@ -1114,18 +1239,32 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp)
 // j % 2 (16 lanes x 16 bytes) instead of lanes 0-15 for every head: half the registers for the
 // rows, 4 blocks per SM. The same values in all three.
 enum class WeightLoads { per_head, all_first, all_first_half_warps };
-template <int G, WeightLoads kLoads>
-__global__ void __launch_bounds__(kReduceWarps * kWarp,
-                                  kLoads == WeightLoads::all_first_half_warps ? 4 : 1)
-    fusion_pair_weights_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t nc,
-                               const int32_t* selection, const float* selected_score,
-                               const float* o_swa, const float* lse_swa, const int32_t* rank,
-                               const int32_t* seg_offsets, float* pair_weight, __half* o16,
-                               float* lse) {
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * kReduceWarps + threadIdx.x / kWarp;
+// Where fusion_pair_weights_kernel puts the pair weights of query t: segment s = t / seg (counted
+// from t0's) has its pairs' bucket offsets at offsets + s offsets_stride and its pair weights at
+// pair_weight + s pair_weight_stride. One segment per launch (v11-v16) or all (chunked_v17).
+struct SegmentTables {
+  int64_t seg;
+  const int32_t* offsets;
+  int64_t offsets_stride;
+  float* pair_weight;
+  int64_t pair_weight_stride;
+};
+// kQueryMajorO16 (chunked_v18): o16 is the segment's, laid out [tn, Hq, 64]. Block `block` of
+// fusion_pair_weights_kernel (below).
+template <int G, WeightLoads kLoads, bool kQueryMajorO16 = false>
+__device__ __forceinline__ void pair_weights_block(unsigned block, const LaunchParams& p, int64_t t0,
+                                                   int64_t tn, int64_t nc, const int32_t* selection,
+                                                   const float* selected_score, const float* o_swa,
+                                                   const float* lse_swa, const int32_t* rank,
+                                                   const SegmentTables& tables, __half* o16, float* lse) {
+  const int64_t item = static_cast<int64_t>(block) * kReduceWarps + threadIdx.x / kWarp;
   if (item >= p.Hkv * tn) return;
   const int lane = threadIdx.x % kWarp;
   const int64_t g = item / tn, tl = item % tn, t = t0 + tl;
+  // The query's segment relative to t0's: its offsets and its pair weights.
+  const int64_t s = t / tables.seg - t0 / tables.seg;
+  const int32_t* seg_offsets = tables.offsets + s * tables.offsets_stride;
+  float* pair_weight = tables.pair_weight + s * tables.pair_weight_stride;
   const int K = static_cast<int>(p.K);
   const int64_t pair0 = (g * p.T + t) * K;  // the pairs of (g, t) in the selection and in rank
   bool valid[2];
@@ -1170,6 +1309,7 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp,
 #pragma unroll
   for (int j = 0; j < G; ++j) {
     const int64_t row = (g * G + j) * p.T + t;
+    const int64_t o16_row = kQueryMajorO16 ? tl * p.Hq + g * G + j : row;
     if constexpr (!kLoadsFirst) load_scores(j);
     float m = warp_max(fmaxf(fmaxf(a[j][0], a[j][1]), a_swa[j]));
     if (p.softmax1) m = fmaxf(m, 0.0f);
@@ -1184,13 +1324,13 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp,
       if (half == j % 2) {
         const float f = w_swa * inv;
         const float4 xj = x[j / 2];
-        store4(o16 + row * kTileDim + 4 * (lane % 16),
+        store4(o16 + o16_row * kTileDim + 4 * (lane % 16),
                make_float4(xj.x * f, xj.y * f, xj.z * f, xj.w * f));
       }
     } else if (lane < kTileDim / 4) {
       if constexpr (!kLoadsFirst) load_window_row(j);
       const float f = w_swa * inv;
-      store4(o16 + row * kTileDim + 4 * lane,
+      store4(o16 + o16_row * kTileDim + 4 * lane,
              make_float4(x[j].x * f, x[j].y * f, x[j].z * f, x[j].w * f));
     }
     if (lane == 0) lse[row] = l > 0.0f ? m + __logf(l) : kNegInf;
@@ -1208,6 +1348,35 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp,
       for (int j = 0; j < G; ++j) out[j] = w[i][j];
     }
   }
+}
+
+template <int G, WeightLoads kLoads, bool kQueryMajorO16 = false>
+__global__ void __launch_bounds__(kReduceWarps * kWarp,
+                                  kLoads == WeightLoads::all_first_half_warps ? 4 : 1)
+    fusion_pair_weights_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t nc,
+                               const int32_t* selection, const float* selected_score,
+                               const float* o_swa, const float* lse_swa, const int32_t* rank,
+                               SegmentTables tables, __half* o16, float* lse) {
+  pair_weights_block<G, kLoads, kQueryMajorO16>(blockIdx.x, p, t0, tn, nc, selection, selected_score,
+                                                o_swa, lse_swa, rank, tables, o16, lse);
+}
+
+// chunked_v22: the next segment's pair weights (blocks below weight_blocks: v15's weights kernel
+// for queries [t0, t0 + tn)) and this segment's o = o16 (the others: convert_o16_kernel for
+// queries [t0c, t0c + tnc)) in one launch of 256-thread blocks.
+template <int G>
+__global__ void __launch_bounds__(kReduceWarps * kWarp, 4)
+    pair_weights_and_convert_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t nc,
+                                    const int32_t* selection, const float* selected_score,
+                                    const float* o_swa, const float* lse_swa, const int32_t* rank,
+                                    SegmentTables tables, __half* o16, float* lse,
+                                    unsigned weight_blocks, int64_t t0c, int64_t tnc, float* o) {
+  if (blockIdx.x < weight_blocks)
+    pair_weights_block<G, WeightLoads::all_first_half_warps>(blockIdx.x, p, t0, tn, nc, selection,
+                                                             selected_score, o_swa, lse_swa, rank,
+                                                             tables, o16, lse);
+  else
+    convert_o16_block(blockIdx.x - weight_blocks, p, t0c, tnc, o16, o);
 }
 
 // Queries per segment of atomic_v5: the segment's o (fp32) and q (bf16) rows in half the L2.
@@ -1276,12 +1445,35 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   constexpr int kPairs = pairs_per_item<G>();
   const bool pair_weights = kernel == SparseKernel::chunked_v11 || kernel == SparseKernel::chunked_v12 ||
                             kernel == SparseKernel::chunked_v13 || kernel == SparseKernel::chunked_v14 ||
-                            kernel == SparseKernel::chunked_v15;
+                            kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v16 ||
+                            kernel == SparseKernel::chunked_v17 || kernel == SparseKernel::chunked_v18 ||
+                            kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20 ||
+                            kernel == SparseKernel::chunked_v21 || kernel == SparseKernel::chunked_v22;
   const bool f16_sums = kernel == SparseKernel::chunked_v10 || pair_weights;
+  const bool half_warp_weights = kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v16 ||
+                                 kernel == SparseKernel::chunked_v17 || kernel == SparseKernel::chunked_v18 ||
+                                 kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20 ||
+                                 kernel == SparseKernel::chunked_v21 || kernel == SparseKernel::chunked_v22;
+  // chunked_v19-v22: the ranks counted per tile (below) and segments of the whole L2.
+  const bool tiled_segments = kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20 ||
+                              kernel == SparseKernel::chunked_v21 || kernel == SparseKernel::chunked_v22;
+  // chunked_v18: o16 is the segment's, [seg, Hq, 64] (a pair's G heads in adjacent rows).
+  const bool query_major_o16 = kernel == SparseKernel::chunked_v18;
+  // chunked_v17: the pair weights of every segment in one launch (and in memory at once).
+  const bool weights_at_once = kernel == SparseKernel::chunked_v17;
   const int64_t nc = p.T / p.S, n_ch = p.Hkv * nc;
   const int64_t seg = !f16_sums ? segment_queries(p)
-                     : kernel == SparseKernel::chunked_v15 ? f16_segment_queries(p, 3, 4)
+                     : tiled_segments                      ? f16_segment_queries(p, 1, 1)
+                     : half_warp_weights                   ? f16_segment_queries(p, 3, 4)
                                                            : f16_segment_queries(p, 1, 2);
+  // chunked_v19: the ranks counted per tile of queries in shared memory (where the group's
+  // chunks' histogram fits).
+  const bool tiled_count = tiled_segments && nc <= kCountMaxChunks;
+  // chunked_v20: segment s + 1's weights start in the last wave of s's chunk kernel, s + 1's
+  // chunk kernel in the last wave of s's convert; the pair weights in two alternating buffers.
+  const bool overlapped = kernel == SparseKernel::chunked_v20;
+  // chunked_v22: segment s + 1's weights and segment s's o = o16 in one launch.
+  const bool weights_with_convert = kernel == SparseKernel::chunked_v22;
   const int64_t n_seg = (p.T + seg - 1) / seg;
   const int64_t n_pairs = p.Hkv * p.T * p.K, bucket_stride = p.Hkv * seg * p.K;
   const int64_t max_items = (bucket_stride + kPairs - 1) / kPairs + n_ch;
@@ -1291,11 +1483,15 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   const size_t desc_bytes = round_up(static_cast<size_t>(n_seg * max_items) * sizeof(ItemDesc));
   // v10: the rows' (m, 1 / l) [Hq, seg] and o in fp16 [Hq, T, 64] instead of the partials; v11:
   // the segment's pair weights [bucket_stride, G] instead of (m, 1 / l).
+  const int64_t pair_weight_stride = bucket_stride * G;
   const size_t weights_bytes =
-      pair_weights ? round_up(static_cast<size_t>(bucket_stride * G) * sizeof(float))
+      pair_weights ? round_up(static_cast<size_t>((weights_at_once ? n_seg : overlapped ? 2 : 1) *
+                                                  pair_weight_stride) *
+                              sizeof(float))
                    : round_up(static_cast<size_t>(p.Hq * seg) * sizeof(float2));
   const size_t partial_bytes =
-      f16_sums ? weights_bytes + round_up(static_cast<size_t>(p.Hq * p.T * kTileDim) * sizeof(__half))
+      f16_sums ? weights_bytes + round_up(static_cast<size_t>(p.Hq * (query_major_o16 ? seg : p.T) * kTileDim) *
+                                          sizeof(__half))
                : round_up(static_cast<size_t>(p.Hq * seg * p.K * kTileDim) * sizeof(__half));
   auto* scratch = static_cast<char*>(take_scratch(
       3 * counts_bytes + rank_bytes + bucket_bytes + desc_bytes + partial_bytes, stream, "sparse stage"));
@@ -1320,8 +1516,19 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
     const auto seg32 = static_cast<uint32_t>(seg), nc32 = static_cast<uint32_t>(nc);
     const auto n_ch32 = static_cast<uint32_t>(n_ch), n_pairs32 = static_cast<uint32_t>(n_pairs);
     const auto blocks = static_cast<unsigned>((n_pairs + 255) / 256);
-    count_rank_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, TK, K, seg32, nc32, n_ch32,
-                                                         n_pairs32, counts, rank);
+    if (tiled_count) {
+      const uint32_t tiles_per_seg = (seg32 + count_tile_queries(K) - 1) / count_tile_queries(K);
+      static const bool raised =
+          cudaFuncSetAttribute(count_rank_pairs_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(kCountMaxChunks * sizeof(int32_t))) == cudaSuccess;
+      (void)raised;  // a failure surfaces as the launch's error
+      count_rank_pairs_tiled_kernel<<<static_cast<unsigned>(p.Hkv * n_seg * tiles_per_seg), kCountThreads,
+                                      static_cast<size_t>(nc) * sizeof(int32_t), stream>>>(
+          selection, static_cast<uint32_t>(p.T), K, seg32, tiles_per_seg, nc32, n_ch32, counts, rank);
+    } else {
+      count_rank_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, TK, K, seg32, nc32, n_ch32,
+                                                           n_pairs32, counts, rank);
+    }
     scan_kernel<<<static_cast<unsigned>(n_seg), kScanThreads, 0, stream>>>(counts, n_ch, kPairs,
                                                                            offsets, items);
     describe_segment_items_kernel<<<static_cast<unsigned>((n_seg * n_ch + 255) / 256), 256, 0,
@@ -1331,26 +1538,48 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
                                                              n_ch32, n_pairs32, offsets,
                                                              bucket_stride, bucket);
   }
+  // The pair weights of segment s (v17: every segment's at once; v20: two alternating buffers).
+  const auto segment_pair_weight = [&](int64_t s) {
+    return reinterpret_cast<float*>(partial) +
+           (weights_at_once ? s : overlapped ? s % 2 : 0) * pair_weight_stride;
+  };
+  const auto weight_blocks = [&](int64_t tn) {
+    return static_cast<unsigned>((p.Hkv * tn + kReduceWarps - 1) / kReduceWarps);
+  };
+  const auto segment_tables = [&](int64_t t0) {
+    return SegmentTables{seg, offsets + t0 / seg * (n_ch + 1), n_ch + 1, segment_pair_weight(t0 / seg),
+                         pair_weight_stride};
+  };
+  const auto launch_pair_weights = [&](int64_t t0, int64_t tn, bool after_previous) {
+    const auto group_blocks = weight_blocks(tn);
+    const SegmentTables tables = segment_tables(t0);
+    auto* o16 = reinterpret_cast<__half*>(reinterpret_cast<char*>(partial) + weights_bytes);
+    const auto launch = [&](auto kernel_fn) {
+      launch_after_previous(after_previous, kernel_fn, group_blocks, kReduceWarps * kWarp, 0, stream, p,
+                            t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank, tables, o16, lse);
+    };
+    if (query_major_o16)
+      launch(fusion_pair_weights_kernel<G, WeightLoads::all_first_half_warps, true>);
+    else if (half_warp_weights)
+      launch(fusion_pair_weights_kernel<G, WeightLoads::all_first_half_warps>);
+    else if (kernel == SparseKernel::chunked_v13 || kernel == SparseKernel::chunked_v14)
+      launch(fusion_pair_weights_kernel<G, WeightLoads::all_first>);
+    else
+      launch(fusion_pair_weights_kernel<G, WeightLoads::per_head>);
+  };
+  if (weights_at_once) launch_pair_weights(0, p.T, false);
   for (int64_t s = 0; s < n_seg; ++s) {
     const int64_t t0 = s * seg, tn = p.T - t0 < seg ? p.T - t0 : seg;
     const unsigned row_blocks = static_cast<unsigned>((p.Hq * tn + kReduceWarps - 1) / kReduceWarps);
     if (f16_sums) {
       auto* weights = reinterpret_cast<float2*>(partial);  // v10
-      auto* pair_weight = reinterpret_cast<float*>(partial);  // v11
+      // v11: the segment's pair weights (v17: all segments', this one's at s pair_weight_stride)
+      auto* pair_weight = segment_pair_weight(s);
       auto* o16 = reinterpret_cast<__half*>(reinterpret_cast<char*>(partial) + weights_bytes);
       if (pair_weights) {
-        const auto group_blocks = static_cast<unsigned>((p.Hkv * tn + kReduceWarps - 1) / kReduceWarps);
-        const auto launch_weights = [&](auto kernel_fn) {
-          kernel_fn<<<group_blocks, kReduceWarps * kWarp, 0, stream>>>(
-              p, t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank,
-              offsets + s * (n_ch + 1), pair_weight, o16, lse);
-        };
-        if (kernel == SparseKernel::chunked_v15)
-          launch_weights(fusion_pair_weights_kernel<G, WeightLoads::all_first_half_warps>);
-        else if (kernel == SparseKernel::chunked_v13 || kernel == SparseKernel::chunked_v14)
-          launch_weights(fusion_pair_weights_kernel<G, WeightLoads::all_first>);
-        else
-          launch_weights(fusion_pair_weights_kernel<G, WeightLoads::per_head>);
+        // v17: all at once above; v20, v22: segment s > 0's with segment s - 1's kernels below.
+        if (!weights_at_once && !((overlapped || weights_with_convert) && s > 0))
+          launch_pair_weights(t0, tn, false);
       } else {
         fusion_weights_kernel<__half><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
             p, t0, tn, seg, selection, selected_score, o_swa, lse_swa, weights, o16, lse);
@@ -1359,10 +1588,19 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
         const auto grid = static_cast<unsigned>((p.Hkv * tn * p.K + kPairs - 1) / kPairs + n_ch);
         constexpr int kBytes = kWarpsPerBlock * 2 * 16 * kTilePitch * sizeof(__nv_bfloat16);
         if (kernel == SparseKernel::chunked_v12 || kernel == SparseKernel::chunked_v13 ||
-            kernel == SparseKernel::chunked_v15)
+            kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v17 ||
+            kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v22)
           launch_chunk_v9<G, V9Out::red_f16x2>(grid, stream, p, t0, seg, nc,
                                                items + s * (n_ch + 1), item_desc + s * max_items,
                                                bucket + s * bucket_stride, o16, pair_weight);
+        else if (overlapped)
+          launch_chunk_v9<G, V9Out::red_f16x2, true>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
+                                                     item_desc + s * max_items, bucket + s * bucket_stride,
+                                                     o16, pair_weight, s > 0);
+        else if (query_major_o16)
+          launch_chunk_v9<G, V9Out::red_f16x2_query_major>(
+              grid, stream, p, t0, seg, nc, items + s * (n_ch + 1), item_desc + s * max_items,
+              bucket + s * bucket_stride, o16, pair_weight);
         else if (kernel == SparseKernel::chunked_v14)
           launch_chunk_v9<G, V9Out::bulk_red>(grid, stream, p, t0, seg, nc,
                                               items + s * (n_ch + 1), item_desc + s * max_items,
@@ -1376,9 +1614,24 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
               p, t0, seg, nc, items + s * (n_ch + 1), item_desc + s * max_items,
               bucket + s * bucket_stride, selected_score, weights, pair_weight, o16);
       }
+      if (overlapped && s + 1 < n_seg) {  // the next segment's weights, in this chunk kernel's last wave
+        const int64_t t1 = t0 + seg;
+        launch_pair_weights(t1, p.T - t1 < seg ? p.T - t1 : seg, n_ch > 0 && n_pairs > 0);
+      }
       const int64_t halves2 = p.Hq * tn * kTileDim / 2;
-      convert_o16_kernel<<<static_cast<unsigned>((halves2 + 255) / 256), 256, 0, stream>>>(
-          p, t0, tn, o16, o);
+      const auto convert_blocks = static_cast<unsigned>((halves2 + 255) / 256);
+      if (weights_with_convert && s + 1 < n_seg) {
+        const int64_t t1 = t0 + seg, tn1 = p.T - t1 < seg ? p.T - t1 : seg;
+        pair_weights_and_convert_kernel<G><<<weight_blocks(tn1) + convert_blocks, kReduceWarps * kWarp, 0,
+                                             stream>>>(p, t1, tn1, nc, selection, selected_score, o_swa,
+                                                       lse_swa, rank, segment_tables(t1), o16, lse,
+                                                       weight_blocks(tn1), t0, tn, o);
+      } else if (query_major_o16)
+        convert_query_major_o16_kernel<<<convert_blocks, 256, 0, stream>>>(p, t0, tn, o16, o);
+      else if (overlapped)
+        convert_o16_kernel<true><<<convert_blocks, 256, 0, stream>>>(p, t0, tn, o16, o);
+      else
+        convert_o16_kernel<<<convert_blocks, 256, 0, stream>>>(p, t0, tn, o16, o);
       continue;
     }
     if (n_ch > 0 && n_pairs > 0) {
@@ -1486,11 +1739,15 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
   const SparseKernel kernel = sparse_kernel();
   if (uses_wgmma(kernel) && !wgmma_runs_on_current_device())
     refuse_wgmma_kernel("sparse_kernel", sparse_kernel_name(kernel),
-                        "a kernel without wgmma, such as chunked_v11, the default here");
+                        "a kernel without wgmma, such as chunked_v21, the default here");
   if (kernel == SparseKernel::chunked_v8 || kernel == SparseKernel::chunked_v9 ||
       kernel == SparseKernel::chunked_v10 || kernel == SparseKernel::chunked_v11 ||
       kernel == SparseKernel::chunked_v12 || kernel == SparseKernel::chunked_v13 ||
-      kernel == SparseKernel::chunked_v14 || kernel == SparseKernel::chunked_v15) {
+      kernel == SparseKernel::chunked_v14 || kernel == SparseKernel::chunked_v15 ||
+      kernel == SparseKernel::chunked_v16 || kernel == SparseKernel::chunked_v17 ||
+      kernel == SparseKernel::chunked_v18 || kernel == SparseKernel::chunked_v19 ||
+      kernel == SparseKernel::chunked_v20 || kernel == SparseKernel::chunked_v21 ||
+      kernel == SparseKernel::chunked_v22) {
     switch (p.Hq / p.Hkv) {
       case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
       case 2: return launch_bucketed_once_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);

@@ -348,12 +348,15 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's to v12's and v6's lse
       const KernelRun v6 = run_with(hils::gpu::SparseKernel::chunked_v6);
       const KernelRun v7 = run_with(hils::gpu::SparseKernel::chunked_v7);
       const KernelRun v8 = run_with(hils::gpu::SparseKernel::chunked_v8);
-      // Versions whose lse (only) must be v6's: v9 to v12.
+      // Versions whose lse (only) must be v6's: v9 to v22.
       const hils::gpu::SparseKernel lse_only[] = {
           hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v10,
           hils::gpu::SparseKernel::chunked_v11, hils::gpu::SparseKernel::chunked_v12,
           hils::gpu::SparseKernel::chunked_v13, hils::gpu::SparseKernel::chunked_v14,
-          hils::gpu::SparseKernel::chunked_v15};
+          hils::gpu::SparseKernel::chunked_v15, hils::gpu::SparseKernel::chunked_v16,
+          hils::gpu::SparseKernel::chunked_v17, hils::gpu::SparseKernel::chunked_v18,
+          hils::gpu::SparseKernel::chunked_v19, hils::gpu::SparseKernel::chunked_v20,
+          hils::gpu::SparseKernel::chunked_v21, hils::gpu::SparseKernel::chunked_v22};
       std::vector<KernelRun> lse_runs;
       for (auto kernel : lse_only) lse_runs.push_back(run_with(kernel));
       INFO("case " << c.name << " segment " << segment);
@@ -578,12 +581,15 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
   hils::gpu::detail::disable_wgmma_for_testing(true);
   CHECK_FALSE(hils::gpu::wgmma_available());
   CHECK(hils::gpu::default_select_kernel() == hils::gpu::SelectKernel::two_pass_v8);
-  CHECK(hils::gpu::default_sparse_kernel() == hils::gpu::SparseKernel::chunked_v11);
-  CHECK(hils::gpu::sparse_kernel() == hils::gpu::SparseKernel::chunked_v11);
+  CHECK(hils::gpu::default_sparse_kernel() == hils::gpu::kSparseKernelWithoutWgmma);
+  CHECK(hils::gpu::sparse_kernel() == hils::gpu::kSparseKernelWithoutWgmma);
+  CHECK_FALSE(hils::gpu::uses_wgmma(hils::gpu::kSparseKernelWithoutWgmma));
   CHECK(hils::gpu::default_window_kernel() == hils::gpu::WindowKernel::mma_v9);
   CHECK(hils::gpu::window_kernel() == hils::gpu::WindowKernel::mma_v9);
   const KernelRun fallen_back = run_on_device(spec, inputs, DType::bf16);
-  CHECK(judge(verifier, fallen_back, "wgmma fallback test, without wgmma: chunked_v11"));
+  CHECK(judge(verifier, fallen_back,
+              std::string("wgmma fallback test, without wgmma: ") +
+                  sparse_kernel_name(hils::gpu::kSparseKernelWithoutWgmma)));
   REQUIRE(fallen_back.out.selection.size() == with_default.out.selection.size());
   for (size_t g = 0; g < fallen_back.out.selection.size(); ++g)
     CHECK(fallen_back.out.selection[g] == with_default.out.selection[g]);
@@ -627,7 +633,9 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
   hils::gpu::set_window_kernel(std::nullopt);
   for (auto kernel : {hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v12,
                       hils::gpu::SparseKernel::chunked_v13, hils::gpu::SparseKernel::chunked_v14,
-                      hils::gpu::SparseKernel::chunked_v15}) {
+                      hils::gpu::SparseKernel::chunked_v15, hils::gpu::SparseKernel::chunked_v17,
+                      hils::gpu::SparseKernel::chunked_v18, hils::gpu::SparseKernel::chunked_v19,
+                      hils::gpu::SparseKernel::chunked_v20, hils::gpu::SparseKernel::chunked_v22}) {
     REQUIRE(hils::gpu::uses_wgmma(kernel));
     INFO(sparse_kernel_name(kernel));
     hils::gpu::set_sparse_kernel(kernel);

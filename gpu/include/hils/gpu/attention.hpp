@@ -86,6 +86,21 @@ enum class SparseKernel {
   chunked_v15,  // chunked_v13 with the pair-weights kernel's o_swa rows split over half-warps
                 // (fewer registers, more warps per SM; the same values) and query segments of
                 // 3/4 of the L2 instead of 1/2
+  chunked_v16,  // chunked_v11 (no wgmma) with chunked_v15's pair-weights kernel and query
+                // segments of 3/4 of the L2
+  chunked_v17,  // chunked_v15 with the pair weights of every query segment formed in one
+                // launch before the first chunk kernel (the same values)
+  chunked_v18,  // chunked_v15 with the segment's fp16 o laid out [queries, Hq, 64], so that a
+                // pair's G heads are reduced into adjacent rows
+  chunked_v19,  // chunked_v15 with the pairs' ranks counted per tile of queries in shared
+                // memory (a global atomic per tile and chunk, not per pair) and query segments
+                // of the whole L2
+  chunked_v20,  // chunked_v19 with segment s + 1's weights kernel started in the last wave of
+                // segment s's chunk kernel and s + 1's chunk kernel in the last wave of s's
+                // o16 -> o conversion (programmatic dependent launch; the same values)
+  chunked_v21,  // chunked_v16 (no wgmma) with chunked_v19's count per tile and segments
+  chunked_v22,  // chunked_v19 with segment s + 1's weights kernel and segment s's o16 -> o
+                // conversion in one launch (the same values)
 };
 // Every SparseKernel, in the order of their values.
 constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
@@ -93,7 +108,11 @@ constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKerne
                                            SparseKernel::chunked_v8, SparseKernel::chunked_v9,
                                            SparseKernel::chunked_v10, SparseKernel::chunked_v11,
                                            SparseKernel::chunked_v12, SparseKernel::chunked_v13,
-                                           SparseKernel::chunked_v14, SparseKernel::chunked_v15};
+                                           SparseKernel::chunked_v14, SparseKernel::chunked_v15,
+                                           SparseKernel::chunked_v16, SparseKernel::chunked_v17,
+                                           SparseKernel::chunked_v18, SparseKernel::chunked_v19,
+                                           SparseKernel::chunked_v20, SparseKernel::chunked_v21,
+                                           SparseKernel::chunked_v22};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
 // Whether the sparse stage runs wgmma (sm_90a; wgmma_available below). Every kernel is listed,
@@ -106,20 +125,27 @@ constexpr bool uses_wgmma(SparseKernel kernel) {
     case SparseKernel::chunked_v7:
     case SparseKernel::chunked_v8:
     case SparseKernel::chunked_v10:
-    case SparseKernel::chunked_v11: return false;
+    case SparseKernel::chunked_v11:
+    case SparseKernel::chunked_v16:
+    case SparseKernel::chunked_v21: return false;
     case SparseKernel::chunked_v9:
     case SparseKernel::chunked_v12:
     case SparseKernel::chunked_v13:
     case SparseKernel::chunked_v14:
-    case SparseKernel::chunked_v15: return true;
+    case SparseKernel::chunked_v15:
+    case SparseKernel::chunked_v17:
+    case SparseKernel::chunked_v18:
+    case SparseKernel::chunked_v19:
+    case SparseKernel::chunked_v20:
+    case SparseKernel::chunked_v22: return true;
   }
   return true;
 }
-// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v15.
-constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v15;
-// The sparse stage without wgmma where wgmma cannot run: chunked_v11 (v15's arithmetic with
-// v6's mma.sync chunk kernel).
-constexpr SparseKernel kSparseKernelWithoutWgmma = SparseKernel::chunked_v11;
+// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v19.
+constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v19;
+// The sparse stage without wgmma where wgmma cannot run: chunked_v21 (v19's weights kernel,
+// count and segments with v6's mma.sync chunk kernel).
+constexpr SparseKernel kSparseKernelWithoutWgmma = SparseKernel::chunked_v21;
 // kDefaultSparseKernel where wgmma_available(), else kSparseKernelWithoutWgmma.
 SparseKernel default_sparse_kernel();
 // The sparse stage of the following calls, process-wide: a named kernel (refused when it would

@@ -48,8 +48,9 @@ int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const
 /* The sparse stage of hils_gpu_fuse / hils_gpu_run on the packed shapes, process-wide:
    0 = chunked_v4, 1 = atomic_v5, 2 = chunked_v6, 3 = chunked_v7, 4 = chunked_v8,
    5 = chunked_v9, 6 = chunked_v10, 7 = chunked_v11, 8 = chunked_v12, 9 = chunked_v13,
-   10 = chunked_v14, 11 = chunked_v15 (until set:
-   hils::gpu::default_sparse_kernel(), i.e. chunked_v15, or chunked_v11 where wgmma cannot run;
+   10 = chunked_v14, 11 = chunked_v15, 12 = chunked_v16, 13 = chunked_v17,
+   14 = chunked_v18, 15 = chunked_v19, 16 = chunked_v20, 17 = chunked_v21, 18 = chunked_v22 (until set:
+   hils::gpu::default_sparse_kernel(), i.e. chunked_v19, or chunked_v21 where wgmma cannot run;
    gpu/NOTES.md). Returns 2 for another value. */
 int hils_gpu_set_sparse_kernel(int32_t sparse_kernel);
 /* The sparse stage that runs now (the default until set), as the numbers above. */
