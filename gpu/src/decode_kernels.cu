@@ -2138,17 +2138,8 @@ void launch_d5(const DecodeParams& p, const LaunchShape& s, const DecodeScratch&
 template <class... Params, class... Args>
 void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsigned block,
                    size_t smem, cudaStream_t stream, bool after_previous, Args... args) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(block);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = after_previous ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+  const cudaError_t err =
+      launch_programmatic(after_previous, kernel, grid, block, smem, stream, args...);
   if (err != cudaSuccess)
     throw std::runtime_error(std::string("decode_step: ") + what + ": " + cudaGetErrorString(err));
   check_launch(what);

@@ -126,4 +126,24 @@ __device__ __forceinline__ void load_row(float* dst, const Tin* src, int d) {
   __syncwarp();
 }
 
+// Host side: kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream
+// serialization when after_previous, so that the kernel's blocks may launch while the previous
+// kernel of the stream finishes (they wait for it in griddepcontrol.wait; CUDA graphs capture
+// the edge). Returns the launch's error for the caller to report.
+template <class... Params, class... Args>
+cudaError_t launch_programmatic(bool after_previous, void (*kernel)(Params...), dim3 grid,
+                                unsigned block, size_t smem, cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(block);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = after_previous ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
 }  // namespace hils::gpu::detail

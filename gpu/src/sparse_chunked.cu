@@ -890,17 +890,8 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
 template <class... Params, class... Args>
 void launch_after_previous(bool after_previous, void (*kernel)(Params...), unsigned grid,
                            unsigned block, size_t smem, cudaStream_t stream, Args... args) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(grid);
-  config.blockDim = dim3(block);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = after_previous ? 1 : 0;
-  cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);  // errors: the fuse's check
+  // Errors are left for the fuse's check.
+  launch_programmatic(after_previous, kernel, dim3(grid), block, smem, stream, args...);
 }
 
 // kAllowNext, after_previous: chunked_v20 (above).
