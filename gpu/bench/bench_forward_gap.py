@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 import hils_ctypes as hc  # noqa: E402
-from bench_hils import paper_problem  # noqa: E402
+from bench_hils import paper_problem, time_ms  # noqa: E402
 
 CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4
 CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5
@@ -63,22 +63,6 @@ class DefaultPool:
 def median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2]
-
-
-def synced_ms(fn, reps=5, before=None):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        if before:
-            before()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return median(times)
 
 
 def back_to_back_ms(fn, n=5):
@@ -160,11 +144,11 @@ def measure(st, pool):
     st.forward()
     torch.cuda.synchronize()
     threshold = pool.get(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
-    row = dict(default_pool_threshold=threshold, synced_ms=synced_ms(st.forward))
+    row = dict(default_pool_threshold=threshold, synced_ms=time_ms(st.forward))
     row["default_pool_reserved_mb"] = pool.get(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) / 2**20
     row["back_to_back_ms"] = back_to_back_ms(st.forward)
     row["host_issue_ms"] = host_issue_ms(st.forward)
-    row["synced_pool0_ms"] = synced_ms(st.forward, before=lambda: pool.set_threshold(0))
+    row["synced_pool0_ms"] = time_ms(st.forward, before=lambda: pool.set_threshold(0))
     torch.cuda.synchronize()
     row["default_pool_reserved_after_pool0_mb"] = pool.get(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) / 2**20
     pool.set_threshold(threshold)

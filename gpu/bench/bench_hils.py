@@ -21,13 +21,16 @@ import hils_ctypes as hc  # noqa: E402
 HQ, HKV, D, S, K, W = 16, 2, 64, 64, 32, 512
 
 
-def time_ms(fn, warmup=1, reps=5, budget_ms=20000.0):
-    """Median of CUDA-event-timed calls of fn after warm-up; fewer reps for slow calls."""
+def time_ms(fn, warmup=1, reps=5, budget_ms=20000.0, before=None):
+    """Median of CUDA-event-timed calls of fn after warm-up; fewer reps for slow calls. before,
+    if given, runs ahead of each timed call, outside the timing."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
+        if before:
+            before()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
