@@ -813,10 +813,8 @@ __device__ __forceinline__ uint64_t lane_reversed(uint64_t x) {
 // Block-wide: every warp holds a descending list; returns on warp 0 the 32 largest of all of
 // them, descending (other warps: their own list or a partial merge). `lists` holds 32 per warp.
 // Each slot is written once (by the warp that gives its list away), so one barrier per level.
-// `warps` > 0 (d30's cluster merge): only the lists of warps 0 .. warps - 1 are merged.
-__device__ uint64_t block_merge_desc(uint64_t x, uint64_t* lists, int warps = 0) {
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  if (warps <= 0) warps = blockDim.x / kWarp;
+__device__ uint64_t block_merge_desc(uint64_t x, uint64_t* lists) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
   for (int stride = 1; stride < warps; stride *= 2) {
     if (warp % (2 * stride) == stride) lists[warp * kWarp + lane] = x;
     __syncthreads();
@@ -1776,144 +1774,6 @@ __global__ void __launch_bounds__(kTailThreads, 4)
                     o_window, lse_window);
 }
 
-// ---- two tail stages per KV group on a thread-block cluster (d30, d31, d32) -------------------
-// d21's four tail launches each cost ~6-9 us at B = 8, 512K for ~1-2 us of counted work; d23's
-// ticketed single kernel (counters in global memory, a group's select on one block) was slower.
-// Here a KV group (b, g) is one cluster of <= 8 blocks (portable size) per stage, and the blocks
-// of a group meet at a cluster barrier (barrier.cluster, release/acquire at cluster scope)
-// instead of a kernel boundary:
-//   stage A (group scores + select): block r of the cluster ranks its span of ~n_cand / 8
-//     candidates (r, Eq. 2, the same arithmetic as d21's group-score tiles), keeps its K best by
-//     warp sorts and a merge tree in its shared memory; after the barrier block 0 merges the
-//     blocks' lists read through distributed shared memory and writes the selection (ascending
-//     chunks). The K best of the group are the K best of the blocks' K best (distinct ranks), so
-//     the selection is d21's.
-//   stage B (chunk tiles + fuse): block r runs selected slots 4 r .. 4 r + 3 (a warp each, d19's
-//     tensor-core chunk tile); after the barrier the group's G heads are fused (fuse_head_short,
-//     a warp per head, reading the chunks' outputs through the L2).
-constexpr int kClusterMaxBlocks = 8;       // the portable cluster size
-constexpr int kGroupSelectThreads = 1024;  // stage A's block (32 warps)
-constexpr int kGroupSelectPer = 1;         // candidates per thread per pass
-constexpr int kChunkFuseWarps = 4;         // stage B: selected slots per block
-
-// Stage A's launch condition: the sorted select (K <= 32 < n_cand), G <= 16 scores in registers,
-// and a fuse that merges the window (stage A leaves it alone, as d13's select does then).
-__host__ __device__ inline bool group_select_clustered(const DecodeParams& p) {
-  return select_by_sorts(p) && p.G <= kFastMaxGroup && fuse_merges_window(p);
-}
-// Stage A's blocks per group: at most one per 256 candidates.
-__host__ __device__ inline int group_select_blocks(const DecodeParams& p) {
-  const int64_t tiles = (p.n_cand + kScoreThreads - 1) / kScoreThreads;
-  return static_cast<int>(tiles < kClusterMaxBlocks ? tiles : kClusterMaxBlocks);
-}
-// Stage B's launch condition: the tensor-core chunk tiles and the short fuse (which merges the
-// window), 1 <= K <= 32.
-__host__ __device__ inline bool chunk_fuse_clustered(const DecodeParams& p, bool fast_chunk) {
-  return p.K >= 1 && p.K <= kShortK && chunk_by_mma(p, fast_chunk) && fuse_merges_window(p);
-}
-__host__ __device__ inline int chunk_fuse_blocks(const DecodeParams& p) {
-  return static_cast<int>((p.K + kChunkFuseWarps - 1) / kChunkFuseWarps);
-}
-
-// All threads of the cluster: writes before it (shared, distributed shared and global memory)
-// are visible to every thread of the cluster after it.
-__device__ __forceinline__ void cluster_barrier() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::
-                   : "memory");
-}
-
-// Reads the 64-bit value at `local` (an address in this block's shared memory) in the shared
-// memory of cluster block `rank`.
-__device__ __forceinline__ uint64_t load_cluster_shared(const uint64_t* local, int rank) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local));
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-  uint64_t v;
-  asm volatile("ld.shared::cluster.u64 %0, [%1];" : "=l"(v) : "r"(remote) : "memory");
-  return v;
-}
-
-__global__ void __launch_bounds__(kGroupSelectThreads, 1)
-    decode_group_select_cluster_kernel(DecodeParams p, DecodeScratch w) {
-  constexpr int kWarps = kGroupSelectThreads / kWarp;
-  constexpr int kPass = kGroupSelectThreads * kGroupSelectPer;
-  __shared__ float log_z[kFastMaxGroup];
-  __shared__ uint64_t lists[kGroupSelectThreads];
-  __shared__ uint64_t kept[kWarp];  // this block's best, descending (read by block 0)
-  wait_for_previous_grid();
-  const int64_t bg = blockIdx.y, b = bg / p.Hkv, g = bg % p.Hkv;
-  const int rank = blockIdx.x, blocks = gridDim.x;
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int G = static_cast<int>(p.G);
-  const int64_t span = (p.n_cand + blocks - 1) / blocks;
-  const int64_t lo = rank * span, hi = lo + span < p.n_cand ? lo + span : p.n_cand;
-  const float* scores = w.scores + (b * p.Hq + g * p.G) * p.n_chunks;
-  float pre[kGroupSelectPer][kFastMaxGroup];
-  auto load = [&](int64_t base) {
-#pragma unroll
-    for (int u = 0; u < kGroupSelectPer; ++u) {
-      const int64_t c = base + threadIdx.x + u * kGroupSelectThreads;
-#pragma unroll
-      for (int j = 0; j < kFastMaxGroup; ++j)
-        pre[u][j] = c < hi && j < G ? scores[j * p.n_chunks + c] : kNegInf;
-    }
-  };
-  load(lo);  // in flight while log Z_hat is formed
-  for (int j = warp; j < G; j += kWarps) {
-    const float z = head_log_z(p, w, b * p.Hq + g * p.G + j);
-    if (lane == 0) log_z[j] = z;
-  }
-  __syncthreads();
-  uint64_t x = 0;
-  for (int64_t base = lo; base < hi; base += kPass) {
-    uint64_t r[kGroupSelectPer];
-#pragma unroll
-    for (int u = 0; u < kGroupSelectPer; ++u) {
-      const int64_t c = base + threadIdx.x + u * kGroupSelectThreads;
-      r[u] = c < hi ? candidate_rank(order_key(group_score(p, pre[u], log_z, G)), c) : 0u;
-    }
-    if (base + kPass < hi) load(base + kPass);
-    warp_sort_desc_batch(r);
-#pragma unroll
-    for (int u = 0; u < kGroupSelectPer; ++u) x = warp_merge_desc(x, lane_reversed(r[u]));
-  }
-  x = block_merge_desc(x, lists);
-  if (warp == 0) kept[lane] = lane < p.K ? x : 0u;
-  cluster_barrier();
-  if (rank == 0) {
-    // Warp v < blocks holds block v's list; a merge tree over the warps gives the group's K best.
-    uint64_t y = warp == 0        ? kept[lane]
-                 : warp < blocks ? load_cluster_shared(&kept[lane], warp)
-                                 : 0u;
-    y = block_merge_desc(y, lists, blocks);
-    if (warp == 0) {
-      // The K best by chunk: sort their low words (0xffffffff - chunk) descending.
-      const uint64_t low = lane < p.K ? (y & 0xffffffffu) : 0u;
-      const int32_t chunk = rank_chunk(warp_sort_desc(low));
-      if (lane < p.K) w.selection[bg * p.K + lane] = chunk;
-    }
-  }
-  cluster_barrier();  // no block leaves before block 0 has read its list
-  allow_next_grid();
-}
-
-__global__ void __launch_bounds__(kChunkFuseWarps * kWarp)
-    decode_chunk_fuse_cluster_kernel(DecodeParams p, DecodeScratch w, float* o, float* lse,
-                                     float* fusion_weights, float* o_window, float* lse_window) {
-  extern __shared__ __align__(16) unsigned char chunk_fuse_smem[];
-  wait_for_previous_grid();
-  const int64_t bg = blockIdx.y;
-  const int rank = blockIdx.x, blocks = gridDim.x, warp = threadIdx.x / kWarp;
-  chunk_mma_warp<true, false, true>(p, w.selection, w.chunk_part, w.fusion_logit,
-                                    static_cast<int64_t>(rank) * kChunkFuseWarps + warp, bg,
-                                    reinterpret_cast<ChunkTiles*>(chunk_fuse_smem)[warp]);
-  cluster_barrier();
-  const int64_t first = (bg / p.Hkv) * p.Hq + (bg % p.Hkv) * p.G;
-  for (int64_t h = static_cast<int64_t>(rank) * kChunkFuseWarps + warp; h < p.G;
-       h += static_cast<int64_t>(blocks) * kChunkFuseWarps)
-    fuse_head_short<true>(p, w, first + h, o, lse, fusion_weights, o_window, lse_window);
-}
-
 // ---- launch 1 as a persistent, pipelined scan (d19): fp8 summaries, d = 64 ----------------
 // d18's launch 1 runs ~6 waves of short blocks (4,096 score tiles at B = 8, 512K), each a single
 // round trip followed by its reductions with nothing in flight: 76 MB took 27.8 us on the H200
@@ -2285,35 +2145,6 @@ void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsig
   check_launch(what);
 }
 
-// launch_kernel for the clustered tails (d30-d32): clusters of `cluster_x` blocks along x.
-template <class... Params, class... Args>
-void launch_clustered(const char* what, void (*kernel)(Params...), dim3 grid, unsigned cluster_x,
-                      unsigned block, size_t smem, cudaStream_t stream, bool after_previous,
-                      Args... args) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(block);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[2];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = cluster_x;
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = after_previous ? 2 : 1;
-  cudaError_t err = cudaSuccess;
-  if (smem > 48 * 1024)
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(smem));
-  if (err == cudaSuccess) err = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
-  if (err != cudaSuccess)
-    throw std::runtime_error(std::string("decode_step: ") + what + ": " + cudaGetErrorString(err));
-  check_launch(what);
-}
-
 int scan_grid_cap = 0;  // set_decode_scan_grid_cap
 
 // The persistent scan's grid: as many blocks as fit on the device at once, at most `items`
@@ -2363,19 +2194,6 @@ DecodeScratch scratch_at(const DecodeParams& p, void* workspace) {
                        static_cast<uint32_t*>(parts[10])};
 }
 
-// The select launch of the fused kernels (one block per KV group).
-template <bool kShort>
-void launch_select(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
-                   const DecodeOutputs& out, cudaStream_t stream, bool pdl) {
-  const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
-  if (kShort && select_by_sorts(p))
-    launch_kernel("select", decode_select_sorted_kernel, dim3(bg), kShortSelectThreads, 0, stream,
-                  pdl, p, w, out.o_window, out.lse_window);
-  else
-    launch_kernel("select", decode_select_kernel<kShort>, dim3(bg), kSelectThreads, s.key_smem,
-                  stream, pdl, p, w, out.o_window, out.lse_window);
-}
-
 // fused (d21), d19, d18, d17, d16, d13 and d8: five launches (window + score tiles in one grid;
 // group scores; select; chunk tiles; fuse with batched loads); kShort (d12 on) the shorter
 // chains of its tails; `mma` (d17 on) the chunk tiles on the tensor cores where their shape
@@ -2383,16 +2201,12 @@ void launch_select(const DecodeParams& p, const LaunchShape& s, const DecodeScra
 // `landmark_mask` (d19, d21) the chunk tiles' mask of the landmark slot only; `persistent`
 // (d19) the persistent scan (fp8 summaries, d = 64); `tail` (d23) the four tails as one kernel
 // where tail_fused allows (two launches in all); `loads` (d24, d25) the stream's loads;
-// `chunk_evict_first` (d29) the mma chunk tiles' K/V rows loaded with an L2 evict-first policy;
-// `clustered_select` (d30, d31) group scores + select as one clustered launch where
-// group_select_clustered allows, `clustered_fuse` (d30, d32) chunk tiles + fuse as another where
-// chunk_fuse_clustered allows.
+// `chunk_evict_first` (d29) the mma chunk tiles' K/V rows loaded with an L2 evict-first policy.
 template <class Summary, bool kShort>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
                   const DecodeOutputs& out, cudaStream_t stream, bool pdl, bool mma,
                   bool landmark_mask = false, bool persistent = false, bool tail = false,
-                  ScanLoads loads = ScanLoads::plain, bool chunk_evict_first = false,
-                  bool clustered_select = false, bool clustered_fuse = false) {
+                  ScanLoads loads = ScanLoads::plain, bool chunk_evict_first = false) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
@@ -2413,24 +2227,16 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
                   out.fusion_weights, out.o_window, out.lse_window);
     return;
   }
-  if (clustered_select && kShort && group_select_clustered(p)) {
-    const unsigned blocks = static_cast<unsigned>(group_select_blocks(p));
-    launch_clustered("group score + select", decode_group_select_cluster_kernel,
-                     dim3(blocks, bg), blocks, kGroupSelectThreads, 0, stream, pdl, p, w);
-  } else {
-    if (p.K > 0 && p.n_cand > p.K)
-      launch_kernel("group score", decode_group_score_kernel<kShort>,
-                    dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)), bg),
-                    kScoreThreads, 0, stream, pdl, p, w);
-    launch_select<kShort>(p, s, w, out, stream, pdl);
-  }
-  if (clustered_fuse && kShort && mma && chunk_fuse_clustered(p, s.fast_chunk)) {
-    const unsigned blocks = static_cast<unsigned>(chunk_fuse_blocks(p));
-    launch_clustered("chunk + fuse", decode_chunk_fuse_cluster_kernel, dim3(blocks, bg), blocks,
-                     kChunkFuseWarps * kWarp, kChunkFuseWarps * sizeof(ChunkTiles), stream, pdl,
-                     p, w, out.o, out.lse, out.fusion_weights, out.o_window, out.lse_window);
-    return;
-  }
+  if (p.K > 0 && p.n_cand > p.K)
+    launch_kernel("group score", decode_group_score_kernel<kShort>,
+                  dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)), bg),
+                  kScoreThreads, 0, stream, pdl, p, w);
+  if (kShort && select_by_sorts(p))
+    launch_kernel("select", decode_select_sorted_kernel, dim3(bg), kShortSelectThreads, 0, stream,
+                  pdl, p, w, out.o_window, out.lse_window);
+  else
+    launch_kernel("select", decode_select_kernel<kShort>, dim3(bg), kSelectThreads, s.key_smem,
+                  stream, pdl, p, w, out.o_window, out.lse_window);
   if (p.K > 0 && mma && chunk_by_mma(p, s.fast_chunk))
     launch_kernel("chunk",
                   chunk_evict_first && landmark_mask ? decode_chunk_mma_kernel<true, true>
@@ -2467,10 +2273,9 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
               kernel == DecodeKernel::d18 || kernel == DecodeKernel::d19 ||
               kernel == DecodeKernel::d21 || kernel == DecodeKernel::d23 ||
               kernel == DecodeKernel::d24 || kernel == DecodeKernel::d25 ||
-              kernel == DecodeKernel::d29 || kernel == DecodeKernel::d30 ||
-              kernel == DecodeKernel::d31 || kernel == DecodeKernel::d32,
+              kernel == DecodeKernel::d29,
           "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3), d16 (4), d17 (5), d18 (6), "
-          "d19 (7), d21 (8), d23 (9), d24 (10), d25 (11), d29 (15), d30 (16), d31 (17) or d32 (18)");
+          "d19 (7), d21 (8), d23 (9), d24 (10), d25 (11) or d29 (15)");
   const DecodeParams p = params_of(spec, cache, q);
   DecodeScratch w = scratch_at(p, workspace);
   if (out.surrogate) w.scores = out.surrogate;
@@ -2486,14 +2291,10 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   } else {  // fused = d29; d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's
             // launches) with the chunk tiles' landmark mask; d23: d21 with its four tails in one
             // kernel; d24, d25: d21 with the score tiles' stream loaded evict-first (ScanLoads);
-            // d29: d25 with the chunk tiles' K/V rows loaded evict-first too; d30: d29 with
-            // its four tails as two clustered launches (d31: group scores + select only, d32:
-            // chunk tiles + fuse only)
+            // d29: d25 with the chunk tiles' K/V rows loaded evict-first too
     const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d29 : kernel;
     const bool d19 = k == DecodeKernel::d19, d23 = k == DecodeKernel::d23;
-    const bool clustered_select = k == DecodeKernel::d30 || k == DecodeKernel::d31;
-    const bool clustered_fuse = k == DecodeKernel::d30 || k == DecodeKernel::d32;
-    const bool d29 = k == DecodeKernel::d29 || clustered_select || clustered_fuse;
+    const bool d29 = k == DecodeKernel::d29;
     const bool d21 = k == DecodeKernel::d21 || k == DecodeKernel::d24 || k == DecodeKernel::d25 || d29;
     const bool mask = d19 || d21 || d23;
     const bool pdl = k == DecodeKernel::d16 || k == DecodeKernel::d18 || mask;
@@ -2503,10 +2304,10 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
                                                             : ScanLoads::plain;
     if (fp8)
       launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23, loads,
-                                     d29, clustered_select, clustered_fuse);
+                                     d29);
     else
       launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23, loads,
-                                      d29, clustered_select, clustered_fuse);
+                                      d29);
   }
 }
 

@@ -7,9 +7,8 @@
 // several-tile cases) d8, d13, d16, d17 and d18 run; d18, d19, d23 (d24, d21, d25 with fp8) also
 // on every case with d = 64, d18, d19 and d23 with 16 heads per group, d19 also with its
 // persistent scan's grid capped (several tiles per block), d23 (its tails in one kernel) also on
-// the ties and over four and eleven group-score tiles at d = 64; d30 (two clustered tail
-// launches) on the ties, the d = 64 cases, 16 heads and the four and eleven tiles; d23, d24, d25,
-// d29, d30, d31 and d32 equal d21 bit for bit.
+// the ties and over four and eleven group-score tiles at d = 64; d23, d24, d25 and d29 equal d21
+// bit for bit.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
@@ -64,14 +63,9 @@ constexpr Variant kD25Fp8{hils::gpu::DecodeKernel::d25, hils::gpu::SummaryType::
 constexpr Variant kD25Bf16{hils::gpu::DecodeKernel::d25, hils::gpu::SummaryType::bf16, "d25 bf16"};
 constexpr Variant kD29Fp8{hils::gpu::DecodeKernel::d29, hils::gpu::SummaryType::fp8_e4m3, "d29 fp8"};
 constexpr Variant kD29Bf16{hils::gpu::DecodeKernel::d29, hils::gpu::SummaryType::bf16, "d29 bf16"};
-constexpr Variant kD30Fp8{hils::gpu::DecodeKernel::d30, hils::gpu::SummaryType::fp8_e4m3, "d30 fp8"};
-constexpr Variant kD30Bf16{hils::gpu::DecodeKernel::d30, hils::gpu::SummaryType::bf16, "d30 bf16"};
-constexpr Variant kD31Fp8{hils::gpu::DecodeKernel::d31, hils::gpu::SummaryType::fp8_e4m3, "d31 fp8"};
-constexpr Variant kD32Fp8{hils::gpu::DecodeKernel::d32, hils::gpu::SummaryType::fp8_e4m3, "d32 fp8"};
 // Every variant, for the tie and several-tile cases.
-const std::vector<Variant> kAllVariants{kFusedBf16, kFusedFp8, kD5Bf16,  kD8Fp8,
-                                        kD13Fp8,    kD16Fp8,   kD17Fp8,  kD18Fp8,
-                                        kD23Fp8,    kD23Bf16,  kD30Fp8};
+const std::vector<Variant> kAllVariants{kFusedBf16, kFusedFp8, kD5Bf16, kD8Fp8,  kD13Fp8,
+                                        kD16Fp8,    kD17Fp8,   kD18Fp8, kD23Fp8, kD23Bf16};
 
 // An e4m3 byte as a double (sign, 4 exponent bits with bias 7, 3 mantissa bits; no NaN expected).
 double decode_e4m3(unsigned char byte) {
@@ -312,7 +306,7 @@ TEST_CASE("gpu decode over the case table passes the oracle", "[gpu]") {
         check_decode(spec, seqs, c.name, kFusedBf16);
         check_decode(spec, seqs, c.name, kFusedFp8);
         if (&spec == &specs.front()) check_decode(spec, seqs, c.name, kD5Bf16);
-        if (c.d == 64) {  // where fused (d29), d18, d19, d23, d24, d21, d25 and d30 differ
+        if (c.d == 64) {  // where fused (d29), d18, d19, d23, d24, d21 and d25 differ
           check_decode(spec, seqs, c.name, kD18Fp8);
           check_decode(spec, seqs, c.name, kD19Fp8);
           check_decode(spec, seqs, c.name, kD23Fp8);
@@ -320,8 +314,6 @@ TEST_CASE("gpu decode over the case table passes the oracle", "[gpu]") {
           check_decode(spec, seqs, c.name, kD24Fp8);
           check_decode(spec, seqs, c.name, kD21Fp8);
           check_decode(spec, seqs, c.name, kD25Fp8);
-          check_decode(spec, seqs, c.name, kD30Fp8);
-          check_decode(spec, seqs, c.name, kD30Bf16);
         }
         ++checked;
       }
@@ -482,8 +474,7 @@ TEST_CASE("gpu decode with 16 heads per group passes the oracle", "[gpu]") {
       hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
   for (const char* preset : {"hils", "nsa"}) {
     const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
-    for (const Variant& variant :
-         {kFusedBf16, kFusedFp8, kD13Fp8, kD18Fp8, kD19Fp8, kD23Fp8, kD23Bf16, kD30Fp8})
+    for (const Variant& variant : {kFusedBf16, kFusedFp8, kD13Fp8, kD18Fp8, kD19Fp8, kD23Fp8, kD23Bf16})
       check_decode(spec, seqs, c.name, variant);
   }
 }
@@ -528,20 +519,16 @@ TEST_CASE("gpu decode d19 with several tiles per scan block passes the oracle", 
 // group at d = dv = 64 (the kernel's shape; the three- and eleven-tile cases above have d = 8 and
 // take d21's launches), the top chunk copied into other tiles so that exact ties cross tiles and
 // reach the select's merge from different warps (eleven tiles: 352 kept candidates, 88 per warp).
-// d30 runs them as two clustered launches: 4 and 8 blocks per group rank ~207 and ~325
-// candidates each (the twins in different blocks, merged by block 0 through distributed shared
-// memory), then 1, 1, 2 and 8 blocks of chunk tiles per group (K = 1, 2, 8, 32) and the fuse.
-TEST_CASE("gpu decode d23 and d30 tails over several group-score tiles pass the oracle", "[gpu]") {
+TEST_CASE("gpu decode d23 tails over several group-score tiles pass the oracle", "[gpu]") {
   const Case four{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
   const Case eleven{"decode_d64_eleven_tiles", 10400, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
   const std::vector<std::pair<Case, std::vector<int64_t>>> shapes{{four, {20, 300, 600, 780}},
                                                                  {eleven, {20, 1100, 2200}}};
   for (const auto& [c, twins] : shapes) {
     int64_t violations = 0;
-    const int64_t cuts = check_cross_tile_ties(c, twins, {1, 2, 8, 32},
-                                               {kD23Fp8, kD23Bf16, kD30Fp8, kD30Bf16},
+    const int64_t cuts = check_cross_tile_ties(c, twins, {1, 2, 8, 32}, {kD23Fp8, kD23Bf16},
                                                c.name, &violations);
-    std::cout << "decode d23, d30 " << c.name << ": selections cutting through the twins " << cuts
+    std::cout << "decode d23 " << c.name << ": selections cutting through the twins " << cuts
               << ", violations " << violations << "\n";
     CHECK(violations == 0);
     CHECK(cuts > 0);
@@ -551,8 +538,7 @@ TEST_CASE("gpu decode d23 and d30 tails over several group-score tiles pass the 
 // d23's kernels compute what d21's compute, in the same order (the group-score tiles' kept lists
 // are the same whatever their block size): every output equals d21's bit for bit (measured at
 // 512K, B = 1, 8 and 32, in session 11's device run 4). d24 and d25 are d21 with other cache
-// policies on launch 1's loads, d29 d25 with another on the chunk tiles' copies: the same bits;
-// d30-d32 d29 with tails on clusters (the K best of the blocks' K best are the group's K best).
+// policies on launch 1's loads, d29 d25 with another on the chunk tiles' copies: the same bits.
 TEST_CASE("gpu decode kernels that differ in launches or cache policy give the same bits", "[gpu]") {
   const Case c{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
   const std::vector<AttentionInputs<double>> seqs{
@@ -560,8 +546,7 @@ TEST_CASE("gpu decode kernels that differ in launches or cache policy give the s
   const std::vector<std::pair<Variant, Variant>> pairs{
       {kD21Fp8, kD23Fp8}, {kD21Bf16, kD23Bf16}, {kD21Fp8, kD24Fp8},
       {kD21Bf16, kD24Bf16}, {kD21Fp8, kD25Fp8}, {kD21Bf16, kD25Bf16},
-      {kD21Fp8, kD29Fp8}, {kD21Bf16, kD29Bf16}, {kD21Fp8, kD30Fp8},
-      {kD21Bf16, kD30Bf16}, {kD21Fp8, kD31Fp8}, {kD21Fp8, kD32Fp8}};
+      {kD21Fp8, kD29Fp8}, {kD21Bf16, kD29Bf16}};
   for (const char* preset : {"hils", "nsa"})
     for (int64_t K : {1, 8, 32})
       for (const auto& [baseline, other] : pairs) {

@@ -93,20 +93,15 @@ struct DecodeOutputs {
 //   d29:   d25 with the chunk tiles' K/V rows (read once per step) copied with an L2
 //          evict-first policy too (the default since session 12: 3.3-3.5 us faster than d25 at
 //          B = 32, 512K, 0.7-1.1 us slower at B = 8 in the same run; the same bits as d21)
-//   (d26 = 12, d27 = 13, d28 = 14: measured slower in session 12 and removed, gpu/NOTES.md)
-//   d30:   d29 with its four tails as two launches, each KV group a thread-block cluster of
-//          <= 8 blocks that meet at a cluster barrier: group scores + select (K <= 32 < |V|,
-//          G <= 16), then chunk tiles + fuse (the tensor-core chunk tiles' shape, K <= 32, the
-//          fuse merging the window); d29's launches where a condition fails; d21's bits
-//   d31:   d29 with only group scores + select clustered (d30's first stage)
-//   d32:   d29 with only chunk tiles + fuse clustered (d30's second stage)
+//   (d26 = 12, d27 = 13, d28 = 14: measured slower in session 12 and removed; d30 = 16, d31 = 17,
+//   d32 = 18, the tails as two launches on thread-block clusters: measured slower in session 13
+//   and removed, gpu/NOTES.md)
 //   d5:    the launches of d5 (window, score, group scores, select, chunk, fuse)
 //   d8:    window tiles and score tiles in one grid (every tile issues all its loads before
 //          staging q / q~), then group scores, select, chunk tiles and a fuse that loads the
 //          chunks' outputs 8 at a time: five launches
 enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, d18 = 6, d19 = 7,
-                          d21 = 8, d23 = 9, d24 = 10, d25 = 11, d29 = 15, d30 = 16, d31 = 17,
-                          d32 = 18 };
+                          d21 = 8, d23 = 9, d24 = 10, d25 = 11, d29 = 15 };
 
 // A measurement probe for the benchmark (gpu/bench/bench_decode.py --scan-floor), not a step:
 // launch 1 of the step alone, or a kernel that only reads launch 1's bytes, writing nothing
