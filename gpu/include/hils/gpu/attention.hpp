@@ -246,7 +246,8 @@ enum class SelectKernel {
   two_pass_v16,  // v15 with pass 2's copy state in 32 bits (no spills)
   two_pass_v17,  // v16 with the selected scores by a kernel of their own (more warps per SM)
   two_pass_v18,  // v16 with pass 1's mass summed without a running maximum (NOT the same bits as
-                 // v8: log Z_hat differs in its last bits; gpu/NOTES.md v18)
+                 // v8: log Z_hat differs in its last bits; H100 512K -1% against v16, not faster
+                 // at 16K-128K; gpu/NOTES.md v18)
   two_pass_v19,  // v18 with one pass-1 exponential in eight on the FMA pipe (a polynomial)
 };
 // Every SelectKernel, in the order of their values.
@@ -257,7 +258,7 @@ constexpr SelectKernel kSelectKernels[] = {
     SelectKernel::two_pass_v13, SelectKernel::two_pass_v14, SelectKernel::two_pass_v15,
     SelectKernel::two_pass_v16, SelectKernel::two_pass_v17, SelectKernel::two_pass_v18,
     SelectKernel::two_pass_v19};
-constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v18;
+constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v16;
 // The selection without wgmma where wgmma cannot run (wgmma_available).
 constexpr SelectKernel kSelectKernelWithoutWgmma = SelectKernel::two_pass_v8;
 // The kernel's name as above ("two_pass_v12", ...).
