@@ -63,7 +63,6 @@ struct DecodeScratch {
   int32_t* cand_idx;    // same shape: their chunk indices, ascending within each tile
   float* fusion_logit;  // [B, Hq, K] s_hat of the selected chunks from summary_key_bf16
   uint32_t* sync;       // [3 B Hkv + 1] the tail kernel's counters (d23), zeroed by launch 1
-  float* chunk_weight;  // [B, Hq, K] d33: the selected chunks' fusion weights (by its select)
 };
 
 // The shortened tails of the fused kernel (since d12) for K <= kShortK selected chunks; since
@@ -1021,8 +1020,7 @@ __device__ void select_group(const DecodeParams& p, const DecodeScratch& w, int6
 // same kernel wrote the kept lists, read through the L2.
 template <int kThreads, int kBatch, bool kFresh>
 __device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w, int64_t bg,
-                                   float* o_window, float* lse_window, bool merge_window,
-                                   int32_t* chunks = nullptr) {
+                                   float* o_window, float* lse_window, bool merge_window) {
   __shared__ uint64_t lists[kThreads];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = kThreads / kWarp;
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
@@ -1062,7 +1060,6 @@ __device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w
     const uint64_t low = lane < p.K ? (best & 0xffffffffu) : 0u;
     const int32_t chunk = rank_chunk(warp_sort_desc(low));
     if (lane < p.K) w.selection[bg * p.K + lane] = chunk;
-    if (chunks && lane < p.K) chunks[lane] = chunk;  // d33: the selection in shared memory too
   }
 }
 
@@ -1257,19 +1254,14 @@ __device__ __forceinline__ void cp_async16_policy(void* smem, const void* gmem, 
 }
 
 // kEvictFirst (d29): the K/V rows come in with an L2 evict-first policy, as d25's stream does.
-// kAccumulate (d33, hierarchical fusion): the select already wrote the fusion weights
-// (`weight`, [B, Hq, K]) and o = w_win o_swa; the tile adds weight x o_c to o (`o_sum`, fp32
-// atomic adds)
-// instead of writing (lse_c, o_c), and computes no fusion logits.
-template <bool kLandmarkMask, bool kFresh, bool kEvictFirst = false, bool kAccumulate = false>
+template <bool kLandmarkMask, bool kFresh, bool kEvictFirst = false>
 __device__ void chunk_mma_warp(const DecodeParams& p, const int32_t* selection, float* chunk_part,
-                               float* fusion_logit, int64_t i, int64_t bg, ChunkTiles& tile,
-                               const float* weight = nullptr, float* o_sum = nullptr) {
+                               float* fusion_logit, int64_t i, int64_t bg, ChunkTiles& tile) {
   const int lane = threadIdx.x % kWarp;
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv, first = b * p.Hq + g * p.G;
   const int G = static_cast<int>(p.G), quad = lane % 4, r0 = lane / 4, r1 = r0 + 8;
   const int32_t c = i < p.K ? load_written<kFresh>(selection + bg * p.K + i) : -1;
-  if (!kAccumulate && i < p.K && c < 0) {  // -1 padding: an empty softmax (lse -inf, o 0)
+  if (i < p.K && c < 0) {  // -1 padding: an empty softmax (lse -inf, o 0)
     for (int t = lane; t < G * (kTileDim + 1); t += kWarp) {
       const int j = t / (kTileDim + 1), col = t % (kTileDim + 1);
       chunk_part[((first + j) * p.K + i) * (p.dv + 1) + col] = col == 0 ? kNegInf : 0.0f;
@@ -1298,13 +1290,7 @@ __device__ void chunk_mma_warp(const DecodeParams& p, const int32_t* selection, 
     uint32_t qa[4][4];
     load_q_fragments(qa, r0 < G ? p.q + (first + r0) * kTileDim : nullptr,
                      r1 < G ? p.q + (first + r1) * kTileDim : nullptr);
-    float w0 = 0.0f, w1 = 0.0f;  // kAccumulate: the fusion weights of rows r0, r1
-    if constexpr (kAccumulate) {
-      w0 = r0 < G ? weight[(first + r0) * p.K + i] : 0.0f;
-      w1 = r1 < G ? weight[(first + r1) * p.K + i] : 0.0f;
-    } else if (p.summary_key_bf16) {
-      selected_logits_warp(p, fusion_logit, c, i, first);
-    }
+    if (p.summary_key_bf16) selected_logits_warp(p, fusion_logit, c, i, first);
     cp_async_wait_one();  // the key rows
     __syncwarp();
     float s[8][4];
@@ -1341,16 +1327,6 @@ __device__ void chunk_mma_warp(const DecodeParams& p, const int32_t* selection, 
     pv_tile(o, s, tile.v);
     auto emit = [&](int row, float m, float l, int half) {
       if (row >= G) return;
-      if constexpr (kAccumulate) {
-        const float scaled = (l > 0.0f ? 1.0f / l : 0.0f) * (half == 0 ? w0 : w1);
-        float* out = o_sum + (first + row) * p.dv;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e)
-            atomicAdd(out + nt * 8 + 2 * quad + e, o[nt][2 * half + e] * scaled);
-        return;
-      }
       float* out = chunk_part + ((first + row) * p.K + i) * (p.dv + 1);
       if (quad == 0) out[0] = l > 0.0f ? m + __logf(l) : kNegInf;
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
@@ -1375,19 +1351,6 @@ __global__ void __launch_bounds__(kMmaChunkWarps * kWarp)
                                 static_cast<int64_t>(blockIdx.x) * kMmaChunkWarps + warp,
                                 blockIdx.y, tiles[warp]);
   allow_next_grid();
-}
-
-// d33's chunk tiles: d29's (evict-first K/V) adding weight x o_c into o (chunk_mma_warp's
-// kAccumulate).
-__global__ void __launch_bounds__(kMmaChunkWarps * kWarp)
-    decode_chunk_accumulate_kernel(DecodeParams p, const int32_t* selection, const float* weight,
-                                   float* o) {
-  __shared__ __align__(16) ChunkTiles tiles[kMmaChunkWarps];
-  wait_for_previous_grid();
-  const int warp = threadIdx.x / kWarp;
-  chunk_mma_warp<true, false, true, true>(p, selection, nullptr, nullptr,
-                                          static_cast<int64_t>(blockIdx.x) * kMmaChunkWarps + warp,
-                                          blockIdx.y, tiles[warp], weight, o);
 }
 
 // ---- 5. fuse: one warp per (b, h) -----------------------------------------------------------
@@ -1568,106 +1531,6 @@ __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, fl
     fuse_head_short<false>(p, w, item, o, lse, fusion_weights, o_window, lse_window);
   else
     fuse_head<kBatched>(p, w, item, o, lse, fusion_weights);
-}
-
-// ---- d33: the fusion weights by the select, the chunk tiles adding into o (no fuse launch) ----
-// With hierarchical fusion the fusion weights (Eq. 10) depend only on the selected chunks' s_hat
-// (the bf16 rows with fp8 summaries, else the scores), the window's lse and, with softmax1, the
-// zero logit: all known once the selection is. So the select block (kShortSelectThreads, as
-// d29's) goes on after its selection: its threads compute the G x K fusion logits (8 lanes per
-// bf16 row, fusion_logit_by_8_lanes), then warp j fuses head j's weights as fuse_head_short does
-// (window merge, o_window, lse_window, lse, fusion_weights) and writes the chunk weights and the
-// window's share of o (w_win o_swa); the chunk tiles add weight x o_c into o. The chain after the
-// scan loses the fuse launch (5-6 us at B = 8, 512K in d29) for one round trip more in the select.
-// o's sum order then depends on the order of the atomic adds (not d21's bits; fp32 rounding).
-__host__ __device__ inline bool weights_by_select(const DecodeParams& p, bool chunk_mma) {
-  return p.hierarchical && select_by_sorts(p) && fuse_merges_window(p) && chunk_mma;
-}
-
-// Warp-wide, head `item` = first + j of group (b, g): fuse_head_short's weights from the logits
-// `logit` (lane i: selected slot i), without the chunks' outputs.
-__device__ void fusion_weights_head(const DecodeParams& p, const DecodeScratch& w, int64_t item,
-                                    float logit, float* o, float* lse, float* fusion_weights,
-                                    float* o_window, float* lse_window) {
-  const int lane = threadIdx.x % kWarp;
-  const float* win = w.win_part + item * p.n_win_tiles * (p.dv + 2);
-  const bool my_tile = lane < p.n_win_tiles;
-  const float tile_m = my_tile ? win[lane * (p.dv + 2)] : kNegInf;
-  const float tile_l = my_tile ? win[lane * (p.dv + 2) + 1] : 0.0f;
-  float t0[kShortWinTiles], t1[kShortWinTiles];
-#pragma unroll
-  for (int t = 0; t < kShortWinTiles; ++t) {
-    const float* row = win + t * (p.dv + 2) + 2;
-    t0[t] = t < p.n_win_tiles && lane < p.dv ? row[lane] : 0.0f;
-    t1[t] = t < p.n_win_tiles && lane + kWarp < p.dv ? row[lane + kWarp] : 0.0f;
-  }
-  const float win_m = warp_max(tile_m);
-  const float factor = exp_diff(tile_m, win_m);
-  const float win_l = warp_sum(tile_l * factor);
-  const float a_win = win_l > 0.0f ? win_m + __logf(win_l) : kNegInf;
-  const float win_inv = win_l > 0.0f ? 1.0f / win_l : 0.0f;
-  float wo0 = 0.0f, wo1 = 0.0f;
-#pragma unroll
-  for (int t = 0; t < kShortWinTiles; ++t) {
-    const float ft = __shfl_sync(0xffffffffu, factor, t);
-    wo0 = fmaf(t0[t], ft, wo0);
-    wo1 = fmaf(t1[t], ft, wo1);
-  }
-  wo0 *= win_inv, wo1 *= win_inv;
-  if (o_window && lane < p.dv) o_window[item * p.dv + lane] = wo0;
-  if (o_window && lane + kWarp < p.dv) o_window[item * p.dv + lane + kWarp] = wo1;
-  if (lse_window && lane == 0) lse_window[item] = a_win;
-  const bool zero_logit = p.softmax1;  // hierarchical here
-  const float m = fmaxf(fmaxf(warp_max(logit), a_win), zero_logit ? 0.0f : kNegInf);
-  const float l =
-      warp_sum(exp_diff(logit, m)) + exp_diff(a_win, m) + (zero_logit ? __expf(-m) : 0.0f);
-  const float total = m == kNegInf ? kNegInf : m + __logf(l);
-  auto weight = [&](float x) { return total == kNegInf ? 0.0f : exp_diff(x, total); };
-  const float wi = weight(logit), w_win = weight(a_win);
-  if (lane < p.K) w.chunk_weight[item * p.K + lane] = wi;
-  float* fw = fusion_weights ? fusion_weights + item * (p.K + 2) : nullptr;
-  if (fw && lane < p.K) fw[lane] = wi;
-  if (lane < p.dv) o[item * p.dv + lane] = w_win * wo0;
-  if (lane + kWarp < p.dv) o[item * p.dv + lane + kWarp] = w_win * wo1;
-  if (lane == 0) {
-    lse[item] = total;
-    if (fw) fw[p.K] = w_win, fw[p.K + 1] = zero_logit ? weight(0.0f) : 0.0f;
-  }
-}
-
-__global__ void __launch_bounds__(kShortSelectThreads)
-    decode_select_weights_kernel(DecodeParams p, DecodeScratch w, float* o, float* lse,
-                                 float* fusion_weights, float* o_window, float* lse_window) {
-  constexpr int kLanesPerRow = kFastDim / 8;
-  __shared__ int32_t chunks[kShortK];
-  __shared__ float logits[kFastMaxGroup * kShortK];
-  wait_for_previous_grid();
-  const int64_t bg = blockIdx.x, first = (bg / p.Hkv) * p.Hq + (bg % p.Hkv) * p.G;
-  select_group_short<kShortSelectThreads, 1, false>(p, w, bg, nullptr, nullptr, false, chunks);
-  __syncthreads();
-  const int64_t tasks = p.G * p.K * kLanesPerRow;  // (head j, slot i, 16-byte piece)
-  if (p.summary_key_bf16) {
-    for (int64_t base = 0; base < tasks; base += kShortSelectThreads) {
-      const int64_t t = base + threadIdx.x, ji = t / kLanesPerRow;
-      const bool live = t < tasks;
-      const int64_t j = live ? ji / p.K : 0, i = live ? ji % p.K : 0;
-      const int32_t c = live ? chunks[i] : -1;
-      const float logit = fusion_logit_by_8_lanes(p, first + j, (first + j) * p.chunk_cap + c,
-                                                  static_cast<int>(t % kLanesPerRow), c >= 0);
-      if (live && t % kLanesPerRow == 0) logits[ji] = c >= 0 ? logit : kNegInf;
-    }
-    __syncthreads();
-  }
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  if (warp < p.G) {
-    const int64_t item = first + warp;
-    const int32_t c = lane < p.K ? chunks[lane] : -1;
-    float a = kNegInf;
-    if (c >= 0)
-      a = p.summary_key_bf16 ? logits[warp * p.K + lane] : w.scores[item * p.n_chunks + c];
-    fusion_weights_head(p, w, item, a, o, lse, fusion_weights, o_window, lse_window);
-  }
-  allow_next_grid();
 }
 
 // ---- the fused step (DecodeKernel::fused) ----------------------------------------------------
@@ -2125,7 +1988,7 @@ DecodeParams params_of(const MechanismSpec& spec, const DecodeCache& cache, cons
 }
 
 // Byte sizes of the scratch arrays, in DecodeScratch order (each rounded to 256 bytes).
-constexpr int kScratchArrays = 12;
+constexpr int kScratchArrays = 11;
 struct ScratchSizes {
   size_t bytes[kScratchArrays];
 };
@@ -2134,7 +1997,7 @@ ScratchSizes scratch_sizes(const DecodeParams& p) {
   return {{BH * p.n_chunks * 4, BH * p.n_score_tiles * 8, BH * p.n_win_tiles * (p.dv + 2) * 4,
            BH * p.dv * 4, BH * 4, BG * p.K * 4, BH * p.K * (p.dv + 1) * 4,
            BG * p.n_score_tiles * tile_keep(p) * 4, BG * p.n_score_tiles * tile_keep(p) * 4,
-           BH * p.K * 4, static_cast<size_t>(tail_sync_words(p)) * 4, BH * p.K * 4}};
+           BH * p.K * 4, static_cast<size_t>(tail_sync_words(p)) * 4}};
 }
 size_t round_up(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -2328,7 +2191,7 @@ DecodeScratch scratch_at(const DecodeParams& p, void* workspace) {
                        static_cast<float*>(parts[4]), static_cast<int32_t*>(parts[5]),
                        static_cast<float*>(parts[6]), static_cast<uint32_t*>(parts[7]),
                        static_cast<int32_t*>(parts[8]), static_cast<float*>(parts[9]),
-                       static_cast<uint32_t*>(parts[10]), static_cast<float*>(parts[11])};
+                       static_cast<uint32_t*>(parts[10])};
 }
 
 // fused (d21), d19, d18, d17, d16, d13 and d8: five launches (window + score tiles in one grid;
@@ -2338,15 +2201,12 @@ DecodeScratch scratch_at(const DecodeParams& p, void* workspace) {
 // `landmark_mask` (d19, d21) the chunk tiles' mask of the landmark slot only; `persistent`
 // (d19) the persistent scan (fp8 summaries, d = 64); `tail` (d23) the four tails as one kernel
 // where tail_fused allows (two launches in all); `loads` (d24, d25) the stream's loads;
-// `chunk_evict_first` (d29) the mma chunk tiles' K/V rows loaded with an L2 evict-first policy;
-// `weights_select` (d33) the fusion weights by the select and no fuse launch where
-// weights_by_select allows (four launches in all).
+// `chunk_evict_first` (d29) the mma chunk tiles' K/V rows loaded with an L2 evict-first policy.
 template <class Summary, bool kShort>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
                   const DecodeOutputs& out, cudaStream_t stream, bool pdl, bool mma,
                   bool landmark_mask = false, bool persistent = false, bool tail = false,
-                  ScanLoads loads = ScanLoads::plain, bool chunk_evict_first = false,
-                  bool weights_select = false) {
+                  ScanLoads loads = ScanLoads::plain, bool chunk_evict_first = false) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
@@ -2371,26 +2231,13 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
     launch_kernel("group score", decode_group_score_kernel<kShort>,
                   dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)), bg),
                   kScoreThreads, 0, stream, pdl, p, w);
-  const bool chunk_mma = p.K > 0 && mma && chunk_by_mma(p, s.fast_chunk);
-  if (weights_select && kShort && landmark_mask && chunk_evict_first &&
-      weights_by_select(p, chunk_mma)) {
-    launch_kernel("select + weights", decode_select_weights_kernel, dim3(bg), kShortSelectThreads,
-                  0, stream, pdl, p, w, out.o, out.lse, out.fusion_weights, out.o_window,
-                  out.lse_window);
-    launch_kernel("chunk (accumulate)", decode_chunk_accumulate_kernel,
-                  dim3(static_cast<unsigned>(ceil_div(p.K, kMmaChunkWarps)), bg),
-                  kMmaChunkWarps * kWarp, 0, stream, pdl, p,
-                  static_cast<const int32_t*>(w.selection), static_cast<const float*>(w.chunk_weight),
-                  out.o);
-    return;
-  }
   if (kShort && select_by_sorts(p))
     launch_kernel("select", decode_select_sorted_kernel, dim3(bg), kShortSelectThreads, 0, stream,
                   pdl, p, w, out.o_window, out.lse_window);
   else
     launch_kernel("select", decode_select_kernel<kShort>, dim3(bg), kSelectThreads, s.key_smem,
                   stream, pdl, p, w, out.o_window, out.lse_window);
-  if (chunk_mma)
+  if (p.K > 0 && mma && chunk_by_mma(p, s.fast_chunk))
     launch_kernel("chunk",
                   chunk_evict_first && landmark_mask ? decode_chunk_mma_kernel<true, true>
                   : landmark_mask                    ? decode_chunk_mma_kernel<true>
@@ -2426,9 +2273,9 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
               kernel == DecodeKernel::d18 || kernel == DecodeKernel::d19 ||
               kernel == DecodeKernel::d21 || kernel == DecodeKernel::d23 ||
               kernel == DecodeKernel::d24 || kernel == DecodeKernel::d25 ||
-              kernel == DecodeKernel::d29 || kernel == DecodeKernel::d33,
+              kernel == DecodeKernel::d29,
           "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3), d16 (4), d17 (5), d18 (6), "
-          "d19 (7), d21 (8), d23 (9), d24 (10), d25 (11), d29 (15) or d33 (19)");
+          "d19 (7), d21 (8), d23 (9), d24 (10), d25 (11) or d29 (15)");
   const DecodeParams p = params_of(spec, cache, q);
   DecodeScratch w = scratch_at(p, workspace);
   if (out.surrogate) w.scores = out.surrogate;
@@ -2444,12 +2291,10 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   } else {  // fused = d29; d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's
             // launches) with the chunk tiles' landmark mask; d23: d21 with its four tails in one
             // kernel; d24, d25: d21 with the score tiles' stream loaded evict-first (ScanLoads);
-            // d29: d25 with the chunk tiles' K/V rows loaded evict-first too; d33: d29 with
-            // the fusion weights by the select and the chunk tiles adding into o (no fuse)
+            // d29: d25 with the chunk tiles' K/V rows loaded evict-first too
     const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d29 : kernel;
     const bool d19 = k == DecodeKernel::d19, d23 = k == DecodeKernel::d23;
-    const bool d33 = k == DecodeKernel::d33;
-    const bool d29 = k == DecodeKernel::d29 || d33;
+    const bool d29 = k == DecodeKernel::d29;
     const bool d21 = k == DecodeKernel::d21 || k == DecodeKernel::d24 || k == DecodeKernel::d25 || d29;
     const bool mask = d19 || d21 || d23;
     const bool pdl = k == DecodeKernel::d16 || k == DecodeKernel::d18 || mask;
@@ -2459,10 +2304,10 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
                                                             : ScanLoads::plain;
     if (fp8)
       launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23, loads,
-                                     d29, d33);
+                                     d29);
     else
       launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23, loads,
-                                      d29, d33);
+                                      d29);
   }
 }
 

@@ -95,19 +95,14 @@ struct DecodeOutputs {
 //          B = 32, 512K, 0.7-1.1 us slower at B = 8 in the same run; the same bits as d21)
 //   (d26 = 12, d27 = 13, d28 = 14: measured slower in session 12 and removed; d30 = 16, d31 = 17,
 //   d32 = 18, the tails as two launches on thread-block clusters: measured slower in session 13
-//   and removed, gpu/NOTES.md)
-//   d33:   d29 without the fuse launch, for hierarchical fusion (K <= 32 < |V|, the fuse's and
-//          the tensor-core chunk tiles' shapes; d29 otherwise): the select block also computes
-//          the fusion weights (Eq. 10: the selected chunks' s_hat, the window, the zero logit),
-//          writes lse, the fusion weights, o_window, lse_window and o = w_win o_swa, and the
-//          chunk tiles add weight x o_c into o (fp32 atomic adds: o's sum order varies between
-//          calls at the last bits; the selection and everything else are d21's)
+//   and removed; d33 = 19, no fuse launch (the weights by the select): no gain, removed;
+//   gpu/NOTES.md)
 //   d5:    the launches of d5 (window, score, group scores, select, chunk, fuse)
 //   d8:    window tiles and score tiles in one grid (every tile issues all its loads before
 //          staging q / q~), then group scores, select, chunk tiles and a fuse that loads the
 //          chunks' outputs 8 at a time: five launches
 enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, d18 = 6, d19 = 7,
-                          d21 = 8, d23 = 9, d24 = 10, d25 = 11, d29 = 15, d33 = 19 };
+                          d21 = 8, d23 = 9, d24 = 10, d25 = 11, d29 = 15 };
 
 // A measurement probe for the benchmark (gpu/bench/bench_decode.py --scan-floor), not a step:
 // launch 1 of the step alone, or a kernel that only reads launch 1's bytes, writing nothing
