@@ -144,6 +144,8 @@ const char* sparse_kernel_name(SparseKernel kernel) {
     case SparseKernel::chunked_v20: return "chunked_v20";
     case SparseKernel::chunked_v21: return "chunked_v21";
     case SparseKernel::chunked_v22: return "chunked_v22";
+    case SparseKernel::chunked_v23: return "chunked_v23";
+    case SparseKernel::chunked_v24: return "chunked_v24";
   }
   return "unknown";
 }
@@ -263,6 +265,38 @@ void select_chunks(const MechanismSpec& spec, const Shape& shape, const DeviceIn
   check_launch("select_chunks");
 }
 
+static const char* row_type_name(RowType type) {
+  switch (type) {
+    case RowType::f32: return "f32";
+    case RowType::f16: return "f16";
+    case RowType::bf16: return "bf16";
+  }
+  return "unknown";
+}
+
+void fuse_rows(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+               const int32_t* selection, const float* selected_score, const void* o_swa,
+               RowType o_swa_type, const float* lse_swa, void* o, RowType o_type, float* lse,
+               cudaStream_t stream) {
+  if (o_swa_type == RowType::f32 && o_type == RowType::f32)
+    return fuse(spec, shape, in, selection, selected_score, static_cast<const float*>(o_swa),
+                lse_swa, static_cast<float*>(o), lse, stream);
+  validate(spec, shape, in);
+  require(o_swa_type != RowType::bf16, "o_swa_type", "f32 or f16", row_type_name(o_swa_type));
+  require(o_type != RowType::f16, "o_type", "f32 or bf16", row_type_name(o_type));
+  require(spec.fusion == Fusion::hierarchical, "fusion", "hierarchical for rows other than f32",
+          fusion_name(spec.fusion));
+  const detail::LaunchParams p = params_of(spec, shape, in);
+  require(g_packed_kernels && detail::packed_path_applies(p) && detail::chunked_fuse_applies(p),
+          "shape", "the chunk-major sparse stage's packed shapes for rows other than f32",
+          "another shape or the SIMT kernels");
+  require(detail::fusion_rows_apply(detail::sparse_kernel()), "sparse_kernel",
+          "chunked_v24 for rows other than f32", sparse_kernel_name(detail::sparse_kernel()));
+  detail::launch_fuse_chunked(p, selection, selected_score,
+                              detail::FusionRows{o_swa, o_swa_type, o, o_type}, lse_swa, lse, stream);
+  check_launch("fuse_rows");
+}
+
 void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
           const int32_t* selection, const float* selected_score, const float* o_swa,
           const float* lse_swa, float* o, float* lse, cudaStream_t stream) {
@@ -274,7 +308,9 @@ void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
     require(spec.fusion == Fusion::hierarchical, "fusion", "flat or hierarchical",
             fusion_name(spec.fusion));
     if (g_packed_kernels && detail::packed_path_applies(p) && detail::chunked_fuse_applies(p))
-      detail::launch_fuse_chunked(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+      detail::launch_fuse_chunked(p, selection, selected_score,
+                                  detail::FusionRows{o_swa, RowType::f32, o, RowType::f32}, lse_swa,
+                                  lse, stream);
     else if (g_packed_kernels && detail::packed_path_applies(p))
       detail::launch_fuse_packed(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
     else

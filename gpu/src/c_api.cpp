@@ -228,4 +228,20 @@ int hils_gpu_fuse(const hils_gpu_problem* p, const int32_t* selection,
   });
 }
 
+int hils_gpu_fuse_rows(const hils_gpu_problem* p, const int32_t* selection,
+                       const float* selected_score, const void* o_swa, int32_t o_swa_type,
+                       const float* lse_swa, void* o, int32_t o_type, float* lse, void* stream) {
+  return guarded(p, [&](const Translated& t) {
+    const auto row_type = [](const char* field, int32_t value) {
+      if (value < 0 || value > 2)
+        throw std::invalid_argument(std::string(field) + ": expected 0 (f32), 1 (f16) or 2 (bf16), got " +
+                                    std::to_string(value));
+      return static_cast<hils::gpu::RowType>(value);
+    };
+    hils::gpu::fuse_rows(t.spec, t.shape, t.in, selection, selected_score, o_swa,
+                         row_type("o_swa_type", o_swa_type), lse_swa, o, row_type("o_type", o_type),
+                         lse, as_stream(stream));
+  });
+}
+
 }  // extern "C"

@@ -94,9 +94,19 @@ namespace hils::gpu::detail {
 
 // Chunk-major hierarchical fusion (sparse_chunked.cu) for the packed shapes, 1 <= K <= 64.
 bool chunked_fuse_applies(const LaunchParams& p);
+// o_swa as the fusion reads it and o as it writes it ([Hq, T, 64] each, of the RowTypes named).
+struct FusionRows {
+  const void* o_swa = nullptr;
+  RowType o_swa_type = RowType::f32;
+  void* o = nullptr;
+  RowType o_type = RowType::f32;
+};
+// Whether the chunk-major variant reads or writes rows other than fp32 (hils::gpu::fuse_rows):
+// chunked_v24. The others take RowType::f32 only (the caller checks).
+bool fusion_rows_apply(SparseKernel kernel);
 void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
-                         const float* selected_score, const float* o_swa, const float* lse_swa,
-                         float* o, float* lse, cudaStream_t stream);
+                         const float* selected_score, const FusionRows& rows, const float* lse_swa,
+                         float* lse, cudaStream_t stream);
 // Queries per segment of the chunk-major fusion (0: from its scratch or L2 budget).
 void set_sparse_segment_queries(int64_t queries);
 // The chunk-major variant launch_fuse_chunked runs (hils::gpu::set_sparse_kernel): the one

@@ -101,6 +101,12 @@ enum class SparseKernel {
   chunked_v21,  // chunked_v16 (no wgmma) with chunked_v19's count per tile and segments
   chunked_v22,  // chunked_v19 with segment s + 1's weights kernel and segment s's o16 -> o
                 // conversion in one launch (the same values)
+  chunked_v23,  // chunked_v19 with each pair's bucket entry written by the pair-weights kernel
+                // (which forms its bucket position anyway) instead of a scatter launch over
+                // every pair (the same buckets, so the same values)
+  chunked_v24,  // chunked_v23 with the o16 -> o conversion reading 16 bytes per thread and
+                // discarding the o16 lines it has read from the L2 (no write-back of dead
+                // lines; the same values)
 };
 // Every SparseKernel, in the order of their values.
 constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
@@ -112,7 +118,8 @@ constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKerne
                                            SparseKernel::chunked_v16, SparseKernel::chunked_v17,
                                            SparseKernel::chunked_v18, SparseKernel::chunked_v19,
                                            SparseKernel::chunked_v20, SparseKernel::chunked_v21,
-                                           SparseKernel::chunked_v22};
+                                           SparseKernel::chunked_v22, SparseKernel::chunked_v23,
+                                           SparseKernel::chunked_v24};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
 // Whether the sparse stage runs wgmma (sm_90a; wgmma_available below). Every kernel is listed,
@@ -137,7 +144,9 @@ constexpr bool uses_wgmma(SparseKernel kernel) {
     case SparseKernel::chunked_v18:
     case SparseKernel::chunked_v19:
     case SparseKernel::chunked_v20:
-    case SparseKernel::chunked_v22: return true;
+    case SparseKernel::chunked_v22:
+    case SparseKernel::chunked_v23:
+    case SparseKernel::chunked_v24: return true;
   }
   return true;
 }
@@ -307,6 +316,18 @@ void select_chunks(const MechanismSpec& spec, const Shape& shape, const DeviceIn
 void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
           const int32_t* selection, const float* selected_score, const float* o_swa,
           const float* lse_swa, float* o, float* lse, cudaStream_t stream = nullptr);
+// Element type of a row block [Hq, T, dv] handed between stages: fp32 (fuse's, the API's), fp16,
+// or bf16 (the type SDPA returns o in for bf16 inputs).
+enum class RowType { f32, f16, bf16 };
+// fuse (hierarchical fusion) with o_swa read as o_swa_type (f32 or f16) and o written as o_type
+// (f32 or bf16). Other than f32 needs the chunk-major sparse stage chunked_v24 (packed shapes,
+// set_sparse_kernel); elsewhere, and for other types, std::invalid_argument names the field.
+// The arithmetic is fuse's (fp32, o summed in fp16); an fp16 o_swa rounds the window rows to
+// 11 bits before their weight, a bf16 o rounds the result to 8 bits.
+void fuse_rows(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+               const int32_t* selection, const float* selected_score, const void* o_swa,
+               RowType o_swa_type, const float* lse_swa, void* o, RowType o_type, float* lse,
+               cudaStream_t stream = nullptr);
 
 // Bytes of scratch memory run_mechanism needs.
 size_t workspace_bytes(const MechanismSpec& spec, const Shape& shape);
