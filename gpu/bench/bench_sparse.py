@@ -42,13 +42,16 @@ VARIANTS = [("v4", "chunked_v4", 0), ("v6", "chunked_v6", 0), ("v7", "chunked_v7
             ("v19_seg9600", "chunked_v19", 9600), ("v19_seg11200", "chunked_v19", 11200),
             ("v19_seg16000", "chunked_v19", 16000), ("v20", "chunked_v20", 0),
             ("v21", "chunked_v21", 0), ("v22", "chunked_v22", 0),
-            ("v23", "chunked_v23", 0), ("v24", "chunked_v24", 0)]
+            ("v23", "chunked_v23", 0), ("v24", "chunked_v24", 0), ("v25", "chunked_v25", 0)]
 # Variants through hils_gpu_fuse_rows: label -> (sparse kernel, o_swa dtype, o dtype). The fp16
 # o_swa is the window's fp32 o_swa rounded once by torch before the timing (in a forward the
 # window stage would write it).
 ROW_VARIANTS = {"v24_h16in": ("chunked_v24", torch.float16, torch.float32),
                 "v24_bf16out": ("chunked_v24", torch.float32, torch.bfloat16),
-                "v24_h16in_bf16out": ("chunked_v24", torch.float16, torch.bfloat16)}
+                "v24_h16in_bf16out": ("chunked_v24", torch.float16, torch.bfloat16),
+                "v25_h16in": ("chunked_v25", torch.float16, torch.float32),
+                "v25_bf16out": ("chunked_v25", torch.float32, torch.bfloat16),
+                "v25_h16in_bf16out": ("chunked_v25", torch.float16, torch.bfloat16)}
 
 
 def prepared_stages(lib, T, gen):
@@ -158,10 +161,10 @@ def main():
         selected = int((st.selection >= 0).sum().item())
         flops = selected * (HQ // HKV) * 4 * (S - 1) * D
         base_o = base_lse = None
-        for label, kernel, segment, rows in variants:
+        for label, kernel, segment, row_types in variants:
             if segment > T:
                 continue
-            ms, o, lse = run_variant(lib, st, kernel, segment, rows)
+            ms, o, lse = run_variant(lib, st, kernel, segment, row_types)
             if base_o is None:
                 base_o, base_lse = o, lse
             tflops = flops / (ms * 1e-3) / 1e12
@@ -177,7 +180,7 @@ def main():
                   f"{row['o_maxdiff']:.3g} (max |o| {row['o_maxabs']:.3g})  |lse - lse_base| max "
                   f"{row['lse_maxdiff']:.3g}", flush=True)
             if args.kernels and segment == 0:
-                table = kernel_table(lib, st, kernel, segment, rows=rows)
+                table = kernel_table(lib, st, kernel, segment, rows=row_types)
                 row["kernels_ms"] = table
                 for name, (ms_k, count) in sorted(table.items(), key=lambda kv: -kv[1][0]):
                     print(f"    {ms_k:8.3f} ms  x{count:<4d} {name}", flush=True)

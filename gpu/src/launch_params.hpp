@@ -29,6 +29,9 @@ struct LaunchParams {
   const void* q_retrieval = nullptr;  // never null inside launchers (q when absent)
   const void* prior = nullptr;
   int64_t prior_rows = 0;
+  // The element type the packed window kernels from mma_v9 on store o_swa in (their o_swa
+  // pointer then points at __half for f16; hils::gpu::window_attention_rows).
+  RowType o_swa_rows = RowType::f32;
 };
 
 // Whether this build's code for the current GPU has the wgmma kernels (sm_90a code on an sm_90
@@ -102,7 +105,7 @@ struct FusionRows {
   RowType o_type = RowType::f32;
 };
 // Whether the chunk-major variant reads or writes rows other than fp32 (hils::gpu::fuse_rows):
-// chunked_v24. The others take RowType::f32 only (the caller checks).
+// chunked_v24, chunked_v25. The others take RowType::f32 only (the caller checks).
 bool fusion_rows_apply(SparseKernel kernel);
 void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
                          const float* selected_score, const FusionRows& rows, const float* lse_swa,

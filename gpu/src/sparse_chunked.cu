@@ -41,13 +41,17 @@
 // chunked_v16 is v11 (no wgmma) with v15's weights kernel and segments; chunked_v17 is v15 with
 // the pair weights of every segment formed in one launch; chunked_v18 is v15 with the segment's
 // o16 laid out [queries, Hq, 64] (a pair's G heads reduced into adjacent rows; gpu/NOTES.md
-// "sparse v16-v18"); chunked_v19 (the default) is v15 with the pairs' ranks counted per tile of
+// "sparse v16-v18"); chunked_v19 is v15 with the pairs' ranks counted per tile of
 // queries in shared memory and query segments of the whole L2 (-7%, gpu/NOTES.md "sparse v19,
 // v20"); chunked_v20 is v19 with segment s + 1's weights kernel started in the last wave of
 // segment s's chunk kernel, and s + 1's chunk kernel in the last wave of s's convert
 // (programmatic dependent launch; measured slower); chunked_v21 (the default where wgmma cannot
 // run) is v16 with v19's count and segments; chunked_v22 is v19 with segment s + 1's weights
-// kernel and segment s's conversion in one launch (measured slower).
+// kernel and segment s's conversion in one launch (measured slower). chunked_v23 is v19 with the
+// bucket entries written by the weights kernel instead of a scatter launch (measured slower);
+// chunked_v24 is v23 with a conversion of 16 bytes per thread that discards the o16 lines it read
+// from the L2; chunked_v25 (the default) is v19 with v24's conversion. v24 and v25 also read an
+// fp16 o_swa and write a bf16 o (hils::gpu::fuse_rows; gpu/NOTES.md "Sparse v23, v24, v25").
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -1510,24 +1514,25 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   // chunked_v23, v24: the bucket entries written by the weights kernel (no scatter launch); v24:
   // o = o16 by convert_discard_o16_kernel, o_swa and o of any RowType the API admits.
   const bool weights_scatter = kernel == SparseKernel::chunked_v23 || kernel == SparseKernel::chunked_v24;
-  const bool discard_convert = kernel == SparseKernel::chunked_v24;
+  // chunked_v25: v19 (its scatter) with v24's conversion.
+  const bool discard_convert = kernel == SparseKernel::chunked_v24 || kernel == SparseKernel::chunked_v25;
   const bool pair_weights = kernel == SparseKernel::chunked_v11 || kernel == SparseKernel::chunked_v12 ||
                             kernel == SparseKernel::chunked_v13 || kernel == SparseKernel::chunked_v14 ||
                             kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v16 ||
                             kernel == SparseKernel::chunked_v17 || kernel == SparseKernel::chunked_v18 ||
                             kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20 ||
                             kernel == SparseKernel::chunked_v21 || kernel == SparseKernel::chunked_v22 ||
-                            weights_scatter;
+                            discard_convert || weights_scatter;
   const bool f16_sums = kernel == SparseKernel::chunked_v10 || pair_weights;
   const bool half_warp_weights = kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v16 ||
                                  kernel == SparseKernel::chunked_v17 || kernel == SparseKernel::chunked_v18 ||
                                  kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20 ||
                                  kernel == SparseKernel::chunked_v21 || kernel == SparseKernel::chunked_v22 ||
-                                 weights_scatter;
-  // chunked_v19-v24: the ranks counted per tile (below) and segments of the whole L2.
+                                 discard_convert || weights_scatter;
+  // chunked_v19-v25: the ranks counted per tile (below) and segments of the whole L2.
   const bool tiled_segments = kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20 ||
                               kernel == SparseKernel::chunked_v21 || kernel == SparseKernel::chunked_v22 ||
-                              weights_scatter;
+                              discard_convert || weights_scatter;
   // chunked_v18: o16 is the segment's, [seg, Hq, 64] (a pair's G heads in adjacent rows).
   const bool query_major_o16 = kernel == SparseKernel::chunked_v18;
   // chunked_v17: the pair weights of every segment in one launch (and in memory at once).
@@ -1631,7 +1636,7 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
       launch_after_previous(after_previous, kernel_fn, group_blocks, kReduceWarps * kWarp, 0, stream, p,
                             t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank, tables, o16, lse);
     };
-    if (rows.o_swa_type == RowType::f16) {  // chunked_v24 only (launch_fuse_chunked)
+    if (rows.o_swa_type == RowType::f16) {  // chunked_v24, v25 only (fusion_rows_apply)
       fusion_pair_weights_kernel<G, WeightLoads::all_first_half_warps, false, __half>
           <<<group_blocks, kReduceWarps * kWarp, 0, stream>>>(p, t0, tn, nc, selection, selected_score,
                                                              static_cast<const __half*>(rows.o_swa),
@@ -1667,7 +1672,8 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
         constexpr int kBytes = kWarpsPerBlock * 2 * 16 * kTilePitch * sizeof(__nv_bfloat16);
         if (kernel == SparseKernel::chunked_v12 || kernel == SparseKernel::chunked_v13 ||
             kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v17 ||
-            kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v22 || weights_scatter)
+            kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v22 || weights_scatter ||
+            discard_convert)
           launch_chunk_v9<G, V9Out::red_f16x2>(grid, stream, p, t0, seg, nc,
                                                items + s * (n_ch + 1), item_desc + s * max_items,
                                                bucket + s * bucket_stride, o16, pair_weight);
@@ -1818,7 +1824,9 @@ bool chunked_fuse_applies(const LaunchParams& p) {
   return p.K >= 1 && p.K <= 64 && p.T < (int64_t{1} << 25) && p.Hkv * p.T * p.K < (int64_t{1} << 31);
 }
 
-bool fusion_rows_apply(SparseKernel kernel) { return kernel == SparseKernel::chunked_v24; }
+bool fusion_rows_apply(SparseKernel kernel) {
+  return kernel == SparseKernel::chunked_v24 || kernel == SparseKernel::chunked_v25;
+}
 
 void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
                          const float* selected_score, const FusionRows& rows, const float* lse_swa,
@@ -1837,7 +1845,7 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
       kernel == SparseKernel::chunked_v18 || kernel == SparseKernel::chunked_v19 ||
       kernel == SparseKernel::chunked_v20 || kernel == SparseKernel::chunked_v21 ||
       kernel == SparseKernel::chunked_v22 || kernel == SparseKernel::chunked_v23 ||
-      kernel == SparseKernel::chunked_v24) {
+      kernel == SparseKernel::chunked_v24 || kernel == SparseKernel::chunked_v25) {
     switch (p.Hq / p.Hkv) {
       case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, rows, lse_swa, lse, kernel, stream);
       case 2: return launch_bucketed_once_g<2>(p, selection, selected_score, rows, lse_swa, lse, kernel, stream);

@@ -6,14 +6,14 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cstring>
-
 #include <cstdint>
+#include <cstring>
 #include <iostream>
 #include <iterator>
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "case_inputs.hpp"
@@ -352,7 +352,7 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's to v12's and v6's lse
       const KernelRun v6 = run_with(hils::gpu::SparseKernel::chunked_v6);
       const KernelRun v7 = run_with(hils::gpu::SparseKernel::chunked_v7);
       const KernelRun v8 = run_with(hils::gpu::SparseKernel::chunked_v8);
-      // Versions whose lse (only) must be v6's: v9 to v24.
+      // Versions whose lse (only) must be v6's: v9 to v25.
       const hils::gpu::SparseKernel lse_only[] = {
           hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v10,
           hils::gpu::SparseKernel::chunked_v11, hils::gpu::SparseKernel::chunked_v12,
@@ -361,7 +361,8 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's to v12's and v6's lse
           hils::gpu::SparseKernel::chunked_v17, hils::gpu::SparseKernel::chunked_v18,
           hils::gpu::SparseKernel::chunked_v19, hils::gpu::SparseKernel::chunked_v20,
           hils::gpu::SparseKernel::chunked_v21, hils::gpu::SparseKernel::chunked_v22,
-          hils::gpu::SparseKernel::chunked_v23, hils::gpu::SparseKernel::chunked_v24};
+          hils::gpu::SparseKernel::chunked_v23, hils::gpu::SparseKernel::chunked_v24,
+          hils::gpu::SparseKernel::chunked_v25};
       std::vector<KernelRun> lse_runs;
       for (auto kernel : lse_only) lse_runs.push_back(run_with(kernel));
       INFO("case " << c.name << " segment " << segment);
@@ -445,13 +446,14 @@ TEST_CASE("gpu C API sparse kernel values", "[gpu]") {
   hils::gpu::set_sparse_kernel(current);
 }
 
-// fuse_rows with chunked_v24: the sparse stage reading an fp16 o_swa (as a window stage that kept
-// its rows in fp16 would hand them over) and writing a bf16 o (as SDPA returns for bf16 inputs),
+// window_attention_rows and fuse_rows: the window stage storing its rows in fp16 (each the fp32
+// row's value rounded to nearest, bit for bit) and the sparse stage (chunked_v24, chunked_v25)
+// reading them and writing a bf16 o (as SDPA returns for bf16 inputs),
 // stage by stage on packed shapes in one and in several segments. The oracle judges that o as
 // the bf16 values it is (its bf16 floor budgets the stored output's rounding) with the same
 // run's window, summaries and selection; lse must equal the fp32-row call's bit for bit (the
-// rows' types do not enter it). A kernel other than v24, an fp16 o and a bf16 o_swa are refused
-// by field.
+// rows' types do not enter it). A kernel other than v24 and v25, an fp16 o and a bf16 o_swa are
+// refused by field.
 TEST_CASE("gpu sparse stage with an fp16 o_swa and a bf16 o", "[gpu]") {
   // clang-format off
   static constexpr Case kCases[] = {
@@ -477,19 +479,26 @@ TEST_CASE("gpu sparse stage with an fp16 o_swa and a bf16 o", "[gpu]") {
     hg::summarize(spec, shape, set.view, key.as<float>(), bias.as<float>());
     hg::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,
                       lse_swa.as<float>(), selection.as<int32_t>(), score.as<float>());
-    // The window's rows rounded to fp16 (to nearest) on the host.
-    const auto swa_bytes = o_swa.download();
-    std::vector<unsigned char> swa16(swa_bytes.size() / 2);
+    // The window's rows in fp16: the fp32 rows rounded to nearest, bit for bit.
+    const gt::GuardedBuffer o_swa16(Hq * T * dv * 2);
+    hg::window_attention_rows(spec, shape, set.view, o_swa16.data(), RowType::f16, lse_swa.as<float>());
+    gt::check_cuda(cudaDeviceSynchronize(), "window_attention_rows");
+    const auto swa_bytes = o_swa.download(), swa16 = o_swa16.download();
+    int64_t values_differing = 0;
     for (size_t i = 0; i < swa_bytes.size() / 4; ++i) {
       float x;
       std::memcpy(&x, swa_bytes.data() + 4 * i, 4);
       const __half h = __float2half_rn(x);
-      std::memcpy(swa16.data() + 2 * i, &h, 2);
+      values_differing += std::memcmp(swa16.data() + 2 * i, &h, 2) != 0;
     }
-    const gt::GuardedBuffer o_swa16 = gt::upload(swa16);
-    for (int64_t segment : {int64_t{0}, int64_t{257}}) {
+    CHECK(values_differing == 0);
+    CHECK(o_swa16.guard_damage("o_swa16").empty());
+    for (auto [kernel, segment] : {std::pair{hg::SparseKernel::chunked_v24, int64_t{0}},
+                                   std::pair{hg::SparseKernel::chunked_v24, int64_t{257}},
+                                   std::pair{hg::SparseKernel::chunked_v25, int64_t{0}},
+                                   std::pair{hg::SparseKernel::chunked_v25, int64_t{257}}}) {
       hg::set_sparse_segment_queries(segment);
-      hg::set_sparse_kernel(hg::SparseKernel::chunked_v24);
+      hg::set_sparse_kernel(kernel);
       gt::GuardedBuffer o16(Hq * T * dv * 2), lse(Hq * T * 4), o32(Hq * T * dv * 4), lse32(Hq * T * 4);
       hg::fuse_rows(spec, shape, set.view, selection.as<int32_t>(), score.as<float>(), o_swa16.data(),
                     RowType::f16, lse_swa.as<float>(), o16.data(), RowType::bf16, lse.as<float>());
@@ -519,9 +528,9 @@ TEST_CASE("gpu sparse stage with an fp16 o_swa and a bf16 o", "[gpu]") {
       for (const auto* b : {&o16, &lse, &o_swa, &lse_swa, &selection})
         if (auto damage = b->guard_damage("fuse_rows buffers"); !damage.empty())
           run.guard_problems.push_back(damage);
-      INFO("case " << c.name << " segment " << segment);
-      CHECK(judge(verifier, run, std::string(c.name) + " chunked_v24 f16 o_swa, bf16 o segment " +
-                                     std::to_string(segment)));
+      INFO("case " << c.name << " " << sparse_kernel_name(kernel) << " segment " << segment);
+      CHECK(judge(verifier, run, std::string(c.name) + " " + sparse_kernel_name(kernel) +
+                                     " f16 o_swa, bf16 o segment " + std::to_string(segment)));
       const auto lse_f32 = gt::head_vectors_of(lse32, Hq, T);
       double lse_diff = 0.0;
       for (int64_t h = 0; h < Hq; ++h)
@@ -534,8 +543,17 @@ TEST_CASE("gpu sparse stage with an fp16 o_swa and a bf16 o", "[gpu]") {
     CHECK_THROWS_WITH(hg::fuse_rows(spec, shape, set.view, selection.as<int32_t>(), score.as<float>(),
                                     o_swa16.data(), RowType::f16, lse_swa.as<float>(), o_any.data(),
                                     RowType::f32, lse_any.as<float>()),
-                      Catch::StartsWith("sparse_kernel: expected chunked_v24") && Catch::Contains("chunked_v19"));
-    hg::set_sparse_kernel(hg::SparseKernel::chunked_v24);
+                      Catch::StartsWith("sparse_kernel: expected chunked_v24 or chunked_v25") &&
+                          Catch::Contains("chunked_v19"));
+    hg::set_sparse_kernel(hg::SparseKernel::chunked_v25);
+    CHECK_THROWS_WITH(hg::window_attention_rows(spec, shape, set.view, o_any.data(), RowType::bf16,
+                                                lse_any.as<float>()),
+                      Catch::StartsWith("o_swa_type: expected f32 or f16"));
+    hg::set_window_kernel(hg::WindowKernel::mma_v4);
+    CHECK_THROWS_WITH(hg::window_attention_rows(spec, shape, set.view, o_any.data(), RowType::f16,
+                                                lse_any.as<float>()),
+                      Catch::StartsWith("o_swa_type: expected f32 for window kernel mma_v4"));
+    hg::set_window_kernel(std::nullopt);
     CHECK_THROWS_WITH(hg::fuse_rows(spec, shape, set.view, selection.as<int32_t>(), score.as<float>(),
                                     o_swa.data(), RowType::f32, lse_swa.as<float>(), o_any.data(),
                                     RowType::f16, lse_any.as<float>()),
@@ -745,7 +763,8 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
                       hils::gpu::SparseKernel::chunked_v15, hils::gpu::SparseKernel::chunked_v17,
                       hils::gpu::SparseKernel::chunked_v18, hils::gpu::SparseKernel::chunked_v19,
                       hils::gpu::SparseKernel::chunked_v20, hils::gpu::SparseKernel::chunked_v22,
-                      hils::gpu::SparseKernel::chunked_v23, hils::gpu::SparseKernel::chunked_v24}) {
+                      hils::gpu::SparseKernel::chunked_v23, hils::gpu::SparseKernel::chunked_v24,
+                      hils::gpu::SparseKernel::chunked_v25}) {
     REQUIRE(hils::gpu::uses_wgmma(kernel));
     INFO(sparse_kernel_name(kernel));
     hils::gpu::set_sparse_kernel(kernel);
