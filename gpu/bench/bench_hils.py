@@ -131,7 +131,8 @@ def hils_run(lib, T, gen, hils_o="f32"):
         # v8 on wgmma (v9), 128 queries per block (v10), the writer's loads ahead (v11), pass 2 trimmed (v12),
         # pass 2 head-major (v13), two tiles per pass-1 step (v14: on v13, v15: on v12), v15 without
         # its spills (v16), the scores by a kernel of their own (v17), pass 1's mass without a
-        # running maximum (v18), and 1/8 of its exponentials on the FMA pipe (v19) (gpu/NOTES.md).
+        # running maximum (v18), 1/8 of its exponentials on the FMA pipe (v19), and v17's scores
+        # summed from bf16 k' (v20) (gpu/NOTES.md).
         "select_v4": time_ms(lambda: st.select("two_pass_v4"), reps=3),
         "select_v5": time_ms(lambda: st.select("one_pass_v5"), reps=3),
         "select_v6": time_ms(lambda: st.select("two_pass_v6"), reps=3),
@@ -148,6 +149,7 @@ def hils_run(lib, T, gen, hils_o="f32"):
         "select_v17": time_ms(lambda: st.select("two_pass_v17"), reps=3),
         "select_v18": time_ms(lambda: st.select("two_pass_v18"), reps=3),
         "select_v19": time_ms(lambda: st.select("two_pass_v19"), reps=3),
+        "select_v20": time_ms(lambda: st.select("two_pass_v20"), reps=3),
     }
     # Every version of the sparse stage by name ("sparse" is the library's default).
     default_sparse = hc.sparse_kernel(lib)

@@ -2,7 +2,8 @@
 // KV group; each warp 16 of them. Pass 1 accumulates log Z_hat(t,h) per head over tiles of 64
 // candidate chunks (s_hat = q~ . k' with k' rounded to bf16, fp32 accumulate); pass 2 forms the
 // group score per tile and offers it to a per-query top-K list in shared memory. The reported
-// selected_score is recomputed in fp32 from the fp32 summaries.
+// selected_score is recomputed in fp32 from the fp32 summaries (v20: from their bf16 copy, the
+// values the ranking scored).
 // Fast path only: bf16 q~, d = 64, G in {1, 2, 4, 8, 16}, K <= 64, summary key rules.
 #include "launch_params.hpp"
 #include "scratch_pool.hpp"
@@ -568,8 +569,11 @@ __device__ __forceinline__ void bf16x8_to_float(uint4 raw, float (&qf)[8]) {
 // padded, with fp32 s_hat of every head of the group. The dot products run 4 at a time per warp:
 // 8 lanes per slot, 8 dims (one dot8 part) per lane (16-byte loads).
 // The scores only (write_selected_scores): slot e's score goes to rank_of[e / 32] (lane e % 32).
+// Key: float (the fp32 summaries: v8's bits) or __nv_bfloat16 (the bf16 copy the ranking scored,
+// half the bytes: v20).
+template <typename Key>
 __device__ void write_selected_scores(const LaunchParams& p, const int32_t* index, int n, const int (&rank_of)[2],
-                                      int64_t t, int64_t g, int G, const float* key, const float* bias,
+                                      int64_t t, int64_t g, int G, const Key* key, const float* bias,
                                       float* selected_score);
 __device__ void write_selection(const LaunchParams& p, const int32_t* index, int64_t t,
                                 int64_t g, int G, const float* key, const float* bias,
@@ -578,8 +582,20 @@ __device__ void write_selection(const LaunchParams& p, const int32_t* index, int
   const int n = write_selected_chunks(p, index, t, g, selection, rank_of);
   write_selected_scores(p, index, n, rank_of, t, g, G, key, bias, selected_score);
 }
+// Dims 8 part .. 8 part + 7 of a key row as floats (k0: the first four).
+__device__ __forceinline__ void load_key_part(const float* row, float4& k0, float4& k1) {
+  k0 = *reinterpret_cast<const float4*>(row);
+  k1 = *reinterpret_cast<const float4*>(row + 4);
+}
+__device__ __forceinline__ void load_key_part(const __nv_bfloat16* row, float4& k0, float4& k1) {
+  float kf[8];
+  bf16x8_to_float(*reinterpret_cast<const uint4*>(row), kf);
+  k0 = make_float4(kf[0], kf[1], kf[2], kf[3]);
+  k1 = make_float4(kf[4], kf[5], kf[6], kf[7]);
+}
+template <typename Key>
 __device__ void write_selected_scores(const LaunchParams& p, const int32_t* index, int n, const int (&rank_of)[2],
-                                      int64_t t, int64_t g, int G, const float* key, const float* bias,
+                                      int64_t t, int64_t g, int G, const Key* key, const float* bias,
                                       float* selected_score) {
   const int lane = threadIdx.x % kWarp;
   const int K = static_cast<int>(p.K);
@@ -605,13 +621,10 @@ __device__ void write_selected_scores(const LaunchParams& p, const int32_t* inde
 #pragma unroll
       for (int jj = 0; jj < kBatch; ++jj) {
         const int e = 4 * (j0 + jj) + group;
-        if (e < n) {
-          const float* row = key + (h * n_chunks + index[e]) * kTileDim + 8 * part;
-          k0[jj] = *reinterpret_cast<const float4*>(row);
-          k1[jj] = *reinterpret_cast<const float4*>(row + 4);
-        } else {
+        if (e < n)
+          load_key_part(key + (h * n_chunks + index[e]) * kTileDim + 8 * part, k0[jj], k1[jj]);
+        else
           k0[jj] = k1[jj] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
       }
 #pragma unroll
       for (int jj = 0; jj < kBatch; ++jj) selected_score_step(qf, k0[jj], k1[jj], j0 + jj, n, p.scale, own_bias, score);
@@ -628,10 +641,12 @@ __device__ void write_selected_scores(const LaunchParams& p, const int32_t* inde
 // selection: one warp per (query, group), 8 per block, so that an SM holds more warps than the
 // selection kernel's 16 to cover the loads' latency (at 16K the writer was ~60% of v16's
 // instructions and stall samples). Slot e is the e-th chunk of the ascending list, its score
-// goes to position e: the same sums, the same bits (write_selected_scores).
-template <int G>
+// goes to position e: the same sums, the same bits (write_selected_scores). v20: the same kernel
+// on the bf16 k' rows (Key = __nv_bfloat16): the sums of the k' values the ranking scored, not v8's
+// bits.
+template <int G, typename Key>
 __global__ void __launch_bounds__(256, 3)
-    selected_scores_kernel(LaunchParams p, const float* key, const float* bias, const int32_t* selection,
+    selected_scores_kernel(LaunchParams p, const Key* key, const float* bias, const int32_t* selection,
                            float* selected_score) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / kWarp, g = blockIdx.y;
   if (t >= p.T) return;  // the whole warp
@@ -1938,7 +1953,8 @@ int block_queries(PackedSelect kernel) {
                  kernel == PackedSelect::two_pass_v12 || kernel == PackedSelect::two_pass_v13 ||
                  kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15 ||
                  kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17 ||
-                 kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19
+                 kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19 ||
+                 kernel == PackedSelect::two_pass_v20
              ? kBlockQueries<Scoring::wgmma_q_smem>
              : kQueries;
 }
@@ -1951,7 +1967,8 @@ size_t select_smem_bytes(int64_t G, int64_t K, PackedSelect kernel) {
       kernel == PackedSelect::two_pass_v12 || kernel == PackedSelect::two_pass_v13 ||
       kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15 ||
       kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17 ||
-      kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19)
+      kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19 ||
+      kernel == PackedSelect::two_pass_v20)
     return 2 * v8_bytes + 4 * kPanelBytes + wg::kAtomBytes;
   return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries) * 4;
 }
@@ -1985,6 +2002,7 @@ SelectKernelFn select_kernel_of(PackedSelect kernel) {
       return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::pass2_q32,
                                   Pass1::pairs>;
     case PackedSelect::two_pass_v17:
+    case PackedSelect::two_pass_v20:  // v17's selection; the scores from bf16 k' (launch_select_g)
       return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::separate, Lean::pass2_q32,
                                   Pass1::pairs>;
     case PackedSelect::two_pass_v18:
@@ -2020,10 +2038,13 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
     to_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(key, key_bf16, n, bias,
                                                                                bias2, n_bias);
   fn<<<grid, 2 * queries, smem, stream>>>(p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
-  // v17: the selected scores after the selection, by a kernel of their own.
+  // v17: the selected scores after the selection, by a kernel of their own; v20: from bf16 k'.
+  const dim3 scores_grid(static_cast<unsigned>((p.T + 7) / 8), static_cast<unsigned>(p.Hkv));
   if (kernel == PackedSelect::two_pass_v17)
-    selected_scores_kernel<G><<<dim3(static_cast<unsigned>((p.T + 7) / 8), static_cast<unsigned>(p.Hkv)), 256, 0,
-                                 stream>>>(p, key, bias, selection, selected_score);
+    selected_scores_kernel<G, float><<<scores_grid, 256, 0, stream>>>(p, key, bias, selection, selected_score);
+  if (kernel == PackedSelect::two_pass_v20)
+    selected_scores_kernel<G, __nv_bfloat16><<<scores_grid, 256, 0, stream>>>(p, key_bf16, bias, selection,
+                                                                              selected_score);
   give_back_scratch(scratch, stream);
 }
 
@@ -2047,12 +2068,14 @@ void launch_select_packed(const LaunchParams& p, const float* key, const float* 
                            kernel == PackedSelect::two_pass_v13 || kernel == PackedSelect::two_pass_v14 ||
                            kernel == PackedSelect::two_pass_v15 || kernel == PackedSelect::two_pass_v16 ||
                            kernel == PackedSelect::two_pass_v17 || kernel == PackedSelect::two_pass_v18 ||
-                           kernel == PackedSelect::two_pass_v19) &&
+                           kernel == PackedSelect::two_pass_v19 || kernel == PackedSelect::two_pass_v20) &&
                           p.K > kWarp);
-  // v16 to v19 offset q~ rows in 32 bits (Hq T 64 < 2^32); longer sequences run v15 (the same
-  // selection and bytes as v16 and v17; v18 and v19 differ from it only where v8 does).
+  // v16 to v20 offset q~ rows in 32 bits (Hq T 64 < 2^32); longer sequences run v15 (the same
+  // selection and bytes as v16 and v17; v18 and v19 differ from it only where v8 does, v20 in its
+  // scores' rounding).
   const bool long_rows = (kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17 ||
-                          kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19) &&
+                          kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19 ||
+                          kernel == PackedSelect::two_pass_v20) &&
                          p.Hq * p.T * kTileDim > UINT32_MAX;
   const PackedSelect one = fall_back ? PackedSelect::two_pass_v4 : long_rows ? PackedSelect::two_pass_v15 : kernel;
   if (uses_wgmma(one) && !wgmma_runs_on_current_device())

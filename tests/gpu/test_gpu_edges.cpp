@@ -429,3 +429,103 @@ TEST_CASE("gpu selections with pass 1's mass unshifted (v18, v19) pass the oracl
     }
   }
 }
+
+// v20 runs v17's selection and sums its selected scores from the bf16 copy of k' that the ranking
+// scored (half the writer's bytes), so its selections must be v16's bytes and each selected
+// score must be the surrogate score of the same (head, query, chunk) computed by the generic
+// kernel from k' rounded to bf16 on the host, up to fp32 summation order; v16's scores must be
+// the same surrogate from the fp32 k'. The two differ by k''s rounding (up to ~4e-3 on scores of
+// ~5 on the benchmark inputs), which the tolerance (1e-5 per unit of score) does not cover, so a
+// writer that read the fp32 rows, another head's row or another chunk's row fails. (lmk's k' are
+// bf16 keys, which the rounding leaves as they are: there v20's scores are v16's bytes.)
+TEST_CASE("gpu selection v20 scores its choices from the bf16 k' it ranked with", "[gpu]") {
+  // clang-format off
+  static constexpr Case kCases[] = {
+    //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
+    Case{"packed_bench_geometry", 2113,   64, 512, 32, 16,  2, 64, 64, true, 1.0},
+    Case{"packed_g2_peaked",       777,   64,  64,  3,  4,  2, 64, 64, true, 4.0},
+    Case{"packed_multi_tile",     5000,   64, 128, 16,  4,  1, 64, 64, true, 1.0},
+  };
+  // clang-format on
+  for (const Case& c : kCases) {
+    const auto inputs = hils::cases::make_inputs<double>(c);
+    for (const char* preset : {"hils", "lmk"}) {
+      const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+      const int64_t nc = c.T / c.S;
+      const hils::gpu::Shape shape{c.T, c.Hq, c.Hkv, c.d, c.dv};
+      auto set = gt::upload_inputs(inputs, DType::bf16);
+      gt::GuardedBuffer o_swa(c.Hq * c.T * c.dv * 4), lse_swa(c.Hq * c.T * 4);
+      gt::GuardedBuffer key(c.Hq * nc * c.d * 4), bias(c.Hq * nc * 4);
+      hils::gpu::window_attention(spec, shape, set.view, o_swa.as<float>(), lse_swa.as<float>());
+      hils::gpu::summarize(spec, shape, set.view, key.as<float>(), bias.as<float>());
+      // k' rounded to bf16 on the host (round to nearest even, as the selection's copy).
+      std::vector<unsigned char> key_bytes = key.download();
+      std::vector<float> key_rounded(key_bytes.size() / 4);
+      std::memcpy(key_rounded.data(), key_bytes.data(), key_bytes.size());
+      for (float& x : key_rounded) x = static_cast<float>(oracle::round_to_bf16(x));
+      std::vector<unsigned char> rounded_bytes(key_bytes.size());
+      std::memcpy(rounded_bytes.data(), key_rounded.data(), rounded_bytes.size());
+      const gt::GuardedBuffer key_bf16 = gt::upload(rounded_bytes);
+      gt::GuardedBuffer surrogate(c.Hq * c.T * nc * 4), surrogate_bf16(c.Hq * c.T * nc * 4);
+      hils::gpu::surrogate_scores(spec, shape, set.view, key.as<float>(), bias.as<float>(), surrogate.as<float>());
+      hils::gpu::surrogate_scores(spec, shape, set.view, key_bf16.as<float>(), bias.as<float>(),
+                                  surrogate_bf16.as<float>());
+      struct Run {
+        std::vector<int32_t> selection;
+        std::vector<float> scores;
+      };
+      auto run = [&](hils::gpu::SelectKernel kernel) {
+        gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), selected(c.Hq * c.T * c.K * 4);
+        hils::gpu::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,
+                                 lse_swa.as<float>(), selection.as<int32_t>(), selected.as<float>(), nullptr,
+                                 kernel);
+        gt::check_cuda(cudaDeviceSynchronize(), "select_chunks");
+        CHECK(selection.guard_damage("selection").empty());
+        CHECK(selected.guard_damage("selected_score").empty());
+        Run r{std::vector<int32_t>(c.Hkv * c.T * c.K), std::vector<float>(c.Hq * c.T * c.K)};
+        const auto sel_bytes = selection.download();
+        const auto score_bytes = selected.download();
+        std::memcpy(r.selection.data(), sel_bytes.data(), sel_bytes.size());
+        std::memcpy(r.scores.data(), score_bytes.data(), score_bytes.size());
+        return r;
+      };
+      const Run v16 = run(hils::gpu::SelectKernel::two_pass_v16);
+      const Run v20 = run(hils::gpu::SelectKernel::two_pass_v20);
+      auto floats = [](const gt::GuardedBuffer& b) {
+        const auto bytes = b.download();
+        std::vector<float> f(bytes.size() / 4);
+        std::memcpy(f.data(), bytes.data(), bytes.size());
+        return f;
+      };
+      const std::vector<float> s32 = floats(surrogate), s16 = floats(surrogate_bf16);
+      INFO("case " << c.name << " preset " << preset);
+      CHECK(v20.selection == v16.selection);
+      const int64_t G = c.Hq / c.Hkv;
+      int64_t checked = 0, off_v16 = 0, off_v20 = 0, rounding_visible = 0;
+      for (int64_t h = 0; h < c.Hq; ++h)
+        for (int64_t t = 0; t < c.T; ++t)
+          for (int64_t j = 0; j < c.K; ++j) {
+            const int32_t chunk = v16.selection[((h / G) * c.T + t) * c.K + j];
+            const float a16 = v16.scores[(h * c.T + t) * c.K + j], a20 = v20.scores[(h * c.T + t) * c.K + j];
+            if (chunk < 0) continue;
+            const float e32 = s32[(h * c.T + t) * nc + chunk], e16 = s16[(h * c.T + t) * nc + chunk];
+            ++checked;
+            off_v16 += std::fabs(a16 - e32) > 1e-5f * (1.0f + std::fabs(e32));
+            off_v20 += std::fabs(a20 - e16) > 1e-5f * (1.0f + std::fabs(e16));
+            rounding_visible += std::fabs(e16 - e32) > 1e-5f * (1.0f + std::fabs(e32));
+          }
+      std::cout << "v20 " << c.name << " " << preset << ": " << checked << " selected scores, off the fp32 "
+                << "surrogate (v16) " << off_v16 << ", off the bf16-k' surrogate (v20) " << off_v20
+                << ", where k''s rounding shows " << rounding_visible << "\n";
+      CHECK(checked > 0);
+      CHECK(off_v16 == 0);
+      CHECK(off_v20 == 0);
+      if (spec.key_rule == hils::KeyRule::landmark_key)
+        // lmk's k' are landmark tokens' keys, bf16 inputs: bf16 holds them exactly, so v20 sums
+        // the same values in the same order as v16.
+        CHECK(v20.scores == v16.scores);
+      else
+        CHECK(rounding_visible > 0);  // the test tells the two writers apart
+    }
+  }
+}

@@ -237,16 +237,17 @@ void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const Devic
                       const float* key, const float* bias, float* scores,
                       cudaStream_t stream = nullptr);
 // Which packed selection kernel runs (gpu/NOTES.md has each version's numbers). All but
-// two_pass_v18 and two_pass_v19 give the same selection and the same selected scores
-// (bit_identical_to_v8); those two may differ at near ties, within the oracle's margin. two_pass_v16 (v10, i.e. v8 scored by wgmma on
-// sm_90a with 128 queries per block, with the selected-score writer's loads one unit ahead (v11),
-// pass 2's per-step overhead trimmed (v12), two k' tiles per pass-1 step (v15) and pass 2's copy
-// state in 32 bits, without v15's spills) is the default (kDefaultSelectKernel: on the H100
-// 5-13% faster than v12 at 16K-512K, 512K 44.9 ms against 51.4; gpu/NOTES.md); v4 to v15 stay
-// reachable as the benchmark's comparison points. one_pass_v5 applies to the
+// two_pass_v18 and two_pass_v19 give the same selection (selections_identical_to_v8); those two
+// may differ at near ties, within the oracle's margin. All but those and two_pass_v20 give the
+// same selected scores; v20 sums them from the bf16 k' the ranking scored. two_pass_v20 is the
+// default (kDefaultSelectKernel): v16 (v10, i.e. v8 scored by wgmma on sm_90a with 128 queries
+// per block, pass 2's per-step overhead trimmed (v12), two k' tiles per pass-1 step (v15) and
+// pass 2's copy state in 32 bits) with the selected scores by a kernel of their own (v17) that
+// reads the bf16 k' rows, half the writer's bytes (H100 512K: 43.2 ms against v17's 44.4 in one
+// run; gpu/NOTES.md v20); v4 to v19 stay reachable as the benchmark's comparison points. one_pass_v5 applies to the
 // default group rule (max_normalized); for the others it falls back to two_pass_v4. v6 and v8
 // form their bounds for K <= 32 and the normalised group rules; v6 runs as v4 otherwise, v8 takes
-// K <= 32 (else two_pass_v4), and so do v9 to v17.
+// K <= 32 (else two_pass_v4), and so do v9 to v20.
 enum class SelectKernel {
   two_pass_v4,  // pass 1: log Z_hat per head; pass 2: group scores offered to the top-K lists
   one_pass_v5,  // per head a running log Z_hat and its K best; the union ranked at the end
@@ -270,6 +271,9 @@ enum class SelectKernel {
                  // v8: log Z_hat differs in its last bits; H100 512K -1% against v16, not faster
                  // at 16K-128K; gpu/NOTES.md v18)
   two_pass_v19,  // v18 with one pass-1 exponential in eight on the FMA pipe (a polynomial)
+  two_pass_v20,  // v17 with the selected scores summed from the bf16 k' rows the ranking scored
+                 // (half the writer's bytes): v16's selections, scores NOT v8's bits (they differ
+                 // by k''s bf16 rounding; gpu/NOTES.md v20)
 };
 // Every SelectKernel, in the order of their values.
 constexpr SelectKernel kSelectKernels[] = {
@@ -278,8 +282,8 @@ constexpr SelectKernel kSelectKernels[] = {
     SelectKernel::two_pass_v10, SelectKernel::two_pass_v11, SelectKernel::two_pass_v12,
     SelectKernel::two_pass_v13, SelectKernel::two_pass_v14, SelectKernel::two_pass_v15,
     SelectKernel::two_pass_v16, SelectKernel::two_pass_v17, SelectKernel::two_pass_v18,
-    SelectKernel::two_pass_v19};
-constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v16;
+    SelectKernel::two_pass_v19, SelectKernel::two_pass_v20};
+constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v20;
 // The selection without wgmma where wgmma cannot run (wgmma_available).
 constexpr SelectKernel kSelectKernelWithoutWgmma = SelectKernel::two_pass_v8;
 // The kernel's name as above ("two_pass_v12", ...).
@@ -303,15 +307,15 @@ constexpr bool uses_wgmma(SelectKernel kernel) {
     case SelectKernel::two_pass_v16:
     case SelectKernel::two_pass_v17:
     case SelectKernel::two_pass_v18:
-    case SelectKernel::two_pass_v19: return true;
+    case SelectKernel::two_pass_v19:
+    case SelectKernel::two_pass_v20: return true;
   }
   return true;
 }
 
-// Whether the kernel's selections and selected scores equal v8's bit for bit by construction:
-// every kernel but two_pass_v18 and two_pass_v19, whose log Z_hat differs in its last bits (the
-// oracle judges those; gpu/NOTES.md v18).
-constexpr bool bit_identical_to_v8(SelectKernel kernel) {
+// Whether the kernel's selections equal v8's bit for bit by construction: every kernel but
+// two_pass_v18 and two_pass_v19 (two_pass_v20's selected scores differ from v8's; see above).
+constexpr bool selections_identical_to_v8(SelectKernel kernel) {
   return kernel != SelectKernel::two_pass_v18 && kernel != SelectKernel::two_pass_v19;
 }
 
