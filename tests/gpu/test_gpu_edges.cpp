@@ -352,7 +352,7 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
 // 100 times the usual: s2 in the hundreds, whose unshifted 2^s2 overflow) the block runs pass 1
 // again with v16's mass, so the selection and scores must be v16's bytes; without the fallback
 // every such row's log2 Z_hat is +inf and its selection wrong.
-TEST_CASE("gpu selections with pass 1's mass unshifted (v18, v19) pass the oracle", "[gpu]") {
+TEST_CASE("gpu selections with pass 1's mass unshifted (v18 and v19) pass the oracle", "[gpu]") {
   // clang-format off
   static constexpr Case kCases[] = {
     //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
