@@ -158,6 +158,8 @@ const char* window_kernel_name(WindowKernel kernel) {
     case WindowKernel::wgmma_v11: return "wgmma_v11";
     case WindowKernel::wgmma_v12: return "wgmma_v12";
     case WindowKernel::wgmma_v13: return "wgmma_v13";
+    case WindowKernel::wgmma_v14: return "wgmma_v14";
+    case WindowKernel::wgmma_v15: return "wgmma_v15";
   }
   return "unknown";
 }
