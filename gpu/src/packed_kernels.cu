@@ -654,9 +654,17 @@ __device__ __forceinline__ void issue_pv(float (&o)[8][4], const uint32_t (&pa)[
   wg::commit();
 }
 
-template <int G, int kAhead>
+// Where a tile's step puts the P V (kSchedule): kPvBeforeS (v14, v15) issues tile i-1's P V right
+// after S_i's wgmma and waits for S_i alone; kPvAfterMask (v16) waits for S_i, masks it, then
+// issues tile i-1's P V under the softmax (no divergent code between that P V and its wait);
+// kPvInTile (v17) is v13's step (tile i's own P V after its softmax, both waited at once) with
+// these copies.
+enum WindowSchedule { kPvBeforeS, kPvAfterMask, kPvInTile };
+
+template <int G, int kAhead, int kSchedule>
 __global__ void __launch_bounds__(256, 2)
     window_wgmma_overlap_kernel(LaunchParams p, float* o_swa, float* lse_swa) {
+  constexpr bool kDeferredPv = kSchedule != kPvInTile;
   constexpr int kRows = 128, M = kRows / G;
   using Smem = WindowOverlapSmem<kAhead>;
   extern __shared__ unsigned char window_wg_raw[];
@@ -752,7 +760,7 @@ __global__ void __launch_bounds__(256, 2)
     const uint32_t k_lo = k0_lo + k_use / 16, v_lo = v0_lo + v_use / 16;
     k_use = next_stage<Smem::kKStages>(k_use);
     v_use = next_stage<Smem::kVStages>(v_use);
-    if (it == it_end + 1) {  // the warpgroup's last P V (its V stage is not refilled before kAhead + 1 tiles)
+    if (kDeferredPv && it == it_end + 1) {  // the warpgroup's last P V (its V stage is not refilled before kAhead + 1 tiles)
       issue_pv(o, pa, alpha, pending_v_lo, desc_hi);
       wg::wait<0>();
       wg::fence_operands(o);
@@ -768,16 +776,29 @@ __global__ void __launch_bounds__(256, 2)
     // At the warpgroup's first tile P is 0 and V this tile's panel (finite): o stays 0. One P V
     // more per block and warpgroup, but the same wgmma and waits on every path (ptxas serializes
     // the wgmma, C7518, when the waits differ between the paths of a branch).
-    if (it == it_begin) pending_v_lo = v_lo;
-    issue_pv(o, pa, alpha, pending_v_lo, desc_hi);
-    wg::wait<1>();  // S has landed; the P V runs on under the softmax
+    if (kDeferredPv && it == it_begin) pending_v_lo = v_lo;
+    if constexpr (kSchedule == kPvBeforeS) {
+      issue_pv(o, pa, alpha, pending_v_lo, desc_hi);
+      wg::wait<1>();  // S has landed; the P V runs on under the softmax
+    } else {
+      wg::wait<0>();
+    }
     wg::fence_operands(s);
     mask_window_tile(s, key0, 8, mask, lane);
+    // ptxas puts the P V's wait at the end of a divergent region (the masks' branch) that lies
+    // between the P V and its wait (session 13's v14/v15 SASS): v16 issues it after the masks.
+    if constexpr (kSchedule == kPvAfterMask) issue_pv(o, pa, alpha, pending_v_lo, desc_hi);
     float neg_max2[2];
     raise_to_tile_max(s, c2, m, l, alpha, neg_max2);
     exponentiate_tile(s, 8, c2, neg_max2, l);
-    wg::wait<0>();  // the P V is done: pa may be rewritten
-    wg::fence_operands(o);
+    if constexpr (kDeferredPv) {
+      // The exponentials and the sums before the wait: without these pins the compiler moved
+      // the whole softmax below it (session 13's first v14 SASS).
+      wg::fence_operands(s);
+      wg::fence_values(l);
+      wg::wait<0>();  // the P V is done: pa may be rewritten
+      wg::fence_operands(o);
+    }
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       pa[ks][0] = pack_bf16(s[2 * ks][0], s[2 * ks][1]);
@@ -785,9 +806,15 @@ __global__ void __launch_bounds__(256, 2)
       pa[ks][2] = pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]);
       pa[ks][3] = pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3]);
     }
-    pending_v_lo = v_lo;
+    if constexpr (kDeferredPv) {
+      pending_v_lo = v_lo;
+    } else {
+      issue_pv(o, pa, alpha, v_lo, desc_hi);
+      wg::wait<0>();
+      wg::fence_operands(o);
+    }
   }
-  if (it_begin <= it_end && it_end == n_tiles - 1) {
+  if (kDeferredPv && it_begin <= it_end && it_end == n_tiles - 1) {
     issue_pv(o, pa, alpha, pending_v_lo, desc_hi);
     wg::wait<0>();
     wg::fence_operands(o);
@@ -1047,26 +1074,26 @@ void launch_window_wgmma_version(const LaunchParams& p, float* o, float* lse, cu
   }
 }
 
-template <int G, int kAhead>
+template <int G, int kAhead, int kSchedule>
 void launch_window_overlap_g(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
   constexpr int M = 128 / G;
   constexpr int smem = static_cast<int>(kWindowOverlapSmemBytes<kAhead>);
   const dim3 grid(static_cast<unsigned>((p.T + M - 1) / M), static_cast<unsigned>(p.Hkv));
-  static const bool raised = cudaFuncSetAttribute(window_wgmma_overlap_kernel<G, kAhead>,
+  static const bool raised = cudaFuncSetAttribute(window_wgmma_overlap_kernel<G, kAhead, kSchedule>,
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                   smem) == cudaSuccess;
   (void)raised;  // a failure surfaces as the launch's error
-  window_wgmma_overlap_kernel<G, kAhead><<<grid, 256, smem, stream>>>(p, o, lse);
+  window_wgmma_overlap_kernel<G, kAhead, kSchedule><<<grid, 256, smem, stream>>>(p, o, lse);
 }
 
-template <int kAhead>
+template <int kAhead, int kSchedule>
 void launch_window_overlap(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
   switch (p.Hq / p.Hkv) {
-    case 1: return launch_window_overlap_g<1, kAhead>(p, o, lse, stream);
-    case 2: return launch_window_overlap_g<2, kAhead>(p, o, lse, stream);
-    case 4: return launch_window_overlap_g<4, kAhead>(p, o, lse, stream);
-    case 8: return launch_window_overlap_g<8, kAhead>(p, o, lse, stream);
-    default: return launch_window_overlap_g<16, kAhead>(p, o, lse, stream);
+    case 1: return launch_window_overlap_g<1, kAhead, kSchedule>(p, o, lse, stream);
+    case 2: return launch_window_overlap_g<2, kAhead, kSchedule>(p, o, lse, stream);
+    case 4: return launch_window_overlap_g<4, kAhead, kSchedule>(p, o, lse, stream);
+    case 8: return launch_window_overlap_g<8, kAhead, kSchedule>(p, o, lse, stream);
+    default: return launch_window_overlap_g<16, kAhead, kSchedule>(p, o, lse, stream);
   }
 }
 
@@ -1075,8 +1102,10 @@ void launch_window_wgmma(const LaunchParams& p, WindowKernel kernel, float* o, f
   switch (kernel) {
     case WindowKernel::wgmma_v11: return launch_window_wgmma_version<11>(p, o, lse, stream);
     case WindowKernel::wgmma_v12: return launch_window_wgmma_version<12>(p, o, lse, stream);
-    case WindowKernel::wgmma_v14: return launch_window_overlap<1>(p, o, lse, stream);
-    case WindowKernel::wgmma_v15: return launch_window_overlap<2>(p, o, lse, stream);
+    case WindowKernel::wgmma_v14: return launch_window_overlap<1, kPvBeforeS>(p, o, lse, stream);
+    case WindowKernel::wgmma_v15: return launch_window_overlap<2, kPvBeforeS>(p, o, lse, stream);
+    case WindowKernel::wgmma_v16: return launch_window_overlap<2, kPvAfterMask>(p, o, lse, stream);
+    case WindowKernel::wgmma_v17: return launch_window_overlap<2, kPvInTile>(p, o, lse, stream);
     default: return launch_window_wgmma_version<13>(p, o, lse, stream);
   }
 }
