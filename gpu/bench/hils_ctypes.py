@@ -131,6 +131,7 @@ class Stages:
         self.selected_score = torch.empty(p.Hq, p.T, max(p.K, 1), **f32)
         self.o = torch.empty(p.Hq, p.T, p.dv, **f32)
         self.lse = torch.empty(p.Hq, p.T, **f32)
+        self.workspace = None  # run()'s, allocated at its first call
 
     def window(self):
         self.lib.call("hils_gpu_window", ctypes.byref(self.p), ptr(self.o_swa), ptr(self.lse_swa),
@@ -160,6 +161,17 @@ class Stages:
         self.lib.call("hils_gpu_fuse", ctypes.byref(self.p), ptr(self.selection),
                       ptr(self.selected_score), ptr(self.o_swa), ptr(self.lse_swa), ptr(self.o),
                       ptr(self.lse), stream_ptr())
+
+    def run(self):
+        """The forward as a caller runs it: one hils_gpu_run (window, summaries, selection and
+        sparse stage, each the library's default) into o and lse, its intermediates in a workspace
+        of hils_gpu_workspace_bytes. forward() below is the same work as four calls."""
+        if self.workspace is None:
+            size = ctypes.c_size_t()
+            self.lib.call("hils_gpu_workspace_bytes", ctypes.byref(self.p), ctypes.byref(size))
+            self.workspace = torch.empty(max(size.value, 1), device="cuda", dtype=torch.uint8)
+        self.lib.call("hils_gpu_run", ctypes.byref(self.p), ptr(self.o), ptr(self.lse),
+                      ptr(self.workspace), stream_ptr())
 
     def forward(self, select_kernel=None):
         self.window()

@@ -93,7 +93,10 @@ struct DecodeOutputs {
 //   d29:   d25 with the chunk tiles' K/V rows (read once per step) copied with an L2
 //          evict-first policy too (the default since session 12: 3.3-3.5 us faster than d25 at
 //          B = 32, 512K, 0.7-1.1 us slower at B = 8 in the same run; the same bits as d21)
-//   (d26 = 12, d27 = 13, d28 = 14: measured slower in session 12 and removed, gpu/NOTES.md)
+//   (d26 = 12, d27 = 13, d28 = 14: measured slower in session 12 and removed; d30 = 16, d31 = 17,
+//   d32 = 18, the tails as two launches on thread-block clusters: measured slower in session 13
+//   and removed; d33 = 19, no fuse launch (the weights by the select): no gain, removed;
+//   gpu/NOTES.md)
 //   d5:    the launches of d5 (window, score, group scores, select, chunk, fuse)
 //   d8:    window tiles and score tiles in one grid (every tile issues all its loads before
 //          staging q / q~), then group scores, select, chunk tiles and a fuse that loads the
