@@ -5,7 +5,10 @@ Run by scripts/gpu_check.sh. Times are medians of CUDA-event-timed repetitions a
 The table's three columns (the HiLS forward as a caller runs it, one hils_gpu_run call, and the
 two SDPA backends) are medians of up to 25 calls after 3 warm-up calls (fewer where the calls
 pass ~5 s), so that sub-millisecond differences at small T are not one call's noise; the
-stages and the kernels by name are medians of 3.
+stages and the kernels by name are medians of 3. The HiLS column returns o in fp32; with
+--hils-o bf16 it is the forward that keeps the window's rows in fp16 and returns o in bf16, as
+SDPA does for bf16 inputs (four calls: hils_gpu_window_rows, summaries, selection,
+hils_gpu_fuse_rows); forward_h16swa and forward_h16swa_bf16o are timed either way.
 """
 import argparse
 import json
@@ -23,6 +26,9 @@ sys.path.insert(0, __import__("os").path.dirname(__file__))
 import hils_ctypes as hc  # noqa: E402
 
 HQ, HKV, D, S, K, W = 16, 2, 64, 64, 32, 512
+# The sparse stage of the forwards with rows other than fp32 (hils_gpu_fuse_rows takes them from
+# chunked_v24 on; gpu/NOTES.md "Sparse v23, v24, v25").
+ROWS_SPARSE_KERNEL = "chunked_v25"
 
 
 def time_ms(fn, warmup=1, reps=5, budget_ms=20000.0, before=None):
@@ -94,7 +100,25 @@ def paper_problem(T, gen):
     return q, k, v, hc.make_problem(q, k, v, S, W, K, "hils")
 
 
-def hils_run(lib, T, gen):
+def forward_with_rows(lib, st, o_dtype):
+    """The forward with the window's rows kept in fp16 (no o_window returned) and o in o_dtype
+    (fp32, or bf16 as SDPA returns for bf16 inputs), the sparse stage ROWS_SPARSE_KERNEL."""
+    o_swa16 = torch.empty(st.o_swa.shape, device=st.o_swa.device, dtype=torch.float16)
+    o = st.o if o_dtype == torch.float32 else torch.empty(st.o.shape, device=st.o.device, dtype=o_dtype)
+
+    def forward(select_kernel=None):
+        default = hc.sparse_kernel(lib)
+        hc.set_sparse(lib, ROWS_SPARSE_KERNEL)
+        try:
+            st.forward(select_kernel, rows=(o_swa16, o))
+        finally:
+            hc.set_sparse(lib, default)
+    return forward
+
+
+def hils_run(lib, T, gen, hils_o="f32"):
+    """hils_o: the forward of the total (the table's HiLS column): "f32" (one hils_gpu_run: o in
+    fp32) or "bf16" (four calls: the window's rows kept in fp16, o in bf16)."""
     q, k, v, p = paper_problem(T, gen)
     st = hc.Stages(lib, p)
     stage_ms = {
@@ -139,9 +163,19 @@ def hils_run(lib, T, gen):
     hc.set_packed(lib, False)
     stage_ms["summarize_simt"] = time_ms(st.summarize, reps=3)
     hc.set_packed(lib, True)
-    total = headline_ms(st.run)
+    # The forward with the window's rows in fp16 (hils_gpu_window_rows, no o_window returned) and
+    # an fp32 / a bf16 o (hils_gpu_fuse_rows), as four calls; the window stage alone in fp16.
+    forward_h16 = forward_with_rows(lib, st, torch.float32)
+    forward_h16_bf16o = forward_with_rows(lib, st, torch.bfloat16)
+    o_swa16 = torch.empty(st.o_swa.shape, device=st.o_swa.device, dtype=torch.float16)
+    stage_ms["window_h16"] = time_ms(lambda: st.window_rows(o_swa16), reps=3)
+    # The table's HiLS column: hils_gpu_run (fp32 o) or, with --hils-o bf16, the forward with
+    # fp16 window rows and a bf16 o.
+    total = headline_ms(st.run if hils_o == "f32" else forward_h16_bf16o)
     # The same forward as four calls (one per stage), as the by-name forwards below run it.
     stage_ms["forward_stages"] = time_ms(st.forward, reps=3)
+    stage_ms["forward_h16swa"] = time_ms(forward_h16, reps=3)
+    stage_ms["forward_h16swa_bf16o"] = time_ms(forward_h16_bf16o, reps=3)
     stage_ms["forward_v4"] = time_ms(lambda: st.forward("two_pass_v4"), reps=3)
     stage_ms["forward_v6"] = time_ms(lambda: st.forward("two_pass_v6"), reps=3)
     stage_ms["forward_v7"] = time_ms(lambda: st.forward("two_pass_v7"), reps=3)
@@ -157,18 +191,22 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--max-T", type=int, default=524288)
     ap.add_argument("--out", default="bench.json")
+    ap.add_argument("--hils-o", choices=["f32", "bf16"], default="f32",
+                    help="the HiLS column's forward: f32 (one hils_gpu_run, o in fp32) or bf16 (the "
+                         "window's rows kept in fp16, o in bf16 as SDPA returns; four calls)")
     args = ap.parse_args()
     lib = hc.Library(args.lib)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(1234)
-    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  HiLS forward: "
+          f"o in {args.hils_o}" + (" (window rows in fp16)" if args.hils_o == "bf16" else ""))
     peak = dense_matmul_tflops()
     print(f"dense bf16 matmul (8192^3, torch.matmul): {peak:.0f} TFLOP/s")
     rows = []
     T = 8192
     while T <= args.max_T:
         try:
-            q, k, v, hils_ms, stage_ms, flops = hils_run(lib, T, gen)
+            q, k, v, hils_ms, stage_ms, flops = hils_run(lib, T, gen, args.hils_o)
             flash = sdpa_ms(q, k, v, SDPBackend.FLASH_ATTENTION)
             cudnn = sdpa_ms(q, k, v, SDPBackend.CUDNN_ATTENTION)
         except torch.cuda.OutOfMemoryError:
@@ -201,7 +239,7 @@ def main():
         print(f"speedup at T={rows[-1]['T']}: {rows[-1]['speedup_vs_best']:.2f}x vs the faster backend")
     with open(args.out, "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), matmul_tflops=peak, rows=rows,
-                       crossover=crossover), f, indent=1)
+                       crossover=crossover, hils_o=args.hils_o), f, indent=1)
 
 
 if __name__ == "__main__":

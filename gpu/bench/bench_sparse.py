@@ -41,7 +41,17 @@ VARIANTS = [("v4", "chunked_v4", 0), ("v6", "chunked_v6", 0), ("v7", "chunked_v7
             ("v18_seg12800", "chunked_v18", 12800), ("v19", "chunked_v19", 0),
             ("v19_seg9600", "chunked_v19", 9600), ("v19_seg11200", "chunked_v19", 11200),
             ("v19_seg16000", "chunked_v19", 16000), ("v20", "chunked_v20", 0),
-            ("v21", "chunked_v21", 0), ("v22", "chunked_v22", 0)]
+            ("v21", "chunked_v21", 0), ("v22", "chunked_v22", 0),
+            ("v23", "chunked_v23", 0), ("v24", "chunked_v24", 0), ("v25", "chunked_v25", 0)]
+# Variants through hils_gpu_fuse_rows: label -> (sparse kernel, o_swa dtype, o dtype). The fp16
+# o_swa is the window's fp32 o_swa rounded once by torch before the timing (in a forward the
+# window stage would write it).
+ROW_VARIANTS = {"v24_h16in": ("chunked_v24", torch.float16, torch.float32),
+                "v24_bf16out": ("chunked_v24", torch.float32, torch.bfloat16),
+                "v24_h16in_bf16out": ("chunked_v24", torch.float16, torch.bfloat16),
+                "v25_h16in": ("chunked_v25", torch.float16, torch.float32),
+                "v25_bf16out": ("chunked_v25", torch.float32, torch.bfloat16),
+                "v25_h16in_bf16out": ("chunked_v25", torch.float16, torch.bfloat16)}
 
 
 def prepared_stages(lib, T, gen):
@@ -54,30 +64,42 @@ def prepared_stages(lib, T, gen):
     return (q, k, v), st
 
 
-def run_variant(lib, st, kernel, segment):
+def fuse_of(st, rows):
+    """The call that runs the sparse stage: st.fuse (fp32 rows), or st.fuse_rows with
+    rows = (o_swa dtype, o dtype) on buffers made once here."""
+    if rows is None:
+        return st.fuse, st.o
+    o_swa = st.o_swa.to(rows[0])
+    o = torch.empty(st.o.shape, device=st.o.device, dtype=rows[1])
+    return (lambda: st.fuse_rows(o_swa, o)), o
+
+
+def run_variant(lib, st, kernel, segment, rows=None):
     default = hc.sparse_kernel(lib)
     hc.set_sparse(lib, kernel, segment)
     try:
-        ms = time_ms(st.fuse, warmup=1, reps=5)
-        st.o.fill_(float("nan"))
-        st.fuse()
+        fuse, o = fuse_of(st, rows)
+        ms = time_ms(fuse, warmup=1, reps=5)
+        o.fill_(float("nan"))
+        fuse()
         torch.cuda.synchronize()
-        return ms, st.o.clone(), st.lse.clone()
+        return ms, o.float().clone(), st.lse.clone()
     finally:
         hc.set_sparse(lib, default, 0)
 
 
-def kernel_table(lib, st, kernel, segment, calls=3):
+def kernel_table(lib, st, kernel, segment, calls=3, rows=None):
     """GPU ms per call of each kernel of the sparse stage (torch.profiler / CUPTI)."""
     from torch.profiler import ProfilerActivity, profile
     default = hc.sparse_kernel(lib)
     hc.set_sparse(lib, kernel, segment)
     try:
-        st.fuse()
+        fuse, _ = fuse_of(st, rows)
+        fuse()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(calls):
-                st.fuse()
+                fuse()
             torch.cuda.synchronize()
     finally:
         hc.set_sparse(lib, default, 0)
@@ -125,9 +147,10 @@ def main():
         return
     peak = dense_matmul_tflops()
     print(f"device: {torch.cuda.get_device_name()}  dense bf16 matmul {peak:.0f} TFLOP/s")
-    variants = VARIANTS
+    variants = [v + (None,) for v in VARIANTS] + [
+        (label, kernel, 0, (o_swa, o)) for label, (kernel, o_swa, o) in ROW_VARIANTS.items()]
     if args.variants:
-        by_label = {v[0]: v for v in VARIANTS}
+        by_label = {v[0]: v for v in variants}
         unknown = [label for label in args.variants if label not in by_label]
         if unknown:
             sys.exit(f"--variants: expected labels among {sorted(by_label)}, got {unknown}")
@@ -138,10 +161,10 @@ def main():
         selected = int((st.selection >= 0).sum().item())
         flops = selected * (HQ // HKV) * 4 * (S - 1) * D
         base_o = base_lse = None
-        for label, kernel, segment in variants:
+        for label, kernel, segment, row_types in variants:
             if segment > T:
                 continue
-            ms, o, lse = run_variant(lib, st, kernel, segment)
+            ms, o, lse = run_variant(lib, st, kernel, segment, row_types)
             if base_o is None:
                 base_o, base_lse = o, lse
             tflops = flops / (ms * 1e-3) / 1e12
@@ -157,7 +180,7 @@ def main():
                   f"{row['o_maxdiff']:.3g} (max |o| {row['o_maxabs']:.3g})  |lse - lse_base| max "
                   f"{row['lse_maxdiff']:.3g}", flush=True)
             if args.kernels and segment == 0:
-                table = kernel_table(lib, st, kernel, segment)
+                table = kernel_table(lib, st, kernel, segment, rows=row_types)
                 row["kernels_ms"] = table
                 for name, (ms_k, count) in sorted(table.items(), key=lambda kv: -kv[1][0]):
                     print(f"    {ms_k:8.3f} ms  x{count:<4d} {name}", flush=True)

@@ -13,13 +13,16 @@ SELECT_KERNEL = {"two_pass_v4": 0, "one_pass_v5": 1, "two_pass_v6": 2, "two_pass
                  "two_pass_v9": 5, "two_pass_v10": 6, "two_pass_v11": 7,
                  "two_pass_v12": 8, "two_pass_v13": 9, "two_pass_v14": 10, "two_pass_v15": 11,
                  "two_pass_v16": 12, "two_pass_v17": 13}
-# The chunk-major sparse stages of hils_gpu_set_sparse_kernel (gpu/NOTES.md: v4-v22).
+# The chunk-major sparse stages of hils_gpu_set_sparse_kernel (gpu/NOTES.md: v4-v25).
 SPARSE_KERNEL = {"chunked_v4": 0, "atomic_v5": 1, "chunked_v6": 2, "chunked_v7": 3, "chunked_v8": 4, "chunked_v9": 5,
                  "chunked_v10": 6, "chunked_v11": 7, "chunked_v12": 8, "chunked_v13": 9,
                  "chunked_v14": 10, "chunked_v15": 11, "chunked_v16": 12,
                  "chunked_v17": 13, "chunked_v18": 14,
                  "chunked_v19": 15, "chunked_v20": 16, "chunked_v21": 17,
-                 "chunked_v22": 18}
+                 "chunked_v22": 18, "chunked_v23": 19, "chunked_v24": 20,
+                 "chunked_v25": 21}
+# Row element types of hils_gpu_fuse_rows (hils::gpu::RowType), by torch dtype.
+ROW_TYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 # The packed window kernels of hils_gpu_set_window_kernel (gpu/NOTES.md: v4, v9, v10, v11-v13).
 WINDOW_KERNEL = {"mma_v4": 0, "mma_v9": 1, "mma_v10": 2, "wgmma_v11": 3, "wgmma_v12": 4,
                  "wgmma_v13": 5, "wgmma_v14": 6, "wgmma_v15": 7,
@@ -137,6 +140,11 @@ class Stages:
         self.lib.call("hils_gpu_window", ctypes.byref(self.p), ptr(self.o_swa), ptr(self.lse_swa),
                       stream_ptr())
 
+    def window_rows(self, o_swa):
+        """hils_gpu_window_rows: o_swa an fp32 or fp16 tensor [Hq, T, dv] (lse to self.lse_swa)."""
+        self.lib.call("hils_gpu_window_rows", ctypes.byref(self.p), ptr(o_swa),
+                      ctypes.c_int32(ROW_TYPE[o_swa.dtype]), ptr(self.lse_swa), stream_ptr())
+
     def exact_masses(self):
         self.lib.call("hils_gpu_exact", ctypes.byref(self.p), ptr(self.exact), stream_ptr())
 
@@ -162,6 +170,14 @@ class Stages:
                       ptr(self.selected_score), ptr(self.o_swa), ptr(self.lse_swa), ptr(self.o),
                       ptr(self.lse), stream_ptr())
 
+    def fuse_rows(self, o_swa, o):
+        """hils_gpu_fuse_rows: o_swa an fp32 or fp16 tensor [Hq, T, dv] (the window's rows), o an
+        fp32 or bf16 one that receives the fusion (the lse goes to self.lse)."""
+        self.lib.call("hils_gpu_fuse_rows", ctypes.byref(self.p), ptr(self.selection),
+                      ptr(self.selected_score), ptr(o_swa), ctypes.c_int32(ROW_TYPE[o_swa.dtype]),
+                      ptr(self.lse_swa), ptr(o), ctypes.c_int32(ROW_TYPE[o.dtype]), ptr(self.lse),
+                      stream_ptr())
+
     def run(self):
         """The forward as a caller runs it: one hils_gpu_run (window, summaries, selection and
         sparse stage, each the library's default) into o and lse, its intermediates in a workspace
@@ -173,11 +189,20 @@ class Stages:
         self.lib.call("hils_gpu_run", ctypes.byref(self.p), ptr(self.o), ptr(self.lse),
                       ptr(self.workspace), stream_ptr())
 
-    def forward(self, select_kernel=None):
-        self.window()
+    def forward(self, select_kernel=None, rows=None):
+        """The stages in order. rows = (o_swa, o) tensors: the window's rows and the fusion's o in
+        their dtypes (hils_gpu_window_rows, hils_gpu_fuse_rows), e.g. an fp16 o_swa and a bf16 o;
+        None: self.o_swa and self.o in fp32."""
+        if rows is None:
+            self.window()
+        else:
+            self.window_rows(rows[0])
         if self.exact is not None:
             self.exact_masses()
         else:
             self.summarize()
         self.select(select_kernel)
-        self.fuse()
+        if rows is None:
+            self.fuse()
+        else:
+            self.fuse_rows(*rows)

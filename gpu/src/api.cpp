@@ -65,6 +65,15 @@ const char* fusion_name(Fusion f) {
 
 size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+const char* row_type_name(RowType type) {
+  switch (type) {
+    case RowType::f32: return "f32";
+    case RowType::f16: return "f16";
+    case RowType::bf16: return "bf16";
+  }
+  return "unknown";
+}
+
 // Carves consecutive aligned pieces out of the workspace.
 struct Carver {
   char* next;
@@ -144,6 +153,9 @@ const char* sparse_kernel_name(SparseKernel kernel) {
     case SparseKernel::chunked_v20: return "chunked_v20";
     case SparseKernel::chunked_v21: return "chunked_v21";
     case SparseKernel::chunked_v22: return "chunked_v22";
+    case SparseKernel::chunked_v23: return "chunked_v23";
+    case SparseKernel::chunked_v24: return "chunked_v24";
+    case SparseKernel::chunked_v25: return "chunked_v25";
   }
   return "unknown";
 }
@@ -197,9 +209,23 @@ WindowKernel default_window_kernel() {
 
 void window_attention(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                       float* o_swa, float* lse_swa, cudaStream_t stream) {
+  window_attention_rows(spec, shape, in, o_swa, RowType::f32, lse_swa, stream);
+}
+
+void window_attention_rows(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+                           void* o_swa_rows, RowType o_swa_type, float* lse_swa,
+                           cudaStream_t stream) {
   validate(spec, shape, in);
-  const detail::LaunchParams p = params_of(spec, shape, in);
+  detail::LaunchParams p = params_of(spec, shape, in);
   const WindowKernel kernel = window_kernel();
+  require(o_swa_type != RowType::bf16, "o_swa_type", "f32 or f16", row_type_name(o_swa_type));
+  if (o_swa_type == RowType::f16) {
+    require(g_packed_kernels && detail::packed_path_applies(p), "o_swa_type",
+            "f32 outside the packed window kernels' shapes", "f16");
+    require(kernel != WindowKernel::mma_v4, "o_swa_type", "f32 for window kernel mma_v4", "f16");
+    p.o_swa_rows = RowType::f16;
+  }
+  auto* o_swa = static_cast<float*>(o_swa_rows);  // __half where p.o_swa_rows is f16
   if (!g_packed_kernels || !detail::packed_path_applies(p)) {
     detail::launch_window(p, o_swa, lse_swa, stream);
   } else if (uses_wgmma(kernel) && !wgmma_available()) {
@@ -267,6 +293,30 @@ void select_chunks(const MechanismSpec& spec, const Shape& shape, const DeviceIn
   check_launch("select_chunks");
 }
 
+void fuse_rows(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+               const int32_t* selection, const float* selected_score, const void* o_swa,
+               RowType o_swa_type, const float* lse_swa, void* o, RowType o_type, float* lse,
+               cudaStream_t stream) {
+  if (o_swa_type == RowType::f32 && o_type == RowType::f32)
+    return fuse(spec, shape, in, selection, selected_score, static_cast<const float*>(o_swa),
+                lse_swa, static_cast<float*>(o), lse, stream);
+  validate(spec, shape, in);
+  require(o_swa_type != RowType::bf16, "o_swa_type", "f32 or f16", row_type_name(o_swa_type));
+  require(o_type != RowType::f16, "o_type", "f32 or bf16", row_type_name(o_type));
+  require(spec.fusion == Fusion::hierarchical, "fusion", "hierarchical for rows other than f32",
+          fusion_name(spec.fusion));
+  const detail::LaunchParams p = params_of(spec, shape, in);
+  require(g_packed_kernels && detail::packed_path_applies(p) && detail::chunked_fuse_applies(p),
+          "shape", "the chunk-major sparse stage's packed shapes for rows other than f32",
+          "another shape or the SIMT kernels");
+  require(detail::fusion_rows_apply(detail::sparse_kernel()), "sparse_kernel",
+          "chunked_v24 or chunked_v25 for rows other than f32",
+          sparse_kernel_name(detail::sparse_kernel()));
+  detail::launch_fuse_chunked(p, selection, selected_score,
+                              detail::FusionRows{o_swa, o_swa_type, o, o_type}, lse_swa, lse, stream);
+  check_launch("fuse_rows");
+}
+
 void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
           const int32_t* selection, const float* selected_score, const float* o_swa,
           const float* lse_swa, float* o, float* lse, cudaStream_t stream) {
@@ -278,7 +328,9 @@ void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
     require(spec.fusion == Fusion::hierarchical, "fusion", "flat or hierarchical",
             fusion_name(spec.fusion));
     if (g_packed_kernels && detail::packed_path_applies(p) && detail::chunked_fuse_applies(p))
-      detail::launch_fuse_chunked(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
+      detail::launch_fuse_chunked(p, selection, selected_score,
+                                  detail::FusionRows{o_swa, RowType::f32, o, RowType::f32}, lse_swa,
+                                  lse, stream);
     else if (g_packed_kernels && detail::packed_path_applies(p))
       detail::launch_fuse_packed(p, selection, selected_score, o_swa, lse_swa, o, lse, stream);
     else

@@ -94,6 +94,14 @@ int set_kernel_by_value(const char* field, int32_t value, const Kernel (&kernels
   return 0;
 }
 
+// An int32 row type of the C API (0 f32, 1 f16, 2 bf16), or invalid_argument naming the field.
+hils::gpu::RowType row_type(const char* field, int32_t value) {
+  if (value < 0 || value > 2)
+    throw std::invalid_argument(std::string(field) + ": expected 0 (f32), 1 (f16) or 2 (bf16), got " +
+                                std::to_string(value));
+  return static_cast<hils::gpu::RowType>(value);
+}
+
 }  // namespace
 
 extern "C" {
@@ -132,6 +140,14 @@ int hils_gpu_run(const hils_gpu_problem* p, float* o, float* lse, void* workspac
 int hils_gpu_window(const hils_gpu_problem* p, float* o_swa, float* lse_swa, void* stream) {
   return guarded(p, [&](const Translated& t) {
     hils::gpu::window_attention(t.spec, t.shape, t.in, o_swa, lse_swa, as_stream(stream));
+  });
+}
+
+int hils_gpu_window_rows(const hils_gpu_problem* p, void* o_swa, int32_t o_swa_type, float* lse_swa,
+                         void* stream) {
+  return guarded(p, [&](const Translated& t) {
+    hils::gpu::window_attention_rows(t.spec, t.shape, t.in, o_swa, row_type("o_swa_type", o_swa_type),
+                                     lse_swa, as_stream(stream));
   });
 }
 
@@ -225,6 +241,16 @@ int hils_gpu_fuse(const hils_gpu_problem* p, const int32_t* selection,
   return guarded(p, [&](const Translated& t) {
     hils::gpu::fuse(t.spec, t.shape, t.in, selection, selected_score, o_swa, lse_swa, o, lse,
                     as_stream(stream));
+  });
+}
+
+int hils_gpu_fuse_rows(const hils_gpu_problem* p, const int32_t* selection,
+                       const float* selected_score, const void* o_swa, int32_t o_swa_type,
+                       const float* lse_swa, void* o, int32_t o_type, float* lse, void* stream) {
+  return guarded(p, [&](const Translated& t) {
+    hils::gpu::fuse_rows(t.spec, t.shape, t.in, selection, selected_score, o_swa,
+                         row_type("o_swa_type", o_swa_type), lse_swa, o, row_type("o_type", o_type),
+                         lse, as_stream(stream));
   });
 }
 

@@ -29,6 +29,9 @@ struct LaunchParams {
   const void* q_retrieval = nullptr;  // never null inside launchers (q when absent)
   const void* prior = nullptr;
   int64_t prior_rows = 0;
+  // The element type the packed window kernels from mma_v9 on store o_swa in (their o_swa
+  // pointer then points at __half for f16; hils::gpu::window_attention_rows).
+  RowType o_swa_rows = RowType::f32;
 };
 
 // Whether this build's code for the current GPU has the wgmma kernels (sm_90a code on an sm_90
@@ -94,9 +97,19 @@ namespace hils::gpu::detail {
 
 // Chunk-major hierarchical fusion (sparse_chunked.cu) for the packed shapes, 1 <= K <= 64.
 bool chunked_fuse_applies(const LaunchParams& p);
+// o_swa as the fusion reads it and o as it writes it ([Hq, T, 64] each, of the RowTypes named).
+struct FusionRows {
+  const void* o_swa = nullptr;
+  RowType o_swa_type = RowType::f32;
+  void* o = nullptr;
+  RowType o_type = RowType::f32;
+};
+// Whether the chunk-major variant reads or writes rows other than fp32 (hils::gpu::fuse_rows):
+// chunked_v24, chunked_v25. The others take RowType::f32 only (the caller checks).
+bool fusion_rows_apply(SparseKernel kernel);
 void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
-                         const float* selected_score, const float* o_swa, const float* lse_swa,
-                         float* o, float* lse, cudaStream_t stream);
+                         const float* selected_score, const FusionRows& rows, const float* lse_swa,
+                         float* lse, cudaStream_t stream);
 // Queries per segment of the chunk-major fusion (0: from its scratch or L2 budget).
 void set_sparse_segment_queries(int64_t queries);
 // The chunk-major variant launch_fuse_chunked runs (hils::gpu::set_sparse_kernel): the one

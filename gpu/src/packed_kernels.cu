@@ -226,7 +226,8 @@ __device__ __forceinline__ void exponentiate_tile(float (&s)[8][4], int nt_end, 
   }
 }
 
-// The rows' o_swa (o / sum) and lse_swa (m * scale + ln sum; -inf for an empty row).
+// The rows' o_swa (o / sum) and lse_swa (m * scale + ln sum; -inf for an empty row); o_swa in
+// fp16 (rounded to nearest from the fp32 value) where p.o_swa_rows is f16.
 template <int G>
 __device__ __forceinline__ void store_window_rows(const ThreadRows<G>& rows, const LaunchParams& p,
                                                   const float (&o)[8][4], const float (&l)[2],
@@ -236,12 +237,22 @@ __device__ __forceinline__ void store_window_rows(const ThreadRows<G>& rows, con
   for (int i = 0; i < 2; ++i) {
     const float sum = quad_sum(l[i]);
     if (!rows.valid[i]) continue;
-    float* out = o_swa + (rows.h[i] * p.T + rows.t[i]) * kTileDim;
+    const int64_t row = (rows.h[i] * p.T + rows.t[i]) * kTileDim;
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    if (p.o_swa_rows == RowType::f16) {
+      __half* out = reinterpret_cast<__half*>(o_swa) + row;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      const int col = nt * 8 + (lane % 4) * 2;
-      *reinterpret_cast<float2*>(out + col) = make_float2(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
+      for (int nt = 0; nt < 8; ++nt) {
+        const int col = nt * 8 + (lane % 4) * 2;
+        *reinterpret_cast<__half2*>(out + col) = __floats2half2_rn(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
+      }
+    } else {
+      float* out = o_swa + row;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const int col = nt * 8 + (lane % 4) * 2;
+        *reinterpret_cast<float2*>(out + col) = make_float2(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
+      }
     }
     if (lane % 4 == 0)
       lse_swa[rows.h[i] * p.T + rows.t[i]] = sum > 0.0f ? m[i] * p.scale + __logf(sum) : kNegInf;

@@ -41,14 +41,21 @@
 // chunked_v16 is v11 (no wgmma) with v15's weights kernel and segments; chunked_v17 is v15 with
 // the pair weights of every segment formed in one launch; chunked_v18 is v15 with the segment's
 // o16 laid out [queries, Hq, 64] (a pair's G heads reduced into adjacent rows; gpu/NOTES.md
-// "sparse v16-v18"); chunked_v19 (the default) is v15 with the pairs' ranks counted per tile of
+// "sparse v16-v18"); chunked_v19 is v15 with the pairs' ranks counted per tile of
 // queries in shared memory and query segments of the whole L2 (-7%, gpu/NOTES.md "sparse v19,
 // v20"); chunked_v20 is v19 with segment s + 1's weights kernel started in the last wave of
 // segment s's chunk kernel, and s + 1's chunk kernel in the last wave of s's convert
 // (programmatic dependent launch; measured slower); chunked_v21 (the default where wgmma cannot
 // run) is v16 with v19's count and segments; chunked_v22 is v19 with segment s + 1's weights
-// kernel and segment s's conversion in one launch (measured slower).
+// kernel and segment s's conversion in one launch (measured slower). chunked_v23 is v19 with the
+// bucket entries written by the weights kernel instead of a scatter launch (measured slower);
+// chunked_v24 is v23 with a conversion of 16 bytes per thread that discards the o16 lines it read
+// from the L2; chunked_v25 (the default) is v19 with v24's conversion. v24 and v25 also read an
+// fp16 o_swa and write a bf16 o (hils::gpu::fuse_rows; gpu/NOTES.md "Sparse v23, v24, v25").
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <type_traits>
 
 #include "launch_params.hpp"
 #include "scratch_pool.hpp"
@@ -1060,6 +1067,37 @@ __global__ void __launch_bounds__(256) convert_o16_kernel(LaunchParams p, int64_
   convert_o16_block(blockIdx.x, p, t0, tn, o16, o);
 }
 
+// chunked_v24, after the segment's chunk kernel: o = o16 with 16 bytes of o16 per thread (8
+// lanes per 128-byte row), Out = float (the API's o) or __nv_bfloat16 (RowType::bf16); each o16
+// row read is then discarded from the L2 (discard.global.L2: the line is dropped without its
+// write-back to DRAM; o16 is dead until the next call's weights kernel writes every row again).
+template <typename Out>
+__global__ void __launch_bounds__(256) convert_discard_o16_kernel(LaunchParams p, int64_t t0, int64_t tn,
+                                                                  __half* o16, Out* o) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;  // 8-half index
+  const int64_t per_head = tn * kTileDim / 8;
+  const bool active = i < p.Hq * per_head;  // a 128-byte row's 8 lanes are all active or none
+  const int64_t h = active ? i / per_head : 0, at = (h * p.T + t0) * kTileDim / 8 + i % per_head;
+  if (active) {
+    const uint4 in = reinterpret_cast<const uint4*>(o16)[at];
+    const __half2* from = reinterpret_cast<const __half2*>(&in);
+    if constexpr (std::is_same_v<Out, float>) {
+      const float2 a = __half22float2(from[0]), b = __half22float2(from[1]);
+      const float2 c = __half22float2(from[2]), d = __half22float2(from[3]);
+      reinterpret_cast<float4*>(o)[2 * at] = make_float4(a.x, a.y, b.x, b.y);
+      reinterpret_cast<float4*>(o)[2 * at + 1] = make_float4(c.x, c.y, d.x, d.y);
+    } else {
+      uint4 out;
+      __nv_bfloat162* to = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) to[e] = __float22bfloat162_rn(__half22float2(from[e]));
+      reinterpret_cast<uint4*>(o)[at] = out;
+    }
+  }
+  __syncwarp();  // the row's 8 loads have returned (their values are stored) before its discard
+  if (active && at % 8 == 0) asm volatile("discard.global.L2 [%0], 128;" ::"l"(o16 + at * 8) : "memory");
+}
+
 // chunked_v18: o = o16 of the segment, o16 laid out [tn, Hq, 64] (a warp per row).
 __global__ void convert_query_major_o16_kernel(LaunchParams p, int64_t t0, int64_t tn,
                                                const __half* o16, float* o) {
@@ -1233,19 +1271,25 @@ enum class WeightLoads { per_head, all_first, all_first_half_warps };
 // Where fusion_pair_weights_kernel puts the pair weights of query t: segment s = t / seg (counted
 // from t0's) has its pairs' bucket offsets at offsets + s offsets_stride and its pair weights at
 // pair_weight + s pair_weight_stride. One segment per launch (v11-v16) or all (chunked_v17).
+// chunked_v23: bucket (not null) receives each pair's bucket entry at its position, segment s's
+// buckets at bucket + s bucket_stride (the scatter's work, done where the position is formed).
 struct SegmentTables {
   int64_t seg;
   const int32_t* offsets;
   int64_t offsets_stride;
   float* pair_weight;
   int64_t pair_weight_stride;
+  uint32_t* bucket = nullptr;
+  int64_t bucket_stride = 0;
 };
 // kQueryMajorO16 (chunked_v18): o16 is the segment's, laid out [tn, Hq, 64]. Block `block` of
 // fusion_pair_weights_kernel (below).
-template <int G, WeightLoads kLoads, bool kQueryMajorO16 = false>
+// OSwa: float (the API's o_swa), or __half (an fp16 o_swa, chunked_v24 with RowType::f16: head
+// j's 128-byte row held by quarter-warp j % 4, 16 bytes per lane; all_first_half_warps only).
+template <int G, WeightLoads kLoads, bool kQueryMajorO16 = false, typename OSwa = float>
 __device__ __forceinline__ void pair_weights_block(unsigned block, const LaunchParams& p, int64_t t0,
                                                    int64_t tn, int64_t nc, const int32_t* selection,
-                                                   const float* selected_score, const float* o_swa,
+                                                   const float* selected_score, const OSwa* o_swa,
                                                    const float* lse_swa, const int32_t* rank,
                                                    const SegmentTables& tables, __half* o16, float* lse) {
   const int64_t item = static_cast<int64_t>(block) * kReduceWarps + threadIdx.x / kWarp;
@@ -1266,12 +1310,18 @@ __device__ __forceinline__ void pair_weights_block(unsigned block, const LaunchP
     const int32_t c = slot < K ? selection[pair0 + slot] : -1;
     valid[i] = c >= 0;
     pos[i] = valid[i] ? static_cast<int64_t>(seg_offsets[g * nc + c]) + rank[pair0 + slot] : 0;
+    if (tables.bucket != nullptr && valid[i])  // chunked_v23: the scatter's entry (t - s seg) << 6 | slot
+      tables.bucket[s * tables.bucket_stride + pos[i]] = static_cast<uint32_t>((t % tables.seg) << 6 | slot);
   }
   constexpr bool kLoadsFirst = kLoads != WeightLoads::per_head;
   constexpr bool kHalfWarps = kLoads == WeightLoads::all_first_half_warps;
+  constexpr bool kF16Rows = std::is_same_v<OSwa, __half>;
+  static_assert(!kF16Rows || kHalfWarps, "an fp16 o_swa is read by quarter-warps (all_first_half_warps)");
   const int half = lane / 16;  // kHalfWarps: this lane holds the o_swa rows of heads j % 2 == half
+  const int quarter = lane / 8;  // kF16Rows: this lane holds the o_swa rows of heads j % 4 == quarter
   float a[G][2], a_swa[G];
-  float4 x[kHalfWarps ? (G + 1) / 2 : G] = {};
+  float4 x[kF16Rows ? 1 : kHalfWarps ? (G + 1) / 2 : G] = {};
+  uint4 xh[kF16Rows ? (G + 3) / 4 : 1] = {};
   auto load_scores = [&](int j) {
     const int64_t row = (g * G + j) * p.T + t;
     const float* score = selected_score + row * K;
@@ -1283,7 +1333,16 @@ __device__ __forceinline__ void pair_weights_block(unsigned block, const LaunchP
     const int64_t row = (g * G + j) * p.T + t;
     if (lane < kTileDim / 4) x[j] = reinterpret_cast<const float4*>(o_swa + row * kTileDim)[lane];
   };
-  if constexpr (kHalfWarps) {
+  if constexpr (kF16Rows) {
+#pragma unroll
+    for (int j = 0; j < G; ++j) load_scores(j);
+#pragma unroll
+    for (int jj = 0; jj < (G + 3) / 4; ++jj) {
+      const int j = 4 * jj + quarter;
+      if (j < G)
+        xh[jj] = reinterpret_cast<const uint4*>(o_swa + ((g * G + j) * p.T + t) * kTileDim)[lane % 8];
+    }
+  } else if constexpr (kHalfWarps) {
 #pragma unroll
     for (int j = 0; j < G; ++j) load_scores(j);
 #pragma unroll
@@ -1311,7 +1370,21 @@ __device__ __forceinline__ void pair_weights_block(unsigned block, const LaunchP
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
     for (int i = 0; i < 2; ++i) w[i][j] = exp_diff(a[j][i], m) * inv;
-    if constexpr (kHalfWarps) {
+    if constexpr (kF16Rows) {
+      if (quarter == j % 4) {
+        const float f = w_swa * inv;
+        const uint4 in = xh[j / 4];
+        uint4 out;
+        const __half2* from = reinterpret_cast<const __half2*>(&in);
+        __half2* to = reinterpret_cast<__half2*>(&out);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 v = __half22float2(from[e]);
+          to[e] = __floats2half2_rn(v.x * f, v.y * f);
+        }
+        reinterpret_cast<uint4*>(o16 + o16_row * kTileDim)[lane % 8] = out;
+      }
+    } else if constexpr (kHalfWarps) {
       if (half == j % 2) {
         const float f = w_swa * inv;
         const float4 xj = x[j / 2];
@@ -1341,15 +1414,16 @@ __device__ __forceinline__ void pair_weights_block(unsigned block, const LaunchP
   }
 }
 
-template <int G, WeightLoads kLoads, bool kQueryMajorO16 = false>
+template <int G, WeightLoads kLoads, bool kQueryMajorO16 = false, typename OSwa = float>
 __global__ void __launch_bounds__(kReduceWarps * kWarp,
                                   kLoads == WeightLoads::all_first_half_warps ? 4 : 1)
     fusion_pair_weights_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t nc,
                                const int32_t* selection, const float* selected_score,
-                               const float* o_swa, const float* lse_swa, const int32_t* rank,
+                               const OSwa* o_swa, const float* lse_swa, const int32_t* rank,
                                SegmentTables tables, __half* o16, float* lse) {
-  pair_weights_block<G, kLoads, kQueryMajorO16>(blockIdx.x, p, t0, tn, nc, selection, selected_score,
-                                                o_swa, lse_swa, rank, tables, o16, lse);
+  pair_weights_block<G, kLoads, kQueryMajorO16, OSwa>(blockIdx.x, p, t0, tn, nc, selection,
+                                                      selected_score, o_swa, lse_swa, rank, tables,
+                                                      o16, lse);
 }
 
 // chunked_v22: the next segment's pair weights (blocks below weight_blocks: v15's weights kernel
@@ -1429,25 +1503,36 @@ void launch_chunk_v6(unsigned grid, cudaStream_t stream, const LaunchParams& p, 
 // weights (o16 started at the window term), the f16x2-reducing chunk kernel, o = o16. Scratch besides v6's partials: the ranks and the buckets
 // (4 bytes per pair each, twice the selection's bytes) and the counts and descriptors of every
 // segment.
+// rows: o_swa and o as the caller handed them (fp32 but for chunked_v24, launch_fuse_chunked).
 template <int G>
 void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
-                            const float* selected_score, const float* o_swa, const float* lse_swa,
-                            float* o, float* lse, SparseKernel kernel, cudaStream_t stream) {
+                            const float* selected_score, const FusionRows& rows, const float* lse_swa,
+                            float* lse, SparseKernel kernel, cudaStream_t stream) {
   constexpr int kPairs = pairs_per_item<G>();
+  const auto* o_swa = static_cast<const float*>(rows.o_swa);  // RowType::f32 unless chunked_v24
+  auto* o = static_cast<float*>(rows.o);                       // RowType::f32 unless chunked_v24
+  // chunked_v23, v24: the bucket entries written by the weights kernel (no scatter launch); v24:
+  // o = o16 by convert_discard_o16_kernel, o_swa and o of any RowType the API admits.
+  const bool weights_scatter = kernel == SparseKernel::chunked_v23 || kernel == SparseKernel::chunked_v24;
+  // chunked_v25: v19 (its scatter) with v24's conversion.
+  const bool discard_convert = kernel == SparseKernel::chunked_v24 || kernel == SparseKernel::chunked_v25;
   const bool pair_weights = kernel == SparseKernel::chunked_v11 || kernel == SparseKernel::chunked_v12 ||
                             kernel == SparseKernel::chunked_v13 || kernel == SparseKernel::chunked_v14 ||
                             kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v16 ||
                             kernel == SparseKernel::chunked_v17 || kernel == SparseKernel::chunked_v18 ||
                             kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20 ||
-                            kernel == SparseKernel::chunked_v21 || kernel == SparseKernel::chunked_v22;
+                            kernel == SparseKernel::chunked_v21 || kernel == SparseKernel::chunked_v22 ||
+                            discard_convert || weights_scatter;
   const bool f16_sums = kernel == SparseKernel::chunked_v10 || pair_weights;
   const bool half_warp_weights = kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v16 ||
                                  kernel == SparseKernel::chunked_v17 || kernel == SparseKernel::chunked_v18 ||
                                  kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20 ||
-                                 kernel == SparseKernel::chunked_v21 || kernel == SparseKernel::chunked_v22;
-  // chunked_v19-v22: the ranks counted per tile (below) and segments of the whole L2.
+                                 kernel == SparseKernel::chunked_v21 || kernel == SparseKernel::chunked_v22 ||
+                                 discard_convert || weights_scatter;
+  // chunked_v19-v25: the ranks counted per tile (below) and segments of the whole L2.
   const bool tiled_segments = kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v20 ||
-                              kernel == SparseKernel::chunked_v21 || kernel == SparseKernel::chunked_v22;
+                              kernel == SparseKernel::chunked_v21 || kernel == SparseKernel::chunked_v22 ||
+                              discard_convert || weights_scatter;
   // chunked_v18: o16 is the segment's, [seg, Hq, 64] (a pair's G heads in adjacent rows).
   const bool query_major_o16 = kernel == SparseKernel::chunked_v18;
   // chunked_v17: the pair weights of every segment in one launch (and in memory at once).
@@ -1525,9 +1610,10 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
     describe_segment_items_kernel<<<static_cast<unsigned>((n_seg * n_ch + 255) / 256), 256, 0,
                                     stream>>>(offsets, items, n_ch, n_seg, max_items, kPairs,
                                               item_desc);
-    scatter_ranked_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, rank, TK, K, seg32, nc32,
-                                                             n_ch32, n_pairs32, offsets,
-                                                             bucket_stride, bucket);
+    if (!weights_scatter)
+      scatter_ranked_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, rank, TK, K, seg32, nc32,
+                                                               n_ch32, n_pairs32, offsets,
+                                                               bucket_stride, bucket);
   }
   // The pair weights of segment s (v17: every segment's at once; v20: two alternating buffers).
   const auto segment_pair_weight = [&](int64_t s) {
@@ -1539,7 +1625,8 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   };
   const auto segment_tables = [&](int64_t t0) {
     return SegmentTables{seg, offsets + t0 / seg * (n_ch + 1), n_ch + 1, segment_pair_weight(t0 / seg),
-                         pair_weight_stride};
+                         pair_weight_stride, weights_scatter ? bucket + t0 / seg * bucket_stride : nullptr,
+                         bucket_stride};
   };
   const auto launch_pair_weights = [&](int64_t t0, int64_t tn, bool after_previous) {
     const auto group_blocks = weight_blocks(tn);
@@ -1549,7 +1636,12 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
       launch_after_previous(after_previous, kernel_fn, group_blocks, kReduceWarps * kWarp, 0, stream, p,
                             t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank, tables, o16, lse);
     };
-    if (query_major_o16)
+    if (rows.o_swa_type == RowType::f16) {  // chunked_v24, v25 only (fusion_rows_apply)
+      fusion_pair_weights_kernel<G, WeightLoads::all_first_half_warps, false, __half>
+          <<<group_blocks, kReduceWarps * kWarp, 0, stream>>>(p, t0, tn, nc, selection, selected_score,
+                                                             static_cast<const __half*>(rows.o_swa),
+                                                             lse_swa, rank, tables, o16, lse);
+    } else if (query_major_o16)
       launch(fusion_pair_weights_kernel<G, WeightLoads::all_first_half_warps, true>);
     else if (half_warp_weights)
       launch(fusion_pair_weights_kernel<G, WeightLoads::all_first_half_warps>);
@@ -1580,7 +1672,8 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
         constexpr int kBytes = kWarpsPerBlock * 2 * 16 * kTilePitch * sizeof(__nv_bfloat16);
         if (kernel == SparseKernel::chunked_v12 || kernel == SparseKernel::chunked_v13 ||
             kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v17 ||
-            kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v22)
+            kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v22 || weights_scatter ||
+            discard_convert)
           launch_chunk_v9<G, V9Out::red_f16x2>(grid, stream, p, t0, seg, nc,
                                                items + s * (n_ch + 1), item_desc + s * max_items,
                                                bucket + s * bucket_stride, o16, pair_weight);
@@ -1611,7 +1704,14 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
       }
       const int64_t halves2 = p.Hq * tn * kTileDim / 2;
       const auto convert_blocks = static_cast<unsigned>((halves2 + 255) / 256);
-      if (weights_with_convert && s + 1 < n_seg) {
+      if (discard_convert) {
+        const auto blocks8 = static_cast<unsigned>((p.Hq * tn * kTileDim / 8 + 255) / 256);
+        if (rows.o_type == RowType::bf16)
+          convert_discard_o16_kernel<<<blocks8, 256, 0, stream>>>(p, t0, tn, o16,
+                                                                  static_cast<__nv_bfloat16*>(rows.o));
+        else
+          convert_discard_o16_kernel<<<blocks8, 256, 0, stream>>>(p, t0, tn, o16, o);
+      } else if (weights_with_convert && s + 1 < n_seg) {
         const int64_t t1 = t0 + seg, tn1 = p.T - t1 < seg ? p.T - t1 : seg;
         pair_weights_and_convert_kernel<G><<<weight_blocks(tn1) + convert_blocks, kReduceWarps * kWarp, 0,
                                              stream>>>(p, t1, tn1, nc, selection, selected_score, o_swa,
@@ -1724,13 +1824,19 @@ bool chunked_fuse_applies(const LaunchParams& p) {
   return p.K >= 1 && p.K <= 64 && p.T < (int64_t{1} << 25) && p.Hkv * p.T * p.K < (int64_t{1} << 31);
 }
 
+bool fusion_rows_apply(SparseKernel kernel) {
+  return kernel == SparseKernel::chunked_v24 || kernel == SparseKernel::chunked_v25;
+}
+
 void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
-                         const float* selected_score, const float* o_swa, const float* lse_swa,
-                         float* o, float* lse, cudaStream_t stream) {
+                         const float* selected_score, const FusionRows& rows, const float* lse_swa,
+                         float* lse, cudaStream_t stream) {
   const SparseKernel kernel = sparse_kernel();
   if (uses_wgmma(kernel) && !wgmma_runs_on_current_device())
     refuse_wgmma_kernel("sparse_kernel", sparse_kernel_name(kernel),
                         "a kernel without wgmma, such as chunked_v21, the default here");
+  const auto* o_swa = static_cast<const float*>(rows.o_swa);  // RowType::f32 below
+  auto* o = static_cast<float*>(rows.o);
   if (kernel == SparseKernel::chunked_v8 || kernel == SparseKernel::chunked_v9 ||
       kernel == SparseKernel::chunked_v10 || kernel == SparseKernel::chunked_v11 ||
       kernel == SparseKernel::chunked_v12 || kernel == SparseKernel::chunked_v13 ||
@@ -1738,13 +1844,14 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
       kernel == SparseKernel::chunked_v16 || kernel == SparseKernel::chunked_v17 ||
       kernel == SparseKernel::chunked_v18 || kernel == SparseKernel::chunked_v19 ||
       kernel == SparseKernel::chunked_v20 || kernel == SparseKernel::chunked_v21 ||
-      kernel == SparseKernel::chunked_v22) {
+      kernel == SparseKernel::chunked_v22 || kernel == SparseKernel::chunked_v23 ||
+      kernel == SparseKernel::chunked_v24 || kernel == SparseKernel::chunked_v25) {
     switch (p.Hq / p.Hkv) {
-      case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
-      case 2: return launch_bucketed_once_g<2>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
-      case 4: return launch_bucketed_once_g<4>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
-      case 8: return launch_bucketed_once_g<8>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
-      default: return launch_bucketed_once_g<16>(p, selection, selected_score, o_swa, lse_swa, o, lse, kernel, stream);
+      case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, rows, lse_swa, lse, kernel, stream);
+      case 2: return launch_bucketed_once_g<2>(p, selection, selected_score, rows, lse_swa, lse, kernel, stream);
+      case 4: return launch_bucketed_once_g<4>(p, selection, selected_score, rows, lse_swa, lse, kernel, stream);
+      case 8: return launch_bucketed_once_g<8>(p, selection, selected_score, rows, lse_swa, lse, kernel, stream);
+      default: return launch_bucketed_once_g<16>(p, selection, selected_score, rows, lse_swa, lse, kernel, stream);
     }
   }
   switch (p.Hq / p.Hkv) {

@@ -2,14 +2,18 @@
 // (analysis/oracle.hpp) against the double reference with the 2x-float + floor policy.
 #include <catch2/catch.hpp>
 
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <iostream>
 #include <iterator>
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "case_inputs.hpp"
@@ -348,7 +352,7 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's to v12's and v6's lse
       const KernelRun v6 = run_with(hils::gpu::SparseKernel::chunked_v6);
       const KernelRun v7 = run_with(hils::gpu::SparseKernel::chunked_v7);
       const KernelRun v8 = run_with(hils::gpu::SparseKernel::chunked_v8);
-      // Versions whose lse (only) must be v6's: v9 to v22.
+      // Versions whose lse (only) must be v6's: v9 to v25.
       const hils::gpu::SparseKernel lse_only[] = {
           hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v10,
           hils::gpu::SparseKernel::chunked_v11, hils::gpu::SparseKernel::chunked_v12,
@@ -356,7 +360,9 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's to v12's and v6's lse
           hils::gpu::SparseKernel::chunked_v15, hils::gpu::SparseKernel::chunked_v16,
           hils::gpu::SparseKernel::chunked_v17, hils::gpu::SparseKernel::chunked_v18,
           hils::gpu::SparseKernel::chunked_v19, hils::gpu::SparseKernel::chunked_v20,
-          hils::gpu::SparseKernel::chunked_v21, hils::gpu::SparseKernel::chunked_v22};
+          hils::gpu::SparseKernel::chunked_v21, hils::gpu::SparseKernel::chunked_v22,
+          hils::gpu::SparseKernel::chunked_v23, hils::gpu::SparseKernel::chunked_v24,
+          hils::gpu::SparseKernel::chunked_v25};
       std::vector<KernelRun> lse_runs;
       for (auto kernel : lse_only) lse_runs.push_back(run_with(kernel));
       INFO("case " << c.name << " segment " << segment);
@@ -438,6 +444,127 @@ TEST_CASE("gpu C API sparse kernel values", "[gpu]") {
   CHECK(hils_gpu_set_sparse_kernel(-1) == 2);
   CHECK(std::string(hils_gpu_last_error()).rfind("sparse_kernel:", 0) == 0);
   hils::gpu::set_sparse_kernel(current);
+}
+
+// window_attention_rows and fuse_rows: the window stage storing its rows in fp16 (each the fp32
+// row's value rounded to nearest, bit for bit) and the sparse stage (chunked_v24, chunked_v25)
+// reading them and writing a bf16 o (as SDPA returns for bf16 inputs),
+// stage by stage on packed shapes in one and in several segments. The oracle judges that o as
+// the bf16 values it is (its bf16 floor budgets the stored output's rounding) with the same
+// run's window, summaries and selection; lse must equal the fp32-row call's bit for bit (the
+// rows' types do not enter it). A kernel other than v24 and v25, an fp16 o and a bf16 o_swa are
+// refused by field.
+TEST_CASE("gpu sparse stage with an fp16 o_swa and a bf16 o", "[gpu]") {
+  // clang-format off
+  static constexpr Case kCases[] = {
+    //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
+    Case{"packed_bench_geometry", 2113,   64, 512, 32, 16,  2, 64, 64, true, 1.0},
+    Case{"packed_segments_g2",    1300,   64,  64,  5,  4,  2, 64, 64, true, 2.0},
+  };
+  // clang-format on
+  namespace hg = hils::gpu;
+  using hg::RowType;
+  const auto current = hg::sparse_kernel();
+  for (const Case& c : kCases) {
+    const auto inputs = hils::cases::make_inputs<double>(c);
+    const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
+    REQUIRE(reference_accepts(spec, inputs));
+    const auto verifier = verifier_for(spec, inputs, DType::bf16);
+    const auto shape = shape_of(inputs);
+    const int64_t T = shape.T, Hq = shape.Hq, Hkv = shape.Hkv, dv = shape.dv, nc = T / spec.S;
+    auto set = gt::upload_inputs(inputs, DType::bf16);
+    gt::GuardedBuffer o_swa(Hq * T * dv * 4), lse_swa(Hq * T * 4), key(Hq * nc * shape.d * 4),
+        bias(Hq * nc * 4), selection(Hkv * T * spec.K * 4), score(Hq * T * spec.K * 4);
+    hg::window_attention(spec, shape, set.view, o_swa.as<float>(), lse_swa.as<float>());
+    hg::summarize(spec, shape, set.view, key.as<float>(), bias.as<float>());
+    hg::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,
+                      lse_swa.as<float>(), selection.as<int32_t>(), score.as<float>());
+    // The window's rows in fp16: the fp32 rows rounded to nearest, bit for bit.
+    const gt::GuardedBuffer o_swa16(Hq * T * dv * 2);
+    hg::window_attention_rows(spec, shape, set.view, o_swa16.data(), RowType::f16, lse_swa.as<float>());
+    gt::check_cuda(cudaDeviceSynchronize(), "window_attention_rows");
+    const auto swa_bytes = o_swa.download(), swa16 = o_swa16.download();
+    int64_t values_differing = 0;
+    for (size_t i = 0; i < swa_bytes.size() / 4; ++i) {
+      float x;
+      std::memcpy(&x, swa_bytes.data() + 4 * i, 4);
+      const __half h = __float2half_rn(x);
+      values_differing += std::memcmp(swa16.data() + 2 * i, &h, 2) != 0;
+    }
+    CHECK(values_differing == 0);
+    CHECK(o_swa16.guard_damage("o_swa16").empty());
+    for (auto [kernel, segment] : {std::pair{hg::SparseKernel::chunked_v24, int64_t{0}},
+                                   std::pair{hg::SparseKernel::chunked_v24, int64_t{257}},
+                                   std::pair{hg::SparseKernel::chunked_v25, int64_t{0}},
+                                   std::pair{hg::SparseKernel::chunked_v25, int64_t{257}}}) {
+      hg::set_sparse_segment_queries(segment);
+      hg::set_sparse_kernel(kernel);
+      gt::GuardedBuffer o16(Hq * T * dv * 2), lse(Hq * T * 4), o32(Hq * T * dv * 4), lse32(Hq * T * 4);
+      hg::fuse_rows(spec, shape, set.view, selection.as<int32_t>(), score.as<float>(), o_swa16.data(),
+                    RowType::f16, lse_swa.as<float>(), o16.data(), RowType::bf16, lse.as<float>());
+      hg::fuse(spec, shape, set.view, selection.as<int32_t>(), score.as<float>(), o_swa.as<float>(),
+               lse_swa.as<float>(), o32.as<float>(), lse32.as<float>());
+      gt::check_cuda(cudaDeviceSynchronize(), "fuse_rows");
+      // o in bf16 -> double: a bf16 is the upper half of a float.
+      const auto o_bytes = o16.download();
+      KernelRun run;
+      run.out.o.assign(Hq, Matrix<double>(T, dv));
+      for (int64_t h = 0; h < Hq; ++h)
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t j = 0; j < dv; ++j) {
+            uint16_t b;
+            std::memcpy(&b, o_bytes.data() + 2 * ((h * T + t) * dv + j), 2);
+            const uint32_t bits = static_cast<uint32_t>(b) << 16;
+            float x;
+            std::memcpy(&x, &bits, 4);
+            run.out.o[h](t, j) = x;
+          }
+      run.out.lse = gt::head_vectors_of(lse, Hq, T);
+      run.out.o_window = gt::heads_of(o_swa, Hq, T, dv);
+      run.out.lse_window = gt::head_vectors_of(lse_swa, Hq, T);
+      run.out.selection = gt::index_heads_of(selection, Hkv, T, spec.K);
+      run.out.summary_key = gt::heads_of(key, Hq, nc, shape.d);
+      run.out.summary_bias = gt::head_vectors_of(bias, Hq, nc);
+      for (const auto* b : {&o16, &lse, &o_swa, &lse_swa, &selection})
+        if (auto damage = b->guard_damage("fuse_rows buffers"); !damage.empty())
+          run.guard_problems.push_back(damage);
+      INFO("case " << c.name << " " << sparse_kernel_name(kernel) << " segment " << segment);
+      CHECK(judge(verifier, run, std::string(c.name) + " " + sparse_kernel_name(kernel) +
+                                     " f16 o_swa, bf16 o segment " + std::to_string(segment)));
+      const auto lse_f32 = gt::head_vectors_of(lse32, Hq, T);
+      double lse_diff = 0.0;
+      for (int64_t h = 0; h < Hq; ++h)
+        lse_diff = std::max(lse_diff, (run.out.lse[h] - lse_f32[h]).cwiseAbs().maxCoeff());
+      CHECK(lse_diff == 0.0);
+    }
+    // Refusals, by field.
+    hg::set_sparse_kernel(hg::SparseKernel::chunked_v19);
+    gt::GuardedBuffer o_any(Hq * T * dv * 4), lse_any(Hq * T * 4);
+    CHECK_THROWS_WITH(hg::fuse_rows(spec, shape, set.view, selection.as<int32_t>(), score.as<float>(),
+                                    o_swa16.data(), RowType::f16, lse_swa.as<float>(), o_any.data(),
+                                    RowType::f32, lse_any.as<float>()),
+                      Catch::StartsWith("sparse_kernel: expected chunked_v24 or chunked_v25") &&
+                          Catch::Contains("chunked_v19"));
+    hg::set_sparse_kernel(hg::SparseKernel::chunked_v25);
+    CHECK_THROWS_WITH(hg::window_attention_rows(spec, shape, set.view, o_any.data(), RowType::bf16,
+                                                lse_any.as<float>()),
+                      Catch::StartsWith("o_swa_type: expected f32 or f16"));
+    hg::set_window_kernel(hg::WindowKernel::mma_v4);
+    CHECK_THROWS_WITH(hg::window_attention_rows(spec, shape, set.view, o_any.data(), RowType::f16,
+                                                lse_any.as<float>()),
+                      Catch::StartsWith("o_swa_type: expected f32 for window kernel mma_v4"));
+    hg::set_window_kernel(std::nullopt);
+    CHECK_THROWS_WITH(hg::fuse_rows(spec, shape, set.view, selection.as<int32_t>(), score.as<float>(),
+                                    o_swa.data(), RowType::f32, lse_swa.as<float>(), o_any.data(),
+                                    RowType::f16, lse_any.as<float>()),
+                      Catch::StartsWith("o_type: expected f32 or bf16"));
+    CHECK_THROWS_WITH(hg::fuse_rows(spec, shape, set.view, selection.as<int32_t>(), score.as<float>(),
+                                    o_swa.data(), RowType::bf16, lse_swa.as<float>(), o_any.data(),
+                                    RowType::f32, lse_any.as<float>()),
+                      Catch::StartsWith("o_swa_type: expected f32 or f16"));
+  }
+  hg::set_sparse_kernel(current);
+  hg::set_sparse_segment_queries(0);
 }
 
 // Every packed window kernel on shapes that stress its tiling: the benchmark geometry, one head
@@ -668,7 +795,9 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
                       hils::gpu::SparseKernel::chunked_v13, hils::gpu::SparseKernel::chunked_v14,
                       hils::gpu::SparseKernel::chunked_v15, hils::gpu::SparseKernel::chunked_v17,
                       hils::gpu::SparseKernel::chunked_v18, hils::gpu::SparseKernel::chunked_v19,
-                      hils::gpu::SparseKernel::chunked_v20, hils::gpu::SparseKernel::chunked_v22}) {
+                      hils::gpu::SparseKernel::chunked_v20, hils::gpu::SparseKernel::chunked_v22,
+                      hils::gpu::SparseKernel::chunked_v23, hils::gpu::SparseKernel::chunked_v24,
+                      hils::gpu::SparseKernel::chunked_v25}) {
     REQUIRE(hils::gpu::uses_wgmma(kernel));
     INFO(sparse_kernel_name(kernel));
     hils::gpu::set_sparse_kernel(kernel);

@@ -101,6 +101,13 @@ enum class SparseKernel {
   chunked_v21,  // chunked_v16 (no wgmma) with chunked_v19's count per tile and segments
   chunked_v22,  // chunked_v19 with segment s + 1's weights kernel and segment s's o16 -> o
                 // conversion in one launch (the same values)
+  chunked_v23,  // chunked_v19 with each pair's bucket entry written by the pair-weights kernel
+                // (which forms its bucket position anyway) instead of a scatter launch over
+                // every pair (the same buckets, so the same values)
+  chunked_v24,  // chunked_v23 with the o16 -> o conversion reading 16 bytes per thread and
+                // discarding the o16 lines it has read from the L2 (no write-back of dead
+                // lines; the same values)
+  chunked_v25,  // chunked_v19 (its scatter launch) with chunked_v24's o16 -> o conversion
 };
 // Every SparseKernel, in the order of their values.
 constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
@@ -112,7 +119,8 @@ constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKerne
                                            SparseKernel::chunked_v16, SparseKernel::chunked_v17,
                                            SparseKernel::chunked_v18, SparseKernel::chunked_v19,
                                            SparseKernel::chunked_v20, SparseKernel::chunked_v21,
-                                           SparseKernel::chunked_v22};
+                                           SparseKernel::chunked_v22, SparseKernel::chunked_v23,
+                                           SparseKernel::chunked_v24, SparseKernel::chunked_v25};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
 // Whether the sparse stage runs wgmma (sm_90a; wgmma_available below). Every kernel is listed,
@@ -137,12 +145,16 @@ constexpr bool uses_wgmma(SparseKernel kernel) {
     case SparseKernel::chunked_v18:
     case SparseKernel::chunked_v19:
     case SparseKernel::chunked_v20:
-    case SparseKernel::chunked_v22: return true;
+    case SparseKernel::chunked_v22:
+    case SparseKernel::chunked_v23:
+    case SparseKernel::chunked_v24:
+    case SparseKernel::chunked_v25: return true;
   }
   return true;
 }
-// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v19.
-constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v19;
+// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v25 (v19 with
+// the 16-byte conversion; it also takes fuse_rows' fp16 o_swa and bf16 o).
+constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v25;
 // The sparse stage without wgmma where wgmma cannot run: chunked_v21 (v19's weights kernel,
 // count and segments with v6's mma.sync chunk kernel).
 constexpr SparseKernel kSparseKernelWithoutWgmma = SparseKernel::chunked_v21;
@@ -211,6 +223,15 @@ WindowKernel window_kernel();
 // Window branch (reference/SEMANTICS.md §2): o_swa [Hq, T, dv], lse_swa [Hq, T].
 void window_attention(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                       float* o_swa, float* lse_swa, cudaStream_t stream = nullptr);
+// Element type of a row block [Hq, T, dv] handed between stages: fp32 (fuse's, the API's), fp16,
+// or bf16 (the type SDPA returns o in for bf16 inputs).
+enum class RowType { f32, f16, bf16 };
+// window_attention with o_swa stored as o_swa_type: f32, or f16 (the fp32 value rounded to
+// nearest; the packed window kernels from mma_v9 on, for fuse_rows): half the bytes. Elsewhere,
+// and for bf16, std::invalid_argument names the field.
+void window_attention_rows(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+                           void* o_swa, RowType o_swa_type, float* lse_swa,
+                           cudaStream_t stream = nullptr);
 // Full causal attention over every attendable j <= t: o [Hq, T, dv], lse [Hq, T].
 void full_attention(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                     float* o, float* lse, cudaStream_t stream = nullptr);
@@ -317,6 +338,16 @@ void select_chunks(const MechanismSpec& spec, const Shape& shape, const DeviceIn
 void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
           const int32_t* selection, const float* selected_score, const float* o_swa,
           const float* lse_swa, float* o, float* lse, cudaStream_t stream = nullptr);
+// fuse (hierarchical fusion) with o_swa read as o_swa_type (f32 or f16) and o written as o_type
+// (f32 or bf16). Other than f32 needs the chunk-major sparse stage chunked_v24 or chunked_v25
+// (packed shapes, set_sparse_kernel); elsewhere, and for other types, std::invalid_argument
+// names the field.
+// The arithmetic is fuse's (fp32, o summed in fp16); an fp16 o_swa rounds the window rows to
+// 11 bits before their weight, a bf16 o rounds the result to 8 bits.
+void fuse_rows(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
+               const int32_t* selection, const float* selected_score, const void* o_swa,
+               RowType o_swa_type, const float* lse_swa, void* o, RowType o_type, float* lse,
+               cudaStream_t stream = nullptr);
 
 // Bytes of scratch memory run_mechanism needs.
 size_t workspace_bytes(const MechanismSpec& spec, const Shape& shape);

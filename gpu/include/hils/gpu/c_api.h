@@ -31,6 +31,10 @@ const char* hils_gpu_enum_names(const char* field);
 int hils_gpu_workspace_bytes(const hils_gpu_problem* p, size_t* bytes);
 int hils_gpu_run(const hils_gpu_problem* p, float* o, float* lse, void* workspace, void* stream);
 int hils_gpu_window(const hils_gpu_problem* p, float* o_swa, float* lse_swa, void* stream);
+/* hils_gpu_window with o_swa stored as o_swa_type: 0 = fp32, 1 = fp16 (hils::gpu::
+   window_attention_rows: the packed window kernels from mma_v9 on). */
+int hils_gpu_window_rows(const hils_gpu_problem* p, void* o_swa, int32_t o_swa_type, float* lse_swa,
+                         void* stream);
 int hils_gpu_full(const hils_gpu_problem* p, float* o, float* lse, void* stream);
 int hils_gpu_exact(const hils_gpu_problem* p, float* exact, void* stream);
 int hils_gpu_summarize(const hils_gpu_problem* p, float* key, float* bias, void* stream);
@@ -49,8 +53,9 @@ int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const
    0 = chunked_v4, 1 = atomic_v5, 2 = chunked_v6, 3 = chunked_v7, 4 = chunked_v8,
    5 = chunked_v9, 6 = chunked_v10, 7 = chunked_v11, 8 = chunked_v12, 9 = chunked_v13,
    10 = chunked_v14, 11 = chunked_v15, 12 = chunked_v16, 13 = chunked_v17,
-   14 = chunked_v18, 15 = chunked_v19, 16 = chunked_v20, 17 = chunked_v21, 18 = chunked_v22 (until set:
-   hils::gpu::default_sparse_kernel(), i.e. chunked_v19, or chunked_v21 where wgmma cannot run;
+   14 = chunked_v18, 15 = chunked_v19, 16 = chunked_v20, 17 = chunked_v21, 18 = chunked_v22,
+   19 = chunked_v23, 20 = chunked_v24, 21 = chunked_v25 (until set:
+   hils::gpu::default_sparse_kernel(), i.e. chunked_v25, or chunked_v21 where wgmma cannot run;
    gpu/NOTES.md). Returns 2 for another value. */
 int hils_gpu_set_sparse_kernel(int32_t sparse_kernel);
 /* The sparse stage that runs now (the default until set), as the numbers above. */
@@ -72,6 +77,12 @@ int hils_gpu_set_sparse_segment_queries(int64_t queries);
 int hils_gpu_fuse(const hils_gpu_problem* p, const int32_t* selection,
                   const float* selected_score, const float* o_swa, const float* lse_swa,
                   float* o, float* lse, void* stream);
+/* hils_gpu_fuse with o_swa read as o_swa_type and o written as o_type: 0 = fp32, 1 = fp16 (o_swa
+   only), 2 = bf16 (o only) (hils::gpu::fuse_rows: other than fp32 needs sparse kernel
+   chunked_v24 or chunked_v25 on the packed shapes). */
+int hils_gpu_fuse_rows(const hils_gpu_problem* p, const int32_t* selection,
+                       const float* selected_score, const void* o_swa, int32_t o_swa_type,
+                       const float* lse_swa, void* o, int32_t o_type, float* lse, void* stream);
 
 #ifdef __cplusplus
 }
