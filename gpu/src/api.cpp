@@ -174,6 +174,7 @@ const char* window_kernel_name(WindowKernel kernel) {
     case WindowKernel::wgmma_v15: return "wgmma_v15";
     case WindowKernel::wgmma_v16: return "wgmma_v16";
     case WindowKernel::wgmma_v17: return "wgmma_v17";
+    case WindowKernel::wgmma_v18: return "wgmma_v18";
   }
   return "unknown";
 }

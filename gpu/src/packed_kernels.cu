@@ -4,6 +4,11 @@
 // intra-chunk softmax per (query, chunk) and the fusion with the window (Eq. 10).
 // Fast path only: bf16 inputs, d = dv = 64, S = 64, G in {1, 2, 4, 8, 16}.
 #include <climits>
+#include <stdexcept>
+#include <string>
+
+#include <cuda.h>  // CUtensorMap (the encoder comes from cudaGetDriverEntryPointByVersion)
+#include <cudaTypedefs.h>
 
 #include "launch_params.hpp"
 #include "mma_common.cuh"
@@ -637,15 +642,53 @@ __global__ void __launch_bounds__(256, 2)
 // The same arithmetic as v13 in the same order per row: the same o_swa / lse_swa bits.
 // The V panel of tile i-1 is read during tile i, so V has one stage more than K: kAhead + 2 V
 // stages, kAhead + 1 K stages; the copies run kAhead tiles ahead (v14: 1 as v13, v15: 2).
-template <int kAhead>
+// v18's copies: the tensor memory accelerator (cp.async.bulk.tensor) writes a tile's K and V
+// panels, 128-byte swizzled, and completes on the stage's mbarrier; rows past T are zeros.
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
+#ifndef HILS_WGMMA_UNAVAILABLE
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbarrier_expect_bytes(uint32_t bar, uint32_t bytes) {
+#ifndef HILS_WGMMA_UNAVAILABLE
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+#ifndef HILS_WGMMA_UNAVAILABLE
+  asm volatile(
+      "{\n.reg .pred done;\nHILS_MBAR_WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra HILS_MBAR_WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#endif
+}
+// Rows [row, row + 64) of head g of a [Hkv, T, 64] bf16 tensor into the panel at `dst`.
+__device__ __forceinline__ void tma_load_panel(uint32_t dst, const CUtensorMap& map, int row,
+                                               int g, uint32_t bar) {
+#ifndef HILS_WGMMA_UNAVAILABLE
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(0), "r"(row), "r"(g), "r"(bar)
+      : "memory");
+#endif
+}
+
+// With the tensor memory accelerator (kTma) K has as many stages as V: a tile's K and V panels
+// complete on one mbarrier per stage.
+template <int kAhead, bool kTma>
 struct WindowOverlapSmem {
-  static constexpr int kKStages = kAhead + 1, kVStages = kAhead + 2;
+  static constexpr int kVStages = kAhead + 2, kKStages = kTma ? kVStages : kAhead + 1;
   unsigned char q[2][kWgPanelBytes];         // the two warpgroups' 64 q rows
   unsigned char k[kKStages][kWgPanelBytes];  // K stages
   unsigned char v[kVStages][kWgPanelBytes];  // V stages
+  uint64_t full[kTma ? kVStages : 1];        // kTma: stage s's K and V have landed
 };
-template <int kAhead>
-constexpr size_t kWindowOverlapSmemBytes = sizeof(WindowOverlapSmem<kAhead>) + wg::kAtomBytes;
+template <int kAhead, bool kTma>
+constexpr size_t kWindowOverlapSmemBytes =
+    sizeof(WindowOverlapSmem<kAhead, kTma>) + wg::kAtomBytes;
 
 // The next stage's byte offset after `stage` in a ring of `stages` panels.
 template <int stages>
@@ -668,16 +711,18 @@ __device__ __forceinline__ void issue_pv(float (&o)[8][4], const uint32_t (&pa)[
 // Where a tile's step puts the P V (kSchedule): kPvBeforeS (v14, v15) issues tile i-1's P V right
 // after S_i's wgmma and waits for S_i alone; kPvAfterMask (v16) waits for S_i, masks it, then
 // issues tile i-1's P V under the softmax (no divergent code between that P V and its wait);
-// kPvInTile (v17) is v13's step (tile i's own P V after its softmax, both waited at once) with
-// these copies.
+// kPvInTile (v17, v18) is v13's step (tile i's own P V after its softmax, both waited at once)
+// with these copies.
 enum WindowSchedule { kPvBeforeS, kPvAfterMask, kPvInTile };
 
-template <int G, int kAhead, int kSchedule>
+template <int G, int kAhead, int kSchedule, bool kTma>
 __global__ void __launch_bounds__(256, 2)
-    window_wgmma_overlap_kernel(LaunchParams p, float* o_swa, float* lse_swa) {
+    window_wgmma_overlap_kernel(LaunchParams p, float* o_swa, float* lse_swa,
+                                const __grid_constant__ CUtensorMap k_map,
+                                const __grid_constant__ CUtensorMap v_map) {
   constexpr bool kDeferredPv = kSchedule != kPvInTile;
   constexpr int kRows = 128, M = kRows / G;
-  using Smem = WindowOverlapSmem<kAhead>;
+  using Smem = WindowOverlapSmem<kAhead, kTma>;
   extern __shared__ unsigned char window_wg_raw[];
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(window_wg_raw));
   auto& sm = *reinterpret_cast<Smem*>(window_wg_raw +
@@ -749,10 +794,35 @@ __global__ void __launch_bounds__(256, 2)
     k_fill = next_stage<Smem::kKStages>(k_fill);
     v_fill = next_stage<Smem::kVStages>(v_fill);
   };
+  // kTma: tile j's K and V into stage j % kVStages, thread 0 issuing, completing on full[stage].
+  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&sm.full[0]));
+  auto load_tile_tma = [&](int j) {
+    const uint32_t stage = static_cast<uint32_t>(j % Smem::kVStages), bar = full0 + 8 * stage;
+    mbarrier_expect_bytes(bar, 2 * kWgPanelBytes);
+    tma_load_panel(smem_k + stage * kWgPanelBytes, k_map, static_cast<int>(first) + j * kTileDim,
+                   static_cast<int>(g), bar);
+    tma_load_panel(smem_v + stage * kWgPanelBytes, v_map, static_cast<int>(first) + j * kTileDim,
+                   static_cast<int>(g), bar);
+  };
+  if constexpr (kTma) {
+    if (threadIdx.x == 0) {
 #pragma unroll
-  for (int j = 0; j < kAhead; ++j) {
-    if (j < n_tiles) fill_next_tile();
-    cp_async_commit();  // one group per tile (empty past the last) keeps the wait counts fixed
+      for (int s = 0; s < Smem::kVStages; ++s) mbarrier_init(full0 + 8 * s, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int j = 0; j < kAhead; ++j)
+        if (j < n_tiles) load_tile_tma(j);
+    }
+    cp_async_commit();  // the q rows
+  } else {
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+      if (j < n_tiles) fill_next_tile();
+      cp_async_commit();  // one group per tile (empty past the last) keeps the wait counts fixed
+    }
   }
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f}, o[8][4] = {}, alpha[2] = {1.0f, 1.0f};
   uint32_t pa[4][4] = {};  // P of the tile whose P V is pending, and that tile's V descriptor word
@@ -760,14 +830,25 @@ __global__ void __launch_bounds__(256, 2)
   const WindowTileMask mask{lo, hi, lo_max, hi_min, complete_col, p.landmarks};
   for (int it = 0; it < n_tiles; ++it) {
     const int key0 = it * kTileDim;
-    if constexpr (kAhead == 1)
-      cp_async_wait_all();
-    else
-      cp_async_wait_one();  // tile it has landed; tile it + 1 may be in flight
-    wg::fence_proxy_async();  // cp.async writes -> the tensor cores' reads
-    __syncthreads();          // and every warpgroup is done with the stages refilled now
-    if (it + kAhead < n_tiles) fill_next_tile();
-    cp_async_commit();
+    if constexpr (kTma) {
+      if (it == 0) {
+        cp_async_wait_all();      // the q rows
+        wg::fence_proxy_async();  // cp.async writes -> the tensor cores' reads
+      }
+      __syncthreads();  // every warpgroup is done with the stage refilled now
+      if (threadIdx.x == 0 && it + kAhead < n_tiles) load_tile_tma(it + kAhead);
+      mbarrier_wait(full0 + 8 * static_cast<uint32_t>(it % Smem::kVStages),
+                    static_cast<uint32_t>(it / Smem::kVStages) & 1u);
+    } else {
+      if constexpr (kAhead == 1)
+        cp_async_wait_all();
+      else
+        cp_async_wait_one();  // tile it has landed; tile it + 1 may be in flight
+      wg::fence_proxy_async();  // cp.async writes -> the tensor cores' reads
+      __syncthreads();          // and every warpgroup is done with the stages refilled now
+      if (it + kAhead < n_tiles) fill_next_tile();
+      cp_async_commit();
+    }
     const uint32_t k_lo = k0_lo + k_use / 16, v_lo = v0_lo + v_use / 16;
     k_use = next_stage<Smem::kKStages>(k_use);
     v_use = next_stage<Smem::kVStages>(v_use);
@@ -1085,26 +1166,59 @@ void launch_window_wgmma_version(const LaunchParams& p, float* o, float* lse, cu
   }
 }
 
-template <int G, int kAhead, int kSchedule>
+// v18's tensor maps: K or V as a [Hkv, T, 64] bf16 tensor, boxes of 64 rows x 64 dims written
+// 128-byte swizzled, rows past T read as zeros. The encoder is the driver's, found through the
+// runtime (no link against libcuda).
+CUtensorMap kv_tensor_map(const void* kv, const LaunchParams& p) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  CUtensorMap map{};
+  if (encode == nullptr)
+    throw std::runtime_error("window_kernel wgmma_v18: the driver has no cuTensorMapEncodeTiled");
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kTileDim), static_cast<cuuint64_t>(p.T),
+                              static_cast<cuuint64_t>(p.Hkv)};
+  const cuuint64_t strides[2] = {kTileDim * 2, static_cast<cuuint64_t>(p.T) * kTileDim * 2};
+  const cuuint32_t box[3] = {kTileDim, kTileDim, 1}, unit[3] = {1, 1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(kv), dims,
+                            strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw std::runtime_error("window_kernel wgmma_v18: cuTensorMapEncodeTiled failed (" +
+                             std::to_string(static_cast<int>(r)) + ")");
+  return map;
+}
+
+template <int G, int kAhead, int kSchedule, bool kTma>
 void launch_window_overlap_g(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
   constexpr int M = 128 / G;
-  constexpr int smem = static_cast<int>(kWindowOverlapSmemBytes<kAhead>);
+  constexpr int smem = static_cast<int>(kWindowOverlapSmemBytes<kAhead, kTma>);
   const dim3 grid(static_cast<unsigned>((p.T + M - 1) / M), static_cast<unsigned>(p.Hkv));
-  static const bool raised = cudaFuncSetAttribute(window_wgmma_overlap_kernel<G, kAhead, kSchedule>,
+  static const bool raised = cudaFuncSetAttribute(window_wgmma_overlap_kernel<G, kAhead, kSchedule, kTma>,
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                   smem) == cudaSuccess;
   (void)raised;  // a failure surfaces as the launch's error
-  window_wgmma_overlap_kernel<G, kAhead, kSchedule><<<grid, 256, smem, stream>>>(p, o, lse);
+  const CUtensorMap k_map = kTma ? kv_tensor_map(p.k, p) : CUtensorMap{};
+  const CUtensorMap v_map = kTma ? kv_tensor_map(p.v, p) : CUtensorMap{};
+  window_wgmma_overlap_kernel<G, kAhead, kSchedule, kTma>
+      <<<grid, 256, smem, stream>>>(p, o, lse, k_map, v_map);
 }
 
-template <int kAhead, int kSchedule>
+template <int kAhead, int kSchedule, bool kTma = false>
 void launch_window_overlap(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
   switch (p.Hq / p.Hkv) {
-    case 1: return launch_window_overlap_g<1, kAhead, kSchedule>(p, o, lse, stream);
-    case 2: return launch_window_overlap_g<2, kAhead, kSchedule>(p, o, lse, stream);
-    case 4: return launch_window_overlap_g<4, kAhead, kSchedule>(p, o, lse, stream);
-    case 8: return launch_window_overlap_g<8, kAhead, kSchedule>(p, o, lse, stream);
-    default: return launch_window_overlap_g<16, kAhead, kSchedule>(p, o, lse, stream);
+    case 1: return launch_window_overlap_g<1, kAhead, kSchedule, kTma>(p, o, lse, stream);
+    case 2: return launch_window_overlap_g<2, kAhead, kSchedule, kTma>(p, o, lse, stream);
+    case 4: return launch_window_overlap_g<4, kAhead, kSchedule, kTma>(p, o, lse, stream);
+    case 8: return launch_window_overlap_g<8, kAhead, kSchedule, kTma>(p, o, lse, stream);
+    default: return launch_window_overlap_g<16, kAhead, kSchedule, kTma>(p, o, lse, stream);
   }
 }
 
@@ -1117,6 +1231,7 @@ void launch_window_wgmma(const LaunchParams& p, WindowKernel kernel, float* o, f
     case WindowKernel::wgmma_v15: return launch_window_overlap<2, kPvBeforeS>(p, o, lse, stream);
     case WindowKernel::wgmma_v16: return launch_window_overlap<2, kPvAfterMask>(p, o, lse, stream);
     case WindowKernel::wgmma_v17: return launch_window_overlap<2, kPvInTile>(p, o, lse, stream);
+    case WindowKernel::wgmma_v18: return launch_window_overlap<2, kPvInTile, true>(p, o, lse, stream);
     default: return launch_window_wgmma_version<13>(p, o, lse, stream);
   }
 }

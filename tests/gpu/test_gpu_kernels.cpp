@@ -602,11 +602,12 @@ TEST_CASE("gpu packed window kernels against the reference", "[gpu]") {
 }
 
 // wgmma_v14 to v16 overlap one tile's P V with the next tile's softmax, v17 copies two tiles
-// ahead; all do v13's arithmetic in v13's order on the same tiles: o_window and lse_window must
+// ahead, v18 copies them by the tensor memory accelerator (rows past T: the tensor map's zeros);
+// all do v13's arithmetic in v13's order on the same tiles: o_window and lse_window must
 // be v13's bits on every window shape (v14-v16's extra first P V adds P = 0).
-TEST_CASE("gpu window wgmma_v14 to v17 give wgmma_v13's bits", "[gpu]") {
+TEST_CASE("gpu window wgmma_v14 to v18 give wgmma_v13's bits", "[gpu]") {
   if (!hils::gpu::wgmma_available()) {
-    WARN("wgmma cannot run here: the window kernels v13-v17 are refused (fallback test)");
+    WARN("wgmma cannot run here: the window kernels v13-v18 are refused (fallback test)");
     return;
   }
   for (const Case& c : kWindowCases) {
@@ -616,7 +617,8 @@ TEST_CASE("gpu window wgmma_v14 to v17 give wgmma_v13's bits", "[gpu]") {
     hils::gpu::set_window_kernel(hils::gpu::WindowKernel::wgmma_v13);
     const KernelRun v13 = run_on_device(spec, inputs, DType::bf16);
     for (auto kernel : {hils::gpu::WindowKernel::wgmma_v14, hils::gpu::WindowKernel::wgmma_v15,
-                        hils::gpu::WindowKernel::wgmma_v16, hils::gpu::WindowKernel::wgmma_v17}) {
+                        hils::gpu::WindowKernel::wgmma_v16, hils::gpu::WindowKernel::wgmma_v17,
+                        hils::gpu::WindowKernel::wgmma_v18}) {
       hils::gpu::set_window_kernel(kernel);
       const KernelRun run = run_on_device(spec, inputs, DType::bf16);
       INFO("case " << c.name << " " << hils::gpu::window_kernel_name(kernel));
@@ -788,7 +790,7 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
   for (auto kernel : {hils::gpu::WindowKernel::wgmma_v11, hils::gpu::WindowKernel::wgmma_v12,
                       hils::gpu::WindowKernel::wgmma_v13, hils::gpu::WindowKernel::wgmma_v14,
                       hils::gpu::WindowKernel::wgmma_v15, hils::gpu::WindowKernel::wgmma_v16,
-                      hils::gpu::WindowKernel::wgmma_v17})
+                      hils::gpu::WindowKernel::wgmma_v17, hils::gpu::WindowKernel::wgmma_v18})
     CHECK(hils::gpu::uses_wgmma(kernel));
   hils::gpu::set_window_kernel(std::nullopt);
   for (auto kernel : {hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v12,

@@ -181,13 +181,15 @@ enum class WindowKernel {
   wgmma_v15,  // wgmma_v14 with the K/V copies two tiles ahead instead of one
   wgmma_v16,  // wgmma_v15 with tile i-1's P V issued after tile i's masks
   wgmma_v17,  // wgmma_v13's step (no overlap) with wgmma_v15's copies two tiles ahead
+  wgmma_v18,  // wgmma_v17 with the K/V tiles copied by the tensor memory accelerator (TMA)
 };
 // Every WindowKernel, in the order of their values.
 constexpr WindowKernel kWindowKernels[] = {WindowKernel::mma_v4, WindowKernel::mma_v9,
                                            WindowKernel::mma_v10, WindowKernel::wgmma_v11,
                                            WindowKernel::wgmma_v12, WindowKernel::wgmma_v13,
                                            WindowKernel::wgmma_v14, WindowKernel::wgmma_v15,
-                                           WindowKernel::wgmma_v16, WindowKernel::wgmma_v17};
+                                           WindowKernel::wgmma_v16, WindowKernel::wgmma_v17,
+                                           WindowKernel::wgmma_v18};
 // The kernel's name as above ("mma_v4", ...).
 const char* window_kernel_name(WindowKernel kernel);
 // Whether the kernel runs wgmma (sm_90a; wgmma_available below). Every kernel is listed, so
@@ -203,11 +205,12 @@ constexpr bool uses_wgmma(WindowKernel kernel) {
     case WindowKernel::wgmma_v14:
     case WindowKernel::wgmma_v15:
     case WindowKernel::wgmma_v16:
-    case WindowKernel::wgmma_v17: return true;
+    case WindowKernel::wgmma_v17:
+    case WindowKernel::wgmma_v18: return true;
   }
   return true;
 }
-constexpr WindowKernel kDefaultWindowKernel = WindowKernel::wgmma_v13;
+constexpr WindowKernel kDefaultWindowKernel = WindowKernel::wgmma_v18;
 // The window kernel without wgmma where wgmma cannot run (wgmma_available).
 constexpr WindowKernel kWindowKernelWithoutWgmma = WindowKernel::mma_v9;
 // kDefaultWindowKernel where wgmma_available(), else kWindowKernelWithoutWgmma.
