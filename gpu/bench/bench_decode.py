@@ -11,14 +11,16 @@ power-of-two scale), and d19 with fp8 summaries (the previous default: the basel
 picks others (d8, d16, d17, d18, d21, d23, d24, d25, d29) and --batches / --lengths fewer shapes (no
 table then). --scan-floor also times, per shape with fp8 summaries, launch 1 alone of d21, d24
 and d25, launch 1's loads alone (its grid, no arithmetic) and a flat read of the summary arrays
-(hils::gpu::decode_scan_probe): what the scan could reach.
+(hils::gpu::decode_scan_probe): what the scan could reach; --handoffs times d25's launch 1 alone
+and followed by four empty kernels launched as d29 launches its tails: what the kernel
+boundaries after the scan cost without the tails' work.
 Each side is timed as a CUDA-graph replay (one launch, as serving loops run decode; the eager
 time of ours is printed too). Every timed call starts with a cold L2 (a 512 MiB buffer is written
 between calls, or read with --flush read), as a step over a real model's layers would. Times are
 medians of CUDA-event-timed calls after warm-up.
 Usage: bench_decode.py --lib build/gpu/libhils_gpu_c.so [--out decode.json] [--no-flex]
        [--profile] [--variants fused_fp8,d19_fp8,...] [--batches 8,32] [--lengths 524288]
-       [--scan-floor]
+       [--scan-floor] [--handoffs]
 """
 import argparse
 import ctypes
@@ -59,6 +61,7 @@ KERNELS = {"fused": 0, "d5": 1, "d8": 2, "d13": 3, "d16": 4, "d17": 5, "d18": 6,
            "d24": 10, "d25": 11, "d29": 15}
 # decode_scan_probe's probes (hils::gpu::ScanProbe), timed by --scan-floor.
 SCAN_PROBES = {"d21_scan": 0, "d24_scan": 1, "d25_scan": 2, "loads_only": 3, "flat_read": 4}
+TAIL_HANDOFFS = 5  # ScanProbe::tail_handoffs (--handoffs)
 # The variants timed per (B, T): (label, kernel, summary type); d19 fp8 is the baseline of fused.
 VARIANTS = (("d5_bf16", "d5", "bf16"), ("fused_bf16", "fused", "bf16"), ("d19_fp8", "d19", "fp8"),
             ("fused_fp8", "fused", "fp8"))
@@ -256,6 +259,26 @@ def scan_floor(run, B, T):
     return result
 
 
+def handoffs(run, B, T):
+    """Times (graph replay, cold L2) d25's launch 1 alone and followed by four empty tail kernels
+    (ScanProbe d25_scan, tail_handoffs); prints both and their difference."""
+    lib = run.lib
+    lib.hils_gpu_decode_scan_probe.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p,
+                                               ctypes.c_void_p]
+    result = {}
+    for name, probe in (("d25_scan", SCAN_PROBES["d25_scan"]), ("tail_handoffs", TAIL_HANDOFFS)):
+        def fn(probe=probe):
+            stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+            run.check(lib.hils_gpu_decode_scan_probe(ctypes.byref(run.p), probe, ptr(run.ws),
+                                                     stream))
+        graph_us, eager_us = best_us(fn)
+        result[name] = graph_us if graph_us is not None else eager_us
+    print(f"  handoffs B={B} T={T}: launch 1 {result['d25_scan']:7.1f} us, + four empty tails "
+          f"{result['tail_handoffs']:7.1f} us (+{result['tail_handoffs'] - result['d25_scan']:.1f})",
+          flush=True)
+    return result
+
+
 def profile_kernels(run):
     """GPU time per kernel of our decode step (torch.profiler / CUPTI), 20 calls."""
     from torch.profiler import ProfilerActivity, profile
@@ -317,6 +340,8 @@ def main():
                     help="empty the L2 between calls by writing (default) or reading 512 MiB")
     ap.add_argument("--scan-floor", action="store_true",
                     help="time launch 1 alone and its read floor per shape (fp8 summaries)")
+    ap.add_argument("--handoffs", action="store_true",
+                    help="time launch 1 alone and with four empty tail launches (fp8 summaries)")
     args = ap.parse_args()
     global FLUSH
     FLUSH = args.flush
@@ -352,6 +377,8 @@ def main():
                         profile_kernels(run)
                 if args.scan_floor and summary == "fp8":
                     row["scan_floor_us"] = scan_floor(run, B, T)
+                if args.handoffs and summary == "fp8":
+                    row["handoffs_us"] = handoffs(run, B, T)
                 runs[summary] = run
             run = runs["bf16"]
             q4 = run.q.unsqueeze(2)

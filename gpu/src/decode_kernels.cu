@@ -20,6 +20,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "device_common.cuh"
 #include "mma_common.cuh"
@@ -1651,6 +1652,13 @@ __device__ void read_flat(const uint4* a, int64_t n, uint32_t& x) {
   for (; i < n; i += stride) fold(x, scan_load<kStream>(a + i, 0));
 }
 
+// ScanProbe::tail_handoffs: a tail kernel without work (waits for the previous grid, lets the
+// next one launch).
+__global__ void empty_tail_kernel() {
+  wait_for_previous_grid();
+  allow_next_grid();
+}
+
 __global__ void flat_read_kernel(const uint4* a, int64_t na, const uint4* b, int64_t nb,
                                  const uint4* c, int64_t nc, uint32_t* sink) {
   uint32_t x = 0;
@@ -2364,8 +2372,22 @@ void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, cons
                     fp8 ? rows * 4 / 16 : int64_t{0}, sink);
       return;
     }
+    case ScanProbe::tail_handoffs: {  // d29's tail grids (group scores, select, chunk, fuse)
+      if (fp8) launch_window_score<Fp8Summary>(p, shape, w, stream, ScanLoads::streaming);
+      else launch_window_score<Bf16Summary>(p, shape, w, stream, ScanLoads::streaming);
+      const unsigned bg = static_cast<unsigned>(p.B * p.Hkv), bh = static_cast<unsigned>(p.B * p.Hq);
+      const std::pair<dim3, unsigned> tails[] = {
+          {dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)), bg), kScoreThreads},
+          {dim3(bg), kShortSelectThreads},
+          {dim3(static_cast<unsigned>(ceil_div(std::max<int64_t>(p.K, 1), kMmaChunkWarps)), bg),
+           kMmaChunkWarps * kWarp},
+          {dim3(static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock))), kWarpsPerBlock * kWarp}};
+      for (const auto& [grid, block] : tails)
+        launch_kernel("empty tail", empty_tail_kernel, grid, block, 0, stream, true);
+      return;
+    }
   }
-  throw std::invalid_argument("decode_scan_probe: probe must be 0-4, got " +
+  throw std::invalid_argument("decode_scan_probe: probe must be 0-5, got " +
                               std::to_string(static_cast<int>(probe)));
 }
 

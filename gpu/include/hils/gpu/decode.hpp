@@ -114,7 +114,12 @@ enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, 
 //               kernel with 4 16-byte loads per thread in flight (the window's K/V left out):
 //               the floor of the bytes
 //   (both load the summary arrays as d25 does, ld.global.cs)
-enum class ScanProbe { d21_scan = 0, d24_scan = 1, d25_scan = 2, loads_only = 3, flat_read = 4 };
+//   tail_handoffs: d25's launch 1, then four empty kernels launched as d29 launches its tails
+//               (programmatic dependent launch, the same grids and blocks; each only waits for
+//               the previous grid and lets the next launch): the step without the tails' work,
+//               i.e. what the four kernel boundaries after the scan cost
+enum class ScanProbe { d21_scan = 0, d24_scan = 1, d25_scan = 2, loads_only = 3, flat_read = 4,
+                       tail_handoffs = 5 };
 void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, const DecodeQuery& q,
                        void* workspace, ScanProbe probe, cudaStream_t stream = nullptr);
 

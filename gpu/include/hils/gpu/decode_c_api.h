@@ -38,7 +38,8 @@ int hils_gpu_decode_workspace_bytes(const hils_gpu_decode* p, size_t* bytes);
 int hils_gpu_decode_step(const hils_gpu_decode* p, const hils_gpu_decode_outputs* out,
                          void* workspace, void* stream);
 /* A measurement probe, not a step (hils::gpu::decode_scan_probe): probe 0 d21's launch 1, 1 d24's,
- * 2 d25's, 3 launch 1's loads only, 4 a flat read of the summary arrays (hils::gpu::ScanProbe). */
+ * 2 d25's, 3 launch 1's loads only, 4 a flat read of the summary arrays, 5 d25's launch 1 and four
+ * empty tail kernels (hils::gpu::ScanProbe). */
 int hils_gpu_decode_scan_probe(const hils_gpu_decode* p, int32_t probe, void* workspace,
                                void* stream);
 /* key fp32 [rows, d] -> key_fp8 e4m3 [rows, d] and scale fp32 [rows] (hils::gpu::quantize_summaries_fp8). */
