@@ -126,12 +126,12 @@ def hils_run(lib, T, gen, hils_o="f32"):
         "summarize": time_ms(st.summarize, reps=3),
         "select": time_ms(st.select, reps=3),
         "sparse": time_ms(st.fuse, reps=3),
-        # Every version of the selection by name (same selection; "select" is the library's
-        # default): two-pass v4.3, one-pass v5, bounded two-pass v6, quad-offer v7, buffered v8,
+        # Every version of the selection by name (same selection but for v18 and v19, which may
+        # differ at near ties; "select" is the library's default): two-pass v4.3, one-pass v5, bounded two-pass v6, quad-offer v7, buffered v8,
         # v8 on wgmma (v9), 128 queries per block (v10), the writer's loads ahead (v11), pass 2 trimmed (v12),
         # pass 2 head-major (v13), two tiles per pass-1 step (v14: on v13, v15: on v12), v15 without
-        # its spills (v16), the scores by a kernel of their own (v17)
-        # (gpu/NOTES.md).
+        # its spills (v16), the scores by a kernel of their own (v17), pass 1's mass without a
+        # running maximum (v18), and 1/8 of its exponentials on the FMA pipe (v19) (gpu/NOTES.md).
         "select_v4": time_ms(lambda: st.select("two_pass_v4"), reps=3),
         "select_v5": time_ms(lambda: st.select("one_pass_v5"), reps=3),
         "select_v6": time_ms(lambda: st.select("two_pass_v6"), reps=3),
@@ -146,6 +146,8 @@ def hils_run(lib, T, gen, hils_o="f32"):
         "select_v15": time_ms(lambda: st.select("two_pass_v15"), reps=3),
         "select_v16": time_ms(lambda: st.select("two_pass_v16"), reps=3),
         "select_v17": time_ms(lambda: st.select("two_pass_v17"), reps=3),
+        "select_v18": time_ms(lambda: st.select("two_pass_v18"), reps=3),
+        "select_v19": time_ms(lambda: st.select("two_pass_v19"), reps=3),
     }
     # Every version of the sparse stage by name ("sparse" is the library's default).
     default_sparse = hc.sparse_kernel(lib)

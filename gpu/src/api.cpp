@@ -194,6 +194,8 @@ const char* select_kernel_name(SelectKernel kernel) {
     case SelectKernel::two_pass_v15: return "two_pass_v15";
     case SelectKernel::two_pass_v16: return "two_pass_v16";
     case SelectKernel::two_pass_v17: return "two_pass_v17";
+    case SelectKernel::two_pass_v18: return "two_pass_v18";
+    case SelectKernel::two_pass_v19: return "two_pass_v19";
   }
   return "unknown";
 }

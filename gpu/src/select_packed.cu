@@ -84,6 +84,64 @@ __device__ __forceinline__ void accumulate_mass(const float (&s)[8][4], float (&
   }
 }
 
+// v19: 2^x on the FMA pipe (FA4's device): 2^x = 2^j 2^f, j = x rounded to an integer by the
+// 1.5 2^23 shift, f in [-1/2, 1/2] by a degree-5 polynomial (relative error 2.4e-7 in fp32, as
+// ex2.approx's), 2^j added to the exponent field. x is clamped at -126 (-inf gives ~2^-126, not
+// 0); valid below 2^7 (pass 1 falls back to v16's mass above kRawTop).
+__device__ __forceinline__ float poly_exp2(float x) {
+  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
+  x = fmaxf(x, -126.0f);
+  const float shifted = x + kShift;
+  const float f = x - (shifted - kShift);
+  float p = 1.3276472e-3f;
+  p = fmaf(p, f, 9.675542e-3f);
+  p = fmaf(p, f, 5.550713e-2f);
+  p = fmaf(p, f, 2.4022120e-1f);
+  p = fmaf(p, f, 6.9314694e-1f);
+  p = fmaf(p, f, 1.0000001f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(shifted) << 23));
+}
+
+// v18: the base-2 mass of a tile without a running maximum: 2^x summed for the tile's x (s2,
+// or s2 minus a row's shift where pass 1 runs again), exact enough while every x of the head
+// lies in [kRawBottom, kRawTop] (the sum of 2^13 terms of at most 2^96 stays finite, and terms
+// 2^-24 below a maximum of at least 2^-64 are normal floats); pass 1 checks that per row at each
+// head's end. lane_max: accumulate_mass's (of x); top: this lane's running maximum of x per row;
+// acc: two partial sums per row and lane. The exponentials replace x in place (s is the
+// accumulator of a product that is not read again) and are summed as a tree, so that the MUFU
+// results are not consumed one by one. kPoly (v19): those of n-tile 7 (one in eight) by
+// poly_exp2 on the FMA pipe.
+constexpr float kRawTop = 96.0f, kRawBottom = -64.0f;
+template <int kParts, bool kPoly>
+__device__ __forceinline__ void accumulate_raw(float (&s)[8][4], float (&acc)[2][2], float (&top)[2],
+                                               float (&lane_max)[2][kParts]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int k = 0; k < kParts; ++k) {
+      const int first = 8 * k / kParts, last = 8 * (k + 1) / kParts;
+      float part = fmaxf(s[first][2 * i], s[first][2 * i + 1]);
+#pragma unroll
+      for (int nt = first + 1; nt < last; ++nt) part = fmaxf(part, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
+      lane_max[i][k] = part;
+      top[i] = fmaxf(top[i], part);
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = kPoly && nt == 7 ? poly_exp2(s[nt][e]) : fast_exp2(s[nt][e]);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float pair[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      pair[j] = (s[2 * j][2 * i] + s[2 * j][2 * i + 1]) + (s[2 * j + 1][2 * i] + s[2 * j + 1][2 * i + 1]);
+    acc[i][0] += pair[0] + pair[1];
+    acc[i][1] += pair[2] + pair[3];
+  }
+}
+
 // 4-byte asynchronous copy (zero-filled when !valid; src must still point into an allocation).
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -952,8 +1010,10 @@ enum class Writer { in_order, ahead, separate };
 // copy state in registers; v15 spilled v12's 64-bit q~ copy pieces and reloaded them every step).
 enum class Lean { none, pass2, heads, pass2_q32 };
 // Pass 1 one k' tile per step (v4-v13) or two (v14: panels 0-3, which pass 1 has free with
-// wgmma_q_smem scoring; lean copies only).
-enum class Pass1 { tiles, pairs };
+// wgmma_q_smem scoring; lean copies only); or two with the mass summed without a running maximum
+// (v18, accumulate_raw: not the same bits as v8), and with one exponential in eight on the FMA
+// pipe (v19, poly_exp2).
+enum class Pass1 { tiles, pairs, pairs_raw, pairs_raw_poly };
 template <Scoring kScoring>
 constexpr int kBlockQueries = kScoring == Scoring::wgmma_q_smem ? 128 : 64;
 
@@ -970,7 +1030,9 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   static_assert(kWriter == Writer::in_order || kBuffered, "the writer ahead takes v8's buffers (K <= 32)");
   constexpr bool kLean = kLeanSteps != Lean::none, kHeads = kLeanSteps == Lean::heads;
   constexpr bool kQ32 = kLeanSteps == Lean::pass2_q32;
-  constexpr bool kPairs = kPass1 == Pass1::pairs;
+  constexpr bool kPairs = kPass1 != Pass1::tiles;
+  constexpr bool kRaw = kPass1 == Pass1::pairs_raw || kPass1 == Pass1::pairs_raw_poly;
+  constexpr bool kPoly = kPass1 == Pass1::pairs_raw_poly;
   static_assert(!kPairs || kLean, "the paired pass 1 takes v12's copy pieces and four panels");
   static_assert(!kLean || (kQSmem && kBuffered), "the lean pass 2 is v10's with buffered offers");
   static_assert(!kBuffered || kSlots == 64, "v8's rows hold 64 bound slots in pass 1");
@@ -1131,8 +1193,6 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
     // copy commit and one wgmma wait per two tiles, and two independent tile maxima and ex2
     // sums per step for the schedulers; the mass of tile 2 j is accumulated before that of
     // 2 j + 1, as in v12 (the same bits).
-    float m[2], l[2];
-    float sb[8][4];
     const int n_pairs = (n_tiles + 1) / 2;
     // k' tiles [c0, c0 + 128) of head hg into panels 2 stage, 2 stage + 1, one commit.
     auto copy_pair = [&](int hg, int c0, int stage) {
@@ -1154,47 +1214,87 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
       }
       cp_async_commit();
     };
-    copy_pair(0, 0, 0);
-    for (int hg = 0, pair = 0, stage = 0; hg < G; stage ^= 1) {
-      const int c0 = pair * 2 * kTileDim;
-      const bool last_pair = pair + 1 == n_pairs;
-      if (pair == 0) {
-        load_query_fragments(qa, p, g * G + hg, t);
-        m[0] = m[1] = kNegInf, l[0] = l[1] = 0.0f;
-      }
-      await_tile();
-      if (!last_pair) copy_pair(hg, c0 + 2 * kTileDim, stage ^ 1);
-      else if (hg + 1 < G) copy_pair(hg + 1, 0, stage ^ 1);
-      {
-        const uint64_t kd = k_desc + static_cast<uint64_t>(2 * stage * (kPanelBytes >> 4));
-        const uint64_t kd1 = kd + static_cast<uint64_t>(kPanelBytes >> 4);
-        wg::fence_operands(s);
-        wg::fence_operands(sb);
-        wg::fence();
+    // The paired pass 1 with v16's mass (raw = false) or v18's (raw = true: accumulate_raw);
+    // returns whether every row's s2 of every head lay in v18's range (always true for v16's).
+    auto paired_pass1 = [&](auto raw_mass) {
+      constexpr bool kRawMass = decltype(raw_mass)::value;
+      bool in_range = true;
+      float m[2], l[2];
+      float acc[2][2], top[2];
+      float sb[8][4];
+      copy_pair(0, 0, 0);
+      for (int hg = 0, pair = 0, stage = 0; hg < G; stage ^= 1) {
+        const int c0 = pair * 2 * kTileDim;
+        const bool last_pair = pair + 1 == n_pairs;
+        if (pair == 0) {
+          load_query_fragments(qa, p, g * G + hg, t);
+          m[0] = m[1] = kNegInf, l[0] = l[1] = 0.0f;
+          acc[0][0] = acc[0][1] = acc[1][0] = acc[1][1] = 0.0f, top[0] = top[1] = kNegInf;
+        }
+        await_tile();
+        if (!last_pair) copy_pair(hg, c0 + 2 * kTileDim, stage ^ 1);
+        else if (hg + 1 < G) copy_pair(hg + 1, 0, stage ^ 1);
+        {
+          const uint64_t kd = k_desc + static_cast<uint64_t>(2 * stage * (kPanelBytes >> 4));
+          const uint64_t kd1 = kd + static_cast<uint64_t>(kPanelBytes >> 4);
+          wg::fence_operands(s);
+          wg::fence_operands(sb);
+          wg::fence();
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) wg::mma_rs<false>(s, qa[ks], wg::desc_advance(kd, 32 * ks), ks > 0);
+          for (int ks = 0; ks < 4; ++ks) wg::mma_rs<false>(s, qa[ks], wg::desc_advance(kd, 32 * ks), ks > 0);
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) wg::mma_rs<false>(sb, qa[ks], wg::desc_advance(kd1, 32 * ks), ks > 0);
-        wg::commit();
-        wg::wait<0>();
-        wg::fence_operands(s);
-        wg::fence_operands(sb);
+          for (int ks = 0; ks < 4; ++ks) wg::mma_rs<false>(sb, qa[ks], wg::desc_advance(kd1, 32 * ks), ks > 0);
+          wg::commit();
+          wg::wait<0>();
+          wg::fence_operands(s);
+          wg::fence_operands(sb);
+        }
+        scale_and_mask(s, bias_tile[2 * stage], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
+        scale_and_mask(sb, bias_tile[2 * stage + 1], scale2, c0 + kTileDim, n_cand, c0 + 2 * kTileDim <= warp_min);
+        if constexpr (kRawMass) {
+          float lane_max[2][kParts], lane_max_b[2][kParts];
+          accumulate_raw<kParts, kPoly>(s, acc, top, lane_max);
+          accumulate_raw<kParts, kPoly>(sb, acc, top, lane_max_b);
+          if (prune) {
+            update_slots(2 * pair, lane_max);
+            update_slots(2 * pair + 1, lane_max_b);
+          }
+          if (last_pair) {
+            // m = log2 of the row's sum (l = 1); the row's largest s2 must lie in the range.
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              m[i] = fast_log2(quad_sum(acc[i][0] + acc[i][1]));
+              l[i] = 1.0f;
+              const float row_top = quad_max(top[i]);
+              in_range &= row_top == kNegInf || (row_top >= kRawBottom && row_top <= kRawTop);
+            }
+          }
+        } else if (prune) {
+          float lane_max[2][kParts], lane_max_b[2][kParts];
+          accumulate_mass<kParts>(s, m, l, lane_max);
+          accumulate_mass<kParts>(sb, m, l, lane_max_b);
+          update_slots(2 * pair, lane_max);
+          update_slots(2 * pair + 1, lane_max_b);
+        } else {
+          accumulate_mass(s, m, l);
+          accumulate_mass(sb, m, l);
+        }
+        if (last_pair) end_head(hg, m, l);
+        if (last_pair) pair = 0, ++hg;
+        else ++pair;
       }
-      scale_and_mask(s, bias_tile[2 * stage], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
-      scale_and_mask(sb, bias_tile[2 * stage + 1], scale2, c0 + kTileDim, n_cand, c0 + 2 * kTileDim <= warp_min);
-      if (prune) {
-        float lane_max[2][kParts], lane_max_b[2][kParts];
-        accumulate_mass<kParts>(s, m, l, lane_max);
-        accumulate_mass<kParts>(sb, m, l, lane_max_b);
-        update_slots(2 * pair, lane_max);
-        update_slots(2 * pair + 1, lane_max_b);
-      } else {
-        accumulate_mass(s, m, l);
-        accumulate_mass(sb, m, l);
+      return in_range;
+    };
+    if constexpr (kRaw) {
+      // v18: a block any of whose rows left the range runs pass 1 again with v16's mass.
+      if (!__syncthreads_and(paired_pass1(std::true_type{}))) {
+        if (bound)
+          for (int e = threadIdx.x; e < kQueries * kBufPitch; e += kThreads) slot_base[e] = kNegInf;
+        __syncthreads();
+        paired_pass1(std::false_type{});
       }
-      if (last_pair) end_head(hg, m, l);
-      if (last_pair) pair = 0, ++hg;
-      else ++pair;
+    } else {
+      paired_pass1(std::false_type{});
     }
   } else if (p.group_rule != GroupRule::max_raw && n_tiles > 0) {
     float m[2], l[2];
@@ -1837,7 +1937,8 @@ int block_queries(PackedSelect kernel) {
   return kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11 ||
                  kernel == PackedSelect::two_pass_v12 || kernel == PackedSelect::two_pass_v13 ||
                  kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15 ||
-                 kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17
+                 kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17 ||
+                 kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19
              ? kBlockQueries<Scoring::wgmma_q_smem>
              : kQueries;
 }
@@ -1849,7 +1950,8 @@ size_t select_smem_bytes(int64_t G, int64_t K, PackedSelect kernel) {
   if (kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11 ||
       kernel == PackedSelect::two_pass_v12 || kernel == PackedSelect::two_pass_v13 ||
       kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15 ||
-      kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17)
+      kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17 ||
+      kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19)
     return 2 * v8_bytes + 4 * kPanelBytes + wg::kAtomBytes;
   return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries) * 4;
 }
@@ -1885,6 +1987,12 @@ SelectKernelFn select_kernel_of(PackedSelect kernel) {
     case PackedSelect::two_pass_v17:
       return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::separate, Lean::pass2_q32,
                                   Pass1::pairs>;
+    case PackedSelect::two_pass_v18:
+      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::pass2_q32,
+                                  Pass1::pairs_raw>;
+    case PackedSelect::two_pass_v19:
+      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::pass2_q32,
+                                  Pass1::pairs_raw_poly>;
     default: return select_packed_kernel<G, 0, Offers::sorted>;
   }
 }
@@ -1938,11 +2046,13 @@ void launch_select_packed(const LaunchParams& p, const float* key, const float* 
                            kernel == PackedSelect::two_pass_v11 || kernel == PackedSelect::two_pass_v12 ||
                            kernel == PackedSelect::two_pass_v13 || kernel == PackedSelect::two_pass_v14 ||
                            kernel == PackedSelect::two_pass_v15 || kernel == PackedSelect::two_pass_v16 ||
-                           kernel == PackedSelect::two_pass_v17) &&
+                           kernel == PackedSelect::two_pass_v17 || kernel == PackedSelect::two_pass_v18 ||
+                           kernel == PackedSelect::two_pass_v19) &&
                           p.K > kWarp);
-  // v16 offsets q~ rows in 32 bits (Hq T 64 < 2^32); longer sequences run v15 (the same
-  // selection, the same bytes).
-  const bool long_rows = (kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17) &&
+  // v16 to v19 offset q~ rows in 32 bits (Hq T 64 < 2^32); longer sequences run v15 (the same
+  // selection and bytes as v16 and v17; v18 and v19 differ from it only where v8 does).
+  const bool long_rows = (kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17 ||
+                          kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19) &&
                          p.Hq * p.T * kTileDim > UINT32_MAX;
   const PackedSelect one = fall_back ? PackedSelect::two_pass_v4 : long_rows ? PackedSelect::two_pass_v15 : kernel;
   if (uses_wgmma(one) && !wgmma_runs_on_current_device())

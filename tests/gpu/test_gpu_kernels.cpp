@@ -738,6 +738,7 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
               std::string("wgmma fallback test, default sparse stage ") +
                   sparse_kernel_name(hils::gpu::sparse_kernel())));
 
+  const hils::gpu::SelectKernel default_select = hils::gpu::default_select_kernel();
   hils::gpu::detail::disable_wgmma_for_testing(true);
   CHECK_FALSE(hils::gpu::wgmma_available());
   CHECK(hils::gpu::default_select_kernel() == hils::gpu::SelectKernel::two_pass_v8);
@@ -751,8 +752,11 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
               std::string("wgmma fallback test, without wgmma: ") +
                   sparse_kernel_name(hils::gpu::kSparseKernelWithoutWgmma)));
   REQUIRE(fallen_back.out.selection.size() == with_default.out.selection.size());
-  for (size_t g = 0; g < fallen_back.out.selection.size(); ++g)
-    CHECK(fallen_back.out.selection[g] == with_default.out.selection[g]);
+  // The same selection bytes where the default is bit-identical to v8 by construction (else
+  // the oracle judged both above).
+  if (hils::gpu::bit_identical_to_v8(default_select))
+    for (size_t g = 0; g < fallen_back.out.selection.size(); ++g)
+      CHECK(fallen_back.out.selection[g] == with_default.out.selection[g]);
   REQUIRE(fallen_back.out.o_window.size() == with_default.out.o_window.size());
   for (size_t h = 0; h < fallen_back.out.o_window.size(); ++h) {
     CHECK((fallen_back.out.o_window[h] == with_default.out.o_window[h]));
@@ -768,7 +772,8 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
                       hils::gpu::SelectKernel::two_pass_v11, hils::gpu::SelectKernel::two_pass_v12,
                       hils::gpu::SelectKernel::two_pass_v13, hils::gpu::SelectKernel::two_pass_v14,
                       hils::gpu::SelectKernel::two_pass_v15, hils::gpu::SelectKernel::two_pass_v16,
-                      hils::gpu::SelectKernel::two_pass_v17}) {
+                      hils::gpu::SelectKernel::two_pass_v17, hils::gpu::SelectKernel::two_pass_v18,
+                      hils::gpu::SelectKernel::two_pass_v19}) {
     REQUIRE(hils::gpu::uses_wgmma(kernel));
     INFO(hils::gpu::select_kernel_name(kernel));
     CHECK_THROWS_WITH(

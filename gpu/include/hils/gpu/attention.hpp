@@ -249,8 +249,9 @@ void summarize(const MechanismSpec& spec, const Shape& shape, const DeviceInputs
 void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                       const float* key, const float* bias, float* scores,
                       cudaStream_t stream = nullptr);
-// Which packed selection kernel runs (gpu/NOTES.md has each version's numbers). All give the
-// same selection and the same selected scores. two_pass_v16 (v10, i.e. v8 scored by wgmma on
+// Which packed selection kernel runs (gpu/NOTES.md has each version's numbers). All but
+// two_pass_v18 and two_pass_v19 give the same selection and the same selected scores
+// (bit_identical_to_v8); those two may differ at near ties, within the oracle's margin. two_pass_v16 (v10, i.e. v8 scored by wgmma on
 // sm_90a with 128 queries per block, with the selected-score writer's loads one unit ahead (v11),
 // pass 2's per-step overhead trimmed (v12), two k' tiles per pass-1 step (v15) and pass 2's copy
 // state in 32 bits, without v15's spills) is the default (kDefaultSelectKernel: on the H100
@@ -278,6 +279,10 @@ enum class SelectKernel {
   two_pass_v15,  // v12 with two k' tiles per pass-1 step
   two_pass_v16,  // v15 with pass 2's copy state in 32 bits (no spills)
   two_pass_v17,  // v16 with the selected scores by a kernel of their own (more warps per SM)
+  two_pass_v18,  // v16 with pass 1's mass summed without a running maximum (NOT the same bits as
+                 // v8: log Z_hat differs in its last bits; H100 512K -1% against v16, not faster
+                 // at 16K-128K; gpu/NOTES.md v18)
+  two_pass_v19,  // v18 with one pass-1 exponential in eight on the FMA pipe (a polynomial)
 };
 // Every SelectKernel, in the order of their values.
 constexpr SelectKernel kSelectKernels[] = {
@@ -285,7 +290,8 @@ constexpr SelectKernel kSelectKernels[] = {
     SelectKernel::two_pass_v7, SelectKernel::two_pass_v8,  SelectKernel::two_pass_v9,
     SelectKernel::two_pass_v10, SelectKernel::two_pass_v11, SelectKernel::two_pass_v12,
     SelectKernel::two_pass_v13, SelectKernel::two_pass_v14, SelectKernel::two_pass_v15,
-    SelectKernel::two_pass_v16, SelectKernel::two_pass_v17};
+    SelectKernel::two_pass_v16, SelectKernel::two_pass_v17, SelectKernel::two_pass_v18,
+    SelectKernel::two_pass_v19};
 constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v16;
 // The selection without wgmma where wgmma cannot run (wgmma_available).
 constexpr SelectKernel kSelectKernelWithoutWgmma = SelectKernel::two_pass_v8;
@@ -308,9 +314,18 @@ constexpr bool uses_wgmma(SelectKernel kernel) {
     case SelectKernel::two_pass_v14:
     case SelectKernel::two_pass_v15:
     case SelectKernel::two_pass_v16:
-    case SelectKernel::two_pass_v17: return true;
+    case SelectKernel::two_pass_v17:
+    case SelectKernel::two_pass_v18:
+    case SelectKernel::two_pass_v19: return true;
   }
   return true;
+}
+
+// Whether the kernel's selections and selected scores equal v8's bit for bit by construction:
+// every kernel but two_pass_v18 and two_pass_v19, whose log Z_hat differs in its last bits (the
+// oracle judges those; gpu/NOTES.md v18).
+constexpr bool bit_identical_to_v8(SelectKernel kernel) {
+  return kernel != SelectKernel::two_pass_v18 && kernel != SelectKernel::two_pass_v19;
 }
 
 // Whether the wgmma kernels (uses_wgmma: selections from two_pass_v9, sparse stages such as
