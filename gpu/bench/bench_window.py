@@ -5,6 +5,10 @@ the same inputs; with the largest difference of each window kernel's o_swa and l
 mma_v4's (the kernels compute the same window branch in another rounding) and the dense bf16
 matmul rate of the same run.
 
+--kernels NAME ... times only those window kernels (default: every one), in turns: --rounds R
+times each R times, the kernels in turn, and reports each one's median of the rounds' medians
+(--reps calls each); o_swa and lse_swa are compared with the first kernel named.
+--window-only skips the summaries, the selection, the sparse stage and the forward.
 --profile KERNEL runs that window kernel once at the largest T between cudaProfilerStart/Stop
 (Nsight Compute with --profile-from-start off).
 --trace records one forward at the largest T with torch.profiler: the forward's span on the GPU
@@ -36,11 +40,11 @@ def window_flops(T):
     return keys * HQ * WINDOW_FLOP_PER_ROW_KEY
 
 
-def run_window(lib, st, kernel):
+def run_window(lib, st, kernel, reps=5):
     default = hc.window_kernel(lib)
     hc.set_window(lib, kernel)
     try:
-        ms = time_ms(st.window, warmup=1, reps=5)
+        ms = time_ms(st.window, warmup=1, reps=reps)
         st.o_swa.fill_(float("nan"))
         st.window()
         torch.cuda.synchronize()
@@ -96,6 +100,36 @@ def trace_forward(st):
                 per_kernel_ms=[(n[:80], c, round(t / 1e3, 3)) for n, (c, t) in top])
 
 
+def others(lib, st, row):
+    """The summaries, the selection, the sparse stage and the forward on the same inputs."""
+    T = row["T"]
+    st.window()
+    row["summarize_ms"] = time_ms(st.summarize, reps=5)
+    hc.set_packed(lib, False)
+    row["summarize_simt_ms"] = time_ms(st.summarize, reps=3)
+    hc.set_packed(lib, True)
+    key_simt = st.key.clone()
+    st.summarize()
+    torch.cuda.synchronize()
+    row["summary_key_diff_packed_vs_simt"] = (st.key - key_simt).abs().max().item()
+    row["select_ms"] = time_ms(st.select, reps=3)
+    row["sparse_ms"] = time_ms(st.fuse, reps=3)
+    row["forward_ms"] = time_ms(st.forward, reps=5)
+    row["forward_stage_ms"] = forward_stage_ms(st)
+    row["sum_of_stages_ms"] = (row["window_ms"].get(hc.window_kernel(lib), float("nan")) +
+                               row["summarize_ms"] + row["select_ms"] + row["sparse_ms"])
+    print(f"T={T:>7} window " +
+          " ".join(f"{n}={t:.3f}ms({row['window_tflops'][n]:.0f}TF/s)"
+                   for n, t in row["window_ms"].items()) +
+          f" | summarize packed={row['summarize_ms']:.3f} simt={row['summarize_simt_ms']:.3f}"
+          f" | select={row['select_ms']:.2f} sparse={row['sparse_ms']:.2f}"
+          f" | forward={row['forward_ms']:.2f} sum={row['sum_of_stages_ms']:.2f}"
+          f" | inside the forward {json.dumps({k: round(v, 3) for k, v in row['forward_stage_ms'].items()})}"
+          f" | o diff vs {row['reference']} {row['o_diff_vs_v4']} lse diff {row['lse_diff_vs_v4']}"
+          f" nonfinite {row['nonfinite_o']} key diff {row['summary_key_diff_packed_vs_simt']:.2e}",
+          flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
@@ -103,6 +137,11 @@ def main():
     ap.add_argument("--out", default="bench_window.json")
     ap.add_argument("--profile", default=None, help="a WINDOW_KERNEL name")
     ap.add_argument("--trace", action="store_true", help="torch.profiler trace of one forward")
+    ap.add_argument("--kernels", nargs="+", default=list(hc.WINDOW_KERNEL),
+                    help="WINDOW_KERNEL names; the first is the reference of the differences")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--window-only", action="store_true")
     args = ap.parse_args()
     lib = hc.Library(args.lib)
     gen = torch.Generator(device="cuda")
@@ -114,45 +153,36 @@ def main():
     for T in args.T:
         q, k, v, p = paper_problem(T, gen)  # p points into q, k, v: keep them
         st = hc.Stages(lib, p)
-        row = dict(T=T, window_ms={}, window_tflops={}, o_diff_vs_v4={}, lse_diff_vs_v4={})
+        # o_diff_vs_v4 / lse_diff_vs_v4: against the first kernel named (mma_v4 by default).
+        row = dict(T=T, window_ms={}, window_tflops={}, o_diff_vs_v4={}, lse_diff_vs_v4={},
+                   reference=args.kernels[0], window_ms_rounds={})
         flops = window_flops(T)
         ref = None
-        for kernel in hc.WINDOW_KERNEL:
-            ms, o, lse = run_window(lib, st, kernel)
+        for _ in range(args.rounds):
+            for kernel in args.kernels:
+                ms, o, lse = run_window(lib, st, kernel, args.reps)
+                row["window_ms_rounds"].setdefault(kernel, []).append(ms)
+                if ref is None:
+                    ref = (o, lse)
+                finite = torch.isfinite(ref[1])
+                row["o_diff_vs_v4"][kernel] = (o - ref[0]).abs().max().item()
+                row["lse_diff_vs_v4"][kernel] = (lse[finite] - ref[1][finite]).abs().max().item()
+                row.setdefault("nonfinite_o", {})[kernel] = int((~torch.isfinite(o)).sum().item())
+                del o, lse
+        for kernel, times in row["window_ms_rounds"].items():
+            ms = sorted(times)[len(times) // 2]
             row["window_ms"][kernel] = ms
             row["window_tflops"][kernel] = flops / (ms * 1e-3) / 1e12
-            if ref is None:
-                ref = (o, lse)
-            finite = torch.isfinite(ref[1])
-            row["o_diff_vs_v4"][kernel] = (o - ref[0]).abs().max().item()
-            row["lse_diff_vs_v4"][kernel] = (lse[finite] - ref[1][finite]).abs().max().item()
-            row.setdefault("nonfinite_o", {})[kernel] = int((~torch.isfinite(o)).sum().item())
-        st.window()
-        row["summarize_ms"] = time_ms(st.summarize, reps=5)
-        hc.set_packed(lib, False)
-        row["summarize_simt_ms"] = time_ms(st.summarize, reps=3)
-        hc.set_packed(lib, True)
-        key_simt = st.key.clone()
-        st.summarize()
-        torch.cuda.synchronize()
-        row["summary_key_diff_packed_vs_simt"] = (st.key - key_simt).abs().max().item()
-        row["select_ms"] = time_ms(st.select, reps=3)
-        row["sparse_ms"] = time_ms(st.fuse, reps=3)
-        row["forward_ms"] = time_ms(st.forward, reps=5)
-        row["forward_stage_ms"] = forward_stage_ms(st)
-        row["sum_of_stages_ms"] = (row["window_ms"][hc.window_kernel(lib)] + row["summarize_ms"] +
-                                   row["select_ms"] + row["sparse_ms"])
+        if args.window_only:
+            print(f"T={T:>7} window " +
+                  " ".join(f"{n}={t:.3f}ms({row['window_tflops'][n]:.0f}TF/s)"
+                           for n, t in row["window_ms"].items()) +
+                  f" | rounds {json.dumps({n: [round(x, 3) for x in v] for n, v in row['window_ms_rounds'].items()})}"
+                  f" | o diff vs {args.kernels[0]} {row['o_diff_vs_v4']} lse diff {row['lse_diff_vs_v4']}"
+                  f" nonfinite {row['nonfinite_o']}", flush=True)
+        else:
+            others(lib, st, row)
         rows.append(row)
-        print(f"T={T:>7} window " +
-              " ".join(f"{n}={t:.3f}ms({row['window_tflops'][n]:.0f}TF/s)"
-                       for n, t in row["window_ms"].items()) +
-              f" | summarize packed={row['summarize_ms']:.3f} simt={row['summarize_simt_ms']:.3f}"
-              f" | select={row['select_ms']:.2f} sparse={row['sparse_ms']:.2f}"
-              f" | forward={row['forward_ms']:.2f} sum={row['sum_of_stages_ms']:.2f}"
-              f" | inside the forward {json.dumps({k: round(v, 3) for k, v in row['forward_stage_ms'].items()})}"
-              f" | o diff vs v4 {row['o_diff_vs_v4']} lse diff {row['lse_diff_vs_v4']}"
-              f" nonfinite {row['nonfinite_o']} key diff {row['summary_key_diff_packed_vs_simt']:.2e}",
-              flush=True)
         if args.trace and T == args.T[-1]:
             row["trace_forward"] = trace_forward(st)
             print("trace of one forward:", json.dumps(row["trace_forward"]), flush=True)

@@ -170,6 +170,11 @@ const char* window_kernel_name(WindowKernel kernel) {
     case WindowKernel::wgmma_v11: return "wgmma_v11";
     case WindowKernel::wgmma_v12: return "wgmma_v12";
     case WindowKernel::wgmma_v13: return "wgmma_v13";
+    case WindowKernel::wgmma_v14: return "wgmma_v14";
+    case WindowKernel::wgmma_v15: return "wgmma_v15";
+    case WindowKernel::wgmma_v16: return "wgmma_v16";
+    case WindowKernel::wgmma_v17: return "wgmma_v17";
+    case WindowKernel::wgmma_v18: return "wgmma_v18";
   }
   return "unknown";
 }

@@ -4,6 +4,11 @@
 // intra-chunk softmax per (query, chunk) and the fusion with the window (Eq. 10).
 // Fast path only: bf16 inputs, d = dv = 64, S = 64, G in {1, 2, 4, 8, 16}.
 #include <climits>
+#include <stdexcept>
+#include <string>
+
+#include <cuda.h>  // CUtensorMap (the encoder comes from cudaGetDriverEntryPointByVersion)
+#include <cudaTypedefs.h>
 
 #include "launch_params.hpp"
 #include "mma_common.cuh"
@@ -173,17 +178,17 @@ __device__ __forceinline__ float exp2_approx(float x) {
 // which is also a warp's share of a wgmma m64n64 accumulator. Scores s are in units of the logit
 // scale; c2 = scale * log2(e) (base-2 softmax), m the rows' running maxima of s.
 
-// Raises the rows' maxima m to the tile's and rescales their sums l and outputs o; neg_max2 gets
-// -m * c2 per row (0 for a row that has seen nothing).
-__device__ __forceinline__ void rescale_to_tile_max(const float (&s)[8][4], float c2, float (&m)[2],
-                                                    float (&l)[2], float (&o)[8][4],
-                                                    float (&neg_max2)[2]) {
+// Raises the rows' maxima m to the tile's and rescales their sums l; alpha gets the factor the
+// rows' outputs o must be scaled by (scale_rows), neg_max2 gets -m * c2 per row (0 for a row
+// that has seen nothing).
+__device__ __forceinline__ void raise_to_tile_max(const float (&s)[8][4], float c2, float (&m)[2],
+                                                  float (&l)[2], float (&alpha)[2],
+                                                  float (&neg_max2)[2]) {
   float tile_max[2] = {kNegInf, kNegInf};
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
-  float alpha[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const float m_new = fmaxf(m[i], quad_max(tile_max[i]));
@@ -192,10 +197,20 @@ __device__ __forceinline__ void rescale_to_tile_max(const float (&s)[8][4], floa
     m[i] = m_new;
     l[i] *= alpha[i];
   }
+}
+__device__ __forceinline__ void scale_rows(float (&o)[8][4], const float (&alpha)[2]) {
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[nt][e] *= alpha[e / 2];
+}
+// Both: the rows' maxima raised to the tile's, their sums and outputs rescaled.
+__device__ __forceinline__ void rescale_to_tile_max(const float (&s)[8][4], float c2, float (&m)[2],
+                                                    float (&l)[2], float (&o)[8][4],
+                                                    float (&neg_max2)[2]) {
+  float alpha[2];
+  raise_to_tile_max(s, c2, m, l, alpha, neg_max2);
+  scale_rows(o, alpha);
 }
 
 // s -> the tile's probabilities 2^(s c2 - m c2), added into the rows' sums l; the 8-key groups
@@ -351,6 +366,35 @@ __global__ void __launch_bounds__(kWarps * kWarp, 16 / kWarps)
     pv_tile(o, s, vs_tile[it % 2], (nt_end + 1) / 2);
   }
   store_window_rows(ThreadRows<G>(t0, g, p.T), p, o, l, m, lane, o_swa, lse_swa);
+}
+
+// A warp's masks of its 16 rows x 64 keys (columns relative to the block's first window slot):
+// row i sees [lo[i], hi[i]]; lo_max / hi_min bound every row of the warp, so a tile inside all
+// rows' windows needs only the landmark column; complete_col ends the complete chunks (their
+// last slot is a landmark when `landmarks`).
+struct WindowTileMask {
+  const int (&lo)[2];
+  const int (&hi)[2];
+  int lo_max, hi_min, complete_col;
+  bool landmarks;
+};
+// Masked scores of the tile at key0 become -inf; so do the 8-key groups from nt_end on.
+__device__ __forceinline__ void mask_window_tile(float (&s)[8][4], int key0, int nt_end,
+                                                 const WindowTileMask& mask, int lane) {
+  const bool inside = mask.lo_max <= key0 && mask.hi_min >= key0 + kTileDim - 1;
+  const bool landmark_col = mask.landmarks && key0 + kTileDim <= mask.complete_col;
+  if (inside) {
+    if (landmark_col && lane % 4 == 3) s[7][1] = s[7][3] = kNegInf;
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2, col = key0 + nt * 8 + (lane % 4) * 2 + (e % 2);
+        const bool landmark = landmark_col && (col % kTileDim) == kTileDim - 1;
+        if (nt >= nt_end || col < mask.lo[i] || col > mask.hi[i] || landmark) s[nt][e] = kNegInf;
+      }
+  }
 }
 
 // ---- window v11: wgmma (sm_90a) -------------------------------------------------------------
@@ -555,20 +599,8 @@ __global__ void __launch_bounds__(256, 2)
     wg::fence_operands(s);
     // Per warp: 8-key groups past its last query hold nothing it may see (v11 skips them).
     const int nt_end = kLean ? 8 : key0 > hi_max ? 0 : min(8, (hi_max - key0) / 8 + 1);
-    const bool inside = lo_max <= key0 && hi_min >= key0 + kTileDim - 1;
-    const bool landmark_col = p.landmarks && key0 + kTileDim <= complete_col;
-    if (inside) {
-      if (landmark_col && lane % 4 == 3) s[7][1] = s[7][3] = kNegInf;
-    } else {
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = e / 2, col = key0 + nt * 8 + (lane % 4) * 2 + (e % 2);
-          const bool landmark = landmark_col && (col % kTileDim) == kTileDim - 1;
-          if (nt >= nt_end || col < lo[i] || col > hi[i] || landmark) s[nt][e] = kNegInf;
-        }
-    }
+    mask_window_tile(s, key0, nt_end, WindowTileMask{lo, hi, lo_max, hi_min, complete_col, p.landmarks},
+                     lane);
     float neg_max2[2];
     rescale_to_tile_max(s, c2, m, l, o, neg_max2);
     uint32_t pa[4][4];
@@ -592,6 +624,290 @@ __global__ void __launch_bounds__(256, 2)
         wg::mma_rs<true>(o, pa[ks], wg::desc_advance(v_desc, 16 * wg::kPanelRowBytes * ks), true);
     }
     wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(o);
+  }
+  store_window_rows(ThreadRows<G>(t0, g, p.T), p, o, l, m, lane, o_swa, lse_swa);
+}
+
+// ---- window v14/v15: the P V of one tile under the softmax of the next -----------------------
+// v13's loop waits twice per tile and warpgroup: for S = Q K^T, then for O += P V. v14 is FA3's
+// intra-warpgroup overlap: at tile i a warpgroup issues S_i = Q K_i^T, then the rescale of o by
+// tile i-1's factor and O += P_{i-1} V_{i-1}; it waits for S_i alone (wait_group 1), runs tile
+// i's masks and softmax (maxima, sums, the factor for o, the exponentials) while that P V runs,
+// waits for it and packs P_i. Every wgmma is waited within the iteration that issues it (nothing
+// in flight across the loop's back edge: the form in which ptxas keeps the wgmma asynchronous;
+// session 12's drafts kept the P V in flight across the back edge and were serialized, C7514).
+// The P V of a warpgroup's last tile follows at the next tile's step, or after the loop.
+// The same arithmetic as v13 in the same order per row: the same o_swa / lse_swa bits.
+// The V panel of tile i-1 is read during tile i, so V has one stage more than K: kAhead + 2 V
+// stages, kAhead + 1 K stages; the copies run kAhead tiles ahead (v14: 1 as v13, v15: 2).
+// v18's copies: the tensor memory accelerator (cp.async.bulk.tensor) writes a tile's K and V
+// panels, 128-byte swizzled, and completes on the stage's mbarrier; rows past T are zeros.
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
+#ifndef HILS_WGMMA_UNAVAILABLE
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbarrier_expect_bytes(uint32_t bar, uint32_t bytes) {
+#ifndef HILS_WGMMA_UNAVAILABLE
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+#ifndef HILS_WGMMA_UNAVAILABLE
+  asm volatile(
+      "{\n.reg .pred done;\nHILS_MBAR_WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra HILS_MBAR_WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#endif
+}
+// Rows [row, row + 64) of head g of a [Hkv, T, 64] bf16 tensor into the panel at `dst`.
+__device__ __forceinline__ void tma_load_panel(uint32_t dst, const CUtensorMap& map, int row,
+                                               int g, uint32_t bar) {
+#ifndef HILS_WGMMA_UNAVAILABLE
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(0), "r"(row), "r"(g), "r"(bar)
+      : "memory");
+#endif
+}
+
+// With the tensor memory accelerator (kTma) K has as many stages as V: a tile's K and V panels
+// complete on one mbarrier per stage.
+template <int kAhead, bool kTma>
+struct WindowOverlapSmem {
+  static constexpr int kVStages = kAhead + 2, kKStages = kTma ? kVStages : kAhead + 1;
+  unsigned char q[2][kWgPanelBytes];         // the two warpgroups' 64 q rows
+  unsigned char k[kKStages][kWgPanelBytes];  // K stages
+  unsigned char v[kVStages][kWgPanelBytes];  // V stages
+  uint64_t full[kTma ? kVStages : 1];        // kTma: stage s's K and V have landed
+};
+template <int kAhead, bool kTma>
+constexpr size_t kWindowOverlapSmemBytes =
+    sizeof(WindowOverlapSmem<kAhead, kTma>) + wg::kAtomBytes;
+
+// The next stage's byte offset after `stage` in a ring of `stages` panels.
+template <int stages>
+__device__ __forceinline__ uint32_t next_stage(uint32_t stage) {
+  return stage + kWgPanelBytes == stages * kWgPanelBytes ? 0u : stage + kWgPanelBytes;
+}
+
+// O += P V for one tile (V the N-major panel whose descriptor low word is v_lo), o first scaled by
+// the rows' factors alpha; committed, not waited.
+__device__ __forceinline__ void issue_pv(float (&o)[8][4], const uint32_t (&pa)[4][4],
+                                         const float (&alpha)[2], uint32_t v_lo, uint32_t desc_hi) {
+  scale_rows(o, alpha);
+  wg::fence_operands(o);
+  wg::fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) wg::mma_rs<true>(o, pa[ks], desc_of(v_lo + 128 * ks, desc_hi), true);
+  wg::commit();
+}
+
+// Where a tile's step puts the P V (kSchedule): kPvBeforeS (v14, v15) issues tile i-1's P V right
+// after S_i's wgmma and waits for S_i alone; kPvAfterMask (v16) waits for S_i, masks it, then
+// issues tile i-1's P V under the softmax (no divergent code between that P V and its wait);
+// kPvInTile (v17, v18) is v13's step (tile i's own P V after its softmax, both waited at once)
+// with these copies.
+enum WindowSchedule { kPvBeforeS, kPvAfterMask, kPvInTile };
+
+template <int G, int kAhead, int kSchedule, bool kTma>
+__global__ void __launch_bounds__(256, 2)
+    window_wgmma_overlap_kernel(LaunchParams p, float* o_swa, float* lse_swa,
+                                const __grid_constant__ CUtensorMap k_map,
+                                const __grid_constant__ CUtensorMap v_map) {
+  constexpr bool kDeferredPv = kSchedule != kPvInTile;
+  constexpr int kRows = 128, M = kRows / G;
+  using Smem = WindowOverlapSmem<kAhead, kTma>;
+  extern __shared__ unsigned char window_wg_raw[];
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(window_wg_raw));
+  auto& sm = *reinterpret_cast<Smem*>(window_wg_raw +
+                                      (wg::kAtomBytes - base % wg::kAtomBytes) % wg::kAtomBytes);
+  const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * M, g = blockIdx.y;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, group = warp / 4;
+  const auto* k = static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim;
+  const auto* v = static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim;
+  const int64_t first = geo.window_left(t0);
+  const int64_t t_last = t0 + M - 1 < p.T - 1 ? t0 + M - 1 : p.T - 1;
+  const int n_tiles = static_cast<int>((t_last - first) / kTileDim + 1);
+  const int complete_col = static_cast<int>((p.T / kTileDim) * kTileDim - first);
+  {
+    const auto* q = static_cast<const __nv_bfloat16*>(p.q);
+    for (int seg = threadIdx.x; seg < kRows * 8; seg += 256) {
+      const int r = seg / 8, col = (seg % 8) * 8;
+      const int64_t t = t0 + r / G, h = g * G + r % G;
+      cp_async16(sm.q[r / 64] + wg::sw128_offset(r % 64, col),
+                 q + (t < p.T ? (h * p.T + t) * kTileDim + col : 0), t < p.T);
+    }
+  }
+  // The warpgroup's tiles [it_begin, it_end]: its first query's window start to its last query
+  // (v13's tiles); empty when its rows start past T.
+  const int64_t wg_t0 = t0 + group * 64 / G, wg_t1 = t0 + (group * 64 + 63) / G;
+  const bool wg_rows = wg_t0 < p.T;
+  const int it_begin = wg_rows ? static_cast<int>((geo.window_left(wg_t0) - first) / kTileDim) : 0;
+  const int it_end =  // -2 when empty: no tile, and no last P V at it_end + 1 either
+      wg_rows ? static_cast<int>(((wg_t1 < p.T ? wg_t1 : p.T - 1) - first) / kTileDim) : -2;
+  int lo[2], hi[2];
+  bool valid1;
+  {
+    const ThreadRows<G> rows(t0, g, p.T);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      lo[i] = rows.valid[i] ? static_cast<int>(geo.window_left(rows.t[i]) - first) : INT_MAX;
+      hi[i] = rows.valid[i] ? static_cast<int>(rows.t[i] - first) : -1;
+    }
+    valid1 = rows.valid[1];
+  }
+  const unsigned all = 0xffffffffu;
+  const int lo_max = __reduce_max_sync(all, valid1 ? lo[1] : (hi[0] >= 0 ? lo[0] : INT_MIN));
+  const int hi_min = __reduce_min_sync(all, valid1 ? hi[0] : (hi[0] >= 0 ? hi[0] : INT_MAX));
+  const float c2 = p.scale * 1.4426950408889634f;  // logits in base 2
+  const uint32_t smem_k = static_cast<uint32_t>(__cvta_generic_to_shared(sm.k[0]));
+  const uint32_t smem_v = static_cast<uint32_t>(__cvta_generic_to_shared(sm.v[0]));
+  const PanelSlice slice;
+  const uint64_t q_desc = wg::desc_k_major(sm.q[group]), k0_desc = wg::desc_k_major(smem_k),
+                 v0_desc = wg::desc_n_major(smem_v, kWgPanelBytes);
+  const uint32_t q_lo = static_cast<uint32_t>(q_desc), k0_lo = static_cast<uint32_t>(k0_desc),
+                 v0_lo = static_cast<uint32_t>(v0_desc);
+  const uint32_t desc_hi = static_cast<uint32_t>(k0_desc >> 32);
+  // The copies: this thread's first segment of the next tile to fill, and its stages.
+  const __nv_bfloat16* k_src = k + first * kTileDim + slice.elem;
+  const int64_t v_minus_k = v - k;
+  uint32_t k_fill = 0, v_fill = 0, k_use = 0, v_use = 0;
+  int64_t fill_row = first;
+  auto fill_next_tile = [&]() {
+    if (p.T - fill_row >= kTileDim) {  // every tile but the last
+      copy_full_panel(smem_k + k_fill + slice.smem, k_src);
+      copy_full_panel(smem_v + v_fill + slice.smem, k_src + v_minus_k);
+    } else {
+      const int rows = static_cast<int>(p.T - fill_row);
+      copy_panel(smem_k + k_fill, k, fill_row, rows, slice);
+      copy_panel(smem_v + v_fill, v, fill_row, rows, slice);
+    }
+    k_src += kTileDim * kTileDim;
+    fill_row += kTileDim;
+    k_fill = next_stage<Smem::kKStages>(k_fill);
+    v_fill = next_stage<Smem::kVStages>(v_fill);
+  };
+  // kTma: tile j's K and V into stage j % kVStages, thread 0 issuing, completing on full[stage].
+  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&sm.full[0]));
+  auto load_tile_tma = [&](int j) {
+    const uint32_t stage = static_cast<uint32_t>(j % Smem::kVStages), bar = full0 + 8 * stage;
+    mbarrier_expect_bytes(bar, 2 * kWgPanelBytes);
+    tma_load_panel(smem_k + stage * kWgPanelBytes, k_map, static_cast<int>(first) + j * kTileDim,
+                   static_cast<int>(g), bar);
+    tma_load_panel(smem_v + stage * kWgPanelBytes, v_map, static_cast<int>(first) + j * kTileDim,
+                   static_cast<int>(g), bar);
+  };
+  if constexpr (kTma) {
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int s = 0; s < Smem::kVStages; ++s) mbarrier_init(full0 + 8 * s, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int j = 0; j < kAhead; ++j)
+        if (j < n_tiles) load_tile_tma(j);
+    }
+    cp_async_commit();  // the q rows
+  } else {
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+      if (j < n_tiles) fill_next_tile();
+      cp_async_commit();  // one group per tile (empty past the last) keeps the wait counts fixed
+    }
+  }
+  float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f}, o[8][4] = {}, alpha[2] = {1.0f, 1.0f};
+  uint32_t pa[4][4] = {};  // P of the tile whose P V is pending, and that tile's V descriptor word
+  uint32_t pending_v_lo = 0;
+  const WindowTileMask mask{lo, hi, lo_max, hi_min, complete_col, p.landmarks};
+  for (int it = 0; it < n_tiles; ++it) {
+    const int key0 = it * kTileDim;
+    if constexpr (kTma) {
+      if (it == 0) {
+        cp_async_wait_all();      // the q rows
+        wg::fence_proxy_async();  // cp.async writes -> the tensor cores' reads
+      }
+      __syncthreads();  // every warpgroup is done with the stage refilled now
+      if (threadIdx.x == 0 && it + kAhead < n_tiles) load_tile_tma(it + kAhead);
+      mbarrier_wait(full0 + 8 * static_cast<uint32_t>(it % Smem::kVStages),
+                    static_cast<uint32_t>(it / Smem::kVStages) & 1u);
+    } else {
+      if constexpr (kAhead == 1)
+        cp_async_wait_all();
+      else
+        cp_async_wait_one();  // tile it has landed; tile it + 1 may be in flight
+      wg::fence_proxy_async();  // cp.async writes -> the tensor cores' reads
+      __syncthreads();          // and every warpgroup is done with the stages refilled now
+      if (it + kAhead < n_tiles) fill_next_tile();
+      cp_async_commit();
+    }
+    const uint32_t k_lo = k0_lo + k_use / 16, v_lo = v0_lo + v_use / 16;
+    k_use = next_stage<Smem::kKStages>(k_use);
+    v_use = next_stage<Smem::kVStages>(v_use);
+    if (kDeferredPv && it == it_end + 1) {  // the warpgroup's last P V (its V stage is not refilled before kAhead + 1 tiles)
+      issue_pv(o, pa, alpha, pending_v_lo, desc_hi);
+      wg::wait<0>();
+      wg::fence_operands(o);
+    }
+    if (it < it_begin || it > it_end) continue;  // uniform over the warpgroup
+    float s[8][4];
+    wg::fence_operands(s);
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      wg::mma_ss<false>(s, desc_of(q_lo + 2 * ks, desc_hi), desc_of(k_lo + 2 * ks, desc_hi), ks > 0);
+    wg::commit();
+    // At the warpgroup's first tile P is 0 and V this tile's panel (finite): o stays 0. One P V
+    // more per block and warpgroup, but the same wgmma and waits on every path (ptxas serializes
+    // the wgmma, C7518, when the waits differ between the paths of a branch).
+    if (kDeferredPv && it == it_begin) pending_v_lo = v_lo;
+    if constexpr (kSchedule == kPvBeforeS) {
+      issue_pv(o, pa, alpha, pending_v_lo, desc_hi);
+      wg::wait<1>();  // S has landed; the P V runs on under the softmax
+    } else {
+      wg::wait<0>();
+    }
+    wg::fence_operands(s);
+    mask_window_tile(s, key0, 8, mask, lane);
+    // ptxas puts the P V's wait at the end of a divergent region (the masks' branch) that lies
+    // between the P V and its wait (session 13's v14/v15 SASS): v16 issues it after the masks.
+    if constexpr (kSchedule == kPvAfterMask) issue_pv(o, pa, alpha, pending_v_lo, desc_hi);
+    float neg_max2[2];
+    raise_to_tile_max(s, c2, m, l, alpha, neg_max2);
+    exponentiate_tile(s, 8, c2, neg_max2, l);
+    if constexpr (kDeferredPv) {
+      // The exponentials and the sums before the wait: without these pins the compiler moved
+      // the whole softmax below it (session 13's first v14 SASS).
+      wg::fence_operands(s);
+      wg::fence_values(l);
+      wg::wait<0>();  // the P V is done: pa may be rewritten
+      wg::fence_operands(o);
+    }
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      pa[ks][0] = pack_bf16(s[2 * ks][0], s[2 * ks][1]);
+      pa[ks][1] = pack_bf16(s[2 * ks][2], s[2 * ks][3]);
+      pa[ks][2] = pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+      pa[ks][3] = pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+    }
+    if constexpr (kDeferredPv) {
+      pending_v_lo = v_lo;
+    } else {
+      issue_pv(o, pa, alpha, v_lo, desc_hi);
+      wg::wait<0>();
+      wg::fence_operands(o);
+    }
+  }
+  if (kDeferredPv && it_begin <= it_end && it_end == n_tiles - 1) {
+    issue_pv(o, pa, alpha, pending_v_lo, desc_hi);
     wg::wait<0>();
     wg::fence_operands(o);
   }
@@ -850,11 +1166,72 @@ void launch_window_wgmma_version(const LaunchParams& p, float* o, float* lse, cu
   }
 }
 
+// v18's tensor maps: K or V as a [Hkv, T, 64] bf16 tensor, boxes of 64 rows x 64 dims written
+// 128-byte swizzled, rows past T read as zeros. The encoder is the driver's, found through the
+// runtime (no link against libcuda).
+CUtensorMap kv_tensor_map(const void* kv, const LaunchParams& p) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  CUtensorMap map{};
+  if (encode == nullptr)
+    throw std::runtime_error("window_kernel wgmma_v18: the driver has no cuTensorMapEncodeTiled");
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kTileDim), static_cast<cuuint64_t>(p.T),
+                              static_cast<cuuint64_t>(p.Hkv)};
+  const cuuint64_t strides[2] = {kTileDim * 2, static_cast<cuuint64_t>(p.T) * kTileDim * 2};
+  const cuuint32_t box[3] = {kTileDim, kTileDim, 1}, unit[3] = {1, 1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(kv), dims,
+                            strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw std::runtime_error("window_kernel wgmma_v18: cuTensorMapEncodeTiled failed (" +
+                             std::to_string(static_cast<int>(r)) + ")");
+  return map;
+}
+
+template <int G, int kAhead, int kSchedule, bool kTma>
+void launch_window_overlap_g(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
+  constexpr int M = 128 / G;
+  constexpr int smem = static_cast<int>(kWindowOverlapSmemBytes<kAhead, kTma>);
+  const dim3 grid(static_cast<unsigned>((p.T + M - 1) / M), static_cast<unsigned>(p.Hkv));
+  static const bool raised = cudaFuncSetAttribute(window_wgmma_overlap_kernel<G, kAhead, kSchedule, kTma>,
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  smem) == cudaSuccess;
+  (void)raised;  // a failure surfaces as the launch's error
+  const CUtensorMap k_map = kTma ? kv_tensor_map(p.k, p) : CUtensorMap{};
+  const CUtensorMap v_map = kTma ? kv_tensor_map(p.v, p) : CUtensorMap{};
+  window_wgmma_overlap_kernel<G, kAhead, kSchedule, kTma>
+      <<<grid, 256, smem, stream>>>(p, o, lse, k_map, v_map);
+}
+
+template <int kAhead, int kSchedule, bool kTma = false>
+void launch_window_overlap(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
+  switch (p.Hq / p.Hkv) {
+    case 1: return launch_window_overlap_g<1, kAhead, kSchedule, kTma>(p, o, lse, stream);
+    case 2: return launch_window_overlap_g<2, kAhead, kSchedule, kTma>(p, o, lse, stream);
+    case 4: return launch_window_overlap_g<4, kAhead, kSchedule, kTma>(p, o, lse, stream);
+    case 8: return launch_window_overlap_g<8, kAhead, kSchedule, kTma>(p, o, lse, stream);
+    default: return launch_window_overlap_g<16, kAhead, kSchedule, kTma>(p, o, lse, stream);
+  }
+}
+
 void launch_window_wgmma(const LaunchParams& p, WindowKernel kernel, float* o, float* lse,
                          cudaStream_t stream) {
   switch (kernel) {
     case WindowKernel::wgmma_v11: return launch_window_wgmma_version<11>(p, o, lse, stream);
     case WindowKernel::wgmma_v12: return launch_window_wgmma_version<12>(p, o, lse, stream);
+    case WindowKernel::wgmma_v14: return launch_window_overlap<1, kPvBeforeS>(p, o, lse, stream);
+    case WindowKernel::wgmma_v15: return launch_window_overlap<2, kPvBeforeS>(p, o, lse, stream);
+    case WindowKernel::wgmma_v16: return launch_window_overlap<2, kPvAfterMask>(p, o, lse, stream);
+    case WindowKernel::wgmma_v17: return launch_window_overlap<2, kPvInTile>(p, o, lse, stream);
+    case WindowKernel::wgmma_v18: return launch_window_overlap<2, kPvInTile, true>(p, o, lse, stream);
     default: return launch_window_wgmma_version<13>(p, o, lse, stream);
   }
 }

@@ -116,6 +116,14 @@ __device__ __forceinline__ void fence_operands(float (&d)[tiles][4]) {
     for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[j][i])::"memory");
 }
 
+// The same for other values computed while a wgmma runs: pinned before the next wait, so that
+// the compiler does not sink their computation below it.
+template <int n>
+__device__ __forceinline__ void fence_values(float (&x)[n]) {
+#pragma unroll
+  for (int i = 0; i < n; ++i) asm volatile("" : "+f"(x[i])::"memory");
+}
+
 #define HILS_WG_ACC(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 #define HILS_WG_ACC64(d)                                                                       \
   HILS_WG_ACC(d, 0), HILS_WG_ACC(d, 1), HILS_WG_ACC(d, 2), HILS_WG_ACC(d, 3), HILS_WG_ACC(d, 4), \

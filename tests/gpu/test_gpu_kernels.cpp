@@ -572,18 +572,19 @@ TEST_CASE("gpu sparse stage with an fp16 o_swa and a bf16 o", "[gpu]") {
 // group, windows shorter than a tile and not a multiple of it, a length shorter than a tile, a
 // ragged last block, with and without landmarks. The swa preset checks o_window alone; hils
 // also runs the summaries (the packed summaries on these shapes) and the selection.
+// clang-format off
+constexpr Case kWindowCases[] = {
+  //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
+  Case{"window_bench_geometry",  1333,   64, 512,  8, 16,  2, 64, 64, true, 1.0},
+  Case{"window_g1_long",         1900,   64, 700,  4,  1,  1, 64, 64, true, 2.0},
+  Case{"window_g16_short",        901,   64,  40,  3, 16,  1, 64, 64, false, 1.0},
+  Case{"window_g4_ragged",        555,   64, 100,  3,  8,  2, 64, 64, true, 4.0},
+  Case{"window_g2_tiny",           45,   64,  16,  2,  2,  1, 64, 64, false, 1.0},
+};
+// clang-format on
+
 TEST_CASE("gpu packed window kernels against the reference", "[gpu]") {
-  // clang-format off
-  static constexpr Case kCases[] = {
-    //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
-    Case{"window_bench_geometry",  1333,   64, 512,  8, 16,  2, 64, 64, true, 1.0},
-    Case{"window_g1_long",         1900,   64, 700,  4,  1,  1, 64, 64, true, 2.0},
-    Case{"window_g16_short",        901,   64,  40,  3, 16,  1, 64, 64, false, 1.0},
-    Case{"window_g4_ragged",        555,   64, 100,  3,  8,  2, 64, 64, true, 4.0},
-    Case{"window_g2_tiny",           45,   64,  16,  2,  2,  1, 64, 64, false, 1.0},
-  };
-  // clang-format on
-  for (const Case& c : kCases) {
+  for (const Case& c : kWindowCases) {
     const auto inputs = hils::cases::make_inputs<double>(c);
     for (const char* preset : {"swa", "hils"}) {
       const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
@@ -598,6 +599,38 @@ TEST_CASE("gpu packed window kernels against the reference", "[gpu]") {
     }
   }
   hils::gpu::set_window_kernel(std::nullopt);  // the default again
+}
+
+// wgmma_v14 to v16 overlap one tile's P V with the next tile's softmax, v17 copies two tiles
+// ahead, v18 copies them by the tensor memory accelerator (rows past T: the tensor map's zeros);
+// all do v13's arithmetic in v13's order on the same tiles: o_window and lse_window must
+// be v13's bits on every window shape (v14-v16's extra first P V adds P = 0).
+TEST_CASE("gpu window wgmma_v14 to v18 give wgmma_v13's bits", "[gpu]") {
+  if (!hils::gpu::wgmma_available()) {
+    WARN("wgmma cannot run here: the window kernels v13-v18 are refused (fallback test)");
+    return;
+  }
+  for (const Case& c : kWindowCases) {
+    const auto inputs = hils::cases::make_inputs<double>(c);
+    const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("swa"), c);
+    if (!reference_accepts(spec, inputs)) continue;
+    hils::gpu::set_window_kernel(hils::gpu::WindowKernel::wgmma_v13);
+    const KernelRun v13 = run_on_device(spec, inputs, DType::bf16);
+    for (auto kernel : {hils::gpu::WindowKernel::wgmma_v14, hils::gpu::WindowKernel::wgmma_v15,
+                        hils::gpu::WindowKernel::wgmma_v16, hils::gpu::WindowKernel::wgmma_v17,
+                        hils::gpu::WindowKernel::wgmma_v18}) {
+      hils::gpu::set_window_kernel(kernel);
+      const KernelRun run = run_on_device(spec, inputs, DType::bf16);
+      INFO("case " << c.name << " " << hils::gpu::window_kernel_name(kernel));
+      REQUIRE(run.out.o_window.size() == v13.out.o_window.size());
+      int differing_heads = 0;
+      for (size_t h = 0; h < run.out.o_window.size(); ++h)
+        differing_heads += !(run.out.o_window[h] == v13.out.o_window[h] &&
+                             run.out.lse_window[h] == v13.out.lse_window[h]);
+      CHECK(differing_heads == 0);
+    }
+  }
+  hils::gpu::set_window_kernel(std::nullopt);
 }
 
 // The C API's window-kernel values are the enum's, its getter reports what runs, a value past
@@ -760,7 +793,9 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
                           Catch::Contains(hils::gpu::window_kernel_name(kernel)));
   }
   for (auto kernel : {hils::gpu::WindowKernel::wgmma_v11, hils::gpu::WindowKernel::wgmma_v12,
-                      hils::gpu::WindowKernel::wgmma_v13})
+                      hils::gpu::WindowKernel::wgmma_v13, hils::gpu::WindowKernel::wgmma_v14,
+                      hils::gpu::WindowKernel::wgmma_v15, hils::gpu::WindowKernel::wgmma_v16,
+                      hils::gpu::WindowKernel::wgmma_v17, hils::gpu::WindowKernel::wgmma_v18})
     CHECK(hils::gpu::uses_wgmma(kernel));
   hils::gpu::set_window_kernel(std::nullopt);
   for (auto kernel : {hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v12,

@@ -177,11 +177,19 @@ enum class WindowKernel {
   wgmma_v11,  // mma_v9's block as two warpgroups issuing wgmma m64n64k16 (sm_90a)
   wgmma_v12,  // wgmma_v11 with fewer instructions per tile (copies, descriptors, exponentials)
   wgmma_v13,  // wgmma_v12 with running copy sources and descriptor low words worked out once
+  wgmma_v14,  // wgmma_v13 with tile i-1's P V under tile i's softmax (FA3's intra-warpgroup overlap)
+  wgmma_v15,  // wgmma_v14 with the K/V copies two tiles ahead instead of one
+  wgmma_v16,  // wgmma_v15 with tile i-1's P V issued after tile i's masks
+  wgmma_v17,  // wgmma_v13's step (no overlap) with wgmma_v15's copies two tiles ahead
+  wgmma_v18,  // wgmma_v17 with the K/V tiles copied by the tensor memory accelerator (TMA)
 };
 // Every WindowKernel, in the order of their values.
 constexpr WindowKernel kWindowKernels[] = {WindowKernel::mma_v4, WindowKernel::mma_v9,
                                            WindowKernel::mma_v10, WindowKernel::wgmma_v11,
-                                           WindowKernel::wgmma_v12, WindowKernel::wgmma_v13};
+                                           WindowKernel::wgmma_v12, WindowKernel::wgmma_v13,
+                                           WindowKernel::wgmma_v14, WindowKernel::wgmma_v15,
+                                           WindowKernel::wgmma_v16, WindowKernel::wgmma_v17,
+                                           WindowKernel::wgmma_v18};
 // The kernel's name as above ("mma_v4", ...).
 const char* window_kernel_name(WindowKernel kernel);
 // Whether the kernel runs wgmma (sm_90a; wgmma_available below). Every kernel is listed, so
@@ -193,11 +201,16 @@ constexpr bool uses_wgmma(WindowKernel kernel) {
     case WindowKernel::mma_v10: return false;
     case WindowKernel::wgmma_v11:
     case WindowKernel::wgmma_v12:
-    case WindowKernel::wgmma_v13: return true;
+    case WindowKernel::wgmma_v13:
+    case WindowKernel::wgmma_v14:
+    case WindowKernel::wgmma_v15:
+    case WindowKernel::wgmma_v16:
+    case WindowKernel::wgmma_v17:
+    case WindowKernel::wgmma_v18: return true;
   }
   return true;
 }
-constexpr WindowKernel kDefaultWindowKernel = WindowKernel::wgmma_v13;
+constexpr WindowKernel kDefaultWindowKernel = WindowKernel::wgmma_v18;
 // The window kernel without wgmma where wgmma cannot run (wgmma_available).
 constexpr WindowKernel kWindowKernelWithoutWgmma = WindowKernel::mma_v9;
 // kDefaultWindowKernel where wgmma_available(), else kWindowKernelWithoutWgmma.
