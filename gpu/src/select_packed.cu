@@ -1947,29 +1947,27 @@ size_t select_one_pass_smem_bytes(int64_t K) {
   return (kQueries * kRPitch + 4 * kQueries * K + kQueries) * 4;
 }
 
+// Whether the kernel scores 128 queries per block with pass 2's q~ staged in shared memory
+// (Scoring::wgmma_q_smem): two_pass_v10 and later.
+bool scores_in_q_smem_blocks(PackedSelect kernel) {
+  return kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11 ||
+         kernel == PackedSelect::two_pass_v12 || kernel == PackedSelect::two_pass_v13 ||
+         kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15 ||
+         kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17 ||
+         kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19 ||
+         kernel == PackedSelect::two_pass_v20;
+}
+
 // Queries per block of each kernel (threads: 2 per query).
 int block_queries(PackedSelect kernel) {
-  return kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11 ||
-                 kernel == PackedSelect::two_pass_v12 || kernel == PackedSelect::two_pass_v13 ||
-                 kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15 ||
-                 kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17 ||
-                 kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19 ||
-                 kernel == PackedSelect::two_pass_v20
-             ? kBlockQueries<Scoring::wgmma_q_smem>
-             : kQueries;
+  return scores_in_q_smem_blocks(kernel) ? kBlockQueries<Scoring::wgmma_q_smem> : kQueries;
 }
 
 size_t select_smem_bytes(int64_t G, int64_t K, PackedSelect kernel) {
   const size_t v8_bytes = (kQueries * kBufPitch + G * kQueries + 2 * kQueries) * 4;
   if (kernel == PackedSelect::two_pass_v8) return v8_bytes;
   if (kernel == PackedSelect::two_pass_v9) return v8_bytes + 2 * kPanelBytes + wg::kAtomBytes;
-  if (kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11 ||
-      kernel == PackedSelect::two_pass_v12 || kernel == PackedSelect::two_pass_v13 ||
-      kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15 ||
-      kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17 ||
-      kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19 ||
-      kernel == PackedSelect::two_pass_v20)
-    return 2 * v8_bytes + 4 * kPanelBytes + wg::kAtomBytes;
+  if (scores_in_q_smem_blocks(kernel)) return 2 * v8_bytes + 4 * kPanelBytes + wg::kAtomBytes;
   return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries) * 4;
 }
 

@@ -60,6 +60,50 @@ double finite_magnitude(const std::vector<Matrix<double>>& heads) {
   return std::max(m, 1.0);
 }
 
+// A preset as the selection tests name it ("hils", "lmk", "hils sum_probabilities", "hils
+// max_raw": the preset with that group rule) on a case's geometry.
+MechanismSpec selection_spec(const std::string& name, const Case& c) {
+  MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(name.substr(0, name.find(' '))), c);
+  if (name.find("sum_probabilities") != std::string::npos) spec.group_rule = GroupRule::sum_probabilities;
+  if (name.find("max_raw") != std::string::npos) spec.group_rule = GroupRule::max_raw;
+  return spec;
+}
+
+// What a selection kernel reads, staged on the device for one problem: the bf16 inputs, the
+// window's lse (and o) and the chunk summaries.
+struct SelectionInputs {
+  SelectionInputs(const MechanismSpec& spec, const Case& c, const AttentionInputs<double>& inputs)
+      : shape{c.T, c.Hq, c.Hkv, c.d, c.dv},
+        set(gt::upload_inputs(inputs, DType::bf16)),
+        o_swa(c.Hq * c.T * c.dv * 4),
+        lse_swa(c.Hq * c.T * 4),
+        key(c.Hq * (c.T / c.S) * c.d * 4),
+        bias(c.Hq * (c.T / c.S) * 4) {
+    hils::gpu::window_attention(spec, shape, set.view, o_swa.as<float>(), lse_swa.as<float>());
+    hils::gpu::summarize(spec, shape, set.view, key.as<float>(), bias.as<float>());
+  }
+  hils::gpu::Shape shape;
+  gt::DeviceInputSet set;
+  gt::GuardedBuffer o_swa, lse_swa, key, bias;
+};
+
+// One selection kernel's selection [Hkv, T, K] and selected scores [Hq, T, K] on the staged
+// inputs, run to completion, with their buffers' guards checked.
+struct SelectionOutputs {
+  gt::GuardedBuffer selection, selected;
+};
+SelectionOutputs select_with(const MechanismSpec& spec, const Case& c, const SelectionInputs& in,
+                             hils::gpu::SelectKernel kernel) {
+  SelectionOutputs out{gt::GuardedBuffer(c.Hkv * c.T * c.K * 4), gt::GuardedBuffer(c.Hq * c.T * c.K * 4)};
+  hils::gpu::select_chunks(spec, in.shape, in.set.view, in.key.as<float>(), in.bias.as<float>(), nullptr,
+                           in.lse_swa.as<float>(), out.selection.as<int32_t>(), out.selected.as<float>(),
+                           nullptr, kernel);
+  gt::check_cuda(cudaDeviceSynchronize(), "select_chunks");
+  CHECK(out.selection.guard_damage("selection").empty());
+  CHECK(out.selected.guard_damage("selected_score").empty());
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("gpu exact chunk log-masses over the case table", "[gpu]") {
@@ -288,18 +332,9 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
     const Case& c = geometry[n];
     const auto& inputs = problems[n].second;
     for (const char* preset : {"hils", "lmk", "hils sum_probabilities", "hils max_raw"}) {
-      const std::string name(preset);
-      MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(name.substr(0, name.find(' '))), c);
-      if (name.find("sum_probabilities") != std::string::npos) spec.group_rule = GroupRule::sum_probabilities;
-      if (name.find("max_raw") != std::string::npos) spec.group_rule = GroupRule::max_raw;
+      const MechanismSpec spec = selection_spec(preset, c);
       if (!c.landmarks) continue;  // both presets read the landmark slots
-      const int64_t nc = c.T / c.S;
-      const hils::gpu::Shape shape{c.T, c.Hq, c.Hkv, c.d, c.dv};
-      auto set = gt::upload_inputs(inputs, DType::bf16);
-      gt::GuardedBuffer o_swa(c.Hq * c.T * c.dv * 4), lse_swa(c.Hq * c.T * 4);
-      gt::GuardedBuffer key(c.Hq * nc * c.d * 4), bias(c.Hq * nc * 4);
-      hils::gpu::window_attention(spec, shape, set.view, o_swa.as<float>(), lse_swa.as<float>());
-      hils::gpu::summarize(spec, shape, set.view, key.as<float>(), bias.as<float>());
+      const SelectionInputs staged(spec, c, inputs);
       std::vector<std::vector<unsigned char>> selections, scores;
       const auto kernels = {hils::gpu::SelectKernel::two_pass_v4, hils::gpu::SelectKernel::one_pass_v5,
                             hils::gpu::SelectKernel::two_pass_v6, hils::gpu::SelectKernel::two_pass_v7,
@@ -309,15 +344,9 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
                             hils::gpu::SelectKernel::two_pass_v14, hils::gpu::SelectKernel::two_pass_v15,
                             hils::gpu::SelectKernel::two_pass_v16, hils::gpu::SelectKernel::two_pass_v17};
       for (auto kernel : kernels) {
-        gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), selected(c.Hq * c.T * c.K * 4);
-        hils::gpu::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,
-                                 lse_swa.as<float>(), selection.as<int32_t>(),
-                                 selected.as<float>(), nullptr, kernel);
-        gt::check_cuda(cudaDeviceSynchronize(), "select_chunks");
-        CHECK(selection.guard_damage("selection").empty());
-        CHECK(selected.guard_damage("selected_score").empty());
-        selections.push_back(selection.download());
-        scores.push_back(selected.download());
+        const SelectionOutputs run = select_with(spec, c, staged, kernel);
+        selections.push_back(run.selection.download());
+        scores.push_back(run.selected.download());
       }
       const auto* base = reinterpret_cast<const int32_t*>(selections[0].data());
       for (std::size_t k = 1; k < selections.size(); ++k) {
@@ -381,17 +410,8 @@ TEST_CASE("gpu selections with pass 1's mass unshifted (v18 and v19) pass the or
     const auto& inputs = problems[n].second;
     const bool past_range = c.query_gain >= 100.0;
     for (const char* preset : {"hils", "lmk", "hils sum_probabilities", "hils max_raw"}) {
-      const std::string name(preset);
-      MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(name.substr(0, name.find(' '))), c);
-      if (name.find("sum_probabilities") != std::string::npos) spec.group_rule = GroupRule::sum_probabilities;
-      if (name.find("max_raw") != std::string::npos) spec.group_rule = GroupRule::max_raw;
-      const int64_t nc = c.T / c.S;
-      const hils::gpu::Shape shape{c.T, c.Hq, c.Hkv, c.d, c.dv};
-      auto set = gt::upload_inputs(inputs, DType::bf16);
-      gt::GuardedBuffer o_swa(c.Hq * c.T * c.dv * 4), lse_swa(c.Hq * c.T * 4);
-      gt::GuardedBuffer key(c.Hq * nc * c.d * 4), bias(c.Hq * nc * 4);
-      hils::gpu::window_attention(spec, shape, set.view, o_swa.as<float>(), lse_swa.as<float>());
-      hils::gpu::summarize(spec, shape, set.view, key.as<float>(), bias.as<float>());
+      const MechanismSpec spec = selection_spec(preset, c);
+      const SelectionInputs staged(spec, c, inputs);
       oracle::VerifyOptions options;
       options.precision = gt::precision_of(DType::bf16);
       options.score_precision = gt::score_precision_of(DType::bf16, c.d, spec);
@@ -399,18 +419,12 @@ TEST_CASE("gpu selections with pass 1's mass unshifted (v18 and v19) pass the or
       std::vector<unsigned char> v16_selection, v16_scores;
       for (auto kernel : {hils::gpu::SelectKernel::two_pass_v16, hils::gpu::SelectKernel::two_pass_v18,
                           hils::gpu::SelectKernel::two_pass_v19}) {
-        gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), selected(c.Hq * c.T * c.K * 4);
-        hils::gpu::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,
-                                 lse_swa.as<float>(), selection.as<int32_t>(), selected.as<float>(),
-                                 nullptr, kernel);
-        gt::check_cuda(cudaDeviceSynchronize(), "select_chunks");
-        CHECK(selection.guard_damage("selection").empty());
-        CHECK(selected.guard_damage("selected_score").empty());
+        const SelectionOutputs run = select_with(spec, c, staged, kernel);
         oracle::KernelOutputs out;
-        out.selection = gt::index_heads_of(selection, c.Hkv, c.T, c.K);
+        out.selection = gt::index_heads_of(run.selection, c.Hkv, c.T, c.K);
         const oracle::Verdict verdict = verifier.verify(out);
-        const auto bytes = selection.download();
-        const auto scores = selected.download();
+        const auto bytes = run.selection.download();
+        const auto scores = run.selected.download();
         if (kernel == hils::gpu::SelectKernel::two_pass_v16) v16_selection = bytes, v16_scores = scores;
         int64_t differing_rows = 0;
         for (int64_t row = 0; row < c.Hkv * c.T; ++row)
@@ -450,16 +464,11 @@ TEST_CASE("gpu selection v20 scores its choices from the bf16 k' it ranked with"
   for (const Case& c : kCases) {
     const auto inputs = hils::cases::make_inputs<double>(c);
     for (const char* preset : {"hils", "lmk"}) {
-      const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+      const MechanismSpec spec = selection_spec(preset, c);
       const int64_t nc = c.T / c.S;
-      const hils::gpu::Shape shape{c.T, c.Hq, c.Hkv, c.d, c.dv};
-      auto set = gt::upload_inputs(inputs, DType::bf16);
-      gt::GuardedBuffer o_swa(c.Hq * c.T * c.dv * 4), lse_swa(c.Hq * c.T * 4);
-      gt::GuardedBuffer key(c.Hq * nc * c.d * 4), bias(c.Hq * nc * 4);
-      hils::gpu::window_attention(spec, shape, set.view, o_swa.as<float>(), lse_swa.as<float>());
-      hils::gpu::summarize(spec, shape, set.view, key.as<float>(), bias.as<float>());
+      const SelectionInputs staged(spec, c, inputs);
       // k' rounded to bf16 on the host (round to nearest even, as the selection's copy).
-      std::vector<unsigned char> key_bytes = key.download();
+      std::vector<unsigned char> key_bytes = staged.key.download();
       std::vector<float> key_rounded(key_bytes.size() / 4);
       std::memcpy(key_rounded.data(), key_bytes.data(), key_bytes.size());
       for (float& x : key_rounded) x = static_cast<float>(oracle::round_to_bf16(x));
@@ -467,24 +476,19 @@ TEST_CASE("gpu selection v20 scores its choices from the bf16 k' it ranked with"
       std::memcpy(rounded_bytes.data(), key_rounded.data(), rounded_bytes.size());
       const gt::GuardedBuffer key_bf16 = gt::upload(rounded_bytes);
       gt::GuardedBuffer surrogate(c.Hq * c.T * nc * 4), surrogate_bf16(c.Hq * c.T * nc * 4);
-      hils::gpu::surrogate_scores(spec, shape, set.view, key.as<float>(), bias.as<float>(), surrogate.as<float>());
-      hils::gpu::surrogate_scores(spec, shape, set.view, key_bf16.as<float>(), bias.as<float>(),
-                                  surrogate_bf16.as<float>());
+      hils::gpu::surrogate_scores(spec, staged.shape, staged.set.view, staged.key.as<float>(),
+                                  staged.bias.as<float>(), surrogate.as<float>());
+      hils::gpu::surrogate_scores(spec, staged.shape, staged.set.view, key_bf16.as<float>(),
+                                  staged.bias.as<float>(), surrogate_bf16.as<float>());
       struct Run {
         std::vector<int32_t> selection;
         std::vector<float> scores;
       };
       auto run = [&](hils::gpu::SelectKernel kernel) {
-        gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), selected(c.Hq * c.T * c.K * 4);
-        hils::gpu::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,
-                                 lse_swa.as<float>(), selection.as<int32_t>(), selected.as<float>(), nullptr,
-                                 kernel);
-        gt::check_cuda(cudaDeviceSynchronize(), "select_chunks");
-        CHECK(selection.guard_damage("selection").empty());
-        CHECK(selected.guard_damage("selected_score").empty());
+        const SelectionOutputs out = select_with(spec, c, staged, kernel);
         Run r{std::vector<int32_t>(c.Hkv * c.T * c.K), std::vector<float>(c.Hq * c.T * c.K)};
-        const auto sel_bytes = selection.download();
-        const auto score_bytes = selected.download();
+        const auto sel_bytes = out.selection.download();
+        const auto score_bytes = out.selected.download();
         std::memcpy(r.selection.data(), sel_bytes.data(), sel_bytes.size());
         std::memcpy(r.scores.data(), score_bytes.data(), score_bytes.size());
         return r;
