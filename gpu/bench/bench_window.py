@@ -7,7 +7,8 @@ matmul rate of the same run.
 
 --kernels NAME ... times only those window kernels (default: every one), in turns: --rounds R
 times each R times, the kernels in turn, and reports each one's median of the rounds' medians
-(--reps calls each); o_swa and lse_swa are compared with the first kernel named.
+(--reps calls each); o_swa and lse_swa are compared with the first kernel named (largest
+differences, and the rows (query, head) whose o_swa or lse_swa differs at all, of all rows).
 --window-only skips the summaries, the selection, the sparse stage and the forward.
 --profile KERNEL runs that window kernel once at the largest T between cudaProfilerStart/Stop
 (Nsight Compute with --profile-from-start off).
@@ -167,6 +168,11 @@ def main():
                 finite = torch.isfinite(ref[1])
                 row["o_diff_vs_v4"][kernel] = (o - ref[0]).abs().max().item()
                 row["lse_diff_vs_v4"][kernel] = (lse[finite] - ref[1][finite]).abs().max().item()
+                # rows (query, head) whose o_swa or lse_swa differs at all from the first kernel's
+                rows_o = (o - ref[0]).reshape(-1, o.shape[-1]).abs().amax(dim=1) > 0
+                rows_lse = (lse != ref[1]).reshape(-1) & (torch.isfinite(lse) | torch.isfinite(ref[1])).reshape(-1)
+                row.setdefault("rows_differing", {})[kernel] = [int((rows_o | rows_lse).sum().item()),
+                                                                int(rows_o.numel())]
                 row.setdefault("nonfinite_o", {})[kernel] = int((~torch.isfinite(o)).sum().item())
                 del o, lse
         for kernel, times in row["window_ms_rounds"].items():
@@ -179,6 +185,7 @@ def main():
                            for n, t in row["window_ms"].items()) +
                   f" | rounds {json.dumps({n: [round(x, 3) for x in v] for n, v in row['window_ms_rounds'].items()})}"
                   f" | o diff vs {args.kernels[0]} {row['o_diff_vs_v4']} lse diff {row['lse_diff_vs_v4']}"
+                  f" rows differing {row['rows_differing']}"
                   f" nonfinite {row['nonfinite_o']}", flush=True)
         else:
             others(lib, st, row)
