@@ -177,8 +177,6 @@ const char* window_kernel_name(WindowKernel kernel) {
     case WindowKernel::wgmma_v18: return "wgmma_v18";
     case WindowKernel::wgmma_v19: return "wgmma_v19";
     case WindowKernel::wgmma_v20: return "wgmma_v20";
-    case WindowKernel::wgmma_v21: return "wgmma_v21";
-    case WindowKernel::wgmma_v22: return "wgmma_v22";
   }
   return "unknown";
 }

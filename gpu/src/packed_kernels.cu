@@ -233,16 +233,14 @@ __device__ __forceinline__ void exponentiate_tile(float (&s)[8][4], int nt_end, 
 
 // The rows' o_swa (o / sum) and lse_swa (m * scale + ln sum; -inf for an empty row); o_swa in
 // fp16 (rounded to nearest from the fp32 value) where p.o_swa_rows is f16.
-// kQuadSums: l holds this thread's share of the row's sum (summed over the quad here); else
-// every thread of the quad holds the whole sum (the window kernels v20-v22).
-template <int G, bool kQuadSums = true>
+template <int G>
 __device__ __forceinline__ void store_window_rows(const ThreadRows<G>& rows, const LaunchParams& p,
                                                   const float (&o)[8][4], const float (&l)[2],
                                                   const float (&m)[2], int lane, float* o_swa,
                                                   float* lse_swa) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const float sum = kQuadSums ? quad_sum(l[i]) : l[i];
+    const float sum = quad_sum(l[i]);
     if (!rows.valid[i]) continue;
     const int64_t row = (rows.h[i] * p.T + rows.t[i]) * kTileDim;
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
@@ -916,35 +914,27 @@ __global__ void __launch_bounds__(256, 2)
   store_window_rows(ThreadRows<G>(t0, g, p.T), p, o, l, m, lane, o_swa, lse_swa);
 }
 
-// ---- window v19-v22: fewer instructions per tile on v18's copies and step ---------------------
+// ---- window v19, v20: fewer instructions per tile on v18's copies and step -------------------
 // v18's step per tile and warpgroup (S = Q K^T, wait, masks and softmax, O += P V, wait) on its
-// TMA copies (two tiles ahead, four stages, one "full" mbarrier per stage), with (kFeatures):
-// - always (v19): the rows' maxima by a tree of fmaxf (v18: a chain of 16 per row), and the
-//   maximum that the exponentials subtract raised only when a row's tile maximum passes it by
-//   more than 8 in base 2 (FA4's rule): then the probabilities stay <= 2^8, and the tiles that
-//   raise no row's maximum of the warp skip the factors, the rescale of o and of the sums (2
-//   MUFU, 32 + 4 multiplications). Other rounding than v18 (another maximum subtracted).
-// - kMmaSums (v20): the rows' sums by the tensor core: P V as m64n72k16, whose columns 64..71
-//   come from a panel of ones (the descriptor's leading offset points at it from each V stage),
-//   so those columns of o accumulate the sums of the bf16 P that V is weighted with (v18: 32
-//   FADD per thread and tile on the fp32 P, a quad sum at the end).
-// - kUniformGroup (v21): the warpgroup's index as a warp-uniform value (__shfl_sync of lane 0's,
-//   as CUTLASS does), so that the q descriptor's word can live in a uniform register.
-// - kEmptyBarriers (v22): no block barrier per tile: each stage has an "empty" mbarrier that
-//   every thread arrives at when its warpgroup is done with the tile there (skipped tiles too);
-//   the thread that issues the copies waits for it before refilling the stage.
-// The descriptors are put together inside the wgmma asm from 32-bit low words (mma_ss_k_major,
-// mma_rs_n_major).
-enum WindowStepFeature { kMmaSums = 1, kUniformGroup = 2, kEmptyBarriers = 4 };
-
+// TMA copies (two tiles ahead, four stages, one "full" mbarrier per stage), with:
+// - v19: the rows' maxima by a tree of fmaxf (v18: a chain of 16 per row), and the maximum that
+//   the exponentials subtract raised only when a row's tile maximum passes it by more than 8 in
+//   base 2 (FA4's rule): the probabilities stay <= 2^8, and the tiles that raise no maximum of
+//   the warp's rows skip the factors and the rescale of o and of the sums (2 MUFU, 2 FFMA, 34
+//   FMUL). Other rounding than v18 (another maximum subtracted). The descriptors are put
+//   together inside the wgmma asm from 32-bit low words (mma_ss_k_major, mma_rs_n_major).
+// - v20 (kBarrierFree): v19 without the block barrier per tile: each stage has an "empty"
+//   mbarrier that every thread arrives at when its warpgroup is done with the tile there
+//   (skipped tiles too); the thread that issues the copies waits for it before refilling the
+//   stage. And the warpgroup's index made warp-uniform (__shfl_sync of lane 0's, as CUTLASS
+//   does), so that q's descriptor word can live in a uniform register.
 struct WindowV19Smem {
   static constexpr int kStages = 4, kAhead = 2;
-  unsigned char q[2][kWgPanelBytes];       // the two warpgroups' 64 q rows
-  unsigned char k[kStages][kWgPanelBytes]; // K stages
-  unsigned char v[kStages][kWgPanelBytes]; // V stages
-  unsigned char ones[kWgPanelBytes];       // bf16 ones: P V's columns 64..71 (kMmaSums)
-  uint64_t full[kStages];                  // stage s's K and V have landed
-  uint64_t empty[kStages];                 // every thread is done with stage s (kEmptyBarriers)
+  unsigned char q[2][kWgPanelBytes];        // the two warpgroups' 64 q rows
+  unsigned char k[kStages][kWgPanelBytes];  // K stages
+  unsigned char v[kStages][kWgPanelBytes];  // V stages
+  uint64_t full[kStages];                   // stage s's K and V have landed
+  uint64_t empty[kStages];                  // every thread is done with stage s (v20)
 };
 constexpr size_t kWindowV19SmemBytes = sizeof(WindowV19Smem) + wg::kAtomBytes;
 
@@ -970,12 +960,11 @@ __device__ __forceinline__ void tile_row_max(const float (&s)[8][4], float (&til
 }
 
 // The lazy maximum: m (the maximum the exponentials subtract) is raised to the tile's only when
-// some row of the warp passes its raise_at = m + 8 / c2; then the rows' factors rescale o (and
-// the sums l, unless they are o's column block 8) and neg_max2 = -m c2 is renewed.
-template <int kTiles, bool kSumsInO>
+// some row of the warp passes its raise_at = m + 8 / c2; then the rows' factors rescale o and the
+// sums l, and neg_max2 = -m c2 is renewed.
 __device__ __forceinline__ void raise_lazily(const float (&tile_max)[2], float c2, float slack,
                                              float (&m)[2], float (&raise_at)[2], float (&l)[2],
-                                             float (&o)[kTiles][4], float (&neg_max2)[2]) {
+                                             float (&o)[8][4], float (&neg_max2)[2]) {
   if (!__any_sync(0xffffffffu, tile_max[0] > raise_at[0] || tile_max[1] > raise_at[1])) return;
   float alpha[2];
 #pragma unroll
@@ -985,21 +974,18 @@ __device__ __forceinline__ void raise_lazily(const float (&tile_max)[2], float c
     alpha[i] = exp2_approx(fmaf(m[i], c2, neg_max2[i]));  // 0 while m = -inf
     raise_at[i] = m_new == kNegInf ? kNegInf : m_new + slack;
     m[i] = m_new;
-    if constexpr (!kSumsInO) l[i] *= alpha[i];
+    l[i] *= alpha[i];
   }
-#pragma unroll
-  for (int nt = 0; nt < kTiles; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[nt][e] *= alpha[e / 2];
+  scale_rows(o, alpha);
 }
 
-template <int G, int kFeatures>
+template <int G, bool kBarrierFree>
 __global__ void __launch_bounds__(256, 2)
     window_wgmma_v19_kernel(LaunchParams p, float* o_swa, float* lse_swa,
                             const __grid_constant__ CUtensorMap k_map,
                             const __grid_constant__ CUtensorMap v_map) {
-  constexpr bool kSums = (kFeatures & kMmaSums) != 0, kEmpty = (kFeatures & kEmptyBarriers) != 0;
-  constexpr int kRows = 128, M = kRows / G, kOTiles = kSums ? 9 : 8;
+  constexpr bool kEmpty = kBarrierFree;
+  constexpr int kRows = 128, M = kRows / G;
   constexpr int kStages = WindowV19Smem::kStages, kAhead = WindowV19Smem::kAhead;
   extern __shared__ unsigned char window_wg_raw[];
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(window_wg_raw));
@@ -1008,7 +994,7 @@ __global__ void __launch_bounds__(256, 2)
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * M, g = blockIdx.y;
   const int lane = threadIdx.x % kWarp;
-  const int group = (kFeatures & kUniformGroup)
+  const int group = kBarrierFree
                         ? __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0)
                         : static_cast<int>(threadIdx.x / 128);
   const int64_t first = geo.window_left(t0);
@@ -1024,11 +1010,6 @@ __global__ void __launch_bounds__(256, 2)
                  q + (t < p.T ? (h * p.T + t) * kTileDim + col : 0), t < p.T);
     }
     cp_async_commit();
-  }
-  if constexpr (kSums) {  // 8 KB of bf16 ones (0x3F80): two 16-byte stores per thread
-    const uint4 ones = make_uint4(0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u);
-    reinterpret_cast<uint4*>(sm.ones)[threadIdx.x] = ones;
-    reinterpret_cast<uint4*>(sm.ones)[threadIdx.x + 256] = ones;
   }
   // The warpgroup's tiles [it_begin, it_end] (v13's); empty when its rows start past T.
   const int64_t wg_t0 = t0 + group * 64 / G, wg_t1 = t0 + (group * 64 + 63) / G;
@@ -1053,15 +1034,11 @@ __global__ void __launch_bounds__(256, 2)
   const float slack = 8.0f / c2;                   // raise m when a tile passes it by 2^8
   const uint32_t smem_k = static_cast<uint32_t>(__cvta_generic_to_shared(sm.k[0]));
   const uint32_t smem_v = static_cast<uint32_t>(__cvta_generic_to_shared(sm.v[0]));
-  const uint32_t smem_ones = static_cast<uint32_t>(__cvta_generic_to_shared(sm.ones));
   const uint32_t smem_q = static_cast<uint32_t>(__cvta_generic_to_shared(sm.q[0]));
-  // Descriptor low words: q's panel, stage 0's K panel, stage 0's V panel (kSums: the leading
-  // offset from stage 0 to the ones panel; stage s's word then also lowers it by s panels).
+  // Descriptor low words: q's panel, stage 0's K panel, stage 0's V panel.
   const uint32_t q_lo = static_cast<uint32_t>(wg::desc_k_major(smem_q + group * kWgPanelBytes));
   const uint32_t k0_lo = static_cast<uint32_t>(wg::desc_k_major(smem_k));
-  const uint32_t v0_lo =
-      static_cast<uint32_t>(wg::desc_n_major(smem_v, kSums ? smem_ones - smem_v : kWgPanelBytes));
-  constexpr uint32_t kStageLo = kWgPanelBytes / 16, kStageLeading = kSums ? kStageLo << 16 : 0u;
+  const uint32_t v0_lo = static_cast<uint32_t>(wg::desc_n_major(smem_v, kWgPanelBytes));
   const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&sm.full[0]));
   const uint32_t empty0 = static_cast<uint32_t>(__cvta_generic_to_shared(&sm.empty[0]));
   auto load_tile = [&](int j) {  // thread 0: tile j's K and V into stage j % kStages
@@ -1083,14 +1060,14 @@ __global__ void __launch_bounds__(256, 2)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   cp_async_wait_all();      // the q rows
-  wg::fence_proxy_async();  // cp.async and the ones' stores -> the tensor cores' reads
+  wg::fence_proxy_async();  // cp.async writes -> the tensor cores' reads
   __syncthreads();
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int j = 0; j < kAhead; ++j)
       if (j < n_tiles) load_tile(j);
   }
-  float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f}, o[kOTiles][4] = {};
+  float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f}, o[8][4] = {};
   float raise_at[2] = {kNegInf, kNegInf}, neg_max2[2] = {0.0f, 0.0f};
   const WindowTileMask mask{lo, hi, lo_max, hi_min, complete_col, p.landmarks};
   uint32_t use = 0;  // this tile's stage offset
@@ -1098,7 +1075,7 @@ __global__ void __launch_bounds__(256, 2)
     const int key0 = it * kTileDim;
     if constexpr (!kEmpty) __syncthreads();  // every warpgroup is done with the stage refilled now
     if (threadIdx.x == 0 && it + kAhead < n_tiles) load_tile(it + kAhead);
-    const uint32_t k_lo = k0_lo + use / 16, v_lo = v0_lo + use / 16 - (use / kWgPanelBytes) * kStageLeading;
+    const uint32_t k_lo = k0_lo + use / 16, v_lo = v0_lo + use / 16;
     const uint32_t stage = use / kWgPanelBytes;
     use = use + kWgPanelBytes == kStages * kWgPanelBytes ? 0u : use + kWgPanelBytes;
     if (it < it_begin || it > it_end) {  // uniform over the warpgroup
@@ -1119,14 +1096,14 @@ __global__ void __launch_bounds__(256, 2)
     mask_window_tile(s, key0, 8, mask, lane);
     float tile_max[2];
     tile_row_max(s, tile_max);
-    raise_lazily<kOTiles, kSums>(tile_max, c2, slack, m, raise_at, l, o, neg_max2);
+    raise_lazily(tile_max, c2, slack, m, raise_at, l, o, neg_max2);
     uint32_t pa[4][4];
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         s[nt][e] = exp2_approx(fmaf(s[nt][e], c2, neg_max2[e / 2]));  // -inf -> 0
-        if constexpr (!kSums) l[e / 2] += s[nt][e];
+        l[e / 2] += s[nt][e];
       }
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
@@ -1146,18 +1123,7 @@ __global__ void __launch_bounds__(256, 2)
     wg::fence_operands(o);
     if constexpr (kEmpty) mbarrier_arrive(empty0 + 8 * stage);
   }
-  if constexpr (kSums) {
-    float out[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) out[nt][e] = o[nt][e];
-    l[0] = o[8][0];  // columns 64..71: the rows' sums (every column of the block, every thread)
-    l[1] = o[8][2];
-    store_window_rows<G, false>(ThreadRows<G>(t0, g, p.T), p, out, l, m, lane, o_swa, lse_swa);
-  } else {
-    store_window_rows<G>(ThreadRows<G>(t0, g, p.T), p, o, l, m, lane, o_swa, lse_swa);
-  }
+  store_window_rows<G>(ThreadRows<G>(t0, g, p.T), p, o, l, m, lane, o_swa, lse_swa);
 }
 
 // Shared scratch of the hierarchical kernel: the block's selections and their union.
@@ -1457,27 +1423,27 @@ void launch_window_overlap_g(const LaunchParams& p, float* o, float* lse, cudaSt
       <<<grid, 256, smem, stream>>>(p, o, lse, k_map, v_map);
 }
 
-template <int G, int kFeatures>
+template <int G, bool kBarrierFree>
 void launch_window_v19_g(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
   constexpr int M = 128 / G;
   constexpr int smem = static_cast<int>(kWindowV19SmemBytes);
   const dim3 grid(static_cast<unsigned>((p.T + M - 1) / M), static_cast<unsigned>(p.Hkv));
-  static const bool raised = cudaFuncSetAttribute(window_wgmma_v19_kernel<G, kFeatures>,
+  static const bool raised = cudaFuncSetAttribute(window_wgmma_v19_kernel<G, kBarrierFree>,
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                   smem) == cudaSuccess;
   (void)raised;  // a failure surfaces as the launch's error
-  window_wgmma_v19_kernel<G, kFeatures>
+  window_wgmma_v19_kernel<G, kBarrierFree>
       <<<grid, 256, smem, stream>>>(p, o, lse, kv_tensor_map(p.k, p), kv_tensor_map(p.v, p));
 }
 
-template <int kFeatures>
+template <bool kBarrierFree>
 void launch_window_v19(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
   switch (p.Hq / p.Hkv) {
-    case 1: return launch_window_v19_g<1, kFeatures>(p, o, lse, stream);
-    case 2: return launch_window_v19_g<2, kFeatures>(p, o, lse, stream);
-    case 4: return launch_window_v19_g<4, kFeatures>(p, o, lse, stream);
-    case 8: return launch_window_v19_g<8, kFeatures>(p, o, lse, stream);
-    default: return launch_window_v19_g<16, kFeatures>(p, o, lse, stream);
+    case 1: return launch_window_v19_g<1, kBarrierFree>(p, o, lse, stream);
+    case 2: return launch_window_v19_g<2, kBarrierFree>(p, o, lse, stream);
+    case 4: return launch_window_v19_g<4, kBarrierFree>(p, o, lse, stream);
+    case 8: return launch_window_v19_g<8, kBarrierFree>(p, o, lse, stream);
+    default: return launch_window_v19_g<16, kBarrierFree>(p, o, lse, stream);
   }
 }
 
@@ -1502,11 +1468,8 @@ void launch_window_wgmma(const LaunchParams& p, WindowKernel kernel, float* o, f
     case WindowKernel::wgmma_v16: return launch_window_overlap<2, kPvAfterMask>(p, o, lse, stream);
     case WindowKernel::wgmma_v17: return launch_window_overlap<2, kPvInTile>(p, o, lse, stream);
     case WindowKernel::wgmma_v18: return launch_window_overlap<2, kPvInTile, true>(p, o, lse, stream);
-    case WindowKernel::wgmma_v19: return launch_window_v19<0>(p, o, lse, stream);
-    case WindowKernel::wgmma_v20: return launch_window_v19<kMmaSums>(p, o, lse, stream);
-    case WindowKernel::wgmma_v21: return launch_window_v19<kMmaSums | kUniformGroup>(p, o, lse, stream);
-    case WindowKernel::wgmma_v22:
-      return launch_window_v19<kMmaSums | kUniformGroup | kEmptyBarriers>(p, o, lse, stream);
+    case WindowKernel::wgmma_v19: return launch_window_v19<false>(p, o, lse, stream);
+    case WindowKernel::wgmma_v20: return launch_window_v19<true>(p, o, lse, stream);
     default: return launch_window_wgmma_version<13>(p, o, lse, stream);
   }
 }

@@ -134,9 +134,6 @@ __device__ __forceinline__ void fence_values(float (&x)[n]) {
 #define HILS_WG_D64                                                                              \
   "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25," \
   "%26,%27,%28,%29,%30,%31}"
-#define HILS_WG_D72                                                                              \
-  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25," \
-  "%26,%27,%28,%29,%30,%31,%32,%33,%34,%35}"
 #define HILS_WG_D128                                                                             \
   "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25," \
   "%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,"    \
@@ -213,9 +210,7 @@ __device__ __forceinline__ void mma_ss_k_major(float (&d)[8][4], uint32_t a_lo, 
 // O += A . B with A from registers and B an N-major panel given by its descriptor's low word
 // b_lo (start address and leading offset; the high word is kKMajorDescHi's: stride 1024 bytes,
 // 128-byte swizzle) and the k16 step kStep (0..3: 16 panel rows, 2048 bytes each), put together
-// inside the asm as mma_ss_k_major does. N = 64 (d[8]) or 72 (d[9]: the columns 64..71 from the
-// panel the leading offset points at; the window kernels v20-v22 keep ones there, so that those
-// columns accumulate the rows' sums of A).
+// inside the asm as mma_ss_k_major does (N = 64).
 template <int kStep>
 __device__ __forceinline__ void mma_rs_n_major(float (&d)[8][4], const uint32_t (&a)[4], uint32_t b_lo) {
 #ifdef HILS_WGMMA_UNAVAILABLE
@@ -227,20 +222,6 @@ __device__ __forceinline__ void mma_rs_n_major(float (&d)[8][4], const uint32_t 
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " HILS_WG_D64
       ", {%32,%33,%34,%35}, db, p, 1, 1, 1;\n}\n"
       : HILS_WG_ACC64(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b_lo), "n"(128 * kStep), "r"(kKMajorDescHi));
-#endif
-}
-template <int kStep>
-__device__ __forceinline__ void mma_rs_n_major(float (&d)[9][4], const uint32_t (&a)[4], uint32_t b_lo) {
-#ifdef HILS_WGMMA_UNAVAILABLE
-  __trap();
-#else
-  asm volatile(
-      "{\n.reg .pred p;\n.reg .b32 bl;\n.reg .b64 db;\nsetp.ne.b32 p, 1, 0;\n"
-      "add.u32 bl, %40, %41;\nmov.b64 db, {bl, %42};\n"
-      "wgmma.mma_async.sync.aligned.m64n72k16.f32.bf16.bf16 " HILS_WG_D72
-      ", {%36,%37,%38,%39}, db, p, 1, 1, 1;\n}\n"
-      : HILS_WG_ACC64(d), HILS_WG_ACC(d, 8)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b_lo), "n"(128 * kStep), "r"(kKMajorDescHi));
 #endif
 }
@@ -263,7 +244,6 @@ __device__ __forceinline__ void mma_ss(float (&d)[16][4], uint64_t a, uint64_t b
 #undef HILS_WG_ACC64
 #undef HILS_WG_ACC128
 #undef HILS_WG_D64
-#undef HILS_WG_D72
 #undef HILS_WG_D128
 
 }  // namespace hils::gpu::detail::wg

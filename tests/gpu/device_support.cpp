@@ -21,26 +21,38 @@ uint16_t bf16_bits(double rounded) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-}  // namespace
-
-std::vector<SparseKernel> sparse_kernels_under_test() {
-  const char* list = std::getenv("HILS_GPU_SPARSE_KERNELS");
-  if (list == nullptr) return {std::begin(kSparseKernels), std::end(kSparseKernels)};
-  std::vector<SparseKernel> kernels;
+// The kernels of `all` named in the environment variable `variable` (comma-separated), or all of
+// them when it is unset; an unknown name throws std::invalid_argument naming the variable and
+// the accepted names.
+template <class Kernel, std::size_t n, class NameOf>
+std::vector<Kernel> kernels_named_in(const char* variable, const Kernel (&all)[n], NameOf name_of) {
+  const char* list = std::getenv(variable);
+  if (list == nullptr) return {std::begin(all), std::end(all)};
+  std::vector<Kernel> kernels;
   std::string names = list, known;
-  for (auto kernel : kSparseKernels) known += (known.empty() ? "" : ", ") + std::string(sparse_kernel_name(kernel));
+  for (auto kernel : all) known += (known.empty() ? "" : ", ") + std::string(name_of(kernel));
   for (std::size_t at = 0; at <= names.size();) {
     const std::size_t comma = std::min(names.find(',', at), names.size());
     const std::string name = names.substr(at, comma - at);
     bool found = false;
-    for (auto kernel : kSparseKernels)
-      if (name == sparse_kernel_name(kernel)) kernels.push_back(kernel), found = true;
+    for (auto kernel : all)
+      if (name == name_of(kernel)) kernels.push_back(kernel), found = true;
     if (!found)
-      throw std::invalid_argument("HILS_GPU_SPARSE_KERNELS: expected a comma-separated list of " +
+      throw std::invalid_argument(std::string(variable) + ": expected a comma-separated list of " +
                                   known + ", got '" + names + "'");
     at = comma + 1;
   }
   return kernels;
+}
+
+}  // namespace
+
+std::vector<SparseKernel> sparse_kernels_under_test() {
+  return kernels_named_in("HILS_GPU_SPARSE_KERNELS", kSparseKernels, sparse_kernel_name);
+}
+
+std::vector<WindowKernel> window_kernels_under_test() {
+  return kernels_named_in("HILS_GPU_WINDOW_KERNELS", kWindowKernels, window_kernel_name);
 }
 
 // Concatenates head matrices into one head-major host array of the element type.

@@ -49,6 +49,9 @@ class GuardedBuffer {
 // run cannot afford every version in those tests). Throws std::invalid_argument naming the
 // variable and the accepted names when a name is unknown.
 std::vector<SparseKernel> sparse_kernels_under_test();
+// The same for the window kernels that the window tests iterate (HILS_GPU_WINDOW_KERNELS, e.g.
+// "mma_v9,wgmma_v18,wgmma_v19").
+std::vector<WindowKernel> window_kernels_under_test();
 
 // Throws std::runtime_error with the CUDA message when err != cudaSuccess.
 void check_cuda(cudaError_t err, const char* what);

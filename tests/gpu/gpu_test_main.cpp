@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
   }
   try {
     hils::gpu::testing::sparse_kernels_under_test();  // HILS_GPU_SPARSE_KERNELS, checked once here
+    hils::gpu::testing::window_kernels_under_test();  // HILS_GPU_WINDOW_KERNELS, likewise
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
