@@ -1078,11 +1078,16 @@ __global__ void __launch_bounds__(256, 2)
     const uint32_t k_lo = k0_lo + use / 16, v_lo = v0_lo + use / 16;
     const uint32_t stage = use / kWgPanelBytes;
     use = use + kWgPanelBytes == kStages * kWgPanelBytes ? 0u : use + kWgPanelBytes;
+    // Every thread waits for every tile, skipped ones too: v20's arrivals for tile it must not
+    // come before every thread's for tile it - kStages (the stage's previous phase), and tile
+    // it lands only after those (the copying thread waits for them). Without this wait a
+    // warpgroup without rows (a ragged last block) arrived for every tile at once, completed
+    // the stages' phases by itself and left the copying thread waiting (session 14, run 2).
+    mbarrier_wait(full0 + 8 * stage, static_cast<uint32_t>(it / kStages) & 1u);
     if (it < it_begin || it > it_end) {  // uniform over the warpgroup
       if constexpr (kEmpty) mbarrier_arrive(empty0 + 8 * stage);
       continue;
     }
-    mbarrier_wait(full0 + 8 * stage, static_cast<uint32_t>(it / kStages) & 1u);
     float s[8][4];
     wg::fence_operands(s);
     wg::fence();
