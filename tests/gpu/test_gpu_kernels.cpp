@@ -606,9 +606,9 @@ TEST_CASE("gpu packed window kernels against the reference", "[gpu]") {
 
 // The window kernels on logits that rise and fall along each window: k's rows scaled by 0.25
 // to 2.5 in steps of 0.25 per 64-key tile, ten tiles a period, q with gain 4 (logits' spread
-// from ~1 to ~10 nats). A row's maximum then rises by several nats from tile to tile (v19 and
-// v20 raise their lazy maximum and rescale o several times inside one window, where the
-// standard cases' first tile sets it for good) and falls by ~20 nats at each period's end
+// from ~1 to ~10 nats). A row's maximum then rises by several nats from tile to tile (v19
+// raises its lazy maximum and rescales o several times inside one window, where the standard
+// cases' first tile sets it for good) and falls by ~20 nats at each period's end
 // (probabilities near the underflow of the later tiles' exponentials).
 TEST_CASE("gpu window kernels on maxima that rise and fall along the window", "[gpu]") {
   const Case c{"window_rising_maxima", 1333, 64, 512, 8, 16, 2, 64, 64, true, 4.0};
@@ -822,7 +822,7 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
                       hils::gpu::WindowKernel::wgmma_v13, hils::gpu::WindowKernel::wgmma_v14,
                       hils::gpu::WindowKernel::wgmma_v15, hils::gpu::WindowKernel::wgmma_v16,
                       hils::gpu::WindowKernel::wgmma_v17, hils::gpu::WindowKernel::wgmma_v18,
-                      hils::gpu::WindowKernel::wgmma_v19, hils::gpu::WindowKernel::wgmma_v20})
+                      hils::gpu::WindowKernel::wgmma_v19})
     CHECK(hils::gpu::uses_wgmma(kernel));
   hils::gpu::set_window_kernel(std::nullopt);
   for (auto kernel : {hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v12,
