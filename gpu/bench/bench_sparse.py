@@ -42,7 +42,9 @@ VARIANTS = [("v4", "chunked_v4", 0), ("v6", "chunked_v6", 0), ("v7", "chunked_v7
             ("v19_seg9600", "chunked_v19", 9600), ("v19_seg11200", "chunked_v19", 11200),
             ("v19_seg16000", "chunked_v19", 16000), ("v20", "chunked_v20", 0),
             ("v21", "chunked_v21", 0), ("v22", "chunked_v22", 0),
-            ("v23", "chunked_v23", 0), ("v24", "chunked_v24", 0), ("v25", "chunked_v25", 0)]
+            ("v23", "chunked_v23", 0), ("v24", "chunked_v24", 0), ("v25", "chunked_v25", 0),
+            ("v25_seg16384", "chunked_v25", 16384), ("v25_seg13108", "chunked_v25", 13108),
+            ("v26", "chunked_v26", 0), ("v27", "chunked_v27", 0)]
 # Variants through hils_gpu_fuse_rows: label -> (sparse kernel, o_swa dtype, o dtype). The fp16
 # o_swa is the window's fp32 o_swa rounded once by torch before the timing (in a forward the
 # window stage would write it).
@@ -51,7 +53,9 @@ ROW_VARIANTS = {"v24_h16in": ("chunked_v24", torch.float16, torch.float32),
                 "v24_h16in_bf16out": ("chunked_v24", torch.float16, torch.bfloat16),
                 "v25_h16in": ("chunked_v25", torch.float16, torch.float32),
                 "v25_bf16out": ("chunked_v25", torch.float32, torch.bfloat16),
-                "v25_h16in_bf16out": ("chunked_v25", torch.float16, torch.bfloat16)}
+                "v25_h16in_bf16out": ("chunked_v25", torch.float16, torch.bfloat16),
+                "v26_h16in_bf16out": ("chunked_v26", torch.float16, torch.bfloat16),
+                "v27_h16in_bf16out": ("chunked_v27", torch.float16, torch.bfloat16)}
 
 
 def prepared_stages(lib, T, gen):
@@ -74,12 +78,12 @@ def fuse_of(st, rows):
     return (lambda: st.fuse_rows(o_swa, o)), o
 
 
-def run_variant(lib, st, kernel, segment, rows=None):
+def run_variant(lib, st, kernel, segment, rows=None, reps=5):
     default = hc.sparse_kernel(lib)
     hc.set_sparse(lib, kernel, segment)
     try:
         fuse, o = fuse_of(st, rows)
-        ms = time_ms(fuse, warmup=1, reps=5)
+        ms = time_ms(fuse, warmup=1, reps=reps)
         o.fill_(float("nan"))
         fuse()
         torch.cuda.synchronize()
@@ -123,6 +127,7 @@ def main():
     ap.add_argument("--out", default="bench_sparse.json")
     ap.add_argument("--profile", metavar="VARIANT", help="a VARIANTS label, for Nsight Compute")
     ap.add_argument("--kernels", action="store_true", help="per-kernel GPU time of each version")
+    ap.add_argument("--reps", type=int, default=5, help="timed calls per variant (the median)")
     ap.add_argument("--variants", nargs="+", metavar="LABEL",
                     help="VARIANTS labels to run, in this order (default: all; the first is the "
                          "baseline of the differences)")
@@ -164,7 +169,7 @@ def main():
         for label, kernel, segment, row_types in variants:
             if segment > T:
                 continue
-            ms, o, lse = run_variant(lib, st, kernel, segment, row_types)
+            ms, o, lse = run_variant(lib, st, kernel, segment, row_types, args.reps)
             if base_o is None:
                 base_o, base_lse = o, lse
             tflops = flops / (ms * 1e-3) / 1e12

@@ -177,17 +177,19 @@ __host__ __device__ constexpr uint32_t count_tile_queries(uint32_t K) {
 constexpr int64_t kCountMaxChunks = 96 * 1024 / 4;
 static_assert(kCountMaxChunks < (1 << 16) && kCountThreads * kCountPairsPerThread <= (1 << 16),
               "count_rank_pairs_tiled_kernel packs a chunk and a rank in 16 bits each");
+// tile_queries: count_tile_queries(K), or fewer (chunked_v26, v27 at short T: at least two
+// blocks per SM).
 __global__ void __launch_bounds__(kCountThreads)
     count_rank_pairs_tiled_kernel(const int32_t* selection, uint32_t T, uint32_t K, uint32_t seg,
-                                  uint32_t tiles_per_seg, uint32_t nc, uint32_t n_ch,
-                                  int32_t* counts, int32_t* rank) {
+                                  uint32_t tile_queries, uint32_t tiles_per_seg, uint32_t nc,
+                                  uint32_t n_ch, int32_t* counts, int32_t* rank) {
   extern __shared__ int32_t hist[];  // [nc]: the tile's pairs per chunk, then the global bases
   const uint32_t tile = blockIdx.x % tiles_per_seg, gs = blockIdx.x / tiles_per_seg;
   const uint32_t n_seg = (T + seg - 1) / seg, g = gs / n_seg, s = gs % n_seg;
-  const uint32_t tq0 = s * seg + tile * count_tile_queries(K);
+  const uint32_t tq0 = s * seg + tile * tile_queries;
   const uint32_t seg_end = (s + 1) * seg < T ? (s + 1) * seg : T;
   if (tq0 >= seg_end) return;
-  const uint32_t tq1 = tq0 + count_tile_queries(K) < seg_end ? tq0 + count_tile_queries(K) : seg_end;
+  const uint32_t tq1 = tq0 + tile_queries < seg_end ? tq0 + tile_queries : seg_end;
   const uint32_t first = (g * T + tq0) * K, n = (tq1 - tq0) * K;  // the tile's pairs
   for (uint32_t b = threadIdx.x; b < nc; b += kCountThreads) hist[b] = 0;
   __syncthreads();
@@ -735,29 +737,24 @@ __device__ __forceinline__ void bulk_wait_all() {
 // shared memory), issued by lane r of warp w for row 16 w + r and awaited (read) one step later.
 // kAllowNext (chunked_v20): the next kernel (the next segment's weights) may start in this one's
 // last wave.
-template <int G, V9Out kOut, bool kAllowNext = false>
-__global__ void __launch_bounds__(kPackedThreads, 4)
-    chunk_attention_v9_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
-                              const int32_t* items, const ItemDesc* item_desc,
-                              const uint32_t* bucket, __half* partial, const float* pair_weight) {
-  if constexpr (kAllowNext) allow_next_grid();
+// One item of chunk_attention_v9_kernel (its block's whole work) or of
+// chunk_attention_persistent_kernel (one of its items): chunk c of group g and its pairs desc,
+// with the dynamic shared memory `smem` (1024-byte aligned). kQStages q stages (2: the next
+// step's rows stream in while this one computes; 3, chunked_v27: the rows two steps ahead).
+template <int G, V9Out kOut, int kQStages = 2>
+__device__ __forceinline__ void chunk_item_v9(const LaunchParams& p, int64_t t0, int64_t seg, int64_t nc,
+                                              const ItemDesc& desc, const uint32_t* bucket,
+                                              __half* partial, const float* pair_weight,
+                                              unsigned char* smem) {
+  static_assert(kQStages == 2 || (kQStages == 3 && kOut == V9Out::red_f16x2), "2 q stages, or 3 for red_f16x2");
   constexpr bool kReduce = kOut != V9Out::partials;
   constexpr int kRows = pairs_per_item<G>() * G;  // 512
-  extern __shared__ __align__(16) unsigned char dynamic_smem[];
-  // Panels on 1024-byte boundaries (the swizzle's atom).
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(dynamic_smem) + wg::kAtomBytes - 1) &
-      ~static_cast<uintptr_t>(wg::kAtomBytes - 1));
   unsigned char* k_panel = smem;
   unsigned char* v_panel = smem + kV9Panel;
-  unsigned char* q_stages = smem + 2 * kV9Panel;  // two stages, kV9Panel bytes apart
+  unsigned char* q_stages = smem + 2 * kV9Panel;  // kQStages stages, kV9Panel bytes apart
   unsigned char* out_stage = smem + 4 * kV9Panel;  // bulk_red only
   __shared__ int64_t row_q[kRows];     // q element offset of the row; -1 past the pairs
   __shared__ uint32_t row_out[kRows];  // its scratch row: (h seg + tl) K + slot
-  const int32_t item = static_cast<int32_t>(blockIdx.x);
-  const int32_t n_items = items[p.Hkv * nc];
-  const ItemDesc desc = item_desc[item];  // past n_items: zeros or another segment's, unused
-  if (item >= n_items) return;
   const int64_t g = desc.chunk / nc, c = desc.chunk % nc;
   const int n_steps = (desc.count * G + 63) / 64;
   load_panel_async(k_panel, static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim, c * kTileDim);
@@ -790,12 +787,19 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   const bool mask_landmark = p.landmarks && lane % 4 == 3;
   const int row_in_step = 16 * warp + lane % 8 + 8 * ((lane / 8) % 2);  // stmatrix row address
   issue_q(0, q_stages);
+  if constexpr (kQStages == 3)
+    if (n_steps > 1) issue_q(1, q_stages + kV9Panel);
   for (int s = 0; s < n_steps; ++s) {
-    unsigned char* stage = q_stages + (s & 1) * kV9Panel;
-    cp_async_wait_all();  // this step's q (and, at s = 0, K and V)
+    unsigned char* stage = q_stages + (kQStages == 2 ? s & 1 : s % kQStages) * kV9Panel;
+    if (kQStages == 3 && s + 1 < n_steps)
+      cp_async_wait_one();  // this step's q (and, at s = 0, K and V); the next step's may still fly
+    else
+      cp_async_wait_all();  // this step's q (and, at s = 0, K and V)
     wg::fence_proxy_async();
-    __syncthreads();  // q visible to the tensor cores; every warp is done with the other stage
-    if (s + 1 < n_steps) issue_q(s + 1, q_stages + ((s + 1) & 1) * kV9Panel);
+    __syncthreads();  // q visible to the tensor cores; every warp is done with the stage refilled now
+    if (s + kQStages - 1 < n_steps)
+      issue_q(s + kQStages - 1,
+              q_stages + (kQStages == 2 ? (s + 1) & 1 : (s + kQStages - 1) % kQStages) * kV9Panel);
     float sc[8][4];
     const uint64_t q_desc = wg::desc_k_major(stage);
     wg::fence();
@@ -892,6 +896,55 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
   if constexpr (kOut == V9Out::bulk_red) bulk_wait_all<false>();  // the stage outlives its reads
 }
 
+// The dynamic shared memory of the v9 chunk kernels, on 1024-byte boundaries (the swizzle's atom).
+__device__ __forceinline__ unsigned char* v9_smem() {
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(dynamic_smem) + wg::kAtomBytes - 1) &
+                                          ~static_cast<uintptr_t>(wg::kAtomBytes - 1));
+}
+
+template <int G, V9Out kOut, bool kAllowNext = false>
+__global__ void __launch_bounds__(kPackedThreads, 4)
+    chunk_attention_v9_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
+                              const int32_t* items, const ItemDesc* item_desc,
+                              const uint32_t* bucket, __half* partial, const float* pair_weight) {
+  if constexpr (kAllowNext) allow_next_grid();
+  const int32_t item = static_cast<int32_t>(blockIdx.x);
+  const int32_t n_items = items[p.Hkv * nc];
+  const ItemDesc desc = item_desc[item];  // past n_items: zeros or another segment's, unused
+  if (item >= n_items) return;
+  chunk_item_v9<G, kOut>(p, t0, seg, nc, desc, bucket, partial, pair_weight, v9_smem());
+}
+
+// chunked_v26, v27: chunk_attention_v9_kernel<G, red_f16x2>'s items taken by a grid of as many
+// blocks as fit on the device at once, each taking its next item from the segment's cursor
+// (an atomicAdd, issued at the start of the current item and read after it), until the
+// segment's n_items are taken. No block for an item that does not exist (chunk_attention_v9's
+// grid is the bound Hkv seg K / pairs + Hkv nc, ~40% above the items at 512K) and no block
+// launch per item. kQStages: chunk_item_v9's.
+template <int G, int kQStages>
+__global__ void __launch_bounds__(kPackedThreads, 4)
+    chunk_attention_persistent_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
+                                      const int32_t* items, const ItemDesc* item_desc,
+                                      const uint32_t* bucket, __half* partial,
+                                      const float* pair_weight, int32_t* item_cursor) {
+  __shared__ int32_t next_item;
+  const int32_t n_items = items[p.Hkv * nc];
+  if (threadIdx.x == 0) next_item = atomicAdd(item_cursor, 1);
+  __syncthreads();
+  unsigned char* smem = v9_smem();
+  for (;;) {
+    const int32_t item = next_item;  // every thread reads it before the item's first barrier
+    if (item >= n_items) return;
+    const ItemDesc desc = item_desc[item];
+    int32_t next = 0;
+    if (threadIdx.x == 0) next = atomicAdd(item_cursor, 1);  // awaited only after this item
+    chunk_item_v9<G, V9Out::red_f16x2, kQStages>(p, t0, seg, nc, desc, bucket, partial, pair_weight, smem);
+    if (threadIdx.x == 0) next_item = next;
+    __syncthreads();  // next_item visible; every warp done with the panels, stages and row tables
+  }
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when
 // after_previous (chunked_v20: the kernel may start in the previous kernel's last wave).
 template <class... Params, class... Args>
@@ -915,6 +968,31 @@ void launch_chunk_v9(unsigned grid, cudaStream_t stream, const LaunchParams& p, 
   launch_after_previous(after_previous, chunk_attention_v9_kernel<G, kOut, kAllowNext>, grid,
                         kPackedThreads, kBytes, stream, p, t0, seg, nc, items, item_desc, bucket,
                         partial, pair_weight);
+}
+
+// chunked_v26 (kQStages 2), v27 (3): chunk_attention_persistent_kernel with as many blocks as are
+// resident on the device at once (at most `bound`, the items' upper bound).
+template <int G, int kQStages>
+void launch_chunk_persistent(unsigned bound, cudaStream_t stream, const LaunchParams& p, int64_t t0,
+                             int64_t seg, int64_t nc, const int32_t* items, const ItemDesc* item_desc,
+                             const uint32_t* bucket, __half* o16, const float* pair_weight,
+                             int32_t* item_cursor) {
+  constexpr int kBytes = kV9SmemBytes + (kQStages - 2) * kV9Panel;
+  static const unsigned resident = [] {
+    cudaFuncSetAttribute(chunk_attention_persistent_kernel<G, kQStages>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+    int device = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, chunk_attention_persistent_kernel<G, kQStages>,
+                                                      kPackedThreads, kBytes) != cudaSuccess ||
+        sms <= 0 || per_sm <= 0)
+      return 1024u;  // a failure surfaces as the launch's error or, at worst, a smaller grid
+    return static_cast<unsigned>(sms * per_sm);
+  }();
+  chunk_attention_persistent_kernel<G, kQStages><<<bound < resident ? bound : resident, kPackedThreads,
+                                                   kBytes, stream>>>(p, t0, seg, nc, items, item_desc,
+                                                                     bucket, o16, pair_weight, item_cursor);
 }
 
 // chunked_v10: v6's chunk kernel whose rows go into an fp16 copy of o (o16) with f16x2 vector
@@ -1482,6 +1560,36 @@ int64_t f16_segment_queries(const LaunchParams& p, int64_t l2_share_num, int64_t
   return seg < p.T ? seg : p.T;
 }
 
+// chunked_v26, v27: the segments of about `seg` queries each that split T evenly: n = T / seg
+// rounded to nearest (at least 1), each T / n rounded up (16K with 12800: one of 16384, not 12800 +
+// 3584; 128K: 10 of 13108, not 10 of 12800 + 3072). The bench's segment size is taken as given.
+int64_t balanced_segment_queries(const LaunchParams& p, int64_t seg) {
+  if (g_segment_queries > 0) return seg;
+  const int64_t n = (p.T + seg / 2) / seg;
+  return n <= 1 ? p.T : (p.T + n - 1) / n;
+}
+
+int sm_count() {
+  static const int sms = [] {
+    int device = 0, n = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0)
+      n = 132;
+    return n;
+  }();
+  return sms;
+}
+
+// chunked_v26, v27: queries per tile of count_rank_pairs_tiled_kernel: count_tile_queries(K), halved
+// (down to 64) while the count would have fewer blocks than SMs (16K, K = 32: 1024 -> 128, 256
+// blocks instead of 32).
+uint32_t short_count_tile_queries(const LaunchParams& p, int64_t seg, int64_t n_seg) {
+  uint32_t tile = count_tile_queries(static_cast<uint32_t>(p.K));
+  const auto blocks = [&](uint32_t t) { return p.Hkv * n_seg * ((seg + t - 1) / t); };
+  while (tile > 64 && blocks(tile) < sm_count()) tile /= 2;
+  return tile;
+}
+
 // chunk_attention_v6_kernel<G, kSub> with its dynamic shared memory (the q stages), raising the
 // kernel's limit once (v7: 36 KB dynamic + 24 KB static).
 template <int G, int kSub>
@@ -1514,8 +1622,11 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   // chunked_v23, v24: the bucket entries written by the weights kernel (no scatter launch); v24:
   // o = o16 by convert_discard_o16_kernel, o_swa and o of any RowType the API admits.
   const bool weights_scatter = kernel == SparseKernel::chunked_v23 || kernel == SparseKernel::chunked_v24;
-  // chunked_v25: v19 (its scatter) with v24's conversion.
-  const bool discard_convert = kernel == SparseKernel::chunked_v24 || kernel == SparseKernel::chunked_v25;
+  // chunked_v25: v19 (its scatter) with v24's conversion; v26, v27: v25 with the persistent
+  // chunk kernel (below).
+  const bool persistent = kernel == SparseKernel::chunked_v26 || kernel == SparseKernel::chunked_v27;
+  const bool discard_convert =
+      kernel == SparseKernel::chunked_v24 || kernel == SparseKernel::chunked_v25 || persistent;
   const bool pair_weights = kernel == SparseKernel::chunked_v11 || kernel == SparseKernel::chunked_v12 ||
                             kernel == SparseKernel::chunked_v13 || kernel == SparseKernel::chunked_v14 ||
                             kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v16 ||
@@ -1538,10 +1649,11 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   // chunked_v17: the pair weights of every segment in one launch (and in memory at once).
   const bool weights_at_once = kernel == SparseKernel::chunked_v17;
   const int64_t nc = p.T / p.S, n_ch = p.Hkv * nc;
-  const int64_t seg = !f16_sums ? segment_queries(p)
-                     : tiled_segments                      ? f16_segment_queries(p, 1, 1)
-                     : half_warp_weights                   ? f16_segment_queries(p, 3, 4)
-                                                           : f16_segment_queries(p, 1, 2);
+  const int64_t seg = !f16_sums       ? segment_queries(p)
+                     : persistent     ? balanced_segment_queries(p, f16_segment_queries(p, 1, 1))
+                     : tiled_segments ? f16_segment_queries(p, 1, 1)
+                     : half_warp_weights ? f16_segment_queries(p, 3, 4)
+                                         : f16_segment_queries(p, 1, 2);
   // chunked_v19: the ranks counted per tile of queries in shared memory (where the group's
   // chunks' histogram fits).
   const bool tiled_count = tiled_segments && nc <= kCountMaxChunks;
@@ -1554,6 +1666,8 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   const int64_t n_pairs = p.Hkv * p.T * p.K, bucket_stride = p.Hkv * seg * p.K;
   const int64_t max_items = (bucket_stride + kPairs - 1) / kPairs + n_ch;
   const size_t counts_bytes = round_up(static_cast<size_t>(n_seg * (n_ch + 1)) * sizeof(int32_t));
+  // chunked_v26, v27: each segment's item cursor, zeroed with the counts (one memset).
+  const size_t cursor_bytes = persistent ? round_up(static_cast<size_t>(n_seg) * sizeof(int32_t)) : 0;
   const size_t rank_bytes = round_up(static_cast<size_t>(n_pairs) * sizeof(int32_t));
   const size_t bucket_bytes = round_up(static_cast<size_t>(n_seg * bucket_stride) * sizeof(uint32_t));
   const size_t desc_bytes = round_up(static_cast<size_t>(n_seg * max_items) * sizeof(ItemDesc));
@@ -1570,7 +1684,8 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
                                           sizeof(__half))
                : round_up(static_cast<size_t>(p.Hq * seg * p.K * kTileDim) * sizeof(__half));
   auto* scratch = static_cast<char*>(take_scratch(
-      3 * counts_bytes + rank_bytes + bucket_bytes + desc_bytes + partial_bytes, stream, "sparse stage"));
+      3 * counts_bytes + cursor_bytes + rank_bytes + bucket_bytes + desc_bytes + partial_bytes, stream,
+      "sparse stage"));
   char* at = scratch;
   auto take = [&at](size_t bytes) {
     char* here = at;
@@ -1578,6 +1693,7 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
     return here;
   };
   auto* counts = reinterpret_cast<int32_t*>(take(counts_bytes));
+  auto* item_cursor = reinterpret_cast<int32_t*>(take(cursor_bytes));  // chunked_v26, v27
   auto* offsets = reinterpret_cast<int32_t*>(take(counts_bytes));
   auto* items = reinterpret_cast<int32_t*>(take(counts_bytes));
   auto* rank = reinterpret_cast<int32_t*>(take(rank_bytes));
@@ -1585,22 +1701,25 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   auto* item_desc = reinterpret_cast<ItemDesc*>(take(desc_bytes));
   auto* partial = reinterpret_cast<__half*>(take(partial_bytes));
   if (n_ch > 0 && n_pairs > 0) {
-    cudaMemsetAsync(counts, 0, counts_bytes, stream);
-    // Blocks past a segment's item count read a descriptor before they know it: never stale bytes.
-    cudaMemsetAsync(item_desc, 0, desc_bytes, stream);
+    cudaMemsetAsync(counts, 0, counts_bytes + cursor_bytes, stream);  // the cursors follow the counts
+    // Blocks past a segment's item count read a descriptor before they know it: never stale bytes
+    // (the persistent chunk kernel reads only the descriptors of items that exist).
+    if (!persistent) cudaMemsetAsync(item_desc, 0, desc_bytes, stream);
     const auto TK = static_cast<uint32_t>(p.T * p.K), K = static_cast<uint32_t>(p.K);
     const auto seg32 = static_cast<uint32_t>(seg), nc32 = static_cast<uint32_t>(nc);
     const auto n_ch32 = static_cast<uint32_t>(n_ch), n_pairs32 = static_cast<uint32_t>(n_pairs);
     const auto blocks = static_cast<unsigned>((n_pairs + 255) / 256);
     if (tiled_count) {
-      const uint32_t tiles_per_seg = (seg32 + count_tile_queries(K) - 1) / count_tile_queries(K);
+      const uint32_t tile_queries = persistent ? short_count_tile_queries(p, seg, n_seg) : count_tile_queries(K);
+      const uint32_t tiles_per_seg = (seg32 + tile_queries - 1) / tile_queries;
       static const bool raised =
           cudaFuncSetAttribute(count_rank_pairs_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(kCountMaxChunks * sizeof(int32_t))) == cudaSuccess;
       (void)raised;  // a failure surfaces as the launch's error
       count_rank_pairs_tiled_kernel<<<static_cast<unsigned>(p.Hkv * n_seg * tiles_per_seg), kCountThreads,
                                       static_cast<size_t>(nc) * sizeof(int32_t), stream>>>(
-          selection, static_cast<uint32_t>(p.T), K, seg32, tiles_per_seg, nc32, n_ch32, counts, rank);
+          selection, static_cast<uint32_t>(p.T), K, seg32, tile_queries, tiles_per_seg, nc32, n_ch32, counts,
+          rank);
     } else {
       count_rank_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, TK, K, seg32, nc32, n_ch32,
                                                            n_pairs32, counts, rank);
@@ -1670,7 +1789,15 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
       if (n_ch > 0 && n_pairs > 0) {
         const auto grid = static_cast<unsigned>((p.Hkv * tn * p.K + kPairs - 1) / kPairs + n_ch);
         constexpr int kBytes = kWarpsPerBlock * 2 * 16 * kTilePitch * sizeof(__nv_bfloat16);
-        if (kernel == SparseKernel::chunked_v12 || kernel == SparseKernel::chunked_v13 ||
+        if (kernel == SparseKernel::chunked_v26)
+          launch_chunk_persistent<G, 2>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
+                                        item_desc + s * max_items, bucket + s * bucket_stride, o16,
+                                        pair_weight, item_cursor + s);
+        else if (kernel == SparseKernel::chunked_v27)
+          launch_chunk_persistent<G, 3>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
+                                        item_desc + s * max_items, bucket + s * bucket_stride, o16,
+                                        pair_weight, item_cursor + s);
+        else if (kernel == SparseKernel::chunked_v12 || kernel == SparseKernel::chunked_v13 ||
             kernel == SparseKernel::chunked_v15 || kernel == SparseKernel::chunked_v17 ||
             kernel == SparseKernel::chunked_v19 || kernel == SparseKernel::chunked_v22 || weights_scatter ||
             discard_convert)
@@ -1825,7 +1952,8 @@ bool chunked_fuse_applies(const LaunchParams& p) {
 }
 
 bool fusion_rows_apply(SparseKernel kernel) {
-  return kernel == SparseKernel::chunked_v24 || kernel == SparseKernel::chunked_v25;
+  return kernel == SparseKernel::chunked_v24 || kernel == SparseKernel::chunked_v25 ||
+         kernel == SparseKernel::chunked_v26 || kernel == SparseKernel::chunked_v27;
 }
 
 void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
@@ -1845,7 +1973,8 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
       kernel == SparseKernel::chunked_v18 || kernel == SparseKernel::chunked_v19 ||
       kernel == SparseKernel::chunked_v20 || kernel == SparseKernel::chunked_v21 ||
       kernel == SparseKernel::chunked_v22 || kernel == SparseKernel::chunked_v23 ||
-      kernel == SparseKernel::chunked_v24 || kernel == SparseKernel::chunked_v25) {
+      kernel == SparseKernel::chunked_v24 || kernel == SparseKernel::chunked_v25 ||
+      kernel == SparseKernel::chunked_v26 || kernel == SparseKernel::chunked_v27) {
     switch (p.Hq / p.Hkv) {
       case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, rows, lse_swa, lse, kernel, stream);
       case 2: return launch_bucketed_once_g<2>(p, selection, selected_score, rows, lse_swa, lse, kernel, stream);

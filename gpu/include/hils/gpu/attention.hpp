@@ -108,6 +108,11 @@ enum class SparseKernel {
                 // discarding the o16 lines it has read from the L2 (no write-back of dead
                 // lines; the same values)
   chunked_v25,  // chunked_v19 (its scatter launch) with chunked_v24's o16 -> o conversion
+  chunked_v26,  // chunked_v25 with a persistent chunk kernel (as many blocks as are resident,
+                // each taking items from a cursor: no block per item bound, no launch per item),
+                // segments that split T evenly, the count's tiles shortened at short T (the same
+                // values)
+  chunked_v27,  // chunked_v26 with the q rows fetched two 64-row steps ahead (three stages)
 };
 // Every SparseKernel, in the order of their values.
 constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
@@ -120,7 +125,8 @@ constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKerne
                                            SparseKernel::chunked_v18, SparseKernel::chunked_v19,
                                            SparseKernel::chunked_v20, SparseKernel::chunked_v21,
                                            SparseKernel::chunked_v22, SparseKernel::chunked_v23,
-                                           SparseKernel::chunked_v24, SparseKernel::chunked_v25};
+                                           SparseKernel::chunked_v24, SparseKernel::chunked_v25,
+                                           SparseKernel::chunked_v26, SparseKernel::chunked_v27};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
 // Whether the sparse stage runs wgmma (sm_90a; wgmma_available below). Every kernel is listed,
@@ -148,7 +154,9 @@ constexpr bool uses_wgmma(SparseKernel kernel) {
     case SparseKernel::chunked_v22:
     case SparseKernel::chunked_v23:
     case SparseKernel::chunked_v24:
-    case SparseKernel::chunked_v25: return true;
+    case SparseKernel::chunked_v25:
+    case SparseKernel::chunked_v26:
+    case SparseKernel::chunked_v27: return true;
   }
   return true;
 }
@@ -365,7 +373,7 @@ void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
           const int32_t* selection, const float* selected_score, const float* o_swa,
           const float* lse_swa, float* o, float* lse, cudaStream_t stream = nullptr);
 // fuse (hierarchical fusion) with o_swa read as o_swa_type (f32 or f16) and o written as o_type
-// (f32 or bf16). Other than f32 needs the chunk-major sparse stage chunked_v24 or chunked_v25
+// (f32 or bf16). Other than f32 needs the chunk-major sparse stage chunked_v24 to chunked_v27
 // (packed shapes, set_sparse_kernel); elsewhere, and for other types, std::invalid_argument
 // names the field.
 // The arithmetic is fuse's (fp32, o summed in fp16); an fp16 o_swa rounds the window rows to
