@@ -10,6 +10,8 @@
 #include "mma_common.cuh"
 #include "wgmma_common.cuh"
 
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 namespace hils::gpu::detail {
@@ -23,11 +25,21 @@ constexpr GroupRule kGroupMaxNormalized = GroupRule::max_normalized,
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kPosInf = __builtin_huge_valf();
 
-// First query of this block, blocks in descending t: a block's work grows with its queries'
-// causal candidate chunks (~t / S), so the heaviest blocks start first and the grid ends on the
-// lightest instead of a last wave of the longest (gpu/NOTES.md "Pipelined forward").
-__device__ __forceinline__ int64_t heaviest_first_t0(int queries) {
-  return static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * queries;
+// First query of this block (its KV group is blockIdx.y). Blocks run in descending work: a
+// block's work grows with its queries' causal candidate chunks (~t / S), so the heaviest blocks
+// start first and the grid ends on the lightest instead of a last wave of the longest
+// (gpu/NOTES.md "Pipelined forward"). first_round > 0 (a grid that fits the device in one wave,
+// one_wave_first_round): the device takes the first first_round blocks in launch order (x
+// fastest) one per SM and then the rest as each SM's second block; a group's blocks of the first
+// round take its tiles from the heaviest down, those of the second round from the lightest up,
+// so that an SM's second block is light where its first is heavy (gpu/NOTES.md "The selection's
+// blocks in one wave"). Within each group this is a permutation of its tiles.
+__device__ __forceinline__ int64_t block_t0(int queries, int first_round) {
+  const int x = static_cast<int>(blockIdx.x), tiles = static_cast<int>(gridDim.x);
+  const int in_first_round =
+      first_round > 0 ? min(max(first_round - tiles * static_cast<int>(blockIdx.y), 0), tiles) : tiles;
+  const int tile = x < in_first_round ? tiles - 1 - x : x - in_first_round;
+  return static_cast<int64_t>(tile) * queries;
 }
 
 // Scores run in base 2 (s2 = s_hat log2 e): one ex2 per exponential, the same ranking.
@@ -1108,7 +1120,7 @@ template <int G, int kSlots, Offers kOffers, Scoring kScoring = Scoring::mma_syn
 __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kScoring> == 64 ? 4 : 2)
     select_packed_kernel(LaunchParams p, const float* key, const __nv_bfloat16* key_bf16,
                          const float* bias, const float* bias2, const float* lse_swa,
-                         int32_t* selection, float* selected_score) {
+                         int32_t* selection, float* selected_score, int first_round) {
   constexpr bool kBuffered = kOffers == Offers::buffered;
   constexpr bool kWgmma = kScoring != Scoring::mma_sync, kQSmem = kScoring == Scoring::wgmma_q_smem;
   constexpr int kQueries = kBlockQueries<kScoring>, kThreads = 2 * kQueries;  // 16 rows per warp
@@ -1155,7 +1167,7 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   };
   float* slot_base = kBuffered ? buf : sh.r;
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
-  const int64_t t0 = heaviest_first_t0(kQueries), g = blockIdx.y;
+  const int64_t t0 = block_t0(kQueries, first_round), g = blockIdx.y;
   const int64_t n_chunks = geo.n_chunks();
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
@@ -1891,7 +1903,7 @@ template <int G>
 __global__ void __launch_bounds__(kPackedThreads, 3)
     select_one_pass_kernel(LaunchParams p, const float* key, const __nv_bfloat16* key_bf16,
                            const float* bias, const float* bias2, const float* lse_swa,
-                           int32_t* selection, float* selected_score) {
+                           int32_t* selection, float* selected_score, int first_round) {
   __shared__ __align__(16) __nv_bfloat16 tile[2][kTileDim][kTilePitch];
   __shared__ __align__(16) float bias_tile[2][kTileDim];
   extern __shared__ __align__(16) float dyn[];
@@ -1907,7 +1919,7 @@ __global__ void __launch_bounds__(kPackedThreads, 3)
   float* head_value = take(kQueries * K);
   int32_t* head_index = reinterpret_cast<int32_t*>(take(kQueries * K));
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
-  const int64_t t0 = heaviest_first_t0(kQueries), g = blockIdx.y;
+  const int64_t t0 = block_t0(kQueries, first_round), g = blockIdx.y;
   const int64_t n_chunks = geo.n_chunks();
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
@@ -2043,7 +2055,20 @@ size_t select_smem_bytes(int64_t G, int64_t K, PackedSelect kernel) {
 }
 
 using SelectKernelFn = void (*)(LaunchParams, const float*, const __nv_bfloat16*, const float*,
-                                const float*, const float*, int32_t*, float*);
+                                const float*, const float*, int32_t*, float*, int);
+
+// block_rows' first round for a grid of `blocks` blocks of `threads` threads: the device's SM
+// count when the grid fits the device in one wave with at least two blocks per SM (then every
+// SM takes one block before any takes a second, and the second blocks can be the light ones),
+// else 0 (descending work only).
+int one_wave_first_round(SelectKernelFn fn, int threads, size_t smem, int64_t blocks) {
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem) != cudaSuccess)
+    throw std::runtime_error(std::string("select_kernel: occupancy: ") + cudaGetErrorString(cudaGetLastError()));
+  return per_sm >= 2 && blocks > sms && blocks <= static_cast<int64_t>(sms) * per_sm ? sms : 0;
+}
 
 template <int G>
 SelectKernelFn select_kernel_of(PackedSelect kernel) {
@@ -2107,7 +2132,9 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
   if (n > 0)
     to_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(key, key_bf16, n, bias,
                                                                                bias2, n_bias);
-  fn<<<grid, 2 * queries, smem, stream>>>(p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
+  const int first_round = one_wave_first_round(fn, 2 * queries, smem, static_cast<int64_t>(grid.x) * grid.y);
+  fn<<<grid, 2 * queries, smem, stream>>>(p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score,
+                                          first_round);
   // v17: the selected scores after the selection, by a kernel of their own; v20: from bf16 k'.
   const dim3 scores_grid(static_cast<unsigned>((p.T + 7) / 8), static_cast<unsigned>(p.Hkv));
   if (kernel == PackedSelect::two_pass_v17)

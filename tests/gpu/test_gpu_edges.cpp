@@ -284,7 +284,9 @@ TEST_CASE("gpu stage scratch that cannot be allocated names the stage and the by
 // v8's bounds (32 and 64 slots) drop only candidates that cannot be selected, v7 and v8 keep the
 // K best under the same (value, chunk) order in other ways (v8's buffer cuts run on every tile
 // without a bound: max_raw, and the few-tile shapes),
-// so the selections and selected scores must agree bit for bit, on packed shapes (one and
+// so the selections and selected scores must agree bit for bit, on packed shapes (one wave
+// of blocks on a 132-SM GPU, whose second blocks select_packed.cu's block_rows maps lightest
+// first: packed_one_wave_g8 and, for the 64-query kernels, packed_k32_five_tiles; one and
 // several scoring tiles, G = 1..16, K up to 64; K = 32 uses all 32 of
 // v6's bound slots, K > 32 runs v6 without the bound and v7 as v4; K = 3, 4, 16, 20, 32 leave
 // v7's quad segments empty, partly and wholly filled, over up to three tiles) and
@@ -304,6 +306,7 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
     Case{"packed_k32_three_tiles",12000,  64, 512, 32,  8,  1, 64, 64, true, 1.0},
     Case{"packed_k20_peaked",     9000,   64, 256, 20,  4,  1, 64, 64, true, 3.0},
     Case{"packed_k32_five_tiles", 17000,  64, 512, 32,  8,  1, 64, 64, true, 1.0},
+    Case{"packed_one_wave_g8",    12000,  64, 512, 32, 16,  2, 64, 64, true, 1.0},
   };
   // clang-format on
   std::vector<std::pair<std::string, AttentionInputs<double>>> problems;
@@ -349,6 +352,15 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
         scores.push_back(run.selected.download());
       }
       const auto* base = reinterpret_cast<const int32_t*>(selections[0].data());
+      // Every row was written: a block-to-rows mapping that skipped a block would leave the
+      // buffer's poison (0xFF bytes, i.e. -1 entries) in every kernel alike, so a row with at
+      // least K candidate chunks (t >= W + (K + 2) S) must hold K chunks in [0, T / S).
+      int64_t unwritten = 0;
+      for (int64_t row = 0; row < c.Hkv * c.T; ++row)
+        if (row % c.T >= c.W + (c.K + 2) * c.S)
+          for (int64_t i = 0; i < c.K; ++i) unwritten += base[row * c.K + i] < 0 || base[row * c.K + i] >= c.T / c.S;
+      INFO(problems[n].first << " " << preset << " v4 entries of full rows outside [0, T / S)");
+      CHECK(unwritten == 0);
       for (std::size_t k = 1; k < selections.size(); ++k) {
         int64_t differing_rows = 0;
         const auto* other = reinterpret_cast<const int32_t*>(selections[k].data());
