@@ -463,7 +463,9 @@ TEST_CASE("gpu selections with pass 1's mass unshifted (v18 and v19) pass the or
 // the same surrogate from the fp32 k'. The two differ by k''s rounding (up to ~4e-3 on scores of
 // ~5 on the benchmark inputs), which the tolerance (1e-5 per unit of score) does not cover, so a
 // writer that read the fp32 rows, another head's row or another chunk's row fails. (lmk's k' are
-// bf16 keys, which the rounding leaves as they are: there v20's scores are v16's bytes.)
+// bf16 keys, which the rounding leaves as they are: there v20's scores are v16's bytes.) v21 sums
+// v20's scores in another kernel (selected_scores_lean_kernel: its partial sums reduced by one
+// reduce-scatter per head, in the same pairs): its selections and scores must be v20's bytes.
 TEST_CASE("gpu selection v20 scores its choices from the bf16 k' it ranked with", "[gpu]") {
   // clang-format off
   static constexpr Case kCases[] = {
@@ -507,6 +509,7 @@ TEST_CASE("gpu selection v20 scores its choices from the bf16 k' it ranked with"
       };
       const Run v16 = run(hils::gpu::SelectKernel::two_pass_v16);
       const Run v20 = run(hils::gpu::SelectKernel::two_pass_v20);
+      const Run v21 = run(hils::gpu::SelectKernel::two_pass_v21);
       auto floats = [](const gt::GuardedBuffer& b) {
         const auto bytes = b.download();
         std::vector<float> f(bytes.size() / 4);
@@ -516,6 +519,8 @@ TEST_CASE("gpu selection v20 scores its choices from the bf16 k' it ranked with"
       const std::vector<float> s32 = floats(surrogate), s16 = floats(surrogate_bf16);
       INFO("case " << c.name << " preset " << preset);
       CHECK(v20.selection == v16.selection);
+      CHECK(v21.selection == v20.selection);
+      CHECK(v21.scores == v20.scores);
       const int64_t G = c.Hq / c.Hkv;
       int64_t checked = 0, off_v16 = 0, off_v20 = 0, rounding_visible = 0;
       for (int64_t h = 0; h < c.Hq; ++h)
