@@ -201,6 +201,7 @@ const char* select_kernel_name(SelectKernel kernel) {
     case SelectKernel::two_pass_v18: return "two_pass_v18";
     case SelectKernel::two_pass_v19: return "two_pass_v19";
     case SelectKernel::two_pass_v20: return "two_pass_v20";
+    case SelectKernel::two_pass_v21: return "two_pass_v21";
   }
   return "unknown";
 }

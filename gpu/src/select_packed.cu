@@ -10,6 +10,8 @@
 #include "mma_common.cuh"
 #include "wgmma_common.cuh"
 
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 namespace hils::gpu::detail {
@@ -23,11 +25,21 @@ constexpr GroupRule kGroupMaxNormalized = GroupRule::max_normalized,
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kPosInf = __builtin_huge_valf();
 
-// First query of this block, blocks in descending t: a block's work grows with its queries'
-// causal candidate chunks (~t / S), so the heaviest blocks start first and the grid ends on the
-// lightest instead of a last wave of the longest (gpu/NOTES.md "Pipelined forward").
-__device__ __forceinline__ int64_t heaviest_first_t0(int queries) {
-  return static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * queries;
+// First query of this block (its KV group is blockIdx.y). Blocks run in descending work: a
+// block's work grows with its queries' causal candidate chunks (~t / S), so the heaviest blocks
+// start first and the grid ends on the lightest instead of a last wave of the longest
+// (gpu/NOTES.md "Pipelined forward"). first_round > 0 (a grid that fits the device in one wave,
+// one_wave_first_round): the device takes the first first_round blocks in launch order (x
+// fastest) one per SM and then the rest as each SM's second block; a group's blocks of the first
+// round take its tiles from the heaviest down, those of the second round from the lightest up,
+// so that an SM's second block is light where its first is heavy (gpu/NOTES.md "The selection's
+// blocks in one wave"). Within each group this is a permutation of its tiles.
+__device__ __forceinline__ int64_t block_t0(int queries, int first_round) {
+  const int x = static_cast<int>(blockIdx.x), tiles = static_cast<int>(gridDim.x);
+  const int in_first_round =
+      first_round > 0 ? min(max(first_round - tiles * static_cast<int>(blockIdx.y), 0), tiles) : tiles;
+  const int tile = x < in_first_round ? tiles - 1 - x : x - in_first_round;
+  return static_cast<int64_t>(tile) * queries;
 }
 
 // Scores run in base 2 (s2 = s_hat log2 e): one ex2 per exponential, the same ranking.
@@ -657,6 +669,77 @@ __global__ void __launch_bounds__(256, 3)
   write_selected_scores(p, index, n, rank_of, t, g, G, key, bias, selected_score);
 }
 
+// v21: v20's scores kernel (bf16 k', K <= 32) with the same sums in fewer instructions. v20's
+// warp spends ~550 instructions per head on 32 dot products of 64 dims (ncu at 512K: 4.6e9
+// instructions, 7.9 ms of v20's 43.5): the selection row's entries and their 64-bit row
+// addresses again for every head, and per step of 4 slots a butterfly of 3 shuffles and adds
+// plus a fourth shuffle to the collecting lane. Here the entries are read once per query (lane e
+// holds entry e; lane (group, part) gets the chunks of its slots 4 j + group, j < 8, by shuffles
+// as 32-bit element offsets), all 8 key parts of a head are loaded before the sums, and the 8
+// steps' partial dot8 sums are reduced by one reduce-scatter over the 8 lanes of a slot group
+// (xor 1, 2, 4: 7 shuffles and 7 adds for the 8 steps), after which lane (group, part) holds
+// slot 4 s + group, s = part bit-reversed, and stores it. The pairs added are dot8's tree's
+// ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)) over the parts, as v20's butterfly adds
+// them (each add commutes exactly), then sigma sum + b': v20's bytes by construction.
+template <int G>
+__global__ void __launch_bounds__(256, 3)
+    selected_scores_lean_kernel(LaunchParams p, const __nv_bfloat16* key, const float* bias,
+                                const int32_t* selection, float* selected_score) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / kWarp, g = blockIdx.y;
+  if (t >= p.T) return;  // the whole warp
+  const int lane = threadIdx.x % kWarp, K = static_cast<int>(p.K);
+  const int part = lane % 8, group = lane / 8;
+  const int32_t own = lane < K ? selection[(g * p.T + t) * K + lane] : -1;
+  const int n = __popc(__ballot_sync(0xffffffffu, own >= 0));  // the valid entries come first
+  // Step j: slot 4 j + group, dims 8 part .. 8 part + 7 of its key row (offset inside the head).
+  uint32_t key_offset[8];
+  unsigned valid = 0u;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int e = 4 * j + group;
+    const int32_t c = __shfl_sync(0xffffffffu, own, e);
+    key_offset[j] = static_cast<uint32_t>(e < n ? c : 0) * kTileDim + 8 * part;
+    valid |= static_cast<unsigned>(e < n) << j;
+  }
+  // After the reduce-scatter this lane holds step s: bits (part & 1, part & 2, part & 4) of
+  // part choose the halves kept in rounds xor 1, 2, 4, i.e. bits 2, 1, 0 of s.
+  const bool b0 = part & 1, b1 = part & 2, b2 = part & 4;
+  const int e_out = 4 * ((b0 ? 4 : 0) + (b1 ? 2 : 0) + (b2 ? 1 : 0)) + group;
+  const int32_t c_out = __shfl_sync(0xffffffffu, own, e_out);
+  const bool out_valid = e_out < n;
+  const uint32_t nc = static_cast<uint32_t>(p.T / p.S);
+  const auto* qr = static_cast<const __nv_bfloat16*>(p.q_retrieval);
+#pragma unroll 1
+  for (int hg = 0; hg < G; ++hg) {
+    const int64_t h = g * G + hg;
+    const __nv_bfloat16* key_h = key + static_cast<uint32_t>(h) * nc * kTileDim;
+    const uint4 q_raw = *reinterpret_cast<const uint4*>(qr + (h * p.T + t) * kTileDim + 8 * part);
+    const float b_out = out_valid ? bias[h * nc + c_out] : 0.0f;
+    uint4 raw[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      raw[j] = (valid >> j) & 1u ? *reinterpret_cast<const uint4*>(key_h + key_offset[j]) : make_uint4(0u, 0u, 0u, 0u);
+    float qf[8];
+    bf16x8_to_float(q_raw, qf);
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float kf[8];
+      bf16x8_to_float(raw[j], kf);
+      v[j] = dot8(qf, make_float4(kf[0], kf[1], kf[2], kf[3]), make_float4(kf[4], kf[5], kf[6], kf[7]));
+    }
+    float w[4], x[2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      w[i] = __fadd_rn(b0 ? v[4 + i] : v[i], __shfl_xor_sync(0xffffffffu, b0 ? v[i] : v[4 + i], 1));
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      x[i] = __fadd_rn(b1 ? w[2 + i] : w[i], __shfl_xor_sync(0xffffffffu, b1 ? w[i] : w[2 + i], 2));
+    const float sum = __fadd_rn(b2 ? x[1] : x[0], __shfl_xor_sync(0xffffffffu, b2 ? x[0] : x[1], 4));
+    if (e_out < K) selected_score[(h * p.T + t) * K + e_out] = out_valid ? __fmaf_rn(p.scale, sum, b_out) : kNegInf;
+  }
+}
+
 // v11: write_selection for K <= 32 with its loads one unit ahead. Unit u = (head u / nb, batch
 // u % nb), nb = ceil(n / 16) batches of 4 steps (16 slots) per head; the q~ part, the biases and
 // the key rows of unit u + 1 are in flight while unit u is summed (write_selection waits for
@@ -1037,7 +1120,7 @@ template <int G, int kSlots, Offers kOffers, Scoring kScoring = Scoring::mma_syn
 __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kScoring> == 64 ? 4 : 2)
     select_packed_kernel(LaunchParams p, const float* key, const __nv_bfloat16* key_bf16,
                          const float* bias, const float* bias2, const float* lse_swa,
-                         int32_t* selection, float* selected_score) {
+                         int32_t* selection, float* selected_score, int first_round) {
   constexpr bool kBuffered = kOffers == Offers::buffered;
   constexpr bool kWgmma = kScoring != Scoring::mma_sync, kQSmem = kScoring == Scoring::wgmma_q_smem;
   constexpr int kQueries = kBlockQueries<kScoring>, kThreads = 2 * kQueries;  // 16 rows per warp
@@ -1084,7 +1167,7 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   };
   float* slot_base = kBuffered ? buf : sh.r;
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
-  const int64_t t0 = heaviest_first_t0(kQueries), g = blockIdx.y;
+  const int64_t t0 = block_t0(kQueries, first_round), g = blockIdx.y;
   const int64_t n_chunks = geo.n_chunks();
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
@@ -1820,7 +1903,7 @@ template <int G>
 __global__ void __launch_bounds__(kPackedThreads, 3)
     select_one_pass_kernel(LaunchParams p, const float* key, const __nv_bfloat16* key_bf16,
                            const float* bias, const float* bias2, const float* lse_swa,
-                           int32_t* selection, float* selected_score) {
+                           int32_t* selection, float* selected_score, int first_round) {
   __shared__ __align__(16) __nv_bfloat16 tile[2][kTileDim][kTilePitch];
   __shared__ __align__(16) float bias_tile[2][kTileDim];
   extern __shared__ __align__(16) float dyn[];
@@ -1836,7 +1919,7 @@ __global__ void __launch_bounds__(kPackedThreads, 3)
   float* head_value = take(kQueries * K);
   int32_t* head_index = reinterpret_cast<int32_t*>(take(kQueries * K));
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
-  const int64_t t0 = heaviest_first_t0(kQueries), g = blockIdx.y;
+  const int64_t t0 = block_t0(kQueries, first_round), g = blockIdx.y;
   const int64_t n_chunks = geo.n_chunks();
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
@@ -1955,7 +2038,7 @@ bool scores_in_q_smem_blocks(PackedSelect kernel) {
          kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15 ||
          kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17 ||
          kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19 ||
-         kernel == PackedSelect::two_pass_v20;
+         kernel == PackedSelect::two_pass_v20 || kernel == PackedSelect::two_pass_v21;
 }
 
 // Queries per block of each kernel (threads: 2 per query).
@@ -1972,7 +2055,20 @@ size_t select_smem_bytes(int64_t G, int64_t K, PackedSelect kernel) {
 }
 
 using SelectKernelFn = void (*)(LaunchParams, const float*, const __nv_bfloat16*, const float*,
-                                const float*, const float*, int32_t*, float*);
+                                const float*, const float*, int32_t*, float*, int);
+
+// block_rows' first round for a grid of `blocks` blocks of `threads` threads: the device's SM
+// count when the grid fits the device in one wave with at least two blocks per SM (then every
+// SM takes one block before any takes a second, and the second blocks can be the light ones),
+// else 0 (descending work only).
+int one_wave_first_round(SelectKernelFn fn, int threads, size_t smem, int64_t blocks) {
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem) != cudaSuccess)
+    throw std::runtime_error(std::string("select_kernel: occupancy: ") + cudaGetErrorString(cudaGetLastError()));
+  return per_sm >= 2 && blocks > sms && blocks <= static_cast<int64_t>(sms) * per_sm ? sms : 0;
+}
 
 template <int G>
 SelectKernelFn select_kernel_of(PackedSelect kernel) {
@@ -2001,6 +2097,7 @@ SelectKernelFn select_kernel_of(PackedSelect kernel) {
                                   Pass1::pairs>;
     case PackedSelect::two_pass_v17:
     case PackedSelect::two_pass_v20:  // v17's selection; the scores from bf16 k' (launch_select_g)
+    case PackedSelect::two_pass_v21:  // the same; the scores by selected_scores_lean_kernel
       return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::separate, Lean::pass2_q32,
                                   Pass1::pairs>;
     case PackedSelect::two_pass_v18:
@@ -2035,7 +2132,9 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
   if (n > 0)
     to_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(key, key_bf16, n, bias,
                                                                                bias2, n_bias);
-  fn<<<grid, 2 * queries, smem, stream>>>(p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score);
+  const int first_round = one_wave_first_round(fn, 2 * queries, smem, static_cast<int64_t>(grid.x) * grid.y);
+  fn<<<grid, 2 * queries, smem, stream>>>(p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score,
+                                          first_round);
   // v17: the selected scores after the selection, by a kernel of their own; v20: from bf16 k'.
   const dim3 scores_grid(static_cast<unsigned>((p.T + 7) / 8), static_cast<unsigned>(p.Hkv));
   if (kernel == PackedSelect::two_pass_v17)
@@ -2043,6 +2142,8 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
   if (kernel == PackedSelect::two_pass_v20)
     selected_scores_kernel<G, __nv_bfloat16><<<scores_grid, 256, 0, stream>>>(p, key_bf16, bias, selection,
                                                                               selected_score);
+  if (kernel == PackedSelect::two_pass_v21)  // v21: v20's sums in fewer instructions (K <= 32)
+    selected_scores_lean_kernel<G><<<scores_grid, 256, 0, stream>>>(p, key_bf16, bias, selection, selected_score);
   give_back_scratch(scratch, stream);
 }
 
@@ -2066,14 +2167,15 @@ void launch_select_packed(const LaunchParams& p, const float* key, const float* 
                            kernel == PackedSelect::two_pass_v13 || kernel == PackedSelect::two_pass_v14 ||
                            kernel == PackedSelect::two_pass_v15 || kernel == PackedSelect::two_pass_v16 ||
                            kernel == PackedSelect::two_pass_v17 || kernel == PackedSelect::two_pass_v18 ||
-                           kernel == PackedSelect::two_pass_v19 || kernel == PackedSelect::two_pass_v20) &&
+                           kernel == PackedSelect::two_pass_v19 || kernel == PackedSelect::two_pass_v20 ||
+                           kernel == PackedSelect::two_pass_v21) &&
                           p.K > kWarp);
-  // v16 to v20 offset q~ rows in 32 bits (Hq T 64 < 2^32); longer sequences run v15 (the same
-  // selection and bytes as v16 and v17; v18 and v19 differ from it only where v8 does, v20 in its
-  // scores' rounding).
+  // v16 to v21 offset q~ rows in 32 bits (Hq T 64 < 2^32); longer sequences run v15 (the same
+  // selection and bytes as v16 and v17; v18 and v19 differ from it only where v8 does, v20 and v21
+  // in their scores' rounding).
   const bool long_rows = (kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17 ||
                           kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19 ||
-                          kernel == PackedSelect::two_pass_v20) &&
+                          kernel == PackedSelect::two_pass_v20 || kernel == PackedSelect::two_pass_v21) &&
                          p.Hq * p.T * kTileDim > UINT32_MAX;
   const PackedSelect one = fall_back ? PackedSelect::two_pass_v4 : long_rows ? PackedSelect::two_pass_v15 : kernel;
   if (uses_wgmma(one) && !wgmma_runs_on_current_device())

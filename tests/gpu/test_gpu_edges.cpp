@@ -284,7 +284,9 @@ TEST_CASE("gpu stage scratch that cannot be allocated names the stage and the by
 // v8's bounds (32 and 64 slots) drop only candidates that cannot be selected, v7 and v8 keep the
 // K best under the same (value, chunk) order in other ways (v8's buffer cuts run on every tile
 // without a bound: max_raw, and the few-tile shapes),
-// so the selections and selected scores must agree bit for bit, on packed shapes (one and
+// so the selections and selected scores must agree bit for bit, on packed shapes (one wave
+// of blocks on a 132-SM GPU, whose second blocks select_packed.cu's block_rows maps lightest
+// first: packed_one_wave_g8 and, for the 64-query kernels, packed_k32_five_tiles; one and
 // several scoring tiles, G = 1..16, K up to 64; K = 32 uses all 32 of
 // v6's bound slots, K > 32 runs v6 without the bound and v7 as v4; K = 3, 4, 16, 20, 32 leave
 // v7's quad segments empty, partly and wholly filled, over up to three tiles) and
@@ -304,6 +306,7 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
     Case{"packed_k32_three_tiles",12000,  64, 512, 32,  8,  1, 64, 64, true, 1.0},
     Case{"packed_k20_peaked",     9000,   64, 256, 20,  4,  1, 64, 64, true, 3.0},
     Case{"packed_k32_five_tiles", 17000,  64, 512, 32,  8,  1, 64, 64, true, 1.0},
+    Case{"packed_one_wave_g8",    12000,  64, 512, 32, 16,  2, 64, 64, true, 1.0},
   };
   // clang-format on
   std::vector<std::pair<std::string, AttentionInputs<double>>> problems;
@@ -349,6 +352,15 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
         scores.push_back(run.selected.download());
       }
       const auto* base = reinterpret_cast<const int32_t*>(selections[0].data());
+      // Every row was written: a block-to-rows mapping that skipped a block would leave the
+      // buffer's poison (0xFF bytes, i.e. -1 entries) in every kernel alike, so a row with at
+      // least K candidate chunks (t >= W + (K + 2) S) must hold K chunks in [0, T / S).
+      int64_t unwritten = 0;
+      for (int64_t row = 0; row < c.Hkv * c.T; ++row)
+        if (row % c.T >= c.W + (c.K + 2) * c.S)
+          for (int64_t i = 0; i < c.K; ++i) unwritten += base[row * c.K + i] < 0 || base[row * c.K + i] >= c.T / c.S;
+      INFO(problems[n].first << " " << preset << " v4 entries of full rows outside [0, T / S)");
+      CHECK(unwritten == 0);
       for (std::size_t k = 1; k < selections.size(); ++k) {
         int64_t differing_rows = 0;
         const auto* other = reinterpret_cast<const int32_t*>(selections[k].data());
@@ -451,7 +463,9 @@ TEST_CASE("gpu selections with pass 1's mass unshifted (v18 and v19) pass the or
 // the same surrogate from the fp32 k'. The two differ by k''s rounding (up to ~4e-3 on scores of
 // ~5 on the benchmark inputs), which the tolerance (1e-5 per unit of score) does not cover, so a
 // writer that read the fp32 rows, another head's row or another chunk's row fails. (lmk's k' are
-// bf16 keys, which the rounding leaves as they are: there v20's scores are v16's bytes.)
+// bf16 keys, which the rounding leaves as they are: there v20's scores are v16's bytes.) v21 sums
+// v20's scores in another kernel (selected_scores_lean_kernel: its partial sums reduced by one
+// reduce-scatter per head, in the same pairs): its selections and scores must be v20's bytes.
 TEST_CASE("gpu selection v20 scores its choices from the bf16 k' it ranked with", "[gpu]") {
   // clang-format off
   static constexpr Case kCases[] = {
@@ -495,6 +509,7 @@ TEST_CASE("gpu selection v20 scores its choices from the bf16 k' it ranked with"
       };
       const Run v16 = run(hils::gpu::SelectKernel::two_pass_v16);
       const Run v20 = run(hils::gpu::SelectKernel::two_pass_v20);
+      const Run v21 = run(hils::gpu::SelectKernel::two_pass_v21);
       auto floats = [](const gt::GuardedBuffer& b) {
         const auto bytes = b.download();
         std::vector<float> f(bytes.size() / 4);
@@ -504,6 +519,8 @@ TEST_CASE("gpu selection v20 scores its choices from the bf16 k' it ranked with"
       const std::vector<float> s32 = floats(surrogate), s16 = floats(surrogate_bf16);
       INFO("case " << c.name << " preset " << preset);
       CHECK(v20.selection == v16.selection);
+      CHECK(v21.selection == v20.selection);
+      CHECK(v21.scores == v20.scores);
       const int64_t G = c.Hq / c.Hkv;
       int64_t checked = 0, off_v16 = 0, off_v20 = 0, rounding_visible = 0;
       for (int64_t h = 0; h < c.Hq; ++h)

@@ -44,7 +44,8 @@ int hils_gpu_select(const hils_gpu_problem* p, const float* key, const float* bi
 /* select_kernel: 0 = two_pass_v4, 1 = one_pass_v5, 2 = two_pass_v6, 3 = two_pass_v7,
    4 = two_pass_v8, 5 = two_pass_v9, 6 = two_pass_v10, 7 = two_pass_v11, 8 = two_pass_v12,
    9 = two_pass_v13, 10 = two_pass_v14, 11 = two_pass_v15, 12 = two_pass_v16,
-   13 = two_pass_v17, 14 = two_pass_v18, 15 = two_pass_v19, 16 = two_pass_v20
+   13 = two_pass_v17, 14 = two_pass_v18, 15 = two_pass_v19, 16 = two_pass_v20,
+   17 = two_pass_v21
    (hils_gpu_select runs the default, hils::gpu::default_select_kernel). */
 int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const float* key,
                          const float* bias, const float* exact, const float* lse_swa,
