@@ -158,6 +158,8 @@ const char* sparse_kernel_name(SparseKernel kernel) {
     case SparseKernel::chunked_v25: return "chunked_v25";
     case SparseKernel::chunked_v26: return "chunked_v26";
     case SparseKernel::chunked_v27: return "chunked_v27";
+    case SparseKernel::chunked_v28: return "chunked_v28";
+    case SparseKernel::chunked_v29: return "chunked_v29";
   }
   return "unknown";
 }
@@ -318,7 +320,7 @@ void fuse_rows(const MechanismSpec& spec, const Shape& shape, const DeviceInputs
           "shape", "the chunk-major sparse stage's packed shapes for rows other than f32",
           "another shape or the SIMT kernels");
   require(detail::fusion_rows_apply(detail::sparse_kernel()), "sparse_kernel",
-          "chunked_v24 to chunked_v27 for rows other than f32",
+          "chunked_v24 to chunked_v29 for rows other than f32",
           sparse_kernel_name(detail::sparse_kernel()));
   detail::launch_fuse_chunked(p, selection, selected_score,
                               detail::FusionRows{o_swa, o_swa_type, o, o_type}, lse_swa, lse, stream);

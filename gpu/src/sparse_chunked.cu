@@ -50,8 +50,13 @@
 // kernel and segment s's conversion in one launch (measured slower). chunked_v23 is v19 with the
 // bucket entries written by the weights kernel instead of a scatter launch (measured slower);
 // chunked_v24 is v23 with a conversion of 16 bytes per thread that discards the o16 lines it read
-// from the L2; chunked_v25 (the default) is v19 with v24's conversion. v24 and v25 also read an
-// fp16 o_swa and write a bf16 o (hils::gpu::fuse_rows; gpu/NOTES.md "Sparse v23, v24, v25").
+// from the L2; chunked_v25 is v19 with v24's conversion. v24 to v29 also read an fp16 o_swa and
+// write a bf16 o (hils::gpu::fuse_rows; gpu/NOTES.md "Sparse v23, v24, v25"). chunked_v26 is v25
+// with a persistent chunk kernel (items taken from a cursor), segments that split T evenly and
+// the count's tiles shortened at short T; chunked_v27 is v26 with q two steps ahead (measured
+// equal); chunked_v28 is v26 with several threads per chunk in the describe; chunked_v29 (the
+// default) is v28 with the describe, the scatter and segment 0's pair weights in one launch
+// (gpu/NOTES.md "Sparse v26, v27").
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -216,33 +221,52 @@ __global__ void __launch_bounds__(kCountThreads)
 
 // chunked_v8: describe_items_kernel over every segment, thread s n_ch + i for chunk i of
 // segment s (its offsets and items at s (n_ch + 1), its descriptors at s max_items).
-__global__ void describe_segment_items_kernel(const int32_t* offsets, const int32_t* items,
-                                              int64_t n_ch, int64_t n_seg, int64_t max_items,
-                                              int per_item, ItemDesc* item_desc) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n_seg * n_ch) return;
-  const int64_t s = i / n_ch, chunk = i % n_ch, at = s * (n_ch + 1) + chunk;
-  const int32_t first = offsets[at], count = offsets[at + 1] - first;
-  ItemDesc* desc = item_desc + s * max_items;
-  for (int32_t done = 0, it = items[at]; done < count; done += per_item, ++it)
+// chunked_v28, v29: 2^log2_lanes threads per chunk (lane l writes the chunk's items l, l + lanes,
+// ...), as many as the chunks' mean item count (at 16K one thread wrote ~32 descriptors one after
+// another); log2_lanes = 0: one thread per chunk, as before.
+struct DescribeArgs {
+  const int32_t* offsets;
+  const int32_t* items;
+  int64_t n_ch, n_seg, max_items;
+  int per_item, log2_lanes;
+  ItemDesc* item_desc;
+};
+__device__ __forceinline__ void describe_segment_items(int64_t thread, const DescribeArgs& a) {
+  const int64_t i = thread >> a.log2_lanes;
+  if (i >= a.n_seg * a.n_ch) return;
+  const int lanes = 1 << a.log2_lanes, lane = static_cast<int>(thread & (lanes - 1));
+  const int64_t s = i / a.n_ch, chunk = i % a.n_ch, at = s * (a.n_ch + 1) + chunk;
+  const int32_t first = a.offsets[at], count = a.offsets[at + 1] - first;
+  ItemDesc* desc = a.item_desc + s * a.max_items;
+  for (int32_t done = lane * a.per_item, it = a.items[at] + lane; done < count;
+       done += lanes * a.per_item, it += lanes)
     desc[it] = ItemDesc{static_cast<int32_t>(chunk), first + done,
-                        count - done < per_item ? count - done : per_item, 0};
+                        count - done < a.per_item ? count - done : a.per_item, 0};
+}
+__global__ void describe_segment_items_kernel(DescribeArgs a) {
+  describe_segment_items(static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, a);
 }
 
 // chunked_v8: pair i into its segment's buckets (segment s at s bucket_stride) at its chunk's
 // offset plus its rank; entry (t - s seg) << 6 | slot as below.
-__global__ void scatter_ranked_pairs_kernel(const int32_t* selection, const int32_t* rank,
-                                            uint32_t TK, uint32_t K, uint32_t seg, uint32_t nc,
-                                            uint32_t n_ch, uint32_t n_pairs,
-                                            const int32_t* offsets, int64_t bucket_stride,
-                                            uint32_t* bucket) {
-  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n_pairs) return;
-  const int32_t c = selection[i];
+struct ScatterArgs {
+  const int32_t* selection;
+  const int32_t* rank;
+  uint32_t TK, K, seg, nc, n_ch, n_pairs;
+  const int32_t* offsets;
+  int64_t bucket_stride;
+  uint32_t* bucket;
+};
+__device__ __forceinline__ void scatter_ranked_pair(uint32_t i, const ScatterArgs& a) {
+  if (i >= a.n_pairs) return;
+  const int32_t c = a.selection[i];
   if (c < 0) return;
-  const uint32_t g = i / TK, rest = i % TK, t = rest / K, s = t / seg;
-  const int32_t pos = offsets[s * (n_ch + 1) + g * nc + c] + rank[i];
-  bucket[s * bucket_stride + pos] = ((t - s * seg) << 6) | (rest % K);
+  const uint32_t g = i / a.TK, rest = i % a.TK, t = rest / a.K, s = t / a.seg;
+  const int32_t pos = a.offsets[s * (a.n_ch + 1) + g * a.nc + c] + a.rank[i];
+  a.bucket[s * a.bucket_stride + pos] = ((t - s * a.seg) << 6) | (rest % a.K);
+}
+__global__ void scatter_ranked_pairs_kernel(ScatterArgs a) {
+  scatter_ranked_pair(blockIdx.x * blockDim.x + threadIdx.x, a);
 }
 
 // Bucket entry: (t - t0) << 6 | slot.
@@ -1605,6 +1629,55 @@ void launch_chunk_v6(unsigned grid, cudaStream_t stream, const LaunchParams& p, 
       p, t0, seg, nc, items, item_desc, bucket, partial);
 }
 
+// chunked_v28, v29: log2 of the describe's threads per chunk: the chunks' mean item count
+// (seg K / (per_item nc)) rounded up to a power of two, at most 32 (16K: 32; 128K: 4; 512K: 1).
+int log2_describe_lanes(const LaunchParams& p, int64_t seg, int per_item) {
+  const int64_t nc = p.T / p.S, mean = (seg * p.K + per_item * nc - 1) / (per_item * (nc > 0 ? nc : 1));
+  int bits = 0;
+  while (bits < 5 && (int64_t{1} << bits) < mean) ++bits;
+  return bits;
+}
+
+// chunked_v29: the describe (blocks [0, describe_blocks)), the scatter (the next scatter_blocks) and
+// pair_weights_block of segment 0 (queries [0, tn): the rest) in one launch of 256-thread blocks:
+// all three read only the count's and the scan's results, so the chunk kernel is the first to
+// need them all.
+template <int G, typename OSwa>
+__global__ void __launch_bounds__(kReduceWarps * kWarp, 4)
+    bucket_and_weights_kernel(DescribeArgs describe, unsigned describe_blocks, ScatterArgs scatter,
+                              unsigned scatter_blocks, LaunchParams p, int64_t tn, int64_t nc,
+                              const int32_t* selection, const float* selected_score, const OSwa* o_swa,
+                              const float* lse_swa, const int32_t* rank, SegmentTables tables, __half* o16,
+                              float* lse) {
+  static_assert(kReduceWarps * kWarp == 256, "the describe and the scatter run 256-thread blocks");
+  if (blockIdx.x < describe_blocks)
+    describe_segment_items(static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x, describe);
+  else if (blockIdx.x < describe_blocks + scatter_blocks)
+    scatter_ranked_pair((blockIdx.x - describe_blocks) * 256 + threadIdx.x, scatter);
+  else
+    pair_weights_block<G, WeightLoads::all_first_half_warps, false, OSwa>(
+        blockIdx.x - describe_blocks - scatter_blocks, p, 0, tn, nc, selection, selected_score, o_swa,
+        lse_swa, rank, tables, o16, lse);
+}
+
+template <int G>
+void launch_bucket_and_weights(const DescribeArgs& describe, unsigned describe_blocks, const ScatterArgs& scatter,
+                               unsigned scatter_blocks, const LaunchParams& p, int64_t tn, int64_t nc,
+                               const int32_t* selection, const float* selected_score, const FusionRows& rows,
+                               const float* lse_swa, const int32_t* rank, const SegmentTables& tables,
+                               __half* o16, float* lse, cudaStream_t stream) {
+  const unsigned blocks =
+      describe_blocks + scatter_blocks + static_cast<unsigned>((p.Hkv * tn + kReduceWarps - 1) / kReduceWarps);
+  if (rows.o_swa_type == RowType::f16)
+    bucket_and_weights_kernel<G, __half><<<blocks, kReduceWarps * kWarp, 0, stream>>>(
+        describe, describe_blocks, scatter, scatter_blocks, p, tn, nc, selection, selected_score,
+        static_cast<const __half*>(rows.o_swa), lse_swa, rank, tables, o16, lse);
+  else
+    bucket_and_weights_kernel<G, float><<<blocks, kReduceWarps * kWarp, 0, stream>>>(
+        describe, describe_blocks, scatter, scatter_blocks, p, tn, nc, selection, selected_score,
+        static_cast<const float*>(rows.o_swa), lse_swa, rank, tables, o16, lse);
+}
+
 // chunked_v8, v9 and v10: the pairs of all query segments bucketed at once (one count with ranks,
 // one scan launch with a block per segment, one describe, one scatter), then per segment the
 // chunk kernel (v8: chunked_v6's, v9: the wgmma one) and the reduce; v10 per segment: the fusion
@@ -1624,7 +1697,12 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   const bool weights_scatter = kernel == SparseKernel::chunked_v23 || kernel == SparseKernel::chunked_v24;
   // chunked_v25: v19 (its scatter) with v24's conversion; v26, v27: v25 with the persistent
   // chunk kernel (below).
-  const bool persistent = kernel == SparseKernel::chunked_v26 || kernel == SparseKernel::chunked_v27;
+  // v28: v26 with several threads per chunk in the describe; v29: v28 with the describe, the
+  // scatter and segment 0's pair weights in one launch.
+  const bool post_scan_launch = kernel == SparseKernel::chunked_v29;
+  const bool describe_lanes = kernel == SparseKernel::chunked_v28 || post_scan_launch;
+  const bool persistent = kernel == SparseKernel::chunked_v26 || kernel == SparseKernel::chunked_v27 ||
+                          describe_lanes;
   const bool discard_convert =
       kernel == SparseKernel::chunked_v24 || kernel == SparseKernel::chunked_v25 || persistent;
   const bool pair_weights = kernel == SparseKernel::chunked_v11 || kernel == SparseKernel::chunked_v12 ||
@@ -1700,6 +1778,21 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   auto* bucket = reinterpret_cast<uint32_t*>(take(bucket_bytes));
   auto* item_desc = reinterpret_cast<ItemDesc*>(take(desc_bytes));
   auto* partial = reinterpret_cast<__half*>(take(partial_bytes));
+  // The pair weights of segment s (v17: every segment's at once; v20: two alternating buffers).
+  const auto segment_pair_weight = [&](int64_t s) {
+    return reinterpret_cast<float*>(partial) +
+           (weights_at_once ? s : overlapped ? s % 2 : 0) * pair_weight_stride;
+  };
+  const auto weight_blocks = [&](int64_t tn) {
+    return static_cast<unsigned>((p.Hkv * tn + kReduceWarps - 1) / kReduceWarps);
+  };
+  const auto segment_tables = [&](int64_t t0) {
+    return SegmentTables{seg, offsets + t0 / seg * (n_ch + 1), n_ch + 1, segment_pair_weight(t0 / seg),
+                         pair_weight_stride, weights_scatter ? bucket + t0 / seg * bucket_stride : nullptr,
+                         bucket_stride};
+  };
+  // o in fp16 (v10 and later), after the weights.
+  const auto o16_of = [&] { return reinterpret_cast<__half*>(reinterpret_cast<char*>(partial) + weights_bytes); };
   if (n_ch > 0 && n_pairs > 0) {
     cudaMemsetAsync(counts, 0, counts_bytes + cursor_bytes, stream);  // the cursors follow the counts
     // Blocks past a segment's item count read a descriptor before they know it: never stale bytes
@@ -1726,31 +1819,25 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
     }
     scan_kernel<<<static_cast<unsigned>(n_seg), kScanThreads, 0, stream>>>(counts, n_ch, kPairs,
                                                                            offsets, items);
-    describe_segment_items_kernel<<<static_cast<unsigned>((n_seg * n_ch + 255) / 256), 256, 0,
-                                    stream>>>(offsets, items, n_ch, n_seg, max_items, kPairs,
-                                              item_desc);
-    if (!weights_scatter)
-      scatter_ranked_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, rank, TK, K, seg32, nc32,
-                                                               n_ch32, n_pairs32, offsets,
-                                                               bucket_stride, bucket);
+    const DescribeArgs describe{offsets, items, n_ch, n_seg, max_items, kPairs,
+                                describe_lanes ? log2_describe_lanes(p, seg, kPairs) : 0, item_desc};
+    const auto describe_blocks =
+        static_cast<unsigned>(((n_seg * n_ch << describe.log2_lanes) + 255) / 256);
+    const ScatterArgs scatter{selection, rank, TK, K, seg32, nc32, n_ch32, n_pairs32, offsets, bucket_stride,
+                              bucket};
+    if (post_scan_launch) {  // chunked_v29: with segment 0's pair weights
+      launch_bucket_and_weights<G>(describe, describe_blocks, scatter, blocks, p, seg < p.T ? seg : p.T, nc,
+                                   selection, selected_score, rows, lse_swa, rank, segment_tables(0),
+                                   o16_of(), lse, stream);
+    } else {
+      describe_segment_items_kernel<<<describe_blocks, 256, 0, stream>>>(describe);
+      if (!weights_scatter) scatter_ranked_pairs_kernel<<<blocks, 256, 0, stream>>>(scatter);
+    }
   }
-  // The pair weights of segment s (v17: every segment's at once; v20: two alternating buffers).
-  const auto segment_pair_weight = [&](int64_t s) {
-    return reinterpret_cast<float*>(partial) +
-           (weights_at_once ? s : overlapped ? s % 2 : 0) * pair_weight_stride;
-  };
-  const auto weight_blocks = [&](int64_t tn) {
-    return static_cast<unsigned>((p.Hkv * tn + kReduceWarps - 1) / kReduceWarps);
-  };
-  const auto segment_tables = [&](int64_t t0) {
-    return SegmentTables{seg, offsets + t0 / seg * (n_ch + 1), n_ch + 1, segment_pair_weight(t0 / seg),
-                         pair_weight_stride, weights_scatter ? bucket + t0 / seg * bucket_stride : nullptr,
-                         bucket_stride};
-  };
   const auto launch_pair_weights = [&](int64_t t0, int64_t tn, bool after_previous) {
     const auto group_blocks = weight_blocks(tn);
     const SegmentTables tables = segment_tables(t0);
-    auto* o16 = reinterpret_cast<__half*>(reinterpret_cast<char*>(partial) + weights_bytes);
+    auto* o16 = o16_of();
     const auto launch = [&](auto kernel_fn) {
       launch_after_previous(after_previous, kernel_fn, group_blocks, kReduceWarps * kWarp, 0, stream, p,
                             t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank, tables, o16, lse);
@@ -1779,8 +1866,9 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
       auto* pair_weight = segment_pair_weight(s);
       auto* o16 = reinterpret_cast<__half*>(reinterpret_cast<char*>(partial) + weights_bytes);
       if (pair_weights) {
-        // v17: all at once above; v20, v22: segment s > 0's with segment s - 1's kernels below.
-        if (!weights_at_once && !((overlapped || weights_with_convert) && s > 0))
+        // v17: all at once above; v20, v22: segment s > 0's with segment s - 1's kernels below;
+        // v29: segment 0's with the descriptors and the scatter above.
+        if (!weights_at_once && !((overlapped || weights_with_convert) && s > 0) && !(post_scan_launch && s == 0))
           launch_pair_weights(t0, tn, false);
       } else {
         fusion_weights_kernel<__half><<<row_blocks, kReduceWarps * kWarp, 0, stream>>>(
@@ -1789,7 +1877,7 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
       if (n_ch > 0 && n_pairs > 0) {
         const auto grid = static_cast<unsigned>((p.Hkv * tn * p.K + kPairs - 1) / kPairs + n_ch);
         constexpr int kBytes = kWarpsPerBlock * 2 * 16 * kTilePitch * sizeof(__nv_bfloat16);
-        if (kernel == SparseKernel::chunked_v26)
+        if (kernel == SparseKernel::chunked_v26 || describe_lanes)
           launch_chunk_persistent<G, 2>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
                                         item_desc + s * max_items, bucket + s * bucket_stride, o16,
                                         pair_weight, item_cursor + s);
@@ -1953,7 +2041,8 @@ bool chunked_fuse_applies(const LaunchParams& p) {
 
 bool fusion_rows_apply(SparseKernel kernel) {
   return kernel == SparseKernel::chunked_v24 || kernel == SparseKernel::chunked_v25 ||
-         kernel == SparseKernel::chunked_v26 || kernel == SparseKernel::chunked_v27;
+         kernel == SparseKernel::chunked_v26 || kernel == SparseKernel::chunked_v27 ||
+         kernel == SparseKernel::chunked_v28 || kernel == SparseKernel::chunked_v29;
 }
 
 void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
@@ -1974,7 +2063,8 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
       kernel == SparseKernel::chunked_v20 || kernel == SparseKernel::chunked_v21 ||
       kernel == SparseKernel::chunked_v22 || kernel == SparseKernel::chunked_v23 ||
       kernel == SparseKernel::chunked_v24 || kernel == SparseKernel::chunked_v25 ||
-      kernel == SparseKernel::chunked_v26 || kernel == SparseKernel::chunked_v27) {
+      kernel == SparseKernel::chunked_v26 || kernel == SparseKernel::chunked_v27 ||
+      kernel == SparseKernel::chunked_v28 || kernel == SparseKernel::chunked_v29) {
     switch (p.Hq / p.Hkv) {
       case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, rows, lse_swa, lse, kernel, stream);
       case 2: return launch_bucketed_once_g<2>(p, selection, selected_score, rows, lse_swa, lse, kernel, stream);

@@ -113,6 +113,9 @@ enum class SparseKernel {
                 // segments that split T evenly, the count's tiles shortened at short T (the same
                 // values)
   chunked_v27,  // chunked_v26 with the q rows fetched two 64-row steps ahead (three stages)
+  chunked_v28,  // chunked_v26 with the item descriptors written by several threads per chunk
+  chunked_v29,  // chunked_v28 with the descriptors, the scatter and the first segment's pair
+                // weights in one launch
 };
 // Every SparseKernel, in the order of their values.
 constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
@@ -126,7 +129,8 @@ constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKerne
                                            SparseKernel::chunked_v20, SparseKernel::chunked_v21,
                                            SparseKernel::chunked_v22, SparseKernel::chunked_v23,
                                            SparseKernel::chunked_v24, SparseKernel::chunked_v25,
-                                           SparseKernel::chunked_v26, SparseKernel::chunked_v27};
+                                           SparseKernel::chunked_v26, SparseKernel::chunked_v27,
+                                           SparseKernel::chunked_v28, SparseKernel::chunked_v29};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
 // Whether the sparse stage runs wgmma (sm_90a; wgmma_available below). Every kernel is listed,
@@ -156,13 +160,16 @@ constexpr bool uses_wgmma(SparseKernel kernel) {
     case SparseKernel::chunked_v24:
     case SparseKernel::chunked_v25:
     case SparseKernel::chunked_v26:
-    case SparseKernel::chunked_v27: return true;
+    case SparseKernel::chunked_v27:
+    case SparseKernel::chunked_v28:
+    case SparseKernel::chunked_v29: return true;
   }
   return true;
 }
-// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v25 (v19 with
-// the 16-byte conversion; it also takes fuse_rows' fp16 o_swa and bf16 o).
-constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v25;
+// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v29 (v25's
+// arithmetic with the persistent chunk kernel, even segments and fewer, shorter launches at short
+// T; it also takes fuse_rows' fp16 o_swa and bf16 o).
+constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v29;
 // The sparse stage without wgmma where wgmma cannot run: chunked_v21 (v19's weights kernel,
 // count and segments with v6's mma.sync chunk kernel).
 constexpr SparseKernel kSparseKernelWithoutWgmma = SparseKernel::chunked_v21;
@@ -376,7 +383,7 @@ void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
           const int32_t* selection, const float* selected_score, const float* o_swa,
           const float* lse_swa, float* o, float* lse, cudaStream_t stream = nullptr);
 // fuse (hierarchical fusion) with o_swa read as o_swa_type (f32 or f16) and o written as o_type
-// (f32 or bf16). Other than f32 needs the chunk-major sparse stage chunked_v24 to chunked_v27
+// (f32 or bf16). Other than f32 needs the chunk-major sparse stage chunked_v24 to chunked_v29
 // (packed shapes, set_sparse_kernel); elsewhere, and for other types, std::invalid_argument
 // names the field.
 // The arithmetic is fuse's (fp32, o summed in fp16); an fp16 o_swa rounds the window rows to
