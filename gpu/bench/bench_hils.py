@@ -132,7 +132,7 @@ def hils_run(lib, T, gen, hils_o="f32"):
         # pass 2 head-major (v13), two tiles per pass-1 step (v14: on v13, v15: on v12), v15 without
         # its spills (v16), the scores by a kernel of their own (v17), pass 1's mass without a
         # running maximum (v18), 1/8 of its exponentials on the FMA pipe (v19), and v17's scores
-        # summed from bf16 k' (v20), in fewer instructions (v21: v20's bytes) (gpu/NOTES.md).
+        # summed from bf16 k' (v20), in fewer instructions (v21, v22: v20's bytes) (gpu/NOTES.md).
         "select_v4": time_ms(lambda: st.select("two_pass_v4"), reps=3),
         "select_v5": time_ms(lambda: st.select("one_pass_v5"), reps=3),
         "select_v6": time_ms(lambda: st.select("two_pass_v6"), reps=3),
@@ -151,6 +151,7 @@ def hils_run(lib, T, gen, hils_o="f32"):
         "select_v19": time_ms(lambda: st.select("two_pass_v19"), reps=3),
         "select_v20": time_ms(lambda: st.select("two_pass_v20"), reps=3),
         "select_v21": time_ms(lambda: st.select("two_pass_v21"), reps=3),
+        "select_v22": time_ms(lambda: st.select("two_pass_v22"), reps=3),
     }
     # Every version of the sparse stage by name ("sparse" is the library's default).
     default_sparse = hc.sparse_kernel(lib)

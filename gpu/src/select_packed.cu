@@ -681,8 +681,11 @@ __global__ void __launch_bounds__(256, 3)
 // slot 4 s + group, s = part bit-reversed, and stores it. The pairs added are dot8's tree's
 // ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)) over the parts, as v20's butterfly adds
 // them (each add commutes exactly), then sigma sum + b': v20's bytes by construction.
-template <int G>
-__global__ void __launch_bounds__(256, 3)
+// kPlain (v22): every slot's key part and bias loaded without a test (a slot past the row's
+// entries reads chunk 0 of the head, which its sums, never stored, ignore; no selects of zeros),
+// and 4 blocks of 8 warps per SM (64 registers) instead of 3.
+template <int G, bool kPlain = false>
+__global__ void __launch_bounds__(256, kPlain ? 4 : 3)
     selected_scores_lean_kernel(LaunchParams p, const __nv_bfloat16* key, const float* bias,
                                 const int32_t* selection, float* selected_score) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / kWarp, g = blockIdx.y;
@@ -714,11 +717,12 @@ __global__ void __launch_bounds__(256, 3)
     const int64_t h = g * G + hg;
     const __nv_bfloat16* key_h = key + static_cast<uint32_t>(h) * nc * kTileDim;
     const uint4 q_raw = *reinterpret_cast<const uint4*>(qr + (h * p.T + t) * kTileDim + 8 * part);
-    const float b_out = out_valid ? bias[h * nc + c_out] : 0.0f;
+    const float b_out = kPlain ? bias[h * nc + (out_valid ? c_out : 0)] : out_valid ? bias[h * nc + c_out] : 0.0f;
     uint4 raw[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j)
-      raw[j] = (valid >> j) & 1u ? *reinterpret_cast<const uint4*>(key_h + key_offset[j]) : make_uint4(0u, 0u, 0u, 0u);
+      raw[j] = kPlain || (valid >> j) & 1u ? *reinterpret_cast<const uint4*>(key_h + key_offset[j])
+                                           : make_uint4(0u, 0u, 0u, 0u);
     float qf[8];
     bf16x8_to_float(q_raw, qf);
     float v[8];
@@ -2038,7 +2042,8 @@ bool scores_in_q_smem_blocks(PackedSelect kernel) {
          kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15 ||
          kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17 ||
          kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19 ||
-         kernel == PackedSelect::two_pass_v20 || kernel == PackedSelect::two_pass_v21;
+         kernel == PackedSelect::two_pass_v20 || kernel == PackedSelect::two_pass_v21 ||
+         kernel == PackedSelect::two_pass_v22;
 }
 
 // Queries per block of each kernel (threads: 2 per query).
@@ -2098,6 +2103,7 @@ SelectKernelFn select_kernel_of(PackedSelect kernel) {
     case PackedSelect::two_pass_v17:
     case PackedSelect::two_pass_v20:  // v17's selection; the scores from bf16 k' (launch_select_g)
     case PackedSelect::two_pass_v21:  // the same; the scores by selected_scores_lean_kernel
+    case PackedSelect::two_pass_v22:  // the same; the scores by selected_scores_lean_kernel<G, true>
       return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::separate, Lean::pass2_q32,
                                   Pass1::pairs>;
     case PackedSelect::two_pass_v18:
@@ -2144,6 +2150,9 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
                                                                               selected_score);
   if (kernel == PackedSelect::two_pass_v21)  // v21: v20's sums in fewer instructions (K <= 32)
     selected_scores_lean_kernel<G><<<scores_grid, 256, 0, stream>>>(p, key_bf16, bias, selection, selected_score);
+  if (kernel == PackedSelect::two_pass_v22)  // v22: v21's without load tests, 4 blocks per SM
+    selected_scores_lean_kernel<G, true><<<scores_grid, 256, 0, stream>>>(p, key_bf16, bias, selection,
+                                                                          selected_score);
   give_back_scratch(scratch, stream);
 }
 
@@ -2168,14 +2177,15 @@ void launch_select_packed(const LaunchParams& p, const float* key, const float* 
                            kernel == PackedSelect::two_pass_v15 || kernel == PackedSelect::two_pass_v16 ||
                            kernel == PackedSelect::two_pass_v17 || kernel == PackedSelect::two_pass_v18 ||
                            kernel == PackedSelect::two_pass_v19 || kernel == PackedSelect::two_pass_v20 ||
-                           kernel == PackedSelect::two_pass_v21) &&
+                           kernel == PackedSelect::two_pass_v21 || kernel == PackedSelect::two_pass_v22) &&
                           p.K > kWarp);
-  // v16 to v21 offset q~ rows in 32 bits (Hq T 64 < 2^32); longer sequences run v15 (the same
-  // selection and bytes as v16 and v17; v18 and v19 differ from it only where v8 does, v20 and v21
+  // v16 to v22 offset q~ rows in 32 bits (Hq T 64 < 2^32); longer sequences run v15 (the same
+  // selection and bytes as v16 and v17; v18 and v19 differ from it only where v8 does, v20 to v22
   // in their scores' rounding).
   const bool long_rows = (kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17 ||
                           kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19 ||
-                          kernel == PackedSelect::two_pass_v20 || kernel == PackedSelect::two_pass_v21) &&
+                          kernel == PackedSelect::two_pass_v20 || kernel == PackedSelect::two_pass_v21 ||
+                          kernel == PackedSelect::two_pass_v22) &&
                          p.Hq * p.T * kTileDim > UINT32_MAX;
   const PackedSelect one = fall_back ? PackedSelect::two_pass_v4 : long_rows ? PackedSelect::two_pass_v15 : kernel;
   if (uses_wgmma(one) && !wgmma_runs_on_current_device())

@@ -465,7 +465,8 @@ TEST_CASE("gpu selections with pass 1's mass unshifted (v18 and v19) pass the or
 // writer that read the fp32 rows, another head's row or another chunk's row fails. (lmk's k' are
 // bf16 keys, which the rounding leaves as they are: there v20's scores are v16's bytes.) v21 sums
 // v20's scores in another kernel (selected_scores_lean_kernel: its partial sums reduced by one
-// reduce-scatter per head, in the same pairs): its selections and scores must be v20's bytes.
+// reduce-scatter per head, in the same pairs): its selections and scores must be v20's bytes, and
+// so must v22's (v21's kernel with the slots past a row's entries summed from chunk 0's row).
 TEST_CASE("gpu selection v20 scores its choices from the bf16 k' it ranked with", "[gpu]") {
   // clang-format off
   static constexpr Case kCases[] = {
@@ -510,6 +511,7 @@ TEST_CASE("gpu selection v20 scores its choices from the bf16 k' it ranked with"
       const Run v16 = run(hils::gpu::SelectKernel::two_pass_v16);
       const Run v20 = run(hils::gpu::SelectKernel::two_pass_v20);
       const Run v21 = run(hils::gpu::SelectKernel::two_pass_v21);
+      const Run v22 = run(hils::gpu::SelectKernel::two_pass_v22);
       auto floats = [](const gt::GuardedBuffer& b) {
         const auto bytes = b.download();
         std::vector<float> f(bytes.size() / 4);
@@ -521,6 +523,8 @@ TEST_CASE("gpu selection v20 scores its choices from the bf16 k' it ranked with"
       CHECK(v20.selection == v16.selection);
       CHECK(v21.selection == v20.selection);
       CHECK(v21.scores == v20.scores);
+      CHECK(v22.selection == v20.selection);
+      CHECK(v22.scores == v20.scores);
       const int64_t G = c.Hq / c.Hkv;
       int64_t checked = 0, off_v16 = 0, off_v20 = 0, rounding_visible = 0;
       for (int64_t h = 0; h < c.Hq; ++h)

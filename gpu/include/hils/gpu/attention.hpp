@@ -268,16 +268,16 @@ void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const Devic
                       cudaStream_t stream = nullptr);
 // Which packed selection kernel runs (gpu/NOTES.md has each version's numbers). All but
 // two_pass_v18 and two_pass_v19 give the same selection (selections_identical_to_v8); those two
-// may differ at near ties, within the oracle's margin. All but those, two_pass_v20 and
-// two_pass_v21 give the same selected scores; v20 and v21 sum them from the bf16 k' the ranking
-// scored. two_pass_v21 is the default (kDefaultSelectKernel): v16 (v10, i.e. v8 scored by wgmma on
+// may differ at near ties, within the oracle's margin. All but those and two_pass_v20 to
+// two_pass_v22 give the same selected scores; v20 to v22 sum them from the bf16 k' the ranking
+// scored. two_pass_v22 is the default (kDefaultSelectKernel): v16 (v10, i.e. v8 scored by wgmma on
 // sm_90a with 128 queries per block, pass 2's per-step overhead trimmed (v12), two k' tiles per
 // pass-1 step (v15) and pass 2's copy state in 32 bits) with the selected scores by a kernel of
-// their own (v17) that reads the bf16 k' rows (v20) and sums them in fewer instructions (v21: v20's
-// bytes; gpu/NOTES.md v21); v4 to v20 stay reachable as the benchmark's comparison points.
+// their own (v17) that reads the bf16 k' rows (v20) and sums them in fewer instructions (v21, v22:
+// v20's bytes; gpu/NOTES.md v21, v22); v4 to v21 stay reachable as the benchmark's comparison points.
 // one_pass_v5 applies to the default group rule (max_normalized); for the others it falls back
 // to two_pass_v4. v6 and v8 form their bounds for K <= 32 and the normalised group rules; v6 runs
-// as v4 otherwise, v8 takes K <= 32 (else two_pass_v4), and so do v9 to v21.
+// as v4 otherwise, v8 takes K <= 32 (else two_pass_v4), and so do v9 to v22.
 enum class SelectKernel {
   two_pass_v4,  // pass 1: log Z_hat per head; pass 2: group scores offered to the top-K lists
   one_pass_v5,  // per head a running log Z_hat and its K best; the union ranked at the end
@@ -306,6 +306,7 @@ enum class SelectKernel {
                  // by k''s bf16 rounding; gpu/NOTES.md v20)
   two_pass_v21,  // v20 with its scores kernel's sums in fewer instructions (entries read once per
                  // query, one reduce-scatter per head): v20's selections and scores bit for bit
+  two_pass_v22,  // v21 with the scores kernel's loads untested and 4 blocks per SM: v20's bytes
 };
 // Every SelectKernel, in the order of their values.
 constexpr SelectKernel kSelectKernels[] = {
@@ -314,8 +315,9 @@ constexpr SelectKernel kSelectKernels[] = {
     SelectKernel::two_pass_v10, SelectKernel::two_pass_v11, SelectKernel::two_pass_v12,
     SelectKernel::two_pass_v13, SelectKernel::two_pass_v14, SelectKernel::two_pass_v15,
     SelectKernel::two_pass_v16, SelectKernel::two_pass_v17, SelectKernel::two_pass_v18,
-    SelectKernel::two_pass_v19, SelectKernel::two_pass_v20, SelectKernel::two_pass_v21};
-constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v21;
+    SelectKernel::two_pass_v19, SelectKernel::two_pass_v20, SelectKernel::two_pass_v21,
+    SelectKernel::two_pass_v22};
+constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v22;
 // The selection without wgmma where wgmma cannot run (wgmma_available).
 constexpr SelectKernel kSelectKernelWithoutWgmma = SelectKernel::two_pass_v8;
 // The kernel's name as above ("two_pass_v12", ...).
@@ -341,13 +343,14 @@ constexpr bool uses_wgmma(SelectKernel kernel) {
     case SelectKernel::two_pass_v18:
     case SelectKernel::two_pass_v19:
     case SelectKernel::two_pass_v20:
-    case SelectKernel::two_pass_v21: return true;
+    case SelectKernel::two_pass_v21:
+    case SelectKernel::two_pass_v22: return true;
   }
   return true;
 }
 
 // Whether the kernel's selections equal v8's bit for bit by construction: every kernel but
-// two_pass_v18 and two_pass_v19 (two_pass_v20's and two_pass_v21's selected scores differ from
+// two_pass_v18 and two_pass_v19 (the selected scores of two_pass_v20 to two_pass_v22 differ from
 // v8's; see above).
 constexpr bool selections_identical_to_v8(SelectKernel kernel) {
   return kernel != SelectKernel::two_pass_v18 && kernel != SelectKernel::two_pass_v19;
