@@ -116,6 +116,11 @@ enum class SparseKernel {
   chunked_v28,  // chunked_v26 with the item descriptors written by several threads per chunk
   chunked_v29,  // chunked_v28 with the descriptors, the scatter and the first segment's pair
                 // weights in one launch
+  chunked_v30,  // chunked_v29 with each pair's bucket entry and weights (fp16) in one record
+                // written by the weights kernel (no scatter)
+  chunked_v31,  // chunked_v29 with the pair weights in fp16
+  chunked_v32,  // chunked_v30 with the fp16 weights alone, the pair's query in their spare bits
+                // (G a multiple of 8; v30's records elsewhere)
 };
 // Every SparseKernel, in the order of their values.
 constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
@@ -130,7 +135,9 @@ constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKerne
                                            SparseKernel::chunked_v22, SparseKernel::chunked_v23,
                                            SparseKernel::chunked_v24, SparseKernel::chunked_v25,
                                            SparseKernel::chunked_v26, SparseKernel::chunked_v27,
-                                           SparseKernel::chunked_v28, SparseKernel::chunked_v29};
+                                           SparseKernel::chunked_v28, SparseKernel::chunked_v29,
+                                           SparseKernel::chunked_v30, SparseKernel::chunked_v31,
+                                           SparseKernel::chunked_v32};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
 // Whether the sparse stage runs wgmma (sm_90a; wgmma_available below). Every kernel is listed,
@@ -162,7 +169,10 @@ constexpr bool uses_wgmma(SparseKernel kernel) {
     case SparseKernel::chunked_v26:
     case SparseKernel::chunked_v27:
     case SparseKernel::chunked_v28:
-    case SparseKernel::chunked_v29: return true;
+    case SparseKernel::chunked_v29:
+    case SparseKernel::chunked_v30:
+    case SparseKernel::chunked_v31:
+    case SparseKernel::chunked_v32: return true;
   }
   return true;
 }
@@ -385,7 +395,7 @@ void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
           const int32_t* selection, const float* selected_score, const float* o_swa,
           const float* lse_swa, float* o, float* lse, cudaStream_t stream = nullptr);
 // fuse (hierarchical fusion) with o_swa read as o_swa_type (f32 or f16) and o written as o_type
-// (f32 or bf16). Other than f32 needs the chunk-major sparse stage chunked_v24 to chunked_v29
+// (f32 or bf16). Other than f32 needs the chunk-major sparse stage chunked_v24 to chunked_v32
 // (packed shapes, set_sparse_kernel); elsewhere, and for other types, std::invalid_argument
 // names the field.
 // The arithmetic is fuse's (fp32, o summed in fp16); an fp16 o_swa rounds the window rows to
