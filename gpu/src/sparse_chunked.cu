@@ -54,9 +54,9 @@
 // write a bf16 o (hils::gpu::fuse_rows; gpu/NOTES.md "Sparse v23, v24, v25"). chunked_v26 is v25
 // with a persistent chunk kernel (items taken from a cursor), segments that split T evenly and
 // the count's tiles shortened at short T; chunked_v27 is v26 with q two steps ahead (measured
-// equal); chunked_v28 is v26 with several threads per chunk in the describe; chunked_v29 (the
-// default) is v28 with the describe, the scatter and segment 0's pair weights in one launch
-// (gpu/NOTES.md "Sparse v26, v27"); chunked_v30 is v29 with each pair's bucket entry and fp16
+// equal); chunked_v28 is v26 with several threads per chunk in the describe; chunked_v29 is v28
+// with the describe, the scatter and segment 0's pair weights in one launch (gpu/NOTES.md
+// "Sparse v26, v27"); chunked_v30 (the default) is v29 with each pair's bucket entry and fp16
 // weights in one 32-byte record written by the weights kernel (no scatter), chunked_v31 v29 with
 // fp16 pair weights, chunked_v32 v30 with the fp16 weights alone (16 bytes for G = 8), the query
 // in their spare bits (gpu/NOTES.md "Sparse v30, v31, v32").

@@ -176,10 +176,11 @@ constexpr bool uses_wgmma(SparseKernel kernel) {
   }
   return true;
 }
-// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v29 (v25's
-// arithmetic with the persistent chunk kernel, even segments and fewer, shorter launches at short
-// T; it also takes fuse_rows' fp16 o_swa and bf16 o).
-constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v29;
+// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v30 (v29 with
+// each pair's bucket entry and fp16 weights in one record from the weights kernel, no scatter;
+// v29 is v25's arithmetic with the persistent chunk kernel, even segments and fewer, shorter
+// launches at short T; it also takes fuse_rows' fp16 o_swa and bf16 o).
+constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v30;
 // The sparse stage without wgmma where wgmma cannot run: chunked_v21 (v19's weights kernel,
 // count and segments with v6's mma.sync chunk kernel).
 constexpr SparseKernel kSparseKernelWithoutWgmma = SparseKernel::chunked_v21;

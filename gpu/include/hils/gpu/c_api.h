@@ -58,7 +58,7 @@ int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const
    19 = chunked_v23, 20 = chunked_v24, 21 = chunked_v25, 22 = chunked_v26, 23 = chunked_v27,
    24 = chunked_v28, 25 = chunked_v29, 26 = chunked_v30, 27 = chunked_v31,
    28 = chunked_v32 (until set:
-   hils::gpu::default_sparse_kernel(), i.e. chunked_v29, or chunked_v21 where wgmma cannot run;
+   hils::gpu::default_sparse_kernel(), i.e. chunked_v30, or chunked_v21 where wgmma cannot run;
    gpu/NOTES.md). Returns 2 for another value. */
 int hils_gpu_set_sparse_kernel(int32_t sparse_kernel);
 /* The sparse stage that runs now (the default until set), as the numbers above. */
