@@ -2158,16 +2158,9 @@ int scan_grid_cap = 0;  // set_decode_scan_grid_cap
 // The persistent scan's grid: as many blocks as fit on the device at once, at most `items`
 // (and at most scan_grid_cap when set).
 unsigned persistent_scan_blocks(size_t smem, int64_t items) {
-  int device = 0, sms = 0, per_sm = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess)
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_scan_persistent_kernel,
-                                                        kFastThreads, smem);
-  if (err != cudaSuccess)
-    throw std::runtime_error(std::string("decode_step: persistent scan occupancy: ") +
-                             cudaGetErrorString(err));
-  int64_t resident = static_cast<int64_t>(std::max(1, sms)) * std::max(1, per_sm);
+  const Residency r = kernel_residency(fused_scan_persistent_kernel, kFastThreads, smem,
+                                       "decode_step: persistent scan");
+  int64_t resident = static_cast<int64_t>(r.sms) * std::max(1, r.blocks_per_sm);
   if (scan_grid_cap > 0) resident = std::min<int64_t>(resident, scan_grid_cap);
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(items, resident)));
 }
@@ -2360,10 +2353,7 @@ void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, cons
                             static_cast<const void*>(cache.summary_scale)})
         require(reinterpret_cast<uintptr_t>(a) % 16 == 0,
                 "decode_scan_probe: flat_read needs 16-byte aligned summary arrays");
-      int device = 0, sms = 0;
-      if (cudaGetDevice(&device) != cudaSuccess ||
-          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-        throw std::runtime_error("decode_scan_probe: no device");
+      const int sms = device_sm_count("decode_scan_probe");
       constexpr unsigned kThreads = 256, kBlocksPerSm = 8;
       launch_kernel("flat read", flat_read_kernel, dim3(static_cast<unsigned>(sms) * kBlocksPerSm),
                     kThreads, 0, stream, false, static_cast<const uint4*>(cache.summary_key),

@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 namespace hils::gpu::detail {
 
@@ -144,6 +146,39 @@ cudaError_t launch_programmatic(bool after_previous, void (*kernel)(Params...), 
   config.attrs = attribute;
   config.numAttrs = after_previous ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
+// Host side: the current device's streaming multiprocessors. Throws, naming `who`, when the
+// device cannot be queried (a kernel launched next could not run either).
+inline int device_sm_count(const char* who) {
+  int device = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess || sms <= 0)
+    throw std::runtime_error(std::string(who) + ": cannot read the device's SM count: " +
+                             (err != cudaSuccess ? cudaGetErrorString(err) : "0 SMs"));
+  return sms;
+}
+
+// How many blocks of one kernel the device holds at once: what a persistent grid (one block per
+// slot) or a one-wave grid sizes itself by.
+struct Residency {
+  int sms = 0;            // the device's streaming multiprocessors
+  int blocks_per_sm = 0;  // the kernel's blocks one SM holds (0: it cannot launch with this shape)
+  int64_t blocks() const { return static_cast<int64_t>(sms) * blocks_per_sm; }
+};
+
+// Host side: the Residency of `kernel` launched with `threads` threads and `smem` bytes of
+// dynamic shared memory (its MaxDynamicSharedMemorySize attribute must already allow `smem`).
+// Throws, naming `who`, when a query fails.
+template <class Kernel>
+Residency kernel_residency(Kernel kernel, int threads, size_t smem, const char* who) {
+  Residency r;
+  r.sms = device_sm_count(who);
+  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.blocks_per_sm, kernel, threads, smem);
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string(who) + ": occupancy query: " + cudaGetErrorString(err));
+  return r;
 }
 
 }  // namespace hils::gpu::detail

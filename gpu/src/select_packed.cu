@@ -2067,12 +2067,8 @@ using SelectKernelFn = void (*)(LaunchParams, const float*, const __nv_bfloat16*
 // SM takes one block before any takes a second, and the second blocks can be the light ones),
 // else 0 (descending work only).
 int one_wave_first_round(SelectKernelFn fn, int threads, size_t smem, int64_t blocks) {
-  int device = 0, sms = 0, per_sm = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem) != cudaSuccess)
-    throw std::runtime_error(std::string("select_kernel: occupancy: ") + cudaGetErrorString(cudaGetLastError()));
-  return per_sm >= 2 && blocks > sms && blocks <= static_cast<int64_t>(sms) * per_sm ? sms : 0;
+  const Residency r = kernel_residency(fn, threads, smem, "select_kernel");
+  return r.blocks_per_sm >= 2 && blocks > r.sms && blocks <= r.blocks() ? r.sms : 0;
 }
 
 template <int G>

@@ -1005,14 +1005,12 @@ void launch_chunk_persistent(unsigned bound, cudaStream_t stream, const LaunchPa
   static const unsigned resident = [] {
     cudaFuncSetAttribute(chunk_attention_persistent_kernel<G, kQStages>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
-    int device = 0, sms = 0, per_sm = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, chunk_attention_persistent_kernel<G, kQStages>,
-                                                      kPackedThreads, kBytes) != cudaSuccess ||
-        sms <= 0 || per_sm <= 0)
-      return 1024u;  // a failure surfaces as the launch's error or, at worst, a smaller grid
-    return static_cast<unsigned>(sms * per_sm);
+    const Residency r = kernel_residency(chunk_attention_persistent_kernel<G, kQStages>, kPackedThreads,
+                                         kBytes, "sparse stage (persistent chunk kernel)");
+    if (r.blocks_per_sm <= 0)
+      throw std::runtime_error("sparse stage: the persistent chunk kernel fits no SM with " +
+                               std::to_string(kBytes) + " bytes of shared memory");
+    return static_cast<unsigned>(r.blocks());
   }();
   chunk_attention_persistent_kernel<G, kQStages><<<bound < resident ? bound : resident, kPackedThreads,
                                                    kBytes, stream>>>(p, t0, seg, nc, items, item_desc,
@@ -1594,13 +1592,7 @@ int64_t balanced_segment_queries(const LaunchParams& p, int64_t seg) {
 }
 
 int sm_count() {
-  static const int sms = [] {
-    int device = 0, n = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0)
-      n = 132;
-    return n;
-  }();
+  static const int sms = device_sm_count("sparse stage");
   return sms;
 }
 
