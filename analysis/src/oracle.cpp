@@ -12,20 +12,15 @@
 
 #include "hils/analysis/oracle.hpp"
 #include "oracle_gradients.hpp"
+#include "text_format.hpp"
 
 namespace hils::oracle {
 
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
+using detail::format;
 
-// printf-style formatting into a std::string (the analysis library has no fmt).
-template <class... Args>
-std::string format(const char* pattern, Args... args) {
-  char buffer[512];
-  std::snprintf(buffer, sizeof buffer, pattern, args...);
-  return buffer;
-}
+constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // Sizes that bound each compared quantity; the rounding floors scale with them.
 struct Magnitudes {

@@ -6,18 +6,13 @@
 #include <sstream>
 
 #include "hils/analysis/oracle.hpp"
+#include "text_format.hpp"
 
 namespace hils::oracle {
 
 namespace {
 
-// printf-style formatting into a std::string (the analysis library has no fmt).
-template <class... Args>
-std::string format(const char* pattern, Args... args) {
-  char buffer[512];
-  std::snprintf(buffer, sizeof buffer, pattern, args...);
-  return buffer;
-}
+using detail::format;
 
 std::string where(const std::string& row_label, const std::vector<int64_t>& row_ids, size_t h,
                   Eigen::Index row, Eigen::Index col) {

@@ -11,17 +11,11 @@
 #include <string>
 
 #include "hils/backward.hpp"
+#include "text_format.hpp"
 
 namespace hils::oracle::detail {
 
 namespace {
-
-template <class... Args>
-std::string format(const char* pattern, Args... args) {
-  char buffer[512];
-  std::snprintf(buffer, sizeof buffer, pattern, args...);
-  return buffer;
-}
 
 double max_abs(const std::vector<Matrix<double>>& heads) {
   double m = 0;

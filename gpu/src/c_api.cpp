@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "c_api_guard.hpp"
 #include "hils/gpu/attention.hpp"
 
 namespace {
@@ -52,18 +53,10 @@ Translated translate(const hils_gpu_problem& p) {
 // Runs `body` and maps its exceptions to the documented exit codes.
 template <class Body>
 int guarded(const hils_gpu_problem* p, Body body) {
-  try {
+  return hils::gpu::detail::call_guarded(g_last_error, [&] {
     if (p == nullptr) throw std::invalid_argument("problem: expected a pointer, got null");
     body(translate(*p));
-    g_last_error.clear();
-    return 0;
-  } catch (const std::invalid_argument& e) {
-    g_last_error = e.what();
-    return 2;
-  } catch (const std::exception& e) {
-    g_last_error = e.what();
-    return 3;
-  }
+  });
 }
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }

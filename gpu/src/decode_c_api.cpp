@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "c_api_guard.hpp"
 #include "hils/gpu/decode.hpp"
 
 namespace {
@@ -43,18 +44,10 @@ DecodeCall translate(const hils_gpu_decode& p) {
 // Runs `body` and maps its exceptions to the documented codes.
 template <class Body>
 int guarded(const hils_gpu_decode* p, Body body) {
-  try {
+  return hils::gpu::detail::call_guarded(g_last_error, [&] {
     if (p == nullptr) throw std::invalid_argument("decode: expected a pointer, got null");
     body(translate(*p));
-    g_last_error.clear();
-    return 0;
-  } catch (const std::invalid_argument& e) {
-    g_last_error = e.what();
-    return 2;
-  } catch (const std::exception& e) {
-    g_last_error = e.what();
-    return 3;
-  }
+  });
 }
 
 }  // namespace

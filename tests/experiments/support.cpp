@@ -77,6 +77,15 @@ io::ActivationFile small_activation_file(uint64_t seed) {
   return file;
 }
 
+std::filesystem::path write_small_activation_file(const TempDir& dir, uint64_t seed,
+                                                  const std::string& name) {
+  const auto path = dir / name;
+  io::write_activation_file(path, small_activation_file(seed), io::StorageType::float64);
+  return path;
+}
+
+std::string quoted(const std::filesystem::path& path) { return "'" + path.string() + "'"; }
+
 int count_temp_files(const std::filesystem::path& folder) {
   int count = 0;
   for (const auto& entry : std::filesystem::directory_iterator(folder))

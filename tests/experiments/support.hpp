@@ -43,6 +43,13 @@ CommandResult run_hils_with_file_limit(const std::string& args, int limit_kib);
 // deterministic values from `seed`.
 io::ActivationFile small_activation_file(uint64_t seed);
 
+// small_activation_file(seed) written as float64 to dir/name; returns its path.
+std::filesystem::path write_small_activation_file(const TempDir& dir, uint64_t seed,
+                                                  const std::string& name = "acts.h5");
+
+// `path` in single quotes, for the shell command lines given to run_hils and run_shell.
+std::string quoted(const std::filesystem::path& path);
+
 // Files in `folder` whose name contains ".tmp-" (left-over temporary files).
 int count_temp_files(const std::filesystem::path& folder);
 

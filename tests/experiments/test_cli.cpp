@@ -11,19 +11,15 @@
 #include "io/results_file.hpp"
 #include "support.hpp"
 
+using hils::test::quoted;
 using hils::test::run_hils;
 using hils::test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
-
 fs::path write_small(const TempDir& dir, const std::string& name = "acts.h5") {
-  auto path = dir / name;
-  hils::io::write_activation_file(path, hils::test::small_activation_file(7),
-                                  hils::io::StorageType::float64);
-  return path;
+  return hils::test::write_small_activation_file(dir, 7, name);
 }
 
 // Replaces dataset `name` by one of the given type and dims, filled with `value`.
@@ -62,12 +58,12 @@ void set_int_attribute(const fs::path& path, const std::string& name, int64_t va
 // `run` must leave no output and no temporary file behind.
 void expect_bad_file(const TempDir& dir, const fs::path& file,
                      const std::vector<std::string>& needles) {
-  auto info = run_hils("info " + q(file));
+  auto info = run_hils("info " + quoted(file));
   INFO(info.output);
   CHECK(info.exit_code == 2);
   for (const auto& needle : needles) CHECK_THAT(info.output, Catch::Contains(needle));
   auto out = dir / "results.h5";
-  auto run = run_hils("run " + q(file) + " -o " + q(out) + " -p full -S 8 --landmarks true");
+  auto run = run_hils("run " + quoted(file) + " -o " + quoted(out) + " -p full -S 8 --landmarks true");
   INFO(run.output);
   CHECK(run.exit_code == 2);
   for (const auto& needle : needles) CHECK_THAT(run.output, Catch::Contains(needle));
@@ -168,7 +164,7 @@ TEST_CASE("bad input: the file is not an activation file", "[cli][bad-input]") {
     auto writer = hils::io::ResultsWriter::create(path, {});
     writer.commit();
   }
-  auto r = run_hils("run " + q(path) + " -o " + q(dir / "out.h5") + " -p full");
+  auto r = run_hils("run " + quoted(path) + " -o " + quoted(dir / "out.h5") + " -p full");
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("hils-activations"));
   CHECK_THAT(r.output, Catch::Contains("hils-results"));
@@ -178,23 +174,23 @@ TEST_CASE("bad input: an unwritable output folder", "[cli][bad-input]") {
   TempDir dir("unwritable");
   auto acts = write_small(dir);
   auto missing_folder = dir / "no_such_folder" / "out.h5";
-  auto r = run_hils("dump synthetic -T 64 -S 8 -o " + q(missing_folder));
+  auto r = run_hils("dump synthetic -T 64 -S 8 -o " + quoted(missing_folder));
   INFO(r.output);
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("no_such_folder"));
-  auto run = run_hils("run " + q(acts) + " -p full -S 8 --landmarks true -o " +
-                      q(missing_folder));
+  auto run = run_hils("run " + quoted(acts) + " -p full -S 8 --landmarks true -o " +
+                      quoted(missing_folder));
   CHECK(run.exit_code == 2);
   CHECK_THAT(run.output, Catch::Contains("output folder"));
   // A regular file where the folder should be.
   std::ofstream(dir / "plain_file") << "x";
-  auto under_file = run_hils("dump synthetic -T 64 -S 8 -o " + q(dir / "plain_file" / "x.h5"));
+  auto under_file = run_hils("dump synthetic -T 64 -S 8 -o " + quoted(dir / "plain_file" / "x.h5"));
   CHECK(under_file.exit_code == 2);
   CHECK_THAT(under_file.output, Catch::Contains("plain_file"));
   if (::geteuid() != 0) {  // root writes into read-only folders, so only users can test this
     fs::create_directory(dir / "read_only");
     fs::permissions(dir / "read_only", fs::perms::owner_read | fs::perms::owner_exec);
-    auto ro = run_hils("dump synthetic -T 64 -S 8 -o " + q(dir / "read_only" / "x.h5"));
+    auto ro = run_hils("dump synthetic -T 64 -S 8 -o " + quoted(dir / "read_only" / "x.h5"));
     CHECK(ro.exit_code == 2);
     CHECK_THAT(ro.output, Catch::Contains("not writable"));
     fs::permissions(dir / "read_only", fs::perms::owner_all);
@@ -204,30 +200,30 @@ TEST_CASE("bad input: an unwritable output folder", "[cli][bad-input]") {
 TEST_CASE("bad config: TOML syntax, unknown keys, wrong types, unknown presets", "[cli][bad-input]") {
   TempDir dir("config");
   auto acts = write_small(dir);
-  auto out = q(dir / "out.h5");
+  auto out = quoted(dir / "out.h5");
   auto toml = [&](const std::string& name, const std::string& text) {
     std::ofstream(dir / name) << text;
-    return q(dir / name);
+    return quoted(dir / name);
   };
-  auto syntax = run_hils("run " + q(acts) + " -o " + out + " -c " +
+  auto syntax = run_hils("run " + quoted(acts) + " -o " + out + " -c " +
                          toml("syntax.toml", "[run]\nlayers = [0,\n"));
   CHECK(syntax.exit_code == 2);
   CHECK_THAT(syntax.output, Catch::Contains("syntax.toml") && Catch::Contains("line"));
-  auto unknown = run_hils("run " + q(acts) + " -o " + out + " -c " +
+  auto unknown = run_hils("run " + quoted(acts) + " -o " + out + " -c " +
                           toml("unknown.toml", "[[mechanism]]\npreset = \"full\"\nwindw = 4\n"));
   CHECK(unknown.exit_code == 2);
   CHECK_THAT(unknown.output, Catch::Contains("windw"));
-  auto type = run_hils("run " + q(acts) + " -o " + out + " -c " +
+  auto type = run_hils("run " + quoted(acts) + " -o " + out + " -c " +
                        toml("type.toml", "[[mechanism]]\npreset = \"full\"\nS = \"eight\"\n"));
   CHECK(type.exit_code == 2);
   CHECK_THAT(type.output, Catch::Contains("S") && Catch::Contains("integer"));
-  auto preset = run_hils("run " + q(acts) + " -o " + out + " -p hilz");
+  auto preset = run_hils("run " + quoted(acts) + " -o " + out + " -p hilz");
   CHECK(preset.exit_code == 2);
   CHECK_THAT(preset.output, Catch::Contains("hilz"));
-  auto spec = run_hils("run " + q(acts) + " -o " + out + " -p hils -S 8 -W 0");
+  auto spec = run_hils("run " + quoted(acts) + " -o " + out + " -p hils -S 8 -W 0");
   CHECK(spec.exit_code == 2);
   CHECK_THAT(spec.output, Catch::Contains("W"));
-  auto layers = run_hils("run " + q(acts) + " -o " + out + " -p full -S 8 --landmarks true "
+  auto layers = run_hils("run " + quoted(acts) + " -o " + out + " -p full -S 8 --landmarks true "
                          "--layers 5");
   CHECK(layers.exit_code == 2);
   CHECK_THAT(layers.output, Catch::Contains("--layers"));
@@ -237,12 +233,12 @@ TEST_CASE("bad config: TOML syntax, unknown keys, wrong types, unknown presets",
 TEST_CASE("mechanisms that need landmarks fail clearly on a file without them", "[cli][bad-input]") {
   TempDir dir("no_landmarks");
   auto acts = dir / "flat.h5";
-  auto dump = run_hils("dump synthetic -T 64 -S 8 --landmarks false -o " + q(acts));
+  auto dump = run_hils("dump synthetic -T 64 -S 8 --landmarks false -o " + quoted(acts));
   REQUIRE(dump.exit_code == 0);
-  auto r = run_hils("run " + q(acts) + " -o " + q(dir / "out.h5") + " -p hils -S 8");
+  auto r = run_hils("run " + quoted(acts) + " -o " + quoted(dir / "out.h5") + " -p hils -S 8");
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("landmark") && Catch::Contains("prior-rule shared"));
-  auto ok = run_hils("run " + q(acts) + " -o " + q(dir / "out.h5") +
+  auto ok = run_hils("run " + quoted(acts) + " -o " + quoted(dir / "out.h5") +
                      " -p hils -S 8 -W 8 -K 2 --landmarks false --prior-rule shared");
   INFO(ok.output);
   CHECK(ok.exit_code == 0);
@@ -253,10 +249,10 @@ TEST_CASE("dump synthetic -> run -> results match the reference on the same inpu
   auto acts = dir / "acts.h5";
   auto out = dir / "results.h5";
   auto dump = run_hils("dump synthetic --generator topics -T 150 -S 16 --Hq 4 --Hkv 2 -d 16 "
-                       "--dv 8 --seed 11 -o " + q(acts));
+                       "--dv 8 --seed 11 -o " + quoted(acts));
   INFO(dump.output);
   REQUIRE(dump.exit_code == 0);
-  auto run = run_hils("-q run " + q(acts) + " -o " + q(out) +
+  auto run = run_hils("-q run " + quoted(acts) + " -o " + quoted(out) +
                       " -p full,hils -S 16 -W 32 -K 3 --landmarks true --seed 5");
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
@@ -298,7 +294,7 @@ TEST_CASE("flags win over the TOML file", "[cli]") {
   std::ofstream(dir / "run.toml") << "[run]\nlayers = [1]\n\n[[mechanism]]\npreset = \"nsa\"\n"
                                      "S = 8\nW = 8\nK = 3\nlandmarks = true\n";
   auto out = dir / "out.h5";
-  auto r = run_hils("run " + q(acts) + " -o " + q(out) + " -c " + q(dir / "run.toml") + " -K 2");
+  auto r = run_hils("run " + quoted(acts) + " -o " + quoted(out) + " -c " + quoted(dir / "run.toml") + " -K 2");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find('\r') == std::string::npos);  // no progress bar when not on a terminal
@@ -313,7 +309,7 @@ TEST_CASE("run --resume adds units and keeps finished ones", "[cli]") {
   TempDir dir("resume");
   auto acts = write_small(dir);
   auto out = dir / "out.h5";
-  std::string base = "run " + q(acts) + " -o " + q(out) + " -S 8 -W 8 -K 2 --landmarks true ";
+  std::string base = "run " + quoted(acts) + " -o " + quoted(out) + " -S 8 -W 8 -K 2 --landmarks true ";
   REQUIRE(run_hils(base + "-p full --layers 0").exit_code == 0);
   auto first = hils::io::ResultsReader(out).matrix("full/layer0/head1/o");
   auto again = run_hils(base + "-p full,hils --layers 0,1 --resume");
@@ -325,7 +321,7 @@ TEST_CASE("run --resume adds units and keeps finished ones", "[cli]") {
   CHECK(results.exists("hils/layer1/head3/o"));
   CHECK(results.config()["layers"] == nlohmann::json::array({0, 1}));
   // The same mechanism name with another spec would mix experiments.
-  auto clash = run_hils("run " + q(acts) + " -o " + q(out) +
+  auto clash = run_hils("run " + quoted(acts) + " -o " + quoted(out) +
                         " -S 8 -W 16 -K 2 --landmarks true -p full --layers 1 --resume");
   CHECK(clash.exit_code == 2);
   CHECK_THAT(clash.output, Catch::Contains("full"));
@@ -335,12 +331,12 @@ TEST_CASE("a failed run leaves an existing results file untouched", "[cli]") {
   TempDir dir("untouched");
   auto acts = write_small(dir);
   auto out = dir / "out.h5";
-  REQUIRE(run_hils("run " + q(acts) + " -o " + q(out) + " -p full -S 8 --landmarks true")
+  REQUIRE(run_hils("run " + quoted(acts) + " -o " + quoted(out) + " -p full -S 8 --landmarks true")
               .exit_code == 0);
   auto before = fs::file_size(out);
   auto stamp = fs::last_write_time(out);
   poke(acts, "layer1/v", std::nan(""));
-  auto r = run_hils("run " + q(acts) + " -o " + q(out) + " -p full,swa -S 8 --landmarks true");
+  auto r = run_hils("run " + quoted(acts) + " -o " + quoted(out) + " -p full,swa -S 8 --landmarks true");
   CHECK(r.exit_code == 2);
   CHECK(fs::file_size(out) == before);
   CHECK(fs::last_write_time(out) == stamp);
@@ -350,11 +346,11 @@ TEST_CASE("a failed run leaves an existing results file untouched", "[cli]") {
 TEST_CASE("info describes activation and results files", "[cli]") {
   TempDir dir("info");
   auto acts = write_small(dir);
-  auto r = run_hils("info " + q(acts));
+  auto r = run_hils("info " + quoted(acts));
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Catch::Contains("Hq=4 Hkv=2 T=40 d=8 dv=6"));
   CHECK_THAT(r.output, Catch::Contains("/layer1/v"));
-  auto json = run_hils("info --json " + q(acts));
+  auto json = run_hils("info --json " + quoted(acts));
   REQUIRE(json.exit_code == 0);
   auto doc = nlohmann::json::parse(json.output);
   CHECK(doc["landmark_slots"] == 5);
@@ -365,12 +361,12 @@ TEST_CASE("the example configurations in experiments/configs run", "[cli]") {
   TempDir dir("examples");
   const fs::path configs = fs::path(HILS_SOURCE_DIR) / "experiments" / "configs";
   auto acts = dir / "acts.h5";
-  auto dump = run_hils("-q dump synthetic -c " + q(configs / "synthetic_example.toml") +
-                       " -T 300 -o " + q(acts));
+  auto dump = run_hils("-q dump synthetic -c " + quoted(configs / "synthetic_example.toml") +
+                       " -T 300 -o " + quoted(acts));
   INFO(dump.output);
   REQUIRE(dump.exit_code == 0);
-  auto run = run_hils("-q run " + q(acts) + " -c " + q(configs / "run_example.toml") + " -o " +
-                      q(dir / "out.h5"));
+  auto run = run_hils("-q run " + quoted(acts) + " -c " + quoted(configs / "run_example.toml") + " -o " +
+                      quoted(dir / "out.h5"));
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
   hils::io::ResultsReader results(dir / "out.h5");

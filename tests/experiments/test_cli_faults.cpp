@@ -23,6 +23,7 @@
 #include "util/shared_data.hpp"
 
 using hils::test::count_temp_files;
+using hils::test::quoted;
 using hils::test::run_hils;
 using hils::test::run_hils_with_file_limit;
 using hils::test::run_shell;
@@ -31,13 +32,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
-
 fs::path write_small(const TempDir& dir, const std::string& name = "acts.h5") {
-  auto path = dir / name;
-  hils::io::write_activation_file(path, hils::test::small_activation_file(7),
-                                  hils::io::StorageType::float64);
-  return path;
+  return hils::test::write_small_activation_file(dir, 7, name);
 }
 
 std::string bytes_of(const fs::path& path) {
@@ -67,7 +63,7 @@ TEST_CASE("hils run refuses an output that is its input, by inode, not by name",
   fs::create_symlink(acts, dir / "sym_link.h5");
   for (const auto& output : {acts, dir / "hard_link.h5", dir / "sym_link.h5",
                              dir / "." / "acts.h5"}) {
-    auto r = run_hils("run " + q(acts) + " -o " + q(output) + kRunArgs);
+    auto r = run_hils("run " + quoted(acts) + " -o " + quoted(output) + kRunArgs);
     INFO(output.string() + "\n" + r.output);
     CHECK(r.exit_code == 2);
     CHECK_THAT(r.output, Catch::Contains("is the same file as ACTIVATIONS"));
@@ -81,23 +77,23 @@ TEST_CASE("a second writer of one results file is refused and told who holds it"
   TempDir dir("writer_lock");
   auto acts = write_small(dir);
   auto results = dir / "results.h5";
-  REQUIRE(run_hils("run " + q(acts) + " -o " + q(results) + kFirstArgs).exit_code == 0);
+  REQUIRE(run_hils("run " + quoted(acts) + " -o " + quoted(results) + kFirstArgs).exit_code == 0);
   CHECK(count_lock_files(dir.path()) == 0);  // released and removed after a run
   const std::string before = bytes_of(results);
   {
     // This test process is the first writer; hils (another process) must not get in.
     hils::io::OutputLock held(results, "the first writer");
-    auto resumed = run_hils("run " + q(acts) + " -o " + q(results) + kRunArgs + " --resume");
+    auto resumed = run_hils("run " + quoted(acts) + " -o " + quoted(results) + kRunArgs + " --resume");
     INFO(resumed.output);
     CHECK(resumed.exit_code == 2);
     CHECK_THAT(resumed.output, Catch::Contains("being written by pid"));
     CHECK_THAT(resumed.output, Catch::Contains("the first writer"));
-    auto study = run_hils("fidelity --out " + q(results) + " --lengths 1024 -q");
+    auto study = run_hils("fidelity --out " + quoted(results) + " --lengths 1024 -q");
     CHECK(study.exit_code == 2);
     CHECK_THAT(study.output, Catch::Contains("being written by"));
     CHECK(bytes_of(results) == before);
   }
-  auto after = run_hils("run " + q(acts) + " -o " + q(results) + kRunArgs + " --resume");
+  auto after = run_hils("run " + quoted(acts) + " -o " + quoted(results) + kRunArgs + " --resume");
   INFO(after.output);
   CHECK(after.exit_code == 0);
   CHECK(count_lock_files(dir.path()) == 0);
@@ -114,7 +110,7 @@ TEST_CASE("a writer killed outright leaves a temporary copy that the next writer
   std::ofstream(dir / ".results.h5.lock") << "pid 2147483000 (hils run, killed)\n";
   std::ofstream(dir / ".results.h5.tmp-2147483000-0") << "a dead writer's copy";
   std::ofstream(dir / ".results.h5.tmp-2147483001-0") << "someone else's";
-  auto r = run_hils("run " + q(acts) + " -o " + q(results) + kFirstArgs);
+  auto r = run_hils("run " + quoted(acts) + " -o " + quoted(results) + kFirstArgs);
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK_FALSE(fs::exists(dir / ".results.h5.tmp-2147483000-0"));  // was left forever
@@ -129,11 +125,11 @@ TEST_CASE("a full disk (file-size limit) gives a clear error, no crash, no tempo
   TempDir dir("full_disk");
   auto acts = write_small(dir);
   auto results = dir / "results.h5";
-  REQUIRE(run_hils("run " + q(acts) + " -o " + q(results) + kFirstArgs).exit_code == 0);
+  REQUIRE(run_hils("run " + quoted(acts) + " -o " + quoted(results) + kFirstArgs).exit_code == 0);
   const std::string before = bytes_of(results);
   for (int limit_kib : {4, 24}) {
     auto run = run_hils_with_file_limit(
-        "run " + q(acts) + " -o " + q(results) + kRunArgs + " --resume", limit_kib);
+        "run " + quoted(acts) + " -o " + quoted(results) + kRunArgs + " --resume", limit_kib);
     INFO(limit_kib << " KiB\n" << run.output);
     CHECK(run.exit_code == 2);
     CHECK_THAT(run.output, Catch::Contains("room to"));
@@ -141,14 +137,14 @@ TEST_CASE("a full disk (file-size limit) gives a clear error, no crash, no tempo
     // One clean message: HDF5's destructors printed "DataSet::~DataSet - H5Dclose failed"
     // lines before it (up to 94 for this study) while datasets were closed by destructors.
     auto study = run_hils_with_file_limit(
-        "fidelity -q --lengths 1024 --layers 1 --queries 8 --out " + q(dir / "study.h5"),
+        "fidelity -q --lengths 1024 --layers 1 --queries 8 --out " + quoted(dir / "study.h5"),
         limit_kib);
     INFO(study.output);
     CHECK(study.exit_code == 2);
     CHECK_THAT(study.output, Catch::Contains("room to write"));
     CHECK_THAT(study.output + run.output, !Catch::Contains("H5Dclose failed"));
     auto dump = run_hils_with_file_limit(
-        "dump synthetic -T 2048 -S 16 -o " + q(dir / "synthetic.h5"), limit_kib);
+        "dump synthetic -T 2048 -S 16 -o " + quoted(dir / "synthetic.h5"), limit_kib);
     INFO(dump.output);
     CHECK(dump.exit_code == 2);
     CHECK_THAT(dump.output, Catch::Contains("room to write"));
@@ -162,15 +158,15 @@ TEST_CASE("odd output paths are bad input, not internal errors", "[cli][faults]"
   TempDir dir("odd_outputs");
   auto acts = write_small(dir);
   std::ofstream(dir / "plain_file") << "x";
-  auto empty = run_hils("run " + q(acts) + " -o ''" + kRunArgs);
+  auto empty = run_hils("run " + quoted(acts) + " -o ''" + kRunArgs);
   INFO(empty.output);
   CHECK(empty.exit_code == 2);
   CHECK_THAT(empty.output, Catch::Contains("a file name for the output"));
-  auto below_file = run_hils("fidelity --out " + q(dir / "plain_file" / "x.h5") + " -q");
+  auto below_file = run_hils("fidelity --out " + quoted(dir / "plain_file" / "x.h5") + " -q");
   INFO(below_file.output);
   CHECK(below_file.exit_code == 2);
   CHECK_THAT(below_file.output, Catch::Contains("which is not a folder"));
-  auto studies = run_hils("studies --out " + q(dir / "plain_file" / "sub") + " --no-model -q");
+  auto studies = run_hils("studies --out " + quoted(dir / "plain_file" / "sub") + " --no-model -q");
   INFO(studies.output);
   CHECK(studies.exit_code == 2);
   CHECK_THAT(studies.output, Catch::Contains("plain_file is a file, not a folder"));
@@ -181,7 +177,7 @@ TEST_CASE("a damaged complete_units attribute names the file and the attribute",
   TempDir dir("damaged_units");
   auto acts = write_small(dir);
   auto results = dir / "results.h5";
-  REQUIRE(run_hils("run " + q(acts) + " -o " + q(results) + " -p full -S 8 --landmarks true")
+  REQUIRE(run_hils("run " + quoted(acts) + " -o " + quoted(results) + " -p full -S 8 --landmarks true")
               .exit_code == 0);
   for (const std::string damaged : {"[\"full/layer0\", 3", "{\"a\": 1}", "[1, 2]"}) {
     {
@@ -191,7 +187,7 @@ TEST_CASE("a damaged complete_units attribute names the file and the attribute",
       file.createAttribute("complete_units", type, H5::DataSpace(H5S_SCALAR))
           .write(type, damaged);
     }
-    auto r = run_hils("run " + q(acts) + " -o " + q(results) + " -p full -S 8 --landmarks true " +
+    auto r = run_hils("run " + quoted(acts) + " -o " + quoted(results) + " -p full -S 8 --landmarks true " +
                       "--resume");
     INFO(damaged + "\n" + r.output);
     CHECK(r.exit_code == 2);
@@ -223,7 +219,7 @@ TEST_CASE("study flags out of range are refused naming the flag and the expected
       {"--queries 0", "--queries: expected an integer >= 1, got 0"},
       {"--layers 0", "--layers: expected an integer >= 1, got 0"}};
   for (const auto& [flag, message] : cases) {
-    auto r = run_hils("fidelity --out " + q(dir / "f.h5") + " --lengths 1024 -q " + flag);
+    auto r = run_hils("fidelity --out " + quoted(dir / "f.h5") + " --lengths 1024 -q " + flag);
     INFO(flag + "\n" + r.output);
     CHECK(r.exit_code == 2);
     CHECK_THAT(r.output, Catch::Contains(message));
@@ -231,8 +227,8 @@ TEST_CASE("study flags out of range are refused naming the flag and the expected
   }
   // The same values from a config file name the key and the file.
   std::ofstream(dir / "bad.toml") << "[geometry]\nS = 0\n";
-  auto from_config = run_hils("fidelity --config " + q(dir / "bad.toml") + " --out " +
-                              q(dir / "f.h5") + " --lengths 1024 -q");
+  auto from_config = run_hils("fidelity --config " + quoted(dir / "bad.toml") + " --out " +
+                              quoted(dir / "f.h5") + " --lengths 1024 -q");
   INFO(from_config.output);
   CHECK(from_config.exit_code == 2);
   CHECK_THAT(from_config.output, Catch::Contains("[geometry] S in"));
@@ -249,7 +245,7 @@ TEST_CASE("every command spells its output and config options the same way", "[c
   }
   // The study spelling --out and the run spelling --output reach the same option.
   TempDir dir("output_spelling");
-  auto dump = run_hils("-q dump synthetic --out " + q(dir / "a.h5") + " -T 128 -S 16");
+  auto dump = run_hils("-q dump synthetic --out " + quoted(dir / "a.h5") + " -T 128 -S 16");
   INFO(dump.output);
   CHECK(dump.exit_code == 0);
   CHECK(fs::exists(dir / "a.h5"));
@@ -266,7 +262,7 @@ TEST_CASE("a study config with an unknown key, table or type is refused before a
   for (const auto& [text, message] : cases) {
     std::ofstream(dir / "c.toml") << text;
     for (const std::string study : {"fidelity", "overlap", "extrapolate"}) {
-      auto r = run_hils(study + " --config " + q(dir / "c.toml") + " --out " + q(dir / "f.h5") +
+      auto r = run_hils(study + " --config " + quoted(dir / "c.toml") + " --out " + quoted(dir / "f.h5") +
                         " --lengths 1024 -q");
       INFO(study + "\n" + text + r.output);
       CHECK(r.exit_code == 2);
@@ -281,11 +277,11 @@ TEST_CASE("an explicit source synthetic flag wins over a config that names the m
   TempDir dir("source_flag");
   // The model folder does not exist: running the model would fail (exit 2).
   std::ofstream(dir / "model.toml") << "[source]\nkind = \"model\"\n";
-  auto r = run_hils("fidelity --config " + q(dir / "model.toml") + " --source synthetic --model-dir " +
-                    q(dir / "no_model") + " --out " + q(dir / "f.h5") + " --lengths 1024 -q");
+  auto r = run_hils("fidelity --config " + quoted(dir / "model.toml") + " --source synthetic --model-dir " +
+                    quoted(dir / "no_model") + " --out " + quoted(dir / "f.h5") + " --lengths 1024 -q");
   INFO(r.output);
   CHECK(r.exit_code == 0);
-  auto info = run_hils("info " + q(dir / "f.h5") + " --json");
+  auto info = run_hils("info " + quoted(dir / "f.h5") + " --json");
   CHECK_THAT(info.output, Catch::Contains("\"kind\": \"synthetic\""));
 }
 
@@ -294,8 +290,8 @@ TEST_CASE("the examples of hils --help, run, dump and info work as written", "[c
   // beside them (the examples name experiments/configs/*.toml from the project root).
   TempDir dir("help_examples");
   fs::create_directory_symlink(fs::path(HILS_SOURCE_DIR) / "experiments", dir / "experiments");
-  const std::string prefix = "cd " + q(dir.path()) + " && PATH=" +
-                             q(fs::path(HILS_EXE).parent_path()) + ":\"$PATH\" && ";
+  const std::string prefix = "cd " + quoted(dir.path()) + " && PATH=" +
+                             quoted(fs::path(HILS_EXE).parent_path()) + ":\"$PATH\" && ";
   std::vector<std::string> examples;
   for (const std::string help : {"--help", "run --help", "dump llama2c --help",
                                  "dump synthetic --help", "info --help"}) {
@@ -327,32 +323,32 @@ TEST_CASE("hils dump llama2c says and records a truncated text, and hashes its i
     return;
   }
   TempDir dir("dump_truncation");
-  auto cut = run_hils("dump llama2c --tokens 16 -o " + q(dir / "cut.h5"));
+  auto cut = run_hils("dump llama2c --tokens 16 -o " + quoted(dir / "cut.h5"));
   INFO(cut.output);
   REQUIRE(cut.exit_code == 0);
   CHECK_THAT(cut.output, Catch::Contains("kept its first 16 tokens"));
-  auto info = run_hils("info " + q(dir / "cut.h5") + " --json");
+  auto info = run_hils("info " + quoted(dir / "cut.h5") + " --json");
   CHECK_THAT(info.output, Catch::Contains("\"text_truncated\": true"));
   CHECK_THAT(info.output, Catch::Contains("\"model_fnv1a64\""));
   CHECK_THAT(info.output, Catch::Contains("\"tokenizer_fnv1a64\""));
   CHECK_THAT(info.output, Catch::Contains("\"hils_version\""));
   // A text shorter than --tokens is kept whole and said to be so.
   std::ofstream(dir / "short.txt") << "Once upon a time there was a cat.";
-  auto whole = run_hils("dump llama2c --tokens 128 --text " + q(dir / "short.txt") + " -o " +
-                        q(dir / "whole.h5"));
+  auto whole = run_hils("dump llama2c --tokens 128 --text " + quoted(dir / "short.txt") + " -o " +
+                        quoted(dir / "whole.h5"));
   INFO(whole.output);
   REQUIRE(whole.exit_code == 0);
   CHECK_THAT(whole.output, !Catch::Contains("kept its first"));
-  CHECK_THAT(run_hils("info " + q(dir / "whole.h5") + " --json").output,
+  CHECK_THAT(run_hils("info " + quoted(dir / "whole.h5") + " --json").output,
              Catch::Contains("\"text_truncated\": false"));
 }
 
 TEST_CASE("hils plot of an interrupted study says the run is incomplete", "[cli][faults]") {
   TempDir dir("plot_interrupted");
   auto results = dir / "f.h5";
-  REQUIRE(run_hils("fidelity --out " + q(results) + " --lengths 1024 --layers 1 -q").exit_code ==
+  REQUIRE(run_hils("fidelity --out " + quoted(results) + " --lengths 1024 --layers 1 -q").exit_code ==
           0);
-  auto finished = run_hils("plot " + q(results) + " --out " + q(dir / "done"));
+  auto finished = run_hils("plot " + quoted(results) + " --out " + quoted(dir / "done"));
   INFO(finished.output);
   CHECK(finished.exit_code == 0);
   CHECK_THAT(finished.output, !Catch::Contains("the run is incomplete"));
@@ -364,7 +360,7 @@ TEST_CASE("hils plot of an interrupted study says the run is incomplete", "[cli]
     file.createAttribute("complete_units", type, H5::DataSpace(H5S_SCALAR))
         .write(type, std::string("[\"T1024/layer0/group0\"]"));
   }
-  auto partial = run_hils("plot " + q(results) + " --out " + q(dir / "partial"));
+  auto partial = run_hils("plot " + quoted(results) + " --out " + quoted(dir / "partial"));
   INFO(partial.output);
   CHECK(partial.exit_code == 0);
   CHECK_THAT(partial.output, Catch::Contains("the run is incomplete"));
@@ -373,18 +369,18 @@ TEST_CASE("hils plot of an interrupted study says the run is incomplete", "[cli]
 TEST_CASE("dump sizes beyond this machine's memory and values float32 cannot hold are refused "
           "before anything is written", "[cli][faults]") {
   TempDir dir("dump_limits");
-  auto huge = run_hils("dump synthetic -o " + q(dir / "huge.h5") + " -T 1000000000000");
+  auto huge = run_hils("dump synthetic -o " + quoted(dir / "huge.h5") + " -T 1000000000000");
   INFO(huge.output);
   CHECK(huge.exit_code == 2);  // was exit 3, "internal error: std::bad_alloc"
   CHECK_THAT(huge.output, Catch::Contains("-T, --Hq, --Hkv, -d, --dv: expected sizes whose data "
                                           "fit in 80% of this machine's"));
-  auto overflow = run_hils("dump synthetic -o " + q(dir / "f32.h5") +
+  auto overflow = run_hils("dump synthetic -o " + quoted(dir / "f32.h5") +
                            " -T 64 -S 16 --logit-std 1e300 --precision float32");
   INFO(overflow.output);
   CHECK(overflow.exit_code == 2);  // was exit 0 with -inf stored in layer0/q
   CHECK_THAT(overflow.output, Catch::Contains("layer0/q: expected values within float32's range"));
   // The same values stored as float64 are finite and written.
-  CHECK(run_hils("dump synthetic -o " + q(dir / "f64.h5") + " -T 64 -S 16 --logit-std 1e300")
+  CHECK(run_hils("dump synthetic -o " + quoted(dir / "f64.h5") + " -T 64 -S 16 --logit-std 1e300")
             .exit_code == 0);
   CHECK_FALSE(fs::exists(dir / "huge.h5"));
   CHECK_FALSE(fs::exists(dir / "f32.h5"));
@@ -394,9 +390,9 @@ TEST_CASE("dump sizes beyond this machine's memory and values float32 cannot hol
 TEST_CASE("a FIFO given as an input file is refused, not read (no hang)", "[cli][faults]") {
   TempDir dir("fifo_input");
   const auto fifo = dir / "acts.h5";
-  REQUIRE(run_shell("mkfifo " + q(fifo)).exit_code == 0);
+  REQUIRE(run_shell("mkfifo " + quoted(fifo)).exit_code == 0);
   // timeout: before the fix HDF5's signature read blocked on the FIFO for ever (exit 124 here).
-  auto r = run_shell("timeout 20 '" + std::string(HILS_EXE) + "' info " + q(fifo) + " 2>&1");
+  auto r = run_shell("timeout 20 '" + std::string(HILS_EXE) + "' info " + quoted(fifo) + " 2>&1");
   INFO(r.output);
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("expected a regular file, found a FIFO"));
@@ -421,7 +417,7 @@ TEST_CASE("hils verify refuses an empty /queries instead of passing it vacuously
     hils::io::write_doubles(outputs, "o", x.data(), {1, 4, 2}, false);
     hils::io::write_int64s(root, "queries", nullptr, {0});
   }
-  auto r = run_hils("verify " + q(path));
+  auto r = run_hils("verify " + quoted(path));
   INFO(r.output);
   CHECK(r.exit_code == 2);  // was exit 0: an empty list read as "every query"
   CHECK_THAT(r.output, Catch::Contains("queries: expected at least one query slot"));
@@ -432,12 +428,12 @@ TEST_CASE("a report cut short on the standard output (full disk) is exit 2, not 
   TempDir dir("stdout_full");
   auto acts = write_small(dir);
   const auto report = dir / "info.json";
-  auto whole = run_shell("'" + std::string(HILS_EXE) + "' info " + q(acts) + " --json > " +
-                         q(report));
+  auto whole = run_shell("'" + std::string(HILS_EXE) + "' info " + quoted(acts) + " --json > " +
+                         quoted(report));
   REQUIRE(whole.exit_code == 0);
   REQUIRE(fs::file_size(report) > 1024);  // longer than the limit below
-  auto cut = run_shell("(ulimit -f 1 && '" + std::string(HILS_EXE) + "' info " + q(acts) +
-                       " --json > " + q(report) + ") 2>&1");
+  auto cut = run_shell("(ulimit -f 1 && '" + std::string(HILS_EXE) + "' info " + quoted(acts) +
+                       " --json > " + quoted(report) + ") 2>&1");
   INFO(cut.output);
   CHECK(cut.exit_code == 2);  // was 0 with the JSON cut at 1024 bytes
   CHECK_THAT(cut.output, Catch::Contains("expected room to write the standard output"));
@@ -449,10 +445,10 @@ TEST_CASE("an output path that is a symlink is written through, the link kept", 
   auto acts = write_small(dir);
   fs::create_directory(dir / "store");
   const auto target = dir / "store" / "results.h5";
-  REQUIRE(run_hils("run " + q(acts) + " -o " + q(target) + kFirstArgs).exit_code == 0);
+  REQUIRE(run_hils("run " + quoted(acts) + " -o " + quoted(target) + kFirstArgs).exit_code == 0);
   const std::string first = bytes_of(target);
   fs::create_symlink(fs::path("store") / "results.h5", dir / "link.h5");
-  auto r = run_hils("run " + q(acts) + " -o " + q(dir / "link.h5") + kRunArgs + " --resume");
+  auto r = run_hils("run " + quoted(acts) + " -o " + quoted(dir / "link.h5") + kRunArgs + " --resume");
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(fs::is_symlink(dir / "link.h5"));
@@ -494,7 +490,7 @@ TEST_CASE("a hangup that nohup ignores stays ignored, and SIGQUIT removes the te
   // hils installs handlers that remove its temporary files; it replaced nohup's SIG_IGN, so
   // `nohup hils ...` died when the terminal closed. SIGQUIT (Ctrl-\) left the temporary file.
   TempDir dir("signals");
-  REQUIRE(run_hils("-q dump synthetic -T 2048 -S 16 -d 16 --dv 16 -o " + q(dir / "acts.h5"))
+  REQUIRE(run_hils("-q dump synthetic -T 2048 -S 16 -d 16 --dv 16 -o " + quoted(dir / "acts.h5"))
               .exit_code == 0);
   const std::vector<std::string> run{"-q", "run", "acts.h5", "-o", "out.h5", "-p", "full,hils",
                                      "-S", "16", "--landmarks", "true"};
@@ -513,8 +509,8 @@ TEST_CASE("an OMP_NUM_THREADS beyond what the machine can run is not a crash", "
   // Was SIGSEGV inside libgomp (GOMP_parallel) creating a team of 100000 threads.
   TempDir dir("huge_team");
   auto acts = write_small(dir);
-  auto r = run_shell("OMP_NUM_THREADS=100000 '" + std::string(HILS_EXE) + "' run " + q(acts) +
-                     " -o " + q(dir / "r.h5") + kFirstArgs + " 2>&1");
+  auto r = run_shell("OMP_NUM_THREADS=100000 '" + std::string(HILS_EXE) + "' run " + quoted(acts) +
+                     " -o " + quoted(dir / "r.h5") + kFirstArgs + " 2>&1");
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(fs::exists(dir / "r.h5"));
@@ -527,15 +523,15 @@ TEST_CASE("a file another program is writing, and a name too long for its tempor
   {
     // This process opens it for writing: HDF5 holds its exclusive file lock until closed.
     H5::H5File writing(acts.string(), H5F_ACC_RDWR);
-    auto info = run_hils("info " + q(acts));
+    auto info = run_hils("info " + quoted(acts));
     INFO(info.output);
     CHECK(info.exit_code == 2);  // was "found one the HDF5 library cannot open (truncated ...)"
     CHECK_THAT(info.output, Catch::Contains("expected a file no other program is writing"));
   }
-  CHECK(run_hils("info " + q(acts)).exit_code == 0);
+  CHECK(run_hils("info " + quoted(acts)).exit_code == 0);
   // 252 + ".h5" is a valid name, but ".<name>.tmp-<pid>-<n>" is not.
   auto long_name = dir / (std::string(252, 'a') + ".h5");
-  auto dump = run_hils("dump synthetic -T 64 -S 16 -o " + q(long_name));
+  auto dump = run_hils("dump synthetic -T 64 -S 16 -o " + quoted(long_name));
   INFO(dump.output);
   CHECK(dump.exit_code == 2);
   CHECK_THAT(dump.output, Catch::Contains("File name too long"));  // was no reason at all
@@ -560,13 +556,13 @@ TEST_CASE("an unreadable input and an uncreatable output folder say why (permiss
   fs::permissions(dir / "locked", fs::perms::owner_all);
   const std::string hils = as_user + "'" + std::string(HILS_EXE) + "' ";
   if (::geteuid() != 0) fs::permissions(acts, fs::perms::none);
-  auto unreadable = run_shell(hils + "info " + q(acts) + " 2>&1");
+  auto unreadable = run_shell(hils + "info " + quoted(acts) + " 2>&1");
   INFO(unreadable.output);
   CHECK(unreadable.exit_code == 2);  // was "found a file without the HDF5 signature"
   CHECK_THAT(unreadable.output, Catch::Contains("expected a file this user can read, found "
                                                 "Permission denied"));
   if (::geteuid() != 0) fs::permissions(dir / "locked", fs::perms::owner_read);
-  auto folder = run_shell(hils + "studies --out " + q(dir / "locked" / "sub") + " --no-model -q 2>&1");
+  auto folder = run_shell(hils + "studies --out " + quoted(dir / "locked" / "sub") + " --no-model -q 2>&1");
   INFO(folder.output);
   CHECK(folder.exit_code == 2);  // the reason was lost
   CHECK_THAT(folder.output, Catch::Contains("cannot create the folder " + (dir / "locked" / "sub").string() +
@@ -584,7 +580,7 @@ TEST_CASE("hils dump checks its output before running the model, and never repla
   }
   TempDir dir("dump_output_first");
   // The model ran (and said so: the truncation note) before the folder was refused.
-  auto no_folder = run_hils("dump llama2c -o " + q(dir / "missing" / "x.h5"));
+  auto no_folder = run_hils("dump llama2c -o " + quoted(dir / "missing" / "x.h5"));
   INFO(no_folder.output);
   CHECK(no_folder.exit_code == 2);
   CHECK_THAT(no_folder.output, Catch::Contains("an output folder that exists"));
@@ -596,7 +592,7 @@ TEST_CASE("hils dump checks its output before running the model, and never repla
   for (const std::string option : {"--model", "--text"}) {
     const auto input = option == "--model" ? dir / "model.bin" : dir / "text.txt";
     const std::string before = bytes_of(input);
-    auto same = run_hils("dump llama2c " + option + " " + q(input) + " -o " + q(input));
+    auto same = run_hils("dump llama2c " + option + " " + quoted(input) + " -o " + quoted(input));
     INFO(same.output);
     CHECK(same.exit_code == 2);
     CHECK_THAT(same.output, Catch::Contains("is the same file as " + option));
@@ -621,8 +617,8 @@ TEST_CASE("an activation file declaring more slots than memory holds is refused 
     file.createDataSet("position_ids", H5::PredType::STD_I64LE, H5::DataSpace(1, dims), chunked);
   }
   REQUIRE(fs::file_size(path) < (1 << 20));
-  for (const std::string command : {"info " + q(path),
-                                    "run " + q(path) + " -o " + q(dir / "r.h5") + " -p full"}) {
+  for (const std::string command : {"info " + quoted(path),
+                                    "run " + quoted(path) + " -o " + quoted(dir / "r.h5") + " -p full"}) {
     auto r = run_hils(command);
     INFO(command << "\n" << r.output);
     CHECK(r.exit_code == 2);  // was "out of memory" (bad_alloc of 8 TiB), or a kill below that
@@ -640,8 +636,8 @@ TEST_CASE("hils run refuses a unit beyond the memory limit before any work, sayi
   const auto results = dir / "r.h5";
   // Under ulimit -v 2 GB (the limit is read: on a cluster it is the job's cgroup) K = 10^7
   // asks ~38 GB of fusion weights and selections; the reference alone would allocate them.
-  auto r = run_shell("(ulimit -v 2000000 && '" + std::string(HILS_EXE) + "' run " + q(acts) +
-                     " -o " + q(results) + " -p hils -S 8 --landmarks true -K 10000000) 2>&1");
+  auto r = run_shell("(ulimit -v 2000000 && '" + std::string(HILS_EXE) + "' run " + quoted(acts) +
+                     " -o " + quoted(results) + " -p hils -S 8 --landmarks true -K 10000000) 2>&1");
   INFO(r.output);
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output,
@@ -661,12 +657,12 @@ TEST_CASE("a report longer than stdio's buffer meeting a full disk is bad input,
   TempDir dir("report_full_disk");
   const auto acts = write_small(dir);
   const auto results = dir / "r.h5";
-  REQUIRE(run_hils("-q run " + q(acts) + " -o " + q(results) + " -p full,hils -S 8 "
+  REQUIRE(run_hils("-q run " + quoted(acts) + " -o " + quoted(results) + " -p full,hils -S 8 "
                    "--landmarks true").exit_code == 0);
   // The report is over 4 KiB, so the write fails inside fmt::print (which throws), not only at
   // the flush at exit; ulimit -f 1 (one block) fails it with EFBIG as a full disk does with ENOSPC.
-  auto r = run_shell("(ulimit -f 1 && '" + std::string(HILS_EXE) + "' info " + q(results) +
-                     " > " + q(dir / "report.txt")  + ") 2>&1");
+  auto r = run_shell("(ulimit -f 1 && '" + std::string(HILS_EXE) + "' info " + quoted(results) +
+                     " > " + quoted(dir / "report.txt")  + ") 2>&1");
   INFO(r.output);
   CHECK(r.exit_code == 2);  // was 3, "internal error: cannot write to file: File too large"
   CHECK_THAT(r.output, Catch::Contains("hils: bad input: expected room to write the standard "

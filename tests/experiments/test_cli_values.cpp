@@ -15,20 +15,15 @@
 #include "io/hdf5_util.hpp"
 #include "support.hpp"
 
+using hils::test::quoted;
 using hils::test::run_hils;
 using hils::test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
-
-// A small activation file in `dir` (landmarks at S = 8, T = 40, 2 layers).
-fs::path write_small(const TempDir& dir) {
-  const auto path = dir / "acts.h5";
-  hils::io::write_activation_file(path, hils::test::small_activation_file(3),
-                                  hils::io::StorageType::float64);
-  return path;
+fs::path write_small(const TempDir& dir, const std::string& name = "acts.h5") {
+  return hils::test::write_small_activation_file(dir, 3, name);
 }
 
 // `hils <args>`: exit 2, the output holds `message`, and dir/out.h5 was not written.
@@ -41,19 +36,19 @@ void require_refused(const TempDir& dir, const std::string& args, const std::str
 TEST_CASE("integer flags are read in base 10 and within range", "[cli][values]") {
   TempDir dir("integer_flags");
   // CLI11 alone read 0100 as octal (T = 64) and clamped an overflow to the largest int64.
-  auto dump = run_hils("dump synthetic -T 0100 -S 16 -o " + q(dir / "a.h5"));
+  auto dump = run_hils("dump synthetic -T 0100 -S 16 -o " + quoted(dir / "a.h5"));
   INFO(dump.output);
   REQUIRE(dump.exit_code == 0);
   CHECK_THAT(dump.output, Catch::Contains("T 100 "));
-  require_refused(dir, "dump synthetic -T 99999999999999999999 -o " + q(dir / "out.h5"),
+  require_refused(dir, "dump synthetic -T 99999999999999999999 -o " + quoted(dir / "out.h5"),
                   "--slots: expected an integer from -9223372036854775808 to 9223372036854775807, "
                   "got 99999999999999999999");
-  require_refused(dir, "fidelity --lengths 1024 18446744073709551617 --out " + q(dir / "out.h5"),
+  require_refused(dir, "fidelity --lengths 1024 18446744073709551617 --out " + quoted(dir / "out.h5"),
                   "--lengths: expected an integer from");
-  require_refused(dir, "run " + q(dir / "a.h5") + " --preset hils -S 99999999999999999999 -o " +
-                           q(dir / "out.h5"),
+  require_refused(dir, "run " + quoted(dir / "a.h5") + " --preset hils -S 99999999999999999999 -o " +
+                           quoted(dir / "out.h5"),
                   "--chunk: expected an integer from");
-  require_refused(dir, "verify " + q(dir / "a.h5") + " --max-messages 0",
+  require_refused(dir, "verify " + quoted(dir / "a.h5") + " --max-messages 0",
                   "--max-messages: Value 0 not in range 1 to 9223372036854775807");
 }
 
@@ -61,7 +56,7 @@ TEST_CASE("hils run refuses K near the int64 limit naming K, and duplicate layer
           "[cli][values]") {
   TempDir dir("run_values");
   const auto acts = write_small(dir);
-  const std::string run = "run " + q(acts) + " -o " + q(dir / "out.h5");
+  const std::string run = "run " + quoted(acts) + " -o " + quoted(dir / "out.h5");
   // K + 2 overflowed: the size check passed and the allocation failed ("out of memory"). The
   // reference's own check (run_mechanism, tests/python/test_bad_input.py) is behind this one.
   require_refused(dir, run + " --preset hils --landmarks true -S 8 -K 9223372036854775807",
@@ -76,14 +71,14 @@ TEST_CASE("a mechanism name must be one results group", "[cli][values]") {
   TempDir dir("mechanism_names");
   const auto acts = write_small(dir);
   const std::string run =
-      "run " + q(acts) + " -o " + q(dir / "out.h5") + " --preset full --landmarks true -S 8";
+      "run " + quoted(acts) + " -o " + quoted(dir / "out.h5") + " --preset full --landmarks true -S 8";
   // Each was accepted and wrote its layers under nested groups (/a/b/layer0) or at the root.
   for (const std::string name : {"a/b", "..", "x/../y"})
     require_refused(dir, run + " --name '" + name + "'",
                     "mechanism name: expected a results group name (UTF-8, not empty, no '/', "
                     "not . or ..), got '" + name + "'");
   std::ofstream(dir / "empty_name.toml") << "[[mechanism]]\npreset = \"full\"\nname = \"\"\n";
-  require_refused(dir, run + " -c " + q(dir / "empty_name.toml"), "got ''");
+  require_refused(dir, run + " -c " + quoted(dir / "empty_name.toml"), "got ''");
 }
 
 TEST_CASE("a config path that is a folder or a FIFO says so", "[cli][values]") {
@@ -91,9 +86,9 @@ TEST_CASE("a config path that is a folder or a FIFO says so", "[cli][values]") {
   fs::create_directory(dir / "folder.toml");
   REQUIRE(::mkfifo((dir / "fifo.toml").c_str(), 0600) == 0);
   // Both were "found no such file".
-  require_refused(dir, "fidelity -c " + q(dir / "folder.toml") + " --out " + q(dir / "out.h5"),
+  require_refused(dir, "fidelity -c " + quoted(dir / "folder.toml") + " --out " + quoted(dir / "out.h5"),
                   "folder.toml: expected a TOML configuration file, found a folder");
-  require_refused(dir, "dump synthetic -c " + q(dir / "fifo.toml") + " -o " + q(dir / "out.h5"),
+  require_refused(dir, "dump synthetic -c " + quoted(dir / "fifo.toml") + " -o " + quoted(dir / "out.h5"),
                   "fifo.toml: expected a TOML configuration file, found a FIFO, socket or device");
 }
 
@@ -122,7 +117,7 @@ void write_verify_file(const fs::path& path, const std::string& spec, Extra extr
 TEST_CASE("hils verify: values its reader used to misread are refused or named", "[cli][values]") {
   TempDir dir("verify_values");
   const auto path = dir / "dump.h5";
-  auto verify = [&](const std::string& flags = "") { return run_hils("verify " + flags + q(path)); };
+  auto verify = [&](const std::string& flags = "") { return run_hils("verify " + flags + quoted(path)); };
   // The spec as an array of two strings: the first was used, silently.
   write_verify_file(path, "", [](H5::Group& root, H5::Group&, H5::Group&) {
     const char* specs[2] = {R"({"preset": "full", "S": 2})", R"({"preset": "nsa"})"};
@@ -174,9 +169,9 @@ TEST_CASE("hils verify: values its reader used to misread are refused or named",
 TEST_CASE("paths and names that are not UTF-8 are recorded and resumed", "[cli][values]") {
   TempDir dir("not_utf8");
   const auto acts = dir / "a\xff.h5", results = dir / "r\xff.h5";
-  REQUIRE(run_hils("-q dump synthetic -T 64 -S 16 -o " + q(acts)).exit_code == 0);
+  REQUIRE(run_hils("-q dump synthetic -T 64 -S 16 -o " + quoted(acts)).exit_code == 0);
   // The config attribute's JSON threw "invalid UTF-8 byte" (exit 3) for the input path.
-  const std::string run = "-q run " + q(acts) + " -o " + q(results) + " --landmarks true -S 16";
+  const std::string run = "-q run " + quoted(acts) + " -o " + quoted(results) + " --landmarks true -S 16";
   auto first = run_hils(run + " --preset full");
   INFO(first.output);
   REQUIRE(first.exit_code == 0);
@@ -184,9 +179,9 @@ TEST_CASE("paths and names that are not UTF-8 are recorded and resumed", "[cli][
   INFO(resumed.output);
   CHECK(resumed.exit_code == 0);
   CHECK_THAT(resumed.output, Catch::Contains("1 unit(s) computed, 1 already complete"));
-  CHECK(run_hils("info --json " + q(results)).exit_code == 0);
+  CHECK(run_hils("info --json " + quoted(results)).exit_code == 0);
   // A mechanism name names a results group and a unit of complete_units: it must be UTF-8.
-  require_refused(dir, "-q run " + q(acts) + " -o " + q(dir / "out.h5") +
+  require_refused(dir, "-q run " + quoted(acts) + " -o " + quoted(dir / "out.h5") +
                            " --landmarks true -S 16 --preset full --name 'm\xff'",
                   "mechanism name: expected a results group name (UTF-8");
 }
@@ -196,7 +191,7 @@ TEST_CASE("a full disk while dumping activations is one message", "[cli][values]
   // The activation writer's datasets were closed by their destructors, which printed
   // "DataSet::~DataSet - H5Dclose failed" before the message.
   auto r = hils::test::run_hils_with_file_limit(
-      "-q dump synthetic -T 512 -S 16 -o " + q(dir / "out.h5"), 10);
+      "-q dump synthetic -T 512 -S 16 -o " + quoted(dir / "out.h5"), 10);
   INFO(r.output);
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("expected room to write the output, found File too large"));
@@ -215,9 +210,9 @@ TEST_CASE("an output path that is a FIFO (or a device) is refused, not replaced"
   const std::string expected =
       "expected a regular file or a new name for the output, found a device, FIFO or socket";
   for (const std::string& command :
-       {"run " + q(acts) + " --preset full --landmarks true -S 8 -o " + q(fifo),
-        "dump synthetic -T 64 -o " + q(fifo),
-        "fidelity --lengths 1024 --layers 1 --queries 2 --out " + q(fifo)}) {
+       {"run " + quoted(acts) + " --preset full --landmarks true -S 8 -o " + quoted(fifo),
+        "dump synthetic -T 64 -o " + quoted(fifo),
+        "fidelity --lengths 1024 --layers 1 --queries 2 --out " + quoted(fifo)}) {
     auto r = run_hils("-q " + command);
     INFO(command + "\n" + r.output);
     CHECK(r.exit_code == 2);
@@ -232,7 +227,7 @@ TEST_CASE("a study's lists are not empty and its overlap blocks fit the tail", "
                      const std::string& message) {
     std::ofstream(dir / "c.toml") << toml;
     require_refused(dir, "-q " + study + " --lengths 1024 --layers 1 --queries 2 -c " +
-                             q(dir / "c.toml") + " --out " + q(dir / "out.h5"),
+                             quoted(dir / "c.toml") + " --out " + quoted(dir / "out.h5"),
                     message);
   };
   // Each ran: a block of 99999999 queries gave NaN overlaps, empty lists ran nothing of that part.

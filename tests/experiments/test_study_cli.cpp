@@ -10,17 +10,16 @@
 
 #include "support.hpp"
 
+using hils::test::quoted;
 using hils::test::run_hils;
 using hils::test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
-
 // Runs `hils -q <command>` into dir/f.h5 and checks exit 2, `message` and that no file exists.
 void require_refused(const TempDir& dir, const std::string& command, const std::string& message) {
-  hils::test::require_refused("-q " + command + " --out " + q(dir / "f.h5"), message, dir / "f.h5");
+  hils::test::require_refused("-q " + command + " --out " + quoted(dir / "f.h5"), message, dir / "f.h5");
 }
 
 }  // namespace
@@ -41,7 +40,7 @@ TEST_CASE("the synthetic source draws at most 128 layers", "[cli][study]") {
                   "--layers: expected at most 128 layers for the synthetic source");
   require_refused(dir, "fidelity --lengths 1024 --layers 129", "got 129");
   std::ofstream(dir / "layers.toml") << "[source]\nlayers = 500\n";
-  require_refused(dir, "fidelity --lengths 1024 -c " + q(dir / "layers.toml"),
+  require_refused(dir, "fidelity --lengths 1024 -c " + quoted(dir / "layers.toml"),
                   "--layers (or [source] layers in " + (dir / "layers.toml").string() +
                       "): expected at most 128 layers");
 }
@@ -56,12 +55,12 @@ TEST_CASE("context lengths without a retrieval candidate are refused naming --le
   // The boundary: T = W + S has no candidate, T = W + S + 1 has one.
   require_refused(dir, "overlap -S 16 -W 64 --lengths 80", "T > W + S = 80 at S=16, W=64), got 80");
   auto r = run_hils("-q overlap -S 16 -W 64 -K 2 --lengths 81 --layers 1 --out " +
-                    q(dir / "ok.h5"));
+                    quoted(dir / "ok.h5"));
   INFO(r.output);
   CHECK(r.exit_code == 0);
   // Set in a config, the error names the file and the key.
   std::ofstream(dir / "short.toml") << "[fidelity]\nlengths = [100]\n";
-  require_refused(dir, "fidelity -c " + q(dir / "short.toml"),
+  require_refused(dir, "fidelity -c " + quoted(dir / "short.toml"),
                   (dir / "short.toml").string() + ": [fidelity].lengths: expected lengths with a "
                   "retrieval candidate");
 }
@@ -73,7 +72,7 @@ TEST_CASE("lengths whose synthetic layers cannot fit in memory are refused namin
                   "--lengths: expected sizes whose data fit in 80% of this machine's");
   require_refused(dir, "overlap --lengths 1024 100000000000", "--lengths: expected sizes");
   std::ofstream(dir / "big.toml") << "[extrapolation]\nlengths = [100000000000]\n";
-  require_refused(dir, "extrapolate -c " + q(dir / "big.toml"),
+  require_refused(dir, "extrapolate -c " + quoted(dir / "big.toml"),
                   (dir / "big.toml").string() + ": [extrapolation].lengths: expected sizes");
 }
 
@@ -99,7 +98,7 @@ TEST_CASE("a study config's unknown key or table is refused", "[cli][study]") {
       {"[bananas]\nx = 3\n", "unknown table or key 'bananas'"}};
   for (const auto& [text, message] : cases) {
     std::ofstream(dir / "c.toml") << text;
-    require_refused(dir, "fidelity --lengths 1024 -c " + q(dir / "c.toml"),
+    require_refused(dir, "fidelity --lengths 1024 -c " + quoted(dir / "c.toml"),
                     (dir / "c.toml").string() + ": " + message);
   }
 }
@@ -108,46 +107,46 @@ TEST_CASE("lengths beyond an activation file's T are refused up front naming --l
           "[cli][study]") {
   TempDir dir("study_activation_lengths");
   const auto acts = dir / "acts.h5";
-  REQUIRE(run_hils("-q dump synthetic -T 640 -S 64 -o " + q(acts)).exit_code == 0);
+  REQUIRE(run_hils("-q dump synthetic -T 640 -S 64 -o " + quoted(acts)).exit_code == 0);
   // Was refused only when a unit loaded the layer, naming "lengths".
-  require_refused(dir, "fidelity --source activations --activations " + q(acts) +
+  require_refused(dir, "fidelity --source activations --activations " + quoted(acts) +
                            " --lengths 600 1024",
                   "--lengths: expected lengths within the activation file's T = 640 slots");
   std::ofstream(dir / "long.toml") << "[source]\nkind = \"activations\"\n[overlap]\n"
                                       "lengths = [600, 4096]\n";
-  require_refused(dir, "overlap --activations " + q(acts) + " -c " + q(dir / "long.toml"),
+  require_refused(dir, "overlap --activations " + quoted(acts) + " -c " + quoted(dir / "long.toml"),
                   "[overlap].lengths: expected lengths within the activation file's T = 640");
 }
 
 TEST_CASE("an empty list of lengths is refused, not a crash", "[cli][study]") {
   TempDir dir("study_no_lengths");
   std::ofstream(dir / "empty.toml") << "[fidelity]\nlengths = []\n";
-  require_refused(dir, "fidelity -c " + q(dir / "empty.toml"),
+  require_refused(dir, "fidelity -c " + quoted(dir / "empty.toml"),
                   "[fidelity].lengths: expected at least one length, got []");
   // Extrapolation's default lengths start at train_length: none within the source's context.
   std::ofstream(dir / "train.toml") << "[extrapolation]\ntrain_length = 2000000\n";
-  require_refused(dir, "extrapolate -c " + q(dir / "train.toml"),
+  require_refused(dir, "extrapolate -c " + quoted(dir / "train.toml"),
                   "[extrapolation].train_length: expected a train length whose default lengths");
 }
 
 TEST_CASE("a study on an activation file needs the file's landmark layout", "[cli][study]") {
   TempDir dir("study_activation_layout");
   const auto with = dir / "with.h5", without = dir / "without.h5";
-  REQUIRE(run_hils("-q dump synthetic -T 640 -S 16 -o " + q(with)).exit_code == 0);
-  REQUIRE(run_hils("-q dump synthetic -T 640 -S 16 --landmarks false -o " + q(without))
+  REQUIRE(run_hils("-q dump synthetic -T 640 -S 16 -o " + quoted(with)).exit_code == 0);
+  REQUIRE(run_hils("-q dump synthetic -T 640 -S 16 --landmarks false -o " + quoted(without))
               .exit_code == 0);
   const std::string fidelity = "fidelity --source activations --lengths 640 --layers 1 --queries 2 ";
   // Both ran, the landmark keys attended as tokens or real tokens taken for landmarks.
-  require_refused(dir, fidelity + "--activations " + q(with),
+  require_refused(dir, fidelity + "--activations " + quoted(with),
                   "the study's geometry (-S 16, --landmarks false) has landmarks off, but " +
                       with.string() + " has landmark slots at 15, 31, ... (S=16)");
-  require_refused(dir, fidelity + "--landmarks true --activations " + q(without),
+  require_refused(dir, fidelity + "--landmarks true --activations " + quoted(without),
                   "the study's geometry (-S 16, --landmarks true) needs the landmark layout");
-  require_refused(dir, fidelity + "--landmarks true -S 32 --activations " + q(with),
+  require_refused(dir, fidelity + "--landmarks true -S 32 --activations " + quoted(with),
                   "has landmark slots at 15, 31, ... (S=16). Real-model dumps");
   // The matching layout runs.
-  auto r = run_hils("-q " + fidelity + "--landmarks true --activations " + q(with) + " --out " +
-                    q(dir / "f.h5"));
+  auto r = run_hils("-q " + fidelity + "--landmarks true --activations " + quoted(with) + " --out " +
+                    quoted(dir / "f.h5"));
   INFO(r.output);
   CHECK(r.exit_code == 0);
 }
