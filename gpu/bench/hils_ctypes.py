@@ -33,7 +33,7 @@ ROW_TYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 WINDOW_KERNEL = {"mma_v4": 0, "mma_v9": 1, "mma_v10": 2, "wgmma_v11": 3, "wgmma_v12": 4,
                  "wgmma_v13": 5, "wgmma_v14": 6, "wgmma_v15": 7,
                  "wgmma_v16": 8, "wgmma_v17": 9, "wgmma_v18": 10,
-                 "wgmma_v19": 11}
+                 "wgmma_v19": 11, "wgmma_v20": 12}
 PRESETS = {
     "hils": dict(key="taylor", bias="entropy", fusion="hierarchical", landmarks=1),
     "lmk": dict(key="landmark_key", bias="none", fusion="hierarchical", landmarks=1),

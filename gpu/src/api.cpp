@@ -180,6 +180,7 @@ const char* window_kernel_name(WindowKernel kernel) {
     case WindowKernel::wgmma_v17: return "wgmma_v17";
     case WindowKernel::wgmma_v18: return "wgmma_v18";
     case WindowKernel::wgmma_v19: return "wgmma_v19";
+    case WindowKernel::wgmma_v20: return "wgmma_v20";
   }
   return "unknown";
 }

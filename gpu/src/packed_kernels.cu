@@ -264,6 +264,35 @@ __device__ __forceinline__ void store_window_rows(const ThreadRows<G>& rows, con
   }
 }
 
+// The window columns of a thread's two rows (of a block of 16-row warps whose rows are the
+// slots (query t0 + r / G, head g G + r % G)), relative to `first` (the block's leftmost window
+// slot): row i sees [lo[i], hi[i]], a row past T nothing (lo INT_MAX, hi -1); lo_max / hi_min
+// bound every valid row of the warp (a tile inside [lo_max, hi_min] is inside every row's window).
+struct WindowRowBounds {
+  int lo[2], hi[2];
+  int lo_max, hi_min;
+};
+template <int G>
+__device__ __forceinline__ WindowRowBounds window_row_bounds(const SlotGeometry& geo, int64_t T,
+                                                             int64_t t0, int64_t g, int64_t first) {
+  WindowRowBounds b;
+  bool valid1;
+  {
+    const ThreadRows<G> rows(t0, g, T);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      b.lo[i] = rows.valid[i] ? static_cast<int>(geo.window_left(rows.t[i]) - first) : INT_MAX;
+      b.hi[i] = rows.valid[i] ? static_cast<int>(rows.t[i] - first) : -1;
+    }
+    valid1 = rows.valid[1];
+  }
+  // Rows go down the block in slot order: row 1 valid implies row 0 valid.
+  const unsigned all = 0xffffffffu;
+  b.lo_max = __reduce_max_sync(all, valid1 ? b.lo[1] : (b.hi[0] >= 0 ? b.lo[0] : INT_MIN));
+  b.hi_min = __reduce_min_sync(all, valid1 ? b.hi[0] : (b.hi[0] >= 0 ? b.hi[0] : INT_MAX));
+  return b;
+}
+
 // Shared memory of window_v9_kernel: two K/V stages and the block's kRows q rows (the q
 // fragments are read per tile by ldmatrix instead of living in 16 registers through the loop).
 template <int kRows>
@@ -303,22 +332,12 @@ __global__ void __launch_bounds__(kWarps * kWarp, 16 / kWarps)
       cp_async16(&sm.q[r][col], q + (t < p.T ? (h * p.T + t) * kTileDim + col : 0), t < p.T);
     }
   }
-  int lo[2], hi[2];
-  bool valid1;
-  {
-    const ThreadRows<G> rows(t0, g, p.T);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      lo[i] = rows.valid[i] ? static_cast<int>(geo.window_left(rows.t[i]) - first) : INT_MAX;
-      hi[i] = rows.valid[i] ? static_cast<int>(rows.t[i] - first) : -1;
-    }
-    valid1 = rows.valid[1];
-  }
-  // Rows go down the block in slot order: row 1 valid implies row 0 valid.
+  const WindowRowBounds bounds = window_row_bounds<G>(geo, p.T, t0, g, first);
+  const int(&lo)[2] = bounds.lo;
+  const int(&hi)[2] = bounds.hi;
+  const int lo_max = bounds.lo_max, hi_min = bounds.hi_min;
   const unsigned all = 0xffffffffu;
   const int lo_min = __reduce_min_sync(all, min(lo[0], lo[1]));
-  const int lo_max = __reduce_max_sync(all, valid1 ? lo[1] : (hi[0] >= 0 ? lo[0] : INT_MIN));
-  const int hi_min = __reduce_min_sync(all, valid1 ? hi[0] : (hi[0] >= 0 ? hi[0] : INT_MAX));
   const int hi_max = __reduce_max_sync(all, max(hi[0], hi[1]));
   const float c2 = p.scale * 1.4426950408889634f;  // logits in base 2
   const int lane = threadIdx.x % kWarp;
@@ -369,19 +388,17 @@ __global__ void __launch_bounds__(kWarps * kWarp, 16 / kWarps)
 }
 
 // A warp's masks of its 16 rows x 64 keys (columns relative to the block's first window slot):
-// row i sees [lo[i], hi[i]]; lo_max / hi_min bound every row of the warp, so a tile inside all
-// rows' windows needs only the landmark column; complete_col ends the complete chunks (their
-// last slot is a landmark when `landmarks`).
+// the rows' windows (a tile inside [lo_max, hi_min] needs only the landmark column);
+// complete_col ends the complete chunks (their last slot is a landmark when `landmarks`).
 struct WindowTileMask {
-  const int (&lo)[2];
-  const int (&hi)[2];
-  int lo_max, hi_min, complete_col;
+  const WindowRowBounds& rows;
+  int complete_col;
   bool landmarks;
 };
 // Masked scores of the tile at key0 become -inf; so do the 8-key groups from nt_end on.
 __device__ __forceinline__ void mask_window_tile(float (&s)[8][4], int key0, int nt_end,
                                                  const WindowTileMask& mask, int lane) {
-  const bool inside = mask.lo_max <= key0 && mask.hi_min >= key0 + kTileDim - 1;
+  const bool inside = mask.rows.lo_max <= key0 && mask.rows.hi_min >= key0 + kTileDim - 1;
   const bool landmark_col = mask.landmarks && key0 + kTileDim <= mask.complete_col;
   if (inside) {
     if (landmark_col && lane % 4 == 3) s[7][1] = s[7][3] = kNegInf;
@@ -392,7 +409,8 @@ __device__ __forceinline__ void mask_window_tile(float (&s)[8][4], int key0, int
       for (int e = 0; e < 4; ++e) {
         const int i = e / 2, col = key0 + nt * 8 + (lane % 4) * 2 + (e % 2);
         const bool landmark = landmark_col && (col % kTileDim) == kTileDim - 1;
-        if (nt >= nt_end || col < mask.lo[i] || col > mask.hi[i] || landmark) s[nt][e] = kNegInf;
+        if (nt >= nt_end || col < mask.rows.lo[i] || col > mask.rows.hi[i] || landmark)
+          s[nt][e] = kNegInf;
       }
   }
 }
@@ -413,6 +431,20 @@ struct WindowWgSmem {
   unsigned char v[2][kWgPanelBytes];  // two V stages
 };
 constexpr size_t kWindowWgSmemBytes = sizeof(WindowWgSmem) + wg::kAtomBytes;  // + alignment
+
+// The block's 128 q rows r = (query t0 + r / G, head g G + r % G) into warpgroup r / 64's
+// 128-byte-swizzled panel, row r % 64 (zeros past T): cp.async by 256 threads, not committed.
+template <int G>
+__device__ __forceinline__ void load_q_panels_async(unsigned char (&panels)[2][kWgPanelBytes],
+                                                    const LaunchParams& p, int64_t t0, int64_t g) {
+  const auto* q = static_cast<const __nv_bfloat16*>(p.q);
+  for (int seg = threadIdx.x; seg < 128 * 8; seg += 256) {
+    const int r = seg / 8, col = (seg % 8) * 8;
+    const int64_t t = t0 + r / G, h = g * G + r % G;
+    cp_async16(panels[r / 64] + wg::sw128_offset(r % 64, col),
+               q + (t < p.T ? (h * p.T + t) * kTileDim + col : 0), t < p.T);
+  }
+}
 
 // Rows [row0, row0 + 64) of a [rows_total, 64] bf16 matrix into a swizzled panel (zeros past
 // rows_total), 256 threads.
@@ -497,36 +529,14 @@ __global__ void __launch_bounds__(256, 2)
   const int64_t t_last = t0 + M - 1 < p.T - 1 ? t0 + M - 1 : p.T - 1;
   const int n_tiles = static_cast<int>((t_last - first) / kTileDim + 1);
   const int complete_col = static_cast<int>((p.T / kTileDim) * kTileDim - first);
-  // q rows r = (query t0 + r / G, head g G + r % G): warpgroup r / 64's panel, row r % 64.
-  {
-    const auto* q = static_cast<const __nv_bfloat16*>(p.q);
-    for (int seg = threadIdx.x; seg < kRows * 8; seg += 256) {
-      const int r = seg / 8, col = (seg % 8) * 8;
-      const int64_t t = t0 + r / G, h = g * G + r % G;
-      cp_async16(sm.q[r / 64] + wg::sw128_offset(r % 64, col),
-                 q + (t < p.T ? (h * p.T + t) * kTileDim + col : 0), t < p.T);
-    }
-  }
+  load_q_panels_async<G>(sm.q, p, t0, g);
   // The warpgroup's columns (relative to `first`): its first query's window start to its last
   // query; empty when its rows start past T.
   const int64_t wg_t0 = t0 + group * 64 / G, wg_t1 = t0 + (group * 64 + 63) / G;
   const int wg_lo = wg_t0 < p.T ? static_cast<int>(geo.window_left(wg_t0) - first) : INT_MAX;
   const int wg_hi = wg_t0 < p.T ? static_cast<int>((wg_t1 < p.T ? wg_t1 : p.T - 1) - first) : -1;
-  int lo[2], hi[2];
-  bool valid1;
-  {
-    const ThreadRows<G> rows(t0, g, p.T);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      lo[i] = rows.valid[i] ? static_cast<int>(geo.window_left(rows.t[i]) - first) : INT_MAX;
-      hi[i] = rows.valid[i] ? static_cast<int>(rows.t[i] - first) : -1;
-    }
-    valid1 = rows.valid[1];
-  }
-  const unsigned all = 0xffffffffu;
-  const int lo_max = __reduce_max_sync(all, valid1 ? lo[1] : (hi[0] >= 0 ? lo[0] : INT_MIN));
-  const int hi_min = __reduce_min_sync(all, valid1 ? hi[0] : (hi[0] >= 0 ? hi[0] : INT_MAX));
-  const int hi_max = __reduce_max_sync(all, max(hi[0], hi[1]));
+  const WindowRowBounds bounds = window_row_bounds<G>(geo, p.T, t0, g, first);
+  const int hi_max = __reduce_max_sync(0xffffffffu, max(bounds.hi[0], bounds.hi[1]));
   const float c2 = p.scale * 1.4426950408889634f;  // logits in base 2
   const uint64_t q_desc = wg::desc_k_major(sm.q[group]);
   const uint32_t smem_k = static_cast<uint32_t>(__cvta_generic_to_shared(sm.k[0]));
@@ -599,7 +609,7 @@ __global__ void __launch_bounds__(256, 2)
     wg::fence_operands(s);
     // Per warp: 8-key groups past its last query hold nothing it may see (v11 skips them).
     const int nt_end = kLean ? 8 : key0 > hi_max ? 0 : min(8, (hi_max - key0) / 8 + 1);
-    mask_window_tile(s, key0, nt_end, WindowTileMask{lo, hi, lo_max, hi_min, complete_col, p.landmarks},
+    mask_window_tile(s, key0, nt_end, WindowTileMask{bounds, complete_col, p.landmarks},
                      lane);
     float neg_max2[2];
     rescale_to_tile_max(s, c2, m, l, o, neg_max2);
@@ -736,15 +746,7 @@ __global__ void __launch_bounds__(256, 2)
   const int64_t t_last = t0 + M - 1 < p.T - 1 ? t0 + M - 1 : p.T - 1;
   const int n_tiles = static_cast<int>((t_last - first) / kTileDim + 1);
   const int complete_col = static_cast<int>((p.T / kTileDim) * kTileDim - first);
-  {
-    const auto* q = static_cast<const __nv_bfloat16*>(p.q);
-    for (int seg = threadIdx.x; seg < kRows * 8; seg += 256) {
-      const int r = seg / 8, col = (seg % 8) * 8;
-      const int64_t t = t0 + r / G, h = g * G + r % G;
-      cp_async16(sm.q[r / 64] + wg::sw128_offset(r % 64, col),
-                 q + (t < p.T ? (h * p.T + t) * kTileDim + col : 0), t < p.T);
-    }
-  }
+  load_q_panels_async<G>(sm.q, p, t0, g);
   // The warpgroup's tiles [it_begin, it_end]: its first query's window start to its last query
   // (v13's tiles); empty when its rows start past T.
   const int64_t wg_t0 = t0 + group * 64 / G, wg_t1 = t0 + (group * 64 + 63) / G;
@@ -752,20 +754,7 @@ __global__ void __launch_bounds__(256, 2)
   const int it_begin = wg_rows ? static_cast<int>((geo.window_left(wg_t0) - first) / kTileDim) : 0;
   const int it_end =  // -2 when empty: no tile, and no last P V at it_end + 1 either
       wg_rows ? static_cast<int>(((wg_t1 < p.T ? wg_t1 : p.T - 1) - first) / kTileDim) : -2;
-  int lo[2], hi[2];
-  bool valid1;
-  {
-    const ThreadRows<G> rows(t0, g, p.T);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      lo[i] = rows.valid[i] ? static_cast<int>(geo.window_left(rows.t[i]) - first) : INT_MAX;
-      hi[i] = rows.valid[i] ? static_cast<int>(rows.t[i] - first) : -1;
-    }
-    valid1 = rows.valid[1];
-  }
-  const unsigned all = 0xffffffffu;
-  const int lo_max = __reduce_max_sync(all, valid1 ? lo[1] : (hi[0] >= 0 ? lo[0] : INT_MIN));
-  const int hi_min = __reduce_min_sync(all, valid1 ? hi[0] : (hi[0] >= 0 ? hi[0] : INT_MAX));
+  const WindowRowBounds bounds = window_row_bounds<G>(geo, p.T, t0, g, first);
   const float c2 = p.scale * 1.4426950408889634f;  // logits in base 2
   const uint32_t smem_k = static_cast<uint32_t>(__cvta_generic_to_shared(sm.k[0]));
   const uint32_t smem_v = static_cast<uint32_t>(__cvta_generic_to_shared(sm.v[0]));
@@ -827,7 +816,7 @@ __global__ void __launch_bounds__(256, 2)
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f}, o[8][4] = {}, alpha[2] = {1.0f, 1.0f};
   uint32_t pa[4][4] = {};  // P of the tile whose P V is pending, and that tile's V descriptor word
   uint32_t pending_v_lo = 0;
-  const WindowTileMask mask{lo, hi, lo_max, hi_min, complete_col, p.landmarks};
+  const WindowTileMask mask{bounds, complete_col, p.landmarks};
   for (int it = 0; it < n_tiles; ++it) {
     const int key0 = it * kTileDim;
     if constexpr (kTma) {
@@ -914,25 +903,35 @@ __global__ void __launch_bounds__(256, 2)
   store_window_rows(ThreadRows<G>(t0, g, p.T), p, o, l, m, lane, o_swa, lse_swa);
 }
 
-// ---- window v19: fewer instructions per tile on v18's copies and step -------------------------
+// ---- window v19, v20: fewer instructions per tile on v18's copies and step -------------------
 // v18's step per tile and warpgroup (S = Q K^T, wait, masks and softmax, O += P V, wait) on its
-// TMA copies (two tiles ahead, four stages, one "full" mbarrier per stage), with the rows'
-// maxima by a tree of fmaxf (v18: a chain of 16 per row), and the maximum that the exponentials
-// subtract raised only when a row's tile maximum passes it by more than 8 in base 2 (FA4's
-// rule): the probabilities stay <= 2^8, and the tiles that raise no maximum of the warp's rows
-// skip the factors and the rescale of o and of the sums (2 MUFU, 2 FFMA, 34 FMUL). Other
-// rounding than v18 (another maximum subtracted). The descriptors are put together inside the
-// wgmma asm from 32-bit low words (mma_ss_k_major, mma_rs_n_major). (Session 14's v20, per-stage
-// "empty" mbarriers instead of the block barrier per tile, is in main's history, not here:
-// gpu/NOTES.md v19.)
+// TMA copies (two tiles ahead, four stages, one "full" mbarrier per stage), with:
+// - v19: the rows' maxima by a tree of fmaxf (v18: a chain of 16 per row), and the maximum that
+//   the exponentials subtract raised only when a row's tile maximum passes it by more than 8 in
+//   base 2 (FA4's rule): the probabilities stay <= 2^8, and the tiles that raise no maximum of
+//   the warp's rows skip the factors and the rescale of o and of the sums (2 MUFU, 2 FFMA, 34
+//   FMUL). Other rounding than v18 (another maximum subtracted). The descriptors are put
+//   together inside the wgmma asm from 32-bit low words (mma_ss_k_major, mma_rs_n_major).
+// - v20 (kBarrierFree): v19 without the block barrier per tile: each stage has an "empty"
+//   mbarrier that every thread arrives at when its warpgroup is done with the tile there
+//   (skipped tiles too); the thread that issues the copies waits for it before refilling the
+//   stage. And the warpgroup's index made warp-uniform (__shfl_sync of lane 0's, as CUTLASS
+//   does), so that q's descriptor word can live in a uniform register.
 struct WindowV19Smem {
   static constexpr int kStages = 4, kAhead = 2;
   unsigned char q[2][kWgPanelBytes];        // the two warpgroups' 64 q rows
   unsigned char k[kStages][kWgPanelBytes];  // K stages
   unsigned char v[kStages][kWgPanelBytes];  // V stages
   uint64_t full[kStages];                   // stage s's K and V have landed
+  uint64_t empty[kStages];                  // every thread is done with stage s (v20)
 };
 constexpr size_t kWindowV19SmemBytes = sizeof(WindowV19Smem) + wg::kAtomBytes;
+
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+#ifndef HILS_WGMMA_UNAVAILABLE
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
 
 // The rows' tile maxima (over the quad) of s by a tree of fmaxf.
 __device__ __forceinline__ void tile_row_max(const float (&s)[8][4], float (&tile_max)[2]) {
@@ -969,11 +968,12 @@ __device__ __forceinline__ void raise_lazily(const float (&tile_max)[2], float c
   scale_rows(o, alpha);
 }
 
-template <int G>
+template <int G, bool kBarrierFree>
 __global__ void __launch_bounds__(256, 2)
     window_wgmma_v19_kernel(LaunchParams p, float* o_swa, float* lse_swa,
                             const __grid_constant__ CUtensorMap k_map,
                             const __grid_constant__ CUtensorMap v_map) {
+  constexpr bool kEmpty = kBarrierFree;
   constexpr int kRows = 128, M = kRows / G;
   constexpr int kStages = WindowV19Smem::kStages, kAhead = WindowV19Smem::kAhead;
   extern __shared__ unsigned char window_wg_raw[];
@@ -983,40 +983,21 @@ __global__ void __launch_bounds__(256, 2)
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * M, g = blockIdx.y;
   const int lane = threadIdx.x % kWarp;
-  const int group = static_cast<int>(threadIdx.x / 128);
+  const int group = kBarrierFree
+                        ? __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0)
+                        : static_cast<int>(threadIdx.x / 128);
   const int64_t first = geo.window_left(t0);
   const int64_t t_last = t0 + M - 1 < p.T - 1 ? t0 + M - 1 : p.T - 1;
   const int n_tiles = static_cast<int>((t_last - first) / kTileDim + 1);
   const int complete_col = static_cast<int>((p.T / kTileDim) * kTileDim - first);
-  {
-    const auto* q = static_cast<const __nv_bfloat16*>(p.q);
-    for (int seg = threadIdx.x; seg < kRows * 8; seg += 256) {
-      const int r = seg / 8, col = (seg % 8) * 8;
-      const int64_t t = t0 + r / G, h = g * G + r % G;
-      cp_async16(sm.q[r / 64] + wg::sw128_offset(r % 64, col),
-                 q + (t < p.T ? (h * p.T + t) * kTileDim + col : 0), t < p.T);
-    }
-    cp_async_commit();
-  }
+  load_q_panels_async<G>(sm.q, p, t0, g);
+  cp_async_commit();
   // The warpgroup's tiles [it_begin, it_end] (v13's); empty when its rows start past T.
   const int64_t wg_t0 = t0 + group * 64 / G, wg_t1 = t0 + (group * 64 + 63) / G;
   const bool wg_rows = wg_t0 < p.T;
   const int it_begin = wg_rows ? static_cast<int>((geo.window_left(wg_t0) - first) / kTileDim) : 0;
   const int it_end = wg_rows ? static_cast<int>(((wg_t1 < p.T ? wg_t1 : p.T - 1) - first) / kTileDim) : -1;
-  int lo[2], hi[2];
-  bool valid1;
-  {
-    const ThreadRows<G> rows(t0, g, p.T);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      lo[i] = rows.valid[i] ? static_cast<int>(geo.window_left(rows.t[i]) - first) : INT_MAX;
-      hi[i] = rows.valid[i] ? static_cast<int>(rows.t[i] - first) : -1;
-    }
-    valid1 = rows.valid[1];
-  }
-  const unsigned all = 0xffffffffu;
-  const int lo_max = __reduce_max_sync(all, valid1 ? lo[1] : (hi[0] >= 0 ? lo[0] : INT_MIN));
-  const int hi_min = __reduce_min_sync(all, valid1 ? hi[0] : (hi[0] >= 0 ? hi[0] : INT_MAX));
+  const WindowRowBounds bounds = window_row_bounds<G>(geo, p.T, t0, g, first);
   const float c2 = p.scale * 1.4426950408889634f;  // logits in base 2
   const float slack = 8.0f / c2;                   // raise m when a tile passes it by 2^8
   const uint32_t smem_k = static_cast<uint32_t>(__cvta_generic_to_shared(sm.k[0]));
@@ -1027,8 +1008,11 @@ __global__ void __launch_bounds__(256, 2)
   const uint32_t k0_lo = static_cast<uint32_t>(wg::desc_k_major(smem_k));
   const uint32_t v0_lo = static_cast<uint32_t>(wg::desc_n_major(smem_v, kWgPanelBytes));
   const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&sm.full[0]));
+  const uint32_t empty0 = static_cast<uint32_t>(__cvta_generic_to_shared(&sm.empty[0]));
   auto load_tile = [&](int j) {  // thread 0: tile j's K and V into stage j % kStages
     const uint32_t stage = static_cast<uint32_t>(j % kStages), bar = full0 + 8 * stage;
+    if (kEmpty && j >= kStages)  // the stage's previous tile, j - kStages, is done everywhere
+      mbarrier_wait(empty0 + 8 * stage, static_cast<uint32_t>(j / kStages - 1) & 1u);
     mbarrier_expect_bytes(bar, 2 * kWgPanelBytes);
     tma_load_panel(smem_k + stage * kWgPanelBytes, k_map, static_cast<int>(first) + j * kTileDim,
                    static_cast<int>(g), bar);
@@ -1037,7 +1021,10 @@ __global__ void __launch_bounds__(256, 2)
   };
   if (threadIdx.x == 0) {
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) mbarrier_init(full0 + 8 * s, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(full0 + 8 * s, 1);
+      if constexpr (kEmpty) mbarrier_init(empty0 + 8 * s, 256);
+    }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   cp_async_wait_all();      // the q rows
@@ -1050,17 +1037,25 @@ __global__ void __launch_bounds__(256, 2)
   }
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f}, o[8][4] = {};
   float raise_at[2] = {kNegInf, kNegInf}, neg_max2[2] = {0.0f, 0.0f};
-  const WindowTileMask mask{lo, hi, lo_max, hi_min, complete_col, p.landmarks};
+  const WindowTileMask mask{bounds, complete_col, p.landmarks};
   uint32_t use = 0;  // this tile's stage offset
   for (int it = 0; it < n_tiles; ++it) {
     const int key0 = it * kTileDim;
-    __syncthreads();  // every warpgroup is done with the stage refilled now
+    if constexpr (!kEmpty) __syncthreads();  // every warpgroup is done with the stage refilled now
     if (threadIdx.x == 0 && it + kAhead < n_tiles) load_tile(it + kAhead);
     const uint32_t k_lo = k0_lo + use / 16, v_lo = v0_lo + use / 16;
     const uint32_t stage = use / kWgPanelBytes;
     use = use + kWgPanelBytes == kStages * kWgPanelBytes ? 0u : use + kWgPanelBytes;
-    if (it < it_begin || it > it_end) continue;  // uniform over the warpgroup
+    // Every thread waits for every tile, skipped ones too: v20's arrivals for tile it must not
+    // come before every thread's for tile it - kStages (the stage's previous phase), and tile
+    // it lands only after those (the copying thread waits for them). Without this wait a
+    // warpgroup without rows (a ragged last block) arrived for every tile at once, completed
+    // the stages' phases by itself and left the copying thread waiting (session 14, run 2).
     mbarrier_wait(full0 + 8 * stage, static_cast<uint32_t>(it / kStages) & 1u);
+    if (it < it_begin || it > it_end) {  // uniform over the warpgroup
+      if constexpr (kEmpty) mbarrier_arrive(empty0 + 8 * stage);
+      continue;
+    }
     float s[8][4];
     wg::fence_operands(s);
     wg::fence();
@@ -1099,6 +1094,7 @@ __global__ void __launch_bounds__(256, 2)
     wg::commit();
     wg::wait<0>();
     wg::fence_operands(o);
+    if constexpr (kEmpty) mbarrier_arrive(empty0 + 8 * stage);
   }
   store_window_rows<G>(ThreadRows<G>(t0, g, p.T), p, o, l, m, lane, o_swa, lse_swa);
 }
@@ -1400,26 +1396,27 @@ void launch_window_overlap_g(const LaunchParams& p, float* o, float* lse, cudaSt
       <<<grid, 256, smem, stream>>>(p, o, lse, k_map, v_map);
 }
 
-template <int G>
+template <int G, bool kBarrierFree>
 void launch_window_v19_g(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
   constexpr int M = 128 / G;
   constexpr int smem = static_cast<int>(kWindowV19SmemBytes);
   const dim3 grid(static_cast<unsigned>((p.T + M - 1) / M), static_cast<unsigned>(p.Hkv));
-  static const bool raised = cudaFuncSetAttribute(window_wgmma_v19_kernel<G>,
+  static const bool raised = cudaFuncSetAttribute(window_wgmma_v19_kernel<G, kBarrierFree>,
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                   smem) == cudaSuccess;
   (void)raised;  // a failure surfaces as the launch's error
-  window_wgmma_v19_kernel<G>
+  window_wgmma_v19_kernel<G, kBarrierFree>
       <<<grid, 256, smem, stream>>>(p, o, lse, kv_tensor_map(p.k, p), kv_tensor_map(p.v, p));
 }
 
+template <bool kBarrierFree>
 void launch_window_v19(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
   switch (p.Hq / p.Hkv) {
-    case 1: return launch_window_v19_g<1>(p, o, lse, stream);
-    case 2: return launch_window_v19_g<2>(p, o, lse, stream);
-    case 4: return launch_window_v19_g<4>(p, o, lse, stream);
-    case 8: return launch_window_v19_g<8>(p, o, lse, stream);
-    default: return launch_window_v19_g<16>(p, o, lse, stream);
+    case 1: return launch_window_v19_g<1, kBarrierFree>(p, o, lse, stream);
+    case 2: return launch_window_v19_g<2, kBarrierFree>(p, o, lse, stream);
+    case 4: return launch_window_v19_g<4, kBarrierFree>(p, o, lse, stream);
+    case 8: return launch_window_v19_g<8, kBarrierFree>(p, o, lse, stream);
+    default: return launch_window_v19_g<16, kBarrierFree>(p, o, lse, stream);
   }
 }
 
@@ -1444,7 +1441,8 @@ void launch_window_wgmma(const LaunchParams& p, WindowKernel kernel, float* o, f
     case WindowKernel::wgmma_v16: return launch_window_overlap<2, kPvAfterMask>(p, o, lse, stream);
     case WindowKernel::wgmma_v17: return launch_window_overlap<2, kPvInTile>(p, o, lse, stream);
     case WindowKernel::wgmma_v18: return launch_window_overlap<2, kPvInTile, true>(p, o, lse, stream);
-    case WindowKernel::wgmma_v19: return launch_window_v19(p, o, lse, stream);
+    case WindowKernel::wgmma_v19: return launch_window_v19<false>(p, o, lse, stream);
+    case WindowKernel::wgmma_v20: return launch_window_v19<true>(p, o, lse, stream);
     default: return launch_window_wgmma_version<13>(p, o, lse, stream);
   }
 }

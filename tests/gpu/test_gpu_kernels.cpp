@@ -610,9 +610,9 @@ TEST_CASE("gpu packed window kernels against the reference", "[gpu]") {
 
 // The window kernels on logits that rise and fall along each window: k's rows scaled by 0.25
 // to 2.5 in steps of 0.25 per 64-key tile, ten tiles a period, q with gain 4 (logits' spread
-// from ~1 to ~10 nats). A row's maximum then rises by several nats from tile to tile (v19
-// raises its lazy maximum and rescales o several times inside one window, where the standard
-// cases' first tile sets it for good) and falls by ~20 nats at each period's end
+// from ~1 to ~10 nats). A row's maximum then rises by several nats from tile to tile (v19 and
+// v20 raise their lazy maximum and rescale o several times inside one window, where the
+// standard cases' first tile sets it for good) and falls by ~20 nats at each period's end
 // (probabilities near the underflow of the later tiles' exponentials).
 TEST_CASE("gpu window kernels on maxima that rise and fall along the window", "[gpu]") {
   const Case c{"window_rising_maxima", 1333, 64, 512, 8, 16, 2, 64, 64, true, 4.0};
@@ -631,6 +631,34 @@ TEST_CASE("gpu window kernels on maxima that rise and fall along the window", "[
   hils::gpu::set_window_kernel(std::nullopt);
 }
 
+namespace {
+// Checks that every kernel in `kernels` gives `baseline`'s o_window and lse_window bits on every
+// window shape (the swa preset).
+void check_window_bits_equal(hils::gpu::WindowKernel baseline,
+                             std::initializer_list<hils::gpu::WindowKernel> kernels) {
+  for (const Case& c : kWindowCases) {
+    const auto inputs = hils::cases::make_inputs<double>(c);
+    const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("swa"), c);
+    if (!reference_accepts(spec, inputs)) continue;
+    hils::gpu::set_window_kernel(baseline);
+    const KernelRun base = run_on_device(spec, inputs, DType::bf16);
+    for (auto kernel : kernels) {
+      hils::gpu::set_window_kernel(kernel);
+      const KernelRun run = run_on_device(spec, inputs, DType::bf16);
+      INFO("case " << c.name << " " << hils::gpu::window_kernel_name(kernel) << " against "
+                   << hils::gpu::window_kernel_name(baseline));
+      REQUIRE(run.out.o_window.size() == base.out.o_window.size());
+      int differing_heads = 0;
+      for (size_t h = 0; h < run.out.o_window.size(); ++h)
+        differing_heads += !(run.out.o_window[h] == base.out.o_window[h] &&
+                             run.out.lse_window[h] == base.out.lse_window[h]);
+      CHECK(differing_heads == 0);
+    }
+  }
+  hils::gpu::set_window_kernel(std::nullopt);
+}
+}  // namespace
+
 // wgmma_v14 to v16 overlap one tile's P V with the next tile's softmax, v17 copies two tiles
 // ahead, v18 copies them by the tensor memory accelerator (rows past T: the tensor map's zeros);
 // all do v13's arithmetic in v13's order on the same tiles: o_window and lse_window must
@@ -640,27 +668,21 @@ TEST_CASE("gpu window wgmma_v14 to v18 give wgmma_v13's bits", "[gpu]") {
     WARN("wgmma cannot run here: the window kernels v13-v18 are refused (fallback test)");
     return;
   }
-  for (const Case& c : kWindowCases) {
-    const auto inputs = hils::cases::make_inputs<double>(c);
-    const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("swa"), c);
-    if (!reference_accepts(spec, inputs)) continue;
-    hils::gpu::set_window_kernel(hils::gpu::WindowKernel::wgmma_v13);
-    const KernelRun v13 = run_on_device(spec, inputs, DType::bf16);
-    for (auto kernel : {hils::gpu::WindowKernel::wgmma_v14, hils::gpu::WindowKernel::wgmma_v15,
-                        hils::gpu::WindowKernel::wgmma_v16, hils::gpu::WindowKernel::wgmma_v17,
-                        hils::gpu::WindowKernel::wgmma_v18}) {
-      hils::gpu::set_window_kernel(kernel);
-      const KernelRun run = run_on_device(spec, inputs, DType::bf16);
-      INFO("case " << c.name << " " << hils::gpu::window_kernel_name(kernel));
-      REQUIRE(run.out.o_window.size() == v13.out.o_window.size());
-      int differing_heads = 0;
-      for (size_t h = 0; h < run.out.o_window.size(); ++h)
-        differing_heads += !(run.out.o_window[h] == v13.out.o_window[h] &&
-                             run.out.lse_window[h] == v13.out.lse_window[h]);
-      CHECK(differing_heads == 0);
-    }
+  using hils::gpu::WindowKernel;
+  check_window_bits_equal(WindowKernel::wgmma_v13,
+                          {WindowKernel::wgmma_v14, WindowKernel::wgmma_v15, WindowKernel::wgmma_v16,
+                           WindowKernel::wgmma_v17, WindowKernel::wgmma_v18});
+}
+
+// wgmma_v20 is v19's arithmetic in v19's order (only the synchronization of the stages and the
+// warpgroup index differ): v19's bits on every window shape, the ragged last blocks (a
+// warpgroup without rows, where session 14's first v20 hung) included.
+TEST_CASE("gpu window wgmma_v20 gives wgmma_v19's bits", "[gpu]") {
+  if (!hils::gpu::wgmma_available()) {
+    WARN("wgmma cannot run here: the window kernels v19 and v20 are refused (fallback test)");
+    return;
   }
-  hils::gpu::set_window_kernel(std::nullopt);
+  check_window_bits_equal(hils::gpu::WindowKernel::wgmma_v19, {hils::gpu::WindowKernel::wgmma_v20});
 }
 
 // The C API's window-kernel values are the enum's, its getter reports what runs, a value past
@@ -827,7 +849,7 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
                       hils::gpu::WindowKernel::wgmma_v13, hils::gpu::WindowKernel::wgmma_v14,
                       hils::gpu::WindowKernel::wgmma_v15, hils::gpu::WindowKernel::wgmma_v16,
                       hils::gpu::WindowKernel::wgmma_v17, hils::gpu::WindowKernel::wgmma_v18,
-                      hils::gpu::WindowKernel::wgmma_v19})
+                      hils::gpu::WindowKernel::wgmma_v19, hils::gpu::WindowKernel::wgmma_v20})
     CHECK(hils::gpu::uses_wgmma(kernel));
   hils::gpu::set_window_kernel(std::nullopt);
   for (auto kernel : {hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v12,

@@ -198,6 +198,7 @@ enum class WindowKernel {
   wgmma_v17,  // wgmma_v13's step (no overlap) with wgmma_v15's copies two tiles ahead
   wgmma_v18,  // wgmma_v17 with the K/V tiles copied by the tensor memory accelerator (TMA)
   wgmma_v19,  // wgmma_v18 with a lazy maximum (raised when passed by 2^8) and tree maxima
+  wgmma_v20,  // wgmma_v19 with per-stage "empty" mbarriers instead of a block barrier per tile
 };
 // Every WindowKernel, in the order of their values.
 constexpr WindowKernel kWindowKernels[] = {WindowKernel::mma_v4, WindowKernel::mma_v9,
@@ -205,7 +206,8 @@ constexpr WindowKernel kWindowKernels[] = {WindowKernel::mma_v4, WindowKernel::m
                                            WindowKernel::wgmma_v12, WindowKernel::wgmma_v13,
                                            WindowKernel::wgmma_v14, WindowKernel::wgmma_v15,
                                            WindowKernel::wgmma_v16, WindowKernel::wgmma_v17,
-                                           WindowKernel::wgmma_v18, WindowKernel::wgmma_v19};
+                                           WindowKernel::wgmma_v18, WindowKernel::wgmma_v19,
+                                           WindowKernel::wgmma_v20};
 // The kernel's name as above ("mma_v4", ...).
 const char* window_kernel_name(WindowKernel kernel);
 // Whether the kernel runs wgmma (sm_90a; wgmma_available below). Every kernel is listed, so
@@ -223,11 +225,12 @@ constexpr bool uses_wgmma(WindowKernel kernel) {
     case WindowKernel::wgmma_v16:
     case WindowKernel::wgmma_v17:
     case WindowKernel::wgmma_v18:
-    case WindowKernel::wgmma_v19: return true;
+    case WindowKernel::wgmma_v19:
+    case WindowKernel::wgmma_v20: return true;
   }
   return true;
 }
-constexpr WindowKernel kDefaultWindowKernel = WindowKernel::wgmma_v18;
+constexpr WindowKernel kDefaultWindowKernel = WindowKernel::wgmma_v20;
 // The window kernel without wgmma where wgmma cannot run (wgmma_available).
 constexpr WindowKernel kWindowKernelWithoutWgmma = WindowKernel::mma_v9;
 // kDefaultWindowKernel where wgmma_available(), else kWindowKernelWithoutWgmma.

@@ -64,9 +64,10 @@ int hils_gpu_set_sparse_kernel(int32_t sparse_kernel);
 int32_t hils_gpu_sparse_kernel(void);
 /* The window kernel of hils_gpu_window / hils_gpu_run on the packed shapes, process-wide:
    0 = mma_v4, 1 = mma_v9, 2 = mma_v10, 3 = wgmma_v11, 4 = wgmma_v12, 5 = wgmma_v13,
-   6 = wgmma_v14, 7 = wgmma_v15, 8 = wgmma_v16, 9 = wgmma_v17, 10 = wgmma_v18, 11 = wgmma_v19 (the default is
-   hils::gpu::default_window_kernel(): wgmma_v18 where wgmma can run, else mma_v9;
-   gpu/NOTES.md). Returns 2 for another value; a wgmma kernel (3 to 11) set where wgmma cannot
+   6 = wgmma_v14, 7 = wgmma_v15, 8 = wgmma_v16, 9 = wgmma_v17, 10 = wgmma_v18, 11 = wgmma_v19,
+   12 = wgmma_v20 (the default is
+   hils::gpu::default_window_kernel(): wgmma_v20 where wgmma can run, else mma_v9;
+   gpu/NOTES.md). Returns 2 for another value; a wgmma kernel (3 to 12) set where wgmma cannot
    run makes those calls fail. */
 int hils_gpu_set_window_kernel(int32_t window_kernel);
 /* The window kernel that runs now (the default until set), as the numbers above. */
