@@ -367,7 +367,9 @@ Matrix<double> absolute_key_mass(const Context& ctx, int64_t h) {
 // Conditioning of s_hat(t,h,c) for every query row and chunk of one KV group, max over its
 // heads: A = sigma sum_i |q~_t,i| absolute_key_mass(c, i) + (log|T_c| + 1 with the entropy
 // bias, whose rounding moves it by at most u (H + 1)). The kernel's score error is at most a
-// few u times A. [Tq x n_chunks].
+// few u times A. With int4 scores the row's largest mass stands for every entry's
+// (sigma sum_i |q~_t,i| max_i absolute_key_mass(c, i)): int4's error is half a step of the row.
+// [Tq x n_chunks].
 Matrix<double> score_conditioning(const Context& ctx, int64_t g) {
   const int64_t chunks = ctx.geometry.n_chunks(), d = ctx.inputs.d();
   const double scale = logit_scale(ctx.spec, d);
@@ -376,12 +378,17 @@ Matrix<double> score_conditioning(const Context& ctx, int64_t g) {
                           : 0.0;
   Matrix<double> a = Matrix<double>::Zero(static_cast<Eigen::Index>(ctx.queries.size()), chunks);
   if (chunks == 0) return a;
+  const bool int4 = tensor_precision("selection", ctx.spec, ctx.options) == InputPrecision::int4;
   for (int64_t h = g * ctx.G; h < (g + 1) * ctx.G; ++h) {
     const Matrix<double>& q = ctx.spec.key_rule == KeyRule::exact ? ctx.inputs.q[h]
                                                                   : ctx.inputs.retrieval_query(h);
     Matrix<double> rows(static_cast<Eigen::Index>(ctx.queries.size()), d);
     for (size_t i = 0; i < ctx.queries.size(); ++i) rows.row(i) = q.row(ctx.queries[i]).cwiseAbs();
-    a = a.cwiseMax(scale * rows * absolute_key_mass(ctx, h).transpose());
+    const Matrix<double> mass = absolute_key_mass(ctx, h);
+    if (int4)  // half an int4 step is max_i |k'_c,i| / 14 on every entry of the row
+      a = a.cwiseMax(scale * rows.rowwise().sum() * mass.rowwise().maxCoeff().transpose());
+    else
+      a = a.cwiseMax(scale * rows * mass.transpose());
   }
   return a.array() + bias;
 }
@@ -1101,8 +1108,8 @@ struct VerifierState {
 
 Verifier::Verifier(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                    const VerifyOptions& options) {
-  require(options.precision != InputPrecision::fp8_e4m3, "input_precision", "fp32 or bf16",
-          "fp8_e4m3 (a score precision only)");
+  require(options.precision != InputPrecision::fp8_e4m3 && options.precision != InputPrecision::int4,
+          "input_precision", "fp32 or bf16", to_string(options.precision) + " (a score precision only)");
   auto state = std::make_shared<VerifierState>(VerifierState{make_context(spec, inputs, options)});
   add_score_conditioning(state->ctx);
   add_own_fusions(state->ctx);

@@ -151,6 +151,7 @@ std::string to_string(InputPrecision precision) {
   switch (precision) {
     case InputPrecision::bf16: return "bf16";
     case InputPrecision::fp8_e4m3: return "fp8_e4m3";
+    case InputPrecision::int4: return "int4";
     case InputPrecision::fp32: break;
   }
   return "fp32";
@@ -164,15 +165,17 @@ InputPrecision parse_input_precision(const std::string& text, const std::string&
 
 InputPrecision parse_score_precision(const std::string& text, const std::string& field) {
   if (text == "fp8_e4m3") return InputPrecision::fp8_e4m3;
+  if (text == "int4") return InputPrecision::int4;
   if (text == "fp32" || text == "bf16") return parse_input_precision(text, field);
-  throw InvalidArgument(field + ": expected \"fp32\", \"bf16\" or \"fp8_e4m3\", got \"" + text +
-                        "\"");
+  throw InvalidArgument(field + ": expected \"fp32\", \"bf16\", \"fp8_e4m3\" or \"int4\", got \"" +
+                        text + "\"");
 }
 
 double unit_roundoff(InputPrecision precision) {
   switch (precision) {
     case InputPrecision::bf16: return 0x1p-8;
     case InputPrecision::fp8_e4m3: return 0x1p-4;
+    case InputPrecision::int4: return 1.0 / 14.0;
     case InputPrecision::fp32: break;
   }
   return 0x1p-24;

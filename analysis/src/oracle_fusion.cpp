@@ -147,6 +147,21 @@ double fp8_row_scale(double amax) {
   return std::ldexp(1.0, mantissa == 0.5 ? exponent - 1 : exponent);
 }
 
+float int4_row_scale(double amax) {
+  // amax -> float(amax) / 7 in fp32 (the device's __fdiv_rn), so that the largest entry maps to
+  // +-7; 1 where the row is all zero (or not finite).
+  if (!(amax > 0.0) || !std::isfinite(amax)) return 1.0f;
+  const float scale = static_cast<float>(amax) / 7.0f;
+  return scale > 0.0f ? scale : 1.0f;  // an amax below 7 x float's smallest subnormal
+}
+
+int int4_code(double x, float s) {
+  // float(x) / s in fp32, to nearest with ties to even (nearbyint), clamped to [-7, 7].
+  const float ratio = static_cast<float>(x) / s;
+  if (std::isnan(ratio)) return 0;
+  return static_cast<int>(std::clamp(std::nearbyint(ratio), -7.0f, 7.0f));
+}
+
 AttentionInputs<double> round_inputs_to_bf16(const AttentionInputs<double>& inputs) {
   // inputs -> the same inputs with every entry rounded to bf16.
   auto round_all = [](std::vector<Matrix<double>>& heads) {

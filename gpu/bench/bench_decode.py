@@ -8,10 +8,12 @@ the whole KV cache read once at the copy bandwidth measured here (no dense kerne
 Ours runs four ways: the d5 kernel (seven launches, bf16 summaries), the fused kernel (the
 default, gpu/NOTES.md "decode") with bf16 summaries, and with fp8 e4m3 summaries (a per-row
 power-of-two scale), and d19 with fp8 summaries (the previous default: the baseline); --variants
-picks others (d8, d16, d17, d18, d21, d23, d24, d25, d29) and --batches / --lengths fewer shapes (no
+picks others (d8, d16, d17, d18, d21, d23, d24, d25, d29, d34) and --batches / --lengths fewer shapes (no
 table then). --scan-floor also times, per shape with fp8 summaries, launch 1 alone of d21, d24
 and d25, launch 1's loads alone (its grid, no arithmetic) and a flat read of the summary arrays
-(hils::gpu::decode_scan_probe): what the scan could reach; --handoffs times d25's launch 1 alone
+(hils::gpu::decode_scan_probe): what the scan could reach (with int4 summaries too when a
+--variants label names int4: <kernel>_int4, codes -7..7 and a row scale, half fp8's bytes;
+gpu/NOTES.md "decode", session 15); --handoffs times d25's launch 1 alone
 and followed by four empty kernels launched as d29 launches its tails: what the kernel
 boundaries after the scan cost without the tails' work.
 Each side is timed as a CUDA-graph replay (one launch, as serving loops run decode; the eager
@@ -56,9 +58,9 @@ class Decode(ctypes.Structure):
     ] + [("summary_type", ctypes.c_int32), ("kernel", ctypes.c_int32),
          ("summary_scale", ctypes.c_void_p), ("summary_key_bf16", ctypes.c_void_p)]
 
-SUMMARY_TYPES = {"bf16": 0, "fp8": 1}
+SUMMARY_TYPES = {"bf16": 0, "fp8": 1, "int4": 2}
 KERNELS = {"fused": 0, "d5": 1, "d8": 2, "d13": 3, "d16": 4, "d17": 5, "d18": 6, "d19": 7, "d21": 8, "d23": 9,
-           "d24": 10, "d25": 11, "d29": 15}
+           "d24": 10, "d25": 11, "d29": 15, "d34": 20}
 # decode_scan_probe's probes (hils::gpu::ScanProbe), timed by --scan-floor.
 SCAN_PROBES = {"d21_scan": 0, "d24_scan": 1, "d25_scan": 2, "loads_only": 3, "flat_read": 4}
 TAIL_HANDOFFS = 5  # ScanProbe::tail_handoffs (--handoffs)
@@ -71,7 +73,7 @@ def variant(label):
     """'d16_fp8' -> ('d16_fp8', 'd16', 'fp8')."""
     kernel, summary = label.rsplit("_", 1)
     if kernel not in KERNELS or summary not in SUMMARY_TYPES:
-        raise SystemExit(f"--variants: unknown '{label}' (expected <{'|'.join(KERNELS)}>_<bf16|fp8>)")
+        raise SystemExit(f"--variants: unknown '{label}' (expected <{'|'.join(KERNELS)}>_<bf16|fp8|int4>)")
     return label, kernel, summary
 
 
@@ -172,9 +174,25 @@ def quantize_fp8(lib, key):
     return out, scale
 
 
+def quantize_int4(lib, key):
+    """key fp32 [..., d] -> (int4 codes, two per byte [..., d / 2] uint8, fp32 row scales [...]) by
+    the library's quantizer (hils::gpu::quantize_summaries_int4)."""
+    key = key.float().contiguous()
+    out = torch.empty(key.shape[:-1] + (key.shape[-1] // 2,), dtype=torch.uint8, device="cuda")
+    scale = torch.empty(key.shape[:-1], dtype=torch.float32, device="cuda")
+    rows = key.numel() // key.shape[-1]
+    lib.hils_gpu_quantize_summaries_int4.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    rc = lib.hils_gpu_quantize_summaries_int4(ptr(key), rows, key.shape[-1], ptr(out), ptr(scale),
+                                              ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+    if rc != 0:
+        raise RuntimeError(lib.hils_gpu_decode_last_error().decode())
+    return out, scale
+
+
 class HilsDecode:
     """Our decode step on a random cache of B sequences of T slots (hils preset); `summary`
-    "bf16" or "fp8" (e4m3 + row scales), `kernel` a name of KERNELS."""
+    "bf16", "fp8" (e4m3 + row scales) or "int4" (codes + row scales), `kernel` a name of KERNELS."""
 
     def __init__(self, lib, B, T, gen, hq=HQ, hkv=HKV, d=D, s=S, w=W, k=K, summary="bf16",
                  kernel="fused"):
@@ -184,9 +202,13 @@ class HilsDecode:
         self.v = torch.randn(B, hkv, T, d, generator=gen, **bf)
         self.key = torch.randn(B, hq, nc, d, generator=gen, **bf)
         self.scale = self.key_bf16 = None
+        self.summary = summary
         if summary == "fp8":  # the bf16 rows stay for the fusion logits of the selected chunks
             self.key_bf16 = self.key
             self.key, self.scale = quantize_fp8(lib, self.key)
+        if summary == "int4":  # the bf16 rows stay for the fusion logits of the selected chunks
+            self.key_bf16 = self.key
+            self.key, self.scale = quantize_int4(lib, self.key)
         self.bias = torch.rand(B, hq, nc, generator=gen, device="cuda") * 3.0
         self.q = torch.randn(B, hq, d, generator=gen, **bf)
         self.o = torch.empty(B, hq, d, device="cuda")
@@ -222,10 +244,10 @@ class HilsDecode:
         self.p.kernel = KERNELS[kernel]
 
     def bytes_read(self, B, T):
-        """Cache bytes one step reads: summaries (k' + b' [+ the fp8 row scale, + the K
+        """Cache bytes one step reads: summaries (k' + b' [+ the fp8 or int4 row scale, + the K
         selected bf16 rows]), plus window and K chunks of K/V per KV head."""
         nc = T // S
-        row = D * self.key.element_size() + 4 + (4 if self.scale is not None else 0)
+        row = self.key.shape[-1] * self.key.element_size() + 4 + (4 if self.scale is not None else 0)
         summaries = B * HQ * nc * row + (B * HQ * K * D * 2 if self.scale is not None else 0)
         tau = (T - 1 - W + 1) // S
         window = T - max(0, tau * S)
@@ -237,7 +259,7 @@ def scan_floor(run, B, T):
     """Times (graph replay, cold L2) each ScanProbe on run's cache; prints us and TB/s over the
     bytes launch 1 reads (summary rows, b', scales; the window's K/V)."""
     nc = T // S
-    row = D * run.key.element_size() + 4 + (4 if run.scale is not None else 0)
+    row = run.key.shape[-1] * run.key.element_size() + 4 + (4 if run.scale is not None else 0)
     tau = (T - 1 - W + 1) // S
     window_kv = B * HKV * (T - max(0, tau * S)) * 2 * D * 2
     scan_bytes = B * HQ * nc * row + window_kv
@@ -254,7 +276,7 @@ def scan_floor(run, B, T):
         us = graph_us if graph_us is not None else eager_us
         nbytes = scan_bytes - (window_kv if name == "flat_read" else 0)
         result[name] = us
-        print(f"  scan floor B={B} T={T} {name:>10}: {us:7.1f} us  {nbytes / 1e6:6.1f} MB  "
+        print(f"  scan floor {run.summary} B={B} T={T} {name:>10}: {us:7.1f} us  {nbytes / 1e6:6.1f} MB  "
               f"{nbytes / us / 1e6:5.2f} TB/s", flush=True)
     return result
 
@@ -339,7 +361,8 @@ def main():
     ap.add_argument("--flush", choices=("write", "read"), default="write",
                     help="empty the L2 between calls by writing (default) or reading 512 MiB")
     ap.add_argument("--scan-floor", action="store_true",
-                    help="time launch 1 alone and its read floor per shape (fp8 summaries)")
+                    help="time launch 1 alone and its read floor per shape (fp8 summaries; "
+                         "int4 too when a variant uses int4)")
     ap.add_argument("--handoffs", action="store_true",
                     help="time launch 1 alone and with four empty tail launches (fp8 summaries)")
     args = ap.parse_args()
@@ -362,7 +385,7 @@ def main():
             dense = B * HKV * T * 2 * D * 2
             row = dict(B=B, T=T, dense_bytes=dense, floor_us=dense / bw * 1e6)
             runs = {}
-            for summary in ("bf16", "fp8"):
+            for summary in ("bf16", "fp8") + (("int4",) if any(v[2] == "int4" for v in variants) else ()):
                 run = HilsDecode(lib, B, T, gen, summary=summary)
                 row[f"summary_bytes_{summary}"], row["sparse_kv_bytes"] = run.bytes_read(B, T)
                 for label, kernel, kind in variants:
@@ -377,6 +400,8 @@ def main():
                         profile_kernels(run)
                 if args.scan_floor and summary == "fp8":
                     row["scan_floor_us"] = scan_floor(run, B, T)
+                if args.scan_floor and summary == "int4":
+                    row["scan_floor_int4_us"] = scan_floor(run, B, T)
                 if args.handoffs and summary == "fp8":
                     row["handoffs_us"] = handoffs(run, B, T)
                 runs[summary] = run

@@ -4,7 +4,8 @@ verify_decode_seq<b>.h5, with /queries = [T - 1] (the cache's last slot) and the
 summaries (the prefill's summarize stage, rounded to bf16 as the cache keeps them) as
 /outputs/summary_key and summary_bias; then the same step with fp8 e4m3 summaries (the library's
 quantizer, k' read back as e4m3 x row scale) as verify_decode_fp8_seq<b>.h5 with
-score_precision fp8_e4m3. Run by `scripts/gpu_check.sh --decode` on the device
+score_precision fp8_e4m3, and with --summaries ...,int4 the same with int4 summaries (codes -7..7 x
+row scale) as verify_decode_int4_seq<b>.h5 with score_precision int4. Run by `scripts/gpu_check.sh --decode` on the device
 machine; `hils verify FILE` judges the files wherever the CLI is built."""
 import argparse
 import ctypes
@@ -31,6 +32,8 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--kernel", choices=tuple(bd.KERNELS), default="fused")
+    ap.add_argument("--summaries", default="bf16,fp8",
+                    help="comma-separated summary types to dump (bf16, fp8, int4)")
     args = ap.parse_args()
     lib = hc.Library(args.lib)
     lib.lib.hils_gpu_decode_last_error.restype = ctypes.c_char_p
@@ -48,12 +51,14 @@ def main():
         seqs.append((q, k, v, qr))
         keys.append(st.key.float())
         biases.append(st.bias)
-    for summary in ("bf16", "fp8"):
+    for summary in args.summaries.split(","):
+        if summary not in bd.SUMMARY_TYPES:
+            raise SystemExit(f"--summaries: unknown '{summary}' (expected bf16, fp8 or int4)")
         dump_step(lib, gen, seqs, keys, biases, summary, args.out, args.kernel)
 
 
 def dump_step(lib, gen, seqs, keys, biases, summary, out_dir, kernel="fused"):
-    """One decode step of `kernel` over `seqs` with `summary` ("bf16" or "fp8") summaries, one
+    """One decode step of `kernel` over `seqs` with `summary` ("bf16", "fp8" or "int4") summaries, one
     file per sequence."""
     nc = T // S
     run = bd.HilsDecode(lib.lib, B, T, gen, hq=HQ, hkv=HKV, d=D, s=S, w=W, k=K, summary=summary,
@@ -66,6 +71,13 @@ def dump_step(lib, gen, seqs, keys, biases, summary, out_dir, kernel="fused"):
         run.p.summary_key, run.p.summary_scale = hc.ptr(run.key), hc.ptr(run.scale)
         run.p.summary_key_bf16 = hc.ptr(run.key_bf16)
         stored = run.key.float() * run.scale[..., None]  # what the step scores with
+    elif summary == "int4":
+        run.key_bf16 = torch.stack(keys).bfloat16()
+        run.key, run.scale = bd.quantize_int4(lib.lib, torch.stack(keys))
+        run.p.summary_key, run.p.summary_scale = hc.ptr(run.key), hc.ptr(run.scale)
+        run.p.summary_key_bf16 = hc.ptr(run.key_bf16)
+        codes = torch.stack([(run.key & 0xF), (run.key >> 4)], dim=-1).flatten(-2).float() - 8.0
+        stored = codes * run.scale[..., None]  # what the step scores with
     else:
         run.key.copy_(torch.stack(keys).bfloat16())
         stored = run.key.float()
@@ -82,7 +94,7 @@ def dump_step(lib, gen, seqs, keys, biases, summary, out_dir, kernel="fused"):
     torch.cuda.synchronize()
     spec = {"preset": "hils", "S": S, "W": W, "K": K, "landmarks": True}
     np32 = lambda t: t.float().cpu().numpy()
-    tag = "_fp8" if summary == "fp8" else ""
+    tag = "" if summary == "bf16" else f"_{summary}"
     for b in range(B):
         q, k, v, qr = seqs[b]
         path = os.path.join(out_dir, f"verify_decode{tag}_seq{b}.h5")
@@ -91,8 +103,9 @@ def dump_step(lib, gen, seqs, keys, biases, summary, out_dir, kernel="fused"):
             f.attrs["format_version"] = np.int64(1)
             f.attrs["spec"] = json.dumps(spec)
             f.attrs["input_precision"] = "bf16"
-            # the cache keeps k' in bf16, or in e4m3 with a per-row power-of-two scale
-            f.attrs["score_precision"] = "fp8_e4m3" if summary == "fp8" else "bf16"
+            # the cache keeps k' in bf16, in e4m3 with a per-row power-of-two scale, or in int4
+            # codes with a per-row fp32 scale
+            f.attrs["score_precision"] = {"bf16": "bf16", "fp8": "fp8_e4m3", "int4": "int4"}[summary]
             f.attrs["kernel"] = f"hils::gpu decode_step {kernel}, {summary} summaries (B = {B}, sequence {b})"
             f["inputs/q"], f["inputs/k"], f["inputs/v"] = np32(q), np32(k), np32(v)
             f["inputs/q_retrieval"] = np32(qr)

@@ -95,4 +95,13 @@ int hils_gpu_quantize_summaries_fp8(const float* key, int64_t rows, int64_t d, v
   });
 }
 
+int hils_gpu_quantize_summaries_int4(const float* key, int64_t rows, int64_t d, void* key_int4,
+                                     float* scale, void* stream) {
+  const hils_gpu_decode unused{};
+  return guarded(&unused, [&](const DecodeCall&) {
+    hils::gpu::quantize_summaries_int4(key, rows, d, key_int4, scale,
+                                       static_cast<cudaStream_t>(stream));
+  });
+}
+
 }  // extern "C"

@@ -364,10 +364,12 @@ __global__ void decode_window_kernel(DecodeParams p, bool fast, bool staged, flo
   window_tile<false>(p, fast, staged, win_part, blockIdx.x, blockIdx.y, smem);
 }
 
-// Summary element types: a 16-byte load holds kPerLoad values, widened to fp32 exactly.
+// Summary element types: a 16-byte load holds kPerLoad values, widened to fp32 exactly; an Elem
+// holds kPerElem values (a row of d values is d / kPerElem Elems); widen_at(row, i) widens value i.
 struct Bf16Summary {
   using Elem = __nv_bfloat16;
   static constexpr int kPerLoad = 8;
+  static constexpr int kPerElem = 1;
   __device__ static void widen(const uint4& u, float* out) {
     const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&u);
 #pragma unroll
@@ -376,11 +378,12 @@ struct Bf16Summary {
       out[2 * j] = f.x, out[2 * j + 1] = f.y;
     }
   }
-  __device__ static float widen_one(Elem x) { return __bfloat162float(x); }
+  __device__ static float widen_at(const Elem* row, int i) { return __bfloat162float(row[i]); }
 };
 struct Fp8Summary {
   using Elem = __nv_fp8_storage_t;
   static constexpr int kPerLoad = 16;
+  static constexpr int kPerElem = 1;
   __device__ static void widen(const uint4& u, float* out) {
     const __nv_fp8x2_storage_t* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&u);
 #pragma unroll
@@ -389,8 +392,33 @@ struct Fp8Summary {
       out[2 * j] = f.x, out[2 * j + 1] = f.y;
     }
   }
-  __device__ static float widen_one(Elem x) {
-    return __half2float(__half(__nv_cvt_fp8_to_halfraw(x, __NV_E4M3)));
+  __device__ static float widen_at(const Elem* row, int i) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(row[i], __NV_E4M3)));
+  }
+};
+// int4 (SummaryType::int4): value i of a row is the code n in [-7, 7] stored as n + 8 in the low
+// (i even) or high (i odd) nibble of byte i / 2; the row's scale s multiplies the dot product.
+struct Int4Summary {
+  using Elem = uint8_t;
+  static constexpr int kPerLoad = 32;
+  static constexpr int kPerElem = 2;
+  // Nibbles k and k + 4 of a word as the halves 1024 + (n + 8) (0x6400 | nibble), less 1032:
+  // exact, as is the widening to fp32.
+  __device__ static void widen(const uint4& u, float* out) {
+    const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t bits = ((words[w] >> (4 * k)) & 0x000f000fu) | 0x64006400u;
+        const float2 f = __half22float2(
+            __hsub2(*reinterpret_cast<const __half2*>(&bits), __halves2half2(__ushort_as_half(0x6408),
+                                                                              __ushort_as_half(0x6408))));
+        out[8 * w + k] = f.x, out[8 * w + k + 4] = f.y;
+      }
+  }
+  __device__ static float widen_at(const Elem* row, int i) {
+    return static_cast<float>(static_cast<int>((row[i / 2] >> (4 * (i % 2))) & 0xf) - 8);
   }
 };
 
@@ -409,7 +437,7 @@ __device__ __forceinline__ float score_row(const float* q, const typename Summar
       for (int j = 0; j < kPer; ++j) acc = fmaf(q[kPer * i + j], f[j], acc);
     }
   } else {
-    for (int i = 0; i < d; ++i) acc = fmaf(q[i], Summary::widen_one(row[i]), acc);
+    for (int i = 0; i < d; ++i) acc = fmaf(q[i], Summary::widen_at(row, i), acc);
   }
   return acc;
 }
@@ -469,10 +497,14 @@ __device__ __forceinline__ float scan_load(const float* p, uint64_t policy) {
 constexpr int kCoalescedDim = 64;
 // kEarly (the fused kernel): every global load of the tile (its rows, b' and the fp8 scales)
 // is issued before q~ is staged, so that a block waits for one memory round trip, not three
-// (d5, kEarly false, stages q~ first and reads b' after the dot).
-template <class Summary, int kWarps, bool kEarly, ScanLoads kLoads = ScanLoads::plain>
-__device__ void score_tile(const DecodeParams& p, int64_t item, int64_t tile, bool vectorised,
+// (d5, kEarly false, stages q~ first and reads b' after the dot). kTiles (kEarly only): the
+// block scores tiles first_tile .. first_tile + kTiles - 1 of `item` (those below
+// n_score_tiles), every tile's loads issued before the first is scored (d34: two, so that a
+// block has twice the bytes in flight); each tile's arithmetic is the one-tile block's.
+template <class Summary, int kWarps, bool kEarly, ScanLoads kLoads = ScanLoads::plain, int kTiles = 1>
+__device__ void score_tile(const DecodeParams& p, int64_t item, int64_t first_tile, bool vectorised,
                            bool coalesced, float* q, float* scores, float2* score_part) {
+  static_assert(kTiles == 1 || kEarly, "several tiles per block only with their loads issued early");
   constexpr int kThreads = kWarps * kWarp;
   constexpr int kLanesPerRow = kCoalescedDim / Summary::kPerLoad;
   constexpr int kRowsPerStep = kWarp / kLanesPerRow;
@@ -481,94 +513,106 @@ __device__ void score_tile(const DecodeParams& p, int64_t item, int64_t tile, bo
   __shared__ float red[kWarps];
   __shared__ float tile_scores[kScoreThreads];
   const int d = static_cast<int>(p.d);
-  const int64_t tile_first = tile * kScoreThreads;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const auto* keys = static_cast<const typename Summary::Elem*>(p.summary_key) + item * p.chunk_cap * p.d;
+  const int64_t row_elems = p.d / Summary::kPerElem;
+  const auto* keys = static_cast<const typename Summary::Elem*>(p.summary_key) + item * p.chunk_cap * row_elems;
   const int part = lane % kLanesPerRow;
   const uint4* rows = reinterpret_cast<const uint4*>(keys);
   const uint64_t policy = kLoads == ScanLoads::evict_first ? evict_first_policy() : 0;
-  uint4 u[kSteps];
-  auto load_rows = [&] {
+  uint4 u[kTiles][kSteps];
+  auto load_rows = [&](int t) {
+    const int64_t tile_first = (first_tile + t) * kScoreThreads;
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
       const int64_t cc = tile_first + warp * (kSteps * kRowsPerStep) + step * kRowsPerStep +
                          lane / kLanesPerRow;
-      u[step] = cc < p.n_cand ? scan_load<kLoads>(rows + cc * kLanesPerRow + part, policy)
-                              : make_uint4(0, 0, 0, 0);
+      u[t][step] = cc < p.n_cand ? scan_load<kLoads>(rows + cc * kLanesPerRow + part, policy)
+                                 : make_uint4(0, 0, 0, 0);
     }
   };
   // b' and the row scale of the chunks thread t owns (tile_first + t, + kThreads, ...).
-  float bias[kPerThread], row_scale[kPerThread];
-  auto load_bias = [&] {
+  float bias[kTiles][kPerThread], row_scale[kTiles][kPerThread];
+  auto load_bias = [&](int t) {
+    const int64_t tile_first = (first_tile + t) * kScoreThreads;
 #pragma unroll
     for (int r = 0; r < kPerThread; ++r) {
       const int64_t c = tile_first + threadIdx.x + r * kThreads, row = item * p.chunk_cap + c;
-      bias[r] = c < p.n_cand ? scan_load<kLoads>(p.summary_bias + row, policy) : 0.0f;
-      row_scale[r] =
+      bias[t][r] = c < p.n_cand ? scan_load<kLoads>(p.summary_bias + row, policy) : 0.0f;
+      row_scale[t][r] =
           c < p.n_cand && p.summary_scale ? scan_load<kLoads>(p.summary_scale + row, policy) : 1.0f;
     }
   };
   if (kEarly) {
-    if (coalesced) load_rows();
-    load_bias();
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      if (coalesced) load_rows(t);
+      load_bias(t);
+    }
   }
   const __nv_bfloat16* qr = p.q_retrieval + item * p.d;
   for (int i = threadIdx.x; i < d; i += kThreads) q[i] = __bfloat162float(qr[i]);
   __syncthreads();
-  if (coalesced) {
-    float qp[Summary::kPerLoad];
 #pragma unroll
-    for (int j = 0; j < Summary::kPerLoad; ++j) qp[j] = q[Summary::kPerLoad * part + j];
-    if (!kEarly) load_rows();
+  for (int t = 0; t < kTiles; ++t) {
+    const int64_t tile = first_tile + t;
+    if (tile >= p.n_score_tiles) break;  // the same for every thread of the block
+    if (t > 0) __syncthreads();           // red and tile_scores are the previous tile's until here
+    const int64_t tile_first = tile * kScoreThreads;
+    if (coalesced) {
+      float qp[Summary::kPerLoad];
 #pragma unroll
-    for (int step = 0; step < kSteps; ++step) {
-      float f[Summary::kPerLoad];
-      Summary::widen(u[step], f);
-      float acc = 0.0f;
+      for (int j = 0; j < Summary::kPerLoad; ++j) qp[j] = q[Summary::kPerLoad * part + j];
+      if (!kEarly) load_rows(t);
 #pragma unroll
-      for (int j = 0; j < Summary::kPerLoad; ++j) acc = fmaf(qp[j], f[j], acc);
+      for (int step = 0; step < kSteps; ++step) {
+        float f[Summary::kPerLoad];
+        Summary::widen(u[t][step], f);
+        float acc = 0.0f;
 #pragma unroll
-      for (int off = 1; off < kLanesPerRow; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-      if (part == 0)
-        tile_scores[warp * (kSteps * kRowsPerStep) + step * kRowsPerStep + lane / kLanesPerRow] = acc;
+        for (int j = 0; j < Summary::kPerLoad; ++j) acc = fmaf(qp[j], f[j], acc);
+#pragma unroll
+        for (int off = 1; off < kLanesPerRow; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        if (part == 0)
+          tile_scores[warp * (kSteps * kRowsPerStep) + step * kRowsPerStep + lane / kLanesPerRow] = acc;
+      }
+      __syncthreads();
     }
+    if (!kEarly) load_bias(t);
+    // Thread t owns chunks tile_first + t, + kThreads, ...
+    float s[kPerThread];
+    float m = kNegInf;
+#pragma unroll
+    for (int r = 0; r < kPerThread; ++r) {
+      const int local = threadIdx.x + r * kThreads;
+      const int64_t c = tile_first + local;
+      s[r] = kNegInf;
+      if (c < p.n_cand) {
+        const float dot = coalesced ? tile_scores[local]
+                                    : score_row<Summary>(q, keys + c * row_elems, d, vectorised);
+        s[r] = p.scale * row_scale[t][r] * dot + bias[t][r];
+      }
+      if (c < p.n_chunks) scores[item * p.n_chunks + c] = s[r];
+      m = fmaxf(m, s[r]);
+    }
+    // The tile's (max, sum exp(s - max)) for log Z_hat.
+    m = warp_max(m);
+    if (lane == 0) red[warp] = m;
     __syncthreads();
-  }
-  if (!kEarly) load_bias();
-  // Thread t owns chunks tile_first + t, + kThreads, ...
-  float s[kPerThread];
-  float m = kNegInf;
+    m = kNegInf;
 #pragma unroll
-  for (int r = 0; r < kPerThread; ++r) {
-    const int local = threadIdx.x + r * kThreads;
-    const int64_t c = tile_first + local;
-    s[r] = kNegInf;
-    if (c < p.n_cand) {
-      const float dot = coalesced ? tile_scores[local]
-                                  : score_row<Summary>(q, keys + c * p.d, d, vectorised);
-      s[r] = p.scale * row_scale[r] * dot + bias[r];
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red[w]);
+    __syncthreads();
+    float l = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kPerThread; ++r) l += exp_diff(s[r], m);
+    l = warp_sum(l);
+    if (lane == 0) red[warp] = l;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      l = 0.0f;
+      for (int w = 0; w < kWarps; ++w) l += red[w];
+      score_part[item * p.n_score_tiles + tile] = make_float2(m, l);
     }
-    if (c < p.n_chunks) scores[item * p.n_chunks + c] = s[r];
-    m = fmaxf(m, s[r]);
-  }
-  // The tile's (max, sum exp(s - max)) for log Z_hat.
-  m = warp_max(m);
-  if (lane == 0) red[warp] = m;
-  __syncthreads();
-  m = kNegInf;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red[w]);
-  __syncthreads();
-  float l = 0.0f;
-#pragma unroll
-  for (int r = 0; r < kPerThread; ++r) l += exp_diff(s[r], m);
-  l = warp_sum(l);
-  if (lane == 0) red[warp] = l;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    l = 0.0f;
-    for (int w = 0; w < kWarps; ++w) l += red[w];
-    score_part[item * p.n_score_tiles + tile] = make_float2(m, l);
   }
 }
 
@@ -1536,8 +1580,9 @@ __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, fl
 
 // ---- the fused step (DecodeKernel::fused) ----------------------------------------------------
 // Launch 1, 128 threads: window tiles (blocks [0, n_win_tiles * B * Hkv)), then score tiles
-// (n_score_tiles per (b, h)); the two stages are independent, so one grid runs both.
-template <class Summary, ScanLoads kLoads>
+// (n_score_tiles per (b, h), kTiles of them per block); the two stages are independent, so one
+// grid runs both.
+template <class Summary, ScanLoads kLoads, int kTiles>
 __device__ __forceinline__ void window_score_block(const DecodeParams& p, const DecodeScratch& w,
                                                    bool fast, bool staged, bool vectorised,
                                                    bool coalesced) {
@@ -1550,18 +1595,18 @@ __device__ __forceinline__ void window_score_block(const DecodeParams& p, const 
     window_tile<true>(p, fast, staged, w.win_part, block % p.n_win_tiles, block / p.n_win_tiles,
                       smem);
   } else {
-    const int64_t j = block - n_win_blocks;
-    score_tile<Summary, kFastThreads / kWarp, true, kLoads>(
-        p, j / p.n_score_tiles, j % p.n_score_tiles, vectorised, coalesced, smem, w.scores,
+    const int64_t j = block - n_win_blocks, blocks_per_item = (p.n_score_tiles + kTiles - 1) / kTiles;
+    score_tile<Summary, kFastThreads / kWarp, true, kLoads, kTiles>(
+        p, j / blocks_per_item, j % blocks_per_item * kTiles, vectorised, coalesced, smem, w.scores,
         w.score_part);
   }
   allow_next_grid();
 }
 
-template <class Summary, ScanLoads kLoads>
+template <class Summary, ScanLoads kLoads, int kTiles = 1>
 __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged,
                                           bool vectorised, bool coalesced) {
-  window_score_block<Summary, kLoads>(p, w, fast, staged, vectorised, coalesced);
+  window_score_block<Summary, kLoads, kTiles>(p, w, fast, staged, vectorised, coalesced);
 }
 
 // ---- the scan's read floor (decode_scan_probe, ScanProbe) ---------------------------------------
@@ -1613,7 +1658,7 @@ __global__ void __launch_bounds__(kFastThreads) scan_loads_only_kernel(DecodePar
     const int64_t tile_first = j % p.n_score_tiles * kScoreThreads;
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, part = lane % kLanesPerRow;
     const uint4* rows = reinterpret_cast<const uint4*>(
-        static_cast<const typename Summary::Elem*>(p.summary_key) + item * p.chunk_cap * p.d);
+        static_cast<const typename Summary::Elem*>(p.summary_key) + item * p.chunk_cap * p.d / Summary::kPerElem);
     uint4 u[kSteps];
     float extra[2 * kPerThread];
 #pragma unroll
@@ -1957,6 +2002,30 @@ __global__ void quantize_fp8_kernel(const float* key, int64_t rows, int64_t d,
   if (lane == 0) scale[row] = s;
 }
 
+// One warp per row: s = amax / 7 and the codes round(x / s) in [-7, 7] by correctly rounded fp32
+// divisions (the build's --use_fast_math would make `/` approximate), stored as Int4Summary
+// reads them (oracle::int4_row_scale, int4_code). d even.
+__global__ void quantize_int4_kernel(const float* key, int64_t rows, int64_t d, uint8_t* out,
+                                     float* scale) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % kWarp;
+  const float* x = key + row * d;
+  float amax = 0.0f;
+  for (int64_t i = lane; i < d; i += kWarp) amax = fmaxf(amax, fabsf(x[i]));
+  amax = warp_max(amax);
+  float s = amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, 7.0f) : 1.0f;
+  if (s == 0.0f) s = 1.0f;
+  auto code = [s](float v) {
+    const float ratio = __fdiv_rn(v, s);
+    const int n = isnan(ratio) ? 0 : min(7, max(-7, __float2int_rn(fminf(fmaxf(ratio, -8.0f), 8.0f))));
+    return static_cast<uint32_t>(n + 8);
+  };
+  for (int64_t j = lane; j < d / 2; j += kWarp)
+    out[row * (d / 2) + j] = static_cast<uint8_t>(code(x[2 * j]) | code(x[2 * j + 1]) << 4);
+  if (lane == 0) scale[row] = s;
+}
+
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Host copies of the slot geometry (reference/SEMANTICS.md §1–2, Eq. 1) for the query at T-1.
@@ -1988,8 +2057,9 @@ DecodeParams params_of(const MechanismSpec& spec, const DecodeCache& cache, cons
   p.v = static_cast<const __nv_bfloat16*>(cache.v);
   p.summary_key = cache.summary_key;
   p.summary_bias = cache.summary_bias;
-  p.summary_scale = cache.summary_type == SummaryType::fp8_e4m3 ? cache.summary_scale : nullptr;
-  p.summary_key_bf16 = cache.summary_type == SummaryType::fp8_e4m3 && p.hierarchical
+  const bool scaled = cache.summary_type != SummaryType::bf16;
+  p.summary_scale = scaled ? cache.summary_scale : nullptr;
+  p.summary_key_bf16 = scaled && p.hierarchical
                            ? static_cast<const __nv_bfloat16*>(cache.summary_key_bf16)
                            : nullptr;
   return p;
@@ -2050,15 +2120,19 @@ void validate_decode(const MechanismSpec& spec, const DecodeCache& cache, const 
   require(cache.k && cache.v && q.q, "decode: k, v and q must be device pointers, got null");
   require(cache.T / spec.S == 0 || (cache.summary_key && cache.summary_bias),
           "decode: summary_key and summary_bias must be device pointers, got null");
-  require(cache.summary_type == SummaryType::bf16 || cache.summary_type == SummaryType::fp8_e4m3,
-          field("summary_type", static_cast<int64_t>(cache.summary_type), "0 (bf16) or 1 (fp8_e4m3)"));
-  require(cache.summary_type != SummaryType::fp8_e4m3 || cache.T / spec.S == 0 ||
-              cache.summary_scale,
-          "decode: summary_scale must be a device pointer with fp8_e4m3 summaries, got null");
-  require(cache.summary_type != SummaryType::fp8_e4m3 || spec.fusion != Fusion::hierarchical ||
-              cache.T / spec.S == 0 || cache.summary_key_bf16,
-          "decode: summary_key_bf16 must be a device pointer with fp8_e4m3 summaries and "
+  require(cache.summary_type == SummaryType::bf16 || cache.summary_type == SummaryType::fp8_e4m3 ||
+              cache.summary_type == SummaryType::int4,
+          field("summary_type", static_cast<int64_t>(cache.summary_type),
+                "0 (bf16), 1 (fp8_e4m3) or 2 (int4)"));
+  const bool scaled = cache.summary_type != SummaryType::bf16;
+  require(!scaled || cache.T / spec.S == 0 || cache.summary_scale,
+          "decode: summary_scale must be a device pointer with fp8_e4m3 or int4 summaries, got null");
+  require(!scaled || spec.fusion != Fusion::hierarchical || cache.T / spec.S == 0 ||
+              cache.summary_key_bf16,
+          "decode: summary_key_bf16 must be a device pointer with fp8_e4m3 or int4 summaries and "
           "hierarchical fusion (its s_hat are fusion logits: gpu/NOTES.md \"decode\"), got null");
+  require(cache.summary_type != SummaryType::int4 || cache.d % 2 == 0,
+          field("d", cache.d, "even with int4 summaries (two codes per byte)"));
 }
 
 size_t decode_workspace_bytes(const MechanismSpec& spec, const DecodeCache& cache) {
@@ -2089,7 +2163,9 @@ LaunchShape launch_shape(const DecodeParams& p, SummaryType type) {
   s.win_smem = s.fast ? fast_tile_smem(p.G) : q_smem + win_stage;
   s.win_smem_early = s.fast ? fast_tile_smem(p.G, true) : q_smem + win_stage;
   // 16-byte loads need 16-byte aligned rows of whole loads.
-  const int per_load = type == SummaryType::fp8_e4m3 ? Fp8Summary::kPerLoad : Bf16Summary::kPerLoad;
+  const int per_load = type == SummaryType::int4       ? Int4Summary::kPerLoad
+                       : type == SummaryType::fp8_e4m3 ? Fp8Summary::kPerLoad
+                                                       : Bf16Summary::kPerLoad;
   s.vectorised = p.d % per_load == 0 && reinterpret_cast<uintptr_t>(p.summary_key) % 16 == 0;
   s.coalesced = s.vectorised && p.d == kCoalescedDim;
   const size_t chunk_stage = stage_bytes(p.S, p.d, p.dv);
@@ -2101,6 +2177,14 @@ LaunchShape launch_shape(const DecodeParams& p, SummaryType type) {
   const int64_t kept = p.n_cand > p.K ? kept_candidates(p) : 0;
   s.key_smem = kept <= kSelectSmemKeys ? kept * sizeof(uint32_t) : 0;
   return s;
+}
+
+// Calls f(Summary{}) with the element type of `type` (one instantiation per summary type).
+template <class F>
+void with_summary(SummaryType type, F&& f) {
+  if (type == SummaryType::fp8_e4m3) f(Fp8Summary{});
+  else if (type == SummaryType::int4) f(Int4Summary{});
+  else f(Bf16Summary{});
 }
 
 // d5: seven launches (window, score, group scores, select, chunk, fuse).
@@ -2165,17 +2249,22 @@ unsigned persistent_scan_blocks(size_t smem, int64_t items) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(items, resident)));
 }
 
-// Launch 1 (window + score tiles in one grid), its score tiles loading the stream as `loads` says.
+// Launch 1 (window + score tiles in one grid), its score tiles loading the stream as `loads` says,
+// `tiles` (1, or 2 with streaming loads: d34) score tiles per block.
 template <class Summary>
 void launch_window_score(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
-                         cudaStream_t stream, ScanLoads loads) {
-  const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
+                         cudaStream_t stream, ScanLoads loads, int tiles = 1) {
+  require(tiles == 1 || (tiles == 2 && loads == ScanLoads::streaming),
+          "decode: two score tiles per block only with streaming loads");
+  const int64_t blocks1 =
+      p.n_win_tiles * p.B * p.Hkv + ceil_div(p.n_score_tiles, tiles) * p.B * p.Hq;
   require(blocks1 < (int64_t{1} << 31), "decode: too many tiles for one grid");
   auto* kernel = fused_window_score_kernel<Summary, ScanLoads::plain>;
   if (loads == ScanLoads::evict_first)
     kernel = fused_window_score_kernel<Summary, ScanLoads::evict_first>;
   if (loads == ScanLoads::streaming)
-    kernel = fused_window_score_kernel<Summary, ScanLoads::streaming>;
+    kernel = tiles == 2 ? fused_window_score_kernel<Summary, ScanLoads::streaming, 2>
+                        : fused_window_score_kernel<Summary, ScanLoads::streaming>;
   launch_kernel("window + score", kernel, dim3(static_cast<unsigned>(blocks1)), kFastThreads,
                 std::max(s.win_smem_early, p.d * sizeof(float)), stream, false, p, w, s.fast,
                 s.win_staged, s.vectorised, s.coalesced);
@@ -2202,12 +2291,14 @@ DecodeScratch scratch_at(const DecodeParams& p, void* workspace) {
 // `landmark_mask` (d19, d21) the chunk tiles' mask of the landmark slot only; `persistent`
 // (d19) the persistent scan (fp8 summaries, d = 64); `tail` (d23) the four tails as one kernel
 // where tail_fused allows (two launches in all); `loads` (d24, d25) the stream's loads;
-// `chunk_evict_first` (d29) the mma chunk tiles' K/V rows loaded with an L2 evict-first policy.
+// `chunk_evict_first` (d29) the mma chunk tiles' K/V rows loaded with an L2 evict-first policy;
+// `score_tiles` (d34: 2) the score tiles per launch-1 block.
 template <class Summary, bool kShort>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
                   const DecodeOutputs& out, cudaStream_t stream, bool pdl, bool mma,
                   bool landmark_mask = false, bool persistent = false, bool tail = false,
-                  ScanLoads loads = ScanLoads::plain, bool chunk_evict_first = false) {
+                  ScanLoads loads = ScanLoads::plain, bool chunk_evict_first = false,
+                  int score_tiles = 1) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
@@ -2218,7 +2309,7 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
                   dim3(persistent_scan_blocks(s.win_smem_early, blocks1)), kFastThreads,
                   s.win_smem_early, stream, false, p, w, s.fast, s.win_staged);
   else
-    launch_window_score<Summary>(p, s, w, stream, loads);
+    launch_window_score<Summary>(p, s, w, stream, loads, score_tiles);
   if (tail && kShort && tail_fused(p, s.fast_chunk)) {
     const int64_t items =
         p.B * p.Hkv * (tail_score_tiles(p) + tail_chunk_items(p) + tail_fuse_items(p));
@@ -2274,28 +2365,29 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
               kernel == DecodeKernel::d18 || kernel == DecodeKernel::d19 ||
               kernel == DecodeKernel::d21 || kernel == DecodeKernel::d23 ||
               kernel == DecodeKernel::d24 || kernel == DecodeKernel::d25 ||
-              kernel == DecodeKernel::d29,
+              kernel == DecodeKernel::d29 || kernel == DecodeKernel::d34,
           "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3), d16 (4), d17 (5), d18 (6), "
-          "d19 (7), d21 (8), d23 (9), d24 (10), d25 (11) or d29 (15)");
+          "d19 (7), d21 (8), d23 (9), d24 (10), d25 (11), d29 (15) or d34 (20)");
   const DecodeParams p = params_of(spec, cache, q);
   DecodeScratch w = scratch_at(p, workspace);
   if (out.surrogate) w.scores = out.surrogate;
   if (out.selection) w.selection = out.selection;
   const LaunchShape shape = launch_shape(p, cache.summary_type);
-  const bool fp8 = cache.summary_type == SummaryType::fp8_e4m3;
   if (kernel == DecodeKernel::d5) {
-    if (fp8) launch_d5<Fp8Summary>(p, shape, w, out, stream);
-    else launch_d5<Bf16Summary>(p, shape, w, out, stream);
+    with_summary(cache.summary_type, [&](auto summary) {
+      launch_d5<decltype(summary)>(p, shape, w, out, stream);
+    });
   } else if (kernel == DecodeKernel::d8) {
-    if (fp8) launch_fused<Fp8Summary, false>(p, shape, w, out, stream, false, false);
-    else launch_fused<Bf16Summary, false>(p, shape, w, out, stream, false, false);
+    with_summary(cache.summary_type, [&](auto summary) {
+      launch_fused<decltype(summary), false>(p, shape, w, out, stream, false, false);
+    });
   } else {  // fused = d29; d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's
             // launches) with the chunk tiles' landmark mask; d23: d21 with its four tails in one
             // kernel; d24, d25: d21 with the score tiles' stream loaded evict-first (ScanLoads);
             // d29: d25 with the chunk tiles' K/V rows loaded evict-first too
     const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d29 : kernel;
     const bool d19 = k == DecodeKernel::d19, d23 = k == DecodeKernel::d23;
-    const bool d29 = k == DecodeKernel::d29;
+    const bool d34 = k == DecodeKernel::d34, d29 = k == DecodeKernel::d29 || d34;
     const bool d21 = k == DecodeKernel::d21 || k == DecodeKernel::d24 || k == DecodeKernel::d25 || d29;
     const bool mask = d19 || d21 || d23;
     const bool pdl = k == DecodeKernel::d16 || k == DecodeKernel::d18 || mask;
@@ -2303,12 +2395,10 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
     const ScanLoads loads = k == DecodeKernel::d24             ? ScanLoads::evict_first
                             : k == DecodeKernel::d25 || d29 ? ScanLoads::streaming
                                                             : ScanLoads::plain;
-    if (fp8)
-      launch_fused<Fp8Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23, loads,
-                                     d29);
-    else
-      launch_fused<Bf16Summary, true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23, loads,
-                                      d29);
+    with_summary(cache.summary_type, [&](auto summary) {
+      launch_fused<decltype(summary), true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23,
+                                            loads, d29, d34 ? 2 : 1);
+    });
   }
 }
 
@@ -2323,7 +2413,7 @@ void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, cons
               ", dv = " + std::to_string(p.dv));
   const DecodeScratch w = scratch_at(p, workspace);
   const LaunchShape shape = launch_shape(p, cache.summary_type);
-  const bool fp8 = cache.summary_type == SummaryType::fp8_e4m3;
+  const SummaryType type = cache.summary_type;
   auto* sink = reinterpret_cast<uint32_t*>(w.scores);
   switch (probe) {
     case ScanProbe::d21_scan:
@@ -2332,8 +2422,9 @@ void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, cons
       const ScanLoads loads = probe == ScanProbe::d24_scan   ? ScanLoads::evict_first
                               : probe == ScanProbe::d25_scan ? ScanLoads::streaming
                                                              : ScanLoads::plain;
-      if (fp8) launch_window_score<Fp8Summary>(p, shape, w, stream, loads);
-      else launch_window_score<Bf16Summary>(p, shape, w, stream, loads);
+      with_summary(type, [&](auto summary) {
+        launch_window_score<decltype(summary)>(p, shape, w, stream, loads);
+      });
       return;
     }
     case ScanProbe::loads_only: {
@@ -2341,14 +2432,18 @@ void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, cons
               "decode_scan_probe: loads_only needs 16-byte aligned K/V and summary rows");
       const int64_t blocks = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
       require(blocks < (int64_t{1} << 31), "decode_scan_probe: too many tiles for one grid");
-      auto* kernel = fp8 ? scan_loads_only_kernel<Fp8Summary> : scan_loads_only_kernel<Bf16Summary>;
-      launch_kernel("loads only", kernel, dim3(static_cast<unsigned>(blocks)), kFastThreads, 0,
-                    stream, false, p, sink);
+      with_summary(type, [&](auto summary) {
+        launch_kernel("loads only", scan_loads_only_kernel<decltype(summary)>,
+                      dim3(static_cast<unsigned>(blocks)), kFastThreads, 0, stream, false, p, sink);
+      });
       return;
     }
     case ScanProbe::flat_read: {
       const int64_t rows = p.B * p.Hq * p.chunk_cap;
-      const int64_t key_bytes = rows * p.d * (fp8 ? 1 : 2);
+      const int64_t key_bytes = type == SummaryType::int4       ? rows * p.d / 2
+                                : type == SummaryType::fp8_e4m3 ? rows * p.d
+                                                                : rows * p.d * 2;
+      const bool scaled = type != SummaryType::bf16;
       for (const void* a : {cache.summary_key, static_cast<const void*>(cache.summary_bias),
                             static_cast<const void*>(cache.summary_scale)})
         require(reinterpret_cast<uintptr_t>(a) % 16 == 0,
@@ -2359,12 +2454,13 @@ void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, cons
                     kThreads, 0, stream, false, static_cast<const uint4*>(cache.summary_key),
                     key_bytes / 16, reinterpret_cast<const uint4*>(cache.summary_bias), rows * 4 / 16,
                     reinterpret_cast<const uint4*>(cache.summary_scale),
-                    fp8 ? rows * 4 / 16 : int64_t{0}, sink);
+                    scaled ? rows * 4 / 16 : int64_t{0}, sink);
       return;
     }
     case ScanProbe::tail_handoffs: {  // d29's tail grids (group scores, select, chunk, fuse)
-      if (fp8) launch_window_score<Fp8Summary>(p, shape, w, stream, ScanLoads::streaming);
-      else launch_window_score<Bf16Summary>(p, shape, w, stream, ScanLoads::streaming);
+      with_summary(type, [&](auto summary) {
+        launch_window_score<decltype(summary)>(p, shape, w, stream, ScanLoads::streaming);
+      });
       const unsigned bg = static_cast<unsigned>(p.B * p.Hkv), bh = static_cast<unsigned>(p.B * p.Hq);
       const std::pair<dim3, unsigned> tails[] = {
           {dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)), bg), kScoreThreads},
@@ -2398,6 +2494,21 @@ void quantize_summaries_fp8(const float* key, int64_t rows, int64_t d, void* key
                         kWarpsPerBlock * kWarp, 0, stream>>>(
       key, rows, d, static_cast<__nv_fp8_storage_t*>(key_fp8), scale);
   check_launch("quantize fp8");
+}
+
+void quantize_summaries_int4(const float* key, int64_t rows, int64_t d, void* key_int4,
+                             float* scale, cudaStream_t stream) {
+  using namespace detail;
+  require(rows >= 0 && d >= 2 && d % 2 == 0,
+          "quantize_summaries_int4: rows >= 0 and an even d >= 2 expected, got rows = " +
+              std::to_string(rows) + ", d = " + std::to_string(d));
+  if (rows == 0) return;
+  require(key && key_int4 && scale, "quantize_summaries_int4: null device pointer");
+  require(ceil_div(rows, kWarpsPerBlock) < (int64_t{1} << 31), "quantize_summaries_int4: too many rows");
+  quantize_int4_kernel<<<static_cast<unsigned>(ceil_div(rows, kWarpsPerBlock)),
+                         kWarpsPerBlock * kWarp, 0, stream>>>(key, rows, d,
+                                                              static_cast<uint8_t*>(key_int4), scale);
+  check_launch("quantize int4");
 }
 
 }  // namespace hils::gpu

@@ -3,12 +3,14 @@
 // does with /queries holding the last slot), over the case table, every group rule, and exact
 // and near ties. The cache holds bf16 K/V and the prefill's summaries rounded to bf16 (the
 // oracle's score_precision bf16) or quantised to fp8 e4m3 with per-row scales by
-// quantize_summaries_fp8 (score_precision fp8_e4m3); the fused kernel (d29), d5 and (ties and the
+// quantize_summaries_fp8 (score_precision fp8_e4m3) or to int4 codes by quantize_summaries_int4
+// (score_precision int4, and each candidate's score checked against its stored row, the case
+// table, ties, three tiles and 16 heads); the fused kernel (d29), d5 and (ties and the
 // several-tile cases) d8, d13, d16, d17 and d18 run; d18, d19, d23 (d24, d21, d25 with fp8) also
 // on every case with d = 64, d18, d19 and d23 with 16 heads per group, d19 also with its
 // persistent scan's grid capped (several tiles per block), d23 (its tails in one kernel) also on
 // the ties and over four and eleven group-score tiles at d = 64; d23, d24, d25 and d29 equal d21
-// bit for bit.
+// bit for bit, d34 (two score tiles per launch-1 block) d29.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
@@ -63,9 +65,15 @@ constexpr Variant kD25Fp8{hils::gpu::DecodeKernel::d25, hils::gpu::SummaryType::
 constexpr Variant kD25Bf16{hils::gpu::DecodeKernel::d25, hils::gpu::SummaryType::bf16, "d25 bf16"};
 constexpr Variant kD29Fp8{hils::gpu::DecodeKernel::d29, hils::gpu::SummaryType::fp8_e4m3, "d29 fp8"};
 constexpr Variant kD29Bf16{hils::gpu::DecodeKernel::d29, hils::gpu::SummaryType::bf16, "d29 bf16"};
+constexpr Variant kFusedInt4{hils::gpu::DecodeKernel::fused, hils::gpu::SummaryType::int4, "fused int4"};
+constexpr Variant kD29Int4{hils::gpu::DecodeKernel::d29, hils::gpu::SummaryType::int4, "d29 int4"};
+constexpr Variant kD34Fp8{hils::gpu::DecodeKernel::d34, hils::gpu::SummaryType::fp8_e4m3, "d34 fp8"};
+constexpr Variant kD34Bf16{hils::gpu::DecodeKernel::d34, hils::gpu::SummaryType::bf16, "d34 bf16"};
+constexpr Variant kD34Int4{hils::gpu::DecodeKernel::d34, hils::gpu::SummaryType::int4, "d34 int4"};
+constexpr Variant kD5Int4{hils::gpu::DecodeKernel::d5, hils::gpu::SummaryType::int4, "d5 int4"};
 // Every variant, for the tie and several-tile cases.
-const std::vector<Variant> kAllVariants{kFusedBf16, kFusedFp8, kD5Bf16, kD8Fp8,  kD13Fp8,
-                                        kD16Fp8,    kD17Fp8,   kD18Fp8, kD23Fp8, kD23Bf16};
+const std::vector<Variant> kAllVariants{kFusedBf16, kFusedFp8, kFusedInt4, kD5Bf16, kD8Fp8, kD13Fp8,
+                                        kD16Fp8,    kD17Fp8,   kD18Fp8,    kD23Fp8, kD23Bf16};
 
 // An e4m3 byte as a double (sign, 4 exponent bits with bias 7, 3 mantissa bits; no NaN expected).
 double decode_e4m3(unsigned char byte) {
@@ -105,6 +113,59 @@ void quantize_fp8(std::vector<Matrix<double>>& key, std::vector<gt::GuardedBuffe
     }
   cache.push_back(std::move(bytes));
   cache.push_back(std::move(scale));
+}
+
+// Quantises the summaries `key` (fp32 values) on the device with quantize_summaries_int4;
+// appends the code and scale buffers to `cache`, replaces `key` by what the step scores with
+// (code x scale) and counts in *mismatches the values that differ from the oracle's
+// int4_code(k', s) x s with s = int4_row_scale(max |k'|).
+void quantize_int4(std::vector<Matrix<double>>& key, std::vector<gt::GuardedBuffer>& cache,
+                   int64_t* mismatches) {
+  const int64_t rows = key.empty() ? 0 : key.size() * key.front().rows();
+  const int64_t d = key.empty() ? 2 : key.front().cols();
+  auto fp32 = gt::upload(gt::pack_heads(key, DType::f32));
+  gt::GuardedBuffer bytes(std::max<int64_t>(1, rows * d / 2)), scale(std::max<int64_t>(1, rows) * 4);
+  hils::gpu::quantize_summaries_int4(fp32.as<float>(), rows, d, bytes.data(), scale.as<float>());
+  gt::check_cuda(cudaDeviceSynchronize(), "quantize_summaries_int4");
+  const auto host_bytes = bytes.download();
+  const auto host_scale = scale.download();
+  int64_t row = 0;
+  for (auto& m : key)
+    for (int64_t c = 0; c < m.rows(); ++c, ++row) {
+      float s = 0;
+      std::memcpy(&s, host_scale.data() + 4 * row, 4);
+      const float expected_scale = oracle::int4_row_scale(m.row(c).cwiseAbs().maxCoeff());
+      *mismatches += s != expected_scale;
+      for (int64_t i = 0; i < d; ++i) {
+        const int code = (host_bytes[row * d / 2 + i / 2] >> (4 * (i % 2)) & 0xf) - 8;
+        *mismatches += code != oracle::int4_code(m(c, i), expected_scale);
+        m(c, i) = code * static_cast<double>(s);
+      }
+    }
+  cache.push_back(std::move(bytes));
+  cache.push_back(std::move(scale));
+}
+
+// int4's margin bound leaves the oracle little power over the selection (gpu/NOTES.md "decode",
+// session 15), so the int4 runs also check the scores against the stored rows: s_hat(c) =
+// sigma q~ . (code x scale) + b' in double for every candidate c of the query at T-1, within
+// 2^-17 of sigma sum |q~_i k_i| + |b'| (fp32 dot products of 64 terms and three roundings);
+// counts the chunks outside that in *mismatches.
+void check_scores_against_rows(const MechanismSpec& spec, const std::vector<Matrix<double>>& qr,
+                               const std::vector<Matrix<double>>& key,
+                               const std::vector<hils::Vector<double>>& bias,
+                               const std::vector<Matrix<double>>& surrogate, int64_t T,
+                               int64_t* mismatches) {
+  const int64_t candidates = hils::geometry_of(spec, T).candidate_count(T - 1);
+  const double sigma = spec.scale != 0.0 ? spec.scale : 1.0 / std::sqrt(static_cast<double>(key.front().cols()));
+  for (size_t h = 0; h < key.size(); ++h) {
+    const Eigen::RowVectorXd q = qr[h].row(0).unaryExpr([](double x) { return oracle::round_to_bf16(x); });
+    for (int64_t c = 0; c < candidates && c < key[h].rows(); ++c) {
+      const double expected = sigma * q.dot(key[h].row(c)) + bias[h](c);
+      const double size = sigma * q.cwiseAbs().dot(key[h].row(c).cwiseAbs()) + std::fabs(bias[h](c));
+      *mismatches += !(std::fabs(surrogate[h](0, c) - expected) <= 0x1p-17 * size);
+    }
+  }
 }
 
 // Row `t` of every head as a 1-row matrix.
@@ -160,13 +221,15 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
   // The cache's summaries are bf16 or fp8 e4m3 x row scale (what the oracle sees too); biases
   // stay fp32. The summary fp32 values are floats already (the prefill's output).
   const bool fp8 = variant.summary == hils::gpu::SummaryType::fp8_e4m3;
+  const bool int4 = variant.summary == hils::gpu::SummaryType::int4;
   std::vector<Matrix<double>> bias_rows;
   int64_t quantize_mismatches = 0;
-  std::vector<gt::GuardedBuffer> fp8_cache;  // e4m3 rows, row scales, bf16 rows
-  if (fp8) {
+  std::vector<gt::GuardedBuffer> fp8_cache;  // e4m3 or int4 rows, row scales, bf16 rows
+  if (fp8 || int4) {
     // The bf16 copy (the fusion logits of hierarchical fusion) before key becomes e4m3 x scale.
     auto bf16_rows = gt::upload(gt::pack_heads(key, DType::bf16));
-    quantize_fp8(key, fp8_cache, &quantize_mismatches);
+    if (fp8) quantize_fp8(key, fp8_cache, &quantize_mismatches);
+    else quantize_int4(key, fp8_cache, &quantize_mismatches);
     fp8_cache.push_back(std::move(bf16_rows));
   } else {
     for (auto& m : key)
@@ -184,8 +247,8 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
   cache.B = B, cache.T = T, cache.Hq = Hq, cache.Hkv = Hkv, cache.d = d, cache.dv = dv;
   cache.k = k_dev.data(), cache.v = v_dev.data();
   cache.summary_key = key_dev.data(), cache.summary_bias = bias_dev.as<float>();
-  if (fp8) {
-    cache.summary_type = hils::gpu::SummaryType::fp8_e4m3;
+  if (fp8 || int4) {
+    cache.summary_type = variant.summary;
     cache.summary_key = fp8_cache[0].data(), cache.summary_scale = fp8_cache[1].as<float>();
     cache.summary_key_bf16 = fp8_cache[2].data();
   }
@@ -218,14 +281,22 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
     }
   }
   if (quantize_mismatches > 0)
-    damage.push_back("quantize_summaries_fp8: " + std::to_string(quantize_mismatches) +
-                     " values or scales differ from oracle::round_to_fp8_e4m3 / fp8_row_scale");
+    damage.push_back(std::string(int4 ? "quantize_summaries_int4" : "quantize_summaries_fp8") + ": " +
+                     std::to_string(quantize_mismatches) + " values or scales differ from oracle::" +
+                     (int4 ? "int4_code / int4_row_scale" : "round_to_fp8_e4m3 / fp8_row_scale"));
   const auto o_all = gt::heads_of(o, B * Hq, 1, dv);
   const auto lse_all = gt::head_vectors_of(lse, B * Hq, 1);
   const auto ow_all = gt::heads_of(o_window, B * Hq, 1, dv);
   const auto lw_all = gt::head_vectors_of(lse_window, B * Hq, 1);
   const auto fw_all = gt::heads_of(weights, B * Hq, 1, K + 2);
   const auto sc_all = gt::heads_of(surrogate, B * Hq, 1, nc);
+  if (int4 && nc > 0) {
+    int64_t score_mismatches = 0;
+    check_scores_against_rows(spec, qr, key, bias, sc_all, T, &score_mismatches);
+    if (score_mismatches > 0)
+      damage.push_back("int4 scores: " + std::to_string(score_mismatches) +
+                       " candidates differ from sigma q~ . (code x scale) + b' beyond fp32 rounding");
+  }
   const auto sel_all = K > 0 ? gt::index_heads_of(selection, B * Hkv, 1, K)
                              : std::vector<hils::IndexMatrix>(B * Hkv, hils::IndexMatrix(1, 0));
   std::vector<oracle::Verdict> verdicts;
@@ -244,8 +315,9 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
     if (selections) selections->push_back(sel_all[b * Hkv]);
     oracle::VerifyOptions options;
     options.precision = oracle::InputPrecision::bf16;
-    options.score_precision =
-        fp8 ? oracle::InputPrecision::fp8_e4m3 : oracle::InputPrecision::bf16;
+    options.score_precision = fp8    ? oracle::InputPrecision::fp8_e4m3
+                              : int4 ? oracle::InputPrecision::int4
+                                     : oracle::InputPrecision::bf16;
     options.queries = {T - 1};
     verdicts.push_back(oracle::verify(spec, seqs[b], run, options));
     if (!damage.empty()) {
@@ -305,7 +377,9 @@ TEST_CASE("gpu decode over the case table passes the oracle", "[gpu]") {
       for (const auto& spec : specs) {
         check_decode(spec, seqs, c.name, kFusedBf16);
         check_decode(spec, seqs, c.name, kFusedFp8);
+        check_decode(spec, seqs, c.name, kFusedInt4);
         if (&spec == &specs.front()) check_decode(spec, seqs, c.name, kD5Bf16);
+        if (&spec == &specs.front()) check_decode(spec, seqs, c.name, kD5Int4);
         if (c.d == 64) {  // where fused (d29), d18, d19, d23, d24, d21 and d25 differ
           check_decode(spec, seqs, c.name, kD18Fp8);
           check_decode(spec, seqs, c.name, kD19Fp8);
@@ -474,7 +548,7 @@ TEST_CASE("gpu decode with 16 heads per group passes the oracle", "[gpu]") {
       hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
   for (const char* preset : {"hils", "nsa"}) {
     const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
-    for (const Variant& variant : {kFusedBf16, kFusedFp8, kD13Fp8, kD18Fp8, kD19Fp8, kD23Fp8, kD23Bf16})
+    for (const Variant& variant : {kFusedBf16, kFusedFp8, kFusedInt4, kD13Fp8, kD18Fp8, kD19Fp8, kD23Fp8, kD23Bf16})
       check_decode(spec, seqs, c.name, variant);
   }
 }
@@ -538,7 +612,8 @@ TEST_CASE("gpu decode d23 tails over several group-score tiles pass the oracle",
 // d23's kernels compute what d21's compute, in the same order (the group-score tiles' kept lists
 // are the same whatever their block size): every output equals d21's bit for bit (measured at
 // 512K, B = 1, 8 and 32, in session 11's device run 4). d24 and d25 are d21 with other cache
-// policies on launch 1's loads, d29 d25 with another on the chunk tiles' copies: the same bits.
+// policies on launch 1's loads, d29 d25 with another on the chunk tiles' copies: the same bits;
+// d34 is d29 with two score tiles per launch-1 block (four tiles per head here: two blocks).
 TEST_CASE("gpu decode kernels that differ in launches or cache policy give the same bits", "[gpu]") {
   const Case c{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
   const std::vector<AttentionInputs<double>> seqs{
@@ -546,7 +621,8 @@ TEST_CASE("gpu decode kernels that differ in launches or cache policy give the s
   const std::vector<std::pair<Variant, Variant>> pairs{
       {kD21Fp8, kD23Fp8}, {kD21Bf16, kD23Bf16}, {kD21Fp8, kD24Fp8},
       {kD21Bf16, kD24Bf16}, {kD21Fp8, kD25Fp8}, {kD21Bf16, kD25Bf16},
-      {kD21Fp8, kD29Fp8}, {kD21Bf16, kD29Bf16}};
+      {kD21Fp8, kD29Fp8}, {kD21Bf16, kD29Bf16},
+      {kD29Fp8, kD34Fp8}, {kD29Bf16, kD34Bf16}, {kD29Int4, kD34Int4}};
   for (const char* preset : {"hils", "nsa"})
     for (int64_t K : {1, 8, 32})
       for (const auto& [baseline, other] : pairs) {
@@ -561,4 +637,26 @@ TEST_CASE("gpu decode kernels that differ in launches or cache policy give the s
         CHECK(got == expected);
         for (const auto& verdict : verdicts) CHECK(verdict.passed);
       }
+}
+
+// d34's launch-1 blocks take two score tiles each: eleven tiles per head (2,600 chunks at d = 64)
+// leave the last block one tile and the tile past it; the outputs are d29's bit for bit.
+TEST_CASE("gpu decode d34 over an odd number of score tiles gives d29's bits", "[gpu]") {
+  const Case c{"decode_d64_eleven_tiles", 10400, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
+  const std::vector<AttentionInputs<double>> seqs{
+      hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
+  for (int64_t K : {1, 8, 32})
+    for (const auto& [baseline, other] : std::vector<std::pair<Variant, Variant>>{
+             {kD29Fp8, kD34Fp8}, {kD29Bf16, kD34Bf16}, {kD29Int4, kD34Int4}}) {
+      MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
+      spec.K = K;
+      std::vector<hils::IndexMatrix> selections;
+      std::vector<unsigned char> expected, got;
+      decode_and_verify(spec, seqs, &selections, baseline, &expected);
+      const auto verdicts = decode_and_verify(spec, seqs, &selections, other, &got);
+      INFO("K " << K << " " << other.name);
+      CHECK(expected.size() > 0);
+      CHECK(got == expected);
+      for (const auto& verdict : verdicts) CHECK(verdict.passed);
+    }
 }

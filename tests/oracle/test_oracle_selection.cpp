@@ -3,7 +3,9 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 
 #include "oracle_support.hpp"
@@ -188,13 +190,30 @@ namespace {
 // How the score path stores k': bf16, or fp8 e4m3 with a per-row power-of-two scale (the
 // decode cache's fp8 summaries, data/verify_format.md), or that fp8 row read back without its
 // scale (a planted dequantisation bug).
-enum class KeyStore { bf16, fp8_e4m3, fp8_scale_dropped };
+enum class KeyStore { bf16, fp8_e4m3, fp8_scale_dropped, int4, int4_scale_dropped };
+
+InputPrecision score_precision_of(KeyStore store) {
+  switch (store) {
+    case KeyStore::bf16: return InputPrecision::bf16;
+    case KeyStore::fp8_e4m3:
+    case KeyStore::fp8_scale_dropped: return InputPrecision::fp8_e4m3;
+    case KeyStore::int4:
+    case KeyStore::int4_scale_dropped: break;
+  }
+  return InputPrecision::int4;
+}
 
 // k' row -> the row as the score path reads it back.
 Matrix<float> stored_keys(Matrix<float> key, KeyStore store) {
   for (Eigen::Index c = 0; c < key.rows(); ++c) {
     if (store == KeyStore::bf16) {
       key.row(c) = key.row(c).unaryExpr([](float x) { return static_cast<float>(round_to_bf16(x)); });
+      continue;
+    }
+    if (store == KeyStore::int4 || store == KeyStore::int4_scale_dropped) {
+      const float s = int4_row_scale(key.row(c).cwiseAbs().maxCoeff());
+      const float back = store == KeyStore::int4 ? s : 1.0f;
+      key.row(c) = key.row(c).unaryExpr([s, back](float x) { return int4_code(x, s) * back; });
       continue;
     }
     const double s = fp8_row_scale(key.row(c).cwiseAbs().maxCoeff());
@@ -230,7 +249,7 @@ KernelOutputs bf16_score_kernel(const MechanismSpec& spec, const AttentionInputs
 
 // Per case and preset (hils, nsa, lmk) of the table: the verdict on the kernel whose summary
 // keys are stored as `store` (`summaries`: it also returns them), under the score_precision of
-// that store (bf16, or fp8_e4m3 for both fp8 stores); calls check(case, preset, verdict).
+// that store (score_precision_of); calls check(case, preset, verdict).
 template <class Check>
 void over_rounded_cases(KeyStore store, bool summaries, Check check) {
   for (const auto& c : cases::kCaseTable) {
@@ -241,8 +260,7 @@ void over_rounded_cases(KeyStore store, bool summaries, Check check) {
       if (spec.key_rule == KeyRule::landmark_key && !c.landmarks) continue;
       if (spec.needs_prior() && !c.landmarks) spec.prior_rule = PriorRule::shared;
       VerifyOptions options;
-      options.score_precision =
-          store == KeyStore::bf16 ? InputPrecision::bf16 : InputPrecision::fp8_e4m3;
+      options.score_precision = score_precision_of(store);
       check(c, name, verify(spec, inputs, bf16_score_kernel(spec, inputs, store, summaries),
                             options));
     }
@@ -349,6 +367,129 @@ TEST_CASE("fp8 e4m3 summaries: a wrong chunk or a dropped scale still fails", "[
     options.score_precision = InputPrecision::fp8_e4m3;
     INFO("case " << name);
     CHECK_FALSE(verify(spec, inputs, bf16_score_kernel(spec, inputs, KeyStore::fp8_scale_dropped, true),
+                       options).passed);
+  }
+}
+
+TEST_CASE("int4 codes and the per-row scale", "[oracle]") {
+  CHECK(int4_row_scale(7.0) == 1.0f);
+  CHECK(int4_row_scale(0.0) == 1.0f);
+  CHECK(int4_row_scale(std::numeric_limits<double>::infinity()) == 1.0f);
+  CHECK(int4_row_scale(1.0) == 1.0f / 7.0f);
+  CHECK(int4_code(7.0, 1.0f) == 7);
+  CHECK(int4_code(-7.0, 1.0f) == -7);
+  CHECK(int4_code(9.0, 1.0f) == 7);   // clamped
+  CHECK(int4_code(2.5, 1.0f) == 2);   // a tie: to even
+  CHECK(int4_code(3.5, 1.0f) == 4);   // a tie: to even
+  CHECK(int4_code(-0.49, 1.0f) == 0);
+  CHECK(int4_code(0.3, 0.1f) == 3);
+  // The largest entry of a row maps to +-7, every entry within half a step.
+  const double amax = 2.3;
+  const float s = int4_row_scale(amax);
+  CHECK(int4_code(-amax, s) == -7);
+  for (double x = -amax; x <= amax; x += 0.01) CHECK(std::fabs(int4_code(x, s) * double(s) - x) <= 0.5 * s * (1 + 1e-6));
+  CHECK(parse_score_precision("int4") == InputPrecision::int4);
+  CHECK_THROWS_AS(parse_input_precision("int4"), InvalidArgument);
+  CHECK(unit_roundoff(InputPrecision::int4) == 1.0 / 14.0);
+}
+
+TEST_CASE("a kernel with int4 summaries passes with score_precision int4", "[oracle][selection]") {
+  // Also counts how many selection rows int4 summaries change against fp8 e4m3 ones (the decode
+  // cache's two compact stores, gpu/NOTES.md "decode").
+  // And what the selections cost in o: the root of sum |o - o_reference|^2 / sum |o_reference|^2
+  // over every row of the table (o fused with the kernel's own selection against the double
+  // reference's o), for int4 and fp8 alike.
+  int64_t flipped = 0, rows = 0, flipped_fp8 = 0, int4_vs_fp8 = 0, last_rows = 0, last_int4 = 0,
+          last_fp8 = 0;
+  double largest_margin = 0, largest_bound = 0, o_size = 0, o_error_int4 = 0, o_error_fp8 = 0;
+  auto o_error = [](const KernelOutputs& kernel, const MechanismOutputs<double>& truth) {
+    double err = 0;
+    for (size_t h = 0; h < kernel.o.size(); ++h) err += (kernel.o[h] - truth.heads[h].o).squaredNorm();
+    return err;
+  };
+  for (const auto& c : cases::kCaseTable) {
+    if (c.T / c.S == 0 || c.K == 0) continue;
+    const auto inputs = cases::make_inputs<double>(c);
+    for (const char* name : {"hils", "nsa", "lmk"}) {
+      MechanismSpec spec = cases::with_case_geometry(preset(name), c);
+      if (spec.key_rule == KeyRule::landmark_key && !c.landmarks) continue;
+      if (spec.needs_prior() && !c.landmarks) spec.prior_rule = PriorRule::shared;
+      VerifyOptions options;
+      options.score_precision = InputPrecision::int4;
+      const KernelOutputs int4 = bf16_score_kernel(spec, inputs, KeyStore::int4, true);
+      const Verdict v = verify(spec, inputs, int4, options);
+      INFO("case " << c.name << ", spec " << name << "\n" << v.report());
+      CHECK(v.passed);
+      flipped += v.selection.rows_differing;
+      rows += v.selection.rows;
+      largest_margin = std::max(largest_margin, v.selection.max_accepted_margin);
+      largest_bound = std::max(largest_bound, v.selection.bound);
+      options.score_precision = InputPrecision::fp8_e4m3;
+      const KernelOutputs fp8 = bf16_score_kernel(spec, inputs, KeyStore::fp8_e4m3, false);
+      flipped_fp8 += verify(spec, inputs, fp8, options).selection.rows_differing;
+      const auto truth = run_mechanism(spec, inputs);
+      o_error_int4 += o_error(int4, truth);
+      o_error_fp8 += o_error(fp8, truth);
+      for (const auto& head : truth.heads) o_size += head.o.squaredNorm();
+      for (size_t g = 0; g < int4.selection.size(); ++g) {
+        const Eigen::Index last = int4.selection[g].rows() - 1;
+        for (Eigen::Index t = 0; t <= last; ++t)
+          int4_vs_fp8 += int4.selection[g].row(t) != fp8.selection[g].row(t);
+        ++last_rows;
+        last_int4 += int4.selection[g].row(last) != truth.selection[g].row(last);
+        last_fp8 += fp8.selection[g].row(last) != truth.selection[g].row(last);
+      }
+    }
+  }
+  std::printf("int4 summaries over the case table: %lld of %lld selection rows differ from the double "
+              "reference (fp8 e4m3: %lld), %lld from fp8's selection; largest accepted margin %.3g, "
+              "largest bound %.3g\n",
+              static_cast<long long>(flipped), static_cast<long long>(rows),
+              static_cast<long long>(flipped_fp8), static_cast<long long>(int4_vs_fp8), largest_margin,
+              largest_bound);
+  std::printf("int4 summaries, the last query of each case (a decode step's row): %lld of %lld rows "
+              "differ from the double reference (fp8 e4m3: %lld); |o - o_reference| / |o_reference| "
+              "over the table (root of sums of squares): int4 %.3g, fp8 %.3g\n",
+              static_cast<long long>(last_int4), static_cast<long long>(last_rows),
+              static_cast<long long>(last_fp8), std::sqrt(o_error_int4 / o_size),
+              std::sqrt(o_error_fp8 / o_size));
+  // int4's rounding must flip selections, or the test would not exercise its wider bound.
+  CHECK(flipped > 0);
+}
+
+TEST_CASE("int4 summaries: a wrong chunk or a dropped scale still fails", "[oracle][selection]") {
+  // As the fp8 test above: the weakest candidate instead of the strongest chosen chunk in the
+  // last query's row (the row a decode step selects for), under int4 summaries.
+  int64_t cases_run = 0, caught_int4 = 0;
+  for (const auto& c : cases::kCaseTable) {
+    const MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
+    if (c.K == 0 || !c.landmarks) continue;
+    const int64_t t = c.T - 1;
+    if (geometry_of(spec, c.T).candidate_count(t) <= c.K) continue;
+    const auto inputs = cases::make_inputs<double>(c);
+    VerifyOptions options;
+    options.score_precision = InputPrecision::int4;
+    KernelOutputs kernel = bf16_score_kernel(spec, inputs, KeyStore::int4, true);
+    INFO("case " << c.name);
+    REQUIRE(verify(spec, inputs, kernel, options).passed);
+    testing::plant_wrong_chunk(spec, inputs, testing::to_float(inputs), kernel);
+    const bool caught = !verify(spec, inputs, kernel, options).selection.passed;
+    ++cases_run;
+    caught_int4 += caught;
+    std::printf("planted wrong chunk, case %-26s caught under int4 summaries %d\n", c.name, caught);
+  }
+  std::printf("planted wrong chunk caught in %lld of %lld cases under int4 summaries\n",
+              static_cast<long long>(caught_int4), static_cast<long long>(cases_run));
+  CHECK(cases_run > 0);
+  // Rows read back without their scale (a planted dequantisation bug): every verdict fails.
+  for (const char* name : {"gqa_group4", "flat_attention", "longer_blocks"}) {
+    const auto c = case_named(name);
+    const auto inputs = cases::make_inputs<double>(c);
+    const MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
+    VerifyOptions options;
+    options.score_precision = InputPrecision::int4;
+    INFO("case " << name);
+    CHECK_FALSE(verify(spec, inputs, bf16_score_kernel(spec, inputs, KeyStore::int4_scale_dropped, true),
                        options).passed);
   }
 }

@@ -43,19 +43,21 @@
 namespace hils::oracle {
 
 // Precision of the numbers the kernel computes from (its inputs and its rounding unit).
-// fp8_e4m3 is a score precision only (summaries k' stored in e4m3 with a per-row power-of-two
-// scale, data/verify_format.md); it is no input precision.
-enum class InputPrecision { fp32, bf16, fp8_e4m3 };
+// fp8_e4m3 and int4 are score precisions only (summaries k' stored in e4m3 with a per-row
+// power-of-two scale, or as 4-bit integers -7..7 times a per-row fp32 scale,
+// data/verify_format.md); they are no input precisions.
+enum class InputPrecision { fp32, bf16, fp8_e4m3, int4 };
 std::string to_string(InputPrecision);
 // "fp32" or "bf16" (an input precision).
 InputPrecision parse_input_precision(const std::string& text,
                                      const std::string& field = "input_precision");
-// "fp32", "bf16" or "fp8_e4m3" (a score precision).
+// "fp32", "bf16", "fp8_e4m3" or "int4" (a score precision).
 InputPrecision parse_score_precision(const std::string& text,
                                      const std::string& field = "score_precision");
 
 // Unit roundoff: fp32 2^-24, bf16 2^-8 (8 significand bits incl. the implicit one), fp8 e4m3
-// 2^-4 (4 significand bits).
+// 2^-4 (4 significand bits); int4 1/14, relative to the row's largest |entry| rather than to
+// each entry (a row's step is max |k'| / 7, rounding to nearest is off by half a step).
 double unit_roundoff(InputPrecision precision);
 
 struct VerifyOptions;
@@ -84,6 +86,13 @@ double round_to_fp8_e4m3(double x);
 // power of two s with amax / s <= 448 (1 for amax = 0). Row entries are stored as
 // round_to_fp8_e4m3(x / s) and read back as that times s.
 double fp8_row_scale(double amax);
+// The per-row scale of an int4 summary row whose largest |entry| is `amax`: float(amax) / 7 in
+// fp32 (1 for amax = 0 or not finite). Row entries are stored as int4_code(x, s) and read back
+// as that times s.
+float int4_row_scale(double amax);
+// round(float(x) / s) to nearest (ties to even), clamped to [-7, 7]; the division in fp32 as the
+// device quantizer does it (__fdiv_rn).
+int int4_code(double x, float s);
 AttentionInputs<double> round_inputs_to_bf16(const AttentionInputs<double>& inputs);
 
 // Every tolerance of the oracle, in one place, each with its reason.
@@ -114,7 +123,10 @@ struct Tolerances {
   // A bf16 score path rounds once in the summary (p or k') and at most once in the stored
   // score, each moving s_hat by at most u A. fp8_e4m3 scores use the bf16 units with u = 2^-4
   // (k' rounded once to e4m3; the second unit covers p in bf16 and e4m3's subnormals, which
-  // a per-row scale keeps below 2^-14 of the row's largest entry).
+  // a per-row scale keeps below 2^-14 of the row's largest entry). int4 scores use the bf16
+  // units with u = 1/14 and, in place of A, A_row(t,c) = max_{h in g} sigma sum_i |q~_t,i| x
+  // max_i sum_j w_j |k_j,i|: an int4 row's rounding error is absolute (half a step, max |k'| / 14,
+  // on every entry), not relative to each entry.
   static constexpr double kMarginUnitsBf16 = 2.0;
 
   // Mean test (hierarchical lse with bf16 scores, where the worst-case floor sits far above

@@ -20,14 +20,20 @@ namespace hils::gpu {
 //   fp8_e4m3: e4m3(k'_c,i / s_c) with s_c the row's power-of-two scale in summary_scale
 //             (oracle::fp8_row_scale: the smallest 2^e with max_i |k'_c,i| / 2^e <= 448), the
 //             oracle's `score_precision = fp8_e4m3` (data/verify_format.md)
-enum class SummaryType { bf16 = 0, fp8_e4m3 = 1 };
+//   int4:     codes n_c,i in [-7, 7], two per byte (value i of a row in the low nibble of byte
+//             i / 2 for even i, the high one for odd i, stored as n + 8), with the row's fp32
+//             scale s_c = max_i |k'_c,i| / 7 in summary_scale (oracle::int4_row_scale,
+//             int4_code): half the bytes of fp8 and more selection changes (gpu/NOTES.md
+//             "decode", session 15), the oracle's `score_precision = int4`; d even
+enum class SummaryType { bf16 = 0, fp8_e4m3 = 1, int4 = 2 };
 
 // B sequences of T slots each; the new token is slot T-1 (its key and value already appended).
 // Layouts, head-major per sequence, bf16 unless noted:
 //   k             [B, Hkv, slot_capacity, d]     v [B, Hkv, slot_capacity, dv]
 //   summary_key   [B, Hq, chunk_capacity, d]     (k'_c of every complete chunk c < T / S),
-//                                                 bf16 or fp8 e4m3 (summary_type)
-//   summary_scale [B, Hq, chunk_capacity] fp32   (fp8 only: s_c; k'_c = s_c x the stored row)
+//                                                 bf16 or fp8 e4m3 (summary_type); int4:
+//                                                 [B, Hq, chunk_capacity, d / 2] bytes
+//   summary_scale [B, Hq, chunk_capacity] fp32   (fp8, int4: s_c; k'_c = s_c x the stored row)
 //   summary_bias  [B, Hq, chunk_capacity] fp32   (b'_c; zeros for bias rule none)
 // Summaries are per query head (the landmark-query prior differs per head); the scores are
 // fp32 dot products of the stored values.
@@ -41,7 +47,7 @@ struct DecodeCache {
   const float* summary_bias = nullptr;
   SummaryType summary_type = SummaryType::bf16;
   const float* summary_scale = nullptr;
-  // fp8 with hierarchical fusion: the same summaries in bf16 [B, Hq, chunk_capacity, d]. The
+  // fp8 or int4 with hierarchical fusion: the same summaries in bf16 [B, Hq, chunk_capacity, d]. The
   // scan scores every chunk from the fp8 rows; the fusion logits s_hat of the K selected chunks
   // (Eq. 10) are read from these rows, so that fp8's rounding (2^-4) moves the selection but not
   // the fused output (gpu/NOTES.md "decode"). Unused otherwise.
@@ -93,6 +99,9 @@ struct DecodeOutputs {
 //   d29:   d25 with the chunk tiles' K/V rows (read once per step) copied with an L2
 //          evict-first policy too (the default since session 12: 3.3-3.5 us faster than d25 at
 //          B = 32, 512K, 0.7-1.1 us slower at B = 8 in the same run; the same bits as d21)
+//   d34:   d29 with two score tiles per launch-1 block, both tiles' loads issued before the first
+//          is scored (twice the bytes in flight per block, half the blocks; for int4 summaries,
+//          whose 256-chunk tile is half fp8's bytes); the same bits as d29 (session 15)
 //   (d26 = 12, d27 = 13, d28 = 14: measured slower in session 12 and removed; d30 = 16, d31 = 17,
 //   d32 = 18, the tails as two launches on thread-block clusters: measured slower in session 13
 //   and removed; d33 = 19, no fuse launch (the weights by the select): no gain, removed;
@@ -102,7 +111,7 @@ struct DecodeOutputs {
 //          staging q / q~), then group scores, select, chunk tiles and a fuse that loads the
 //          chunks' outputs 8 at a time: five launches
 enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, d18 = 6, d19 = 7,
-                          d21 = 8, d23 = 9, d24 = 10, d25 = 11, d29 = 15 };
+                          d21 = 8, d23 = 9, d24 = 10, d25 = 11, d29 = 15, d34 = 20 };
 
 // A measurement probe for the benchmark (gpu/bench/bench_decode.py --scan-floor), not a step:
 // launch 1 of the step alone, or a kernel that only reads launch 1's bytes, writing nothing
@@ -127,8 +136,8 @@ void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, cons
 // on the device at once), so that small cases walk several tiles per block as 512K steps do.
 void set_decode_scan_grid_cap(int blocks);
 
-// Throws std::invalid_argument naming the first bad field. Supported: bf16 K/V, bf16 or fp8
-// e4m3 summaries, d, dv <= 256, a spec whose fusion is flat or hierarchical with summaries (key
+// Throws std::invalid_argument naming the first bad field. Supported: bf16 K/V, bf16, fp8
+// e4m3 or int4 summaries, d, dv <= 256, a spec whose fusion is flat or hierarchical with summaries (key
 // rule not exact), K <= 1024.
 void validate_decode(const MechanismSpec& spec, const DecodeCache& cache, const DecodeQuery& q);
 // Device scratch bytes of one decode_step (either kernel).
@@ -145,5 +154,12 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
 // chunk's summary is one row.
 void quantize_summaries_fp8(const float* key, int64_t rows, int64_t d, void* key_fp8,
                             float* scale, cudaStream_t stream = nullptr);
+
+// Stores summaries as the int4 cache keeps them: key_int4 [rows, d / 2] bytes and scale [rows]
+// fp32 from key [rows, d] fp32 (per row: s = max |k'| / 7 in fp32, the codes round(k' / s) to
+// nearest, ties to even, in [-7, 7], stored as n + 8, value 2j in the low nibble of byte j;
+// oracle::int4_row_scale, int4_code). d even.
+void quantize_summaries_int4(const float* key, int64_t rows, int64_t d, void* key_int4,
+                             float* scale, cudaStream_t stream = nullptr);
 
 }  // namespace hils::gpu

@@ -20,10 +20,10 @@ typedef struct hils_gpu_decode {
   const void *k, *v, *summary_key; /* bf16 */
   const float* summary_bias;
   const void *q, *q_retrieval; /* bf16 [B, Hq, d]; q_retrieval may be null */
-  int32_t summary_type;        /* 0 bf16, 1 fp8 e4m3 (hils::gpu::SummaryType) */
-  int32_t kernel;              /* 0 fused (the default: d29), 1 d5, 2 d8, 3 d13, 4 d16, 5 d17, 6 d18, 7 d19, 8 d21, 9 d23, 10 d24, 11 d25, 15 d29 (hils::gpu::DecodeKernel) */
-  const float* summary_scale;  /* fp8: [B, Hq, chunk_capacity] row scales; else null */
-  const void* summary_key_bf16; /* fp8 + hierarchical fusion: the summaries in bf16; else null */
+  int32_t summary_type;        /* 0 bf16, 1 fp8 e4m3, 2 int4 (hils::gpu::SummaryType) */
+  int32_t kernel;              /* 0 fused (the default: d29), 1 d5, 2 d8, 3 d13, 4 d16, 5 d17, 6 d18, 7 d19, 8 d21, 9 d23, 10 d24, 11 d25, 15 d29, 20 d34 (hils::gpu::DecodeKernel) */
+  const float* summary_scale;  /* fp8, int4: [B, Hq, chunk_capacity] row scales; else null */
+  const void* summary_key_bf16; /* fp8 or int4 + hierarchical fusion: the summaries in bf16; else null */
 } hils_gpu_decode;
 
 /* Outputs (fp32 / int32); only o and lse are required. */
@@ -45,6 +45,9 @@ int hils_gpu_decode_scan_probe(const hils_gpu_decode* p, int32_t probe, void* wo
 /* key fp32 [rows, d] -> key_fp8 e4m3 [rows, d] and scale fp32 [rows] (hils::gpu::quantize_summaries_fp8). */
 int hils_gpu_quantize_summaries_fp8(const float* key, int64_t rows, int64_t d, void* key_fp8,
                                     float* scale, void* stream);
+/* key fp32 [rows, d] -> key_int4 [rows, d / 2] bytes and scale fp32 [rows] (hils::gpu::quantize_summaries_int4). */
+int hils_gpu_quantize_summaries_int4(const float* key, int64_t rows, int64_t d, void* key_int4,
+                                     float* scale, void* stream);
 
 #ifdef __cplusplus
 }
