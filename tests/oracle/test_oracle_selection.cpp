@@ -267,6 +267,20 @@ void over_rounded_cases(KeyStore store, bool summaries, Check check) {
   }
 }
 
+// Rows read back without their scale (a planted dequantisation bug), a few cases (the suite's
+// time): every verdict must fail under the store's own score precision.
+void check_dropped_scale_fails(KeyStore dropped) {
+  for (const char* name : {"gqa_group4", "flat_attention", "longer_blocks"}) {
+    const auto c = case_named(name);
+    const auto inputs = cases::make_inputs<double>(c);
+    const MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
+    VerifyOptions options;
+    options.score_precision = score_precision_of(dropped);
+    INFO("case " << name);
+    CHECK_FALSE(verify(spec, inputs, bf16_score_kernel(spec, inputs, dropped, true), options).passed);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("a kernel with bf16 summaries passes with score_precision bf16, its flips accepted",
@@ -357,18 +371,7 @@ TEST_CASE("fp8 e4m3 summaries: a wrong chunk or a dropped scale still fails", "[
   // Measured: bf16 6 of 7 (flat_attention's margins are below even bf16's bound), fp8 2 of 7.
   CHECK(caught_bf16 >= cases_run - 1);
   CHECK(caught_fp8 >= 2);
-  // Rows read back without their scale (a planted dequantisation bug), a few cases (the suite's
-  // time): every verdict fails.
-  for (const char* name : {"gqa_group4", "flat_attention", "longer_blocks"}) {
-    const auto c = case_named(name);
-    const auto inputs = cases::make_inputs<double>(c);
-    const MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
-    VerifyOptions options;
-    options.score_precision = InputPrecision::fp8_e4m3;
-    INFO("case " << name);
-    CHECK_FALSE(verify(spec, inputs, bf16_score_kernel(spec, inputs, KeyStore::fp8_scale_dropped, true),
-                       options).passed);
-  }
+  check_dropped_scale_fails(KeyStore::fp8_scale_dropped);
 }
 
 TEST_CASE("int4 codes and the per-row scale", "[oracle]") {
@@ -481,15 +484,8 @@ TEST_CASE("int4 summaries: a wrong chunk or a dropped scale still fails", "[orac
   std::printf("planted wrong chunk caught in %lld of %lld cases under int4 summaries\n",
               static_cast<long long>(caught_int4), static_cast<long long>(cases_run));
   CHECK(cases_run > 0);
-  // Rows read back without their scale (a planted dequantisation bug): every verdict fails.
-  for (const char* name : {"gqa_group4", "flat_attention", "longer_blocks"}) {
-    const auto c = case_named(name);
-    const auto inputs = cases::make_inputs<double>(c);
-    const MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
-    VerifyOptions options;
-    options.score_precision = InputPrecision::int4;
-    INFO("case " << name);
-    CHECK_FALSE(verify(spec, inputs, bf16_score_kernel(spec, inputs, KeyStore::int4_scale_dropped, true),
-                       options).passed);
-  }
+  // Measured: 1 of 7 (int4's bound is ~3x fp8's, gpu/NOTES.md decode "int4 summaries"); a bound
+  // that grew further would accept even that planted chunk.
+  CHECK(caught_int4 >= 1);
+  check_dropped_scale_fails(KeyStore::int4_scale_dropped);
 }
