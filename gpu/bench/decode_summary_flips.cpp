@@ -12,6 +12,7 @@
 // Built with the project (target decode_summary_flips, analysis/CMakeLists.txt; ~1 min at B = 8,
 // 512K): ./build/bin/decode_summary_flips [B] [T]
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -59,9 +60,29 @@ double log_sum_exp(const std::vector<double>& x, double extra) {
 
 }  // namespace
 
+// argv[i] as an integer in [lo, hi], or exit 2 naming the argument and the expected range.
+int64_t integer_argument(const char* text, const char* name, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long long value = std::strtoll(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0' || value < lo || value > hi) {
+    std::fprintf(stderr, "decode_summary_flips: %s: expected an integer in [%lld, %lld], got '%s'\n",
+                 name, static_cast<long long>(lo), static_cast<long long>(hi), text);
+    std::exit(2);
+  }
+  return value;
+}
+
 int main(int argc, char** argv) {
-  const int B = argc > 1 ? std::atoi(argv[1]) : 8;
-  const int64_t T = argc > 2 ? std::atoll(argv[2]) : 524288;
+  if (argc > 3 || (argc > 1 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0))) {
+    std::printf("usage: decode_summary_flips [B] [T]\n  B sequences (default 8, 1..1024), T cache slots "
+                "(default 524288, %d..%d):\n  how fp8 and int4 summaries change a decode step's "
+                "selection on bench_decode.py's inputs.\n", kW + (kK + 1) * kS, 1 << 24);
+    return argc > 3 ? 2 : 0;
+  }
+  // T: enough candidates for K + 1 chunks; at most 2^24 slots (~100 MB of keys per head group).
+  const int B = static_cast<int>(argc > 1 ? integer_argument(argv[1], "B", 1, 1024) : 8);
+  const int64_t T = argc > 2 ? integer_argument(argv[2], "T", kW + (kK + 1) * kS, int64_t{1} << 24) : 524288;
   const int64_t n_cand = (T - kW) / kS;  // chunks wholly before the window (the decode kernels' V)
   const double sigma = 1.0 / std::sqrt(static_cast<double>(kD));
   const double entropy_bias = std::log(static_cast<double>(kS)) + 1.0;  // the oracle's bias term
