@@ -159,19 +159,26 @@ def copy_bandwidth():
     return 2 * n / (us * 1e-6)
 
 
+def _quantize(lib, entry, key, out):
+    """Runs the library's quantizer `entry` (hils_gpu_quantize_summaries_<store>) on key fp32
+    [..., d] into `out`; returns (out, fp32 row scales [...])."""
+    scale = torch.empty(key.shape[:-1], dtype=torch.float32, device="cuda")
+    rows = key.numel() // key.shape[-1]
+    fn = getattr(lib, entry)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    rc = fn(ptr(key), rows, key.shape[-1], ptr(out), ptr(scale),
+            ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+    if rc != 0:
+        raise RuntimeError(lib.hils_gpu_decode_last_error().decode())
+    return out, scale
+
+
 def quantize_fp8(lib, key):
     """key fp32 [..., d] -> (e4m3 [..., d], fp32 row scales [...]) by the library's quantizer."""
     key = key.float().contiguous()
     out = torch.empty(key.shape, dtype=torch.float8_e4m3fn, device="cuda")
-    scale = torch.empty(key.shape[:-1], dtype=torch.float32, device="cuda")
-    rows = key.numel() // key.shape[-1]
-    lib.hils_gpu_quantize_summaries_fp8.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    rc = lib.hils_gpu_quantize_summaries_fp8(ptr(key), rows, key.shape[-1], ptr(out), ptr(scale),
-                                             ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
-    if rc != 0:
-        raise RuntimeError(lib.hils_gpu_decode_last_error().decode())
-    return out, scale
+    return _quantize(lib, "hils_gpu_quantize_summaries_fp8", key, out)
 
 
 def quantize_int4(lib, key):
@@ -179,15 +186,7 @@ def quantize_int4(lib, key):
     the library's quantizer (hils::gpu::quantize_summaries_int4)."""
     key = key.float().contiguous()
     out = torch.empty(key.shape[:-1] + (key.shape[-1] // 2,), dtype=torch.uint8, device="cuda")
-    scale = torch.empty(key.shape[:-1], dtype=torch.float32, device="cuda")
-    rows = key.numel() // key.shape[-1]
-    lib.hils_gpu_quantize_summaries_int4.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    rc = lib.hils_gpu_quantize_summaries_int4(ptr(key), rows, key.shape[-1], ptr(out), ptr(scale),
-                                              ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
-    if rc != 0:
-        raise RuntimeError(lib.hils_gpu_decode_last_error().decode())
-    return out, scale
+    return _quantize(lib, "hils_gpu_quantize_summaries_int4", key, out)
 
 
 class HilsDecode:

@@ -45,7 +45,8 @@ VARIANTS = [("v4", "chunked_v4", 0), ("v6", "chunked_v6", 0), ("v7", "chunked_v7
             ("v23", "chunked_v23", 0), ("v24", "chunked_v24", 0), ("v25", "chunked_v25", 0),
             ("v25_seg16384", "chunked_v25", 16384), ("v25_seg13108", "chunked_v25", 13108),
             ("v26", "chunked_v26", 0), ("v27", "chunked_v27", 0), ("v28", "chunked_v28", 0),
-            ("v29", "chunked_v29", 0)]
+            ("v29", "chunked_v29", 0), ("v30", "chunked_v30", 0),
+            ("v31", "chunked_v31", 0), ("v32", "chunked_v32", 0)]
 # Variants through hils_gpu_fuse_rows: label -> (sparse kernel, o_swa dtype, o dtype). The fp16
 # o_swa is the window's fp32 o_swa rounded once by torch before the timing (in a forward the
 # window stage would write it).
@@ -58,7 +59,10 @@ ROW_VARIANTS = {"v24_h16in": ("chunked_v24", torch.float16, torch.float32),
                 "v26_h16in_bf16out": ("chunked_v26", torch.float16, torch.bfloat16),
                 "v27_h16in_bf16out": ("chunked_v27", torch.float16, torch.bfloat16),
                 "v28_h16in_bf16out": ("chunked_v28", torch.float16, torch.bfloat16),
-                "v29_h16in_bf16out": ("chunked_v29", torch.float16, torch.bfloat16)}
+                "v29_h16in_bf16out": ("chunked_v29", torch.float16, torch.bfloat16),
+                "v30_h16in_bf16out": ("chunked_v30", torch.float16, torch.bfloat16),
+                "v31_h16in_bf16out": ("chunked_v31", torch.float16, torch.bfloat16),
+                "v32_h16in_bf16out": ("chunked_v32", torch.float16, torch.bfloat16)}
 
 
 def prepared_stages(lib, T, gen):

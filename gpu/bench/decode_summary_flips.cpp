@@ -5,14 +5,14 @@
 // generator). For each (sequence, KV group) the K best chunks are selected from scores computed
 // in double from k' as stored: bf16 (the exact reference here), fp8 e4m3 with the per-row
 // power-of-two scale, int4 (-7..7) with the per-row fp32 scale max |k'| / 7
-// (oracle::fp8_row_scale, round_to_fp8_e4m3, int4_row_scale, int4_code; copied here so that the
-// tool needs no build). Prints how many selections differ, the worst swap's margin in the exact
+// (the oracle's fp8_row_scale, round_to_fp8_e4m3, int4_row_scale and int4_code, as `hils verify`
+// reads them back). Prints how many selections differ, the worst swap's margin in the exact
 // group score r against the oracle's margin bound for that precision (data/verify_format.md),
 // and the share of the exact top-K's mass sum exp(r) that the chosen chunks keep.
-// Build and run (development machine, ~1 min at B = 8, 512K):
-//   g++ -O2 -std=c++17 -o /tmp/decode_summary_flips gpu/bench/decode_summary_flips.cpp
-//   /tmp/decode_summary_flips [B] [T]
+// Built with the project (target decode_summary_flips, analysis/CMakeLists.txt; ~1 min at B = 8,
+// 512K): ./build/bin/decode_summary_flips [B] [T]
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -22,52 +22,20 @@
 #include <random>
 #include <vector>
 
+#include "hils/analysis/oracle.hpp"
+
 namespace {
 
 constexpr int kHq = 16, kHkv = 2, kG = kHq / kHkv, kD = 64, kS = 64, kK = 32, kW = 512;
 
-double round_to_bf16(double x) {
-  float f = static_cast<float>(x);
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fff + ((u >> 16) & 1);  // to nearest, ties to even
-  u &= 0xffff0000u;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+// The benchmark draws fp32 values and rounds them to bf16 (torch's conversion); the oracle's
+// rounding applied to the fp32 value does the same.
+double round_to_bf16(double x) { return hils::oracle::round_to_bf16(static_cast<float>(x)); }
 
-double round_to_fp8_e4m3(double x) {
-  if (std::isnan(x) || x == 0.0) return x;
-  constexpr double kMinNormal = 0x1p-6, kMax = 448.0;
-  double rounded;
-  if (std::fabs(x) < kMinNormal) {
-    rounded = std::nearbyint(x * 0x1p9) * 0x1p-9;
-  } else {
-    int exponent = 0;
-    const double mantissa = std::frexp(x, &exponent);
-    rounded = std::ldexp(std::nearbyint(std::ldexp(mantissa, 4)), exponent - 4);
-  }
-  return std::clamp(rounded, -kMax, kMax);
-}
-
-double fp8_row_scale(double amax) {
-  if (!(amax > 0.0) || !std::isfinite(amax)) return 1.0;
-  int exponent = 0;
-  const double mantissa = std::frexp(amax / 448.0, &exponent);
-  return std::ldexp(1.0, mantissa == 0.5 ? exponent - 1 : exponent);
-}
-
-float int4_row_scale(double amax) {
-  if (!(amax > 0.0) || !std::isfinite(amax)) return 1.0f;
-  const float scale = static_cast<float>(amax) / 7.0f;
-  return scale > 0.0f ? scale : 1.0f;
-}
-
-int int4_code(double x, float s) {
-  const float ratio = static_cast<float>(x) / s;
-  if (std::isnan(ratio)) return 0;
-  return static_cast<int>(std::clamp(std::nearbyint(ratio), -7.0f, 7.0f));
-}
+using hils::oracle::fp8_row_scale;
+using hils::oracle::int4_code;
+using hils::oracle::int4_row_scale;
+using hils::oracle::round_to_fp8_e4m3;
 
 enum Store { kBf16, kFp8, kInt4, kStores };
 const char* const kNames[kStores] = {"bf16", "fp8_e4m3", "int4"};
@@ -92,9 +60,29 @@ double log_sum_exp(const std::vector<double>& x, double extra) {
 
 }  // namespace
 
+// argv[i] as an integer in [lo, hi], or exit 2 naming the argument and the expected range.
+int64_t integer_argument(const char* text, const char* name, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long long value = std::strtoll(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0' || value < lo || value > hi) {
+    std::fprintf(stderr, "decode_summary_flips: %s: expected an integer in [%lld, %lld], got '%s'\n",
+                 name, static_cast<long long>(lo), static_cast<long long>(hi), text);
+    std::exit(2);
+  }
+  return value;
+}
+
 int main(int argc, char** argv) {
-  const int B = argc > 1 ? std::atoi(argv[1]) : 8;
-  const int64_t T = argc > 2 ? std::atoll(argv[2]) : 524288;
+  if (argc > 3 || (argc > 1 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0))) {
+    std::printf("usage: decode_summary_flips [B] [T]\n  B sequences (default 8, 1..1024), T cache slots "
+                "(default 524288, %d..%d):\n  how fp8 and int4 summaries change a decode step's "
+                "selection on bench_decode.py's inputs.\n", kW + (kK + 1) * kS, 1 << 24);
+    return argc > 3 ? 2 : 0;
+  }
+  // T: enough candidates for K + 1 chunks; at most 2^24 slots (~100 MB of keys per head group).
+  const int B = static_cast<int>(argc > 1 ? integer_argument(argv[1], "B", 1, 1024) : 8);
+  const int64_t T = argc > 2 ? integer_argument(argv[2], "T", kW + (kK + 1) * kS, int64_t{1} << 24) : 524288;
   const int64_t n_cand = (T - kW) / kS;  // chunks wholly before the window (the decode kernels' V)
   const double sigma = 1.0 / std::sqrt(static_cast<double>(kD));
   const double entropy_bias = std::log(static_cast<double>(kS)) + 1.0;  // the oracle's bias term

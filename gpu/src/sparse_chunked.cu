@@ -54,9 +54,12 @@
 // write a bf16 o (hils::gpu::fuse_rows; gpu/NOTES.md "Sparse v23, v24, v25"). chunked_v26 is v25
 // with a persistent chunk kernel (items taken from a cursor), segments that split T evenly and
 // the count's tiles shortened at short T; chunked_v27 is v26 with q two steps ahead (measured
-// equal); chunked_v28 is v26 with several threads per chunk in the describe; chunked_v29 (the
-// default) is v28 with the describe, the scatter and segment 0's pair weights in one launch
-// (gpu/NOTES.md "Sparse v26, v27").
+// equal); chunked_v28 is v26 with several threads per chunk in the describe; chunked_v29 is v28
+// with the describe, the scatter and segment 0's pair weights in one launch (gpu/NOTES.md
+// "Sparse v26, v27"); chunked_v30 (the default) is v29 with each pair's bucket entry and fp16
+// weights in one 32-byte record written by the weights kernel (no scatter), chunked_v31 v29 with
+// fp16 pair weights, chunked_v32 v30 with the fp16 weights alone (16 bytes for G = 8), the query
+// in their spare bits (gpu/NOTES.md "Sparse v30, v31, v32").
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -79,6 +82,40 @@ constexpr size_t kPartialBudget = size_t{1} << 30;  // bytes of fp16 partial out
 // Pairs of one item: 512 / G, i.e. 32 slices of 16 rows (query, head).
 template <int G>
 __host__ __device__ constexpr int pairs_per_item() { return 512 / G; }
+
+// How the weights kernel hands each pair's G fusion weights w_c / l to the chunk kernel, at the
+// pair's bucket position: f32 (chunked_v11-v29: G floats; the scatter writes the bucket entry),
+// f16 (chunked_v31: G halves, the scatter as before), f16_records (chunked_v30: the entry
+// ((t - s seg) << 6 | slot, as the scatter's) and the G weights in fp16, head j's at half j after
+// the entry's word, in one record of pair_record_words<G>() 32-bit words, a multiple of 16 bytes:
+// G = 8 takes 32 bytes, one L2 sector; no scatter), f16_packed (chunked_v32, G a multiple of 8
+// and segments below 2^16 queries: the G weights in fp16 alone, 16 bytes for G = 8, with the
+// pair's query t - s seg in their spare bits: a weight lies in [0, 1], whose fp16 codes leave
+// bits 14 and 15 zero, so half j < 8 carries bits 2 j and 2 j + 1 of t - s seg there; no scatter).
+enum class PairWeights { f32, f16, f16_records, f16_packed };
+template <int G>
+__host__ __device__ constexpr int pair_record_words() { return (1 + (G + 1) / 2 + 3) / 4 * 4; }
+// 32-bit words per pair (rounded up) of the pair weights in the scratch.
+template <int G>
+__host__ __device__ constexpr int pair_weight_words(PairWeights format) {
+  return format == PairWeights::f32 ? G
+         : format == PairWeights::f16_records ? pair_record_words<G>()
+                                              : (G + 1) / 2;
+}
+// f16_packed: the most queries a segment may hold (t - s seg in 16 bits).
+constexpr int64_t kPackedQueryLimit = int64_t{1} << 16;
+// f16_packed where G is a multiple of 8 (the only G it is chosen for), f16_records otherwise (so
+// that every G instantiates).
+template <int G>
+constexpr PairWeights packed_or_records() {
+  return G % 8 == 0 ? PairWeights::f16_packed : PairWeights::f16_records;
+}
+// f16_packed: the fp16 code of weight w (clamped to [0, 1], NaN to 1, so bits 14 and 15 are free)
+// with two bits of the query index in bits 14 and 15.
+__device__ __forceinline__ uint32_t packed_weight_bits(float w, uint32_t two_bits) {
+  const __half h = __float2half_rn(fminf(fmaxf(w, 0.0f), 1.0f));
+  return static_cast<uint32_t>(__half_as_ushort(h)) | (two_bits & 3u) << 14;
+}
 
 // Programmatic dependent launch (Hopper; chunked_v20): a kernel launched with
 // cudaLaunchAttributeProgrammaticStreamSerialization (launch_after_previous below) may start once
@@ -535,7 +572,8 @@ __device__ __forceinline__ void pv_tiles(float (&o)[kSub][8][4], const uint32_t 
 // its q element offset (-1 past the item's pairs), row_out its scratch row (h seg + tl) K + slot.
 // row_out: the row's scratch row (h seg + tl) K + slot, or with kQueryMajorOut its row tl Hq + h of
 // the segment's query-major o16 (chunked_v18).
-template <int G, bool kQueryMajorOut = false>
+// kEntryWords: the bucket's words per entry (1; chunked_v30: the pair records', the entry first).
+template <int G, bool kQueryMajorOut = false, int kEntryWords = 1>
 __device__ __forceinline__ void fill_row_table(int64_t* row_q, uint32_t* row_out, int n_rows,
                                                const LaunchParams& p, int64_t t0, int64_t seg,
                                                const ItemDesc& desc, const uint32_t* bucket,
@@ -544,7 +582,7 @@ __device__ __forceinline__ void fill_row_table(int64_t* row_q, uint32_t* row_out
     const int e = rr / G;
     const int64_t h = g * G + rr % G;
     if (e < desc.count) {
-      const uint32_t entry = bucket[desc.first + e];
+      const uint32_t entry = bucket[(static_cast<int64_t>(desc.first) + e) * kEntryWords];
       const int64_t tl = entry >> 6;
       row_q[rr] = (h * p.T + t0 + tl) * kTileDim;
       row_out[rr] = kQueryMajorOut ? static_cast<uint32_t>(tl * p.Hq + h)
@@ -552,6 +590,36 @@ __device__ __forceinline__ void fill_row_table(int64_t* row_q, uint32_t* row_out
     } else {
       row_q[rr] = -1;
     }
+  }
+}
+
+// chunked_v32 (PairWeights::f16_packed): row rr's q element offset and weight from its pair's
+// packed weights (bucket: G / 2 words per pair): the query t - s seg from the top two bits of
+// the pair's first 8 halves, the weight from head rr % G's half without them.
+template <int G>
+__device__ __forceinline__ void fill_rows_from_packed_weights(int64_t* row_q, float* row_weight, int n_rows,
+                                                              const LaunchParams& p, int64_t t0,
+                                                              const ItemDesc& desc, const uint32_t* packed,
+                                                              int64_t g) {
+  static_assert(G % 8 == 0, "the query index takes the spare bits of 8 halves");
+  for (int rr = threadIdx.x; rr < n_rows; rr += kPackedThreads) {
+    const int e = rr / G;
+    if (e >= desc.count) {
+      row_q[rr] = -1;
+      row_weight[rr] = 0.0f;
+      continue;
+    }
+    const uint32_t* pair = packed + (static_cast<int64_t>(desc.first) + e) * (G / 2);
+    const uint4 first8 = *reinterpret_cast<const uint4*>(pair);
+    const uint32_t words[4] = {first8.x, first8.y, first8.z, first8.w};
+    uint32_t tl = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) tl |= (words[k] >> 14 & 3u) << (4 * k) | (words[k] >> 30 & 3u) << (4 * k + 2);
+    const int j = rr % G;
+    const uint32_t word = j < 8 ? words[j / 2] : pair[j / 2];
+    const auto bits = static_cast<unsigned short>((word >> (16 * (j % 2))) & 0x3fffu);
+    row_q[rr] = ((g * G + j) * p.T + t0 + tl) * kTileDim;
+    row_weight[rr] = __half2float(__ushort_as_half(bits));
   }
 }
 
@@ -765,12 +833,19 @@ __device__ __forceinline__ void bulk_wait_all() {
 // chunk_attention_persistent_kernel (one of its items): chunk c of group g and its pairs desc,
 // with the dynamic shared memory `smem` (1024-byte aligned). kQStages q stages (2: the next
 // step's rows stream in while this one computes; 3, chunked_v27: the rows two steps ahead).
-template <int G, V9Out kOut, int kQStages = 2>
+// kPairWeights (PairWeights): f16 (chunked_v31): the weights in fp16; f16_records (chunked_v30):
+// bucket holds the segment's pair records (the entry, then the G weights in fp16), pair_weight
+// is not read.
+template <int G, V9Out kOut, int kQStages = 2, PairWeights kPairWeights = PairWeights::f32>
 __device__ __forceinline__ void chunk_item_v9(const LaunchParams& p, int64_t t0, int64_t seg, int64_t nc,
                                               const ItemDesc& desc, const uint32_t* bucket,
                                               __half* partial, const float* pair_weight,
                                               unsigned char* smem) {
   static_assert(kQStages == 2 || (kQStages == 3 && kOut == V9Out::red_f16x2), "2 q stages, or 3 for red_f16x2");
+  constexpr bool kRecords = kPairWeights == PairWeights::f16_records;
+  constexpr bool kPacked = kPairWeights == PairWeights::f16_packed;
+  static_assert(kPairWeights == PairWeights::f32 || kOut == V9Out::red_f16x2,
+                "fp16 pair weights: chunked_v30's to v32's red_f16x2");
   constexpr bool kReduce = kOut != V9Out::partials;
   constexpr int kRows = pairs_per_item<G>() * G;  // 512
   unsigned char* k_panel = smem;
@@ -784,10 +859,25 @@ __device__ __forceinline__ void chunk_item_v9(const LaunchParams& p, int64_t t0,
   load_panel_async(k_panel, static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim, c * kTileDim);
   load_panel_async(v_panel, static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim, c * kTileDim);
   cp_async_commit();
-  fill_row_table<G, kOut == V9Out::red_f16x2_query_major>(row_q, row_out, 64 * n_steps, p, t0, seg,
-                                                          desc, bucket, g);
+  constexpr int kEntryWords = kRecords ? pair_record_words<G>() : 1;
   __shared__ float row_weight[kReduce ? kRows : 1];  // kReduce: w_c / l of the row
-  if constexpr (kReduce)
+  if constexpr (kPacked)
+    fill_rows_from_packed_weights<G>(row_q, row_weight, 64 * n_steps, p, t0, desc, bucket, g);
+  else
+    fill_row_table<G, kOut == V9Out::red_f16x2_query_major, kEntryWords>(row_q, row_out, 64 * n_steps, p, t0,
+                                                                         seg, desc, bucket, g);
+  if constexpr (kRecords)
+    for (int rr = threadIdx.x; rr < 64 * n_steps; rr += kPackedThreads) {
+      const auto* weights = reinterpret_cast<const __half*>(bucket + (static_cast<int64_t>(desc.first) + rr / G) *
+                                                                         kEntryWords + 1);
+      row_weight[rr] = rr < desc.count * G ? __half2float(weights[rr % G]) : 0.0f;
+    }
+  else if constexpr (kPairWeights == PairWeights::f16)
+    for (int rr = threadIdx.x; rr < 64 * n_steps; rr += kPackedThreads) {
+      const auto* weights = reinterpret_cast<const __half*>(pair_weight);
+      row_weight[rr] = rr < desc.count * G ? __half2float(weights[static_cast<int64_t>(desc.first) * G + rr]) : 0.0f;
+    }
+  else if constexpr (kReduce && !kPacked)  // (kPacked: filled with the row table)
     for (int rr = threadIdx.x; rr < 64 * n_steps; rr += kPackedThreads)
       row_weight[rr] = rr < desc.count * G ? pair_weight[static_cast<int64_t>(desc.first) * G + rr] : 0.0f;
   __syncthreads();  // the row table
@@ -945,8 +1035,8 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
 // (an atomicAdd, issued at the start of the current item and read after it), until the
 // segment's n_items are taken. No block for an item that does not exist (chunk_attention_v9's
 // grid is the bound Hkv seg K / pairs + Hkv nc, ~40% above the items at 512K) and no block
-// launch per item. kQStages: chunk_item_v9's.
-template <int G, int kQStages>
+// launch per item. kQStages, kPairWeights (chunked_v30, v31): chunk_item_v9's.
+template <int G, int kQStages, PairWeights kPairWeights = PairWeights::f32>
 __global__ void __launch_bounds__(kPackedThreads, 4)
     chunk_attention_persistent_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
                                       const int32_t* items, const ItemDesc* item_desc,
@@ -963,7 +1053,8 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
     const ItemDesc desc = item_desc[item];
     int32_t next = 0;
     if (threadIdx.x == 0) next = atomicAdd(item_cursor, 1);  // awaited only after this item
-    chunk_item_v9<G, V9Out::red_f16x2, kQStages>(p, t0, seg, nc, desc, bucket, partial, pair_weight, smem);
+    chunk_item_v9<G, V9Out::red_f16x2, kQStages, kPairWeights>(p, t0, seg, nc, desc, bucket, partial,
+                                                               pair_weight, smem);
     if (threadIdx.x == 0) next_item = next;
     __syncthreads();  // next_item visible; every warp done with the panels, stages and row tables
   }
@@ -995,26 +1086,27 @@ void launch_chunk_v9(unsigned grid, cudaStream_t stream, const LaunchParams& p, 
 }
 
 // chunked_v26 (kQStages 2), v27 (3): chunk_attention_persistent_kernel with as many blocks as are
-// resident on the device at once (at most `bound`, the items' upper bound).
-template <int G, int kQStages>
+// resident on the device at once (at most `bound`, the items' upper bound); chunked_v30, v31:
+// kPairWeights.
+template <int G, int kQStages, PairWeights kPairWeights = PairWeights::f32>
 void launch_chunk_persistent(unsigned bound, cudaStream_t stream, const LaunchParams& p, int64_t t0,
                              int64_t seg, int64_t nc, const int32_t* items, const ItemDesc* item_desc,
                              const uint32_t* bucket, __half* o16, const float* pair_weight,
                              int32_t* item_cursor) {
   constexpr int kBytes = kV9SmemBytes + (kQStages - 2) * kV9Panel;
   static const unsigned resident = [] {
-    cudaFuncSetAttribute(chunk_attention_persistent_kernel<G, kQStages>,
+    cudaFuncSetAttribute(chunk_attention_persistent_kernel<G, kQStages, kPairWeights>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
-    const Residency r = kernel_residency(chunk_attention_persistent_kernel<G, kQStages>, kPackedThreads,
-                                         kBytes, "sparse stage (persistent chunk kernel)");
+    const Residency r = kernel_residency(chunk_attention_persistent_kernel<G, kQStages, kPairWeights>,
+                                         kPackedThreads, kBytes, "sparse stage (persistent chunk kernel)");
     if (r.blocks_per_sm <= 0)
       throw std::runtime_error("sparse stage: the persistent chunk kernel fits no SM with " +
                                std::to_string(kBytes) + " bytes of shared memory");
     return static_cast<unsigned>(r.blocks());
   }();
-  chunk_attention_persistent_kernel<G, kQStages><<<bound < resident ? bound : resident, kPackedThreads,
-                                                   kBytes, stream>>>(p, t0, seg, nc, items, item_desc,
-                                                                     bucket, o16, pair_weight, item_cursor);
+  chunk_attention_persistent_kernel<G, kQStages, kPairWeights>
+      <<<bound < resident ? bound : resident, kPackedThreads, kBytes, stream>>>(
+          p, t0, seg, nc, items, item_desc, bucket, o16, pair_weight, item_cursor);
 }
 
 // chunked_v10: v6's chunk kernel whose rows go into an fp16 copy of o (o16) with f16x2 vector
@@ -1382,11 +1474,56 @@ struct SegmentTables {
   uint32_t* bucket = nullptr;
   int64_t bucket_stride = 0;
 };
+// The window rows (o_swa) of one query's G heads as a warp of pair_weights_block holds them
+// (all_first_half_warps): a row (64 fp32 or fp16 values) is spread over kLanes lanes, 16 bytes
+// each, so the warp holds kRowsAtOnce rows side by side; head j's row is held by the lanes
+// lane / kLanes == j % kRowsAtOnce (fp32: half-warps, chunked_v15; fp16: quarter-warps, chunked_v24).
+template <int G, typename OSwa>
+struct WarpWindowRows {
+  static constexpr int kLanes = kTileDim * static_cast<int>(sizeof(OSwa)) / 16;  // 16 (fp32) or 8 (fp16)
+  static constexpr int kRowsAtOnce = kWarp / kLanes;
+  static constexpr int kValues = 16 / static_cast<int>(sizeof(OSwa));  // per lane: 4 (fp32) or 8 (fp16)
+  uint4 part[(G + kRowsAtOnce - 1) / kRowsAtOnce];
+
+  // The rows of heads g G .. g G + G - 1 of query t (o_swa [Hq, T, 64]).
+  __device__ __forceinline__ void load(const OSwa* o_swa, int64_t g, int64_t t, int64_t T, int lane) {
+#pragma unroll
+    for (int jj = 0; jj < (G + kRowsAtOnce - 1) / kRowsAtOnce; ++jj) {
+      const int j = kRowsAtOnce * jj + lane / kLanes;
+      if (j < G) part[jj] = reinterpret_cast<const uint4*>(o_swa + ((g * G + j) * T + t) * kTileDim)[lane % kLanes];
+    }
+  }
+  // o16_row = head j's window row times f (each fp32 product rounded to fp16 once), stored by the
+  // lanes that hold the row.
+  __device__ __forceinline__ void store_scaled(int j, float f, __half* o16_row, int lane) const {
+    if (lane / kLanes != j % kRowsAtOnce) return;
+    const uint4 in = part[j / kRowsAtOnce];
+    __half* at = o16_row + kValues * (lane % kLanes);
+    if constexpr (std::is_same_v<OSwa, float>) {
+      const float4 x = *reinterpret_cast<const float4*>(&in);
+      store4(at, make_float4(x.x * f, x.y * f, x.z * f, x.w * f));
+    } else {
+      uint4 out;
+      const __half2* from = reinterpret_cast<const __half2*>(&in);
+      __half2* to = reinterpret_cast<__half2*>(&out);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 v = __half22float2(from[e]);
+        to[e] = __floats2half2_rn(v.x * f, v.y * f);
+      }
+      *reinterpret_cast<uint4*>(at) = out;
+    }
+  }
+};
+
 // kQueryMajorO16 (chunked_v18): o16 is the segment's, laid out [tn, Hq, 64]. Block `block` of
 // fusion_pair_weights_kernel (below).
 // OSwa: float (the API's o_swa), or __half (an fp16 o_swa, chunked_v24 with RowType::f16: head
 // j's 128-byte row held by quarter-warp j % 4, 16 bytes per lane; all_first_half_warps only).
-template <int G, WeightLoads kLoads, bool kQueryMajorO16 = false, typename OSwa = float>
+// kPairWeights: the format of the pair weights at tables.pair_weight (PairWeights; f16_records,
+// chunked_v30: each pair's record, so no scatter is needed).
+template <int G, WeightLoads kLoads, bool kQueryMajorO16 = false, typename OSwa = float,
+          PairWeights kPairWeights = PairWeights::f32>
 __device__ __forceinline__ void pair_weights_block(unsigned block, const LaunchParams& p, int64_t t0,
                                                    int64_t tn, int64_t nc, const int32_t* selection,
                                                    const float* selected_score, const OSwa* o_swa,
@@ -1415,13 +1552,13 @@ __device__ __forceinline__ void pair_weights_block(unsigned block, const LaunchP
   }
   constexpr bool kLoadsFirst = kLoads != WeightLoads::per_head;
   constexpr bool kHalfWarps = kLoads == WeightLoads::all_first_half_warps;
-  constexpr bool kF16Rows = std::is_same_v<OSwa, __half>;
-  static_assert(!kF16Rows || kHalfWarps, "an fp16 o_swa is read by quarter-warps (all_first_half_warps)");
-  const int half = lane / 16;  // kHalfWarps: this lane holds the o_swa rows of heads j % 2 == half
-  const int quarter = lane / 8;  // kF16Rows: this lane holds the o_swa rows of heads j % 4 == quarter
+  static_assert(std::is_same_v<OSwa, float> || kHalfWarps,
+                "an fp16 o_swa is read by quarter-warps (all_first_half_warps)");
+  static_assert(kPairWeights == PairWeights::f32 || (kHalfWarps && !kQueryMajorO16),
+                "fp16 pair weights: chunked_v30's to v32's weights kernel");
   float a[G][2], a_swa[G];
-  float4 x[kF16Rows ? 1 : kHalfWarps ? (G + 1) / 2 : G] = {};
-  uint4 xh[kF16Rows ? (G + 3) / 4 : 1] = {};
+  float4 x[kHalfWarps ? 1 : G] = {};  // per_head, all_first: lanes 0-15 hold each head's fp32 row
+  WarpWindowRows<G, OSwa> window_rows;  // all_first_half_warps
   auto load_scores = [&](int j) {
     const int64_t row = (g * G + j) * p.T + t;
     const float* score = selected_score + row * K;
@@ -1433,24 +1570,10 @@ __device__ __forceinline__ void pair_weights_block(unsigned block, const LaunchP
     const int64_t row = (g * G + j) * p.T + t;
     if (lane < kTileDim / 4) x[j] = reinterpret_cast<const float4*>(o_swa + row * kTileDim)[lane];
   };
-  if constexpr (kF16Rows) {
+  if constexpr (kHalfWarps) {
 #pragma unroll
     for (int j = 0; j < G; ++j) load_scores(j);
-#pragma unroll
-    for (int jj = 0; jj < (G + 3) / 4; ++jj) {
-      const int j = 4 * jj + quarter;
-      if (j < G)
-        xh[jj] = reinterpret_cast<const uint4*>(o_swa + ((g * G + j) * p.T + t) * kTileDim)[lane % 8];
-    }
-  } else if constexpr (kHalfWarps) {
-#pragma unroll
-    for (int j = 0; j < G; ++j) load_scores(j);
-#pragma unroll
-    for (int jj = 0; jj < (G + 1) / 2; ++jj) {
-      const int j = 2 * jj + half;
-      if (j < G)
-        x[jj] = reinterpret_cast<const float4*>(o_swa + ((g * G + j) * p.T + t) * kTileDim)[lane % 16];
-    }
+    window_rows.load(o_swa, g, t, p.T, lane);
   } else if constexpr (kLoadsFirst) {
 #pragma unroll
     for (int j = 0; j < G; ++j) load_scores(j), load_window_row(j);
@@ -1470,27 +1593,8 @@ __device__ __forceinline__ void pair_weights_block(unsigned block, const LaunchP
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
     for (int i = 0; i < 2; ++i) w[i][j] = exp_diff(a[j][i], m) * inv;
-    if constexpr (kF16Rows) {
-      if (quarter == j % 4) {
-        const float f = w_swa * inv;
-        const uint4 in = xh[j / 4];
-        uint4 out;
-        const __half2* from = reinterpret_cast<const __half2*>(&in);
-        __half2* to = reinterpret_cast<__half2*>(&out);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 v = __half22float2(from[e]);
-          to[e] = __floats2half2_rn(v.x * f, v.y * f);
-        }
-        reinterpret_cast<uint4*>(o16 + o16_row * kTileDim)[lane % 8] = out;
-      }
-    } else if constexpr (kHalfWarps) {
-      if (half == j % 2) {
-        const float f = w_swa * inv;
-        const float4 xj = x[j / 2];
-        store4(o16 + o16_row * kTileDim + 4 * (lane % 16),
-               make_float4(xj.x * f, xj.y * f, xj.z * f, xj.w * f));
-      }
+    if constexpr (kHalfWarps) {
+      window_rows.store_scaled(j, w_swa * inv, o16 + o16_row * kTileDim, lane);
     } else if (lane < kTileDim / 4) {
       if constexpr (!kLoadsFirst) load_window_row(j);
       const float f = w_swa * inv;
@@ -1502,6 +1606,56 @@ __device__ __forceinline__ void pair_weights_block(unsigned block, const LaunchP
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     if (!valid[i]) continue;
+    if constexpr (kPairWeights == PairWeights::f16) {
+      auto* out = reinterpret_cast<__half*>(pair_weight) + pos[i] * G;
+      if constexpr (G % 8 == 0) {
+#pragma unroll
+        for (int j = 0; j < G; j += 8) {
+          uint4 v;
+          __half2* h = reinterpret_cast<__half2*>(&v);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) h[e] = __floats2half2_rn(w[i][j + 2 * e], w[i][j + 2 * e + 1]);
+          *reinterpret_cast<uint4*>(out + j) = v;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < G; ++j) out[j] = __float2half_rn(w[i][j]);
+      }
+      continue;
+    }
+    if constexpr (kPairWeights == PairWeights::f16_packed) {
+      static_assert(G % 8 == 0, "the query index takes the spare bits of 8 halves");
+      const auto tl = static_cast<uint32_t>(t % tables.seg);  // < kPackedQueryLimit (the host's check)
+      uint4* out = reinterpret_cast<uint4*>(reinterpret_cast<uint32_t*>(pair_weight) + pos[i] * (G / 2));
+#pragma unroll
+      for (int j = 0; j < G; j += 8) {
+        uint32_t word[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int jj = j + 2 * k;  // halves jj, jj + 1; the query's bits 2 jj .. 2 jj + 3 in the first 8
+          const uint32_t lo = packed_weight_bits(w[i][jj], j == 0 ? tl >> (2 * jj) : 0u);
+          const uint32_t hi = packed_weight_bits(w[i][jj + 1], j == 0 ? tl >> (2 * jj + 2) : 0u);
+          word[k] = lo | hi << 16;
+        }
+        out[j / 8] = make_uint4(word[0], word[1], word[2], word[3]);
+      }
+      continue;
+    }
+    if constexpr (kPairWeights == PairWeights::f16_records) {
+      constexpr int kWords = pair_record_words<G>();
+      uint32_t record[kWords] = {};
+      record[0] = static_cast<uint32_t>((t % tables.seg) << 6 | (lane + kWarp * i));
+#pragma unroll
+      for (int j = 0; j < G; j += 2) {
+        const __half2 h = __floats2half2_rn(w[i][j], j + 1 < G ? w[i][(j + 1) % G] : 0.0f);
+        record[1 + j / 2] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+      uint4* out = reinterpret_cast<uint4*>(reinterpret_cast<uint32_t*>(pair_weight) + pos[i] * kWords);
+#pragma unroll
+      for (int q4 = 0; q4 < kWords / 4; ++q4)
+        out[q4] = make_uint4(record[4 * q4], record[4 * q4 + 1], record[4 * q4 + 2], record[4 * q4 + 3]);
+      continue;
+    }
     float* out = pair_weight + pos[i] * G;
     if constexpr (G % 4 == 0) {
 #pragma unroll
@@ -1514,16 +1668,17 @@ __device__ __forceinline__ void pair_weights_block(unsigned block, const LaunchP
   }
 }
 
-template <int G, WeightLoads kLoads, bool kQueryMajorO16 = false, typename OSwa = float>
+template <int G, WeightLoads kLoads, bool kQueryMajorO16 = false, typename OSwa = float,
+          PairWeights kPairWeights = PairWeights::f32>
 __global__ void __launch_bounds__(kReduceWarps * kWarp,
                                   kLoads == WeightLoads::all_first_half_warps ? 4 : 1)
     fusion_pair_weights_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t nc,
                                const int32_t* selection, const float* selected_score,
                                const OSwa* o_swa, const float* lse_swa, const int32_t* rank,
                                SegmentTables tables, __half* o16, float* lse) {
-  pair_weights_block<G, kLoads, kQueryMajorO16, OSwa>(blockIdx.x, p, t0, tn, nc, selection,
-                                                      selected_score, o_swa, lse_swa, rank, tables,
-                                                      o16, lse);
+  pair_weights_block<G, kLoads, kQueryMajorO16, OSwa, kPairWeights>(blockIdx.x, p, t0, tn, nc, selection,
+                                                                selected_score, o_swa, lse_swa, rank,
+                                                                tables, o16, lse);
 }
 
 // chunked_v22: the next segment's pair weights (blocks below weight_blocks: v15's weights kernel
@@ -1633,8 +1788,8 @@ int log2_describe_lanes(const LaunchParams& p, int64_t seg, int per_item) {
 // chunked_v29: the describe (blocks [0, describe_blocks)), the scatter (the next scatter_blocks) and
 // pair_weights_block of segment 0 (queries [0, tn): the rest) in one launch of 256-thread blocks:
 // all three read only the count's and the scan's results, so the chunk kernel is the first to
-// need them all.
-template <int G, typename OSwa>
+// need them all. chunked_v30, v31: kPairWeights (v30: no scatter blocks).
+template <int G, typename OSwa, PairWeights kPairWeights>
 __global__ void __launch_bounds__(kReduceWarps * kWarp, 4)
     bucket_and_weights_kernel(DescribeArgs describe, unsigned describe_blocks, ScatterArgs scatter,
                               unsigned scatter_blocks, LaunchParams p, int64_t tn, int64_t nc,
@@ -1647,12 +1802,13 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp, 4)
   else if (blockIdx.x < describe_blocks + scatter_blocks)
     scatter_ranked_pair((blockIdx.x - describe_blocks) * 256 + threadIdx.x, scatter);
   else
-    pair_weights_block<G, WeightLoads::all_first_half_warps, false, OSwa>(
+    pair_weights_block<G, WeightLoads::all_first_half_warps, false, OSwa, kPairWeights>(
         blockIdx.x - describe_blocks - scatter_blocks, p, 0, tn, nc, selection, selected_score, o_swa,
         lse_swa, rank, tables, o16, lse);
 }
 
-template <int G>
+// kPairWeights: chunked_v30's records (scatter_blocks 0) or v31's fp16 weights.
+template <int G, PairWeights kPairWeights>
 void launch_bucket_and_weights(const DescribeArgs& describe, unsigned describe_blocks, const ScatterArgs& scatter,
                                unsigned scatter_blocks, const LaunchParams& p, int64_t tn, int64_t nc,
                                const int32_t* selection, const float* selected_score, const FusionRows& rows,
@@ -1661,11 +1817,11 @@ void launch_bucket_and_weights(const DescribeArgs& describe, unsigned describe_b
   const unsigned blocks =
       describe_blocks + scatter_blocks + static_cast<unsigned>((p.Hkv * tn + kReduceWarps - 1) / kReduceWarps);
   if (rows.o_swa_type == RowType::f16)
-    bucket_and_weights_kernel<G, __half><<<blocks, kReduceWarps * kWarp, 0, stream>>>(
+    bucket_and_weights_kernel<G, __half, kPairWeights><<<blocks, kReduceWarps * kWarp, 0, stream>>>(
         describe, describe_blocks, scatter, scatter_blocks, p, tn, nc, selection, selected_score,
         static_cast<const __half*>(rows.o_swa), lse_swa, rank, tables, o16, lse);
   else
-    bucket_and_weights_kernel<G, float><<<blocks, kReduceWarps * kWarp, 0, stream>>>(
+    bucket_and_weights_kernel<G, float, kPairWeights><<<blocks, kReduceWarps * kWarp, 0, stream>>>(
         describe, describe_blocks, scatter, scatter_blocks, p, tn, nc, selection, selected_score,
         static_cast<const float*>(rows.o_swa), lse_swa, rank, tables, o16, lse);
 }
@@ -1690,8 +1846,13 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   // chunked_v25: v19 (its scatter) with v24's conversion; v26, v27: v25 with the persistent
   // chunk kernel (below).
   // v28: v26 with several threads per chunk in the describe; v29: v28 with the describe, the
-  // scatter and segment 0's pair weights in one launch.
-  const bool post_scan_launch = kernel == SparseKernel::chunked_v29;
+  // scatter and segment 0's pair weights in one launch; v30: v29 with pair records (each pair's
+  // bucket entry and fp16 weights, written by the weights kernel) instead of the scatter and the
+  // fp32 pair weights; v31: v29 with fp16 pair weights; v32: v30 with the fp16 weights alone,
+  // the query in their spare bits (weight_format below).
+  const bool fp16_weights = kernel == SparseKernel::chunked_v30 || kernel == SparseKernel::chunked_v31 ||
+                            kernel == SparseKernel::chunked_v32;
+  const bool post_scan_launch = kernel == SparseKernel::chunked_v29 || fp16_weights;
   const bool describe_lanes = kernel == SparseKernel::chunked_v28 || post_scan_launch;
   const bool persistent = kernel == SparseKernel::chunked_v26 || kernel == SparseKernel::chunked_v27 ||
                           describe_lanes;
@@ -1733,17 +1894,28 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   // chunked_v22: segment s + 1's weights and segment s's o = o16 in one launch.
   const bool weights_with_convert = kernel == SparseKernel::chunked_v22;
   const int64_t n_seg = (p.T + seg - 1) / seg;
+  // chunked_v30-v32's pair weights (PairWeights); v32 packs them where G is a multiple of 8 and a
+  // segment's query index fits 16 bits, elsewhere it writes v30's records.
+  const PairWeights weight_format =
+      kernel == SparseKernel::chunked_v31 ? PairWeights::f16
+      : kernel == SparseKernel::chunked_v32 && G % 8 == 0 && seg <= kPackedQueryLimit ? PairWeights::f16_packed
+      : kernel == SparseKernel::chunked_v30 || kernel == SparseKernel::chunked_v32 ? PairWeights::f16_records
+                                                                                   : PairWeights::f32;
+  // Records and packed weights carry each pair's query: no scatter, no bucket.
+  const bool records = weight_format == PairWeights::f16_records || weight_format == PairWeights::f16_packed;
   const int64_t n_pairs = p.Hkv * p.T * p.K, bucket_stride = p.Hkv * seg * p.K;
   const int64_t max_items = (bucket_stride + kPairs - 1) / kPairs + n_ch;
   const size_t counts_bytes = round_up(static_cast<size_t>(n_seg * (n_ch + 1)) * sizeof(int32_t));
   // chunked_v26, v27: each segment's item cursor, zeroed with the counts (one memset).
   const size_t cursor_bytes = persistent ? round_up(static_cast<size_t>(n_seg) * sizeof(int32_t)) : 0;
   const size_t rank_bytes = round_up(static_cast<size_t>(n_pairs) * sizeof(int32_t));
-  const size_t bucket_bytes = round_up(static_cast<size_t>(n_seg * bucket_stride) * sizeof(uint32_t));
+  const size_t bucket_bytes =
+      records ? 0 : round_up(static_cast<size_t>(n_seg * bucket_stride) * sizeof(uint32_t));
   const size_t desc_bytes = round_up(static_cast<size_t>(n_seg * max_items) * sizeof(ItemDesc));
   // v10: the rows' (m, 1 / l) [Hq, seg] and o in fp16 [Hq, T, 64] instead of the partials; v11:
-  // the segment's pair weights [bucket_stride, G] instead of (m, 1 / l).
-  const int64_t pair_weight_stride = bucket_stride * G;
+  // the segment's pair weights [bucket_stride, G] instead of (m, 1 / l); v30, v31: in their
+  // format's 32-bit words per pair (counted as floats below).
+  const int64_t pair_weight_stride = bucket_stride * pair_weight_words<G>(weight_format);
   const size_t weights_bytes =
       pair_weights ? round_up(static_cast<size_t>((weights_at_once ? n_seg : overlapped ? 2 : 1) *
                                                   pair_weight_stride) *
@@ -1817,10 +1989,13 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
         static_cast<unsigned>(((n_seg * n_ch << describe.log2_lanes) + 255) / 256);
     const ScatterArgs scatter{selection, rank, TK, K, seg32, nc32, n_ch32, n_pairs32, offsets, bucket_stride,
                               bucket};
-    if (post_scan_launch) {  // chunked_v29: with segment 0's pair weights
-      launch_bucket_and_weights<G>(describe, describe_blocks, scatter, blocks, p, seg < p.T ? seg : p.T, nc,
-                                   selection, selected_score, rows, lse_swa, rank, segment_tables(0),
-                                   o16_of(), lse, stream);
+    if (post_scan_launch) {  // chunked_v29: with segment 0's pair weights; v30: no scatter
+      (weight_format == PairWeights::f16_packed    ? launch_bucket_and_weights<G, packed_or_records<G>()>
+       : weight_format == PairWeights::f16_records ? launch_bucket_and_weights<G, PairWeights::f16_records>
+       : weight_format == PairWeights::f16         ? launch_bucket_and_weights<G, PairWeights::f16>
+                                                   : launch_bucket_and_weights<G, PairWeights::f32>)(
+          describe, describe_blocks, scatter, records ? 0u : blocks, p, seg < p.T ? seg : p.T, nc, selection,
+          selected_score, rows, lse_swa, rank, segment_tables(0), o16_of(), lse, stream);
     } else {
       describe_segment_items_kernel<<<describe_blocks, 256, 0, stream>>>(describe);
       if (!weights_scatter) scatter_ranked_pairs_kernel<<<blocks, 256, 0, stream>>>(scatter);
@@ -1834,12 +2009,25 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
       launch_after_previous(after_previous, kernel_fn, group_blocks, kReduceWarps * kWarp, 0, stream, p,
                             t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank, tables, o16, lse);
     };
-    if (rows.o_swa_type == RowType::f16) {  // chunked_v24, v25 only (fusion_rows_apply)
-      fusion_pair_weights_kernel<G, WeightLoads::all_first_half_warps, false, __half>
-          <<<group_blocks, kReduceWarps * kWarp, 0, stream>>>(p, t0, tn, nc, selection, selected_score,
-                                                             static_cast<const __half*>(rows.o_swa),
-                                                             lse_swa, rank, tables, o16, lse);
-    } else if (query_major_o16)
+    if (rows.o_swa_type == RowType::f16) {  // chunked_v24 to v30 only (fusion_rows_apply)
+      constexpr auto kLoads = WeightLoads::all_first_half_warps;
+      const auto kernel_fn =
+          weight_format == PairWeights::f16_packed
+              ? fusion_pair_weights_kernel<G, kLoads, false, __half, packed_or_records<G>()>
+          : weight_format == PairWeights::f16_records
+              ? fusion_pair_weights_kernel<G, kLoads, false, __half, PairWeights::f16_records>
+          : weight_format == PairWeights::f16 ? fusion_pair_weights_kernel<G, kLoads, false, __half, PairWeights::f16>
+                                              : fusion_pair_weights_kernel<G, kLoads, false, __half>;
+      kernel_fn<<<group_blocks, kReduceWarps * kWarp, 0, stream>>>(p, t0, tn, nc, selection, selected_score,
+                                                                  static_cast<const __half*>(rows.o_swa),
+                                                                  lse_swa, rank, tables, o16, lse);
+    } else if (weight_format == PairWeights::f16_packed)
+      launch(fusion_pair_weights_kernel<G, WeightLoads::all_first_half_warps, false, float, packed_or_records<G>()>);
+    else if (weight_format == PairWeights::f16_records)
+      launch(fusion_pair_weights_kernel<G, WeightLoads::all_first_half_warps, false, float, PairWeights::f16_records>);
+    else if (weight_format == PairWeights::f16)
+      launch(fusion_pair_weights_kernel<G, WeightLoads::all_first_half_warps, false, float, PairWeights::f16>);
+    else if (query_major_o16)
       launch(fusion_pair_weights_kernel<G, WeightLoads::all_first_half_warps, true>);
     else if (half_warp_weights)
       launch(fusion_pair_weights_kernel<G, WeightLoads::all_first_half_warps>);
@@ -1869,7 +2057,19 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
       if (n_ch > 0 && n_pairs > 0) {
         const auto grid = static_cast<unsigned>((p.Hkv * tn * p.K + kPairs - 1) / kPairs + n_ch);
         constexpr int kBytes = kWarpsPerBlock * 2 * 16 * kTilePitch * sizeof(__nv_bfloat16);
-        if (kernel == SparseKernel::chunked_v26 || describe_lanes)
+        if (weight_format == PairWeights::f16_packed)  // the segment's packed weights in place of the bucket
+          launch_chunk_persistent<G, 2, packed_or_records<G>()>(
+              grid, stream, p, t0, seg, nc, items + s * (n_ch + 1), item_desc + s * max_items,
+              reinterpret_cast<const uint32_t*>(pair_weight), o16, pair_weight, item_cursor + s);
+        else if (weight_format == PairWeights::f16_records)  // the segment's pair records in place of the bucket
+          launch_chunk_persistent<G, 2, PairWeights::f16_records>(
+              grid, stream, p, t0, seg, nc, items + s * (n_ch + 1), item_desc + s * max_items,
+              reinterpret_cast<const uint32_t*>(pair_weight), o16, pair_weight, item_cursor + s);
+        else if (weight_format == PairWeights::f16)
+          launch_chunk_persistent<G, 2, PairWeights::f16>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
+                                                          item_desc + s * max_items, bucket + s * bucket_stride,
+                                                          o16, pair_weight, item_cursor + s);
+        else if (kernel == SparseKernel::chunked_v26 || describe_lanes)
           launch_chunk_persistent<G, 2>(grid, stream, p, t0, seg, nc, items + s * (n_ch + 1),
                                         item_desc + s * max_items, bucket + s * bucket_stride, o16,
                                         pair_weight, item_cursor + s);
@@ -2034,7 +2234,9 @@ bool chunked_fuse_applies(const LaunchParams& p) {
 bool fusion_rows_apply(SparseKernel kernel) {
   return kernel == SparseKernel::chunked_v24 || kernel == SparseKernel::chunked_v25 ||
          kernel == SparseKernel::chunked_v26 || kernel == SparseKernel::chunked_v27 ||
-         kernel == SparseKernel::chunked_v28 || kernel == SparseKernel::chunked_v29;
+         kernel == SparseKernel::chunked_v28 || kernel == SparseKernel::chunked_v29 ||
+         kernel == SparseKernel::chunked_v30 || kernel == SparseKernel::chunked_v31 ||
+         kernel == SparseKernel::chunked_v32;
 }
 
 void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
@@ -2056,7 +2258,9 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
       kernel == SparseKernel::chunked_v22 || kernel == SparseKernel::chunked_v23 ||
       kernel == SparseKernel::chunked_v24 || kernel == SparseKernel::chunked_v25 ||
       kernel == SparseKernel::chunked_v26 || kernel == SparseKernel::chunked_v27 ||
-      kernel == SparseKernel::chunked_v28 || kernel == SparseKernel::chunked_v29) {
+      kernel == SparseKernel::chunked_v28 || kernel == SparseKernel::chunked_v29 ||
+      kernel == SparseKernel::chunked_v30 || kernel == SparseKernel::chunked_v31 ||
+      kernel == SparseKernel::chunked_v32) {
     switch (p.Hq / p.Hkv) {
       case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, rows, lse_swa, lse, kernel, stream);
       case 2: return launch_bucketed_once_g<2>(p, selection, selected_score, rows, lse_swa, lse, kernel, stream);

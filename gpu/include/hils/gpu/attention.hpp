@@ -116,6 +116,11 @@ enum class SparseKernel {
   chunked_v28,  // chunked_v26 with the item descriptors written by several threads per chunk
   chunked_v29,  // chunked_v28 with the descriptors, the scatter and the first segment's pair
                 // weights in one launch
+  chunked_v30,  // chunked_v29 with each pair's bucket entry and weights (fp16) in one record
+                // written by the weights kernel (no scatter)
+  chunked_v31,  // chunked_v29 with the pair weights in fp16
+  chunked_v32,  // chunked_v30 with the fp16 weights alone, the pair's query in their spare bits
+                // (G a multiple of 8; v30's records elsewhere)
 };
 // Every SparseKernel, in the order of their values.
 constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
@@ -130,7 +135,9 @@ constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKerne
                                            SparseKernel::chunked_v22, SparseKernel::chunked_v23,
                                            SparseKernel::chunked_v24, SparseKernel::chunked_v25,
                                            SparseKernel::chunked_v26, SparseKernel::chunked_v27,
-                                           SparseKernel::chunked_v28, SparseKernel::chunked_v29};
+                                           SparseKernel::chunked_v28, SparseKernel::chunked_v29,
+                                           SparseKernel::chunked_v30, SparseKernel::chunked_v31,
+                                           SparseKernel::chunked_v32};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
 // Whether the sparse stage runs wgmma (sm_90a; wgmma_available below). Every kernel is listed,
@@ -162,14 +169,18 @@ constexpr bool uses_wgmma(SparseKernel kernel) {
     case SparseKernel::chunked_v26:
     case SparseKernel::chunked_v27:
     case SparseKernel::chunked_v28:
-    case SparseKernel::chunked_v29: return true;
+    case SparseKernel::chunked_v29:
+    case SparseKernel::chunked_v30:
+    case SparseKernel::chunked_v31:
+    case SparseKernel::chunked_v32: return true;
   }
   return true;
 }
-// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v29 (v25's
-// arithmetic with the persistent chunk kernel, even segments and fewer, shorter launches at short
-// T; it also takes fuse_rows' fp16 o_swa and bf16 o).
-constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v29;
+// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v30 (v29 with
+// each pair's bucket entry and fp16 weights in one record from the weights kernel, no scatter;
+// v29 is v25's arithmetic with the persistent chunk kernel, even segments and fewer, shorter
+// launches at short T; it also takes fuse_rows' fp16 o_swa and bf16 o).
+constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v30;
 // The sparse stage without wgmma where wgmma cannot run: chunked_v21 (v19's weights kernel,
 // count and segments with v6's mma.sync chunk kernel).
 constexpr SparseKernel kSparseKernelWithoutWgmma = SparseKernel::chunked_v21;
@@ -388,7 +399,7 @@ void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
           const int32_t* selection, const float* selected_score, const float* o_swa,
           const float* lse_swa, float* o, float* lse, cudaStream_t stream = nullptr);
 // fuse (hierarchical fusion) with o_swa read as o_swa_type (f32 or f16) and o written as o_type
-// (f32 or bf16). Other than f32 needs the chunk-major sparse stage chunked_v24 to chunked_v29
+// (f32 or bf16). Other than f32 needs the chunk-major sparse stage chunked_v24 to chunked_v32
 // (packed shapes, set_sparse_kernel); elsewhere, and for other types, std::invalid_argument
 // names the field.
 // The arithmetic is fuse's (fp32, o summed in fp16); an fp16 o_swa rounds the window rows to
