@@ -60,7 +60,7 @@ TEST_CASE("a K whose outputs cannot fit in memory is refused before any unit, wi
                       "): expected an integer in [0, ");
 }
 
-TEST_CASE("the studies' count of layers is --n-layers; --layers, its old name, still counts",
+TEST_CASE("the studies' count of layers is --n-layers and its old name --layers still counts",
           "[cli][study]") {
   // `hils run --layers 1,0,2` lists layer indices; the studies' count had the same name.
   TempDir dir("study_n_layers");
