@@ -11,7 +11,8 @@
 // persistent scan's grid capped (several tiles per block), d23 (its tails in one kernel) also on
 // the ties and over four and eleven group-score tiles at d = 64; d23, d24, d25 and d29 equal d21
 // bit for bit, d34 (two score tiles per launch-1 block) d29, d35 (the select's sorts skipped,
-// four-warp chunk tiles; int4 with d34's launch 1) d34.
+// four-warp chunk tiles; int4 with d34's launch 1) d34, d36 (no select launch: the chunk tiles
+// select) d35.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
@@ -74,6 +75,9 @@ constexpr Variant kD34Int4{hils::gpu::DecodeKernel::d34, hils::gpu::SummaryType:
 constexpr Variant kD35Fp8{hils::gpu::DecodeKernel::d35, hils::gpu::SummaryType::fp8_e4m3, "d35 fp8"};
 constexpr Variant kD35Bf16{hils::gpu::DecodeKernel::d35, hils::gpu::SummaryType::bf16, "d35 bf16"};
 constexpr Variant kD35Int4{hils::gpu::DecodeKernel::d35, hils::gpu::SummaryType::int4, "d35 int4"};
+constexpr Variant kD36Fp8{hils::gpu::DecodeKernel::d36, hils::gpu::SummaryType::fp8_e4m3, "d36 fp8"};
+constexpr Variant kD36Bf16{hils::gpu::DecodeKernel::d36, hils::gpu::SummaryType::bf16, "d36 bf16"};
+constexpr Variant kD36Int4{hils::gpu::DecodeKernel::d36, hils::gpu::SummaryType::int4, "d36 int4"};
 constexpr Variant kD5Int4{hils::gpu::DecodeKernel::d5, hils::gpu::SummaryType::int4, "d5 int4"};
 // Every variant, for the tie and several-tile cases.
 const std::vector<Variant> kAllVariants{kFusedBf16, kFusedFp8, kFusedInt4, kD5Bf16, kD8Fp8, kD13Fp8,
@@ -620,7 +624,7 @@ TEST_CASE("gpu decode d23 tails over several group-score tiles pass the oracle",
 // policies on launch 1's loads, d29 d25 with another on the chunk tiles' copies: the same bits;
 // d34 is d29 with two score tiles per launch-1 block (four tiles per head here: two blocks); d35
 // is d29 (int4: d34) with the select's warps taking the kept lists as sorted and four-warp chunk
-// tiles.
+// tiles; d36 is d35 whose chunk tiles select (K = 32; other K take d35's launches).
 TEST_CASE("gpu decode kernels that differ in launches or cache policy give the same bits", "[gpu]") {
   const Case c{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
   const std::vector<AttentionInputs<double>> seqs{
@@ -630,7 +634,8 @@ TEST_CASE("gpu decode kernels that differ in launches or cache policy give the s
       {kD21Bf16, kD24Bf16}, {kD21Fp8, kD25Fp8}, {kD21Bf16, kD25Bf16},
       {kD21Fp8, kD29Fp8}, {kD21Bf16, kD29Bf16},
       {kD29Fp8, kD34Fp8}, {kD29Bf16, kD34Bf16}, {kD29Int4, kD34Int4},
-      {kD34Fp8, kD35Fp8}, {kD34Bf16, kD35Bf16}, {kD34Int4, kD35Int4}};
+      {kD34Fp8, kD35Fp8}, {kD34Bf16, kD35Bf16}, {kD34Int4, kD35Int4},
+      {kD35Fp8, kD36Fp8}, {kD35Bf16, kD36Bf16}, {kD35Int4, kD36Int4}};
   for (const char* preset : {"hils", "nsa"})
     for (int64_t K : {1, 8, 32})
       for (const auto& [baseline, other] : pairs) {
@@ -684,7 +689,8 @@ TEST_CASE("gpu decode d35 over full 64-slot chunks gives d34's bits", "[gpu]") {
     for (const char* preset : {"hils", "nsa"})
       for (int64_t K : {8, 32})
         for (const auto& [baseline, other] : std::vector<std::pair<Variant, Variant>>{
-                 {kD34Fp8, kD35Fp8}, {kD34Bf16, kD35Bf16}, {kD34Int4, kD35Int4}}) {
+                 {kD34Fp8, kD35Fp8}, {kD34Bf16, kD35Bf16}, {kD34Int4, kD35Int4},
+                 {kD35Fp8, kD36Fp8}, {kD35Int4, kD36Int4}}) {
           MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
           spec.K = K;
           std::vector<hils::IndexMatrix> selections;
@@ -700,8 +706,9 @@ TEST_CASE("gpu decode d35 over full 64-slot chunks gives d34's bits", "[gpu]") {
 }
 
 // d35's select takes each group-score tile's kept list as sorted (K = 32; K = 1, 2 sort, and cut
-// through the twins); exact ties that cross tiles (the top chunk copied into two other tiles)
-// must keep the lower chunk, and every verdict pass.
+// through the twins), d36's chunk tiles merge those lists themselves (eight per warp: the
+// eleven tiles fill warps 0-2 unevenly); exact ties that cross tiles (the top chunk copied into
+// two other tiles) must keep the lower chunk, and every verdict pass.
 TEST_CASE("gpu decode d35 over several group-score tiles keeps the lower chunk", "[gpu]") {
   const Case four{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
   const Case eleven{"decode_d64_eleven_tiles", 10400, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
@@ -709,7 +716,8 @@ TEST_CASE("gpu decode d35 over several group-score tiles keeps the lower chunk",
                                                                  {eleven, {20, 1100, 2200}}};
   for (const auto& [c, twins] : shapes) {
     int64_t violations = 0;
-    const int64_t cuts = check_cross_tile_ties(c, twins, {1, 2, 32}, {kD35Fp8, kD35Int4, kD35Bf16},
+    const int64_t cuts = check_cross_tile_ties(c, twins, {1, 2, 32},
+                                               {kD35Fp8, kD35Int4, kD35Bf16, kD36Fp8, kD36Int4},
                                                c.name, &violations);
     std::cout << "decode d35 " << c.name << ": selections cutting through the twins " << cuts
               << ", violations " << violations << "\n";

@@ -106,6 +106,9 @@ struct DecodeOutputs {
 //          group-score tiles' kept lists as the sorted lists they are (K = 32), and the
 //          tensor-core chunk tiles run on four warps per selected chunk (16 slots each) instead
 //          of one; the same bits as d29 and d34 (session 16)
+//   d36:   d35 without the select launch (K = 32 and the fuse merging the window): every chunk
+//          tile of a KV group merges the group-score tiles' sorted kept lists itself (four warps,
+//          eight lists per warp) and takes its chunk; the same bits as d35 (session 16)
 //   (d26 = 12, d27 = 13, d28 = 14: measured slower in session 12 and removed; d30 = 16, d31 = 17,
 //   d32 = 18, the tails as two launches on thread-block clusters: measured slower in session 13
 //   and removed; d33 = 19, no fuse launch (the weights by the select): no gain, removed;
@@ -116,7 +119,7 @@ struct DecodeOutputs {
 //          chunks' outputs 8 at a time: five launches
 enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, d18 = 6, d19 = 7,
                           d21 = 8, d23 = 9, d24 = 10, d25 = 11, d29 = 15, d34 = 20,
-                          d35 = 21 };
+                          d35 = 21, d36 = 22 };
 
 // A measurement probe for the benchmark (gpu/bench/bench_decode.py --scan-floor), not a step:
 // launch 1 of the step alone, or a kernel that only reads launch 1's bytes, writing nothing
