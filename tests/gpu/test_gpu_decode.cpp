@@ -676,9 +676,9 @@ TEST_CASE("gpu decode d34 over an odd number of score tiles gives d29's bits", "
 
 // d35's chunk tiles split a chunk's 64 slots over four warps and hand the sums from warp to warp;
 // the cases above have S = 4 (warps 1-3 see only masked slots), so here every warp holds slots:
-// S = 64, with and without landmarks (all 64 slots attendable), peaked queries in the second;
-// one group-score tile per KV group (40-odd candidates: the select's presorted list of warp 0,
-// the other warps' lists empty). The outputs are d34's bit for bit. (Two tiles at S = 64 need
+// S = 64, with and without landmarks (all 64 slots attendable: nsa only), peaked queries in the
+// second; one group-score tile per KV group (40-odd candidates: the select's presorted list of
+// warp 0, the other warps' lists empty). The outputs are d34's bit for bit. (Two tiles at S = 64 need
 // T > 16K, which the double-precision reference took > 60 s for in session 16's run 1.)
 TEST_CASE("gpu decode d35 over full 64-slot chunks gives d34's bits", "[gpu]") {
   const Case landmarks{"decode_d64_s64_landmarks", 3000, 64, 256, 32, 8, 2, 64, 64, true, 1.0};
@@ -686,7 +686,9 @@ TEST_CASE("gpu decode d35 over full 64-slot chunks gives d34's bits", "[gpu]") {
   for (const Case& c : {landmarks, plain}) {
     const std::vector<AttentionInputs<double>> seqs{
         hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
-    for (const char* preset : {"hils", "nsa"})
+    // Without landmarks only nsa (mean keys): hils' landmark-query prior needs landmarks.
+    for (const char* preset : c.landmarks ? std::vector<const char*>{"hils", "nsa"}
+                                          : std::vector<const char*>{"nsa"})
       for (int64_t K : {8, 32})
         for (const auto& [baseline, other] : std::vector<std::pair<Variant, Variant>>{
                  {kD34Fp8, kD35Fp8}, {kD34Bf16, kD35Bf16}, {kD34Int4, kD35Int4},
@@ -723,5 +725,27 @@ TEST_CASE("gpu decode d35 over several group-score tiles keeps the lower chunk",
               << ", violations " << violations << "\n";
     CHECK(violations == 0);
     CHECK(cuts > 0);
+  }
+}
+
+// d36's chunk tiles merge eight kept lists per warp and load (at 512K: 32 tiles, eight per warp);
+// eleven 256-chunk tiles give warps 0-2 three lists and warp 3 two. The outputs are d35's (its
+// select: one list per warp of 1,024 threads) bit for bit.
+TEST_CASE("gpu decode d36 over eleven group-score tiles gives d35's bits", "[gpu]") {
+  const Case c{"decode_d64_eleven_tiles", 10400, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
+  const std::vector<AttentionInputs<double>> seqs{
+      hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
+  MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
+  spec.K = 32;
+  for (const auto& [baseline, other] :
+       std::vector<std::pair<Variant, Variant>>{{kD35Fp8, kD36Fp8}, {kD35Int4, kD36Int4}}) {
+    std::vector<hils::IndexMatrix> selections;
+    std::vector<unsigned char> expected, got;
+    decode_and_verify(spec, seqs, &selections, baseline, &expected);
+    const auto verdicts = decode_and_verify(spec, seqs, &selections, other, &got);
+    INFO(other.name);
+    CHECK(expected.size() > 0);
+    CHECK(got == expected);
+    for (const auto& verdict : verdicts) CHECK(verdict.passed);
   }
 }
