@@ -2580,13 +2580,13 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
     with_summary(cache.summary_type, [&](auto summary) {
       launch_fused<decltype(summary), false>(p, shape, w, out, stream, false, false);
     });
-  } else {  // fused = d29; d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's
+  } else {  // fused = d36; d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's
             // launches) with the chunk tiles' landmark mask; d23: d21 with its four tails in one
             // kernel; d24, d25: d21 with the score tiles' stream loaded evict-first (ScanLoads);
             // d29: d25 with the chunk tiles' K/V rows loaded evict-first too; d34: d29 with two
             // score tiles per launch-1 block; d35: d29 (int4: d34) with the select's sorts skipped
             // and the chunk tiles on four warps (the same bits); d36: d35 whose chunk tiles select
-    const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d29 : kernel;
+    const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d36 : kernel;
     const bool d19 = k == DecodeKernel::d19, d23 = k == DecodeKernel::d23;
     const bool d36 = k == DecodeKernel::d36, d35 = k == DecodeKernel::d35 || d36;
     const bool d29 = k == DecodeKernel::d29 || k == DecodeKernel::d34 || d35;

@@ -5,7 +5,7 @@
 // oracle's score_precision bf16) or quantised to fp8 e4m3 with per-row scales by
 // quantize_summaries_fp8 (score_precision fp8_e4m3) or to int4 codes by quantize_summaries_int4
 // (score_precision int4, and each candidate's score checked against its stored row, the case
-// table, ties, three tiles and 16 heads); the fused kernel (d29), d5 and (ties and the
+// table, ties, three tiles and 16 heads); the fused kernel (d36), d5 and (ties and the
 // several-tile cases) d8, d13, d16, d17 and d18 run; d18, d19, d23 (d24, d21, d25 with fp8) also
 // on every case with d = 64, d18, d19 and d23 with 16 heads per group, d19 also with its
 // persistent scan's grid capped (several tiles per block), d23 (its tails in one kernel) also on
@@ -388,7 +388,8 @@ TEST_CASE("gpu decode over the case table passes the oracle", "[gpu]") {
         check_decode(spec, seqs, c.name, kFusedInt4);
         if (&spec == &specs.front()) check_decode(spec, seqs, c.name, kD5Bf16);
         if (&spec == &specs.front()) check_decode(spec, seqs, c.name, kD5Int4);
-        if (c.d == 64) {  // where fused (d29), d18, d19, d23, d24, d21 and d25 differ
+        if (c.d == 64) {  // where fused (d36), d29, d18, d19, d23, d24, d21 and d25 differ
+          check_decode(spec, seqs, c.name, kD29Fp8);
           check_decode(spec, seqs, c.name, kD18Fp8);
           check_decode(spec, seqs, c.name, kD19Fp8);
           check_decode(spec, seqs, c.name, kD23Fp8);

@@ -72,7 +72,7 @@ struct DecodeOutputs {
 };
 
 // Which launch sequence runs the step (gpu/NOTES.md "decode", versions):
-//   fused: the default, d29 (below)
+//   fused: the default, d36 (below; d29 before session 16)
 //   d13:   d8's five launches with shorter chains in the tails: for K <= 32 the group
 //          scores and the select rank candidates by warp sorts instead of radix passes, the
 //          chunk tiles compute the fusion logits while their rows are in flight, and the fuse
@@ -97,7 +97,7 @@ struct DecodeOutputs {
 //   d25:   d24 with ld.global.cs (cache-streaming) loads instead of the policy operand (the
 //          default before d29: 3-4 us faster than d21 at B = 8, 512K, ~1 at B = 32)
 //   d29:   d25 with the chunk tiles' K/V rows (read once per step) copied with an L2
-//          evict-first policy too (the default since session 12: 3.3-3.5 us faster than d25 at
+//          evict-first policy too (the default in sessions 12-15: 3.3-3.5 us faster than d25 at
 //          B = 32, 512K, 0.7-1.1 us slower at B = 8 in the same run; the same bits as d21)
 //   d34:   d29 with two score tiles per launch-1 block, both tiles' loads issued before the first
 //          is scored (twice the bytes in flight per block, half the blocks; for int4 summaries,
@@ -108,7 +108,8 @@ struct DecodeOutputs {
 //          of one; the same bits as d29 and d34 (session 16)
 //   d36:   d35 without the select launch (K = 32 and the fuse merging the window): every chunk
 //          tile of a KV group merges the group-score tiles' sorted kept lists itself (four warps,
-//          eight lists per warp) and takes its chunk; the same bits as d35 (session 16)
+//          eight lists per warp) and takes its chunk; the same bits as d35 and d29 (the default
+//          since session 16: B = 8, 512K fp8 54.7-56.2 us against d29's 59.5-59.8, int4 48.0)
 //   (d26 = 12, d27 = 13, d28 = 14: measured slower in session 12 and removed; d30 = 16, d31 = 17,
 //   d32 = 18, the tails as two launches on thread-block clusters: measured slower in session 13
 //   and removed; d33 = 19, no fuse launch (the weights by the select): no gain, removed;
