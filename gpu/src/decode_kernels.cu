@@ -87,6 +87,11 @@ __host__ __device__ inline int64_t tile_keep(const DecodeParams& p) {
   return p.K < kScoreThreads ? p.K : kScoreThreads;
 }
 
+// The select's warps may take the kept lists as sorted (d35): one tile's list of 32 per warp.
+__host__ __device__ inline bool select_presorted(const DecodeParams& p) {
+  return select_by_sorts(p) && tile_keep(p) == kWarp;
+}
+
 // Candidates the select block ranks: `keep` from every full tile, fewer from the last.
 __host__ __device__ inline int64_t kept_candidates(const DecodeParams& p) {
   const int64_t tiles = (p.n_cand + kScoreThreads - 1) / kScoreThreads;
@@ -1062,8 +1067,11 @@ __device__ void select_group(const DecodeParams& p, const DecodeScratch& w, int6
 // (sorts and merges in registers; kBatch lists of 32 loaded at once), a merge tree gives the K
 // best, a last sort orders them by chunk. The first candidates' loads are issued before the
 // window merge (when this block does it) so that they overlap. kFresh (d23): other blocks of the
-// same kernel wrote the kept lists, read through the L2.
-template <int kThreads, int kBatch, bool kFresh>
+// same kernel wrote the kept lists, read through the L2. kPresorted (d35, when tile_keep is 32):
+// warp w's 32 candidates are group-score tile w's kept list, which that tile wrote in descending
+// rank order (lane 0 the largest; a partial last tile padded below by 0), so the warp's sort is
+// skipped: the same lists reach the same merges.
+template <int kThreads, int kBatch, bool kFresh, bool kPresorted = false>
 __device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w, int64_t bg,
                                    float* o_window, float* lse_window, bool merge_window) {
   __shared__ uint64_t lists[kThreads];
@@ -1088,7 +1096,16 @@ __device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w
   for (int64_t j = warp; merge_window && j < p.G; j += warps)
     write_window(p, w, b * p.Hq + g * p.G + j, o_window, lse_window);
   uint64_t best = 0;
-  while (base < m) {
+  static_assert(!kPresorted || kBatch == 1, "a presorted list per warp and load");
+  if constexpr (kPresorted) {
+#pragma unroll 1  // unrolled, ptxas spilled 156 bytes at 64 registers
+    while (base < m) {
+      best = warp_merge_desc(best, lane_reversed(x[0]));
+      base += kBatch * step;
+      if (base < m) load(base);
+    }
+  }
+  while (!kPresorted && base < m) {
     warp_sort_desc_batch(x);
 #pragma unroll
     for (int width = 1; width < kBatch; width *= 2)  // a merge tree over the batch's lists
@@ -1118,13 +1135,15 @@ __global__ void decode_select_kernel(DecodeParams p, DecodeScratch w, float* o_w
   allow_next_grid();
 }
 
-// The fused kernel's select when select_by_sorts (kShortSelectThreads threads).
+// The fused kernel's select when select_by_sorts (kShortSelectThreads threads); kPresorted
+// (d35) only where select_presorted.
+template <bool kPresorted = false>
 __global__ void __launch_bounds__(kShortSelectThreads)
     decode_select_sorted_kernel(DecodeParams p, DecodeScratch w, float* o_window,
                                 float* lse_window) {
   wait_for_previous_grid();
-  select_group_short<kShortSelectThreads, 1, false>(p, w, blockIdx.x, o_window, lse_window,
-                                                    !fuse_merges_window(p));
+  select_group_short<kShortSelectThreads, 1, false, kPresorted>(p, w, blockIdx.x, o_window,
+                                                                lse_window, !fuse_merges_window(p));
   allow_next_grid();
 }
 
@@ -1395,6 +1414,135 @@ __global__ void __launch_bounds__(kMmaChunkWarps * kWarp)
   chunk_mma_warp<kLandmarkMask, false, kEvictFirst>(p, selection, chunk_part, fusion_logit,
                                 static_cast<int64_t>(blockIdx.x) * kMmaChunkWarps + warp,
                                 blockIdx.y, tiles[warp]);
+  allow_next_grid();
+}
+
+// d35: the tensor-core chunk tile of chunk_mma_warp on four warps (one block per (selected slot i,
+// b, g)), so that each warp's chain is a quarter as long: warp w copies key and value rows
+// 16w .. 16w + 15 (cp.async, evict-first as d29), scores them (qk_tile on its 16 rows), and the
+// heads' maxima meet in shared memory; the block computes the fusion logits (128 threads, one
+// round trip). The sums then run in chunk_mma_warp's order, so that the outputs are its bits:
+// warp w continues l (per lane, slots in ascending order) and o = P V (the 16-key mma steps in
+// ascending order) from warp w - 1 through shared memory, and warp 3 writes the tile. d29's
+// chunk tile is one warp of ~1,600 instructions (ncu, session 10) with ~4 warps per SM at B = 8.
+constexpr int kQuadChunkWarps = 4;
+constexpr int kQuadChunkRows = kTileDim / kQuadChunkWarps;  // 16 slots per warp
+static_assert(kQuadChunkWarps * kWarp == kFastThreads, "selected_logits_packed runs 128 threads");
+
+struct QuadChunkShared {
+  ChunkTiles tile;
+  float row_max[kQuadChunkWarps][16];  // each warp's maximum of the 16 A rows (heads)
+  float carry[8 * 4 + 2][kWarp];       // o[8][4], l0, l1 of the warp before, per lane
+};
+
+__global__ void __launch_bounds__(kQuadChunkWarps * kWarp)
+    decode_chunk_mma4_kernel(DecodeParams p, const int32_t* selection, float* chunk_part,
+                             float* fusion_logit) {
+  __shared__ __align__(16) QuadChunkShared sh;
+  wait_for_previous_grid();
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t i = blockIdx.x, bg = blockIdx.y;
+  const int64_t b = bg / p.Hkv, g = bg % p.Hkv, first = b * p.Hq + g * p.G;
+  const int G = static_cast<int>(p.G), quad = lane % 4, r0 = lane / 4, r1 = r0 + 8;
+  const int32_t c = selection[bg * p.K + i];
+  if (c < 0) {  // -1 padding: an empty softmax (lse -inf, o 0)
+    for (int t = threadIdx.x; t < G * (kTileDim + 1); t += blockDim.x) {
+      const int j = t / (kTileDim + 1), col = t % (kTileDim + 1);
+      chunk_part[((first + j) * p.K + i) * (p.dv + 1) + col] = col == 0 ? kNegInf : 0.0f;
+    }
+    allow_next_grid();
+    return;
+  }
+  const int64_t lo = static_cast<int64_t>(c) * p.S;
+  const int n_rows = static_cast<int>(p.S), row0 = warp * kQuadChunkRows;
+  const uint64_t policy = evict_first_policy();
+  auto copy_rows = [&](__nv_bfloat16 (*dst)[kTilePitch], const __nv_bfloat16* src) {
+    for (int seg = lane; seg < kQuadChunkRows * 8; seg += kWarp) {
+      const int row = row0 + seg / 8, col = (seg % 8) * 8;
+      const bool valid = row < n_rows;
+      cp_async16_policy(&dst[row][col], src + (valid ? row * kTileDim + col : 0), valid, policy);
+    }
+    cp_async_commit();
+  };
+  copy_rows(sh.tile.k, p.k + (bg * p.slot_cap + lo) * kTileDim);
+  copy_rows(sh.tile.v, p.v + (bg * p.slot_cap + lo) * kTileDim);
+  uint32_t qa[4][4];
+  load_q_fragments(qa, r0 < G ? p.q + (first + r0) * kTileDim : nullptr,
+                   r1 < G ? p.q + (first + r1) * kTileDim : nullptr);
+  if (p.summary_key_bf16) selected_logits_packed(p, fusion_logit, c, i, bg);
+  cp_async_wait_one();  // this warp's key rows
+  __syncwarp();
+  // s[t]: chunk_mma_warp's s[2 warp + t] (slots 16 warp + 8 t + 2 quad + e).
+  float s[8][4];
+  qk_tile(s, qa, sh.tile.k + row0, 2);
+  const int landmark = p.landmarks ? n_rows - 1 : n_rows;
+  float m0 = kNegInf, m1 = kNegInf;
+#pragma unroll
+  for (int t = 0; t < 2; ++t)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int slot = row0 + t * 8 + 2 * quad + e;
+      const bool valid = slot < n_rows && slot != landmark;
+      s[t][e] = valid ? p.scale * s[t][e] : kNegInf;
+      s[t][2 + e] = valid ? p.scale * s[t][2 + e] : kNegInf;
+      m0 = fmaxf(m0, s[t][e]);
+      m1 = fmaxf(m1, s[t][2 + e]);
+    }
+  m0 = quad_max(m0), m1 = quad_max(m1);
+  if (quad == 0) sh.row_max[warp][r0] = m0, sh.row_max[warp][r1] = m1;
+  __syncthreads();
+#pragma unroll
+  for (int u = 0; u < kQuadChunkWarps; ++u)
+    m0 = fmaxf(m0, sh.row_max[u][r0]), m1 = fmaxf(m1, sh.row_max[u][r1]);
+#pragma unroll
+  for (int t = 0; t < 2; ++t)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      s[t][e] = exp_diff(s[t][e], m0);
+      s[t][2 + e] = exp_diff(s[t][2 + e], m1);
+    }
+  cp_async_wait_all();  // this warp's value rows
+  __syncwarp();
+  float o[8][4] = {}, l0 = 0.0f, l1 = 0.0f;
+  for (int step = 0; step < kQuadChunkWarps; ++step) {
+    if (warp == step) {
+      if (step > 0) {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[nt][e] = sh.carry[nt * 4 + e][lane];
+        l0 = sh.carry[32][lane], l1 = sh.carry[33][lane];
+      }
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) l0 += s[t][e], l1 += s[t][2 + e];
+      pv_tile(o, s, sh.tile.v + row0, 1);
+      if (step + 1 < kQuadChunkWarps) {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sh.carry[nt * 4 + e][lane] = o[nt][e];
+        sh.carry[32][lane] = l0, sh.carry[33][lane] = l1;
+      }
+    }
+    if (step + 1 < kQuadChunkWarps) __syncthreads();
+  }
+  if (warp == kQuadChunkWarps - 1) {
+    l0 = quad_sum(l0), l1 = quad_sum(l1);
+    auto emit = [&](int row, float m, float l, int half) {
+      if (row >= G) return;
+      float* out = chunk_part + ((first + row) * p.K + i) * (p.dv + 1);
+      if (quad == 0) out[0] = l > 0.0f ? m + __logf(l) : kNegInf;
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) out[1 + nt * 8 + 2 * quad + e] = o[nt][2 * half + e] * inv;
+    };
+    emit(r0, m0, l0, 0);
+    emit(r1, m1, l1, 1);
+  }
   allow_next_grid();
 }
 
@@ -2292,13 +2440,14 @@ DecodeScratch scratch_at(const DecodeParams& p, void* workspace) {
 // (d19) the persistent scan (fp8 summaries, d = 64); `tail` (d23) the four tails as one kernel
 // where tail_fused allows (two launches in all); `loads` (d24, d25) the stream's loads;
 // `chunk_evict_first` (d29) the mma chunk tiles' K/V rows loaded with an L2 evict-first policy;
-// `score_tiles` (d34: 2) the score tiles per launch-1 block.
+// `score_tiles` (d34: 2) the score tiles per launch-1 block; `short_tails` (d35) the select
+// without its warp sorts where select_presorted and the mma chunk tiles on four warps.
 template <class Summary, bool kShort>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
                   const DecodeOutputs& out, cudaStream_t stream, bool pdl, bool mma,
                   bool landmark_mask = false, bool persistent = false, bool tail = false,
                   ScanLoads loads = ScanLoads::plain, bool chunk_evict_first = false,
-                  int score_tiles = 1) {
+                  int score_tiles = 1, bool short_tails = false) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
@@ -2324,12 +2473,19 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
                   dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)), bg),
                   kScoreThreads, 0, stream, pdl, p, w);
   if (kShort && select_by_sorts(p))
-    launch_kernel("select", decode_select_sorted_kernel, dim3(bg), kShortSelectThreads, 0, stream,
-                  pdl, p, w, out.o_window, out.lse_window);
+    launch_kernel("select",
+                  short_tails && select_presorted(p) ? decode_select_sorted_kernel<true>
+                                                     : decode_select_sorted_kernel<false>,
+                  dim3(bg), kShortSelectThreads, 0, stream, pdl, p, w, out.o_window,
+                  out.lse_window);
   else
     launch_kernel("select", decode_select_kernel<kShort>, dim3(bg), kSelectThreads, s.key_smem,
                   stream, pdl, p, w, out.o_window, out.lse_window);
-  if (p.K > 0 && mma && chunk_by_mma(p, s.fast_chunk))
+  if (p.K > 0 && mma && chunk_by_mma(p, s.fast_chunk) && short_tails)
+    launch_kernel("chunk", decode_chunk_mma4_kernel, dim3(static_cast<unsigned>(p.K), bg),
+                  kQuadChunkWarps * kWarp, 0, stream, pdl, p,
+                  static_cast<const int32_t*>(w.selection), w.chunk_part, w.fusion_logit);
+  else if (p.K > 0 && mma && chunk_by_mma(p, s.fast_chunk))
     launch_kernel("chunk",
                   chunk_evict_first && landmark_mask ? decode_chunk_mma_kernel<true, true>
                   : landmark_mask                    ? decode_chunk_mma_kernel<true>
@@ -2365,9 +2521,10 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
               kernel == DecodeKernel::d18 || kernel == DecodeKernel::d19 ||
               kernel == DecodeKernel::d21 || kernel == DecodeKernel::d23 ||
               kernel == DecodeKernel::d24 || kernel == DecodeKernel::d25 ||
-              kernel == DecodeKernel::d29 || kernel == DecodeKernel::d34,
+              kernel == DecodeKernel::d29 || kernel == DecodeKernel::d34 ||
+              kernel == DecodeKernel::d35,
           "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3), d16 (4), d17 (5), d18 (6), "
-          "d19 (7), d21 (8), d23 (9), d24 (10), d25 (11), d29 (15) or d34 (20)");
+          "d19 (7), d21 (8), d23 (9), d24 (10), d25 (11), d29 (15), d34 (20) or d35 (21)");
   const DecodeParams p = params_of(spec, cache, q);
   DecodeScratch w = scratch_at(p, workspace);
   if (out.surrogate) w.scores = out.surrogate;
@@ -2384,10 +2541,13 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   } else {  // fused = d29; d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's
             // launches) with the chunk tiles' landmark mask; d23: d21 with its four tails in one
             // kernel; d24, d25: d21 with the score tiles' stream loaded evict-first (ScanLoads);
-            // d29: d25 with the chunk tiles' K/V rows loaded evict-first too
+            // d29: d25 with the chunk tiles' K/V rows loaded evict-first too; d34: d29 with two
+            // score tiles per launch-1 block; d35: d29 (int4: d34) with the select's sorts skipped
+            // and the chunk tiles on four warps (the same bits)
     const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d29 : kernel;
     const bool d19 = k == DecodeKernel::d19, d23 = k == DecodeKernel::d23;
-    const bool d34 = k == DecodeKernel::d34, d29 = k == DecodeKernel::d29 || d34;
+    const bool d35 = k == DecodeKernel::d35;
+    const bool d29 = k == DecodeKernel::d29 || k == DecodeKernel::d34 || d35;
     const bool d21 = k == DecodeKernel::d21 || k == DecodeKernel::d24 || k == DecodeKernel::d25 || d29;
     const bool mask = d19 || d21 || d23;
     const bool pdl = k == DecodeKernel::d16 || k == DecodeKernel::d18 || mask;
@@ -2395,9 +2555,13 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
     const ScanLoads loads = k == DecodeKernel::d24             ? ScanLoads::evict_first
                             : k == DecodeKernel::d25 || d29 ? ScanLoads::streaming
                                                             : ScanLoads::plain;
+    // d34: two score tiles per launch-1 block; d35 only for int4 summaries (fp8's two-tile
+    // block needs 127 registers and was 0.1-1.1 us slower than d29 at B = 8 in session 15).
+    const int score_tiles =
+        k == DecodeKernel::d34 || (d35 && cache.summary_type == SummaryType::int4) ? 2 : 1;
     with_summary(cache.summary_type, [&](auto summary) {
       launch_fused<decltype(summary), true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23,
-                                            loads, d29, d34 ? 2 : 1);
+                                            loads, d29, score_tiles, d35);
     });
   }
 }

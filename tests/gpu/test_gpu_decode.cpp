@@ -10,7 +10,8 @@
 // on every case with d = 64, d18, d19 and d23 with 16 heads per group, d19 also with its
 // persistent scan's grid capped (several tiles per block), d23 (its tails in one kernel) also on
 // the ties and over four and eleven group-score tiles at d = 64; d23, d24, d25 and d29 equal d21
-// bit for bit, d34 (two score tiles per launch-1 block) d29.
+// bit for bit, d34 (two score tiles per launch-1 block) d29, d35 (the select's sorts skipped,
+// four-warp chunk tiles; int4 with d34's launch 1) d34.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
@@ -70,6 +71,9 @@ constexpr Variant kD29Int4{hils::gpu::DecodeKernel::d29, hils::gpu::SummaryType:
 constexpr Variant kD34Fp8{hils::gpu::DecodeKernel::d34, hils::gpu::SummaryType::fp8_e4m3, "d34 fp8"};
 constexpr Variant kD34Bf16{hils::gpu::DecodeKernel::d34, hils::gpu::SummaryType::bf16, "d34 bf16"};
 constexpr Variant kD34Int4{hils::gpu::DecodeKernel::d34, hils::gpu::SummaryType::int4, "d34 int4"};
+constexpr Variant kD35Fp8{hils::gpu::DecodeKernel::d35, hils::gpu::SummaryType::fp8_e4m3, "d35 fp8"};
+constexpr Variant kD35Bf16{hils::gpu::DecodeKernel::d35, hils::gpu::SummaryType::bf16, "d35 bf16"};
+constexpr Variant kD35Int4{hils::gpu::DecodeKernel::d35, hils::gpu::SummaryType::int4, "d35 int4"};
 constexpr Variant kD5Int4{hils::gpu::DecodeKernel::d5, hils::gpu::SummaryType::int4, "d5 int4"};
 // Every variant, for the tie and several-tile cases.
 const std::vector<Variant> kAllVariants{kFusedBf16, kFusedFp8, kFusedInt4, kD5Bf16, kD8Fp8, kD13Fp8,
@@ -548,7 +552,8 @@ TEST_CASE("gpu decode with 16 heads per group passes the oracle", "[gpu]") {
       hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
   for (const char* preset : {"hils", "nsa"}) {
     const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
-    for (const Variant& variant : {kFusedBf16, kFusedFp8, kFusedInt4, kD13Fp8, kD18Fp8, kD19Fp8, kD23Fp8, kD23Bf16})
+    for (const Variant& variant : {kFusedBf16, kFusedFp8, kFusedInt4, kD13Fp8, kD18Fp8, kD19Fp8,
+                                   kD23Fp8, kD23Bf16, kD35Int4})
       check_decode(spec, seqs, c.name, variant);
   }
 }
@@ -613,7 +618,9 @@ TEST_CASE("gpu decode d23 tails over several group-score tiles pass the oracle",
 // are the same whatever their block size): every output equals d21's bit for bit (measured at
 // 512K, B = 1, 8 and 32, in session 11's device run 4). d24 and d25 are d21 with other cache
 // policies on launch 1's loads, d29 d25 with another on the chunk tiles' copies: the same bits;
-// d34 is d29 with two score tiles per launch-1 block (four tiles per head here: two blocks).
+// d34 is d29 with two score tiles per launch-1 block (four tiles per head here: two blocks); d35
+// is d29 (int4: d34) with the select's warps taking the kept lists as sorted and four-warp chunk
+// tiles.
 TEST_CASE("gpu decode kernels that differ in launches or cache policy give the same bits", "[gpu]") {
   const Case c{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
   const std::vector<AttentionInputs<double>> seqs{
@@ -622,7 +629,8 @@ TEST_CASE("gpu decode kernels that differ in launches or cache policy give the s
       {kD21Fp8, kD23Fp8}, {kD21Bf16, kD23Bf16}, {kD21Fp8, kD24Fp8},
       {kD21Bf16, kD24Bf16}, {kD21Fp8, kD25Fp8}, {kD21Bf16, kD25Bf16},
       {kD21Fp8, kD29Fp8}, {kD21Bf16, kD29Bf16},
-      {kD29Fp8, kD34Fp8}, {kD29Bf16, kD34Bf16}, {kD29Int4, kD34Int4}};
+      {kD29Fp8, kD34Fp8}, {kD29Bf16, kD34Bf16}, {kD29Int4, kD34Int4},
+      {kD34Fp8, kD35Fp8}, {kD34Bf16, kD35Bf16}, {kD34Int4, kD35Int4}};
   for (const char* preset : {"hils", "nsa"})
     for (int64_t K : {1, 8, 32})
       for (const auto& [baseline, other] : pairs) {
@@ -659,4 +667,53 @@ TEST_CASE("gpu decode d34 over an odd number of score tiles gives d29's bits", "
       CHECK(got == expected);
       for (const auto& verdict : verdicts) CHECK(verdict.passed);
     }
+}
+
+// d35's chunk tiles split a chunk's 64 slots over four warps and hand the sums from warp to warp;
+// the cases above have S = 4 (warps 1-3 see only masked slots), so here every warp holds slots:
+// S = 64, with and without landmarks (all 64 slots attendable), peaked queries in the second;
+// one group-score tile per KV group (40-odd candidates: the select's presorted list of warp 0,
+// the other warps' lists empty). The outputs are d34's bit for bit. (Two tiles at S = 64 need
+// T > 16K, which the double-precision reference took > 60 s for in session 16's run 1.)
+TEST_CASE("gpu decode d35 over full 64-slot chunks gives d34's bits", "[gpu]") {
+  const Case landmarks{"decode_d64_s64_landmarks", 3000, 64, 256, 32, 8, 2, 64, 64, true, 1.0};
+  const Case plain{"decode_d64_s64_no_landmarks", 2500, 64, 128, 32, 4, 1, 64, 64, false, 4.0};
+  for (const Case& c : {landmarks, plain}) {
+    const std::vector<AttentionInputs<double>> seqs{
+        hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
+    for (const char* preset : {"hils", "nsa"})
+      for (int64_t K : {8, 32})
+        for (const auto& [baseline, other] : std::vector<std::pair<Variant, Variant>>{
+                 {kD34Fp8, kD35Fp8}, {kD34Bf16, kD35Bf16}, {kD34Int4, kD35Int4}}) {
+          MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+          spec.K = K;
+          std::vector<hils::IndexMatrix> selections;
+          std::vector<unsigned char> expected, got;
+          decode_and_verify(spec, seqs, &selections, baseline, &expected);
+          const auto verdicts = decode_and_verify(spec, seqs, &selections, other, &got);
+          INFO(c.name << " " << preset << " K " << K << " " << other.name);
+          CHECK(expected.size() > 0);
+          CHECK(got == expected);
+          for (const auto& verdict : verdicts) CHECK(verdict.passed);
+        }
+  }
+}
+
+// d35's select takes each group-score tile's kept list as sorted (K = 32; K = 1, 2 sort, and cut
+// through the twins); exact ties that cross tiles (the top chunk copied into two other tiles)
+// must keep the lower chunk, and every verdict pass.
+TEST_CASE("gpu decode d35 over several group-score tiles keeps the lower chunk", "[gpu]") {
+  const Case four{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
+  const Case eleven{"decode_d64_eleven_tiles", 10400, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
+  const std::vector<std::pair<Case, std::vector<int64_t>>> shapes{{four, {20, 300, 600, 780}},
+                                                                 {eleven, {20, 1100, 2200}}};
+  for (const auto& [c, twins] : shapes) {
+    int64_t violations = 0;
+    const int64_t cuts = check_cross_tile_ties(c, twins, {1, 2, 32}, {kD35Fp8, kD35Int4, kD35Bf16},
+                                               c.name, &violations);
+    std::cout << "decode d35 " << c.name << ": selections cutting through the twins " << cuts
+              << ", violations " << violations << "\n";
+    CHECK(violations == 0);
+    CHECK(cuts > 0);
+  }
 }

@@ -102,6 +102,10 @@ struct DecodeOutputs {
 //   d34:   d29 with two score tiles per launch-1 block, both tiles' loads issued before the first
 //          is scored (twice the bytes in flight per block, half the blocks; for int4 summaries,
 //          whose 256-chunk tile is half fp8's bytes); the same bits as d29 (session 15)
+//   d35:   d29 (with int4 summaries d34) with two tails shortened: the select's warps take the
+//          group-score tiles' kept lists as the sorted lists they are (K = 32), and the
+//          tensor-core chunk tiles run on four warps per selected chunk (16 slots each) instead
+//          of one; the same bits as d29 and d34 (session 16)
 //   (d26 = 12, d27 = 13, d28 = 14: measured slower in session 12 and removed; d30 = 16, d31 = 17,
 //   d32 = 18, the tails as two launches on thread-block clusters: measured slower in session 13
 //   and removed; d33 = 19, no fuse launch (the weights by the select): no gain, removed;
@@ -111,7 +115,8 @@ struct DecodeOutputs {
 //          staging q / q~), then group scores, select, chunk tiles and a fuse that loads the
 //          chunks' outputs 8 at a time: five launches
 enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, d18 = 6, d19 = 7,
-                          d21 = 8, d23 = 9, d24 = 10, d25 = 11, d29 = 15, d34 = 20 };
+                          d21 = 8, d23 = 9, d24 = 10, d25 = 11, d29 = 15, d34 = 20,
+                          d35 = 21 };
 
 // A measurement probe for the benchmark (gpu/bench/bench_decode.py --scan-floor), not a step:
 // launch 1 of the step alone, or a kernel that only reads launch 1's bytes, writing nothing
