@@ -152,6 +152,7 @@ def hils_run(lib, T, gen, hils_o="f32"):
         "select_v20": time_ms(lambda: st.select("two_pass_v20"), reps=3),
         "select_v21": time_ms(lambda: st.select("two_pass_v21"), reps=3),
         "select_v22": time_ms(lambda: st.select("two_pass_v22"), reps=3),
+        "select_v25": time_ms(lambda: st.select("two_pass_v25"), reps=3),
     }
     # Every version of the sparse stage by name ("sparse" is the library's default).
     default_sparse = hc.sparse_kernel(lib)

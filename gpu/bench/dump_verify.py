@@ -21,10 +21,10 @@ import hils_ctypes as hc  # noqa: E402
 T, HQ, HKV, D, S, W, K = 1024, 8, 2, 64, 64, 256, 8
 
 
-def run(lib, q, k, v, q_retrieval, window):
+def run(lib, q, k, v, q_retrieval, window, select_kernel=None):
     p = hc.make_problem(q, k, v, S, window, K, "hils", q_retrieval=q_retrieval)
     st = hc.Stages(lib, p)
-    st.forward()
+    st.forward(select_kernel)
     torch.cuda.synchronize()
     return st
 
@@ -57,7 +57,10 @@ def main():
     ap.add_argument("--sparse-versions", nargs="*", choices=sorted(hc.SPARSE_KERNEL),
                     default=sorted(hc.SPARSE_KERNEL),
                     help="sparse stages dumped besides the default one (default: all)")
+    ap.add_argument("--select-kernel", choices=sorted(hc.SELECT_KERNEL),
+                    help="the selection kernel of every dump (default: the library's)")
     args = ap.parse_args()
+    sel = args.select_kernel
     lib = hc.Library(args.lib)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(20261121)
@@ -67,16 +70,17 @@ def main():
     v = torch.randn(HKV, T, D, **bf)
     q_retrieval = (q.float() + 0.3 * torch.randn(HQ, T, D, device="cuda", generator=gen)).bfloat16()
     spec = {"preset": "hils", "S": S, "W": W, "K": K, "landmarks": True}
-    good = run(lib, q, k, v, q_retrieval, W)
+    tag = f", selection {sel}" if sel else ""
+    good = run(lib, q, k, v, q_retrieval, W, sel)
     write(os.path.join(args.out, "verify_hils.h5"), spec, q, k, v, q_retrieval, good,
-          "hils::gpu v2 packed bf16")
+          "hils::gpu v2 packed bf16" + tag)
     # Peaked attention (queries x 4): chunk scores spread widely, so one wrong chunk is a
     # large error (on flat random data a single swap can sit inside the bf16 tolerance).
     qp = (q.float() * 4).bfloat16()
     qrp = (q_retrieval.float() * 4).bfloat16()
-    peaked = run(lib, qp, k, v, qrp, W)
+    peaked = run(lib, qp, k, v, qrp, W, sel)
     write(os.path.join(args.out, "verify_hils_peaked.h5"), spec, qp, k, v, qrp, peaked,
-          "hils::gpu v2 packed bf16, peaked queries")
+          "hils::gpu v2 packed bf16, peaked queries" + tag)
     # The same two problems through every other sparse stage (gpu/NOTES.md, sparse v4-v6):
     # verify_hils_sparse_v5.h5, verify_hils_peaked_sparse_v5.h5, ...
     default = hc.sparse_kernel(lib)
@@ -87,10 +91,10 @@ def main():
         version = kernel.split("_")[-1]
         for name, (qq, qr) in ((f"verify_hils_sparse_{version}.h5", (q, q_retrieval)),
                                (f"verify_hils_peaked_sparse_{version}.h5", (qp, qrp))):
-            write(os.path.join(args.out, name), spec, qq, k, v, qr, run(lib, qq, k, v, qr, W),
-                  f"hils::gpu v2 packed bf16, sparse stage {kernel}")
+            write(os.path.join(args.out, name), spec, qq, k, v, qr, run(lib, qq, k, v, qr, W, sel),
+                  f"hils::gpu v2 packed bf16, sparse stage {kernel}" + tag)
     hc.set_sparse(lib, default)
-    shifted = run(lib, q, k, v, q_retrieval, W + S)
+    shifted = run(lib, q, k, v, q_retrieval, W + S, sel)
     write(os.path.join(args.out, "verify_shifted_window.h5"), spec, q, k, v, q_retrieval, shifted,
           "hils::gpu v2 packed bf16, run with W + S (broken on purpose)")
 

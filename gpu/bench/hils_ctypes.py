@@ -14,10 +14,11 @@ SELECT_KERNEL = {"two_pass_v4": 0, "one_pass_v5": 1, "two_pass_v6": 2, "two_pass
                  "two_pass_v12": 8, "two_pass_v13": 9, "two_pass_v14": 10, "two_pass_v15": 11,
                  "two_pass_v16": 12, "two_pass_v17": 13,
                  "two_pass_v18": 14, "two_pass_v19": 15,
-                 "two_pass_v20": 16, "two_pass_v21": 17, "two_pass_v22": 18}
+                 "two_pass_v20": 16, "two_pass_v21": 17, "two_pass_v22": 18, "two_pass_v25": 19}
 # The selection kernels that are not bit-identical to v8 by construction (their log Z_hat
 # differs in its last bits; gpu/NOTES.md v18): the oracle judges them, not a byte compare.
-APPROXIMATE_SELECT_KERNELS = ("two_pass_v18", "two_pass_v19", "two_pass_v20", "two_pass_v21", "two_pass_v22")
+APPROXIMATE_SELECT_KERNELS = ("two_pass_v18", "two_pass_v19", "two_pass_v20", "two_pass_v21", "two_pass_v22",
+                              "two_pass_v25")
 # The chunk-major sparse stages of hils_gpu_set_sparse_kernel (gpu/NOTES.md: v4-v32, v35).
 SPARSE_KERNEL = {"chunked_v4": 0, "atomic_v5": 1, "chunked_v6": 2, "chunked_v7": 3, "chunked_v8": 4, "chunked_v9": 5,
                  "chunked_v10": 6, "chunked_v11": 7, "chunked_v12": 8, "chunked_v13": 9,

@@ -20,6 +20,22 @@ namespace {
 constexpr int kQueries = 64;     // queries per block, 16 per warp
 constexpr int kRPitch = 65;      // fp32 per row of the group-score tile
 constexpr int kPanelBytes = kTileDim * wg::kPanelRowBytes;  // v9: one swizzled k' tile
+// v25: a stage of the bias k16 step's k side (64 rows of 16 bytes) and its shared-memory area.
+constexpr int kFoldStageBytes = kTileDim * 16;
+constexpr int kFoldPanelFloats = (2 * kFoldStageBytes + 128) / 4;
+// v25's margin on pass 1's bound. v25 ranks r' = fl(scale2 max_h acc_h) (acc the fifth k-step's
+// sum) where v16 ranks v = max_h fl(fl(fma(s, scale2, b2)) - z), and pass 1's bound B (a lower
+// bound of the K-th largest v over the chunks) is v16's. Per (row, head, chunk), |r' - v| gathers
+// v16's two roundings (2^-24 (|s2| + |v|)), the pieces of x and y after their divisions (2^-23
+// (|z| + |b2|)), the tensor core's sum of s and six exact products (aligned to its largest term
+// and truncated: a few units of 2^-23 of |s| + |z| / scale2 + |b2| / scale2) and the final product
+// (2^-24 |r'|). For a chunk with v >= B (v <= 0 up to lg2.approx's error, so |v| <= |B| + 1),
+// |s2| <= |v| + |z| and |s scale2| <= |s2| + |b2|: |r' - v| < 2^-18 (|B| + 1 + 2 |z| + 3 |b2|).
+// The margin takes 2^-12 times that sum with |z| the row's largest over its heads and |b2| the
+// largest over all chunks (64 times the count, for the tensor core's accumulation, which NVIDIA
+// does not document). The K chunks with v >= B have r' >= B - eps, so every chunk of the top K
+// by r' has r' >= B - eps and is appended; a larger margin only appends more candidates.
+constexpr float kFoldMargin = 0x1p-12f;
 constexpr GroupRule kGroupMaxNormalized = GroupRule::max_normalized,
                     kGroupSumProbabilities = GroupRule::sum_probabilities;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -1077,12 +1093,51 @@ __device__ __forceinline__ void append_row_set(const float (&r)[8][4], float (&t
   count[kI] += total;
 }
 
+// v25's fifth k16 step of pass 2 (max_normalized). Its 16 k columns: q side (A, registers)
+// [x_hi, x_mid, x_lo, 1, 1, 1, 0 ...] with x = -log2 Z_hat / scale2 of the (row, head); k side
+// (B, one 16-byte row per chunk, FoldRow) [1, 1, 1, y_hi, y_mid, y_lo, 0, 0] with y = b2 / scale2
+// of the (head, chunk), columns 8-15 unused (A's are zero). The pieces are x (y) rounded to bf16
+// three times in turn (each remainder exact in fp32): x_hi + x_mid + x_lo = x within 2^-24 |x|.
+// So the product adds x + y to s: acc = s + (b2 - z) / scale2, and scale2 acc is v16's
+// s2 - z = fma(s, scale2, b2) - z up to the roundings (bounded in kFoldMargin's comment).
+struct Bf16Pieces {
+  uint32_t hi, mid, lo;  // bf16 bits
+};
+__device__ __forceinline__ Bf16Pieces bf16_pieces(float x) {
+  const __nv_bfloat16 hi = __float2bfloat16_rn(x);
+  const float r1 = x - __bfloat162float(hi);
+  const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+  const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+  return {__bfloat16_as_ushort(hi), __bfloat16_as_ushort(mid), __bfloat16_as_ushort(lo)};
+}
+constexpr uint32_t kBf16One = 0x3F80u;
+// The k side's row of a chunk with y = b2 / scale2: columns 0-7 (16 bytes).
+__device__ __forceinline__ uint4 fold_row(float y) {
+  const Bf16Pieces b = bf16_pieces(y);
+  return make_uint4(kBf16One | kBf16One << 16, kBf16One | b.hi << 16, b.mid | b.lo << 16, 0u);
+}
+// v25's rows after bias2 in the selection's scratch: bias2's n_bias floats rounded up to 16 bytes,
+// then n_bias FoldRows ([Hq][n_chunks]), then max |b2| over them (one float).
+__host__ __device__ constexpr int64_t fold_rows_offset(int64_t n_bias) { return (n_bias + 3) / 4 * 4; }
+__host__ __device__ constexpr int64_t fold_scratch_floats(int64_t n_bias) {
+  return fold_rows_offset(n_bias) + 4 * n_bias + 4;
+}
+
 // fp32 summaries -> bf16 copy for the copy engine and the tensor cores; bias -> bias log2 e.
+// v25 (fold_rows not null): each bias's FoldRow, and max |b2| into *fold_bias_max (zeroed before).
 __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n, const float* bias,
-                               float* bias2, int64_t n_bias) {
+                               float* bias2, int64_t n_bias, uint4* fold_rows, float* fold_bias_max,
+                               float scale2) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) dst[i] = __float2bfloat16_rn(src[i]);
-  if (i < n_bias) bias2[i] = bias[i] * kLog2e;
+  float b2 = 0.0f;
+  if (i < n_bias) bias2[i] = b2 = bias[i] * kLog2e;
+  if (fold_rows == nullptr || i - static_cast<int64_t>(threadIdx.x % kWarp) >= n_bias) return;
+  if (i < n_bias) fold_rows[i] = fold_row(b2 / scale2);
+  float m = fabsf(b2);
+  for (int off = kWarp / 2; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  // |b2| >= 0: its bits order as unsigned integers.
+  if (threadIdx.x % kWarp == 0) atomicMax(reinterpret_cast<unsigned*>(fold_bias_max), __float_as_uint(m));
 }
 
 // How pass 2 hands a tile's group scores to the rows' top K: one row at a time into sorted
@@ -1109,8 +1164,11 @@ enum class Writer { in_order, ahead, separate };
 // values above theta; v12's lean pass 2 otherwise), or v12's with 32-bit copy state (v16: the q~
 // and k' copy sources worked out per step from the head index, the kernel's parameters and 32-bit
 // offsets, shared addresses and descriptor low words in 32 bits, so that pass 2 keeps no 64-bit
-// copy state in registers; v15 spilled v12's 64-bit q~ copy pieces and reloaded them every step).
-enum class Lean { none, pass2, heads, pass2_q32 };
+// copy state in registers; v15 spilled v12's 64-bit q~ copy pieces and reloaded them every step),
+// or v16's with the bias and log2 Z_hat folded into the products (v25, max_normalized: a fifth
+// k16 step adds (b2 - z) / scale2 to s as three bf16 pieces each, so a step's epilogue is one
+// FMNMX per element, r = scale2 max_h acc_h after the tile's G heads; FoldColumns).
+enum class Lean { none, pass2, heads, pass2_q32, pass2_fold };
 // Pass 1 one k' tile per step (v4-v13) or two (v14: panels 0-3, which pass 1 has free with
 // wgmma_q_smem scoring; lean copies only); or two with the mass summed without a running maximum
 // (v18, accumulate_raw: not the same bits as v8), and with one exponential in eight on the FMA
@@ -1131,7 +1189,8 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   static_assert(!kWgmma || kBuffered, "v9 and v10 are v8 with wgmma scoring");
   static_assert(kWriter == Writer::in_order || kBuffered, "the writer ahead takes v8's buffers (K <= 32)");
   constexpr bool kLean = kLeanSteps != Lean::none, kHeads = kLeanSteps == Lean::heads;
-  constexpr bool kQ32 = kLeanSteps == Lean::pass2_q32;
+  constexpr bool kFold = kLeanSteps == Lean::pass2_fold;
+  constexpr bool kQ32 = kLeanSteps == Lean::pass2_q32 || kFold;
   constexpr bool kPairs = kPass1 != Pass1::tiles;
   constexpr bool kRaw = kPass1 == Pass1::pairs_raw || kPass1 == Pass1::pairs_raw_poly;
   constexpr bool kPoly = kPass1 == Pass1::pairs_raw_poly;
@@ -1155,12 +1214,20 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
     cursor = reinterpret_cast<float*>(panels + (kQSmem ? 4 : 2) * kPanelBytes);
   }
   auto take = [&](int64_t count) { float* out = cursor; cursor += count; return out; };
+  // v25: the k side of pass 2's fifth k16 step, two stages of 64 FoldRows (16 bytes each, no
+  // swizzle), then 128 bytes that stay zero (the unused second core matrix along K of the last
+  // 8 rows reads there: A's columns 8-15 are zero, so it only has to be finite; all of it is
+  // zeroed first), on the panels' 1024-byte boundary.
+  unsigned char* fold_panel = kFold ? reinterpret_cast<unsigned char*>(take(kFoldPanelFloats)) : nullptr;
   SelectShared sh;
   // v8: the rows of kBufPitch words (bound slots in pass 1, candidate buffers in pass 2) replace
   // the group-score tile and the lists.
   float* buf = kBuffered ? take(kQueries * kBufPitch) : nullptr;
   sh.r = kBuffered ? nullptr : take(kQueries * kRPitch);
   sh.log_z = take(G * kQueries);
+  // v25 (max_normalized): pass 1 leaves the q side's pieces of x = -log2 Z_hat / scale2 instead of
+  // log2 Z_hat: (x_hi, x_mid) as one word in sh.log_z's place, x_lo's bf16 bits here.
+  auto* fold_lo = kFold ? reinterpret_cast<uint16_t*>(take(G * kQueries / 2)) : nullptr;
   sh.value = kBuffered ? nullptr : take(kQueries * K);
   sh.index = kBuffered ? nullptr : reinterpret_cast<int32_t*>(take(kQueries * K));
   sh.n_cand = reinterpret_cast<int32_t*>(take(kQueries));
@@ -1184,6 +1251,10 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   if (bound)
     for (int e = threadIdx.x; e < kQueries * (kBuffered ? kBufPitch : kRPitch); e += kThreads)
       slot_base[e] = kNegInf;
+  if (kFold) {
+    for (int e = threadIdx.x; e < kFoldPanelFloats; e += kThreads) reinterpret_cast<float*>(fold_panel)[e] = 0.0f;
+    wg::fence_proxy_async();
+  }
   for (int q = threadIdx.x; q < kQueries; q += kThreads) {
     sh.n_cand[q] = t0 + q < p.T ? static_cast<int>(geo.candidate_count(t0 + q)) : 0;
   }
@@ -1195,6 +1266,10 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   const int64_t t_last = t0 + kQueries - 1 < p.T - 1 ? t0 + kQueries - 1 : p.T - 1;
   const int n_tiles = (sh.n_cand[t_last - t0] + kTileDim - 1) / kTileDim;
   const float scale2 = p.scale * kLog2e;
+  // v25's fifth k-step for the default group rule (block-uniform); the row's largest |log2 Z_hat|
+  // over its heads (its margin, kFoldMargin).
+  const bool fold = kFold && p.group_rule == kGroupMaxNormalized;
+  float fold_z_max[2] = {0.0f, 0.0f};
   // With fewer than K nonempty slots (kSlots / 8 per tile) the bound is -inf: not formed at all.
   const bool prune = bound && (kSlots / 8) * n_tiles >= K;
   // Stage `buf` <- k' and bias2 of head g G + hg, chunks [c0, c0 + 64).
@@ -1270,7 +1345,17 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
     for (int i = 0; i < 2; ++i) {
       const float swa = t[i] < p.T ? lse_swa[h * p.T + t[i]] * kLog2e : kNegInf;
       z[i] = log2_normalizer(m[i], l[i], swa);
-      if (lane % 4 == 0) sh.log_z[hg * kQueries + row[i]] = z[i];
+      if (kFold && fold) {
+        fold_z_max[i] = fmaxf(fold_z_max[i], fabsf(z[i]));
+        if (lane % 4 == 0) {
+          // A row past T (z = -inf) gets zeros; its columns are masked.
+          const Bf16Pieces x = bf16_pieces(isfinite(z[i]) ? -z[i] / scale2 : 0.0f);
+          reinterpret_cast<uint32_t*>(sh.log_z)[hg * kQueries + row[i]] = x.hi | x.mid << 16;
+          fold_lo[hg * kQueries + row[i]] = static_cast<uint16_t>(x.lo);
+        }
+      } else if (lane % 4 == 0) {
+        sh.log_z[hg * kQueries + row[i]] = z[i];
+      }
     }
     if (prune)
 #pragma unroll
@@ -1453,6 +1538,18 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
       const int steps = G * n_tiles;
       float r[8][4];
       float theta[2] = {prune ? floor_of(row_bound[row[0]]) : kNegInf, prune ? floor_of(row_bound[row[1]]) : kNegInf};
+      // v25: the fifth k-step's k-side rows in the scratch after bias2, the margin on the bound.
+      const int64_t n_bias = p.Hq * (p.T / p.S);
+      const uint4* fold_rows = kFold ? reinterpret_cast<const uint4*>(bias2 + fold_rows_offset(n_bias)) : nullptr;
+      if (kFold && fold && prune) {
+        const float b_max = *reinterpret_cast<const float*>(fold_rows + n_bias);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float bound_i = row_bound[row[i]];
+          const float eps = kFoldMargin * (fabsf(bound_i) + 1.0f + 2.0f * fold_z_max[i] + 3.0f * b_max);
+          theta[i] = bound_i == kNegInf ? kNegInf : floor_of(bound_i - eps);
+        }
+      }
       const int wg_index = warp / 4;
       unsigned char* q_panel = panels + (2 + wg_index) * kPanelBytes;
       const int64_t wg_t0 = t0 + 64 * wg_index;
@@ -1478,6 +1575,7 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
       // warpgroup but the last block's has its 64 rows before T: no per-row test there.
       const uint32_t hq0 = blockIdx.y * G, T64 = static_cast<uint32_t>(p.T) * kTileDim;
       const uint32_t q_dst32 = kQ32 ? static_cast<uint32_t>(__cvta_generic_to_shared(q_dst)) : 0u;
+      const uint32_t fold32 = kFold ? static_cast<uint32_t>(__cvta_generic_to_shared(fold_panel)) : 0u;
       const uint32_t k_dst32 = kQ32 ? static_cast<uint32_t>(__cvta_generic_to_shared(panels)) + k_dst : 0u;
       const uint32_t q_off32 = static_cast<uint32_t>(q_off);
       const int q_rows = q_left < 64 ? static_cast<int>(q_left) : 64;
@@ -1512,7 +1610,11 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
           if (threadIdx.x < kTileDim) {
             const int cc = c0 + static_cast<int>(threadIdx.x);
             const bool valid = cc < nc;
-            cp_async4(&bias_tile[stage][threadIdx.x], bias2 + (valid ? head + cc : 0u), valid);
+            if (kFold && fold)  // v25: the chunks' k-side rows of the fifth k-step instead of the biases
+              cp_async16_at(fold32 + stage * kFoldStageBytes + threadIdx.x * 16, fold_rows + (valid ? head + cc : 0u),
+                            valid);
+            else
+              cp_async4(&bias_tile[stage][threadIdx.x], bias2 + (valid ? head + cc : 0u), valid);
           }
           cp_async_commit();
         } else {
@@ -1541,6 +1643,37 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
         wg::commit();
         wg::wait<0>();
         wg::fence_operands(s);
+      };
+      // v25: the four k16 steps of q~ . k' and the fifth (A: this thread's q-side pieces, B: the
+      // stage's FoldRows; leading and stride offsets both 128 bytes, so the unused second core
+      // matrix along K is the next 8 rows whatever the order of the two fields) into acc.
+      const uint64_t fold_desc = kFold ? wg::desc_interleave(fold32, 128, 128) : 0ull;
+      auto product_fold = [&](int stage, float (&acc)[8][4], const uint32_t (&a)[4]) {
+        wg::fence_operands(acc);
+        wg::fence();
+        const uint32_t kd_lo = k_lo + static_cast<uint32_t>(stage * (kPanelBytes >> 4));
+        wg::mma_ss_k_major<0>(acc, q_lo, kd_lo, false);
+        wg::mma_ss_k_major<1>(acc, q_lo, kd_lo, true);
+        wg::mma_ss_k_major<2>(acc, q_lo, kd_lo, true);
+        wg::mma_ss_k_major<3>(acc, q_lo, kd_lo, true);
+        wg::mma_rs<false>(acc, a, fold_desc + static_cast<uint64_t>(stage * (kFoldStageBytes >> 4)), true);
+        wg::commit();
+        wg::wait<0>();
+        wg::fence_operands(acc);
+      };
+      // This thread's A fragment of the fifth k-step for head hg: columns 2 (lane % 4) + {0, 1} of
+      // rows row[0] (a[0]) and row[1] (a[1]); columns 8-15 zero.
+      const int quad = lane % 4;
+      const uint32_t fold_ones = quad == 2 ? kBf16One | kBf16One << 16 : 0u;
+      auto fold_a = [&](int hg, uint32_t (&a)[4]) {
+        const auto* hi_mid = reinterpret_cast<const uint32_t*>(sh.log_z);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int idx = hg * kQueries + row[i];
+          const uint32_t hm = hi_mid[idx], lo = fold_lo[idx];
+          a[i] = quad == 0 ? hm : quad == 1 ? lo | kBf16One << 16 : fold_ones;
+        }
+        a[2] = a[3] = 0u;
       };
       copy_q2(0);  // committed with the first k' tile
       copy_k2(0, 0, 0);
@@ -1694,10 +1827,57 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
         }
         ++step;
       };
+      // v25's step (max_normalized): the products with the bias and -log2 Z_hat / scale2 added
+      // (acc); r = max over the tile's heads of acc, in place for the first head.
+      auto fold_step = [&](int hg, int c0, auto first) {
+        constexpr bool kFirst = decltype(first)::value;
+        const int stage = step & 1;
+        uint32_t a[4];
+        fold_a(hg, a);
+        await_tile();
+        if (step + 1 < steps) {
+          const bool next_tile = hg + 1 == G;
+          copy_k2(next_tile ? 0 : hg + 1, next_tile ? c0 + kTileDim : c0, stage ^ 1);
+        }
+        if constexpr (kFirst)
+          product_fold(stage, r, a);
+        else
+          product_fold(stage, s, a);
+        if (G > 1 && step + 1 < steps) {
+          if (wg_index == 0)
+            asm volatile("bar.sync 1, 128;\n" ::: "memory");
+          else
+            asm volatile("bar.sync 2, 128;\n" ::: "memory");
+          copy_q2(hg + 1 < G ? hg + 1 : 0);
+          cp_async_commit();
+        }
+        if constexpr (!kFirst) {
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) r[nt][e] = fmaxf(r[nt][e], s[nt][e]);
+        }
+        ++step;
+      };
       for (int tile_i = 0; tile_i < n_tiles; ++tile_i) {
         const int c0 = tile_i * kTileDim;
-        head_step(0, c0, std::true_type{});
-        for (int hg = 1; hg < G; ++hg) head_step(hg, c0, std::false_type{});
+        bool folded = false;
+        if constexpr (kFold) {
+          if (fold) {
+            fold_step(0, c0, std::true_type{});
+            for (int hg = 1; hg < G; ++hg) fold_step(hg, c0, std::false_type{});
+            // scale2 > 0 and rounding is monotone: fl(scale2 max_h acc_h) = max_h fl(scale2 acc_h).
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) r[nt][e] *= scale2;
+            folded = true;
+          }
+        }
+        if (!folded) {
+          head_step(0, c0, std::true_type{});
+          for (int hg = 1; hg < G; ++hg) head_step(hg, c0, std::false_type{});
+        }
         // Sums of probabilities are ranked in the linear domain, the others in base 2.
         if (c0 + kTileDim > warp_min) {
 #pragma unroll
@@ -2043,7 +2223,7 @@ bool scores_in_q_smem_blocks(PackedSelect kernel) {
          kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17 ||
          kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19 ||
          kernel == PackedSelect::two_pass_v20 || kernel == PackedSelect::two_pass_v21 ||
-         kernel == PackedSelect::two_pass_v22;
+         kernel == PackedSelect::two_pass_v22 || kernel == PackedSelect::two_pass_v25;
 }
 
 // Queries per block of each kernel (threads: 2 per query).
@@ -2055,6 +2235,9 @@ size_t select_smem_bytes(int64_t G, int64_t K, PackedSelect kernel) {
   const size_t v8_bytes = (kQueries * kBufPitch + G * kQueries + 2 * kQueries) * 4;
   if (kernel == PackedSelect::two_pass_v8) return v8_bytes;
   if (kernel == PackedSelect::two_pass_v9) return v8_bytes + 2 * kPanelBytes + wg::kAtomBytes;
+  // v25: + the fifth k-step's k-side stages and the q side's low pieces (G x 128 bf16).
+  if (kernel == PackedSelect::two_pass_v25)
+    return 2 * v8_bytes + 4 * kPanelBytes + wg::kAtomBytes + kFoldPanelFloats * 4 + G * 128 * 2;
   if (scores_in_q_smem_blocks(kernel)) return 2 * v8_bytes + 4 * kPanelBytes + wg::kAtomBytes;
   return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries) * 4;
 }
@@ -2102,6 +2285,9 @@ SelectKernelFn select_kernel_of(PackedSelect kernel) {
     case PackedSelect::two_pass_v22:  // the same; the scores by selected_scores_lean_kernel<G, true>
       return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::separate, Lean::pass2_q32,
                                   Pass1::pairs>;
+    case PackedSelect::two_pass_v25:  // v22 with the bias and log2 Z_hat as pass 2's fifth k-step
+      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::separate, Lean::pass2_fold,
+                                  Pass1::pairs>;
     case PackedSelect::two_pass_v18:
       return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::pass2_q32,
                                   Pass1::pairs_raw>;
@@ -2124,16 +2310,21 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
   const int queries = block_queries(kernel);
   const dim3 grid(static_cast<unsigned>((p.T + queries - 1) / queries),
                   static_cast<unsigned>(p.Hkv));
-  // A bf16 copy of k' and a log2 e scaled bias (stream-ordered scratch) feed the copy engine.
+  // A bf16 copy of k' and a log2 e scaled bias (stream-ordered scratch) feed the copy engine;
+  // v25: and the fifth k-step's k-side rows and max |b2| after them (fold_rows_offset).
   const int64_t n = p.Hq * (p.T / p.S) * kTileDim, n_bias = p.Hq * (p.T / p.S);
+  const bool fold = kernel == PackedSelect::two_pass_v25;
   const size_t key_bytes = ((n > 0 ? n : 1) * sizeof(__nv_bfloat16) + 255) / 256 * 256;
-  auto* scratch = static_cast<char*>(
-      take_scratch(key_bytes + (n_bias > 0 ? n_bias : 1) * sizeof(float), stream, "selection"));
+  const int64_t bias_floats = fold ? fold_scratch_floats(n_bias) : (n_bias > 0 ? n_bias : 1);
+  auto* scratch = static_cast<char*>(take_scratch(key_bytes + bias_floats * sizeof(float), stream, "selection"));
   auto* key_bf16 = reinterpret_cast<__nv_bfloat16*>(scratch);
   auto* bias2 = reinterpret_cast<float*>(scratch + key_bytes);
+  auto* fold_rows = fold ? reinterpret_cast<uint4*>(bias2 + fold_rows_offset(n_bias)) : nullptr;
+  auto* fold_bias_max = fold ? reinterpret_cast<float*>(fold_rows + n_bias) : nullptr;
+  if (fold) cudaMemsetAsync(fold_bias_max, 0, sizeof(float), stream);
   if (n > 0)
-    to_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(key, key_bf16, n, bias,
-                                                                               bias2, n_bias);
+    to_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+        key, key_bf16, n, bias, bias2, n_bias, fold_rows, fold_bias_max, p.scale * kLog2e);
   const int first_round = one_wave_first_round(fn, 2 * queries, smem, static_cast<int64_t>(grid.x) * grid.y);
   fn<<<grid, 2 * queries, smem, stream>>>(p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score,
                                           first_round);
@@ -2146,7 +2337,7 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
                                                                               selected_score);
   if (kernel == PackedSelect::two_pass_v21)  // v21: v20's sums in fewer instructions (K <= 32)
     selected_scores_lean_kernel<G><<<scores_grid, 256, 0, stream>>>(p, key_bf16, bias, selection, selected_score);
-  if (kernel == PackedSelect::two_pass_v22)  // v22: v21's without load tests, 4 blocks per SM
+  if (kernel == PackedSelect::two_pass_v22 || kernel == PackedSelect::two_pass_v25)  // v22: v21's without load
     selected_scores_lean_kernel<G, true><<<scores_grid, 256, 0, stream>>>(p, key_bf16, bias, selection,
                                                                           selected_score);
   give_back_scratch(scratch, stream);
@@ -2173,17 +2364,23 @@ void launch_select_packed(const LaunchParams& p, const float* key, const float* 
                            kernel == PackedSelect::two_pass_v15 || kernel == PackedSelect::two_pass_v16 ||
                            kernel == PackedSelect::two_pass_v17 || kernel == PackedSelect::two_pass_v18 ||
                            kernel == PackedSelect::two_pass_v19 || kernel == PackedSelect::two_pass_v20 ||
-                           kernel == PackedSelect::two_pass_v21 || kernel == PackedSelect::two_pass_v22) &&
+                           kernel == PackedSelect::two_pass_v21 || kernel == PackedSelect::two_pass_v22 ||
+                           kernel == PackedSelect::two_pass_v25) &&
                           p.K > kWarp);
-  // v16 to v22 offset q~ rows in 32 bits (Hq T 64 < 2^32); longer sequences run v15 (the same
+  // v16 to v22 and v25 offset q~ rows in 32 bits (Hq T 64 < 2^32); longer sequences run v15 (the same
   // selection and bytes as v16 and v17; v18 and v19 differ from it only where v8 does, v20 to v22
   // in their scores' rounding).
   const bool long_rows = (kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17 ||
                           kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19 ||
                           kernel == PackedSelect::two_pass_v20 || kernel == PackedSelect::two_pass_v21 ||
-                          kernel == PackedSelect::two_pass_v22) &&
+                          kernel == PackedSelect::two_pass_v22 || kernel == PackedSelect::two_pass_v25) &&
                          p.Hq * p.T * kTileDim > UINT32_MAX;
-  const PackedSelect one = fall_back ? PackedSelect::two_pass_v4 : long_rows ? PackedSelect::two_pass_v15 : kernel;
+  // v25 at G = 16: its extra shared memory (select_smem_bytes) would leave one block per SM; v22 runs.
+  const bool fold_too_large = kernel == PackedSelect::two_pass_v25 && p.Hq / p.Hkv == 16;
+  const PackedSelect one = fall_back   ? PackedSelect::two_pass_v4
+                           : long_rows ? PackedSelect::two_pass_v15
+                           : fold_too_large ? PackedSelect::two_pass_v22
+                                            : kernel;
   if (uses_wgmma(one) && !wgmma_runs_on_current_device())
     refuse_wgmma_kernel("select_kernel", select_kernel_name(one),
                         "two_pass_v4 to two_pass_v8; two_pass_v8 is the fastest");

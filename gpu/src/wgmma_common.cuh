@@ -77,6 +77,14 @@ template <class Panel>
 __device__ __forceinline__ uint64_t desc_n_major(Panel panel, uint32_t panel_stride) {
   return desc_sw128(panel, panel_stride, kAtomBytes);
 }
+// A K-major operand of one k16 step without swizzle (swizzle mode 0, "interleave"): 8 x 16-byte
+// core matrices, rows 16 bytes apart inside one; the next core matrix along K `leading_bytes`
+// on, the next 8 rows (M or N) `stride_bytes` on; 16-byte aligned (two_pass_v25's bias k16 step).
+__device__ __forceinline__ uint64_t desc_interleave(uint32_t panel, uint32_t leading_bytes,
+                                                   uint32_t stride_bytes) {
+  return ((panel & 0x3FFFF) >> 4) | (static_cast<uint64_t>((leading_bytes >> 4) & 0x3FFF) << 16) |
+         (static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32);
+}
 // The same descriptor `bytes` further on (bytes a multiple of 16; within the 18-bit address).
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
   return desc + (bytes >> 4);

@@ -135,6 +135,35 @@ TEST_CASE("gpu exact chunk log-masses over the case table", "[gpu]") {
   }
 }
 
+namespace {
+
+// tied_inputs' identical chunks (2, 5, 9, 13, 17) have bit-identical kernel scores: a copy may be
+// chosen only after every lower-indexed twin was. The rows where that fails in a selection
+// [Hkv, T, K]; rows_with_twins counts the rows that choose some but not all of the twins.
+int64_t twin_violations(const gt::GuardedBuffer& selection, const Case& c, int64_t& rows_with_twins) {
+  int64_t violations = 0;
+  for (const auto& sel : gt::index_heads_of(selection, c.Hkv, c.T, c.K)) {
+    for (int64_t t = 0; t < c.T; ++t) {
+      std::vector<bool> chosen(c.T / c.S + 1, false);
+      for (int64_t i = 0; i < c.K; ++i)
+        if (sel(t, i) >= 0) chosen[sel(t, i)] = true;
+      const int64_t twins[] = {2, 5, 9, 13, 17};
+      bool gap = false;
+      int64_t count = 0;
+      for (int64_t tw : twins) {
+        if (tw >= static_cast<int64_t>(chosen.size())) break;
+        if (chosen[tw] && gap) ++violations;
+        if (!chosen[tw]) gap = true;
+        count += chosen[tw];
+      }
+      if (count > 0 && count < 5) ++rows_with_twins;
+    }
+  }
+  return violations;
+}
+
+}  // namespace
+
 TEST_CASE("gpu selection with exact ties keeps the lower chunk", "[gpu]") {
   const Case c = case_named("longer_blocks");
   const auto inputs = tied_inputs(c, 0.0);
@@ -150,26 +179,8 @@ TEST_CASE("gpu selection with exact ties keeps the lower chunk", "[gpu]") {
       dev.o = o.as<float>(), dev.lse = lse.as<float>(), dev.selection = selection.as<int32_t>();
       hils::gpu::run_mechanism(spec, shape, set.view, dev, workspace.data());
       gt::check_cuda(cudaDeviceSynchronize(), "run_mechanism");
-      // Identical chunks have bit-identical kernel scores: a copy may be chosen only after
-      // every lower-indexed twin was.
-      int64_t violations = 0, rows_with_twins = 0;
-      for (const auto& sel : gt::index_heads_of(selection, c.Hkv, c.T, c.K)) {
-        for (int64_t t = 0; t < c.T; ++t) {
-          std::vector<bool> chosen(c.T / c.S + 1, false);
-          for (int64_t i = 0; i < c.K; ++i)
-            if (sel(t, i) >= 0) chosen[sel(t, i)] = true;
-          const int64_t twins[] = {2, 5, 9, 13, 17};
-          bool gap = false;
-          int64_t count = 0;
-          for (int64_t tw : twins) {
-            if (tw >= static_cast<int64_t>(chosen.size())) break;
-            if (chosen[tw] && gap) ++violations;
-            if (!chosen[tw]) gap = true;
-            count += chosen[tw];
-          }
-          if (count > 0 && count < 5) ++rows_with_twins;
-        }
-      }
+      int64_t rows_with_twins = 0;
+      const int64_t violations = twin_violations(selection, c, rows_with_twins);
       std::cout << "ties " << preset << " [" << gt::name_of(dtype) << "]: rows cutting through "
                 << "the tied chunks " << rows_with_twins << ", violations " << violations << "\n";
       INFO(preset << " " << gt::name_of(dtype));
@@ -451,6 +462,90 @@ TEST_CASE("gpu selections with pass 1's mass unshifted (v18 and v19) pass the or
           CHECK(bytes == v16_selection);
           CHECK(scores == v16_scores);
         }
+      }
+    }
+  }
+}
+
+// v25 adds the bias and -log2 Z_hat / scale2 to pass 2's products by a fifth wgmma k-step (three
+// bf16 pieces each) and ranks r' = scale2 max_h acc_h, with pass 1's bound lowered by a margin
+// (select_packed.cu kFoldMargin), so a row may differ from v22's at a near tie: the oracle judges
+// its selections as sets on the packed shapes, queries 100 times the usual (log2 Z_hat in the
+// hundreds, the pieces' largest terms), exact and near ties and the four group rules; with exact
+// ties the lower twin must be chosen first (identical chunks have identical products). For the
+// group rules other than max_normalized v25 runs v22's pass 2: its selections and scores must be
+// v22's bytes; for max_normalized its scores are v22's kernel's on its own selection, so every row
+// it selects as v22 does must have v22's scores in each of the group's heads.
+TEST_CASE("gpu selection v25 with the bias and log Z_hat in its products passes the oracle", "[gpu]") {
+  // clang-format off
+  static constexpr Case kCases[] = {
+    //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
+    Case{"packed_bench_geometry", 2113,   64, 512, 32, 16,  2, 64, 64, true, 1.0},
+    Case{"packed_g2_peaked",       777,   64,  64,  3,  4,  2, 64, 64, true, 4.0},
+    Case{"packed_multi_tile",     5000,   64, 128, 16,  4,  1, 64, 64, true, 1.0},
+    Case{"packed_k20_peaked",     9000,   64, 256, 20,  4,  1, 64, 64, true, 3.0},
+    Case{"packed_large_scores",   2113,   64, 512, 32, 16,  2, 64, 64, true, 100.0},
+  };
+  // clang-format on
+  std::vector<std::pair<std::string, AttentionInputs<double>>> problems;
+  std::vector<Case> geometry;
+  for (const Case& c : kCases) {
+    problems.emplace_back(c.name, hils::cases::make_inputs<double>(c));
+    geometry.push_back(c);
+  }
+  const Case tied = case_named("longer_blocks");
+  for (double perturbation : {0.0, 1e-7, 1e-5}) {
+    std::ostringstream label;
+    label << "longer_blocks ties " << perturbation;
+    problems.emplace_back(label.str(), tied_inputs(tied, perturbation));
+    geometry.push_back(tied);
+  }
+  for (std::size_t n = 0; n < problems.size(); ++n) {
+    const Case& c = geometry[n];
+    const auto& inputs = problems[n].second;
+    const bool exact_ties = problems[n].first == "longer_blocks ties 0";
+    for (const char* preset : {"hils", "lmk", "hils sum_probabilities", "hils max_raw"}) {
+      const MechanismSpec spec = selection_spec(preset, c);
+      const SelectionInputs staged(spec, c, inputs);
+      oracle::VerifyOptions options;
+      options.precision = gt::precision_of(DType::bf16);
+      options.score_precision = gt::score_precision_of(DType::bf16, c.d, spec);
+      const oracle::Verifier verifier(spec, inputs, options);
+      const SelectionOutputs v22 = select_with(spec, c, staged, hils::gpu::SelectKernel::two_pass_v22);
+      const SelectionOutputs v25 = select_with(spec, c, staged, hils::gpu::SelectKernel::two_pass_v25);
+      oracle::KernelOutputs out;
+      out.selection = gt::index_heads_of(v25.selection, c.Hkv, c.T, c.K);
+      const oracle::Verdict verdict = verifier.verify(out);
+      const auto bytes22 = v22.selection.download(), bytes25 = v25.selection.download();
+      const auto scores22 = v22.selected.download(), scores25 = v25.selected.download();
+      const int64_t G = c.Hq / c.Hkv;
+      const auto row_bytes = static_cast<std::size_t>(c.K) * 4;
+      int64_t differing_rows = 0, scores_off = 0;
+      for (int64_t g = 0; g < c.Hkv; ++g)
+        for (int64_t t = 0; t < c.T; ++t) {
+          if (std::memcmp(bytes25.data() + (g * c.T + t) * row_bytes, bytes22.data() + (g * c.T + t) * row_bytes,
+                          row_bytes) != 0) {
+            ++differing_rows;
+            continue;
+          }
+          for (int64_t h = g * G; h < (g + 1) * G; ++h)
+            scores_off += std::memcmp(scores25.data() + (h * c.T + t) * row_bytes,
+                                      scores22.data() + (h * c.T + t) * row_bytes, row_bytes) != 0;
+        }
+      int64_t rows_with_twins = 0;
+      const int64_t violations = exact_ties ? twin_violations(v25.selection, c, rows_with_twins) : 0;
+      std::cout << "=== two_pass_v25 " << problems[n].first << " " << preset << ": rows " << c.Hkv * c.T
+                << ", differing from v22 " << differing_rows << ", score rows off " << scores_off
+                << ", twin violations " << violations << " (rows cutting through the twins "
+                << rows_with_twins << ")\n"
+                << verdict.report();
+      INFO(problems[n].first << " " << preset);
+      CHECK(verdict.passed);
+      CHECK(scores_off == 0);
+      CHECK(violations == 0);
+      if (spec.group_rule != GroupRule::max_normalized) {
+        CHECK(bytes25 == bytes22);
+        CHECK(scores25 == scores22);
       }
     }
   }

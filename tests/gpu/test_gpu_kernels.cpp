@@ -836,7 +836,8 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
                       hils::gpu::SelectKernel::two_pass_v15, hils::gpu::SelectKernel::two_pass_v16,
                       hils::gpu::SelectKernel::two_pass_v17, hils::gpu::SelectKernel::two_pass_v18,
                       hils::gpu::SelectKernel::two_pass_v19, hils::gpu::SelectKernel::two_pass_v20,
-                      hils::gpu::SelectKernel::two_pass_v21, hils::gpu::SelectKernel::two_pass_v22}) {
+                      hils::gpu::SelectKernel::two_pass_v21, hils::gpu::SelectKernel::two_pass_v22,
+                      hils::gpu::SelectKernel::two_pass_v25}) {
     REQUIRE(hils::gpu::uses_wgmma(kernel));
     INFO(hils::gpu::select_kernel_name(kernel));
     CHECK_THROWS_WITH(

@@ -285,9 +285,10 @@ void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const Devic
                       const float* key, const float* bias, float* scores,
                       cudaStream_t stream = nullptr);
 // Which packed selection kernel runs (gpu/NOTES.md has each version's numbers). All but
-// two_pass_v18 and two_pass_v19 give the same selection (selections_identical_to_v8); those two
-// may differ at near ties, within the oracle's margin. All but those and two_pass_v20 to
-// two_pass_v22 give the same selected scores; v20 to v22 sum them from the bf16 k' the ranking
+// two_pass_v18, two_pass_v19 and two_pass_v25 give the same selection
+// (selections_identical_to_v8); those three may differ at near ties, within the oracle's margin.
+// All but those and two_pass_v20 to two_pass_v22 give the same selected scores (v25 v22's scores
+// of its own selection); v20 to v22 sum them from the bf16 k' the ranking
 // scored. two_pass_v22 is the default (kDefaultSelectKernel): v16 (v10, i.e. v8 scored by wgmma on
 // sm_90a with 128 queries per block, pass 2's per-step overhead trimmed (v12), two k' tiles per
 // pass-1 step (v15) and pass 2's copy state in 32 bits) with the selected scores by a kernel of
@@ -325,6 +326,9 @@ enum class SelectKernel {
   two_pass_v21,  // v20 with its scores kernel's sums in fewer instructions (entries read once per
                  // query, one reduce-scatter per head): v20's selections and scores bit for bit
   two_pass_v22,  // v21 with the scores kernel's loads untested and 4 blocks per SM: v20's bytes
+  two_pass_v25,  // v22 with pass 2's bias and log Z_hat as a fifth wgmma k-step (max_normalized):
+                 // NOT v8's bits (group scores rounded otherwise; pass 1's bound taken with a
+                 // margin); v22 at 16 heads per group (shared memory); gpu/NOTES.md v25
 };
 // Every SelectKernel, in the order of their values.
 constexpr SelectKernel kSelectKernels[] = {
@@ -334,7 +338,7 @@ constexpr SelectKernel kSelectKernels[] = {
     SelectKernel::two_pass_v13, SelectKernel::two_pass_v14, SelectKernel::two_pass_v15,
     SelectKernel::two_pass_v16, SelectKernel::two_pass_v17, SelectKernel::two_pass_v18,
     SelectKernel::two_pass_v19, SelectKernel::two_pass_v20, SelectKernel::two_pass_v21,
-    SelectKernel::two_pass_v22};
+    SelectKernel::two_pass_v22, SelectKernel::two_pass_v25};
 constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v22;
 // The selection without wgmma where wgmma cannot run (wgmma_available).
 constexpr SelectKernel kSelectKernelWithoutWgmma = SelectKernel::two_pass_v8;
@@ -362,16 +366,18 @@ constexpr bool uses_wgmma(SelectKernel kernel) {
     case SelectKernel::two_pass_v19:
     case SelectKernel::two_pass_v20:
     case SelectKernel::two_pass_v21:
-    case SelectKernel::two_pass_v22: return true;
+    case SelectKernel::two_pass_v22:
+    case SelectKernel::two_pass_v25: return true;
   }
   return true;
 }
 
 // Whether the kernel's selections equal v8's bit for bit by construction: every kernel but
-// two_pass_v18 and two_pass_v19 (the selected scores of two_pass_v20 to two_pass_v22 differ from
-// v8's; see above).
+// two_pass_v18, two_pass_v19 and two_pass_v25 (the selected scores of two_pass_v20 to
+// two_pass_v22 differ from v8's; see above).
 constexpr bool selections_identical_to_v8(SelectKernel kernel) {
-  return kernel != SelectKernel::two_pass_v18 && kernel != SelectKernel::two_pass_v19;
+  return kernel != SelectKernel::two_pass_v18 && kernel != SelectKernel::two_pass_v19 &&
+         kernel != SelectKernel::two_pass_v25;
 }
 
 // Whether the wgmma kernels (uses_wgmma: selections from two_pass_v9, sparse stages such as

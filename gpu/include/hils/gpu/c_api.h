@@ -45,7 +45,7 @@ int hils_gpu_select(const hils_gpu_problem* p, const float* key, const float* bi
    4 = two_pass_v8, 5 = two_pass_v9, 6 = two_pass_v10, 7 = two_pass_v11, 8 = two_pass_v12,
    9 = two_pass_v13, 10 = two_pass_v14, 11 = two_pass_v15, 12 = two_pass_v16,
    13 = two_pass_v17, 14 = two_pass_v18, 15 = two_pass_v19, 16 = two_pass_v20,
-   17 = two_pass_v21, 18 = two_pass_v22
+   17 = two_pass_v21, 18 = two_pass_v22, 19 = two_pass_v25
    (hils_gpu_select runs the default, hils::gpu::default_select_kernel). */
 int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const float* key,
                          const float* bias, const float* exact, const float* lse_swa,
