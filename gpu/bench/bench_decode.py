@@ -8,9 +8,9 @@ the whole KV cache read once at the copy bandwidth measured here (no dense kerne
 Ours runs four ways: the d5 kernel (seven launches, bf16 summaries), the fused kernel (the
 default, gpu/NOTES.md "decode") with bf16 summaries, and with fp8 e4m3 summaries (a per-row
 power-of-two scale), and d19 with fp8 summaries (the previous default: the baseline); --variants
-picks others (d8, d16, d17, d18, d21, d23, d24, d25, d29, d34, d35) and --batches / --lengths fewer shapes (no
-table then). --scan-floor also times, per shape with fp8 summaries, launch 1 alone of d21, d24
-and d25, launch 1's loads alone (its grid, no arithmetic) and a flat read of the summary arrays
+picks others (d8, d16, d17, d18, d21, d23, d24, d25, d29, d34, d35, d36) and --batches /
+--lengths fewer shapes (no table then). --scan-floor also times, per shape with fp8 summaries,
+launch 1 alone of d21, d24 and d25, launch 1's loads alone (its grid, no arithmetic) and a flat read of the summary arrays
 (hils::gpu::decode_scan_probe): what the scan could reach (with int4 summaries too when a
 --variants label names int4: <kernel>_int4, codes -7..7 and a row scale, half fp8's bytes;
 gpu/NOTES.md "decode", session 15); --handoffs times d25's launch 1 alone
@@ -61,7 +61,7 @@ class Decode(ctypes.Structure):
 SUMMARY_TYPES = {"bf16": 0, "fp8": 1, "int4": 2}
 KERNELS = {"fused": 0, "d5": 1, "d8": 2, "d13": 3, "d16": 4, "d17": 5, "d18": 6, "d19": 7, "d21": 8, "d23": 9,
            "d24": 10, "d25": 11, "d29": 15, "d34": 20,
-           "d35": 21}
+           "d35": 21, "d36": 22}
 # decode_scan_probe's probes (hils::gpu::ScanProbe), timed by --scan-floor.
 SCAN_PROBES = {"d21_scan": 0, "d24_scan": 1, "d25_scan": 2, "loads_only": 3, "flat_read": 4}
 TAIL_HANDOFFS = 5  # ScanProbe::tail_handoffs (--handoffs)

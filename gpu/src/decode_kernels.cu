@@ -91,6 +91,11 @@ __host__ __device__ inline int64_t tile_keep(const DecodeParams& p) {
 __host__ __device__ inline bool select_presorted(const DecodeParams& p) {
   return select_by_sorts(p) && tile_keep(p) == kWarp;
 }
+// d36's chunk tiles select themselves: presorted lists, and the fuse merges the window (the
+// select would otherwise).
+__host__ __device__ inline bool chunks_can_select(const DecodeParams& p) {
+  return select_presorted(p) && fuse_merges_window(p);
+}
 
 // Candidates the select block ranks: `keep` from every full tile, fewer from the last.
 __host__ __device__ inline int64_t kept_candidates(const DecodeParams& p) {
@@ -1071,9 +1076,16 @@ __device__ void select_group(const DecodeParams& p, const DecodeScratch& w, int6
 // warp w's 32 candidates are group-score tile w's kept list, which that tile wrote in descending
 // rank order (lane 0 the largest; a partial last tile padded below by 0), so the warp's sort is
 // skipped: the same lists reach the same merges.
-template <int kThreads, int kBatch, bool kFresh, bool kPresorted = false>
+// emit(slot, chunk) takes the K chunks in ascending order (SelectionOut: the group's selection).
+struct SelectionOut {
+  int32_t* at;
+  __device__ void operator()(int slot, int32_t chunk) const { at[slot] = chunk; }
+};
+
+template <int kThreads, int kBatch, bool kFresh, bool kPresorted = false, class Emit>
 __device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w, int64_t bg,
-                                   float* o_window, float* lse_window, bool merge_window) {
+                                   float* o_window, float* lse_window, bool merge_window,
+                                   Emit emit) {
   __shared__ uint64_t lists[kThreads];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = kThreads / kWarp;
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
@@ -1096,10 +1108,14 @@ __device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w
   for (int64_t j = warp; merge_window && j < p.G; j += warps)
     write_window(p, w, b * p.Hq + g * p.G + j, o_window, lse_window);
   uint64_t best = 0;
-  static_assert(!kPresorted || kBatch == 1, "a presorted list per warp and load");
   if constexpr (kPresorted) {
 #pragma unroll 1  // unrolled, ptxas spilled 156 bytes at 64 registers
     while (base < m) {
+#pragma unroll
+      for (int width = 1; width < kBatch; width *= 2)  // a merge tree over the batch's lists
+#pragma unroll
+        for (int u = 0; u + width < kBatch; u += 2 * width)
+          x[u] = warp_merge_desc(x[u], lane_reversed(x[u + width]));
       best = warp_merge_desc(best, lane_reversed(x[0]));
       base += kBatch * step;
       if (base < m) load(base);
@@ -1121,7 +1137,7 @@ __device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w
     // The K best by chunk: sort their low words (0xffffffff - chunk) descending.
     const uint64_t low = lane < p.K ? (best & 0xffffffffu) : 0u;
     const int32_t chunk = rank_chunk(warp_sort_desc(low));
-    if (lane < p.K) w.selection[bg * p.K + lane] = chunk;
+    if (lane < p.K) emit(lane, chunk);
   }
 }
 
@@ -1142,8 +1158,9 @@ __global__ void __launch_bounds__(kShortSelectThreads)
     decode_select_sorted_kernel(DecodeParams p, DecodeScratch w, float* o_window,
                                 float* lse_window) {
   wait_for_previous_grid();
-  select_group_short<kShortSelectThreads, 1, false, kPresorted>(p, w, blockIdx.x, o_window,
-                                                                lse_window, !fuse_merges_window(p));
+  select_group_short<kShortSelectThreads, 1, false, kPresorted>(
+      p, w, blockIdx.x, o_window, lse_window, !fuse_merges_window(p),
+      SelectionOut{w.selection + blockIdx.x * p.K});
   allow_next_grid();
 }
 
@@ -1426,6 +1443,7 @@ __global__ void __launch_bounds__(kMmaChunkWarps * kWarp)
 // ascending order) from warp w - 1 through shared memory, and warp 3 writes the tile. d29's
 // chunk tile is one warp of ~1,600 instructions (ncu, session 10) with ~4 warps per SM at B = 8.
 constexpr int kQuadChunkWarps = 4;
+constexpr int kChunkSelectBatch = 8;  // kept lists per warp and load in d36's chunk tiles
 constexpr int kQuadChunkRows = kTileDim / kQuadChunkWarps;  // 16 slots per warp
 static_assert(kQuadChunkWarps * kWarp == kFastThreads, "selected_logits_packed runs 128 threads");
 
@@ -1435,16 +1453,31 @@ struct QuadChunkShared {
   float carry[8 * 4 + 2][kWarp];       // o[8][4], l0, l1 of the warp before, per lane
 };
 
+// kSelects (d36, where chunks_can_select): every block of the group first selects (the select of
+// d35 on the block's four warps, eight sorted kept lists per warp and load, merged by a tree)
+// and takes chunk i of it; block i writes slot i of the selection. No select launch.
+template <bool kSelects>
 __global__ void __launch_bounds__(kQuadChunkWarps * kWarp)
-    decode_chunk_mma4_kernel(DecodeParams p, const int32_t* selection, float* chunk_part,
-                             float* fusion_logit) {
+    decode_chunk_mma4_kernel(DecodeParams p, DecodeScratch w) {
   __shared__ __align__(16) QuadChunkShared sh;
   wait_for_previous_grid();
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int64_t i = blockIdx.x, bg = blockIdx.y;
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv, first = b * p.Hq + g * p.G;
   const int G = static_cast<int>(p.G), quad = lane % 4, r0 = lane / 4, r1 = r0 + 8;
-  const int32_t c = selection[bg * p.K + i];
+  float* chunk_part = w.chunk_part;
+  float* fusion_logit = w.fusion_logit;
+  int32_t c;
+  if constexpr (kSelects) {
+    __shared__ int32_t chosen[kShortK];
+    select_group_short<kQuadChunkWarps * kWarp, kChunkSelectBatch, false, true>(
+        p, w, bg, nullptr, nullptr, false, [&](int slot, int32_t chunk) { chosen[slot] = chunk; });
+    __syncthreads();
+    c = chosen[i];
+    if (threadIdx.x == 0) w.selection[bg * p.K + i] = c;
+  } else {
+    c = w.selection[bg * p.K + i];
+  }
   if (c < 0) {  // -1 padding: an empty softmax (lse -inf, o 0)
     for (int t = threadIdx.x; t < G * (kTileDim + 1); t += blockDim.x) {
       const int j = t / (kTileDim + 1), col = t % (kTileDim + 1);
@@ -1952,7 +1985,8 @@ __global__ void __launch_bounds__(kTailThreads, 4)
     const int64_t bg = ticket / n_tiles;
     group_score_tile_sorted<kTailThreads>(p, w, ticket % n_tiles, bg);
     if (!arrive_last(score_tiles_done + bg, n_tiles)) return;
-    select_group_short<kTailThreads, kTailSelectBatch, true>(p, w, bg, nullptr, nullptr, false);
+    select_group_short<kTailThreads, kTailSelectBatch, true>(p, w, bg, nullptr, nullptr, false,
+                                                             SelectionOut{w.selection + bg * p.K});
     arrive(selected + bg);
     return;
   }
@@ -2441,13 +2475,14 @@ DecodeScratch scratch_at(const DecodeParams& p, void* workspace) {
 // where tail_fused allows (two launches in all); `loads` (d24, d25) the stream's loads;
 // `chunk_evict_first` (d29) the mma chunk tiles' K/V rows loaded with an L2 evict-first policy;
 // `score_tiles` (d34: 2) the score tiles per launch-1 block; `short_tails` (d35) the select
-// without its warp sorts where select_presorted and the mma chunk tiles on four warps.
+// without its warp sorts where select_presorted and the mma chunk tiles on four warps;
+// `select_in_chunks` (d36) no select launch where chunks_can_select: each chunk tile selects.
 template <class Summary, bool kShort>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
                   const DecodeOutputs& out, cudaStream_t stream, bool pdl, bool mma,
                   bool landmark_mask = false, bool persistent = false, bool tail = false,
                   ScanLoads loads = ScanLoads::plain, bool chunk_evict_first = false,
-                  int score_tiles = 1, bool short_tails = false) {
+                  int score_tiles = 1, bool short_tails = false, bool select_in_chunks = false) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
@@ -2472,7 +2507,13 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
     launch_kernel("group score", decode_group_score_kernel<kShort>,
                   dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)), bg),
                   kScoreThreads, 0, stream, pdl, p, w);
-  if (kShort && select_by_sorts(p))
+  const bool quad_chunks = p.K > 0 && mma && chunk_by_mma(p, s.fast_chunk) && short_tails;
+  const bool chunks_select = quad_chunks && select_in_chunks && kShort && chunks_can_select(p);
+  if (chunks_select)
+    launch_kernel("chunk (selecting)", decode_chunk_mma4_kernel<true>,
+                  dim3(static_cast<unsigned>(p.K), bg), kQuadChunkWarps * kWarp, 0, stream, pdl,
+                  p, w);
+  else if (kShort && select_by_sorts(p))
     launch_kernel("select",
                   short_tails && select_presorted(p) ? decode_select_sorted_kernel<true>
                                                      : decode_select_sorted_kernel<false>,
@@ -2481,10 +2522,11 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
   else
     launch_kernel("select", decode_select_kernel<kShort>, dim3(bg), kSelectThreads, s.key_smem,
                   stream, pdl, p, w, out.o_window, out.lse_window);
-  if (p.K > 0 && mma && chunk_by_mma(p, s.fast_chunk) && short_tails)
-    launch_kernel("chunk", decode_chunk_mma4_kernel, dim3(static_cast<unsigned>(p.K), bg),
-                  kQuadChunkWarps * kWarp, 0, stream, pdl, p,
-                  static_cast<const int32_t*>(w.selection), w.chunk_part, w.fusion_logit);
+  if (chunks_select) {
+    // the chunk tiles ran above
+  } else if (quad_chunks)
+    launch_kernel("chunk", decode_chunk_mma4_kernel<false>, dim3(static_cast<unsigned>(p.K), bg),
+                  kQuadChunkWarps * kWarp, 0, stream, pdl, p, w);
   else if (p.K > 0 && mma && chunk_by_mma(p, s.fast_chunk))
     launch_kernel("chunk",
                   chunk_evict_first && landmark_mask ? decode_chunk_mma_kernel<true, true>
@@ -2522,9 +2564,9 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
               kernel == DecodeKernel::d21 || kernel == DecodeKernel::d23 ||
               kernel == DecodeKernel::d24 || kernel == DecodeKernel::d25 ||
               kernel == DecodeKernel::d29 || kernel == DecodeKernel::d34 ||
-              kernel == DecodeKernel::d35,
+              kernel == DecodeKernel::d35 || kernel == DecodeKernel::d36,
           "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3), d16 (4), d17 (5), d18 (6), "
-          "d19 (7), d21 (8), d23 (9), d24 (10), d25 (11), d29 (15), d34 (20) or d35 (21)");
+          "d19 (7), d21 (8), d23 (9), d24 (10), d25 (11), d29 (15), d34 (20), d35 (21) or d36 (22)");
   const DecodeParams p = params_of(spec, cache, q);
   DecodeScratch w = scratch_at(p, workspace);
   if (out.surrogate) w.scores = out.surrogate;
@@ -2538,15 +2580,15 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
     with_summary(cache.summary_type, [&](auto summary) {
       launch_fused<decltype(summary), false>(p, shape, w, out, stream, false, false);
     });
-  } else {  // fused = d29; d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's
+  } else {  // fused = d36; d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's
             // launches) with the chunk tiles' landmark mask; d23: d21 with its four tails in one
             // kernel; d24, d25: d21 with the score tiles' stream loaded evict-first (ScanLoads);
             // d29: d25 with the chunk tiles' K/V rows loaded evict-first too; d34: d29 with two
             // score tiles per launch-1 block; d35: d29 (int4: d34) with the select's sorts skipped
-            // and the chunk tiles on four warps (the same bits)
-    const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d29 : kernel;
+            // and the chunk tiles on four warps (the same bits); d36: d35 whose chunk tiles select
+    const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d36 : kernel;
     const bool d19 = k == DecodeKernel::d19, d23 = k == DecodeKernel::d23;
-    const bool d35 = k == DecodeKernel::d35;
+    const bool d36 = k == DecodeKernel::d36, d35 = k == DecodeKernel::d35 || d36;
     const bool d29 = k == DecodeKernel::d29 || k == DecodeKernel::d34 || d35;
     const bool d21 = k == DecodeKernel::d21 || k == DecodeKernel::d24 || k == DecodeKernel::d25 || d29;
     const bool mask = d19 || d21 || d23;
@@ -2561,7 +2603,7 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
         k == DecodeKernel::d34 || (d35 && cache.summary_type == SummaryType::int4) ? 2 : 1;
     with_summary(cache.summary_type, [&](auto summary) {
       launch_fused<decltype(summary), true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23,
-                                            loads, d29, score_tiles, d35);
+                                            loads, d29, score_tiles, d35, d36);
     });
   }
 }

@@ -5,13 +5,14 @@
 // oracle's score_precision bf16) or quantised to fp8 e4m3 with per-row scales by
 // quantize_summaries_fp8 (score_precision fp8_e4m3) or to int4 codes by quantize_summaries_int4
 // (score_precision int4, and each candidate's score checked against its stored row, the case
-// table, ties, three tiles and 16 heads); the fused kernel (d29), d5 and (ties and the
+// table, ties, three tiles and 16 heads); the fused kernel (d36), d5 and (ties and the
 // several-tile cases) d8, d13, d16, d17 and d18 run; d18, d19, d23 (d24, d21, d25 with fp8) also
 // on every case with d = 64, d18, d19 and d23 with 16 heads per group, d19 also with its
 // persistent scan's grid capped (several tiles per block), d23 (its tails in one kernel) also on
 // the ties and over four and eleven group-score tiles at d = 64; d23, d24, d25 and d29 equal d21
 // bit for bit, d34 (two score tiles per launch-1 block) d29, d35 (the select's sorts skipped,
-// four-warp chunk tiles; int4 with d34's launch 1) d34.
+// four-warp chunk tiles; int4 with d34's launch 1) d34, d36 (no select launch: the chunk tiles
+// select) d35.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
@@ -74,6 +75,9 @@ constexpr Variant kD34Int4{hils::gpu::DecodeKernel::d34, hils::gpu::SummaryType:
 constexpr Variant kD35Fp8{hils::gpu::DecodeKernel::d35, hils::gpu::SummaryType::fp8_e4m3, "d35 fp8"};
 constexpr Variant kD35Bf16{hils::gpu::DecodeKernel::d35, hils::gpu::SummaryType::bf16, "d35 bf16"};
 constexpr Variant kD35Int4{hils::gpu::DecodeKernel::d35, hils::gpu::SummaryType::int4, "d35 int4"};
+constexpr Variant kD36Fp8{hils::gpu::DecodeKernel::d36, hils::gpu::SummaryType::fp8_e4m3, "d36 fp8"};
+constexpr Variant kD36Bf16{hils::gpu::DecodeKernel::d36, hils::gpu::SummaryType::bf16, "d36 bf16"};
+constexpr Variant kD36Int4{hils::gpu::DecodeKernel::d36, hils::gpu::SummaryType::int4, "d36 int4"};
 constexpr Variant kD5Int4{hils::gpu::DecodeKernel::d5, hils::gpu::SummaryType::int4, "d5 int4"};
 // Every variant, for the tie and several-tile cases.
 const std::vector<Variant> kAllVariants{kFusedBf16, kFusedFp8, kFusedInt4, kD5Bf16, kD8Fp8, kD13Fp8,
@@ -384,7 +388,8 @@ TEST_CASE("gpu decode over the case table passes the oracle", "[gpu]") {
         check_decode(spec, seqs, c.name, kFusedInt4);
         if (&spec == &specs.front()) check_decode(spec, seqs, c.name, kD5Bf16);
         if (&spec == &specs.front()) check_decode(spec, seqs, c.name, kD5Int4);
-        if (c.d == 64) {  // where fused (d29), d18, d19, d23, d24, d21 and d25 differ
+        if (c.d == 64) {  // where fused (d36), d29, d18, d19, d23, d24, d21 and d25 differ
+          check_decode(spec, seqs, c.name, kD29Fp8);
           check_decode(spec, seqs, c.name, kD18Fp8);
           check_decode(spec, seqs, c.name, kD19Fp8);
           check_decode(spec, seqs, c.name, kD23Fp8);
@@ -620,7 +625,7 @@ TEST_CASE("gpu decode d23 tails over several group-score tiles pass the oracle",
 // policies on launch 1's loads, d29 d25 with another on the chunk tiles' copies: the same bits;
 // d34 is d29 with two score tiles per launch-1 block (four tiles per head here: two blocks); d35
 // is d29 (int4: d34) with the select's warps taking the kept lists as sorted and four-warp chunk
-// tiles.
+// tiles; d36 is d35 whose chunk tiles select (K = 32; other K take d35's launches).
 TEST_CASE("gpu decode kernels that differ in launches or cache policy give the same bits", "[gpu]") {
   const Case c{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
   const std::vector<AttentionInputs<double>> seqs{
@@ -630,7 +635,8 @@ TEST_CASE("gpu decode kernels that differ in launches or cache policy give the s
       {kD21Bf16, kD24Bf16}, {kD21Fp8, kD25Fp8}, {kD21Bf16, kD25Bf16},
       {kD21Fp8, kD29Fp8}, {kD21Bf16, kD29Bf16},
       {kD29Fp8, kD34Fp8}, {kD29Bf16, kD34Bf16}, {kD29Int4, kD34Int4},
-      {kD34Fp8, kD35Fp8}, {kD34Bf16, kD35Bf16}, {kD34Int4, kD35Int4}};
+      {kD34Fp8, kD35Fp8}, {kD34Bf16, kD35Bf16}, {kD34Int4, kD35Int4},
+      {kD35Fp8, kD36Fp8}, {kD35Bf16, kD36Bf16}, {kD35Int4, kD36Int4}};
   for (const char* preset : {"hils", "nsa"})
     for (int64_t K : {1, 8, 32})
       for (const auto& [baseline, other] : pairs) {
@@ -671,9 +677,9 @@ TEST_CASE("gpu decode d34 over an odd number of score tiles gives d29's bits", "
 
 // d35's chunk tiles split a chunk's 64 slots over four warps and hand the sums from warp to warp;
 // the cases above have S = 4 (warps 1-3 see only masked slots), so here every warp holds slots:
-// S = 64, with and without landmarks (all 64 slots attendable), peaked queries in the second;
-// one group-score tile per KV group (40-odd candidates: the select's presorted list of warp 0,
-// the other warps' lists empty). The outputs are d34's bit for bit. (Two tiles at S = 64 need
+// S = 64, with and without landmarks (all 64 slots attendable: nsa only), peaked queries in the
+// second; one group-score tile per KV group (40-odd candidates: the select's presorted list of
+// warp 0, the other warps' lists empty). The outputs are d34's bit for bit. (Two tiles at S = 64 need
 // T > 16K, which the double-precision reference took > 60 s for in session 16's run 1.)
 TEST_CASE("gpu decode d35 over full 64-slot chunks gives d34's bits", "[gpu]") {
   const Case landmarks{"decode_d64_s64_landmarks", 3000, 64, 256, 32, 8, 2, 64, 64, true, 1.0};
@@ -681,10 +687,13 @@ TEST_CASE("gpu decode d35 over full 64-slot chunks gives d34's bits", "[gpu]") {
   for (const Case& c : {landmarks, plain}) {
     const std::vector<AttentionInputs<double>> seqs{
         hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
-    for (const char* preset : {"hils", "nsa"})
+    // Without landmarks only nsa (mean keys): hils' landmark-query prior needs landmarks.
+    for (const char* preset : c.landmarks ? std::vector<const char*>{"hils", "nsa"}
+                                          : std::vector<const char*>{"nsa"})
       for (int64_t K : {8, 32})
         for (const auto& [baseline, other] : std::vector<std::pair<Variant, Variant>>{
-                 {kD34Fp8, kD35Fp8}, {kD34Bf16, kD35Bf16}, {kD34Int4, kD35Int4}}) {
+                 {kD34Fp8, kD35Fp8}, {kD34Bf16, kD35Bf16}, {kD34Int4, kD35Int4},
+                 {kD35Fp8, kD36Fp8}, {kD35Int4, kD36Int4}}) {
           MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
           spec.K = K;
           std::vector<hils::IndexMatrix> selections;
@@ -700,8 +709,9 @@ TEST_CASE("gpu decode d35 over full 64-slot chunks gives d34's bits", "[gpu]") {
 }
 
 // d35's select takes each group-score tile's kept list as sorted (K = 32; K = 1, 2 sort, and cut
-// through the twins); exact ties that cross tiles (the top chunk copied into two other tiles)
-// must keep the lower chunk, and every verdict pass.
+// through the twins), d36's chunk tiles merge those lists themselves (eight per warp: the
+// eleven tiles fill warps 0-2 unevenly); exact ties that cross tiles (the top chunk copied into
+// two other tiles) must keep the lower chunk, and every verdict pass.
 TEST_CASE("gpu decode d35 over several group-score tiles keeps the lower chunk", "[gpu]") {
   const Case four{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
   const Case eleven{"decode_d64_eleven_tiles", 10400, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
@@ -709,11 +719,34 @@ TEST_CASE("gpu decode d35 over several group-score tiles keeps the lower chunk",
                                                                  {eleven, {20, 1100, 2200}}};
   for (const auto& [c, twins] : shapes) {
     int64_t violations = 0;
-    const int64_t cuts = check_cross_tile_ties(c, twins, {1, 2, 32}, {kD35Fp8, kD35Int4, kD35Bf16},
+    const int64_t cuts = check_cross_tile_ties(c, twins, {1, 2, 32},
+                                               {kD35Fp8, kD35Int4, kD35Bf16, kD36Fp8, kD36Int4},
                                                c.name, &violations);
     std::cout << "decode d35 " << c.name << ": selections cutting through the twins " << cuts
               << ", violations " << violations << "\n";
     CHECK(violations == 0);
     CHECK(cuts > 0);
+  }
+}
+
+// d36's chunk tiles merge eight kept lists per warp and load (at 512K: 32 tiles, eight per warp);
+// eleven 256-chunk tiles give warps 0-2 three lists and warp 3 two. The outputs are d35's (its
+// select: one list per warp of 1,024 threads) bit for bit.
+TEST_CASE("gpu decode d36 over eleven group-score tiles gives d35's bits", "[gpu]") {
+  const Case c{"decode_d64_eleven_tiles", 10400, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
+  const std::vector<AttentionInputs<double>> seqs{
+      hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
+  MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
+  spec.K = 32;
+  for (const auto& [baseline, other] :
+       std::vector<std::pair<Variant, Variant>>{{kD35Fp8, kD36Fp8}, {kD35Int4, kD36Int4}}) {
+    std::vector<hils::IndexMatrix> selections;
+    std::vector<unsigned char> expected, got;
+    decode_and_verify(spec, seqs, &selections, baseline, &expected);
+    const auto verdicts = decode_and_verify(spec, seqs, &selections, other, &got);
+    INFO(other.name);
+    CHECK(expected.size() > 0);
+    CHECK(got == expected);
+    for (const auto& verdict : verdicts) CHECK(verdict.passed);
   }
 }

@@ -72,7 +72,7 @@ struct DecodeOutputs {
 };
 
 // Which launch sequence runs the step (gpu/NOTES.md "decode", versions):
-//   fused: the default, d29 (below)
+//   fused: the default, d36 (below; d29 before session 16)
 //   d13:   d8's five launches with shorter chains in the tails: for K <= 32 the group
 //          scores and the select rank candidates by warp sorts instead of radix passes, the
 //          chunk tiles compute the fusion logits while their rows are in flight, and the fuse
@@ -97,7 +97,7 @@ struct DecodeOutputs {
 //   d25:   d24 with ld.global.cs (cache-streaming) loads instead of the policy operand (the
 //          default before d29: 3-4 us faster than d21 at B = 8, 512K, ~1 at B = 32)
 //   d29:   d25 with the chunk tiles' K/V rows (read once per step) copied with an L2
-//          evict-first policy too (the default since session 12: 3.3-3.5 us faster than d25 at
+//          evict-first policy too (the default in sessions 12-15: 3.3-3.5 us faster than d25 at
 //          B = 32, 512K, 0.7-1.1 us slower at B = 8 in the same run; the same bits as d21)
 //   d34:   d29 with two score tiles per launch-1 block, both tiles' loads issued before the first
 //          is scored (twice the bytes in flight per block, half the blocks; for int4 summaries,
@@ -106,6 +106,10 @@ struct DecodeOutputs {
 //          group-score tiles' kept lists as the sorted lists they are (K = 32), and the
 //          tensor-core chunk tiles run on four warps per selected chunk (16 slots each) instead
 //          of one; the same bits as d29 and d34 (session 16)
+//   d36:   d35 without the select launch (K = 32 and the fuse merging the window): every chunk
+//          tile of a KV group merges the group-score tiles' sorted kept lists itself (four warps,
+//          eight lists per warp) and takes its chunk; the same bits as d35 and d29 (the default
+//          since session 16: B = 8, 512K fp8 54.7-56.2 us against d29's 59.5-59.8, int4 48.0)
 //   (d26 = 12, d27 = 13, d28 = 14: measured slower in session 12 and removed; d30 = 16, d31 = 17,
 //   d32 = 18, the tails as two launches on thread-block clusters: measured slower in session 13
 //   and removed; d33 = 19, no fuse launch (the weights by the select): no gain, removed;
@@ -116,7 +120,7 @@ struct DecodeOutputs {
 //          chunks' outputs 8 at a time: five launches
 enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, d18 = 6, d19 = 7,
                           d21 = 8, d23 = 9, d24 = 10, d25 = 11, d29 = 15, d34 = 20,
-                          d35 = 21 };
+                          d35 = 21, d36 = 22 };
 
 // A measurement probe for the benchmark (gpu/bench/bench_decode.py --scan-floor), not a step:
 // launch 1 of the step alone, or a kernel that only reads launch 1's bytes, writing nothing
