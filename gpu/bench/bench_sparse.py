@@ -46,7 +46,8 @@ VARIANTS = [("v4", "chunked_v4", 0), ("v6", "chunked_v6", 0), ("v7", "chunked_v7
             ("v25_seg16384", "chunked_v25", 16384), ("v25_seg13108", "chunked_v25", 13108),
             ("v26", "chunked_v26", 0), ("v27", "chunked_v27", 0), ("v28", "chunked_v28", 0),
             ("v29", "chunked_v29", 0), ("v30", "chunked_v30", 0),
-            ("v31", "chunked_v31", 0), ("v32", "chunked_v32", 0)]
+            ("v31", "chunked_v31", 0), ("v32", "chunked_v32", 0),
+            ("v35", "chunked_v35", 0)]
 # Variants through hils_gpu_fuse_rows: label -> (sparse kernel, o_swa dtype, o dtype). The fp16
 # o_swa is the window's fp32 o_swa rounded once by torch before the timing (in a forward the
 # window stage would write it).
@@ -62,7 +63,8 @@ ROW_VARIANTS = {"v24_h16in": ("chunked_v24", torch.float16, torch.float32),
                 "v29_h16in_bf16out": ("chunked_v29", torch.float16, torch.bfloat16),
                 "v30_h16in_bf16out": ("chunked_v30", torch.float16, torch.bfloat16),
                 "v31_h16in_bf16out": ("chunked_v31", torch.float16, torch.bfloat16),
-                "v32_h16in_bf16out": ("chunked_v32", torch.float16, torch.bfloat16)}
+                "v32_h16in_bf16out": ("chunked_v32", torch.float16, torch.bfloat16),
+                "v35_h16in_bf16out": ("chunked_v35", torch.float16, torch.bfloat16)}
 
 
 def prepared_stages(lib, T, gen):
@@ -100,7 +102,9 @@ def run_variant(lib, st, kernel, segment, rows=None, reps=5):
 
 
 def kernel_table(lib, st, kernel, segment, calls=3, rows=None):
-    """GPU ms per call of each kernel of the sparse stage (torch.profiler / CUPTI)."""
+    """GPU ms per call of each kernel of the sparse stage (torch.profiler / CUPTI), and under the
+    name IDLE the GPU's time per call between the stage's kernels (from the first kernel's start
+    to the last one's end, less the time some kernel ran; the calls are issued back to back)."""
     from torch.profiler import ProfilerActivity, profile
     default = hc.sparse_kernel(lib)
     hc.set_sparse(lib, kernel, segment)
@@ -115,6 +119,18 @@ def kernel_table(lib, st, kernel, segment, calls=3, rows=None):
     finally:
         hc.set_sparse(lib, default, 0)
     rows = {}
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range.end > e.time_range.start)
+    if spans:
+        busy, (lo, hi) = 0.0, spans[0]
+        for start, end in spans[1:]:
+            if start > hi:
+                busy, lo, hi = busy + hi - lo, start, end
+            else:
+                hi = max(hi, end)
+        busy += hi - lo
+        idle_us = (max(end for _, end in spans) - spans[0][0]) - busy
+        rows["IDLE"] = (idle_us / 1e3 / calls, len(spans) // calls)
     for e in prof.key_averages():
         us = getattr(e, "device_time_total", None)
         if us is None:

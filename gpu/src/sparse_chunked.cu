@@ -59,7 +59,8 @@
 // "Sparse v26, v27"); chunked_v30 (the default) is v29 with each pair's bucket entry and fp16
 // weights in one 32-byte record written by the weights kernel (no scatter), chunked_v31 v29 with
 // fp16 pair weights, chunked_v32 v30 with the fp16 weights alone (16 bytes for G = 8), the query
-// in their spare bits (gpu/NOTES.md "Sparse v30, v31, v32").
+// in their spare bits (gpu/NOTES.md "Sparse v30, v31, v32"); chunked_v35 is v30 with its kernels
+// after the count chained by programmatic dependent launch (gpu/NOTES.md "Sparse v35").
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -127,6 +128,22 @@ __device__ __forceinline__ void allow_next_grid() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+// chunked_v35: the stage's kernels after the count in one chain of programmatic dependent
+// launches (launch_programmatic with after_previous). Each block of a chained kernel first waits
+// for the previous kernel of the stream (completed, its writes visible), then lets the next
+// kernel launch; the next one thus launches once every block of this one has passed its wait
+// (this kernel's last wave) and its blocks wait in the slots this one leaves. Every block
+// passes the wait before it does anything, so no kernel of the chain completes before its
+// predecessor: the stream's order, without the launch gap between the kernels.
+template <bool kChained>
+__device__ __forceinline__ void wait_previous_then_allow_next() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kChained) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  }
+#endif
+}
 
 __global__ void count_pairs_kernel(const int32_t* selection, int64_t T, int64_t K, int64_t t0,
                                    int64_t tn, int64_t Hkv, int64_t nc, int32_t* counts) {
@@ -145,8 +162,11 @@ struct ItemDesc {
 // Exclusive scans of counts (pair offsets) and of ceil(counts / per_item) (item offsets), one
 // block per query segment (block b: the n + 1 entries from b (n + 1) on); resets counts to zero
 // for the scatter's cursors. offsets/items have n + 1 entries per segment.
+// kChained: chunked_v35 (wait_previous_then_allow_next).
+template <bool kChained = false>
 __global__ void __launch_bounds__(kScanThreads)
     scan_kernel(int32_t* counts, int64_t n, int per_item, int32_t* offsets, int32_t* items) {
+  wait_previous_then_allow_next<kChained>();
   __shared__ int32_t s_pairs[kScanThreads], s_items[kScanThreads];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * (n + 1);
   counts += base, offsets += base, items += base;
@@ -1036,12 +1056,14 @@ __global__ void __launch_bounds__(kPackedThreads, 4)
 // segment's n_items are taken. No block for an item that does not exist (chunk_attention_v9's
 // grid is the bound Hkv seg K / pairs + Hkv nc, ~40% above the items at 512K) and no block
 // launch per item. kQStages, kPairWeights (chunked_v30, v31): chunk_item_v9's.
-template <int G, int kQStages, PairWeights kPairWeights = PairWeights::f32>
+// kChained: chunked_v35 (wait_previous_then_allow_next).
+template <int G, int kQStages, PairWeights kPairWeights = PairWeights::f32, bool kChained = false>
 __global__ void __launch_bounds__(kPackedThreads, 4)
     chunk_attention_persistent_kernel(LaunchParams p, int64_t t0, int64_t seg, int64_t nc,
                                       const int32_t* items, const ItemDesc* item_desc,
                                       const uint32_t* bucket, __half* partial,
                                       const float* pair_weight, int32_t* item_cursor) {
+  wait_previous_then_allow_next<kChained>();
   __shared__ int32_t next_item;
   const int32_t n_items = items[p.Hkv * nc];
   if (threadIdx.x == 0) next_item = atomicAdd(item_cursor, 1);
@@ -1087,26 +1109,29 @@ void launch_chunk_v9(unsigned grid, cudaStream_t stream, const LaunchParams& p, 
 
 // chunked_v26 (kQStages 2), v27 (3): chunk_attention_persistent_kernel with as many blocks as are
 // resident on the device at once (at most `bound`, the items' upper bound); chunked_v30, v31:
-// kPairWeights.
-template <int G, int kQStages, PairWeights kPairWeights = PairWeights::f32>
+// kPairWeights; chunked_v35: kChained (launched in the chain of programmatic launches).
+template <int G, int kQStages, PairWeights kPairWeights = PairWeights::f32, bool kChained = false>
 void launch_chunk_persistent(unsigned bound, cudaStream_t stream, const LaunchParams& p, int64_t t0,
                              int64_t seg, int64_t nc, const int32_t* items, const ItemDesc* item_desc,
                              const uint32_t* bucket, __half* o16, const float* pair_weight,
                              int32_t* item_cursor) {
   constexpr int kBytes = kV9SmemBytes + (kQStages - 2) * kV9Panel;
+  static constexpr auto kernel = chunk_attention_persistent_kernel<G, kQStages, kPairWeights, kChained>;
   static const unsigned resident = [] {
-    cudaFuncSetAttribute(chunk_attention_persistent_kernel<G, kQStages, kPairWeights>,
-                         cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
-    const Residency r = kernel_residency(chunk_attention_persistent_kernel<G, kQStages, kPairWeights>,
-                                         kPackedThreads, kBytes, "sparse stage (persistent chunk kernel)");
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+    const Residency r = kernel_residency(kernel, kPackedThreads, kBytes, "sparse stage (persistent chunk kernel)");
     if (r.blocks_per_sm <= 0)
       throw std::runtime_error("sparse stage: the persistent chunk kernel fits no SM with " +
                                std::to_string(kBytes) + " bytes of shared memory");
     return static_cast<unsigned>(r.blocks());
   }();
-  chunk_attention_persistent_kernel<G, kQStages, kPairWeights>
-      <<<bound < resident ? bound : resident, kPackedThreads, kBytes, stream>>>(
-          p, t0, seg, nc, items, item_desc, bucket, o16, pair_weight, item_cursor);
+  const unsigned grid = bound < resident ? bound : resident;
+  if constexpr (kChained)
+    launch_programmatic(true, kernel, dim3(grid), kPackedThreads, kBytes, stream, p, t0, seg, nc, items, item_desc,
+                        bucket, o16, pair_weight, item_cursor);
+  else
+    chunk_attention_persistent_kernel<G, kQStages, kPairWeights><<<grid, kPackedThreads, kBytes, stream>>>(
+        p, t0, seg, nc, items, item_desc, bucket, o16, pair_weight, item_cursor);
 }
 
 // chunked_v10: v6's chunk kernel whose rows go into an fp16 copy of o (o16) with f16x2 vector
@@ -1263,9 +1288,11 @@ __global__ void __launch_bounds__(256) convert_o16_kernel(LaunchParams p, int64_
 // lanes per 128-byte row), Out = float (the API's o) or __nv_bfloat16 (RowType::bf16); each o16
 // row read is then discarded from the L2 (discard.global.L2: the line is dropped without its
 // write-back to DRAM; o16 is dead until the next call's weights kernel writes every row again).
-template <typename Out>
+// kChained: chunked_v35 (wait_previous_then_allow_next).
+template <typename Out, bool kChained = false>
 __global__ void __launch_bounds__(256) convert_discard_o16_kernel(LaunchParams p, int64_t t0, int64_t tn,
                                                                   __half* o16, Out* o) {
+  wait_previous_then_allow_next<kChained>();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;  // 8-half index
   const int64_t per_head = tn * kTileDim / 8;
   const bool active = i < p.Hq * per_head;  // a 128-byte row's 8 lanes are all active or none
@@ -1668,14 +1695,16 @@ __device__ __forceinline__ void pair_weights_block(unsigned block, const LaunchP
   }
 }
 
+// kChained: chunked_v35 (wait_previous_then_allow_next).
 template <int G, WeightLoads kLoads, bool kQueryMajorO16 = false, typename OSwa = float,
-          PairWeights kPairWeights = PairWeights::f32>
+          PairWeights kPairWeights = PairWeights::f32, bool kChained = false>
 __global__ void __launch_bounds__(kReduceWarps * kWarp,
                                   kLoads == WeightLoads::all_first_half_warps ? 4 : 1)
     fusion_pair_weights_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t nc,
                                const int32_t* selection, const float* selected_score,
                                const OSwa* o_swa, const float* lse_swa, const int32_t* rank,
                                SegmentTables tables, __half* o16, float* lse) {
+  wait_previous_then_allow_next<kChained>();
   pair_weights_block<G, kLoads, kQueryMajorO16, OSwa, kPairWeights>(blockIdx.x, p, t0, tn, nc, selection,
                                                                 selected_score, o_swa, lse_swa, rank,
                                                                 tables, o16, lse);
@@ -1789,13 +1818,15 @@ int log2_describe_lanes(const LaunchParams& p, int64_t seg, int per_item) {
 // pair_weights_block of segment 0 (queries [0, tn): the rest) in one launch of 256-thread blocks:
 // all three read only the count's and the scan's results, so the chunk kernel is the first to
 // need them all. chunked_v30, v31: kPairWeights (v30: no scatter blocks).
-template <int G, typename OSwa, PairWeights kPairWeights>
+// kChained: chunked_v35 (wait_previous_then_allow_next).
+template <int G, typename OSwa, PairWeights kPairWeights, bool kChained = false>
 __global__ void __launch_bounds__(kReduceWarps * kWarp, 4)
     bucket_and_weights_kernel(DescribeArgs describe, unsigned describe_blocks, ScatterArgs scatter,
                               unsigned scatter_blocks, LaunchParams p, int64_t tn, int64_t nc,
                               const int32_t* selection, const float* selected_score, const OSwa* o_swa,
                               const float* lse_swa, const int32_t* rank, SegmentTables tables, __half* o16,
                               float* lse) {
+  wait_previous_then_allow_next<kChained>();
   static_assert(kReduceWarps * kWarp == 256, "the describe and the scatter run 256-thread blocks");
   if (blockIdx.x < describe_blocks)
     describe_segment_items(static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x, describe);
@@ -1807,8 +1838,8 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp, 4)
         lse_swa, rank, tables, o16, lse);
 }
 
-// kPairWeights: chunked_v30's records (scatter_blocks 0) or v31's fp16 weights.
-template <int G, PairWeights kPairWeights>
+// kPairWeights: chunked_v30's records (scatter_blocks 0) or v31's fp16 weights; kChained: chunked_v35.
+template <int G, PairWeights kPairWeights, bool kChained = false>
 void launch_bucket_and_weights(const DescribeArgs& describe, unsigned describe_blocks, const ScatterArgs& scatter,
                                unsigned scatter_blocks, const LaunchParams& p, int64_t tn, int64_t nc,
                                const int32_t* selection, const float* selected_score, const FusionRows& rows,
@@ -1816,7 +1847,18 @@ void launch_bucket_and_weights(const DescribeArgs& describe, unsigned describe_b
                                __half* o16, float* lse, cudaStream_t stream) {
   const unsigned blocks =
       describe_blocks + scatter_blocks + static_cast<unsigned>((p.Hkv * tn + kReduceWarps - 1) / kReduceWarps);
-  if (rows.o_swa_type == RowType::f16)
+  if constexpr (kChained) {
+    if (rows.o_swa_type == RowType::f16)
+      launch_programmatic(true, bucket_and_weights_kernel<G, __half, kPairWeights, true>, dim3(blocks),
+                          kReduceWarps * kWarp, 0, stream, describe, describe_blocks, scatter, scatter_blocks, p,
+                          tn, nc, selection, selected_score, static_cast<const __half*>(rows.o_swa), lse_swa,
+                          rank, tables, o16, lse);
+    else
+      launch_programmatic(true, bucket_and_weights_kernel<G, float, kPairWeights, true>, dim3(blocks),
+                          kReduceWarps * kWarp, 0, stream, describe, describe_blocks, scatter, scatter_blocks, p,
+                          tn, nc, selection, selected_score, static_cast<const float*>(rows.o_swa), lse_swa,
+                          rank, tables, o16, lse);
+  } else if (rows.o_swa_type == RowType::f16)
     bucket_and_weights_kernel<G, __half, kPairWeights><<<blocks, kReduceWarps * kWarp, 0, stream>>>(
         describe, describe_blocks, scatter, scatter_blocks, p, tn, nc, selection, selected_score,
         static_cast<const __half*>(rows.o_swa), lse_swa, rank, tables, o16, lse);
@@ -1850,8 +1892,10 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   // bucket entry and fp16 weights, written by the weights kernel) instead of the scatter and the
   // fp32 pair weights; v31: v29 with fp16 pair weights; v32: v30 with the fp16 weights alone,
   // the query in their spare bits (weight_format below).
+  // v35: v30 with the kernels after the count chained by programmatic dependent launch.
+  const bool chained = kernel == SparseKernel::chunked_v35;
   const bool fp16_weights = kernel == SparseKernel::chunked_v30 || kernel == SparseKernel::chunked_v31 ||
-                            kernel == SparseKernel::chunked_v32;
+                            kernel == SparseKernel::chunked_v32 || chained;
   const bool post_scan_launch = kernel == SparseKernel::chunked_v29 || fp16_weights;
   const bool describe_lanes = kernel == SparseKernel::chunked_v28 || post_scan_launch;
   const bool persistent = kernel == SparseKernel::chunked_v26 || kernel == SparseKernel::chunked_v27 ||
@@ -1899,8 +1943,9 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   const PairWeights weight_format =
       kernel == SparseKernel::chunked_v31 ? PairWeights::f16
       : kernel == SparseKernel::chunked_v32 && G % 8 == 0 && seg <= kPackedQueryLimit ? PairWeights::f16_packed
-      : kernel == SparseKernel::chunked_v30 || kernel == SparseKernel::chunked_v32 ? PairWeights::f16_records
-                                                                                   : PairWeights::f32;
+      : kernel == SparseKernel::chunked_v30 || kernel == SparseKernel::chunked_v32 || chained
+          ? PairWeights::f16_records
+          : PairWeights::f32;
   // Records and packed weights carry each pair's query: no scatter, no bucket.
   const bool records = weight_format == PairWeights::f16_records || weight_format == PairWeights::f16_packed;
   const int64_t n_pairs = p.Hkv * p.T * p.K, bucket_stride = p.Hkv * seg * p.K;
@@ -1981,8 +2026,12 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
       count_rank_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, TK, K, seg32, nc32, n_ch32,
                                                            n_pairs32, counts, rank);
     }
-    scan_kernel<<<static_cast<unsigned>(n_seg), kScanThreads, 0, stream>>>(counts, n_ch, kPairs,
-                                                                           offsets, items);
+    if (chained)
+      launch_programmatic(true, scan_kernel<true>, dim3(static_cast<unsigned>(n_seg)), kScanThreads, 0, stream,
+                          counts, n_ch, kPairs, offsets, items);
+    else
+      scan_kernel<false><<<static_cast<unsigned>(n_seg), kScanThreads, 0, stream>>>(counts, n_ch, kPairs,
+                                                                                    offsets, items);
     const DescribeArgs describe{offsets, items, n_ch, n_seg, max_items, kPairs,
                                 describe_lanes ? log2_describe_lanes(p, seg, kPairs) : 0, item_desc};
     const auto describe_blocks =
@@ -1990,7 +2039,8 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
     const ScatterArgs scatter{selection, rank, TK, K, seg32, nc32, n_ch32, n_pairs32, offsets, bucket_stride,
                               bucket};
     if (post_scan_launch) {  // chunked_v29: with segment 0's pair weights; v30: no scatter
-      (weight_format == PairWeights::f16_packed    ? launch_bucket_and_weights<G, packed_or_records<G>()>
+      (chained ? launch_bucket_and_weights<G, PairWeights::f16_records, true>
+       : weight_format == PairWeights::f16_packed  ? launch_bucket_and_weights<G, packed_or_records<G>()>
        : weight_format == PairWeights::f16_records ? launch_bucket_and_weights<G, PairWeights::f16_records>
        : weight_format == PairWeights::f16         ? launch_bucket_and_weights<G, PairWeights::f16>
                                                    : launch_bucket_and_weights<G, PairWeights::f32>)(
@@ -2006,10 +2056,18 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
     const SegmentTables tables = segment_tables(t0);
     auto* o16 = o16_of();
     const auto launch = [&](auto kernel_fn) {
-      launch_after_previous(after_previous, kernel_fn, group_blocks, kReduceWarps * kWarp, 0, stream, p,
-                            t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank, tables, o16, lse);
+      launch_after_previous(after_previous || chained, kernel_fn, group_blocks, kReduceWarps * kWarp, 0, stream,
+                            p, t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank, tables, o16, lse);
     };
-    if (rows.o_swa_type == RowType::f16) {  // chunked_v24 to v30 only (fusion_rows_apply)
+    if (chained) {  // chunked_v35: v30's weights kernel in the chain
+      constexpr auto kLoads = WeightLoads::all_first_half_warps;
+      if (rows.o_swa_type == RowType::f16)
+        launch_programmatic(true, fusion_pair_weights_kernel<G, kLoads, false, __half, PairWeights::f16_records, true>,
+                            dim3(group_blocks), kReduceWarps * kWarp, 0, stream, p, t0, tn, nc, selection,
+                            selected_score, static_cast<const __half*>(rows.o_swa), lse_swa, rank, tables, o16, lse);
+      else
+        launch(fusion_pair_weights_kernel<G, kLoads, false, float, PairWeights::f16_records, true>);
+    } else if (rows.o_swa_type == RowType::f16) {  // chunked_v24 to v35 only (fusion_rows_apply)
       constexpr auto kLoads = WeightLoads::all_first_half_warps;
       const auto kernel_fn =
           weight_format == PairWeights::f16_packed
@@ -2059,6 +2117,10 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
         constexpr int kBytes = kWarpsPerBlock * 2 * 16 * kTilePitch * sizeof(__nv_bfloat16);
         if (weight_format == PairWeights::f16_packed)  // the segment's packed weights in place of the bucket
           launch_chunk_persistent<G, 2, packed_or_records<G>()>(
+              grid, stream, p, t0, seg, nc, items + s * (n_ch + 1), item_desc + s * max_items,
+              reinterpret_cast<const uint32_t*>(pair_weight), o16, pair_weight, item_cursor + s);
+        else if (chained)  // chunked_v35: v30's in the chain
+          launch_chunk_persistent<G, 2, PairWeights::f16_records, true>(
               grid, stream, p, t0, seg, nc, items + s * (n_ch + 1), item_desc + s * max_items,
               reinterpret_cast<const uint32_t*>(pair_weight), o16, pair_weight, item_cursor + s);
         else if (weight_format == PairWeights::f16_records)  // the segment's pair records in place of the bucket
@@ -2113,7 +2175,13 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
       const auto convert_blocks = static_cast<unsigned>((halves2 + 255) / 256);
       if (discard_convert) {
         const auto blocks8 = static_cast<unsigned>((p.Hq * tn * kTileDim / 8 + 255) / 256);
-        if (rows.o_type == RowType::bf16)
+        if (chained && rows.o_type == RowType::bf16)
+          launch_programmatic(true, convert_discard_o16_kernel<__nv_bfloat16, true>, dim3(blocks8), 256, 0, stream,
+                              p, t0, tn, o16, static_cast<__nv_bfloat16*>(rows.o));
+        else if (chained)
+          launch_programmatic(true, convert_discard_o16_kernel<float, true>, dim3(blocks8), 256, 0, stream, p, t0,
+                              tn, o16, o);
+        else if (rows.o_type == RowType::bf16)
           convert_discard_o16_kernel<<<blocks8, 256, 0, stream>>>(p, t0, tn, o16,
                                                                   static_cast<__nv_bfloat16*>(rows.o));
         else
@@ -2192,7 +2260,7 @@ void launch_chunked_g(const LaunchParams& p, const int32_t* selection,
     if (n_ch > 0 && n_pairs > 0) {
       const unsigned blocks = static_cast<unsigned>((n_pairs + 255) / 256);
       count_pairs_kernel<<<blocks, 256, 0, stream>>>(selection, p.T, p.K, t0, tn, p.Hkv, nc, counts);
-      scan_kernel<<<1, kScanThreads, 0, stream>>>(counts, n_ch, kPairs, offsets, items);
+      scan_kernel<false><<<1, kScanThreads, 0, stream>>>(counts, n_ch, kPairs, offsets, items);
       if (described)
         describe_items_kernel<<<static_cast<unsigned>((n_ch + 255) / 256), 256, 0, stream>>>(
             offsets, items, n_ch, kPairs, item_desc);
@@ -2236,7 +2304,7 @@ bool fusion_rows_apply(SparseKernel kernel) {
          kernel == SparseKernel::chunked_v26 || kernel == SparseKernel::chunked_v27 ||
          kernel == SparseKernel::chunked_v28 || kernel == SparseKernel::chunked_v29 ||
          kernel == SparseKernel::chunked_v30 || kernel == SparseKernel::chunked_v31 ||
-         kernel == SparseKernel::chunked_v32;
+         kernel == SparseKernel::chunked_v32 || kernel == SparseKernel::chunked_v35;
 }
 
 void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
@@ -2260,7 +2328,7 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
       kernel == SparseKernel::chunked_v26 || kernel == SparseKernel::chunked_v27 ||
       kernel == SparseKernel::chunked_v28 || kernel == SparseKernel::chunked_v29 ||
       kernel == SparseKernel::chunked_v30 || kernel == SparseKernel::chunked_v31 ||
-      kernel == SparseKernel::chunked_v32) {
+      kernel == SparseKernel::chunked_v32 || kernel == SparseKernel::chunked_v35) {
     switch (p.Hq / p.Hkv) {
       case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, rows, lse_swa, lse, kernel, stream);
       case 2: return launch_bucketed_once_g<2>(p, selection, selected_score, rows, lse_swa, lse, kernel, stream);
