@@ -18,11 +18,24 @@ in an input, an unknown spec key or output name, a value out of range), naming t
 """
 
 import json
+import os
+import sys
 from collections.abc import Mapping
 
 import numpy as np
 
-from . import _core
+try:
+    from . import _core
+except ImportError as error:
+    # A build for another interpreter (another Python version) left a _core this one cannot
+    # load; Python's own message ("cannot import name '_core'") names neither.
+    _here = os.path.dirname(os.path.abspath(__file__))
+    _built = sorted(name for name in os.listdir(_here) if name.startswith("_core"))
+    raise ImportError(
+        f"hils: the compiled module hils._core in {_here} cannot be loaded by this Python "
+        f"({sys.executable}, {sys.version.split()[0]}): found {', '.join(_built) or 'no _core file'}"
+        f" ({error}); build hils with this interpreter (cmake -DPython_EXECUTABLE="
+        f"{sys.executable}, or pip install .) or run the one it was built for") from error
 from ._core import Report, SelectionReport, TensorReport
 
 __all__ = ["verify", "Verifier", "reference", "as_numpy", "Report", "TensorReport", "SelectionReport"]

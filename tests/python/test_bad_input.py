@@ -3,6 +3,10 @@ ValueError (wrong shape, NaN/Inf input, unknown key, value out of range) naming 
 nothing crashes the interpreter. Odd but valid layouts (non-contiguous, Fortran order, float16,
 float64, nested lists) give the same verdict as the plain float32 array."""
 
+import os
+import shutil
+import subprocess
+import sys
 import threading
 import time
 
@@ -193,6 +197,23 @@ def test_an_array_too_large_for_memory_is_a_value_error_naming_it(good):
     check(ValueError, lambda: hils.reference(SPEC, huge, k, v),
           "q: expected an array whose float64 values fit in 80% of",
           "found shape [8, 1099511627776, 16], about 1.02e+03 TiB")
+
+
+def test_a_module_built_for_another_python_is_named_on_import(tmp_path):
+    # The package beside a _core built for another Python version: Python alone said "cannot
+    # import name '_core' from partially initialized module 'hils'".
+    package = tmp_path / "hils"
+    package.mkdir()
+    source = os.path.dirname(hils.__file__)
+    for name in ("__init__.py", "testing.py"):
+        shutil.copy(os.path.join(source, name), package / name)
+    (package / "_core.cpython-399-x86_64-linux-gnu.so").write_bytes(b"")
+    result = subprocess.run([sys.executable, "-c", "import hils"], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert result.returncode != 0
+    assert "hils: the compiled module hils._core in " + str(package) in result.stderr, result.stderr
+    assert "found _core.cpython-399-x86_64-linux-gnu.so" in result.stderr, result.stderr
+    assert sys.executable in result.stderr
 
 
 def test_odd_layouts_give_the_same_verdict(good):
