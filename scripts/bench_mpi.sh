@@ -17,7 +17,7 @@ s = time.time(); subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVN
 print(f"{time.time() - s:.2f}")' "$@"
 }
 
-study=(fidelity --lengths 1024 2048 4096 --layers 2 --queries 32)
+study=(fidelity --lengths 1024 2048 4096 --n-layers 2 --queries 32)
 echo "machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "study: hils ${study[*]} (synthetic, Hq 4, Hkv 2, d 64: 12 units)"
 echo "N=1 (one process, $(nproc) OpenMP threads): $(wall "$hils" -q "${study[@]}" --out n1.h5) s"
@@ -27,7 +27,7 @@ echo "N=3 (2 workers x 1 OpenMP thread):         $(wall mpirun --oversubscribe -
 costs=()
 for T in 1024 2048 4096 8192; do
   # One layer: Hkv = 2 units, plus the start-up (measured alone at the smallest length).
-  t=$(wall "$hils" -q fidelity --lengths "$T" --layers 1 --queries 32 --out "unit_$T.h5")
+  t=$(wall "$hils" -q fidelity --lengths "$T" --n-layers 1 --queries 32 --out "unit_$T.h5")
   echo "T=$T: 2 units in $t s"
   costs+=(--cost "$T=$(/usr/bin/python3 -c "print($t / 2)")")
 done

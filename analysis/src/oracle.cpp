@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -109,6 +111,13 @@ std::vector<Matrix<double>> trim_chunk_columns(const std::string& name,
   return out;
 }
 
+// A fusion computed at its first use, once, whichever thread asks first (Verifier::verify is
+// const and may run on several threads).
+struct OnceFusion {
+  std::once_flag once;
+  std::vector<HeadOutputs<double>> heads;
+};
+
 // Everything verify() works on, computed once.
 struct Context {
   MechanismSpec spec;
@@ -123,12 +132,13 @@ struct Context {
   int64_t G = 1;
   std::vector<Matrix<double>> conditioning;  // per KV group: score_conditioning
   // The fusion of the reference's own selection (truth.selection) in double and float, and in
-  // double with the logit scale moved (lse_scale_sensitivity; only where check_lse_shifts can
-  // run): a kernel's fusion takes their rows wherever it selected as the reference did
-  // (fusion_from_own). Filled by add_own_fusions.
+  // double with the logit scale moved (lse_scale_sensitivity): a kernel's fusion takes their
+  // rows wherever it selected as the reference did (fusion_from_own). own_truth and own_base
+  // are filled by add_own_fusions; own_scaled by its first use (own_scaled_fusion), since only
+  // a kernel that gives a bf16 lse needs it. Behind a pointer, so the context stays movable.
   std::vector<HeadOutputs<double>> own_truth;
   std::vector<HeadOutputs<float>> own_base;
-  std::vector<HeadOutputs<double>> own_scaled;
+  std::shared_ptr<OnceFusion> own_scaled = std::make_shared<OnceFusion>();
 };
 
 // Inputs in double -> the same inputs rounded to float (the baseline's inputs). A value beyond
@@ -187,7 +197,7 @@ Context make_context(const MechanismSpec& spec, const AttentionInputs<double>& i
   Context ctx{spec, options,
               options.precision == InputPrecision::bf16 ? round_inputs_to_bf16(inputs) : inputs,
               {}, geometry_of(spec, inputs.T()), resolve_queries(options.queries, inputs.T()),
-              {}, {}, {}, inputs.Hq() / inputs.Hkv(), {}, {}, {}, {}};
+              {}, {}, {}, inputs.Hq() / inputs.Hkv(), {}, {}, {}};
   ctx.inputs_float = to_float(ctx.inputs);
   ctx.magnitude = magnitudes_of(spec, ctx.inputs, ctx.geometry);
   RunOptions run;
@@ -433,8 +443,16 @@ void add_own_fusions(Context& ctx) {
   const auto& selection = ctx.truth.selection;
   ctx.own_truth = forced_fusion(ctx.spec, ctx.inputs, selection, ctx.queries);
   ctx.own_base = forced_fusion(ctx.spec, ctx.inputs_float, selection, ctx.queries);
-  if (lse_shifts_apply(ctx))
-    ctx.own_scaled = forced_fusion(scale_moved(ctx), ctx.inputs, selection, ctx.queries);
+}
+
+// The fusion of the reference's own selection with the logit scale moved (scale_moved),
+// computed at the first call.
+const std::vector<HeadOutputs<double>>& own_scaled_fusion(const Context& ctx) {
+  OnceFusion& f = *ctx.own_scaled;
+  std::call_once(f.once, [&] {
+    f.heads = forced_fusion(scale_moved(ctx), ctx.inputs, ctx.truth.selection, ctx.queries);
+  });
+  return f.heads;
 }
 
 // forced_fusion(spec, inputs, selection, ctx.queries), given `own`, the same fusion of the
@@ -910,7 +928,8 @@ bool shape_problems_free(const std::vector<Matrix<double>>& kernel,
 // A logit scale off by a fraction delta moves every row by delta g_r to first order.
 RowWeights lse_scale_sensitivity(const Context& ctx, const std::vector<IndexMatrix>& selection,
                                  const std::vector<HeadOutputs<double>>& truth) {
-  const auto moved = fusion_from_own(ctx, scale_moved(ctx), ctx.inputs, selection, ctx.own_scaled);
+  const auto moved = fusion_from_own(ctx, scale_moved(ctx), ctx.inputs, selection,
+                                     own_scaled_fusion(ctx));
   RowWeights g;
   for (size_t h = 0; h < truth.size(); ++h) g.push_back((moved[h].lse - truth[h].lse) / kScaleEta);
   return g;

@@ -4,6 +4,7 @@
 // surrogate_scores, fuse), so that reference/ needs no hook for the oracle and the oracle keeps
 // no copy of the fusion mathematics.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -209,12 +210,19 @@ Matrix<double> group_scores(const std::vector<Matrix<Scalar>>& scores,
   return r;
 }
 
+namespace {
+std::atomic<int64_t> forced_fusion_count{0};
+}  // namespace
+
+int64_t forced_fusion_runs() { return forced_fusion_count.load(); }
+
 template <class Scalar>
 std::vector<HeadOutputs<Scalar>> forced_fusion(const MechanismSpec& spec,
                                                const AttentionInputs<Scalar>& inputs,
                                                const std::vector<IndexMatrix>& selection,
                                                const std::vector<int64_t>& queries) {
   // Hkv x [Tq x K] selection -> Hq heads of o [Tq x dv], lse [Tq], fusion weights [Tq x K+2].
+  ++forced_fusion_count;
   require(spec.selects(), "spec.fusion", "flat or hierarchical (a mechanism that selects)",
           to_string(spec.fusion));
   require(static_cast<int64_t>(selection.size()) == inputs.Hkv(), "selection",

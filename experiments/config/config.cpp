@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <sstream>
 
@@ -15,6 +16,35 @@
 namespace hils::config {
 
 namespace {
+
+// The first inf or nan that `node` holds -> io::FileError naming its key and line. No setting
+// of the project takes one, and the JSON the document becomes would hold them as the strings
+// "Infinity" and "NaN", which the settings' readers would report as strings the user never wrote.
+// `where`: the node's key as the readers name it ("[run].rope_theta", "[[mechanism]] #1.scale").
+void require_finite_numbers(const toml::node& node, const std::string& where,
+                            const std::filesystem::path& path) {
+  if (const auto* table = node.as_table()) {
+    for (const auto& [key, value] : *table) {
+      const std::string name(key.str());
+      const std::string top = value.is_table()             ? "[" + name + "]"
+                              : value.is_array_of_tables() ? "[[" + name + "]]"
+                                                           : name;
+      require_finite_numbers(value, where.empty() ? top : where + "." + name, path);
+    }
+  } else if (const auto* array = node.as_array()) {
+    for (size_t i = 0; i < array->size(); ++i)
+      require_finite_numbers(*array->get(i),
+                             array->is_array_of_tables()
+                                 ? fmt::format("{} #{}", where, i + 1)
+                                 : fmt::format("{}[{}]", where, i),
+                             path);
+  } else if (const auto* number = node.as_floating_point()) {
+    const double x = number->get();
+    if (std::isfinite(x)) return;
+    io::fail(path, fmt::format("{} (line {})", where, node.source().begin.line), "a finite number",
+             std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf");
+  }
+}
 
 // path -> the TOML document as JSON, or io::FileError naming the file, line and column.
 nlohmann::json parse_toml_file(const std::filesystem::path& path) {
@@ -36,6 +66,7 @@ nlohmann::json parse_toml_file(const std::filesystem::path& path) {
     io::fail(path, fmt::format("line {} column {}", begin.line, begin.column), "valid TOML",
              std::string(e.description()));
   }
+  require_finite_numbers(table, "", path);
   std::stringstream text;
   text << toml::json_formatter{table};
   return nlohmann::json::parse(text.str());

@@ -56,7 +56,10 @@ StudyInputs synthetic_study_inputs(const SyntheticParams& params, const Position
   };
   return {{"synthetic", n_layers, lengths, positioned},
           {"synthetic", n_layers, lengths, raw},
-          synthetic_description(params)};
+          synthetic_description(params),
+          params.Hq,
+          params.Hkv,
+          params.value_dim()};
 }
 
 StudyInputs model_study_inputs(const ModelFiles& files, int64_t n_layers,
@@ -88,7 +91,10 @@ StudyInputs model_study_inputs(const ModelFiles& files, int64_t n_layers,
           {name, n_layers, lengths, raw},
           {{"kind", "model"},
            {"model", files.model.filename().string()},
-           {"text", files.text.filename().string() + ", first T tokens, BOS first"}}};
+           {"text", files.text.filename().string() + ", first T tokens, BOS first"}},
+          trace->config.n_heads,
+          trace->config.n_kv_heads,
+          trace->config.head_dim()};
 }
 
 StudyInputs activation_study_inputs(const std::filesystem::path& file, int64_t n_layers,
@@ -115,7 +121,10 @@ StudyInputs activation_study_inputs(const std::filesystem::path& file, int64_t n
   };
   return {{name, n_layers, lengths, positioned},
           {name, n_layers, lengths, raw},
-          {{"kind", "activations"}, {"path", file.string()}, {"provenance", meta->source}}};
+          {{"kind", "activations"}, {"path", file.string()}, {"provenance", meta->source}},
+          meta->Hq,
+          meta->Hkv,
+          meta->dv};
 }
 
 }  // namespace hils::sources

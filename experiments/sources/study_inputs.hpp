@@ -22,6 +22,9 @@ namespace hils::sources {
 struct StudyInputs {
   analysis::StudySource positioned, raw;
   nlohmann::json description;
+  // Every layer's query and KV heads and value width, known before any layer is loaded (for
+  // the size checks made up front).
+  int64_t Hq = 0, Hkv = 0, dv = 0;
 };
 
 // Synthetic: layer l at length T is draw_layer(params with T, l) with the study's S and

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <limits>
 
+#include "hils/memory.hpp"
+
 namespace hils::python {
 
 namespace {
@@ -77,12 +79,25 @@ std::string index_text(const FloatArray& d, py::ssize_t flat) {
   return text + "] (flat index " + std::to_string(flat) + ")";
 }
 
+// The array's float64 values, copied here and again into the reference's heads, within the
+// memory this process may use (hils/memory.hpp): a larger array (a broadcast view, a memory-mapped
+// dump) ended in numpy's MemoryError, swallowed into "not convertible to float64", or in an
+// out-of-memory kill, neither naming the argument or its size.
+void require_fits_in_memory(const std::string& name, const py::array& a) {
+  const double bytes = static_cast<double>(a.size()) * sizeof(double);
+  const MemoryLimit memory = memory_limit();
+  if (bytes < 0.8 * memory.bytes) return;
+  throw py::value_error(message(name, "an array whose float64 values fit in 80% of " + memory.text,
+                                "shape " + dims_text(a) + ", about " + bytes_text(bytes)));
+}
+
 // The array's values as C-ordered doubles (a copy for other dtypes or strides).
 FloatArray doubles_of(const std::string& name, const py::handle& object, const ArrayShape& shape,
                       bool finite_only) {
   const py::array a = require_array(name, object);
   require_kind(name, a, false);
   require_dims(name, a, shape);
+  require_fits_in_memory(name, a);
   FloatArray d = FloatArray::ensure(a);
   if (!d) throw py::type_error(message(name, "values convertible to float64", "an array that is not"));
   const double* data = d.data();

@@ -23,6 +23,17 @@ std::string count_text(double count) {
   return text;
 }
 
+// The values one head keeps per query row: o, lse, the K + 2 fusion weights and the kept
+// outputs. In double: K + 2 overflows int64 for a K near its maximum.
+double values_per_row(const MechanismSpec& spec, int64_t T, int64_t dv, const RunOptions& options) {
+  const double chunks = static_cast<double>(T / spec.S);
+  double per_row = static_cast<double>(dv) + 3.0 + static_cast<double>(spec.K);
+  if (options.keep_surrogate_scores) per_row += chunks;
+  if (options.keep_exact_scores) per_row += chunks;
+  if (options.keep_window) per_row += static_cast<double>(dv + 1);
+  return per_row;
+}
+
 // Refuses runs whose outputs cannot fit in the memory this process may use (hils/memory.hpp),
 // before allocating anything.
 // The message names the sizes a user sets (spec.K, the sampled queries, kept scores), not the
@@ -31,13 +42,9 @@ template <class Scalar>
 void require_outputs_fit(const MechanismSpec& spec, const AttentionInputs<Scalar>& inputs,
                          const RunOptions& options, int64_t rows) {
   const double chunks = static_cast<double>(inputs.T() / spec.S);
-  // In double: K + 2 overflows int64 for a K near its maximum.
-  double per_row = static_cast<double>(inputs.dv()) + 3.0 + static_cast<double>(spec.K);
-  if (options.keep_surrogate_scores) per_row += chunks;
-  if (options.keep_exact_scores) per_row += chunks;
-  if (options.keep_window) per_row += static_cast<double>(inputs.dv() + 1);
-  const double bytes = static_cast<double>(rows) * static_cast<double>(inputs.Hq()) * per_row *
-                       static_cast<double>(sizeof(Scalar));
+  const double per_row = values_per_row(spec, inputs.T(), inputs.dv(), options);
+  const double bytes =
+      outputs_bytes(spec, inputs.T(), inputs.Hq(), inputs.dv(), options, rows, sizeof(Scalar));
   const MemoryLimit memory = memory_limit();
   if (bytes < 0.8 * memory.bytes) return;
   // fusion_weights hold K + 2 columns per row; a K beyond the chunk count selects nothing more.
@@ -258,6 +265,12 @@ MechanismOutputs<Scalar> run_validated(const MechanismSpec& spec,
 }
 
 }  // namespace
+
+double outputs_bytes(const MechanismSpec& spec, int64_t T, int64_t Hq, int64_t dv,
+                     const RunOptions& options, int64_t rows, int64_t scalar_bytes) {
+  return static_cast<double>(rows) * static_cast<double>(Hq) *
+         values_per_row(spec, T, dv, options) * static_cast<double>(scalar_bytes);
+}
 
 template <class Scalar>
 MechanismOutputs<Scalar> run_mechanism(const MechanismSpec& spec,

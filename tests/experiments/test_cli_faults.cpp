@@ -217,7 +217,7 @@ TEST_CASE("study flags out of range are refused naming the flag and the expected
       {"--S 0", "-S,--chunk: expected an integer >= 1, got 0"},
       {"-W 0", "-W,--window: expected an integer >= 1, got 0"},
       {"--queries 0", "--queries: expected an integer >= 1, got 0"},
-      {"--layers 0", "--layers: expected an integer >= 1, got 0"}};
+      {"--n-layers 0", "--n-layers: expected an integer >= 1, got 0"}};
   for (const auto& [flag, message] : cases) {
     auto r = run_hils("fidelity --out " + quoted(dir / "f.h5") + " --lengths 1024 -q " + flag);
     INFO(flag + "\n" + r.output);

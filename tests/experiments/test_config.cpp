@@ -255,6 +255,27 @@ TEST_CASE("TOML reader: typed values name the key and the expected type", "[conf
   CHECK(ConfigValues().file() == "(defaults)");
 }
 
+TEST_CASE("TOML reader: inf and nan are refused naming the key and the line", "[config]") {
+  // TOML has inf and nan; no setting takes one. They were passed on as the JSON strings
+  // "Infinity" and "NaN": `expected a number, got string "Infinity"` for `rope_theta = inf`.
+  using hils::config::load_toml;
+  TempDir dir("config_non_finite");
+  const auto theta = toml_file(dir, "theta.toml", "[run]\nrope_theta = inf\n");
+  CHECK(message_of([&] { load_toml(theta, hils::config::run_schema()); }) ==
+        theta + ": [run].rope_theta (line 2): expected a finite number, found inf");
+  const auto scale = toml_file(dir, "scale.toml",
+                               "[[mechanism]]\npreset = \"full\"\n"
+                               "[[mechanism]]\npreset = \"hils\"\nscale = -inf\n");
+  CHECK(message_of([&] { load_toml(scale, hils::config::run_schema()); }) ==
+        scale + ": [[mechanism]] #2.scale (line 5): expected a finite number, found -inf");
+  const auto depths = toml_file(dir, "depths.toml", "[extrapolation]\ndepths = [0.0, nan]\n");
+  CHECK(message_of([&] { load_toml(depths, hils::config::study_schema()); }) ==
+        depths + ": [extrapolation].depths[1] (line 2): expected a finite number, found nan");
+  // Finite numbers, large ones included, pass.
+  const auto large = toml_file(dir, "large.toml", "[run]\nrope_theta = 1e300\n");
+  CHECK(message_of([&] { load_toml(large, hils::config::run_schema()); }).empty());
+}
+
 TEST_CASE("TOML reader: every shipped config loads under one command's schema", "[config]") {
   const std::vector<const hils::config::TomlSchema*> schemas = {
       &hils::config::run_schema(), &hils::config::synthetic_schema(),

@@ -19,7 +19,7 @@ same() { /usr/bin/python3 "$here/compare_results.py" "$1" "$2"; }
 fail() { echo "FAIL: $*"; exit 1; }
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 
-small=(--lengths 256 512 --layers 3 --queries 8 --mechanisms mean taylor_entropy)
+small=(--lengths 256 512 --n-layers 3 --queries 8 --mechanisms mean taylor_entropy)
 
 if [[ $case_name == same_results ]]; then
   # W = 128 so that T = 256 and 512 have queries with retrieval candidates (fidelity refuses none).
@@ -27,11 +27,11 @@ if [[ $case_name == same_results ]]; then
   mpi 2 fidelity --out fidelity_2.h5 "${small[@]}" --W 128
   mpi 3 fidelity --out fidelity_3.h5 "${small[@]}" --W 128
   same fidelity_1.h5 fidelity_2.h5 && same fidelity_1.h5 fidelity_3.h5
-  "$hils" -q overlap --out overlap_1.h5 --lengths 256 512 --layers 2 --W 128
-  mpi 3 overlap --out overlap_3.h5 --lengths 256 512 --layers 2 --W 128
+  "$hils" -q overlap --out overlap_1.h5 --lengths 256 512 --n-layers 2 --W 128
+  mpi 3 overlap --out overlap_3.h5 --lengths 256 512 --n-layers 2 --W 128
   same overlap_1.h5 overlap_3.h5
   # Extrapolation runs several unit lists in turn (per encoding: fidelity, then needles).
-  extra=(--lengths 256 512 --layers 1 --queries 4 --S 32 --W 128)
+  extra=(--lengths 256 512 --n-layers 1 --queries 4 --S 32 --W 128)
   "$hils" -q extrapolate --out extrapolate_1.h5 "${extra[@]}"
   mpi 3 extrapolate --out extrapolate_3.h5 "${extra[@]}"
   same extrapolate_1.h5 extrapolate_3.h5

@@ -238,7 +238,7 @@ TEST_CASE("a study's [source] table takes the generator keys of hils dump synthe
   std::ofstream(dir / "topics.toml") << "[source]\ngenerator = \"topics\"\ntopic_share = 0.9\n"
                                         "d = 32\nseed = 3\n";
   auto r = hils::test::run_hils("fidelity --config " + q(dir / "topics.toml") + " --out " +
-                                q(dir / "f.h5") + " --lengths 1024 --layers 1 --queries 4 -q");
+                                q(dir / "f.h5") + " --lengths 1024 --n-layers 1 --queries 4 -q");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   auto info = hils::test::run_hils("info " + q(dir / "f.h5") + " --json");

@@ -29,20 +29,57 @@ TEST_CASE("study counts given as -1 are checked, not taken for 'not given'", "[c
   for (const std::string study : {"fidelity", "overlap", "extrapolate"}) {
     require_refused(dir, study + " --lengths 1024 --queries -1",
                     "--queries: expected an integer >= 1, got -1");
-    require_refused(dir, study + " --lengths 1024 --layers -1",
-                    "--layers: expected an integer >= 1, got -1");
+    require_refused(dir, study + " --lengths 1024 --n-layers -1",
+                    "--n-layers: expected an integer >= 1, got -1");
   }
 }
 
 TEST_CASE("the synthetic source draws at most 128 layers", "[cli][study]") {
   TempDir dir("study_layer_limit");
-  require_refused(dir, "fidelity --lengths 1024 --layers 1000000",
-                  "--layers: expected at most 128 layers for the synthetic source");
-  require_refused(dir, "fidelity --lengths 1024 --layers 129", "got 129");
+  require_refused(dir, "fidelity --lengths 1024 --n-layers 1000000",
+                  "--n-layers: expected at most 128 layers for the synthetic source");
+  require_refused(dir, "fidelity --lengths 1024 --n-layers 129", "got 129");
   std::ofstream(dir / "layers.toml") << "[source]\nlayers = 500\n";
   require_refused(dir, "fidelity --lengths 1024 -c " + quoted(dir / "layers.toml"),
-                  "--layers (or [source] layers in " + (dir / "layers.toml").string() +
+                  "--n-layers (or [source] layers in " + (dir / "layers.toml").string() +
                       "): expected at most 128 layers");
+}
+
+TEST_CASE("a K whose outputs cannot fit in memory is refused before any unit, with its range",
+          "[cli][study]") {
+  // 32 queries x 8 heads x 1e9 values of K is 2 TB at any length: was refused by the
+  // reference's check ("spec.K: expected outputs ...") only when the first unit ran.
+  TempDir dir("study_huge_k");
+  for (const std::string study : {"fidelity", "overlap", "extrapolate"})
+    require_refused(dir, study + " --lengths 1024 -K 1000000000",
+                    "-K,--top-k: expected an integer in [0, ");
+  require_refused(dir, "fidelity --lengths 1024 -K 1000000000", "], got 1000000000");
+  std::ofstream(dir / "k.toml") << "[geometry]\nK = 1000000000\n";
+  require_refused(dir, "fidelity --lengths 1024 -c " + quoted(dir / "k.toml"),
+                  "-K,--top-k (or [geometry] K in " + (dir / "k.toml").string() +
+                      "): expected an integer in [0, ");
+}
+
+TEST_CASE("the studies' count of layers is --n-layers and its old name --layers still counts",
+          "[cli][study]") {
+  // `hils run --layers 1,0,2` lists layer indices; the studies' count had the same name.
+  TempDir dir("study_n_layers");
+  for (const std::string study : {"fidelity", "overlap", "extrapolate"}) {
+    const auto help = run_hils(study + " --help");
+    INFO(help.output);
+    CHECK_THAT(help.output, Catch::Contains("--n-layers"));
+    CHECK_THAT(help.output, !Catch::Contains("--layers"));  // the old name is hidden
+  }
+  // The old name is the same count (129 > the synthetic limit), and a note names the new one.
+  const auto old = run_hils("fidelity --lengths 1024 --layers 129 --out " + quoted(dir / "f.h5"));
+  INFO(old.output);
+  CHECK(old.exit_code == 2);
+  CHECK_THAT(old.output, Catch::Contains("--n-layers: expected at most 128 layers") &&
+                             Catch::Contains("call it --n-layers now"));
+  CHECK_FALSE(std::filesystem::exists(dir / "f.h5"));
+  const auto quiet = run_hils("-q fidelity --lengths 1024 --n-layers 129 --out " +
+                              quoted(dir / "f.h5"));
+  CHECK_THAT(quiet.output, !Catch::Contains("call it --n-layers now"));
 }
 
 TEST_CASE("context lengths without a retrieval candidate are refused naming --lengths",

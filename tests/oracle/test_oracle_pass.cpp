@@ -50,6 +50,44 @@ TEST_CASE("a bf16 kernel passes under the bf16 policy and fails under fp32", "[o
   }
 }
 
+TEST_CASE("verify fuses with the moved logit scale only for a kernel that gives a bf16 lse",
+          "[oracle]") {
+  // The lse check of a hierarchical kernel with bf16 scores needs the fusion of the reference's
+  // selection at a moved logit scale; a kernel without lse never uses it. The kernel here is the
+  // double reference on the bf16 inputs: its selection is the reference's, so no query block is
+  // fused again and the count is the oracle's own fusions: truth and float baseline (2), plus
+  // the moved scale (1) when an lse is compared.
+  const auto& c = case_named("gqa_group4");
+  const auto inputs = cases::make_inputs<double>(c);
+  MechanismSpec spec = preset("hils");
+  spec.S = c.S, spec.W = c.W, spec.K = c.K;
+  VerifyOptions options{InputPrecision::bf16};
+  options.score_precision = InputPrecision::bf16;
+  const auto run = run_mechanism(spec, round_inputs_to_bf16(inputs));
+  KernelOutputs with_lse;
+  for (const auto& h : run.heads) with_lse.o.push_back(h.o), with_lse.lse.push_back(h.lse);
+  with_lse.selection = run.selection;
+  KernelOutputs without_lse = with_lse;
+  without_lse.lse.clear();
+  auto fusions_of = [](const auto& verdict_of) {
+    const int64_t before = forced_fusion_runs();
+    const Verdict verdict = verdict_of();
+    INFO(verdict.report());
+    CHECK(verdict.passed);
+    return forced_fusion_runs() - before;
+  };
+  CHECK(fusions_of([&] { return verify(spec, inputs, without_lse, options); }) == 2);
+  CHECK(fusions_of([&] { return verify(spec, inputs, with_lse, options); }) == 3);
+  // A Verifier fuses the moved scale at the first kernel with an lse, once for all its copies.
+  const int64_t before = forced_fusion_runs();
+  const Verifier oracle(spec, inputs, options);
+  CHECK(forced_fusion_runs() - before == 2);
+  CHECK(fusions_of([&] { return oracle.verify(without_lse); }) == 0);
+  const Verifier copy = oracle;
+  CHECK(fusions_of([&] { return copy.verify(with_lse); }) == 1);
+  CHECK(fusions_of([&] { return oracle.verify(with_lse); }) == 0);
+}
+
 TEST_CASE("forced fusion with the reference's selection reproduces run_mechanism", "[oracle]") {
   for (const auto& c : cases::kCaseTable) {
     const auto inputs = cases::make_inputs<double>(c);

@@ -183,6 +183,18 @@ def test_a_tensor_numpy_cannot_hold_is_a_type_error_naming_the_argument(good):
           "k: expected a dense torch tensor of numbers", "Meta")
 
 
+def test_an_array_too_large_for_memory_is_a_value_error_naming_it(good):
+    q, k, v, out = good
+    # A broadcast view of 2^40 slots takes no memory; its float64 copy (8 x 2^40 x 16 values,
+    # 1024 TiB) cannot fit. Was numpy's MemoryError, swallowed into "q: expected values
+    # convertible to float64, found an array that is not".
+    assert q.shape == (8, 131, 16)
+    huge = np.broadcast_to(q[:, :1], (8, 2**40, 16))
+    check(ValueError, lambda: hils.reference(SPEC, huge, k, v),
+          "q: expected an array whose float64 values fit in 80% of",
+          "found shape [8, 1099511627776, 16], about 1.02e+03 TiB")
+
+
 def test_odd_layouts_give_the_same_verdict(good):
     q, k, v, out = good
     plain = str(hils.verify(SPEC, q, k, v, out))

@@ -43,7 +43,7 @@ def studies(tmp_path_factory):
     config.write_text("[extrapolation]\ntrain_length = 256\ndepths = [0.0, 0.5, 1.0]\n"
                       'encodings = ["rope", "nope"]\n')
     few = ["--mechanisms", "mean", "taylor_entropy", "naive_bsa"]
-    small = ["--layers", "1", "-K", "4", "-S", "16", "-W", "64", "-q"]
+    small = ["--n-layers", "1", "-K", "4", "-S", "16", "-W", "64", "-q"]
     runs = {
         "fid2": ["fidelity", "--lengths", "256", "512", "--queries", "4"],
         "fid1": ["fidelity", "--lengths", "512", "--queries", "4"],

@@ -23,7 +23,8 @@ void register_run(CLI::App& app) {
   cmd->add_option("-p,--preset", flags->presets,
                   "preset(s): full swa naive_bsa nsa lmk hils (repeat or comma-separate)")
       ->delimiter(',');
-  cmd->add_option("--layers", flags->layers, "layers to run (default all)")->delimiter(',');
+  cmd->add_option("--layers", flags->layers, "layer indices to run, e.g. 1,0,2 (default all)")
+      ->delimiter(',');
   add_spec_flags(cmd, &flags->spec);
   nlohmann::json* run_settings = &flags->run;
   add_json_option<std::string>(cmd, run_settings, "--positional", "positional",

@@ -1,11 +1,15 @@
 // The checks of a study's resolved settings that neither the config reader nor the spec decoder
 // can make alone: each names the flag, or the config key and file, that set the value.
+#include <algorithm>
+#include <cmath>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
 #include "cli/studies/study_config.hpp"
 #include "hils/analysis/chunk_stats.hpp"
+#include "hils/memory.hpp"
 
 namespace hils::cli::studies {
 
@@ -14,7 +18,7 @@ namespace {
 // The most layers a synthetic source draws. Each layer is one more independent draw of the same
 // model (its intervals narrow as 1/sqrt(layers x heads)), so more only lengthen the run: a
 // larger sample is a second run with another [source] seed. The limit stops a slip such as
-// --layers 1000000 from starting a run of days (reference/SEMANTICS.md §9, the studies' inputs).
+// --n-layers 1000000 from starting a run of days (reference/SEMANTICS.md §9, the studies' inputs).
 constexpr int64_t kMaxSyntheticLayers = 128;
 
 // How an error names a value that a flag or a config key can set: "--flag (or key in FILE)".
@@ -40,13 +44,43 @@ void require_study_values(const Resolved& r, const config::ConfigValues& c) {
   require_at_least(r.geometry.W, 1, "-W,--window", "[geometry] W", c);
   require_at_least(r.geometry.K, 0, "-K,--top-k", "[geometry] K", c);
   require_at_least(r.queries, 1, "--queries", "[study] queries", c);
-  require_at_least(r.source.n_layers, 1, "--layers", "[source] layers", c);
+  require_at_least(r.source.n_layers, 1, "--n-layers", "[source] layers", c);
   if (r.source_kind == "synthetic" && r.source.n_layers > kMaxSyntheticLayers)
     throw BadInput(fmt::format(
         "{}: expected at most {} layers for the synthetic source (each layer is one more "
         "independent draw of the same model; for a larger sample run again with another "
         "[source] seed), got {}",
-        where_set("--layers", "[source] layers", c), kMaxSyntheticLayers, r.source.n_layers));
+        where_set("--n-layers", "[source] layers", c), kMaxSyntheticLayers, r.source.n_layers));
+}
+
+// r, c, study -> nothing, or BadInput naming -K and the range that fits when one unit's
+// outputs (the reference's, for the study's queries of one KV group at the longest length)
+// would not fit in 80% of memory_limit() and K is what makes them large. The reference refuses
+// such a run too, but only at the first unit, after the inputs were built.
+void require_outputs_fit(const Resolved& r, const config::ConfigValues& c,
+                         const std::string& study) {
+  const int64_t T = r.source.lengths.back();
+  const int64_t heads = r.Hq / std::max<int64_t>(r.Hkv, 1);  // a unit is one KV group
+  const int64_t rows = std::min(study == "overlap" ? r.tail_queries : r.queries, T);
+  MechanismSpec spec;
+  spec.S = r.geometry.S, spec.W = r.geometry.W, spec.K = r.geometry.K;
+  RunOptions options;
+  options.keep_surrogate_scores = study != "overlap";  // fidelity keeps s_hat for its metrics
+  const double room = 0.8 * memory_limit().bytes;
+  if (outputs_bytes(spec, T, heads, r.dv, options, rows, sizeof(double)) < room) return;
+  spec.K = 0;
+  const double rest = outputs_bytes(spec, T, heads, r.dv, options, rows, sizeof(double));
+  if (rest >= room) return;  // not K: the reference's own check names what is too large
+  // The outputs grow by rows x heads doubles per unit of K; the largest K below the room:
+  const double per_k = static_cast<double>(rows * heads) * sizeof(double);
+  const double largest = std::ceil((room - rest) / per_k) - 1;
+  throw BadInput(fmt::format(
+      "{}: expected an integer in [0, {:.0f}], got {} (one unit's outputs, {} queries x {} heads "
+      "x (dv + K + 3{}) values at T = {}, must fit in 80% of {}; K >= the {} chunks of T already "
+      "selects every chunk)",
+      where_set("-K,--top-k", "[geometry] K", c), largest, r.geometry.K, rows, heads,
+      options.keep_surrogate_scores ? " + the chunk scores" : "", T, memory_limit().text,
+      T / r.geometry.S));
 }
 
 // lengths, where -> nothing, or BadInput showing every length given.

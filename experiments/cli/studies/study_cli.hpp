@@ -29,7 +29,8 @@ struct StudyArgs {
   std::string activations;       // activation file for source = activations
   std::string model_dir;         // folder with stories260K.bin, tok512.bin, text (source=model)
   std::vector<int64_t> lengths;  // context lengths in slots (synthetic), or prefixes (files)
-  std::optional<int64_t> layers;   // absent: the config's or the source's
+  std::optional<int64_t> layers;   // --n-layers; absent: the config's or the source's
+  bool layers_old_name = false;    // given as --layers, the old name (a note says the new one)
   // Spec flags given (S, W, K, landmarks, prior_rule; experiments/cli/spec_flags.hpp), applied
   // over the config by the spec decoder.
   nlohmann::json spec = nlohmann::json::object();

@@ -2,6 +2,7 @@
 // checked by config::study_schema), then the flags; checked, then joined to their inputs.
 #include <fmt/format.h>
 
+#include "cli/cli_util.hpp"
 #include "cli/commands.hpp"
 #include "cli/studies/study_config.hpp"
 
@@ -107,10 +108,14 @@ Resolved resolve(const StudyArgs& a, const std::string& study) {
   const std::vector<int64_t> lengths = resolve_lengths(a, c, study, model, r.train_length);
   r.source.lengths = lengths;
   r.source.n_layers = a.layers ? *a.layers : c.integer("source", "layers", model ? 5 : 2);
+  if (a.layers_old_name)
+    note("--layers: the study commands call it --n-layers now (the number of layers studied, "
+         "from layer 0); in hils run, --layers lists layer indices");
   require_study_values(r, c);
   // First: its config errors come before this cross-value check.
   build_sources(r, a, c, lengths_where(a, c, study));
   require_retrieval_candidates(lengths, r.geometry, lengths_where(a, c, study));
+  require_outputs_fit(r, c, study);
   r.raw_source.lengths = r.source.lengths = lengths;
   r.raw_source.n_layers = r.source.n_layers;
   record_config(r, study);

@@ -20,6 +20,7 @@ struct Resolved {
   std::string source_kind;
   analysis::StudySource source;      // positioned inputs
   analysis::StudySource raw_source;  // un-rotated inputs (extrapolation)
+  int64_t Hq = 0, Hkv = 0, dv = 0;   // the source's heads and value width (every layer)
   analysis::StudyGeometry geometry;
   analysis::PriorChoice prior;
   std::vector<std::string> mechanisms;
@@ -61,6 +62,9 @@ void build_sources(Resolved& r, const StudyArgs& args, const config::ConfigValue
 // study_checks.cpp: each throws BadInput naming where the value was set.
 // S, W >= 1, K >= 0, queries >= 1, 1 <= layers (<= 128 for the synthetic source).
 void require_study_values(const Resolved& r, const config::ConfigValues& c);
+// K within what one unit's outputs allow in memory (r's source, lengths, queries resolved).
+void require_outputs_fit(const Resolved& r, const config::ConfigValues& c,
+                         const std::string& study);
 // Positive, strictly ascending lengths.
 void require_ascending_lengths(const std::vector<int64_t>& lengths, const std::string& where);
 // Every length long enough to hold a query with a retrieval candidate (T > W + S).

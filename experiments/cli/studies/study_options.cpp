@@ -45,8 +45,13 @@ void add_study_options(CLI::App* cmd, StudyArgs& a) {
   // Optional values, not sentinels: any integer given (-1 too) is checked by
   // require_study_values, naming the flag.
   cmd->add_option_function<int64_t>(
-      "--layers", [&a](int64_t n) { a.layers = n; },
-      "number of layers to study (synthetic: at most 128 independent draws)");
+      "--n-layers", [&a](int64_t n) { a.layers = n; },
+      "number of layers to study, from layer 0 (synthetic: at most 128 independent draws)");
+  // The studies' old name of --n-layers, hidden, kept for old command lines: `hils run
+  // --layers` lists layer indices, so the one name had two meanings.
+  cmd->add_option_function<int64_t>(
+         "--layers", [&a](int64_t n) { a.layers = n, a.layers_old_name = true; }, "")
+      ->group("");
   add_spec_flags(cmd, &a.spec, {"S", "W", "K", "landmarks", "prior_rule"});
   cmd->add_option_function<int64_t>(
       "--queries", [&a](int64_t n) { a.queries = n; }, "sampled queries per unit");

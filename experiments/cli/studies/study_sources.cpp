@@ -60,6 +60,7 @@ void build_sources(Resolved& r, const StudyArgs& a, const config::ConfigValues& 
                             fmt::format("the study's geometry (-S {}, --landmarks {})",
                                         r.geometry.S, r.geometry.landmarks));
   }
+  r.Hq = inputs.Hq, r.Hkv = inputs.Hkv, r.dv = inputs.dv;
   r.source = std::move(inputs.positioned);
   r.raw_source = std::move(inputs.raw);
   r.config["source"] = std::move(inputs.description);

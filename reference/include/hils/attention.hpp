@@ -185,6 +185,14 @@ MechanismOutputs<Scalar> run_mechanism(const MechanismSpec& spec,
                                        const AttentionInputs<Scalar>& inputs,
                                        const RunOptions& options = {});
 
+// The bytes of run_mechanism's outputs for `rows` queries of Hq heads with values of width dv
+// over T slots, in a scalar of `scalar_bytes` bytes, the outputs `options` keeps included.
+// run_mechanism refuses (InvalidArgument naming spec.K or the outputs) a run whose outputs
+// exceed 80% of memory_limit(); a caller that knows the sizes before the inputs exist can make
+// the same check first.
+double outputs_bytes(const MechanismSpec& spec, int64_t T, int64_t Hq, int64_t dv,
+                     const RunOptions& options, int64_t rows, int64_t scalar_bytes);
+
 // Geometry of a spec over T slots.
 Geometry geometry_of(const MechanismSpec& spec, int64_t T);
 // sigma: spec.scale, or 1/sqrt(d) when 0.

@@ -352,6 +352,10 @@ std::vector<HeadOutputs<Scalar>> forced_fusion(const MechanismSpec& spec,
                                                const std::vector<IndexMatrix>& selection,
                                                const std::vector<int64_t>& queries);
 
+// How many times forced_fusion has run in this process, on all threads: after the reference
+// runs, the oracle's largest cost; tests check with it that verify() fuses only what it uses.
+int64_t forced_fusion_runs();
+
 // Compares kernel vs truth (double) given the float baseline, per head lists of equal shapes
 // (a kernel shape mismatch is reported, not thrown). Rows are named `row_label`=row_ids[i]
 // (e.g. "t" and the query slots, or "c" and chunk indices; row index when row_ids is empty).
