@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <numeric>
+#include <tuple>
+#include <vector>
 
 #include "support.hpp"
 
@@ -271,6 +273,43 @@ TEST_CASE("K = 0 and an empty candidate set fall back to the window", "[properti
       CHECK(relative_error(out.heads[h].o, swa.heads[h].o) < kExact);
       CHECK(relative_error(out.heads[h].lse, swa.heads[h].lse) < kExact);
     }
+  }
+}
+
+TEST_CASE("fusion holds the selected chunks' outputs only, however far K exceeds them",
+          "[properties]") {
+  // K = 2^22 selection slots of which two hold chunks, dv = 2^16: the fusion held a K x dv
+  // matrix (2 TiB here; 20 GB per thread at the K the memory check admitted for a study at
+  // T = 1024) and took minutes at K = 1e6. The slots beyond the chunks change only the padding.
+  const cases::Case c{"fusion_huge_k", 16, 8, 8, 1, 1, 1, 4, int64_t{1} << 16, false, 1.0};
+  const auto in = cases::make_inputs<double>(c);
+  const Geometry geometry(c.T, c.S, c.W, c.landmarks);
+  const int64_t K = int64_t{1} << 22;
+  std::vector<int32_t> padded(static_cast<size_t>(K), -1), compact = {0, 1};
+  padded[5] = 0, padded[K - 1] = 1;  // padding anywhere (FusionRow)
+  const std::vector<double> scores = {0.7, -0.4};
+  const RowVector<double> o_window = in.v[0].row(3);
+  for (const Fusion fusion : {Fusion::flat, Fusion::hierarchical}) {
+    MechanismSpec spec = preset("naive_bsa");
+    spec.fusion = fusion;
+    auto fused = [&](const std::vector<int32_t>& selected) {
+      const auto k_slots = static_cast<int64_t>(selected.size());
+      const FusionRow<double> row{in.q[0].row(c.T - 1).transpose(), selected.data(), k_slots,
+                                  scores.data(), 0.3, o_window};
+      RowVector<double> o(c.dv), weights(k_slots + 2);
+      double lse = 0;
+      fuse<double>(spec, row, in.k[0], in.v[0], geometry, 0.5, o, lse, weights);
+      return std::make_tuple(o, lse, weights);
+    };
+    const auto [o_big, lse_big, w_big] = fused(padded);
+    const auto [o_small, lse_small, w_small] = fused(compact);
+    INFO("fusion " << to_string(fusion));
+    CHECK(relative_error(o_big, o_small) <= kExact);
+    CHECK(std::abs(lse_big - lse_small) <= kExact * std::abs(lse_small));
+    CHECK(std::abs(w_big(5) - w_small(0)) <= kExact);
+    CHECK(std::abs(w_big(K - 1) - w_small(1)) <= kExact);
+    CHECK(std::abs(w_big(K) - w_small(2)) <= kExact);  // the window
+    CHECK(w_big.head(K - 1).sum() == w_big(5));        // every padding slot weighs 0
   }
 }
 
