@@ -28,7 +28,7 @@ import hils_ctypes as hc  # noqa: E402
 HQ, HKV, D, S, K, W = 16, 2, 64, 64, 32, 512
 # The sparse stage of the forwards with rows other than fp32 (hils_gpu_fuse_rows takes them from
 # chunked_v24 on; gpu/NOTES.md "Sparse v23, v24, v25").
-ROWS_SPARSE_KERNEL = "chunked_v35"
+ROWS_SPARSE_KERNEL = "chunked_v36"
 
 
 def time_ms(fn, warmup=1, reps=5, budget_ms=20000.0, before=None):

@@ -47,7 +47,7 @@ VARIANTS = [("v4", "chunked_v4", 0), ("v6", "chunked_v6", 0), ("v7", "chunked_v7
             ("v26", "chunked_v26", 0), ("v27", "chunked_v27", 0), ("v28", "chunked_v28", 0),
             ("v29", "chunked_v29", 0), ("v30", "chunked_v30", 0),
             ("v31", "chunked_v31", 0), ("v32", "chunked_v32", 0),
-            ("v35", "chunked_v35", 0)]
+            ("v35", "chunked_v35", 0), ("v36", "chunked_v36", 0)]
 # Variants through hils_gpu_fuse_rows: label -> (sparse kernel, o_swa dtype, o dtype). The fp16
 # o_swa is the window's fp32 o_swa rounded once by torch before the timing (in a forward the
 # window stage would write it).
@@ -64,7 +64,8 @@ ROW_VARIANTS = {"v24_h16in": ("chunked_v24", torch.float16, torch.float32),
                 "v30_h16in_bf16out": ("chunked_v30", torch.float16, torch.bfloat16),
                 "v31_h16in_bf16out": ("chunked_v31", torch.float16, torch.bfloat16),
                 "v32_h16in_bf16out": ("chunked_v32", torch.float16, torch.bfloat16),
-                "v35_h16in_bf16out": ("chunked_v35", torch.float16, torch.bfloat16)}
+                "v35_h16in_bf16out": ("chunked_v35", torch.float16, torch.bfloat16),
+                "v36_h16in_bf16out": ("chunked_v36", torch.float16, torch.bfloat16)}
 
 
 def prepared_stages(lib, T, gen):

@@ -19,7 +19,7 @@ SELECT_KERNEL = {"two_pass_v4": 0, "one_pass_v5": 1, "two_pass_v6": 2, "two_pass
 # differs in its last bits; gpu/NOTES.md v18): the oracle judges them, not a byte compare.
 APPROXIMATE_SELECT_KERNELS = ("two_pass_v18", "two_pass_v19", "two_pass_v20", "two_pass_v21", "two_pass_v22",
                               "two_pass_v25")
-# The chunk-major sparse stages of hils_gpu_set_sparse_kernel (gpu/NOTES.md: v4-v32, v35).
+# The chunk-major sparse stages of hils_gpu_set_sparse_kernel (gpu/NOTES.md: v4-v32, v35, v36).
 SPARSE_KERNEL = {"chunked_v4": 0, "atomic_v5": 1, "chunked_v6": 2, "chunked_v7": 3, "chunked_v8": 4, "chunked_v9": 5,
                  "chunked_v10": 6, "chunked_v11": 7, "chunked_v12": 8, "chunked_v13": 9,
                  "chunked_v14": 10, "chunked_v15": 11, "chunked_v16": 12,
@@ -28,7 +28,7 @@ SPARSE_KERNEL = {"chunked_v4": 0, "atomic_v5": 1, "chunked_v6": 2, "chunked_v7":
                  "chunked_v22": 18, "chunked_v23": 19, "chunked_v24": 20,
                  "chunked_v25": 21, "chunked_v26": 22, "chunked_v27": 23,
                  "chunked_v28": 24, "chunked_v29": 25, "chunked_v30": 26,
-                 "chunked_v31": 27, "chunked_v32": 28, "chunked_v35": 29}
+                 "chunked_v31": 27, "chunked_v32": 28, "chunked_v35": 29, "chunked_v36": 30}
 # Row element types of hils_gpu_fuse_rows (hils::gpu::RowType), by torch dtype.
 ROW_TYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 # The packed window kernels of hils_gpu_set_window_kernel (gpu/NOTES.md: v4, v9, v10, v11-v13).

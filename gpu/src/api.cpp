@@ -164,6 +164,7 @@ const char* sparse_kernel_name(SparseKernel kernel) {
     case SparseKernel::chunked_v31: return "chunked_v31";
     case SparseKernel::chunked_v32: return "chunked_v32";
     case SparseKernel::chunked_v35: return "chunked_v35";
+    case SparseKernel::chunked_v36: return "chunked_v36";
   }
   return "unknown";
 }
@@ -327,7 +328,7 @@ void fuse_rows(const MechanismSpec& spec, const Shape& shape, const DeviceInputs
           "shape", "the chunk-major sparse stage's packed shapes for rows other than f32",
           "another shape or the SIMT kernels");
   require(detail::fusion_rows_apply(detail::sparse_kernel()), "sparse_kernel",
-          "chunked_v24 to chunked_v35 for rows other than f32",
+          "chunked_v24 to chunked_v36 for rows other than f32",
           sparse_kernel_name(detail::sparse_kernel()));
   detail::launch_fuse_chunked(p, selection, selected_score,
                               detail::FusionRows{o_swa, o_swa_type, o, o_type}, lse_swa, lse, stream);

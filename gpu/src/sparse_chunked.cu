@@ -60,7 +60,8 @@
 // weights in one 32-byte record written by the weights kernel (no scatter), chunked_v31 v29 with
 // fp16 pair weights, chunked_v32 v30 with the fp16 weights alone (16 bytes for G = 8), the query
 // in their spare bits (gpu/NOTES.md "Sparse v30, v31, v32"); chunked_v35 is v30 with its kernels
-// after the count chained by programmatic dependent launch (gpu/NOTES.md "Sparse v35").
+// after the count chained by programmatic dependent launch (gpu/NOTES.md "Sparse v35"), chunked_v36
+// v35 with a pair-weights kernel whose lanes hold (head, G slots) (gpu/NOTES.md "Sparse v36").
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -1695,6 +1696,133 @@ __device__ __forceinline__ void pair_weights_block(unsigned block, const LaunchP
   }
 }
 
+// chunked_v36: pair_weights_block's work for v30's records (PairWeights::f16_records) where G <= 8
+// and K <= 32, with the warp's lanes as (head j = lane / L, part q = lane % L), L = 32 / G lanes per
+// head, lane (j, q) holding head j's scores of the S = G slots S q .. S q + S - 1 (two 16-byte loads
+// for G = 8 instead of 16 scalar ones, half of them empty slots at K = 32): each head's maximum and
+// sum over its L lanes only, all G heads at once. The sum is formed in warp_sum's order (its
+// butterfly levels across lanes first, here across the head's lanes for every slot, then the
+// lane's own slots by the same tree), so l, lse and every weight equal pair_weights_block's bit for
+// bit. The weights go through shared memory to the lanes that store the records, as whole
+// 16-byte parts side by side (G = 8: a 32-byte record by two adjacent lanes, one full sector,
+// where pair_weights_block stored it from one lane in two 16-byte writes).
+template <int G>
+__host__ __device__ constexpr int lane_slots_row_words() { return (G + 1) / 2 + 1; }  // padded
+template <int G, typename OSwa>
+__device__ __forceinline__ void pair_records_block(unsigned block, const LaunchParams& p, int64_t t0, int64_t tn,
+                                                   int64_t nc, const int32_t* selection,
+                                                   const float* selected_score, const OSwa* o_swa,
+                                                   const float* lse_swa, const int32_t* rank,
+                                                   const SegmentTables& tables, __half* o16, float* lse) {
+  static_assert(G <= 8 && kWarp % G == 0, "lanes as (head, part): G <= 8");
+  constexpr int L = kWarp / G, S = G;  // lanes per head, slots per lane (L S = 32 >= K)
+  constexpr int kWords = pair_record_words<G>(), kParts = kWords / 4, kRow = lane_slots_row_words<G>();
+  __shared__ uint32_t weight_rows[kReduceWarps * kWarp * kRow];  // per warp: 32 slots x kRow words
+  const int64_t item = static_cast<int64_t>(block) * kReduceWarps + threadIdx.x / kWarp;
+  if (item >= p.Hkv * tn) return;
+  const int lane = threadIdx.x % kWarp, j = lane / L, q = lane % L;
+  const int64_t g = item / tn, t = t0 + item % tn;
+  const int64_t s = t / tables.seg - t0 / tables.seg;
+  const int32_t* seg_offsets = tables.offsets + s * tables.offsets_stride;
+  auto* records = reinterpret_cast<uint32_t*>(tables.pair_weight + s * tables.pair_weight_stride);
+  const int K = static_cast<int>(p.K);
+  const int64_t pair0 = (g * p.T + t) * K, row = (g * G + j) * p.T + t;
+  // Slot `lane`'s chunk and its record's position (pair_weights_block's, for slot = lane).
+  const int32_t chunk = lane < K ? selection[pair0 + lane] : -1;
+  const int32_t pos = chunk >= 0 ? seg_offsets[g * nc + chunk] + rank[pair0 + lane] : 0;
+  const unsigned valid = __ballot_sync(0xffffffffu, chunk >= 0);
+  float a[S];
+  const float* score = selected_score + row * K + S * q;
+  if constexpr (S % 4 == 0) {
+    if (K % 4 == 0 && reinterpret_cast<uintptr_t>(selected_score) % 16 == 0) {
+#pragma unroll
+      for (int e = 0; e < S; e += 4) {
+        const float4 v = S * q + e < K ? *reinterpret_cast<const float4*>(score + e)
+                                       : make_float4(kNegInf, kNegInf, kNegInf, kNegInf);
+        a[e] = v.x, a[e + 1] = v.y, a[e + 2] = v.z, a[e + 3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < S; ++e) a[e] = S * q + e < K ? score[e] : kNegInf;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < S; ++e) a[e] = S * q + e < K ? score[e] : kNegInf;
+  }
+  const float a_swa = lse_swa[row];
+  WarpWindowRows<G, OSwa> window_rows;
+  window_rows.load(o_swa, g, t, p.T, lane);
+#pragma unroll
+  for (int e = 0; e < S; ++e)
+    if (!(valid >> (S * q + e) & 1u)) a[e] = kNegInf;
+  float m = a_swa;
+#pragma unroll
+  for (int e = 0; e < S; ++e) m = fmaxf(m, a[e]);
+#pragma unroll
+  for (int off = L / 2; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  if (p.softmax1) m = fmaxf(m, 0.0f);
+  float x[S], sum[S];
+#pragma unroll
+  for (int e = 0; e < S; ++e) {
+    x[e] = exp_diff(a[e], m);
+    sum[e] = x[e];
+#pragma unroll
+    for (int off = L / 2; off > 0; off /= 2) sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], off);
+  }
+#pragma unroll
+  for (int h = S / 2; h > 0; h /= 2)
+#pragma unroll
+    for (int e = 0; e < h; ++e) sum[e] = sum[e] + sum[e + h];
+  float l = sum[0];
+  const float w_swa = exp_diff(a_swa, m);
+  l += w_swa;
+  if (p.softmax1) l += exp_diff(0.0f, m);
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  if (q == 0) lse[row] = l > 0.0f ? m + __logf(l) : kNegInf;
+  const float f = w_swa * inv;
+#pragma unroll
+  for (int jj = 0; jj < G; ++jj)
+    window_rows.store_scaled(jj, __shfl_sync(0xffffffffu, f, jj * L), o16 + ((g * G + jj) * p.T + t) * kTileDim,
+                             lane);
+  // The weights, slot-major: row c of this warp's weight_rows holds w_c of heads 0 .. G - 1 in fp16.
+  uint32_t* rows = weight_rows + (threadIdx.x / kWarp) * kWarp * kRow;
+  auto* halves = reinterpret_cast<__half*>(rows);
+#pragma unroll
+  for (int e = 0; e < S; ++e) {
+    halves[(S * q + e) * 2 * kRow + j] = __float2half_rn(x[e] * inv);
+    if (G % 2 == 1) halves[(S * q + e) * 2 * kRow + G] = __float2half_rn(0.0f);
+  }
+  __syncwarp();
+  // Record part k = lane + 32 i: slot k / kParts, its 16-byte part k % kParts (the entry's word,
+  // the weights' words, zeros), stored at the slot's position.
+#pragma unroll
+  for (int i = 0; i < kParts; ++i) {
+    const int k = lane + kWarp * i, c = k / kParts, part = k % kParts;
+    const int32_t at = __shfl_sync(0xffffffffu, pos, c);
+    if (!(valid >> c & 1u)) continue;
+    uint32_t w[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int word = 4 * part + u;
+      w[u] = word == 0 ? static_cast<uint32_t>((t % tables.seg) << 6 | c)
+             : word <= (G + 1) / 2 ? rows[c * kRow + word - 1]
+                                   : 0u;
+    }
+    reinterpret_cast<uint4*>(records + static_cast<int64_t>(at) * kWords)[part] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// chunked_v36: pair_records_block as a kernel in v35's chain.
+template <int G, typename OSwa>
+__global__ void __launch_bounds__(kReduceWarps * kWarp, 4)
+    pair_records_kernel(LaunchParams p, int64_t t0, int64_t tn, int64_t nc, const int32_t* selection,
+                        const float* selected_score, const OSwa* o_swa, const float* lse_swa, const int32_t* rank,
+                        SegmentTables tables, __half* o16, float* lse) {
+  wait_previous_then_allow_next<true>();
+  pair_records_block<G, OSwa>(blockIdx.x, p, t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank, tables,
+                              o16, lse);
+}
+
 // kChained: chunked_v35 (wait_previous_then_allow_next).
 template <int G, WeightLoads kLoads, bool kQueryMajorO16 = false, typename OSwa = float,
           PairWeights kPairWeights = PairWeights::f32, bool kChained = false>
@@ -1818,8 +1946,8 @@ int log2_describe_lanes(const LaunchParams& p, int64_t seg, int per_item) {
 // pair_weights_block of segment 0 (queries [0, tn): the rest) in one launch of 256-thread blocks:
 // all three read only the count's and the scan's results, so the chunk kernel is the first to
 // need them all. chunked_v30, v31: kPairWeights (v30: no scatter blocks).
-// kChained: chunked_v35 (wait_previous_then_allow_next).
-template <int G, typename OSwa, PairWeights kPairWeights, bool kChained = false>
+// kChained: chunked_v35 (wait_previous_then_allow_next); kLaneSlots: chunked_v36 (pair_records_block).
+template <int G, typename OSwa, PairWeights kPairWeights, bool kChained = false, bool kLaneSlots = false>
 __global__ void __launch_bounds__(kReduceWarps * kWarp, 4)
     bucket_and_weights_kernel(DescribeArgs describe, unsigned describe_blocks, ScatterArgs scatter,
                               unsigned scatter_blocks, LaunchParams p, int64_t tn, int64_t nc,
@@ -1832,14 +1960,18 @@ __global__ void __launch_bounds__(kReduceWarps * kWarp, 4)
     describe_segment_items(static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x, describe);
   else if (blockIdx.x < describe_blocks + scatter_blocks)
     scatter_ranked_pair((blockIdx.x - describe_blocks) * 256 + threadIdx.x, scatter);
+  else if constexpr (kLaneSlots && G <= 8)
+    pair_records_block<G, OSwa>(blockIdx.x - describe_blocks - scatter_blocks, p, 0, tn, nc, selection,
+                                selected_score, o_swa, lse_swa, rank, tables, o16, lse);
   else
     pair_weights_block<G, WeightLoads::all_first_half_warps, false, OSwa, kPairWeights>(
         blockIdx.x - describe_blocks - scatter_blocks, p, 0, tn, nc, selection, selected_score, o_swa,
         lse_swa, rank, tables, o16, lse);
 }
 
-// kPairWeights: chunked_v30's records (scatter_blocks 0) or v31's fp16 weights; kChained: chunked_v35.
-template <int G, PairWeights kPairWeights, bool kChained = false>
+// kPairWeights: chunked_v30's records (scatter_blocks 0) or v31's fp16 weights; kChained: chunked_v35;
+// kLaneSlots: chunked_v36.
+template <int G, PairWeights kPairWeights, bool kChained = false, bool kLaneSlots = false>
 void launch_bucket_and_weights(const DescribeArgs& describe, unsigned describe_blocks, const ScatterArgs& scatter,
                                unsigned scatter_blocks, const LaunchParams& p, int64_t tn, int64_t nc,
                                const int32_t* selection, const float* selected_score, const FusionRows& rows,
@@ -1849,12 +1981,12 @@ void launch_bucket_and_weights(const DescribeArgs& describe, unsigned describe_b
       describe_blocks + scatter_blocks + static_cast<unsigned>((p.Hkv * tn + kReduceWarps - 1) / kReduceWarps);
   if constexpr (kChained) {
     if (rows.o_swa_type == RowType::f16)
-      launch_programmatic(true, bucket_and_weights_kernel<G, __half, kPairWeights, true>, dim3(blocks),
+      launch_programmatic(true, bucket_and_weights_kernel<G, __half, kPairWeights, true, kLaneSlots>, dim3(blocks),
                           kReduceWarps * kWarp, 0, stream, describe, describe_blocks, scatter, scatter_blocks, p,
                           tn, nc, selection, selected_score, static_cast<const __half*>(rows.o_swa), lse_swa,
                           rank, tables, o16, lse);
     else
-      launch_programmatic(true, bucket_and_weights_kernel<G, float, kPairWeights, true>, dim3(blocks),
+      launch_programmatic(true, bucket_and_weights_kernel<G, float, kPairWeights, true, kLaneSlots>, dim3(blocks),
                           kReduceWarps * kWarp, 0, stream, describe, describe_blocks, scatter, scatter_blocks, p,
                           tn, nc, selection, selected_score, static_cast<const float*>(rows.o_swa), lse_swa,
                           rank, tables, o16, lse);
@@ -1892,8 +2024,10 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
   // bucket entry and fp16 weights, written by the weights kernel) instead of the scatter and the
   // fp32 pair weights; v31: v29 with fp16 pair weights; v32: v30 with the fp16 weights alone,
   // the query in their spare bits (weight_format below).
-  // v35: v30 with the kernels after the count chained by programmatic dependent launch.
-  const bool chained = kernel == SparseKernel::chunked_v35;
+  // v35: v30 with the kernels after the count chained by programmatic dependent launch; v36: v35
+  // with pair_records_block where G <= 8 and K <= 32 (lane_slots), v35's weights elsewhere.
+  const bool chained = kernel == SparseKernel::chunked_v35 || kernel == SparseKernel::chunked_v36;
+  const bool lane_slots = kernel == SparseKernel::chunked_v36 && G <= 8 && p.K <= 32;
   const bool fp16_weights = kernel == SparseKernel::chunked_v30 || kernel == SparseKernel::chunked_v31 ||
                             kernel == SparseKernel::chunked_v32 || chained;
   const bool post_scan_launch = kernel == SparseKernel::chunked_v29 || fp16_weights;
@@ -2039,7 +2173,8 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
     const ScatterArgs scatter{selection, rank, TK, K, seg32, nc32, n_ch32, n_pairs32, offsets, bucket_stride,
                               bucket};
     if (post_scan_launch) {  // chunked_v29: with segment 0's pair weights; v30: no scatter
-      (chained ? launch_bucket_and_weights<G, PairWeights::f16_records, true>
+      (lane_slots ? launch_bucket_and_weights<G, PairWeights::f16_records, true, true>
+       : chained ? launch_bucket_and_weights<G, PairWeights::f16_records, true>
        : weight_format == PairWeights::f16_packed  ? launch_bucket_and_weights<G, packed_or_records<G>()>
        : weight_format == PairWeights::f16_records ? launch_bucket_and_weights<G, PairWeights::f16_records>
        : weight_format == PairWeights::f16         ? launch_bucket_and_weights<G, PairWeights::f16>
@@ -2059,7 +2194,17 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
       launch_after_previous(after_previous || chained, kernel_fn, group_blocks, kReduceWarps * kWarp, 0, stream,
                             p, t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank, tables, o16, lse);
     };
-    if (chained) {  // chunked_v35: v30's weights kernel in the chain
+    if (lane_slots) {  // chunked_v36: pair_records_block in the chain
+      if constexpr (G <= 8) {
+        if (rows.o_swa_type == RowType::f16)
+          launch_programmatic(true, pair_records_kernel<G, __half>, dim3(group_blocks), kReduceWarps * kWarp, 0, stream,
+                              p, t0, tn, nc, selection, selected_score, static_cast<const __half*>(rows.o_swa),
+                              lse_swa, rank, tables, o16, lse);
+        else
+          launch_programmatic(true, pair_records_kernel<G, float>, dim3(group_blocks), kReduceWarps * kWarp, 0, stream,
+                              p, t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank, tables, o16, lse);
+      }
+    } else if (chained) {  // chunked_v35: v30's weights kernel in the chain
       constexpr auto kLoads = WeightLoads::all_first_half_warps;
       if (rows.o_swa_type == RowType::f16)
         launch_programmatic(true, fusion_pair_weights_kernel<G, kLoads, false, __half, PairWeights::f16_records, true>,
@@ -2304,7 +2449,8 @@ bool fusion_rows_apply(SparseKernel kernel) {
          kernel == SparseKernel::chunked_v26 || kernel == SparseKernel::chunked_v27 ||
          kernel == SparseKernel::chunked_v28 || kernel == SparseKernel::chunked_v29 ||
          kernel == SparseKernel::chunked_v30 || kernel == SparseKernel::chunked_v31 ||
-         kernel == SparseKernel::chunked_v32 || kernel == SparseKernel::chunked_v35;
+         kernel == SparseKernel::chunked_v32 || kernel == SparseKernel::chunked_v35 ||
+         kernel == SparseKernel::chunked_v36;
 }
 
 void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
@@ -2328,7 +2474,8 @@ void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
       kernel == SparseKernel::chunked_v26 || kernel == SparseKernel::chunked_v27 ||
       kernel == SparseKernel::chunked_v28 || kernel == SparseKernel::chunked_v29 ||
       kernel == SparseKernel::chunked_v30 || kernel == SparseKernel::chunked_v31 ||
-      kernel == SparseKernel::chunked_v32 || kernel == SparseKernel::chunked_v35) {
+      kernel == SparseKernel::chunked_v32 || kernel == SparseKernel::chunked_v35 ||
+      kernel == SparseKernel::chunked_v36) {
     switch (p.Hq / p.Hkv) {
       case 1: return launch_bucketed_once_g<1>(p, selection, selected_score, rows, lse_swa, lse, kernel, stream);
       case 2: return launch_bucketed_once_g<2>(p, selection, selected_score, rows, lse_swa, lse, kernel, stream);

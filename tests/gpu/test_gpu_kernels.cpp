@@ -352,7 +352,7 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's to v12's and v6's lse
       const KernelRun v6 = run_with(hils::gpu::SparseKernel::chunked_v6);
       const KernelRun v7 = run_with(hils::gpu::SparseKernel::chunked_v7);
       const KernelRun v8 = run_with(hils::gpu::SparseKernel::chunked_v8);
-      // Versions whose lse (only) must be v6's: v9 to v32, v35.
+      // Versions whose lse (only) must be v6's: v9 to v32, v35, v36.
       const hils::gpu::SparseKernel lse_only[] = {
           hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v10,
           hils::gpu::SparseKernel::chunked_v11, hils::gpu::SparseKernel::chunked_v12,
@@ -366,7 +366,7 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's to v12's and v6's lse
           hils::gpu::SparseKernel::chunked_v27, hils::gpu::SparseKernel::chunked_v28,
           hils::gpu::SparseKernel::chunked_v29, hils::gpu::SparseKernel::chunked_v30,
           hils::gpu::SparseKernel::chunked_v31, hils::gpu::SparseKernel::chunked_v32,
-          hils::gpu::SparseKernel::chunked_v35};
+          hils::gpu::SparseKernel::chunked_v35, hils::gpu::SparseKernel::chunked_v36};
       std::vector<KernelRun> lse_runs;
       for (auto kernel : lse_only) lse_runs.push_back(run_with(kernel));
       INFO("case " << c.name << " segment " << segment);
@@ -513,7 +513,9 @@ TEST_CASE("gpu sparse stage with an fp16 o_swa and a bf16 o", "[gpu]") {
                                    std::pair{hg::SparseKernel::chunked_v32, int64_t{0}},
                                    std::pair{hg::SparseKernel::chunked_v32, int64_t{257}},
                                    std::pair{hg::SparseKernel::chunked_v35, int64_t{0}},
-                                   std::pair{hg::SparseKernel::chunked_v35, int64_t{257}}}) {
+                                   std::pair{hg::SparseKernel::chunked_v35, int64_t{257}},
+                                   std::pair{hg::SparseKernel::chunked_v36, int64_t{0}},
+                                   std::pair{hg::SparseKernel::chunked_v36, int64_t{257}}}) {
       hg::set_sparse_segment_queries(segment);
       hg::set_sparse_kernel(kernel);
       gt::GuardedBuffer o16(Hq * T * dv * 2), lse(Hq * T * 4), o32(Hq * T * dv * 4), lse32(Hq * T * 4);
@@ -560,7 +562,7 @@ TEST_CASE("gpu sparse stage with an fp16 o_swa and a bf16 o", "[gpu]") {
     CHECK_THROWS_WITH(hg::fuse_rows(spec, shape, set.view, selection.as<int32_t>(), score.as<float>(),
                                     o_swa16.data(), RowType::f16, lse_swa.as<float>(), o_any.data(),
                                     RowType::f32, lse_any.as<float>()),
-                      Catch::StartsWith("sparse_kernel: expected chunked_v24 to chunked_v35") &&
+                      Catch::StartsWith("sparse_kernel: expected chunked_v24 to chunked_v36") &&
                           Catch::Contains("chunked_v19"));
     hg::set_sparse_kernel(hg::SparseKernel::chunked_v25);
     CHECK_THROWS_WITH(hg::window_attention_rows(spec, shape, set.view, o_any.data(), RowType::bf16,
@@ -873,7 +875,7 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
                       hils::gpu::SparseKernel::chunked_v27, hils::gpu::SparseKernel::chunked_v28,
                       hils::gpu::SparseKernel::chunked_v29, hils::gpu::SparseKernel::chunked_v30,
                       hils::gpu::SparseKernel::chunked_v31, hils::gpu::SparseKernel::chunked_v32,
-                      hils::gpu::SparseKernel::chunked_v35}) {
+                      hils::gpu::SparseKernel::chunked_v35, hils::gpu::SparseKernel::chunked_v36}) {
     REQUIRE(hils::gpu::uses_wgmma(kernel));
     INFO(sparse_kernel_name(kernel));
     hils::gpu::set_sparse_kernel(kernel);

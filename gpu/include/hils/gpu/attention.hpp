@@ -123,6 +123,8 @@ enum class SparseKernel {
                 // (G a multiple of 8; v30's records elsewhere)
   chunked_v35,  // chunked_v30 with its kernels chained by programmatic dependent launch (each
                 // launched while the previous one finishes, waiting for it on the device)
+  chunked_v36,  // chunked_v35 with the pair weights formed by lanes that each hold one head's
+                // scores of G slots (G <= 8, K <= 32; v35's elsewhere): the same values
 };
 // Every SparseKernel, in the order of their values.
 constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
@@ -139,7 +141,8 @@ constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKerne
                                            SparseKernel::chunked_v26, SparseKernel::chunked_v27,
                                            SparseKernel::chunked_v28, SparseKernel::chunked_v29,
                                            SparseKernel::chunked_v30, SparseKernel::chunked_v31,
-                                           SparseKernel::chunked_v32, SparseKernel::chunked_v35};
+                                           SparseKernel::chunked_v32, SparseKernel::chunked_v35,
+                                           SparseKernel::chunked_v36};
 // The kernel's name as above ("chunked_v4", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
 // Whether the sparse stage runs wgmma (sm_90a; wgmma_available below). Every kernel is listed,
@@ -175,16 +178,18 @@ constexpr bool uses_wgmma(SparseKernel kernel) {
     case SparseKernel::chunked_v30:
     case SparseKernel::chunked_v31:
     case SparseKernel::chunked_v32:
-    case SparseKernel::chunked_v35: return true;
+    case SparseKernel::chunked_v35:
+    case SparseKernel::chunked_v36: return true;
   }
   return true;
 }
-// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v35 (v30, its
+// The default sparse stage where wgmma can run (wgmma_available, below): chunked_v36 (v35 with a
+// pair-weights kernel whose lanes hold (head, G slots), the same values; v35 is v30 with its
 // kernels chained by programmatic dependent launch; v30 is v29 with each pair's bucket entry and
 // fp16 weights in one record from the weights kernel, no scatter; v29 is v25's arithmetic with
 // the persistent chunk kernel, even segments and fewer, shorter launches at short T; it also
 // takes fuse_rows' fp16 o_swa and bf16 o).
-constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v35;
+constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v36;
 // The sparse stage without wgmma where wgmma cannot run: chunked_v21 (v19's weights kernel,
 // count and segments with v6's mma.sync chunk kernel).
 constexpr SparseKernel kSparseKernelWithoutWgmma = SparseKernel::chunked_v21;
@@ -409,7 +414,7 @@ void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
           const int32_t* selection, const float* selected_score, const float* o_swa,
           const float* lse_swa, float* o, float* lse, cudaStream_t stream = nullptr);
 // fuse (hierarchical fusion) with o_swa read as o_swa_type (f32 or f16) and o written as o_type
-// (f32 or bf16). Other than f32 needs the chunk-major sparse stage chunked_v24 to chunked_v35
+// (f32 or bf16). Other than f32 needs the chunk-major sparse stage chunked_v24 to chunked_v36
 // (packed shapes, set_sparse_kernel); elsewhere, and for other types, std::invalid_argument
 // names the field.
 // The arithmetic is fuse's (fp32, o summed in fp16); an fp16 o_swa rounds the window rows to

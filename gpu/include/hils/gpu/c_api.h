@@ -57,8 +57,8 @@ int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const
    14 = chunked_v18, 15 = chunked_v19, 16 = chunked_v20, 17 = chunked_v21, 18 = chunked_v22,
    19 = chunked_v23, 20 = chunked_v24, 21 = chunked_v25, 22 = chunked_v26, 23 = chunked_v27,
    24 = chunked_v28, 25 = chunked_v29, 26 = chunked_v30, 27 = chunked_v31,
-   28 = chunked_v32, 29 = chunked_v35 (until set:
-   hils::gpu::default_sparse_kernel(), i.e. chunked_v35, or chunked_v21 where wgmma cannot run;
+   28 = chunked_v32, 29 = chunked_v35, 30 = chunked_v36 (until set:
+   hils::gpu::default_sparse_kernel(), i.e. chunked_v36, or chunked_v21 where wgmma cannot run;
    gpu/NOTES.md). Returns 2 for another value. */
 int hils_gpu_set_sparse_kernel(int32_t sparse_kernel);
 /* The sparse stage that runs now (the default until set), as the numbers above. */
@@ -83,7 +83,7 @@ int hils_gpu_fuse(const hils_gpu_problem* p, const int32_t* selection,
                   float* o, float* lse, void* stream);
 /* hils_gpu_fuse with o_swa read as o_swa_type and o written as o_type: 0 = fp32, 1 = fp16 (o_swa
    only), 2 = bf16 (o only) (hils::gpu::fuse_rows: other than fp32 needs sparse kernel
-   chunked_v24 to chunked_v35 on the packed shapes). */
+   chunked_v24 to chunked_v36 on the packed shapes). */
 int hils_gpu_fuse_rows(const hils_gpu_problem* p, const int32_t* selection,
                        const float* selected_score, const void* o_swa, int32_t o_swa_type,
                        const float* lse_swa, void* o, int32_t o_type, float* lse, void* stream);
