@@ -104,6 +104,41 @@ SelectionOutputs select_with(const MechanismSpec& spec, const Case& c, const Sel
   return out;
 }
 
+// A selection test's problem: its name, geometry and inputs.
+struct SelectionProblem {
+  std::string name;
+  Case geometry;
+  AttentionInputs<double> inputs;
+};
+
+// Each case's inputs, then longer_blocks with twin chunks (tied_inputs) at each perturbation:
+// exact ties (0, named "longer_blocks ties 0") and near ties.
+template <std::size_t N>
+std::vector<SelectionProblem> cases_and_ties(const Case (&cases)[N]) {
+  std::vector<SelectionProblem> problems;
+  for (const Case& c : cases) problems.push_back({c.name, c, hils::cases::make_inputs<double>(c)});
+  const Case tied = case_named("longer_blocks");
+  for (double perturbation : {0.0, 1e-7, 1e-5}) {
+    std::ostringstream label;
+    label << "longer_blocks ties " << perturbation;
+    problems.push_back({label.str(), tied, tied_inputs(tied, perturbation)});
+  }
+  return problems;
+}
+
+// The packed shapes for the selections that may differ from the exact kernels' at near ties
+// (v18, v19, v25); the last with queries 100 times the usual, so that scores reach the hundreds.
+// clang-format off
+constexpr Case kNearTieShapes[] = {
+  //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
+  Case{"packed_bench_geometry", 2113,   64, 512, 32, 16,  2, 64, 64, true, 1.0},
+  Case{"packed_g2_peaked",       777,   64,  64,  3,  4,  2, 64, 64, true, 4.0},
+  Case{"packed_multi_tile",     5000,   64, 128, 16,  4,  1, 64, 64, true, 1.0},
+  Case{"packed_k20_peaked",     9000,   64, 256, 20,  4,  1, 64, 64, true, 3.0},
+  Case{"packed_large_scores",   2113,   64, 512, 32, 16,  2, 64, 64, true, 100.0},
+};
+// clang-format on
+
 }  // namespace
 
 TEST_CASE("gpu exact chunk log-masses over the case table", "[gpu]") {
@@ -320,31 +355,18 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
     Case{"packed_one_wave_g8",    12000,  64, 512, 32, 16,  2, 64, 64, true, 1.0},
   };
   // clang-format on
-  std::vector<std::pair<std::string, AttentionInputs<double>>> problems;
-  std::vector<Case> geometry;
-  for (const Case& c : kCases) {
-    problems.emplace_back(c.name, hils::cases::make_inputs<double>(c));
-    geometry.push_back(c);
-  }
+  std::vector<SelectionProblem> problems = cases_and_ties(kCases);
   // v13 appends each head's values: with every head of the group equal, each candidate chunk is
   // appended G times with equal values (its buffer cuts keep one entry per chunk).
   {
     const Case& c = kCases[std::size(kCases) - 1];
     auto equal = hils::cases::make_inputs<double>(c);
     for (int64_t h = 0; h < c.Hq; ++h) equal.q[h] = equal.q[h / (c.Hq / c.Hkv) * (c.Hq / c.Hkv)];
-    problems.emplace_back(std::string(c.name) + " equal heads", std::move(equal));
-    geometry.push_back(c);
+    problems.push_back({std::string(c.name) + " equal heads", c, std::move(equal)});
   }
-  const Case tied = case_named("longer_blocks");
-  for (double perturbation : {0.0, 1e-7, 1e-5}) {
-    std::ostringstream label;
-    label << "longer_blocks ties " << perturbation;
-    problems.emplace_back(label.str(), tied_inputs(tied, perturbation));
-    geometry.push_back(tied);
-  }
-  for (std::size_t n = 0; n < problems.size(); ++n) {
-    const Case& c = geometry[n];
-    const auto& inputs = problems[n].second;
+  for (const SelectionProblem& problem : problems) {
+    const Case& c = problem.geometry;
+    const auto& inputs = problem.inputs;
     for (const char* preset : {"hils", "lmk", "hils sum_probabilities", "hils max_raw"}) {
       const MechanismSpec spec = selection_spec(preset, c);
       if (!c.landmarks) continue;  // both presets read the landmark slots
@@ -370,7 +392,7 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
       for (int64_t row = 0; row < c.Hkv * c.T; ++row)
         if (row % c.T >= c.W + (c.K + 2) * c.S)
           for (int64_t i = 0; i < c.K; ++i) unwritten += base[row * c.K + i] < 0 || base[row * c.K + i] >= c.T / c.S;
-      INFO(problems[n].first << " " << preset << " v4 entries of full rows outside [0, T / S)");
+      INFO(problem.name << " " << preset << " v4 entries of full rows outside [0, T / S)");
       CHECK(unwritten == 0);
       for (std::size_t k = 1; k < selections.size(); ++k) {
         int64_t differing_rows = 0;
@@ -385,9 +407,9 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
                                 "two-pass v8", "two-pass v9", "two-pass v10", "two-pass v11", "two-pass v12",
                                 "two-pass v13", "two-pass v14", "two-pass v15", "two-pass v16", "two-pass v17"};
         const char* label = labels[k];
-        std::cout << label << " vs two-pass v4 " << problems[n].first << " " << preset << ": rows "
+        std::cout << label << " vs two-pass v4 " << problem.name << " " << preset << ": rows "
                   << c.Hkv * c.T << ", differing " << differing_rows << "\n";
-        INFO(problems[n].first << " " << preset << " " << label);
+        INFO(problem.name << " " << preset << " " << label);
         CHECK(differing_rows == 0);
         CHECK(scores[k] == scores[0]);
       }
@@ -405,32 +427,9 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
 // again with v16's mass, so the selection and scores must be v16's bytes; without the fallback
 // every such row's log2 Z_hat is +inf and its selection wrong.
 TEST_CASE("gpu selections with pass 1's mass unshifted (v18 and v19) pass the oracle", "[gpu]") {
-  // clang-format off
-  static constexpr Case kCases[] = {
-    //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
-    Case{"packed_bench_geometry", 2113,   64, 512, 32, 16,  2, 64, 64, true, 1.0},
-    Case{"packed_g2_peaked",       777,   64,  64,  3,  4,  2, 64, 64, true, 4.0},
-    Case{"packed_multi_tile",     5000,   64, 128, 16,  4,  1, 64, 64, true, 1.0},
-    Case{"packed_k20_peaked",     9000,   64, 256, 20,  4,  1, 64, 64, true, 3.0},
-    Case{"packed_scores_past_range", 2113, 64, 512, 32, 16, 2, 64, 64, true, 100.0},
-  };
-  // clang-format on
-  std::vector<std::pair<std::string, AttentionInputs<double>>> problems;
-  std::vector<Case> geometry;
-  for (const Case& c : kCases) {
-    problems.emplace_back(c.name, hils::cases::make_inputs<double>(c));
-    geometry.push_back(c);
-  }
-  const Case tied = case_named("longer_blocks");
-  for (double perturbation : {0.0, 1e-7, 1e-5}) {
-    std::ostringstream label;
-    label << "longer_blocks ties " << perturbation;
-    problems.emplace_back(label.str(), tied_inputs(tied, perturbation));
-    geometry.push_back(tied);
-  }
-  for (std::size_t n = 0; n < problems.size(); ++n) {
-    const Case& c = geometry[n];
-    const auto& inputs = problems[n].second;
+  for (const SelectionProblem& problem : cases_and_ties(kNearTieShapes)) {
+    const Case& c = problem.geometry;
+    const auto& inputs = problem.inputs;
     const bool past_range = c.query_gain >= 100.0;
     for (const char* preset : {"hils", "lmk", "hils sum_probabilities", "hils max_raw"}) {
       const MechanismSpec spec = selection_spec(preset, c);
@@ -453,10 +452,10 @@ TEST_CASE("gpu selections with pass 1's mass unshifted (v18 and v19) pass the or
         for (int64_t row = 0; row < c.Hkv * c.T; ++row)
           differing_rows += std::memcmp(bytes.data() + row * c.K * 4, v16_selection.data() + row * c.K * 4,
                                         static_cast<std::size_t>(c.K) * 4) != 0;
-        std::cout << "=== " << hils::gpu::select_kernel_name(kernel) << " " << problems[n].first << " "
+        std::cout << "=== " << hils::gpu::select_kernel_name(kernel) << " " << problem.name << " "
                   << preset << ": rows " << c.Hkv * c.T << ", differing from v16 " << differing_rows
                   << "\n" << verdict.report();
-        INFO(problems[n].first << " " << preset << " " << hils::gpu::select_kernel_name(kernel));
+        INFO(problem.name << " " << preset << " " << hils::gpu::select_kernel_name(kernel));
         CHECK(verdict.passed);
         if (past_range || spec.group_rule == GroupRule::max_raw) {
           CHECK(bytes == v16_selection);
@@ -477,33 +476,10 @@ TEST_CASE("gpu selections with pass 1's mass unshifted (v18 and v19) pass the or
 // v22's bytes; for max_normalized its scores are v22's kernel's on its own selection, so every row
 // it selects as v22 does must have v22's scores in each of the group's heads.
 TEST_CASE("gpu selection v25 with the bias and log Z_hat in its products passes the oracle", "[gpu]") {
-  // clang-format off
-  static constexpr Case kCases[] = {
-    //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
-    Case{"packed_bench_geometry", 2113,   64, 512, 32, 16,  2, 64, 64, true, 1.0},
-    Case{"packed_g2_peaked",       777,   64,  64,  3,  4,  2, 64, 64, true, 4.0},
-    Case{"packed_multi_tile",     5000,   64, 128, 16,  4,  1, 64, 64, true, 1.0},
-    Case{"packed_k20_peaked",     9000,   64, 256, 20,  4,  1, 64, 64, true, 3.0},
-    Case{"packed_large_scores",   2113,   64, 512, 32, 16,  2, 64, 64, true, 100.0},
-  };
-  // clang-format on
-  std::vector<std::pair<std::string, AttentionInputs<double>>> problems;
-  std::vector<Case> geometry;
-  for (const Case& c : kCases) {
-    problems.emplace_back(c.name, hils::cases::make_inputs<double>(c));
-    geometry.push_back(c);
-  }
-  const Case tied = case_named("longer_blocks");
-  for (double perturbation : {0.0, 1e-7, 1e-5}) {
-    std::ostringstream label;
-    label << "longer_blocks ties " << perturbation;
-    problems.emplace_back(label.str(), tied_inputs(tied, perturbation));
-    geometry.push_back(tied);
-  }
-  for (std::size_t n = 0; n < problems.size(); ++n) {
-    const Case& c = geometry[n];
-    const auto& inputs = problems[n].second;
-    const bool exact_ties = problems[n].first == "longer_blocks ties 0";
+  for (const SelectionProblem& problem : cases_and_ties(kNearTieShapes)) {
+    const Case& c = problem.geometry;
+    const auto& inputs = problem.inputs;
+    const bool exact_ties = problem.name == "longer_blocks ties 0";
     for (const char* preset : {"hils", "lmk", "hils sum_probabilities", "hils max_raw"}) {
       const MechanismSpec spec = selection_spec(preset, c);
       const SelectionInputs staged(spec, c, inputs);
@@ -534,12 +510,12 @@ TEST_CASE("gpu selection v25 with the bias and log Z_hat in its products passes 
         }
       int64_t rows_with_twins = 0;
       const int64_t violations = exact_ties ? twin_violations(v25.selection, c, rows_with_twins) : 0;
-      std::cout << "=== two_pass_v25 " << problems[n].first << " " << preset << ": rows " << c.Hkv * c.T
+      std::cout << "=== two_pass_v25 " << problem.name << " " << preset << ": rows " << c.Hkv * c.T
                 << ", differing from v22 " << differing_rows << ", score rows off " << scores_off
                 << ", twin violations " << violations << " (rows cutting through the twins "
                 << rows_with_twins << ")\n"
                 << verdict.report();
-      INFO(problems[n].first << " " << preset);
+      INFO(problem.name << " " << preset);
       CHECK(verdict.passed);
       CHECK(scores_off == 0);
       CHECK(violations == 0);
