@@ -277,6 +277,19 @@ void over_rounded_cases(KeyStore store, bool summaries, Check check) {
   });
 }
 
+// What a run of verdicts over the case table flipped: selection rows that differ from the double
+// reference, rows judged, and the largest accepted margin and bound.
+struct FlipTally {
+  int64_t flipped = 0, rows = 0;
+  double largest_margin = 0, largest_bound = 0;
+  void add(const Verdict& v) {
+    flipped += v.selection.rows_differing;
+    rows += v.selection.rows;
+    largest_margin = std::max(largest_margin, v.selection.max_accepted_margin);
+    largest_bound = std::max(largest_bound, v.selection.bound);
+  }
+};
+
 // Rows read back without their scale (a planted dequantisation bug), a few cases (the suite's
 // time): every verdict must fail under the store's own score precision.
 void check_dropped_scale_fails(KeyStore dropped) {
@@ -330,22 +343,18 @@ TEST_CASE("fp8 e4m3 rounding and the per-row scale", "[oracle]") {
 }
 
 TEST_CASE("a kernel with fp8 e4m3 summaries passes with score_precision fp8_e4m3", "[oracle][selection]") {
-  int64_t flipped = 0, rows = 0;
-  double largest_margin = 0, largest_bound = 0;
+  FlipTally tally;
   over_rounded_cases(KeyStore::fp8_e4m3, true, [&](const cases::Case& c, const char* name, const Verdict& v) {
     INFO("case " << c.name << ", spec " << name << "\n" << v.report());
     CHECK(v.passed);
-    flipped += v.selection.rows_differing;
-    rows += v.selection.rows;
-    largest_margin = std::max(largest_margin, v.selection.max_accepted_margin);
-    largest_bound = std::max(largest_bound, v.selection.bound);
+    tally.add(v);
   });
   std::printf("fp8 e4m3 summaries over the case table: %lld of %lld selection rows differ from the "
               "double reference, largest accepted margin %.3g, largest bound %.3g\n",
-              static_cast<long long>(flipped), static_cast<long long>(rows), largest_margin,
-              largest_bound);
+              static_cast<long long>(tally.flipped), static_cast<long long>(tally.rows),
+              tally.largest_margin, tally.largest_bound);
   // fp8's rounding must flip selections, or the test would not exercise the wider bound.
-  CHECK(flipped > 0);
+  CHECK(tally.flipped > 0);
 }
 
 TEST_CASE("fp8 e4m3 summaries: a wrong chunk or a dropped scale still fails", "[oracle][selection]") {
@@ -412,9 +421,9 @@ TEST_CASE("a kernel with int4 summaries passes with score_precision int4", "[ora
   // And what the selections cost in o: the root of sum |o - o_reference|^2 / sum |o_reference|^2
   // over every row of the table (o fused with the kernel's own selection against the double
   // reference's o), for int4 and fp8 alike.
-  int64_t flipped = 0, rows = 0, flipped_fp8 = 0, int4_vs_fp8 = 0, last_rows = 0, last_int4 = 0,
-          last_fp8 = 0;
-  double largest_margin = 0, largest_bound = 0, o_size = 0, o_error_int4 = 0, o_error_fp8 = 0;
+  FlipTally tally;
+  int64_t flipped_fp8 = 0, int4_vs_fp8 = 0, last_rows = 0, last_int4 = 0, last_fp8 = 0;
+  double o_size = 0, o_error_int4 = 0, o_error_fp8 = 0;
   auto o_error = [](const KernelOutputs& kernel, const MechanismOutputs<double>& truth) {
     double err = 0;
     for (size_t h = 0; h < kernel.o.size(); ++h) err += (kernel.o[h] - truth.heads[h].o).squaredNorm();
@@ -428,10 +437,7 @@ TEST_CASE("a kernel with int4 summaries passes with score_precision int4", "[ora
     const Verdict v = verify(spec, inputs, int4, options);
     INFO("case " << c.name << ", spec " << name << "\n" << v.report());
     CHECK(v.passed);
-    flipped += v.selection.rows_differing;
-    rows += v.selection.rows;
-    largest_margin = std::max(largest_margin, v.selection.max_accepted_margin);
-    largest_bound = std::max(largest_bound, v.selection.bound);
+    tally.add(v);
     options.score_precision = InputPrecision::fp8_e4m3;
     const KernelOutputs fp8 = bf16_score_kernel(spec, inputs, KeyStore::fp8_e4m3, false);
     flipped_fp8 += verify(spec, inputs, fp8, options).selection.rows_differing;
@@ -451,9 +457,9 @@ TEST_CASE("a kernel with int4 summaries passes with score_precision int4", "[ora
   std::printf("int4 summaries over the case table: %lld of %lld selection rows differ from the double "
               "reference (fp8 e4m3: %lld), %lld from fp8's selection; largest accepted margin %.3g, "
               "largest bound %.3g\n",
-              static_cast<long long>(flipped), static_cast<long long>(rows),
-              static_cast<long long>(flipped_fp8), static_cast<long long>(int4_vs_fp8), largest_margin,
-              largest_bound);
+              static_cast<long long>(tally.flipped), static_cast<long long>(tally.rows),
+              static_cast<long long>(flipped_fp8), static_cast<long long>(int4_vs_fp8),
+              tally.largest_margin, tally.largest_bound);
   std::printf("int4 summaries, the last query of each case (a decode step's row): %lld of %lld rows "
               "differ from the double reference (fp8 e4m3: %lld); |o - o_reference| / |o_reference| "
               "over the table (root of sums of squares): int4 %.3g, fp8 %.3g\n",
@@ -461,7 +467,7 @@ TEST_CASE("a kernel with int4 summaries passes with score_precision int4", "[ora
               static_cast<long long>(last_fp8), std::sqrt(o_error_int4 / o_size),
               std::sqrt(o_error_fp8 / o_size));
   // int4's rounding must flip selections, or the test would not exercise its wider bound.
-  CHECK(flipped > 0);
+  CHECK(tally.flipped > 0);
 }
 
 TEST_CASE("int4 summaries: a wrong chunk or a dropped scale still fails", "[oracle][selection]") {
