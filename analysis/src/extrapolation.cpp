@@ -68,6 +68,7 @@ void write_needle_unit(const AttentionInputs<double>& raw, const NamedEncoding& 
     RunOptions run;
     run.queries = last;
     for (size_t m = 0; m < fo.mechanisms.size(); ++m) {
+      throw_if_stop_requested();  // a safe point: nothing of the unit is complete yet
       const auto& mech = fo.mechanisms[m];
       std::vector<IndexMatrix> selection;
       if (mech.max_logit) {

@@ -154,7 +154,10 @@ KlCheck write_fidelity_unit(const AttentionInputs<double>& inputs, int64_t layer
   const int64_t G = in.Hq();
 
   std::vector<HeadTruth> truths;
-  for (int64_t h = 0; h < G; ++h) truths.push_back(head_truth(in, h, geometry, scale, queries));
+  for (int64_t h = 0; h < G; ++h) {
+    throw_if_stop_requested();  // safe points: nothing of the unit is complete yet
+    truths.push_back(head_truth(in, h, geometry, scale, queries));
+  }
   std::vector<int64_t> candidates;
   for (int64_t t : queries) candidates.push_back(geometry.candidate_count(t));
   sink.write(unit + "/queries", queries, "sampled query slots t");
@@ -187,6 +190,7 @@ KlCheck write_fidelity_unit(const AttentionInputs<double>& inputs, int64_t layer
   }
 
   for (const auto& m : options.mechanisms) {
+    throw_if_stop_requested();
     const auto r = m.max_logit ? max_logit_result(in, truths, options, geometry, scale, queries)
                                : spec_result(m, in, truths, options, queries);
     for (int64_t h = 0; h < G; ++h) {

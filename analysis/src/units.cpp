@@ -1,8 +1,28 @@
 #include "hils/analysis/units.hpp"
 
 #include <algorithm>
+#include <atomic>
 
 namespace hils::analysis {
+
+namespace {
+// Set from a signal handler: lock-free, so a plain store (async-signal-safe).
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+}  // namespace
+
+void request_stop(int signal_number) noexcept {
+  int none = 0;  // the first request is kept
+  g_stop_signal.compare_exchange_strong(none, signal_number);
+}
+
+int stop_requested() noexcept { return g_stop_signal.load(); }
+
+void clear_stop_request() noexcept { g_stop_signal.store(0); }
+
+void throw_if_stop_requested() {
+  if (const int signal = stop_requested()) throw Interrupted(signal);
+}
 
 std::vector<size_t> schedule_order(const std::vector<StudyUnit>& units, const ResultSink& sink) {
   std::vector<size_t> order;
@@ -19,12 +39,14 @@ UnitsDone SerialUnitRunner::run(const std::vector<StudyUnit>& units, ResultSink&
   const auto order = schedule_order(units, sink);
   done.skipped = static_cast<int64_t>(units.size() - order.size());
   for (size_t i : order) {
+    throw_if_stop_requested();
     units[i].work(sink);
     sink.mark_complete(units[i].path);
     done.ran.push_back(i);
     if (progress)
       progress(static_cast<int64_t>(done.ran.size()), static_cast<int64_t>(order.size()));
   }
+  throw_if_stop_requested();  // a request during the last unit: the caller ends here too
   return done;
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <csignal>
 #include <cstdint>
 #include <iostream>
 #include <limits>
@@ -152,6 +153,18 @@ void require_fits_in_memory(double bytes, const std::string& what) {
   if (bytes < 0.8 * memory.bytes) return;
   throw BadInput(fmt::format("{}: expected sizes whose data fit in 80% of {}, got about {}", what,
                              memory.text, bytes_text(bytes)));
+}
+
+}  // namespace hils::cli
+
+namespace hils::cli {
+
+std::string interrupted_message(int signal, const std::string& file, size_t complete_units,
+                                const std::string& to_continue) {
+  const char* name = signal == SIGINT ? "SIGINT (Ctrl-C)" : signal == SIGTERM ? "SIGTERM" : "a signal";
+  return fmt::format("interrupted by {}: {} keeps {} complete unit{} (work on unfinished units "
+                     "is dropped); {} to continue from them",
+                     name, file, complete_units, complete_units == 1 ? "" : "s", to_continue);
 }
 
 }  // namespace hils::cli

@@ -18,6 +18,10 @@
 //   2 bad input (usage, missing or malformed file, bad config): throw hils::InvalidArgument
 //     (or BadInput, or any hils::io error, which derive from it); CLI11 parse errors also give 2
 //   3 internal error: any other exception
+//   130 / 143 (the shell's 128 + signal): SIGINT (Ctrl-C) or SIGTERM stopped `hils run` or a
+//     study at a unit boundary: throw Interrupted, whose line names the results file; main
+//     then ends the process by that same signal (so a calling shell script stops too), or
+//     under MPI exits with 128 + signal after the ranks have ended together
 #pragma once
 
 #include <stdexcept>
@@ -45,6 +49,21 @@ class BadInput : public hils::InvalidArgument {
  public:
   using hils::InvalidArgument::InvalidArgument;
 };
+
+// A run stopped by a signal at a unit boundary (see the exit codes above); what() is the line
+// for stderr (interrupted_message()).
+class Interrupted : public std::runtime_error {
+ public:
+  Interrupted(int signal, const std::string& message)
+      : std::runtime_error(message), signal_number(signal) {}
+  int signal_number;
+};
+
+// The line of an interrupted run: the signal, the results file, how many complete units it
+// keeps (no partial one: a unit is published whole or not at all) and `to_continue`, the
+// command that continues from them.
+std::string interrupted_message(int signal, const std::string& file, size_t complete_units,
+                                const std::string& to_continue);
 
 // Options shared by every subcommand, set on the top-level app by main.cpp.
 struct GlobalOptions {

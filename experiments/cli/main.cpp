@@ -28,6 +28,7 @@ namespace {
 struct Outcome {
   int code = hils::cli::kExitOk;
   std::string message;
+  int signal = 0;  // the signal that stopped a run (hils::cli::Interrupted), else 0
 };
 
 // The error of a report cut short: nothing the command computed is lost, but stdout is.
@@ -56,6 +57,8 @@ Outcome run_app(CLI::App& app, int argc, char** argv, bool speaks) {
     return {code == 0 ? hils::cli::kExitOk : hils::cli::kExitBadInput, ""};
   } catch (const hils::parallel::JobEnded&) {
     return {};  // an MPI worker of a failed run: rank 0 reports the failure
+  } catch (const hils::cli::Interrupted& e) {
+    return {128 + e.signal_number, e.what(), e.signal_number};
   } catch (const hils::cli::CheckFailed& e) {
     return {hils::cli::kExitCheckFailed, std::string("check failed: ") + e.what()};
   } catch (const hils::InvalidArgument& e) {
@@ -126,7 +129,7 @@ int main(int argc, char** argv) {
   // Only rank 0 of an MPI job speaks: a worker's message goes to rank 0, which prints it unless
   // it is rank 0's own (flags, config and inputs are the same on every rank).
   const bool speaks = session->holds_results();
-  auto [code, message] = run_app(app, argc, argv, speaks);
+  auto [code, message, signal] = run_app(app, argc, argv, speaks);
   // A report cut short (full disk, file-size limit) must not end in exit 0.
   std::cout.flush();
   if (!std::cout && code == hils::cli::kExitOk) {
@@ -143,6 +146,17 @@ int main(int argc, char** argv) {
     std::cerr.flush();
     std::fflush(nullptr);
     std::_Exit(code);
+  }
+  if (signal != 0 && hils::parallel::ranks() == 1) {
+    // Stopped by SIGINT/SIGTERM, its files closed and its line printed: end by that signal, as
+    // a program that does not catch it would, so that the shell's loop or `make` calling hils
+    // stops too (the shell's $? is 128 + signal). Under MPI the ranks end by exit(128 + signal)
+    // after MPI_Finalize instead: a rank killed by a signal makes mpirun report a crash.
+    session.reset();
+    std::cout.flush();
+    std::cerr.flush();
+    std::signal(signal, SIG_DFL);
+    std::raise(signal);
   }
   return code;
 }

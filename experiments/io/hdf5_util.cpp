@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "io/file_error.hpp"
+#include "hils/analysis/units.hpp"
 #include "hils/memory.hpp"
 
 namespace hils::io {
@@ -416,12 +417,23 @@ constexpr int kMaxLiveTemps = 32;
 constexpr size_t kMaxPathBytes = 4096;
 char g_live_temps[kMaxLiveTemps][kMaxPathBytes];
 volatile std::sig_atomic_t g_live_used[kMaxLiveTemps];
+// Set while a UnitStopScope lives: the first SIGINT/SIGTERM asks the unit runners to stop.
+volatile std::sig_atomic_t g_stop_between_units = 0;
 
 void remove_live_temps_and_die(int signal_number) {
   for (int i = 0; i < kMaxLiveTemps; ++i)
     if (g_live_used[i]) ::unlink(g_live_temps[i]);
   std::signal(signal_number, SIG_DFL);
   std::raise(signal_number);
+}
+
+void on_signal(int signal_number) {
+  const bool stoppable = signal_number == SIGINT || signal_number == SIGTERM;
+  if (stoppable && g_stop_between_units && analysis::stop_requested() == 0) {
+    analysis::request_stop(signal_number);  // an atomic store; the unit loops do the rest
+    return;
+  }
+  remove_live_temps_and_die(signal_number);
 }
 
 void install_signal_cleanup() {
@@ -434,7 +446,7 @@ void install_signal_cleanup() {
     struct sigaction current {};
     if (::sigaction(signal_number, nullptr, &current) == 0 && current.sa_handler == SIG_IGN)
       continue;
-    std::signal(signal_number, remove_live_temps_and_die);
+    std::signal(signal_number, on_signal);
   }
 }
 
@@ -464,6 +476,13 @@ std::filesystem::path temp_name_for(const std::filesystem::path& final_path) {
 }
 
 }  // namespace
+
+UnitStopScope::UnitStopScope() {
+  install_signal_cleanup();
+  g_stop_between_units = 1;
+}
+
+UnitStopScope::~UnitStopScope() { g_stop_between_units = 0; }
 
 std::string json_text(const nlohmann::json& document) {
   return document.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

@@ -102,6 +102,21 @@ bool hdf5_file_abandoned();
 // file) instead of replacing the link by a regular file and leaving the target stale.
 std::filesystem::path output_target(const std::filesystem::path& path);
 
+// While one lives (around the unit loops of `hils run` and the studies, on every MPI rank), the
+// first SIGINT or SIGTERM only asks the runners to stop at the next unit boundary
+// (analysis::request_stop: the handler sets one atomic flag and returns, no I/O), so the command
+// can end by saying what its results file keeps. A second one, or any outside a scope, ends
+// the process at once: the temporary files are removed, the published file (the last
+// checkpoint) is kept, and the process dies by the signal. A signal the caller ignores (nohup,
+// a script's background job) stays ignored. Scopes do not nest.
+class UnitStopScope {
+ public:
+  UnitStopScope();
+  ~UnitStopScope();
+  UnitStopScope(const UnitStopScope&) = delete;
+  UnitStopScope& operator=(const UnitStopScope&) = delete;
+};
+
 // A temporary file beside `final_path` (".<name>.tmp-<pid>-<n>") that is removed on destruction
 // unless published. Creating it checks that the folder exists and is writable (FileError).
 class TempFile {

@@ -43,7 +43,9 @@ int tag(int kind, int64_t call) { return kind + 4 * static_cast<int>(call % 8000
 // The kAssign tag that answers a worker's kReady or kFailure message of the same run() call.
 int answer_tag(int request_tag) { return request_tag - request_tag % 4 + kAssign; }
 constexpr int64_t kNoMoreUnits = -1, kJobFailed = -2;
-constexpr char kBadInput = 'B', kOtherFailure = 'E';
+// kInterrupted: the worker was asked to stop (a signal, analysis::Interrupted); the message is
+// the signal's number.
+constexpr char kBadInput = 'B', kOtherFailure = 'E', kInterrupted = 'I';
 constexpr int kBadInputExit = 2;  // hils's exit status for bad input (README, "Exit codes")
 
 std::vector<char> receive_bytes(const MPI_Status& probed) {
@@ -64,6 +66,7 @@ void send_bytes(const std::vector<char>& bytes, int message_tag) {
 struct Failure {
   size_t order = 0;
   bool bad_input = false;
+  int interrupted = 0;  // the signal that stopped the worker: not a failure, a stop
   std::string message;
 };
 
@@ -73,6 +76,8 @@ Failure decode_failure(const std::vector<char>& bytes, int worker,
   std::memcpy(&unit, bytes.data(), sizeof unit);
   Failure failure;
   failure.bad_input = bytes.at(sizeof unit) == kBadInput;
+  if (bytes.at(sizeof unit) == kInterrupted)
+    failure.interrupted = std::stoi(std::string(bytes.begin() + sizeof unit + 1, bytes.end()));
   failure.order = static_cast<size_t>(
       std::find(pending.begin(), pending.end(), static_cast<size_t>(unit)) - pending.begin());
   failure.message = "rank " + std::to_string(worker) + " failed on unit " +
@@ -113,7 +118,16 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
   // failed one, whatever the timing (and no computed work is lost).
   std::optional<Failure> failure;
   std::exception_ptr write_failure;  // rank 0's own (say a full disk): nothing more is written
+  // A stop (SIGINT/SIGTERM here or on a worker): the run ends at once at the units written so
+  // far (rank 0 is the only writer, so that is the boundary for every rank); the workers still
+  // computing are answered kJobFailed when they ask next, by end_job().
+  auto stop = [&](int signal) {
+    for (int worker : parked)
+      MPI_Send(&kJobFailed, 1, MPI_INT64_T, worker, tag(kAssign, calls_), MPI_COMM_WORLD);
+    throw analysis::Interrupted(signal);
+  };
   while (static_cast<int>(parked.size()) + workers_gone() < size_ - 1) {
+    if (!failure && !write_failure && analysis::stop_requested()) stop(analysis::stop_requested());
     int flag = 0;
     MPI_Status status;
     MPI_Iprobe(MPI_ANY_SOURCE, kGoodbye, MPI_COMM_WORLD, &flag, &status);
@@ -142,9 +156,16 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
     const int worker = status.MPI_SOURCE;
     if (status.MPI_TAG == tag(kFailure, calls_)) {
       Failure arrived_failure = decode_failure(bytes, worker, units, pending);
-      if (!failure || arrived_failure.order < failure->order) failure = std::move(arrived_failure);
       parked.push_back(worker);
+      if (arrived_failure.interrupted && !failure && !write_failure)
+        stop(arrived_failure.interrupted);
+      if (arrived_failure.interrupted) continue;  // a failure ends the run already
+      if (!failure || arrived_failure.order < failure->order) failure = std::move(arrived_failure);
       continue;
+    }
+    if (!failure && !write_failure && analysis::stop_requested()) {
+      parked.push_back(worker);  // its unit is dropped: nothing is written after a stop
+      stop(analysis::stop_requested());
     }
     if (!bytes.empty() && !write_failure) {
       uint64_t unit = 0;
@@ -201,13 +222,18 @@ void MpiUnitRunner::work(const std::vector<StudyUnit>& units) {
     const auto i = static_cast<size_t>(assign);
     RecordingSink records;
     try {
+      analysis::throw_if_stop_requested();  // stopped: no new unit
       units.at(i).work(records);
     } catch (const std::exception& e) {
       std::vector<char> failure(sizeof(uint64_t));
       const uint64_t unit = i;
       std::memcpy(failure.data(), &unit, sizeof unit);
-      failure.push_back(dynamic_cast<const InvalidArgument*>(&e) ? kBadInput : kOtherFailure);
-      const std::string message = e.what();
+      const auto* interrupted = dynamic_cast<const analysis::Interrupted*>(&e);
+      failure.push_back(interrupted ? kInterrupted
+                        : dynamic_cast<const InvalidArgument*>(&e) ? kBadInput
+                                                                   : kOtherFailure);
+      const std::string message =
+          interrupted ? std::to_string(interrupted->signal_number) : std::string(e.what());
       failure.insert(failure.end(), message.begin(), message.end());
       send_bytes(failure, tag(kFailure, calls_));
       // Rank 0 reports it and answers when the other workers are stopped too.

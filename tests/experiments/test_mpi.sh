@@ -7,7 +7,10 @@
 #                 another N (2, then 1 process after a second interruption) to the same results;
 #   run:          `hils run` over 3 layers x 2 mechanisms: the same, for its (mechanism, layer) units;
 #                 rank 0 or a worker failing before the run ends the job in order, named;
-#                 size checks count each rank's share of the node's memory.
+#                 size checks count each rank's share of the node's memory;
+#   interrupt:    Ctrl-C (SIGINT to mpirun) and SIGINT to rank 0 alone once the first unit is
+#                 written: one line from rank 0 naming the file and its complete units, no
+#                 temporary or lock file, and the file resumes to the uninterrupted datasets.
 # usage: test_mpi.sh CASE HILS MPIRUN WORKDIR
 set -euo pipefail
 case_name=$1 hils=$2 mpirun=$3 work=$4
@@ -155,6 +158,56 @@ PY
   (cd rank0 && "$hils" -q run acts.h5 -o ../resumed.h5 "${run_args[@]}" --resume)
   same run_1.h5 resumed.h5
   echo "hils run: same results for N = 1, 2, 3; failures named; resumed under N = 2 and 1"
+  exit 0
+fi
+
+if [[ $case_name == interrupt ]]; then
+  # Background jobs must not ignore SIGINT (bash sets SIG_IGN for them without job control).
+  set -m
+  args=(--lengths 1024 2048 --n-layers 2 --queries 16 --W 256)  # 8 units
+  "$hils" -q fidelity --out whole.h5 "${args[@]}"
+  # Starts `mpirun -n 3 hils fidelity --out $1`; once $1 exists (its first unit is written)
+  # sends SIGINT to $2 (mpirun: what Ctrl-C in a terminal reaches, as each rank is a process
+  # group of its own; rank0: the coordinator alone); sets `status`.
+  interrupt() {
+    rm -f "$1" err.txt
+    timeout 120 "$mpirun" --oversubscribe -n 3 "$hils" -q fidelity --out "$1" "${args[@]}" 2> err.txt &
+    local job=$! target
+    while [[ ! -e $1 ]]; do kill -0 $job 2> /dev/null || fail "mpirun ended before $1 appeared"; sleep 0.005; done
+    target=$(pgrep -P $job) || fail "no mpirun process under timeout"  # mpirun or mpiexec
+    if [[ $2 == rank0 ]]; then
+      for p in $(pgrep -P "$target"); do
+        grep -qz "^OMPI_COMM_WORLD_RANK=0$" /proc/$p/environ 2> /dev/null && target=$p
+      done
+    fi
+    kill -INT "$target"
+    status=0; wait $job || status=$?
+    cat err.txt
+  }
+  kept() { /usr/bin/python3 -c "import h5py, json; print(len(json.loads(h5py.File('$1', 'r').attrs['complete_units'])))"; }
+  check_left() {  # FILE SIGNAL: rank 0's one line, the file whole and nothing beside it
+    local n; n=$(kept "$1")
+    (( n >= 1 && n < 8 )) || fail "$1 keeps $n units, expected 1..7"
+    grep -qx "hils: interrupted by $2: $1 keeps $n complete units\{0,1\} (work on unfinished units is dropped); run the same command again to continue from them" err.txt ||
+      fail "rank 0's line is missing or wrong"
+    [[ $(grep -c "hils:" err.txt) == 1 ]] || fail "expected one line (rank 0's), got: $(cat err.txt)"
+    [[ $(ls -A | grep -c -e "\.tmp-" -e "\.lock") == 0 ]] || fail "left behind: $(ls -A)"
+  }
+  # Ctrl-C: mpirun sends every rank SIGTERM (about 1 s later, then SIGKILL 1 s after that:
+  # OpenMPI's odls_base_sigkill_timeout) and exits 1 whatever the ranks do.
+  interrupt ctrl_c.h5 mpirun
+  [[ $status == 1 ]] || fail "mpirun after SIGINT: exit status $status, expected OpenMPI's 1"
+  check_left ctrl_c.h5 SIGTERM
+  # SIGINT to rank 0 alone: it stops at once, the workers end as they next ask for a unit, and
+  # mpirun exits with rank 0's status, 130.
+  interrupt rank0.h5 rank0
+  [[ $status == 130 ]] || fail "SIGINT to rank 0: exit status $status, expected 130"
+  check_left rank0.h5 "SIGINT (Ctrl-C)"
+  # Both resume, under N = 2 and in one process, to the uninterrupted run's datasets.
+  mpi 2 fidelity --out ctrl_c.h5 "${args[@]}"
+  "$hils" -q fidelity --out rank0.h5 "${args[@]}"
+  same whole.h5 ctrl_c.h5 && same whole.h5 rank0.h5
+  echo "interrupted under mpirun: one line from rank 0, the files resumed to the same results"
   exit 0
 fi
 

@@ -45,6 +45,22 @@ RunOptions run_options(const RunPlan& plan, const io::ActivationMeta& meta) {
   return options;
 }
 
+// The units run, stopping at a unit boundary on SIGINT/SIGTERM (Interrupted: the file keeps
+// every unit complete before it; --resume continues).
+analysis::UnitsDone run_units(analysis::UnitRunner& runner,
+                              const std::vector<analysis::StudyUnit>& units, RunResults& results,
+                              const RunFlags& flags, const analysis::Progress& progress) {
+  io::UnitStopScope stop_between_units;
+  try {
+    return runner.run(units, results.sink(), progress);
+  } catch (const analysis::Interrupted& e) {
+    throw Interrupted(e.signal_number,
+                      interrupted_message(e.signal_number, flags.output, results.units_complete(),
+                                          flags.resume ? "run the same command again"
+                                                       : "run the same command with --resume"));
+  }
+}
+
 }  // namespace
 
 // flags -> the results file, or an exception (bad input before any output exists).
@@ -60,6 +76,7 @@ void run(const RunFlags& flags) {
   const auto units = list_units(plan, meta, flags.input, options, layers);
   analysis::UnitRunner& runner = parallel::current_runner();
   if (!runner.holds_results()) {  // an MPI worker: computes the units rank 0 hands out
+    io::UnitStopScope stop_between_units;
     analysis::RecordingSink unused;
     runner.run(units, unused, {});
     return;
@@ -77,7 +94,7 @@ void run(const RunFlags& flags) {
     if (!bar) bar = std::make_unique<ProgressBar>("hils run", total, "units", global_options().quiet);
     bar->advance();
   };
-  const auto done = runner.run(units, results.sink(), progress);
+  const auto done = run_units(runner, units, results, flags, progress);
   results.commit();
   if (bar) bar->finish();
   fmt::print("{} unit(s) computed, {} already complete -> {}\n", done.ran.size(), done.skipped,

@@ -57,6 +57,8 @@ std::vector<analysis::StudyUnit> list_units(const RunPlan& plan, const io::Activ
                                    path](analysis::ResultSink& sink) {
                          const MechanismSpec& spec = *mechanism;
                          auto inputs = inputs_for(spec, plan, meta, layers.get(l), input);
+                         // A safe point before the long part (its outputs are written at once).
+                         analysis::throw_if_stop_requested();
                          auto out = run_mechanism(spec, inputs, options);
                          sink.set_attribute(spec.name, "spec", io::json_text(config::spec_to_json(spec)));
                          sink.set_attribute(spec.name, "description", describe(spec));

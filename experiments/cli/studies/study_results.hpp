@@ -14,6 +14,7 @@
 #include "cli/commands.hpp"
 #include "cli/studies/study_config.hpp"
 #include "hils/analysis/units.hpp"
+#include "io/hdf5_util.hpp"
 #include "util/progress.hpp"
 
 namespace hils::cli::studies {
@@ -28,6 +29,8 @@ class StudyResults {
   ~StudyResults();
   analysis::ResultSink& sink();
   void commit();
+  // Units marked complete in the file (0 on an MPI worker, which holds none).
+  size_t units_complete() const;
 
  private:
   std::unique_ptr<ResultsFileSink> file_;
@@ -50,7 +53,19 @@ auto run_into_results(const Resolved& r, const std::filesystem::path& path,
     bar->advance();
   };
   const auto start = std::chrono::steady_clock::now();
-  const auto report = driver(results.sink(), analysis::Progress(progress));
+  const auto report = [&] {
+    // SIGINT/SIGTERM stop the units at a unit boundary (Interrupted); the file is resumed by
+    // the same command (StudyResults opens an existing file to resume it).
+    io::UnitStopScope stop_between_units;
+    try {
+      return driver(results.sink(), analysis::Progress(progress));
+    } catch (const analysis::Interrupted& e) {
+      throw Interrupted(e.signal_number,
+                        interrupted_message(e.signal_number, path.string(),
+                                            results.units_complete(),
+                                            "run the same command again"));
+    }
+  }();
   results.commit();
   bar.reset();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <variant>
 #include <vector>
@@ -15,6 +16,28 @@
 #include "hils/analysis/study.hpp"
 
 namespace hils::analysis {
+
+// Asking a run to stop (Ctrl-C, SIGTERM): the `hils` command's signal handler calls
+// request_stop() and nothing else (experiments/io/hdf5_util.hpp, UnitStopScope); the runners
+// check stop_requested() before each unit and the units at safe points inside
+// (throw_if_stop_requested()), so a run ends at a unit boundary: every unit marked complete is
+// whole, the unit in progress is dropped (a unit marks nothing complete itself).
+// request_stop and stop_requested are async-signal-safe (one lock-free atomic each).
+void request_stop(int signal_number) noexcept;
+// The signal number of the first request, 0 when none.
+int stop_requested() noexcept;
+// Forgets the request (tests; a process that runs again in-process).
+void clear_stop_request() noexcept;
+
+// Thrown by a runner or a unit's safe point once a stop is requested.
+struct Interrupted : std::runtime_error {
+  explicit Interrupted(int signal)
+      : std::runtime_error("interrupted by signal " + std::to_string(signal)),
+        signal_number(signal) {}
+  int signal_number;
+};
+// A safe point: throws Interrupted when a stop is requested.
+void throw_if_stop_requested();
 
 struct StudyUnit {
   std::string path;   // what is marked complete, e.g. unit_path(T, layer, group)
@@ -41,7 +64,8 @@ class UnitRunner {
   // Runs every unit of `units` not yet complete in `sink` and, where this process holds the
   // results, writes them to `sink` in schedule_order, marking each complete. Every process of a
   // run passes the same list. Throws on the first failing unit; the units written before it
-  // stay complete.
+  // stay complete. Throws Interrupted when a stop is requested (checked before each unit and
+  // once after the last): nothing is written after the request.
   virtual UnitsDone run(const std::vector<StudyUnit>& units, ResultSink& sink,
                         const Progress& progress) = 0;
   // True where the results live (the only process, or MPI rank 0): summaries are written here.

@@ -1,0 +1,216 @@
+// Ctrl-C (SIGINT) and SIGTERM during `hils run` and a study: the run stops at a unit boundary,
+// says on one line what its results file keeps and how to continue, ends by the signal (the
+// shell's $? is 130 / 143), leaves no temporary or lock file, and the file resumes to the
+// datasets of an uninterrupted run. (MPI: tests/experiments/test_mpi.sh, case interrupt.)
+//
+// Each test signals hils once its results file exists: the file is published only at a
+// checkpoint, after a unit is complete, so the signal lands after the first unit whatever the
+// timing; the units after it are slower, so it lands before the last.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "hils/analysis/units.hpp"
+#include "io/hdf5_util.hpp"
+#include "io/results_file.hpp"
+#include "support.hpp"
+
+using hils::test::count_temp_files;
+using hils::test::quoted;
+using hils::test::run_hils;
+using hils::test::run_shell;
+using hils::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string text_of(const fs::path& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+int count_lock_files(const fs::path& folder) {
+  int n = 0;
+  for (const auto& entry : fs::directory_iterator(folder))
+    if (entry.path().extension() == ".lock") ++n;
+  return n;
+}
+
+// "a b c" -> {"a", "b", "c"} (arguments without spaces or quotes).
+std::vector<std::string> words(const std::string& line) {
+  std::vector<std::string> out;
+  std::istringstream in(line);
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+struct Stopped {
+  bool signalled = false;  // false: hils ended before `watched` appeared
+  int status = 0;          // waitpid's status
+  std::string err;         // its stderr
+};
+
+// Runs `hils <line>` in `folder` (stderr to a file); once `watched` exists sends it `signal`.
+// Returns how it ended.
+Stopped signal_once_published(const fs::path& folder, const std::string& line,
+                              const fs::path& watched, int signal) {
+  const fs::path err = folder / "stderr.txt";
+  const auto args = words(line);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::chdir(folder.c_str()) != 0) ::_exit(127);
+    const int fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || ::dup2(fd, STDERR_FILENO) < 0) ::_exit(127);
+    std::vector<char*> argv{const_cast<char*>(HILS_EXE)};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(HILS_EXE, argv.data());
+    ::_exit(127);
+  }
+  Stopped stopped;
+  while (!stopped.signalled && ::waitpid(pid, &stopped.status, WNOHANG) == 0) {
+    if (fs::exists(watched)) {
+      ::kill(pid, signal);
+      stopped.signalled = true;
+    } else {
+      ::usleep(200);
+    }
+  }
+  if (stopped.signalled) ::waitpid(pid, &stopped.status, 0);
+  stopped.err = text_of(err);
+  return stopped;
+}
+
+// The units a results file holds complete.
+size_t complete_units(const fs::path& results) {
+  hils::io::ResultsReader reader(results);
+  return nlohmann::json::parse(reader.string_attribute("/", "complete_units")).size();
+}
+
+// `hils <args>` run in `folder`.
+hils::test::CommandResult hils_in(const fs::path& folder, const std::string& args) {
+  return run_shell("cd " + quoted(folder) + " && '" + HILS_EXE + "' " + args + " 2>&1");
+}
+
+// Whether two results files hold the same datasets and attributes, provenance aside.
+void require_same_results(const fs::path& a, const fs::path& b) {
+  const auto r = run_shell(fmt::format("/usr/bin/python3 '{}/tests/experiments/compare_results.py' "
+                                       "{} {} 2>&1", HILS_SOURCE_DIR, quoted(a), quoted(b)));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+}
+
+// hils run's activations: one layer, units quick then slow (swa's window, then full attention).
+const std::string kDump = "-q dump synthetic -T 8192 -S 64 --Hq 2 --Hkv 1 -d 32 --seed 3 -o acts.h5";
+const std::string kRun =
+    "-q run acts.h5 -o out.h5 -p swa,full,nsa -W 256 -K 4 --landmarks true";
+
+}  // namespace
+
+TEST_CASE("Ctrl-C during hils run stops at a unit boundary, says so, and --resume finishes it",
+          "[cli][interrupt]") {
+  // Was: killed by the signal with no word on what the file kept.
+  TempDir dir("interrupt_run");
+  REQUIRE(hils_in(dir.path(), kDump).exit_code == 0);
+  const std::string whole = "-q run acts.h5 -o whole.h5" + kRun.substr(kRun.find(" -p"));
+  REQUIRE(hils_in(dir.path(), whole).exit_code == 0);
+
+  const auto stopped = signal_once_published(dir.path(), kRun, dir / "out.h5", SIGINT);
+  INFO(stopped.err);
+  REQUIRE(stopped.signalled);
+  CHECK((WIFSIGNALED(stopped.status) && WTERMSIG(stopped.status) == SIGINT));  // $? = 130
+  const size_t kept = complete_units(dir / "out.h5");
+  CHECK(kept >= 1);
+  CHECK(kept < 3);
+  CHECK(stopped.err == fmt::format("hils: interrupted by SIGINT (Ctrl-C): out.h5 keeps {} "
+                                   "complete unit{} (work on unfinished units is dropped); run the "
+                                   "same command with --resume to continue from them\n",
+                                   kept, kept == 1 ? "" : "s"));
+  CHECK(count_temp_files(dir.path()) == 0);
+  CHECK(count_lock_files(dir.path()) == 0);
+
+  const auto resumed = hils_in(dir.path(), kRun + " --resume");
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK_THAT(resumed.output, Catch::Contains(fmt::format("{} unit(s) computed, {} already complete",
+                                                         3 - kept, kept)));
+  require_same_results(dir / "whole.h5", dir / "out.h5");
+}
+
+TEST_CASE("in a unit loop the first SIGINT only asks to stop, a second ends the process at once",
+          "[cli][interrupt]") {
+  // In a child: a temporary file and a UnitStopScope (as around hils's unit loops), then two
+  // SIGINTs. The first must leave the process running with the stop requested (exit 42 would
+  // say so), the second end it by SIGINT with the temporary file removed.
+  TempDir dir("interrupt_twice");
+  const fs::path final_path = dir / "r.h5";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    hils::io::TempFile temp(final_path);
+    hils::io::UnitStopScope scope;
+    std::raise(SIGINT);
+    if (hils::analysis::stop_requested() != SIGINT) ::_exit(41);  // the flag was not set
+    std::raise(SIGINT);
+    ::_exit(42);  // the second signal was not fatal
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  INFO("exit status " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1));
+  CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGINT));
+  CHECK(count_temp_files(dir.path()) == 0);
+  CHECK(!fs::exists(final_path));
+  // Outside a scope the first SIGINT ends the process, as before.
+  const pid_t plain = ::fork();
+  if (plain == 0) {
+    hils::io::TempFile temp(final_path);
+    std::raise(SIGINT);
+    ::_exit(43);
+  }
+  REQUIRE(::waitpid(plain, &status, 0) == plain);
+  CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGINT));
+  CHECK(count_temp_files(dir.path()) == 0);
+}
+
+TEST_CASE("SIGTERM during a study stops at a unit boundary and the same command resumes it",
+          "[cli][interrupt]") {
+  TempDir dir("interrupt_study");
+  // 2 lengths x 2 layers x 2 KV groups = 8 units, the larger length's first (largest first).
+  const std::string args = " --lengths 1024 2048 --n-layers 2 --queries 16 --W 256";
+  const auto whole = hils_in(dir.path(), "-q fidelity --out whole.h5" + args);
+  INFO(whole.output);
+  REQUIRE(whole.exit_code == 0);
+
+  const auto stopped =
+      signal_once_published(dir.path(), "-q fidelity --out f.h5" + args, dir / "f.h5", SIGTERM);
+  INFO(stopped.err);
+  REQUIRE(stopped.signalled);
+  CHECK((WIFSIGNALED(stopped.status) && WTERMSIG(stopped.status) == SIGTERM));  // $? = 143
+  const size_t kept = complete_units(dir / "f.h5");
+  CHECK(kept >= 1);
+  CHECK(kept < 8);
+  CHECK(stopped.err == fmt::format("hils: interrupted by SIGTERM: f.h5 keeps {} complete unit{} "
+                                   "(work on unfinished units is dropped); run the same command "
+                                   "again to continue from them\n",
+                                   kept, kept == 1 ? "" : "s"));
+  CHECK(count_temp_files(dir.path()) == 0);
+  CHECK(count_lock_files(dir.path()) == 0);
+
+  const auto resumed = hils_in(dir.path(), "fidelity --out f.h5" + args);
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK_THAT(resumed.output,
+             Catch::Contains(fmt::format("{} units run, {} resumed", 8 - kept, kept)));
+  require_same_results(dir / "whole.h5", dir / "f.h5");
+}
