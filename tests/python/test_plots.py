@@ -218,6 +218,18 @@ def test_needle_grid_has_a_colour_bar_and_cell_values(drawn):
     assert len(panel.texts) == grid.size
 
 
+def test_the_overlap_of_one_query_is_not_drawn_as_a_measurement(drawn):
+    # A block of M = 1 query has overlap 1 by definition; drawn, every curve fell from 1 at
+    # M = 1 to its first measured value at M = 2, a dip the data do not have.
+    panel = next(ax for ax in drawn["ov1"]["overlap.png"].axes
+                 if ax.get_ylabel() == ps.METRICS["overlap"].axis)
+    bars = error_bars(panel)
+    assert bars
+    for _, line, _ in bars:
+        assert 1 not in line.get_xdata() and 2 in line.get_xdata(), line.get_xdata()
+    assert "M = 1 is 1 by definition" in panel.get_xlabel()
+
+
 def test_output_error_axis_states_its_formula(drawn):
     for name, figure in (("fid2", "metrics.png"), ("ex2", "metrics_vs_length.png")):
         fig = drawn[name][figure]
