@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/activation_file.hpp"
+#include "io/file_error.hpp"
 
 namespace hils::cli {
 
@@ -37,6 +38,14 @@ void require_distinct_files(const std::filesystem::path& input, const std::strin
 // `landmarks`, none otherwise; the message says what the file holds and the flags that fit it.
 void require_landmark_layout(bool landmarks, int64_t S, const io::ActivationMeta& meta,
                              const std::string& input, const std::string& who);
+
+// The units the published results file `file` lists complete (0 when there is none).
+size_t published_units(const std::filesystem::path& file);
+// A write of `file` failed (a full disk) during its unit loop: rethrows `error`, with what the
+// last checkpoint keeps and how to continue (units_kept: "make room and <to_continue>") when
+// it keeps any unit.
+[[noreturn]] void rethrow_write_failure(const io::FileError& error, const std::string& file,
+                                        const std::string& to_continue);
 
 // BadInput when `bytes` (an estimate of what a command will hold at once) exceeds 80% of the
 // memory this process may use (hils/memory.hpp: the machine's or cgroup's share, ulimit -v),

@@ -59,9 +59,12 @@ class Interrupted : public std::runtime_error {
   int signal_number;
 };
 
-// The line of an interrupted run: the signal, the results file, how many complete units it
-// keeps (no partial one: a unit is published whole or not at all) and `to_continue`, the
-// command that continues from them.
+// "<file> keeps N complete units (...); <to_continue> to continue from them": what a stopped
+// run's results file holds (no partial unit: a unit is published whole or not at all) and the
+// command that continues from it.
+std::string units_kept(const std::string& file, size_t complete_units,
+                       const std::string& to_continue);
+// The line of an interrupted run: the signal, then units_kept().
 std::string interrupted_message(int signal, const std::string& file, size_t complete_units,
                                 const std::string& to_continue);
 

@@ -479,6 +479,13 @@ std::filesystem::path temp_name_for(const std::filesystem::path& final_path) {
 
 UnitStopScope::UnitStopScope() {
   install_signal_cleanup();
+  // Again, as another handler may have replaced ours since (a test framework's); a signal
+  // ignored from the start stays ignored.
+  for (int signal_number : {SIGINT, SIGTERM}) {
+    struct sigaction current {};
+    if (::sigaction(signal_number, nullptr, &current) == 0 && current.sa_handler != SIG_IGN)
+      std::signal(signal_number, on_signal);
+  }
   g_stop_between_units = 1;
 }
 
@@ -581,6 +588,24 @@ void TempFile::publish() {
   active_ = false;
 }
 
+namespace {
+
+std::filesystem::path folder_of(const std::filesystem::path& output) {
+  return output.parent_path().empty() ? std::filesystem::path(".") : output.parent_path();
+}
+
+// Whether the device of `output`'s folder has no block left for this user.
+bool full_device(const std::filesystem::path& output) {
+  struct statvfs space {};
+  return ::statvfs(folder_of(output).c_str(), &space) == 0 && space.f_bavail == 0;
+}
+
+std::string no_space(const std::filesystem::path& output) {
+  return "no space left on the device of " + folder_of(output).string();
+}
+
+}  // namespace
+
 void TempFile::publish_copy() const {
   auto second = temp_name_for(final_);
   register_temp(second);
@@ -590,28 +615,36 @@ void TempFile::publish_copy() const {
   if (!ec) std::filesystem::rename(second, final_, ec);
   unregister_temp(second);
   if (ec) {
+    // libstdc++ reports a short copy (a full disk) as EIO: say what the device says, while
+    // the partial copy still fills it.
+    const std::string reason = full_device(final_) ? no_space(final_) : ec.message();
     std::error_code ignored;
     std::filesystem::remove(second, ignored);
     fail(final_, "", "room to publish a checkpoint copy of the results so far",
-         ec.message() + " (the last published checkpoint, if any, is untouched)");
+         reason + " (the last published checkpoint, if any, is untouched)");
   }
 }
 
 void fail_write(const std::filesystem::path& output, const H5::Exception& error,
                 int saved_errno) {
-  auto folder = output.parent_path().empty() ? std::filesystem::path(".") : output.parent_path();
-  struct statvfs space {};
   std::string reason;
-  if (::statvfs(folder.c_str(), &space) == 0 && space.f_bavail == 0)
-    reason = "no space left on the device of " + folder.string();
+  if (full_device(output))
+    reason = no_space(output);
   else if (saved_errno == ENOSPC || saved_errno == EFBIG || saved_errno == EDQUOT ||
            saved_errno == EIO || saved_errno == EROFS)
     reason = std::strerror(saved_errno);
   else
     reason = "HDF5 could not write it (" + error.getFuncName() + ": " + error.getDetailMsg() +
              "; the disk may be full or a file-size limit reached)";
+  std::error_code ec;
+  const bool published = std::filesystem::exists(output, ec);
+  // errno as found: a caller cleaning up after a failed write (activation_file.cpp closes the
+  // file, which fails here too, then rethrows the first error) reads it again.
+  errno = saved_errno;
   fail(output, "", "room to write the output",
-       reason + "; nothing was published (an earlier file of that name is untouched)");
+       reason + (published ? "; this write was not published (the file of that name, as last "
+                             "published, is untouched)"
+                           : "; nothing was published"));
 }
 
 namespace {

@@ -40,8 +40,8 @@ CommandResult run_hils(const std::string& args) {
   return run_shell(std::string("'") + HILS_EXE + "' " + args + " 2>&1");
 }
 
-CommandResult run_hils_with_file_limit(const std::string& args, int limit_kib) {
-  return run_shell("(ulimit -f " + std::to_string(limit_kib) + " && '" + HILS_EXE + "' " + args +
+CommandResult run_hils_with_file_limit(const std::string& args, int limit_blocks) {
+  return run_shell("(ulimit -f " + std::to_string(limit_blocks) + " && '" + HILS_EXE + "' " + args +
                    ") 2>&1");
 }
 

@@ -35,9 +35,9 @@ void require_refused(const std::string& args, const std::string& message,
 // Runs a shell command line as given (sh -c), output and exit code as run_hils.
 CommandResult run_shell(const std::string& command);
 
-// run_hils under a file-size limit of `limit_kib` KiB (the shell's ulimit -f, i.e. RLIMIT_FSIZE):
-// a write past it fails as on a full disk.
-CommandResult run_hils_with_file_limit(const std::string& args, int limit_kib);
+// run_hils under a file-size limit of `limit_blocks` (sh's `ulimit -f`, RLIMIT_FSIZE; dash,
+// Debian's sh, counts 512-byte blocks, bash KiB): a write past it fails as on a full disk.
+CommandResult run_hils_with_file_limit(const std::string& args, int limit_blocks);
 
 // A small valid activation file: 2 layers, Hq=4, Hkv=2, T=40, d=8, dv=6, landmarks at S=8,
 // deterministic values from `seed`.

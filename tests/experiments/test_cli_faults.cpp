@@ -127,10 +127,10 @@ TEST_CASE("a full disk (file-size limit) gives a clear error, no crash, no tempo
   auto results = dir / "results.h5";
   REQUIRE(run_hils("run " + quoted(acts) + " -o " + quoted(results) + kFirstArgs).exit_code == 0);
   const std::string before = bytes_of(results);
-  for (int limit_kib : {4, 24}) {
+  for (int limit_blocks : {4, 24}) {
     auto run = run_hils_with_file_limit(
-        "run " + quoted(acts) + " -o " + quoted(results) + kRunArgs + " --resume", limit_kib);
-    INFO(limit_kib << " KiB\n" << run.output);
+        "run " + quoted(acts) + " -o " + quoted(results) + kRunArgs + " --resume", limit_blocks);
+    INFO(limit_blocks << " blocks\n" << run.output);
     CHECK(run.exit_code == 2);
     CHECK_THAT(run.output, Catch::Contains("room to"));
     CHECK(bytes_of(results) == before);  // the earlier file is untouched
@@ -138,13 +138,13 @@ TEST_CASE("a full disk (file-size limit) gives a clear error, no crash, no tempo
     // lines before it (up to 94 for this study) while datasets were closed by destructors.
     auto study = run_hils_with_file_limit(
         "fidelity -q --lengths 1024 --layers 1 --queries 8 --out " + quoted(dir / "study.h5"),
-        limit_kib);
+        limit_blocks);
     INFO(study.output);
     CHECK(study.exit_code == 2);
     CHECK_THAT(study.output, Catch::Contains("room to write"));
     CHECK_THAT(study.output + run.output, !Catch::Contains("H5Dclose failed"));
     auto dump = run_hils_with_file_limit(
-        "dump synthetic -T 2048 -S 16 -o " + quoted(dir / "synthetic.h5"), limit_kib);
+        "dump synthetic -T 2048 -S 16 -o " + quoted(dir / "synthetic.h5"), limit_blocks);
     INFO(dump.output);
     CHECK(dump.exit_code == 2);
     CHECK_THAT(dump.output, Catch::Contains("room to write"));

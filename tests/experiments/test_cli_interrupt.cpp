@@ -1,7 +1,8 @@
-// Ctrl-C (SIGINT) and SIGTERM during `hils run` and a study: the run stops at a unit boundary,
-// says on one line what its results file keeps and how to continue, ends by the signal (the
-// shell's $? is 130 / 143), leaves no temporary or lock file, and the file resumes to the
-// datasets of an uninterrupted run. (MPI: tests/experiments/test_mpi.sh, case interrupt.)
+// Runs stopped midway. Ctrl-C (SIGINT) and SIGTERM during `hils run` and a study: the run
+// stops at a unit boundary, says on one line what its results file keeps and how to continue,
+// ends by the signal (the shell's $? is 130 / 143), leaves no temporary or lock file, and the
+// file resumes to the datasets of an uninterrupted run (MPI: tests/experiments/test_mpi.sh,
+// case interrupt). A full disk (a file-size limit) after a checkpoint says the same.
 //
 // Each test signals hils once its results file exists: the file is published only at a
 // checkpoint, after a unit is complete, so the signal lands after the first unit whatever the
@@ -104,6 +105,13 @@ hils::test::CommandResult hils_in(const fs::path& folder, const std::string& arg
   return run_shell("cd " + quoted(folder) + " && '" + HILS_EXE + "' " + args + " 2>&1");
 }
 
+// hils_in under a file-size limit of `kib` KiB (a full disk: writes past it fail with EFBIG).
+hils::test::CommandResult hils_in_limited(const fs::path& folder, const std::string& args,
+                                          int kib) {
+  return run_shell("cd " + quoted(folder) + " && prlimit --fsize=" + std::to_string(1024 * kib) +
+                   " '" + HILS_EXE + "' " + args + " 2>&1");
+}
+
 // Whether two results files hold the same datasets and attributes, provenance aside.
 void require_same_results(const fs::path& a, const fs::path& b) {
   const auto r = run_shell(fmt::format("/usr/bin/python3 '{}/tests/experiments/compare_results.py' "
@@ -175,6 +183,7 @@ TEST_CASE("in a unit loop the first SIGINT only asks to stop, a second ends the 
   const pid_t plain = ::fork();
   if (plain == 0) {
     hils::io::TempFile temp(final_path);
+    { hils::io::UnitStopScope ended; }  // hils's handlers in place of Catch2's, then no scope
     std::raise(SIGINT);
     ::_exit(43);
   }
@@ -213,4 +222,49 @@ TEST_CASE("SIGTERM during a study stops at a unit boundary and the same command 
   CHECK_THAT(resumed.output,
              Catch::Contains(fmt::format("{} units run, {} resumed", 8 - kept, kept)));
   require_same_results(dir / "whole.h5", dir / "f.h5");
+}
+
+TEST_CASE("a full disk after the first checkpoint says what the file keeps and how to continue",
+          "[cli][interrupt][faults]") {
+  // Was: "...; nothing was published (an earlier file of that name is untouched)", while the
+  // run's own first checkpoint was published (and resumable), with no word on continuing; and
+  // a checkpoint copy cut short by a full device said "Input/output error" (libstdc++'s word
+  // for a short copy; seen on a tmpfs, which this test cannot mount).
+  TempDir dir("full_disk_midway");
+  REQUIRE(hils_in(dir.path(), kDump).exit_code == 0);
+  const std::string args = kRun.substr(kRun.find(" -p"));
+  REQUIRE(hils_in(dir.path(), "-q run acts.h5 -o whole.h5" + args).exit_code == 0);
+  // swa's unit makes a 5.2 MB file and full's doubles it: 8000 KiB lets the first checkpoint
+  // through, not the second unit's writes.
+  const auto full = hils_in_limited(dir.path(), kRun, 8000);
+  INFO(full.output);
+  CHECK(full.exit_code == 2);
+  CHECK_THAT(full.output,
+             Catch::Contains("out.h5: expected room to write the output, found File too large; "
+                             "this write was not published (the file of that name, as last "
+                             "published, is untouched); out.h5 keeps 1 complete unit (work on "
+                             "unfinished units is dropped); make room and run the same command "
+                             "with --resume to continue from them"));
+  CHECK(complete_units(dir / "out.h5") == 1);
+  CHECK(count_temp_files(dir.path()) == 0);
+  CHECK(count_lock_files(dir.path()) == 0);
+  REQUIRE(hils_in(dir.path(), kRun + " --resume").exit_code == 0);
+  require_same_results(dir / "whole.h5", dir / "out.h5");
+
+  // A study: the same command continues (its units are a few tens of KiB each).
+  const std::string study = "-q fidelity --lengths 512 1024 --n-layers 2 --queries 8 --W 128";
+  REQUIRE(hils_in(dir.path(), study + " --out whole_study.h5").exit_code == 0);
+  const auto cut = hils_in_limited(dir.path(), study + " --out study.h5", 150);
+  INFO(cut.output);
+  CHECK(cut.exit_code == 2);
+  const size_t kept = complete_units(dir / "study.h5");
+  CHECK(kept >= 1);
+  CHECK_THAT(cut.output, Catch::Contains(fmt::format(
+                             "study.h5 keeps {} complete unit{} (work on unfinished units is "
+                             "dropped); make room and run the same command again to continue "
+                             "from them",
+                             kept, kept == 1 ? "" : "s")));
+  REQUIRE(hils_in(dir.path(), study + " --out study.h5").exit_code == 0);
+  require_same_results(dir / "whole_study.h5", dir / "study.h5");
+  CHECK(count_temp_files(dir.path()) == 0);
 }

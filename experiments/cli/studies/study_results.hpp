@@ -64,6 +64,8 @@ auto run_into_results(const Resolved& r, const std::filesystem::path& path,
                         interrupted_message(e.signal_number, path.string(),
                                             results.units_complete(),
                                             "run the same command again"));
+    } catch (const io::FileError& e) {
+      rethrow_write_failure(e, path.string(), "run the same command again");  // a full disk
     }
   }();
   results.commit();
