@@ -8,7 +8,7 @@ the whole KV cache read once at the copy bandwidth measured here (no dense kerne
 Ours runs four ways: the d5 kernel (seven launches, bf16 summaries), the fused kernel (the
 default, gpu/NOTES.md "decode") with bf16 summaries, and with fp8 e4m3 summaries (a per-row
 power-of-two scale), and d19 with fp8 summaries (the previous default: the baseline); --variants
-picks others (d8, d16, d17, d18, d21, d23, d24, d25, d29, d34, d35, d36) and --batches /
+picks others (d8, d16, d17, d18, d21, d23, d24, d25, d29, d34, d35, d36, d37, d38) and --batches /
 --lengths fewer shapes (no table then). --scan-floor also times, per shape with fp8 summaries,
 launch 1 alone of d21, d24 and d25, launch 1's loads alone (its grid, no arithmetic) and a flat read of the summary arrays
 (hils::gpu::decode_scan_probe): what the scan could reach (with int4 summaries too when a
@@ -61,7 +61,7 @@ class Decode(ctypes.Structure):
 SUMMARY_TYPES = {"bf16": 0, "fp8": 1, "int4": 2}
 KERNELS = {"fused": 0, "d5": 1, "d8": 2, "d13": 3, "d16": 4, "d17": 5, "d18": 6, "d19": 7, "d21": 8, "d23": 9,
            "d24": 10, "d25": 11, "d29": 15, "d34": 20,
-           "d35": 21, "d36": 22}
+           "d35": 21, "d36": 22, "d37": 23, "d38": 24}
 # decode_scan_probe's probes (hils::gpu::ScanProbe), timed by --scan-floor.
 SCAN_PROBES = {"d21_scan": 0, "d24_scan": 1, "d25_scan": 2, "loads_only": 3, "flat_read": 4}
 TAIL_HANDOFFS = 5  # ScanProbe::tail_handoffs (--handoffs)
@@ -388,6 +388,7 @@ def main():
             for summary in ("bf16", "fp8") + (("int4",) if any(v[2] == "int4" for v in variants) else ()):
                 run = HilsDecode(lib, B, T, gen, summary=summary)
                 row[f"summary_bytes_{summary}"], row["sparse_kv_bytes"] = run.bytes_read(B, T)
+                first = None  # the first variant's outputs on these summaries
                 for label, kernel, kind in variants:
                     if kind != summary:
                         continue
@@ -395,6 +396,15 @@ def main():
                     graph_us, eager_us = best_us(run)
                     row[f"{label}_us"] = graph_us if graph_us is not None else eager_us
                     row[f"{label}_eager_us"] = eager_us
+                    # o, lse and the selection of the last timed call, against the first variant's
+                    got = (label, run.o.clone(), run.lse.clone(), run.sel.clone())
+                    if first is None:
+                        first = got
+                    else:
+                        same = all(torch.equal(a, b) for a, b in zip(first[1:], got[1:]))
+                        row[f"{label}_same_bits_as_{first[0]}"] = same
+                        print(f"    {label}: o, lse, selection {'equal' if same else 'DIFFER from'} "
+                              f"{first[0]}'s bit for bit", flush=True)
                     if args.profile and B in (8, 32) and T == LENGTHS[-1] and kernel != "d5":
                         print(f"  profile {label}:")
                         profile_kernels(run)

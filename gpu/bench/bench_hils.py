@@ -126,41 +126,27 @@ def hils_run(lib, T, gen, hils_o="f32"):
         "summarize": time_ms(st.summarize, reps=3),
         "select": time_ms(st.select, reps=3),
         "sparse": time_ms(st.fuse, reps=3),
-        # Every version of the selection by name (same selection but for v18 and v19, which may
-        # differ at near ties; "select" is the library's default): two-pass v4.3, one-pass v5, bounded two-pass v6, quad-offer v7, buffered v8,
-        # v8 on wgmma (v9), 128 queries per block (v10), the writer's loads ahead (v11), pass 2 trimmed (v12),
-        # pass 2 head-major (v13), two tiles per pass-1 step (v14: on v13, v15: on v12), v15 without
-        # its spills (v16), the scores by a kernel of their own (v17), pass 1's mass without a
-        # running maximum (v18), 1/8 of its exponentials on the FMA pipe (v19), and v17's scores
-        # summed from bf16 k' (v20), in fewer instructions (v21, v22: v20's bytes) (gpu/NOTES.md).
+        # Every kept version of the selection by name ("select" is the library's default; the
+        # versions removed in session 17 were measured at commit ad5fb84, gpu/NOTES.md): two-pass
+        # v4.3, one-pass v5, buffered v8, v8 on wgmma with 128 queries per block, pass 2 trimmed and
+        # two tiles per pass-1 step (v15), with the scores by a kernel of their own from bf16 k' in
+        # fewer instructions (v21, v22), and pass 2's bias and log Z_hat as a fifth wgmma k-step
+        # (v25, which may differ from v22 at near ties) (gpu/NOTES.md).
         "select_v4": time_ms(lambda: st.select("two_pass_v4"), reps=3),
         "select_v5": time_ms(lambda: st.select("one_pass_v5"), reps=3),
-        "select_v6": time_ms(lambda: st.select("two_pass_v6"), reps=3),
-        "select_v7": time_ms(lambda: st.select("two_pass_v7"), reps=3),
         "select_v8": time_ms(lambda: st.select("two_pass_v8"), reps=3),
-        "select_v9": time_ms(lambda: st.select("two_pass_v9"), reps=3),
-        "select_v10": time_ms(lambda: st.select("two_pass_v10"), reps=3),
-        "select_v11": time_ms(lambda: st.select("two_pass_v11"), reps=3),
-        "select_v12": time_ms(lambda: st.select("two_pass_v12"), reps=3),
-        "select_v13": time_ms(lambda: st.select("two_pass_v13"), reps=3),
-        "select_v14": time_ms(lambda: st.select("two_pass_v14"), reps=3),
         "select_v15": time_ms(lambda: st.select("two_pass_v15"), reps=3),
-        "select_v16": time_ms(lambda: st.select("two_pass_v16"), reps=3),
-        "select_v17": time_ms(lambda: st.select("two_pass_v17"), reps=3),
-        "select_v18": time_ms(lambda: st.select("two_pass_v18"), reps=3),
-        "select_v19": time_ms(lambda: st.select("two_pass_v19"), reps=3),
-        "select_v20": time_ms(lambda: st.select("two_pass_v20"), reps=3),
         "select_v21": time_ms(lambda: st.select("two_pass_v21"), reps=3),
         "select_v22": time_ms(lambda: st.select("two_pass_v22"), reps=3),
         "select_v25": time_ms(lambda: st.select("two_pass_v25"), reps=3),
     }
-    # Every version of the sparse stage by name ("sparse" is the library's default).
+    # Every kept version of the sparse stage by name ("sparse" is the library's default).
     default_sparse = hc.sparse_kernel(lib)
     for kernel in hc.SPARSE_KERNEL:
         hc.set_sparse(lib, kernel)
         stage_ms["sparse_" + kernel.split("_")[-1]] = time_ms(st.fuse, reps=3)
     hc.set_sparse(lib, default_sparse)
-    # Every version of the window kernel by name ("window" is the library's default), and the
+    # Every kept version of the window kernel by name ("window" is the library's default), and the
     # generic SIMT summaries ("summarize_simt") against the packed ones ("summarize").
     default_window = hc.window_kernel(lib)
     for kernel in hc.WINDOW_KERNEL:
@@ -184,8 +170,6 @@ def hils_run(lib, T, gen, hils_o="f32"):
     stage_ms["forward_h16swa"] = time_ms(forward_h16, reps=3)
     stage_ms["forward_h16swa_bf16o"] = time_ms(forward_h16_bf16o, reps=3)
     stage_ms["forward_v4"] = time_ms(lambda: st.forward("two_pass_v4"), reps=3)
-    stage_ms["forward_v6"] = time_ms(lambda: st.forward("two_pass_v6"), reps=3)
-    stage_ms["forward_v7"] = time_ms(lambda: st.forward("two_pass_v7"), reps=3)
     stage_ms["forward_v8"] = time_ms(lambda: st.forward("two_pass_v8"), reps=3)
     # Selected work of the sparse stage: QK and PV over S-1 tokens of each selected chunk.
     selected = int((st.selection >= 0).sum().item())

@@ -2,14 +2,14 @@
 bf16, seed 1234): the time of each kernel (median of CUDA-event-timed calls, the kernels taken
 in turns so that a drift of the card's clock spreads over all of them) and whether its
 selection and selected scores equal the baseline kernel's byte for byte. For the kernels that
-are not bit-identical to v8 by construction (hils_ctypes.APPROXIMATE_SELECT_KERNELS: v18, v19, v20)
+are not bit-identical to v8 by construction (hils_ctypes.APPROXIMATE_SELECT_KERNELS: v21, v22, v25)
 it counts the selection rows that differ from the baseline's and the largest reference margin
 among them: r(missed) - r(chosen) of the worst swap, as the oracle measures it (oracle.cpp
 compare_row), with r the group score (max over the group's heads of s_hat - log Z_hat, natural
 log) in fp64 from the same summaries, q and lse_swa.
 
     python3 gpu/bench/bench_select.py --lib build/gpu/libhils_gpu_c.so \
-        --kernels two_pass_v12,two_pass_v16 --T 16384,524288 [--baseline two_pass_v8] [--out f.json]
+        --kernels two_pass_v22,two_pass_v25 --T 16384,524288 [--baseline two_pass_v8] [--out f.json]
 
 Exit status 1 when the bytes of a kernel that is bit-identical to v8 by construction differ
 from the baseline's.

@@ -2,7 +2,7 @@
 each packed window kernel by name, the packed summaries against the generic SIMT ones, the
 default selection and sparse stage, and the whole forward against the sum of its stages, all on
 the same inputs; with the largest difference of each window kernel's o_swa and lse_swa from
-mma_v4's (the kernels compute the same window branch in another rounding) and the dense bf16
+the first kernel's (mma_v9 by default; the kernels compute the same window branch in another rounding) and the dense bf16
 matmul rate of the same run.
 
 --kernels NAME ... times only those window kernels (default: every one), in turns: --rounds R
@@ -154,7 +154,8 @@ def main():
     for T in args.T:
         q, k, v, p = paper_problem(T, gen)  # p points into q, k, v: keep them
         st = hc.Stages(lib, p)
-        # o_diff_vs_v4 / lse_diff_vs_v4: against the first kernel named (mma_v4 by default).
+        # o_diff_vs_v4 / lse_diff_vs_v4 (the keys of session 16's files): against the first kernel
+        # named (mma_v9 by default; mma_v4 until session 17).
         row = dict(T=T, window_ms={}, window_tflops={}, o_diff_vs_v4={}, lse_diff_vs_v4={},
                    reference=args.kernels[0], window_ms_rounds={})
         flops = window_flops(T)

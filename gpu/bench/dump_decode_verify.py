@@ -28,13 +28,19 @@ B, T, HQ, HKV, D, S, W, K = 2, 2052, 8, 2, 64, 64, 256, 8  # ~10 MB per file
 
 
 def main():
+    global T, K
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--kernel", choices=tuple(bd.KERNELS), default="fused")
     ap.add_argument("--summaries", default="bf16,fp8",
                     help="comma-separated summary types to dump (bf16, fp8, int4)")
+    ap.add_argument("--t", type=int, default=T, help="slots per sequence (default %(default)s)")
+    ap.add_argument("--k", type=int, default=K,
+                    help="selected chunks (default %(default)s; d36 and d37 select in their chunk "
+                         "tiles only with K = 32, which needs T >= ~2,400 here)")
     args = ap.parse_args()
+    T, K = args.t, args.k
     lib = hc.Library(args.lib)
     lib.lib.hils_gpu_decode_last_error.restype = ctypes.c_char_p
     gen = torch.Generator(device="cuda")

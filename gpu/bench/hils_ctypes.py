@@ -8,34 +8,25 @@ import torch
 KEY, BIAS, PRIOR, GROUP, FUSION = {}, {}, {}, {}, {}
 _ENUMS = {"key_rule": KEY, "bias_rule": BIAS, "prior_rule": PRIOR, "group_rule": GROUP,
           "fusion": FUSION}
-# The selection kernel versions of hils_gpu_select_with (gpu/NOTES.md: v4.2, v5, v6, v7, v8-v19).
-SELECT_KERNEL = {"two_pass_v4": 0, "one_pass_v5": 1, "two_pass_v6": 2, "two_pass_v7": 3, "two_pass_v8": 4,
-                 "two_pass_v9": 5, "two_pass_v10": 6, "two_pass_v11": 7,
-                 "two_pass_v12": 8, "two_pass_v13": 9, "two_pass_v14": 10, "two_pass_v15": 11,
-                 "two_pass_v16": 12, "two_pass_v17": 13,
-                 "two_pass_v18": 14, "two_pass_v19": 15,
-                 "two_pass_v20": 16, "two_pass_v21": 17, "two_pass_v22": 18, "two_pass_v25": 19}
-# The selection kernels that are not bit-identical to v8 by construction (their log Z_hat
-# differs in its last bits; gpu/NOTES.md v18): the oracle judges them, not a byte compare.
-APPROXIMATE_SELECT_KERNELS = ("two_pass_v18", "two_pass_v19", "two_pass_v20", "two_pass_v21", "two_pass_v22",
-                              "two_pass_v25")
-# The chunk-major sparse stages of hils_gpu_set_sparse_kernel (gpu/NOTES.md: v4-v32, v35, v36).
-SPARSE_KERNEL = {"chunked_v4": 0, "atomic_v5": 1, "chunked_v6": 2, "chunked_v7": 3, "chunked_v8": 4, "chunked_v9": 5,
-                 "chunked_v10": 6, "chunked_v11": 7, "chunked_v12": 8, "chunked_v13": 9,
-                 "chunked_v14": 10, "chunked_v15": 11, "chunked_v16": 12,
-                 "chunked_v17": 13, "chunked_v18": 14,
-                 "chunked_v19": 15, "chunked_v20": 16, "chunked_v21": 17,
-                 "chunked_v22": 18, "chunked_v23": 19, "chunked_v24": 20,
-                 "chunked_v25": 21, "chunked_v26": 22, "chunked_v27": 23,
-                 "chunked_v28": 24, "chunked_v29": 25, "chunked_v30": 26,
-                 "chunked_v31": 27, "chunked_v32": 28, "chunked_v35": 29, "chunked_v36": 30}
+# The kernel codes of hils_gpu_select_with, hils_gpu_set_sparse_kernel and
+# hils_gpu_set_window_kernel, name -> code (the values of hils::gpu::SelectKernel, SparseKernel and
+# WindowKernel: stable, not consecutive). Filled from the library's own tables (hils_gpu_enum_names
+# "select_kernel", ...: name=code pairs) when the first Library is loaded; these are the kept
+# kernels as c_api.h lists them, for argument parsers that run before a library is loaded.
+SELECT_KERNEL = {"two_pass_v4": 0, "one_pass_v5": 1, "two_pass_v8": 4, "two_pass_v15": 11,
+                 "two_pass_v21": 17, "two_pass_v22": 18, "two_pass_v25": 19}
+SPARSE_KERNEL = {"chunked_v21": 17, "chunked_v30": 26, "chunked_v35": 29, "chunked_v36": 30}
+WINDOW_KERNEL = {"mma_v9": 1, "wgmma_v18": 10, "wgmma_v19": 11, "wgmma_v20": 12}
+# The codes of the kernels removed in session 17 (gpu/NOTES.md "Kernels removed in session 17";
+# their code is at commit ad5fb84), name -> code, from hils_gpu_enum_names "<field>_removed".
+REMOVED_KERNEL = {"select_kernel": {}, "sparse_kernel": {}, "window_kernel": {}}
+_KERNELS = {"select_kernel": SELECT_KERNEL, "sparse_kernel": SPARSE_KERNEL, "window_kernel": WINDOW_KERNEL}
+# The selection kernels that are not bit-identical to v8 by construction: v21 and v22 sum their
+# selected scores from the bf16 k' (gpu/NOTES.md v20, v21), v25 ranks otherwise rounded group
+# scores (gpu/NOTES.md v25): the oracle judges them, not a byte compare.
+APPROXIMATE_SELECT_KERNELS = ("two_pass_v21", "two_pass_v22", "two_pass_v25")
 # Row element types of hils_gpu_fuse_rows (hils::gpu::RowType), by torch dtype.
 ROW_TYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-# The packed window kernels of hils_gpu_set_window_kernel (gpu/NOTES.md: v4, v9, v10, v11-v13).
-WINDOW_KERNEL = {"mma_v4": 0, "mma_v9": 1, "mma_v10": 2, "wgmma_v11": 3, "wgmma_v12": 4,
-                 "wgmma_v13": 5, "wgmma_v14": 6, "wgmma_v15": 7,
-                 "wgmma_v16": 8, "wgmma_v17": 9, "wgmma_v18": 10,
-                 "wgmma_v19": 11, "wgmma_v20": 12}
 PRESETS = {
     "hils": dict(key="taylor", bias="entropy", fusion="hierarchical", landmarks=1),
     "lmk": dict(key="landmark_key", bias="none", fusion="hierarchical", landmarks=1),
@@ -63,6 +54,11 @@ class Library:
         for field, table in _ENUMS.items():
             names = self.lib.hils_gpu_enum_names(field.encode()).decode().split()
             table.update({name: value for value, name in enumerate(names)})
+        for field, table in _KERNELS.items():
+            table.clear()
+            table.update(_name_codes(self.lib.hils_gpu_enum_names(field.encode())))
+            REMOVED_KERNEL[field].clear()
+            REMOVED_KERNEL[field].update(_name_codes(self.lib.hils_gpu_enum_names(f"{field}_removed".encode())))
 
     def call(self, name, *args):
         rc = getattr(self.lib, name)(*args)
@@ -70,9 +66,28 @@ class Library:
             raise RuntimeError(f"{name} returned {rc}: {self.lib.hils_gpu_last_error().decode()}")
 
 
+def _name_codes(text):
+    """{name: code} of the library's "name=code name=code ..." (b"" or None: {})."""
+    return {name: int(code) for name, code in (entry.split("=") for entry in (text or b"").decode().split())}
+
+
+def kernel_code(field, name):
+    """The code of kernel `name` of `field` ("select_kernel", "sparse_kernel", "window_kernel"), or
+    ValueError naming it: removed in session 17 (with its old code), or unknown, and the kept ones."""
+    kept = _KERNELS[field]
+    if name in kept:
+        return kept[name]
+    listed = ", ".join(f"{n} ({c})" for n, c in kept.items())
+    if name in REMOVED_KERNEL[field]:
+        raise ValueError(f"{field}: {name} (code {REMOVED_KERNEL[field][name]}) was removed in session 17 "
+                         f"(gpu/NOTES.md \"Kernels removed in session 17\"; its code is at commit ad5fb84); "
+                         f"expected one of {listed}")
+    raise ValueError(f"{field}: expected one of {listed}, got {name!r}")
+
+
 def set_sparse(lib, kernel, segment_queries=0):
     """Process-wide sparse stage (a SPARSE_KERNEL name) and its queries per segment (0: its own)."""
-    lib.call("hils_gpu_set_sparse_kernel", ctypes.c_int32(SPARSE_KERNEL[kernel]))
+    lib.call("hils_gpu_set_sparse_kernel", ctypes.c_int32(kernel_code("sparse_kernel", kernel)))
     lib.call("hils_gpu_set_sparse_segment_queries", ctypes.c_int64(segment_queries))
 
 
@@ -84,7 +99,7 @@ def sparse_kernel(lib):
 
 def set_window(lib, kernel):
     """Process-wide packed window kernel (a WINDOW_KERNEL name)."""
-    lib.call("hils_gpu_set_window_kernel", ctypes.c_int32(WINDOW_KERNEL[kernel]))
+    lib.call("hils_gpu_set_window_kernel", ctypes.c_int32(kernel_code("window_kernel", kernel)))
 
 
 def window_kernel(lib):
@@ -170,7 +185,7 @@ class Stages:
                           ptr(self.selected_score), stream_ptr())
             return
         self.lib.call("hils_gpu_select_with", ctypes.byref(self.p),
-                      ctypes.c_int32(SELECT_KERNEL[kernel]), ptr(self.key), ptr(self.bias),
+                      ctypes.c_int32(kernel_code("select_kernel", kernel)), ptr(self.key), ptr(self.bias),
                       ptr(self.exact), ptr(self.lse_swa), ptr(self.selection),
                       ptr(self.selected_score), stream_ptr())
 

@@ -1,5 +1,5 @@
 """One forward of the benchmark geometry (bench_hils.py) for Nsight Compute: every stage runs
-once to warm up, then select (two-pass v4.3, one-pass v5, bounded two-pass v6, quad-offer v7 and buffered v8) and fuse run again between cudaProfilerStart/Stop, so
+once to warm up, then select (two-pass v4.3, one-pass v5 and buffered v8) and fuse run again between cudaProfilerStart/Stop, so
 `ncu --profile-from-start off` sees only those launches. Used by scripts/gpu_check.sh --profile.
 """
 import argparse
@@ -32,8 +32,6 @@ def main():
     st.window()
     st.select("two_pass_v4")
     st.select("one_pass_v5")
-    st.select("two_pass_v6")
-    st.select("two_pass_v7")
     st.select("two_pass_v8")
     st.fuse()
     torch.cuda.synchronize()

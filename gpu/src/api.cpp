@@ -134,35 +134,8 @@ void set_sparse_kernel(std::optional<SparseKernel> kernel) { detail::set_sparse_
 SparseKernel sparse_kernel() { return detail::sparse_kernel(); }
 const char* sparse_kernel_name(SparseKernel kernel) {
   switch (kernel) {
-    case SparseKernel::chunked_v4: return "chunked_v4";
-    case SparseKernel::atomic_v5: return "atomic_v5";
-    case SparseKernel::chunked_v6: return "chunked_v6";
-    case SparseKernel::chunked_v7: return "chunked_v7";
-    case SparseKernel::chunked_v8: return "chunked_v8";
-    case SparseKernel::chunked_v9: return "chunked_v9";
-    case SparseKernel::chunked_v10: return "chunked_v10";
-    case SparseKernel::chunked_v11: return "chunked_v11";
-    case SparseKernel::chunked_v12: return "chunked_v12";
-    case SparseKernel::chunked_v13: return "chunked_v13";
-    case SparseKernel::chunked_v14: return "chunked_v14";
-    case SparseKernel::chunked_v15: return "chunked_v15";
-    case SparseKernel::chunked_v16: return "chunked_v16";
-    case SparseKernel::chunked_v17: return "chunked_v17";
-    case SparseKernel::chunked_v18: return "chunked_v18";
-    case SparseKernel::chunked_v19: return "chunked_v19";
-    case SparseKernel::chunked_v20: return "chunked_v20";
     case SparseKernel::chunked_v21: return "chunked_v21";
-    case SparseKernel::chunked_v22: return "chunked_v22";
-    case SparseKernel::chunked_v23: return "chunked_v23";
-    case SparseKernel::chunked_v24: return "chunked_v24";
-    case SparseKernel::chunked_v25: return "chunked_v25";
-    case SparseKernel::chunked_v26: return "chunked_v26";
-    case SparseKernel::chunked_v27: return "chunked_v27";
-    case SparseKernel::chunked_v28: return "chunked_v28";
-    case SparseKernel::chunked_v29: return "chunked_v29";
     case SparseKernel::chunked_v30: return "chunked_v30";
-    case SparseKernel::chunked_v31: return "chunked_v31";
-    case SparseKernel::chunked_v32: return "chunked_v32";
     case SparseKernel::chunked_v35: return "chunked_v35";
     case SparseKernel::chunked_v36: return "chunked_v36";
   }
@@ -173,16 +146,7 @@ void set_window_kernel(std::optional<WindowKernel> kernel) { g_window_kernel = k
 WindowKernel window_kernel() { return g_window_kernel ? *g_window_kernel : default_window_kernel(); }
 const char* window_kernel_name(WindowKernel kernel) {
   switch (kernel) {
-    case WindowKernel::mma_v4: return "mma_v4";
     case WindowKernel::mma_v9: return "mma_v9";
-    case WindowKernel::mma_v10: return "mma_v10";
-    case WindowKernel::wgmma_v11: return "wgmma_v11";
-    case WindowKernel::wgmma_v12: return "wgmma_v12";
-    case WindowKernel::wgmma_v13: return "wgmma_v13";
-    case WindowKernel::wgmma_v14: return "wgmma_v14";
-    case WindowKernel::wgmma_v15: return "wgmma_v15";
-    case WindowKernel::wgmma_v16: return "wgmma_v16";
-    case WindowKernel::wgmma_v17: return "wgmma_v17";
     case WindowKernel::wgmma_v18: return "wgmma_v18";
     case WindowKernel::wgmma_v19: return "wgmma_v19";
     case WindowKernel::wgmma_v20: return "wgmma_v20";
@@ -193,21 +157,8 @@ const char* select_kernel_name(SelectKernel kernel) {
   switch (kernel) {
     case SelectKernel::two_pass_v4: return "two_pass_v4";
     case SelectKernel::one_pass_v5: return "one_pass_v5";
-    case SelectKernel::two_pass_v6: return "two_pass_v6";
-    case SelectKernel::two_pass_v7: return "two_pass_v7";
     case SelectKernel::two_pass_v8: return "two_pass_v8";
-    case SelectKernel::two_pass_v9: return "two_pass_v9";
-    case SelectKernel::two_pass_v10: return "two_pass_v10";
-    case SelectKernel::two_pass_v11: return "two_pass_v11";
-    case SelectKernel::two_pass_v12: return "two_pass_v12";
-    case SelectKernel::two_pass_v13: return "two_pass_v13";
-    case SelectKernel::two_pass_v14: return "two_pass_v14";
     case SelectKernel::two_pass_v15: return "two_pass_v15";
-    case SelectKernel::two_pass_v16: return "two_pass_v16";
-    case SelectKernel::two_pass_v17: return "two_pass_v17";
-    case SelectKernel::two_pass_v18: return "two_pass_v18";
-    case SelectKernel::two_pass_v19: return "two_pass_v19";
-    case SelectKernel::two_pass_v20: return "two_pass_v20";
     case SelectKernel::two_pass_v21: return "two_pass_v21";
     case SelectKernel::two_pass_v22: return "two_pass_v22";
     case SelectKernel::two_pass_v25: return "two_pass_v25";
@@ -240,7 +191,6 @@ void window_attention_rows(const MechanismSpec& spec, const Shape& shape, const 
   if (o_swa_type == RowType::f16) {
     require(g_packed_kernels && detail::packed_path_applies(p), "o_swa_type",
             "f32 outside the packed window kernels' shapes", "f16");
-    require(kernel != WindowKernel::mma_v4, "o_swa_type", "f32 for window kernel mma_v4", "f16");
     p.o_swa_rows = RowType::f16;
   }
   auto* o_swa = static_cast<float*>(o_swa_rows);  // __half where p.o_swa_rows is f16
@@ -248,15 +198,11 @@ void window_attention_rows(const MechanismSpec& spec, const Shape& shape, const 
     detail::launch_window(p, o_swa, lse_swa, stream);
   } else if (uses_wgmma(kernel) && !wgmma_available()) {
     detail::refuse_wgmma_kernel("window_kernel", window_kernel_name(kernel),
-                                "mma_v4, mma_v9 or mma_v10; mma_v9 is the fastest");
+                                "mma_v9");
   } else if (kernel == WindowKernel::mma_v9) {
     detail::launch_window_v9(p, o_swa, lse_swa, stream);
-  } else if (kernel == WindowKernel::mma_v10) {
-    detail::launch_window_v10(p, o_swa, lse_swa, stream);
-  } else if (uses_wgmma(kernel)) {
-    detail::launch_window_wgmma(p, kernel, o_swa, lse_swa, stream);
   } else {
-    detail::launch_window_packed(p, o_swa, lse_swa, stream);
+    detail::launch_window_wgmma(p, kernel, o_swa, lse_swa, stream);
   }
   check_launch("window_attention");
 }
@@ -328,7 +274,7 @@ void fuse_rows(const MechanismSpec& spec, const Shape& shape, const DeviceInputs
           "shape", "the chunk-major sparse stage's packed shapes for rows other than f32",
           "another shape or the SIMT kernels");
   require(detail::fusion_rows_apply(detail::sparse_kernel()), "sparse_kernel",
-          "chunked_v24 to chunked_v36 for rows other than f32",
+          "chunked_v30, chunked_v35 or chunked_v36 for rows other than f32",
           sparse_kernel_name(detail::sparse_kernel()));
   detail::launch_fuse_chunked(p, selection, selected_score,
                               detail::FusionRows{o_swa, o_swa_type, o, o_type}, lse_swa, lse, stream);

@@ -2,7 +2,6 @@
 #include "hils/gpu/c_api.h"
 
 #include <exception>
-#include <iterator>
 #include <stdexcept>
 #include <string>
 
@@ -61,28 +60,98 @@ int guarded(const hils_gpu_problem* p, Body body) {
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
-// Every value of `kernels` (the values are their indices) with its name: "0 (a), 1 (b)", the
-// last one joined by `last_joiner`.
-template <class Kernel, size_t N, class NameOf>
-std::string kernel_values(const Kernel (&kernels)[N], NameOf name_of, const char* last_joiner) {
-  std::string names;
-  for (size_t i = 0; i < N; ++i)
-    names += (i == 0 ? "" : i + 1 == N ? last_joiner : ", ") + std::to_string(i) + " (" +
-             name_of(kernels[i]) + ")";
-  return names;
+// A kernel code (a value of SelectKernel, SparseKernel or WindowKernel) that session 17 removed,
+// with its name (gpu/NOTES.md "Kernels removed in session 17"). The codes of the kept kernels are
+// their enum values, which stay as they were; removed codes stay unused.
+struct RemovedKernel {
+  int32_t code;
+  const char* name;
+};
+constexpr RemovedKernel kRemovedSelectKernels[] = {
+    {2, "two_pass_v6"},   {3, "two_pass_v7"},   {5, "two_pass_v9"},   {6, "two_pass_v10"},
+    {7, "two_pass_v11"},  {8, "two_pass_v12"},  {9, "two_pass_v13"},  {10, "two_pass_v14"},
+    {12, "two_pass_v16"}, {13, "two_pass_v17"}, {14, "two_pass_v18"}, {15, "two_pass_v19"},
+    {16, "two_pass_v20"}};
+constexpr RemovedKernel kRemovedSparseKernels[] = {
+    {0, "chunked_v4"},   {1, "atomic_v5"},    {2, "chunked_v6"},   {3, "chunked_v7"},
+    {4, "chunked_v8"},   {5, "chunked_v9"},   {6, "chunked_v10"},  {7, "chunked_v11"},
+    {8, "chunked_v12"},  {9, "chunked_v13"},  {10, "chunked_v14"}, {11, "chunked_v15"},
+    {12, "chunked_v16"}, {13, "chunked_v17"}, {14, "chunked_v18"}, {15, "chunked_v19"},
+    {16, "chunked_v20"}, {18, "chunked_v22"}, {19, "chunked_v23"}, {20, "chunked_v24"},
+    {21, "chunked_v25"}, {22, "chunked_v26"}, {23, "chunked_v27"}, {24, "chunked_v28"},
+    {25, "chunked_v29"}, {27, "chunked_v31"}, {28, "chunked_v32"}};
+constexpr RemovedKernel kRemovedWindowKernels[] = {
+    {0, "mma_v4"},    {2, "mma_v10"},   {3, "wgmma_v11"}, {4, "wgmma_v12"},
+    {5, "wgmma_v13"}, {6, "wgmma_v14"}, {7, "wgmma_v15"}, {8, "wgmma_v16"},
+    {9, "wgmma_v17"}};
+
+// The kernel enums' C API tables: the kept kernels (their codes are their values) and the removed
+// codes, with each kernel's name.
+template <class Kernel>
+struct KernelCodes;
+template <>
+struct KernelCodes<hils::gpu::SelectKernel> {
+  static constexpr const auto& kept = hils::gpu::kSelectKernels;
+  static constexpr const auto& removed = kRemovedSelectKernels;
+  static const char* name(hils::gpu::SelectKernel k) { return hils::gpu::select_kernel_name(k); }
+};
+template <>
+struct KernelCodes<hils::gpu::SparseKernel> {
+  static constexpr const auto& kept = hils::gpu::kSparseKernels;
+  static constexpr const auto& removed = kRemovedSparseKernels;
+  static const char* name(hils::gpu::SparseKernel k) { return hils::gpu::sparse_kernel_name(k); }
+};
+template <>
+struct KernelCodes<hils::gpu::WindowKernel> {
+  static constexpr const auto& kept = hils::gpu::kWindowKernels;
+  static constexpr const auto& removed = kRemovedWindowKernels;
+  static const char* name(hils::gpu::WindowKernel k) { return hils::gpu::window_kernel_name(k); }
+};
+
+// "name=code" of every kept kernel (or, `removed`, every removed code), space-separated.
+template <class Kernel>
+std::string kernel_codes(bool removed) {
+  using Codes = KernelCodes<Kernel>;
+  std::string out;
+  if (removed)
+    for (const RemovedKernel& r : Codes::removed)
+      out += (out.empty() ? "" : " ") + std::string(r.name) + "=" + std::to_string(r.code);
+  else
+    for (Kernel k : Codes::kept)
+      out += (out.empty() ? "" : " ") + std::string(Codes::name(k)) + "=" +
+             std::to_string(static_cast<int32_t>(k));
+  return out;
 }
 
-// A process-wide kernel choice by its enum value (the values are the indices of `kernels`): 0 and
-// the choice made, or 2 with an error naming the field and every accepted value with its name.
-template <class Kernel, size_t N, class NameOf, class Set>
-int set_kernel_by_value(const char* field, int32_t value, const Kernel (&kernels)[N], NameOf name_of,
-                        Set set) {
-  if (value < 0 || value >= static_cast<int32_t>(N)) {
-    g_last_error = std::string(field) + ": expected one of " + kernel_values(kernels, name_of, ", ") +
-                   ", got " + std::to_string(value);
+// The kernel of code `value`, or invalid_argument naming the field, the code (and, for a removed
+// one, its name and that session 17 removed it, gpu/NOTES.md) and every kept code with its name.
+template <class Kernel>
+Kernel kernel_of_code(const char* field, int32_t value) {
+  using Codes = KernelCodes<Kernel>;
+  std::string kept;
+  for (Kernel k : Codes::kept) {
+    if (static_cast<int32_t>(k) == value) return k;
+    kept += (kept.empty() ? "" : ", ") + std::to_string(static_cast<int32_t>(k)) + " (" + Codes::name(k) + ")";
+  }
+  for (const RemovedKernel& r : Codes::removed)
+    if (r.code == value)
+      throw std::invalid_argument(std::string(field) + ": " + std::to_string(value) + " (" + r.name +
+                                  ") was removed in session 17 (gpu/NOTES.md \"Kernels removed in "
+                                  "session 17\"; its code is at commit ad5fb84); expected one of " +
+                                  kept);
+  throw std::invalid_argument(std::string(field) + ": expected one of " + kept + ", got " +
+                              std::to_string(value));
+}
+
+// A process-wide kernel choice by its code: 0 and the choice made, or 2 with kernel_of_code's error.
+template <class Kernel, class Set>
+int set_kernel_by_code(const char* field, int32_t value, Set set) {
+  try {
+    set(kernel_of_code<Kernel>(field, value));
+  } catch (const std::invalid_argument& e) {
+    g_last_error = e.what();
     return 2;
   }
-  set(static_cast<Kernel>(value));
   g_last_error.clear();
   return 0;
 }
@@ -107,12 +176,24 @@ const char* hils_gpu_enum_names(const char* field) {
                            prior = hils::enum_options<hils::PriorRule>(" "),
                            group = hils::enum_options<hils::GroupRule>(" "),
                            fusion = hils::enum_options<hils::Fusion>(" ");
+  static const std::string select = kernel_codes<hils::gpu::SelectKernel>(false),
+                           sparse = kernel_codes<hils::gpu::SparseKernel>(false),
+                           window = kernel_codes<hils::gpu::WindowKernel>(false),
+                           select_removed = kernel_codes<hils::gpu::SelectKernel>(true),
+                           sparse_removed = kernel_codes<hils::gpu::SparseKernel>(true),
+                           window_removed = kernel_codes<hils::gpu::WindowKernel>(true);
   const std::string name = field == nullptr ? "" : field;
   if (name == "key_rule") return key.c_str();
   if (name == "bias_rule") return bias.c_str();
   if (name == "prior_rule") return prior.c_str();
   if (name == "group_rule") return group.c_str();
   if (name == "fusion") return fusion.c_str();
+  if (name == "select_kernel") return select.c_str();
+  if (name == "sparse_kernel") return sparse.c_str();
+  if (name == "window_kernel") return window.c_str();
+  if (name == "select_kernel_removed") return select_removed.c_str();
+  if (name == "sparse_kernel_removed") return sparse_removed.c_str();
+  if (name == "window_kernel_removed") return window_removed.c_str();
   return nullptr;
 }
 
@@ -175,22 +256,16 @@ int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const
                          const float* bias, const float* exact, const float* lse_swa,
                          int32_t* selection, float* selected_score, void* stream) {
   return guarded(p, [&](const Translated& t) {
-    if (select_kernel < 0 || select_kernel >= static_cast<int32_t>(std::size(hils::gpu::kSelectKernels)))
-      throw std::invalid_argument(
-          "select_kernel: expected " +
-          kernel_values(hils::gpu::kSelectKernels, hils::gpu::select_kernel_name, " or ") +
-          ", got " + std::to_string(select_kernel));
+    const auto kernel = kernel_of_code<hils::gpu::SelectKernel>("select_kernel", select_kernel);
     hils::gpu::select_chunks(t.spec, t.shape, t.in, key, bias, exact, lse_swa, selection,
                              selected_score, as_stream(stream),
-                             static_cast<hils::gpu::SelectKernel>(select_kernel));
+                             kernel);
   });
 }
 
 int hils_gpu_set_sparse_kernel(int32_t sparse_kernel) {
-  return set_kernel_by_value(
-      "sparse_kernel", sparse_kernel, hils::gpu::kSparseKernels,
-      [](hils::gpu::SparseKernel k) { return hils::gpu::sparse_kernel_name(k); },
-      [](hils::gpu::SparseKernel k) { hils::gpu::set_sparse_kernel(k); });
+  return set_kernel_by_code<hils::gpu::SparseKernel>(
+      "sparse_kernel", sparse_kernel, [](hils::gpu::SparseKernel k) { hils::gpu::set_sparse_kernel(k); });
 }
 
 int32_t hils_gpu_sparse_kernel(void) {
@@ -198,10 +273,8 @@ int32_t hils_gpu_sparse_kernel(void) {
 }
 
 int hils_gpu_set_window_kernel(int32_t window_kernel) {
-  return set_kernel_by_value(
-      "window_kernel", window_kernel, hils::gpu::kWindowKernels,
-      [](hils::gpu::WindowKernel k) { return hils::gpu::window_kernel_name(k); },
-      [](hils::gpu::WindowKernel k) { hils::gpu::set_window_kernel(k); });
+  return set_kernel_by_code<hils::gpu::WindowKernel>(
+      "window_kernel", window_kernel, [](hils::gpu::WindowKernel k) { hils::gpu::set_window_kernel(k); });
 }
 
 int32_t hils_gpu_window_kernel(void) {

@@ -63,7 +63,8 @@ struct DecodeScratch {
   uint32_t* cand_key;   // [B, Hkv, n_score_tiles, min(K, 256)] each tile's K best r (as keys)
   int32_t* cand_idx;    // same shape: their chunk indices, ascending within each tile
   float* fusion_logit;  // [B, Hq, K] s_hat of the selected chunks from summary_key_bf16
-  uint32_t* sync;       // [3 B Hkv + 1] the tail kernel's counters (d23), zeroed by launch 1
+  uint32_t* sync;       // [sync_words] d23's tail counters (3 B Hkv + 1, zeroed by launch 1) or
+                        // d37's (3 B Hkv, kCounterStride apart, zeroed by a memset first)
 };
 
 // The shortened tails of the fused kernel (since d12) for K <= kShortK selected chunks; since
@@ -109,6 +110,20 @@ __host__ __device__ inline int64_t kept_candidates(const DecodeParams& p) {
 __host__ __device__ inline int64_t tail_sync_words(const DecodeParams& p) {
   return 3 * p.B * p.Hkv + 1;
 }
+// d37's counters: per KV group (b, g) launch-1 blocks done, group-score tiles done, chunk tiles
+// done, each on its own 256 bytes (kCounterStride words), so that the waiting blocks' polls
+// spread over 3 B Hkv lines (L2 slices) instead of one (session 17: with the 48 counters of B = 8
+// in one 192-byte run launch 1 took 2.7 us longer than d36's; spread, it still did, since the
+// count itself costs it: gpu/NOTES.md "d37").
+constexpr int64_t kCounterStride = 64;
+__host__ __device__ inline uint32_t* unit_counter(uint32_t* sync, const DecodeParams& p, int kind,
+                                                  int64_t bg) {
+  return sync + (kind * p.B * p.Hkv + bg) * kCounterStride;
+}
+__host__ __device__ inline int64_t sync_words(const DecodeParams& p) {
+  const int64_t counted = 3 * p.B * p.Hkv * kCounterStride;
+  return counted > tail_sync_words(p) ? counted : tail_sync_words(p);
+}
 
 __device__ __forceinline__ float logaddexp(float a, float b) {
   const float m = fmaxf(a, b);
@@ -147,6 +162,28 @@ __device__ __forceinline__ void allow_next_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// d37's per-(b, g) completion counters (DecodeScratch::sync, zeroed before the step's launch 1):
+// a producing block publishes its writes and counts itself (block barrier, then one release add
+// at GPU scope); a consuming block waits until the count is reached (one thread polls with
+// acquire loads, then a block barrier), the pattern of d23's arrive / wait_for below.
+__device__ __forceinline__ void unit_arrive(uint32_t* counter) {
+  __syncthreads();
+  if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+}
+__device__ __forceinline__ void unit_poll(const uint32_t* counter, uint32_t n) {  // one thread
+  uint32_t v, sleep = 64;
+  while (true) {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+    if (v >= n) break;
+    __nanosleep(sleep);
+    sleep = sleep < 512 ? 2 * sleep : sleep;  // a waiting block polls every ~0.5-1 us at most
+  }
+}
+__device__ __forceinline__ void unit_wait(const uint32_t* counter, uint32_t n) {
+  if (threadIdx.x == 0) unit_poll(counter, n);
+  __syncthreads();
 }
 
 // Exclusive prefix sum over the block (blockDim.x multiple of 32, <= 1024); total in *total.
@@ -1039,6 +1076,20 @@ __global__ void decode_group_score_kernel(DecodeParams p, DecodeScratch w) {
   allow_next_grid();
 }
 
+// d37: d36's group-score tile waiting for its KV group's launch-1 blocks (scan_blocks of them, at
+// counter 0) instead of the whole launch 1, and counting itself done at counter 1 (the chunk tiles
+// wait there); the next grid may launch at once (kCounted of window_score_block).
+// 4 blocks per SM (<= 64 registers; 68 without the bound, 3 per SM: 396 resident of 512 tiles
+// at B = 8, so the chunk grid, which launches once every tile has started, came late).
+__global__ void __launch_bounds__(kScoreThreads, 4)
+    decode_group_score_counted_kernel(DecodeParams p, DecodeScratch w, uint32_t scan_blocks) {
+  allow_next_grid();
+  const int64_t bg = blockIdx.y;
+  unit_wait(unit_counter(w.sync, p, 0, bg), scan_blocks);
+  group_score_tile<true>(p, w, blockIdx.x, bg);
+  unit_arrive(unit_counter(w.sync, p, 1, bg));
+}
+
 // ---- 3. select: one block per (b, g), over the tiles' kept candidates -----------------------
 // merge_window: o_swa and lse_swa from the window tiles here (false: the fuse merges them).
 __device__ void select_group(const DecodeParams& p, const DecodeScratch& w, int64_t bg,
@@ -1456,13 +1507,27 @@ struct QuadChunkShared {
 // kSelects (d36, where chunks_can_select): every block of the group first selects (the select of
 // d35 on the block's four warps, eight sorted kept lists per warp and load, merged by a tree)
 // and takes chunk i of it; block i writes slot i of the selection. No select launch.
-template <bool kSelects>
+// kCounted (d37, with kSelects): the block waits for its group's group-score tiles at counter 1
+// (unit_counter) instead of the whole previous grid, reads their kept lists through the L2, and
+// counts itself done at counter 2 (the fuse waits there).
+template <bool kSelects, bool kCounted = false>
 __global__ void __launch_bounds__(kQuadChunkWarps * kWarp)
     decode_chunk_mma4_kernel(DecodeParams p, DecodeScratch w) {
+  static_assert(kSelects || !kCounted, "the counted chunk tiles select");
   __shared__ __align__(16) QuadChunkShared sh;
-  wait_for_previous_grid();
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int64_t i = blockIdx.x, bg = blockIdx.y;
+  if constexpr (kCounted) {
+    allow_next_grid();
+    unit_wait(unit_counter(w.sync, p, 1, bg),
+              static_cast<uint32_t>((p.n_cand + kScoreThreads - 1) / kScoreThreads));
+  } else {
+    wait_for_previous_grid();
+  }
+  auto done = [&] {
+    if constexpr (kCounted) unit_arrive(unit_counter(w.sync, p, 2, bg));
+    else allow_next_grid();
+  };
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv, first = b * p.Hq + g * p.G;
   const int G = static_cast<int>(p.G), quad = lane % 4, r0 = lane / 4, r1 = r0 + 8;
   float* chunk_part = w.chunk_part;
@@ -1470,7 +1535,7 @@ __global__ void __launch_bounds__(kQuadChunkWarps * kWarp)
   int32_t c;
   if constexpr (kSelects) {
     __shared__ int32_t chosen[kShortK];
-    select_group_short<kQuadChunkWarps * kWarp, kChunkSelectBatch, false, true>(
+    select_group_short<kQuadChunkWarps * kWarp, kChunkSelectBatch, kCounted, true>(
         p, w, bg, nullptr, nullptr, false, [&](int slot, int32_t chunk) { chosen[slot] = chunk; });
     __syncthreads();
     c = chosen[i];
@@ -1483,7 +1548,7 @@ __global__ void __launch_bounds__(kQuadChunkWarps * kWarp)
       const int j = t / (kTileDim + 1), col = t % (kTileDim + 1);
       chunk_part[((first + j) * p.K + i) * (p.dv + 1) + col] = col == 0 ? kNegInf : 0.0f;
     }
-    allow_next_grid();
+    done();
     return;
   }
   const int64_t lo = static_cast<int64_t>(c) * p.S;
@@ -1576,7 +1641,7 @@ __global__ void __launch_bounds__(kQuadChunkWarps * kWarp)
     emit(r0, m0, l0, 0);
     emit(r1, m1, l1, 1);
   }
-  allow_next_grid();
+  done();
 }
 
 // ---- 5. fuse: one warp per (b, h) -----------------------------------------------------------
@@ -1759,35 +1824,83 @@ __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, fl
     fuse_head<kBatched>(p, w, item, o, lse, fusion_weights);
 }
 
+// d37 (fuse_merges_window): the block waits for the K chunk tiles of each KV group its heads lie
+// in (counter 2) instead of the whole previous grid, and reads what they wrote through the L2.
+__global__ void decode_fuse_counted_kernel(DecodeParams p, DecodeScratch w, float* o, float* lse,
+                                           float* fusion_weights, float* o_window,
+                                           float* lse_window) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock;
+  const int64_t n_items = p.B * p.Hq;
+  if (threadIdx.x == 0) {
+    for (int64_t it = first; it < first + kWarpsPerBlock && it < n_items; ++it) {
+      const int64_t bg = it / p.Hq * p.Hkv + it % p.Hq / p.G;
+      if (it == first || it % p.G == 0)  // a new group
+        unit_poll(unit_counter(w.sync, p, 2, bg), static_cast<uint32_t>(p.K));
+    }
+  }
+  __syncthreads();
+  const int64_t item = first + threadIdx.x / kWarp;
+  if (item >= n_items) return;
+  fuse_head_short<true>(p, w, item, o, lse, fusion_weights, o_window, lse_window);
+}
+
 // ---- the fused step (DecodeKernel::fused) ----------------------------------------------------
 // Launch 1, 128 threads: window tiles (blocks [0, n_win_tiles * B * Hkv)), then score tiles
 // (n_score_tiles per (b, h), kTiles of them per block); the two stages are independent, so one
 // grid runs both.
-template <class Summary, ScanLoads kLoads, int kTiles>
+// kCounted (d37): the next grid may launch at once (every block of this grid is then resident or
+// done when it does, so its blocks' waits cannot starve this grid), and each block counts itself
+// done at its KV group's counter 0 (unit_counter; the group-score tiles wait there) instead of
+// the next grid waiting for this whole grid; the counters are zeroed before this launch.
+template <class Summary, ScanLoads kLoads, int kTiles, bool kCounted = false>
 __device__ __forceinline__ void window_score_block(const DecodeParams& p, const DecodeScratch& w,
                                                    bool fast, bool staged, bool vectorised,
                                                    bool coalesced) {
   extern __shared__ float smem[];
+  if constexpr (kCounted) allow_next_grid();
   const int64_t n_win_blocks = p.n_win_tiles * p.B * p.Hkv, block = blockIdx.x;
-  if (block == 0) {  // d23's tail kernel starts from zeroed counters (it runs after this grid)
+  if (!kCounted && block == 0) {  // d23's tail kernel starts from zeroed counters (it runs after this grid)
     for (int64_t i = threadIdx.x; i < tail_sync_words(p); i += blockDim.x) w.sync[i] = 0u;
   }
+  int64_t unit;  // the block's KV group b Hkv + g
   if (block < n_win_blocks) {
-    window_tile<true>(p, fast, staged, w.win_part, block % p.n_win_tiles, block / p.n_win_tiles,
-                      smem);
+    unit = block / p.n_win_tiles;
+    window_tile<true>(p, fast, staged, w.win_part, block % p.n_win_tiles, unit, smem);
   } else {
     const int64_t j = block - n_win_blocks, blocks_per_item = (p.n_score_tiles + kTiles - 1) / kTiles;
+    const int64_t item = j / blocks_per_item;
+    unit = item / p.Hq * p.Hkv + item % p.Hq / p.G;
     score_tile<Summary, kFastThreads / kWarp, true, kLoads, kTiles>(
-        p, j / blocks_per_item, j % blocks_per_item * kTiles, vectorised, coalesced, smem, w.scores,
+        p, item, j % blocks_per_item * kTiles, vectorised, coalesced, smem, w.scores,
         w.score_part);
   }
-  allow_next_grid();
+  if constexpr (kCounted) unit_arrive(unit_counter(w.sync, p, 0, unit));
+  else allow_next_grid();
 }
 
-template <class Summary, ScanLoads kLoads, int kTiles = 1>
+template <class Summary, ScanLoads kLoads, int kTiles = 1, bool kCounted = false>
 __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged,
                                           bool vectorised, bool coalesced) {
-  window_score_block<Summary, kLoads, kTiles>(p, w, fast, staged, vectorised, coalesced);
+  window_score_block<Summary, kLoads, kTiles, kCounted>(p, w, fast, staged, vectorised, coalesced);
+}
+
+// d38: d37's int4 launch 1 (two score tiles per block) held to 6 blocks per SM (<= 80 registers,
+// no spill; d37's takes 96, 5 per SM: its 2,176 blocks at B = 8, 512K are 3.3 waves of 660, 2.7
+// of 792 at 6). fp8's one-tile block has 80 registers (6 per SM) already; bf16 and fp8 blocks
+// spill under this bound (32-416 bytes), so d38 is d37 for them.
+constexpr int kCountedScanBlocksPerSm = 6;
+template <class Summary, int kTiles>
+__global__ void __launch_bounds__(kFastThreads, kCountedScanBlocksPerSm)
+    fused_window_score_6_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged,
+                                bool vectorised, bool coalesced) {
+  window_score_block<Summary, ScanLoads::streaming, kTiles, true>(p, w, fast, staged, vectorised,
+                                                                  coalesced);
+}
+
+// Blocks of launch 1 (kTiles score tiles per block) that count themselves at one KV group's
+// counter: its G heads' score blocks and its window tiles.
+__host__ __device__ inline uint32_t scan_blocks_per_group(const DecodeParams& p, int tiles) {
+  return static_cast<uint32_t>(p.G * ((p.n_score_tiles + tiles - 1) / tiles) + p.n_win_tiles);
 }
 
 // ---- the scan's read floor (decode_scan_probe, ScanProbe) ---------------------------------------
@@ -2257,7 +2370,7 @@ ScratchSizes scratch_sizes(const DecodeParams& p) {
   return {{BH * p.n_chunks * 4, BH * p.n_score_tiles * 8, BH * p.n_win_tiles * (p.dv + 2) * 4,
            BH * p.dv * 4, BH * 4, BG * p.K * 4, BH * p.K * (p.dv + 1) * 4,
            BG * p.n_score_tiles * tile_keep(p) * 4, BG * p.n_score_tiles * tile_keep(p) * 4,
-           BH * p.K * 4, static_cast<size_t>(tail_sync_words(p)) * 4}};
+           BH * p.K * 4, static_cast<size_t>(sync_words(p)) * 4}};
 }
 size_t round_up(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -2435,7 +2548,9 @@ unsigned persistent_scan_blocks(size_t smem, int64_t items) {
 // `tiles` (1, or 2 with streaming loads: d34) score tiles per block.
 template <class Summary>
 void launch_window_score(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
-                         cudaStream_t stream, ScanLoads loads, int tiles = 1) {
+                         cudaStream_t stream, ScanLoads loads, int tiles = 1, bool counted = false,
+                         bool six_per_sm = false) {
+  require(!counted || loads == ScanLoads::streaming, "decode: counted launch 1 only with streaming loads");
   require(tiles == 1 || (tiles == 2 && loads == ScanLoads::streaming),
           "decode: two score tiles per block only with streaming loads");
   const int64_t blocks1 =
@@ -2447,6 +2562,11 @@ void launch_window_score(const DecodeParams& p, const LaunchShape& s, const Deco
   if (loads == ScanLoads::streaming)
     kernel = tiles == 2 ? fused_window_score_kernel<Summary, ScanLoads::streaming, 2>
                         : fused_window_score_kernel<Summary, ScanLoads::streaming>;
+  if (counted)
+    kernel = tiles == 2 ? fused_window_score_kernel<Summary, ScanLoads::streaming, 2, true>
+                        : fused_window_score_kernel<Summary, ScanLoads::streaming, 1, true>;
+  if constexpr (std::is_same<Summary, Int4Summary>::value)  // d38 (the others spill at 6 per SM)
+    if (counted && six_per_sm && tiles == 2) kernel = fused_window_score_6_kernel<Int4Summary, 2>;
   launch_kernel("window + score", kernel, dim3(static_cast<unsigned>(blocks1)), kFastThreads,
                 std::max(s.win_smem_early, p.d * sizeof(float)), stream, false, p, w, s.fast,
                 s.win_staged, s.vectorised, s.coalesced);
@@ -2466,6 +2586,36 @@ DecodeScratch scratch_at(const DecodeParams& p, void* workspace) {
                        static_cast<uint32_t*>(parts[10])};
 }
 
+// d37: d36's four launches with per-KV-group counters in place of the kernel boundaries (the
+// counters zeroed by a memset first): launch 1 lets the group-score grid launch at once and each
+// of its blocks counts itself at its group; a group-score tile waits for its group's launch-1
+// blocks, a chunk tile for its group's group-score tiles, a fuse block for its groups' chunk
+// tiles. So a KV group's tails run as soon as its own scan is done, while later groups are still
+// scanned. Where chunks_can_select (K = 32, the fuse merging the window) with streaming loads.
+template <class Summary>
+void launch_counted(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
+                    const DecodeOutputs& out, cudaStream_t stream, int score_tiles,
+                    bool six_per_sm) {
+  const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
+  const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
+  const cudaError_t err =
+      cudaMemsetAsync(w.sync, 0, static_cast<size_t>(sync_words(p)) * sizeof(uint32_t), stream);
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string("decode_step: counters: ") + cudaGetErrorString(err));
+  launch_window_score<Summary>(p, s, w, stream, ScanLoads::streaming, score_tiles, true,
+                               six_per_sm);
+  launch_kernel("group score (counted)", decode_group_score_counted_kernel,
+                dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)), bg), kScoreThreads,
+                0, stream, true, p, w, scan_blocks_per_group(p, score_tiles));
+  launch_kernel("chunk (selecting, counted)", decode_chunk_mma4_kernel<true, true>,
+                dim3(static_cast<unsigned>(p.K), bg), kQuadChunkWarps * kWarp, 0, stream, true, p,
+                w);
+  launch_kernel("fuse (counted)", decode_fuse_counted_kernel,
+                dim3(static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock))), kWarpsPerBlock * kWarp,
+                0, stream, true, p, w, out.o, out.lse, out.fusion_weights, out.o_window,
+                out.lse_window);
+}
+
 // fused (d21), d19, d18, d17, d16, d13 and d8: five launches (window + score tiles in one grid;
 // group scores; select; chunk tiles; fuse with batched loads); kShort (d12 on) the shorter
 // chains of its tails; `mma` (d17 on) the chunk tiles on the tensor cores where their shape
@@ -2482,12 +2632,19 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
                   const DecodeOutputs& out, cudaStream_t stream, bool pdl, bool mma,
                   bool landmark_mask = false, bool persistent = false, bool tail = false,
                   ScanLoads loads = ScanLoads::plain, bool chunk_evict_first = false,
-                  int score_tiles = 1, bool short_tails = false, bool select_in_chunks = false) {
+                  int score_tiles = 1, bool short_tails = false, bool select_in_chunks = false,
+                  bool counted = false, bool six_per_sm = false) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
   require(blocks1 < (int64_t{1} << 31), "decode: too many tiles for one grid");
   constexpr bool kFp8 = std::is_same<Summary, Fp8Summary>::value;
+  const bool quad_chunks = p.K > 0 && mma && chunk_by_mma(p, s.fast_chunk) && short_tails;
+  const bool chunks_select = quad_chunks && select_in_chunks && kShort && chunks_can_select(p);
+  if (counted && chunks_select && loads == ScanLoads::streaming) {
+    launch_counted<Summary>(p, s, w, out, stream, score_tiles, six_per_sm);
+    return;
+  }
   if (persistent && scan_persistent(p, s.coalesced, kFp8))
     launch_kernel("window + score (persistent)", fused_scan_persistent_kernel,
                   dim3(persistent_scan_blocks(s.win_smem_early, blocks1)), kFastThreads,
@@ -2507,8 +2664,6 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
     launch_kernel("group score", decode_group_score_kernel<kShort>,
                   dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)), bg),
                   kScoreThreads, 0, stream, pdl, p, w);
-  const bool quad_chunks = p.K > 0 && mma && chunk_by_mma(p, s.fast_chunk) && short_tails;
-  const bool chunks_select = quad_chunks && select_in_chunks && kShort && chunks_can_select(p);
   if (chunks_select)
     launch_kernel("chunk (selecting)", decode_chunk_mma4_kernel<true>,
                   dim3(static_cast<unsigned>(p.K), bg), kQuadChunkWarps * kWarp, 0, stream, pdl,
@@ -2564,9 +2719,11 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
               kernel == DecodeKernel::d21 || kernel == DecodeKernel::d23 ||
               kernel == DecodeKernel::d24 || kernel == DecodeKernel::d25 ||
               kernel == DecodeKernel::d29 || kernel == DecodeKernel::d34 ||
-              kernel == DecodeKernel::d35 || kernel == DecodeKernel::d36,
+              kernel == DecodeKernel::d35 || kernel == DecodeKernel::d36 ||
+              kernel == DecodeKernel::d37 || kernel == DecodeKernel::d38,
           "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3), d16 (4), d17 (5), d18 (6), "
-          "d19 (7), d21 (8), d23 (9), d24 (10), d25 (11), d29 (15), d34 (20), d35 (21) or d36 (22)");
+          "d19 (7), d21 (8), d23 (9), d24 (10), d25 (11), d29 (15), d34 (20), d35 (21), d36 (22), "
+          "d37 (23) or d38 (24)");
   const DecodeParams p = params_of(spec, cache, q);
   DecodeScratch w = scratch_at(p, workspace);
   if (out.surrogate) w.scores = out.surrogate;
@@ -2588,7 +2745,8 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
             // and the chunk tiles on four warps (the same bits); d36: d35 whose chunk tiles select
     const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d36 : kernel;
     const bool d19 = k == DecodeKernel::d19, d23 = k == DecodeKernel::d23;
-    const bool d36 = k == DecodeKernel::d36, d35 = k == DecodeKernel::d35 || d36;
+    const bool d38 = k == DecodeKernel::d38, d37 = k == DecodeKernel::d37 || d38;
+    const bool d36 = k == DecodeKernel::d36 || d37, d35 = k == DecodeKernel::d35 || d36;
     const bool d29 = k == DecodeKernel::d29 || k == DecodeKernel::d34 || d35;
     const bool d21 = k == DecodeKernel::d21 || k == DecodeKernel::d24 || k == DecodeKernel::d25 || d29;
     const bool mask = d19 || d21 || d23;
@@ -2603,7 +2761,7 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
         k == DecodeKernel::d34 || (d35 && cache.summary_type == SummaryType::int4) ? 2 : 1;
     with_summary(cache.summary_type, [&](auto summary) {
       launch_fused<decltype(summary), true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23,
-                                            loads, d29, score_tiles, d35, d36);
+                                            loads, d29, score_tiles, d35, d36, d37, d38);
     });
   }
 }

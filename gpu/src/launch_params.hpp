@@ -29,8 +29,8 @@ struct LaunchParams {
   const void* q_retrieval = nullptr;  // never null inside launchers (q when absent)
   const void* prior = nullptr;
   int64_t prior_rows = 0;
-  // The element type the packed window kernels from mma_v9 on store o_swa in (their o_swa
-  // pointer then points at __half for f16; hils::gpu::window_attention_rows).
+  // The element type the packed window kernels store o_swa in (their o_swa pointer then points
+  // at __half for f16; hils::gpu::window_attention_rows).
   RowType o_swa_rows = RowType::f32;
 };
 
@@ -68,12 +68,9 @@ namespace hils::gpu::detail {
 
 // The packed tensor-core kernels (packed_kernels.cu) cover bf16, d = dv = S = 64, G | 16.
 bool packed_path_applies(const LaunchParams& p);
-void launch_window_packed(const LaunchParams& p, float* o, float* lse, cudaStream_t stream);
 // WindowKernel::mma_v9 (packed_kernels.cu): 128 rows per block, masks on edge tiles only.
 void launch_window_v9(const LaunchParams& p, float* o, float* lse, cudaStream_t stream);
-// WindowKernel::mma_v10: mma_v9 with 64 rows (4 warps) per block.
-void launch_window_v10(const LaunchParams& p, float* o, float* lse, cudaStream_t stream);
-// WindowKernel::wgmma_v11, v12, v13: mma_v9's block as two warpgroups issuing wgmma (sm_90a).
+// WindowKernel::wgmma_v18, v19, v20: mma_v9's block as two warpgroups issuing wgmma (sm_90a).
 void launch_window_wgmma(const LaunchParams& p, WindowKernel kernel, float* o, float* lse,
                          cudaStream_t stream);
 void launch_fuse_packed(const LaunchParams& p, const int32_t* selection,
@@ -105,7 +102,7 @@ struct FusionRows {
   RowType o_type = RowType::f32;
 };
 // Whether the chunk-major variant reads or writes rows other than fp32 (hils::gpu::fuse_rows):
-// chunked_v24, chunked_v25. The others take RowType::f32 only (the caller checks).
+// chunked_v30, v35, v36. chunked_v21 takes RowType::f32 only (the caller checks).
 bool fusion_rows_apply(SparseKernel kernel);
 void launch_fuse_chunked(const LaunchParams& p, const int32_t* selection,
                          const float* selected_score, const FusionRows& rows, const float* lse_swa,

@@ -72,100 +72,15 @@ __device__ __forceinline__ void exponentiate(float (&s)[8][4], const float (&m)[
   row_sum[1] = quad_sum(row_sum[1]);
 }
 
-template <int G>
-__global__ void __launch_bounds__(kPackedThreads)
-    window_packed_kernel(LaunchParams p, float* o_swa, float* lse_swa) {
-  constexpr int M = kPackedRows / G;
-  // Two K/V stages: tile i + 1 streams in (cp.async) while tile i is computed.
-  __shared__ __align__(16) __nv_bfloat16 ks_tile[2][kTileDim][kTilePitch];
-  __shared__ __align__(16) __nv_bfloat16 vs_tile[2][kTileDim][kTilePitch];
-  const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * M, g = blockIdx.y;
-  const ThreadRows<G> rows(t0, g, p.T);
-  const auto* q = static_cast<const __nv_bfloat16*>(p.q);
-  const auto* k = static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim;
-  const auto* v = static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim;
-  uint32_t qa[4][4];
-  load_q_fragments(qa, rows.valid[0] ? q + (rows.h[0] * p.T + rows.t[0]) * kTileDim : nullptr,
-                   rows.valid[1] ? q + (rows.h[1] * p.T + rows.t[1]) * kTileDim : nullptr);
-  int64_t left[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) left[i] = geo.window_left(rows.t[i]);
-  const int64_t t_last = t0 + M - 1 < p.T - 1 ? t0 + M - 1 : p.T - 1;
-  // S = 64 on this path: tiles start at multiples of 64, the landmark is a tile's column 63
-  // (complete chunks only), so the mask is int32 arithmetic on columns.
-  const int64_t complete = (p.T / kTileDim) * kTileDim;
-  const int64_t first = geo.window_left(t0);
-  const int n_tiles = static_cast<int>((t_last - first) / kTileDim + 1);
-  const int lane = threadIdx.x % kWarp;
-  float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f}, o[8][4] = {};
-  load_tile_async(ks_tile[0], k, first, p.T);
-  load_tile_async(vs_tile[0], v, first, p.T);
-  cp_async_commit();
-  for (int it = 0; it < n_tiles; ++it) {
-    const int64_t key0 = first + static_cast<int64_t>(it) * kTileDim;
-    cp_async_wait_all();
-    __syncthreads();
-    if (it + 1 < n_tiles) {
-      load_tile_async(ks_tile[(it + 1) % 2], k, key0 + kTileDim, p.T);
-      load_tile_async(vs_tile[(it + 1) % 2], v, key0 + kTileDim, p.T);
-      cp_async_commit();
-    }
-    // Row i sees columns [lo_i, hi_i] of this tile (clamped to int32), minus the landmark.
-    int lo[2], hi[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int64_t a = left[i] - key0, b = rows.t[i] - key0;
-      lo[i] = a < 0 ? 0 : (a > kTileDim ? kTileDim : static_cast<int>(a));
-      hi[i] = rows.valid[i] ? (b < -1 ? -1 : (b > kTileDim ? kTileDim : static_cast<int>(b))) : -1;
-    }
-    const bool landmark_col = p.landmarks && key0 + kTileDim <= complete;
-    float s[8][4], tile_max[2], tile_sum[2];
-    qk_tile(s, qa, ks_tile[it % 2]);
-    mask_tile(s, p.scale, 0,
-              [&](int i, int64_t j) {
-                const int col = static_cast<int>(j);
-                return col >= lo[i] && col <= hi[i] && !(landmark_col && col == kTileDim - 1);
-              },
-              tile_max);
-    float m_new[2], alpha[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      m_new[i] = fmaxf(m[i], tile_max[i]);
-      alpha[i] = exp_diff(m[i], m_new[i]);
-    }
-    exponentiate(s, m_new, tile_sum);
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[nt][e] *= alpha[e / 2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + tile_sum[i], m[i] = m_new[i];
-    pv_tile(o, s, vs_tile[it % 2]);
-  }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    if (!rows.valid[i]) continue;
-    float* out = o_swa + (rows.h[i] * p.T + rows.t[i]) * kTileDim;
-    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      const int col = nt * 8 + (lane % 4) * 2;
-      *reinterpret_cast<float2*>(out + col) = make_float2(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
-    }
-    if (lane % 4 == 0) lse_swa[rows.h[i] * p.T + rows.t[i]] = l[i] > 0.0f ? m[i] + __logf(l[i]) : kNegInf;
-  }
-}
-
 // ---- window v9: 128 rows per block, masks only where a tile cuts a row's window ----------
 // Block = 8 warps x 16 rows = M = 128 / G adjacent queries x the G heads of one KV group, so
-// each K/V tile in shared memory serves 128 rows (v4: 64). Per warp and tile, from the bounds
+// each K/V tile in shared memory serves 128 rows (mma_v4, removed in session 17: 64). Per warp and tile, from the bounds
 // of its rows' windows: tiles outside them are skipped, tiles inside them run without the
 // element mask (the landmark column only), and in the causal edge tile only the 8-key
 // column groups up to the warp's last query are computed. The softmax runs in base 2 with the
 // scale folded into one FFMA per score, row sums stay per thread until the end.
-// kWarps = 8 (mma_v9) or 4 (mma_v10: 64 rows per block as v4, 4 blocks per SM); both at 128
-// registers (16 warps per SM).
+// kWarps = 8 (mma_v9; mma_v10 was 4, 64 rows per block, removed in session 17); 128 registers
+// (16 warps per SM).
 
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
@@ -173,8 +88,8 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
-// The per-tile softmax and the epilogue shared by window_v9_kernel (mma.sync) and
-// window_wgmma_kernel: a warp's 16 rows x 64 keys as s[8][4] in mma.sync's accumulator layout,
+// The per-tile softmax and the epilogue shared by window_v9_kernel (mma.sync) and the wgmma
+// kernels: a warp's 16 rows x 64 keys as s[8][4] in mma.sync's accumulator layout,
 // which is also a warp's share of a wgmma m64n64 accumulator. Scores s are in units of the logit
 // scale; c2 = scale * log2(e) (base-2 softmax), m the rows' running maxima of s.
 
@@ -415,22 +330,8 @@ __device__ __forceinline__ void mask_window_tile(float (&s)[8][4], int key0, int
   }
 }
 
-// ---- window v11: wgmma (sm_90a) -------------------------------------------------------------
-// mma_v9's block (128 rows = M = 128 / G queries x G heads, 8 warps) as two warpgroups of 64
-// rows. Per 64-key tile each warpgroup issues S = Q K^T as 4 wgmma m64n64k16 (Q and K from
-// 128-byte-swizzled panels in shared memory) and O += P V as 4 more (P from registers in
-// mma.sync's A layout, V an N-major panel): 8 instructions where mma_v9's 4 warps issue 256
-// HMMA, and no register chains between them. The softmax is mma_v9's (per warp: tiles inside
-// every row's window carry the landmark mask only; base 2). Tiles are skipped per warpgroup (a
-// wgmma is issued by all 128 threads of its warpgroup).
+// ---- the wgmma window kernels (sm_90a) ------------------------------------------------------
 constexpr int kWgPanelBytes = kTileDim * wg::kPanelRowBytes;  // 64 rows of 128 bytes
-
-struct WindowWgSmem {
-  unsigned char q[2][kWgPanelBytes];  // the two warpgroups' 64 q rows
-  unsigned char k[2][kWgPanelBytes];  // two K stages
-  unsigned char v[2][kWgPanelBytes];  // two V stages
-};
-constexpr size_t kWindowWgSmemBytes = sizeof(WindowWgSmem) + wg::kAtomBytes;  // + alignment
 
 // The block's 128 q rows r = (query t0 + r / G, head g G + r % G) into warpgroup r / 64's
 // 128-byte-swizzled panel, row r % 64 (zeros past T): cp.async by 256 threads, not committed.
@@ -446,214 +347,24 @@ __device__ __forceinline__ void load_q_panels_async(unsigned char (&panels)[2][k
   }
 }
 
-// Rows [row0, row0 + 64) of a [rows_total, 64] bf16 matrix into a swizzled panel (zeros past
-// rows_total), 256 threads.
-__device__ __forceinline__ void load_panel_async(unsigned char* panel, const __nv_bfloat16* src,
-                                                 int64_t row0, int64_t rows_total) {
-  for (int seg = threadIdx.x; seg < kTileDim * 8; seg += 256) {
-    const int row = seg / 8, col = (seg % 8) * 8;
-    const bool valid = row0 + row < rows_total;
-    cp_async16(panel + wg::sw128_offset(row, col), src + (valid ? (row0 + row) * kTileDim + col : 0),
-               valid);
-  }
-}
-
-// v12's copy of a 64-row panel: this thread's two 16-byte segments, (row r, dims c..c+7) and
-// (r + 32, c) with r = tid / 8, c = 8 (tid % 8), worked out once; both land at the same swizzled
-// column ((r + 32) % 8 = r % 8), 32 rows apart.
-struct PanelSlice {
-  uint32_t smem;  // byte offset of (r, c) inside a panel
-  int row;        // r
-  int elem;       // r * 64 + c
-  __device__ PanelSlice() {
-    row = static_cast<int>(threadIdx.x / 8);
-    const int col = static_cast<int>(threadIdx.x % 8) * 8;
-    smem = wg::sw128_offset(row, col);
-    elem = row * kTileDim + col;
-  }
-};
-// Rows [row0, row0 + 64) of the bf16 [T, 64] matrix `matrix` into the panel at shared address
-// `panel`, rows = T - row0 (>= 1): zeros from row T on (those segments read `matrix` itself).
-__device__ __forceinline__ void copy_panel(uint32_t panel, const __nv_bfloat16* matrix,
-                                           int64_t row0, int rows, const PanelSlice& slice) {
-  const __nv_bfloat16* src = matrix + row0 * kTileDim + slice.elem;
-  constexpr int kHalf = kTileDim / 2;
-  if (rows >= kTileDim) {  // every tile but the last
-    cp_async16_at(panel + slice.smem, src, true);
-    cp_async16_at(panel + slice.smem + kHalf * wg::kPanelRowBytes, src + kHalf * kTileDim, true);
-  } else {
-    const bool first_valid = slice.row < rows, second_valid = slice.row + kHalf < rows;
-    cp_async16_at(panel + slice.smem, first_valid ? src : matrix, first_valid);
-    cp_async16_at(panel + slice.smem + kHalf * wg::kPanelRowBytes,
-                  second_valid ? src + kHalf * kTileDim : matrix, second_valid);
-  }
-}
-
-// v13's copy of a full 64-row panel: this thread's two segments from `src` (its first segment's
-// source) and 32 rows (4096 bytes) on, to `panel` + its offset and 32 rows on.
-__device__ __forceinline__ void copy_full_panel(uint32_t dst, const __nv_bfloat16* src) {
-  asm volatile(
-      "cp.async.cg.shared.global [%0], [%1], 16;\n"
-      "cp.async.cg.shared.global [%0+4096], [%1+4096], 16;\n" ::"r"(dst),
-      "l"(src));
-}
-// A descriptor from its two words; v13 keeps the low word (start address) in a register and adds
-// the k16 step to it alone (no carry: the address field has 14 bits, the panels lie below 256 KB).
+// A descriptor from its two words; the kernels keep the low word (start address) in a register and
+// add the k16 step to it alone (no carry: the address field has 14 bits, the panels lie below
+// 256 KB).
 __device__ __forceinline__ uint64_t desc_of(uint32_t lo, uint32_t hi) {
   return (static_cast<uint64_t>(hi) << 32) | lo;
 }
 
-// kVersion 12 (wgmma_v12): the K/V copies from per-thread offsets worked out once (two cp.async
-// per panel, no loop, bounds only on the last tile), descriptors from 32-bit shared addresses,
-// and every score exponentiated (masked ones are -inf -> 0) instead of branching on the 8-key
-// groups past the warp's last query. kVersion 13 (wgmma_v13): v12 with a running source pointer
-// per K/V panel (two cp.async per panel with an immediate offset instead of each address
-// worked out from the row) and the descriptors' low words worked out once, the k16 steps added
-// to the low word only. All give the same values as v11.
-template <int G, int kVersion>
-__global__ void __launch_bounds__(256, 2)
-    window_wgmma_kernel(LaunchParams p, float* o_swa, float* lse_swa) {
-  constexpr int kRows = 128, M = kRows / G;
-  constexpr bool kLean = kVersion >= 12, kRunning = kVersion >= 13;
-  extern __shared__ unsigned char window_wg_raw[];
-  // Panels on a 1024-byte boundary (the swizzle's period).
-  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(window_wg_raw));
-  auto& sm = *reinterpret_cast<WindowWgSmem*>(
-      window_wg_raw + (wg::kAtomBytes - base % wg::kAtomBytes) % wg::kAtomBytes);
-  const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * M, g = blockIdx.y;
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, group = warp / 4;
-  const auto* k = static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim;
-  const auto* v = static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim;
-  const int64_t first = geo.window_left(t0);
-  const int64_t t_last = t0 + M - 1 < p.T - 1 ? t0 + M - 1 : p.T - 1;
-  const int n_tiles = static_cast<int>((t_last - first) / kTileDim + 1);
-  const int complete_col = static_cast<int>((p.T / kTileDim) * kTileDim - first);
-  load_q_panels_async<G>(sm.q, p, t0, g);
-  // The warpgroup's columns (relative to `first`): its first query's window start to its last
-  // query; empty when its rows start past T.
-  const int64_t wg_t0 = t0 + group * 64 / G, wg_t1 = t0 + (group * 64 + 63) / G;
-  const int wg_lo = wg_t0 < p.T ? static_cast<int>(geo.window_left(wg_t0) - first) : INT_MAX;
-  const int wg_hi = wg_t0 < p.T ? static_cast<int>((wg_t1 < p.T ? wg_t1 : p.T - 1) - first) : -1;
-  const WindowRowBounds bounds = window_row_bounds<G>(geo, p.T, t0, g, first);
-  const int hi_max = __reduce_max_sync(0xffffffffu, max(bounds.hi[0], bounds.hi[1]));
-  const float c2 = p.scale * 1.4426950408889634f;  // logits in base 2
-  const uint64_t q_desc = wg::desc_k_major(sm.q[group]);
-  const uint32_t smem_k = static_cast<uint32_t>(__cvta_generic_to_shared(sm.k[0]));
-  const uint32_t smem_v = static_cast<uint32_t>(__cvta_generic_to_shared(sm.v[0]));
-  const PanelSlice slice;
-  // v13: the descriptors' words (the high word is the same for every panel here) and the
-  // running sources of this thread's first segment in the next K and V tiles.
-  const uint64_t q_desc_full = q_desc, k0_desc = wg::desc_k_major(smem_k),
-                 v0_desc = wg::desc_n_major(smem_v, kWgPanelBytes);
-  const uint32_t q_lo = static_cast<uint32_t>(q_desc_full), k0_lo = static_cast<uint32_t>(k0_desc),
-                 v0_lo = static_cast<uint32_t>(v0_desc);
-  const uint32_t desc_hi = static_cast<uint32_t>(k0_desc >> 32);
-  const __nv_bfloat16* k_src = k + (first + kTileDim) * kTileDim + slice.elem;
-  const int64_t v_minus_k = v - k;
-  float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f}, o[8][4] = {};
-  if constexpr (kLean) {
-    const int rows = static_cast<int>(min(p.T - first, int64_t{kTileDim}));
-    copy_panel(smem_k, k, first, rows, slice);
-    copy_panel(smem_v, v, first, rows, slice);
-  } else {
-    load_panel_async(sm.k[0], k, first, p.T);
-    load_panel_async(sm.v[0], v, first, p.T);
-  }
-  cp_async_commit();
-  for (int it = 0; it < n_tiles; ++it) {
-    const int key0 = it * kTileDim;
-    const uint32_t stage = static_cast<uint32_t>(it % 2) * kWgPanelBytes;
-    cp_async_wait_all();
-    wg::fence_proxy_async();  // cp.async writes -> the tensor cores' reads
-    __syncthreads();
-    if (it + 1 < n_tiles) {
-      const int64_t row0 = first + key0 + kTileDim;
-      if constexpr (kRunning) {
-        const uint32_t next = kWgPanelBytes - stage;
-        if (p.T - row0 >= kTileDim) {  // every tile but the last
-          copy_full_panel(smem_k + next + slice.smem, k_src);
-          copy_full_panel(smem_v + next + slice.smem, k_src + v_minus_k);
-        } else {
-          const int rows = static_cast<int>(p.T - row0);
-          copy_panel(smem_k + next, k, row0, rows, slice);
-          copy_panel(smem_v + next, v, row0, rows, slice);
-        }
-        k_src += kTileDim * kTileDim;
-      } else if constexpr (kLean) {
-        const int rows = static_cast<int>(min(p.T - row0, int64_t{kTileDim}));
-        copy_panel(smem_k + (kWgPanelBytes - stage), k, row0, rows, slice);
-        copy_panel(smem_v + (kWgPanelBytes - stage), v, row0, rows, slice);
-      } else {
-        load_panel_async(sm.k[(it + 1) % 2], k, row0, p.T);
-        load_panel_async(sm.v[(it + 1) % 2], v, row0, p.T);
-      }
-      cp_async_commit();
-    }
-    if (key0 > wg_hi || key0 + kTileDim - 1 < wg_lo) continue;  // uniform over the warpgroup
-    float s[8][4];
-    const uint64_t k_desc = kLean ? wg::desc_k_major(smem_k + stage) : wg::desc_k_major(sm.k[it % 2]);
-    wg::fence_operands(s);
-    wg::fence();
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      if constexpr (kRunning)
-        wg::mma_ss<false>(s, desc_of(q_lo + 2 * ks, desc_hi),
-                          desc_of(k0_lo + stage / 16 + 2 * ks, desc_hi), ks > 0);
-      else
-        wg::mma_ss<false>(s, wg::desc_advance(q_desc, 32 * ks), wg::desc_advance(k_desc, 32 * ks),
-                          ks > 0);
-    }
-    wg::commit();
-    wg::wait<0>();
-    wg::fence_operands(s);
-    // Per warp: 8-key groups past its last query hold nothing it may see (v11 skips them).
-    const int nt_end = kLean ? 8 : key0 > hi_max ? 0 : min(8, (hi_max - key0) / 8 + 1);
-    mask_window_tile(s, key0, nt_end, WindowTileMask{bounds, complete_col, p.landmarks},
-                     lane);
-    float neg_max2[2];
-    rescale_to_tile_max(s, c2, m, l, o, neg_max2);
-    uint32_t pa[4][4];
-    exponentiate_tile(s, nt_end, c2, neg_max2, l);
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      pa[ks][0] = pack_bf16(s[2 * ks][0], s[2 * ks][1]);
-      pa[ks][1] = pack_bf16(s[2 * ks][2], s[2 * ks][3]);
-      pa[ks][2] = pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-      pa[ks][3] = pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-    }
-    const uint64_t v_desc = kLean ? wg::desc_n_major(smem_v + stage, kWgPanelBytes)
-                                  : wg::desc_n_major(sm.v[it % 2], kWgPanelBytes);
-    wg::fence_operands(o);
-    wg::fence();
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      if constexpr (kRunning)
-        wg::mma_rs<true>(o, pa[ks], desc_of(v0_lo + stage / 16 + 128 * ks, desc_hi), true);
-      else
-        wg::mma_rs<true>(o, pa[ks], wg::desc_advance(v_desc, 16 * wg::kPanelRowBytes * ks), true);
-    }
-    wg::commit();
-    wg::wait<0>();
-    wg::fence_operands(o);
-  }
-  store_window_rows(ThreadRows<G>(t0, g, p.T), p, o, l, m, lane, o_swa, lse_swa);
-}
-
-// ---- window v14/v15: the P V of one tile under the softmax of the next -----------------------
-// v13's loop waits twice per tile and warpgroup: for S = Q K^T, then for O += P V. v14 is FA3's
-// intra-warpgroup overlap: at tile i a warpgroup issues S_i = Q K_i^T, then the rescale of o by
-// tile i-1's factor and O += P_{i-1} V_{i-1}; it waits for S_i alone (wait_group 1), runs tile
-// i's masks and softmax (maxima, sums, the factor for o, the exponentials) while that P V runs,
-// waits for it and packs P_i. Every wgmma is waited within the iteration that issues it (nothing
-// in flight across the loop's back edge: the form in which ptxas keeps the wgmma asynchronous;
-// session 12's drafts kept the P V in flight across the back edge and were serialized, C7514).
-// The P V of a warpgroup's last tile follows at the next tile's step, or after the loop.
-// The same arithmetic as v13 in the same order per row: the same o_swa / lse_swa bits.
-// The V panel of tile i-1 is read during tile i, so V has one stage more than K: kAhead + 2 V
-// stages, kAhead + 1 K stages; the copies run kAhead tiles ahead (v14: 1 as v13, v15: 2).
-// v18's copies: the tensor memory accelerator (cp.async.bulk.tensor) writes a tile's K and V
-// panels, 128-byte swizzled, and completes on the stage's mbarrier; rows past T are zeros.
+// ---- window v18: wgmma with the K/V tiles copied by the tensor memory accelerator ----------------
+// mma_v9's block (128 rows = M = 128 / G queries x G heads, 8 warps) as two warpgroups of 64 rows
+// (wgmma_v11 on). Per 64-key tile each warpgroup issues S = Q K^T as 4 wgmma m64n64k16 (Q and K
+// from 128-byte-swizzled panels in shared memory) and O += P V as 4 more (P from registers in
+// mma.sync's A layout, V an N-major panel), each waited at once (v13's step), the descriptors'
+// low words worked out once and the k16 steps added to them alone (v13). The softmax is mma_v9's
+// (per warp: tiles inside every row's window carry the landmark mask only; base 2). Tiles are
+// skipped per warpgroup (a wgmma is issued by all 128 threads of its warpgroup). The copies
+// (v18): the tensor memory accelerator (cp.async.bulk.tensor) writes a tile's K and V panels,
+// 128-byte swizzled, two tiles ahead (v15), and completes on the stage's mbarrier; rows past T
+// are zeros.
 __device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
 #ifndef HILS_WGMMA_UNAVAILABLE
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -686,19 +397,16 @@ __device__ __forceinline__ void tma_load_panel(uint32_t dst, const CUtensorMap& 
 #endif
 }
 
-// With the tensor memory accelerator (kTma) K has as many stages as V: a tile's K and V panels
-// complete on one mbarrier per stage.
-template <int kAhead, bool kTma>
-struct WindowOverlapSmem {
-  static constexpr int kVStages = kAhead + 2, kKStages = kTma ? kVStages : kAhead + 1;
-  unsigned char q[2][kWgPanelBytes];         // the two warpgroups' 64 q rows
-  unsigned char k[kKStages][kWgPanelBytes];  // K stages
-  unsigned char v[kVStages][kWgPanelBytes];  // V stages
-  uint64_t full[kTma ? kVStages : 1];        // kTma: stage s's K and V have landed
+// The copies run kAhead = 2 tiles ahead: K and V have kAhead + 2 stages each, a tile's K and V
+// panels completing on one mbarrier per stage.
+struct WindowV18Smem {
+  static constexpr int kAhead = 2, kStages = kAhead + 2;
+  unsigned char q[2][kWgPanelBytes];        // the two warpgroups' 64 q rows
+  unsigned char k[kStages][kWgPanelBytes];  // K stages
+  unsigned char v[kStages][kWgPanelBytes];  // V stages
+  uint64_t full[kStages];                   // stage s's K and V have landed
 };
-template <int kAhead, bool kTma>
-constexpr size_t kWindowOverlapSmemBytes =
-    sizeof(WindowOverlapSmem<kAhead, kTma>) + wg::kAtomBytes;
+constexpr size_t kWindowV18SmemBytes = sizeof(WindowV18Smem) + wg::kAtomBytes;
 
 // The next stage's byte offset after `stage` in a ring of `stages` panels.
 template <int stages>
@@ -718,134 +426,78 @@ __device__ __forceinline__ void issue_pv(float (&o)[8][4], const uint32_t (&pa)[
   wg::commit();
 }
 
-// Where a tile's step puts the P V (kSchedule): kPvBeforeS (v14, v15) issues tile i-1's P V right
-// after S_i's wgmma and waits for S_i alone; kPvAfterMask (v16) waits for S_i, masks it, then
-// issues tile i-1's P V under the softmax (no divergent code between that P V and its wait);
-// kPvInTile (v17, v18) is v13's step (tile i's own P V after its softmax, both waited at once)
-// with these copies.
-enum WindowSchedule { kPvBeforeS, kPvAfterMask, kPvInTile };
-
-template <int G, int kAhead, int kSchedule, bool kTma>
+template <int G>
 __global__ void __launch_bounds__(256, 2)
-    window_wgmma_overlap_kernel(LaunchParams p, float* o_swa, float* lse_swa,
-                                const __grid_constant__ CUtensorMap k_map,
-                                const __grid_constant__ CUtensorMap v_map) {
-  constexpr bool kDeferredPv = kSchedule != kPvInTile;
+    window_wgmma_v18_kernel(LaunchParams p, float* o_swa, float* lse_swa,
+                            const __grid_constant__ CUtensorMap k_map,
+                            const __grid_constant__ CUtensorMap v_map) {
   constexpr int kRows = 128, M = kRows / G;
-  using Smem = WindowOverlapSmem<kAhead, kTma>;
+  constexpr int kAhead = WindowV18Smem::kAhead, kStages = WindowV18Smem::kStages;
   extern __shared__ unsigned char window_wg_raw[];
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(window_wg_raw));
-  auto& sm = *reinterpret_cast<Smem*>(window_wg_raw +
-                                      (wg::kAtomBytes - base % wg::kAtomBytes) % wg::kAtomBytes);
+  auto& sm = *reinterpret_cast<WindowV18Smem*>(window_wg_raw +
+                                               (wg::kAtomBytes - base % wg::kAtomBytes) % wg::kAtomBytes);
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * M, g = blockIdx.y;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, group = warp / 4;
-  const auto* k = static_cast<const __nv_bfloat16*>(p.k) + g * p.T * kTileDim;
-  const auto* v = static_cast<const __nv_bfloat16*>(p.v) + g * p.T * kTileDim;
   const int64_t first = geo.window_left(t0);
   const int64_t t_last = t0 + M - 1 < p.T - 1 ? t0 + M - 1 : p.T - 1;
   const int n_tiles = static_cast<int>((t_last - first) / kTileDim + 1);
   const int complete_col = static_cast<int>((p.T / kTileDim) * kTileDim - first);
   load_q_panels_async<G>(sm.q, p, t0, g);
-  // The warpgroup's tiles [it_begin, it_end]: its first query's window start to its last query
-  // (v13's tiles); empty when its rows start past T.
+  // The warpgroup's tiles [it_begin, it_end]: its first query's window start to its last query;
+  // empty when its rows start past T.
   const int64_t wg_t0 = t0 + group * 64 / G, wg_t1 = t0 + (group * 64 + 63) / G;
   const bool wg_rows = wg_t0 < p.T;
   const int it_begin = wg_rows ? static_cast<int>((geo.window_left(wg_t0) - first) / kTileDim) : 0;
-  const int it_end =  // -2 when empty: no tile, and no last P V at it_end + 1 either
-      wg_rows ? static_cast<int>(((wg_t1 < p.T ? wg_t1 : p.T - 1) - first) / kTileDim) : -2;
+  const int it_end = wg_rows ? static_cast<int>(((wg_t1 < p.T ? wg_t1 : p.T - 1) - first) / kTileDim) : -2;
   const WindowRowBounds bounds = window_row_bounds<G>(geo, p.T, t0, g, first);
   const float c2 = p.scale * 1.4426950408889634f;  // logits in base 2
   const uint32_t smem_k = static_cast<uint32_t>(__cvta_generic_to_shared(sm.k[0]));
   const uint32_t smem_v = static_cast<uint32_t>(__cvta_generic_to_shared(sm.v[0]));
-  const PanelSlice slice;
   const uint64_t q_desc = wg::desc_k_major(sm.q[group]), k0_desc = wg::desc_k_major(smem_k),
                  v0_desc = wg::desc_n_major(smem_v, kWgPanelBytes);
   const uint32_t q_lo = static_cast<uint32_t>(q_desc), k0_lo = static_cast<uint32_t>(k0_desc),
                  v0_lo = static_cast<uint32_t>(v0_desc);
   const uint32_t desc_hi = static_cast<uint32_t>(k0_desc >> 32);
-  // The copies: this thread's first segment of the next tile to fill, and its stages.
-  const __nv_bfloat16* k_src = k + first * kTileDim + slice.elem;
-  const int64_t v_minus_k = v - k;
-  uint32_t k_fill = 0, v_fill = 0, k_use = 0, v_use = 0;
-  int64_t fill_row = first;
-  auto fill_next_tile = [&]() {
-    if (p.T - fill_row >= kTileDim) {  // every tile but the last
-      copy_full_panel(smem_k + k_fill + slice.smem, k_src);
-      copy_full_panel(smem_v + v_fill + slice.smem, k_src + v_minus_k);
-    } else {
-      const int rows = static_cast<int>(p.T - fill_row);
-      copy_panel(smem_k + k_fill, k, fill_row, rows, slice);
-      copy_panel(smem_v + v_fill, v, fill_row, rows, slice);
-    }
-    k_src += kTileDim * kTileDim;
-    fill_row += kTileDim;
-    k_fill = next_stage<Smem::kKStages>(k_fill);
-    v_fill = next_stage<Smem::kVStages>(v_fill);
-  };
-  // kTma: tile j's K and V into stage j % kVStages, thread 0 issuing, completing on full[stage].
+  uint32_t k_use = 0, v_use = 0;
+  // Tile j's K and V into stage j % kStages, thread 0 issuing, completing on full[stage].
   const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&sm.full[0]));
   auto load_tile_tma = [&](int j) {
-    const uint32_t stage = static_cast<uint32_t>(j % Smem::kVStages), bar = full0 + 8 * stage;
+    const uint32_t stage = static_cast<uint32_t>(j % kStages), bar = full0 + 8 * stage;
     mbarrier_expect_bytes(bar, 2 * kWgPanelBytes);
     tma_load_panel(smem_k + stage * kWgPanelBytes, k_map, static_cast<int>(first) + j * kTileDim,
                    static_cast<int>(g), bar);
     tma_load_panel(smem_v + stage * kWgPanelBytes, v_map, static_cast<int>(first) + j * kTileDim,
                    static_cast<int>(g), bar);
   };
-  if constexpr (kTma) {
-    if (threadIdx.x == 0) {
+  if (threadIdx.x == 0) {
 #pragma unroll
-      for (int s = 0; s < Smem::kVStages; ++s) mbarrier_init(full0 + 8 * s, 1);
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (int j = 0; j < kAhead; ++j)
-        if (j < n_tiles) load_tile_tma(j);
-    }
-    cp_async_commit();  // the q rows
-  } else {
-#pragma unroll
-    for (int j = 0; j < kAhead; ++j) {
-      if (j < n_tiles) fill_next_tile();
-      cp_async_commit();  // one group per tile (empty past the last) keeps the wait counts fixed
-    }
+    for (int s = 0; s < kStages; ++s) mbarrier_init(full0 + 8 * s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j)
+      if (j < n_tiles) load_tile_tma(j);
+  }
+  cp_async_commit();  // the q rows
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f}, o[8][4] = {}, alpha[2] = {1.0f, 1.0f};
-  uint32_t pa[4][4] = {};  // P of the tile whose P V is pending, and that tile's V descriptor word
-  uint32_t pending_v_lo = 0;
+  uint32_t pa[4][4] = {};
   const WindowTileMask mask{bounds, complete_col, p.landmarks};
   for (int it = 0; it < n_tiles; ++it) {
     const int key0 = it * kTileDim;
-    if constexpr (kTma) {
-      if (it == 0) {
-        cp_async_wait_all();      // the q rows
-        wg::fence_proxy_async();  // cp.async writes -> the tensor cores' reads
-      }
-      __syncthreads();  // every warpgroup is done with the stage refilled now
-      if (threadIdx.x == 0 && it + kAhead < n_tiles) load_tile_tma(it + kAhead);
-      mbarrier_wait(full0 + 8 * static_cast<uint32_t>(it % Smem::kVStages),
-                    static_cast<uint32_t>(it / Smem::kVStages) & 1u);
-    } else {
-      if constexpr (kAhead == 1)
-        cp_async_wait_all();
-      else
-        cp_async_wait_one();  // tile it has landed; tile it + 1 may be in flight
+    if (it == 0) {
+      cp_async_wait_all();      // the q rows
       wg::fence_proxy_async();  // cp.async writes -> the tensor cores' reads
-      __syncthreads();          // and every warpgroup is done with the stages refilled now
-      if (it + kAhead < n_tiles) fill_next_tile();
-      cp_async_commit();
     }
+    __syncthreads();  // every warpgroup is done with the stage refilled now
+    if (threadIdx.x == 0 && it + kAhead < n_tiles) load_tile_tma(it + kAhead);
+    mbarrier_wait(full0 + 8 * static_cast<uint32_t>(it % kStages), static_cast<uint32_t>(it / kStages) & 1u);
     const uint32_t k_lo = k0_lo + k_use / 16, v_lo = v0_lo + v_use / 16;
-    k_use = next_stage<Smem::kKStages>(k_use);
-    v_use = next_stage<Smem::kVStages>(v_use);
-    if (kDeferredPv && it == it_end + 1) {  // the warpgroup's last P V (its V stage is not refilled before kAhead + 1 tiles)
-      issue_pv(o, pa, alpha, pending_v_lo, desc_hi);
-      wg::wait<0>();
-      wg::fence_operands(o);
-    }
+    k_use = next_stage<kStages>(k_use);
+    v_use = next_stage<kStages>(v_use);
     if (it < it_begin || it > it_end) continue;  // uniform over the warpgroup
     float s[8][4];
     wg::fence_operands(s);
@@ -854,32 +506,12 @@ __global__ void __launch_bounds__(256, 2)
     for (int ks = 0; ks < 4; ++ks)
       wg::mma_ss<false>(s, desc_of(q_lo + 2 * ks, desc_hi), desc_of(k_lo + 2 * ks, desc_hi), ks > 0);
     wg::commit();
-    // At the warpgroup's first tile P is 0 and V this tile's panel (finite): o stays 0. One P V
-    // more per block and warpgroup, but the same wgmma and waits on every path (ptxas serializes
-    // the wgmma, C7518, when the waits differ between the paths of a branch).
-    if (kDeferredPv && it == it_begin) pending_v_lo = v_lo;
-    if constexpr (kSchedule == kPvBeforeS) {
-      issue_pv(o, pa, alpha, pending_v_lo, desc_hi);
-      wg::wait<1>();  // S has landed; the P V runs on under the softmax
-    } else {
-      wg::wait<0>();
-    }
+    wg::wait<0>();
     wg::fence_operands(s);
     mask_window_tile(s, key0, 8, mask, lane);
-    // ptxas puts the P V's wait at the end of a divergent region (the masks' branch) that lies
-    // between the P V and its wait (session 13's v14/v15 SASS): v16 issues it after the masks.
-    if constexpr (kSchedule == kPvAfterMask) issue_pv(o, pa, alpha, pending_v_lo, desc_hi);
     float neg_max2[2];
     raise_to_tile_max(s, c2, m, l, alpha, neg_max2);
     exponentiate_tile(s, 8, c2, neg_max2, l);
-    if constexpr (kDeferredPv) {
-      // The exponentials and the sums before the wait: without these pins the compiler moved
-      // the whole softmax below it (session 13's first v14 SASS).
-      wg::fence_operands(s);
-      wg::fence_values(l);
-      wg::wait<0>();  // the P V is done: pa may be rewritten
-      wg::fence_operands(o);
-    }
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       pa[ks][0] = pack_bf16(s[2 * ks][0], s[2 * ks][1]);
@@ -887,16 +519,7 @@ __global__ void __launch_bounds__(256, 2)
       pa[ks][2] = pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]);
       pa[ks][3] = pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3]);
     }
-    if constexpr (kDeferredPv) {
-      pending_v_lo = v_lo;
-    } else {
-      issue_pv(o, pa, alpha, v_lo, desc_hi);
-      wg::wait<0>();
-      wg::fence_operands(o);
-    }
-  }
-  if (kDeferredPv && it_begin <= it_end && it_end == n_tiles - 1) {
-    issue_pv(o, pa, alpha, pending_v_lo, desc_hi);
+    issue_pv(o, pa, alpha, v_lo, desc_hi);
     wg::wait<0>();
     wg::fence_operands(o);
   }
@@ -1258,13 +881,6 @@ __global__ void __launch_bounds__(kPackedThreads)
   }
 }
 
-template <int G>
-void launch_window_g(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
-  constexpr int M = kPackedRows / G;
-  const dim3 grid(static_cast<unsigned>((p.T + M - 1) / M), static_cast<unsigned>(p.Hkv));
-  window_packed_kernel<G><<<grid, kPackedThreads, 0, stream>>>(p, o, lse);
-}
-
 template <int G, int kWarps>
 void launch_window_v9_g(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
   constexpr int M = 16 * kWarps / G;
@@ -1304,27 +920,6 @@ bool packed_path_applies(const LaunchParams& p) {
   return scratch + 2 * 2 * kTileDim * kTilePitch * 2 <= 200 * 1024;
 }
 
-void launch_window_packed(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
-  switch (p.Hq / p.Hkv) {
-    case 1: return launch_window_g<1>(p, o, lse, stream);
-    case 2: return launch_window_g<2>(p, o, lse, stream);
-    case 4: return launch_window_g<4>(p, o, lse, stream);
-    case 8: return launch_window_g<8>(p, o, lse, stream);
-    default: return launch_window_g<16>(p, o, lse, stream);
-  }
-}
-
-template <int G, int kVersion>
-void launch_window_wgmma_g(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
-  constexpr int M = 128 / G;
-  const dim3 grid(static_cast<unsigned>((p.T + M - 1) / M), static_cast<unsigned>(p.Hkv));
-  static const bool raised = cudaFuncSetAttribute(window_wgmma_kernel<G, kVersion>,
-                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                  static_cast<int>(kWindowWgSmemBytes)) == cudaSuccess;
-  (void)raised;  // a failure surfaces as the launch's error
-  window_wgmma_kernel<G, kVersion><<<grid, 256, kWindowWgSmemBytes, stream>>>(p, o, lse);
-}
-
 template <int kWarps>
 void launch_window_v9_warps(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
   switch (p.Hq / p.Hkv) {
@@ -1338,17 +933,6 @@ void launch_window_v9_warps(const LaunchParams& p, float* o, float* lse, cudaStr
 
 void launch_window_v9(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
   launch_window_v9_warps<8>(p, o, lse, stream);
-}
-
-template <int kVersion>
-void launch_window_wgmma_version(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
-  switch (p.Hq / p.Hkv) {
-    case 1: return launch_window_wgmma_g<1, kVersion>(p, o, lse, stream);
-    case 2: return launch_window_wgmma_g<2, kVersion>(p, o, lse, stream);
-    case 4: return launch_window_wgmma_g<4, kVersion>(p, o, lse, stream);
-    case 8: return launch_window_wgmma_g<8, kVersion>(p, o, lse, stream);
-    default: return launch_window_wgmma_g<16, kVersion>(p, o, lse, stream);
-  }
 }
 
 // v18's tensor maps: K or V as a [Hkv, T, 64] bf16 tensor, boxes of 64 rows x 64 dims written
@@ -1381,19 +965,16 @@ CUtensorMap kv_tensor_map(const void* kv, const LaunchParams& p) {
   return map;
 }
 
-template <int G, int kAhead, int kSchedule, bool kTma>
-void launch_window_overlap_g(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
+template <int G>
+void launch_window_v18_g(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
   constexpr int M = 128 / G;
-  constexpr int smem = static_cast<int>(kWindowOverlapSmemBytes<kAhead, kTma>);
+  constexpr int smem = static_cast<int>(kWindowV18SmemBytes);
   const dim3 grid(static_cast<unsigned>((p.T + M - 1) / M), static_cast<unsigned>(p.Hkv));
-  static const bool raised = cudaFuncSetAttribute(window_wgmma_overlap_kernel<G, kAhead, kSchedule, kTma>,
+  static const bool raised = cudaFuncSetAttribute(window_wgmma_v18_kernel<G>,
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                   smem) == cudaSuccess;
   (void)raised;  // a failure surfaces as the launch's error
-  const CUtensorMap k_map = kTma ? kv_tensor_map(p.k, p) : CUtensorMap{};
-  const CUtensorMap v_map = kTma ? kv_tensor_map(p.v, p) : CUtensorMap{};
-  window_wgmma_overlap_kernel<G, kAhead, kSchedule, kTma>
-      <<<grid, 256, smem, stream>>>(p, o, lse, k_map, v_map);
+  window_wgmma_v18_kernel<G><<<grid, 256, smem, stream>>>(p, o, lse, kv_tensor_map(p.k, p), kv_tensor_map(p.v, p));
 }
 
 template <int G, bool kBarrierFree>
@@ -1420,35 +1001,25 @@ void launch_window_v19(const LaunchParams& p, float* o, float* lse, cudaStream_t
   }
 }
 
-template <int kAhead, int kSchedule, bool kTma = false>
-void launch_window_overlap(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
+void launch_window_v18(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
   switch (p.Hq / p.Hkv) {
-    case 1: return launch_window_overlap_g<1, kAhead, kSchedule, kTma>(p, o, lse, stream);
-    case 2: return launch_window_overlap_g<2, kAhead, kSchedule, kTma>(p, o, lse, stream);
-    case 4: return launch_window_overlap_g<4, kAhead, kSchedule, kTma>(p, o, lse, stream);
-    case 8: return launch_window_overlap_g<8, kAhead, kSchedule, kTma>(p, o, lse, stream);
-    default: return launch_window_overlap_g<16, kAhead, kSchedule, kTma>(p, o, lse, stream);
+    case 1: return launch_window_v18_g<1>(p, o, lse, stream);
+    case 2: return launch_window_v18_g<2>(p, o, lse, stream);
+    case 4: return launch_window_v18_g<4>(p, o, lse, stream);
+    case 8: return launch_window_v18_g<8>(p, o, lse, stream);
+    default: return launch_window_v18_g<16>(p, o, lse, stream);
   }
 }
 
 void launch_window_wgmma(const LaunchParams& p, WindowKernel kernel, float* o, float* lse,
                          cudaStream_t stream) {
   switch (kernel) {
-    case WindowKernel::wgmma_v11: return launch_window_wgmma_version<11>(p, o, lse, stream);
-    case WindowKernel::wgmma_v12: return launch_window_wgmma_version<12>(p, o, lse, stream);
-    case WindowKernel::wgmma_v14: return launch_window_overlap<1, kPvBeforeS>(p, o, lse, stream);
-    case WindowKernel::wgmma_v15: return launch_window_overlap<2, kPvBeforeS>(p, o, lse, stream);
-    case WindowKernel::wgmma_v16: return launch_window_overlap<2, kPvAfterMask>(p, o, lse, stream);
-    case WindowKernel::wgmma_v17: return launch_window_overlap<2, kPvInTile>(p, o, lse, stream);
-    case WindowKernel::wgmma_v18: return launch_window_overlap<2, kPvInTile, true>(p, o, lse, stream);
+    case WindowKernel::wgmma_v18: return launch_window_v18(p, o, lse, stream);
     case WindowKernel::wgmma_v19: return launch_window_v19<false>(p, o, lse, stream);
     case WindowKernel::wgmma_v20: return launch_window_v19<true>(p, o, lse, stream);
-    default: return launch_window_wgmma_version<13>(p, o, lse, stream);
+    case WindowKernel::mma_v9: break;  // not a wgmma kernel (window_attention_rows runs it)
   }
-}
-
-void launch_window_v10(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
-  launch_window_v9_warps<4>(p, o, lse, stream);
+  throw std::invalid_argument(std::string("window_kernel: ") + window_kernel_name(kernel) + " is not a wgmma kernel");
 }
 
 void launch_fuse_packed(const LaunchParams& p, const int32_t* selection,

@@ -2,8 +2,8 @@
 // KV group; each warp 16 of them. Pass 1 accumulates log Z_hat(t,h) per head over tiles of 64
 // candidate chunks (s_hat = q~ . k' with k' rounded to bf16, fp32 accumulate); pass 2 forms the
 // group score per tile and offers it to a per-query top-K list in shared memory. The reported
-// selected_score is recomputed in fp32 from the fp32 summaries (v20: from their bf16 copy, the
-// values the ranking scored).
+// selected_score is recomputed in fp32 from the fp32 summaries (v21, v22, v25: from their bf16
+// copy, the values the ranking scored).
 // Fast path only: bf16 q~, d = 64, G in {1, 2, 4, 8, 16}, K <= 64, summary key rules.
 #include "launch_params.hpp"
 #include "scratch_pool.hpp"
@@ -39,7 +39,6 @@ constexpr float kFoldMargin = 0x1p-12f;
 constexpr GroupRule kGroupMaxNormalized = GroupRule::max_normalized,
                     kGroupSumProbabilities = GroupRule::sum_probabilities;
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kPosInf = __builtin_huge_valf();
 
 // First query of this block (its KV group is blockIdx.y). Blocks run in descending work: a
 // block's work grows with its queries' causal candidate chunks (~t / S), so the heaviest blocks
@@ -113,64 +112,6 @@ __device__ __forceinline__ void accumulate_mass(const float (&s)[8][4], float (&
   }
 }
 
-// v19: 2^x on the FMA pipe (FA4's device): 2^x = 2^j 2^f, j = x rounded to an integer by the
-// 1.5 2^23 shift, f in [-1/2, 1/2] by a degree-5 polynomial (relative error 2.4e-7 in fp32, as
-// ex2.approx's), 2^j added to the exponent field. x is clamped at -126 (-inf gives ~2^-126, not
-// 0); valid below 2^7 (pass 1 falls back to v16's mass above kRawTop).
-__device__ __forceinline__ float poly_exp2(float x) {
-  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
-  x = fmaxf(x, -126.0f);
-  const float shifted = x + kShift;
-  const float f = x - (shifted - kShift);
-  float p = 1.3276472e-3f;
-  p = fmaf(p, f, 9.675542e-3f);
-  p = fmaf(p, f, 5.550713e-2f);
-  p = fmaf(p, f, 2.4022120e-1f);
-  p = fmaf(p, f, 6.9314694e-1f);
-  p = fmaf(p, f, 1.0000001f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(shifted) << 23));
-}
-
-// v18: the base-2 mass of a tile without a running maximum: 2^x summed for the tile's x (s2,
-// or s2 minus a row's shift where pass 1 runs again), exact enough while every x of the head
-// lies in [kRawBottom, kRawTop] (the sum of 2^13 terms of at most 2^96 stays finite, and terms
-// 2^-24 below a maximum of at least 2^-64 are normal floats); pass 1 checks that per row at each
-// head's end. lane_max: accumulate_mass's (of x); top: this lane's running maximum of x per row;
-// acc: two partial sums per row and lane. The exponentials replace x in place (s is the
-// accumulator of a product that is not read again) and are summed as a tree, so that the MUFU
-// results are not consumed one by one. kPoly (v19): those of n-tile 7 (one in eight) by
-// poly_exp2 on the FMA pipe.
-constexpr float kRawTop = 96.0f, kRawBottom = -64.0f;
-template <int kParts, bool kPoly>
-__device__ __forceinline__ void accumulate_raw(float (&s)[8][4], float (&acc)[2][2], float (&top)[2],
-                                               float (&lane_max)[2][kParts]) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-#pragma unroll
-    for (int k = 0; k < kParts; ++k) {
-      const int first = 8 * k / kParts, last = 8 * (k + 1) / kParts;
-      float part = fmaxf(s[first][2 * i], s[first][2 * i + 1]);
-#pragma unroll
-      for (int nt = first + 1; nt < last; ++nt) part = fmaxf(part, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
-      lane_max[i][k] = part;
-      top[i] = fmaxf(top[i], part);
-    }
-  }
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[nt][e] = kPoly && nt == 7 ? poly_exp2(s[nt][e]) : fast_exp2(s[nt][e]);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float pair[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      pair[j] = (s[2 * j][2 * i] + s[2 * j][2 * i + 1]) + (s[2 * j + 1][2 * i] + s[2 * j + 1][2 * i + 1]);
-    acc[i][0] += pair[0] + pair[1];
-    acc[i][1] += pair[2] + pair[3];
-  }
-}
-
 // 4-byte asynchronous copy (zero-filled when !valid; src must still point into an allocation).
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -227,69 +168,6 @@ __device__ __forceinline__ void issue_tile(__nv_bfloat16 (*dst)[kTilePitch], flo
     cp_async4(&bias_dst[threadIdx.x], bias_head + (valid ? c0 + threadIdx.x : 0), valid);
   }
   cp_async_commit();
-}
-
-// v9: issue_tile into a 128-byte-swizzled panel (wgmma_common.cuh: 64 rows of 128 bytes, on a
-// 1024-byte boundary) instead of the padded tile.
-// kThreads: the block's threads (128 or 256), all taking part.
-template <int kThreads>
-__device__ __forceinline__ void issue_tile_sw128(unsigned char* dst, float* bias_dst,
-                                                 const __nv_bfloat16* key_head,
-                                                 const float* bias_head, int c0, int n_chunks) {
-#pragma unroll
-  for (int j = 0; j < kTileDim * 8 / kThreads; ++j) {
-    const int seg = threadIdx.x + kThreads * j, row = seg / 8, col = (seg % 8) * 8;
-    const bool valid = c0 + row < n_chunks;
-    cp_async16(dst + wg::sw128_offset(row, col), key_head + (valid ? (c0 + row) * kTileDim + col : 0),
-               valid);
-  }
-  if (threadIdx.x < kTileDim) {
-    const bool valid = c0 + static_cast<int>(threadIdx.x) < n_chunks;
-    cp_async4(&bias_dst[threadIdx.x], bias_head + (valid ? c0 + threadIdx.x : 0), valid);
-  }
-  cp_async_commit();
-}
-
-// v10: q~ rows [t0, t0 + 64) of one head ([T, 64] bf16) into the warpgroup's swizzled panel by
-// its 128 threads (zeros past T), without committing.
-__device__ __forceinline__ void issue_q_panel(unsigned char* dst, const __nv_bfloat16* q_head,
-                                              int64_t t0, int64_t T) {
-  const int tid = threadIdx.x % 128;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int seg = tid + 128 * j, row = seg / 8, col = (seg % 8) * 8;
-    const bool valid = t0 + row < T;
-    cp_async16(dst + wg::sw128_offset(row, col), q_head + (valid ? (t0 + row) * kTileDim + col : 0), valid);
-  }
-}
-
-// The same product with A (the warpgroup's 64 rows of q~) from a swizzled panel too (v10).
-__device__ __forceinline__ void qk_tile_wgmma_ss(float (&s)[8][4], const unsigned char* q_panel,
-                                                 const unsigned char* panel) {
-  const uint64_t desc = wg::desc_k_major(panel), q_desc = wg::desc_k_major(q_panel);
-  wg::fence_operands(s);
-  wg::fence();
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks)
-    wg::mma_ss<false>(s, wg::desc_advance(q_desc, 32 * ks), wg::desc_advance(desc, 32 * ks), ks > 0);
-  wg::commit();
-  wg::wait<0>();
-  wg::fence_operands(s);
-}
-
-// qk_tile by the block's warpgroup (v9): s = q (64 rows, this warp's 16 in qa) . k'^T over the
-// swizzled panel, m64n64k16 x 4 with A from registers. s has qk_tile's layout, and the k16 steps
-// accumulate in qk_tile's order (the same bits as mma.sync: tests/gpu/test_gpu_wgmma.cpp).
-__device__ __forceinline__ void qk_tile_wgmma(float (&s)[8][4], const uint32_t (&qa)[4][4],
-                                              const unsigned char* panel) {
-  const uint64_t desc = wg::desc_k_major(panel);
-  wg::fence_operands(s);
-  wg::fence();
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) wg::mma_rs<false>(s, qa[ks], wg::desc_advance(desc, 32 * ks), ks > 0);
-  wg::commit();
-  wg::wait<0>();
-  wg::fence_operands(s);
 }
 
 // Each query's top-K list is kept sorted in shared memory: descending value, and of equal
@@ -370,89 +248,6 @@ __device__ __forceinline__ unsigned flagged_rows(const bool (&any)[2]) {
 // an empty entry (ib < 0) ranks behind every chunk.
 __device__ __forceinline__ bool ranks_ahead(float va, int32_t ia, float vb, int32_t ib) {
   return ia >= 0 && (ib < 0 || va > vb || (va == vb && ia < ib));
-}
-
-// v7 (quad offers): a row's top-K is an unsorted set in shared memory (value/index, entries
-// [0, K)); lane l of the row's quad owns entries [8 l, 8 l + 8) (K <= 32). Entry (va, ia) at
-// pa is worse than (vb, ib) at pb: a smaller value, or an equal value with a larger chunk; among
-// equal entries (the empty ones, (-inf, -1)) the lower position, so that empty entries fill in
-// position order and the filled ones stay the first n (write_selection counts them that way).
-__device__ __forceinline__ bool worse_entry(float va, int32_t ia, int pa, float vb, int32_t ib, int pb) {
-  return va < vb || (va == vb && (ia > ib || (ia == ib && pa < pb)));
-}
-
-// The worst of the quad's four lane-worst entries (v, i, p), the same in every lane of the quad.
-__device__ __forceinline__ void quad_worst(float& v, int32_t& i, int& p) {
-#pragma unroll
-  for (int off = 1; off <= 2; off *= 2) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, off);
-    const int32_t oi = __shfl_xor_sync(0xffffffffu, i, off);
-    const int op = __shfl_xor_sync(0xffffffffu, p, off);
-    if (worse_entry(ov, oi, op, v, i, p)) v = ov, i = oi, p = op;
-  }
-}
-
-// The worst entry of this lane's segment [8 (lane % 4), + 8) of a row's set; (+inf, -1, first)
-// when the segment lies past K (it then never holds an entry).
-__device__ __forceinline__ void segment_worst(const float* value, const int32_t* index, int K,
-                                              float& v, int32_t& i, int& p) {
-  const int first = 8 * (threadIdx.x % 4);
-  v = kPosInf, i = -1, p = first;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int e = first + j;
-    if (e < K) {
-      const float ve = value[e];
-      const int32_t ie = index[e];
-      if (worse_entry(ve, ie, e, v, i, p)) v = ve, i = ie, p = e;
-    }
-  }
-}
-
-// v7 offers of one tile for the warp's rows j + 8 half (j = lane / 4), all 8 rows at once: each
-// quad takes one pending candidate per round (pending: bit k of `pending` = the lane's tile
-// value k, column (k / 2) 8 + 2 (lane % 4) + k % 2, ranked ahead of the row's worst entry when
-// the tile was flagged) and, if it still beats the worst entry, puts it in the worst entry's
-// place; the owner lane rescans its segment and the quad finds the new worst. Candidates are
-// compared by (value, chunk) as in ranks_ahead, so the order of the rounds does not matter: the
-// set ends as the K best under the same total order as the sorted lists of v4.
-// r_row: the row's 64 tile values (sh.r); (wv, wi): the row's worst entry, updated.
-__device__ void offer_tile_quads(unsigned pending, const float* r_row, float* value, int32_t* index,
-                                 int c0, int K, float& wv, int32_t& wi) {
-  const int lane = threadIdx.x % kWarp;
-  float lv;
-  int32_t li;
-  int lp;
-  segment_worst(value, index, K, lv, li, lp);
-  float mv = lv;
-  int32_t mi = li;
-  int mp = lp;
-  quad_worst(mv, mi, mp);
-  while (true) {
-    const unsigned ballot = __ballot_sync(0xffffffffu, pending != 0u);
-    if (ballot == 0u) break;
-    const unsigned quad_bits = (ballot >> (lane & ~3)) & 0xFu;
-    const int src = (lane & ~3) + (quad_bits != 0u ? __ffs(quad_bits) - 1 : 0);
-    const int bit = pending != 0u ? __ffs(pending) - 1 : 0;
-    const int my_col = (bit >> 1) * 8 + (lane % 4) * 2 + (bit & 1);
-    const int col = __shfl_sync(0xffffffffu, my_col, src);
-    if (lane == src) pending &= pending - 1;
-    bool take = false;
-    float cv = 0.0f;
-    const int32_t ci = c0 + col;
-    if (quad_bits != 0u) {
-      cv = r_row[col];
-      take = cv > mv || (cv == mv && ci < mi);
-    }
-    if (take && (mp >> 3) == lane % 4) {
-      value[mp] = cv, index[mp] = ci;
-      segment_worst(value, index, K, lv, li, lp);
-    }
-    mv = lv, mi = li, mp = lp;
-    quad_worst(mv, mi, mp);
-  }
-  wv = mv, wi = mi;
-  __syncwarp();
 }
 
 // One-pass selection, end of head h: the head's K best (value s2, sorted, in shared memory)
@@ -597,11 +392,9 @@ __device__ __forceinline__ void bf16x8_to_float(uint4 raw, float (&qf)[8]) {
 // padded, with fp32 s_hat of every head of the group. The dot products run 4 at a time per warp:
 // 8 lanes per slot, 8 dims (one dot8 part) per lane (16-byte loads).
 // The scores only (write_selected_scores): slot e's score goes to rank_of[e / 32] (lane e % 32).
-// Key: float (the fp32 summaries: v8's bits) or __nv_bfloat16 (the bf16 copy the ranking scored,
-// half the bytes: v20).
-template <typename Key>
+// key: the fp32 summaries (v8's bits).
 __device__ void write_selected_scores(const LaunchParams& p, const int32_t* index, int n, const int (&rank_of)[2],
-                                      int64_t t, int64_t g, int G, const Key* key, const float* bias,
+                                      int64_t t, int64_t g, int G, const float* key, const float* bias,
                                       float* selected_score);
 __device__ void write_selection(const LaunchParams& p, const int32_t* index, int64_t t,
                                 int64_t g, int G, const float* key, const float* bias,
@@ -615,15 +408,8 @@ __device__ __forceinline__ void load_key_part(const float* row, float4& k0, floa
   k0 = *reinterpret_cast<const float4*>(row);
   k1 = *reinterpret_cast<const float4*>(row + 4);
 }
-__device__ __forceinline__ void load_key_part(const __nv_bfloat16* row, float4& k0, float4& k1) {
-  float kf[8];
-  bf16x8_to_float(*reinterpret_cast<const uint4*>(row), kf);
-  k0 = make_float4(kf[0], kf[1], kf[2], kf[3]);
-  k1 = make_float4(kf[4], kf[5], kf[6], kf[7]);
-}
-template <typename Key>
 __device__ void write_selected_scores(const LaunchParams& p, const int32_t* index, int n, const int (&rank_of)[2],
-                                      int64_t t, int64_t g, int G, const Key* key, const float* bias,
+                                      int64_t t, int64_t g, int G, const float* key, const float* bias,
                                       float* selected_score) {
   const int lane = threadIdx.x % kWarp;
   const int K = static_cast<int>(p.K);
@@ -663,26 +449,6 @@ __device__ void write_selected_scores(const LaunchParams& p, const int32_t* inde
       if (e < K) selected_score[(h * p.T + t) * K + rank_of[i]] = score[i];
     }
   }
-}
-
-// v17: the selected scores by a kernel of their own, after the selection kernel has written the
-// selection: one warp per (query, group), 8 per block, so that an SM holds more warps than the
-// selection kernel's 16 to cover the loads' latency (at 16K the writer was ~60% of v16's
-// instructions and stall samples). Slot e is the e-th chunk of the ascending list, its score
-// goes to position e: the same sums, the same bits (write_selected_scores). v20: the same kernel
-// on the bf16 k' rows (Key = __nv_bfloat16): the sums of the k' values the ranking scored, not v8's
-// bits.
-template <int G, typename Key>
-__global__ void __launch_bounds__(256, 3)
-    selected_scores_kernel(LaunchParams p, const Key* key, const float* bias, const int32_t* selection,
-                           float* selected_score) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / kWarp, g = blockIdx.y;
-  if (t >= p.T) return;  // the whole warp
-  const int lane = threadIdx.x % kWarp, K = static_cast<int>(p.K);
-  const int32_t* index = selection + (g * p.T + t) * K;
-  const int n = __popc(__ballot_sync(0xffffffffu, lane < K && index[lane] >= 0));
-  const int rank_of[2] = {lane, lane + kWarp};
-  write_selected_scores(p, index, n, rank_of, t, g, G, key, bias, selected_score);
 }
 
 // v21: v20's scores kernel (bf16 k', K <= 32) with the same sums in fewer instructions. v20's
@@ -947,35 +713,6 @@ __device__ float keep_best(float* value, int32_t* index, int n, int K) {
   return key_value(__shfl_sync(0xffffffffu, key[0], K - 1));
 }
 
-// v13: keep_best for a buffer that may list a chunk more than once (the head-major pass 2
-// appends a chunk once for each head whose value passes theta; the chunk's group score is the
-// largest of them). Sorts the n entries as keep_best does, drops every entry whose chunk has a
-// better-ranked entry, and keeps the best min(K, distinct chunks) at positions [0, ...), best
-// first. Returns how many it kept; kth: the K-th kept value when it kept K (else untouched).
-// Warp-wide (n, K uniform; n <= kBufCap, K <= 32).
-__device__ int keep_best_unique(float* value, int32_t* index, int n, int K, float& kth) {
-  const int lane = threadIdx.x % kWarp;
-  uint64_t key[2];
-  sorted_rank_keys(value, index, n, key);
-  // Entry lane + 32 i is the (lane + 32 i)-th best; a chunk's first entry is its best.
-  const int32_t c0 = key_chunk(key[0]), c1 = key_chunk(key[1]);
-  const unsigned below = (1u << lane) - 1u;
-  const bool dup0 = (__match_any_sync(0xffffffffu, c0) & below) != 0u;
-  bool dup1 = (__match_any_sync(0xffffffffu, c1) & below) != 0u;
-#pragma unroll 8
-  for (int j = 0; j < kWarp; ++j) dup1 |= __shfl_sync(0xffffffffu, c0, j) == c1;
-  const bool keep0 = key[0] != 0ull && !dup0, keep1 = key[1] != 0ull && !dup1;
-  const unsigned b0 = __ballot_sync(0xffffffffu, keep0), b1 = __ballot_sync(0xffffffffu, keep1);
-  const int pos0 = __popc(b0 & below), pos1 = __popc(b0) + __popc(b1 & below);
-  const int distinct = __popc(b0) + __popc(b1);
-  __syncwarp();  // every entry is read before any is written
-  if (keep0 && pos0 < K) value[pos0] = key_value(key[0]), index[pos0] = c0;
-  if (keep1 && pos1 < K) value[pos1] = key_value(key[1]), index[pos1] = c1;
-  __syncwarp();
-  if (distinct >= K) kth = value[K - 1];
-  return distinct < K ? distinct : K;
-}
-
 // v8 offers of one half (columns [32 half, 32 half + 32)) of a tile's group scores r, for the
 // warp's rows row[0], row[1]: each lane appends its values above the row's theta to the row's
 // buffer (values and chunks at count + the quad lanes before it), no ranking. theta is the float
@@ -1036,63 +773,6 @@ __device__ __forceinline__ void append_half(const float (&r)[8][4], float (&thet
   }
 }
 
-// v13's appends (pass 2 head-major): append_half for one head's values v_h and the warp's row
-// set kI only (rows j + 8 kI, the
-// rows of r[..][2 kI], r[..][2 kI + 1]), called where some row of that set has a value above
-// theta in the half: the other set's flags, scan and stores are skipped. A chunk may be listed
-// once per head, and a later head can append a lower chunk than the buffered ones, so a cut
-// keeps distinct chunks (keep_best_unique) and theta becomes the float below the K-th value
-// (a later equal value may rank ahead), only when K distinct chunks were kept.
-template <int kHalf, int kI>
-__device__ __forceinline__ void append_row_set(const float (&r)[8][4], float (&theta)[2], int (&count)[2],
-                                               float* buf, const int (&row)[2], int c0, int K) {
-  const int lane = threadIdx.x % kWarp;
-  unsigned bits;
-  int before, total;
-  auto flag = [&]() {
-    bits = 0u;
-#pragma unroll
-    for (int n = 0; n < 4; ++n)
-#pragma unroll
-      for (int e2 = 0; e2 < 2; ++e2)
-        bits |= static_cast<unsigned>(r[4 * kHalf + n][2 * kI + e2] > theta[kI]) << (2 * n + e2);
-    quad_scan(__popc(bits), before, total);
-  };
-  flag();
-  // Rows whose buffer would overflow (one ballot bit per quad: lane 4 j holds row j's total).
-  const unsigned over = __ballot_sync(0xffffffffu, count[kI] + total > kBufCap) & 0x11111111u;
-  if (over != 0u) {
-    __syncwarp();  // the buffers' earlier appends are visible to the warp
-    const int warp = threadIdx.x / kWarp;
-    for (unsigned pending = over; pending != 0u; pending &= pending - 1) {
-      const int j = (__ffs(pending) - 1) / 4, q = warp * 16 + 8 * kI + j;
-      const int n = __shfl_sync(0xffffffffu, count[kI], 4 * j);
-      float* value = buf + q * kBufPitch;
-      float kth = kNegInf;
-      const int kept = keep_best_unique(value, reinterpret_cast<int32_t*>(value + kBufCap), n, K, kth);
-      if (row[kI] == q) {
-        count[kI] = kept;
-        if (kept == K) theta[kI] = fmaxf(theta[kI], floor_of(kth));
-      }
-    }
-    flag();
-  }
-  float* value = buf + row[kI] * kBufPitch;
-  int32_t* index = reinterpret_cast<int32_t*>(value + kBufCap);
-  int pos = count[kI] + before;
-#pragma unroll
-  for (int n = 0; n < 4; ++n)
-#pragma unroll
-    for (int e2 = 0; e2 < 2; ++e2)
-      if ((bits >> (2 * n + e2)) & 1u) {
-        const int nt = 4 * kHalf + n;
-        value[pos] = r[nt][2 * kI + e2];
-        index[pos] = c0 + nt * 8 + (lane % 4) * 2 + e2;
-        ++pos;
-      }
-  count[kI] += total;
-}
-
 // v25's fifth k16 step of pass 2 (max_normalized). Its 16 k columns: q side (A, registers)
 // [x_hi, x_mid, x_lo, 1, 1, 1, 0 ...] with x = -log2 Z_hat / scale2 of the (row, head); k side
 // (B, one 16-byte row per chunk, FoldRow) [1, 1, 1, y_hi, y_mid, y_lo, 0, 0] with y = b2 / scale2
@@ -1140,40 +820,40 @@ __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n, 
   if (threadIdx.x % kWarp == 0) atomicMax(reinterpret_cast<unsigned*>(fold_bias_max), __float_as_uint(m));
 }
 
+// The template options below are those of the kept kernels (attention.hpp SelectKernel); the
+// versions between them were removed in session 17 (gpu/NOTES.md "Kernels removed in session 17",
+// their code at commit ad5fb84), so a kept kernel is named by the version that introduced each of
+// its options.
 // How pass 2 hands a tile's group scores to the rows' top K: one row at a time into sorted
-// lists (offer_tile, v4/v6), 8 rows at once into unsorted sets (offer_tile_quads, v7, K <= 32),
-// or appended to per-row buffers without ranking (append_half, v8, K <= 32).
-enum class Offers { sorted, quads, buffered };
+// lists (offer_tile, v4), or appended to per-row buffers without ranking (append_half, v8,
+// K <= 32).
+enum class Offers { sorted, buffered };
 
-// kSlots (v6: 32, v8: 64; 0: none): pass 1 also forms the lower bound of each row's K-th group
-// score over that many slots (kth_largest) and pass 2 offers no candidate below it.
-// kScoring: mma.sync (qk_tile, v4-v8); wgmma (v9): the warpgroup's wgmma from swizzled k'
-// panels (qk_tile_wgmma), which the tensor cores read once per step for all 4 warps (qk_tile: 4
-// ldmatrix passes); wgmma_q_smem (v10): 128 queries per block (two warpgroups sharing each k'
-// panel), and pass 2's q~ (a new head every step) staged by cp.async into a swizzled panel per
+// kSlots (v8: 64; 0: none): pass 1 also forms the lower bound of each row's K-th group score
+// over that many slots (kth_largest) and pass 2 offers no candidate below it.
+// kScoring: mma.sync (qk_tile, v4, v8), or wgmma_q_smem (v10 on, sm_90a): the products by the
+// warpgroup's wgmma from swizzled k' panels, 128 queries per block (two warpgroups sharing each
+// k' panel), and pass 2's q~ (a new head every step) staged by cp.async into a swizzled panel per
 // warpgroup instead of loaded as register fragments.
-enum class Scoring { mma_sync, wgmma, wgmma_q_smem };
-// Which writer puts out the selected chunks and scores: write_selection (v4-v10), or
-// write_selection_ahead (v11: its loads one unit ahead; K <= 32, buffered offers only), or only
-// the selection, the scores by selected_scores_kernel after it (v17).
+enum class Scoring { mma_sync, wgmma_q_smem };
+// Which writer puts out the selected chunks and scores: write_selection (v4, v8), or
+// write_selection_ahead (v11 on: its loads one unit ahead; K <= 32, buffered offers only), or only
+// the selection, the scores by selected_scores_lean_kernel after it (v17 on).
 enum class Writer { in_order, ahead, separate };
-// Pass 2's steps as written first (v4-v11), or lean (v12: the copies' per-thread pieces and the
-// wgmma descriptors worked out once, each tile's first head without the per-step reset selects;
-// wgmma_q_smem scoring and buffered offers only), or head-major (v13: for max_normalized with the
-// bound, pass 2 walks (head, tile) with the head's q~ in registers and appends each head's
-// values above theta; v12's lean pass 2 otherwise), or v12's with 32-bit copy state (v16: the q~
-// and k' copy sources worked out per step from the head index, the kernel's parameters and 32-bit
-// offsets, shared addresses and descriptor low words in 32 bits, so that pass 2 keeps no 64-bit
-// copy state in registers; v15 spilled v12's 64-bit q~ copy pieces and reloaded them every step),
-// or v16's with the bias and log2 Z_hat folded into the products (v25, max_normalized: a fifth
-// k16 step adds (b2 - z) / scale2 to s as three bf16 pieces each, so a step's epilogue is one
-// FMNMX per element, r = scale2 max_h acc_h after the tile's G heads; FoldColumns).
-enum class Lean { none, pass2, heads, pass2_q32, pass2_fold };
-// Pass 1 one k' tile per step (v4-v13) or two (v14: panels 0-3, which pass 1 has free with
-// wgmma_q_smem scoring; lean copies only); or two with the mass summed without a running maximum
-// (v18, accumulate_raw: not the same bits as v8), and with one exponential in eight on the FMA
-// pipe (v19, poly_exp2).
-enum class Pass1 { tiles, pairs, pairs_raw, pairs_raw_poly };
+// Pass 2's steps as written first (v4, v8), or lean (v12 on: the copies' per-thread pieces and
+// the wgmma descriptors worked out once, each tile's first head without the per-step reset
+// selects; wgmma_q_smem scoring and buffered offers only), or v12's with 32-bit copy state (v16
+// on: the q~ and k' copy sources worked out per step from the head index, the kernel's parameters
+// and 32-bit offsets, shared addresses and descriptor low words in 32 bits, so that pass 2 keeps
+// no 64-bit copy state in registers; v15 spills v12's 64-bit q~ copy pieces and reloads them
+// every step), or v16's with the bias and log2 Z_hat folded into the products (v25,
+// max_normalized: a fifth k16 step adds (b2 - z) / scale2 to s as three bf16 pieces each, so a
+// step's epilogue is one FMNMX per element, r = scale2 max_h acc_h after the tile's G heads;
+// FoldColumns).
+enum class Lean { none, pass2, pass2_q32, pass2_fold };
+// Pass 1 one k' tile per step (v4, v8) or two (v14 on: panels 0-3, which pass 1 has free with
+// wgmma_q_smem scoring; lean copies only).
+enum class Pass1 { tiles, pairs };
 template <Scoring kScoring>
 constexpr int kBlockQueries = kScoring == Scoring::wgmma_q_smem ? 128 : 64;
 
@@ -1184,18 +864,16 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
                          const float* bias, const float* bias2, const float* lse_swa,
                          int32_t* selection, float* selected_score, int first_round) {
   constexpr bool kBuffered = kOffers == Offers::buffered;
-  constexpr bool kWgmma = kScoring != Scoring::mma_sync, kQSmem = kScoring == Scoring::wgmma_q_smem;
+  constexpr bool kWgmma = kScoring == Scoring::wgmma_q_smem;
   constexpr int kQueries = kBlockQueries<kScoring>, kThreads = 2 * kQueries;  // 16 rows per warp
-  static_assert(!kWgmma || kBuffered, "v9 and v10 are v8 with wgmma scoring");
+  static_assert(kWgmma == (kLeanSteps != Lean::none), "the wgmma kernels are the lean ones (v15 on)");
   static_assert(kWriter == Writer::in_order || kBuffered, "the writer ahead takes v8's buffers (K <= 32)");
-  constexpr bool kLean = kLeanSteps != Lean::none, kHeads = kLeanSteps == Lean::heads;
+  constexpr bool kLean = kLeanSteps != Lean::none;
   constexpr bool kFold = kLeanSteps == Lean::pass2_fold;
   constexpr bool kQ32 = kLeanSteps == Lean::pass2_q32 || kFold;
   constexpr bool kPairs = kPass1 != Pass1::tiles;
-  constexpr bool kRaw = kPass1 == Pass1::pairs_raw || kPass1 == Pass1::pairs_raw_poly;
-  constexpr bool kPoly = kPass1 == Pass1::pairs_raw_poly;
   static_assert(!kPairs || kLean, "the paired pass 1 takes v12's copy pieces and four panels");
-  static_assert(!kLean || (kQSmem && kBuffered), "the lean pass 2 is v10's with buffered offers");
+  static_assert(!kLean || kBuffered, "the lean pass 2 is v10's with buffered offers");
   static_assert(!kBuffered || kSlots == 64, "v8's rows hold 64 bound slots in pass 1");
   constexpr int kParts = kSlots > kWarp ? kSlots / kWarp : 1;  // slot maxima per lane and row
   constexpr int kSlotCount = kSlots > 0 ? kSlots : kWarp;       // (the code of kSlots = 0 never runs)
@@ -1204,14 +882,14 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   __shared__ __align__(16) float bias_tile[kPairs ? 4 : 2][kTileDim];
   extern __shared__ __align__(16) float dyn[];
   const int K = static_cast<int>(p.K);
-  // v9: two swizzled k' panels first, on a 1024-byte boundary (select_smem_bytes adds the slack);
-  // v10: then one q~ panel per warpgroup.
+  // wgmma: four swizzled k' panels (pass 1: two stages of two tiles; pass 2: two stages, then one
+  // q~ panel per warpgroup), on a 1024-byte boundary (select_smem_bytes adds the slack).
   unsigned char* panels = nullptr;
   float* cursor = dyn;
   if (kWgmma) {
     const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(dyn));
     panels = reinterpret_cast<unsigned char*>(dyn) + (wg::kAtomBytes - base % wg::kAtomBytes) % wg::kAtomBytes;
-    cursor = reinterpret_cast<float*>(panels + (kQSmem ? 4 : 2) * kPanelBytes);
+    cursor = reinterpret_cast<float*>(panels + 4 * kPanelBytes);
   }
   auto take = [&](int64_t count) { float* out = cursor; cursor += count; return out; };
   // v25: the k side of pass 2's fifth k16 step, two stages of 64 FoldRows (16 bytes each, no
@@ -1243,8 +921,8 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
   const int64_t t[2] = {t0 + row[0], t0 + row[1]};
-  // The bound needs pass 1's log2 Z_hat: not for max_raw. Its V rows live in sh.r (v6) or the
-  // buffer rows (v8) in pass 1.
+  // The bound needs pass 1's log2 Z_hat: not for max_raw. Its V rows live in the buffer rows (v8)
+  // in pass 1 (in sh.r for the sorted lists of the removed v6; v4 forms no bound).
   const bool bound = kSlots > 0 && p.group_rule != GroupRule::max_raw && K <= kWarp;
   if (!kBuffered)
     for (int e = threadIdx.x; e < kQueries * K; e += kThreads) sh.value[e] = kNegInf, sh.index[e] = -1;
@@ -1272,27 +950,17 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   float fold_z_max[2] = {0.0f, 0.0f};
   // With fewer than K nonempty slots (kSlots / 8 per tile) the bound is -inf: not formed at all.
   const bool prune = bound && (kSlots / 8) * n_tiles >= K;
-  // Stage `buf` <- k' and bias2 of head g G + hg, chunks [c0, c0 + 64).
+  // Stage `buf` <- k' and bias2 of head g G + hg, chunks [c0, c0 + 64) (mma.sync kernels).
   auto issue = [&](int hg, int c0, int buf) {
     const int64_t h = g * G + hg;
-    if (kWgmma)
-      issue_tile_sw128<kThreads>(panels + buf * kPanelBytes, bias_tile[buf], key_bf16 + h * n_chunks * kTileDim,
-                                 bias2 + h * n_chunks, c0, static_cast<int>(n_chunks));
-    else
-      issue_tile(tile[buf], bias_tile[buf], key_bf16 + h * n_chunks * kTileDim, bias2 + h * n_chunks,
-                 c0, static_cast<int>(n_chunks));
+    issue_tile(tile[buf], bias_tile[buf], key_bf16 + h * n_chunks * kTileDim, bias2 + h * n_chunks,
+               c0, static_cast<int>(n_chunks));
   };
-  // The staged tile is complete and visible to the block (and, v9, to the tensor cores).
+  // The staged tile is complete and visible to the block (and, wgmma, to the tensor cores).
   auto await_tile = [&]() {
     cp_async_wait_all();
     if (kWgmma) wg::fence_proxy_async();
     __syncthreads();
-  };
-  auto score_tile = [&](float (&s)[8][4], const uint32_t (&qa)[4][4], int buf) {
-    if (kWgmma)
-      qk_tile_wgmma(s, qa, panels + buf * kPanelBytes);
-    else
-      qk_tile(s, qa, tile[buf]);
   };
   // v12: the k' copy's per-thread pieces (rows tid / 8 + 32 j: the 128-byte swizzle of
   // row + 32 j is row's, 4096 bytes on; 32-bit element offsets inside the group) and the k'
@@ -1401,89 +1069,51 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
       }
       cp_async_commit();
     };
-    // The paired pass 1 with v16's mass (raw = false) or v18's (raw = true: accumulate_raw);
-    // returns whether every row's s2 of every head lay in v18's range (always true for v16's).
-    auto paired_pass1 = [&](auto raw_mass) {
-      constexpr bool kRawMass = decltype(raw_mass)::value;
-      bool in_range = true;
-      float m[2], l[2];
-      float acc[2][2], top[2];
-      float sb[8][4];
-      copy_pair(0, 0, 0);
-      for (int hg = 0, pair = 0, stage = 0; hg < G; stage ^= 1) {
-        const int c0 = pair * 2 * kTileDim;
-        const bool last_pair = pair + 1 == n_pairs;
-        if (pair == 0) {
-          load_query_fragments(qa, p, g * G + hg, t);
-          m[0] = m[1] = kNegInf, l[0] = l[1] = 0.0f;
-          acc[0][0] = acc[0][1] = acc[1][0] = acc[1][1] = 0.0f, top[0] = top[1] = kNegInf;
-        }
-        await_tile();
-        if (!last_pair) copy_pair(hg, c0 + 2 * kTileDim, stage ^ 1);
-        else if (hg + 1 < G) copy_pair(hg + 1, 0, stage ^ 1);
-        {
-          const uint64_t kd = k_desc + static_cast<uint64_t>(2 * stage * (kPanelBytes >> 4));
-          const uint64_t kd1 = kd + static_cast<uint64_t>(kPanelBytes >> 4);
-          wg::fence_operands(s);
-          wg::fence_operands(sb);
-          wg::fence();
-#pragma unroll
-          for (int ks = 0; ks < 4; ++ks) wg::mma_rs<false>(s, qa[ks], wg::desc_advance(kd, 32 * ks), ks > 0);
-#pragma unroll
-          for (int ks = 0; ks < 4; ++ks) wg::mma_rs<false>(sb, qa[ks], wg::desc_advance(kd1, 32 * ks), ks > 0);
-          wg::commit();
-          wg::wait<0>();
-          wg::fence_operands(s);
-          wg::fence_operands(sb);
-        }
-        scale_and_mask(s, bias_tile[2 * stage], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
-        scale_and_mask(sb, bias_tile[2 * stage + 1], scale2, c0 + kTileDim, n_cand, c0 + 2 * kTileDim <= warp_min);
-        if constexpr (kRawMass) {
-          float lane_max[2][kParts], lane_max_b[2][kParts];
-          accumulate_raw<kParts, kPoly>(s, acc, top, lane_max);
-          accumulate_raw<kParts, kPoly>(sb, acc, top, lane_max_b);
-          if (prune) {
-            update_slots(2 * pair, lane_max);
-            update_slots(2 * pair + 1, lane_max_b);
-          }
-          if (last_pair) {
-            // m = log2 of the row's sum (l = 1); the row's largest s2 must lie in the range.
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              m[i] = fast_log2(quad_sum(acc[i][0] + acc[i][1]));
-              l[i] = 1.0f;
-              const float row_top = quad_max(top[i]);
-              in_range &= row_top == kNegInf || (row_top >= kRawBottom && row_top <= kRawTop);
-            }
-          }
-        } else if (prune) {
-          float lane_max[2][kParts], lane_max_b[2][kParts];
-          accumulate_mass<kParts>(s, m, l, lane_max);
-          accumulate_mass<kParts>(sb, m, l, lane_max_b);
-          update_slots(2 * pair, lane_max);
-          update_slots(2 * pair + 1, lane_max_b);
-        } else {
-          accumulate_mass(s, m, l);
-          accumulate_mass(sb, m, l);
-        }
-        if (last_pair) end_head(hg, m, l);
-        if (last_pair) pair = 0, ++hg;
-        else ++pair;
+    float m[2], l[2];
+    float sb[8][4];
+    copy_pair(0, 0, 0);
+    for (int hg = 0, pair = 0, stage = 0; hg < G; stage ^= 1) {
+      const int c0 = pair * 2 * kTileDim;
+      const bool last_pair = pair + 1 == n_pairs;
+      if (pair == 0) {
+        load_query_fragments(qa, p, g * G + hg, t);
+        m[0] = m[1] = kNegInf, l[0] = l[1] = 0.0f;
       }
-      return in_range;
-    };
-    if constexpr (kRaw) {
-      // v18: a block any of whose rows left the range runs pass 1 again with v16's mass.
-      if (!__syncthreads_and(paired_pass1(std::true_type{}))) {
-        if (bound)
-          for (int e = threadIdx.x; e < kQueries * kBufPitch; e += kThreads) slot_base[e] = kNegInf;
-        __syncthreads();
-        paired_pass1(std::false_type{});
+      await_tile();
+      if (!last_pair) copy_pair(hg, c0 + 2 * kTileDim, stage ^ 1);
+      else if (hg + 1 < G) copy_pair(hg + 1, 0, stage ^ 1);
+      {
+        const uint64_t kd = k_desc + static_cast<uint64_t>(2 * stage * (kPanelBytes >> 4));
+        const uint64_t kd1 = kd + static_cast<uint64_t>(kPanelBytes >> 4);
+        wg::fence_operands(s);
+        wg::fence_operands(sb);
+        wg::fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) wg::mma_rs<false>(s, qa[ks], wg::desc_advance(kd, 32 * ks), ks > 0);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) wg::mma_rs<false>(sb, qa[ks], wg::desc_advance(kd1, 32 * ks), ks > 0);
+        wg::commit();
+        wg::wait<0>();
+        wg::fence_operands(s);
+        wg::fence_operands(sb);
       }
-    } else {
-      paired_pass1(std::false_type{});
+      scale_and_mask(s, bias_tile[2 * stage], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
+      scale_and_mask(sb, bias_tile[2 * stage + 1], scale2, c0 + kTileDim, n_cand, c0 + 2 * kTileDim <= warp_min);
+      if (prune) {
+        float lane_max[2][kParts], lane_max_b[2][kParts];
+        accumulate_mass<kParts>(s, m, l, lane_max);
+        accumulate_mass<kParts>(sb, m, l, lane_max_b);
+        update_slots(2 * pair, lane_max);
+        update_slots(2 * pair + 1, lane_max_b);
+      } else {
+        accumulate_mass(s, m, l);
+        accumulate_mass(sb, m, l);
+      }
+      if (last_pair) end_head(hg, m, l);
+      if (last_pair) pair = 0, ++hg;
+      else ++pair;
     }
-  } else if (p.group_rule != GroupRule::max_raw && n_tiles > 0) {
+  } else if (!kPairs && p.group_rule != GroupRule::max_raw && n_tiles > 0) {
     float m[2], l[2];
     issue(0, 0, 0);
     // (hg, tile_i): the step's head and tile, advanced by counters (no division per step).
@@ -1498,7 +1128,7 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
       await_tile();
       if (!last_tile) issue(hg, c0 + kTileDim, buf ^ 1);
       else if (hg + 1 < G) issue(hg + 1, 0, buf ^ 1);
-      score_tile(s, qa, buf);
+      qk_tile(s, qa, tile[buf]);
       scale_and_mask(s, bias_tile[buf], scale2, c0, n_cand, c0 + kTileDim <= warp_min);
       if (prune) {
         float lane_max[2][kParts];
@@ -1524,8 +1154,6 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   // Pass 2, step = (tile, head): group score per tile; rows with a score above their list's
   // threshold (held in registers) are offered to their top-K lists.
   int count[2] = {0, 0};  // v8: entries in the buffers of rows row[0], row[1]
-  // v13: pass 2 head-major (max_normalized with the bound; block-uniform).
-  const bool heads_major = kHeads && p.group_rule == kGroupMaxNormalized && prune && n_tiles > 0;
   if constexpr (kLean) {
     // v12: v10's pass 2 (same products, same epilogue arithmetic and order), with the per-step
     // overhead v10's SASS showed (~330 instructions per step for 96 of score arithmetic) cut:
@@ -1677,126 +1305,38 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
       };
       copy_q2(0);  // committed with the first k' tile
       copy_k2(0, 0, 0);
-      if (kHeads && heads_major) {
-        // v13. For r(c) = max_h v_h(c), v_h(c) = s2_h(c) - log2 Z_hat_h: a chunk is a candidate
-        // (r(c) > theta) iff some head has v_h(c) > theta, and then r(c) is the largest of those
-        // heads' values. So each head's pass appends its own values above theta (a chunk's
-        // best entry counts: keep_best_unique), the warpgroup's q~ panel is staged once per
-        // head instead of every step (no named barrier per step), and no r runs across heads.
-        // A chunk of the final top K is appended by the head that attains r(c) (theta never
-        // passes the K-th group score: every buffered value is at most its chunk's), so the
-        // selection is v8's. The values are v12's, v = fmaf(s, scale2, b2) - z; a half tile of
-        // a row holds a v > theta iff fl(max u - z) > theta (u = fmaf(s, scale2, b2): rounding
-        // is monotone), so the common step forms only u and its half-tile maxima.
-        for (int hg = 0, step = 0; hg < G; ++hg) {
-          const float z[2] = {sh.log_z[hg * kQueries + row[0]], sh.log_z[hg * kQueries + row[1]]};
-          // This head's k' rows and biases; a copy's row is clamped into the head (its bytes
-          // are zero-filled past nc, so any row of the head serves as the address).
-          const __nv_bfloat16* k_head = key_g + hg * nc * kTileDim + k_col;
-          const float* b_head = bias_g + hg * nc;
-          const __nv_bfloat16* k_next = k_head + nc * kTileDim;
-          const float* b_next = b_head + nc;
-          auto copy_tile = [&](const __nv_bfloat16* kh, const float* bh, int c0, int stage) {
-            unsigned char* dst = panels + stage * kPanelBytes + k_dst;
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-              const int rr = c0 + k_row + 32 * j;
-              cp_async16(dst + 4096 * j, kh + min(rr, nc - 1) * kTileDim, rr < nc);
-            }
-            if (threadIdx.x < kTileDim) {
-              const int cc = c0 + static_cast<int>(threadIdx.x);
-              cp_async4(&bias_tile[stage][threadIdx.x], bh + min(cc, nc - 1), cc < nc);
-            }
-            cp_async_commit();
-          };
-          for (int tile_i = 0; tile_i < n_tiles; ++tile_i, ++step) {
-            const int c0 = tile_i * kTileDim, stage = step & 1;
-            await_tile();
-            const bool head_ends = tile_i + 1 == n_tiles;
-            if (!head_ends) copy_tile(k_head, b_head, c0 + kTileDim, stage ^ 1);
-            else if (hg + 1 < G) copy_tile(k_next, b_next, 0, stage ^ 1);
-            product(stage);
-            // The warpgroup's wgmma has read the q~ panel for the head's last time.
-            if (G > 1 && head_ends && hg + 1 < G) {
-              if (wg_index == 0)
-                asm volatile("bar.sync 1, 128;\n" ::: "memory");
-              else
-                asm volatile("bar.sync 2, 128;\n" ::: "memory");
-              copy_q(hg + 1);
-              cp_async_commit();
-            }
-            const float* b2 = bias_tile[stage];
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-              const float2 b = *reinterpret_cast<const float2*>(b2 + nt * 8 + (lane % 4) * 2);
-#pragma unroll
-              for (int e = 0; e < 4; ++e) s[nt][e] = fmaf(s[nt][e], scale2, e % 2 ? b.y : b.x);
-            }
-            // hit[half][i]: the half of row i holds a value above theta, columns past the row's
-            // count included (they can only add hits; the appends mask them).
-            bool hit[2][2];
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-#pragma unroll
-              for (int i = 0; i < 2; ++i) {
-                float mx[2] = {fmaxf(s[4 * half][2 * i], s[4 * half][2 * i + 1]),
-                               fmaxf(s[4 * half + 1][2 * i], s[4 * half + 1][2 * i + 1])};
-#pragma unroll
-                for (int nt = 2; nt < 4; ++nt)
-#pragma unroll
-                  for (int e = 0; e < 2; ++e) mx[e] = fmaxf(mx[e], s[4 * half + nt][2 * i + e]);
-                hit[half][i] = fmaxf(mx[0], mx[1]) - z[i] > theta[i];
-              }
-            if (!__any_sync(0xffffffffu, hit[0][0] || hit[0][1] || hit[1][0] || hit[1][1])) continue;
-            const bool masked = c0 + kTileDim > warp_min;
-            // The values v = u - z of a half's row set in place (s is not read again), the
-            // columns past each row's count at -inf, appended above theta.
-            auto append = [&](auto half_c, auto i_c) {
-              constexpr int kHalf = decltype(half_c)::value, kI = decltype(i_c)::value;
-#pragma unroll
-              for (int nt = 4 * kHalf; nt < 4 * kHalf + 4; ++nt)
-#pragma unroll
-                for (int e = 2 * kI; e < 2 * kI + 2; ++e) {
-                  const bool past = masked && c0 + nt * 8 + (lane % 4) * 2 + (e % 2) >= n_cand[kI];
-                  s[nt][e] = past ? kNegInf : s[nt][e] - z[kI];
-                }
-              append_row_set<kHalf, kI>(s, theta, count, buf, row, c0, K);
-            };
-            if (__any_sync(0xffffffffu, hit[0][0])) append(std::integral_constant<int, 0>{}, std::integral_constant<int, 0>{});
-            if (__any_sync(0xffffffffu, hit[0][1])) append(std::integral_constant<int, 0>{}, std::integral_constant<int, 1>{});
-            if (__any_sync(0xffffffffu, hit[1][0])) append(std::integral_constant<int, 1>{}, std::integral_constant<int, 0>{});
-            if (__any_sync(0xffffffffu, hit[1][1])) append(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{});
-          }
-        }
-      } else {
       int step = 0;
       // Step (tile at c0, head hg): v10's step; kFirst: the tile's first head (r starts here).
+      // The next step's k' tile into the other stage (v16 on: one copy with the next (head, tile)
+      // selected, so that the next tile's addresses are not worked out ahead of the head loop and
+      // kept live across it).
+      auto copy_next_k = [&](int hg, int c0, int stage) {
+        if constexpr (kQ32) {
+          const bool next_tile = hg + 1 == G;
+          copy_k2(next_tile ? 0 : hg + 1, next_tile ? c0 + kTileDim : c0, stage ^ 1);
+        } else {
+          if (hg + 1 < G) copy_k(hg + 1, c0, stage ^ 1);
+          else copy_k(0, c0 + kTileDim, stage ^ 1);
+        }
+      };
+      // The warpgroup's wgmma has read the q~ panel: it takes the next step's head (named barrier 1
+      // or 2 per warpgroup, an immediate).
+      auto hand_on_q_panel = [&](int hg) {
+        if (wg_index == 0)
+          asm volatile("bar.sync 1, 128;\n" ::: "memory");
+        else
+          asm volatile("bar.sync 2, 128;\n" ::: "memory");
+        copy_q2(hg + 1 < G ? hg + 1 : 0);
+        cp_async_commit();
+      };
       auto head_step = [&](int hg, int c0, auto first) {
         constexpr bool kFirst = decltype(first)::value;
         const int stage = step & 1;
         await_tile();
         const bool more = step + 1 < steps;
-        if (more) {
-          if constexpr (kQ32) {
-            // One copy with the next (head, tile) selected: the next tile's addresses are not
-            // worked out ahead of the head loop (and kept live across it).
-            const bool next_tile = hg + 1 == G;
-            copy_k2(next_tile ? 0 : hg + 1, next_tile ? c0 + kTileDim : c0, stage ^ 1);
-          } else {
-            if (hg + 1 < G) copy_k(hg + 1, c0, stage ^ 1);
-            else copy_k(0, c0 + kTileDim, stage ^ 1);
-          }
-        }
+        if (more) copy_next_k(hg, c0, stage);
         product(stage);
-        // The warpgroup's wgmma has read the panel: it takes the next step's head.
-        if (G > 1 && more) {
-          if (wg_index == 0)
-            asm volatile("bar.sync 1, 128;\n" ::: "memory");
-          else
-            asm volatile("bar.sync 2, 128;\n" ::: "memory");
-          copy_q2(hg + 1 < G ? hg + 1 : 0);
-          cp_async_commit();
-        }
+        if (G > 1 && more) hand_on_q_panel(hg);
         const float* b2 = bias_tile[stage];
         const float z[2] = {sh.log_z[hg * kQueries + row[0]], sh.log_z[hg * kQueries + row[1]]};
         const float init = p.group_rule == kGroupSumProbabilities ? 0.0f : kNegInf;
@@ -1835,22 +1375,13 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
         uint32_t a[4];
         fold_a(hg, a);
         await_tile();
-        if (step + 1 < steps) {
-          const bool next_tile = hg + 1 == G;
-          copy_k2(next_tile ? 0 : hg + 1, next_tile ? c0 + kTileDim : c0, stage ^ 1);
-        }
+        const bool more = step + 1 < steps;
+        if (more) copy_next_k(hg, c0, stage);
         if constexpr (kFirst)
           product_fold(stage, r, a);
         else
           product_fold(stage, s, a);
-        if (G > 1 && step + 1 < steps) {
-          if (wg_index == 0)
-            asm volatile("bar.sync 1, 128;\n" ::: "memory");
-          else
-            asm volatile("bar.sync 2, 128;\n" ::: "memory");
-          copy_q2(hg + 1 < G ? hg + 1 : 0);
-          cp_async_commit();
-        }
+        if (G > 1 && more) hand_on_q_panel(hg);
         if constexpr (!kFirst) {
 #pragma unroll
           for (int nt = 0; nt < 8; ++nt)
@@ -1889,40 +1420,32 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
         append_half<0>(r, theta, count, buf, row, c0, K);
         append_half<1>(r, theta, count, buf, row, c0, K);
       }
-      }
     }
   } else if (n_tiles > 0) {
     const int steps = G * n_tiles;
     float r[8][4];
-    // A candidate must beat theta to enter: the list's K-th value or, with the bound (v6), the
+    // A candidate must beat theta to enter: the list's K-th value or, with the bound (v8), the
     // float below the row's bound if that is larger (r > floor_of(bound) <=> r >= bound).
     float theta[2] = {prune ? floor_of(row_bound[row[0]]) : kNegInf, prune ? floor_of(row_bound[row[1]]) : kNegInf};
-    int32_t theta_index[2] = {-1, -1};    // kQuad: the chunk of the row's worst entry
     // Rows of q~ for head g G (null past T); head g G + hg is hg T 64 elements further.
     const auto* q0 = static_cast<const __nv_bfloat16*>(p.q_retrieval) + g * G * p.T * kTileDim;
     const __nv_bfloat16* qrow[2] = {t[0] < p.T ? q0 + t[0] * kTileDim : nullptr,
                                     t[1] < p.T ? q0 + t[1] * kTileDim : nullptr};
     const int64_t head_stride = p.T * kTileDim;
-    // v10: the warpgroup's q~ panel, rows [t0 + 64 wg, + 64) of the step's head.
-    const int wg_index = warp / 4;
-    unsigned char* q_panel = kQSmem ? panels + (2 + wg_index) * kPanelBytes : nullptr;
-    const int64_t wg_t0 = t0 + 64 * wg_index;
-    if (kQSmem) issue_q_panel(q_panel, q0, wg_t0, p.T);  // committed with the first k' tile
     issue(0, 0, 0);
-    if (!kQSmem) load_q_fragments(qn, qrow[0], qrow[1]);
+    load_q_fragments(qn, qrow[0], qrow[1]);
     for (int step = 0; step < steps; ++step) {
       const int hg = step % G;
       const int c0 = (step / G) * kTileDim;
       const int next_hg = (step + 1) % G;
-      if (!kQSmem)
 #pragma unroll
-        for (int a = 0; a < 4; ++a)
+      for (int a = 0; a < 4; ++a)
 #pragma unroll
-          for (int b = 0; b < 4; ++b) qa[a][b] = qn[a][b];
+        for (int b = 0; b < 4; ++b) qa[a][b] = qn[a][b];
       await_tile();
       if (step + 1 < steps) {
         issue(next_hg, ((step + 1) / G) * kTileDim, (step + 1) & 1);
-        if (G > 1 && !kQSmem) {
+        if (G > 1) {
           const int64_t off = next_hg * head_stride;
           load_q_fragments(qn, qrow[0] ? qrow[0] + off : nullptr, qrow[1] ? qrow[1] + off : nullptr);
         }
@@ -1933,21 +1456,7 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
 #pragma unroll
           for (int e = 0; e < 4; ++e) r[nt][e] = p.group_rule == kGroupSumProbabilities ? 0.0f : kNegInf;
       }
-      if (kQSmem) {
-        qk_tile_wgmma_ss(s, q_panel, panels + (step & 1) * kPanelBytes);
-        // The warpgroup's wgmma has read the panel: it takes the next step's head.
-        if (G > 1 && step + 1 < steps) {
-          // Named barrier 1 or 2 (an immediate: a register id makes ptxas reserve all 16).
-          if (wg_index == 0)
-            asm volatile("bar.sync 1, 128;\n" ::: "memory");
-          else
-            asm volatile("bar.sync 2, 128;\n" ::: "memory");
-          issue_q_panel(q_panel, q0 + next_hg * head_stride, wg_t0, p.T);
-          cp_async_commit();
-        }
-      } else {
-        score_tile(s, qa, step & 1);
-      }
+      qk_tile(s, qa, tile[step & 1]);
       const float* b2 = bias_tile[step & 1];
       const float z[2] = {sh.log_z[hg * kQueries + row[0]], sh.log_z[hg * kQueries + row[1]]};
       // One loop per group rule (the rule is uniform: no branch per element).
@@ -1990,30 +1499,6 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
         append_half<1>(r, theta, count, buf, row, c0, K);
         continue;
       }
-      if (kOffers == Offers::quads) {
-        // Pending bits per row half: values ranked ahead of the row's worst entry.
-        unsigned pending[2] = {0u, 0u};
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int32_t c = c0 + nt * 8 + (lane % 4) * 2 + (e % 2);
-            const bool ahead = r[nt][e] > theta[e / 2] || (r[nt][e] == theta[e / 2] && c < theta_index[e / 2]);
-            pending[e / 2] |= static_cast<unsigned>(ahead) << (2 * nt + e % 2);
-          }
-        if (__ballot_sync(0xffffffffu, (pending[0] | pending[1]) != 0u) == 0u) continue;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            sh.r[row[e / 2] * kRPitch + nt * 8 + (lane % 4) * 2 + (e % 2)] = r[nt][e];
-        __syncwarp();
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-          offer_tile_quads(pending[i], sh.r + row[i] * kRPitch, sh.value + row[i] * K, sh.index + row[i] * K,
-                           c0, K, theta[i], theta_index[i]);
-        continue;
-      }
       bool any[2] = {false, false};
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
@@ -2049,10 +1534,7 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
       float* value = buf + q * kBufPitch;
       int32_t* index = reinterpret_cast<int32_t*>(value + kBufCap);
       int n = __shfl_sync(0xffffffffu, j < 8 ? count[0] : count[1], 4 * (j % 8));
-      if (kHeads && heads_major) {
-        float kth;
-        if (n > 1) n = keep_best_unique(value, index, n, K, kth);
-      } else if (n > K) {
+      if (n > K) {
         keep_best(value, index, n, K);
         n = K;
       }
@@ -2214,31 +1696,19 @@ size_t select_one_pass_smem_bytes(int64_t K) {
   return (kQueries * kRPitch + 4 * kQueries * K + kQueries) * 4;
 }
 
-// Whether the kernel scores 128 queries per block with pass 2's q~ staged in shared memory
-// (Scoring::wgmma_q_smem): two_pass_v10 and later.
-bool scores_in_q_smem_blocks(PackedSelect kernel) {
-  return kernel == PackedSelect::two_pass_v10 || kernel == PackedSelect::two_pass_v11 ||
-         kernel == PackedSelect::two_pass_v12 || kernel == PackedSelect::two_pass_v13 ||
-         kernel == PackedSelect::two_pass_v14 || kernel == PackedSelect::two_pass_v15 ||
-         kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17 ||
-         kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19 ||
-         kernel == PackedSelect::two_pass_v20 || kernel == PackedSelect::two_pass_v21 ||
-         kernel == PackedSelect::two_pass_v22 || kernel == PackedSelect::two_pass_v25;
-}
-
-// Queries per block of each kernel (threads: 2 per query).
+// Queries per block of each kernel (threads: 2 per query): 128 for the wgmma kernels
+// (Scoring::wgmma_q_smem), 64 for the others.
 int block_queries(PackedSelect kernel) {
-  return scores_in_q_smem_blocks(kernel) ? kBlockQueries<Scoring::wgmma_q_smem> : kQueries;
+  return uses_wgmma(kernel) ? kBlockQueries<Scoring::wgmma_q_smem> : kQueries;
 }
 
 size_t select_smem_bytes(int64_t G, int64_t K, PackedSelect kernel) {
   const size_t v8_bytes = (kQueries * kBufPitch + G * kQueries + 2 * kQueries) * 4;
   if (kernel == PackedSelect::two_pass_v8) return v8_bytes;
-  if (kernel == PackedSelect::two_pass_v9) return v8_bytes + 2 * kPanelBytes + wg::kAtomBytes;
   // v25: + the fifth k-step's k-side stages and the q side's low pieces (G x 128 bf16).
   if (kernel == PackedSelect::two_pass_v25)
     return 2 * v8_bytes + 4 * kPanelBytes + wg::kAtomBytes + kFoldPanelFloats * 4 + G * 128 * 2;
-  if (scores_in_q_smem_blocks(kernel)) return 2 * v8_bytes + 4 * kPanelBytes + wg::kAtomBytes;
+  if (uses_wgmma(kernel)) return 2 * v8_bytes + 4 * kPanelBytes + wg::kAtomBytes;
   return (kQueries * kRPitch + G * kQueries + 2 * kQueries * K + 2 * kQueries) * 4;
 }
 
@@ -2257,45 +1727,21 @@ int one_wave_first_round(SelectKernelFn fn, int threads, size_t smem, int64_t bl
 template <int G>
 SelectKernelFn select_kernel_of(PackedSelect kernel) {
   switch (kernel) {
+    case PackedSelect::two_pass_v4: return select_packed_kernel<G, 0, Offers::sorted>;
     case PackedSelect::one_pass_v5: return select_one_pass_kernel<G>;
-    case PackedSelect::two_pass_v6: return select_packed_kernel<G, 32, Offers::sorted>;
-    case PackedSelect::two_pass_v7: return select_packed_kernel<G, 0, Offers::quads>;
     case PackedSelect::two_pass_v8: return select_packed_kernel<G, 64, Offers::buffered>;
-    case PackedSelect::two_pass_v9: return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma>;
-    case PackedSelect::two_pass_v10:
-      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem>;
-    case PackedSelect::two_pass_v11:
-      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead>;
-    case PackedSelect::two_pass_v12:
-      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::pass2>;
-    case PackedSelect::two_pass_v13:
-      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::heads>;
-    case PackedSelect::two_pass_v14:
-      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::heads,
-                                  Pass1::pairs>;
     case PackedSelect::two_pass_v15:
       return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::pass2,
                                   Pass1::pairs>;
-    case PackedSelect::two_pass_v16:
-      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::pass2_q32,
-                                  Pass1::pairs>;
-    case PackedSelect::two_pass_v17:
-    case PackedSelect::two_pass_v20:  // v17's selection; the scores from bf16 k' (launch_select_g)
-    case PackedSelect::two_pass_v21:  // the same; the scores by selected_scores_lean_kernel
+    case PackedSelect::two_pass_v21:  // the selection; the scores by selected_scores_lean_kernel
     case PackedSelect::two_pass_v22:  // the same; the scores by selected_scores_lean_kernel<G, true>
       return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::separate, Lean::pass2_q32,
                                   Pass1::pairs>;
     case PackedSelect::two_pass_v25:  // v22 with the bias and log2 Z_hat as pass 2's fifth k-step
       return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::separate, Lean::pass2_fold,
                                   Pass1::pairs>;
-    case PackedSelect::two_pass_v18:
-      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::pass2_q32,
-                                  Pass1::pairs_raw>;
-    case PackedSelect::two_pass_v19:
-      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::pass2_q32,
-                                  Pass1::pairs_raw_poly>;
-    default: return select_packed_kernel<G, 0, Offers::sorted>;
   }
+  return select_packed_kernel<G, 0, Offers::sorted>;
 }
 
 template <int G>
@@ -2328,13 +1774,8 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
   const int first_round = one_wave_first_round(fn, 2 * queries, smem, static_cast<int64_t>(grid.x) * grid.y);
   fn<<<grid, 2 * queries, smem, stream>>>(p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score,
                                           first_round);
-  // v17: the selected scores after the selection, by a kernel of their own; v20: from bf16 k'.
+  // v21, v22, v25: the selected scores after the selection, by a kernel of their own, from bf16 k'.
   const dim3 scores_grid(static_cast<unsigned>((p.T + 7) / 8), static_cast<unsigned>(p.Hkv));
-  if (kernel == PackedSelect::two_pass_v17)
-    selected_scores_kernel<G, float><<<scores_grid, 256, 0, stream>>>(p, key, bias, selection, selected_score);
-  if (kernel == PackedSelect::two_pass_v20)
-    selected_scores_kernel<G, __nv_bfloat16><<<scores_grid, 256, 0, stream>>>(p, key_bf16, bias, selection,
-                                                                              selected_score);
   if (kernel == PackedSelect::two_pass_v21)  // v21: v20's sums in fewer instructions (K <= 32)
     selected_scores_lean_kernel<G><<<scores_grid, 256, 0, stream>>>(p, key_bf16, bias, selection, selected_score);
   if (kernel == PackedSelect::two_pass_v22 || kernel == PackedSelect::two_pass_v25)  // v22: v21's without load
@@ -2354,26 +1795,16 @@ bool packed_select_applies(const LaunchParams& p) {
 void launch_select_packed(const LaunchParams& p, const float* key, const float* bias,
                           const float* lse_swa, int32_t* selection, float* selected_score,
                           PackedSelect kernel, cudaStream_t stream) {
-  // The one-pass argument holds for the default group rule only; v7's segments of 8 entries per
-  // quad lane and v8's 64-entry buffers (K + 32 entries) hold K <= 32.
+  // The one-pass argument holds for the default group rule only; v8's 64-entry buffers (K + 32
+  // entries) hold K <= 32, and so do the later kernels'.
   const bool fall_back = (kernel == PackedSelect::one_pass_v5 && p.group_rule != kGroupMaxNormalized) ||
-                         ((kernel == PackedSelect::two_pass_v7 || kernel == PackedSelect::two_pass_v8 ||
-                           kernel == PackedSelect::two_pass_v9 || kernel == PackedSelect::two_pass_v10 ||
-                           kernel == PackedSelect::two_pass_v11 || kernel == PackedSelect::two_pass_v12 ||
-                           kernel == PackedSelect::two_pass_v13 || kernel == PackedSelect::two_pass_v14 ||
-                           kernel == PackedSelect::two_pass_v15 || kernel == PackedSelect::two_pass_v16 ||
-                           kernel == PackedSelect::two_pass_v17 || kernel == PackedSelect::two_pass_v18 ||
-                           kernel == PackedSelect::two_pass_v19 || kernel == PackedSelect::two_pass_v20 ||
-                           kernel == PackedSelect::two_pass_v21 || kernel == PackedSelect::two_pass_v22 ||
-                           kernel == PackedSelect::two_pass_v25) &&
+                         (kernel != PackedSelect::two_pass_v4 && kernel != PackedSelect::one_pass_v5 &&
                           p.K > kWarp);
-  // v16 to v22 and v25 offset q~ rows in 32 bits (Hq T 64 < 2^32); longer sequences run v15 (the same
-  // selection and bytes as v16 and v17; v18 and v19 differ from it only where v8 does, v20 to v22
-  // in their scores' rounding).
-  const bool long_rows = (kernel == PackedSelect::two_pass_v16 || kernel == PackedSelect::two_pass_v17 ||
-                          kernel == PackedSelect::two_pass_v18 || kernel == PackedSelect::two_pass_v19 ||
-                          kernel == PackedSelect::two_pass_v20 || kernel == PackedSelect::two_pass_v21 ||
-                          kernel == PackedSelect::two_pass_v22 || kernel == PackedSelect::two_pass_v25) &&
+  // v21, v22 and v25 offset q~ rows in 32 bits (Hq T 64 < 2^32); longer sequences run v15 (the same
+  // selection as v21 and v22; v25 differs from it only where it differs from v8; the scores are
+  // v8's, not v21's rounding of k' to bf16).
+  const bool long_rows = (kernel == PackedSelect::two_pass_v21 || kernel == PackedSelect::two_pass_v22 ||
+                          kernel == PackedSelect::two_pass_v25) &&
                          p.Hq * p.T * kTileDim > UINT32_MAX;
   // v25 at G = 16: its extra shared memory (select_smem_bytes) would leave one block per SM; v22 runs.
   const bool fold_too_large = kernel == PackedSelect::two_pass_v25 && p.Hq / p.Hkv == 16;
@@ -2383,7 +1814,7 @@ void launch_select_packed(const LaunchParams& p, const float* key, const float* 
                                             : kernel;
   if (uses_wgmma(one) && !wgmma_runs_on_current_device())
     refuse_wgmma_kernel("select_kernel", select_kernel_name(one),
-                        "two_pass_v4 to two_pass_v8; two_pass_v8 is the fastest");
+                        "two_pass_v4, one_pass_v5 or two_pass_v8; two_pass_v8 is the fastest");
   switch (p.Hq / p.Hkv) {
     case 1: return launch_select_g<1>(p, key, bias, lse_swa, selection, selected_score, one, stream);
     case 2: return launch_select_g<2>(p, key, bias, lse_swa, selection, selected_score, one, stream);

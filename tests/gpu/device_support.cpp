@@ -202,6 +202,13 @@ oracle::InputPrecision score_precision_of(DType dtype, int64_t d, const Mechanis
   return packed_select ? oracle::InputPrecision::bf16 : oracle::InputPrecision::fp32;
 }
 
+oracle::VerifyOptions verify_options(DType dtype, int64_t d, const MechanismSpec& spec) {
+  oracle::VerifyOptions options;
+  options.precision = precision_of(dtype);
+  options.score_precision = score_precision_of(dtype, d, spec);
+  return options;
+}
+
 const char* name_of(DType dtype) { return dtype == DType::bf16 ? "bf16" : "fp32"; }
 
 }  // namespace hils::gpu::testing

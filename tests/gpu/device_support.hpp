@@ -45,7 +45,7 @@ class GuardedBuffer {
 };
 
 // The sparse stages that the packed and segment tests iterate: every SparseKernel, or those
-// named in HILS_GPU_SPARSE_KERNELS (comma-separated, e.g. "chunked_v8,chunked_v10"; one device
+// named in HILS_GPU_SPARSE_KERNELS (comma-separated, e.g. "chunked_v36,chunked_v21"; one device
 // run cannot afford every version in those tests). Throws std::invalid_argument naming the
 // variable and the accepted names when a name is unknown.
 std::vector<SparseKernel> sparse_kernels_under_test();
@@ -92,6 +92,9 @@ oracle::InputPrecision precision_of(DType dtype);
 // Precision of the kernel's selection scores: bf16 where the packed selection runs (it rounds
 // the summaries k' to bf16 for the tensor cores), else fp32.
 oracle::InputPrecision score_precision_of(DType dtype, int64_t d, const MechanismSpec& spec);
+// The oracle's options for a kernel's outputs on dtype inputs of width d: precision_of and
+// score_precision_of.
+oracle::VerifyOptions verify_options(DType dtype, int64_t d, const MechanismSpec& spec);
 const char* name_of(DType dtype);
 
 }  // namespace hils::gpu::testing

@@ -27,7 +27,7 @@ std::string device_unusable_reason() {
   return "";
 }
 
-// HILS_GPU_SPARSE_KERNEL=chunked_v4|atomic_v5|chunked_v6|... runs every test with that sparse stage
+// HILS_GPU_SPARSE_KERNEL=chunked_v21|chunked_v30|... runs every test with that sparse stage
 // as the process default (gpu/NOTES.md); "" when set and valid or unset, else what is wrong.
 std::string apply_sparse_kernel_env() {
   const char* name = std::getenv("HILS_GPU_SPARSE_KERNEL");

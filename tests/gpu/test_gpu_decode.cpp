@@ -12,7 +12,7 @@
 // the ties and over four and eleven group-score tiles at d = 64; d23, d24, d25 and d29 equal d21
 // bit for bit, d34 (two score tiles per launch-1 block) d29, d35 (the select's sorts skipped,
 // four-warp chunk tiles; int4 with d34's launch 1) d34, d36 (no select launch: the chunk tiles
-// select) d35.
+// select) d35, d37 (per-KV-group counters instead of kernel boundaries) d36.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
@@ -78,6 +78,9 @@ constexpr Variant kD35Int4{hils::gpu::DecodeKernel::d35, hils::gpu::SummaryType:
 constexpr Variant kD36Fp8{hils::gpu::DecodeKernel::d36, hils::gpu::SummaryType::fp8_e4m3, "d36 fp8"};
 constexpr Variant kD36Bf16{hils::gpu::DecodeKernel::d36, hils::gpu::SummaryType::bf16, "d36 bf16"};
 constexpr Variant kD36Int4{hils::gpu::DecodeKernel::d36, hils::gpu::SummaryType::int4, "d36 int4"};
+constexpr Variant kD37Fp8{hils::gpu::DecodeKernel::d37, hils::gpu::SummaryType::fp8_e4m3, "d37 fp8"};
+constexpr Variant kD37Bf16{hils::gpu::DecodeKernel::d37, hils::gpu::SummaryType::bf16, "d37 bf16"};
+constexpr Variant kD37Int4{hils::gpu::DecodeKernel::d37, hils::gpu::SummaryType::int4, "d37 int4"};
 constexpr Variant kD5Int4{hils::gpu::DecodeKernel::d5, hils::gpu::SummaryType::int4, "d5 int4"};
 // Every variant, for the tie and several-tile cases.
 const std::vector<Variant> kAllVariants{kFusedBf16, kFusedFp8, kFusedInt4, kD5Bf16, kD8Fp8, kD13Fp8,
@@ -212,7 +215,8 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
                                                const std::vector<AttentionInputs<double>>& seqs,
                                                std::vector<hils::IndexMatrix>* selections,
                                                const Variant& variant = kFusedBf16,
-                                               std::vector<unsigned char>* bytes = nullptr) {
+                                               std::vector<unsigned char>* bytes = nullptr,
+                                               bool step_before = false) {
   const auto& first = seqs.front();
   const int64_t B = seqs.size(), T = first.T(), Hq = first.Hq(), Hkv = first.Hkv();
   const int64_t d = first.d(), dv = first.dv(), nc = T / spec.S, K = spec.K;
@@ -270,6 +274,19 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
   out.o = o.as<float>(), out.lse = lse.as<float>(), out.selection = selection.as<int32_t>();
   out.o_window = o_window.as<float>(), out.lse_window = lse_window.as<float>();
   out.surrogate = surrogate.as<float>(), out.fusion_weights = weights.as<float>();
+  if (step_before) {  // another step (the queries of slot T - 2) in the same workspace first
+    std::vector<Matrix<double>> q2, qr2;
+    for (const auto& s : seqs) {
+      for (const auto& m : rows_at(s.q, T - 2)) q2.push_back(m);
+      for (const auto& m : rows_at(s.q_retrieval.empty() ? s.q : s.q_retrieval, T - 2))
+        qr2.push_back(m);
+    }
+    auto q2_dev = gt::upload(gt::pack_heads(q2, DType::bf16));
+    auto qr2_dev = gt::upload(gt::pack_heads(qr2, DType::bf16));
+    hils::gpu::decode_step(spec, cache, {q2_dev.data(), qr2_dev.data()}, out, workspace.data(),
+                           nullptr, variant.kernel);
+    gt::check_cuda(cudaDeviceSynchronize(), "decode_step (the step before)");
+  }
   hils::gpu::decode_step(spec, cache, query, out, workspace.data(), nullptr, variant.kernel);
   gt::check_cuda(cudaDeviceSynchronize(), "decode_step");
 
@@ -636,7 +653,8 @@ TEST_CASE("gpu decode kernels that differ in launches or cache policy give the s
       {kD21Fp8, kD29Fp8}, {kD21Bf16, kD29Bf16},
       {kD29Fp8, kD34Fp8}, {kD29Bf16, kD34Bf16}, {kD29Int4, kD34Int4},
       {kD34Fp8, kD35Fp8}, {kD34Bf16, kD35Bf16}, {kD34Int4, kD35Int4},
-      {kD35Fp8, kD36Fp8}, {kD35Bf16, kD36Bf16}, {kD35Int4, kD36Int4}};
+      {kD35Fp8, kD36Fp8}, {kD35Bf16, kD36Bf16}, {kD35Int4, kD36Int4},
+      {kD36Fp8, kD37Fp8}, {kD36Bf16, kD37Bf16}, {kD36Int4, kD37Int4}};
   for (const char* preset : {"hils", "nsa"})
     for (int64_t K : {1, 8, 32})
       for (const auto& [baseline, other] : pairs) {
@@ -720,7 +738,8 @@ TEST_CASE("gpu decode d35 over several group-score tiles keeps the lower chunk",
   for (const auto& [c, twins] : shapes) {
     int64_t violations = 0;
     const int64_t cuts = check_cross_tile_ties(c, twins, {1, 2, 32},
-                                               {kD35Fp8, kD35Int4, kD35Bf16, kD36Fp8, kD36Int4},
+                                               {kD35Fp8, kD35Int4, kD35Bf16, kD36Fp8, kD36Int4,
+                                                kD37Fp8, kD37Int4},
                                                c.name, &violations);
     std::cout << "decode d35 " << c.name << ": selections cutting through the twins " << cuts
               << ", violations " << violations << "\n";
@@ -748,5 +767,37 @@ TEST_CASE("gpu decode d36 over eleven group-score tiles gives d35's bits", "[gpu
     CHECK(expected.size() > 0);
     CHECK(got == expected);
     for (const auto& verdict : verdicts) CHECK(verdict.passed);
+  }
+}
+
+// d37 runs d36's kernels with per-KV-group counters instead of kernel boundaries (the tails of a
+// group start once its own launch-1 blocks are done). Its outputs are d36's bit for bit: over
+// eleven group-score tiles (the 512K path of several kept lists per warp; K = 32, where the
+// counters run) and over full 64-slot chunks with landmarks, each d37 step run right after
+// another step (the queries of slot T - 2) in the same workspace, so that counters left from a
+// step (not zeroed) would let the tails read that step's scores and change the bits.
+TEST_CASE("gpu decode d37 gives d36's bits after another step in the same workspace", "[gpu]") {
+  const Case eleven{"decode_d64_eleven_tiles", 10400, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
+  const Case landmarks{"decode_d64_s64_landmarks", 3000, 64, 256, 32, 8, 2, 64, 64, true, 1.0};
+  for (const Case& c : {eleven, landmarks}) {
+    const std::vector<AttentionInputs<double>> seqs{
+        hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
+    for (const char* preset : {"hils", "nsa"}) {
+      MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+      spec.K = 32;
+      for (const auto& [baseline, other] : std::vector<std::pair<Variant, Variant>>{
+               {kD36Fp8, kD37Fp8}, {kD36Int4, kD37Int4}, {kD36Bf16, kD37Bf16}}) {
+        std::vector<hils::IndexMatrix> selections;
+        std::vector<unsigned char> expected, got, first;
+        decode_and_verify(spec, seqs, &selections, baseline, &expected);
+        const auto verdicts = decode_and_verify(spec, seqs, &selections, other, &got, true);
+        decode_and_verify(spec, seqs, &selections, other, &first);
+        INFO(c.name << " " << preset << " " << other.name);
+        CHECK(expected.size() > 0);
+        CHECK(got == expected);
+        CHECK(first == expected);
+        for (const auto& verdict : verdicts) CHECK(verdict.passed);
+      }
+    }
   }
 }

@@ -126,8 +126,8 @@ std::vector<SelectionProblem> cases_and_ties(const Case (&cases)[N]) {
   return problems;
 }
 
-// The packed shapes for the selections that may differ from the exact kernels' at near ties
-// (v18, v19, v25); the last with queries 100 times the usual, so that scores reach the hundreds.
+// The packed shapes for the selection that may differ from the exact kernels' at near ties (v25);
+// the last with queries 100 times the usual, so that scores reach the hundreds.
 // clang-format off
 constexpr Case kNearTieShapes[] = {
   //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
@@ -244,10 +244,7 @@ TEST_CASE("gpu selection with exact and near ties passes the oracle", "[gpu]") {
         out.o = gt::heads_of(o, c.Hq, c.T, c.dv);
         out.lse = gt::head_vectors_of(lse, c.Hq, c.T);
         out.selection = gt::index_heads_of(selection, c.Hkv, c.T, c.K);
-        oracle::VerifyOptions options;
-        options.precision = gt::precision_of(dtype);
-        options.score_precision = gt::score_precision_of(dtype, c.d, spec);
-        const auto verdict = oracle::verify(spec, inputs, out, options);
+        const auto verdict = oracle::verify(spec, inputs, out, gt::verify_options(dtype, c.d, spec));
         std::cout << "=== near-tie " << perturbation << " [" << gt::name_of(dtype) << "] "
                   << preset << "\n" << verdict.report();
         INFO(preset << " perturbation " << perturbation << " " << gt::name_of(dtype));
@@ -320,24 +317,19 @@ TEST_CASE("gpu stage scratch that cannot be allocated names the stage and the by
   CHECK(cudaGetLastError() == cudaSuccess);
 }
 
-// The one-pass selection (v5), the bounded two-pass selection (v6), the quad-offer two-pass
-// selection (v7) and the buffered two-pass selection (v8, and v9: v8 scored by wgmma, whose sums
-// equal mma.sync's bit for bit; v13: pass 2 head-major, a chunk's best head entry; v14: two
-// tiles per pass-1 step, odd counts ending on a phantom tile; v15: v12 with v14's pass 1; v16: v15's arithmetic, its pass-2 copies from 32-bit state; v17: v16 with the scores by a kernel
-// of their own) against the
-// two-pass kernel v4: the
-// same s2 and log2 Z_hat arithmetic and selected-score writers with the same sum order, v6's and
-// v8's bounds (32 and 64 slots) drop only candidates that cannot be selected, v7 and v8 keep the
-// K best under the same (value, chunk) order in other ways (v8's buffer cuts run on every tile
-// without a bound: max_raw, and the few-tile shapes),
-// so the selections and selected scores must agree bit for bit, on packed shapes (one wave
-// of blocks on a 132-SM GPU, whose second blocks select_packed.cu's block_rows maps lightest
-// first: packed_one_wave_g8 and, for the 64-query kernels, packed_k32_five_tiles; one and
-// several scoring tiles, G = 1..16, K up to 64; K = 32 uses all 32 of
-// v6's bound slots, K > 32 runs v6 without the bound and v7 as v4; K = 3, 4, 16, 20, 32 leave
-// v7's quad segments empty, partly and wholly filled, over up to three tiles) and
-// on exact and near ties, for the group rules each kernel takes. The oracle judges the default
-// kernel over the case table through run_mechanism.
+// The one-pass selection (v5: the issue's exact one-pass claim, gpu/NOTES.md v5), the buffered
+// two-pass selection (v8) and v15 (v8 scored by wgmma, whose sums equal mma.sync's bit for bit, 128
+// queries per block, two tiles per pass-1 step with odd counts ending on a phantom tile, the
+// writer's loads one unit ahead; also the path of v21, v22 and v25 for Hq T 64 >= 2^32) against
+// the two-pass kernel v4: the same s2 and log2 Z_hat arithmetic and selected-score writers with
+// the same sum order, v8's bound (64 slots) drops only candidates that cannot be selected, and v8
+// keeps the K best under the same (value, chunk) order in another way (its buffer cuts run on
+// every tile without a bound: max_raw, and the few-tile shapes), so the selections and selected
+// scores must agree bit for bit, on packed shapes (one wave of blocks on a 132-SM GPU, whose
+// second blocks select_packed.cu's block_rows maps lightest first: packed_one_wave_g8 and, for
+// the 64-query kernels, packed_k32_five_tiles; one and several scoring tiles, G = 1..16, K up to
+// 64: K > 32 runs v8 and v15 as v4) and on exact and near ties, for the group rules each kernel
+// takes. The oracle judges the default kernel over the case table through run_mechanism.
 TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
   // clang-format off
   static constexpr Case kCases[] = {
@@ -356,8 +348,7 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
   };
   // clang-format on
   std::vector<SelectionProblem> problems = cases_and_ties(kCases);
-  // v13 appends each head's values: with every head of the group equal, each candidate chunk is
-  // appended G times with equal values (its buffer cuts keep one entry per chunk).
+  // Every head of the group equal: each chunk's group score is attained by all G heads.
   {
     const Case& c = kCases[std::size(kCases) - 1];
     auto equal = hils::cases::make_inputs<double>(c);
@@ -373,12 +364,7 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
       const SelectionInputs staged(spec, c, inputs);
       std::vector<std::vector<unsigned char>> selections, scores;
       const auto kernels = {hils::gpu::SelectKernel::two_pass_v4, hils::gpu::SelectKernel::one_pass_v5,
-                            hils::gpu::SelectKernel::two_pass_v6, hils::gpu::SelectKernel::two_pass_v7,
-                            hils::gpu::SelectKernel::two_pass_v8, hils::gpu::SelectKernel::two_pass_v9,
-                            hils::gpu::SelectKernel::two_pass_v10, hils::gpu::SelectKernel::two_pass_v11,
-                            hils::gpu::SelectKernel::two_pass_v12, hils::gpu::SelectKernel::two_pass_v13,
-                            hils::gpu::SelectKernel::two_pass_v14, hils::gpu::SelectKernel::two_pass_v15,
-                            hils::gpu::SelectKernel::two_pass_v16, hils::gpu::SelectKernel::two_pass_v17};
+                            hils::gpu::SelectKernel::two_pass_v8, hils::gpu::SelectKernel::two_pass_v15};
       for (auto kernel : kernels) {
         const SelectionOutputs run = select_with(spec, c, staged, kernel);
         selections.push_back(run.selection.download());
@@ -403,64 +389,13 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
               ++differing_rows;
               break;
             }
-        const char* labels[] = {"two-pass v4", "one-pass v5", "two-pass v6", "two-pass v7",
-                                "two-pass v8", "two-pass v9", "two-pass v10", "two-pass v11", "two-pass v12",
-                                "two-pass v13", "two-pass v14", "two-pass v15", "two-pass v16", "two-pass v17"};
+        const char* labels[] = {"two-pass v4", "one-pass v5", "two-pass v8", "two-pass v15"};
         const char* label = labels[k];
         std::cout << label << " vs two-pass v4 " << problem.name << " " << preset << ": rows "
                   << c.Hkv * c.T << ", differing " << differing_rows << "\n";
         INFO(problem.name << " " << preset << " " << label);
         CHECK(differing_rows == 0);
         CHECK(scores[k] == scores[0]);
-      }
-    }
-  }
-}
-
-// v18 and v19 sum pass 1's mass without a running maximum (v19: one exponential in eight by a
-// polynomial on the FMA pipe), so their log2 Z_hat differs from v8's in its last bits and a
-// selection row may differ from v8's at a near tie: they are not in the equality test above;
-// the oracle judges their selections as sets (a differing row passes when the reference margin
-// of its worst swap is within the bound, oracle.cpp compare_row), on the packed shapes, the
-// exact and near ties and the four group rules. Where some row's s2 leaves [-64, 96] (queries
-// 100 times the usual: s2 in the hundreds, whose unshifted 2^s2 overflow) the block runs pass 1
-// again with v16's mass, so the selection and scores must be v16's bytes; without the fallback
-// every such row's log2 Z_hat is +inf and its selection wrong.
-TEST_CASE("gpu selections with pass 1's mass unshifted (v18 and v19) pass the oracle", "[gpu]") {
-  for (const SelectionProblem& problem : cases_and_ties(kNearTieShapes)) {
-    const Case& c = problem.geometry;
-    const auto& inputs = problem.inputs;
-    const bool past_range = c.query_gain >= 100.0;
-    for (const char* preset : {"hils", "lmk", "hils sum_probabilities", "hils max_raw"}) {
-      const MechanismSpec spec = selection_spec(preset, c);
-      const SelectionInputs staged(spec, c, inputs);
-      oracle::VerifyOptions options;
-      options.precision = gt::precision_of(DType::bf16);
-      options.score_precision = gt::score_precision_of(DType::bf16, c.d, spec);
-      const oracle::Verifier verifier(spec, inputs, options);
-      std::vector<unsigned char> v16_selection, v16_scores;
-      for (auto kernel : {hils::gpu::SelectKernel::two_pass_v16, hils::gpu::SelectKernel::two_pass_v18,
-                          hils::gpu::SelectKernel::two_pass_v19}) {
-        const SelectionOutputs run = select_with(spec, c, staged, kernel);
-        oracle::KernelOutputs out;
-        out.selection = gt::index_heads_of(run.selection, c.Hkv, c.T, c.K);
-        const oracle::Verdict verdict = verifier.verify(out);
-        const auto bytes = run.selection.download();
-        const auto scores = run.selected.download();
-        if (kernel == hils::gpu::SelectKernel::two_pass_v16) v16_selection = bytes, v16_scores = scores;
-        int64_t differing_rows = 0;
-        for (int64_t row = 0; row < c.Hkv * c.T; ++row)
-          differing_rows += std::memcmp(bytes.data() + row * c.K * 4, v16_selection.data() + row * c.K * 4,
-                                        static_cast<std::size_t>(c.K) * 4) != 0;
-        std::cout << "=== " << hils::gpu::select_kernel_name(kernel) << " " << problem.name << " "
-                  << preset << ": rows " << c.Hkv * c.T << ", differing from v16 " << differing_rows
-                  << "\n" << verdict.report();
-        INFO(problem.name << " " << preset << " " << hils::gpu::select_kernel_name(kernel));
-        CHECK(verdict.passed);
-        if (past_range || spec.group_rule == GroupRule::max_raw) {
-          CHECK(bytes == v16_selection);
-          CHECK(scores == v16_scores);
-        }
       }
     }
   }
@@ -483,10 +418,7 @@ TEST_CASE("gpu selection v25 with the bias and log Z_hat in its products passes 
     for (const char* preset : {"hils", "lmk", "hils sum_probabilities", "hils max_raw"}) {
       const MechanismSpec spec = selection_spec(preset, c);
       const SelectionInputs staged(spec, c, inputs);
-      oracle::VerifyOptions options;
-      options.precision = gt::precision_of(DType::bf16);
-      options.score_precision = gt::score_precision_of(DType::bf16, c.d, spec);
-      const oracle::Verifier verifier(spec, inputs, options);
+      const oracle::Verifier verifier(spec, inputs, gt::verify_options(DType::bf16, c.d, spec));
       const SelectionOutputs v22 = select_with(spec, c, staged, hils::gpu::SelectKernel::two_pass_v22);
       const SelectionOutputs v25 = select_with(spec, c, staged, hils::gpu::SelectKernel::two_pass_v25);
       oracle::KernelOutputs out;
@@ -527,18 +459,18 @@ TEST_CASE("gpu selection v25 with the bias and log Z_hat in its products passes 
   }
 }
 
-// v20 runs v17's selection and sums its selected scores from the bf16 copy of k' that the ranking
-// scored (half the writer's bytes), so its selections must be v16's bytes and each selected
-// score must be the surrogate score of the same (head, query, chunk) computed by the generic
-// kernel from k' rounded to bf16 on the host, up to fp32 summation order; v16's scores must be
-// the same surrogate from the fp32 k'. The two differ by k''s rounding (up to ~4e-3 on scores of
-// ~5 on the benchmark inputs), which the tolerance (1e-5 per unit of score) does not cover, so a
-// writer that read the fp32 rows, another head's row or another chunk's row fails. (lmk's k' are
-// bf16 keys, which the rounding leaves as they are: there v20's scores are v16's bytes.) v21 sums
-// v20's scores in another kernel (selected_scores_lean_kernel: its partial sums reduced by one
-// reduce-scatter per head, in the same pairs): its selections and scores must be v20's bytes, and
-// so must v22's (v21's kernel with the slots past a row's entries summed from chunk 0's row).
-TEST_CASE("gpu selection v20 scores its choices from the bf16 k' it ranked with", "[gpu]") {
+// v21 runs v15's selection (v16: its pass-2 copies from 32-bit state) and sums its selected scores
+// from the bf16 copy of k' that the ranking scored (v20: half the writer's bytes) in a kernel of
+// their own (selected_scores_lean_kernel: its partial sums reduced by one reduce-scatter per head),
+// so its selections must be v8's bytes and each selected score must be the surrogate score of the
+// same (head, query, chunk) computed by the generic kernel from k' rounded to bf16 on the host, up
+// to fp32 summation order; v8's scores must be the same surrogate from the fp32 k'. The two differ
+// by k''s rounding (up to ~4e-3 on scores of ~5 on the benchmark inputs), which the tolerance
+// (1e-5 per unit of score) does not cover, so a writer that read the fp32 rows, another head's row
+// or another chunk's row fails. (lmk's k' are bf16 keys, which the rounding leaves as they are:
+// there v21's scores are v8's bytes.) v22's selections and scores must be v21's bytes (v21's kernel
+// with the slots past a row's entries summed from chunk 0's row).
+TEST_CASE("gpu selection v21 and v22 score their choices from the bf16 k' they ranked with", "[gpu]") {
   // clang-format off
   static constexpr Case kCases[] = {
     //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
@@ -579,8 +511,7 @@ TEST_CASE("gpu selection v20 scores its choices from the bf16 k' it ranked with"
         std::memcpy(r.scores.data(), score_bytes.data(), score_bytes.size());
         return r;
       };
-      const Run v16 = run(hils::gpu::SelectKernel::two_pass_v16);
-      const Run v20 = run(hils::gpu::SelectKernel::two_pass_v20);
+      const Run v8 = run(hils::gpu::SelectKernel::two_pass_v8);
       const Run v21 = run(hils::gpu::SelectKernel::two_pass_v21);
       const Run v22 = run(hils::gpu::SelectKernel::two_pass_v22);
       auto floats = [](const gt::GuardedBuffer& b) {
@@ -591,35 +522,33 @@ TEST_CASE("gpu selection v20 scores its choices from the bf16 k' it ranked with"
       };
       const std::vector<float> s32 = floats(surrogate), s16 = floats(surrogate_bf16);
       INFO("case " << c.name << " preset " << preset);
-      CHECK(v20.selection == v16.selection);
-      CHECK(v21.selection == v20.selection);
-      CHECK(v21.scores == v20.scores);
-      CHECK(v22.selection == v20.selection);
-      CHECK(v22.scores == v20.scores);
+      CHECK(v21.selection == v8.selection);
+      CHECK(v22.selection == v21.selection);
+      CHECK(v22.scores == v21.scores);
       const int64_t G = c.Hq / c.Hkv;
-      int64_t checked = 0, off_v16 = 0, off_v20 = 0, rounding_visible = 0;
+      int64_t checked = 0, off_v8 = 0, off_v21 = 0, rounding_visible = 0;
       for (int64_t h = 0; h < c.Hq; ++h)
         for (int64_t t = 0; t < c.T; ++t)
           for (int64_t j = 0; j < c.K; ++j) {
-            const int32_t chunk = v16.selection[((h / G) * c.T + t) * c.K + j];
-            const float a16 = v16.scores[(h * c.T + t) * c.K + j], a20 = v20.scores[(h * c.T + t) * c.K + j];
+            const int32_t chunk = v8.selection[((h / G) * c.T + t) * c.K + j];
+            const float a8 = v8.scores[(h * c.T + t) * c.K + j], a21 = v21.scores[(h * c.T + t) * c.K + j];
             if (chunk < 0) continue;
             const float e32 = s32[(h * c.T + t) * nc + chunk], e16 = s16[(h * c.T + t) * nc + chunk];
             ++checked;
-            off_v16 += std::fabs(a16 - e32) > 1e-5f * (1.0f + std::fabs(e32));
-            off_v20 += std::fabs(a20 - e16) > 1e-5f * (1.0f + std::fabs(e16));
+            off_v8 += std::fabs(a8 - e32) > 1e-5f * (1.0f + std::fabs(e32));
+            off_v21 += std::fabs(a21 - e16) > 1e-5f * (1.0f + std::fabs(e16));
             rounding_visible += std::fabs(e16 - e32) > 1e-5f * (1.0f + std::fabs(e32));
           }
-      std::cout << "v20 " << c.name << " " << preset << ": " << checked << " selected scores, off the fp32 "
-                << "surrogate (v16) " << off_v16 << ", off the bf16-k' surrogate (v20) " << off_v20
+      std::cout << "v21 " << c.name << " " << preset << ": " << checked << " selected scores, off the fp32 "
+                << "surrogate (v8) " << off_v8 << ", off the bf16-k' surrogate (v21) " << off_v21
                 << ", where k''s rounding shows " << rounding_visible << "\n";
       CHECK(checked > 0);
-      CHECK(off_v16 == 0);
-      CHECK(off_v20 == 0);
+      CHECK(off_v8 == 0);
+      CHECK(off_v21 == 0);
       if (spec.key_rule == hils::KeyRule::landmark_key)
-        // lmk's k' are landmark tokens' keys, bf16 inputs: bf16 holds them exactly, so v20 sums
-        // the same values in the same order as v16.
-        CHECK(v20.scores == v16.scores);
+        // lmk's k' are landmark tokens' keys, bf16 inputs: bf16 holds them exactly, so v21's
+        // scores are v8's sums of the same values.
+        CHECK(v21.scores == v8.scores);
       else
         CHECK(rounding_visible > 0);  // the test tells the two writers apart
     }

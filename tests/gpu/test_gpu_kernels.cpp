@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <iostream>
 #include <iterator>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -146,10 +148,7 @@ bool reference_accepts(const MechanismSpec& spec, const AttentionInputs<double>&
 // that judges several kernel variants on the same problem builds one and passes it to each.
 oracle::Verifier verifier_for(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                               DType dtype) {
-  oracle::VerifyOptions options;
-  options.precision = gt::precision_of(dtype);
-  options.score_precision = gt::score_precision_of(dtype, inputs.d(), spec);
-  return oracle::Verifier(spec, inputs, options);
+  return oracle::Verifier(spec, inputs, gt::verify_options(dtype, inputs.d(), spec));
 }
 
 // Judges one run with `verifier` and prints the report under `title`.
@@ -317,17 +316,15 @@ TEST_CASE("gpu packed sparse stage in segments, softmax1 and group rules", "[gpu
   }
 }
 
-// chunked_v7 computes every row as chunked_v6 does (two slices per warp step instead of one), and
-// chunked_v8 runs v6's chunk kernel on pairs bucketed once per call (the pairs of a chunk in
-// another order), so o and lse of both must be v6's bit for bit; chunked_v9 (wgmma) rounds its
-// products in the tensor cores' own order, so only its lse must be v6's (the reduce's); all chunk-major versions share the fusion softmax's
-// normaliser (the reduce), so lse must equal chunked_v4's bit for bit; chunked_v10 to v12 form
-// lse before their chunk kernel with the reduce's arithmetic, so their lse must be v6's too
-// (their o is fp16 sums in a run-dependent order: the oracle judges it, here for the current
-// version and in the packed and segment tests). On packed shapes with G = 1, 8 and 16 (the
-// packed test's G = 1 case has no landmarks, so no selection), in one and in several query
-// segments; the same selection kernel runs before each.
-TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's to v12's and v6's lse equal v4's", "[gpu]") {
+// Every kept sparse stage forms lse in its weights kernel with the reduce's arithmetic (the
+// removed chunked_v4's: gpu/NOTES.md "Kernels removed in session 17"), so the lse of chunked_v30,
+// v35 and v36 (fp16 pair records; v36 with lanes as (head, slots)) must equal chunked_v21's (fp32
+// pair weights, no wgmma) bit for bit: three weights kernels against a fourth. Their o is fp16
+// sums in a run-dependent order: the oracle judges it, here for chunked_v21 and the current
+// version and in the packed and segment tests for every version under test. On packed shapes
+// with G = 1, 8 and 16 (the packed test's G = 1 case has no landmarks, so no selection), in one
+// and in several query segments; the same selection kernel runs before each.
+TEST_CASE("gpu sparse stages' lse equal chunked_v21's bit for bit", "[gpu]") {
   // clang-format off
   static constexpr Case kCases[] = {
     //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
@@ -348,79 +345,40 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's to v12's and v6's lse
         hils::gpu::set_sparse_kernel(kernel);
         return run_on_device(spec, inputs, DType::bf16);
       };
-      const KernelRun v4 = run_with(hils::gpu::SparseKernel::chunked_v4);
-      const KernelRun v6 = run_with(hils::gpu::SparseKernel::chunked_v6);
-      const KernelRun v7 = run_with(hils::gpu::SparseKernel::chunked_v7);
-      const KernelRun v8 = run_with(hils::gpu::SparseKernel::chunked_v8);
-      // Versions whose lse (only) must be v6's: v9 to v32, v35, v36.
-      const hils::gpu::SparseKernel lse_only[] = {
-          hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v10,
-          hils::gpu::SparseKernel::chunked_v11, hils::gpu::SparseKernel::chunked_v12,
-          hils::gpu::SparseKernel::chunked_v13, hils::gpu::SparseKernel::chunked_v14,
-          hils::gpu::SparseKernel::chunked_v15, hils::gpu::SparseKernel::chunked_v16,
-          hils::gpu::SparseKernel::chunked_v17, hils::gpu::SparseKernel::chunked_v18,
-          hils::gpu::SparseKernel::chunked_v19, hils::gpu::SparseKernel::chunked_v20,
-          hils::gpu::SparseKernel::chunked_v21, hils::gpu::SparseKernel::chunked_v22,
-          hils::gpu::SparseKernel::chunked_v23, hils::gpu::SparseKernel::chunked_v24,
-          hils::gpu::SparseKernel::chunked_v25, hils::gpu::SparseKernel::chunked_v26,
-          hils::gpu::SparseKernel::chunked_v27, hils::gpu::SparseKernel::chunked_v28,
-          hils::gpu::SparseKernel::chunked_v29, hils::gpu::SparseKernel::chunked_v30,
-          hils::gpu::SparseKernel::chunked_v31, hils::gpu::SparseKernel::chunked_v32,
-          hils::gpu::SparseKernel::chunked_v35, hils::gpu::SparseKernel::chunked_v36};
-      std::vector<KernelRun> lse_runs;
-      for (auto kernel : lse_only) lse_runs.push_back(run_with(kernel));
+      const KernelRun v21 = run_with(hils::gpu::SparseKernel::chunked_v21);
+      const hils::gpu::SparseKernel others[] = {hils::gpu::SparseKernel::chunked_v30,
+                                                hils::gpu::SparseKernel::chunked_v35,
+                                                hils::gpu::SparseKernel::chunked_v36};
+      std::vector<KernelRun> runs;
+      for (auto kernel : others) runs.push_back(run_with(kernel));
       INFO("case " << c.name << " segment " << segment);
-      CHECK(v6.guard_problems.empty());
-      CHECK(v7.guard_problems.empty());
-      CHECK(v8.guard_problems.empty());
-      REQUIRE(v4.out.o.size() == static_cast<size_t>(c.Hq));
-      REQUIRE(v6.out.o.size() == v4.out.o.size());
-      REQUIRE(v7.out.o.size() == v4.out.o.size());
-      REQUIRE(v8.out.o.size() == v4.out.o.size());
-      for (const KernelRun& run : lse_runs) {
+      CHECK(v21.guard_problems.empty());
+      REQUIRE(v21.out.o.size() == static_cast<size_t>(c.Hq));
+      for (const KernelRun& run : runs) {
         CHECK(run.guard_problems.empty());
-        REQUIRE(run.out.o.size() == v4.out.o.size());
+        REQUIRE(run.out.o.size() == v21.out.o.size());
       }
-      int64_t o_rows_differing = 0, o_rows_v8_differing = 0, lse_v6_v4 = 0, lse_v7_v6 = 0,
-              lse_v8_v6 = 0;
-      std::vector<int64_t> lse_differing(lse_runs.size(), 0);
-      std::vector<double> o_max_diff(lse_runs.size(), 0.0);
-      bool o_v6_differs_from_v4 = false;
-      for (size_t h = 0; h < v4.out.o.size(); ++h) {
-        for (Eigen::Index t = 0; t < v4.out.o[h].rows(); ++t) {
-          o_rows_differing += (v7.out.o[h].row(t).array() != v6.out.o[h].row(t).array()).any();
-          o_rows_v8_differing += (v8.out.o[h].row(t).array() != v6.out.o[h].row(t).array()).any();
-          o_v6_differs_from_v4 |= (v6.out.o[h].row(t).array() != v4.out.o[h].row(t).array()).any();
-          lse_v6_v4 += v6.out.lse[h](t) != v4.out.lse[h](t);
-          lse_v7_v6 += v7.out.lse[h](t) != v6.out.lse[h](t);
-          lse_v8_v6 += v8.out.lse[h](t) != v6.out.lse[h](t);
-          for (size_t i = 0; i < lse_runs.size(); ++i) {
-            lse_differing[i] += lse_runs[i].out.lse[h](t) != v6.out.lse[h](t);
-            o_max_diff[i] = std::max(
-                o_max_diff[i], (lse_runs[i].out.o[h].row(t) - v6.out.o[h].row(t)).cwiseAbs().maxCoeff());
+      std::vector<int64_t> lse_differing(runs.size(), 0);
+      std::vector<double> o_max_diff(runs.size(), 0.0);
+      for (size_t h = 0; h < v21.out.o.size(); ++h)
+        for (Eigen::Index t = 0; t < v21.out.o[h].rows(); ++t)
+          for (size_t i = 0; i < runs.size(); ++i) {
+            lse_differing[i] += runs[i].out.lse[h](t) != v21.out.lse[h](t);
+            o_max_diff[i] =
+                std::max(o_max_diff[i], (runs[i].out.o[h].row(t) - v21.out.o[h].row(t)).cwiseAbs().maxCoeff());
           }
-        }
-      }
-      std::cout << "sparse v7 vs v6 " << c.name << " segment " << segment << ": o rows differing "
-                << o_rows_differing << ", lse v7/v6 " << lse_v7_v6 << ", v8/v6 o rows "
-                << o_rows_v8_differing << " lse " << lse_v8_v6;
-      for (size_t i = 0; i < lse_runs.size(); ++i)
-        std::cout << ", " << sparse_kernel_name(lse_only[i]) << "/v6 lse " << lse_differing[i]
+      std::cout << "sparse lse vs chunked_v21 " << c.name << " segment " << segment;
+      for (size_t i = 0; i < runs.size(); ++i)
+        std::cout << ", " << sparse_kernel_name(others[i]) << " lse differing " << lse_differing[i]
                   << " max |o diff| " << o_max_diff[i];
-      std::cout << ", lse v6/v4 " << lse_v6_v4
-                << ", o v6 differs from v4 (base-2 rounding): " << o_v6_differs_from_v4 << "\n";
-      CHECK(o_rows_differing == 0);
-      CHECK(lse_v7_v6 == 0);
-      CHECK(o_rows_v8_differing == 0);
-      CHECK(lse_v8_v6 == 0);
-      for (size_t i = 0; i < lse_runs.size(); ++i) {
-        INFO(sparse_kernel_name(lse_only[i]));
+      std::cout << "\n";
+      for (size_t i = 0; i < runs.size(); ++i) {
+        INFO(sparse_kernel_name(others[i]));
         CHECK(lse_differing[i] == 0);
       }
-      CHECK(lse_v6_v4 == 0);
-      // And v6 and the process's current version (the default, or HILS_GPU_SPARSE_KERNEL's)
+      // And v21 and the process's current version (the default, or HILS_GPU_SPARSE_KERNEL's)
       // against the reference (no other packed case selects with G = 1).
-      for (auto kernel : {hils::gpu::SparseKernel::chunked_v6, current}) {
+      for (auto kernel : {hils::gpu::SparseKernel::chunked_v21, current}) {
         hils::gpu::set_sparse_kernel(kernel);
         CHECK(check_with(verifier, spec, inputs, DType::bf16,
                          std::string(c.name) + " " + sparse_kernel_name(kernel) + " segment " +
@@ -432,31 +390,143 @@ TEST_CASE("gpu sparse v7 and v8 equal v6 bit for bit, v9's to v12's and v6's lse
   hils::gpu::set_sparse_segment_queries(0);
 }
 
-// The C API's sparse-stage values are the enum's (the Python benchmark sets them by number),
-// its getter reports what runs, and a value past the last kernel is refused by name.
-TEST_CASE("gpu C API sparse kernel values", "[gpu]") {
-  const auto current = hils::gpu::sparse_kernel();
-  CHECK(hils_gpu_sparse_kernel() == static_cast<int32_t>(current));
-  for (auto kernel : hils::gpu::kSparseKernels) {
-    INFO(sparse_kernel_name(kernel));
-    REQUIRE(hils_gpu_set_sparse_kernel(static_cast<int32_t>(kernel)) == 0);
-    CHECK(hils::gpu::sparse_kernel() == kernel);
-    CHECK(hils_gpu_sparse_kernel() == static_cast<int32_t>(kernel));
+// Every code `field` refuses: each code in `removed` ("name=code ...", hils_gpu_enum_names'
+// "<field>_removed") with 2 and an error that names the code and its kernel, says that session 17
+// removed it (gpu/NOTES.md) and lists the kept codes with their names ("name=code ..." in `kept`);
+// then -1 and the code past the last kept one with 2 and the field's error.
+template <class Set>
+void check_removed_codes_refused(const char* field, Set set) {
+  const std::string kept = hils_gpu_enum_names(field);
+  const std::string removed = hils_gpu_enum_names((std::string(field) + "_removed").c_str());
+  std::istringstream removed_entries(removed);
+  int64_t refused = 0;
+  int32_t last_kept = 0;
+  for (std::string entry; removed_entries >> entry; ++refused) {
+    const auto eq = entry.find('=');
+    REQUIRE(eq != std::string::npos);
+    const std::string name = entry.substr(0, eq), code = entry.substr(eq + 1);
+    INFO(field << " removed " << entry);
+    CHECK(set(std::stoi(code)) == 2);
+    const std::string error = hils_gpu_last_error();
+    CHECK(error.rfind(std::string(field) + ": " + code + " (" + name + ") was removed in session 17", 0) == 0);
+    CHECK_THAT(error, Catch::Contains("gpu/NOTES.md") && Catch::Contains("expected one of"));
+    std::istringstream kept_entries(kept);
+    for (std::string k; kept_entries >> k;) {
+      const auto keq = k.find('=');
+      INFO("kept " << k);
+      CHECK_THAT(error, Catch::Contains(k.substr(keq + 1) + " (" + k.substr(0, keq) + ")"));
+      last_kept = std::max(last_kept, std::stoi(k.substr(keq + 1)));
+    }
   }
-  const auto past = static_cast<int32_t>(std::size(hils::gpu::kSparseKernels));
-  CHECK(hils_gpu_set_sparse_kernel(past) == 2);
-  CHECK(hils_gpu_set_sparse_kernel(-1) == 2);
-  CHECK(std::string(hils_gpu_last_error()).rfind("sparse_kernel:", 0) == 0);
+  CHECK(refused > 0);
+  for (int32_t code : {int32_t{-1}, last_kept + 1}) {
+    CHECK(set(code) == 2);
+    CHECK(std::string(hils_gpu_last_error()).rfind(std::string(field) + ": expected one of", 0) == 0);
+  }
+}
+
+// "name=code ..." of `kernels`, as hils_gpu_enum_names lists them.
+template <class Kernel, size_t N, class NameOf>
+std::string listed_codes(const Kernel (&kernels)[N], NameOf name_of) {
+  std::string listed;
+  for (auto kernel : kernels)
+    listed += (listed.empty() ? "" : " ") + std::string(name_of(kernel)) + "=" +
+              std::to_string(static_cast<int32_t>(kernel));
+  return listed;
+}
+
+// A process-wide kernel choice through the C API (set_code / get_code: hils_gpu_set_<field> and
+// its getter; current: the C++ getter): every kept kernel by its code, hils_gpu_enum_names'
+// name=code list of `field`, the codes as they were before session 17's removals (old_codes),
+// and every removed code refused (check_removed_codes_refused) without changing the choice.
+template <class Kernel, size_t N, class NameOf, class SetCode, class GetCode, class Current>
+void check_process_kernel_codes(const char* field, const Kernel (&kernels)[N], NameOf name_of, SetCode set_code,
+                                GetCode get_code, Current current,
+                                std::initializer_list<std::pair<int32_t, Kernel>> old_codes) {
+  CHECK(get_code() == static_cast<int32_t>(current()));
+  for (auto kernel : kernels) {
+    INFO(name_of(kernel));
+    REQUIRE(set_code(static_cast<int32_t>(kernel)) == 0);
+    CHECK(current() == kernel);
+    CHECK(get_code() == static_cast<int32_t>(kernel));
+  }
+  CHECK(std::string(hils_gpu_enum_names(field)) == listed_codes(kernels, name_of));
+  for (auto [code, kernel] : old_codes) {
+    INFO(field << " code " << code);
+    REQUIRE(set_code(code) == 0);
+    CHECK(current() == kernel);
+  }
+  const Kernel chosen = current();
+  check_removed_codes_refused(field, set_code);
+  CHECK(current() == chosen);
+}
+
+// The C API's sparse-stage codes are the enum's values, stable across versions (the Python
+// benchmark maps names to them by hils_gpu_enum_names("sparse_kernel")): each kept code selects
+// its kernel, the getter reports what runs, a code of a kernel removed in session 17 and a code
+// past the last are refused by name.
+TEST_CASE("gpu C API sparse kernel values", "[gpu]") {
+  using hils::gpu::SparseKernel;
+  const auto current = hils::gpu::sparse_kernel();
+  check_process_kernel_codes(
+      "sparse_kernel", hils::gpu::kSparseKernels, hils::gpu::sparse_kernel_name, hils_gpu_set_sparse_kernel,
+      hils_gpu_sparse_kernel, [] { return hils::gpu::sparse_kernel(); },
+      {{17, SparseKernel::chunked_v21}, {26, SparseKernel::chunked_v30}, {29, SparseKernel::chunked_v35},
+       {30, SparseKernel::chunked_v36}});
   hils::gpu::set_sparse_kernel(current);
 }
 
+// hils_gpu_select_with's codes: a removed one is refused by name before anything runs; a kept
+// code (as it was before session 17) selects the same bytes as its kernel named in C++.
+TEST_CASE("gpu C API selection kernel codes", "[gpu]") {
+  const Case c{"packed_bench_geometry", 2113, 64, 512, 32, 16, 2, 64, 64, true, 1.0};
+  const auto inputs = hils::cases::make_inputs<double>(c);
+  const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
+  const auto shape = shape_of(inputs);
+  auto set = gt::upload_inputs(inputs, DType::bf16);
+  const int64_t nc = c.T / c.S;
+  gt::GuardedBuffer key(c.Hq * nc * c.d * 4), bias(c.Hq * nc * 4), o_swa(c.Hq * c.T * c.dv * 4),
+      lse_swa(c.Hq * c.T * 4);
+  hils::gpu::window_attention(spec, shape, set.view, o_swa.as<float>(), lse_swa.as<float>());
+  hils::gpu::summarize(spec, shape, set.view, key.as<float>(), bias.as<float>());
+  hils_gpu_problem p{};
+  p.T = c.T, p.Hq = c.Hq, p.Hkv = c.Hkv, p.d = c.d, p.dv = c.dv, p.S = spec.S, p.W = spec.W, p.K = spec.K;
+  p.landmarks = spec.landmarks, p.bf16 = 1, p.key_rule = static_cast<int32_t>(spec.key_rule);
+  p.bias_rule = static_cast<int32_t>(spec.bias_rule), p.prior_rule = static_cast<int32_t>(spec.prior_rule);
+  p.group_rule = static_cast<int32_t>(spec.group_rule), p.fusion = static_cast<int32_t>(spec.fusion);
+  p.softmax1 = spec.softmax1, p.scale = spec.scale;
+  p.q = set.view.q, p.k = set.view.k, p.v = set.view.v, p.q_retrieval = set.view.q_retrieval;
+  p.prior = set.view.prior, p.prior_rows = set.view.prior_rows;
+  gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), score(c.Hq * c.T * c.K * 4);
+  gt::GuardedBuffer named_selection(c.Hkv * c.T * c.K * 4), named_score(c.Hq * c.T * c.K * 4);
+  for (auto [code, kernel] : {std::pair{0, hils::gpu::SelectKernel::two_pass_v4},
+                              std::pair{4, hils::gpu::SelectKernel::two_pass_v8},
+                              std::pair{18, hils::gpu::SelectKernel::two_pass_v22}}) {
+    INFO("code " << code << " " << hils::gpu::select_kernel_name(kernel));
+    REQUIRE(hils_gpu_select_with(&p, code, key.as<float>(), bias.as<float>(), nullptr, lse_swa.as<float>(),
+                                 selection.as<int32_t>(), score.as<float>(), nullptr) == 0);
+    hils::gpu::select_chunks(spec, shape, set.view, key.as<float>(), bias.as<float>(), nullptr,
+                             lse_swa.as<float>(), named_selection.as<int32_t>(), named_score.as<float>(),
+                             nullptr, kernel);
+    gt::check_cuda(cudaDeviceSynchronize(), "select");
+    CHECK(selection.download() == named_selection.download());
+    CHECK(score.download() == named_score.download());
+  }
+  CHECK(std::string(hils_gpu_enum_names("select_kernel")) ==
+        listed_codes(hils::gpu::kSelectKernels, hils::gpu::select_kernel_name));
+  check_removed_codes_refused("select_kernel", [&](int32_t code) {
+    return hils_gpu_select_with(&p, code, key.as<float>(), bias.as<float>(), nullptr, lse_swa.as<float>(),
+                                selection.as<int32_t>(), score.as<float>(), nullptr);
+  });
+}
+
 // window_attention_rows and fuse_rows: the window stage storing its rows in fp16 (each the fp32
-// row's value rounded to nearest, bit for bit) and the sparse stage (chunked_v24 to chunked_v32)
+// row's value rounded to nearest, bit for bit) and the sparse stage (chunked_v30, v35, v36)
 // reading them and writing a bf16 o (as SDPA returns for bf16 inputs),
 // stage by stage on packed shapes in one and in several segments. The oracle judges that o as
 // the bf16 values it is (its bf16 floor budgets the stored output's rounding) with the same
 // run's window, summaries and selection; lse must equal the fp32-row call's bit for bit (the
-// rows' types do not enter it). A kernel other than v24 to v32, an fp16 o and a bf16 o_swa are
+// rows' types do not enter it). chunked_v21 (fp32 rows only), an fp16 o and a bf16 o_swa are
 // refused by field.
 TEST_CASE("gpu sparse stage with an fp16 o_swa and a bf16 o", "[gpu]") {
   // clang-format off
@@ -497,21 +567,8 @@ TEST_CASE("gpu sparse stage with an fp16 o_swa and a bf16 o", "[gpu]") {
     }
     CHECK(values_differing == 0);
     CHECK(o_swa16.guard_damage("o_swa16").empty());
-    for (auto [kernel, segment] : {std::pair{hg::SparseKernel::chunked_v24, int64_t{0}},
-                                   std::pair{hg::SparseKernel::chunked_v24, int64_t{257}},
-                                   std::pair{hg::SparseKernel::chunked_v25, int64_t{0}},
-                                   std::pair{hg::SparseKernel::chunked_v25, int64_t{257}},
-                                   std::pair{hg::SparseKernel::chunked_v26, int64_t{0}},
-                                   std::pair{hg::SparseKernel::chunked_v27, int64_t{257}},
-                                   std::pair{hg::SparseKernel::chunked_v28, int64_t{0}},
-                                   std::pair{hg::SparseKernel::chunked_v29, int64_t{0}},
-                                   std::pair{hg::SparseKernel::chunked_v29, int64_t{257}},
-                                   std::pair{hg::SparseKernel::chunked_v30, int64_t{0}},
+    for (auto [kernel, segment] : {std::pair{hg::SparseKernel::chunked_v30, int64_t{0}},
                                    std::pair{hg::SparseKernel::chunked_v30, int64_t{257}},
-                                   std::pair{hg::SparseKernel::chunked_v31, int64_t{0}},
-                                   std::pair{hg::SparseKernel::chunked_v31, int64_t{257}},
-                                   std::pair{hg::SparseKernel::chunked_v32, int64_t{0}},
-                                   std::pair{hg::SparseKernel::chunked_v32, int64_t{257}},
                                    std::pair{hg::SparseKernel::chunked_v35, int64_t{0}},
                                    std::pair{hg::SparseKernel::chunked_v35, int64_t{257}},
                                    std::pair{hg::SparseKernel::chunked_v36, int64_t{0}},
@@ -557,22 +614,17 @@ TEST_CASE("gpu sparse stage with an fp16 o_swa and a bf16 o", "[gpu]") {
       CHECK(lse_diff == 0.0);
     }
     // Refusals, by field.
-    hg::set_sparse_kernel(hg::SparseKernel::chunked_v19);
+    hg::set_sparse_kernel(hg::SparseKernel::chunked_v21);
     gt::GuardedBuffer o_any(Hq * T * dv * 4), lse_any(Hq * T * 4);
     CHECK_THROWS_WITH(hg::fuse_rows(spec, shape, set.view, selection.as<int32_t>(), score.as<float>(),
                                     o_swa16.data(), RowType::f16, lse_swa.as<float>(), o_any.data(),
                                     RowType::f32, lse_any.as<float>()),
-                      Catch::StartsWith("sparse_kernel: expected chunked_v24 to chunked_v36") &&
-                          Catch::Contains("chunked_v19"));
-    hg::set_sparse_kernel(hg::SparseKernel::chunked_v25);
+                      Catch::StartsWith("sparse_kernel: expected chunked_v30, chunked_v35 or chunked_v36") &&
+                          Catch::Contains("chunked_v21"));
+    hg::set_sparse_kernel(hg::SparseKernel::chunked_v30);
     CHECK_THROWS_WITH(hg::window_attention_rows(spec, shape, set.view, o_any.data(), RowType::bf16,
                                                 lse_any.as<float>()),
                       Catch::StartsWith("o_swa_type: expected f32 or f16"));
-    hg::set_window_kernel(hg::WindowKernel::mma_v4);
-    CHECK_THROWS_WITH(hg::window_attention_rows(spec, shape, set.view, o_any.data(), RowType::f16,
-                                                lse_any.as<float>()),
-                      Catch::StartsWith("o_swa_type: expected f32 for window kernel mma_v4"));
-    hg::set_window_kernel(std::nullopt);
     CHECK_THROWS_WITH(hg::fuse_rows(spec, shape, set.view, selection.as<int32_t>(), score.as<float>(),
                                     o_swa.data(), RowType::f32, lse_swa.as<float>(), o_any.data(),
                                     RowType::f16, lse_any.as<float>()),
@@ -671,21 +723,6 @@ void check_window_bits_equal(hils::gpu::WindowKernel baseline,
 }
 }  // namespace
 
-// wgmma_v14 to v16 overlap one tile's P V with the next tile's softmax, v17 copies two tiles
-// ahead, v18 copies them by the tensor memory accelerator (rows past T: the tensor map's zeros);
-// all do v13's arithmetic in v13's order on the same tiles: o_window and lse_window must
-// be v13's bits on every window shape (v14-v16's extra first P V adds P = 0).
-TEST_CASE("gpu window wgmma_v14 to v18 give wgmma_v13's bits", "[gpu]") {
-  if (!hils::gpu::wgmma_available()) {
-    WARN("wgmma cannot run here: the window kernels v13-v18 are refused (fallback test)");
-    return;
-  }
-  using hils::gpu::WindowKernel;
-  check_window_bits_equal(WindowKernel::wgmma_v13,
-                          {WindowKernel::wgmma_v14, WindowKernel::wgmma_v15, WindowKernel::wgmma_v16,
-                           WindowKernel::wgmma_v17, WindowKernel::wgmma_v18});
-}
-
 // wgmma_v20 is v19's arithmetic in v19's order (only the synchronization of the stages and the
 // warpgroup index differ): v19's bits on every window shape, the ragged last blocks (a
 // warpgroup without rows, where session 14's first v20 hung) included.
@@ -697,20 +734,16 @@ TEST_CASE("gpu window wgmma_v20 gives wgmma_v19's bits", "[gpu]") {
   check_window_bits_equal(hils::gpu::WindowKernel::wgmma_v19, {hils::gpu::WindowKernel::wgmma_v20});
 }
 
-// The C API's window-kernel values are the enum's, its getter reports what runs, a value past
-// the last kernel is refused by name; set_packed_kernels takes 0 or 1 only.
+// The C API's window-kernel codes are the enum's values, stable across versions: each kept code
+// selects its kernel, the getter reports what runs, a code of a kernel removed in session 17 and
+// a code past the last are refused by name; set_packed_kernels takes 0 or 1 only.
 TEST_CASE("gpu C API window kernel values", "[gpu]") {
-  CHECK(hils_gpu_window_kernel() == static_cast<int32_t>(hils::gpu::window_kernel()));
-  for (auto kernel : hils::gpu::kWindowKernels) {
-    INFO(hils::gpu::window_kernel_name(kernel));
-    REQUIRE(hils_gpu_set_window_kernel(static_cast<int32_t>(kernel)) == 0);
-    CHECK(hils::gpu::window_kernel() == kernel);
-    CHECK(hils_gpu_window_kernel() == static_cast<int32_t>(kernel));
-  }
-  const auto past = static_cast<int32_t>(std::size(hils::gpu::kWindowKernels));
-  CHECK(hils_gpu_set_window_kernel(past) == 2);
-  CHECK(hils_gpu_set_window_kernel(-1) == 2);
-  CHECK(std::string(hils_gpu_last_error()).rfind("window_kernel:", 0) == 0);
+  using hils::gpu::WindowKernel;
+  check_process_kernel_codes(
+      "window_kernel", hils::gpu::kWindowKernels, hils::gpu::window_kernel_name, hils_gpu_set_window_kernel,
+      hils_gpu_window_kernel, [] { return hils::gpu::window_kernel(); },
+      {{1, WindowKernel::mma_v9}, {10, WindowKernel::wgmma_v18}, {11, WindowKernel::wgmma_v19},
+       {12, WindowKernel::wgmma_v20}});
   hils::gpu::set_window_kernel(std::nullopt);
   CHECK(hils_gpu_set_packed_kernels(2) == 2);
   CHECK(std::string(hils_gpu_last_error()).rfind("enabled:", 0) == 0);
@@ -722,7 +755,7 @@ TEST_CASE("gpu C API window kernel values", "[gpu]") {
 
 // Where wgmma cannot run (a build without sm_90a, a GPU of another generation; forced here by
 // the test switch), the default selection is two_pass_v8 and selects what the wgmma default
-// selects, the default sparse stage is chunked_v11 and passes the oracle as the wgmma default
+// selects, the default sparse stage is chunked_v21 and passes the oracle as the wgmma default
 // does, the default window kernel is mma_v9 (the same o_window bits as mma_v9 named), and a
 // wgmma kernel named by the caller is refused when it would run, with an error that names the
 // field, the kernel and the build setting, instead of a trap in the kernel.
@@ -832,14 +865,8 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
   const int64_t nc = c.T / c.S;
   gt::GuardedBuffer key(c.Hq * nc * c.d * 4), bias(c.Hq * nc * 4), lse_swa(c.Hq * c.T * 4);
   gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), score(c.Hq * c.T * c.K * 4);
-  for (auto kernel : {hils::gpu::SelectKernel::two_pass_v9, hils::gpu::SelectKernel::two_pass_v10,
-                      hils::gpu::SelectKernel::two_pass_v11, hils::gpu::SelectKernel::two_pass_v12,
-                      hils::gpu::SelectKernel::two_pass_v13, hils::gpu::SelectKernel::two_pass_v14,
-                      hils::gpu::SelectKernel::two_pass_v15, hils::gpu::SelectKernel::two_pass_v16,
-                      hils::gpu::SelectKernel::two_pass_v17, hils::gpu::SelectKernel::two_pass_v18,
-                      hils::gpu::SelectKernel::two_pass_v19, hils::gpu::SelectKernel::two_pass_v20,
-                      hils::gpu::SelectKernel::two_pass_v21, hils::gpu::SelectKernel::two_pass_v22,
-                      hils::gpu::SelectKernel::two_pass_v25}) {
+  for (auto kernel : {hils::gpu::SelectKernel::two_pass_v15, hils::gpu::SelectKernel::two_pass_v21,
+                      hils::gpu::SelectKernel::two_pass_v22, hils::gpu::SelectKernel::two_pass_v25}) {
     REQUIRE(hils::gpu::uses_wgmma(kernel));
     INFO(hils::gpu::select_kernel_name(kernel));
     CHECK_THROWS_WITH(
@@ -858,24 +885,12 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
                       Catch::StartsWith("window_kernel: expected a kernel without wgmma") &&
                           Catch::Contains(hils::gpu::window_kernel_name(kernel)));
   }
-  for (auto kernel : {hils::gpu::WindowKernel::wgmma_v11, hils::gpu::WindowKernel::wgmma_v12,
-                      hils::gpu::WindowKernel::wgmma_v13, hils::gpu::WindowKernel::wgmma_v14,
-                      hils::gpu::WindowKernel::wgmma_v15, hils::gpu::WindowKernel::wgmma_v16,
-                      hils::gpu::WindowKernel::wgmma_v17, hils::gpu::WindowKernel::wgmma_v18,
-                      hils::gpu::WindowKernel::wgmma_v19, hils::gpu::WindowKernel::wgmma_v20})
+  for (auto kernel : {hils::gpu::WindowKernel::wgmma_v18, hils::gpu::WindowKernel::wgmma_v19,
+                      hils::gpu::WindowKernel::wgmma_v20})
     CHECK(hils::gpu::uses_wgmma(kernel));
   hils::gpu::set_window_kernel(std::nullopt);
-  for (auto kernel : {hils::gpu::SparseKernel::chunked_v9, hils::gpu::SparseKernel::chunked_v12,
-                      hils::gpu::SparseKernel::chunked_v13, hils::gpu::SparseKernel::chunked_v14,
-                      hils::gpu::SparseKernel::chunked_v15, hils::gpu::SparseKernel::chunked_v17,
-                      hils::gpu::SparseKernel::chunked_v18, hils::gpu::SparseKernel::chunked_v19,
-                      hils::gpu::SparseKernel::chunked_v20, hils::gpu::SparseKernel::chunked_v22,
-                      hils::gpu::SparseKernel::chunked_v23, hils::gpu::SparseKernel::chunked_v24,
-                      hils::gpu::SparseKernel::chunked_v25, hils::gpu::SparseKernel::chunked_v26,
-                      hils::gpu::SparseKernel::chunked_v27, hils::gpu::SparseKernel::chunked_v28,
-                      hils::gpu::SparseKernel::chunked_v29, hils::gpu::SparseKernel::chunked_v30,
-                      hils::gpu::SparseKernel::chunked_v31, hils::gpu::SparseKernel::chunked_v32,
-                      hils::gpu::SparseKernel::chunked_v35, hils::gpu::SparseKernel::chunked_v36}) {
+  for (auto kernel : {hils::gpu::SparseKernel::chunked_v30, hils::gpu::SparseKernel::chunked_v35,
+                      hils::gpu::SparseKernel::chunked_v36}) {
     REQUIRE(hils::gpu::uses_wgmma(kernel));
     INFO(sparse_kernel_name(kernel));
     hils::gpu::set_sparse_kernel(kernel);

@@ -57,127 +57,40 @@ void validate(const MechanismSpec& spec, const Shape& shape, const DeviceInputs&
 void set_packed_kernels(bool enabled);
 bool packed_kernels();
 // Queries per segment of the chunk-major sparse stage (packed shapes): 0 (default) sizes it from
-// a 1 GiB budget of fp16 partials (chunked_v4, v6, v7, v8) or from the L2 size (atomic_v5); tests set
-// small values to cover several segments.
+// the L2 size; tests set small values to cover several segments.
 void set_sparse_segment_queries(int64_t queries);
 // Which chunk-major sparse stage runs on the packed shapes (gpu/NOTES.md has each version's
-// numbers); process-wide like set_packed_kernels. All compute the same fusion (Eq. 10).
+// numbers); process-wide like set_packed_kernels. All compute the same fusion (Eq. 10). The
+// values are stable codes (the C API's and the Python binding's): the versions removed in session
+// 17 keep their codes unused (gpu/NOTES.md "Kernels removed in session 17": their code is at
+// commit ad5fb84), so no kept kernel is renumbered.
 enum class SparseKernel {
-  chunked_v4,  // fp16 intra-chunk outputs o_c in a scratch, then a reduce per (query, head)
-  atomic_v5,   // fusion weights first, then w_c * o_c added into o in fp32 (no scratch, no
-               // reduce; o's last bits vary from run to run with the order of the additions)
-  chunked_v6,  // chunked_v4 with fewer instructions per 16-row slice (softmax in base 2)
-  chunked_v7,  // chunked_v6 with two slices per warp step (each K/V fragment serves both);
-               // the same arithmetic per row as chunked_v6, so the same bits
-  chunked_v8,  // chunked_v6's chunk kernel with the pairs bucketed once per call (all query
-               // segments in one count, scan and scatter): the same bits as chunked_v6
-  chunked_v9,  // chunked_v8 with the chunk kernel on wgmma (sm_90a): 64-row steps, q, K and V
-               // read by the tensor cores from swizzled shared memory
-  chunked_v10,  // chunked_v8's bucketing, fusion weights first, then the chunk kernel adds
-                // w_c o_c into an fp16 copy of o by f16x2 vector reductions (no scratch of
-                // partials, no reduce); o's last bits vary from run to run (fp16 sums)
-  chunked_v11,  // chunked_v10 with each row's fusion weight formed before the chunk kernel and
-                // stored in bucket order (read in order instead of two scattered loads per row)
-  chunked_v12,  // chunked_v11 with chunked_v9's chunk kernel (wgmma, sm_90a)
-  chunked_v13,  // chunked_v12 with the pair-weights kernel's loads of the group's G heads
-                // issued before their arithmetic (the same values)
-  chunked_v14,  // chunked_v13 with one 128-byte bulk reduction (TMA) per row instead of eight
-                // 16-byte f16x2 reductions (sm_90a)
-  chunked_v15,  // chunked_v13 with the pair-weights kernel's o_swa rows split over half-warps
-                // (fewer registers, more warps per SM; the same values) and query segments of
-                // 3/4 of the L2 instead of 1/2
-  chunked_v16,  // chunked_v11 (no wgmma) with chunked_v15's pair-weights kernel and query
-                // segments of 3/4 of the L2
-  chunked_v17,  // chunked_v15 with the pair weights of every query segment formed in one
-                // launch before the first chunk kernel (the same values)
-  chunked_v18,  // chunked_v15 with the segment's fp16 o laid out [queries, Hq, 64], so that a
-                // pair's G heads are reduced into adjacent rows
-  chunked_v19,  // chunked_v15 with the pairs' ranks counted per tile of queries in shared
-                // memory (a global atomic per tile and chunk, not per pair) and query segments
-                // of the whole L2
-  chunked_v20,  // chunked_v19 with segment s + 1's weights kernel started in the last wave of
-                // segment s's chunk kernel and s + 1's chunk kernel in the last wave of s's
-                // o16 -> o conversion (programmatic dependent launch; the same values)
-  chunked_v21,  // chunked_v16 (no wgmma) with chunked_v19's count per tile and segments
-  chunked_v22,  // chunked_v19 with segment s + 1's weights kernel and segment s's o16 -> o
-                // conversion in one launch (the same values)
-  chunked_v23,  // chunked_v19 with each pair's bucket entry written by the pair-weights kernel
-                // (which forms its bucket position anyway) instead of a scatter launch over
-                // every pair (the same buckets, so the same values)
-  chunked_v24,  // chunked_v23 with the o16 -> o conversion reading 16 bytes per thread and
-                // discarding the o16 lines it has read from the L2 (no write-back of dead
-                // lines; the same values)
-  chunked_v25,  // chunked_v19 (its scatter launch) with chunked_v24's o16 -> o conversion
-  chunked_v26,  // chunked_v25 with a persistent chunk kernel (as many blocks as are resident,
-                // each taking items from a cursor: no block per item bound, no launch per item),
-                // segments that split T evenly, the count's tiles shortened at short T (the same
-                // values)
-  chunked_v27,  // chunked_v26 with the q rows fetched two 64-row steps ahead (three stages)
-  chunked_v28,  // chunked_v26 with the item descriptors written by several threads per chunk
-  chunked_v29,  // chunked_v28 with the descriptors, the scatter and the first segment's pair
-                // weights in one launch
-  chunked_v30,  // chunked_v29 with each pair's bucket entry and weights (fp16) in one record
-                // written by the weights kernel (no scatter)
-  chunked_v31,  // chunked_v29 with the pair weights in fp16
-  chunked_v32,  // chunked_v30 with the fp16 weights alone, the pair's query in their spare bits
-                // (G a multiple of 8; v30's records elsewhere)
-  chunked_v35,  // chunked_v30 with its kernels chained by programmatic dependent launch (each
-                // launched while the previous one finishes, waiting for it on the device)
-  chunked_v36,  // chunked_v35 with the pair weights formed by lanes that each hold one head's
-                // scores of G slots (G <= 8, K <= 32; v35's elsewhere): the same values
+  chunked_v21 = 17,  // pairs bucketed once per call with their ranks counted per tile of queries
+                     // in shared memory, each row's fusion weights formed first (o_swa rows split
+                     // over half-warps) and stored in bucket order, then an mma.sync chunk kernel
+                     // adding w_c o_c into an fp16 copy of o by f16x2 reductions (no scratch of
+                     // partials, no reduce; o's last bits vary from run to run), query segments of
+                     // the whole L2: the sparse stage without wgmma
+  chunked_v30 = 26,  // the wgmma chunk kernel (sm_90a), persistent (each block takes items from
+                     // a cursor), segments that split T evenly, the item descriptors, the count's
+                     // scan and segment 0's weights in one launch, each pair's bucket entry and
+                     // fp16 weights in one record written by the weights kernel (no scatter)
+  chunked_v35 = 29,  // chunked_v30 with its kernels chained by programmatic dependent launch (each
+                     // launched while the previous one finishes, waiting for it on the device)
+  chunked_v36 = 30,  // chunked_v35 with the pair weights formed by lanes that each hold one head's
+                     // scores of G slots (G <= 8, K <= 32; v35's elsewhere): the same values
 };
 // Every SparseKernel, in the order of their values.
-constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v4, SparseKernel::atomic_v5,
-                                           SparseKernel::chunked_v6, SparseKernel::chunked_v7,
-                                           SparseKernel::chunked_v8, SparseKernel::chunked_v9,
-                                           SparseKernel::chunked_v10, SparseKernel::chunked_v11,
-                                           SparseKernel::chunked_v12, SparseKernel::chunked_v13,
-                                           SparseKernel::chunked_v14, SparseKernel::chunked_v15,
-                                           SparseKernel::chunked_v16, SparseKernel::chunked_v17,
-                                           SparseKernel::chunked_v18, SparseKernel::chunked_v19,
-                                           SparseKernel::chunked_v20, SparseKernel::chunked_v21,
-                                           SparseKernel::chunked_v22, SparseKernel::chunked_v23,
-                                           SparseKernel::chunked_v24, SparseKernel::chunked_v25,
-                                           SparseKernel::chunked_v26, SparseKernel::chunked_v27,
-                                           SparseKernel::chunked_v28, SparseKernel::chunked_v29,
-                                           SparseKernel::chunked_v30, SparseKernel::chunked_v31,
-                                           SparseKernel::chunked_v32, SparseKernel::chunked_v35,
-                                           SparseKernel::chunked_v36};
-// The kernel's name as above ("chunked_v4", ...).
+constexpr SparseKernel kSparseKernels[] = {SparseKernel::chunked_v21, SparseKernel::chunked_v30,
+                                           SparseKernel::chunked_v35, SparseKernel::chunked_v36};
+// The kernel's name as above ("chunked_v21", ...).
 const char* sparse_kernel_name(SparseKernel kernel);
 // Whether the sparse stage runs wgmma (sm_90a; wgmma_available below). Every kernel is listed,
 // so that a new one cannot be left out (-Wswitch).
 constexpr bool uses_wgmma(SparseKernel kernel) {
   switch (kernel) {
-    case SparseKernel::chunked_v4:
-    case SparseKernel::atomic_v5:
-    case SparseKernel::chunked_v6:
-    case SparseKernel::chunked_v7:
-    case SparseKernel::chunked_v8:
-    case SparseKernel::chunked_v10:
-    case SparseKernel::chunked_v11:
-    case SparseKernel::chunked_v16:
     case SparseKernel::chunked_v21: return false;
-    case SparseKernel::chunked_v9:
-    case SparseKernel::chunked_v12:
-    case SparseKernel::chunked_v13:
-    case SparseKernel::chunked_v14:
-    case SparseKernel::chunked_v15:
-    case SparseKernel::chunked_v17:
-    case SparseKernel::chunked_v18:
-    case SparseKernel::chunked_v19:
-    case SparseKernel::chunked_v20:
-    case SparseKernel::chunked_v22:
-    case SparseKernel::chunked_v23:
-    case SparseKernel::chunked_v24:
-    case SparseKernel::chunked_v25:
-    case SparseKernel::chunked_v26:
-    case SparseKernel::chunked_v27:
-    case SparseKernel::chunked_v28:
-    case SparseKernel::chunked_v29:
     case SparseKernel::chunked_v30:
-    case SparseKernel::chunked_v31:
-    case SparseKernel::chunked_v32:
     case SparseKernel::chunked_v35:
     case SparseKernel::chunked_v36: return true;
   }
@@ -185,13 +98,11 @@ constexpr bool uses_wgmma(SparseKernel kernel) {
 }
 // The default sparse stage where wgmma can run (wgmma_available, below): chunked_v36 (v35 with a
 // pair-weights kernel whose lanes hold (head, G slots), the same values; v35 is v30 with its
-// kernels chained by programmatic dependent launch; v30 is v29 with each pair's bucket entry and
-// fp16 weights in one record from the weights kernel, no scatter; v29 is v25's arithmetic with
-// the persistent chunk kernel, even segments and fewer, shorter launches at short T; it also
-// takes fuse_rows' fp16 o_swa and bf16 o).
+// kernels chained by programmatic dependent launch; v30 as above; it also takes fuse_rows' fp16
+// o_swa and bf16 o).
 constexpr SparseKernel kDefaultSparseKernel = SparseKernel::chunked_v36;
-// The sparse stage without wgmma where wgmma cannot run: chunked_v21 (v19's weights kernel,
-// count and segments with v6's mma.sync chunk kernel).
+// The sparse stage without wgmma where wgmma cannot run: chunked_v21 (its weights kernel, count
+// and segments with an mma.sync chunk kernel).
 constexpr SparseKernel kSparseKernelWithoutWgmma = SparseKernel::chunked_v21;
 // kDefaultSparseKernel where wgmma_available(), else kSparseKernelWithoutWgmma.
 SparseKernel default_sparse_kernel();
@@ -203,47 +114,27 @@ void set_sparse_kernel(std::optional<SparseKernel> kernel);
 SparseKernel sparse_kernel();
 
 // Which packed window kernel window_attention runs on the packed shapes (gpu/NOTES.md has each
-// version's numbers); process-wide like set_sparse_kernel. Both compute the window branch of
-// reference/SEMANTICS.md §2.
+// version's numbers); process-wide like set_sparse_kernel. All compute the window branch of
+// reference/SEMANTICS.md §2. The values are stable codes, as SparseKernel's (the versions removed
+// in session 17 keep theirs unused; gpu/NOTES.md "Kernels removed in session 17").
 enum class WindowKernel {
-  mma_v4,   // 64 rows (M = 64 / G queries x G heads) per block, the element mask on every tile
-  mma_v9,   // 128 rows per block, the mask only on tiles that cut a row's window, base-2 softmax
-  mma_v10,  // mma_v9 with 64 rows (4 warps) per block, 4 blocks per SM
-  wgmma_v11,  // mma_v9's block as two warpgroups issuing wgmma m64n64k16 (sm_90a)
-  wgmma_v12,  // wgmma_v11 with fewer instructions per tile (copies, descriptors, exponentials)
-  wgmma_v13,  // wgmma_v12 with running copy sources and descriptor low words worked out once
-  wgmma_v14,  // wgmma_v13 with tile i-1's P V under tile i's softmax (FA3's intra-warpgroup overlap)
-  wgmma_v15,  // wgmma_v14 with the K/V copies two tiles ahead instead of one
-  wgmma_v16,  // wgmma_v15 with tile i-1's P V issued after tile i's masks
-  wgmma_v17,  // wgmma_v13's step (no overlap) with wgmma_v15's copies two tiles ahead
-  wgmma_v18,  // wgmma_v17 with the K/V tiles copied by the tensor memory accelerator (TMA)
-  wgmma_v19,  // wgmma_v18 with a lazy maximum (raised when passed by 2^8) and tree maxima
-  wgmma_v20,  // wgmma_v19 with per-stage "empty" mbarriers instead of a block barrier per tile
+  mma_v9 = 1,      // 128 rows per block (M = 128 / G queries x G heads), the mask only on tiles
+                   // that cut a row's window, base-2 softmax (mma.sync)
+  wgmma_v18 = 10,  // mma_v9's block as two warpgroups issuing wgmma m64n64k16 (sm_90a), the K/V
+                   // tiles copied two ahead by the tensor memory accelerator (TMA)
+  wgmma_v19 = 11,  // wgmma_v18 with a lazy maximum (raised when passed by 2^8) and tree maxima
+  wgmma_v20 = 12,  // wgmma_v19 with per-stage "empty" mbarriers instead of a block barrier per tile
 };
 // Every WindowKernel, in the order of their values.
-constexpr WindowKernel kWindowKernels[] = {WindowKernel::mma_v4, WindowKernel::mma_v9,
-                                           WindowKernel::mma_v10, WindowKernel::wgmma_v11,
-                                           WindowKernel::wgmma_v12, WindowKernel::wgmma_v13,
-                                           WindowKernel::wgmma_v14, WindowKernel::wgmma_v15,
-                                           WindowKernel::wgmma_v16, WindowKernel::wgmma_v17,
-                                           WindowKernel::wgmma_v18, WindowKernel::wgmma_v19,
-                                           WindowKernel::wgmma_v20};
-// The kernel's name as above ("mma_v4", ...).
+constexpr WindowKernel kWindowKernels[] = {WindowKernel::mma_v9, WindowKernel::wgmma_v18,
+                                           WindowKernel::wgmma_v19, WindowKernel::wgmma_v20};
+// The kernel's name as above ("mma_v9", ...).
 const char* window_kernel_name(WindowKernel kernel);
 // Whether the kernel runs wgmma (sm_90a; wgmma_available below). Every kernel is listed, so
 // that a new one cannot be left out (-Wswitch).
 constexpr bool uses_wgmma(WindowKernel kernel) {
   switch (kernel) {
-    case WindowKernel::mma_v4:
-    case WindowKernel::mma_v9:
-    case WindowKernel::mma_v10: return false;
-    case WindowKernel::wgmma_v11:
-    case WindowKernel::wgmma_v12:
-    case WindowKernel::wgmma_v13:
-    case WindowKernel::wgmma_v14:
-    case WindowKernel::wgmma_v15:
-    case WindowKernel::wgmma_v16:
-    case WindowKernel::wgmma_v17:
+    case WindowKernel::mma_v9: return false;
     case WindowKernel::wgmma_v18:
     case WindowKernel::wgmma_v19:
     case WindowKernel::wgmma_v20: return true;
@@ -270,7 +161,7 @@ void window_attention(const MechanismSpec& spec, const Shape& shape, const Devic
 // or bf16 (the type SDPA returns o in for bf16 inputs).
 enum class RowType { f32, f16, bf16 };
 // window_attention with o_swa stored as o_swa_type: f32, or f16 (the fp32 value rounded to
-// nearest; the packed window kernels from mma_v9 on, for fuse_rows): half the bytes. Elsewhere,
+// nearest; every packed window kernel, for fuse_rows): half the bytes. Elsewhere,
 // and for bf16, std::invalid_argument names the field.
 void window_attention_rows(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                            void* o_swa, RowType o_swa_type, float* lse_swa,
@@ -289,87 +180,58 @@ void summarize(const MechanismSpec& spec, const Shape& shape, const DeviceInputs
 void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                       const float* key, const float* bias, float* scores,
                       cudaStream_t stream = nullptr);
-// Which packed selection kernel runs (gpu/NOTES.md has each version's numbers). All but
-// two_pass_v18, two_pass_v19 and two_pass_v25 give the same selection
-// (selections_identical_to_v8); those three may differ at near ties, within the oracle's margin.
-// All but those and two_pass_v20 to two_pass_v22 give the same selected scores (v25 v22's scores
-// of its own selection); v20 to v22 sum them from the bf16 k' the ranking
-// scored. two_pass_v22 is the default (kDefaultSelectKernel): v16 (v10, i.e. v8 scored by wgmma on
-// sm_90a with 128 queries per block, pass 2's per-step overhead trimmed (v12), two k' tiles per
-// pass-1 step (v15) and pass 2's copy state in 32 bits) with the selected scores by a kernel of
-// their own (v17) that reads the bf16 k' rows (v20) and sums them in fewer instructions (v21, v22:
-// v20's bytes; gpu/NOTES.md v21, v22); v4 to v21 stay reachable as the benchmark's comparison points.
+// Which packed selection kernel runs (gpu/NOTES.md has each version's numbers). The values are
+// stable codes, as SparseKernel's (the versions removed in session 17 keep theirs unused;
+// gpu/NOTES.md "Kernels removed in session 17"). All but two_pass_v25 give the same selection
+// (selections_identical_to_v8); v25 may differ at near ties, within the oracle's margin. All but
+// two_pass_v21, two_pass_v22 and two_pass_v25 give the same selected scores; those sum them from
+// the bf16 k' the ranking scored (v25 v22's scores of its own selection). two_pass_v22 is the
+// default (kDefaultSelectKernel): v8 scored by wgmma on sm_90a with 128 queries per block, pass 2's
+// per-step overhead trimmed and two k' tiles per pass-1 step (v15), pass 2's copy state in 32 bits
+// and the selected scores by a kernel of their own that reads the bf16 k' rows and sums them in
+// fewer instructions (v21, v22: the same bytes; gpu/NOTES.md v16 to v22). v4, v5, v8, v15, v21 and
+// v25 stay reachable by name: the fallbacks, the independent checks of the tests and the
+// benchmark's comparison points (gpu/NOTES.md "Kernels removed in session 17").
 // one_pass_v5 applies to the default group rule (max_normalized); for the others it falls back
-// to two_pass_v4. v6 and v8 form their bounds for K <= 32 and the normalised group rules; v6 runs
-// as v4 otherwise, v8 takes K <= 32 (else two_pass_v4), and so do v9 to v22.
+// to two_pass_v4. v8 forms its bound for K <= 32 and the normalised group rules and takes K <= 32
+// (else two_pass_v4), and so do v15 to v25.
 enum class SelectKernel {
-  two_pass_v4,  // pass 1: log Z_hat per head; pass 2: group scores offered to the top-K lists
-  one_pass_v5,  // per head a running log Z_hat and its K best; the union ranked at the end
-  two_pass_v6,  // v4 plus a pass-1 lower bound of the K-th group score that prunes the offers
-  two_pass_v7,  // v4 with the offers of 8 rows at once per warp into unsorted sets (K <= 32,
-                // else two_pass_v4)
-  two_pass_v8,  // v6's bound over 64 slots, candidates appended to per-row buffers (no ranking
-                // in pass 2; K <= 32, else two_pass_v4)
-  two_pass_v9,  // v8 with the scoring on wgmma (sm_90a; K <= 32, else two_pass_v4)
-  two_pass_v10,  // v9 with 128 queries per block and pass 2's q~ staged in shared memory
-  two_pass_v11,  // v10 with the selected-score writer's loads one unit ahead (K <= 32, else
-                 // two_pass_v4)
-  two_pass_v12,  // v11 with pass 2's per-step copies, descriptors and resets trimmed
-  two_pass_v13,  // v12 with pass 2 head-major for max_normalized: each head appends its own
-                 // values above the bound, q~ staged once per head (K <= 32, else two_pass_v4)
-  two_pass_v14,  // v13 with two k' tiles per pass-1 step
-  two_pass_v15,  // v12 with two k' tiles per pass-1 step
-  two_pass_v16,  // v15 with pass 2's copy state in 32 bits (no spills)
-  two_pass_v17,  // v16 with the selected scores by a kernel of their own (more warps per SM)
-  two_pass_v18,  // v16 with pass 1's mass summed without a running maximum (NOT the same bits as
-                 // v8: log Z_hat differs in its last bits; H100 512K -1% against v16, not faster
-                 // at 16K-128K; gpu/NOTES.md v18)
-  two_pass_v19,  // v18 with one pass-1 exponential in eight on the FMA pipe (a polynomial)
-  two_pass_v20,  // v17 with the selected scores summed from the bf16 k' rows the ranking scored
-                 // (half the writer's bytes): v16's selections, scores NOT v8's bits (they differ
-                 // by k''s bf16 rounding; gpu/NOTES.md v20)
-  two_pass_v21,  // v20 with its scores kernel's sums in fewer instructions (entries read once per
-                 // query, one reduce-scatter per head): v20's selections and scores bit for bit
-  two_pass_v22,  // v21 with the scores kernel's loads untested and 4 blocks per SM: v20's bytes
-  two_pass_v25,  // v22 with pass 2's bias and log Z_hat as a fifth wgmma k-step (max_normalized):
-                 // NOT v8's bits (group scores rounded otherwise; pass 1's bound taken with a
-                 // margin); v22 at 16 heads per group (shared memory); gpu/NOTES.md v25
+  two_pass_v4 = 0,   // pass 1: log Z_hat per head; pass 2: group scores offered to the top-K lists
+  one_pass_v5 = 1,   // per head a running log Z_hat and its K best; the union ranked at the end
+  two_pass_v8 = 4,   // v4 plus a pass-1 lower bound of the K-th group score over 64 slots that
+                     // prunes the offers, candidates appended to per-row buffers (no ranking in
+                     // pass 2; K <= 32, else two_pass_v4)
+  two_pass_v15 = 11,  // v8 scored by wgmma (sm_90a) with 128 queries per block, pass 2's q~ staged
+                      // in shared memory and its per-step copies, descriptors and resets trimmed,
+                      // the writer's loads one unit ahead, two k' tiles per pass-1 step (K <= 32,
+                      // else two_pass_v4); also the path of v21, v22 and v25 where Hq T 64 >= 2^32
+  two_pass_v21 = 17,  // v15 with pass 2's copy state in 32 bits (no spills) and the selected scores
+                      // by a kernel of their own that sums them from the bf16 k' rows the ranking
+                      // scored: v8's selections, scores NOT v8's bits (they differ by k''s bf16
+                      // rounding; gpu/NOTES.md v20, v21)
+  two_pass_v22 = 18,  // v21 with the scores kernel's loads untested and 4 blocks per SM: v21's bytes
+  two_pass_v25 = 19,  // v22 with pass 2's bias and log Z_hat as a fifth wgmma k-step (max_normalized):
+                      // NOT v8's bits (group scores rounded otherwise; pass 1's bound taken with a
+                      // margin); v22 at 16 heads per group (shared memory); gpu/NOTES.md v25
 };
 // Every SelectKernel, in the order of their values.
-constexpr SelectKernel kSelectKernels[] = {
-    SelectKernel::two_pass_v4, SelectKernel::one_pass_v5,  SelectKernel::two_pass_v6,
-    SelectKernel::two_pass_v7, SelectKernel::two_pass_v8,  SelectKernel::two_pass_v9,
-    SelectKernel::two_pass_v10, SelectKernel::two_pass_v11, SelectKernel::two_pass_v12,
-    SelectKernel::two_pass_v13, SelectKernel::two_pass_v14, SelectKernel::two_pass_v15,
-    SelectKernel::two_pass_v16, SelectKernel::two_pass_v17, SelectKernel::two_pass_v18,
-    SelectKernel::two_pass_v19, SelectKernel::two_pass_v20, SelectKernel::two_pass_v21,
-    SelectKernel::two_pass_v22, SelectKernel::two_pass_v25};
+constexpr SelectKernel kSelectKernels[] = {SelectKernel::two_pass_v4,  SelectKernel::one_pass_v5,
+                                           SelectKernel::two_pass_v8,  SelectKernel::two_pass_v15,
+                                           SelectKernel::two_pass_v21, SelectKernel::two_pass_v22,
+                                           SelectKernel::two_pass_v25};
 constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v22;
 // The selection without wgmma where wgmma cannot run (wgmma_available).
 constexpr SelectKernel kSelectKernelWithoutWgmma = SelectKernel::two_pass_v8;
-// The kernel's name as above ("two_pass_v12", ...).
+// The kernel's name as above ("two_pass_v22", ...).
 const char* select_kernel_name(SelectKernel kernel);
-// Whether the kernel runs wgmma (sm_90a): two_pass_v9 and later. Every kernel is listed, so
+// Whether the kernel runs wgmma (sm_90a): two_pass_v15 and later. Every kernel is listed, so
 // that a new one cannot be left out (-Wswitch).
 constexpr bool uses_wgmma(SelectKernel kernel) {
   switch (kernel) {
     case SelectKernel::two_pass_v4:
     case SelectKernel::one_pass_v5:
-    case SelectKernel::two_pass_v6:
-    case SelectKernel::two_pass_v7:
     case SelectKernel::two_pass_v8: return false;
-    case SelectKernel::two_pass_v9:
-    case SelectKernel::two_pass_v10:
-    case SelectKernel::two_pass_v11:
-    case SelectKernel::two_pass_v12:
-    case SelectKernel::two_pass_v13:
-    case SelectKernel::two_pass_v14:
     case SelectKernel::two_pass_v15:
-    case SelectKernel::two_pass_v16:
-    case SelectKernel::two_pass_v17:
-    case SelectKernel::two_pass_v18:
-    case SelectKernel::two_pass_v19:
-    case SelectKernel::two_pass_v20:
     case SelectKernel::two_pass_v21:
     case SelectKernel::two_pass_v22:
     case SelectKernel::two_pass_v25: return true;
@@ -378,15 +240,11 @@ constexpr bool uses_wgmma(SelectKernel kernel) {
 }
 
 // Whether the kernel's selections equal v8's bit for bit by construction: every kernel but
-// two_pass_v18, two_pass_v19 and two_pass_v25 (the selected scores of two_pass_v20 to
-// two_pass_v22 differ from v8's; see above).
-constexpr bool selections_identical_to_v8(SelectKernel kernel) {
-  return kernel != SelectKernel::two_pass_v18 && kernel != SelectKernel::two_pass_v19 &&
-         kernel != SelectKernel::two_pass_v25;
-}
+// two_pass_v25 (the selected scores of two_pass_v21 and two_pass_v22 differ from v8's; see above).
+constexpr bool selections_identical_to_v8(SelectKernel kernel) { return kernel != SelectKernel::two_pass_v25; }
 
-// Whether the wgmma kernels (uses_wgmma: selections from two_pass_v9, sparse stages such as
-// chunked_v9, window kernels from wgmma_v11) can run on the current GPU with this build: its
+// Whether the wgmma kernels (uses_wgmma: selections from two_pass_v15, sparse stages from
+// chunked_v30, window kernels from wgmma_v18) can run on the current GPU with this build: its
 // code for the GPU must be sm_90a (HILS_CUDA_ARCHITECTURES=90a and an sm_90 GPU). Probed once
 // per device, at the first call, by a one-thread kernel and a copy on the default stream (a
 // program that captures CUDA graphs makes one call before capturing). Where they cannot run,
@@ -414,7 +272,7 @@ void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
           const int32_t* selection, const float* selected_score, const float* o_swa,
           const float* lse_swa, float* o, float* lse, cudaStream_t stream = nullptr);
 // fuse (hierarchical fusion) with o_swa read as o_swa_type (f32 or f16) and o written as o_type
-// (f32 or bf16). Other than f32 needs the chunk-major sparse stage chunked_v24 to chunked_v36
+// (f32 or bf16). Other than f32 needs the chunk-major sparse stage chunked_v30, v35 or v36
 // (packed shapes, set_sparse_kernel); elsewhere, and for other types, std::invalid_argument
 // names the field.
 // The arithmetic is fuse's (fp32, o summed in fp16); an fp16 o_swa rounds the window rows to

@@ -110,6 +110,15 @@ struct DecodeOutputs {
 //          tile of a KV group merges the group-score tiles' sorted kept lists itself (four warps,
 //          eight lists per warp) and takes its chunk; the same bits as d35 and d29 (the default
 //          since session 16: B = 8, 512K fp8 54.7-56.2 us against d29's 59.5-59.8, int4 48.0)
+//   d37:   d36 with per-KV-group completion counters instead of the kernel boundaries after
+//          launch 1 (launch 1's blocks let the next grid launch at once; a group's group-score
+//          tiles wait for its launch-1 blocks, its chunk tiles for its group-score tiles, the
+//          fuse for its chunk tiles), so that a group's tails run while later groups are still
+//          scanned; the same bits as d36 (session 17; d36's launches where d36 has no
+//          select-in-chunks); measured slower than d36 (B = 8, 512K int4 55.0-55.5 us against
+//          48.0-48.3: counting each launch-1 block costs launch 1 ~1.7 us, the tails do not hide)
+//   d38:   d37 with the int4 launch 1 held to 6 blocks per SM (launch bounds; d37's: 5); d37 with
+//          fp8 or bf16 summaries (session 17, measured slower than d36 too)
 //   (d26 = 12, d27 = 13, d28 = 14: measured slower in session 12 and removed; d30 = 16, d31 = 17,
 //   d32 = 18, the tails as two launches on thread-block clusters: measured slower in session 13
 //   and removed; d33 = 19, no fuse launch (the weights by the select): no gain, removed;
@@ -120,7 +129,7 @@ struct DecodeOutputs {
 //          chunks' outputs 8 at a time: five launches
 enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, d18 = 6, d19 = 7,
                           d21 = 8, d23 = 9, d24 = 10, d25 = 11, d29 = 15, d34 = 20,
-                          d35 = 21, d36 = 22 };
+                          d35 = 21, d36 = 22, d37 = 23, d38 = 24 };
 
 // A measurement probe for the benchmark (gpu/bench/bench_decode.py --scan-floor), not a step:
 // launch 1 of the step alone, or a kernel that only reads launch 1's bytes, writing nothing
