@@ -23,6 +23,12 @@
 // PMIx_server_finalize with every rank already gone (seen here). A failure to write on rank 0
 // (a full disk) ends the job the same way.
 //
+// A stop (SIGINT/SIGTERM: analysis::request_stop, on rank 0 or sent by a worker as a failure of
+// kind 'I') ends the run at once at the units rank 0 has written, the boundary for every rank:
+// rank 0 answers the parked workers kJobFailed and throws analysis::Interrupted; the workers
+// still computing stop at their next safe point (when they got the signal too) or finish their
+// unit, and are answered kJobFailed by end_job() when they ask next (README, "Stopping a run").
+//
 // Failures outside a run end the job in order too (end_job(), from ~Session): every worker
 // says goodbye to rank 0 as its command ends, and rank 0 waits for every goodbye before MPI
 // is finalized. Rank 0 failing before a run (its up-front validation, a held lock) answers the

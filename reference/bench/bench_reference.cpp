@@ -175,7 +175,21 @@ void time_hils_backward(int64_t T, int64_t d) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  // Was: any argument but --quick (say --help) started the full benchmark, minutes long.
+  const char* usage =
+      "usage: bench_reference [--quick]\n"
+      "  times full causal attention, the exact chunk log-masses and the backward (one head,\n"
+      "  S = 64, W = 512; T = 4096 and 16384, d = 64 and 128) against an Eigen dgemm in the\n"
+      "  same run, on all cores (OMP_NUM_THREADS); --quick: T = 4096 only\n";
+  if (argc > 1 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
+    std::printf("%s", usage);
+    return 0;
+  }
+  if (argc > 2 || (argc == 2 && std::strcmp(argv[1], "--quick") != 0)) {
+    std::fprintf(stderr, "bench_reference: unknown argument '%s'\n%s", argv[argc - 1], usage);
+    return 2;
+  }
+  const bool quick = argc > 1;
   std::printf("threads: %d\n", omp_get_max_threads());
   const Rate gemm_before = matmul_gflops(1536, 3);
   std::vector<Row> rows;

@@ -155,6 +155,11 @@ TEST_CASE("Ctrl-C during hils run stops at a unit boundary, says so, and --resum
   CHECK_THAT(resumed.output, Catch::Contains(fmt::format("{} unit(s) computed, {} already complete",
                                                          3 - kept, kept)));
   require_same_results(dir / "whole.h5", dir / "out.h5");
+  // Its help says so too (was: "continue an existing results file ...", no word on what a
+  // run without it does to the file).
+  CHECK_THAT(run_hils("run --help").output,
+             Catch::Contains("(one stopped by Ctrl-C or a full disk), skipping its complete "
+                             "units; without it an existing file is replaced"));
 }
 
 TEST_CASE("in a unit loop the first SIGINT only asks to stop, a second ends the process at once",

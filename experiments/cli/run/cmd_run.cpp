@@ -45,8 +45,9 @@ void register_run(CLI::App& app) {
   add_json_option<int64_t>(cmd, run_settings, "--seed", "seed",
                            "recorded in the results (runs are deterministic)");
   cmd->add_flag("--resume", flags->resume,
-                "continue an existing results file of the same configuration, skipping "
-                "complete units");
+                "continue an existing results file of the same configuration (one stopped by "
+                "Ctrl-C or a full disk), skipping its complete units; without it an existing "
+                "file is replaced");
   cmd->footer(
       "Spec flags override every mechanism (presets and [[mechanism]] tables).\n"
       "Output: /<mechanism>/layer<l>/head<h>/{o,lse,fusion_weights},\n"
