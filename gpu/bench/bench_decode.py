@@ -8,7 +8,7 @@ the whole KV cache read once at the copy bandwidth measured here (no dense kerne
 Ours runs four ways: the d5 kernel (seven launches, bf16 summaries), the fused kernel (the
 default, gpu/NOTES.md "decode") with bf16 summaries, and with fp8 e4m3 summaries (a per-row
 power-of-two scale), and d19 with fp8 summaries (the previous default: the baseline); --variants
-picks others (d8, d16, d17, d18, d21, d23, d24, d25, d29, d34, d35, d36, d37, d38) and --batches /
+picks others (d8, d16, d17, d18, d21, d23, d24, d25, d29, d34, d35, d36, d37, d38, d39) and --batches /
 --lengths fewer shapes (no table then). --scan-floor also times, per shape with fp8 summaries,
 launch 1 alone of d21, d24 and d25, launch 1's loads alone (its grid, no arithmetic) and a flat read of the summary arrays
 (hils::gpu::decode_scan_probe): what the scan could reach (with int4 summaries too when a
@@ -61,13 +61,31 @@ class Decode(ctypes.Structure):
 SUMMARY_TYPES = {"bf16": 0, "fp8": 1, "int4": 2}
 KERNELS = {"fused": 0, "d5": 1, "d8": 2, "d13": 3, "d16": 4, "d17": 5, "d18": 6, "d19": 7, "d21": 8, "d23": 9,
            "d24": 10, "d25": 11, "d29": 15, "d34": 20,
-           "d35": 21, "d36": 22, "d37": 23, "d38": 24}
+           "d35": 21, "d36": 22, "d37": 23, "d38": 24, "d39": 25}
 # decode_scan_probe's probes (hils::gpu::ScanProbe), timed by --scan-floor.
 SCAN_PROBES = {"d21_scan": 0, "d24_scan": 1, "d25_scan": 2, "loads_only": 3, "flat_read": 4}
 TAIL_HANDOFFS = 5  # ScanProbe::tail_handoffs (--handoffs)
 # The variants timed per (B, T): (label, kernel, summary type); d19 fp8 is the baseline of fused.
 VARIANTS = (("d5_bf16", "d5", "bf16"), ("fused_bf16", "fused", "bf16"), ("d19_fp8", "d19", "fp8"),
             ("fused_fp8", "fused", "fp8"))
+
+
+def report_difference(label, first, got, row):
+    """Prints (and keeps in `row`) how far `got` = (label, o, lse, selection) is from `first`: the
+    selected chunks (ascending per (b, g)) that differ, the (b, g) rows whose selection differs,
+    and the largest |o| and |lse| differences (variants whose scores are summed in another order,
+    e.g. d39's tensor-core dots, may select differently where scores nearly tie)."""
+    sel_a, sel_b = first[3], got[3]
+    rows_differ = int((sel_a != sel_b).any(dim=-1).sum())
+    entries = int(sum(len(set(a.tolist()) ^ set(b.tolist())) // 2
+                      for a, b in zip(sel_a.reshape(-1, sel_a.shape[-1]), sel_b.reshape(-1, sel_b.shape[-1]))))
+    o_diff = float((first[1] - got[1]).abs().max())
+    lse_diff = float((first[2] - got[2]).abs().max())
+    row[f"{label}_selection_rows_differ"] = rows_differ
+    row[f"{label}_selected_chunks_differ"] = entries
+    print(f"    {label}: {entries} selected chunks in {rows_differ} of {sel_a.numel() // sel_a.shape[-1]} "
+          f"(b, g) selections differ from {first[0]}'s; max |o diff| {o_diff:.3g}, "
+          f"max |lse diff| {lse_diff:.3g}", flush=True)
 
 
 def variant(label):
@@ -405,6 +423,8 @@ def main():
                         row[f"{label}_same_bits_as_{first[0]}"] = same
                         print(f"    {label}: o, lse, selection {'equal' if same else 'DIFFER from'} "
                               f"{first[0]}'s bit for bit", flush=True)
+                        if not same:
+                            report_difference(label, first, got, row)
                     if args.profile and B in (8, 32) and T == LENGTHS[-1] and kernel != "d5":
                         print(f"  profile {label}:")
                         profile_kernels(run)

@@ -801,3 +801,120 @@ TEST_CASE("gpu decode d37 gives d36's bits after another step in the same worksp
     }
   }
 }
+
+namespace {
+
+constexpr Variant kD39Int4{hils::gpu::DecodeKernel::d39, hils::gpu::SummaryType::int4, "d39 int4"};
+constexpr Variant kD39Fp8{hils::gpu::DecodeKernel::d39, hils::gpu::SummaryType::fp8_e4m3, "d39 fp8"};
+constexpr Variant kD39Bf16{hils::gpu::DecodeKernel::d39, hils::gpu::SummaryType::bf16, "d39 bf16"};
+
+}  // namespace
+
+// d39 scores int4 summaries on the tensor cores (d = 64, 16-byte aligned rows): exact products,
+// the tensor core's sums, so its bits are not d36's and the oracle judges it: here the case
+// table's d = 64 case (24 chunks: one tile, most of its mma rows past the candidates and loaded
+// as zeros) on every spec of the case-table test, and exact and near ties (the twins keep the
+// lower chunk); below 16 heads per group and exact ties across four and eleven 256-chunk tiles.
+// Every int4 run also checks each candidate's score against its stored row
+// (check_scores_against_rows: within 2^-17 of the dot's size), which a code paired with the
+// wrong q~ dimension fails. With fp8 and bf16 summaries d39 is d36: the same bits.
+TEST_CASE("gpu decode d39 (int4 dots on the tensor cores) passes the oracle", "[gpu]") {
+  int64_t checked = 0;
+  for (const char* preset : {"hils", "lmk", "nsa"})
+    for (const Case& c : hils::cases::kCaseTable) {
+      if (c.d != 64) continue;
+      const MechanismSpec base = hils::cases::with_case_geometry(hils::preset(preset), c);
+      const std::vector<AttentionInputs<double>> seqs{
+          hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
+      if (!reference_accepts(base, seqs.front())) continue;
+      std::vector<MechanismSpec> specs{base};
+      if (std::string(preset) == "hils") {
+        specs.push_back(with_group_rule(base, hils::GroupRule::sum_probabilities, "+sum_prob"));
+        specs.push_back(with_group_rule(base, hils::GroupRule::max_raw, "+max_raw"));
+        MechanismSpec one = base;
+        one.softmax1 = true, one.name += "+softmax1";
+        specs.push_back(one);
+      }
+      for (const auto& spec : specs) check_decode(spec, seqs, c.name, kD39Int4), ++checked;
+    }
+  REQUIRE(checked >= 6);
+
+  const Case tied = hils::cases::case_named("longer_blocks");
+  int64_t cuts_through_twins = 0, violations = 0;
+  for (double perturbation : {0.0, 1e-7, 1e-5}) {
+    const std::vector<AttentionInputs<double>> seqs{gt::tied_inputs(tied, perturbation),
+                                                    gt::tied_inputs(tied, perturbation)};
+    for (const char* preset : {"hils", "lmk", "nsa"})
+      for (int64_t K : {1, 2, 3, 6, 12}) {
+        MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), tied);
+        spec.K = K;
+        std::vector<hils::IndexMatrix> selections;
+        const auto verdicts = decode_and_verify(spec, seqs, &selections, kD39Int4);
+        INFO("ties " << perturbation << " " << preset << " K " << K);
+        for (const auto& verdict : verdicts) CHECK(verdict.passed);
+        if (perturbation != 0.0) continue;
+        std::vector<bool> chosen(tied.T / tied.S + 1, false);
+        for (int64_t i = 0; i < K; ++i)
+          if (selections.front()(0, i) >= 0) chosen[selections.front()(0, i)] = true;
+        bool gap = false;
+        int64_t count = 0;
+        for (int64_t twin : {2, 5, 9, 13, 17}) {
+          if (chosen[twin] && gap) ++violations;
+          gap = gap || !chosen[twin];
+          count += chosen[twin];
+        }
+        cuts_through_twins += count > 0 && count < 5;
+      }
+  }
+  std::cout << "decode d39 ties: selections cutting through the twins " << cuts_through_twins
+            << ", violations " << violations << "\n";
+  CHECK(violations == 0);
+  CHECK(cuts_through_twins > 0);
+}
+
+TEST_CASE("gpu decode d39 with 16 heads per group passes the oracle", "[gpu]") {
+  const Case group16{"decode_group16", 1411, 64, 128, 6, 16, 1, 64, 64, true, 1.0};
+  const std::vector<AttentionInputs<double>> seqs16{
+      hils::cases::make_inputs<double>(group16),
+      hils::cases::make_inputs<double>(group16, kSecondSequenceSalt)};
+  for (const char* preset : {"hils", "nsa"})
+    check_decode(hils::cases::with_case_geometry(hils::preset(preset), group16), seqs16,
+                 group16.name, kD39Int4);
+}
+
+TEST_CASE("gpu decode d39 over several selection tiles keeps the lower chunk", "[gpu]") {
+  const Case four{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
+  const Case eleven{"decode_d64_eleven_tiles", 10400, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
+  for (const auto& [c, twins] : std::vector<std::pair<Case, std::vector<int64_t>>>{
+           {four, {20, 300, 600, 780}}, {eleven, {20, 1100, 2200}}}) {
+    int64_t cross_violations = 0;
+    const int64_t cuts = check_cross_tile_ties(c, twins, {1, 2, 32}, {kD39Int4}, c.name,
+                                               &cross_violations);
+    std::cout << "decode d39 " << c.name << ": selections cutting through the twins " << cuts
+              << ", violations " << cross_violations << "\n";
+    CHECK(cross_violations == 0);
+    CHECK(cuts > 0);
+  }
+}
+
+// d39 with fp8 or bf16 summaries runs d36's kernels: the same bits (K = 32: d36's selecting chunk
+// tiles; K = 8: its select launch).
+TEST_CASE("gpu decode d39 with fp8 or bf16 summaries gives d36's bits", "[gpu]") {
+  const Case c{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
+  const std::vector<AttentionInputs<double>> seqs{
+      hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
+  for (int64_t K : {8, 32})
+    for (const auto& [baseline, other] : std::vector<std::pair<Variant, Variant>>{
+             {kD36Fp8, kD39Fp8}, {kD36Bf16, kD39Bf16}}) {
+      MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
+      spec.K = K;
+      std::vector<hils::IndexMatrix> selections;
+      std::vector<unsigned char> expected, got;
+      decode_and_verify(spec, seqs, &selections, baseline, &expected);
+      const auto verdicts = decode_and_verify(spec, seqs, &selections, other, &got);
+      INFO("K " << K << " " << other.name);
+      CHECK(expected.size() > 0);
+      CHECK(got == expected);
+      for (const auto& verdict : verdicts) CHECK(verdict.passed);
+    }
+}

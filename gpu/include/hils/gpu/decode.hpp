@@ -119,6 +119,10 @@ struct DecodeOutputs {
 //          48.0-48.3: counting each launch-1 block costs launch 1 ~1.7 us, the tails do not hide)
 //   d38:   d37 with the int4 launch 1 held to 6 blocks per SM (launch bounds; d37's: 5); d37 with
 //          fp8 or bf16 summaries (session 17, measured slower than d36 too)
+//   d39:   d36 with the int4 score tiles' dot products on the tensor cores (mma.sync m16n8k16,
+//          bf16 codes exact, fp32 accumulation; 16-byte aligned rows of d = 64, else d36): the
+//          products are exact, the sums the tensor core's, so not d36's bits; d36 with fp8 or
+//          bf16 summaries (session 17, gpu/NOTES.md "d39")
 //   (d26 = 12, d27 = 13, d28 = 14: measured slower in session 12 and removed; d30 = 16, d31 = 17,
 //   d32 = 18, the tails as two launches on thread-block clusters: measured slower in session 13
 //   and removed; d33 = 19, no fuse launch (the weights by the select): no gain, removed;
@@ -129,7 +133,8 @@ struct DecodeOutputs {
 //          chunks' outputs 8 at a time: five launches
 enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, d18 = 6, d19 = 7,
                           d21 = 8, d23 = 9, d24 = 10, d25 = 11, d29 = 15, d34 = 20,
-                          d35 = 21, d36 = 22, d37 = 23, d38 = 24 };
+                          d35 = 21, d36 = 22, d37 = 23, d38 = 24,
+                          d39 = 25 };
 
 // A measurement probe for the benchmark (gpu/bench/bench_decode.py --scan-floor), not a step:
 // launch 1 of the step alone, or a kernel that only reads launch 1's bytes, writing nothing

@@ -21,7 +21,7 @@ typedef struct hils_gpu_decode {
   const float* summary_bias;
   const void *q, *q_retrieval; /* bf16 [B, Hq, d]; q_retrieval may be null */
   int32_t summary_type;        /* 0 bf16, 1 fp8 e4m3, 2 int4 (hils::gpu::SummaryType) */
-  int32_t kernel;              /* 0 fused (the default: d36), 1 d5, 2 d8, 3 d13, 4 d16, 5 d17, 6 d18, 7 d19, 8 d21, 9 d23, 10 d24, 11 d25, 15 d29, 20 d34, 21 d35, 22 d36, 23 d37, 24 d38 (hils::gpu::DecodeKernel) */
+  int32_t kernel;              /* 0 fused (the default: d36), 1 d5, 2 d8, 3 d13, 4 d16, 5 d17, 6 d18, 7 d19, 8 d21, 9 d23, 10 d24, 11 d25, 15 d29, 20 d34, 21 d35, 22 d36, 23 d37, 24 d38, 25 d39 (hils::gpu::DecodeKernel) */
   const float* summary_scale;  /* fp8, int4: [B, Hq, chunk_capacity] row scales; else null */
   const void* summary_key_bf16; /* fp8 or int4 + hierarchical fusion: the summaries in bf16; else null */
 } hils_gpu_decode;
