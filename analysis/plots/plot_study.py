@@ -344,10 +344,12 @@ def gap_entropy(head, mechs, stem, where, out):
     L = head["exact"][()]
     ok = np.isfinite(L)
     H = head["entropy"][()]
-    # The pooling surrogates, which estimate L; naive_bsa's ŝ is L (gap 0) and landmark_key's
-    # is a logit, not a log-mass.
-    shown = [m for m in ("mean", "max_logit", "taylor", "taylor_entropy")
-             if m in mechs and m in head and "surrogate" in head[m]]
+    # The pooling surrogates, which estimate L, in the other figures' order; naive_bsa's ŝ is L
+    # (gap 0) and landmark_key's is a logit, not a log-mass: the title says so.
+    shown = [m for m in mechs if m in ("mean", "max_logit", "taylor", "taylor_entropy")
+             and m in head and "surrogate" in head[m]]
+    why = {"naive_bsa": "naive_bsa (ŝ = L, gap 0)", "landmark_key": "landmark_key (ŝ is a logit)"}
+    left_out = [why[m] for m in mechs if m in why and m in head]
     fig, axes = plt.subplots(1, len(shown), figsize=(3.2 * len(shown), 3.3), squeeze=False,
                              sharex=True)
     for ax, m in zip(axes[0], shown):
@@ -361,7 +363,8 @@ def gap_entropy(head, mechs, stem, where, out):
     suptitle(fig, f"{stem}: gap between exact log-mass and surrogate vs the query's entropy "
                  f"inside the chunk ({where})\n"
                  "H(p_q) = entropy of softmax over the chunk's logits; low: one key dominates "
-                 "(Eq. 5). Own y scale per panel.")
+                 "(Eq. 5). Own y scale per panel."
+                 + (f"\nnot drawn: {', '.join(left_out)}" if left_out else ""))
     fig.tight_layout()
     return save(fig, out, f"{stem}_gap_entropy.png")
 
@@ -415,7 +418,8 @@ def overlap_plots(f, config, stem, out):
     handles, _ = b.get_legend_handles_labels()
     handles.append(Line2D([], [], ls="--", lw=0.9, color=colour,
                           label=r"inter-block reuse $|U_b \cap U_{b-1}| \,/\, |U_b|$, "
-                          f"M = {ov['final_block']}"))
+                          f"M = {ov['final_block']}"
+                          + (", one per T in its shade" if len(lengths) > 1 else "")))
     # Below the axes: overlap values fill the whole [0, 1] range, so no corner is free of data.
     b.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False,
              ncol=2)

@@ -6,6 +6,7 @@ on an error bar and no legend on data. The results files come from the `hils` st
 small size; the figures are inspected as matplotlib objects after the script saved them."""
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -35,7 +36,7 @@ ps = load_plot_study()
 @pytest.fixture(scope="module")
 def studies(tmp_path_factory):
     """name -> results file of a small study: fidelity at two lengths and at one, overlap at
-    one, extrapolation at two lengths (the first is the train length) and at one."""
+    one and at two, extrapolation at two lengths (the first is the train length) and at one."""
     hils = tool("HILS_CLI")
     folder = tmp_path_factory.mktemp("studies")
     config = folder / "extrapolation.toml"
@@ -48,6 +49,7 @@ def studies(tmp_path_factory):
         "fid2": ["fidelity", "--lengths", "256", "512", "--queries", "4"],
         "fid1": ["fidelity", "--lengths", "512", "--queries", "4"],
         "ov1": ["overlap", "--lengths", "512"],
+        "ov2": ["overlap", "--lengths", "256", "512"],
         "ex2": ["extrapolate", "--config", str(config), "--lengths", "256", "512",
                 "--queries", "4", *few],
         "ex1": ["extrapolate", "--config", str(config), "--lengths", "512", "--queries", "4",
@@ -228,6 +230,27 @@ def test_the_overlap_of_one_query_is_not_drawn_as_a_measurement(drawn):
     for _, line, _ in bars:
         assert 1 not in line.get_xdata() and 2 in line.get_xdata(), line.get_xdata()
     assert "M = 1 is 1 by definition" in panel.get_xlabel()
+    # The dashed reuse lines, one per length, share one legend entry: it says so (one length:
+    # nothing to say).
+    for name, said in (("ov1", False), ("ov2", True)):
+        axes = drawn[name]["overlap.png"].axes
+        ax = next(ax for ax in axes if ax.get_ylabel() == ps.METRICS["overlap"].axis)
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        reuse = next(t for t in legend if "inter-block reuse" in t)
+        assert ("one per T in its shade" in reuse) == said, reuse
+
+
+def test_the_gap_figure_keeps_the_mechanism_order_and_says_what_it_leaves_out(studies, drawn):
+    # Was: mean, max_logit, taylor, taylor_entropy whatever the other figures' order, and
+    # landmark_key and naive_bsa left out without a word.
+    with h5py.File(studies["fid2"], "r") as f:
+        mechs = json.loads(f.attrs["config"])["mechanisms"]
+    assert "landmark_key" in mechs and "naive_bsa" in mechs, mechs
+    fig = drawn["fid2"]["gap_entropy.png"]
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == [m for m in mechs if m in ("mean", "max_logit", "taylor", "taylor_entropy")]
+    said = fig._suptitle.get_text().split("not drawn:")[-1]
+    assert "landmark_key (ŝ is a logit)" in said and "naive_bsa (ŝ = L, gap 0)" in said, said
 
 
 def test_output_error_axis_states_its_formula(drawn):
