@@ -76,7 +76,7 @@ struct DecodeOutputs {
 // d16-d19, d21, d23-d25, d37, d38: codes 2-11, 23, 24) are refused with an error naming them
 // (gpu/NOTES.md "Kernels removed in session 17"; their code is at commit 5a3f9d2). Codes 12-14
 // (d26-d28, session 12) and 16-19 (d30-d33, session 13) went earlier, measured slower.
-//   fused: the default, d36 (below; d29 before session 16)
+//   fused: the default, d39 (below; d36 in session 16, d29 before)
 //   d29:   window and score tiles in one grid (launch 1, its stream of summary rows, b' and row
 //          scales loaded ld.global.cs: d25), then group scores, select, chunk tiles and fuse by
 //          programmatic dependent launch, K <= 32 ranked by warp sorts, the chunk tiles on the
