@@ -97,7 +97,8 @@ struct DecodeOutputs {
 //   d39:   d36 with the int4 score tiles' dot products on the tensor cores (mma.sync m16n8k16,
 //          bf16 codes exact, fp32 accumulation; 16-byte aligned rows of d = 64, else d36): the
 //          products are exact, the sums the tensor core's, so not d36's bits; d36 with fp8 or
-//          bf16 summaries (session 17, gpu/NOTES.md "d39")
+//          bf16 summaries (session 17, gpu/NOTES.md "d39"; the default since: B = 8, 512K int4
+//          47.3-47.8 us against d36's 48.4-48.5, the scan launch 24.2 against 24.9)
 //   d5:    six launches (window, score, group scores, select, chunk, fuse), each stage's first
 //          form: radix selects, warp-per-head chunk tiles, a fuse that loads one o_c row per
 //          step; kept as the structurally independent GPU path the tests check the others
