@@ -2263,8 +2263,8 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
     });
     return;
   }
-  // fused = d39 (session 17; d36 before); d29: d25's launch 1 (ld.global.cs) with the chunk tiles' K/V rows loaded
-  // evict-first; d34: d29 with two score tiles per launch-1 block; d35: d29 (int4: d34) with the
+  // fused = d39 (session 17; d36 before); d29: d25's launch 1 (ld.global.cs) with the chunk
+  // tiles' K/V rows loaded evict-first; d34: d29 with two score tiles per launch-1 block; d35: d29 (int4: d34) with the
   // select's sorts skipped and the chunk tiles on four warps (the same bits); d36: d35 whose
   // chunk tiles select; d39: d36 with the int4 score tiles' dots on the tensor cores (coalesced
   // rows).
