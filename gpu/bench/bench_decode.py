@@ -5,12 +5,13 @@ Peers in the same run: PyTorch SDPA with a one-token query on each backend that 
 (GQA through enable_gqa, no repeated KV heads), FlexAttention decoding with the block mask of
 the same sparse work (window + the K selected chunks, the mask given), and the dense byte floor:
 the whole KV cache read once at the copy bandwidth measured here (no dense kernel beats it).
-Ours runs four ways: the d5 kernel (seven launches, bf16 summaries), the fused kernel (the
-default, gpu/NOTES.md "decode") with bf16 summaries, and with fp8 e4m3 summaries (a per-row
-power-of-two scale), and d19 with fp8 summaries (the previous default: the baseline); --variants
-picks others (d8, d16, d17, d18, d21, d23, d24, d25, d29, d34, d35, d36, d37, d38) and --batches /
---lengths fewer shapes (no table then). --scan-floor also times, per shape with fp8 summaries,
-launch 1 alone of d21, d24 and d25, launch 1's loads alone (its grid, no arithmetic) and a flat read of the summary arrays
+Ours runs four ways: the d5 kernel (six launches, bf16 summaries), the fused kernel (the
+default, d36: gpu/NOTES.md "decode") with bf16 summaries, and with fp8 e4m3 summaries (a per-row
+power-of-two scale), and d29 with fp8 summaries (the previous default: the baseline); --variants
+picks others (d29, d34, d35, d36; the versions removed in session 17 are refused by name, see
+gpu/NOTES.md "Kernels removed in session 17") and --batches / --lengths fewer shapes (no table
+then). --scan-floor also times, per shape with fp8 summaries, launch 1 alone of d25 (d29's),
+launch 1's loads alone (its grid, no arithmetic) and a flat read of the summary arrays
 (hils::gpu::decode_scan_probe): what the scan could reach (with int4 summaries too when a
 --variants label names int4: <kernel>_int4, codes -7..7 and a row scale, half fp8's bytes;
 gpu/NOTES.md "decode", session 15); --handoffs times d25's launch 1 alone
@@ -21,7 +22,7 @@ time of ours is printed too). Every timed call starts with a cold L2 (a 512 MiB 
 between calls, or read with --flush read), as a step over a real model's layers would. Times are
 medians of CUDA-event-timed calls after warm-up.
 Usage: bench_decode.py --lib build/gpu/libhils_gpu_c.so [--out decode.json] [--no-flex]
-       [--profile] [--variants fused_fp8,d19_fp8,...] [--batches 8,32] [--lengths 524288]
+       [--profile] [--variants fused_fp8,d29_fp8,...] [--batches 8,32] [--lengths 524288]
        [--scan-floor] [--handoffs]
 """
 import argparse
@@ -59,21 +60,43 @@ class Decode(ctypes.Structure):
          ("summary_scale", ctypes.c_void_p), ("summary_key_bf16", ctypes.c_void_p)]
 
 SUMMARY_TYPES = {"bf16": 0, "fp8": 1, "int4": 2}
-KERNELS = {"fused": 0, "d5": 1, "d8": 2, "d13": 3, "d16": 4, "d17": 5, "d18": 6, "d19": 7, "d21": 8, "d23": 9,
-           "d24": 10, "d25": 11, "d29": 15, "d34": 20,
-           "d35": 21, "d36": 22, "d37": 23, "d38": 24}
-# decode_scan_probe's probes (hils::gpu::ScanProbe), timed by --scan-floor.
-SCAN_PROBES = {"d21_scan": 0, "d24_scan": 1, "d25_scan": 2, "loads_only": 3, "flat_read": 4}
+# hils::gpu::DecodeKernel: the kept versions' codes (hils_gpu_decode::kernel), and those of the
+# versions removed in session 17, which the library refuses (gpu/NOTES.md "Kernels removed in
+# session 17"; their code is at commit 5a3f9d2).
+KERNELS = {"fused": 0, "d5": 1, "d29": 15, "d34": 20, "d35": 21, "d36": 22}
+REMOVED_KERNELS = {"d8": 2, "d13": 3, "d16": 4, "d17": 5, "d18": 6, "d19": 7, "d21": 8, "d23": 9,
+                   "d24": 10, "d25": 11, "d37": 23, "d38": 24}
+# decode_scan_probe's probes (hils::gpu::ScanProbe), timed by --scan-floor (d21_scan = 0 and
+# d24_scan = 1 were removed in session 17).
+SCAN_PROBES = {"d25_scan": 2, "loads_only": 3, "flat_read": 4}
 TAIL_HANDOFFS = 5  # ScanProbe::tail_handoffs (--handoffs)
-# The variants timed per (B, T): (label, kernel, summary type); d19 fp8 is the baseline of fused.
-VARIANTS = (("d5_bf16", "d5", "bf16"), ("fused_bf16", "fused", "bf16"), ("d19_fp8", "d19", "fp8"),
+# The variants timed per (B, T): (label, kernel, summary type); d29 fp8 is the baseline of fused.
+VARIANTS = (("d5_bf16", "d5", "bf16"), ("fused_bf16", "fused", "bf16"), ("d29_fp8", "d29", "fp8"),
             ("fused_fp8", "fused", "fp8"))
 
 
+def kernel_code(name):
+    """The DecodeKernel code of `name`; a removed version is named as such."""
+    if name in REMOVED_KERNELS:
+        raise SystemExit(f"decode kernel {name} (code {REMOVED_KERNELS[name]}) was removed in session 17 "
+                         "(gpu/NOTES.md \"Kernels removed in session 17\"; its code is at commit 5a3f9d2); "
+                         f"expected one of {', '.join(KERNELS)}")
+    if name not in KERNELS:
+        raise SystemExit(f"unknown decode kernel '{name}' (expected one of {', '.join(KERNELS)})")
+    return KERNELS[name]
+
+
+def kernel_name(name):
+    """`name` if it names a kept decode kernel (an argparse type); a removed version is named as such."""
+    kernel_code(name)
+    return name
+
+
 def variant(label):
-    """'d16_fp8' -> ('d16_fp8', 'd16', 'fp8')."""
+    """'d29_fp8' -> ('d29_fp8', 'd29', 'fp8')."""
     kernel, summary = label.rsplit("_", 1)
-    if kernel not in KERNELS or summary not in SUMMARY_TYPES:
+    kernel_code(kernel)  # a removed version: named as such
+    if summary not in SUMMARY_TYPES:
         raise SystemExit(f"--variants: unknown '{label}' (expected <{'|'.join(KERNELS)}>_<bf16|fp8|int4>)")
     return label, kernel, summary
 
@@ -222,7 +245,7 @@ class HilsDecode:
             setattr(p, field, enum_value(lib, field, name))
         p.k, p.v, p.summary_key, p.summary_bias = ptr(self.k), ptr(self.v), ptr(self.key), ptr(self.bias)
         p.q, p.q_retrieval = ptr(self.q), ctypes.c_void_p(0)
-        p.summary_type, p.kernel = SUMMARY_TYPES[summary], KERNELS[kernel]
+        p.summary_type, p.kernel = SUMMARY_TYPES[summary], kernel_code(kernel)
         p.summary_scale, p.summary_key_bf16 = ptr(self.scale), ptr(self.key_bf16)
         self.p = p
         self.out = DecodeOutputs(ptr(self.o), ptr(self.lse), ptr(self.sel), None, None, None, None)
@@ -241,7 +264,7 @@ class HilsDecode:
                                                  ptr(self.ws), stream))
 
     def set_kernel(self, kernel):
-        self.p.kernel = KERNELS[kernel]
+        self.p.kernel = kernel_code(kernel)
 
     def bytes_read(self, B, T):
         """Cache bytes one step reads: summaries (k' + b' [+ the fp8 or int4 row scale, + the K
@@ -282,7 +305,7 @@ def scan_floor(run, B, T):
 
 
 def handoffs(run, B, T):
-    """Times (graph replay, cold L2) d25's launch 1 alone and followed by four empty tail kernels
+    """Times (graph replay, cold L2) d25's (d29's) launch 1 alone and followed by four empty tail kernels
     (ScanProbe d25_scan, tail_handoffs); prints both and their difference."""
     lib = run.lib
     lib.hils_gpu_decode_scan_probe.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p,
@@ -444,7 +467,7 @@ def main():
     print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; bytes are of the cache read per step (all B); "
           "summaries MB bf16 / fp8, then the window and K chunks of K/V")
     print("|  B |       T | dense KV MB | summaries MB bf16 / fp8 | K/V MB | floor us | d5 bf16 us |"
-          " fused bf16 us | d19 fp8 us | fused fp8 us | floor/fused fp8 | floor/d19 fp8 |"
+          " fused bf16 us | d29 fp8 us | fused fp8 us | floor/fused fp8 | floor/d29 fp8 |"
           " floor/fused bf16 | floor/d5 | flash us | cuDNN us | flex us |")
     print("|---:|--------:|------------:|------------------------:|-------:|---------:|-----------:|"
           "--------------:|----------:|-------------:|----------------:|-------------:|"
@@ -454,8 +477,8 @@ def main():
         print(f"| {r['B']:>2} | {r['T']:>7} | {r['dense_bytes'] / 1e6:11.1f} | "
               f"{r['summary_bytes_bf16'] / 1e6:11.1f} / {r['summary_bytes_fp8'] / 1e6:9.1f} | "
               f"{r['sparse_kv_bytes'] / 1e6:6.1f} | {r['floor_us']:8.1f} | {r['d5_bf16_us']:10.1f} | "
-              f"{r['fused_bf16_us']:13.1f} | {r['d19_fp8_us']:10.1f} | {r['fused_fp8_us']:12.1f} | "
-              f"{r['floor_over_fused_fp8']:15.2f} | {r['floor_over_d19_fp8']:13.2f} | "
+              f"{r['fused_bf16_us']:13.1f} | {r['d29_fp8_us']:10.1f} | {r['fused_fp8_us']:12.1f} | "
+              f"{r['floor_over_fused_fp8']:15.2f} | {r['floor_over_d29_fp8']:13.2f} | "
               f"{r['floor_over_fused_bf16']:16.2f} | "
               f"{r['floor_over_d5_bf16']:8.2f} | {f(r.get('flash_us'))} | {f(r.get('cudnn_us'))} | "
               f"{f(r.get('flex_us')):>7} |")

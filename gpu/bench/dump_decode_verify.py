@@ -32,12 +32,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--kernel", choices=tuple(bd.KERNELS), default="fused")
+    ap.add_argument("--kernel", type=bd.kernel_name, default="fused", help=f"one of {', '.join(bd.KERNELS)}")
     ap.add_argument("--summaries", default="bf16,fp8",
                     help="comma-separated summary types to dump (bf16, fp8, int4)")
     ap.add_argument("--t", type=int, default=T, help="slots per sequence (default %(default)s)")
     ap.add_argument("--k", type=int, default=K,
-                    help="selected chunks (default %(default)s; d36 and d37 select in their chunk "
+                    help="selected chunks (default %(default)s; d36 selects in its chunk "
                          "tiles only with K = 32, which needs T >= ~2,400 here)")
     args = ap.parse_args()
     T, K = args.t, args.k

@@ -2,7 +2,7 @@
 slots in bench_decode.py's setting (hils preset, Hq 16, Hkv 2, d 64, S 64, K 32, W 512), each
 call after an L2 flush. Usage:
   ncu -k regex:"decode_|fused_window" -c 5 python3 gpu/bench/profile_decode.py --lib \
-      build/gpu/libhils_gpu_c.so --B 8 --T 524288 --summary fp8 --kernel d13
+      build/gpu/libhils_gpu_c.so --B 8 --T 524288 --summary fp8 --kernel d29
 """
 import argparse
 import ctypes
@@ -12,7 +12,7 @@ needs("torch")
 
 import torch
 
-from bench_decode import KERNELS, HilsDecode, flush_l2
+from bench_decode import KERNELS, HilsDecode, flush_l2, kernel_name
 
 
 def main():
@@ -21,7 +21,7 @@ def main():
     ap.add_argument("--B", type=int, default=8)
     ap.add_argument("--T", type=int, default=524288)
     ap.add_argument("--summary", choices=("bf16", "fp8"), default="fp8")
-    ap.add_argument("--kernel", choices=tuple(KERNELS), default="fused")
+    ap.add_argument("--kernel", type=kernel_name, default="fused", help=f"one of {', '.join(KERNELS)}")
     ap.add_argument("--calls", type=int, default=1)
     args = ap.parse_args()
     lib = ctypes.CDLL(args.lib)

@@ -63,8 +63,6 @@ struct DecodeScratch {
   uint32_t* cand_key;   // [B, Hkv, n_score_tiles, min(K, 256)] each tile's K best r (as keys)
   int32_t* cand_idx;    // same shape: their chunk indices, ascending within each tile
   float* fusion_logit;  // [B, Hq, K] s_hat of the selected chunks from summary_key_bf16
-  uint32_t* sync;       // [sync_words] d23's tail counters (3 B Hkv + 1, zeroed by launch 1) or
-                        // d37's (3 B Hkv, kCounterStride apart, zeroed by a memset first)
 };
 
 // The shortened tails of the fused kernel (since d12) for K <= kShortK selected chunks; since
@@ -105,37 +103,9 @@ __host__ __device__ inline int64_t kept_candidates(const DecodeParams& p) {
   return (tiles - 1) * tile_keep(p) + (last < tile_keep(p) ? last : tile_keep(p));
 }
 
-// The tail kernel's counters (d23), in DecodeScratch::sync: per KV group (b, g) the group-score
-// tiles done, the selection ready, the chunk items done; then the ticket counter.
-__host__ __device__ inline int64_t tail_sync_words(const DecodeParams& p) {
-  return 3 * p.B * p.Hkv + 1;
-}
-// d37's counters: per KV group (b, g) launch-1 blocks done, group-score tiles done, chunk tiles
-// done, each on its own 256 bytes (kCounterStride words), so that the waiting blocks' polls
-// spread over 3 B Hkv lines (L2 slices) instead of one (session 17: with the 48 counters of B = 8
-// in one 192-byte run launch 1 took 2.7 us longer than d36's; spread, it still did, since the
-// count itself costs it: gpu/NOTES.md "d37").
-constexpr int64_t kCounterStride = 64;
-__host__ __device__ inline uint32_t* unit_counter(uint32_t* sync, const DecodeParams& p, int kind,
-                                                  int64_t bg) {
-  return sync + (kind * p.B * p.Hkv + bg) * kCounterStride;
-}
-__host__ __device__ inline int64_t sync_words(const DecodeParams& p) {
-  const int64_t counted = 3 * p.B * p.Hkv * kCounterStride;
-  return counted > tail_sync_words(p) ? counted : tail_sync_words(p);
-}
-
 __device__ __forceinline__ float logaddexp(float a, float b) {
   const float m = fmaxf(a, b);
   return m == kNegInf ? kNegInf : m + __logf(__expf(a - m) + __expf(b - m));
-}
-
-// A value another block of the same kernel may have written (kFresh, d23's tail kernel: through
-// the L2, ld.global.cg, past this SM's L1) or one an earlier kernel wrote (a plain load).
-template <bool kFresh, class T>
-__device__ __forceinline__ T load_written(const T* p) {
-  if constexpr (kFresh) return __ldcg(p);
-  else return *p;
 }
 
 // Monotone map of a float to uint32: a > b  <=>  key(a) > key(b).
@@ -144,15 +114,14 @@ __device__ __forceinline__ uint32_t order_key(float x) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Programmatic dependent launch (Hopper; d16, d18, d19 and the fused kernel, d21): a kernel launched with
-// cudaLaunchAttributeProgrammaticStreamSerialization may start while the previous kernel of the
-// stream still runs; wait_for_previous_grid() returns once that kernel has completed and its
-// writes are visible, so every read of an earlier stage's output and every global write comes
-// after it. allow_next_grid() lets the next kernel launch once every block of this one has
-// called it (or exited): each block calls it after its last store (session 9 run 1 called it
-// first, and the early-resident tails slowed the running kernel). Both are no-ops for a kernel
-// launched without the attribute (d5, d8, d13, d17), and compile to nothing below sm_90.
-// d18, d19 and the fused kernel (d21) launch their tails this way.
+// Programmatic dependent launch (Hopper; the tails of the fused kernel and d29-d35): a kernel
+// launched with cudaLaunchAttributeProgrammaticStreamSerialization may start while the previous
+// kernel of the stream still runs; wait_for_previous_grid() returns once that kernel has completed
+// and its writes are visible, so every read of an earlier stage's output and every global write
+// comes after it. allow_next_grid() lets the next kernel launch once every block of this one has
+// called it (or exited): each block calls it after its last store (session 9 run 1 called it first,
+// and the early-resident tails slowed the running kernel). Both are no-ops for a kernel launched
+// without the attribute (d5's), and compile to nothing below sm_90.
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -162,28 +131,6 @@ __device__ __forceinline__ void allow_next_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-}
-
-// d37's per-(b, g) completion counters (DecodeScratch::sync, zeroed before the step's launch 1):
-// a producing block publishes its writes and counts itself (block barrier, then one release add
-// at GPU scope); a consuming block waits until the count is reached (one thread polls with
-// acquire loads, then a block barrier), the pattern of d23's arrive / wait_for below.
-__device__ __forceinline__ void unit_arrive(uint32_t* counter) {
-  __syncthreads();
-  if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-}
-__device__ __forceinline__ void unit_poll(const uint32_t* counter, uint32_t n) {  // one thread
-  uint32_t v, sleep = 64;
-  while (true) {
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
-    if (v >= n) break;
-    __nanosleep(sleep);
-    sleep = sleep < 512 ? 2 * sleep : sleep;  // a waiting block polls every ~0.5-1 us at most
-  }
-}
-__device__ __forceinline__ void unit_wait(const uint32_t* counter, uint32_t n) {
-  if (threadIdx.x == 0) unit_poll(counter, n);
-  __syncthreads();
 }
 
 // Exclusive prefix sum over the block (blockDim.x multiple of 32, <= 1024); total in *total.
@@ -491,13 +438,13 @@ __device__ __forceinline__ float score_row(const float* q, const typename Summar
 
 // How the score tiles load the summary rows, b' and the row scales: the stream that launch 1 reads
 // once (77.6 MB at B = 8, 512K fp8; 304 MB at B = 32) and that thrashes the 50 MB L2 for the tails'
-// code and launch 1's own outputs (gpu/NOTES.md "decode", d23). `plain` (d21): __ldg; `evict_first`
-// (d24): ld.global.nc.L1::no_allocate with an L2 cache-policy operand from createpolicy
-// (fractional evict_first, 1.0), so the L2 replaces these lines first; `streaming` (d25):
-// ld.global.cs (__ldcs), which PTX defines as evict-first allocation in L1 and L2. The bytes and
-// the arithmetic are the same in all three: outputs equal d21's bit for bit.
-enum class ScanLoads { plain, evict_first, streaming };
+// code and launch 1's own outputs (gpu/NOTES.md "decode", d23). `plain` (d5's score launch):
+// __ldg; `streaming` (d25 on, the fused kernel): ld.global.cs (__ldcs), which PTX defines as
+// evict-first allocation in L1 and L2. The bytes and the arithmetic are the same in both (d24's
+// L2 cache-policy operand, the third way, was removed in session 17: gpu/NOTES.md).
+enum class ScanLoads { plain, streaming };
 
+// An L2 evict-first cache policy (createpolicy) for the chunk tiles' K/V copies (d29 on).
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t policy = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -507,31 +454,13 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
 }
 
 template <ScanLoads kLoads>
-__device__ __forceinline__ uint4 scan_load(const uint4* p, uint64_t policy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (kLoads == ScanLoads::evict_first) {
-    uint4 u;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-                 : "l"(p), "l"(policy));
-    return u;
-  }
-#endif
+__device__ __forceinline__ uint4 scan_load(const uint4* p) {
   if constexpr (kLoads == ScanLoads::streaming) return __ldcs(p);
   return __ldg(p);
 }
 
 template <ScanLoads kLoads>
-__device__ __forceinline__ float scan_load(const float* p, uint64_t policy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (kLoads == ScanLoads::evict_first) {
-    float x;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.f32 %0, [%1], %2;"
-                 : "=f"(x)
-                 : "l"(p), "l"(policy));
-    return x;
-  }
-#endif
+__device__ __forceinline__ float scan_load(const float* p) {
   if constexpr (kLoads == ScanLoads::streaming) return __ldcs(p);
   return __ldg(p);
 }
@@ -565,7 +494,6 @@ __device__ void score_tile(const DecodeParams& p, int64_t item, int64_t first_ti
   const auto* keys = static_cast<const typename Summary::Elem*>(p.summary_key) + item * p.chunk_cap * row_elems;
   const int part = lane % kLanesPerRow;
   const uint4* rows = reinterpret_cast<const uint4*>(keys);
-  const uint64_t policy = kLoads == ScanLoads::evict_first ? evict_first_policy() : 0;
   uint4 u[kTiles][kSteps];
   auto load_rows = [&](int t) {
     const int64_t tile_first = (first_tile + t) * kScoreThreads;
@@ -573,7 +501,7 @@ __device__ void score_tile(const DecodeParams& p, int64_t item, int64_t first_ti
     for (int step = 0; step < kSteps; ++step) {
       const int64_t cc = tile_first + warp * (kSteps * kRowsPerStep) + step * kRowsPerStep +
                          lane / kLanesPerRow;
-      u[t][step] = cc < p.n_cand ? scan_load<kLoads>(rows + cc * kLanesPerRow + part, policy)
+      u[t][step] = cc < p.n_cand ? scan_load<kLoads>(rows + cc * kLanesPerRow + part)
                                  : make_uint4(0, 0, 0, 0);
     }
   };
@@ -584,9 +512,9 @@ __device__ void score_tile(const DecodeParams& p, int64_t item, int64_t first_ti
 #pragma unroll
     for (int r = 0; r < kPerThread; ++r) {
       const int64_t c = tile_first + threadIdx.x + r * kThreads, row = item * p.chunk_cap + c;
-      bias[t][r] = c < p.n_cand ? scan_load<kLoads>(p.summary_bias + row, policy) : 0.0f;
+      bias[t][r] = c < p.n_cand ? scan_load<kLoads>(p.summary_bias + row) : 0.0f;
       row_scale[t][r] =
-          c < p.n_cand && p.summary_scale ? scan_load<kLoads>(p.summary_scale + row, policy) : 1.0f;
+          c < p.n_cand && p.summary_scale ? scan_load<kLoads>(p.summary_scale + row) : 1.0f;
     }
   };
   if (kEarly) {
@@ -943,71 +871,6 @@ __device__ float head_log_z(const DecodeParams& p, const DecodeScratch& w, int64
 // log Z_hat per head (Eq. 8) is recomputed by every tile from the partials (a few KB).
 // kShort with K <= 32: the tile's K best by warp sorts and a merge tree (no radix passes); the
 // kept candidates are then in no particular order (the select of kShort ranks them by chunk too).
-
-// r (Eq. 2) of a candidate from its G <= 16 scores s[j] (registers: the loop is unrolled) and
-// the heads' log Z_hat.
-__device__ __forceinline__ float group_score(const DecodeParams& p, const float (&s)[kFastMaxGroup],
-                                             const float* log_z, int G) {
-  float r = p.group_rule == static_cast<int>(GroupRule::sum_probabilities) ? 0.0f : kNegInf;
-#pragma unroll
-  for (int j = 0; j < kFastMaxGroup; ++j) {
-    if (j >= G) break;
-    if (p.group_rule == static_cast<int>(GroupRule::max_normalized)) r = fmaxf(r, s[j] - log_z[j]);
-    else if (p.group_rule == static_cast<int>(GroupRule::sum_probabilities))
-      r += __expf(s[j] - log_z[j]);
-    else r = fmaxf(r, s[j]);
-  }
-  return r;
-}
-
-// d23's group-score tile (G <= 16, K <= 32) on kThreads threads, kScoreThreads / kThreads
-// candidates per thread (c = tile_first + threadIdx.x + u kThreads): each candidate's G scores
-// are loaded before log Z_hat (one pass), each warp sorts its lists of 32 ranks and merges them,
-// a merge tree over the warps gives the tile's K best, descending: the list of kShort's
-// 256-thread tile (group_score_tile), whatever kThreads (ranks are distinct). d21 keeps its own
-// code: calling this template from its tile raised it from 60 to 71 registers (3 blocks per SM
-// instead of 4) and its group scores from 7.1 to 8.8 us (session 11, run 1).
-template <int kThreads>
-__device__ void group_score_tile_sorted(const DecodeParams& p, const DecodeScratch& w,
-                                        int64_t tile, int64_t bg) {
-  constexpr int kPer = kScoreThreads / kThreads, kWarps = kThreads / kWarp;
-  __shared__ float log_z[kFastMaxGroup];
-  __shared__ uint64_t lists[kThreads];
-  const int64_t b = bg / p.Hkv, g = bg % p.Hkv;
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int G = static_cast<int>(p.G);
-  const int64_t tile_first = tile * kScoreThreads;
-  const float* scores = w.scores + (b * p.Hq + g * p.G) * p.n_chunks;
-  float pre[kPer][kFastMaxGroup];
-#pragma unroll
-  for (int u = 0; u < kPer; ++u) {
-    const int64_t c = tile_first + threadIdx.x + u * kThreads;
-#pragma unroll
-    for (int j = 0; j < kFastMaxGroup; ++j)
-      pre[u][j] = c < p.n_cand && j < G ? scores[j * p.n_chunks + c] : kNegInf;
-  }
-  for (int j = warp; j < G; j += kWarps) {
-    const float z = head_log_z(p, w, b * p.Hq + g * p.G + j);
-    if (lane == 0) log_z[j] = z;
-  }
-  __syncthreads();
-  uint64_t x = 0;
-#pragma unroll
-  for (int u = 0; u < kPer; ++u) {
-    const int64_t c = tile_first + threadIdx.x + u * kThreads;
-    const float r = group_score(p, pre[u], log_z, G);
-    const uint64_t sorted = warp_sort_desc(c < p.n_cand ? candidate_rank(order_key(r), c) : 0u);
-    x = u == 0 ? sorted : warp_merge_desc(x, lane_reversed(sorted));
-  }
-  x = block_merge_desc(x, lists);
-  const int64_t keep = tile_keep(p), rest = p.n_cand - tile_first;
-  const int64_t n_tile = rest < kScoreThreads ? rest : kScoreThreads;
-  if (threadIdx.x < kWarp && lane < keep && lane < n_tile) {
-    const int64_t at = (bg * p.n_score_tiles + tile) * keep + lane;
-    w.cand_key[at] = rank_key(x), w.cand_idx[at] = rank_chunk(x);
-  }
-}
-
 template <bool kShort>
 __device__ void group_score_tile(const DecodeParams& p, const DecodeScratch& w, int64_t tile,
                                  int64_t bg) {
@@ -1076,20 +939,6 @@ __global__ void decode_group_score_kernel(DecodeParams p, DecodeScratch w) {
   allow_next_grid();
 }
 
-// d37: d36's group-score tile waiting for its KV group's launch-1 blocks (scan_blocks of them, at
-// counter 0) instead of the whole launch 1, and counting itself done at counter 1 (the chunk tiles
-// wait there); the next grid may launch at once (kCounted of window_score_block).
-// 4 blocks per SM (<= 64 registers; 68 without the bound, 3 per SM: 396 resident of 512 tiles
-// at B = 8, so the chunk grid, which launches once every tile has started, came late).
-__global__ void __launch_bounds__(kScoreThreads, 4)
-    decode_group_score_counted_kernel(DecodeParams p, DecodeScratch w, uint32_t scan_blocks) {
-  allow_next_grid();
-  const int64_t bg = blockIdx.y;
-  unit_wait(unit_counter(w.sync, p, 0, bg), scan_blocks);
-  group_score_tile<true>(p, w, blockIdx.x, bg);
-  unit_arrive(unit_counter(w.sync, p, 1, bg));
-}
-
 // ---- 3. select: one block per (b, g), over the tiles' kept candidates -----------------------
 // merge_window: o_swa and lse_swa from the window tiles here (false: the fuse merges them).
 __device__ void select_group(const DecodeParams& p, const DecodeScratch& w, int64_t bg,
@@ -1118,22 +967,21 @@ __device__ void select_group(const DecodeParams& p, const DecodeScratch& w, int6
   for (int64_t i = total + threadIdx.x; i < p.K; i += blockDim.x) sel[i] = -1;
 }
 
-// kShort with select_by_sorts, kThreads threads (kShortSelectThreads since d13, d12 ran 256;
-// 128 in d23's tail kernel): warp w ranks the kept candidates w * 32 + lane, + kThreads, ...
-// (sorts and merges in registers; kBatch lists of 32 loaded at once), a merge tree gives the K
-// best, a last sort orders them by chunk. The first candidates' loads are issued before the
-// window merge (when this block does it) so that they overlap. kFresh (d23): other blocks of the
-// same kernel wrote the kept lists, read through the L2. kPresorted (d35, when tile_keep is 32):
-// warp w's 32 candidates are group-score tile w's kept list, which that tile wrote in descending
-// rank order (lane 0 the largest; a partial last tile padded below by 0), so the warp's sort is
-// skipped: the same lists reach the same merges.
-// emit(slot, chunk) takes the K chunks in ascending order (SelectionOut: the group's selection).
+// kShort with select_by_sorts, kThreads threads (kShortSelectThreads since d13, d12 ran 256; 128 in
+// d36's chunk tiles): warp w ranks the kept candidates w * 32 + lane, + kThreads, ... (sorts and
+// merges in registers; kBatch lists of 32 loaded at once), a merge tree gives the K best, a last
+// sort orders them by chunk. The first candidates' loads are issued before the window merge (when
+// this block does it) so that they overlap. kPresorted (d35, when tile_keep is 32): warp w's 32
+// candidates are group-score tile w's kept list, which that tile wrote in descending rank order
+// (lane 0 the largest; a partial last tile padded below by 0), so the warp's sort is skipped: the
+// same lists reach the same merges. emit(slot, chunk) takes the K chunks in ascending order
+// (SelectionOut: the group's selection).
 struct SelectionOut {
   int32_t* at;
   __device__ void operator()(int slot, int32_t chunk) const { at[slot] = chunk; }
 };
 
-template <int kThreads, int kBatch, bool kFresh, bool kPresorted = false, class Emit>
+template <int kThreads, int kBatch, bool kPresorted = false, class Emit>
 __device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w, int64_t bg,
                                    float* o_window, float* lse_window, bool merge_window,
                                    Emit emit) {
@@ -1149,9 +997,7 @@ __device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int64_t i = base + u * step + lane;
-      x[u] = i < m ? (kFresh ? candidate_rank(__ldcg(src + i), __ldcg(idx + i))
-                             : candidate_rank(__ldg(src + i), __ldg(idx + i)))
-                   : 0u;
+      x[u] = i < m ? candidate_rank(__ldg(src + i), __ldg(idx + i)) : 0u;
     }
   };
   int64_t base = warp * kWarp;
@@ -1209,7 +1055,7 @@ __global__ void __launch_bounds__(kShortSelectThreads)
     decode_select_sorted_kernel(DecodeParams p, DecodeScratch w, float* o_window,
                                 float* lse_window) {
   wait_for_previous_grid();
-  select_group_short<kShortSelectThreads, 1, false, kPresorted>(
+  select_group_short<kShortSelectThreads, 1, kPresorted>(
       p, w, blockIdx.x, o_window, lse_window, !fuse_merges_window(p),
       SelectionOut{w.selection + blockIdx.x * p.K});
   allow_next_grid();
@@ -1328,7 +1174,7 @@ __global__ void decode_chunk_kernel(DecodeParams p, bool fast, bool staged,
   allow_next_grid();
 }
 
-// ---- 4b. chunk tiles on the tensor cores (d17; the fused kernel, d18) ----------------------
+// ---- 4b. chunk tiles on the tensor cores (since d17: d29 one warp, d35 four warps) --------
 // One warp per (selected slot i, b, g), kMmaChunkWarps warps per block, for the fast tiles'
 // shape (d = dv = 64, G <= 16, S <= 64, 16-byte aligned rows). The warp copies the chunk's key
 // and value rows into its own shared tiles (cp.async, zeros past S), computes the logits of
@@ -1370,12 +1216,7 @@ __device__ void selected_logits_warp(const DecodeParams& p, float* fusion_logit,
   }
 }
 
-// kLandmarkMask (d19): a selected chunk is complete (c < T / S), so its one unattendable slot is
-// the landmark S - 1; the mask tests that instead of SlotGeometry::attendable per slot (two
-// 64-bit divisions each, 16 slots per lane: the PTX falls from 1,765 to 1,205 instructions).
-// One warp: selected slot i of group bg in `tile`; kFresh (d23): the selection was written by
-// another block of the same kernel.
-// cp_async16 with an L2 cache-policy operand (kEvictFirst chunk tiles: the selected chunks' K/V
+// cp_async16 with an L2 cache-policy operand (the chunk tiles since d29: the selected chunks' K/V
 // rows, read once per step).
 __device__ __forceinline__ void cp_async16_policy(void* smem, const void* gmem, bool valid,
                                                   uint64_t policy) {
@@ -1385,14 +1226,38 @@ __device__ __forceinline__ void cp_async16_policy(void* smem, const void* gmem, 
                "l"(gmem), "r"(bytes), "l"(policy));
 }
 
-// kEvictFirst (d29): the K/V rows come in with an L2 evict-first policy, as d25's stream does.
-template <bool kLandmarkMask, bool kFresh, bool kEvictFirst = false>
+// A 16-row tile's outputs for selected slot i: rows r0 (m0, l0; o[nt][0..1]) and r1 = r0 + 8
+// (m1, l1; o[nt][2..3]) of the lane's quad (dims nt * 8 + 2 quad + e) as lse_c and o_c / l;
+// rows >= G are padding. The tile of chunk_mma_warp and the four-warp tile's last warp.
+__device__ __forceinline__ void write_chunk_rows(const DecodeParams& p, float* chunk_part,
+                                                 int64_t first, int64_t i, int G, int quad, int r0,
+                                                 int r1, const float (&o)[8][4], float m0,
+                                                 float l0, float m1, float l1) {
+  auto emit = [&](int row, float m, float l, int half) {
+    if (row >= G) return;
+    float* out = chunk_part + ((first + row) * p.K + i) * (p.dv + 1);
+    if (quad == 0) out[0] = l > 0.0f ? m + __logf(l) : kNegInf;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) out[1 + nt * 8 + 2 * quad + e] = o[nt][2 * half + e] * inv;
+  };
+  emit(r0, m0, l0, 0);
+  emit(r1, m1, l1, 1);
+}
+
+// One warp: selected slot i of group bg in `tile` (d29's chunk tile). The K/V rows come in with
+// an L2 evict-first policy, as d25's stream does. A selected chunk is complete (c < T / S), so its
+// one unattendable slot is the landmark S - 1: the mask tests that (d19) instead of
+// SlotGeometry::attendable per slot (two 64-bit divisions each, 16 slots per lane: the PTX fell
+// from 1,765 to 1,205 instructions).
 __device__ void chunk_mma_warp(const DecodeParams& p, const int32_t* selection, float* chunk_part,
                                float* fusion_logit, int64_t i, int64_t bg, ChunkTiles& tile) {
   const int lane = threadIdx.x % kWarp;
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv, first = b * p.Hq + g * p.G;
   const int G = static_cast<int>(p.G), quad = lane % 4, r0 = lane / 4, r1 = r0 + 8;
-  const int32_t c = i < p.K ? load_written<kFresh>(selection + bg * p.K + i) : -1;
+  const int32_t c = i < p.K ? selection[bg * p.K + i] : -1;
   if (i < p.K && c < 0) {  // -1 padding: an empty softmax (lse -inf, o 0)
     for (int t = lane; t < G * (kTileDim + 1); t += kWarp) {
       const int j = t / (kTileDim + 1), col = t % (kTileDim + 1);
@@ -1404,10 +1269,9 @@ __device__ void chunk_mma_warp(const DecodeParams& p, const int32_t* selection, 
     const int n_rows = static_cast<int>(p.S);
     const __nv_bfloat16* k = p.k + (bg * p.slot_cap + lo) * kTileDim;
     const __nv_bfloat16* v = p.v + (bg * p.slot_cap + lo) * kTileDim;
-    const uint64_t policy = kEvictFirst ? evict_first_policy() : 0;
+    const uint64_t policy = evict_first_policy();
     auto copy_row_piece = [&](__nv_bfloat16* dst, const __nv_bfloat16* src, bool valid) {
-      if constexpr (kEvictFirst) cp_async16_policy(dst, src, valid, policy);
-      else cp_async16(dst, src, valid);
+      cp_async16_policy(dst, src, valid, policy);
     };
     for (int seg = lane; seg < kTileDim * 8; seg += kWarp) {
       const int row = seg / 8, col = (seg % 8) * 8;
@@ -1428,7 +1292,6 @@ __device__ void chunk_mma_warp(const DecodeParams& p, const int32_t* selection, 
     float s[8][4];
     qk_tile(s, qa, tile.k);
     // Logits of rows r0 (s[nt][0..1]) and r1 (s[nt][2..3]) at slots nt * 8 + 2 * quad + e.
-    const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
     const int landmark = p.landmarks ? n_rows - 1 : n_rows;
     float m0 = kNegInf, m1 = kNegInf;
 #pragma unroll
@@ -1436,8 +1299,7 @@ __device__ void chunk_mma_warp(const DecodeParams& p, const int32_t* selection, 
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int slot = nt * 8 + 2 * quad + e;
-        const bool valid = slot < n_rows && (kLandmarkMask ? slot != landmark
-                                                           : geo.attendable(lo + slot));
+        const bool valid = slot < n_rows && slot != landmark;
         s[nt][e] = valid ? p.scale * s[nt][e] : kNegInf;
         s[nt][2 + e] = valid ? p.scale * s[nt][2 + e] : kNegInf;
         m0 = fmaxf(m0, s[nt][e]);
@@ -1457,31 +1319,18 @@ __device__ void chunk_mma_warp(const DecodeParams& p, const int32_t* selection, 
     cp_async_wait_all();  // the value rows
     __syncwarp();
     pv_tile(o, s, tile.v);
-    auto emit = [&](int row, float m, float l, int half) {
-      if (row >= G) return;
-      float* out = chunk_part + ((first + row) * p.K + i) * (p.dv + 1);
-      if (quad == 0) out[0] = l > 0.0f ? m + __logf(l) : kNegInf;
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) out[1 + nt * 8 + 2 * quad + e] = o[nt][2 * half + e] * inv;
-    };
-    emit(r0, m0, l0, 0);
-    emit(r1, m1, l1, 1);
+    write_chunk_rows(p, chunk_part, first, i, G, quad, r0, r1, o, m0, l0, m1, l1);
   }
 }
 
-template <bool kLandmarkMask, bool kEvictFirst = false>
 __global__ void __launch_bounds__(kMmaChunkWarps * kWarp)
     decode_chunk_mma_kernel(DecodeParams p, const int32_t* selection, float* chunk_part,
                             float* fusion_logit) {
   __shared__ __align__(16) ChunkTiles tiles[kMmaChunkWarps];
   wait_for_previous_grid();
   const int warp = threadIdx.x / kWarp;
-  chunk_mma_warp<kLandmarkMask, false, kEvictFirst>(p, selection, chunk_part, fusion_logit,
-                                static_cast<int64_t>(blockIdx.x) * kMmaChunkWarps + warp,
-                                blockIdx.y, tiles[warp]);
+  chunk_mma_warp(p, selection, chunk_part, fusion_logit,
+                 static_cast<int64_t>(blockIdx.x) * kMmaChunkWarps + warp, blockIdx.y, tiles[warp]);
   allow_next_grid();
 }
 
@@ -1507,27 +1356,13 @@ struct QuadChunkShared {
 // kSelects (d36, where chunks_can_select): every block of the group first selects (the select of
 // d35 on the block's four warps, eight sorted kept lists per warp and load, merged by a tree)
 // and takes chunk i of it; block i writes slot i of the selection. No select launch.
-// kCounted (d37, with kSelects): the block waits for its group's group-score tiles at counter 1
-// (unit_counter) instead of the whole previous grid, reads their kept lists through the L2, and
-// counts itself done at counter 2 (the fuse waits there).
-template <bool kSelects, bool kCounted = false>
+template <bool kSelects>
 __global__ void __launch_bounds__(kQuadChunkWarps * kWarp)
     decode_chunk_mma4_kernel(DecodeParams p, DecodeScratch w) {
-  static_assert(kSelects || !kCounted, "the counted chunk tiles select");
   __shared__ __align__(16) QuadChunkShared sh;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int64_t i = blockIdx.x, bg = blockIdx.y;
-  if constexpr (kCounted) {
-    allow_next_grid();
-    unit_wait(unit_counter(w.sync, p, 1, bg),
-              static_cast<uint32_t>((p.n_cand + kScoreThreads - 1) / kScoreThreads));
-  } else {
-    wait_for_previous_grid();
-  }
-  auto done = [&] {
-    if constexpr (kCounted) unit_arrive(unit_counter(w.sync, p, 2, bg));
-    else allow_next_grid();
-  };
+  wait_for_previous_grid();
   const int64_t b = bg / p.Hkv, g = bg % p.Hkv, first = b * p.Hq + g * p.G;
   const int G = static_cast<int>(p.G), quad = lane % 4, r0 = lane / 4, r1 = r0 + 8;
   float* chunk_part = w.chunk_part;
@@ -1535,7 +1370,7 @@ __global__ void __launch_bounds__(kQuadChunkWarps * kWarp)
   int32_t c;
   if constexpr (kSelects) {
     __shared__ int32_t chosen[kShortK];
-    select_group_short<kQuadChunkWarps * kWarp, kChunkSelectBatch, kCounted, true>(
+    select_group_short<kQuadChunkWarps * kWarp, kChunkSelectBatch, true>(
         p, w, bg, nullptr, nullptr, false, [&](int slot, int32_t chunk) { chosen[slot] = chunk; });
     __syncthreads();
     c = chosen[i];
@@ -1548,7 +1383,7 @@ __global__ void __launch_bounds__(kQuadChunkWarps * kWarp)
       const int j = t / (kTileDim + 1), col = t % (kTileDim + 1);
       chunk_part[((first + j) * p.K + i) * (p.dv + 1) + col] = col == 0 ? kNegInf : 0.0f;
     }
-    done();
+    allow_next_grid();
     return;
   }
   const int64_t lo = static_cast<int64_t>(c) * p.S;
@@ -1628,20 +1463,9 @@ __global__ void __launch_bounds__(kQuadChunkWarps * kWarp)
   }
   if (warp == kQuadChunkWarps - 1) {
     l0 = quad_sum(l0), l1 = quad_sum(l1);
-    auto emit = [&](int row, float m, float l, int half) {
-      if (row >= G) return;
-      float* out = chunk_part + ((first + row) * p.K + i) * (p.dv + 1);
-      if (quad == 0) out[0] = l > 0.0f ? m + __logf(l) : kNegInf;
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) out[1 + nt * 8 + 2 * quad + e] = o[nt][2 * half + e] * inv;
-    };
-    emit(r0, m0, l0, 0);
-    emit(r1, m1, l1, 1);
+    write_chunk_rows(p, chunk_part, first, i, G, quad, r0, r1, o, m0, l0, m1, l1);
   }
-  done();
+  allow_next_grid();
 }
 
 // ---- 5. fuse: one warp per (b, h) -----------------------------------------------------------
@@ -1734,9 +1558,6 @@ __device__ void fuse_head(const DecodeParams& p, const DecodeScratch& w, int64_t
 // slot i's chunk and logit, window tile i's (m, l); all K rows of o_c and all window tiles' o,
 // dims lane and lane + 32), then the sums: one round trip (two for hierarchical fusion with bf16
 // summaries: the logit is read at its chunk). The window merge (o_swa, lse_swa) happens here.
-// kFresh (d23): the selection, the fusion logits and the chunks' outputs were written by other
-// blocks of the same kernel.
-template <bool kFresh>
 __device__ void fuse_head_short(const DecodeParams& p, const DecodeScratch& w, int64_t item,
                                 float* o, float* lse, float* fusion_weights, float* o_window,
                                 float* lse_window) {
@@ -1745,18 +1566,16 @@ __device__ void fuse_head_short(const DecodeParams& p, const DecodeScratch& w, i
   const int32_t* sel = w.selection + (b * p.Hkv + g) * p.K;
   const float* part = w.chunk_part + item * p.K * (p.dv + 1);
   const bool mine = lane < p.K;
-  const int32_t c = mine ? load_written<kFresh>(sel + lane) : -1;
+  const int32_t c = mine ? sel[lane] : -1;
   const bool logit_given = p.hierarchical && p.summary_key_bf16;
-  const float given =
-      mine && logit_given ? load_written<kFresh>(w.fusion_logit + item * p.K + lane) : kNegInf;
-  const float flat =
-      mine && !p.hierarchical ? load_written<kFresh>(part + lane * (p.dv + 1)) : kNegInf;
+  const float given = mine && logit_given ? w.fusion_logit[item * p.K + lane] : kNegInf;
+  const float flat = mine && !p.hierarchical ? part[lane * (p.dv + 1)] : kNegInf;
   float v0[kShortK], v1[kShortK];
 #pragma unroll
   for (int i = 0; i < kShortK; ++i) {
     const float* row = part + i * (p.dv + 1) + 1;
-    v0[i] = i < p.K && lane < p.dv ? load_written<kFresh>(row + lane) : 0.0f;
-    v1[i] = i < p.K && lane + kWarp < p.dv ? load_written<kFresh>(row + lane + kWarp) : 0.0f;
+    v0[i] = i < p.K && lane < p.dv ? row[lane] : 0.0f;
+    v1[i] = i < p.K && lane + kWarp < p.dv ? row[lane + kWarp] : 0.0f;
   }
   const float* win = w.win_part + item * p.n_win_tiles * (p.dv + 2);
   const bool my_tile = lane < p.n_win_tiles;
@@ -1819,88 +1638,37 @@ __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, fl
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (item >= p.B * p.Hq) return;
   if (kShort && fuse_merges_window(p))
-    fuse_head_short<false>(p, w, item, o, lse, fusion_weights, o_window, lse_window);
+    fuse_head_short(p, w, item, o, lse, fusion_weights, o_window, lse_window);
   else
     fuse_head<kBatched>(p, w, item, o, lse, fusion_weights);
 }
 
-// d37 (fuse_merges_window): the block waits for the K chunk tiles of each KV group its heads lie
-// in (counter 2) instead of the whole previous grid, and reads what they wrote through the L2.
-__global__ void decode_fuse_counted_kernel(DecodeParams p, DecodeScratch w, float* o, float* lse,
-                                           float* fusion_weights, float* o_window,
-                                           float* lse_window) {
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock;
-  const int64_t n_items = p.B * p.Hq;
-  if (threadIdx.x == 0) {
-    for (int64_t it = first; it < first + kWarpsPerBlock && it < n_items; ++it) {
-      const int64_t bg = it / p.Hq * p.Hkv + it % p.Hq / p.G;
-      if (it == first || it % p.G == 0)  // a new group
-        unit_poll(unit_counter(w.sync, p, 2, bg), static_cast<uint32_t>(p.K));
-    }
-  }
-  __syncthreads();
-  const int64_t item = first + threadIdx.x / kWarp;
-  if (item >= n_items) return;
-  fuse_head_short<true>(p, w, item, o, lse, fusion_weights, o_window, lse_window);
-}
-
 // ---- the fused step (DecodeKernel::fused) ----------------------------------------------------
 // Launch 1, 128 threads: window tiles (blocks [0, n_win_tiles * B * Hkv)), then score tiles
-// (n_score_tiles per (b, h), kTiles of them per block); the two stages are independent, so one
-// grid runs both.
-// kCounted (d37): the next grid may launch at once (every block of this grid is then resident or
-// done when it does, so its blocks' waits cannot starve this grid), and each block counts itself
-// done at its KV group's counter 0 (unit_counter; the group-score tiles wait there) instead of
-// the next grid waiting for this whole grid; the counters are zeroed before this launch.
-template <class Summary, ScanLoads kLoads, int kTiles, bool kCounted = false>
+// (n_score_tiles per (b, h), kTiles of them per block, their stream loaded ld.global.cs: d25); the
+// two stages are independent, so one grid runs both.
+template <class Summary, int kTiles>
 __device__ __forceinline__ void window_score_block(const DecodeParams& p, const DecodeScratch& w,
                                                    bool fast, bool staged, bool vectorised,
                                                    bool coalesced) {
   extern __shared__ float smem[];
-  if constexpr (kCounted) allow_next_grid();
   const int64_t n_win_blocks = p.n_win_tiles * p.B * p.Hkv, block = blockIdx.x;
-  if (!kCounted && block == 0) {  // d23's tail kernel starts from zeroed counters (it runs after this grid)
-    for (int64_t i = threadIdx.x; i < tail_sync_words(p); i += blockDim.x) w.sync[i] = 0u;
-  }
-  int64_t unit;  // the block's KV group b Hkv + g
   if (block < n_win_blocks) {
-    unit = block / p.n_win_tiles;
-    window_tile<true>(p, fast, staged, w.win_part, block % p.n_win_tiles, unit, smem);
+    window_tile<true>(p, fast, staged, w.win_part, block % p.n_win_tiles, block / p.n_win_tiles,
+                      smem);
   } else {
     const int64_t j = block - n_win_blocks, blocks_per_item = (p.n_score_tiles + kTiles - 1) / kTiles;
-    const int64_t item = j / blocks_per_item;
-    unit = item / p.Hq * p.Hkv + item % p.Hq / p.G;
-    score_tile<Summary, kFastThreads / kWarp, true, kLoads, kTiles>(
-        p, item, j % blocks_per_item * kTiles, vectorised, coalesced, smem, w.scores,
+    score_tile<Summary, kFastThreads / kWarp, true, ScanLoads::streaming, kTiles>(
+        p, j / blocks_per_item, j % blocks_per_item * kTiles, vectorised, coalesced, smem, w.scores,
         w.score_part);
   }
-  if constexpr (kCounted) unit_arrive(unit_counter(w.sync, p, 0, unit));
-  else allow_next_grid();
+  allow_next_grid();
 }
 
-template <class Summary, ScanLoads kLoads, int kTiles = 1, bool kCounted = false>
+template <class Summary, int kTiles = 1>
 __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged,
                                           bool vectorised, bool coalesced) {
-  window_score_block<Summary, kLoads, kTiles, kCounted>(p, w, fast, staged, vectorised, coalesced);
-}
-
-// d38: d37's int4 launch 1 (two score tiles per block) held to 6 blocks per SM (<= 80 registers,
-// no spill; d37's takes 96, 5 per SM: its 2,176 blocks at B = 8, 512K are 3.3 waves of 660, 2.7
-// of 792 at 6). fp8's one-tile block has 80 registers (6 per SM) already; bf16 and fp8 blocks
-// spill under this bound (32-416 bytes), so d38 is d37 for them.
-constexpr int kCountedScanBlocksPerSm = 6;
-template <class Summary, int kTiles>
-__global__ void __launch_bounds__(kFastThreads, kCountedScanBlocksPerSm)
-    fused_window_score_6_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged,
-                                bool vectorised, bool coalesced) {
-  window_score_block<Summary, ScanLoads::streaming, kTiles, true>(p, w, fast, staged, vectorised,
-                                                                  coalesced);
-}
-
-// Blocks of launch 1 (kTiles score tiles per block) that count themselves at one KV group's
-// counter: its G heads' score blocks and its window tiles.
-__host__ __device__ inline uint32_t scan_blocks_per_group(const DecodeParams& p, int tiles) {
-  return static_cast<uint32_t>(p.G * ((p.n_score_tiles + tiles - 1) / tiles) + p.n_win_tiles);
+  window_score_block<Summary, kTiles>(p, w, fast, staged, vectorised, coalesced);
 }
 
 // ---- the scan's read floor (decode_scan_probe, ScanProbe) ---------------------------------------
@@ -1959,14 +1727,14 @@ __global__ void __launch_bounds__(kFastThreads) scan_loads_only_kernel(DecodePar
     for (int step = 0; step < kSteps; ++step) {
       const int64_t cc = tile_first + warp * (kSteps * kRowsPerStep) + step * kRowsPerStep +
                          lane / kLanesPerRow;
-      u[step] = cc < p.n_cand ? scan_load<kStream>(rows + cc * kLanesPerRow + part, 0) : uint4{};
+      u[step] = cc < p.n_cand ? scan_load<kStream>(rows + cc * kLanesPerRow + part) : uint4{};
     }
 #pragma unroll
     for (int r = 0; r < kPerThread; ++r) {
       const int64_t c = tile_first + threadIdx.x + r * kFastThreads, row = item * p.chunk_cap + c;
-      extra[2 * r] = c < p.n_cand ? scan_load<kStream>(p.summary_bias + row, 0) : 0.0f;
+      extra[2 * r] = c < p.n_cand ? scan_load<kStream>(p.summary_bias + row) : 0.0f;
       extra[2 * r + 1] =
-          c < p.n_cand && p.summary_scale ? scan_load<kStream>(p.summary_scale + row, 0) : 1.0f;
+          c < p.n_cand && p.summary_scale ? scan_load<kStream>(p.summary_scale + row) : 1.0f;
     }
 #pragma unroll
     for (const uint4& piece : u) fold(x, piece);
@@ -1984,11 +1752,11 @@ __device__ void read_flat(const uint4* a, int64_t n, uint32_t& x) {
   for (; i + (kInFlight - 1) * stride < n; i += kInFlight * stride) {
     uint4 u[kInFlight];
 #pragma unroll
-    for (int e = 0; e < kInFlight; ++e) u[e] = scan_load<kStream>(a + i + e * stride, 0);
+    for (int e = 0; e < kInFlight; ++e) u[e] = scan_load<kStream>(a + i + e * stride);
 #pragma unroll
     for (int e = 0; e < kInFlight; ++e) fold(x, u[e]);
   }
-  for (; i < n; i += stride) fold(x, scan_load<kStream>(a + i, 0));
+  for (; i < n; i += stride) fold(x, scan_load<kStream>(a + i));
 }
 
 // ScanProbe::tail_handoffs: a tail kernel without work (waits for the previous grid, lets the
@@ -2005,272 +1773,6 @@ __global__ void flat_read_kernel(const uint4* a, int64_t na, const uint4* b, int
   read_flat(b, nb, x);
   read_flat(c, nc, x);
   if (x == kProbeNeverValue) sink[0] = x;
-}
-
-// ---- the four tails in one kernel (d23) ------------------------------------------------------
-// d21 ran group scores, select, chunk tiles and fuse as four launches; at B = 8, 512K each grid's
-// drain and ramp made them ~27 us of dependent launches (the select: 6.7 us for 16 blocks of ~1 us
-// of work). Here one grid of 128-thread blocks runs them with dependencies per KV group (b, g)
-// instead of kernel boundaries. A block takes a ticket (an atomic counter) when it starts and runs
-// the item of that ticket: first every group-score tile (group by group), then every chunk item
-// (2 selected chunks each, a warp per chunk on the tensor cores), then every fuse item (4 heads,
-// a warp per head). The last group-score tile of a group to finish (a counter) runs the group's
-// select and raises its flag; a chunk item waits for its group's flag, a fuse item for its
-// group's chunk items. No deadlock: a ticket is taken by a resident block, and an item waits only
-// on items of lower tickets (held by resident blocks), and group-score tiles never wait.
-// Ordering: one thread per block publishes (after a block barrier) with a release atomic at GPU
-// scope and the waiter reads with an acquire load, then a block barrier (the pattern of CUTLASS's
-// GenericBarrier); data written inside the kernel is read with ld.global.cg. Measured (session 11,
-// gpu/NOTES.md "decode", d23): correct and bit for bit d21's outputs, but slower: each stage of the
-// chain runs code that the scan's 77 MB have evicted from the L2 (the group scores + select cost
-// 26 us at B = 1 after an L2 flush, 11 us without one, with all their data written on chip).
-constexpr int kTailThreads = 128;
-constexpr int kTailWarps = kTailThreads / kWarp;
-constexpr int kTailChunkWarps = 2;   // chunk tiles per item: 2 x 18 KB of shared memory
-constexpr int kTailSelectBatch = 8;  // the select's lists per warp at once (1,024 candidates)
-
-// The launch condition: the short tails (K <= 32 by sorts, the fuse merging the window, the
-// tensor-core chunk tiles), G <= 16.
-__host__ __device__ inline bool tail_fused(const DecodeParams& p, bool fast_chunk) {
-  return select_by_sorts(p) && fuse_merges_window(p) && chunk_by_mma(p, fast_chunk) &&
-         p.G <= kFastMaxGroup && kept_candidates(p) <= kTailThreads * kTailSelectBatch;
-}
-__host__ __device__ inline int64_t tail_score_tiles(const DecodeParams& p) {
-  return (p.n_cand + kScoreThreads - 1) / kScoreThreads;
-}
-__host__ __device__ inline int64_t tail_chunk_items(const DecodeParams& p) {
-  return (p.K + kTailChunkWarps - 1) / kTailChunkWarps;
-}
-__host__ __device__ inline int64_t tail_fuse_items(const DecodeParams& p) {
-  return (p.G + kTailWarps - 1) / kTailWarps;
-}
-
-__device__ __forceinline__ uint32_t atomic_add_acq_rel(uint32_t* p, uint32_t v) {
-  uint32_t old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
-__device__ __forceinline__ void add_release(uint32_t* p, uint32_t v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// Block-wide: this block's writes are published and it counts itself at `counter`; true on the
-// block that brings it to n (every other counted block's writes are then visible to it).
-__device__ bool arrive_last(uint32_t* counter, int64_t n) {
-  __shared__ int last;
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomic_add_acq_rel(counter, 1u) == static_cast<uint32_t>(n - 1);
-  __syncthreads();
-  return last;
-}
-// Block-wide: this block's writes are published, then `counter` grows by one.
-__device__ void arrive(uint32_t* counter) {
-  __syncthreads();
-  if (threadIdx.x == 0) add_release(counter, 1u);
-}
-// Block-wide: returns once `counter` reached n; the writes published before are visible.
-__device__ void wait_for(const uint32_t* counter, int64_t n) {
-  if (threadIdx.x == 0)
-    while (load_acquire(counter) < static_cast<uint32_t>(n)) __nanosleep(32);
-  __syncthreads();
-}
-
-__global__ void __launch_bounds__(kTailThreads, 4)
-    decode_tail_kernel(DecodeParams p, DecodeScratch w, float* o, float* lse,
-                       float* fusion_weights, float* o_window, float* lse_window) {
-  extern __shared__ __align__(16) unsigned char tail_smem[];
-  __shared__ int64_t ticket;
-  wait_for_previous_grid();
-  const int64_t BG = p.B * p.Hkv;
-  uint32_t* score_tiles_done = w.sync;
-  uint32_t* selected = w.sync + BG;
-  uint32_t* chunk_items_done = w.sync + 2 * BG;
-  if (threadIdx.x == 0) ticket = atomicAdd(w.sync + 3 * BG, 1u);
-  __syncthreads();
-  const int64_t n_tiles = tail_score_tiles(p), n_items = tail_chunk_items(p);
-  const int warp = threadIdx.x / kWarp;
-  if (ticket < BG * n_tiles) {  // a group-score tile; the group's last one selects
-    const int64_t bg = ticket / n_tiles;
-    group_score_tile_sorted<kTailThreads>(p, w, ticket % n_tiles, bg);
-    if (!arrive_last(score_tiles_done + bg, n_tiles)) return;
-    select_group_short<kTailThreads, kTailSelectBatch, true>(p, w, bg, nullptr, nullptr, false,
-                                                             SelectionOut{w.selection + bg * p.K});
-    arrive(selected + bg);
-    return;
-  }
-  const int64_t j = ticket - BG * n_tiles;
-  if (j < BG * n_items) {  // two selected chunks of group bg
-    const int64_t bg = j / n_items, pair = j % n_items;
-    wait_for(selected + bg, 1);
-    if (warp < kTailChunkWarps)
-      chunk_mma_warp<true, true>(p, w.selection, w.chunk_part, w.fusion_logit,
-                           pair * kTailChunkWarps + warp, bg,
-                           reinterpret_cast<ChunkTiles*>(tail_smem)[warp]);
-    arrive(chunk_items_done + bg);
-    return;
-  }
-  const int64_t n_fuse = tail_fuse_items(p), f = j - BG * n_items;  // kTailWarps heads of bg
-  const int64_t bg = f / n_fuse, h = (f % n_fuse) * kTailWarps + warp;
-  wait_for(chunk_items_done + bg, n_items);
-  if (h < p.G)
-    fuse_head_short<true>(p, w, (bg / p.Hkv) * p.Hq + (bg % p.Hkv) * p.G + h, o, lse, fusion_weights,
-                    o_window, lse_window);
-}
-
-// ---- launch 1 as a persistent, pipelined scan (d19): fp8 summaries, d = 64 ----------------
-// d18's launch 1 runs ~6 waves of short blocks (4,096 score tiles at B = 8, 512K), each a single
-// round trip followed by its reductions with nothing in flight: 76 MB took 27.8 us on the H200
-// where the copy rate gives 18. Here a grid of as many 128-thread blocks as fit at once walks the
-// same items (window tiles first, then score tiles in the fused kernel's order, block i taking
-// items i, i + grid, ...) and issues the next score tile's loads (its 16 KB of rows, q~, b' and
-// the row scales) before it scores the current one, so that every block keeps a tile in flight.
-// Lane (row r, piece) of warp w loads 16 bytes of the rows w * 64 + 8 * step + r (4 lanes per
-// 64-byte row), sums its piece of the dot against q~'s 16 values and the quad's xor shuffles
-// give the dot to all four; lane piece keeps steps piece and piece + 4 (its two chunks). The
-// scores are d18's (same products, same order); a tile's (max, sum exp) is taken per warp and
-// then over the 4 warps (sums in another order than d18's).
-constexpr int kScanWarps = kFastThreads / kWarp;
-constexpr int kScanLanesPerRow = kCoalescedDim / Fp8Summary::kPerLoad;           // 4
-constexpr int kScanRowsPerStep = kWarp / kScanLanesPerRow;                        // 8
-constexpr int kScanSteps = kScoreThreads / kScanWarps / kScanRowsPerStep;        // 8
-constexpr int kScanOwned = kScanSteps / kScanLanesPerRow;                        // 2 chunks per lane
-constexpr int kScanBlocksPerSm = 4;  // launch bounds: <= 128 registers
-
-// The host's condition for the persistent scan: fp8 rows of d = 64 in whole 16-byte loads, q~ in
-// 16-byte pieces.
-__host__ __device__ inline bool scan_persistent(const DecodeParams& p, bool coalesced, bool fp8) {
-  return fp8 && coalesced && p.d == kCoalescedDim &&
-         reinterpret_cast<uintptr_t>(p.q_retrieval) % 16 == 0;
-}
-
-struct ScanTileLoads {
-  uint4 rows[kScanSteps];
-  uint4 q[2];  // q~'s 16 bf16 values of this lane's piece
-  float bias[kScanOwned], row_scale[kScanOwned];
-};
-
-// Score tile j (of B * Hq * n_score_tiles, the fused kernel's order): item and tile.
-__device__ __forceinline__ void scan_tile_of(const DecodeParams& p, int64_t j, int64_t* item,
-                                             int64_t* tile) {
-  *item = j / p.n_score_tiles;
-  *tile = j - *item * p.n_score_tiles;
-}
-
-// The chunk of tile_first + (lane's warp, step, row).
-__device__ __forceinline__ int64_t scan_chunk(int64_t tile_first, int step) {
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  return tile_first + warp * (kScanSteps * kScanRowsPerStep) + step * kScanRowsPerStep +
-         lane / kScanLanesPerRow;
-}
-
-__device__ __forceinline__ ScanTileLoads scan_issue(const DecodeParams& p, int64_t j) {
-  int64_t item, tile;
-  scan_tile_of(p, j, &item, &tile);
-  const int piece = threadIdx.x % kScanLanesPerRow;
-  const int64_t tile_first = tile * kScoreThreads;
-  const uint4* rows = reinterpret_cast<const uint4*>(
-      static_cast<const __nv_fp8_storage_t*>(p.summary_key) + item * p.chunk_cap * kCoalescedDim);
-  ScanTileLoads t;
-#pragma unroll
-  for (int step = 0; step < kScanSteps; ++step) {
-    const int64_t c = scan_chunk(tile_first, step);
-    t.rows[step] = c < p.n_cand ? __ldg(rows + c * kScanLanesPerRow + piece) : make_uint4(0, 0, 0, 0);
-  }
-  const uint4* q = reinterpret_cast<const uint4*>(p.q_retrieval + item * kCoalescedDim);
-  t.q[0] = __ldg(q + 2 * piece);
-  t.q[1] = __ldg(q + 2 * piece + 1);
-#pragma unroll
-  for (int k = 0; k < kScanOwned; ++k) {
-    const int64_t c = scan_chunk(tile_first, piece + kScanLanesPerRow * k);
-    const int64_t row = item * p.chunk_cap + c;
-    t.bias[k] = c < p.n_cand ? __ldg(p.summary_bias + row) : 0.0f;
-    t.row_scale[k] = c < p.n_cand ? __ldg(p.summary_scale + row) : 1.0f;
-  }
-  return t;
-}
-
-// Scores tile j from its loads: s_hat into scores, the tile's (max, sum exp) into score_part.
-// One barrier; `red` alternates between two buffers so that the next tile's writes cannot
-// overtake thread 0's reads.
-__device__ __forceinline__ void scan_consume(const DecodeParams& p, const DecodeScratch& w,
-                                             int64_t j, const ScanTileLoads& t, float2* red) {
-  int64_t item, tile;
-  scan_tile_of(p, j, &item, &tile);
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int piece = lane % kScanLanesPerRow;
-  const int64_t tile_first = tile * kScoreThreads;
-  float qf[Fp8Summary::kPerLoad];
-  Bf16Summary::widen(t.q[0], qf);
-  Bf16Summary::widen(t.q[1], qf + 8);
-  float dots[kScanSteps];
-#pragma unroll
-  for (int step = 0; step < kScanSteps; ++step) {
-    float f[Fp8Summary::kPerLoad];
-    Fp8Summary::widen(t.rows[step], f);
-    float acc = 0.0f;
-#pragma unroll
-    for (int e = 0; e < Fp8Summary::kPerLoad; ++e) acc = fmaf(qf[e], f[e], acc);
-#pragma unroll
-    for (int off = 1; off < kScanLanesPerRow; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    dots[step] = acc;
-  }
-  float s[kScanOwned];
-  float m = kNegInf;
-#pragma unroll
-  for (int k = 0; k < kScanOwned; ++k) {
-    float dot = dots[kScanLanesPerRow * k];
-#pragma unroll
-    for (int e = 1; e < kScanLanesPerRow; ++e) dot = piece == e ? dots[kScanLanesPerRow * k + e] : dot;
-    const int64_t c = scan_chunk(tile_first, piece + kScanLanesPerRow * k);
-    s[k] = c < p.n_cand ? p.scale * t.row_scale[k] * dot + t.bias[k] : kNegInf;
-    if (c < p.n_chunks) w.scores[item * p.n_chunks + c] = s[k];
-    m = fmaxf(m, s[k]);
-  }
-  m = warp_max(m);
-  float l = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kScanOwned; ++k) l += exp_diff(s[k], m);
-  l = warp_sum(l);
-  if (lane == 0) red[warp] = make_float2(m, l);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float top = kNegInf;
-#pragma unroll
-    for (int v = 0; v < kScanWarps; ++v) top = fmaxf(top, red[v].x);
-    float sum = 0.0f;
-#pragma unroll
-    for (int v = 0; v < kScanWarps; ++v) sum += red[v].y * exp_diff(red[v].x, top);
-    w.score_part[item * p.n_score_tiles + tile] = make_float2(top, sum);
-  }
-}
-
-__global__ void __launch_bounds__(kFastThreads, kScanBlocksPerSm)
-    fused_scan_persistent_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged) {
-  extern __shared__ float smem[];
-  __shared__ float2 red[2][kScanWarps];
-  const int64_t n_win = p.n_win_tiles * p.B * p.Hkv;
-  const int64_t total = n_win + p.n_score_tiles * p.B * p.Hq;
-  int64_t it = blockIdx.x;
-  for (; it < n_win; it += gridDim.x) {
-    window_tile<true>(p, fast, staged, w.win_part, it % p.n_win_tiles, it / p.n_win_tiles, smem);
-    __syncthreads();  // the next tile reuses the shared memory
-  }
-  ScanTileLoads cur{}, next{};
-  if (it < total) cur = scan_issue(p, it - n_win);
-  int parity = 0;
-  for (; it < total; it += gridDim.x) {
-    const int64_t after = it + gridDim.x;
-    if (after < total) next = scan_issue(p, after - n_win);
-    scan_consume(p, w, it - n_win, cur, red[parity]);
-    cur = next;
-    parity ^= 1;
-  }
-  allow_next_grid();
 }
 
 // ---- fp8 summaries: a warp per row ----------------------------------------------------------
@@ -2361,7 +1863,7 @@ DecodeParams params_of(const MechanismSpec& spec, const DecodeCache& cache, cons
 }
 
 // Byte sizes of the scratch arrays, in DecodeScratch order (each rounded to 256 bytes).
-constexpr int kScratchArrays = 11;
+constexpr int kScratchArrays = 10;
 struct ScratchSizes {
   size_t bytes[kScratchArrays];
 };
@@ -2370,7 +1872,7 @@ ScratchSizes scratch_sizes(const DecodeParams& p) {
   return {{BH * p.n_chunks * 4, BH * p.n_score_tiles * 8, BH * p.n_win_tiles * (p.dv + 2) * 4,
            BH * p.dv * 4, BH * 4, BG * p.K * 4, BH * p.K * (p.dv + 1) * 4,
            BG * p.n_score_tiles * tile_keep(p) * 4, BG * p.n_score_tiles * tile_keep(p) * 4,
-           BH * p.K * 4, static_cast<size_t>(sync_words(p)) * 4}};
+           BH * p.K * 4}};
 }
 size_t round_up(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -2519,8 +2021,8 @@ void launch_d5(const DecodeParams& p, const LaunchShape& s, const DecodeScratch&
   check_launch("fuse");
 }
 
-// Launches kernel<<<grid, block, smem, stream>>>(args...); `after_previous` (d16, d18) with
-// programmatic stream serialization, so that its blocks launch while the previous
+// Launches kernel<<<grid, block, smem, stream>>>(args...); `after_previous` (the fused kernel's
+// tails) with programmatic stream serialization, so that its blocks launch while the previous
 // kernel finishes and wait in wait_for_previous_grid() (CUDA graphs capture the edge).
 template <class... Params, class... Args>
 void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsigned block,
@@ -2532,42 +2034,18 @@ void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsig
   check_launch(what);
 }
 
-int scan_grid_cap = 0;  // set_decode_scan_grid_cap
-
-// The persistent scan's grid: as many blocks as fit on the device at once, at most `items`
-// (and at most scan_grid_cap when set).
-unsigned persistent_scan_blocks(size_t smem, int64_t items) {
-  const Residency r = kernel_residency(fused_scan_persistent_kernel, kFastThreads, smem,
-                                       "decode_step: persistent scan");
-  int64_t resident = static_cast<int64_t>(r.sms) * std::max(1, r.blocks_per_sm);
-  if (scan_grid_cap > 0) resident = std::min<int64_t>(resident, scan_grid_cap);
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min(items, resident)));
-}
-
-// Launch 1 (window + score tiles in one grid), its score tiles loading the stream as `loads` says,
-// `tiles` (1, or 2 with streaming loads: d34) score tiles per block.
+// Launch 1 (window + score tiles in one grid, the stream loaded ld.global.cs as d25 loads it),
+// `tiles` (1, or 2: d34) score tiles per block.
 template <class Summary>
 void launch_window_score(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
-                         cudaStream_t stream, ScanLoads loads, int tiles = 1, bool counted = false,
-                         bool six_per_sm = false) {
-  require(!counted || loads == ScanLoads::streaming, "decode: counted launch 1 only with streaming loads");
-  require(tiles == 1 || (tiles == 2 && loads == ScanLoads::streaming),
-          "decode: two score tiles per block only with streaming loads");
+                         cudaStream_t stream, int tiles = 1) {
   const int64_t blocks1 =
       p.n_win_tiles * p.B * p.Hkv + ceil_div(p.n_score_tiles, tiles) * p.B * p.Hq;
   require(blocks1 < (int64_t{1} << 31), "decode: too many tiles for one grid");
-  auto* kernel = fused_window_score_kernel<Summary, ScanLoads::plain>;
-  if (loads == ScanLoads::evict_first)
-    kernel = fused_window_score_kernel<Summary, ScanLoads::evict_first>;
-  if (loads == ScanLoads::streaming)
-    kernel = tiles == 2 ? fused_window_score_kernel<Summary, ScanLoads::streaming, 2>
-                        : fused_window_score_kernel<Summary, ScanLoads::streaming>;
-  if (counted)
-    kernel = tiles == 2 ? fused_window_score_kernel<Summary, ScanLoads::streaming, 2, true>
-                        : fused_window_score_kernel<Summary, ScanLoads::streaming, 1, true>;
-  if constexpr (std::is_same<Summary, Int4Summary>::value)  // d38 (the others spill at 6 per SM)
-    if (counted && six_per_sm && tiles == 2) kernel = fused_window_score_6_kernel<Int4Summary, 2>;
-  launch_kernel("window + score", kernel, dim3(static_cast<unsigned>(blocks1)), kFastThreads,
+  launch_kernel("window + score",
+                tiles == 2 ? fused_window_score_kernel<Summary, 2>
+                           : fused_window_score_kernel<Summary>,
+                dim3(static_cast<unsigned>(blocks1)), kFastThreads,
                 std::max(s.win_smem_early, p.d * sizeof(float)), stream, false, p, w, s.fast,
                 s.win_staged, s.vectorised, s.coalesced);
 }
@@ -2582,123 +2060,99 @@ DecodeScratch scratch_at(const DecodeParams& p, void* workspace) {
                        static_cast<float*>(parts[2]), static_cast<float*>(parts[3]),
                        static_cast<float*>(parts[4]), static_cast<int32_t*>(parts[5]),
                        static_cast<float*>(parts[6]), static_cast<uint32_t*>(parts[7]),
-                       static_cast<int32_t*>(parts[8]), static_cast<float*>(parts[9]),
-                       static_cast<uint32_t*>(parts[10])};
+                       static_cast<int32_t*>(parts[8]), static_cast<float*>(parts[9])};
 }
 
-// d37: d36's four launches with per-KV-group counters in place of the kernel boundaries (the
-// counters zeroed by a memset first): launch 1 lets the group-score grid launch at once and each
-// of its blocks counts itself at its group; a group-score tile waits for its group's launch-1
-// blocks, a chunk tile for its group's group-score tiles, a fuse block for its groups' chunk
-// tiles. So a KV group's tails run as soon as its own scan is done, while later groups are still
-// scanned. Where chunks_can_select (K = 32, the fuse merging the window) with streaming loads.
+// d29, d34, d35, d36 (the fused kernel): launch 1 (window + score tiles in one grid), then the
+// tails by programmatic dependent launch: group scores (d12's warp sorts for K <= 32), select,
+// chunk tiles (on the tensor cores where their shape allows: d17, with d19's landmark mask and
+// d29's evict-first K/V copies; d13's warp tiles otherwise), fuse (merging the window where
+// fuse_merges_window: d13). `score_tiles` (d34: 2) the score tiles per launch-1 block;
+// `short_tails` (d35) the select without its warp sorts where select_presorted and the
+// tensor-core chunk tiles on four warps; `select_in_chunks` (d36) no select launch where
+// chunks_can_select: each chunk tile selects.
 template <class Summary>
-void launch_counted(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
-                    const DecodeOutputs& out, cudaStream_t stream, int score_tiles,
-                    bool six_per_sm) {
+void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
+                  const DecodeOutputs& out, cudaStream_t stream, int score_tiles,
+                  bool short_tails, bool select_in_chunks) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
-  const cudaError_t err =
-      cudaMemsetAsync(w.sync, 0, static_cast<size_t>(sync_words(p)) * sizeof(uint32_t), stream);
-  if (err != cudaSuccess)
-    throw std::runtime_error(std::string("decode_step: counters: ") + cudaGetErrorString(err));
-  launch_window_score<Summary>(p, s, w, stream, ScanLoads::streaming, score_tiles, true,
-                               six_per_sm);
-  launch_kernel("group score (counted)", decode_group_score_counted_kernel,
-                dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)), bg), kScoreThreads,
-                0, stream, true, p, w, scan_blocks_per_group(p, score_tiles));
-  launch_kernel("chunk (selecting, counted)", decode_chunk_mma4_kernel<true, true>,
-                dim3(static_cast<unsigned>(p.K), bg), kQuadChunkWarps * kWarp, 0, stream, true, p,
-                w);
-  launch_kernel("fuse (counted)", decode_fuse_counted_kernel,
+  const bool mma_chunks = p.K > 0 && chunk_by_mma(p, s.fast_chunk);
+  const bool quad_chunks = mma_chunks && short_tails;
+  const bool chunks_select = quad_chunks && select_in_chunks && chunks_can_select(p);
+  launch_window_score<Summary>(p, s, w, stream, score_tiles);
+  if (p.K > 0 && p.n_cand > p.K)
+    launch_kernel("group score", decode_group_score_kernel<true>,
+                  dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)), bg),
+                  kScoreThreads, 0, stream, true, p, w);
+  if (chunks_select)
+    launch_kernel("chunk (selecting)", decode_chunk_mma4_kernel<true>,
+                  dim3(static_cast<unsigned>(p.K), bg), kQuadChunkWarps * kWarp, 0, stream, true,
+                  p, w);
+  else if (select_by_sorts(p))
+    launch_kernel("select",
+                  short_tails && select_presorted(p) ? decode_select_sorted_kernel<true>
+                                                     : decode_select_sorted_kernel<false>,
+                  dim3(bg), kShortSelectThreads, 0, stream, true, p, w, out.o_window,
+                  out.lse_window);
+  else
+    launch_kernel("select", decode_select_kernel<true>, dim3(bg), kSelectThreads, s.key_smem,
+                  stream, true, p, w, out.o_window, out.lse_window);
+  if (chunks_select) {
+    // the chunk tiles ran above
+  } else if (quad_chunks)
+    launch_kernel("chunk", decode_chunk_mma4_kernel<false>, dim3(static_cast<unsigned>(p.K), bg),
+                  kQuadChunkWarps * kWarp, 0, stream, true, p, w);
+  else if (mma_chunks)
+    launch_kernel("chunk", decode_chunk_mma_kernel,
+                  dim3(static_cast<unsigned>(ceil_div(p.K, kMmaChunkWarps)), bg),
+                  kMmaChunkWarps * kWarp, 0, stream, true, p,
+                  static_cast<const int32_t*>(w.selection), w.chunk_part, w.fusion_logit);
+  else if (p.K > 0)
+    launch_kernel("chunk", decode_chunk_kernel<true, true>,
+                  dim3(static_cast<unsigned>(p.K), bg), kFastThreads, s.chunk_smem_early, stream,
+                  true, p, s.fast_chunk, s.chunk_staged, static_cast<const int32_t*>(w.selection),
+                  w.chunk_part, w.fusion_logit);
+  launch_kernel("fuse", decode_fuse_kernel<true, true>,
                 dim3(static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock))), kWarpsPerBlock * kWarp,
                 0, stream, true, p, w, out.o, out.lse, out.fusion_weights, out.o_window,
                 out.lse_window);
 }
 
-// fused (d21), d19, d18, d17, d16, d13 and d8: five launches (window + score tiles in one grid;
-// group scores; select; chunk tiles; fuse with batched loads); kShort (d12 on) the shorter
-// chains of its tails; `mma` (d17 on) the chunk tiles on the tensor cores where their shape
-// allows; `pdl` (d16, d18 on) launches the four tails with programmatic dependent launch;
-// `landmark_mask` (d19, d21) the chunk tiles' mask of the landmark slot only; `persistent`
-// (d19) the persistent scan (fp8 summaries, d = 64); `tail` (d23) the four tails as one kernel
-// where tail_fused allows (two launches in all); `loads` (d24, d25) the stream's loads;
-// `chunk_evict_first` (d29) the mma chunk tiles' K/V rows loaded with an L2 evict-first policy;
-// `score_tiles` (d34: 2) the score tiles per launch-1 block; `short_tails` (d35) the select
-// without its warp sorts where select_presorted and the mma chunk tiles on four warps;
-// `select_in_chunks` (d36) no select launch where chunks_can_select: each chunk tile selects.
-template <class Summary, bool kShort>
-void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
-                  const DecodeOutputs& out, cudaStream_t stream, bool pdl, bool mma,
-                  bool landmark_mask = false, bool persistent = false, bool tail = false,
-                  ScanLoads loads = ScanLoads::plain, bool chunk_evict_first = false,
-                  int score_tiles = 1, bool short_tails = false, bool select_in_chunks = false,
-                  bool counted = false, bool six_per_sm = false) {
-  const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
-  const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
-  const int64_t blocks1 = p.n_win_tiles * p.B * p.Hkv + p.n_score_tiles * p.B * p.Hq;
-  require(blocks1 < (int64_t{1} << 31), "decode: too many tiles for one grid");
-  constexpr bool kFp8 = std::is_same<Summary, Fp8Summary>::value;
-  const bool quad_chunks = p.K > 0 && mma && chunk_by_mma(p, s.fast_chunk) && short_tails;
-  const bool chunks_select = quad_chunks && select_in_chunks && kShort && chunks_can_select(p);
-  if (counted && chunks_select && loads == ScanLoads::streaming) {
-    launch_counted<Summary>(p, s, w, out, stream, score_tiles, six_per_sm);
-    return;
+// The removed versions (gpu/NOTES.md "Kernels removed in session 17"), code and name: refused
+// with a message that names them, the commit that holds their code and the kept ones.
+constexpr const char* kRemovedIn17 =
+    " was removed in session 17 (gpu/NOTES.md \"Kernels removed in session 17\"; its code is at "
+    "commit 5a3f9d2); expected one of ";
+const char* removed_kernel_name(int code) {
+  switch (code) {
+    case 2: return "d8";
+    case 3: return "d13";
+    case 4: return "d16";
+    case 5: return "d17";
+    case 6: return "d18";
+    case 7: return "d19";
+    case 8: return "d21";
+    case 9: return "d23";
+    case 10: return "d24";
+    case 11: return "d25";
+    case 23: return "d37";
+    case 24: return "d38";
+    default: return nullptr;
   }
-  if (persistent && scan_persistent(p, s.coalesced, kFp8))
-    launch_kernel("window + score (persistent)", fused_scan_persistent_kernel,
-                  dim3(persistent_scan_blocks(s.win_smem_early, blocks1)), kFastThreads,
-                  s.win_smem_early, stream, false, p, w, s.fast, s.win_staged);
-  else
-    launch_window_score<Summary>(p, s, w, stream, loads, score_tiles);
-  if (tail && kShort && tail_fused(p, s.fast_chunk)) {
-    const int64_t items =
-        p.B * p.Hkv * (tail_score_tiles(p) + tail_chunk_items(p) + tail_fuse_items(p));
-    require(items < (int64_t{1} << 31), "decode: too many tail items for one grid");
-    launch_kernel("tails", decode_tail_kernel, dim3(static_cast<unsigned>(items)), kTailThreads,
-                  kTailChunkWarps * sizeof(ChunkTiles), stream, pdl, p, w, out.o, out.lse,
-                  out.fusion_weights, out.o_window, out.lse_window);
-    return;
-  }
-  if (p.K > 0 && p.n_cand > p.K)
-    launch_kernel("group score", decode_group_score_kernel<kShort>,
-                  dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)), bg),
-                  kScoreThreads, 0, stream, pdl, p, w);
-  if (chunks_select)
-    launch_kernel("chunk (selecting)", decode_chunk_mma4_kernel<true>,
-                  dim3(static_cast<unsigned>(p.K), bg), kQuadChunkWarps * kWarp, 0, stream, pdl,
-                  p, w);
-  else if (kShort && select_by_sorts(p))
-    launch_kernel("select",
-                  short_tails && select_presorted(p) ? decode_select_sorted_kernel<true>
-                                                     : decode_select_sorted_kernel<false>,
-                  dim3(bg), kShortSelectThreads, 0, stream, pdl, p, w, out.o_window,
-                  out.lse_window);
-  else
-    launch_kernel("select", decode_select_kernel<kShort>, dim3(bg), kSelectThreads, s.key_smem,
-                  stream, pdl, p, w, out.o_window, out.lse_window);
-  if (chunks_select) {
-    // the chunk tiles ran above
-  } else if (quad_chunks)
-    launch_kernel("chunk", decode_chunk_mma4_kernel<false>, dim3(static_cast<unsigned>(p.K), bg),
-                  kQuadChunkWarps * kWarp, 0, stream, pdl, p, w);
-  else if (p.K > 0 && mma && chunk_by_mma(p, s.fast_chunk))
-    launch_kernel("chunk",
-                  chunk_evict_first && landmark_mask ? decode_chunk_mma_kernel<true, true>
-                  : landmark_mask                    ? decode_chunk_mma_kernel<true>
-                                                     : decode_chunk_mma_kernel<false>,
-                  dim3(static_cast<unsigned>(ceil_div(p.K, kMmaChunkWarps)), bg),
-                  kMmaChunkWarps * kWarp, 0, stream, pdl, p,
-                  static_cast<const int32_t*>(w.selection), w.chunk_part, w.fusion_logit);
-  else if (p.K > 0)
-    launch_kernel("chunk", decode_chunk_kernel<true, kShort>,
-                  dim3(static_cast<unsigned>(p.K), bg), kFastThreads, s.chunk_smem_early, stream,
-                  pdl, p, s.fast_chunk, s.chunk_staged, static_cast<const int32_t*>(w.selection),
-                  w.chunk_part, w.fusion_logit);
-  launch_kernel("fuse", decode_fuse_kernel<true, kShort>,
-                dim3(static_cast<unsigned>(ceil_div(bh, kWarpsPerBlock))), kWarpsPerBlock * kWarp,
-                0, stream, pdl, p, w, out.o, out.lse, out.fusion_weights, out.o_window,
-                out.lse_window);
+}
+
+void require_kept_kernel(DecodeKernel kernel) {
+  constexpr const char* kKept =
+      "0 (fused = d36), 1 (d5), 15 (d29), 20 (d34), 21 (d35) or 22 (d36)";
+  const int code = static_cast<int>(kernel);
+  if (const char* name = removed_kernel_name(code))
+    throw std::invalid_argument("decode: kernel " + std::to_string(code) + " (" + name + ")" +
+                                kRemovedIn17 + kKept);
+  require(kernel == DecodeKernel::fused || kernel == DecodeKernel::d5 ||
+              kernel == DecodeKernel::d29 || kernel == DecodeKernel::d34 ||
+              kernel == DecodeKernel::d35 || kernel == DecodeKernel::d36,
+          "decode: kernel = " + std::to_string(code) + ", expected " + kKept);
 }
 
 }  // namespace
@@ -2708,22 +2162,11 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
                  const DecodeOutputs& out, void* workspace, cudaStream_t stream,
                  DecodeKernel kernel) {
   using namespace detail;
+  require_kept_kernel(kernel);
   validate_decode(spec, cache, q);
   require(out.o && out.lse, "decode: outputs o and lse must be device pointers, got null");
   require(workspace != nullptr || decode_workspace_bytes(spec, cache) == 0,
           "decode: workspace must be a device pointer, got null");
-  require(kernel == DecodeKernel::fused || kernel == DecodeKernel::d5 ||
-              kernel == DecodeKernel::d8 || kernel == DecodeKernel::d13 ||
-              kernel == DecodeKernel::d16 || kernel == DecodeKernel::d17 ||
-              kernel == DecodeKernel::d18 || kernel == DecodeKernel::d19 ||
-              kernel == DecodeKernel::d21 || kernel == DecodeKernel::d23 ||
-              kernel == DecodeKernel::d24 || kernel == DecodeKernel::d25 ||
-              kernel == DecodeKernel::d29 || kernel == DecodeKernel::d34 ||
-              kernel == DecodeKernel::d35 || kernel == DecodeKernel::d36 ||
-              kernel == DecodeKernel::d37 || kernel == DecodeKernel::d38,
-          "decode: kernel must be fused (0), d5 (1), d8 (2), d13 (3), d16 (4), d17 (5), d18 (6), "
-          "d19 (7), d21 (8), d23 (9), d24 (10), d25 (11), d29 (15), d34 (20), d35 (21), d36 (22), "
-          "d37 (23) or d38 (24)");
   const DecodeParams p = params_of(spec, cache, q);
   DecodeScratch w = scratch_at(p, workspace);
   if (out.surrogate) w.scores = out.surrogate;
@@ -2733,42 +2176,33 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
     with_summary(cache.summary_type, [&](auto summary) {
       launch_d5<decltype(summary)>(p, shape, w, out, stream);
     });
-  } else if (kernel == DecodeKernel::d8) {
-    with_summary(cache.summary_type, [&](auto summary) {
-      launch_fused<decltype(summary), false>(p, shape, w, out, stream, false, false);
-    });
-  } else {  // fused = d36; d21: d18 (d13's kernels, d17's tensor-core chunk tiles, d16's
-            // launches) with the chunk tiles' landmark mask; d23: d21 with its four tails in one
-            // kernel; d24, d25: d21 with the score tiles' stream loaded evict-first (ScanLoads);
-            // d29: d25 with the chunk tiles' K/V rows loaded evict-first too; d34: d29 with two
-            // score tiles per launch-1 block; d35: d29 (int4: d34) with the select's sorts skipped
-            // and the chunk tiles on four warps (the same bits); d36: d35 whose chunk tiles select
-    const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d36 : kernel;
-    const bool d19 = k == DecodeKernel::d19, d23 = k == DecodeKernel::d23;
-    const bool d38 = k == DecodeKernel::d38, d37 = k == DecodeKernel::d37 || d38;
-    const bool d36 = k == DecodeKernel::d36 || d37, d35 = k == DecodeKernel::d35 || d36;
-    const bool d29 = k == DecodeKernel::d29 || k == DecodeKernel::d34 || d35;
-    const bool d21 = k == DecodeKernel::d21 || k == DecodeKernel::d24 || k == DecodeKernel::d25 || d29;
-    const bool mask = d19 || d21 || d23;
-    const bool pdl = k == DecodeKernel::d16 || k == DecodeKernel::d18 || mask;
-    const bool mma = k == DecodeKernel::d17 || k == DecodeKernel::d18 || mask;
-    const ScanLoads loads = k == DecodeKernel::d24             ? ScanLoads::evict_first
-                            : k == DecodeKernel::d25 || d29 ? ScanLoads::streaming
-                                                            : ScanLoads::plain;
-    // d34: two score tiles per launch-1 block; d35 only for int4 summaries (fp8's two-tile
-    // block needs 127 registers and was 0.1-1.1 us slower than d29 at B = 8 in session 15).
-    const int score_tiles =
-        k == DecodeKernel::d34 || (d35 && cache.summary_type == SummaryType::int4) ? 2 : 1;
-    with_summary(cache.summary_type, [&](auto summary) {
-      launch_fused<decltype(summary), true>(p, shape, w, out, stream, pdl, mma, mask, d19, d23,
-                                            loads, d29, score_tiles, d35, d36, d37, d38);
-    });
+    return;
   }
+  // fused = d36; d29: d25's launch 1 (ld.global.cs) with the chunk tiles' K/V rows loaded
+  // evict-first; d34: d29 with two score tiles per launch-1 block; d35: d29 (int4: d34) with the
+  // select's sorts skipped and the chunk tiles on four warps (the same bits); d36: d35 whose
+  // chunk tiles select.
+  const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d36 : kernel;
+  const bool d36 = k == DecodeKernel::d36, d35 = k == DecodeKernel::d35 || d36;
+  // d34: two score tiles per launch-1 block; d35 only for int4 summaries (fp8's two-tile
+  // block needs 127 registers and was 0.1-1.1 us slower than d29 at B = 8 in session 15).
+  const int score_tiles =
+      k == DecodeKernel::d34 || (d35 && cache.summary_type == SummaryType::int4) ? 2 : 1;
+  with_summary(cache.summary_type, [&](auto summary) {
+    launch_fused<decltype(summary)>(p, shape, w, out, stream, score_tiles, d35, d36);
+  });
 }
 
 void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, const DecodeQuery& q,
                        void* workspace, ScanProbe probe, cudaStream_t stream) {
   using namespace detail;
+  const int code = static_cast<int>(probe);
+  constexpr const char* kKeptProbes =
+      "2 (d25_scan), 3 (loads_only), 4 (flat_read) or 5 (tail_handoffs)";
+  if (code == 0 || code == 1)
+    throw std::invalid_argument(std::string("decode_scan_probe: probe ") + std::to_string(code) +
+                                (code == 0 ? " (d21_scan)" : " (d24_scan)") + kRemovedIn17 +
+                                kKeptProbes);
   validate_decode(spec, cache, q);
   require(workspace != nullptr, "decode_scan_probe: workspace must be a device pointer, got null");
   const DecodeParams p = params_of(spec, cache, q);
@@ -2780,17 +2214,11 @@ void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, cons
   const SummaryType type = cache.summary_type;
   auto* sink = reinterpret_cast<uint32_t*>(w.scores);
   switch (probe) {
-    case ScanProbe::d21_scan:
-    case ScanProbe::d24_scan:
-    case ScanProbe::d25_scan: {
-      const ScanLoads loads = probe == ScanProbe::d24_scan   ? ScanLoads::evict_first
-                              : probe == ScanProbe::d25_scan ? ScanLoads::streaming
-                                                             : ScanLoads::plain;
+    case ScanProbe::d25_scan:  // d25's launch 1, d29's
       with_summary(type, [&](auto summary) {
-        launch_window_score<decltype(summary)>(p, shape, w, stream, loads);
+        launch_window_score<decltype(summary)>(p, shape, w, stream);
       });
       return;
-    }
     case ScanProbe::loads_only: {
       require(shape.fast && shape.coalesced,
               "decode_scan_probe: loads_only needs 16-byte aligned K/V and summary rows");
@@ -2823,7 +2251,7 @@ void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, cons
     }
     case ScanProbe::tail_handoffs: {  // d29's tail grids (group scores, select, chunk, fuse)
       with_summary(type, [&](auto summary) {
-        launch_window_score<decltype(summary)>(p, shape, w, stream, ScanLoads::streaming);
+        launch_window_score<decltype(summary)>(p, shape, w, stream);
       });
       const unsigned bg = static_cast<unsigned>(p.B * p.Hkv), bh = static_cast<unsigned>(p.B * p.Hq);
       const std::pair<dim3, unsigned> tails[] = {
@@ -2837,14 +2265,8 @@ void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, cons
       return;
     }
   }
-  throw std::invalid_argument("decode_scan_probe: probe must be 0-5, got " +
-                              std::to_string(static_cast<int>(probe)));
-}
-
-void set_decode_scan_grid_cap(int blocks) {
-  detail::require(blocks >= 0, "set_decode_scan_grid_cap: blocks = " + std::to_string(blocks) +
-                                   ", expected >= 0");
-  detail::scan_grid_cap = blocks;
+  throw std::invalid_argument("decode_scan_probe: probe = " + std::to_string(code) +
+                              ", expected " + kKeptProbes);
 }
 
 void quantize_summaries_fp8(const float* key, int64_t rows, int64_t d, void* key_fp8,

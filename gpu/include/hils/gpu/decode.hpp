@@ -71,34 +71,18 @@ struct DecodeOutputs {
   float* fusion_weights = nullptr;  // [B, Hq, K + 2]
 };
 
-// Which launch sequence runs the step (gpu/NOTES.md "decode", versions):
+// Which launch sequence runs the step (gpu/NOTES.md "decode", versions). The values are the codes
+// of hils_gpu_decode::kernel and stay as they are; the versions removed in session 17 (d8, d13,
+// d16-d19, d21, d23-d25, d37, d38: codes 2-11, 23, 24) are refused with an error naming them
+// (gpu/NOTES.md "Kernels removed in session 17"; their code is at commit 5a3f9d2). Codes 12-14
+// (d26-d28, session 12) and 16-19 (d30-d33, session 13) went earlier, measured slower.
 //   fused: the default, d36 (below; d29 before session 16)
-//   d13:   d8's five launches with shorter chains in the tails: for K <= 32 the group
-//          scores and the select rank candidates by warp sorts instead of radix passes, the
-//          chunk tiles compute the fusion logits while their rows are in flight, and the fuse
-//          merges the window tiles itself (one round trip per head); the benchmark's baseline
-//   d16:   d13 with the four tail launches by programmatic dependent launch (each tail's blocks
-//          start while the previous kernel ends and wait for its writes)
-//   d17:   d13 with the chunk tiles on the tensor cores (mma.sync, one warp per selected chunk)
-//          for d = dv = 64, G <= 16, S <= 64 (d13's tiles otherwise)
-//   d18:   d17's kernels launched as d16 launches them (the default before d19)
-//   d19:   d18 with launch 1 as a persistent scan that keeps the next score tile's loads in
-//          flight (fp8 summaries, d = 64; d18's launch 1 otherwise) and the chunk tiles' mask
-//          testing only the landmark slot (the default before d21)
-//   d21:   d19 without the persistent scan (d18's launch 1): d18 with the landmark mask only
-//          (the default from session 10 to d25: faster than d19 and d18 at B = 8 and 32)
-//   d23:   d21 with its four tails (group scores, select, chunk tiles, fuse) in one kernel whose
-//          blocks take tickets and wait per KV group instead of per launch (K <= 32, G <= 16,
-//          d = dv = 64, S <= 64; d21's tails otherwise): two launches; the same outputs as d21
-//          bit for bit, slower in session 11 (cold code in each stage of the chain: gpu/NOTES.md)
-//   d24:   d21 with the score tiles' stream (summary rows, b', row scales: read once) loaded
-//          with an L2 evict-first cache policy, so that it does not evict the tails' code and
-//          launch 1's outputs from the L2; the same outputs as d21 bit for bit
-//   d25:   d24 with ld.global.cs (cache-streaming) loads instead of the policy operand (the
-//          default before d29: 3-4 us faster than d21 at B = 8, 512K, ~1 at B = 32)
-//   d29:   d25 with the chunk tiles' K/V rows (read once per step) copied with an L2
-//          evict-first policy too (the default in sessions 12-15: 3.3-3.5 us faster than d25 at
-//          B = 32, 512K, 0.7-1.1 us slower at B = 8 in the same run; the same bits as d21)
+//   d29:   window and score tiles in one grid (launch 1, its stream of summary rows, b' and row
+//          scales loaded ld.global.cs: d25), then group scores, select, chunk tiles and fuse by
+//          programmatic dependent launch, K <= 32 ranked by warp sorts, the chunk tiles on the
+//          tensor cores (mma.sync, one warp per selected chunk, testing only the landmark slot)
+//          for d = dv = 64, G <= 16, S <= 64, their K/V rows (read once per step) copied with an
+//          L2 evict-first policy (the default in sessions 12-15; the same bits as the removed d21)
 //   d34:   d29 with two score tiles per launch-1 block, both tiles' loads issued before the first
 //          is scored (twice the bytes in flight per block, half the blocks; for int4 summaries,
 //          whose 256-chunk tile is half fp8's bytes); the same bits as d29 (session 15)
@@ -110,31 +94,17 @@ struct DecodeOutputs {
 //          tile of a KV group merges the group-score tiles' sorted kept lists itself (four warps,
 //          eight lists per warp) and takes its chunk; the same bits as d35 and d29 (the default
 //          since session 16: B = 8, 512K fp8 54.7-56.2 us against d29's 59.5-59.8, int4 48.0)
-//   d37:   d36 with per-KV-group completion counters instead of the kernel boundaries after
-//          launch 1 (launch 1's blocks let the next grid launch at once; a group's group-score
-//          tiles wait for its launch-1 blocks, its chunk tiles for its group-score tiles, the
-//          fuse for its chunk tiles), so that a group's tails run while later groups are still
-//          scanned; the same bits as d36 (session 17; d36's launches where d36 has no
-//          select-in-chunks); measured slower than d36 (B = 8, 512K int4 55.0-55.5 us against
-//          48.0-48.3: counting each launch-1 block costs launch 1 ~1.7 us, the tails do not hide)
-//   d38:   d37 with the int4 launch 1 held to 6 blocks per SM (launch bounds; d37's: 5); d37 with
-//          fp8 or bf16 summaries (session 17, measured slower than d36 too)
-//   (d26 = 12, d27 = 13, d28 = 14: measured slower in session 12 and removed; d30 = 16, d31 = 17,
-//   d32 = 18, the tails as two launches on thread-block clusters: measured slower in session 13
-//   and removed; d33 = 19, no fuse launch (the weights by the select): no gain, removed;
-//   gpu/NOTES.md)
-//   d5:    the launches of d5 (window, score, group scores, select, chunk, fuse)
-//   d8:    window tiles and score tiles in one grid (every tile issues all its loads before
-//          staging q / q~), then group scores, select, chunk tiles and a fuse that loads the
-//          chunks' outputs 8 at a time: five launches
-enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, d18 = 6, d19 = 7,
-                          d21 = 8, d23 = 9, d24 = 10, d25 = 11, d29 = 15, d34 = 20,
-                          d35 = 21, d36 = 22, d37 = 23, d38 = 24 };
+//   d5:    six launches (window, score, group scores, select, chunk, fuse), each stage's first
+//          form: radix selects, warp-per-head chunk tiles, a fuse that loads one o_c row per
+//          step; kept as the structurally independent GPU path the tests check the others
+//          against the oracle beside (gpu/NOTES.md "Kernels removed in session 17")
+enum class DecodeKernel { fused = 0, d5 = 1, d29 = 15, d34 = 20, d35 = 21, d36 = 22 };
 
-// A measurement probe for the benchmark (gpu/bench/bench_decode.py --scan-floor), not a step:
-// launch 1 of the step alone, or a kernel that only reads launch 1's bytes, writing nothing
-// but scratch in `workspace` (decode_workspace_bytes). d = dv = 64 only.
-//   d21_scan, d24_scan, d25_scan: launch 1 (window + score tiles) of d21, d24, d25
+// A measurement probe for the benchmark (gpu/bench/bench_decode.py --scan-floor, --handoffs), not
+// a step: launch 1 of the step alone, or a kernel that only reads launch 1's bytes, writing
+// nothing but scratch in `workspace` (decode_workspace_bytes). d = dv = 64 only. Codes 0
+// (d21_scan) and 1 (d24_scan) were removed in session 17 (refused, naming them).
+//   d25_scan:   launch 1 (window + score tiles) of d25, which d29 and d36 (one tile per block) run
 //   loads_only: launch 1's grid and loads (every block's rows, b', scales, window K/V rows),
 //               none of its arithmetic, shared memory or stores: the floor of its layout
 //   flat_read:  the summary rows, b' and scales read as three flat arrays by a grid-stride
@@ -145,14 +115,9 @@ enum class DecodeKernel { fused = 0, d5 = 1, d8 = 2, d13 = 3, d16 = 4, d17 = 5, 
 //               (programmatic dependent launch, the same grids and blocks; each only waits for
 //               the previous grid and lets the next launch): the step without the tails' work,
 //               i.e. what the four kernel boundaries after the scan cost
-enum class ScanProbe { d21_scan = 0, d24_scan = 1, d25_scan = 2, loads_only = 3, flat_read = 4,
-                       tail_handoffs = 5 };
+enum class ScanProbe { d25_scan = 2, loads_only = 3, flat_read = 4, tail_handoffs = 5 };
 void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, const DecodeQuery& q,
                        void* workspace, ScanProbe probe, cudaStream_t stream = nullptr);
-
-// For tests: caps d19's persistent scan grid at `blocks` (0, the default: as many blocks as fit
-// on the device at once), so that small cases walk several tiles per block as 512K steps do.
-void set_decode_scan_grid_cap(int blocks);
 
 // Throws std::invalid_argument naming the first bad field. Supported: bf16 K/V, bf16, fp8
 // e4m3 or int4 summaries, d, dv <= 256, a spec whose fusion is flat or hierarchical with summaries (key

@@ -21,7 +21,9 @@ typedef struct hils_gpu_decode {
   const float* summary_bias;
   const void *q, *q_retrieval; /* bf16 [B, Hq, d]; q_retrieval may be null */
   int32_t summary_type;        /* 0 bf16, 1 fp8 e4m3, 2 int4 (hils::gpu::SummaryType) */
-  int32_t kernel;              /* 0 fused (the default: d36), 1 d5, 2 d8, 3 d13, 4 d16, 5 d17, 6 d18, 7 d19, 8 d21, 9 d23, 10 d24, 11 d25, 15 d29, 20 d34, 21 d35, 22 d36, 23 d37, 24 d38 (hils::gpu::DecodeKernel) */
+  int32_t kernel;              /* 0 fused (the default: d36), 1 d5, 15 d29, 20 d34, 21 d35, 22 d36 (hils::gpu::DecodeKernel);
+                                  2-11 (d8, d13, d16-d19, d21, d23-d25), 23 (d37) and 24 (d38) were removed in session 17
+                                  and are refused (2) naming them (gpu/NOTES.md "Kernels removed in session 17") */
   const float* summary_scale;  /* fp8, int4: [B, Hq, chunk_capacity] row scales; else null */
   const void* summary_key_bf16; /* fp8 or int4 + hierarchical fusion: the summaries in bf16; else null */
 } hils_gpu_decode;
@@ -37,9 +39,10 @@ const char* hils_gpu_decode_last_error(void);
 int hils_gpu_decode_workspace_bytes(const hils_gpu_decode* p, size_t* bytes);
 int hils_gpu_decode_step(const hils_gpu_decode* p, const hils_gpu_decode_outputs* out,
                          void* workspace, void* stream);
-/* A measurement probe, not a step (hils::gpu::decode_scan_probe): probe 0 d21's launch 1, 1 d24's,
- * 2 d25's, 3 launch 1's loads only, 4 a flat read of the summary arrays, 5 d25's launch 1 and four
- * empty tail kernels (hils::gpu::ScanProbe). */
+/* A measurement probe, not a step (hils::gpu::decode_scan_probe): probe 2 d25's launch 1 (d29's),
+ * 3 launch 1's loads only, 4 a flat read of the summary arrays, 5 d25's launch 1 and four empty
+ * tail kernels (hils::gpu::ScanProbe); 0 (d21's launch 1) and 1 (d24's) were removed in session
+ * 17 and are refused (2) naming them. */
 int hils_gpu_decode_scan_probe(const hils_gpu_decode* p, int32_t probe, void* workspace,
                                void* stream);
 /* key fp32 [rows, d] -> key_fp8 e4m3 [rows, d] and scale fp32 [rows] (hils::gpu::quantize_summaries_fp8). */
