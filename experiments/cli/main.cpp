@@ -123,7 +123,10 @@ int main(int argc, char** argv) {
       "  hils info synth.h5\n"
       "  hils run synth.h5 -o results.h5 --preset full,nsa,hils -S 64 -W 512 -K 8 --landmarks true\n"
       "  hils info results.h5\n"
-      "Exit codes: 0 success, 1 a check failed, 2 bad input, 3 internal error.\n"
+      "Exit codes: 0 success, 1 a check failed, 2 bad input, 3 internal error. Stopped by\n"
+      "Ctrl-C or SIGTERM (hils run, the studies: the results file keeps its complete units; the\n"
+      "same command, hils run's with --resume, continues), the process ends by that signal:\n"
+      "130 or 143 in the shell (under mpirun: README, \"Stopping a run\").\n"
       "Run `hils <command> --help` for a command's options and examples.");
 
   // Only rank 0 of an MPI job speaks: a worker's message goes to rank 0, which prints it unless

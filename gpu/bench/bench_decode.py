@@ -6,9 +6,9 @@ Peers in the same run: PyTorch SDPA with a one-token query on each backend that 
 the same sparse work (window + the K selected chunks, the mask given), and the dense byte floor:
 the whole KV cache read once at the copy bandwidth measured here (no dense kernel beats it).
 Ours runs four ways: the d5 kernel (six launches, bf16 summaries), the fused kernel (the
-default, d36: gpu/NOTES.md "decode") with bf16 summaries, and with fp8 e4m3 summaries (a per-row
+default, d39: gpu/NOTES.md "decode") with bf16 summaries, and with fp8 e4m3 summaries (a per-row
 power-of-two scale), and d29 with fp8 summaries (the previous default: the baseline); --variants
-picks others (d29, d34, d35, d36; the versions removed in session 17 are refused by name, see
+picks others (d29, d34, d35, d36, d39; the versions removed in session 17 are refused by name, see
 gpu/NOTES.md "Kernels removed in session 17") and --batches / --lengths fewer shapes (no table
 then). --scan-floor also times, per shape with fp8 summaries, launch 1 alone of d25 (d29's),
 launch 1's loads alone (its grid, no arithmetic) and a flat read of the summary arrays
@@ -63,7 +63,7 @@ SUMMARY_TYPES = {"bf16": 0, "fp8": 1, "int4": 2}
 # hils::gpu::DecodeKernel: the kept versions' codes (hils_gpu_decode::kernel), and those of the
 # versions removed in session 17, which the library refuses (gpu/NOTES.md "Kernels removed in
 # session 17"; their code is at commit 5a3f9d2).
-KERNELS = {"fused": 0, "d5": 1, "d29": 15, "d34": 20, "d35": 21, "d36": 22}
+KERNELS = {"fused": 0, "d5": 1, "d29": 15, "d34": 20, "d35": 21, "d36": 22, "d39": 25}
 REMOVED_KERNELS = {"d8": 2, "d13": 3, "d16": 4, "d17": 5, "d18": 6, "d19": 7, "d21": 8, "d23": 9,
                    "d24": 10, "d25": 11, "d37": 23, "d38": 24}
 # decode_scan_probe's probes (hils::gpu::ScanProbe), timed by --scan-floor (d21_scan = 0 and
@@ -73,6 +73,24 @@ TAIL_HANDOFFS = 5  # ScanProbe::tail_handoffs (--handoffs)
 # The variants timed per (B, T): (label, kernel, summary type); d29 fp8 is the baseline of fused.
 VARIANTS = (("d5_bf16", "d5", "bf16"), ("fused_bf16", "fused", "bf16"), ("d29_fp8", "d29", "fp8"),
             ("fused_fp8", "fused", "fp8"))
+
+
+def report_difference(label, first, got, row):
+    """Prints (and keeps in `row`) how far `got` = (label, o, lse, selection) is from `first`: the
+    selected chunks (ascending per (b, g)) that differ, the (b, g) rows whose selection differs,
+    and the largest |o| and |lse| differences (variants whose scores are summed in another order,
+    e.g. d39's tensor-core dots, may select differently where scores nearly tie)."""
+    sel_a, sel_b = first[3], got[3]
+    rows_differ = int((sel_a != sel_b).any(dim=-1).sum())
+    entries = int(sum(len(set(a.tolist()) ^ set(b.tolist())) // 2
+                      for a, b in zip(sel_a.reshape(-1, sel_a.shape[-1]), sel_b.reshape(-1, sel_b.shape[-1]))))
+    o_diff = float((first[1] - got[1]).abs().max())
+    lse_diff = float((first[2] - got[2]).abs().max())
+    row[f"{label}_selection_rows_differ"] = rows_differ
+    row[f"{label}_selected_chunks_differ"] = entries
+    print(f"    {label}: {entries} selected chunks in {rows_differ} of {sel_a.numel() // sel_a.shape[-1]} "
+          f"(b, g) selections differ from {first[0]}'s; max |o diff| {o_diff:.3g}, "
+          f"max |lse diff| {lse_diff:.3g}", flush=True)
 
 
 def kernel_code(name):
@@ -428,6 +446,8 @@ def main():
                         row[f"{label}_same_bits_as_{first[0]}"] = same
                         print(f"    {label}: o, lse, selection {'equal' if same else 'DIFFER from'} "
                               f"{first[0]}'s bit for bit", flush=True)
+                        if not same:
+                            report_difference(label, first, got, row)
                     if args.profile and B in (8, 32) and T == LENGTHS[-1] and kernel != "d5":
                         print(f"  profile {label}:")
                         profile_kernels(run)

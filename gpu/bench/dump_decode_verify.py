@@ -37,8 +37,8 @@ def main():
                     help="comma-separated summary types to dump (bf16, fp8, int4)")
     ap.add_argument("--t", type=int, default=T, help="slots per sequence (default %(default)s)")
     ap.add_argument("--k", type=int, default=K,
-                    help="selected chunks (default %(default)s; d36 selects in its chunk "
-                         "tiles only with K = 32, which needs T >= ~2,400 here)")
+                    help="selected chunks (default %(default)s; d36 and d39 select in their "
+                         "chunk tiles only with K = 32, which needs T >= ~2,400 here)")
     args = ap.parse_args()
     T, K = args.t, args.k
     lib = hc.Library(args.lib)

@@ -465,6 +465,53 @@ __device__ __forceinline__ float scan_load(const float* p) {
   return __ldg(p);
 }
 
+// ---- d39: the int4 score tile's dot products on the tensor cores (gpu/NOTES.md "d39") ----
+// One mma.sync m16n8k16 (bf16 in, fp32 accumulate) takes 16 chunks x 16 dimensions: A's row g is
+// chunk X = 16 i + g of the warp's share, row g + 8 chunk Y = X + 8 (g = lane / 4), and lane
+// (g, t = lane % 4) holds bytes 8t .. 8t + 7 of both rows (dimensions 16t .. 16t + 15, two
+// 8-byte loads: u.x, u.y of X, u.z, u.w of Y). Word w of those bytes holds dimensions
+// 16t + 8w + n in its nibble n; the pair (nibble n, nibble n + 4) becomes one bf16x2 register.
+// mma j = 2w + s takes pairs n = s (k slots 2t, 2t + 1) and n = s + 2 (slots 2t + 8, 2t + 9) of
+// word w, so B (q~, the same in all 8 columns) holds q~ at dimensions 16t + 8w + s + {0, 4} and
+// + {2, 6} in lane t's slots; four mmas cover the 64 dimensions. The products are exact (a bf16
+// q~ times a code in [-8, 7]); the sums are the tensor core's, not d36's fma chain.
+
+// Nibbles n and n + 4 of `word` as the bf16 pair (code, code): 0x4300 | nibble is 128 + nibble
+// exactly, less 136 is the code nibble - 8 exactly.
+__device__ __forceinline__ uint32_t int4_code_pair(uint32_t word, int n) {
+  const uint32_t biased = ((word >> (4 * n)) & 0x000f000fu) | 0x43004300u;
+  uint32_t code;
+  asm("sub.rn.bf16x2 %0, %1, %2;" : "=r"(code) : "r"(biased), "r"(0x43084308u));
+  return code;
+}
+
+// The B fragments of the four mmas for lane t from the bf16 query q~ (`qr`, d = 64).
+__device__ __forceinline__ void int4_query_fragments(const __nv_bfloat16* qr, int t,
+                                                     uint32_t (&qb)[4][2]) {
+  const unsigned short* q = reinterpret_cast<const unsigned short*>(qr) + 16 * t;
+  auto at = [&](int i) { return static_cast<uint32_t>(__ldg(q + i)); };
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int first = 8 * (j / 2) + j % 2;
+    qb[j][0] = at(first) | at(first + 4) << 16;
+    qb[j][1] = at(first + 2) | at(first + 6) << 16;
+  }
+}
+
+// The dots of chunks X (c[0]) and Y (c[2]) from lane (g, t)'s bytes of both rows (u).
+__device__ __forceinline__ void int4_mma_dots(const uint4& u, const uint32_t (&qb)[4][2],
+                                              float (&c)[4]) {
+  const uint32_t x[2] = {u.x, u.y}, y[2] = {u.z, u.w};
+  c[0] = c[1] = c[2] = c[3] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int w = j / 2, s = j % 2;
+    const uint32_t a[4] = {int4_code_pair(x[w], s), int4_code_pair(y[w], s),
+                           int4_code_pair(x[w], s + 2), int4_code_pair(y[w], s + 2)};
+    mma_16816(c, a, qb[j][0], qb[j][1]);
+  }
+}
+
 // ---- 2. score tiles: 256 chunks per tile, one block (kWarps warps) per (tile, b, h) --------
 // d = 64 (`coalesced`): 16-byte lanes cover one chunk's row (8 lanes for a 128-byte bf16 row, 4
 // for a 64-byte fp8 row), so a warp load covers 512 contiguous bytes; every load of a warp's
@@ -477,10 +524,16 @@ constexpr int kCoalescedDim = 64;
 // block scores tiles first_tile .. first_tile + kTiles - 1 of `item` (those below
 // n_score_tiles), every tile's loads issued before the first is scored (d34: two, so that a
 // block has twice the bytes in flight); each tile's arithmetic is the one-tile block's.
-template <class Summary, int kWarps, bool kEarly, ScanLoads kLoads = ScanLoads::plain, int kTiles = 1>
+// kMma (d39, int4, coalesced only): the dots by int4_mma_dots, each lane loading 8 bytes of two
+// rows per step (the same 16 bytes per lane and step as the widening path's one row).
+template <class Summary, int kWarps, bool kEarly, ScanLoads kLoads = ScanLoads::plain, int kTiles = 1,
+          bool kMma = false>
 __device__ void score_tile(const DecodeParams& p, int64_t item, int64_t first_tile, bool vectorised,
                            bool coalesced, float* q, float* scores, float2* score_part) {
   static_assert(kTiles == 1 || kEarly, "several tiles per block only with their loads issued early");
+  static_assert(!kMma || (kEarly && kLoads == ScanLoads::streaming &&
+                          std::is_same<Summary, Int4Summary>::value && kWarps * 64 == kScoreThreads),
+                "d39's mma dots: int4, streaming loads issued early, 64 chunks per warp");
   constexpr int kThreads = kWarps * kWarp;
   constexpr int kLanesPerRow = kCoalescedDim / Summary::kPerLoad;
   constexpr int kRowsPerStep = kWarp / kLanesPerRow;
@@ -497,12 +550,24 @@ __device__ void score_tile(const DecodeParams& p, int64_t item, int64_t first_ti
   uint4 u[kTiles][kSteps];
   auto load_rows = [&](int t) {
     const int64_t tile_first = (first_tile + t) * kScoreThreads;
+    if constexpr (kMma) {  // step i: chunks X = 64 warp + 16 i + lane / 4 and Y = X + 8
+      const uint2* rows8 = reinterpret_cast<const uint2*>(keys);
 #pragma unroll
-    for (int step = 0; step < kSteps; ++step) {
-      const int64_t cc = tile_first + warp * (kSteps * kRowsPerStep) + step * kRowsPerStep +
-                         lane / kLanesPerRow;
-      u[t][step] = cc < p.n_cand ? scan_load<kLoads>(rows + cc * kLanesPerRow + part)
-                                 : make_uint4(0, 0, 0, 0);
+      for (int step = 0; step < kSteps; ++step) {
+        const int64_t x = tile_first + warp * 64 + step * 16 + lane / 4, y = x + 8;
+        const uint2 zero = make_uint2(0, 0);
+        const uint2 ux = x < p.n_cand ? __ldcs(rows8 + x * 4 + lane % 4) : zero;
+        const uint2 uy = y < p.n_cand ? __ldcs(rows8 + y * 4 + lane % 4) : zero;
+        u[t][step] = make_uint4(ux.x, ux.y, uy.x, uy.y);
+      }
+    } else {
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        const int64_t cc = tile_first + warp * (kSteps * kRowsPerStep) + step * kRowsPerStep +
+                           lane / kLanesPerRow;
+        u[t][step] = cc < p.n_cand ? scan_load<kLoads>(rows + cc * kLanesPerRow + part)
+                                   : make_uint4(0, 0, 0, 0);
+      }
     }
   };
   // b' and the row scale of the chunks thread t owns (tile_first + t, + kThreads, ...).
@@ -525,15 +590,29 @@ __device__ void score_tile(const DecodeParams& p, int64_t item, int64_t first_ti
     }
   }
   const __nv_bfloat16* qr = p.q_retrieval + item * p.d;
-  for (int i = threadIdx.x; i < d; i += kThreads) q[i] = __bfloat162float(qr[i]);
-  __syncthreads();
+  uint32_t qb[4][2];
+  if constexpr (kMma) {
+    int4_query_fragments(qr, lane % 4, qb);
+  } else {
+    for (int i = threadIdx.x; i < d; i += kThreads) q[i] = __bfloat162float(qr[i]);
+    __syncthreads();
+  }
 #pragma unroll
   for (int t = 0; t < kTiles; ++t) {
     const int64_t tile = first_tile + t;
     if (tile >= p.n_score_tiles) break;  // the same for every thread of the block
     if (t > 0) __syncthreads();           // red and tile_scores are the previous tile's until here
     const int64_t tile_first = tile * kScoreThreads;
-    if (coalesced) {
+    if constexpr (kMma) {
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        float c[4];
+        int4_mma_dots(u[t][step], qb, c);
+        const int x = warp * 64 + step * 16 + lane / 4;
+        if (lane % 4 == 0) tile_scores[x] = c[0], tile_scores[x + 8] = c[2];
+      }
+      __syncthreads();
+    } else if (coalesced) {
       float qp[Summary::kPerLoad];
 #pragma unroll
       for (int j = 0; j < Summary::kPerLoad; ++j) qp[j] = q[Summary::kPerLoad * part + j];
@@ -1646,8 +1725,9 @@ __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, fl
 // ---- the fused step (DecodeKernel::fused) ----------------------------------------------------
 // Launch 1, 128 threads: window tiles (blocks [0, n_win_tiles * B * Hkv)), then score tiles
 // (n_score_tiles per (b, h), kTiles of them per block, their stream loaded ld.global.cs: d25); the
-// two stages are independent, so one grid runs both.
-template <class Summary, int kTiles>
+// two stages are independent, so one grid runs both. kMma (d39): score_tile's int4 dots on the
+// tensor cores.
+template <class Summary, int kTiles, bool kMma = false>
 __device__ __forceinline__ void window_score_block(const DecodeParams& p, const DecodeScratch& w,
                                                    bool fast, bool staged, bool vectorised,
                                                    bool coalesced) {
@@ -1658,17 +1738,17 @@ __device__ __forceinline__ void window_score_block(const DecodeParams& p, const 
                       smem);
   } else {
     const int64_t j = block - n_win_blocks, blocks_per_item = (p.n_score_tiles + kTiles - 1) / kTiles;
-    score_tile<Summary, kFastThreads / kWarp, true, ScanLoads::streaming, kTiles>(
+    score_tile<Summary, kFastThreads / kWarp, true, ScanLoads::streaming, kTiles, kMma>(
         p, j / blocks_per_item, j % blocks_per_item * kTiles, vectorised, coalesced, smem, w.scores,
         w.score_part);
   }
   allow_next_grid();
 }
 
-template <class Summary, int kTiles = 1>
+template <class Summary, int kTiles = 1, bool kMma = false>
 __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged,
                                           bool vectorised, bool coalesced) {
-  window_score_block<Summary, kTiles>(p, w, fast, staged, vectorised, coalesced);
+  window_score_block<Summary, kTiles, kMma>(p, w, fast, staged, vectorised, coalesced);
 }
 
 // ---- the scan's read floor (decode_scan_probe, ScanProbe) ---------------------------------------
@@ -2035,17 +2115,20 @@ void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsig
 }
 
 // Launch 1 (window + score tiles in one grid, the stream loaded ld.global.cs as d25 loads it),
-// `tiles` (1, or 2: d34) score tiles per block.
+// `tiles` (1, or 2: d34) score tiles per block; `mma_dots` (d39) the int4 score tiles' dots on
+// the tensor cores where the rows are coalesced (two tiles per block).
 template <class Summary>
 void launch_window_score(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
-                         cudaStream_t stream, int tiles = 1) {
+                         cudaStream_t stream, int tiles = 1, bool mma_dots = false) {
   const int64_t blocks1 =
       p.n_win_tiles * p.B * p.Hkv + ceil_div(p.n_score_tiles, tiles) * p.B * p.Hq;
   require(blocks1 < (int64_t{1} << 31), "decode: too many tiles for one grid");
-  launch_kernel("window + score",
-                tiles == 2 ? fused_window_score_kernel<Summary, 2>
-                           : fused_window_score_kernel<Summary>,
-                dim3(static_cast<unsigned>(blocks1)), kFastThreads,
+  auto* kernel = tiles == 2 ? fused_window_score_kernel<Summary, 2>
+                            : fused_window_score_kernel<Summary>;
+  if constexpr (std::is_same<Summary, Int4Summary>::value)
+    if (mma_dots && s.coalesced && tiles == 2)
+      kernel = fused_window_score_kernel<Int4Summary, 2, true>;
+  launch_kernel("window + score", kernel, dim3(static_cast<unsigned>(blocks1)), kFastThreads,
                 std::max(s.win_smem_early, p.d * sizeof(float)), stream, false, p, w, s.fast,
                 s.win_staged, s.vectorised, s.coalesced);
 }
@@ -2070,17 +2153,18 @@ DecodeScratch scratch_at(const DecodeParams& p, void* workspace) {
 // fuse_merges_window: d13). `score_tiles` (d34: 2) the score tiles per launch-1 block;
 // `short_tails` (d35) the select without its warp sorts where select_presorted and the
 // tensor-core chunk tiles on four warps; `select_in_chunks` (d36) no select launch where
-// chunks_can_select: each chunk tile selects.
+// chunks_can_select: each chunk tile selects; `mma_dots` (d39) the int4 score tiles' dots on
+// the tensor cores (launch_window_score).
 template <class Summary>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
                   const DecodeOutputs& out, cudaStream_t stream, int score_tiles,
-                  bool short_tails, bool select_in_chunks) {
+                  bool short_tails, bool select_in_chunks, bool mma_dots = false) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const bool mma_chunks = p.K > 0 && chunk_by_mma(p, s.fast_chunk);
   const bool quad_chunks = mma_chunks && short_tails;
   const bool chunks_select = quad_chunks && select_in_chunks && chunks_can_select(p);
-  launch_window_score<Summary>(p, s, w, stream, score_tiles);
+  launch_window_score<Summary>(p, s, w, stream, score_tiles, mma_dots);
   if (p.K > 0 && p.n_cand > p.K)
     launch_kernel("group score", decode_group_score_kernel<true>,
                   dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)), bg),
@@ -2144,14 +2228,15 @@ const char* removed_kernel_name(int code) {
 
 void require_kept_kernel(DecodeKernel kernel) {
   constexpr const char* kKept =
-      "0 (fused = d36), 1 (d5), 15 (d29), 20 (d34), 21 (d35) or 22 (d36)";
+      "0 (fused = d39), 1 (d5), 15 (d29), 20 (d34), 21 (d35), 22 (d36) or 25 (d39)";
   const int code = static_cast<int>(kernel);
   if (const char* name = removed_kernel_name(code))
     throw std::invalid_argument("decode: kernel " + std::to_string(code) + " (" + name + ")" +
                                 kRemovedIn17 + kKept);
   require(kernel == DecodeKernel::fused || kernel == DecodeKernel::d5 ||
               kernel == DecodeKernel::d29 || kernel == DecodeKernel::d34 ||
-              kernel == DecodeKernel::d35 || kernel == DecodeKernel::d36,
+              kernel == DecodeKernel::d35 || kernel == DecodeKernel::d36 ||
+              kernel == DecodeKernel::d39,
           "decode: kernel = " + std::to_string(code) + ", expected " + kKept);
 }
 
@@ -2178,18 +2263,20 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
     });
     return;
   }
-  // fused = d36; d29: d25's launch 1 (ld.global.cs) with the chunk tiles' K/V rows loaded
-  // evict-first; d34: d29 with two score tiles per launch-1 block; d35: d29 (int4: d34) with the
+  // fused = d39 (session 17; d36 before); d29: d25's launch 1 (ld.global.cs) with the chunk
+  // tiles' K/V rows loaded evict-first; d34: d29 with two score tiles per launch-1 block; d35: d29 (int4: d34) with the
   // select's sorts skipped and the chunk tiles on four warps (the same bits); d36: d35 whose
-  // chunk tiles select.
-  const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d36 : kernel;
-  const bool d36 = k == DecodeKernel::d36, d35 = k == DecodeKernel::d35 || d36;
+  // chunk tiles select; d39: d36 with the int4 score tiles' dots on the tensor cores (coalesced
+  // rows).
+  const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d39 : kernel;
+  const bool d39 = k == DecodeKernel::d39;
+  const bool d36 = k == DecodeKernel::d36 || d39, d35 = k == DecodeKernel::d35 || d36;
   // d34: two score tiles per launch-1 block; d35 only for int4 summaries (fp8's two-tile
   // block needs 127 registers and was 0.1-1.1 us slower than d29 at B = 8 in session 15).
   const int score_tiles =
       k == DecodeKernel::d34 || (d35 && cache.summary_type == SummaryType::int4) ? 2 : 1;
   with_summary(cache.summary_type, [&](auto summary) {
-    launch_fused<decltype(summary)>(p, shape, w, out, stream, score_tiles, d35, d36);
+    launch_fused<decltype(summary)>(p, shape, w, out, stream, score_tiles, d35, d36, d39);
   });
 }
 

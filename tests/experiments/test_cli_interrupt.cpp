@@ -155,6 +155,9 @@ TEST_CASE("Ctrl-C during hils run stops at a unit boundary, says so, and --resum
   CHECK_THAT(resumed.output, Catch::Contains(fmt::format("{} unit(s) computed, {} already complete",
                                                          3 - kept, kept)));
   require_same_results(dir / "whole.h5", dir / "out.h5");
+  // hils --help lists it with the exit codes (was: 0-3 only).
+  CHECK_THAT(run_hils("--help").output,
+             Catch::Contains("the process ends by that signal:\n130 or 143 in the shell"));
   // Its help says so too (was: "continue an existing results file ...", no word on what a
   // run without it does to the file).
   CHECK_THAT(run_hils("run --help").output,
@@ -227,6 +230,14 @@ TEST_CASE("SIGTERM during a study stops at a unit boundary and the same command 
   CHECK_THAT(resumed.output,
              Catch::Contains(fmt::format("{} units run, {} resumed", 8 - kept, kept)));
   require_same_results(dir / "whole.h5", dir / "f.h5");
+  // Once more: nothing left to run, and the KL line says so (was "over 0 pairs: max |gap - KL|
+  // = 0, min gap = inf").
+  const auto again = hils_in(dir.path(), "fidelity --out f.h5" + args);
+  INFO(again.output);
+  CHECK(again.exit_code == 0);
+  CHECK_THAT(again.output, Catch::Contains("0 units run, 8 resumed"));
+  CHECK_THAT(again.output, Catch::Contains("Taylor gap = KL check: no unit ran now"));
+  CHECK_THAT(again.output, !Catch::Contains("inf"));
 }
 
 TEST_CASE("a full disk after the first checkpoint says what the file keeps and how to continue",

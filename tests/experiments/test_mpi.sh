@@ -176,9 +176,10 @@ if [[ $case_name == interrupt ]]; then
     timeout 120 "$mpirun" --oversubscribe -n 3 "$hils" -q fidelity --out "$1" "${args[@]}" 2> err.txt &
     local job=$! target
     while [[ ! -e $1 ]]; do kill -0 $job 2> /dev/null || fail "mpirun ended before $1 appeared"; sleep 0.005; done
-    target=$(pgrep -P $job) || fail "no mpirun process under timeout"  # mpirun or mpiexec
+    target=$(echo $(children $job))  # mpirun (or mpiexec) under timeout, spaces trimmed
+    [[ -n $target ]] || fail "no mpirun process under timeout"
     if [[ $2 == rank0 ]]; then
-      for p in $(pgrep -P "$target"); do
+      for p in $(children "$target"); do
         grep -qz "^OMPI_COMM_WORLD_RANK=0$" /proc/$p/environ 2> /dev/null && target=$p
       done
     fi
@@ -186,6 +187,8 @@ if [[ $case_name == interrupt ]]; then
     status=0; wait $job || status=$?
     cat err.txt
   }
+  # The processes a process started (any of its threads), without procps's pgrep.
+  children() { cat /proc/"$1"/task/*/children 2> /dev/null || true; }
   kept() { /usr/bin/python3 -c "import h5py, json; print(len(json.loads(h5py.File('$1', 'r').attrs['complete_units'])))"; }
   check_left() {  # FILE SIGNAL: rank 0's one line, the file whole and nothing beside it
     local n; n=$(kept "$1")

@@ -5,11 +5,17 @@
 // oracle's score_precision bf16) or quantised to fp8 e4m3 with per-row scales by
 // quantize_summaries_fp8 (score_precision fp8_e4m3) or to int4 codes by quantize_summaries_int4
 // (score_precision int4, and each candidate's score checked against its stored row, the case
-// table, ties, three tiles and 16 heads); the fused kernel (d36) and d5 (six launches, each
+// table, ties, three tiles and 16 heads); the fused kernel (d39) and d5 (six launches, each
 // stage's first form: the independent GPU path) run everywhere, d29 on the ties, the
-// several-tile cases, every case with d = 64 and 16 heads per group; d34 (two score tiles per
-// launch-1 block) equals d29 bit for bit, d35 (the select's sorts skipped, four-warp chunk tiles;
-// int4 with d34's launch 1) d34, d36 (no select launch: the chunk tiles select) d35. The versions
+// several-tile cases, every case with d = 64 and 16 heads per group, d36 with int4 summaries
+// (d39's scan with the codes widened to fp32) on the ties and every case with d = 64; d34 (two
+// score tiles per launch-1 block) equals d29 bit for bit, d35 (the select's sorts skipped,
+// four-warp chunk tiles; int4 with d34's launch 1) d34, d36 (no select launch: the chunk tiles
+// select) d35, d39 with fp8 or bf16 summaries d36; d39 with int4 summaries (its dots on the
+// tensor cores: exact products, the tensor core's sums, not d36's bits) is judged by the oracle
+// (as fused on every case; by name on the cross-tile ties over four and eleven tiles), every
+// candidate's score checked against its stored row (a code paired with the wrong q~ dimension
+// fails that). The versions
 // removed in session 17 are refused by code, naming them (gpu/NOTES.md "Kernels removed in
 // session 17").
 #include <catch2/catch.hpp>
@@ -65,8 +71,12 @@ constexpr Variant kD36Fp8{hils::gpu::DecodeKernel::d36, hils::gpu::SummaryType::
 constexpr Variant kD36Bf16{hils::gpu::DecodeKernel::d36, hils::gpu::SummaryType::bf16, "d36 bf16"};
 constexpr Variant kD36Int4{hils::gpu::DecodeKernel::d36, hils::gpu::SummaryType::int4, "d36 int4"};
 constexpr Variant kD5Int4{hils::gpu::DecodeKernel::d5, hils::gpu::SummaryType::int4, "d5 int4"};
+constexpr Variant kD39Int4{hils::gpu::DecodeKernel::d39, hils::gpu::SummaryType::int4, "d39 int4"};
+constexpr Variant kD39Fp8{hils::gpu::DecodeKernel::d39, hils::gpu::SummaryType::fp8_e4m3, "d39 fp8"};
+constexpr Variant kD39Bf16{hils::gpu::DecodeKernel::d39, hils::gpu::SummaryType::bf16, "d39 bf16"};
 // Every variant, for the tie and several-tile cases.
-const std::vector<Variant> kAllVariants{kFusedBf16, kFusedFp8, kFusedInt4, kD5Bf16, kD29Fp8};
+const std::vector<Variant> kAllVariants{kFusedBf16, kFusedFp8, kFusedInt4, kD5Bf16, kD29Fp8,
+                                        kD36Int4};
 
 // An e4m3 byte as a double (sign, 4 exponent bits with bias 7, 3 mantissa bits; no NaN expected).
 double decode_e4m3(unsigned char byte) {
@@ -387,7 +397,10 @@ TEST_CASE("gpu decode over the case table passes the oracle", "[gpu]") {
         check_decode(spec, seqs, c.name, kFusedInt4);
         if (&spec == &specs.front()) check_decode(spec, seqs, c.name, kD5Bf16);
         if (&spec == &specs.front()) check_decode(spec, seqs, c.name, kD5Int4);
-        if (c.d == 64) check_decode(spec, seqs, c.name, kD29Fp8);  // where fused (d36) and d29 differ
+        if (c.d == 64) {  // where fused (d39), d29 and d36 (int4 codes widened, no mma) differ
+          check_decode(spec, seqs, c.name, kD29Fp8);
+          check_decode(spec, seqs, c.name, kD36Int4);
+        }
         ++checked;
       }
     }
@@ -554,7 +567,8 @@ TEST_CASE("gpu decode with 16 heads per group passes the oracle", "[gpu]") {
 // d34 is d29 with two score tiles per launch-1 block (four tiles per head here: two blocks); d35
 // is d29 (int4: d34) with the select's warps taking the kept lists as sorted and four-warp chunk
 // tiles; d36 is d35 whose chunk tiles select (K = 32; other K take d35's launches): each gives
-// the bits of the one before (d29 gave the removed d21's, measured at 512K, B = 1, 8 and 32).
+// the bits of the one before (d29 gave the removed d21's, measured at 512K, B = 1, 8 and 32);
+// d39 with fp8 or bf16 summaries runs d36's kernels: d36's bits.
 TEST_CASE("gpu decode kernels that differ in launches or cache policy give the same bits", "[gpu]") {
   const Case c{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
   const std::vector<AttentionInputs<double>> seqs{
@@ -562,7 +576,8 @@ TEST_CASE("gpu decode kernels that differ in launches or cache policy give the s
   const std::vector<std::pair<Variant, Variant>> pairs{
       {kD29Fp8, kD34Fp8}, {kD29Bf16, kD34Bf16}, {kD29Int4, kD34Int4},
       {kD34Fp8, kD35Fp8}, {kD34Bf16, kD35Bf16}, {kD34Int4, kD35Int4},
-      {kD35Fp8, kD36Fp8}, {kD35Bf16, kD36Bf16}, {kD35Int4, kD36Int4}};
+      {kD35Fp8, kD36Fp8}, {kD35Bf16, kD36Bf16}, {kD35Int4, kD36Int4},
+      {kD36Fp8, kD39Fp8}, {kD36Bf16, kD39Bf16}};
   for (const char* preset : {"hils", "nsa"})
     for (int64_t K : {1, 8, 32})
       for (const auto& [baseline, other] : pairs) {
@@ -617,7 +632,8 @@ TEST_CASE("gpu decode d35 over full 64-slot chunks gives d34's bits", "[gpu]") {
 // d35's select takes each group-score tile's kept list as sorted (K = 32; K = 1, 2 sort, and cut
 // through the twins), d36's chunk tiles merge those lists themselves (eight per warp: the
 // eleven tiles fill warps 0-2 unevenly); exact ties that cross tiles (the top chunk copied into
-// two other tiles) must keep the lower chunk, and every verdict pass.
+// two other tiles) must keep the lower chunk, and every verdict pass; d39 int4 too (its twins
+// sit in other mma rows, lanes and warps and must still score alike).
 TEST_CASE("gpu decode d35 over several group-score tiles keeps the lower chunk", "[gpu]") {
   const Case four{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
   const Case eleven{"decode_d64_eleven_tiles", 10400, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
@@ -626,7 +642,8 @@ TEST_CASE("gpu decode d35 over several group-score tiles keeps the lower chunk",
   for (const auto& [c, twins] : shapes) {
     int64_t violations = 0;
     const int64_t cuts = check_cross_tile_ties(c, twins, {1, 2, 32},
-                                               {kD35Fp8, kD35Int4, kD35Bf16, kD36Fp8, kD36Int4},
+                                               {kD35Fp8, kD35Int4, kD35Bf16, kD36Fp8, kD36Int4,
+                                                kD39Int4},
                                                c.name, &violations);
     std::cout << "decode d35 " << c.name << ": selections cutting through the twins " << cuts
               << ", violations " << violations << "\n";
@@ -659,12 +676,14 @@ TEST_CASE("gpu decode refuses the kernel codes removed in session 17", "[gpu]") 
                     static_cast<int>(hils::gpu::DecodeKernel::d29) == 15 &&
                     static_cast<int>(hils::gpu::DecodeKernel::d34) == 20 &&
                     static_cast<int>(hils::gpu::DecodeKernel::d35) == 21 &&
-                    static_cast<int>(hils::gpu::DecodeKernel::d36) == 22,
+                    static_cast<int>(hils::gpu::DecodeKernel::d36) == 22 &&
+                    static_cast<int>(hils::gpu::DecodeKernel::d39) == 25,
                 "DecodeKernel codes are hils_gpu_decode::kernel values and never change");
   const std::vector<std::pair<int, std::string>> removed{
       {2, "d8"},   {3, "d13"},  {4, "d16"},  {5, "d17"},  {6, "d18"},  {7, "d19"},
       {8, "d21"},  {9, "d23"},  {10, "d24"}, {11, "d25"}, {23, "d37"}, {24, "d38"}};
-  const std::string kept = "0 (fused = d36), 1 (d5), 15 (d29), 20 (d34), 21 (d35) or 22 (d36)";
+  const std::string kept =
+      "0 (fused = d39), 1 (d5), 15 (d29), 20 (d34), 21 (d35), 22 (d36) or 25 (d39)";
   hils::gpu::DecodeOutputs out;
   for (const auto& [code, name] : removed) {
     const std::string expected = "decode: kernel " + std::to_string(code) + " (" + name +
@@ -685,7 +704,7 @@ TEST_CASE("gpu decode refuses the kernel codes removed in session 17", "[gpu]") 
     CHECK(hils_gpu_decode_step(&p, &none, nullptr, nullptr) == 2);
     CHECK(std::string(hils_gpu_decode_last_error()) == expected);
   }
-  for (int code : {0, 1, 15, 20, 21, 22}) {  // kept: refused for the empty inputs, not the code
+  for (int code : {0, 1, 15, 20, 21, 22, 25}) {  // kept: refused for the empty inputs, not the code
     hils_gpu_decode p{};
     p.kernel = code;
     const hils_gpu_decode_outputs none{};
@@ -694,7 +713,7 @@ TEST_CASE("gpu decode refuses the kernel codes removed in session 17", "[gpu]") 
     const std::string error = hils_gpu_decode_last_error();
     CHECK(error.find("decode: B = 0") == 0);
   }
-  for (int code : {12, 25, -1}) {  // never a kernel
+  for (int code : {12, 26, -1}) {  // never a kernel
     hils_gpu_decode p{};
     p.kernel = code;
     const hils_gpu_decode_outputs none{};
@@ -713,3 +732,4 @@ TEST_CASE("gpu decode refuses the kernel codes removed in session 17", "[gpu]") 
               "(flat_read) or 5 (tail_handoffs)");
   }
 }
+
