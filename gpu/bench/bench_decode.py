@@ -6,7 +6,7 @@ Peers in the same run: PyTorch SDPA with a one-token query on each backend that 
 the same sparse work (window + the K selected chunks, the mask given), and the dense byte floor:
 the whole KV cache read once at the copy bandwidth measured here (no dense kernel beats it).
 Ours runs four ways: the d5 kernel (six launches, bf16 summaries), the fused kernel (the
-default, d39: gpu/NOTES.md "decode") with bf16 summaries, and with fp8 e4m3 summaries (a per-row
+default, d36: gpu/NOTES.md "decode") with bf16 summaries, and with fp8 e4m3 summaries (a per-row
 power-of-two scale), and d29 with fp8 summaries (the previous default: the baseline); --variants
 picks others (d29, d34, d35, d36, d39; the versions removed in session 17 are refused by name, see
 gpu/NOTES.md "Kernels removed in session 17") and --batches / --lengths fewer shapes (no table
