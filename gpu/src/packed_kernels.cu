@@ -79,8 +79,9 @@ __device__ __forceinline__ void exponentiate(float (&s)[8][4], const float (&m)[
 // element mask (the landmark column only), and in the causal edge tile only the 8-key
 // column groups up to the warp's last query are computed. The softmax runs in base 2 with the
 // scale folded into one FFMA per score, row sums stay per thread until the end.
-// kWarps = 8 (mma_v9; mma_v10 was 4, 64 rows per block, removed in session 17); 128 registers
-// (16 warps per SM).
+// 8 warps (mma_v10's 4, 64 rows per block, were removed in session 17: gpu/NOTES.md "Kernels
+// removed in session 17"); 128 registers (16 warps per SM).
+constexpr int kV9Warps = 8;
 
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
@@ -208,22 +209,22 @@ __device__ __forceinline__ WindowRowBounds window_row_bounds(const SlotGeometry&
   return b;
 }
 
-// Shared memory of window_v9_kernel: two K/V stages and the block's kRows q rows (the q
+constexpr int kWindowRows = 16 * kV9Warps, kWindowThreads = kWarp * kV9Warps;
+
+// Shared memory of window_v9_kernel: two K/V stages and the block's kWindowRows q rows (the q
 // fragments are read per tile by ldmatrix instead of living in 16 registers through the loop).
-template <int kRows>
 struct WindowSmem {
   __nv_bfloat16 k[2][kTileDim][kTilePitch];
   __nv_bfloat16 v[2][kTileDim][kTilePitch];
-  __nv_bfloat16 q[kRows][kTilePitch];
+  __nv_bfloat16 q[kWindowRows][kTilePitch];
 };
 
-template <int G, int kWarps>
-__global__ void __launch_bounds__(kWarps * kWarp, 16 / kWarps)
+template <int G>
+__global__ void __launch_bounds__(kWindowThreads, 16 / kV9Warps)
     window_v9_kernel(LaunchParams p, float* o_swa, float* lse_swa) {
-  constexpr int kWindowRows = 16 * kWarps, kWindowThreads = kWarp * kWarps;
   constexpr int M = kWindowRows / G;
   extern __shared__ __align__(16) unsigned char window_smem[];
-  auto& sm = *reinterpret_cast<WindowSmem<kWindowRows>*>(window_smem);
+  auto& sm = *reinterpret_cast<WindowSmem*>(window_smem);
   auto& ks_tile = sm.k;
   auto& vs_tile = sm.v;
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
@@ -881,16 +882,14 @@ __global__ void __launch_bounds__(kPackedThreads)
   }
 }
 
-template <int G, int kWarps>
+template <int G>
 void launch_window_v9_g(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
-  constexpr int M = 16 * kWarps / G;
-  using Smem = WindowSmem<16 * kWarps>;
+  constexpr int M = kWindowRows / G;
   const dim3 grid(static_cast<unsigned>((p.T + M - 1) / M), static_cast<unsigned>(p.Hkv));
-  static const bool raised = cudaFuncSetAttribute(window_v9_kernel<G, kWarps>,
-                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                  sizeof(Smem)) == cudaSuccess;
+  static const bool raised = cudaFuncSetAttribute(window_v9_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  sizeof(WindowSmem)) == cudaSuccess;
   (void)raised;  // a failure surfaces as the launch's error
-  window_v9_kernel<G, kWarps><<<grid, kWarp * kWarps, sizeof(Smem), stream>>>(p, o, lse);
+  window_v9_kernel<G><<<grid, kWindowThreads, sizeof(WindowSmem), stream>>>(p, o, lse);
 }
 
 template <int G>
@@ -920,19 +919,14 @@ bool packed_path_applies(const LaunchParams& p) {
   return scratch + 2 * 2 * kTileDim * kTilePitch * 2 <= 200 * 1024;
 }
 
-template <int kWarps>
-void launch_window_v9_warps(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
-  switch (p.Hq / p.Hkv) {
-    case 1: return launch_window_v9_g<1, kWarps>(p, o, lse, stream);
-    case 2: return launch_window_v9_g<2, kWarps>(p, o, lse, stream);
-    case 4: return launch_window_v9_g<4, kWarps>(p, o, lse, stream);
-    case 8: return launch_window_v9_g<8, kWarps>(p, o, lse, stream);
-    default: return launch_window_v9_g<16, kWarps>(p, o, lse, stream);
-  }
-}
-
 void launch_window_v9(const LaunchParams& p, float* o, float* lse, cudaStream_t stream) {
-  launch_window_v9_warps<8>(p, o, lse, stream);
+  switch (p.Hq / p.Hkv) {
+    case 1: return launch_window_v9_g<1>(p, o, lse, stream);
+    case 2: return launch_window_v9_g<2>(p, o, lse, stream);
+    case 4: return launch_window_v9_g<4>(p, o, lse, stream);
+    case 8: return launch_window_v9_g<8>(p, o, lse, stream);
+    default: return launch_window_v9_g<16>(p, o, lse, stream);
+  }
 }
 
 // v18's tensor maps: K or V as a [Hkv, T, 64] bf16 tensor, boxes of 64 rows x 64 dims written

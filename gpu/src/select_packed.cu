@@ -170,21 +170,24 @@ __device__ __forceinline__ void issue_tile(__nv_bfloat16 (*dst)[kTilePitch], flo
   cp_async_commit();
 }
 
+// The threshold a candidate must beat, from a sorted list's K-th value (fmaxf: a NaN reads as
+// -inf). The maximum was with v6's bound, removed in session 17 (gpu/NOTES.md "Kernels removed in
+// session 17"); with -inf it stays, so that v4's and v5's code is what it was.
+__device__ __forceinline__ float threshold_of(float kth) { return fmaxf(kth, kNegInf); }
+
 // Each query's top-K list is kept sorted in shared memory: descending value, and of equal
 // values ascending chunk (candidates arrive in ascending chunk order, so an equal score never
 // displaces). Empty slots hold (-inf, -1); entry K - 1 is the threshold a candidate must beat.
 // While one query's tile row is offered, its list lives in registers (entries lane, lane + 32)
 // and each insertion is a ballot (its position) plus a one-lane shift.
 // r_row: the query's 64 tile values (sh.r row); value/index: its list of K entries.
-// floor (v6): candidates must also beat it (the float below the row's bound; -inf without).
-__device__ void offer_tile(const float* r_row, float* value, int32_t* index, int c0, int n_cand,
-                           int K, float floor = kNegInf) {
+__device__ void offer_tile(const float* r_row, float* value, int32_t* index, int c0, int n_cand, int K) {
   const int lane = threadIdx.x % kWarp;
   const bool two = K > kWarp;
   float v0 = lane < K ? value[lane] : kNegInf, v1 = two && lane + kWarp < K ? value[lane + kWarp] : kNegInf;
   int32_t i0 = lane < K ? index[lane] : -1, i1 = two && lane + kWarp < K ? index[lane + kWarp] : -1;
   const int last_lane = (K - 1) % kWarp;
-  float theta = fmaxf(__shfl_sync(0xffffffffu, K > kWarp ? v1 : v0, last_lane), floor);
+  float theta = threshold_of(__shfl_sync(0xffffffffu, K > kWarp ? v1 : v0, last_lane));
   bool changed = false;
   for (int half = 0; half < 2; ++half) {
     const int c = c0 + half * kWarp + lane;
@@ -215,7 +218,7 @@ __device__ void offer_tile(const float* r_row, float* value, int32_t* index, int
       if (e0 == pos) v0 = rv, i0 = ci;
       else if (e0 > pos) v0 = up_v0, i0 = up_i0;
       if (e0 >= K) v0 = kNegInf, i0 = -1;
-      theta = fmaxf(__shfl_sync(0xffffffffu, K > kWarp ? v1 : v0, last_lane), floor);
+      theta = threshold_of(__shfl_sync(0xffffffffu, K > kWarp ? v1 : v0, last_lane));
       changed = true;
     }
   }
@@ -599,15 +602,16 @@ __device__ void write_selection_ahead(const LaunchParams& p, const int32_t* inde
   }
 }
 
-// Warp-wide bitonic sort, largest first, of 32 kPer entries held kPer per lane (entry
-// e = lane + 32 i in x[i]; kPer = 1 or 2): entry e ends as the e-th largest. Floats (no NaN) or
-// the rank keys of rank_key.
+// Warp-wide bitonic sort, largest first, of 64 entries held 2 per lane (entry e = lane + 32 i in
+// x[i]; one per lane was v6.1's, removed in session 17): entry e ends as the e-th largest.
+// Floats (no NaN) or the rank keys of rank_key.
 __device__ __forceinline__ float larger(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ float smaller(float a, float b) { return fminf(a, b); }
 __device__ __forceinline__ uint64_t larger(uint64_t a, uint64_t b) { return a > b ? a : b; }
 __device__ __forceinline__ uint64_t smaller(uint64_t a, uint64_t b) { return a > b ? b : a; }
-template <typename T, int kPer>
-__device__ __forceinline__ void sort_largest_first(T (&x)[kPer]) {
+template <typename T>
+__device__ __forceinline__ void sort_largest_first(T (&x)[2]) {
+  constexpr int kPer = 2;
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int k = 2; k <= kWarp * kPer; k *= 2)
@@ -629,9 +633,10 @@ __device__ __forceinline__ void sort_largest_first(T (&x)[kPer]) {
 }
 
 // Lower bound on a row's K-th group score (v6), from pass 1. The row's candidate chunks are
-// split into kSlots disjoint slots (32 for v6.1, 64 for v8): with P = kSlots / 32 parts per lane,
-// chunk c of tile i, in part k (its n-tile nt in [8 k / P, 8 (k + 1) / P)) of the column quarter
-// j = (c / 2) % 4 that lane j of the row's quad holds, belongs to slot (4 P i + P j + k) % kSlots.
+// split into kBoundSlots = 64 disjoint slots (v8; v6.1's 32 were removed in session 17): with
+// P = kBoundSlots / 32 parts per lane, chunk c of tile i, in part k (its n-tile nt in [8 k / P,
+// 8 (k + 1) / P)) of the column quarter j = (c / 2) % 4 that lane j of the row's quad holds,
+// belongs to slot (4 P i + P j + k) % kBoundSlots.
 // While head h is scored, each lane keeps in shared memory the running maximum of s2 over its
 // slots (free lane maxima of pass 1's log-sum-exp); at the end of head h it folds
 // max(V[slot], term(slot max - log2 Z_hat_h)) into the row's V (term: identity for
@@ -640,10 +645,10 @@ __device__ __forceinline__ void sort_largest_first(T (&x)[kPer]) {
 // name distinct chunks, so the K-th largest V is at most the K-th largest group score, and pass
 // 2 drops candidates below it: none of them can be selected. Needs K <= 32; a row with fewer than
 // K nonempty slots gets -inf (no bound).
-// v_row: the row's kSlots V values (in any order); returns the K-th largest (1 <= K <= 32).
-template <int kSlots>
+// v_row: the row's kBoundSlots V values (in any order); returns the K-th largest (1 <= K <= 32).
+constexpr int kBoundSlots = 64;
 __device__ float kth_largest(const float* v_row, int K) {
-  constexpr int kPer = kSlots / kWarp;
+  constexpr int kPer = kBoundSlots / kWarp;
   const int lane = threadIdx.x % kWarp;
   float v[kPer];
 #pragma unroll
@@ -826,11 +831,11 @@ __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n, 
 // its options.
 // How pass 2 hands a tile's group scores to the rows' top K: one row at a time into sorted
 // lists (offer_tile, v4), or appended to per-row buffers without ranking (append_half, v8,
-// K <= 32).
+// K <= 32). The buffered kernels' pass 1 also forms the lower bound of each row's K-th group
+// score over kBoundSlots slots (kth_largest) and pass 2 offers no candidate below it; the sorted
+// lists (v4) form none (v6's did: removed in session 17).
 enum class Offers { sorted, buffered };
 
-// kSlots (v8: 64; 0: none): pass 1 also forms the lower bound of each row's K-th group score
-// over that many slots (kth_largest) and pass 2 offers no candidate below it.
 // kScoring: mma.sync (qk_tile, v4, v8), or wgmma_q_smem (v10 on, sm_90a): the products by the
 // warpgroup's wgmma from swizzled k' panels, 128 queries per block (two warpgroups sharing each
 // k' panel), and pass 2's q~ (a new head every step) staged by cp.async into a swizzled panel per
@@ -851,14 +856,11 @@ enum class Writer { in_order, ahead, separate };
 // step's epilogue is one FMNMX per element, r = scale2 max_h acc_h after the tile's G heads;
 // FoldColumns).
 enum class Lean { none, pass2, pass2_q32, pass2_fold };
-// Pass 1 one k' tile per step (v4, v8) or two (v14 on: panels 0-3, which pass 1 has free with
-// wgmma_q_smem scoring; lean copies only).
-enum class Pass1 { tiles, pairs };
 template <Scoring kScoring>
 constexpr int kBlockQueries = kScoring == Scoring::wgmma_q_smem ? 128 : 64;
 
-template <int G, int kSlots, Offers kOffers, Scoring kScoring = Scoring::mma_sync,
-          Writer kWriter = Writer::in_order, Lean kLeanSteps = Lean::none, Pass1 kPass1 = Pass1::tiles>
+template <int G, Offers kOffers, Scoring kScoring = Scoring::mma_sync, Writer kWriter = Writer::in_order,
+          Lean kLeanSteps = Lean::none>
 __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kScoring> == 64 ? 4 : 2)
     select_packed_kernel(LaunchParams p, const float* key, const __nv_bfloat16* key_bf16,
                          const float* bias, const float* bias2, const float* lse_swa,
@@ -871,12 +873,12 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   constexpr bool kLean = kLeanSteps != Lean::none;
   constexpr bool kFold = kLeanSteps == Lean::pass2_fold;
   constexpr bool kQ32 = kLeanSteps == Lean::pass2_q32 || kFold;
-  constexpr bool kPairs = kPass1 != Pass1::tiles;
-  static_assert(!kPairs || kLean, "the paired pass 1 takes v12's copy pieces and four panels");
+  // Pass 1 one k' tile per step (mma.sync: v4, v8) or two (wgmma: v14 on, in panels 0-3, which
+  // pass 1 has free; v12's copy pieces).
+  constexpr bool kPairs = kWgmma;
   static_assert(!kLean || kBuffered, "the lean pass 2 is v10's with buffered offers");
-  static_assert(!kBuffered || kSlots == 64, "v8's rows hold 64 bound slots in pass 1");
-  constexpr int kParts = kSlots > kWarp ? kSlots / kWarp : 1;  // slot maxima per lane and row
-  constexpr int kSlotCount = kSlots > 0 ? kSlots : kWarp;       // (the code of kSlots = 0 never runs)
+  constexpr int kSlots = kBoundSlots;     // the bound's (v8 on: buffered offers only)
+  constexpr int kParts = kSlots / kWarp;  // slot maxima per lane and row
   // Two stages of (k' tile, bias tile): step s + 1 streams in while step s is computed.
   __shared__ __align__(16) __nv_bfloat16 tile[2][kWgmma ? 1 : kTileDim][kTilePitch];
   __shared__ __align__(16) float bias_tile[kPairs ? 4 : 2][kTileDim];
@@ -910,11 +912,8 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   sh.index = kBuffered ? nullptr : reinterpret_cast<int32_t*>(take(kQueries * K));
   sh.n_cand = reinterpret_cast<int32_t*>(take(kQueries));
   float* row_bound = take(kQueries);  // kSlots: lower bound of each row's K-th group score
-  // Word of the bound's slot `slot` of row r: V at +0, the running slot maximum at +kSlots.
-  auto slot_word = [&](int r, int slot) {
-    return kBuffered ? r * kBufPitch + swizzled_slot(r, slot) : r * kRPitch + slot;
-  };
-  float* slot_base = kBuffered ? buf : sh.r;
+  // Word of the bound's slot `slot` of row r in buf: V at +0, the running slot maximum at +kSlots.
+  auto slot_word = [&](int r, int slot) { return r * kBufPitch + swizzled_slot(r, slot); };
   const SlotGeometry geo{p.T, p.S, p.W, p.landmarks};
   const int64_t t0 = block_t0(kQueries, first_round), g = blockIdx.y;
   const int64_t n_chunks = geo.n_chunks();
@@ -922,13 +921,13 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
   const int64_t t[2] = {t0 + row[0], t0 + row[1]};
   // The bound needs pass 1's log2 Z_hat: not for max_raw. Its V rows live in the buffer rows (v8)
-  // in pass 1 (in sh.r for the sorted lists of the removed v6; v4 forms no bound).
-  const bool bound = kSlots > 0 && p.group_rule != GroupRule::max_raw && K <= kWarp;
+  // in pass 1 (the sorted lists with a bound were the removed v6's: gpu/NOTES.md "Kernels
+  // removed in session 17").
+  const bool bound = kBuffered && p.group_rule != GroupRule::max_raw && K <= kWarp;
   if (!kBuffered)
     for (int e = threadIdx.x; e < kQueries * K; e += kThreads) sh.value[e] = kNegInf, sh.index[e] = -1;
   if (bound)
-    for (int e = threadIdx.x; e < kQueries * (kBuffered ? kBufPitch : kRPitch); e += kThreads)
-      slot_base[e] = kNegInf;
+    for (int e = threadIdx.x; e < kQueries * kBufPitch; e += kThreads) buf[e] = kNegInf;
   if (kFold) {
     for (int e = threadIdx.x; e < kFoldPanelFloats; e += kThreads) reinterpret_cast<float*>(fold_panel)[e] = 0.0f;
     wg::fence_proxy_async();
@@ -994,10 +993,10 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   auto update_slots = [&](int tile_i, const float (&lane_max)[2][kParts]) {
 #pragma unroll
     for (int k = 0; k < kParts; ++k) {
-      const int slot = (4 * kParts * tile_i + kParts * (lane % 4) + k) % kSlotCount;
+      const int slot = (4 * kParts * tile_i + kParts * (lane % 4) + k) % kSlots;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        float& cur = slot_base[slot_word(row[i], slot) + kSlots];
+        float& cur = buf[slot_word(row[i], slot) + kSlots];
         cur = fmaxf(cur, lane_max[i][k]);
       }
     }
@@ -1033,10 +1032,10 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const int word = slot_word(row[i], kParts * (lane % 4) + k + 4 * kParts * j);
-            float& cur = slot_base[word + kSlots];
+            float& cur = buf[word + kSlots];
             const float x = cur - z[i];
             const float term = p.group_rule == kGroupSumProbabilities ? fast_exp2(x) : x;
-            float& v = slot_base[word];
+            float& v = buf[word];
             v = fmaxf(v, term);
             cur = kNegInf;
           }
@@ -1146,7 +1145,7 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   if (prune) {
     for (int j = 0; j < 16; ++j) {
       const int q = warp * 16 + j;
-      const float kth = kth_largest<kSlotCount>(slot_base + q * (kBuffered ? kBufPitch : kRPitch), K);
+      const float kth = kth_largest(buf + q * kBufPitch, K);
       if (lane == 0) row_bound[q] = kth;
     }
     __syncwarp();
@@ -1424,8 +1423,8 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
   } else if (n_tiles > 0) {
     const int steps = G * n_tiles;
     float r[8][4];
-    // A candidate must beat theta to enter: the list's K-th value or, with the bound (v8), the
-    // float below the row's bound if that is larger (r > floor_of(bound) <=> r >= bound).
+    // A candidate must beat theta to enter: the sorted list's K-th value (v4), or the float
+    // below the row's bound (v8's buffers, r > floor_of(bound) <=> r >= bound) until a compaction.
     float theta[2] = {prune ? floor_of(row_bound[row[0]]) : kNegInf, prune ? floor_of(row_bound[row[1]]) : kNegInf};
     // Rows of q~ for head g G (null past T); head g G + hg is hg T 64 elements further.
     const auto* q0 = static_cast<const __nv_bfloat16*>(p.q_retrieval) + g * G * p.T * kTileDim;
@@ -1517,12 +1516,11 @@ __global__ void __launch_bounds__(2 * kBlockQueries<kScoring>, kBlockQueries<kSc
       // Each warp ranks its own 16 queries: no block barrier needed for sh.r rows.
       for (unsigned pending = rows; pending != 0u; pending &= pending - 1) {
         const int q = warp * 16 + __ffs(pending) - 1;
-        offer_tile(sh.r + q * kRPitch, sh.value + q * K, sh.index + q * K, c0, sh.n_cand[q], K,
-                   prune ? floor_of(row_bound[q]) : kNegInf);
+        offer_tile(sh.r + q * kRPitch, sh.value + q * K, sh.index + q * K, c0, sh.n_cand[q], K);
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        theta[i] = fmaxf(sh.value[row[i] * K + K - 1], prune ? floor_of(row_bound[row[i]]) : kNegInf);
+        theta[i] = threshold_of(sh.value[row[i] * K + K - 1]);
     }
   }
   __syncthreads();
@@ -1727,21 +1725,18 @@ int one_wave_first_round(SelectKernelFn fn, int threads, size_t smem, int64_t bl
 template <int G>
 SelectKernelFn select_kernel_of(PackedSelect kernel) {
   switch (kernel) {
-    case PackedSelect::two_pass_v4: return select_packed_kernel<G, 0, Offers::sorted>;
+    case PackedSelect::two_pass_v4: return select_packed_kernel<G, Offers::sorted>;
     case PackedSelect::one_pass_v5: return select_one_pass_kernel<G>;
-    case PackedSelect::two_pass_v8: return select_packed_kernel<G, 64, Offers::buffered>;
+    case PackedSelect::two_pass_v8: return select_packed_kernel<G, Offers::buffered>;
     case PackedSelect::two_pass_v15:
-      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::pass2,
-                                  Pass1::pairs>;
+      return select_packed_kernel<G, Offers::buffered, Scoring::wgmma_q_smem, Writer::ahead, Lean::pass2>;
     case PackedSelect::two_pass_v21:  // the selection; the scores by selected_scores_lean_kernel
     case PackedSelect::two_pass_v22:  // the same; the scores by selected_scores_lean_kernel<G, true>
-      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::separate, Lean::pass2_q32,
-                                  Pass1::pairs>;
+      return select_packed_kernel<G, Offers::buffered, Scoring::wgmma_q_smem, Writer::separate, Lean::pass2_q32>;
     case PackedSelect::two_pass_v25:  // v22 with the bias and log2 Z_hat as pass 2's fifth k-step
-      return select_packed_kernel<G, 64, Offers::buffered, Scoring::wgmma_q_smem, Writer::separate, Lean::pass2_fold,
-                                  Pass1::pairs>;
+      return select_packed_kernel<G, Offers::buffered, Scoring::wgmma_q_smem, Writer::separate, Lean::pass2_fold>;
   }
-  return select_packed_kernel<G, 0, Offers::sorted>;
+  return select_packed_kernel<G, Offers::sorted>;
 }
 
 template <int G>

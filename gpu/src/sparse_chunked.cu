@@ -262,34 +262,11 @@ __device__ __forceinline__ float ex2_approx(float x) {
   return y;
 }
 
-// s[i] = q[i] . K_tile^T for kSub 16-row slices (qk_tile of mma_common.cuh, each B fragment
-// loaded once for all slices).
-template <int kSub>
-__device__ __forceinline__ void qk_tiles(float (&s)[kSub][8][4], const uint32_t (&qa)[kSub][4][4],
-                                         const __nv_bfloat16 (*ks_tile)[kTilePitch]) {
-  const int lane = threadIdx.x % kWarp;
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-    for (int i = 0; i < kSub; ++i) s[i][nt][0] = s[i][nt][1] = s[i][nt][2] = s[i][nt][3] = 0.0f;
-    const __nv_bfloat16* key = ks_tile[nt * 8 + lane % 8] + 8 * (lane / 8);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      uint32_t b[4];
-      ldmatrix_x4(b, key + 32 * half);
-#pragma unroll
-      for (int i = 0; i < kSub; ++i) {
-        mma_16816(s[i][nt], qa[i][2 * half], b[0], b[1]);
-        mma_16816(s[i][nt], qa[i][2 * half + 1], b[2], b[3]);
-      }
-    }
-  }
-}
-
-// o[i] += P[i] . V_tile for kSub slices, P as bf16 A fragments (pv_tile of mma_common.cuh).
-template <int kSub>
-__device__ __forceinline__ void pv_tiles(float (&o)[kSub][8][4], const uint32_t (&pa)[kSub][4][4],
-                                         const __nv_bfloat16 (*vs_tile)[kTilePitch]) {
+// o += P . V_tile with P as bf16 A fragments (pv_tile of mma_common.cuh, which packs P itself).
+// The several 16-row slices per call (chunk_attention_v6_kernel's kSub) went in session 17
+// (gpu/NOTES.md "Kernels removed in session 17"); the scores side is mma_common.cuh's qk_tile.
+__device__ __forceinline__ void pv_tile_packed(float (&o)[8][4], const uint32_t (&pa)[4][4],
+                                               const __nv_bfloat16 (*vs_tile)[kTilePitch]) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
@@ -298,11 +275,8 @@ __device__ __forceinline__ void pv_tiles(float (&o)[kSub][8][4], const uint32_t 
     for (int np = 0; np < 4; ++np) {
       uint32_t b[4];
       ldmatrix_x4_trans(b, row + 16 * np);
-#pragma unroll
-      for (int i = 0; i < kSub; ++i) {
-        mma_16816(o[i][2 * np], pa[i][ks], b[0], b[1]);
-        mma_16816(o[i][2 * np + 1], pa[i][ks], b[2], b[3]);
-      }
+      mma_16816(o[2 * np], pa[ks], b[0], b[1]);
+      mma_16816(o[2 * np + 1], pa[ks], b[2], b[3]);
     }
   }
 }
@@ -618,17 +592,17 @@ __global__ void __launch_bounds__(kPackedThreads, 5)
     __syncwarp();
     __nv_bfloat16(*stage)[kTilePitch] = q_stage[warp][buf];
     __nv_bfloat16* frag_row = stage[lane % 8 + 8 * ((lane / 8) % 2)] + 8 * (lane / 16);
-    uint32_t qa[1][4][4];
+    uint32_t qa[4][4];
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) ldmatrix_x4(qa[0][ks], frag_row + 16 * ks);
-    float sc[1][8][4];
-    qk_tiles<1>(sc, qa, ks_tile);
-    if (mask_landmark) sc[0][7][1] = sc[0][7][3] = kNegInf;
+    for (int ks = 0; ks < 4; ++ks) ldmatrix_x4(qa[ks], frag_row + 16 * ks);
+    float sc[8][4];
+    qk_tile(sc, qa, ks_tile);
+    if (mask_landmark) sc[7][1] = sc[7][3] = kNegInf;
     float row_max[2] = {kNegInf, kNegInf};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) row_max[e / 2] = fmaxf(row_max[e / 2], sc[0][nt][e]);
+      for (int e = 0; e < 4; ++e) row_max[e / 2] = fmaxf(row_max[e / 2], sc[nt][e]);
     float neg_max[2], row_sum[2] = {0.0f, 0.0f}, scale[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) neg_max[r] = -quad_max(row_max[r]) * c2;
@@ -636,30 +610,30 @@ __global__ void __launch_bounds__(kPackedThreads, 5)
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        sc[0][nt][e] = ex2_approx(fmaf(sc[0][nt][e], c2, neg_max[e / 2]));
-        row_sum[e / 2] += sc[0][nt][e];
+        sc[nt][e] = ex2_approx(fmaf(sc[nt][e], c2, neg_max[e / 2]));
+        row_sum[e / 2] += sc[nt][e];
       }
 #pragma unroll
     for (int r = 0; r < 2; ++r)
       scale[r] = row_weight[16 * s + lane / 4 + 8 * r] / quad_sum(row_sum[r]);
-    uint32_t pa[1][4][4];
+    uint32_t pa[4][4];
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
-      pa[0][ks][0] = pack_bf16(sc[0][2 * ks][0], sc[0][2 * ks][1]);
-      pa[0][ks][1] = pack_bf16(sc[0][2 * ks][2], sc[0][2 * ks][3]);
-      pa[0][ks][2] = pack_bf16(sc[0][2 * ks + 1][0], sc[0][2 * ks + 1][1]);
-      pa[0][ks][3] = pack_bf16(sc[0][2 * ks + 1][2], sc[0][2 * ks + 1][3]);
+      pa[ks][0] = pack_bf16(sc[2 * ks][0], sc[2 * ks][1]);
+      pa[ks][1] = pack_bf16(sc[2 * ks][2], sc[2 * ks][3]);
+      pa[ks][2] = pack_bf16(sc[2 * ks + 1][0], sc[2 * ks + 1][1]);
+      pa[ks][3] = pack_bf16(sc[2 * ks + 1][2], sc[2 * ks + 1][3]);
     }
-    float oc[1][8][4] = {};
-    pv_tiles<1>(oc, pa, vs_tile);
+    float oc[8][4] = {};
+    pv_tile_packed(oc, pa, vs_tile);
     __syncwarp();
 #pragma unroll
     for (int nt = 0; nt < 8; nt += 2)
       stmatrix_x4(frag_row + 8 * nt,
-                  pack_half2(oc[0][nt][0] * scale[0], oc[0][nt][1] * scale[0]),
-                  pack_half2(oc[0][nt][2] * scale[1], oc[0][nt][3] * scale[1]),
-                  pack_half2(oc[0][nt + 1][0] * scale[0], oc[0][nt + 1][1] * scale[0]),
-                  pack_half2(oc[0][nt + 1][2] * scale[1], oc[0][nt + 1][3] * scale[1]));
+                  pack_half2(oc[nt][0] * scale[0], oc[nt][1] * scale[0]),
+                  pack_half2(oc[nt][2] * scale[1], oc[nt][3] * scale[1]),
+                  pack_half2(oc[nt + 1][0] * scale[0], oc[nt + 1][1] * scale[0]),
+                  pack_half2(oc[nt + 1][2] * scale[1], oc[nt + 1][3] * scale[1]));
     __syncwarp();
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
