@@ -156,10 +156,6 @@ void require_fits_in_memory(double bytes, const std::string& what) {
                              memory.text, bytes_text(bytes)));
 }
 
-}  // namespace hils::cli
-
-namespace hils::cli {
-
 std::string units_kept(const std::string& file, size_t complete_units,
                        const std::string& to_continue) {
   return fmt::format("{} keeps {} complete unit{} (work on unfinished units is dropped); {} to "

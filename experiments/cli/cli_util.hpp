@@ -7,8 +7,11 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "cli/commands.hpp"
+#include "hils/analysis/units.hpp"
 #include "io/activation_file.hpp"
 #include "io/file_error.hpp"
+#include "io/hdf5_util.hpp"
 
 namespace hils::cli {
 
@@ -39,6 +42,14 @@ void require_distinct_files(const std::filesystem::path& input, const std::strin
 void require_landmark_layout(bool landmarks, int64_t S, const io::ActivationMeta& meta,
                              const std::string& input, const std::string& who);
 
+// "<file> keeps N complete units (...); <to_continue> to continue from them": what a stopped
+// run's results file holds (no partial unit: a unit is published whole or not at all) and the
+// command that continues from it.
+std::string units_kept(const std::string& file, size_t complete_units,
+                       const std::string& to_continue);
+// The line of an interrupted run: the signal, then units_kept().
+std::string interrupted_message(int signal, const std::string& file, size_t complete_units,
+                                const std::string& to_continue);
 // The units the published results file `file` lists complete (0 when there is none).
 size_t published_units(const std::filesystem::path& file);
 // A write of `file` failed (a full disk) during its unit loop: rethrows `error`, with what the
@@ -46,6 +57,25 @@ size_t published_units(const std::filesystem::path& file);
 // it keeps any unit.
 [[noreturn]] void rethrow_write_failure(const io::FileError& error, const std::string& file,
                                         const std::string& to_continue);
+
+// Runs `unit_loop()` (a UnitRunner's run, or a study driver) into the results file `file` so
+// that SIGINT/SIGTERM stop it at a unit boundary (io::UnitStopScope): the stop becomes
+// Interrupted, whose line says how many units `units_complete()` finds in the file and
+// `to_continue` ("run the same command again", ...); a failed write (a full disk) says what the
+// last checkpoint keeps (rethrow_write_failure). Returns what unit_loop returns.
+template <class UnitLoop, class UnitsComplete>
+auto run_stoppable(UnitLoop unit_loop, const std::string& file, UnitsComplete units_complete,
+                   const std::string& to_continue) {
+  io::UnitStopScope stop_between_units;
+  try {
+    return unit_loop();
+  } catch (const analysis::Interrupted& e) {
+    throw Interrupted(e.signal_number, interrupted_message(e.signal_number, file,
+                                                           units_complete(), to_continue));
+  } catch (const io::FileError& e) {
+    rethrow_write_failure(e, file, to_continue);
+  }
+}
 
 // BadInput when `bytes` (an estimate of what a command will hold at once) exceeds 80% of the
 // memory this process may use (hils/memory.hpp: the machine's or cgroup's share, ulimit -v),

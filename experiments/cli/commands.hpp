@@ -51,22 +51,13 @@ class BadInput : public hils::InvalidArgument {
 };
 
 // A run stopped by a signal at a unit boundary (see the exit codes above); what() is the line
-// for stderr (interrupted_message()).
+// for stderr (interrupted_message(), cli_util.hpp).
 class Interrupted : public std::runtime_error {
  public:
   Interrupted(int signal, const std::string& message)
       : std::runtime_error(message), signal_number(signal) {}
   int signal_number;
 };
-
-// "<file> keeps N complete units (...); <to_continue> to continue from them": what a stopped
-// run's results file holds (no partial unit: a unit is published whole or not at all) and the
-// command that continues from it.
-std::string units_kept(const std::string& file, size_t complete_units,
-                       const std::string& to_continue);
-// The line of an interrupted run: the signal, then units_kept().
-std::string interrupted_message(int signal, const std::string& file, size_t complete_units,
-                                const std::string& to_continue);
 
 // Options shared by every subcommand, set on the top-level app by main.cpp.
 struct GlobalOptions {

@@ -51,17 +51,10 @@ RunOptions run_options(const RunPlan& plan, const io::ActivationMeta& meta) {
 analysis::UnitsDone run_units(analysis::UnitRunner& runner,
                               const std::vector<analysis::StudyUnit>& units, RunResults& results,
                               const RunFlags& flags, const analysis::Progress& progress) {
-  io::UnitStopScope stop_between_units;
-  const std::string to_continue =
-      flags.resume ? "run the same command again" : "run the same command with --resume";
-  try {
-    return runner.run(units, results.sink(), progress);
-  } catch (const analysis::Interrupted& e) {
-    throw Interrupted(e.signal_number, interrupted_message(e.signal_number, flags.output,
-                                                           results.units_complete(), to_continue));
-  } catch (const io::FileError& e) {
-    rethrow_write_failure(e, flags.output, to_continue);  // a full disk
-  }
+  return run_stoppable([&] { return runner.run(units, results.sink(), progress); }, flags.output,
+                       [&] { return results.units_complete(); },
+                       flags.resume ? "run the same command again"
+                                    : "run the same command with --resume");
 }
 
 }  // namespace

@@ -53,21 +53,12 @@ auto run_into_results(const Resolved& r, const std::filesystem::path& path,
     bar->advance();
   };
   const auto start = std::chrono::steady_clock::now();
-  const auto report = [&] {
-    // SIGINT/SIGTERM stop the units at a unit boundary (Interrupted); the file is resumed by
-    // the same command (StudyResults opens an existing file to resume it).
-    io::UnitStopScope stop_between_units;
-    try {
-      return driver(results.sink(), analysis::Progress(progress));
-    } catch (const analysis::Interrupted& e) {
-      throw Interrupted(e.signal_number,
-                        interrupted_message(e.signal_number, path.string(),
-                                            results.units_complete(),
-                                            "run the same command again"));
-    } catch (const io::FileError& e) {
-      rethrow_write_failure(e, path.string(), "run the same command again");  // a full disk
-    }
-  }();
+  // SIGINT/SIGTERM stop the units at a unit boundary; the same command resumes the file
+  // (StudyResults opens an existing file to resume it).
+  const auto report =
+      run_stoppable([&] { return driver(results.sink(), analysis::Progress(progress)); },
+                    path.string(), [&] { return results.units_complete(); },
+                    "run the same command again");
   results.commit();
   bar.reset();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
