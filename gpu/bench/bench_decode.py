@@ -33,6 +33,10 @@ import math
 from script_needs import needs
 needs("torch")
 
+# The C structs and the kernels by name, filled from the library's own table when it is loaded.
+from decode_ctypes import (SUMMARY_TYPES, Decode, DecodeOutputs, kernel_code, load_kernel_names,
+                           variant)
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -49,23 +53,6 @@ def enum_value(lib, field, name):
     return lib.hils_gpu_enum_names(field.encode()).decode().split().index(name)
 
 
-class Decode(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_int64) for n in ("B", "T", "Hq", "Hkv", "d", "dv", "S", "W", "K")] + [
-        (n, ctypes.c_int32)
-        for n in ("landmarks", "key_rule", "bias_rule", "group_rule", "fusion", "softmax1")
-    ] + [("scale", ctypes.c_double), ("slot_capacity", ctypes.c_int64),
-         ("chunk_capacity", ctypes.c_int64)] + [
-        (n, ctypes.c_void_p) for n in ("k", "v", "summary_key", "summary_bias", "q", "q_retrieval")
-    ] + [("summary_type", ctypes.c_int32), ("kernel", ctypes.c_int32),
-         ("summary_scale", ctypes.c_void_p), ("summary_key_bf16", ctypes.c_void_p)]
-
-SUMMARY_TYPES = {"bf16": 0, "fp8": 1, "int4": 2}
-# hils::gpu::DecodeKernel: the kept versions' codes (hils_gpu_decode::kernel), and those of the
-# versions removed in session 17, which the library refuses (gpu/NOTES.md "Kernels removed in
-# session 17"; their code is at commit 5a3f9d2).
-KERNELS = {"fused": 0, "d5": 1, "d29": 15, "d34": 20, "d35": 21, "d36": 22, "d39": 25}
-REMOVED_KERNELS = {"d8": 2, "d13": 3, "d16": 4, "d17": 5, "d18": 6, "d19": 7, "d21": 8, "d23": 9,
-                   "d24": 10, "d25": 11, "d37": 23, "d38": 24}
 # decode_scan_probe's probes (hils::gpu::ScanProbe), timed by --scan-floor (d21_scan = 0 and
 # d24_scan = 1 were removed in session 17).
 SCAN_PROBES = {"d25_scan": 2, "loads_only": 3, "flat_read": 4}
@@ -91,37 +78,6 @@ def report_difference(label, first, got, row):
     print(f"    {label}: {entries} selected chunks in {rows_differ} of {sel_a.numel() // sel_a.shape[-1]} "
           f"(b, g) selections differ from {first[0]}'s; max |o diff| {o_diff:.3g}, "
           f"max |lse diff| {lse_diff:.3g}", flush=True)
-
-
-def kernel_code(name):
-    """The DecodeKernel code of `name`; a removed version is named as such."""
-    if name in REMOVED_KERNELS:
-        raise SystemExit(f"decode kernel {name} (code {REMOVED_KERNELS[name]}) was removed in session 17 "
-                         "(gpu/NOTES.md \"Kernels removed in session 17\"; its code is at commit 5a3f9d2); "
-                         f"expected one of {', '.join(KERNELS)}")
-    if name not in KERNELS:
-        raise SystemExit(f"unknown decode kernel '{name}' (expected one of {', '.join(KERNELS)})")
-    return KERNELS[name]
-
-
-def kernel_name(name):
-    """`name` if it names a kept decode kernel (an argparse type); a removed version is named as such."""
-    kernel_code(name)
-    return name
-
-
-def variant(label):
-    """'d29_fp8' -> ('d29_fp8', 'd29', 'fp8')."""
-    kernel, summary = label.rsplit("_", 1)
-    kernel_code(kernel)  # a removed version: named as such
-    if summary not in SUMMARY_TYPES:
-        raise SystemExit(f"--variants: unknown '{label}' (expected <{'|'.join(KERNELS)}>_<bf16|fp8|int4>)")
-    return label, kernel, summary
-
-
-class DecodeOutputs(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_void_p) for n in ("o", "lse", "selection", "o_window", "lse_window",
-                                               "surrogate", "fusion_weights")]
 
 
 def ptr(t):
@@ -233,7 +189,7 @@ def quantize_int4(lib, key):
 
 class HilsDecode:
     """Our decode step on a random cache of B sequences of T slots (hils preset); `summary`
-    "bf16", "fp8" (e4m3 + row scales) or "int4" (codes + row scales), `kernel` a name of KERNELS."""
+    "bf16", "fp8" (e4m3 + row scales) or "int4" (codes + row scales), `kernel` a name of decode_ctypes.KERNELS."""
 
     def __init__(self, lib, B, T, gen, hq=HQ, hkv=HKV, d=D, s=S, w=W, k=K, summary="bf16",
                  kernel="fused"):
@@ -409,11 +365,12 @@ def main():
     args = ap.parse_args()
     global FLUSH
     FLUSH = args.flush
+    lib = ctypes.CDLL(args.lib)
+    load_kernel_names(lib)  # --variants names are checked against the library's kernels
     variants = tuple(variant(v) for v in args.variants.split(",")) if args.variants else VARIANTS
     batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else BATCHES
     lengths = tuple(int(t) for t in args.lengths.split(",")) if args.lengths else LENGTHS
     table = (variants, batches, lengths) == (VARIANTS, BATCHES, LENGTHS)
-    lib = ctypes.CDLL(args.lib)
     lib.hils_gpu_decode_last_error.restype = ctypes.c_char_p
     gen = torch.Generator(device="cuda")
     gen.manual_seed(4321)

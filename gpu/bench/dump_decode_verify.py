@@ -32,7 +32,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--kernel", type=bd.kernel_name, default="fused", help=f"one of {', '.join(bd.KERNELS)}")
+    ap.add_argument("--kernel", default="fused",
+                    help="a decode kernel by name: fused (the default), d39, d36, ... (the library's "
+                         "hils_gpu_enum_names(\"decode_kernel\"); a removed one is named as such)")
     ap.add_argument("--summaries", default="bf16,fp8",
                     help="comma-separated summary types to dump (bf16, fp8, int4)")
     ap.add_argument("--t", type=int, default=T, help="slots per sequence (default %(default)s)")
@@ -42,6 +44,8 @@ def main():
     args = ap.parse_args()
     T, K = args.t, args.k
     lib = hc.Library(args.lib)
+    bd.load_kernel_names(lib.lib)
+    bd.kernel_code(args.kernel)  # an unknown or removed kernel: named before any work
     lib.lib.hils_gpu_decode_last_error.restype = ctypes.c_char_p
     gen = torch.Generator(device="cuda")
     gen.manual_seed(20261122)

@@ -12,7 +12,7 @@ needs("torch")
 
 import torch
 
-from bench_decode import KERNELS, HilsDecode, flush_l2, kernel_name
+from bench_decode import HilsDecode, flush_l2, kernel_code, load_kernel_names
 
 
 def main():
@@ -21,10 +21,14 @@ def main():
     ap.add_argument("--B", type=int, default=8)
     ap.add_argument("--T", type=int, default=524288)
     ap.add_argument("--summary", choices=("bf16", "fp8"), default="fp8")
-    ap.add_argument("--kernel", type=kernel_name, default="fused", help=f"one of {', '.join(KERNELS)}")
+    ap.add_argument("--kernel", default="fused",
+                    help="a decode kernel by name: fused (the default), d39, d36, ... (the library's "
+                         "hils_gpu_enum_names(\"decode_kernel\"); a removed one is named as such)")
     ap.add_argument("--calls", type=int, default=1)
     args = ap.parse_args()
     lib = ctypes.CDLL(args.lib)
+    load_kernel_names(lib)
+    kernel_code(args.kernel)  # an unknown or removed kernel: named before any work
     lib.hils_gpu_decode_last_error.restype = ctypes.c_char_p
     gen = torch.Generator(device="cuda")
     gen.manual_seed(4321)

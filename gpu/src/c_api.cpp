@@ -7,6 +7,7 @@
 
 #include "c_api_guard.hpp"
 #include "hils/gpu/attention.hpp"
+#include "hils/gpu/decode.hpp"
 
 namespace {
 
@@ -107,6 +108,12 @@ struct KernelCodes<hils::gpu::WindowKernel> {
   static constexpr const auto& removed = kRemovedWindowKernels;
   static const char* name(hils::gpu::WindowKernel k) { return hils::gpu::window_kernel_name(k); }
 };
+template <>
+struct KernelCodes<hils::gpu::DecodeKernel> {  // the table is decode.hpp's
+  static constexpr const auto& kept = hils::gpu::kDecodeKernels;
+  static constexpr const auto& removed = hils::gpu::kRemovedDecodeKernels;
+  static const char* name(hils::gpu::DecodeKernel k) { return hils::gpu::decode_kernel_name(k); }
+};
 
 // "name=code" of every kept kernel (or, `removed`, every removed code), space-separated.
 template <class Kernel>
@@ -114,7 +121,7 @@ std::string kernel_codes(bool removed) {
   using Codes = KernelCodes<Kernel>;
   std::string out;
   if (removed)
-    for (const RemovedKernel& r : Codes::removed)
+    for (const auto& r : Codes::removed)
       out += (out.empty() ? "" : " ") + std::string(r.name) + "=" + std::to_string(r.code);
   else
     for (Kernel k : Codes::kept)
@@ -133,7 +140,7 @@ Kernel kernel_of_code(const char* field, int32_t value) {
     if (static_cast<int32_t>(k) == value) return k;
     kept += (kept.empty() ? "" : ", ") + std::to_string(static_cast<int32_t>(k)) + " (" + Codes::name(k) + ")";
   }
-  for (const RemovedKernel& r : Codes::removed)
+  for (const auto& r : Codes::removed)
     if (r.code == value)
       throw std::invalid_argument(std::string(field) + ": " + std::to_string(value) + " (" + r.name +
                                   ") was removed in session 17 (gpu/NOTES.md \"Kernels removed in "
@@ -181,7 +188,9 @@ const char* hils_gpu_enum_names(const char* field) {
                            window = kernel_codes<hils::gpu::WindowKernel>(false),
                            select_removed = kernel_codes<hils::gpu::SelectKernel>(true),
                            sparse_removed = kernel_codes<hils::gpu::SparseKernel>(true),
-                           window_removed = kernel_codes<hils::gpu::WindowKernel>(true);
+                           window_removed = kernel_codes<hils::gpu::WindowKernel>(true),
+                           decode = kernel_codes<hils::gpu::DecodeKernel>(false),
+                           decode_removed = kernel_codes<hils::gpu::DecodeKernel>(true);
   const std::string name = field == nullptr ? "" : field;
   if (name == "key_rule") return key.c_str();
   if (name == "bias_rule") return bias.c_str();
@@ -194,6 +203,8 @@ const char* hils_gpu_enum_names(const char* field) {
   if (name == "select_kernel_removed") return select_removed.c_str();
   if (name == "sparse_kernel_removed") return sparse_removed.c_str();
   if (name == "window_kernel_removed") return window_removed.c_str();
+  if (name == "decode_kernel") return decode.c_str();
+  if (name == "decode_kernel_removed") return decode_removed.c_str();
   return nullptr;
 }
 

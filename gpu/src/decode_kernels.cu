@@ -2203,27 +2203,16 @@ void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScrat
                 out.lse_window);
 }
 
-// The removed versions (gpu/NOTES.md "Kernels removed in session 17"), code and name: refused
-// with a message that names them, the commit that holds their code and the kept ones.
+// The removed versions (gpu/NOTES.md "Kernels removed in session 17"; kRemovedDecodeKernels,
+// decode.hpp): refused with a message that names them, the commit that holds their code and the
+// kept ones.
 constexpr const char* kRemovedIn17 =
     " was removed in session 17 (gpu/NOTES.md \"Kernels removed in session 17\"; its code is at "
     "commit 5a3f9d2); expected one of ";
 const char* removed_kernel_name(int code) {
-  switch (code) {
-    case 2: return "d8";
-    case 3: return "d13";
-    case 4: return "d16";
-    case 5: return "d17";
-    case 6: return "d18";
-    case 7: return "d19";
-    case 8: return "d21";
-    case 9: return "d23";
-    case 10: return "d24";
-    case 11: return "d25";
-    case 23: return "d37";
-    case 24: return "d38";
-    default: return nullptr;
-  }
+  for (const RemovedDecodeKernel& removed : kRemovedDecodeKernels)
+    if (removed.code == code) return removed.name;
+  return nullptr;
 }
 
 void require_kept_kernel(DecodeKernel kernel) {

@@ -29,7 +29,9 @@ const char* hils_gpu_last_error(void);
    (e.g. "exact mean landmark_key taylor"). For the kernel codes below, field "select_kernel",
    "sparse_kernel" or "window_kernel": each kept kernel as name=code (e.g. "two_pass_v4=0
    one_pass_v5=1 two_pass_v8=4 ..."; the codes are not consecutive), and with "_removed" appended
-   (e.g. "select_kernel_removed") the codes that session 17 removed, as name=code. NULL for another
+   (e.g. "select_kernel_removed") the codes that session 17 removed, as name=code. The same for
+   the decode step's kernels (hils_gpu_decode::kernel, hils/gpu/decode_c_api.h): "decode_kernel"
+   ("fused=0 d5=1 d29=15 ...") and "decode_kernel_removed" ("d8=2 d13=3 ..."). NULL for another
    field. */
 const char* hils_gpu_enum_names(const char* field);
 int hils_gpu_workspace_bytes(const hils_gpu_problem* p, size_t* bytes);

@@ -105,6 +105,33 @@ struct DecodeOutputs {
 //          step; kept as the structurally independent GPU path the tests check the others
 //          against the oracle beside (gpu/NOTES.md "Kernels removed in session 17")
 enum class DecodeKernel { fused = 0, d5 = 1, d29 = 15, d34 = 20, d35 = 21, d36 = 22, d39 = 25 };
+// The kept kernels in code order, each named by decode_kernel_name, and the versions removed in
+// session 17 with their codes and names (decode_step refuses those, naming them): the one table,
+// which hils_gpu_enum_names("decode_kernel") and ("decode_kernel_removed") list as name=code
+// for callers without these headers (gpu/bench/decode_names.py).
+inline constexpr DecodeKernel kDecodeKernels[] = {DecodeKernel::fused, DecodeKernel::d5,
+                                                  DecodeKernel::d29,   DecodeKernel::d34,
+                                                  DecodeKernel::d35,   DecodeKernel::d36,
+                                                  DecodeKernel::d39};
+constexpr const char* decode_kernel_name(DecodeKernel kernel) {
+  switch (kernel) {
+    case DecodeKernel::fused: return "fused";
+    case DecodeKernel::d5: return "d5";
+    case DecodeKernel::d29: return "d29";
+    case DecodeKernel::d34: return "d34";
+    case DecodeKernel::d35: return "d35";
+    case DecodeKernel::d36: return "d36";
+    case DecodeKernel::d39: return "d39";
+  }
+  return "unknown";
+}
+struct RemovedDecodeKernel {
+  int32_t code;
+  const char* name;
+};
+inline constexpr RemovedDecodeKernel kRemovedDecodeKernels[] = {
+    {2, "d8"},  {3, "d13"},  {4, "d16"},  {5, "d17"},  {6, "d18"},  {7, "d19"},
+    {8, "d21"}, {9, "d23"}, {10, "d24"}, {11, "d25"}, {23, "d37"}, {24, "d38"}};
 
 // A measurement probe for the benchmark (gpu/bench/bench_decode.py --scan-floor, --handoffs), not
 // a step: launch 1 of the step alone, or a kernel that only reads launch 1's bytes, writing
