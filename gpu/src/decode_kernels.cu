@@ -2295,7 +2295,7 @@ const char* removed_kernel_name(int code) {
 
 void require_kept_kernel(DecodeKernel kernel) {
   constexpr const char* kKept =
-      "0 (fused = d36), 1 (d5), 15 (d29), 20 (d34), 21 (d35), 22 (d36), 25 (d39) or 26 (d40)";
+      "0 (fused = d39), 1 (d5), 15 (d29), 20 (d34), 21 (d35), 22 (d36), 25 (d39) or 26 (d40)";
   const int code = static_cast<int>(kernel);
   if (const char* name = removed_kernel_name(code))
     throw std::invalid_argument("decode: kernel " + std::to_string(code) + " (" + name + ")" +
@@ -2333,13 +2333,13 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
     });
     return;
   }
-  // fused = d36 (since session 16; d29 before; d39 stays by name until its multi-tile tests
-  // have run on a device, gpu/NOTES.md "d39"); d29: d25's launch 1 (ld.global.cs) with the chunk
+  // fused = d39 (since session 18, once its multi-tile tests had passed on a device; d36 in
+  // sessions 16-17, d29 before; gpu/NOTES.md "d39"); d29: d25's launch 1 (ld.global.cs) with the chunk
   // tiles' K/V rows loaded evict-first; d34: d29 with two score tiles per launch-1 block; d35: d29 (int4: d34) with the
   // select's sorts skipped and the chunk tiles on four warps (the same bits); d36: d35 whose
   // chunk tiles select; d39: d36 with the int4 score tiles' dots on the tensor cores (coalesced
   // rows); d40: d39 whose int4_h score tiles read (s16, b'16) pairs.
-  const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d36 : kernel;
+  const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d39 : kernel;
   const bool pairs = k == DecodeKernel::d40;  // int4_h comes only with d40 (required above)
   const bool d39 = k == DecodeKernel::d39 || k == DecodeKernel::d40;
   const bool d36 = k == DecodeKernel::d36 || d39, d35 = k == DecodeKernel::d35 || d36;

@@ -5,19 +5,21 @@
 // oracle's score_precision bf16) or quantised to fp8 e4m3 with per-row scales by
 // quantize_summaries_fp8 (score_precision fp8_e4m3) or to int4 codes by quantize_summaries_int4
 // (score_precision int4, and each candidate's score checked against its stored row, the case
-// table, ties, three tiles and 16 heads); the fused kernel (d36) and d5 (six launches, each
-// stage's first form: the independent GPU path) run everywhere, d29 on the ties, the
-// several-tile cases, every case with d = 64 and 16 heads per group, d39 with int4 summaries
-// (d36 with its int4 dots on the tensor cores) on the ties and every case with d = 64; d34 (two
-// score tiles per launch-1 block) equals d29 bit for bit, d35 (the select's sorts skipped,
-// four-warp chunk tiles; int4 with d34's launch 1) d34, d36 (no select launch: the chunk tiles
-// select) d35, d39 with fp8 or bf16 summaries d36; d39 with int4 summaries (its dots on the
-// tensor cores: exact products, the tensor core's sums, not d36's bits) is judged by the oracle
-// (by name: the ties, the d = 64 cases, the cross-tile ties over four and eleven tiles), every
-// candidate's score checked against its stored row (a code paired with the wrong q~ dimension
-// fails that); d40 with int4_h summaries (d39 reading each row's scale and b' as one fp16 pair,
-// codes against the fp16 scale) likewise under score_precision int4_h, its quantizer's pairs
-// checked bit for bit (a b' in bf16 or e4m3 fails that), and with fp8 or int4 d39's bits. The versions
+// table, ties, three tiles and 16 heads); the fused kernel (d39 since session 18) and d5 (six
+// launches, each stage's first form: the independent GPU path) run everywhere, d29 on the ties,
+// the several-tile cases, every case with d = 64 and 16 heads per group, d36 with int4 summaries
+// (d39 without the tensor-core dots) on the ties and every case with d = 64; d34 (two score
+// tiles per launch-1 block) equals d29 bit for bit, d35 (the select's sorts skipped, four-warp
+// chunk tiles; int4 with d34's launch 1) d34, d36 (no select launch: the chunk tiles select)
+// d35, d39 with fp8 or bf16 summaries d36; d39 with int4 summaries (its dots on the tensor
+// cores: exact products, the tensor core's sums, not d36's bits) is judged by the oracle (as
+// fused on the case table and the ties, by name on the cross-tile ties over four and eleven
+// tiles), every candidate's score checked against its stored row (a code paired with the wrong
+// q~ dimension fails that); d40 with int4_h summaries (d39 reading each row's scale and b' as one
+// fp16 pair, codes against the fp16 scale) likewise under score_precision int4_h (by name: the
+// case table's d = 64 cases, the ties, three tiles, 16 heads, the cross-tile ties), its
+// quantizer's pairs checked bit for bit (a b' in bf16 or e4m3 fails that), and with fp8 or int4
+// d39's bits. The versions
 // removed in session 17 are refused by code, naming them (gpu/NOTES.md "Kernels removed in
 // session 17").
 #include <catch2/catch.hpp>
@@ -79,9 +81,10 @@ constexpr Variant kD39Bf16{hils::gpu::DecodeKernel::d39, hils::gpu::SummaryType:
 constexpr Variant kD40Int4h{hils::gpu::DecodeKernel::d40, hils::gpu::SummaryType::int4_h, "d40 int4_h"};
 constexpr Variant kD40Fp8{hils::gpu::DecodeKernel::d40, hils::gpu::SummaryType::fp8_e4m3, "d40 fp8"};
 constexpr Variant kD40Int4{hils::gpu::DecodeKernel::d40, hils::gpu::SummaryType::int4, "d40 int4"};
-// Every variant, for the tie and several-tile cases.
+// Every variant, for the tie and several-tile cases (fused int4 is d39 where d = 64; d36 int4
+// keeps the scalar int4 dots in the set).
 const std::vector<Variant> kAllVariants{kFusedBf16, kFusedFp8, kFusedInt4, kD5Bf16, kD29Fp8,
-                                        kD39Int4, kD40Int4h};
+                                        kD36Int4, kD40Int4h};
 
 // An e4m3 byte as a double (sign, 4 exponent bits with bias 7, 3 mantissa bits; no NaN expected).
 double decode_e4m3(unsigned char byte) {
@@ -460,9 +463,9 @@ TEST_CASE("gpu decode over the case table passes the oracle", "[gpu]") {
         check_decode(spec, seqs, c.name, kFusedInt4);
         if (&spec == &specs.front()) check_decode(spec, seqs, c.name, kD5Bf16);
         if (&spec == &specs.front()) check_decode(spec, seqs, c.name, kD5Int4);
-        if (c.d == 64) {  // where fused (d36), d29 and d39 (int4 dots on the tensor cores) differ
+        if (c.d == 64) {  // where fused (d39: int4 dots on the tensor cores), d29 and d36 differ
           check_decode(spec, seqs, c.name, kD29Fp8);
-          check_decode(spec, seqs, c.name, kD39Int4);
+          check_decode(spec, seqs, c.name, kD36Int4);
           check_decode(spec, seqs, c.name, kD40Int4h);
         }
         ++checked;
@@ -764,7 +767,7 @@ TEST_CASE("gpu decode refuses the kernel codes removed in session 17", "[gpu]") 
       {2, "d8"},   {3, "d13"},  {4, "d16"},  {5, "d17"},  {6, "d18"},  {7, "d19"},
       {8, "d21"},  {9, "d23"},  {10, "d24"}, {11, "d25"}, {23, "d37"}, {24, "d38"}};
   const std::string kept =
-      "0 (fused = d36), 1 (d5), 15 (d29), 20 (d34), 21 (d35), 22 (d36), 25 (d39) or 26 (d40)";
+      "0 (fused = d39), 1 (d5), 15 (d29), 20 (d34), 21 (d35), 22 (d36), 25 (d39) or 26 (d40)";
   hils::gpu::DecodeOutputs out;
   for (const auto& [code, name] : removed) {
     const std::string expected = "decode: kernel " + std::to_string(code) + " (" + name +

@@ -86,7 +86,7 @@ struct DecodeOutputs {
 // d16-d19, d21, d23-d25, d37, d38: codes 2-11, 23, 24) are refused with an error naming them
 // (gpu/NOTES.md "Kernels removed in session 17"; their code is at commit 5a3f9d2). Codes 12-14
 // (d26-d28, session 12) and 16-19 (d30-d33, session 13) went earlier, measured slower.
-//   fused: the default, d36 (below; d29 before session 16)
+//   fused: the default, d39 (below; d36 in sessions 16-17, d29 before)
 //   d29:   window and score tiles in one grid (launch 1, its stream of summary rows, b' and row
 //          scales loaded ld.global.cs: d25), then group scores, select, chunk tiles and fuse by
 //          programmatic dependent launch, K <= 32 ranked by warp sorts, the chunk tiles on the
@@ -108,8 +108,8 @@ struct DecodeOutputs {
 //          bf16 codes exact, fp32 accumulation; 16-byte aligned rows of d = 64, else d36): the
 //          products are exact, the sums the tensor core's, so not d36's bits; d36 with fp8 or
 //          bf16 summaries (session 17, gpu/NOTES.md "d39": B = 8, 512K int4 47.3-47.8 us against
-//          d36's 48.4-48.5, the scan launch 24.2 against 24.9; by name until its multi-tile tests
-//          have run on a device)
+//          d36's 48.4-48.5, the scan launch 24.2 against 24.9; the default since session 18,
+//          when its multi-tile tests passed on a device)
 //   d40:   d39 whose int4_h score tiles read each row's scale and b' as one __half2 (4 bytes in
 //          place of two fp32 arrays' 8; session 18, gpu/NOTES.md "d40"); the only kernel that
 //          takes int4_h summaries; d39 with the other summary types

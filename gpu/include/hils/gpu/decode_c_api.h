@@ -21,7 +21,7 @@ typedef struct hils_gpu_decode {
   const float* summary_bias;
   const void *q, *q_retrieval; /* bf16 [B, Hq, d]; q_retrieval may be null */
   int32_t summary_type;        /* 0 bf16, 1 fp8 e4m3, 2 int4, 3 int4_h (hils::gpu::SummaryType) */
-  int32_t kernel;              /* 0 fused (the default: d36), 1 d5, 15 d29, 20 d34, 21 d35, 22 d36, 25 d39, 26 d40 (hils::gpu::DecodeKernel);
+  int32_t kernel;              /* 0 fused (the default: d39), 1 d5, 15 d29, 20 d34, 21 d35, 22 d36, 25 d39, 26 d40 (hils::gpu::DecodeKernel);
                                   2-11 (d8, d13, d16-d19, d21, d23-d25), 23 (d37) and 24 (d38) were removed in session 17
                                   and are refused (2) naming them (gpu/NOTES.md "Kernels removed in session 17") */
   const float* summary_scale;  /* fp8, int4: [B, Hq, chunk_capacity] row scales; else null */
