@@ -271,6 +271,15 @@ bool has_attribute(const H5::H5Object& object, const std::string& name) {
 
 namespace {
 
+// FileError unless the attribute holds one value (an array of 2, say, or an empty one, named).
+void require_one_value(const std::filesystem::path& file, const std::string& where,
+                       const std::string& expected, const H5::Attribute& attribute) {
+  const hssize_t n = attribute.getSpace().getSimpleExtentNpoints();
+  if (n != 1)
+    fail(file, where, expected,
+         "an array of " + std::to_string(n) + " " + type_text(attribute.getDataType()));
+}
+
 H5::Attribute open_attribute(const std::filesystem::path& file, const H5::H5Object& object,
                              const std::string& object_name, const std::string& name) {
   std::string where = (object_name.empty() ? "/" : object_name) + " attribute " + name;
@@ -301,8 +310,9 @@ int64_t read_int_attribute(const std::filesystem::path& file, const H5::H5Object
                            const std::string& object_name, const std::string& name) {
   H5::Attribute attribute = open_attribute(file, object, object_name, name);
   H5::DataType type = attribute.getDataType();
-  if (type.getClass() != H5T_INTEGER || attribute.getSpace().getSimpleExtentNpoints() != 1)
+  if (type.getClass() != H5T_INTEGER)
     fail(file, object_name + " attribute " + name, "one integer", type_text(type));
+  require_one_value(file, object_name + " attribute " + name, "one integer", attribute);
   int64_t value = 0;
   attribute.read(H5::PredType::NATIVE_INT64, &value);
   return value;
@@ -312,9 +322,9 @@ double read_double_attribute(const std::filesystem::path& file, const H5::H5Obje
                              const std::string& object_name, const std::string& name) {
   H5::Attribute attribute = open_attribute(file, object, object_name, name);
   H5::DataType type = attribute.getDataType();
-  if ((type.getClass() != H5T_FLOAT && type.getClass() != H5T_INTEGER) ||
-      attribute.getSpace().getSimpleExtentNpoints() != 1)
+  if (type.getClass() != H5T_FLOAT && type.getClass() != H5T_INTEGER)
     fail(file, object_name + " attribute " + name, "one number", type_text(type));
+  require_one_value(file, object_name + " attribute " + name, "one number", attribute);
   double value = 0;
   attribute.read(H5::PredType::NATIVE_DOUBLE, &value);
   if (!std::isfinite(value))

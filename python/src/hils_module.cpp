@@ -58,23 +58,40 @@ int64_t axis_size(const py::object& array, py::ssize_t axis) {
   return static_cast<int64_t>(py::reinterpret_borrow<py::array>(array).shape(axis));
 }
 
+// "q, shape [4, 512, 32] read as [Hq, T, d]": where the other inputs' T and d come from, so that
+// a q in another layout ([T, Hq, d]) is recognised in their messages, not taken for a wrong k.
+std::string q_shape_text(const py::object& q) {
+  const auto a = py::reinterpret_borrow<py::array>(q);
+  std::string dims;
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) dims += (i ? ", " : "") + std::to_string(a.shape(i));
+  return "from q, shape [" + dims + "] read as [Hq, T, d]";
+}
+
 // {"q", "k", "v", "q_retrieval"?, "prior"?} -> inputs, checked as the CLI checks /inputs.
 AttentionInputs<double> inputs_from_dict(const py::dict& arrays) {
   AttentionInputs<double> in;
   const py::object q = item_or_none(arrays, "q");
   in.q = heads_from_array("q", q, {{-1, -1, -1}, "(heads, rows, columns)"}, true);
-  const int64_t T = axis_size(q, 1), d = axis_size(q, 2);
+  const int64_t Hq = axis_size(q, 0), T = axis_size(q, 1), d = axis_size(q, 2);
+  const std::string from_q = q_shape_text(q);
   const py::object k = item_or_none(arrays, "k");
-  in.k = heads_from_array("k", k, {{-1, T, d}, "(heads, rows, columns)"}, true);
+  in.k = heads_from_array("k", k, {{-1, T, d}, "(KV heads, T, d; T = " + std::to_string(T) +
+                                                   " and d = " + std::to_string(d) + " " + from_q + ")"},
+                          true);
   in.v = heads_from_array("v", item_or_none(arrays, "v"),
-                          {{axis_size(k, 0), T, -1}, "(heads, rows, columns)"}, true);
+                          {{axis_size(k, 0), T, -1},
+                           "(KV heads, T, dv; KV heads = " + std::to_string(axis_size(k, 0)) +
+                               " from k, T = " + std::to_string(T) + " " + from_q + ")"},
+                          true);
   const py::object q_retrieval = item_or_none(arrays, "q_retrieval");
   if (!q_retrieval.is_none())
     in.q_retrieval = heads_from_array("q_retrieval", q_retrieval,
-                                      {{axis_size(q, 0), T, d}, "(heads, rows, columns)"}, true);
+                                      {{Hq, T, d}, "(Hq, T, d " + from_q + ")"}, true);
   const py::object prior = item_or_none(arrays, "prior");
   if (!prior.is_none())
-    in.prior = heads_from_array("prior", prior, {{axis_size(q, 0), -1, d}, "(heads, rows, columns)"},
+    in.prior = heads_from_array("prior", prior,
+                                {{Hq, -1, d}, "(Hq, rows, d; Hq = " + std::to_string(Hq) + " and d = " +
+                                                  std::to_string(d) + " " + from_q + ")"},
                                 true);
   return in;
 }

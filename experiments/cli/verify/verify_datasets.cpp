@@ -2,6 +2,9 @@
 // selection, and the /inputs, /outputs and /grads groups built from them.
 #include <limits>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "cli/verify/verify_file.hpp"
 #include "io/file_error.hpp"
 #include "io/hdf5_util.hpp"
@@ -13,11 +16,13 @@ namespace fs = std::filesystem;
 namespace {
 
 // A rank-3 float dataset [H x rows x cols] as H row-major matrices; `expected` may hold -1.
+// `axes` names the axes in the message of a wrong shape.
 std::vector<Matrix<double>> read_heads(const fs::path& file, const H5::Group& root,
                                        const std::string& name, const std::vector<int64_t>& expected,
-                                       bool finite_only) {
+                                       bool finite_only,
+                                       const std::string& axes = "(heads, rows, columns)") {
   const H5::DataSet ds = io::open_dataset(file, root, name);
-  io::require_dims(file, name, ds, expected, "(heads, rows, columns)");
+  io::require_dims(file, name, ds, expected, axes);
   const auto dims = io::dataset_dims(ds);
   const std::vector<double> data = io::read_doubles(file, name, ds, finite_only);
   std::vector<Matrix<double>> heads;
@@ -65,20 +70,38 @@ std::vector<IndexMatrix> read_selection(const fs::path& file, const H5::Group& r
   return heads;
 }
 
+// "[4, 512, 32]"
+std::string dims_text(const std::vector<hsize_t>& dims) {
+  return fmt::format("[{}]", fmt::join(dims, ", "));
+}
+
 }  // namespace
 
 // /inputs: q [Hq,T,d], k [Hkv,T,d], v [Hkv,T,dv], optional q_retrieval [Hq,T,d], prior [Hq,R,d].
+// T and d are q's: each other input's message says so and shows q's shape, so that a q written
+// in another layout ([T, Hq, d]) is recognised there, not taken for a wrong k.
 AttentionInputs<double> read_inputs(const fs::path& file, const H5::H5File& h5) {
   const H5::Group root = h5.openGroup("/");
   AttentionInputs<double> in;
   in.q = read_heads(file, root, "inputs/q", {-1, -1, -1}, true);
-  const int64_t Hq = in.Hq(), T = in.T(), d = in.d();
-  in.k = read_heads(file, root, "inputs/k", {-1, T, d}, true);
-  in.v = read_heads(file, root, "inputs/v", {in.Hkv(), T, -1}, true);
+  // From the dataset, not in.q: a q of no heads has no matrices to read T and d from.
+  const auto q_dims = io::dataset_dims(io::open_dataset(file, root, "inputs/q"));
+  const auto Hq = static_cast<int64_t>(q_dims[0]), T = static_cast<int64_t>(q_dims[1]),
+             d = static_cast<int64_t>(q_dims[2]);
+  if (Hq == 0) io::fail(file, "inputs/q", "at least one query head", "shape " + dims_text(q_dims));
+  const std::string q_shape = "from inputs/q, shape " + dims_text(q_dims) + " read as [Hq, T, d]";
+  in.k = read_heads(file, root, "inputs/k", {-1, T, d}, true,
+                    fmt::format("(KV heads, T, d; T = {} and d = {} {})", T, d, q_shape));
+  const auto k_dims = io::dataset_dims(io::open_dataset(file, root, "inputs/k"));
+  in.v = read_heads(file, root, "inputs/v", {static_cast<int64_t>(k_dims[0]), T, -1}, true,
+                    fmt::format("(KV heads, T, dv; KV heads = {} from inputs/k, T = {} {})",
+                                k_dims[0], T, q_shape));
   if (io::has_object(root, "inputs/q_retrieval"))
-    in.q_retrieval = read_heads(file, root, "inputs/q_retrieval", {Hq, T, d}, true);
+    in.q_retrieval = read_heads(file, root, "inputs/q_retrieval", {Hq, T, d}, true,
+                                "(Hq, T, d " + q_shape + ")");
   if (io::has_object(root, "inputs/prior"))
-    in.prior = read_heads(file, root, "inputs/prior", {Hq, -1, d}, true);
+    in.prior = read_heads(file, root, "inputs/prior", {Hq, -1, d}, true,
+                          fmt::format("(Hq, rows, d; Hq = {} and d = {} {})", Hq, d, q_shape));
   return in;
 }
 

@@ -1,6 +1,7 @@
 // A verify file read: format and version, the spec through the one spec codec, the precisions,
 // the queries, the groups (verify_datasets.cpp), and every object the format does not define.
 #include <set>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -63,6 +64,17 @@ void collect_unknown(const H5::Group& group, const std::string& prefix,
   }
 }
 
+// /inputs, /outputs and /grads, where present, must be groups: a dataset of that name (a whole
+// output array written as /outputs) would otherwise read as "no outputs", a kernel failure.
+void require_groups(const fs::path& file, const H5::Group& root) {
+  const std::pair<std::string, std::string> groups[] = {
+      {"inputs", "q"}, {"outputs", "o"}, {"grads", "dq"}};  // each with a dataset it holds
+  for (const auto& [name, example] : groups)
+    if (io::has_object(root, name) && root.childObjType(name) != H5O_TYPE_GROUP)
+      io::fail(file, "/" + name, "a group holding datasets such as /" + name + "/" + example,
+               "a dataset or other object of that name");
+}
+
 }  // namespace
 
 // file -> spec, options, inputs, outputs (gradients included) and the objects not compared.
@@ -76,6 +88,7 @@ VerifyFile read_verify_file(const fs::path& file) {
   if (version != kVerifyFormatVersion)
     io::fail(file, "/ attribute format_version", std::to_string(kVerifyFormatVersion),
              std::to_string(version));
+  require_groups(file, root);
   VerifyFile v;
   v.spec = parse_spec(file, io::read_string_attribute(file, root, "/", "spec"));
   v.options.precision = oracle::parse_input_precision(

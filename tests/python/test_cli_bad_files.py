@@ -1,0 +1,152 @@
+"""A kernel author's path through `hils verify`: a verify file written by the Python writer that
+data/verify_format.md documents (taken from that page, so the page cannot drift from what the
+CLI reads) passes, and the mistakes users make in writing one each end in exit 2 and one line
+naming the dataset or attribute, what was expected and what was found (never a crash, nor a
+kernel verdict for a file the oracle could not read as meant)."""
+
+import json
+import pathlib
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+import hils
+from conftest import ROOT, case_inputs, case_spec, tool
+
+h5py = pytest.importorskip("h5py")
+
+CASE = "gqa_group4"  # Hq = 8, Hkv = 2, T = 131, d = dv = 16
+
+
+def documented_writer():
+    """write_verify_file from data/verify_format.md's "Writing one from Python" block."""
+    page = (ROOT / "data" / "verify_format.md").read_text()
+    block = re.search(r"## Writing one from Python.*?```python\n(.*?)```", page, re.S).group(1)
+    definition = block.split("\n# e.g.")[0]  # the example call below it needs a kernel's arrays
+    namespace = {}
+    exec(definition, namespace)
+    return namespace["write_verify_file"]
+
+
+@pytest.fixture(scope="module")
+def dump(tmp_path_factory):
+    """A correct dump of the nsa preset (the reference's own outputs as the kernel's) and its
+    arrays."""
+    q, k, v = case_inputs(CASE)
+    spec = case_spec("nsa", CASE)
+    ref = hils.reference(spec, q, k, v)
+    outputs = {"o": ref["o"], "lse": ref["lse"], "selection": ref["selection"]}
+    path = tmp_path_factory.mktemp("dump") / "good.h5"
+    documented_writer()(str(path), spec, q, k, v, outputs)
+    return path, dict(q=q, k=k, v=v, spec=spec, **outputs)
+
+
+def hils_verify(path):
+    return subprocess.run([tool("HILS_CLI"), "verify", str(path)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def broken_copy(tmp_path, good, edit):
+    """good's bytes under another name, then `edit(f)` on the h5py file."""
+    path = tmp_path / "broken.h5"
+    path.write_bytes(pathlib.Path(good).read_bytes())
+    with h5py.File(path, "r+") as f:
+        edit(f)
+    return path
+
+
+def replace(name, array):
+    def edit(f):
+        del f[name]
+        f[name] = array
+    return edit
+
+
+def test_the_documented_writer_passes(dump):
+    path, _ = dump
+    result = hils_verify(path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == "PASS"
+
+
+def bad_files(a):
+    """(name, edit, the words of the one-line error) of the mistakes users make."""
+    q_BTd = a["q"].transpose(1, 0, 2).copy()  # [T, Hq, d]: a kernel's [B, T, H, d] without B
+    return [
+        # The message names q, whose shape set T and d, not only the k that looks wrong then.
+        ("q in [T, Hq, d]", replace("inputs/q", q_BTd),
+         ["inputs/k: expected rank 3 shape [*, 8, 16]",
+          "T = 8 and d = 16 from inputs/q, shape [131, 8, 16] read as [Hq, T, d]",
+          "found rank 3 shape [2, 131, 16]"]),
+        ("k of Hq heads, v of Hkv", replace("inputs/k", np.concatenate([a["k"]] * 4)),
+         ["inputs/v: expected rank 3 shape [8, 131, *]", "KV heads = 8 from inputs/k"]),
+        ("q of no heads", replace("inputs/q", a["q"][:0]),
+         ["inputs/q: expected at least one query head, found shape [0, 131, 16]"]),
+        ("q in fp16", replace("inputs/q", a["q"].astype(np.float16)),
+         ["inputs/q: expected float32 or float64 data, found 16-bit floats"]),
+        ("o with a batch axis", replace("outputs/o", a["o"][None].astype(np.float32)),
+         ["outputs/o: expected rank 3", "found rank 4 shape [1, 8, 131, 16]"]),
+        ("selection as floats", replace("outputs/selection", a["selection"].astype(np.float32)),
+         ["outputs/selection: expected integer data, found 32-bit floats"]),
+        ("selection below -1", replace("outputs/selection", a["selection"] - 2),
+         ["outputs/selection: expected chunk indices from -1 (padding)"]),
+        ("a NaN input", lambda f: f["inputs/v"].__setitem__((1, 3, 2), np.nan),
+         ["inputs/v: expected finite values, found nan at [1, 3, 2]"]),
+        # A whole output array written as /outputs read as "no outputs": a kernel failure (1).
+        ("/outputs a dataset", lambda f: (f.__delitem__("outputs"), f.__setitem__("outputs", a["o"])),
+         ["/outputs: expected a group holding datasets such as /outputs/o, found a dataset"]),
+        ("/inputs a dataset", lambda f: (f.__delitem__("inputs"), f.__setitem__("inputs", a["q"])),
+         ["/inputs: expected a group holding datasets such as /inputs/q, found a dataset"]),
+        ("format_version an array", lambda f: f.attrs.__setitem__("format_version", np.array([1, 1])),
+         ["/ attribute format_version: expected one integer, found an array of 2 64-bit integers"]),
+        ("format_version a string", lambda f: f.attrs.__setitem__("format_version", "1"),
+         ["/ attribute format_version: expected one integer, found strings"]),
+        ("input_precision misspelled", lambda f: f.attrs.__setitem__("input_precision", "bfloat16"),
+         ['/ attribute input_precision: expected "fp32" or "bf16", got "bfloat16"']),
+        ("input_precision missing", lambda f: f.attrs.__delitem__("input_precision"),
+         ["/ attribute input_precision: expected the attribute to exist, found no such attribute"]),
+        ("spec.K a string", lambda f: f.attrs.__setitem__("spec", json.dumps({**a["spec"], "K": "4"})),
+         ['spec.K: expected an integer, got string "4"']),
+        ("a huge declared shape", lambda f: f.create_dataset(
+            "outputs/o_window", shape=(10**6, 10**6, 64), dtype="f4", chunks=(1, 1, 64)),
+         ["outputs/o_window: expected a dataset whose values fit in 80% of this machine's",
+          "found shape [1000000, 1000000, 64]"]),
+    ]
+
+
+def test_each_mistake_is_named(dump, tmp_path):
+    path, arrays = dump
+    for name, edit, words in bad_files(arrays):
+        result = hils_verify(broken_copy(tmp_path, path, edit))
+        message = result.stderr.strip()
+        assert result.returncode == 2, (name, result.returncode, result.stdout, message)
+        assert len(message.splitlines()) == 1 and message.startswith("hils: bad input: "), (name, message)
+        for word in words:
+            assert word in message, (name, word, message)
+
+
+def test_files_that_are_not_verify_files(dump, tmp_path):
+    path, _ = dump
+    truncated = tmp_path / "truncated.h5"
+    truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    empty, text, folder = tmp_path / "empty.h5", tmp_path / "text.h5", tmp_path / "folder.h5"
+    empty.write_bytes(b"")
+    text.write_text("o,lse\n1,2\n")
+    folder.mkdir()
+    for bad, words in [(truncated, "expected a complete HDF5 file"),
+                       (empty, "expected an HDF5 file, found a file without the HDF5 signature"),
+                       (text, "expected an HDF5 file, found a file without the HDF5 signature"),
+                       (folder, "expected a file, found a folder"),
+                       (tmp_path / "missing.h5", "expected an existing file, found no such file")]:
+        result = hils_verify(bad)
+        assert result.returncode == 2 and words in result.stderr, (bad, result.stderr)
+
+
+def test_python_names_q_for_a_transposed_q(dump):
+    _, a = dump
+    with pytest.raises(ValueError) as raised:
+        hils.verify(a["spec"], a["q"].transpose(1, 0, 2), a["k"], a["v"], {"o": a["o"]})
+    assert ("k: expected rank 3 shape [*, 8, 16] (KV heads, T, d; T = 8 and d = 16 from q, shape "
+            "[131, 8, 16] read as [Hq, T, d]), found rank 3 shape [2, 131, 16]") in str(raised.value)
