@@ -379,6 +379,8 @@ Matrix<double> absolute_key_mass(const Context& ctx, int64_t h) {
 // bias, whose rounding moves it by at most u (H + 1)). The kernel's score error is at most a
 // few u times A. With int4 scores the row's largest mass stands for every entry's
 // (sigma sum_i |q~_t,i| max_i absolute_key_mass(c, i)): int4's error is half a step of the row.
+// int4_h (data/verify_format.md) also reads b' in fp16: its error int4h_bias_error(log|T_c|)
+// enters A as that error over u, so that u A holds it beside the code step's.
 // [Tq x n_chunks].
 Matrix<double> score_conditioning(const Context& ctx, int64_t g) {
   const int64_t chunks = ctx.geometry.n_chunks(), d = ctx.inputs.d();
@@ -388,7 +390,8 @@ Matrix<double> score_conditioning(const Context& ctx, int64_t g) {
                           : 0.0;
   Matrix<double> a = Matrix<double>::Zero(static_cast<Eigen::Index>(ctx.queries.size()), chunks);
   if (chunks == 0) return a;
-  const bool int4 = tensor_precision("selection", ctx.spec, ctx.options) == InputPrecision::int4;
+  const InputPrecision score = tensor_precision("selection", ctx.spec, ctx.options);
+  const bool int4 = score == InputPrecision::int4 || score == InputPrecision::int4_h;
   for (int64_t h = g * ctx.G; h < (g + 1) * ctx.G; ++h) {
     const Matrix<double>& q = ctx.spec.key_rule == KeyRule::exact ? ctx.inputs.q[h]
                                                                   : ctx.inputs.retrieval_query(h);
@@ -400,6 +403,8 @@ Matrix<double> score_conditioning(const Context& ctx, int64_t g) {
     else
       a = a.cwiseMax(scale * rows * mass.transpose());
   }
+  if (score == InputPrecision::int4_h && bias > 0.0)  // b' = H(p) <= log|T_c| = bias - 1
+    return a.array() + bias + int4h_bias_error(bias - 1.0) / unit_roundoff(score);
   return a.array() + bias;
 }
 
@@ -1127,7 +1132,8 @@ struct VerifierState {
 
 Verifier::Verifier(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                    const VerifyOptions& options) {
-  require(options.precision != InputPrecision::fp8_e4m3 && options.precision != InputPrecision::int4,
+  require(options.precision != InputPrecision::fp8_e4m3 && options.precision != InputPrecision::int4 &&
+              options.precision != InputPrecision::int4_h,
           "input_precision", "fp32 or bf16", to_string(options.precision) + " (a score precision only)");
   auto state = std::make_shared<VerifierState>(VerifierState{make_context(spec, inputs, options)});
   add_score_conditioning(state->ctx);

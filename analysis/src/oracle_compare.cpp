@@ -152,6 +152,7 @@ std::string to_string(InputPrecision precision) {
     case InputPrecision::bf16: return "bf16";
     case InputPrecision::fp8_e4m3: return "fp8_e4m3";
     case InputPrecision::int4: return "int4";
+    case InputPrecision::int4_h: return "int4_h";
     case InputPrecision::fp32: break;
   }
   return "fp32";
@@ -166,8 +167,9 @@ InputPrecision parse_input_precision(const std::string& text, const std::string&
 InputPrecision parse_score_precision(const std::string& text, const std::string& field) {
   if (text == "fp8_e4m3") return InputPrecision::fp8_e4m3;
   if (text == "int4") return InputPrecision::int4;
+  if (text == "int4_h") return InputPrecision::int4_h;
   if (text == "fp32" || text == "bf16") return parse_input_precision(text, field);
-  throw InvalidArgument(field + ": expected \"fp32\", \"bf16\", \"fp8_e4m3\" or \"int4\", got \"" +
+  throw InvalidArgument(field + ": expected \"fp32\", \"bf16\", \"fp8_e4m3\", \"int4\" or \"int4_h\", got \"" +
                         text + "\"");
 }
 
@@ -176,6 +178,7 @@ double unit_roundoff(InputPrecision precision) {
     case InputPrecision::bf16: return 0x1p-8;
     case InputPrecision::fp8_e4m3: return 0x1p-4;
     case InputPrecision::int4: return 1.0 / 14.0;
+    case InputPrecision::int4_h: return (1.0 + 0x1p-10) / 14.0;
     case InputPrecision::fp32: break;
   }
   return 0x1p-24;

@@ -156,6 +156,38 @@ float int4_row_scale(double amax) {
   return scale > 0.0f ? scale : 1.0f;  // an amax below 7 x float's smallest subnormal
 }
 
+double round_to_fp16(double x) {
+  // x -> the nearest fp16 number (ties to even), +-inf from 65520 on (65504 + half a step).
+  if (std::isnan(x)) return x;
+  const double ax = std::fabs(x);
+  if (ax >= 65520.0) return std::copysign(std::numeric_limits<double>::infinity(), x);
+  int exponent = 0;
+  std::frexp(ax, &exponent);  // ax = m 2^exponent, m in [0.5, 1)
+  const int step = std::max(exponent - 11, -24);  // 11 significant bits; subnormals 2^-24
+  return std::copysign(std::ldexp(std::nearbyint(std::ldexp(ax, -step)), step), x);
+}
+
+float int4h_row_scale(double amax) {
+  // amax -> int4's fp32 scale rounded up to fp16; refused outside fp16's normal range.
+  if (!std::isfinite(amax))
+    throw InvalidArgument("int4_h row: max |k'| must be finite, got " + std::to_string(amax));
+  if (!(amax > 0.0)) return 1.0f;
+  const float s = static_cast<float>(amax) / 7.0f;
+  if (!(s >= 0x1p-14f))
+    throw InvalidArgument("int4_h row: scale max |k'| / 7 = " + std::to_string(s) +
+                          " lies below fp16's normal range (2^-14)");
+  int exponent = 0;
+  std::frexp(static_cast<double>(s), &exponent);
+  const double step = std::ldexp(1.0, exponent - 11);
+  const double up = std::ceil(static_cast<double>(s) / step) * step;  // exact: a power-of-two step
+  if (up > 65504.0)
+    throw InvalidArgument("int4_h row: scale max |k'| / 7 = " + std::to_string(s) +
+                          " lies above fp16's largest finite number (65504)");
+  return static_cast<float>(up);
+}
+
+double int4h_bias_error(double max_abs_bias) { return 0x1p-11 * max_abs_bias + 0x1p-25; }
+
 int int4_code(double x, float s) {
   // float(x) / s in fp32, to nearest with ties to even (nearbyint), clamped to [-7, 7].
   const float ratio = static_cast<float>(x) / s;

@@ -8,13 +8,16 @@ the whole KV cache read once at the copy bandwidth measured here (no dense kerne
 Ours runs four ways: the d5 kernel (six launches, bf16 summaries), the fused kernel (the
 default, d36: gpu/NOTES.md "decode") with bf16 summaries, and with fp8 e4m3 summaries (a per-row
 power-of-two scale), and d29 with fp8 summaries (the previous default: the baseline); --variants
-picks others (d29, d34, d35, d36, d39; the versions removed in session 17 are refused by name, see
+picks others (d29, d34, d35, d36, d39, d40; the versions removed in session 17 are refused by name, see
 gpu/NOTES.md "Kernels removed in session 17") and --batches / --lengths fewer shapes (no table
 then). --scan-floor also times, per shape with fp8 summaries, launch 1 alone of d25 (d29's),
 launch 1's loads alone (its grid, no arithmetic) and a flat read of the summary arrays
 (hils::gpu::decode_scan_probe): what the scan could reach (with int4 summaries too when a
 --variants label names int4: <kernel>_int4, codes -7..7 and a row scale, half fp8's bytes;
-gpu/NOTES.md "decode", session 15); --handoffs times d25's launch 1 alone
+gpu/NOTES.md "decode", session 15; with int4h only the flat read of the codes and pairs);
+<kernel>_int4h labels run the int4_h store (the int4 codes against an fp16 scale, the scale and
+b' read as one fp16 pair: d40 only, gpu/NOTES.md "d40") on the same random cache as int4's, and
+print how its outputs differ from the first int4 variant's; --handoffs times d25's launch 1 alone
 and followed by four empty kernels launched as d29 launches its tails: what the kernel
 boundaries after the scan cost without the tails' work.
 Each side is timed as a CUDA-graph replay (one launch, as serving loops run decode; the eager
@@ -187,9 +190,29 @@ def quantize_int4(lib, key):
     return _quantize(lib, "hils_gpu_quantize_summaries_int4", key, out)
 
 
+def quantize_int4h(lib, key, bias):
+    """key fp32 [..., d], bias fp32 [...] -> (int4 codes against the fp16 scale [..., d / 2] uint8,
+    (s16, b'16) pairs [..., 2] fp16) by the library's quantizer
+    (hils::gpu::quantize_summaries_int4h; it refuses rows fp16 cannot hold)."""
+    key = key.float().contiguous()
+    bias = bias.float().contiguous()
+    out = torch.empty(key.shape[:-1] + (key.shape[-1] // 2,), dtype=torch.uint8, device="cuda")
+    pairs = torch.empty(key.shape[:-1] + (2,), dtype=torch.float16, device="cuda")
+    fn = lib.hils_gpu_quantize_summaries_int4h
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    rc = fn(ptr(key), ptr(bias), key.numel() // key.shape[-1], key.shape[-1], ptr(out), ptr(pairs),
+            ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+    if rc != 0:
+        raise RuntimeError(lib.hils_gpu_decode_last_error().decode())
+    return out, pairs
+
+
 class HilsDecode:
     """Our decode step on a random cache of B sequences of T slots (hils preset); `summary`
-    "bf16", "fp8" (e4m3 + row scales) or "int4" (codes + row scales), `kernel` a name of decode_ctypes.KERNELS."""
+    "bf16", "fp8" (e4m3 + row scales), "int4" (codes + row scales) or "int4h" (codes + (s16, b'16)
+    pairs; the same random cache as "int4" from the same generator state), `kernel` a name of
+    decode_ctypes.KERNELS."""
 
     def __init__(self, lib, B, T, gen, hq=HQ, hkv=HKV, d=D, s=S, w=W, k=K, summary="bf16",
                  kernel="fused"):
@@ -198,7 +221,7 @@ class HilsDecode:
         self.k = torch.randn(B, hkv, T, d, generator=gen, **bf)
         self.v = torch.randn(B, hkv, T, d, generator=gen, **bf)
         self.key = torch.randn(B, hq, nc, d, generator=gen, **bf)
-        self.scale = self.key_bf16 = None
+        self.scale = self.key_bf16 = self.pairs = None
         self.summary = summary
         if summary == "fp8":  # the bf16 rows stay for the fusion logits of the selected chunks
             self.key_bf16 = self.key
@@ -207,6 +230,9 @@ class HilsDecode:
             self.key_bf16 = self.key
             self.key, self.scale = quantize_int4(lib, self.key)
         self.bias = torch.rand(B, hq, nc, generator=gen, device="cuda") * 3.0
+        if summary == "int4h":  # the bf16 rows and the fp32 b' stay for the fusion logits
+            self.key_bf16 = self.key
+            self.key, self.pairs = quantize_int4h(lib, self.key, self.bias)
         self.q = torch.randn(B, hq, d, generator=gen, **bf)
         self.o = torch.empty(B, hq, d, device="cuda")
         self.lse = torch.empty(B, hq, device="cuda")
@@ -221,6 +247,7 @@ class HilsDecode:
         p.q, p.q_retrieval = ptr(self.q), ctypes.c_void_p(0)
         p.summary_type, p.kernel = SUMMARY_TYPES[summary], kernel_code(kernel)
         p.summary_scale, p.summary_key_bf16 = ptr(self.scale), ptr(self.key_bf16)
+        p.summary_scale_bias = ptr(self.pairs)
         self.p = p
         self.out = DecodeOutputs(ptr(self.o), ptr(self.lse), ptr(self.sel), None, None, None, None)
         self.lib = lib
@@ -242,10 +269,11 @@ class HilsDecode:
 
     def bytes_read(self, B, T):
         """Cache bytes one step reads: summaries (k' + b' [+ the fp8 or int4 row scale, + the K
-        selected bf16 rows]), plus window and K chunks of K/V per KV head."""
+        selected bf16 rows]; int4h: codes + the (s16, b'16) pair), plus window and K chunks of K/V
+        per KV head."""
         nc = T // S
         row = self.key.shape[-1] * self.key.element_size() + 4 + (4 if self.scale is not None else 0)
-        summaries = B * HQ * nc * row + (B * HQ * K * D * 2 if self.scale is not None else 0)
+        summaries = B * HQ * nc * row + (B * HQ * K * D * 2 if self.key_bf16 is not None else 0)
         tau = (T - 1 - W + 1) // S
         window = T - max(0, tau * S)
         kv = B * HKV * (K * S + window) * 2 * D * 2
@@ -257,6 +285,7 @@ def scan_floor(run, B, T):
     bytes launch 1 reads (summary rows, b', scales; the window's K/V)."""
     nc = T // S
     row = run.key.shape[-1] * run.key.element_size() + 4 + (4 if run.scale is not None else 0)
+    probes = {"flat_read": SCAN_PROBES["flat_read"]} if run.summary == "int4h" else SCAN_PROBES
     tau = (T - 1 - W + 1) // S
     window_kv = B * HKV * (T - max(0, tau * S)) * 2 * D * 2
     scan_bytes = B * HQ * nc * row + window_kv
@@ -264,7 +293,7 @@ def scan_floor(run, B, T):
     lib.hils_gpu_decode_scan_probe.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p,
                                                ctypes.c_void_p]
     result = {}
-    for name, probe in SCAN_PROBES.items():
+    for name, probe in probes.items():
         def fn(probe=probe):
             stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
             run.check(lib.hils_gpu_decode_scan_probe(ctypes.byref(run.p), probe, ptr(run.ws),
@@ -383,7 +412,16 @@ def main():
             dense = B * HKV * T * 2 * D * 2
             row = dict(B=B, T=T, dense_bytes=dense, floor_us=dense / bw * 1e6)
             runs = {}
-            for summary in ("bf16", "fp8") + (("int4",) if any(v[2] == "int4" for v in variants) else ()):
+            # int4 and int4h in the order the variants name them, on the same random cache (the
+            # generator's state restored before each); the first one's outputs are compared with
+            # the other's
+            compact_first, compact_state = None, None
+            compact = tuple(dict.fromkeys(v[2] for v in variants if v[2] in ("int4", "int4h")))
+            for summary in ("bf16", "fp8") + compact:
+                if summary in compact:
+                    if compact_state is None:
+                        compact_state = gen.get_state()
+                    gen.set_state(compact_state)
                 run = HilsDecode(lib, B, T, gen, summary=summary)
                 row[f"summary_bytes_{summary}"], row["sparse_kv_bytes"] = run.bytes_read(B, T)
                 first = None  # the first variant's outputs on these summaries
@@ -398,6 +436,10 @@ def main():
                     got = (label, run.o.clone(), run.lse.clone(), run.sel.clone())
                     if first is None:
                         first = got
+                        if summary in compact and compact_first is None:
+                            compact_first = got
+                        elif summary in compact:
+                            report_difference(label, compact_first, got, row)
                     else:
                         same = all(torch.equal(a, b) for a, b in zip(first[1:], got[1:]))
                         row[f"{label}_same_bits_as_{first[0]}"] = same
@@ -410,8 +452,8 @@ def main():
                         profile_kernels(run)
                 if args.scan_floor and summary == "fp8":
                     row["scan_floor_us"] = scan_floor(run, B, T)
-                if args.scan_floor and summary == "int4":
-                    row["scan_floor_int4_us"] = scan_floor(run, B, T)
+                if args.scan_floor and summary in ("int4", "int4h"):
+                    row[f"scan_floor_{summary}_us"] = scan_floor(run, B, T)
                 if args.handoffs and summary == "fp8":
                     row["handoffs_us"] = handoffs(run, B, T)
                 runs[summary] = run

@@ -11,7 +11,8 @@ import ctypes
 # session 17"; their code is at commit 5a3f9d2). Empty until load_kernel_names(lib) fills them.
 KERNELS = {}
 REMOVED_KERNELS = {}
-SUMMARY_TYPES = {"bf16": 0, "fp8": 1, "int4": 2}
+# hils::gpu::SummaryType by label (int4h: SummaryType::int4_h, scanned by d40 only)
+SUMMARY_TYPES = {"bf16": 0, "fp8": 1, "int4": 2, "int4h": 3}
 
 
 def _name_codes(text):
@@ -48,11 +49,11 @@ def kernel_code(name):
 def variant(label):
     """'d29_fp8' -> ('d29_fp8', 'd29', 'fp8')."""
     if "_" not in label:
-        raise SystemExit(f"--variants: unknown '{label}' (expected <{'|'.join(KERNELS)}>_<bf16|fp8|int4>)")
+        raise SystemExit(f"--variants: unknown '{label}' (expected <{'|'.join(KERNELS)}>_<bf16|fp8|int4|int4h>)")
     kernel, summary = label.rsplit("_", 1)
     kernel_code(kernel)  # a removed version: named as such
     if summary not in SUMMARY_TYPES:
-        raise SystemExit(f"--variants: unknown '{label}' (expected <{'|'.join(KERNELS)}>_<bf16|fp8|int4>)")
+        raise SystemExit(f"--variants: unknown '{label}' (expected <{'|'.join(KERNELS)}>_<bf16|fp8|int4|int4h>)")
     return label, kernel, summary
 
 
@@ -64,7 +65,8 @@ class Decode(ctypes.Structure):
          ("chunk_capacity", ctypes.c_int64)] + [
         (n, ctypes.c_void_p) for n in ("k", "v", "summary_key", "summary_bias", "q", "q_retrieval")
     ] + [("summary_type", ctypes.c_int32), ("kernel", ctypes.c_int32),
-         ("summary_scale", ctypes.c_void_p), ("summary_key_bf16", ctypes.c_void_p)]
+         ("summary_scale", ctypes.c_void_p), ("summary_key_bf16", ctypes.c_void_p),
+         ("summary_scale_bias", ctypes.c_void_p)]
 
 
 class DecodeOutputs(ctypes.Structure):

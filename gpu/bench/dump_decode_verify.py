@@ -5,7 +5,9 @@ summaries (the prefill's summarize stage, rounded to bf16 as the cache keeps the
 /outputs/summary_key and summary_bias; then the same step with fp8 e4m3 summaries (the library's
 quantizer, k' read back as e4m3 x row scale) as verify_decode_fp8_seq<b>.h5 with
 score_precision fp8_e4m3, and with --summaries ...,int4 the same with int4 summaries (codes -7..7 x
-row scale) as verify_decode_int4_seq<b>.h5 with score_precision int4. Run by `scripts/gpu_check.sh --decode` on the device
+row scale) as verify_decode_int4_seq<b>.h5 with score_precision int4, and with int4h (d40's
+store: codes x the fp16 scale s16, b' read as fp16) as verify_decode_int4h_seq<b>.h5 with
+score_precision int4_h (/outputs/summary_bias then holds the fp16 b' the scan scored with). Run by `scripts/gpu_check.sh --decode` on the device
 machine; `hils verify FILE` judges the files wherever the CLI is built."""
 import argparse
 import ctypes
@@ -36,7 +38,7 @@ def main():
                     help="a decode kernel by name: fused (the default), d39, d36, ... (the library's "
                          "hils_gpu_enum_names(\"decode_kernel\"); a removed one is named as such)")
     ap.add_argument("--summaries", default="bf16,fp8",
-                    help="comma-separated summary types to dump (bf16, fp8, int4)")
+                    help="comma-separated summary types to dump (bf16, fp8, int4, int4h: d40 only)")
     ap.add_argument("--t", type=int, default=T, help="slots per sequence (default %(default)s)")
     ap.add_argument("--k", type=int, default=K,
                     help="selected chunks (default %(default)s; d36 and d39 select in their "
@@ -63,13 +65,13 @@ def main():
         biases.append(st.bias)
     for summary in args.summaries.split(","):
         if summary not in bd.SUMMARY_TYPES:
-            raise SystemExit(f"--summaries: unknown '{summary}' (expected bf16, fp8 or int4)")
+            raise SystemExit(f"--summaries: unknown '{summary}' (expected bf16, fp8, int4 or int4h)")
         dump_step(lib, gen, seqs, keys, biases, summary, args.out, args.kernel)
 
 
 def dump_step(lib, gen, seqs, keys, biases, summary, out_dir, kernel="fused"):
-    """One decode step of `kernel` over `seqs` with `summary` ("bf16", "fp8" or "int4") summaries, one
-    file per sequence."""
+    """One decode step of `kernel` over `seqs` with `summary` ("bf16", "fp8", "int4" or "int4h")
+    summaries, one file per sequence."""
     nc = T // S
     run = bd.HilsDecode(lib.lib, B, T, gen, hq=HQ, hkv=HKV, d=D, s=S, w=W, k=K, summary=summary,
                         kernel=kernel)
@@ -88,6 +90,14 @@ def dump_step(lib, gen, seqs, keys, biases, summary, out_dir, kernel="fused"):
         run.p.summary_key_bf16 = hc.ptr(run.key_bf16)
         codes = torch.stack([(run.key & 0xF), (run.key >> 4)], dim=-1).flatten(-2).float() - 8.0
         stored = codes * run.scale[..., None]  # what the step scores with
+    elif summary == "int4h":
+        run.key_bf16 = torch.stack(keys).bfloat16()
+        run.key, run.pairs = bd.quantize_int4h(lib.lib, torch.stack(keys), torch.stack(biases))
+        run.p.summary_key, run.p.summary_scale = hc.ptr(run.key), hc.ptr(None)
+        run.p.summary_scale_bias = hc.ptr(run.pairs)
+        run.p.summary_key_bf16 = hc.ptr(run.key_bf16)
+        codes = torch.stack([(run.key & 0xF), (run.key >> 4)], dim=-1).flatten(-2).float() - 8.0
+        stored = codes * run.pairs[..., 0].float()[..., None]  # what the step scores with
     else:
         run.key.copy_(torch.stack(keys).bfloat16())
         stored = run.key.float()
@@ -114,8 +124,9 @@ def dump_step(lib, gen, seqs, keys, biases, summary, out_dir, kernel="fused"):
             f.attrs["spec"] = json.dumps(spec)
             f.attrs["input_precision"] = "bf16"
             # the cache keeps k' in bf16, in e4m3 with a per-row power-of-two scale, or in int4
-            # codes with a per-row fp32 scale
-            f.attrs["score_precision"] = {"bf16": "bf16", "fp8": "fp8_e4m3", "int4": "int4"}[summary]
+            # codes with a per-row fp32 scale (int4h: an fp16 scale and b')
+            f.attrs["score_precision"] = {"bf16": "bf16", "fp8": "fp8_e4m3", "int4": "int4",
+                                          "int4h": "int4_h"}[summary]
             f.attrs["kernel"] = f"hils::gpu decode_step {kernel}, {summary} summaries (B = {B}, sequence {b})"
             f["inputs/q"], f["inputs/k"], f["inputs/v"] = np32(q), np32(k), np32(v)
             f["inputs/q_retrieval"] = np32(qr)
@@ -127,7 +138,8 @@ def dump_step(lib, gen, seqs, keys, biases, summary, out_dir, kernel="fused"):
             f["outputs/surrogate_scores"] = np32(surrogate[b, :, None])
             f["outputs/fusion_weights"] = np32(weights[b, :, None])
             f["outputs/summary_key"] = np32(stored[b])
-            f["outputs/summary_bias"] = np32(biases[b])
+            # int4h: the fp16 b' of the pairs (what the scan scored with); else the fp32 b'
+            f["outputs/summary_bias"] = np32(run.pairs[b, ..., 1] if summary == "int4h" else biases[b])
         os.replace(path + ".tmp", path)
         print(f"wrote {path}")
 

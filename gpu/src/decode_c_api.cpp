@@ -37,6 +37,7 @@ DecodeCall translate(const hils_gpu_decode& p) {
   t.cache.summary_type = static_cast<hils::gpu::SummaryType>(p.summary_type);
   t.cache.summary_scale = p.summary_scale;
   t.cache.summary_key_bf16 = p.summary_key_bf16;
+  t.cache.summary_scale_bias = p.summary_scale_bias;
   t.kernel = static_cast<hils::gpu::DecodeKernel>(p.kernel);
   return t;
 }
@@ -101,6 +102,15 @@ int hils_gpu_quantize_summaries_int4(const float* key, int64_t rows, int64_t d, 
   return guarded(&unused, [&](const DecodeCall&) {
     hils::gpu::quantize_summaries_int4(key, rows, d, key_int4, scale,
                                        static_cast<cudaStream_t>(stream));
+  });
+}
+
+int hils_gpu_quantize_summaries_int4h(const float* key, const float* bias, int64_t rows, int64_t d,
+                                      void* key_int4, void* scale_bias, void* stream) {
+  const hils_gpu_decode unused{};
+  return guarded(&unused, [&](const DecodeCall&) {
+    hils::gpu::quantize_summaries_int4h(key, bias, rows, d, key_int4, scale_bias,
+                                        static_cast<cudaStream_t>(stream));
   });
 }
 

@@ -49,6 +49,7 @@ struct DecodeParams {
   const float* summary_bias;
   const float* summary_scale;   // fp8: the row scales; null for bf16 (scale 1)
   const __nv_bfloat16* summary_key_bf16;  // fp8 + hierarchical: bf16 rows for the fusion logits
+  const __half2* summary_scale_bias;      // int4_h: (s16, b'16) per row, read by d40's scan
 };
 
 // Scratch pointers of one step (decode_workspace_bytes sizes them).
@@ -526,14 +527,19 @@ constexpr int kCoalescedDim = 64;
 // block has twice the bytes in flight); each tile's arithmetic is the one-tile block's.
 // kMma (d39, int4, coalesced only): the dots by int4_mma_dots, each lane loading 8 bytes of two
 // rows per step (the same 16 bytes per lane and step as the widening path's one row).
+// kPair (d40, int4_h summaries): each chunk's scale and b' come from one __half2 (s16, b'16) of
+// summary_scale_bias, 4 bytes in place of the two fp32 arrays' 8 (gpu/NOTES.md "d40").
 template <class Summary, int kWarps, bool kEarly, ScanLoads kLoads = ScanLoads::plain, int kTiles = 1,
-          bool kMma = false>
+          bool kMma = false, bool kPair = false>
 __device__ void score_tile(const DecodeParams& p, int64_t item, int64_t first_tile, bool vectorised,
                            bool coalesced, float* q, float* scores, float2* score_part) {
   static_assert(kTiles == 1 || kEarly, "several tiles per block only with their loads issued early");
   static_assert(!kMma || (kEarly && kLoads == ScanLoads::streaming &&
                           std::is_same<Summary, Int4Summary>::value && kWarps * 64 == kScoreThreads),
                 "d39's mma dots: int4, streaming loads issued early, 64 chunks per warp");
+  static_assert(!kPair || (kEarly && kLoads == ScanLoads::streaming &&
+                           std::is_same<Summary, Int4Summary>::value),
+                "d40's (s16, b'16) pairs: int4_h, streaming loads issued early");
   constexpr int kThreads = kWarps * kWarp;
   constexpr int kLanesPerRow = kCoalescedDim / Summary::kPerLoad;
   constexpr int kRowsPerStep = kWarp / kLanesPerRow;
@@ -577,6 +583,12 @@ __device__ void score_tile(const DecodeParams& p, int64_t item, int64_t first_ti
 #pragma unroll
     for (int r = 0; r < kPerThread; ++r) {
       const int64_t c = tile_first + threadIdx.x + r * kThreads, row = item * p.chunk_cap + c;
+      if constexpr (kPair) {  // one 4-byte load: (s16, b'16), both exact in fp32
+        const __half2 pair = c < p.n_cand ? __ldcs(p.summary_scale_bias + row)
+                                          : __halves2half2(__ushort_as_half(0x3c00), __ushort_as_half(0));
+        row_scale[t][r] = __low2float(pair), bias[t][r] = __high2float(pair);
+        continue;
+      }
       bias[t][r] = c < p.n_cand ? scan_load<kLoads>(p.summary_bias + row) : 0.0f;
       row_scale[t][r] =
           c < p.n_cand && p.summary_scale ? scan_load<kLoads>(p.summary_scale + row) : 1.0f;
@@ -1726,8 +1738,8 @@ __global__ void decode_fuse_kernel(DecodeParams p, DecodeScratch w, float* o, fl
 // Launch 1, 128 threads: window tiles (blocks [0, n_win_tiles * B * Hkv)), then score tiles
 // (n_score_tiles per (b, h), kTiles of them per block, their stream loaded ld.global.cs: d25); the
 // two stages are independent, so one grid runs both. kMma (d39): score_tile's int4 dots on the
-// tensor cores.
-template <class Summary, int kTiles, bool kMma = false>
+// tensor cores; kPair (d40): its (s16, b'16) pairs.
+template <class Summary, int kTiles, bool kMma = false, bool kPair = false>
 __device__ __forceinline__ void window_score_block(const DecodeParams& p, const DecodeScratch& w,
                                                    bool fast, bool staged, bool vectorised,
                                                    bool coalesced) {
@@ -1738,17 +1750,17 @@ __device__ __forceinline__ void window_score_block(const DecodeParams& p, const 
                       smem);
   } else {
     const int64_t j = block - n_win_blocks, blocks_per_item = (p.n_score_tiles + kTiles - 1) / kTiles;
-    score_tile<Summary, kFastThreads / kWarp, true, ScanLoads::streaming, kTiles, kMma>(
+    score_tile<Summary, kFastThreads / kWarp, true, ScanLoads::streaming, kTiles, kMma, kPair>(
         p, j / blocks_per_item, j % blocks_per_item * kTiles, vectorised, coalesced, smem, w.scores,
         w.score_part);
   }
   allow_next_grid();
 }
 
-template <class Summary, int kTiles = 1, bool kMma = false>
+template <class Summary, int kTiles = 1, bool kMma = false, bool kPair = false>
 __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged,
                                           bool vectorised, bool coalesced) {
-  window_score_block<Summary, kTiles, kMma>(p, w, fast, staged, vectorised, coalesced);
+  window_score_block<Summary, kTiles, kMma, kPair>(p, w, fast, staged, vectorised, coalesced);
 }
 
 // ---- the scan's read floor (decode_scan_probe, ScanProbe) ---------------------------------------
@@ -1903,7 +1915,48 @@ __global__ void quantize_int4_kernel(const float* key, int64_t rows, int64_t d, 
   if (lane == 0) scale[row] = s;
 }
 
+// One warp per row of int4_h (quantize_summaries_int4h): s = amax / 7 as int4's, s16 = s rounded
+// up to fp16 (__float2half_ru: amax / s16 <= 7, so the codes stay in [-7, 7]), the codes
+// round(x / s16) stored as int4's, the pair (s16, b' to the nearest fp16). A refused row (s
+// outside fp16's normal range or not finite; b' not finite or beyond fp16's range) writes
+// 2 row + (0: summary_key, 1: summary_bias) into *refused by atomicMin (the host reports the
+// first one).
+__global__ void quantize_int4h_kernel(const float* key, const float* bias, int64_t rows, int64_t d,
+                                      uint8_t* out, __half2* pairs, unsigned long long* refused) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % kWarp;
+  const float* x = key + row * d;
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t i = lane; i < d; i += kWarp) amax = fmaxf(amax, fabsf(x[i])), finite &= isfinite(x[i]);
+  amax = warp_max(amax);
+  finite = __all_sync(0xffffffffu, finite);
+  const float s = amax > 0.0f ? __fdiv_rn(amax, 7.0f) : 1.0f;  // an all-zero row: 1, as int4's
+  const __half s16 = __float2half_ru(s);
+  const float s16f = __half2float(s16);
+  const bool key_ok = finite && s >= 0x1p-14f && s16f <= 65504.0f;
+  const float b = bias[row];
+  const __half b16 = __float2half_rn(b);
+  const bool bias_ok = isfinite(b) && !__hisinf(b16);
+  if (!key_ok || !bias_ok) {
+    if (lane == 0) atomicMin(refused, 2ull * static_cast<unsigned long long>(row) + (key_ok ? 1ull : 0ull));
+    return;
+  }
+  auto code = [s16f](float v) {
+    const float ratio = __fdiv_rn(v, s16f);
+    const int n = min(7, max(-7, __float2int_rn(fminf(fmaxf(ratio, -8.0f), 8.0f))));
+    return static_cast<uint32_t>(n + 8);
+  };
+  for (int64_t j = lane; j < d / 2; j += kWarp)
+    out[row * (d / 2) + j] = static_cast<uint8_t>(code(x[2 * j]) | code(x[2 * j + 1]) << 4);
+  if (lane == 0) pairs[row] = __halves2half2(s16, b16);
+}
+
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// int4 codes either way (int4: fp32 scale and b'; int4_h: the (s16, b'16) pairs beside them).
+bool is_int4(SummaryType type) { return type == SummaryType::int4 || type == SummaryType::int4_h; }
 
 // Host copies of the slot geometry (reference/SEMANTICS.md §1–2, Eq. 1) for the query at T-1.
 int64_t window_edge_chunk(int64_t t, int64_t W, int64_t S) {
@@ -1935,10 +1988,13 @@ DecodeParams params_of(const MechanismSpec& spec, const DecodeCache& cache, cons
   p.summary_key = cache.summary_key;
   p.summary_bias = cache.summary_bias;
   const bool scaled = cache.summary_type != SummaryType::bf16;
-  p.summary_scale = scaled ? cache.summary_scale : nullptr;
+  p.summary_scale = scaled && cache.summary_type != SummaryType::int4_h ? cache.summary_scale : nullptr;
   p.summary_key_bf16 = scaled && p.hierarchical
                            ? static_cast<const __nv_bfloat16*>(cache.summary_key_bf16)
                            : nullptr;
+  p.summary_scale_bias = cache.summary_type == SummaryType::int4_h
+                             ? static_cast<const __half2*>(cache.summary_scale_bias)
+                             : nullptr;
   return p;
 }
 
@@ -1998,18 +2054,21 @@ void validate_decode(const MechanismSpec& spec, const DecodeCache& cache, const 
   require(cache.T / spec.S == 0 || (cache.summary_key && cache.summary_bias),
           "decode: summary_key and summary_bias must be device pointers, got null");
   require(cache.summary_type == SummaryType::bf16 || cache.summary_type == SummaryType::fp8_e4m3 ||
-              cache.summary_type == SummaryType::int4,
+              cache.summary_type == SummaryType::int4 || cache.summary_type == SummaryType::int4_h,
           field("summary_type", static_cast<int64_t>(cache.summary_type),
-                "0 (bf16), 1 (fp8_e4m3) or 2 (int4)"));
+                "0 (bf16), 1 (fp8_e4m3), 2 (int4) or 3 (int4_h)"));
   const bool scaled = cache.summary_type != SummaryType::bf16;
-  require(!scaled || cache.T / spec.S == 0 || cache.summary_scale,
+  const bool pairs = cache.summary_type == SummaryType::int4_h;
+  require(!scaled || pairs || cache.T / spec.S == 0 || cache.summary_scale,
           "decode: summary_scale must be a device pointer with fp8_e4m3 or int4 summaries, got null");
+  require(!pairs || cache.T / spec.S == 0 || cache.summary_scale_bias,
+          "decode: summary_scale_bias must be a device pointer with int4_h summaries, got null");
   require(!scaled || spec.fusion != Fusion::hierarchical || cache.T / spec.S == 0 ||
               cache.summary_key_bf16,
-          "decode: summary_key_bf16 must be a device pointer with fp8_e4m3 or int4 summaries and "
-          "hierarchical fusion (its s_hat are fusion logits: gpu/NOTES.md \"decode\"), got null");
-  require(cache.summary_type != SummaryType::int4 || cache.d % 2 == 0,
-          field("d", cache.d, "even with int4 summaries (two codes per byte)"));
+          "decode: summary_key_bf16 must be a device pointer with fp8_e4m3, int4 or int4_h summaries "
+          "and hierarchical fusion (its s_hat are fusion logits: gpu/NOTES.md \"decode\"), got null");
+  require(!detail::is_int4(cache.summary_type) || cache.d % 2 == 0,
+          field("d", cache.d, "even with int4 or int4_h summaries (two codes per byte)"));
 }
 
 size_t decode_workspace_bytes(const MechanismSpec& spec, const DecodeCache& cache) {
@@ -2040,7 +2099,7 @@ LaunchShape launch_shape(const DecodeParams& p, SummaryType type) {
   s.win_smem = s.fast ? fast_tile_smem(p.G) : q_smem + win_stage;
   s.win_smem_early = s.fast ? fast_tile_smem(p.G, true) : q_smem + win_stage;
   // 16-byte loads need 16-byte aligned rows of whole loads.
-  const int per_load = type == SummaryType::int4       ? Int4Summary::kPerLoad
+  const int per_load = is_int4(type)                    ? Int4Summary::kPerLoad
                        : type == SummaryType::fp8_e4m3 ? Fp8Summary::kPerLoad
                                                        : Bf16Summary::kPerLoad;
   s.vectorised = p.d % per_load == 0 && reinterpret_cast<uintptr_t>(p.summary_key) % 16 == 0;
@@ -2060,7 +2119,7 @@ LaunchShape launch_shape(const DecodeParams& p, SummaryType type) {
 template <class F>
 void with_summary(SummaryType type, F&& f) {
   if (type == SummaryType::fp8_e4m3) f(Fp8Summary{});
-  else if (type == SummaryType::int4) f(Int4Summary{});
+  else if (type == SummaryType::int4 || type == SummaryType::int4_h) f(Int4Summary{});
   else f(Bf16Summary{});
 }
 
@@ -2116,18 +2175,25 @@ void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsig
 
 // Launch 1 (window + score tiles in one grid, the stream loaded ld.global.cs as d25 loads it),
 // `tiles` (1, or 2: d34) score tiles per block; `mma_dots` (d39) the int4 score tiles' dots on
-// the tensor cores where the rows are coalesced (two tiles per block).
+// the tensor cores where the rows are coalesced (two tiles per block); `pairs` (d40, int4_h
+// summaries, two tiles per block) the rows' (s16, b'16) pairs in place of scale and b'.
 template <class Summary>
 void launch_window_score(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
-                         cudaStream_t stream, int tiles = 1, bool mma_dots = false) {
+                         cudaStream_t stream, int tiles = 1, bool mma_dots = false,
+                         bool pairs = false) {
   const int64_t blocks1 =
       p.n_win_tiles * p.B * p.Hkv + ceil_div(p.n_score_tiles, tiles) * p.B * p.Hq;
   require(blocks1 < (int64_t{1} << 31), "decode: too many tiles for one grid");
   auto* kernel = tiles == 2 ? fused_window_score_kernel<Summary, 2>
                             : fused_window_score_kernel<Summary>;
   if constexpr (std::is_same<Summary, Int4Summary>::value)
-    if (mma_dots && s.coalesced && tiles == 2)
+    if (pairs) {
+      require(tiles == 2, "decode: int4_h summaries are scanned two tiles per block (d40)");
+      kernel = mma_dots && s.coalesced ? fused_window_score_kernel<Int4Summary, 2, true, true>
+                                       : fused_window_score_kernel<Int4Summary, 2, false, true>;
+    } else if (mma_dots && s.coalesced && tiles == 2) {
       kernel = fused_window_score_kernel<Int4Summary, 2, true>;
+    }
   launch_kernel("window + score", kernel, dim3(static_cast<unsigned>(blocks1)), kFastThreads,
                 std::max(s.win_smem_early, p.d * sizeof(float)), stream, false, p, w, s.fast,
                 s.win_staged, s.vectorised, s.coalesced);
@@ -2154,17 +2220,18 @@ DecodeScratch scratch_at(const DecodeParams& p, void* workspace) {
 // `short_tails` (d35) the select without its warp sorts where select_presorted and the
 // tensor-core chunk tiles on four warps; `select_in_chunks` (d36) no select launch where
 // chunks_can_select: each chunk tile selects; `mma_dots` (d39) the int4 score tiles' dots on
-// the tensor cores (launch_window_score).
+// the tensor cores; `pairs` (d40) the int4_h rows' (s16, b'16) pairs (launch_window_score).
 template <class Summary>
 void launch_fused(const DecodeParams& p, const LaunchShape& s, const DecodeScratch& w,
                   const DecodeOutputs& out, cudaStream_t stream, int score_tiles,
-                  bool short_tails, bool select_in_chunks, bool mma_dots = false) {
+                  bool short_tails, bool select_in_chunks, bool mma_dots = false,
+                  bool pairs = false) {
   const unsigned bh = static_cast<unsigned>(p.B * p.Hq);
   const unsigned bg = static_cast<unsigned>(p.B * p.Hkv);
   const bool mma_chunks = p.K > 0 && chunk_by_mma(p, s.fast_chunk);
   const bool quad_chunks = mma_chunks && short_tails;
   const bool chunks_select = quad_chunks && select_in_chunks && chunks_can_select(p);
-  launch_window_score<Summary>(p, s, w, stream, score_tiles, mma_dots);
+  launch_window_score<Summary>(p, s, w, stream, score_tiles, mma_dots, pairs);
   if (p.K > 0 && p.n_cand > p.K)
     launch_kernel("group score", decode_group_score_kernel<true>,
                   dim3(static_cast<unsigned>(ceil_div(p.n_cand, kScoreThreads)), bg),
@@ -2217,7 +2284,7 @@ const char* removed_kernel_name(int code) {
 
 void require_kept_kernel(DecodeKernel kernel) {
   constexpr const char* kKept =
-      "0 (fused = d39), 1 (d5), 15 (d29), 20 (d34), 21 (d35), 22 (d36) or 25 (d39)";
+      "0 (fused = d39), 1 (d5), 15 (d29), 20 (d34), 21 (d35), 22 (d36), 25 (d39) or 26 (d40)";
   const int code = static_cast<int>(kernel);
   if (const char* name = removed_kernel_name(code))
     throw std::invalid_argument("decode: kernel " + std::to_string(code) + " (" + name + ")" +
@@ -2225,7 +2292,7 @@ void require_kept_kernel(DecodeKernel kernel) {
   require(kernel == DecodeKernel::fused || kernel == DecodeKernel::d5 ||
               kernel == DecodeKernel::d29 || kernel == DecodeKernel::d34 ||
               kernel == DecodeKernel::d35 || kernel == DecodeKernel::d36 ||
-              kernel == DecodeKernel::d39,
+              kernel == DecodeKernel::d39 || kernel == DecodeKernel::d40,
           "decode: kernel = " + std::to_string(code) + ", expected " + kKept);
 }
 
@@ -2242,6 +2309,9 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   require(workspace != nullptr || decode_workspace_bytes(spec, cache) == 0,
           "decode: workspace must be a device pointer, got null");
   const DecodeParams p = params_of(spec, cache, q);
+  require(cache.summary_type != SummaryType::int4_h || kernel == DecodeKernel::d40,
+          "decode: summary_type 3 (int4_h) is scanned by kernel 26 (d40) only, got kernel " +
+              std::to_string(static_cast<int>(kernel)));
   DecodeScratch w = scratch_at(p, workspace);
   if (out.surrogate) w.scores = out.surrogate;
   if (out.selection) w.selection = out.selection;
@@ -2257,16 +2327,18 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
   // tiles' K/V rows loaded evict-first; d34: d29 with two score tiles per launch-1 block; d35: d29 (int4: d34) with the
   // select's sorts skipped and the chunk tiles on four warps (the same bits); d36: d35 whose
   // chunk tiles select; d39: d36 with the int4 score tiles' dots on the tensor cores (coalesced
-  // rows).
+  // rows); d40: d39 whose int4_h score tiles read (s16, b'16) pairs.
   const DecodeKernel k = kernel == DecodeKernel::fused ? DecodeKernel::d39 : kernel;
-  const bool d39 = k == DecodeKernel::d39;
+  const bool pairs = k == DecodeKernel::d40;  // int4_h comes only with d40 (required above)
+  const bool d39 = k == DecodeKernel::d39 || k == DecodeKernel::d40;
   const bool d36 = k == DecodeKernel::d36 || d39, d35 = k == DecodeKernel::d35 || d36;
   // d34: two score tiles per launch-1 block; d35 only for int4 summaries (fp8's two-tile
   // block needs 127 registers and was 0.1-1.1 us slower than d29 at B = 8 in session 15).
   const int score_tiles =
-      k == DecodeKernel::d34 || (d35 && cache.summary_type == SummaryType::int4) ? 2 : 1;
+      k == DecodeKernel::d34 || (d35 && is_int4(cache.summary_type)) ? 2 : 1;
   with_summary(cache.summary_type, [&](auto summary) {
-    launch_fused<decltype(summary)>(p, shape, w, out, stream, score_tiles, d35, d36, d39);
+    launch_fused<decltype(summary)>(p, shape, w, out, stream, score_tiles, d35, d36, d39,
+                                    pairs && cache.summary_type == SummaryType::int4_h);
   });
 }
 
@@ -2289,6 +2361,8 @@ void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, cons
   const DecodeScratch w = scratch_at(p, workspace);
   const LaunchShape shape = launch_shape(p, cache.summary_type);
   const SummaryType type = cache.summary_type;
+  require(type != SummaryType::int4_h || probe == ScanProbe::flat_read,
+          "decode_scan_probe: int4_h summaries have the flat_read probe only (probe 4)");
   auto* sink = reinterpret_cast<uint32_t*>(w.scores);
   switch (probe) {
     case ScanProbe::d25_scan:  // d25's launch 1, d29's
@@ -2309,21 +2383,22 @@ void decode_scan_probe(const MechanismSpec& spec, const DecodeCache& cache, cons
     }
     case ScanProbe::flat_read: {
       const int64_t rows = p.B * p.Hq * p.chunk_cap;
-      const int64_t key_bytes = type == SummaryType::int4       ? rows * p.d / 2
+      const int64_t key_bytes = is_int4(type)                   ? rows * p.d / 2
                                 : type == SummaryType::fp8_e4m3 ? rows * p.d
                                                                 : rows * p.d * 2;
-      const bool scaled = type != SummaryType::bf16;
-      for (const void* a : {cache.summary_key, static_cast<const void*>(cache.summary_bias),
-                            static_cast<const void*>(cache.summary_scale)})
+      // int4_h: the codes and the (s16, b'16) pairs (d40's scan bytes), as two arrays
+      const bool pairs = type == SummaryType::int4_h, scaled = type != SummaryType::bf16 && !pairs;
+      const void* second = pairs ? cache.summary_scale_bias : static_cast<const void*>(cache.summary_bias);
+      const void* third = pairs ? nullptr : static_cast<const void*>(cache.summary_scale);
+      for (const void* a : {cache.summary_key, second, third})
         require(reinterpret_cast<uintptr_t>(a) % 16 == 0,
                 "decode_scan_probe: flat_read needs 16-byte aligned summary arrays");
       const int sms = device_sm_count("decode_scan_probe");
       constexpr unsigned kThreads = 256, kBlocksPerSm = 8;
       launch_kernel("flat read", flat_read_kernel, dim3(static_cast<unsigned>(sms) * kBlocksPerSm),
                     kThreads, 0, stream, false, static_cast<const uint4*>(cache.summary_key),
-                    key_bytes / 16, reinterpret_cast<const uint4*>(cache.summary_bias), rows * 4 / 16,
-                    reinterpret_cast<const uint4*>(cache.summary_scale),
-                    scaled ? rows * 4 / 16 : int64_t{0}, sink);
+                    key_bytes / 16, static_cast<const uint4*>(second), rows * 4 / 16,
+                    static_cast<const uint4*>(third), scaled ? rows * 4 / 16 : int64_t{0}, sink);
       return;
     }
     case ScanProbe::tail_handoffs: {  // d29's tail grids (group scores, select, chunk, fuse)
@@ -2372,6 +2447,40 @@ void quantize_summaries_int4(const float* key, int64_t rows, int64_t d, void* ke
                          kWarpsPerBlock * kWarp, 0, stream>>>(key, rows, d,
                                                               static_cast<uint8_t*>(key_int4), scale);
   check_launch("quantize int4");
+}
+
+void quantize_summaries_int4h(const float* key, const float* bias, int64_t rows, int64_t d,
+                              void* key_int4, void* scale_bias, cudaStream_t stream) {
+  using namespace detail;
+  require(rows >= 0 && d >= 2 && d % 2 == 0,
+          "quantize_summaries_int4h: rows >= 0 and an even d >= 2 expected, got rows = " +
+              std::to_string(rows) + ", d = " + std::to_string(d));
+  if (rows == 0) return;
+  require(key && bias && key_int4 && scale_bias, "quantize_summaries_int4h: null device pointer");
+  require(ceil_div(rows, kWarpsPerBlock) < (int64_t{1} << 31), "quantize_summaries_int4h: too many rows");
+  unsigned long long* refused = nullptr;
+  if (cudaMallocAsync(&refused, sizeof *refused, stream) != cudaSuccess)
+    throw std::runtime_error("quantize_summaries_int4h: cudaMallocAsync of 8 bytes failed");
+  cudaMemsetAsync(refused, 0xff, sizeof *refused, stream);
+  quantize_int4h_kernel<<<static_cast<unsigned>(ceil_div(rows, kWarpsPerBlock)),
+                          kWarpsPerBlock * kWarp, 0, stream>>>(
+      key, bias, rows, d, static_cast<uint8_t*>(key_int4), static_cast<__half2*>(scale_bias), refused);
+  unsigned long long first = 0;
+  cudaMemcpyAsync(&first, refused, sizeof first, cudaMemcpyDeviceToHost, stream);
+  cudaFreeAsync(refused, stream);
+  const cudaError_t err = cudaStreamSynchronize(stream);
+  check_launch("quantize int4_h");
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string("quantize_summaries_int4h: ") + cudaGetErrorString(err));
+  if (first == ~0ull) return;
+  const std::string row = std::to_string(first / 2);
+  if (first % 2 == 0)
+    throw std::invalid_argument(
+        "quantize_summaries_int4h: summary_key row " + row +
+        ": its scale max |k'| / 7 must be a finite number in fp16's normal range [2^-14, 65504] "
+        "(row entries finite, max |k'| in [7 x 2^-14, 7 x 65504] or 0)");
+  throw std::invalid_argument("quantize_summaries_int4h: summary_bias row " + row +
+                              ": b' must be finite and within fp16's range (|b'| < 65520)");
 }
 
 }  // namespace hils::gpu

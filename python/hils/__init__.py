@@ -124,7 +124,7 @@ class Verifier:
         self._core = _core.Verifier(
             _spec_json(spec), _inputs(q, k, v, q_retrieval, prior),
             _text(input_precision, "input_precision", '"fp32" or "bf16"'),
-            _text(score_precision, "score_precision", '"fp32", "bf16", "fp8_e4m3" or "int4"'),
+            _text(score_precision, "score_precision", '"fp32", "bf16", "fp8_e4m3", "int4" or "int4_h"'),
             _text(bf16_rounding, "bf16_rounding", '"detect", "any", "nearest" or "toward_zero"'),
             _queries(queries), min(int(max_messages), 2**62))  # more than there are = all
 
@@ -166,7 +166,7 @@ def verify(spec, q, k, v, outputs, *, input_precision="fp32", score_precision="f
 
     spec: a dict with the verify file's spec keys ({"preset": "nsa", "S": 64, "W": 512, ...}).
     outputs: {name: array}; a stage that is absent (or None) is not compared.
-    input_precision: "fp32" or "bf16"; score_precision: "fp32", "bf16", "fp8_e4m3" or "int4"
+    input_precision: "fp32" or "bf16"; score_precision: "fp32", "bf16", "fp8_e4m3", "int4" or "int4_h"
         (data/verify_format.md).
     bf16_rounding: how a bf16-score kernel converts its summaries and scores to bf16, as the
     verify file's bf16_rounding attribute says it: "detect" (read from a bf16-stored lse or o,

@@ -15,7 +15,11 @@
 // cores: exact products, the tensor core's sums, not d36's bits) is judged by the oracle (as
 // fused on the case table and the ties, by name on the cross-tile ties over four and eleven
 // tiles), every candidate's score checked against its stored row (a code paired with the wrong
-// q~ dimension fails that). The versions
+// q~ dimension fails that); d40 with int4_h summaries (d39 reading each row's scale and b' as one
+// fp16 pair, codes against the fp16 scale) likewise under score_precision int4_h (by name: the
+// case table's d = 64 cases, the ties, three tiles, 16 heads, the cross-tile ties), its
+// quantizer's pairs checked bit for bit (a b' in bf16 or e4m3 fails that), and with fp8 or int4
+// d39's bits. The versions
 // removed in session 17 are refused by code, naming them (gpu/NOTES.md "Kernels removed in
 // session 17").
 #include <catch2/catch.hpp>
@@ -74,10 +78,13 @@ constexpr Variant kD5Int4{hils::gpu::DecodeKernel::d5, hils::gpu::SummaryType::i
 constexpr Variant kD39Int4{hils::gpu::DecodeKernel::d39, hils::gpu::SummaryType::int4, "d39 int4"};
 constexpr Variant kD39Fp8{hils::gpu::DecodeKernel::d39, hils::gpu::SummaryType::fp8_e4m3, "d39 fp8"};
 constexpr Variant kD39Bf16{hils::gpu::DecodeKernel::d39, hils::gpu::SummaryType::bf16, "d39 bf16"};
+constexpr Variant kD40Int4h{hils::gpu::DecodeKernel::d40, hils::gpu::SummaryType::int4_h, "d40 int4_h"};
+constexpr Variant kD40Fp8{hils::gpu::DecodeKernel::d40, hils::gpu::SummaryType::fp8_e4m3, "d40 fp8"};
+constexpr Variant kD40Int4{hils::gpu::DecodeKernel::d40, hils::gpu::SummaryType::int4, "d40 int4"};
 // Every variant, for the tie and several-tile cases (fused int4 is d39 where d = 64; d36 int4
 // keeps the scalar int4 dots in the set).
 const std::vector<Variant> kAllVariants{kFusedBf16, kFusedFp8, kFusedInt4, kD5Bf16, kD29Fp8,
-                                        kD36Int4};
+                                        kD36Int4, kD40Int4h};
 
 // An e4m3 byte as a double (sign, 4 exponent bits with bias 7, 3 mantissa bits; no NaN expected).
 double decode_e4m3(unsigned char byte) {
@@ -148,6 +155,53 @@ void quantize_int4(std::vector<Matrix<double>>& key, std::vector<gt::GuardedBuff
     }
   cache.push_back(std::move(bytes));
   cache.push_back(std::move(scale));
+}
+
+// Quantises the summaries `key` and biases `bias` (fp32 values) on the device with
+// quantize_summaries_int4h; appends the code and (s16, b'16) pair buffers to `cache`, replaces
+// `key` by what the step scores with (code x s16) and `bias` by b'16, and counts in *mismatches
+// the values that differ from the oracle's int4_code(k', s16) x s16 with s16 =
+// int4h_row_scale(max |k'|) and round_to_fp16(b') (a b' stored in bf16 or e4m3 fails this).
+void quantize_int4h(std::vector<Matrix<double>>& key, std::vector<hils::Vector<double>>& bias,
+                    std::vector<gt::GuardedBuffer>& cache, int64_t* mismatches) {
+  const int64_t rows = key.empty() ? 0 : key.size() * key.front().rows();
+  const int64_t d = key.empty() ? 2 : key.front().cols();
+  std::vector<Matrix<double>> bias_rows;
+  for (const auto& b : bias) bias_rows.push_back(b.transpose());
+  auto fp32 = gt::upload(gt::pack_heads(key, DType::f32));
+  auto bias32 = gt::upload(gt::pack_heads(bias_rows, DType::f32));
+  gt::GuardedBuffer bytes(std::max<int64_t>(1, rows * d / 2)), pairs(std::max<int64_t>(1, rows) * 4);
+  hils::gpu::quantize_summaries_int4h(fp32.as<float>(), bias32.as<float>(), rows, d, bytes.data(),
+                                      pairs.data());
+  gt::check_cuda(cudaDeviceSynchronize(), "quantize_summaries_int4h");
+  const auto host_bytes = bytes.download();
+  const auto host_pairs = pairs.download();
+  auto half_at = [&](int64_t byte) {  // an fp16 number as a double
+    uint16_t h = 0;
+    std::memcpy(&h, host_pairs.data() + byte, 2);
+    const int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+    const double magnitude = exponent == 0 ? std::ldexp(mantissa, -24)
+                                           : std::ldexp(1024 + mantissa, exponent - 25);
+    return h & 0x8000 ? -magnitude : magnitude;
+  };
+  int64_t row = 0;
+  for (size_t head = 0; head < key.size(); ++head) {
+    Matrix<double>& m = key[head];
+    for (int64_t c = 0; c < m.rows(); ++c, ++row) {
+      const double s16 = half_at(4 * row), b16 = half_at(4 * row + 2);
+      const float expected_scale = oracle::int4h_row_scale(m.row(c).cwiseAbs().maxCoeff());
+      *mismatches += s16 != expected_scale;
+      *mismatches += b16 != oracle::round_to_fp16(bias[head](c));
+      for (int64_t i = 0; i < d; ++i) {
+        const int code = (host_bytes[row * d / 2 + i / 2] >> (4 * (i % 2)) & 0xf) - 8;
+        *mismatches += code != oracle::int4_code(m(c, i), expected_scale);
+        m(c, i) = code * s16;
+      }
+      bias[head](c) = b16;
+    }
+  }
+  cache.push_back(std::move(bytes));
+  cache.push_back(std::move(pairs));
 }
 
 // int4's margin bound leaves the oracle little power over the selection (gpu/NOTES.md "decode",
@@ -225,21 +279,26 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
   // The cache's summaries are bf16 or fp8 e4m3 x row scale (what the oracle sees too); biases
   // stay fp32. The summary fp32 values are floats already (the prefill's output).
   const bool fp8 = variant.summary == hils::gpu::SummaryType::fp8_e4m3;
-  const bool int4 = variant.summary == hils::gpu::SummaryType::int4;
+  const bool int4h = variant.summary == hils::gpu::SummaryType::int4_h;
+  const bool int4 = variant.summary == hils::gpu::SummaryType::int4 || int4h;
   std::vector<Matrix<double>> bias_rows;
   int64_t quantize_mismatches = 0;
-  std::vector<gt::GuardedBuffer> fp8_cache;  // e4m3 or int4 rows, row scales, bf16 rows
+  std::vector<gt::GuardedBuffer> fp8_cache;  // e4m3 or int4 rows, row scales or pairs, bf16 rows
+  const std::vector<hils::Vector<double>> bias32 = bias;  // the prefill's fp32 b' 
   if (fp8 || int4) {
     // The bf16 copy (the fusion logits of hierarchical fusion) before key becomes e4m3 x scale.
     auto bf16_rows = gt::upload(gt::pack_heads(key, DType::bf16));
     if (fp8) quantize_fp8(key, fp8_cache, &quantize_mismatches);
+    else if (int4h) quantize_int4h(key, bias, fp8_cache, &quantize_mismatches);  // bias: b'16
     else quantize_int4(key, fp8_cache, &quantize_mismatches);
     fp8_cache.push_back(std::move(bf16_rows));
   } else {
     for (auto& m : key)
       for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = oracle::round_to_bf16(m.data()[i]);
   }
-  for (const auto& b : bias) bias_rows.push_back(b.transpose());
+  // The cache's fp32 b' (the fusion logits read it): int4_h's bias is b'16 from here on (what its
+  // scan scores with), so the fp32 copy is made from the prefill's values first.
+  for (const auto& b : bias32) bias_rows.push_back(b.transpose());
   auto k_dev = gt::upload(gt::pack_heads(k, DType::bf16));
   auto v_dev = gt::upload(gt::pack_heads(v, DType::bf16));
   auto q_dev = gt::upload(gt::pack_heads(q, DType::bf16));
@@ -255,6 +314,7 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
     cache.summary_type = variant.summary;
     cache.summary_key = fp8_cache[0].data(), cache.summary_scale = fp8_cache[1].as<float>();
     cache.summary_key_bf16 = fp8_cache[2].data();
+    if (int4h) cache.summary_scale = nullptr, cache.summary_scale_bias = fp8_cache[1].data();
   }
   const hils::gpu::DecodeQuery query{q_dev.data(), qr_dev.data()};
   gt::GuardedBuffer o(B * Hq * dv * 4), lse(B * Hq * 4), o_window(B * Hq * dv * 4);
@@ -285,9 +345,13 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
     }
   }
   if (quantize_mismatches > 0)
-    damage.push_back(std::string(int4 ? "quantize_summaries_int4" : "quantize_summaries_fp8") + ": " +
-                     std::to_string(quantize_mismatches) + " values or scales differ from oracle::" +
-                     (int4 ? "int4_code / int4_row_scale" : "round_to_fp8_e4m3 / fp8_row_scale"));
+    damage.push_back(std::string(int4h  ? "quantize_summaries_int4h"
+                                 : int4 ? "quantize_summaries_int4"
+                                        : "quantize_summaries_fp8") +
+                     ": " + std::to_string(quantize_mismatches) + " values or scales differ from oracle::" +
+                     (int4h  ? "int4_code / int4h_row_scale / round_to_fp16"
+                      : int4 ? "int4_code / int4_row_scale"
+                             : "round_to_fp8_e4m3 / fp8_row_scale"));
   const auto o_all = gt::heads_of(o, B * Hq, 1, dv);
   const auto lse_all = gt::head_vectors_of(lse, B * Hq, 1);
   const auto ow_all = gt::heads_of(o_window, B * Hq, 1, dv);
@@ -319,9 +383,10 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
     if (selections) selections->push_back(sel_all[b * Hkv]);
     oracle::VerifyOptions options;
     options.precision = oracle::InputPrecision::bf16;
-    options.score_precision = fp8    ? oracle::InputPrecision::fp8_e4m3
-                              : int4 ? oracle::InputPrecision::int4
-                                     : oracle::InputPrecision::bf16;
+    options.score_precision = fp8     ? oracle::InputPrecision::fp8_e4m3
+                              : int4h ? oracle::InputPrecision::int4_h
+                              : int4  ? oracle::InputPrecision::int4
+                                      : oracle::InputPrecision::bf16;
     options.queries = {T - 1};
     verdicts.push_back(oracle::verify(spec, seqs[b], run, options));
     if (!damage.empty()) {
@@ -401,6 +466,7 @@ TEST_CASE("gpu decode over the case table passes the oracle", "[gpu]") {
         if (c.d == 64) {  // where fused (d39: int4 dots on the tensor cores), d29 and d36 differ
           check_decode(spec, seqs, c.name, kD29Fp8);
           check_decode(spec, seqs, c.name, kD36Int4);
+          check_decode(spec, seqs, c.name, kD40Int4h);
         }
         ++checked;
       }
@@ -560,7 +626,7 @@ TEST_CASE("gpu decode with 16 heads per group passes the oracle", "[gpu]") {
       hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
   for (const char* preset : {"hils", "nsa"}) {
     const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
-    for (const Variant& variant : {kFusedBf16, kFusedFp8, kFusedInt4, kD29Fp8, kD35Int4})
+    for (const Variant& variant : {kFusedBf16, kFusedFp8, kFusedInt4, kD29Fp8, kD35Int4, kD40Int4h})
       check_decode(spec, seqs, c.name, variant);
   }
 }
@@ -586,6 +652,22 @@ TEST_CASE("gpu decode kernels that differ in launches or cache policy give the s
         spec.K = K;
         check_same_bits(spec, seqs, baseline, other, std::string(preset) + " K " + std::to_string(K));
       }
+}
+
+// d40 reads (s16, b'16) pairs only with int4_h summaries; with fp8 or int4 summaries it runs d39's
+// kernels: d39's bits (four score tiles per head, two launch-1 blocks; K = 32 selects in the
+// chunk tiles, K = 8 through the select launch).
+TEST_CASE("gpu decode d40 with fp8 or int4 summaries gives d39's bits", "[gpu]") {
+  const Case c{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
+  const std::vector<AttentionInputs<double>> seqs{
+      hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
+  for (int64_t K : {8, 32})
+    for (const auto& [baseline, other] :
+         std::vector<std::pair<Variant, Variant>>{{kD39Fp8, kD40Fp8}, {kD39Int4, kD40Int4}}) {
+      MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
+      spec.K = K;
+      check_same_bits(spec, seqs, baseline, other, "K " + std::to_string(K));
+    }
 }
 
 // d34's launch-1 blocks take two score tiles each: eleven tiles per head (2,600 chunks at d = 64)
@@ -644,7 +726,7 @@ TEST_CASE("gpu decode d35 over several group-score tiles keeps the lower chunk",
     int64_t violations = 0;
     const int64_t cuts = check_cross_tile_ties(c, twins, {1, 2, 32},
                                                {kD35Fp8, kD35Int4, kD35Bf16, kD36Fp8, kD36Int4,
-                                                kD39Int4},
+                                                kD39Int4, kD40Int4h},
                                                c.name, &violations);
     std::cout << "decode d35 " << c.name << ": selections cutting through the twins " << cuts
               << ", violations " << violations << "\n";
@@ -678,13 +760,14 @@ TEST_CASE("gpu decode refuses the kernel codes removed in session 17", "[gpu]") 
                     static_cast<int>(hils::gpu::DecodeKernel::d34) == 20 &&
                     static_cast<int>(hils::gpu::DecodeKernel::d35) == 21 &&
                     static_cast<int>(hils::gpu::DecodeKernel::d36) == 22 &&
-                    static_cast<int>(hils::gpu::DecodeKernel::d39) == 25,
+                    static_cast<int>(hils::gpu::DecodeKernel::d39) == 25 &&
+                    static_cast<int>(hils::gpu::DecodeKernel::d40) == 26,
                 "DecodeKernel codes are hils_gpu_decode::kernel values and never change");
   const std::vector<std::pair<int, std::string>> removed{
       {2, "d8"},   {3, "d13"},  {4, "d16"},  {5, "d17"},  {6, "d18"},  {7, "d19"},
       {8, "d21"},  {9, "d23"},  {10, "d24"}, {11, "d25"}, {23, "d37"}, {24, "d38"}};
   const std::string kept =
-      "0 (fused = d39), 1 (d5), 15 (d29), 20 (d34), 21 (d35), 22 (d36) or 25 (d39)";
+      "0 (fused = d39), 1 (d5), 15 (d29), 20 (d34), 21 (d35), 22 (d36), 25 (d39) or 26 (d40)";
   hils::gpu::DecodeOutputs out;
   for (const auto& [code, name] : removed) {
     const std::string expected = "decode: kernel " + std::to_string(code) + " (" + name +
@@ -705,7 +788,7 @@ TEST_CASE("gpu decode refuses the kernel codes removed in session 17", "[gpu]") 
     CHECK(hils_gpu_decode_step(&p, &none, nullptr, nullptr) == 2);
     CHECK(std::string(hils_gpu_decode_last_error()) == expected);
   }
-  for (int code : {0, 1, 15, 20, 21, 22, 25}) {  // kept: refused for the empty inputs, not the code
+  for (int code : {0, 1, 15, 20, 21, 22, 25, 26}) {  // kept: refused for the empty inputs, not the code
     hils_gpu_decode p{};
     p.kernel = code;
     const hils_gpu_decode_outputs none{};
@@ -714,7 +797,7 @@ TEST_CASE("gpu decode refuses the kernel codes removed in session 17", "[gpu]") 
     const std::string error = hils_gpu_decode_last_error();
     CHECK(error.find("decode: B = 0") == 0);
   }
-  for (int code : {12, 26, -1}) {  // never a kernel
+  for (int code : {12, 27, -1}) {  // never a kernel
     hils_gpu_decode p{};
     p.kernel = code;
     const hils_gpu_decode_outputs none{};
@@ -734,3 +817,58 @@ TEST_CASE("gpu decode refuses the kernel codes removed in session 17", "[gpu]") 
   }
 }
 
+
+// int4_h (gpu/NOTES.md "d40"): the quantizer refuses, naming the field and the row, a key row
+// whose scale fp16 cannot hold in its normal range and a b' beyond fp16's range; the rows before
+// it are stored as the oracle says. Only d40 scans int4_h summaries: the other kernels refuse
+// them (before any launch).
+TEST_CASE("gpu decode int4_h: refused rows and kernels", "[gpu]") {
+  constexpr int64_t d = 4;
+  auto quantize = [&](const std::vector<float>& key, const std::vector<float>& bias) {
+    const int64_t rows = static_cast<int64_t>(bias.size());
+    Matrix<double> k(rows, d), b(1, rows);
+    for (int64_t i = 0; i < rows * d; ++i) k(i / d, i % d) = key[i];
+    for (int64_t i = 0; i < rows; ++i) b(0, i) = bias[i];
+    auto key_dev = gt::upload(gt::pack_heads({k}, DType::f32));
+    auto bias_dev = gt::upload(gt::pack_heads({b}, DType::f32));
+    gt::GuardedBuffer codes(rows * d / 2), pairs(rows * 4);
+    try {
+      hils::gpu::quantize_summaries_int4h(key_dev.as<float>(), bias_dev.as<float>(), rows, d,
+                                          codes.data(), pairs.data());
+      return std::string();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+  };
+  const std::vector<float> good{1.0f, -2.0f, 0.5f, 3.0f};
+  CHECK(quantize(good, {0.25f}).empty());
+  CHECK(quantize({0, 0, 0, 0}, {0.0f}).empty());  // an all-zero row: scale 1, as int4's
+  std::vector<float> two = good;
+  two.insert(two.end(), {1e-5f, 0.0f, 0.0f, 0.0f});  // row 1: s = 1.4e-6 < 2^-14
+  CHECK(quantize(two, {0.0f, 0.0f}).find("summary_key row 1:") != std::string::npos);
+  two.assign(good.begin(), good.end());
+  two.insert(two.end(), {5e5f, 0.0f, 0.0f, 0.0f});  // row 1: s16 beyond 65504
+  CHECK(quantize(two, {0.0f, 0.0f}).find("summary_key row 1:") != std::string::npos);
+  two.assign(good.begin(), good.end());
+  two.insert(two.end(), {NAN, 0.0f, 0.0f, 0.0f});
+  CHECK(quantize(two, {0.0f, 0.0f}).find("summary_key row 1:") != std::string::npos);
+  CHECK(quantize(good, {70000.0f}).find("summary_bias row 0:") != std::string::npos);
+  CHECK(quantize(good, {INFINITY}).find("summary_bias row 0:") != std::string::npos);
+  CHECK(quantize(good, {65519.0f}).empty());  // rounds to 65504
+  // Only d40 scans int4_h (validated first: the error names the kernel, not the inputs).
+  const Case c = hils::cases::case_named("longer_blocks");
+  const std::vector<AttentionInputs<double>> seqs{hils::cases::make_inputs<double>(c)};
+  const MechanismSpec spec = hils::cases::with_case_geometry(hils::preset("hils"), c);
+  for (const auto kernel : {hils::gpu::DecodeKernel::fused, hils::gpu::DecodeKernel::d5,
+                            hils::gpu::DecodeKernel::d36, hils::gpu::DecodeKernel::d39}) {
+    INFO("kernel " << static_cast<int>(kernel));
+    const Variant wrong{kernel, hils::gpu::SummaryType::int4_h, "int4_h on another kernel"};
+    try {
+      decode_and_verify(spec, seqs, nullptr, wrong);
+      FAIL("a kernel other than d40 accepted int4_h summaries");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()) == "decode: summary_type 3 (int4_h) is scanned by kernel 26 (d40) only, got kernel " +
+                                         std::to_string(static_cast<int>(kernel)));
+    }
+  }
+}

@@ -190,7 +190,13 @@ namespace {
 // How the score path stores k': bf16, or fp8 e4m3 with a per-row power-of-two scale (the
 // decode cache's fp8 summaries, data/verify_format.md), or that fp8 row read back without its
 // scale (a planted dequantisation bug).
-enum class KeyStore { bf16, fp8_e4m3, fp8_scale_dropped, int4, int4_scale_dropped };
+// int4_h: int4 codes against the fp16 scale s16 (int4h_row_scale) and b' in fp16 (the decode
+// cache's int4_h store, gpu/NOTES.md "d40"); int4_h_bias_fp8: the same with b' in e4m3 instead
+// (a wrong store: the GPU test's bit-for-bit check of the pairs is what catches it).
+enum class KeyStore {
+  bf16, fp8_e4m3, fp8_scale_dropped, int4, int4_scale_dropped, int4_h, int4_h_scale_dropped,
+  int4_h_bias_fp8
+};
 
 InputPrecision score_precision_of(KeyStore store) {
   switch (store) {
@@ -198,9 +204,12 @@ InputPrecision score_precision_of(KeyStore store) {
     case KeyStore::fp8_e4m3:
     case KeyStore::fp8_scale_dropped: return InputPrecision::fp8_e4m3;
     case KeyStore::int4:
-    case KeyStore::int4_scale_dropped: break;
+    case KeyStore::int4_scale_dropped: return InputPrecision::int4;
+    case KeyStore::int4_h:
+    case KeyStore::int4_h_scale_dropped:
+    case KeyStore::int4_h_bias_fp8: break;
   }
-  return InputPrecision::int4;
+  return InputPrecision::int4_h;
 }
 
 // k' row -> the row as the score path reads it back.
@@ -213,6 +222,12 @@ Matrix<float> stored_keys(Matrix<float> key, KeyStore store) {
     if (store == KeyStore::int4 || store == KeyStore::int4_scale_dropped) {
       const float s = int4_row_scale(key.row(c).cwiseAbs().maxCoeff());
       const float back = store == KeyStore::int4 ? s : 1.0f;
+      key.row(c) = key.row(c).unaryExpr([s, back](float x) { return int4_code(x, s) * back; });
+      continue;
+    }
+    if (score_precision_of(store) == InputPrecision::int4_h) {
+      const float s = int4h_row_scale(key.row(c).cwiseAbs().maxCoeff());
+      const float back = store == KeyStore::int4_h_scale_dropped ? 1.0f : s;
       key.row(c) = key.row(c).unaryExpr([s, back](float x) { return int4_code(x, s) * back; });
       continue;
     }
@@ -233,6 +248,10 @@ KernelOutputs bf16_score_kernel(const MechanismSpec& spec, const AttentionInputs
   ScoreRounding rounding;
   rounding.weights = [](float x) { return static_cast<float>(round_to_bf16(x)); };
   rounding.keys = [store](const Matrix<float>& key) { return stored_keys(key, store); };
+  if (store == KeyStore::int4_h || store == KeyStore::int4_h_scale_dropped)
+    rounding.bias = [](float x) { return static_cast<float>(round_to_fp16(x)); };
+  if (store == KeyStore::int4_h_bias_fp8)
+    rounding.bias = [](float x) { return static_cast<float>(round_to_fp8_e4m3(x)); };
   const AttentionInputs<float> in = to_float(inputs);
   const ScorePath path = rounded_score_path(spec, in, rounding);
   KernelOutputs out;
@@ -498,4 +517,113 @@ TEST_CASE("int4 summaries: a wrong chunk or a dropped scale still fails", "[orac
   // that grew further would accept even that planted chunk.
   CHECK(caught_int4 >= 1);
   check_dropped_scale_fails(KeyStore::int4_scale_dropped);
+}
+
+TEST_CASE("int4_h: fp16 rounding, the rounded-up row scale and b''s error", "[oracle]") {
+  CHECK(round_to_fp16(1.0) == 1.0);
+  CHECK(round_to_fp16(1.0 + 0x1p-11) == 1.0);                 // a tie: to even
+  CHECK(round_to_fp16(1.0 + 3 * 0x1p-11) == 1.0 + 0x1p-9);    // a tie: to even
+  CHECK(round_to_fp16(1.0 + 0x1p-10) == 1.0 + 0x1p-10);
+  CHECK(round_to_fp16(-2.75) == -2.75);
+  CHECK(round_to_fp16(0x1p-25) == 0.0);                       // half the subnormal spacing: even
+  CHECK(round_to_fp16(3 * 0x1p-25) == 0x1p-23);
+  CHECK(round_to_fp16(65504.0) == 65504.0);
+  CHECK(round_to_fp16(65519.0) == 65504.0);
+  CHECK(std::isinf(round_to_fp16(65520.0)));
+  // s16 is the fp16 number at or above int4's fp32 scale, within 2^-10 of it.
+  CHECK(int4h_row_scale(7.0) == 1.0f);
+  CHECK(int4h_row_scale(0.0) == 1.0f);
+  for (double amax : {0.0123, 1.0, 2.3, 5.9, 321.7, 7 * 0x1p-14}) {
+    const float s = int4_row_scale(amax), s16 = int4h_row_scale(amax);
+    INFO("amax " << amax);
+    CHECK(s16 >= s);
+    CHECK(s16 < s * (1 + 0x1p-10));
+    CHECK(round_to_fp16(s16) == s16);
+    CHECK(int4_code(-amax, s16) == -7);
+    for (double x = -amax; x <= amax; x += amax / 97)
+      CHECK(std::fabs(int4_code(x, s16) * double(s16) - x) <= 0.5 * s16 * (1 + 1e-6));
+  }
+  CHECK_THROWS_AS(int4h_row_scale(1e-4), InvalidArgument);     // s below 2^-14
+  CHECK_THROWS_AS(int4h_row_scale(7 * 65520.0), InvalidArgument);  // s16 beyond 65504
+  CHECK_THROWS_AS(int4h_row_scale(std::numeric_limits<double>::infinity()), InvalidArgument);
+  CHECK(parse_score_precision("int4_h") == InputPrecision::int4_h);
+  CHECK(to_string(InputPrecision::int4_h) == "int4_h");
+  CHECK_THROWS_AS(parse_input_precision("int4_h"), InvalidArgument);
+  CHECK(unit_roundoff(InputPrecision::int4_h) == (1 + 0x1p-10) / 14.0);
+  // b' to the nearest fp16 errs by at most int4h_bias_error(|b'|).
+  for (double b = 0.0; b < 9.0; b += 0.0137)
+    CHECK(std::fabs(round_to_fp16(b) - b) <= int4h_bias_error(b));
+  CHECK(std::fabs(round_to_fp16(3 * 0x1p-26) - 3 * 0x1p-26) <= int4h_bias_error(3 * 0x1p-26));
+}
+
+TEST_CASE("a kernel with int4_h summaries passes with score_precision int4_h", "[oracle][selection]") {
+  // The d40 store (codes against s16, b' in fp16) over the case table: every verdict passes and
+  // the rounding flips selections (or the wider bound would not be exercised). Also counts the
+  // rows where int4_h selects unlike int4, and, as a measurement, how many verdicts fail when b'
+  // is stored in e4m3 instead of fp16 (the oracle's bound may hold that error too: the GPU tests
+  // check the stored pairs bit for bit).
+  FlipTally tally;
+  int64_t unlike_int4 = 0, bias_fp8_failed = 0, verdicts = 0;
+  for_each_table_spec([&](const cases::Case& c, const char* name, const MechanismSpec& spec,
+                          const AttentionInputs<double>& inputs) {
+    VerifyOptions options;
+    options.score_precision = InputPrecision::int4_h;
+    const KernelOutputs h = bf16_score_kernel(spec, inputs, KeyStore::int4_h, true);
+    const Verdict v = verify(spec, inputs, h, options);
+    INFO("case " << c.name << ", spec " << name << "\n" << v.report());
+    CHECK(v.passed);
+    tally.add(v);
+    ++verdicts;
+    const KernelOutputs int4 = bf16_score_kernel(spec, inputs, KeyStore::int4, false);
+    for (size_t g = 0; g < h.selection.size(); ++g)
+      for (Eigen::Index t = 0; t < h.selection[g].rows(); ++t)
+        unlike_int4 += h.selection[g].row(t) != int4.selection[g].row(t);
+    bias_fp8_failed +=
+        !verify(spec, inputs, bf16_score_kernel(spec, inputs, KeyStore::int4_h_bias_fp8, true), options).passed;
+  });
+  std::printf("int4_h summaries over the case table: %lld of %lld selection rows differ from the double "
+              "reference, %lld from int4's selection; largest accepted margin %.3g, largest bound %.3g; "
+              "b' in e4m3 instead of fp16: %lld of %lld verdicts fail\n",
+              static_cast<long long>(tally.flipped), static_cast<long long>(tally.rows),
+              static_cast<long long>(unlike_int4), tally.largest_margin, tally.largest_bound,
+              static_cast<long long>(bias_fp8_failed), static_cast<long long>(verdicts));
+  CHECK(tally.flipped > 0);
+}
+
+TEST_CASE("int4_h: the bound holds the fp16 terms, and a wrong chunk or a dropped scale still fails",
+          "[oracle][selection]") {
+  // The same kernel outputs judged as int4 and as int4_h: where rows differ, int4_h's bound is
+  // int4's plus the fp16 terms (u grows by 2^-10 / 14, b''s error enters A), so it is larger,
+  // by well under 1% (a bound that mapped int4_h to int4, or grew by more, fails this).
+  int64_t cases_run = 0, caught = 0, compared = 0;
+  for (const auto& c : cases::kCaseTable) {
+    const MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
+    if (c.K == 0 || !c.landmarks) continue;
+    const int64_t t = c.T - 1;
+    if (geometry_of(spec, c.T).candidate_count(t) <= c.K) continue;
+    const auto inputs = cases::make_inputs<double>(c);
+    VerifyOptions options;
+    options.score_precision = InputPrecision::int4_h;
+    KernelOutputs kernel = bf16_score_kernel(spec, inputs, KeyStore::int4_h, true);
+    INFO("case " << c.name);
+    REQUIRE(verify(spec, inputs, kernel, options).passed);
+    testing::plant_wrong_chunk(spec, inputs, testing::to_float(inputs), kernel);
+    const Verdict as_h = verify(spec, inputs, kernel, options);
+    options.score_precision = InputPrecision::int4;
+    const Verdict as_int4 = verify(spec, inputs, kernel, options);
+    if (as_int4.selection.bound > 0) {
+      ++compared;
+      CHECK(as_h.selection.bound > as_int4.selection.bound);
+      CHECK(as_h.selection.bound < 1.01 * as_int4.selection.bound);
+    }
+    ++cases_run;
+    caught += !as_h.selection.passed;
+    std::printf("planted wrong chunk, case %-26s caught under int4_h summaries %d (bound %.4g, int4's %.4g)\n",
+                c.name, !as_h.selection.passed, as_h.selection.bound, as_int4.selection.bound);
+  }
+  CHECK(cases_run > 0);
+  CHECK(compared > 0);
+  // As int4's (1 of 7): a bound that grew further would accept even that planted chunk.
+  CHECK(caught >= 1);
+  check_dropped_scale_fails(KeyStore::int4_h_scale_dropped);
 }

@@ -43,22 +43,28 @@
 namespace hils::oracle {
 
 // Precision of the numbers the kernel computes from (its inputs and its rounding unit).
-// fp8_e4m3 and int4 are score precisions only (summaries k' stored in e4m3 with a per-row
-// power-of-two scale, or as 4-bit integers -7..7 times a per-row fp32 scale,
-// data/verify_format.md); they are no input precisions.
-enum class InputPrecision { fp32, bf16, fp8_e4m3, int4 };
+// fp8_e4m3, int4 and int4_h are score precisions only (summaries k' stored in e4m3 with a per-row
+// power-of-two scale, as 4-bit integers -7..7 times a per-row fp32 scale, or (int4_h) times a
+// per-row fp16 scale with b' read in fp16 too, data/verify_format.md); they are no input
+// precisions.
+enum class InputPrecision { fp32, bf16, fp8_e4m3, int4, int4_h };
 std::string to_string(InputPrecision);
 // "fp32" or "bf16" (an input precision).
 InputPrecision parse_input_precision(const std::string& text,
                                      const std::string& field = "input_precision");
-// "fp32", "bf16", "fp8_e4m3" or "int4" (a score precision).
+// "fp32", "bf16", "fp8_e4m3", "int4" or "int4_h" (a score precision).
 InputPrecision parse_score_precision(const std::string& text,
                                      const std::string& field = "score_precision");
 
 // Unit roundoff: fp32 2^-24, bf16 2^-8 (8 significand bits incl. the implicit one), fp8 e4m3
 // 2^-4 (4 significand bits); int4 1/14, relative to the row's largest |entry| rather than to
-// each entry (a row's step is max |k'| / 7, rounding to nearest is off by half a step).
+// each entry (a row's step is max |k'| / 7, rounding to nearest is off by half a step); int4_h
+// (1 + 2^-10) / 14 (its step s16 is int4's s rounded up to fp16: s16 < s (1 + 2^-10)).
 double unit_roundoff(InputPrecision precision);
+// What fp16 b' adds to each int4_h score: |b' - fp16(b')| <= 2^-11 |b'| + 2^-25 (to nearest, 11
+// significant bits; 2^-25 is half fp16's subnormal spacing), with |b'| <= log|T_c| for the
+// entropy bias (b' = H(p)); 0 for bias rule none (b' = 0 is exact).
+double int4h_bias_error(double max_abs_bias);
 
 struct VerifyOptions;
 // The rounding unit each tensor's floor uses, given the kernel's input and score precisions:
@@ -90,6 +96,15 @@ double fp8_row_scale(double amax);
 // fp32 (1 for amax = 0 or not finite). Row entries are stored as int4_code(x, s) and read back
 // as that times s.
 float int4_row_scale(double amax);
+// Rounds to the nearest fp16 number (ties to even; 11 significant bits, subnormal spacing
+// 2^-24; +-inf beyond 65520, as __float2half_rn); NaN stays NaN.
+double round_to_fp16(double x);
+// The per-row scale of an int4_h summary row (SummaryType::int4_h): s16 = int4_row_scale(amax)
+// rounded up to the next fp16 number (__float2half_ru), so that float(k') / s16 <= 7; the row
+// is stored as int4_code(x, s16) and read back as that times s16. Throws InvalidArgument for a
+// row the store refuses: s below fp16's normal range (0 < amax < ~7 x 2^-14), s16 above 65504,
+// or amax not finite.
+float int4h_row_scale(double amax);
 // round(float(x) / s) to nearest (ties to even), clamped to [-7, 7]; the division in fp32 as the
 // device quantizer does it (__fdiv_rn).
 int int4_code(double x, float s);

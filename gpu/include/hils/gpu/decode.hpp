@@ -25,7 +25,13 @@ namespace hils::gpu {
 //             scale s_c = max_i |k'_c,i| / 7 in summary_scale (oracle::int4_row_scale,
 //             int4_code): half the bytes of fp8 and more selection changes (gpu/NOTES.md
 //             "decode", session 15), the oracle's `score_precision = int4`; d even
-enum class SummaryType { bf16 = 0, fp8_e4m3 = 1, int4 = 2 };
+//   int4_h:   int4's codes computed against s16, the fp16 number at or above int4's fp32 scale
+//             (oracle::int4h_row_scale), and beside them one __half2 (s16, b'16) per row in
+//             summary_scale_bias (b'16 = b' rounded to the nearest fp16): the scan reads 4 bytes
+//             of side data per row instead of 8 (gpu/NOTES.md "d40"); the fp32 b' in
+//             summary_bias stays for the fusion logits. The oracle's `score_precision = int4_h`;
+//             d even; scanned by DecodeKernel::d40 only (the other kernels refuse it)
+enum class SummaryType { bf16 = 0, fp8_e4m3 = 1, int4 = 2, int4_h = 3 };
 
 // B sequences of T slots each; the new token is slot T-1 (its key and value already appended).
 // Layouts, head-major per sequence, bf16 unless noted:
@@ -35,6 +41,7 @@ enum class SummaryType { bf16 = 0, fp8_e4m3 = 1, int4 = 2 };
 //                                                 [B, Hq, chunk_capacity, d / 2] bytes
 //   summary_scale [B, Hq, chunk_capacity] fp32   (fp8, int4: s_c; k'_c = s_c x the stored row)
 //   summary_bias  [B, Hq, chunk_capacity] fp32   (b'_c; zeros for bias rule none)
+//   summary_scale_bias [B, Hq, chunk_capacity] __half2 (int4_h only: (s16_c, b'16_c))
 // Summaries are per query head (the landmark-query prior differs per head); the scores are
 // fp32 dot products of the stored values.
 struct DecodeCache {
@@ -52,6 +59,9 @@ struct DecodeCache {
   // (Eq. 10) are read from these rows, so that fp8's rounding (2^-4) moves the selection but not
   // the fused output (gpu/NOTES.md "decode"). Unused otherwise.
   const void* summary_key_bf16 = nullptr;
+  // int4_h: (s16, b'16) per row as __half2 [B, Hq, chunk_capacity] (quantize_summaries_int4h);
+  // the scan reads these 4 bytes in place of summary_scale and summary_bias. Unused otherwise.
+  const void* summary_scale_bias = nullptr;
 };
 
 // The new queries: q [B, Hq, d] bf16 (already rotated), q_retrieval the same or null (q~ = q).
@@ -100,19 +110,22 @@ struct DecodeOutputs {
 //          bf16 summaries (session 17, gpu/NOTES.md "d39": B = 8, 512K int4 47.3-47.8 us against
 //          d36's 48.4-48.5, the scan launch 24.2 against 24.9; the default since session 18,
 //          when its multi-tile tests passed on a device)
+//   d40:   d39 whose int4_h score tiles read each row's scale and b' as one __half2 (4 bytes in
+//          place of two fp32 arrays' 8; session 18, gpu/NOTES.md "d40"); the only kernel that
+//          takes int4_h summaries; d39 with the other summary types
 //   d5:    six launches (window, score, group scores, select, chunk, fuse), each stage's first
 //          form: radix selects, warp-per-head chunk tiles, a fuse that loads one o_c row per
 //          step; kept as the structurally independent GPU path the tests check the others
 //          against the oracle beside (gpu/NOTES.md "Kernels removed in session 17")
-enum class DecodeKernel { fused = 0, d5 = 1, d29 = 15, d34 = 20, d35 = 21, d36 = 22, d39 = 25 };
+enum class DecodeKernel { fused = 0, d5 = 1, d29 = 15, d34 = 20, d35 = 21, d36 = 22, d39 = 25, d40 = 26 };
 // The kept kernels in code order, each named by decode_kernel_name, and the versions removed in
 // session 17 with their codes and names (decode_step refuses those, naming them): the one table,
 // which hils_gpu_enum_names("decode_kernel") and ("decode_kernel_removed") list as name=code
-// for callers without these headers (gpu/bench/decode_names.py).
+// for callers without these headers (gpu/bench/decode_ctypes.py).
 inline constexpr DecodeKernel kDecodeKernels[] = {DecodeKernel::fused, DecodeKernel::d5,
                                                   DecodeKernel::d29,   DecodeKernel::d34,
                                                   DecodeKernel::d35,   DecodeKernel::d36,
-                                                  DecodeKernel::d39};
+                                                  DecodeKernel::d39,   DecodeKernel::d40};
 constexpr const char* decode_kernel_name(DecodeKernel kernel) {
   switch (kernel) {
     case DecodeKernel::fused: return "fused";
@@ -122,6 +135,7 @@ constexpr const char* decode_kernel_name(DecodeKernel kernel) {
     case DecodeKernel::d35: return "d35";
     case DecodeKernel::d36: return "d36";
     case DecodeKernel::d39: return "d39";
+    case DecodeKernel::d40: return "d40";
   }
   return "unknown";
 }
@@ -177,5 +191,16 @@ void quantize_summaries_fp8(const float* key, int64_t rows, int64_t d, void* key
 // oracle::int4_row_scale, int4_code). d even.
 void quantize_summaries_int4(const float* key, int64_t rows, int64_t d, void* key_int4,
                              float* scale, cudaStream_t stream = nullptr);
+
+// Stores summaries as the int4_h cache keeps them: key_int4 [rows, d / 2] bytes and scale_bias
+// [rows] __half2 from key [rows, d] fp32 and bias [rows] fp32 (per row: s16 = the fp16 number
+// at or above int4's fp32 scale float(max |k'|) / 7, the codes round(k' / s16) to nearest, ties
+// to even, in [-7, 7], stored as int4's; the pair (s16, b' to the nearest fp16);
+// oracle::int4h_row_scale, int4_code, round_to_fp16). Throws std::invalid_argument naming the
+// first refused row: summary_key's scale outside fp16's normal range (s < 2^-14 or s16 >
+// 65504) or not finite, or summary_bias not finite or beyond fp16's range; for that it
+// synchronises `stream`. d even.
+void quantize_summaries_int4h(const float* key, const float* bias, int64_t rows, int64_t d,
+                              void* key_int4, void* scale_bias, cudaStream_t stream = nullptr);
 
 }  // namespace hils::gpu

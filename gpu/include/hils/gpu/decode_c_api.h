@@ -20,12 +20,13 @@ typedef struct hils_gpu_decode {
   const void *k, *v, *summary_key; /* bf16 */
   const float* summary_bias;
   const void *q, *q_retrieval; /* bf16 [B, Hq, d]; q_retrieval may be null */
-  int32_t summary_type;        /* 0 bf16, 1 fp8 e4m3, 2 int4 (hils::gpu::SummaryType) */
-  int32_t kernel;              /* 0 fused (the default: d36), 1 d5, 15 d29, 20 d34, 21 d35, 22 d36, 25 d39 (hils::gpu::DecodeKernel);
+  int32_t summary_type;        /* 0 bf16, 1 fp8 e4m3, 2 int4, 3 int4_h (hils::gpu::SummaryType) */
+  int32_t kernel;              /* 0 fused (the default: d39), 1 d5, 15 d29, 20 d34, 21 d35, 22 d36, 25 d39, 26 d40 (hils::gpu::DecodeKernel);
                                   2-11 (d8, d13, d16-d19, d21, d23-d25), 23 (d37) and 24 (d38) were removed in session 17
                                   and are refused (2) naming them (gpu/NOTES.md "Kernels removed in session 17") */
   const float* summary_scale;  /* fp8, int4: [B, Hq, chunk_capacity] row scales; else null */
-  const void* summary_key_bf16; /* fp8 or int4 + hierarchical fusion: the summaries in bf16; else null */
+  const void* summary_key_bf16; /* fp8, int4 or int4_h + hierarchical fusion: the summaries in bf16; else null */
+  const void* summary_scale_bias; /* int4_h: [B, Hq, chunk_capacity] __half2 (s16, b'16), read by d40; else null */
 } hils_gpu_decode;
 
 /* Outputs (fp32 / int32); only o and lse are required. */
@@ -51,6 +52,11 @@ int hils_gpu_quantize_summaries_fp8(const float* key, int64_t rows, int64_t d, v
 /* key fp32 [rows, d] -> key_int4 [rows, d / 2] bytes and scale fp32 [rows] (hils::gpu::quantize_summaries_int4). */
 int hils_gpu_quantize_summaries_int4(const float* key, int64_t rows, int64_t d, void* key_int4,
                                      float* scale, void* stream);
+
+/* key fp32 [rows, d], bias fp32 [rows] -> key_int4 [rows, d / 2] bytes and scale_bias __half2 [rows]
+ * (hils::gpu::quantize_summaries_int4h; 2 naming the first refused row; synchronises the stream). */
+int hils_gpu_quantize_summaries_int4h(const float* key, const float* bias, int64_t rows, int64_t d,
+                                      void* key_int4, void* scale_bias, void* stream);
 
 #ifdef __cplusplus
 }
