@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 
+#include "hils/threads.hpp"
+
 namespace hils::analysis {
 
 namespace {
@@ -24,6 +26,15 @@ void throw_if_stop_requested() {
   if (const int signal = stop_requested()) throw Interrupted(signal);
 }
 
+void run_unit_work(const StudyUnit& unit, ResultSink& sink) {
+  const StopScope stop_inside_the_reference(&g_stop_signal);
+  try {
+    unit.work(sink);
+  } catch (const Stopped& stopped) {
+    throw Interrupted(stopped.value);  // the flag holds the signal number
+  }
+}
+
 std::vector<size_t> schedule_order(const std::vector<StudyUnit>& units, const ResultSink& sink) {
   std::vector<size_t> order;
   for (size_t i = 0; i < units.size(); ++i)
@@ -40,7 +51,7 @@ UnitsDone SerialUnitRunner::run(const std::vector<StudyUnit>& units, ResultSink&
   done.skipped = static_cast<int64_t>(units.size() - order.size());
   for (size_t i : order) {
     throw_if_stop_requested();
-    units[i].work(sink);
+    run_unit_work(units[i], sink);
     sink.mark_complete(units[i].path);
     done.ran.push_back(i);
     if (progress)

@@ -223,7 +223,7 @@ void MpiUnitRunner::work(const std::vector<StudyUnit>& units) {
     RecordingSink records;
     try {
       analysis::throw_if_stop_requested();  // stopped: no new unit
-      units.at(i).work(records);
+      analysis::run_unit_work(units.at(i), records);
     } catch (const std::exception& e) {
       std::vector<char> failure(sizeof(uint64_t));
       const uint64_t unit = i;

@@ -136,13 +136,19 @@ Scalar log_add_exp(Scalar a, Scalar b);
 
 // Runs `body(unit)` for unit in [0, units) on OpenMP threads. Units must write disjoint
 // outputs; their results then do not depend on the number of threads.
-// An exception in a unit is rethrown on the calling thread after the loop.
+// An exception in a unit is rethrown on the calling thread after the loop. The one place the
+// stages check the calling thread's StopScope (hils/threads.hpp): before each unit, so a stop
+// skips the units left, then Stopped after the loop; the worker threads run each unit under the
+// same flag, so stages called inside a unit check it too.
 template <class Body>
 void parallel_units(int64_t units, const Body& body) {
+  const std::atomic<int>* stop = stop_flag();
   std::exception_ptr failure;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(thread_team_size(units))
   for (int64_t unit = 0; unit < units; ++unit) {
+    if (stop != nullptr && stop->load(std::memory_order_relaxed) != 0) continue;
     try {
+      const StopScope same_flag(stop);
       body(unit);
     } catch (...) {
 #pragma omp critical(hils_parallel_units_failure)
@@ -150,6 +156,9 @@ void parallel_units(int64_t units, const Body& body) {
     }
   }
   if (failure) std::rethrow_exception(failure);
+  if (stop != nullptr) {
+    if (const int value = stop->load()) throw Stopped(value);
+  }
 }
 
 }  // namespace hils::detail

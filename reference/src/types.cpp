@@ -19,4 +19,16 @@ int thread_team_size(int64_t units) {
   return static_cast<int>(std::max<int64_t>(team, 1));
 }
 
+namespace {
+thread_local const std::atomic<int>* t_stop_flag = nullptr;
+}  // namespace
+
+StopScope::StopScope(const std::atomic<int>* flag) noexcept : outer_(t_stop_flag) {
+  t_stop_flag = flag;
+}
+
+StopScope::~StopScope() { t_stop_flag = outer_; }
+
+const std::atomic<int>* detail::stop_flag() noexcept { return t_stop_flag; }
+
 }  // namespace hils

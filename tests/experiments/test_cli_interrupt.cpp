@@ -6,18 +6,21 @@
 //
 // Each test signals hils once its results file exists: the file is published only at a
 // checkpoint, after a unit is complete, so the signal lands after the first unit whatever the
-// timing; the units after it are slower, so it lands before the last.
+// timing; the units after it are slower, so it lands before the last. A long unit stops inside
+// the reference (hils::StopScope, analysis::run_unit_work).
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <fstream>
 #include <iterator>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -61,12 +64,15 @@ struct Stopped {
   bool signalled = false;  // false: hils ended before `watched` appeared
   int status = 0;          // waitpid's status
   std::string err;         // its stderr
+  double seconds_after_signal = 0;  // from the signal to the end of hils
 };
 
-// Runs `hils <line>` in `folder` (stderr to a file); once `watched` exists sends it `signal`.
-// Returns how it ended.
+// Runs `hils <line>` in `folder` (stderr to a file, `env` "NAME=value" added to its environment
+// when given); once `watched` exists, waits `delay` and sends it `signal`. Returns how it ended.
 Stopped signal_once_published(const fs::path& folder, const std::string& line,
-                              const fs::path& watched, int signal) {
+                              const fs::path& watched, int signal,
+                              std::chrono::milliseconds delay = std::chrono::milliseconds(0),
+                              const char* env = nullptr) {
   const fs::path err = folder / "stderr.txt";
   const auto args = words(line);
   const pid_t pid = ::fork();
@@ -74,6 +80,7 @@ Stopped signal_once_published(const fs::path& folder, const std::string& line,
     if (::chdir(folder.c_str()) != 0) ::_exit(127);
     const int fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0 || ::dup2(fd, STDERR_FILENO) < 0) ::_exit(127);
+    if (env != nullptr && ::putenv(const_cast<char*>(env)) != 0) ::_exit(127);
     std::vector<char*> argv{const_cast<char*>(HILS_EXE)};
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -81,15 +88,22 @@ Stopped signal_once_published(const fs::path& folder, const std::string& line,
     ::_exit(127);
   }
   Stopped stopped;
+  std::chrono::steady_clock::time_point sent;
   while (!stopped.signalled && ::waitpid(pid, &stopped.status, WNOHANG) == 0) {
     if (fs::exists(watched)) {
+      std::this_thread::sleep_for(delay);
+      sent = std::chrono::steady_clock::now();
       ::kill(pid, signal);
       stopped.signalled = true;
     } else {
       ::usleep(200);
     }
   }
-  if (stopped.signalled) ::waitpid(pid, &stopped.status, 0);
+  if (stopped.signalled) {
+    ::waitpid(pid, &stopped.status, 0);
+    stopped.seconds_after_signal =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+  }
   stopped.err = text_of(err);
   return stopped;
 }
@@ -163,6 +177,32 @@ TEST_CASE("Ctrl-C during hils run stops at a unit boundary, says so, and --resum
   CHECK_THAT(run_hils("run --help").output,
              Catch::Contains("(one stopped by Ctrl-C or a full disk), skipping its complete "
                              "units; without it an existing file is replaced"));
+}
+
+TEST_CASE("SIGTERM inside a long hils run unit stops the reference at its next query block",
+          "[cli][interrupt]") {
+  // Was: the unit (one mechanism on one layer) ran to its end, its only safe point before the
+  // reference ran. Here full attention at T = 65536 on one thread, ~5.5e11 flops: ~50 s on this
+  // machine, >10 s on any one core, where a query block (64 queries) is ~1/1000 of it. The
+  // signal goes 0.3 s after swa's unit is published, inside full's run_mechanism.
+  TempDir dir("interrupt_inside_unit");
+  REQUIRE(hils_in(dir.path(), "-q dump synthetic -T 65536 -S 64 --Hq 2 --Hkv 1 -d 32 --seed 3 "
+                              "-o acts.h5").exit_code == 0);
+  const auto stopped =
+      signal_once_published(dir.path(),
+                            "-q run acts.h5 -o out.h5 -p swa,full -W 256 --landmarks true",
+                            dir / "out.h5", SIGTERM, std::chrono::milliseconds(300),
+                            "OMP_NUM_THREADS=1");
+  INFO(stopped.err);
+  REQUIRE(stopped.signalled);
+  CHECK((WIFSIGNALED(stopped.status) && WTERMSIG(stopped.status) == SIGTERM));  // $? = 143
+  CHECK(stopped.seconds_after_signal < 5.0);  // the unit's end would be tens of seconds away
+  CHECK(complete_units(dir / "out.h5") == 1);
+  CHECK(stopped.err == "hils: interrupted by SIGTERM: out.h5 keeps 1 complete unit (work on "
+                       "unfinished units is dropped); run the same command with --resume to "
+                       "continue from them\n");
+  CHECK(count_temp_files(dir.path()) == 0);
+  CHECK(count_lock_files(dir.path()) == 0);
 }
 
 TEST_CASE("in a unit loop the first SIGINT only asks to stop, a second ends the process at once",

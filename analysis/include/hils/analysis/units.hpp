@@ -20,7 +20,8 @@ namespace hils::analysis {
 // Asking a run to stop (Ctrl-C, SIGTERM): the `hils` command's signal handler calls
 // request_stop() and nothing else (experiments/io/hdf5_util.hpp, UnitStopScope); the runners
 // check stop_requested() before each unit and the units at safe points inside
-// (throw_if_stop_requested()), so a run ends at a unit boundary: every unit marked complete is
+// (throw_if_stop_requested(); and the reference before each query block, run_unit_work below),
+// so a run ends at a unit boundary: every unit marked complete is
 // whole, the unit in progress is dropped (a unit marks nothing complete itself).
 // request_stop and stop_requested are async-signal-safe (one lock-free atomic each).
 void request_stop(int signal_number) noexcept;
@@ -38,6 +39,13 @@ struct Interrupted : std::runtime_error {
 };
 // A safe point: throws Interrupted when a stop is requested.
 void throw_if_stop_requested();
+
+struct StudyUnit;
+// Runs unit.work(sink) with the reference's own stop check on (hils::StopScope on the flag
+// request_stop sets, hils/threads.hpp): a stop requested while the reference runs ends it at
+// its next query block, as Interrupted, instead of at the end of a long stage. Every runner
+// runs a unit's work through this.
+void run_unit_work(const StudyUnit& unit, ResultSink& sink);
 
 struct StudyUnit {
   std::string path;   // what is marked complete, e.g. unit_path(T, layer, group)
