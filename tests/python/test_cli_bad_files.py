@@ -43,14 +43,14 @@ def dump(tmp_path_factory):
     return path, dict(q=q, k=k, v=v, spec=spec, **outputs)
 
 
-def hils_verify(path):
-    return subprocess.run([tool("HILS_CLI"), "verify", str(path)], capture_output=True, text=True,
-                          timeout=120)
+def hils_verify(*paths):
+    return subprocess.run([tool("HILS_CLI"), "verify", *map(str, paths)], capture_output=True,
+                          text=True, timeout=120)
 
 
-def broken_copy(tmp_path, good, edit):
+def broken_copy(tmp_path, good, edit, name="broken.h5"):
     """good's bytes under another name, then `edit(f)` on the h5py file."""
-    path = tmp_path / "broken.h5"
+    path = tmp_path / name
     path.write_bytes(pathlib.Path(good).read_bytes())
     with h5py.File(path, "r+") as f:
         edit(f)
@@ -109,6 +109,9 @@ def bad_files(a):
          ["/ attribute input_precision: expected the attribute to exist, found no such attribute"]),
         ("spec.K a string", lambda f: f.attrs.__setitem__("spec", json.dumps({**a["spec"], "K": "4"})),
          ['spec.K: expected an integer, got string "4"']),
+        ("a results file", lambda f: f.attrs.__setitem__("format", "hils-results"),
+         ['/ attribute format: expected "hils-verify" (a kernel\'s dump, data/verify_format.md), '
+          'found "hils-results" (a results file of hils run or a study)']),
         ("a huge declared shape", lambda f: f.create_dataset(
             "outputs/o_window", shape=(10**6, 10**6, 64), dtype="f4", chunks=(1, 1, 64)),
          ["outputs/o_window: expected a dataset whose values fit in 80% of this machine's",
@@ -150,3 +153,29 @@ def test_python_names_q_for_a_transposed_q(dump):
         hils.verify(a["spec"], a["q"].transpose(1, 0, 2), a["k"], a["v"], {"o": a["o"]})
     assert ("k: expected rank 3 shape [*, 8, 16] (KV heads, T, d; T = 8 and d = 16 from q, shape "
             "[131, 8, 16] read as [Hq, T, d]), found rank 3 shape [2, 131, 16]") in str(raised.value)
+
+
+def test_several_files_as_a_shell_glob_gives_them(dump, tmp_path):
+    """`hils verify dumps/*.h5`: every file's report, each bad file named as it comes, and the
+    worst exit status (was: 'The following argument was not expected', exit 2, nothing judged)."""
+    good, _ = dump
+    failing = broken_copy(tmp_path, good, lambda f: f["outputs/o"].__setitem__((0, 3, 1), np.nan),
+                          "failing.h5")
+    empty = tmp_path / "empty.h5"
+    empty.write_bytes(b"")
+    result = hils_verify(good, failing, empty, good)
+    assert result.returncode == 2, result.stderr
+    reports = [line for line in result.stdout.splitlines() if line.endswith(".h5") or
+               line.endswith("(kernel my kernel)") or line in ("PASS", "FAIL")]
+    assert reports == [f"{good} (kernel my kernel)", "PASS", str(failing) + " (kernel my kernel)",
+                       "FAIL", f"{good} (kernel my kernel)", "PASS"], result.stdout
+    assert result.stderr.splitlines() == [
+        f"hils: check failed: {failing}: the kernel's outputs fail the oracle",
+        f"hils: bad input: {empty}: expected an HDF5 file, found a file without the HDF5 signature",
+        f"hils: bad input: 1 of 4 files could not be judged (their errors above): {empty}; "
+        f"1 of 4 files fail the oracle: {failing}"]
+    result = hils_verify(good, failing)
+    assert result.returncode == 1 and result.stderr.splitlines()[-1] == (
+        f"hils: check failed: 1 of 2 files fail the oracle: {failing}"), result.stderr
+    result = hils_verify(good, good)
+    assert result.returncode == 0 and result.stdout.splitlines()[-1] == "all 2 files PASS"

@@ -82,8 +82,15 @@ VerifyFile read_verify_file(const fs::path& file) {
   const H5::H5File h5 = io::open_hdf5(file);
   const H5::Group root = h5.openGroup("/");
   const std::string format = io::read_string_attribute(file, root, "/", "format");
-  if (format != kVerifyFormat)
-    io::fail(file, "/ attribute format", std::string("\"") + kVerifyFormat + "\"", "\"" + format + "\"");
+  if (format != kVerifyFormat) {
+    // The project's other files, given here by mistake, are named as what they are.
+    const std::string what = format == "hils-results"       ? " (a results file of hils run or a study)"
+                             : format == "hils-activations" ? " (an activation file of hils dump)"
+                                                            : "";
+    io::fail(file, "/ attribute format",
+             std::string("\"") + kVerifyFormat + "\" (a kernel's dump, data/verify_format.md)",
+             "\"" + format + "\"" + what);
+  }
   const int64_t version = io::read_int_attribute(file, root, "/", "format_version");
   if (version != kVerifyFormatVersion)
     io::fail(file, "/ attribute format_version", std::to_string(kVerifyFormatVersion),
