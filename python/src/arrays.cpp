@@ -53,17 +53,21 @@ void require_kind(const std::string& name, const py::array& a, bool integer) {
                                  py::str(a.dtype()).cast<std::string>() + " data"));
 }
 
-// Rank and sizes against `shape` (a ValueError naming both shapes otherwise).
+// Rank and sizes against `shape` (a ValueError naming both shapes otherwise, and a batch axis
+// when there is one axis too many).
 void require_dims(const std::string& name, const py::array& a, const ArrayShape& shape) {
   bool ok = a.ndim() == static_cast<py::ssize_t>(shape.dims.size());
   for (size_t i = 0; ok && i < shape.dims.size(); ++i)
     ok = shape.dims[i] < 0 || a.shape(static_cast<py::ssize_t>(i)) == shape.dims[i];
-  if (!ok)
-    throw py::value_error(message(
-        name,
-        "rank " + std::to_string(shape.dims.size()) + " shape " + expected_dims_text(shape.dims) +
-            " " + shape.axes,
-        "rank " + std::to_string(a.ndim()) + " shape " + dims_text(a)));
+  if (ok) return;
+  // One axis too many: a batch axis, most likely (the oracle judges one sequence per call).
+  std::string axes = shape.axes;
+  if (a.ndim() == static_cast<py::ssize_t>(shape.dims.size()) + 1 && !axes.empty() && axes.back() == ')')
+    axes.insert(axes.size() - 1, "; one sequence per call, no batch axis: pass x[b]");
+  throw py::value_error(message(
+      name,
+      "rank " + std::to_string(shape.dims.size()) + " shape " + expected_dims_text(shape.dims) + " " + axes,
+      "rank " + std::to_string(a.ndim()) + " shape " + dims_text(a)));
 }
 
 // A flat C-order index as the array's index: "[1, 5, 3] (flat index 2883)".

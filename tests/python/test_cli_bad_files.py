@@ -87,7 +87,13 @@ def bad_files(a):
         ("q in fp16", replace("inputs/q", a["q"].astype(np.float16)),
          ["inputs/q: expected float32 or float64 data, found 16-bit floats"]),
         ("o with a batch axis", replace("outputs/o", a["o"][None].astype(np.float32)),
-         ["outputs/o: expected rank 3", "found rank 4 shape [1, 8, 131, 16]"]),
+         ["outputs/o: expected rank 3 shape [*, *, *] (heads, rows, columns; one sequence per file, "
+          "no batch axis: write x[b]), found rank 4 shape [1, 8, 131, 16]"]),
+        ("q with a batch axis", replace("inputs/q", a["q"][None]),
+         ["inputs/q: expected rank 3", "no batch axis", "found rank 4 shape [1, 8, 131, 16]"]),
+        ("lse with a batch axis", replace("outputs/lse", a["lse"][None].astype(np.float32)),
+         ["outputs/lse: expected rank 2 shape [*, *] (heads, rows; one sequence per file, no batch "
+          "axis: write x[b]), found rank 3 shape [1, 8, 131]"]),
         ("selection as floats", replace("outputs/selection", a["selection"].astype(np.float32)),
          ["outputs/selection: expected integer data, found 32-bit floats"]),
         ("selection below -1", replace("outputs/selection", a["selection"] - 2),
@@ -145,6 +151,18 @@ def test_files_that_are_not_verify_files(dump, tmp_path):
                        (tmp_path / "missing.h5", "expected an existing file, found no such file")]:
         result = hils_verify(bad)
         assert result.returncode == 2 and words in result.stderr, (bad, result.stderr)
+
+
+def test_python_names_a_batch_axis(dump):
+    _, a = dump
+    with pytest.raises(ValueError) as raised:
+        hils.verify(a["spec"], a["q"], a["k"], a["v"], {"o": a["o"][None]})
+    assert str(raised.value) == (
+        'outputs["o"]: expected rank 3 shape [*, *, *] (heads, rows, columns; one sequence per call, '
+        "no batch axis: pass x[b]), found rank 4 shape [1, 8, 131, 16]")
+    with pytest.raises(ValueError) as raised:  # two axes too many: no guess
+        hils.verify(a["spec"], a["q"][None, None], a["k"], a["v"], {"o": a["o"]})
+    assert "batch" not in str(raised.value)
 
 
 def test_python_names_q_for_a_transposed_q(dump):

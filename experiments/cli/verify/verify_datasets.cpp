@@ -15,6 +15,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// `axes` ("(heads, rows, columns)") with a word on a batch axis when the dataset has one axis
+// more than `rank`: a file holds one sequence (a kernel's [B, ...] tensors go one b per file).
+std::string axes_for(const H5::DataSet& ds, size_t rank, std::string axes) {
+  if (io::dataset_dims(ds).size() == rank + 1 && !axes.empty() && axes.back() == ')')
+    axes.insert(axes.size() - 1, "; one sequence per file, no batch axis: write x[b]");
+  return axes;
+}
+
 // A rank-3 float dataset [H x rows x cols] as H row-major matrices; `expected` may hold -1.
 // `axes` names the axes in the message of a wrong shape.
 std::vector<Matrix<double>> read_heads(const fs::path& file, const H5::Group& root,
@@ -22,7 +30,7 @@ std::vector<Matrix<double>> read_heads(const fs::path& file, const H5::Group& ro
                                        bool finite_only,
                                        const std::string& axes = "(heads, rows, columns)") {
   const H5::DataSet ds = io::open_dataset(file, root, name);
-  io::require_dims(file, name, ds, expected, axes);
+  io::require_dims(file, name, ds, expected, axes_for(ds, expected.size(), axes));
   const auto dims = io::dataset_dims(ds);
   const std::vector<double> data = io::read_doubles(file, name, ds, finite_only);
   std::vector<Matrix<double>> heads;
@@ -36,7 +44,7 @@ std::vector<Matrix<double>> read_heads(const fs::path& file, const H5::Group& ro
 std::vector<Vector<double>> read_head_vectors(const fs::path& file, const H5::Group& root,
                                               const std::string& name) {
   const H5::DataSet ds = io::open_dataset(file, root, name);
-  io::require_dims(file, name, ds, {-1, -1}, "(heads, rows)");
+  io::require_dims(file, name, ds, {-1, -1}, axes_for(ds, 2, "(heads, rows)"));
   const auto dims = io::dataset_dims(ds);
   const std::vector<double> data = io::read_doubles(file, name, ds, false);
   std::vector<Vector<double>> heads;
@@ -51,7 +59,7 @@ std::vector<IndexMatrix> read_selection(const fs::path& file, const H5::Group& r
                                         const std::string& name) {
   const H5::DataSet ds = io::open_dataset(file, root, name);
   io::require_integer(file, name, ds);
-  io::require_dims(file, name, ds, {-1, -1, -1}, "(KV groups, queries, K)");
+  io::require_dims(file, name, ds, {-1, -1, -1}, axes_for(ds, 3, "(KV groups, queries, K)"));
   const auto dims = io::dataset_dims(ds);
   const std::vector<int64_t> data = io::read_int64s(ds);
   std::vector<IndexMatrix> heads;
