@@ -487,6 +487,43 @@ std::filesystem::path temp_name_for(const std::filesystem::path& final_path) {
 
 }  // namespace
 
+namespace {
+
+// The line a CorruptInputGuard's handler writes (composed before the read: write(2) and _exit are
+// all a handler may call).
+char g_corrupt_line[kMaxPathBytes + 256];
+size_t g_corrupt_length = 0;
+
+void on_corrupt_input(int signal_number) {
+  const char* name = signal_number == SIGBUS ? "SIGBUS)\n" : "SIGSEGV)\n";
+  [[maybe_unused]] ssize_t a = ::write(STDERR_FILENO, g_corrupt_line, g_corrupt_length);
+  [[maybe_unused]] ssize_t b = ::write(STDERR_FILENO, name, std::strlen(name));
+  ::_exit(2);  // bad input
+}
+
+}  // namespace
+
+CorruptInputGuard::CorruptInputGuard(const std::filesystem::path& file) {
+  std::string text = file.string();
+  if (text.size() >= kMaxPathBytes) text = text.substr(0, kMaxPathBytes - 4) + "...";
+  const std::string line =
+      "hils: bad input: " + text +
+      ": expected a complete HDF5 file, found one the HDF5 library crashed on while reading it "
+      "(corrupt metadata; `h5dump -H` may say where; signal ";
+  std::memcpy(g_corrupt_line, line.data(), line.size());
+  g_corrupt_length = line.size();
+  struct sigaction action {};
+  action.sa_handler = on_corrupt_input;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGSEGV, &action, &outer_segv_);
+  ::sigaction(SIGBUS, &action, &outer_bus_);
+}
+
+CorruptInputGuard::~CorruptInputGuard() {
+  ::sigaction(SIGSEGV, &outer_segv_, nullptr);
+  ::sigaction(SIGBUS, &outer_bus_, nullptr);
+}
+
 UnitStopScope::UnitStopScope() {
   install_signal_cleanup();
   // Again, as another handler may have replaced ours since (a test framework's); a signal

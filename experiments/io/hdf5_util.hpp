@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cerrno>
+#include <csignal>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -115,6 +116,22 @@ class UnitStopScope {
   ~UnitStopScope();
   UnitStopScope(const UnitStopScope&) = delete;
   UnitStopScope& operator=(const UnitStopScope&) = delete;
+};
+
+// While one lives (around the reading of an input file by `hils verify` and `hils info`), a
+// crash of the HDF5 library on the file's metadata (SIGSEGV or SIGBUS: libhdf5 1.10 copies past
+// its buffers on some corrupt files, e.g. a global heap object whose size is damaged) ends the
+// process with exit status 2 and one line naming the file, not "Segmentation fault". Only
+// around reads, where nothing is being written, so there is nothing to clean up. Not nested.
+class CorruptInputGuard {
+ public:
+  explicit CorruptInputGuard(const std::filesystem::path& file);
+  ~CorruptInputGuard();
+  CorruptInputGuard(const CorruptInputGuard&) = delete;
+  CorruptInputGuard& operator=(const CorruptInputGuard&) = delete;
+
+ private:
+  struct sigaction outer_segv_ {}, outer_bus_ {};
 };
 
 // A temporary file beside `final_path` (".<name>.tmp-<pid>-<n>") that is removed on destruction

@@ -173,6 +173,28 @@ def test_python_names_q_for_a_transposed_q(dump):
             "[131, 8, 16] read as [Hq, T, d]), found rank 3 shape [2, 131, 16]") in str(raised.value)
 
 
+def test_a_corrupt_file_the_hdf5_library_crashes_on(dump, tmp_path):
+    """The first global heap object (where h5py keeps the string attributes) given a size of
+    ~2^34 bytes: libhdf5 1.10's H5Aread copies past its buffer (was: "Segmentation fault", exit
+    139). Now exit 2 naming the file, for verify and info; a library that refuses the size
+    instead gives the same start of the line."""
+    good, _ = dump
+    data = bytearray(good.read_bytes())
+    heap = data.find(b"GCOL")  # the collection's signature; its first object's size at +24
+    assert heap >= 0
+    data[heap + 28] = 0x4C
+    corrupt = tmp_path / "corrupt.h5"
+    corrupt.write_bytes(bytes(data))
+    for command in ("verify", "info"):
+        result = subprocess.run([tool("HILS_CLI"), command, str(corrupt)], capture_output=True,
+                                timeout=120)
+        message = result.stderr.decode(errors="replace")
+        assert result.returncode == 2, (command, result.returncode, message)
+        assert message.startswith(f"hils: bad input: {corrupt}: expected a complete HDF5 file, "
+                                  "found one the HDF5 library c"), (command, message)
+        assert len(message.splitlines()) == 1, message
+
+
 def test_several_files_as_a_shell_glob_gives_them(dump, tmp_path):
     """`hils verify dumps/*.h5`: every file's report, each bad file named as it comes, and the
     worst exit status (was: 'The following argument was not expected', exit 2, nothing judged)."""

@@ -20,7 +20,7 @@ struct InfoOptions {
 };
 
 // o -> the report of o.file on stdout (JSON with --json).
-void run_info(const InfoOptions& o) {
+void report_info(const InfoOptions& o) {
   H5::H5File file = io::open_hdf5(o.file);
   std::string format = io::read_string_attribute(o.file, file, "/", "format");
   nlohmann::json report;
@@ -39,6 +39,19 @@ void run_info(const InfoOptions& o) {
     std::cout << report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     info::print_text(report, datasets);
+  }
+}
+
+// report_info, a file whose metadata the HDF5 library fails on or crashes on (a corrupt file)
+// reported as bad input naming it (io::CorruptInputGuard), not an internal error or a crash.
+void run_info(const InfoOptions& o) {
+  const io::CorruptInputGuard guard(o.file);
+  try {
+    report_info(o);
+  } catch (const H5::Exception& e) {
+    io::fail(o.file, "", "a complete HDF5 file",
+             "one the HDF5 library cannot read (corrupt: " + e.getFuncName() + ": " +
+                 e.getDetailMsg() + ")");
   }
 }
 

@@ -75,10 +75,8 @@ void require_groups(const fs::path& file, const H5::Group& root) {
                "a dataset or other object of that name");
 }
 
-}  // namespace
-
-// file -> spec, options, inputs, outputs (gradients included) and the objects not compared.
-VerifyFile read_verify_file(const fs::path& file) {
+// file -> its contents (read_verify_file, below, without the guards against a corrupt file).
+VerifyFile read_contents(const fs::path& file) {
   const H5::H5File h5 = io::open_hdf5(file);
   const H5::Group root = h5.openGroup("/");
   const std::string format = io::read_string_attribute(file, root, "/", "format");
@@ -129,6 +127,22 @@ VerifyFile read_verify_file(const fs::path& file) {
   v.outputs.gradients = read_gradients(file, h5);
   collect_unknown(root, "", v.unknown);
   return v;
+}
+
+}  // namespace
+
+// file -> spec, options, inputs, outputs (gradients included) and the objects not compared. A
+// file whose metadata the HDF5 library fails on (an H5::Exception past the checks above) or
+// crashes on (io::CorruptInputGuard) is bad input naming it, not an internal error or a crash.
+VerifyFile read_verify_file(const fs::path& file) {
+  const io::CorruptInputGuard guard(file);
+  try {
+    return read_contents(file);
+  } catch (const H5::Exception& e) {
+    io::fail(file, "", "a complete HDF5 file",
+             "one the HDF5 library cannot read (corrupt: " + e.getFuncName() + ": " +
+                 e.getDetailMsg() + ")");
+  }
 }
 
 }  // namespace hils::cli::verify
