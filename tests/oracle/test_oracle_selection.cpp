@@ -286,6 +286,18 @@ void for_each_table_spec(Visit visit) {
   }
 }
 
+// Calls visit(case, spec, inputs) for every case of the table whose last query (the row a decode
+// step selects for) has more candidates than K, with the hils preset (landmarks needed).
+template <class Visit>
+void for_each_decode_row_case(Visit visit) {
+  for (const auto& c : cases::kCaseTable) {
+    const MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
+    if (c.K == 0 || !c.landmarks) continue;
+    if (geometry_of(spec, c.T).candidate_count(c.T - 1) <= c.K) continue;
+    visit(c, spec, cases::make_inputs<double>(c));
+  }
+}
+
 template <class Check>
 void over_rounded_cases(KeyStore store, bool summaries, Check check) {
   for_each_table_spec([&](const cases::Case& c, const char* name, const MechanismSpec& spec,
@@ -381,12 +393,8 @@ TEST_CASE("fp8 e4m3 summaries: a wrong chunk or a dropped scale still fails", "[
   // last query's row, judged under bf16 and under fp8 summaries. fp8's wider margin bound
   // (2 x 2^-4 x A against 2 x 2^-8 x A) accepts the swap where the margin is small against A.
   int64_t cases_run = 0, caught_bf16 = 0, caught_fp8 = 0;
-  for (const auto& c : cases::kCaseTable) {
-    const MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
-    if (c.K == 0 || !c.landmarks) continue;
-    const int64_t t = c.T - 1;
-    if (geometry_of(spec, c.T).candidate_count(t) <= c.K) continue;
-    const auto inputs = cases::make_inputs<double>(c);
+  for_each_decode_row_case([&](const cases::Case& c, const MechanismSpec& spec,
+                               const AttentionInputs<double>& inputs) {
     bool caught[2] = {false, false};
     for (KeyStore store : {KeyStore::bf16, KeyStore::fp8_e4m3}) {
       VerifyOptions options;
@@ -402,7 +410,7 @@ TEST_CASE("fp8 e4m3 summaries: a wrong chunk or a dropped scale still fails", "[
     std::printf("planted wrong chunk, case %-26s caught under bf16 summaries %d, fp8 %d\n", c.name,
                 caught[0], caught[1]);
     if (std::string(c.name) == "chunk_two" || std::string(c.name) == "window_one") CHECK(caught[1]);
-  }
+  });
   std::printf("planted wrong chunk caught in %lld (bf16) and %lld (fp8 e4m3) of %lld cases\n",
               static_cast<long long>(caught_bf16), static_cast<long long>(caught_fp8),
               static_cast<long long>(cases_run));
@@ -493,12 +501,8 @@ TEST_CASE("int4 summaries: a wrong chunk or a dropped scale still fails", "[orac
   // As the fp8 test above: the weakest candidate instead of the strongest chosen chunk in the
   // last query's row (the row a decode step selects for), under int4 summaries.
   int64_t cases_run = 0, caught_int4 = 0;
-  for (const auto& c : cases::kCaseTable) {
-    const MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
-    if (c.K == 0 || !c.landmarks) continue;
-    const int64_t t = c.T - 1;
-    if (geometry_of(spec, c.T).candidate_count(t) <= c.K) continue;
-    const auto inputs = cases::make_inputs<double>(c);
+  for_each_decode_row_case([&](const cases::Case& c, const MechanismSpec& spec,
+                               const AttentionInputs<double>& inputs) {
     VerifyOptions options;
     options.score_precision = InputPrecision::int4;
     KernelOutputs kernel = bf16_score_kernel(spec, inputs, KeyStore::int4, true);
@@ -509,7 +513,7 @@ TEST_CASE("int4 summaries: a wrong chunk or a dropped scale still fails", "[orac
     ++cases_run;
     caught_int4 += caught;
     std::printf("planted wrong chunk, case %-26s caught under int4 summaries %d\n", c.name, caught);
-  }
+  });
   std::printf("planted wrong chunk caught in %lld of %lld cases under int4 summaries\n",
               static_cast<long long>(caught_int4), static_cast<long long>(cases_run));
   CHECK(cases_run > 0);
@@ -596,12 +600,8 @@ TEST_CASE("int4_h: the bound holds the fp16 terms, and a wrong chunk or a droppe
   // int4's plus the fp16 terms (u grows by 2^-10 / 14, b''s error enters A), so it is larger,
   // by well under 1% (a bound that mapped int4_h to int4, or grew by more, fails this).
   int64_t cases_run = 0, caught = 0, compared = 0;
-  for (const auto& c : cases::kCaseTable) {
-    const MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
-    if (c.K == 0 || !c.landmarks) continue;
-    const int64_t t = c.T - 1;
-    if (geometry_of(spec, c.T).candidate_count(t) <= c.K) continue;
-    const auto inputs = cases::make_inputs<double>(c);
+  for_each_decode_row_case([&](const cases::Case& c, const MechanismSpec& spec,
+                               const AttentionInputs<double>& inputs) {
     VerifyOptions options;
     options.score_precision = InputPrecision::int4_h;
     KernelOutputs kernel = bf16_score_kernel(spec, inputs, KeyStore::int4_h, true);
@@ -620,7 +620,7 @@ TEST_CASE("int4_h: the bound holds the fp16 terms, and a wrong chunk or a droppe
     caught += !as_h.selection.passed;
     std::printf("planted wrong chunk, case %-26s caught under int4_h summaries %d (bound %.4g, int4's %.4g)\n",
                 c.name, !as_h.selection.passed, as_h.selection.bound, as_int4.selection.bound);
-  }
+  });
   CHECK(cases_run > 0);
   CHECK(compared > 0);
   // As int4's (1 of 7): a bound that grew further would accept even that planted chunk.
