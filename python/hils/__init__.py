@@ -11,7 +11,8 @@ v [Hkv, T, dv], q_retrieval [Hq, T, d], prior [Hq, rows, d]; kernel outputs by t
 (o, lse, selection, surrogate_scores, summary_key, summary_bias, o_window, lse_window,
 fusion_weights). Any float dtype and anything numpy converts are accepted; torch tensors on any
 device and in any float dtype (bf16, fp16 included) are converted by `as_numpy`. The work runs
-in C++ (the same code as `hils verify`) with the GIL released.
+in C++ (the same code as `hils verify`) with the GIL released; Ctrl-C on the main thread (with
+Python's default SIGINT handler) raises KeyboardInterrupt at the reference's next query block.
 
 Bad input raises TypeError (a wrong type or dtype) or ValueError (a wrong shape, NaN or Inf
 in an input, an unknown spec key or output name, a value out of range), naming the argument.

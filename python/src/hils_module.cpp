@@ -3,7 +3,11 @@
 // hils.testing.assert_kernel_matches. Every computation runs the same C++ code as `hils
 // verify`: the spec codec, the reference and oracle::verify with its report text.
 #include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,10 +18,62 @@
 #include "config/spec_codec.hpp"
 #include "hils/analysis/oracle.hpp"
 #include "hils/hils.hpp"
+#include "hils/threads.hpp"
 
 namespace hils::python {
 
 namespace {
+
+// Ctrl-C during a long call: the C++ work runs without the GIL, so Python's own SIGINT handler
+// only notes the signal and KeyboardInterrupt would come when the call returns (minutes at
+// large T). While a Work lives on the main thread, with Python's default SIGINT handler in
+// place, a SIGINT sets g_interrupt instead (one lock-free store), which the reference reads
+// before each query block (hils::StopScope): the call ends with hils::Stopped, which the module
+// turns into KeyboardInterrupt. A SIGINT after the work is handed back to Python. Elsewhere (a
+// thread, a handler of the caller's own) it is only the GIL released, as before.
+std::atomic<int> g_interrupt{0};
+
+void on_interrupt(int signal_number) { g_interrupt.store(signal_number); }
+
+// Whether Ctrl-C may stop the call: the main thread, and SIGINT is Python's default handler.
+bool interruptible() {
+  const py::module_ threading = py::module_::import("threading");
+  const py::module_ signal = py::module_::import("signal");
+  return threading.attr("current_thread")().is(threading.attr("main_thread")()) &&
+         signal.attr("getsignal")(signal.attr("SIGINT")).is(signal.attr("default_int_handler"));
+}
+
+class Work {
+ public:
+  Work() : interruptible_(interruptible()) {
+    if (interruptible_) {
+      g_interrupt.store(0);
+      struct sigaction action {};
+      action.sa_handler = on_interrupt;
+      sigemptyset(&action.sa_mask);
+      ::sigaction(SIGINT, &action, &python_handler_);
+      stop_.emplace(&g_interrupt);
+    }
+    release_.emplace();
+  }
+  ~Work() {
+    release_.reset();  // the GIL again
+    if (!interruptible_) return;
+    stop_.reset();
+    ::sigaction(SIGINT, &python_handler_, nullptr);
+    // A SIGINT that stopped nothing (it came after the last query block) goes to Python; one
+    // that stopped the work leaves as hils::Stopped, KeyboardInterrupt by the module's translator.
+    if (g_interrupt.load() != 0 && std::uncaught_exceptions() == 0) PyErr_SetInterrupt();
+  }
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+ private:
+  bool interruptible_;
+  struct sigaction python_handler_ {};
+  std::optional<StopScope> stop_;
+  std::optional<py::gil_scoped_release> release_;
+};
 
 // A verdict and the kernel name it was given (for repr and the caller's messages).
 struct Report {
@@ -201,14 +257,14 @@ class Verifier {
     options.max_messages = max_messages;
     options.queries = queries_from(queries);
     const AttentionInputs<double> in = inputs_from_dict(inputs);
-    py::gil_scoped_release release;
+    const Work work;  // without the GIL; Ctrl-C stops it
     verifier_ = std::make_unique<oracle::Verifier>(spec, in, options);
   }
 
   Report verify(const KernelArrays& arrays, const std::string& kernel) const {
     Report report;
     report.kernel = kernel;
-    py::gil_scoped_release release;
+    const Work work;  // without the GIL; Ctrl-C stops it
     report.verdict = verifier_->verify(arrays.kernel);
     return report;
   }
@@ -250,7 +306,7 @@ py::dict reference(const std::string& spec_text, const py::dict& inputs, const p
   options.queries = queries_from(queries);
   ReferenceRun r;
   {
-    py::gil_scoped_release release;
+    const Work work;  // without the GIL; Ctrl-C stops it
     in.validate(spec);
     r.run = run_mechanism(spec, in, options);
     add_summaries(spec, in, r);
@@ -295,6 +351,14 @@ PYBIND11_MODULE(_core, m) {
   using namespace hils;
   using namespace hils::python;
   m.doc() = "hils-sim's reference and oracle (C++); use the package hils, not this module.";
+  // A call stopped by Ctrl-C (Work): KeyboardInterrupt, as Python's own Ctrl-C.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Stopped&) {
+      PyErr_SetNone(PyExc_KeyboardInterrupt);
+    }
+  });
 
   py::class_<oracle::TensorReport>(m, "TensorReport",
                                    "The comparison of one tensor, all heads together.")
