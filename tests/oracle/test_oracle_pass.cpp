@@ -112,8 +112,8 @@ TEST_CASE("forced fusion with the reference's selection reproduces run_mechanism
 }
 
 // The oracle fuses again only the query blocks where a kernel's selection differs from the
-// reference's and takes the reference fusion's other rows (oracle.cpp, fusion_from_own): sound
-// only if a row's fused outputs depend on its own block's queries alone (hils::query_blocks).
+// reference's and takes the reference fusion's other rows (oracle_context.hpp, fusion_from_own):
+// sound only if a row's fused outputs depend on its own block's queries alone (hils::query_blocks).
 // Every other block, fused alone, must give the full fusion's rows bit for bit, in double and
 // float, with a selection moved so that some rows differ from the reference's, on all queries
 // and on every third or fifth slot (blocks cut by the span rule).
