@@ -543,7 +543,7 @@ int64_t check_cross_tile_ties(const Case& c, const std::vector<int64_t>& spots,
                               const std::vector<int64_t>& Ks,
                               const std::vector<Variant>& variants, const char* label,
                               int64_t* violations) {
-  constexpr int64_t kTileChunks = 256;  // candidates per group-score tile (decode_kernels.cu)
+  constexpr int64_t kTileChunks = 256;  // candidates per group-score tile (decode/common.cuh)
   int64_t cuts_through_twins = 0;
   for (const char* preset : {"hils", "nsa"}) {
     const MechanismSpec base = hils::cases::with_case_geometry(hils::preset(preset), c);
