@@ -538,6 +538,11 @@ UnitStopScope::UnitStopScope() {
 
 UnitStopScope::~UnitStopScope() { g_stop_between_units = 0; }
 
+std::string utf8_text(const std::string& text) {
+  // nlohmann's dump replaces what is not UTF-8 (escaping the rest as JSON); parsing undoes that.
+  return nlohmann::json::parse(json_text(nlohmann::json(text))).get<std::string>();
+}
+
 std::string json_text(const nlohmann::json& document) {
   return document.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }

@@ -56,6 +56,10 @@ double read_double_attribute(const std::filesystem::path& file, const H5::H5Obje
 // A JSON document as the text of an attribute: bytes that are not UTF-8 (a path or a name
 // from a non-UTF-8 file system) become U+FFFD instead of nlohmann's exception.
 std::string json_text(const nlohmann::json& document);
+// `text` with every byte sequence that is not UTF-8 replaced by U+FFFD: a string read from a
+// file (a damaged or Latin-1 attribute) or quoted by a parser, before it goes into a report that
+// callers read as UTF-8 text (Python's subprocess text=True fails on the raw bytes).
+std::string utf8_text(const std::string& text);
 // Writes (replacing an attribute of the same name).
 void write_attribute(H5::H5Object& object, const std::string& name, const std::string& value);
 void write_attribute(H5::H5Object& object, const std::string& name, int64_t value);

@@ -195,6 +195,22 @@ def test_a_corrupt_file_the_hdf5_library_crashes_on(dump, tmp_path):
         assert len(message.splitlines()) == 1, message
 
 
+def test_bytes_that_are_not_utf8_are_not_echoed(dump, tmp_path):
+    """A kernel name (or a spec) with bytes that are not UTF-8 (a damaged or Latin-1 attribute):
+    the report shows U+FFFD for them, so a caller reading it as text (subprocess text=True, as
+    here) gets no UnicodeDecodeError (was: the raw bytes echoed)."""
+    good, a = dump
+    named = broken_copy(tmp_path, good, lambda f: f.attrs.__setitem__("kernel", np.bytes_(b"v2 \xff\xfe")),
+                        "named.h5")
+    result = hils_verify(named)
+    assert result.returncode == 0 and result.stdout.splitlines()[0] == f"{named} (kernel v2 \ufffd\ufffd)"
+    spec = broken_copy(tmp_path, good, lambda f: f.attrs.__setitem__("spec", np.bytes_(b'{"preset": "\xe5"}')),
+                       "spec.h5")
+    result = hils_verify(spec)
+    assert result.returncode == 2 and "attribute spec: expected a JSON object, found invalid JSON" in result.stderr
+    assert "\ufffd" in result.stderr, result.stderr
+
+
 def test_several_files_as_a_shell_glob_gives_them(dump, tmp_path):
     """`hils verify dumps/*.h5`: every file's report, each bad file named as it comes, and the
     worst exit status (was: 'The following argument was not expected', exit 2, nothing judged)."""

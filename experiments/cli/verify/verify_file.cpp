@@ -26,7 +26,8 @@ MechanismSpec parse_spec(const fs::path& file, const std::string& text) {
   try {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    io::fail(file, "attribute spec", "a JSON object", std::string("invalid JSON (") + e.what() + ")");
+    io::fail(file, "attribute spec", "a JSON object",
+             "invalid JSON (" + io::utf8_text(e.what()) + ")");
   }
   if (!j.is_object()) io::fail(file, "attribute spec", "a JSON object", j.dump());
   try {
@@ -108,7 +109,7 @@ VerifyFile read_contents(const fs::path& file) {
         io::read_string_attribute(file, root, "/", "score_precision"),
         file.string() + ": / attribute score_precision");
   if (io::has_attribute(root, "kernel"))
-    v.kernel_name = io::read_string_attribute(file, root, "/", "kernel");
+    v.kernel_name = io::utf8_text(io::read_string_attribute(file, root, "/", "kernel"));
   v.inputs = read_inputs(file, h5);
   if (io::has_object(root, "queries")) {
     const H5::DataSet ds = io::open_dataset(file, root, "queries");
