@@ -268,8 +268,8 @@ void launch_window_score(const DecodeParams& p, const LaunchShape& s, const Deco
   if constexpr (std::is_same<Summary, Int4Summary>::value)
     if (pairs) {
       require(tiles == 2, "decode: int4_h summaries are scanned two tiles per block (d40)");
-      kernel = mma_dots && s.coalesced ? fused_window_score_kernel<Int4Summary, 2, true, true>
-                                       : fused_window_score_kernel<Int4Summary, 2, false, true>;
+      kernel = mma_dots && s.coalesced ? fused_window_score_pairs_kernel<true>
+                                       : fused_window_score_pairs_kernel<false>;
     } else if (mma_dots && s.coalesced && tiles == 2) {
       kernel = fused_window_score_kernel<Int4Summary, 2, true>;
     }

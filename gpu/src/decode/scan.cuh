@@ -402,6 +402,19 @@ __global__ void fused_window_score_kernel(DecodeParams p, DecodeScratch w, bool 
   window_score_block<Summary, kTiles, kMma, kPair>(p, w, fast, staged, vectorised, coalesced);
 }
 
+// d40's launch 1 (int4_h pairs, two tiles per block; kMma: the dots on the tensor cores where
+// the rows are coalesced) held to six blocks of kFastThreads per SM by its launch bounds: ptxas
+// fits it in 80 registers (92 without: five blocks per SM), spilling a few bytes in the mma
+// form. The same arithmetic, so the same bits. Measured against five per SM (gpu/NOTES.md
+// "d40", session 18): B = 32 -2.5 us, B = 8 unchanged; d39's launch 1 held alike was 1.2 us
+// slower at B = 8 and unchanged at B = 32, so d39's keeps no bounds.
+template <bool kMma>
+__global__ void __launch_bounds__(kFastThreads, 6)
+    fused_window_score_pairs_kernel(DecodeParams p, DecodeScratch w, bool fast, bool staged,
+                                    bool vectorised, bool coalesced) {
+  window_score_block<Int4Summary, 2, kMma, true>(p, w, fast, staged, vectorised, coalesced);
+}
+
 }  // namespace
 }  // namespace detail
 }  // namespace hils::gpu
