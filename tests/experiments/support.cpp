@@ -7,6 +7,8 @@
 
 #include <array>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <random>
 
 namespace hils::test {
@@ -91,6 +93,18 @@ int count_temp_files(const std::filesystem::path& folder) {
   for (const auto& entry : std::filesystem::directory_iterator(folder))
     if (entry.path().filename().string().find(".tmp-") != std::string::npos) ++count;
   return count;
+}
+
+int count_lock_files(const std::filesystem::path& folder) {
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(folder))
+    if (entry.path().extension() == ".lock") ++count;
+  return count;
+}
+
+std::string file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 void require_refused(const std::string& args, const std::string& message,

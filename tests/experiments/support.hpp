@@ -53,4 +53,10 @@ std::string quoted(const std::filesystem::path& path);
 // Files in `folder` whose name contains ".tmp-" (left-over temporary files).
 int count_temp_files(const std::filesystem::path& folder);
 
+// Files in `folder` whose name ends in ".lock" (left-over output locks).
+int count_lock_files(const std::filesystem::path& folder);
+
+// The whole file at `path`, byte for byte ("" when it cannot be opened).
+std::string file_bytes(const std::filesystem::path& path);
+
 }  // namespace hils::test

@@ -22,7 +22,9 @@
 #include "support.hpp"
 #include "util/shared_data.hpp"
 
+using hils::test::count_lock_files;
 using hils::test::count_temp_files;
+using hils::test::file_bytes;
 using hils::test::quoted;
 using hils::test::run_hils;
 using hils::test::run_hils_with_file_limit;
@@ -36,18 +38,6 @@ fs::path write_small(const TempDir& dir, const std::string& name = "acts.h5") {
   return hils::test::write_small_activation_file(dir, 7, name);
 }
 
-std::string bytes_of(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// Files in `folder` whose name ends in ".lock" (left-over output locks).
-int count_lock_files(const fs::path& folder) {
-  int n = 0;
-  for (const auto& entry : fs::directory_iterator(folder))
-    if (entry.path().extension() == ".lock") ++n;
-  return n;
-}
 
 const std::string kGeometry = " -S 8 -W 16 -K 2 --landmarks true --keep-scores true";
 const std::string kFirstArgs = " -p full" + kGeometry;       // a first run
@@ -58,7 +48,7 @@ const std::string kRunArgs = " -p full,hils" + kGeometry;    // the same, resume
 TEST_CASE("hils run refuses an output that is its input, by inode, not by name", "[cli][faults]") {
   TempDir dir("same_file");
   auto acts = write_small(dir);
-  const std::string before = bytes_of(acts);
+  const std::string before = file_bytes(acts);
   fs::create_hard_link(acts, dir / "hard_link.h5");
   fs::create_symlink(acts, dir / "sym_link.h5");
   for (const auto& output : {acts, dir / "hard_link.h5", dir / "sym_link.h5",
@@ -68,7 +58,7 @@ TEST_CASE("hils run refuses an output that is its input, by inode, not by name",
     CHECK(r.exit_code == 2);
     CHECK_THAT(r.output, Catch::Contains("is the same file as ACTIVATIONS"));
   }
-  CHECK(bytes_of(acts) == before);
+  CHECK(file_bytes(acts) == before);
   CHECK(count_temp_files(dir.path()) == 0);
 }
 
@@ -79,7 +69,7 @@ TEST_CASE("a second writer of one results file is refused and told who holds it"
   auto results = dir / "results.h5";
   REQUIRE(run_hils("run " + quoted(acts) + " -o " + quoted(results) + kFirstArgs).exit_code == 0);
   CHECK(count_lock_files(dir.path()) == 0);  // released and removed after a run
-  const std::string before = bytes_of(results);
+  const std::string before = file_bytes(results);
   {
     // This test process is the first writer; hils (another process) must not get in.
     hils::io::OutputLock held(results, "the first writer");
@@ -91,7 +81,7 @@ TEST_CASE("a second writer of one results file is refused and told who holds it"
     auto study = run_hils("fidelity --out " + quoted(results) + " --lengths 1024 -q");
     CHECK(study.exit_code == 2);
     CHECK_THAT(study.output, Catch::Contains("being written by"));
-    CHECK(bytes_of(results) == before);
+    CHECK(file_bytes(results) == before);
   }
   auto after = run_hils("run " + quoted(acts) + " -o " + quoted(results) + kRunArgs + " --resume");
   INFO(after.output);
@@ -126,14 +116,14 @@ TEST_CASE("a full disk (file-size limit) gives a clear error, no crash, no tempo
   auto acts = write_small(dir);
   auto results = dir / "results.h5";
   REQUIRE(run_hils("run " + quoted(acts) + " -o " + quoted(results) + kFirstArgs).exit_code == 0);
-  const std::string before = bytes_of(results);
+  const std::string before = file_bytes(results);
   for (int limit_blocks : {4, 24}) {
     auto run = run_hils_with_file_limit(
         "run " + quoted(acts) + " -o " + quoted(results) + kRunArgs + " --resume", limit_blocks);
     INFO(limit_blocks << " blocks\n" << run.output);
     CHECK(run.exit_code == 2);
     CHECK_THAT(run.output, Catch::Contains("room to"));
-    CHECK(bytes_of(results) == before);  // the earlier file is untouched
+    CHECK(file_bytes(results) == before);  // the earlier file is untouched
     // One clean message: HDF5's destructors printed "DataSet::~DataSet - H5Dclose failed"
     // lines before it (up to 94 for this study) while datasets were closed by destructors.
     auto study = run_hils_with_file_limit(
@@ -446,13 +436,13 @@ TEST_CASE("an output path that is a symlink is written through, the link kept", 
   fs::create_directory(dir / "store");
   const auto target = dir / "store" / "results.h5";
   REQUIRE(run_hils("run " + quoted(acts) + " -o " + quoted(target) + kFirstArgs).exit_code == 0);
-  const std::string first = bytes_of(target);
+  const std::string first = file_bytes(target);
   fs::create_symlink(fs::path("store") / "results.h5", dir / "link.h5");
   auto r = run_hils("run " + quoted(acts) + " -o " + quoted(dir / "link.h5") + kRunArgs + " --resume");
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(fs::is_symlink(dir / "link.h5"));
-  CHECK(bytes_of(target) != first);  // the resumed run's second mechanism is in the target
+  CHECK(file_bytes(target) != first);  // the resumed run's second mechanism is in the target
   CHECK(count_temp_files(dir.path()) + count_temp_files(dir / "store") == 0);
   CHECK(count_lock_files(dir.path()) + count_lock_files(dir / "store") == 0);
 }
@@ -591,12 +581,12 @@ TEST_CASE("hils dump checks its output before running the model, and never repla
   std::ofstream(dir / "text.txt") << "Once upon a time there was a cat.";
   for (const std::string option : {"--model", "--text"}) {
     const auto input = option == "--model" ? dir / "model.bin" : dir / "text.txt";
-    const std::string before = bytes_of(input);
+    const std::string before = file_bytes(input);
     auto same = run_hils("dump llama2c " + option + " " + quoted(input) + " -o " + quoted(input));
     INFO(same.output);
     CHECK(same.exit_code == 2);
     CHECK_THAT(same.output, Catch::Contains("is the same file as " + option));
-    CHECK(bytes_of(input) == before);
+    CHECK(file_bytes(input) == before);
   }
 }
 

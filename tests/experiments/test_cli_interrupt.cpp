@@ -31,7 +31,9 @@
 #include "io/results_file.hpp"
 #include "support.hpp"
 
+using hils::test::count_lock_files;
 using hils::test::count_temp_files;
+using hils::test::file_bytes;
 using hils::test::quoted;
 using hils::test::run_hils;
 using hils::test::run_shell;
@@ -39,18 +41,6 @@ using hils::test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string text_of(const fs::path& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-int count_lock_files(const fs::path& folder) {
-  int n = 0;
-  for (const auto& entry : fs::directory_iterator(folder))
-    if (entry.path().extension() == ".lock") ++n;
-  return n;
-}
 
 // "a b c" -> {"a", "b", "c"} (arguments without spaces or quotes).
 std::vector<std::string> words(const std::string& line) {
@@ -104,7 +94,7 @@ Stopped signal_once_published(const fs::path& folder, const std::string& line,
     stopped.seconds_after_signal =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
   }
-  stopped.err = text_of(err);
+  stopped.err = file_bytes(err);
   return stopped;
 }
 
