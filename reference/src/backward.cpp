@@ -1,15 +1,19 @@
 // run_mechanism_backward (reference/SEMANTICS.md §6): pass 1 over (KV group, query
 // block) units writes dq, dq~ and per-row softmax statistics; pass 2 over (KV group,
 // chunk-aligned key block) units accumulates dk, dv and the summaries' gradients. Each unit
-// owns its outputs, so the bits do not depend on the thread count.
+// owns its outputs, so the bits do not depend on the thread count. In double with AVX-512 the
+// window (or full) softmax's dq, dk and dv come instead from one fused pass between the two
+// (fused_backward.hpp); passes 1 and 2 keep the chunks' parts.
 #include "hils/backward.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "blocks.hpp"
+#include "fused_backward.hpp"
 
 namespace hils {
 namespace {
@@ -143,6 +147,7 @@ struct Problem {
   const MechanismOutputs<Scalar>* forward;       // saved forward outputs, or nullptr
   std::vector<Matrix<Scalar>> prior;             // Hq x [n_chunks x d] (needs_prior only)
   std::vector<ChunkSummaries<Scalar>> summaries;  // Hq (hierarchical_summaries only)
+  bool fused_window = false;  // the window softmax's gradients from fused_softmax_backward
 
   Scalar d_lse(int64_t h, int64_t t) const {
     return grads.d_lse.empty() ? Scalar(0) : grads.d_lse[static_cast<size_t>(h)](t);
@@ -268,8 +273,9 @@ void query_block_backward(const Problem<Scalar>& pb, int64_t g, const std::vecto
     }
     const Vector<Scalar> lambda = st.window_lambda.segment(block.begin, block.size());
     const Vector<Scalar> delta = st.window_delta.segment(block.begin, block.size());
-    dq_rows += block_softmax_dq(q_rows, do_rows, lambda, delta, rows, block, k, v, pb.geometry,
-                                pb.scale, window_only);
+    if (!pb.fused_window)
+      dq_rows += block_softmax_dq(q_rows, do_rows, lambda, delta, rows, block, k, v, pb.geometry,
+                                  pb.scale, window_only);
     out.dq[static_cast<size_t>(h)].middleRows(block.begin, block.size()) = dq_rows;
     dqr[static_cast<size_t>(h)].middleRows(block.begin, block.size()) = dqr_rows;
   }
@@ -371,20 +377,55 @@ void key_block_backward(const Problem<Scalar>& pb, int64_t g, int64_t a, int64_t
                         const std::vector<RowStatistics<Scalar>>& stats,
                         InputGradients<Scalar>& out, std::vector<Matrix<Scalar>>& dmu) {
   const int64_t S = pb.geometry.S();
-  Matrix<Scalar> dk_block = Matrix<Scalar>::Zero(b - a, pb.inputs.d());
-  Matrix<Scalar> dv_block = Matrix<Scalar>::Zero(b - a, pb.inputs.dv());
+  auto& dk = out.dk[static_cast<size_t>(g)];
+  auto& dv = out.dv[static_cast<size_t>(g)];
+  // The fused pass has already put the window softmax's part there.
+  Matrix<Scalar> dk_block = pb.fused_window ? Matrix<Scalar>(dk.middleRows(a, b - a))
+                                            : Matrix<Scalar>::Zero(b - a, pb.inputs.d());
+  Matrix<Scalar> dv_block = pb.fused_window ? Matrix<Scalar>(dv.middleRows(a, b - a))
+                                            : Matrix<Scalar>::Zero(b - a, pb.inputs.dv());
   for (int64_t j = 0; j < pb.G; ++j) {
     const int64_t h = g * pb.G + j;
     const auto& st = stats[static_cast<size_t>(h)];
-    key_block_window_backward(pb, h, a, b, st, dk_block, dv_block);
+    if (!pb.fused_window) key_block_window_backward(pb, h, a, b, st, dk_block, dv_block);
     if (!pb.spec.selects()) continue;
     for (int64_t c = a / S; c < std::min(b / S, pb.geometry.n_chunks()); ++c)
       chunk_backward<Scalar>(pb, h, c, selectors[static_cast<size_t>(c)], st,
                      dk_block.middleRows(c * S - a, S), dv_block.middleRows(c * S - a, S),
                      dmu[static_cast<size_t>(h)]);
   }
-  out.dk[static_cast<size_t>(g)].middleRows(a, b - a) = dk_block;
-  out.dv[static_cast<size_t>(g)].middleRows(a, b - a) = dv_block;
+  dk.middleRows(a, b - a) = dk_block;
+  dv.middleRows(a, b - a) = dv_block;
+}
+
+// Whether fused_softmax_backward runs for this scalar type in this build.
+template <class Scalar>
+constexpr bool fused_window_built() {
+#ifdef HILS_FUSED_KERNELS
+  return std::is_same_v<Scalar, double>;
+#else
+  return false;
+#endif
+}
+
+// Between the passes: the window (or full) softmax's dq, dk and dv of every head, fused.
+template <class Scalar>
+void fused_window_pass(const Problem<Scalar>& pb, const std::vector<RowStatistics<Scalar>>& stats,
+                       InputGradients<Scalar>& out) {
+#ifdef HILS_FUSED_KERNELS
+  if constexpr (std::is_same_v<Scalar, double>) {
+    std::vector<const Vector<double>*> lambda, delta;
+    for (const auto& st : stats) {
+      lambda.push_back(&st.window_lambda);
+      delta.push_back(&st.window_delta);
+    }
+    detail::fused_softmax_backward({pb.inputs.q, pb.grads.d_o, pb.inputs.k, pb.inputs.v, lambda,
+                                    delta, pb.geometry, pb.scale, pb.spec.fusion != Fusion::full},
+                                   out.dq, out.dk, out.dv);
+  }
+#else
+  (void)pb, (void)stats, (void)out;
+#endif
 }
 
 // The saved forward, when given: Hq heads of all T queries, with the window branch for a
@@ -491,12 +532,14 @@ SummaryGradients<Scalar> summarize_backward(const Matrix<Scalar>& k, const Matri
   return out;
 }
 
+namespace detail {
+
 template <class Scalar>
-InputGradients<Scalar> run_mechanism_backward(const MechanismSpec& spec,
-                                              const AttentionInputs<Scalar>& inputs,
-                                              const std::vector<IndexMatrix>& selection,
-                                              const OutputGradients<Scalar>& grads,
-                                              const MechanismOutputs<Scalar>* forward) {
+InputGradients<Scalar> mechanism_backward(const MechanismSpec& spec,
+                                          const AttentionInputs<Scalar>& inputs,
+                                          const std::vector<IndexMatrix>& selection,
+                                          const OutputGradients<Scalar>& grads,
+                                          const MechanismOutputs<Scalar>* forward, bool fused) {
   spec.validate();
   inputs.validate(spec);
   Problem<Scalar> pb{spec, inputs, selection, grads, geometry_of(spec, inputs.T()),
@@ -504,6 +547,7 @@ InputGradients<Scalar> run_mechanism_backward(const MechanismSpec& spec,
                      inputs.Hq() / inputs.Hkv(),
                      spec.fusion == Fusion::hierarchical && spec.key_rule != KeyRule::exact,
                      forward, {}, {}};
+  pb.fused_window = fused && fused_window_built<Scalar>();
   validate_backward_arguments(pb);
   const int64_t T = inputs.T(), Hq = inputs.Hq(), Hkv = inputs.Hkv(), d = inputs.d(), K = spec.K;
   const int64_t chunks = pb.geometry.n_chunks();
@@ -540,6 +584,7 @@ InputGradients<Scalar> run_mechanism_backward(const MechanismSpec& spec,
     query_block_backward(pb, unit / n_blocks, rows, blocks[static_cast<size_t>(unit % n_blocks)],
                          stats, out, dqr);
   });
+  if (pb.fused_window) fused_window_pass(pb, stats, out);
 
   // Pass 2: (KV group, key block) units over chunk-aligned key blocks; the last takes the tail.
   std::vector<std::vector<std::vector<Selector>>> selectors(static_cast<size_t>(Hkv));
@@ -549,11 +594,12 @@ InputGradients<Scalar> run_mechanism_backward(const MechanismSpec& spec,
     });
   const int64_t span = pb.geometry.S() * std::max<int64_t>(1, detail::kKeyBlock / pb.geometry.S());
   const int64_t key_blocks = (T + span - 1) / span;
-  detail::parallel_units(Hkv * key_blocks, [&](int64_t unit) {
-    const int64_t g = unit / key_blocks, a = (unit % key_blocks) * span;
-    key_block_backward(pb, g, a, std::min(T, a + span), selectors[static_cast<size_t>(g)], stats,
-                       out, dmu);
-  });
+  if (spec.selects() || !pb.fused_window)  // else the fused pass did all of dk and dv
+    detail::parallel_units(Hkv * key_blocks, [&](int64_t unit) {
+      const int64_t g = unit / key_blocks, a = (unit % key_blocks) * span;
+      key_block_backward(pb, g, a, std::min(T, a + span), selectors[static_cast<size_t>(g)],
+                         stats, out, dmu);
+    });
 
   // The prior's gradient: into q~ at the landmark slots, or into the given/shared prior.
   const bool has_qr = !inputs.q_retrieval.empty();
@@ -581,7 +627,21 @@ InputGradients<Scalar> run_mechanism_backward(const MechanismSpec& spec,
   return out;
 }
 
+}  // namespace detail
+
+template <class Scalar>
+InputGradients<Scalar> run_mechanism_backward(const MechanismSpec& spec,
+                                              const AttentionInputs<Scalar>& inputs,
+                                              const std::vector<IndexMatrix>& selection,
+                                              const OutputGradients<Scalar>& grads,
+                                              const MechanismOutputs<Scalar>* forward) {
+  return detail::mechanism_backward(spec, inputs, selection, grads, forward, true);
+}
+
 #define HILS_INSTANTIATE_BACKWARD(S)                                                        \
+  template InputGradients<S> detail::mechanism_backward<S>(                                 \
+      const MechanismSpec&, const AttentionInputs<S>&, const std::vector<IndexMatrix>&,     \
+      const OutputGradients<S>&, const MechanismOutputs<S>*, bool);                         \
   template InputGradients<S> run_mechanism_backward<S>(                                     \
       const MechanismSpec&, const AttentionInputs<S>&, const std::vector<IndexMatrix>&,     \
       const OutputGradients<S>&, const MechanismOutputs<S>*);                               \

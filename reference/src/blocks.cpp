@@ -173,96 +173,6 @@ void rescale_row8(double* logit, int64_t width, double& m, double& l, double* ac
   m = row_max;
 }
 
-// out[dim * stride + j] = k(k0 + j, dim) for j in [0, keys): 8 x 8 blocks through registers
-// (whole cache lines stored; a scalar transpose here cost a third of the kernel at d = 128),
-// the ragged edges one by one.
-void transpose_rows(const Matrix<double>& k, int64_t k0, int64_t keys, double* out,
-                    int64_t stride) {
-  const int64_t d = k.cols();
-  const int64_t full_keys = keys / kLanes * kLanes, full_dims = d / kLanes * kLanes;
-  // Index vectors of _mm512_permutex2var_pd: 0-7 pick from the first operand, 8-15 the second.
-  const __m512i pairs_even = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
-  const __m512i pairs_odd = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-  const __m512i low_halves = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11);
-  const __m512i high_halves = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
-  for (int64_t j = 0; j < full_keys; j += kLanes) {
-    for (int64_t dim = 0; dim < full_dims; dim += kLanes) {
-      __m512d row[kLanes];  // row[r] = k(k0 + j + r, dim .. dim + 7)
-      for (int r = 0; r < kLanes; ++r) row[r] = _mm512_loadu_pd(&k(k0 + j + r, dim));
-      // Interleave pairs of rows: even[p] holds columns 0,2,4,6 of rows 2p, 2p+1; odd[p] 1,3,5,7.
-      __m512d even[4], odd[4];
-      for (int p = 0; p < 4; ++p) {
-        even[p] = _mm512_unpacklo_pd(row[2 * p], row[2 * p + 1]);
-        odd[p] = _mm512_unpackhi_pd(row[2 * p], row[2 * p + 1]);
-      }
-      // Quarters: rows 0-3 (from pairs 0, 1) or 4-7 (pairs 2, 3) of columns c and c + 4.
-      const __m512d c04_lo = _mm512_permutex2var_pd(even[0], pairs_even, even[1]);
-      const __m512d c26_lo = _mm512_permutex2var_pd(even[0], pairs_odd, even[1]);
-      const __m512d c15_lo = _mm512_permutex2var_pd(odd[0], pairs_even, odd[1]);
-      const __m512d c37_lo = _mm512_permutex2var_pd(odd[0], pairs_odd, odd[1]);
-      const __m512d c04_hi = _mm512_permutex2var_pd(even[2], pairs_even, even[3]);
-      const __m512d c26_hi = _mm512_permutex2var_pd(even[2], pairs_odd, even[3]);
-      const __m512d c15_hi = _mm512_permutex2var_pd(odd[2], pairs_even, odd[3]);
-      const __m512d c37_hi = _mm512_permutex2var_pd(odd[2], pairs_odd, odd[3]);
-      double* column = out + dim * stride + j;
-      _mm512_storeu_pd(column + 0 * stride, _mm512_permutex2var_pd(c04_lo, low_halves, c04_hi));
-      _mm512_storeu_pd(column + 4 * stride, _mm512_permutex2var_pd(c04_lo, high_halves, c04_hi));
-      _mm512_storeu_pd(column + 2 * stride, _mm512_permutex2var_pd(c26_lo, low_halves, c26_hi));
-      _mm512_storeu_pd(column + 6 * stride, _mm512_permutex2var_pd(c26_lo, high_halves, c26_hi));
-      _mm512_storeu_pd(column + 1 * stride, _mm512_permutex2var_pd(c15_lo, low_halves, c15_hi));
-      _mm512_storeu_pd(column + 5 * stride, _mm512_permutex2var_pd(c15_lo, high_halves, c15_hi));
-      _mm512_storeu_pd(column + 3 * stride, _mm512_permutex2var_pd(c37_lo, low_halves, c37_hi));
-      _mm512_storeu_pd(column + 7 * stride, _mm512_permutex2var_pd(c37_lo, high_halves, c37_hi));
-    }
-    for (int64_t dim = full_dims; dim < d; ++dim)
-      for (int64_t r = j; r < j + kLanes; ++r) out[dim * stride + r] = k(k0 + r, dim);
-  }
-  for (int64_t r = full_keys; r < keys; ++r)
-    for (int64_t dim = 0; dim < d; ++dim) out[dim * stride + r] = k(k0 + r, dim);
-}
-
-// acc[q][:] = acc[q][:] + sum_j p[q][j] v[j][:] over `keys` rows of v (dv wide) for kQ query
-// rows, kV vectors of 8 output dimensions from `first`: p in key order, one FMA each.
-template <int kQ, int kV>
-void weighted_values_tile(const double* p, int64_t p_stride, int64_t keys, const double* v,
-                          int64_t dv, int64_t first, double* acc, int64_t acc_stride) {
-  __m512d out[kQ][kV];
-  for (int q = 0; q < kQ; ++q)
-    for (int c = 0; c < kV; ++c) out[q][c] = _mm512_loadu_pd(acc + q * acc_stride + first + c * kLanes);
-  // The last vector may pass dv: masked loads read no memory past the row.
-  const int64_t tail = std::min<int64_t>(kLanes, dv - first - (kV - 1) * kLanes);
-  const __mmask8 last = static_cast<__mmask8>((1u << tail) - 1);
-  for (int64_t j = 0; j < keys; ++j) {
-    __m512d weight[kQ];
-    for (int q = 0; q < kQ; ++q) weight[q] = _mm512_set1_pd(p[q * p_stride + j]);
-    const double* row = v + j * dv + first;
-    for (int c = 0; c < kV; ++c) {
-      const __m512d value = c < kV - 1 ? _mm512_loadu_pd(row + c * kLanes)
-                                       : _mm512_maskz_loadu_pd(last, row + c * kLanes);
-      for (int q = 0; q < kQ; ++q) out[q][c] = _mm512_fmadd_pd(weight[q], value, out[q][c]);
-    }
-  }
-  for (int q = 0; q < kQ; ++q)
-    for (int c = 0; c < kV; ++c) _mm512_storeu_pd(acc + q * acc_stride + first + c * kLanes, out[q][c]);
-}
-
-template <int kQ>
-void weighted_values(const double* p, int64_t p_stride, int64_t keys, const double* v,
-                     int64_t dv, double* acc, int64_t acc_stride) {
-  for (int64_t first = 0; first < dv; first += kTileVectors * kLanes) {
-    switch (std::min<int64_t>(kTileVectors, (dv - first + kLanes - 1) / kLanes)) {
-      case 1: weighted_values_tile<kQ, 1>(p, p_stride, keys, v, dv, first, acc, acc_stride); break;
-      case 2: weighted_values_tile<kQ, 2>(p, p_stride, keys, v, dv, first, acc, acc_stride); break;
-      case 3: weighted_values_tile<kQ, 3>(p, p_stride, keys, v, dv, first, acc, acc_stride); break;
-      case 4: weighted_values_tile<kQ, 4>(p, p_stride, keys, v, dv, first, acc, acc_stride); break;
-      case 5: weighted_values_tile<kQ, 5>(p, p_stride, keys, v, dv, first, acc, acc_stride); break;
-      case 6: weighted_values_tile<kQ, 6>(p, p_stride, keys, v, dv, first, acc, acc_stride); break;
-      case 7: weighted_values_tile<kQ, 7>(p, p_stride, keys, v, dv, first, acc, acc_stride); break;
-      default: weighted_values_tile<kQ, 8>(p, p_stride, keys, v, dv, first, acc, acc_stride); break;
-    }
-  }
-}
-
 // The streaming softmax of block_attention for double, fused: per 64 keys, their transpose
 // [d x 64] in L1, then per tile of 3 queries the logits (register tile), mask, max, exp and
 // rescale while they are in L1, and the weighted values into the tile's output rows. The same
@@ -285,14 +195,8 @@ WindowResult<double> fused_block_attention(const Matrix<double>& q_rows,
   for (int64_t k0 = key_begin; k0 < key_end; k0 += kKeys) {
     const int64_t width = std::min(kKeys, key_end - k0);
     const int64_t padded = (width + kLanes - 1) / kLanes * kLanes;
-    transpose_rows(k, k0, width, keys_t.data(), padded);
-    // Added to every query's logits: -inf at landmark slots and the padding, else 0.
-    bool columns_masked = false;
-    for (int64_t j = 0; j < padded; ++j) {
-      const bool masked = j >= width || geometry.is_landmark(k0 + j);
-      column_mask[static_cast<size_t>(j)] = masked ? neg_inf<double>() : 0.0;
-      columns_masked |= masked;
-    }
+    transpose_rows(k.row(k0).data(), d, width, d, keys_t.data(), padded);
+    const bool columns_masked = key_column_mask(geometry, k0, width, padded, column_mask.data());
     for (int64_t i = 0; i < n; i += kTileQueries) {
       const int64_t count = std::min<int64_t>(kTileQueries, n - i);
       // A tile whose queries attend none of these keys skips them.
@@ -300,34 +204,15 @@ WindowResult<double> fused_block_attention(const Matrix<double>& q_rows,
       for (int64_t r = 0; r < count; ++r)
         any |= left[static_cast<size_t>(i + r)] < k0 + width && right[static_cast<size_t>(i + r)] >= k0;
       if (!any) continue;
-      const double* q = q_scaled.row(i).data();
-      switch (count) {
-        case 1: chunk_logits<1>(q, d, keys_t.data(), padded, logits.data()); break;
-        case 2: chunk_logits<2>(q, d, keys_t.data(), padded, logits.data()); break;
-        default: chunk_logits<3>(q, d, keys_t.data(), padded, logits.data()); break;
-      }
+      chunk_logits_rows(count, q_scaled.row(i).data(), d, keys_t.data(), padded, logits.data());
       for (int64_t r = 0; r < count; ++r) {
         double* row = logits.data() + r * padded;
         const auto at = static_cast<size_t>(i + r);
-        // Keys outside [left, right], landmark slots and the padding give exp(-inf) = 0.
-        if (k0 >= left[at] && k0 + width - 1 <= right[at]) {
-          if (columns_masked)
-            for (int64_t j = 0; j < padded; j += kLanes)
-              _mm512_storeu_pd(row + j, _mm512_add_pd(_mm512_loadu_pd(row + j),
-                                                      _mm512_loadu_pd(column_mask.data() + j)));
-        } else {
-          for (int64_t j = 0; j < padded; ++j)
-            if (k0 + j < left[at] || k0 + j > right[at]) row[j] = neg_inf<double>();
-            else row[j] += column_mask[static_cast<size_t>(j)];
-        }
+        mask_row(row, k0, width, padded, left[at], right[at], column_mask.data(), columns_masked);
         rescale_row8(row, padded, m[at], l[at], acc.row(i + r).data(), dv);
       }
-      const int64_t stride = acc.cols();
-      switch (count) {
-        case 1: weighted_values<1>(logits.data(), padded, width, v.row(k0).data(), dv, acc.row(i).data(), stride); break;
-        case 2: weighted_values<2>(logits.data(), padded, width, v.row(k0).data(), dv, acc.row(i).data(), stride); break;
-        default: weighted_values<3>(logits.data(), padded, width, v.row(k0).data(), dv, acc.row(i).data(), stride); break;
-      }
+      weighted_values_rows(count, logits.data(), padded, width, v.row(k0).data(), dv,
+                           acc.row(i).data(), acc.cols());
     }
   }
   WindowResult<double> out;

@@ -63,6 +63,50 @@ __m512d exp_nonpositive8(__m512d x) {
   return _mm512_maskz_mul_pd(static_cast<__mmask8>(~below), mantissa, two_to_n);
 }
 
+void transpose_rows(const double* rows, int64_t row_stride, int64_t keys, int64_t d,
+                    double* out, int64_t stride) {
+  const int64_t full_keys = keys / kLanes * kLanes, full_dims = d / kLanes * kLanes;
+  // Index vectors of _mm512_permutex2var_pd: 0-7 pick from the first operand, 8-15 the second.
+  const __m512i pairs_even = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+  const __m512i pairs_odd = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+  const __m512i low_halves = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11);
+  const __m512i high_halves = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
+  for (int64_t j = 0; j < full_keys; j += kLanes) {
+    for (int64_t dim = 0; dim < full_dims; dim += kLanes) {
+      __m512d row[kLanes];  // row[r] = rows[j + r][dim .. dim + 7]
+      for (int r = 0; r < kLanes; ++r) row[r] = _mm512_loadu_pd(rows + (j + r) * row_stride + dim);
+      // Interleave pairs of rows: even[p] holds columns 0,2,4,6 of rows 2p, 2p+1; odd[p] 1,3,5,7.
+      __m512d even[4], odd[4];
+      for (int p = 0; p < 4; ++p) {
+        even[p] = _mm512_unpacklo_pd(row[2 * p], row[2 * p + 1]);
+        odd[p] = _mm512_unpackhi_pd(row[2 * p], row[2 * p + 1]);
+      }
+      // Quarters: rows 0-3 (from pairs 0, 1) or 4-7 (pairs 2, 3) of columns c and c + 4.
+      const __m512d c04_lo = _mm512_permutex2var_pd(even[0], pairs_even, even[1]);
+      const __m512d c26_lo = _mm512_permutex2var_pd(even[0], pairs_odd, even[1]);
+      const __m512d c15_lo = _mm512_permutex2var_pd(odd[0], pairs_even, odd[1]);
+      const __m512d c37_lo = _mm512_permutex2var_pd(odd[0], pairs_odd, odd[1]);
+      const __m512d c04_hi = _mm512_permutex2var_pd(even[2], pairs_even, even[3]);
+      const __m512d c26_hi = _mm512_permutex2var_pd(even[2], pairs_odd, even[3]);
+      const __m512d c15_hi = _mm512_permutex2var_pd(odd[2], pairs_even, odd[3]);
+      const __m512d c37_hi = _mm512_permutex2var_pd(odd[2], pairs_odd, odd[3]);
+      double* column = out + dim * stride + j;
+      _mm512_storeu_pd(column + 0 * stride, _mm512_permutex2var_pd(c04_lo, low_halves, c04_hi));
+      _mm512_storeu_pd(column + 4 * stride, _mm512_permutex2var_pd(c04_lo, high_halves, c04_hi));
+      _mm512_storeu_pd(column + 2 * stride, _mm512_permutex2var_pd(c26_lo, low_halves, c26_hi));
+      _mm512_storeu_pd(column + 6 * stride, _mm512_permutex2var_pd(c26_lo, high_halves, c26_hi));
+      _mm512_storeu_pd(column + 1 * stride, _mm512_permutex2var_pd(c15_lo, low_halves, c15_hi));
+      _mm512_storeu_pd(column + 5 * stride, _mm512_permutex2var_pd(c15_lo, high_halves, c15_hi));
+      _mm512_storeu_pd(column + 3 * stride, _mm512_permutex2var_pd(c37_lo, low_halves, c37_hi));
+      _mm512_storeu_pd(column + 7 * stride, _mm512_permutex2var_pd(c37_lo, high_halves, c37_hi));
+    }
+    for (int64_t dim = full_dims; dim < d; ++dim)
+      for (int64_t r = j; r < j + kLanes; ++r) out[dim * stride + r] = rows[r * row_stride + dim];
+  }
+  for (int64_t r = full_keys; r < keys; ++r)
+    for (int64_t dim = 0; dim < d; ++dim) out[dim * stride + r] = rows[r * row_stride + dim];
+}
+
 }  // namespace hils::detail
 
 #endif

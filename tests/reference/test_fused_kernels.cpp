@@ -1,14 +1,18 @@
 // The reference's fused double kernels (AVX-512 builds): the exact chunk log-mass
 // (reference/src/chunk_mass.hpp) against the plain path, attention (blocks.cpp) against the plain
-// path in long double; both bit-identical across thread counts.
+// path in long double, the backward's window softmax (fused_backward.hpp) against the Eigen path
+// in double and long double; all bit-identical across thread counts.
 #include <catch2/catch.hpp>
 #include <omp.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
 #include "case_inputs.hpp"
 #include "chunk_mass.hpp"
+#include "fused_backward.hpp"
 #include "support.hpp"
 
 using namespace hils;
@@ -161,4 +165,120 @@ TEST_CASE("full attention is bit-identical on 1 and 2 threads", "[fused_attentio
   REQUIRE(one.o.size() == two.o.size());
   CHECK(std::memcmp(one.o.data(), two.o.data(), sizeof(double) * one.o.size()) == 0);
   CHECK(std::memcmp(one.lse.data(), two.lse.data(), sizeof(double) * one.lse.size()) == 0);
+}
+
+namespace {
+
+// Beyond the case table for the fused backward, both with T not a multiple of 64 and 2 heads per
+// KV group: several 64 x 64 tiles, d = 128 and dv = 72 (a full and a partial output vector);
+// and 66 query blocks, so that units of 4 x 4 tiles run (fused_backward.cpp), the last partial.
+constexpr cases::Case kWideBackward{"wide_backward", 400, 16, 100, 4, 2, 1, 128, 72, true, 1.0};
+constexpr cases::Case kLongBackward{"long_backward", 4200, 16, 300, 4, 2, 1, 16, 8, true, 1.0};
+
+OutputGradients<double> gaussian_upstream(const cases::Case& c) {
+  std::mt19937_64 rng(cases::seed_of(c.name) ^ 0xbac4);
+  OutputGradients<double> g;
+  for (int64_t h = 0; h < c.Hq; ++h) {
+    g.d_o.push_back(gaussian(c.T, c.dv, rng));
+    g.d_lse.push_back(Vector<double>(gaussian(c.T, 1, rng)));
+  }
+  return g;
+}
+
+template <class Scalar>
+OutputGradients<Scalar> cast_upstream(const OutputGradients<double>& g) {
+  OutputGradients<Scalar> out;
+  for (const auto& m : g.d_o) out.d_o.push_back(m.cast<Scalar>());
+  for (const auto& m : g.d_lse) out.d_lse.push_back(m.cast<Scalar>());
+  return out;
+}
+
+// The largest relative error (testing::relative_error) over the heads of dq, dk, dv and dq~.
+template <class Scalar>
+double gradient_error(const InputGradients<double>& a, const InputGradients<Scalar>& b) {
+  double worst = 0;
+  auto compare = [&](const auto& x, const auto& y) {
+    REQUIRE(x.size() == y.size());
+    for (size_t h = 0; h < x.size(); ++h) worst = std::max(worst, testing::relative_error(x[h], y[h]));
+  };
+  compare(a.dq, b.dq);
+  compare(a.dk, b.dk);
+  compare(a.dv, b.dv);
+  compare(a.dq_retrieval, b.dq_retrieval);
+  return worst;
+}
+
+// The worst relative errors of the fused backward seen, against each path.
+struct Worst {
+  double to_plain = 0, to_exact = 0;
+};
+
+// The fused backward against the Eigen path in double and, with `exact`, in long double (no
+// saved forward: each recomputes the window softmax as its forward does). Both within 1e-13
+// (measured: at most 8.9e-15 on these shapes, the plain double path itself 8e-15 from long double).
+void check_backward(const MechanismSpec& spec, const cases::Case& c, bool exact, Worst& worst) {
+  const auto in = cases::make_inputs<double>(c);
+  const auto g = gaussian_upstream(c);
+  const auto selection = run_mechanism(spec, in).selection;
+  const auto fused = detail::mechanism_backward<double>(spec, in, selection, g, nullptr, true);
+  const auto plain = detail::mechanism_backward<double>(spec, in, selection, g, nullptr, false);
+  INFO(c.name << ", " << spec.name);
+  const double to_plain = gradient_error(fused, plain);
+  CHECK(to_plain <= 1e-13);
+  worst.to_plain = std::max(worst.to_plain, to_plain);
+  if (!exact) return;
+  const auto in_ld = cases::make_inputs<long double>(c);
+  const auto to_exact = gradient_error(
+      fused, detail::mechanism_backward<long double>(spec, in_ld, selection,
+                                                     cast_upstream<long double>(g), nullptr, false));
+  CHECK(to_exact <= 1e-13);
+  worst.to_exact = std::max(worst.to_exact, to_exact);
+}
+
+}  // namespace
+
+// Every spec against the double Eigen path; full, swa and hils (full, window and hierarchical
+// fusion) against long double too (its path is slow; the fused kernel computes the same window
+// softmax for every spec, given each row's lambda and delta).
+TEST_CASE("fused backward equals the Eigen path in double and long double to rounding",
+          "[fused_backward]") {
+  if (!detail::fused_chunk_mass_built())
+    WARN("this build has no fused kernel (no AVX-512): double runs the Eigen path");
+  const std::vector<std::string> with_exact = {"full", "swa", "hils"};
+  Worst worst;
+  for (const auto& base : testing::all_specs()) {
+    const bool exact =
+        std::find(with_exact.begin(), with_exact.end(), base.name) != with_exact.end();
+    for (const auto& c : cases::kCaseTable)
+      if (const auto spec = testing::spec_for_case(base, c)) check_backward(*spec, c, exact, worst);
+    if (const auto spec = testing::spec_for_case(base, kWideBackward))
+      check_backward(*spec, kWideBackward, exact, worst);
+  }
+  for (const char* name : {"full", "hils"})  // long: the double Eigen path only
+    check_backward(cases::with_case_geometry(preset(name), kLongBackward), kLongBackward, false,
+                   worst);
+  std::printf("fused backward vs the Eigen path: worst relative %.2e (double), %.2e (long double)\n",
+              worst.to_plain, worst.to_exact);
+}
+
+TEST_CASE("fused backward is bit-identical on 1 and 2 threads", "[fused_backward]") {
+  for (const auto& c : {kWideBackward, kLongBackward}) {
+    const auto in = cases::make_inputs<double>(c);
+    const auto g = gaussian_upstream(c);
+    for (const char* name : {"full", "swa", "hils"}) {
+      const auto spec = cases::with_case_geometry(preset(name), c);
+      const auto selection = run_mechanism(spec, in).selection;
+      const int threads = omp_get_max_threads();
+      omp_set_num_threads(1);
+      const auto one = run_mechanism_backward(spec, in, selection, g);
+      omp_set_num_threads(2);
+      const auto two = run_mechanism_backward(spec, in, selection, g);
+      omp_set_num_threads(threads);
+      INFO(c.name << ", " << name);
+      CHECK(one.dq == two.dq);
+      CHECK(one.dk == two.dk);
+      CHECK(one.dv == two.dv);
+      CHECK(one.dq_retrieval == two.dq_retrieval);
+    }
+  }
 }
