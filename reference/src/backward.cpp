@@ -154,74 +154,138 @@ struct Problem {
   }
 };
 
+// The chunks that a query block's rows selected, chunk by chunk, so that each chunk's keys and
+// values are read once per block and head (row by row, matrix-vector products that each read
+// the chunk from memory took ~80% of pass 1 for hils at T = 16384).
+template <class Scalar>
+struct SelectedChunk {
+  int64_t chunk;
+  std::vector<int64_t> row, slot;  // block row i and selection position s of each selection
+  Matrix<Scalar> logits, dov;      // [selections x tokens]: sigma q.k_j and do.v_j
+};
+template <class Scalar>
+struct BlockChunks {
+  std::vector<SelectedChunk<Scalar>> chunks;  // in order of first selection (row, then s)
+  Matrix<Scalar> mass, do_dot_o;              // [n x K]: L(t, c) and do.o_c of each selection
+};
+
+// Pass 1's chunk statistics of head h's block rows: logits and do.v of every selected chunk's
+// tokens, and from them L(t, c) and do.o_c (o_c = softmax over the chunk's tokens . V).
+template <class Scalar>
+BlockChunks<Scalar> selected_chunks(const Problem<Scalar>& pb, int64_t g,
+                                    const std::vector<int64_t>& rows, const QueryBlock& block,
+                                    const Matrix<Scalar>& q_rows, const Matrix<Scalar>& do_rows) {
+  const int64_t n = block.size(), K = pb.spec.K, S = pb.geometry.S();
+  const int64_t tokens = pb.geometry.tokens_per_chunk();
+  const auto& selection = pb.selection[static_cast<size_t>(g)];
+  const auto& k = pb.inputs.k[static_cast<size_t>(g)];
+  const auto& v = pb.inputs.v[static_cast<size_t>(g)];
+  BlockChunks<Scalar> out;
+  out.mass = Matrix<Scalar>::Constant(n, K, neg_inf<Scalar>());
+  out.do_dot_o = Matrix<Scalar>::Zero(n, K);
+  std::vector<int64_t> index(static_cast<size_t>(pb.geometry.n_chunks()), -1);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t s = 0; s < K; ++s) {
+      const int32_t c = selection(rows[static_cast<size_t>(block.begin + i)], s);
+      if (c < 0) continue;
+      auto& at = index[static_cast<size_t>(c)];
+      if (at < 0) {
+        at = static_cast<int64_t>(out.chunks.size());
+        out.chunks.push_back({c, {}, {}, {}, {}});
+      }
+      out.chunks[static_cast<size_t>(at)].row.push_back(i);
+      out.chunks[static_cast<size_t>(at)].slot.push_back(s);
+    }
+  for (auto& ch : out.chunks) {
+    const int64_t m = static_cast<int64_t>(ch.row.size());
+    Matrix<Scalar> q_sel(m, q_rows.cols()), do_sel(m, do_rows.cols());
+    for (int64_t r = 0; r < m; ++r) {
+      q_sel.row(r) = q_rows.row(ch.row[static_cast<size_t>(r)]);
+      do_sel.row(r) = do_rows.row(ch.row[static_cast<size_t>(r)]);
+    }
+    ch.logits.noalias() = (q_sel * k.middleRows(ch.chunk * S, tokens).transpose()) * pb.scale;
+    ch.dov.noalias() = do_sel * v.middleRows(ch.chunk * S, tokens).transpose();
+    for (int64_t r = 0; r < m; ++r) {
+      const Scalar top = ch.logits.row(r).maxCoeff();
+      const RowVector<Scalar> p = (ch.logits.row(r).array() - top).exp().matrix();
+      const Scalar total = p.sum();
+      const auto i = ch.row[static_cast<size_t>(r)], s = ch.slot[static_cast<size_t>(r)];
+      out.mass(i, s) = top + std::log(total);
+      out.do_dot_o(i, s) = p.dot(ch.dov.row(r)) / total;
+    }
+  }
+  return out;
+}
+
 // One query row of one head of a selecting mechanism: recomputes the fusion (Eq. 3, 10) with
-// the given selection, saves its statistics and returns the chunk part of dq and dq~
-// (reference/SEMANTICS.md §6).
+// the given selection from its chunks' statistics, saves the row's softmax statistics and adds
+// its dq~ (reference/SEMANTICS.md §6). The chunks' dq comes after, from selected_chunks_dq.
 template <class Scalar>
 void selected_row_backward(const Problem<Scalar>& pb, int64_t h, int64_t t, const int32_t* selected,
                            const WindowResult<Scalar>& window, int64_t i,
-                           RowStatistics<Scalar>& stats, Eigen::Ref<Matrix<Scalar>> dq_rows,
-                           Eigen::Ref<Matrix<Scalar>> dqr_rows) {
+                           const BlockChunks<Scalar>& chunks, const Matrix<Scalar>& do_rows,
+                           RowStatistics<Scalar>& stats, Eigen::Ref<Matrix<Scalar>> dqr_rows) {
   const auto& spec = pb.spec;
-  const int64_t K = spec.K, g = h / pb.G;
-  const auto& k = pb.inputs.k[static_cast<size_t>(g)];
-  const auto& v = pb.inputs.v[static_cast<size_t>(g)];
-  const Vector<Scalar> q_row = pb.inputs.q[static_cast<size_t>(h)].row(t).transpose();
-  const Vector<Scalar> do_row = pb.grads.d_o[static_cast<size_t>(h)].row(t).transpose();
+  const int64_t K = spec.K;
   const bool flat = spec.fusion == Fusion::flat;
   Vector<Scalar> logits = Vector<Scalar>::Constant(K + 2, neg_inf<Scalar>());
-  Vector<Scalar> mass = Vector<Scalar>::Constant(K, neg_inf<Scalar>());
   Vector<Scalar> do_dot_o = Vector<Scalar>::Zero(K + 2);
-  Vector<Scalar> o = Vector<Scalar>::Zero(v.cols());
-  std::vector<Vector<Scalar>> chunk_o(static_cast<size_t>(K));
   for (int64_t s = 0; s < K; ++s) {
     if (selected[s] < 0) continue;
-    auto chunk = detail::attend_chunk<Scalar>(q_row, k, v, selected[s], pb.geometry, pb.scale);
-    mass(s) = chunk.log_mass;
     if (flat || spec.key_rule == KeyRule::exact) {
-      logits(s) = chunk.log_mass;
+      logits(s) = chunks.mass(i, s);
     } else {
       const auto& summary = pb.summaries[static_cast<size_t>(h)];
       logits(s) = pb.scale * pb.inputs.retrieval_query(h).row(t).dot(summary.key.row(selected[s])) +
                   summary.bias(selected[s]);
     }
-    do_dot_o(s) = do_row.dot(chunk.o);
-    chunk_o[static_cast<size_t>(s)] = std::move(chunk.o);
+    do_dot_o(s) = chunks.do_dot_o(i, s);
   }
   logits(K) = window.lse(i);
-  do_dot_o(K) = do_row.dot(window.o.row(i).transpose());
+  do_dot_o(K) = do_rows.row(i).dot(window.o.row(i));
   if (spec.softmax1) logits(K + 1) = Scalar(0);
   const Scalar top = logits.maxCoeff();
   const Scalar lse = top + std::log((logits.array() - top).exp().sum());
   const Vector<Scalar> weights = (logits.array() - lse).exp().matrix();
-  for (int64_t s = 0; s < K; ++s)
-    if (selected[s] >= 0) o += weights(s) * chunk_o[static_cast<size_t>(s)];
-  o += weights(K) * window.o.row(i).transpose();
-  const Scalar delta = do_row.dot(o) - pb.d_lse(h, t);
+  // D = do.o with o = sum_s w_s o_c + w_K o_window (the softmax1 slot has o = 0).
+  const Scalar delta = weights.head(K + 1).dot(do_dot_o.head(K + 1)) - pb.d_lse(h, t);
 
   stats.window_lambda(t) = flat ? lse : lambda_of(window.lse(i), weights(K));
   stats.window_delta(t) = delta;
-  const Scalar q_scale = pb.scale;
   for (int64_t s = 0; s < K; ++s) {
     if (selected[s] < 0) continue;
-    const Scalar lambda = flat ? lse : lambda_of(mass(s), weights(s));
-    const Scalar chunk_delta =
-        flat || spec.key_rule == KeyRule::exact ? delta : do_dot_o(s);
-    stats.chunk_lambda(t, s) = lambda;
-    stats.chunk_delta(t, s) = chunk_delta;
-    // dq from the chunk's tokens: sigma sum_j P~ (do.v_j - delta) k_j.
-    const auto keys = k.middleRows(selected[s] * pb.geometry.S(), pb.geometry.tokens_per_chunk());
-    const auto values = v.middleRows(selected[s] * pb.geometry.S(), pb.geometry.tokens_per_chunk());
-    const Vector<Scalar> p = (((keys * q_row) * q_scale).array() - lambda).exp().matrix();
-    const Vector<Scalar> ds = (p.array() * ((values * do_row).array() - chunk_delta)).matrix();
-    dq_rows.row(i).noalias() += q_scale * (keys.transpose() * ds).transpose();
+    stats.chunk_lambda(t, s) = flat ? lse : lambda_of(chunks.mass(i, s), weights(s));
+    stats.chunk_delta(t, s) = flat || spec.key_rule == KeyRule::exact ? delta : do_dot_o(s);
     if (pb.hierarchical_summaries) {
       // d s_hat = d z_c = w_c (do.o_c - D); s_hat = sigma q~.k' + b'.
       const Scalar dscore = weights(s) * (do_dot_o(s) - delta);
       stats.dscore(t, s) = dscore;
       dqr_rows.row(i).noalias() +=
-          (q_scale * dscore) * pb.summaries[static_cast<size_t>(h)].key.row(selected[s]);
+          (pb.scale * dscore) * pb.summaries[static_cast<size_t>(h)].key.row(selected[s]);
     }
+  }
+}
+
+// The chunks' part of dq of head h's block rows, chunk by chunk:
+// sigma sum_j P~ (do.v_j - delta) k_j with P~ = exp(s - lambda) from the row statistics.
+template <class Scalar>
+void selected_chunks_dq(const Problem<Scalar>& pb, int64_t g, const std::vector<int64_t>& rows,
+                        const QueryBlock& block, const BlockChunks<Scalar>& chunks,
+                        const RowStatistics<Scalar>& stats, Matrix<Scalar>& dq_rows) {
+  const auto& k = pb.inputs.k[static_cast<size_t>(g)];
+  const int64_t S = pb.geometry.S(), tokens = pb.geometry.tokens_per_chunk();
+  for (const auto& ch : chunks.chunks) {
+    const int64_t m = static_cast<int64_t>(ch.row.size());
+    Matrix<Scalar> ds(m, tokens);
+    for (int64_t r = 0; r < m; ++r) {
+      const int64_t t = rows[static_cast<size_t>(block.begin + ch.row[static_cast<size_t>(r)])];
+      const int64_t s = ch.slot[static_cast<size_t>(r)];
+      ds.row(r) = ((ch.logits.row(r).array() - stats.chunk_lambda(t, s)).exp() *
+                   (ch.dov.row(r).array() - stats.chunk_delta(t, s)))
+                      .matrix();
+    }
+    const Matrix<Scalar> dq_sel = pb.scale * (ds * k.middleRows(ch.chunk * S, tokens));
+    for (int64_t r = 0; r < m; ++r) dq_rows.row(ch.row[static_cast<size_t>(r)]) += dq_sel.row(r);
   }
 }
 
@@ -261,15 +325,20 @@ void query_block_backward(const Problem<Scalar>& pb, int64_t g, const std::vecto
     const auto window = block_window(pb, h, rows, block, q_rows);
     Matrix<Scalar> dq_rows = Matrix<Scalar>::Zero(block.size(), q_rows.cols());
     Matrix<Scalar> dqr_rows = Matrix<Scalar>::Zero(block.size(), q_rows.cols());
-    for (int64_t i = 0; i < block.size(); ++i) {
-      const int64_t t = rows[static_cast<size_t>(block.begin + i)];
-      if (!spec.selects()) {
+    if (!spec.selects()) {
+      for (int64_t i = 0; i < block.size(); ++i) {
+        const int64_t t = rows[static_cast<size_t>(block.begin + i)];
         st.window_lambda(t) = window.lse(i);
         st.window_delta(t) = do_rows.row(i).dot(window.o.row(i)) - pb.d_lse(h, t);
-        continue;
       }
-      selected_row_backward<Scalar>(pb, h, t, pb.selection[static_cast<size_t>(g)].row(t).data(), window,
-                            i, st, dq_rows, dqr_rows);
+    } else {
+      const auto chunks = selected_chunks(pb, g, rows, block, q_rows, do_rows);
+      for (int64_t i = 0; i < block.size(); ++i) {
+        const int64_t t = rows[static_cast<size_t>(block.begin + i)];
+        selected_row_backward<Scalar>(pb, h, t, pb.selection[static_cast<size_t>(g)].row(t).data(),
+                                      window, i, chunks, do_rows, st, dqr_rows);
+      }
+      selected_chunks_dq(pb, g, rows, block, chunks, st, dq_rows);
     }
     const Vector<Scalar> lambda = st.window_lambda.segment(block.begin, block.size());
     const Vector<Scalar> delta = st.window_delta.segment(block.begin, block.size());
