@@ -145,8 +145,9 @@ Row time_full_backward(int64_t T, int64_t d) {
   const auto g = run_mechanism_backward(spec, p.inputs, {}, p.grads, &forward);
   const double s = seconds_since(start), cpu = cpu_seconds() - cpu_start;
   // FlashAttention's count of useful backward work: per causal logit, 2d flops each for
-  // q.k, do.v, dv, dq and dk (2.5 x the forward). The reference does 14d: q.k and do.v once for
-  // dq (pass 1) and once more for dk, dv (pass 2), so that no two units write one output.
+  // q.k, do.v, dv, dq and dk (2.5 x the forward): what the fused double pass does
+  // (reference/src/fused_backward.hpp); the Eigen path does 14d, q.k and do.v once for dq (pass 1)
+  // and once more for dk, dv (pass 2), so that no two units write one output.
   const double flops = double(T) * double(T + 1) / 2.0 * 10.0 * double(d);
   if (!g.dq[0].allFinite()) std::printf("warning: non-finite dq\n");
   return {"backward, full", T, d, s, flops / s / 1e9, peak_memory_mib(), flops / cpu / 1e9};
