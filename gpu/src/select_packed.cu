@@ -54,10 +54,10 @@ size_t select_smem_bytes(int64_t G, int64_t K, PackedSelect kernel) {
 using SelectKernelFn = void (*)(LaunchParams, const float*, const __nv_bfloat16*, const float*,
                                 const float*, const float*, int32_t*, float*, int);
 
-// block_rows' first round for a grid of `blocks` blocks of `threads` threads: the device's SM
-// count when the grid fits the device in one wave with at least two blocks per SM (then every
-// SM takes one block before any takes a second, and the second blocks can be the light ones),
-// else 0 (descending work only).
+// block_t0's first round (select_packed/common.cuh) for a grid of `blocks` blocks of `threads`
+// threads: the device's SM count when the grid fits the device in one wave with at least two
+// blocks per SM (then every SM takes one block before any takes a second, and the second blocks
+// can be the light ones), else 0 (descending work only).
 int one_wave_first_round(SelectKernelFn fn, int threads, size_t smem, int64_t blocks) {
   const Residency r = kernel_residency(fn, threads, smem, "select_kernel");
   return r.blocks_per_sm >= 2 && blocks > r.sms && blocks <= r.blocks() ? r.sms : 0;
