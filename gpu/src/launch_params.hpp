@@ -81,7 +81,8 @@ void launch_fuse_packed(const LaunchParams& p, const int32_t* selection,
 
 namespace hils::gpu::detail {
 
-// Tensor-core scoring + top-K (select_packed.cu): bf16 q~, d = 64, G | 16, 1 <= K <= 64.
+// Tensor-core scoring + top-K (select_packed.cu; its kernels in select_packed/): bf16 q~, d = 64,
+// G | 16, 1 <= K <= 64.
 using PackedSelect = hils::gpu::SelectKernel;
 bool packed_select_applies(const LaunchParams& p);
 void launch_select_packed(const LaunchParams& p, const float* key, const float* bias,
@@ -92,7 +93,8 @@ void launch_select_packed(const LaunchParams& p, const float* key, const float* 
 
 namespace hils::gpu::detail {
 
-// Chunk-major hierarchical fusion (sparse_chunked.cu) for the packed shapes, 1 <= K <= 64.
+// Chunk-major hierarchical fusion (sparse_chunked.cu; its kernels in sparse_chunked/) for the packed
+// shapes, 1 <= K <= 64.
 bool chunked_fuse_applies(const LaunchParams& p);
 // o_swa as the fusion reads it and o as it writes it ([Hq, T, 64] each, of the RowTypes named).
 struct FusionRows {

@@ -326,7 +326,7 @@ TEST_CASE("gpu stage scratch that cannot be allocated names the stage and the by
 // keeps the K best under the same (value, chunk) order in another way (its buffer cuts run on
 // every tile without a bound: max_raw, and the few-tile shapes), so the selections and selected
 // scores must agree bit for bit, on packed shapes (one wave of blocks on a 132-SM GPU, whose
-// second blocks select_packed.cu's block_rows maps lightest first: packed_one_wave_g8 and, for
+// second blocks block_t0 (select_packed/common.cuh) maps lightest first: packed_one_wave_g8 and, for
 // the 64-query kernels, packed_k32_five_tiles; one and several scoring tiles, G = 1..16, K up to
 // 64: K > 32 runs v8 and v15 as v4) and on exact and near ties, for the group rules each kernel
 // takes. The oracle judges the default kernel over the case table through run_mechanism.
@@ -403,7 +403,7 @@ TEST_CASE("gpu one-pass selection equals the two-pass kernel", "[gpu]") {
 
 // v25 adds the bias and -log2 Z_hat / scale2 to pass 2's products by a fifth wgmma k-step (three
 // bf16 pieces each) and ranks r' = scale2 max_h acc_h, with pass 1's bound lowered by a margin
-// (select_packed.cu kFoldMargin), so a row may differ from v22's at a near tie: the oracle judges
+// (select_packed/inputs.cuh kFoldMargin), so a row may differ from v22's at a near tie: the oracle judges
 // its selections as sets on the packed shapes, queries 100 times the usual (log2 Z_hat in the
 // hundreds, the pieces' largest terms), exact and near ties and the four group rules; with exact
 // ties the lower twin must be chosen first (identical chunks have identical products). For the
