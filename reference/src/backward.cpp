@@ -154,64 +154,45 @@ struct Problem {
   }
 };
 
-// The chunks that a query block's rows selected, chunk by chunk, so that each chunk's keys and
-// values are read once per block and head (row by row, matrix-vector products that each read
-// the chunk from memory took ~80% of pass 1 for hils at T = 16384).
-template <class Scalar>
-struct SelectedChunk {
-  int64_t chunk;
-  std::vector<int64_t> row, slot;  // block row i and selection position s of each selection
-  Matrix<Scalar> logits, dov;      // [selections x tokens]: sigma q.k_j and do.v_j
-};
+// Pass 1's chunk statistics of one head's block rows, chunk by chunk as
+// detail::group_selections groups the block's selections (each chunk's keys and values read
+// once per block and head).
 template <class Scalar>
 struct BlockChunks {
-  std::vector<SelectedChunk<Scalar>> chunks;  // in order of first selection (row, then s)
-  Matrix<Scalar> mass, do_dot_o;              // [n x K]: L(t, c) and do.o_c of each selection
+  // Per chunk of the block's selections: [its selections x tokens], sigma q.k_j and do.v_j.
+  std::vector<Matrix<Scalar>> logits, dov;
+  Matrix<Scalar> mass, do_dot_o;  // [n x K]: L(t, c) and do.o_c of each selection
 };
 
-// Pass 1's chunk statistics of head h's block rows: logits and do.v of every selected chunk's
-// tokens, and from them L(t, c) and do.o_c (o_c = softmax over the chunk's tokens . V).
+// Logits and do.v of every selected chunk's tokens for the rows that selected it, and from them
+// L(t, c) and do.o_c (o_c = softmax over the chunk's tokens . V).
 template <class Scalar>
 BlockChunks<Scalar> selected_chunks(const Problem<Scalar>& pb, int64_t g,
-                                    const std::vector<int64_t>& rows, const QueryBlock& block,
+                                    const detail::BlockSelections& selections, int64_t n,
                                     const Matrix<Scalar>& q_rows, const Matrix<Scalar>& do_rows) {
-  const int64_t n = block.size(), K = pb.spec.K, S = pb.geometry.S();
-  const int64_t tokens = pb.geometry.tokens_per_chunk();
-  const auto& selection = pb.selection[static_cast<size_t>(g)];
+  const int64_t S = pb.geometry.S(), tokens = pb.geometry.tokens_per_chunk();
   const auto& k = pb.inputs.k[static_cast<size_t>(g)];
   const auto& v = pb.inputs.v[static_cast<size_t>(g)];
   BlockChunks<Scalar> out;
-  out.mass = Matrix<Scalar>::Constant(n, K, neg_inf<Scalar>());
-  out.do_dot_o = Matrix<Scalar>::Zero(n, K);
-  std::vector<int64_t> index(static_cast<size_t>(pb.geometry.n_chunks()), -1);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t s = 0; s < K; ++s) {
-      const int32_t c = selection(rows[static_cast<size_t>(block.begin + i)], s);
-      if (c < 0) continue;
-      auto& at = index[static_cast<size_t>(c)];
-      if (at < 0) {
-        at = static_cast<int64_t>(out.chunks.size());
-        out.chunks.push_back({c, {}, {}, {}, {}});
-      }
-      out.chunks[static_cast<size_t>(at)].row.push_back(i);
-      out.chunks[static_cast<size_t>(at)].slot.push_back(s);
-    }
-  for (auto& ch : out.chunks) {
-    const int64_t m = static_cast<int64_t>(ch.row.size());
-    Matrix<Scalar> q_sel(m, q_rows.cols()), do_sel(m, do_rows.cols());
-    for (int64_t r = 0; r < m; ++r) {
-      q_sel.row(r) = q_rows.row(ch.row[static_cast<size_t>(r)]);
-      do_sel.row(r) = do_rows.row(ch.row[static_cast<size_t>(r)]);
-    }
-    ch.logits.noalias() = (q_sel * k.middleRows(ch.chunk * S, tokens).transpose()) * pb.scale;
-    ch.dov.noalias() = do_sel * v.middleRows(ch.chunk * S, tokens).transpose();
-    for (int64_t r = 0; r < m; ++r) {
-      const Scalar top = ch.logits.row(r).maxCoeff();
-      const RowVector<Scalar> p = (ch.logits.row(r).array() - top).exp().matrix();
+  out.mass = Matrix<Scalar>::Constant(n, pb.spec.K, neg_inf<Scalar>());
+  out.do_dot_o = Matrix<Scalar>::Zero(n, pb.spec.K);
+  out.logits.resize(selections.chunks.size());
+  out.dov.resize(selections.chunks.size());
+  for (size_t c = 0; c < selections.chunks.size(); ++c) {
+    const auto& ch = selections.chunks[c];
+    auto& logits = out.logits[c];
+    auto& dov = out.dov[c];
+    logits = detail::chunk_logits(detail::gather_selected(q_rows, selections, ch.selections), k,
+                                  ch.chunk, pb.geometry, pb.scale);
+    dov.noalias() = detail::gather_selected(do_rows, selections, ch.selections) *
+                    v.middleRows(ch.chunk * S, tokens).transpose();
+    for (int64_t r = 0; r < logits.rows(); ++r) {
+      const Scalar top = logits.row(r).maxCoeff();
+      const RowVector<Scalar> p = (logits.row(r).array() - top).exp().matrix();
       const Scalar total = p.sum();
-      const auto i = ch.row[static_cast<size_t>(r)], s = ch.slot[static_cast<size_t>(r)];
-      out.mass(i, s) = top + std::log(total);
-      out.do_dot_o(i, s) = p.dot(ch.dov.row(r)) / total;
+      const auto e = static_cast<size_t>(ch.selections[static_cast<size_t>(r)]);
+      out.mass(selections.row[e], selections.slot[e]) = top + std::log(total);
+      out.do_dot_o(selections.row[e], selections.slot[e]) = p.dot(dov.row(r)) / total;
     }
   }
   return out;
@@ -270,22 +251,29 @@ void selected_row_backward(const Problem<Scalar>& pb, int64_t h, int64_t t, cons
 // sigma sum_j P~ (do.v_j - delta) k_j with P~ = exp(s - lambda) from the row statistics.
 template <class Scalar>
 void selected_chunks_dq(const Problem<Scalar>& pb, int64_t g, const std::vector<int64_t>& rows,
-                        const QueryBlock& block, const BlockChunks<Scalar>& chunks,
-                        const RowStatistics<Scalar>& stats, Matrix<Scalar>& dq_rows) {
+                        const QueryBlock& block, const detail::BlockSelections& selections,
+                        const BlockChunks<Scalar>& chunks, const RowStatistics<Scalar>& stats,
+                        Matrix<Scalar>& dq_rows) {
   const auto& k = pb.inputs.k[static_cast<size_t>(g)];
   const int64_t S = pb.geometry.S(), tokens = pb.geometry.tokens_per_chunk();
-  for (const auto& ch : chunks.chunks) {
-    const int64_t m = static_cast<int64_t>(ch.row.size());
+  for (size_t c = 0; c < selections.chunks.size(); ++c) {
+    const auto& ch = selections.chunks[c];
+    const auto& logits = chunks.logits[c];
+    const auto& dov = chunks.dov[c];
+    const auto m = static_cast<int64_t>(ch.selections.size());
     Matrix<Scalar> ds(m, tokens);
     for (int64_t r = 0; r < m; ++r) {
-      const int64_t t = rows[static_cast<size_t>(block.begin + ch.row[static_cast<size_t>(r)])];
-      const int64_t s = ch.slot[static_cast<size_t>(r)];
-      ds.row(r) = ((ch.logits.row(r).array() - stats.chunk_lambda(t, s)).exp() *
-                   (ch.dov.row(r).array() - stats.chunk_delta(t, s)))
+      const auto e = static_cast<size_t>(ch.selections[static_cast<size_t>(r)]);
+      const int64_t t = rows[static_cast<size_t>(block.begin + selections.row[e])];
+      const int64_t s = selections.slot[e];
+      ds.row(r) = ((logits.row(r).array() - stats.chunk_lambda(t, s)).exp() *
+                   (dov.row(r).array() - stats.chunk_delta(t, s)))
                       .matrix();
     }
     const Matrix<Scalar> dq_sel = pb.scale * (ds * k.middleRows(ch.chunk * S, tokens));
-    for (int64_t r = 0; r < m; ++r) dq_rows.row(ch.row[static_cast<size_t>(r)]) += dq_sel.row(r);
+    for (int64_t r = 0; r < m; ++r)
+      dq_rows.row(selections.row[static_cast<size_t>(ch.selections[static_cast<size_t>(r)])]) +=
+          dq_sel.row(r);
   }
 }
 
@@ -317,6 +305,14 @@ void query_block_backward(const Problem<Scalar>& pb, int64_t g, const std::vecto
   const auto& k = pb.inputs.k[static_cast<size_t>(g)];
   const auto& v = pb.inputs.v[static_cast<size_t>(g)];
   const bool window_only = spec.fusion != Fusion::full;
+  detail::BlockSelections selections;  // the group's heads share the selection: grouped once
+  if (spec.selects()) {
+    const auto& selection = pb.selection[static_cast<size_t>(g)];
+    std::vector<const int32_t*> selected;
+    for (int64_t i = 0; i < block.size(); ++i)
+      selected.push_back(selection.row(rows[static_cast<size_t>(block.begin + i)]).data());
+    selections = detail::group_selections(selected, spec.K, pb.geometry.n_chunks());
+  }
   for (int64_t j = 0; j < pb.G; ++j) {
     const int64_t h = g * pb.G + j;
     auto& st = stats[static_cast<size_t>(h)];
@@ -332,13 +328,13 @@ void query_block_backward(const Problem<Scalar>& pb, int64_t g, const std::vecto
         st.window_delta(t) = do_rows.row(i).dot(window.o.row(i)) - pb.d_lse(h, t);
       }
     } else {
-      const auto chunks = selected_chunks(pb, g, rows, block, q_rows, do_rows);
+      const auto chunks = selected_chunks(pb, g, selections, block.size(), q_rows, do_rows);
       for (int64_t i = 0; i < block.size(); ++i) {
         const int64_t t = rows[static_cast<size_t>(block.begin + i)];
         selected_row_backward<Scalar>(pb, h, t, pb.selection[static_cast<size_t>(g)].row(t).data(),
                                       window, i, chunks, do_rows, st, dqr_rows);
       }
-      selected_chunks_dq(pb, g, rows, block, chunks, st, dq_rows);
+      selected_chunks_dq(pb, g, rows, block, selections, chunks, st, dq_rows);
     }
     const Vector<Scalar> lambda = st.window_lambda.segment(block.begin, block.size());
     const Vector<Scalar> delta = st.window_delta.segment(block.begin, block.size());

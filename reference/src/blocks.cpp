@@ -280,18 +280,76 @@ Matrix<Scalar> block_surrogate_scores(const Matrix<Scalar>& q_retrieval_rows,
   return scores;
 }
 
+BlockSelections group_selections(const std::vector<const int32_t*>& selected, int64_t K,
+                                 int64_t n_chunks) {
+  BlockSelections out;
+  std::vector<int64_t> group(static_cast<size_t>(n_chunks), -1);  // chunk -> its index in chunks
+  out.row_begin.push_back(0);
+  for (size_t i = 0; i < selected.size(); ++i) {
+    for (int64_t s = 0; s < K; ++s) {
+      const int32_t c = selected[i][s];
+      if (c < 0) continue;
+      require(c < n_chunks, "selection", "a chunk below " + std::to_string(n_chunks),
+              std::to_string(c));
+      auto& at = group[static_cast<size_t>(c)];
+      if (at < 0) {
+        at = static_cast<int64_t>(out.chunks.size());
+        out.chunks.push_back({c, {}});
+      }
+      const auto e = static_cast<int64_t>(out.row.size());
+      out.chunks[static_cast<size_t>(at)].selections.push_back(e);
+      out.row.push_back(static_cast<int64_t>(i));
+      out.slot.push_back(s);
+    }
+    out.row_begin.push_back(static_cast<int64_t>(out.row.size()));
+  }
+  return out;
+}
+
 template <class Scalar>
-ChunkAttention<Scalar> attend_chunk(const Eigen::Ref<const Vector<Scalar>>& q_row,
-                                    const Matrix<Scalar>& k, const Matrix<Scalar>& v,
-                                    int64_t chunk, const Geometry& geometry, Scalar scale) {
-  const int64_t first = chunk * geometry.S(), tokens = geometry.tokens_per_chunk();
-  Vector<Scalar> logits = (k.middleRows(first, tokens) * q_row) * scale;
-  const Scalar row_max = logits.maxCoeff();
-  Vector<Scalar> p = (logits.array() - row_max).exp().matrix();
-  const Scalar total = p.sum();
-  ChunkAttention<Scalar> out;
-  out.log_mass = row_max + std::log(total);
-  out.o = (v.middleRows(first, tokens).transpose() * p) / total;
+Matrix<Scalar> gather_selected(const Matrix<Scalar>& x_rows, const BlockSelections& block,
+                               const std::vector<int64_t>& selections) {
+  Matrix<Scalar> out(static_cast<int64_t>(selections.size()), x_rows.cols());
+  for (size_t r = 0; r < selections.size(); ++r)
+    out.row(static_cast<int64_t>(r)) = x_rows.row(block.row[static_cast<size_t>(selections[r])]);
+  return out;
+}
+
+template <class Scalar>
+Matrix<Scalar> chunk_logits(const Matrix<Scalar>& q_selected, const Matrix<Scalar>& k,
+                            int64_t chunk, const Geometry& geometry, Scalar scale) {
+  Matrix<Scalar> logits;
+  logits.noalias() =
+      (q_selected * k.middleRows(chunk * geometry.S(), geometry.tokens_per_chunk()).transpose()) *
+      scale;
+  return logits;
+}
+
+template <class Scalar>
+SelectedAttention<Scalar> attend_selected(const Matrix<Scalar>& q_rows,
+                                          const BlockSelections& block,
+                                          const Matrix<Scalar>& k, const Matrix<Scalar>& v,
+                                          const Geometry& geometry, Scalar scale) {
+  const auto selections = static_cast<int64_t>(block.row.size());
+  SelectedAttention<Scalar> out;
+  out.log_mass.resize(selections);
+  out.o.resize(selections, v.cols());
+  for (const auto& chunk : block.chunks) {
+    // p = exp(logits - row max) in place, then o_c = (p . V) / sum p, row by row.
+    Matrix<Scalar> p = chunk_logits(gather_selected(q_rows, block, chunk.selections), k,
+                                    chunk.chunk, geometry, scale);
+    Vector<Scalar> total(p.rows());
+    for (int64_t r = 0; r < p.rows(); ++r) {
+      const Scalar row_max = p.row(r).maxCoeff();
+      p.row(r) = (p.row(r).array() - row_max).exp().matrix();
+      total(r) = p.row(r).sum();
+      out.log_mass(chunk.selections[static_cast<size_t>(r)]) = row_max + std::log(total(r));
+    }
+    const Matrix<Scalar> weighted =
+        p * v.middleRows(chunk.chunk * geometry.S(), geometry.tokens_per_chunk());
+    for (int64_t r = 0; r < p.rows(); ++r)
+      out.o.row(chunk.selections[static_cast<size_t>(r)]) = weighted.row(r) / total(r);
+  }
   return out;
 }
 
@@ -305,9 +363,13 @@ ChunkAttention<Scalar> attend_chunk(const Eigen::Ref<const Vector<Scalar>>& q_ro
   template Matrix<S> block_surrogate_scores<S>(                                             \
       const Matrix<S>&, const std::vector<int64_t>&, const QueryBlock&,                     \
       const ChunkSummaries<S>&, const Geometry&, S);                                        \
-  template ChunkAttention<S> attend_chunk<S>(const Eigen::Ref<const Vector<S>>&,            \
-                                             const Matrix<S>&, const Matrix<S>&, int64_t,   \
-                                             const Geometry&, S);
+  template Matrix<S> gather_selected<S>(const Matrix<S>&, const BlockSelections&,          \
+                                        const std::vector<int64_t>&);                       \
+  template Matrix<S> chunk_logits<S>(const Matrix<S>&, const Matrix<S>&, int64_t,           \
+                                     const Geometry&, S);                                   \
+  template SelectedAttention<S> attend_selected<S>(const Matrix<S>&, const BlockSelections&, \
+                                                   const Matrix<S>&, const Matrix<S>&,      \
+                                                   const Geometry&, S);
 
 HILS_INSTANTIATE_BLOCKS(float)
 HILS_INSTANTIATE_BLOCKS(double)

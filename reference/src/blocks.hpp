@@ -78,16 +78,59 @@ Matrix<Scalar> block_surrogate_scores(const Matrix<Scalar>& q_retrieval_rows,
                                       const ChunkSummaries<Scalar>& summaries,
                                       const Geometry& geometry, Scalar scale);
 
-// Softmax statistics of one query over one chunk's tokens T_c: L = LSE, o_c = softmax . V.
+// The chunk selections of a query block's rows (reference/SEMANTICS.md §5, §6): selection e is
+// (block row i, slot s) for every slot s of row i that holds a chunk (-1 padding is skipped),
+// numbered row by row in slot order, and the same selections grouped chunk by chunk. The
+// forward's fusion and the backward's pass 1 attend each group's chunk with Eigen products over
+// the rows that selected it, so each selected chunk's keys and values are read once per block
+// and head; matrix-vector products row by row, each reading the chunk from memory, took ~55% of
+// the hils forward and ~80% of the backward's pass 1 at T = 16384 (perf).
+struct BlockSelections {
+  std::vector<int64_t> row, slot;  // [E]: block row i and slot s of selection e
+  std::vector<int64_t> row_begin;  // [n + 1]: row i's selections are [row_begin[i], row_begin[i+1])
+  struct Chunk {
+    int64_t chunk;
+    std::vector<int64_t> selections;  // the selections e of this chunk, ascending
+  };
+  std::vector<Chunk> chunks;  // in order of first selection (row, then slot)
+};
+
+// selected[i]: the K slots of block row i (-1 for padding, anywhere). Throws InvalidArgument
+// for a chunk outside [0, n_chunks).
+BlockSelections group_selections(const std::vector<const int32_t*>& selected, int64_t K,
+                                 int64_t n_chunks);
+
+// [m x cols]: row `row[e]` of x_rows (a block's rows) for each selection e of `selections`.
 template <class Scalar>
-struct ChunkAttention {
-  Scalar log_mass;
-  Vector<Scalar> o;
+Matrix<Scalar> gather_selected(const Matrix<Scalar>& x_rows, const BlockSelections& block,
+                               const std::vector<int64_t>& selections);
+
+// [m x tokens]: sigma q.k_j of the m rows q_selected over chunk `chunk`'s tokens T_c.
+template <class Scalar>
+Matrix<Scalar> chunk_logits(const Matrix<Scalar>& q_selected, const Matrix<Scalar>& k,
+                            int64_t chunk, const Geometry& geometry, Scalar scale);
+
+// Softmax statistics of every selection of a block (one head) over its chunk's tokens T_c:
+// L = LSE (log_mass [E]) and o_c = softmax . V (o [E x dv]), each chunk's keys and values read
+// once. E <= block rows x chunks, so o holds at most (block rows / S) times a KV head's values.
+template <class Scalar>
+struct SelectedAttention {
+  Vector<Scalar> log_mass;
+  Matrix<Scalar> o;
 };
 template <class Scalar>
-ChunkAttention<Scalar> attend_chunk(const Eigen::Ref<const Vector<Scalar>>& q_row,
-                                    const Matrix<Scalar>& k, const Matrix<Scalar>& v,
-                                    int64_t chunk, const Geometry& geometry, Scalar scale);
+SelectedAttention<Scalar> attend_selected(const Matrix<Scalar>& q_rows,
+                                          const BlockSelections& block,
+                                          const Matrix<Scalar>& k, const Matrix<Scalar>& v,
+                                          const Geometry& geometry, Scalar scale);
+
+// The fusion (Eq. 3, 10) of block row i from its selections' statistics: fuse's mathematics,
+// for run_mechanism (a block's rows together) and fuse (one row).
+template <class Scalar>
+void fuse_selected(const MechanismSpec& spec, const FusionRow<Scalar>& row,
+                   const BlockSelections& block, const SelectedAttention<Scalar>& chunks,
+                   int64_t i, Eigen::Ref<RowVector<Scalar>> o, Scalar& lse,
+                   Eigen::Ref<RowVector<Scalar>> weights);
 
 // exp(x) for x <= 0 (a logit minus its row maximum): the softmax's exponential. For double, a
 // branch-free polynomial the compiler vectorizes (Cody-Waite reduction x = n ln2 + r, |r| <=

@@ -1,5 +1,5 @@
 // The fusion stage (reference/SEMANTICS.md §5, Eq. 3 and 10): the one implementation, called by
-// run_mechanism and by the oracle's forced fusion.
+// run_mechanism (a query block's rows at a time) and by the oracle's forced fusion (fuse, a row).
 #include <cmath>
 #include <vector>
 
@@ -7,28 +7,26 @@
 
 namespace hils {
 
+namespace detail {
+
 template <class Scalar>
-void fuse(const MechanismSpec& spec, const FusionRow<Scalar>& row, const Matrix<Scalar>& k,
-          const Matrix<Scalar>& v, const Geometry& geometry, Scalar scale,
-          Eigen::Ref<RowVector<Scalar>> o, Scalar& lse, Eigen::Ref<RowVector<Scalar>> weights) {
+void fuse_selected(const MechanismSpec& spec, const FusionRow<Scalar>& row,
+                   const BlockSelections& block, const SelectedAttention<Scalar>& chunks,
+                   int64_t i, Eigen::Ref<RowVector<Scalar>> o, Scalar& lse,
+                   Eigen::Ref<RowVector<Scalar>> weights) {
   // K selected chunks + window -> o [dv], lse, weights [K+2] (Eq. 3 flat, Eq. 10 hierarchical).
   const int64_t K = row.K;
   const bool flat = spec.fusion == Fusion::flat;
-  // The selected entries (not -1 padding): at most the candidates, however large K is. Their
-  // outputs only are held, so a K far beyond the chunk count costs K + 2 logits, not K x dv.
-  std::vector<int64_t> chosen;
-  for (int64_t s = 0; s < K; ++s)
-    if (row.selected[s] >= 0) chosen.push_back(s);
-  const auto m = static_cast<Eigen::Index>(chosen.size());
+  // The row's selections (not -1 padding), in slot order: at most the candidates, however large
+  // K is. Their outputs only are held, so a K far beyond the chunk count costs K + 2 logits,
+  // not K x dv.
+  const int64_t first = block.row_begin[static_cast<size_t>(i)];
+  const int64_t m = block.row_begin[static_cast<size_t>(i) + 1] - first;
   // logits: the selected chunks' (-inf for padding), the window's, and the optional zero logit.
-  Vector<Scalar> logits = Vector<Scalar>::Constant(K + 2, detail::neg_inf<Scalar>());
-  Matrix<Scalar> chunk_out(m, v.cols());
-  for (Eigen::Index j = 0; j < m; ++j) {
-    const int64_t s = chosen[static_cast<size_t>(j)];
-    const int32_t c = row.selected[s];
-    auto chunk = detail::attend_chunk<Scalar>(row.q, k, v, c, geometry, scale);
-    logits(s) = flat ? chunk.log_mass : row.scores[c];
-    chunk_out.row(j) = chunk.o.transpose();
+  Vector<Scalar> logits = Vector<Scalar>::Constant(K + 2, neg_inf<Scalar>());
+  for (int64_t j = 0; j < m; ++j) {
+    const int64_t s = block.slot[static_cast<size_t>(first + j)];
+    logits(s) = flat ? chunks.log_mass(first + j) : row.scores[row.selected[s]];
   }
   logits(K) = row.lse_window;
   if (spec.softmax1 && spec.fusion == Fusion::hierarchical) logits(K + 1) = Scalar(0);
@@ -36,14 +34,31 @@ void fuse(const MechanismSpec& spec, const FusionRow<Scalar>& row, const Matrix<
   lse = top + std::log((logits.array() - top).exp().sum());
   weights = (logits.array() - lse).exp().matrix().transpose();
   RowVector<Scalar> chosen_weights(m);
-  for (Eigen::Index j = 0; j < m; ++j) chosen_weights(j) = weights(chosen[static_cast<size_t>(j)]);
-  o = chosen_weights * chunk_out + weights(K) * row.o_window;
+  for (int64_t j = 0; j < m; ++j)
+    chosen_weights(j) = weights(block.slot[static_cast<size_t>(first + j)]);
+  o = chosen_weights * chunks.o.middleRows(first, m) + weights(K) * row.o_window;
 }
 
-#define HILS_INSTANTIATE_FUSE(S)                                                          \
-  template void fuse<S>(const MechanismSpec&, const FusionRow<S>&, const Matrix<S>&,      \
+}  // namespace detail
+
+template <class Scalar>
+void fuse(const MechanismSpec& spec, const FusionRow<Scalar>& row, const Matrix<Scalar>& k,
+          const Matrix<Scalar>& v, const Geometry& geometry, Scalar scale,
+          Eigen::Ref<RowVector<Scalar>> o, Scalar& lse, Eigen::Ref<RowVector<Scalar>> weights) {
+  const auto block = detail::group_selections({row.selected}, row.K, geometry.n_chunks());
+  const Matrix<Scalar> q = row.q.transpose();
+  const auto chunks = detail::attend_selected(q, block, k, v, geometry, scale);
+  detail::fuse_selected(spec, row, block, chunks, 0, o, lse, weights);
+}
+
+#define HILS_INSTANTIATE_FUSE(S)                                                            \
+  template void fuse<S>(const MechanismSpec&, const FusionRow<S>&, const Matrix<S>&,        \
                         const Matrix<S>&, const Geometry&, S, Eigen::Ref<RowVector<S>>, S&, \
-                        Eigen::Ref<RowVector<S>>);
+                        Eigen::Ref<RowVector<S>>);                                          \
+  template void detail::fuse_selected<S>(                                                   \
+      const MechanismSpec&, const FusionRow<S>&, const detail::BlockSelections&,            \
+      const detail::SelectedAttention<S>&, int64_t, Eigen::Ref<RowVector<S>>, S&,           \
+      Eigen::Ref<RowVector<S>>);
 
 HILS_INSTANTIATE_FUSE(float)
 HILS_INSTANTIATE_FUSE(double)

@@ -179,24 +179,35 @@ void run_selecting(const MechanismSpec& spec, const AttentionInputs<Scalar>& inp
     }
     std::vector<const Scalar*> score_rows(static_cast<size_t>(G));
     std::vector<Scalar> lse_rows(static_cast<size_t>(G));
+    std::vector<const int32_t*> selected(static_cast<size_t>(block.size()));
     for (int64_t i = 0; i < block.size(); ++i) {
       const int64_t row = block.begin + i;
       for (int64_t j = 0; j < G; ++j) {
         score_rows[static_cast<size_t>(j)] = heads[static_cast<size_t>(j)].scores.row(i).data();
         lse_rows[static_cast<size_t>(j)] = heads[static_cast<size_t>(j)].window.lse(i);
       }
-      int32_t* selected = out.selection[static_cast<size_t>(g)].row(row).data();
+      int32_t* row_selection = out.selection[static_cast<size_t>(g)].row(row).data();
       detail::select_row(score_rows, lse_rows,
                          geometry.candidate_count(out.queries[static_cast<size_t>(row)]),
-                         spec.group_rule, spec.K, selected);
-      for (int64_t j = 0; j < G; ++j) {
-        const HeadBlock<Scalar>& hb = heads[static_cast<size_t>(j)];
-        auto& head = out.heads[static_cast<size_t>(g * G + j)];
-        const FusionRow<Scalar> fusion_row{hb.q_rows.row(i).transpose(), selected, spec.K,
-                                           hb.scores.row(i).data(), hb.window.lse(i),
+                         spec.group_rule, spec.K, row_selection);
+      selected[static_cast<size_t>(i)] = row_selection;
+    }
+    // The group's heads share the selection: grouped once, each chunk attended once per head.
+    const auto selections = detail::group_selections(selected, spec.K, geometry.n_chunks());
+    for (int64_t j = 0; j < G; ++j) {
+      const HeadBlock<Scalar>& hb = heads[static_cast<size_t>(j)];
+      auto& head = out.heads[static_cast<size_t>(g * G + j)];
+      const auto chunks = detail::attend_selected(hb.q_rows, selections, k, v, geometry, scale);
+      for (int64_t i = 0; i < block.size(); ++i) {
+        const int64_t row = block.begin + i;
+        const FusionRow<Scalar> fusion_row{hb.q_rows.row(i).transpose(),
+                                           selected[static_cast<size_t>(i)],
+                                           spec.K,
+                                           hb.scores.row(i).data(),
+                                           hb.window.lse(i),
                                            hb.window.o.row(i)};
-        fuse<Scalar>(spec, fusion_row, k, v, geometry, scale, head.o.row(row), head.lse(row),
-             head.fusion_weights.row(row));
+        detail::fuse_selected<Scalar>(spec, fusion_row, selections, chunks, i, head.o.row(row),
+                                      head.lse(row), head.fusion_weights.row(row));
       }
     }
   });

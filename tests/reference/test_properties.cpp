@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 #include <tuple>
 #include <vector>
@@ -311,6 +313,94 @@ TEST_CASE("fusion holds the selected chunks' outputs only, however far K exceeds
     CHECK(std::abs(w_big(K) - w_small(2)) <= kExact);  // the window
     CHECK(w_big.head(K - 1).sum() == w_big(5));        // every padding slot weighs 0
   }
+}
+
+namespace {
+
+// One row's fusion (reference/SEMANTICS.md §5) computed directly from its selection, the kept
+// window and the kept scores: each selected chunk's softmax over its tokens, then Eq. 3 or 10.
+struct RowFusion {
+  RowVector<double> o;
+  double lse;
+  RowVector<double> weights;
+};
+RowFusion fuse_directly(const MechanismSpec& spec, const AttentionInputs<double>& in,
+                        const MechanismOutputs<double>& out, int64_t h, int64_t r) {
+  const Geometry geometry = geometry_of(spec, in.T());
+  const double scale = logit_scale(spec, in.d());
+  const int64_t g = h / (in.Hq() / in.Hkv()), t = out.queries[static_cast<size_t>(r)], K = spec.K;
+  const auto& head = out.heads[static_cast<size_t>(h)];
+  const auto selected = out.selection[static_cast<size_t>(g)].row(r);
+  std::vector<double> logits(static_cast<size_t>(K + 2), -std::numeric_limits<double>::infinity());
+  std::vector<RowVector<double>> chunk_o(static_cast<size_t>(K));
+  for (int64_t s = 0; s < K; ++s) {
+    const int64_t c = selected(s);
+    if (c < 0) continue;
+    const auto l = chunk_logits(in.q[h], in.k[g], geometry, t, c, scale);
+    const double mass = log_sum_exp(l);
+    RowVector<double> o = RowVector<double>::Zero(in.dv());
+    size_t token = 0;
+    for (int64_t j = c * geometry.S(); j < (c + 1) * geometry.S(); ++j)
+      if (geometry.attendable(j)) o += std::exp(l[token++] - mass) * in.v[g].row(j);
+    logits[static_cast<size_t>(s)] =
+        spec.fusion == Fusion::flat ? mass : head.surrogate_scores(r, c);
+    chunk_o[static_cast<size_t>(s)] = o;
+  }
+  logits[static_cast<size_t>(K)] = head.lse_window(r);
+  if (spec.softmax1 && spec.fusion == Fusion::hierarchical) logits[static_cast<size_t>(K + 1)] = 0;
+  RowFusion f{RowVector<double>::Zero(in.dv()), log_sum_exp(logits), RowVector<double>(K + 2)};
+  for (int64_t s = 0; s < K + 2; ++s)
+    f.weights(s) = std::exp(logits[static_cast<size_t>(s)] - f.lse);
+  for (int64_t s = 0; s < K; ++s)
+    if (selected(s) >= 0) f.o += f.weights(s) * chunk_o[static_cast<size_t>(s)];
+  f.o += f.weights(K) * head.o_window.row(r);
+  return f;
+}
+
+}  // namespace
+
+// run_mechanism attends a query block's selections chunk by chunk (each selected chunk's keys
+// and values read once per block and head, detail::group_selections), then fuses row by row: a
+// row must get back its own chunks when the rows of its block select different chunks, in a
+// ragged last block, with -1 padding and K above the chunk count, with and without landmarks,
+// for every head of a GQA group (one selection, different queries) and on sampled queries.
+TEST_CASE("every row fuses its own chunks, whatever the other rows of its block select",
+          "[properties]") {
+  for (const char* name : {"ragged_tail", "ragged_tail_no_landmarks", "gqa_group4",
+                           "k_covers_all", "k_covers_all_no_landmarks"})
+    for (const int64_t stride : {1, 3}) {
+      const auto& c = cases::case_named(name);
+      const auto inputs = cases::make_inputs<double>(c);
+      RunOptions options;
+      options.keep_window = options.keep_surrogate_scores = true;
+      for (int64_t t = 0; t < c.T; t += stride) options.queries.push_back(t);
+      for (const auto& base : hils::testing::all_specs()) {
+        const auto spec = hils::testing::spec_for_case(base, c);
+        if (!spec || !spec->selects()) continue;
+        INFO("case " << name << ", every " << stride << " queries, spec " << spec->name);
+        const auto out = run_mechanism(*spec, inputs, options);
+        const auto n = static_cast<int64_t>(out.queries.size());
+        // The case exercises it: two rows of one block select different chunks.
+        int64_t differing = 0;
+        for (int64_t r = 1; r < std::min<int64_t>(n, 64); ++r)
+          differing += out.selection[0].row(r) != out.selection[0].row(r - 1);
+        CHECK(differing > 0);
+        for (int64_t h = 0; h < c.Hq; ++h) {
+          Matrix<double> o(n, c.dv), weights(n, spec->K + 2);
+          Vector<double> lse(n);
+          for (int64_t r = 0; r < n; ++r) {
+            const RowFusion f = fuse_directly(*spec, inputs, out, h, r);
+            o.row(r) = f.o;
+            lse(r) = f.lse;
+            weights.row(r) = f.weights;
+          }
+          INFO("head " << h);
+          CHECK(relative_error(out.heads[h].o, o) < kExact);
+          CHECK(relative_error(out.heads[h].lse, lse) < kExact);
+          CHECK(relative_error(out.heads[h].fusion_weights, weights) < kExact);
+        }
+      }
+    }
 }
 
 TEST_CASE("softmax1 adds a zero logit to the hierarchical softmax", "[properties]") {
