@@ -135,8 +135,11 @@ AttentionInputs<Scalar> apply_positional_encoding(const AttentionInputs<Scalar>&
           " slots", std::to_string(geometry.T()));
   AttentionInputs<Scalar> out = raw;
   const std::vector<int64_t> positions = geometry.position_ids();
+  // q, k and q~ share the positions: one table of angles serves them all.
+  std::vector<Matrix<Scalar>*> rotated;
   for (auto* heads : {&out.q, &out.k, &out.q_retrieval})
-    for (auto& x : *heads) apply_rotary(x, positions, pe);
+    for (auto& x : *heads) rotated.push_back(&x);
+  apply_rotary(rotated, positions, pe);
   // The prior rule decides, never the row count: a given prior is used as given (one row per
   // chunk, even when there is one chunk); a shared prior is one vector per head that becomes one
   // row per chunk, rotated where the chunk's landmark sits (reference/SEMANTICS.md §8).

@@ -1,5 +1,6 @@
 #include "hils/positional.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -62,32 +63,115 @@ std::vector<bool> rotated_pairs(const PositionalEncoding& pe, int64_t d) {
   return rotated;
 }
 
+namespace {
+
+// Rows per block of the cos/sin table: the table holds kRotaryBlock x d/2 pairs of Scalars
+// (64 KiB for d = 128 in double), whatever T is.
+constexpr int64_t kRotaryBlock = 64;
+
+// apply_rotary's checks of one matrix, in its order: one position per row, then pe for d.
 template <class Scalar>
-void apply_rotary(Matrix<Scalar>& x, const std::vector<int64_t>& positions,
+void check_rotary(const Matrix<Scalar>& x, const std::vector<int64_t>& positions,
                   const PositionalEncoding& pe) {
-  const int64_t d = x.cols();
   require(static_cast<int64_t>(positions.size()) == x.rows(), "positions",
           std::to_string(x.rows()) + " position ids (one per row)",
           std::to_string(positions.size()));
-  if (pe.kind == PositionalKind::nope) return;
-  std::vector<bool> rotated = rotated_pairs(pe, d);
-  std::vector<double> inv = rope_inverse_frequencies(d, pe.theta);
-  const int64_t half = d / 2;
-  for (int64_t i = 0; i < x.rows(); ++i) {
+  if (pe.kind != PositionalKind::nope) pe.validate(x.cols());
+}
+
+// The cos and sin of every (row, rotated pair) of rows [begin, end): c[r half + j] and
+// s[r half + j] for row begin + r and pair j.
+template <class Scalar>
+void rotary_table(const std::vector<int64_t>& positions, const std::vector<double>& inv,
+                  const std::vector<bool>& rotated, int64_t begin, int64_t end,
+                  std::vector<Scalar>& c, std::vector<Scalar>& s) {
+  const int64_t half = static_cast<int64_t>(inv.size());
+  c.resize(static_cast<size_t>((end - begin) * half));
+  s.resize(c.size());
+  for (int64_t i = begin; i < end; ++i) {
     for (int64_t j = 0; j < half; ++j) {
       if (!rotated[static_cast<size_t>(j)]) continue;
       // The angle is formed in long double so that every Scalar sees the same rotation.
       long double angle = static_cast<long double>(positions[static_cast<size_t>(i)]) *
                           static_cast<long double>(inv[static_cast<size_t>(j)]);
-      Scalar c = static_cast<Scalar>(std::cos(angle));
-      Scalar s = static_cast<Scalar>(std::sin(angle));
-      int64_t a = pe.pairing == RopePairing::half ? j : 2 * j;
-      int64_t b = pe.pairing == RopePairing::half ? j + half : 2 * j + 1;
-      Scalar xa = x(i, a), xb = x(i, b);
-      x(i, a) = xa * c - xb * s;
-      x(i, b) = xa * s + xb * c;
+      const size_t at = static_cast<size_t>((i - begin) * half + j);
+      c[at] = static_cast<Scalar>(std::cos(angle));
+      s[at] = static_cast<Scalar>(std::sin(angle));
     }
   }
+}
+
+// Rotates rows [begin, end) of x (row-major) by the table of those rows, pair by pair in scalar
+// code as apply_rotary always did. Not vectorized: GCC turns the interleaved pairs into complex
+// products (vaddsubps / vfmaddsub) whose float results differ in the last bit from the scalar
+// expressions' (measured against main's apply_rotary, session 19; double happened to agree).
+template <class Scalar>
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-vectorize")))
+#endif
+void rotate_rows(Matrix<Scalar>& x, const std::vector<Scalar>& cos_table,
+                 const std::vector<Scalar>& sin_table, const std::vector<bool>& rotated,
+                 RopePairing pairing, int64_t begin, int64_t end) {
+  const int64_t half = x.cols() / 2;
+  for (int64_t i = begin; i < end; ++i) {
+    Scalar* row = x.data() + i * x.cols();
+    for (int64_t j = 0; j < half; ++j) {
+      if (!rotated[static_cast<size_t>(j)]) continue;
+      const size_t at = static_cast<size_t>((i - begin) * half + j);
+      const Scalar c = cos_table[at], s = sin_table[at];
+      int64_t a = pairing == RopePairing::half ? j : 2 * j;
+      int64_t b = pairing == RopePairing::half ? j + half : 2 * j + 1;
+      Scalar xa = row[a], xb = row[b];
+      row[a] = xa * c - xb * s;
+      row[b] = xa * s + xb * c;
+    }
+  }
+}
+
+// Rotates every matrix of xs (all with d columns) block of rows by block, each block's angles
+// computed once for all of them.
+template <class Scalar>
+void rotate_same_width(const std::vector<Matrix<Scalar>*>& xs, int64_t d,
+                       const std::vector<int64_t>& positions, const PositionalEncoding& pe) {
+  const std::vector<bool> rotated = rotated_pairs(pe, d);
+  const std::vector<double> inv = rope_inverse_frequencies(d, pe.theta);
+  const int64_t n = static_cast<int64_t>(positions.size());
+  std::vector<Scalar> c, s;
+  for (int64_t begin = 0; begin < n; begin += kRotaryBlock) {
+    const int64_t end = std::min(n, begin + kRotaryBlock);
+    rotary_table(positions, inv, rotated, begin, end, c, s);
+    for (Matrix<Scalar>* x : xs) rotate_rows(*x, c, s, rotated, pe.pairing, begin, end);
+  }
+}
+
+}  // namespace
+
+template <class Scalar>
+void apply_rotary(const std::vector<Matrix<Scalar>*>& xs, const std::vector<int64_t>& positions,
+                  const PositionalEncoding& pe) {
+  // Every matrix is checked before any is rotated, in the order given: the first bad one throws
+  // what rotating them one by one would have thrown.
+  for (const Matrix<Scalar>* x : xs) check_rotary(*x, positions, pe);
+  if (pe.kind == PositionalKind::nope) return;
+  // One table per head dim (inputs have one; the matrices are not validated together here).
+  std::vector<bool> done(xs.size(), false);
+  for (size_t first = 0; first < xs.size(); ++first) {
+    if (done[first]) continue;
+    const int64_t d = xs[first]->cols();
+    std::vector<Matrix<Scalar>*> same;
+    for (size_t m = first; m < xs.size(); ++m)
+      if (!done[m] && xs[m]->cols() == d) {
+        same.push_back(xs[m]);
+        done[m] = true;
+      }
+    rotate_same_width(same, d, positions, pe);
+  }
+}
+
+template <class Scalar>
+void apply_rotary(Matrix<Scalar>& x, const std::vector<int64_t>& positions,
+                  const PositionalEncoding& pe) {
+  apply_rotary(std::vector<Matrix<Scalar>*>{&x}, positions, pe);
 }
 
 template void apply_rotary<float>(Matrix<float>&, const std::vector<int64_t>&,
@@ -96,5 +180,11 @@ template void apply_rotary<double>(Matrix<double>&, const std::vector<int64_t>&,
                                    const PositionalEncoding&);
 template void apply_rotary<long double>(Matrix<long double>&, const std::vector<int64_t>&,
                                         const PositionalEncoding&);
+template void apply_rotary<float>(const std::vector<Matrix<float>*>&, const std::vector<int64_t>&,
+                                  const PositionalEncoding&);
+template void apply_rotary<double>(const std::vector<Matrix<double>*>&,
+                                   const std::vector<int64_t>&, const PositionalEncoding&);
+template void apply_rotary<long double>(const std::vector<Matrix<long double>*>&,
+                                        const std::vector<int64_t>&, const PositionalEncoding&);
 
 }  // namespace hils

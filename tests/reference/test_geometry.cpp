@@ -1,6 +1,8 @@
 // Geometry, positional encodings and configuration errors (reference/SEMANTICS.md §1, §2, §8).
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <limits>
+#include <random>
 
 #include "support.hpp"
 
@@ -98,6 +100,61 @@ TEST_CASE("RoPE pairings rotate the documented dimensions", "[positional]") {
   Matrix<double> none = x;
   apply_rotary(none, {2}, PositionalEncoding{});
   CHECK(none == x);
+}
+
+TEST_CASE("apply_positional_encoding rotates row t of every head by slot t's position id",
+          "[positional]") {
+  // T = 200 slots with landmarks (position ids are not slot numbers) spans four of apply_rotary's
+  // 64-row blocks, the last one partial; Hq = 2, Hkv = 1 and q~ are all rotated in one call.
+  // d = 8, theta = 100: inv_freq = {1, 0.316, 0.1, 0.0316}; HoPE with L_train = 64, m = 1 keeps
+  // pairs 0-2 (inv_freq >= 2 pi / 64) and leaves pair 3 as it is. Every entry against its
+  // rotation formed here from position_ids() and rope_inverse_frequencies() (SEMANTICS §8).
+  const int64_t T = 200, d = 8;
+  const Geometry g(T, 16, 32, true);
+  std::mt19937_64 gen(20261127);
+  std::normal_distribution<double> normal;
+  auto draw = [&] {
+    Matrix<double> m(T, d);
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < d; ++j) m(i, j) = normal(gen);
+    return m;
+  };
+  AttentionInputs<double> raw;
+  raw.q = {draw(), draw()};
+  raw.k = {draw()};
+  raw.v = {draw()};
+  raw.q_retrieval = {draw(), draw()};
+  const std::vector<int64_t> positions = g.position_ids();
+  const std::vector<double> inv = rope_inverse_frequencies(d, 100.0);
+  for (PositionalKind kind : {PositionalKind::rope, PositionalKind::hope})
+    for (RopePairing pairing : {RopePairing::half, RopePairing::interleaved}) {
+      const PositionalEncoding pe{kind, pairing, 100.0, 64.0, 1.0};
+      const std::vector<bool> rotated = rotated_pairs(pe, d);
+      CHECK(std::count(rotated.begin(), rotated.end(), true) == (kind == PositionalKind::hope ? 3 : 4));
+      const auto out = apply_positional_encoding(raw, g, pe);
+      auto worst_error = [&](const Matrix<double>& x, const Matrix<double>& y) {
+        double worst = 0;
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t j = 0; j < d / 2; ++j) {
+            const int64_t a = pairing == RopePairing::half ? j : 2 * j;
+            const int64_t b = pairing == RopePairing::half ? j + d / 2 : 2 * j + 1;
+            const double angle = rotated[static_cast<size_t>(j)]
+                                     ? static_cast<double>(positions[static_cast<size_t>(t)]) *
+                                           inv[static_cast<size_t>(j)]
+                                     : 0.0;
+            const double c = std::cos(angle), s = std::sin(angle);
+            worst = std::max({worst, std::abs(y(t, a) - (x(t, a) * c - x(t, b) * s)),
+                              std::abs(y(t, b) - (x(t, a) * s + x(t, b) * c))});
+          }
+        return worst;
+      };
+      INFO(to_string(kind) << " " << to_string(pairing));
+      // Angles up to ~210 rad: double rounding of the angle moves the result by ~1e-13 at most.
+      for (size_t h = 0; h < 2; ++h) CHECK(worst_error(raw.q[h], out.q[h]) < 1e-12);
+      for (size_t h = 0; h < 2; ++h) CHECK(worst_error(raw.q_retrieval[h], out.q_retrieval[h]) < 1e-12);
+      CHECK(worst_error(raw.k[0], out.k[0]) < 1e-12);
+      CHECK(out.v[0] == raw.v[0]);
+    }
 }
 
 TEST_CASE("positional encodings refuse non-finite bases and lengths", "[positional][errors]") {

@@ -40,5 +40,11 @@ std::vector<bool> rotated_pairs(const PositionalEncoding& pe, int64_t d);
 template <class Scalar>
 void apply_rotary(Matrix<Scalar>& x, const std::vector<int64_t>& positions,
                   const PositionalEncoding& pe);
+// The same for every matrix of xs, each [n x d_m]: the rotations are apply_rotary's bit for bit,
+// each (position, pair) angle's cos and sin computed once per block of rows for all of them.
+// Each matrix is checked, in order, before any is rotated.
+template <class Scalar>
+void apply_rotary(const std::vector<Matrix<Scalar>*>& xs, const std::vector<int64_t>& positions,
+                  const PositionalEncoding& pe);
 
 }  // namespace hils
