@@ -16,7 +16,11 @@ std::string shape(int64_t rows, int64_t cols) {
 // Throws InvalidArgument naming the first NaN or Inf element, e.g. "q[1](5, 2)".
 template <class Scalar>
 void require_finite(const Matrix<Scalar>& x, const std::string& name) {
-  if (x.allFinite()) return;
+  // x - x is 0 for a finite entry and NaN for NaN or +-Inf, so the sum is NaN iff some entry is
+  // not finite: one vectorized pass. (Eigen's allFinite tests entry by entry with a branch:
+  // 107 ms against 6.8 ms for eight 65536 x 64 double heads, measured in session 19; the
+  // studies validate whole inputs once per mechanism and needle depth.)
+  if (!std::isnan((x.array() - x.array()).sum())) return;
   for (int64_t i = 0; i < x.rows(); ++i)
     for (int64_t j = 0; j < x.cols(); ++j)
       if (!std::isfinite(x(i, j)))
