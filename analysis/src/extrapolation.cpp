@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "hils/analysis/needle.hpp"
 
@@ -21,23 +22,47 @@ int64_t needle_slot(const Geometry& geometry, int64_t last_query, double depth, 
   return *chunk * geometry.S() + (geometry.tokens_per_chunk() - 1) / 2;
 }
 
-// Raw inputs with each KV group's key at `slot` replaced by a needle aimed at the group's mean
-// raw query of slot `t`: sigma q_mean . k_needle = needle_logit before rotation.
-AttentionInputs<double> with_needle(const AttentionInputs<double>& raw, int64_t slot, int64_t t,
-                                    double scale, double needle_logit) {
-  AttentionInputs<double> in = raw;
+}  // namespace
+
+NeedleContext::NeedleContext(const AttentionInputs<double>& raw, const Geometry& geometry,
+                             const PositionalEncoding& pe, PriorRule prior_rule,
+                             PriorSource prior_source, int64_t aim_slot, double scale,
+                             double logit)
+    : geometry_(geometry), pe_(pe) {
+  // Each KV group's needle key aimed at the group's mean raw query of slot aim_slot.
   const int64_t G = raw.Hq() / raw.Hkv();
+  needles_.assign(static_cast<size_t>(raw.Hkv()), Matrix<double>(1, raw.d()));
   for (int64_t g = 0; g < raw.Hkv(); ++g) {
     Vector<double> mean_q = Vector<double>::Zero(raw.d());
-    for (int64_t h = g * G; h < (g + 1) * G; ++h) mean_q += raw.q[h].row(t).transpose();
+    for (int64_t h = g * G; h < (g + 1) * G; ++h) mean_q += raw.q[h].row(aim_slot).transpose();
     mean_q /= static_cast<double>(G);
-    plant_needle(in.k, g, slot, mean_q.transpose(), scale, needle_logit,
+    plant_needle(needles_, g, 0, mean_q.transpose(), scale, logit,
                  "needle query (the last slot's)");
   }
-  return in;
+  displaced_ = needles_;
+  // Rows are rotated one by one (positional.hpp), so the context positioned without the needle
+  // differs from the needled one only in the needle rows, which at() replaces.
+  positioned_ = apply_positional_encoding<double>(raw, geometry, pe, prior_rule);
+  fill_prior(positioned_, geometry, prior_source);
 }
 
-}  // namespace
+const AttentionInputs<double>& NeedleContext::at(int64_t slot) {
+  require(slot >= 0 && slot < geometry_.T(), "needle slot", "in [0, " +
+          std::to_string(geometry_.T()) + ")", std::to_string(slot));
+  auto& k = positioned_.k;
+  if (slot_ >= 0)  // the keys the previous slot's needles covered, back
+    for (size_t g = 0; g < k.size(); ++g) k[g].row(slot_) = displaced_[g];
+  std::vector<Matrix<double>> rotated = needles_;
+  std::vector<Matrix<double>*> rows;
+  for (auto& r : rotated) rows.push_back(&r);
+  apply_rotary(rows, {geometry_.position_id(slot)}, pe_);
+  for (size_t g = 0; g < k.size(); ++g) {
+    displaced_[g] = k[g].row(slot);
+    k[g].row(slot) = rotated[g];
+  }
+  slot_ = slot;
+  return positioned_;
+}
 
 void run_needle_unit(const AttentionInputs<double>& raw, const NamedEncoding& encoding,
                      const ExtrapolationOptions& options, ResultSink& sink) {
@@ -55,16 +80,18 @@ void write_needle_unit(const AttentionInputs<double>& raw, const NamedEncoding& 
           "long enough for retrieval candidates (T > W + S)", "no candidate chunk");
   const double scale = logit_scale(with_geometry(preset("full"), fo.geometry), raw.d());
   const auto unit = needle_unit(encoding, T);
+  std::optional<NeedleContext> context;
   std::vector<int64_t> chunks;
   std::vector<std::vector<double>> success(fo.mechanisms.size());
   for (double depth : options.depths) {
     int64_t chunk = 0;
     const int64_t slot = needle_slot(geometry, last[0], depth, &chunk);
     chunks.push_back(chunk);
-    auto in = apply_positional_encoding<double>(
-        with_needle(raw, slot, last[0], scale, options.needle_logit), geometry, encoding.pe,
-        fo.prior.rule);
-    fill_prior(in, geometry, fo.prior.source);
+    // Positioned on the first depth (no depths, no positioning and none of its errors, as ever).
+    if (!context)
+      context.emplace(raw, geometry, encoding.pe, fo.prior.rule, fo.prior.source, last[0], scale,
+                      options.needle_logit);
+    const auto& in = context->at(slot);
     RunOptions run;
     run.queries = last;
     for (size_t m = 0; m < fo.mechanisms.size(); ++m) {

@@ -111,3 +111,51 @@ TEST_CASE("plant_needle: the planted key gives the aim exactly its logit, a zero
   CHECK_THROWS_WITH(plant_needle(k, 0, 1, RowVector<double>::Zero(3), 0.125, 7.0, "needle_query"),
                     Catch::Contains("needle_query") && Catch::Contains("zero vector"));
 }
+
+TEST_CASE("NeedleContext: every slot's inputs are those of positioning the needled context",
+          "[extrapolation][needle]") {
+  // The needle unit positions its context once and moves the needle rows from depth to depth;
+  // each depth must see exactly (bit for bit) what planting the needle in the raw keys and
+  // positioning all of it gives, whatever slots came before. Landmarks make position ids differ
+  // from slots; the slots go far, near, the same again, back: a needle row left behind, or one
+  // rotated at another slot's position, differs.
+  const auto& c = case_named("longer_blocks");
+  const Geometry geometry(c.T, c.S, c.W, c.landmarks);
+  const auto raw = cases::make_inputs<double>(c);
+  const int64_t aim = geometry.real_slots().back();
+  const double scale = 0.125, logit = 6.0;
+  struct Setting {
+    PositionalEncoding pe;
+    PriorRule rule;
+    PriorSource source;
+  };
+  PositionalEncoding rope, hope;
+  rope.kind = PositionalKind::rope;
+  hope.kind = PositionalKind::hope;
+  hope.pairing = RopePairing::interleaved;
+  hope.hope_train_length = 256.0;
+  for (const auto& s : {Setting{rope, PriorRule::shared, PriorSource::inputs},
+                        Setting{hope, PriorRule::given, PriorSource::chunk_mean_query}}) {
+    NeedleContext context(raw, geometry, s.pe, s.rule, s.source, aim, scale, logit);
+    for (int64_t slot : {700, 17, 17, 333, 700}) {
+      CAPTURE(to_string(s.pe.kind), slot);
+      AttentionInputs<double> needled = raw;
+      const int64_t G = raw.Hq() / raw.Hkv();
+      for (int64_t g = 0; g < raw.Hkv(); ++g) {
+        Vector<double> mean_q = Vector<double>::Zero(raw.d());
+        for (int64_t h = g * G; h < (g + 1) * G; ++h) mean_q += raw.q[h].row(aim).transpose();
+        mean_q /= static_cast<double>(G);
+        plant_needle(needled.k, g, slot, mean_q.transpose(), scale, logit, "aim");
+      }
+      auto expected = apply_positional_encoding<double>(needled, geometry, s.pe, s.rule);
+      fill_prior(expected, geometry, s.source);
+      const auto& got = context.at(slot);
+      for (auto field : {&AttentionInputs<double>::q, &AttentionInputs<double>::k,
+                         &AttentionInputs<double>::v, &AttentionInputs<double>::q_retrieval,
+                         &AttentionInputs<double>::prior}) {
+        REQUIRE((got.*field).size() == (expected.*field).size());
+        for (size_t h = 0; h < (got.*field).size(); ++h) CHECK((got.*field)[h] == (expected.*field)[h]);
+      }
+    }
+  }
+}

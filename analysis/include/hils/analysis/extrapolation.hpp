@@ -34,6 +34,32 @@ struct ExtrapolationOptions {
   bool run_needle = true;
 };
 
+// The context of one needle unit, positioned once, with the needle moved from slot to slot: the
+// needle keys are planted in the raw keys (aimed at each KV group's mean raw query of slot
+// `aim_slot`, sigma q_mean . k_needle = logit) and only their rows are rotated again per slot.
+// `at(slot)` gives, bit for bit, what positioning the whole needled context would give:
+//   apply_positional_encoding(raw with each group's key at `slot` := its needle, geometry, pe,
+//                             prior_rule), then fill_prior(..., prior_source)
+// (the prior reads only the queries, which the needle leaves alone). Holds one copy of the
+// inputs; at() overwrites the previous slot's needle rows with the keys they displaced.
+// InvalidArgument as plant_needle and apply_positional_encoding, in that order.
+class NeedleContext {
+ public:
+  NeedleContext(const AttentionInputs<double>& raw, const Geometry& geometry,
+                const PositionalEncoding& pe, PriorRule prior_rule, PriorSource prior_source,
+                int64_t aim_slot, double scale, double logit);
+  // The positioned inputs with every group's needle at `slot` (a valid slot of the geometry).
+  const AttentionInputs<double>& at(int64_t slot);
+
+ private:
+  Geometry geometry_;
+  PositionalEncoding pe_;
+  std::vector<Matrix<double>> needles_;    // [1 x d] per KV group: the raw needle key
+  std::vector<Matrix<double>> displaced_;  // [1 x d] per KV group: the key the needle covers
+  AttentionInputs<double> positioned_;
+  int64_t slot_ = -1;                      // where the needles are now, -1 before at()
+};
+
 // The needle test of one (encoding, raw layer, T): for each depth and mechanism, the fraction of
 // KV groups that select the needle's chunk for the last real-token query. Writes the unit
 // "needle/<E>/T<T>" (see the header comment) and marks it complete.
