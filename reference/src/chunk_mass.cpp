@@ -100,12 +100,7 @@ void fused_chunk_log_mass(const Matrix<double>& q_rows, const std::vector<int64_
     for (int64_t i = 0; i < n; i += kTileQueries) {
       const int64_t count = std::min<int64_t>(kTileQueries, n - i);
       if (c >= tile_candidates(i, count)) continue;
-      const double* q = q_scaled.row(i).data();
-      switch (count) {
-        case 1: chunk_logits<1>(q, d, panel, width, logits.data()); break;
-        case 2: chunk_logits<2>(q, d, panel, width, logits.data()); break;
-        default: chunk_logits<3>(q, d, panel, width, logits.data()); break;
-      }
+      chunk_logits_rows(count, q_scaled.row(i).data(), d, panel, width, logits.data());
       for (int64_t r = 0; r < count; ++r)
         if (c < candidates[static_cast<size_t>(i + r)])
           masses(i + r, c) = log_sum_exp(logits.data() + r * width, tokens);
