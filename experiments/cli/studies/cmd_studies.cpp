@@ -1,5 +1,5 @@
-// hils studies: the three studies (fidelity, overlap, extrapolation) on a built-in default in a
-// few minutes, with the real model's runs when its files are there, then their plots.
+// hils studies: the three studies (fidelity, overlap, extrapolation) on a built-in default in
+// ~20-30 s on 2 cores, with the real model's runs when its files are there, then their plots.
 #include <chrono>
 #include <iostream>
 #include <memory>
