@@ -37,6 +37,9 @@ if __name__ == "__main__":
     # about the missing glyph says nothing more.
     import warnings
     warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from (current )?font")
+    # An undefined (NaN) mean's error bar, which matplotlib skips; the panel says "undefined"
+    # at its place (say_undefined).
+    warnings.filterwarnings("ignore", message="Warning: converting a masked element to nan")
 
 import h5py
 import matplotlib
@@ -201,6 +204,20 @@ def length_axis(ax, lengths):
     ax.set_xlabel("context length T [slots]")
 
 
+def frame_undefined_panel(ax, xs, metric, single_length):
+    """A panel whose every mean is undefined (no point for matplotlib to fit its limits to) and
+    the places `xs` of its "undefined" notes -> the limits a drawn panel would have: those
+    places (the mechanisms' slots of one length are set already) with a margin, and the
+    metric's range where it has one. Its length axis had collapsed to one spot, the tick labels
+    and the notes on top of each other."""
+    if not single_length:
+        lo, hi = np.log2(np.min(xs)), np.log2(np.max(xs))
+        pad = 0.08 * max(hi - lo, 1.0)
+        ax.set_xlim(2.0 ** (lo - pad), 2.0 ** (hi + pad))
+    if math.isfinite(metric.low) and math.isfinite(metric.high):
+        ax.set_ylim(metric.low, metric.high)
+
+
 DODGE = 0.04  # between neighbouring mechanisms on a length axis, in steps between lengths
 
 
@@ -215,6 +232,7 @@ def metric_panel(ax, summary, mechs, name, single_length):
     shown = [m for m in mechs if m in summary and name in summary[m]]
     steps = np.diff(np.log2(lengths))
     dodge = DODGE * (steps.min() if len(steps) else 1.0)
+    defined, xs = False, []
     for i, m in enumerate(shown):
         y, lo, hi = clipped_interval(summary[m][name][()], metric)
         # The reference choice (naive_bsa, black) goes under the others, which it often equals.
@@ -229,6 +247,7 @@ def metric_panel(ax, summary, mechs, name, single_length):
             x = lengths * 2.0 ** (dodge * (i - (len(shown) - 1) / 2))
             ax.errorbar(x, y, yerr=yerr_of(y, lo, hi), lw=1.3, **style)
         say_undefined(ax, x, y, m)
+        defined, xs = defined or bool(np.isfinite(y).any()), [*xs, *x]
     if single_length:
         ax.set_xticks(range(len(shown)), shown, rotation=35, ha="right")
         for tick, m in zip(ax.get_xticklabels(), shown):
@@ -239,6 +258,8 @@ def metric_panel(ax, summary, mechs, name, single_length):
     ax.set_ylabel(metric.axis)
     if metric.low == 0.0 and metric.high == math.inf:
         ax.set_ylim(bottom=0.0)  # an error: its size is read against zero
+    if shown and not defined:
+        frame_undefined_panel(ax, xs, metric, single_length)
     ax.grid(axis="y", lw=0.4, alpha=0.5)
 
 
@@ -260,10 +281,13 @@ def bottom_strip(fig, mechs=(), extra=(), note=""):
     return (legend_in + note_in + 0.05) / height
 
 
-def n_of(summary, mechs, name):
-    """The sample sizes n (values per length) of a metric's summaries, as text."""
-    ns = sorted({int(v) for m in mechs if m in summary and name in summary[m]
-                 for v in col(summary[m][name][()], "n") if np.isfinite(v)})
+def n_of(summary, mechs, names):
+    """The sample sizes n (defined values per length) of the metrics' summaries, as text. A
+    metric undefined for every head (n = 0, said "undefined" in its panel) is left out while
+    another metric has values: the title said "n = 0" over panels drawn from n = 4."""
+    ns = {int(v) for name in names for m in mechs if m in summary and name in summary[m]
+          for v in col(summary[m][name][()], "n") if np.isfinite(v)}
+    ns = sorted(ns - {0}) or sorted(ns)
     return "n = " + ", ".join(str(v) for v in ns) if ns else "n = 0"
 
 
@@ -297,7 +321,7 @@ def fidelity_plots(f, config, stem, out):
             ax.set_title(METRICS[name].title)
         at = f"at T = {int(lengths[0])} slots (the study's only length)" if single else "vs length"
         suptitle(fig, f"{stem}: chunk-selection fidelity {at}, "
-                     f"{n_of(summary, mechs, 'spearman')} (layers × heads)\n{SUMMARY_NOTE}")
+                     f"{n_of(summary, mechs, metrics)} (layers × heads)\n{SUMMARY_NOTE}")
         legend = [] if single else [m for m in mechs if m in summary]
         fig.tight_layout(rect=(0, bottom_strip(fig, legend, note=OUTPUT_ERROR_NOTE), 1, 1))
     else:
@@ -323,10 +347,10 @@ def fidelity_scatter(head, mechs, stem, where, out):
     for k, m in enumerate(shown):
         ax = axes[k // ncols][k % ncols]
         s = head[m]["surrogate"][()]
-        rho = np.nanmean(head[m]["spearman"][()])
         ax.scatter(s[ok], L[ok], s=3, alpha=0.4, color=mechanism_colour(m), lw=0)
         ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
-        ax.set_title(f"{m}   (mean Spearman ρ = {rho:.3f})", color=mechanism_colour(m))
+        ax.set_title(f"{m}   ({mean_spearman(head[m]['spearman'][()])})",
+                     color=mechanism_colour(m))
         ax.set_xlabel("surrogate score ŝ(t, c) [nats]")
         if k % ncols == 0:
             ax.set_ylabel("exact chunk log-mass L(t, c) [nats]")
@@ -337,6 +361,13 @@ def fidelity_scatter(head, mechs, stem, where, out):
                  "ρ: Spearman over V(t), mean over this head's queries")
     fig.tight_layout()
     return save(fig, out, f"{stem}_scatter.png")
+
+
+def mean_spearman(rho):
+    """A head's Spearman values per query -> their mean as a title says it, or that it is
+    undefined for every query (tied scores, one candidate chunk): was "ρ = nan"."""
+    rho = rho[np.isfinite(rho)]
+    return f"mean Spearman ρ = {rho.mean():.3f}" if rho.size else "Spearman ρ undefined"
 
 
 def gap_entropy(head, mechs, stem, where, out):
@@ -628,6 +659,24 @@ def missing_summaries(f, config, study):
     return [w for w in wanted if not any(u == w or u.endswith("/" + w) for u in units)]
 
 
+def other_hils_file(f):
+    """An open HDF5 file -> what it is in words when it is a hils file that is not a study's
+    results (an activation file, hils run's results), else None: the message was "not a hils
+    study results file" and h5py's words for a missing attribute ("'study'")."""
+    fmt = f.attrs.get("format")
+    if isinstance(fmt, bytes):
+        fmt = fmt.decode(errors="replace")
+    if fmt == "hils-activations":
+        return "an activation file (hils dump), not the results of a study"
+    try:
+        study = json.loads(f.attrs["config"]).get("study")
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    if fmt == "hils-results" and study is None:
+        return "the results of hils run (hils info describes them), not of a study"
+    return None
+
+
 DRAW = {"fidelity": fidelity_plots, "overlap": overlap_plots,
         "extrapolation": extrapolation_plots}
 
@@ -640,6 +689,11 @@ def main():
     a = p.parse_args()
     try:
         f = h5py.File(a.results, "r")
+        other = other_hils_file(f)
+        if other:
+            print(f"{a.results}: {other}: hils plot draws those of hils fidelity, overlap and "
+                  "extrapolate", file=sys.stderr)
+            return 2
         config = json.loads(f.attrs["config"])
         study = config["study"]
     except (OSError, KeyError, TypeError, ValueError) as e:

@@ -407,3 +407,76 @@ def test_a_results_name_that_is_not_utf8_is_plotted(studies, tmp_path):
     assert done.returncode == 0, err
     assert "Traceback" not in err and "Glyph" not in err, err
     assert list((tmp_path / os.fsdecode(b"p\xff")).glob("*.png"))
+
+
+def undefined_everywhere(source, path, metric="spearman"):
+    """A copy of a results file whose `metric` is undefined for every head of every mechanism,
+    as a study writes it (Spearman over one candidate chunk: n = 0, every statistic NaN)."""
+    shutil.copy(source, path)
+    with h5py.File(path, "r+") as f:
+        for m in f["summary"]:
+            if isinstance(f["summary"][m], h5py.Group) and metric in f["summary"][m]:
+                rows = f["summary"][m][metric][()]
+                rows[:, :-1] = np.nan
+                rows[:, ps.COLS.index("n")] = 0
+                f["summary"][m][metric][...] = rows
+        head = f[[k for k in f if k.startswith("T")][-1] + "/layer0/group0/head0"]
+        for m in head:
+            if isinstance(head[m], h5py.Group) and metric in head[m]:
+                head[m][metric][...] = np.nan
+    return path
+
+
+def test_a_metric_undefined_everywhere_keeps_its_axes_and_the_sample_size(studies, tmp_path):
+    # Every Spearman mean NaN (one candidate chunk per query): the title said "n = 0 (layers x
+    # heads)" while the other panels drew n = 4; the Spearman panel lost its length axis (both
+    # tick labels at one spot, "5740", the "undefined" notes on top of each other) and its range.
+    path = undefined_everywhere(studies["fid2"], tmp_path / "fidnan.h5")
+    figures = draw(path, tmp_path / "plots")
+    fig = figures["metrics.png"]
+    n = int(h5py.File(studies["fid2"])["summary/mean/topk_recall"][0, ps.COLS.index("n")])
+    title = fig._suptitle.get_text()
+    assert f"n = {n} (layers × heads)" in title and "n = 0" not in title, title
+    ax = next(a for a in fig.axes if metric_name(a) == "spearman")
+    lo, hi = ax.get_xlim()
+    assert lo < 256 and hi > 512, (lo, hi)
+    assert ax.get_ylim() == (-1.0, 1.0)
+    notes = [t for t in ax.texts if t.get_text() == "undefined"]
+    assert notes and all(lo < t.get_position()[0] < hi for t in notes), (lo, hi, notes)
+    # The scatter says it in words, not "ρ = nan".
+    titles = [a.get_title() for a in figures["scatter.png"].axes if a.get_visible()]
+    assert titles and all("Spearman ρ undefined" in t and "nan" not in t for t in titles), titles
+
+
+def test_undefined_values_are_drawn_without_warnings(studies, tmp_path):
+    # numpy's "Mean of empty slice" and matplotlib's "converting a masked element to nan" were
+    # printed under `hils plot`'s own lines for every such file.
+    path = undefined_everywhere(studies["fid2"], tmp_path / "fidnan.h5")
+    code, err = run_script(path, tmp_path)
+    assert code == 0, err
+    assert "Warning" not in err, err
+
+
+def test_hils_plot_names_a_file_that_is_not_a_study_results_file(studies, tmp_path):
+    # An activation file and hils run's results were "not a hils study results file" followed
+    # by h5py's words ("Can't open attribute", "'study'"); a folder by h5py's errno dump.
+    hils = tool("HILS_CLI")
+    acts, results = tmp_path / "acts.h5", tmp_path / "run.h5"
+    subprocess.run([hils, "-q", "dump", "synthetic", "-T", "128", "-S", "16", "-o", str(acts)],
+                   check=True)
+    subprocess.run([hils, "-q", "run", str(acts), "-o", str(results), "-p", "full", "-S", "16",
+                    "--landmarks", "true"], check=True)
+    (tmp_path / "folder.h5").mkdir()
+    said = {
+        acts: "acts.h5: an activation file (hils dump), not the results of a study: hils plot "
+              "draws those of hils fidelity, overlap and extrapolate",
+        results: "run.h5: the results of hils run (hils info describes them), not of a study: "
+                 "hils plot draws those of hils fidelity, overlap and extrapolate",
+        tmp_path / "folder.h5": "folder.h5: expected a results file, found a folder",
+    }
+    for path, message in said.items():
+        done = subprocess.run([hils, "plot", str(path), "--out", str(tmp_path / "p")],
+                              capture_output=True, text=True)
+        assert done.returncode == 2, done.stderr
+        assert message in done.stderr, done.stderr
+        assert "errno" not in done.stderr and "Can't open" not in done.stderr, done.stderr

@@ -48,6 +48,8 @@ std::vector<std::filesystem::path> draw_plots(const std::filesystem::path& resul
                                               const std::filesystem::path& folder) {
   if (!std::filesystem::exists(results))
     throw BadInput(results.string() + ": no such results file");
+  if (std::filesystem::is_directory(results))  // h5py's words were an errno dump
+    throw BadInput(results.string() + ": expected a results file, found a folder");
   const std::filesystem::path script = plots_dir() / "plot_study.py";
   if (!std::filesystem::exists(script))
     throw BadInput(script.string() + ": plotting script not found (set HILS_PLOTS_DIR)");
