@@ -46,6 +46,31 @@ bool is_write_error(const std::system_error& e) {
          (code == ENOSPC || code == EFBIG || code == EDQUOT || code == EIO);
 }
 
+// argv -> "WORDS: expected a command, one of A, B (hils ... --help)" when the first word that
+// is not a flag names no command of `app` (or of the command it names), else "". CLI11 said
+// "A subcommand is required" for `hils fidelty`, as if none had been typed.
+std::string unknown_command(CLI::App& app, int argc, char** argv) {
+  CLI::App* at = &app;
+  std::string typed, help = "hils";
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word.empty() || word[0] == '-') continue;  // the flags before a command take no value
+    const auto commands = at->get_subcommands([](CLI::App*) { return true; });
+    if (commands.empty()) return "";
+    typed += (typed.empty() ? "" : " ") + word;
+    std::string names;
+    CLI::App* next = nullptr;
+    for (CLI::App* command : commands) {
+      names += (names.empty() ? "" : ", ") + command->get_name();
+      if (command->get_name() == word) next = command;
+    }
+    if (!next)
+      return typed + ": expected a command, one of " + names + " (" + help + " --help)";
+    at = next, help += " " + word;
+  }
+  return "";
+}
+
 // Exceptions -> exit codes 1 (verdict), 2 (bad input), 3 (internal). `speaks`: false on an MPI
 // worker, which leaves help and usage errors to rank 0 (the same argv gives the same ones).
 Outcome run_app(CLI::App& app, int argc, char** argv, bool speaks) {
@@ -53,6 +78,9 @@ Outcome run_app(CLI::App& app, int argc, char** argv, bool speaks) {
     app.parse(argc, argv);
     return {};
   } catch (const CLI::ParseError& e) {
+    if (const auto unknown = unknown_command(app, argc, argv);
+        !unknown.empty() && dynamic_cast<const CLI::RequiredError*>(&e))
+      return {hils::cli::kExitBadInput, "bad input: " + unknown};
     int code = speaks ? app.exit(e) : e.get_exit_code();  // app.exit prints help or the error
     return {code == 0 ? hils::cli::kExitOk : hils::cli::kExitBadInput, ""};
   } catch (const hils::parallel::JobEnded&) {

@@ -89,6 +89,22 @@ TEST_CASE("usage errors exit 2", "[cli]") {
   CHECK(run_hils("dump synthetic").exit_code == 2);  // -o is required
 }
 
+TEST_CASE("a mistyped command is named with the commands there are", "[cli]") {
+  // Was "A subcommand is required", as if none had been typed.
+  auto r = run_hils("-q fidelty --out x.h5");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("hils: bad input: fidelty: expected a command, one of "
+                                       "info, dump, run, fidelity, overlap, extrapolate, plot, "
+                                       "studies, verify (hils --help)"));
+  r = run_hils("dump synth -o x.h5");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("hils: bad input: dump synth: expected a command, one of "
+                                       "llama2c, synthetic (hils dump --help)"));
+  // No command at all is still CLI11's line.
+  CHECK_THAT(run_hils("").output, Catch::Contains("A subcommand is required"));
+  CHECK_THAT(run_hils("dump").output, Catch::Contains("A subcommand is required"));
+}
+
 TEST_CASE("bad input: a missing file", "[cli][bad-input]") {
   TempDir dir("missing");
   expect_bad_file(dir, dir / "nothing_here.h5", {"nothing_here.h5", "no such file"});
