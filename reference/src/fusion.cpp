@@ -1,6 +1,7 @@
 // The fusion stage (reference/SEMANTICS.md §5, Eq. 3 and 10): the one implementation, called by
 // run_mechanism (a query block's rows at a time) and by the oracle's forced fusion (fuse, a row).
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "blocks.hpp"
@@ -41,10 +42,47 @@ void fuse_selected(const MechanismSpec& spec, const FusionRow<Scalar>& row,
 
 }  // namespace detail
 
+namespace {
+
+// "[rows x cols]" of a shape, as the errors below show it.
+std::string shape_text(int64_t rows, int64_t cols) {
+  return "[" + std::to_string(rows) + " x " + std::to_string(cols) + "]";
+}
+
+// fuse's arguments against each other, before any is read or written: a weights or o buffer
+// shorter than K + 2 or dv was written past its end (heap corruption), and hierarchical fusion
+// read a null scores pointer (a segfault). The row's chunks are checked by group_selections.
+template <class Scalar>
+void require_fusion_row(const MechanismSpec& spec, const FusionRow<Scalar>& row,
+                        const Matrix<Scalar>& k, const Matrix<Scalar>& v,
+                        const Geometry& geometry, const Eigen::Ref<RowVector<Scalar>>& o,
+                        const Eigen::Ref<RowVector<Scalar>>& weights) {
+  const auto d = k.cols(), dv = v.cols();
+  require(k.rows() == geometry.T() && v.rows() == geometry.T(), "k, v",
+          "T = " + std::to_string(geometry.T()) + " rows each (the geometry's slots)",
+          shape_text(k.rows(), d) + " and " + shape_text(v.rows(), dv));
+  require(row.q.size() == d, "row.q", "d = " + std::to_string(d) + " entries (k's columns)",
+          std::to_string(row.q.size()));
+  require(row.K >= 0 && (row.K == 0 || row.selected), "row.selected, row.K",
+          "K >= 0 chunk slots (selected not null when K > 0)", "K = " + std::to_string(row.K));
+  require(row.o_window.size() == dv, "row.o_window",
+          "dv = " + std::to_string(dv) + " entries (v's columns)",
+          std::to_string(row.o_window.size()));
+  require(o.size() == dv, "o", "dv = " + std::to_string(dv) + " entries (v's columns)",
+          std::to_string(o.size()));
+  require(weights.size() == row.K + 2, "weights",
+          "K + 2 = " + std::to_string(row.K + 2) + " entries", std::to_string(weights.size()));
+  require(spec.fusion != Fusion::hierarchical || row.scores, "row.scores",
+          "the surrogate scores of every chunk for hierarchical fusion", "null");
+}
+
+}  // namespace
+
 template <class Scalar>
 void fuse(const MechanismSpec& spec, const FusionRow<Scalar>& row, const Matrix<Scalar>& k,
           const Matrix<Scalar>& v, const Geometry& geometry, Scalar scale,
           Eigen::Ref<RowVector<Scalar>> o, Scalar& lse, Eigen::Ref<RowVector<Scalar>> weights) {
+  require_fusion_row(spec, row, k, v, geometry, o, weights);
   const auto block = detail::group_selections({row.selected}, row.K, geometry.n_chunks());
   const Matrix<Scalar> q = row.q.transpose();
   const auto chunks = detail::attend_selected(q, block, k, v, geometry, scale);

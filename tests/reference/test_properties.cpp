@@ -315,6 +315,40 @@ TEST_CASE("fusion holds the selected chunks' outputs only, however far K exceeds
   }
 }
 
+TEST_CASE("fuse refuses buffers and arrays that do not fit the row, before writing any",
+          "[properties][errors]") {
+  // A weights buffer shorter than K + 2 (or o shorter than dv) was written past its end, and
+  // hierarchical fusion with null scores read through the null pointer (a segfault).
+  const cases::Case c{"fuse_errors", 32, 8, 8, 1, 1, 1, 8, 8, false, 1.0};
+  const auto in = cases::make_inputs<double>(c);
+  const Geometry geometry(c.T, c.S, c.W, c.landmarks);
+  const std::vector<int32_t> selected = {0, 1};
+  const std::vector<double> scores = {0.7, -0.4, 0.1, 0.2};
+  const RowVector<double> o_window = in.v[0].row(30);
+  MechanismSpec spec = preset("hils");
+  const auto call = [&](int64_t o_size, int64_t w_size, const double* s,
+                        const Matrix<double>& k) {
+    const FusionRow<double> row{in.q[0].row(30).transpose(), selected.data(), 2, s, 0.3,
+                                o_window};
+    RowVector<double> o(o_size), weights(w_size);
+    double lse = 0;
+    fuse<double>(spec, row, k, in.v[0], geometry, 0.5, o, lse, weights);
+  };
+  CHECK_NOTHROW(call(c.dv, 4, scores.data(), in.k[0]));
+  CHECK_THROWS_WITH(call(c.dv, 3, scores.data(), in.k[0]),
+                    "weights: expected K + 2 = 4 entries, got 3");
+  CHECK_THROWS_WITH(call(c.dv - 1, 4, scores.data(), in.k[0]),
+                    "o: expected dv = 8 entries (v's columns), got 7");
+  CHECK_THROWS_WITH(call(c.dv, 4, nullptr, in.k[0]),
+                    "row.scores: expected the surrogate scores of every chunk for hierarchical "
+                    "fusion, got null");
+  CHECK_THROWS_WITH(call(c.dv, 4, scores.data(), in.k[0].topRows(16)),
+                    "k, v: expected T = 32 rows each (the geometry's slots), got [16 x 8] and "
+                    "[32 x 8]");
+  spec.fusion = Fusion::flat;  // flat fusion reads no scores (FusionRow)
+  CHECK_NOTHROW(call(c.dv, 4, nullptr, in.k[0]));
+}
+
 namespace {
 
 // One row's fusion (reference/SEMANTICS.md §5) computed directly from its selection, the kept
