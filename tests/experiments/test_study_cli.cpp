@@ -257,3 +257,24 @@ TEST_CASE("hils overlap refuses the flags it has no use for", "[cli][study]") {
   CHECK(help.find("--mechanisms") == std::string::npos);
   CHECK(help.find("--queries") == std::string::npos);
 }
+
+TEST_CASE("resuming a study file of another configuration names what differs and what to do",
+          "[cli][study]") {
+  // Was the whole stored configuration as JSON (~600 characters) after "expected the
+  // configuration of this run": neither the value that differs nor a way on.
+  TempDir dir("study_resume_other");
+  const std::string base = "-q fidelity --lengths 1024 --n-layers 1 --mechanisms mean "
+                           "--out " + quoted(dir / "f.h5");
+  REQUIRE(run_hils(base + " --queries 2").exit_code == 0);
+  const auto before = hils::test::file_bytes(dir / "f.h5");
+  auto r = run_hils(base + " -K 4 --queries 3");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains(
+                           "/ attribute config: expected the configuration of this run (resuming "
+                           "must not mix experiments: write to another file, or remove this one "
+                           "to start over), found one that differs in geometry.K (32 in the "
+                           "file, 4 in this run), queries (2 in the file, 3 in this run)"));
+  CHECK_THAT(r.output, !Catch::Contains("{\""));
+  CHECK(hils::test::file_bytes(dir / "f.h5") == before);
+}
