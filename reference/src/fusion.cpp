@@ -1,5 +1,6 @@
 // The fusion stage (reference/SEMANTICS.md §5, Eq. 3 and 10): the one implementation, called by
 // run_mechanism (a query block's rows at a time) and by the oracle's forced fusion (fuse, a row).
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -72,7 +73,10 @@ void require_fusion_row(const MechanismSpec& spec, const FusionRow<Scalar>& row,
           std::to_string(o.size()));
   require(weights.size() == row.K + 2, "weights",
           "K + 2 = " + std::to_string(row.K + 2) + " entries", std::to_string(weights.size()));
-  require(spec.fusion != Fusion::hierarchical || row.scores, "row.scores",
+  // A row with no chunk selected (K = 0, all padding, no chunk yet) reads no score.
+  const bool any_chunk =
+      std::any_of(row.selected, row.selected + row.K, [](int32_t c) { return c >= 0; });
+  require(spec.fusion != Fusion::hierarchical || row.scores || !any_chunk, "row.scores",
           "the surrogate scores of every chunk for hierarchical fusion", "null");
 }
 

@@ -345,7 +345,15 @@ TEST_CASE("fuse refuses buffers and arrays that do not fit the row, before writi
   CHECK_THROWS_WITH(call(c.dv, 4, scores.data(), in.k[0].topRows(16)),
                     "k, v: expected T = 32 rows each (the geometry's slots), got [16 x 8] and "
                     "[32 x 8]");
-  spec.fusion = Fusion::flat;  // flat fusion reads no scores (FusionRow)
+  // No score is read by flat fusion (FusionRow), nor for a row without a selected chunk (the
+  // oracle's rows of a case with no complete chunk).
+  const std::vector<int32_t> padding = {-1, -1};
+  const FusionRow<double> none{in.q[0].row(3).transpose(), padding.data(), 2, nullptr, 0.3,
+                               o_window};
+  RowVector<double> o(c.dv), weights(4);
+  double lse = 0;
+  CHECK_NOTHROW(fuse<double>(spec, none, in.k[0], in.v[0], geometry, 0.5, o, lse, weights));
+  spec.fusion = Fusion::flat;
   CHECK_NOTHROW(call(c.dv, 4, nullptr, in.k[0]));
 }
 
