@@ -6,8 +6,10 @@
 # --decode: only the decode step: its tests ("gpu decode*"), the `hils verify` dumps of one step
 # (gpu/bench/dump_decode_verify.py), gpu/bench/bench_decode.py and compute-sanitizer memcheck of
 # the tests (decode.log, decode.json in $OUT).
-# --python: only `pip install .` (scikit-build-core, no network) and the pytest of PyTorch's
-# kernels judged by the hils package (tests/python/test_gpu_kernels.py), logs in $OUT.
+# --python: only `pip install .` (scikit-build-core, no network), the pytest of PyTorch's
+# kernels judged by the hils package (tests/python/test_gpu_kernels.py) and, where
+# libhils_gpu_c.so is at hand ($HILS_GPU_LIB, else the build folder's, e.g. after --build-only),
+# hils.gpu.forward judged by it (tests/python/test_gpu_forward.py); logs in $OUT.
 # --quick: ctest only (no second full test report, no memcheck); --no-report: no second plain
 # run of the test binary, the tensor report is read from the memcheck run; --profile: Nsight Compute on the
 # window, select and fuse kernels at T = HILS_PROFILE_T (default 131072) into ncu.log.
@@ -63,6 +65,15 @@ if [ "$PYTHON" = 1 ]; then
   ( cd "$OUT" && python3 -m pytest -s -rA -p no:cacheprovider "$ROOT/tests/python/test_gpu_kernels.py" ) \
     >"$OUT/pytest_gpu.log" 2>&1 || status=1
   grep -E "^HEADROOM|PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$OUT/pytest_gpu.log" || true
+  LIB="${HILS_GPU_LIB:-$BUILD/gpu/libhils_gpu_c.so}"
+  if [ -f "$LIB" ]; then
+    echo "== pytest tests/python/test_gpu_forward.py (HILS_GPU_LIB=$LIB)"
+    ( cd "$OUT" && HILS_GPU_LIB="$LIB" python3 -m pytest -s -rA -p no:cacheprovider \
+        "$ROOT/tests/python/test_gpu_forward.py" ) >"$OUT/pytest_gpu_forward.log" 2>&1 || status=1
+    grep -E "^HEADROOM|PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$OUT/pytest_gpu_forward.log" || true
+  else
+    echo "no $LIB: tests/python/test_gpu_forward.py not run (build it first with --build-only, or set HILS_GPU_LIB)"
+  fi
   exit $status
 fi
 NVCC="${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"

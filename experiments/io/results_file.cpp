@@ -1,5 +1,6 @@
 #include "io/results_file.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <optional>
@@ -52,6 +53,29 @@ nlohmann::json without_keys(nlohmann::json config, const std::vector<std::string
   return config;
 }
 
+// `was` (the stored configuration) against `now` (this run's) under the key `name` -> one
+// "name (X in the file, Y in this run)" per value that differs, objects compared key by key,
+// anything else (a list, a number) as a whole; a key on one side only shows as absent.
+void collect_differences(const nlohmann::json& was, const nlohmann::json& now,
+                         const std::string& name, std::vector<std::string>& out) {
+  const auto shown = [](const nlohmann::json* x) { return x ? x->dump() : "absent"; };
+  const auto line = [&](const std::string& key, const nlohmann::json* a, const nlohmann::json* b) {
+    out.push_back(fmt::format("{} ({} in the file, {} in this run)", key, shown(a), shown(b)));
+  };
+  if (!was.is_object() || !now.is_object()) {
+    if (was != now) line(name, &was, &now);
+    return;
+  }
+  const auto key_of = [&](const std::string& key) { return name.empty() ? key : name + "." + key; };
+  for (const auto& [key, value] : was.items())
+    if (now.contains(key))
+      collect_differences(value, now.at(key), key_of(key), out);
+    else
+      line(key_of(key), &value, nullptr);
+  for (const auto& [key, value] : now.items())
+    if (!was.contains(key)) line(key_of(key), nullptr, &value);
+}
+
 void require_results_format(const std::filesystem::path& path, const H5::H5File& file) {
   std::string format = read_string_attribute(path, file, "/", "format");
   if (format != kResultsFormat)
@@ -88,6 +112,16 @@ std::string strip_slashes(const std::string& path) {
 }
 
 }  // namespace
+
+std::string config_differences(const nlohmann::json& was, const nlohmann::json& now) {
+  std::vector<std::string> lines;
+  collect_differences(was, now, "", lines);
+  std::string text;
+  for (size_t i = 0; i < std::min<size_t>(lines.size(), 3); ++i)
+    text += (i ? ", " : "") + lines[i];
+  if (lines.size() > 3) text += fmt::format(" and {} more", lines.size() - 3);
+  return text;
+}
 
 ResultsWriter::ResultsWriter(std::unique_ptr<State> state) : state_(std::move(state)) {}
 ResultsWriter::ResultsWriter(ResultsWriter&&) noexcept = default;
@@ -135,8 +169,10 @@ ResultsWriter ResultsWriter::resume(const std::filesystem::path& path,
     const nlohmann::json current = nlohmann::json::parse(json_text(provenance.config));
     if (without_keys(config, ignore_keys) != without_keys(current, ignore_keys))
       fail(path, "/ attribute config",
-           "the configuration of this run (resuming must not mix experiments)",
-           json_text(without_keys(config, ignore_keys)));
+           "the configuration of this run (resuming must not mix experiments: write to another "
+           "file, or remove this one to start over)",
+           "one that differs in " + config_differences(without_keys(config, ignore_keys),
+                                                       without_keys(current, ignore_keys)));
     complete = read_complete_units(path, existing);
   }
   auto state = std::make_unique<State>(

@@ -45,6 +45,10 @@ std::string project_version();
 std::string git_commit();
 // Now, as UTC ISO-8601 ("2026-11-21T20:43:00Z").
 std::string utc_now();
+// A stored configuration (`was`) against this run's (`now`), as an error shows it: the first
+// three values that differ, "geometry.K (32 in the file, 4 in this run), ...", objects compared
+// key by key and anything else whole (a key on one side only is "absent" on the other).
+std::string config_differences(const nlohmann::json& was, const nlohmann::json& now);
 
 class ResultsWriter {
  public:

@@ -36,9 +36,10 @@ import math
 from script_needs import needs
 needs("torch")
 
-# The C structs and the kernels by name, filled from the library's own table when it is loaded.
-from decode_ctypes import (SUMMARY_TYPES, Decode, DecodeOutputs, kernel_code, load_kernel_names,
-                           variant)
+# The C structs and the kernels by name, filled from the library's own table when it is loaded
+# (python/hils/gpu/library.py; script_needs put python/ on sys.path).
+import hils.gpu as hg  # noqa: E402
+from hils.gpu import SUMMARY_TYPES, Decode, DecodeOutputs  # noqa: E402
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +48,32 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 HQ, HKV, D, S, K, W = 16, 2, 64, 64, 32, 512
 BATCHES = (1, 8, 32)
 LENGTHS = (32768, 131072, 524288)
+
+
+def load_library(path):
+    """libhils_gpu_c.so loaded by hils.gpu.Library (which fills hils.gpu.DECODE_KERNEL from the
+    library's own list) -> its ctypes.CDLL, as HilsDecode takes it."""
+    return hg.Library(path).lib
+
+
+def kernel_code(name):
+    """The DecodeKernel code of `name`; an unknown or removed one ends the script naming it."""
+    try:
+        return hg.kernel_code("decode_kernel", name)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+
+
+def variant(label):
+    """'d29_fp8' -> ('d29_fp8', 'd29', 'fp8'); a removed kernel or an unknown label ends the script."""
+    expected = f"expected <{'|'.join(hg.DECODE_KERNEL)}>_<bf16|fp8|int4|int4h>"
+    if "_" not in label:
+        raise SystemExit(f"--variants: unknown '{label}' ({expected})")
+    kernel, summary = label.rsplit("_", 1)
+    kernel_code(kernel)  # a removed version: named as such
+    if summary not in SUMMARY_TYPES:
+        raise SystemExit(f"--variants: unknown '{label}' ({expected})")
+    return label, kernel, summary
 
 
 def enum_value(lib, field, name):
@@ -212,7 +239,7 @@ class HilsDecode:
     """Our decode step on a random cache of B sequences of T slots (hils preset); `summary`
     "bf16", "fp8" (e4m3 + row scales), "int4" (codes + row scales) or "int4h" (codes + (s16, b'16)
     pairs; the same random cache as "int4" from the same generator state), `kernel` a name of
-    decode_ctypes.KERNELS."""
+    hils.gpu.DECODE_KERNEL."""
 
     def __init__(self, lib, B, T, gen, hq=HQ, hkv=HKV, d=D, s=S, w=W, k=K, summary="bf16",
                  kernel="fused"):
@@ -394,13 +421,11 @@ def main():
     args = ap.parse_args()
     global FLUSH
     FLUSH = args.flush
-    lib = ctypes.CDLL(args.lib)
-    load_kernel_names(lib)  # --variants names are checked against the library's kernels
+    lib = load_library(args.lib)  # --variants names are checked against the library's kernels
     variants = tuple(variant(v) for v in args.variants.split(",")) if args.variants else VARIANTS
     batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else BATCHES
     lengths = tuple(int(t) for t in args.lengths.split(",")) if args.lengths else LENGTHS
     table = (variants, batches, lengths) == (VARIANTS, BATCHES, LENGTHS)
-    lib.hils_gpu_decode_last_error.restype = ctypes.c_char_p
     gen = torch.Generator(device="cuda")
     gen.manual_seed(4321)
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  L2 flush: {FLUSH}")

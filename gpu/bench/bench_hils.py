@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
-import hils_ctypes as hc  # noqa: E402
+import hils.gpu as hc  # noqa: E402  (python/hils/gpu; script_needs puts python/ first)
 
 HQ, HKV, D, S, K, W = 16, 2, 64, 64, 32, 512
 # The sparse stage of the forwards with rows other than fp32 (hils_gpu_fuse_rows takes them from

@@ -17,7 +17,7 @@ needs("torch")
 import torch
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
-import hils_ctypes as hc  # noqa: E402
+import hils.gpu as hc  # noqa: E402  (python/hils/gpu; script_needs puts python/ first)
 from bench_hils import paper_problem  # noqa: E402
 
 REPS = 5

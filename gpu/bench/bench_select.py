@@ -2,7 +2,7 @@
 bf16, seed 1234): the time of each kernel (median of CUDA-event-timed calls, the kernels taken
 in turns so that a drift of the card's clock spreads over all of them) and whether its
 selection and selected scores equal the baseline kernel's byte for byte. For the kernels that
-are not bit-identical to v8 by construction (hils_ctypes.APPROXIMATE_SELECT_KERNELS: v21, v22, v25)
+are not bit-identical to v8 by construction (hils.gpu.APPROXIMATE_SELECT_KERNELS: v21, v22, v25)
 it counts the selection rows that differ from the baseline's and the largest reference margin
 among them: r(missed) - r(chosen) of the worst swap, as the oracle measures it (oracle.cpp
 compare_row), with r the group score (max over the group's heads of s_hat - log Z_hat, natural
@@ -24,7 +24,7 @@ needs("torch")
 import torch
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
-import hils_ctypes as hc  # noqa: E402
+import hils.gpu as hc  # noqa: E402  (python/hils/gpu; script_needs puts python/ first)
 from bench_hils import paper_problem  # noqa: E402
 
 

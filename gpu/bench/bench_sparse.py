@@ -20,7 +20,7 @@ needs("torch")
 import torch
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
-import hils_ctypes as hc  # noqa: E402
+import hils.gpu as hc  # noqa: E402  (python/hils/gpu; script_needs puts python/ first)
 from bench_hils import HQ, HKV, D, S, K, W, dense_matmul_tflops, paper_problem, time_ms  # noqa: E402
 
 # (label, sparse kernel, queries per segment; 0 = the version's own choice)

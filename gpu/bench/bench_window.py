@@ -26,7 +26,7 @@ needs("torch")
 import torch
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
-import hils_ctypes as hc  # noqa: E402
+import hils.gpu as hc  # noqa: E402  (python/hils/gpu; script_needs puts python/ first)
 from bench_hils import HQ, HKV, D, S, K, W, dense_matmul_tflops, paper_problem, time_ms  # noqa: E402
 
 # Window branch flops: every (query, head) row against its ~W + S/2 attendable keys, QK and PV.

@@ -10,7 +10,6 @@ store: codes x the fp16 scale s16, b' read as fp16) as verify_decode_int4h_seq<b
 score_precision int4_h (/outputs/summary_bias then holds the fp16 b' the scan scored with). Run by `scripts/gpu_check.sh --decode` on the device
 machine; `hils verify FILE` judges the files wherever the CLI is built."""
 import argparse
-import ctypes
 import json
 import os
 import sys
@@ -24,7 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import bench_decode as bd  # noqa: E402
-import hils_ctypes as hc  # noqa: E402
+import hils.gpu as hc  # noqa: E402  (python/hils/gpu; script_needs puts python/ first)
 
 B, T, HQ, HKV, D, S, W, K = 2, 2052, 8, 2, 64, 64, 256, 8  # ~10 MB per file
 
@@ -46,9 +45,7 @@ def main():
     args = ap.parse_args()
     T, K = args.t, args.k
     lib = hc.Library(args.lib)
-    bd.load_kernel_names(lib.lib)
     bd.kernel_code(args.kernel)  # an unknown or removed kernel: named before any work
-    lib.lib.hils_gpu_decode_last_error.restype = ctypes.c_char_p
     gen = torch.Generator(device="cuda")
     gen.manual_seed(20261122)
     bf = dict(device="cuda", dtype=torch.bfloat16, generator=gen)

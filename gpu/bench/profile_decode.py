@@ -5,14 +5,13 @@ call after an L2 flush. Usage:
       build/gpu/libhils_gpu_c.so --B 8 --T 524288 --summary fp8 --kernel d29
 """
 import argparse
-import ctypes
 
 from script_needs import needs
 needs("torch")
 
 import torch
 
-from bench_decode import HilsDecode, flush_l2, kernel_code, load_kernel_names
+from bench_decode import HilsDecode, flush_l2, kernel_code, load_library
 
 
 def main():
@@ -26,10 +25,8 @@ def main():
                          "hils_gpu_enum_names(\"decode_kernel\"); a removed one is named as such)")
     ap.add_argument("--calls", type=int, default=1)
     args = ap.parse_args()
-    lib = ctypes.CDLL(args.lib)
-    load_kernel_names(lib)
+    lib = load_library(args.lib)
     kernel_code(args.kernel)  # an unknown or removed kernel: named before any work
-    lib.hils_gpu_decode_last_error.restype = ctypes.c_char_p
     gen = torch.Generator(device="cuda")
     gen.manual_seed(4321)
     run = HilsDecode(lib, args.B, args.T, gen, summary=args.summary, kernel=args.kernel)

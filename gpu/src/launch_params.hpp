@@ -66,11 +66,14 @@ void launch_fuse_flat(const LaunchParams& p, const int32_t* selection, float* o,
 
 namespace hils::gpu::detail {
 
-// The packed tensor-core kernels (packed_kernels.cu) cover bf16, d = dv = S = 64, G | 16.
+// The packed tensor-core kernels (packed_kernels.cu, their device code under
+// gpu/src/packed_kernels/) cover bf16, d = dv = S = 64, G | 16.
 bool packed_path_applies(const LaunchParams& p);
-// WindowKernel::mma_v9 (packed_kernels.cu): 128 rows per block, masks on edge tiles only.
+// WindowKernel::mma_v9 (packed_kernels/window_mma_v9.cuh): 128 rows per block, masks on edge
+// tiles only.
 void launch_window_v9(const LaunchParams& p, float* o, float* lse, cudaStream_t stream);
-// WindowKernel::wgmma_v18, v19, v20: mma_v9's block as two warpgroups issuing wgmma (sm_90a).
+// WindowKernel::wgmma_v18, v19, v20: mma_v9's block as two warpgroups issuing wgmma (sm_90a;
+// packed_kernels/window_wgmma_v18.cuh, window_wgmma_v19.cuh).
 void launch_window_wgmma(const LaunchParams& p, WindowKernel kernel, float* o, float* lse,
                          cudaStream_t stream);
 void launch_fuse_packed(const LaunchParams& p, const int32_t* selection,

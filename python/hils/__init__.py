@@ -16,8 +16,13 @@ Python's default SIGINT handler) raises KeyboardInterrupt at the reference's nex
 
 Bad input raises TypeError (a wrong type or dtype) or ValueError (a wrong shape, NaN or Inf
 in an input, an unknown spec key or output name, a value out of range), naming the argument.
+
+The compiled part (hils._core) loads at first use, not at `import hils`: a Python it was not
+built for can still import hils.gpu (the CUDA kernels over torch tensors, libhils_gpu_c.so
+through ctypes), and is told at the first verify/reference call which _core it found.
 """
 
+import importlib
 import json
 import os
 import sys
@@ -25,19 +30,33 @@ from collections.abc import Mapping
 
 import numpy as np
 
-try:
-    from . import _core
-except ImportError as error:
-    # A build for another interpreter (another Python version) left a _core this one cannot
-    # load; Python's own message ("cannot import name '_core'") names neither.
-    _here = os.path.dirname(os.path.abspath(__file__))
-    _built = sorted(name for name in os.listdir(_here) if name.startswith("_core"))
-    raise ImportError(
-        f"hils: the compiled module hils._core in {_here} cannot be loaded by this Python "
-        f"({sys.executable}, {sys.version.split()[0]}): found {', '.join(_built) or 'no _core file'}"
-        f" ({error}); build hils with this interpreter (cmake -DPython_EXECUTABLE="
-        f"{sys.executable}, or pip install .) or run the one it was built for") from error
-from ._core import Report, SelectionReport, TensorReport
+
+def _core_module():
+    """hils._core, imported once; ImportError naming the interpreter and the _core files found
+    when it cannot be loaded (a build for another Python version: Python's own message, "cannot
+    import name '_core'", names neither). Called by verify, Verifier, reference and the report
+    classes, so that `import hils` and `import hils.gpu` work where _core cannot load (the GPU
+    machine's Python runs gpu/bench with only libhils_gpu_c.so)."""
+    try:
+        return importlib.import_module(__name__ + "._core")  # once; then sys.modules' copy
+    except ImportError as error:
+        here = os.path.dirname(os.path.abspath(__file__))
+        built = sorted(name for name in os.listdir(here) if name.startswith("_core"))
+        raise ImportError(
+            f"hils: the compiled module hils._core in {here} cannot be loaded by this Python "
+            f"({sys.executable}, {sys.version.split()[0]}): found {', '.join(built) or 'no _core file'}"
+            f" ({error}); build hils with this interpreter (cmake -DPython_EXECUTABLE="
+            f"{sys.executable}, or pip install .) or run the one it was built for") from error
+
+
+def __getattr__(name):
+    # PEP 562: the report classes come from _core at first use.
+    if name == "_core":
+        return _core_module()
+    if name in ("Report", "SelectionReport", "TensorReport"):
+        return getattr(_core_module(), name)
+    raise AttributeError(f"module 'hils' has no attribute {name!r}")
+
 
 __all__ = ["verify", "Verifier", "reference", "as_numpy", "Report", "TensorReport", "SelectionReport"]
 
@@ -122,7 +141,7 @@ class Verifier:
                  max_messages=8):
         if isinstance(max_messages, bool) or not isinstance(max_messages, (int, np.integer)):
             raise TypeError(f"max_messages: expected an integer, found {type(max_messages).__name__}")
-        self._core = _core.Verifier(
+        self._core = _core_module().Verifier(
             _spec_json(spec), _inputs(q, k, v, q_retrieval, prior),
             _text(input_precision, "input_precision", '"fp32" or "bf16"'),
             _text(score_precision, "score_precision", '"fp32", "bf16", "fp8_e4m3", "int4" or "int4_h"'),
@@ -155,7 +174,7 @@ def _kernel_arrays(outputs, do, dlse, grads):
                         f"found {type(grads).__name__}")
     kernel_grads = {name: (None if a is None else as_numpy(a, f"grads[{name!r}]"))
                     for name, a in (grads or {}).items()}
-    return _core.KernelArrays(
+    return _core_module().KernelArrays(
         kernel_outputs, None if do is None else as_numpy(do, "do"),
         None if dlse is None else as_numpy(dlse, "dlse"), kernel_grads)
 
@@ -199,5 +218,5 @@ def reference(spec, q, k, v, *, q_retrieval=None, prior=None, queries=None):
     mechanism has them: selection [Hkv, Tq, K] (int64, ascending, -1 padded),
     surrogate_scores [Hq, Tq, n_chunks] (-inf outside V(t)), o_window, lse_window,
     summary_key [Hq, n_chunks, d], summary_bias [Hq, n_chunks]."""
-    return _core.reference(_spec_json(spec), _inputs(q, k, v, q_retrieval, prior),
+    return _core_module().reference(_spec_json(spec), _inputs(q, k, v, q_retrieval, prior),
                            _queries(queries))

@@ -265,10 +265,11 @@ TEST_CASE("a study config with an unknown key, table or type is refused before a
 
 TEST_CASE("an explicit source synthetic flag wins over a config that names the model", "[cli][faults]") {
   TempDir dir("source_flag");
-  // The model folder does not exist: running the model would fail (exit 2).
+  // The results' source kind says which ran (a --model-dir beside --source synthetic is refused:
+  // test_study_cli.cpp).
   std::ofstream(dir / "model.toml") << "[source]\nkind = \"model\"\n";
-  auto r = run_hils("fidelity --config " + quoted(dir / "model.toml") + " --source synthetic --model-dir " +
-                    quoted(dir / "no_model") + " --out " + quoted(dir / "f.h5") + " --lengths 1024 -q");
+  auto r = run_hils("fidelity --config " + quoted(dir / "model.toml") + " --source synthetic --out " +
+                    quoted(dir / "f.h5") + " --lengths 1024 -q");
   INFO(r.output);
   CHECK(r.exit_code == 0);
   auto info = run_hils("info " + quoted(dir / "f.h5") + " --json");

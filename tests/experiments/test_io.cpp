@@ -146,7 +146,8 @@ TEST_CASE("results writer: resume keeps units and refuses another configuration"
   }
   auto other = provenance;
   other.config["n"] = 2;
-  CHECK_THROWS_WITH(io::ResultsWriter::resume(path, other), Catch::Contains("config"));
+  CHECK_THROWS_WITH(io::ResultsWriter::resume(path, other),
+                    Catch::Contains("found one that differs in n (1 in the file, 2 in this run)"));
   CHECK_NOTHROW(io::ResultsWriter::resume(path, other, {"n"}));
   io::ResultsReader reader(path);
   CHECK(reader.members("") == std::vector<std::string>{"u0", "u1"});

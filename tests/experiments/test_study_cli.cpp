@@ -27,8 +27,9 @@ void require_refused(const TempDir& dir, const std::string& command, const std::
 TEST_CASE("study counts given as -1 are checked, not taken for 'not given'", "[cli][study]") {
   TempDir dir("study_minus_one");
   for (const std::string study : {"fidelity", "overlap", "extrapolate"}) {
-    require_refused(dir, study + " --lengths 1024 --queries -1",
-                    "--queries: expected an integer >= 1, got -1");
+    if (study != "overlap")  // overlap refuses --queries of any value (its own test below)
+      require_refused(dir, study + " --lengths 1024 --queries -1",
+                      "--queries: expected an integer >= 1, got -1");
     require_refused(dir, study + " --lengths 1024 --n-layers -1",
                     "--n-layers: expected an integer >= 1, got -1");
   }
@@ -186,4 +187,94 @@ TEST_CASE("a study on an activation file needs the file's landmark layout", "[cl
                     quoted(dir / "f.h5"));
   INFO(r.output);
   CHECK(r.exit_code == 0);
+}
+
+TEST_CASE("a name or value given twice in a study's lists is refused before any unit",
+          "[cli][study]") {
+  // Each name is a results group or a grid column: the second one's datasets collided with the
+  // first's when written, after minutes of work ("expected a dataset written once"), with the
+  // advice to make room and run the same command again, which failed the same way.
+  TempDir dir("study_twice");
+  require_refused(dir, "fidelity --lengths 1024 --mechanisms mean,taylor,mean",
+                  "--mechanisms: expected distinct names, got 'mean' twice");
+  std::ofstream(dir / "twice.toml") << "[study]\nmechanisms = [\"mean\", \"mean\"]\n"
+                                       "[extrapolation]\nencodings = [\"rope\", \"rope\"]\n"
+                                       "depths = [0.5, 0.5]\n[overlap]\nblock_sizes = [2, 4, 2]\n";
+  const std::string config = " -c " + quoted(dir / "twice.toml");
+  require_refused(dir, "fidelity --lengths 1024" + config,
+                  "[study].mechanisms: expected distinct names, got 'mean' twice");
+  std::ofstream(dir / "enc.toml") << "[extrapolation]\nencodings = [\"rope\", \"nope\", \"rope\"]\n";
+  require_refused(dir, "extrapolate --lengths 1024 -c " + quoted(dir / "enc.toml"),
+                  "[extrapolation].encodings: expected distinct names, got 'rope' twice");
+  std::ofstream(dir / "depth.toml") << "[extrapolation]\ndepths = [0.5, 0.5]\n";
+  require_refused(dir, "extrapolate --lengths 1024 -c " + quoted(dir / "depth.toml"),
+                  "[extrapolation].depths: expected distinct needle depths, got 0.5 twice");
+  std::ofstream(dir / "block.toml") << "[overlap]\nblock_sizes = [2, 4, 2]\n";
+  require_refused(dir, "overlap --lengths 1024 -c " + quoted(dir / "block.toml"),
+                  "[overlap].block_sizes: expected distinct block sizes, got 2 twice");
+}
+
+TEST_CASE("a source's file flag is not ignored: it picks its source, or another is refused",
+          "[cli][study]") {
+  // --activations without --source activations ran the synthetic source without a word.
+  TempDir dir("study_source_flags");
+  const auto acts = dir / "acts.h5";
+  REQUIRE(run_hils("-q dump synthetic -T 640 -S 16 -o " + quoted(acts)).exit_code == 0);
+  require_refused(dir, "fidelity --lengths 640 --source synthetic --activations " + quoted(acts),
+                  "--activations: expected --source activations (or no --source), got --source "
+                  "synthetic, which does not read it");
+  require_refused(dir, "fidelity --lengths 640 --source synthetic --model-dir " + quoted(dir.path()),
+                  "--model-dir: expected --source model (or no --source), got --source synthetic");
+  std::ofstream(dir / "model.toml") << "[source]\nkind = \"model\"\n";
+  require_refused(dir, "fidelity --lengths 640 -c " + quoted(dir / "model.toml") +
+                           " --activations " + quoted(acts),
+                  "--activations: expected --source activations (or no --source), got [source] "
+                  "kind = model");
+  // Alone, the flag picks its source: the file's landmark layout is checked, so it is read.
+  require_refused(dir, "fidelity --lengths 640 --activations " + quoted(acts),
+                  "the study's geometry (-S 16, --landmarks false) has landmarks off, but " +
+                      acts.string());
+  auto r = run_hils("-q fidelity --lengths 640 --n-layers 1 --queries 2 --landmarks true "
+                    "--activations " + quoted(acts) + " --out " + quoted(dir / "f.h5"));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(run_hils("info --json " + quoted(dir / "f.h5")).output.find("\"kind\": \"activations\"") !=
+        std::string::npos);
+}
+
+TEST_CASE("hils overlap refuses the flags it has no use for", "[cli][study]") {
+  // It studies one mechanism ([overlap] mechanism) over the last [overlap] tail_queries queries:
+  // --mechanisms and --queries were accepted and ignored.
+  TempDir dir("study_overlap_flags");
+  require_refused(dir, "overlap --lengths 1024 --mechanisms nsa",
+                  "--mechanisms: hils overlap studies one mechanism, [overlap] mechanism in a "
+                  "--config (default taylor_entropy); --mechanisms is for hils fidelity and "
+                  "extrapolate");
+  require_refused(dir, "overlap --lengths 1024 --queries 8",
+                  "--queries: hils overlap studies the last [overlap] tail_queries queries of "
+                  "each length (default 256); --queries is for hils fidelity and extrapolate");
+  const auto help = run_hils("overlap --help").output;
+  CHECK(help.find("--mechanisms") == std::string::npos);
+  CHECK(help.find("--queries") == std::string::npos);
+}
+
+TEST_CASE("resuming a study file of another configuration names what differs and what to do",
+          "[cli][study]") {
+  // Was the whole stored configuration as JSON (~600 characters) after "expected the
+  // configuration of this run": neither the value that differs nor a way on.
+  TempDir dir("study_resume_other");
+  const std::string base = "-q fidelity --lengths 1024 --n-layers 1 --mechanisms mean "
+                           "--out " + quoted(dir / "f.h5");
+  REQUIRE(run_hils(base + " --queries 2").exit_code == 0);
+  const auto before = hils::test::file_bytes(dir / "f.h5");
+  auto r = run_hils(base + " -K 4 --queries 3");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains(
+                           "/ attribute config: expected the configuration of this run (resuming "
+                           "must not mix experiments: write to another file, or remove this one "
+                           "to start over), found one that differs in geometry.K (32 in the "
+                           "file, 4 in this run), queries (2 in the file, 3 in this run)"));
+  CHECK_THAT(r.output, !Catch::Contains("{\""));
+  CHECK(hils::test::file_bytes(dir / "f.h5") == before);
 }

@@ -17,7 +17,7 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import hils_ctypes as hc  # noqa: E402
+import hils.gpu as hc  # noqa: E402  (python/hils/gpu; script_needs puts python/ first)
 from dump_verify import T, HQ, HKV, D, S, W, K  # noqa: E402
 
 

@@ -22,10 +22,10 @@ nlohmann::json merged_config(const std::string& output, const RunPlan& plan,
     if (!reader.has_attribute(spec.name, "spec")) continue;
     auto stored = nlohmann::json::parse(reader.string_attribute(spec.name, "spec"));
     if (stored != config::spec_to_json(spec))
-      throw BadInput(fmt::format("{}: mechanism '{}' was run with spec {}, this run asks for {}; "
-                                 "give it another name or write a new results file",
-                                 output, spec.name, stored.dump(),
-                                 config::spec_to_json(spec).dump()));
+      throw BadInput(fmt::format("{}: mechanism '{}' was run with another spec: {}; give it "
+                                 "another name or write a new results file",
+                                 output, spec.name,
+                                 io::config_differences(stored, config::spec_to_json(spec))));
   }
   nlohmann::json existing = reader.config();
   std::vector<int64_t> layers = existing.value("layers", std::vector<int64_t>{});

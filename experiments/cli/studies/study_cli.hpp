@@ -40,8 +40,8 @@ struct StudyArgs {
   bool plot = false;             // draw plots after the run
 };
 
-// Adds the common flags to a subcommand.
-void add_study_options(CLI::App* cmd, StudyArgs& args);
+// Adds the common flags to the subcommand of `study` (fidelity, overlap, extrapolate).
+void add_study_options(CLI::App* cmd, StudyArgs& args, const std::string& study);
 
 // Adds `hils <name>`: the study options, then `run(args)`, printing the results file and, with
 // --plot, the plots drawn from it.

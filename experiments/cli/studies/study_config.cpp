@@ -71,6 +71,37 @@ std::vector<int64_t> resolve_lengths(const StudyArgs& a, const config::ConfigVal
   return lengths;
 }
 
+// The source: --source (--source synthetic included), else the config's [source] kind, else the
+// kind a file flag names (--activations, --model-dir), else synthetic. A file flag of another
+// source is refused: it was ignored without a word (the synthetic source ran instead).
+std::string source_kind(const StudyArgs& a, const config::ConfigValues& c) {
+  std::string kind = a.source, set_by = "--source " + a.source;
+  if (kind.empty() && c.has("source", "kind"))
+    kind = c.text("source", "kind", ""), set_by = "[source] kind = " + kind + " in " + c.file();
+  const auto require_read_by = [&](const std::string& value, const std::string& flag,
+                                   const std::string& wanted) {
+    if (value.empty() || kind.empty() || kind == wanted) return;
+    throw BadInput(fmt::format("{}: expected --source {} (or no --source), got {}, which does "
+                               "not read it", flag, wanted, set_by));
+  };
+  require_read_by(a.activations, "--activations", "activations");
+  if (kind.empty() && !a.activations.empty()) kind = set_by = "activations";
+  require_read_by(a.model_dir, "--model-dir", "model");
+  return kind.empty() ? (a.model_dir.empty() ? "synthetic" : "model") : kind;
+}
+
+// overlap studies one mechanism over the last tail_queries queries: the flags that choose the
+// other studies' mechanisms and sampled queries are refused, not ignored.
+void require_overlap_flags(const StudyArgs& a) {
+  if (!a.mechanisms.empty())
+    throw BadInput("--mechanisms: hils overlap studies one mechanism, [overlap] mechanism in a "
+                   "--config (default taylor_entropy); --mechanisms is for hils fidelity and "
+                   "extrapolate");
+  if (a.queries)
+    throw BadInput("--queries: hils overlap studies the last [overlap] tail_queries queries of "
+                   "each length (default 256); --queries is for hils fidelity and extrapolate");
+}
+
 // What went into the run, as the results file records it (its provenance and resume check).
 void record_config(Resolved& r, const std::string& study) {
   r.config["study"] = study;
@@ -94,10 +125,10 @@ void record_config(Resolved& r, const std::string& study) {
 
 // args, study -> the resolved, checked settings with their inputs.
 Resolved resolve(const StudyArgs& a, const std::string& study) {
+  if (study == "overlap") require_overlap_flags(a);
   const config::ConfigValues c = read_config(a);
   Resolved r;
-  // An explicit --source wins over the config's [source] kind, --source synthetic included.
-  r.source_kind = a.source.empty() ? c.text("source", "kind", "synthetic") : a.source;
+  r.source_kind = source_kind(a, c);
   require(r.source_kind == "synthetic" || r.source_kind == "model" ||
               r.source_kind == "activations",
           c.where("source", "kind"), "synthetic, model or activations", r.source_kind);

@@ -16,7 +16,7 @@ void register_study(CLI::App& app, const std::string& name, const std::string& d
                     StudyRunner run) {
   auto args = std::make_shared<StudyArgs>();
   auto* cmd = app.add_subcommand(name, description);
-  add_study_options(cmd, *args);
+  add_study_options(cmd, *args, name);
   cmd->callback([args, run] {
     const auto path = run(*args);
     if (!parallel::holds_results()) return;
@@ -27,8 +27,11 @@ void register_study(CLI::App& app, const std::string& name, const std::string& d
   });
 }
 
-// cmd, a -> the study flags on cmd, each writing into a (which outlives the parse).
-void add_study_options(CLI::App* cmd, StudyArgs& a) {
+// cmd, a, study -> the study flags on cmd, each writing into a (which outlives the parse).
+// overlap's --queries and --mechanisms are hidden: it has no use for them and refuses them
+// (study_config.cpp, require_overlap_flags).
+void add_study_options(CLI::App* cmd, StudyArgs& a, const std::string& study) {
+  const std::string others_only = study == "overlap" ? "" : "Options";
   add_config_option(cmd, &a.config, "study config (TOML, see experiments/configs/)");
   add_output_option(cmd, &a.out, "results file (.h5); an existing one is resumed");
   cmd->add_option("--source", a.source,
@@ -54,11 +57,13 @@ void add_study_options(CLI::App* cmd, StudyArgs& a) {
       ->group("");
   add_spec_flags(cmd, &a.spec, {"S", "W", "K", "landmarks", "prior_rule"});
   cmd->add_option_function<int64_t>(
-      "--queries", [&a](int64_t n) { a.queries = n; }, "sampled queries per unit");
+      "--queries", [&a](int64_t n) { a.queries = n; }, "sampled queries per unit")
+      ->group(others_only);
   cmd->add_option("--mechanisms", a.mechanisms,
                   "scores to study: presets, mean, landmark_key, taylor, taylor_entropy, "
                   "max_logit, <key>+<bias> (space- or comma-separated)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->group(others_only);
   cmd->add_option("--prior-source", a.prior_source,
                   "inputs | chunk_mean_query | chunk_last_query");
   cmd->add_flag("--plot", a.plot, "draw the plots next to the results file");

@@ -1,0 +1,86 @@
+"""The CUDA kernels of hils-sim (libhils_gpu_c.so, the C API of gpu/include/hils/gpu/c_api.h)
+over torch CUDA tensors, with the spec dict of hils.verify:
+
+    import torch, hils, hils.gpu
+    spec = {"preset": "hils", "S": 64, "W": 512, "K": 32}
+    out = hils.gpu.forward(q, k, v, spec)   # {"o": fp32 [Hq, T, dv], "lse": fp32 [Hq, T],
+                                            #  "selection": int32 [Hkv, T, K]}, on q's device
+    report = hils.verify(spec, q, k, v, out, **hils.gpu.verify_options(spec, q))
+
+q [Hq, T, d], k [Hkv, T, d], v [Hkv, T, dv] (data/verify_format.md's layout), contiguous, all
+float32 or all bfloat16, on one CUDA device; the work runs on torch's current stream. Bad
+arguments raise TypeError / ValueError naming the argument before any library call; a refusal
+of the library itself raises GpuError (GpuInvalidArgument, also a ValueError, for return code 2)
+with hils_gpu_last_error()'s text.
+
+The library: forward(..., library=PATH), else $HILS_GPU_LIB, else libhils_gpu_c.so in the hils
+package folder (a wheel built with HILS_BUILD_GPU=ON, or the build tree's build/python/hils);
+find_library says where it looked. Stage by stage, as the benchmarks (gpu/bench) run them:
+
+    lib = hils.gpu.load_library()
+    stages = hils.gpu.Stages(lib, hils.gpu.problem(spec, q, k, v))
+    stages.forward()       # window, summaries, selection, sparse stage: stages.o, .lse, ...
+    stages.run()           # the same forward as one hils_gpu_run call (o and lse only)
+
+The decode step's structs (Decode, DecodeOutputs) and kernel names (DECODE_KERNEL, kernel_code
+("decode_kernel", name)) are here too; gpu/bench/bench_decode.py drives them. `import hils.gpu`
+needs neither torch nor hils._core: the library and its tables load without torch, the tensors
+need it.
+"""
+
+from .library import (APPROXIMATE_SELECT_KERNELS, BIAS, DECODE_KERNEL, ENV_VAR, FUSION, GROUP, KEY,
+                      KERNELS, PRIOR, REMOVED_KERNEL, SELECT_KERNEL, SPARSE_KERNEL, SUMMARY_TYPES,
+                      WINDOW_KERNEL, Decode, DecodeOutputs, GpuError, GpuInvalidArgument, Library,
+                      Problem, find_library, kernel_code, load_library, packed_kernels, set_packed,
+                      set_sparse, set_window, sparse_kernel, window_kernel)
+from .spec import PRESETS, SPEC_KEYS, resolve as resolve_spec
+from .stages import (Stages, check_inputs, enum_values, make_problem, problem, ptr, require_torch,
+                     stream_ptr)
+
+__all__ = ["forward", "verify_options", "resolve_spec", "PRESETS", "SPEC_KEYS",
+           # the library
+           "Library", "load_library", "find_library", "ENV_VAR", "GpuError", "GpuInvalidArgument",
+           "KEY", "BIAS", "PRIOR", "GROUP", "FUSION", "KERNELS", "SELECT_KERNEL", "SPARSE_KERNEL",
+           "WINDOW_KERNEL", "DECODE_KERNEL", "REMOVED_KERNEL", "APPROXIMATE_SELECT_KERNELS",
+           "SUMMARY_TYPES", "kernel_code", "set_sparse", "sparse_kernel", "set_window",
+           "window_kernel", "set_packed", "packed_kernels", "Problem", "Decode", "DecodeOutputs",
+           # stage by stage
+           "Stages", "problem", "make_problem", "check_inputs", "enum_values", "ptr", "stream_ptr", "require_torch"]
+
+
+def forward(q, k, v, spec, *, q_retrieval=None, prior=None, library=None):
+    """The mechanism of `spec` (hils.verify's dict: "preset" and the spec keys S, W, K, key_rule,
+    ..., data/verify_format.md) on the GPU -> {"o": [Hq, T, dv], "lse": [Hq, T]} (float32), plus
+    "selection" [Hkv, T, K] (int32, the chunks each KV head's group selected) for the mechanisms
+    that select (flat or hierarchical fusion). q_retrieval [Hq, T, d] and prior [Hq, rows, d] as in
+    hils.verify. library: a Library or a path (default: find_library()). Each stage is the
+    library's default kernel (README "Calling the GPU kernels"); outputs are on q's device, written
+    on torch's current stream."""
+    fields = resolve_spec(spec)  # spec errors first: no torch or library needed
+    check_inputs(q, k, v, q_retrieval, prior)
+    torch = require_torch()
+    lib = load_library(library)
+    with torch.cuda.device(q.device):
+        stages = Stages(lib, problem(fields, q, k, v, q_retrieval, prior))
+        if fields["fusion"] == "full":
+            stages.full()
+        elif fields["fusion"] == "window":
+            stages.window()
+            return {"o": stages.o_swa, "lse": stages.lse_swa}
+        else:
+            stages.forward()
+            return {"o": stages.o, "lse": stages.lse, "selection": stages.selection[..., :fields["K"]]}
+    return {"o": stages.o, "lse": stages.lse}
+
+
+def verify_options(spec, q):
+    """hils.verify's input_precision and score_precision for forward's outputs on q: "bf16"
+    inputs for bf16 q, and bf16 scores where the packed selection runs (it ranks the summaries
+    rounded to bf16: bf16 inputs, d = 64, packed kernels on, a key rule other than exact, 1 <= K
+    <= 64; tests/gpu/device_support.cpp score_precision_of, gpu/NOTES.md), else fp32."""
+    fields = resolve_spec(spec)
+    bf16 = str(getattr(q, "dtype", "")) == "torch.bfloat16"
+    packed_select = (bf16 and q.shape[-1] == 64 and packed_kernels() and fields["key_rule"] != "exact"
+                     and 1 <= fields["K"] <= 64)
+    return {"input_precision": "bf16" if bf16 else "fp32",
+            "score_precision": "bf16" if packed_select else "fp32"}
