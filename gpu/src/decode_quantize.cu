@@ -18,6 +18,14 @@ namespace hils::gpu {
 namespace detail {
 namespace {
 
+// The largest |x[i]| of a row of d values, read by one warp's lanes (each lane gets it): the
+// fp8 and int4 quantizers' row maximum (int4_h's also tracks finiteness: its own loop).
+__device__ __forceinline__ float warp_row_amax(const float* x, int64_t d, int lane) {
+  float amax = 0.0f;
+  for (int64_t i = lane; i < d; i += kWarp) amax = fmaxf(amax, fabsf(x[i]));
+  return warp_max(amax);
+}
+
 // ---- fp8 summaries: a warp per row ----------------------------------------------------------
 // The row's power-of-two scale s (the smallest with amax / s <= 448) and e4m3(k' / s).
 __global__ void quantize_fp8_kernel(const float* key, int64_t rows, int64_t d,
@@ -26,9 +34,7 @@ __global__ void quantize_fp8_kernel(const float* key, int64_t rows, int64_t d,
   if (row >= rows) return;
   const int lane = threadIdx.x % kWarp;
   const float* x = key + row * d;
-  float amax = 0.0f;
-  for (int64_t i = lane; i < d; i += kWarp) amax = fmaxf(amax, fabsf(x[i]));
-  amax = warp_max(amax);
+  const float amax = warp_row_amax(x, d, lane);
   float s = 1.0f;
   if (amax > 0.0f && isfinite(amax)) {
     int e = 0;
@@ -51,9 +57,7 @@ __global__ void quantize_int4_kernel(const float* key, int64_t rows, int64_t d, 
   if (row >= rows) return;
   const int lane = threadIdx.x % kWarp;
   const float* x = key + row * d;
-  float amax = 0.0f;
-  for (int64_t i = lane; i < d; i += kWarp) amax = fmaxf(amax, fabsf(x[i]));
-  amax = warp_max(amax);
+  const float amax = warp_row_amax(x, d, lane);
   float s = amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, 7.0f) : 1.0f;
   if (s == 0.0f) s = 1.0f;
   auto code = [s](float v) {

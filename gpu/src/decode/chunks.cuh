@@ -211,6 +211,29 @@ __device__ __forceinline__ void write_chunk_rows(const DecodeParams& p, float* c
   emit(r1, m1, l1, 1);
 }
 
+// The logits of a chunk tile's rows r0 (s[t][0..1]) and r1 (s[t][2..3]) at slots
+// slot0 + 8 t + 2 quad + e of the first N 8-slot groups: scaled, -inf past n_rows and at the
+// landmark (the last row when `landmarks`); m0, m1 get the rows' maxima over the quad
+// (chunk_mma_warp: all 8 groups; d35's quad chunk tile: a warp's 2).
+template <int N>
+__device__ __forceinline__ void scale_mask_slots(float (&s)[8][4], int slot0, int quad, int n_rows,
+                                                 bool landmarks, float scale, float& m0, float& m1) {
+  const int landmark = landmarks ? n_rows - 1 : n_rows;
+  m0 = kNegInf, m1 = kNegInf;
+#pragma unroll
+  for (int t = 0; t < N; ++t)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int slot = slot0 + t * 8 + 2 * quad + e;
+      const bool valid = slot < n_rows && slot != landmark;
+      s[t][e] = valid ? scale * s[t][e] : kNegInf;
+      s[t][2 + e] = valid ? scale * s[t][2 + e] : kNegInf;
+      m0 = fmaxf(m0, s[t][e]);
+      m1 = fmaxf(m1, s[t][2 + e]);
+    }
+  m0 = quad_max(m0), m1 = quad_max(m1);
+}
+
 // One warp: selected slot i of group bg in `tile` (d29's chunk tile). The K/V rows come in with
 // an L2 evict-first policy, as d25's stream does. A selected chunk is complete (c < T / S), so its
 // one unattendable slot is the landmark S - 1: the mask tests that (d19) instead of
@@ -256,20 +279,8 @@ __device__ void chunk_mma_warp(const DecodeParams& p, const int32_t* selection, 
     float s[8][4];
     qk_tile(s, qa, tile.k);
     // Logits of rows r0 (s[nt][0..1]) and r1 (s[nt][2..3]) at slots nt * 8 + 2 * quad + e.
-    const int landmark = p.landmarks ? n_rows - 1 : n_rows;
-    float m0 = kNegInf, m1 = kNegInf;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int slot = nt * 8 + 2 * quad + e;
-        const bool valid = slot < n_rows && slot != landmark;
-        s[nt][e] = valid ? p.scale * s[nt][e] : kNegInf;
-        s[nt][2 + e] = valid ? p.scale * s[nt][2 + e] : kNegInf;
-        m0 = fmaxf(m0, s[nt][e]);
-        m1 = fmaxf(m1, s[nt][2 + e]);
-      }
-    m0 = quad_max(m0), m1 = quad_max(m1);
+    float m0, m1;
+    scale_mask_slots<8>(s, 0, quad, n_rows, p.landmarks, p.scale, m0, m1);
     float l0 = 0.0f, l1 = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
@@ -372,20 +383,8 @@ __global__ void __launch_bounds__(kQuadChunkWarps * kWarp)
   // s[t]: chunk_mma_warp's s[2 warp + t] (slots 16 warp + 8 t + 2 quad + e).
   float s[8][4];
   qk_tile(s, qa, sh.tile.k + row0, 2);
-  const int landmark = p.landmarks ? n_rows - 1 : n_rows;
-  float m0 = kNegInf, m1 = kNegInf;
-#pragma unroll
-  for (int t = 0; t < 2; ++t)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int slot = row0 + t * 8 + 2 * quad + e;
-      const bool valid = slot < n_rows && slot != landmark;
-      s[t][e] = valid ? p.scale * s[t][e] : kNegInf;
-      s[t][2 + e] = valid ? p.scale * s[t][2 + e] : kNegInf;
-      m0 = fmaxf(m0, s[t][e]);
-      m1 = fmaxf(m1, s[t][2 + e]);
-    }
-  m0 = quad_max(m0), m1 = quad_max(m1);
+  float m0, m1;
+  scale_mask_slots<2>(s, row0, quad, n_rows, p.landmarks, p.scale, m0, m1);
   if (quad == 0) sh.row_max[warp][r0] = m0, sh.row_max[warp][r1] = m1;
   __syncthreads();
 #pragma unroll

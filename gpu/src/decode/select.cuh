@@ -418,21 +418,8 @@ __device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w
   for (int64_t j = warp; merge_window && j < p.G; j += warps)
     write_window(p, w, b * p.Hq + g * p.G + j, o_window, lse_window);
   uint64_t best = 0;
-  if constexpr (kPresorted) {
-#pragma unroll 1  // unrolled, ptxas spilled 156 bytes at 64 registers
-    while (base < m) {
-#pragma unroll
-      for (int width = 1; width < kBatch; width *= 2)  // a merge tree over the batch's lists
-#pragma unroll
-        for (int u = 0; u + width < kBatch; u += 2 * width)
-          x[u] = warp_merge_desc(x[u], lane_reversed(x[u + width]));
-      best = warp_merge_desc(best, lane_reversed(x[0]));
-      base += kBatch * step;
-      if (base < m) load(base);
-    }
-  }
-  while (!kPresorted && base < m) {
-    warp_sort_desc_batch(x);
+  // The batch's sorted lists into the K best so far, then the next batch's loads.
+  auto merge_batch = [&] {
 #pragma unroll
     for (int width = 1; width < kBatch; width *= 2)  // a merge tree over the batch's lists
 #pragma unroll
@@ -441,6 +428,14 @@ __device__ void select_group_short(const DecodeParams& p, const DecodeScratch& w
     best = warp_merge_desc(best, lane_reversed(x[0]));
     base += kBatch * step;
     if (base < m) load(base);
+  };
+  if constexpr (kPresorted) {
+#pragma unroll 1  // unrolled, ptxas spilled 156 bytes at 64 registers
+    while (base < m) merge_batch();
+  }
+  while (!kPresorted && base < m) {
+    warp_sort_desc_batch(x);
+    merge_batch();
   }
   best = block_merge_desc(best, lists);
   if (warp == 0) {
