@@ -274,6 +274,40 @@ TEST_CASE("gpu packed tensor-core kernels against the reference", "[gpu]") {
 
 // The chunk-major sparse stage in several query segments, with the fusion options (softmax1)
 // and the other group rules (scored in base 2 by the packed selection) on packed shapes.
+// The packed shapes whose K the chunk-major fusion does not take (K > 64, chunked_fuse_applies)
+// run the packed fusion kernel (fuse_packed_kernel, gpu/src/packed_kernels/fuse.cuh); no case
+// above reaches it (all have K <= 64).
+TEST_CASE("gpu packed fusion kernel (K > 64) against the reference", "[gpu]") {
+  // clang-format off
+  static constexpr Case kFusePackedCases[] = {
+    //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
+    Case{"packed_fuse_k96_g4",    7000,   64, 128, 96,  4,  1, 64, 64, true, 1.0},
+    Case{"packed_fuse_k80_g8",    6100,   64,  64, 80,  8,  1, 64, 64, true, 2.0},
+  };
+  // clang-format on
+  for (const Case& c : kFusePackedCases) {
+    hils::gpu::detail::LaunchParams p;
+    p.T = c.T, p.Hq = c.Hq, p.Hkv = c.Hkv, p.d = c.d, p.dv = c.dv, p.S = c.S, p.W = c.W,
+    p.K = c.K, p.landmarks = c.landmarks, p.bf16 = true;
+    INFO("case " << c.name);
+    REQUIRE(hils::gpu::detail::packed_path_applies(p));
+    REQUIRE_FALSE(hils::gpu::detail::chunked_fuse_applies(p));
+    const auto inputs = hils::cases::make_inputs<double>(c);
+    for (const char* preset : {"hils", "lmk"}) {
+      MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+      REQUIRE(reference_accepts(spec, inputs));
+      const auto verifier = verifier_for(spec, inputs, DType::bf16);
+      for (bool packed : {true, false}) {
+        hils::gpu::set_packed_kernels(packed);
+        INFO("preset " << preset << (packed ? " packed" : " simt"));
+        CHECK(check_with(verifier, spec, inputs, DType::bf16,
+                         std::string(c.name) + (packed ? " packed" : " simt")));
+      }
+      hils::gpu::set_packed_kernels(true);
+    }
+  }
+}
+
 TEST_CASE("gpu packed sparse stage in segments, softmax1 and group rules", "[gpu]") {
   // clang-format off
   static constexpr Case kCases[] = {
