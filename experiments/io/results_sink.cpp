@@ -7,6 +7,11 @@ void ResultsWriterSink::mark_complete(const std::string& unit) {
   writer_.checkpoint();
 }
 
+void ResultsWriterSink::mark_complete_all(const std::vector<std::string>& units) {
+  for (const auto& unit : units) writer_.mark_complete(unit);
+  if (!units.empty()) writer_.checkpoint();
+}
+
 void ResultsWriterSink::write(const std::string& path, const Matrix<double>& data,
                               const std::string& meaning) {
   writer_.write_matrix(path, data, meaning);

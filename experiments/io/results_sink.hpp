@@ -22,6 +22,7 @@ class ResultsWriterSink : public analysis::ResultSink {
 
   bool is_complete(const std::string& unit) const override { return writer_.is_complete(unit); }
   void mark_complete(const std::string& unit) override;
+  void mark_complete_all(const std::vector<std::string>& units) override;  // one checkpoint
   void write(const std::string& path, const Matrix<double>& data,
              const std::string& meaning) override;
   void write(const std::string& path, const std::vector<double>& data,

@@ -118,6 +118,32 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
   // failed one, whatever the timing (and no computed work is lost).
   std::optional<Failure> failure;
   std::exception_ptr write_failure;  // rank 0's own (say a full disk): nothing more is written
+  // Writes every arrived unit whose turn has come, in schedule order (as one process would),
+  // and publishes them with one checkpoint. Called when no message waits: a checkpoint copies
+  // the whole file, and rank 0 writing and publishing each unit as it came, before answering,
+  // kept the workers waiting on it (README, "Measured on 16 cores").
+  auto write_arrived = [&] {
+    std::vector<std::string> batch;
+    size_t end = next_write;
+    try {
+      for (; end < pending.size() && arrived.count(pending[end]); ++end) {
+        arrived.at(pending[end]).replay(sink);
+        arrived.erase(pending[end]);
+        batch.push_back(units[pending[end]].path);
+      }
+      if (batch.empty()) return false;
+      sink.mark_complete_all(batch);
+    } catch (...) {
+      write_failure = std::current_exception();
+      return false;
+    }
+    done.ran.insert(done.ran.end(), pending.begin() + static_cast<std::ptrdiff_t>(next_write),
+                    pending.begin() + static_cast<std::ptrdiff_t>(end));
+    next_write = end;
+    if (progress)
+      progress(static_cast<int64_t>(next_write), static_cast<int64_t>(pending.size()));
+    return true;
+  };
   // A stop (SIGINT/SIGTERM here or on a worker): the run ends at once at the units written so
   // far (rank 0 is the only writer, so that is the boundary for every rank); the workers still
   // computing are answered kJobFailed when they ask next, by end_job().
@@ -149,7 +175,8 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
     MPI_Iprobe(MPI_ANY_SOURCE, tag(kFailure, calls_), MPI_COMM_WORLD, &flag, &status);
     if (!flag) MPI_Iprobe(MPI_ANY_SOURCE, tag(kReady, calls_), MPI_COMM_WORLD, &flag, &status);
     if (!flag) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (write_failure || !write_arrived())
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
       continue;
     }
     const auto bytes = receive_bytes(status);
@@ -170,22 +197,7 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
     if (!bytes.empty() && !write_failure) {
       uint64_t unit = 0;
       auto records = decode_unit(bytes, unit);
-      arrived.emplace(static_cast<size_t>(unit), std::move(records));
-      try {
-        // Write every unit whose turn has come, in schedule order, as one process would.
-        while (next_write < pending.size() && arrived.count(pending[next_write])) {
-          const size_t i = pending[next_write];
-          arrived.at(i).replay(sink);
-          arrived.erase(i);
-          sink.mark_complete(units[i].path);
-          ++next_write;
-          done.ran.push_back(i);
-          if (progress)
-            progress(static_cast<int64_t>(next_write), static_cast<int64_t>(pending.size()));
-        }
-      } catch (...) {
-        write_failure = std::current_exception();
-      }
+      arrived.emplace(static_cast<size_t>(unit), std::move(records));  // written when idle
     }
     if (!failure && !write_failure && next_out < hand_out.size()) {
       const auto assign = static_cast<int64_t>(hand_out[next_out++]);
@@ -194,6 +206,7 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
       parked.push_back(worker);
     }
   }
+  if (!write_failure) write_arrived();  // the last units (all returned): before the verdict
   const bool failed = failure || write_failure;
   const int64_t verdict = failed ? kJobFailed : kNoMoreUnits;
   for (int worker : parked)

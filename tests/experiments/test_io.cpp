@@ -4,6 +4,7 @@
 #include "io/activation_file.hpp"
 #include "io/file_error.hpp"
 #include "io/results_file.hpp"
+#include "io/results_sink.hpp"
 #include "support.hpp"
 
 using hils::test::TempDir;
@@ -90,6 +91,39 @@ TEST_CASE("results writer: checkpoint publishes, commit finalizes, datasets are 
   CHECK(reader.config() == nlohmann::json{{"study", "x"}});
   CHECK(reader.string_attribute("", "seed_text") == "9");
   CHECK(hils::test::count_temp_files(dir.path()) == 0);
+}
+
+// The MPI coordinator writes the units that arrived while it was busy and publishes them with
+// one checkpoint (experiments/parallel/mpi_runner.hpp): published together, in order, each
+// marked complete; nothing of them published before.
+TEST_CASE("results sink: mark_complete_all publishes the units together, in order", "[io]") {
+  TempDir dir("io_complete_all");
+  auto path = dir / "r.h5";
+  auto writer = io::ResultsWriter::create(path, {{{"study", "x"}}, 9, "test"});
+  io::ResultsWriterSink sink(writer);
+  sink.write("u0/x", std::vector<double>{1, 2}, "x");
+  sink.mark_complete("u0");
+  sink.write("u2/x", std::vector<double>{3}, "x");
+  sink.write("u1/x", std::vector<double>{4}, "x");
+  {
+    io::ResultsReader published(path);  // the checkpoint of u0 only
+    CHECK(published.string_attribute("", "complete_units") == R"(["u0"])");
+    CHECK_FALSE(published.exists("u1/x"));
+  }
+  sink.mark_complete_all({"u2", "u1"});
+  {
+    io::ResultsReader published(path);
+    CHECK(published.string_attribute("", "complete_units") == R"(["u0","u2","u1"])");
+    CHECK(published.matrix("u2/x") == hils::Matrix<double>::Constant(1, 1, 3));
+    CHECK(published.matrix("u1/x") == hils::Matrix<double>::Constant(1, 1, 4));
+    CHECK(published.int_attribute("u1", "complete") == 1);
+    CHECK(published.int_attribute("u2", "complete") == 1);
+  }
+  CHECK(writer.complete_units() == std::vector<std::string>{"u0", "u2", "u1"});
+  sink.mark_complete_all({});  // nothing to publish: no error, nothing changes
+  writer.commit();
+  CHECK(io::ResultsReader(path).string_attribute("", "complete_units") ==
+        R"(["u0","u2","u1"])");
 }
 
 TEST_CASE("results writer: resume keeps units and refuses another configuration", "[io]") {

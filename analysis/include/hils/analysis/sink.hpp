@@ -20,6 +20,12 @@ class ResultSink {
   virtual bool is_complete(const std::string& unit) const = 0;
   // Marks a unit complete and publishes everything written so far (atomically, for files).
   virtual void mark_complete(const std::string& unit) = 0;
+  // Marks several units complete, in order, and publishes once: the MPI coordinator writes
+  // the units that arrived while it was busy with one checkpoint, whose cost (a copy of the
+  // whole file, experiments/io/results_file.hpp) grows with the file.
+  virtual void mark_complete_all(const std::vector<std::string>& units) {
+    for (const auto& unit : units) mark_complete(unit);
+  }
   virtual void write(const std::string& path, const Matrix<double>& data,
                      const std::string& meaning) = 0;
   virtual void write(const std::string& path, const std::vector<double>& data,
