@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "io/file_error.hpp"
+#include "io/hdf5_util.hpp"
 #include "io/results_file.hpp"
 #include "sources/tokenizer.hpp"
 #include "util/shared_data.hpp"
@@ -29,6 +30,20 @@ std::string read_file_bytes(const std::filesystem::path& path, const std::string
   return bytes.str();
 }
 
+// path -> the text the model reads, or FileError: an empty file, or bytes that are not UTF-8.
+// A binary file given as the text (the checkpoint or the tokenizer, the flags swapped) went
+// through the tokenizer's byte fallback into activations of noise (a mean next-token NLL of
+// ~23 nats against ~1.3) without a word.
+std::string read_text(const std::filesystem::path& path) {
+  const std::string text = read_file_bytes(path, "a UTF-8 text");
+  if (text.empty()) io::fail(path, "", "a UTF-8 text", "an empty file");
+  if (io::utf8_text(text) != text)  // utf8_text replaces what is not UTF-8
+    io::fail(path, "", "a UTF-8 text",
+             "bytes that are not UTF-8 (a binary file? the model and the tokenizer are --model "
+             "and --tokenizer)");
+  return text;
+}
+
 // bytes -> 16 hex digits: FNV-1a (64-bit) of a file's content, to tell which model, tokenizer
 // and text a trace came from (an identity check, not a cryptographic one).
 std::string fnv1a64_of(const std::string& bytes) {
@@ -46,13 +61,12 @@ ModelFiles ModelFiles::in_folder(const std::filesystem::path& folder) {
 
 TextTrace trace_text(const ModelFiles& files, int64_t tokens, const std::string& field) {
   require(tokens >= 2, field, ">= 2 tokens (BOS included)", std::to_string(tokens));
+  const std::string text = read_text(files.text);  // first: it costs less than the model
   const auto model = Llama2cModel::load(files.model);
   require(tokens <= model.config().seq_len, field,
           fmt::format("at most the model's context {}", model.config().seq_len),
           std::to_string(tokens));
   const auto tokenizer = Tokenizer::load(files.tokenizer, model.config().vocab_size);
-  const std::string text = read_file_bytes(files.text, "a UTF-8 text");
-  if (text.empty()) io::fail(files.text, "", "a UTF-8 text", "an empty file");
 
   TextTrace trace;
   trace.config = model.config();

@@ -165,3 +165,36 @@ TEST_CASE("a truncated or foreign checkpoint is bad input", "[model][cli][bad-in
   CHECK(too_long.exit_code == 2);
   CHECK_THAT(too_long.output, Catch::Contains("512"));
 }
+
+TEST_CASE("a text that is not UTF-8 (a checkpoint given as --text) is bad input",
+          "[model][cli][bad-input]") {
+  // `--text stories260K.bin` (the flags swapped) dumped activations of the checkpoint's bytes
+  // through the tokenizer's byte fallback, mean NLL 23.1 nats/token, exit 0. The text is read
+  // and checked first, so the stand-in model and tokenizer below are never read.
+  TempDir tmp("binary_text");
+  std::ofstream(tmp / "model.bin") << "abc";
+  std::ofstream(tmp / "tok.bin") << "abc";
+  {
+    std::ofstream out(tmp / "binary.txt", std::ios::binary);
+    const char bytes[] = {'\x10', '\0', '\0', '\0', '\xff', '\xfe', 'h', 'i'};
+    out.write(bytes, sizeof bytes);
+  }
+  std::ofstream(tmp / "accents.txt") << "Once upon a time, a café sold crème brûlée ✓.\n";
+  const auto dump = [&](const std::string& text) {
+    return run_hils("dump llama2c --model '" + (tmp / "model.bin").string() + "' --tokenizer '" +
+                    (tmp / "tok.bin").string() + "' --text '" + (tmp / text).string() +
+                    "' -o '" + (tmp / "x.h5").string() + "'");
+  };
+  auto r = dump("binary.txt");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("binary.txt: expected a UTF-8 text, found bytes that are "
+                                       "not UTF-8 (a binary file? the model and the tokenizer "
+                                       "are --model and --tokenizer)"));
+  // UTF-8 beyond ASCII is a text: the error is then the stand-in model's.
+  auto accents = dump("accents.txt");
+  INFO(accents.output);
+  CHECK(accents.exit_code == 2);
+  CHECK_THAT(accents.output, Catch::Contains("model.bin") && !Catch::Contains("UTF-8"));
+  CHECK_FALSE(fs::exists(tmp / "x.h5"));
+}
