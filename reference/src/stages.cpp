@@ -100,6 +100,13 @@ Matrix<Scalar> exact_chunk_log_mass(const Matrix<Scalar>& q, const Matrix<Scalar
 template <class Scalar>
 Matrix<Scalar> resolve_prior(const AttentionInputs<Scalar>& inputs, int64_t h,
                              const MechanismSpec& spec, const Geometry& geometry) {
+  // The head and the geometry first: q~'s rows are read at the geometry's landmark slots (a
+  // longer geometry read past their end, a segfault), and q~ or the prior of head h.
+  require(h >= 0 && h < inputs.Hq(), "h",
+          "a query head in [0, " + std::to_string(inputs.Hq()) + ")", std::to_string(h));
+  require(inputs.T() == geometry.T() && inputs.retrieval_query(h).rows() == geometry.T(),
+          "geometry.T", "the inputs' " + std::to_string(inputs.T()) + " slots",
+          std::to_string(geometry.T()));
   const int64_t chunks = geometry.n_chunks();
   switch (spec.prior_rule) {
     case PriorRule::landmark_query: {
@@ -112,7 +119,11 @@ Matrix<Scalar> resolve_prior(const AttentionInputs<Scalar>& inputs, int64_t h,
     }
     case PriorRule::shared:
     case PriorRule::given: {
-      const auto& p = inputs.prior.at(static_cast<size_t>(h));
+      require(static_cast<int64_t>(inputs.prior.size()) == inputs.Hq(), "prior",
+              "one matrix per query head (prior_rule " + to_string(spec.prior_rule) +
+                  " reads it)",
+              std::to_string(inputs.prior.size()));
+      const auto& p = inputs.prior[static_cast<size_t>(h)];
       return p.rows() == 1 ? Matrix<Scalar>(p.replicate(chunks, 1)) : p;
     }
   }

@@ -357,6 +357,26 @@ TEST_CASE("fuse refuses buffers and arrays that do not fit the row, before writi
   CHECK_NOTHROW(call(c.dv, 4, nullptr, in.k[0]));
 }
 
+TEST_CASE("resolve_prior refuses a head or geometry its inputs do not have", "[properties][errors]") {
+  // It read q~ rows by the geometry's landmark slots (a geometry longer than the inputs: past
+  // the end, a segfault) and q~ or the prior of any head index, without a check.
+  const cases::Case c{"prior_errors", 32, 8, 8, 1, 2, 1, 8, 8, true, 1.0};
+  auto in = cases::make_inputs<double>(c);
+  MechanismSpec spec = preset("hils");
+  const Geometry geometry(c.T, c.S, c.W, c.landmarks);
+  CHECK(resolve_prior(in, 1, spec, geometry).rows() == geometry.n_chunks());
+  CHECK_THROWS_WITH(resolve_prior(in, 0, spec, Geometry(4096, c.S, c.W, c.landmarks)),
+                    "geometry.T: expected the inputs' 32 slots, got 4096");
+  CHECK_THROWS_WITH(resolve_prior(in, 2, spec, geometry),
+                    "h: expected a query head in [0, 2), got 2");
+  CHECK_THROWS_WITH(resolve_prior(in, -1, spec, geometry),
+                    "h: expected a query head in [0, 2), got -1");
+  spec.prior_rule = PriorRule::given;
+  in.prior.clear();
+  CHECK_THROWS_WITH(resolve_prior(in, 1, spec, geometry),
+                    "prior: expected one matrix per query head (prior_rule given reads it), got 0");
+}
+
 namespace {
 
 // One row's fusion (reference/SEMANTICS.md §5) computed directly from its selection, the kept
