@@ -136,6 +136,10 @@ ChunkSummaries<Scalar> summarize(const Matrix<Scalar>& k, const Matrix<Scalar>& 
                                  Scalar scale) {
   require(key_rule != KeyRule::exact, "key_rule", "mean, landmark_key or taylor (exact has no summary)",
           "exact");
+  // The chunks' key rows are read by the geometry's slots: a longer geometry read past k's end.
+  require(k.rows() == geometry.T(), "k",
+          "T = " + std::to_string(geometry.T()) + " rows (the geometry's slots)",
+          std::to_string(k.rows()));
   require(key_rule != KeyRule::landmark_key || geometry.landmarks(), "key_rule",
           "landmarks on for landmark_key", "landmarks off");
   const int64_t chunks = geometry.n_chunks(), tokens = geometry.tokens_per_chunk();

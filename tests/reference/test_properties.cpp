@@ -377,6 +377,20 @@ TEST_CASE("resolve_prior refuses a head or geometry its inputs do not have", "[p
                     "prior: expected one matrix per query head (prior_rule given reads it), got 0");
 }
 
+TEST_CASE("summarize refuses keys of another length than its geometry", "[properties][errors]") {
+  // A geometry longer than k: its chunks' key rows were read past k's end (SIGSEGV) for every
+  // key rule.
+  const cases::Case c{"summarize_errors", 32, 8, 8, 1, 1, 1, 8, 8, true, 1.0};
+  const auto in = cases::make_inputs<double>(c);
+  const Geometry longer(4096, c.S, c.W, c.landmarks);
+  for (const KeyRule rule : {KeyRule::mean, KeyRule::landmark_key, KeyRule::taylor}) {
+    INFO(to_string(rule));
+    CHECK_THROWS_WITH(summarize<double>(in.k[0], Matrix<double>::Zero(longer.n_chunks(), c.d),
+                                        rule, BiasRule::entropy, longer, 0.5),
+                      "k: expected T = 4096 rows (the geometry's slots), got 32");
+  }
+}
+
 namespace {
 
 // One row's fusion (reference/SEMANTICS.md §5) computed directly from its selection, the kept
