@@ -211,8 +211,11 @@ FidelityReport run_fidelity_study(const StudySource& source, const FidelityOptio
   require(!source.lengths.empty(), "lengths", "at least one context length", "none");
   // The first layer at the first length tells the head counts (every process loads it).
   LayerCache layers(source.load);
-  const auto& first = layers.get(0, source.lengths.front());
-  const int64_t Hq = first.Hq(), Hkv = first.Hkv();
+  int64_t Hq = 0, Hkv = 0;
+  {
+    const auto first = layers.get(0, source.lengths.front());
+    Hq = first->Hq(), Hkv = first->Hkv();
+  }
   std::vector<StudyUnit> units;
   for (int64_t T : source.lengths)
     for (int64_t layer = 0; layer < source.n_layers; ++layer)
@@ -220,7 +223,7 @@ FidelityReport run_fidelity_study(const StudySource& source, const FidelityOptio
         units.push_back({options.prefix + unit_path(T, layer, g),
                          static_cast<double>(T) * static_cast<double>(T),
                          [&layers, &options, T, layer, g](ResultSink& unit_sink) {
-                           write_fidelity_unit(layers.get(layer, T), layer, g, options, unit_sink);
+                           write_fidelity_unit(*layers.get(layer, T), layer, g, options, unit_sink);
                          }});
   UnitRunner& runner = options.runner ? *options.runner : serial_runner();
   const auto done = runner.run(units, sink, progress);

@@ -121,14 +121,14 @@ OverlapReport run_overlap_study(const StudySource& source, const OverlapOptions&
   require(!source.lengths.empty(), "lengths", "at least one context length", "none");
   // The first layer at the first length tells the head counts (every process loads it).
   LayerCache layers(source.load);
-  const int64_t Hkv = layers.get(0, source.lengths.front()).Hkv();
+  const int64_t Hkv = layers.get(0, source.lengths.front())->Hkv();
   std::vector<StudyUnit> units;
   for (int64_t T : source.lengths)
     for (int64_t layer = 0; layer < source.n_layers; ++layer)
       for (int64_t g = 0; g < Hkv; ++g)
         units.push_back({unit_path(T, layer, g), static_cast<double>(T) * static_cast<double>(T),
                          [&layers, &options, T, layer, g](ResultSink& unit_sink) {
-                           write_overlap_unit(layers.get(layer, T), layer, g, options, unit_sink);
+                           write_overlap_unit(*layers.get(layer, T), layer, g, options, unit_sink);
                          }});
   UnitRunner& runner = options.runner ? *options.runner : serial_runner();
   const auto done = runner.run(units, sink, progress);

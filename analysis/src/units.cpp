@@ -1,7 +1,12 @@
 #include "hils/analysis/units.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <thread>
 
 #include "hils/threads.hpp"
 
@@ -26,8 +31,8 @@ void throw_if_stop_requested() {
   if (const int signal = stop_requested()) throw Interrupted(signal);
 }
 
-void run_unit_work(const StudyUnit& unit, ResultSink& sink) {
-  const StopScope stop_inside_the_reference(&g_stop_signal);
+void run_unit_work(const StudyUnit& unit, ResultSink& sink, const std::atomic<int>* stop) {
+  const StopScope stop_inside_the_reference(stop ? stop : &g_stop_signal);
   try {
     unit.work(sink);
   } catch (const Stopped& stopped) {
@@ -116,13 +121,169 @@ void RecordingSink::replay(ResultSink& sink) const {
   }
 }
 
-const AttentionInputs<double>& LayerCache::get(int64_t layer, int64_t T) {
-  if (layer != layer_ || T != T_) {
-    inputs_ = {};  // free the previous layer before loading the next
-    inputs_ = load_(layer, T);
-    layer_ = layer, T_ = T;
+LayerCache::LayerCache(LayerLoader load)
+    : loads_([load = std::move(load)](const std::pair<int64_t, int64_t>& layer_T) {
+        return load(layer_T.first, layer_T.second);
+      }) {}
+
+std::shared_ptr<const AttentionInputs<double>> LayerCache::get(int64_t layer, int64_t T) {
+  return loads_.get({layer, T});
+}
+
+InOrderWriter::InOrderWriter(const std::vector<StudyUnit>& units, std::vector<size_t> order,
+                             ResultSink& sink, const Progress& progress, UnitsDone& done)
+    : units_(units), order_(std::move(order)), sink_(sink), progress_(progress), done_(done) {}
+
+void InOrderWriter::hold(size_t unit, RecordingSink records) {
+  held_.emplace(unit, std::move(records));
+}
+
+bool InOrderWriter::write_ready() {
+  std::vector<std::string> batch;
+  size_t end = next_;
+  for (; end < order_.size() && held_.count(order_[end]); ++end) {
+    held_.at(order_[end]).replay(sink_);
+    held_.erase(order_[end]);
+    batch.push_back(units_[order_[end]].path);
   }
-  return inputs_;
+  if (batch.empty()) return false;
+  sink_.mark_complete_all(batch);
+  done_.ran.insert(done_.ran.end(), order_.begin() + static_cast<std::ptrdiff_t>(next_),
+                   order_.begin() + static_cast<std::ptrdiff_t>(end));
+  next_ = end;
+  if (progress_)
+    progress_(static_cast<int64_t>(next_), static_cast<int64_t>(order_.size()));
+  return true;
+}
+
+ThreadedUnitRunner::ThreadedUnitRunner(int jobs, int threads) : jobs_(jobs), threads_(threads) {
+  require(jobs >= 1, "--jobs", "units at once >= 1", std::to_string(jobs));
+  require(threads >= 1, "OpenMP threads", ">= 1", std::to_string(threads));
+}
+
+namespace {
+
+// The run's stop flag (the reference's StopScope in each worker reads it): the signal number of
+// a stop request, or kAbandoned once the run ended without a stop (a unit or a write failed).
+constexpr int kAbandoned = -1;
+
+// What the workers of one ThreadedUnitRunner::run share (under `mutex`, but for `stop`).
+struct Workbench {
+  std::atomic<int> stop{0};
+  std::mutex mutex;
+  std::condition_variable changed;  // a unit finished, or a unit was written, or the run ended
+  size_t next_take = 0;             // position in schedule order of the next unit to take
+  size_t written = 0;               // positions below it are written
+  bool ended = false;               // take no more units (failure, stop, or done)
+  // Finished units by position: their records, or their error.
+  std::map<size_t, std::variant<RecordingSink, std::exception_ptr>> finished;
+};
+
+// A worker: takes the next unit in schedule order (at most `ahead` positions past the first
+// unwritten one), records it and hands it back, until none is left or the run ended.
+void work_units(const std::vector<StudyUnit>& units, const std::vector<size_t>& order,
+                size_t ahead, int threads_per_unit, Workbench& bench) {
+  omp_set_num_threads(threads_per_unit);  // this thread's own team (libgomp)
+  for (;;) {
+    size_t position = 0;
+    {
+      std::unique_lock<std::mutex> lock(bench.mutex);
+      bench.changed.wait(lock, [&] {
+        return bench.ended || bench.next_take >= order.size() ||
+               bench.next_take < bench.written + ahead;
+      });
+      if (bench.ended || bench.next_take >= order.size()) return;
+      position = bench.next_take++;
+    }
+    std::variant<RecordingSink, std::exception_ptr> result;
+    try {
+      throw_if_stop_requested();  // stopped: no new unit
+      RecordingSink records;
+      run_unit_work(units[order[position]], records, &bench.stop);
+      result = std::move(records);
+    } catch (...) {
+      result = std::current_exception();
+    }
+    {
+      const std::lock_guard<std::mutex> lock(bench.mutex);
+      if (std::holds_alternative<std::exception_ptr>(result))
+        bench.ended = true;  // the units after it are not needed; the ones before it run on
+      bench.finished.emplace(position, std::move(result));
+    }
+    bench.changed.notify_all();
+  }
+}
+
+// Joins the workers when the run ends however it ends (they reference the unit list).
+struct Workers {
+  Workbench& bench;
+  std::vector<std::thread> threads;
+  ~Workers() {
+    {
+      const std::lock_guard<std::mutex> lock(bench.mutex);
+      bench.ended = true;
+    }
+    bench.changed.notify_all();
+    for (auto& thread : threads) thread.join();
+  }
+};
+
+}  // namespace
+
+UnitsDone ThreadedUnitRunner::run(const std::vector<StudyUnit>& units, ResultSink& sink,
+                                  const Progress& progress) {
+  UnitsDone done;
+  InOrderWriter writer(units, schedule_order(units, sink), sink, progress, done);
+  const std::vector<size_t>& order = writer.order();
+  done.skipped = static_cast<int64_t>(units.size() - order.size());
+  const size_t jobs = std::min(static_cast<size_t>(jobs_), order.size());
+  const int threads_per_unit = std::max(1, threads_ / std::max<int>(1, static_cast<int>(jobs)));
+  Workbench bench;
+  Workers workers{bench, {}};
+  for (size_t j = 0; j < jobs; ++j)
+    workers.threads.emplace_back(work_units, std::cref(units), std::cref(order), 2 * jobs,
+                                 threads_per_unit, std::ref(bench));
+  while (!writer.all_written()) {
+    std::vector<std::pair<size_t, RecordingSink>> ready;  // the next positions, finished
+    std::exception_ptr failure;                           // the first unit not written fails
+    {
+      std::unique_lock<std::mutex> lock(bench.mutex);
+      // A signal cannot wake the condition variable: the stop flag is read every 20 ms.
+      bench.changed.wait_for(lock, std::chrono::milliseconds(20),
+                             [&] { return bench.finished.count(writer.written()) > 0; });
+      for (size_t p = writer.written(); bench.finished.count(p); ++p) {
+        auto& result = bench.finished.at(p);
+        if (const auto* error = std::get_if<std::exception_ptr>(&result)) {
+          failure = *error;
+          break;
+        }
+        ready.emplace_back(p, std::move(std::get<RecordingSink>(result)));
+        bench.finished.erase(p);
+      }
+    }
+    if (const int signal = stop_requested()) {
+      bench.stop.store(signal);  // the units in flight end at their next safe point
+      throw Interrupted(signal);  // nothing is written after a stop
+    }
+    for (auto& [position, records] : ready) writer.hold(order[position], std::move(records));
+    try {
+      writer.write_ready();
+    } catch (...) {
+      bench.stop.store(kAbandoned);
+      throw;
+    }
+    {
+      const std::lock_guard<std::mutex> lock(bench.mutex);
+      bench.written = writer.written();
+    }
+    bench.changed.notify_all();
+    if (failure) {
+      bench.stop.store(kAbandoned);  // the units after the failed one are not written
+      std::rethrow_exception(failure);
+    }
+  }
+  throw_if_stop_requested();  // a request during the last units: the caller ends here too
+  return done;
 }
 
 }  // namespace hils::analysis

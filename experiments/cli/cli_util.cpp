@@ -17,6 +17,7 @@
 #include "cli/commands.hpp"
 #include "hils/memory.hpp"
 #include "io/results_file.hpp"
+#include "parallel/session.hpp"
 
 namespace hils::cli {
 
@@ -147,6 +148,28 @@ void require_landmark_layout(bool landmarks, int64_t S, const io::ActivationMeta
         "{} has landmarks off, but {} has {} (their keys would be attended as tokens); set "
         "--landmarks true with the file's chunk size",
         who, input, landmark_layout_text(meta)));
+}
+
+void add_jobs_option(CLI::App* cmd, std::optional<int64_t>* jobs) {
+  cmd->add_option_function<int64_t>(
+      "--jobs", [jobs](int64_t n) { *jobs = n; },
+      fmt::format("units computed at once in this process, sharing the OpenMP threads "
+                  "(default: one per thread, {} here; 1 per rank under mpirun). The results "
+                  "file is the same for any value",
+                  parallel::default_jobs()));
+}
+
+void check_with_jobs(std::optional<int64_t> jobs, const std::function<void()>& checks) {
+  const int chosen = parallel::use_jobs(jobs);
+  if (jobs || chosen == 1) return checks();
+  try {
+    checks();
+  } catch (const BadInput& refused) {
+    parallel::use_jobs(1);
+    checks();  // refused at one unit too: that error, as before --jobs
+    note(fmt::format("--jobs: computing one unit at a time, as {} at once do not fit ({})",
+                     chosen, refused.what()));
+  }
 }
 
 void require_fits_in_memory(double bytes, const std::string& what) {

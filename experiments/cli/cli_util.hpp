@@ -1,7 +1,10 @@
 // Small helpers shared by every subcommand (cli_util.cpp; not part of the register_ API).
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -76,6 +79,15 @@ auto run_stoppable(UnitLoop unit_loop, const std::string& file, UnitsComplete un
     rethrow_write_failure(e, file, to_continue);
   }
 }
+
+// --jobs N on cmd (the study commands, `hils run`): units computed at once in this process.
+void add_jobs_option(CLI::App* cmd, std::optional<int64_t>* jobs);
+// Puts --jobs in force (parallel::use_jobs: checked, the runner, each unit's share of memory)
+// and runs `checks` (the command's up-front checks, whose size checks then count that many
+// units). The default number of units at once falls back to one, with a note, when the checks
+// refuse it and pass at one unit (as before --jobs existed); a --jobs given is refused by them,
+// their message naming --jobs.
+void check_with_jobs(std::optional<int64_t> jobs, const std::function<void()>& checks);
 
 // BadInput when `bytes` (an estimate of what a command will hold at once) exceeds 80% of the
 // memory this process may use (hils/memory.hpp: the machine's or cgroup's share, ulimit -v),

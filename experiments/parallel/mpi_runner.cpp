@@ -102,11 +102,13 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
                                               const analysis::Progress& progress) {
   analysis::UnitsDone done;
   // Handed out and written in the same order as one process runs them.
-  const std::vector<size_t> pending = analysis::schedule_order(units, sink);
+  // The units that arrive are held by `writer` until their turn to be written.
+  analysis::InOrderWriter writer(units, analysis::schedule_order(units, sink), sink, progress,
+                                 done);
+  const std::vector<size_t>& pending = writer.order();
   const std::vector<size_t>& hand_out = pending;
   done.skipped = static_cast<int64_t>(units.size() - pending.size());
-  size_t next_out = 0, next_write = 0;
-  std::map<size_t, RecordingSink> arrived;  // finished, waiting for their turn to be written
+  size_t next_out = 0;
   // Workers that asked for a unit when none was left to give (or that failed). They are
   // answered only when the run is decided, all together: released before, a worker would go
   // on to the command's next step while this run may still fail, and could then wait forever
@@ -123,26 +125,12 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
   // the whole file, and rank 0 writing and publishing each unit as it came, before answering,
   // kept the workers waiting on it (README, "Measured on 16 cores").
   auto write_arrived = [&] {
-    std::vector<std::string> batch;
-    size_t end = next_write;
     try {
-      for (; end < pending.size() && arrived.count(pending[end]); ++end) {
-        arrived.at(pending[end]).replay(sink);
-        arrived.erase(pending[end]);
-        batch.push_back(units[pending[end]].path);
-      }
-      if (batch.empty()) return false;
-      sink.mark_complete_all(batch);
+      return writer.write_ready();
     } catch (...) {
       write_failure = std::current_exception();
       return false;
     }
-    done.ran.insert(done.ran.end(), pending.begin() + static_cast<std::ptrdiff_t>(next_write),
-                    pending.begin() + static_cast<std::ptrdiff_t>(end));
-    next_write = end;
-    if (progress)
-      progress(static_cast<int64_t>(next_write), static_cast<int64_t>(pending.size()));
-    return true;
   };
   // A stop (SIGINT/SIGTERM here or on a worker): the run ends at once at the units written so
   // far (rank 0 is the only writer, so that is the boundary for every rank); the workers still
@@ -197,7 +185,7 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
     if (!bytes.empty() && !write_failure) {
       uint64_t unit = 0;
       auto records = decode_unit(bytes, unit);
-      arrived.emplace(static_cast<size_t>(unit), std::move(records));  // written when idle
+      writer.hold(static_cast<size_t>(unit), std::move(records));  // written when idle
     }
     if (!failure && !write_failure && next_out < hand_out.size()) {
       const auto assign = static_cast<int64_t>(hand_out[next_out++]);
@@ -217,8 +205,8 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
     if (failure->bad_input) throw InvalidArgument(failure->message);
     throw std::runtime_error(failure->message);
   }
-  if (next_write != pending.size())
-    throw std::logic_error("MPI coordinator: " + std::to_string(pending.size() - next_write) +
+  if (!writer.all_written())
+    throw std::logic_error("MPI coordinator: " + std::to_string(pending.size() - writer.written()) +
                            " units were handed out but never returned");
   return done;
 }

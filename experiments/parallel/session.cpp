@@ -1,6 +1,11 @@
 #include "parallel/session.hpp"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <string>
+#include <thread>
 
 #include "hils/memory.hpp"
 #include "parallel/mpi_runner.hpp"
@@ -14,6 +19,7 @@ namespace hils::parallel {
 namespace {
 
 Session* g_session = nullptr;
+std::unique_ptr<analysis::ThreadedUnitRunner> g_threaded;  // use_jobs(> 1)
 
 // Set by mpirun (OpenMPI), srun/PMIx and MPICH's hydra: only then is MPI initialized, so that
 // a plain `hils ...` never touches the MPI runtime.
@@ -73,7 +79,29 @@ analysis::UnitRunner& Session::runner() {
 Session* Session::current() { return g_session; }
 
 analysis::UnitRunner& current_runner() {
-  return g_session ? g_session->runner() : analysis::serial_runner();
+  if (ranks() > 1) return g_session->runner();
+  if (g_threaded) return *g_threaded;
+  return analysis::serial_runner();
+}
+
+int default_jobs() { return std::max(1, omp_get_max_threads()); }
+
+int use_jobs(std::optional<int64_t> jobs) {
+  const int64_t hardware = std::max(1u, std::thread::hardware_concurrency());
+  if (jobs && (*jobs < 1 || *jobs > 4 * hardware))
+    throw InvalidArgument("--jobs: expected an integer from 1 to " + std::to_string(4 * hardware) +
+                          " (units computed at once; at most 4 per hardware thread of this "
+                          "machine), got " + std::to_string(*jobs));
+  if (jobs && *jobs > 1 && ranks() > 1)
+    throw InvalidArgument("--jobs: expected 1 under mpirun with " + std::to_string(ranks()) +
+                          " ranks (each rank computes one unit at a time: start more ranks "
+                          "instead), got " + std::to_string(*jobs));
+  const int chosen = static_cast<int>(jobs ? *jobs : ranks() > 1 ? 1 : default_jobs());
+  g_threaded.reset();
+  if (chosen > 1)
+    g_threaded = std::make_unique<analysis::ThreadedUnitRunner>(chosen, omp_get_max_threads());
+  set_units_at_once(chosen);
+  return chosen;
 }
 
 bool holds_results() { return !g_session || g_session->holds_results(); }

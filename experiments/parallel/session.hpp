@@ -6,7 +6,9 @@
 // mpi_runner.hpp). Otherwise, with or without MPI built in, everything runs here, as before.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -61,8 +63,19 @@ class Session {
 // Whether this binary was built with MPI.
 bool built_with_mpi();
 
-// The runner of the current session, or the serial one when there is none.
+// The runner of the current session: MPI's with N > 1 ranks, else the threaded one when
+// use_jobs chose more than one unit at once, else the serial one.
 analysis::UnitRunner& current_runner();
+
+// --jobs: the units this process computes at once (README, "Several units at once"). Checks
+// `jobs` (InvalidArgument naming --jobs unless 1 <= jobs <= 4 per hardware thread, or > 1 under
+// mpirun with several ranks), then sets the runner current_runner() gives and each unit's
+// share of memory (hils/memory.hpp), and returns the units at once. nullopt: the default, one
+// unit per OpenMP thread (OMP_NUM_THREADS, else every core) in one process, 1 per MPI rank. The
+// OpenMP threads are shared among the units: each unit's team has max(1, threads / jobs).
+int use_jobs(std::optional<int64_t> jobs);
+// The default of --jobs here (without MPI ranks): one unit per OpenMP thread.
+int default_jobs();
 // Whether this process holds the results (true without a session).
 bool holds_results();
 // Ranks in this run (1 without a session).

@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <exception>
 #include <fstream>
@@ -33,10 +34,14 @@ double cgroup_limit() {
 }
 
 int g_sharing = 1;  // set_processes_sharing_memory
+// set_units_at_once; atomic: units on several threads read it (through memory_limit()).
+std::atomic<int> g_units_at_once{1};
 
 }  // namespace
 
 void set_processes_sharing_memory(int processes) { g_sharing = processes > 1 ? processes : 1; }
+
+void set_units_at_once(int units) { g_units_at_once.store(units > 1 ? units : 1); }
 
 std::string bytes_text(double bytes) {
   const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
@@ -62,11 +67,21 @@ MemoryLimit memory_limit() {
     limit.text += " shared by " + std::to_string(g_sharing) + " processes of this job (" +
                   bytes_text(limit.bytes) + " each)";
   }
+  if (const int units = g_units_at_once.load(); units > 1) {
+    limit.bytes /= units;
+    limit.text += " shared by " + std::to_string(units) + " units computed at once (--jobs " +
+                  std::to_string(units) + "; " + bytes_text(limit.bytes) + " each)";
+  }
   rlimit address{};
+  const double units = static_cast<double>(g_units_at_once.load());
   if (getrlimit(RLIMIT_AS, &address) == 0 && address.rlim_cur != RLIM_INFINITY &&
-      static_cast<double>(address.rlim_cur) < limit.bytes) {
-    limit.bytes = static_cast<double>(address.rlim_cur);
-    limit.text = "the address-space limit (ulimit -v) of " + bytes_text(limit.bytes);
+      static_cast<double>(address.rlim_cur) / units < limit.bytes) {
+    limit.bytes = static_cast<double>(address.rlim_cur) / units;
+    limit.text = "the address-space limit (ulimit -v) of " +
+                 bytes_text(static_cast<double>(address.rlim_cur));
+    if (units > 1)
+      limit.text += " shared by " + std::to_string(g_units_at_once.load()) +
+                    " units computed at once (--jobs; " + bytes_text(limit.bytes) + " each)";
   }
   return limit;
 }

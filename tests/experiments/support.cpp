@@ -116,4 +116,12 @@ void require_refused(const std::string& args, const std::string& message,
   CHECK_FALSE(std::filesystem::exists(not_written));
 }
 
+void require_same_results(const std::filesystem::path& a, const std::filesystem::path& b) {
+  const auto r = run_shell("/usr/bin/python3 '" HILS_SOURCE_DIR
+                           "/tests/experiments/compare_results.py' " + quoted(a) + " " +
+                           quoted(b) + " 2>&1");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+}
+
 }  // namespace hils::test

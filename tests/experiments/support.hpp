@@ -32,6 +32,9 @@ CommandResult run_hils(const std::string& args);
 // file `not_written` does not exist (Catch2 checks; the command and output are reported).
 void require_refused(const std::string& args, const std::string& message,
                      const std::filesystem::path& not_written);
+// Two results files hold the same objects, attributes and bit-identical datasets, provenance
+// aside (tests/experiments/compare_results.py; a Catch2 REQUIRE).
+void require_same_results(const std::filesystem::path& a, const std::filesystem::path& b);
 // Runs a shell command line as given (sh -c), output and exit code as run_hils.
 CommandResult run_shell(const std::string& command);
 

@@ -35,6 +35,7 @@ using hils::test::count_lock_files;
 using hils::test::count_temp_files;
 using hils::test::file_bytes;
 using hils::test::quoted;
+using hils::test::require_same_results;
 using hils::test::run_hils;
 using hils::test::run_shell;
 using hils::test::TempDir;
@@ -117,13 +118,6 @@ hils::test::CommandResult hils_in_limited(const fs::path& folder, const std::str
 }
 
 // Whether two results files hold the same datasets and attributes, provenance aside.
-void require_same_results(const fs::path& a, const fs::path& b) {
-  const auto r = run_shell(fmt::format("/usr/bin/python3 '{}/tests/experiments/compare_results.py' "
-                                       "{} {} 2>&1", HILS_SOURCE_DIR, quoted(a), quoted(b)));
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
-}
-
 // hils run's activations: one layer, units quick then slow (swa's window, then full attention).
 const std::string kDump = "-q dump synthetic -T 8192 -S 64 --Hq 2 --Hkv 1 -d 32 --seed 3 -o acts.h5";
 const std::string kRun =

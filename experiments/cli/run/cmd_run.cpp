@@ -3,6 +3,7 @@
 // This file declares the options; run/run.cpp runs them (run/run_plan.hpp lists the steps).
 #include <memory>
 
+#include "cli/cli_util.hpp"
 #include "cli/commands.hpp"
 #include "cli/run/run_plan.hpp"
 #include "cli/spec_flags.hpp"
@@ -44,6 +45,7 @@ void register_run(CLI::App& app) {
                         "true/false: also write the window branch");
   add_json_option<int64_t>(cmd, run_settings, "--seed", "seed",
                            "recorded in the results (runs are deterministic)");
+  add_jobs_option(cmd, &flags->jobs);
   cmd->add_flag("--resume", flags->resume,
                 "continue an existing results file of the same configuration (one stopped by "
                 "Ctrl-C or a full disk), skipping its complete units; without it an existing "

@@ -66,7 +66,7 @@ void run(const RunFlags& flags) {
   io::require_writable_folder(flags.output);
   RunPlan plan = make_plan(flags);
   const io::ActivationMeta meta = io::read_activation_meta(flags.input);
-  check_against_file(plan, meta, flags.input);
+  check_with_jobs(flags.jobs, [&] { check_against_file(plan, meta, flags.input); });
   const RunOptions options = run_options(plan, meta);
   LayerReader layers(flags.input, meta);
   const auto units = list_units(plan, meta, flags.input, options, layers);
@@ -86,9 +86,11 @@ void run(const RunFlags& flags) {
                      {plan_json(plan, flags.input, meta.T), static_cast<uint64_t>(plan.seed),
                       command_line()});
   std::unique_ptr<ProgressBar> bar;
-  auto progress = [&bar](int64_t, int64_t total) {
+  int64_t shown = 0;  // runners report several units at once when they publish them together
+  auto progress = [&bar, &shown](int64_t done, int64_t total) {
     if (!bar) bar = std::make_unique<ProgressBar>("hils run", total, "units", global_options().quiet);
-    bar->advance();
+    bar->advance(done - shown);
+    shown = done;
   };
   const auto done = run_units(runner, units, results, flags, progress);
   results.commit();

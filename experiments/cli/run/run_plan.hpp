@@ -25,6 +25,9 @@ struct RunFlags {
   nlohmann::json spec = nlohmann::json::object();  // spec fields given as flags
   nlohmann::json run = nlohmann::json::object();   // [run] settings given as flags
   bool resume = false;
+  // --jobs: units computed at once (parallel::use_jobs); not a [run] setting: it changes no
+  // result, so a file may be resumed with another.
+  std::optional<int64_t> jobs;
 };
 
 // Everything a run needs, resolved from TOML and flags (flags win).

@@ -56,7 +56,7 @@ std::vector<analysis::StudyUnit> list_units(const RunPlan& plan, const io::Activ
       units.push_back({path, 1.0, [&plan, &meta, &input, &options, &layers, mechanism, l,
                                    path](analysis::ResultSink& sink) {
                          const MechanismSpec& spec = *mechanism;
-                         auto inputs = inputs_for(spec, plan, meta, layers.get(l), input);
+                         auto inputs = inputs_for(spec, plan, meta, *layers.get(l), input);
                          // A safe point before the long part (its outputs are written at once).
                          analysis::throw_if_stop_requested();
                          auto out = run_mechanism(spec, inputs, options);

@@ -11,26 +11,20 @@
 
 namespace hils::cli::run_command {
 
-// The layer the last unit of this process read, kept for the next unit of the same layer
-// (units are listed layer by layer); one layer is held at a time, never all of them.
+// The layers the units in flight read, each kept for the next unit of the same layer (units are
+// listed layer by layer); one layer per unit running at once is held, never all of them.
 class LayerReader {
  public:
   LayerReader(std::string input, const io::ActivationMeta& meta)
-      : input_(std::move(input)), meta_(meta) {}
-  const io::LayerActivations& get(int64_t layer) {
-    if (layer != index_) {
-      data_ = io::LayerActivations{};  // free the old layer before reading the next
-      data_ = io::read_activation_layer(input_, meta_, layer);
-      index_ = layer;
-    }
-    return data_;
-  }
+      : loads_([input = std::move(input), meta](const int64_t& layer) {
+          return io::read_activation_layer(input, meta, layer);
+        }) {}
+  // The layer, read once for the units that use it at the same time or one after another (the
+  // unused one is freed before the next is read; safe with units on several threads).
+  std::shared_ptr<const io::LayerActivations> get(int64_t layer) { return loads_.get(layer); }
 
  private:
-  std::string input_;
-  io::ActivationMeta meta_;
-  int64_t index_ = -1;
-  io::LayerActivations data_;
+  analysis::SharedLoads<int64_t, io::LayerActivations> loads_;
 };
 
 // One unit per (layer, mechanism), layer by layer, all of equal estimated cost, so that the

@@ -26,15 +26,18 @@ void register_studies(CLI::App& app) {
   auto out = std::make_shared<std::string>("results");
   auto model_dir = std::make_shared<std::string>();
   auto skip_model = std::make_shared<bool>(false);
+  auto jobs = std::make_shared<std::optional<int64_t>>();
   add_output_option(cmd, out.get(), "folder for the results files and plots (created)");
   cmd->add_option("--model-dir", *model_dir, "folder of the real model's files");
   cmd->add_flag("--no-model", *skip_model, "skip the real-model runs");
-  cmd->callback([out, model_dir, skip_model] {
+  add_jobs_option(cmd, jobs.get());
+  cmd->callback([out, model_dir, skip_model, jobs] {
     const std::filesystem::path folder = *out;
     make_output_folder(folder, "--out");
     const auto start = std::chrono::steady_clock::now();
     std::vector<std::filesystem::path> files;
     studies::StudyArgs a;
+    a.jobs = *jobs;
     a.out = (folder / "fidelity_synthetic.h5").string();
     files.push_back(studies::run_fidelity(a));
     a.out = (folder / "overlap_synthetic.h5").string();
@@ -49,6 +52,7 @@ void register_studies(CLI::App& app) {
         model_dir->empty() ? shared_data_dir() : std::filesystem::path(*model_dir);
     if (!*skip_model && std::filesystem::exists(data / "stories260K.bin")) {
       studies::StudyArgs m;
+      m.jobs = *jobs;
       m.source = "model";
       m.model_dir = data.string();
       m.out = (folder / "fidelity_stories260K.h5").string();

@@ -3,6 +3,7 @@
 // results file and reports the Taylor/KL check where it has one.
 #include <fmt/format.h>
 
+#include "cli/cli_util.hpp"
 #include "cli/commands.hpp"
 #include "cli/studies/study_cli.hpp"
 #include "cli/studies/study_results.hpp"
@@ -28,11 +29,19 @@ std::vector<analysis::NamedEncoding> encodings_of(const Resolved& r) {
   return out;
 }
 
+// a, study -> its settings resolved with a.jobs units at once in force (each unit's share of
+// memory counted by resolve's size checks, cli_util.hpp check_with_jobs).
+Resolved resolve_with_jobs(const StudyArgs& a, const std::string& study) {
+  Resolved r;
+  check_with_jobs(a.jobs, [&] { r = resolve(a, study); });
+  return r;
+}
+
 }  // namespace
 
 // args -> the fidelity results file; CheckFailed when the Taylor gap differs from the KL.
 std::filesystem::path run_fidelity(const StudyArgs& a) {
-  const auto r = resolve(a, "fidelity");
+  const auto r = resolve_with_jobs(a, "fidelity");
   analysis::FidelityOptions o;
   o.geometry = r.geometry, o.prior = r.prior, o.mechanisms = mechanisms_of(r);
   o.queries_per_unit = r.queries, o.keep_scores = r.keep_scores;
@@ -55,7 +64,7 @@ std::filesystem::path run_fidelity(const StudyArgs& a) {
 
 // args -> the overlap results file.
 std::filesystem::path run_overlap(const StudyArgs& a) {
-  const auto r = resolve(a, "overlap");
+  const auto r = resolve_with_jobs(a, "overlap");
   analysis::OverlapOptions o;
   o.geometry = r.geometry, o.prior = r.prior;
   o.mechanism = analysis::study_mechanism(r.overlap_mechanism, r.prior.rule);
@@ -70,7 +79,7 @@ std::filesystem::path run_overlap(const StudyArgs& a) {
 
 // args -> the extrapolation results file; CheckFailed when the Taylor gap differs from the KL.
 std::filesystem::path run_extrapolation(const StudyArgs& a) {
-  const auto r = resolve(a, "extrapolation");
+  const auto r = resolve_with_jobs(a, "extrapolation");
   analysis::ExtrapolationOptions o;
   o.fidelity.geometry = r.geometry, o.fidelity.prior = r.prior;
   o.fidelity.mechanisms = mechanisms_of(r), o.fidelity.queries_per_unit = r.queries;

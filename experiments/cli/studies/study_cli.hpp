@@ -38,6 +38,7 @@ struct StudyArgs {
   std::vector<std::string> mechanisms;
   std::string prior_source;
   bool plot = false;             // draw plots after the run
+  std::optional<int64_t> jobs;   // --jobs: units computed at once (parallel::use_jobs)
 };
 
 // Adds the common flags to the subcommand of `study` (fidelity, overlap, extrapolate).

@@ -3,6 +3,7 @@
 #include <iostream>
 #include <memory>
 
+#include "cli/cli_util.hpp"
 #include "cli/commands.hpp"
 #include "cli/plot/draw_plots.hpp"
 #include "cli/spec_flags.hpp"
@@ -66,6 +67,7 @@ void add_study_options(CLI::App* cmd, StudyArgs& a, const std::string& study) {
       ->group(others_only);
   cmd->add_option("--prior-source", a.prior_source,
                   "inputs | chunk_mean_query | chunk_last_query");
+  add_jobs_option(cmd, &a.jobs);
   cmd->add_flag("--plot", a.plot, "draw the plots next to the results file");
 }
 

@@ -48,9 +48,11 @@ auto run_into_results(const Resolved& r, const std::filesystem::path& path,
                       const std::string& command, Driver driver) {
   StudyResults results(path, r, command);
   std::unique_ptr<ProgressBar> bar;
-  auto progress = [&bar, command](int64_t /*done*/, int64_t total) {
+  int64_t shown = 0;  // runners report several units at once when they publish them together
+  auto progress = [&bar, &shown, command](int64_t done, int64_t total) {
     if (!bar) bar = std::make_unique<ProgressBar>(command, total, "units", global_options().quiet);
-    bar->advance();
+    bar->advance(done - shown);
+    shown = done;
   };
   const auto start = std::chrono::steady_clock::now();
   // SIGINT/SIGTERM stop the units at a unit boundary; the same command resumes the file

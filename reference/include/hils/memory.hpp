@@ -23,6 +23,11 @@ MemoryLimit memory_limit();
 // machine's or cgroup's memory, since each may hold a unit of that size at once.
 void set_processes_sharing_memory(int processes);
 
+// The units one process computes at once (the `hils` tool's --jobs, set before a run; 1
+// otherwise): memory_limit() gives each unit its share of the process's, since each holds its
+// inputs and outputs at once.
+void set_units_at_once(int units);
+
 // A byte count for messages: "512 bytes", "3.5 KiB", "12.3 GiB", "1.49e+04 TiB".
 std::string bytes_text(double bytes);
 

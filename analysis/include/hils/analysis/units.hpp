@@ -5,8 +5,14 @@
 // (experiments/parallel/mpi_runner.hpp) shares them among ranks and writes on rank 0 only.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <variant>
@@ -44,8 +50,10 @@ struct StudyUnit;
 // Runs unit.work(sink) with the reference's own stop check on (hils::StopScope on the flag
 // request_stop sets, hils/threads.hpp): a stop requested while the reference runs ends it at
 // its next query block, as Interrupted, instead of at the end of a long stage. Every runner
-// runs a unit's work through this.
-void run_unit_work(const StudyUnit& unit, ResultSink& sink);
+// runs a unit's work through this. `stop`: the flag the reference reads instead of request_stop's
+// (ThreadedUnitRunner's run flag, which also ends the units in flight once the run failed).
+void run_unit_work(const StudyUnit& unit, ResultSink& sink,
+                   const std::atomic<int>* stop = nullptr);
 
 struct StudyUnit {
   std::string path;   // what is marked complete, e.g. unit_path(T, layer, group)
@@ -89,6 +97,29 @@ class SerialUnitRunner final : public UnitRunner {
 };
 SerialUnitRunner& serial_runner();
 
+// `jobs` units at once in this process, each on its own std::thread with an OpenMP team of
+// max(1, threads / units at once) (libgomp gives every std::thread its own team; `threads`: the
+// OpenMP threads to share, OMP_NUM_THREADS; a unit is mostly serial, so
+// several units at once use the cores better than one unit's team: README, "Several units at
+// once"). The workers take units in schedule_order and record them (RecordingSink); the calling
+// thread writes them in schedule_order through an InOrderWriter, as the MPI coordinator does,
+// so the results file is the serial runner's. The first failing unit in schedule order ends the
+// run with its error once every unit before it is written (the ones after it are dropped); a
+// stop request ends the run at the units written (units in flight stop at their next safe
+// point and are dropped). At most 2 x jobs units are taken and not yet written: held results
+// wait for a slow unit before them, and this bounds their memory.
+class ThreadedUnitRunner final : public UnitRunner {
+ public:
+  ThreadedUnitRunner(int jobs, int threads);
+  UnitsDone run(const std::vector<StudyUnit>& units, ResultSink& sink,
+                const Progress& progress) override;
+  bool holds_results() const override { return true; }
+  int jobs() const { return jobs_; }
+
+ private:
+  int jobs_, threads_;
+};
+
 // A sink that records every write and attribute in order, to be replayed into another sink
 // (the MPI runner records a unit on a worker and replays it on rank 0).
 class RecordingSink final : public ResultSink {
@@ -126,18 +157,104 @@ class RecordingSink final : public ResultSink {
   std::vector<Record> records;
 };
 
-// The layer a unit reads, loaded once for consecutive units of the same (layer, T): units of
-// one layer are listed (and, largest first, handed out) next to each other. One layer at a time
-// is held, never all of them.
-class LayerCache {
+// Units finished in any order (on MPI workers, on threads) -> written into the sink in schedule
+// order, each marked complete, as SerialUnitRunner writes them: the results file does not depend
+// on the runner. The MPI coordinator and ThreadedUnitRunner share it.
+class InOrderWriter {
  public:
-  explicit LayerCache(LayerLoader load) : load_(std::move(load)) {}
-  const AttentionInputs<double>& get(int64_t layer, int64_t T);
+  // order: schedule_order(units, sink); done: where the units written are listed (done.ran).
+  InOrderWriter(const std::vector<StudyUnit>& units, std::vector<size_t> order, ResultSink& sink,
+                const Progress& progress, UnitsDone& done);
+  // Holds a finished unit (its index into units) and its records until its turn.
+  void hold(size_t unit, RecordingSink records);
+  // Writes every held unit whose turn has come, in schedule order, and marks them complete
+  // together (ResultSink::mark_complete_all: one checkpoint, whose cost grows with the file);
+  // then reports progress. False when no unit was ready. A write failure propagates (nothing
+  // more should be written then).
+  bool write_ready();
+  size_t written() const { return next_; }
+  bool all_written() const { return next_ == order_.size(); }
+  const std::vector<size_t>& order() const { return order_; }
 
  private:
-  LayerLoader load_;
-  int64_t layer_ = -1, T_ = -1;
-  AttentionInputs<double> inputs_;
+  const std::vector<StudyUnit>& units_;
+  std::vector<size_t> order_;
+  ResultSink& sink_;
+  const Progress& progress_;
+  UnitsDone& done_;
+  size_t next_ = 0;                          // order_[next_] is the next unit to write
+  std::map<size_t, RecordingSink> held_;     // finished, waiting for their turn
+};
+
+// A value loaded once per key and shared while in use, safe to call from several threads (units
+// running at once): get(key) returns the value held for key, or loads it (one thread loads, the
+// others asking for the same key wait for it). Before a load, every value no caller holds any
+// more is dropped: one at a time with one runner thread (consecutive units of a layer share
+// it), at most one per unit in flight with several.
+template <class Key, class Value>
+class SharedLoads {
+ public:
+  using Ptr = std::shared_ptr<const Value>;
+  explicit SharedLoads(std::function<Value(const Key&)> load) : load_(std::move(load)) {}
+
+  Ptr get(const Key& key) {
+    std::promise<Ptr> loading;
+    std::shared_future<Ptr> value;
+    bool load_here = false;
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      const auto found = held_.find(key);
+      if (found != held_.end()) {
+        value = found->second;  // loaded, or being loaded by another thread: get() waits
+      } else {
+        drop_unused();  // free the previous layer before loading the next
+        value = held_[key] = loading.get_future().share();
+        load_here = true;
+      }
+    }
+    if (load_here) {
+      try {
+        loading.set_value(std::make_shared<const Value>(load_(key)));
+      } catch (...) {
+        loading.set_exception(std::current_exception());
+        const std::lock_guard<std::mutex> lock(mutex_);
+        held_.erase(key);  // a later call tries again
+      }
+    }
+    return value.get();
+  }
+
+ private:
+  // Values loaded that nobody holds but this cache (the future's own copy).
+  void drop_unused() {
+    for (auto it = held_.begin(); it != held_.end();) {
+      const bool ready = it->second.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+      bool unused = false;
+      if (ready) {
+        try {
+          unused = it->second.get().use_count() == 1;
+        } catch (...) {
+          unused = true;
+        }
+      }
+      it = unused ? held_.erase(it) : std::next(it);
+    }
+  }
+  std::function<Value(const Key&)> load_;
+  std::mutex mutex_;
+  std::map<Key, std::shared_future<Ptr>> held_;
+};
+
+// The layer a unit reads, loaded once for consecutive units of the same (layer, T): units of
+// one layer are listed (and, largest first, handed out) next to each other. One layer is held
+// per unit in flight (SharedLoads), never all of them; the units hold it while they run.
+class LayerCache {
+ public:
+  explicit LayerCache(LayerLoader load);
+  std::shared_ptr<const AttentionInputs<double>> get(int64_t layer, int64_t T);
+
+ private:
+  SharedLoads<std::pair<int64_t, int64_t>, AttentionInputs<double>> loads_;
 };
 
 }  // namespace hils::analysis

@@ -1,0 +1,255 @@
+// The unit runners (analysis/include/hils/analysis/units.hpp): ThreadedUnitRunner writes what
+// SerialUnitRunner writes, in the same order, whatever order its units finish in; the first
+// failing unit in schedule order ends the run with the units before it complete and none after;
+// a stop request ends it promptly at the units written. Units here are small lambdas that wait
+// for one another (Latch), so that a later unit finishes first on every run, not by chance.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+#include "hils/analysis/units.hpp"
+#include "hils/threads.hpp"
+
+using namespace hils;
+using namespace hils::analysis;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// A MemorySink that also lists every write and mark in the order they came. Runners that mark
+// several units complete at once (ResultSink::mark_complete_all, one checkpoint) mark them after
+// their writes: compare the writes' order and the marks' order (MemorySink::completed).
+class LogSink final : public MemorySink {
+ public:
+  using MemorySink::write;
+  void write(const std::string& path, const std::vector<double>& values,
+             const std::string& meaning) override {
+    MemorySink::write(path, values, meaning);
+    log.push_back("write " + path);
+  }
+  void mark_complete(const std::string& unit) override {
+    MemorySink::mark_complete(unit);
+    log.push_back("complete " + unit);
+  }
+  std::vector<std::string> log;
+};
+
+// Units that finished, for units that wait for a later one (bounded: a runner that does not
+// run them at once makes the wait time out, not hang).
+class Finished {
+ public:
+  void add(const std::string& unit) {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      done_.insert(unit);
+    }
+    changed_.notify_all();
+  }
+  bool wait_for(const std::string& unit, std::chrono::milliseconds bound) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return changed_.wait_for(lock, bound, [&] { return done_.count(unit) > 0; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::set<std::string> done_;
+};
+
+// `count` units "u0".. of decreasing cost (schedule order = list order); each writes two
+// datasets. A unit of `waits` {i, j} finishes (or fails) only after unit j has.
+struct UnitPlan {
+  int count = 6;
+  std::vector<std::pair<int, int>> waits;
+  int fails = -1;  // throws (after its wait) with "unit uN failed"
+};
+
+std::vector<StudyUnit> make_units(const UnitPlan& plan, Finished& finished) {
+  std::vector<StudyUnit> units;
+  for (int i = 0; i < plan.count; ++i) {
+    const std::string path = "u" + std::to_string(i);
+    units.push_back({path, static_cast<double>(plan.count - i), [=, &finished](ResultSink& s) {
+                       for (const auto& [unit, after] : plan.waits)
+                         if (i == unit)
+                           finished.wait_for("u" + std::to_string(after),
+                                             std::chrono::milliseconds(3000));
+                       if (i == plan.fails) {
+                         finished.add(path);
+                         throw std::runtime_error("unit " + path + " failed");
+                       }
+                       s.write(path + "/a", std::vector<double>{1.0 * i}, "a");
+                       s.write(path + "/b", std::vector<double>{2.0 * i}, "b");
+                       finished.add(path);
+                     }});
+  }
+  return units;
+}
+
+std::vector<std::string> writes(const std::vector<std::string>& log) {
+  std::vector<std::string> out;
+  for (const auto& event : log)
+    if (event.rfind("write ", 0) == 0) out.push_back(event);
+  return out;
+}
+
+std::vector<std::string> serial_log(const UnitPlan& plan) {
+  Finished finished;
+  UnitPlan no_wait = plan;
+  no_wait.waits.clear();
+  LogSink sink;
+  serial_runner().run(make_units(no_wait, finished), sink, {});
+  return sink.log;
+}
+
+}  // namespace
+
+TEST_CASE("threaded runner: the serial runner's writes in schedule order, whatever finishes first",
+          "[units]") {
+  // u0 (first in schedule order) finishes only after u1 (and u3 after u5): a runner writing in
+  // completion order would write u1 first.
+  for (int jobs : {2, 3, 8}) {  // 8 > the 6 units
+    UnitPlan plan;
+    plan.waits = {{0, 1}};
+    Finished finished;
+    LogSink sink;
+    std::vector<int64_t> progress_seen;
+    const auto units = make_units(plan, finished);
+    ThreadedUnitRunner runner(jobs, 2);
+    const auto done =
+        runner.run(units, sink, [&](int64_t n, int64_t) { progress_seen.push_back(n); });
+    INFO("jobs " << jobs);
+    CHECK(writes(sink.log) == writes(serial_log(plan)));
+    CHECK(done.ran == std::vector<size_t>{0, 1, 2, 3, 4, 5});
+    CHECK(sink.completed == std::vector<std::string>{"u0", "u1", "u2", "u3", "u4", "u5"});
+    REQUIRE(!progress_seen.empty());
+    CHECK(progress_seen.back() == 6);
+  }
+}
+
+TEST_CASE("threaded runner: complete units are skipped, the rest run in schedule order",
+          "[units]") {
+  Finished finished;
+  LogSink sink;
+  sink.mark_complete("u2");
+  sink.log.clear();
+  const auto done = ThreadedUnitRunner(3, 1).run(make_units({}, finished), sink, {});
+  CHECK(done.skipped == 1);
+  CHECK(done.ran == std::vector<size_t>{0, 1, 3, 4, 5});
+}
+
+TEST_CASE("threaded runner: the first failing unit ends the run as in the serial runner",
+          "[units]") {
+  // u3 fails; u0 finishes only after it (so u0..u2 reach the writer with the failure) and,
+  // with 3 at once, u3 fails only after u4 has finished: u0..u2 are written and complete, u4
+  // and u5 not.
+  for (int jobs : {2, 3}) {
+    UnitPlan plan;
+    plan.fails = 3;
+    plan.waits = {{0, 3}};
+    if (jobs == 3) plan.waits.push_back({3, 4});
+    Finished finished;
+    LogSink sink;
+    std::string error;
+    try {
+      ThreadedUnitRunner(jobs, 1).run(make_units(plan, finished), sink, {});
+    } catch (const std::runtime_error& e) {
+      error = e.what();
+    }
+    INFO("jobs " << jobs);
+    CHECK(error == "unit u3 failed");
+    if (jobs == 3) CHECK(finished.wait_for("u4", std::chrono::milliseconds(0)));  // dropped
+    std::string serial_error;
+    LogSink serial;
+    try {
+      Finished unused;
+      serial_runner().run(make_units({6, {}, 3}, unused), serial, {});
+    } catch (const std::runtime_error& e) {
+      serial_error = e.what();
+    }
+    CHECK(error == serial_error);
+    CHECK(writes(sink.log) == writes(serial.log));
+    CHECK(sink.completed == serial.completed);
+    CHECK(sink.completed == std::vector<std::string>{"u0", "u1", "u2"});
+  }
+}
+
+TEST_CASE("threaded runner: a stop request ends the run promptly at the units written",
+          "[units]") {
+  // u2 asks to stop (as the signal handler does), then runs on, as the reference does, until
+  // the flag of its thread's StopScope says stop (hils/threads.hpp); u3.. would take 10 s each
+  // unless told so too. u1 finishes just after the request, without a safe point: it must not
+  // be written. The run ends within a bound, at whole units that come first in schedule order.
+  clear_stop_request();
+  std::atomic<bool> requested{false};
+  auto reference_like = [](std::chrono::seconds length) {
+    const auto end = Clock::now() + length;
+    while (Clock::now() < end) {
+      const std::atomic<int>* flag = hils::detail::stop_flag();
+      if (flag && flag->load() != 0) throw Stopped(flag->load());
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
+  std::vector<StudyUnit> units;
+  for (int i = 0; i < 8; ++i) {
+    const std::string path = "u" + std::to_string(i);
+    units.push_back({path, 8.0 - i, [i, path, &requested, reference_like](ResultSink& s) {
+                       if (i == 1)
+                         while (!requested) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                       if (i == 2) {
+                         request_stop(SIGINT);
+                         requested = true;
+                       }
+                       if (i >= 2) reference_like(std::chrono::seconds(10));
+                       s.write(path + "/a", std::vector<double>{1.0 * i}, "a");
+                     }});
+  }
+  LogSink sink;
+  const auto start = Clock::now();
+  int signal = 0;
+  try {
+    ThreadedUnitRunner(3, 1).run(units, sink, {});
+  } catch (const Interrupted& e) {
+    signal = e.signal_number;
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  clear_stop_request();
+  CHECK(requested);
+  CHECK(signal == SIGINT);
+  CHECK(seconds < 2.0);
+  // Whole units, a prefix of the schedule, u1 (finished after the request) not among them.
+  REQUIRE(sink.completed.size() <= 1);
+  for (size_t i = 0; i < sink.completed.size(); ++i) {
+    CHECK(sink.completed[i] == "u" + std::to_string(i));
+    CHECK(writes(sink.log).at(i) == "write u" + std::to_string(i) + "/a");
+  }
+  CHECK(sink.log.size() == 2 * sink.completed.size());  // no write of a unit not complete
+}
+
+TEST_CASE("shared loads: one load per key for the units that use it at once", "[units]") {
+  std::atomic<int> loads{0};
+  SharedLoads<int, std::vector<int>> cache([&loads](const int& key) {
+    ++loads;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return std::vector<int>(3, key);
+  });
+  std::vector<std::thread> threads;
+  std::vector<int> seen(4, -1);
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] { seen[t] = cache.get(7)->at(0); });
+  for (auto& thread : threads) thread.join();
+  CHECK(loads == 1);
+  CHECK(seen == std::vector<int>(4, 7));
+  // Unused values are dropped before the next load; a held one stays.
+  const auto held = cache.get(7);
+  cache.get(8);
+  CHECK(loads == 2);
+  cache.get(7);
+  CHECK(loads == 2);  // still held above: not loaded again
+}
