@@ -54,9 +54,14 @@ UnitsDone SerialUnitRunner::run(const std::vector<StudyUnit>& units, ResultSink&
   UnitsDone done;
   const auto order = schedule_order(units, sink);
   done.skipped = static_cast<int64_t>(units.size() - order.size());
+  const PublishFinishedUnits keep_finished_units(sink);
   for (size_t i : order) {
     throw_if_stop_requested();
-    run_unit_work(units[i], sink);
+    // Recorded, then written whole: a unit stopped or failing half-way writes nothing, so the
+    // units before it can be published without it (ResultSink::publish_completed).
+    RecordingSink records;
+    run_unit_work(units[i], records);
+    records.replay(sink);
     sink.mark_complete(units[i].path);
     done.ran.push_back(i);
     if (progress)
@@ -132,7 +137,8 @@ std::shared_ptr<const AttentionInputs<double>> LayerCache::get(int64_t layer, in
 
 InOrderWriter::InOrderWriter(const std::vector<StudyUnit>& units, std::vector<size_t> order,
                              ResultSink& sink, const Progress& progress, UnitsDone& done)
-    : units_(units), order_(std::move(order)), sink_(sink), progress_(progress), done_(done) {}
+    : units_(units), order_(std::move(order)), sink_(sink), progress_(progress), done_(done),
+      keep_finished_units_(sink) {}
 
 void InOrderWriter::hold(size_t unit, RecordingSink records) {
   held_.emplace(unit, std::move(records));

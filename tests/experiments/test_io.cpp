@@ -1,6 +1,7 @@
 // Activation and results files through the library: round trips, atomic writes, resuming.
 #include <catch2/catch.hpp>
 
+#include "hils/analysis/units.hpp"
 #include "io/activation_file.hpp"
 #include "io/file_error.hpp"
 #include "io/results_file.hpp"
@@ -100,7 +101,8 @@ TEST_CASE("results sink: mark_complete_all publishes the units together, in orde
   TempDir dir("io_complete_all");
   auto path = dir / "r.h5";
   auto writer = io::ResultsWriter::create(path, {{{"study", "x"}}, 9, "test"});
-  io::ResultsWriterSink sink(writer);
+  io::ResultsWriterSink sink(writer, io::ResultsWriterSink::ReadBack::nothing, nullptr,
+                             /*checkpoint_spacing=*/0);  // every completion publishes
   sink.write("u0/x", std::vector<double>{1, 2}, "x");
   sink.mark_complete("u0");
   sink.write("u2/x", std::vector<double>{3}, "x");
@@ -124,6 +126,70 @@ TEST_CASE("results sink: mark_complete_all publishes the units together, in orde
   writer.commit();
   CHECK(io::ResultsReader(path).string_attribute("", "complete_units") ==
         R"(["u0","u2","u1"])");
+}
+
+namespace {
+std::string published_units(const std::filesystem::path& path) {
+  return io::ResultsReader(path).string_attribute("", "complete_units");
+}
+}  // namespace
+
+TEST_CASE("results sink: checkpoints are spaced, and the units they skipped are published when "
+          "a run ends early", "[io]") {
+  TempDir dir("io_spaced_checkpoints");
+  auto path = dir / "r.h5";
+  auto writer = io::ResultsWriter::create(path, {{{"study", "x"}}, 9, "test"});
+  // A spacing no test run reaches: after the first checkpoint, none until publish_completed.
+  io::ResultsWriterSink sink(writer, io::ResultsWriterSink::ReadBack::nothing, nullptr, 1e12);
+  sink.write("u0/x", std::vector<double>{1}, "x");
+  sink.mark_complete("u0");  // the first completion publishes at once
+  CHECK(published_units(path) == R"(["u0"])");
+  sink.write("u1/x", std::vector<double>{2}, "x");
+  sink.mark_complete("u1");
+  sink.write("u2/x", std::vector<double>{3}, "x");
+  sink.mark_complete_all({"u2"});
+  CHECK(published_units(path) == R"(["u0"])");  // spaced: not yet
+  // Part of an unfinished unit written: publishing now would take it along, so nothing is.
+  sink.write("u3/x", std::vector<double>{4}, "x");
+  sink.publish_completed();
+  CHECK(published_units(path) == R"(["u0"])");
+  CHECK_FALSE(io::ResultsReader(path).exists("u3/x"));
+  sink.write("u3/y", std::vector<double>{5}, "y");
+  sink.mark_complete("u3");
+  sink.publish_completed();  // nothing written since u3's completion: u1, u2, u3 published
+  CHECK(published_units(path) == R"(["u0","u1","u2","u3"])");
+  CHECK(io::ResultsReader(path).matrix("u2/x") == hils::Matrix<double>::Constant(1, 1, 3));
+  sink.publish_completed();  // nothing left: no error
+  writer.commit();
+  CHECK(published_units(path) == R"(["u0","u1","u2","u3"])");
+}
+
+TEST_CASE("a run that ends early publishes every unit it finished, whatever the spacing",
+          "[io]") {
+  TempDir dir("io_runner_early_end");
+  for (int jobs : {0, 2}) {  // 0: the serial runner
+    INFO("jobs " << jobs);
+    auto path = dir / ("r" + std::to_string(jobs) + ".h5");
+    auto writer = io::ResultsWriter::create(path, {{{"study", "x"}}, 9, "test"});
+    io::ResultsWriterSink sink(writer, io::ResultsWriterSink::ReadBack::nothing, nullptr, 1e12);
+    std::vector<hils::analysis::StudyUnit> units;
+    for (int u = 0; u < 5; ++u)
+      units.push_back({"u" + std::to_string(u), 5.0 - u, [u](hils::analysis::ResultSink& s) {
+                         s.write("u" + std::to_string(u) + "/a", std::vector<double>{1.0 * u}, "a");
+                         if (u == 3) throw hils::InvalidArgument("unit 3 fails");
+                         s.write("u" + std::to_string(u) + "/b", std::vector<double>{2.0 * u}, "b");
+                       }});
+    hils::analysis::ThreadedUnitRunner threaded(std::max(jobs, 1), 2);
+    hils::analysis::UnitRunner& runner =
+        jobs == 0 ? static_cast<hils::analysis::UnitRunner&>(hils::analysis::serial_runner())
+                  : threaded;
+    CHECK_THROWS_WITH(runner.run(units, sink, {}), Catch::Contains("unit 3 fails"));
+    // u0 was published at once; u1 and u2 only by the early end; u3 wrote "a" before failing.
+    CHECK(published_units(path) == R"(["u0","u1","u2"])");
+    io::ResultsReader published(path);
+    CHECK(published.exists("u2/b"));
+    CHECK_FALSE(published.exists("u3/a"));
+  }
 }
 
 TEST_CASE("results writer: resume keeps units and refuses another configuration", "[io]") {

@@ -18,7 +18,8 @@ class ResultSink {
  public:
   virtual ~ResultSink() = default;
   virtual bool is_complete(const std::string& unit) const = 0;
-  // Marks a unit complete and publishes everything written so far (atomically, for files).
+  // Marks a unit complete. A file publishes it (atomically) now, or with the next units when
+  // publishing has become costly (io::ResultsWriterSink: publishing copies the whole file).
   virtual void mark_complete(const std::string& unit) = 0;
   // Marks several units complete, in order, and publishes once: the MPI coordinator writes
   // the units that arrived while it was busy with one checkpoint, whose cost (a copy of the
@@ -26,6 +27,11 @@ class ResultSink {
   virtual void mark_complete_all(const std::vector<std::string>& units) {
     for (const auto& unit : units) mark_complete(unit);
   }
+  // Publishes the units marked complete and not yet published, provided nothing was written
+  // after the last of them (no part of an unfinished unit goes with them). The unit runners
+  // call it when a run ends early (a stop, a failing unit), so that every finished unit is
+  // kept. Never throws (a failure leaves the last publication as it is).
+  virtual void publish_completed() noexcept {}
   virtual void write(const std::string& path, const Matrix<double>& data,
                      const std::string& meaning) = 0;
   virtual void write(const std::string& path, const std::vector<double>& data,

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <future>
 #include <map>
@@ -157,6 +158,21 @@ class RecordingSink final : public ResultSink {
   std::vector<Record> records;
 };
 
+// Publishes the sink's finished units (ResultSink::publish_completed) when the unit loop it
+// guards ends, normally or by an exception (a stop, a failing unit): a results file spaces its
+// checkpoints, so units marked complete since the last one would otherwise wait for the commit
+// (and be lost with a run that ends before it).
+class PublishFinishedUnits {
+ public:
+  explicit PublishFinishedUnits(ResultSink& sink) : sink_(sink) {}
+  ~PublishFinishedUnits() { sink_.publish_completed(); }
+  PublishFinishedUnits(const PublishFinishedUnits&) = delete;
+  PublishFinishedUnits& operator=(const PublishFinishedUnits&) = delete;
+
+ private:
+  ResultSink& sink_;
+};
+
 // Units finished in any order (on MPI workers, on threads) -> written into the sink in schedule
 // order, each marked complete, as SerialUnitRunner writes them: the results file does not depend
 // on the runner. The MPI coordinator and ThreadedUnitRunner share it.
@@ -184,6 +200,7 @@ class InOrderWriter {
   UnitsDone& done_;
   size_t next_ = 0;                          // order_[next_] is the next unit to write
   std::map<size_t, RecordingSink> held_;     // finished, waiting for their turn
+  PublishFinishedUnits keep_finished_units_;  // publishes the units written when the loop ends
 };
 
 // A value loaded once per key and shared while in use, safe to call from several threads (units
