@@ -58,21 +58,27 @@ void require_fusion_row(const MechanismSpec& spec, const FusionRow<Scalar>& row,
                         const Matrix<Scalar>& k, const Matrix<Scalar>& v,
                         const Geometry& geometry, const Eigen::Ref<RowVector<Scalar>>& o,
                         const Eigen::Ref<RowVector<Scalar>>& weights) {
+  // fuse runs once per row in the oracle's forced fusion: the messages are built only for a
+  // failing check.
   const auto d = k.cols(), dv = v.cols();
-  require(k.rows() == geometry.T() && v.rows() == geometry.T(), "k, v",
-          "T = " + std::to_string(geometry.T()) + " rows each (the geometry's slots)",
-          shape_text(k.rows(), d) + " and " + shape_text(v.rows(), dv));
-  require(row.q.size() == d, "row.q", "d = " + std::to_string(d) + " entries (k's columns)",
-          std::to_string(row.q.size()));
-  require(row.K >= 0 && (row.K == 0 || row.selected), "row.selected, row.K",
-          "K >= 0 chunk slots (selected not null when K > 0)", "K = " + std::to_string(row.K));
-  require(row.o_window.size() == dv, "row.o_window",
-          "dv = " + std::to_string(dv) + " entries (v's columns)",
-          std::to_string(row.o_window.size()));
-  require(o.size() == dv, "o", "dv = " + std::to_string(dv) + " entries (v's columns)",
-          std::to_string(o.size()));
-  require(weights.size() == row.K + 2, "weights",
-          "K + 2 = " + std::to_string(row.K + 2) + " entries", std::to_string(weights.size()));
+  if (k.rows() != geometry.T() || v.rows() != geometry.T())
+    require(false, "k, v", "T = " + std::to_string(geometry.T()) + " rows each (the geometry's slots)",
+            shape_text(k.rows(), d) + " and " + shape_text(v.rows(), dv));
+  if (row.q.size() != d)
+    require(false, "row.q", "d = " + std::to_string(d) + " entries (k's columns)",
+            std::to_string(row.q.size()));
+  if (row.K < 0 || (row.K > 0 && !row.selected))
+    require(false, "row.selected, row.K", "K >= 0 chunk slots (selected not null when K > 0)",
+            "K = " + std::to_string(row.K));
+  if (row.o_window.size() != dv)
+    require(false, "row.o_window", "dv = " + std::to_string(dv) + " entries (v's columns)",
+            std::to_string(row.o_window.size()));
+  if (o.size() != dv)
+    require(false, "o", "dv = " + std::to_string(dv) + " entries (v's columns)",
+            std::to_string(o.size()));
+  if (weights.size() != row.K + 2)
+    require(false, "weights", "K + 2 = " + std::to_string(row.K + 2) + " entries",
+            std::to_string(weights.size()));
   // A row with no chunk selected (K = 0, all padding, no chunk yet) reads no score.
   const bool any_chunk =
       std::any_of(row.selected, row.selected + row.K, [](int32_t c) { return c >= 0; });
