@@ -296,3 +296,31 @@ def test_the_packed_kernels_refuse_more_kv_heads_than_their_grid_holds(lib):
     assert (rc, message.split(" where")[0]) == (2, "Hkv: expected <= 65535")
     assert message.endswith("hils::gpu::set_packed_kernels(false) runs the SIMT kernels), got 70000")
 
+
+def _decode(**fields):
+    """hils_gpu_decode of the hils preset (B 2, T 1000, Hq 4, Hkv 2, d 64, S 64, W 256, K 4)."""
+    p = hils.gpu.Decode()
+    p.B, p.T, p.Hq, p.Hkv, p.d, p.dv, p.S, p.W, p.K = 2, 1000, 4, 2, 64, 64, 64, 256, 4
+    p.landmarks, p.key_rule, p.bias_rule = 1, hils.gpu.KEY["taylor"], hils.gpu.BIAS["entropy"]
+    p.group_rule, p.fusion = hils.gpu.GROUP["max_normalized"], hils.gpu.FUSION["hierarchical"]
+    p.k = p.v = p.summary_key = p.summary_bias = p.q = FAKE.value
+    for name, value in fields.items():
+        setattr(p, name, value)
+    return p
+
+
+def test_the_decode_step_refuses_enum_values_out_of_range(lib):
+    size = ctypes.c_size_t()
+    def call(**fields):
+        rc = lib.lib.hils_gpu_decode_workspace_bytes(ctypes.byref(_decode(**fields)), ctypes.byref(size))
+        return rc, lib.lib.hils_gpu_decode_last_error().decode()
+    assert call() == (0, "")
+    # group_rule 7 ran as max_raw, key_rule and bias_rule 99 were accepted before session 21
+    assert call(group_rule=7) == (2, "group_rule: expected one of 0 (max_normalized), 1 (sum_probabilities), "
+                                     "2 (max_raw), got 7")
+    assert call(group_rule=-1)[1].endswith("got -1")
+    assert call(key_rule=99) == (2, "key_rule: expected one of 0 (exact), 1 (mean), 2 (landmark_key), "
+                                    "3 (taylor), got 99")
+    assert call(bias_rule=99) == (2, "bias_rule: expected one of 0 (none), 1 (entropy), got 99")
+    assert call(fusion=9)[1].startswith("fusion: expected one of 0 (full)")
+
