@@ -324,3 +324,13 @@ def test_the_decode_step_refuses_enum_values_out_of_range(lib):
     assert call(bias_rule=99) == (2, "bias_rule: expected one of 0 (none), 1 (entropy), got 99")
     assert call(fusion=9)[1].startswith("fusion: expected one of 0 (full)")
 
+
+def test_stages_lets_the_library_judge_the_spec_before_allocating(lib):
+    # S = 0 was a ZeroDivisionError in Stages (T // S) and K = 10^9 an out-of-memory error of
+    # 15 TiB; the library names them before any buffer (torch is not needed to get there).
+    with pytest.raises(hils.gpu.GpuInvalidArgument,
+                       match=r"^hils_gpu_workspace_bytes: S: expected >= 2 with landmarks, got 0 \(return code 2\)$"):
+        hils.gpu.Stages(lib, _problem(S=0))
+    with pytest.raises(hils.gpu.GpuInvalidArgument, match=r"K: expected G\*d \+ G \+ 2K <= 3072"):
+        hils.gpu.Stages(lib, _problem(K=10**9))
+
