@@ -334,3 +334,13 @@ def test_stages_lets_the_library_judge_the_spec_before_allocating(lib):
     with pytest.raises(hils.gpu.GpuInvalidArgument, match=r"K: expected G\*d \+ G \+ 2K <= 3072"):
         hils.gpu.Stages(lib, _problem(K=10**9))
 
+
+def test_gpu_check_prints_its_usage():
+    # README sends users to scripts/gpu_check.sh and its --help; it was an unknown argument (exit 2).
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--help"], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Builds and runs every GPU test")
+    assert "--python: only `pip install .`" in result.stdout and "set -euo" not in result.stdout
+    wrong = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--hepl"], capture_output=True, text=True)
+    assert wrong.returncode == 2 and "or --help)" in wrong.stderr
