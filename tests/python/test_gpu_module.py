@@ -1,13 +1,14 @@
 """hils.gpu (python/hils/gpu) where no GPU is needed: `import hils` imports neither torch nor
 hils._core (the ImportError naming _core comes at first use), `import hils.gpu` works without
 either; the library is found by path, HILS_GPU_LIB or the package folder, or refused naming all
-three; spec and argument errors name the argument before the library is looked for; the spec
+three; spec and argument errors (forward's, DecodeCache's) name the argument before the library
+is looked for; the spec
 tables match the C++ ones (reference/include/hils/spec.hpp, spec_fields.hpp, reference/src/
 spec.cpp); the built libhils_gpu_c.so loads, lists its enums and kernels, and its refusals come
 back as exceptions carrying hils_gpu_last_error()'s text. The kernels themselves:
-test_gpu_forward.py (label gpu). The C API's host checks that come before any CUDA call (null
-outputs, workspace_bytes' shapes, the packed kernels' head limit, the decode step's enums) and
-scripts/gpu_check.sh --help are checked here too."""
+test_gpu_forward.py and test_gpu_decode.py (label gpu). The C API's host checks that come before
+any CUDA call (null outputs, workspace_bytes' shapes, the packed kernels' head limit, the decode
+step's enums) and scripts/gpu_check.sh --help are checked here too."""
 
 import ctypes
 import os
@@ -344,3 +345,59 @@ def test_gpu_check_prints_its_usage():
     assert "--python: only `pip install .`" in result.stdout and "set -euo" not in result.stdout
     wrong = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--hepl"], capture_output=True, text=True)
     assert wrong.returncode == 2 and "or --help)" in wrong.stderr
+
+
+def test_decode_cache_arguments_are_named_before_the_library_is_looked_for(bare_package):
+    # No torch, no library: the spec, the store, the kernel and the capacity are named first,
+    # then the prefix's tensors (hils.gpu.DecodeCache; the tensor checks on a GPU:
+    # test_gpu_decode.py).
+    result = bare_package("""
+        import numpy as np
+        import hils.gpu
+        q = np.zeros((1, 2, 8, 4), np.float32)
+        def error(spec={"preset": "hils"}, **options):
+            arguments = dict(capacity=16)
+            arguments.update(options)
+            try:
+                hils.gpu.DecodeCache(spec, q, q, q, **arguments)
+            except Exception as e:
+                return f"{type(e).__name__}: {e}"
+        for spec in ({"preset": "full"}, {"preset": "naive_bsa"}, {"preset": "hils", "prior_rule": "shared"},
+                     {"preset": "hils", "landmarks": False}, {"preset": "hils", "K": 8.0}):
+            print(error(spec))
+        print(error(summaries="fp16"))
+        print(error(kernel="d99"))
+        print(error(kernel="d39", summaries="int4h"))
+        print(error(kernel=25))
+        print(error(capacity=0))
+        print(error(capacity=16.0))
+        print(error({"preset": "nsa"}, summaries="int4", kernel="d5"))
+    """)
+    lines = result.stdout.splitlines()
+    assert lines == [
+        "ValueError: spec['fusion']: expected flat or hierarchical for the decode step (a mechanism "
+        "that selects chunks, decode.hpp), got 'full'",
+        "ValueError: spec['key_rule']: expected mean, landmark_key or taylor for the decode step (the "
+        "cache keeps summaries; exact has none), got 'exact'",
+        "ValueError: spec['prior_rule']: the decode cache summarizes each completed chunk with the "
+        "query of its landmark slot (landmark_query); 'shared' priors are not supported",
+        "ValueError: spec['landmarks']: expected true for prior_rule landmark_query (the prior is q~ "
+        "at each chunk's landmark slot), got false",
+        "TypeError: spec['K']: expected an integer, found float 8.0",
+        "ValueError: summaries: expected one of bf16 | fp8 | int4 | int4h, got 'fp16'",
+        "ValueError: kernel: unknown decode kernel 'd99' (expected one of fused, d5, d29, d34, d35, "
+        "d36, d39, d40)",
+        "ValueError: kernel: int4h summaries are scanned by d40 only (decode.hpp, "
+        "SummaryType::int4_h), got 'd39'",
+        "TypeError: kernel: expected a decode kernel's name (str), found int",
+        "ValueError: capacity: expected an integer >= 1, got 0",
+        "TypeError: capacity: expected an integer, found float 16.0",
+        "TypeError: q: expected a torch CUDA tensor (bfloat16) [B, Hq, T0, d], found numpy.ndarray",
+    ], result.stderr
+
+
+def test_the_decode_kernels_known_before_loading_are_the_librarys(lib, bare_package):
+    # DecodeCache checks kernel names before any library is loaded: the table it starts with
+    # must be the one the library lists (hils_gpu_enum_names "decode_kernel").
+    before = bare_package("import hils.gpu\nprint(sorted(hils.gpu.DECODE_KERNEL.items()))")
+    assert before.stdout.strip() == str(sorted(hils.gpu.DECODE_KERNEL.items())), before.stderr

@@ -22,8 +22,16 @@ find_library says where it looked. Stage by stage, as the benchmarks (gpu/bench)
     stages.forward()       # window, summaries, selection, sparse stage: stages.o, .lse, ...
     stages.run()           # the same forward as one hils_gpu_run call (o and lse only)
 
-The decode step's structs (Decode, DecodeOutputs) and kernel names (DECODE_KERNEL, kernel_code
-("decode_kernel", name)) are here too; gpu/bench/bench_decode.py drives them. `import hils.gpu`
+The decode step, one new query per sequence against a cache of K/V slots and chunk summaries
+(hils/gpu/decode.py):
+
+    cache = hils.gpu.DecodeCache(spec, q, k, v, capacity=4096, summaries="fp8")  # prefix [B, heads, T0, d]
+    cache.append(k_new, v_new)          # [B, Hkv, d], [B, Hkv, dv] bf16: slot T-1
+    out = cache.step(q_new)             # [B, Hq, d] -> {"o": [B, Hq, dv], "lse": [B, Hq], "selection": [B, Hkv, K]}
+    report = hils.verify(**cache.verify_arguments(out, b=0))
+
+Its structs (Decode, DecodeOutputs) and kernel names (DECODE_KERNEL, kernel_code("decode_kernel",
+name)) are here too; gpu/bench/bench_decode.py drives them on random caches. `import hils.gpu`
 needs neither torch nor hils._core: the library and its tables load without torch, the tensors
 need it.
 """
@@ -33,11 +41,13 @@ from .library import (APPROXIMATE_SELECT_KERNELS, BIAS, DECODE_KERNEL, ENV_VAR, 
                       WINDOW_KERNEL, Decode, DecodeOutputs, GpuError, GpuInvalidArgument, Library,
                       Problem, find_library, kernel_code, load_library, packed_kernels, set_packed,
                       set_sparse, set_window, sparse_kernel, window_kernel)
+from .decode import SUMMARY_STORES, DecodeCache
 from .spec import PRESETS, SPEC_KEYS, resolve as resolve_spec
 from .stages import (Stages, check_inputs, enum_values, make_problem, problem, ptr, require_torch,
                      stream_ptr)
 
 __all__ = ["forward", "verify_options", "resolve_spec", "PRESETS", "SPEC_KEYS",
+           "DecodeCache", "SUMMARY_STORES",
            # the library
            "Library", "load_library", "find_library", "ENV_VAR", "GpuError", "GpuInvalidArgument",
            "KEY", "BIAS", "PRIOR", "GROUP", "FUSION", "KERNELS", "SELECT_KERNEL", "SPARSE_KERNEL",
