@@ -2,7 +2,8 @@
 # Builds and runs every GPU test, compute-sanitizer memcheck and the benchmark, on the device
 # machine. Usage (repository root):
 #   scripts/gpu_check.sh [--build-only] [--no-bench] [--quick] [--no-report] [--profile] [--python]
-#                        [--decode]
+#                        [--decode] [--help]
+# --help: prints this text (and runs nothing).
 # --decode: only the decode step: its tests ("gpu decode*"), the `hils verify` dumps of one step
 # (gpu/bench/dump_decode_verify.py), gpu/bench/bench_decode.py and compute-sanitizer memcheck of
 # the tests (decode.log, decode.json in $OUT).
@@ -37,6 +38,7 @@ PYTHON=0
 DECODE=0
 for arg in "$@"; do
   case "$arg" in
+    -h|--help) sed -n '2,/^set -euo pipefail/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
     --build-only) BUILD_ONLY=1 ;;
     --no-bench) BENCH=0 ;;
     --quick) QUICK=1 ;;
@@ -44,7 +46,7 @@ for arg in "$@"; do
     --profile) PROFILE=1 ;;
     --python) PYTHON=1 ;;
     --decode) DECODE=1 ;;
-    *) echo "gpu_check.sh: unknown argument '$arg' (expected --build-only, --no-bench, --quick, --no-report, --profile, --python or --decode)" >&2; exit 2 ;;
+    *) echo "gpu_check.sh: unknown argument '$arg' (expected --build-only, --no-bench, --quick, --no-report, --profile, --python, --decode or --help)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$OUT" "$BUILD"

@@ -58,17 +58,36 @@ __all__ = ["forward", "verify_options", "resolve_spec", "PRESETS", "SPEC_KEYS",
            "Stages", "problem", "make_problem", "check_inputs", "enum_values", "ptr", "stream_ptr", "require_torch"]
 
 
-def forward(q, k, v, spec, *, q_retrieval=None, prior=None, library=None):
+def _require_finite(name, t):
+    """ValueError naming `name`, the first NaN or Inf and its index, unless every value of t is
+    finite (one reduction on the device and one synchronisation)."""
+    finite = require_torch().isfinite(t)
+    if bool(finite.all()):
+        return
+    index = tuple(int(i) for i in (~finite).nonzero()[0].tolist())
+    raise ValueError(f"{name}: expected finite values (hils.verify refuses NaN and Inf inputs too), found "
+                     f"{t[index].item()} at {list(index)}; check_finite=False skips this check")
+
+
+def forward(q, k, v, spec, *, q_retrieval=None, prior=None, library=None, check_finite=True):
     """The mechanism of `spec` (hils.verify's dict: "preset" and the spec keys S, W, K, key_rule,
     ..., data/verify_format.md) on the GPU -> {"o": [Hq, T, dv], "lse": [Hq, T]} (float32), plus
     "selection" [Hkv, T, K] (int32, the chunks each KV head's group selected) for the mechanisms
     that select (flat or hierarchical fusion). q_retrieval [Hq, T, d] and prior [Hq, rows, d] as in
     hils.verify. library: a Library or a path (default: find_library()). Each stage is the
     library's default kernel (README "Calling the GPU kernels"); outputs are on q's device, written
-    on torch's current stream."""
+    on torch's current stream. check_finite: refuse NaN and Inf in the inputs (ValueError naming
+    the tensor and the first such element) as hils.verify does; this reads every input once and
+    synchronises with the device (False skips it, e.g. inside a CUDA graph capture). Unchecked,
+    such a value spreads beyond the rows that attend to it: a NaN in v reaches earlier rows of
+    its tile (masked probabilities 0 times NaN; gpu/NOTES.md "Careless-user audit (session 21)")."""
     fields = resolve_spec(spec)  # spec errors first: no torch or library needed
     check_inputs(q, k, v, q_retrieval, prior)
     torch = require_torch()
+    if check_finite:
+        for name, t in (("q", q), ("k", k), ("v", v), ("q_retrieval", q_retrieval), ("prior", prior)):
+            if t is not None:
+                _require_finite(name, t)
     lib = load_library(library)
     with torch.cuda.device(q.device):
         stages = Stages(lib, problem(fields, q, k, v, q_retrieval, prior))
