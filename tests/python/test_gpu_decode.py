@@ -7,7 +7,9 @@ with d40), K = 32 with more than 32 candidates (the default kernel's selection i
 gpu/NOTES.md "d36"), the steps that complete a chunk and the last one judged again on the test's
 own full q, q~, k and v; a flat mechanism without prior (nsa); a planted fault that must FAIL (a
 completed chunk summarized with another head's prior); bad arguments named before the library is
-looked for, the cache's own refusals, and a refusal of the library itself. Needs libhils_gpu_c.so
+looked for, the cache's own refusals (out= tensors included), and a refusal of the library
+itself; a step captured in a CUDA graph replays the eager step bit for bit (out= buffers), which a
+planted fault breaks, and int4h's capture of a chunk completion is refused. Needs libhils_gpu_c.so
 (HILS_GPU_LIB) and hils._core; ctest label gpu; skipped without torch or CUDA. Each boundary
 report is printed, and per walk the largest headroom of every tensor (pytest -s)."""
 
@@ -114,6 +116,122 @@ def test_a_planted_fault_fails():
     assert not report.passed and not report.tensors["summary_key"].passed
 
 
+GRAPH_T0 = 2236  # the captured steps: T = 2240 completes chunk 34, T = 2241 completes none
+
+
+def bytes_of(tensors):
+    """name -> the tensor's bytes, so that equality is bit for bit (-0.0, NaN payloads, -inf)."""
+    return {name: t.contiguous().view(torch.uint8) for name, t in tensors.items() if t is not None}
+
+
+def differences(expected, found):
+    """The names whose tensors differ in any bit (or are missing in `found`)."""
+    a, b = bytes_of(expected), bytes_of(found)
+    return [name for name in a if name not in b or not torch.equal(a[name], b[name])]
+
+
+def summary_store_of(cache):
+    """The cache's stored summaries and priors, every store's tensors."""
+    return {name: getattr(cache, name) for name in ("key", "bias", "scale", "pairs", "key_bf16", "priors")}
+
+
+def eager_and_graphed(summaries, name="gpu_decode_cache_hils"):
+    """Two caches filled alike from slots < GRAPH_T0 of draw(name) and stepped eagerly to T = 2239:
+    (draws, eager, graphed)."""
+    q, k, v, qr = draws = draw(name)
+    caches = [hils.gpu.DecodeCache(HILS, q[:, :, :GRAPH_T0], k[:, :, :GRAPH_T0], v[:, :, :GRAPH_T0],
+                                   capacity=T_END, summaries=summaries, q_retrieval=qr[:, :, :GRAPH_T0])
+              for _ in range(2)]
+    for t in range(GRAPH_T0, 2239):
+        for cache in caches:
+            cache.append(k[:, :, t], v[:, :, t])
+            cache.step(q[:, :, t], q_retrieval=qr[:, :, t])
+    return draws, caches[0], caches[1]
+
+
+def eager_step(cache, draws, t):
+    q, k, v, qr = draws
+    cache.append(k[:, :, t], v[:, :, t])
+    return cache.step(q[:, :, t], q_retrieval=qr[:, :, t], diagnostics=True)
+
+
+def captured_step(cache, draws, t):
+    """Slot t appended, the step captured in a CUDA graph with NaN in its static q, q~ and output
+    buffers, then slot t's q and q~ copied into the static inputs and the graph replayed: what
+    the replay reads is what the buffers hold at replay. Returns (buffers, graph)."""
+    q, k, v, qr = draws
+    cache.append(k[:, :, t], v[:, :, t])
+    nan = dict(device="cuda", dtype=torch.bfloat16)
+    static_q, static_qr = torch.full((B, Hq, d), float("nan"), **nan), torch.full((B, Hq, d), float("nan"), **nan)
+    buffers = {name: torch.full(shape, -7 if dtype == torch.int32 else float("nan"), device="cuda", dtype=dtype)
+               for name, (shape, dtype) in cache.output_shapes(diagnostics=True).items()}
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        returned = cache.step(static_q, q_retrieval=static_qr, diagnostics=True, out=buffers)
+    assert all(returned[name] is buffers[name] for name in buffers)
+    static_q.copy_(q[:, :, t])
+    static_qr.copy_(qr[:, :, t])
+    graph.replay()
+    torch.cuda.synchronize()
+    return buffers, graph
+
+
+@pytest.mark.parametrize("summaries", ("bf16", "fp8", "int4"))
+def test_a_captured_step_replays_the_eager_step(summaries):
+    """step(..., out=buffers) captured in a torch.cuda.CUDAGraph and replayed gives the eager
+    step's outputs bit for bit, and the same stored summaries: at T = 2240, which completes chunk
+    34 (its summary and quantization inside the graph), and at T = 2241; a second replay gives
+    the same bits."""
+    draws, eager, graphed = eager_and_graphed(summaries)
+    for t in (2239, 2240):
+        expected = eager_step(eager, draws, t)
+        replayed, graph = captured_step(graphed, draws, t)
+        assert differences(expected, replayed) == [], f"T = {t + 1}"
+        assert differences(summary_store_of(eager), summary_store_of(graphed)) == [], f"T = {t + 1}"
+        graph.replay()
+        torch.cuda.synchronize()
+        assert differences(expected, replayed) == [], f"T = {t + 1}, second replay"
+    assert hils.verify(**graphed.verify_arguments(replayed, 1)).passed
+
+
+@pytest.mark.parametrize("plant", ("out ignored", "summary left out of the graph"))
+def test_a_planted_capture_fault_fails(plant):
+    """The comparison of test_a_captured_step_replays_the_eager_step finds a step that writes
+    its own tensors instead of out=, and a completed chunk whose summary is not made in the
+    graph (chunk 34 at T = 2240)."""
+    draws, eager, graphed = eager_and_graphed("fp8")
+    if plant == "out ignored":  # the step writes tensors of its own and hands back the caller's
+        honest = graphed.step
+        graphed.step = lambda *args, out=None, **kwargs: (honest(*args, **kwargs), out)[1]
+    else:
+        graphed._summarize_chunk = lambda c, prior: None
+    expected = eager_step(eager, draws, 2239)
+    replayed, _ = captured_step(graphed, draws, 2239)
+    found = differences(expected, replayed) + differences(summary_store_of(eager), summary_store_of(graphed))
+    print(f"\nplanted ({plant}): differing {found}")
+    assert found
+
+
+# The refused capture ends with nothing captured, and torch warns that the graph is empty.
+@pytest.mark.filterwarnings("ignore:The CUDA Graph is empty")
+def test_capturing_an_int4h_chunk_completion_is_refused():
+    """The int4h quantizer synchronizes (its refused-row flag): a step that completes a chunk is
+    refused under capture, naming the rule, and the refusal changes nothing (the same step then
+    runs eagerly, bit for bit the other cache's); the next step, which completes none, captures."""
+    draws, eager, graphed = eager_and_graphed("int4h")
+    q, k, v, qr = draws
+    graphed.append(k[:, :, 2239], v[:, :, 2239])
+    with pytest.raises(ValueError, match=r"step: T = 2240 completes chunk 34, whose int4h summary cannot "
+                                         r"be captured in a CUDA graph"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            graphed.step(q[:, :, 2239], q_retrieval=qr[:, :, 2239])
+    found = graphed.step(q[:, :, 2239], q_retrieval=qr[:, :, 2239], diagnostics=True)
+    assert differences(eager_step(eager, draws, 2239), found) == []
+    replayed, _ = captured_step(graphed, draws, 2240)
+    assert differences(eager_step(eager, draws, 2240), replayed) == []
+    assert differences(summary_store_of(eager), summary_store_of(graphed)) == []
+
+
 def test_bad_arguments_are_named_before_the_library_is_looked_for():
     q, k, v, qr = draw("gpu_decode_cache_arguments", 100)
 
@@ -163,7 +281,22 @@ def test_the_caches_own_refusals():
         cache.step(q[:, :, 100], kernel="d25")
     with pytest.raises(ValueError, match=r"out: the cache has no step at its length T = 101"):
         cache.verify_arguments({"o": q, "lse": q})
-    out = cache.step(q[:, :, 100], kernel="d5")  # a kept kernel by name
+    good = {name: torch.empty(shape, device="cuda", dtype=dtype)
+            for name, (shape, dtype) in cache.output_shapes().items()}
+    with pytest.raises(ValueError, match=r"out: expected the keys \['lse', 'o', 'selection'\] "
+                                         r"\(diagnostics=False\), found \['lse', 'o'\]"):
+        cache.step(q[:, :, 100], out={name: good[name] for name in ("o", "lse")})
+    with pytest.raises(TypeError, match=r"out\['selection'\]: expected dtype torch.int32, found torch.int64"):
+        cache.step(q[:, :, 100], out=dict(good, selection=good["selection"].long()))
+    with pytest.raises(ValueError, match=r"out\['o'\]: expected a contiguous tensor"):
+        cache.step(q[:, :, 100], out=dict(good, o=torch.empty(2, 64, 8, device="cuda").transpose(1, 2)))
+    with pytest.raises(ValueError, match=r"out\['surrogate_scores'\]: expected shape \[2, 8, 1\] \(T = 101\)"):
+        cache.step(q[:, :, 100], diagnostics=True, out=dict(
+            {name: torch.empty(shape, device="cuda", dtype=dtype)
+             for name, (shape, dtype) in cache.output_shapes(diagnostics=True).items()},
+            surrogate_scores=torch.empty(2, 8, 2, device="cuda")))
+    out = cache.step(q[:, :, 100], kernel="d5", out=good)  # a kept kernel by name, into given tensors
+    assert all(out[name] is good[name] for name in good)
     assert hils.verify(**cache.verify_arguments(out, 1)).passed
     with pytest.raises(ValueError, match=r"b: expected a sequence 0..1, got 2"):
         cache.verify_arguments(out, 2)

@@ -5,13 +5,16 @@ three; spec and argument errors (forward's, DecodeCache's) name the argument bef
 is looked for; the spec
 tables match the C++ ones (reference/include/hils/spec.hpp, spec_fields.hpp, reference/src/
 spec.cpp); the built libhils_gpu_c.so loads, lists its enums and kernels, and its refusals come
-back as exceptions carrying hils_gpu_last_error()'s text. The kernels themselves:
+back as exceptions carrying hils_gpu_last_error()'s text; the package finds the library without
+HILS_GPU_LIB: the build tree's link, or an installed package's own copy (each test skips, naming
+why, where hils is the other kind). The kernels themselves:
 test_gpu_forward.py and test_gpu_decode.py (label gpu). The C API's host checks that come before
 any CUDA call (null outputs, workspace_bytes' shapes, the packed kernels' head limit, the decode
 step's enums) and scripts/gpu_check.sh --help are checked here too."""
 
 import ctypes
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -192,15 +195,42 @@ def test_the_library_refusals_carry_its_message(lib):
     assert hils.gpu.sparse_kernel(lib) in hils.gpu.SPARSE_KERNEL  # nothing was changed
 
 
-def test_the_build_tree_package_finds_its_library():
-    # PYTHONPATH=build/python: the link that the build puts beside the package (CMakeLists.txt).
+def build_tree_of_package():
+    """The CMake build folder whose python/hils this hils was imported from
+    (<build>/python/hils beside <build>/CMakeCache.txt), or None (an installed package)."""
+    build = pathlib.Path(hils.__file__).resolve().parents[2]
+    return build if (build / "CMakeCache.txt").is_file() else None
+
+
+def found_without_variable():
+    """hils.gpu.find_library() in a fresh interpreter with HILS_GPU_LIB unset."""
     env = {key: value for key, value in os.environ.items() if key != "HILS_GPU_LIB"}
     result = subprocess.run([sys.executable, "-c", "import hils.gpu; print(hils.gpu.find_library())"],
                             capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
-    found = result.stdout.strip()
+    return result.stdout.strip()
+
+
+def test_the_build_tree_package_finds_its_library():
+    # PYTHONPATH=build/python: the link that the build puts beside the package (gpu/CMakeLists.txt).
+    if build_tree_of_package() is None:
+        pytest.skip(f"hils is imported from {os.path.dirname(hils.__file__)}, not from a build tree "
+                    f"(<build>/python/hils beside <build>/CMakeCache.txt): no build link to check")
+    found = found_without_variable()
     assert found == hils.gpu.library.package_library()
     assert os.path.samefile(found, tool("HILS_GPU_LIB"))
+
+
+def test_an_installed_package_finds_its_own_library():
+    # pip install . -C cmake.define.HILS_BUILD_GPU=ON puts the library into the package folder.
+    if build_tree_of_package() is not None:
+        pytest.skip("hils is imported from a build tree: test_the_build_tree_package_finds_its_library checks it")
+    inside = hils.gpu.library.package_library()
+    if not os.path.isfile(inside):
+        pytest.skip(f"hils is installed without its GPU library (no {inside}): built without "
+                    f"-C cmake.define.HILS_BUILD_GPU=ON or without nvcc")
+    assert found_without_variable() == inside
+    assert b"fused=0" in hils.gpu.load_library(inside).lib.hils_gpu_enum_names(b"decode_kernel")
 
 
 # ---- Host checks of the C API that run before any CUDA call (gpu/NOTES.md "Careless-user audit

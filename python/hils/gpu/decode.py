@@ -23,6 +23,10 @@ order append, step, append, step: one token per sequence per step, and a step al
 its append. The C API steps B sequences of one length T: sequences of different lengths need one
 cache each (a ragged prefix is refused naming this).
 
+step(q, out=buffers) writes preallocated outputs, so that a step can be captured in a CUDA graph
+and replayed (as gpu/bench/bench_decode.py times the kernels): the replay runs that step's length
+T again (step's docstring says what a graph keeps).
+
 Bad arguments raise TypeError / ValueError naming the argument before the library is looked
 for; a refusal of the library raises hils.gpu.GpuError (GpuInvalidArgument for bad input)."""
 
@@ -184,8 +188,10 @@ class DecodeCache:
     int4h). library: a Library or a path (default: find_library()).
 
     append(k, v) adds slot T of every sequence; step(q) runs the query of slot T-1 and returns
-    {"o": fp32 [B, Hq, dv], "lse": fp32 [B, Hq], "selection": int32 [B, Hkv, K]}; .length is T.
-    Everything runs on torch's current stream; the workspace is allocated once."""
+    {"o": fp32 [B, Hq, dv], "lse": fp32 [B, Hq], "selection": int32 [B, Hkv, K]} (step(q, out=)
+    writes the caller's tensors, output_shapes() lists them); .length is T. Everything runs on
+    torch's current stream; the workspace is allocated once, so a step can be captured in a CUDA
+    graph."""
 
     def __init__(self, spec, q, k, v, *, capacity, summaries="fp8", q_retrieval=None, kernel=None,
                  library=None):
@@ -387,14 +393,22 @@ class DecodeCache:
         if self.length % self.fields["S"] == 0:
             self._pending = self.length // self.fields["S"] - 1
 
-    def step(self, q, q_retrieval=None, kernel=None, diagnostics=False):
+    def step(self, q, q_retrieval=None, kernel=None, diagnostics=False, out=None):
         """The decode step of the query at slot T-1 (the one appended last): q [B, Hq, d] bf16,
         q_retrieval the same or None (q~ = q). kernel: a DECODE_KERNEL name (None: the cache's).
         Returns {"o": fp32 [B, Hq, dv], "lse": fp32 [B, Hq], "selection": int32 [B, Hkv, K]}
         (ascending, -1 padded), with diagnostics also "o_window" [B, Hq, dv], "lse_window" [B, Hq],
         "surrogate_scores" [B, Hq, T / S] (-inf outside the candidates) and "fusion_weights"
-        [B, Hq, K + 2]. When slot T-1 completes a chunk, its summary is made first (its prior is
-        this step's q~)."""
+        [B, Hq, K + 2]. out: None (new tensors), or a dict of exactly those tensors, contiguous on
+        the cache's device, which the step writes and returns. When slot T-1 completes a chunk,
+        its summary is made first (its prior is this step's q~).
+
+        A step may be captured in a CUDA graph (torch.cuda.graph): the replay runs the step of
+        this length T again on what q, q~ and the cache hold then, into the same outputs (pass
+        out= to own them); T is a host argument of the C API, so a graph replays one length.
+        A captured step that completes a chunk summarizes it inside the graph; with int4h
+        summaries it is refused, since the int4h quantizer synchronizes (it reads back its
+        refused-row flag, gpu/src/decode_quantize.cu)."""
         what = f"the cache holds B = {self.B} sequences of Hq = {self.Hq} query heads, d = {self.d}"
         _bf16("q", q, 3, "[B, Hq, d]", self.device)
         _shape("q", q, (self.B, self.Hq, self.d), what)
@@ -406,28 +420,68 @@ class DecodeCache:
             raise ValueError(f"step: no token appended since the last step (T = {self.length}): "
                              f"append(k, v) the new token first; the step runs the query of slot T-1")
         torch = _stages.torch
+        if out is not None:
+            out = self._check_outputs(torch, out, diagnostics)
+        if self._pending is not None and self.summaries == "int4h" and torch.cuda.is_current_stream_capturing():
+            raise ValueError(f"step: T = {self.length} completes chunk {self._pending}, whose int4h summary "
+                             f"cannot be captured in a CUDA graph (the int4h quantizer synchronizes the "
+                             f"stream to report a refused row, gpu/src/decode_quantize.cu); run this step "
+                             f"eagerly and capture steps that complete no chunk")
         with torch.cuda.device(self.device):
             q = q.contiguous()
             q_retrieval = None if q_retrieval is None else q_retrieval.contiguous()
             if self._pending is not None:
                 self._summarize_chunk(self._pending, q if q_retrieval is None else q_retrieval)
                 self._pending = None
-            out = self._outputs(torch, diagnostics)
+            if out is None:
+                out = self._outputs(torch, diagnostics)
             self._run(q, q_retrieval, kernel, out)
         self._appended = False
         self._last = (self.length, q, q if q_retrieval is None else q_retrieval, kernel)
         return out
 
-    def _outputs(self, torch, diagnostics):
+    def output_shapes(self, diagnostics=False):
+        """name -> (shape, torch dtype) of the step's outputs at the cache's length T (what
+        step(..., out=) takes)."""
+        torch = _stages.require_torch()
         B, Hq, K = self.B, self.Hq, self.fields["K"]
-        f32 = dict(device=self.device, dtype=torch.float32)
-        out = {"o": torch.empty(B, Hq, self.dv, **f32), "lse": torch.empty(B, Hq, **f32),
-               "selection": torch.empty(B, self.Hkv, K, device=self.device, dtype=torch.int32)}
+        shapes = {"o": ((B, Hq, self.dv), torch.float32), "lse": ((B, Hq), torch.float32),
+                  "selection": ((B, self.Hkv, K), torch.int32)}
         if diagnostics:
-            out.update(o_window=torch.empty(B, Hq, self.dv, **f32), lse_window=torch.empty(B, Hq, **f32),
-                       surrogate_scores=torch.empty(B, Hq, self.length // self.fields["S"], **f32),
-                       fusion_weights=torch.empty(B, Hq, K + 2, **f32))
-        return out
+            shapes.update(o_window=((B, Hq, self.dv), torch.float32), lse_window=((B, Hq), torch.float32),
+                          surrogate_scores=((B, Hq, self.length // self.fields["S"]), torch.float32),
+                          fusion_weights=((B, Hq, K + 2), torch.float32))
+        return shapes
+
+    def _outputs(self, torch, diagnostics):
+        return {name: torch.empty(shape, device=self.device, dtype=dtype)
+                for name, (shape, dtype) in self.output_shapes(diagnostics).items()}
+
+    def _check_outputs(self, torch, out, diagnostics):
+        """out (step's out=) checked: exactly the step's outputs, each a contiguous CUDA tensor on
+        the cache's device of output_shapes' shape and dtype; TypeError / ValueError naming it."""
+        if not isinstance(out, Mapping):
+            raise TypeError(f"out: expected a dict of output tensors or None, found {type(out).__name__}")
+        shapes = self.output_shapes(diagnostics)
+        if set(out) != set(shapes):
+            raise ValueError(f"out: expected the keys {sorted(shapes)} (diagnostics={diagnostics}), "
+                             f"found {sorted(out)}")
+        for name, (shape, dtype) in shapes.items():
+            t = out[name]
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"out[{name!r}]: expected a torch CUDA tensor, found {type(t).__name__}")
+            if t.device != self.device:
+                raise ValueError(f"out[{name!r}]: expected a tensor on the cache's device {self.device}, "
+                                 f"found {t.device}")
+            if t.dtype != dtype:
+                raise TypeError(f"out[{name!r}]: expected dtype {dtype}, found {t.dtype}")
+            if tuple(t.shape) != shape:
+                raise ValueError(f"out[{name!r}]: expected shape {list(shape)} (T = {self.length}), "
+                                 f"found {list(t.shape)}")
+            if not t.is_contiguous():
+                raise ValueError(f"out[{name!r}]: expected a contiguous tensor (the step writes rows "
+                                 f"densely), found strides {t.stride()}")
+        return {name: out[name] for name in shapes}
 
     def _run(self, q, q_retrieval, kernel, out):
         torch, ptr = _stages.torch, _stages.ptr
