@@ -277,7 +277,7 @@ UnitsDone ThreadedUnitRunner::run(const std::vector<StudyUnit>& units, ResultSin
   Workbench bench(order.size());
   Workers workers{bench, {}};
   for (size_t j = 0; j < jobs; ++j)
-    workers.threads.emplace_back(work_units, std::cref(units), std::cref(order), 2 * jobs,
+    workers.threads.emplace_back(work_units, std::cref(units), std::cref(order), 4 * jobs,
                                  threads_per_unit, std::ref(bench));
   while (!writer.all_written()) {
     std::vector<std::pair<size_t, RecordingSink>> ready;  // the next positions, finished

@@ -325,6 +325,30 @@ TEST_CASE("threaded runner: a failing unit taken before an earlier one still end
                                                      "write u1/b"});
 }
 
+TEST_CASE("threaded runner: up to 4 x jobs units are taken past the first unwritten one",
+          "[units]") {
+  // 2 at once: while u0 runs, the other worker may take u1..u7 (8 = 4 x 2 positions from u0),
+  // not u8. u0 runs until u7 has finished (a smaller limit times that out after 3 s), then
+  // 200 ms more, in which a larger limit (or none) starts u8.
+  UnitPlan plan;
+  plan.count = 10;
+  plan.waits = {{0, 7}};
+  Finished finished;
+  auto units = make_units(plan, finished);
+  bool u8_beside_u0 = true;
+  auto u0 = units[0].work;
+  units[0].work = [&](ResultSink& s) {
+    u0(s);
+    u8_beside_u0 = finished.wait_for("started u8", std::chrono::milliseconds(200));
+  };
+  LogSink sink;
+  const auto start = Clock::now();
+  ThreadedUnitRunner(2, 1).run(units, sink, {});
+  CHECK(std::chrono::duration<double>(Clock::now() - start).count() < 2.0);  // no 3 s wait
+  CHECK_FALSE(u8_beside_u0);
+  CHECK(writes(sink.log) == writes(serial_log(plan)));
+}
+
 TEST_CASE("shared loads: one load per key for the units that use it at once", "[units]") {
   std::atomic<int> loads{0};
   SharedLoads<int, std::vector<int>> cache([&loads](const int& key) {

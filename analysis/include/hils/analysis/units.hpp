@@ -112,8 +112,9 @@ SerialUnitRunner& serial_runner();
 // so the results file is the serial runner's. The first failing unit in schedule order ends the
 // run with its error once every unit before it is written (the ones after it are dropped); a
 // stop request ends the run at the units written (units in flight stop at their next safe
-// point and are dropped). At most 2 x jobs units are taken and not yet written: held results
-// wait for a slow unit before them, and this bounds their memory. A worker takes the first unit
+// point and are dropped). At most 4 x jobs units are taken and not yet written: held results
+// wait for a slow unit before them, and this bounds their memory (2 x jobs held workers idle
+// behind a layer's second unit, which now ends late: README, "Measured on 16 cores"). A worker takes the first unit
 // of those whose input (StudyUnit::input) no unit in flight reads, else the first unit: units of
 // one input would otherwise start together and all but one wait for its load (a layer's two KV
 // groups: the second thread idled while the first drew the layer).
