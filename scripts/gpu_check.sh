@@ -2,14 +2,16 @@
 # Builds and runs every GPU test, compute-sanitizer memcheck and the benchmark, on the device
 # machine. Usage (repository root):
 #   scripts/gpu_check.sh [--build-only] [--no-bench] [--quick] [--no-report] [--profile] [--python]
-#                        [--decode]
+#                        [--decode] [--help]
+# --help: prints this text (and runs nothing).
 # --decode: only the decode step: its tests ("gpu decode*"), the `hils verify` dumps of one step
 # (gpu/bench/dump_decode_verify.py), gpu/bench/bench_decode.py and compute-sanitizer memcheck of
 # the tests (decode.log, decode.json in $OUT).
 # --python: only `pip install .` (scikit-build-core, no network), the pytest of PyTorch's
 # kernels judged by the hils package (tests/python/test_gpu_kernels.py) and, where
 # libhils_gpu_c.so is at hand ($HILS_GPU_LIB, else the build folder's, e.g. after --build-only),
-# hils.gpu.forward judged by it (tests/python/test_gpu_forward.py); logs in $OUT.
+# hils.gpu.forward and hils.gpu.DecodeCache judged by it (tests/python/test_gpu_forward.py,
+# test_gpu_decode.py); logs in $OUT.
 # --quick: ctest only (no second full test report, no memcheck); --no-report: no second plain
 # run of the test binary, the tensor report is read from the memcheck run; --profile: Nsight Compute on the
 # window, select and fuse kernels at T = HILS_PROFILE_T (default 131072) into ncu.log.
@@ -36,6 +38,7 @@ PYTHON=0
 DECODE=0
 for arg in "$@"; do
   case "$arg" in
+    -h|--help) sed -n '2,/^set -euo pipefail/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
     --build-only) BUILD_ONLY=1 ;;
     --no-bench) BENCH=0 ;;
     --quick) QUICK=1 ;;
@@ -43,7 +46,7 @@ for arg in "$@"; do
     --profile) PROFILE=1 ;;
     --python) PYTHON=1 ;;
     --decode) DECODE=1 ;;
-    *) echo "gpu_check.sh: unknown argument '$arg' (expected --build-only, --no-bench, --quick, --no-report, --profile, --python or --decode)" >&2; exit 2 ;;
+    *) echo "gpu_check.sh: unknown argument '$arg' (expected --build-only, --no-bench, --quick, --no-report, --profile, --python, --decode or --help)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$OUT" "$BUILD"
@@ -71,6 +74,10 @@ if [ "$PYTHON" = 1 ]; then
     ( cd "$OUT" && HILS_GPU_LIB="$LIB" python3 -m pytest -s -rA -p no:cacheprovider \
         "$ROOT/tests/python/test_gpu_forward.py" ) >"$OUT/pytest_gpu_forward.log" 2>&1 || status=1
     grep -E "^HEADROOM|PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$OUT/pytest_gpu_forward.log" || true
+    echo "== pytest tests/python/test_gpu_decode.py (HILS_GPU_LIB=$LIB; ~100 s on an H100)"
+    ( cd "$OUT" && HILS_GPU_LIB="$LIB" python3 -m pytest -s -rA -p no:cacheprovider \
+        "$ROOT/tests/python/test_gpu_decode.py" ) >"$OUT/pytest_gpu_decode.log" 2>&1 || status=1
+    grep -E "^HEADROOM|PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$OUT/pytest_gpu_decode.log" || true
   else
     echo "no $LIB: tests/python/test_gpu_forward.py not run (build it first with --build-only, or set HILS_GPU_LIB)"
   fi

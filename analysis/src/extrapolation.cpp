@@ -166,7 +166,8 @@ ExtrapolationReport run_extrapolation_study(const StudySource& raw_source,
                          [&raw_source, &encoding, &options, T](ResultSink& unit_sink) {
                            write_needle_unit(raw_source.load(options.needle_layer, T), encoding,
                                              options, unit_sink);
-                         }});
+                         },
+                         ""});  // loads its own input
       const auto needles = runner.run(units, sink, {});
       report.units_run += static_cast<int64_t>(needles.ran.size());
       report.units_skipped += needles.skipped;

@@ -224,7 +224,8 @@ FidelityReport run_fidelity_study(const StudySource& source, const FidelityOptio
                          static_cast<double>(T) * static_cast<double>(T),
                          [&layers, &options, T, layer, g](ResultSink& unit_sink) {
                            write_fidelity_unit(*layers.get(layer, T), layer, g, options, unit_sink);
-                         }});
+                         },
+                         layer_input(T, layer)});
   UnitRunner& runner = options.runner ? *options.runner : serial_runner();
   const auto done = runner.run(units, sink, progress);
   FidelityReport report;

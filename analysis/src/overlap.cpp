@@ -129,7 +129,8 @@ OverlapReport run_overlap_study(const StudySource& source, const OverlapOptions&
         units.push_back({unit_path(T, layer, g), static_cast<double>(T) * static_cast<double>(T),
                          [&layers, &options, T, layer, g](ResultSink& unit_sink) {
                            write_overlap_unit(*layers.get(layer, T), layer, g, options, unit_sink);
-                         }});
+                         },
+                         layer_input(T, layer)});
   UnitRunner& runner = options.runner ? *options.runner : serial_runner();
   const auto done = runner.run(units, sink, progress);
   OverlapReport report;

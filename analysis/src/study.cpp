@@ -55,8 +55,11 @@ MechanismSpec with_geometry(MechanismSpec spec, const StudyGeometry& geometry) {
 }
 
 std::string unit_path(int64_t T, int64_t layer, int64_t group) {
-  return std::string("T") + std::to_string(T) + "/layer" + std::to_string(layer) + "/group" +
-         std::to_string(group);
+  return layer_input(T, layer) + "/group" + std::to_string(group);
+}
+
+std::string layer_input(int64_t T, int64_t layer) {
+  return std::string("T") + std::to_string(T) + "/layer" + std::to_string(layer);
 }
 
 }  // namespace hils::analysis

@@ -175,18 +175,44 @@ constexpr int kAbandoned = -1;
 
 // What the workers of one ThreadedUnitRunner::run share (under `mutex`, but for `stop`).
 struct Workbench {
+  explicit Workbench(size_t units) : taken(units, false), take_below(units) {}
   std::atomic<int> stop{0};
   std::mutex mutex;
   std::condition_variable changed;  // a unit finished, or a unit was written, or the run ended
-  size_t next_take = 0;             // position in schedule order of the next unit to take
+  std::vector<bool> taken;          // by position in schedule order
+  size_t first_untaken = 0;         // positions below it are all taken
+  size_t take_below;                // positions at or past it are not taken (a unit failed there)
   size_t written = 0;               // positions below it are written
-  bool ended = false;               // take no more units (failure, stop, or done)
+  bool ended = false;               // take no more units (stop, a write failed, or done)
+  std::map<std::string, int> reading;  // StudyUnit::input -> units in flight that read it (> 0)
   // Finished units by position: their records, or their error.
   std::map<size_t, std::variant<RecordingSink, std::exception_ptr>> finished;
 };
 
-// A worker: takes the next unit in schedule order (at most `ahead` positions past the first
-// unwritten one), records it and hands it back, until none is left or the run ended.
+// The position to take next, with bench.mutex held and first_untaken < end: the first untaken
+// position below `end` whose unit's input no unit in flight reads (it would wait for their
+// load), else first_untaken. Positions are taken out of order, so a failed unit leaves untaken
+// ones before it: they still run (take_below), to be written before its error is reported.
+size_t choose_position(const std::vector<StudyUnit>& units, const std::vector<size_t>& order,
+                       size_t end, const Workbench& bench) {
+  for (size_t p = bench.first_untaken; p < end; ++p) {
+    if (bench.taken[p]) continue;
+    const std::string& input = units[order[p]].input;
+    if (input.empty() || bench.reading.count(input) == 0) return p;
+  }
+  return bench.first_untaken;
+}
+
+// Marks `position` taken (and its input read), with bench.mutex held.
+void take(const StudyUnit& unit, size_t position, Workbench& bench) {
+  bench.taken[position] = true;
+  while (bench.first_untaken < bench.taken.size() && bench.taken[bench.first_untaken])
+    ++bench.first_untaken;
+  if (!unit.input.empty()) ++bench.reading[unit.input];
+}
+
+// A worker: takes a unit (choose_position, at most `ahead` positions past the first unwritten
+// one), records it and hands it back, until none is left or the run ended.
 void work_units(const std::vector<StudyUnit>& units, const std::vector<size_t>& order,
                 size_t ahead, int threads_per_unit, Workbench& bench) {
   omp_set_num_threads(threads_per_unit);  // this thread's own team (libgomp)
@@ -195,11 +221,13 @@ void work_units(const std::vector<StudyUnit>& units, const std::vector<size_t>& 
     {
       std::unique_lock<std::mutex> lock(bench.mutex);
       bench.changed.wait(lock, [&] {
-        return bench.ended || bench.next_take >= order.size() ||
-               bench.next_take < bench.written + ahead;
+        return bench.ended || bench.first_untaken >= bench.take_below ||
+               bench.first_untaken < bench.written + ahead;
       });
-      if (bench.ended || bench.next_take >= order.size()) return;
-      position = bench.next_take++;
+      if (bench.ended || bench.first_untaken >= bench.take_below) return;
+      position = choose_position(units, order, std::min(bench.take_below, bench.written + ahead),
+                                 bench);
+      take(units[order[position]], position, bench);
     }
     std::variant<RecordingSink, std::exception_ptr> result;
     try {
@@ -212,8 +240,10 @@ void work_units(const std::vector<StudyUnit>& units, const std::vector<size_t>& 
     }
     {
       const std::lock_guard<std::mutex> lock(bench.mutex);
-      if (std::holds_alternative<std::exception_ptr>(result))
-        bench.ended = true;  // the units after it are not needed; the ones before it run on
+      const std::string& input = units[order[position]].input;
+      if (!input.empty() && --bench.reading[input] == 0) bench.reading.erase(input);
+      if (std::holds_alternative<std::exception_ptr>(result))  // the units after it are not
+        bench.take_below = std::min(bench.take_below, position);  // needed; those before run on
       bench.finished.emplace(position, std::move(result));
     }
     bench.changed.notify_all();
@@ -244,7 +274,7 @@ UnitsDone ThreadedUnitRunner::run(const std::vector<StudyUnit>& units, ResultSin
   done.skipped = static_cast<int64_t>(units.size() - order.size());
   const size_t jobs = std::min(static_cast<size_t>(jobs_), order.size());
   const int threads_per_unit = std::max(1, threads_ / std::max<int>(1, static_cast<int>(jobs)));
-  Workbench bench;
+  Workbench bench(order.size());
   Workers workers{bench, {}};
   for (size_t j = 0; j < jobs; ++j)
     workers.threads.emplace_back(work_units, std::cref(units), std::cref(order), 2 * jobs,

@@ -1,5 +1,7 @@
 // Host side of the kernels: input validation, stage wrappers and the whole mechanism.
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -22,6 +24,27 @@ std::optional<WindowKernel> g_window_kernel;
 void require(bool ok, const std::string& field, const std::string& expected,
              const std::string& found) {
   if (!ok) throw std::invalid_argument(field + ": expected " + expected + ", got " + found);
+}
+
+// Throws std::invalid_argument("<name>: expected a device pointer, got null") unless p is set:
+// a kernel writing through a null output faults, and that fault is a sticky CUDA error that
+// poisons the caller's whole context (gpu/NOTES.md "Careless-user audit (session 21)").
+void require_pointer(const void* p, const char* name) {
+  require(p != nullptr, name, "a device pointer", "null");
+}
+
+// The largest buffer, in bytes, that the checks let a shape ask for: 2^59, so that the few
+// buffers of workspace_bytes add up without wrapping a size_t (the device has 2^36 or so).
+constexpr long double kMaxBufferBytes = 576460752303423488.0L;  // 2^59
+
+// Throws std::invalid_argument naming the product `what` (e.g. "Hq * T * dv") unless the
+// buffer of `dims` elements of `element_bytes` stays below kMaxBufferBytes (products in long
+// double: int64 products of absurd shapes would wrap before they could be compared).
+void require_buffer_fits(const char* what, std::initializer_list<int64_t> dims, size_t element_bytes,
+                         const std::string& found) {
+  long double bytes = static_cast<long double>(element_bytes);
+  for (int64_t n : dims) bytes *= static_cast<long double>(n);
+  require(bytes < kMaxBufferBytes, what, "at most 2^59 bytes", found);
 }
 
 void check_launch(const char* stage) {
@@ -74,6 +97,20 @@ const char* row_type_name(RowType type) {
   return "unknown";
 }
 
+// The pointers a fusion reads and writes: the selection, o and lse, and for the hierarchical
+// fusion the selected scores and the window's o_swa and lse_swa (the flat one reads neither).
+void require_fusion_pointers(const MechanismSpec& spec, const void* selection, const void* selected_score,
+                             const void* o_swa, const void* lse_swa, const void* o, const void* lse) {
+  require_pointer(selection, "selection");
+  if (spec.fusion == Fusion::hierarchical) {
+    require_pointer(selected_score, "selected_score");
+    require_pointer(o_swa, "o_swa");
+    require_pointer(lse_swa, "lse_swa");
+  }
+  require_pointer(o, "o");
+  require_pointer(lse, "lse");
+}
+
 // Carves consecutive aligned pieces out of the workspace.
 struct Carver {
   char* next;
@@ -94,7 +131,7 @@ float logit_scale(const MechanismSpec& spec, int64_t d) {
                            : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
 }
 
-void validate(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in) {
+void validate_shape(const MechanismSpec& spec, const Shape& shape) {
   auto str = [](int64_t x) { return std::to_string(x); };
   require(shape.T >= 1, "T", ">= 1", str(shape.T));
   require(shape.Hq >= 1, "Hq", ">= 1", str(shape.Hq));
@@ -106,6 +143,33 @@ void validate(const MechanismSpec& spec, const Shape& shape, const DeviceInputs&
           str(spec.S));
   require(spec.W >= 1, "W", ">= 1", str(spec.W));
   require(spec.K >= 0, "K", ">= 0", str(spec.K));
+  // The reference's rule for the scale (reference/include/hils/spec_fields.hpp "scale").
+  require(std::isfinite(spec.scale) && spec.scale >= 0.0, "scale",
+          "0 (meaning 1/sqrt(d)) or a finite positive logit scale", std::to_string(spec.scale));
+  const int64_t G = shape.Hq / shape.Hkv;
+  const size_t select_smem = kWarpsPerBlock * (G * shape.d + G + 2 * spec.K) * sizeof(float);
+  require(!spec.selects() || select_smem <= kMaxSelectSmem, "K",
+          "G*d + G + 2K <= 3072 (selection scratch)", str(spec.K));
+  // The buffers workspace_bytes adds up (and the caller's of the same shapes), each below 2^59
+  // bytes: sizes of a garbage or overflowed shape are refused instead of wrapping.
+  const auto dims = [&](std::initializer_list<std::pair<const char*, int64_t>> named) {
+    std::string out;
+    for (const auto& [name, value] : named) out += (out.empty() ? "" : ", ") + std::string(name) + " = " + str(value);
+    return out;
+  };
+  const int64_t width = std::max(shape.d, shape.dv), nc = n_chunks(spec, shape.T);
+  require_buffer_fits("Hq * T * max(d, dv)", {shape.Hq, shape.T, width}, sizeof(float),
+                      dims({{"Hq", shape.Hq}, {"T", shape.T}, {"max(d, dv)", width}}));
+  require_buffer_fits("Hq * T * K", {shape.Hq, shape.T, spec.K}, sizeof(float),
+                      dims({{"Hq", shape.Hq}, {"T", shape.T}, {"K", spec.K}}));
+  if (spec.key_rule == KeyRule::exact)
+    require_buffer_fits("Hq * T * T/S", {shape.Hq, shape.T, nc}, sizeof(float),
+                        dims({{"Hq", shape.Hq}, {"T", shape.T}, {"T/S", nc}}));
+}
+
+void validate(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in) {
+  auto str = [](int64_t x) { return std::to_string(x); };
+  validate_shape(spec, shape);
   require(in.q != nullptr, "q", "a device pointer", "null");
   require(in.k != nullptr, "k", "a device pointer", "null");
   require(in.v != nullptr, "v", "a device pointer", "null");
@@ -122,10 +186,16 @@ void validate(const MechanismSpec& spec, const Shape& shape, const DeviceInputs&
                            str(nc) + ", d] on the device",
               in.prior == nullptr ? "null" : "rows " + str(in.prior_rows));
   }
-  const int64_t G = shape.Hq / shape.Hkv;
-  const size_t select_smem = kWarpsPerBlock * (G * shape.d + G + 2 * spec.K) * sizeof(float);
-  require(!spec.selects() || select_smem <= kMaxSelectSmem, "K",
-          "G*d + G + 2K <= 3072 (selection scratch)", str(spec.K));
+  // The packed kernels put the KV heads in their grids' second dimension (at most 65535); the
+  // SIMT kernels do not (gpu/NOTES.md "Careless-user audit (session 21)").
+  const detail::LaunchParams p = params_of(spec, shape, in);
+  const bool packed_grid = g_packed_kernels && (detail::packed_path_applies(p) ||
+                                                detail::summarize_packed_applies(p) ||
+                                                (spec.selects() && detail::packed_select_applies(p)));
+  require(!packed_grid || shape.Hkv <= 65535, "Hkv",
+          "<= 65535 where the packed kernels run (bf16, d = 64: the KV heads are their grids' "
+          "second dimension; hils::gpu::set_packed_kernels(false) runs the SIMT kernels)",
+          str(shape.Hkv));
 }
 
 void set_packed_kernels(bool enabled) { g_packed_kernels = enabled; }
@@ -185,6 +255,8 @@ void window_attention_rows(const MechanismSpec& spec, const Shape& shape, const 
                            void* o_swa_rows, RowType o_swa_type, float* lse_swa,
                            cudaStream_t stream) {
   validate(spec, shape, in);
+  require_pointer(o_swa_rows, "o_swa");
+  require_pointer(lse_swa, "lse_swa");
   detail::LaunchParams p = params_of(spec, shape, in);
   const WindowKernel kernel = window_kernel();
   require(o_swa_type != RowType::bf16, "o_swa_type", "f32 or f16", row_type_name(o_swa_type));
@@ -210,6 +282,8 @@ void window_attention_rows(const MechanismSpec& spec, const Shape& shape, const 
 void full_attention(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                     float* o, float* lse, cudaStream_t stream) {
   validate(spec, shape, in);
+  require_pointer(o, "o");
+  require_pointer(lse, "lse");
   detail::launch_full(params_of(spec, shape, in), o, lse, stream);
   check_launch("full_attention");
 }
@@ -217,6 +291,7 @@ void full_attention(const MechanismSpec& spec, const Shape& shape, const DeviceI
 void exact_chunk_log_mass(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                           float* exact, cudaStream_t stream) {
   validate(spec, shape, in);
+  require_pointer(exact, "exact");
   detail::launch_exact(params_of(spec, shape, in), exact, stream);
   check_launch("exact_chunk_log_mass");
 }
@@ -225,6 +300,8 @@ void summarize(const MechanismSpec& spec, const Shape& shape, const DeviceInputs
                float* bias, cudaStream_t stream) {
   validate(spec, shape, in);
   require(spec.key_rule != KeyRule::exact, "key_rule", "a summary rule (not exact)", "exact");
+  require_pointer(key, "key");
+  require_pointer(bias, "bias");
   const auto p = params_of(spec, shape, in);
   if (g_packed_kernels && detail::summarize_packed_applies(p))
     detail::launch_summarize_packed(p, key, bias, stream);
@@ -236,6 +313,9 @@ void summarize(const MechanismSpec& spec, const Shape& shape, const DeviceInputs
 void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
                       const float* key, const float* bias, float* scores, cudaStream_t stream) {
   validate(spec, shape, in);
+  require_pointer(key, "key");
+  require_pointer(bias, "bias");
+  require_pointer(scores, "scores");
   detail::launch_surrogate(params_of(spec, shape, in), key, bias, scores, stream);
   check_launch("surrogate_scores");
 }
@@ -247,6 +327,13 @@ void select_chunks(const MechanismSpec& spec, const Shape& shape, const DeviceIn
   validate(spec, shape, in);
   require(spec.key_rule != KeyRule::exact || exact != nullptr, "exact",
           "L(t,c) scores for key_rule exact", "null");
+  if (spec.key_rule != KeyRule::exact) {
+    require_pointer(key, "key");
+    require_pointer(bias, "bias");
+  }
+  require_pointer(lse_swa, "lse_swa");
+  require_pointer(selection, "selection");
+  require_pointer(selected_score, "selected_score");
   const detail::LaunchParams p = params_of(spec, shape, in);
   if (g_packed_kernels && spec.key_rule != KeyRule::exact && detail::packed_select_applies(p))
     detail::launch_select_packed(p, key, bias, lse_swa, selection, selected_score,
@@ -265,6 +352,7 @@ void fuse_rows(const MechanismSpec& spec, const Shape& shape, const DeviceInputs
     return fuse(spec, shape, in, selection, selected_score, static_cast<const float*>(o_swa),
                 lse_swa, static_cast<float*>(o), lse, stream);
   validate(spec, shape, in);
+  require_fusion_pointers(spec, selection, selected_score, o_swa, lse_swa, o, lse);
   require(o_swa_type != RowType::bf16, "o_swa_type", "f32 or f16", row_type_name(o_swa_type));
   require(o_type != RowType::f16, "o_type", "f32 or bf16", row_type_name(o_type));
   require(spec.fusion == Fusion::hierarchical, "fusion", "hierarchical for rows other than f32",
@@ -285,6 +373,7 @@ void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
           const int32_t* selection, const float* selected_score, const float* o_swa,
           const float* lse_swa, float* o, float* lse, cudaStream_t stream) {
   validate(spec, shape, in);
+  require_fusion_pointers(spec, selection, selected_score, o_swa, lse_swa, o, lse);
   const detail::LaunchParams p = params_of(spec, shape, in);
   if (spec.fusion == Fusion::flat) {
     detail::launch_fuse_flat(p, selection, o, lse, stream);
@@ -305,6 +394,7 @@ void fuse(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,
 }
 
 size_t workspace_bytes(const MechanismSpec& spec, const Shape& shape) {
+  validate_shape(spec, shape);
   const size_t T = shape.T, Hq = shape.Hq, Hkv = shape.Hkv, nc = n_chunks(spec, shape.T);
   const size_t K = spec.K;
   size_t bytes = aligned(Hq * T * shape.dv * sizeof(float)) + aligned(Hq * T * sizeof(float));

@@ -19,28 +19,14 @@ struct Translated {
   hils::gpu::DeviceInputs in;
 };
 
-// An enum field of hils_gpu_problem -> the spec's value, or invalid_argument naming the field
-// and the accepted integers (the names tables of hils/spec.hpp, in integer order).
-template <class Enum>
-Enum enum_field(int32_t value, const char* field) {
-  if (auto e = hils::enum_from_int<Enum>(value)) return *e;
-  std::string accepted;
-  for (const auto& entry : hils::enum_names(Enum{})) {
-    const int i = static_cast<int>(entry.value);  // the tables are in integer order
-    accepted += (i == 0 ? "" : ", ") + std::to_string(i) + " (" + entry.name + ")";
-  }
-  throw std::invalid_argument(std::string(field) + ": expected one of " + accepted + ", got " +
-                              std::to_string(value));
-}
-
 Translated translate(const hils_gpu_problem& p) {
   Translated t;
   t.spec.S = p.S, t.spec.W = p.W, t.spec.K = p.K, t.spec.landmarks = p.landmarks != 0;
-  t.spec.key_rule = enum_field<hils::KeyRule>(p.key_rule, "key_rule");
-  t.spec.bias_rule = enum_field<hils::BiasRule>(p.bias_rule, "bias_rule");
-  t.spec.prior_rule = enum_field<hils::PriorRule>(p.prior_rule, "prior_rule");
-  t.spec.group_rule = enum_field<hils::GroupRule>(p.group_rule, "group_rule");
-  t.spec.fusion = enum_field<hils::Fusion>(p.fusion, "fusion");
+  t.spec.key_rule = hils::gpu::detail::enum_field<hils::KeyRule>(p.key_rule, "key_rule");
+  t.spec.bias_rule = hils::gpu::detail::enum_field<hils::BiasRule>(p.bias_rule, "bias_rule");
+  t.spec.prior_rule = hils::gpu::detail::enum_field<hils::PriorRule>(p.prior_rule, "prior_rule");
+  t.spec.group_rule = hils::gpu::detail::enum_field<hils::GroupRule>(p.group_rule, "group_rule");
+  t.spec.fusion = hils::gpu::detail::enum_field<hils::Fusion>(p.fusion, "fusion");
   t.spec.softmax1 = p.softmax1 != 0;
   t.spec.scale = p.scale;
   t.shape = hils::gpu::Shape{p.T, p.Hq, p.Hkv, p.d, p.dv};
@@ -210,6 +196,7 @@ const char* hils_gpu_enum_names(const char* field) {
 
 int hils_gpu_workspace_bytes(const hils_gpu_problem* p, size_t* bytes) {
   return guarded(p, [&](const Translated& t) {
+    if (bytes == nullptr) throw std::invalid_argument("bytes: expected a pointer, got null");
     *bytes = hils::gpu::workspace_bytes(t.spec, t.shape);
   });
 }

@@ -22,10 +22,14 @@ struct DecodeCall {
 DecodeCall translate(const hils_gpu_decode& p) {
   DecodeCall t;
   t.spec.S = p.S, t.spec.W = p.W, t.spec.K = p.K, t.spec.landmarks = p.landmarks != 0;
-  t.spec.key_rule = static_cast<hils::KeyRule>(p.key_rule);
-  t.spec.bias_rule = static_cast<hils::BiasRule>(p.bias_rule);
-  t.spec.group_rule = static_cast<hils::GroupRule>(p.group_rule);
-  t.spec.fusion = static_cast<hils::Fusion>(p.fusion);
+  // Out-of-range values are refused naming the field (before session 21 they were cast: group_rule
+  // 7 ran as max_raw, key_rule 99 as a summary rule; gpu/NOTES.md "Careless-user audit
+  // (session 21)").
+  using hils::gpu::detail::enum_field;
+  t.spec.key_rule = enum_field<hils::KeyRule>(p.key_rule, "key_rule");
+  t.spec.bias_rule = enum_field<hils::BiasRule>(p.bias_rule, "bias_rule");
+  t.spec.group_rule = enum_field<hils::GroupRule>(p.group_rule, "group_rule");
+  t.spec.fusion = enum_field<hils::Fusion>(p.fusion, "fusion");
   t.spec.softmax1 = p.softmax1 != 0;
   t.spec.scale = p.scale;
   t.cache.B = p.B, t.cache.T = p.T, t.cache.Hq = p.Hq, t.cache.Hkv = p.Hkv;

@@ -312,10 +312,15 @@ void launch_bucketed_once_g(const LaunchParams& p, const int32_t* selection,
           p, t0, tn, nc, selection, selected_score, o_swa, lse_swa, rank, tables, o16, lse);
     }
   };
+  // Segment 0's weights of chunked_v30-v36 came with the descriptors above, which run only where
+  // there are chunks: with none (T < S) its weights kernel, which starts o16 and lse at the window
+  // term, runs here as every other segment's does (before session 21 nothing wrote segment 0's
+  // o16 and lse then, and o and lse were whatever the scratch and the output held; gpu/NOTES.md
+  // "Careless-user audit (session 21)").
+  const bool weights_with_descriptors = records && n_ch > 0 && n_pairs > 0;
   for (int64_t s = 0; s < n_seg; ++s) {
     const int64_t t0 = s * seg, tn = p.T - t0 < seg ? p.T - t0 : seg;
-    // Segment 0's weights of chunked_v30-v36 came with the descriptors above.
-    if (!(records && s == 0)) launch_pair_weights(t0, tn);
+    if (!(weights_with_descriptors && s == 0)) launch_pair_weights(t0, tn);
     if (n_ch > 0 && n_pairs > 0) {
       const auto grid = static_cast<unsigned>((p.Hkv * tn * p.K + kPairs - 1) / kPairs + n_ch);
       constexpr int kBytes = kWarpsPerBlock * 2 * 16 * kTilePitch * sizeof(__nv_bfloat16);

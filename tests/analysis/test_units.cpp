@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
+#include <map>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -63,23 +64,51 @@ class Finished {
   std::set<std::string> done_;
 };
 
+// The most units of one input (StudyUnit::input) seen running at once.
+class InputsInFlight {
+ public:
+  void enter(const std::string& input) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    most_[input] = std::max(most_[input], ++now_[input]);
+  }
+  void leave(const std::string& input) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    --now_[input];
+  }
+  int most(const std::string& input) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return most_[input];
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, int> now_, most_;
+};
+
 // `count` units "u0".. of decreasing cost (schedule order = list order); each writes two
 // datasets. A unit of `waits` {i, j} finishes (or fails) only after unit j has.
 struct UnitPlan {
   int count = 6;
   std::vector<std::pair<int, int>> waits;
   int fails = -1;  // throws (after its wait) with "unit uN failed"
+  std::vector<std::string> inputs;  // StudyUnit::input of u0.. (none if empty)
 };
 
-std::vector<StudyUnit> make_units(const UnitPlan& plan, Finished& finished) {
+std::vector<StudyUnit> make_units(const UnitPlan& plan, Finished& finished,
+                                  InputsInFlight* in_flight = nullptr) {
   std::vector<StudyUnit> units;
   for (int i = 0; i < plan.count; ++i) {
     const std::string path = "u" + std::to_string(i);
-    units.push_back({path, static_cast<double>(plan.count - i), [=, &finished](ResultSink& s) {
+    const std::string input = plan.inputs.empty() ? "" : plan.inputs.at(i);
+    units.push_back({path, static_cast<double>(plan.count - i),
+                     [=, &finished](ResultSink& s) {
+                       if (in_flight) in_flight->enter(input);
+                       finished.add("started " + path);
                        for (const auto& [unit, after] : plan.waits)
                          if (i == unit)
                            finished.wait_for("u" + std::to_string(after),
                                              std::chrono::milliseconds(3000));
+                       if (in_flight) in_flight->leave(input);
                        if (i == plan.fails) {
                          finished.add(path);
                          throw std::runtime_error("unit " + path + " failed");
@@ -87,7 +116,8 @@ std::vector<StudyUnit> make_units(const UnitPlan& plan, Finished& finished) {
                        s.write(path + "/a", std::vector<double>{1.0 * i}, "a");
                        s.write(path + "/b", std::vector<double>{2.0 * i}, "b");
                        finished.add(path);
-                     }});
+                     },
+                     input});
   }
   return units;
 }
@@ -230,6 +260,69 @@ TEST_CASE("threaded runner: a stop request ends the run promptly at the units wr
     CHECK(writes(sink.log).at(i) == "write u" + std::to_string(i) + "/a");
   }
   CHECK(sink.log.size() == 2 * sink.completed.size());  // no write of a unit not complete
+}
+
+TEST_CASE("threaded runner: a unit waits while another unit of its input runs, if another can start",
+          "[units]") {
+  // u0 and u1 read input a (as a layer's two KV groups read one loaded layer): u0 runs until
+  // u2 has finished, so a runner taking units in plain schedule order starts u1 beside it (and
+  // u1 would wait for u0's load). u3 runs until u0 has finished: no unit is left to take while
+  // u0 runs but u1.
+  UnitPlan plan;
+  plan.count = 4;
+  plan.inputs = {"a", "a", "b", "c"};
+  plan.waits = {{0, 2}, {3, 0}};
+  Finished finished;
+  InputsInFlight in_flight;
+  LogSink sink;
+  const auto done = ThreadedUnitRunner(2, 1).run(make_units(plan, finished, &in_flight), sink, {});
+  CHECK(in_flight.most("a") == 1);
+  CHECK(writes(sink.log) == writes(serial_log(plan)));  // written in schedule order all the same
+  CHECK(done.ran == std::vector<size_t>{0, 1, 2, 3});
+}
+
+TEST_CASE("threaded runner: units of one input run at once when nothing else can start",
+          "[units]") {
+  // Every unit reads input a (hils run on one layer): u0 runs until u1 has started, which must
+  // not wait for u0 (the wait would time out after 3 s).
+  UnitPlan plan;
+  plan.count = 3;
+  plan.inputs = {"a", "a", "a"};
+  Finished finished;
+  auto units = make_units(plan, finished);
+  auto u0 = units[0].work;
+  bool u1_started = false;
+  units[0].work = [&](ResultSink& s) {
+    u1_started = finished.wait_for("started u1", std::chrono::milliseconds(3000));
+    u0(s);
+  };
+  LogSink sink;
+  ThreadedUnitRunner(2, 1).run(units, sink, {});
+  CHECK(u1_started);
+  CHECK(writes(sink.log) == writes(serial_log(plan)));
+}
+
+TEST_CASE("threaded runner: a failing unit taken before an earlier one still ends the run after it",
+          "[units]") {
+  // u1 waits for u0's input, so u2 (input b) is taken before u1 and fails while u0 runs: u1
+  // must still run and be written, then u2's error ends the run, as in the serial runner.
+  UnitPlan plan;
+  plan.count = 4;
+  plan.inputs = {"a", "a", "b", "c"};
+  plan.waits = {{0, 2}};
+  plan.fails = 2;
+  Finished finished;
+  LogSink sink;
+  std::string error;
+  try {
+    ThreadedUnitRunner(2, 1).run(make_units(plan, finished), sink, {});
+  } catch (const std::runtime_error& e) {
+    error = e.what();
+  }
+  CHECK(error == "unit u2 failed");
+  CHECK(sink.completed == std::vector<std::string>{"u0", "u1"});
+  CHECK(writes(sink.log) == std::vector<std::string>{"write u0/a", "write u0/b", "write u1/a",
+                                                     "write u1/b"});
 }
 
 TEST_CASE("shared loads: one load per key for the units that use it at once", "[units]") {

@@ -129,6 +129,16 @@ def test_bad_arguments_are_named_before_the_library_is_looked_for(bf16):
     refused(ValueError, "q_retrieval: expected shape [8, 2048, 64]", q, k, v, spec,
             q_retrieval=q[:, :16].contiguous())
     refused(ValueError, "spec: unknown key 'top_k'", q, k, v, {"preset": "hils", "top_k": 8})
+    # NaN and Inf are refused as hils.verify refuses them (unchecked, a NaN in v reaches earlier
+    # rows of its tile: gpu/NOTES.md "Careless-user audit (session 21)").
+    bad_v = v.clone()
+    bad_v[1, 700, 3] = float("nan")
+    refused(ValueError, "v: expected finite values (hils.verify refuses NaN and Inf inputs too), found nan "
+            "at [1, 700, 3]; check_finite=False skips this check", q, k, bad_v, spec)
+    bad_q = q.clone()
+    bad_q[0, 5, 0] = float("-inf")
+    refused(ValueError, "q: expected finite values (hils.verify refuses NaN and Inf inputs too), found -inf "
+            "at [0, 5, 0]", bad_q, k, v, spec)
     with pytest.raises(FileNotFoundError, match="library path '/nonexistent/libhils_gpu_c.so'"):
         hils.gpu.forward(q, k, v, spec, library=nowhere)  # every check passed
 
@@ -140,3 +150,17 @@ def test_a_library_refusal_carries_its_message(bf16):
     assert isinstance(refused.value, ValueError) and refused.value.code == 2
     assert "W" in refused.value.message
     print(f"\nrefused: {refused.value}")
+    # The spec's numbers are the library's to judge before any buffer is allocated (Stages): S = 0
+    # was a ZeroDivisionError and K = 10^9 an out-of-memory error of 15 TiB before session 21.
+    for field, value, message in (("S", 0, "S: expected >= 2 with landmarks, got 0"),
+                                  ("K", 10**9, "K: expected G*d + G + 2K <= 3072 (selection scratch), "
+                                               "got 1000000000"),
+                                  ("scale", float("nan"), "scale: expected 0 (meaning 1/sqrt(d)) or a finite "
+                                                          "positive logit scale, got nan")):
+        with pytest.raises(hils.gpu.GpuInvalidArgument) as refused:
+            hils.gpu.forward(q, k, v, {"preset": "hils", "S": S, "W": W, "K": K, field: value})
+        assert refused.value.message == message
+    unchecked = v.clone()
+    unchecked[0, 3, 0] = float("nan")  # check_finite=False: the kernels run, nothing is refused
+    out = hils.gpu.forward(q, k, unchecked, {"preset": "swa", "S": S, "W": W, "K": K}, check_finite=False)
+    assert torch.isnan(out["o"]).any()

@@ -1,14 +1,19 @@
 """hils.gpu (python/hils/gpu) where no GPU is needed: `import hils` imports neither torch nor
 hils._core (the ImportError naming _core comes at first use), `import hils.gpu` works without
 either; the library is found by path, HILS_GPU_LIB or the package folder, or refused naming all
-three; spec and argument errors name the argument before the library is looked for; the spec
-tables match the C++ ones (reference/include/hils/spec.hpp's kPresets and MechanismSpec,
-spec_fields.hpp); the built libhils_gpu_c.so loads, lists its enums and kernels, and its refusals come
-back as exceptions carrying hils_gpu_last_error()'s text. The kernels themselves:
-test_gpu_forward.py (label gpu)."""
+three; spec and argument errors (forward's, DecodeCache's) name the argument before the library
+is looked for; the spec tables match the C++ ones (reference/include/hils/spec.hpp's kPresets
+and MechanismSpec, spec_fields.hpp); the built libhils_gpu_c.so loads, lists its enums and
+kernels, and its refusals come back as exceptions carrying hils_gpu_last_error()'s text; the package finds the library without
+HILS_GPU_LIB: the build tree's link, or an installed package's own copy (each test skips, naming
+why, where hils is the other kind). The kernels themselves:
+test_gpu_forward.py and test_gpu_decode.py (label gpu). The C API's host checks that come before
+any CUDA call (null outputs, workspace_bytes' shapes, the packed kernels' head limit, the decode
+step's enums) and scripts/gpu_check.sh --help are checked here too."""
 
 import ctypes
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -190,12 +195,239 @@ def test_the_library_refusals_carry_its_message(lib):
     assert hils.gpu.sparse_kernel(lib) in hils.gpu.SPARSE_KERNEL  # nothing was changed
 
 
-def test_the_build_tree_package_finds_its_library():
-    # PYTHONPATH=build/python: the link that the build puts beside the package (CMakeLists.txt).
+def build_tree_of_package():
+    """The CMake build folder whose python/hils this hils was imported from
+    (<build>/python/hils beside <build>/CMakeCache.txt), or None (an installed package)."""
+    build = pathlib.Path(hils.__file__).resolve().parents[2]
+    return build if (build / "CMakeCache.txt").is_file() else None
+
+
+def found_without_variable():
+    """hils.gpu.find_library() in a fresh interpreter with HILS_GPU_LIB unset."""
     env = {key: value for key, value in os.environ.items() if key != "HILS_GPU_LIB"}
     result = subprocess.run([sys.executable, "-c", "import hils.gpu; print(hils.gpu.find_library())"],
                             capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
-    found = result.stdout.strip()
+    return result.stdout.strip()
+
+
+def test_the_build_tree_package_finds_its_library():
+    # PYTHONPATH=build/python: the link that the build puts beside the package (gpu/CMakeLists.txt).
+    if build_tree_of_package() is None:
+        pytest.skip(f"hils is imported from {os.path.dirname(hils.__file__)}, not from a build tree "
+                    f"(<build>/python/hils beside <build>/CMakeCache.txt): no build link to check")
+    found = found_without_variable()
     assert found == hils.gpu.library.package_library()
     assert os.path.samefile(found, tool("HILS_GPU_LIB"))
+
+
+def test_an_installed_package_finds_its_own_library():
+    # pip install . -C cmake.define.HILS_BUILD_GPU=ON puts the library into the package folder.
+    if build_tree_of_package() is not None:
+        pytest.skip("hils is imported from a build tree: test_the_build_tree_package_finds_its_library checks it")
+    inside = hils.gpu.library.package_library()
+    if not os.path.isfile(inside):
+        pytest.skip(f"hils is installed without its GPU library (no {inside}): built without "
+                    f"-C cmake.define.HILS_BUILD_GPU=ON or without nvcc")
+    assert found_without_variable() == inside
+    assert b"fused=0" in hils.gpu.load_library(inside).lib.hils_gpu_enum_names(b"decode_kernel")
+
+
+# ---- Host checks of the C API that run before any CUDA call (gpu/NOTES.md "Careless-user audit
+# (session 21)"): each refusal is reached here without a GPU, over input addresses that are never
+# read. Before session 21 these calls went on to launch (a null output faulted on the device and
+# left a sticky error that poisoned the caller's context), crashed the process (S = 0, bytes
+# NULL), or ran with a wrapped size or an out-of-range enum.
+FAKE = ctypes.c_void_p(1 << 20)  # a device address that no refused call dereferences
+
+
+def _problem(**fields):
+    """hils_gpu_problem of the hils preset (T 2048, Hq 4, Hkv 2, d 64, bf16, S 64, W 256, K 8)."""
+    p = hils.gpu.Problem()
+    p.T, p.Hq, p.Hkv, p.d, p.dv, p.S, p.W, p.K = 2048, 4, 2, 64, 64, 64, 256, 8
+    p.landmarks, p.bf16, p.softmax1, p.scale = 1, 1, 0, 0.0
+    p.key_rule, p.bias_rule = hils.gpu.KEY["taylor"], hils.gpu.BIAS["entropy"]
+    p.prior_rule, p.group_rule = hils.gpu.PRIOR["landmark_query"], hils.gpu.GROUP["max_normalized"]
+    p.fusion = hils.gpu.FUSION["hierarchical"]
+    p.q = p.k = p.v = FAKE.value
+    for name, value in fields.items():
+        setattr(p, name, value)
+    return p
+
+
+def _call(lib, name, *args):
+    """(return code, hils_gpu_last_error()) of a raw C API call."""
+    return getattr(lib.lib, name)(*args), lib.lib.hils_gpu_last_error().decode()
+
+
+def test_a_null_output_is_refused_before_any_launch(lib):
+    P, F, N = ctypes.byref(_problem()), FAKE, None
+    exact = ctypes.byref(_problem(key_rule=hils.gpu.KEY["exact"], bias_rule=hils.gpu.BIAS["none"]))
+    null = lambda name: (2, f"{name}: expected a device pointer, got null")  # noqa: E731
+    assert _call(lib, "hils_gpu_window", P, N, F, N) == null("o_swa")
+    assert _call(lib, "hils_gpu_window", P, F, N, N) == null("lse_swa")
+    assert _call(lib, "hils_gpu_window_rows", P, F, ctypes.c_int32(0), N, N) == null("lse_swa")
+    assert _call(lib, "hils_gpu_full", P, N, F, N) == null("o")
+    assert _call(lib, "hils_gpu_full", P, F, N, N) == null("lse")
+    assert _call(lib, "hils_gpu_exact", exact, N, N) == null("exact")
+    assert _call(lib, "hils_gpu_summarize", P, N, F, N) == null("key")
+    assert _call(lib, "hils_gpu_summarize", P, F, N, N) == null("bias")
+    assert _call(lib, "hils_gpu_select", P, N, F, N, F, F, F, N) == null("key")
+    assert _call(lib, "hils_gpu_select", P, F, F, N, N, F, F, N) == null("lse_swa")
+    assert _call(lib, "hils_gpu_select", P, F, F, N, F, N, F, N) == null("selection")
+    assert _call(lib, "hils_gpu_select", P, F, F, N, F, F, N, N) == null("selected_score")
+    assert _call(lib, "hils_gpu_select_with", P, ctypes.c_int32(4), F, F, N, F, N, F, N) == null("selection")
+    assert _call(lib, "hils_gpu_fuse", P, N, F, F, F, F, F, N) == null("selection")
+    assert _call(lib, "hils_gpu_fuse", P, F, N, F, F, F, F, N) == null("selected_score")
+    assert _call(lib, "hils_gpu_fuse", P, F, F, N, F, F, F, N) == null("o_swa")
+    assert _call(lib, "hils_gpu_fuse", P, F, F, F, F, N, F, N) == null("o")
+    assert _call(lib, "hils_gpu_fuse", P, F, F, F, F, F, N, N) == null("lse")
+    i32 = ctypes.c_int32
+    assert _call(lib, "hils_gpu_fuse_rows", P, F, F, F, i32(1), F, N, i32(2), F, N) == null("o")
+    assert _call(lib, "hils_gpu_fuse_rows", P, F, F, F, i32(0), N, F, i32(0), F, N) == null("lse_swa")
+    # The flat fusion reads neither the selected scores nor the window's rows: those may be null.
+    flat = ctypes.byref(_problem(fusion=hils.gpu.FUSION["flat"]))
+    assert _call(lib, "hils_gpu_fuse", flat, F, N, N, N, N, F, N) == null("o")
+
+
+def test_workspace_bytes_checks_the_shape_and_its_pointer(lib):
+    size = ctypes.c_size_t(7)
+    assert _call(lib, "hils_gpu_workspace_bytes", ctypes.byref(_problem()), None) == (
+        2, "bytes: expected a pointer, got null")
+    refused = {
+        "S: expected >= 2 with landmarks, got 0": dict(S=0),
+        "T: expected >= 1, got -1000": dict(T=-1000),
+        "K: expected >= 0, got -8": dict(K=-8),
+        "scale: expected 0 (meaning 1/sqrt(d)) or a finite positive logit scale, got -1.000000": dict(scale=-1.0),
+        "scale: expected 0 (meaning 1/sqrt(d)) or a finite positive logit scale, got nan": dict(scale=float("nan")),
+        # 2^60 bytes of o: the product wrapped to 9.3e18 before
+        "Hq * T * max(d, dv): expected at most 2^59 bytes, got Hq = 1048576, T = 1099511627776, max(d, dv) = 256":
+            dict(T=2**40, Hq=2**20, Hkv=2**20, dv=256),
+        "Hq * T * K: expected at most 2^59 bytes, got Hq = 4, T = 2048, K = 35184372088832":
+            dict(K=2**45, fusion=hils.gpu.FUSION["window"]),
+        "Hq * T * T/S: expected at most 2^59 bytes, got Hq = 65536, T = 1073741824, T/S = 16777216":
+            dict(T=2**30, Hq=2**16, Hkv=2**16, key_rule=hils.gpu.KEY["exact"], bias_rule=hils.gpu.BIAS["none"]),
+    }
+    for message, fields in refused.items():
+        assert _call(lib, "hils_gpu_workspace_bytes", ctypes.byref(_problem(**fields)), ctypes.byref(size)) == (
+            2, message), fields
+    assert size.value == 7  # nothing written on a refusal
+    assert _call(lib, "hils_gpu_workspace_bytes", ctypes.byref(_problem()), ctypes.byref(size)) == (0, "")
+    # o_swa, lse_swa, k', b', selection, selected scores (gpu/src/api.cpp workspace_bytes)
+    Hq, T, nc, K = 4, 2048, 32, 8
+    assert size.value == sum((n + 255) // 256 * 256 for n in (
+        Hq * T * 64 * 4, Hq * T * 4, Hq * nc * 64 * 4, Hq * nc * 4, 2 * T * K * 4, Hq * T * K * 4))
+
+
+def test_the_packed_kernels_refuse_more_kv_heads_than_their_grid_holds(lib):
+    # Hkv = 70000 bf16 heads of d = 64 fit in a few GB; the packed kernels' grids hold 65535 in
+    # their second dimension: the launch failed with "invalid argument" (code 3) before.
+    p = ctypes.byref(_problem(T=128, Hq=70000, Hkv=70000))
+    rc, message = _call(lib, "hils_gpu_window", p, FAKE, FAKE, None)
+    assert (rc, message.split(" where")[0]) == (2, "Hkv: expected <= 65535")
+    assert message.endswith("hils::gpu::set_packed_kernels(false) runs the SIMT kernels), got 70000")
+
+
+def _decode(**fields):
+    """hils_gpu_decode of the hils preset (B 2, T 1000, Hq 4, Hkv 2, d 64, S 64, W 256, K 4)."""
+    p = hils.gpu.Decode()
+    p.B, p.T, p.Hq, p.Hkv, p.d, p.dv, p.S, p.W, p.K = 2, 1000, 4, 2, 64, 64, 64, 256, 4
+    p.landmarks, p.key_rule, p.bias_rule = 1, hils.gpu.KEY["taylor"], hils.gpu.BIAS["entropy"]
+    p.group_rule, p.fusion = hils.gpu.GROUP["max_normalized"], hils.gpu.FUSION["hierarchical"]
+    p.k = p.v = p.summary_key = p.summary_bias = p.q = FAKE.value
+    for name, value in fields.items():
+        setattr(p, name, value)
+    return p
+
+
+def test_the_decode_step_refuses_enum_values_out_of_range(lib):
+    size = ctypes.c_size_t()
+    def call(**fields):
+        rc = lib.lib.hils_gpu_decode_workspace_bytes(ctypes.byref(_decode(**fields)), ctypes.byref(size))
+        return rc, lib.lib.hils_gpu_decode_last_error().decode()
+    assert call() == (0, "")
+    # group_rule 7 ran as max_raw, key_rule and bias_rule 99 were accepted before session 21
+    assert call(group_rule=7) == (2, "group_rule: expected one of 0 (max_normalized), 1 (sum_probabilities), "
+                                     "2 (max_raw), got 7")
+    assert call(group_rule=-1)[1].endswith("got -1")
+    assert call(key_rule=99) == (2, "key_rule: expected one of 0 (exact), 1 (mean), 2 (landmark_key), "
+                                    "3 (taylor), got 99")
+    assert call(bias_rule=99) == (2, "bias_rule: expected one of 0 (none), 1 (entropy), got 99")
+    assert call(fusion=9)[1].startswith("fusion: expected one of 0 (full)")
+
+
+def test_stages_lets_the_library_judge_the_spec_before_allocating(lib):
+    # S = 0 was a ZeroDivisionError in Stages (T // S) and K = 10^9 an out-of-memory error of
+    # 15 TiB; the library names them before any buffer (torch is not needed to get there).
+    with pytest.raises(hils.gpu.GpuInvalidArgument,
+                       match=r"^hils_gpu_workspace_bytes: S: expected >= 2 with landmarks, got 0 \(return code 2\)$"):
+        hils.gpu.Stages(lib, _problem(S=0))
+    with pytest.raises(hils.gpu.GpuInvalidArgument, match=r"K: expected G\*d \+ G \+ 2K <= 3072"):
+        hils.gpu.Stages(lib, _problem(K=10**9))
+
+
+def test_gpu_check_prints_its_usage():
+    # README sends users to scripts/gpu_check.sh and its --help; it was an unknown argument (exit 2).
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--help"], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Builds and runs every GPU test")
+    assert "--python: only `pip install .`" in result.stdout and "set -euo" not in result.stdout
+    wrong = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--hepl"], capture_output=True, text=True)
+    assert wrong.returncode == 2 and "or --help)" in wrong.stderr
+
+
+def test_decode_cache_arguments_are_named_before_the_library_is_looked_for(bare_package):
+    # No torch, no library: the spec, the store, the kernel and the capacity are named first,
+    # then the prefix's tensors (hils.gpu.DecodeCache; the tensor checks on a GPU:
+    # test_gpu_decode.py).
+    result = bare_package("""
+        import numpy as np
+        import hils.gpu
+        q = np.zeros((1, 2, 8, 4), np.float32)
+        def error(spec={"preset": "hils"}, **options):
+            arguments = dict(capacity=16)
+            arguments.update(options)
+            try:
+                hils.gpu.DecodeCache(spec, q, q, q, **arguments)
+            except Exception as e:
+                return f"{type(e).__name__}: {e}"
+        for spec in ({"preset": "full"}, {"preset": "naive_bsa"}, {"preset": "hils", "prior_rule": "shared"},
+                     {"preset": "hils", "landmarks": False}, {"preset": "hils", "K": 8.0}):
+            print(error(spec))
+        print(error(summaries="fp16"))
+        print(error(kernel="d99"))
+        print(error(kernel="d39", summaries="int4h"))
+        print(error(kernel=25))
+        print(error(capacity=0))
+        print(error(capacity=16.0))
+        print(error({"preset": "nsa"}, summaries="int4", kernel="d5"))
+    """)
+    lines = result.stdout.splitlines()
+    assert lines == [
+        "ValueError: spec['fusion']: expected flat or hierarchical for the decode step (a mechanism "
+        "that selects chunks, decode.hpp), got 'full'",
+        "ValueError: spec['key_rule']: expected mean, landmark_key or taylor for the decode step (the "
+        "cache keeps summaries; exact has none), got 'exact'",
+        "ValueError: spec['prior_rule']: the decode cache summarizes each completed chunk with the "
+        "query of its landmark slot (landmark_query); 'shared' priors are not supported",
+        "ValueError: spec['landmarks']: expected true for prior_rule landmark_query (the prior is q~ "
+        "at each chunk's landmark slot), got false",
+        "TypeError: spec['K']: expected an integer, found float 8.0",
+        "ValueError: summaries: expected one of bf16 | fp8 | int4 | int4h, got 'fp16'",
+        "ValueError: kernel: unknown decode kernel 'd99' (expected one of fused, d5, d29, d34, d35, "
+        "d36, d39, d40)",
+        "ValueError: kernel: int4h summaries are scanned by d40 only (decode.hpp, "
+        "SummaryType::int4_h), got 'd39'",
+        "TypeError: kernel: expected a decode kernel's name (str), found int",
+        "ValueError: capacity: expected an integer >= 1, got 0",
+        "TypeError: capacity: expected an integer, found float 16.0",
+        "TypeError: q: expected a torch CUDA tensor (bfloat16) [B, Hq, T0, d], found numpy.ndarray",
+    ], result.stderr
+
+
+def test_the_decode_kernels_known_before_loading_are_the_librarys(lib, bare_package):
+    # DecodeCache checks kernel names before any library is loaded: the table it starts with
+    # must be the one the library lists (hils_gpu_enum_names "decode_kernel").
+    before = bare_package("import hils.gpu\nprint(sorted(hils.gpu.DECODE_KERNEL.items()))")
+    assert before.stdout.strip() == str(sorted(hils.gpu.DECODE_KERNEL.items())), before.stderr

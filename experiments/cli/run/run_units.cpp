@@ -63,7 +63,8 @@ std::vector<analysis::StudyUnit> list_units(const RunPlan& plan, const io::Activ
                          sink.set_attribute(spec.name, "spec", io::json_text(config::spec_to_json(spec)));
                          sink.set_attribute(spec.name, "description", describe(spec));
                          write_unit(sink, path, out, options);
-                       }});
+                       },
+                       fmt::format("layer{}", l)});
     }
   return units;
 }

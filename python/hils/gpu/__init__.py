@@ -22,8 +22,16 @@ find_library says where it looked. Stage by stage, as the benchmarks (gpu/bench)
     stages.forward()       # window, summaries, selection, sparse stage: stages.o, .lse, ...
     stages.run()           # the same forward as one hils_gpu_run call (o and lse only)
 
-The decode step's structs (Decode, DecodeOutputs) and kernel names (DECODE_KERNEL, kernel_code
-("decode_kernel", name)) are here too; gpu/bench/bench_decode.py drives them. `import hils.gpu`
+The decode step, one new query per sequence against a cache of K/V slots and chunk summaries
+(hils/gpu/decode.py):
+
+    cache = hils.gpu.DecodeCache(spec, q, k, v, capacity=4096, summaries="fp8")  # prefix [B, heads, T0, d]
+    cache.append(k_new, v_new)          # [B, Hkv, d], [B, Hkv, dv] bf16: slot T-1
+    out = cache.step(q_new)             # [B, Hq, d] -> {"o": [B, Hq, dv], "lse": [B, Hq], "selection": [B, Hkv, K]}
+    report = hils.verify(**cache.verify_arguments(out, b=0))
+
+Its structs (Decode, DecodeOutputs) and kernel names (DECODE_KERNEL, kernel_code("decode_kernel",
+name)) are here too; gpu/bench/bench_decode.py drives them on random caches. `import hils.gpu`
 needs neither torch nor hils._core: the library and its tables load without torch, the tensors
 need it.
 """
@@ -33,11 +41,13 @@ from .library import (APPROXIMATE_SELECT_KERNELS, BIAS, DECODE_KERNEL, ENV_VAR, 
                       WINDOW_KERNEL, Decode, DecodeOutputs, GpuError, GpuInvalidArgument, Library,
                       Problem, find_library, kernel_code, load_library, packed_kernels, set_packed,
                       set_sparse, set_window, sparse_kernel, window_kernel)
+from .decode import SUMMARY_STORES, DecodeCache
 from .spec import PRESETS, SPEC_KEYS, resolve as resolve_spec
 from .stages import (Stages, check_inputs, enum_values, make_problem, problem, ptr, require_torch,
                      stream_ptr)
 
 __all__ = ["forward", "verify_options", "resolve_spec", "PRESETS", "SPEC_KEYS",
+           "DecodeCache", "SUMMARY_STORES",
            # the library
            "Library", "load_library", "find_library", "ENV_VAR", "GpuError", "GpuInvalidArgument",
            "KEY", "BIAS", "PRIOR", "GROUP", "FUSION", "KERNELS", "SELECT_KERNEL", "SPARSE_KERNEL",
@@ -48,17 +58,36 @@ __all__ = ["forward", "verify_options", "resolve_spec", "PRESETS", "SPEC_KEYS",
            "Stages", "problem", "make_problem", "check_inputs", "enum_values", "ptr", "stream_ptr", "require_torch"]
 
 
-def forward(q, k, v, spec, *, q_retrieval=None, prior=None, library=None):
+def _require_finite(name, t):
+    """ValueError naming `name`, the first NaN or Inf and its index, unless every value of t is
+    finite (one reduction on the device and one synchronisation)."""
+    finite = require_torch().isfinite(t)
+    if bool(finite.all()):
+        return
+    index = tuple(int(i) for i in (~finite).nonzero()[0].tolist())
+    raise ValueError(f"{name}: expected finite values (hils.verify refuses NaN and Inf inputs too), found "
+                     f"{t[index].item()} at {list(index)}; check_finite=False skips this check")
+
+
+def forward(q, k, v, spec, *, q_retrieval=None, prior=None, library=None, check_finite=True):
     """The mechanism of `spec` (hils.verify's dict: "preset" and the spec keys S, W, K, key_rule,
     ..., data/verify_format.md) on the GPU -> {"o": [Hq, T, dv], "lse": [Hq, T]} (float32), plus
     "selection" [Hkv, T, K] (int32, the chunks each KV head's group selected) for the mechanisms
     that select (flat or hierarchical fusion). q_retrieval [Hq, T, d] and prior [Hq, rows, d] as in
     hils.verify. library: a Library or a path (default: find_library()). Each stage is the
     library's default kernel (README "Calling the GPU kernels"); outputs are on q's device, written
-    on torch's current stream."""
+    on torch's current stream. check_finite: refuse NaN and Inf in the inputs (ValueError naming
+    the tensor and the first such element) as hils.verify does; this reads every input once and
+    synchronises with the device (False skips it, e.g. inside a CUDA graph capture). Unchecked,
+    such a value spreads beyond the rows that attend to it: a NaN in v reaches earlier rows of
+    its tile (masked probabilities 0 times NaN; gpu/NOTES.md "Careless-user audit (session 21)")."""
     fields = resolve_spec(spec)  # spec errors first: no torch or library needed
     check_inputs(q, k, v, q_retrieval, prior)
     torch = require_torch()
+    if check_finite:
+        for name, t in (("q", q), ("k", k), ("v", v), ("q_retrieval", q_retrieval), ("prior", prior)):
+            if t is not None:
+                _require_finite(name, t)
     lib = load_library(library)
     with torch.cuda.device(q.device):
         stages = Stages(lib, problem(fields, q, k, v, q_retrieval, prior))

@@ -25,8 +25,10 @@ SELECT_KERNEL = {"two_pass_v4": 0, "one_pass_v5": 1, "two_pass_v8": 4, "two_pass
 SPARSE_KERNEL = {"chunked_v21": 17, "chunked_v30": 26, "chunked_v35": 29, "chunked_v36": 30}
 WINDOW_KERNEL = {"mma_v9": 1, "wgmma_v18": 10, "wgmma_v19": 11, "wgmma_v20": 12}
 # hils::gpu::DecodeKernel (hils_gpu_decode::kernel), name -> code, from hils_gpu_enum_names
-# "decode_kernel"; empty until a Library is loaded.
-DECODE_KERNEL = {}
+# "decode_kernel" when the first Library is loaded; until then the kept kernels as decode.hpp
+# lists them (kDecodeKernels), for the argument checks that run before a library is loaded
+# (hils.gpu.DecodeCache).
+DECODE_KERNEL = {"fused": 0, "d5": 1, "d29": 15, "d34": 20, "d35": 21, "d36": 22, "d39": 25, "d40": 26}
 KERNELS = {"select_kernel": SELECT_KERNEL, "sparse_kernel": SPARSE_KERNEL,
            "window_kernel": WINDOW_KERNEL, "decode_kernel": DECODE_KERNEL}
 # The codes of the kernels removed in session 17 (gpu/NOTES.md "Kernels removed in session 17"),

@@ -130,6 +130,12 @@ class Stages:
 
     def __init__(self, lib, p, need_exact=None):
         self.lib, self.p = lib, p
+        # The library checks the shapes and the spec first (hils_gpu_workspace_bytes refuses what
+        # every stage would, GpuInvalidArgument naming the field): an S of 0 or a K of 10^9 is
+        # named here, not met as a ZeroDivisionError or an out-of-memory error of the buffers.
+        size = ctypes.c_size_t()
+        lib.call("hils_gpu_workspace_bytes", ctypes.byref(p), ctypes.byref(size))
+        self.workspace_bytes = size.value
         if need_exact is None:
             need_exact = p.key_rule == _library.KEY["exact"]
         dev = p._tensors[0].device if hasattr(p, "_tensors") else torch.device("cuda")
@@ -197,9 +203,7 @@ class Stages:
         sparse stage, each the library's default) into o and lse, its intermediates in a workspace
         of hils_gpu_workspace_bytes. forward() below is the same work as four calls."""
         if self.workspace is None:
-            size = ctypes.c_size_t()
-            self.lib.call("hils_gpu_workspace_bytes", ctypes.byref(self.p), ctypes.byref(size))
-            self.workspace = torch.empty(max(size.value, 1), device=self.o.device, dtype=torch.uint8)
+            self.workspace = torch.empty(max(self.workspace_bytes, 1), device=self.o.device, dtype=torch.uint8)
         self.lib.call("hils_gpu_run", ctypes.byref(self.p), ptr(self.o), ptr(self.lse),
                       ptr(self.workspace), stream_ptr())
 

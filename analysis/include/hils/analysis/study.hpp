@@ -59,6 +59,8 @@ struct PriorChoice {
 
 // "T<T>/layer<l>/group<g>", the unit of resumable work.
 std::string unit_path(int64_t T, int64_t layer, int64_t group);
+// "T<T>/layer<l>": the input (StudyUnit::input) of the units that read layer l at length T.
+std::string layer_input(int64_t T, int64_t layer);
 
 // Called after each unit with (units done, units total), for progress bars.
 using Progress = std::function<void(int64_t done, int64_t total)>;

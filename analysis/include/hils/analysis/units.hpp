@@ -61,6 +61,11 @@ struct StudyUnit {
   double cost = 1.0;  // relative cost estimate (largest-first scheduling), e.g. T^2
   // Writes the unit's results into the sink; does NOT mark it complete (the runner does).
   std::function<void(ResultSink&)> work;
+  // The loaded input it reads (LayerCache: layer and T), shared with the other units naming the
+  // same one; empty: none. A unit that starts while another unit of its input loads it waits for
+  // that load, so ThreadedUnitRunner starts another unit where it can (README, "Several units at
+  // once").
+  std::string input;
 };
 
 // What a runner did, known where the results are held (empty elsewhere).
@@ -108,7 +113,10 @@ SerialUnitRunner& serial_runner();
 // run with its error once every unit before it is written (the ones after it are dropped); a
 // stop request ends the run at the units written (units in flight stop at their next safe
 // point and are dropped). At most 2 x jobs units are taken and not yet written: held results
-// wait for a slow unit before them, and this bounds their memory.
+// wait for a slow unit before them, and this bounds their memory. A worker takes the first unit
+// of those whose input (StudyUnit::input) no unit in flight reads, else the first unit: units of
+// one input would otherwise start together and all but one wait for its load (a layer's two KV
+// groups: the second thread idled while the first drew the layer).
 class ThreadedUnitRunner final : public UnitRunner {
  public:
   ThreadedUnitRunner(int jobs, int threads);

@@ -49,7 +49,13 @@ struct DeviceOutputs {
 int64_t n_chunks(const MechanismSpec& spec, int64_t T);
 // Logit scale sigma: spec.scale, or 1/sqrt(d) when 0.
 float logit_scale(const MechanismSpec& spec, int64_t d);
-// Throws std::invalid_argument naming the first bad field (shapes, spec, pointers).
+// Throws std::invalid_argument naming the first bad field of the shapes and the spec: sizes and
+// the spec's numbers (S, W, K, scale as the reference takes them), and buffers of at most 2^59
+// bytes (a garbage or overflowed shape is refused, not wrapped).
+void validate_shape(const MechanismSpec& spec, const Shape& shape);
+// validate_shape, then the input pointers, the prior, and Hkv <= 65535 where the packed kernels
+// run. Each stage also refuses a null pointer among the outputs it writes and the scratch it
+// reads (a kernel writing through null would leave a sticky CUDA error).
 void validate(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in);
 
 // Use the packed tensor-core kernels where they apply (bf16, d = dv = S = 64, G | 16): on by
@@ -282,7 +288,7 @@ void fuse_rows(const MechanismSpec& spec, const Shape& shape, const DeviceInputs
                RowType o_swa_type, const float* lse_swa, void* o, RowType o_type, float* lse,
                cudaStream_t stream = nullptr);
 
-// Bytes of scratch memory run_mechanism needs.
+// Bytes of scratch memory run_mechanism needs; throws as validate_shape for a bad shape or spec.
 size_t workspace_bytes(const MechanismSpec& spec, const Shape& shape);
 // The whole mechanism; `workspace` holds workspace_bytes(spec, shape) device bytes.
 void run_mechanism(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in,

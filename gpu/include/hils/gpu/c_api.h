@@ -1,6 +1,11 @@
 /* C ABI over hils::gpu for ctypes and other foreign callers. Every function returns 0 on
    success, 2 on bad input and 3 on an internal (CUDA) error; hils_gpu_last_error() then says
-   what went wrong. Enum fields take the integer values of the hils:: enums in spec.hpp. */
+   what went wrong. Enum fields take the integer values of the hils:: enums in spec.hpp. Bad input
+   is refused before anything is launched: shapes and spec numbers (each buffer of at most 2^59
+   bytes, Hkv <= 65535 where the packed kernels run), enum values, and a null pointer among the
+   inputs and outputs a call reads or writes (hils::gpu::validate; gpu/NOTES.md "Careless-user
+   audit (session 21)"). The sizes of the buffers behind the pointers cannot be checked: they
+   must hold the shapes the problem names. */
 #ifndef HILS_GPU_C_API_H
 #define HILS_GPU_C_API_H
 
@@ -34,6 +39,8 @@ const char* hils_gpu_last_error(void);
    ("fused=0 d5=1 d29=15 ...") and "decode_kernel_removed" ("d8=2 d13=3 ..."). NULL for another
    field. */
 const char* hils_gpu_enum_names(const char* field);
+/* The bytes of hils_gpu_run's workspace; 2 (and *bytes untouched) for a problem whose shapes or
+   spec numbers every stage would refuse (no pointer of p is read). */
 int hils_gpu_workspace_bytes(const hils_gpu_problem* p, size_t* bytes);
 int hils_gpu_run(const hils_gpu_problem* p, float* o, float* lse, void* workspace, void* stream);
 int hils_gpu_window(const hils_gpu_problem* p, float* o_swa, float* lse_swa, void* stream);
