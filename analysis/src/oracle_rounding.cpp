@@ -372,6 +372,12 @@ std::pair<std::optional<Bf16Rounding>, std::string> conversion_rounding(
   return {std::nullopt, "either (no bf16-stored lse or o to read it from)"};
 }
 
+// The most terms a row's softmax sum can hold: every key, every chunk and a softmax1 logit.
+int64_t softmax_terms(const Context& ctx) {
+  const int64_t T = ctx.geometry.T();
+  return T + (T + ctx.geometry.S() - 1) / ctx.geometry.S() + 1;
+}
+
 }  // namespace
 
 // The statistics over all lse rows (hierarchical fusion, bf16 scores): the mean error and the
@@ -420,6 +426,12 @@ void check_lse_shifts(const Context& ctx, const std::vector<IndexMatrix>& select
         spread += a[h](r) * a[h](r) * residual * residual;
       }
     test.spread_standard_error = std::sqrt(spread);
+    double sum_abs_a = 0;
+    for (size_t h = 0; h < truth.size(); ++h)
+      for (Eigen::Index r = 0; r < truth[h].lse.size(); ++r)
+        if (std::isfinite(kernel.lse[h](r)) && std::isfinite(reference[h](r)))
+          sum_abs_a += std::fabs(a[h](r));
+    test.approximation_allowance = sum_abs_a * Tolerances::fp32_lse_approximation(softmax_terms(ctx));
     RoundingShifts shifts;
     const MeanShiftBound bound = lse_shift_bound(ctx, selection, truth, a, rounding, conversions, shifts);
     std::tie(test.rounding_low, test.rounding_high) = shifts.range(conversions);
