@@ -85,6 +85,19 @@ struct SummaryRounding {
   Matrix<double> variance;
   std::array<Matrix<double>, 2> key, bias, weights;
 };
+
+// True when a key rule's summaries are the same for every head of a KV group (they read no
+// prior query), so that their rounding is shared across the group's heads.
+bool summary_per_group(KeyRule rule) {
+  switch (rule) {
+    case KeyRule::mean:
+    case KeyRule::landmark_key: return true;
+    case KeyRule::taylor:
+    case KeyRule::exact: return false;
+  }
+  return false;
+}
+
 SummaryRounding summary_rounding(const Context& ctx, int64_t h) {
   const int64_t chunks = ctx.geometry.n_chunks(), tokens = ctx.geometry.tokens_per_chunk();
   const int64_t d = ctx.inputs.d();
@@ -98,12 +111,17 @@ SummaryRounding summary_rounding(const Context& ctx, int64_t h) {
   const bool entropy = ctx.spec.bias_rule == BiasRule::entropy && ctx.spec.key_rule != KeyRule::exact;
   for (int64_t c = 0; c < chunks; ++c) {
     const auto keys = k.middleRows(c * ctx.spec.S, tokens);
-    Vector<double> w = Vector<double>::Zero(tokens);
-    if (ctx.spec.key_rule == KeyRule::mean) w.setConstant(1.0 / static_cast<double>(tokens));
-    if (ctx.spec.key_rule == KeyRule::taylor) {
-      const Vector<double> logits = scale * (keys * prior.row(c).transpose());
-      w = (logits.array() - logits.maxCoeff()).exp().matrix();
-      w /= w.sum();
+    Vector<double> w = Vector<double>::Zero(tokens);  // k'_c = sum_j w_j k_j: the weights rounded
+    switch (ctx.spec.key_rule) {
+      case KeyRule::mean: w.setConstant(1.0 / static_cast<double>(tokens)); break;
+      case KeyRule::taylor: {
+        const Vector<double> logits = scale * (keys * prior.row(c).transpose());
+        w = (logits.array() - logits.maxCoeff()).exp().matrix();
+        w /= w.sum();
+        break;
+      }
+      case KeyRule::landmark_key: break;  // a copy of one key: no weights to round
+      case KeyRule::exact: break;         // no summary
     }
     const Vector<double> w_var = w.unaryExpr([](double x) { return bf16_rounding_variance(x); });
     const Vector<double> entropy_slope = (w.array().max(1e-300).log() + 1.0).matrix();
@@ -234,7 +252,7 @@ MeanShiftBound lse_shift_bound(const Context& ctx, const std::vector<IndexMatrix
   const int64_t chunks = ctx.geometry.n_chunks(), d = ctx.inputs.d();
   const bool summaries = ctx.spec.key_rule != KeyRule::exact && chunks > 0;
   const int64_t K = ctx.spec.K;
-  const bool per_group = ctx.spec.key_rule == KeyRule::mean || ctx.spec.key_rule == KeyRule::landmark_key;
+  const bool per_group = summary_per_group(ctx.spec.key_rule);
   double variance = 0;
   std::array<double, 2> score_error{}, key_error{}, bias_error{}, weights_key_error{},
       weights_bias_error{};

@@ -112,9 +112,14 @@ Vector<Scalar> summary_chunk_backward(const Matrix<Scalar>& k,
   const int64_t tokens = geometry.tokens_per_chunk();
   const auto keys = k.middleRows(c * geometry.S(), tokens);
   Vector<Scalar> dmu = Vector<Scalar>::Zero(k.cols());
-  if (key_rule == KeyRule::mean)
-    dk_chunk.topRows(tokens).rowwise() += dkey.transpose() / static_cast<Scalar>(tokens);
-  if (key_rule == KeyRule::landmark_key) dk_chunk.row(geometry.S() - 1) += dkey.transpose();
+  switch (key_rule) {  // k' as a function of the chunk's keys (reference/SEMANTICS.md §3)
+    case KeyRule::mean:
+      dk_chunk.topRows(tokens).rowwise() += dkey.transpose() / static_cast<Scalar>(tokens);
+      break;
+    case KeyRule::landmark_key: dk_chunk.row(geometry.S() - 1) += dkey.transpose(); break;
+    case KeyRule::taylor: break;  // k' = sum p_j k_j: below, with p's own dependence on k
+    case KeyRule::exact: break;   // no summary
+  }
   if (key_rule != KeyRule::taylor && bias_rule != BiasRule::entropy) return dmu;
   Vector<Scalar> ell = (keys * mu) * scale;
   const Scalar top = ell.maxCoeff();

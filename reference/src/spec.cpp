@@ -1,7 +1,6 @@
 #include "hils/spec.hpp"
 
 #include <sstream>
-#include <utility>
 
 #include "hils/spec_fields.hpp"
 #include "hils/types.hpp"
@@ -9,14 +8,15 @@
 namespace hils {
 namespace {
 
-MechanismSpec make(std::string name, Fusion fusion, KeyRule key, BiasRule bias, bool landmarks) {
+// A row of kPresets as a spec (its other fields at MechanismSpec's defaults).
+MechanismSpec make(const PresetRow& row) {
   MechanismSpec spec;
-  spec.name = std::move(name);
-  spec.fusion = fusion;
-  spec.key_rule = key;
-  spec.bias_rule = bias;
+  spec.name = row.name;
+  spec.fusion = row.fusion;
+  spec.key_rule = row.key_rule;
+  spec.bias_rule = row.bias_rule;
   spec.prior_rule = PriorRule::landmark_query;
-  spec.landmarks = landmarks;
+  spec.landmarks = row.landmarks;
   return spec;
 }
 
@@ -50,21 +50,15 @@ void MechanismSpec::validate() const {
 }
 
 MechanismSpec preset(const std::string& name) {
-  if (name == "full") return make(name, Fusion::full, KeyRule::exact, BiasRule::none, false);
-  if (name == "swa") return make(name, Fusion::window, KeyRule::exact, BiasRule::none, false);
-  if (name == "naive_bsa") return make(name, Fusion::flat, KeyRule::exact, BiasRule::none, false);
-  if (name == "nsa") return make(name, Fusion::flat, KeyRule::mean, BiasRule::none, false);
-  if (name == "lmk")
-    return make(name, Fusion::hierarchical, KeyRule::landmark_key, BiasRule::none, true);
-  if (name == "hils")
-    return make(name, Fusion::hierarchical, KeyRule::taylor, BiasRule::entropy, true);
-  std::string options;
-  for (const auto& n : preset_names()) options += (options.empty() ? "" : " | ") + n;
-  throw InvalidArgument("preset: expected one of " + options + ", got '" + name + "'");
+  for (const auto& row : kPresets)
+    if (name == row.name) return make(row);
+  throw InvalidArgument("preset: expected one of " + preset_options() + ", got '" + name + "'");
 }
 
 std::vector<std::string> preset_names() {
-  return {"full", "swa", "naive_bsa", "nsa", "lmk", "hils"};
+  std::vector<std::string> names;
+  for (const auto& row : kPresets) names.emplace_back(row.name);
+  return names;
 }
 
 std::vector<MechanismSpec> table5_ablations() {

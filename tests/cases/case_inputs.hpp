@@ -2,6 +2,8 @@
 #pragma once
 
 #include <random>
+#include <string>
+#include <vector>
 
 #include "case_table.hpp"
 #include "hils/hils.hpp"
@@ -37,6 +39,28 @@ inline MechanismSpec with_case_geometry(MechanismSpec spec, const Case& c) {
   spec.K = c.K;
   spec.landmarks = c.landmarks;
   return spec;
+}
+
+// `specs` plus, for every key rule with a summary (kKeyRuleNames, hils/spec.hpp) that no spec of
+// the list uses, the hils preset with that key rule, so that the tests sweep a new key rule
+// without a preset of its own. With `fused`, only a spec of hierarchical fusion counts: there a
+// summary's score is a fusion logit (reference/SEMANTICS.md §5), the only way its gradient
+// reaches the inputs (§6); flat fusion uses it for the selection alone.
+inline std::vector<MechanismSpec> with_every_key_rule(std::vector<MechanismSpec> specs,
+                                                      bool fused) {
+  for (const auto& rule : kKeyRuleNames) {
+    if (rule.value == KeyRule::exact) continue;  // no summary
+    bool covered = false;
+    for (const auto& spec : specs)
+      covered = covered || (spec.key_rule == rule.value &&
+                            (!fused || spec.fusion == Fusion::hierarchical));
+    if (covered) continue;
+    MechanismSpec spec = preset("hils");
+    spec.name = std::string("hils_") + rule.name + "_key";
+    spec.key_rule = rule.value;
+    specs.push_back(spec);
+  }
+  return specs;
 }
 
 }  // namespace hils::cases

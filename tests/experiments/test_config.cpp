@@ -77,7 +77,9 @@ TEST_CASE("enum name tables: names round-trip, integers follow the table order",
   };
   check(hils::KeyRule{}), check(hils::BiasRule{}), check(hils::PriorRule{});
   check(hils::GroupRule{}), check(hils::Fusion{});
-  CHECK(hils::enum_options<hils::KeyRule>() == "exact | mean | landmark_key | taylor");
+  // The format, on the rows every version has (a new key rule adds its row at the end).
+  CHECK_THAT(hils::enum_options<hils::KeyRule>(),
+             Catch::StartsWith("exact | mean | landmark_key | taylor"));
 }
 
 TEST_CASE("spec codec: every field round-trips through JSON, keys are the table's", "[config]") {

@@ -259,9 +259,10 @@ KernelGradients float_gradients(const MechanismSpec& spec, const AttentionInputs
 }
 
 std::vector<MechanismSpec> specs_for(const cases::Case& c) {
+  std::vector<MechanismSpec> presets;
+  for (const auto& row : kPresets) presets.push_back(preset(row.name));
   std::vector<MechanismSpec> specs;
-  for (const char* name : {"full", "swa", "naive_bsa", "nsa", "lmk", "hils"}) {
-    MechanismSpec spec = preset(name);
+  for (MechanismSpec spec : cases::with_every_key_rule(presets, /*fused=*/false)) {
     const bool needs_landmarks = spec.key_rule == KeyRule::landmark_key ||
                                  (spec.needs_prior() && spec.prior_rule == PriorRule::landmark_query);
     if (needs_landmarks && !c.landmarks) {

@@ -91,8 +91,10 @@ KernelGradients float_gradients(const MechanismSpec& spec, const AttentionInputs
                                 const std::vector<IndexMatrix>& selection, uint64_t seed,
                                 InputPrecision precision = InputPrecision::fp32);
 
-// The presets the oracle is exercised on, with a case's geometry. Presets that need landmarks
-// (lmk, hils) are skipped for cases without landmarks; hils switches to the shared prior there.
+// The specs the oracle is exercised on, with a case's geometry: every preset (kPresets) and every
+// key rule (cases::with_every_key_rule; today the presets have them all). Specs that need
+// landmarks (lmk, hils) are skipped for cases without landmarks; hils switches to the shared
+// prior there.
 std::vector<MechanismSpec> specs_for(const cases::Case& c);
 
 // The first case of the table with this name (throws if none).

@@ -38,6 +38,17 @@ def load_cases():
 
 CASES = load_cases()
 
+SPEC_HEADER = ROOT / "reference" / "include" / "hils" / "spec.hpp"
+
+
+def load_table(name):
+    """The first field of every row of the C++ table `name` (kPresets' preset names,
+    kKeyRuleNames' key rule names, ...) in reference/include/hils/spec.hpp, in table order."""
+    body = SPEC_HEADER.read_text().split(f" {name}{{{{")[1].split("}};")[0]
+    names = re.findall(r'\{[^{}"]*?"(\w+)"', body)
+    assert names and len(names) == body.count("{"), f"could not read {name} in {SPEC_HEADER}"
+    return names
+
 
 def case_inputs(name):
     """Gaussian float32 q (times the case's gain), k, v of a case, seeded by its name (numpy's

@@ -2,10 +2,9 @@
 hils._core (the ImportError naming _core comes at first use), `import hils.gpu` works without
 either; the library is found by path, HILS_GPU_LIB or the package folder, or refused naming all
 three; spec and argument errors (forward's, DecodeCache's) name the argument before the library
-is looked for; the spec
-tables match the C++ ones (reference/include/hils/spec.hpp, spec_fields.hpp, reference/src/
-spec.cpp); the built libhils_gpu_c.so loads, lists its enums and kernels, and its refusals come
-back as exceptions carrying hils_gpu_last_error()'s text; the package finds the library without
+is looked for; the spec tables match the C++ ones (reference/include/hils/spec.hpp's kPresets
+and MechanismSpec, spec_fields.hpp); the built libhils_gpu_c.so loads, lists its enums and
+kernels, and its refusals come back as exceptions carrying hils_gpu_last_error()'s text; the package finds the library without
 HILS_GPU_LIB: the build tree's link, or an installed package's own copy (each test skips, naming
 why, where hils is the other kind). The kernels themselves:
 test_gpu_forward.py and test_gpu_decode.py (label gpu). The C API's host checks that come before
@@ -116,8 +115,8 @@ def test_spec_and_argument_errors_come_before_the_library_is_looked_for(bare_pac
     lines = result.stdout.splitlines()
     assert len(lines) == 5, result.stderr
     assert lines[0].startswith("ValueError: spec: unknown key 'window' (expected keys: preset, name,")
-    assert lines[1] == ("ValueError: spec['preset']: expected one of full | swa | naive_bsa | nsa | "
-                        "lmk | hils, got 'hills'")
+    presets = " | ".join(hils.gpu.PRESETS)
+    assert lines[1] == f"ValueError: spec['preset']: expected one of {presets}, got 'hills'"
     assert lines[2] == "TypeError: spec['S']: expected an integer, found float 64.0"
     assert lines[3].startswith("TypeError: spec: expected a dict such as")
     assert lines[4].startswith("TypeError: q: expected a torch CUDA tensor (float32 or bfloat16), "
@@ -131,8 +130,9 @@ def _cpp(path):
 def test_the_spec_tables_are_the_cpp_ones():
     fields = re.findall(r'SpecField<[\w:]+>\{"(\w+)"', _cpp("reference/include/hils/spec_fields.hpp"))
     assert hils.gpu.SPEC_KEYS == ("preset",) + tuple(fields)
-    presets = re.findall(r'if \(name == "(\w+)"\)\s*return make\(name, Fusion::(\w+), KeyRule::(\w+), '
-                         r'BiasRule::(\w+), (true|false)\)', _cpp("reference/src/spec.cpp"))
+    table = _cpp("reference/include/hils/spec.hpp").split("kPresets{{")[1].split("}};")[0]
+    presets = re.findall(r'\{"(\w+)", Fusion::(\w+), KeyRule::(\w+), BiasRule::(\w+), (true|false)\}', table)
+    assert len(presets) == table.count("{"), table  # every row read
     assert {name: (f, k, b, l == "true") for name, f, k, b, l in presets} == hils.gpu.PRESETS
     struct = _cpp("reference/include/hils/spec.hpp").split("struct MechanismSpec {")[1].split("};")[0]
     for key, value in hils.gpu.spec.DEFAULTS.items():

@@ -43,7 +43,8 @@ double max_abs_difference(const A& a, const B& b) {
   return worst;
 }
 
-// Every spec the property tests sweep: the presets plus the Table 5 ablations.
+// Every spec the property tests sweep: the presets plus the Table 5 ablations, and every key rule
+// under hierarchical fusion (cases::with_every_key_rule; today the ablations have them all).
 inline std::vector<MechanismSpec> all_specs() {
   std::vector<MechanismSpec> specs;
   for (const auto& name : preset_names()) specs.push_back(preset(name));
@@ -53,7 +54,7 @@ inline std::vector<MechanismSpec> all_specs() {
   nsa_rule.group_rule = GroupRule::sum_probabilities;
   nsa_rule.softmax1 = true;
   specs.push_back(nsa_rule);
-  return specs;
+  return cases::with_every_key_rule(specs, /*fused=*/true);
 }
 
 // The spec on the case's geometry, or nullopt when that combination is invalid (e.g. lmk on a

@@ -383,7 +383,9 @@ TEST_CASE("summarize refuses keys of another length than its geometry", "[proper
   const cases::Case c{"summarize_errors", 32, 8, 8, 1, 1, 1, 8, 8, true, 1.0};
   const auto in = cases::make_inputs<double>(c);
   const Geometry longer(4096, c.S, c.W, c.landmarks);
-  for (const KeyRule rule : {KeyRule::mean, KeyRule::landmark_key, KeyRule::taylor}) {
+  for (const auto& entry : kKeyRuleNames) {
+    const KeyRule rule = entry.value;
+    if (rule == KeyRule::exact) continue;  // no summary: refused as such
     INFO(to_string(rule));
     CHECK_THROWS_WITH(summarize<double>(in.k[0], Matrix<double>::Zero(longer.n_chunks(), c.d),
                                         rule, BiasRule::entropy, longer, 0.5),

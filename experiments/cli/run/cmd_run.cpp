@@ -22,7 +22,7 @@ void register_run(CLI::App& app) {
   add_config_option(cmd, &flags->config,
                   "TOML file: [run] settings and [[mechanism]] tables (flags win)");
   cmd->add_option("-p,--preset", flags->presets,
-                  "preset(s): full swa naive_bsa nsa lmk hils (repeat or comma-separate)")
+                  "preset(s): " + preset_options(" ") + " (repeat or comma-separate)")
       ->delimiter(',');
   cmd->add_option("--layers", flags->layers, "layer indices to run, e.g. 1,0,2 (default all)")
       ->delimiter(',');

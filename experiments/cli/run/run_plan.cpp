@@ -82,9 +82,9 @@ RunPlan make_plan(const RunFlags& f) {
   nlohmann::json overrides = f.spec;
   if (plan.mechanisms.empty()) {
     if (overrides.empty())
-      throw BadInput(
-          "no mechanism to run: give --preset NAME (one of full, swa, naive_bsa, nsa, lmk, hils), "
-          "spec flags (--fusion, --key-rule, ...), or [[mechanism]] tables in --config");
+      throw BadInput("no mechanism to run: give --preset NAME (one of " + preset_options(", ") +
+                     "), spec flags (--fusion, --key-rule, ...), or [[mechanism]] tables in "
+                     "--config");
     plan.mechanisms.push_back(MechanismSpec{});
   }
   const nlohmann::json tables = toml.value("mechanism", nlohmann::json::array());

@@ -1,8 +1,9 @@
 """The spec dict of hils.verify ({"preset": "hils", "S": 64, ...}, data/verify_format.md) resolved
 to every field's value, in pure Python (no library, no torch): the keys are the fields of
-reference/include/hils/spec_fields.hpp plus "preset", the presets those of reference/src/spec.cpp
-(tests/python/test_gpu_module.py reads both files and compares). Enum names are checked against
-the library's own tables when the problem is built (hils.gpu.stages.problem)."""
+reference/include/hils/spec_fields.hpp plus "preset", the presets the rows of kPresets in
+reference/include/hils/spec.hpp (tests/python/test_gpu_module.py reads both files and compares).
+Enum names are checked against the library's own tables when the problem is built
+(hils.gpu.stages.problem)."""
 
 from collections.abc import Mapping
 from numbers import Integral, Real
@@ -11,7 +12,7 @@ from numbers import Integral, Real
 DEFAULTS = {"name": "custom", "fusion": "hierarchical", "key_rule": "taylor", "bias_rule": "entropy",
             "prior_rule": "landmark_query", "group_rule": "max_normalized", "softmax1": False,
             "S": 64, "W": 512, "K": 32, "landmarks": True, "scale": 0.0}
-# preset(name) of reference/src/spec.cpp: fusion, key_rule, bias_rule, landmarks (prior_rule
+# kPresets of reference/include/hils/spec.hpp: fusion, key_rule, bias_rule, landmarks (prior_rule
 # landmark_query, the other fields their defaults).
 PRESETS = {
     "full": ("full", "exact", "none", False),

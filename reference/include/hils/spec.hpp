@@ -62,10 +62,11 @@ struct MechanismSpec {
   void validate() const;
 };
 
-// Presets of reference/SEMANTICS.md §7; the geometry fields keep their defaults (S=64, W=512, K=32)
-// and landmarks are on only where the mechanism uses them (lmk, hils).
+// Presets of reference/SEMANTICS.md §7 (the rows of kPresets, below); the geometry fields keep
+// their defaults (S=64, W=512, K=32) and landmarks are on only where the mechanism uses them
+// (lmk, hils). An unknown name throws InvalidArgument listing the table's names.
 MechanismSpec preset(const std::string& name);
-std::vector<std::string> preset_names();
+std::vector<std::string> preset_names();  // kPresets' names, in table order
 // The paper's Table 5 ablations as (name, spec) pairs, all on the hils geometry.
 std::vector<MechanismSpec> table5_ablations();
 
@@ -151,6 +152,36 @@ std::string enum_options(const char* separator = " | ") {
   std::string options;
   for (const auto& entry : enum_names(Enum{}))
     options += (options.empty() ? "" : separator) + std::string(entry.name);
+  return options;
+}
+
+// ---- Presets -----------------------------------------------------------------------------
+// The one list of presets (reference/SEMANTICS.md §7): preset(), preset_names(), the command
+// line's help and messages (preset_options), the studies' --mechanisms, the JSON codec's
+// "preset" key (hils run's TOML, hils verify, the Python package) and the tests' spec lists all
+// read it; hils.gpu's copy in Python is checked against it (tests/python/test_gpu_module.py).
+// Adding a preset means adding its row here. Every other field keeps MechanismSpec's default
+// (prior_rule landmark_query).
+struct PresetRow {
+  const char* name;
+  Fusion fusion;
+  KeyRule key_rule;
+  BiasRule bias_rule;
+  bool landmarks;
+};
+inline constexpr std::array<PresetRow, 6> kPresets{{
+    {"full", Fusion::full, KeyRule::exact, BiasRule::none, false},
+    {"swa", Fusion::window, KeyRule::exact, BiasRule::none, false},
+    {"naive_bsa", Fusion::flat, KeyRule::exact, BiasRule::none, false},
+    {"nsa", Fusion::flat, KeyRule::mean, BiasRule::none, false},
+    {"lmk", Fusion::hierarchical, KeyRule::landmark_key, BiasRule::none, true},
+    {"hils", Fusion::hierarchical, KeyRule::taylor, BiasRule::entropy, true},
+}};
+// "full | swa | ..." (with the given separator): the presets' names in table order.
+inline std::string preset_options(const char* separator = " | ") {
+  std::string options;
+  for (const auto& row : kPresets)
+    options += (options.empty() ? "" : separator) + std::string(row.name);
   return options;
 }
 
