@@ -7,6 +7,7 @@
 #include <string>
 
 #include "hils/gpu/attention.hpp"
+#include "key_rules.hpp"
 #include "launch_params.hpp"
 
 namespace hils::gpu {
@@ -139,6 +140,12 @@ void validate_shape(const MechanismSpec& spec, const Shape& shape) {
   require(shape.Hq % shape.Hkv == 0, "Hq", "a multiple of Hkv = " + str(shape.Hkv), str(shape.Hq));
   require(shape.d >= 1 && shape.d <= kMaxDim, "d", "1..256", str(shape.d));
   require(shape.dv >= 1 && shape.dv <= kMaxDim, "dv", "1..256", str(shape.dv));
+  // A key rule of hils/spec.hpp's table that the kernels do not implement would run with
+  // garbage summaries (summarize_kernel writes no key for it): refused from the GPU's one list.
+  require(detail::gpu_implements(spec.key_rule), "key_rule",
+          "one that the GPU implements (" + detail::gpu_key_rule_names() + ")",
+          std::string(enum_name(spec.key_rule)) == "?" ? str(static_cast<int64_t>(spec.key_rule))
+                                                       : enum_name(spec.key_rule));
   require(spec.S >= (spec.landmarks ? 2 : 1), "S", spec.landmarks ? ">= 2 with landmarks" : ">= 1",
           str(spec.S));
   require(spec.W >= 1, "W", ">= 1", str(spec.W));

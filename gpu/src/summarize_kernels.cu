@@ -1,13 +1,20 @@
 // Chunk summaries (reference/SEMANTICS.md §3, Eq. 6 and Prop. 3.1): key k'_c and bias b'_c per
 // (chunk, query head), and the surrogate scores s_hat = sigma q~ . k'_c + b'_c. One warp per item.
 #include "device_common.cuh"
+#include "key_rules.hpp"
 #include "launch_params.hpp"
 
 namespace hils::gpu::detail {
 namespace {
 
-constexpr KeyRule kKeyMean = KeyRule::mean, kKeyLandmark = KeyRule::landmark_key,
-                  kKeyTaylor = KeyRule::taylor;
+// summarize_kernel's branches, one per rule of the GPU's list (key_rules.hpp), which the host
+// checks before any launch: a rule added there needs its branch here, and a branch here its rule
+// there (README "Adding a mechanism").
+constexpr KeyRule kKeyTaylor = kGpuSummaryKeyRules[0], kKeyMean = kGpuSummaryKeyRules[1],
+                  kKeyLandmark = kGpuSummaryKeyRules[2];
+static_assert(kGpuSummaryKeyRuleCount == 3,
+              "summarize_kernel has a branch for 3 summary key rules: give the new rule of "
+              "kGpuSummaryKeyRules its branch, then count it here");
 constexpr BiasRule kBiasEntropy = BiasRule::entropy;
 constexpr PriorRule kPriorLandmarkQuery = PriorRule::landmark_query;
 

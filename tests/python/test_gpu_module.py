@@ -319,6 +319,20 @@ def test_workspace_bytes_checks_the_shape_and_its_pointer(lib):
         Hq * T * 64 * 4, Hq * T * 4, Hq * nc * 64 * 4, Hq * nc * 4, 2 * T * K * 4, Hq * T * K * 4))
 
 
+def test_every_key_rule_runs_on_the_gpu_or_is_refused_by_name(lib):
+    # A row of kKeyRuleNames that the summarize kernels have no branch for ran with unwritten
+    # summaries before session 21; now the library refuses it naming the rules it implements
+    # (gpu/src/key_rules.hpp; tests/gpu/test_gpu_host.cpp reaches the refusal with a value beyond
+    # the table, which this C API refuses itself as out of range).
+    size = ctypes.c_size_t()
+    for name, value in hils.gpu.KEY.items():
+        problem = ctypes.byref(_problem(key_rule=value))
+        rc, message = _call(lib, "hils_gpu_workspace_bytes", problem, ctypes.byref(size))
+        assert (rc, message) == (0, "") or (
+            rc == 2 and message.startswith("key_rule: expected one that the GPU implements (")
+            and message.endswith(f"), got {name}")), (name, rc, message)
+
+
 def test_the_packed_kernels_refuse_more_kv_heads_than_their_grid_holds(lib):
     # Hkv = 70000 bf16 heads of d = 64 fit in a few GB; the packed kernels' grids hold 65535 in
     # their second dimension: the launch failed with "invalid argument" (code 3) before.
