@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <stdexcept>
 
 #include "mutation_study.hpp"
 
@@ -28,6 +29,23 @@ bool passes(const std::string& what, const Verdict& v) {
   std::printf("  %-52s headroom %.3g, mean %.3g, logit scale %.3g %s\n", what.c_str(), worst,
               worst_mean, worst_scale, v.passed ? "PASS" : "FAIL");
   return v.passed;
+}
+
+// bf16 inputs and bf16 scores: the claim under which the lse statistics apply.
+constexpr Claim kBf16Claim{InputPrecision::bf16, InputPrecision::bf16};
+
+VerifyOptions options_for(const Claim& claim) {
+  VerifyOptions options{claim.precision};
+  options.score_precision = claim.score_precision;
+  return options;
+}
+
+// The verdict's lse report (its statistics in shift_tests).
+const TensorReport& lse_report(const Verdict& v) {
+  for (const auto& t : v.tensors)
+    if (t.name == "lse") return t;
+  FAIL("no lse report in the verdict");
+  throw std::logic_error("unreachable");
 }
 
 }  // namespace
@@ -102,16 +120,11 @@ TEST_CASE("the statistics fail a shift of every lse row and name it", "[oracle][
   const auto& c = case_named("longer_blocks");
   const auto inputs = cases::make_inputs<double>(c);
   const MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
-  const Claim claim{InputPrecision::bf16, InputPrecision::bf16};
-  VerifyOptions options{claim.precision};
-  options.score_precision = claim.score_precision;
-  KernelOutputs kernel = minimal_outputs(float_kernel(spec, inputs, claim.precision, claim.score_precision));
+  const VerifyOptions options = options_for(kBf16Claim);
+  KernelOutputs kernel = minimal_outputs(float_kernel(spec, inputs, kBf16Claim.precision, kBf16Claim.score_precision));
   const Verdict good = verify(spec, inputs, kernel, options);
   REQUIRE(good.passed);
-  const TensorReport* lse = nullptr;
-  for (const auto& t : good.tensors)
-    if (t.name == "lse") lse = &t;
-  REQUIRE(lse != nullptr);
+  const TensorReport* lse = &lse_report(good);
   REQUIRE(!lse->shift_tests.empty());
   REQUIRE(lse->shift_tests[0].name == "mean");
   // A shift of 2x the mean tolerance on every row is far inside each row's floor...
@@ -138,18 +151,10 @@ TEST_CASE("the statistics allow a correct fp32 kernel's approximate exp and log,
   static constexpr cases::Case kShort{"no_complete_chunk", 40, 64, 64, 4, 16, 2, 64, 64, true, 1.0};
   const auto inputs = cases::make_inputs<double>(kShort);
   const MechanismSpec spec = cases::with_case_geometry(preset("hils"), kShort);
-  const Claim claim{InputPrecision::bf16, InputPrecision::bf16};
-  VerifyOptions options{claim.precision};
-  options.score_precision = claim.score_precision;
+  const VerifyOptions options = options_for(kBf16Claim);
   // bf16 inputs and scores, lse stored in fp32 as our GPU kernels store it.
-  KernelOutputs kernel = minimal_outputs(float_kernel(spec, inputs, claim.precision, claim.score_precision));
-  kernel.lse = float_kernel(spec, inputs, claim.precision, InputPrecision::fp32).lse;
-  auto lse_report = [](const Verdict& v) {
-    for (const auto& t : v.tensors)
-      if (t.name == "lse") return t;
-    FAIL("no lse report");
-    return TensorReport{};
-  };
+  KernelOutputs kernel = minimal_outputs(float_kernel(spec, inputs, kBf16Claim.precision, kBf16Claim.score_precision));
+  kernel.lse = float_kernel(spec, inputs, kBf16Claim.precision, InputPrecision::fp32).lse;
   const Verdict good = verify(spec, inputs, kernel, options);
   INFO(good.report());
   REQUIRE(good.passed);
