@@ -177,9 +177,9 @@ void validate_shape(const MechanismSpec& spec, const Shape& shape) {
 void validate(const MechanismSpec& spec, const Shape& shape, const DeviceInputs& in) {
   auto str = [](int64_t x) { return std::to_string(x); };
   validate_shape(spec, shape);
-  require(in.q != nullptr, "q", "a device pointer", "null");
-  require(in.k != nullptr, "k", "a device pointer", "null");
-  require(in.v != nullptr, "v", "a device pointer", "null");
+  require_pointer(in.q, "q");
+  require_pointer(in.k, "k");
+  require_pointer(in.v, "v");
   require(!(spec.key_rule == KeyRule::landmark_key && spec.selects()) || spec.landmarks,
           "landmarks", "true for key_rule landmark_key", "false");
   if (needs_prior(spec)) {
