@@ -163,6 +163,41 @@ TEST_CASE("threaded runner: the serial runner's writes in schedule order, whatev
   }
 }
 
+// A MemorySink that lists each mark_complete_all call's units (one publication each).
+class BatchSink final : public MemorySink {
+ public:
+  void mark_complete_all(const std::vector<std::string>& units) override {
+    MemorySink::mark_complete_all(units);
+    batches.push_back(units);
+  }
+  std::vector<std::vector<std::string>> batches;
+};
+
+TEST_CASE("in-order writer: the run's first unit is published alone, later ready units together",
+          "[units]") {
+  // With several units in flight the first two often finish together; marked as one batch, a
+  // disk that filled while the second was written lost the first too ("nothing was published";
+  // test_cli_interrupt's full-disk study, 5 of 12 runs at --jobs 2 on 2 cores).
+  std::vector<StudyUnit> units;
+  for (const char* path : {"u0", "u1", "u2", "u3"}) units.push_back({path, 1.0, {}, ""});
+  BatchSink sink;
+  UnitsDone done;
+  const Progress no_progress;
+  InOrderWriter writer(units, {0, 1, 2, 3}, sink, no_progress, done);
+  CHECK_FALSE(writer.write_ready());
+  writer.hold(1, RecordingSink{});
+  CHECK_FALSE(writer.write_ready());  // u0's turn first
+  writer.hold(0, RecordingSink{});
+  CHECK(writer.write_ready());
+  writer.hold(3, RecordingSink{});
+  writer.hold(2, RecordingSink{});
+  CHECK(writer.write_ready());
+  using Batches = std::vector<std::vector<std::string>>;
+  CHECK(sink.batches == Batches{{"u0"}, {"u1"}, {"u2", "u3"}});
+  CHECK(done.ran == std::vector<size_t>{0, 1, 2, 3});
+  CHECK(writer.all_written());
+}
+
 TEST_CASE("threaded runner: complete units are skipped, the rest run in schedule order",
           "[units]") {
   Finished finished;

@@ -193,8 +193,8 @@ class InOrderWriter {
   // Holds a finished unit (its index into units) and its records until its turn.
   void hold(size_t unit, RecordingSink records);
   // Writes every held unit whose turn has come, in schedule order, and marks them complete
-  // together (ResultSink::mark_complete_all: one checkpoint, whose cost grows with the file);
-  // then reports progress. False when no unit was ready. A write failure propagates (nothing
+  // together (ResultSink::mark_complete_all: one checkpoint, whose cost grows with the file),
+  // but for the run's first unit, marked alone as soon as it is written; then reports progress. False when no unit was ready. A write failure propagates (nothing
   // more should be written then).
   bool write_ready();
   size_t written() const { return next_; }
