@@ -204,7 +204,8 @@ def lse_layout_of(lse_layout, layout):
     result = Layout(lse_layout, "lse_layout")
     if result.batched != layout.batched:
         same = [n for n, v in _LAYOUTS.items() if v[0] == layout.batched]
-        raise ValueError(f"lse_layout: expected None or one of {_names(same)} (batched as layout "
+        kind = "batched" if layout.batched else "one sequence"
+        raise ValueError(f"lse_layout: expected None or one of {_names(same)} ({kind}, as layout "
                          f"\"{layout.name}\" is), found \"{lse_layout}\"")
     return result
 

@@ -243,7 +243,10 @@ def test_refusals_name_the_tensor_the_shapes_and_the_fix(batch):
           'layout: expected one of "hsd", "shd", "bhsd", "bshd" (batch, heads, sequence, dims: '
           "the order of a kernel's axes), found 'BTHD'")
     check(lambda: verify(q, k, v, outputs, layout="bshd", lse_layout="hsd"),
-          'lse_layout: expected None or one of "bhsd", "bshd" (batched as layout "bshd" is), found "hsd"')
+          'lse_layout: expected None or one of "bhsd", "bshd" (batched, as layout "bshd" is), found "hsd"')
+    check(lambda: hils.verify(SPEC, q[0].swapaxes(0, 1), k[0].swapaxes(0, 1), v[0].swapaxes(0, 1),
+                              {}, lse_layout="bhsd"),
+          'lse_layout: expected None or one of "hsd", "shd" (one sequence, as layout "hsd" is), found "bhsd"')
     check(lambda: verify(q, k, v, outputs, layout="bshd", selection_order="descending"),
           'selection_order: expected "ascending" (the verify file\'s rows: chunks ascending, -1 '
           'padding last) or "any" (rows in any order, e.g. torch.topk\'s, sorted before judging), '
