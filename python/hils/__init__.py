@@ -299,11 +299,19 @@ def verify(spec, q, k, v, outputs, *, layout="hsd", lse_layout=None, selection_o
     return oracle._judge(arrays, kernel_name)
 
 
-def reference(spec, q, k, v, *, q_retrieval=None, prior=None, queries=None):
+def reference(spec, q, k, v, *, layout="hsd", lse_layout=None, q_retrieval=None, prior=None,
+              queries=None):
     """The mechanism in double precision (the oracle's truth) -> dict of numpy arrays:
     o [Hq, Tq, dv], lse [Hq, Tq], fusion_weights [Hq, Tq, K+2] (float64), and where the
     mechanism has them: selection [Hkv, Tq, K] (int64, ascending, -1 padded),
     surrogate_scores [Hq, Tq, n_chunks] (-inf outside V(t)), o_window, lse_window,
-    summary_key [Hq, n_chunks, d], summary_bias [Hq, n_chunks]."""
-    return _core_module().reference(_spec_json(spec), _inputs(q, k, v, q_retrieval, prior),
-                           _queries(queries))
+    summary_key [Hq, n_chunks, d], summary_bias [Hq, n_chunks]. With layout= (and lse_layout=)
+    as hils.verify's, the inputs are read and every array returned in that layout, e.g. o
+    [B, Tq, Hq, dv] for "bshd" (one reference per sequence)."""
+    spec_json, queries = _spec_json(spec), _queries(queries)
+    batch = _layouts.Batch(layout, _inputs(q, k, v, q_retrieval, prior), queries)
+    lse_layout = _layouts.lse_layout_of(lse_layout, batch.layout)
+    parts = [_per_sequence(batch, b, lambda: _core_module().reference(spec_json, batch.inputs[b],
+                                                                      queries))
+             for b in range(batch.size)]
+    return batch.join(parts, lse_layout)

@@ -119,6 +119,15 @@ class Layout:
         return [np.swapaxes(part, 0, 1) if self.rows_first else part for part in parts]
 
 
+    def join(self, parts):
+        """sequences(): the other way: one [heads, rows, ...] array per sequence -> one array
+        in this layout."""
+        if self.name == "hsd":
+            return parts[0]
+        laid = [np.swapaxes(part, 0, 1) if self.rows_first else part for part in parts]
+        return np.stack(laid) if self.batched else laid[0]
+
+
 class Batch:
     """The sequences of one problem: its inputs split per sequence in the verify file's order
     ({name: array} per sequence, None where absent), and the sizes its outputs are read against."""
@@ -173,6 +182,15 @@ class Batch:
         parts = layout.sequences(array, name, name, self.size)
         self._check_order(parts[0], array, name, name, layout)
         return parts
+
+    def join(self, results, lse_layout):
+        """One {name: [heads, rows, ...]} per sequence (the reference's) -> {name: array in the
+        layout}; lse_layout as split's."""
+        joined = {}
+        for name in results[0]:
+            layout = lse_layout if (name in _LSE_NAMES and lse_layout) else self.layout
+            joined[name] = layout.join([result[name] for result in results])
+        return joined
 
     def _check_order(self, part, array, label, name, layout):
         """Refuses a tensor whose heads and rows axes come swapped against `layout`: its shape

@@ -321,3 +321,22 @@ def test_gradients_in_a_batch(tmp_path):
     report = hils.verify(*args, {n: two(a) for n, a in outputs.items()}, grads=batched, **options)
     assert report.failed == [1]
     assert "dk is exactly zero on h=1 rows 16-23 (chunk 2)" in str(report)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_reference_in_each_layout(batch, layout):
+    """hils.reference(layout=) reads the inputs and returns every array in the layout (each
+    sequence's own reference), and lse_layout turns lse and lse_window."""
+    inputs, refs = batch
+    count = 1 if layout in ("hsd", "shd") else B
+    q, k, v = (in_layout([inputs[b][i] for b in range(count)], layout) for i in range(3))
+    got = hils.reference(SPEC, q, k, v, layout=layout)
+    assert set(got) == set(refs[0])
+    for name, array in got.items():
+        np.testing.assert_array_equal(array, in_layout([refs[b][name] for b in range(count)], layout),
+                                      err_msg=name)
+    if layout == "bshd":
+        assert got["o"].shape == (B, C["T"], C["Hq"], C["dv"])
+        turned = hils.reference(SPEC, q, k, v, layout=layout, lse_layout="bhsd")
+        np.testing.assert_array_equal(turned["lse"], np.stack([r["lse"] for r in refs]))
+        np.testing.assert_array_equal(turned["lse_window"], np.stack([r["lse_window"] for r in refs]))
