@@ -184,15 +184,47 @@ double unit_roundoff(InputPrecision precision) {
   return 0x1p-24;
 }
 
+const std::vector<std::string>& output_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> list;
+    std::apply([&](const auto&... row) { (list.emplace_back(row.name), ...); }, kOutputTensors);
+    return list;
+  }();
+  return names;
+}
+
+namespace {
+
+// The row of kOutputTensors named `name` -> its stage and floor precision; nullopt for none.
+std::optional<std::pair<OutputStage, FloorPrecision>> output_row(const std::string& name) {
+  std::optional<std::pair<OutputStage, FloorPrecision>> found;
+  std::apply(
+      [&](const auto&... row) {
+        ((name == row.name ? (void)(found = std::pair(row.stage, row.precision)) : void()), ...);
+      },
+      kOutputTensors);
+  return found;
+}
+
+}  // namespace
+
+std::optional<OutputStage> output_stage(const std::string& name) {
+  const auto row = output_row(name);
+  return row ? std::optional(row->first) : std::nullopt;
+}
+
 InputPrecision tensor_precision(const std::string& tensor, const MechanismSpec& spec,
                                 const VerifyOptions& options) {
-  // tensor name -> the precision its floor uses (table in oracle.hpp).
-  if (tensor == "o" || tensor == "o_window") return options.precision;
-  if (tensor == "summary_key" || tensor == "summary_bias" || tensor == "surrogate_scores" ||
-      tensor == "selection")
-    return options.score_precision;
-  if ((tensor == "lse" || tensor == "fusion_weights") && spec.fusion == Fusion::hierarchical)
-    return options.score_precision;
+  // tensor name -> the precision its floor uses (kOutputTensors; the table in oracle.hpp).
+  const auto row = output_row(tensor);
+  if (!row) return InputPrecision::fp32;
+  switch (row->second) {
+    case FloorPrecision::input: return options.precision;
+    case FloorPrecision::score: return options.score_precision;
+    case FloorPrecision::score_if_hierarchical:
+      return spec.fusion == Fusion::hierarchical ? options.score_precision : InputPrecision::fp32;
+    case FloorPrecision::fp32: break;
+  }
   return InputPrecision::fp32;
 }
 
@@ -312,7 +344,7 @@ std::string Verdict::report() const {
   // Report order: the stages before the selection, the selection, the fused outputs, the
   // gradients.
   auto is_fused = [](const TensorReport& t) {
-    return t.name == "o" || t.name == "lse" || t.name == "fusion_weights";
+    return output_stage(t.name) == OutputStage::fused;
   };
   auto is_gradient = [](const TensorReport& t) {
     return t.name == "gradients" || t.name == "dq" || t.name == "dq_retrieval" ||

@@ -8,14 +8,14 @@
 
 Arrays follow the verify file's layout (data/verify_format.md): q [Hq, T, d], k [Hkv, T, d],
 v [Hkv, T, dv], q_retrieval [Hq, T, d], prior [Hq, rows, d]; kernel outputs by the same names
-(o, lse, selection, surrogate_scores, summary_key, summary_bias, o_window, lse_window,
-fusion_weights). A kernel's own order and batch are one call: layout="bshd" (FlashAttention's
-[B, T, H, d], with lse_layout="bhsd" for its softmax_lse [B, H, T]), "bhsd" (SDPA, FlexAttention)
-or "shd"; selection_order="any" for top-K rows in score order (hils/layouts.py). Any float dtype
-and anything numpy converts are accepted; torch tensors on any
-device and in any float dtype (bf16, fp16 included) are converted by `as_numpy`. The work runs
-in C++ (the same code as `hils verify`) with the GIL released; Ctrl-C on the main thread (with
-Python's default SIGINT handler) raises KeyboardInterrupt at the reference's next query block.
+(its /outputs datasets; hils._core.output_names lists them: o, lse, selection, ...). A kernel's
+own order and batch are one call: layout="bshd" (FlashAttention's [B, T, H, d], with
+lse_layout="bhsd" for its softmax_lse [B, H, T]), "bhsd" (SDPA, FlexAttention) or "shd";
+selection_order="any" for top-K rows in score order (hils/layouts.py). Any float dtype and
+anything numpy converts are accepted; torch tensors on any device and in any float dtype (bf16,
+fp16 included) are converted by `as_numpy`. The work runs in C++ (the same code as `hils verify`)
+with the GIL released; Ctrl-C on the main thread (with Python's default SIGINT handler) raises
+KeyboardInterrupt at the reference's next query block.
 
 Bad input raises TypeError (a wrong type or dtype) or ValueError (a wrong shape, NaN or Inf
 in an input, an unknown spec key or output name, a value out of range), naming the argument.

@@ -41,13 +41,28 @@ void write_vectors(H5::Group& root, const std::string& name, const std::vector<V
                     true);
 }
 
-void write_selection(H5::Group& root, const std::vector<IndexMatrix>& selection) {
+void write_selection(H5::Group& root, const std::string& name,
+                     const std::vector<IndexMatrix>& selection) {
   if (selection.empty()) return;
   std::vector<int32_t> flat;
   for (const auto& m : selection) flat.insert(flat.end(), m.data(), m.data() + m.size());
-  io::write_int32s(root, "outputs/selection", flat.data(),
+  io::write_int32s(root, name, flat.data(),
                    {selection.size(), static_cast<hsize_t>(selection.front().rows()),
                     static_cast<hsize_t>(selection.front().cols())});
+}
+
+// One kernel output (a row of oracle::kOutputTensors) -> its dataset, by the output's type.
+void write_output(H5::Group& root, const std::string& name,
+                  const std::vector<Matrix<double>>& heads) {
+  write_heads(root, name, heads);
+}
+void write_output(H5::Group& root, const std::string& name,
+                  const std::vector<Vector<double>>& heads) {
+  write_vectors(root, name, heads);
+}
+void write_output(H5::Group& root, const std::string& name,
+                  const std::vector<IndexMatrix>& selection) {
+  write_selection(root, name, selection);
 }
 
 int make(const std::string& out, const std::string& case_name, const std::string& kind,
@@ -104,15 +119,9 @@ int make(const std::string& out, const std::string& case_name, const std::string
     write_heads(root, "inputs/v", inputs.v);
     write_heads(root, "inputs/q_retrieval", inputs.q_retrieval);
     write_heads(root, "inputs/prior", inputs.prior);
-    write_heads(root, "outputs/summary_key", kernel.summary_key);
-    write_vectors(root, "outputs/summary_bias", kernel.summary_bias);
-    write_heads(root, "outputs/surrogate_scores", kernel.surrogate_scores);
-    write_selection(root, kernel.selection);
-    write_heads(root, "outputs/o_window", kernel.o_window);
-    write_vectors(root, "outputs/lse_window", kernel.lse_window);
-    write_heads(root, "outputs/o", kernel.o);
-    write_vectors(root, "outputs/lse", kernel.lse);
-    write_heads(root, "outputs/fusion_weights", kernel.fusion_weights);
+    oracle::for_each_output(kernel, [&](const auto& row, const auto& field) {
+      write_output(root, std::string("outputs/") + row.name, field);
+    });
     if (gradients) {
       const auto& g = kernel.gradients;
       if (kind != "grads_missing_do") write_heads(root, "inputs/do", g.d_o);

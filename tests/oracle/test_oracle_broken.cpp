@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <type_traits>
 #include <vector>
 
 #include "oracle_support.hpp"
@@ -32,7 +33,51 @@ MechanismSpec hils_spec(const cases::Case& c) {
   return spec;
 }
 
+// One output of a kernel made wrong: its finite entry of largest size moved by 1% (at least
+// 0.01), or (a selection) its first chunk replaced by one past the last chunk.
+template <class Heads>
+void move_one_entry(Heads& heads, int64_t n_chunks) {
+  auto& first = heads.front();
+  if constexpr (std::is_same_v<Heads, std::vector<IndexMatrix>>) {
+    first(first.rows() - 1, 0) = static_cast<int32_t>(n_chunks);
+  } else {
+    Eigen::Index row = 0, col = 0;
+    first.unaryExpr([](double x) { return std::isfinite(x) ? std::abs(x) : -1.0; })
+        .maxCoeff(&row, &col);
+    first(row, col) += 0.01 * std::max(1.0, std::abs(first(row, col)));
+  }
+}
+
+// Whether the verdict judged output `name` and failed it.
+bool failed(const Verdict& verdict, const std::string& name) {
+  if (name == "selection") return verdict.selection.compared && !verdict.selection.passed;
+  return std::any_of(verdict.tensors.begin(), verdict.tensors.end(),
+                     [&](const TensorReport& t) { return t.name == name && !t.passed; });
+}
+
 }  // namespace
+
+// kOutputTensors (oracle.hpp) is what hils verify and hils.verify read: an output in it that
+// the oracle does not compare (oracle.cpp's compare_*) would be read and silently passed.
+TEST_CASE("output table: every output the oracle reads is judged and fails when wrong",
+          "[oracle][broken]") {
+  const auto& c = case_named("gqa_group4");
+  const auto inputs = cases::make_inputs<double>(c);
+  const auto spec = hils_spec(c);
+  const KernelOutputs kernel = float_kernel(spec, inputs);
+  REQUIRE(verify(spec, inputs, kernel).passed);
+  const int64_t n_chunks = geometry_of(spec, c.T).n_chunks();
+  for_each_output(kernel, [&](const auto& row, const auto& field) {
+    INFO("output " << row.name);
+    REQUIRE(!field.empty());  // the float kernel gives every output
+    KernelOutputs wrong = kernel;
+    move_one_entry(wrong.*(row.field), n_chunks);
+    const Verdict verdict = verify(spec, inputs, wrong);
+    INFO(verdict.report());
+    CHECK(failed(verdict, row.name));
+    CHECK_FALSE(verdict.passed);
+  });
+}
 
 TEST_CASE("a NaN in o is caught and located", "[oracle][broken]") {
   for (const char* name : kBrokenCases) {

@@ -10,12 +10,13 @@ import subprocess
 import pytest
 
 import hils
-from conftest import tool
+from conftest import ROOT, tool
+from hils import layouts
 
 h5py = pytest.importorskip("h5py")
 
-OUTPUT_NAMES = ("summary_key", "summary_bias", "surrogate_scores", "selection", "o_window",
-                "lse_window", "o", "lse", "fusion_weights")
+# oracle::kOutputTensors, the outputs hils verify and hils.verify read.
+OUTPUT_NAMES = hils._core.output_names
 
 # (case, break, preset, precision) as in tests/oracle/CMakeLists.txt's CLI tests.
 FILES = [
@@ -102,3 +103,21 @@ def test_gradients_through_the_pytest_helper(tmp_path):
     report = hils.verify(*args, grads={}, **options)
     assert report.not_compared and report.not_compared[0].startswith("inputs/do")
     assert "not compared: inputs/do" in str(report)
+
+
+def test_every_output_the_oracle_judges_has_its_axes_and_its_rows_in_the_format():
+    # An output added to oracle::kOutputTensors (README "Adding a judged output") needs its axes
+    # in hils.layouts (hils.verify's layouts read them) and, in data/verify_format.md, its row in
+    # the datasets table and in the layouts table and its floor's precision.
+    text = (ROOT / "data" / "verify_format.md").read_text()
+    layout_table = text.split('| tensor | `"hsd"` (default) |')[1].split("\n\n")[0]
+    layout_rows = [row.split("|")[1] for row in layout_table.splitlines()[2:]]
+    floor = " ".join(text.split("- **Floor**")[1].split("\n- ")[0].split())
+    assert "o" in OUTPUT_NAMES and "selection" in OUTPUT_NAMES
+    for name in OUTPUT_NAMES:
+        assert name in layouts._AXES, f"{name}: no axes in python/hils/layouts.py _AXES"
+        assert f"| `/outputs/{name}` |" in text, f"{name}: no row in verify_format.md's datasets"
+        assert any(name in row.replace(" ", "").split(",") for row in layout_rows), (
+            f"{name}: no row in verify_format.md's layouts table")
+        assert f"`{name}`" in floor or name == "selection", (
+            f"{name}: verify_format.md's Floor does not say which precision it uses")

@@ -1,6 +1,7 @@
 // The datasets of a verify file (data/verify_format.md): heads of matrices and vectors, the
 // selection, and the /inputs, /outputs and /grads groups built from them.
 #include <limits>
+#include <type_traits>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -113,28 +114,26 @@ AttentionInputs<double> read_inputs(const fs::path& file, const H5::H5File& h5) 
   return in;
 }
 
-// /outputs: every stage is optional; values may be NaN or Inf (the oracle judges them).
+// /outputs: every stage is optional (oracle::kOutputTensors, in its order); values may be NaN or
+// Inf (the oracle judges them).
 oracle::KernelOutputs read_outputs(const fs::path& file, const H5::H5File& h5) {
   const H5::Group root = h5.openGroup("/");
   oracle::KernelOutputs out;
-  auto heads = [&](const char* name, std::vector<Matrix<double>>& target) {
-    const std::string path = std::string("outputs/") + name;
-    if (io::has_object(root, path)) target = read_heads(file, root, path, {-1, -1, -1}, false);
+  auto read = [&](const std::string& path, auto& target) {
+    using Field = std::decay_t<decltype(target)>;
+    if constexpr (std::is_same_v<Field, std::vector<Matrix<double>>>)
+      target = read_heads(file, root, path, {-1, -1, -1}, false);
+    else if constexpr (std::is_same_v<Field, std::vector<Vector<double>>>)
+      target = read_head_vectors(file, root, path);
+    else {
+      static_assert(std::is_same_v<Field, std::vector<IndexMatrix>>, "a reader for this output");
+      target = read_selection(file, root, path);
+    }
   };
-  auto vectors = [&](const char* name, std::vector<Vector<double>>& target) {
-    const std::string path = std::string("outputs/") + name;
-    if (io::has_object(root, path)) target = read_head_vectors(file, root, path);
-  };
-  heads("summary_key", out.summary_key);
-  vectors("summary_bias", out.summary_bias);
-  heads("surrogate_scores", out.surrogate_scores);
-  if (io::has_object(root, "outputs/selection"))
-    out.selection = read_selection(file, root, "outputs/selection");
-  heads("o_window", out.o_window);
-  vectors("lse_window", out.lse_window);
-  heads("o", out.o);
-  vectors("lse", out.lse);
-  heads("fusion_weights", out.fusion_weights);
+  oracle::for_each_output(out, [&](const auto& row, auto& target) {
+    const std::string path = std::string("outputs/") + row.name;
+    if (io::has_object(root, path)) read(path, target);
+  });
   return out;
 }
 

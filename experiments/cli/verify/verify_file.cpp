@@ -39,14 +39,16 @@ MechanismSpec parse_spec(const fs::path& file, const std::string& text) {
   }
 }
 
-// Every dataset of the format (data/verify_format.md); anything else in a file is named in the
-// report as not compared.
-const std::set<std::string> kKnownDatasets = {
-    "inputs/q", "inputs/k", "inputs/v", "inputs/q_retrieval", "inputs/prior", "inputs/do",
-    "inputs/dlse", "queries", "outputs/o", "outputs/lse", "outputs/selection",
-    "outputs/surrogate_scores", "outputs/summary_key", "outputs/summary_bias", "outputs/o_window",
-    "outputs/lse_window", "outputs/fusion_weights", "grads/dq", "grads/dk", "grads/dv",
-    "grads/dq_retrieval", "grads/dprior"};
+// Every dataset of the format (data/verify_format.md): the outputs are oracle::kOutputTensors;
+// anything else in a file is named in the report as not compared.
+const std::set<std::string> kKnownDatasets = [] {
+  std::set<std::string> known = {
+      "inputs/q", "inputs/k", "inputs/v", "inputs/q_retrieval", "inputs/prior", "inputs/do",
+      "inputs/dlse", "queries", "grads/dq", "grads/dk", "grads/dv", "grads/dq_retrieval",
+      "grads/dprior"};
+  for (const auto& name : oracle::output_names()) known.insert("outputs/" + name);
+  return known;
+}();
 
 // Paths (relative, "grads/dfoo") of the objects under `group` the format does not define.
 void collect_unknown(const H5::Group& group, const std::string& prefix,

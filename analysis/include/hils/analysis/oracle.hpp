@@ -35,6 +35,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "hils/attention.hpp"
@@ -67,7 +68,8 @@ double unit_roundoff(InputPrecision precision);
 double int4h_bias_error(double max_abs_bias);
 
 struct VerifyOptions;
-// The rounding unit each tensor's floor uses, given the kernel's input and score precisions:
+// The rounding unit each tensor's floor uses, given the kernel's input and score precisions
+// (an output's FloorPrecision in kOutputTensors; fp32 for any other name):
 //   o, o_window                        input precision: a bf16 kernel multiplies bf16 P by V
 //   summary_key, summary_bias,         score precision: the summaries and scores the kernel
 //   surrogate_scores, selection margin   selects with
@@ -228,6 +230,63 @@ struct KernelOutputs {
   std::vector<Matrix<double>> fusion_weights;    // Hq x [Tq x (K+2)], see HeadOutputs
   KernelGradients gradients;                     // the backward pass, when the kernel has one
 };
+
+// Where an output's row stands in the report (the stages the selection scores with, the
+// selection, the fused outputs) and the rounding unit its floor uses (tensor_precision).
+enum class OutputStage { before_selection, selection, fused };
+enum class FloorPrecision { input, score, score_if_hierarchical, fp32 };
+
+template <class Field>
+struct OutputTensor {
+  const char* name;  // the verify file's /outputs/<name>, hils.verify's outputs["<name>"]
+  Field KernelOutputs::*field;
+  OutputStage stage;
+  FloorPrecision precision;
+};
+template <class Field>
+OutputTensor(const char*, Field KernelOutputs::*, OutputStage, FloorPrecision)
+    -> OutputTensor<Field>;
+
+// Every output of a kernel, in pipeline order (data/verify_format.md, "Datasets"): `hils verify`
+// reads the verify file's /outputs by it and names any other dataset "not compared", the Python
+// package reads hils.verify's outputs by it, and the report's order and tensor_precision come
+// from it. How each is compared is its own code in oracle.cpp (compare_*), which a test that
+// sweeps this table checks (README "Adding a judged output").
+inline constexpr std::tuple kOutputTensors{
+    OutputTensor{"summary_key", &KernelOutputs::summary_key, OutputStage::before_selection,
+                 FloorPrecision::score},
+    OutputTensor{"summary_bias", &KernelOutputs::summary_bias, OutputStage::before_selection,
+                 FloorPrecision::score},
+    OutputTensor{"surrogate_scores", &KernelOutputs::surrogate_scores,
+                 OutputStage::before_selection, FloorPrecision::score},
+    OutputTensor{"selection", &KernelOutputs::selection, OutputStage::selection,
+                 FloorPrecision::score},
+    OutputTensor{"o_window", &KernelOutputs::o_window, OutputStage::before_selection,
+                 FloorPrecision::input},
+    OutputTensor{"lse_window", &KernelOutputs::lse_window, OutputStage::before_selection,
+                 FloorPrecision::fp32},
+    OutputTensor{"o", &KernelOutputs::o, OutputStage::fused, FloorPrecision::input},
+    OutputTensor{"lse", &KernelOutputs::lse, OutputStage::fused,
+                 FloorPrecision::score_if_hierarchical},
+    OutputTensor{"fusion_weights", &KernelOutputs::fusion_weights, OutputStage::fused,
+                 FloorPrecision::score_if_hierarchical},
+};
+// A field added to KernelOutputs without its row would be neither read nor listed.
+static_assert(sizeof(KernelOutputs) ==
+                  sizeof(KernelGradients) + std::tuple_size_v<decltype(kOutputTensors)> *
+                                                sizeof(std::vector<Matrix<double>>),
+              "every output field of KernelOutputs needs its row in kOutputTensors");
+
+// visit(row, outputs.*row.field) for every row of kOutputTensors, in order.
+template <class Outputs, class Visit>
+void for_each_output(Outputs& outputs, Visit&& visit) {
+  std::apply([&](const auto&... row) { (visit(row, outputs.*(row.field)), ...); },
+             kOutputTensors);
+}
+// The names of kOutputTensors, in order.
+const std::vector<std::string>& output_names();
+// The report stage of output `name`; nullopt for a name that is no output (a gradient).
+std::optional<OutputStage> output_stage(const std::string& name);
 
 // Widen a float (or any scalar) head-list to double for KernelOutputs.
 template <class Scalar>
