@@ -153,9 +153,10 @@ void require_landmark_layout(bool landmarks, int64_t S, const io::ActivationMeta
 void add_jobs_option(CLI::App* cmd, std::optional<int64_t>* jobs) {
   cmd->add_option_function<int64_t>(
       "--jobs", [jobs](int64_t n) { *jobs = n; },
-      fmt::format("units computed at once in this process, sharing the OpenMP threads "
-                  "(default: one per thread, {} here; 1 per rank under mpirun). The results "
-                  "file is the same for any value",
+      fmt::format("units computed at once in this process (under mpirun: in each worker "
+                  "rank), sharing the OpenMP threads (default: one per thread, {} here; under "
+                  "mpirun without OMP_NUM_THREADS, a rank's share of its node's cores). The "
+                  "results file is the same for any value",
                   parallel::default_jobs()));
 }
 

@@ -1,18 +1,25 @@
 #include "parallel/mpi_runner.hpp"
 
 #include <mpi.h>
+#include <omp.h>
 
 #include <algorithm>
-#include <cstring>
+#include <atomic>
 #include <chrono>
-#include <map>
-#include <numeric>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
 #include <iostream>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
+#include <variant>
 
 #include "parallel/record_codec.hpp"
 #include "parallel/session.hpp"
@@ -43,6 +50,9 @@ int tag(int kind, int64_t call) { return kind + 4 * static_cast<int>(call % 8000
 // The kAssign tag that answers a worker's kReady or kFailure message of the same run() call.
 int answer_tag(int request_tag) { return request_tag - request_tag % 4 + kAssign; }
 constexpr int64_t kNoMoreUnits = -1, kJobFailed = -2;
+// Rank 0 -> a worker that still computes other units (--jobs > 1): no unit for this request,
+// none will come; return the ones in flight (the last return is answered with the verdict).
+constexpr int64_t kNoneLeft = -3;
 // kInterrupted: the worker was asked to stop (a signal, analysis::Interrupted); the message is
 // the signal's number.
 constexpr char kBadInput = 'B', kOtherFailure = 'E', kInterrupted = 'I';
@@ -65,6 +75,7 @@ void send_bytes(const std::vector<char>& bytes, int message_tag) {
 // A worker's failure as rank 0 reports it; `order` is the unit's place in schedule order.
 struct Failure {
   size_t order = 0;
+  size_t unit = 0;  // its index in the unit list
   bool bad_input = false;
   int interrupted = 0;  // the signal that stopped the worker: not a failure, a stop
   std::string message;
@@ -78,12 +89,235 @@ Failure decode_failure(const std::vector<char>& bytes, int worker,
   failure.bad_input = bytes.at(sizeof unit) == kBadInput;
   if (bytes.at(sizeof unit) == kInterrupted)
     failure.interrupted = std::stoi(std::string(bytes.begin() + sizeof unit + 1, bytes.end()));
+  failure.unit = static_cast<size_t>(unit);
   failure.order = static_cast<size_t>(
       std::find(pending.begin(), pending.end(), static_cast<size_t>(unit)) - pending.begin());
   failure.message = "rank " + std::to_string(worker) + " failed on unit " +
                     (unit < units.size() ? units[unit].path : "?") + ": " +
                     std::string(bytes.begin() + sizeof unit + 1, bytes.end());
   return failure;
+}
+
+
+// Which unit rank 0 gives a worker that asks: the largest-first order, but layer-aware as one
+// process takes (ThreadedUnitRunner), across ranks. Within a window of 2 x (workers x --jobs)
+// positions past the first one not handed out, the first unit of, in this preference:
+//   0. an input the worker holds and no unit of its in flight reads (its layer is loaded: the
+//      other KV group of the layer it just finished; no load at all);
+//   1. an input no worker holds (one load, as one process would; units with no input too);
+//   2. an input the worker's units in flight read (it waits for that load, in its process);
+//   3. an input another worker holds (loaded again here: the cost one unit per rank had).
+// Outside the window, or with every candidate worse, the first unit not handed out, so the
+// largest units still go first (the window spans units of about equal cost: a layer's KV
+// groups and neighbouring layers). What a worker holds is modelled on its LayerCache
+// (analysis::SharedLoads): a new load drops every input no unit in flight reads.
+class HandOut {
+ public:
+  HandOut(const std::vector<StudyUnit>& units, const std::vector<size_t>& order, int workers,
+          size_t window)
+      : units_(units), order_(order), window_(std::max<size_t>(1, window)),
+        taken_(order.size(), false), limit_(order.size()),
+        workers_(static_cast<size_t>(workers) + 1) {}
+  // The unit (index into units) to give `worker`, marked handed out; nullopt: none left below
+  // the limit.
+  std::optional<size_t> next_for(int worker) {
+    if (first_untaken_ >= limit_) return std::nullopt;
+    const size_t end = std::min(limit_, first_untaken_ + window_);
+    size_t best = first_untaken_;
+    int best_rank = 4;
+    for (size_t p = first_untaken_; p < end && best_rank > 0; ++p) {
+      if (taken_[p]) continue;
+      const int rank = preference(worker, units_[order_[p]].input);
+      if (rank < best_rank) best = p, best_rank = rank;
+    }
+    take(worker, best);
+    return order_[best];
+  }
+  // `worker` returned `unit` (finished or failed).
+  void returned(int worker, size_t unit) {
+    Worker& w = workers_.at(static_cast<size_t>(worker));
+    const std::string& input = units_[unit].input;
+    if (!input.empty() && --w.reading[input] == 0) w.reading.erase(input);
+    --w.in_flight;
+  }
+  // Units at or past `position` are no longer handed out (a unit failed there; 0: all stop).
+  // Those before it still are, to be written before the failure is reported.
+  void limit_below(size_t position) { limit_ = std::min(limit_, position); }
+  size_t in_flight(int worker) const { return workers_.at(static_cast<size_t>(worker)).in_flight; }
+
+ private:
+  struct Worker {
+    std::map<std::string, int> reading;  // inputs of its units in flight -> how many
+    std::set<std::string> held;          // inputs its LayerCache holds (modelled)
+    size_t in_flight = 0;
+  };
+  int preference(int worker, const std::string& input) const {
+    if (input.empty()) return 1;
+    const Worker& w = workers_[static_cast<size_t>(worker)];
+    const bool held = w.held.count(input) > 0, read = w.reading.count(input) > 0;
+    if (held && !read) return 0;
+    const auto holders = holders_.find(input);
+    if (holders == holders_.end()) return 1;
+    return held ? 2 : 3;
+  }
+  void take(int worker, size_t position) {
+    taken_[position] = true;
+    while (first_untaken_ < taken_.size() && taken_[first_untaken_]) ++first_untaken_;
+    Worker& w = workers_.at(static_cast<size_t>(worker));
+    ++w.in_flight;
+    const std::string& input = units_[order_[position]].input;
+    if (input.empty()) return;
+    if (!w.held.count(input)) {  // a load: the cache drops what no unit in flight reads
+      for (auto it = w.held.begin(); it != w.held.end();) {
+        if (w.reading.count(*it)) {
+          ++it;
+          continue;
+        }
+        if (--holders_[*it] == 0) holders_.erase(*it);
+        it = w.held.erase(it);
+      }
+      w.held.insert(input);
+      ++holders_[input];
+    }
+    ++w.reading[input];
+  }
+  const std::vector<StudyUnit>& units_;
+  const std::vector<size_t>& order_;
+  size_t window_;
+  std::vector<bool> taken_;  // by position in order_
+  size_t first_untaken_ = 0;
+  size_t limit_;
+  std::vector<Worker> workers_;        // by rank (0 unused)
+  std::map<std::string, int> holders_;  // input -> workers holding it
+};
+
+// A worker rank's units in flight (--jobs N): N threads, each running the units rank 0 assigns
+// with an OpenMP team of its own (as ThreadedUnitRunner's threads; units of one layer share its
+// load through the study's LayerCache), their results queued for the rank's main thread, the
+// only one that calls MPI (MPI_THREAD_FUNNELED).
+class UnitThreads {
+ public:
+  struct Finished {
+    size_t unit = 0;
+    std::variant<RecordingSink, std::exception_ptr> result;
+  };
+  UnitThreads(const std::vector<StudyUnit>& units, int jobs, int threads_per_unit)
+      : units_(units) {
+    for (int j = 0; j < jobs; ++j)
+      threads_.emplace_back([this, threads_per_unit] { serve(threads_per_unit); });
+  }
+  // The units in flight stop at their next safe point (the reference's) and are dropped.
+  ~UnitThreads() {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      ended_ = true;
+      int none = 0;
+      stop_.compare_exchange_strong(none, kAbandoned);
+    }
+    changed_.notify_all();
+    for (auto& thread : threads_) thread.join();
+  }
+  UnitThreads(const UnitThreads&) = delete;
+  UnitThreads& operator=(const UnitThreads&) = delete;
+
+  void start(size_t unit) {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      assigned_.push_back(unit);
+      ++in_flight_;
+    }
+    changed_.notify_all();
+  }
+  size_t in_flight() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return in_flight_;
+  }
+  // A finished unit; with `wait`, waits for one (a unit must be in flight), else nullopt when
+  // none has finished. A stop request (a signal to this rank) is passed on to the units in
+  // flight, which end at their next safe point (a signal cannot wake the wait: polled).
+  std::optional<Finished> take_finished(bool wait) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (wait && in_flight_ == 0)
+      throw std::logic_error("MPI worker: waits for a unit with none in flight");
+    while (wait && finished_.empty()) {
+      changed_.wait_for(lock, std::chrono::milliseconds(20));
+      if (const int signal = analysis::stop_requested()) {
+        int none = 0;
+        stop_.compare_exchange_strong(none, signal);
+      }
+    }
+    if (finished_.empty()) return std::nullopt;
+    Finished done = std::move(finished_.front());
+    finished_.pop_front();
+    --in_flight_;
+    return done;
+  }
+
+ private:
+  static constexpr int kAbandoned = -1;  // the rank's run ended: the units in flight stop
+  void serve(int threads_per_unit) {
+    omp_set_num_threads(threads_per_unit);  // this thread's own team (libgomp)
+    for (;;) {
+      size_t unit = 0;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait(lock, [&] { return ended_ || !assigned_.empty(); });
+        if (ended_) return;
+        unit = assigned_.front();
+        assigned_.pop_front();
+      }
+      Finished done{unit, {}};
+      try {
+        analysis::throw_if_stop_requested();  // stopped: no new unit
+        RecordingSink records;
+        analysis::run_unit_work(units_.at(unit), records, &stop_);
+        done.result = std::move(records);
+      } catch (...) {
+        done.result = std::current_exception();
+      }
+      {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        finished_.push_back(std::move(done));
+      }
+      changed_.notify_all();
+    }
+  }
+  const std::vector<StudyUnit>& units_;
+  std::atomic<int> stop_{0};  // what the units' reference reads: a signal, or kAbandoned
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<size_t> assigned_;
+  std::deque<Finished> finished_;
+  size_t in_flight_ = 0;  // assigned and not yet taken back
+  bool ended_ = false;
+  std::vector<std::thread> threads_;
+};
+
+// The message that returns a unit to rank 0: kReady with its records, or kFailure.
+std::pair<int, std::vector<char>> return_message(UnitThreads::Finished& finished) {
+  if (auto* records = std::get_if<RecordingSink>(&finished.result))
+    return {kReady, encode_unit(finished.unit, *records)};
+  std::vector<char> failure(sizeof(uint64_t));
+  const uint64_t unit = finished.unit;
+  std::memcpy(failure.data(), &unit, sizeof unit);
+  std::string message;
+  char kind = kOtherFailure;
+  try {
+    std::rethrow_exception(std::get<std::exception_ptr>(finished.result));
+  } catch (const analysis::Interrupted& interrupted) {
+    kind = kInterrupted;
+    message = std::to_string(interrupted.signal_number);
+  } catch (const InvalidArgument& e) {
+    kind = kBadInput;
+    message = e.what();
+  } catch (const std::exception& e) {
+    message = e.what();
+  } catch (...) {
+    message = "unknown error";
+  }
+  failure.push_back(kind);
+  failure.insert(failure.end(), message.begin(), message.end());
+  return {kFailure, std::move(failure)};
 }
 
 }  // namespace
@@ -106,18 +340,20 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
   analysis::InOrderWriter writer(units, analysis::schedule_order(units, sink), sink, progress,
                                  done);
   const std::vector<size_t>& pending = writer.order();
-  const std::vector<size_t>& hand_out = pending;
   done.skipped = static_cast<int64_t>(units.size() - pending.size());
-  size_t next_out = 0;
-  // Workers that asked for a unit when none was left to give (or that failed). They are
+  HandOut hand_out(units, pending, size_ - 1,
+                   2 * static_cast<size_t>(size_ - 1) * static_cast<size_t>(jobs_));
+  // Workers that asked for a unit when none was left to give them (or that failed) and compute
+  // none. They are
   // answered only when the run is decided, all together: released before, a worker would go
   // on to the command's next step while this run may still fail, and could then wait forever
   // for a rank 0 that has ended.
   std::vector<int> parked;
   // The first failure (in schedule order) ends the run, but only after the other workers have
   // returned the units they hold: those precede or follow the failed unit in schedule order,
-  // and the ones before it are written, so the checkpoint left holds every unit before the
-  // failed one, whatever the timing (and no computed work is lost).
+  // and the ones before it are written (those not yet handed out are handed out first), so the
+  // checkpoint left holds every unit before the failed one, whatever the timing (and no
+  // computed work is lost).
   std::optional<Failure> failure;
   std::exception_ptr write_failure;  // rank 0's own (say a full disk): nothing more is written
   // Writes every arrived unit whose turn has come, in schedule order (as one process would),
@@ -129,6 +365,7 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
       return writer.write_ready();
     } catch (...) {
       write_failure = std::current_exception();
+      hand_out.limit_below(0);
       return false;
     }
   };
@@ -139,6 +376,18 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
     for (int worker : parked)
       MPI_Send(&kJobFailed, 1, MPI_INT64_T, worker, tag(kAssign, calls_), MPI_COMM_WORLD);
     throw analysis::Interrupted(signal);
+  };
+  // A worker asked (returning a unit or not): its next unit; kNoneLeft while it still computes
+  // others (--jobs > 1); else it is parked until the verdict.
+  auto answer = [&](int worker) {
+    if (const auto unit = hand_out.next_for(worker)) {
+      const auto assign = static_cast<int64_t>(*unit);
+      MPI_Send(&assign, 1, MPI_INT64_T, worker, tag(kAssign, calls_), MPI_COMM_WORLD);
+    } else if (hand_out.in_flight(worker) > 0) {
+      MPI_Send(&kNoneLeft, 1, MPI_INT64_T, worker, tag(kAssign, calls_), MPI_COMM_WORLD);
+    } else {
+      parked.push_back(worker);
+    }
   };
   while (static_cast<int>(parked.size()) + workers_gone() < size_ - 1) {
     if (!failure && !write_failure && analysis::stop_requested()) stop(analysis::stop_requested());
@@ -158,6 +407,7 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
                                 goodbye.message + ")"
                           : " (the ranks disagree on the units to run)");
       if (!failure || failure->order > 0) failure = std::move(gone);
+      hand_out.limit_below(0);
       continue;
     }
     MPI_Iprobe(MPI_ANY_SOURCE, tag(kFailure, calls_), MPI_COMM_WORLD, &flag, &status);
@@ -171,28 +421,28 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
     const int worker = status.MPI_SOURCE;
     if (status.MPI_TAG == tag(kFailure, calls_)) {
       Failure arrived_failure = decode_failure(bytes, worker, units, pending);
-      parked.push_back(worker);
-      if (arrived_failure.interrupted && !failure && !write_failure)
-        stop(arrived_failure.interrupted);
-      if (arrived_failure.interrupted) continue;  // a failure ends the run already
+      if (arrived_failure.interrupted) {
+        parked.push_back(worker);  // its other units in flight are dropped with the run
+        if (!failure && !write_failure) stop(arrived_failure.interrupted);
+        continue;  // a failure ends the run already
+      }
+      hand_out.returned(worker, arrived_failure.unit);
       if (!failure || arrived_failure.order < failure->order) failure = std::move(arrived_failure);
+      hand_out.limit_below(failure->order);
+      answer(worker);
       continue;
     }
     if (!failure && !write_failure && analysis::stop_requested()) {
       parked.push_back(worker);  // its unit is dropped: nothing is written after a stop
       stop(analysis::stop_requested());
     }
-    if (!bytes.empty() && !write_failure) {
+    if (!bytes.empty()) {
       uint64_t unit = 0;
       auto records = decode_unit(bytes, unit);
-      writer.hold(static_cast<size_t>(unit), std::move(records));  // written when idle
+      hand_out.returned(worker, static_cast<size_t>(unit));
+      if (!write_failure) writer.hold(static_cast<size_t>(unit), std::move(records));
     }
-    if (!failure && !write_failure && next_out < hand_out.size()) {
-      const auto assign = static_cast<int64_t>(hand_out[next_out++]);
-      MPI_Send(&assign, 1, MPI_INT64_T, worker, tag(kAssign, calls_), MPI_COMM_WORLD);
-    } else {
-      parked.push_back(worker);
-    }
+    answer(worker);
   }
   if (!write_failure) write_arrived();  // the last units (all returned): before the verdict
   const bool failed = failure || write_failure;
@@ -212,37 +462,27 @@ analysis::UnitsDone MpiUnitRunner::coordinate(const std::vector<StudyUnit>& unit
 }
 
 void MpiUnitRunner::work(const std::vector<StudyUnit>& units) {
-  std::vector<char> finished;  // empty: the first request carries no unit
+  UnitThreads threads(units, jobs_, std::max(1, threads_ / jobs_));
+  bool none_left = false;  // rank 0 has no unit for this worker any more
   for (;;) {
-    send_bytes(finished, tag(kReady, calls_));
+    // Return a finished unit (that request also asks for the next), else ask for a unit for a
+    // free thread; with no thread free, or none left to ask for, wait for a unit to finish.
+    const bool busy = none_left || threads.in_flight() == static_cast<size_t>(jobs_);
+    auto finished = threads.take_finished(busy);
+    auto [kind, message] =
+        finished ? return_message(*finished) : std::pair<int, std::vector<char>>{kReady, {}};
+    send_bytes(message, tag(kind, calls_));
     int64_t assign = kNoMoreUnits;
     MPI_Recv(&assign, 1, MPI_INT64_T, 0, tag(kAssign, calls_), MPI_COMM_WORLD,
              MPI_STATUS_IGNORE);
+    // Rank 0 answers kNoMoreUnits only once this worker computes none (UnitThreads idle).
     if (assign == kNoMoreUnits) return;
-    if (assign == kJobFailed) end_with_job();
-    const auto i = static_cast<size_t>(assign);
-    RecordingSink records;
-    try {
-      analysis::throw_if_stop_requested();  // stopped: no new unit
-      analysis::run_unit_work(units.at(i), records);
-    } catch (const std::exception& e) {
-      std::vector<char> failure(sizeof(uint64_t));
-      const uint64_t unit = i;
-      std::memcpy(failure.data(), &unit, sizeof unit);
-      const auto* interrupted = dynamic_cast<const analysis::Interrupted*>(&e);
-      failure.push_back(interrupted ? kInterrupted
-                        : dynamic_cast<const InvalidArgument*>(&e) ? kBadInput
-                                                                   : kOtherFailure);
-      const std::string message =
-          interrupted ? std::to_string(interrupted->signal_number) : std::string(e.what());
-      failure.insert(failure.end(), message.begin(), message.end());
-      send_bytes(failure, tag(kFailure, calls_));
-      // Rank 0 reports it and answers when the other workers are stopped too.
-      MPI_Recv(&assign, 1, MPI_INT64_T, 0, tag(kAssign, calls_), MPI_COMM_WORLD,
-               MPI_STATUS_IGNORE);
-      end_with_job();
+    if (assign == kJobFailed) end_with_job();  // ~UnitThreads stops the units in flight
+    if (assign == kNoneLeft) {
+      none_left = true;
+      continue;
     }
-    finished = encode_unit(i, records);
+    threads.start(static_cast<size_t>(assign));
   }
 }
 

@@ -8,6 +8,16 @@
 // Rank 0 computes nothing: it waits in MPI_Iprobe with a 1 ms sleep (near-idle), so start one
 // rank more than the cores you want computing.
 //
+// A worker computes up to --jobs units at once (set_jobs; README, "Studies on many machines"),
+// each on a thread of its own (UnitThreads in mpi_runner.cpp), asking rank 0 for a unit as a
+// thread frees (one request at a time, the finished unit's records with it); its main thread
+// alone calls MPI (MPI_THREAD_FUNNELED). Rank 0 hands a worker out of strict schedule order
+// where that saves a layer's load (HandOut in mpi_runner.cpp: the other KV group of a layer the
+// worker holds, else a layer no rank holds), within a window of the next 2 x workers x jobs
+// units, so the largest units still go first; writing stays in schedule order. A worker that
+// asks when nothing is left to hand out while it still computes other units is told so
+// (kNoneLeft) and returns them as they finish.
+//
 // Same file for any N: workers record a unit's writes (analysis::RecordingSink) and send them
 // to rank 0, which answers with the next unit first and, when no message waits, replays the
 // units whose turn has come into the results sink in analysis::schedule_order (holding early
@@ -17,7 +27,8 @@
 // waiting on rank 0 (README, "Measured on 16 cores").
 //
 // A failing unit on a worker (any exception: bad input found late, out of memory) is sent to
-// rank 0, which stops handing out units, waits for the other workers' units and writes those
+// rank 0, which stops handing out units past it (those before it not yet handed out still go
+// out), waits for the workers' units in flight and writes those
 // that precede the failed one in schedule order (so the checkpoint holds every unit before it,
 // whatever the timing), tells every worker that the job failed (they end quietly: JobEnded),
 // then throws "rank R failed on unit U: ..." (the results writer discards its uncommitted
@@ -41,6 +52,7 @@
 // worker's error that rank 0 shares (a bad flag, the same missing file) is printed once.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -55,6 +67,12 @@ class MpiUnitRunner final : public analysis::UnitRunner {
                           analysis::ResultSink& sink,
                           const analysis::Progress& progress) override;
   bool holds_results() const override { return rank_ == 0; }
+  // --jobs: units a worker computes at once, sharing `threads` OpenMP threads (each unit's team
+  // has max(1, threads / jobs)); on rank 0 it sizes the hand-out window.
+  void set_jobs(int jobs, int threads) {
+    jobs_ = std::max(1, jobs);
+    threads_ = std::max(1, threads);
+  }
   // This rank's command ended with `exit_status` (0: done) and `message` (its error line): a
   // worker tells rank 0; rank 0 waits until every worker has, ending the runs they wait in,
   // and prints each worker's message that is not its own. Then MPI can be finalized.
@@ -72,6 +90,7 @@ class MpiUnitRunner final : public analysis::UnitRunner {
   Goodbye receive_goodbye(int worker);  // rank 0: a worker's last word
   int workers_gone() const;        // rank 0: goodbyes received
   int rank_, size_;
+  int jobs_ = 1, threads_ = 1;
   int64_t calls_ = 0;  // run() calls so far: a study may run several unit lists in turn
   std::vector<bool> gone_ = std::vector<bool>(static_cast<size_t>(size_), false);
 };

@@ -42,17 +42,23 @@ bool built_with_mpi() {
 Session::Session(int& argc, char**& argv) {
 #ifdef HILS_WITH_MPI
   if (launched_by_mpi()) {
-    MPI_Init(&argc, &argv);
+    // A worker's unit threads (--jobs) never call MPI; its main thread does (mpi_runner.hpp).
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     mpi_ = true;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    funneled_ = provided >= MPI_THREAD_FUNNELED;
     // The ranks on this node share its memory: each size check counts its share only.
     MPI_Comm node;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
     int on_node = 1;
     MPI_Comm_size(node, &on_node);
+    int first_on_node = rank_;  // rank 0, the coordinator, is the first rank of its node
+    MPI_Bcast(&first_on_node, 1, MPI_INT, 0, node);
     MPI_Comm_free(&node);
     set_processes_sharing_memory(on_node);
+    computing_on_node_ = std::max(1, on_node - (first_on_node == 0 ? 1 : 0));
     if (size_ > 1) runner_ = std::make_unique<MpiUnitRunner>(rank_, size_);
   }
 #else
@@ -78,13 +84,28 @@ analysis::UnitRunner& Session::runner() {
 
 Session* Session::current() { return g_session; }
 
+void Session::set_jobs(int jobs, int threads) {
+  if (runner_) runner_->set_jobs(jobs, threads);
+}
+
 analysis::UnitRunner& current_runner() {
   if (ranks() > 1) return g_session->runner();
   if (g_threaded) return *g_threaded;
   return analysis::serial_runner();
 }
 
-int default_jobs() { return std::max(1, omp_get_max_threads()); }
+int default_jobs() { return rank_threads(); }
+
+int rank_threads() {
+  const int threads = std::max(1, omp_get_max_threads());
+  if (ranks() == 1 || std::getenv("OMP_NUM_THREADS")) return threads;
+  // Unset, OpenMP counts the cores this rank may run on: all of the node's when mpirun binds
+  // it to none (its share is theirs divided among the node's computing ranks), else those it
+  // is bound to (its share already).
+  const int node = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads < node) return threads;
+  return std::max(1, threads / g_session->computing_on_node());
+}
 
 int use_jobs(std::optional<int64_t> jobs) {
   const int64_t hardware = std::max(1u, std::thread::hardware_concurrency());
@@ -92,14 +113,19 @@ int use_jobs(std::optional<int64_t> jobs) {
     throw InvalidArgument("--jobs: expected an integer from 1 to " + std::to_string(4 * hardware) +
                           " (units computed at once; at most 4 per hardware thread of this "
                           "machine), got " + std::to_string(*jobs));
-  if (jobs && *jobs > 1 && ranks() > 1)
-    throw InvalidArgument("--jobs: expected 1 under mpirun with " + std::to_string(ranks()) +
-                          " ranks (each rank computes one unit at a time: start more ranks "
-                          "instead), got " + std::to_string(*jobs));
-  const int chosen = static_cast<int>(jobs ? *jobs : ranks() > 1 ? 1 : default_jobs());
+  const int threads = rank_threads();
+  const int chosen = static_cast<int>(jobs ? *jobs : threads);
   g_threaded.reset();
-  if (chosen > 1)
-    g_threaded = std::make_unique<analysis::ThreadedUnitRunner>(chosen, omp_get_max_threads());
+  if (ranks() > 1) {
+    if (chosen > 1 && !g_session->funneled())
+      throw InvalidArgument("--jobs: expected 1 with this MPI library, which does not allow "
+                            "threads beside the one calling MPI (MPI_THREAD_FUNNELED), got " +
+                            std::to_string(chosen));
+    omp_set_num_threads(threads);  // one unit at a time on a rank: its share of the cores
+    g_session->set_jobs(chosen, threads);
+  } else if (chosen > 1) {
+    g_threaded = std::make_unique<analysis::ThreadedUnitRunner>(chosen, threads);
+  }
   set_units_at_once(chosen);
   return chosen;
 }

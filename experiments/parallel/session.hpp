@@ -49,12 +49,21 @@ class Session {
     message_ = std::move(message);
   }
 
+  // Ranks of this job on this node that compute units (rank 0 does not): they share its cores.
+  int computing_on_node() const { return computing_on_node_; }
+  // Whether threads beside the one calling MPI are allowed (MPI_THREAD_FUNNELED).
+  bool funneled() const { return funneled_; }
+  // --jobs under mpirun (use_jobs): the units each worker computes at once, on `threads`.
+  void set_jobs(int jobs, int threads);
+
   // The one session of this process (nullptr before main created it, e.g. in tests).
   static Session* current();
 
  private:
   int rank_ = 0, size_ = 1;
   bool mpi_ = false;
+  bool funneled_ = false;
+  int computing_on_node_ = 1;
   int exit_status_ = 0;
   std::string message_;
   std::unique_ptr<MpiUnitRunner> runner_;
@@ -67,15 +76,20 @@ bool built_with_mpi();
 // use_jobs chose more than one unit at once, else the serial one.
 analysis::UnitRunner& current_runner();
 
-// --jobs: the units this process computes at once (README, "Several units at once"). Checks
-// `jobs` (InvalidArgument naming --jobs unless 1 <= jobs <= 4 per hardware thread, or > 1 under
-// mpirun with several ranks), then sets the runner current_runner() gives and each unit's
-// share of memory (hils/memory.hpp), and returns the units at once. nullopt: the default, one
-// unit per OpenMP thread (OMP_NUM_THREADS, else every core) in one process, 1 per MPI rank. The
-// OpenMP threads are shared among the units: each unit's team has max(1, threads / jobs).
+// --jobs: the units this process computes at once (README, "Several units at once"; under
+// mpirun each worker rank, "Studies on many machines"). Checks `jobs` (InvalidArgument naming
+// --jobs unless 1 <= jobs <= 4 per hardware thread), then sets the runner current_runner()
+// gives (or the MPI workers' units at once) and each unit's share of memory (hils/memory.hpp),
+// and returns the units at once. nullopt: the default, one unit per OpenMP thread of this
+// process (rank_threads()). The OpenMP threads are shared among the units: each unit's team
+// has max(1, threads / jobs).
 int use_jobs(std::optional<int64_t> jobs);
-// The default of --jobs here (without MPI ranks): one unit per OpenMP thread.
+// The default of --jobs here: one unit per OpenMP thread of this process (rank_threads()).
 int default_jobs();
+// The OpenMP threads this process uses: OMP_NUM_THREADS, else every core it may run on; under
+// mpirun without OMP_NUM_THREADS, a rank not bound to fewer cores than the node has takes its
+// share of them (the node's cores divided among its ranks that compute, rank 0 not counted).
+int rank_threads();
 // Whether this process holds the results (true without a session).
 bool holds_results();
 // Ranks in this run (1 without a session).

@@ -9,7 +9,10 @@
 Arrays follow the verify file's layout (data/verify_format.md): q [Hq, T, d], k [Hkv, T, d],
 v [Hkv, T, dv], q_retrieval [Hq, T, d], prior [Hq, rows, d]; kernel outputs by the same names
 (o, lse, selection, surrogate_scores, summary_key, summary_bias, o_window, lse_window,
-fusion_weights). Any float dtype and anything numpy converts are accepted; torch tensors on any
+fusion_weights). A kernel's own order and batch are one call: layout="bshd" (FlashAttention's
+[B, T, H, d], with lse_layout="bhsd" for its softmax_lse [B, H, T]), "bhsd" (SDPA, FlexAttention)
+or "shd"; selection_order="any" for top-K rows in score order (hils/layouts.py). Any float dtype
+and anything numpy converts are accepted; torch tensors on any
 device and in any float dtype (bf16, fp16 included) are converted by `as_numpy`. The work runs
 in C++ (the same code as `hils verify`) with the GIL released; Ctrl-C on the main thread (with
 Python's default SIGINT handler) raises KeyboardInterrupt at the reference's next query block.
@@ -29,6 +32,8 @@ import sys
 from collections.abc import Mapping
 
 import numpy as np
+
+from . import layouts as _layouts
 
 
 def _core_module():
@@ -58,7 +63,10 @@ def __getattr__(name):
     raise AttributeError(f"module 'hils' has no attribute {name!r}")
 
 
-__all__ = ["verify", "Verifier", "reference", "as_numpy", "Report", "TensorReport", "SelectionReport"]
+__all__ = ["verify", "Verifier", "reference", "as_numpy", "Report", "TensorReport", "SelectionReport",
+           "BatchReport"]
+
+BatchReport = _layouts.BatchReport
 
 
 def as_numpy(array, name="array"):
@@ -129,32 +137,69 @@ class Verifier:
     time); each .verify(outputs) then costs only what depends on those outputs (the oracle fuses
     again only the query blocks where a kernel's selection differs from the reference's).
     hils.Verifier(spec, q, k, v, **options).verify(outputs) is hils.verify(spec, q, k, v,
-    outputs, **options), report for report. Arguments as hils.verify's.
+    outputs, **options), report for report. Arguments as hils.verify's; a batched layout builds
+    one oracle per sequence.
 
         oracle = hils.Verifier(spec, q, k, v, input_precision="bf16")
         for name, kernel in kernels.items():
             assert oracle.verify(kernel(q, k, v), kernel=name).passed
     """
 
-    def __init__(self, spec, q, k, v, *, input_precision="fp32", score_precision="fp32",
-                 bf16_rounding="detect", q_retrieval=None, prior=None, queries=None,
-                 max_messages=8):
+    def __init__(self, spec, q, k, v, *, layout="hsd", input_precision="fp32",
+                 score_precision="fp32", bf16_rounding="detect", q_retrieval=None, prior=None,
+                 queries=None, max_messages=8):
+        queries = _queries(queries)
+        self._start(spec, _layouts.Batch(layout, _inputs(q, k, v, q_retrieval, prior), queries),
+                    input_precision, score_precision, bf16_rounding, queries, max_messages)
+
+    def _start(self, spec, batch, input_precision, score_precision, bf16_rounding, queries,
+               max_messages):
         if isinstance(max_messages, bool) or not isinstance(max_messages, (int, np.integer)):
             raise TypeError(f"max_messages: expected an integer, found {type(max_messages).__name__}")
-        self._core = _core_module().Verifier(
-            _spec_json(spec), _inputs(q, k, v, q_retrieval, prior),
-            _text(input_precision, "input_precision", '"fp32" or "bf16"'),
-            _text(score_precision, "score_precision", '"fp32", "bf16", "fp8_e4m3", "int4" or "int4_h"'),
-            _text(bf16_rounding, "bf16_rounding", '"detect", "any", "nearest" or "toward_zero"'),
-            _queries(queries), min(int(max_messages), 2**62))  # more than there are = all
+        spec_json = _spec_json(spec)
+        rest = (_text(input_precision, "input_precision", '"fp32" or "bf16"'),
+                _text(score_precision, "score_precision",
+                      '"fp32", "bf16", "fp8_e4m3", "int4" or "int4_h"'),
+                _text(bf16_rounding, "bf16_rounding", '"detect", "any", "nearest" or "toward_zero"'),
+                queries, min(int(max_messages), 2**62))  # more than there are = all
+        self._batch = batch
+        self._cores = [_per_sequence(batch, b, lambda: _core_module().Verifier(
+                           spec_json, batch.inputs[b], *rest))
+                       for b in range(batch.size)]
 
-    def verify(self, outputs, *, kernel=None, do=None, dlse=None, grads=None):
-        """Judges one kernel's outputs ({name: array}); kernel, do, dlse, grads as hils.verify's.
-        Returns a Report."""
-        return self._judge(_kernel_arrays(outputs, do, dlse, grads), _kernel_name(kernel))
+    @classmethod
+    def _of(cls, spec, batch, queries, input_precision, score_precision, bf16_rounding,
+            max_messages):
+        oracle = cls.__new__(cls)
+        oracle._start(spec, batch, input_precision, score_precision, bf16_rounding, queries,
+                      max_messages)
+        return oracle
+
+    def verify(self, outputs, *, kernel=None, do=None, dlse=None, grads=None, lse_layout=None,
+               selection_order="ascending"):
+        """Judges one kernel's outputs ({name: array}); kernel, do, dlse, grads, lse_layout and
+        selection_order as hils.verify's. Returns a Report (a BatchReport for a batched layout)."""
+        return self._judge(_kernel_batch(self._batch, outputs, do, dlse, grads, lse_layout,
+                                         selection_order), _kernel_name(kernel))
 
     def _judge(self, arrays, kernel_name):
-        return self._core.verify(arrays, kernel_name)
+        reports = [_per_sequence(self._batch, b, lambda: core.verify(arrays[b], kernel_name))
+                   for b, core in enumerate(self._cores)]
+        if not self._batch.layout.batched:
+            return reports[0]
+        return _layouts.BatchReport(reports, self._batch.layout.name)
+
+
+def _per_sequence(batch, b, call):
+    """call() for sequence b; a TypeError or ValueError it raises gains where it comes from (the
+    sequence and the layout's reading of it; nothing in the verify file's own layout)."""
+    context = batch.context(b)
+    if not context:
+        return call()
+    try:
+        return call()
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{error}{context}") from None
 
 
 def _kernel_name(kernel):
@@ -179,13 +224,52 @@ def _kernel_arrays(outputs, do, dlse, grads):
         None if dlse is None else as_numpy(dlse, "dlse"), kernel_grads)
 
 
-def verify(spec, q, k, v, outputs, *, input_precision="fp32", score_precision="fp32",
-           bf16_rounding="detect", q_retrieval=None, prior=None, queries=None, kernel=None, max_messages=8,
-           do=None, dlse=None, grads=None):
+def _numpy_values(arrays, label):
+    # {name: array} -> {name: numpy array}; anything else (not a dict) as it is, for
+    # _kernel_arrays to name.
+    if not isinstance(arrays, Mapping):
+        return arrays
+    return {name: (None if a is None else as_numpy(a, label(name))) for name, a in arrays.items()}
+
+
+def _kernel_batch(batch, outputs, do, dlse, grads, lse_layout, selection_order):
+    """A kernel's arrays in the batch's layout -> one checked KernelArrays per sequence, its
+    tensors in the verify file's order (hils/layouts.py), selection rows sorted when
+    selection_order is "any". The per-sequence path (_kernel_arrays) does every check."""
+    lse_layout = _layouts.lse_layout_of(lse_layout, batch.layout)
+    order = _layouts.selection_order_of(selection_order)
+    outputs = batch.split(_numpy_values(outputs, lambda n: f"outputs[{n!r}]"),
+                          lambda n: f'outputs["{n}"]', lse_layout)
+    grads = ([None] * batch.size if grads is None else
+             batch.split(_numpy_values(grads, lambda n: f"grads[{n!r}]"), lambda n: f'grads["{n}"]', None))
+    do = batch.one(None if do is None else as_numpy(do, "do"), "do")
+    dlse = batch.one(None if dlse is None else as_numpy(dlse, "dlse"), "dlse", lse_layout)
+    if order == "any":
+        outputs = [(_layouts.sort_selection(out) if isinstance(out, Mapping) else out)
+                   for out in outputs]
+    return [_per_sequence(batch, b, lambda: _kernel_arrays(outputs[b], do[b], dlse[b], grads[b]))
+            for b in range(batch.size)]
+
+
+def verify(spec, q, k, v, outputs, *, layout="hsd", lse_layout=None, selection_order="ascending",
+           input_precision="fp32", score_precision="fp32", bf16_rounding="detect",
+           q_retrieval=None, prior=None, queries=None, kernel=None, max_messages=8, do=None,
+           dlse=None, grads=None):
     """Judges a kernel's outputs against the reference in double (truth) and float (baseline).
 
     spec: a dict with the verify file's spec keys ({"preset": "nsa", "S": 64, "W": 512, ...}).
     outputs: {name: array}; a stage that is absent (or None) is not compared.
+    layout: the order of the axes of every array (inputs, outputs, do, dlse, grads): "hsd" (the
+        verify file's, [Hq, T, d], default), "shd" ([T, Hq, d]), "bhsd" ([B, Hq, T, d]: SDPA,
+        FlexAttention) or "bshd" ([B, T, Hq, d]: FlashAttention, fla-org NSA); every other
+        tensor follows the same rule (hils/layouts.py, data/verify_format.md "Kernel layouts and
+        batches"). A batched layout judges every sequence and returns a BatchReport.
+    lse_layout: the layout whose order lse, lse_window and dlse come in when it differs from
+        layout's: FlashAttention's softmax_lse is [B, Hq, T] beside its "bshd" o, lse_layout="bhsd".
+    selection_order: "ascending" (the verify file's rows: chunks ascending, -1 padding last) or
+        "any" (each row a set in any order, e.g. torch.topk's score order: sorted before judging,
+        fusion_weights' first K columns with it; duplicates, chunks out of range and padding
+        other than -1 still fail).
     input_precision: "fp32" or "bf16"; score_precision: "fp32", "bf16", "fp8_e4m3", "int4" or "int4_h"
         (data/verify_format.md).
     bf16_rounding: how a bf16-score kernel converts its summaries and scores to bf16, as the
@@ -193,7 +277,8 @@ def verify(spec, q, k, v, outputs, *, input_precision="fp32", score_precision="f
     else either is accepted), "any", "nearest" or "toward_zero". Declaring "nearest" gives the
     statistics over all lse rows their full power (data/verify_format.md "Statistics over all
     rows").
-    queries: the query slots computed (strictly ascending), when not all T.
+    queries: the query slots computed (strictly ascending), when not all T; one list for every
+    sequence of a batch.
     kernel: a name for the report. max_messages: problems listed per tensor.
     do, dlse, grads: a backward kernel's upstream gradients do [Hq, T, dv] (dlse [Hq, T]
     optional) and its gradients {"dq", "dk", "dv", "dq_retrieval", "dprior": array}, judged
@@ -201,22 +286,32 @@ def verify(spec, q, k, v, outputs, *, input_precision="fp32", score_precision="f
     file's /inputs/do, /inputs/dlse, /grads; data/verify_format.md "Gradients").
     Returns a Report: .passed, .tensors[name] (max_abs, max_rel, nmse, tolerance, headroom,
     passed, ...), .selection (rows_differing, rows_accepted, max_accepted_margin, bound, ...);
-    str(report) is the text `hils verify` prints below the line naming the file.
+    str(report) is the text `hils verify` prints below the line naming the file. For a batched
+    layout a BatchReport: .passed (every sequence passes), .failed (the b that fail),
+    .reports[b] (sequence b's Report); str() one line per sequence, then each failure in full.
     """
     # The kernel's arrays are checked first: a bad output is reported before the reference runs.
-    arrays, kernel_name = _kernel_arrays(outputs, do, dlse, grads), _kernel_name(kernel)
-    oracle = Verifier(spec, q, k, v, input_precision=input_precision,
-                      score_precision=score_precision, bf16_rounding=bf16_rounding,
-                      q_retrieval=q_retrieval, prior=prior, queries=queries,
-                      max_messages=max_messages)
+    kernel_name, queries = _kernel_name(kernel), _queries(queries)
+    batch = _layouts.Batch(layout, _inputs(q, k, v, q_retrieval, prior), queries)
+    arrays = _kernel_batch(batch, outputs, do, dlse, grads, lse_layout, selection_order)
+    oracle = Verifier._of(spec, batch, queries, input_precision, score_precision, bf16_rounding,
+                          max_messages)
     return oracle._judge(arrays, kernel_name)
 
 
-def reference(spec, q, k, v, *, q_retrieval=None, prior=None, queries=None):
+def reference(spec, q, k, v, *, layout="hsd", lse_layout=None, q_retrieval=None, prior=None,
+              queries=None):
     """The mechanism in double precision (the oracle's truth) -> dict of numpy arrays:
     o [Hq, Tq, dv], lse [Hq, Tq], fusion_weights [Hq, Tq, K+2] (float64), and where the
     mechanism has them: selection [Hkv, Tq, K] (int64, ascending, -1 padded),
     surrogate_scores [Hq, Tq, n_chunks] (-inf outside V(t)), o_window, lse_window,
-    summary_key [Hq, n_chunks, d], summary_bias [Hq, n_chunks]."""
-    return _core_module().reference(_spec_json(spec), _inputs(q, k, v, q_retrieval, prior),
-                           _queries(queries))
+    summary_key [Hq, n_chunks, d], summary_bias [Hq, n_chunks]. With layout= (and lse_layout=)
+    as hils.verify's, the inputs are read and every array returned in that layout, e.g. o
+    [B, Tq, Hq, dv] for "bshd" (one reference per sequence)."""
+    spec_json, queries = _spec_json(spec), _queries(queries)
+    batch = _layouts.Batch(layout, _inputs(q, k, v, q_retrieval, prior), queries)
+    lse_layout = _layouts.lse_layout_of(lse_layout, batch.layout)
+    parts = [_per_sequence(batch, b, lambda: _core_module().reference(spec_json, batch.inputs[b],
+                                                                      queries))
+             for b in range(batch.size)]
+    return batch.join(parts, lse_layout)

@@ -10,7 +10,12 @@
 #                 size checks count each rank's share of the node's memory;
 #   interrupt:    Ctrl-C (SIGINT to mpirun) and SIGINT to rank 0 alone once the first unit is
 #                 written: one line from rank 0 naming the file and its complete units, no
-#                 temporary or lock file, and the file resumes to the uninterrupted datasets.
+#                 temporary or lock file, and the file resumes to the uninterrupted datasets;
+#                 the same for Ctrl-C with 2 units at once per worker (--jobs 2);
+#   hybrid:       --jobs N under mpirun (N units at once per worker rank): the one-process file
+#                 under -n 2 --jobs 3 and -n 3 --jobs 2; a failing unit ends the job named, the
+#                 checkpoint holding exactly the units before it; that checkpoint resumes in one
+#                 process, and one process's checkpoint resumes under -n 2 --jobs 3.
 # usage: test_mpi.sh CASE HILS MPIRUN WORKDIR
 set -euo pipefail
 case_name=$1 hils=$2 mpirun=$3 work=$4
@@ -41,6 +46,69 @@ if [[ $case_name == same_results ]]; then
   ranks=$(/usr/bin/python3 -c "import h5py; print(int(h5py.File('fidelity_3.h5')['/'].attrs['mpi_ranks']))")
   [[ $ranks == 3 ]] || fail "mpi_ranks attribute is $ranks, expected 3"
   echo "same results for N = 1, 2, 3"
+  exit 0
+fi
+
+if [[ $case_name == hybrid ]]; then
+  "$hils" -q fidelity --out fidelity_1.h5 "${small[@]}" --W 128
+  mpi 2 fidelity --out fidelity_2x3.h5 "${small[@]}" --W 128 --jobs 3
+  mpi 3 fidelity --out fidelity_3x2.h5 "${small[@]}" --W 128 --jobs 2
+  same fidelity_1.h5 fidelity_2x3.h5 && same fidelity_1.h5 fidelity_3x2.h5
+  "$hils" -q overlap --out overlap_1.h5 --lengths 256 512 --n-layers 2 --W 128
+  mpi 3 overlap --out overlap_3x2.h5 --lengths 256 512 --n-layers 2 --W 128 --jobs 2
+  same overlap_1.h5 overlap_3x2.h5
+
+  # Three layers of T = 4096 (a unit computes for a while; a NaN is found as its layer is
+  # read, at once); poke(L) puts a NaN into layer L.
+  "$hils" -q dump synthetic -o acts.h5 -T 4096 --seed 7 --landmarks false
+  /usr/bin/python3 - <<'PY'
+import h5py
+with h5py.File("acts.h5", "r+") as f:
+    f.copy("layer0", "layer1")
+    f.copy("layer0", "layer2")
+    f["layer1/k"][0, 3, 0] = 0.25  # layers differ
+    f.attrs["n_layers"] = 3
+PY
+  cp acts.h5 good.h5
+  poke() { /usr/bin/python3 -c "import h5py; f = h5py.File('acts.h5', 'r+'); f['layer$1/k'][1, 100, 2] = float('nan')"; }
+  acts=(--source activations --activations acts.h5 --lengths 2048 4096 --n-layers 3 --queries 8
+        --mechanisms mean taylor_entropy)
+  "$hils" -q fidelity --out reference.h5 "${acts[@]}"
+  holds() { /usr/bin/python3 - "$@" <<'PY' || fail "the checkpoint does not hold exactly the units before the failed one"
+import h5py, json, sys
+done = json.loads(h5py.File("resumed.h5", "r").attrs["complete_units"])
+print("checkpoint holds", done)
+assert sorted(done) == sorted(sys.argv[1:]), done
+PY
+  }
+  # One worker with 3 units at once: it asks for T4096 layers 0, 1 and 2 (group 0 of each: one
+  # load per layer), layer 2 fails at once while layers 0 and 1 compute; their group-1 units,
+  # not yet handed out, come before the failed unit and are still computed and written.
+  poke 2
+  status=0; timeout 120 "$mpirun" --oversubscribe -n 2 "$hils" -q fidelity --out resumed.h5 \
+    "${acts[@]}" --jobs 3 2> failure.txt || status=$?
+  cat failure.txt
+  [[ $status == 2 ]] || fail "a failing unit under --jobs 3: exit status $status, expected 2 (124: hung)"
+  grep -q "bad input: rank 1 failed on unit T4096/layer2/group[01]: .*nan" failure.txt ||
+    fail "the message does not name the rank, the unit and what was wrong"
+  [[ $(grep -c "hils:" failure.txt) == 1 ]] || fail "expected one message (rank 0's), got: $(cat failure.txt)"
+  [[ $(ls | grep -c "^resumed") == 1 ]] || fail "files besides resumed.h5: $(ls)"
+  holds T4096/layer0/group0 T4096/layer0/group1 T4096/layer1/group0 T4096/layer1/group1
+  # That checkpoint resumed in one process: the uninterrupted run's file.
+  cp good.h5 acts.h5
+  "$hils" -q fidelity --out resumed.h5 "${acts[@]}"
+  same reference.h5 resumed.h5
+  # One process's checkpoint (layer 1 broken: it keeps T4096 layer 0) resumed under -n 2
+  # --jobs 3 (rank 0 hands out the units not complete, 10 of 12).
+  rm resumed.h5 && poke 1
+  if "$hils" -q fidelity --out resumed.h5 "${acts[@]}" --jobs 1 2> failure.txt; then
+    fail "a NaN layer did not fail"
+  fi
+  holds T4096/layer0/group0 T4096/layer0/group1
+  cp good.h5 acts.h5
+  mpi 2 fidelity --out resumed.h5 "${acts[@]}" --jobs 3
+  same reference.h5 resumed.h5
+  echo "--jobs under mpirun: the one-process results; a failure named, the checkpoint exact; resumed across modes"
   exit 0
 fi
 
@@ -173,7 +241,8 @@ if [[ $case_name == interrupt ]]; then
   # group of its own; rank0: the coordinator alone); sets `status`.
   interrupt() {
     rm -f "$1" err.txt
-    timeout 120 "$mpirun" --oversubscribe -n 3 "$hils" -q fidelity --out "$1" "${args[@]}" 2> err.txt &
+    timeout 120 "$mpirun" --oversubscribe -n "${ranks:-3}" "$hils" -q fidelity --out "$1" "${args[@]}" \
+      ${jobs:+--jobs $jobs} 2> err.txt &
     local job=$! target
     while [[ ! -e $1 ]]; do kill -0 $job 2> /dev/null || fail "mpirun ended before $1 appeared"; sleep 0.005; done
     target=$(echo $(children $job))  # mpirun (or mpiexec) under timeout, spaces trimmed
@@ -208,10 +277,16 @@ if [[ $case_name == interrupt ]]; then
   interrupt rank0.h5 rank0
   [[ $status == 130 ]] || fail "SIGINT to rank 0: exit status $status, expected 130"
   check_left rank0.h5 "SIGINT (Ctrl-C)"
-  # Both resume, under N = 2 and in one process, to the uninterrupted run's datasets.
+  # Ctrl-C with 2 units at once on one worker (mpirun -n 2 --jobs 2): the same.
+  ranks=2 jobs=2 interrupt hybrid.h5 mpirun
+  [[ $status == 1 ]] || fail "mpirun -n 2 --jobs 2 after SIGINT: exit status $status, expected OpenMPI's 1"
+  check_left hybrid.h5 SIGTERM
+  # All resume, under N = 2, in one process and under N = 3 with 2 units at once per worker,
+  # to the uninterrupted run's datasets.
   mpi 2 fidelity --out ctrl_c.h5 "${args[@]}"
   "$hils" -q fidelity --out rank0.h5 "${args[@]}"
-  same whole.h5 ctrl_c.h5 && same whole.h5 rank0.h5
+  mpi 3 fidelity --out hybrid.h5 "${args[@]}" --jobs 2
+  same whole.h5 ctrl_c.h5 && same whole.h5 rank0.h5 && same whole.h5 hybrid.h5
   echo "interrupted under mpirun: one line from rank 0, the files resumed to the same results"
   exit 0
 fi

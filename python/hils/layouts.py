@@ -1,0 +1,322 @@
+"""A kernel's own tensor layouts and batches, converted to what the oracle reads (hils.verify's
+layout=, lse_layout= and selection_order=).
+
+The oracle judges one sequence at a time, every tensor head-major, [heads, rows, ...], the verify
+file's order (data/verify_format.md). A kernel's tensors come in one of four layouts; `layout`
+names it for its inputs, outputs, upstream gradients and gradients alike:
+
+    layout   q              o               lse           selection        who uses it
+    "hsd"    [Hq, T, d]     [Hq, Tq, dv]    [Hq, Tq]      [Hkv, Tq, K]     the verify file (default)
+    "shd"    [T, Hq, d]     [Tq, Hq, dv]    [Tq, Hq]      [Tq, Hkv, K]     one sequence of "bshd"
+    "bhsd"   [B, Hq, T, d]  [B, Hq, Tq, dv] [B, Hq, Tq]   [B, Hkv, Tq, K]  SDPA, FlexAttention (lse
+                                                                           with return_lse), NSA's
+                                                                           head_first=True
+    "bshd"   [B, T, Hq, d]  [B, Tq, Hq, dv] [B, Tq, Hq]   [B, Tq, Hkv, K]  FlashAttention's q, k, v,
+                                                                           o; fla-org NSA
+                                                                           (block_indices [B, T, H, S])
+
+The rule for every tensor: take its verify-file shape [heads, rows, rest...] (rows = T, Tq,
+n_chunks or the prior's rows); "s" before "h" swaps heads and rows; "b" puts the batch first. So
+k is [B, T, Hkv, d] in "bshd", summary_key [B, n_chunks, H, d], prior [B, rows, Hq, d],
+fusion_weights [B, Tq, Hq, K+2], grads["dk"] like k, do like o, dlse like lse.
+
+FlashAttention's softmax_lse is [B, Hq, T] beside its [B, T, Hq, d] o: say so with
+lse_layout="bhsd" (the layout whose order lse, lse_window and dlse follow; default: layout's).
+A tensor whose heads and rows axes come swapped against its layout (its shape fits the other
+order and not this one) is refused naming the tensor, both shapes and the fix; where heads and
+rows have the same length the shape cannot tell, and the declared layout is read as given.
+
+selection_order="any": each row of the selection is a set, its chunks in any order (torch.topk's
+score order, fla-org NSA's top-k kernel) and its -1 padding anywhere: the row is sorted
+(chunks ascending, then any negative entries) before the oracle reads it, and the first K
+columns of fusion_weights (the weights "in selection order") are permuted with it. Duplicates,
+chunks out of range or outside V(t), a wrong count and padding other than -1 still fail.
+
+Nothing here checks what the oracle checks: a tensor is only split, transposed and sorted; its
+shape, dtype and values are judged by the per-sequence path (hils.Verifier), whose messages name
+shapes in the verify file's order.
+"""
+
+import numpy as np
+
+# name -> (batched, rows first)
+_LAYOUTS = {"hsd": (False, False), "shd": (False, True), "bhsd": (True, False), "bshd": (True, True)}
+
+# Each tensor's axes in the verify file's order (data/verify_format.md, "Datasets").
+_AXES = {
+    "q": ("Hq", "T", "d"), "q_retrieval": ("Hq", "T", "d"), "k": ("Hkv", "T", "d"),
+    "v": ("Hkv", "T", "dv"), "prior": ("Hq", "rows", "d"),
+    "o": ("Hq", "Tq", "dv"), "o_window": ("Hq", "Tq", "dv"), "lse": ("Hq", "Tq"),
+    "lse_window": ("Hq", "Tq"), "selection": ("Hkv", "Tq", "K"),
+    "surrogate_scores": ("Hq", "Tq", "n_chunks"), "summary_key": ("H", "n_chunks", "d"),
+    "summary_bias": ("Hq", "n_chunks"), "fusion_weights": ("Hq", "Tq", "K+2"),
+    "do": ("Hq", "T", "dv"), "dlse": ("Hq", "T"),
+    "dq": ("Hq", "T", "d"), "dk": ("Hkv", "T", "d"), "dv": ("Hkv", "T", "dv"),
+    "dq_retrieval": ("Hq", "T", "d"), "dprior": ("Hq", "rows", "d"),
+}
+_LSE_NAMES = ("lse", "lse_window", "dlse")
+SELECTION_ORDERS = ("ascending", "any")
+
+
+def _names(values):
+    return ", ".join(f'"{value}"' for value in values)
+
+
+class Layout:
+    """One of the four layouts: where the batch, heads and rows axes of a tensor sit."""
+
+    def __init__(self, name, argument="layout"):
+        if not isinstance(name, str):
+            raise TypeError(f"{argument}: expected one of {_names(_LAYOUTS)}, found "
+                            f"{type(name).__name__} {name!r}")
+        if name not in _LAYOUTS:
+            raise ValueError(f"{argument}: expected one of {_names(_LAYOUTS)} (batch, heads, "
+                             f"sequence, dims: the order of a kernel's axes), found {name!r}")
+        self.name = name
+        self.batched, self.rows_first = _LAYOUTS[name]
+
+    def swapped(self):
+        """The layout with heads and rows the other way round ("bshd" <-> "bhsd")."""
+        return Layout(next(n for n, v in _LAYOUTS.items()
+                           if v == (self.batched, not self.rows_first)))
+
+    def axes(self, name):
+        heads, rows, *rest = _AXES[name]
+        middle = [rows, heads] if self.rows_first else [heads, rows]
+        return (["B"] if self.batched else []) + middle + rest
+
+    def pattern(self, name):
+        return "[" + ", ".join(self.axes(name)) + "]"
+
+    def batch_size(self, q):
+        """B, read from q (1 for an unbatched layout)."""
+        if not self.batched:
+            return 1
+        self._check_rank(q, "q", "q")
+        if q.shape[0] == 0:
+            raise ValueError(f"q: layout \"{self.name}\" expects {self.pattern('q')} with at least "
+                             f"one sequence, found B = 0 (shape {list(q.shape)})")
+        return q.shape[0]
+
+    def _check_rank(self, array, label, name):
+        rank = len(_AXES[name]) + self.batched
+        if array.ndim != rank:
+            raise ValueError(f"{label}: layout \"{self.name}\" expects rank {rank} "
+                             f"{self.pattern(name)}, found rank {array.ndim} shape "
+                             f"{list(array.shape)}")
+
+    def sequences(self, array, label, name, size):
+        """A numpy array in this layout -> one [heads, rows, ...] view per sequence (`size` of
+        them). The verify file's own layout passes the array through untouched (the oracle's
+        messages then name it as today)."""
+        if self.name == "hsd":
+            return [array]
+        self._check_rank(array, label, name)
+        if self.batched and array.shape[0] != size:
+            raise ValueError(f"{label}: layout \"{self.name}\" expects {self.pattern(name)} with "
+                             f"B = {size} (from q), found shape {list(array.shape)}")
+        parts = list(array) if self.batched else [array]
+        return [np.swapaxes(part, 0, 1) if self.rows_first else part for part in parts]
+
+
+    def join(self, parts):
+        """sequences(): the other way: one [heads, rows, ...] array per sequence -> one array
+        in this layout."""
+        if self.name == "hsd":
+            return parts[0]
+        laid = [np.swapaxes(part, 0, 1) if self.rows_first else part for part in parts]
+        return np.stack(laid) if self.batched else laid[0]
+
+
+class Batch:
+    """The sequences of one problem: its inputs split per sequence in the verify file's order
+    ({name: array} per sequence, None where absent), and the sizes its outputs are read against."""
+
+    def __init__(self, layout, inputs, queries):
+        self.layout = layout if isinstance(layout, Layout) else Layout(layout)
+        for name in ("q", "k", "v"):
+            if inputs[name] is None:
+                raise TypeError(f"{name}: expected a numpy array, found an object of type NoneType")
+        self.size = self.layout.batch_size(inputs["q"])
+        split = {name: (None if array is None else self.layout.sequences(array, name, name, self.size))
+                 for name, array in inputs.items()}
+        self.inputs = [{name: (None if parts is None else parts[b]) for name, parts in split.items()}
+                       for b in range(self.size)]
+        self.sizes = {}
+        first, k = self.inputs[0]["q"], self.inputs[0]["k"]
+        if self.layout.name != "hsd":  # ranks checked above: heads and rows are known
+            self.sizes = {"Hq": first.shape[0], "Hkv": k.shape[0], "T": first.shape[1],
+                          "Tq": first.shape[1] if queries is None else np.size(queries)}
+
+    def context(self, b):
+        """Where a per-sequence message comes from, for an error raised on sequence b."""
+        if self.layout.name == "hsd":
+            return ""
+        seq = self.inputs[b]
+        where = f"sequence b={b} of " if self.layout.batched else ""
+        return (f" ({where}layout \"{self.layout.name}\", read as q [Hq, T, d] = "
+                f"{list(seq['q'].shape)}, k [Hkv, T, d] = {list(seq['k'].shape)}, v [Hkv, T, dv] = "
+                f"{list(seq['v'].shape)})")
+
+    def split(self, arrays, label, lse_layout):
+        """{name: numpy array in the layout} -> one {name: [heads, rows, ...]} per sequence. A name
+        the oracle does not know, or something that is not a dict, is passed to every sequence as
+        it is: the oracle names it."""
+        if not hasattr(arrays, "items"):
+            return [arrays] * self.size
+        parts = {}
+        for name, array in arrays.items():
+            if array is None or name not in _AXES:
+                parts[name] = [array] * self.size
+                continue
+            layout = lse_layout if (name in _LSE_NAMES and lse_layout) else self.layout
+            parts[name] = layout.sequences(array, label(name), name, self.size)
+            self._check_order(parts[name][0], array, label(name), name, layout)
+        return [{name: values[b] for name, values in parts.items()} for b in range(self.size)]
+
+    def one(self, array, name, lse_layout=None):
+        """One tensor (do, dlse) -> its per-sequence parts; None -> None for every sequence."""
+        if array is None:
+            return [None] * self.size
+        layout = lse_layout if (name in _LSE_NAMES and lse_layout) else self.layout
+        parts = layout.sequences(array, name, name, self.size)
+        self._check_order(parts[0], array, name, name, layout)
+        return parts
+
+    def join(self, results, lse_layout):
+        """One {name: [heads, rows, ...]} per sequence (the reference's) -> {name: array in the
+        layout}; lse_layout as split's."""
+        joined = {}
+        for name in results[0]:
+            layout = lse_layout if (name in _LSE_NAMES and lse_layout) else self.layout
+            joined[name] = layout.join([result[name] for result in results])
+        return joined
+
+    def _check_order(self, part, array, label, name, layout):
+        """Refuses a tensor whose heads and rows axes come swapped against `layout`: its shape
+        fits the other order and not this one (never where heads and rows have one length)."""
+        heads, rows = (self.sizes.get(axis) for axis in _AXES[name][:2])
+        if heads is None or rows is None or heads == rows or part.ndim < 2:
+            return
+        if part.shape[:2] != (rows, heads):
+            return
+        other = layout.swapped()
+        axis = 1 if layout.batched else 0
+        sizes = {"B": self.size, _AXES[name][0]: heads, _AXES[name][1]: rows}
+        expected = "[" + ", ".join(str(sizes.get(a, "*")) for a in layout.axes(name)) + "]"
+        if name in _LSE_NAMES:
+            fix = (f"say so with lse_layout=\"{other.name}\" (FlashAttention's softmax_lse is "
+                   f"[B, Hq, T] beside its [B, T, Hq, d] o)")
+        else:
+            fix = (f"transpose it to {layout.pattern(name)} (x.transpose({axis}, {axis + 1}) in "
+                   f"torch, np.swapaxes(x, {axis}, {axis + 1}) in numpy)")
+        raise ValueError(f"{label}: layout \"{layout.name}\" expects {layout.pattern(name)} = "
+                         f"{expected}, found shape {list(array.shape)}, which is "
+                         f"{other.pattern(name)}, the order of layout \"{other.name}\": {fix}")
+
+
+def lse_layout_of(lse_layout, layout):
+    """lse_layout= -> a Layout with the same batching as `layout`, or None (layout's own)."""
+    if lse_layout is None:
+        return None
+    result = Layout(lse_layout, "lse_layout")
+    if result.batched != layout.batched:
+        same = [n for n, v in _LAYOUTS.items() if v[0] == layout.batched]
+        kind = "batched" if layout.batched else "one sequence"
+        raise ValueError(f"lse_layout: expected None or one of {_names(same)} ({kind}, as layout "
+                         f"\"{layout.name}\" is), found \"{lse_layout}\"")
+    return result
+
+
+def selection_order_of(order):
+    if not isinstance(order, str) or order not in SELECTION_ORDERS:
+        raise ValueError(f"selection_order: expected \"ascending\" (the verify file's rows: chunks "
+                         f"ascending, -1 padding last) or \"any\" (rows in any order, e.g. "
+                         f"torch.topk's, sorted before judging), found {order!r}")
+    return order
+
+
+def sort_selection(outputs):
+    """selection_order="any" on one sequence's outputs ({name: [heads, rows, ...]}): each
+    selection row sorted (chunks ascending, then the negative entries in their order), the
+    first K columns of fusion_weights permuted alike (query head h follows KV group h // G).
+    Anything malformed (not an integer [Hkv, Tq, K] array, fusion_weights of another shape) is
+    left as it is for the oracle to judge."""
+    selection = outputs.get("selection")
+    if (not isinstance(selection, np.ndarray) or selection.dtype.kind not in "iu"
+            or selection.ndim != 3):
+        return outputs
+    key = selection
+    if selection.dtype.kind == "i":
+        key = np.where(selection < 0, np.iinfo(selection.dtype).max, selection)
+    order = np.argsort(key, axis=-1, kind="stable")
+    result = dict(outputs, selection=np.take_along_axis(selection, order, axis=-1))
+    weights = outputs.get("fusion_weights")
+    groups, rows, count = order.shape
+    if (isinstance(weights, np.ndarray) and weights.ndim == 3 and groups
+            and weights.shape[0] % groups == 0 and weights.shape[1:] == (rows, count + 2)):
+        per_head = np.repeat(order, weights.shape[0] // groups, axis=0)
+        weights = weights.copy()
+        weights[:, :, :count] = np.take_along_axis(weights[:, :, :count], per_head, axis=-1)
+        result["fusion_weights"] = weights
+    return result
+
+
+class BatchReport:
+    """The oracle's verdict on a batch: .reports[b] is sequence b's Report (as hils.verify gives
+    for one sequence); .passed when every sequence passes; .failed lists the b that fail.
+    str() is one line per sequence, then the full report of each that fails."""
+
+    def __init__(self, reports, layout):
+        self.reports = list(reports)
+        self.layout = layout
+
+    @property
+    def passed(self):
+        return all(report.passed for report in self.reports)
+
+    @property
+    def failed(self):
+        return [b for b, report in enumerate(self.reports) if not report.passed]
+
+    def __len__(self):
+        return len(self.reports)
+
+    def __getitem__(self, b):
+        return self.reports[b]
+
+    def __iter__(self):
+        return iter(self.reports)
+
+    def __str__(self):
+        failed = self.failed
+        lines = [f"batch of {len(self)} sequences, layout \"{self.layout}\": "
+                 f"{len(self) - len(failed)} pass, {len(failed)} fail"
+                 + (f" (b={', '.join(map(str, failed))})" if failed else "")]
+        lines += [f"  b={b}: {_summary(report)}" for b, report in enumerate(self.reports)]
+        for b in failed:
+            lines += ["", f"---- b={b}: FAIL ----", str(self.reports[b])]
+        lines.append("batch PASS" if self.passed else f"batch FAIL (b={', '.join(map(str, failed))})")
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return (f"<hils.BatchReport {'PASS' if self.passed else 'FAIL'} B={len(self)}"
+                + (f" failed b={self.failed}>" if self.failed else ">"))
+
+
+def _summary(report):
+    """One sequence's verdict in a line: the worst headroom and the selection's rows."""
+    parts = []
+    tensors = report.tensors
+    finite = {name: t.headroom for name, t in tensors.items() if np.isfinite(t.headroom)}
+    if finite:
+        name = max(finite, key=finite.get)
+        parts.append(f"worst headroom {finite[name]:.3g} ({name})")
+    selection = report.selection
+    if selection.compared:
+        parts.append(f"selection {selection.rows_differing} of {selection.rows} rows differ")
+    failing = [n for n, t in tensors.items() if not t.passed]
+    if selection.compared and not selection.passed:
+        failing.insert(0, "selection")
+    verdict = "PASS" if report.passed else f"FAIL ({', '.join(failing) or 'see below'})"
+    return verdict + ("  " + ", ".join(parts) if parts else "")
