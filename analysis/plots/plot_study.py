@@ -110,29 +110,43 @@ class Metric(NamedTuple):
     axis: str     # the definition (reference/SEMANTICS.md §9), as the y-axis label
     low: float    # the range the statistic can take; intervals are clipped to it
     high: float
+    drawn_in: tuple  # the figures (PNG name after the stem) with a panel of it, in this order
 
 
+# Every metric a study writes has its entry (tests/python/test_plots.py reads the metrics of the
+# results files and the table of data/results_format.md against it): a metric added to the
+# fidelity study (kFidelityMetrics, analysis/src/fidelity.cpp) gets one title, axis and range
+# here, and says in which figures it is drawn (README "Adding a study metric").
 # Per sampled query t, candidate chunks V(t), exact log-mass L(t,c), Z = exp L, surrogate ŝ,
 # I_ŝ the K chunks the mechanism selects, I_L the K chunks of largest L.
 METRICS = {
     "spearman": Metric("rank correlation of ŝ and L", r"Spearman $\rho(\hat s, L)$ over $V(t)$",
-                       -1.0, 1.0),
-    "topk_recall": Metric("top-K recall", r"$|I_{\hat s} \cap I_L| \;/\; |I_L|$", 0.0, 1.0),
+                       -1.0, 1.0, ("metrics", "metrics_vs_length")),
+    "topk_recall": Metric("top-K recall", r"$|I_{\hat s} \cap I_L| \;/\; |I_L|$", 0.0, 1.0,
+                          ("metrics", "metrics_vs_length")),
     "mass_recall": Metric("mass recall", r"$\Sigma_{I_{\hat s}} Z \;/\; \Sigma_{I_L} Z$",
-                          0.0, 1.0),
+                          0.0, 1.0, ("metrics",)),
     "covered_mass": Metric("covered attention mass",
                            r"$(\Sigma_{I_{\hat s}} Z + Z_{win}) \;/\; (\Sigma_{V} Z + Z_{win})$",
-                           0.0, 1.0),
+                           0.0, 1.0, ("metrics_vs_length",)),
     "output_error": Metric("output error vs full attention",
                            "relative output error\n"
-                           r"$\Vert o_t - o^{full}_t\Vert_2 \;/\; \Vert o^{full}_t\Vert_2$", 0.0, math.inf),
+                           r"$\Vert o_t - o^{full}_t\Vert_2 \;/\; \Vert o^{full}_t\Vert_2$",
+                           0.0, math.inf, ("metrics", "metrics_vs_length")),
     "overlap": Metric("overlap of a block of M adjacent queries",
                       "normalized overlap\n"
                       r"$(\Sigma|I_m| - |\cup I_m|) \,/\, (\Sigma|I_m| - \max|I_m|)$",
-                      0.0, 1.0),
+                      0.0, 1.0, ("overlap",)),
     "gap_mean": Metric("mean gap L − ŝ", r"mean of $L - \hat s$ over $V(t)$ [nats]",
-                       -math.inf, math.inf),
+                       -math.inf, math.inf, ()),
 }
+
+
+def panels(figure):
+    """A figure's PNG name after the stem -> the metrics it has a panel of, in METRICS order."""
+    return [name for name, metric in METRICS.items() if figure in metric.drawn_in]
+
+
 SUMMARY_NOTE = ("points: mean over (layer, head) of each head's mean over its sampled queries; "
                 "bars: 95% Student-t interval of that mean, clipped to the metric's range")
 OUTPUT_ERROR_NOTE = (r"output error: $o_t$ is one query head's output row at sampled query $t$, "
@@ -310,7 +324,7 @@ def fidelity_plots(f, config, stem, out):
         print(f"{stem}: note: no finished unit of layer 0, group 0 yet: the scatter and gap "
               "figures are not drawn", file=sys.stderr)
 
-    metrics = ["spearman", "topk_recall", "mass_recall", "output_error"]
+    metrics = panels("metrics")
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.3 * len(metrics), 3.6))
     if "summary" in f:
         summary = f["summary"]
@@ -502,7 +516,7 @@ def extrapolation_plots(f, config, stem, out):
             print(f"{stem}: note: no needle summary in the file yet: the needle figure is not "
                   "drawn", file=sys.stderr)
 
-    metrics = ["spearman", "topk_recall", "covered_mass", "output_error"]
+    metrics = panels("metrics_vs_length")
     fig, axes = plt.subplots(len(enc), len(metrics), figsize=(3.4 * len(metrics), 2.9 * len(enc)),
                              squeeze=False)
     train = ex["train_length"]

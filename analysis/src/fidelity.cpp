@@ -74,45 +74,95 @@ MechanismResult spec_result(const StudyMechanism& m, const AttentionInputs<doubl
   return r;
 }
 
+// What the per-query metrics of one sampled query read (reference/SEMANTICS.md §9): the
+// surrogate s_hat and the exact log-mass L over its candidates V(t), the top-K of each, its
+// window's log-mass and the mechanism's relative output error.
+struct QueryScores {
+  std::vector<double> s, L;           // over V(t), chunk order
+  std::vector<int64_t> picked, best;  // top_k(s, K), top_k(L, K): I_shat and I_L
+  double lse_window = 0.0;
+  double output_error = 0.0;
+};
+
+// One per-query metric of the fidelity study: the dataset `<mech>/<name>` of every head, its
+// `meaning` attribute, and its value for one query. The results files' metric table
+// (data/results_format.md), reference/SEMANTICS.md §9 and the figures (analysis/plots/
+// plot_study.py METRICS) name every row; tests/analysis/test_fidelity.cpp and
+// tests/python/test_plots.py fail while one of them lacks it (README "Adding a study metric").
+struct FidelityMetric {
+  const char* name;
+  const char* meaning;
+  double (*value)(const QueryScores& q);
+};
+
+double mean_gap(const QueryScores& q) {
+  const auto nv = q.s.size();
+  double gap = 0.0;
+  for (size_t c = 0; c < nv; ++c) gap += q.L[c] - q.s[c];
+  return nv > 0 ? gap / static_cast<double>(nv) : std::nan("");
+}
+
+// The metrics in the order written.
+constexpr FidelityMetric kFidelityMetrics[] = {
+    {"spearman", "Spearman rank correlation of s_hat and L over V(t), per query",
+     [](const QueryScores& q) { return spearman(q.s, q.L); }},
+    {"topk_recall", "top-K recall |I_shat ∩ I_L| / |I_L| (per-head top-K), per query",
+     [](const QueryScores& q) { return topk_recall(q.picked, q.best); }},
+    {"mass_recall", "mass recall sum_{I_shat} Z / sum_{I_L} Z (per-head top-K), per query",
+     [](const QueryScores& q) { return mass_recall(q.L, q.picked, q.best); }},
+    {"covered_mass",
+     "covered attention mass (sum_{I_shat} Z + Z_swa) / (sum_V Z + Z_swa), per query",
+     [](const QueryScores& q) { return covered_mass(q.L, q.picked, q.lse_window); }},
+    {"output_error",
+     "relative output error ||o - o_full|| / ||o_full|| of the mechanism (group selection)",
+     [](const QueryScores& q) { return q.output_error; }},
+    {"gap_mean", "mean gap L - s_hat over V(t) in nats, per query", mean_gap},
+};
+
+// A row left half-written (a name without its meaning or its value) stops the build here.
+constexpr bool every_metric_whole() {
+  for (const auto& m : kFidelityMetrics) {
+    if (m.name == nullptr || m.meaning == nullptr || m.value == nullptr) return false;
+    if (m.name[0] == '\0' || m.meaning[0] == '\0') return false;
+  }
+  return true;
+}
+static_assert(every_metric_whole(),
+              "every row of kFidelityMetrics needs a name, a meaning and a value function");
+
+// Query i of the sampled queries -> what its metrics read.
+QueryScores query_scores(const Matrix<double>& s_hat, const HeadTruth& truth, size_t i,
+                         int64_t nv, int64_t K, double output_error) {
+  QueryScores q;
+  q.s.resize(nv);
+  q.L.resize(nv);
+  for (int64_t c = 0; c < nv; ++c) {
+    q.s[c] = s_hat(i, c);
+    q.L[c] = truth.L(i, c);
+  }
+  q.picked = top_k(q.s, K);
+  q.best = top_k(q.L, K);
+  q.lse_window = truth.lse_window(i);
+  q.output_error = output_error;
+  return q;
+}
+
 // [Tq x nc] surrogate and truth -> one vector per fidelity metric, [Tq] each.
 std::vector<std::vector<double>> per_query_metrics(const Matrix<double>& s_hat,
                                                    const HeadTruth& truth,
                                                    const Matrix<double>& o,
                                                    const Geometry& geometry, int64_t K,
                                                    const std::vector<int64_t>& queries) {
-  const auto n_metrics = fidelity_metrics().size();
-  std::vector<std::vector<double>> values(n_metrics, std::vector<double>(queries.size()));
+  std::vector<std::vector<double>> values(std::size(kFidelityMetrics),
+                                          std::vector<double>(queries.size()));
   const auto errors = row_relative_errors(o, truth.o_full);
   for (size_t i = 0; i < queries.size(); ++i) {
-    const int64_t nv = geometry.candidate_count(queries[i]);
-    std::vector<double> s(nv), L(nv);
-    double gap = 0.0;
-    for (int64_t c = 0; c < nv; ++c) {
-      s[c] = s_hat(i, c);
-      L[c] = truth.L(i, c);
-      gap += L[c] - s[c];
-    }
-    const auto picked = top_k(s, K);
-    const auto best = top_k(L, K);
-    values[0][i] = spearman(s, L);
-    values[1][i] = topk_recall(picked, best);
-    values[2][i] = mass_recall(L, picked, best);
-    values[3][i] = covered_mass(L, picked, truth.lse_window(i));
-    values[4][i] = errors[i];
-    values[5][i] = nv > 0 ? gap / static_cast<double>(nv) : std::nan("");
+    const auto q = query_scores(s_hat, truth, i, geometry.candidate_count(queries[i]), K,
+                                errors[i]);
+    for (size_t m = 0; m < std::size(kFidelityMetrics); ++m)
+      values[m][i] = kFidelityMetrics[m].value(q);
   }
   return values;
-}
-
-const std::vector<std::string>& metric_meanings() {
-  static const std::vector<std::string> meanings{
-      "Spearman rank correlation of s_hat and L over V(t), per query",
-      "top-K recall |I_shat ∩ I_L| / |I_L| (per-head top-K), per query",
-      "mass recall sum_{I_shat} Z / sum_{I_L} Z (per-head top-K), per query",
-      "covered attention mass (sum_{I_shat} Z + Z_swa) / (sum_V Z + Z_swa), per query",
-      "relative output error ||o - o_full|| / ||o_full|| of the mechanism (group selection)",
-      "mean gap L - s_hat over V(t) in nats, per query"};
-  return meanings;
 }
 
 std::string head_path(const std::string& unit, int64_t h) {
@@ -126,8 +176,11 @@ double mean_of(const Matrix<double>& m) {
 }  // namespace
 
 const std::vector<std::string>& fidelity_metrics() {
-  static const std::vector<std::string> names{"spearman",     "topk_recall",  "mass_recall",
-                                              "covered_mass", "output_error", "gap_mean"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> list;
+    for (const auto& m : kFidelityMetrics) list.emplace_back(m.name);
+    return list;
+  }();
   return names;
 }
 
@@ -200,7 +253,7 @@ KlCheck write_fidelity_unit(const AttentionInputs<double>& inputs, int64_t layer
       const auto values = per_query_metrics(r.surrogate[h], truths[h], r.o[h], geometry,
                                             options.geometry.K, queries);
       for (size_t i = 0; i < values.size(); ++i)
-        sink.write(path + "/" + fidelity_metrics()[i], values[i], metric_meanings()[i]);
+        sink.write(path + "/" + kFidelityMetrics[i].name, values[i], kFidelityMetrics[i].meaning);
     }
   }
   return worst;

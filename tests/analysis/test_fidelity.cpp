@@ -132,6 +132,37 @@ TEST_CASE("fidelity unit: exact scores are perfect, surrogates are not", "[fidel
   CHECK(!sink.read("T131/layer0/group1/head0/mean/spearman"));  // head 0 is group 0's
 }
 
+// kFidelityMetrics (analysis/src/fidelity.cpp): each row reaches every head of every mechanism
+// with one value per sampled query and its meaning, and the study's summaries. A row's own
+// mathematics is checked by its own test (as the exact scores' above).
+TEST_CASE("fidelity metric table: every metric is written per query with its meaning and summarised",
+          "[fidelity]") {
+  const auto& c = case_named("ragged_tail_no_landmarks");
+  auto options = options_for(c, {"mean", "naive_bsa"});
+  options.keep_scores = false;
+  MemorySink sink;
+  run_fidelity_study(source_for(c, 1), options, sink);
+  REQUIRE(!fidelity_metrics().empty());
+  const auto queries = *sink.read("T77/layer0/group0/queries");
+  for (const auto& metric : fidelity_metrics()) {
+    for (const auto& mechanism : {"mean", "naive_bsa"}) {
+      INFO("metric " << metric << ", mechanism " << mechanism);
+      for (int64_t h = 0; h < c.Hq; ++h) {
+        const auto path = "T77/layer0/group" + std::to_string(h / (c.Hq / c.Hkv)) + "/head" +
+                          std::to_string(h) + "/" + mechanism + "/" + metric;
+        const auto values = sink.read(path);
+        REQUIRE(values);
+        CHECK(values->rows() == queries.rows());
+        CHECK(!sink.meanings.at(path).empty());
+      }
+      const auto summary = sink.read("summary/" + std::string(mechanism) + "/" + metric);
+      REQUIRE(summary);
+      CHECK(summary->cols() == 8);
+      CHECK(sink.read("summary/" + std::string(mechanism) + "/" + metric + "_per_head"));
+    }
+  }
+}
+
 TEST_CASE("fidelity unit: a context with no retrieval candidate is refused naming T",
           "[fidelity][errors]") {
   const auto& c = case_named("gqa_group4");

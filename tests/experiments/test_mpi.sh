@@ -11,7 +11,8 @@
 #   interrupt:    Ctrl-C (SIGINT to mpirun) and SIGINT to rank 0 alone once the first unit is
 #                 written: one line from rank 0 naming the file and its complete units, no
 #                 temporary or lock file, and the file resumes to the uninterrupted datasets;
-#                 the same for Ctrl-C with 2 units at once per worker (--jobs 2);
+#                 the same for Ctrl-C with 2 units at once per worker (--jobs 2), and for
+#                 SIGINT to such a worker alone (rank 0 prints the line, exit status 130);
 #   hybrid:       --jobs N under mpirun (N units at once per worker rank): the one-process file
 #                 under -n 2 --jobs 3 and -n 3 --jobs 2; a failing unit ends the job named, the
 #                 checkpoint holding exactly the units before it; that checkpoint resumes in one
@@ -247,9 +248,9 @@ if [[ $case_name == interrupt ]]; then
     while [[ ! -e $1 ]]; do kill -0 $job 2> /dev/null || fail "mpirun ended before $1 appeared"; sleep 0.005; done
     target=$(echo $(children $job))  # mpirun (or mpiexec) under timeout, spaces trimmed
     [[ -n $target ]] || fail "no mpirun process under timeout"
-    if [[ $2 == rank0 ]]; then
+    if [[ $2 == rank0 || $2 == rank1 ]]; then
       for p in $(children "$target"); do
-        grep -qz "^OMPI_COMM_WORLD_RANK=0$" /proc/$p/environ 2> /dev/null && target=$p
+        grep -qz "^OMPI_COMM_WORLD_RANK=${2#rank}$" /proc/$p/environ 2> /dev/null && target=$p
       done
     fi
     kill -INT "$target"
@@ -277,7 +278,12 @@ if [[ $case_name == interrupt ]]; then
   interrupt rank0.h5 rank0
   [[ $status == 130 ]] || fail "SIGINT to rank 0: exit status $status, expected 130"
   check_left rank0.h5 "SIGINT (Ctrl-C)"
-  # Ctrl-C with 2 units at once on one worker (mpirun -n 2 --jobs 2): the same.
+  # SIGINT to a worker alone, computing 2 units at once (mpirun -n 2 --jobs 2): its units stop,
+  # it tells rank 0, which ends the run at the units written, prints the line and exits 130.
+  ranks=2 jobs=2 interrupt worker.h5 rank1
+  [[ $status == 130 ]] || fail "SIGINT to a worker with --jobs 2: exit status $status, expected 130"
+  check_left worker.h5 "SIGINT (Ctrl-C)"
+  # Ctrl-C with 2 units at once on one worker (mpirun -n 2 --jobs 2): the same as above.
   ranks=2 jobs=2 interrupt hybrid.h5 mpirun
   [[ $status == 1 ]] || fail "mpirun -n 2 --jobs 2 after SIGINT: exit status $status, expected OpenMPI's 1"
   check_left hybrid.h5 SIGTERM
@@ -286,7 +292,9 @@ if [[ $case_name == interrupt ]]; then
   mpi 2 fidelity --out ctrl_c.h5 "${args[@]}"
   "$hils" -q fidelity --out rank0.h5 "${args[@]}"
   mpi 3 fidelity --out hybrid.h5 "${args[@]}" --jobs 2
-  same whole.h5 ctrl_c.h5 && same whole.h5 rank0.h5 && same whole.h5 hybrid.h5
+  "$hils" -q fidelity --out worker.h5 "${args[@]}"
+  same whole.h5 ctrl_c.h5 && same whole.h5 rank0.h5 && same whole.h5 hybrid.h5 &&
+    same whole.h5 worker.h5
   echo "interrupted under mpirun: one line from rank 0, the files resumed to the same results"
   exit 0
 fi

@@ -22,6 +22,17 @@ void require_refused(const TempDir& dir, const std::string& command, const std::
   hils::test::require_refused("-q " + command + " --out " + quoted(dir / "f.h5"), message, dir / "f.h5");
 }
 
+// Writes `toml` into dir/c.toml and checks that `<command> -c <that file>` is refused as
+// require_refused does; "<config>" in `message` stands for the file's path.
+void require_config_refused(const TempDir& dir, const std::string& command,
+                            const std::string& toml, std::string message) {
+  const auto config = dir / "c.toml";
+  std::ofstream(config) << toml;
+  for (size_t at; (at = message.find("<config>")) != std::string::npos;)
+    message.replace(at, std::string("<config>").size(), config.string());
+  require_refused(dir, command + " -c " + quoted(config), message);
+}
+
 }  // namespace
 
 TEST_CASE("study counts given as -1 are checked, not taken for 'not given'", "[cli][study]") {
@@ -40,10 +51,9 @@ TEST_CASE("the synthetic source draws at most 128 layers", "[cli][study]") {
   require_refused(dir, "fidelity --lengths 1024 --n-layers 1000000",
                   "--n-layers: expected at most 128 layers for the synthetic source");
   require_refused(dir, "fidelity --lengths 1024 --n-layers 129", "got 129");
-  std::ofstream(dir / "layers.toml") << "[source]\nlayers = 500\n";
-  require_refused(dir, "fidelity --lengths 1024 -c " + quoted(dir / "layers.toml"),
-                  "--n-layers (or [source] layers in " + (dir / "layers.toml").string() +
-                      "): expected at most 128 layers");
+  require_config_refused(dir, "fidelity --lengths 1024", "[source]\nlayers = 500\n",
+                         "--n-layers (or [source] layers in <config>): expected at most 128 "
+                         "layers");
 }
 
 TEST_CASE("a K whose outputs cannot fit in memory is refused before any unit, with its range",
@@ -55,10 +65,8 @@ TEST_CASE("a K whose outputs cannot fit in memory is refused before any unit, wi
     require_refused(dir, study + " --lengths 1024 -K 1000000000",
                     "-K,--top-k: expected an integer in [0, ");
   require_refused(dir, "fidelity --lengths 1024 -K 1000000000", "], got 1000000000");
-  std::ofstream(dir / "k.toml") << "[geometry]\nK = 1000000000\n";
-  require_refused(dir, "fidelity --lengths 1024 -c " + quoted(dir / "k.toml"),
-                  "-K,--top-k (or [geometry] K in " + (dir / "k.toml").string() +
-                      "): expected an integer in [0, ");
+  require_config_refused(dir, "fidelity --lengths 1024", "[geometry]\nK = 1000000000\n",
+                         "-K,--top-k (or [geometry] K in <config>): expected an integer in [0, ");
 }
 
 TEST_CASE("the studies' count of layers is --n-layers and its old name --layers still counts",
@@ -97,10 +105,9 @@ TEST_CASE("context lengths without a retrieval candidate are refused naming --le
   INFO(r.output);
   CHECK(r.exit_code == 0);
   // Set in a config, the error names the file and the key.
-  std::ofstream(dir / "short.toml") << "[fidelity]\nlengths = [100]\n";
-  require_refused(dir, "fidelity -c " + quoted(dir / "short.toml"),
-                  (dir / "short.toml").string() + ": [fidelity].lengths: expected lengths with a "
-                  "retrieval candidate");
+  require_config_refused(dir, "fidelity", "[fidelity]\nlengths = [100]\n",
+                         "<config>: [fidelity].lengths: expected lengths with a retrieval "
+                         "candidate");
 }
 
 TEST_CASE("lengths whose synthetic layers cannot fit in memory are refused naming --lengths",
@@ -109,9 +116,8 @@ TEST_CASE("lengths whose synthetic layers cannot fit in memory are refused namin
   require_refused(dir, "fidelity --lengths 100000000000",
                   "--lengths: expected sizes whose data fit in 80% of this machine's");
   require_refused(dir, "overlap --lengths 1024 100000000000", "--lengths: expected sizes");
-  std::ofstream(dir / "big.toml") << "[extrapolation]\nlengths = [100000000000]\n";
-  require_refused(dir, "extrapolate -c " + quoted(dir / "big.toml"),
-                  (dir / "big.toml").string() + ": [extrapolation].lengths: expected sizes");
+  require_config_refused(dir, "extrapolate", "[extrapolation]\nlengths = [100000000000]\n",
+                         "<config>: [extrapolation].lengths: expected sizes");
 }
 
 TEST_CASE("lengths out of order or not positive are refused showing the lengths given",
@@ -134,11 +140,8 @@ TEST_CASE("a study config's unknown key or table is refused", "[cli][study]") {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"[study]\nbanana = 3\n", "[study]: unknown key 'banana'"},
       {"[bananas]\nx = 3\n", "unknown table or key 'bananas'"}};
-  for (const auto& [text, message] : cases) {
-    std::ofstream(dir / "c.toml") << text;
-    require_refused(dir, "fidelity --lengths 1024 -c " + quoted(dir / "c.toml"),
-                    (dir / "c.toml").string() + ": " + message);
-  }
+  for (const auto& [text, message] : cases)
+    require_config_refused(dir, "fidelity --lengths 1024", text, "<config>: " + message);
 }
 
 TEST_CASE("lengths beyond an activation file's T are refused up front naming --lengths or the key",
@@ -150,21 +153,20 @@ TEST_CASE("lengths beyond an activation file's T are refused up front naming --l
   require_refused(dir, "fidelity --source activations --activations " + quoted(acts) +
                            " --lengths 600 1024",
                   "--lengths: expected lengths within the activation file's T = 640 slots");
-  std::ofstream(dir / "long.toml") << "[source]\nkind = \"activations\"\n[overlap]\n"
-                                      "lengths = [600, 4096]\n";
-  require_refused(dir, "overlap --activations " + quoted(acts) + " -c " + quoted(dir / "long.toml"),
-                  "[overlap].lengths: expected lengths within the activation file's T = 640");
+  require_config_refused(dir, "overlap --activations " + quoted(acts),
+                         "[source]\nkind = \"activations\"\n[overlap]\nlengths = [600, 4096]\n",
+                         "[overlap].lengths: expected lengths within the activation file's "
+                         "T = 640");
 }
 
 TEST_CASE("an empty list of lengths is refused, not a crash", "[cli][study]") {
   TempDir dir("study_no_lengths");
-  std::ofstream(dir / "empty.toml") << "[fidelity]\nlengths = []\n";
-  require_refused(dir, "fidelity -c " + quoted(dir / "empty.toml"),
-                  "[fidelity].lengths: expected at least one length, got []");
+  require_config_refused(dir, "fidelity", "[fidelity]\nlengths = []\n",
+                         "[fidelity].lengths: expected at least one length, got []");
   // Extrapolation's default lengths start at train_length: none within the source's context.
-  std::ofstream(dir / "train.toml") << "[extrapolation]\ntrain_length = 2000000\n";
-  require_refused(dir, "extrapolate -c " + quoted(dir / "train.toml"),
-                  "[extrapolation].train_length: expected a train length whose default lengths");
+  require_config_refused(dir, "extrapolate", "[extrapolation]\ntrain_length = 2000000\n",
+                         "[extrapolation].train_length: expected a train length whose default "
+                         "lengths");
 }
 
 TEST_CASE("a study on an activation file needs the file's landmark layout", "[cli][study]") {
@@ -197,21 +199,19 @@ TEST_CASE("a name or value given twice in a study's lists is refused before any 
   TempDir dir("study_twice");
   require_refused(dir, "fidelity --lengths 1024 --mechanisms mean,taylor,mean",
                   "--mechanisms: expected distinct names, got 'mean' twice");
-  std::ofstream(dir / "twice.toml") << "[study]\nmechanisms = [\"mean\", \"mean\"]\n"
-                                       "[extrapolation]\nencodings = [\"rope\", \"rope\"]\n"
-                                       "depths = [0.5, 0.5]\n[overlap]\nblock_sizes = [2, 4, 2]\n";
-  const std::string config = " -c " + quoted(dir / "twice.toml");
-  require_refused(dir, "fidelity --lengths 1024" + config,
-                  "[study].mechanisms: expected distinct names, got 'mean' twice");
-  std::ofstream(dir / "enc.toml") << "[extrapolation]\nencodings = [\"rope\", \"nope\", \"rope\"]\n";
-  require_refused(dir, "extrapolate --lengths 1024 -c " + quoted(dir / "enc.toml"),
-                  "[extrapolation].encodings: expected distinct names, got 'rope' twice");
-  std::ofstream(dir / "depth.toml") << "[extrapolation]\ndepths = [0.5, 0.5]\n";
-  require_refused(dir, "extrapolate --lengths 1024 -c " + quoted(dir / "depth.toml"),
-                  "[extrapolation].depths: expected distinct needle depths, got 0.5 twice");
-  std::ofstream(dir / "block.toml") << "[overlap]\nblock_sizes = [2, 4, 2]\n";
-  require_refused(dir, "overlap --lengths 1024 -c " + quoted(dir / "block.toml"),
-                  "[overlap].block_sizes: expected distinct block sizes, got 2 twice");
+  require_config_refused(dir, "fidelity --lengths 1024",
+                         "[study]\nmechanisms = [\"mean\", \"mean\"]\n"
+                         "[extrapolation]\nencodings = [\"rope\", \"rope\"]\n"
+                         "depths = [0.5, 0.5]\n[overlap]\nblock_sizes = [2, 4, 2]\n",
+                         "[study].mechanisms: expected distinct names, got 'mean' twice");
+  require_config_refused(dir, "extrapolate --lengths 1024",
+                         "[extrapolation]\nencodings = [\"rope\", \"nope\", \"rope\"]\n",
+                         "[extrapolation].encodings: expected distinct names, got 'rope' twice");
+  require_config_refused(dir, "extrapolate --lengths 1024",
+                         "[extrapolation]\ndepths = [0.5, 0.5]\n",
+                         "[extrapolation].depths: expected distinct needle depths, got 0.5 twice");
+  require_config_refused(dir, "overlap --lengths 1024", "[overlap]\nblock_sizes = [2, 4, 2]\n",
+                         "[overlap].block_sizes: expected distinct block sizes, got 2 twice");
 }
 
 TEST_CASE("a source's file flag is not ignored: it picks its source, or another is refused",
@@ -225,11 +225,10 @@ TEST_CASE("a source's file flag is not ignored: it picks its source, or another 
                   "synthetic, which does not read it");
   require_refused(dir, "fidelity --lengths 640 --source synthetic --model-dir " + quoted(dir.path()),
                   "--model-dir: expected --source model (or no --source), got --source synthetic");
-  std::ofstream(dir / "model.toml") << "[source]\nkind = \"model\"\n";
-  require_refused(dir, "fidelity --lengths 640 -c " + quoted(dir / "model.toml") +
-                           " --activations " + quoted(acts),
-                  "--activations: expected --source activations (or no --source), got [source] "
-                  "kind = model");
+  require_config_refused(dir, "fidelity --lengths 640 --activations " + quoted(acts),
+                         "[source]\nkind = \"model\"\n",
+                         "--activations: expected --source activations (or no --source), got "
+                         "[source] kind = model");
   // Alone, the flag picks its source: the file's landmark layout is checked, so it is read.
   require_refused(dir, "fidelity --lengths 640 --activations " + quoted(acts),
                   "the study's geometry (-S 16, --landmarks false) has landmarks off, but " +

@@ -7,7 +7,9 @@ small size; the figures are inspected as matplotlib objects after the script sav
 
 import importlib.util
 import json
+import math
 import os
+import re
 import shutil
 import subprocess
 
@@ -139,14 +141,21 @@ def test_one_colour_and_marker_per_mechanism_in_every_figure(drawn):
     assert len({next(iter(s)) for s in seen.values()}) == len(seen)
 
 
+def beyond_range(metric):
+    """A metric -> an interval that leaves its range on each side where it has one (ends at
+    -1.5 or 5.0 where it has none), as a Student-t interval of a mean can."""
+    low = metric.low - 0.3 if math.isfinite(metric.low) else -1.5
+    high = metric.high + 0.4 if math.isfinite(metric.high) else 5.0
+    return low, high
+
+
 def test_intervals_stay_in_the_range_of_their_statistic(studies, tmp_path):
     # A Student-t interval of a mean can leave the statistic's range; write such intervals into
     # a copy of the file, as a run on heavy-tailed data would.
     path = tmp_path / "wide.h5"
     shutil.copy(studies["fid2"], path)
     low, high = ps.COLS.index("ci_low"), ps.COLS.index("ci_high")
-    wide = {"spearman": (-1.7, 1.4), "topk_recall": (-0.3, 1.2), "mass_recall": (-0.2, 1.5),
-            "output_error": (-0.6, 5.0)}
+    wide = {name: beyond_range(ps.METRICS[name]) for name in ps.panels("metrics")}
     with h5py.File(path, "r+") as f:
         for m in ("mean", "taylor"):
             for name, (lo, hi) in wide.items():
@@ -169,7 +178,7 @@ def test_intervals_stay_in_the_range_of_their_statistic(studies, tmp_path):
                 # written end, where the statistic has no bound).
                 assert np.allclose(y.min(axis=1), max(metric.low, wide[name][0])), (name, y)
                 assert np.allclose(y.max(axis=1), min(metric.high, wide[name][1])), (name, y)
-    assert checked == 8
+    assert checked == 2 * len(wide)
 
 
 @pytest.mark.parametrize("study", ["fid1", "fid2"])
@@ -302,7 +311,8 @@ def test_an_incomplete_run_is_said_in_every_figure(studies, drawn, tmp_path, cap
     figures = draw(path, tmp_path / "plots")
     assert "the run is incomplete" in capsys.readouterr().err
     texts = [t.get_text() for ax in figures["metrics.png"].axes for t in ax.texts]
-    assert len(texts) == 4 and all("no summary in the file" in t for t in texts)
+    assert len(texts) == len(ps.panels("metrics"))
+    assert all("no summary in the file" in t for t in texts)
     # Every figure of the file says so itself, in its title (a PNG is often seen alone).
     assert len(figures) == 3
     for name, fig in figures.items():
@@ -480,3 +490,43 @@ def test_hils_plot_names_a_file_that_is_not_a_study_results_file(studies, tmp_pa
         assert done.returncode == 2, done.stderr
         assert message in done.stderr, done.stderr
         assert "errno" not in done.stderr and "Can't open" not in done.stderr, done.stderr
+
+
+def metrics_written(path, prefix=""):
+    """A study results file -> the per-query metrics of its fidelity summary (the first
+    mechanism's `<prefix>summary/<m>/<metric>`, without the `_per_head` companions)."""
+    with h5py.File(path, "r") as f:
+        mechanism = json.loads(f.attrs["config"])["mechanisms"][0]
+        return {name for name in f[f"{prefix}summary/{mechanism}"]
+                if not name.endswith("_per_head")}
+
+
+def documented_metrics():
+    """data/results_format.md's metric table -> {metric: the figures it names, in order}."""
+    text = (ROOT / "data" / "results_format.md").read_text()
+    table = text.split("| metric | per sampled query t | figures |")[1].split("\n\n")[0]
+    rows = re.findall(r"^\| `(\w+)` \|.*\| (.*) \|$", table, re.M)
+    assert rows, "no metric rows in data/results_format.md"
+    return {name: tuple(re.findall(r"`(\w+)`", figures)) for name, figures in rows}
+
+
+def test_every_metric_a_study_writes_has_its_plot_entry_and_its_documents(studies):
+    # A metric added to the fidelity study (kFidelityMetrics, analysis/src/fidelity.cpp) is
+    # written by fidelity and extrapolation alike; it needs its METRICS entry here (title, axis,
+    # range, the figures that draw it), its row in the results format and its name in
+    # reference/SEMANTICS.md §9 (README "Adding a study metric").
+    written = metrics_written(studies["fid2"])
+    assert written and metrics_written(studies["ex2"], "rope/") == written
+    documented = documented_metrics()
+    semantics = (ROOT / "reference" / "SEMANTICS.md").read_text()
+    semantics = semantics.split("## 9. ")[1].split("## 10. ")[0]
+    for name in sorted(written):
+        assert name in ps.METRICS, f"{name}: no METRICS entry in analysis/plots/plot_study.py"
+        assert name in documented, f"{name}: no row in data/results_format.md's metric table"
+        assert documented[name] == ps.METRICS[name].drawn_in, (
+            f"{name}: data/results_format.md names the figures {documented[name]}, "
+            f"plot_study.py draws it in {ps.METRICS[name].drawn_in}")
+        assert f"`{name}`" in semantics, f"{name}: not named in reference/SEMANTICS.md §9"
+    assert set(documented) == written, "data/results_format.md lists a metric no study writes"
+    drawn = set(ps.panels("metrics")) | set(ps.panels("metrics_vs_length"))
+    assert drawn <= written, "plot_study.py has a panel of a metric no study writes"
