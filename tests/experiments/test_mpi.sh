@@ -16,7 +16,8 @@
 #   hybrid:       --jobs N under mpirun (N units at once per worker rank): the one-process file
 #                 under -n 2 --jobs 3 and -n 3 --jobs 2; a failing unit ends the job named, the
 #                 checkpoint holding exactly the units before it; that checkpoint resumes in one
-#                 process, and one process's checkpoint resumes under -n 2 --jobs 3.
+#                 process, and one process's checkpoint resumes under -n 2 --jobs 3; an
+#                 OMP_NUM_THREADS that OpenMP ignores leaves the default --jobs as unset.
 # usage: test_mpi.sh CASE HILS MPIRUN WORKDIR
 set -euo pipefail
 case_name=$1 hils=$2 mpirun=$3 work=$4
@@ -58,6 +59,19 @@ if [[ $case_name == hybrid ]]; then
   "$hils" -q overlap --out overlap_1.h5 --lengths 256 512 --n-layers 2 --W 128
   mpi 3 overlap --out overlap_3x2.h5 --lengths 256 512 --n-layers 2 --W 128 --jobs 2
   same overlap_1.h5 overlap_3x2.h5
+
+  # The default --jobs (--help shows rank 0's) under an OMP_NUM_THREADS that OpenMP ignores
+  # (with a warning, using every core) is the default without it: the rank's share of its
+  # node's cores. Before (audit, session 22) "", "0" and "four" counted as set: 2 here on 2
+  # cores (each of 2 workers took both cores) against 1 without it.
+  default_jobs() { env "$@" "$mpirun" --oversubscribe --bind-to none -n 3 "$hils" fidelity --help 2>/dev/null |
+                     grep -o 'one per thread, [0-9]* here'; }
+  unset_default=$(default_jobs -u OMP_NUM_THREADS)
+  [[ -n $unset_default ]] || fail "fidelity --help under mpirun shows no default --jobs"
+  for value in "" 0 four; do
+    got=$(default_jobs OMP_NUM_THREADS="$value")
+    [[ $got == "$unset_default" ]] || fail "OMP_NUM_THREADS='$value' under mpirun: '$got', expected '$unset_default' (as unset)"
+  done
 
   # Three layers of T = 4096 (a unit computes for a while; a NaN is found as its layer is
   # read, at once); poke(L) puts a NaN into layer L.
