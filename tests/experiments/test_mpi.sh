@@ -27,6 +27,21 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpi() { local n=$1; shift; "$mpirun" --oversubscribe -n "$n" "$hils" -q "$@"; }
 same() { /usr/bin/python3 "$here/compare_results.py" "$1" "$2"; }
 fail() { echo "FAIL: $*"; exit 1; }
+# acts.h5: three layers of T slots copied from one synthetic layer (layer 1 differs in one entry),
+# good.h5 a clean copy of it; poke L puts a NaN into one k entry of layer L.
+three_layer_activations() {
+  "$hils" -q dump synthetic -o acts.h5 -T "$1" --seed 7 --landmarks false
+  /usr/bin/python3 - <<'PY'
+import h5py
+with h5py.File("acts.h5", "r+") as f:
+    f.copy("layer0", "layer1")
+    f.copy("layer0", "layer2")
+    f["layer1/k"][0, 3, 0] = 0.25  # layers differ
+    f.attrs["n_layers"] = 3
+PY
+  cp acts.h5 good.h5
+}
+poke() { /usr/bin/python3 -c "import h5py; f = h5py.File('acts.h5', 'r+'); f['layer$1/k'][1, 100, 2] = float('nan')"; }
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 
 small=(--lengths 256 512 --n-layers 3 --queries 8 --mechanisms mean taylor_entropy)
@@ -74,18 +89,8 @@ if [[ $case_name == hybrid ]]; then
   done
 
   # Three layers of T = 4096 (a unit computes for a while; a NaN is found as its layer is
-  # read, at once); poke(L) puts a NaN into layer L.
-  "$hils" -q dump synthetic -o acts.h5 -T 4096 --seed 7 --landmarks false
-  /usr/bin/python3 - <<'PY'
-import h5py
-with h5py.File("acts.h5", "r+") as f:
-    f.copy("layer0", "layer1")
-    f.copy("layer0", "layer2")
-    f["layer1/k"][0, 3, 0] = 0.25  # layers differ
-    f.attrs["n_layers"] = 3
-PY
-  cp acts.h5 good.h5
-  poke() { /usr/bin/python3 -c "import h5py; f = h5py.File('acts.h5', 'r+'); f['layer$1/k'][1, 100, 2] = float('nan')"; }
+  # read, at once).
+  three_layer_activations 4096
   acts=(--source activations --activations acts.h5 --lengths 2048 4096 --n-layers 3 --queries 8
         --mechanisms mean taylor_entropy)
   "$hils" -q fidelity --out reference.h5 "${acts[@]}"
@@ -316,19 +321,8 @@ if [[ $case_name == interrupt ]]; then
 fi
 
 [[ $case_name == failing_rank ]] || fail "unknown case $case_name"
-# Three layers from one synthetic layer; poke(L, value) sets one k entry of layer L.
 # No landmark slots: the activation source's default geometry has none (S = 16, landmarks off).
-"$hils" -q dump synthetic -o acts.h5 -T 512 --seed 7 --landmarks false
-/usr/bin/python3 - <<'PY'
-import h5py
-with h5py.File("acts.h5", "r+") as f:
-    f.copy("layer0", "layer1")
-    f.copy("layer0", "layer2")
-    f["layer1/k"][0, 3, 0] = 0.25  # layers differ
-    f.attrs["n_layers"] = 3
-PY
-cp acts.h5 good.h5
-poke() { /usr/bin/python3 -c "import h5py; f = h5py.File('acts.h5', 'r+'); f['layer$1/k'][1, 100, 2] = float('nan')"; }
+three_layer_activations 512
 acts=(--source activations --activations acts.h5 "${small[@]}")
 "$hils" -q fidelity --out reference.h5 "${acts[@]}"
 
