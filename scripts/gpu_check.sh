@@ -7,11 +7,14 @@
 # --decode: only the decode step: its tests ("gpu decode*"), the `hils verify` dumps of one step
 # (gpu/bench/dump_decode_verify.py), gpu/bench/bench_decode.py and compute-sanitizer memcheck of
 # the tests (decode.log, decode.json in $OUT).
-# --python: only `pip install .` (scikit-build-core, no network), the pytest of PyTorch's
-# kernels judged by the hils package (tests/python/test_gpu_kernels.py) and, where
-# libhils_gpu_c.so is at hand ($HILS_GPU_LIB, else the build folder's, e.g. after --build-only),
-# hils.gpu.forward and hils.gpu.DecodeCache judged by it (tests/python/test_gpu_forward.py,
-# test_gpu_decode.py); logs in $OUT.
+# --python: only the Python package as a GPU user installs it: the wheel with the library
+# (`pip wheel -C cmake.define.HILS_BUILD_GPU=ON`: scikit-build-core compiles gpu/ with nvcc
+# beside the module; no network, no build isolation) installed into a fresh venv
+# ($HILS_GPU_BUILD/venv, which sees python3's own packages, torch among them), then, with
+# HILS_GPU_LIB unset (the library found in the installed package), the GPU pytests
+# tests/python/test_gpu_kernels.py, test_gpu_forward.py, test_gpu_decode.py and
+# test_gpu_module.py with test_decode_kernel_names.py; logs in $OUT. Needs nothing of
+# --build-only.
 # --quick: ctest only (no second full test report, no memcheck); --no-report: no second plain
 # run of the test binary, the tensor report is read from the memcheck run; --profile: Nsight Compute on the
 # window, select and fuse kernels at T = HILS_PROFILE_T (default 131072) into ncu.log.
@@ -50,37 +53,63 @@ for arg in "$@"; do
   esac
 done
 mkdir -p "$OUT" "$BUILD"
+OUT="$(cd "$OUT" && pwd)" BUILD="$(cd "$BUILD" && pwd)"  # --python runs its tests from $OUT
 if [ "$PYTHON" = 1 ]; then
-  # Eigen and nlohmann-json from $DEPS when carried (see gpu/NOTES.md), pybind11 from pip.
-  # The module is built by the system g++ (the compiler Python was built with): the GPU machine's
-  # CXX=/opt/gcc/bin/g++ wrapper links libstdc++ statically, and a module carrying its own
-  # libstdc++ inside a process that already loaded libstdc++.so.6 (numpy, torch) crashed in its
-  # first std::ostringstream (measured: SEGV in hils::describe, ldd showed no libstdc++.so.6).
-  [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CC=/usr/bin/gcc
-  PIP_ARGS=(--no-build-isolation --no-deps -C "cmake.define.pybind11_DIR=$(python3 -m pybind11 --cmakedir)")
+  # Eigen and nlohmann-json from $DEPS when carried (see gpu/NOTES.md), pybind11 and
+  # scikit-build-core from python3's own packages (--no-build-isolation: no network).
+  # The module and the .cu files' host code are compiled by the system g++ (the compiler Python
+  # was built with): the GPU machine's CXX=/opt/gcc/bin/g++ wrapper links libstdc++ statically,
+  # and a module carrying its own libstdc++ inside a process that already loaded libstdc++.so.6
+  # (numpy, torch) crashed in its first std::ostringstream (measured: SEGV in hils::describe,
+  # ldd showed no libstdc++.so.6).
+  [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CC=/usr/bin/gcc CUDAHOSTCXX=/usr/bin/g++
+  export CUDACXX="${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
+  export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+  # A fresh venv; python3's own site-packages (torch, pytest, pybind11, scikit-build-core) come
+  # after the venv's through a .pth file (python3 may itself be a venv, whose packages
+  # --system-site-packages would not reach), so the installed hils is the one imported.
+  VENV="$BUILD/venv"
+  rm -rf "$VENV" "$BUILD/dist"
+  python3 -m venv "$VENV" >"$OUT/venv.log" 2>&1 || { cat "$OUT/venv.log"; exit 3; }
+  PY="$VENV/bin/python"
+  python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
+    >"$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/base_site.pth"
+  PIP_ARGS=(--no-build-isolation --no-deps -C cmake.define.HILS_BUILD_GPU=ON
+            -C "cmake.define.HILS_CUDA_ARCHITECTURES=${HILS_CUDA_ARCHITECTURES:-90a}"
+            -C "cmake.define.pybind11_DIR=$("$PY" -m pybind11 --cmakedir)")
   [ -d "$DEPS/include" ] && PIP_ARGS+=(-C "cmake.define.CMAKE_PREFIX_PATH=$DEPS"
                                        -C "cmake.define.Eigen3_DIR=$DEPS/share/eigen3/cmake")
-  echo "== pip install . (hils Python package)"
-  python3 -m pip install -v "${PIP_ARGS[@]}" "$ROOT" >"$OUT/pip.log" 2>&1 || { tail -n 20 "$OUT/pip.log"; exit 3; }
+  echo "== pip wheel -C cmake.define.HILS_BUILD_GPU=ON (hils with libhils_gpu_c.so), into $VENV"
+  start=$SECONDS
+  "$PY" -m pip wheel -v -w "$BUILD/dist" "${PIP_ARGS[@]}" "$ROOT" >"$OUT/pip.log" 2>&1 \
+    || { tail -n 20 "$OUT/pip.log"; exit 3; }
+  echo "wheel built in $((SECONDS - start)) s: $(cd "$BUILD/dist" && ls hils-*.whl)"
+  "$PY" -m pip install --no-deps "$BUILD"/dist/hils-*.whl >>"$OUT/pip.log" 2>&1 \
+    || { tail -n 20 "$OUT/pip.log"; exit 3; }
   tail -n 1 "$OUT/pip.log"
-  echo "== pytest tests/python/test_gpu_kernels.py"
+  cd "$OUT"  # not the checkout: `import hils` must find the installed package
+  # The library the tests will use: the installed package's, or stop here.
+  env -u HILS_GPU_LIB "$PY" -c "import hils.gpu, os; lib = hils.gpu.find_library(); print('library:', lib)
+assert os.path.dirname(lib) == os.path.dirname(hils.__file__), 'not the installed package copy'" \
+    || { echo "the installed package has no libhils_gpu_c.so"; exit 3; }
+  # The four pytest processes at once (test_gpu_decode.py, the longest, ~100 s on an H100).
+  PYTEST_GROUPS=(test_gpu_kernels test_gpu_forward test_gpu_decode "test_gpu_module test_decode_kernel_names")
+  pids=()
+  for group in "${PYTEST_GROUPS[@]}"; do
+    files=()
+    for f in $group; do files+=("$ROOT/tests/python/$f.py"); done
+    env -u HILS_GPU_LIB OMP_NUM_THREADS=2 "$PY" -m pytest -s -rA -p no:cacheprovider "${files[@]}" \
+      >"$OUT/pytest_${group%% *}.log" 2>&1 &
+    pids+=($!)
+  done
   status=0
-  ( cd "$OUT" && python3 -m pytest -s -rA -p no:cacheprovider "$ROOT/tests/python/test_gpu_kernels.py" ) \
-    >"$OUT/pytest_gpu.log" 2>&1 || status=1
-  grep -E "^HEADROOM|PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$OUT/pytest_gpu.log" || true
-  LIB="${HILS_GPU_LIB:-$BUILD/gpu/libhils_gpu_c.so}"
-  if [ -f "$LIB" ]; then
-    echo "== pytest tests/python/test_gpu_forward.py (HILS_GPU_LIB=$LIB)"
-    ( cd "$OUT" && HILS_GPU_LIB="$LIB" python3 -m pytest -s -rA -p no:cacheprovider \
-        "$ROOT/tests/python/test_gpu_forward.py" ) >"$OUT/pytest_gpu_forward.log" 2>&1 || status=1
-    grep -E "^HEADROOM|PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$OUT/pytest_gpu_forward.log" || true
-    echo "== pytest tests/python/test_gpu_decode.py (HILS_GPU_LIB=$LIB; ~100 s on an H100)"
-    ( cd "$OUT" && HILS_GPU_LIB="$LIB" python3 -m pytest -s -rA -p no:cacheprovider \
-        "$ROOT/tests/python/test_gpu_decode.py" ) >"$OUT/pytest_gpu_decode.log" 2>&1 || status=1
-    grep -E "^HEADROOM|PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$OUT/pytest_gpu_decode.log" || true
-  else
-    echo "no $LIB: tests/python/test_gpu_forward.py not run (build it first with --build-only, or set HILS_GPU_LIB)"
-  fi
+  start=$SECONDS
+  for i in "${!PYTEST_GROUPS[@]}"; do
+    wait "${pids[$i]}" || status=1
+    echo "== pytest ${PYTEST_GROUPS[$i]} (HILS_GPU_LIB unset)"
+    grep -E "^HEADROOM|PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$OUT/pytest_${PYTEST_GROUPS[$i]%% *}.log" || true
+  done
+  echo "pytests done in $((SECONDS - start)) s (status $status)"
   exit $status
 fi
 NVCC="${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"

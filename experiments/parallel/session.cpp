@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -27,6 +28,24 @@ bool launched_by_mpi() {
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"})
     if (std::getenv(name)) return true;
   return false;
+}
+
+// Whether OMP_NUM_THREADS sets the threads: a positive number first (OpenMP reads "8" or
+// "8,2", its first level, and ignores "", "0" or "four" with a warning, using every core as if
+// it were unset; counting those as set gave each worker rank the node's cores, not its share).
+bool omp_num_threads_given() {
+  const char* value = std::getenv("OMP_NUM_THREADS");
+  if (!value) return false;
+  const std::string text(value);
+  const size_t begin = text.find_first_not_of(" \t");
+  if (begin == std::string::npos) return false;
+  size_t end = begin;
+  while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+  const std::string rest = text.substr(end);
+  const size_t after = rest.find_first_not_of(" \t");
+  const bool digits_then_end_or_list = after == std::string::npos || rest[after] == ',';
+  return end > begin && digits_then_end_or_list &&
+         text.substr(begin, end - begin).find_first_not_of('0') != std::string::npos;
 }
 
 }  // namespace
@@ -98,7 +117,7 @@ int default_jobs() { return rank_threads(); }
 
 int rank_threads() {
   const int threads = std::max(1, omp_get_max_threads());
-  if (ranks() == 1 || std::getenv("OMP_NUM_THREADS")) return threads;
+  if (ranks() == 1 || omp_num_threads_given()) return threads;
   // Unset, OpenMP counts the cores this rank may run on: all of the node's when mpirun binds
   // it to none (its share is theirs divided among the node's computing ranks), else those it
   // is bound to (its share already).

@@ -87,8 +87,9 @@ int use_jobs(std::optional<int64_t> jobs);
 // The default of --jobs here: one unit per OpenMP thread of this process (rank_threads()).
 int default_jobs();
 // The OpenMP threads this process uses: OMP_NUM_THREADS, else every core it may run on; under
-// mpirun without OMP_NUM_THREADS, a rank not bound to fewer cores than the node has takes its
-// share of them (the node's cores divided among its ranks that compute, rank 0 not counted).
+// mpirun without OMP_NUM_THREADS (or with a value OpenMP ignores: "", "0", "four"), a rank not
+// bound to fewer cores than the node has takes its share of them (the node's cores divided
+// among its ranks that compute, rank 0 not counted).
 int rank_threads();
 // Whether this process holds the results (true without a session).
 bool holds_results();

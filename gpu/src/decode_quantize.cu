@@ -18,13 +18,25 @@ namespace hils::gpu {
 namespace detail {
 namespace {
 
-// The largest |x[i]| of a row of d values, read by one warp's lanes (each lane gets it): the
-// fp8 and int4 quantizers' row maximum (int4_h's also tracks finiteness: its own loop).
-__device__ __forceinline__ float warp_row_amax(const float* x, int64_t d, int lane) {
+// The largest |x[i]| of a row of d values, read by one warp's lanes (each lane gets it), and
+// whether every x[i] is finite: the fp8 and int4 quantizers' row maximum (int4_h's own loop
+// refuses a non-finite row).
+struct RowAmax {
+  float amax;
+  bool finite;
+};
+__device__ __forceinline__ RowAmax warp_row_amax(const float* x, int64_t d, int lane) {
   float amax = 0.0f;
-  for (int64_t i = lane; i < d; i += kWarp) amax = fmaxf(amax, fabsf(x[i]));
-  return warp_max(amax);
+  bool finite = true;
+  for (int64_t i = lane; i < d; i += kWarp) amax = fmaxf(amax, fabsf(x[i])), finite &= isfinite(x[i]);
+  return {warp_max(amax), __all_sync(0xffffffffu, finite) != 0};
 }
+
+// A row with a NaN or an infinity is stored marked, not refused (refusing would need the host to
+// read a flag back, a synchronisation per append): its scale NaN and its codes those of 0, so
+// that every score the step makes from it is NaN and the step's outputs for its KV group are NaN
+// (decode.hpp quantize_summaries_fp8; gpu/NOTES.md "Non-finite summary rows (session 22)").
+constexpr float kMarkedRowScale = kNaN;
 
 // ---- fp8 summaries: a warp per row ----------------------------------------------------------
 // The row's power-of-two scale s (the smallest with amax / s <= 448) and e4m3(k' / s).
@@ -34,9 +46,15 @@ __global__ void quantize_fp8_kernel(const float* key, int64_t rows, int64_t d,
   if (row >= rows) return;
   const int lane = threadIdx.x % kWarp;
   const float* x = key + row * d;
-  const float amax = warp_row_amax(x, d, lane);
+  const RowAmax row_max = warp_row_amax(x, d, lane);
+  if (!row_max.finite) {
+    for (int64_t i = lane; i < d; i += kWarp) out[row * d + i] = 0;
+    if (lane == 0) scale[row] = kMarkedRowScale;
+    return;
+  }
+  const float amax = row_max.amax;
   float s = 1.0f;
-  if (amax > 0.0f && isfinite(amax)) {
+  if (amax > 0.0f) {
     int e = 0;
     frexpf(amax / 448.0f, &e);  // amax / 448 in [2^(e-1), 2^e)
     s = ldexpf(1.0f, e);
@@ -57,12 +75,18 @@ __global__ void quantize_int4_kernel(const float* key, int64_t rows, int64_t d, 
   if (row >= rows) return;
   const int lane = threadIdx.x % kWarp;
   const float* x = key + row * d;
-  const float amax = warp_row_amax(x, d, lane);
-  float s = amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, 7.0f) : 1.0f;
+  const RowAmax row_max = warp_row_amax(x, d, lane);
+  if (!row_max.finite) {
+    for (int64_t j = lane; j < d / 2; j += kWarp) out[row * (d / 2) + j] = 0x88;  // codes 0
+    if (lane == 0) scale[row] = kMarkedRowScale;
+    return;
+  }
+  const float amax = row_max.amax;
+  float s = amax > 0.0f ? __fdiv_rn(amax, 7.0f) : 1.0f;
   if (s == 0.0f) s = 1.0f;
   auto code = [s](float v) {
     const float ratio = __fdiv_rn(v, s);
-    const int n = isnan(ratio) ? 0 : min(7, max(-7, __float2int_rn(fminf(fmaxf(ratio, -8.0f), 8.0f))));
+    const int n = min(7, max(-7, __float2int_rn(fminf(fmaxf(ratio, -8.0f), 8.0f))));
     return static_cast<uint32_t>(n + 8);
   };
   for (int64_t j = lane; j < d / 2; j += kWarp)

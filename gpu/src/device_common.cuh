@@ -18,6 +18,7 @@ constexpr int kWarpsPerBlock = 4;
 constexpr int kDimRegs = 8;
 constexpr int kMaxDim = kWarp * kDimRegs;
 constexpr float kNegInf = -__builtin_huge_valf();
+constexpr float kNaN = __builtin_nanf("");
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -161,7 +161,8 @@ class Verifier:
                 _text(score_precision, "score_precision",
                       '"fp32", "bf16", "fp8_e4m3", "int4" or "int4_h"'),
                 _text(bf16_rounding, "bf16_rounding", '"detect", "any", "nearest" or "toward_zero"'),
-                queries, min(int(max_messages), 2**62))  # more than there are = all
+                queries, min(int(max_messages), 2**62),  # more than there are = all
+                batch.size)  # the memory checks give each sequence its share (all are kept)
         self._batch = batch
         self._cores = [_per_sequence(batch, b, lambda: _core_module().Verifier(
                            spec_json, batch.inputs[b], *rest))
@@ -311,7 +312,7 @@ def reference(spec, q, k, v, *, layout="hsd", lse_layout=None, q_retrieval=None,
     spec_json, queries = _spec_json(spec), _queries(queries)
     batch = _layouts.Batch(layout, _inputs(q, k, v, q_retrieval, prior), queries)
     lse_layout = _layouts.lse_layout_of(lse_layout, batch.layout)
-    parts = [_per_sequence(batch, b, lambda: _core_module().reference(spec_json, batch.inputs[b],
-                                                                      queries))
+    parts = [_per_sequence(batch, b, lambda: _core_module().reference(
+                 spec_json, batch.inputs[b], queries, batch.size))  # as Verifier's: all kept
              for b in range(batch.size)]
     return batch.join(parts, lse_layout)

@@ -282,6 +282,12 @@ class BatchReport:
     def __len__(self):
         return len(self.reports)
 
+    def __bool__(self):
+        # Without it `assert hils.verify(...)` held for a failing batch (its length is B > 0).
+        raise TypeError("hils.BatchReport: the truth value of a report is ambiguous (a failing "
+                        "report is not false): use report.passed, or "
+                        "hils.testing.assert_kernel_matches")
+
     def __getitem__(self, b):
         return self.reports[b]
 
@@ -305,18 +311,26 @@ class BatchReport:
 
 
 def _summary(report):
-    """One sequence's verdict in a line: the worst headroom and the selection's rows."""
+    """One sequence's verdict in a line: the worst headroom and the selection's rows, and for a
+    failure these numbers do not show (a NaN, a wrong shape, a malformed selection row, where
+    the headroom stays below 1 and no row differs) the first problem the report names."""
     parts = []
     tensors = report.tensors
+    untold = [t.problems[0] for t in tensors.values()
+              if not t.passed and not t.headroom > 1 and t.problems]
+    selection = report.selection
+    if selection.compared and not selection.passed and not selection.rows_differing:
+        untold[:0] = selection.problems[:1]
     finite = {name: t.headroom for name, t in tensors.items() if np.isfinite(t.headroom)}
     if finite:
         name = max(finite, key=finite.get)
         parts.append(f"worst headroom {finite[name]:.3g} ({name})")
-    selection = report.selection
     if selection.compared:
         parts.append(f"selection {selection.rows_differing} of {selection.rows} rows differ")
     failing = [n for n, t in tensors.items() if not t.passed]
     if selection.compared and not selection.passed:
         failing.insert(0, "selection")
     verdict = "PASS" if report.passed else f"FAIL ({', '.join(failing) or 'see below'})"
+    if untold:
+        verdict += f"  {untold[0]};"
     return verdict + ("  " + ", ".join(parts) if parts else "")

@@ -60,10 +60,13 @@ void require_dims(const std::string& name, const py::array& a, const ArrayShape&
   for (size_t i = 0; ok && i < shape.dims.size(); ++i)
     ok = shape.dims[i] < 0 || a.shape(static_cast<py::ssize_t>(i)) == shape.dims[i];
   if (ok) return;
-  // One axis too many: a batch axis, most likely (the oracle judges one sequence per call).
+  // One axis too many: a batch axis, most likely. Only layout "hsd" reaches here with one
+  // (hils/layouts.py checks the rank of every other layout's tensors first).
   std::string axes = shape.axes;
   if (a.ndim() == static_cast<py::ssize_t>(shape.dims.size()) + 1 && !axes.empty() && axes.back() == ')')
-    axes.insert(axes.size() - 1, "; one sequence per call, no batch axis: pass x[b]");
+    axes.insert(axes.size() - 1,
+                "; one sequence in layout \"hsd\", the default: pass x[b], or the batch with "
+                "layout=\"bhsd\" or \"bshd\"");
   throw py::value_error(message(
       name,
       "rank " + std::to_string(shape.dims.size()) + " shape " + expected_dims_text(shape.dims) + " " + axes,

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <csignal>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,6 +20,7 @@
 #include "config/spec_codec.hpp"
 #include "hils/analysis/oracle.hpp"
 #include "hils/hils.hpp"
+#include "hils/memory.hpp"
 #include "hils/threads.hpp"
 
 namespace hils::python {
@@ -220,6 +222,12 @@ std::vector<int64_t> queries_from(const py::object& queries) {
   return queries.is_none() ? std::vector<int64_t>{} : int64s_from_array("queries", queries);
 }
 
+// A batch's B (hils/layouts.py: one oracle or reference per sequence, all held until the
+// call returns) -> the memory share of each (hils/memory.hpp, SequencesAtOnce).
+int sequences_at_once(int64_t sequences) {
+  return static_cast<int>(std::clamp<int64_t>(sequences, 1, std::numeric_limits<int>::max()));
+}
+
 // A kernel's arrays converted and checked (names, dtypes, do/dlse values) for the oracle. hils.verify
 // builds it before the reference runs, so that a bad output is reported at once, not after it.
 struct KernelArrays {
@@ -238,7 +246,8 @@ class Verifier {
  public:
   Verifier(const std::string& spec_text, const py::dict& inputs, const std::string& input_precision,
            const std::string& score_precision, const std::string& bf16_rounding,
-           const py::object& queries, int64_t max_messages) {
+           const py::object& queries, int64_t max_messages, int64_t sequences) {
+    const SequencesAtOnce share(sequences_at_once(sequences));  // a batch's oracles, all kept
     const MechanismSpec spec = spec_from_text(spec_text);
     oracle::VerifyOptions options;
     options.precision = oracle::parse_input_precision(input_precision, "input_precision");
@@ -288,7 +297,9 @@ void add_summaries(const MechanismSpec& spec, const AttentionInputs<double>& in,
 }
 
 // hils.reference's engine: the double reference run -> dict of float64 (selection: int64) arrays.
-py::dict reference(const std::string& spec_text, const py::dict& inputs, const py::object& queries) {
+py::dict reference(const std::string& spec_text, const py::dict& inputs, const py::object& queries,
+                   int64_t sequences) {
+  const SequencesAtOnce share(sequences_at_once(sequences));  // a batch's references, all kept
   const MechanismSpec spec = spec_from_text(spec_text);
   const AttentionInputs<double> in = inputs_from_dict(inputs);
   RunOptions options;
@@ -412,6 +423,12 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("not_compared", [](const Report& r) { return r.verdict.not_compared; },
                              "what was given but not compared (e.g. do without gradients)")
       .def("__str__", [](const Report& r) { return r.verdict.report(); })
+      // `assert hils.verify(...)` held for a failing kernel (any object is true): refused.
+      .def("__bool__", [](const Report&) -> bool {
+        throw py::type_error(
+            "hils.Report: the truth value of a report is ambiguous (a failing report is not "
+            "false): use report.passed, or hils.testing.assert_kernel_matches");
+      })
       .def("__repr__", [](const Report& r) {
         std::string text = "<hils.Report " + std::string(verdict_text(r.verdict.passed));
         if (!r.kernel.empty()) text += " kernel '" + r.kernel + "'";
@@ -422,15 +439,16 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<Verifier>(m, "Verifier", "The oracle for one problem (use hils.Verifier).")
       .def(py::init<const std::string&, const py::dict&, const std::string&, const std::string&,
-                    const std::string&, const py::object&, int64_t>(),
+                    const std::string&, const py::object&, int64_t, int64_t>(),
            py::arg("spec_json"), py::arg("inputs"), py::arg("input_precision"),
            py::arg("score_precision"), py::arg("bf16_rounding"), py::arg("queries"),
-           py::arg("max_messages"))
+           py::arg("max_messages"), py::arg("sequences"))
       .def("verify", &Verifier::verify, py::arg("arrays"), py::arg("kernel"));
   py::class_<KernelArrays>(m, "KernelArrays", "A kernel's arrays, checked (use hils.Verifier.verify).")
       .def(py::init<const py::dict&, const py::object&, const py::object&, const py::dict&>(),
            py::arg("outputs"), py::arg("do"), py::arg("dlse"), py::arg("grads"));
-  m.def("reference", &reference, py::arg("spec_json"), py::arg("inputs"), py::arg("queries"));
+  m.def("reference", &reference, py::arg("spec_json"), py::arg("inputs"), py::arg("queries"),
+        py::arg("sequences"));
   // The kernel outputs hils.verify judges (oracle::kOutputTensors), in pipeline order: the tests
   // hold hils.layouts and data/verify_format.md against it.
   m.attr("output_names") = py::tuple(py::cast(oracle::output_names()));

@@ -36,12 +36,19 @@ double cgroup_limit() {
 int g_sharing = 1;  // set_processes_sharing_memory
 // set_units_at_once; atomic: units on several threads read it (through memory_limit()).
 std::atomic<int> g_units_at_once{1};
+thread_local int t_sequences = 1;  // SequencesAtOnce
 
 }  // namespace
 
 void set_processes_sharing_memory(int processes) { g_sharing = processes > 1 ? processes : 1; }
 
 void set_units_at_once(int units) { g_units_at_once.store(units > 1 ? units : 1); }
+
+SequencesAtOnce::SequencesAtOnce(int sequences) : previous_(t_sequences) {
+  t_sequences = sequences > 1 ? sequences : 1;
+}
+
+SequencesAtOnce::~SequencesAtOnce() { t_sequences = previous_; }
 
 std::string bytes_text(double bytes) {
   const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
@@ -82,6 +89,11 @@ MemoryLimit memory_limit() {
     if (units > 1)
       limit.text += " shared by " + std::to_string(g_units_at_once.load()) +
                     " units computed at once (--jobs; " + bytes_text(limit.bytes) + " each)";
+  }
+  if (t_sequences > 1) {
+    limit.bytes /= t_sequences;
+    limit.text += " shared by the " + std::to_string(t_sequences) +
+                  " sequences of a batch held at once (" + bytes_text(limit.bytes) + " each)";
   }
   return limit;
 }

@@ -16,7 +16,8 @@
 #   hybrid:       --jobs N under mpirun (N units at once per worker rank): the one-process file
 #                 under -n 2 --jobs 3 and -n 3 --jobs 2; a failing unit ends the job named, the
 #                 checkpoint holding exactly the units before it; that checkpoint resumes in one
-#                 process, and one process's checkpoint resumes under -n 2 --jobs 3.
+#                 process, and one process's checkpoint resumes under -n 2 --jobs 3; an
+#                 OMP_NUM_THREADS that OpenMP ignores leaves the default --jobs as unset.
 # usage: test_mpi.sh CASE HILS MPIRUN WORKDIR
 set -euo pipefail
 case_name=$1 hils=$2 mpirun=$3 work=$4
@@ -26,6 +27,21 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpi() { local n=$1; shift; "$mpirun" --oversubscribe -n "$n" "$hils" -q "$@"; }
 same() { /usr/bin/python3 "$here/compare_results.py" "$1" "$2"; }
 fail() { echo "FAIL: $*"; exit 1; }
+# acts.h5: three layers of T slots copied from one synthetic layer (layer 1 differs in one entry),
+# good.h5 a clean copy of it; poke L puts a NaN into one k entry of layer L.
+three_layer_activations() {
+  "$hils" -q dump synthetic -o acts.h5 -T "$1" --seed 7 --landmarks false
+  /usr/bin/python3 - <<'PY'
+import h5py
+with h5py.File("acts.h5", "r+") as f:
+    f.copy("layer0", "layer1")
+    f.copy("layer0", "layer2")
+    f["layer1/k"][0, 3, 0] = 0.25  # layers differ
+    f.attrs["n_layers"] = 3
+PY
+  cp acts.h5 good.h5
+}
+poke() { /usr/bin/python3 -c "import h5py; f = h5py.File('acts.h5', 'r+'); f['layer$1/k'][1, 100, 2] = float('nan')"; }
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 
 small=(--lengths 256 512 --n-layers 3 --queries 8 --mechanisms mean taylor_entropy)
@@ -59,19 +75,22 @@ if [[ $case_name == hybrid ]]; then
   mpi 3 overlap --out overlap_3x2.h5 --lengths 256 512 --n-layers 2 --W 128 --jobs 2
   same overlap_1.h5 overlap_3x2.h5
 
+  # The default --jobs (--help shows rank 0's) under an OMP_NUM_THREADS that OpenMP ignores
+  # (with a warning, using every core) is the default without it: the rank's share of its
+  # node's cores. Before (audit, session 22) "", "0" and "four" counted as set: 2 here on 2
+  # cores (each of 2 workers took both cores) against 1 without it.
+  default_jobs() { env "$@" "$mpirun" --oversubscribe --bind-to none -n 3 "$hils" fidelity --help 2>/dev/null |
+                     grep -o 'one per thread, [0-9]* here'; }
+  unset_default=$(default_jobs -u OMP_NUM_THREADS)
+  [[ -n $unset_default ]] || fail "fidelity --help under mpirun shows no default --jobs"
+  for value in "" 0 four; do
+    got=$(default_jobs OMP_NUM_THREADS="$value")
+    [[ $got == "$unset_default" ]] || fail "OMP_NUM_THREADS='$value' under mpirun: '$got', expected '$unset_default' (as unset)"
+  done
+
   # Three layers of T = 4096 (a unit computes for a while; a NaN is found as its layer is
-  # read, at once); poke(L) puts a NaN into layer L.
-  "$hils" -q dump synthetic -o acts.h5 -T 4096 --seed 7 --landmarks false
-  /usr/bin/python3 - <<'PY'
-import h5py
-with h5py.File("acts.h5", "r+") as f:
-    f.copy("layer0", "layer1")
-    f.copy("layer0", "layer2")
-    f["layer1/k"][0, 3, 0] = 0.25  # layers differ
-    f.attrs["n_layers"] = 3
-PY
-  cp acts.h5 good.h5
-  poke() { /usr/bin/python3 -c "import h5py; f = h5py.File('acts.h5', 'r+'); f['layer$1/k'][1, 100, 2] = float('nan')"; }
+  # read, at once).
+  three_layer_activations 4096
   acts=(--source activations --activations acts.h5 --lengths 2048 4096 --n-layers 3 --queries 8
         --mechanisms mean taylor_entropy)
   "$hils" -q fidelity --out reference.h5 "${acts[@]}"
@@ -233,9 +252,11 @@ fi
 if [[ $case_name == interrupt ]]; then
   # Background jobs must not ignore SIGINT (bash sets SIG_IGN for them without job control).
   set -m
-  # 32 small units: Ctrl-C reaches the ranks (as mpirun's SIGTERM) a second after the first
-  # unit is written, with most of the run still to go.
-  args=(--lengths 2048 4096 --n-layers 8 --queries 16 --W 256)
+  # 97 small units (about 5 s on 2 cores): Ctrl-C reaches the ranks (as mpirun's SIGTERM) a
+  # second after the first unit is written, with most of the run still to go. (With 8 layers,
+  # 33 units, the rest of the run took about 1 s on 2 cores: it was often complete before the
+  # SIGTERM came, failing 1 run in 3 with "ctrl_c.h5 keeps 33 units, expected 1..31".)
+  args=(--lengths 2048 4096 --n-layers 24 --queries 16 --W 256)
   "$hils" -q fidelity --out whole.h5 "${args[@]}"
   # Starts `mpirun -n 3 hils fidelity --out $1`; once $1 exists (its first unit is written)
   # sends SIGINT to $2 (mpirun: what Ctrl-C in a terminal reaches, as each rank is a process
@@ -261,8 +282,8 @@ if [[ $case_name == interrupt ]]; then
   children() { cat /proc/"$1"/task/*/children 2> /dev/null || true; }
   kept() { /usr/bin/python3 -c "import h5py, json; print(len(json.loads(h5py.File('$1', 'r').attrs['complete_units'])))"; }
   check_left() {  # FILE SIGNAL: rank 0's one line, the file whole and nothing beside it
-    local n; n=$(kept "$1")
-    (( n >= 1 && n < 32 )) || fail "$1 keeps $n units, expected 1..31"
+    local n total; n=$(kept "$1") total=$(kept whole.h5)
+    (( n >= 1 && n < total )) || fail "$1 keeps $n units, expected 1..$((total - 1))"
     grep -qx "hils: interrupted by $2: $1 keeps $n complete units\{0,1\} (work on unfinished units is dropped); run the same command again to continue from them" err.txt ||
       fail "rank 0's line is missing or wrong"
     [[ $(grep -c "hils:" err.txt) == 1 ]] || fail "expected one line (rank 0's), got: $(cat err.txt)"
@@ -300,19 +321,8 @@ if [[ $case_name == interrupt ]]; then
 fi
 
 [[ $case_name == failing_rank ]] || fail "unknown case $case_name"
-# Three layers from one synthetic layer; poke(L, value) sets one k entry of layer L.
 # No landmark slots: the activation source's default geometry has none (S = 16, landmarks off).
-"$hils" -q dump synthetic -o acts.h5 -T 512 --seed 7 --landmarks false
-/usr/bin/python3 - <<'PY'
-import h5py
-with h5py.File("acts.h5", "r+") as f:
-    f.copy("layer0", "layer1")
-    f.copy("layer0", "layer2")
-    f["layer1/k"][0, 3, 0] = 0.25  # layers differ
-    f.attrs["n_layers"] = 3
-PY
-cp acts.h5 good.h5
-poke() { /usr/bin/python3 -c "import h5py; f = h5py.File('acts.h5', 'r+'); f['layer$1/k'][1, 100, 2] = float('nan')"; }
+three_layer_activations 512
 acts=(--source activations --activations acts.h5 "${small[@]}")
 "$hils" -q fidelity --out reference.h5 "${acts[@]}"
 

@@ -21,7 +21,9 @@
 // quantizer's pairs checked bit for bit (a b' in bf16 or e4m3 fails that), and with fp8 or int4
 // d39's bits. The versions
 // removed in session 17 are refused by code, naming them (gpu/NOTES.md "Kernels removed in
-// session 17").
+// session 17"). A non-finite summary row is stored marked by the fp8 and int4 quantizers and
+// gives its KV group NaN o and lse, every other group its bits (gpu/NOTES.md "Non-finite
+// summary rows (session 22)").
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
@@ -29,6 +31,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <sstream>
 #include <stdexcept>
@@ -255,14 +258,20 @@ void prefill_summaries(const MechanismSpec& spec, const AttentionInputs<double>&
   for (auto& v : gt::head_vectors_of(b, in.Hq(), nc)) bias.push_back(v);
 }
 
+// Changes the prefill's fp32 summaries [B * Hq] before they are stored (a non-finite row).
+using SummaryTamper = std::function<void(std::vector<Matrix<double>>& key)>;
+
 // One decode call over `seqs` (same shapes); returns the oracle's verdict per sequence. `bytes`
 // (when given) receives the bytes of every output (o, lse, o_window, lse_window, selection,
-// surrogate, fusion_weights), for kernels that must agree bit for bit.
+// surrogate, fusion_weights), for kernels that must agree bit for bit. `tamper` (when given)
+// changes the summaries before they are stored; nothing is then judged (no verdicts), only the
+// buffers' guards checked.
 std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
                                                const std::vector<AttentionInputs<double>>& seqs,
                                                std::vector<hils::IndexMatrix>* selections,
                                                const Variant& variant = kFusedBf16,
-                                               std::vector<unsigned char>* bytes = nullptr) {
+                                               std::vector<unsigned char>* bytes = nullptr,
+                                               const SummaryTamper& tamper = nullptr) {
   const auto& first = seqs.front();
   const int64_t B = seqs.size(), T = first.T(), Hq = first.Hq(), Hkv = first.Hkv();
   const int64_t d = first.d(), dv = first.dv(), nc = T / spec.S, K = spec.K;
@@ -276,6 +285,7 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
       qr.push_back(m);
     prefill_summaries(spec, s, key, bias);
   }
+  if (tamper) tamper(key);
   // The cache's summaries are bf16 or fp8 e4m3 x row scale (what the oracle sees too); biases
   // stay fp32. The summary fp32 values are floats already (the prefill's output).
   const bool fp8 = variant.summary == hils::gpu::SummaryType::fp8_e4m3;
@@ -343,6 +353,11 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
       const auto host = buffer->download();
       bytes->insert(bytes->end(), host.begin(), host.end());
     }
+  }
+  if (tamper) {
+    for (const auto& problem : damage) std::cout << "GUARD: " << problem << "\n";
+    CHECK(damage.empty());
+    return {};
   }
   if (quantize_mismatches > 0)
     damage.push_back(std::string(int4h  ? "quantize_summaries_int4h"
@@ -871,4 +886,133 @@ TEST_CASE("gpu decode int4_h: refused rows and kernels", "[gpu]") {
                                          std::to_string(static_cast<int>(kernel)));
     }
   }
+}
+
+// A row with a NaN or an infinity is stored marked by the fp8 and int4 quantizers (scale NaN,
+// the codes of 0), without a synchronisation; the finite rows beside it get the bits they get
+// alone (gpu/NOTES.md "Non-finite summary rows (session 22)"). Main before session 22 stored
+// such rows with a finite scale (fp8: Inf as 448 x s, NaN kept; int4: NaN as code 0).
+TEST_CASE("gpu decode fp8 and int4 quantizers mark a non-finite row", "[gpu]") {
+  constexpr int64_t d = 4;
+  const std::vector<float> good{1.0f, -2.0f, 0.5f, 3.0f}, other{0.25f, 7.0f, -1.5f, 0.0f};
+  struct Stored {
+    std::vector<unsigned char> codes;
+    std::vector<float> scale;
+  };
+  auto quantize = [&](bool int4, const std::vector<float>& key) {
+    const int64_t rows = static_cast<int64_t>(key.size()) / d;
+    Matrix<double> k(rows, d);
+    for (int64_t i = 0; i < rows * d; ++i) k(i / d, i % d) = key[i];
+    auto key_dev = gt::upload(gt::pack_heads({k}, DType::f32));
+    const int64_t row_bytes = int4 ? d / 2 : d;
+    gt::GuardedBuffer codes(rows * row_bytes), scale(rows * 4);
+    if (int4)
+      hils::gpu::quantize_summaries_int4(key_dev.as<float>(), rows, d, codes.data(), scale.as<float>());
+    else
+      hils::gpu::quantize_summaries_fp8(key_dev.as<float>(), rows, d, codes.data(), scale.as<float>());
+    gt::check_cuda(cudaDeviceSynchronize(), "quantize");
+    CHECK(codes.guard_damage("codes").empty());
+    CHECK(scale.guard_damage("scale").empty());
+    Stored out{codes.download(), std::vector<float>(rows)};
+    const auto s = scale.download();
+    std::memcpy(out.scale.data(), s.data(), rows * 4);
+    return out;
+  };
+  for (const bool int4 : {false, true}) {
+    const int64_t row_bytes = int4 ? d / 2 : d;
+    const unsigned char zero_code = int4 ? 0x88 : 0x00;
+    const Stored alone = quantize(int4, [&] { auto v = good; v.insert(v.end(), other.begin(), other.end()); return v; }());
+    for (const float bad : {NAN, INFINITY, -INFINITY}) {
+      for (int64_t at = 0; at < d; ++at) {
+        INFO((int4 ? "int4" : "fp8") << " value " << bad << " at " << at);
+        std::vector<float> key = good;
+        std::vector<float> poisoned = other;
+        poisoned[at] = bad;
+        key.insert(key.end(), poisoned.begin(), poisoned.end());
+        key.insert(key.end(), other.begin(), other.end());
+        const Stored got = quantize(int4, key);
+        CHECK(std::isnan(got.scale[1]));
+        for (int64_t i = 0; i < row_bytes; ++i) CHECK(static_cast<int>(got.codes[row_bytes + i]) == zero_code);
+        // rows 0 and 2: the bits of the same rows without the marked one between them
+        CHECK(got.scale[0] == alone.scale[0]);
+        CHECK(got.scale[2] == alone.scale[1]);
+        for (int64_t i = 0; i < row_bytes; ++i) {
+          CHECK(got.codes[i] == alone.codes[i]);
+          CHECK(got.codes[2 * row_bytes + i] == alone.codes[row_bytes + i]);
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
+// o, lse and selection of one step from the bytes decode_and_verify returns (o, lse, o_window,
+// lse_window, selection, ...).
+struct StepOutputs {
+  std::vector<float> o, lse;
+  std::vector<int32_t> selection;
+};
+StepOutputs step_outputs(const std::vector<unsigned char>& bytes, int64_t B, int64_t Hq,
+                         int64_t Hkv, int64_t dv, int64_t K) {
+  StepOutputs out{std::vector<float>(B * Hq * dv), std::vector<float>(B * Hq),
+                  std::vector<int32_t>(B * Hkv * K)};
+  const unsigned char* at = bytes.data();
+  std::memcpy(out.o.data(), at, out.o.size() * 4);
+  std::memcpy(out.lse.data(), at + out.o.size() * 4, out.lse.size() * 4);
+  const size_t selection_at = 2 * (out.o.size() + out.lse.size()) * 4;  // after o_window, lse_window
+  std::memcpy(out.selection.data(), at + selection_at, out.selection.size() * 4);
+  return out;
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
+
+}  // namespace
+
+// One summary row (sequence 1, the first head of KV group 1, chunk 3) made NaN or infinite in one
+// value before it is stored: every head of that group of that sequence gets NaN o and lse (its
+// selection ranked a NaN score: no output of it is plausible), and every other head and group
+// the bits of the untouched cache, o, lse and selection (gpu/NOTES.md "Non-finite summary rows
+// (session 22)"). Every kept kernel, bf16, fp8 and int4 rows, K below and above the 809
+// candidates; int4_h refuses such a row (test "gpu decode int4_h: refused rows and kernels").
+TEST_CASE("gpu decode with a non-finite summary row gives its group NaN outputs", "[gpu]") {
+  const Case c{"decode_d64_four_tiles", 3300, 4, 64, 8, 4, 2, 64, 64, true, 1.0};
+  const std::vector<AttentionInputs<double>> seqs{
+      hils::cases::make_inputs<double>(c), hils::cases::make_inputs<double>(c, kSecondSequenceSalt)};
+  const int64_t B = 2, Hq = c.Hq, Hkv = c.Hkv, G = Hq / Hkv, dv = c.dv;
+  const int64_t bad_b = 1, bad_g = 1, bad_chunk = 3;
+  const Variant kD40Int4Rows{hils::gpu::DecodeKernel::d40, hils::gpu::SummaryType::int4, "d40 int4"};
+  for (const char* preset : {"hils", "nsa"})
+    for (int64_t K : {8, 32, 1000})
+      for (const Variant& variant : {kFusedBf16, kFusedFp8, kFusedInt4, kD5Bf16, kD5Int4, kD29Fp8,
+                                     kD35Int4, kD36Bf16, kD40Int4Rows}) {
+        MechanismSpec spec = hils::cases::with_case_geometry(hils::preset(preset), c);
+        spec.K = K;
+        std::vector<unsigned char> clean_bytes, bad_bytes;
+        decode_and_verify(spec, seqs, nullptr, variant, &clean_bytes, [](auto&) {});
+        const StepOutputs clean = step_outputs(clean_bytes, B, Hq, Hkv, dv, K);
+        for (const double bad : {std::nan(""), HUGE_VAL, -HUGE_VAL}) {
+          INFO(preset << " K " << K << " " << variant.name << " value " << bad);
+          decode_and_verify(spec, seqs, nullptr, variant, &bad_bytes, [&](std::vector<Matrix<double>>& key) {
+            key[bad_b * Hq + bad_g * G](bad_chunk, 5) = bad;
+          });
+          const StepOutputs got = step_outputs(bad_bytes, B, Hq, Hkv, dv, K);
+          int64_t finite_in_group = 0, changed_elsewhere = 0;
+          for (int64_t item = 0; item < B * Hq; ++item) {
+            const bool hit = item / Hq == bad_b && item % Hq / G == bad_g;
+            for (int64_t i = item * dv; i <= (item + 1) * dv; ++i) {  // the head's o, then its lse
+              const float found = i < (item + 1) * dv ? got.o[i] : got.lse[item];
+              const float expected = i < (item + 1) * dv ? clean.o[i] : clean.lse[item];
+              if (hit) finite_in_group += !std::isnan(found);
+              else changed_elsewhere += !same_bits(found, expected);
+            }
+          }
+          for (int64_t bg = 0; bg < B * Hkv; ++bg)
+            if (bg != bad_b * Hkv + bad_g)
+              for (int64_t i = bg * K; i < (bg + 1) * K; ++i)
+                changed_elsewhere += got.selection[i] != clean.selection[i];
+          CHECK(finite_in_group == 0);
+          CHECK(changed_elsewhere == 0);
+        }
+      }
 }

@@ -158,8 +158,9 @@ def test_python_names_a_batch_axis(dump):
     with pytest.raises(ValueError) as raised:
         hils.verify(a["spec"], a["q"], a["k"], a["v"], {"o": a["o"][None]})
     assert str(raised.value) == (
-        'outputs["o"]: expected rank 3 shape [*, *, *] (heads, rows, columns; one sequence per call, '
-        "no batch axis: pass x[b]), found rank 4 shape [1, 8, 131, 16]")
+        'outputs["o"]: expected rank 3 shape [*, *, *] (heads, rows, columns; one sequence in '
+        'layout "hsd", the default: pass x[b], or the batch with layout="bhsd" or "bshd"), found '
+        "rank 4 shape [1, 8, 131, 16]")
     with pytest.raises(ValueError) as raised:  # two axes too many: no guess
         hils.verify(a["spec"], a["q"][None, None], a["k"], a["v"], {"o": a["o"]})
     assert "batch" not in str(raised.value)

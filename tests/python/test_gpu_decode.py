@@ -312,3 +312,69 @@ def test_a_library_refusal_carries_its_message():
     assert isinstance(refused.value, ValueError) and refused.value.code == 2
     assert "d = 264" in refused.value.message, refused.value.message
     print(f"\nrefused: {refused.value}")
+
+
+# --- a non-finite key (gpu/NOTES.md "Non-finite summary rows (session 22)") -------------------
+NSA = {"preset": "nsa", "S": S, "W": W, "K": K}
+BAD_B, BAD_G = 1, 1  # the sequence and KV head of the non-finite key
+BAD_SLOT = {"prefix": 330, "appended chunk": 2238}  # in chunk 5 of the prefix; in chunk 34
+
+
+def with_bad_key(where, value, summaries, t_end=T_END):
+    """Two caches of nsa (mean keys, no bias: a non-finite key reaches the summary row and
+    nothing else that a step reads from T = 2304 on) from draw("gpu_decode_cache_nsa"), filled
+    to 2236 slots and stepped to t_end; the second's key at BAD_SLOT[where] (sequence BAD_B, KV
+    head BAD_G, dimension 5) is `value`. Returns (clean, bad) as (cache, last step's out)."""
+    q, k, v, qr = draw("gpu_decode_cache_nsa", t_end)
+    bad = k.clone()
+    bad[BAD_B, BAD_G, BAD_SLOT[where], 5] = value
+    runs = []
+    for keys in (k, bad):
+        cache = hils.gpu.DecodeCache(NSA, q[:, :, :2236], keys[:, :, :2236], v[:, :, :2236],
+                                     capacity=t_end, summaries=summaries, q_retrieval=qr[:, :, :2236])
+        for t in range(2236, t_end):
+            cache.append(keys[:, :, t], v[:, :, t])
+            out = cache.step(q[:, :, t], q_retrieval=qr[:, :, t], diagnostics=True)
+        runs.append((cache, out))
+    return runs
+
+
+@pytest.mark.parametrize("value", (float("nan"), float("inf"), float("-inf")))
+@pytest.mark.parametrize("where", ("prefix", "appended chunk"))
+@pytest.mark.parametrize("summaries", ("bf16", "fp8", "int4"))
+def test_a_non_finite_key_gives_its_group_nan_outputs(summaries, where, value):
+    """A NaN or an infinity in one key of sequence 1's KV head 1 (in the prefix's chunk 5, or in
+    chunk 34, appended and completed during the walk): at T = 2305, where that chunk is a
+    candidate, the step's o and lse are NaN for the four heads of that group (their selection
+    ranked a non-finite score) and bit for bit the clean cache's everywhere else, selection and
+    surrogate scores included; the fp8 and int4 quantizers store those heads' row marked (scale
+    NaN, the codes of 0) without a synchronisation. Main before session 22 stored it with a
+    finite scale (fp8: Inf as 448 x s; int4: NaN as code 0, Inf with scale 1 and codes +-7)."""
+    (clean, want), (bad, got) = with_bad_key(where, value, summaries)
+    chunk = BAD_SLOT[where] // S
+    heads = slice(BAD_G * (Hq // Hkv), (BAD_G + 1) * (Hq // Hkv))
+    assert bool(torch.isnan(got["o"][BAD_B, heads]).all()) and bool(torch.isnan(got["lse"][BAD_B, heads]).all())
+    elsewhere = torch.ones(B, Hq, dtype=torch.bool, device="cuda")
+    elsewhere[BAD_B, heads] = False
+    for name in ("o", "lse", "o_window", "lse_window", "fusion_weights"):
+        assert torch.equal(got[name][elsewhere].view(torch.int32), want[name][elsewhere].view(torch.int32)), name
+    surrogate_kept = elsewhere[:, :, None].expand_as(got["surrogate_scores"]).clone()
+    assert torch.equal(got["surrogate_scores"][surrogate_kept].view(torch.int32),
+                       want["surrogate_scores"][surrogate_kept].view(torch.int32))
+    assert bool(torch.isnan(got["surrogate_scores"][BAD_B, heads, chunk]).all())
+    groups = torch.ones(B, Hkv, dtype=torch.bool, device="cuda")
+    groups[BAD_B, BAD_G] = False
+    assert torch.equal(got["selection"][groups], want["selection"][groups])
+    if summaries != "bf16":
+        assert bool(torch.isnan(bad.scale[BAD_B, heads, chunk]).all())
+        assert bool(torch.isfinite(clean.scale[:, :, :chunk + 1]).all())
+        zero = 0 if summaries == "fp8" else 0x88
+        assert bool((bad.key[BAD_B, heads, chunk] == zero).all())
+
+
+@pytest.mark.parametrize("where", ("prefix", "appended chunk"))
+def test_an_int4h_cache_refuses_a_non_finite_key(where):
+    """int4h's quantizer refuses a non-finite row naming it (it synchronizes for that): the
+    prefix's at construction, the appended chunk's at the step that completes it (T = 2240)."""
+    with pytest.raises(hils.gpu.GpuInvalidArgument, match=r"quantize_summaries_int4h: summary_key row \d+:"):
+        with_bad_key(where, float("nan"), "int4h", t_end=2241)

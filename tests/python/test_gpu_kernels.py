@@ -1,7 +1,10 @@
 """PyTorch's own attention kernels judged by the oracle, as a kernel author's pytest would
 (issue 9): SDPA flash and cuDNN (full causal), FlexAttention with a causal mask, with the
 chunk-aligned window, and with a naive-BSA block mask built from hils.reference's selection;
-and planted faults that must fail (a wrong scale, a window shifted by S, a dropped chunk).
+and planted faults that must fail (a wrong scale, a window shifted by S, a dropped chunk). Then
+the same kernels on a batch in their own layouts (SDPA and FlexAttention [B, H, T, d],
+FlashAttention's aten entry point [B, T, H, d] with lse [B, H, T]), each judged in one call with
+layout= (a fault in one sequence fails that sequence alone).
 bf16 inputs on the GPU; ctest label gpu; skipped without torch or CUDA. Each report is printed
 (run pytest with -s to see the headroom of every kernel)."""
 
@@ -178,3 +181,114 @@ def test_flex_naive_bsa_passes_and_dropped_chunk_fails(qkv, flex):
     report = failing("FlexAttention naive BSA, one chunk dropped", spec, q, k, v,
                      {"o": o, "lse": lse, "selection": selection})
     assert report.selection.passed and not report.tensors["o"].passed
+
+
+# ---- a batch in the kernels' own layouts (hils.verify's layout=) -----------------------------
+# The same kernels called as their authors call them: B sequences at once, SDPA and FlexAttention
+# in [B, H, T, d] with lse [B, H, T], FlashAttention's aten entry point in [B, T, H, d] with its
+# softmax_lse [B, H, T]; each batch judged in one call, and a fault planted in one sequence must
+# fail that sequence alone.
+
+B = 2
+
+
+@pytest.fixture(scope="module")
+def batch_bhsd():
+    generator = torch.Generator(device="cuda").manual_seed(seed_of("gpu_pytorch_kernels_batch") % 2**63)
+    draw = lambda heads: torch.randn(B, heads, T, d, device="cuda", dtype=torch.bfloat16,  # noqa: E731
+                                     generator=generator)
+    return 2.0 * draw(Hq), draw(Hkv), draw(Hkv)
+
+
+def expanded_batch(k, v, head_axis):
+    """KV heads repeated for their query heads along head_axis (the kernels' inputs; the oracle
+    reads the Hkv heads)."""
+    return k.repeat_interleave(G, head_axis), v.repeat_interleave(G, head_axis)
+
+
+def plant_in_last_sequence(o, index):
+    """o with one row of the last sequence moved by 0.25: 3.6x the oracle's o tolerance for bf16
+    inputs and a bf16 o at this size (0.069, measured with the reference's own o; 0.05 passes)."""
+    bad = o.clone()
+    bad[index] += 0.25
+    return bad
+
+
+def judged_batch(name, spec, q, k, v, outputs, **options):
+    report = hils.verify(spec, q, k, v, outputs, input_precision="bf16", kernel=name, **options)
+    print(f"\n{name}\n{report}")
+    assert isinstance(report, hils.BatchReport) and len(report) == B
+    return report
+
+
+def test_sdpa_flash_batch_bhsd(batch_bhsd):
+    q, k, v = batch_bhsd
+    ke, ve = expanded_batch(k, v, 1)
+    try:
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, ke, ve, 0.0, True, False,
+                                                                    scale=SCALE)[:2]
+    except RuntimeError as error:
+        pytest.skip(f"SDPA flash unavailable here: {error}")
+    assert tuple(lse.shape) == (B, Hq, T)
+    report = judged_batch("SDPA flash, batch [B, H, T, d]", {"preset": "full"}, q, k, v,
+                          {"o": o, "lse": lse}, layout="bhsd")
+    assert report.passed, str(report)
+    report = judged_batch("SDPA flash, batch, fault in b=1", {"preset": "full"}, q, k, v,
+                          {"o": plant_in_last_sequence(o, (B - 1, 3, 700)), "lse": lse},
+                          layout="bhsd")
+    assert report.failed == [B - 1] and not report.reports[B - 1].tensors["o"].passed
+
+
+def test_flash_attention_forward_batch_bshd(batch_bhsd):
+    """FlashAttention's convention: q, k, v and o [B, T, H, d], softmax_lse [B, H, T]."""
+    q, k, v = (x.transpose(1, 2).contiguous() for x in batch_bhsd)
+    ke, ve = expanded_batch(k, v, 2)
+    try:
+        o, lse = torch.ops.aten._flash_attention_forward(q, ke, ve, None, None, T, T, 0.0, True,
+                                                         False, scale=SCALE)[:2]
+    except (RuntimeError, TypeError) as error:
+        pytest.skip(f"aten._flash_attention_forward unavailable here: {error}")
+    assert tuple(o.shape) == (B, T, Hq, d) and tuple(lse.shape) == (B, Hq, T)
+    report = judged_batch("aten._flash_attention_forward, batch [B, T, H, d]", {"preset": "full"},
+                          q, k, v, {"o": o, "lse": lse}, layout="bshd", lse_layout="bhsd")
+    assert report.passed, str(report)
+    with pytest.raises(ValueError, match="lse_layout"):     # softmax_lse read in o's order
+        hils.verify({"preset": "full"}, q, k, v, {"o": o, "lse": lse}, input_precision="bf16",
+                    layout="bshd")
+    report = judged_batch("aten._flash_attention_forward, batch, fault in b=1", {"preset": "full"},
+                          q, k, v, {"o": plant_in_last_sequence(o, (B - 1, 700, 3)), "lse": lse},
+                          layout="bshd", lse_layout="bhsd")
+    assert report.failed == [B - 1]
+
+
+def test_flex_naive_bsa_batch_bhsd_with_topk_order(batch_bhsd, flex):
+    """FlexAttention on a batch with the naive-BSA block mask of each sequence's selection, the
+    selection given in score order (as torch.topk returns it) and judged as sets."""
+    attention, compiled = flex
+    q, k, v = batch_bhsd
+    spec = {"preset": "naive_bsa", "S": S, "W": W, "K": K}
+    reference = hils.reference(spec, q, k, v, layout="bhsd")
+    selection = reference["selection"]                        # [B, Hkv, T, K], ascending
+    n_chunks = T // S
+    chosen = torch.zeros(B, Hkv, T, n_chunks + 1, dtype=torch.bool, device="cuda")
+    index = torch.as_tensor(selection, device="cuda").long()
+    chosen.scatter_(3, torch.where(index < 0, n_chunks, index), True)
+    chosen = chosen[..., :n_chunks]
+
+    def mask(b, h, q_idx, kv_idx):
+        chunk = torch.clamp(kv_idx // S, max=n_chunks - 1)
+        in_chunk = (kv_idx < n_chunks * S) & chosen[b, h // G, q_idx, chunk]
+        return window_mask(W)(b, h, q_idx, kv_idx) | in_chunk
+
+    block_mask = attention.create_block_mask(mask, B=B, H=Hq, Q_LEN=T, KV_LEN=T, device="cuda")
+    ke, ve = expanded_batch(k, v, 1)
+    o, lse = compiled(q, ke, ve, block_mask=block_mask, scale=SCALE, return_lse=True)
+    reversed_rows = selection[..., ::-1].copy()               # -1 padding first, chunks descending
+    report = judged_batch("FlexAttention naive BSA, batch, selection in reverse order", spec,
+                          q, k, v, {"o": o, "lse": lse, "selection": reversed_rows},
+                          layout="bhsd", selection_order="any")
+    assert report.passed, str(report)
+    assert all(r.selection.rows_differing == 0 for r in report.reports)
+    report = hils.verify(spec, q, k, v, {"o": o, "lse": lse, "selection": reversed_rows},
+                         input_precision="bf16", layout="bhsd")
+    assert not report.passed                                  # not ascending: malformed rows

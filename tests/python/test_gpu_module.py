@@ -386,7 +386,10 @@ def test_gpu_check_prints_its_usage():
                             text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("Builds and runs every GPU test")
-    assert "--python: only `pip install .`" in result.stdout and "set -euo" not in result.stdout
+    assert "set -euo" not in result.stdout
+    # --python proves what a GPU user installs: the wheel with the library, HILS_GPU_LIB unset
+    python = result.stdout[result.stdout.index("--python:"):result.stdout.index("--quick:")]
+    assert "cmake.define.HILS_BUILD_GPU=ON" in python and "HILS_GPU_LIB unset" in python, python
     wrong = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--hepl"], capture_output=True, text=True)
     assert wrong.returncode == 2 and "or --help)" in wrong.stderr
 

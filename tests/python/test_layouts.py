@@ -6,7 +6,9 @@ says so, and duplicates, chunks out of range and wrong padding still fail; each 
 swapped shape is refused with a message naming the tensor, the shapes and the fix. CPU only."""
 
 import json
+import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -340,3 +342,95 @@ def test_reference_in_each_layout(batch, layout):
         turned = hils.reference(SPEC, q, k, v, layout=layout, lse_layout="bhsd")
         np.testing.assert_array_equal(turned["lse"], np.stack([r["lse"] for r in refs]))
         np.testing.assert_array_equal(turned["lse_window"], np.stack([r["lse_window"] for r in refs]))
+
+
+def test_a_batch_in_the_default_layout_is_told_of_the_batched_layouts(batch):
+    """Batched arrays under the default layout "hsd": the message names layout="bhsd" and
+    "bshd". Before (audit, session 22) it said "one sequence per call, no batch axis: pass
+    x[b]", as if the oracle could not judge a batch."""
+    q, k, v, outputs = kernel_call(batch, "bhsd", names=("o",))
+    with pytest.raises(ValueError) as raised:
+        hils.verify(SPEC, q, k, v, outputs)
+    assert str(raised.value) == (
+        'outputs["o"]: expected rank 3 shape [*, *, *] (heads, rows, columns; one sequence in '
+        'layout "hsd", the default: pass x[b], or the batch with layout="bhsd" or "bshd"), '
+        f"found rank 4 shape [{B}, {C['Hq']}, {C['T']}, {C['dv']}]")
+
+
+# B = 4 sequences whose double outputs (32768 queries x 4135 values, 1.01 GiB each) fit alone
+# under a 4 GiB address-space limit (80% of it: 3.2 GiB) and not four at once (0.8 GiB each).
+_BATCH_TOO_LARGE = """
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.RLIM_INFINITY))
+import numpy as np, hils
+q = np.zeros((4, 1, 32768, 16), np.float32)
+try:
+    hils.{call}({{"preset": "hils", "S": 8, "W": 16, "K": 3}}, q, q, q, layout="bhsd")
+except BaseException as error:
+    print(type(error).__name__, error)
+"""
+
+
+@pytest.mark.parametrize("call", ("reference", "Verifier"))
+def test_a_batch_that_cannot_fit_is_refused_before_it_is_computed(call):
+    """The memory checks of one sequence (run_mechanism's outputs, hils/memory.hpp) give each
+    sequence of a batch its share, as they give each unit of `hils --jobs N` its own: a batch
+    whose sequences fit one at a time but not all at once (each is kept until the call returns)
+    is refused at b=0, naming the batch. Before (audit, session 22) every sequence was checked
+    alone: sequence 0 was computed (10 s here) and the call ended in a MemoryError naming
+    neither the batch nor the argument ("std::bad_alloc" from Verifier, numpy's "Unable to
+    allocate 1.00 GiB for an array with shape (1, 32768, 4096)" from reference; without a ulimit,
+    an out-of-memory kill)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, "-c", _BATCH_TOO_LARGE.format(call=call)],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ValueError outputs: expected outputs (32768 queries x 1 heads "
+                                    "x 4135 values) within 80% of "), result.stdout
+    assert "shared by the 4 sequences of a batch held at once" in result.stdout, result.stdout
+    assert "got 1.01 GiB (sequence b=0 of layout \"bhsd\"" in result.stdout, result.stdout
+
+
+def nan_in_o(b, out):
+    if b == 1:
+        out["o"][0, 5, 0] = np.nan                                   # h=0, t=5, col=0
+
+
+def duplicate_chunk(b, out):
+    if b == 1:
+        row = out["selection"][0, 60]                                # t=60, group 0: 3 chunks
+        assert (row >= 0).all()
+        row[1] = row[0]
+
+
+@pytest.mark.parametrize("fault,problem", [
+    (nan_in_o, "o contains NaN at h=0 t=5 col=0 (1 NaN elements)"),
+    (duplicate_chunk, "selection row t=60, group 0: chunks must be distinct and ascending"),
+])
+def test_a_failure_without_headroom_is_told_in_its_line(batch, fault, problem):
+    """A NaN in one sequence's output or a malformed selection row is a verdict (not an
+    error), and its line names the problem: before (audit, session 22) it read "b=1: FAIL (o)
+    worst headroom 2.35e-11 (o), selection 0 of 154 rows differ" or "b=1: FAIL (selection)
+    worst headroom 2.35e-11 (o), selection 0 of 154 rows differ", the numbers of a pass, the
+    cause only in the full report below."""
+    q, k, v, outputs = kernel_call(batch, "bshd", edit=fault)
+    report = hils.verify(SPEC, q, k, v, outputs, layout="bshd")
+    assert report.failed == [1]
+    line = str(report).splitlines()[2]
+    assert line.startswith("  b=1: FAIL (") and f")  {problem}" in line, line
+    assert "worst headroom" in line, line
+    assert str(report).splitlines()[1].startswith("  b=0: PASS  worst headroom")
+
+
+@pytest.mark.parametrize("layout", ("hsd", "bshd"))
+def test_a_report_has_no_truth_value(batch, layout):
+    """`assert hils.verify(...)` must not pass a failing kernel: a Report or BatchReport refuses
+    bool(), naming .passed. Before (audit, session 22) both were true whatever the verdict (any
+    object is; a BatchReport's length is B > 0)."""
+    def lse_off(b, out):
+        out["lse"][2, 40] += 1e-3
+    q, k, v, outputs = kernel_call(batch, layout, edit=lse_off)
+    report = hils.verify(SPEC, q, k, v, outputs, layout=layout)
+    assert not report.passed
+    with pytest.raises(TypeError, match=r"truth value of a report is ambiguous .*use report\.passed"):
+        bool(report)

@@ -12,6 +12,29 @@ namespace detail {
 namespace {
 
 // ---- 5. fuse: one warp per (b, h) -----------------------------------------------------------
+// Non-finite scores (gpu/NOTES.md "Non-finite summary rows (session 22)"): with K > 0, where
+// any head of head `item`'s KV group (the heads that share its selection) has a non-finite
+// candidate score (a NaN among its score tiles' sums exp: score_tile), the head's o and lse are
+// NaN: its selection ranked a NaN, so no output of it is plausible (fp8 and int4 rows with a
+// NaN or an infinity are stored marked for this, decode_quantize.cu). Where the group-score
+// tiles ran (K < candidates) they made the window's o NaN (group_score_tile), so o is NaN and
+// nonfinite_lse makes lse NaN beside it; else (every candidate selected) the fuse reads the
+// group's tile sums itself (group_sums_nonfinite).
+__device__ __forceinline__ bool group_scores_ran(const DecodeParams& p) {
+  return p.K > 0 && p.n_cand > p.K;  // launch_d5, launch_fused
+}
+// Warp-wide, where the group-score tiles did not run.
+__device__ bool group_sums_nonfinite(const DecodeParams& p, const DecodeScratch& w, int64_t item) {
+  if (p.K == 0 || group_scores_ran(p)) return false;  // K = 0: no chunk is read
+  const float2* sums = w.score_part + (item / p.G) * p.G * p.n_score_tiles;  // the group's tiles
+  bool bad = false;
+  for (int64_t i = threadIdx.x % kWarp; i < p.G * p.n_score_tiles; i += kWarp) bad |= isnan(sums[i].y);
+  return __any_sync(0xffffffffu, bad) != 0;
+}
+// lse of a head whose o (dimension 0: `o0`) is NaN: NaN with it. A select, so a finite lse keeps
+// its bits.
+__device__ __forceinline__ float nonfinite_lse(float lse, float o0) { return isnan(o0) ? kNaN : lse; }
+
 // Logits a_i: hierarchical s_hat(c_i) (Eq. 10), flat lse_{c_i} (Eq. 3 as a merge of
 // (lse, o) pairs); then the window (lse_swa) and, hierarchical with softmax1, a zero logit.
 // Lane i handles selected slot i (32 at a time); its weight is broadcast for the output sums.
@@ -42,7 +65,7 @@ __device__ void fuse_head(const DecodeParams& p, const DecodeScratch& w, int64_t
   float l = 0.0f;
   for (int64_t i = lane; i < p.K; i += kWarp) l += exp_diff(logit(i), m);
   l = warp_sum(l) + exp_diff(a_win, m) + (zero_logit ? __expf(-m) : 0.0f);
-  const float total = m == kNegInf ? kNegInf : m + __logf(l);
+  const float total = group_sums_nonfinite(p, w, item) ? kNaN : m == kNegInf ? kNegInf : m + __logf(l);
   auto weight = [&](float a) { return total == kNegInf ? 0.0f : exp_diff(a, total); };
   float acc[kDimRegs];
   const float w_win = weight(a_win);
@@ -92,7 +115,7 @@ __device__ void fuse_head(const DecodeParams& p, const DecodeScratch& w, int64_t
     if (dim < p.dv) o[item * p.dv + dim] = acc[r];
   }
   if (lane == 0) {
-    lse[item] = total;
+    lse[item] = nonfinite_lse(total, acc[0]);
     if (fw) fw[p.K] = w_win, fw[p.K + 1] = zero_logit ? weight(0.0f) : 0.0f;
   }
 }
@@ -154,7 +177,7 @@ __device__ void fuse_head_short(const DecodeParams& p, const DecodeScratch& w, i
   const bool zero_logit = p.hierarchical && p.softmax1;
   const float m = fmaxf(fmaxf(warp_max(a), a_win), zero_logit ? 0.0f : kNegInf);
   const float l = warp_sum(exp_diff(a, m)) + exp_diff(a_win, m) + (zero_logit ? __expf(-m) : 0.0f);
-  const float total = m == kNegInf ? kNegInf : m + __logf(l);
+  const float total = group_sums_nonfinite(p, w, item) ? kNaN : m == kNegInf ? kNegInf : m + __logf(l);
   auto weight = [&](float x) { return total == kNegInf ? 0.0f : exp_diff(x, total); };
   const float wi = weight(a), w_win = weight(a_win);
   float* fw = fusion_weights ? fusion_weights + item * (p.K + 2) : nullptr;
@@ -169,7 +192,7 @@ __device__ void fuse_head_short(const DecodeParams& p, const DecodeScratch& w, i
   if (lane < p.dv) o[item * p.dv + lane] = acc0;
   if (lane + kWarp < p.dv) o[item * p.dv + lane + kWarp] = acc1;
   if (lane == 0) {
-    lse[item] = total;
+    lse[item] = nonfinite_lse(total, acc0);
     if (fw) fw[p.K] = w_win, fw[p.K + 1] = zero_logit ? weight(0.0f) : 0.0f;
   }
 }

@@ -338,6 +338,9 @@ __device__ void score_tile(const DecodeParams& p, int64_t item, int64_t first_ti
         const float dot = coalesced ? tile_scores[local]
                                     : score_row<Summary>(q, keys + c * row_elems, d, vectorised);
         s[r] = p.scale * row_scale[t][r] * dot + bias[t][r];
+        // A non-finite score (a row its quantizer marked, a NaN b', an infinite bf16 row) is
+        // NaN: the tile's sum exp below becomes NaN, which the fuse reads (group_poisoned).
+        if (!isfinite(s[r])) s[r] = kNaN;
       }
       if (c < p.n_chunks) scores[item * p.n_chunks + c] = s[r];
       m = fmaxf(m, s[r]);

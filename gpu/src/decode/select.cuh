@@ -281,7 +281,12 @@ __device__ float head_log_z(const DecodeParams& p, const DecodeScratch& w, int64
 }
 
 // ---- 2b. group scores: r (Eq. 2) of 256 candidates per block, one block per (tile, b, g) ---
-// log Z_hat per head (Eq. 8) is recomputed by every tile from the partials (a few KB).
+// log Z_hat per head (Eq. 8) is recomputed by every tile from the partials (a few KB). A tile
+// where a head of the group has a non-finite score among its 256 candidates (a NaN sum of score
+// tile `tile`: score_tile) writes NaN into window tile 0's unnormalised o of every head of the
+// group (win_part, which no group-score tile reads and launch 1 rewrites every step): the
+// window's o_swa, hence the fuse's o and lse, are NaN (gpu/NOTES.md "Non-finite summary rows
+// (session 22)"; fuse.cuh), and the fuse loads nothing more for it.
 // kShort with K <= 32: the tile's K best by warp sorts and a merge tree (no radix passes); the
 // kept candidates are then in no particular order (the select of kShort ranks them by chunk too).
 template <bool kShort>
@@ -296,6 +301,9 @@ __device__ void group_score_tile(const DecodeParams& p, const DecodeScratch& w, 
   const float* scores = w.scores + (b * p.Hq + g * p.G) * p.n_chunks + c;
   // kShort, G <= 16: the candidate's scores are loaded before log Z_hat, which takes one pass.
   const bool preload = kShort && p.G <= kFastMaxGroup;
+  // thread j < G: head j's sum exp over this tile's candidates (score tile `tile`)
+  const float tile_sum = threadIdx.x < p.G
+      ? w.score_part[(b * p.Hq + g * p.G + threadIdx.x) * p.n_score_tiles + tile].y : 0.0f;
   float pre[kFastMaxGroup];
   if (preload) {
 #pragma unroll
@@ -307,7 +315,9 @@ __device__ void group_score_tile(const DecodeParams& p, const DecodeScratch& w, 
                            : logaddexp(lse_of(window_stats(p, w, item)), candidate_lse(p, w, item));
     if (threadIdx.x % kWarp == 0) log_z[j] = z;
   }
-  __syncthreads();
+  if (__syncthreads_or(isnan(tile_sum)))
+    for (int64_t i = threadIdx.x; i < p.G * p.dv; i += blockDim.x)
+      w.win_part[((b * p.Hq + g * p.G + i / p.dv) * p.n_win_tiles) * (p.dv + 2) + 2 + i % p.dv] = kNaN;
   float r = p.group_rule == static_cast<int>(GroupRule::sum_probabilities) ? 0.0f : kNegInf;
   auto add_head = [&](int64_t j, float s) {
     if (p.group_rule == static_cast<int>(GroupRule::max_normalized)) r = fmaxf(r, s - log_z[j]);

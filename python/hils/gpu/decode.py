@@ -114,21 +114,8 @@ def _count(name, value, least):
 def _bf16(name, t, ndim, layout, device=None):
     """t, or TypeError / ValueError naming `name`, unless a bf16 CUDA tensor of ndim dimensions
     (on `device` when given). The decode step reads bf16 K/V and queries (decode_c_api.h)."""
-    torch = _stages.torch
-    if torch is None or not isinstance(t, torch.Tensor):
-        why = "" if torch is not None else f" (and torch cannot be imported here: {_stages._TORCH_ERROR})"
-        raise TypeError(f"{name}: expected a torch CUDA tensor (bfloat16) {layout}, found "
-                        f"{type(t).__module__}.{type(t).__name__}{why}")
-    if not t.is_cuda:
-        raise ValueError(f"{name}: expected a CUDA tensor, found one on {t.device} (move it with .cuda())")
-    if t.dtype != torch.bfloat16:
-        raise TypeError(f"{name}: expected dtype torch.bfloat16 (the decode step reads bf16 K/V and "
-                        f"queries), found {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name}: expected {ndim} dimensions {layout}, found shape {tuple(t.shape)}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name}: expected a tensor on the cache's device {device}, found {t.device}")
-    return t
+    return _stages.cuda_tensor(name, t, ndim, layout, ("bfloat16",), f"a torch CUDA tensor (bfloat16) {layout}",
+                               " (the decode step reads bf16 K/V and queries)", device)
 
 
 def _shape(name, t, expected, what):
@@ -408,7 +395,13 @@ class DecodeCache:
         out= to own them); T is a host argument of the C API, so a graph replays one length.
         A captured step that completes a chunk summarizes it inside the graph; with int4h
         summaries it is refused, since the int4h quantizer synchronizes (it reads back its
-        refused-row flag, gpu/src/decode_quantize.cu)."""
+        refused-row flag, gpu/src/decode_quantize.cu).
+
+        A NaN or an infinity in k (or q~) reaches the summary of its chunk: the bf16, fp8 and int4
+        stores keep that row (fp8 and int4 marked: scale NaN, the codes of 0; no synchronisation),
+        and once the chunk is a candidate every head of its KV group in that sequence gets NaN o
+        and lse (decode.hpp decode_step), every other group the outputs it gets without it; int4h's
+        quantizer refuses the row (GpuInvalidArgument naming it) where the chunk is summarized."""
         what = f"the cache holds B = {self.B} sequences of Hq = {self.Hq} query heads, d = {self.d}"
         _bf16("q", q, 3, "[B, Hq, d]", self.device)
         _shape("q", q, (self.B, self.Hq, self.d), what)

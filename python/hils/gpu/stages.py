@@ -29,19 +29,32 @@ def stream_ptr():
     return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
 
+def cuda_tensor(name, t, ndim, layout, dtypes, described, dtype_why="", device=None):
+    """t, or TypeError / ValueError naming `name`, unless a torch CUDA tensor of one of `dtypes`
+    (names: "float32", ...) with ndim dimensions `layout` (and on `device` when given): the
+    checks that forward's inputs and the decode cache's tensors share. `described` is what the
+    first refusal says was expected ("a torch CUDA tensor (...)"), `dtype_why` what the dtype
+    refusal adds. torch's dtypes are looked up only once t is a tensor."""
+    if torch is None or not isinstance(t, torch.Tensor):
+        why = "" if torch is not None else f" (and torch cannot be imported here: {_TORCH_ERROR})"
+        raise TypeError(f"{name}: expected {described}, found {type(t).__module__}.{type(t).__name__}{why}")
+    if not t.is_cuda:
+        raise ValueError(f"{name}: expected a CUDA tensor, found one on {t.device} (move it with .cuda())")
+    if t.dtype not in tuple(getattr(torch, dtype) for dtype in dtypes):
+        raise TypeError(f"{name}: expected dtype {' or '.join('torch.' + d for d in dtypes)}{dtype_why}, "
+                        f"found {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions {layout}, found shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: expected a tensor on the cache's device {device}, found {t.device}")
+    return t
+
+
 def _tensor(name, t, ndim=3):
     """t, or TypeError / ValueError naming `name`, unless a contiguous fp32 or bf16 CUDA tensor
     of ndim dimensions."""
-    if torch is None or not isinstance(t, torch.Tensor):
-        why = "" if torch is not None else f" (and torch cannot be imported here: {_TORCH_ERROR})"
-        raise TypeError(f"{name}: expected a torch CUDA tensor (float32 or bfloat16), found "
-                        f"{type(t).__module__}.{type(t).__name__}{why}")
-    if not t.is_cuda:
-        raise ValueError(f"{name}: expected a CUDA tensor, found one on {t.device} (move it with .cuda())")
-    if t.dtype not in (torch.float32, torch.bfloat16):
-        raise TypeError(f"{name}: expected dtype torch.float32 or torch.bfloat16, found {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name}: expected {ndim} dimensions [heads, T, d], found shape {tuple(t.shape)}")
+    cuda_tensor(name, t, ndim, "[heads, T, d]", ("float32", "bfloat16"),
+                "a torch CUDA tensor (float32 or bfloat16)")
     if not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor (call .contiguous()), found strides "
                          f"{t.stride()} for shape {tuple(t.shape)}")

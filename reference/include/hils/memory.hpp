@@ -28,6 +28,22 @@ void set_processes_sharing_memory(int processes);
 // inputs and outputs at once.
 void set_units_at_once(int units);
 
+// The sequences of a batch held at once by this thread's caller (hils.verify and hils.reference
+// with a batched layout keep one oracle or reference per sequence): while one lives,
+// memory_limit() on this thread gives each sequence its share, so that the checks refuse a batch
+// that does not fit as they refuse one sequence, before anything is allocated. Thread-local: the
+// checks of one call run on its thread (run_mechanism's before its parallel loops).
+class SequencesAtOnce {
+ public:
+  explicit SequencesAtOnce(int sequences);
+  ~SequencesAtOnce();
+  SequencesAtOnce(const SequencesAtOnce&) = delete;
+  SequencesAtOnce& operator=(const SequencesAtOnce&) = delete;
+
+ private:
+  int previous_;
+};
+
 // A byte count for messages: "512 bytes", "3.5 KiB", "12.3 GiB", "1.49e+04 TiB".
 std::string bytes_text(double bytes);
 

@@ -173,7 +173,12 @@ void validate_decode(const MechanismSpec& spec, const DecodeCache& cache, const 
 // Device scratch bytes of one decode_step (either kernel).
 size_t decode_workspace_bytes(const MechanismSpec& spec, const DecodeCache& cache);
 // One decode step for all B sequences; `workspace` holds decode_workspace_bytes device bytes
-// (no initialisation needed).
+// (no initialisation needed). Non-finite summaries (K > 0): where a candidate chunk's score
+// q~ . k' + b' of any head of KV group g of sequence b is not finite (a row its quantizer marked,
+// a NaN b', an infinite bf16 row), o and lse of every head of that group are NaN (o_window too
+// where K is below the candidate count), its surrogate scores NaN at those chunks and its
+// selection unspecified (it ranked a NaN); every other group gets the bits it gets without that
+// row. No synchronisation (gpu/NOTES.md "Non-finite summary rows (session 22)").
 void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const DecodeQuery& q,
                  const DecodeOutputs& out, void* workspace, cudaStream_t stream = nullptr,
                  DecodeKernel kernel = DecodeKernel::fused);
@@ -181,14 +186,18 @@ void decode_step(const MechanismSpec& spec, const DecodeCache& cache, const Deco
 // Stores summaries as the fp8 cache keeps them: key_fp8 [rows, d] e4m3 and scale [rows] fp32
 // from key [rows, d] fp32 (per row: s = the smallest power of two with max |k'| / s <= 448,
 // e4m3(k' / s) to nearest; oracle::fp8_row_scale, round_to_fp8_e4m3). Appending a completed
-// chunk's summary is one row.
+// chunk's summary is one row. A row holding a NaN or an infinity is stored marked, not refused
+// (that would synchronise `stream`): scale NaN, every code 0, so that its scores are NaN and
+// decode_step's o and lse of its KV group are NaN (gpu/NOTES.md "Non-finite summary rows
+// (session 22)"); the other rows are stored as they would be without it.
 void quantize_summaries_fp8(const float* key, int64_t rows, int64_t d, void* key_fp8,
                             float* scale, cudaStream_t stream = nullptr);
 
 // Stores summaries as the int4 cache keeps them: key_int4 [rows, d / 2] bytes and scale [rows]
 // fp32 from key [rows, d] fp32 (per row: s = max |k'| / 7 in fp32, the codes round(k' / s) to
 // nearest, ties to even, in [-7, 7], stored as n + 8, value 2j in the low nibble of byte j;
-// oracle::int4_row_scale, int4_code). d even.
+// oracle::int4_row_scale, int4_code). d even. A row holding a NaN or an infinity is stored
+// marked as quantize_summaries_fp8's: scale NaN, every code 0 (bytes 0x88).
 void quantize_summaries_int4(const float* key, int64_t rows, int64_t d, void* key_int4,
                              float* scale, cudaStream_t stream = nullptr);
 

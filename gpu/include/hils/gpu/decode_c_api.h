@@ -46,10 +46,12 @@ int hils_gpu_decode_step(const hils_gpu_decode* p, const hils_gpu_decode_outputs
  * 17 and are refused (2) naming them. */
 int hils_gpu_decode_scan_probe(const hils_gpu_decode* p, int32_t probe, void* workspace,
                                void* stream);
-/* key fp32 [rows, d] -> key_fp8 e4m3 [rows, d] and scale fp32 [rows] (hils::gpu::quantize_summaries_fp8). */
+/* key fp32 [rows, d] -> key_fp8 e4m3 [rows, d] and scale fp32 [rows] (hils::gpu::quantize_summaries_fp8;
+ * a row with a NaN or an infinity is stored marked: scale NaN, codes 0; no synchronisation). */
 int hils_gpu_quantize_summaries_fp8(const float* key, int64_t rows, int64_t d, void* key_fp8,
                                     float* scale, void* stream);
-/* key fp32 [rows, d] -> key_int4 [rows, d / 2] bytes and scale fp32 [rows] (hils::gpu::quantize_summaries_int4). */
+/* key fp32 [rows, d] -> key_int4 [rows, d / 2] bytes and scale fp32 [rows] (hils::gpu::quantize_summaries_int4;
+ * a row with a NaN or an infinity is stored marked: scale NaN, codes 0; no synchronisation). */
 int hils_gpu_quantize_summaries_int4(const float* key, int64_t rows, int64_t d, void* key_int4,
                                      float* scale, void* stream);
 
