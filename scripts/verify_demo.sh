@@ -2,7 +2,9 @@
 # Shows `hils verify` on a good kernel dump and on deliberately broken ones (data/verify_format.md).
 # Usage (repository root): scripts/verify_demo.sh [BUILD_DIR] [OUT_DIR] [DUMP_DIR]
 #   BUILD_DIR holds bin/hils and tests/oracle/oracle_make_verify_file (default build-oracle;
-#   built with `ninja -C BUILD_DIR hils oracle_make_verify_file` if missing).
+#   if missing, configured (when it has no CMakeCache.txt: Ninja, without the GPU and Python
+#   parts, which the demo does not use) and built with
+#   `cmake --build BUILD_DIR --target hils oracle_make_verify_file`).
 #   OUT_DIR receives the .h5 files and one .txt report per file (default out/verify_demo).
 #   DUMP_DIR (optional): a folder of real kernel dumps (e.g. from gpu/bench/dump_verify.py);
 #   `hils verify` runs on each of its .h5 files too and its verdict is printed (not judged).
@@ -16,7 +18,11 @@ DUMPS="${3:-}"
 HILS="$BUILD/bin/hils"
 MAKER="$BUILD/tests/oracle/oracle_make_verify_file"
 if [ ! -x "$HILS" ] || [ ! -x "$MAKER" ]; then
-  ninja -C "$BUILD" hils oracle_make_verify_file >/dev/null || { echo "build failed" >&2; exit 3; }
+  if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+    cmake -S "$ROOT" -B "$BUILD" -G Ninja -DHILS_BUILD_GPU=OFF -DHILS_BUILD_PYTHON=OFF >/dev/null ||
+      { echo "configure failed" >&2; exit 3; }
+  fi
+  cmake --build "$BUILD" --target hils oracle_make_verify_file >/dev/null || { echo "build failed" >&2; exit 3; }
 fi
 mkdir -p "$OUT"
 status=0

@@ -103,7 +103,7 @@ void register_verify(CLI::App& app) {
       "Anything not compared is named in the report (an error with --strict).\n"
       "Exit 0 pass, 1 fail, 2 bad file (or, with --strict, something not compared); with\n"
       "several files the worst of theirs, after every file's report.\n"
-      "Example (kernel_dump.h5: your kernel's dump, written as data/verify_format.md says;\n"
+      "Examples (your kernel's dump is a file written as data/verify_format.md says;\n"
       "`scripts/verify_demo.sh build` writes good and broken ones into out/verify_demo/):\n"
       "  hils verify out/verify_demo/good_hils_fp32.h5\n"
       "  hils verify out/verify_demo/*.h5   (all of them: the broken ones named, exit 2)");
