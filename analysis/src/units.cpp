@@ -40,6 +40,17 @@ void run_unit_work(const StudyUnit& unit, ResultSink& sink, const std::atomic<in
   }
 }
 
+UnitResult record_unit(const StudyUnit& unit, const std::atomic<int>* stop) {
+  try {
+    throw_if_stop_requested();  // stopped: no new unit
+    RecordingSink records;
+    run_unit_work(unit, records, stop);
+    return records;
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
 std::vector<size_t> schedule_order(const std::vector<StudyUnit>& units, const ResultSink& sink) {
   std::vector<size_t> order;
   for (size_t i = 0; i < units.size(); ++i)
@@ -177,8 +188,7 @@ ThreadedUnitRunner::ThreadedUnitRunner(int jobs, int threads) : jobs_(jobs), thr
 namespace {
 
 // The run's stop flag (the reference's StopScope in each worker reads it): the signal number of
-// a stop request, or kAbandoned once the run ended without a stop (a unit or a write failed).
-constexpr int kAbandoned = -1;
+// a stop request, or kRunAbandoned once the run ended without a stop (a unit or a write failed).
 
 // What the workers of one ThreadedUnitRunner::run share (under `mutex`, but for `stop`).
 struct Workbench {
@@ -193,7 +203,7 @@ struct Workbench {
   bool ended = false;               // take no more units (stop, a write failed, or done)
   std::map<std::string, int> reading;  // StudyUnit::input -> units in flight that read it (> 0)
   // Finished units by position: their records, or their error.
-  std::map<size_t, std::variant<RecordingSink, std::exception_ptr>> finished;
+  std::map<size_t, UnitResult> finished;
 };
 
 // The position to take next, with bench.mutex held and first_untaken < end: the first untaken
@@ -236,15 +246,7 @@ void work_units(const std::vector<StudyUnit>& units, const std::vector<size_t>& 
                                  bench);
       take(units[order[position]], position, bench);
     }
-    std::variant<RecordingSink, std::exception_ptr> result;
-    try {
-      throw_if_stop_requested();  // stopped: no new unit
-      RecordingSink records;
-      run_unit_work(units[order[position]], records, &bench.stop);
-      result = std::move(records);
-    } catch (...) {
-      result = std::current_exception();
-    }
+    UnitResult result = record_unit(units[order[position]], &bench.stop);
     {
       const std::lock_guard<std::mutex> lock(bench.mutex);
       const std::string& input = units[order[position]].input;
@@ -312,7 +314,7 @@ UnitsDone ThreadedUnitRunner::run(const std::vector<StudyUnit>& units, ResultSin
     try {
       writer.write_ready();
     } catch (...) {
-      bench.stop.store(kAbandoned);
+      bench.stop.store(kRunAbandoned);
       throw;
     }
     {
@@ -321,7 +323,7 @@ UnitsDone ThreadedUnitRunner::run(const std::vector<StudyUnit>& units, ResultSin
     }
     bench.changed.notify_all();
     if (failure) {
-      bench.stop.store(kAbandoned);  // the units after the failed one are not written
+      bench.stop.store(kRunAbandoned);  // the units after the failed one are not written
       std::rethrow_exception(failure);
     }
   }

@@ -199,7 +199,7 @@ class UnitThreads {
  public:
   struct Finished {
     size_t unit = 0;
-    std::variant<RecordingSink, std::exception_ptr> result;
+    analysis::UnitResult result;
   };
   UnitThreads(const std::vector<StudyUnit>& units, int jobs, int threads_per_unit)
       : units_(units) {
@@ -212,7 +212,7 @@ class UnitThreads {
       const std::lock_guard<std::mutex> lock(mutex_);
       ended_ = true;
       int none = 0;
-      stop_.compare_exchange_strong(none, kAbandoned);
+      stop_.compare_exchange_strong(none, analysis::kRunAbandoned);
     }
     changed_.notify_all();
     for (auto& thread : threads_) thread.join();
@@ -254,7 +254,6 @@ class UnitThreads {
   }
 
  private:
-  static constexpr int kAbandoned = -1;  // the rank's run ended: the units in flight stop
   void serve(int threads_per_unit) {
     omp_set_num_threads(threads_per_unit);  // this thread's own team (libgomp)
     for (;;) {
@@ -266,15 +265,7 @@ class UnitThreads {
         unit = assigned_.front();
         assigned_.pop_front();
       }
-      Finished done{unit, {}};
-      try {
-        analysis::throw_if_stop_requested();  // stopped: no new unit
-        RecordingSink records;
-        analysis::run_unit_work(units_.at(unit), records, &stop_);
-        done.result = std::move(records);
-      } catch (...) {
-        done.result = std::current_exception();
-      }
+      Finished done{unit, analysis::record_unit(units_.at(unit), &stop_)};
       {
         const std::lock_guard<std::mutex> lock(mutex_);
         finished_.push_back(std::move(done));
@@ -283,7 +274,7 @@ class UnitThreads {
     }
   }
   const std::vector<StudyUnit>& units_;
-  std::atomic<int> stop_{0};  // what the units' reference reads: a signal, or kAbandoned
+  std::atomic<int> stop_{0};  // what the units' reference reads: a signal, or kRunAbandoned
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<size_t> assigned_;

@@ -116,16 +116,20 @@ class Layout:
             raise ValueError(f"{label}: layout \"{self.name}\" expects {self.pattern(name)} with "
                              f"B = {size} (from q), found shape {list(array.shape)}")
         parts = list(array) if self.batched else [array]
-        return [np.swapaxes(part, 0, 1) if self.rows_first else part for part in parts]
-
+        return [self._swap(part) for part in parts]
 
     def join(self, parts):
         """sequences(): the other way: one [heads, rows, ...] array per sequence -> one array
         in this layout."""
         if self.name == "hsd":
             return parts[0]
-        laid = [np.swapaxes(part, 0, 1) if self.rows_first else part for part in parts]
+        laid = [self._swap(part) for part in parts]
         return np.stack(laid) if self.batched else laid[0]
+
+    def _swap(self, part):
+        """One sequence's tensor between this layout's order and [heads, rows, ...] (either way:
+        the swap is its own inverse)."""
+        return np.swapaxes(part, 0, 1) if self.rows_first else part
 
 
 class Batch:
@@ -164,33 +168,32 @@ class Batch:
         it is: the oracle names it."""
         if not hasattr(arrays, "items"):
             return [arrays] * self.size
-        parts = {}
-        for name, array in arrays.items():
-            if array is None or name not in _AXES:
-                parts[name] = [array] * self.size
-                continue
-            layout = lse_layout if (name in _LSE_NAMES and lse_layout) else self.layout
-            parts[name] = layout.sequences(array, label(name), name, self.size)
-            self._check_order(parts[name][0], array, label(name), name, layout)
+        parts = {name: (self.one(array, name, lse_layout, label(name)) if name in _AXES
+                        else [array] * self.size)
+                 for name, array in arrays.items()}
         return [{name: values[b] for name, values in parts.items()} for b in range(self.size)]
 
-    def one(self, array, name, lse_layout=None):
-        """One tensor (do, dlse) -> its per-sequence parts; None -> None for every sequence."""
+    def one(self, array, name, lse_layout=None, label=None):
+        """One tensor (do, dlse) -> its per-sequence parts; None -> None for every sequence.
+        `label` names it in messages (default: its name)."""
         if array is None:
             return [None] * self.size
-        layout = lse_layout if (name in _LSE_NAMES and lse_layout) else self.layout
-        parts = layout.sequences(array, name, name, self.size)
-        self._check_order(parts[0], array, name, name, layout)
+        label = name if label is None else label
+        layout = self._layout_of(name, lse_layout)
+        parts = layout.sequences(array, label, name, self.size)
+        self._check_order(parts[0], array, label, name, layout)
         return parts
 
     def join(self, results, lse_layout):
         """One {name: [heads, rows, ...]} per sequence (the reference's) -> {name: array in the
         layout}; lse_layout as split's."""
-        joined = {}
-        for name in results[0]:
-            layout = lse_layout if (name in _LSE_NAMES and lse_layout) else self.layout
-            joined[name] = layout.join([result[name] for result in results])
-        return joined
+        return {name: self._layout_of(name, lse_layout).join([result[name] for result in results])
+                for name in results[0]}
+
+    def _layout_of(self, name, lse_layout):
+        """The layout tensor `name` comes in: lse_layout for lse, lse_window and dlse when given,
+        else the batch's."""
+        return lse_layout if (name in _LSE_NAMES and lse_layout) else self.layout
 
     def _check_order(self, part, array, label, name, layout):
         """Refuses a tensor whose heads and rows axes come swapped against `layout`: its shape

@@ -167,6 +167,15 @@ class RecordingSink final : public ResultSink {
   std::vector<Record> records;
 };
 
+// One unit computed on a worker thread (ThreadedUnitRunner's, the MPI worker's): its records
+// (run_unit_work into a RecordingSink, replayed when its turn to be written comes), or the error
+// it ended with; a stop requested before it starts is that error (Interrupted).
+using UnitResult = std::variant<RecordingSink, std::exception_ptr>;
+UnitResult record_unit(const StudyUnit& unit, const std::atomic<int>* stop);
+// A run's stop flag (what `stop` above points to) once the run ended without a stop request (a
+// unit or a write failed): the units in flight end at their next safe point and are dropped.
+inline constexpr int kRunAbandoned = -1;
+
 // Publishes the sink's finished units (ResultSink::publish_completed) when the unit loop it
 // guards ends, normally or by an exception (a stop, a failing unit): a results file spaces its
 // checkpoints, so units marked complete since the last one would otherwise wait for the commit
