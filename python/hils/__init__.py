@@ -11,7 +11,9 @@ v [Hkv, T, dv], q_retrieval [Hq, T, d], prior [Hq, rows, d]; kernel outputs by t
 (its /outputs datasets; hils._core.output_names lists them: o, lse, selection, ...). A kernel's
 own order and batch are one call: layout="bshd" (FlashAttention's [B, T, H, d], with
 lse_layout="bhsd" for its softmax_lse [B, H, T]), "bhsd" (SDPA, FlexAttention) or "shd";
-selection_order="any" for top-K rows in score order (hils/layouts.py). Any float dtype and
+selection_order="any" for top-K rows in score order; packed (varlen) batches with cu_seqlens=
+and layout="thd" (FlashAttention's flash_attn_varlen_func) or "bshd" with B = 1 (fla-org's
+parallel_nsa) (hils/layouts.py). Any float dtype and
 anything numpy converts are accepted; torch tensors on any device and in any float dtype (bf16,
 fp16 included) are converted by `as_numpy`. The work runs in C++ (the same code as `hils verify`)
 with the GIL released; Ctrl-C on the main thread (with Python's default SIGINT handler) raises
@@ -137,8 +139,8 @@ class Verifier:
     time); each .verify(outputs) then costs only what depends on those outputs (the oracle fuses
     again only the query blocks where a kernel's selection differs from the reference's).
     hils.Verifier(spec, q, k, v, **options).verify(outputs) is hils.verify(spec, q, k, v,
-    outputs, **options), report for report. Arguments as hils.verify's; a batched layout builds
-    one oracle per sequence.
+    outputs, **options), report for report. Arguments as hils.verify's; a batched or packed
+    (cu_seqlens=) layout builds one oracle per sequence.
 
         oracle = hils.Verifier(spec, q, k, v, input_precision="bf16")
         for name, kernel in kernels.items():
@@ -147,9 +149,10 @@ class Verifier:
 
     def __init__(self, spec, q, k, v, *, layout="hsd", input_precision="fp32",
                  score_precision="fp32", bf16_rounding="detect", q_retrieval=None, prior=None,
-                 queries=None, max_messages=8):
+                 queries=None, max_messages=8, cu_seqlens=None):
         queries = _queries(queries)
-        self._start(spec, _layouts.Batch(layout, _inputs(q, k, v, q_retrieval, prior), queries),
+        self._start(spec, _layouts.batch_of(layout, _inputs(q, k, v, q_retrieval, prior), queries,
+                                            cu_seqlens),
                     input_precision, score_precision, bf16_rounding, queries, max_messages)
 
     def _start(self, spec, batch, input_precision, score_precision, bf16_rounding, queries,
@@ -188,7 +191,7 @@ class Verifier:
                    for b, core in enumerate(self._cores)]
         if not self._batch.layout.batched:
             return reports[0]
-        return _layouts.BatchReport(reports, self._batch.layout.name)
+        return _layouts.BatchReport(reports, self._batch.layout.name, self._batch.lengths)
 
 
 def _per_sequence(batch, b, call):
@@ -255,7 +258,7 @@ def _kernel_batch(batch, outputs, do, dlse, grads, lse_layout, selection_order):
 def verify(spec, q, k, v, outputs, *, layout="hsd", lse_layout=None, selection_order="ascending",
            input_precision="fp32", score_precision="fp32", bf16_rounding="detect",
            q_retrieval=None, prior=None, queries=None, kernel=None, max_messages=8, do=None,
-           dlse=None, grads=None):
+           dlse=None, grads=None, cu_seqlens=None):
     """Judges a kernel's outputs against the reference in double (truth) and float (baseline).
 
     spec: a dict with the verify file's spec keys ({"preset": "nsa", "S": 64, "W": 512, ...}).
@@ -265,8 +268,15 @@ def verify(spec, q, k, v, outputs, *, layout="hsd", lse_layout=None, selection_o
         FlexAttention) or "bshd" ([B, T, Hq, d]: FlashAttention, fla-org NSA); every other
         tensor follows the same rule (hils/layouts.py, data/verify_format.md "Kernel layouts and
         batches"). A batched layout judges every sequence and returns a BatchReport.
+        With cu_seqlens: "thd" ([total, Hq, d]: FlashAttention's flash_attn_varlen_func), "htd"
+        ([Hq, total, d]), or "bshd" / "bhsd" with B = 1 (fla-org's parallel_nsa with cu_seqlens).
+    cu_seqlens: packed sequences, int32 or int64 [B + 1] (0, then each sequence's end row):
+        sequence b is rows cu_seqlens[b]..cu_seqlens[b+1]-1 of every tensor's rows axis, judged
+        as its own problem (positions and selection ids counted from its first row); returns a
+        BatchReport (data/verify_format.md "Packed sequences (varlen)").
     lse_layout: the layout whose order lse, lse_window and dlse come in when it differs from
-        layout's: FlashAttention's softmax_lse is [B, Hq, T] beside its "bshd" o, lse_layout="bhsd".
+        layout's: FlashAttention's softmax_lse is [B, Hq, T] beside its "bshd" o, lse_layout="bhsd"
+        (and [Hq, total] beside its varlen "thd" o: lse_layout="htd").
     selection_order: "ascending" (the verify file's rows: chunks ascending, -1 padding last) or
         "any" (each row a set in any order, e.g. torch.topk's score order: sorted before judging,
         fusion_weights' first K columns with it; duplicates, chunks out of range and padding
@@ -293,7 +303,7 @@ def verify(spec, q, k, v, outputs, *, layout="hsd", lse_layout=None, selection_o
     """
     # The kernel's arrays are checked first: a bad output is reported before the reference runs.
     kernel_name, queries = _kernel_name(kernel), _queries(queries)
-    batch = _layouts.Batch(layout, _inputs(q, k, v, q_retrieval, prior), queries)
+    batch = _layouts.batch_of(layout, _inputs(q, k, v, q_retrieval, prior), queries, cu_seqlens)
     arrays = _kernel_batch(batch, outputs, do, dlse, grads, lse_layout, selection_order)
     oracle = Verifier._of(spec, batch, queries, input_precision, score_precision, bf16_rounding,
                           max_messages)
@@ -301,16 +311,18 @@ def verify(spec, q, k, v, outputs, *, layout="hsd", lse_layout=None, selection_o
 
 
 def reference(spec, q, k, v, *, layout="hsd", lse_layout=None, q_retrieval=None, prior=None,
-              queries=None):
+              queries=None, cu_seqlens=None):
     """The mechanism in double precision (the oracle's truth) -> dict of numpy arrays:
     o [Hq, Tq, dv], lse [Hq, Tq], fusion_weights [Hq, Tq, K+2] (float64), and where the
     mechanism has them: selection [Hkv, Tq, K] (int64, ascending, -1 padded),
     surrogate_scores [Hq, Tq, n_chunks] (-inf outside V(t)), o_window, lse_window,
     summary_key [Hq, n_chunks, d], summary_bias [Hq, n_chunks]. With layout= (and lse_layout=)
     as hils.verify's, the inputs are read and every array returned in that layout, e.g. o
-    [B, Tq, Hq, dv] for "bshd" (one reference per sequence)."""
+    [B, Tq, Hq, dv] for "bshd" (one reference per sequence). With cu_seqlens= (a packed layout,
+    as hils.verify's) the arrays whose axes are the same in every sequence come packed, and
+    summary_key, summary_bias and surrogate_scores as a list of one array per sequence."""
     spec_json, queries = _spec_json(spec), _queries(queries)
-    batch = _layouts.Batch(layout, _inputs(q, k, v, q_retrieval, prior), queries)
+    batch = _layouts.batch_of(layout, _inputs(q, k, v, q_retrieval, prior), queries, cu_seqlens)
     lse_layout = _layouts.lse_layout_of(lse_layout, batch.layout)
     parts = [_per_sequence(batch, b, lambda: _core_module().reference(
                  spec_json, batch.inputs[b], queries, batch.size))  # as Verifier's: all kept

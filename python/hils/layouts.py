@@ -32,6 +32,14 @@ score order, fla-org NSA's top-k kernel) and its -1 padding anywhere: the row is
 columns of fusion_weights (the weights "in selection order") are permuted with it. Duplicates,
 chunks out of range or outside V(t), a wrong count and padding other than -1 still fail.
 
+Packed sequences (cu_seqlens=, FlashAttention's varlen and fla-org's parallel_nsa with
+cu_seqlens): the rows axis holds the B sequences one after another, sequence b being rows
+cu_seqlens[b]..cu_seqlens[b+1]-1; the packed layouts are "thd" ([total, heads, ...]), "htd"
+([heads, total, ...]) and "bshd" / "bhsd" with B = 1 ([1, total, heads, ...], fla-org's). Each
+sequence is its own problem (positions, chunks and selection ids from its first row);
+summary_key, summary_bias, surrogate_scores and prior (an axis of each sequence's own length)
+do not pack (data/verify_format.md "Packed sequences (varlen)").
+
 Nothing here checks what the oracle checks: a tensor is only split, transposed and sorted; its
 shape, dtype and values are judged by the per-sequence path (hils.Verifier), whose messages name
 shapes in the verify file's order.
@@ -62,6 +70,11 @@ def _names(values):
     return ", ".join(f'"{value}"' for value in values)
 
 
+def _shape_text(axes, sizes):
+    """A shape from {axis: length}, "*" for an axis sizes lacks: "[2, 2048, *, 64]"."""
+    return "[" + ", ".join(str(sizes.get(axis, "*")) for axis in axes) + "]"
+
+
 class Layout:
     """One of the four layouts: where the batch, heads and rows axes of a tensor sit."""
 
@@ -74,6 +87,8 @@ class Layout:
                              f"sequence, dims: the order of a kernel's axes), found {name!r}")
         self.name = name
         self.batched, self.rows_first = _LAYOUTS[name]
+        self.leading = int(self.batched)  # axes before heads and rows
+        self.lse_note = "FlashAttention's softmax_lse is [B, Hq, T] beside its [B, T, Hq, d] o"
 
     def swapped(self):
         """The layout with heads and rows the other way round ("bshd" <-> "bhsd")."""
@@ -91,7 +106,7 @@ class Layout:
     def expected(self, name, sizes):
         """Tensor `name`'s shape in this layout from {axis: length} ("*" where sizes lacks one),
         e.g. "[2, 2048, *, 64]" for k in "bshd" before Hkv is known."""
-        return "[" + ", ".join(str(sizes.get(axis, "*")) for axis in self.axes(name)) + "]"
+        return _shape_text(self.axes(name), sizes)
 
     def shape(self, name, sizes):
         """Tensor `name`'s shape in this layout, every axis's length taken from sizes."""
@@ -133,8 +148,8 @@ class Layout:
 
     def sequences(self, array, label, name, size):
         """An array in this layout (numpy, or a torch tensor for hils.gpu) -> one [heads, rows,
-        ...] view per sequence (`size` of them). The verify file's own layout passes the array through untouched (the oracle's
-        messages then name it as today)."""
+        ...] view per sequence (`size` of them). The verify file's own layout passes the array
+        through untouched (the oracle's messages then name it as today)."""
         if self.name == "hsd":
             return [array]
         self._check_rank(array, label, name)
@@ -173,6 +188,7 @@ class Batch:
         self.inputs = [{name: (None if parts is None else parts[b]) for name, parts in split.items()}
                        for b in range(self.size)]
         self.sizes = {}
+        self.lengths = None  # every sequence has q's T
         first, k = self.inputs[0]["q"], self.inputs[0]["k"]
         if self.layout.name != "hsd":  # ranks checked above: heads and rows are known
             self.sizes = {"Hq": first.shape[0], "Hkv": k.shape[0], "T": first.shape[1],
@@ -206,9 +222,8 @@ class Batch:
             return [None] * self.size
         label = name if label is None else label
         layout = self._layout_of(name, lse_layout)
-        parts = layout.sequences(array, label, name, self.size)
-        self._check_order(parts[0], array, label, name, layout)
-        return parts
+        self._check_order(array, label, name, layout)
+        return layout.sequences(array, label, name, self.size)
 
     def join(self, results, lse_layout):
         """One {name: [heads, rows, ...]} per sequence (the reference's) -> {name: array in the
@@ -221,21 +236,22 @@ class Batch:
         else the batch's."""
         return lse_layout if (name in _LSE_NAMES and lse_layout) else self.layout
 
-    def _check_order(self, part, array, label, name, layout):
+    def _check_order(self, array, label, name, layout):
         """Refuses a tensor whose heads and rows axes come swapped against `layout`: its shape
         fits the other order and not this one (never where heads and rows have one length)."""
         heads, rows = (self.sizes.get(axis) for axis in _AXES[name][:2])
-        if heads is None or rows is None or heads == rows or part.ndim < 2:
+        axis = layout.leading
+        if (heads is None or rows is None or heads == rows
+                or array.ndim != len(_AXES[name]) + axis):
             return
-        if part.shape[:2] != (rows, heads):
+        laid = (rows, heads) if layout.rows_first else (heads, rows)
+        if array.shape[axis:axis + 2] != laid[::-1]:
             return
         other = layout.swapped()
-        axis = 1 if layout.batched else 0
-        expected = layout.expected(name, {"B": self.size, _AXES[name][0]: heads,
-                                          _AXES[name][1]: rows})
+        sizes = {"B": self.size, "1": 1, "total": rows, _AXES[name][0]: heads, _AXES[name][1]: rows}
+        expected = _shape_text(layout.axes(name), sizes)
         if name in _LSE_NAMES:
-            fix = (f"say so with lse_layout=\"{other.name}\" (FlashAttention's softmax_lse is "
-                   f"[B, Hq, T] beside its [B, T, Hq, d] o)")
+            fix = f"say so with lse_layout=\"{other.name}\" ({layout.lse_note})"
         else:
             fix = (f"transpose it to {layout.pattern(name)} (x.transpose({axis}, {axis + 1}) in "
                    f"torch, np.swapaxes(x, {axis}, {axis + 1}) in numpy)")
@@ -244,10 +260,181 @@ class Batch:
                          f"{other.pattern(name)}, the order of layout \"{other.name}\": {fix}")
 
 
+# Packed layouts (cu_seqlens=): name -> (a leading batch axis of length 1, rows first). The rows
+# axis holds the sequences one after another, total = cu_seqlens[-1] rows.
+_PACKED = {"thd": (False, True), "htd": (False, False), "bshd": (True, True), "bhsd": (True, False)}
+# The tensors whose rows are slots or queries (T, Tq) and whose other axes are the same in every
+# sequence (not surrogate_scores: its columns are each sequence's chunks): they pack along rows.
+_PACKABLE = tuple(name for name, axes in _AXES.items()
+                  if axes[1] in ("T", "Tq") and "n_chunks" not in axes)
+_PACKED_NAMES = ('"thd" ([total, heads, d]: FlashAttention\'s flash_attn_varlen_func), "htd" '
+                 '([heads, total, d]), or "bshd" / "bhsd" with B = 1 (fla-org\'s parallel_nsa '
+                 'with cu_seqlens: q [1, total, HQ, K])')
+
+
+class Packed:
+    """A packed layout: sequence b is rows cu_seqlens[b]..cu_seqlens[b+1]-1 of every tensor's
+    rows axis (data/verify_format.md "Packed sequences"). Bound to the offsets it splits at."""
+
+    batched = True  # one report per sequence
+
+    def __init__(self, name, offsets, argument="layout"):
+        self.name = name
+        self.offsets = offsets
+        lead, self.rows_first = _PACKED[name]
+        self.leading = int(lead)
+        self.lse_note = ("FlashAttention's varlen softmax_lse is [Hq, total_q] beside its "
+                         "[total_q, Hq, d] o" if not lead else
+                         "[1, Hq, total] beside a [1, total, Hq, d] o")
+
+    def swapped(self):
+        return Packed(next(n for n, v in _PACKED.items()
+                           if v == (bool(self.leading), not self.rows_first)), self.offsets)
+
+    def lse_layout(self, lse_layout):
+        """lse_layout= beside this layout: a packed layout with the same leading axis."""
+        same = [n for n, v in _PACKED.items() if v[0] == bool(self.leading)]
+        if not isinstance(lse_layout, str) or lse_layout not in same:
+            raise ValueError(f"lse_layout: expected None or one of {_names(same)} (packed, as layout "
+                             f"\"{self.name}\" with cu_seqlens is), found {lse_layout!r}")
+        return Packed(lse_layout, self.offsets)
+
+    def axes(self, name):
+        heads, _, *rest = _AXES[name]
+        middle = ["total", heads] if self.rows_first else [heads, "total"]
+        return (["1"] if self.leading else []) + middle + rest
+
+    def pattern(self, name):
+        return "[" + ", ".join(self.axes(name)) + "]"
+
+    def sequences(self, array, label, name, size):
+        """A packed array -> one [heads, rows, ...] view per sequence."""
+        if name not in _PACKABLE:
+            raise ValueError(f"{label}: has no packed form: {name} [{', '.join(_AXES[name])}] has "
+                             f"an axis whose length is each sequence's own (n_chunks or the prior's "
+                             f"rows); judge it one sequence at a time (layout \"hsd\" or \"shd\" "
+                             f"without cu_seqlens)")
+        rank = len(_AXES[name]) + self.leading
+        if array.ndim != rank:
+            raise ValueError(f"{label}: layout \"{self.name}\" with cu_seqlens expects rank {rank} "
+                             f"{self.pattern(name)}, found rank {array.ndim} shape {list(array.shape)}")
+        if self.leading and array.shape[0] != 1:
+            raise ValueError(f"{label}: layout \"{self.name}\" with cu_seqlens expects "
+                             f"{self.pattern(name)} (the sequences packed along T of one batch row, "
+                             f"as fla-org's parallel_nsa takes them with cu_seqlens), found B = "
+                             f"{array.shape[0]} (shape {list(array.shape)})")
+        laid = array[0] if self.leading else array
+        total = int(self.offsets[-1])
+        if laid.shape[0 if self.rows_first else 1] != total:
+            raise ValueError(f"{label}: layout \"{self.name}\" expects {self.pattern(name)} with "
+                             f"total = {total} (cu_seqlens[-1]), found shape {list(array.shape)}")
+        rows = laid if self.rows_first else np.swapaxes(laid, 0, 1)
+        return [np.swapaxes(rows[a:b], 0, 1) for a, b in zip(self.offsets[:-1], self.offsets[1:])]
+
+    def join(self, parts):
+        """sequences(): the other way (the reference's arrays, packed)."""
+        rows = np.concatenate([np.swapaxes(part, 0, 1) for part in parts])
+        laid = rows if self.rows_first else np.swapaxes(rows, 0, 1)
+        return laid[None] if self.leading else laid
+
+
+def offsets_of(cu_seqlens, total):
+    """cu_seqlens (numpy, or a torch tensor on any device) checked against q's `total` rows ->
+    a list of B + 1 ints: 0, then strictly increasing, ending at total. ValueError / TypeError
+    naming the entry and the value expected."""
+    from . import as_numpy  # the package's converter (torch tensors on any device)
+    array = as_numpy(cu_seqlens, "cu_seqlens")
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"cu_seqlens: expected integers (int32 as FlashAttention's, int64 as "
+                        f"fla-org's), found dtype {array.dtype}")
+    if array.ndim != 1 or array.size < 2:
+        raise ValueError(f"cu_seqlens: expected a 1-D array [B + 1] of offsets (0, then each "
+                         f"sequence's end; B >= 1), found shape {list(array.shape)}")
+    offsets = [int(x) for x in array]
+    if offsets[0] != 0:
+        raise ValueError(f"cu_seqlens: expected cu_seqlens[0] = 0 (the first sequence starts at row "
+                         f"0), found {offsets[0]}")
+    for b in range(len(offsets) - 1):
+        if offsets[b + 1] < offsets[b]:
+            raise ValueError(f"cu_seqlens: expected increasing offsets, found cu_seqlens[{b + 1}] = "
+                             f"{offsets[b + 1]} < cu_seqlens[{b}] = {offsets[b]}")
+        if offsets[b + 1] == offsets[b]:
+            raise ValueError(f"cu_seqlens: sequence b={b} is empty (cu_seqlens[{b}] = cu_seqlens"
+                             f"[{b + 1}] = {offsets[b]}): the oracle judges sequences of at least "
+                             f"one slot (reference/SEMANTICS.md, section 1); leave it out")
+    if offsets[-1] != total:
+        raise ValueError(f"cu_seqlens: expected cu_seqlens[-1] = {total} (q's total rows), found "
+                         f"{offsets[-1]}")
+    return offsets
+
+
+class PackedBatch(Batch):
+    """The sequences of a packed problem (cu_seqlens=): as Batch, split at the offsets. Every
+    query of every sequence is judged; positions restart at 0 in each sequence."""
+
+    def __init__(self, name, inputs, queries, cu_seqlens):
+        if queries is not None:
+            raise ValueError("queries: expected None with cu_seqlens (every query of every packed "
+                             "sequence is judged, as the varlen kernels compute them all)")
+        for tensor in ("q", "k", "v"):
+            if inputs[tensor] is None:
+                raise TypeError(f"{tensor}: expected a numpy array, found an object of type NoneType")
+        q = inputs["q"]
+        probe = Packed(name, [0, 0])
+        rank = len(_AXES["q"]) + probe.leading
+        if q.ndim != rank:
+            raise ValueError(f"q: layout \"{name}\" with cu_seqlens expects rank {rank} "
+                             f"{probe.pattern('q')}, found rank {q.ndim} shape {list(q.shape)}")
+        total = q.shape[probe.leading + (0 if probe.rows_first else 1)]
+        self.layout = Packed(name, offsets_of(cu_seqlens, total))
+        self.size = len(self.layout.offsets) - 1
+        heads = q.shape[probe.leading + (1 if probe.rows_first else 0)]
+        self.sizes = {"Hq": heads, "T": total, "Tq": total}
+        k = inputs["k"]
+        if k.ndim == rank:
+            self.sizes["Hkv"] = k.shape[probe.leading + (1 if probe.rows_first else 0)]
+        split = {tensor: (None if array is None else self.one(array, tensor))
+                 for tensor, array in inputs.items()}
+        self.inputs = [{tensor: (None if parts is None else parts[b]) for tensor, parts in split.items()}
+                       for b in range(self.size)]
+        self.lengths = [b - a for a, b in zip(self.layout.offsets[:-1], self.layout.offsets[1:])]
+
+    def join(self, results, lse_layout):
+        """As Batch.join, packed; summary_key, summary_bias and surrogate_scores (their rows or
+        columns are each sequence's chunks) stay one [heads, ...] array per sequence, in a list."""
+        return {name: (self._layout_of(name, lse_layout).join([r[name] for r in results])
+                       if name in _PACKABLE else [r[name] for r in results])
+                for name in results[0]}
+
+    def context(self, b):
+        seq, (first, end) = self.inputs[b], self.layout.offsets[b:b + 2]
+        return (f" (sequence b={b} of layout \"{self.layout.name}\" with cu_seqlens: rows "
+                f"{first}..{end - 1}, T = {end - first}, read as q [Hq, T, d] = "
+                f"{list(seq['q'].shape)}, k [Hkv, T, d] = {list(seq['k'].shape)}, v [Hkv, T, dv] = "
+                f"{list(seq['v'].shape)})")
+
+
+def batch_of(layout, inputs, queries, cu_seqlens):
+    """The Batch of hils.verify's arguments: packed (PackedBatch) when cu_seqlens is given."""
+    name = layout.name if isinstance(layout, (Layout, Packed)) else layout
+    if cu_seqlens is None:
+        if isinstance(name, str) and name in ("thd", "htd"):
+            raise ValueError(f"cu_seqlens: layout \"{name}\" packs the sequences along its rows: "
+                             f"give cu_seqlens=[0, T_0, T_0 + T_1, ..., total] (int32 [B + 1])")
+        return Batch(layout, inputs, queries)
+    if not isinstance(name, str) or name not in _PACKED:
+        what = "is one sequence" if name in _LAYOUTS else "is not a layout"
+        raise ValueError(f"layout: {name!r} {what}; with cu_seqlens (packed sequences) expected "
+                         f"{_PACKED_NAMES}")
+    return PackedBatch(name, inputs, queries, cu_seqlens)
+
+
 def lse_layout_of(lse_layout, layout):
     """lse_layout= -> a Layout with the same batching as `layout`, or None (layout's own)."""
     if lse_layout is None:
         return None
+    if isinstance(layout, Packed):
+        return layout.lse_layout(lse_layout)
     result = Layout(lse_layout, "lse_layout")
     if result.batched != layout.batched:
         same = [n for n, v in _LAYOUTS.items() if v[0] == layout.batched]
@@ -296,9 +483,10 @@ class BatchReport:
     for one sequence); .passed when every sequence passes; .failed lists the b that fail.
     str() is one line per sequence, then the full report of each that fails."""
 
-    def __init__(self, reports, layout):
+    def __init__(self, reports, layout, lengths=None):
         self.reports = list(reports)
         self.layout = layout
+        self.lengths = None if lengths is None else list(lengths)  # T of each sequence, if ragged
 
     @property
     def passed(self):
@@ -328,11 +516,15 @@ class BatchReport:
         lines = [f"batch of {len(self)} sequences, layout \"{self.layout}\": "
                  f"{len(self) - len(failed)} pass, {len(failed)} fail"
                  + (f" (b={', '.join(map(str, failed))})" if failed else "")]
-        lines += [f"  b={b}: {_summary(report)}" for b, report in enumerate(self.reports)]
+        lines += [f"  b={b}{self._length(b)}: {_summary(report)}"
+                  for b, report in enumerate(self.reports)]
         for b in failed:
             lines += ["", f"---- b={b}: FAIL ----", str(self.reports[b])]
         lines.append("batch PASS" if self.passed else f"batch FAIL (b={', '.join(map(str, failed))})")
         return "\n".join(lines)
+
+    def _length(self, b):
+        return "" if self.lengths is None else f" (T = {self.lengths[b]})"
 
     def __repr__(self):
         return (f"<hils.BatchReport {'PASS' if self.passed else 'FAIL'} B={len(self)}"

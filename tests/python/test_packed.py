@@ -1,0 +1,253 @@
+"""Packed (varlen) batches: hils.verify(..., layout="thd", cu_seqlens=) as FlashAttention's
+flash_attn_varlen_func lays them out (q [total, Hq, d], softmax_lse [Hq, total] with
+lse_layout="htd"), and fla-org's parallel_nsa(..., cu_seqlens=) ([1, total, HQ, K], layout
+"bshd" with B = 1; python/hils/layouts.py, data/verify_format.md "Packed sequences"). Each
+sequence is its own problem, its positions and chunks counted from 0: the reference's own
+outputs packed by hand pass; a kernel that ignores cu_seqlens (one long sequence), sequence-
+global chunk ids and a fault planted in one sequence fail the sequences they touch, and only
+those; bad cu_seqlens and shapes are refused naming the field and the value expected. CPU only."""
+
+import numpy as np
+import pytest
+
+import hils
+from conftest import CASES, case_spec, seed_of
+from hils.testing import assert_kernel_matches
+
+CASE = "ragged_tail"          # S = 8, W = 16, K = 3, Hq = 4, Hkv = 2, d = 16, dv = 12
+C = CASES[CASE]
+SPEC = case_spec("hils", CASE)
+LENGTHS = (77, 30, 50)        # T of each sequence: 9, 3 and 6 complete chunks
+CU = np.cumsum((0,) + LENGTHS).astype(np.int32)          # [0, 77, 107, 157]
+TOTAL = int(CU[-1])
+NAMES = ("o", "lse", "selection", "fusion_weights", "o_window", "lse_window")
+
+
+def sequence(b):
+    """Gaussian float32 q, k, v [heads, T_b, d] of sequence b."""
+    rng = np.random.default_rng(seed_of(f"packed/b{b}"))
+    T = LENGTHS[b]
+    return tuple(rng.standard_normal(shape).astype(np.float32) for shape in
+                 ((C["Hq"], T, C["d"]), (C["Hkv"], T, C["d"]), (C["Hkv"], T, C["dv"])))
+
+
+@pytest.fixture(scope="module")
+def batch():
+    inputs = [sequence(b) for b in range(len(LENGTHS))]
+    return inputs, [hils.reference(SPEC, *qkv) for qkv in inputs]
+
+
+def packed(parts):
+    """Per-sequence [heads, T_b, ...] -> [total, heads, ...], written out by hand (FlashAttention's
+    varlen layout: the sequences' rows one after another)."""
+    return np.concatenate([np.swapaxes(part, 0, 1) for part in parts])
+
+
+def kernel_call(batch, edit=None, names=NAMES):
+    """(q, k, v, outputs) packed from the reference's outputs; edit(b, outputs_b) may change a
+    sequence's outputs (the verify file's order) first."""
+    inputs, refs = batch
+    outs = [{n: refs[b][n].copy() for n in names} for b in range(len(LENGTHS))]
+    if edit:
+        for b, out in enumerate(outs):
+            edit(b, out)
+    q, k, v = (packed([x[i] for x in inputs]) for i in range(3))
+    return q, k, v, {n: packed([out[n] for out in outs]) for n in names}
+
+
+def in_layout(array, layout):
+    """A "thd" array [total, heads, ...] in another packed layout."""
+    return {"thd": array, "htd": np.swapaxes(array, 0, 1), "bshd": array[None],
+            "bhsd": np.swapaxes(array, 0, 1)[None]}[layout]
+
+
+@pytest.mark.parametrize("layout", ("thd", "htd", "bshd", "bhsd"))
+def test_each_packed_layout_passes(batch, layout):
+    q, k, v, outputs = kernel_call(batch)
+    report = hils.verify(SPEC, *(in_layout(x, layout) for x in (q, k, v)),
+                         {n: in_layout(a, layout) for n, a in outputs.items()}, layout=layout,
+                         cu_seqlens=CU)
+    assert isinstance(report, hils.BatchReport) and report.passed, str(report)
+    assert len(report) == 3 and report.lengths == list(LENGTHS)
+    assert all(r.tensors["o"].max_abs < 1e-12 for r in report)      # each against its own inputs
+    assert [r.selection.rows for r in report] == [2 * T for T in LENGTHS]   # Hkv x T_b rows
+    lines = str(report).splitlines()
+    assert lines[0] == f'batch of 3 sequences, layout "{layout}": 3 pass, 0 fail'
+    assert [line.split(":")[0] for line in lines[1:4]] == ["  b=0 (T = 77)", "  b=1 (T = 30)",
+                                                          "  b=2 (T = 50)"]
+
+
+def test_flash_attention_varlen_lse(batch):
+    """flash_attn_varlen_func's softmax_lse is [Hq, total_q] beside o [total_q, Hq, d]."""
+    q, k, v, outputs = kernel_call(batch, names=("o", "lse"))
+    softmax_lse = np.ascontiguousarray(outputs["lse"].T)
+    fa = dict(outputs, lse=softmax_lse)
+    assert hils.verify(SPEC, q, k, v, fa, layout="thd", lse_layout="htd", cu_seqlens=CU).passed
+    with pytest.raises(ValueError) as error:
+        hils.verify(SPEC, q, k, v, fa, layout="thd", cu_seqlens=CU)
+    assert str(error.value) == (
+        'outputs["lse"]: layout "thd" expects [total, Hq] = [157, 4], found shape [4, 157], which '
+        'is [Hq, total], the order of layout "htd": say so with lse_layout="htd" (FlashAttention\'s '
+        "varlen softmax_lse is [Hq, total_q] beside its [total_q, Hq, d] o)")
+
+
+def test_a_kernel_that_ignores_cu_seqlens_fails_the_later_sequences(batch):
+    """The pack computed as one long sequence (positions not restarting): sequence 0 is the
+    same causal prefix and passes; sequences 1 and 2 read the keys of those before them and fail."""
+    q, k, v, _ = kernel_call(batch)
+    whole = hils.reference(SPEC, *(np.swapaxes(x, 0, 1) for x in (q, k, v)))
+    outputs = {n: np.swapaxes(whole[n], 0, 1) for n in ("o", "lse", "selection")}
+    report = hils.verify(SPEC, q, k, v, outputs, layout="thd", cu_seqlens=CU)
+    assert report.failed == [1, 2], str(report)
+    assert not report[1].tensors["o"].passed and not report[2].selection.passed
+
+
+def test_selection_ids_are_sequence_local(batch):
+    """fla-org's varlen block_indices count a sequence's blocks from its own start (the kernel
+    offsets k by the sequence's first row; its varlen test draws ids below cdiv(t, block_size),
+    t the position in the sequence): so do ours. Ids counted from the pack's first row (the
+    local id + the chunks of the sequences before) fail every sequence but the first."""
+    def global_ids(b, out):
+        before = sum(T // C["S"] for T in LENGTHS[:b])
+        out["selection"] = np.where(out["selection"] >= 0, out["selection"] + before, -1)
+    q, k, v, outputs = kernel_call(batch, global_ids, ("o", "lse", "selection"))
+    report = hils.verify(SPEC, q, k, v, outputs, layout="thd", cu_seqlens=CU)
+    assert report.failed == [1, 2], str(report)
+    assert "is not a candidate" in str(report[1])
+
+
+def wrong_lse(b, out):
+    if b == 1:
+        out["lse"][2, 20] += 1e-3
+
+
+def shifted_window(b, out):
+    if b == 1:
+        out.update(hils.reference(dict(SPEC, W=C["W"] + C["S"]), *sequence(1)))
+
+
+def dropped_chunk(b, out):
+    """Sequence 1's last query, group 0: its first chunk replaced by -1 (one chunk short)."""
+    if b == 1:
+        row = out["selection"][0, -1]
+        out["selection"][0, -1] = np.append(row[1:], -1)
+
+
+@pytest.mark.parametrize("fault", (wrong_lse, shifted_window, dropped_chunk),
+                         ids=("wrong_lse", "shifted_window", "dropped_chunk"))
+def test_a_fault_in_one_sequence_fails_it_alone(batch, fault):
+    q, k, v, outputs = kernel_call(batch, fault)
+    report = hils.verify(SPEC, q, k, v, outputs, layout="thd", cu_seqlens=CU)
+    assert report.failed == [1], str(report)
+    text = str(report)
+    assert "2 pass, 1 fail (b=1)" in text and "\n  b=1 (T = 30): FAIL" in text
+    assert "---- b=1: FAIL ----\n" + str(report[1]) in text
+    if fault is shifted_window:
+        assert "W=24 instead of W=16" in report[1].tensors["o_window"].diagnosis
+    with pytest.raises(AssertionError, match="kernel mine\nbatch of 3 sequences"):
+        assert_kernel_matches(SPEC, q, k, v, outputs, layout="thd", cu_seqlens=CU, kernel="mine")
+
+
+def test_any_order_and_a_verifier_over_the_pack(batch):
+    """selection_order="any" sorts each sequence's rows; hils.Verifier(cu_seqlens=) judges two
+    kernels against one reference."""
+    def reversed_rows(b, out):
+        out["selection"] = out["selection"][..., ::-1].copy()
+    q, k, v, outputs = kernel_call(batch, reversed_rows, ("o", "lse", "selection"))
+    oracle = hils.Verifier(SPEC, q, k, v, layout="thd", cu_seqlens=CU)
+    assert oracle.verify(outputs, selection_order="any").passed
+    assert oracle.verify(outputs).failed == [0, 1, 2]
+
+
+def test_reference_packed(batch):
+    """hils.reference(layout="thd", cu_seqlens=) packs what packs; summary_key, summary_bias and
+    surrogate_scores (each sequence's own chunks) come as one array per sequence."""
+    inputs, refs = batch
+    q, k, v, _ = kernel_call(batch)
+    got = hils.reference(SPEC, q, k, v, layout="thd", cu_seqlens=CU)
+    assert set(got) == set(refs[0])
+    for name in ("summary_key", "summary_bias", "surrogate_scores"):
+        assert isinstance(got[name], list) and len(got[name]) == 3
+        for b in range(3):
+            np.testing.assert_array_equal(got[name][b], refs[b][name], err_msg=name)
+    for name in NAMES:
+        np.testing.assert_array_equal(got[name], packed([r[name] for r in refs]), err_msg=name)
+    fla = hils.reference(SPEC, q[None], k[None], v[None], layout="bshd", lse_layout="bhsd",
+                         cu_seqlens=CU)
+    assert fla["o"].shape == (1, TOTAL, C["Hq"], C["dv"])
+    np.testing.assert_array_equal(fla["lse"], packed([r["lse"] for r in refs]).T[None])
+
+
+def check(call, message, error=ValueError):
+    with pytest.raises(error) as raised:
+        call()
+    assert str(raised.value) == message
+
+
+@pytest.mark.parametrize("cu,message", [
+    ([1, 77, 107, 157], "cu_seqlens: expected cu_seqlens[0] = 0 (the first sequence starts at row 0), "
+                        "found 1"),
+    ([0, 77, 60, 157], "cu_seqlens: expected increasing offsets, found cu_seqlens[2] = 60 < "
+                       "cu_seqlens[1] = 77"),
+    ([0, 77, 107], "cu_seqlens: expected cu_seqlens[-1] = 157 (q's total rows), found 107"),
+    ([0, 77, 107, 160], "cu_seqlens: expected cu_seqlens[-1] = 157 (q's total rows), found 160"),
+    ([0, 77, 77, 157], "cu_seqlens: sequence b=1 is empty (cu_seqlens[1] = cu_seqlens[2] = 77): the "
+                       "oracle judges sequences of at least one slot (reference/SEMANTICS.md, "
+                       "section 1); leave it out"),
+    ([[0, 77, 107, 157]], "cu_seqlens: expected a 1-D array [B + 1] of offsets (0, then each "
+                          "sequence's end; B >= 1), found shape [1, 4]"),
+    ([157], "cu_seqlens: expected a 1-D array [B + 1] of offsets (0, then each sequence's end; "
+            "B >= 1), found shape [1]"),
+], ids=("first_not_0", "decreasing", "last_short", "last_long", "empty", "two_dims", "one_entry"))
+def test_bad_cu_seqlens_are_refused(batch, cu, message):
+    q, k, v, outputs = kernel_call(batch, names=("o",))
+    check(lambda: hils.verify(SPEC, q, k, v, outputs, layout="thd", cu_seqlens=np.array(cu)), message)
+    check(lambda: hils.reference(SPEC, q, k, v, layout="thd", cu_seqlens=np.array(cu)), message)
+
+
+def test_bad_packed_arguments_are_refused(batch):
+    q, k, v, outputs = kernel_call(batch, names=("o", "lse"))
+    verify = lambda *args, **kw: hils.verify(SPEC, *args, **kw)  # noqa: E731
+    check(lambda: verify(q, k, v, outputs, layout="thd", cu_seqlens=CU.astype(np.float32)),
+          "cu_seqlens: expected integers (int32 as FlashAttention's, int64 as fla-org's), found "
+          "dtype float32", TypeError)
+    assert verify(q, k, v, outputs, layout="thd", cu_seqlens=CU.astype(np.int64)).passed  # fla's
+    check(lambda: verify(q, k, v, outputs, layout="thd"),
+          'cu_seqlens: layout "thd" packs the sequences along its rows: give cu_seqlens=[0, T_0, '
+          "T_0 + T_1, ..., total] (int32 [B + 1])")
+    check(lambda: verify(q, k, v, outputs, layout="shd", cu_seqlens=CU),
+          "layout: 'shd' is one sequence; with cu_seqlens (packed sequences) expected \"thd\" "
+          "([total, heads, d]: FlashAttention's flash_attn_varlen_func), \"htd\" ([heads, total, "
+          "d]), or \"bshd\" / \"bhsd\" with B = 1 (fla-org's parallel_nsa with cu_seqlens: q [1, "
+          "total, HQ, K])")
+    two = lambda x: np.stack([x, x])  # noqa: E731
+    check(lambda: verify(two(q), two(k), two(v), outputs, layout="bshd", cu_seqlens=CU),
+          'q: layout "bshd" with cu_seqlens expects [1, total, Hq, d] (the sequences packed along T '
+          "of one batch row, as fla-org's parallel_nsa takes them with cu_seqlens), found B = 2 "
+          "(shape [2, 157, 4, 16])")
+    check(lambda: verify(q, k, v, dict(outputs, o=outputs["o"][:-1]), layout="thd", cu_seqlens=CU),
+          'outputs["o"]: layout "thd" expects [total, Hq, dv] with total = 157 (cu_seqlens[-1]), '
+          "found shape [156, 4, 12]")
+    check(lambda: verify(q, k[:-1], v, outputs, layout="thd", cu_seqlens=CU),
+          'k: layout "thd" expects [total, Hkv, d] with total = 157 (cu_seqlens[-1]), found shape '
+          "[156, 2, 16]")
+    check(lambda: verify(q[None], k, v, outputs, layout="thd", cu_seqlens=CU),
+          'q: layout "thd" with cu_seqlens expects rank 3 [total, Hq, d], found rank 4 shape '
+          "[1, 157, 4, 16]")
+    check(lambda: verify(q, k, v, outputs, layout="thd", cu_seqlens=CU, queries=[3]),
+          "queries: expected None with cu_seqlens (every query of every packed sequence is judged, "
+          "as the varlen kernels compute them all)")
+    check(lambda: verify(q, k, v, dict(outputs, summary_bias=outputs["lse"]), layout="thd",
+                         cu_seqlens=CU),
+          'outputs["summary_bias"]: has no packed form: summary_bias [Hq, n_chunks] has an axis '
+          "whose length is each sequence's own (n_chunks or the prior's rows); judge it one "
+          'sequence at a time (layout "hsd" or "shd" without cu_seqlens)')
+    check(lambda: verify(q, k, v, outputs, layout="thd", lse_layout="bhsd", cu_seqlens=CU),
+          'lse_layout: expected None or one of "thd", "htd" (packed, as layout "thd" with '
+          "cu_seqlens is), found 'bhsd'")
+    # The oracle's own message for one sequence, with where it comes from.
+    with pytest.raises(ValueError) as raised:
+        verify(q, k[:, :1], v, outputs, layout="thd", cu_seqlens=CU)
+    assert str(raised.value).endswith(
+        '(sequence b=0 of layout "thd" with cu_seqlens: rows 0..76, T = 77, read as q [Hq, T, d] '
+        "= [4, 77, 16], k [Hkv, T, d] = [1, 77, 16], v [Hkv, T, dv] = [2, 77, 12])")
