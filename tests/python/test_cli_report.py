@@ -154,3 +154,13 @@ def test_every_score_precision_is_in_the_format_and_judged_alike_by_the_cli(tmp_
     assert cli.stdout == f"{path} (kernel {report.kernel})\n" + str(report)
     assert f"selection scores {precision}\n" in cli.stdout
     assert cli.returncode == 0 and report.passed
+
+
+def test_every_summary_store_of_the_gpu_decode_cache_is_a_score_precision_the_oracle_accepts():
+    # hils.gpu's decode cache hands hils.verify its store's score_precision (SUMMARY_STORES,
+    # python/hils/gpu/decode.py); a name the oracle's table lacks was refused only on a GPU.
+    import hils.gpu
+    for store, precision in hils.gpu.SUMMARY_STORES.items():
+        assert precision in hils._core.score_precisions, (
+            f"SUMMARY_STORES[{store!r}] = {precision!r}: not a score precision of the oracle "
+            f"({', '.join(hils._core.score_precisions)})")
