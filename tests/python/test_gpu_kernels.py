@@ -4,7 +4,9 @@ chunk-aligned window, and with a naive-BSA block mask built from hils.reference'
 and planted faults that must fail (a wrong scale, a window shifted by S, a dropped chunk). Then
 the same kernels on a batch in their own layouts (SDPA and FlexAttention [B, H, T, d],
 FlashAttention's aten entry point [B, T, H, d] with lse [B, H, T]), each judged in one call with
-layout= (a fault in one sequence fails that sequence alone).
+layout= (a fault in one sequence fails that sequence alone). Then packed sequences (FlexAttention
+with a document mask, torch's varlen_attn; cu_seqlens=) and a paged decode step (gather + SDPA,
+hils.verify_decode), a fault in one sequence again failing that sequence alone.
 bf16 inputs on the GPU; ctest label gpu; skipped without torch or CUDA. Each report is printed
 (run pytest with -s to see the headroom of every kernel)."""
 

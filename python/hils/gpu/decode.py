@@ -27,6 +27,11 @@ step(q, out=buffers) writes preallocated outputs, so that a step can be captured
 and replayed (as gpu/bench/bench_decode.py times the kernels): the replay runs that step's length
 T again (step's docstring says what a graph keeps).
 
+The same step in one call for all B sequences: hils.verify_decode(spec, q_new, cache.k, cache.v,
+out, cache_seqlens=[T] * B, cache_layout="bhsd", q_retrieval=..., landmark_queries=cache.priors,
+...) (tests/python/test_gpu_decode.py; it builds the problems with verify_arguments' function,
+hils.decoding.one_query_inputs, and does not judge the stored summaries).
+
 Bad arguments raise TypeError / ValueError naming the argument before the library is looked
 for; a refusal of the library raises hils.gpu.GpuError (GpuInvalidArgument for bad input)."""
 
