@@ -70,6 +70,11 @@ def _names(values):
     return ", ".join(f'"{value}"' for value in values)
 
 
+def _shape_text(axes, sizes):
+    """A shape from {axis: length}, "*" for an axis sizes lacks: "[2, 2048, *, 64]"."""
+    return "[" + ", ".join(str(sizes.get(axis, "*")) for axis in axes) + "]"
+
+
 class Layout:
     """One of the four layouts: where the batch, heads and rows axes of a tensor sit."""
 
@@ -98,6 +103,32 @@ class Layout:
     def pattern(self, name):
         return "[" + ", ".join(self.axes(name)) + "]"
 
+    def expected(self, name, sizes):
+        """Tensor `name`'s shape in this layout from {axis: length} ("*" where sizes lacks one),
+        e.g. "[2, 2048, *, 64]" for k in "bshd" before Hkv is known."""
+        return _shape_text(self.axes(name), sizes)
+
+    def shape(self, name, sizes):
+        """Tensor `name`'s shape in this layout, every axis's length taken from sizes."""
+        return tuple(sizes[axis] for axis in self.axes(name))
+
+    def read_sizes(self, array, label, name, sizes, source):
+        """Checks an array's rank and the lengths of the axes that `sizes` ({axis: length}) has
+        (ValueError naming `label`, the expected shape in this layout and `source`, where those
+        lengths come from); returns sizes with this array's other axes added (k adds Hkv, v dv).
+        Works on anything with .ndim and .shape (numpy arrays, torch tensors)."""
+        self._check_rank(array, label, name)
+        axes = self.axes(name)
+        if all(sizes.get(axis, n) == n for axis, n in zip(axes, array.shape)):
+            return {**sizes, **dict(zip(axes, array.shape))}
+        other = self.swapped()
+        fix = ""
+        if all(sizes.get(axis, n) == n for axis, n in zip(other.axes(name), array.shape)):
+            fix = f", which is {other.pattern(name)}, the order of layout \"{other.name}\""
+        raise ValueError(f"{label}: layout \"{self.name}\" expects {self.pattern(name)} = "
+                         f"{self.expected(name, sizes)} ({source}), found shape "
+                         f"{list(array.shape)}{fix}")
+
     def batch_size(self, q):
         """B, read from q (1 for an unbatched layout)."""
         if not self.batched:
@@ -116,9 +147,9 @@ class Layout:
                              f"{list(array.shape)}")
 
     def sequences(self, array, label, name, size):
-        """A numpy array in this layout -> one [heads, rows, ...] view per sequence (`size` of
-        them). The verify file's own layout passes the array through untouched (the oracle's
-        messages then name it as today)."""
+        """An array in this layout (numpy, or a torch tensor for hils.gpu) -> one [heads, rows,
+        ...] view per sequence (`size` of them). The verify file's own layout passes the array
+        through untouched (the oracle's messages then name it as today)."""
         if self.name == "hsd":
             return [array]
         self._check_rank(array, label, name)
@@ -139,7 +170,7 @@ class Layout:
     def _swap(self, part):
         """One sequence's tensor between this layout's order and [heads, rows, ...] (either way:
         the swap is its own inverse)."""
-        return np.swapaxes(part, 0, 1) if self.rows_first else part
+        return part.swapaxes(0, 1) if self.rows_first else part  # numpy and torch alike: a view
 
 
 class Batch:
@@ -218,7 +249,7 @@ class Batch:
             return
         other = layout.swapped()
         sizes = {"B": self.size, "1": 1, "total": rows, _AXES[name][0]: heads, _AXES[name][1]: rows}
-        expected = "[" + ", ".join(str(sizes.get(a, "*")) for a in layout.axes(name)) + "]"
+        expected = _shape_text(layout.axes(name), sizes)
         if name in _LSE_NAMES:
             fix = f"say so with lse_layout=\"{other.name}\" ({layout.lse_note})"
         else:

@@ -260,6 +260,31 @@ def test_capturing_an_int4h_chunk_completion_is_refused():
     assert differences(summary_store_of(eager), summary_store_of(graphed)) == []
 
 
+def test_a_prefix_in_flash_attention_layout_steps_as_in_sdpa_layout():
+    """The same prefix as [B, T0, H, d] (layout="bshd", a contiguous tensor read through a
+    transposed view) and as [B, H, T0, d]: every step bit for bit alike across the completion of
+    chunk 34 (T = 2240), the K/V slots and stored summaries too, and each step of the bshd cache
+    passes the oracle."""
+    q, k, v, qr = draw("gpu_decode_cache_hils")
+    t0 = 2236
+    prefix = [x[:, :, :t0] for x in (q, k, v, qr)]
+    flash = [x.transpose(1, 2).contiguous() for x in prefix]
+    caches = [hils.gpu.DecodeCache(HILS, *prefix[:3], q_retrieval=prefix[3], capacity=T_END, summaries="fp8"),
+              hils.gpu.DecodeCache(HILS, *flash[:3], q_retrieval=flash[3], capacity=T_END, summaries="fp8",
+                                   layout="bshd")]
+    for t in range(t0, 2242):
+        outs = []
+        for cache in caches:
+            cache.append(k[:, :, t], v[:, :, t])
+            outs.append(cache.step(q[:, :, t], q_retrieval=qr[:, :, t], diagnostics=True))
+        assert differences(outs[0], outs[1]) == [], t
+        for b in range(B):
+            report = hils.verify(**caches[1].verify_arguments(outs[1], b))
+            assert report.passed, f"bshd cache, T = {t + 1}, sequence {b}\n{report}"
+    assert differences(summary_store_of(caches[0]), summary_store_of(caches[1])) == []
+    assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
+
+
 def test_bad_arguments_are_named_before_the_library_is_looked_for():
     q, k, v, qr = draw("gpu_decode_cache_arguments", 100)
 
@@ -272,9 +297,17 @@ def test_bad_arguments_are_named_before_the_library_is_looked_for():
     refused(ValueError, "q: expected a CUDA tensor, found one on cpu", q.cpu(), k, v)
     refused(TypeError, "k: expected dtype torch.bfloat16 (the decode step reads bf16 K/V and queries), "
             "found torch.float32", q, k.float(), v)
-    refused(ValueError, "v: expected shape [2, 2, 100, 64] (q is [B=2, Hq=8, T0=100, d=64]", q, k, v[:, :, :99])
-    refused(ValueError, "q_retrieval: expected shape [2, 8, 100, 64]", q, k, v, q_retrieval=qr[:1])
-    refused(ValueError, "k: expected 4 dimensions [B, Hkv, T0, d], found shape (2, 100, 64)", q, k[0], v)
+    refused(ValueError, 'v: layout "bhsd" expects [B, Hkv, T, dv] = [2, 2, 100, *] (q is [B, Hq, T, d] = '
+            '[2, 8, 100, 64]; k is [B, Hkv, T, d] = [2, 2, 100, 64]), found shape [2, 2, 99, 64]', q, k, v[:, :, :99])
+    refused(ValueError, 'q_retrieval: layout "bhsd" expects [B, Hq, T, d] = [2, 8, 100, 64]', q, k, v,
+            q_retrieval=qr[:1])
+    refused(ValueError, 'k: expected 4 dimensions [B, Hkv, T, d] (layout "bhsd"), found shape (2, 100, 64)',
+            q, k[0], v)
+    refused(ValueError, 'k: layout "bshd" expects [B, T, Hkv, d] = [2, 100, *, 64] (q is [B, T, Hq, d] = '
+            '[2, 100, 8, 64]), found shape [2, 2, 100, 64], which is [B, Hkv, T, d], the order of layout "bhsd"',
+            q.transpose(1, 2), k, v.transpose(1, 2), layout="bshd")
+    refused(ValueError, 'layout: expected "bhsd" (prefix [B, heads, T0, d]) or "bshd"', q[0], k[0], v[0],
+            layout="hsd")
     refused(ValueError, "k: expected a number of KV heads dividing q's 8 heads, found 3", q,
             torch.cat([k, k[:, :1]], 1), torch.cat([v, v[:, :1]], 1))
     refused(ValueError, "q: the sequences' prefixes have lengths [100, 99]: the decode step "

@@ -118,15 +118,13 @@ def test_bad_arguments_are_named_before_the_library_is_looked_for(bf16):
             q, k.half(), v, spec)
     refused(TypeError, "v: expected the dtype of q (torch.bfloat16), found torch.float32",
             q, k, v.float(), spec)
-    refused(ValueError, "q: expected a contiguous tensor", q.transpose(0, 1).contiguous().transpose(0, 1),
-            k, v, spec)
-    refused(ValueError, f"k: expected shape [{Hkv}, {T}, {d}] (q is [Hq={Hq}, T={T}, d={d}]",
-            q, k[:, :T // 2].contiguous(), v, spec)
-    refused(ValueError, "q: expected 3 dimensions [heads, T, d], found shape (1, 8, 2048, 64)",
+    refused(ValueError, f'k: layout "hsd" expects [Hkv, T, d] = [*, {T}, {d}] (q is [Hq, T, d] = '
+            f'[{Hq}, {T}, {d}]), found shape [{Hkv}, {T // 2}, {d}]', q, k[:, :T // 2].contiguous(), v, spec)
+    refused(ValueError, 'q: expected 3 dimensions [Hq, T, d] (layout "hsd"), found shape (1, 8, 2048, 64)',
             q[None], k, v, spec)
     refused(ValueError, "k: expected a number of KV heads dividing q's 8 heads, found 3",
             q, torch.cat([k, k[:1]]), torch.cat([v, v[:1]]), spec)
-    refused(ValueError, "q_retrieval: expected shape [8, 2048, 64]", q, k, v, spec,
+    refused(ValueError, 'q_retrieval: layout "hsd" expects [Hq, T, d] = [8, 2048, 64]', q, k, v, spec,
             q_retrieval=q[:, :16].contiguous())
     refused(ValueError, "spec: unknown key 'top_k'", q, k, v, {"preset": "hils", "top_k": 8})
     # NaN and Inf are refused as hils.verify refuses them (unchecked, a NaN in v reaches earlier
@@ -164,3 +162,120 @@ def test_a_library_refusal_carries_its_message(bf16):
     unchecked[0, 3, 0] = float("nan")  # check_finite=False: the kernels run, nothing is refused
     out = hils.gpu.forward(q, k, unchecked, {"preset": "swa", "S": S, "W": W, "K": K}, check_finite=False)
     assert torch.isnan(out["o"]).any()
+
+
+# ---- a batch in a kernel's own layout (layout=, lse_layout=: hils/layouts.py's names) ------------
+BATCH, BATCH_T = 3, 1024
+
+
+def batch(name, dtype=torch.bfloat16, count=BATCH, t=BATCH_T):
+    """q (gain 2), k, v [B, heads, t, d] (SDPA's "bhsd"), seeded by `name`."""
+    generator = torch.Generator(device="cuda").manual_seed(seed_of(name) % 2**63)
+    heads = lambda h: torch.randn(count, h, t, d, device="cuda", generator=generator)  # noqa: E731
+    return (2.0 * heads(Hq)).to(dtype), heads(Hkv).to(dtype), heads(Hkv).to(dtype)
+
+
+def laid_out(x, layout):
+    """A [B, heads, rows, ...] tensor in `layout`, contiguous, written out per layout (not with
+    hils/layouts.py): "shd" and "hsd" take sequence 0."""
+    return {"bhsd": x, "bshd": x.transpose(1, 2), "hsd": x[0], "shd": x[0].transpose(0, 1)}[layout].contiguous()
+
+
+def sequence_of(x, layout, b):
+    """Sequence b of an output in `layout`, as [heads, rows, ...] (what a single call returns)."""
+    one = x[b] if layout in ("bhsd", "bshd") else x
+    return one.transpose(0, 1) if layout in ("shd", "bshd") else one
+
+
+def the_single_calls(out, layout, q, k, v, spec, count, **options):
+    """Each sequence's outputs in the batch are those of forward on that sequence alone in "hsd"
+    (same kernels, same inputs: nothing mixed between sequences or axes): bit for bit, but for o
+    and lse of the hierarchical fusion, whose sparse stage adds in an order that varies from run
+    to run (gpu/NOTES.md "Careless-user audit (session 21)": last bits, max |diff| 0.002-0.004),
+    which must be nearer to this sequence's single call than to any other sequence's by a factor
+    of 10 (q holds more sequences than the batch where the layout has one). Prints the largest
+    difference to each sequence's own single call and to that same call run again."""
+    singles = [hils.gpu.forward(q[c], k[c], v[c], spec, **options) for c in range(len(q))]
+    again = hils.gpu.forward(q[0], k[0], v[0], spec, **options)
+    hierarchical = hils.gpu.resolve_spec(spec)["fusion"] == "hierarchical"
+    for b in range(count):
+        assert set(singles[b]) == set(out)
+        for name, t in singles[b].items():
+            found = sequence_of(out[name], layout, b)
+            if hierarchical and name in ("o", "lse"):
+                own = (found - t).abs().max().item()
+                others = min((found - singles[c][name]).abs().max().item() for c in range(len(q)) if c != b)
+                rerun = (again[name] - singles[0][name]).abs().max().item()
+                print(f"RUN-TO-RUN {spec['preset']} {layout} b={b} {name}: batch vs own single call "
+                      f"{own:.3g}, single call vs itself {rerun:.3g}, vs another sequence {others:.3g}")
+                assert own * 10 < others, (layout, b, name, own, others)
+            else:
+                assert torch.equal(found, t), (layout, b, name)
+
+
+@pytest.mark.parametrize("layout", ("shd", "bhsd", "bshd"))
+def test_a_batch_in_each_layout_is_its_sequences_and_passes_the_oracle(layout):
+    qb, kb, vb = batch("gpu_forward_batch")
+    spec = {"preset": "hils", "S": S, "W": W, "K": K}
+    q, k, v = (laid_out(x, layout) for x in (qb, kb, vb))
+    out = hils.gpu.forward(q, k, v, spec, layout=layout)
+    count = BATCH if layout.startswith("b") else 1
+    shapes = {"bhsd": {"o": (count, Hq, BATCH_T, d), "lse": (count, Hq, BATCH_T),
+                       "selection": (count, Hkv, BATCH_T, K)},
+              "bshd": {"o": (count, BATCH_T, Hq, d), "lse": (count, BATCH_T, Hq),
+                       "selection": (count, BATCH_T, Hkv, K)},
+              "shd": {"o": (BATCH_T, Hq, d), "lse": (BATCH_T, Hq), "selection": (BATCH_T, Hkv, K)}}[layout]
+    assert {name: tuple(t.shape) for name, t in out.items()} == shapes
+    assert all(t.is_contiguous() and t.device == q.device for t in out.values())
+    the_single_calls(out, layout, qb, kb, vb, spec, count)
+    report = hils.verify(spec, q, k, v, out, layout=layout, kernel=f"hils.gpu.forward layout={layout}",
+                         **hils.gpu.verify_options(spec, q))
+    print(f"\nhils.gpu.forward layout={layout}\n{report}")
+    assert report.passed
+    assert isinstance(report, hils.BatchReport) == (count > 1)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_in_flash_attention_layout_passes(preset):
+    """FlashAttention's [B, T, H, d], B = 2, every preset (each writes its own stage buffers:
+    window alone, dense, selecting), softmax_lse's [B, Hq, T] with lse_layout="bhsd"."""
+    qb, kb, vb = batch("gpu_forward_bshd", count=2)
+    spec = {"preset": preset, "S": S, "W": W, "K": K}
+    q, k, v = (laid_out(x, "bshd") for x in (qb, kb, vb))
+    out = hils.gpu.forward(q, k, v, spec, layout="bshd", lse_layout="bhsd")
+    assert out["o"].shape == (2, BATCH_T, Hq, d) and out["lse"].shape == (2, Hq, BATCH_T)
+    assert_kernel_matches(spec, q, k, v, out, layout="bshd", lse_layout="bhsd",
+                          kernel=f"hils.gpu.forward {preset} bshd", **hils.gpu.verify_options(spec, q))
+    the_single_calls({name: (t.transpose(1, 2) if name == "lse" else t) for name, t in out.items()},
+                     "bshd", qb, kb, vb, spec, 2)
+    assert out["lse"].is_contiguous()  # in its own layout, [B, Hq, T]
+    with pytest.raises(ValueError, match='lse_layout="bhsd"'):  # lse read in o's order: refused
+        hils.verify(spec, q, k, v, out, layout="bshd", **hils.gpu.verify_options(spec, q))
+
+
+def test_fp32_inputs_with_q_retrieval_in_a_batch():
+    qb, kb, vb = batch("gpu_forward_bshd_fp32", torch.float32, count=2, t=512)
+    qrb = qb + 0.3 * torch.randn(qb.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(9))
+    spec = {"preset": "hils", "S": S, "W": W, "K": K}
+    q, k, v, qr = (laid_out(x, "bshd") for x in (qb, kb, vb, qrb))
+    out = hils.gpu.forward(q, k, v, spec, layout="bshd", q_retrieval=qr)
+    assert_kernel_matches(spec, q, k, v, out, layout="bshd", q_retrieval=qr,
+                          kernel="hils.gpu.forward hils fp32 bshd", **hils.gpu.verify_options(spec, q))
+    planted = hils.gpu.forward(q, k, v, spec, layout="bshd", q_retrieval=qr.flip(0))  # sequences' q~ swapped
+    assert hils.verify(spec, q, k, v, planted, layout="bshd", q_retrieval=qr,
+                       **hils.gpu.verify_options(spec, q)).failed == [0, 1]
+
+
+def test_strided_inputs_are_read_as_their_contiguous_copies():
+    """A view that is not contiguous (SDPA's q.transpose(1, 2) of a [B, T, H, d] projection, a
+    strided [Hq, T, d]) gives the outputs of its contiguous copy (the_single_calls)."""
+    qb, kb, vb = batch("gpu_forward_strided", count=2)
+    spec = {"preset": "hils", "S": S, "W": W, "K": K}
+    views = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in (qb, kb, vb)]  # bhsd, strided
+    assert not views[0].is_contiguous()
+    strided = hils.gpu.forward(*views, spec, layout="bhsd")
+    the_single_calls(strided, "bhsd", qb, kb, vb, spec, 2)
+    one = [x[1].transpose(0, 1).contiguous().transpose(0, 1) for x in (qb, kb, vb)]  # hsd, strided
+    strided = hils.gpu.forward(*one, spec)
+    the_single_calls({n: t[None] for n, t in strided.items()}, "bhsd", qb[[1, 0]], kb[[1, 0]], vb[[1, 0]],
+                     spec, 1)

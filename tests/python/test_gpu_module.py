@@ -119,8 +119,8 @@ def test_spec_and_argument_errors_come_before_the_library_is_looked_for(bare_pac
     assert lines[1] == f"ValueError: spec['preset']: expected one of {presets}, got 'hills'"
     assert lines[2] == "TypeError: spec['S']: expected an integer, found float 64.0"
     assert lines[3].startswith("TypeError: spec: expected a dict such as")
-    assert lines[4].startswith("TypeError: q: expected a torch CUDA tensor (float32 or bfloat16), "
-                               "found numpy.ndarray"), lines[4]
+    assert lines[4].startswith("TypeError: q: expected a torch CUDA tensor (float32 or bfloat16) "
+                               "[Hq, T, d] (layout \"hsd\"), found numpy.ndarray"), lines[4]
 
 
 def _cpp(path):
@@ -439,7 +439,8 @@ def test_decode_cache_arguments_are_named_before_the_library_is_looked_for(bare_
         "TypeError: kernel: expected a decode kernel's name (str), found int",
         "ValueError: capacity: expected an integer >= 1, got 0",
         "TypeError: capacity: expected an integer, found float 16.0",
-        "TypeError: q: expected a torch CUDA tensor (bfloat16) [B, Hq, T0, d], found numpy.ndarray",
+        "TypeError: q: expected a torch CUDA tensor (bfloat16) [B, Hq, T, d] (layout \"bhsd\"), "
+        "found numpy.ndarray",
     ], result.stderr
 
 
@@ -448,3 +449,122 @@ def test_the_decode_kernels_known_before_loading_are_the_librarys(lib, bare_pack
     # must be the one the library lists (hils_gpu_enum_names "decode_kernel").
     before = bare_package("import hils.gpu\nprint(sorted(hils.gpu.DECODE_KERNEL.items()))")
     assert before.stdout.strip() == str(sorted(hils.gpu.DECODE_KERNEL.items())), before.stderr
+
+
+# A torch stand-in whose tensors carry a shape, a dtype and a device, enough for every argument
+# check of hils.gpu.forward and DecodeCache's prefix (no kernel, no isfinite): the layout checks
+# (hils/gpu/batched.py over hils/layouts.py) run here without a GPU.
+FAKE_TORCH = '''
+class dtype:
+    def __init__(self, name):
+        self.name = name
+    def __repr__(self):
+        return "torch." + self.name
+float32, bfloat16, float16, int32 = (dtype(n) for n in ("float32", "bfloat16", "float16", "int32"))
+class device:
+    def __init__(self, name):
+        self.name = name
+    def __eq__(self, other):
+        return str(self) == str(other)
+    def __str__(self):
+        return self.name
+class Tensor:
+    def __init__(self, *shape, dtype=bfloat16, on="cuda:0"):
+        self.shape, self.dtype, self.device = tuple(shape), dtype, device(on)
+        self.ndim, self.is_cuda = len(shape), on.startswith("cuda")
+    def dim(self):
+        return self.ndim
+    def transpose(self, a, b):
+        shape = list(self.shape)
+        shape[a], shape[b] = shape[b], shape[a]
+        return Tensor(*shape, dtype=self.dtype, on=str(self.device))
+def stack(tensors):
+    return Tensor(len(tensors), *tensors[0].shape, dtype=tensors[0].dtype, on=str(tensors[0].device))
+'''
+
+# (call, the first words of its error): bshd is [B, T, H, d], bhsd [B, H, T, d]; B = 2, T = 16,
+# Hq = 8, Hkv = 2, d = 4, dv = 6. Every call that passes the checks ends at the missing library
+# (FileNotFoundError). A layout that reads q wrongly ("shd" given [Hq, T, d]) gets no hint of the
+# other order: q's own shape cannot tell.
+LAYOUT_CALLS = [
+    ('forward(Q, K, V, layout="bthd")', "ValueError: layout: expected one of \"hsd\", \"shd\", "
+     "\"bhsd\", \"bshd\" (batch, heads, sequence, dims: the order of a kernel's axes), found 'bthd'"),
+    ('forward(Q, K, V, layout="bshd", lse_layout="hsd")', "ValueError: lse_layout: expected None or "
+     "one of \"bhsd\", \"bshd\" (batched, as layout \"bshd\" is), found \"hsd\""),
+    ('forward(T(16, 8, 4), K, V, layout="bshd")', "ValueError: q: expected 4 dimensions [B, T, Hq, d] "
+     "(layout \"bshd\"), found shape (16, 8, 4)"),
+    ('forward(Q, T(2, 2, 16, 4), V, layout="bshd")', "ValueError: k: layout \"bshd\" expects [B, T, Hkv, "
+     "d] = [2, 16, *, 4] (q is [B, T, Hq, d] = [2, 16, 8, 4]), found shape [2, 2, 16, 4], which is "
+     "[B, Hkv, T, d], the order of layout \"bhsd\""),
+    ('forward(Q, K, T(2, 15, 2, 6), layout="bshd")', "ValueError: v: layout \"bshd\" expects [B, T, Hkv, "
+     "dv] = [2, 16, 2, *] (q is [B, T, Hq, d] = [2, 16, 8, 4]; k is [B, T, Hkv, d] = [2, 16, 2, 4]), "
+     "found shape [2, 15, 2, 6]"),
+    ('forward(Q, T(3, 16, 2, 4), V, layout="bshd")', "ValueError: k: layout \"bshd\" expects [B, T, Hkv, "
+     "d] = [2, 16, *, 4]"),
+    ('forward(Q, K, V, layout="bshd", q_retrieval=T(2, 16, 8, 5))', "ValueError: q_retrieval: layout "
+     "\"bshd\" expects [B, T, Hq, d] = [2, 16, 8, 4]"),
+    ('forward(Q, K, V, layout="bshd", prior=T(2, 3, 4, 4))', "ValueError: prior: layout \"bshd\" expects "
+     "[B, rows, Hq, d] = [2, *, 8, 4]"),
+    ('forward(T(0, 16, 8, 4), T(0, 16, 2, 4), T(0, 16, 2, 6), layout="bshd")', "ValueError: q: layout "
+     "\"bshd\" expects [B, T, Hq, d] with at least one sequence, found B = 0"),
+    ('forward(Q, T(2, 16, 3, 4), T(2, 16, 3, 6), layout="bshd")', "ValueError: k: expected a number of "
+     "KV heads dividing q's 8 heads, found 3 (k is [B, T, Hkv, d] = [2, 16, 3, 4])"),
+    ('forward(Q, T(2, 16, 2, 4, on="cuda:1"), V, layout="bshd")', "ValueError: k: expected the device of "
+     "q (cuda:0), found cuda:1"),
+    ('forward(Q, K, T(2, 16, 2, 6, dtype=torch.float32), layout="bshd")', "TypeError: v: expected the "
+     "dtype of q (torch.bfloat16), found torch.float32"),
+    ('forward(Q, K, T(2, 16, 2, 6, on="cpu"), layout="bshd")', "ValueError: v: expected a CUDA tensor, "
+     "found one on cpu"),
+    ('forward(Q.shape, K, V, layout="bshd")', "TypeError: q: expected a torch CUDA tensor (float32 or "
+     "bfloat16) [B, T, Hq, d] (layout \"bshd\"), found builtins.tuple"),
+    ('forward(T(2, 8, 16, 4), T(2, 2, 16, 4), T(2, 2, 16, 6), layout="bhsd", prior=T(2, 8, 3, 4))',
+     "FileNotFoundError"),
+    ('forward(Q, K, V, layout="bshd", lse_layout="bhsd", q_retrieval=Q)', "FileNotFoundError"),
+    ('forward(T(16, 8, 4), T(16, 2, 4), T(16, 2, 6), layout="shd")', "FileNotFoundError"),
+    ('forward(T(8, 16, 4), T(2, 16, 4), T(2, 16, 6))', "FileNotFoundError"),
+    ('forward(T(8, 16, 4), T(2, 16, 4), T(2, 16, 6), layout="shd")', "ValueError: k: layout \"shd\" "
+     "expects [T, Hkv, d] = [8, *, 4] (q is [T, Hq, d] = [8, 16, 4]), found shape [2, 16, 4]\n"),
+    # the decode cache's prefix: "bhsd" or "bshd"
+    ('DecodeCache(Q, K, V, layout="bshd")', "FileNotFoundError"),
+    ('DecodeCache(T(2, 8, 16, 4), T(2, 2, 16, 4), T(2, 2, 16, 6))', "FileNotFoundError"),
+    ('DecodeCache([T(16, 8, 4)] * 2, [T(16, 2, 4)] * 2, [T(16, 2, 6)] * 2, layout="bshd")',
+     "FileNotFoundError"),
+    ('DecodeCache([T(16, 8, 4), T(15, 8, 4)], [T(16, 2, 4)] * 2, [T(16, 2, 6)] * 2, layout="bshd")',
+     "ValueError: q: the sequences' prefixes have lengths [16, 15]"),
+    ('DecodeCache([T(16, 8, 4), T(8, 16, 4)], [T(16, 2, 4)] * 2, [T(16, 2, 6)] * 2, layout="bshd")',
+     "ValueError: q: the sequences' prefixes have lengths [16, 8]"),
+    ('DecodeCache([T(8, 16, 4), T(8, 15, 4)], [T(2, 16, 4)] * 2, [T(2, 16, 6)] * 2)',
+     "ValueError: q: the sequences' prefixes have lengths [16, 15]"),
+    ('DecodeCache(T(16, 8, 4), T(16, 2, 4), T(16, 2, 6), layout="shd")', "ValueError: layout: expected "
+     "\"bhsd\" (prefix [B, heads, T0, d]) or \"bshd\" ([B, T0, heads, d]): the cache holds a batch of "
+     "sequences, found 'shd'"),
+    ('DecodeCache(Q, T(2, 2, 16, 4), V, layout="bshd")', "ValueError: k: layout \"bshd\" expects [B, T, "
+     "Hkv, d] = [2, 16, *, 4] (q is [B, T, Hq, d] = [2, 16, 8, 4]), found shape [2, 2, 16, 4], which is "
+     "[B, Hkv, T, d], the order of layout \"bhsd\""),
+    ('DecodeCache(Q, K, T(2, 16, 2, 6, dtype=torch.float32), layout="bshd")', "TypeError: v: expected "
+     "dtype torch.bfloat16 (the decode step reads bf16 K/V and queries), found torch.float32"),
+]
+
+
+def test_layout_arguments_are_named_in_the_layout_before_the_library_is_looked_for(bare_package):
+    (bare_package.package.parent / "torch.py").write_text(FAKE_TORCH)
+    result = bare_package(textwrap.dedent("""
+        import hils.gpu, torch
+        T = torch.Tensor
+        Q, K, V = T(2, 16, 8, 4), T(2, 16, 2, 4), T(2, 16, 2, 6)
+        SPEC = {"preset": "hils", "S": 4, "W": 8, "K": 2}
+        def forward(*args, **kwargs):
+            return hils.gpu.forward(*args[:3], SPEC, *args[3:], check_finite=False, **kwargs)
+        def DecodeCache(*args, **kwargs):
+            return hils.gpu.DecodeCache(SPEC, *args, capacity=32, **kwargs)
+        def error(call):
+            try:
+                call()
+            except Exception as e:
+                return f"{type(e).__name__}: {e}"
+            return "no error"
+    """) + "\n".join(f"print(error(lambda: {call}))" for call, _ in LAYOUT_CALLS))
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(LAYOUT_CALLS), result.stderr
+    for (call, words), line in zip(LAYOUT_CALLS, lines):  # words ending in a newline: the whole line
+        assert line == words[:-1] if words.endswith("\n") else line.startswith(words), (call, line)

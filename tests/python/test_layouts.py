@@ -434,3 +434,24 @@ def test_a_report_has_no_truth_value(batch, layout):
     assert not report.passed
     with pytest.raises(TypeError, match=r"truth value of a report is ambiguous .*use report\.passed"):
         bool(report)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sequence_views_write_through_to_the_layout(layout):
+    """hils.gpu.forward (hils/gpu/batched.py) allocates each output of Layout.shape and writes
+    sequence b through Layout.sequences' view of it: the result must be the per-sequence arrays
+    laid out by hand (in_layout). Its argument checks read Layout.read_sizes (messages in
+    test_gpu_module.py)."""
+    lay = layouts.Layout(layout)
+    count = B if lay.batched else 1
+    sizes = {"B": count, "Hq": 4, "Tq": 6, "dv": 5}
+    parts = [np.arange(4 * 6 * 5, dtype=np.float64).reshape(4, 6, 5) + 1000 * b for b in range(count)]
+    out = np.zeros(lay.shape("o", sizes))
+    assert lay.expected("o", sizes) == str(list(out.shape))
+    for b, view in enumerate(lay.sequences(out, "o", "o", count)):
+        assert view.shape == (4, 6, 5)
+        view[...] = parts[b]
+    assert np.array_equal(out, in_layout(parts, layout))
+    assert lay.read_sizes(out, "o", "o", {"Hq": 4}, "") == dict(zip(lay.axes("o"), out.shape), Hq=4)
+    with pytest.raises(ValueError, match=r"o: layout .* expects .* \(from here\), found shape"):
+        lay.read_sizes(out, "o", "o", {"Hq": 3}, "from here")

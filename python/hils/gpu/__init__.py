@@ -7,11 +7,16 @@ over torch CUDA tensors, with the spec dict of hils.verify:
                                             #  "selection": int32 [Hkv, T, K]}, on q's device
     report = hils.verify(spec, q, k, v, out, **hils.gpu.verify_options(spec, q))
 
-q [Hq, T, d], k [Hkv, T, d], v [Hkv, T, dv] (data/verify_format.md's layout), contiguous, all
-float32 or all bfloat16, on one CUDA device; the work runs on torch's current stream. Bad
-arguments raise TypeError / ValueError naming the argument before any library call; a refusal
-of the library itself raises GpuError (GpuInvalidArgument, also a ValueError, for return code 2)
-with hils_gpu_last_error()'s text.
+q [Hq, T, d], k [Hkv, T, d], v [Hkv, T, dv] (data/verify_format.md's layout), all float32 or all
+bfloat16, on one CUDA device; the work runs on torch's current stream. A kernel's own layout and
+batch is hils.verify's layout= (hils/layouts.py), in and out:
+
+    out = hils.gpu.forward(q, k, v, spec, layout="bshd")   # q [B, T, Hq, d] -> o [B, T, Hq, dv], ...
+    report = hils.verify(spec, q, k, v, out, layout="bshd", **hils.gpu.verify_options(spec, q))
+
+Bad arguments raise TypeError / ValueError naming the argument (and its shape in the layout)
+before any library call; a refusal of the library itself raises GpuError (GpuInvalidArgument,
+also a ValueError, for return code 2) with hils_gpu_last_error()'s text.
 
 The library: forward(..., library=PATH), else $HILS_GPU_LIB, else libhils_gpu_c.so in the hils
 package folder (a wheel built with HILS_BUILD_GPU=ON, or the build tree's build/python/hils);
@@ -41,6 +46,7 @@ from .library import (APPROXIMATE_SELECT_KERNELS, BIAS, DECODE_KERNEL, ENV_VAR, 
                       WINDOW_KERNEL, Decode, DecodeOutputs, GpuError, GpuInvalidArgument, Library,
                       Problem, find_library, kernel_code, load_library, packed_kernels, set_packed,
                       set_sparse, set_window, sparse_kernel, window_kernel)
+from . import batched as _batched
 from .decode import SUMMARY_STORES, DecodeCache
 from .spec import PRESETS, SPEC_KEYS, resolve as resolve_spec
 from .stages import (Stages, check_inputs, enum_values, make_problem, problem, ptr, require_torch,
@@ -69,7 +75,8 @@ def _require_finite(name, t):
                      f"{t[index].item()} at {list(index)}; check_finite=False skips this check")
 
 
-def forward(q, k, v, spec, *, q_retrieval=None, prior=None, library=None, check_finite=True):
+def forward(q, k, v, spec, *, layout="hsd", lse_layout=None, q_retrieval=None, prior=None,
+            library=None, check_finite=True):
     """The mechanism of `spec` (hils.verify's dict: "preset" and the spec keys S, W, K, key_rule,
     ..., data/verify_format.md) on the GPU -> {"o": [Hq, T, dv], "lse": [Hq, T]} (float32), plus
     "selection" [Hkv, T, K] (int32, the chunks each KV head's group selected) for the mechanisms
@@ -80,31 +87,31 @@ def forward(q, k, v, spec, *, q_retrieval=None, prior=None, library=None, check_
     the tensor and the first such element) as hils.verify does; this reads every input once and
     synchronises with the device (False skips it, e.g. inside a CUDA graph capture). Unchecked,
     such a value spreads beyond the rows that attend to it: a NaN in v reaches earlier rows of
-    its tile (masked probabilities 0 times NaN; gpu/NOTES.md "Careless-user audit (session 21)")."""
+    its tile (masked probabilities 0 times NaN; gpu/NOTES.md "Careless-user audit (session 21)").
+
+    layout, lse_layout: hils.verify's (hils/layouts.py): the inputs come and the outputs go in
+    that layout, "hsd" (the shapes above), "shd" ([T, Hq, d]), "bhsd" (SDPA's [B, Hq, T, d]) or
+    "bshd" (FlashAttention's [B, T, Hq, d]: o [B, T, Hq, dv], lse [B, T, Hq], or [B, Hq, T] with
+    lse_layout="bhsd", selection [B, T, Hkv, K]); the outputs are contiguous in it. Pass the same
+    layout (and lse_layout) to hils.verify. A batch runs its sequences one after the other
+    (hils/gpu/batched.py says what is copied)."""
     fields = resolve_spec(spec)  # spec errors first: no torch or library needed
-    check_inputs(q, k, v, q_retrieval, prior)
+    layout, lse_layout = _batched.layouts(layout, lse_layout)
+    inputs = {"q": q, "k": k, "v": v, "q_retrieval": q_retrieval, "prior": prior}
+    sizes = _batched.check(layout, inputs)
     torch = require_torch()
     if check_finite:
-        for name, t in (("q", q), ("k", k), ("v", v), ("q_retrieval", q_retrieval), ("prior", prior)):
+        for name, t in inputs.items():
             if t is not None:
                 _require_finite(name, t)
     lib = load_library(library)
     with torch.cuda.device(q.device):
-        stages = Stages(lib, problem(fields, q, k, v, q_retrieval, prior))
-        if fields["fusion"] == "full":
-            stages.full()
-        elif fields["fusion"] == "window":
-            stages.window()
-            return {"o": stages.o_swa, "lse": stages.lse_swa}
-        else:
-            stages.forward()
-            return {"o": stages.o, "lse": stages.lse, "selection": stages.selection[..., :fields["K"]]}
-    return {"o": stages.o, "lse": stages.lse}
+        return _batched.forward(fields, layout, lse_layout, inputs, sizes, lib)
 
 
 def verify_options(spec, q):
-    """hils.verify's input_precision and score_precision for forward's outputs on q: "bf16"
-    inputs for bf16 q, and bf16 scores where the packed selection runs (it ranks the summaries
+    """hils.verify's input_precision and score_precision for forward's outputs on q (in any
+    layout: d is q's last axis): "bf16" inputs for bf16 q, and bf16 scores where the packed selection runs (it ranks the summaries
     rounded to bf16: bf16 inputs, d = 64, packed kernels on, a key rule other than exact, 1 <= K
     <= 64; tests/gpu/device_support.cpp score_precision_of, gpu/NOTES.md), else fp32."""
     fields = resolve_spec(spec)

@@ -40,7 +40,9 @@ from collections.abc import Mapping
 from numbers import Integral
 
 from .. import as_numpy
+from .. import layouts as _layouts
 from ..decoding import one_query_inputs
+from . import batched as _batched
 from . import library as _library
 from . import spec as _spec
 from . import stages as _stages
@@ -130,17 +132,19 @@ def _shape(name, t, expected, what):
         raise ValueError(f"{name}: expected shape {list(expected)} ({what}), found {list(t.shape)}")
 
 
-def _stacked(name, t):
-    """A list or tuple of B per-sequence tensors [heads, T0, d] stacked to [B, heads, T0, d];
-    prefixes of different lengths are refused: the C API steps B sequences of one length."""
+def _stacked(name, t, layout):
+    """A list or tuple of B per-sequence tensors (one sequence of `layout`: [heads, T0, d] for
+    "bhsd", [T0, heads, d] for "bshd") stacked to one batch; prefixes of different lengths are
+    refused: the C API steps B sequences of one length."""
     if not isinstance(t, (list, tuple)):
         return t
     torch = _stages.require_torch()
     if not t:
         raise ValueError(f"{name}: expected at least one sequence, found an empty {type(t).__name__}")
+    one = _layouts.Layout("shd" if layout.rows_first else "hsd")
     for b, item in enumerate(t):
-        _bf16(f"{name}[{b}]", item, 3, "[heads, T0, d]")
-    lengths = [item.shape[1] for item in t]
+        _bf16(f"{name}[{b}]", item, 3, f"{one.pattern(name)} (one sequence of layout \"{layout.name}\")")
+    lengths = [item.shape[one.axes(name).index("T")] for item in t]
     if len(set(lengths)) > 1:
         raise ValueError(f"{name}: the sequences' prefixes have lengths {lengths}: the decode step "
                          f"(hils_gpu_decode, decode_c_api.h) keeps one length T for all B "
@@ -148,27 +152,28 @@ def _stacked(name, t):
     return torch.stack(list(t))
 
 
-def check_prefix(q, k, v, q_retrieval=None):
-    """The prefix: q [B, Hq, T0, d], k [B, Hkv, T0, d], v [B, Hkv, T0, dv], q_retrieval like q,
-    bf16, on one CUDA device (lists of B [heads, T0, d] tensors are stacked). Returns the four
-    tensors (q_retrieval None when not given)."""
-    q, k, v = _stacked("q", q), _stacked("k", k), _stacked("v", v)
-    q_retrieval = None if q_retrieval is None else _stacked("q_retrieval", q_retrieval)
-    _bf16("q", q, 4, "[B, Hq, T0, d]")
-    for name, t in (("k", k), ("v", v), ("q_retrieval", q_retrieval)):
-        if t is not None:
-            _bf16(name, t, 4, {"k": "[B, Hkv, T0, d]", "v": "[B, Hkv, T0, dv]"}.get(name, "[B, Hq, T0, d]"),
-                  q.device)
-    B, Hq, T0, d = q.shape
-    Hkv = k.shape[1]
-    what = f"q is [B={B}, Hq={Hq}, T0={T0}, d={d}]; k [B, Hkv, T0, d], v [B, Hkv, T0, dv]"
-    _shape("k", k, (B, Hkv, T0, d), what)
-    _shape("v", v, (B, Hkv, T0, v.shape[3]), what)
-    if q_retrieval is not None:
-        _shape("q_retrieval", q_retrieval, q.shape, what)
-    if Hkv < 1 or Hq % Hkv != 0:
-        raise ValueError(f"k: expected a number of KV heads dividing q's {Hq} heads, found {Hkv}")
-    return q, k, v, q_retrieval
+def decode_layout(layout):
+    """layout= of the prefix: "bhsd" or "bshd" (the cache holds a batch), as a Layout."""
+    if layout not in ("bhsd", "bshd"):
+        _layouts.Layout(layout)  # a name that is no layout at all: its own message
+        raise ValueError(f"layout: expected \"bhsd\" (prefix [B, heads, T0, d]) or \"bshd\" "
+                         f"([B, T0, heads, d]): the cache holds a batch of sequences, found {layout!r}")
+    return _layouts.Layout(layout)
+
+
+def check_prefix(q, k, v, q_retrieval=None, layout="bhsd"):
+    """The prefix in `layout` ("bhsd": q [B, Hq, T0, d], k [B, Hkv, T0, d], v [B, Hkv, T0, dv],
+    q_retrieval like q; "bshd": [B, T0, heads, d]), bf16, on one CUDA device (lists of B
+    one-sequence tensors are stacked); TypeError / ValueError naming the argument and its shape
+    in the layout (T there is the prefix's length T0). Returns q, k, v, q_retrieval (None when
+    not given) as [B, heads, T0, d] views (no copy) and B."""
+    layout = decode_layout(layout)
+    inputs = {name: (None if t is None else _stacked(name, t, layout))
+              for name, t in (("q", q), ("k", k), ("v", v), ("q_retrieval", q_retrieval))}
+    sizes = _batched.check(layout, inputs, ("bfloat16",), " (the decode step reads bf16 K/V and queries)")
+    heads_first = [None if t is None else (t.transpose(1, 2) if layout.rows_first else t)
+                   for t in inputs.values()]
+    return (*heads_first, sizes["B"])
 
 
 class DecodeCache:
@@ -179,7 +184,13 @@ class DecodeCache:
     (T0 >= 0; q and q_retrieval are read for the prefix chunks' priors). capacity: slots per
     sequence (>= T0). summaries: the store of k' (SUMMARY_STORES; "fp8" by default, the README's
     store). kernel: the steps' default decode kernel (DECODE_KERNEL name; None: fused, d40 for
-    int4h). library: a Library or a path (default: find_library()).
+    int4h). library: a Library or a path (default: find_library()). layout: the prefix's,
+    hils.verify's name (hils/layouts.py): "bhsd" [B, heads, T0, d] (SDPA's), or "bshd" [B, T0,
+    heads, d] (FlashAttention's; read through a transposed view: the cache's own K/V copy is
+    the only copy of k and v, as in "bhsd"). The tensors of one token have no T axis and are
+    the same in both layouts: append's k [B, Hkv, d], step's q [B, Hq, d] and its outputs (a
+    layout's one-token tensor [B, 1, H, d] or [B, H, 1, d] is that with .squeeze(1) or
+    .squeeze(2)).
 
     append(k, v) adds slot T of every sequence; step(q) runs the query of slot T-1 and returns
     {"o": fp32 [B, Hq, dv], "lse": fp32 [B, Hq], "selection": int32 [B, Hkv, K]} (step(q, out=)
@@ -188,14 +199,15 @@ class DecodeCache:
     graph."""
 
     def __init__(self, spec, q, k, v, *, capacity, summaries="fp8", q_retrieval=None, kernel=None,
-                 library=None):
+                 library=None, layout="bhsd"):
         self.fields = decode_fields(spec)  # every argument checked before the library is looked for
         self.spec = dict(spec)
         self.summaries = summary_store(summaries)
         self.kernel = kernel_name(kernel, self.summaries)
         self.capacity = _count("capacity", capacity, 1)
-        q, k, v, q_retrieval = check_prefix(q, k, v, q_retrieval)
-        B, Hq, T0, d = q.shape
+        q, k, v, q_retrieval, B = check_prefix(q, k, v, q_retrieval, layout)
+        self.layout = layout
+        _, Hq, T0, d = q.shape
         if T0 > self.capacity:
             raise ValueError(f"capacity: expected at least the prefix's {T0} slots, got {self.capacity}")
         if self.summaries in ("int4", "int4h") and d % 2:

@@ -61,7 +61,7 @@ def _tensor(name, t, ndim=3):
     return t
 
 
-def _same(name, t, reference_name, reference, what):
+def same(name, t, reference_name, reference, what):
     if getattr(t, what) != getattr(reference, what):
         raise (TypeError if what == "dtype" else ValueError)(
             f"{name}: expected the {what} of {reference_name} ({getattr(reference, what)}), "
@@ -77,8 +77,8 @@ def check_inputs(q, k, v, q_retrieval=None, prior=None):
         if t is None and name in ("q_retrieval", "prior"):
             continue
         _tensor(name, t)
-        _same(name, t, "q", q, "dtype")
-        _same(name, t, "q", q, "device")
+        same(name, t, "q", q, "dtype")
+        same(name, t, "q", q, "device")
     Hq, T, d = q.shape
     Hkv = k.shape[0]
     expected = {"k": (k, (Hkv, T, d)), "v": (v, (Hkv, T, v.shape[2])),
@@ -136,34 +136,56 @@ def make_problem(q, k, v, S, W, K, preset="hils", q_retrieval=None, softmax1=Fal
     return problem(spec, q, k, v, q_retrieval)
 
 
+def workspace_bytes(lib, p):
+    """hils_gpu_workspace_bytes of problem p: the library judges the shapes and the spec here
+    (GpuInvalidArgument naming the field for what every stage would refuse), before any buffer
+    is allocated."""
+    size = ctypes.c_size_t()
+    lib.call("hils_gpu_workspace_bytes", ctypes.byref(p), ctypes.byref(size))
+    return size.value
+
+
 class Stages:
     """Device buffers of every stage for one problem (on q's device), and one call per stage on
     torch's current stream. need_exact: allocate the exact chunk masses (hils_gpu_exact) instead
-    of summaries; None: where the key rule is exact."""
+    of summaries; None: where the key rule is exact. outputs: {attribute: tensor} written instead
+    of allocating that buffer (o_swa, lse_swa, selection, o, lse: contiguous, the buffer's shape
+    and dtype), e.g. one sequence of the caller's batch (hils.gpu.forward's layouts); sequence()
+    moves the stages on to the next sequence of a batch, the other buffers reused."""
 
-    def __init__(self, lib, p, need_exact=None):
+    def __init__(self, lib, p, need_exact=None, outputs=None):
         self.lib, self.p = lib, p
         # The library checks the shapes and the spec first (hils_gpu_workspace_bytes refuses what
         # every stage would, GpuInvalidArgument naming the field): an S of 0 or a K of 10^9 is
         # named here, not met as a ZeroDivisionError or an out-of-memory error of the buffers.
-        size = ctypes.c_size_t()
-        lib.call("hils_gpu_workspace_bytes", ctypes.byref(p), ctypes.byref(size))
-        self.workspace_bytes = size.value
+        self.workspace_bytes = workspace_bytes(lib, p)
         if need_exact is None:
             need_exact = p.key_rule == _library.KEY["exact"]
         dev = p._tensors[0].device if hasattr(p, "_tensors") else torch.device("cuda")
         nc = p.T // p.S
         f32 = dict(device=dev, dtype=torch.float32)
-        self.o_swa = torch.empty(p.Hq, p.T, p.dv, **f32)
-        self.lse_swa = torch.empty(p.Hq, p.T, **f32)
+        given = outputs or {}
+
+        def output(name, *shape, dtype=torch.float32):
+            return given[name] if name in given else torch.empty(*shape, device=dev, dtype=dtype)
+        self.o_swa = output("o_swa", p.Hq, p.T, p.dv)
+        self.lse_swa = output("lse_swa", p.Hq, p.T)
         self.key = torch.empty(p.Hq, max(nc, 1), p.d, **f32)
         self.bias = torch.empty(p.Hq, max(nc, 1), **f32)
         self.exact = torch.empty(p.Hq, p.T, nc, **f32) if need_exact else None
-        self.selection = torch.empty(p.Hkv, p.T, max(p.K, 1), device=dev, dtype=torch.int32)
+        self.selection = output("selection", p.Hkv, p.T, max(p.K, 1), dtype=torch.int32)
         self.selected_score = torch.empty(p.Hq, p.T, max(p.K, 1), **f32)
-        self.o = torch.empty(p.Hq, p.T, p.dv, **f32)
-        self.lse = torch.empty(p.Hq, p.T, **f32)
+        self.o = output("o", p.Hq, p.T, p.dv)
+        self.lse = output("lse", p.Hq, p.T)
         self.workspace = None  # run()'s, allocated at its first call
+
+    def sequence(self, p, outputs=None):
+        """The next sequence of a batch: problem p (the first one's shapes and spec, other
+        tensors), written into `outputs` ({attribute: tensor}, as the constructor's) where given,
+        into the buffers held otherwise; the intermediate buffers are reused, on the one stream."""
+        self.p = p
+        for name, t in (outputs or {}).items():
+            setattr(self, name, t)
 
     def window(self):
         self.lib.call("hils_gpu_window", ctypes.byref(self.p), ptr(self.o_swa), ptr(self.lse_swa),
