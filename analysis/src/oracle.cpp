@@ -317,10 +317,11 @@ Matrix<double> absolute_key_mass(const Context& ctx, int64_t h) {
 // Conditioning of s_hat(t,h,c) for every query row and chunk of one KV group, max over its
 // heads: A = sigma sum_i |q~_t,i| absolute_key_mass(c, i) + (log|T_c| + 1 with the entropy
 // bias, whose rounding moves it by at most u (H + 1)). The kernel's score error is at most a
-// few u times A. With int4 scores the row's largest mass stands for every entry's
-// (sigma sum_i |q~_t,i| max_i absolute_key_mass(c, i)): int4's error is half a step of the row.
-// int4_h (data/verify_format.md) also reads b' in fp16: its error int4h_bias_error(log|T_c|)
-// enters A as that error over u, so that u A holds it beside the code step's.
+// few u times A. With a score precision whose error scales by the row (ErrorScale::row: int4,
+// int4_h) the row's largest mass stands for every entry's (sigma sum_i |q~_t,i| max_i
+// absolute_key_mass(c, i)): int4's error is half a step of the row. One that reads b' in fp16
+// (bias_fp16: int4_h, data/verify_format.md) adds its error int4h_bias_error(log|T_c|) to A as
+// that error over u, so that u A holds it beside the code step's.
 // [Tq x n_chunks].
 Matrix<double> score_conditioning(const Context& ctx, int64_t g) {
   const int64_t chunks = ctx.geometry.n_chunks(), d = ctx.inputs.d();
@@ -331,19 +332,19 @@ Matrix<double> score_conditioning(const Context& ctx, int64_t g) {
   Matrix<double> a = Matrix<double>::Zero(static_cast<Eigen::Index>(ctx.queries.size()), chunks);
   if (chunks == 0) return a;
   const InputPrecision score = tensor_precision("selection", ctx.spec, ctx.options);
-  const bool int4 = score == InputPrecision::int4 || score == InputPrecision::int4_h;
+  const bool row_error = precision_row(score).error == ErrorScale::row;
   for (int64_t h = g * ctx.G; h < (g + 1) * ctx.G; ++h) {
     const Matrix<double>& q = ctx.spec.key_rule == KeyRule::exact ? ctx.inputs.q[h]
                                                                   : ctx.inputs.retrieval_query(h);
     Matrix<double> rows(static_cast<Eigen::Index>(ctx.queries.size()), d);
     for (size_t i = 0; i < ctx.queries.size(); ++i) rows.row(i) = q.row(ctx.queries[i]).cwiseAbs();
     const Matrix<double> mass = absolute_key_mass(ctx, h);
-    if (int4)  // half an int4 step is max_i |k'_c,i| / 14 on every entry of the row
+    if (row_error)  // e.g. half an int4 step is max_i |k'_c,i| / 14 on every entry of the row
       a = a.cwiseMax(scale * rows.rowwise().sum() * mass.rowwise().maxCoeff().transpose());
     else
       a = a.cwiseMax(scale * rows * mass.transpose());
   }
-  if (score == InputPrecision::int4_h && bias > 0.0)  // b' = H(p) <= log|T_c| = bias - 1
+  if (precision_row(score).bias_fp16 && bias > 0.0)  // b' = H(p) <= log|T_c| = bias - 1
     return a.array() + bias + int4h_bias_error(bias - 1.0) / unit_roundoff(score);
   return a.array() + bias;
 }
@@ -610,9 +611,10 @@ struct VerifierState {
 
 Verifier::Verifier(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                    const VerifyOptions& options) {
-  require(options.precision != InputPrecision::fp8_e4m3 && options.precision != InputPrecision::int4 &&
-              options.precision != InputPrecision::int4_h,
-          "input_precision", "fp32 or bf16", to_string(options.precision) + " (a score precision only)");
+  const auto inputs_only = precision_names(true);
+  require(precision_row(options.precision).input, "input_precision",
+          inputs_only.front() + " or " + inputs_only.back(),
+          to_string(options.precision) + " (a score precision only)");
   auto state = std::make_shared<VerifierState>(VerifierState{make_context(spec, inputs, options)});
   add_score_conditioning(state->ctx);
   add_own_fusions(state->ctx);

@@ -147,41 +147,72 @@ Bf16RoundingClaim parse_bf16_rounding(const std::string& text, const std::string
                         text + "\"");
 }
 
-std::string to_string(InputPrecision precision) {
+PrecisionRow precision_row(InputPrecision precision) {
+  // The units, each with its reason (data/verify_format.md "Floor" and its list of stores):
+  //   fp32 2^-24, bf16 2^-8: half an ulp (24 and 8 significand bits incl. the implicit one);
+  //   fp8_e4m3 2^-4 (4 significand bits; k' stored in e4m3 with a per-row power-of-two scale);
+  //   int4 1/14 of the row's largest |entry| (4-bit codes -7..7 times the fp32 scale max |k'| /
+  //     7: rounding to nearest is off by half a step on every entry);
+  //   int4_h (1 + 2^-10) / 14 (int4's codes against s16, int4's s rounded up to fp16: s16 <
+  //     s (1 + 2^-10); b' read in fp16 too).
+  using enum InputPrecision;
   switch (precision) {
-    case InputPrecision::bf16: return "bf16";
-    case InputPrecision::fp8_e4m3: return "fp8_e4m3";
-    case InputPrecision::int4: return "int4";
-    case InputPrecision::int4_h: return "int4_h";
-    case InputPrecision::fp32: break;
+    case fp32: return {"fp32", 0x1p-24, true};
+    case bf16: return {"bf16", 0x1p-8, true};
+    case fp8_e4m3: return {"fp8_e4m3", 0x1p-4, false};
+    case int4: return {"int4", 1.0 / 14.0, false, ErrorScale::row};
+    case int4_h: return {"int4_h", (1.0 + 0x1p-10) / 14.0, false, ErrorScale::row, true};
   }
-  return "fp32";
+  return {};
 }
 
+std::vector<std::string> precision_names(bool inputs_only) {
+  std::vector<std::string> names;
+  for (int i = 0;; ++i) {
+    const PrecisionRow row = precision_row(static_cast<InputPrecision>(i));
+    if (row.name == nullptr) return names;
+    if (row.input || !inputs_only) names.emplace_back(row.name);
+  }
+}
+
+std::string to_string(InputPrecision precision) {
+  const char* name = precision_row(precision).name;
+  return name ? name : "fp32";
+}
+
+namespace {
+
+// names -> `"a", "b" or "c"` (`"a" or "b"` for two).
+std::string quoted_list(const std::vector<std::string>& names) {
+  std::string list;
+  for (size_t i = 0; i < names.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + ("\"" + names[i] + "\"");
+  return list;
+}
+
+// text -> the precision of that name among `names`; InvalidArgument listing them otherwise.
+InputPrecision parse_precision(const std::string& text, const std::string& field,
+                               const std::vector<std::string>& names) {
+  for (int i = 0; precision_row(static_cast<InputPrecision>(i)).name; ++i)
+    if (text == precision_row(static_cast<InputPrecision>(i)).name &&
+        std::find(names.begin(), names.end(), text) != names.end())
+      return static_cast<InputPrecision>(i);
+  throw InvalidArgument(field + ": expected " + quoted_list(names) + ", got \"" + text + "\"");
+}
+
+}  // namespace
+
 InputPrecision parse_input_precision(const std::string& text, const std::string& field) {
-  if (text == "fp32") return InputPrecision::fp32;
-  if (text == "bf16") return InputPrecision::bf16;
-  throw InvalidArgument(field + ": expected \"fp32\" or \"bf16\", got \"" + text + "\"");
+  return parse_precision(text, field, precision_names(true));
 }
 
 InputPrecision parse_score_precision(const std::string& text, const std::string& field) {
-  if (text == "fp8_e4m3") return InputPrecision::fp8_e4m3;
-  if (text == "int4") return InputPrecision::int4;
-  if (text == "int4_h") return InputPrecision::int4_h;
-  if (text == "fp32" || text == "bf16") return parse_input_precision(text, field);
-  throw InvalidArgument(field + ": expected \"fp32\", \"bf16\", \"fp8_e4m3\", \"int4\" or \"int4_h\", got \"" +
-                        text + "\"");
+  return parse_precision(text, field, precision_names());
 }
 
 double unit_roundoff(InputPrecision precision) {
-  switch (precision) {
-    case InputPrecision::bf16: return 0x1p-8;
-    case InputPrecision::fp8_e4m3: return 0x1p-4;
-    case InputPrecision::int4: return 1.0 / 14.0;
-    case InputPrecision::int4_h: return (1.0 + 0x1p-10) / 14.0;
-    case InputPrecision::fp32: break;
-  }
-  return 0x1p-24;
+  const PrecisionRow row = precision_row(precision);
+  return row.name ? row.unit_roundoff : 0x1p-24;
 }
 
 const std::vector<std::string>& output_names() {

@@ -130,6 +130,12 @@ def _text(value, name, expected):
     return value
 
 
+def _quoted(names):
+    """names -> '"a", "b" or "c"' (as the oracle's messages list them)."""
+    quoted = [f'"{name}"' for name in names]
+    return ", ".join(quoted[:-1]) + " or " + quoted[-1] if len(quoted) > 1 else "".join(quoted)
+
+
 def _inputs(q, k, v, q_retrieval, prior):
     arrays = {"q": q, "k": k, "v": v, "q_retrieval": q_retrieval, "prior": prior}
     return {name: (None if a is None else as_numpy(a, name)) for name, a in arrays.items()}
@@ -197,8 +203,9 @@ def _options(input_precision, score_precision, bf16_rounding, max_messages):
     max_messages capped; more than there are = all)."""
     if isinstance(max_messages, bool) or not isinstance(max_messages, (int, np.integer)):
         raise TypeError(f"max_messages: expected an integer, found {type(max_messages).__name__}")
-    return ((_text(input_precision, "input_precision", '"fp32" or "bf16"'),
-             _text(score_precision, "score_precision", '"fp32", "bf16", "fp8_e4m3", "int4" or "int4_h"'),
+    core = _core_module()
+    return ((_text(input_precision, "input_precision", _quoted(core.input_precisions)),
+             _text(score_precision, "score_precision", _quoted(core.score_precisions)),
              _text(bf16_rounding, "bf16_rounding", '"detect", "any", "nearest" or "toward_zero"')),
             min(int(max_messages), 2**62))
 
@@ -290,8 +297,8 @@ def verify(spec, q, k, v, outputs, *, layout="hsd", lse_layout=None, selection_o
         "any" (each row a set in any order, e.g. torch.topk's score order: sorted before judging,
         fusion_weights' first K columns with it; duplicates, chunks out of range and padding
         other than -1 still fail).
-    input_precision: "fp32" or "bf16"; score_precision: "fp32", "bf16", "fp8_e4m3", "int4" or "int4_h"
-        (data/verify_format.md).
+    input_precision: "fp32" or "bf16"; score_precision: "fp32", "bf16" or a store of k' that
+        data/verify_format.md describes (hils._core.score_precisions lists them all).
     bf16_rounding: how a bf16-score kernel converts its summaries and scores to bf16, as the
     verify file's bf16_rounding attribute says it: "detect" (read from a bf16-stored lse or o,
     else either is accepted), "any", "nearest" or "toward_zero". Declaring "nearest" gives the

@@ -452,4 +452,8 @@ PYBIND11_MODULE(_core, m) {
   // The kernel outputs hils.verify judges (oracle::kOutputTensors), in pipeline order: the tests
   // hold hils.layouts and data/verify_format.md against it.
   m.attr("output_names") = py::tuple(py::cast(oracle::output_names()));
+  // The precisions hils.verify accepts (oracle::precision_row), in the enum's order: every one as
+  // a score precision, the input ones as input_precision.
+  m.attr("score_precisions") = py::tuple(py::cast(oracle::precision_names()));
+  m.attr("input_precisions") = py::tuple(py::cast(oracle::precision_names(true)));
 }

@@ -354,6 +354,53 @@ TEST_CASE("a kernel with bf16 summaries passes with score_precision bf16, its fl
   CHECK(flipped > 0);
 }
 
+TEST_CASE("precision table: every precision parses back, is an input only where its row says, "
+          "and a correct kernel passes under it", "[oracle][selection]") {
+  // Each row of precision_row (README "Adding a score precision"): its name in both directions,
+  // a unit roundoff (a row left without one would make every floor and bound zero), input or
+  // score only, and the float kernel (no rounding of its own) judged under it passes.
+  const auto c = case_named("gqa_group4");
+  const auto inputs = cases::make_inputs<double>(c);
+  const MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
+  const KernelOutputs kernel = float_kernel(spec, inputs);
+  const std::vector<std::string> names = precision_names();
+  CHECK(precision_names(true) == std::vector<std::string>{"fp32", "bf16"});
+  CHECK(names.size() >= 5);
+  for (const std::string& name : names) {
+    INFO("precision " << name);
+    const InputPrecision precision = parse_score_precision(name);
+    const PrecisionRow row = precision_row(precision);
+    CHECK(to_string(precision) == name);
+    CHECK(row.unit_roundoff >= 0x1p-24);
+    CHECK(row.unit_roundoff < 0.5);
+    VerifyOptions as_input;
+    as_input.precision = precision;
+    if (row.input) {
+      CHECK(parse_input_precision(name) == precision);
+    } else {
+      CHECK_THROWS_WITH(parse_input_precision(name),
+                        "input_precision: expected \"fp32\" or \"bf16\", got \"" + name + "\"");
+      CHECK_THROWS_WITH(Verifier(spec, inputs, as_input), Catch::Contains("a score precision only"));
+    }
+    VerifyOptions options;
+    options.score_precision = precision;
+    const Verdict verdict = verify(spec, inputs, kernel, options);
+    INFO(verdict.report());
+    CHECK(verdict.passed);
+    CHECK_THAT(verdict.report(), Catch::Contains("selection scores " + name + "\n"));
+  }
+  // Any other name: refused, the message listing every row's name.
+  std::string message;
+  try {
+    parse_score_precision("fp16");
+  } catch (const InvalidArgument& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, Catch::StartsWith("score_precision: expected \"fp32\", \"bf16\", \"fp8_e4m3\", "));
+  CHECK_THAT(message, Catch::EndsWith(" or \"" + names.back() + "\", got \"fp16\""));
+  for (const std::string& name : names) CHECK_THAT(message, Catch::Contains("\"" + name + "\""));
+}
+
 TEST_CASE("fp8 e4m3 rounding and the per-row scale", "[oracle]") {
   CHECK(round_to_fp8_e4m3(1.0) == 1.0);
   CHECK(round_to_fp8_e4m3(1.0625) == 1.0);    // a tie: to even (1.000)

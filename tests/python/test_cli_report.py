@@ -5,6 +5,7 @@ name) followed by exactly str(report); its exit code is 0 exactly when report.pa
 malformed spec both give the spec codec's message (exit 2 / ValueError)."""
 
 import json
+import shutil
 import subprocess
 
 import pytest
@@ -53,6 +54,7 @@ def verify_file_with_python(path):
         spec = json.loads(f.attrs["spec"])
         return hils.verify(spec, inputs["q"], inputs["k"], inputs["v"], outputs,
                            input_precision=f.attrs["input_precision"],
+                           score_precision=f.attrs.get("score_precision", "fp32"),
                            q_retrieval=inputs.get("q_retrieval"), prior=inputs.get("prior"),
                            kernel=f.attrs["kernel"], do=inputs.get("do"),
                            dlse=inputs.get("dlse"), grads=grads)
@@ -121,3 +123,34 @@ def test_every_output_the_oracle_judges_has_its_axes_and_its_rows_in_the_format(
             f"{name}: no row in verify_format.md's layouts table")
         assert f"`{name}`" in floor or name == "selection", (
             f"{name}: verify_format.md's Floor does not say which precision it uses")
+
+
+@pytest.fixture(scope="module")
+def passing_file(tmp_path_factory):
+    """A verify file of a kernel that passes (made once for the tests that set its attributes)."""
+    return make_file(tmp_path_factory.mktemp("passing"), "gqa_group4", "none", "hils", "fp32")
+
+
+@pytest.mark.parametrize("precision", hils._core.score_precisions)
+def test_every_score_precision_is_in_the_format_and_judged_alike_by_the_cli(tmp_path, passing_file,
+                                                                           precision):
+    # A precision added to oracle::precision_row (README "Adding a score precision") is named in
+    # data/verify_format.md's score_precision attribute and, when it is a store of k' (no input
+    # precision), described in its own entry; the CLI (the verify file's attribute) and hils.verify
+    # (the argument) read it and give the same report, which names it.
+    text = (ROOT / "data" / "verify_format.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `score_precision` |"))
+    assert f'`"{precision}"`' in row, f"{precision}: not named in verify_format.md's score_precision row"
+    if precision not in hils._core.input_precisions:
+        assert f'(`score_precision = "{precision}"`' in text, (
+            f"{precision}: no entry in verify_format.md describing its store")
+    path = tmp_path / "dump.h5"
+    shutil.copyfile(passing_file, path)
+    with h5py.File(path, "a") as f:
+        f.attrs["score_precision"] = precision
+    cli = subprocess.run([tool("HILS_CLI"), "verify", str(path)], capture_output=True, text=True)
+    report = verify_file_with_python(path)
+    assert report.score_precision == precision
+    assert cli.stdout == f"{path} (kernel {report.kernel})\n" + str(report)
+    assert f"selection scores {precision}\n" in cli.stdout
+    assert cli.returncode == 0 and report.passed

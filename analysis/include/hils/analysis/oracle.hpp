@@ -43,24 +43,44 @@
 
 namespace hils::oracle {
 
-// Precision of the numbers the kernel computes from (its inputs and its rounding unit).
-// fp8_e4m3, int4 and int4_h are score precisions only (summaries k' stored in e4m3 with a per-row
-// power-of-two scale, as 4-bit integers -7..7 times a per-row fp32 scale, or (int4_h) times a
-// per-row fp16 scale with b' read in fp16 too, data/verify_format.md); they are no input
-// precisions.
+// Precision of the numbers the kernel computes from (its inputs and its rounding unit). Each
+// value has its row in precision_row (its name, unit roundoff, whether it is an input precision;
+// oracle_compare.cpp), where the build stops (-Werror=switch) until a value added here has one;
+// the values count up from 0 in this order (precision_names lists them so). The score
+// precisions beyond fp32 and bf16 are the stores of data/verify_format.md (README "Adding a
+// score precision").
 enum class InputPrecision { fp32, bf16, fp8_e4m3, int4, int4_h };
+
+// How a precision's rounding error scales: relative to each entry (floating point: |x - r(x)| <=
+// u |x|), or absolute across a row (integer codes times a per-row scale: half a step, u max_i
+// |x_i|, on every entry of the row).
+enum class ErrorScale { entry, row };
+
+// One precision: its name in verify files, hils.verify and reports; its unit roundoff u; whether
+// a kernel's inputs may have it (fp32, bf16) or it is a score precision only (how k' is stored);
+// how its error scales; whether the scores read b' in fp16 too (int4h_bias_error).
+struct PrecisionRow {
+  const char* name = nullptr;
+  double unit_roundoff = 0.0;
+  bool input = false;
+  ErrorScale error = ErrorScale::entry;
+  bool bias_fp16 = false;
+};
+// The row of `precision`; a row without a name for a number that is no value of InputPrecision.
+PrecisionRow precision_row(InputPrecision precision);
+// The names of every precision (all are score precisions), or of the input precisions only, in
+// the enum's order.
+std::vector<std::string> precision_names(bool inputs_only = false);
+
 std::string to_string(InputPrecision);
-// "fp32" or "bf16" (an input precision).
+// An input precision's name ("fp32" or "bf16"); InvalidArgument listing them for any other text.
 InputPrecision parse_input_precision(const std::string& text,
                                      const std::string& field = "input_precision");
-// "fp32", "bf16", "fp8_e4m3", "int4" or "int4_h" (a score precision).
+// A score precision's name (any row's); InvalidArgument listing them for any other text.
 InputPrecision parse_score_precision(const std::string& text,
                                      const std::string& field = "score_precision");
 
-// Unit roundoff: fp32 2^-24, bf16 2^-8 (8 significand bits incl. the implicit one), fp8 e4m3
-// 2^-4 (4 significand bits); int4 1/14, relative to the row's largest |entry| rather than to
-// each entry (a row's step is max |k'| / 7, rounding to nearest is off by half a step); int4_h
-// (1 + 2^-10) / 14 (its step s16 is int4's s rounded up to fp16: s16 < s (1 + 2^-10)).
+// The row's unit roundoff (precision_row: fp32 2^-24, bf16 2^-8 and so on, each with its reason).
 double unit_roundoff(InputPrecision precision);
 // What fp16 b' adds to each int4_h score: |b' - fp16(b')| <= 2^-11 |b'| + 2^-25 (to nearest, 11
 // significant bits; 2^-25 is half fp16's subnormal spacing), with |b'| <= log|T_c| for the
