@@ -691,8 +691,16 @@ def other_hils_file(f):
     return None
 
 
+# The figures of each study (config.study), one entry per row of the CLI's study table
+# (experiments/cli/studies/study_table.hpp; tests/experiments/test_study_table.cpp plots each).
 DRAW = {"fidelity": fidelity_plots, "overlap": overlap_plots,
         "extrapolation": extrapolation_plots}
+
+
+def studies_listed():
+    """-> "fidelity, overlap or extrapolation": the studies DRAW draws."""
+    names = list(DRAW)
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
 
 
 def main():
@@ -726,8 +734,8 @@ def main():
     stem = os.path.splitext(os.path.basename(a.results))[0]
     draw = DRAW.get(study) if isinstance(study, str) else None
     if draw is None:
-        print(f"{a.results}: config.study is '{study}', expected fidelity, overlap or "
-              "extrapolation", file=sys.stderr)
+        print(f"{a.results}: config.study is '{study}', expected {studies_listed()}",
+              file=sys.stderr)
         return 2
     missing = missing_summaries(f, config, study)
     global INCOMPLETE_LINE

@@ -68,9 +68,9 @@ GlobalOptions& global_options();
 void register_info(CLI::App& app);
 void register_dump(CLI::App& app);
 void register_run(CLI::App& app);
-void register_fidelity(CLI::App& app);
-void register_overlap(CLI::App& app);
-void register_extrapolate(CLI::App& app);
+// hils fidelity, overlap, extrapolate: one command per row of studies::kStudies
+// (cli/studies/study_table.hpp), in its order.
+void register_study_commands(CLI::App& app);
 void register_plot(CLI::App& app);
 void register_studies(CLI::App& app);
 void register_verify(CLI::App& app);

@@ -135,9 +135,7 @@ int main(int argc, char** argv) {
   hils::cli::register_info(app);
   hils::cli::register_dump(app);
   hils::cli::register_run(app);
-  hils::cli::register_fidelity(app);
-  hils::cli::register_overlap(app);
-  hils::cli::register_extrapolate(app);
+  hils::cli::register_study_commands(app);
   hils::cli::register_plot(app);
   hils::cli::register_studies(app);
   hils::cli::register_verify(app);

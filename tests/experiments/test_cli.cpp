@@ -6,6 +6,7 @@
 
 #include <H5Cpp.h>
 
+#include "cli/studies/study_table.hpp"
 #include "hils/attention.hpp"
 #include "io/activation_file.hpp"
 #include "io/results_file.hpp"
@@ -90,12 +91,16 @@ TEST_CASE("usage errors exit 2", "[cli]") {
 }
 
 TEST_CASE("a mistyped command is named with the commands there are", "[cli]") {
-  // Was "A subcommand is required", as if none had been typed.
+  // Was "A subcommand is required", as if none had been typed. The study commands stand in the
+  // order of their table (cli/studies/study_table.hpp) after run.
+  std::string studies;
+  for (const auto& row : hils::cli::studies::kStudies) studies += std::string(row.command) + ", ";
+  CHECK(studies.rfind("fidelity, overlap, extrapolate, ", 0) == 0);
   auto r = run_hils("-q fidelty --out x.h5");
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("hils: bad input: fidelty: expected a command, one of "
-                                       "info, dump, run, fidelity, overlap, extrapolate, plot, "
-                                       "studies, verify (hils --help)"));
+                                       "info, dump, run, " + studies + "plot, studies, verify "
+                                       "(hils --help)"));
   r = run_hils("dump synth -o x.h5");
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("hils: bad input: dump synth: expected a command, one of "

@@ -17,6 +17,7 @@
 
 #include <H5Cpp.h>
 
+#include "cli/studies/study_table.hpp"
 #include "io/activation_file.hpp"
 #include "io/hdf5_util.hpp"
 #include "support.hpp"
@@ -225,8 +226,9 @@ TEST_CASE("study flags out of range are refused naming the flag and the expected
 }
 
 TEST_CASE("every command spells its output and config options the same way", "[cli][faults]") {
-  for (const std::string command : {"run", "dump synthetic", "dump llama2c", "fidelity",
-                                    "overlap", "extrapolate", "studies", "plot"}) {
+  std::vector<std::string> commands{"run", "dump synthetic", "dump llama2c", "studies", "plot"};
+  for (const auto& row : hils::cli::studies::kStudies) commands.emplace_back(row.command);
+  for (const std::string& command : commands) {
     auto help = run_hils(command + " --help");
     INFO(command + "\n" + help.output);
     CHECK_THAT(help.output, Catch::Contains("-o,--output,--out "));
@@ -251,7 +253,8 @@ TEST_CASE("a study config with an unknown key, table or type is refused before a
       {"[study]\nqueries = \"all\"\n", "[study].queries: expected an integer, got string"}};
   for (const auto& [text, message] : cases) {
     std::ofstream(dir / "c.toml") << text;
-    for (const std::string study : {"fidelity", "overlap", "extrapolate"}) {
+    for (const auto& row : hils::cli::studies::kStudies) {
+      const std::string study(row.command);
       auto r = run_hils(study + " --config " + quoted(dir / "c.toml") + " --out " + quoted(dir / "f.h5") +
                         " --lengths 1024 -q");
       INFO(study + "\n" + text + r.output);

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/studies/study_table.hpp"
 #include "support.hpp"
 
 using hils::test::quoted;
@@ -37,8 +38,9 @@ void require_config_refused(const TempDir& dir, const std::string& command,
 
 TEST_CASE("study counts given as -1 are checked, not taken for 'not given'", "[cli][study]") {
   TempDir dir("study_minus_one");
-  for (const std::string study : {"fidelity", "overlap", "extrapolate"}) {
-    if (study != "overlap")  // overlap refuses --queries of any value (its own test below)
+  for (const auto& row : hils::cli::studies::kStudies) {
+    const std::string study(row.command);
+    if (row.samples_queries())  // overlap refuses --queries of any value (its own test below)
       require_refused(dir, study + " --lengths 1024 --queries -1",
                       "--queries: expected an integer >= 1, got -1");
     require_refused(dir, study + " --lengths 1024 --n-layers -1",

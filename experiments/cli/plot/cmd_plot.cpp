@@ -5,16 +5,32 @@
 #include "cli/commands.hpp"
 #include "cli/plot/draw_plots.hpp"
 #include "cli/spec_flags.hpp"
+#include "cli/studies/study_table.hpp"
 
 namespace hils::cli {
+
+namespace {
+
+// "a, b or c" of the studies of kStudies (sep ", " and " or "), or "a/b/c" of their commands.
+std::string studies_listed(bool commands) {
+  std::string list;
+  const auto& rows = studies::kStudies;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (i > 0) list += commands ? "/" : i + 1 == rows.size() ? " or " : ", ";
+    list += commands ? rows[i].command : rows[i].study;
+  }
+  return list;
+}
+
+}  // namespace
 
 void register_plot(CLI::App& app) {
   auto results = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
   auto* cmd = app.add_subcommand(
-      "plot", "Draw the plots of a fidelity, overlap or extrapolation results file (PNG).\n"
+      "plot", "Draw the plots of a " + studies_listed(false) + " results file (PNG).\n"
               "Example: hils plot overlap.h5 --out plots/     # overlap.h5 from `hils overlap --out overlap.h5`");
-  cmd->add_option("results", *results, "results file of hils fidelity/overlap/extrapolate")
+  cmd->add_option("results", *results, "results file of hils " + studies_listed(true))
       ->required();
   add_output_option(cmd, out.get(), "folder for the PNGs (default: <results>_plots)");
   cmd->callback([results, out] {

@@ -1,5 +1,5 @@
-// hils studies: the three studies (fidelity, overlap, extrapolation) on a built-in default in
-// ~20-30 s on 2 cores, with the real model's runs when its files are there, then their plots.
+// hils studies: every study of kStudies (fidelity, overlap, extrapolation) on a built-in default
+// in ~20-30 s on 2 cores, with the real model's runs when its files are there, then their plots.
 #include <chrono>
 #include <iostream>
 #include <memory>
@@ -16,11 +16,22 @@
 
 namespace hils::cli {
 
-// hils studies: all three studies on the built-in default, then the plots.
+namespace {
+
+// -> "fidelity, overlap and extrapolation": the studies of kStudies.
+std::string study_names() {
+  std::vector<std::string_view> names;
+  for (const auto& row : studies::kStudies) names.push_back(row.study);
+  return studies::listed(names);
+}
+
+}  // namespace
+
+// hils studies: every study on the built-in default, then the plots.
 void register_studies(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "studies",
-      "Run the fidelity, overlap and extrapolation studies on the built-in default (synthetic "
+      "Run the " + study_names() + " studies on the built-in default (synthetic "
       "activations, and the real stories260K model when ../shared/data or --model-dir has it) "
       "and draw their plots.\nExample: hils studies --out results/");
   auto out = std::make_shared<std::string>("results");
@@ -36,29 +47,30 @@ void register_studies(CLI::App& app) {
     make_output_folder(folder, "--out");
     const auto start = std::chrono::steady_clock::now();
     std::vector<std::filesystem::path> files;
-    studies::StudyArgs a;
-    a.jobs = *jobs;
-    a.out = (folder / "fidelity_synthetic.h5").string();
-    files.push_back(studies::run_fidelity(a));
-    a.out = (folder / "overlap_synthetic.h5").string();
-    files.push_back(studies::run_overlap(a));
-    a.out = (folder / "extrapolation_synthetic.h5").string();
-    // A lighter sweep than `hils extrapolate`'s default (7 lengths) to keep this run short.
-    a.layers = 1;
-    a.queries = 8;
-    a.lengths = {1024, 4096, 16384, 65536};
-    files.push_back(studies::run_extrapolation(a));
+    for (const auto& row : studies::kStudies) {
+      studies::StudyArgs a;
+      a.jobs = *jobs;
+      a.out = (folder / (std::string(row.study) + "_synthetic.h5")).string();
+      if (row.study == "extrapolation") {
+        // A lighter sweep than `hils extrapolate`'s default (7 lengths) to keep this run short.
+        a.layers = 1;
+        a.queries = 8;
+        a.lengths = {1024, 4096, 16384, 65536};
+      }
+      files.push_back(studies::run_study(row, a));
+    }
     const std::filesystem::path data =
         model_dir->empty() ? shared_data_dir() : std::filesystem::path(*model_dir);
     if (!*skip_model && std::filesystem::exists(data / "stories260K.bin")) {
-      studies::StudyArgs m;
-      m.jobs = *jobs;
-      m.source = "model";
-      m.model_dir = data.string();
-      m.out = (folder / "fidelity_stories260K.h5").string();
-      files.push_back(studies::run_fidelity(m));
-      m.out = (folder / "overlap_stories260K.h5").string();
-      files.push_back(studies::run_overlap(m));
+      for (const auto& row : studies::kStudies) {
+        if (!row.in_model_studies) continue;
+        studies::StudyArgs m;
+        m.jobs = *jobs;
+        m.source = "model";
+        m.model_dir = data.string();
+        m.out = (folder / (std::string(row.study) + "_stories260K.h5")).string();
+        files.push_back(studies::run_study(row, m));
+      }
     } else if (!*skip_model) {
       std::cerr << "studies: no real model at " << data.string()
                 << " (stories260K.bin); skipping the real-model runs\n";

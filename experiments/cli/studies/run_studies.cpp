@@ -1,6 +1,10 @@
-// The three studies run from resolved settings: each builds its driver's options
+// The studies run from resolved settings: each builds its driver's options
 // (analysis/include/hils/analysis/{fidelity,overlap,extrapolation}.hpp), runs the driver into the
-// results file and reports the Taylor/KL check where it has one.
+// results file and reports the Taylor/KL check where it has one; kStudyRunners gives each row of
+// kStudies (study_table.hpp) its runner.
+#include <algorithm>
+#include <array>
+
 #include <fmt/format.h>
 
 #include "cli/cli_util.hpp"
@@ -36,8 +40,6 @@ Resolved resolve_with_jobs(const StudyArgs& a, const std::string& study) {
   check_with_jobs(a.jobs, [&] { r = resolve(a, study); });
   return r;
 }
-
-}  // namespace
 
 // args -> the fidelity results file; CheckFailed when the Taylor gap differs from the KL.
 std::filesystem::path run_fidelity(const StudyArgs& a) {
@@ -95,6 +97,22 @@ std::filesystem::path run_extrapolation(const StudyArgs& a) {
     throw CheckFailed(fmt::format("Taylor gap differs from KL by {:.3g}",
                                   report.worst_kl.max_abs_deviation));
   return path;
+}
+
+// The runner of each row of kStudies, in its order.
+using StudyRunner = std::filesystem::path (*)(const StudyArgs&);
+constexpr std::array<StudyRunner, kStudies.size()> kStudyRunners{run_fidelity, run_overlap,
+                                                                 run_extrapolation};
+static_assert(std::ranges::none_of(kStudyRunners, [](StudyRunner f) { return f == nullptr; }),
+              "every row of kStudies (study_table.hpp) needs its runner in kStudyRunners");
+
+}  // namespace
+
+// row (an element of kStudies), args -> its runner's results file.
+std::filesystem::path run_study(const StudyRow& row, const StudyArgs& args) {
+  const auto index = static_cast<size_t>(&row - kStudies.data());
+  if (index >= kStudies.size()) throw std::logic_error("run_study: a row that is not in kStudies");
+  return kStudyRunners[index](args);
 }
 
 }  // namespace hils::cli::studies

@@ -53,19 +53,18 @@ void require_study_values(const Resolved& r, const config::ConfigValues& c) {
         where_set("--n-layers", "[source] layers", c), kMaxSyntheticLayers, r.source.n_layers));
 }
 
-// r, c, study -> nothing, or BadInput naming -K and the range that fits when one unit's
+// r, c, row -> nothing, or BadInput naming -K and the range that fits when one unit's
 // outputs (the reference's, for the study's queries of one KV group at the longest length)
 // would not fit in 80% of memory_limit() and K is what makes them large. The reference refuses
 // such a run too, but only at the first unit, after the inputs were built.
-void require_outputs_fit(const Resolved& r, const config::ConfigValues& c,
-                         const std::string& study) {
+void require_outputs_fit(const Resolved& r, const config::ConfigValues& c, const StudyRow& row) {
   const int64_t T = r.source.lengths.back();
   const int64_t heads = r.Hq / std::max<int64_t>(r.Hkv, 1);  // a unit is one KV group
-  const int64_t rows = std::min(study == "overlap" ? r.tail_queries : r.queries, T);
+  const int64_t rows = std::min(row.samples_queries() ? r.queries : r.tail_queries, T);
   MechanismSpec spec;
   spec.S = r.geometry.S, spec.W = r.geometry.W, spec.K = r.geometry.K;
   RunOptions options;
-  options.keep_surrogate_scores = study != "overlap";  // fidelity keeps s_hat for its metrics
+  options.keep_surrogate_scores = row.samples_queries();  // fidelity keeps s_hat for its metrics
   const double room = 0.8 * memory_limit().bytes;
   if (outputs_bytes(spec, T, heads, r.dv, options, rows, sizeof(double)) < room) return;
   spec.K = 0;

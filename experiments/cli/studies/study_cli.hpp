@@ -1,6 +1,7 @@
 // The study commands' shared entry points: the options of `hils fidelity`, `hils overlap` and
-// `hils extrapolate` (study_options.cpp), and one function per study that runs it into a results
-// file (run_studies.cpp), which `hils studies` calls too.
+// `hils extrapolate` (study_options.cpp), one command per row of kStudies (study_table.hpp), and
+// run_study, which runs a row's study into a results file (run_studies.cpp) for its command and
+// for `hils studies`.
 //
 // The flow of a study run, one file per step (all in this folder):
 //   options (study_options.cpp) -> settings from defaults, TOML and flags (study_config.cpp,
@@ -17,6 +18,8 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+
+#include "cli/studies/study_table.hpp"
 
 namespace hils::cli::studies {
 
@@ -41,18 +44,18 @@ struct StudyArgs {
   std::optional<int64_t> jobs;   // --jobs: units computed at once (parallel::use_jobs)
 };
 
-// Adds the common flags to the subcommand of `study` (fidelity, overlap, extrapolate).
-void add_study_options(CLI::App* cmd, StudyArgs& args, const std::string& study);
+// Adds the common flags to the subcommand of `row` (--queries and --mechanisms hidden where they
+// do not apply).
+void add_study_options(CLI::App* cmd, StudyArgs& args, const StudyRow& row);
 
-// Adds `hils <name>`: the study options, then `run(args)`, printing the results file and, with
-// --plot, the plots drawn from it.
-using StudyRunner = std::filesystem::path (*)(const StudyArgs&);
-void register_study(CLI::App& app, const std::string& name, const std::string& description,
-                    StudyRunner run);
+// Adds `hils <row.command>`: the study options, then run_study, printing the results file and,
+// with --plot, the plots drawn from it.
+void register_study(CLI::App& app, const StudyRow& row);
 
-// Each runs one study into args.out (resuming it when it exists) and returns the file.
-std::filesystem::path run_fidelity(const StudyArgs& args);
-std::filesystem::path run_overlap(const StudyArgs& args);
-std::filesystem::path run_extrapolation(const StudyArgs& args);
+// Runs `row`'s study into args.out (resuming it when it exists) and returns the file.
+std::filesystem::path run_study(const StudyRow& row, const StudyArgs& args);
+
+// "a", "a and b", "a, b and c" (`last` for " and ", e.g. " or ").
+std::string listed(const std::vector<std::string_view>& names, const char* last = " and ");
 
 }  // namespace hils::cli::studies

@@ -49,24 +49,35 @@ std::string lengths_where(const StudyArgs& a, const config::ConfigValues& c,
   return a.lengths.empty() ? c.where(study, "lengths") : "--lengths";
 }
 
+// The longest length extrapolation's default may reach.
+int64_t longest_default(bool model) { return model ? 512 : 1 << 20; }
+
+// The default context lengths of every row of kStudies (std::logic_error, exit 3, for a study
+// without them: a row added to kStudies needs its lengths here).
+std::vector<int64_t> default_lengths(const std::string& study, bool model, int64_t train_length) {
+  if (study == "fidelity") return model ? std::vector<int64_t>{512} : std::vector<int64_t>{4096};
+  if (study == "overlap")
+    return model ? std::vector<int64_t>{512} : std::vector<int64_t>{4096, 16384, 65536};
+  if (study != "extrapolation")
+    throw std::logic_error("study " + study + ": no default lengths in study_config.cpp");
+  std::vector<int64_t> lengths;
+  for (int64_t x = 1; x <= 64 && train_length * x <= longest_default(model); x *= 2)
+    lengths.push_back(train_length * x);
+  return lengths;
+}
+
 // The context lengths: the study's default, then the config's [<study>] lengths, then --lengths.
 std::vector<int64_t> resolve_lengths(const StudyArgs& a, const config::ConfigValues& c,
                                      const std::string& study, bool model, int64_t train_length) {
-  std::vector<int64_t> lengths;
-  if (study == "fidelity") lengths = model ? std::vector<int64_t>{512} : std::vector<int64_t>{4096};
-  if (study == "overlap")
-    lengths = model ? std::vector<int64_t>{512} : std::vector<int64_t>{4096, 16384, 65536};
-  const int64_t longest_default = model ? 512 : 1 << 20;
-  if (study == "extrapolation")
-    for (int64_t x = 1; x <= 64 && train_length * x <= longest_default; x *= 2)
-      lengths.push_back(train_length * x);
+  std::vector<int64_t> lengths = default_lengths(study, model, train_length);
   lengths = c.integers(study, "lengths", lengths);
   if (!a.lengths.empty()) lengths = a.lengths;
   if (lengths.empty() && study == "extrapolation" && !c.has(study, "lengths"))
     throw BadInput(fmt::format("{}: expected a train length whose default lengths (train_length "
                                "x 1, 2, 4, ..., 64) start within {} slots, got {} (or set "
                                "--lengths)",
-                               c.where(study, "train_length"), longest_default, train_length));
+                               c.where(study, "train_length"), longest_default(model),
+                               train_length));
   require_ascending_lengths(lengths, lengths_where(a, c, study));
   return lengths;
 }
@@ -90,20 +101,31 @@ std::string source_kind(const StudyArgs& a, const config::ConfigValues& c) {
   return kind.empty() ? (a.model_dir.empty() ? "synthetic" : "model") : kind;
 }
 
-// overlap studies one mechanism over the last tail_queries queries: the flags that choose the
-// other studies' mechanisms and sampled queries are refused, not ignored.
-void require_overlap_flags(const StudyArgs& a) {
-  if (!a.mechanisms.empty())
-    throw BadInput("--mechanisms: hils overlap studies one mechanism, [overlap] mechanism in a "
-                   "--config (default taylor_entropy); --mechanisms is for hils fidelity and "
-                   "extrapolate");
-  if (a.queries)
-    throw BadInput("--queries: hils overlap studies the last [overlap] tail_queries queries of "
-                   "each length (default 256); --queries is for hils fidelity and extrapolate");
+// A study whose units sample no queries (overlap studies one mechanism over the last
+// tail_queries queries): the flags that choose the other studies' mechanisms and sampled queries
+// are refused, not ignored, each with the row's reason.
+void require_sampling_flags(const StudyArgs& a, const StudyRow& row) {
+  if (row.samples_queries()) return;
+  std::vector<std::string_view> sampling;
+  for (const auto& other : kStudies)
+    if (other.samples_queries()) sampling.push_back(other.command);
+  const auto refused = [&](const char* flag, std::string_view why) {
+    return BadInput(fmt::format("{}: hils {} {}; {} is for hils {}", flag, row.command, why, flag,
+                                listed(sampling)));
+  };
+  if (!a.mechanisms.empty()) throw refused("--mechanisms", row.why_no_mechanisms);
+  if (a.queries) throw refused("--queries", row.why_no_queries);
+}
+
+// study -> its row of kStudies (std::logic_error for a name that has none).
+const StudyRow& row_of(const std::string& study) {
+  const StudyRow* row = study_row(study);
+  if (!row) throw std::logic_error("study " + study + ": no row in kStudies");
+  return *row;
 }
 
 // What went into the run, as the results file records it (its provenance and resume check).
-void record_config(Resolved& r, const std::string& study) {
+void record_config(Resolved& r, const std::string& study, const StudyRow& row) {
   r.config["study"] = study;
   r.config["geometry"] = {{"S", r.geometry.S}, {"W", r.geometry.W}, {"K", r.geometry.K},
                           {"landmarks", r.geometry.landmarks}};
@@ -111,7 +133,7 @@ void record_config(Resolved& r, const std::string& study) {
                        {"source", analysis::to_string(r.prior.source)}};
   r.config["lengths"] = r.source.lengths;
   r.config["layers"] = r.source.n_layers;
-  if (study != "overlap") r.config["mechanisms"] = r.mechanisms, r.config["queries"] = r.queries;
+  if (row.samples_queries()) r.config["mechanisms"] = r.mechanisms, r.config["queries"] = r.queries;
   if (study == "overlap")
     r.config["overlap"] = {{"mechanism", r.overlap_mechanism}, {"tail_queries", r.tail_queries},
                            {"block_sizes", r.block_sizes}, {"final_block", r.final_block}};
@@ -125,7 +147,8 @@ void record_config(Resolved& r, const std::string& study) {
 
 // args, study -> the resolved, checked settings with their inputs.
 Resolved resolve(const StudyArgs& a, const std::string& study) {
-  if (study == "overlap") require_overlap_flags(a);
+  const StudyRow& row = row_of(study);
+  require_sampling_flags(a, row);
   const config::ConfigValues c = read_config(a);
   Resolved r;
   r.source_kind = source_kind(a, c);
@@ -146,10 +169,10 @@ Resolved resolve(const StudyArgs& a, const std::string& study) {
   // First: its config errors come before this cross-value check.
   build_sources(r, a, c, lengths_where(a, c, study));
   require_retrieval_candidates(lengths, r.geometry, lengths_where(a, c, study));
-  require_outputs_fit(r, c, study);
+  require_outputs_fit(r, c, row);
   r.raw_source.lengths = r.source.lengths = lengths;
   r.raw_source.n_layers = r.source.n_layers;
-  record_config(r, study);
+  record_config(r, study, row);
   return r;
 }
 

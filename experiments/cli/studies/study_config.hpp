@@ -39,8 +39,9 @@ struct Resolved {
   nlohmann::json config;  // what went into the run, for provenance and resume checks
 };
 
-// study: "fidelity", "overlap" or "extrapolation". Throws BadInput naming the flag or the config
-// key of the first value it cannot use; builds the inputs last.
+// study: the study of a row of kStudies ("fidelity", "overlap" or "extrapolation"). Throws
+// BadInput naming the flag or the config key of the first value it cannot use; builds the inputs
+// last.
 Resolved resolve(const StudyArgs& args, const std::string& study);
 
 // The study's mechanisms with the run's geometry, each validated (landmark_key is left out when
@@ -63,8 +64,7 @@ void build_sources(Resolved& r, const StudyArgs& args, const config::ConfigValue
 // S, W >= 1, K >= 0, queries >= 1, 1 <= layers (<= 128 for the synthetic source).
 void require_study_values(const Resolved& r, const config::ConfigValues& c);
 // K within what one unit's outputs allow in memory (r's source, lengths, queries resolved).
-void require_outputs_fit(const Resolved& r, const config::ConfigValues& c,
-                         const std::string& study);
+void require_outputs_fit(const Resolved& r, const config::ConfigValues& c, const StudyRow& row);
 // Positive, strictly ascending lengths.
 void require_ascending_lengths(const std::vector<int64_t>& lengths, const std::string& where);
 // Every length long enough to hold a query with a retrieval candidate (T > W + S).

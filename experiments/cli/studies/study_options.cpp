@@ -1,5 +1,5 @@
 // The options of the study commands (hils fidelity, overlap, extrapolate), and the command
-// around a study runner: run, print the results file, draw the plots with --plot.
+// around a study's row (study_table.hpp): run, print the results file, draw the plots with --plot.
 #include <iostream>
 #include <memory>
 
@@ -12,14 +12,13 @@
 
 namespace hils::cli::studies {
 
-// app, name, description, run -> `hils <name>` with the study options.
-void register_study(CLI::App& app, const std::string& name, const std::string& description,
-                    StudyRunner run) {
+// app, row -> `hils <row.command>` with the study options.
+void register_study(CLI::App& app, const StudyRow& row) {
   auto args = std::make_shared<StudyArgs>();
-  auto* cmd = app.add_subcommand(name, description);
-  add_study_options(cmd, *args, name);
-  cmd->callback([args, run] {
-    const auto path = run(*args);
+  auto* cmd = app.add_subcommand(std::string(row.command), std::string(row.description));
+  add_study_options(cmd, *args, row);
+  cmd->callback([args, &row] {
+    const auto path = run_study(row, *args);
     if (!parallel::holds_results()) return;
     std::cout << "results: " << path.string() << "\n";
     if (!args->plot) return;
@@ -28,11 +27,11 @@ void register_study(CLI::App& app, const std::string& name, const std::string& d
   });
 }
 
-// cmd, a, study -> the study flags on cmd, each writing into a (which outlives the parse).
-// overlap's --queries and --mechanisms are hidden: it has no use for them and refuses them
-// (study_config.cpp, require_overlap_flags).
-void add_study_options(CLI::App* cmd, StudyArgs& a, const std::string& study) {
-  const std::string others_only = study == "overlap" ? "" : "Options";
+// cmd, a, row -> the study flags on cmd, each writing into a (which outlives the parse).
+// --queries and --mechanisms are hidden for a study whose units sample no queries (overlap): it
+// has no use for them and refuses them (study_config.cpp, require_sampling_flags).
+void add_study_options(CLI::App* cmd, StudyArgs& a, const StudyRow& row) {
+  const std::string others_only = row.samples_queries() ? "Options" : "";
   add_config_option(cmd, &a.config, "study config (TOML, see experiments/configs/)");
   add_output_option(cmd, &a.out, "results file (.h5); an existing one is resumed");
   cmd->add_option("--source", a.source,
@@ -71,4 +70,20 @@ void add_study_options(CLI::App* cmd, StudyArgs& a, const std::string& study) {
   cmd->add_flag("--plot", a.plot, "draw the plots next to the results file");
 }
 
+std::string listed(const std::vector<std::string_view>& names, const char* last) {
+  std::string list;
+  for (size_t i = 0; i < names.size(); ++i)
+    list += std::string(i == 0 ? "" : i + 1 == names.size() ? last : ", ") + std::string(names[i]);
+  return list;
+}
+
 }  // namespace hils::cli::studies
+
+namespace hils::cli {
+
+// app -> `hils <command>` for every row of kStudies, in its order.
+void register_study_commands(CLI::App& app) {
+  for (const auto& row : studies::kStudies) studies::register_study(app, row);
+}
+
+}  // namespace hils::cli
