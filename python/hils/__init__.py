@@ -13,7 +13,8 @@ own order and batch are one call: layout="bshd" (FlashAttention's [B, T, H, d], 
 lse_layout="bhsd" for its softmax_lse [B, H, T]), "bhsd" (SDPA, FlexAttention) or "shd";
 selection_order="any" for top-K rows in score order; packed (varlen) batches with cu_seqlens=
 and layout="thd" (FlashAttention's flash_attn_varlen_func) or "bshd" with B = 1 (fla-org's
-parallel_nsa) (hils/layouts.py). Any float dtype and
+parallel_nsa) (hils/layouts.py); a decode step of B sequences of ragged lengths over a dense or
+paged cache is hils.verify_decode (hils/decoding.py). Any float dtype and
 anything numpy converts are accepted; torch tensors on any device and in any float dtype (bf16,
 fp16 included) are converted by `as_numpy`. The work runs in C++ (the same code as `hils verify`)
 with the GIL released; Ctrl-C on the main thread (with Python's default SIGINT handler) raises
@@ -35,6 +36,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from . import decoding as _decoding
 from . import layouts as _layouts
 
 
@@ -65,7 +67,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'hils' has no attribute {name!r}")
 
 
-__all__ = ["verify", "Verifier", "reference", "as_numpy", "Report", "TensorReport", "SelectionReport",
+__all__ = ["verify", "verify_decode", "Verifier", "reference", "as_numpy", "Report", "TensorReport", "SelectionReport",
            "BatchReport"]
 
 BatchReport = _layouts.BatchReport
@@ -163,15 +165,11 @@ class Verifier:
 
     def _start(self, spec, batch, input_precision, score_precision, bf16_rounding, queries,
                max_messages):
-        if isinstance(max_messages, bool) or not isinstance(max_messages, (int, np.integer)):
-            raise TypeError(f"max_messages: expected an integer, found {type(max_messages).__name__}")
+        precisions, max_messages = _options(input_precision, score_precision, bf16_rounding,
+                                            max_messages)
         spec_json = _spec_json(spec)
-        core = _core_module()
-        rest = (_text(input_precision, "input_precision", _quoted(core.input_precisions)),
-                _text(score_precision, "score_precision", _quoted(core.score_precisions)),
-                _text(bf16_rounding, "bf16_rounding", '"detect", "any", "nearest" or "toward_zero"'),
-                queries, min(int(max_messages), 2**62),  # more than there are = all
-                batch.size)  # the memory checks give each sequence its share (all are kept)
+        rest = precisions + (queries, max_messages,
+                             batch.size)  # the memory checks give each sequence its share (all are kept)
         self._batch = batch
         self._cores = [_per_sequence(batch, b, lambda: _core_module().Verifier(
                            spec_json, batch.inputs[b], *rest))
@@ -198,6 +196,18 @@ class Verifier:
         if not self._batch.layout.batched:
             return reports[0]
         return _layouts.BatchReport(reports, self._batch.layout.name, self._batch.lengths)
+
+
+def _options(input_precision, score_precision, bf16_rounding, max_messages):
+    """The oracle's options checked: ((input_precision, score_precision, bf16_rounding),
+    max_messages capped; more than there are = all)."""
+    if isinstance(max_messages, bool) or not isinstance(max_messages, (int, np.integer)):
+        raise TypeError(f"max_messages: expected an integer, found {type(max_messages).__name__}")
+    core = _core_module()
+    return ((_text(input_precision, "input_precision", _quoted(core.input_precisions)),
+             _text(score_precision, "score_precision", _quoted(core.score_precisions)),
+             _text(bf16_rounding, "bf16_rounding", '"detect", "any", "nearest" or "toward_zero"')),
+            min(int(max_messages), 2**62))
 
 
 def _per_sequence(batch, b, call):
@@ -334,3 +344,47 @@ def reference(spec, q, k, v, *, layout="hsd", lse_layout=None, q_retrieval=None,
                  spec_json, batch.inputs[b], queries, batch.size))  # as Verifier's: all kept
              for b in range(batch.size)]
     return batch.join(parts, lse_layout)
+
+
+def verify_decode(spec, q, k_cache, v_cache, outputs, *, cache_seqlens, block_table=None,
+                  cache_layout="bshd", q_retrieval=None, landmark_queries=None,
+                  selection_order="ascending", input_precision="fp32", score_precision="fp32",
+                  bf16_rounding="detect", kernel=None, max_messages=8):
+    """Judges a decode step of B sequences of ragged lengths, one new query each, in one call
+    (FlashAttention's flash_attn_with_kvcache, vLLM's and FlashInfer's paged decode), and returns
+    a BatchReport: sequence b is hils.verify's judgement of its query at slot T-1, T =
+    cache_seqlens[b], with queries=[T-1] (hils/decoding.py; data/verify_format.md "Decode steps").
+
+    q: the step's queries [B, Hq, d]. k_cache, v_cache: dense [B, capacity, Hkv, d] or, with
+        block_table [B, max_pages] (int), pages [num_pages, page_size, Hkv, d]; cache_layout="bhsd"
+        for [B, Hkv, capacity, d] / [num_pages, Hkv, page_size, d]. Only each sequence's T slots
+        are read (torch tensors are indexed before they are converted).
+    cache_seqlens: [B] ints, T of each sequence, the new token's slot included (FlashAttention's
+        cache_seqlens when the kernel is not given k=, v=; with them, cache_seqlens + 1).
+    outputs: {"o": [B, Hq, dv], "lse": [B, Hq], "selection": [B, Hkv, K]} and optionally
+        "o_window", "lse_window" [B, Hq(, dv)], "fusion_weights" [B, Hq, K+2].
+    q_retrieval: the step's q~ [B, Hq, d] (None: q~ = q).
+    landmark_queries: where the mechanism's summaries read a prior (taylor keys or the entropy
+        bias: the hils preset), each chunk's prior, the q~ of its landmark slot: [B, n_chunks,
+        Hq, d] ([B, Hq, n_chunks, d] with cache_layout="bhsd"); required there, refused elsewhere.
+    selection_order, input_precision, score_precision, bf16_rounding, kernel, max_messages: as
+        hils.verify's."""
+    from .gpu import spec as _gpu_spec  # pure Python (no library, no torch needed)
+    fields = _gpu_spec.resolve(spec)
+    kernel_name, spec_json = _kernel_name(kernel), _spec_json(spec)
+    order = _layouts.selection_order_of(selection_order)
+    step = _decoding.DecodeStep(fields, q, k_cache, v_cache, cache_seqlens, block_table,
+                                cache_layout, q_retrieval, landmark_queries)
+    outputs = step.outputs(outputs)
+    if order == "any":
+        outputs = [_layouts.sort_selection(out) for out in outputs]
+    arrays = [_per_sequence(step, b, lambda: _kernel_arrays(outputs[b], None, None, None))
+              for b in range(step.size)]
+    precisions, max_messages = _options(input_precision, score_precision, bf16_rounding,
+                                        max_messages)
+    cores = [_per_sequence(step, b, lambda: _core_module().Verifier(
+                 spec_json, step.inputs[b], *precisions, np.array([T - 1]), max_messages, step.size))
+             for b, T in enumerate(step.lengths)]
+    reports = [_per_sequence(step, b, lambda: core.verify(arrays[b], kernel_name))
+               for b, core in enumerate(cores)]
+    return _layouts.BatchReport(reports, step.layout, step.lengths, step.title())

@@ -278,7 +278,7 @@ class Packed:
 
     batched = True  # one report per sequence
 
-    def __init__(self, name, offsets, argument="layout"):
+    def __init__(self, name, offsets):
         self.name = name
         self.offsets = offsets
         lead, self.rows_first = _PACKED[name]
@@ -308,7 +308,8 @@ class Packed:
         return "[" + ", ".join(self.axes(name)) + "]"
 
     def sequences(self, array, label, name, size):
-        """A packed array -> one [heads, rows, ...] view per sequence."""
+        """A packed array -> one [heads, rows, ...] view per sequence (`size`, as Layout.sequences'
+        argument, is len(offsets) - 1)."""
         if name not in _PACKABLE:
             raise ValueError(f"{label}: has no packed form: {name} [{', '.join(_AXES[name])}] has "
                              f"an axis whose length is each sequence's own (n_chunks or the prior's "
@@ -483,9 +484,10 @@ class BatchReport:
     for one sequence); .passed when every sequence passes; .failed lists the b that fail.
     str() is one line per sequence, then the full report of each that fails."""
 
-    def __init__(self, reports, layout, lengths=None):
+    def __init__(self, reports, layout, lengths=None, title=None):
         self.reports = list(reports)
         self.layout = layout
+        self.title = f"layout \"{layout}\"" if title is None else title  # what the batch is
         self.lengths = None if lengths is None else list(lengths)  # T of each sequence, if ragged
 
     @property
@@ -513,7 +515,7 @@ class BatchReport:
 
     def __str__(self):
         failed = self.failed
-        lines = [f"batch of {len(self)} sequences, layout \"{self.layout}\": "
+        lines = [f"batch of {len(self)} sequences, {self.title}: "
                  f"{len(self) - len(failed)} pass, {len(failed)} fail"
                  + (f" (b={', '.join(map(str, failed))})" if failed else "")]
         lines += [f"  b={b}{self._length(b)}: {_summary(report)}"

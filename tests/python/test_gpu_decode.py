@@ -98,6 +98,34 @@ def test_a_flat_mechanism_without_prior():
     check_walk({"preset": "nsa", "S": S, "W": W, "K": K}, "fp8", "gpu_decode_cache_nsa")
 
 
+def test_verify_decode_judges_the_cache_step():
+    """hils.verify_decode over the cache's own tensors (k, v [B, Hkv, capacity, d]: cache_layout
+    "bhsd"; the priors it keeps, [B, Hq, chunk_capacity, d], as landmark_queries) judges the step
+    that completes chunk 34 (T = 2240) and the next as verify_arguments does: each sequence passes
+    both ways with the same o error (one_query_inputs builds both problems)."""
+    q, k, v, qr = draw("gpu_decode_cache_hils")
+    t0 = 2236
+    cache = hils.gpu.DecodeCache(HILS, q[:, :, :t0], k[:, :, :t0], v[:, :, :t0], capacity=T_END,
+                                 summaries="bf16", q_retrieval=qr[:, :, :t0])
+    for t in range(t0, 2242):
+        cache.append(k[:, :, t], v[:, :, t])
+        out = cache.step(q[:, :, t], q_retrieval=qr[:, :, t])
+        if t + 1 < 2240:
+            continue
+        report = hils.verify_decode(HILS, q[:, :, t], cache.k, cache.v, out,
+                                    cache_seqlens=[t + 1] * B, cache_layout="bhsd",
+                                    q_retrieval=qr[:, :, t], landmark_queries=cache.priors,
+                                    input_precision="bf16", score_precision="bf16",
+                                    kernel="DecodeCache step")
+        print(f"\nhils.verify_decode of the cache's step T = {t + 1}\n{report}")
+        assert report.passed and report.lengths == [t + 1] * B, str(report)
+        for b in range(B):
+            single = hils.verify(**cache.verify_arguments(out, b))
+            assert single.passed, str(single)
+            assert report[b].tensors["o"].max_abs == single.tensors["o"].max_abs
+            assert report[b].tensors["lse"].max_abs == single.tensors["lse"].max_abs
+
+
 def test_a_planted_fault_fails():
     """Chunk 34, completed at T = 2240, summarized with the prior of the neighbouring head (the
     step's q~ rolled over heads): the step that completes it must FAIL the oracle; the same walk

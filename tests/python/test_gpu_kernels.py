@@ -4,7 +4,9 @@ chunk-aligned window, and with a naive-BSA block mask built from hils.reference'
 and planted faults that must fail (a wrong scale, a window shifted by S, a dropped chunk). Then
 the same kernels on a batch in their own layouts (SDPA and FlexAttention [B, H, T, d],
 FlashAttention's aten entry point [B, T, H, d] with lse [B, H, T]), each judged in one call with
-layout= (a fault in one sequence fails that sequence alone).
+layout= (a fault in one sequence fails that sequence alone). Then packed sequences (FlexAttention
+with a document mask, torch's varlen_attn; cu_seqlens=) and a paged decode step (gather + SDPA,
+hils.verify_decode), a fault in one sequence again failing that sequence alone.
 bf16 inputs on the GPU; ctest label gpu; skipped without torch or CUDA. Each report is printed
 (run pytest with -s to see the headroom of every kernel)."""
 
@@ -292,3 +294,162 @@ def test_flex_naive_bsa_batch_bhsd_with_topk_order(batch_bhsd, flex):
     report = hils.verify(spec, q, k, v, {"o": o, "lse": lse, "selection": reversed_rows},
                          input_precision="bf16", layout="bhsd")
     assert not report.passed                                  # not ascending: malformed rows
+
+
+# ---- packed (varlen) batches and decode steps (cu_seqlens=, hils.verify_decode) -------------
+# Sequences of ragged lengths packed along T (FlexAttention with a document mask over [1, H,
+# total, d]: layout "bhsd" with cu_seqlens; torch's varlen_attn [total, H, d]: layout "thd"), and a
+# decode step over a paged cache (gather + SDPA with a one-token query, each sequence its own
+# length) judged by hils.verify_decode; a fault in one sequence must fail that sequence alone.
+
+LENGTHS = (1024, 333, 691)                                    # total 2048 = T
+
+
+@pytest.fixture(scope="module")
+def packed_qkv():
+    """[total, heads, d] bf16 (FlashAttention's varlen layout) and cu_seqlens int32."""
+    generator = torch.Generator(device="cuda").manual_seed(seed_of("gpu_packed") % 2**63)
+    draw = lambda heads: torch.randn(sum(LENGTHS), heads, d, device="cuda",  # noqa: E731
+                                     dtype=torch.bfloat16, generator=generator)
+    cu = torch.tensor((0,) + LENGTHS, device="cuda").cumsum(0).to(torch.int32)
+    return 2.0 * draw(Hq), draw(Hkv), draw(Hkv), cu
+
+
+def document_mask(cu, window=None):
+    """Causal inside each packed sequence (and, with a window, the chunk-aligned window counted
+    from the sequence's own first slot); nothing across sequences."""
+    total = int(cu[-1])
+    doc = torch.searchsorted(cu[1:].long(), torch.arange(total, device="cuda"), right=True)
+    start = cu.long()[doc]
+
+    def mask(b, h, q_idx, kv_idx):
+        keep = (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx)
+        if window is not None:
+            keep = keep & (kv_idx - start[kv_idx] >= window_left(q_idx - start[q_idx], window))
+        return keep
+    return mask
+
+
+def run_flex_packed(flex, q, k, v, mask_mod):
+    """FlexAttention over the pack as one batch row: [1, Hq, total, d] -> o, lse [1, Hq, total]."""
+    attention, compiled = flex
+    total = q.shape[0]
+    block_mask = attention.create_block_mask(mask_mod, B=None, H=None, Q_LEN=total, KV_LEN=total,
+                                             device="cuda")
+    heads_first = lambda x: x.transpose(0, 1)[None].contiguous()  # noqa: E731
+    ke, ve = (x.repeat_interleave(G, 1) for x in (k, v))
+    return compiled(heads_first(q), heads_first(ke), heads_first(ve), block_mask=block_mask,
+                    scale=SCALE, return_lse=True)
+
+
+def test_flex_document_mask_packed(packed_qkv, flex):
+    """FlexAttention document masking judged with layout="bhsd", cu_seqlens= (B = 1); a mask
+    without the document boundary (plain causal over the pack) passes the first sequence, the
+    same causal prefix, and fails the others."""
+    q, k, v, cu = packed_qkv
+    heads_first = lambda x: x.transpose(0, 1)[None]  # noqa: E731
+    args = ({"preset": "full"}, heads_first(q), heads_first(k), heads_first(v))
+    o, lse = run_flex_packed(flex, q, k, v, document_mask(cu))
+    report = judged_packed("FlexAttention document mask, packed [1, H, total, d]", *args,
+                           {"o": o, "lse": lse}, layout="bhsd", cu_seqlens=cu)
+    assert report.passed, str(report)
+    swa = {"preset": "swa", "S": S, "W": W}
+    o, lse = run_flex_packed(flex, q, k, v, document_mask(cu, W))
+    report = judged_packed("FlexAttention document mask + window, packed", swa, *args[1:],
+                           {"o": o, "lse": lse}, layout="bhsd", cu_seqlens=cu)
+    assert report.passed, str(report)
+    o, lse = run_flex_packed(flex, q, k, v, causal)
+    report = judged_packed("FlexAttention causal over the whole pack (no document mask)", *args,
+                           {"o": o, "lse": lse}, layout="bhsd", cu_seqlens=cu)
+    assert report.failed == [1, 2], str(report)
+
+
+def judged_packed(name, spec, q, k, v, outputs, **options):
+    report = hils.verify(spec, q, k, v, outputs, input_precision="bf16", kernel=name, **options)
+    print(f"\n{name}\n{report}")
+    assert isinstance(report, hils.BatchReport) and report.lengths == list(LENGTHS)
+    return report
+
+
+def test_varlen_attn_packed(packed_qkv):
+    """torch.nn.attention.varlen.varlen_attn (FlashAttention's varlen kernel) on [total, H, d]
+    with cu_seqlens: layout "thd", its lse in the order its shape says (FlashAttention's varlen
+    softmax_lse is [Hq, total_q]: lse_layout "htd")."""
+    varlen = pytest.importorskip("torch.nn.attention.varlen")
+    import inspect
+    q, k, v, cu = packed_qkv
+    ke, ve = (x.repeat_interleave(G, 1) for x in (k, v))
+    parameters = inspect.signature(varlen.varlen_attn).parameters
+    print(f"\nvarlen_attn{inspect.signature(varlen.varlen_attn)}")
+    causal_option = ({"is_causal": True} if "is_causal" in parameters else {"window_size": (-1, 0)})
+    longest = max(LENGTHS)
+    o, lse = varlen.varlen_attn(q, ke, ve, cu, cu, longest, longest,
+                                return_aux=varlen.AuxRequest(lse=True), **causal_option)
+    total = sum(LENGTHS)
+    print(f"varlen_attn: o {tuple(o.shape)}, lse {tuple(lse.shape)}")
+    lse_layout = {(Hq, total): "htd", (total, Hq): "thd"}[tuple(lse.shape)]
+    report = judged_packed(f"varlen_attn, packed [total, H, d], lse {lse_layout}", {"preset": "full"},
+                           q, k, v, {"o": o, "lse": lse}, layout="thd", lse_layout=lse_layout,
+                           cu_seqlens=cu)
+    assert report.passed, str(report)
+
+
+DECODE_LENGTHS = (2048, 777, 1500, 65)
+PAGE = 16
+
+
+@pytest.fixture(scope="module")
+def paged_cache():
+    """A paged bf16 cache [num_pages, PAGE, Hkv, d] (vLLM's and FlashAttention's layout), each
+    sequence's pages scattered (a shuffled block_table), and the step's queries [B, Hq, d]."""
+    generator = torch.Generator(device="cuda").manual_seed(seed_of("gpu_paged_decode") % 2**63)
+    counts = [-(-T // PAGE) for T in DECODE_LENGTHS]
+    num_pages = sum(counts) + 8
+    order = torch.randperm(num_pages, device="cuda", generator=generator)
+    table = torch.zeros(len(DECODE_LENGTHS), max(counts), dtype=torch.int32, device="cuda")
+    used = 0
+    for b, count in enumerate(counts):
+        table[b, :count] = order[used:used + count]
+        used += count
+    draw = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16,  # noqa: E731
+                                      generator=generator)
+    k_cache, v_cache = draw(num_pages, PAGE, Hkv, d), draw(num_pages, PAGE, Hkv, d)
+    q = 2.0 * draw(len(DECODE_LENGTHS), Hq, d)
+    lengths = torch.tensor(DECODE_LENGTHS, dtype=torch.int32, device="cuda")
+    return q, k_cache, v_cache, table, lengths
+
+
+def paged_decode_step(q, k_cache, v_cache, table, lengths):
+    """A decode step as a kernel author writes it first: per sequence, gather its pages, then SDPA's
+    flash kernel with a one-token query over its T slots -> o [B, Hq, d] fp32, lse [B, Hq]."""
+    outs, lses = [], []
+    for b, T in enumerate(lengths.tolist()):
+        pages = table[b, :-(-T // PAGE)].long()
+        k, v = (cache[pages].reshape(-1, Hkv, d)[:T].transpose(0, 1).repeat_interleave(G, 0)[None]
+                for cache in (k_cache, v_cache))
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention(q[b][None, :, None], k, v, 0.0,
+                                                                    False, False, scale=SCALE)[:2]
+        outs.append(o[0, :, 0].float())
+        lses.append(lse[0, :, 0])
+    return torch.stack(outs), torch.stack(lses)
+
+
+def test_paged_decode_step(paged_cache):
+    """The step judged by hils.verify_decode with the page table; a stale page in sequence 2's
+    table (the kernel read another sequence's page) fails sequence 2 alone."""
+    q, k_cache, v_cache, table, lengths = paged_cache
+    o, lse = paged_decode_step(q, k_cache, v_cache, table, lengths)
+    spec = {"preset": "full"}
+    report = hils.verify_decode(spec, q, k_cache, v_cache, {"o": o, "lse": lse},
+                                cache_seqlens=lengths, block_table=table, input_precision="bf16",
+                                kernel="gather + SDPA, paged")
+    print(f"\ngather + SDPA decode step, paged cache\n{report}")
+    assert report.passed and report.lengths == list(DECODE_LENGTHS), str(report)
+    stale = table.clone()
+    stale[2, 10] = table[0, 3]
+    o, lse = paged_decode_step(q, k_cache, v_cache, stale, lengths)
+    report = hils.verify_decode(spec, q, k_cache, v_cache, {"o": o, "lse": lse},
+                                cache_seqlens=lengths, block_table=table, input_precision="bf16",
+                                kernel="gather + SDPA, stale page in b=2")
+    print(f"\ngather + SDPA decode step, stale page in b=2 (planted)\n{report}")
+    assert report.failed == [2], str(report)

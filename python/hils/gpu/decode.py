@@ -27,6 +27,11 @@ step(q, out=buffers) writes preallocated outputs, so that a step can be captured
 and replayed (as gpu/bench/bench_decode.py times the kernels): the replay runs that step's length
 T again (step's docstring says what a graph keeps).
 
+The same step in one call for all B sequences: hils.verify_decode(spec, q_new, cache.k, cache.v,
+out, cache_seqlens=[T] * B, cache_layout="bhsd", q_retrieval=..., landmark_queries=cache.priors,
+...) (tests/python/test_gpu_decode.py; it builds the problems with verify_arguments' function,
+hils.decoding.one_query_inputs, and does not judge the stored summaries).
+
 Bad arguments raise TypeError / ValueError naming the argument before the library is looked
 for; a refusal of the library raises hils.gpu.GpuError (GpuInvalidArgument for bad input)."""
 
@@ -34,7 +39,9 @@ import ctypes
 from collections.abc import Mapping
 from numbers import Integral
 
+from .. import as_numpy
 from .. import layouts as _layouts
+from ..decoding import one_query_inputs
 from . import batched as _batched
 from . import library as _library
 from . import spec as _spec
@@ -507,10 +514,11 @@ class DecodeCache:
 
             report = hils.verify(**cache.verify_arguments(out, b))
 
-        spec, k and v of the cache's T slots, q and q_retrieval [Hq, T, d] holding what query
-        T-1 reads (q: the step's q at slot T-1; q_retrieval: the step's q~ at T-1 and each
-        chunk's prior at its landmark slot; zero elsewhere: reference/SEMANTICS.md §2-5 read no
-        other row for it), queries [T-1], outputs (o, lse, selection, the stored summaries as the
+        spec, k and v of the cache's T slots, q and q_retrieval [Hq, T, d] (numpy float32, the
+        bf16 values) holding what query T-1 reads (q: the step's q at slot T-1; q_retrieval: the
+        step's q~ at T-1 and each chunk's prior at its landmark slot; zero elsewhere:
+        reference/SEMANTICS.md §2-5 read no other row for it; hils.decoding.one_query_inputs,
+        which hils.verify_decode uses too), queries [T-1], outputs (o, lse, selection, the stored summaries as the
         step scored them, and the diagnostics when the step made them, each [heads, 1, ...]),
         input_precision bf16 and the store's score_precision (SUMMARY_STORES)."""
         if not isinstance(out, Mapping) or "o" not in out or "lse" not in out:
@@ -525,14 +533,10 @@ class DecodeCache:
         if tuple(out["o"].shape) != (self.B, self.Hq, self.dv):
             raise ValueError(f"out['o']: expected shape {[self.B, self.Hq, self.dv]} (a step's "
                              f"output), found {list(out['o'].shape)}")
-        torch = _stages.torch
         S = self.fields["S"]
         nc = T // S
-        q_full = torch.zeros(self.Hq, T, self.d, device=self.device, dtype=torch.bfloat16)
-        q_full[:, T - 1] = q[b]
-        q_retrieval = torch.zeros_like(q_full)
-        q_retrieval[:, S - 1:nc * S:S] = self.priors[b, :, :nc]
-        q_retrieval[:, T - 1] = q_tilde[b]
+        q_full, q_retrieval = one_query_inputs(T, S, as_numpy(q[b]), as_numpy(q_tilde[b]),
+                                               as_numpy(self.priors[b, :, :nc]))
         outputs = {name: out[name][b, :, None] for name in ("o", "lse", "selection") + _DIAGNOSTICS
                    if name in out}
         if nc > 0:

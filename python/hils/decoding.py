@@ -1,0 +1,268 @@
+"""A decode step of someone else's kernel (hils.verify_decode) turned into the oracle's one-query
+problems: B sequences of ragged lengths (cache_seqlens), their K/V in a dense or paged cache
+(FlashAttention's flash_attn_with_kvcache, vLLM's and FlashInfer's page tables), one new query
+per sequence at its last slot.
+
+Sequence b has T = cache_seqlens[b] slots (the new token's K/V included) and its query sits at
+slot T-1. Its problem is what hils.verify judges with queries=[T-1]: k and v [Hkv, T, d] gathered
+from the cache, q [Hq, T, d] holding the step's query at row T-1, and where the mechanism reads
+them, q_retrieval [Hq, T, d] holding the step's q~ at row T-1 and the prior of each complete chunk
+c < T // S at its landmark slot (c+1)S - 1 (prior_rule landmark_query: the retrieval query q~ of
+that slot, reference/SEMANTICS.md section 3). The query at T-1 reads no other row of q or q~
+(SEMANTICS sections 2-5): those rows are zero. one_query_inputs builds q and q_retrieval; it is
+also what hils.gpu.DecodeCache.verify_arguments uses for its own steps.
+
+Caches (cache_layout, the order of a cache's axes, as hils/layouts.py names layouts):
+    "bshd": dense [B, capacity, Hkv, d] (FlashAttention's k_cache), paged [num_pages, page_size,
+            Hkv, d] (FlashAttention's and vLLM's paged k_cache, FlashInfer's NHD pages)
+    "bhsd": dense [B, Hkv, capacity, d] (hils.gpu.DecodeCache.k), paged [num_pages, Hkv,
+            page_size, d] (FlashInfer's HND pages)
+With block_table [B, max_pages] (int), slot t of sequence b is row t % page_size of page
+block_table[b, t // page_size]; entries past a sequence's ceil(T / page_size) pages are not read.
+landmark_queries (the priors) follow cache_layout: [B, n_chunks, Hq, d] for "bshd", [B, Hq,
+n_chunks, d] for "bhsd" (DecodeCache.priors), row c the q~ of chunk c's landmark slot.
+
+Only what sequence b reads is gathered, with the cache's own indexing (a torch cache stays on its
+device until its T slots are taken), then converted (hils.as_numpy). Nothing here judges: shapes
+and values are checked by the per-sequence oracle, whose messages name shapes in the verify
+file's order.
+"""
+
+import numpy as np
+
+CACHE_LAYOUTS = ("bshd", "bhsd")
+# The step's outputs: name -> the axes after B (one query per sequence).
+STEP_OUTPUTS = {"o": ("Hq", "dv"), "lse": ("Hq",), "selection": ("Hkv", "K"),
+                "o_window": ("Hq", "dv"), "lse_window": ("Hq",), "fusion_weights": ("Hq", "K+2")}
+
+
+def one_query_inputs(T, S, q, q_tilde=None, priors=None):
+    """The oracle's inputs for the query at slot T-1 (numpy arrays): q [Hq, d] -> q_full
+    [Hq, T, d], zero but row T-1; q_retrieval [Hq, T, d] (None when neither q_tilde nor priors
+    is given): q_tilde (q when None) at row T-1 and priors[:, c] at row (c+1)S - 1 for each
+    complete chunk c < T // S, zero elsewhere."""
+    q = np.asarray(q)
+    heads, d = q.shape
+    q_full = np.zeros((heads, T, d), dtype=q.dtype)
+    q_full[:, T - 1] = q
+    if q_tilde is None and priors is None:
+        return q_full, None
+    q_retrieval = np.zeros_like(q_full)
+    chunks = T // S
+    if priors is not None and chunks:
+        q_retrieval[:, S - 1:chunks * S:S] = np.asarray(priors)[:, :chunks]
+    q_retrieval[:, T - 1] = q if q_tilde is None else q_tilde
+    return q_full, q_retrieval
+
+
+def needs_prior(fields):
+    """The summaries read a prior: taylor keys or the entropy bias (reference/SEMANTICS.md
+    section 3; hils::gpu's needs_prior, gpu/src/api.cpp)."""
+    return fields["key_rule"] == "taylor" or fields["bias_rule"] == "entropy"
+
+
+def _count_array(name, array, shape_text):
+    from . import as_numpy
+    array = as_numpy(array, name)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integers {shape_text}, found dtype {array.dtype}")
+    return array
+
+
+def _shape(value):
+    return list(value.shape)
+
+
+class DecodeStep:
+    """One decode step's B sequences, gathered into the oracle's per-sequence inputs (.inputs[b]:
+    {"q", "k", "v", "q_retrieval", "prior"}), with .lengths (T of each) and .size (B)."""
+
+    def __init__(self, fields, q, k_cache, v_cache, cache_seqlens, block_table, cache_layout,
+                 q_retrieval, landmark_queries):
+        from . import as_numpy
+        if not isinstance(cache_layout, str) or cache_layout not in CACHE_LAYOUTS:
+            raise ValueError(f"cache_layout: expected \"bshd\" (k_cache [B, capacity, Hkv, d] or pages "
+                             f"[num_pages, page_size, Hkv, d]: FlashAttention, vLLM, FlashInfer NHD) or "
+                             f"\"bhsd\" ([B, Hkv, capacity, d] or [num_pages, Hkv, page_size, d]: "
+                             f"hils.gpu.DecodeCache, FlashInfer HND), found {cache_layout!r}")
+        self.rows_first = cache_layout == "bshd"
+        self.layout = cache_layout
+        q = as_numpy(q, "q")
+        if q.ndim != 3 or q.shape[0] == 0:
+            raise ValueError(f"q: expected the step's queries [B, Hq, d] (one per sequence, B >= 1; "
+                             f"FlashAttention's [B, 1, Hq, d]: pass q[:, 0]), found shape {_shape(q)}")
+        self.size, self.Hq = q.shape[0], q.shape[1]
+        self.lengths = self._lengths(cache_seqlens)
+        self.prior = needs_prior(fields)
+        self._check_priors(fields, landmark_queries)
+        q_tilde = None if q_retrieval is None else as_numpy(q_retrieval, "q_retrieval")
+        if q_tilde is not None and q_tilde.shape != q.shape:
+            raise ValueError(f"q_retrieval: expected the step's q~ [B, Hq, d] = {_shape(q)} (q's "
+                             f"shape), found shape {_shape(q_tilde)}")
+        caches = {"k_cache": self._cache("k_cache", k_cache), "v_cache": self._cache("v_cache", v_cache)}
+        self.pages = self._pages(block_table, caches)
+        S = fields["S"]
+        self.inputs = []
+        for b, T in enumerate(self.lengths):
+            priors = self._priors(landmark_queries, b, T // S) if self.prior else None
+            q_full, q_tilde_full = one_query_inputs(T, S, q[b], None if q_tilde is None else q_tilde[b],
+                                                    priors)
+            self.inputs.append({"q": q_full, "k": self._slots(caches["k_cache"], b, T),
+                                "v": self._slots(caches["v_cache"], b, T),
+                                "q_retrieval": q_tilde_full, "prior": None})
+
+    # --- the arguments ------------------------------------------------------------------------
+    def _lengths(self, cache_seqlens):
+        if cache_seqlens is None:
+            raise TypeError("cache_seqlens: expected the length T of each sequence [B] (the new "
+                            "token's slot included; its query is at slot T-1), found None")
+        lengths = _count_array("cache_seqlens", cache_seqlens, f"[B] = [{self.size}]")
+        if lengths.shape != (self.size,):
+            raise ValueError(f"cache_seqlens: expected shape [B] = [{self.size}] (B from q), found "
+                             f"shape {_shape(lengths)}")
+        for b, T in enumerate(lengths):
+            if T < 1:
+                raise ValueError(f"cache_seqlens: expected each T >= 1 (the new token's slot "
+                                 f"included), found cache_seqlens[{b}] = {T}")
+        return [int(T) for T in lengths]
+
+    def _check_priors(self, fields, landmark_queries):
+        name = fields["name"]
+        if not self.prior:
+            if landmark_queries is not None:
+                raise ValueError(f"landmark_queries: not read by spec {name!r} (its summaries read "
+                                 f"no prior: key_rule {fields['key_rule']}, bias_rule "
+                                 f"{fields['bias_rule']}); leave it out")
+            return
+        if fields["prior_rule"] != "landmark_query":
+            raise ValueError(f"spec['prior_rule']: a decode step is judged with prior_rule "
+                             f"landmark_query (each chunk's prior the q~ of its landmark slot), "
+                             f"found {fields['prior_rule']!r}")
+        if landmark_queries is None:
+            pattern = "[B, n_chunks, Hq, d]" if self.rows_first else "[B, Hq, n_chunks, d]"
+            raise TypeError(f"landmark_queries: spec {name!r} summarizes each chunk with a prior, "
+                            f"the q~ of its landmark slot (key_rule {fields['key_rule']}, bias_rule "
+                            f"{fields['bias_rule']}, prior_rule landmark_query; reference/SEMANTICS.md "
+                            f"section 3), which the step's inputs do not hold: give them, "
+                            f"{pattern} (cache_layout \"{self.layout}\"), row c the q~ of slot "
+                            f"(c+1)S - 1")
+
+    def _priors(self, landmark_queries, b, chunks):
+        """Sequence b's priors [Hq, chunks, d] (numpy)."""
+        from . import as_numpy
+        pattern = "[B, n_chunks, Hq, d]" if self.rows_first else "[B, Hq, n_chunks, d]"
+        shape = list(landmark_queries.shape)
+        axis = 1 if self.rows_first else 2
+        heads = (shape[2] if self.rows_first else shape[1]) if len(shape) == 4 else None
+        if heads is None or shape[0] != self.size or heads != self.Hq or shape[axis] < chunks:
+            raise ValueError(f"landmark_queries: expected {pattern} (cache_layout \"{self.layout}\") "
+                             f"with B = {self.size}, Hq = {self.Hq} and n_chunks >= {chunks} (sequence "
+                             f"b={b}: T = {self.lengths[b]}), found shape {shape}")
+        rows = landmark_queries[b, :chunks] if self.rows_first else landmark_queries[b, :, :chunks]
+        rows = as_numpy(rows, "landmark_queries")
+        return np.swapaxes(rows, 0, 1) if self.rows_first else rows
+
+    def _cache(self, name, cache):
+        from . import as_numpy
+        if not hasattr(cache, "shape") or not hasattr(cache, "ndim"):
+            cache = as_numpy(cache, name)
+        if cache.ndim != 4:
+            raise ValueError(f"{name}: expected rank 4 (cache_layout \"{self.layout}\": "
+                             f"{self._pattern(None)} dense or {self._pattern(True)} paged), found "
+                             f"shape {_shape(cache)}")
+        return cache
+
+    def _pattern(self, paged):
+        if paged:
+            return "[num_pages, page_size, Hkv, d]" if self.rows_first else "[num_pages, Hkv, page_size, d]"
+        return "[B, capacity, Hkv, d]" if self.rows_first else "[B, Hkv, capacity, d]"
+
+    def _pages(self, block_table, caches):
+        """The pages of each sequence (block_table's first ceil(T / page_size) entries, checked),
+        or None for dense caches (their B and capacity checked)."""
+        slot_axis = 1 if self.rows_first else 2
+        if block_table is None:
+            for name, cache in caches.items():
+                if cache.shape[0] != self.size or cache.shape[slot_axis] < max(self.lengths):
+                    longest = int(np.argmax(self.lengths))
+                    raise ValueError(f"{name}: expected {self._pattern(False)} with B = {self.size} "
+                                     f"(from q) and capacity >= {max(self.lengths)} "
+                                     f"(cache_seqlens[{longest}]), found shape {_shape(cache)} (a "
+                                     f"paged cache needs block_table=)")
+            return None
+        table = _count_array("block_table", block_table, "[B, max_pages]")
+        if table.ndim != 2 or table.shape[0] != self.size:
+            raise ValueError(f"block_table: expected [B, max_pages] with B = {self.size} (from q), "
+                             f"found shape {_shape(table)}")
+        shapes = {name: cache.shape for name, cache in caches.items()}
+        self.page_size = shapes["k_cache"][slot_axis]
+        num_pages = shapes["k_cache"][0]
+        if shapes["v_cache"][0] != num_pages or shapes["v_cache"][slot_axis] != self.page_size:
+            raise ValueError(f"v_cache: expected {self._pattern(True)} with num_pages = {num_pages} "
+                             f"and page_size = {self.page_size} (k_cache's), found shape "
+                             f"{list(shapes['v_cache'])}")
+        pages = []
+        for b, T in enumerate(self.lengths):
+            count = -(-T // self.page_size)
+            if count > table.shape[1]:
+                raise ValueError(f"block_table: sequence b={b} has T = {T} slots, {count} pages of "
+                                 f"{self.page_size}, and block_table has {table.shape[1]} columns")
+            for i, page in enumerate(table[b, :count]):
+                if not 0 <= page < num_pages:
+                    raise ValueError(f"block_table: expected page ids 0..{num_pages - 1} (k_cache has "
+                                     f"{num_pages} pages) in the {count} pages of sequence b={b} "
+                                     f"(T = {T}), found block_table[{b}, {i}] = {page}")
+            pages.append([int(page) for page in table[b, :count]])
+        return pages
+
+    # --- gathering ----------------------------------------------------------------------------
+    def _slots(self, cache, b, T):
+        """Sequence b's T slots of a cache -> numpy [Hkv, T, d]."""
+        from . import as_numpy
+        if self.pages is None:
+            part = cache[b, :T] if self.rows_first else cache[b, :, :T]
+            part = as_numpy(part, "k_cache")
+            return np.swapaxes(part, 0, 1) if self.rows_first else part
+        taken = as_numpy(cache[self.pages[b]], "k_cache")           # [n, P, Hkv, d] or [n, Hkv, P, d]
+        if not self.rows_first:
+            taken = np.swapaxes(taken, 1, 2)                          # [n, P, Hkv, d]
+        rows = taken.reshape((-1,) + taken.shape[2:])[:T]            # [T, Hkv, d]
+        return np.swapaxes(rows, 0, 1)
+
+    def outputs(self, outputs):
+        """The step's outputs {name: [B, ...]} -> one {name: [heads, 1, ...]} per sequence. A name
+        that is not a step output is refused; shapes past B are left to the oracle."""
+        from collections.abc import Mapping
+        from . import as_numpy
+        if not isinstance(outputs, Mapping):
+            raise TypeError(f"outputs: expected a dict of the step's arrays such as {{\"o\": o, "
+                            f"\"lse\": lse}}, found {type(outputs).__name__}")
+        parts = [{} for _ in range(self.size)]
+        for name, array in outputs.items():
+            if array is None:
+                continue
+            if name not in STEP_OUTPUTS:
+                raise ValueError(f"outputs[{name!r}]: expected one of {', '.join(STEP_OUTPUTS)} "
+                                 f"(a decode step's outputs, one query per sequence)")
+            array = as_numpy(array, f"outputs[{name!r}]")
+            rank = 1 + len(STEP_OUTPUTS[name])
+            if array.ndim != rank or array.shape[0] != self.size:
+                axes = ", ".join(("B",) + STEP_OUTPUTS[name])
+                raise ValueError(f"outputs[{name!r}]: expected [{axes}] with B = {self.size} (from "
+                                 f"q), found shape {_shape(array)}")
+            for b in range(self.size):
+                parts[b][name] = array[b][:, None]
+        return parts
+
+    def title(self):
+        """What the BatchReport's first line calls the batch."""
+        if self.pages is None:
+            return f"decode step, dense cache \"{self.layout}\""
+        return f"decode step, paged cache \"{self.layout}\" ({self.page_size} slots a page)"
+
+    def context(self, b):
+        seq = self.inputs[b]
+        paged = "" if self.pages is None else f", {len(self.pages[b])} pages of {self.page_size}"
+        return (f" (sequence b={b} of the decode step: T = {self.lengths[b]}, query slot "
+                f"{self.lengths[b] - 1}{paged}; read as k [Hkv, T, d] = {list(seq['k'].shape)}, "
+                f"v [Hkv, T, dv] = {list(seq['v'].shape)})")

@@ -1,0 +1,278 @@
+"""Decode steps of other people's kernels: hils.verify_decode judges B sequences of ragged lengths
+(cache_seqlens), one new query each, from a dense or paged K/V cache (FlashAttention's
+flash_attn_with_kvcache, vLLM's and FlashInfer's page tables) in one call (python/hils/decoding.py,
+data/verify_format.md "Decode steps"). The reference's own outputs pass from every cache form,
+whose unread slots and pages hold NaN (a read of one would fail); a fault in one sequence (one
+slot short, a stale page, wrong landmark queries) fails that sequence alone; FlashAttention's
+pre-append cache_seqlens fails every sequence; the hils preset's landmark queries are required
+and the other presets refuse them; bad arguments are refused naming the field. CPU only."""
+
+import numpy as np
+import pytest
+
+import hils
+from conftest import CASES, case_spec, seed_of
+from hils.decoding import one_query_inputs
+
+CASE = "ragged_tail"          # S = 8, W = 16, K = 3, Hq = 4, Hkv = 2, d = 16, dv = 12
+C = CASES[CASE]
+Hq, Hkv, d, dv, S = C["Hq"], C["Hkv"], C["d"], C["dv"], C["S"]
+HILS = case_spec("hils", CASE)
+NSA = case_spec("nsa", CASE)
+LMK = case_spec("lmk", CASE)
+SPECS = {"hils": HILS, "nsa": NSA, "lmk": LMK}
+LENGTHS = (77, 30, 50, 9)     # T of each sequence (the new token's slot included)
+B = len(LENGTHS)
+P = 16                        # page_size
+NAMES = ("o", "lse", "selection", "fusion_weights", "o_window", "lse_window")
+
+
+def sequence(b):
+    """Sequence b's q, k, v, q~ [heads, T, d] (float32)."""
+    rng = np.random.default_rng(seed_of(f"decode_step/b{b}"))
+    T = LENGTHS[b]
+    q = rng.standard_normal((Hq, T, d)).astype(np.float32)
+    return (q, rng.standard_normal((Hkv, T, d)).astype(np.float32),
+            rng.standard_normal((Hkv, T, dv)).astype(np.float32),
+            (q + 0.3 * rng.standard_normal((Hq, T, d))).astype(np.float32))
+
+
+@pytest.fixture(scope="module")
+def draws():
+    """Every sequence's inputs and the reference's outputs of its last query, for hils and nsa."""
+    inputs = [sequence(b) for b in range(B)]
+    refs = {name: [hils.reference(spec, q, k, v, q_retrieval=qr, queries=[q.shape[1] - 1])
+                   for q, k, v, qr in inputs] for name, spec in SPECS.items()}
+    return inputs, refs
+
+
+def dense(inputs, index, width, layout):
+    """A dense cache [B, capacity, Hkv, width] ("bshd") or [B, Hkv, capacity, width] ("bhsd"),
+    NaN past each sequence's T slots (capacity 80 > every T)."""
+    cache = np.full((B, 80, Hkv, width), np.nan, np.float32)
+    for b, x in enumerate(inputs):
+        cache[b, :LENGTHS[b]] = np.swapaxes(x[index], 0, 1)
+    return cache if layout == "bshd" else np.swapaxes(cache, 1, 2)
+
+
+def page_table():
+    """Each sequence's pages, drawn without replacement from pages 1..23 in a shuffled order;
+    page 0 holds NaN and pads every row past its pages (vLLM pads with 0)."""
+    order = iter(np.random.default_rng(seed_of("decode_step/pages")).permutation(np.arange(1, 24)))
+    table = np.zeros((B, 6), np.int32)
+    for b, T in enumerate(LENGTHS):
+        table[b, :-(-T // P)] = [next(order) for _ in range(-(-T // P))]
+    return table
+
+
+def paged(inputs, index, width, layout, table):
+    """Pages [24, P, Hkv, width] ("bshd") or [24, Hkv, P, width] ("bhsd"): slot t of sequence b at
+    row t % P of page table[b, t // P]; every other row NaN."""
+    pages = np.full((24, P, Hkv, width), np.nan, np.float32)
+    for b, x in enumerate(inputs):
+        rows = np.swapaxes(x[index], 0, 1)
+        for t in range(LENGTHS[b]):
+            pages[table[b, t // P], t % P] = rows[t]
+    return pages if layout == "bshd" else np.swapaxes(pages, 1, 2)
+
+
+def landmark_queries(inputs, layout):
+    """q~ at each complete chunk's landmark slot (c+1)S-1: [B, n_chunks, Hq, d] ("bshd") or
+    [B, Hq, n_chunks, d] ("bhsd"), zero past a sequence's chunks."""
+    most = max(T // S for T in LENGTHS)
+    rows = np.zeros((B, most, Hq, d), np.float32)
+    for b, (_, _, _, qr) in enumerate(inputs):
+        n = LENGTHS[b] // S
+        rows[b, :n] = np.swapaxes(qr[:, S - 1:n * S:S], 0, 1)
+    return rows if layout == "bshd" else np.swapaxes(rows, 1, 2)
+
+
+def step_call(draws, preset="hils", cache="paged", layout="bshd", edit=None):
+    """hils.verify_decode's arguments for the reference's own step; edit(b, outputs_b) may change
+    a sequence's outputs ([heads, 1, ...]) first."""
+    inputs, refs = draws
+    outs = [{n: refs[preset][b][n].copy() for n in NAMES} for b in range(B)]
+    if edit:
+        for b, out in enumerate(outs):
+            edit(b, out)
+    table = page_table() if cache == "paged" else None
+    k_cache, v_cache = ((paged(inputs, i, w, layout, table) if table is not None else
+                         dense(inputs, i, w, layout)) for i, w in ((1, d), (2, dv)))
+    args = dict(spec=SPECS[preset],
+                q=np.stack([x[0][:, -1] for x in inputs]), k_cache=k_cache, v_cache=v_cache,
+                outputs={n: np.stack([out[n][:, 0] for out in outs]) for n in NAMES},
+                cache_seqlens=np.array(LENGTHS, np.int32), block_table=table, cache_layout=layout,
+                q_retrieval=np.stack([x[3][:, -1] for x in inputs]))
+    if preset == "hils":
+        args["landmark_queries"] = landmark_queries(inputs, layout)
+    return args
+
+
+@pytest.mark.parametrize("cache", ("dense", "paged"))
+@pytest.mark.parametrize("layout", ("bshd", "bhsd"))
+def test_the_reference_step_passes_from_every_cache(draws, cache, layout):
+    report = hils.verify_decode(**step_call(draws, cache=cache, layout=layout))
+    assert isinstance(report, hils.BatchReport) and report.passed, str(report)
+    assert report.lengths == list(LENGTHS)
+    assert all(r.selection.rows == Hkv for r in report)               # one query, Hkv groups
+    assert all(r.tensors["o"].max_abs == 0 for r in report)
+    kind = (f'dense cache "{layout}"' if cache == "dense" else
+            f'paged cache "{layout}" ({P} slots a page)')
+    lines = str(report).splitlines()
+    assert lines[0] == f"batch of 4 sequences, decode step, {kind}: 4 pass, 0 fail"
+    assert [line.split(":")[0] for line in lines[1:5]] == [f"  b={b} (T = {T})"
+                                                          for b, T in enumerate(LENGTHS)]
+
+
+def test_one_query_inputs_rows():
+    """q: the step's row at T-1 only; q~: the priors at the landmark slots of the T // S
+    complete chunks and q~ at T-1; every other row zero."""
+    rng = np.random.default_rng(seed_of("decode_step/rows"))
+    q, qt, priors = (rng.standard_normal(shape) for shape in ((Hq, d), (Hq, d), (Hq, 5, d)))
+    q_full, q_tilde = one_query_inputs(30, S, q, qt, priors)          # chunks 0..2 complete
+    assert q_full.shape == q_tilde.shape == (Hq, 30, d)
+    np.testing.assert_array_equal(q_full[:, 29], q)
+    assert not q_full[:, :29].any()
+    np.testing.assert_array_equal(q_tilde[:, [7, 15, 23]], priors[:, :3])
+    np.testing.assert_array_equal(q_tilde[:, 29], qt)
+    keep = np.ones(30, bool)
+    keep[[7, 15, 23, 29]] = False
+    assert not q_tilde[:, keep].any()
+    assert one_query_inputs(30, S, q)[1] is None
+    np.testing.assert_array_equal(one_query_inputs(30, S, q, priors=priors)[1][:, 29], q)
+
+
+def one_slot_short(b, out):
+    """Sequence 2's o and lse as a kernel that attends T-1 slots gives them."""
+    if b == 2:
+        q, k, v, qr = sequence(2)
+        short = hils.reference(HILS, q[:, :-1], k[:, :-1], v[:, :-1], q_retrieval=qr[:, :-1],
+                               queries=[LENGTHS[2] - 2])
+        out["o"], out["lse"] = short["o"], short["lse"]
+
+
+def test_a_fault_in_one_sequence_fails_it_alone(draws):
+    report = hils.verify_decode(**step_call(draws, edit=one_slot_short))
+    assert report.failed == [2], str(report)
+    assert "\n  b=2 (T = 50): FAIL" in str(report) and str(report).endswith("batch FAIL (b=2)")
+
+
+def test_a_stale_page_fails_its_sequence_alone(draws):
+    """Sequence 1's second page swapped for a page of sequence 0 (a stale block_table entry)."""
+    args = step_call(draws)
+    table = args["block_table"].copy()
+    table[1, 1] = table[0, 3]
+    report = hils.verify_decode(**dict(args, block_table=table))
+    assert report.failed == [1], str(report)
+
+
+def test_wrong_landmark_queries_fail_their_sequence(draws):
+    """Sequence 0's landmark queries rolled over heads: its summaries read other priors."""
+    args = step_call(draws)
+    rolled = args["landmark_queries"].copy()
+    rolled[0] = np.roll(rolled[0], 1, axis=1)
+    report = hils.verify_decode(**dict(args, landmark_queries=rolled))
+    assert report.failed == [0], str(report)
+
+
+def test_pre_append_cache_seqlens_fail_every_sequence(draws):
+    """FlashAttention's cache_seqlens counts the slots before the new token when the kernel
+    appends it (k=, v=): here T includes it, and T - 1 judges the query one slot early."""
+    args = step_call(draws)
+    report = hils.verify_decode(**dict(args, cache_seqlens=args["cache_seqlens"] - 1))
+    assert report.failed == [0, 1, 2, 3]
+
+
+def test_landmark_queries_are_required_where_read_and_refused_elsewhere(draws):
+    args = step_call(draws)
+    with pytest.raises(TypeError) as raised:
+        hils.verify_decode(**dict(args, landmark_queries=None))
+    assert str(raised.value) == (
+        "landmark_queries: spec 'hils' summarizes each chunk with a prior, the q~ of its landmark "
+        "slot (key_rule taylor, bias_rule entropy, prior_rule landmark_query; "
+        "reference/SEMANTICS.md section 3), which the step's inputs do not hold: give them, "
+        '[B, n_chunks, Hq, d] (cache_layout "bshd"), row c the q~ of slot (c+1)S - 1')
+    nsa = step_call(draws, preset="nsa")
+    assert hils.verify_decode(**nsa).passed
+    with pytest.raises(ValueError, match=r"landmark_queries: not read by spec 'nsa' \(its summaries "
+                                         r"read no prior: key_rule mean, bias_rule none\)"):
+        hils.verify_decode(**dict(nsa, landmark_queries=args["landmark_queries"]))
+    # lmk's summaries are the keys at the landmark slots: the cache holds them.
+    lmk = step_call(draws, preset="lmk")
+    report = hils.verify_decode(**lmk)
+    assert report.passed and all(r.selection.compared for r in report.reports[:3]), str(report)
+    with pytest.raises(ValueError, match=r"landmark_queries: not read by spec 'lmk'"):
+        hils.verify_decode(**dict(lmk, landmark_queries=args["landmark_queries"]))
+
+
+def test_selection_in_any_order(draws):
+    args = step_call(draws)
+    outputs = dict(args["outputs"], selection=args["outputs"]["selection"][..., ::-1].copy())
+    outputs.pop("fusion_weights")                                    # its columns follow the rows
+    assert hils.verify_decode(**dict(args, outputs=outputs), selection_order="any").passed
+    assert hils.verify_decode(**dict(args, outputs=outputs)).failed == [0, 1, 2]   # b=3: no chunk
+
+
+def check(call, message, error=ValueError):
+    with pytest.raises(error) as raised:
+        call()
+    assert str(raised.value) == message
+
+
+def test_bad_arguments_are_refused(draws):
+    args = step_call(draws)
+    call = lambda **changes: hils.verify_decode(**dict(args, **changes))  # noqa: E731
+    check(lambda: call(q=args["q"][:, None]),
+          "q: expected the step's queries [B, Hq, d] (one per sequence, B >= 1; FlashAttention's "
+          "[B, 1, Hq, d]: pass q[:, 0]), found shape [4, 1, 4, 16]")
+    check(lambda: call(cache_seqlens=np.array(LENGTHS, np.float32)),
+          "cache_seqlens: expected integers [B] = [4], found dtype float32", TypeError)
+    check(lambda: call(cache_seqlens=np.array(LENGTHS[:3])),
+          "cache_seqlens: expected shape [B] = [4] (B from q), found shape [3]")
+    check(lambda: call(cache_seqlens=np.array([77, 0, 50, 9])),
+          "cache_seqlens: expected each T >= 1 (the new token's slot included), found "
+          "cache_seqlens[1] = 0")
+    table = args["block_table"]
+    check(lambda: call(block_table=np.where(np.arange(6) == 2, 24, table)),
+          "block_table: expected page ids 0..23 (k_cache has 24 pages) in the 5 pages of sequence "
+          "b=0 (T = 77), found block_table[0, 2] = 24")
+    check(lambda: call(block_table=table[:, :4]),
+          "block_table: sequence b=0 has T = 77 slots, 5 pages of 16, and block_table has 4 columns")
+    check(lambda: call(block_table=table[:3]),
+          "block_table: expected [B, max_pages] with B = 4 (from q), found shape [3, 6]")
+    check(lambda: call(block_table=table.astype(np.float64)),
+          "block_table: expected integers [B, max_pages], found dtype float64", TypeError)
+    check(lambda: call(v_cache=args["v_cache"][:, :8]),
+          'v_cache: expected [num_pages, page_size, Hkv, d] with num_pages = 24 and page_size = 16 '
+          "(k_cache's), found shape [24, 8, 2, 12]")
+    check(lambda: call(k_cache=args["k_cache"][0]),
+          'k_cache: expected rank 4 (cache_layout "bshd": [B, capacity, Hkv, d] dense or '
+          "[num_pages, page_size, Hkv, d] paged), found shape [16, 2, 16]")
+    dense_args = step_call(draws, cache="dense")
+    check(lambda: hils.verify_decode(**dict(dense_args, k_cache=dense_args["k_cache"][:, :70])),
+          'k_cache: expected [B, capacity, Hkv, d] with B = 4 (from q) and capacity >= 77 '
+          "(cache_seqlens[0]), found shape [4, 70, 2, 16] (a paged cache needs block_table=)")
+    check(lambda: call(cache_layout="bthd"),
+          'cache_layout: expected "bshd" (k_cache [B, capacity, Hkv, d] or pages [num_pages, '
+          'page_size, Hkv, d]: FlashAttention, vLLM, FlashInfer NHD) or "bhsd" ([B, Hkv, capacity, '
+          "d] or [num_pages, Hkv, page_size, d]: hils.gpu.DecodeCache, FlashInfer HND), found 'bthd'")
+    check(lambda: call(landmark_queries=args["landmark_queries"][:, :8]),
+          'landmark_queries: expected [B, n_chunks, Hq, d] (cache_layout "bshd") with B = 4, Hq = 4 '
+          "and n_chunks >= 9 (sequence b=0: T = 77), found shape [4, 8, 4, 16]")
+    check(lambda: call(q_retrieval=args["q_retrieval"][:, :2]),
+          "q_retrieval: expected the step's q~ [B, Hq, d] = [4, 4, 16] (q's shape), found shape "
+          "[4, 2, 16]")
+    check(lambda: call(outputs=dict(args["outputs"], summary_key=args["q"])),
+          "outputs['summary_key']: expected one of o, lse, selection, o_window, lse_window, "
+          "fusion_weights (a decode step's outputs, one query per sequence)")
+    check(lambda: call(outputs=dict(args["outputs"], o=args["outputs"]["o"][:2])),
+          "outputs['o']: expected [B, Hq, dv] with B = 4 (from q), found shape [2, 4, 12]")
+    check(lambda: call(spec={"preset": "hils", "prior_rule": "shared"}),
+          "spec['prior_rule']: a decode step is judged with prior_rule landmark_query (each "
+          "chunk's prior the q~ of its landmark slot), found 'shared'")
+    # The oracle's own message for one sequence, with where it comes from.
+    with pytest.raises(ValueError) as raised:
+        call(k_cache=args["k_cache"][..., :8])
+    assert str(raised.value).endswith(
+        "(sequence b=0 of the decode step: T = 77, query slot 76, 5 pages of 16; read as k "
+        "[Hkv, T, d] = [2, 77, 8], v [Hkv, T, dv] = [2, 77, 12])"), str(raised.value)
