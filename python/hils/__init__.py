@@ -195,7 +195,8 @@ class Verifier:
                    for b, core in enumerate(self._cores)]
         if not self._batch.layout.batched:
             return reports[0]
-        return _layouts.BatchReport(reports, self._batch.layout.name, self._batch.lengths)
+        return _layouts.BatchReport(reports, self._batch.layout.name, self._batch.lengths,
+                                    offsets=self._batch.offsets)
 
 
 def _options(input_precision, score_precision, bf16_rounding, max_messages):

@@ -61,6 +61,23 @@ def needs_prior(fields):
     return fields["key_rule"] == "taylor" or fields["bias_rule"] == "entropy"
 
 
+def _require_finite(name, array, where, scope):
+    """A NaN or Inf among the values the step reads is refused before anything is computed,
+    naming the caller's own index (where(first index) -> text; the oracle would name its
+    per-sequence copy, k [Hkv, T, d], instead) and how many there are. None passes."""
+    if array is None:
+        return
+    bad = ~np.isfinite(array)
+    if not bad.any():
+        return
+    first = tuple(int(i) for i in np.argwhere(bad)[0])
+    value = array[first]
+    what = "nan" if np.isnan(value) else ("inf" if value > 0 else "-inf")
+    count = int(bad.sum())
+    raise ValueError(f"{name}: expected finite values{scope}, found {what} at {where(first)} "
+                     f"({count} non-finite value{'s' if count > 1 else ''} there)")
+
+
 def _count_array(name, array, shape_text):
     from . import as_numpy
     array = as_numpy(array, name)
@@ -99,6 +116,8 @@ class DecodeStep:
         if q_tilde is not None and q_tilde.shape != q.shape:
             raise ValueError(f"q_retrieval: expected the step's q~ [B, Hq, d] = {_shape(q)} (q's "
                              f"shape), found shape {_shape(q_tilde)}")
+        for name, array in (("q", q), ("q_retrieval", q_tilde)):
+            _require_finite(name, array, lambda i, n=name: f"{n}[{i[0]}, {i[1]}, {i[2]}]", "")
         caches = {"k_cache": self._cache("k_cache", k_cache), "v_cache": self._cache("v_cache", v_cache)}
         self.pages = self._pages(block_table, caches)
         S = fields["S"]
@@ -107,8 +126,12 @@ class DecodeStep:
             priors = self._priors(landmark_queries, b, T // S) if self.prior else None
             q_full, q_tilde_full = one_query_inputs(T, S, q[b], None if q_tilde is None else q_tilde[b],
                                                     priors)
-            self.inputs.append({"q": q_full, "k": self._slots(caches["k_cache"], b, T),
-                                "v": self._slots(caches["v_cache"], b, T),
+            slots = {name: self._slots(cache, b, T) for name, cache in caches.items()}
+            for name, values in slots.items():  # [T, Hkv, d]: the first bad slot is named
+                _require_finite(name, np.swapaxes(values, 0, 1),
+                                lambda i, n=name, b=b: self._where(n, b, i[1], i[0], i[2]),
+                                f" in the {T} slots sequence b={b} reads (T = cache_seqlens[{b}])")
+            self.inputs.append({"q": q_full, "k": slots["k_cache"], "v": slots["v_cache"],
                                 "q_retrieval": q_tilde_full, "prior": None})
 
     # --- the arguments ------------------------------------------------------------------------
@@ -160,7 +183,13 @@ class DecodeStep:
                              f"b={b}: T = {self.lengths[b]}), found shape {shape}")
         rows = landmark_queries[b, :chunks] if self.rows_first else landmark_queries[b, :, :chunks]
         rows = as_numpy(rows, "landmark_queries")
-        return np.swapaxes(rows, 0, 1) if self.rows_first else rows
+        rows = np.swapaxes(rows, 0, 1) if self.rows_first else rows      # [Hq, chunks, d]
+        order = (lambda h, c, col: (b, c, h, col)) if self.rows_first else (lambda h, c, col: (b, h, c, col))
+        _require_finite("landmark_queries", rows,
+                        lambda i: f"landmark_queries[{', '.join(map(str, order(*i)))}] (chunk {i[1]})",
+                        f" in the {chunks} row{'s' if chunks > 1 else ''} sequence b={b} reads (its "
+                        f"T // S complete chunks)")
+        return rows
 
     def _cache(self, name, cache):
         from . import as_numpy
@@ -228,6 +257,22 @@ class DecodeStep:
             taken = np.swapaxes(taken, 1, 2)                          # [n, P, Hkv, d]
         rows = taken.reshape((-1,) + taken.shape[2:])[:T]            # [T, Hkv, d]
         return np.swapaxes(rows, 0, 1)
+
+    def _where(self, name, b, h, t, col):
+        """Slot t, head h, column col of sequence b -> the caller's index into its cache, and for
+        a paged cache the page it sits in: "k_cache[7, 3, 0, 5] (slot 3, head 0, column 5: row 3
+        of page block_table[0, 0] = 7)"."""
+        if self.pages is None:
+            index, page = ((b, t, h, col) if self.rows_first else (b, h, t, col)), ""
+        else:
+            P = self.page_size
+            number, row = self.pages[b][t // P], t % P
+            index = (number, row, h, col) if self.rows_first else (number, h, row, col)
+            page = f": row {row} of page block_table[{b}, {t // P}] = {number}"
+        last = (f"; slot {t} is the new token's: write its K/V before the step (cache_seqlens "
+                f"counts it)" if t == self.lengths[b] - 1 else "")
+        return (f"{name}[{', '.join(map(str, index))}] (slot {t}, head {h}, column {col}{page}"
+                f"{last})")
 
     def outputs(self, outputs):
         """The step's outputs {name: [B, ...]} -> one {name: [heads, 1, ...]} per sequence. A name

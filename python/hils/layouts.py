@@ -189,6 +189,7 @@ class Batch:
                        for b in range(self.size)]
         self.sizes = {}
         self.lengths = None  # every sequence has q's T
+        self.offsets = None  # not packed
         first, k = self.inputs[0]["q"], self.inputs[0]["k"]
         if self.layout.name != "hsd":  # ranks checked above: heads and rows are known
             self.sizes = {"Hq": first.shape[0], "Hkv": k.shape[0], "T": first.shape[1],
@@ -399,6 +400,7 @@ class PackedBatch(Batch):
         self.inputs = [{tensor: (None if parts is None else parts[b]) for tensor, parts in split.items()}
                        for b in range(self.size)]
         self.lengths = [b - a for a, b in zip(self.layout.offsets[:-1], self.layout.offsets[1:])]
+        self.offsets = self.layout.offsets
 
     def join(self, results, lse_layout):
         """As Batch.join, packed; summary_key, summary_bias and surrogate_scores (their rows or
@@ -482,13 +484,17 @@ def sort_selection(outputs):
 class BatchReport:
     """The oracle's verdict on a batch: .reports[b] is sequence b's Report (as hils.verify gives
     for one sequence); .passed when every sequence passes; .failed lists the b that fail.
-    str() is one line per sequence, then the full report of each that fails."""
+    str() is one line per sequence, then the full report of each that fails; a packed
+    sequence's line names its rows in the pack (`b=1 (T = 30, rows 77..106)`), since its report's
+    coordinates (t) count from its own first row."""
 
-    def __init__(self, reports, layout, lengths=None, title=None):
+    def __init__(self, reports, layout, lengths=None, title=None, offsets=None):
         self.reports = list(reports)
         self.layout = layout
         self.title = f"layout \"{layout}\"" if title is None else title  # what the batch is
         self.lengths = None if lengths is None else list(lengths)  # T of each sequence, if ragged
+        # A pack's cu_seqlens: sequence b's row t is row offsets[b] + t of the caller's tensors.
+        self.offsets = None if offsets is None else [int(x) for x in offsets]
 
     @property
     def passed(self):
@@ -521,12 +527,25 @@ class BatchReport:
         lines += [f"  b={b}{self._length(b)}: {_summary(report)}"
                   for b, report in enumerate(self.reports)]
         for b in failed:
-            lines += ["", f"---- b={b}: FAIL ----", str(self.reports[b])]
+            lines += ["", f"---- b={b}: FAIL{self._rows(b)} ----", str(self.reports[b])]
         lines.append("batch PASS" if self.passed else f"batch FAIL (b={', '.join(map(str, failed))})")
         return "\n".join(lines)
 
     def _length(self, b):
-        return "" if self.lengths is None else f" (T = {self.lengths[b]})"
+        if self.lengths is None:
+            return ""
+        if self.offsets is None:
+            return f" (T = {self.lengths[b]})"
+        first, end = self.offsets[b:b + 2]
+        return f" (T = {self.lengths[b]}, rows {first}..{end - 1})"
+
+    def _rows(self, b):
+        """Where a packed sequence's coordinates sit in the caller's tensors (its report's t
+        counts from the sequence's first row)."""
+        if self.offsets is None:
+            return ""
+        first, end = self.offsets[b:b + 2]
+        return f" (rows {first}..{end - 1} of the pack: its t=0 is row {first})"
 
     def __repr__(self):
         return (f"<hils.BatchReport {'PASS' if self.passed else 'FAIL'} B={len(self)}"

@@ -213,6 +213,55 @@ def test_selection_in_any_order(draws):
     assert hils.verify_decode(**dict(args, outputs=outputs)).failed == [0, 1, 2]   # b=3: no chunk
 
 
+@pytest.mark.parametrize("layout", ("bshd", "bhsd"))
+def test_a_non_finite_value_read_is_named_in_the_callers_cache(draws, layout):
+    """A NaN or Inf in a slot the step reads is refused naming the caller's own index (the page
+    and its row for a paged cache), not the oracle's per-sequence copy: before, sequence 1's
+    slot 20 read "k: expected finite values, found nan at [1, 20, 2] (flat index 834) (sequence
+    b=1 of the decode step: ...)", which names no page. Unread pages and rows stay free."""
+    args = step_call(draws, layout=layout)
+    table = args["block_table"]
+    page = table[1, 1]                                    # slot 20 of sequence 1: row 4
+    where = (page, 4, 1, 2) if layout == "bshd" else (page, 1, 4, 2)
+    k_cache = args["k_cache"].copy()
+    k_cache[where] = np.nan
+    check(lambda: hils.verify_decode(**dict(args, k_cache=k_cache)),
+          f"k_cache: expected finite values in the 30 slots sequence b=1 reads (T = cache_seqlens[1]), "
+          f"found nan at k_cache[{', '.join(map(str, where))}] (slot 20, head 1, column 2: row 4 of "
+          f"page block_table[1, 1] = {page}) (1 non-finite value there)")
+    v_cache = args["v_cache"].copy()                      # sequence 3's new token, slot 8
+    v_cache[(table[3, 0], 8, 0, 0) if layout == "bshd" else (table[3, 0], 0, 8, 0)] = -np.inf
+    with pytest.raises(ValueError) as raised:
+        hils.verify_decode(**dict(args, v_cache=v_cache))
+    assert str(raised.value).startswith(
+        "v_cache: expected finite values in the 9 slots sequence b=3 reads (T = cache_seqlens[3]), "
+        f"found -inf at v_cache["), str(raised.value)
+    assert str(raised.value).endswith(
+        f"(slot 8, head 0, column 0: row 8 of page block_table[3, 0] = {table[3, 0]}; slot 8 is the "
+        "new token's: write its K/V before the step (cache_seqlens counts it)) (1 non-finite value "
+        "there)"), str(raised.value)
+    dense = step_call(draws, cache="dense", layout=layout)
+    k_dense = dense["k_cache"].copy()
+    k_dense[(2, 33, 0, 5) if layout == "bshd" else (2, 0, 33, 5)] = np.inf
+    where = "2, 33, 0, 5" if layout == "bshd" else "2, 0, 33, 5"
+    check(lambda: hils.verify_decode(**dict(dense, k_cache=k_dense)),
+          f"k_cache: expected finite values in the 50 slots sequence b=2 reads (T = cache_seqlens[2]), "
+          f"found inf at k_cache[{where}] (slot 33, head 0, column 5) (1 non-finite value there)")
+    rows = args["landmark_queries"].copy()                # sequence 3 (T = 9) reads chunk 0 only
+    rows[(3, 1, 2, 0) if layout == "bshd" else (3, 2, 1, 0)] = np.nan
+    assert hils.verify_decode(**dict(args, landmark_queries=rows)).passed
+    rows[(3, 0, 2, 0) if layout == "bshd" else (3, 2, 0, 0)] = np.nan
+    where = "3, 0, 2, 0" if layout == "bshd" else "3, 2, 0, 0"
+    check(lambda: hils.verify_decode(**dict(args, landmark_queries=rows)),
+          f"landmark_queries: expected finite values in the 1 row sequence b=3 reads (its T // S "
+          f"complete chunks), found nan at landmark_queries[{where}] (chunk 0) (1 non-finite value "
+          "there)")
+    q = args["q"].copy()
+    q[2, 1, 3] = np.nan
+    check(lambda: hils.verify_decode(**dict(args, q=q)),
+          "q: expected finite values, found nan at q[2, 1, 3] (1 non-finite value there)")
+
+
 def check(call, message, error=ValueError):
     with pytest.raises(error) as raised:
         call()

@@ -73,8 +73,8 @@ def test_each_packed_layout_passes(batch, layout):
     assert [r.selection.rows for r in report] == [2 * T for T in LENGTHS]   # Hkv x T_b rows
     lines = str(report).splitlines()
     assert lines[0] == f'batch of 3 sequences, layout "{layout}": 3 pass, 0 fail'
-    assert [line.split(":")[0] for line in lines[1:4]] == ["  b=0 (T = 77)", "  b=1 (T = 30)",
-                                                          "  b=2 (T = 50)"]
+    assert [line.split(":")[0] for line in lines[1:4]] == [
+        "  b=0 (T = 77, rows 0..76)", "  b=1 (T = 30, rows 77..106)", "  b=2 (T = 50, rows 107..156)"]
 
 
 def test_flash_attention_varlen_lse(batch):
@@ -140,12 +140,31 @@ def test_a_fault_in_one_sequence_fails_it_alone(batch, fault):
     report = hils.verify(SPEC, q, k, v, outputs, layout="thd", cu_seqlens=CU)
     assert report.failed == [1], str(report)
     text = str(report)
-    assert "2 pass, 1 fail (b=1)" in text and "\n  b=1 (T = 30): FAIL" in text
-    assert "---- b=1: FAIL ----\n" + str(report[1]) in text
+    assert "2 pass, 1 fail (b=1)" in text and "\n  b=1 (T = 30, rows 77..106): FAIL" in text
+    assert "---- b=1: FAIL (rows 77..106 of the pack: its t=0 is row 77) ----\n" + str(report[1]) in text
     if fault is shifted_window:
         assert "W=24 instead of W=16" in report[1].tensors["o_window"].diagnosis
     with pytest.raises(AssertionError, match="kernel mine\nbatch of 3 sequences"):
         assert_kernel_matches(SPEC, q, k, v, outputs, layout="thd", cu_seqlens=CU, kernel="mine")
+
+
+def test_a_failing_line_names_the_rows_of_the_pack(batch):
+    """A fault planted at packed row 100 (sequence 1's t=23): the report's t counts from the
+    sequence's first row, so its line and its header name where that row is in the pack (the
+    line read "b=1 (T = 30): FAIL ..." and the header "---- b=1: FAIL ----": the caller had to
+    add cu_seqlens[1] to t by hand)."""
+    q, k, v, outputs = kernel_call(batch, names=("o", "lse"))
+    outputs["o"][100, 2, 5] += 0.5                               # [total, Hq, dv]
+    report = hils.verify(SPEC, q, k, v, outputs, layout="thd", cu_seqlens=CU)
+    assert report.failed == [1] and report.offsets == [0, 77, 107, 157], str(report)
+    assert "h=2 t=23 col=5" in str(report[1])
+    text = str(report)
+    assert "\n  b=1 (T = 30, rows 77..106): FAIL (o)" in text, text
+    assert "\n---- b=1: FAIL (rows 77..106 of the pack: its t=0 is row 77) ----\n" in text, text
+    assert "\n  b=0 (T = 77, rows 0..76): PASS" in text and "\n  b=2 (T = 50, rows 107..156): PASS" in text
+    strided = hils.verify(SPEC, q[None], k[None], v[None], {n: a[None] for n, a in outputs.items()},
+                          layout="bshd", cu_seqlens=CU)                # fla-org's [1, total, H, d]
+    assert "\n  b=1 (T = 30, rows 77..106): FAIL (o)" in str(strided)
 
 
 def test_any_order_and_a_verifier_over_the_pack(batch):
