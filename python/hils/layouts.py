@@ -268,6 +268,7 @@ _PACKED = {"thd": (False, True), "htd": (False, False), "bshd": (True, True), "b
 # sequence (not surrogate_scores: its columns are each sequence's chunks): they pack along rows.
 _PACKABLE = tuple(name for name, axes in _AXES.items()
                   if axes[1] in ("T", "Tq") and "n_chunks" not in axes)
+PACKED_ONLY = tuple(name for name in _PACKED if name not in _LAYOUTS)  # "thd", "htd"
 _PACKED_NAMES = ('"thd" ([total, heads, d]: FlashAttention\'s flash_attn_varlen_func), "htd" '
                  '([heads, total, d]), or "bshd" / "bhsd" with B = 1 (fla-org\'s parallel_nsa '
                  'with cu_seqlens: q [1, total, HQ, K])')

@@ -147,6 +147,38 @@ AttentionInputs<double> inputs_from_dict(const py::dict& arrays) {
   return in;
 }
 
+// The oracle's copies of a problem's inputs: its context keeps them in float64 and float32 (12
+// bytes a value: oracle_context.hpp's inputs and inputs_float) and, while it is built, the
+// float64 copy inputs_from_dict made is alive too (8 more). A batch's B oracles are all kept, the
+// last one's build on top (12 B + 8 bytes a value of one sequence): each sequence's share of
+// memory_limit() (SequencesAtOnce) is checked against 12 + 8 / B. Refused before anything is
+// converted, naming the largest input: beyond it the call ended in std::bad_alloc (MemoryError)
+// after the conversions and part of the reference, or in an out-of-memory kill without a ulimit
+// (a decode step of hils.verify_decode holds q [Hq, T, d] for its one query: audit23).
+void require_oracle_inputs_fit(const py::dict& arrays, int sequences) {
+  const char* names[] = {"q", "k", "v", "q_retrieval", "prior"};
+  double values = 0, largest = -1;
+  std::string name, parts;
+  for (const char* key : names) {
+    const py::object a = item_or_none(arrays, key);
+    if (a.is_none() || !py::isinstance<py::array>(a)) continue;  // the conversion names it
+    const auto array = py::reinterpret_borrow<py::array>(a);
+    const double n = static_cast<double>(array.size());
+    values += n;
+    if (n > largest) largest = n, name = key;
+    std::string dims;
+    for (py::ssize_t i = 0; i < array.ndim(); ++i) dims += (i ? ", " : "") + std::to_string(array.shape(i));
+    parts += std::string(parts.empty() ? "" : ", ") + key + " [" + dims + "]";
+  }
+  const double bytes = values * (12.0 + 8.0 / sequences);
+  const MemoryLimit memory = memory_limit();
+  if (name.empty() || bytes < 0.8 * memory.bytes) return;
+  throw py::value_error(
+      name + ": expected inputs whose copies in the oracle (float64 and float32 of every value, "
+             "and float64 again while it is built) fit in 80% of " + memory.text + ", found " +
+      parts + ": " + bytes_text(bytes) + " (fewer or shorter sequences per call)");
+}
+
 // "outputs: unknown key 'x' (expected one of ...)", the codec's words for a typo.
 void require_known_outputs(const py::dict& outputs) {
   for (const auto& item : outputs) {
@@ -256,6 +288,7 @@ class Verifier {
     require(max_messages >= 1, "max_messages", "at least 1", std::to_string(max_messages));
     options.max_messages = max_messages;
     options.queries = queries_from(queries);
+    require_oracle_inputs_fit(inputs, sequences_at_once(sequences));
     const AttentionInputs<double> in = inputs_from_dict(inputs);
     const Work work;  // without the GIL; Ctrl-C stops it
     verifier_ = std::make_unique<oracle::Verifier>(spec, in, options);

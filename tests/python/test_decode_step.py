@@ -7,6 +7,10 @@ slot short, a stale page, wrong landmark queries) fails that sequence alone; Fla
 pre-append cache_seqlens fails every sequence; the hils preset's landmark queries are required
 and the other presets refuse them; bad arguments are refused naming the field. CPU only."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -325,3 +329,45 @@ def test_bad_arguments_are_refused(draws):
     assert str(raised.value).endswith(
         "(sequence b=0 of the decode step: T = 77, query slot 76, 5 pages of 16; read as k "
         "[Hkv, T, d] = [2, 77, 8], v [Hkv, T, dv] = [2, 77, 12])"), str(raised.value)
+
+
+_STEP_TOO_LARGE = """
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+import numpy as np
+import hils
+Hq, Hkv, d = 32, 8, 128
+spec = {{"preset": "nsa", "S": 64, "W": 512, "K": 16}}
+for B, T in (({B}, {T}),):
+    cache = np.full((B, T, Hkv, d), 0.5, np.float32)
+    step = dict(q=np.ones((B, Hq, d), np.float32), k_cache=cache, v_cache=cache,
+                outputs={{"o": np.zeros((B, Hq, d), np.float32)}}, cache_seqlens=[T] * B)
+    try:
+        print(repr(hils.verify_decode(spec, **step)))
+    except Exception as error:
+        print(type(error).__name__, error)
+"""
+
+
+@pytest.mark.parametrize("B,T", ((2, 16384), (1, 4096)))
+def test_a_step_whose_oracle_inputs_cannot_fit_is_refused_before_it_is_computed(B, T):
+    """A decode step's problem holds q [Hq, T, d] (its one query at row T-1) and the oracle keeps
+    every input in float64 and float32, and float64 again while it is built (20 bytes a value
+    for one sequence; 12 + 8 / B each in a batch of B): two sequences of T = 16384 (Hq = 32,
+    Hkv = 8, d = 128) need about 3 GiB. Under a 3 GiB address-space limit the step is refused at
+    b=0 before anything is converted, naming q and the shapes; before (audit, session 23) it ran
+    for seconds and ended in "MemoryError std::bad_alloc" (without a ulimit, an out-of-memory
+    kill at T = 131072). One sequence of 4096 fits and is judged."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, "-c", _STEP_TOO_LARGE.format(B=B, T=T)],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    if B == 1:
+        assert result.stdout.startswith("<hils.BatchReport FAIL B=1"), result.stdout  # judged
+        return
+    assert result.stdout.startswith(
+        "ValueError q: expected inputs whose copies in the oracle (float64 and float32 of every "
+        "value, and float64 again while it is built) fit in 80% of the address-space limit (ulimit "
+        "-v) of 3 GiB shared by the 2 sequences of a batch held at once (1.5 GiB each), found "
+        "q [32, 16384, 128], k [8, 16384, 128], v [8, 16384, 128]: 1.5 GiB (fewer or shorter "
+        "sequences per call) (sequence b=0 of the decode step: T = 16384, query slot 16383;"), result.stdout

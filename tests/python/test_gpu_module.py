@@ -489,6 +489,15 @@ def stack(tensors):
 LAYOUT_CALLS = [
     ('forward(Q, K, V, layout="bthd")', "ValueError: layout: expected one of \"hsd\", \"shd\", "
      "\"bhsd\", \"bshd\" (batch, heads, sequence, dims: the order of a kernel's axes), found 'bthd'"),
+    # FlashAttention varlen's layout names (hils.verify's with cu_seqlens): before (audit, session
+    # 23) refused as a name forward did not know, with no word of what to do with a pack
+    ('forward(T(32, 8, 4), T(32, 2, 4), T(32, 2, 6), layout="thd")', "ValueError: layout: \"thd\" is a "
+     "packed (varlen) layout, which hils.verify reads with cu_seqlens; hils.gpu.forward computes one "
+     "sequence (\"hsd\", \"shd\") or a batch of one length (\"bhsd\", \"bshd\"): run each packed "
+     "sequence alone, e.g. forward(q[a:e], k[a:e], v[a:e], spec, layout=\"shd\") for a, e in "
+     "zip(cu_seqlens[:-1], cu_seqlens[1:])\n"),
+    ('forward(T(16, 8, 4), T(16, 2, 4), T(16, 2, 6), layout="shd", lse_layout="htd")', "ValueError: "
+     "lse_layout: \"htd\" is a packed (varlen) layout, which hils.verify reads with cu_seqlens"),
     ('forward(Q, K, V, layout="bshd", lse_layout="hsd")', "ValueError: lse_layout: expected None or "
      "one of \"bhsd\", \"bshd\" (batched, as layout \"bshd\" is), found \"hsd\""),
     ('forward(T(16, 8, 4), K, V, layout="bshd")', "ValueError: q: expected 4 dimensions [B, T, Hq, d] "

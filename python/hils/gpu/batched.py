@@ -26,6 +26,14 @@ _SELECTING = {"o": "o", "lse": "lse", "selection": "selection"}
 def layouts(layout, lse_layout):
     """layout= and lse_layout= (hils.verify's) -> (Layout, Layout or None); ValueError /
     TypeError naming the argument and the names it takes."""
+    for argument, name in (("layout", layout), ("lse_layout", lse_layout)):
+        if isinstance(name, str) and name in _layouts.PACKED_ONLY:
+            raise ValueError(
+                f"{argument}: \"{name}\" is a packed (varlen) layout, which hils.verify reads with "
+                f"cu_seqlens; hils.gpu.forward computes one sequence (\"hsd\", \"shd\") or a batch of "
+                f"one length (\"bhsd\", \"bshd\"): run each packed sequence alone, e.g. "
+                f"forward(q[a:e], k[a:e], v[a:e], spec, layout=\"shd\") for a, e in "
+                f"zip(cu_seqlens[:-1], cu_seqlens[1:])")
     layout = _layouts.Layout(layout)
     return layout, _layouts.lse_layout_of(lse_layout, layout)
 
