@@ -157,30 +157,28 @@ class Verifier:
 
     def __init__(self, spec, q, k, v, *, layout="hsd", input_precision="fp32",
                  score_precision="fp32", bf16_rounding="detect", q_retrieval=None, prior=None,
-                 queries=None, max_messages=8, cu_seqlens=None):
-        queries = _queries(queries)
-        self._start(spec, _layouts.batch_of(layout, _inputs(q, k, v, q_retrieval, prior), queries,
-                                            cu_seqlens),
-                    input_precision, score_precision, bf16_rounding, queries, max_messages)
+                 queries=None, max_messages=8, cu_seqlens=None, cu_seqlens_k=None,
+                 landmark_queries=None):
+        self._start(spec, _layouts.batch_of(layout, _inputs(q, k, v, q_retrieval, prior),
+                                            _queries(queries), cu_seqlens, cu_seqlens_k,
+                                            landmark_queries, spec),
+                    input_precision, score_precision, bf16_rounding, max_messages)
 
-    def _start(self, spec, batch, input_precision, score_precision, bf16_rounding, queries,
-               max_messages):
+    def _start(self, spec, batch, input_precision, score_precision, bf16_rounding, max_messages):
         precisions, max_messages = _options(input_precision, score_precision, bf16_rounding,
                                             max_messages)
         spec_json = _spec_json(spec)
-        rest = precisions + (queries, max_messages,
-                             batch.size)  # the memory checks give each sequence its share (all are kept)
         self._batch = batch
+        # batch.size: the memory checks give each sequence its share (all are kept)
         self._cores = [_per_sequence(batch, b, lambda: _core_module().Verifier(
-                           spec_json, batch.inputs[b], *rest))
+                           spec_json, batch.inputs[b], *precisions, batch.query_slots(b),
+                           max_messages, batch.size))
                        for b in range(batch.size)]
 
     @classmethod
-    def _of(cls, spec, batch, queries, input_precision, score_precision, bf16_rounding,
-            max_messages):
+    def _of(cls, spec, batch, input_precision, score_precision, bf16_rounding, max_messages):
         oracle = cls.__new__(cls)
-        oracle._start(spec, batch, input_precision, score_precision, bf16_rounding, queries,
-                      max_messages)
+        oracle._start(spec, batch, input_precision, score_precision, bf16_rounding, max_messages)
         return oracle
 
     def verify(self, outputs, *, kernel=None, do=None, dlse=None, grads=None, lse_layout=None,
@@ -195,7 +193,8 @@ class Verifier:
                    for b, core in enumerate(self._cores)]
         if not self._batch.layout.batched:
             return reports[0]
-        return _layouts.BatchReport(reports, self._batch.layout.name, self._batch.lengths)
+        return _layouts.BatchReport(reports, self._batch.layout.name, self._batch.lengths,
+                                    counts=self._batch.query_counts())
 
 
 def _options(input_precision, score_precision, bf16_rounding, max_messages):
@@ -274,7 +273,7 @@ def _kernel_batch(batch, outputs, do, dlse, grads, lse_layout, selection_order):
 def verify(spec, q, k, v, outputs, *, layout="hsd", lse_layout=None, selection_order="ascending",
            input_precision="fp32", score_precision="fp32", bf16_rounding="detect",
            q_retrieval=None, prior=None, queries=None, kernel=None, max_messages=8, do=None,
-           dlse=None, grads=None, cu_seqlens=None):
+           dlse=None, grads=None, cu_seqlens=None, cu_seqlens_k=None, landmark_queries=None):
     """Judges a kernel's outputs against the reference in double (truth) and float (baseline).
 
     spec: a dict with the verify file's spec keys ({"preset": "nsa", "S": 64, "W": 512, ...}).
@@ -290,6 +289,15 @@ def verify(spec, q, k, v, outputs, *, layout="hsd", lse_layout=None, selection_o
         sequence b is rows cu_seqlens[b]..cu_seqlens[b+1]-1 of every tensor's rows axis, judged
         as its own problem (positions and selection ids counted from its first row); returns a
         BatchReport (data/verify_format.md "Packed sequences (varlen)").
+    cu_seqlens_k: with cu_seqlens, the keys' offsets when they differ from the queries'
+        (FlashAttention's cu_seqlens_k beside cu_seqlens_q: chunked prefill, prefix caching):
+        k and v split at cu_seqlens_k, q, q_retrieval and the outputs at cu_seqlens; sequence
+        b's Tq_b queries are its last Tq_b of Tk_b slots (the causal mask aligned to the bottom
+        right) and are judged in its whole problem of Tk_b slots (data/verify_format.md
+        "Chunked prefill and prefix caching").
+    landmark_queries: with cu_seqlens_k, where the summaries read a prior (the hils preset):
+        the q~ of the landmark slots (c+1)S - 1 of the chunks before each sequence's first
+        query, [B, n_chunks, Hq, d] ("thd", "bshd") or [B, Hq, n_chunks, d] ("htd", "bhsd").
     lse_layout: the layout whose order lse, lse_window and dlse come in when it differs from
         layout's: FlashAttention's softmax_lse is [B, Hq, T] beside its "bshd" o, lse_layout="bhsd"
         (and [Hq, total] beside its varlen "thd" o: lse_layout="htd").
@@ -319,15 +327,16 @@ def verify(spec, q, k, v, outputs, *, layout="hsd", lse_layout=None, selection_o
     """
     # The kernel's arrays are checked first: a bad output is reported before the reference runs.
     kernel_name, queries = _kernel_name(kernel), _queries(queries)
-    batch = _layouts.batch_of(layout, _inputs(q, k, v, q_retrieval, prior), queries, cu_seqlens)
+    batch = _layouts.batch_of(layout, _inputs(q, k, v, q_retrieval, prior), queries, cu_seqlens,
+                              cu_seqlens_k, landmark_queries, spec)
     arrays = _kernel_batch(batch, outputs, do, dlse, grads, lse_layout, selection_order)
-    oracle = Verifier._of(spec, batch, queries, input_precision, score_precision, bf16_rounding,
+    oracle = Verifier._of(spec, batch, input_precision, score_precision, bf16_rounding,
                           max_messages)
     return oracle._judge(arrays, kernel_name)
 
 
 def reference(spec, q, k, v, *, layout="hsd", lse_layout=None, q_retrieval=None, prior=None,
-              queries=None, cu_seqlens=None):
+              queries=None, cu_seqlens=None, cu_seqlens_k=None, landmark_queries=None):
     """The mechanism in double precision (the oracle's truth) -> dict of numpy arrays:
     o [Hq, Tq, dv], lse [Hq, Tq], fusion_weights [Hq, Tq, K+2] (float64), and where the
     mechanism has them: selection [Hkv, Tq, K] (int64, ascending, -1 padded),
@@ -336,12 +345,14 @@ def reference(spec, q, k, v, *, layout="hsd", lse_layout=None, q_retrieval=None,
     as hils.verify's, the inputs are read and every array returned in that layout, e.g. o
     [B, Tq, Hq, dv] for "bshd" (one reference per sequence). With cu_seqlens= (a packed layout,
     as hils.verify's) the arrays whose axes are the same in every sequence come packed, and
-    summary_key, summary_bias and surrogate_scores as a list of one array per sequence."""
+    summary_key, summary_bias and surrogate_scores as a list of one array per sequence; with
+    cu_seqlens_k (and landmark_queries) as hils.verify's, each sequence's last Tq_b rows."""
     spec_json, queries = _spec_json(spec), _queries(queries)
-    batch = _layouts.batch_of(layout, _inputs(q, k, v, q_retrieval, prior), queries, cu_seqlens)
+    batch = _layouts.batch_of(layout, _inputs(q, k, v, q_retrieval, prior), queries, cu_seqlens,
+                              cu_seqlens_k, landmark_queries, spec)
     lse_layout = _layouts.lse_layout_of(lse_layout, batch.layout)
     parts = [_per_sequence(batch, b, lambda: _core_module().reference(
-                 spec_json, batch.inputs[b], queries, batch.size))  # as Verifier's: all kept
+                 spec_json, batch.inputs[b], batch.query_slots(b), batch.size))  # all kept
              for b in range(batch.size)]
     return batch.join(parts, lse_layout)
 

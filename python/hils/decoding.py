@@ -9,8 +9,8 @@ from the cache, q [Hq, T, d] holding the step's query at row T-1, and where the 
 them, q_retrieval [Hq, T, d] holding the step's q~ at row T-1 and the prior of each complete chunk
 c < T // S at its landmark slot (c+1)S - 1 (prior_rule landmark_query: the retrieval query q~ of
 that slot, reference/SEMANTICS.md section 3). The query at T-1 reads no other row of q or q~
-(SEMANTICS sections 2-5): those rows are zero. one_query_inputs builds q and q_retrieval; it is
-also what hils.gpu.DecodeCache.verify_arguments uses for its own steps.
+(SEMANTICS sections 2-5): those rows are zero. query_inputs (n = 1 query at the last slot)
+builds q and q_retrieval; it is also what hils.gpu.DecodeCache.verify_arguments uses for its own steps.
 
 Caches (cache_layout, the order of a cache's axes, as hils/layouts.py names layouts):
     "bshd": dense [B, capacity, Hkv, d] (FlashAttention's k_cache), paged [num_pages, page_size,
@@ -36,22 +36,26 @@ STEP_OUTPUTS = {"o": ("Hq", "dv"), "lse": ("Hq",), "selection": ("Hkv", "K"),
                 "o_window": ("Hq", "dv"), "lse_window": ("Hq",), "fusion_weights": ("Hq", "K+2")}
 
 
-def one_query_inputs(T, S, q, q_tilde=None, priors=None):
-    """The oracle's inputs for the query at slot T-1 (numpy arrays): q [Hq, d] -> q_full
-    [Hq, T, d], zero but row T-1; q_retrieval [Hq, T, d] (None when neither q_tilde nor priors
-    is given): q_tilde (q when None) at row T-1 and priors[:, c] at row (c+1)S - 1 for each
-    complete chunk c < T // S, zero elsewhere."""
+def query_inputs(T, S, q, q_tilde=None, priors=None):
+    """The oracle's inputs for queries at the last n slots T-n .. T-1 of a sequence of T slots
+    (numpy arrays; a decode step's one query is n = 1, a chunked prefill's chunk n = Tq):
+    q [Hq, n, d] -> q_full [Hq, T, d], zero but rows T-n .. T-1; q_retrieval [Hq, T, d] (None
+    when neither q_tilde nor priors is given): q_tilde [Hq, n, d] (q when None) at rows T-n ..
+    T-1, and priors[:, c] [Hq, >= (T-n) // S, d] at row (c+1)S - 1 for each chunk c < (T-n) // S
+    complete before the first query (the landmark slots of the queried rows hold their own q~:
+    prior_rule landmark_query, reference/SEMANTICS.md section 3), zero elsewhere."""
     q = np.asarray(q)
-    heads, d = q.shape
+    heads, n, d = q.shape
+    first = T - n
     q_full = np.zeros((heads, T, d), dtype=q.dtype)
-    q_full[:, T - 1] = q
+    q_full[:, first:] = q
     if q_tilde is None and priors is None:
         return q_full, None
     q_retrieval = np.zeros_like(q_full)
-    chunks = T // S
+    chunks = first // S
     if priors is not None and chunks:
         q_retrieval[:, S - 1:chunks * S:S] = np.asarray(priors)[:, :chunks]
-    q_retrieval[:, T - 1] = q if q_tilde is None else q_tilde
+    q_retrieval[:, first:] = q if q_tilde is None else q_tilde
     return q_full, q_retrieval
 
 
@@ -59,6 +63,51 @@ def needs_prior(fields):
     """The summaries read a prior: taylor keys or the entropy bias (reference/SEMANTICS.md
     section 3; hils::gpu's needs_prior, gpu/src/api.cpp)."""
     return fields["key_rule"] == "taylor" or fields["bias_rule"] == "entropy"
+
+
+def check_landmark_queries(fields, landmark_queries, pattern, what, holder, required):
+    """landmark_queries against the mechanism (fields: hils.gpu.spec.resolve's): refused
+    (ValueError) where the summaries read no prior; where they do, prior_rule must be
+    landmark_query (ValueError: `what` is judged so) and, when `required` (some chunk's landmark
+    slot lies outside the queries given), landmark_queries must be given (TypeError naming
+    `holder`, the inputs that lack them, and `pattern`, its expected shape). Returns
+    needs_prior(fields)."""
+    name = fields["name"]
+    if not needs_prior(fields):
+        if landmark_queries is not None:
+            raise ValueError(f"landmark_queries: not read by spec {name!r} (its summaries read "
+                             f"no prior: key_rule {fields['key_rule']}, bias_rule "
+                             f"{fields['bias_rule']}); leave it out")
+        return False
+    if fields["prior_rule"] != "landmark_query":
+        raise ValueError(f"spec['prior_rule']: {what} is judged with prior_rule landmark_query "
+                         f"(each chunk's prior the q~ of its landmark slot), found "
+                         f"{fields['prior_rule']!r}")
+    if required and landmark_queries is None:
+        raise TypeError(f"landmark_queries: spec {name!r} summarizes each chunk with a prior, "
+                        f"the q~ of its landmark slot (key_rule {fields['key_rule']}, bias_rule "
+                        f"{fields['bias_rule']}, prior_rule landmark_query; reference/SEMANTICS.md "
+                        f"section 3), which {holder} do not hold: give them, {pattern}, "
+                        f"row c the q~ of slot (c+1)S - 1")
+    return True
+
+
+def landmark_rows(landmark_queries, b, chunks, rows_first, size, heads, where, T):
+    """Sequence b's priors [Hq, chunks, d] (numpy) from landmark_queries [B, n_chunks, Hq, d]
+    (rows_first) or [B, Hq, n_chunks, d], B = size, n_chunks >= chunks; ValueError naming
+    `where` (the layout those follow) and the sequence's T when the shape does not fit."""
+    from . import as_numpy
+    pattern = "[B, n_chunks, Hq, d]" if rows_first else "[B, Hq, n_chunks, d]"
+    shape = list(landmark_queries.shape)
+    axis = 1 if rows_first else 2
+    found = (shape[2] if rows_first else shape[1]) if len(shape) == 4 else None
+    if found is None or shape[0] != size or found != heads or shape[axis] < chunks:
+        raise ValueError(f"landmark_queries: expected {pattern} ({where}) with B = {size}, Hq = "
+                         f"{heads} and n_chunks >= {chunks} (sequence b={b}: T = {T}), found shape "
+                         f"{shape}")
+    rows = landmark_queries[b, :chunks] if rows_first else landmark_queries[b, :, :chunks]
+    rows = as_numpy(rows, "landmark_queries")
+    return np.swapaxes(rows, 0, 1) if rows_first else rows
 
 
 def _count_array(name, array, shape_text):
@@ -105,8 +154,9 @@ class DecodeStep:
         self.inputs = []
         for b, T in enumerate(self.lengths):
             priors = self._priors(landmark_queries, b, T // S) if self.prior else None
-            q_full, q_tilde_full = one_query_inputs(T, S, q[b], None if q_tilde is None else q_tilde[b],
-                                                    priors)
+            q_full, q_tilde_full = query_inputs(T, S, q[b][:, None],
+                                                None if q_tilde is None else q_tilde[b][:, None],
+                                                priors)
             self.inputs.append({"q": q_full, "k": self._slots(caches["k_cache"], b, T),
                                 "v": self._slots(caches["v_cache"], b, T),
                                 "q_retrieval": q_tilde_full, "prior": None})
@@ -127,40 +177,15 @@ class DecodeStep:
         return [int(T) for T in lengths]
 
     def _check_priors(self, fields, landmark_queries):
-        name = fields["name"]
-        if not self.prior:
-            if landmark_queries is not None:
-                raise ValueError(f"landmark_queries: not read by spec {name!r} (its summaries read "
-                                 f"no prior: key_rule {fields['key_rule']}, bias_rule "
-                                 f"{fields['bias_rule']}); leave it out")
-            return
-        if fields["prior_rule"] != "landmark_query":
-            raise ValueError(f"spec['prior_rule']: a decode step is judged with prior_rule "
-                             f"landmark_query (each chunk's prior the q~ of its landmark slot), "
-                             f"found {fields['prior_rule']!r}")
-        if landmark_queries is None:
-            pattern = "[B, n_chunks, Hq, d]" if self.rows_first else "[B, Hq, n_chunks, d]"
-            raise TypeError(f"landmark_queries: spec {name!r} summarizes each chunk with a prior, "
-                            f"the q~ of its landmark slot (key_rule {fields['key_rule']}, bias_rule "
-                            f"{fields['bias_rule']}, prior_rule landmark_query; reference/SEMANTICS.md "
-                            f"section 3), which the step's inputs do not hold: give them, "
-                            f"{pattern} (cache_layout \"{self.layout}\"), row c the q~ of slot "
-                            f"(c+1)S - 1")
+        pattern = "[B, n_chunks, Hq, d]" if self.rows_first else "[B, Hq, n_chunks, d]"
+        check_landmark_queries(fields, landmark_queries,
+                               f"{pattern} (cache_layout \"{self.layout}\")", "a decode step",
+                               "the step's inputs", required=True)
 
     def _priors(self, landmark_queries, b, chunks):
         """Sequence b's priors [Hq, chunks, d] (numpy)."""
-        from . import as_numpy
-        pattern = "[B, n_chunks, Hq, d]" if self.rows_first else "[B, Hq, n_chunks, d]"
-        shape = list(landmark_queries.shape)
-        axis = 1 if self.rows_first else 2
-        heads = (shape[2] if self.rows_first else shape[1]) if len(shape) == 4 else None
-        if heads is None or shape[0] != self.size or heads != self.Hq or shape[axis] < chunks:
-            raise ValueError(f"landmark_queries: expected {pattern} (cache_layout \"{self.layout}\") "
-                             f"with B = {self.size}, Hq = {self.Hq} and n_chunks >= {chunks} (sequence "
-                             f"b={b}: T = {self.lengths[b]}), found shape {shape}")
-        rows = landmark_queries[b, :chunks] if self.rows_first else landmark_queries[b, :, :chunks]
-        rows = as_numpy(rows, "landmark_queries")
-        return np.swapaxes(rows, 0, 1) if self.rows_first else rows
+        return landmark_rows(landmark_queries, b, chunks, self.rows_first, self.size, self.Hq,
+                             f"cache_layout \"{self.layout}\"", self.lengths[b])
 
     def _cache(self, name, cache):
         from . import as_numpy

@@ -38,7 +38,9 @@ cu_seqlens[b]..cu_seqlens[b+1]-1; the packed layouts are "thd" ([total, heads, .
 ([heads, total, ...]) and "bshd" / "bhsd" with B = 1 ([1, total, heads, ...], fla-org's). Each
 sequence is its own problem (positions, chunks and selection ids from its first row);
 summary_key, summary_bias, surrogate_scores and prior (an axis of each sequence's own length)
-do not pack (data/verify_format.md "Packed sequences (varlen)").
+do not pack (data/verify_format.md "Packed sequences (varlen)"). With cu_seqlens_k (chunked
+prefill: FlashAttention's cu_seqlens_q != cu_seqlens_k) k and v split at cu_seqlens_k and each
+sequence's queries are its last slots (PackedBatch).
 
 Nothing here checks what the oracle checks: a tensor is only split, transposed and sorted; its
 shape, dtype and values are judged by the per-sequence path (hils.Verifier), whose messages name
@@ -188,11 +190,20 @@ class Batch:
         self.inputs = [{name: (None if parts is None else parts[b]) for name, parts in split.items()}
                        for b in range(self.size)]
         self.sizes = {}
+        self.queries = queries
         self.lengths = None  # every sequence has q's T
         first, k = self.inputs[0]["q"], self.inputs[0]["k"]
         if self.layout.name != "hsd":  # ranks checked above: heads and rows are known
             self.sizes = {"Hq": first.shape[0], "Hkv": k.shape[0], "T": first.shape[1],
                           "Tq": first.shape[1] if queries is None else np.size(queries)}
+
+    def query_slots(self, b):
+        """The query slots sequence b computes (queries=; None: all)."""
+        return self.queries
+
+    def query_counts(self):
+        """Tq of each sequence where the queries are each sequence's own (None here)."""
+        return None
 
     def context(self, b):
         """Where a per-sequence message comes from, for an error raised on sequence b."""
@@ -236,10 +247,14 @@ class Batch:
         else the batch's."""
         return lse_layout if (name in _LSE_NAMES and lse_layout) else self.layout
 
+    def _rows(self, name):
+        """The length of tensor `name`'s rows axis (None where unknown)."""
+        return self.sizes.get(_AXES[name][1])
+
     def _check_order(self, array, label, name, layout):
         """Refuses a tensor whose heads and rows axes come swapped against `layout`: its shape
         fits the other order and not this one (never where heads and rows have one length)."""
-        heads, rows = (self.sizes.get(axis) for axis in _AXES[name][:2])
+        heads, rows = self.sizes.get(_AXES[name][0]), self._rows(name)
         axis = layout.leading
         if (heads is None or rows is None or heads == rows
                 or array.ndim != len(_AXES[name]) + axis):
@@ -272,15 +287,22 @@ _PACKED_NAMES = ('"thd" ([total, heads, d]: FlashAttention\'s flash_attn_varlen_
                  'with cu_seqlens: q [1, total, HQ, K])')
 
 
+# The tensors whose rows are keys (cu_seqlens_k's, where it is given); every other packed tensor's
+# rows are queries (cu_seqlens').
+_KEY_NAMES = ("k", "v", "dk", "dv")
+
+
 class Packed:
     """A packed layout: sequence b is rows cu_seqlens[b]..cu_seqlens[b+1]-1 of every tensor's
-    rows axis (data/verify_format.md "Packed sequences"). Bound to the offsets it splits at."""
+    rows axis (data/verify_format.md "Packed sequences"), k and v's rows cu_seqlens_k's where
+    they are given (key_offsets). Bound to the offsets it splits at."""
 
     batched = True  # one report per sequence
 
-    def __init__(self, name, offsets):
+    def __init__(self, name, offsets, key_offsets=None):
         self.name = name
         self.offsets = offsets
+        self.key_offsets = offsets if key_offsets is None else key_offsets
         lead, self.rows_first = _PACKED[name]
         self.leading = int(lead)
         self.lse_note = ("FlashAttention's varlen softmax_lse is [Hq, total_q] beside its "
@@ -289,7 +311,8 @@ class Packed:
 
     def swapped(self):
         return Packed(next(n for n, v in _PACKED.items()
-                           if v == (bool(self.leading), not self.rows_first)), self.offsets)
+                           if v == (bool(self.leading), not self.rows_first)), self.offsets,
+                      self.key_offsets)
 
     def lse_layout(self, lse_layout):
         """lse_layout= beside this layout: a packed layout with the same leading axis."""
@@ -297,7 +320,7 @@ class Packed:
         if not isinstance(lse_layout, str) or lse_layout not in same:
             raise ValueError(f"lse_layout: expected None or one of {_names(same)} (packed, as layout "
                              f"\"{self.name}\" with cu_seqlens is), found {lse_layout!r}")
-        return Packed(lse_layout, self.offsets)
+        return Packed(lse_layout, self.offsets, self.key_offsets)
 
     def axes(self, name):
         heads, _, *rest = _AXES[name]
@@ -325,12 +348,14 @@ class Packed:
                              f"as fla-org's parallel_nsa takes them with cu_seqlens), found B = "
                              f"{array.shape[0]} (shape {list(array.shape)})")
         laid = array[0] if self.leading else array
-        total = int(self.offsets[-1])
-        if laid.shape[0 if self.rows_first else 1] != total:
+        keys = name in _KEY_NAMES and self.key_offsets is not self.offsets
+        offsets = self.key_offsets if keys else self.offsets
+        if laid.shape[0 if self.rows_first else 1] != offsets[-1]:
             raise ValueError(f"{label}: layout \"{self.name}\" expects {self.pattern(name)} with "
-                             f"total = {total} (cu_seqlens[-1]), found shape {list(array.shape)}")
+                             f"total = {offsets[-1]} ({'cu_seqlens_k' if keys else 'cu_seqlens'}"
+                             f"[-1]), found shape {list(array.shape)}")
         rows = laid if self.rows_first else np.swapaxes(laid, 0, 1)
-        return [np.swapaxes(rows[a:b], 0, 1) for a, b in zip(self.offsets[:-1], self.offsets[1:])]
+        return [np.swapaxes(rows[a:b], 0, 1) for a, b in zip(offsets[:-1], offsets[1:])]
 
     def join(self, parts):
         """sequences(): the other way (the reference's arrays, packed)."""
@@ -339,66 +364,135 @@ class Packed:
         return laid[None] if self.leading else laid
 
 
-def offsets_of(cu_seqlens, total):
-    """cu_seqlens (numpy, or a torch tensor on any device) checked against q's `total` rows ->
-    a list of B + 1 ints: 0, then strictly increasing, ending at total. ValueError / TypeError
-    naming the entry and the value expected."""
+def offsets_of(cu_seqlens, total, name="cu_seqlens", rows="q's total rows"):
+    """cu_seqlens (numpy, or a torch tensor on any device) checked against `total` rows (q's;
+    k's for cu_seqlens_k: `name` and `rows` name them in messages) -> a list of B + 1 ints: 0,
+    then strictly increasing, ending at total. ValueError / TypeError naming the entry and the
+    value expected."""
     from . import as_numpy  # the package's converter (torch tensors on any device)
-    array = as_numpy(cu_seqlens, "cu_seqlens")
+    array = as_numpy(cu_seqlens, name)
     if array.dtype.kind not in "iu":
-        raise TypeError(f"cu_seqlens: expected integers (int32 as FlashAttention's, int64 as "
+        raise TypeError(f"{name}: expected integers (int32 as FlashAttention's, int64 as "
                         f"fla-org's), found dtype {array.dtype}")
     if array.ndim != 1 or array.size < 2:
-        raise ValueError(f"cu_seqlens: expected a 1-D array [B + 1] of offsets (0, then each "
+        raise ValueError(f"{name}: expected a 1-D array [B + 1] of offsets (0, then each "
                          f"sequence's end; B >= 1), found shape {list(array.shape)}")
     offsets = [int(x) for x in array]
     if offsets[0] != 0:
-        raise ValueError(f"cu_seqlens: expected cu_seqlens[0] = 0 (the first sequence starts at row "
+        raise ValueError(f"{name}: expected {name}[0] = 0 (the first sequence starts at row "
                          f"0), found {offsets[0]}")
     for b in range(len(offsets) - 1):
         if offsets[b + 1] < offsets[b]:
-            raise ValueError(f"cu_seqlens: expected increasing offsets, found cu_seqlens[{b + 1}] = "
-                             f"{offsets[b + 1]} < cu_seqlens[{b}] = {offsets[b]}")
+            raise ValueError(f"{name}: expected increasing offsets, found {name}[{b + 1}] = "
+                             f"{offsets[b + 1]} < {name}[{b}] = {offsets[b]}")
         if offsets[b + 1] == offsets[b]:
-            raise ValueError(f"cu_seqlens: sequence b={b} is empty (cu_seqlens[{b}] = cu_seqlens"
+            raise ValueError(f"{name}: sequence b={b} is empty ({name}[{b}] = {name}"
                              f"[{b + 1}] = {offsets[b]}): the oracle judges sequences of at least "
                              f"one slot (reference/SEMANTICS.md, section 1); leave it out")
     if offsets[-1] != total:
-        raise ValueError(f"cu_seqlens: expected cu_seqlens[-1] = {total} (q's total rows), found "
-                         f"{offsets[-1]}")
+        raise ValueError(f"{name}: expected {name}[-1] = {total} ({rows}), found {offsets[-1]}")
     return offsets
 
 
 class PackedBatch(Batch):
     """The sequences of a packed problem (cu_seqlens=): as Batch, split at the offsets. Every
-    query of every sequence is judged; positions restart at 0 in each sequence."""
+    query of every sequence is judged; positions restart at 0 in each sequence.
 
-    def __init__(self, name, inputs, queries, cu_seqlens):
+    With cu_seqlens_k (chunked prefill, prefix caching: FlashAttention's flash_attn_varlen_func
+    with cu_seqlens_q != cu_seqlens_k) sequence b has Tk_b slots, k and v split at cu_seqlens_k,
+    and its Tq_b queries (q, q_retrieval and the outputs split at cu_seqlens) are its last Tq_b
+    slots, Tk_b - Tq_b .. Tk_b - 1 (FlashAttention's causal mask aligned to the bottom right):
+    the oracle's problem is [Hq, Tk_b, d] with those rows placed (hils.decoding.query_inputs,
+    the decode step's function) and computes only those slots (queries=)."""
+
+    def __init__(self, name, inputs, queries, cu_seqlens, cu_seqlens_k=None,
+                 landmark_queries=None, spec=None):
         if queries is not None:
             raise ValueError("queries: expected None with cu_seqlens (every query of every packed "
-                             "sequence is judged, as the varlen kernels compute them all)")
+                             "sequence is judged, as the varlen kernels compute them all; queries "
+                             "that are the last slots of each sequence: cu_seqlens_k=)")
         for tensor in ("q", "k", "v"):
             if inputs[tensor] is None:
                 raise TypeError(f"{tensor}: expected a numpy array, found an object of type NoneType")
-        q = inputs["q"]
         probe = Packed(name, [0, 0])
-        rank = len(_AXES["q"]) + probe.leading
-        if q.ndim != rank:
-            raise ValueError(f"q: layout \"{name}\" with cu_seqlens expects rank {rank} "
-                             f"{probe.pattern('q')}, found rank {q.ndim} shape {list(q.shape)}")
-        total = q.shape[probe.leading + (0 if probe.rows_first else 1)]
-        self.layout = Packed(name, offsets_of(cu_seqlens, total))
-        self.size = len(self.layout.offsets) - 1
-        heads = q.shape[probe.leading + (1 if probe.rows_first else 0)]
-        self.sizes = {"Hq": heads, "T": total, "Tq": total}
-        k = inputs["k"]
-        if k.ndim == rank:
-            self.sizes["Hkv"] = k.shape[probe.leading + (1 if probe.rows_first else 0)]
+        q, k = inputs["q"], inputs["k"]
+        total = self._total(q, "q", probe)
+        key_total = None if cu_seqlens_k is None else _key_total(k, cu_seqlens_k, probe)
+        _check_not_swapped(cu_seqlens, cu_seqlens_k, total, key_total)
+        offsets = offsets_of(cu_seqlens, total)
+        self.layout = Packed(name, offsets, _key_offsets(cu_seqlens_k, offsets, key_total))
+        self.size = len(offsets) - 1
+        heads = 1 if probe.rows_first else 0
+        self.sizes = {"Hq": q.shape[probe.leading + heads], "T": total, "Tq": total}
+        if k.ndim == q.ndim:
+            self.sizes["Hkv"] = k.shape[probe.leading + heads]
+        self.chunked = self.layout.key_offsets is not offsets
+        self.queries = None
         split = {tensor: (None if array is None else self.one(array, tensor))
                  for tensor, array in inputs.items()}
         self.inputs = [{tensor: (None if parts is None else parts[b]) for tensor, parts in split.items()}
                        for b in range(self.size)]
-        self.lengths = [b - a for a, b in zip(self.layout.offsets[:-1], self.layout.offsets[1:])]
+        self.lengths = _lengths(self.layout.key_offsets)
+        self.counts = _lengths(offsets)
+        self.slots = [None] * self.size
+        if self.chunked:
+            self._place(landmark_queries, spec)
+        elif landmark_queries is not None:
+            raise ValueError("landmark_queries: read only with cu_seqlens_k (the priors of the "
+                             "chunks before each sequence's queries); with every slot queried q "
+                             "and q_retrieval hold them all: leave it out")
+
+    @staticmethod
+    def _total(array, label, probe):
+        """The rows of a packed q or k (its rank checked first)."""
+        rank = len(_AXES[label]) + probe.leading
+        if array.ndim != rank:
+            raise ValueError(f"{label}: layout \"{probe.name}\" with cu_seqlens expects rank {rank} "
+                             f"{probe.pattern(label)}, found rank {array.ndim} shape "
+                             f"{list(array.shape)}")
+        return array.shape[probe.leading + (0 if probe.rows_first else 1)]
+
+    def _place(self, landmark_queries, spec):
+        """Chunked: each sequence's Tq rows of q and q_retrieval placed at its last slots of a
+        [Hq, Tk, d] problem, the priors of the chunks complete before them (landmark_queries,
+        where the mechanism reads priors) at their landmark slots; queries = those slots."""
+        from .decoding import check_landmark_queries, landmark_rows, query_inputs
+        from .gpu import spec as gpu_spec  # pure Python (no library, no torch needed)
+        fields = gpu_spec.resolve(spec)
+        S, name, rows_first = fields["S"], self.layout.name, self.layout.rows_first
+        prefixes = [T - n for T, n in zip(self.lengths, self.counts)]
+        pattern = "[B, n_chunks, Hq, d]" if rows_first else "[B, Hq, n_chunks, d]"
+        reads = check_landmark_queries(
+            fields, landmark_queries, f"{pattern} (layout \"{name}\"), n_chunks >= the chunks "
+            f"before a sequence's first query", "a chunk of queries after a prefix (cu_seqlens_k)",
+            "the chunk's q and q_retrieval", required=any(P // S for P in prefixes))
+        for b, (seq, T, P) in enumerate(zip(self.inputs, self.lengths, prefixes)):
+            if seq["q_retrieval"] is not None and seq["q_retrieval"].shape != seq["q"].shape:
+                raise ValueError(f"q_retrieval: expected q's shape (layout \"{name}\"), sequence "
+                                 f"b={b} read as [Hq, Tq, d] = {list(seq['q'].shape)}, found "
+                                 f"{list(seq['q_retrieval'].shape)}")
+            priors = (landmark_rows(landmark_queries, b, P // S, rows_first, self.size,
+                                    self.sizes["Hq"], f'layout "{name}"', T)
+                      if reads and landmark_queries is not None else None)
+            seq["q"], seq["q_retrieval"] = query_inputs(T, S, seq["q"], seq["q_retrieval"], priors)
+            self.slots[b] = np.arange(P, T) if P else None
+
+    def query_slots(self, b):
+        return self.slots[b]
+
+    def query_counts(self):
+        return self.counts if self.chunked else None
+
+    def one(self, array, name, lse_layout=None, label=None):
+        if array is not None and self.chunked and name in _GRADIENT_NAMES:
+            raise ValueError(f"{name if label is None else label}: gradients need every query of "
+                             f"each sequence (data/verify_format.md \"Gradients\"); with "
+                             f"cu_seqlens_k each sequence's queries are its last Tq slots: judge "
+                             f"the backward of a pack without a prefix (no cu_seqlens_k)")
+        return super().one(array, name, lse_layout, label)
+
+    def _rows(self, name):
+        return (self.layout.key_offsets if name in _KEY_NAMES else self.layout.offsets)[-1]
 
     def join(self, results, lse_layout):
         """As Batch.join, packed; summary_key, summary_bias and surrogate_scores (their rows or
@@ -409,25 +503,92 @@ class PackedBatch(Batch):
 
     def context(self, b):
         seq, (first, end) = self.inputs[b], self.layout.offsets[b:b + 2]
-        return (f" (sequence b={b} of layout \"{self.layout.name}\" with cu_seqlens: rows "
-                f"{first}..{end - 1}, T = {end - first}, read as q [Hq, T, d] = "
-                f"{list(seq['q'].shape)}, k [Hkv, T, d] = {list(seq['k'].shape)}, v [Hkv, T, dv] = "
-                f"{list(seq['v'].shape)})")
+        rows = f"rows {first}..{end - 1}, T = {end - first}"
+        if self.chunked:
+            start, stop = self.layout.key_offsets[b:b + 2]
+            T, P = stop - start, stop - start - (end - first)
+            rows = (f"query rows {first}..{end - 1} at slots {P}..{T - 1}, key rows "
+                    f"{start}..{stop - 1}, T = {T}")
+        return (f" (sequence b={b} of layout \"{self.layout.name}\" with cu_seqlens: {rows}, read "
+                f"as q [Hq, T, d] = {list(seq['q'].shape)}, k [Hkv, T, d] = {list(seq['k'].shape)}, "
+                f"v [Hkv, T, dv] = {list(seq['v'].shape)})")
 
 
-def batch_of(layout, inputs, queries, cu_seqlens):
-    """The Batch of hils.verify's arguments: packed (PackedBatch) when cu_seqlens is given."""
+_GRADIENT_NAMES = ("do", "dlse", "dq", "dk", "dv", "dq_retrieval", "dprior")
+
+
+def _lengths(offsets):
+    return [end - first for first, end in zip(offsets[:-1], offsets[1:])]
+
+
+def _key_total(k, cu_seqlens_k, probe):
+    """The rows of a packed k, refused with the fix when its heads and rows come swapped (its
+    heads axis has cu_seqlens_k[-1] entries, its rows axis not)."""
+    from . import as_numpy
+    total = PackedBatch._total(k, "k", probe)
+    heads = k.shape[probe.leading + (1 if probe.rows_first else 0)]
+    end = as_numpy(cu_seqlens_k, "cu_seqlens_k").reshape(-1)[-1:]
+    if end.size and int(end[0]) == heads != total:
+        other, axis = probe.swapped(), probe.leading
+        raise ValueError(f"k: layout \"{probe.name}\" expects {probe.pattern('k')} with total = "
+                         f"{heads} (cu_seqlens_k[-1]), found shape {list(k.shape)}, which is "
+                         f"{other.pattern('k')}, the order of layout \"{other.name}\": transpose "
+                         f"it (x.transpose({axis}, {axis + 1}) in torch)")
+    return total
+
+
+def _check_not_swapped(cu_seqlens, cu_seqlens_k, total, key_total):
+    """cu_seqlens and cu_seqlens_k given the other way round (each ending at the other's
+    tensor's rows) are refused naming both, before either is read as the other's."""
+    if cu_seqlens_k is None or total == key_total:
+        return
+    from . import as_numpy
+    ends = [as_numpy(x, name).reshape(-1)[-1:] for x, name in ((cu_seqlens, "cu_seqlens"),
+                                                               (cu_seqlens_k, "cu_seqlens_k"))]
+    if all(end.size for end in ends) and (int(ends[0][0]), int(ends[1][0])) == (key_total, total):
+        raise ValueError(f"cu_seqlens, cu_seqlens_k: swapped: cu_seqlens ends at {key_total}, k's "
+                         f"total rows, and cu_seqlens_k at {total}, q's; cu_seqlens are the "
+                         f"queries' offsets (FlashAttention's cu_seqlens_q), cu_seqlens_k the keys'")
+
+
+def _key_offsets(cu_seqlens_k, offsets, key_total):
+    """cu_seqlens_k checked against k's rows and against cu_seqlens (the same B, Tq_b <= Tk_b
+    in each sequence) -> its offsets, or None when absent or equal to cu_seqlens."""
+    if cu_seqlens_k is None:
+        return None
+    keys = offsets_of(cu_seqlens_k, key_total, "cu_seqlens_k", "k's total rows")
+    if len(keys) != len(offsets):
+        raise ValueError(f"cu_seqlens_k: expected {len(offsets)} entries (B + 1, B = "
+                         f"{len(offsets) - 1} sequences in cu_seqlens), found {len(keys)}")
+    for b, (Tq, Tk) in enumerate(zip(_lengths(offsets), _lengths(keys))):
+        if Tq > Tk:
+            raise ValueError(f"cu_seqlens_k: sequence b={b} has Tq = {Tq} queries (cu_seqlens) and "
+                             f"Tk = {Tk} keys (cu_seqlens_k): the queries are the last Tq of the "
+                             f"sequence's Tk slots (FlashAttention's causal mask aligned to the "
+                             f"bottom right), so Tq <= Tk; a query with no key to read is not "
+                             f"judged")
+    return None if keys == offsets else keys
+
+
+def batch_of(layout, inputs, queries, cu_seqlens, cu_seqlens_k=None, landmark_queries=None,
+             spec=None):
+    """The Batch of hils.verify's arguments: packed (PackedBatch) when cu_seqlens is given
+    (cu_seqlens_k, landmark_queries and the spec, which says whether priors are read, are its)."""
     name = layout.name if isinstance(layout, (Layout, Packed)) else layout
     if cu_seqlens is None:
         if isinstance(name, str) and name in ("thd", "htd"):
             raise ValueError(f"cu_seqlens: layout \"{name}\" packs the sequences along its rows: "
                              f"give cu_seqlens=[0, T_0, T_0 + T_1, ..., total] (int32 [B + 1])")
+        for label, value in (("cu_seqlens_k", cu_seqlens_k), ("landmark_queries", landmark_queries)):
+            if value is not None:
+                raise ValueError(f"{label}: read only with cu_seqlens (packed sequences: "
+                                 f"cu_seqlens the queries' offsets, cu_seqlens_k the keys')")
         return Batch(layout, inputs, queries)
     if not isinstance(name, str) or name not in _PACKED:
         what = "is one sequence" if name in _LAYOUTS else "is not a layout"
         raise ValueError(f"layout: {name!r} {what}; with cu_seqlens (packed sequences) expected "
                          f"{_PACKED_NAMES}")
-    return PackedBatch(name, inputs, queries, cu_seqlens)
+    return PackedBatch(name, inputs, queries, cu_seqlens, cu_seqlens_k, landmark_queries, spec)
 
 
 def lse_layout_of(lse_layout, layout):
@@ -484,11 +645,12 @@ class BatchReport:
     for one sequence); .passed when every sequence passes; .failed lists the b that fail.
     str() is one line per sequence, then the full report of each that fails."""
 
-    def __init__(self, reports, layout, lengths=None, title=None):
+    def __init__(self, reports, layout, lengths=None, title=None, counts=None):
         self.reports = list(reports)
         self.layout = layout
         self.title = f"layout \"{layout}\"" if title is None else title  # what the batch is
         self.lengths = None if lengths is None else list(lengths)  # T of each sequence, if ragged
+        self.counts = None if counts is None else list(counts)  # Tq of each (its last slots)
 
     @property
     def passed(self):
@@ -526,7 +688,13 @@ class BatchReport:
         return "\n".join(lines)
 
     def _length(self, b):
-        return "" if self.lengths is None else f" (T = {self.lengths[b]})"
+        if self.lengths is None:
+            return ""
+        T = self.lengths[b]
+        if self.counts is None or self.counts[b] == T:
+            return f" (T = {T})"
+        n = self.counts[b]
+        return f" (T = {T}, Tq = {n}: slot{f's {T - n}..' if n > 1 else ' '}{T - 1})"
 
     def __repr__(self):
         return (f"<hils.BatchReport {'PASS' if self.passed else 'FAIL'} B={len(self)}"

@@ -20,7 +20,8 @@ def assert_kernel_matches(spec, q, k, v, outputs, *, layout="hsd", lse_layout=No
                           selection_order="ascending", input_precision="fp32",
                           score_precision="fp32", bf16_rounding="detect", q_retrieval=None,
                           prior=None, queries=None, kernel=None, max_messages=8, do=None,
-                          dlse=None, grads=None, cu_seqlens=None):
+                          dlse=None, grads=None, cu_seqlens=None, cu_seqlens_k=None,
+                          landmark_queries=None):
     """hils.verify with the same arguments; raises AssertionError whose message is the report
     (preceded by the kernel's name when given) when the kernel fails, returns the Report (a
     BatchReport for a batched or packed layout: the message then names the sequences that fail, each
@@ -30,7 +31,8 @@ def assert_kernel_matches(spec, q, k, v, outputs, *, layout="hsd", lse_layout=No
                     selection_order=selection_order, input_precision=input_precision,
                     score_precision=score_precision, bf16_rounding=bf16_rounding,
                     q_retrieval=q_retrieval, prior=prior, queries=queries, kernel=kernel,
-                    max_messages=max_messages, do=do, dlse=dlse, grads=grads, cu_seqlens=cu_seqlens)
+                    max_messages=max_messages, do=do, dlse=dlse, grads=grads, cu_seqlens=cu_seqlens,
+                    cu_seqlens_k=cu_seqlens_k, landmark_queries=landmark_queries)
     if not report.passed:
         raise AssertionError(("" if kernel is None else f"kernel {kernel}\n") + str(report))
     return report

@@ -12,7 +12,7 @@ import pytest
 
 import hils
 from conftest import CASES, case_spec, seed_of
-from hils.decoding import one_query_inputs
+from hils.decoding import query_inputs
 
 CASE = "ragged_tail"          # S = 8, W = 16, K = 3, Hq = 4, Hkv = 2, d = 16, dv = 12
 C = CASES[CASE]
@@ -124,22 +124,22 @@ def test_the_reference_step_passes_from_every_cache(draws, cache, layout):
                                                           for b, T in enumerate(LENGTHS)]
 
 
-def test_one_query_inputs_rows():
+def test_query_inputs_rows_of_one_query():
     """q: the step's row at T-1 only; q~: the priors at the landmark slots of the T // S
     complete chunks and q~ at T-1; every other row zero."""
     rng = np.random.default_rng(seed_of("decode_step/rows"))
-    q, qt, priors = (rng.standard_normal(shape) for shape in ((Hq, d), (Hq, d), (Hq, 5, d)))
-    q_full, q_tilde = one_query_inputs(30, S, q, qt, priors)          # chunks 0..2 complete
+    q, qt, priors = (rng.standard_normal(shape) for shape in ((Hq, 1, d), (Hq, 1, d), (Hq, 5, d)))
+    q_full, q_tilde = query_inputs(30, S, q, qt, priors)              # chunks 0..2 complete
     assert q_full.shape == q_tilde.shape == (Hq, 30, d)
-    np.testing.assert_array_equal(q_full[:, 29], q)
+    np.testing.assert_array_equal(q_full[:, 29], q[:, 0])
     assert not q_full[:, :29].any()
     np.testing.assert_array_equal(q_tilde[:, [7, 15, 23]], priors[:, :3])
-    np.testing.assert_array_equal(q_tilde[:, 29], qt)
+    np.testing.assert_array_equal(q_tilde[:, 29], qt[:, 0])
     keep = np.ones(30, bool)
     keep[[7, 15, 23, 29]] = False
     assert not q_tilde[:, keep].any()
-    assert one_query_inputs(30, S, q)[1] is None
-    np.testing.assert_array_equal(one_query_inputs(30, S, q, priors=priors)[1][:, 29], q)
+    assert query_inputs(30, S, q)[1] is None
+    np.testing.assert_array_equal(query_inputs(30, S, q, priors=priors)[1][:, 29], q[:, 0])
 
 
 def one_slot_short(b, out):

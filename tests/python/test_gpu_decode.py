@@ -102,7 +102,7 @@ def test_verify_decode_judges_the_cache_step():
     """hils.verify_decode over the cache's own tensors (k, v [B, Hkv, capacity, d]: cache_layout
     "bhsd"; the priors it keeps, [B, Hq, chunk_capacity, d], as landmark_queries) judges the step
     that completes chunk 34 (T = 2240) and the next as verify_arguments does: each sequence passes
-    both ways with the same o error (one_query_inputs builds both problems)."""
+    both ways with the same o error (query_inputs builds both problems)."""
     q, k, v, qr = draw("gpu_decode_cache_hils")
     t0 = 2236
     cache = hils.gpu.DecodeCache(HILS, q[:, :, :t0], k[:, :, :t0], v[:, :, :t0], capacity=T_END,

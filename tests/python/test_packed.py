@@ -236,7 +236,8 @@ def test_bad_packed_arguments_are_refused(batch):
           "[1, 157, 4, 16]")
     check(lambda: verify(q, k, v, outputs, layout="thd", cu_seqlens=CU, queries=[3]),
           "queries: expected None with cu_seqlens (every query of every packed sequence is judged, "
-          "as the varlen kernels compute them all)")
+          "as the varlen kernels compute them all; queries that are the last slots of each "
+          "sequence: cu_seqlens_k=)")
     check(lambda: verify(q, k, v, dict(outputs, summary_bias=outputs["lse"]), layout="thd",
                          cu_seqlens=CU),
           'outputs["summary_bias"]: has no packed form: summary_bias [Hq, n_chunks] has an axis '

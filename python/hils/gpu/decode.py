@@ -30,7 +30,7 @@ T again (step's docstring says what a graph keeps).
 The same step in one call for all B sequences: hils.verify_decode(spec, q_new, cache.k, cache.v,
 out, cache_seqlens=[T] * B, cache_layout="bhsd", q_retrieval=..., landmark_queries=cache.priors,
 ...) (tests/python/test_gpu_decode.py; it builds the problems with verify_arguments' function,
-hils.decoding.one_query_inputs, and does not judge the stored summaries).
+hils.decoding.query_inputs, and does not judge the stored summaries).
 
 Bad arguments raise TypeError / ValueError naming the argument before the library is looked
 for; a refusal of the library raises hils.gpu.GpuError (GpuInvalidArgument for bad input)."""
@@ -41,7 +41,7 @@ from numbers import Integral
 
 from .. import as_numpy
 from .. import layouts as _layouts
-from ..decoding import one_query_inputs
+from ..decoding import query_inputs
 from . import batched as _batched
 from . import library as _library
 from . import spec as _spec
@@ -517,7 +517,7 @@ class DecodeCache:
         spec, k and v of the cache's T slots, q and q_retrieval [Hq, T, d] (numpy float32, the
         bf16 values) holding what query T-1 reads (q: the step's q at slot T-1; q_retrieval: the
         step's q~ at T-1 and each chunk's prior at its landmark slot; zero elsewhere:
-        reference/SEMANTICS.md §2-5 read no other row for it; hils.decoding.one_query_inputs,
+        reference/SEMANTICS.md §2-5 read no other row for it; hils.decoding.query_inputs,
         which hils.verify_decode uses too), queries [T-1], outputs (o, lse, selection, the stored summaries as the
         step scored them, and the diagnostics when the step made them, each [heads, 1, ...]),
         input_precision bf16 and the store's score_precision (SUMMARY_STORES)."""
@@ -535,8 +535,9 @@ class DecodeCache:
                              f"output), found {list(out['o'].shape)}")
         S = self.fields["S"]
         nc = T // S
-        q_full, q_retrieval = one_query_inputs(T, S, as_numpy(q[b]), as_numpy(q_tilde[b]),
-                                               as_numpy(self.priors[b, :, :nc]))
+        q_full, q_retrieval = query_inputs(T, S, as_numpy(q[b])[:, None],
+                                           as_numpy(q_tilde[b])[:, None],
+                                           as_numpy(self.priors[b, :, :nc]))
         outputs = {name: out[name][b, :, None] for name in ("o", "lse", "selection") + _DIAGNOSTICS
                    if name in out}
         if nc > 0:

@@ -1,0 +1,252 @@
+"""Chunked prefill / prefix caching: hils.verify(..., cu_seqlens=, cu_seqlens_k=) as
+FlashAttention's flash_attn_varlen_func takes cu_seqlens_q != cu_seqlens_k: sequence b has Tk_b
+keys and its Tq_b queries are its LAST Tq_b slots (the causal mask aligned to the bottom right,
+FlashAttention >= 2.1's docstring). The truth here is independent of that path: the reference of
+each whole sequence (every slot queried), whose last Tq_b rows a correct kernel returns. A kernel
+aligned top-left, one slot off, or fed the wrong priors fails the sequences with a prefix, and
+only those; inconsistent offsets are refused naming them (python/hils/layouts.py PackedBatch,
+data/verify_format.md "Chunked prefill"). CPU only."""
+
+import numpy as np
+import pytest
+
+import hils
+from conftest import CASES, case_spec, seed_of
+from hils.decoding import query_inputs
+
+CASE = "ragged_tail"          # S = 8, W = 16, K = 3, Hq = 4, Hkv = 2, d = 16, dv = 12
+C = CASES[CASE]
+S, Hq, Hkv, d = C["S"], C["Hq"], C["Hkv"], C["d"]
+SPEC = case_spec("hils", CASE)
+KEYS = (77, 30, 50)           # Tk of each sequence
+QUERIES = (12, 30, 5)         # Tq: the last 12 of 77 (a prefix of 65 slots: 8 chunks), all, the last 5
+PREFIX = tuple(T - n for T, n in zip(KEYS, QUERIES))               # (65, 0, 45)
+CU_K = np.cumsum((0,) + KEYS).astype(np.int32)                     # [0, 77, 107, 157]
+CU_Q = np.cumsum((0,) + QUERIES).astype(np.int32)                  # [0, 12, 42, 47]
+NAMES = ("o", "lse", "selection", "fusion_weights", "o_window", "lse_window")
+N_CHUNKS = 10                 # landmark_queries rows (>= 8, the most chunks before a first query)
+
+
+def sequence(b):
+    """Gaussian float32 q, k, v, q~ of the whole sequence b (every slot)."""
+    rng = np.random.default_rng(seed_of(f"chunked/b{b}"))
+    T = KEYS[b]
+    return tuple(rng.standard_normal(shape).astype(np.float32) for shape in
+                 ((Hq, T, d), (Hkv, T, d), (Hkv, T, C["dv"]), (Hq, T, d)))
+
+
+@pytest.fixture(scope="module")
+def whole():
+    """Each sequence's inputs and the reference of the whole sequence (every query)."""
+    inputs = [sequence(b) for b in range(3)]
+    return inputs, [hils.reference(SPEC, q, k, v, q_retrieval=qr) for q, k, v, qr in inputs]
+
+
+def packed(parts):
+    """[heads, rows_b, ...] per sequence -> [total, heads, ...] (FlashAttention's varlen)."""
+    return np.concatenate([np.swapaxes(part, 0, 1) for part in parts])
+
+
+def landmarks(inputs, rows_first=True, late=0):
+    """landmark_queries [B, N_CHUNKS, Hq, d]: row c the q~ of slot (c+1+late)S - 1 for the chunks
+    before each sequence's first query; the rows past them NaN (never read)."""
+    out = np.full((3, N_CHUNKS, Hq, d), np.nan, np.float32)
+    for b, (_, _, _, qr) in enumerate(inputs):
+        chunks = PREFIX[b] // S
+        out[b, :chunks] = np.swapaxes(qr[:, (1 + late) * S - 1:(chunks + late) * S:S], 0, 1)
+    return out if rows_first else np.swapaxes(out, 1, 2)
+
+
+def call(whole, rows=None, names=NAMES):
+    """hils.verify's arguments ("thd") for a kernel that returns rows[b] (default: the last
+    Tq_b) of each whole sequence's reference outputs."""
+    inputs, refs = whole
+    rows = rows or [np.arange(P, T) for P, T in zip(PREFIX, KEYS)]
+    tail = lambda x, b: x[:, PREFIX[b]:]                            # noqa: E731
+    return dict(spec=SPEC, q=packed([tail(x[0], b) for b, x in enumerate(inputs)]),
+                k=packed([x[1] for x in inputs]), v=packed([x[2] for x in inputs]),
+                q_retrieval=packed([tail(x[3], b) for b, x in enumerate(inputs)]),
+                outputs={n: packed([refs[b][n][:, rows[b]] for b in range(3)]) for n in names},
+                layout="thd", cu_seqlens=CU_Q, cu_seqlens_k=CU_K,
+                landmark_queries=landmarks(inputs))
+
+
+def in_layout(array, layout):
+    return {"thd": array, "htd": np.swapaxes(array, 0, 1), "bshd": array[None],
+            "bhsd": np.swapaxes(array, 0, 1)[None]}[layout]
+
+
+@pytest.mark.parametrize("layout", ("thd", "htd", "bshd", "bhsd"))
+def test_the_last_rows_of_each_sequence_pass(whole, layout):
+    args = call(whole)
+    for name in ("q", "k", "v", "q_retrieval"):
+        args[name] = in_layout(args[name], layout)
+    args["outputs"] = {n: in_layout(a, layout) for n, a in args["outputs"].items()}
+    args["landmark_queries"] = landmarks(whole[0], rows_first=layout in ("thd", "bshd"))
+    report = hils.verify(**dict(args, layout=layout))
+    assert report.passed, str(report)
+    assert report.lengths == list(KEYS) and report.counts == list(QUERIES)
+    assert all(r.tensors["o"].max_abs < 1e-12 for r in report)
+    assert [r.selection.rows for r in report] == [Hkv * n for n in QUERIES]
+    lines = str(report).splitlines()
+    assert [line.split("  worst")[0] for line in lines[1:4]] == [
+        "  b=0 (T = 77, Tq = 12: slots 65..76): PASS", "  b=1 (T = 30): PASS",
+        "  b=2 (T = 50, Tq = 5: slots 45..49): PASS"]
+
+
+def test_reference_returns_the_last_rows(whole):
+    args = call(whole)
+    got = hils.reference(SPEC, args["q"], args["k"], args["v"], layout="thd",
+                         q_retrieval=args["q_retrieval"], cu_seqlens=CU_Q, cu_seqlens_k=CU_K,
+                         landmark_queries=args["landmark_queries"])
+    for name in NAMES:
+        np.testing.assert_allclose(got[name], args["outputs"][name], rtol=0, atol=1e-12,
+                                   err_msg=name)
+    np.testing.assert_array_equal(got["selection"], args["outputs"]["selection"])
+
+
+def test_misaligned_kernels_fail_the_sequences_with_a_prefix(whole):
+    """Top-left alignment (queries at slots 0..Tq-1) and bottom-right one slot early (P-1 ..
+    T-2) fail b=0 and b=2; b=1 (no prefix: both alignments agree) passes."""
+    top_left = [np.arange(n) for n in QUERIES]
+    one_early = [np.arange(max(P - 1, 0), max(P - 1, 0) + n) for P, n in zip(PREFIX, QUERIES)]
+    for rows in (top_left, one_early):
+        report = hils.verify(**call(whole, rows))
+        assert report.failed == [0, 2], str(report)
+
+
+def test_the_priors_are_read(whole):
+    """landmark_queries one chunk late (row c the q~ of slot (c+2)S - 1) fails the sequences with
+    a prefix chunk, q~ replaced by q every sequence; without landmark_queries hils is refused, and nsa,
+    which reads no prior, refuses them."""
+    args = call(whole)
+    late = landmarks(whole[0], late=1)
+    assert hils.verify(**dict(args, landmark_queries=late)).failed == [0, 2]
+    assert hils.verify(**dict(args, q_retrieval=args["q"])).failed == [0, 1, 2]
+    with pytest.raises(TypeError, match=r"landmark_queries: spec 'hils' summarizes each chunk with "
+                       r"a prior, .* which the chunk's q and q_retrieval do not hold: give them, "
+                       r'\[B, n_chunks, Hq, d\] \(layout "thd"\)'):
+        hils.verify(**dict(args, landmark_queries=None))
+    spec = case_spec("nsa", CASE)
+    nsa = dict(call((whole[0], [hils.reference(spec, q, k, v, q_retrieval=qr)
+                                for q, k, v, qr in whole[0]])), spec=spec, landmark_queries=None)
+    assert hils.verify(**nsa).passed
+    with pytest.raises(ValueError, match=r"landmark_queries: not read by spec 'nsa'"):
+        hils.verify(**dict(nsa, landmark_queries=args["landmark_queries"]))
+
+
+def test_one_query_each_is_the_decode_step(whole):
+    """Tq = 1 in every sequence is hils.verify_decode's problem: the same o and lse errors."""
+    inputs, refs = whole
+    k_cache = np.zeros((3, max(KEYS), Hkv, d), np.float32)
+    v_cache = np.zeros((3, max(KEYS), Hkv, C["dv"]), np.float32)
+    for b, (_, k, v, _) in enumerate(inputs):
+        k_cache[b, :KEYS[b]], v_cache[b, :KEYS[b]] = np.swapaxes(k, 0, 1), np.swapaxes(v, 0, 1)
+    last = lambda i: np.stack([x[i][:, -1] for x in inputs])       # noqa: E731  [B, Hq, d]
+    outputs = {n: np.stack([refs[b][n][:, -1] for b in range(3)]) for n in ("o", "lse", "selection")}
+    priors = np.zeros((3, max(KEYS) // S, Hq, d), np.float32)
+    for b, (_, _, _, qr) in enumerate(inputs):
+        priors[b, :KEYS[b] // S] = np.swapaxes(qr[:, S - 1:KEYS[b] // S * S:S], 0, 1)
+    step = hils.verify_decode(SPEC, last(0), k_cache, v_cache, outputs, cache_seqlens=list(KEYS),
+                              q_retrieval=last(3), landmark_queries=priors)
+    packed_k = call(whole)
+    chunk = hils.verify(SPEC, last(0), packed_k["k"], packed_k["v"],
+                        outputs, layout="thd", q_retrieval=last(3),
+                        cu_seqlens=np.arange(4), cu_seqlens_k=CU_K, landmark_queries=priors)
+    assert step.passed and chunk.passed, str(chunk)
+    for a, b in zip(step, chunk):
+        assert a.tensors["o"].max_abs == b.tensors["o"].max_abs
+        assert a.tensors["lse"].max_abs == b.tensors["lse"].max_abs
+
+
+def test_query_inputs_places_the_last_rows():
+    rng = np.random.default_rng(seed_of("chunked/rows"))
+    q, qt, priors = (rng.standard_normal(shape) for shape in ((Hq, 5, d), (Hq, 5, d), (Hq, 4, d)))
+    q_full, q_tilde = query_inputs(30, S, q, qt, priors)    # slots 25..29; chunks 0..2 before 25
+    np.testing.assert_array_equal(q_full[:, 25:], q)
+    assert not q_full[:, :25].any()
+    np.testing.assert_array_equal(q_tilde[:, [7, 15, 23]], priors[:, :3])
+    np.testing.assert_array_equal(q_tilde[:, 25:], qt)
+    keep = np.ones(30, bool)
+    keep[[7, 15, 23, 25, 26, 27, 28, 29]] = False
+    assert not q_tilde[:, keep].any()
+
+
+def test_equal_offsets_are_the_packed_batch(whole):
+    """cu_seqlens_k = cu_seqlens (every slot queried) is the packed batch of test_packed.py: the
+    same report; landmark_queries are refused there (q~ holds every landmark slot)."""
+    inputs, refs = whole
+    full = dict(spec=SPEC, q=packed([x[0] for x in inputs]), k=packed([x[1] for x in inputs]),
+                v=packed([x[2] for x in inputs]), q_retrieval=packed([x[3] for x in inputs]),
+                outputs={n: packed([r[n] for r in refs]) for n in NAMES}, layout="thd",
+                cu_seqlens=CU_K)
+    plain = hils.verify(**full)
+    same = hils.verify(**dict(full, cu_seqlens_k=CU_K.astype(np.int64)))
+    assert plain.passed and same.passed and same.counts is None
+    assert str(plain) == str(same)
+    check(lambda: hils.verify(**dict(full, cu_seqlens_k=CU_K, landmark_queries=landmarks(inputs))),
+          "landmark_queries: read only with cu_seqlens_k (the priors of the chunks before each "
+          "sequence's queries); with every slot queried q and q_retrieval hold them all: leave it "
+          "out")
+
+
+def check(call_, message, kind=ValueError):
+    with pytest.raises(kind) as raised:
+        call_()
+    assert str(raised.value) == message
+
+
+def test_inconsistent_offsets_are_refused(whole):
+    args = call(whole)
+    verify = lambda **changes: hils.verify(**dict(args, **changes))     # noqa: E731
+    check(lambda: verify(cu_seqlens=CU_K, cu_seqlens_k=CU_Q),
+          "cu_seqlens, cu_seqlens_k: swapped: cu_seqlens ends at 157, k's total rows, and "
+          "cu_seqlens_k at 47, q's; cu_seqlens are the queries' offsets (FlashAttention's "
+          "cu_seqlens_q), cu_seqlens_k the keys'")
+    check(lambda: verify(cu_seqlens_k=np.array([0, 77, 157], np.int32)),
+          "cu_seqlens_k: expected 4 entries (B + 1, B = 3 sequences in cu_seqlens), found 3")
+    check(lambda: verify(cu_seqlens_k=np.array([0, 77, 87, 157], np.int32)),
+          "cu_seqlens_k: sequence b=1 has Tq = 30 queries (cu_seqlens) and Tk = 10 keys "
+          "(cu_seqlens_k): the queries are the last Tq of the sequence's Tk slots (FlashAttention's "
+          "causal mask aligned to the bottom right), so Tq <= Tk; a query with no key to read is "
+          "not judged")
+    check(lambda: verify(cu_seqlens_k=np.array([0, 77, 107, 156], np.int32)),
+          "cu_seqlens_k: expected cu_seqlens_k[-1] = 157 (k's total rows), found 156")
+    check(lambda: verify(cu_seqlens_k=np.array([0, 77, 77, 157], np.int32)),
+          "cu_seqlens_k: sequence b=1 is empty (cu_seqlens_k[1] = cu_seqlens_k[2] = 77): the "
+          "oracle judges sequences of at least one slot (reference/SEMANTICS.md, section 1); "
+          "leave it out")
+    check(lambda: verify(k=np.swapaxes(args["k"], 0, 1)),
+          'k: layout "thd" expects [total, Hkv, d] with total = 157 (cu_seqlens_k[-1]), found '
+          'shape [2, 157, 16], which is [Hkv, total, d], the order of layout "htd": transpose it '
+          "(x.transpose(0, 1) in torch)")
+    check(lambda: verify(v=np.swapaxes(args["v"], 0, 1)),
+          'v: layout "thd" expects [total, Hkv, dv] = [157, 2, *], found shape [2, 157, 12], '
+          'which is [Hkv, total, dv], the order of layout "htd": transpose it to [total, Hkv, dv] '
+          "(x.transpose(0, 1) in torch, np.swapaxes(x, 0, 1) in numpy)")
+    check(lambda: verify(v=args["v"][:-1]),
+          'v: layout "thd" expects [total, Hkv, dv] with total = 157 (cu_seqlens_k[-1]), found '
+          "shape [156, 2, 12]")
+    check(lambda: verify(landmark_queries=args["landmark_queries"][:, :7]),
+          'landmark_queries: expected [B, n_chunks, Hq, d] (layout "thd") with B = 3, Hq = 4 and '
+          "n_chunks >= 8 (sequence b=0: T = 77), found shape [3, 7, 4, 16]")
+    check(lambda: verify(q_retrieval=args["q_retrieval"][:, :2]),
+          'q_retrieval: expected q\'s shape (layout "thd"), sequence b=0 read as [Hq, Tq, d] = '
+          "[4, 12, 16], found [2, 12, 16]")
+    check(lambda: verify(do=args["outputs"]["o"]),
+          'do: gradients need every query of each sequence (data/verify_format.md "Gradients"); '
+          "with cu_seqlens_k each sequence's queries are its last Tq slots: judge the backward "
+          "of a pack without a prefix (no cu_seqlens_k)")
+    plain = dict(args, layout="hsd", q=whole[0][0][0], k=whole[0][0][1], v=whole[0][0][2],
+                 q_retrieval=None, outputs={}, cu_seqlens=None, landmark_queries=None)
+    check(lambda: hils.verify(**plain),
+          "cu_seqlens_k: read only with cu_seqlens (packed sequences: cu_seqlens the queries' "
+          "offsets, cu_seqlens_k the keys')")
+    check(lambda: hils.verify(**dict(plain, cu_seqlens_k=None,
+                                     landmark_queries=args["landmark_queries"])),
+          "landmark_queries: read only with cu_seqlens (packed sequences: cu_seqlens the queries' "
+          "offsets, cu_seqlens_k the keys')")
+    check(lambda: hils.verify(**dict(args, spec=dict(SPEC, prior_rule="shared"))),
+          "spec['prior_rule']: a chunk of queries after a prefix (cu_seqlens_k) is judged with "
+          "prior_rule landmark_query (each chunk's prior the q~ of its landmark slot), found "
+          "'shared'")
