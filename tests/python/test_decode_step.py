@@ -7,12 +7,15 @@ slot short, a stale page, wrong landmark queries) fails that sequence alone; Fla
 pre-append cache_seqlens fails every sequence; the hils preset's landmark queries are required
 and the other presets refuse them; bad arguments are refused naming the field. CPU only."""
 
+import inspect
+
 import numpy as np
 import pytest
 
 import hils
 from conftest import CASES, case_spec, seed_of
 from hils.decoding import query_inputs
+from hils.testing import assert_decode_matches, assert_kernel_matches
 
 CASE = "ragged_tail"          # S = 8, W = 16, K = 3, Hq = 4, Hkv = 2, d = 16, dv = 12
 C = CASES[CASE]
@@ -155,6 +158,51 @@ def test_a_fault_in_one_sequence_fails_it_alone(draws):
     report = hils.verify_decode(**step_call(draws, edit=one_slot_short))
     assert report.failed == [2], str(report)
     assert "\n  b=2 (T = 50): FAIL" in str(report) and str(report).endswith("batch FAIL (b=2)")
+
+
+def test_assert_decode_matches_raises_the_report(draws):
+    """hils.testing.assert_decode_matches: the BatchReport of a passing step; for a failing one
+    an AssertionError whose message is the kernel's name and the report (the sequence that
+    fails, in full)."""
+    args = step_call(draws)
+    report = assert_decode_matches(**args, kernel="my decode")
+    assert isinstance(report, hils.BatchReport) and report.passed
+    assert assert_decode_matches(**step_call(draws, cache="dense", layout="bhsd")).passed
+    with pytest.raises(AssertionError) as raised:
+        assert_decode_matches(**step_call(draws, edit=one_slot_short), kernel="my decode")
+    failing = hils.verify_decode(**step_call(draws, edit=one_slot_short), kernel="my decode")
+    assert str(raised.value) == "kernel my decode\n" + str(failing)
+    assert "---- b=2: FAIL ----" in str(raised.value)
+    with pytest.raises(AssertionError) as raised:
+        assert_decode_matches(**step_call(draws, edit=one_slot_short))
+    assert str(raised.value) == str(hils.verify_decode(**step_call(draws, edit=one_slot_short)))
+
+
+@pytest.mark.parametrize("helper, function", ((assert_decode_matches, "verify_decode"),
+                                              (assert_kernel_matches, "verify")))
+def test_the_assert_helpers_pass_every_argument_on(monkeypatch, helper, function):
+    """Each pytest helper has its function's parameters (names, kinds, defaults: an argument
+    added to one and not the other fails here) and hands each one on as given (a distinct
+    value per parameter, recorded by a stand-in for the function)."""
+    signature = inspect.signature(getattr(hils, function))
+    assert inspect.signature(helper) == signature
+    seen = {}
+
+    class Passed:
+        passed = True
+
+    def record(*args, **kwargs):
+        seen.update(signature.bind(*args, **kwargs).arguments)
+        return Passed()
+
+    monkeypatch.setattr(hils.testing, function, record)
+    given = {name: f"value of {name}" for name in signature.parameters}
+    positional = [given[name] for name, p in signature.parameters.items()
+                  if p.kind is p.POSITIONAL_OR_KEYWORD]
+    keywords = {name: value for name, value in given.items()
+                if signature.parameters[name].kind is inspect.Parameter.KEYWORD_ONLY}
+    assert isinstance(helper(*positional, **keywords), Passed)
+    assert seen == given
 
 
 def test_a_stale_page_fails_its_sequence_alone(draws):
