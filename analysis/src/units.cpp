@@ -60,8 +60,8 @@ std::vector<size_t> schedule_order(const std::vector<StudyUnit>& units, const Re
   return order;
 }
 
-UnitsDone SerialUnitRunner::run(const std::vector<StudyUnit>& units, ResultSink& sink,
-                                const Progress& progress) {
+UnitsDone SerialUnitRunner::run_units(const std::vector<StudyUnit>& units, ResultSink& sink,
+                                      const Progress& progress) {
   UnitsDone done;
   const auto order = schedule_order(units, sink);
   done.skipped = static_cast<int64_t>(units.size() - order.size());
@@ -275,8 +275,8 @@ struct Workers {
 
 }  // namespace
 
-UnitsDone ThreadedUnitRunner::run(const std::vector<StudyUnit>& units, ResultSink& sink,
-                                  const Progress& progress) {
+UnitsDone ThreadedUnitRunner::run_units(const std::vector<StudyUnit>& units, ResultSink& sink,
+                                        const Progress& progress) {
   UnitsDone done;
   InOrderWriter writer(units, schedule_order(units, sink), sink, progress, done);
   const std::vector<size_t>& order = writer.order();

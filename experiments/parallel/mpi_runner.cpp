@@ -313,9 +313,9 @@ std::pair<int, std::vector<char>> return_message(UnitThreads::Finished& finished
 
 }  // namespace
 
-analysis::UnitsDone MpiUnitRunner::run(const std::vector<StudyUnit>& units,
-                                       analysis::ResultSink& sink,
-                                       const analysis::Progress& progress) {
+analysis::UnitsDone MpiUnitRunner::run_units(const std::vector<StudyUnit>& units,
+                                             analysis::ResultSink& sink,
+                                             const analysis::Progress& progress) {
   ++calls_;
   if (rank_ == 0) return coordinate(units, sink, progress);
   work(units);

@@ -63,9 +63,6 @@ namespace hils::parallel {
 class MpiUnitRunner final : public analysis::UnitRunner {
  public:
   MpiUnitRunner(int rank, int size) : rank_(rank), size_(size) {}
-  analysis::UnitsDone run(const std::vector<analysis::StudyUnit>& units,
-                          analysis::ResultSink& sink,
-                          const analysis::Progress& progress) override;
   bool holds_results() const override { return rank_ == 0; }
   // --jobs: units a worker computes at once, sharing `threads` OpenMP threads (each unit's team
   // has max(1, threads / jobs)); on rank 0 it sizes the hand-out window.
@@ -79,6 +76,9 @@ class MpiUnitRunner final : public analysis::UnitRunner {
   void end_job(int exit_status, const std::string& message);
 
  private:
+  analysis::UnitsDone run_units(const std::vector<analysis::StudyUnit>& units,
+                                analysis::ResultSink& sink,
+                                const analysis::Progress& progress) override;
   analysis::UnitsDone coordinate(const std::vector<analysis::StudyUnit>& units,
                                  analysis::ResultSink& sink, const analysis::Progress& progress);
   void work(const std::vector<analysis::StudyUnit>& units);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include <fmt/format.h>
@@ -15,6 +16,7 @@
 #include "cli/studies/study_config.hpp"
 #include "hils/analysis/units.hpp"
 #include "io/hdf5_util.hpp"
+#include "parallel/session.hpp"
 #include "util/progress.hpp"
 
 namespace hils::cli::studies {
@@ -42,7 +44,9 @@ std::filesystem::path out_path(const StudyArgs& args, const std::string& command
 
 // Runs `driver(sink, progress)` (a study driver of analysis/, returning a report with units_run
 // and units_skipped) into the results file at `path`, with a progress bar, and says
-// "<command>: N units run, M resumed, X s -> path". Returns the driver's report.
+// "<command>: N units run, M resumed, X s -> path". Returns the driver's report. std::logic_error
+// (exit 3) when the driver ran its units through another runner than the session's
+// (parallel::current_runner(), its options' `runner`): --jobs and MPI would not share them.
 template <class Driver>
 auto run_into_results(const Resolved& r, const std::filesystem::path& path,
                       const std::string& command, Driver driver) {
@@ -55,12 +59,17 @@ auto run_into_results(const Resolved& r, const std::filesystem::path& path,
     shown = done;
   };
   const auto start = std::chrono::steady_clock::now();
+  const int64_t runs_before = parallel::current_runner().runs();
   // SIGINT/SIGTERM stop the units at a unit boundary; the same command resumes the file
   // (StudyResults opens an existing file to resume it).
   const auto report =
       run_stoppable([&] { return driver(results.sink(), analysis::Progress(progress)); },
                     path.string(), [&] { return results.units_complete(); },
                     "run the same command again");
+  if (parallel::current_runner().runs() == runs_before)
+    throw std::logic_error(command + ": the study's driver ran no units through the session's "
+                           "runner (its options.runner = &parallel::current_runner()), so "
+                           "--jobs and MPI would not share them");
   results.commit();
   bar.reset();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

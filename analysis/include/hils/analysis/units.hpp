@@ -88,18 +88,30 @@ class UnitRunner {
   // run passes the same list. Throws on the first failing unit; the units written before it
   // stay complete. Throws Interrupted when a stop is requested (checked before each unit and
   // once after the last): nothing is written after the request.
-  virtual UnitsDone run(const std::vector<StudyUnit>& units, ResultSink& sink,
-                        const Progress& progress) = 0;
+  UnitsDone run(const std::vector<StudyUnit>& units, ResultSink& sink, const Progress& progress) {
+    ++runs_;
+    return run_units(units, sink, progress);
+  }
+  // How many unit lists run was given: the study commands check that a study's driver ran its
+  // units through the runner of the session (experiments/cli/studies/study_results.hpp).
+  int64_t runs() const { return runs_; }
   // True where the results live (the only process, or MPI rank 0): summaries are written here.
   virtual bool holds_results() const = 0;
+
+ private:
+  virtual UnitsDone run_units(const std::vector<StudyUnit>& units, ResultSink& sink,
+                              const Progress& progress) = 0;
+  int64_t runs_ = 0;  // run is called by the process's main thread only
 };
 
 // One unit after another in this process.
 class SerialUnitRunner final : public UnitRunner {
  public:
-  UnitsDone run(const std::vector<StudyUnit>& units, ResultSink& sink,
-                const Progress& progress) override;
   bool holds_results() const override { return true; }
+
+ private:
+  UnitsDone run_units(const std::vector<StudyUnit>& units, ResultSink& sink,
+                      const Progress& progress) override;
 };
 SerialUnitRunner& serial_runner();
 
@@ -121,12 +133,12 @@ SerialUnitRunner& serial_runner();
 class ThreadedUnitRunner final : public UnitRunner {
  public:
   ThreadedUnitRunner(int jobs, int threads);
-  UnitsDone run(const std::vector<StudyUnit>& units, ResultSink& sink,
-                const Progress& progress) override;
   bool holds_results() const override { return true; }
   int jobs() const { return jobs_; }
 
  private:
+  UnitsDone run_units(const std::vector<StudyUnit>& units, ResultSink& sink,
+                      const Progress& progress) override;
   int jobs_, threads_;
 };
 
