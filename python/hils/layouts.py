@@ -358,8 +358,7 @@ class Packed:
 
     def sequences(self, array, label, name, size):
         """A packed array (numpy, or a torch tensor for hils.gpu) -> one [heads, rows, ...] view
-        per sequence (`size`, as Layout.sequences'
-        argument, is len(offsets) - 1)."""
+        per sequence (`size`, as Layout.sequences' argument, is len(offsets) - 1)."""
         self.check_packable(name, label)
         self._check_rank(array, label, name)
         if self.leading and array.shape[0] != 1:
