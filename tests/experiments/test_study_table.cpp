@@ -1,7 +1,8 @@
 // Every row of the study table (experiments/cli/studies/study_table.hpp, README "Adding a study")
 // taken through what a study must do: its command runs from its own config table, resumes, gives
-// the same file with --jobs, refuses the flags it has no use for, is plotted by `hils plot`, and
-// the documents name it. A study added to the table without one of these fails here, naming it.
+// the same file with --jobs and (built with MPI) under mpirun, refuses the flags it has no use
+// for, is plotted by `hils plot`, and the documents name it. A study added to the table without
+// one of these fails here, naming it.
 #include <catch2/catch.hpp>
 
 #include <fstream>
@@ -73,6 +74,16 @@ TEST_CASE("study table: every study runs from its config table, resumes, runs wi
     INFO(jobs.output);
     REQUIRE(jobs.exit_code == 0);
     require_same_results(dir / "one.h5", dir / "jobs.h5");
+#ifdef HILS_MPIEXEC
+    // 3 ranks (rank 0 writes, two workers compute; tests/experiments/test_mpi.sh runs them so):
+    // the one-process file, e.g. not for a study whose summaries read anything but the sink.
+    const auto mpi = run_shell("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 '"
+                               HILS_MPIEXEC "' --oversubscribe -n 3 '" HILS_EXE "' -q " + args +
+                               " --out " + quoted(dir / "mpi.h5") + " 2>&1");
+    INFO(mpi.output);
+    REQUIRE(mpi.exit_code == 0);
+    require_same_results(dir / "one.h5", dir / "mpi.h5");
+#endif
     // The same command on its complete file computes nothing and leaves its results as they are.
     const auto resumed = run_hils(args + " --out " + quoted(dir / "jobs.h5"));
     INFO(resumed.output);
