@@ -283,7 +283,6 @@ _PACKED = {"thd": (False, True), "htd": (False, False), "bshd": (True, True), "b
 # sequence (not surrogate_scores: its columns are each sequence's chunks): they pack along rows.
 _PACKABLE = tuple(name for name, axes in _AXES.items()
                   if axes[1] in ("T", "Tq") and "n_chunks" not in axes)
-PACKED_ONLY = tuple(name for name in _PACKED if name not in _LAYOUTS)  # "thd", "htd"
 _PACKED_NAMES = ('"thd" ([total, heads, d]: FlashAttention\'s flash_attn_varlen_func), "htd" '
                  '([heads, total, d]), or "bshd" / "bhsd" with B = 1 (fla-org\'s parallel_nsa '
                  'with cu_seqlens: q [1, total, HQ, K])')
@@ -332,18 +331,37 @@ class Packed:
     def pattern(self, name):
         return "[" + ", ".join(self.axes(name)) + "]"
 
-    def sequences(self, array, label, name, size):
-        """A packed array -> one [heads, rows, ...] view per sequence (`size`, as Layout.sequences'
-        argument, is len(offsets) - 1)."""
+    # Shapes from {axis: length} as Layout's (hils.gpu.forward's checks and outputs): the sizes
+    # of a pack hold "1" = 1 and "total" (cu_seqlens[-1]).
+    expected = Layout.expected
+    shape = Layout.shape
+    read_sizes = Layout.read_sizes
+
+    @staticmethod
+    def check_packable(name, label):
+        """ValueError naming `label` for a tensor with an axis of each sequence's own length."""
         if name not in _PACKABLE:
             raise ValueError(f"{label}: has no packed form: {name} [{', '.join(_AXES[name])}] has "
                              f"an axis whose length is each sequence's own (n_chunks or the prior's "
                              f"rows); judge it one sequence at a time (layout \"hsd\" or \"shd\" "
                              f"without cu_seqlens)")
+
+    def sizes(self):
+        """The lengths the offsets fix: B (sequences), "1" and "total"."""
+        return {"B": len(self.offsets) - 1, "1": 1, "total": self.offsets[-1]}
+
+    def _check_rank(self, array, label, name):
         rank = len(_AXES[name]) + self.leading
         if array.ndim != rank:
             raise ValueError(f"{label}: layout \"{self.name}\" with cu_seqlens expects rank {rank} "
-                             f"{self.pattern(name)}, found rank {array.ndim} shape {list(array.shape)}")
+                             f"{self.pattern(name)}, found rank {array.ndim} shape "
+                             f"{list(array.shape)}")
+
+    def sequences(self, array, label, name, size):
+        """A packed array (numpy, or a torch tensor for hils.gpu) -> one [heads, rows, ...] view
+        per sequence (`size`, as Layout.sequences' argument, is len(offsets) - 1)."""
+        self.check_packable(name, label)
+        self._check_rank(array, label, name)
         if self.leading and array.shape[0] != 1:
             raise ValueError(f"{label}: layout \"{self.name}\" with cu_seqlens expects "
                              f"{self.pattern(name)} (the sequences packed along T of one batch row, "
@@ -356,8 +374,8 @@ class Packed:
             raise ValueError(f"{label}: layout \"{self.name}\" expects {self.pattern(name)} with "
                              f"total = {offsets[-1]} ({'cu_seqlens_k' if keys else 'cu_seqlens'}"
                              f"[-1]), found shape {list(array.shape)}")
-        rows = laid if self.rows_first else np.swapaxes(laid, 0, 1)
-        return [np.swapaxes(rows[a:b], 0, 1) for a, b in zip(offsets[:-1], offsets[1:])]
+        rows = laid if self.rows_first else laid.swapaxes(0, 1)  # numpy and torch alike: views
+        return [rows[a:b].swapaxes(0, 1) for a, b in zip(offsets[:-1], offsets[1:])]
 
     def join(self, parts):
         """sequences(): the other way (the reference's arrays, packed)."""
@@ -448,11 +466,7 @@ class PackedBatch(Batch):
     @staticmethod
     def _total(array, label, probe):
         """The rows of a packed q or k (its rank checked first)."""
-        rank = len(_AXES[label]) + probe.leading
-        if array.ndim != rank:
-            raise ValueError(f"{label}: layout \"{probe.name}\" with cu_seqlens expects rank {rank} "
-                             f"{probe.pattern(label)}, found rank {array.ndim} shape "
-                             f"{list(array.shape)}")
+        probe._check_rank(array, label, label)
         return array.shape[probe.leading + (0 if probe.rows_first else 1)]
 
     def _place(self, landmark_queries, spec):
@@ -573,24 +587,39 @@ def _key_offsets(cu_seqlens_k, offsets, key_total):
     return None if keys == offsets else keys
 
 
+def check_packing(name, cu_seqlens):
+    """layout= beside cu_seqlens=: "thd" and "htd" need it, "hsd" and "shd" (and a name that is
+    not a layout) refuse it (ValueError naming both)."""
+    if cu_seqlens is None:
+        if isinstance(name, str) and name in ("thd", "htd"):
+            raise ValueError(f"cu_seqlens: layout \"{name}\" packs the sequences along its rows: "
+                             f"give cu_seqlens=[0, T_0, T_0 + T_1, ..., total] (int32 [B + 1])")
+    elif not isinstance(name, str) or name not in _PACKED:
+        what = "is one sequence" if name in _LAYOUTS else "is not a layout"
+        raise ValueError(f"layout: {name!r} {what}; with cu_seqlens (packed sequences) expected "
+                         f"{_PACKED_NAMES}")
+
+
+def packed_layout(name, q, cu_seqlens):
+    """layout= with cu_seqlens= (checked: check_packing) -> a Packed bound to cu_seqlens'
+    offsets, checked against q's rows (numpy or torch q)."""
+    check_packing(name, cu_seqlens)
+    probe = Packed(name, [0, 0])
+    return Packed(name, offsets_of(cu_seqlens, PackedBatch._total(q, "q", probe)))
+
+
 def batch_of(layout, inputs, queries, cu_seqlens, cu_seqlens_k=None, landmark_queries=None,
              spec=None):
     """The Batch of hils.verify's arguments: packed (PackedBatch) when cu_seqlens is given
     (cu_seqlens_k, landmark_queries and the spec, which says whether priors are read, are its)."""
     name = layout.name if isinstance(layout, (Layout, Packed)) else layout
+    check_packing(name, cu_seqlens)
     if cu_seqlens is None:
-        if isinstance(name, str) and name in ("thd", "htd"):
-            raise ValueError(f"cu_seqlens: layout \"{name}\" packs the sequences along its rows: "
-                             f"give cu_seqlens=[0, T_0, T_0 + T_1, ..., total] (int32 [B + 1])")
         for label, value in (("cu_seqlens_k", cu_seqlens_k), ("landmark_queries", landmark_queries)):
             if value is not None:
                 raise ValueError(f"{label}: read only with cu_seqlens (packed sequences: "
                                  f"cu_seqlens the queries' offsets, cu_seqlens_k the keys')")
         return Batch(layout, inputs, queries)
-    if not isinstance(name, str) or name not in _PACKED:
-        what = "is one sequence" if name in _LAYOUTS else "is not a layout"
-        raise ValueError(f"layout: {name!r} {what}; with cu_seqlens (packed sequences) expected "
-                         f"{_PACKED_NAMES}")
     return PackedBatch(name, inputs, queries, cu_seqlens, cu_seqlens_k, landmark_queries, spec)
 
 

@@ -279,3 +279,86 @@ def test_strided_inputs_are_read_as_their_contiguous_copies():
     strided = hils.gpu.forward(*one, spec)
     the_single_calls({n: t[None] for n, t in strided.items()}, "bhsd", qb[[1, 0]], kb[[1, 0]], vb[[1, 0]],
                      spec, 1)
+
+
+# ---- a packed (varlen) batch: cu_seqlens= (hils/layouts.py's Packed, hils.verify's layouts) -----
+LENGTHS = (1024, 333, 700)      # not multiples of S: each sequence's last chunk is partial
+
+
+def packed_draw(name, dtype=torch.bfloat16):
+    """q (gain 2), k, v [total, heads, d] (FlashAttention's varlen "thd"), seeded by `name`, and
+    cu_seqlens int32 on the GPU (as FlashAttention takes it)."""
+    generator = torch.Generator(device="cuda").manual_seed(seed_of(name) % 2**63)
+    total = sum(LENGTHS)
+    heads = lambda h: torch.randn(total, h, d, device="cuda", generator=generator)  # noqa: E731
+    cu = torch.tensor((0,) + LENGTHS, device="cuda").cumsum(0).to(torch.int32)
+    return (2.0 * heads(Hq)).to(dtype), heads(Hkv).to(dtype), heads(Hkv).to(dtype), cu
+
+
+def packed_in(x, layout):
+    """A "thd" [total, heads, ...] tensor in another packed layout, contiguous, written out per
+    layout (not with hils/layouts.py)."""
+    return {"thd": x, "htd": x.transpose(0, 1), "bshd": x[None], "bhsd": x.transpose(0, 1)[None]}[layout].contiguous()
+
+
+def rows_of(x, layout, a, b):
+    """Rows a..b-1 of a packed output in `layout`, as [heads, rows, ...] (a single call's)."""
+    one = x[0] if layout in ("bshd", "bhsd") else x
+    return (one[a:b].transpose(0, 1) if layout in ("thd", "bshd") else one[:, a:b])
+
+
+@pytest.mark.parametrize("preset, layout", (("nsa", "thd"), ("nsa", "htd"), ("nsa", "bshd"),
+                                            ("hils", "thd"), ("swa", "bhsd")))
+def test_a_packed_batch_is_its_sequences_and_passes_the_oracle(preset, layout):
+    """hils.gpu.forward(..., layout=, cu_seqlens=): each sequence's rows of the packed outputs are
+    forward on that sequence alone ("hsd"): bit for bit (nsa, swa: no run-to-run variation), lse
+    and selection bit for bit and o nearer to its own single call than to the call on the
+    sequence after it by 10x for hils (gpu/NOTES.md "Careless-user audit (session 21)"); the
+    pack passes hils.verify(..., layout=, cu_seqlens=) in the same layout."""
+    qt, kt, vt, cu = packed_draw("gpu_forward_packed")
+    spec = {"preset": preset, "S": S, "W": W, "K": K}
+    q, k, v = (packed_in(x, layout) for x in (qt, kt, vt))
+    out = hils.gpu.forward(q, k, v, spec, layout=layout, cu_seqlens=cu)
+    total = sum(LENGTHS)
+    rows = {"o": (total, Hq, d), "lse": (total, Hq), "selection": (total, Hkv, K)}
+    expected = {name: {"thd": s, "htd": (s[1], s[0]) + s[2:], "bshd": (1,) + s,
+                       "bhsd": (1, s[1], s[0]) + s[2:]}[layout] for name, s in rows.items() if name in out}
+    assert {name: tuple(t.shape) for name, t in out.items()} == expected
+    assert all(t.is_contiguous() and t.device == q.device for t in out.values())
+    offsets = cu.tolist()
+    singles = [hils.gpu.forward(*(x[a:e].transpose(0, 1).contiguous() for x in (qt, kt, vt)), spec)
+               for a, e in zip(offsets[:-1], offsets[1:])]
+    for b, (a, e) in enumerate(zip(offsets[:-1], offsets[1:])):
+        for name, single in singles[b].items():
+            found = rows_of(out[name], layout, a, e)
+            if preset == "hils" and name == "o":
+                own = (found - single).abs().max().item()
+                n = min(e - a, LENGTHS[(b + 1) % 3])
+                other = (found[:, :n] - singles[(b + 1) % 3]["o"][:, :n]).abs().max().item()
+                print(f"RUN-TO-RUN packed {preset} {layout} b={b} o: own single call {own:.3g}, "
+                      f"next sequence's {other:.3g}")
+                assert own * 10 < other, (b, own, other)
+            else:
+                assert torch.equal(found, single), (preset, layout, b, name)
+    report = hils.verify(spec, q, k, v, out, layout=layout, cu_seqlens=cu,
+                         kernel=f"hils.gpu.forward {preset} layout={layout} cu_seqlens",
+                         **hils.gpu.verify_options(spec, q))
+    print(f"\nhils.gpu.forward {preset} layout={layout} cu_seqlens\n{report}")
+    assert report.passed and report.lengths == list(LENGTHS)
+
+
+def test_flash_attention_varlen_layout_and_a_pack_computed_as_one_sequence():
+    """FlashAttention's varlen tensors: q, k, v, o [total, H, d], softmax_lse [Hq, total]
+    (lse_layout="htd"), cu_seqlens int64 too. The same pack computed as one long sequence (the
+    cu_seqlens ignored: layout "shd" over [total, H, d]) fails every sequence but the first
+    (the same causal prefix) when judged with cu_seqlens."""
+    q, k, v, cu = packed_draw("gpu_forward_packed_fa")
+    spec = {"preset": "hils", "S": S, "W": W, "K": K}
+    out = hils.gpu.forward(q, k, v, spec, layout="thd", lse_layout="htd", cu_seqlens=cu.long())
+    assert out["lse"].shape == (Hq, sum(LENGTHS)) and out["lse"].is_contiguous()
+    options = dict(layout="thd", lse_layout="htd", cu_seqlens=cu, **hils.gpu.verify_options(spec, q))
+    assert_kernel_matches(spec, q, k, v, out, kernel="hils.gpu.forward thd varlen", **options)
+    whole = hils.gpu.forward(q, k, v, spec, layout="shd", lse_layout="hsd")
+    report = hils.verify(spec, q, k, v, whole, **options)
+    print(f"\none long sequence judged as the pack\n{report}")
+    assert report.failed == [1, 2]

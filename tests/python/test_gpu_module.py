@@ -489,15 +489,6 @@ def stack(tensors):
 LAYOUT_CALLS = [
     ('forward(Q, K, V, layout="bthd")', "ValueError: layout: expected one of \"hsd\", \"shd\", "
      "\"bhsd\", \"bshd\" (batch, heads, sequence, dims: the order of a kernel's axes), found 'bthd'"),
-    # FlashAttention varlen's layout names (hils.verify's with cu_seqlens): before (audit, session
-    # 23) refused as a name forward did not know, with no word of what to do with a pack
-    ('forward(T(32, 8, 4), T(32, 2, 4), T(32, 2, 6), layout="thd")', "ValueError: layout: \"thd\" is a "
-     "packed (varlen) layout, which hils.verify reads with cu_seqlens; hils.gpu.forward computes one "
-     "sequence (\"hsd\", \"shd\") or a batch of one length (\"bhsd\", \"bshd\"): run each packed "
-     "sequence alone, e.g. forward(q[a:e], k[a:e], v[a:e], spec, layout=\"shd\") for a, e in "
-     "zip(cu_seqlens[:-1], cu_seqlens[1:])\n"),
-    ('forward(T(16, 8, 4), T(16, 2, 4), T(16, 2, 6), layout="shd", lse_layout="htd")', "ValueError: "
-     "lse_layout: \"htd\" is a packed (varlen) layout, which hils.verify reads with cu_seqlens"),
     ('forward(Q, K, V, layout="bshd", lse_layout="hsd")', "ValueError: lse_layout: expected None or "
      "one of \"bhsd\", \"bshd\" (batched, as layout \"bshd\" is), found \"hsd\""),
     ('forward(T(16, 8, 4), K, V, layout="bshd")', "ValueError: q: expected 4 dimensions [B, T, Hq, d] "
@@ -533,6 +524,41 @@ LAYOUT_CALLS = [
     ('forward(T(8, 16, 4), T(2, 16, 4), T(2, 16, 6))', "FileNotFoundError"),
     ('forward(T(8, 16, 4), T(2, 16, 4), T(2, 16, 6), layout="shd")', "ValueError: k: layout \"shd\" "
      "expects [T, Hkv, d] = [8, *, 4] (q is [T, Hq, d] = [8, 16, 4]), found shape [2, 16, 4]\n"),
+    # packed (cu_seqlens=, hils.verify's packed layouts): sequences of 16 and 9 rows, total 25
+    ('forward(T(25, 8, 4), T(25, 2, 4), T(25, 2, 6), layout="thd", cu_seqlens=[0, 16, 25])',
+     "FileNotFoundError"),
+    ('forward(T(8, 25, 4), T(2, 25, 4), T(2, 25, 6), layout="htd", lse_layout="thd", '
+     'cu_seqlens=[0, 16, 25])', "FileNotFoundError"),
+    ('forward(T(1, 25, 8, 4), T(1, 25, 2, 4), T(1, 25, 2, 6), layout="bshd", cu_seqlens=[0, 16, 25])',
+     "FileNotFoundError"),
+    ('forward(T(25, 8, 4), T(25, 2, 4), T(25, 2, 6), layout="thd")', "ValueError: cu_seqlens: layout "
+     "\"thd\" packs the sequences along its rows: give cu_seqlens=[0, T_0, T_0 + T_1, ..., total] "
+     "(int32 [B + 1])\n"),
+    ('forward(T(8, 25, 4), T(2, 25, 4), T(2, 25, 6), cu_seqlens=[0, 16, 25])', "ValueError: layout: "
+     "'hsd' is one sequence; with cu_seqlens (packed sequences) expected \"thd\""),
+    ('forward(T(25, 8, 4), T(25, 2, 4), T(25, 2, 6), layout="thd", cu_seqlens=[0, 16, 24])',
+     "ValueError: cu_seqlens: expected cu_seqlens[-1] = 25 (q's total rows), found 24\n"),
+    ('forward(T(25, 8, 4), T(25, 2, 4), T(25, 2, 6), layout="thd", cu_seqlens=[0.0, 16.0, 25.0])',
+     "TypeError: cu_seqlens: expected integers"),
+    ('forward(T(25, 8, 4), T(24, 2, 4), T(25, 2, 6), layout="thd", cu_seqlens=[0, 16, 25])',
+     "ValueError: k: layout \"thd\" expects [total, Hkv, d] = [25, *, 4] (total = cu_seqlens[-1] = "
+     "25; q is [total, Hq, d] = [25, 8, 4]), found shape [24, 2, 4]\n"),
+    ('forward(T(25, 8, 4), T(2, 25, 4), T(25, 2, 6), layout="thd", cu_seqlens=[0, 16, 25])',
+     "ValueError: k: layout \"thd\" expects [total, Hkv, d] = [25, *, 4] (total = cu_seqlens[-1] = "
+     "25; q is [total, Hq, d] = [25, 8, 4]), found shape [2, 25, 4], which is [Hkv, total, d], the "
+     "order of layout \"htd\"\n"),
+    ('forward(T(2, 25, 8, 4), T(2, 25, 2, 4), T(2, 25, 2, 6), layout="bshd", cu_seqlens=[0, 16, 25])',
+     "ValueError: q: layout \"bshd\" expects [1, total, Hq, d] = [1, 25, *, *] (total = "
+     "cu_seqlens[-1] = 25), found shape [2, 25, 8, 4]\n"),
+    ('forward(T(25, 8, 4), T(25, 2, 4), T(25, 2, 6), layout="thd", cu_seqlens=[0, 16, 25], '
+     'prior=T(3, 8, 4))', "ValueError: prior: has no packed form"),
+    ('forward(T(25, 8, 4), T(25, 2, 4), T(25, 2, 6), layout="thd", cu_seqlens=[0, 16, 25], '
+     'lse_layout="bhsd")', "ValueError: lse_layout: expected None or one of \"thd\", \"htd\" (packed, "
+     "as layout \"thd\" with cu_seqlens is), found 'bhsd'\n"),
+    ('forward((25, 8, 4), K, V, layout="thd", cu_seqlens=[0, 16, 25])', "TypeError: q: expected a "
+     "torch CUDA tensor (float32 or bfloat16) [total, Hq, d] (layout \"thd\"), found builtins.tuple\n"),
+    ('forward(T(25, 8, 4, on="cpu"), T(25, 2, 4), T(25, 2, 6), layout="thd", cu_seqlens=[0, 16, 25])',
+     "ValueError: q: expected a CUDA tensor, found one on cpu"),
     # the decode cache's prefix: "bhsd" or "bshd"
     ('DecodeCache(Q, K, V, layout="bshd")', "FileNotFoundError"),
     ('DecodeCache(T(2, 8, 16, 4), T(2, 2, 16, 4), T(2, 2, 16, 6))', "FileNotFoundError"),

@@ -76,7 +76,7 @@ def _require_finite(name, t):
 
 
 def forward(q, k, v, spec, *, layout="hsd", lse_layout=None, q_retrieval=None, prior=None,
-            library=None, check_finite=True):
+            library=None, check_finite=True, cu_seqlens=None):
     """The mechanism of `spec` (hils.verify's dict: "preset" and the spec keys S, W, K, key_rule,
     ..., data/verify_format.md) on the GPU -> {"o": [Hq, T, dv], "lse": [Hq, T]} (float32), plus
     "selection" [Hkv, T, K] (int32, the chunks each KV head's group selected) for the mechanisms
@@ -94,9 +94,16 @@ def forward(q, k, v, spec, *, layout="hsd", lse_layout=None, q_retrieval=None, p
     "bshd" (FlashAttention's [B, T, Hq, d]: o [B, T, Hq, dv], lse [B, T, Hq], or [B, Hq, T] with
     lse_layout="bhsd", selection [B, T, Hkv, K]); the outputs are contiguous in it. Pass the same
     layout (and lse_layout) to hils.verify. A batch runs its sequences one after the other
-    (hils/gpu/batched.py says what is copied)."""
+    (hils/gpu/batched.py says what is copied).
+
+    cu_seqlens: packed sequences (varlen), as hils.verify's: int32 or int64 [B + 1] offsets with
+    layout "thd" ([total, Hq, d]: FlashAttention's varlen q, k, v; o [total, Hq, dv], lse
+    [total, Hq] or [Hq, total] with lse_layout="htd", selection [total, Hkv, K]), "htd", or
+    "bshd" / "bhsd" with B = 1 (fla-org's); each sequence is computed as its own problem
+    (positions and selection ids from its first row) and written to its rows of the packed
+    outputs. Judge them with hils.verify(..., layout=, cu_seqlens=) (the same arguments)."""
     fields = resolve_spec(spec)  # spec errors first: no torch or library needed
-    layout, lse_layout = _batched.layouts(layout, lse_layout)
+    layout, lse_layout = _batched.layouts(layout, lse_layout, q, cu_seqlens)
     inputs = {"q": q, "k": k, "v": v, "q_retrieval": q_retrieval, "prior": prior}
     sizes = _batched.check(layout, inputs)
     torch = require_torch()

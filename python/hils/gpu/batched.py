@@ -7,7 +7,9 @@ and batches"), so that
 
 judges what was computed. The library computes one sequence at a time, head-major (q [Hq, T, d]
 contiguous, gpu/include/hils/gpu/c_api.h): a batch is a loop over its sequences on torch's
-current stream, one Stages whose intermediate buffers serve every sequence. What is copied:
+current stream, one Stages whose intermediate buffers serve every sequence of one length (a
+packed batch, cu_seqlens=, builds a new one where a sequence's length differs from the one
+before it: Stages' buffers have its problem's shapes). What is copied:
 a sequence's input whose [heads, T, d] view is not contiguous ("shd", "bshd" with more than one
 head, or a strided tensor) is copied to a contiguous one, one sequence at a time; an output
 whose [heads, T, ...] view of the result is contiguous ("hsd", "bhsd") is written there by the
@@ -23,19 +25,29 @@ _BUFFERS = {"full": {"o": "o", "lse": "lse"}, "window": {"o": "o_swa", "lse": "l
 _SELECTING = {"o": "o", "lse": "lse", "selection": "selection"}
 
 
-def layouts(layout, lse_layout):
+def layouts(layout, lse_layout, q=None, cu_seqlens=None):
     """layout= and lse_layout= (hils.verify's) -> (Layout, Layout or None); ValueError /
-    TypeError naming the argument and the names it takes."""
-    for argument, name in (("layout", layout), ("lse_layout", lse_layout)):
-        if isinstance(name, str) and name in _layouts.PACKED_ONLY:
-            raise ValueError(
-                f"{argument}: \"{name}\" is a packed (varlen) layout, which hils.verify reads with "
-                f"cu_seqlens; hils.gpu.forward computes one sequence (\"hsd\", \"shd\") or a batch of "
-                f"one length (\"bhsd\", \"bshd\"): run each packed sequence alone, e.g. "
-                f"forward(q[a:e], k[a:e], v[a:e], spec, layout=\"shd\") for a, e in "
-                f"zip(cu_seqlens[:-1], cu_seqlens[1:])")
-    layout = _layouts.Layout(layout)
+    TypeError naming the argument and the names it takes. With cu_seqlens (a packed layout:
+    "thd", "htd", "bshd" / "bhsd" with B = 1): Packed layouts bound to its offsets, checked
+    against q's rows (q checked as a CUDA tensor of the layout's rank first)."""
+    _layouts.check_packing(layout, cu_seqlens)
+    if cu_seqlens is None:
+        layout = _layouts.Layout(layout)
+    else:
+        _tensor(_layouts.Packed(layout, [0, 0]), "q", q, q, ("float32", "bfloat16"), "")
+        layout = _layouts.packed_layout(layout, q, cu_seqlens)
     return layout, _layouts.lse_layout_of(lse_layout, layout)
+
+
+def _tensor(layout, name, t, q, dtypes, dtype_why):
+    """Input `name`: a torch CUDA tensor of one of `dtypes` of the layout's rank for its name,
+    of q's dtype and device (TypeError / ValueError naming it and its shape in `layout`)."""
+    shape = f"{layout.pattern(name)} (layout \"{layout.name}\")"
+    _stages.cuda_tensor(name, t, len(layout.axes(name)), shape, dtypes,
+                        f"a torch CUDA tensor ({' or '.join(dtypes)}) {shape}", dtype_why)
+    if name != "q":
+        _stages.same(name, t, "q", q, "dtype")
+        _stages.same(name, t, "q", q, "device")
 
 
 def check(layout, inputs, dtypes=("float32", "bfloat16"), dtype_why=""):
@@ -44,20 +56,21 @@ def check(layout, inputs, dtypes=("float32", "bfloat16"), dtype_why=""):
     (k [B, T, Hkv, d] in "bshd", ...), B >= 1, Hkv dividing Hq. TypeError / ValueError naming
     the argument and its expected shape in `layout` (dtype_why: what a dtype refusal adds),
     before any library call. Returns {axis: length} (B, Hq, Hkv, T, d, dv, and rows where a
-    prior is given; B = 1 for an unbatched layout)."""
+    prior is given; B = 1 for an unbatched layout; for a packed one B sequences, "1" and
+    "total" instead of T)."""
     q = inputs["q"]
+    packed = isinstance(layout, _layouts.Packed)
     for name in INPUTS:
         t = inputs.get(name)
         if t is None and name in ("q_retrieval", "prior"):
             continue
-        shape = f"{layout.pattern(name)} (layout \"{layout.name}\")"
-        _stages.cuda_tensor(name, t, len(layout.axes(name)), shape, dtypes,
-                            f"a torch CUDA tensor ({' or '.join(dtypes)}) {shape}", dtype_why)
-        if name != "q":
-            _stages.same(name, t, "q", q, "dtype")
-            _stages.same(name, t, "q", q, "device")
-    sizes = {"B": layout.batch_size(q)}
-    read = []
+        if packed:
+            layout.check_packable(name, name)
+        _tensor(layout, name, t, q, dtypes, dtype_why)
+    if packed:  # B, "1" and total from the offsets: every tensor's rows are read against them
+        sizes, read = layout.sizes(), [f"total = cu_seqlens[-1] = {layout.offsets[-1]}"]
+    else:
+        sizes, read = {"B": layout.batch_size(q)}, []
     for name in INPUTS:
         t = inputs.get(name)
         if t is not None:
@@ -72,10 +85,13 @@ def check(layout, inputs, dtypes=("float32", "bfloat16"), dtype_why=""):
 def forward(fields, layout, lse_layout, inputs, sizes, lib):
     """The mechanism of `fields` (a resolved spec) on every sequence of the checked inputs ->
     {"o", "lse"[, "selection"]} in `layout` (lse in lse_layout when given): o fp32 [B, T, Hq, dv]
-    in "bshd", ..., on q's device, on torch's current stream."""
+    in "bshd", [total, Hq, dv] in "thd" (packed: each sequence one problem, written to its rows),
+    ..., on q's device, on torch's current stream."""
     torch = _stages.require_torch()
     buffers = _BUFFERS.get(fields["fusion"], _SELECTING)
-    sizes = dict(sizes, Tq=sizes["T"], K=fields["K"])
+    sizes = dict(sizes, K=fields["K"])
+    if "T" in sizes:  # a packed layout's rows are "total"
+        sizes["Tq"] = sizes["T"]
     B = sizes["B"]
     parts = {name: layout.sequences(t, name, name, B) for name, t in inputs.items() if t is not None}
     first = _problem(fields, parts, 0)
@@ -92,7 +108,7 @@ def forward(fields, layout, lse_layout, inputs, sizes, lib):
             p = _problem(fields, parts, b)
         direct = {buffers[name]: views[name][b] for name in buffers
                   if views[name][b].is_contiguous() and _fits(name, views[name][b], fields)}
-        if stages is None:
+        if stages is None or stages.p.T != p.T:  # buffers for each length (a pack's differ)
             stages = _stages.Stages(lib, p, outputs=direct)
         else:
             stages.sequence(p, direct)
