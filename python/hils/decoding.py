@@ -172,7 +172,8 @@ class DecodeStep:
         S = fields["S"]
         self.inputs = []
         for b, T in enumerate(self.lengths):
-            priors = self._priors(landmark_queries, b, T // S) if self.prior else None
+            priors = (self._priors(landmark_queries, b, T // S)
+                      if self.prior and landmark_queries is not None else None)
             q_full, q_tilde_full = query_inputs(T, S, q[b][:, None],
                                                 None if q_tilde is None else q_tilde[b][:, None],
                                                 priors)
@@ -201,9 +202,12 @@ class DecodeStep:
 
     def _check_priors(self, fields, landmark_queries):
         pattern = "[B, n_chunks, Hq, d]" if self.rows_first else "[B, Hq, n_chunks, d]"
+        # Required only where a chunk is complete before some query (T >= S), as for a chunked
+        # prefill's prefix: before, the first S - 1 steps of every sequence needed a [B, 0, Hq, d].
         check_landmark_queries(fields, landmark_queries,
                                f"{pattern} (cache_layout \"{self.layout}\")", "a decode step",
-                               "the step's inputs", required=True)
+                               "the step's inputs",
+                               required=any(T // fields["S"] for T in self.lengths))
 
     def _priors(self, landmark_queries, b, chunks):
         """Sequence b's priors [Hq, chunks, d] (numpy)."""
