@@ -170,9 +170,10 @@ class Verifier:
         spec_json = _spec_json(spec)
         self._batch = batch
         # batch.size: the memory checks give each sequence its share (all are kept)
-        self._cores = [_per_sequence(batch, b, lambda: _core_module().Verifier(
-                           spec_json, batch.inputs[b], *precisions, batch.query_slots(b),
-                           max_messages, batch.size))
+        self._cores = [(_per_sequence(batch, b, lambda: _core_module().Verifier(
+                            spec_json, batch.inputs[b], *precisions, batch.query_slots(b),
+                            max_messages, batch.size))
+                        if batch.judged(b) else None)  # an empty sequence: nothing to judge
                        for b in range(batch.size)]
 
     @classmethod
@@ -189,7 +190,8 @@ class Verifier:
                                          selection_order), _kernel_name(kernel))
 
     def _judge(self, arrays, kernel_name):
-        reports = [_per_sequence(self._batch, b, lambda: core.verify(arrays[b], kernel_name))
+        reports = [(None if core is None else
+                    _per_sequence(self._batch, b, lambda: core.verify(arrays[b], kernel_name)))
                    for b, core in enumerate(self._cores)]
         if not self._batch.layout.batched:
             return reports[0]
@@ -266,7 +268,8 @@ def _kernel_batch(batch, outputs, do, dlse, grads, lse_layout, selection_order):
     if order == "any":
         outputs = [(_layouts.sort_selection(out) if isinstance(out, Mapping) else out)
                    for out in outputs]
-    return [_per_sequence(batch, b, lambda: _kernel_arrays(outputs[b], do[b], dlse[b], grads[b]))
+    return [(_per_sequence(batch, b, lambda: _kernel_arrays(outputs[b], do[b], dlse[b], grads[b]))
+             if batch.judged(b) else None)  # an empty sequence's rows: none
             for b in range(batch.size)]
 
 
@@ -288,7 +291,9 @@ def verify(spec, q, k, v, outputs, *, layout="hsd", lse_layout=None, selection_o
     cu_seqlens: packed sequences, int32 or int64 [B + 1] (0, then each sequence's end row):
         sequence b is rows cu_seqlens[b]..cu_seqlens[b+1]-1 of every tensor's rows axis, judged
         as its own problem (positions and selection ids counted from its first row); returns a
-        BatchReport (data/verify_format.md "Packed sequences (varlen)").
+        BatchReport (data/verify_format.md "Packed sequences (varlen)"). An empty sequence
+        (cu_seqlens[b] = cu_seqlens[b+1]; with cu_seqlens_k, any Tq_b = 0) is nothing to judge:
+        its .reports[b] is None; a pack with no query at all is refused.
     cu_seqlens_k: with cu_seqlens, the keys' offsets when they differ from the queries'
         (FlashAttention's cu_seqlens_k beside cu_seqlens_q: chunked prefill, prefix caching):
         k and v split at cu_seqlens_k, q, q_retrieval and the outputs at cu_seqlens; sequence
@@ -323,7 +328,8 @@ def verify(spec, q, k, v, outputs, *, layout="hsd", lse_layout=None, selection_o
     passed, ...), .selection (rows_differing, rows_accepted, max_accepted_margin, bound, ...);
     str(report) is the text `hils verify` prints below the line naming the file. For a batched
     layout a BatchReport: .passed (every sequence passes), .failed (the b that fail),
-    .reports[b] (sequence b's Report); str() one line per sequence, then each failure in full.
+    .reports[b] (sequence b's Report, None for an empty packed sequence, .empty lists them);
+    str() one line per sequence, then each failure in full.
     """
     # The kernel's arrays are checked first: a bad output is reported before the reference runs.
     kernel_name, queries = _kernel_name(kernel), _queries(queries)
@@ -345,16 +351,20 @@ def reference(spec, q, k, v, *, layout="hsd", lse_layout=None, q_retrieval=None,
     as hils.verify's, the inputs are read and every array returned in that layout, e.g. o
     [B, Tq, Hq, dv] for "bshd" (one reference per sequence). With cu_seqlens= (a packed layout,
     as hils.verify's) the arrays whose axes are the same in every sequence come packed, and
-    summary_key, summary_bias and surrogate_scores as a list of one array per sequence; with
+    summary_key, summary_bias and surrogate_scores as a list of one array per sequence (an
+    empty sequence: zero rows in the packed arrays, None in these lists); with
     cu_seqlens_k (and landmark_queries) as hils.verify's, each sequence's last Tq_b rows."""
     spec_json, queries = _spec_json(spec), _queries(queries)
     batch = _layouts.batch_of(layout, _inputs(q, k, v, q_retrieval, prior), queries, cu_seqlens,
                               cu_seqlens_k, landmark_queries, spec)
     lse_layout = _layouts.lse_layout_of(lse_layout, batch.layout)
-    parts = [_per_sequence(batch, b, lambda: _core_module().reference(
-                 spec_json, batch.inputs[b], batch.query_slots(b), batch.size))  # all kept
+    parts = [(_per_sequence(batch, b, lambda: _core_module().reference(
+                  spec_json, batch.inputs[b], batch.query_slots(b), batch.size))  # all kept
+              if batch.judged(b) else None)
              for b in range(batch.size)]
-    return batch.join(parts, lse_layout)
+    template = next(part for part in parts if part is not None)  # a pack has one (layouts.py)
+    return batch.join([batch.empty_part(template) if part is None else part for part in parts],
+                      lse_layout)
 
 
 def verify_decode(spec, q, k_cache, v_cache, outputs, *, cache_seqlens, block_table=None,

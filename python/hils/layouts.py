@@ -40,7 +40,9 @@ sequence is its own problem (positions, chunks and selection ids from its first 
 summary_key, summary_bias, surrogate_scores and prior (an axis of each sequence's own length)
 do not pack (data/verify_format.md "Packed sequences (varlen)"). With cu_seqlens_k (chunked
 prefill: FlashAttention's cu_seqlens_q != cu_seqlens_k) k and v split at cu_seqlens_k and each
-sequence's queries are its last slots (PackedBatch).
+sequence's queries are its last slots (PackedBatch). An empty sequence (cu_seqlens[b] =
+cu_seqlens[b+1], or Tq_b = 0 with cu_seqlens_k) is nothing to judge (PackedBatch.judged): its
+BatchReport entry is None (data/verify_format.md "Packed sequences (varlen)").
 
 Nothing here checks what the oracle checks: a tensor is only split, transposed and sorted; its
 shape, dtype and values are judged by the per-sequence path (hils.Verifier), whose messages name
@@ -205,6 +207,10 @@ class Batch:
     def query_counts(self):
         """Tq of each sequence where the queries are each sequence's own (None here)."""
         return None
+
+    def judged(self, b):
+        """Whether sequence b has a query to judge (every sequence of an unpacked batch has)."""
+        return True
 
     def context(self, b):
         """Where a per-sequence message comes from, for an error raised on sequence b."""
@@ -384,11 +390,14 @@ class Packed:
         return laid[None] if self.leading else laid
 
 
-def offsets_of(cu_seqlens, total, name="cu_seqlens", rows="q's total rows"):
+def offsets_of(cu_seqlens, total, name="cu_seqlens", rows="q's total rows", empty=None):
     """cu_seqlens (numpy, or a torch tensor on any device) checked against `total` rows (q's;
     k's for cu_seqlens_k: `name` and `rows` name them in messages) -> a list of B + 1 ints: 0,
-    then strictly increasing, ending at total. ValueError / TypeError naming the entry and the
-    value expected."""
+    then non-decreasing, ending at total. ValueError / TypeError naming the entry and the value
+    expected. An empty sequence (cu_seqlens[b] = cu_seqlens[b+1], FlashAttention's varlen
+    kernels accept it, vLLM pads cu_seqlens with them) is accepted where `empty` is None (the
+    oracle's packs: nothing to judge) and refused with `empty`, the text saying who needs a slot,
+    otherwise (hils.gpu.forward)."""
     from . import as_numpy  # the package's converter (torch tensors on any device)
     array = as_numpy(cu_seqlens, name)
     if array.dtype.kind not in "iu":
@@ -405,13 +414,22 @@ def offsets_of(cu_seqlens, total, name="cu_seqlens", rows="q's total rows"):
         if offsets[b + 1] < offsets[b]:
             raise ValueError(f"{name}: expected increasing offsets, found {name}[{b + 1}] = "
                              f"{offsets[b + 1]} < {name}[{b}] = {offsets[b]}")
-        if offsets[b + 1] == offsets[b]:
+        if offsets[b + 1] == offsets[b] and empty is not None:
             raise ValueError(f"{name}: sequence b={b} is empty ({name}[{b}] = {name}"
-                             f"[{b + 1}] = {offsets[b]}): the oracle judges sequences of at least "
-                             f"one slot (reference/SEMANTICS.md, section 1); leave it out")
+                             f"[{b + 1}] = {offsets[b]}): {empty} (reference/SEMANTICS.md, "
+                             f"section 1); leave it out")
     if offsets[-1] != total:
         raise ValueError(f"{name}: expected {name}[-1] = {total} ({rows}), found {offsets[-1]}")
     return offsets
+
+
+def _check_not_all_empty(offsets):
+    """A pack whose every sequence is empty (cu_seqlens all 0) is refused: nothing would be
+    judged, and nothing judged is not a pass (data/verify_format.md "Empty sequences")."""
+    if offsets[-1] == 0:
+        raise ValueError(f"cu_seqlens: every sequence is empty (cu_seqlens = {offsets}, no query "
+                         f"row): nothing to judge; the oracle judges a pack with at least one "
+                         f"query (reference/SEMANTICS.md, section 1: T >= 1)")
 
 
 class PackedBatch(Batch):
@@ -440,6 +458,7 @@ class PackedBatch(Batch):
         key_total = None if cu_seqlens_k is None else _key_total(k, cu_seqlens_k, probe)
         _check_not_swapped(cu_seqlens, cu_seqlens_k, total, key_total)
         offsets = offsets_of(cu_seqlens, total)
+        _check_not_all_empty(offsets)
         self.layout = Packed(name, offsets, _key_offsets(cu_seqlens_k, offsets, key_total))
         self.size = len(offsets) - 1
         heads = 1 if probe.rows_first else 0
@@ -484,6 +503,8 @@ class PackedBatch(Batch):
             f"before a sequence's first query", "a chunk of queries after a prefix (cu_seqlens_k)",
             "the chunk's q and q_retrieval", required=any(P // S for P in prefixes))
         for b, (seq, T, P) in enumerate(zip(self.inputs, self.lengths, prefixes)):
+            if not self.judged(b):  # no query: nothing placed, nothing computed
+                continue
             if seq["q_retrieval"] is not None and seq["q_retrieval"].shape != seq["q"].shape:
                 raise ValueError(f"q_retrieval: expected q's shape (layout \"{name}\"), sequence "
                                  f"b={b} read as [Hq, Tq, d] = {list(seq['q'].shape)}, found "
@@ -499,6 +520,19 @@ class PackedBatch(Batch):
 
     def query_counts(self):
         return self.counts if self.chunked else None
+
+    def judged(self, b):
+        """An empty sequence (Tq_b = 0: no query row in cu_seqlens, whatever its keys) is
+        nothing to judge: no oracle is built for it, its report is None (BatchReport) and its
+        reference arrays have no rows (data/verify_format.md "Empty sequences")."""
+        return self.counts[b] > 0
+
+    def empty_part(self, template):
+        """The reference of an empty sequence, shaped after a judged one's (`template`): every
+        packable array with zero rows, None for the per-sequence ones (summary_key,
+        summary_bias, surrogate_scores: nothing was computed)."""
+        return {name: (array[:, :0] if name in _PACKABLE else None)
+                for name, array in template.items()}
 
     def one(self, array, name, lse_layout=None, label=None):
         if array is not None and self.chunked and name in _GRADIENT_NAMES:
@@ -578,6 +612,11 @@ def _key_offsets(cu_seqlens_k, offsets, key_total):
         raise ValueError(f"cu_seqlens_k: expected {len(offsets)} entries (B + 1, B = "
                          f"{len(offsets) - 1} sequences in cu_seqlens), found {len(keys)}")
     for b, (Tq, Tk) in enumerate(zip(_lengths(offsets), _lengths(keys))):
+        if Tq > Tk == 0:
+            raise ValueError(f"cu_seqlens_k: sequence b={b} has Tq = {Tq} queries (cu_seqlens) and "
+                             f"no key (cu_seqlens_k[{b}] = cu_seqlens_k[{b + 1}] = {keys[b]}): "
+                             f"its queries are the last Tq of its Tk slots, so Tq <= Tk; a "
+                             f"sequence with Tk = 0 is empty only with Tq = 0 (nothing to judge)")
         if Tq > Tk:
             raise ValueError(f"cu_seqlens_k: sequence b={b} has Tq = {Tq} queries (cu_seqlens) and "
                              f"Tk = {Tk} keys (cu_seqlens_k): the queries are the last Tq of the "
@@ -602,10 +641,12 @@ def check_packing(name, cu_seqlens):
 
 def packed_layout(name, q, cu_seqlens):
     """layout= with cu_seqlens= (checked: check_packing) -> a Packed bound to cu_seqlens'
-    offsets, checked against q's rows (numpy or torch q)."""
+    offsets, checked against q's rows (numpy or torch q); hils.gpu.forward's, which refuses an
+    empty sequence (the library computes T >= 1; hils.verify's packs accept it)."""
     check_packing(name, cu_seqlens)
     probe = Packed(name, [0, 0])
-    return Packed(name, offsets_of(cu_seqlens, PackedBatch._total(q, "q", probe)))
+    return Packed(name, offsets_of(cu_seqlens, PackedBatch._total(q, "q", probe),
+                                   empty="hils.gpu.forward computes sequences of at least one slot"))
 
 
 def batch_of(layout, inputs, queries, cu_seqlens, cu_seqlens_k=None, landmark_queries=None,
@@ -674,10 +715,12 @@ def sort_selection(outputs):
 
 class BatchReport:
     """The oracle's verdict on a batch: .reports[b] is sequence b's Report (as hils.verify gives
-    for one sequence); .passed when every sequence passes; .failed lists the b that fail.
-    str() is one line per sequence, then the full report of each that fails; a packed
-    sequence's line names its rows in the pack (`b=1 (T = 30, rows 77..106)`), since its report's
-    coordinates (t) count from its own first row."""
+    for one sequence), None for an empty sequence of a pack (no query: nothing to judge,
+    data/verify_format.md "Empty sequences"); .passed when every judged sequence passes;
+    .failed lists the b that fail, .empty those not judged. str() is one line per sequence,
+    then the full report of each that fails; a packed sequence's line names its rows in the pack
+    (`b=1 (T = 30, rows 77..106)`), since its report's coordinates (t) count from its own first
+    row, and an empty one's reads `b=1 (T = 0): empty, nothing to judge`."""
 
     def __init__(self, reports, layout, lengths=None, title=None, counts=None, offsets=None):
         self.reports = list(reports)
@@ -690,11 +733,16 @@ class BatchReport:
 
     @property
     def passed(self):
-        return all(report.passed for report in self.reports)
+        return all(report.passed for report in self.reports if report is not None)
 
     @property
     def failed(self):
-        return [b for b, report in enumerate(self.reports) if not report.passed]
+        return [b for b, report in enumerate(self.reports)
+                if report is not None and not report.passed]
+
+    @property
+    def empty(self):
+        return [b for b, report in enumerate(self.reports) if report is None]
 
     def __len__(self):
         return len(self.reports)
@@ -712,11 +760,13 @@ class BatchReport:
         return iter(self.reports)
 
     def __str__(self):
-        failed = self.failed
+        failed, empty = self.failed, self.empty
         lines = [f"batch of {len(self)} sequences, {self.title}: "
-                 f"{len(self) - len(failed)} pass, {len(failed)} fail"
-                 + (f" (b={', '.join(map(str, failed))})" if failed else "")]
-        lines += [f"  b={b}{self._length(b)}: {_summary(report)}"
+                 f"{len(self) - len(failed) - len(empty)} pass, {len(failed)} fail"
+                 + (f" (b={', '.join(map(str, failed))})" if failed else "")
+                 + (f", {len(empty)} empty (b={', '.join(map(str, empty))})" if empty else "")]
+        lines += [f"  b={b}{self._length(b)}: "
+                  + ("empty, nothing to judge" if report is None else _summary(report))
                   for b, report in enumerate(self.reports)]
         for b in failed:
             lines += ["", f"---- b={b}: FAIL{self._rows(b)} ----", str(self.reports[b])]
@@ -727,6 +777,8 @@ class BatchReport:
         if self.lengths is None:
             return ""
         T = self.lengths[b]
+        if self.reports[b] is None:  # an empty sequence: no query row to name
+            return f" (T = {T})" if self.counts is None or T == 0 else f" (T = {T}, Tq = 0)"
         rows = "" if self.offsets is None else f", {self._query_rows(b)}"
         if self.counts is None or self.counts[b] == T:
             return f" (T = {T}{rows})"
@@ -754,7 +806,8 @@ class BatchReport:
 
     def __repr__(self):
         return (f"<hils.BatchReport {'PASS' if self.passed else 'FAIL'} B={len(self)}"
-                + (f" failed b={self.failed}>" if self.failed else ">"))
+                + (f" failed b={self.failed}" if self.failed else "")
+                + (f" empty b={self.empty}>" if self.empty else ">"))
 
 
 def _summary(report):

@@ -226,9 +226,9 @@ def test_inconsistent_offsets_are_refused(whole):
     check(lambda: verify(cu_seqlens_k=np.array([0, 77, 107, 156], np.int32)),
           "cu_seqlens_k: expected cu_seqlens_k[-1] = 157 (k's total rows), found 156")
     check(lambda: verify(cu_seqlens_k=np.array([0, 77, 77, 157], np.int32)),
-          "cu_seqlens_k: sequence b=1 is empty (cu_seqlens_k[1] = cu_seqlens_k[2] = 77): the "
-          "oracle judges sequences of at least one slot (reference/SEMANTICS.md, section 1); "
-          "leave it out")
+          "cu_seqlens_k: sequence b=1 has Tq = 30 queries (cu_seqlens) and no key "
+          "(cu_seqlens_k[1] = cu_seqlens_k[2] = 77): its queries are the last Tq of its Tk slots, "
+          "so Tq <= Tk; a sequence with Tk = 0 is empty only with Tq = 0 (nothing to judge)")
     check(lambda: verify(k=np.swapaxes(args["k"], 0, 1)),
           'k: layout "thd" expects [total, Hkv, d] with total = 157 (cu_seqlens_k[-1]), found '
           'shape [2, 157, 16], which is [Hkv, total, d], the order of layout "htd": transpose it '
@@ -263,3 +263,69 @@ def test_inconsistent_offsets_are_refused(whole):
           "spec['prior_rule']: a chunk of queries after a prefix (cu_seqlens_k) is judged with "
           "prior_rule landmark_query (each chunk's prior the q~ of its landmark slot), found "
           "'shared'")
+
+
+# ---- sequences with no query (Tq_b = 0): nothing to judge, whatever their keys -----------------
+# b=1: 20 keys and no query (a sequence whose chunk of queries is elsewhere), b=4: empty (Tk = 0,
+# vLLM's padding); the others are KEYS / QUERIES' 0, 1, 2 at b = 0, 2, 3.
+EXTRA_KEYS = 20
+CU_Q_EMPTY = np.array([0, 12, 12, 42, 47, 47], np.int32)
+CU_K_EMPTY = np.array([0, 77, 77 + EXTRA_KEYS, 107 + EXTRA_KEYS, 157 + EXTRA_KEYS,
+                       157 + EXTRA_KEYS], np.int32)
+AT = (0, 2, 3)                # where KEYS' sequences sit
+
+
+def with_empty(args, inputs):
+    """call()'s arguments with b=1 (Tk = 20, Tq = 0) and b=4 (empty) inserted: k and v get b=1's
+    rows (random), landmark_queries its rows (NaN: never read)."""
+    rng = np.random.default_rng(seed_of("chunked/empty"))
+    keys = {name: rng.standard_normal((EXTRA_KEYS,) + args[name].shape[1:]).astype(np.float32)
+            for name in ("k", "v")}
+    rows = landmarks(inputs)
+    nan = np.full((1,) + rows.shape[1:], np.nan, np.float32)
+    return dict(args, cu_seqlens=CU_Q_EMPTY, cu_seqlens_k=CU_K_EMPTY,
+                landmark_queries=np.concatenate([rows[:1], nan, rows[1:], nan]),
+                **{name: np.concatenate([args[name][:77], keys[name], args[name][77:]])
+                   for name in ("k", "v")})
+
+
+def test_a_sequence_without_queries_is_nothing_to_judge(whole):
+    report = hils.verify(**with_empty(call(whole), whole[0]))
+    assert report.passed and report.empty == [1, 4], str(report)
+    assert report.lengths == [77, 20, 30, 50, 0] and report.counts == [12, 0, 30, 5, 0]
+    assert all(report[b].tensors["o"].max_abs < 1e-12 for b in AT)
+    assert [report[b].selection.rows for b in AT] == [Hkv * n for n in QUERIES]
+    lines = str(report).splitlines()
+    assert lines[0] == 'batch of 5 sequences, layout "thd": 3 pass, 0 fail, 2 empty (b=1, 4)'
+    assert [line.split("  worst")[0] for line in lines[1:6]] == [
+        "  b=0 (T = 77, Tq = 12: slots 65..76, query rows 0..11): PASS",
+        "  b=1 (T = 20, Tq = 0): empty, nothing to judge",
+        "  b=2 (T = 30, query rows 12..41): PASS",
+        "  b=3 (T = 50, Tq = 5: slots 45..49, query rows 42..46): PASS",
+        "  b=4 (T = 0): empty, nothing to judge"]
+
+
+def test_a_failing_sequence_after_one_without_queries_fails(whole):
+    """test_a_failing_line_names_the_query_rows_of_the_pack's fault (packed row 44, slot 47 of
+    KEYS' sequence 2) with the empties inserted: b=3 fails, alone, at the same rows; top-left
+    aligned outputs still fail the sequences with a prefix (b=0, 3)."""
+    args = with_empty(call(whole, names=("o", "lse")), whole[0])
+    args["outputs"]["o"][44, 1, 3] += 0.5
+    report = hils.verify(**args)
+    assert report.failed == [3] and "h=1 t=47 col=3" in str(report[3]), str(report)
+    text = str(report)
+    assert "\n  b=3 (T = 50, Tq = 5: slots 45..49, query rows 42..46): FAIL (o)" in text, text
+    assert "\n---- b=3: FAIL (query rows 42..46 of the pack: its slot t is row 42 + t - 45) ----\n" in text
+    top_left = hils.verify(**with_empty(call(whole, [np.arange(n) for n in QUERIES]), whole[0]))
+    assert top_left.failed == [0, 3] and top_left.empty == [1, 4], str(top_left)
+
+
+def test_reference_with_a_sequence_without_queries(whole):
+    args = with_empty(call(whole), whole[0])
+    got = hils.reference(SPEC, args["q"], args["k"], args["v"], layout="thd",
+                         q_retrieval=args["q_retrieval"], cu_seqlens=CU_Q_EMPTY,
+                         cu_seqlens_k=CU_K_EMPTY, landmark_queries=args["landmark_queries"])
+    for name in NAMES:
+        np.testing.assert_allclose(got[name], args["outputs"][name], rtol=0, atol=1e-12,
+                                   err_msg=name)
+    assert [x is None for x in got["summary_key"]] == [False, True, False, False, True]

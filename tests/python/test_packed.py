@@ -5,7 +5,8 @@ lse_layout="htd"), and fla-org's parallel_nsa(..., cu_seqlens=) ([1, total, HQ, 
 sequence is its own problem, its positions and chunks counted from 0: the reference's own
 outputs packed by hand pass; a kernel that ignores cu_seqlens (one long sequence), sequence-
 global chunk ids and a fault planted in one sequence fail the sequences they touch, and only
-those; bad cu_seqlens and shapes are refused naming the field and the value expected. CPU only."""
+those; bad cu_seqlens and shapes are refused naming the field and the value expected; empty
+sequences (vLLM's padding) are nothing to judge and shift no other sequence. CPU only."""
 
 import numpy as np
 import pytest
@@ -210,14 +211,11 @@ def check(call, message, error=ValueError):
                        "cu_seqlens[1] = 77"),
     ([0, 77, 107], "cu_seqlens: expected cu_seqlens[-1] = 157 (q's total rows), found 107"),
     ([0, 77, 107, 160], "cu_seqlens: expected cu_seqlens[-1] = 157 (q's total rows), found 160"),
-    ([0, 77, 77, 157], "cu_seqlens: sequence b=1 is empty (cu_seqlens[1] = cu_seqlens[2] = 77): the "
-                       "oracle judges sequences of at least one slot (reference/SEMANTICS.md, "
-                       "section 1); leave it out"),
     ([[0, 77, 107, 157]], "cu_seqlens: expected a 1-D array [B + 1] of offsets (0, then each "
                           "sequence's end; B >= 1), found shape [1, 4]"),
     ([157], "cu_seqlens: expected a 1-D array [B + 1] of offsets (0, then each sequence's end; "
             "B >= 1), found shape [1]"),
-], ids=("first_not_0", "decreasing", "last_short", "last_long", "empty", "two_dims", "one_entry"))
+], ids=("first_not_0", "decreasing", "last_short", "last_long", "two_dims", "one_entry"))
 def test_bad_cu_seqlens_are_refused(batch, cu, message):
     q, k, v, outputs = kernel_call(batch, names=("o",))
     check(lambda: hils.verify(SPEC, q, k, v, outputs, layout="thd", cu_seqlens=np.array(cu)), message)
@@ -271,3 +269,103 @@ def test_bad_packed_arguments_are_refused(batch):
     assert str(raised.value).endswith(
         '(sequence b=0 of layout "thd" with cu_seqlens: rows 0..76, T = 77, read as q [Hq, T, d] '
         "= [4, 77, 16], k [Hkv, T, d] = [1, 77, 16], v [Hkv, T, dv] = [2, 77, 12])")
+
+
+# ---- empty sequences (cu_seqlens[b] = cu_seqlens[b+1]): nothing to judge ------------------------
+# FlashAttention's varlen kernels accept them and vLLM pads cu_seqlens with trailing duplicates
+# for its CUDA graphs; the pack's other sequences keep their b and their rows.
+PADDED = np.array([0, 0, 77, 77, 107, 157, 157, 157], np.int32)   # b = 0, 2, 5, 6 empty
+JUDGED = (1, 3, 4)                                                # LENGTHS' sequences 0, 1, 2
+
+
+@pytest.mark.parametrize("layout", ("thd", "htd", "bshd", "bhsd"))
+def test_empty_sequences_are_nothing_to_judge(batch, layout):
+    """The same pack with empty sequences before, between and after: each sequence judged is
+    judged against its own rows (o exact), the empty ones have no report and a line that says
+    so, and the rows named are the pack's."""
+    q, k, v, outputs = kernel_call(batch)
+    report = hils.verify(SPEC, *(in_layout(x, layout) for x in (q, k, v)),
+                         {n: in_layout(a, layout) for n, a in outputs.items()}, layout=layout,
+                         cu_seqlens=PADDED)
+    assert report.passed and len(report) == 7, str(report)
+    assert report.empty == [0, 2, 5, 6] and report.failed == []
+    assert [r is None for r in report.reports] == [b not in JUDGED for b in range(7)]
+    assert report.lengths == [0, 77, 0, 30, 50, 0, 0]
+    assert all(report[b].tensors["o"].max_abs < 1e-12 for b in JUDGED)
+    assert [report[b].selection.rows for b in JUDGED] == [2 * T for T in LENGTHS]
+    lines = str(report).splitlines()
+    assert lines[0] == (f'batch of 7 sequences, layout "{layout}": 3 pass, 0 fail, 4 empty '
+                        f'(b=0, 2, 5, 6)')
+    assert [line.split(": PASS")[0] for line in lines[1:8]] == [
+        "  b=0 (T = 0): empty, nothing to judge", "  b=1 (T = 77, rows 0..76)",
+        "  b=2 (T = 0): empty, nothing to judge", "  b=3 (T = 30, rows 77..106)",
+        "  b=4 (T = 50, rows 107..156)", "  b=5 (T = 0): empty, nothing to judge",
+        "  b=6 (T = 0): empty, nothing to judge"]
+    assert lines[8] == "batch PASS" and repr(report) == "<hils.BatchReport PASS B=7 empty b=[0, 2, 5, 6]>"
+
+
+@pytest.mark.parametrize("fault", (wrong_lse, dropped_chunk), ids=("wrong_lse", "dropped_chunk"))
+def test_a_fault_after_an_empty_sequence_fails_its_sequence(batch, fault):
+    """LENGTHS' sequence 1 (b=3 in PADDED) faulty: b=3 fails, alone, its rows the pack's."""
+    q, k, v, outputs = kernel_call(batch, fault)
+    report = hils.verify(SPEC, q, k, v, outputs, layout="thd", cu_seqlens=PADDED)
+    assert not report.passed and report.failed == [3] and report.empty == [0, 2, 5, 6], str(report)
+    text = str(report)
+    assert text.startswith('batch of 7 sequences, layout "thd": 2 pass, 1 fail (b=3), 4 empty '
+                           '(b=0, 2, 5, 6)\n'), text
+    assert "\n  b=3 (T = 30, rows 77..106): FAIL" in text
+    assert "\n---- b=3: FAIL (rows 77..106 of the pack: its t=0 is row 77) ----\n" + str(report[3]) in text
+    assert text.endswith("batch FAIL (b=3)")
+    with pytest.raises(AssertionError, match="kernel mine\nbatch of 7 sequences"):
+        assert_kernel_matches(SPEC, q, k, v, outputs, layout="thd", cu_seqlens=PADDED, kernel="mine")
+
+
+def test_a_fault_at_a_row_after_an_empty_sequence_names_its_slot(batch):
+    """Packed row 100 is b=3's t=23 (its rows 77..106), with or without the empties before it;
+    the same fault in the last row of the pack is b=4's t=49."""
+    q, k, v, outputs = kernel_call(batch, names=("o", "lse"))
+    outputs["o"][100, 2, 5] += 0.5
+    outputs["o"][156, 0, 1] -= 0.5
+    oracle = hils.Verifier(SPEC, q, k, v, layout="thd", cu_seqlens=PADDED)
+    report = oracle.verify(outputs)
+    assert report.failed == [3, 4], str(report)
+    assert "h=2 t=23 col=5" in str(report[3]) and "h=0 t=49 col=1" in str(report[4])
+    assert "\n---- b=4: FAIL (rows 107..156 of the pack: its t=0 is row 107) ----\n" in str(report)
+
+
+def test_reference_of_a_pack_with_empty_sequences(batch):
+    """hils.reference: the packed arrays are the pack's without the empties (zero rows each);
+    the per-sequence lists hold None for an empty sequence."""
+    q, k, v, _ = kernel_call(batch)
+    plain = hils.reference(SPEC, q, k, v, layout="thd", cu_seqlens=CU)
+    got = hils.reference(SPEC, q, k, v, layout="thd", lse_layout="htd", cu_seqlens=PADDED)
+    assert set(got) == set(plain)
+    for name in NAMES:
+        want = plain[name].T if name in ("lse", "lse_window") else plain[name]
+        assert got[name].dtype == want.dtype
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
+    for name in ("summary_key", "summary_bias", "surrogate_scores"):
+        assert [x is None for x in got[name]] == [b not in JUDGED for b in range(7)]
+        for b, a in zip(JUDGED, plain[name]):
+            np.testing.assert_array_equal(got[name][b], a, err_msg=name)
+
+
+def test_empty_sequences_refused_where_nothing_or_no_slot_is_computed(batch):
+    """A pack of empty sequences only is refused (nothing judged is not a pass), as is one
+    sequence of T = 0 (reference/SEMANTICS.md, section 1) and, in hils.gpu.forward's layouts,
+    an empty sequence (the library computes sequences of one slot or more)."""
+    q, k, v, outputs = kernel_call(batch, names=("o",))
+    none = lambda x: x[:0]  # noqa: E731
+    message = ("cu_seqlens: every sequence is empty (cu_seqlens = [0, 0, 0], no query row): "
+               "nothing to judge; the oracle judges a pack with at least one query "
+               "(reference/SEMANTICS.md, section 1: T >= 1)")
+    check(lambda: hils.verify(SPEC, none(q), none(k), none(v), {"o": none(outputs["o"])},
+                              layout="thd", cu_seqlens=np.zeros(3, np.int32)), message)
+    check(lambda: hils.reference(SPEC, none(q), none(k), none(v), layout="thd",
+                                 cu_seqlens=np.zeros(3, np.int32)), message)
+    with pytest.raises(ValueError):
+        hils.verify(SPEC, none(q), none(k), none(v), {"o": none(outputs["o"])}, layout="shd")
+    check(lambda: hils.layouts.packed_layout("thd", q, np.array([0, 77, 77, 157])),
+          "cu_seqlens: sequence b=1 is empty (cu_seqlens[1] = cu_seqlens[2] = 77): "
+          "hils.gpu.forward computes sequences of at least one slot (reference/SEMANTICS.md, "
+          "section 1); leave it out")
