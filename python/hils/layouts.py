@@ -144,11 +144,7 @@ class Layout:
         return q.shape[0]
 
     def _check_rank(self, array, label, name):
-        rank = len(_AXES[name]) + self.batched
-        if array.ndim != rank:
-            raise ValueError(f"{label}: layout \"{self.name}\" expects rank {rank} "
-                             f"{self.pattern(name)}, found rank {array.ndim} shape "
-                             f"{list(array.shape)}")
+        _check_rank(self, array, label, name, "")
 
     def sequences(self, array, label, name, size):
         """An array in this layout (numpy, or a torch tensor for hils.gpu) -> one [heads, rows,
@@ -299,6 +295,16 @@ _PACKED_NAMES = ('"thd" ([total, heads, d]: FlashAttention\'s flash_attn_varlen_
 _KEY_NAMES = ("k", "v", "dk", "dv")
 
 
+def _check_rank(layout, array, label, name, reading):
+    """Refuses an array whose rank is not `layout`'s for tensor `name` (Layout and Packed alike;
+    `reading` says how the layout is read, e.g. " with cu_seqlens")."""
+    rank = len(_AXES[name]) + layout.leading
+    if array.ndim != rank:
+        raise ValueError(f"{label}: layout \"{layout.name}\"{reading} expects rank {rank} "
+                         f"{layout.pattern(name)}, found rank {array.ndim} shape "
+                         f"{list(array.shape)}")
+
+
 class Packed:
     """A packed layout: sequence b is rows cu_seqlens[b]..cu_seqlens[b+1]-1 of every tensor's
     rows axis (data/verify_format.md "Packed sequences"), k and v's rows cu_seqlens_k's where
@@ -357,11 +363,7 @@ class Packed:
         return {"B": len(self.offsets) - 1, "1": 1, "total": self.offsets[-1]}
 
     def _check_rank(self, array, label, name):
-        rank = len(_AXES[name]) + self.leading
-        if array.ndim != rank:
-            raise ValueError(f"{label}: layout \"{self.name}\" with cu_seqlens expects rank {rank} "
-                             f"{self.pattern(name)}, found rank {array.ndim} shape "
-                             f"{list(array.shape)}")
+        _check_rank(self, array, label, name, " with cu_seqlens")
 
     def sequences(self, array, label, name, size):
         """A packed array (numpy, or a torch tensor for hils.gpu) -> one [heads, rows, ...] view

@@ -17,6 +17,14 @@ _CASE_ROW = re.compile(
 _FIELDS = ("T", "S", "W", "K", "Hq", "Hkv", "d", "dv")
 
 
+def refused(call, message, error=ValueError):
+    """call() raises `error` whose text is exactly `message` (the tests of the layouts, packed
+    batches, chunked prefill and decode steps hold every refusal's words)."""
+    with pytest.raises(error) as raised:
+        call()
+    assert str(raised.value) == message
+
+
 def seed_of(name):
     """FNV-1a of the case name, as cases::seed_of."""
     value = 1469598103934665603

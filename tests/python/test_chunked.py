@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import hils
-from conftest import CASES, case_spec, seed_of
+from conftest import CASES, case_spec, seed_of, refused
 from hils.decoding import query_inputs
 
 CASE = "ragged_tail"          # S = 8, W = 16, K = 3, Hq = 4, Hkv = 2, d = 16, dv = 12
@@ -197,69 +197,64 @@ def test_equal_offsets_are_the_packed_batch(whole):
     same = hils.verify(**dict(full, cu_seqlens_k=CU_K.astype(np.int64)))
     assert plain.passed and same.passed and same.counts is None
     assert str(plain) == str(same)
-    check(lambda: hils.verify(**dict(full, cu_seqlens_k=CU_K, landmark_queries=landmarks(inputs))),
+    refused(lambda: hils.verify(**dict(full, cu_seqlens_k=CU_K, landmark_queries=landmarks(inputs))),
           "landmark_queries: read only with cu_seqlens_k (the priors of the chunks before each "
           "sequence's queries); with every slot queried q and q_retrieval hold them all: leave it "
           "out")
 
 
-def check(call_, message, kind=ValueError):
-    with pytest.raises(kind) as raised:
-        call_()
-    assert str(raised.value) == message
-
 
 def test_inconsistent_offsets_are_refused(whole):
     args = call(whole)
     verify = lambda **changes: hils.verify(**dict(args, **changes))     # noqa: E731
-    check(lambda: verify(cu_seqlens=CU_K, cu_seqlens_k=CU_Q),
+    refused(lambda: verify(cu_seqlens=CU_K, cu_seqlens_k=CU_Q),
           "cu_seqlens, cu_seqlens_k: swapped: cu_seqlens ends at 157, k's total rows, and "
           "cu_seqlens_k at 47, q's; cu_seqlens are the queries' offsets (FlashAttention's "
           "cu_seqlens_q), cu_seqlens_k the keys'")
-    check(lambda: verify(cu_seqlens_k=np.array([0, 77, 157], np.int32)),
+    refused(lambda: verify(cu_seqlens_k=np.array([0, 77, 157], np.int32)),
           "cu_seqlens_k: expected 4 entries (B + 1, B = 3 sequences in cu_seqlens), found 3")
-    check(lambda: verify(cu_seqlens_k=np.array([0, 77, 87, 157], np.int32)),
+    refused(lambda: verify(cu_seqlens_k=np.array([0, 77, 87, 157], np.int32)),
           "cu_seqlens_k: sequence b=1 has Tq = 30 queries (cu_seqlens) and Tk = 10 keys "
           "(cu_seqlens_k): the queries are the last Tq of the sequence's Tk slots (FlashAttention's "
           "causal mask aligned to the bottom right), so Tq <= Tk; a query with no key to read is "
           "not judged")
-    check(lambda: verify(cu_seqlens_k=np.array([0, 77, 107, 156], np.int32)),
+    refused(lambda: verify(cu_seqlens_k=np.array([0, 77, 107, 156], np.int32)),
           "cu_seqlens_k: expected cu_seqlens_k[-1] = 157 (k's total rows), found 156")
-    check(lambda: verify(cu_seqlens_k=np.array([0, 77, 77, 157], np.int32)),
+    refused(lambda: verify(cu_seqlens_k=np.array([0, 77, 77, 157], np.int32)),
           "cu_seqlens_k: sequence b=1 has Tq = 30 queries (cu_seqlens) and no key "
           "(cu_seqlens_k[1] = cu_seqlens_k[2] = 77): its queries are the last Tq of its Tk slots, "
           "so Tq <= Tk; a sequence with Tk = 0 is empty only with Tq = 0 (nothing to judge)")
-    check(lambda: verify(k=np.swapaxes(args["k"], 0, 1)),
+    refused(lambda: verify(k=np.swapaxes(args["k"], 0, 1)),
           'k: layout "thd" expects [total, Hkv, d] with total = 157 (cu_seqlens_k[-1]), found '
           'shape [2, 157, 16], which is [Hkv, total, d], the order of layout "htd": transpose it '
           "(x.transpose(0, 1) in torch)")
-    check(lambda: verify(v=np.swapaxes(args["v"], 0, 1)),
+    refused(lambda: verify(v=np.swapaxes(args["v"], 0, 1)),
           'v: layout "thd" expects [total, Hkv, dv] = [157, 2, *], found shape [2, 157, 12], '
           'which is [Hkv, total, dv], the order of layout "htd": transpose it to [total, Hkv, dv] '
           "(x.transpose(0, 1) in torch, np.swapaxes(x, 0, 1) in numpy)")
-    check(lambda: verify(v=args["v"][:-1]),
+    refused(lambda: verify(v=args["v"][:-1]),
           'v: layout "thd" expects [total, Hkv, dv] with total = 157 (cu_seqlens_k[-1]), found '
           "shape [156, 2, 12]")
-    check(lambda: verify(landmark_queries=args["landmark_queries"][:, :7]),
+    refused(lambda: verify(landmark_queries=args["landmark_queries"][:, :7]),
           'landmark_queries: expected [B, n_chunks, Hq, d] (layout "thd") with B = 3, Hq = 4 and '
           "n_chunks >= 8 (sequence b=0: T = 77), found shape [3, 7, 4, 16]")
-    check(lambda: verify(q_retrieval=args["q_retrieval"][:, :2]),
+    refused(lambda: verify(q_retrieval=args["q_retrieval"][:, :2]),
           'q_retrieval: expected q\'s shape (layout "thd"), sequence b=0 read as [Hq, Tq, d] = '
           "[4, 12, 16], found [2, 12, 16]")
-    check(lambda: verify(do=args["outputs"]["o"]),
+    refused(lambda: verify(do=args["outputs"]["o"]),
           'do: gradients need every query of each sequence (data/verify_format.md "Gradients"); '
           "with cu_seqlens_k each sequence's queries are its last Tq slots: judge the backward "
           "of a pack without a prefix (no cu_seqlens_k)")
     plain = dict(args, layout="hsd", q=whole[0][0][0], k=whole[0][0][1], v=whole[0][0][2],
                  q_retrieval=None, outputs={}, cu_seqlens=None, landmark_queries=None)
-    check(lambda: hils.verify(**plain),
+    refused(lambda: hils.verify(**plain),
           "cu_seqlens_k: read only with cu_seqlens (packed sequences: cu_seqlens the queries' "
           "offsets, cu_seqlens_k the keys')")
-    check(lambda: hils.verify(**dict(plain, cu_seqlens_k=None,
+    refused(lambda: hils.verify(**dict(plain, cu_seqlens_k=None,
                                      landmark_queries=args["landmark_queries"])),
           "landmark_queries: read only with cu_seqlens (packed sequences: cu_seqlens the queries' "
           "offsets, cu_seqlens_k the keys')")
-    check(lambda: hils.verify(**dict(args, spec=dict(SPEC, prior_rule="shared"))),
+    refused(lambda: hils.verify(**dict(args, spec=dict(SPEC, prior_rule="shared"))),
           "spec['prior_rule']: a chunk of queries after a prefix (cu_seqlens_k) is judged with "
           "prior_rule landmark_query (each chunk's prior the q~ of its landmark slot), found "
           "'shared'")

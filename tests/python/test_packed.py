@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import hils
-from conftest import CASES, case_spec, seed_of
+from conftest import CASES, case_spec, seed_of, refused
 from hils.testing import assert_kernel_matches
 
 CASE = "ragged_tail"          # S = 8, W = 16, K = 3, Hq = 4, Hkv = 2, d = 16, dv = 12
@@ -198,11 +198,6 @@ def test_reference_packed(batch):
     np.testing.assert_array_equal(fla["lse"], packed([r["lse"] for r in refs]).T[None])
 
 
-def check(call, message, error=ValueError):
-    with pytest.raises(error) as raised:
-        call()
-    assert str(raised.value) == message
-
 
 @pytest.mark.parametrize("cu,message", [
     ([1, 77, 107, 157], "cu_seqlens: expected cu_seqlens[0] = 0 (the first sequence starts at row 0), "
@@ -218,49 +213,49 @@ def check(call, message, error=ValueError):
 ], ids=("first_not_0", "decreasing", "last_short", "last_long", "two_dims", "one_entry"))
 def test_bad_cu_seqlens_are_refused(batch, cu, message):
     q, k, v, outputs = kernel_call(batch, names=("o",))
-    check(lambda: hils.verify(SPEC, q, k, v, outputs, layout="thd", cu_seqlens=np.array(cu)), message)
-    check(lambda: hils.reference(SPEC, q, k, v, layout="thd", cu_seqlens=np.array(cu)), message)
+    refused(lambda: hils.verify(SPEC, q, k, v, outputs, layout="thd", cu_seqlens=np.array(cu)), message)
+    refused(lambda: hils.reference(SPEC, q, k, v, layout="thd", cu_seqlens=np.array(cu)), message)
 
 
 def test_bad_packed_arguments_are_refused(batch):
     q, k, v, outputs = kernel_call(batch, names=("o", "lse"))
     verify = lambda *args, **kw: hils.verify(SPEC, *args, **kw)  # noqa: E731
-    check(lambda: verify(q, k, v, outputs, layout="thd", cu_seqlens=CU.astype(np.float32)),
+    refused(lambda: verify(q, k, v, outputs, layout="thd", cu_seqlens=CU.astype(np.float32)),
           "cu_seqlens: expected integers (int32 as FlashAttention's, int64 as fla-org's), found "
           "dtype float32", TypeError)
     assert verify(q, k, v, outputs, layout="thd", cu_seqlens=CU.astype(np.int64)).passed  # fla's
-    check(lambda: verify(q, k, v, outputs, layout="thd"),
+    refused(lambda: verify(q, k, v, outputs, layout="thd"),
           'cu_seqlens: layout "thd" packs the sequences along its rows: give cu_seqlens=[0, T_0, '
           "T_0 + T_1, ..., total] (int32 [B + 1])")
-    check(lambda: verify(q, k, v, outputs, layout="shd", cu_seqlens=CU),
+    refused(lambda: verify(q, k, v, outputs, layout="shd", cu_seqlens=CU),
           "layout: 'shd' is one sequence; with cu_seqlens (packed sequences) expected \"thd\" "
           "([total, heads, d]: FlashAttention's flash_attn_varlen_func), \"htd\" ([heads, total, "
           "d]), or \"bshd\" / \"bhsd\" with B = 1 (fla-org's parallel_nsa with cu_seqlens: q [1, "
           "total, HQ, K])")
     two = lambda x: np.stack([x, x])  # noqa: E731
-    check(lambda: verify(two(q), two(k), two(v), outputs, layout="bshd", cu_seqlens=CU),
+    refused(lambda: verify(two(q), two(k), two(v), outputs, layout="bshd", cu_seqlens=CU),
           'q: layout "bshd" with cu_seqlens expects [1, total, Hq, d] (the sequences packed along T '
           "of one batch row, as fla-org's parallel_nsa takes them with cu_seqlens), found B = 2 "
           "(shape [2, 157, 4, 16])")
-    check(lambda: verify(q, k, v, dict(outputs, o=outputs["o"][:-1]), layout="thd", cu_seqlens=CU),
+    refused(lambda: verify(q, k, v, dict(outputs, o=outputs["o"][:-1]), layout="thd", cu_seqlens=CU),
           'outputs["o"]: layout "thd" expects [total, Hq, dv] with total = 157 (cu_seqlens[-1]), '
           "found shape [156, 4, 12]")
-    check(lambda: verify(q, k[:-1], v, outputs, layout="thd", cu_seqlens=CU),
+    refused(lambda: verify(q, k[:-1], v, outputs, layout="thd", cu_seqlens=CU),
           'k: layout "thd" expects [total, Hkv, d] with total = 157 (cu_seqlens[-1]), found shape '
           "[156, 2, 16]")
-    check(lambda: verify(q[None], k, v, outputs, layout="thd", cu_seqlens=CU),
+    refused(lambda: verify(q[None], k, v, outputs, layout="thd", cu_seqlens=CU),
           'q: layout "thd" with cu_seqlens expects rank 3 [total, Hq, d], found rank 4 shape '
           "[1, 157, 4, 16]")
-    check(lambda: verify(q, k, v, outputs, layout="thd", cu_seqlens=CU, queries=[3]),
+    refused(lambda: verify(q, k, v, outputs, layout="thd", cu_seqlens=CU, queries=[3]),
           "queries: expected None with cu_seqlens (every query of every packed sequence is judged, "
           "as the varlen kernels compute them all; queries that are the last slots of each "
           "sequence: cu_seqlens_k=)")
-    check(lambda: verify(q, k, v, dict(outputs, summary_bias=outputs["lse"]), layout="thd",
+    refused(lambda: verify(q, k, v, dict(outputs, summary_bias=outputs["lse"]), layout="thd",
                          cu_seqlens=CU),
           'outputs["summary_bias"]: has no packed form: summary_bias [Hq, n_chunks] has an axis '
           "whose length is each sequence's own (n_chunks or the prior's rows); judge it one "
           'sequence at a time (layout "hsd" or "shd" without cu_seqlens)')
-    check(lambda: verify(q, k, v, outputs, layout="thd", lse_layout="bhsd", cu_seqlens=CU),
+    refused(lambda: verify(q, k, v, outputs, layout="thd", lse_layout="bhsd", cu_seqlens=CU),
           'lse_layout: expected None or one of "thd", "htd" (packed, as layout "thd" with '
           "cu_seqlens is), found 'bhsd'")
     # The oracle's own message for one sequence, with where it comes from.
@@ -359,13 +354,13 @@ def test_empty_sequences_refused_where_nothing_or_no_slot_is_computed(batch):
     message = ("cu_seqlens: every sequence is empty (cu_seqlens = [0, 0, 0], no query row): "
                "nothing to judge; the oracle judges a pack with at least one query "
                "(reference/SEMANTICS.md, section 1: T >= 1)")
-    check(lambda: hils.verify(SPEC, none(q), none(k), none(v), {"o": none(outputs["o"])},
+    refused(lambda: hils.verify(SPEC, none(q), none(k), none(v), {"o": none(outputs["o"])},
                               layout="thd", cu_seqlens=np.zeros(3, np.int32)), message)
-    check(lambda: hils.reference(SPEC, none(q), none(k), none(v), layout="thd",
+    refused(lambda: hils.reference(SPEC, none(q), none(k), none(v), layout="thd",
                                  cu_seqlens=np.zeros(3, np.int32)), message)
     with pytest.raises(ValueError):
         hils.verify(SPEC, none(q), none(k), none(v), {"o": none(outputs["o"])}, layout="shd")
-    check(lambda: hils.layouts.packed_layout("thd", q, np.array([0, 77, 77, 157])),
+    refused(lambda: hils.layouts.packed_layout("thd", q, np.array([0, 77, 77, 157])),
           "cu_seqlens: sequence b=1 is empty (cu_seqlens[1] = cu_seqlens[2] = 77): "
           "hils.gpu.forward computes sequences of at least one slot (reference/SEMANTICS.md, "
           "section 1); leave it out")
