@@ -392,14 +392,13 @@ class Packed:
         return laid[None] if self.leading else laid
 
 
-def offsets_of(cu_seqlens, total, name="cu_seqlens", rows="q's total rows", empty=None):
+def offsets_of(cu_seqlens, total, name="cu_seqlens", rows="q's total rows"):
     """cu_seqlens (numpy, or a torch tensor on any device) checked against `total` rows (q's;
     k's for cu_seqlens_k: `name` and `rows` name them in messages) -> a list of B + 1 ints: 0,
     then non-decreasing, ending at total. ValueError / TypeError naming the entry and the value
-    expected. An empty sequence (cu_seqlens[b] = cu_seqlens[b+1], FlashAttention's varlen
-    kernels accept it, vLLM pads cu_seqlens with them) is accepted where `empty` is None (the
-    oracle's packs: nothing to judge) and refused with `empty`, the text saying who needs a slot,
-    otherwise (hils.gpu.forward)."""
+    expected. An empty sequence (cu_seqlens[b] = cu_seqlens[b+1]: FlashAttention's varlen
+    kernels accept it, vLLM pads cu_seqlens with them) is accepted (the oracle's packs: nothing
+    to judge; hils.gpu.forward: nothing to compute)."""
     from . import as_numpy  # the package's converter (torch tensors on any device)
     array = as_numpy(cu_seqlens, name)
     if array.dtype.kind not in "iu":
@@ -416,22 +415,19 @@ def offsets_of(cu_seqlens, total, name="cu_seqlens", rows="q's total rows", empt
         if offsets[b + 1] < offsets[b]:
             raise ValueError(f"{name}: expected increasing offsets, found {name}[{b + 1}] = "
                              f"{offsets[b + 1]} < {name}[{b}] = {offsets[b]}")
-        if offsets[b + 1] == offsets[b] and empty is not None:
-            raise ValueError(f"{name}: sequence b={b} is empty ({name}[{b}] = {name}"
-                             f"[{b + 1}] = {offsets[b]}): {empty} (reference/SEMANTICS.md, "
-                             f"section 1); leave it out")
     if offsets[-1] != total:
         raise ValueError(f"{name}: expected {name}[-1] = {total} ({rows}), found {offsets[-1]}")
     return offsets
 
 
-def _check_not_all_empty(offsets):
+def _check_not_all_empty(offsets, verdict="nothing to judge; the oracle judges a pack with at "
+                                           "least one query"):
     """A pack whose every sequence is empty (cu_seqlens all 0) is refused: nothing would be
-    judged, and nothing judged is not a pass (data/verify_format.md "Empty sequences")."""
+    judged, and nothing judged is not a pass (data/verify_format.md "Empty sequences");
+    `verdict` says so for the caller (hils.gpu.forward: nothing to compute)."""
     if offsets[-1] == 0:
         raise ValueError(f"cu_seqlens: every sequence is empty (cu_seqlens = {offsets}, no query "
-                         f"row): nothing to judge; the oracle judges a pack with at least one "
-                         f"query (reference/SEMANTICS.md, section 1: T >= 1)")
+                         f"row): {verdict} (reference/SEMANTICS.md, section 1: T >= 1)")
 
 
 class PackedBatch(Batch):
@@ -643,12 +639,15 @@ def check_packing(name, cu_seqlens):
 
 def packed_layout(name, q, cu_seqlens):
     """layout= with cu_seqlens= (checked: check_packing) -> a Packed bound to cu_seqlens'
-    offsets, checked against q's rows (numpy or torch q); hils.gpu.forward's, which refuses an
-    empty sequence (the library computes T >= 1; hils.verify's packs accept it)."""
+    offsets, checked against q's rows (numpy or torch q); hils.gpu.forward's: an empty sequence
+    is skipped there (zero rows in, zero rows out), a pack of nothing but empty ones refused, as
+    hils.verify's packs do."""
     check_packing(name, cu_seqlens)
     probe = Packed(name, [0, 0])
-    return Packed(name, offsets_of(cu_seqlens, PackedBatch._total(q, "q", probe),
-                                   empty="hils.gpu.forward computes sequences of at least one slot"))
+    offsets = offsets_of(cu_seqlens, PackedBatch._total(q, "q", probe))
+    _check_not_all_empty(offsets, "nothing to compute; hils.gpu.forward computes a pack with at "
+                                  "least one slot")
+    return Packed(name, offsets)
 
 
 def batch_of(layout, inputs, queries, cu_seqlens, cu_seqlens_k=None, landmark_queries=None,

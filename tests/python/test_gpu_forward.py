@@ -362,3 +362,27 @@ def test_flash_attention_varlen_layout_and_a_pack_computed_as_one_sequence():
     report = hils.verify(spec, q, k, v, whole, **options)
     print(f"\none long sequence judged as the pack\n{report}")
     assert report.failed == [1, 2]
+
+
+def test_a_pack_with_empty_sequences_skips_them():
+    """Empty sequences (cu_seqlens[b] = cu_seqlens[b+1]: FlashAttention's varlen kernels accept
+    them, vLLM pads cu_seqlens with them) at the start, in the middle and at the end have no row
+    to compute: every other sequence's rows are forward on it alone, bit for bit (nsa), and
+    hils.verify judges the pack with those b empty."""
+    qt, kt, vt, cu = packed_draw("gpu_forward_packed_empty")
+    offsets = [0, 0] + cu.tolist()[1:2] * 2 + cu.tolist()[2:] + cu.tolist()[-1:]  # b = 0, 2, 5 empty
+    spec = {"preset": "nsa", "S": S, "W": W, "K": K}
+    padded = torch.tensor(offsets, device="cuda", dtype=torch.int32)
+    out = hils.gpu.forward(qt, kt, vt, spec, layout="thd", cu_seqlens=padded)
+    assert out["o"].shape == (sum(LENGTHS), Hq, d)
+    for a, e in zip(offsets[:-1], offsets[1:]):
+        if a == e:
+            continue
+        single = hils.gpu.forward(*(x[a:e].transpose(0, 1).contiguous() for x in (qt, kt, vt)), spec)
+        for name, want in single.items():
+            assert torch.equal(rows_of(out[name], "thd", a, e), want), (a, e, name)
+    report = hils.verify(spec, qt, kt, vt, out, layout="thd", cu_seqlens=padded,
+                         kernel="hils.gpu.forward nsa thd with empty sequences",
+                         **hils.gpu.verify_options(spec, qt))
+    print(f"\nhils.gpu.forward with empty sequences in the pack\n{report}")
+    assert report.passed and report.empty == [0, 2, 5] and report.lengths == [0, 1024, 0, 333, 700, 0]

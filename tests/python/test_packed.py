@@ -345,10 +345,10 @@ def test_reference_of_a_pack_with_empty_sequences(batch):
             np.testing.assert_array_equal(got[name][b], a, err_msg=name)
 
 
-def test_empty_sequences_refused_where_nothing_or_no_slot_is_computed(batch):
+def test_empty_sequences_refused_where_nothing_is_judged_or_computed(batch):
     """A pack of empty sequences only is refused (nothing judged is not a pass), as is one
-    sequence of T = 0 (reference/SEMANTICS.md, section 1) and, in hils.gpu.forward's layouts,
-    an empty sequence (the library computes sequences of one slot or more)."""
+    sequence of T = 0 (reference/SEMANTICS.md, section 1); hils.gpu.forward's packs skip an
+    empty sequence and refuse a pack of nothing else (test_gpu_forward.py computes one)."""
     q, k, v, outputs = kernel_call(batch, names=("o",))
     none = lambda x: x[:0]  # noqa: E731
     message = ("cu_seqlens: every sequence is empty (cu_seqlens = [0, 0, 0], no query row): "
@@ -360,7 +360,8 @@ def test_empty_sequences_refused_where_nothing_or_no_slot_is_computed(batch):
                                  cu_seqlens=np.zeros(3, np.int32)), message)
     with pytest.raises(ValueError):
         hils.verify(SPEC, none(q), none(k), none(v), {"o": none(outputs["o"])}, layout="shd")
-    refused(lambda: hils.layouts.packed_layout("thd", q, np.array([0, 77, 77, 157])),
-          "cu_seqlens: sequence b=1 is empty (cu_seqlens[1] = cu_seqlens[2] = 77): "
-          "hils.gpu.forward computes sequences of at least one slot (reference/SEMANTICS.md, "
-          "section 1); leave it out")
+    assert hils.layouts.packed_layout("thd", q, np.array([0, 77, 77, 157])).offsets == [0, 77, 77, 157]
+    refused(lambda: hils.layouts.packed_layout("thd", none(q), np.zeros(3, np.int32)),
+            "cu_seqlens: every sequence is empty (cu_seqlens = [0, 0, 0], no query row): nothing "
+            "to compute; hils.gpu.forward computes a pack with at least one slot "
+            "(reference/SEMANTICS.md, section 1: T >= 1)")

@@ -101,7 +101,8 @@ def forward(q, k, v, spec, *, layout="hsd", lse_layout=None, q_retrieval=None, p
     [total, Hq] or [Hq, total] with lse_layout="htd", selection [total, Hkv, K]), "htd", or
     "bshd" / "bhsd" with B = 1 (fla-org's); each sequence is computed as its own problem
     (positions and selection ids from its first row) and written to its rows of the packed
-    outputs. Judge them with hils.verify(..., layout=, cu_seqlens=) (the same arguments)."""
+    outputs; an empty sequence (cu_seqlens[b] = cu_seqlens[b+1]) is skipped, a pack of nothing
+    else refused. Judge them with hils.verify(..., layout=, cu_seqlens=) (the same arguments)."""
     fields = resolve_spec(spec)  # spec errors first: no torch or library needed
     layout, lse_layout = _batched.layouts(layout, lse_layout, q, cu_seqlens)
     inputs = {"q": q, "k": k, "v": v, "q_retrieval": q_retrieval, "prior": prior}

@@ -94,7 +94,11 @@ def forward(fields, layout, lse_layout, inputs, sizes, lib):
         sizes["Tq"] = sizes["T"]
     B = sizes["B"]
     parts = {name: layout.sequences(t, name, name, B) for name, t in inputs.items() if t is not None}
-    first = _problem(fields, parts, 0)
+    # A pack's empty sequences (FlashAttention's varlen kernels accept them, vLLM pads with them)
+    # have no row to compute or write; every other layout's sequences have T rows (the library
+    # refuses T = 0 itself).
+    computed = [b for b in range(B) if parts["q"][b].shape[1] > 0] or [0]
+    first = _problem(fields, parts, computed[0])
     _stages.workspace_bytes(lib, first)  # the spec's numbers judged before any output is allocated
     laid = {name: (lse_layout if name == "lse" and lse_layout else layout) for name in buffers}
     out = {name: torch.empty(laid[name].shape(name, sizes), device=inputs["q"].device,
@@ -103,8 +107,8 @@ def forward(fields, layout, lse_layout, inputs, sizes, lib):
     views = {name: laid[name].sequences(t, name, name, B) for name, t in out.items()}
     stages, p = None, first
     del first  # each sequence's copies live while its problem does
-    for b in range(B):
-        if b > 0:
+    for b in computed:
+        if b != computed[0]:
             p = _problem(fields, parts, b)
         direct = {buffers[name]: views[name][b] for name in buffers
                   if views[name][b].is_contiguous() and _fits(name, views[name][b], fields)}
