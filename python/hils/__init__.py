@@ -169,12 +169,7 @@ class Verifier:
                                             max_messages)
         spec_json = _spec_json(spec)
         self._batch = batch
-        # batch.size: the memory checks give each sequence its share (all are kept)
-        self._cores = [(_per_sequence(batch, b, lambda: _core_module().Verifier(
-                            spec_json, batch.inputs[b], *precisions, batch.query_slots(b),
-                            max_messages, batch.size))
-                        if batch.judged(b) else None)  # an empty sequence: nothing to judge
-                       for b in range(batch.size)]
+        self._cores = _oracles(spec_json, batch, precisions, max_messages)
 
     @classmethod
     def _of(cls, spec, batch, input_precision, score_precision, bf16_rounding, max_messages):
@@ -190,13 +185,29 @@ class Verifier:
                                          selection_order), _kernel_name(kernel))
 
     def _judge(self, arrays, kernel_name):
-        reports = [(None if core is None else
-                    _per_sequence(self._batch, b, lambda: core.verify(arrays[b], kernel_name)))
-                   for b, core in enumerate(self._cores)]
+        reports = _reports(self._batch, self._cores, arrays, kernel_name)
         if not self._batch.layout.batched:
             return reports[0]
         return _layouts.BatchReport(reports, self._batch.layout.name, self._batch.lengths,
                                     counts=self._batch.query_counts(), offsets=self._batch.offsets)
+
+
+def _oracles(spec_json, batch, precisions, max_messages):
+    """One C++ oracle per sequence of `batch` (a layouts.Batch or a decoding.DecodeStep: .inputs,
+    .size, query_slots(b), judged(b)), None for one with nothing to judge (an empty packed
+    sequence). batch.size: the memory checks give each sequence its share (all are kept)."""
+    return [(_per_sequence(batch, b, lambda: _core_module().Verifier(
+                 spec_json, batch.inputs[b], *precisions, batch.query_slots(b), max_messages,
+                 batch.size))
+             if batch.judged(b) else None)
+            for b in range(batch.size)]
+
+
+def _reports(batch, cores, arrays, kernel_name):
+    """Each sequence's Report of a kernel's arrays (None where its oracle is None)."""
+    return [(None if core is None else
+             _per_sequence(batch, b, lambda: core.verify(arrays[b], kernel_name)))
+            for b, core in enumerate(cores)]
 
 
 def _options(input_precision, score_precision, bf16_rounding, max_messages):
@@ -403,9 +414,6 @@ def verify_decode(spec, q, k_cache, v_cache, outputs, *, cache_seqlens, block_ta
               for b in range(step.size)]
     precisions, max_messages = _options(input_precision, score_precision, bf16_rounding,
                                         max_messages)
-    cores = [_per_sequence(step, b, lambda: _core_module().Verifier(
-                 spec_json, step.inputs[b], *precisions, np.array([T - 1]), max_messages, step.size))
-             for b, T in enumerate(step.lengths)]
-    reports = [_per_sequence(step, b, lambda: core.verify(arrays[b], kernel_name))
-               for b, core in enumerate(cores)]
-    return _layouts.BatchReport(reports, step.layout, step.lengths, step.title())
+    cores = _oracles(spec_json, step, precisions, max_messages)
+    return _layouts.BatchReport(_reports(step, cores, arrays, kernel_name), step.layout,
+                                step.lengths, step.title())

@@ -30,10 +30,19 @@ file's order.
 
 import numpy as np
 
+from .layouts import _AXES
+
 CACHE_LAYOUTS = ("bshd", "bhsd")
-# The step's outputs: name -> the axes after B (one query per sequence).
-STEP_OUTPUTS = {"o": ("Hq", "dv"), "lse": ("Hq",), "selection": ("Hkv", "K"),
-                "o_window": ("Hq", "dv"), "lse_window": ("Hq",), "fusion_weights": ("Hq", "K+2")}
+# The step's outputs: name -> the axes after B, the verify file's axes without Tq (one query per
+# sequence).
+STEP_OUTPUTS = {name: tuple(axis for axis in _AXES[name] if axis != "Tq")
+                for name in ("o", "lse", "selection", "o_window", "lse_window", "fusion_weights")}
+
+
+def landmark_pattern(rows_first):
+    """landmark_queries' shape in the caches' (or pack's) order: rows first ("bshd", "thd") or
+    heads first ("bhsd", "htd", DecodeCache.priors)."""
+    return "[B, n_chunks, Hq, d]" if rows_first else "[B, Hq, n_chunks, d]"
 
 
 def query_inputs(T, S, q, q_tilde=None, priors=None):
@@ -114,7 +123,7 @@ def landmark_rows(landmark_queries, b, chunks, rows_first, size, heads, where, T
     (rows_first) or [B, Hq, n_chunks, d], B = size, n_chunks >= chunks; ValueError naming
     `where` (the layout those follow) and the sequence's T when the shape does not fit."""
     from . import as_numpy
-    pattern = "[B, n_chunks, Hq, d]" if rows_first else "[B, Hq, n_chunks, d]"
+    pattern = landmark_pattern(rows_first)
     shape = list(landmark_queries.shape)
     axis = 1 if rows_first else 2
     found = (shape[2] if rows_first else shape[1]) if len(shape) == 4 else None
@@ -177,7 +186,7 @@ class DecodeStep:
             q_full, q_tilde_full = query_inputs(T, S, q[b][:, None],
                                                 None if q_tilde is None else q_tilde[b][:, None],
                                                 priors)
-            slots = {name: self._slots(cache, b, T) for name, cache in caches.items()}
+            slots = {name: self._slots(name, cache, b, T) for name, cache in caches.items()}
             for name, values in slots.items():  # [T, Hkv, d]: the first bad slot is named
                 _require_finite(name, np.swapaxes(values, 0, 1),
                                 lambda i, n=name, b=b: self._where(n, b, i[1], i[0], i[2]),
@@ -201,7 +210,7 @@ class DecodeStep:
         return [int(T) for T in lengths]
 
     def _check_priors(self, fields, landmark_queries):
-        pattern = "[B, n_chunks, Hq, d]" if self.rows_first else "[B, Hq, n_chunks, d]"
+        pattern = landmark_pattern(self.rows_first)
         # Required only where a chunk is complete before some query (T >= S), as for a chunked
         # prefill's prefix: before, the first S - 1 steps of every sequence needed a [B, 0, Hq, d].
         check_landmark_queries(fields, landmark_queries,
@@ -274,14 +283,14 @@ class DecodeStep:
         return pages
 
     # --- gathering ----------------------------------------------------------------------------
-    def _slots(self, cache, b, T):
-        """Sequence b's T slots of a cache -> numpy [Hkv, T, d]."""
+    def _slots(self, name, cache, b, T):
+        """Sequence b's T slots of a cache (`name`: k_cache or v_cache) -> numpy [Hkv, T, d]."""
         from . import as_numpy
         if self.pages is None:
             part = cache[b, :T] if self.rows_first else cache[b, :, :T]
-            part = as_numpy(part, "k_cache")
+            part = as_numpy(part, name)
             return np.swapaxes(part, 0, 1) if self.rows_first else part
-        taken = as_numpy(cache[self.pages[b]], "k_cache")           # [n, P, Hkv, d] or [n, Hkv, P, d]
+        taken = as_numpy(cache[self.pages[b]], name)                # [n, P, Hkv, d] or [n, Hkv, P, d]
         if not self.rows_first:
             taken = np.swapaxes(taken, 1, 2)                          # [n, P, Hkv, d]
         rows = taken.reshape((-1,) + taken.shape[2:])[:T]            # [T, Hkv, d]
@@ -327,6 +336,14 @@ class DecodeStep:
             for b in range(self.size):
                 parts[b][name] = array[b][:, None]
         return parts
+
+    def query_slots(self, b):
+        """The one query slot sequence b computes: T-1 (hils.verify's queries=)."""
+        return np.array([self.lengths[b] - 1])
+
+    def judged(self, b):
+        """Every sequence of a step has its query (T >= 1, checked)."""
+        return True
 
     def title(self):
         """What the BatchReport's first line calls the batch."""

@@ -340,11 +340,9 @@ class Packed:
         middle = ["total", heads] if self.rows_first else [heads, "total"]
         return (["1"] if self.leading else []) + middle + rest
 
-    def pattern(self, name):
-        return "[" + ", ".join(self.axes(name)) + "]"
-
-    # Shapes from {axis: length} as Layout's (hils.gpu.forward's checks and outputs): the sizes
-    # of a pack hold "1" = 1 and "total" (cu_seqlens[-1]).
+    # Shapes as Layout's (hils.gpu.forward's checks and outputs), from this layout's axes: the
+    # sizes of a pack hold "1" = 1 and "total" (cu_seqlens[-1]).
+    pattern = Layout.pattern
     expected = Layout.expected
     shape = Layout.shape
     read_sizes = Layout.read_sizes
@@ -490,12 +488,12 @@ class PackedBatch(Batch):
         """Chunked: each sequence's Tq rows of q and q_retrieval placed at its last slots of a
         [Hq, Tk, d] problem, the priors of the chunks complete before them (landmark_queries,
         where the mechanism reads priors) at their landmark slots; queries = those slots."""
-        from .decoding import check_landmark_queries, landmark_rows, query_inputs
+        from .decoding import check_landmark_queries, landmark_pattern, landmark_rows, query_inputs
         from .gpu import spec as gpu_spec  # pure Python (no library, no torch needed)
         fields = gpu_spec.resolve(spec)
         S, name, rows_first = fields["S"], self.layout.name, self.layout.rows_first
         prefixes = [T - n for T, n in zip(self.lengths, self.counts)]
-        pattern = "[B, n_chunks, Hq, d]" if rows_first else "[B, Hq, n_chunks, d]"
+        pattern = landmark_pattern(rows_first)
         reads = check_landmark_queries(
             fields, landmark_queries, f"{pattern} (layout \"{name}\"), n_chunks >= the chunks "
             f"before a sequence's first query", "a chunk of queries after a prefix (cu_seqlens_k)",
