@@ -1,7 +1,7 @@
 # install() rules (README "Using the library from your CMake project"): what a C++ user needs to
 # call the library from their own project, and nothing else.
 #   lib/libhils_reference.a, lib/libhils_oracle.a   hils::reference, hils::oracle
-#   include/hils/*.hpp, include/hils/analysis/oracle.hpp   their public headers (file sets)
+#   include/hils/*.hpp, include/hils/analysis/oracle.hpp, hard_cases.hpp   their public headers (file sets)
 #   with CUDA: lib/libhils_gpu.a (hils::gpu), lib/libhils_gpu_c.so (hils::gpu_c, the C API),
 #              include/hils/gpu/*
 #   with HILS_BUILD_EXPERIMENTS: bin/hils and share/hils/plots/plot_study.py (for `hils plot`)

@@ -5,32 +5,12 @@
 
 #include <fmt/format.h>
 
+#include "hils/draws.hpp"
 #include "hils/analysis/needle.hpp"
 
 namespace hils::sources {
 
 namespace {
-
-// An independent stream per (tensor, head): FNV-1a of the tag mixed with the seed and head.
-std::mt19937_64 stream(uint64_t seed, const char* tag, int64_t head) {
-  uint64_t hash = 1469598103934665603ull;
-  for (const char* p = tag; *p; ++p) {
-    hash ^= static_cast<unsigned char>(*p);
-    hash *= 1099511628211ull;
-  }
-  std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
-                    static_cast<uint32_t>(hash), static_cast<uint32_t>(hash >> 32),
-                    static_cast<uint32_t>(head)};
-  return std::mt19937_64(seq);
-}
-
-// [rows x cols] of i.i.d. N(0, gain^2).
-Matrix<double> gaussian(std::mt19937_64& rng, int64_t rows, int64_t cols, double gain) {
-  std::normal_distribution<double> normal(0.0, 1.0);
-  Matrix<double> m(rows, cols);
-  for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = gain * normal(rng);
-  return m;
-}
 
 // Topic model (see header): keys around their chunk's topic, queries toward a past topic.
 void draw_topics(const SyntheticParams& p, uint64_t seed, const Geometry& geometry,
@@ -40,14 +20,14 @@ void draw_topics(const SyntheticParams& p, uint64_t seed, const Geometry& geomet
   const double aq = std::sqrt(p.query_topic_share), bq = std::sqrt(1.0 - p.query_topic_share);
   std::vector<Matrix<double>> topics;
   for (int64_t g = 0; g < p.Hkv; ++g) {
-    auto rng = stream(seed, "topics", g);
+    auto rng = draw_stream(seed, "topics", g);
     // A trailing partial chunk gets a topic too, so that every key has one.
     topics.push_back(gaussian(rng, n_chunks + 1, p.d, 1.0));
     for (int64_t j = 0; j < p.T; ++j)
       in.k[g].row(j) = a * topics[g].row(geometry.chunk_of(j)) + b * in.k[g].row(j);
   }
   for (int64_t h = 0; h < p.Hq; ++h) {
-    auto rng = stream(seed, "query_topic", h);
+    auto rng = draw_stream(seed, "query_topic", h);
     const auto& topic = topics[h / G];
     for (int64_t t = 0; t < p.T; ++t) {
       int64_t own = geometry.chunk_of(t);
@@ -238,19 +218,19 @@ SyntheticLayer draw_layer(const SyntheticParams& p, int64_t layer) {
     raw = draw_drift(p, geometry, layer);
   } else {
     for (int64_t h = 0; h < p.Hq; ++h) {
-      auto rng = stream(seed, "q", h);
+      auto rng = draw_stream(seed, "q", h);
       raw.q.push_back(gaussian(rng, p.T, p.d, p.logit_std));
     }
     for (int64_t g = 0; g < p.Hkv; ++g) {
-      auto rng = stream(seed, "k", g);
+      auto rng = draw_stream(seed, "k", g);
       raw.k.push_back(gaussian(rng, p.T, p.d, 1.0));
     }
     for (int64_t g = 0; g < p.Hkv; ++g) {
-      auto rng = stream(seed, "v", g);
+      auto rng = draw_stream(seed, "v", g);
       raw.v.push_back(gaussian(rng, p.T, p.value_dim(), 1.0));
     }
     for (int64_t h = 0; h < p.Hq; ++h) {
-      auto rng = stream(seed, "prior", h);
+      auto rng = draw_stream(seed, "prior", h);
       raw.prior.push_back(gaussian(rng, 1, p.d, p.logit_std));
     }
   }
@@ -258,7 +238,7 @@ SyntheticLayer draw_layer(const SyntheticParams& p, int64_t layer) {
   if (p.generator == "needle") out.needles = plant_needles(p, geometry, raw);
   if (p.retrieval_noise > 0) {
     for (int64_t h = 0; h < p.Hq; ++h) {
-      auto rng = stream(seed, "q_retrieval", h);
+      auto rng = draw_stream(seed, "q_retrieval", h);
       raw.q_retrieval.push_back(raw.q[h] +
                                 gaussian(rng, p.T, p.d, p.retrieval_noise * p.logit_std));
     }

@@ -67,10 +67,11 @@ def __getattr__(name):
     raise AttributeError(f"module 'hils' has no attribute {name!r}")
 
 
-__all__ = ["verify", "verify_decode", "Verifier", "reference", "as_numpy", "Report", "TensorReport", "SelectionReport",
-           "BatchReport"]
+__all__ = ["verify", "verify_decode", "Verifier", "reference", "hard_cases", "as_numpy", "Report",
+           "TensorReport", "SelectionReport", "BatchReport"]
 
 BatchReport = _layouts.BatchReport
+from .cases import hard_cases  # noqa: E402  (cases.py reads this module's helpers at call time)
 
 
 def as_numpy(array, name="array"):

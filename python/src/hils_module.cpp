@@ -18,6 +18,7 @@
 
 #include "arrays.hpp"
 #include "config/spec_codec.hpp"
+#include "hils/analysis/hard_cases.hpp"
 #include "hils/analysis/oracle.hpp"
 #include "hils/hils.hpp"
 #include "hils/memory.hpp"
@@ -329,6 +330,32 @@ void add_summaries(const MechanismSpec& spec, const AttentionInputs<double>& in,
   }
 }
 
+// hils.hard_cases' engine: the table's cases for a spec and head shape -> ([{"name", "catches",
+// "q", "k", "v", "prior"?}, ...], [(name, reason), ...]); arrays float64 [heads, T, columns].
+py::tuple hard_cases(const std::string& spec_text, int64_t Hq, int64_t Hkv, int64_t d, int64_t dv,
+                     const std::string& precision, int64_t length_multiple, int64_t max_T) {
+  const MechanismSpec spec = spec_from_text(spec_text);
+  oracle::HardCaseOptions options;
+  options.precision = oracle::parse_input_precision(precision, "precision");
+  options.length_multiple = length_multiple;
+  options.max_T = max_T;
+  const oracle::HardCases built = oracle::hard_cases(spec, {Hq, Hkv, d, dv}, options);  // ms
+  py::list cases;
+  for (const auto& c : built.cases) {
+    py::dict item;
+    item["name"] = c.name;
+    item["catches"] = c.catches;
+    item["q"] = array_from_heads(c.inputs.q);
+    item["k"] = array_from_heads(c.inputs.k);
+    item["v"] = array_from_heads(c.inputs.v);
+    if (!c.inputs.prior.empty()) item["prior"] = array_from_heads(c.inputs.prior);
+    cases.append(item);
+  }
+  py::list skipped;
+  for (const auto& s : built.skipped) skipped.append(py::make_tuple(s.name, s.reason));
+  return py::make_tuple(cases, skipped);
+}
+
 // hils.reference's engine: the double reference run -> dict of float64 (selection: int64) arrays.
 py::dict reference(const std::string& spec_text, const py::dict& inputs, const py::object& queries,
                    int64_t sequences) {
@@ -480,6 +507,9 @@ PYBIND11_MODULE(_core, m) {
   py::class_<KernelArrays>(m, "KernelArrays", "A kernel's arrays, checked (use hils.Verifier.verify).")
       .def(py::init<const py::dict&, const py::object&, const py::object&, const py::dict&>(),
            py::arg("outputs"), py::arg("do"), py::arg("dlse"), py::arg("grads"));
+  m.def("hard_cases", &hard_cases, py::arg("spec_json"), py::arg("Hq"), py::arg("Hkv"), py::arg("d"),
+        py::arg("dv"), py::arg("precision"), py::arg("length_multiple"), py::arg("max_T"));
+  m.attr("hard_case_names") = py::tuple(py::cast(oracle::hard_case_names()));
   m.def("reference", &reference, py::arg("spec_json"), py::arg("inputs"), py::arg("queries"),
         py::arg("sequences"));
   // The kernel outputs hils.verify judges (oracle::kOutputTensors), in pipeline order: the tests

@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "hils/draws.hpp"
+
 namespace hils::cases {
 
 struct Case {
@@ -40,14 +42,7 @@ inline constexpr std::array kCaseTable{
 // clang-format on
 
 // FNV-1a of the case name: the seed of every random draw for that case.
-constexpr uint64_t seed_of(std::string_view name) {
-  uint64_t hash = 1469598103934665603ull;
-  for (char c : name) {
-    hash ^= static_cast<unsigned char>(c);
-    hash *= 1099511628211ull;
-  }
-  return hash;
-}
+constexpr uint64_t seed_of(std::string_view name) { return name_hash(name); }
 
 // The case of the table with this name; throws std::invalid_argument for an unknown name.
 inline const Case& case_named(std::string_view name) {

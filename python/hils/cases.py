@@ -1,0 +1,96 @@
+"""The oracle's hard cases as inputs for a kernel's own tests (data/hard_cases.md).
+
+    import hils, pytest, torch
+    from hils.testing import assert_kernel_matches
+
+    SPEC = {"preset": "nsa", "S": 64, "W": 512, "K": 16}
+    CASES = hils.hard_cases(SPEC, Hq=16, Hkv=2, d=64, precision="bf16", layout="bshd",
+                            length_multiple=64)
+
+    @pytest.mark.parametrize("case", CASES, ids=str)
+    def test_my_kernel(case):
+        q, k, v = (torch.from_numpy(x).cuda().bfloat16() for x in (case.q, case.k, case.v))
+        o, lse, sel = my_kernel(q, k, v)
+        assert_kernel_matches(SPEC, outputs={"o": o, "lse": lse, "selection": sel},
+                              **case.arguments)
+
+Each case is built for the spec's geometry (S, W, K, landmarks) and the kernel's head shape,
+with every value exact in `precision` (so ties survive the kernel's own conversion), and says
+what a wrong kernel does on it (`case.catches`). The construction is C++ (hils._core, the
+oracle's library: analysis/src/oracle_hard_cases.cpp), the same for hils.hard_cases, `hils
+cases` and C++ callers.
+"""
+
+import numbers
+
+from . import layouts as _layouts
+
+
+class HardCase:
+    """One case: .name, .catches (what a wrong kernel does here), .T, the inputs .q, .k, .v
+    (float32 numpy arrays in .layout, exact in .precision) and .prior (None unless the spec's
+    prior rule reads one); .arguments = the keyword arguments of hils.verify and
+    hils.testing.assert_kernel_matches for these inputs (q, k, v, prior, layout,
+    input_precision)."""
+
+    def __init__(self, item, layout, precision):
+        self.name, self.catches = item["name"], item["catches"]
+        self.layout, self.precision = layout.name, precision
+        self.T = item["q"].shape[1]
+        self.q, self.k, self.v = (layout.join([item[n].astype("float32")]) for n in ("q", "k", "v"))
+        prior = item.get("prior")
+        self.prior = None if prior is None else layout.join([prior.astype("float32")])
+
+    @property
+    def arguments(self):
+        return {"q": self.q, "k": self.k, "v": self.v, "prior": self.prior,
+                "layout": self.layout, "input_precision": self.precision}
+
+    def __str__(self):
+        return self.name
+
+    def __repr__(self):
+        return f"HardCase({self.name!r}, T={self.T}, layout={self.layout!r}, precision={self.precision!r})"
+
+
+class HardCases(list):
+    """The cases (a list of HardCase, in the table's order) and .skipped: (name, reason) for
+    each case of the table that this spec, head shape or length rule leaves out."""
+
+    def __init__(self, cases, skipped):
+        super().__init__(cases)
+        self.skipped = list(skipped)
+
+
+def _count(value, name, allow_none=False):
+    if allow_none and value is None:
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an integer, found {type(value).__name__} {value!r}")
+    return int(value)
+
+
+def hard_cases(spec, *, Hq, Hkv, d, dv=None, precision="fp32", layout="hsd", length_multiple=1,
+               max_T=None):
+    """The hard cases for a kernel of this spec ({"preset": "nsa", "S": 64, ...}) and head shape
+    (Hq query heads, Hkv KV heads, head dims d and dv = d by default), every value exact in
+    `precision` ("fp32" or "bf16", hils._core.input_precisions), the arrays in `layout` (the
+    layouts of hils.verify; "bshd" and "bhsd" with B = 1). length_multiple: every T a multiple
+    of it (a kernel that takes only whole tiles); max_T: leave out longer cases. Returns a
+    HardCases list; .skipped names the cases left out and why. ValueError / TypeError name the
+    argument for a bad value."""
+    from . import _core_module, _spec_json, _text  # hils/__init__ imports this module
+
+    core = _core_module()
+    laid = _layouts.Layout(layout)
+    precision = _text(precision, "precision", "a precision name such as \"bf16\"")
+    Hq, Hkv, d = _count(Hq, "Hq"), _count(Hkv, "Hkv"), _count(d, "d")
+    dv = d if dv is None else _count(dv, "dv")
+    length_multiple = _count(length_multiple, "length_multiple")
+    max_T = _count(max_T, "max_T", allow_none=True)
+    if max_T is not None and max_T < 1:
+        raise ValueError(f"max_T: expected a length >= 1 (None: no limit), found {max_T}")
+    # InvalidArgument from the C++ side arrives as ValueError naming the field.
+    cases, skipped = core.hard_cases(_spec_json(spec), Hq, Hkv, d, dv, precision,
+                                     length_multiple, 0 if max_T is None else max_T)
+    return HardCases([HardCase(item, laid, precision) for item in cases], skipped)

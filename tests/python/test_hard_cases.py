@@ -1,0 +1,151 @@
+"""hils.hard_cases: the oracle's hard cases as a kernel author's test inputs. A float32 numpy
+kernel (numpy_kernels.block_sparse, the nsa preset) passes every case; each planted fault is
+caught by the case built for it, and three of them pass the plain Gaussian case."""
+
+import numpy as np
+import pytest
+
+import hils
+from conftest import refused
+from numpy_kernels import block_sparse, round_to_bf16
+
+SPEC = {"preset": "nsa", "S": 16, "W": 32, "K": 4}
+SHAPE = {"Hq": 4, "Hkv": 2, "d": 32}
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return hils.hard_cases(SPEC, **SHAPE, precision="bf16")
+
+
+def run_kernel(case, **faults):
+    o, lse, sel = block_sparse(case.q, case.k, case.v, SPEC["S"], SPEC["W"], SPEC["K"],
+                               1 / np.sqrt(SHAPE["d"]), "mean", **faults)
+    return {"o": o, "lse": lse, "selection": sel}
+
+
+def test_every_case_of_the_table_is_built_for_a_selecting_spec(cases):
+    assert [c.name for c in cases] == list(hils._core.hard_case_names)
+    assert cases.skipped == []
+    by_name = {c.name: c for c in cases}
+    S, W, K = SPEC["S"], SPEC["W"], SPEC["K"]
+    assert by_name["single_slot"].T == 1
+    assert by_name["shorter_than_chunk"].T == S - 1
+    assert by_name["candidate_counts"].T == W + (K + 1) * S
+    assert by_name["ragged_tail"].T % S != 0
+    assert by_name["many_candidates"].T == W + 300 * S
+    for case in cases:
+        assert case.q.shape == (SHAPE["Hq"], case.T, SHAPE["d"]) and case.q.dtype == np.float32
+        assert case.k.shape == case.v.shape == (SHAPE["Hkv"], case.T, SHAPE["d"])
+        assert case.prior is None  # nsa reads no prior
+        for x in (case.q, case.k, case.v):
+            assert np.array_equal(round_to_bf16(x), x), case.name  # exact in bf16
+
+
+def test_the_same_arguments_give_the_same_values_and_another_shape_others(cases):
+    again = hils.hard_cases(SPEC, **SHAPE, precision="bf16")
+    assert all(np.array_equal(a.k, b.k) and np.array_equal(a.q, b.q) for a, b in zip(cases, again))
+    other = hils.hard_cases(SPEC, Hq=4, Hkv=1, d=32, precision="bf16")
+    assert not np.array_equal(other[0].q, cases[0].q)
+
+
+def test_layout_and_arguments_feed_verify_directly(cases):
+    laid = hils.hard_cases(SPEC, **SHAPE, precision="bf16", layout="bshd", max_T=300)
+    case = next(c for c in laid if c.name == "tied_chunks")
+    plain = next(c for c in cases if c.name == "tied_chunks")
+    assert case.q.shape == (1, case.T, SHAPE["Hq"], SHAPE["d"])
+    assert np.array_equal(case.q[0].swapaxes(0, 1), plain.q)
+    ref = hils.reference(SPEC, **{n: case.arguments[n] for n in ("q", "k", "v", "layout")})
+    report = hils.verify(SPEC, outputs={"o": ref["o"], "lse": ref["lse"]}, **case.arguments)
+    assert report.passed and report.reports[0].tensors["o"].max_abs < 1e-12
+
+
+def test_the_correct_float32_kernel_passes_every_case(cases):
+    for case in cases:
+        report = hils.verify(SPEC, outputs=run_kernel(case), **case.arguments)
+        assert report.passed, f"{case.name}\n{report}"
+
+
+# Each planted fault, the case built to catch it, and whether the Gaussian case (what random
+# test inputs are) catches it too: measured, see data/hard_cases.md.
+FAULTS = [
+    ({"threshold_top_k": True}, "tied_chunks", False),
+    ({"shift": "from_zero"}, "negative_logits", False),
+    ({"shift": "none"}, "large_logits", False),
+    ({"skip_chunk0": True}, "dominant_chunk", True),
+    ({"first_head_only": True}, "gaussian", True),
+    ({"window_out_of_log_z": True}, "gaussian", True),
+]
+
+
+@pytest.mark.parametrize("faults, catcher, gaussian_catches", FAULTS,
+                         ids=[next(iter(f)) + ("=" + str(v) if isinstance(v, str) else "")
+                              for f, _, _ in FAULTS for v in f.values()])
+def test_each_planted_fault_fails_the_case_built_for_it(cases, faults, catcher, gaussian_catches):
+    by_name = {c.name: c for c in cases}
+    failed = hils.verify(SPEC, outputs=run_kernel(by_name[catcher], **faults),
+                         **by_name[catcher].arguments)
+    assert not failed.passed
+    plain = hils.verify(SPEC, outputs=run_kernel(by_name["gaussian"], **faults),
+                        **by_name["gaussian"].arguments)
+    assert plain.passed != gaussian_catches
+
+
+def test_specs_and_shapes_without_a_point_skip_cases_and_say_why():
+    window = hils.hard_cases({"preset": "swa", "S": 16, "W": 32}, **SHAPE)
+    assert dict(window.skipped)["tied_chunks"] == "the spec selects no chunks (fusion window)"
+    assert "gaussian" in [c.name for c in window]
+    no_k = hils.hard_cases({**SPEC, "K": 0}, **SHAPE, max_T=100)
+    assert dict(no_k.skipped)["tied_chunks"] == "K = 0 selects no chunks, so there is no top-K cut"
+    tiles = hils.hard_cases(SPEC, **SHAPE, length_multiple=32, max_T=400)
+    assert all(c.T % 32 == 0 for c in tiles)
+    skipped = dict(tiles.skipped)
+    assert skipped["ragged_tail"] == "needs T not a multiple of S, which no multiple of 32 is"
+    assert skipped["single_slot"] == "needs T = 1, which no multiple of 32 is"
+    assert skipped["many_candidates"] == "needs T = 4832 > max_T = 400"
+
+
+def test_the_hils_preset_gets_landmark_layout_cases_and_a_shared_prior_its_rows():
+    spec = {"preset": "hils", "S": 8, "W": 16, "K": 2}
+    built = hils.hard_cases(spec, Hq=4, Hkv=2, d=16, dv=8, max_T=200)
+    assert built.skipped[0][0] == "many_candidates" and len(built) == 12
+    for case in built:
+        assert case.v.shape[2] == 8 and case.prior is None
+        assert np.array_equal(case.q, case.q.astype(np.float32))
+    shared = hils.hard_cases({**spec, "prior_rule": "shared", "landmarks": False}, Hq=4, Hkv=2,
+                             d=16, max_T=200)
+    assert all(c.prior.shape == (4, 1, 16) for c in shared)
+    ref = hils.reference(spec, built[5].q, built[5].k, built[5].v)
+    report = hils.verify(spec, outputs={"o": ref["o"], "selection": ref["selection"]},
+                         **built[5].arguments)
+    assert report.passed
+
+
+def test_bad_arguments_are_refused_naming_them():
+    refused(lambda: hils.hard_cases(SPEC, Hq=3, Hkv=2, d=8),
+            "Hq: expected a multiple of Hkv = 2, got 3")
+    refused(lambda: hils.hard_cases(SPEC, Hq=0, Hkv=2, d=8), "Hq: expected an integer >= 1, got 0")
+    refused(lambda: hils.hard_cases(SPEC, Hq=2, Hkv=2, d=8, precision="int4"),
+            'precision: expected "fp32" or "bf16", got "int4"')
+    refused(lambda: hils.hard_cases(SPEC, Hq=2, Hkv=2, d=8, length_multiple=0),
+            "length_multiple: expected an integer >= 1, got 0")
+    refused(lambda: hils.hard_cases(SPEC, Hq=2, Hkv=2, d=8, max_T=0),
+            "max_T: expected a length >= 1 (None: no limit), found 0")
+    refused(lambda: hils.hard_cases(SPEC, Hq=2.0, Hkv=2, d=8),
+            "Hq: expected an integer, found float 2.0", TypeError)
+    refused(lambda: hils.hard_cases(SPEC, Hq=True, Hkv=1, d=8),
+            "Hq: expected an integer, found bool True", TypeError)
+    refused(lambda: hils.hard_cases({**SPEC, "W": 0}, Hq=2, Hkv=2, d=8),
+            hils_message_of({**SPEC, "W": 0}))
+    with pytest.raises(ValueError, match=r"^hard cases: their inputs need .* more than 80% of "):
+        hils.hard_cases(SPEC, Hq=4096, Hkv=1, d=1 << 16)
+    refused(lambda: hils.hard_cases(SPEC, Hq=2, Hkv=2, d=8, layout="thd"),
+            'layout: expected one of "hsd", "shd", "bhsd", "bshd" (batch, heads, sequence, dims: the '
+            "order of a kernel's axes), found 'thd'")
+
+
+def hils_message_of(spec):
+    """The refusal hils.reference gives the same spec: one message for one bad field."""
+    with pytest.raises(ValueError) as raised:
+        hils.reference(spec, np.zeros((2, 4, 8)), np.zeros((2, 4, 8)), np.zeros((2, 4, 8)))
+    return str(raised.value)
