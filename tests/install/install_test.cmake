@@ -19,7 +19,7 @@ endfunction()
 # package's own files must be there.
 function(check_installed_files prefix)
   file(GLOB_RECURSE installed RELATIVE ${prefix} ${prefix}/*)
-  set(allowed "^include/hils/[a-z_]+\\.hpp$" "^include/hils/analysis/oracle\\.hpp$"
+  set(allowed "^include/hils/[a-z_]+\\.hpp$" "^include/hils/analysis/(oracle|hard_cases)\\.hpp$"
       "^include/hils/gpu/[a-z_]+\\.(hpp|h)$" "^${LIBDIR}/libhils_(reference|oracle|gpu)\\.a$"
       "^${LIBDIR}/libhils_gpu_c\\.so$" "^${LIBDIR}/cmake/hils/hils[A-Za-z-]*\\.cmake$"
       "^bin/hils$" "^share/hils/plots/plot_study\\.py$")
@@ -34,7 +34,7 @@ function(check_installed_files prefix)
       message(FATAL_ERROR "installed but not for a consumer: ${file}")
     endif()
   endforeach()
-  set(needed include/hils/hils.hpp include/hils/analysis/oracle.hpp
+  set(needed include/hils/hils.hpp include/hils/analysis/oracle.hpp include/hils/analysis/hard_cases.hpp
       ${LIBDIR}/libhils_reference.a ${LIBDIR}/libhils_oracle.a ${LIBDIR}/cmake/hils/hilsConfig.cmake
       ${LIBDIR}/cmake/hils/hilsConfigVersion.cmake ${LIBDIR}/cmake/hils/hilsTargets.cmake)
   if(EXPECT_GPU)
@@ -83,7 +83,8 @@ if(MODE STREQUAL "install")
     message(FATAL_ERROR "the consumer found hils elsewhere: ${hils_dir}")
   endif()
   run_step("building the consumer" ${CMAKE_COMMAND} --build ${WORK}/build)
-  run_consumer(${WORK}/build/judge_kernel "the oracle passes the float reference and fails the moved output")
+  run_consumer(${WORK}/build/judge_kernel
+               "the oracle passes the float reference \\(also on 12 hard cases\\) and fails the moved output")
   if(EXPECT_GPU)
     run_consumer(${WORK}/build/gpu_c_names "= exact mean landmark_key taylor")
     run_consumer(${WORK}/build/gpu_workspace "workspace_bytes = 53485568")

@@ -1,9 +1,11 @@
 // A kernel author's harness in miniature: the reference run in float stands in for "my kernel";
 // the oracle (data/verify_format.md, "The policy, in one place") must PASS it and FAIL the same
-// outputs with one element of o moved. Exit 0 only when both verdicts are as expected.
+// outputs with one element of o moved, and PASS it on every hard case (hard_cases.hpp) of the
+// spec's geometry. Exit 0 only when every verdict is as expected.
 #include <cstdio>
 #include <random>
 
+#include "hils/analysis/hard_cases.hpp"
 #include "hils/analysis/oracle.hpp"
 #include "hils/hils.hpp"
 
@@ -58,6 +60,15 @@ int main() {
                 bad.passed ? "PASS" : "FAIL");
     return 1;
   }
-  std::printf("consumer: the oracle passes the float reference and fails the moved output\n");
+  const auto hard = hils::oracle::hard_cases(spec, {4, 2, 32, 32}, {hils::oracle::InputPrecision::fp32, 1, 1024});
+  for (const auto& c : hard.cases) {
+    const hils::oracle::Verdict verdict = hils::oracle::verify(spec, c.inputs, float_kernel(spec, c.inputs));
+    if (!verdict.passed) {
+      std::printf("hard case %s:\n%s\n", c.name.c_str(), verdict.report().c_str());
+      return 1;
+    }
+  }
+  std::printf("consumer: the oracle passes the float reference (also on %zu hard cases) and fails "
+              "the moved output\n", hard.cases.size());
   return 0;
 }
