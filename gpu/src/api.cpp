@@ -238,6 +238,7 @@ const char* select_kernel_name(SelectKernel kernel) {
     case SelectKernel::two_pass_v15: return "two_pass_v15";
     case SelectKernel::two_pass_v21: return "two_pass_v21";
     case SelectKernel::two_pass_v22: return "two_pass_v22";
+    case SelectKernel::two_pass_v26: return "two_pass_v26";
     case SelectKernel::two_pass_v25: return "two_pass_v25";
   }
   return "unknown";

@@ -470,7 +470,10 @@ TEST_CASE("gpu selection v25 with the bias and log Z_hat in its products passes 
 // or another chunk's row fails. (lmk's k' are bf16 keys, which the rounding leaves as they are:
 // there v21's scores are v8's bytes.) v22's selections and scores must be v21's bytes (v21's kernel
 // with the slots past a row's entries summed from chunk 0's row).
-TEST_CASE("gpu selection v21 and v22 score their choices from the bf16 k' they ranked with", "[gpu]") {
+// v26 (the default) runs v22's scores kernel on the fp32 k': its scores must be the fp32-k'
+// surrogate's (v8's) and differ from v22's where k''s bf16 rounding shows.
+TEST_CASE("gpu selection v21 and v22 score their choices from the bf16 k' they ranked with, v26 from fp32 k'",
+          "[gpu]") {
   // clang-format off
   static constexpr Case kCases[] = {
     //   name                        T     S    W   K  Hq Hkv  d  dv  lmk  gain
@@ -514,6 +517,7 @@ TEST_CASE("gpu selection v21 and v22 score their choices from the bf16 k' they r
       const Run v8 = run(hils::gpu::SelectKernel::two_pass_v8);
       const Run v21 = run(hils::gpu::SelectKernel::two_pass_v21);
       const Run v22 = run(hils::gpu::SelectKernel::two_pass_v22);
+      const Run v26 = run(hils::gpu::SelectKernel::two_pass_v26);
       auto floats = [](const gt::GuardedBuffer& b) {
         const auto bytes = b.download();
         std::vector<float> f(bytes.size() / 4);
@@ -525,26 +529,32 @@ TEST_CASE("gpu selection v21 and v22 score their choices from the bf16 k' they r
       CHECK(v21.selection == v8.selection);
       CHECK(v22.selection == v21.selection);
       CHECK(v22.scores == v21.scores);
+      CHECK(v26.selection == v8.selection);
       const int64_t G = c.Hq / c.Hkv;
-      int64_t checked = 0, off_v8 = 0, off_v21 = 0, rounding_visible = 0;
+      int64_t checked = 0, off_v8 = 0, off_v21 = 0, off_v26 = 0, v26_bits_not_v8 = 0, rounding_visible = 0;
       for (int64_t h = 0; h < c.Hq; ++h)
         for (int64_t t = 0; t < c.T; ++t)
           for (int64_t j = 0; j < c.K; ++j) {
             const int32_t chunk = v8.selection[((h / G) * c.T + t) * c.K + j];
             const float a8 = v8.scores[(h * c.T + t) * c.K + j], a21 = v21.scores[(h * c.T + t) * c.K + j];
+            const float a26 = v26.scores[(h * c.T + t) * c.K + j];
             if (chunk < 0) continue;
             const float e32 = s32[(h * c.T + t) * nc + chunk], e16 = s16[(h * c.T + t) * nc + chunk];
             ++checked;
             off_v8 += std::fabs(a8 - e32) > 1e-5f * (1.0f + std::fabs(e32));
             off_v21 += std::fabs(a21 - e16) > 1e-5f * (1.0f + std::fabs(e16));
+            off_v26 += std::fabs(a26 - e32) > 1e-5f * (1.0f + std::fabs(e32));
+            v26_bits_not_v8 += a26 != a8;
             rounding_visible += std::fabs(e16 - e32) > 1e-5f * (1.0f + std::fabs(e32));
           }
       std::cout << "v21 " << c.name << " " << preset << ": " << checked << " selected scores, off the fp32 "
                 << "surrogate (v8) " << off_v8 << ", off the bf16-k' surrogate (v21) " << off_v21
-                << ", where k''s rounding shows " << rounding_visible << "\n";
+                << ", where k''s rounding shows " << rounding_visible << "; v26 off the fp32 surrogate "
+                << off_v26 << ", not v8's bits " << v26_bits_not_v8 << "\n";
       CHECK(checked > 0);
       CHECK(off_v8 == 0);
       CHECK(off_v21 == 0);
+      CHECK(off_v26 == 0);
       if (spec.key_rule == hils::KeyRule::landmark_key)
         // lmk's k' are landmark tokens' keys, bf16 inputs: bf16 holds them exactly, so v21's
         // scores are v8's sums of the same values.

@@ -386,3 +386,47 @@ def test_a_pack_with_empty_sequences_skips_them():
                          **hils.gpu.verify_options(spec, qt))
     print(f"\nhils.gpu.forward with empty sequences in the pack\n{report}")
     assert report.passed and report.empty == [0, 2, 5] and report.lengths == [0, 1024, 0, 333, 700, 0]
+
+
+# The hard cases (data/hard_cases.md) on the packed kernels' shape (bf16, d = S = 64). The default
+# selection sums the fusion logits from fp32 k' (v26); two_pass_v22's bf16 k' failed o on
+# large_logits and negative_logits (gpu/NOTES.md "Hard cases (session 24)", "v26").
+HARD_SPEC_GEOMETRY = {"S": S, "W": 128, "K": 4}
+HARD_PRESETS = ("hils", "nsa", "lmk", "full")
+
+
+@pytest.mark.parametrize("preset", HARD_PRESETS)
+def test_every_hard_case_passes_the_oracle(preset):
+    spec = {"preset": preset, **HARD_SPEC_GEOMETRY}
+    cases = hils.hard_cases(spec, Hq=4, Hkv=2, d=d, precision="bf16", max_T=4096)
+    assert cases.skipped == [] or preset == "full"
+    failed = []
+    for case in cases:
+        q, k, v = (torch.from_numpy(x).cuda().bfloat16() for x in (case.q, case.k, case.v))
+        out = hils.gpu.forward(q, k, v, spec)
+        report = hils.verify(spec, outputs=out, **{**case.arguments, **hils.gpu.verify_options(spec, q)})
+        print(f"\n{preset} {case.name} T={case.T}: " +
+              " ".join(f"{t}={r.headroom:.3g}" for t, r in report.tensors.items()))
+        if not report.passed:
+            failed.append(f"{case.name}\n{report}")
+    assert not failed, "\n".join(failed)
+
+
+def test_v22s_bf16_fusion_logits_fail_large_logits_where_the_default_passes():
+    """The regression the hard cases found, on the shape where it was found (the paper's): the
+    same inputs through two_pass_v22 fail o."""
+    spec = {"preset": "hils", "S": 64, "W": 512, "K": 32}
+    case = next(c for c in hils.hard_cases(spec, Hq=16, Hkv=2, d=d, precision="bf16", max_T=5000)
+                if c.name == "large_logits")
+    q, k, v = (torch.from_numpy(x).cuda().bfloat16() for x in (case.q, case.k, case.v))
+    options = {**case.arguments, **hils.gpu.verify_options(spec, q)}
+    lib = hils.gpu.load_library()
+    stages = hils.gpu.Stages(lib, hils.gpu.problem(spec, q, k, v))
+    reports = {}
+    for kernel in ("two_pass_v22", "two_pass_v26"):
+        stages.forward(select_kernel=kernel)
+        reports[kernel] = hils.verify(spec, outputs={"o": stages.o, "lse": stages.lse,
+                                                     "selection": stages.selection}, **options)
+        print(f"\n{kernel}: " + " ".join(f"{t}={r.headroom:.3g}" for t, r in reports[kernel].tensors.items()))
+    assert reports["two_pass_v26"].passed
+    assert not reports["two_pass_v22"].passed and not reports["two_pass_v22"].tensors["o"].passed

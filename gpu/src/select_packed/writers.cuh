@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "select_packed/common.cuh"
 
@@ -159,9 +160,13 @@ __device__ void write_selected_scores(const LaunchParams& p, const int32_t* inde
 // kPlain (v22): every slot's key part and bias loaded without a test (a slot past the row's
 // entries reads chunk 0 of the head, which its sums, never stored, ignore; no selects of zeros),
 // and 4 blocks of 8 warps per SM (64 registers) instead of 3.
-template <int G, bool kPlain = false>
-__global__ void __launch_bounds__(256, kPlain ? 4 : 3)
-    selected_scores_lean_kernel(LaunchParams p, const __nv_bfloat16* key, const float* bias,
+// Key: __nv_bfloat16 (v21, v22: the bf16 copy the ranking scored, 16 bytes per lane and step) or
+// float (v26: the fp32 k', 32 bytes per lane and step, loaded 4 steps at a time, 3 blocks per SM:
+// at v22's 64 registers it spilled 12-16 bytes); the sums are the same instructions on the same
+// tree.
+template <int G, bool kPlain = false, class Key = __nv_bfloat16>
+__global__ void __launch_bounds__(256, kPlain && !std::is_same_v<Key, float> ? 4 : 3)
+    selected_scores_lean_kernel(LaunchParams p, const Key* key, const float* bias,
                                 const int32_t* selection, float* selected_score) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / kWarp, g = blockIdx.y;
   if (t >= p.T) return;  // the whole warp
@@ -190,22 +195,38 @@ __global__ void __launch_bounds__(256, kPlain ? 4 : 3)
 #pragma unroll 1
   for (int hg = 0; hg < G; ++hg) {
     const int64_t h = g * G + hg;
-    const __nv_bfloat16* key_h = key + static_cast<uint32_t>(h) * nc * kTileDim;
+    const Key* key_h = key + static_cast<uint32_t>(h) * nc * kTileDim;
     const uint4 q_raw = *reinterpret_cast<const uint4*>(qr + (h * p.T + t) * kTileDim + 8 * part);
     const float b_out = kPlain ? bias[h * nc + (out_valid ? c_out : 0)] : out_valid ? bias[h * nc + c_out] : 0.0f;
-    uint4 raw[8];
+    float qf[8], v[8];
+    if constexpr (std::is_same_v<Key, float>) {
+      bf16x8_to_float(q_raw, qf);
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-      raw[j] = kPlain || (valid >> j) & 1u ? *reinterpret_cast<const uint4*>(key_h + key_offset[j])
-                                           : make_uint4(0u, 0u, 0u, 0u);
-    float qf[8];
-    bf16x8_to_float(q_raw, qf);
-    float v[8];
+      for (int half = 0; half < 2; ++half) {
+        float4 k0[4], k1[4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      float kf[8];
-      bf16x8_to_float(raw[j], kf);
-      v[j] = dot8(qf, make_float4(kf[0], kf[1], kf[2], kf[3]), make_float4(kf[4], kf[5], kf[6], kf[7]));
+        for (int jj = 0; jj < 4; ++jj) {
+          const int j = 4 * half + jj;
+          const bool load = kPlain || (valid >> j) & 1u;
+          k0[jj] = load ? *reinterpret_cast<const float4*>(key_h + key_offset[j]) : make_float4(0.f, 0.f, 0.f, 0.f);
+          k1[jj] = load ? *reinterpret_cast<const float4*>(key_h + key_offset[j] + 4) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) v[4 * half + jj] = dot8(qf, k0[jj], k1[jj]);
+      }
+    } else {
+      uint4 raw[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        raw[j] = kPlain || (valid >> j) & 1u ? *reinterpret_cast<const uint4*>(key_h + key_offset[j])
+                                             : make_uint4(0u, 0u, 0u, 0u);
+      bf16x8_to_float(q_raw, qf);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        float kf[8];
+        bf16x8_to_float(raw[j], kf);
+        v[j] = dot8(qf, make_float4(kf[0], kf[1], kf[2], kf[3]), make_float4(kf[4], kf[5], kf[6], kf[7]));
+      }
     }
     float w[4], x[2];
 #pragma unroll

@@ -189,13 +189,14 @@ void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const Devic
 // Which packed selection kernel runs (gpu/NOTES.md has each version's numbers). The values are
 // stable codes, as SparseKernel's (the versions removed in session 17 keep theirs unused;
 // gpu/NOTES.md "Kernels removed in session 17"). All but two_pass_v25 give the same selection
-// (selections_identical_to_v8); v25 may differ at near ties, within the oracle's margin. All but
-// two_pass_v21, two_pass_v22 and two_pass_v25 give the same selected scores; those sum them from
-// the bf16 k' the ranking scored (v25 v22's scores of its own selection). two_pass_v22 is the
-// default (kDefaultSelectKernel): v8 scored by wgmma on sm_90a with 128 queries per block, pass 2's
-// per-step overhead trimmed and two k' tiles per pass-1 step (v15), pass 2's copy state in 32 bits
-// and the selected scores by a kernel of their own that reads the bf16 k' rows and sums them in
-// fewer instructions (v21, v22: the same bytes; gpu/NOTES.md v16 to v22). v4, v5, v8, v15, v21 and
+// (selections_identical_to_v8); v25 may differ at near ties, within the oracle's margin. The
+// selected scores (the hierarchical fusion's logits) of two_pass_v21, two_pass_v22 and two_pass_v25
+// are sums over the bf16 k' the ranking scored (v25 v22's scores of its own selection); the others
+// sum the fp32 k'. two_pass_v26 is the default (kDefaultSelectKernel): v8 scored by wgmma on sm_90a
+// with 128 queries per block, pass 2's per-step overhead trimmed and two k' tiles per pass-1 step
+// (v15), pass 2's copy state in 32 bits and the selected scores by a kernel of their own (v21, v22)
+// that reads the fp32 k' rows (v26: bf16 rows moved the fusion logits by ~0.3 and o past the
+// oracle's tolerance when |s_hat| ~ 150; gpu/NOTES.md v16 to v26). v4, v5, v8, v15, v21, v22 and
 // v25 stay reachable by name: the fallbacks, the independent checks of the tests and the
 // benchmark's comparison points (gpu/NOTES.md "Kernels removed in session 17").
 // one_pass_v5 applies to the default group rule (max_normalized); for the others it falls back
@@ -219,13 +220,16 @@ enum class SelectKernel {
   two_pass_v25 = 19,  // v22 with pass 2's bias and log Z_hat as a fifth wgmma k-step (max_normalized):
                       // NOT v8's bits (group scores rounded otherwise; pass 1's bound taken with a
                       // margin); v22 at 16 heads per group (shared memory); gpu/NOTES.md v25
+  two_pass_v26 = 20,  // v22 with its scores kernel summing the fp32 k' rows: v8's selections and
+                      // selected scores within fp32 rounding of v8's (the hierarchical fusion's
+                      // logits; v22's bf16 k' moved them by ~0.3 at |s_hat| ~ 150, gpu/NOTES.md v26)
 };
 // Every SelectKernel, in the order of their values.
 constexpr SelectKernel kSelectKernels[] = {SelectKernel::two_pass_v4,  SelectKernel::one_pass_v5,
                                            SelectKernel::two_pass_v8,  SelectKernel::two_pass_v15,
                                            SelectKernel::two_pass_v21, SelectKernel::two_pass_v22,
-                                           SelectKernel::two_pass_v25};
-constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v22;
+                                           SelectKernel::two_pass_v25, SelectKernel::two_pass_v26};
+constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v26;
 // The selection without wgmma where wgmma cannot run (wgmma_available).
 constexpr SelectKernel kSelectKernelWithoutWgmma = SelectKernel::two_pass_v8;
 // The kernel's name as above ("two_pass_v22", ...).
@@ -240,7 +244,8 @@ constexpr bool uses_wgmma(SelectKernel kernel) {
     case SelectKernel::two_pass_v15:
     case SelectKernel::two_pass_v21:
     case SelectKernel::two_pass_v22:
-    case SelectKernel::two_pass_v25: return true;
+    case SelectKernel::two_pass_v25:
+    case SelectKernel::two_pass_v26: return true;
   }
   return true;
 }
