@@ -239,6 +239,7 @@ const char* select_kernel_name(SelectKernel kernel) {
     case SelectKernel::two_pass_v21: return "two_pass_v21";
     case SelectKernel::two_pass_v22: return "two_pass_v22";
     case SelectKernel::two_pass_v26: return "two_pass_v26";
+    case SelectKernel::two_pass_v27: return "two_pass_v27";
     case SelectKernel::two_pass_v25: return "two_pass_v25";
   }
   return "unknown";

@@ -74,6 +74,7 @@ SelectKernelFn select_kernel_of(PackedSelect kernel) {
     case PackedSelect::two_pass_v21:  // the selection; the scores by selected_scores_lean_kernel
     case PackedSelect::two_pass_v22:  // the same; the scores by selected_scores_lean_kernel<G, true>
     case PackedSelect::two_pass_v26:  // the same; the scores from fp32 k' (selected_scores_lean_kernel<G, true, float>)
+    case PackedSelect::two_pass_v27:  // the same; the scores from an fp16 copy of k' (<G, true, __half>)
       return select_packed_kernel<G, Offers::buffered, Scoring::wgmma_q_smem, Writer::separate, Lean::pass2_q32>;
     case PackedSelect::two_pass_v25:  // v22 with the bias and log2 Z_hat as pass 2's fifth k-step
       return select_packed_kernel<G, Offers::buffered, Scoring::wgmma_q_smem, Writer::separate, Lean::pass2_fold>;
@@ -99,29 +100,37 @@ void launch_select_g(const LaunchParams& p, const float* key, const float* bias,
   const bool fold = kernel == PackedSelect::two_pass_v25;
   const size_t key_bytes = ((n > 0 ? n : 1) * sizeof(__nv_bfloat16) + 255) / 256 * 256;
   const int64_t bias_floats = fold ? fold_scratch_floats(n_bias) : (n_bias > 0 ? n_bias : 1);
-  auto* scratch = static_cast<char*>(take_scratch(key_bytes + bias_floats * sizeof(float), stream, "selection"));
+  // v27: an fp16 copy of k' for the selected scores, after the bias floats.
+  const bool fp16_scores = kernel == PackedSelect::two_pass_v27;
+  const size_t bias_bytes = (bias_floats * sizeof(float) + 255) / 256 * 256;
+  auto* scratch = static_cast<char*>(
+      take_scratch(key_bytes + bias_bytes + (fp16_scores ? key_bytes : 0), stream, "selection"));
   auto* key_bf16 = reinterpret_cast<__nv_bfloat16*>(scratch);
   auto* bias2 = reinterpret_cast<float*>(scratch + key_bytes);
+  auto* key_fp16 = fp16_scores ? reinterpret_cast<__half*>(scratch + key_bytes + bias_bytes) : nullptr;
   auto* fold_rows = fold ? reinterpret_cast<uint4*>(bias2 + fold_rows_offset(n_bias)) : nullptr;
   auto* fold_bias_max = fold ? reinterpret_cast<float*>(fold_rows + n_bias) : nullptr;
   if (fold) cudaMemsetAsync(fold_bias_max, 0, sizeof(float), stream);
   if (n > 0)
     to_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
-        key, key_bf16, n, bias, bias2, n_bias, fold_rows, fold_bias_max, p.scale * kLog2e);
+        key, key_bf16, n, bias, bias2, n_bias, fold_rows, fold_bias_max, p.scale * kLog2e, key_fp16);
   const int first_round = one_wave_first_round(fn, 2 * queries, smem, static_cast<int64_t>(grid.x) * grid.y);
   fn<<<grid, 2 * queries, smem, stream>>>(p, key, key_bf16, bias, bias2, lse_swa, selection, selected_score,
                                           first_round);
   // v21, v22, v25: the selected scores after the selection, by a kernel of their own, from bf16 k';
-  // v26: the same kernel on the fp32 k'.
+  // v26: the same kernel on the fp32 k'; v27 on an fp16 copy.
   const dim3 scores_grid(static_cast<unsigned>((p.T + 7) / 8), static_cast<unsigned>(p.Hkv));
   if (kernel == PackedSelect::two_pass_v21)  // v21: v20's sums in fewer instructions (K <= 32)
-    selected_scores_lean_kernel<G><<<scores_grid, 256, 0, stream>>>(p, key_bf16, bias, selection, selected_score);
+    selected_scores_lean_kernel<G><<<scores_grid, 256, 0, stream>>>(p, key_bf16, key, bias, selection, selected_score);
   if (kernel == PackedSelect::two_pass_v22 || kernel == PackedSelect::two_pass_v25)  // v22: v21's without load
-    selected_scores_lean_kernel<G, true><<<scores_grid, 256, 0, stream>>>(p, key_bf16, bias, selection,
+    selected_scores_lean_kernel<G, true><<<scores_grid, 256, 0, stream>>>(p, key_bf16, key, bias, selection,
                                                                           selected_score);
   if (kernel == PackedSelect::two_pass_v26)
-    selected_scores_lean_kernel<G, true, float><<<scores_grid, 256, 0, stream>>>(p, key, bias, selection,
+    selected_scores_lean_kernel<G, true, float><<<scores_grid, 256, 0, stream>>>(p, key, key, bias, selection,
                                                                                  selected_score);
+  if (kernel == PackedSelect::two_pass_v27)
+    selected_scores_lean_kernel<G, true, __half><<<scores_grid, 256, 0, stream>>>(p, key_fp16, key, bias,
+                                                                                  selection, selected_score);
   give_back_scratch(scratch, stream);
 }
 
@@ -141,11 +150,12 @@ void launch_select_packed(const LaunchParams& p, const float* key, const float* 
   const bool fall_back = (kernel == PackedSelect::one_pass_v5 && p.group_rule != kGroupMaxNormalized) ||
                          (kernel != PackedSelect::two_pass_v4 && kernel != PackedSelect::one_pass_v5 &&
                           p.K > kWarp);
-  // v21, v22, v25 and v26 offset q~ rows in 32 bits (Hq T 64 < 2^32); longer sequences run v15 (the
+  // v21, v22 and v25 to v27 offset q~ rows in 32 bits (Hq T 64 < 2^32); longer sequences run v15 (the
   // same selection as v21 and v22; v25 differs from it only where it differs from v8; the scores
   // are v8's, not v21's rounding of k' to bf16).
   const bool long_rows = (kernel == PackedSelect::two_pass_v21 || kernel == PackedSelect::two_pass_v22 ||
-                          kernel == PackedSelect::two_pass_v25 || kernel == PackedSelect::two_pass_v26) &&
+                          kernel == PackedSelect::two_pass_v25 || kernel == PackedSelect::two_pass_v26 ||
+                          kernel == PackedSelect::two_pass_v27) &&
                          p.Hq * p.T * kTileDim > UINT32_MAX;
   // v25 at G = 16: its extra shared memory (select_smem_bytes) would leave one block per SM; v22 runs.
   const bool fold_too_large = kernel == PackedSelect::two_pass_v25 && p.Hq / p.Hkv == 16;

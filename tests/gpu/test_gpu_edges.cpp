@@ -470,9 +470,12 @@ TEST_CASE("gpu selection v25 with the bias and log Z_hat in its products passes 
 // or another chunk's row fails. (lmk's k' are bf16 keys, which the rounding leaves as they are:
 // there v21's scores are v8's bytes.) v22's selections and scores must be v21's bytes (v21's kernel
 // with the slots past a row's entries summed from chunk 0's row).
-// v26 (the default) runs v22's scores kernel on the fp32 k': its scores must be the fp32-k'
-// surrogate's (v8's) and differ from v22's where k''s bf16 rounding shows.
-TEST_CASE("gpu selection v21 and v22 score their choices from the bf16 k' they ranked with, v26 from fp32 k'",
+// v26 runs v22's scores kernel on the fp32 k': its scores must be the fp32-k' surrogate's (v8's);
+// v27 (the default) on an fp16 copy: the fp16-k' surrogate's. The fourth case puts k' beyond fp16's
+// range (keys x 2^17, queries x 2^-17: the same logits): v27 must read those parts from fp32 k'
+// (finite scores within fp16 rounding of the fp32 surrogate).
+TEST_CASE("gpu selection v21 and v22 score their choices from the bf16 k' they ranked with, v26 from fp32 k', "
+          "v27 from fp16 k'",
           "[gpu]") {
   // clang-format off
   static constexpr Case kCases[] = {
@@ -480,10 +483,17 @@ TEST_CASE("gpu selection v21 and v22 score their choices from the bf16 k' they r
     Case{"packed_bench_geometry", 2113,   64, 512, 32, 16,  2, 64, 64, true, 1.0},
     Case{"packed_g2_peaked",       777,   64,  64,  3,  4,  2, 64, 64, true, 4.0},
     Case{"packed_multi_tile",     5000,   64, 128, 16,  4,  1, 64, 64, true, 1.0},
+    Case{"packed_fp16_overflow",   777,   64,  64,  3,  4,  2, 64, 64, true, 1.0},
   };
   // clang-format on
   for (const Case& c : kCases) {
-    const auto inputs = hils::cases::make_inputs<double>(c);
+    auto inputs = hils::cases::make_inputs<double>(c);
+    const bool overflow = std::string(c.name) == "packed_fp16_overflow";
+    if (overflow) {
+      for (auto& k : inputs.k) k *= 131072.0;
+      for (auto& q : inputs.q) q /= 131072.0;
+      inputs.q_retrieval.clear();
+    }
     for (const char* preset : {"hils", "lmk"}) {
       const MechanismSpec spec = selection_spec(preset, c);
       const int64_t nc = c.T / c.S;
@@ -496,11 +506,20 @@ TEST_CASE("gpu selection v21 and v22 score their choices from the bf16 k' they r
       std::vector<unsigned char> rounded_bytes(key_bytes.size());
       std::memcpy(rounded_bytes.data(), key_rounded.data(), rounded_bytes.size());
       const gt::GuardedBuffer key_bf16 = gt::upload(rounded_bytes);
-      gt::GuardedBuffer surrogate(c.Hq * c.T * nc * 4), surrogate_bf16(c.Hq * c.T * nc * 4);
+      std::vector<float> key_half(key_bytes.size() / 4);
+      std::memcpy(key_half.data(), key_bytes.data(), key_bytes.size());
+      for (float& x : key_half) x = static_cast<float>(oracle::round_to_fp16(x));
+      std::vector<unsigned char> half_bytes(key_bytes.size());
+      std::memcpy(half_bytes.data(), key_half.data(), half_bytes.size());
+      const gt::GuardedBuffer key_fp16 = gt::upload(half_bytes);
+      gt::GuardedBuffer surrogate(c.Hq * c.T * nc * 4), surrogate_bf16(c.Hq * c.T * nc * 4),
+          surrogate_fp16(c.Hq * c.T * nc * 4);
       hils::gpu::surrogate_scores(spec, staged.shape, staged.set.view, staged.key.as<float>(),
                                   staged.bias.as<float>(), surrogate.as<float>());
       hils::gpu::surrogate_scores(spec, staged.shape, staged.set.view, key_bf16.as<float>(),
                                   staged.bias.as<float>(), surrogate_bf16.as<float>());
+      hils::gpu::surrogate_scores(spec, staged.shape, staged.set.view, key_fp16.as<float>(),
+                                  staged.bias.as<float>(), surrogate_fp16.as<float>());
       struct Run {
         std::vector<int32_t> selection;
         std::vector<float> scores;
@@ -518,26 +537,29 @@ TEST_CASE("gpu selection v21 and v22 score their choices from the bf16 k' they r
       const Run v21 = run(hils::gpu::SelectKernel::two_pass_v21);
       const Run v22 = run(hils::gpu::SelectKernel::two_pass_v22);
       const Run v26 = run(hils::gpu::SelectKernel::two_pass_v26);
+      const Run v27 = run(hils::gpu::SelectKernel::two_pass_v27);
       auto floats = [](const gt::GuardedBuffer& b) {
         const auto bytes = b.download();
         std::vector<float> f(bytes.size() / 4);
         std::memcpy(f.data(), bytes.data(), bytes.size());
         return f;
       };
-      const std::vector<float> s32 = floats(surrogate), s16 = floats(surrogate_bf16);
+      const std::vector<float> s32 = floats(surrogate), s16 = floats(surrogate_bf16), sh = floats(surrogate_fp16);
       INFO("case " << c.name << " preset " << preset);
       CHECK(v21.selection == v8.selection);
       CHECK(v22.selection == v21.selection);
       CHECK(v22.scores == v21.scores);
       CHECK(v26.selection == v8.selection);
+      CHECK(v27.selection == v8.selection);
       const int64_t G = c.Hq / c.Hkv;
       int64_t checked = 0, off_v8 = 0, off_v21 = 0, off_v26 = 0, v26_bits_not_v8 = 0, rounding_visible = 0;
+      int64_t off_v27 = 0, v27_not_finite = 0;
       for (int64_t h = 0; h < c.Hq; ++h)
         for (int64_t t = 0; t < c.T; ++t)
           for (int64_t j = 0; j < c.K; ++j) {
             const int32_t chunk = v8.selection[((h / G) * c.T + t) * c.K + j];
             const float a8 = v8.scores[(h * c.T + t) * c.K + j], a21 = v21.scores[(h * c.T + t) * c.K + j];
-            const float a26 = v26.scores[(h * c.T + t) * c.K + j];
+            const float a26 = v26.scores[(h * c.T + t) * c.K + j], a27 = v27.scores[(h * c.T + t) * c.K + j];
             if (chunk < 0) continue;
             const float e32 = s32[(h * c.T + t) * nc + chunk], e16 = s16[(h * c.T + t) * nc + chunk];
             ++checked;
@@ -545,16 +567,25 @@ TEST_CASE("gpu selection v21 and v22 score their choices from the bf16 k' they r
             off_v21 += std::fabs(a21 - e16) > 1e-5f * (1.0f + std::fabs(e16));
             off_v26 += std::fabs(a26 - e32) > 1e-5f * (1.0f + std::fabs(e32));
             v26_bits_not_v8 += a26 != a8;
+            const float eh = sh[(h * c.T + t) * nc + chunk];
+            v27_not_finite += !std::isfinite(a27);
+            // Where k' overflowed fp16 the expected value mixes fp16 and fp32 parts: within fp16's
+            // rounding of the fp32 surrogate (the scores are O(1) there).
+            off_v27 += overflow ? std::fabs(a27 - e32) > 2e-3f * (1.0f + std::fabs(e32))
+                                : std::fabs(a27 - eh) > 1e-5f * (1.0f + std::fabs(eh));
             rounding_visible += std::fabs(e16 - e32) > 1e-5f * (1.0f + std::fabs(e32));
           }
       std::cout << "v21 " << c.name << " " << preset << ": " << checked << " selected scores, off the fp32 "
                 << "surrogate (v8) " << off_v8 << ", off the bf16-k' surrogate (v21) " << off_v21
                 << ", where k''s rounding shows " << rounding_visible << "; v26 off the fp32 surrogate "
-                << off_v26 << ", not v8's bits " << v26_bits_not_v8 << "\n";
+                << off_v26 << ", not v8's bits " << v26_bits_not_v8 << "; v27 off its surrogate " << off_v27
+                << ", not finite " << v27_not_finite << "\n";
       CHECK(checked > 0);
       CHECK(off_v8 == 0);
       CHECK(off_v21 == 0);
       CHECK(off_v26 == 0);
+      CHECK(off_v27 == 0);
+      CHECK(v27_not_finite == 0);
       if (spec.key_rule == hils::KeyRule::landmark_key)
         // lmk's k' are landmark tokens' keys, bf16 inputs: bf16 holds them exactly, so v21's
         // scores are v8's sums of the same values.

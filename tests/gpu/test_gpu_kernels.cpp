@@ -578,7 +578,8 @@ TEST_CASE("gpu C API selection kernel codes", "[gpu]") {
   for (auto [code, kernel] : {std::pair{0, hils::gpu::SelectKernel::two_pass_v4},
                               std::pair{4, hils::gpu::SelectKernel::two_pass_v8},
                               std::pair{18, hils::gpu::SelectKernel::two_pass_v22},
-                              std::pair{20, hils::gpu::SelectKernel::two_pass_v26}}) {
+                              std::pair{20, hils::gpu::SelectKernel::two_pass_v26},
+                              std::pair{21, hils::gpu::SelectKernel::two_pass_v27}}) {
     INFO("code " << code << " " << hils::gpu::select_kernel_name(kernel));
     REQUIRE(hils_gpu_select_with(&p, code, key.as<float>(), bias.as<float>(), nullptr, lse_swa.as<float>(),
                                  selection.as<int32_t>(), score.as<float>(), nullptr) == 0);
@@ -944,7 +945,7 @@ TEST_CASE("gpu wgmma kernels fall back or are refused where wgmma cannot run", "
   gt::GuardedBuffer selection(c.Hkv * c.T * c.K * 4), score(c.Hq * c.T * c.K * 4);
   for (auto kernel : {hils::gpu::SelectKernel::two_pass_v15, hils::gpu::SelectKernel::two_pass_v21,
                       hils::gpu::SelectKernel::two_pass_v22, hils::gpu::SelectKernel::two_pass_v25,
-                      hils::gpu::SelectKernel::two_pass_v26}) {
+                      hils::gpu::SelectKernel::two_pass_v26, hils::gpu::SelectKernel::two_pass_v27}) {
     REQUIRE(hils::gpu::uses_wgmma(kernel));
     INFO(hils::gpu::select_kernel_name(kernel));
     CHECK_THROWS_WITH(

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -64,11 +65,14 @@ __host__ __device__ constexpr int64_t fold_scratch_floats(int64_t n_bias) {
 
 // fp32 summaries -> bf16 copy for the copy engine and the tensor cores; bias -> bias log2 e.
 // v25 (fold_rows not null): each bias's FoldRow, and max |b2| into *fold_bias_max (zeroed before).
+// v27 (dst16 not null): an fp16 copy too, for the selected scores (to nearest; beyond fp16's range
+// it holds inf, which the scores kernel replaces by the fp32 value).
 __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n, const float* bias,
                                float* bias2, int64_t n_bias, uint4* fold_rows, float* fold_bias_max,
-                               float scale2) {
+                               float scale2, __half* dst16) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) dst[i] = __float2bfloat16_rn(src[i]);
+  if (dst16 != nullptr && i < n) dst16[i] = __float2half_rn(src[i]);
   float b2 = 0.0f;
   if (i < n_bias) bias2[i] = b2 = bias[i] * kLog2e;
   if (fold_rows == nullptr || i - static_cast<int64_t>(threadIdx.x % kWarp) >= n_bias) return;

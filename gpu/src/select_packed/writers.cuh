@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -70,6 +71,32 @@ __device__ __forceinline__ void selected_score_step(const float (&qf)[8], float4
   if ((lane & ~3) == ((4 * j) & 31) && 4 * j + (lane & 3) < n) {
     if (4 * j < kWarp) score[0] = __fmaf_rn(scale, mine, own_bias[0]);
     else score[1] = __fmaf_rn(scale, mine, own_bias[1]);
+  }
+}
+
+__device__ __forceinline__ void half8_to_float(uint4 raw, float (&kf)[8]) {
+  const __half2* k2 = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __half22float2(k2[j]);
+    kf[2 * j] = f.x, kf[2 * j + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ bool all_finite8(const float (&x)[8]) {
+  bool finite = true;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) finite = finite && isfinite(x[e]);
+  return finite;
+}
+
+// The lean kernel's 8 partial sums (v[j] = q~ part . k' part of step j) from the fp32 k' of one
+// head: the rare path of v27's fp16 copy (kept out of line so that it costs no registers).
+__device__ __noinline__ void sums_from_fp32(const float (&qf)[8], const float* key_head,
+                                            const uint32_t (&key_offset)[8], float (&v)[8]) {
+  for (int j = 0; j < 8; ++j) {
+    const float* row = key_head + key_offset[j];
+    v[j] = dot8(qf, make_float4(row[0], row[1], row[2], row[3]), make_float4(row[4], row[5], row[6], row[7]));
   }
 }
 
@@ -160,13 +187,14 @@ __device__ void write_selected_scores(const LaunchParams& p, const int32_t* inde
 // kPlain (v22): every slot's key part and bias loaded without a test (a slot past the row's
 // entries reads chunk 0 of the head, which its sums, never stored, ignore; no selects of zeros),
 // and 4 blocks of 8 warps per SM (64 registers) instead of 3.
-// Key: __nv_bfloat16 (v21, v22: the bf16 copy the ranking scored, 16 bytes per lane and step) or
+// Key: __nv_bfloat16 (v21, v22: the bf16 copy the ranking scored, 16 bytes per lane and step),
 // float (v26: the fp32 k', 32 bytes per lane and step, loaded 4 steps at a time, 3 blocks per SM:
-// at v22's 64 registers it spilled 12-16 bytes); the sums are the same instructions on the same
-// tree.
+// at v22's 64 registers it spilled 12-16 bytes) or __half (v27: an fp16 copy, v22's bytes with
+// 2^-11 instead of 2^-8 relative rounding; a part that overflowed fp16 is read from key32, the
+// fp32 k'); the sums are the same instructions on the same tree.
 template <int G, bool kPlain = false, class Key = __nv_bfloat16>
 __global__ void __launch_bounds__(256, kPlain && !std::is_same_v<Key, float> ? 4 : 3)
-    selected_scores_lean_kernel(LaunchParams p, const Key* key, const float* bias,
+    selected_scores_lean_kernel(LaunchParams p, const Key* key, const float* key32, const float* bias,
                                 const int32_t* selection, float* selected_score) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / kWarp, g = blockIdx.y;
   if (t >= p.T) return;  // the whole warp
@@ -222,11 +250,21 @@ __global__ void __launch_bounds__(256, kPlain && !std::is_same_v<Key, float> ? 4
                                              : make_uint4(0u, 0u, 0u, 0u);
       bf16x8_to_float(q_raw, qf);
 #pragma unroll
+      bool overflowed = false;
+#pragma unroll
       for (int j = 0; j < 8; ++j) {
         float kf[8];
-        bf16x8_to_float(raw[j], kf);
+        if constexpr (std::is_same_v<Key, __half>) {
+          half8_to_float(raw[j], kf);
+          overflowed = overflowed || !all_finite8(kf);
+        } else {
+          bf16x8_to_float(raw[j], kf);
+        }
         v[j] = dot8(qf, make_float4(kf[0], kf[1], kf[2], kf[3]), make_float4(kf[4], kf[5], kf[6], kf[7]));
       }
+      // |k'| beyond fp16's 65504 in a part (inf in the copy): its 8 sums again from the fp32 k'.
+      if constexpr (std::is_same_v<Key, __half>)
+        if (overflowed) sums_from_fp32(qf, key32 + static_cast<uint32_t>(h) * nc * kTileDim, key_offset, v);
     }
     float w[4], x[2];
 #pragma unroll

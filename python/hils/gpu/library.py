@@ -21,7 +21,8 @@ ENUMS = {"key_rule": KEY, "bias_rule": BIAS, "prior_rule": PRIOR, "group_rule": 
 # "select_kernel", ...: name=code pairs) when the first Library is loaded; these are the kept
 # kernels as c_api.h lists them, for argument parsers that run before a library is loaded.
 SELECT_KERNEL = {"two_pass_v4": 0, "one_pass_v5": 1, "two_pass_v8": 4, "two_pass_v15": 11,
-                 "two_pass_v21": 17, "two_pass_v22": 18, "two_pass_v25": 19, "two_pass_v26": 20}
+                 "two_pass_v21": 17, "two_pass_v22": 18, "two_pass_v25": 19, "two_pass_v26": 20,
+                 "two_pass_v27": 21}
 SPARSE_KERNEL = {"chunked_v21": 17, "chunked_v30": 26, "chunked_v35": 29, "chunked_v36": 30}
 WINDOW_KERNEL = {"mma_v9": 1, "wgmma_v18": 10, "wgmma_v19": 11, "wgmma_v20": 12}
 # hils::gpu::DecodeKernel (hils_gpu_decode::kernel), name -> code, from hils_gpu_enum_names
@@ -39,9 +40,9 @@ _REMOVED_AT = {"select_kernel": "ad5fb84", "sparse_kernel": "ad5fb84", "window_k
                "decode_kernel": "5a3f9d2"}
 # The selection kernels that are not bit-identical to v8 by construction: v21 and v22 sum their
 # selected scores from the bf16 k' (gpu/NOTES.md v20, v21), v25 ranks otherwise rounded group
-# scores (gpu/NOTES.md v25): the oracle judges them, not a byte compare. v26 (the default) sums
-# the fp32 k' as v8 does.
-APPROXIMATE_SELECT_KERNELS = ("two_pass_v21", "two_pass_v22", "two_pass_v25")
+# scores (gpu/NOTES.md v25), v27 (the default) sums an fp16 copy of k': the oracle judges them, not
+# a byte compare. v26 sums the fp32 k' as v8 does.
+APPROXIMATE_SELECT_KERNELS = ("two_pass_v21", "two_pass_v22", "two_pass_v25", "two_pass_v27")
 # hils::gpu::SummaryType (hils_gpu_decode::summary_type) by label (int4h: SummaryType::int4_h,
 # scanned by d40 only).
 SUMMARY_TYPES = {"bf16": 0, "fp8": 1, "int4": 2, "int4h": 3}

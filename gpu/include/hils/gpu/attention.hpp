@@ -192,12 +192,13 @@ void surrogate_scores(const MechanismSpec& spec, const Shape& shape, const Devic
 // (selections_identical_to_v8); v25 may differ at near ties, within the oracle's margin. The
 // selected scores (the hierarchical fusion's logits) of two_pass_v21, two_pass_v22 and two_pass_v25
 // are sums over the bf16 k' the ranking scored (v25 v22's scores of its own selection); the others
-// sum the fp32 k'. two_pass_v26 is the default (kDefaultSelectKernel): v8 scored by wgmma on sm_90a
-// with 128 queries per block, pass 2's per-step overhead trimmed and two k' tiles per pass-1 step
-// (v15), pass 2's copy state in 32 bits and the selected scores by a kernel of their own (v21, v22)
-// that reads the fp32 k' rows (v26: bf16 rows moved the fusion logits by ~0.3 and o past the
-// oracle's tolerance when |s_hat| ~ 150; gpu/NOTES.md v16 to v26). v4, v5, v8, v15, v21, v22 and
-// v25 stay reachable by name: the fallbacks, the independent checks of the tests and the
+// sum the fp32 k' (v26) or an fp16 copy of it (v27). two_pass_v27 is the default
+// (kDefaultSelectKernel): v8 scored by wgmma on sm_90a with 128 queries per block, pass 2's per-step
+// overhead trimmed and two k' tiles per pass-1 step (v15), pass 2's copy state in 32 bits and the
+// selected scores by a kernel of their own (v21, v22) that reads an fp16 copy of k' (v27: the bf16
+// rows of v22 moved the fusion logits by ~0.3 and o past the oracle's tolerance when |s_hat| ~ 150;
+// fp32 rows, v26, cost ~4 ms at 512K; gpu/NOTES.md v16 to v27). v4, v5, v8, v15, v21, v22, v25 and
+// v26 stay reachable by name: the fallbacks, the independent checks of the tests and the
 // benchmark's comparison points (gpu/NOTES.md "Kernels removed in session 17").
 // one_pass_v5 applies to the default group rule (max_normalized); for the others it falls back
 // to two_pass_v4. v8 forms its bound for K <= 32 and the normalised group rules and takes K <= 32
@@ -223,13 +224,16 @@ enum class SelectKernel {
   two_pass_v26 = 20,  // v22 with its scores kernel summing the fp32 k' rows: v8's selections and
                       // selected scores within fp32 rounding of v8's (the hierarchical fusion's
                       // logits; v22's bf16 k' moved them by ~0.3 at |s_hat| ~ 150, gpu/NOTES.md v26)
+  two_pass_v27 = 21,  // v22 with its scores kernel summing an fp16 copy of k' (v22's bytes, 2^-11
+                      // relative rounding instead of 2^-8; parts beyond fp16's range from fp32 k')
 };
 // Every SelectKernel, in the order of their values.
 constexpr SelectKernel kSelectKernels[] = {SelectKernel::two_pass_v4,  SelectKernel::one_pass_v5,
                                            SelectKernel::two_pass_v8,  SelectKernel::two_pass_v15,
                                            SelectKernel::two_pass_v21, SelectKernel::two_pass_v22,
-                                           SelectKernel::two_pass_v25, SelectKernel::two_pass_v26};
-constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v26;
+                                           SelectKernel::two_pass_v25, SelectKernel::two_pass_v26,
+                                           SelectKernel::two_pass_v27};
+constexpr SelectKernel kDefaultSelectKernel = SelectKernel::two_pass_v27;
 // The selection without wgmma where wgmma cannot run (wgmma_available).
 constexpr SelectKernel kSelectKernelWithoutWgmma = SelectKernel::two_pass_v8;
 // The kernel's name as above ("two_pass_v22", ...).
@@ -245,7 +249,8 @@ constexpr bool uses_wgmma(SelectKernel kernel) {
     case SelectKernel::two_pass_v21:
     case SelectKernel::two_pass_v22:
     case SelectKernel::two_pass_v25:
-    case SelectKernel::two_pass_v26: return true;
+    case SelectKernel::two_pass_v26:
+    case SelectKernel::two_pass_v27: return true;
   }
   return true;
 }

@@ -59,8 +59,8 @@ int hils_gpu_select(const hils_gpu_problem* p, const float* key, const float* bi
    session 17 left their codes unused (gpu/NOTES.md "Kernels removed in session 17"), and such a
    code is refused (2) with an error that names it, says it was removed and lists the kept ones.
    select_kernel: 0 = two_pass_v4, 1 = one_pass_v5, 4 = two_pass_v8, 11 = two_pass_v15,
-   17 = two_pass_v21, 18 = two_pass_v22, 19 = two_pass_v25, 20 = two_pass_v26 (removed: 2, 3, 5-10,
-   12-16)
+   17 = two_pass_v21, 18 = two_pass_v22, 19 = two_pass_v25, 20 = two_pass_v26, 21 = two_pass_v27
+   (removed: 2, 3, 5-10, 12-16)
    (hils_gpu_select runs the default, hils::gpu::default_select_kernel). */
 int hils_gpu_select_with(const hils_gpu_problem* p, int32_t select_kernel, const float* key,
                          const float* bias, const float* exact, const float* lse_swa,
