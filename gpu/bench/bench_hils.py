@@ -131,7 +131,8 @@ def hils_run(lib, T, gen, hils_o="f32"):
         # v4.3, one-pass v5, buffered v8, v8 on wgmma with 128 queries per block, pass 2 trimmed and
         # two tiles per pass-1 step (v15), with the scores by a kernel of their own from bf16 k' in
         # fewer instructions (v21, v22), and pass 2's bias and log Z_hat as a fifth wgmma k-step
-        # (v25, which may differ from v22 at near ties) (gpu/NOTES.md).
+        # (v25, which may differ from v22 at near ties), and v22 with the scores from fp32 k' (v26)
+        # or an fp16 copy of it (v27, the default) (gpu/NOTES.md).
         "select_v4": time_ms(lambda: st.select("two_pass_v4"), reps=3),
         "select_v5": time_ms(lambda: st.select("one_pass_v5"), reps=3),
         "select_v8": time_ms(lambda: st.select("two_pass_v8"), reps=3),
@@ -139,6 +140,8 @@ def hils_run(lib, T, gen, hils_o="f32"):
         "select_v21": time_ms(lambda: st.select("two_pass_v21"), reps=3),
         "select_v22": time_ms(lambda: st.select("two_pass_v22"), reps=3),
         "select_v25": time_ms(lambda: st.select("two_pass_v25"), reps=3),
+        "select_v26": time_ms(lambda: st.select("two_pass_v26"), reps=3),
+        "select_v27": time_ms(lambda: st.select("two_pass_v27"), reps=3),
     }
     # Every kept version of the sparse stage by name ("sparse" is the library's default).
     default_sparse = hc.sparse_kernel(lib)
