@@ -6,6 +6,8 @@
 //   plot/      results -> plots                  (hils plot)
 //   info/, verify/  reading files back           (hils info, hils verify: a kernel's outputs
 //                                                 judged by the oracle)
+//   cases/     the oracle's hard cases -> verify files without outputs, for a kernel's harness
+//                                                (hils cases)
 //
 // To add a subcommand: write experiments/cli/<folder>/cmd_<name>.cpp defining
 //   void hils::cli::register_<name>(CLI::App& app)
@@ -74,5 +76,6 @@ void register_study_commands(CLI::App& app);
 void register_plot(CLI::App& app);
 void register_studies(CLI::App& app);
 void register_verify(CLI::App& app);
+void register_cases(CLI::App& app);
 
 }  // namespace hils::cli

@@ -139,6 +139,7 @@ int main(int argc, char** argv) {
   hils::cli::register_plot(app);
   hils::cli::register_studies(app);
   hils::cli::register_verify(app);
+  hils::cli::register_cases(app);
   hils::cli::check_integer_options(app);  // after every option exists
   // Set after the subcommands are added: a subcommand inherits the footer of its parent at
   // creation, and these examples are the top level's (the study commands printed them).

@@ -226,13 +226,15 @@ TEST_CASE("study flags out of range are refused naming the flag and the expected
 }
 
 TEST_CASE("every command spells its output and config options the same way", "[cli][faults]") {
-  std::vector<std::string> commands{"run", "dump synthetic", "dump llama2c", "studies", "plot"};
+  std::vector<std::string> commands{"run", "dump synthetic", "dump llama2c", "studies", "plot",
+                                    "cases"};
   for (const auto& row : hils::cli::studies::kStudies) commands.emplace_back(row.command);
   for (const std::string& command : commands) {
     auto help = run_hils(command + " --help");
     INFO(command + "\n" + help.output);
     CHECK_THAT(help.output, Catch::Contains("-o,--output,--out "));
-    if (command != "dump llama2c" && command != "studies" && command != "plot")
+    if (command != "dump llama2c" && command != "studies" && command != "plot" &&
+        command != "cases")
       CHECK_THAT(help.output, Catch::Contains("-c,--config "));
   }
   // The study spelling --out and the run spelling --output reach the same option.
@@ -279,7 +281,8 @@ TEST_CASE("an explicit source synthetic flag wins over a config that names the m
   CHECK_THAT(info.output, Catch::Contains("\"kind\": \"synthetic\""));
 }
 
-TEST_CASE("the examples of hils --help, run, dump and info work as written", "[cli][faults]") {
+TEST_CASE("the examples of hils --help, run, dump, info and cases work as written",
+          "[cli][faults]") {
   // Run in a fresh folder, in order, with `hils` on PATH and the project's experiments/ folder
   // beside them (the examples name experiments/configs/*.toml from the project root).
   TempDir dir("help_examples");
@@ -288,7 +291,7 @@ TEST_CASE("the examples of hils --help, run, dump and info work as written", "[c
                              quoted(fs::path(HILS_EXE).parent_path()) + ":\"$PATH\" && ";
   std::vector<std::string> examples;
   for (const std::string help : {"--help", "run --help", "dump llama2c --help",
-                                 "dump synthetic --help", "info --help"}) {
+                                 "dump synthetic --help", "info --help", "cases --help"}) {
     std::istringstream lines(run_hils(help).output);
     for (std::string line; std::getline(lines, line);) {
       if (line.rfind("  hils ", 0) != 0) continue;

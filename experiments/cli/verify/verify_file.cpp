@@ -16,9 +16,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kVerifyFormat = "hils-verify";
-constexpr int64_t kVerifyFormatVersion = 1;
-
 // The spec attribute: {"preset": name?, then any MechanismSpec field by name}, decoded and
 // checked by the one spec codec; its errors become the file's ("<file>: spec.K: expected ...").
 MechanismSpec parse_spec(const fs::path& file, const std::string& text) {
@@ -123,9 +120,13 @@ VerifyFile read_contents(const fs::path& file) {
       io::fail(file, "queries", "at least one query slot (omit /queries to compare all T)",
                "an empty dataset");
   }
+  // A file of inputs only is what `hils cases` writes, before the kernel's harness adds outputs.
   if (!io::has_object(root, "outputs") && !io::has_object(root, "grads"))
-    io::fail(file, "outputs", "a group of kernel outputs (at least o) or of gradients (grads)",
-             "nothing");
+    io::fail(file, "outputs",
+             "the kernel's outputs to judge (a group /outputs holding at least o) or its "
+             "gradients (/grads)",
+             "no /outputs or /grads group: inputs only, as `hils cases` writes them for the "
+             "kernel's harness to add its outputs to");
   if (io::has_object(root, "outputs")) v.outputs = read_outputs(file, h5);
   v.outputs.gradients = read_gradients(file, h5);
   collect_unknown(root, "", v.unknown);

@@ -1,8 +1,10 @@
 // A kernel's dump for the oracle (data/verify_format.md) read and checked: its spec, precisions,
 // inputs, outputs, gradients, and what the format does not define. verify_file.cpp reads the
-// file and its attributes, verify_datasets.cpp its datasets.
+// file and its attributes, verify_datasets.cpp its datasets; verify_write.cpp writes the inputs
+// half of one (hils cases) for a kernel's harness to complete.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -12,6 +14,9 @@
 #include "hils/analysis/oracle.hpp"
 
 namespace hils::cli::verify {
+
+inline constexpr const char* kVerifyFormat = "hils-verify";
+inline constexpr int64_t kVerifyFormatVersion = 1;
 
 struct VerifyFile {
   MechanismSpec spec;
@@ -24,6 +29,15 @@ struct VerifyFile {
 
 // file -> its contents, or io::FileError naming the file and the attribute or dataset at fault.
 VerifyFile read_verify_file(const std::filesystem::path& file);
+
+// A verify file without outputs: the root attributes format, format_version, spec (JSON, the
+// one spec codec) and input_precision, and /inputs (q, k, v; q_retrieval and prior where the
+// inputs hold them) as float32 [heads, rows, columns], written to a temporary name and renamed
+// over `file` (io::TempFile: never a half-written file). Every value must be exact in float32,
+// as an input precision's values are (std::logic_error otherwise: the caller's bug); FileError
+// for a folder that cannot be written or a full disk.
+void write_verify_inputs(const std::filesystem::path& file, const MechanismSpec& spec,
+                         oracle::InputPrecision precision, const AttentionInputs<double>& inputs);
 
 // verify_datasets.cpp: the groups of the format, each dataset's shape, type and values checked.
 // /inputs: q [Hq,T,d], k [Hkv,T,d], v [Hkv,T,dv], optional q_retrieval [Hq,T,d], prior [Hq,R,d].
