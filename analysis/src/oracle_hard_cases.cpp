@@ -371,8 +371,8 @@ HardCases hard_cases(const MechanismSpec& spec, const HeadShape& shape, const Ha
       continue;
     }
     if (options.max_T > 0 && T > options.max_T) {
-      result.skipped.push_back({row.name, "needs T = " + std::to_string(T) + " > max_T = " +
-                                              std::to_string(options.max_T)});
+      const std::string length = T >= kLengthCap ? "T beyond 2^50" : "T = " + std::to_string(T);
+      result.skipped.push_back({row.name, "needs " + length + " > max_T = " + std::to_string(options.max_T)});
       continue;
     }
     planned.push_back({&row, T});

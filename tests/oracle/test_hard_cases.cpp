@@ -196,4 +196,9 @@ TEST_CASE("hard cases: geometry values near int64's range are refused by the mem
     CHECK_THROWS_WITH(hard_cases(spec, kShape, {InputPrecision::fp32, 2}),
                       Catch::StartsWith("hard cases: their inputs need "));
   }
+  MechanismSpec wide = small_spec("nsa");
+  wide.S = int64_t{1} << 62;
+  const HardCases capped = hard_cases(wide, kShape, {InputPrecision::fp32, 1, 1000});
+  REQUIRE(capped.cases.size() == 1);  // single_slot
+  CHECK(capped.skipped.front().reason == "needs T beyond 2^50 > max_T = 1000");
 }
