@@ -24,8 +24,15 @@ struct CaseContext {
   uint64_t seed;
 };
 
-// Slots for the last query to see m candidates (a multiple of S plus W).
-int64_t length_for_candidates(const MechanismSpec& spec, int64_t m) { return spec.W + m * spec.S; }
+// Lengths are capped here: far beyond what the memory check lets through, and low enough that
+// rounding up to a length multiple (capped too) stays within int64 for any spec.
+constexpr int64_t kLengthCap = int64_t{1} << 50;
+
+// Slots for the last query to see m candidates (a multiple of S plus W), kLengthCap if more.
+int64_t length_for_candidates(const MechanismSpec& spec, int64_t m) {
+  const double T = static_cast<double>(spec.W) + static_cast<double>(m) * static_cast<double>(spec.S);
+  return T >= static_cast<double>(kLengthCap) ? kLengthCap : spec.W + m * spec.S;
+}
 
 // The candidates most cases want: more than K, so that every later row cuts its top-K, and
 // 2K + 2 so that the tied cases' two patterns have K + 1 copies each.
@@ -277,12 +284,13 @@ const CaseRow kHardCases[] = {
      any_length, "", build_gaussian},
 };
 
-// The smallest T >= base that is a multiple of `multiple` and keeps the case's point; 0 if none
-// within `multiple` S steps (S divides every multiple and the point needs a partial chunk).
+// The smallest T >= base that is a multiple of `multiple` and keeps the case's point; 0 if none.
+// Two multiples suffice: the points are T = 1, T < S (only the first can hold) and T % S != 0
+// (if S does not divide `multiple`, one of two consecutive multiples has it).
 int64_t case_length(const CaseRow& row, const MechanismSpec& spec, int64_t multiple) {
-  const int64_t base = row.length(spec);
+  const int64_t base = std::min(row.length(spec), kLengthCap);
   int64_t T = (base + multiple - 1) / multiple * multiple;
-  for (int64_t step = 0; step <= spec.S; ++step, T += multiple)
+  for (int step = 0; step < 2; ++step, T += multiple)
     if (row.keeps(spec, T)) return T;
   return 0;
 }
@@ -317,6 +325,9 @@ void check_options(const HeadShape& shape, const HardCaseOptions& options) {
                           }() +
                           "), got " + to_string(options.precision));
   positive(options.length_multiple, "length_multiple");
+  if (options.length_multiple > kLengthCap)
+    throw InvalidArgument("length_multiple: expected at most 2^50, got " +
+                          std::to_string(options.length_multiple));
   if (options.max_T < 0)
     throw InvalidArgument("max_T: expected 0 (no limit) or a length >= 1, got " +
                           std::to_string(options.max_T));
@@ -360,8 +371,8 @@ HardCases hard_cases(const MechanismSpec& spec, const HeadShape& shape, const Ha
       continue;
     }
     if (options.max_T > 0 && T > options.max_T) {
-      result.skipped.push_back({row.name, "needs T = " + std::to_string(T) + " > max_T = " +
-                                              std::to_string(options.max_T)});
+      const std::string length = T >= kLengthCap ? "T beyond 2^50" : "T = " + std::to_string(T);
+      result.skipped.push_back({row.name, "needs " + length + " > max_T = " + std::to_string(options.max_T)});
       continue;
     }
     planned.push_back({&row, T});

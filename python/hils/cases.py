@@ -23,7 +23,15 @@ cases` and C++ callers.
 
 import numbers
 
+import numpy as np
+
 from . import layouts as _layouts
+
+
+def _laid(layout, heads):
+    """[heads, rows, columns] float64 -> float32 in `layout`, C-contiguous (a kernel's own
+    layout, not a transposed view)."""
+    return np.ascontiguousarray(layout.join([heads.astype(np.float32)]))
 
 
 class HardCase:
@@ -37,9 +45,9 @@ class HardCase:
         self.name, self.catches = item["name"], item["catches"]
         self.layout, self.precision = layout.name, precision
         self.T = item["q"].shape[1]
-        self.q, self.k, self.v = (layout.join([item[n].astype("float32")]) for n in ("q", "k", "v"))
+        self.q, self.k, self.v = (_laid(layout, item[n]) for n in ("q", "k", "v"))
         prior = item.get("prior")
-        self.prior = None if prior is None else layout.join([prior.astype("float32")])
+        self.prior = None if prior is None else _laid(layout, prior)
 
     @property
     def arguments(self):

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <tuple>
 
 #include "hils/analysis/hard_cases.hpp"
 #include "hils/hils.hpp"
@@ -181,4 +182,23 @@ TEST_CASE("hard cases: a bad shape, precision or option is refused naming it", "
   MechanismSpec bad = spec;
   bad.W = 0;
   CHECK_THROWS_AS(hard_cases(bad, kShape), InvalidArgument);
+  CHECK_THROWS_WITH(hard_cases(spec, kShape, {InputPrecision::fp32, int64_t{1} << 60}),
+                    "length_multiple: expected at most 2^50, got 1152921504606846976");
+}
+
+TEST_CASE("hard cases: geometry values near int64's range are refused by the memory check, never "
+          "wrapped", "[oracle][hard_cases][errors]") {
+  for (auto [S, W, K] : {std::tuple<int64_t, int64_t, int64_t>{int64_t{1} << 62, 16, 3},
+                         {8, int64_t{1} << 62, 3}, {8, 16, int64_t{1} << 61}}) {
+    MechanismSpec spec = small_spec("nsa");
+    spec.S = S, spec.W = W, spec.K = K;
+    INFO(S << " " << W << " " << K);
+    CHECK_THROWS_WITH(hard_cases(spec, kShape, {InputPrecision::fp32, 2}),
+                      Catch::StartsWith("hard cases: their inputs need "));
+  }
+  MechanismSpec wide = small_spec("nsa");
+  wide.S = int64_t{1} << 62;
+  const HardCases capped = hard_cases(wide, kShape, {InputPrecision::fp32, 1, 1000});
+  REQUIRE(capped.cases.size() == 1);  // single_slot
+  CHECK(capped.skipped.front().reason == "needs T beyond 2^50 > max_T = 1000");
 }

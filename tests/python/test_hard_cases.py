@@ -53,7 +53,7 @@ def test_layout_and_arguments_feed_verify_directly(cases):
     laid = hils.hard_cases(SPEC, **SHAPE, precision="bf16", layout="bshd", max_T=300)
     case = next(c for c in laid if c.name == "tied_chunks")
     plain = next(c for c in cases if c.name == "tied_chunks")
-    assert case.q.shape == (1, case.T, SHAPE["Hq"], SHAPE["d"])
+    assert case.q.shape == (1, case.T, SHAPE["Hq"], SHAPE["d"]) and case.q.flags.c_contiguous
     assert np.array_equal(case.q[0].swapaxes(0, 1), plain.q)
     ref = hils.reference(SPEC, **{n: case.arguments[n] for n in ("q", "k", "v", "layout")})
     report = hils.verify(SPEC, outputs={"o": ref["o"], "lse": ref["lse"]}, **case.arguments)
