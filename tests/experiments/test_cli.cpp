@@ -99,7 +99,7 @@ TEST_CASE("a mistyped command is named with the commands there are", "[cli]") {
   auto r = run_hils("-q fidelty --out x.h5");
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("hils: bad input: fidelty: expected a command, one of "
-                                       "info, dump, run, " + studies + "plot, studies, verify "
+                                       "info, dump, run, " + studies + "plot, studies, verify, cases "
                                        "(hils --help)"));
   r = run_hils("dump synth -o x.h5");
   CHECK(r.exit_code == 2);
