@@ -39,15 +39,41 @@ class HardCase:
     (float32 numpy arrays in .layout, exact in .precision) and .prior (None unless the spec's
     prior rule reads one); .arguments = the keyword arguments of hils.verify and
     hils.testing.assert_kernel_matches for these inputs (q, k, v, prior, layout,
-    input_precision)."""
+    input_precision); .decode_arguments() the same inputs as one decode step (its last query)."""
 
-    def __init__(self, item, layout, precision):
+    def __init__(self, item, layout, precision, fields):
         self.name, self.catches = item["name"], item["catches"]
         self.layout, self.precision = layout.name, precision
         self.T = item["q"].shape[1]
         self.q, self.k, self.v = (_laid(layout, item[n]) for n in ("q", "k", "v"))
         prior = item.get("prior")
         self.prior = None if prior is None else _laid(layout, prior)
+        self._heads = {n: item[n].astype(np.float32) for n in ("q", "k", "v")}  # [heads, T, d]
+        self._fields = fields
+
+    def decode_arguments(self):
+        """The case as one decode step: the query of its last slot T-1 against a cache of its T
+        slots, the keyword arguments of hils.verify_decode and hils.testing.assert_decode_matches
+        (q [1, Hq, d], k_cache, v_cache [1, T, Hkv, d] with cache_layout "bshd", cache_seqlens
+        [T], landmark_queries [1, T // S, Hq, d] where the spec's summaries read the landmark
+        slots' queries, input_precision). ValueError for a spec whose prior is given or shared
+        (a decode step is judged with prior_rule landmark_query)."""
+        from . import decoding as _decoding
+        if self.prior is not None:
+            raise ValueError(f"decode_arguments: spec {self._fields['name']!r} reads a "
+                             f"{self._fields['prior_rule']} prior, which hils.verify_decode does not take "
+                             f"(a decode step's summaries read prior_rule landmark_query)")
+        q, k, v = self._heads["q"], self._heads["k"], self._heads["v"]
+        arguments = {"q": np.ascontiguousarray(q[None, :, -1]),
+                     "k_cache": np.ascontiguousarray(k.swapaxes(0, 1)[None]),
+                     "v_cache": np.ascontiguousarray(v.swapaxes(0, 1)[None]),
+                     "cache_seqlens": np.array([self.T], dtype=np.int32),
+                     "cache_layout": "bshd", "input_precision": self.precision}
+        chunks = self.T // self._fields["S"]
+        if _decoding.needs_prior(self._fields) and chunks > 0:
+            slots = np.arange(chunks) * self._fields["S"] + self._fields["S"] - 1
+            arguments["landmark_queries"] = np.ascontiguousarray(q[:, slots].swapaxes(0, 1)[None])
+        return arguments
 
     @property
     def arguments(self):
@@ -88,6 +114,7 @@ def hard_cases(spec, *, Hq, Hkv, d, dv=None, precision="fp32", layout="hsd", len
     HardCases list; .skipped names the cases left out and why. ValueError / TypeError name the
     argument for a bad value."""
     from . import _core_module, _spec_json, _text  # hils/__init__ imports this module
+    from .gpu import spec as _gpu_spec  # pure Python (no library, no torch needed)
 
     core = _core_module()
     laid = _layouts.Layout(layout)
@@ -101,4 +128,5 @@ def hard_cases(spec, *, Hq, Hkv, d, dv=None, precision="fp32", layout="hsd", len
     # InvalidArgument from the C++ side arrives as ValueError naming the field.
     cases, skipped = core.hard_cases(_spec_json(spec), Hq, Hkv, d, dv, precision,
                                      length_multiple, 0 if max_T is None else max_T)
-    return HardCases([HardCase(item, laid, precision) for item in cases], skipped)
+    fields = _gpu_spec.resolve(spec)
+    return HardCases([HardCase(item, laid, precision, fields) for item in cases], skipped)

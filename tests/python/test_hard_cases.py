@@ -149,3 +149,36 @@ def hils_message_of(spec):
     with pytest.raises(ValueError) as raised:
         hils.reference(spec, np.zeros((2, 4, 8)), np.zeros((2, 4, 8)), np.zeros((2, 4, 8)))
     return str(raised.value)
+
+
+@pytest.mark.parametrize("preset", ["nsa", "hils"])
+def test_each_case_as_a_decode_step_passes_verify_decode_and_its_fault_fails(cases, preset):
+    """decode_arguments: the case's last query against its T slots. The correct numpy kernel's
+    last row passes every case; the maximum started at 0 fails negative_logits there too."""
+    spec = {**SPEC, "preset": preset}
+    built = cases if preset == "nsa" else hils.hard_cases(spec, **SHAPE, precision="bf16", max_T=300)
+    for case in built:
+        arguments = case.decode_arguments()
+        assert arguments["q"].shape == (1, SHAPE["Hq"], SHAPE["d"])
+        assert arguments["k_cache"].shape == (1, case.T, SHAPE["Hkv"], SHAPE["d"])
+        assert ("landmark_queries" in arguments) == (preset == "hils" and case.T >= SPEC["S"])
+        ref = hils.reference(spec, case.q, case.k, case.v, queries=[case.T - 1])
+        step = {"o": ref["o"].swapaxes(0, 1), "lse": ref["lse"].T}
+        if "selection" in ref:
+            step["selection"] = ref["selection"].swapaxes(0, 1)
+        report = hils.verify_decode(spec, outputs=step, **arguments)
+        assert report.passed, f"{case.name}\n{report}"
+    if preset == "nsa":
+        case = next(c for c in cases if c.name == "negative_logits")
+        out = run_kernel(case, shift="from_zero")
+        step = {"o": out["o"][:, -1][None], "lse": out["lse"][:, -1][None],
+                "selection": out["selection"][:, -1][None]}
+        assert not hils.verify_decode(spec, outputs=step, **case.decode_arguments()).passed
+
+
+def test_decode_arguments_refuse_a_given_prior():
+    spec = {"preset": "hils", "S": 8, "W": 16, "K": 2, "landmarks": False, "prior_rule": "shared"}
+    case = hils.hard_cases(spec, Hq=2, Hkv=1, d=8, max_T=100)[0]
+    refused(case.decode_arguments,
+            "decode_arguments: spec 'hils' reads a shared prior, which hils.verify_decode does not "
+            "take (a decode step's summaries read prior_rule landmark_query)")
