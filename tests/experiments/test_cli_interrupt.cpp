@@ -227,8 +227,11 @@ TEST_CASE("in a unit loop the first SIGINT only asks to stop, a second ends the 
 TEST_CASE("SIGTERM during a study stops at a unit boundary and the same command resumes it",
           "[cli][interrupt]") {
   TempDir dir("interrupt_study");
-  // 2 lengths x 2 layers x 2 KV groups = 8 units, the larger length's first (largest first).
-  const std::string args = " --lengths 1024 2048 --n-layers 2 --queries 16 --W 256";
+  // 3 lengths x 4 layers x 2 KV groups = 24 units, the longest length's first (largest first):
+  // ~1.3 s of work after the first checkpoint, so that the signal lands before the last unit
+  // even when this machine is busy (with 8 units, ~0.1 s, a loaded run once finished first).
+  constexpr size_t kUnits = 24;
+  const std::string args = " --lengths 2048 4096 8192 --n-layers 4 --queries 64 --W 256";
   const auto whole = hils_in(dir.path(), "-q fidelity --out whole.h5" + args);
   INFO(whole.output);
   REQUIRE(whole.exit_code == 0);
@@ -240,7 +243,7 @@ TEST_CASE("SIGTERM during a study stops at a unit boundary and the same command 
   CHECK((WIFSIGNALED(stopped.status) && WTERMSIG(stopped.status) == SIGTERM));  // $? = 143
   const size_t kept = complete_units(dir / "f.h5");
   CHECK(kept >= 1);
-  CHECK(kept < 8);
+  CHECK(kept < kUnits);
   CHECK(stopped.err == fmt::format("hils: interrupted by SIGTERM: f.h5 keeps {} complete unit{} "
                                    "(work on unfinished units is dropped); run the same command "
                                    "again to continue from them\n",
@@ -252,14 +255,14 @@ TEST_CASE("SIGTERM during a study stops at a unit boundary and the same command 
   INFO(resumed.output);
   REQUIRE(resumed.exit_code == 0);
   CHECK_THAT(resumed.output,
-             Catch::Contains(fmt::format("{} units run, {} resumed", 8 - kept, kept)));
+             Catch::Contains(fmt::format("{} units run, {} resumed", kUnits - kept, kept)));
   require_same_results(dir / "whole.h5", dir / "f.h5");
   // Once more: nothing left to run, and the KL line says so (was "over 0 pairs: max |gap - KL|
   // = 0, min gap = inf").
   const auto again = hils_in(dir.path(), "fidelity --out f.h5" + args);
   INFO(again.output);
   CHECK(again.exit_code == 0);
-  CHECK_THAT(again.output, Catch::Contains("0 units run, 8 resumed"));
+  CHECK_THAT(again.output, Catch::Contains(fmt::format("0 units run, {} resumed", kUnits)));
   CHECK_THAT(again.output, Catch::Contains("Taylor gap = KL check: no unit ran now"));
   CHECK_THAT(again.output, !Catch::Contains("inf"));
 }
