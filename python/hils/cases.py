@@ -48,7 +48,6 @@ class HardCase:
         self.q, self.k, self.v = (_laid(layout, item[n]) for n in ("q", "k", "v"))
         prior = item.get("prior")
         self.prior = None if prior is None else _laid(layout, prior)
-        self._heads = {n: item[n].astype(np.float32) for n in ("q", "k", "v")}  # [heads, T, d]
         self._fields = fields
 
     def decode_arguments(self):
@@ -63,7 +62,8 @@ class HardCase:
             raise ValueError(f"decode_arguments: spec {self._fields['name']!r} reads a "
                              f"{self._fields['prior_rule']} prior, which hils.verify_decode does not take "
                              f"(a decode step's summaries read prior_rule landmark_query)")
-        q, k, v = self._heads["q"], self._heads["k"], self._heads["v"]
+        laid = _layouts.Layout(self.layout)
+        q, k, v = (laid.sequences(getattr(self, n), n, n, 1)[0] for n in ("q", "k", "v"))  # [heads, T, d]
         arguments = {"q": np.ascontiguousarray(q[None, :, -1]),
                      "k_cache": np.ascontiguousarray(k.swapaxes(0, 1)[None]),
                      "v_cache": np.ascontiguousarray(v.swapaxes(0, 1)[None]),
