@@ -10,6 +10,10 @@ log) in fp64 from the same summaries, q and lse_swa.
 
     python3 gpu/bench/bench_select.py --lib build/gpu/libhils_gpu_c.so \
         --kernels two_pass_v22,two_pass_v25 --T 16384,524288 [--baseline two_pass_v8] [--out f.json]
+        [--profile]
+
+--profile also prints, per kernel and T, the GPU time of each of its launches (torch.profiler over
+10 calls: the bf16 copy of k', the selection kernel, the scores kernel).
 
 Exit status 1 when the bytes of a kernel that is bit-identical to v8 by construction differ
 from the baseline's.
@@ -43,6 +47,17 @@ def time_in_turns(calls, rounds):
             end.synchronize()
             times[name].append(start.elapsed_time(end))
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
+def profile_launches(name, T, fn, calls=10):
+    """GPU time per launch of one selection kernel (torch.profiler / CUPTI) over `calls` calls."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    print(f"T={T} {name}, {calls} calls:")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=6, max_name_column_width=100), flush=True)
 
 
 def group_scores(st, q, rows, chunks):
@@ -89,6 +104,7 @@ def main():
     ap.add_argument("--baseline", default="two_pass_v8")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--out", default="")
+    ap.add_argument("--profile", action="store_true", help="GPU time per launch of each kernel")
     args = ap.parse_args()
     lib = hc.Library(args.lib)
     kernels = args.kernels.split(",")
@@ -121,6 +137,9 @@ def main():
         # --rounds 0: one call of each kernel only (for a profiler or memcheck), no times.
         ms = time_in_turns({name: (lambda n=name: st.select(n)) for name in kernels}, args.rounds) \
             if args.rounds > 0 else {}
+        if args.profile:
+            for name in kernels:
+                profile_launches(name, T, lambda n=name: st.select(n))
         results.append({"T": T, "ms": ms, "bytes_equal_" + args.baseline: equal,
                         "rows_differing_from_" + args.baseline: differ})
         print(f"T={T}: " + "  ".join(f"{n} {ms[n]:.3f} ms" if n in ms else n for n in kernels) + "; bytes equal to " +

@@ -439,3 +439,38 @@ def test_an_int4h_cache_refuses_a_non_finite_key(where):
     prefix's at construction, the appended chunk's at the step that completes it (T = 2240)."""
     with pytest.raises(hils.gpu.GpuInvalidArgument, match=r"quantize_summaries_int4h: summary_key row \d+:"):
         with_bad_key(where, float("nan"), "int4h", t_end=2241)
+
+
+# The hard cases (data/hard_cases.md) as decode steps: each case's last slot stepped against a
+# cache of its T slots (the prefix T - 1 slots, then one append and one step), every summary
+# store, judged as every other step here (cache.verify_arguments). Hq 16, Hkv 2, d = S = 64,
+# W 512, K 32 is the paper's shape (bench_decode's); many_candidates (T ~ 19.7K) is left out by
+# max_T to keep the oracle's share short.
+HARD_DECODE_GEOMETRY = {"S": S, "W": 512, "K": K}
+
+
+def step_hard_case(spec, case, summaries, kernel=None):
+    """case's slots < T - 1 as the prefix, slot T - 1 appended and stepped -> (cache, out)."""
+    q, k, v = (torch.from_numpy(x)[None].cuda().bfloat16() for x in (case.q, case.k, case.v))
+    T = case.T
+    cache = hils.gpu.DecodeCache(spec, q[:, :, :T - 1], k[:, :, :T - 1], v[:, :, :T - 1], capacity=T,
+                                 summaries=summaries, kernel=kernel)
+    cache.append(k[:, :, T - 1], v[:, :, T - 1])
+    return cache, cache.step(q[:, :, T - 1], diagnostics=True)
+
+
+@pytest.mark.parametrize("summaries", ("bf16", "fp8", "int4", "int4h"))
+@pytest.mark.parametrize("preset", ("hils", "nsa", "lmk"))
+def test_every_hard_case_passes_the_oracle_as_a_decode_step(preset, summaries):
+    spec = {"preset": preset, **HARD_DECODE_GEOMETRY}
+    cases = hils.hard_cases(spec, Hq=16, Hkv=2, d=d, precision="bf16", max_T=6000)
+    assert [name for name, _ in cases.skipped] == ["many_candidates"]
+    failed = []
+    for case in cases:
+        cache, out = step_hard_case(spec, case, summaries)
+        report = hils.verify(**cache.verify_arguments(out, 0))
+        print(f"\n{preset} {summaries} {case.name} T={case.T}: " +
+              " ".join(f"{t}={r.headroom:.3g}" for t, r in report.tensors.items()))
+        if not report.passed:
+            failed.append(f"{case.name}\n{report}")
+    assert not failed, "\n".join(failed)

@@ -74,39 +74,32 @@ __device__ __forceinline__ void selected_score_step(const float (&qf)[8], float4
   }
 }
 
-__device__ __forceinline__ void half8_to_float(uint4 raw, float (&kf)[8]) {
-  const __half2* k2 = reinterpret_cast<const __half2*>(&raw);
+// 8 packed 16-bit values (16 bytes: bf16 or fp16, Elem) as floats (exact).
+template <class Elem = __nv_bfloat16>
+__device__ __forceinline__ void to_float8(uint4 raw, float (&out)[8]) {
+  using Pair = std::conditional_t<std::is_same_v<Elem, __half>, __half2, __nv_bfloat162>;
+  const Pair* pairs = reinterpret_cast<const Pair*>(&raw);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const float2 f = __half22float2(k2[j]);
-    kf[2 * j] = f.x, kf[2 * j + 1] = f.y;
+    float2 f;
+    if constexpr (std::is_same_v<Elem, __half>) f = __half22float2(pairs[j]);
+    else f = __bfloat1622float2(pairs[j]);
+    out[2 * j] = f.x, out[2 * j + 1] = f.y;
   }
 }
 
-__device__ __forceinline__ bool all_finite8(const float (&x)[8]) {
-  bool finite = true;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) finite = finite && isfinite(x[e]);
-  return finite;
-}
-
-// The lean kernel's 8 partial sums (v[j] = q~ part . k' part of step j) from the fp32 k' of one
-// head: the rare path of v27's fp16 copy (kept out of line so that it costs no registers).
-__device__ __noinline__ void sums_from_fp32(const float (&qf)[8], const float* key_head,
-                                            const uint32_t (&key_offset)[8], float (&v)[8]) {
-  for (int j = 0; j < 8; ++j) {
-    const float* row = key_head + key_offset[j];
-    v[j] = dot8(qf, make_float4(row[0], row[1], row[2], row[3]), make_float4(row[4], row[5], row[6], row[7]));
+// One lane's q~ row . k' row over kTileDim dims from the fp32 k', 8 dims at a time (v27's rare
+// path: a selected score that the fp16 copy of k' made non-finite).
+__device__ __forceinline__ float dot64_from_fp32(const __nv_bfloat16* q_row, const float* k_row) {
+  float acc = 0.0f;
+#pragma unroll 1
+  for (int part = 0; part < kTileDim / 8; ++part) {
+    float qf[8];
+    to_float8(*reinterpret_cast<const uint4*>(q_row + 8 * part), qf);
+    acc += dot8(qf, *reinterpret_cast<const float4*>(k_row + 8 * part),
+                *reinterpret_cast<const float4*>(k_row + 8 * part + 4));
   }
-}
-
-__device__ __forceinline__ void bf16x8_to_float(uint4 raw, float (&qf)[8]) {
-  const __nv_bfloat162* q2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 f = __bfloat1622float2(q2[j]);
-    qf[2 * j] = f.x, qf[2 * j + 1] = f.y;
-  }
+  return acc;
 }
 
 // Writes a query's list (index: its K entries, the valid ones first, -1 after) ascending, -1
@@ -140,7 +133,7 @@ __device__ void write_selected_scores(const LaunchParams& p, const int32_t* inde
   for (int hg = 0; hg < G; ++hg) {
     const int64_t h = g * G + hg;
     float qf[8];
-    bf16x8_to_float(*reinterpret_cast<const uint4*>(qr + (h * p.T + t) * kTileDim + 8 * part), qf);
+    to_float8(*reinterpret_cast<const uint4*>(qr + (h * p.T + t) * kTileDim + 8 * part), qf);
     float score[2] = {kNegInf, kNegInf};
     // Biases of the slots this lane collects (lane, lane + 32), loaded ahead of the sums.
     float own_bias[2];
@@ -190,8 +183,9 @@ __device__ void write_selected_scores(const LaunchParams& p, const int32_t* inde
 // Key: __nv_bfloat16 (v21, v22: the bf16 copy the ranking scored, 16 bytes per lane and step),
 // float (v26: the fp32 k', 32 bytes per lane and step, loaded 4 steps at a time, 3 blocks per SM:
 // at v22's 64 registers it spilled 12-16 bytes) or __half (v27: an fp16 copy, v22's bytes with
-// 2^-11 instead of 2^-8 relative rounding; a part that overflowed fp16 is read from key32, the
-// fp32 k'); the sums are the same instructions on the same tree.
+// 2^-11 instead of 2^-8 relative rounding; a slot whose sum a value beyond fp16's range made
+// non-finite is summed again from key32, the fp32 k'); the sums are the same instructions on the
+// same tree.
 template <int G, bool kPlain = false, class Key = __nv_bfloat16>
 __global__ void __launch_bounds__(256, kPlain && !std::is_same_v<Key, float> ? 4 : 3)
     selected_scores_lean_kernel(LaunchParams p, const Key* key, const float* key32, const float* bias,
@@ -228,7 +222,7 @@ __global__ void __launch_bounds__(256, kPlain && !std::is_same_v<Key, float> ? 4
     const float b_out = kPlain ? bias[h * nc + (out_valid ? c_out : 0)] : out_valid ? bias[h * nc + c_out] : 0.0f;
     float qf[8], v[8];
     if constexpr (std::is_same_v<Key, float>) {
-      bf16x8_to_float(q_raw, qf);
+      to_float8(q_raw, qf);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         float4 k0[4], k1[4];
@@ -248,23 +242,13 @@ __global__ void __launch_bounds__(256, kPlain && !std::is_same_v<Key, float> ? 4
       for (int j = 0; j < 8; ++j)
         raw[j] = kPlain || (valid >> j) & 1u ? *reinterpret_cast<const uint4*>(key_h + key_offset[j])
                                              : make_uint4(0u, 0u, 0u, 0u);
-      bf16x8_to_float(q_raw, qf);
-#pragma unroll
-      bool overflowed = false;
+      to_float8(q_raw, qf);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         float kf[8];
-        if constexpr (std::is_same_v<Key, __half>) {
-          half8_to_float(raw[j], kf);
-          overflowed = overflowed || !all_finite8(kf);
-        } else {
-          bf16x8_to_float(raw[j], kf);
-        }
+        to_float8<Key>(raw[j], kf);
         v[j] = dot8(qf, make_float4(kf[0], kf[1], kf[2], kf[3]), make_float4(kf[4], kf[5], kf[6], kf[7]));
       }
-      // |k'| beyond fp16's 65504 in a part (inf in the copy): its 8 sums again from the fp32 k'.
-      if constexpr (std::is_same_v<Key, __half>)
-        if (overflowed) sums_from_fp32(qf, key32 + static_cast<uint32_t>(h) * nc * kTileDim, key_offset, v);
     }
     float w[4], x[2];
 #pragma unroll
@@ -273,7 +257,14 @@ __global__ void __launch_bounds__(256, kPlain && !std::is_same_v<Key, float> ? 4
 #pragma unroll
     for (int i = 0; i < 2; ++i)
       x[i] = __fadd_rn(b1 ? w[2 + i] : w[i], __shfl_xor_sync(0xffffffffu, b1 ? w[i] : w[2 + i], 2));
-    const float sum = __fadd_rn(b2 ? x[1] : x[0], __shfl_xor_sync(0xffffffffu, b2 ? x[0] : x[1], 4));
+    float sum = __fadd_rn(b2 ? x[1] : x[0], __shfl_xor_sync(0xffffffffu, b2 ? x[0] : x[1], 4));
+    // v27: a value beyond fp16's 65504 is inf in the copy, and an inf among a slot's products
+    // makes its sum inf or NaN (inf x 0 is NaN): that slot is summed again from the fp32 k' by
+    // its lane alone, after the reduce-scatter, when the copy's registers are free (session 24's
+    // out-of-line re-sum of a lane's 8 parts kept v[] and q~ on the stack for every head).
+    if constexpr (std::is_same_v<Key, __half>)
+      if (out_valid && !isfinite(sum))
+        sum = dot64_from_fp32(qr + (h * p.T + t) * kTileDim, key32 + (static_cast<uint32_t>(h) * nc + c_out) * kTileDim);
     if (e_out < K) selected_score[(h * p.T + t) * K + e_out] = out_valid ? __fmaf_rn(p.scale, sum, b_out) : kNegInf;
   }
 }
@@ -326,7 +317,7 @@ __device__ void write_selection_ahead(const LaunchParams& p, const int32_t* inde
   auto sum = [&](const Unit& w, int u) {
     const int hg = two ? u >> 1 : u, b = two ? u & 1 : 0;
     float qf[8];
-    bf16x8_to_float(w.q, qf);
+    to_float8(w.q, qf);
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) selected_score_step(qf, w.k0[jj], w.k1[jj], 4 * b + jj, n, p.scale, w.own_bias, score);
     if (b == (two ? 1 : 0)) {  // the head's last batch

@@ -225,7 +225,8 @@ enum class SelectKernel {
                       // selected scores within fp32 rounding of v8's (the hierarchical fusion's
                       // logits; v22's bf16 k' moved them by ~0.3 at |s_hat| ~ 150, gpu/NOTES.md v26)
   two_pass_v27 = 21,  // v22 with its scores kernel summing an fp16 copy of k' (v22's bytes, 2^-11
-                      // relative rounding instead of 2^-8; parts beyond fp16's range from fp32 k')
+                      // relative rounding instead of 2^-8; a score that k' beyond fp16's range
+                      // makes non-finite is summed again from fp32 k')
 };
 // Every SelectKernel, in the order of their values.
 constexpr SelectKernel kSelectKernels[] = {SelectKernel::two_pass_v4,  SelectKernel::one_pass_v5,
