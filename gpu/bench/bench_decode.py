@@ -248,17 +248,16 @@ class HilsDecode:
         self.k = torch.randn(B, hkv, T, d, generator=gen, **bf)
         self.v = torch.randn(B, hkv, T, d, generator=gen, **bf)
         self.key = torch.randn(B, hq, nc, d, generator=gen, **bf)
-        self.scale = self.key_bf16 = self.pairs = None
+        self.scale = self.pairs = None
         self.summary = summary
-        if summary == "fp8":  # the bf16 rows stay for the fusion logits of the selected chunks
-            self.key_bf16 = self.key
+        # The fp32 rows of the hierarchical fusion's logits (every store; the fp32 b' too).
+        self.key_fp32 = self.key.float()
+        if summary == "fp8":
             self.key, self.scale = quantize_fp8(lib, self.key)
-        if summary == "int4":  # the bf16 rows stay for the fusion logits of the selected chunks
-            self.key_bf16 = self.key
+        if summary == "int4":
             self.key, self.scale = quantize_int4(lib, self.key)
         self.bias = torch.rand(B, hq, nc, generator=gen, device="cuda") * 3.0
-        if summary == "int4h":  # the bf16 rows and the fp32 b' stay for the fusion logits
-            self.key_bf16 = self.key
+        if summary == "int4h":
             self.key, self.pairs = quantize_int4h(lib, self.key, self.bias)
         self.q = torch.randn(B, hq, d, generator=gen, **bf)
         self.o = torch.empty(B, hq, d, device="cuda")
@@ -273,7 +272,7 @@ class HilsDecode:
         p.k, p.v, p.summary_key, p.summary_bias = ptr(self.k), ptr(self.v), ptr(self.key), ptr(self.bias)
         p.q, p.q_retrieval = ptr(self.q), ctypes.c_void_p(0)
         p.summary_type, p.kernel = SUMMARY_TYPES[summary], kernel_code(kernel)
-        p.summary_scale, p.summary_key_bf16 = ptr(self.scale), ptr(self.key_bf16)
+        p.summary_scale, p.summary_key_fp32 = ptr(self.scale), ptr(self.key_fp32)
         p.summary_scale_bias = ptr(self.pairs)
         self.p = p
         self.out = DecodeOutputs(ptr(self.o), ptr(self.lse), ptr(self.sel), None, None, None, None)
@@ -295,12 +294,12 @@ class HilsDecode:
         self.p.kernel = kernel_code(kernel)
 
     def bytes_read(self, B, T):
-        """Cache bytes one step reads: summaries (k' + b' [+ the fp8 or int4 row scale, + the K
-        selected bf16 rows]; int4h: codes + the (s16, b'16) pair), plus window and K chunks of K/V
-        per KV head."""
+        """Cache bytes one step reads: summaries (k' + b' [+ the fp8 or int4 row scale] + the K
+        selected fp32 rows; int4h: codes + the (s16, b'16) pair + the fp32 rows), plus window and
+        K chunks of K/V per KV head."""
         nc = T // S
         row = self.key.shape[-1] * self.key.element_size() + 4 + (4 if self.scale is not None else 0)
-        summaries = B * HQ * nc * row + (B * HQ * K * D * 2 if self.key_bf16 is not None else 0)
+        summaries = B * HQ * nc * row + B * HQ * K * D * 4
         tau = (T - 1 - W + 1) // S
         window = T - max(0, tau * S)
         kv = B * HKV * (K * S + window) * 2 * D * 2

@@ -40,7 +40,7 @@ DecodeCall translate(const hils_gpu_decode& p) {
   t.query.q = p.q, t.query.q_retrieval = p.q_retrieval;
   t.cache.summary_type = static_cast<hils::gpu::SummaryType>(p.summary_type);
   t.cache.summary_scale = p.summary_scale;
-  t.cache.summary_key_bf16 = p.summary_key_bf16;
+  t.cache.summary_key_fp32 = p.summary_key_fp32;
   t.cache.summary_scale_bias = p.summary_scale_bias;
   t.kernel = static_cast<hils::gpu::DecodeKernel>(p.kernel);
   return t;

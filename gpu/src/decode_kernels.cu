@@ -77,9 +77,7 @@ DecodeParams params_of(const MechanismSpec& spec, const DecodeCache& cache, cons
   p.summary_bias = cache.summary_bias;
   const bool scaled = cache.summary_type != SummaryType::bf16;
   p.summary_scale = scaled && cache.summary_type != SummaryType::int4_h ? cache.summary_scale : nullptr;
-  p.summary_key_bf16 = scaled && p.hierarchical
-                           ? static_cast<const __nv_bfloat16*>(cache.summary_key_bf16)
-                           : nullptr;
+  p.summary_key_fp32 = p.hierarchical ? cache.summary_key_fp32 : nullptr;
   p.summary_scale_bias = cache.summary_type == SummaryType::int4_h
                              ? static_cast<const __half2*>(cache.summary_scale_bias)
                              : nullptr;
@@ -142,10 +140,10 @@ void validate_decode(const MechanismSpec& spec, const DecodeCache& cache, const 
           "decode: summary_scale must be a device pointer with fp8_e4m3 or int4 summaries, got null");
   require(!pairs || cache.T / spec.S == 0 || cache.summary_scale_bias,
           "decode: summary_scale_bias must be a device pointer with int4_h summaries, got null");
-  require(!scaled || spec.fusion != Fusion::hierarchical || cache.T / spec.S == 0 ||
-              cache.summary_key_bf16,
-          "decode: summary_key_bf16 must be a device pointer with fp8_e4m3, int4 or int4_h summaries "
-          "and hierarchical fusion (its s_hat are fusion logits: gpu/NOTES.md \"decode\"), got null");
+  require(spec.fusion != Fusion::hierarchical || cache.T / spec.S == 0 || cache.summary_key_fp32,
+          "decode: summary_key_fp32 must be a device pointer with hierarchical fusion, every summary "
+          "store (the selected chunks' s_hat, the fusion logits, are read from its fp32 rows: "
+          "gpu/NOTES.md \"decode\"), got null");
   require(!detail::is_int4(cache.summary_type) || cache.d % 2 == 0,
           field("d", cache.d, "even with int4 or int4_h summaries (two codes per byte)"));
 }

@@ -293,15 +293,14 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
   const bool int4 = variant.summary == hils::gpu::SummaryType::int4 || int4h;
   std::vector<Matrix<double>> bias_rows;
   int64_t quantize_mismatches = 0;
-  std::vector<gt::GuardedBuffer> fp8_cache;  // e4m3 or int4 rows, row scales or pairs, bf16 rows
+  std::vector<gt::GuardedBuffer> fp8_cache;  // e4m3 or int4 rows, row scales or pairs
   const std::vector<hils::Vector<double>> bias32 = bias;  // the prefill's fp32 b' 
+  // The fp32 rows (hierarchical fusion's logits, every store) before key is rounded or quantized.
+  auto fp32_rows = gt::upload(gt::pack_heads(key, DType::f32));
   if (fp8 || int4) {
-    // The bf16 copy (the fusion logits of hierarchical fusion) before key becomes e4m3 x scale.
-    auto bf16_rows = gt::upload(gt::pack_heads(key, DType::bf16));
     if (fp8) quantize_fp8(key, fp8_cache, &quantize_mismatches);
     else if (int4h) quantize_int4h(key, bias, fp8_cache, &quantize_mismatches);  // bias: b'16
     else quantize_int4(key, fp8_cache, &quantize_mismatches);
-    fp8_cache.push_back(std::move(bf16_rows));
   } else {
     for (auto& m : key)
       for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = oracle::round_to_bf16(m.data()[i]);
@@ -320,10 +319,10 @@ std::vector<oracle::Verdict> decode_and_verify(const MechanismSpec& spec,
   cache.B = B, cache.T = T, cache.Hq = Hq, cache.Hkv = Hkv, cache.d = d, cache.dv = dv;
   cache.k = k_dev.data(), cache.v = v_dev.data();
   cache.summary_key = key_dev.data(), cache.summary_bias = bias_dev.as<float>();
+  cache.summary_key_fp32 = fp32_rows.as<float>();
   if (fp8 || int4) {
     cache.summary_type = variant.summary;
     cache.summary_key = fp8_cache[0].data(), cache.summary_scale = fp8_cache[1].as<float>();
-    cache.summary_key_bf16 = fp8_cache[2].data();
     if (int4h) cache.summary_scale = nullptr, cache.summary_scale_bias = fp8_cache[1].data();
   }
   const hils::gpu::DecodeQuery query{q_dev.data(), qr_dev.data()};

@@ -160,7 +160,7 @@ def differences(expected, found):
 
 def summary_store_of(cache):
     """The cache's stored summaries and priors, every store's tensors."""
-    return {name: getattr(cache, name) for name in ("key", "bias", "scale", "pairs", "key_bf16", "priors")}
+    return {name: getattr(cache, name) for name in ("key", "bias", "scale", "pairs", "key_fp32", "priors")}
 
 
 def eager_and_graphed(summaries, name="gpu_decode_cache_hils"):
@@ -474,3 +474,48 @@ def test_every_hard_case_passes_the_oracle_as_a_decode_step(preset, summaries):
         if not report.passed:
             failed.append(f"{case.name}\n{report}")
     assert not failed, "\n".join(failed)
+
+
+# The hils hard cases large_logits and negative_logits as a walk of steps: a step judges one query,
+# and the last one of these cases passed with the fusion logits read from bf16 rows (o headroom
+# 0.0002 and 0.56) where 8 and 5 of their last 160 steps failed o (headroom up to 3.19: the same
+# rows as the prefill's, gpu/NOTES.md "Hard cases (session 24)", session 25). Since then the
+# logits come from fp32 rows (DecodeCache.key_fp32); the same walk with those rows rounded to
+# bf16 must fail.
+WALK_FIRST, WALK_STEPS = 160, 48  # steps T - 160 .. T - 113: large_logits failed at two, negative_logits at one
+
+
+def walk_hard_case(name, bf16_logit_rows=False):
+    """Steps T - WALK_FIRST .. of hils hard case `name` (fp8 store, the default), each judged ->
+    the steps (t) whose report failed, and the largest o headroom."""
+    spec = {"preset": "hils", **HARD_DECODE_GEOMETRY}
+    case = next(c for c in hils.hard_cases(spec, Hq=16, Hkv=2, d=d, precision="bf16", max_T=6000)
+                if c.name == name)
+    q, k, v = (torch.from_numpy(x)[None].cuda().bfloat16() for x in (case.q, case.k, case.v))
+    t0 = case.T - WALK_FIRST
+    cache = hils.gpu.DecodeCache(spec, q[:, :, :t0], k[:, :, :t0], v[:, :, :t0], capacity=case.T)
+    failed, most = [], 0.0
+    for t in range(t0, t0 + WALK_STEPS):
+        cache.append(k[:, :, t], v[:, :, t])
+        out = cache.step(q[:, :, t])
+        if bf16_logit_rows:  # the planted fault: session 24's bf16 rows, then the step again
+            cache.key_fp32.copy_(cache.key_fp32.bfloat16().float())
+            cache._run(q[:, :, t].contiguous(), None, cache.kernel, out)
+        report = hils.verify(**cache.verify_arguments(out, 0))
+        most = max(most, report.tensors["o"].headroom)
+        if not report.passed:
+            failed.append(t)
+    print(f"\n{name}, bf16 logit rows {bf16_logit_rows}: steps {t0}..{t0 + WALK_STEPS - 1}, "
+          f"failed {failed}, largest o headroom {most:.3g}")
+    return failed, most
+
+
+@pytest.mark.parametrize("name", ("large_logits", "negative_logits"))
+def test_a_walk_through_a_large_logit_case_passes_every_step(name):
+    failed, _ = walk_hard_case(name)
+    assert failed == []
+
+
+def test_the_walk_fails_with_the_logits_from_bf16_rows():
+    failed, most = walk_hard_case("large_logits", bf16_logit_rows=True)
+    assert failed and most > 1.0

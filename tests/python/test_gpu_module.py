@@ -348,7 +348,7 @@ def _decode(**fields):
     p.B, p.T, p.Hq, p.Hkv, p.d, p.dv, p.S, p.W, p.K = 2, 1000, 4, 2, 64, 64, 64, 256, 4
     p.landmarks, p.key_rule, p.bias_rule = 1, hils.gpu.KEY["taylor"], hils.gpu.BIAS["entropy"]
     p.group_rule, p.fusion = hils.gpu.GROUP["max_normalized"], hils.gpu.FUSION["hierarchical"]
-    p.k = p.v = p.summary_key = p.summary_bias = p.q = FAKE.value
+    p.k = p.v = p.summary_key = p.summary_bias = p.summary_key_fp32 = p.q = FAKE.value
     for name, value in fields.items():
         setattr(p, name, value)
     return p

@@ -1,6 +1,6 @@
 // Stage 4 of the decode step, the chunk tiles: softmax of q over each selected chunk's tokens per
-// head (o_c, lse_c) and the selected chunks' fusion logits (bf16 rows beside fp8 and int4
-// summaries): the warp tiles (d5's, and the fast tiles of decode/tiles.cuh) and the tiles on the
+// head (o_c, lse_c) and the selected chunks' fusion logits (from the cache's fp32 rows, every
+// summary store, for hierarchical fusion): the warp tiles (d5's, and the fast tiles of decode/tiles.cuh) and the tiles on the
 // tensor cores (4b: d29's one warp per slot, d35's four, d36's that also select).
 #pragma once
 
@@ -17,7 +17,7 @@ namespace detail {
 namespace {
 
 // ---- 4. chunk tiles: one block per (selected slot i, b, g), a warp per head ---------------
-// s_hat(c) = sigma q~ . k'_c + b'_c from the bf16 row of chunk c for every head of group bg (a
+// s_hat(c) = sigma q~ . k'_c + b'_c from the fp32 row of chunk c for every head of group bg (a
 // warp per head), into fusion_logit[item, i]: the fusion logit of selected slot i.
 __device__ void selected_logits(const DecodeParams& p, float* fusion_logit, int32_t c, int64_t i,
                                 int64_t bg) {
@@ -28,26 +28,27 @@ __device__ void selected_logits(const DecodeParams& p, float* fusion_logit, int3
     float acc = 0.0f;
     for (int64_t e = lane; e < p.d; e += kWarp)
       acc = fmaf(__bfloat162float(p.q_retrieval[item * p.d + e]),
-                 __bfloat162float(p.summary_key_bf16[row * p.d + e]), acc);
+                 p.summary_key_fp32[row * p.d + e], acc);
     acc = warp_sum(acc);
     if (lane == 0) fusion_logit[item * p.K + i] = c >= 0 ? p.scale * acc + p.summary_bias[row] : kNegInf;
   }
 }
 
-// sigma q~ . k'_c + b'_c of `item` against the bf16 summary row `row` (d = 64) by 8 lanes: lane
-// `piece` loads 16 bytes of q~ and of the row, xor shuffles sum the 8 pieces. Every lane of the
+// sigma q~ . k'_c + b'_c of `item` against the fp32 summary row `row` (d = 64) by 8 lanes: lane
+// `piece` loads 16 bytes of q~ and 32 of the row, xor shuffles sum the 8 pieces. Every lane of the
 // warp must call it (lanes with live == false add zeros); the value is meant for piece 0.
 __device__ __forceinline__ float fusion_logit_by_8_lanes(const DecodeParams& p, int64_t item,
                                                          int64_t row, int piece, bool live) {
   constexpr int kLanes = kFastDim / 8;
   const uint4 qu = live ? __ldg(reinterpret_cast<const uint4*>(p.q_retrieval + item * kFastDim) + piece)
                         : make_uint4(0, 0, 0, 0);
-  const uint4 ku = live ? __ldg(reinterpret_cast<const uint4*>(p.summary_key_bf16 + row * kFastDim) + piece)
-                        : make_uint4(0, 0, 0, 0);
+  const float4* k_row = reinterpret_cast<const float4*>(p.summary_key_fp32 + row * kFastDim) + 2 * piece;
+  const float4 k0 = live ? __ldg(k_row) : make_float4(0.f, 0.f, 0.f, 0.f);
+  const float4 k1 = live ? __ldg(k_row + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
   const float bias = live && piece == 0 ? __ldg(p.summary_bias + row) : 0.0f;
-  float qf[8], kf[8];
+  float qf[8];
   Bf16Summary::widen(qu, qf);
-  Bf16Summary::widen(ku, kf);
+  const float kf[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
   float acc = 0.0f;
 #pragma unroll
   for (int e = 0; e < 8; ++e) acc = fmaf(qf[e], kf[e], acc);
@@ -72,7 +73,7 @@ __device__ void selected_logits_packed(const DecodeParams& p, float* fusion_logi
 __device__ bool logits_packable(const DecodeParams& p) {
   return p.d == kFastDim && p.G <= kFastThreads / (kFastDim / 8) && blockDim.x == kFastThreads &&
          reinterpret_cast<uintptr_t>(p.q_retrieval) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(p.summary_key_bf16) % 16 == 0;
+         reinterpret_cast<uintptr_t>(p.summary_key_fp32) % 16 == 0;
 }
 
 // kShort: on the fast path the fusion logits are computed while the tile's key and value rows
@@ -84,10 +85,10 @@ __device__ void chunk_tile(const DecodeParams& p, bool fast, bool staged,
   const int lane = threadIdx.x % kWarp;
   const int32_t c = selection[bg * p.K + i];
   const bool overlap = kShort && fast && c >= 0;
-  if (p.summary_key_bf16 && c >= 0 && !overlap) selected_logits(p, fusion_logit, c, i, bg);
+  if (p.summary_key_fp32 && c >= 0 && !overlap) selected_logits(p, fusion_logit, c, i, bg);
   if (fast && c >= 0) {
     auto logits = [&] {
-      if (!overlap || !p.summary_key_bf16) return;
+      if (!overlap || !p.summary_key_fp32) return;
       if (logits_packable(p)) selected_logits_packed(p, fusion_logit, c, i, bg);
       else selected_logits(p, fusion_logit, c, i, bg);
     };
@@ -152,11 +153,11 @@ __host__ __device__ inline bool chunk_by_mma(const DecodeParams& p, bool fast_ch
   return fast_chunk && p.d == kTileDim && p.dv == kTileDim && p.S <= kTileDim &&
          p.G <= kFastMaxGroup && reinterpret_cast<uintptr_t>(p.q) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(p.q_retrieval) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(p.summary_key_bf16) % 16 == 0;
+         reinterpret_cast<uintptr_t>(p.summary_key_fp32) % 16 == 0;
 }
 
-// fusion_logit[item, i] = sigma q~ . k'_c + b'_c (bf16 rows) for the G heads of group (b, g):
-// lane (head t / 8, piece t % 8) loads 16 bytes of q~ and of the row; 8 lanes sum.
+// fusion_logit[item, i] = sigma q~ . k'_c + b'_c (fp32 rows) for the G heads of group (b, g):
+// lane (head t / 8, piece t % 8) loads 16 bytes of q~ and 32 of the row; 8 lanes sum.
 __device__ void selected_logits_warp(const DecodeParams& p, float* fusion_logit, int32_t c,
                                      int64_t i, int64_t first) {
   constexpr int kLanes = kTileDim / 8;
@@ -273,7 +274,7 @@ __device__ void chunk_mma_warp(const DecodeParams& p, const int32_t* selection, 
     uint32_t qa[4][4];
     load_q_fragments(qa, r0 < G ? p.q + (first + r0) * kTileDim : nullptr,
                      r1 < G ? p.q + (first + r1) * kTileDim : nullptr);
-    if (p.summary_key_bf16) selected_logits_warp(p, fusion_logit, c, i, first);
+    if (p.summary_key_fp32) selected_logits_warp(p, fusion_logit, c, i, first);
     cp_async_wait_one();  // the key rows
     __syncwarp();
     float s[8][4];
@@ -377,7 +378,7 @@ __global__ void __launch_bounds__(kQuadChunkWarps * kWarp)
   uint32_t qa[4][4];
   load_q_fragments(qa, r0 < G ? p.q + (first + r0) * kTileDim : nullptr,
                    r1 < G ? p.q + (first + r1) * kTileDim : nullptr);
-  if (p.summary_key_bf16) selected_logits_packed(p, fusion_logit, c, i, bg);
+  if (p.summary_key_fp32) selected_logits_packed(p, fusion_logit, c, i, bg);
   cp_async_wait_one();  // this warp's key rows
   __syncwarp();
   // s[t]: chunk_mma_warp's s[2 warp + t] (slots 16 warp + 8 t + 2 quad + e).

@@ -35,7 +35,7 @@ struct DecodeParams {
   const void* summary_key;      // bf16 or fp8 e4m3 (SummaryType)
   const float* summary_bias;
   const float* summary_scale;   // fp8: the row scales; null for bf16 (scale 1)
-  const __nv_bfloat16* summary_key_bf16;  // fp8 + hierarchical: bf16 rows for the fusion logits
+  const float* summary_key_fp32;  // hierarchical: fp32 rows for the selected chunks' fusion logits
   const __half2* summary_scale_bias;      // int4_h: (s16, b'16) per row, read by d40's scan
 };
 
@@ -50,7 +50,7 @@ struct DecodeScratch {
   float* chunk_part;    // [B, Hq, K, dv + 1] (lse_c, normalised o_c)
   uint32_t* cand_key;   // [B, Hkv, n_score_tiles, min(K, 256)] each tile's K best r (as keys)
   int32_t* cand_idx;    // same shape: their chunk indices, ascending within each tile
-  float* fusion_logit;  // [B, Hq, K] s_hat of the selected chunks from summary_key_bf16
+  float* fusion_logit;  // [B, Hq, K] s_hat of the selected chunks from summary_key_fp32
 };
 
 // The shortened tails of the fused kernel (since d12) for K <= kShortK selected chunks; since

@@ -55,7 +55,7 @@ __device__ void fuse_head(const DecodeParams& p, const DecodeScratch& w, int64_t
     const int32_t c = sel[i];
     if (c < 0) return kNegInf;
     if (!p.hierarchical) return part[i * (p.dv + 1)];
-    return p.summary_key_bf16 ? w.fusion_logit[item * p.K + i] : w.scores[item * p.n_chunks + c];
+    return w.fusion_logit[item * p.K + i];  // the chunk tiles' sums from summary_key_fp32
   };
   const float a_win = w.win_lse[item];
   const bool zero_logit = p.hierarchical && p.softmax1;
@@ -122,8 +122,8 @@ __device__ void fuse_head(const DecodeParams& p, const DecodeScratch& w, int64_t
 
 // kShort when fuse_merges_window: every load of the head is issued at once (lane i: selected
 // slot i's chunk and logit, window tile i's (m, l); all K rows of o_c and all window tiles' o,
-// dims lane and lane + 32), then the sums: one round trip (two for hierarchical fusion with bf16
-// summaries: the logit is read at its chunk). The window merge (o_swa, lse_swa) happens here.
+// dims lane and lane + 32), then the sums: one round trip (hierarchical fusion's logits are the
+// chunk tiles' sums from the fp32 rows, read as slot i's). The window merge (o_swa, lse_swa) happens here.
 __device__ void fuse_head_short(const DecodeParams& p, const DecodeScratch& w, int64_t item,
                                 float* o, float* lse, float* fusion_weights, float* o_window,
                                 float* lse_window) {
@@ -133,8 +133,8 @@ __device__ void fuse_head_short(const DecodeParams& p, const DecodeScratch& w, i
   const float* part = w.chunk_part + item * p.K * (p.dv + 1);
   const bool mine = lane < p.K;
   const int32_t c = mine ? sel[lane] : -1;
-  const bool logit_given = p.hierarchical && p.summary_key_bf16;
-  const float given = mine && logit_given ? w.fusion_logit[item * p.K + lane] : kNegInf;
+  // hierarchical: the chunk tiles' sums from summary_key_fp32
+  const float given = mine && p.hierarchical ? w.fusion_logit[item * p.K + lane] : kNegInf;
   const float flat = mine && !p.hierarchical ? part[lane * (p.dv + 1)] : kNegInf;
   float v0[kShortK], v1[kShortK];
 #pragma unroll
@@ -173,7 +173,7 @@ __device__ void fuse_head_short(const DecodeParams& p, const DecodeScratch& w, i
   if (lse_window && lane == 0) lse_window[item] = a_win;
   float a = kNegInf;
   if (mine && c >= 0)
-    a = !p.hierarchical ? flat : logit_given ? given : w.scores[item * p.n_chunks + c];
+    a = p.hierarchical ? given : flat;
   const bool zero_logit = p.hierarchical && p.softmax1;
   const float m = fmaxf(fmaxf(warp_max(a), a_win), zero_logit ? 0.0f : kNegInf);
   const float l = warp_sum(exp_diff(a, m)) + exp_diff(a_win, m) + (zero_logit ? __expf(-m) : 0.0f);

@@ -178,6 +178,9 @@ def check_prefix(q, k, v, q_retrieval=None, layout="bhsd"):
 
 class DecodeCache:
     """B sequences' K/V slots and chunk summaries on one CUDA device, for the decode step.
+    For hierarchical fusion the cache also keeps k' in fp32 (.key_fp32 [B, Hq, chunks, d], with
+    every store): the K selected chunks' fusion logits are summed from it, so that the store's
+    rounding moves the selection only (gpu/NOTES.md "decode", session 25).
 
     spec: hils.verify's dict (hils.gpu.forward's), a mechanism that selects with summaries
     (decode_fields). q, k, v (and q_retrieval): the prefix, [B, heads, T0, d] bf16 CUDA tensors
@@ -240,7 +243,9 @@ class DecodeCache:
         self.bias = torch.zeros(rows, dtype=torch.float32, **on)
         # q~ at each chunk's landmark slot (its prior), kept for verify_arguments
         self.priors = torch.zeros(rows + (d,), dtype=torch.bfloat16, **on)
-        self.scale = self.pairs = self.key_bf16 = None
+        self.scale = self.pairs = self.key_fp32 = None
+        if self.fields["fusion"] == "hierarchical":  # the selected chunks' fusion logits, every store
+            self.key_fp32 = torch.zeros(rows + (d,), dtype=torch.float32, **on)
         if self.summaries == "bf16":
             self.key = torch.zeros(rows + (d,), dtype=torch.bfloat16, **on)
             return
@@ -250,8 +255,6 @@ class DecodeCache:
             self.pairs = torch.zeros(rows + (2,), dtype=torch.float16, **on)
         else:
             self.scale = torch.zeros(rows, dtype=torch.float32, **on)
-        if self.fields["fusion"] == "hierarchical":  # the selected chunks' fusion logits
-            self.key_bf16 = torch.zeros(rows + (d,), dtype=torch.bfloat16, **on)
 
     def _problem(self):
         """hils_gpu_decode over the cache's tensors; T, q, q_retrieval and kernel are set per step."""
@@ -267,7 +270,7 @@ class DecodeCache:
         ptr = _stages.ptr
         p.k, p.v, p.summary_key, p.summary_bias = ptr(self.k), ptr(self.v), ptr(self.key), ptr(self.bias)
         p.summary_type = _library.SUMMARY_TYPES[self.summaries]
-        p.summary_scale, p.summary_key_bf16 = ptr(self.scale), ptr(self.key_bf16)
+        p.summary_scale, p.summary_key_fp32 = ptr(self.scale), ptr(self.key_fp32)
         p.summary_scale_bias = ptr(self.pairs)
         return p
 
@@ -333,11 +336,11 @@ class DecodeCache:
         n = key.shape[2]
         rows = slice(first, first + n)
         self.bias[:, :, rows] = bias
+        if self.key_fp32 is not None:
+            self.key_fp32[:, :, rows] = key
         if self.summaries == "bf16":
             self.key[:, :, rows] = key.to(self.key.dtype)
             return
-        if self.key_bf16 is not None:
-            self.key_bf16[:, :, rows] = key.to(self.key_bf16.dtype)
         codes, side = self._quantize(key.contiguous(), bias.contiguous())
         self.key[:, :, rows] = codes
         (self.pairs if self.summaries == "int4h" else self.scale)[:, :, rows] = side

@@ -70,7 +70,7 @@ class Decode(ctypes.Structure):
          ("chunk_capacity", ctypes.c_int64)] + [
         (n, ctypes.c_void_p) for n in ("k", "v", "summary_key", "summary_bias", "q", "q_retrieval")
     ] + [("summary_type", ctypes.c_int32), ("kernel", ctypes.c_int32),
-         ("summary_scale", ctypes.c_void_p), ("summary_key_bf16", ctypes.c_void_p),
+         ("summary_scale", ctypes.c_void_p), ("summary_key_fp32", ctypes.c_void_p),
          ("summary_scale_bias", ctypes.c_void_p)]
 
 

@@ -54,11 +54,12 @@ struct DecodeCache {
   const float* summary_bias = nullptr;
   SummaryType summary_type = SummaryType::bf16;
   const float* summary_scale = nullptr;
-  // fp8 or int4 with hierarchical fusion: the same summaries in bf16 [B, Hq, chunk_capacity, d]. The
-  // scan scores every chunk from the fp8 rows; the fusion logits s_hat of the K selected chunks
-  // (Eq. 10) are read from these rows, so that fp8's rounding (2^-4) moves the selection but not
-  // the fused output (gpu/NOTES.md "decode"). Unused otherwise.
-  const void* summary_key_bf16 = nullptr;
+  // Hierarchical fusion, every store: the same summaries in fp32 [B, Hq, chunk_capacity, d] (the
+  // summarize stage's values). The scan scores every chunk from summary_key; the fusion logits
+  // s_hat of the K selected chunks (Eq. 10) are read from these rows, so that the store's rounding
+  // (bf16 2^-8, fp8 2^-4, int4) moves the selection but not the fused output: bf16 rows moved o
+  // past its floor at |s_hat| ~ 150 (gpu/NOTES.md "decode", session 25). Unused otherwise.
+  const float* summary_key_fp32 = nullptr;
   // int4_h: (s16, b'16) per row as __half2 [B, Hq, chunk_capacity] (quantize_summaries_int4h);
   // the scan reads these 4 bytes in place of summary_scale and summary_bias. Unused otherwise.
   const void* summary_scale_bias = nullptr;
