@@ -9,7 +9,9 @@ own full q, q~, k and v; a flat mechanism without prior (nsa); a planted fault t
 completed chunk summarized with another head's prior); bad arguments named before the library is
 looked for, the cache's own refusals (out= tensors included), and a refusal of the library
 itself; a step captured in a CUDA graph replays the eager step bit for bit (out= buffers), which a
-planted fault breaks, and int4h's capture of a chunk completion is refused. Needs libhils_gpu_c.so
+planted fault breaks, and int4h's capture of a chunk completion is refused; the hard cases
+(data/hard_cases.md) as single steps with every store, and walks through the two large-logit
+cases, which fusion logits from bf16 rows fail (a planted fault). Needs libhils_gpu_c.so
 (HILS_GPU_LIB) and hils._core; ctest label gpu; skipped without torch or CUDA. Each boundary
 report is printed, and per walk the largest headroom of every tensor (pytest -s)."""
 
