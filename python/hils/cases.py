@@ -50,26 +50,33 @@ class HardCase:
         self.prior = None if prior is None else _laid(layout, prior)
         self._fields = fields
 
-    def decode_arguments(self):
-        """The case as one decode step: the query of its last slot T-1 against a cache of its T
-        slots, the keyword arguments of hils.verify_decode and hils.testing.assert_decode_matches
-        (q [1, Hq, d], k_cache, v_cache [1, T, Hkv, d] with cache_layout "bshd", cache_seqlens
-        [T], landmark_queries [1, T // S, Hq, d] where the spec's summaries read the landmark
-        slots' queries, input_precision). ValueError for a spec whose prior is given or shared
-        (a decode step is judged with prior_rule landmark_query)."""
+    def decode_arguments(self, length=None):
+        """The case as one decode step: the query of slot length-1 against a cache of the case's
+        first `length` slots (default: the case's T, its last query), the keyword arguments of
+        hils.verify_decode and hils.testing.assert_decode_matches (q [1, Hq, d], k_cache, v_cache
+        [1, length, Hkv, d] with cache_layout "bshd", cache_seqlens [length], landmark_queries
+        [1, length // S, Hq, d] where the spec's summaries read the landmark slots' queries,
+        input_precision). A step judges one query, which may miss the rows a fault moves: walk
+        several, `for n in range(case.T - 160, case.T + 1): case.decode_arguments(n)` (our decode
+        kernel passed the last step of large_logits and failed 8 of its last 160, data/hard_cases.md).
+        ValueError for a length outside 1..T and for a spec whose prior is given or shared (a decode
+        step is judged with prior_rule landmark_query)."""
         from . import decoding as _decoding
         if self.prior is not None:
             raise ValueError(f"decode_arguments: spec {self._fields['name']!r} reads a "
                              f"{self._fields['prior_rule']} prior, which hils.verify_decode does not take "
                              f"(a decode step's summaries read prior_rule landmark_query)")
+        T = self.T if length is None else _count(length, "decode_arguments: length")
+        if not 1 <= T <= self.T:
+            raise ValueError(f"decode_arguments: length: expected 1..{self.T} (the case's slots), got {T}")
         laid = _layouts.Layout(self.layout)
-        q, k, v = (laid.sequences(getattr(self, n), n, n, 1)[0] for n in ("q", "k", "v"))  # [heads, T, d]
+        q, k, v = (laid.sequences(getattr(self, n), n, n, 1)[0][:, :T] for n in ("q", "k", "v"))  # [heads, T, d]
         arguments = {"q": np.ascontiguousarray(q[None, :, -1]),
                      "k_cache": np.ascontiguousarray(k.swapaxes(0, 1)[None]),
                      "v_cache": np.ascontiguousarray(v.swapaxes(0, 1)[None]),
-                     "cache_seqlens": np.array([self.T], dtype=np.int32),
+                     "cache_seqlens": np.array([T], dtype=np.int32),
                      "cache_layout": "bshd", "input_precision": self.precision}
-        chunks = self.T // self._fields["S"]
+        chunks = T // self._fields["S"]
         if _decoding.needs_prior(self._fields) and chunks > 0:
             slots = np.arange(chunks) * self._fields["S"] + self._fields["S"] - 1
             arguments["landmark_queries"] = np.ascontiguousarray(q[:, slots].swapaxes(0, 1)[None])

@@ -182,3 +182,35 @@ def test_decode_arguments_refuse_a_given_prior():
     refused(case.decode_arguments,
             "decode_arguments: spec 'hils' reads a shared prior, which hils.verify_decode does not "
             "take (a decode step's summaries read prior_rule landmark_query)")
+
+
+@pytest.mark.parametrize("preset", ["nsa", "hils"])
+def test_decode_arguments_of_an_earlier_slot_judge_that_slots_query(preset):
+    """decode_arguments(n): slot n-1's query against the case's first n slots, for a walk of
+    steps. The reference's row n-1 of the whole case passes as that step (causal: it reads no
+    later slot); row n-2 given as step n fails."""
+    spec = {**SPEC, "preset": preset}
+    case = next(c for c in hils.hard_cases(spec, **SHAPE, precision="bf16", max_T=300) if c.name == "large_logits")
+    ref = hils.reference(spec, case.q, case.k, case.v)
+    for n in (1, SPEC["S"] - 1, SPEC["S"], case.T - 7, case.T):
+        arguments = case.decode_arguments(n)
+        assert arguments["k_cache"].shape == (1, n, SHAPE["Hkv"], SHAPE["d"])
+        assert arguments["cache_seqlens"].tolist() == [n]
+        assert np.array_equal(arguments["q"][0], case.q[:, n - 1])
+        assert ("landmark_queries" in arguments) == (preset == "hils" and n >= SPEC["S"])
+        step = {"o": ref["o"][:, n - 1][None], "lse": ref["lse"][:, n - 1][None]}
+        report = hils.verify_decode(spec, outputs=step, **arguments)
+        assert report.passed, f"step {n}\n{report}"
+    n = case.T - 7
+    wrong = {"o": ref["o"][:, n - 2][None], "lse": ref["lse"][:, n - 2][None]}
+    assert not hils.verify_decode(spec, outputs=wrong, **case.decode_arguments(n)).passed
+    assert case.decode_arguments(case.T)["k_cache"].shape == case.decode_arguments()["k_cache"].shape
+
+
+def test_decode_arguments_refuse_a_length_outside_the_case():
+    case = hils.hard_cases(SPEC, **SHAPE, max_T=300)[0]
+    for bad in (0, -1, case.T + 1):
+        refused(lambda: case.decode_arguments(bad),
+                f"decode_arguments: length: expected 1..{case.T} (the case's slots), got {bad}")
+    with pytest.raises(TypeError, match=r"^decode_arguments: length: expected an integer, found float 2.5"):
+        case.decode_arguments(2.5)
