@@ -190,7 +190,8 @@ def test_decode_arguments_of_an_earlier_slot_judge_that_slots_query(preset):
     steps. The reference's row n-1 of the whole case passes as that step (causal: it reads no
     later slot); row n-2 given as step n fails."""
     spec = {**SPEC, "preset": preset}
-    case = next(c for c in hils.hard_cases(spec, **SHAPE, precision="bf16", max_T=300) if c.name == "large_logits")
+    case = next(c for c in hils.hard_cases(spec, **SHAPE, precision="bf16", max_T=300)
+                if c.name == "large_logits")
     ref = hils.reference(spec, case.q, case.k, case.v)
     for n in (1, SPEC["S"] - 1, SPEC["S"], case.T - 7, case.T):
         arguments = case.decode_arguments(n)

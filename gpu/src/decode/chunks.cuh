@@ -1,7 +1,7 @@
 // Stage 4 of the decode step, the chunk tiles: softmax of q over each selected chunk's tokens per
 // head (o_c, lse_c) and the selected chunks' fusion logits (from the cache's fp32 rows, every
-// summary store, for hierarchical fusion): the warp tiles (d5's, and the fast tiles of decode/tiles.cuh) and the tiles on the
-// tensor cores (4b: d29's one warp per slot, d35's four, d36's that also select).
+// summary store, for hierarchical fusion): the warp tiles (d5's, and the fast tiles of
+// decode/tiles.cuh) and the tiles on the tensor cores (4b: d29's one warp per slot, d35's four, d36's that also select).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -123,7 +123,8 @@ __device__ void fuse_head(const DecodeParams& p, const DecodeScratch& w, int64_t
 // kShort when fuse_merges_window: every load of the head is issued at once (lane i: selected
 // slot i's chunk and logit, window tile i's (m, l); all K rows of o_c and all window tiles' o,
 // dims lane and lane + 32), then the sums: one round trip (hierarchical fusion's logits are the
-// chunk tiles' sums from the fp32 rows, read as slot i's). The window merge (o_swa, lse_swa) happens here.
+// chunk tiles' sums from the fp32 rows, read as slot i's). The window merge (o_swa, lse_swa)
+// happens here.
 __device__ void fuse_head_short(const DecodeParams& p, const DecodeScratch& w, int64_t item,
                                 float* o, float* lse, float* fusion_weights, float* o_window,
                                 float* lse_window) {

@@ -264,7 +264,8 @@ __global__ void __launch_bounds__(256, kPlain && !std::is_same_v<Key, float> ? 4
     // out-of-line re-sum of a lane's 8 parts kept v[] and q~ on the stack for every head).
     if constexpr (std::is_same_v<Key, __half>)
       if (out_valid && !isfinite(sum))
-        sum = dot64_from_fp32(qr + (h * p.T + t) * kTileDim, key32 + (static_cast<uint32_t>(h) * nc + c_out) * kTileDim);
+        sum = dot64_from_fp32(qr + (h * p.T + t) * kTileDim,
+                              key32 + (static_cast<uint32_t>(h) * nc + c_out) * kTileDim);
     if (e_out < K) selected_score[(h * p.T + t) * K + e_out] = out_valid ? __fmaf_rn(p.scale, sum, b_out) : kNegInf;
   }
 }

@@ -25,8 +25,9 @@ typedef struct hils_gpu_decode {
                                   2-11 (d8, d13, d16-d19, d21, d23-d25), 23 (d37) and 24 (d38) were removed in session 17
                                   and are refused (2) naming them (gpu/NOTES.md "Kernels removed in session 17") */
   const float* summary_scale;  /* fp8, int4: [B, Hq, chunk_capacity] row scales; else null */
-  const float* summary_key_fp32; /* hierarchical fusion (every store): the summaries in fp32 [B, Hq, chunk_capacity, d],
-                                    the selected chunks' fusion logits; else null */
+  const float* summary_key_fp32; /* hierarchical fusion (every store): the summaries in fp32
+                                    [B, Hq, chunk_capacity, d], the selected chunks' fusion logits;
+                                    else null */
   const void* summary_scale_bias; /* int4_h: [B, Hq, chunk_capacity] __half2 (s16, b'16), read by d40; else null */
 } hils_gpu_decode;
 
