@@ -54,8 +54,9 @@ std::vector<hils::Vector<double>> vectors_of(const std::vector<hils::Vector<floa
 }
 
 // The reference run in float on a file's inputs (a correct kernel's o and lse), written into its
-// /outputs as a kernel's harness would; `o_error` is added to one entry of o.
-void add_float_outputs(const fs::path& file, double o_error) {
+// /outputs as a kernel's harness would; `o_error` is added to one entry of o. rows: that many
+// rows from `first` (a file with /queries holds its queries' rows; -1: all T).
+void add_float_outputs(const fs::path& file, double o_error, int64_t first = 0, int64_t rows = -1) {
   const hils::AttentionInputs<double> in =
       hils::cli::verify::read_inputs(file, hils::io::open_hdf5(file));  // closed again
   hils::AttentionInputs<float> f;
@@ -66,7 +67,10 @@ void add_float_outputs(const fs::path& file, double o_error) {
   const auto run = hils::run_mechanism(flags_spec(), f);
   std::vector<hils::Matrix<float>> o;
   std::vector<hils::Vector<float>> lse;
-  for (const auto& head : run.heads) o.push_back(head.o), lse.push_back(head.lse);
+  for (const auto& head : run.heads) {
+    const int64_t n = rows < 0 ? head.o.rows() : rows;
+    o.push_back(head.o.middleRows(first, n)), lse.push_back(head.lse.segment(first, n));
+  }
   auto o_double = heads_of(o);
   o_double[1](o_double[1].rows() - 1, 2) += o_error;
   H5::H5File out(file.string(), H5F_ACC_RDWR);
@@ -159,6 +163,41 @@ TEST_CASE("a hils cases file completed with a kernel's outputs is judged by hils
   CHECK_THAT(r.output, Catch::Contains("FAIL"));
 }
 
+TEST_CASE("hils cases --last-queries writes each case's last slots as /queries, judged as "
+          "decode steps by hils verify", "[cli][cases]") {
+  TempDir dir("cases_last");
+  const auto out = dir / "cases";
+  const auto r = run_hils("cases " + kFlags + " --last-queries 5 -o " + quoted(out));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  for (const auto& c : expected_cases().cases) {
+    INFO(c.name);
+    const int64_t T = c.inputs.q[0].rows();
+    const fs::path file = out / (c.name + ".h5");
+    const H5::H5File h5 = hils::io::open_hdf5(file);
+    const auto queries = hils::io::read_int64s(hils::io::open_dataset(file, h5.openGroup("/"), "queries"));
+    std::vector<int64_t> expected;
+    for (int64_t t = std::max<int64_t>(0, T - 5); t < T; ++t) expected.push_back(t);
+    CHECK(queries == expected);  // single_slot (T = 1): [0]
+    CHECK_THAT(r.output, Catch::Contains(file.string() + "  (queries " + std::to_string(expected.front()) +
+                                         ".." + std::to_string(T - 1) + ")"));
+  }
+  // The harness's rows for slots T-5..T-1 pass; the rows of T-6..T-2 (each step one slot late)
+  // and the rows with one entry off by 0.5 fail.
+  const fs::path file = out / "large_logits.h5";
+  const int64_t T = hils::cli::verify::read_inputs(file, hils::io::open_hdf5(file)).q[0].rows();
+  fs::copy_file(file, dir / "late.h5");
+  fs::copy_file(file, dir / "off.h5");
+  add_float_outputs(file, 0.0, T - 5, 5);
+  auto v = run_hils("verify " + quoted(file));
+  INFO(v.output);
+  CHECK(v.exit_code == 0);
+  add_float_outputs(dir / "late.h5", 0.0, T - 6, 5);
+  CHECK(run_hils("verify " + quoted(dir / "late.h5")).exit_code == 1);
+  add_float_outputs(dir / "off.h5", 0.5, T - 5, 5);  // o's tolerance here is ~0.05
+  CHECK(run_hils("verify " + quoted(dir / "off.h5")).exit_code == 1);
+}
+
 TEST_CASE("hils cases --list describes the cases and writes nothing", "[cli][cases]") {
   TempDir dir("cases_list");
   const auto out = dir / "cases";
@@ -190,6 +229,8 @@ TEST_CASE("hils cases refuses bad input naming the option, writing nothing", "[c
                   "--length-multiple: expected an integer >= 1, got 0", out);
   require_refused("cases " + spec + shape + "--max-T -1 -o " + quoted(out),
                   "--max-T: expected 0 (no limit) or a length >= 1, got -1", out);
+  require_refused("cases " + spec + shape + "--last-queries -2 -o " + quoted(out),
+                  "--last-queries: expected 0 (every slot) or a count >= 1, got -2", out);
   require_refused("cases --preset nsa -S 8 -W 16 -K -1 " + shape + "-o " + quoted(out),
                   "K: expected a chunk count of at least 0, got -1", out);
   require_refused("cases --preset nsb " + shape + "-o " + quoted(out), "preset: expected one of",

@@ -1,12 +1,15 @@
 // hils cases: the oracle's hard cases (hils::oracle::hard_cases, data/hard_cases.md) for a spec
 // and a kernel's head shape, each written as a verify file holding its inputs and spec only
 // (data/verify_format.md), for a kernel's harness to read /inputs, add its /outputs and run
-// `hils verify DIR/*.h5`. --list says what would be written and writes nothing.
+// `hils verify DIR/*.h5`. --list says what would be written and writes nothing; --last-queries N
+// writes /queries = each case's last N slots, the steps a decode kernel's harness runs.
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -27,6 +30,7 @@ struct CasesFlags {
   int64_t Hq = 0, Hkv = 0, d = 0;
   std::optional<int64_t> dv;  // absent: d
   int64_t length_multiple = 1, max_T = 0;
+  int64_t last_queries = 0;  // 0: every slot (no /queries)
   bool list = false;
 };
 
@@ -77,10 +81,20 @@ void check_output_folder(const std::string& output) {
     throw BadInput("--out: expected a folder, got " + output + ", which is not a folder");
 }
 
+// The last min(n, T) slots of a case of T slots, ascending; empty for n = 0 (every slot).
+std::vector<int64_t> last_slots(int64_t n, int64_t T) {
+  std::vector<int64_t> slots;
+  for (int64_t t = std::max<int64_t>(0, T - n); n > 0 && t < T; ++t) slots.push_back(t);
+  return slots;
+}
+
 // flags -> one verify file per case in --out (or, with --list, the cases described).
 void run_cases(const CasesFlags& f) {
   const MechanismSpec spec = spec_of(f);
   const oracle::InputPrecision precision = oracle::parse_input_precision(f.precision, "--precision");
+  if (f.last_queries < 0)
+    throw BadInput(fmt::format("--last-queries: expected 0 (every slot) or a count >= 1, got {}",
+                               f.last_queries));
   if (!f.list) check_output_folder(f.output);
   const oracle::HardCases cases = build_cases(spec, precision, f);
   if (!f.list) make_output_folder(f.output, "--out");  // after the checks: none on bad input
@@ -91,8 +105,10 @@ void run_cases(const CasesFlags& f) {
       continue;
     }
     const auto path = std::filesystem::path(f.output) / (c.name + ".h5");
-    verify::write_verify_inputs(path, spec, precision, c.inputs);
-    fmt::print("{}  T {}  -> {}\n", c.name, T, path.string());
+    const std::vector<int64_t> queries = last_slots(f.last_queries, T);
+    verify::write_verify_inputs(path, spec, precision, c.inputs, queries);
+    fmt::print("{}  T {}  -> {}{}\n", c.name, T, path.string(),
+               queries.empty() ? "" : fmt::format("  (queries {}..{})", queries.front(), queries.back()));
   }
   print_skipped(cases);
 }
@@ -122,6 +138,9 @@ void register_cases(CLI::App& app) {
                   "every case's T a multiple of this, for a kernel that takes only such "
                   "lengths (default 1)");
   cmd->add_option("--max-T", flags->max_T, "skip cases longer than this (default 0: no limit)");
+  cmd->add_option("--last-queries", flags->last_queries,
+                  "write /queries = each case's last N slots (all when T <= N): the decode steps "
+                  "to run, slot t's query against slots 0..t (default 0: every slot, no /queries)");
   cmd->add_flag("--list", flags->list,
                 "print each case (name, T, what it catches) and the skipped ones; write nothing");
   cmd->footer(
@@ -130,10 +149,15 @@ void register_cases(CLI::App& app) {
       "input_precision (data/verify_format.md). Your harness reads /inputs, runs the kernel\n"
       "and writes its outputs (at least /outputs/o, [Hq, T, dv]) into the same file; then\n"
       "`hils verify cases/*.h5` judges them all. Cases these flags leave out are printed with\n"
-      "the reason (data/hard_cases.md). Exit 0 written, 2 bad input (the option named).\n"
+      "the reason (data/hard_cases.md). With --last-queries N each file also holds /queries,\n"
+      "the last N slots, and the outputs hold those rows only ([Hq, N, dv]): a decode kernel's\n"
+      "harness runs one step per slot t (its query against a cache of slots 0..t) and writes\n"
+      "row i for slot queries[i]. Exit 0 written, 2 bad input (the option named).\n"
       "Examples:\n"
       "  hils cases --preset nsa -S 16 -W 32 -K 4 --Hq 4 --Hkv 2 -d 32 --precision bf16 --list\n"
-      "  hils cases --preset nsa -S 16 -W 32 -K 4 --Hq 4 --Hkv 2 -d 32 --precision bf16 -o cases");
+      "  hils cases --preset nsa -S 16 -W 32 -K 4 --Hq 4 --Hkv 2 -d 32 --precision bf16 -o cases\n"
+      "  hils cases --preset hils -S 64 -W 512 -K 32 --Hq 16 --Hkv 2 -d 64 --precision bf16 \\\n"
+      "      --max-T 6000 --last-queries 160 -o decode_cases");
   cmd->callback([flags] { run_cases(*flags); });
 }
 

@@ -35,9 +35,11 @@ VerifyFile read_verify_file(const std::filesystem::path& file);
 // inputs hold them) as float32 [heads, rows, columns], written to a temporary name and renamed
 // over `file` (io::TempFile: never a half-written file). Every value must be exact in float32,
 // as an input precision's values are (std::logic_error otherwise: the caller's bug); FileError
-// for a folder that cannot be written or a full disk.
+// for a folder that cannot be written or a full disk. `queries` (strictly ascending slots) is
+// written as /queries when not empty: the rows the kernel's outputs will hold.
 void write_verify_inputs(const std::filesystem::path& file, const MechanismSpec& spec,
-                         oracle::InputPrecision precision, const AttentionInputs<double>& inputs);
+                         oracle::InputPrecision precision, const AttentionInputs<double>& inputs,
+                         const std::vector<int64_t>& queries = {});
 
 // verify_datasets.cpp: the groups of the format, each dataset's shape, type and values checked.
 // /inputs: q [Hq,T,d], k [Hkv,T,d], v [Hkv,T,dv], optional q_retrieval [Hq,T,d], prior [Hq,R,d].

@@ -30,7 +30,7 @@ void write_heads(H5::Group& root, const std::string& name, const std::vector<Mat
 }
 
 void write_contents(H5::H5File& h5, const MechanismSpec& spec, oracle::InputPrecision precision,
-                    const AttentionInputs<double>& inputs) {
+                    const AttentionInputs<double>& inputs, const std::vector<int64_t>& queries) {
   H5::Group root = h5.openGroup("/");
   io::write_attribute(root, "format", std::string(kVerifyFormat));
   io::write_attribute(root, "format_version", kVerifyFormatVersion);
@@ -41,17 +41,20 @@ void write_contents(H5::H5File& h5, const MechanismSpec& spec, oracle::InputPrec
   write_heads(root, "inputs/v", inputs.v);
   write_heads(root, "inputs/q_retrieval", inputs.q_retrieval);
   write_heads(root, "inputs/prior", inputs.prior);
+  if (!queries.empty())
+    io::write_int64s(root, "queries", queries.data(), {static_cast<hsize_t>(queries.size())});
 }
 
 }  // namespace
 
 void write_verify_inputs(const std::filesystem::path& file, const MechanismSpec& spec,
-                         oracle::InputPrecision precision, const AttentionInputs<double>& inputs) {
+                         oracle::InputPrecision precision, const AttentionInputs<double>& inputs,
+                         const std::vector<int64_t>& queries) {
   io::TempFile temp(file);
   io::guard_write(file, [&] {
     auto h5 = std::make_unique<H5::H5File>(temp.path().string(), H5F_ACC_TRUNC);
     try {
-      write_contents(*h5, spec, precision, inputs);
+      write_contents(*h5, spec, precision, inputs, queries);
     } catch (...) {
       try {
         io::close_file(file, h5);  // never leave a failed file for H5File's destructor to close
