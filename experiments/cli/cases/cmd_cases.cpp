@@ -156,8 +156,7 @@ void register_cases(CLI::App& app) {
       "Examples:\n"
       "  hils cases --preset nsa -S 16 -W 32 -K 4 --Hq 4 --Hkv 2 -d 32 --precision bf16 --list\n"
       "  hils cases --preset nsa -S 16 -W 32 -K 4 --Hq 4 --Hkv 2 -d 32 --precision bf16 -o cases\n"
-      "  hils cases --preset hils -S 64 -W 512 -K 32 --Hq 16 --Hkv 2 -d 64 --precision bf16 \\\n"
-      "      --max-T 6000 --last-queries 160 -o decode_cases");
+      "  hils cases --preset hils -S 16 -W 32 -K 4 --Hq 4 --Hkv 2 -d 32 --last-queries 64 -o steps");
   cmd->callback([flags] { run_cases(*flags); });
 }
 
