@@ -258,8 +258,8 @@ const CaseRow kHardCases[] = {
      "bits, which a correct kernel may order either way",
      if_cut, selecting_length, any_length, "", build_near_tied, "tied_chunks"},
     {"zero_queries",
-     "every third query zero: all its logits exactly 0 (a division by the query's norm, or a tie "
-     "rule that is not by chunk index)",
+     "every third query zero, as padding rows are: all its logits exactly 0 and every chunk tied "
+     "(a division by the query's norm gives NaN; a top-K must still choose K distinct chunks)",
      always, selecting_length, any_length, "", build_zero_queries},
     {"large_logits",
      "logits ~ N(0, 40^2), maxima near 150: exp without the running maximum overflows fp32, and "
