@@ -498,20 +498,19 @@ TEST_CASE("gpu selection v21 and v22 score their choices from the bf16 k' they r
       const MechanismSpec spec = selection_spec(preset, c);
       const int64_t nc = c.T / c.S;
       const SelectionInputs staged(spec, c, inputs);
-      // k' rounded to bf16 on the host (round to nearest even, as the selection's copy).
-      std::vector<unsigned char> key_bytes = staged.key.download();
-      std::vector<float> key_rounded(key_bytes.size() / 4);
-      std::memcpy(key_rounded.data(), key_bytes.data(), key_bytes.size());
-      for (float& x : key_rounded) x = static_cast<float>(oracle::round_to_bf16(x));
-      std::vector<unsigned char> rounded_bytes(key_bytes.size());
-      std::memcpy(rounded_bytes.data(), key_rounded.data(), rounded_bytes.size());
-      const gt::GuardedBuffer key_bf16 = gt::upload(rounded_bytes);
-      std::vector<float> key_half(key_bytes.size() / 4);
-      std::memcpy(key_half.data(), key_bytes.data(), key_bytes.size());
-      for (float& x : key_half) x = static_cast<float>(oracle::round_to_fp16(x));
-      std::vector<unsigned char> half_bytes(key_bytes.size());
-      std::memcpy(half_bytes.data(), key_half.data(), half_bytes.size());
-      const gt::GuardedBuffer key_fp16 = gt::upload(half_bytes);
+      // k' rounded on the host (to nearest even) to bf16, as the selection's copy, and to fp16,
+      // as v27's.
+      const std::vector<unsigned char> key_bytes = staged.key.download();
+      auto rounded_key = [&](auto round) {
+        std::vector<float> values(key_bytes.size() / 4);
+        std::memcpy(values.data(), key_bytes.data(), key_bytes.size());
+        for (float& x : values) x = static_cast<float>(round(x));
+        std::vector<unsigned char> bytes(key_bytes.size());
+        std::memcpy(bytes.data(), values.data(), bytes.size());
+        return gt::upload(bytes);
+      };
+      const gt::GuardedBuffer key_bf16 = rounded_key([](float x) { return oracle::round_to_bf16(x); });
+      const gt::GuardedBuffer key_fp16 = rounded_key([](float x) { return oracle::round_to_fp16(x); });
       gt::GuardedBuffer surrogate(c.Hq * c.T * nc * 4), surrogate_bf16(c.Hq * c.T * nc * 4),
           surrogate_fp16(c.Hq * c.T * nc * 4);
       hils::gpu::surrogate_scores(spec, staged.shape, staged.set.view, staged.key.as<float>(),

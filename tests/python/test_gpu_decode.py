@@ -451,12 +451,19 @@ def test_an_int4h_cache_refuses_a_non_finite_key(where):
 HARD_DECODE_GEOMETRY = {"S": S, "W": 512, "K": K}
 
 
-def step_hard_case(spec, case, summaries, kernel=None):
-    """case's slots < T - 1 as the prefix, slot T - 1 appended and stepped -> (cache, out)."""
+def cache_before(spec, case, t0, summaries="fp8"):
+    """The case's q, k, v as CUDA bf16 [1, heads, T, d] and a DecodeCache of capacity T holding
+    their slots < t0 -> (q, k, v, cache)."""
     q, k, v = (torch.from_numpy(x)[None].cuda().bfloat16() for x in (case.q, case.k, case.v))
+    cache = hils.gpu.DecodeCache(spec, q[:, :, :t0], k[:, :, :t0], v[:, :, :t0], capacity=case.T,
+                                 summaries=summaries)
+    return q, k, v, cache
+
+
+def step_hard_case(spec, case, summaries):
+    """case's slots < T - 1 as the prefix, slot T - 1 appended and stepped -> (cache, out)."""
     T = case.T
-    cache = hils.gpu.DecodeCache(spec, q[:, :, :T - 1], k[:, :, :T - 1], v[:, :, :T - 1], capacity=T,
-                                 summaries=summaries, kernel=kernel)
+    q, k, v, cache = cache_before(spec, case, T - 1, summaries)
     cache.append(k[:, :, T - 1], v[:, :, T - 1])
     return cache, cache.step(q[:, :, T - 1], diagnostics=True)
 
@@ -493,9 +500,8 @@ def walk_hard_case(name, bf16_logit_rows=False):
     spec = {"preset": "hils", **HARD_DECODE_GEOMETRY}
     case = next(c for c in hils.hard_cases(spec, Hq=16, Hkv=2, d=d, precision="bf16", max_T=6000)
                 if c.name == name)
-    q, k, v = (torch.from_numpy(x)[None].cuda().bfloat16() for x in (case.q, case.k, case.v))
     t0 = case.T - WALK_FIRST
-    cache = hils.gpu.DecodeCache(spec, q[:, :, :t0], k[:, :, :t0], v[:, :, :t0], capacity=case.T)
+    q, k, v, cache = cache_before(spec, case, t0)
     failed, most = [], 0.0
     for t in range(t0, t0 + WALK_STEPS):
         cache.append(k[:, :, t], v[:, :, t])
