@@ -16,7 +16,6 @@
 
 #include "cli/commands.hpp"
 #include "hils/memory.hpp"
-#include "io/results_file.hpp"
 #include "parallel/session.hpp"
 
 namespace hils::cli {
@@ -182,6 +181,9 @@ void require_fits_in_memory(double bytes, const std::string& what) {
 
 std::string units_kept(const std::string& file, size_t complete_units,
                        const std::string& to_continue) {
+  if (complete_units == 0)
+    return fmt::format("no unit was complete, so nothing was published to {} (a file of that "
+                       "name is as it was); run the same command again to start over", file);
   return fmt::format("{} keeps {} complete unit{} (work on unfinished units is dropped); {} to "
                      "continue from them",
                      file, complete_units, complete_units == 1 ? "" : "s", to_continue);
@@ -194,23 +196,11 @@ std::string interrupted_message(int signal, const std::string& file, size_t comp
                      units_kept(file, complete_units, to_continue));
 }
 
-size_t published_units(const std::filesystem::path& file) {
-  std::error_code ec;
-  if (!std::filesystem::exists(file, ec)) return 0;
-  try {
-    io::ResultsReader reader(file);
-    return nlohmann::json::parse(reader.string_attribute("/", "complete_units")).size();
-  } catch (const std::exception&) {
-    return 0;  // not a results file of ours: it keeps no unit to continue from
-  }
-}
-
 [[noreturn]] void rethrow_write_failure(const io::FileError& error, const std::string& file,
-                                        const std::string& to_continue) {
-  const size_t kept = published_units(file);
-  if (kept == 0) throw error;
+                                        size_t published, const std::string& to_continue) {
+  if (published == 0) throw error;
   throw BadInput(std::string(error.what()) + "; " +
-                 units_kept(file, kept, "make room and " + to_continue));
+                 units_kept(file, published, "make room and " + to_continue));
 }
 
 }  // namespace hils::cli

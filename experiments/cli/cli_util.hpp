@@ -46,37 +46,37 @@ void require_landmark_layout(bool landmarks, int64_t S, const io::ActivationMeta
                              const std::string& input, const std::string& who);
 
 // "<file> keeps N complete units (...); <to_continue> to continue from them": what a stopped
-// run's results file holds (no partial unit: a unit is published whole or not at all) and the
-// command that continues from it.
+// run's results file holds for it (no partial unit: a unit is published whole or not at all)
+// and the command that continues from it; with none, that nothing was published and the same
+// command starts over (a file of that name is another run's, untouched).
 std::string units_kept(const std::string& file, size_t complete_units,
                        const std::string& to_continue);
 // The line of an interrupted run: the signal, then units_kept().
 std::string interrupted_message(int signal, const std::string& file, size_t complete_units,
                                 const std::string& to_continue);
-// The units the published results file `file` lists complete (0 when there is none).
-size_t published_units(const std::filesystem::path& file);
 // A write of `file` failed (a full disk) during its unit loop: rethrows `error`, with what the
-// last checkpoint keeps and how to continue (units_kept: "make room and <to_continue>") when
-// it keeps any unit.
+// last checkpoint keeps (`published` units of this run) and how to continue (units_kept:
+// "make room and <to_continue>") when it keeps any unit.
 [[noreturn]] void rethrow_write_failure(const io::FileError& error, const std::string& file,
-                                        const std::string& to_continue);
+                                        size_t published, const std::string& to_continue);
 
 // Runs `unit_loop()` (a UnitRunner's run, or a study driver) into the results file `file` so
 // that SIGINT/SIGTERM stop it at a unit boundary (io::UnitStopScope): the stop becomes
-// Interrupted, whose line says how many units `units_complete()` finds in the file and
-// `to_continue` ("run the same command again", ...); a failed write (a full disk) says what the
-// last checkpoint keeps (rethrow_write_failure). Returns what unit_loop returns.
-template <class UnitLoop, class UnitsComplete>
-auto run_stoppable(UnitLoop unit_loop, const std::string& file, UnitsComplete units_complete,
+// Interrupted, whose line says how many units `units_published()` (its writer's
+// io::ResultsWriter::units_published) the file keeps and `to_continue` ("run the same command
+// again", ...); a failed write (a full disk) says the same (rethrow_write_failure). Returns
+// what unit_loop returns.
+template <class UnitLoop, class UnitsPublished>
+auto run_stoppable(UnitLoop unit_loop, const std::string& file, UnitsPublished units_published,
                    const std::string& to_continue) {
   io::UnitStopScope stop_between_units;
   try {
     return unit_loop();
   } catch (const analysis::Interrupted& e) {
     throw Interrupted(e.signal_number, interrupted_message(e.signal_number, file,
-                                                           units_complete(), to_continue));
+                                                           units_published(), to_continue));
   } catch (const io::FileError& e) {
-    rethrow_write_failure(e, file, to_continue);
+    rethrow_write_failure(e, file, units_published(), to_continue);
   }
 }
 

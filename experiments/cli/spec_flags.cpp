@@ -22,6 +22,24 @@ std::string help_of(const SpecField<T>& field) {
     return field.help;
 }
 
+// "" for an output path, or why it is one the shell or the option parser left as typed, not
+// the path meant: "--out=~/x" (the shell expands ~ only at the start of a word: a folder named
+// ~ would be made), "-o --seed" (an option taken as the value of an -o given none), "-o=x"
+// (a short option's value follows it, so the name begins with '=').
+std::string typed_output_path(const std::string& path) {
+  if (path.empty()) return "";
+  if (path[0] == '~')
+    return "expected a path, got '" + path + "': the shell expands ~ only at the start of a "
+           "word (write --out ~/x or $HOME/x, not --out=~/x); ./" + path + " names a folder ~ here";
+  if (path[0] == '-')
+    return "expected a path, got '" + path + "', which looks like an option (no value after "
+           "the output option?); ./" + path + " names a file of that name";
+  if (path[0] == '=')
+    return "expected a path, got '" + path + "': a short option takes its value after a space "
+           "(-o x; --out=x for the long one); ./" + path + " names a file of that name";
+  return "";
+}
+
 }  // namespace
 
 // cmd, overrides, keys -> one option per selected table row (plus its hidden alias).
@@ -39,7 +57,8 @@ void add_spec_flags(CLI::App* cmd, nlohmann::json* overrides,
 }
 
 CLI::Option* add_output_option(CLI::App* cmd, std::string* path, const std::string& help) {
-  return cmd->add_option("-o,--output,--out", *path, help);
+  return cmd->add_option("-o,--output,--out", *path, help)
+      ->check(CLI::Validator(typed_output_path, "", "PATH"));
 }
 
 CLI::Option* add_config_option(CLI::App* cmd, std::string* path, const std::string& help) {

@@ -31,7 +31,9 @@ CLI::Option* add_json_option(CLI::App* cmd, nlohmann::json* target, const std::s
 }
 
 // The output option of every command: -o,--output, with --out (the studies' first spelling)
-// accepted too. Returns the option, e.g. to mark it required.
+// accepted too; a path beginning with ~, - or = is refused (the shell's or the parser's
+// leftover: --out=~/x, -o --seed, -o=x), ./ before it names such a file. Returns the option,
+// e.g. to mark it required.
 CLI::Option* add_output_option(CLI::App* cmd, std::string* path, const std::string& help);
 // The config option of every command that reads TOML: -c,--config (config::load_toml
 // refuses a missing file, naming it).

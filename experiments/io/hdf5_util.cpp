@@ -73,6 +73,16 @@ H5::StrType utf8_string_type() {
   return type;
 }
 
+// The memory type to read a stored string type into: itself when fixed-length, else a
+// variable-length string in its own character set (HDF5 converts none into another: an ASCII
+// one, the C API's default and h5py's string_dtype("ascii"), read as UTF-8 fails).
+H5::StrType memory_string_type(const H5::StrType& stored) {
+  if (!stored.isVariableStr()) return stored;
+  H5::StrType type(H5::PredType::C_S1, H5T_VARIABLE);
+  type.setCset(stored.getCset());
+  return type;
+}
+
 }  // namespace
 
 namespace {
@@ -260,8 +270,7 @@ std::string read_text(const std::filesystem::path& file, const std::string& name
   H5::DataType type = dataset.getDataType();
   if (type.getClass() != H5T_STRING) fail(file, name, "a string", type_text(type));
   std::string text;
-  H5::StrType str_type = dataset.getStrType();
-  dataset.read(text, str_type.isVariableStr() ? utf8_string_type() : str_type);
+  dataset.read(text, memory_string_type(dataset.getStrType()));
   return text;
 }
 
@@ -298,9 +307,8 @@ std::string read_string_attribute(const std::filesystem::path& file, const H5::H
   if (const hssize_t n = attribute.getSpace().getSimpleExtentNpoints(); n != 1)
     fail(file, object_name + " attribute " + name, "one string",
          "an array of " + std::to_string(n) + " strings");
-  H5::StrType str_type = attribute.getStrType();
   std::string value;
-  attribute.read(str_type.isVariableStr() ? utf8_string_type() : str_type, value);
+  attribute.read(memory_string_type(attribute.getStrType()), value);
   // Fixed-length strings may carry trailing NULs.
   while (!value.empty() && value.back() == '\0') value.pop_back();
   return value;

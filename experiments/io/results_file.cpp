@@ -26,6 +26,10 @@ struct ResultsWriter::State {
   TempFile temp;
   std::unique_ptr<H5::H5File> file;
   std::vector<std::string> complete;
+  // Units in the file under the final name that this writer stands for: a resumed file's, then
+  // those of its last publish (0 while a created file is unpublished: a file already there is
+  // another run's).
+  size_t published = 0;
 };
 
 namespace {
@@ -142,7 +146,7 @@ ResultsWriter ResultsWriter::create(const std::filesystem::path& path,
   H5::Exception::dontPrint();
   OutputLock lock(path, provenance.command);
   auto state =
-      std::make_unique<State>(State{std::move(lock), TempFile(path), nullptr, {}});
+      std::make_unique<State>(State{std::move(lock), TempFile(path), nullptr, {}, 0});
   guard_write(path, [&] {
     state->file = std::make_unique<H5::H5File>(state->temp.path().string(), H5F_ACC_TRUNC);
     write_provenance(*state->file, provenance);
@@ -176,7 +180,7 @@ ResultsWriter ResultsWriter::resume(const std::filesystem::path& path,
     complete = read_complete_units(path, existing);
   }
   auto state = std::make_unique<State>(
-      State{std::move(lock), TempFile(path), nullptr, std::move(complete)});
+      State{std::move(lock), TempFile(path), nullptr, complete, complete.size()});
   std::error_code ec;
   std::filesystem::copy_file(path, state->temp.path(),
                              std::filesystem::copy_options::overwrite_existing, ec);
@@ -338,6 +342,8 @@ bool ResultsWriter::exists(const std::string& path) const {
 
 std::vector<std::string> ResultsWriter::complete_units() const { return state_->complete; }
 
+size_t ResultsWriter::units_published() const { return state_->published; }
+
 bool ResultsWriter::is_complete(const std::string& unit) const {
   std::string key = strip_slashes(unit);
   for (const auto& done : state_->complete)
@@ -360,6 +366,7 @@ void ResultsWriter::checkpoint() {
   // Closing makes the temporary file self-consistent before it is copied.
   close_file(path(), state_->file);
   state_->temp.publish_copy();
+  state_->published = state_->complete.size();
   guard_write(path(), [&] { state_->file = std::make_unique<H5::H5File>(state_->temp.path().string(), H5F_ACC_RDWR); });
 }
 
@@ -368,6 +375,7 @@ void ResultsWriter::commit() {
           "one already committed");
   close_file(path(), state_->file);
   state_->temp.publish();
+  state_->published = state_->complete.size();
 }
 
 const std::filesystem::path& ResultsWriter::path() const { return state_->temp.final_path(); }

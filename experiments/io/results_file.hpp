@@ -92,6 +92,10 @@ class ResultsWriter {
   // Units (group paths) marked complete, in the order they were marked.
   std::vector<std::string> complete_units() const;
   bool is_complete(const std::string& unit) const;
+  // The complete units the file under the final name holds for this writer: a resumed file's,
+  // then those of its last checkpoint or commit. 0 until a created file is first published
+  // (a file of that name until then is another run's, untouched).
+  size_t units_published() const;
   void mark_complete(const std::string& unit);
 
   // Publish what is written so far under the final name and keep writing.

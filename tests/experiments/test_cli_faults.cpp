@@ -163,6 +163,34 @@ TEST_CASE("odd output paths are bad input, not internal errors", "[cli][faults]"
   CHECK_THAT(studies.output, Catch::Contains("plain_file is a file, not a folder"));
 }
 
+TEST_CASE("an output path the shell or the parser left as typed is refused and nothing made",
+          "[cli][faults]") {
+  // Were taken as names: --out=~/x (the shell expands ~ only at a word's start) made a folder
+  // named ~; -o --list (a value forgotten) wrote to a folder named --list; -o=x to one named =x.
+  TempDir dir("typed_outputs");
+  const std::string cases = "cd " + quoted(dir.path()) + " && '" + HILS_EXE +
+                            "' -q cases --preset nsa -S 16 -W 32 -K 4 --Hq 4 --Hkv 2 -d 32 "
+                            "--max-T 200 ";
+  for (const auto& [flags, words] :
+       {std::pair<std::string, std::string>{
+            "--out=~/cases", "--output: expected a path, got '~/cases': the shell expands ~ only "
+                             "at the start of a word"},
+        {"-o --list", "--output: expected a path, got '--list', which looks like an option"},
+        {"-o=cases", "--output: expected a path, got '=cases': a short option takes its value "
+                     "after a space"}}) {
+    const auto r = run_shell(cases + flags + " 2>&1");
+    INFO(flags + "\n" + r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains(words));
+  }
+  CHECK(fs::is_empty(dir.path()));
+  // ./ before it names such a folder, as the message says.
+  const auto named = run_shell(cases + "--out ./~/cases 2>&1");
+  INFO(named.output);
+  CHECK(named.exit_code == 0);
+  CHECK(fs::is_directory(dir / "~" / "cases"));
+}
+
 TEST_CASE("a damaged complete_units attribute names the file and the attribute",
           "[cli][faults]") {
   TempDir dir("damaged_units");

@@ -187,6 +187,24 @@ TEST_CASE("SIGTERM inside a long hils run unit stops the reference at its next q
                        "continue from them\n");
   CHECK(count_temp_files(dir.path()) == 0);
   CHECK(count_lock_files(dir.path()) == 0);
+
+  // Another configuration into that file, without --resume, stopped inside its first unit
+  // (full attention again, 0.5 s after it locked the file): nothing of this run was published.
+  // Was: "out.h5 keeps 0 complete units ...; run the same command with --resume to continue
+  // from them", while out.h5 kept the earlier run's unit, which --resume then refused to mix.
+  const std::string before = file_bytes(dir / "out.h5");
+  const auto other = signal_once_published(
+      dir.path(), "-q run acts.h5 -o out.h5 -p full -W 128 --landmarks true", dir / ".out.h5.lock",
+      SIGTERM, std::chrono::milliseconds(500), "OMP_NUM_THREADS=1");
+  INFO(other.err);
+  REQUIRE(other.signalled);
+  CHECK((WIFSIGNALED(other.status) && WTERMSIG(other.status) == SIGTERM));
+  CHECK(other.err == "hils: interrupted by SIGTERM: no unit was complete, so nothing was "
+                     "published to out.h5 (a file of that name is as it was); run the same "
+                     "command again to start over\n");
+  CHECK(file_bytes(dir / "out.h5") == before);
+  CHECK(count_temp_files(dir.path()) == 0);
+  CHECK(count_lock_files(dir.path()) == 0);
 }
 
 TEST_CASE("in a unit loop the first SIGINT only asks to stop, a second ends the process at once",
@@ -293,6 +311,22 @@ TEST_CASE("a full disk after the first checkpoint says what the file keeps and h
   CHECK(count_lock_files(dir.path()) == 0);
   REQUIRE(hils_in(dir.path(), kRun + " --resume").exit_code == 0);
   require_same_results(dir / "whole.h5", dir / "out.h5");
+  // The same limit on a run of another configuration into that file, without --resume: its
+  // first unit's write fails, nothing of it is published. Was: "out.h5 keeps 3 complete units
+  // ...; make room and run the same command with --resume", the units being the earlier run's
+  // (read from the file on disk), which --resume then refused to mix.
+  const std::string before = file_bytes(dir / "out.h5");
+  const auto other = hils_in_limited(dir.path(), "-q run acts.h5 -o out.h5 -p swa -W 128 "
+                                     "--landmarks true", 1000);
+  INFO(other.output);
+  CHECK(other.exit_code == 2);
+  CHECK_THAT(other.output, Catch::Contains("out.h5: expected room to write the output, found File "
+                                           "too large; this write was not published (the file "
+                                           "of that name, as last published, is untouched)"));
+  CHECK_THAT(other.output, !Catch::Contains("keeps"));
+  CHECK_THAT(other.output, !Catch::Contains("--resume"));
+  CHECK(file_bytes(dir / "out.h5") == before);
+  CHECK(count_temp_files(dir.path()) == 0);
 
   // A study: the same command continues (its units are a few tens of KiB each).
   const std::string study = "-q fidelity --lengths 512 1024 --n-layers 2 --queries 8 --W 128";

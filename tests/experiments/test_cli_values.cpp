@@ -164,6 +164,23 @@ TEST_CASE("hils verify: values its reader used to misread are refused or named",
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Catch::Contains("not compared: inputs/prior (the spec's prior rule"));
   CHECK(verify("--strict ").exit_code == 2);
+  // Variable-length strings in HDF5's default character set (ASCII: the C API's and h5py's
+  // string_dtype("ascii")) were read as UTF-8, which HDF5 does not convert: "expected a
+  // complete HDF5 file, found one the HDF5 library cannot read (corrupt: Attribute::read: H5Aread
+  // failed)". Now read in their own set: the file is judged (o = the inputs: a FAIL).
+  write_verify_file(path, "", [](H5::Group& root, H5::Group&, H5::Group&) {
+    const H5::StrType ascii(H5::PredType::C_S1, H5T_VARIABLE);
+    for (const auto& [name, value] : {std::pair<const char*, std::string>{"format", "hils-verify"},
+                                      {"spec", R"({"preset": "full"})"},
+                                      {"input_precision", "fp32"}}) {
+      if (root.attrExists(name)) root.removeAttr(name);
+      root.createAttribute(name, ascii, H5::DataSpace(H5S_SCALAR)).write(ascii, value);
+    }
+  });
+  r = verify();
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.output, Catch::Contains("oracle: full:"));
 }
 
 TEST_CASE("paths and names that are not UTF-8 are recorded and resumed", "[cli][values]") {

@@ -52,7 +52,7 @@ analysis::UnitsDone run_units(analysis::UnitRunner& runner,
                               const std::vector<analysis::StudyUnit>& units, RunResults& results,
                               const RunFlags& flags, const analysis::Progress& progress) {
   return run_stoppable([&] { return runner.run(units, results.sink(), progress); }, flags.output,
-                       [&] { return results.units_complete(); },
+                       [&] { return results.units_published(); },
                        flags.resume ? "run the same command again"
                                     : "run the same command with --resume");
 }

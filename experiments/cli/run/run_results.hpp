@@ -15,8 +15,8 @@ class RunResults {
   RunResults(const RunFlags& flags, const RunPlan& plan, io::Provenance provenance);
   analysis::ResultSink& sink() { return sink_; }
   void commit() { writer_.commit(); }
-  // Units marked complete in the file (this run's and an earlier one's).
-  size_t units_complete() const { return writer_.complete_units().size(); }
+  // Complete units the published file keeps (this run's and a resumed one's).
+  size_t units_published() const { return writer_.units_published(); }
 
  private:
   io::ResultsWriter open(const RunFlags& flags, const RunPlan& plan, io::Provenance& provenance);

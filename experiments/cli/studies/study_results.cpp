@@ -20,7 +20,7 @@ class ResultsFileSink {
         sink_(writer_, io::ResultsWriterSink::ReadBack::written_and_previous, previous_.get()) {}
   analysis::ResultSink& sink() { return sink_; }
   void commit() { writer_.commit(); }
-  size_t units_complete() const { return writer_.complete_units().size(); }
+  size_t units_published() const { return writer_.units_published(); }
 
  private:
   io::ResultsWriter open(const std::filesystem::path& path, const io::Provenance& provenance) {
@@ -48,7 +48,7 @@ StudyResults::~StudyResults() = default;
 
 analysis::ResultSink& StudyResults::sink() { return file_ ? file_->sink() : unused_; }
 
-size_t StudyResults::units_complete() const { return file_ ? file_->units_complete() : 0; }
+size_t StudyResults::units_published() const { return file_ ? file_->units_published() : 0; }
 
 void StudyResults::commit() {
   if (file_) file_->commit();

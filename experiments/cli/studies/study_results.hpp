@@ -31,8 +31,8 @@ class StudyResults {
   ~StudyResults();
   analysis::ResultSink& sink();
   void commit();
-  // Units marked complete in the file (0 on an MPI worker, which holds none).
-  size_t units_complete() const;
+  // Complete units the published file keeps (0 on an MPI worker, which holds none).
+  size_t units_published() const;
 
  private:
   std::unique_ptr<ResultsFileSink> file_;
@@ -64,7 +64,7 @@ auto run_into_results(const Resolved& r, const std::filesystem::path& path,
   // (StudyResults opens an existing file to resume it).
   const auto report =
       run_stoppable([&] { return driver(results.sink(), analysis::Progress(progress)); },
-                    path.string(), [&] { return results.units_complete(); },
+                    path.string(), [&] { return results.units_published(); },
                     "run the same command again");
   if (parallel::current_runner().runs() == runs_before)
     throw std::logic_error(command + ": the study's driver ran no units through the session's "
