@@ -26,7 +26,9 @@ void require_known_keys(const nlohmann::json& object, const std::vector<std::str
 
 namespace {
 
+// "string \"16\"", "number 4.5"; null alone (its type name and its text are the same word).
 std::string found_text(const nlohmann::json& value) {
+  if (value.is_null()) return "null";
   return std::string(value.type_name()) + " " + value.dump();
 }
 
@@ -105,8 +107,9 @@ MechanismSpec spec_from_json(const nlohmann::json& o, const std::string& where) 
   require_known_keys(o, spec_keys(), where);
   MechanismSpec spec;
   if (o.contains("preset")) {
+    const std::string name = get_string(o, "preset", where);  // its message names where.preset
     try {
-      spec = preset(get_string(o, "preset", where));
+      spec = preset(name);
     } catch (const InvalidArgument& e) {
       throw InvalidArgument(where + "." + e.what());
     }

@@ -75,24 +75,46 @@ from .cases import hard_cases  # noqa: E402  (cases.py reads this module's helpe
 
 
 def as_numpy(array, name="array"):
-    """A torch tensor (any device; bf16 and fp16 widened to float32, exactly) or anything
-    np.asarray accepts -> a numpy array of the same values. `name` goes into the TypeError
-    raised for something that is not an array of numbers."""
+    """A torch tensor (any device; bf16 and fp16 widened to float32, exactly, on the CPU) or
+    anything np.asarray accepts -> a numpy array of the same values. `name` goes into the
+    TypeError raised for something that is not an array of numbers, and into the ValueError of
+    hils._core's memory check (the one every array meets), which a bf16 or fp16 tensor meets
+    before it is widened."""
     if type(array).__module__.startswith("torch") and hasattr(array, "detach"):
-        try:
-            tensor = array.detach()
-            if tensor.is_floating_point() and str(tensor.dtype) not in ("torch.float32",
-                                                                        "torch.float64"):
-                tensor = tensor.float()
-            return tensor.cpu().numpy()
-        except Exception as error:  # sparse, meta, quantized...: torch's own error, named
-            raise TypeError(f"{name}: expected a dense torch tensor of numbers, found "
-                            f"{type(array).__name__} ({type(error).__name__}: {error})") from None
+        return _torch_values(array, name)
     try:
         return np.asarray(array)
     except (TypeError, ValueError) as error:
         raise TypeError(f"{name}: expected an array of numbers, found {type(array).__name__} "
                         f"({error})") from None
+
+
+def _torch_values(array, name):
+    """as_numpy of a torch tensor. A bf16 or fp16 one is copied to the CPU and widened there only
+    once the oracle's float64 copy of it is known to fit (hils._core's check): an expanded
+    (stride-0) or too large tensor was widened first, torch's allocation error came back as
+    "expected a dense torch tensor" (a TypeError) or the widened copy took the memory the check
+    would have refused."""
+    try:
+        tensor = array.detach()
+        narrow = tensor.is_floating_point() and str(tensor.dtype) not in ("torch.float32",
+                                                                          "torch.float64")
+    except Exception as error:
+        raise _not_dense(name, array, error) from None
+    if narrow:  # the size alone, through a broadcast view that holds no values
+        _core_module().require_fits_in_memory(name, np.broadcast_to(np.float32(0),
+                                                                    tuple(tensor.shape)))
+    try:
+        tensor = tensor.cpu()
+        return (tensor.float() if narrow else tensor).numpy()
+    except Exception as error:
+        raise _not_dense(name, array, error) from None
+
+
+def _not_dense(name, array, error):
+    # sparse, meta, quantized...: torch's own error, named.
+    return TypeError(f"{name}: expected a dense torch tensor of numbers, found "
+                     f"{type(array).__name__} ({type(error).__name__}: {error})")
 
 
 def _queries(queries):

@@ -86,17 +86,6 @@ std::string index_text(const FloatArray& d, py::ssize_t flat) {
   return text + "] (flat index " + std::to_string(flat) + ")";
 }
 
-// The array's float64 values, copied here and again into the reference's heads, within the
-// memory this process may use (hils/memory.hpp): a larger array (a broadcast view, a memory-mapped
-// dump) ended in numpy's MemoryError, swallowed into "not convertible to float64", or in an
-// out-of-memory kill, neither naming the argument or its size.
-void require_fits_in_memory(const std::string& name, const py::array& a) {
-  const double bytes = static_cast<double>(a.size()) * sizeof(double);
-  const MemoryLimit memory = memory_limit();
-  if (bytes < 0.8 * memory.bytes) return;
-  throw py::value_error(message(name, "an array whose float64 values fit in 80% of " + memory.text,
-                                "shape " + dims_text(a) + ", about " + bytes_text(bytes)));
-}
 
 // The array's values as C-ordered doubles (a copy for other dtypes or strides).
 FloatArray doubles_of(const std::string& name, const py::handle& object, const ArrayShape& shape,
@@ -104,7 +93,7 @@ FloatArray doubles_of(const std::string& name, const py::handle& object, const A
   const py::array a = require_array(name, object);
   require_kind(name, a, false);
   require_dims(name, a, shape);
-  require_fits_in_memory(name, a);
+  require_fits_in_memory(name, a, "float64");
   FloatArray d = FloatArray::ensure(a);
   if (!d) throw py::type_error(message(name, "values convertible to float64", "an array that is not"));
   const double* data = d.data();
@@ -117,6 +106,19 @@ FloatArray doubles_of(const std::string& name, const py::handle& object, const A
 }
 
 }  // namespace
+
+// The array's values as 8-byte `copy` ("float64", "int64"), copied here (and floats again into
+// the reference's heads), within the memory this process may use (hils/memory.hpp): a larger
+// array (a broadcast view, a memory-mapped dump) ended in numpy's MemoryError, swallowed into
+// "not convertible to float64", or in an out-of-memory kill, neither naming the argument or its
+// size.
+void require_fits_in_memory(const std::string& name, const py::array& a, const char* copy) {
+  const double bytes = static_cast<double>(a.size()) * 8;
+  const MemoryLimit memory = memory_limit();
+  if (bytes < 0.8 * memory.bytes) return;
+  throw py::value_error(message(name, std::string("an array whose ") + copy + " values fit in 80% of " + memory.text,
+                                "shape " + dims_text(a) + ", about " + bytes_text(bytes)));
+}
 
 std::vector<Matrix<double>> heads_from_array(const std::string& name, const py::handle& object,
                                              const ArrayShape& shape, bool finite_only) {
@@ -143,8 +145,11 @@ std::vector<Vector<double>> vectors_from_array(const std::string& name, const py
 namespace {
 
 // An integer array a (any integer dtype) -> its values as int64; uint64 values above int64's
-// range are refused (numpy's cast would wrap them to negatives).
+// range are refused (numpy's cast would wrap them to negatives). A copy that cannot fit is refused
+// first: it was "expected values convertible to int64" (numpy's MemoryError swallowed), and a
+// broadcast uint64 selection spent minutes in the range check's max().
 IntArray int64s_of(const std::string& name, const py::array& a) {
+  require_fits_in_memory(name, a, "int64");
   if (a.dtype().kind() == 'u' && a.itemsize() == 8 && a.size() > 0) {
     const auto top = py::cast<uint64_t>(a.attr("max")());
     if (top > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))

@@ -35,6 +35,11 @@ std::vector<Vector<double>> vectors_from_array(const std::string& name, const py
 // An integer array [Hkv x Tq x K] of chunk indices >= -1 -> Hkv index matrices.
 std::vector<IndexMatrix> selection_from_array(const std::string& name, const py::handle& object);
 
+// ValueError naming `name` when the array's values as 8-byte `copy` ("float64", "int64") do not
+// fit in 80% of the memory this process may use (hils/memory.hpp); every array is checked so
+// before it is copied.
+void require_fits_in_memory(const std::string& name, const py::array& a, const char* copy);
+
 // An integer array [n] -> the values.
 std::vector<int64_t> int64s_from_array(const std::string& name, const py::handle& object);
 

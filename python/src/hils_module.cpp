@@ -510,6 +510,11 @@ PYBIND11_MODULE(_core, m) {
   m.def("hard_cases", &hard_cases, py::arg("spec_json"), py::arg("Hq"), py::arg("Hkv"), py::arg("d"),
         py::arg("dv"), py::arg("precision"), py::arg("length_multiple"), py::arg("max_T"));
   m.attr("hard_case_names") = py::tuple(py::cast(oracle::hard_case_names()));
+  // hils.as_numpy's check of a torch bf16 or fp16 tensor before it is widened (a broadcast view of
+  // its shape: the size alone), the one every array meets before it is copied.
+  m.def("require_fits_in_memory", [](const std::string& name, const py::array& shape_of) {
+    require_fits_in_memory(name, shape_of, "float64");
+  }, py::arg("name"), py::arg("shape_of"));
   m.def("reference", &reference, py::arg("spec_json"), py::arg("inputs"), py::arg("queries"),
         py::arg("sequences"));
   // The kernel outputs hils.verify judges (oracle::kOutputTensors), in pipeline order: the tests

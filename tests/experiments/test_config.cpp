@@ -119,6 +119,13 @@ TEST_CASE("spec codec: unknown keys, wrong types and bad names are named", "[con
              Catch::StartsWith("spec.key_rule: expected one of exact | mean"));
   CHECK_THAT(message_of([] { spec_from_json(json{{"preset", "bsa"}}, "spec"); }),
              Catch::StartsWith("spec.preset: expected one of full"));
+  // Were "spec.spec.preset: expected a string, got null null" (hils.verify({"preset": None}, ...)).
+  CHECK(message_of([] { spec_from_json(json{{"preset", nullptr}}, "spec"); }) ==
+        "spec.preset: expected a string, got null");
+  CHECK(message_of([] { spec_from_json(json{{"preset", 3}}, "spec"); }) ==
+        "spec.preset: expected a string, got number 3");
+  CHECK(message_of([] { spec_from_json(json{{"S", nullptr}}, "spec"); }) ==
+        "spec.S: expected an integer, got null");
 }
 
 TEST_CASE("spec flags: one flag per table field, the same names in every command", "[config]") {

@@ -103,6 +103,10 @@ def test_spec_errors(good):
     check(ValueError, lambda: hils.verify({"preset": "full", "scale": float("nan")}, q, k, v, out), "spec")
     check(TypeError, lambda: hils.verify("full", q, k, v, out), "spec: expected a dict")
     check(TypeError, lambda: hils.verify({"preset": "full", "S": object()}, q, k, v, out), "spec")
+    # Was "spec.spec.preset: expected a string, got null null".
+    with pytest.raises(ValueError) as raised:
+        hils.verify({"preset": None}, q, k, v, out)
+    assert str(raised.value) == "spec.preset: expected a string, got null"
     # A K whose outputs cannot fit names the spec's K, not the C++ option struct.
     with pytest.raises(ValueError) as raised:
         hils.reference(case_spec("naive_bsa", "gqa_group4") | {"K": 10**12}, q, k, v)
@@ -197,6 +201,59 @@ def test_an_array_too_large_for_memory_is_a_value_error_naming_it(good):
     check(ValueError, lambda: hils.reference(SPEC, huge, k, v),
           "q: expected an array whose float64 values fit in 80% of",
           "found shape [8, 1099511627776, 16], about 1.02e+03 TiB")
+    # Integer arrays are copied to int64 alike. Were "expected values convertible to int64, found
+    # an array that is not" (numpy's MemoryError swallowed), and minutes in the uint64 range
+    # check's max() over the broadcast values.
+    nsa = case_spec("naive_bsa", "gqa_group4")
+    for dtype in (np.int32, np.uint64):
+        selection = np.broadcast_to(np.zeros((), dtype), (2, 131, 2**40))
+        check(ValueError, lambda: hils.verify(nsa, q, k, v, {"selection": selection}),
+              'outputs["selection"]: expected an array whose int64 values fit in 80% of',
+              "found shape [2, 131, 1099511627776], about 2.1e+03 TiB")
+    check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, queries=np.broadcast_to(np.int64(0), (2**40,))),
+          "queries: expected an array whose int64 values fit in 80% of",
+          "found shape [1099511627776], about 8 TiB")
+
+
+class ExpandedBf16Tensor:
+    """Stands in for torch.zeros((), dtype=torch.bfloat16).expand(8, 2**40, 16): 2^47 values
+    held in one, which widening (.float()) would allocate: torch raises its allocator's
+    RuntimeError (or, for a size that fits the machine's overcommit, takes the memory)."""
+    __module__ = "torch"
+    dtype = "torch.bfloat16"
+    shape = (8, 2**40, 16)
+
+    def detach(self):
+        return self
+
+    def is_floating_point(self):
+        return True
+
+    def cpu(self):
+        return self
+
+    def float(self):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                           "562949953421312 bytes")
+
+
+def test_a_bf16_tensor_too_large_for_memory_is_refused_before_it_is_widened(good):
+    # Was the TypeError "k: expected a dense torch tensor of numbers, found ... (RuntimeError:
+    # DefaultCPUAllocator: can't allocate memory ...)", after torch had tried to widen it.
+    q, k, v, out = good
+    check(ValueError, lambda: hils.verify(SPEC, q, ExpandedBf16Tensor(), v, out),
+          "k: expected an array whose float64 values fit in 80% of",
+          "found shape [8, 1099511627776, 16], about 1.02e+03 TiB")
+
+
+def test_a_huge_expanded_torch_tensor_is_refused_naming_it(good):
+    torch = pytest.importorskip("torch")
+    q, k, v, out = good
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        huge = torch.zeros((), dtype=dtype).expand(8, 2**40, 16)
+        check(ValueError, lambda: hils.reference(SPEC, huge, k, v),
+              "q: expected an array whose float64 values fit in 80% of",
+              "found shape [8, 1099511627776, 16], about 1.02e+03 TiB")
 
 
 def test_a_module_built_for_another_python_is_named_at_first_use(tmp_path):

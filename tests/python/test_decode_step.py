@@ -165,8 +165,8 @@ def test_a_fault_in_one_sequence_fails_it_alone(draws):
 
 def test_assert_decode_matches_raises_the_report(draws):
     """hils.testing.assert_decode_matches: the BatchReport of a passing step; for a failing one
-    an AssertionError whose message is the kernel's name and the report (the sequence that
-    fails, in full)."""
+    an AssertionError whose message is a line saying what broke (after the kernel's name), then
+    the report (the sequence that fails, in full)."""
     args = step_call(draws)
     report = assert_decode_matches(**args, kernel="my decode")
     assert isinstance(report, hils.BatchReport) and report.passed
@@ -174,11 +174,12 @@ def test_assert_decode_matches_raises_the_report(draws):
     with pytest.raises(AssertionError) as raised:
         assert_decode_matches(**step_call(draws, edit=one_slot_short), kernel="my decode")
     failing = hils.verify_decode(**step_call(draws, edit=one_slot_short), kernel="my decode")
-    assert str(raised.value) == "kernel my decode\n" + str(failing)
+    headline = f"b=2: {str(failing).splitlines()[3].split(': ', 1)[1]} (1 of {len(failing)} sequences fail)"
+    assert str(raised.value) == f"kernel my decode: {headline}\n{failing}"
     assert "---- b=2: FAIL ----" in str(raised.value)
     with pytest.raises(AssertionError) as raised:
         assert_decode_matches(**step_call(draws, edit=one_slot_short))
-    assert str(raised.value) == str(hils.verify_decode(**step_call(draws, edit=one_slot_short)))
+    assert str(raised.value) == f"{headline}\n{hils.verify_decode(**step_call(draws, edit=one_slot_short))}"
 
 
 @pytest.mark.parametrize("helper, function", ((assert_decode_matches, "verify_decode"),

@@ -147,7 +147,8 @@ def test_fault_in_one_sequence_is_named(batch, layout, fault):
         assert "W=24 instead of W=16" in report[2].tensors["o_window"].diagnosis
     with pytest.raises(AssertionError) as raised:
         assert_kernel_matches(SPEC, q, k, v, outputs, layout=layout, kernel="mine")
-    assert str(raised.value).startswith("kernel mine\nbatch of 3 sequences")
+    assert str(raised.value).startswith("kernel mine: b=2: FAIL (")
+    assert "(1 of 3 sequences fail)\nbatch of 3 sequences" in str(raised.value)
     assert "---- b=2: FAIL ----" in str(raised.value)
 
 

@@ -1,6 +1,10 @@
 """numpy float32 kernels judged by hils.verify: correct ones pass, planted faults fail with the
 oracle's diagnosis (issue 9)."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -75,7 +79,41 @@ def test_wrong_scale_fails():
     assert not report.tensors["o"].passed and report.tensors["o"].headroom > 1
     with pytest.raises(AssertionError) as failure:
         assert_kernel_matches(case_spec("full", "gqa_group4"), q, k, v, {"o": o, "lse": lse})
-    assert str(failure.value) == str(report)
+    headline, rest = str(failure.value).split("\n", 1)
+    assert rest == str(report)
+    headroom = max(t.headroom for t in report.tensors.values())
+    assert headline == f"FAIL (o, lse)  worst headroom {headroom:.3g} (o)"
+
+
+# What pytest shows of a failing helper: the first line of its message in the -r summary, and
+# the caller's frame (hils.testing's own frames hidden). The first line was "kernel wrong scale"
+# alone (or the report's "oracle: full: fusion=full S=8 ..." without a kernel name), saying
+# nothing of what broke, and the traceback showed hils/testing.py's _passed, which raised.
+PYTEST_FILE = """
+import numpy as np
+from hils.testing import assert_kernel_matches
+
+def test_kernel():
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 40, 8)) for _ in range(3))
+    s = q @ k.transpose(0, 2, 1) / 8 + np.triu(np.full((40, 40), -np.inf), 1)  # 1/d, not 1/sqrt(d)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    o = p @ v / p.sum(-1, keepdims=True)
+    assert_kernel_matches({"preset": "full"}, q, k, v, {"o": o}, kernel="wrong scale")
+"""
+
+
+def test_a_failing_helper_says_what_broke_in_the_first_line_pytest_shows(tmp_path):
+    (tmp_path / "test_wrong_scale.py").write_text(PYTEST_FILE)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider",
+                             str(tmp_path / "test_wrong_scale.py")], capture_output=True,
+                            text=True, cwd=tmp_path, env={**os.environ, "COLUMNS": "300"})
+    assert result.returncode == 1, result.stdout + result.stderr
+    summary = [line for line in result.stdout.splitlines() if line.startswith("FAILED ")]
+    assert len(summary) == 1, result.stdout
+    assert summary[0].startswith("FAILED test_wrong_scale.py::test_kernel - AssertionError: "
+                                 "kernel wrong scale: FAIL (o)  worst headroom "), result.stdout
+    assert "_passed" not in result.stdout and "hils/testing.py" not in result.stdout, result.stdout
 
 
 def test_window_shifted_by_s_fails_with_diagnosis():

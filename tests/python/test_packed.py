@@ -145,7 +145,7 @@ def test_a_fault_in_one_sequence_fails_it_alone(batch, fault):
     assert "---- b=1: FAIL (rows 77..106 of the pack: its t=0 is row 77) ----\n" + str(report[1]) in text
     if fault is shifted_window:
         assert "W=24 instead of W=16" in report[1].tensors["o_window"].diagnosis
-    with pytest.raises(AssertionError, match="kernel mine\nbatch of 3 sequences"):
+    with pytest.raises(AssertionError, match=r"^kernel mine: b=1: FAIL \(.*\(1 of 3 sequences fail\)\nbatch of 3 sequences"):
         assert_kernel_matches(SPEC, q, k, v, outputs, layout="thd", cu_seqlens=CU, kernel="mine")
 
 
@@ -311,7 +311,7 @@ def test_a_fault_after_an_empty_sequence_fails_its_sequence(batch, fault):
     assert "\n  b=3 (T = 30, rows 77..106): FAIL" in text
     assert "\n---- b=3: FAIL (rows 77..106 of the pack: its t=0 is row 77) ----\n" + str(report[3]) in text
     assert text.endswith("batch FAIL (b=3)")
-    with pytest.raises(AssertionError, match="kernel mine\nbatch of 7 sequences"):
+    with pytest.raises(AssertionError, match=r"^kernel mine: b=3: FAIL \(.*\(1 of 7 sequences fail\)\nbatch of 7 sequences"):
         assert_kernel_matches(SPEC, q, k, v, outputs, layout="thd", cu_seqlens=PADDED, kernel="mine")
 
 
