@@ -769,8 +769,16 @@ def main():
             print(path)
     return 0
 
+def interrupted(signum, frame):
+    """SIGINT -> KeyboardInterrupt, once: a second one (hils passing the terminal's Ctrl-C on to
+    this script as it ends, io::ChildProcessScope) must not cut short the removal of a PNG half
+    written."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, interrupted)
     try:
         sys.exit(main())
     except KeyboardInterrupt:

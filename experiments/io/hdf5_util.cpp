@@ -437,8 +437,11 @@ char g_live_temps[kMaxLiveTemps][kMaxPathBytes];
 volatile std::sig_atomic_t g_live_used[kMaxLiveTemps];
 // Set while a UnitStopScope lives: the first SIGINT/SIGTERM asks the unit runners to stop.
 volatile std::sig_atomic_t g_stop_between_units = 0;
+// Set while a ChildProcessScope lives: the child to end with this process.
+volatile std::sig_atomic_t g_child_pid = 0;
 
 void remove_live_temps_and_die(int signal_number) {
+  if (g_child_pid > 0) ::kill(g_child_pid, SIGINT);
   for (int i = 0; i < kMaxLiveTemps; ++i)
     if (g_live_used[i]) ::unlink(g_live_temps[i]);
   std::signal(signal_number, SIG_DFL);
@@ -545,6 +548,13 @@ UnitStopScope::UnitStopScope() {
 }
 
 UnitStopScope::~UnitStopScope() { g_stop_between_units = 0; }
+
+ChildProcessScope::ChildProcessScope(int pid) {
+  install_signal_cleanup();
+  g_child_pid = pid;
+}
+
+ChildProcessScope::~ChildProcessScope() { g_child_pid = 0; }
 
 std::string utf8_text(const std::string& text) {
   // nlohmann's dump replaces what is not UTF-8 (escaping the rest as JSON); parsing undoes that.

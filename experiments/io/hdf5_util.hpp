@@ -122,6 +122,18 @@ class UnitStopScope {
   UnitStopScope& operator=(const UnitStopScope&) = delete;
 };
 
+// While one lives (around hils's wait for the plotting script), a signal that ends the process
+// at once (as UnitStopScope says: the temporary files removed) first sends SIGINT to the child
+// `pid`, which ends by it (removing a PNG it is writing) instead of drawing on, orphaned, after
+// hils has ended (`kill <hils pid>`: the signal reaches hils alone). Not nested.
+class ChildProcessScope {
+ public:
+  explicit ChildProcessScope(int pid);
+  ~ChildProcessScope();
+  ChildProcessScope(const ChildProcessScope&) = delete;
+  ChildProcessScope& operator=(const ChildProcessScope&) = delete;
+};
+
 // While one lives (around the reading of an input file by `hils verify` and `hils info`), a
 // crash of the HDF5 library on the file's metadata (SIGSEGV or SIGBUS: libhdf5 1.10 copies past
 // its buffers on some corrupt files, e.g. a global heap object whose size is damaged) ends the

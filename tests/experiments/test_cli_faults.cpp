@@ -377,6 +377,18 @@ TEST_CASE("hils plot of an interrupted study says the run is incomplete", "[cli]
   INFO(finished.output);
   CHECK(finished.exit_code == 0);
   CHECK_THAT(finished.output, !Catch::Contains("the run is incomplete"));
+  // --out naming a file, or empty (an unset shell variable): errors named "plots: ..." (no such
+  // option), and "" drew into the default <results>_plots without a word.
+  std::ofstream(dir / "a_file") << "x";
+  auto onto_file = run_hils("plot " + quoted(results) + " --out " + quoted(dir / "a_file"));
+  INFO(onto_file.output);
+  CHECK(onto_file.exit_code == 2);
+  CHECK_THAT(onto_file.output, Catch::Contains("--out: cannot create the folder"));
+  auto empty = run_hils("plot " + quoted(results) + " --out ''");
+  INFO(empty.output);
+  CHECK(empty.exit_code == 2);
+  CHECK_THAT(empty.output, Catch::Contains("--out: expected a folder name, got ''"));
+  CHECK_FALSE(fs::exists(dir / "f_plots"));
   {
     // What an interrupted run leaves: units complete, the closing summary not yet.
     H5::H5File file(results.string(), H5F_ACC_RDWR);

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <fstream>
@@ -115,6 +116,18 @@ hils::test::CommandResult hils_in_limited(const fs::path& folder, const std::str
                                           int kib) {
   return run_shell("cd " + quoted(folder) + " && prlimit --fsize=" + std::to_string(1024 * kib) +
                    " '" + HILS_EXE + "' " + args + " 2>&1");
+}
+
+// Whether a process whose command line holds `word` runs (a scan of /proc/<pid>/cmdline).
+bool process_with_argument(const std::string& word) {
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string line = file_bytes(entry.path() / "cmdline");
+    std::replace(line.begin(), line.end(), '\0', ' ');
+    if (line.find(word) != std::string::npos) return true;
+  }
+  return false;
 }
 
 // Whether two results files hold the same datasets and attributes, provenance aside.
@@ -283,6 +296,26 @@ TEST_CASE("SIGTERM during a study stops at a unit boundary and the same command 
   CHECK_THAT(again.output, Catch::Contains(fmt::format("0 units run, {} resumed", kUnits)));
   CHECK_THAT(again.output, Catch::Contains("Taylor gap = KL check: no unit ran now"));
   CHECK_THAT(again.output, !Catch::Contains("inf"));
+}
+
+TEST_CASE("SIGTERM to hils plot alone ends its plotting script too and leaves no list or half PNG",
+          "[cli][interrupt]") {
+  // `kill <hils pid>` (the signal reaches hils alone, not its child) ended hils, while the
+  // plotting script drew on, orphaned, and left its .plots.txt (the list hils reads back and
+  // removes) in the folder after hils had ended.
+  TempDir dir("interrupt_plot");
+  REQUIRE(hils_in(dir.path(), "-q fidelity --out f.h5 --lengths 1024 --n-layers 1").exit_code == 0);
+  const std::string folder = (dir / "figures").string();  // absolute: in the script's argv
+  const auto stopped = signal_once_published(dir.path(), "plot f.h5 --out " + folder, folder,
+                                             SIGTERM, std::chrono::milliseconds(100));
+  INFO(stopped.err);
+  REQUIRE(stopped.signalled);
+  CHECK((WIFSIGNALED(stopped.status) && WTERMSIG(stopped.status) == SIGTERM));
+  for (int wait = 0; wait < 600 && process_with_argument(folder); ++wait)  // up to 30 s
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK_FALSE(process_with_argument(folder));
+  for (const auto& entry : fs::directory_iterator(dir / "figures"))
+    CHECK(entry.path().filename().string().rfind('.', 0) != 0);  // no list, no temporary PNG
 }
 
 TEST_CASE("a full disk after the first checkpoint says what the file keeps and how to continue",

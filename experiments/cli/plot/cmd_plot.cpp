@@ -32,13 +32,14 @@ void register_plot(CLI::App& app) {
               "Example: hils plot overlap.h5 --out plots/     # overlap.h5 from `hils overlap --out overlap.h5`");
   cmd->add_option("results", *results, "results file of hils " + studies_listed(true))
       ->required();
-  add_output_option(cmd, out.get(), "folder for the PNGs (default: <results>_plots)");
-  cmd->callback([results, out] {
+  auto* out_option =
+      add_output_option(cmd, out.get(), "folder for the PNGs (default: <results>_plots)");
+  cmd->callback([results, out, out_option] {
     const std::filesystem::path path = *results;
+    const bool given = out_option->count() > 0;  // --out "" (an unset variable) is no default
     const std::filesystem::path folder =
-        out->empty() ? path.parent_path() / (path.stem().string() + "_plots")
-                     : std::filesystem::path(*out);
-    for (const auto& png : draw_plots(path, folder))
+        given ? std::filesystem::path(*out) : path.parent_path() / (path.stem().string() + "_plots");
+    for (const auto& png : draw_plots(path, folder, given ? "--out" : "plots"))
       std::cout << "plot: " << png.string() << "\n";
   });
 }

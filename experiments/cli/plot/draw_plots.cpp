@@ -16,6 +16,7 @@
 
 #include "cli/cli_util.hpp"
 #include "cli/commands.hpp"
+#include "io/hdf5_util.hpp"
 #include "util/shared_data.hpp"
 
 extern "C" char** environ;
@@ -25,7 +26,8 @@ namespace hils::cli {
 namespace {
 
 // argv -> the child's wait status; run without a shell, so that no path is ever parsed as a
-// command (a results path holding a quote or `$(...)` is only a name).
+// command (a results path holding a quote or `$(...)` is only a name). A signal that ends hils
+// meanwhile ends the child too (io::ChildProcessScope).
 int run_without_shell(std::vector<std::string> args) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -35,6 +37,7 @@ int run_without_shell(std::vector<std::string> args) {
   if (err != 0)
     throw BadInput(std::string(argv[0]) + ": expected a Python 3 interpreter for the plots, "
                    "could not start it (" + std::strerror(err) + ")");
+  io::ChildProcessScope ends_with_us(pid);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0)
     if (errno != EINTR) throw std::runtime_error("waiting for the plotting script failed");
@@ -45,7 +48,8 @@ int run_without_shell(std::vector<std::string> args) {
 
 // results, folder -> the PNGs plot_study.py drew into folder (it lists them in a file).
 std::vector<std::filesystem::path> draw_plots(const std::filesystem::path& results,
-                                              const std::filesystem::path& folder) {
+                                              const std::filesystem::path& folder,
+                                              const std::string& folder_option) {
   if (!std::filesystem::exists(results))
     throw BadInput(results.string() + ": no such results file");
   if (std::filesystem::is_directory(results))  // h5py's words were an errno dump
@@ -53,19 +57,19 @@ std::vector<std::filesystem::path> draw_plots(const std::filesystem::path& resul
   const std::filesystem::path script = plots_dir() / "plot_study.py";
   if (!std::filesystem::exists(script))
     throw BadInput(script.string() + ": plotting script not found (set HILS_PLOTS_DIR)");
-  make_output_folder(folder, "plots");
-  const auto list = folder / ".plots.txt";
+  make_output_folder(folder, folder_option);
+  // The script's list of the PNGs it drew: removed however hils ends (a signal too).
+  const io::TempFile temp_list(folder / "plots.txt");
+  const auto& list = temp_list.path();
   const int rc = run_without_shell({"/usr/bin/python3", script.string(), results.string(),
                                      "--out", folder.string(), "--list", list.string()});
   // The script's statuses: 2 = not a study results file of this version, 3 = the plots could
   // not be written (full disk, read-only folder); both named on stderr by the script.
   if (WIFSIGNALED(rc)) {
-    std::filesystem::remove(list);
     if (WTERMSIG(rc) == SIGINT) std::raise(SIGINT);  // Ctrl-C: end as the script did
     throw std::runtime_error(fmt::format("plotting script killed by signal {}", WTERMSIG(rc)));
   }
   if (rc != 0) {
-    std::filesystem::remove(list);
     if (WIFEXITED(rc) && WEXITSTATUS(rc) == 2)
       throw BadInput(results.string() + ": not a study results file (see the message above)");
     if (WIFEXITED(rc) && WEXITSTATUS(rc) == 3)
@@ -78,7 +82,6 @@ std::vector<std::filesystem::path> draw_plots(const std::filesystem::path& resul
   std::ifstream in(list);
   for (std::string line; std::getline(in, line);)
     if (!line.empty()) pngs.emplace_back(line);
-  std::filesystem::remove(list);
   return pngs;
 }
 

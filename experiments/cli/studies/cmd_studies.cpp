@@ -78,7 +78,7 @@ void register_studies(CLI::App& app) {
     if (!parallel::holds_results()) return;
     std::vector<std::filesystem::path> pngs;
     for (const auto& f : files)
-      for (const auto& p : draw_plots(f, folder / "plots")) pngs.push_back(p);
+      for (const auto& p : draw_plots(f, folder / "plots", "--out")) pngs.push_back(p);
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::cout << fmt::format("studies: {} results files and {} plots in {:.0f} s\n",

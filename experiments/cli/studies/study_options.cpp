@@ -23,7 +23,7 @@ void register_study(CLI::App& app, const StudyRow& row) {
     std::cout << "results: " << path.string() << "\n";
     if (!args->plot) return;
     const auto folder = path.parent_path() / (path.stem().string() + "_plots");
-    for (const auto& png : draw_plots(path, folder)) std::cout << "plot: " << png.string() << "\n";
+    for (const auto& png : draw_plots(path, folder, "--plot")) std::cout << "plot: " << png.string() << "\n";
   });
 }
 

@@ -47,13 +47,18 @@ const std::set<std::string> kKnownDatasets = [] {
   return known;
 }();
 
-// Paths (relative, "grads/dfoo") of the objects under `group` the format does not define.
+// Paths (relative, "grads/dfoo") of the objects under `group` the format does not define. A
+// link there that leads nowhere (a soft link to a removed dataset) is named as one: the file
+// is not corrupt (a link at a defined path is refused by its reader first).
 void collect_unknown(const H5::Group& group, const std::string& prefix,
                      std::vector<std::string>& unknown) {
   for (hsize_t i = 0; i < group.getNumObjs(); ++i) {
     const std::string name = group.getObjnameByIdx(i);
     const std::string path = prefix.empty() ? name : prefix + "/" + name;
-    if (group.childObjType(name) == H5O_TYPE_GROUP) {
+    H5O_info_t info;
+    if (H5Oget_info_by_name(group.getId(), name.c_str(), &info, H5P_DEFAULT) < 0) {
+      unknown.push_back("/" + path + " (a link that cannot be followed)");
+    } else if (info.type == H5O_TYPE_GROUP) {
       if (path == "inputs" || path == "outputs" || path == "grads")
         collect_unknown(group.openGroup(name), path, unknown);
       else
