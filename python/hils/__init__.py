@@ -169,9 +169,12 @@ class Verifier:
     the reference runs in double and in float once, when it is built (the bulk of verify's
     time); each .verify(outputs) then costs only what depends on those outputs (the oracle fuses
     again only the query blocks where a kernel's selection differs from the reference's).
-    hils.Verifier(spec, q, k, v, **options).verify(outputs) is hils.verify(spec, q, k, v,
-    outputs, **options), report for report. Arguments as hils.verify's; a batched or packed
-    (cu_seqlens=) layout builds one oracle per sequence.
+    hils.Verifier(spec, q, k, v, **problem).verify(outputs, **judging) is hils.verify(spec, q,
+    k, v, outputs, **problem, **judging), report for report: the constructor takes hils.verify's
+    arguments of the problem (layout, input_precision, score_precision, bf16_rounding,
+    q_retrieval, prior, queries, max_messages, cu_seqlens, cu_seqlens_k, landmark_queries),
+    .verify those of one kernel's arrays (kernel, do, dlse, grads, lse_layout,
+    selection_order). A batched or packed (cu_seqlens=) layout builds one oracle per sequence.
 
         oracle = hils.Verifier(spec, q, k, v, input_precision="bf16")
         for name, kernel in kernels.items():
