@@ -427,8 +427,8 @@ def verify_decode(spec, q, k_cache, v_cache, outputs, *, cache_seqlens, block_ta
         Hq, d] ([B, Hq, n_chunks, d] with cache_layout="bhsd"); required there, refused elsewhere.
     selection_order, input_precision, score_precision, bf16_rounding, kernel, max_messages: as
         hils.verify's."""
-    from .gpu import spec as _gpu_spec  # pure Python (no library, no torch needed)
-    fields = _gpu_spec.resolve(spec)
+    from .spec import resolve  # pure Python (hils/spec.py)
+    fields = resolve(spec)
     kernel_name, spec_json = _kernel_name(kernel), _spec_json(spec)
     order = _layouts.selection_order_of(selection_order)
     step = _decoding.DecodeStep(fields, q, k_cache, v_cache, cache_seqlens, block_table,
