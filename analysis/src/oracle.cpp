@@ -93,37 +93,65 @@ std::vector<Matrix<double>> trim_chunk_columns(const std::string& name,
   return out;
 }
 
+// Every entry of `heads` within `limit` in magnitude; otherwise InvalidArgument naming the first
+// largest entry and `range` (what the kernel's input precision can hold).
+void require_within(const std::vector<Matrix<double>>& heads, const std::string& name, double limit,
+                    const std::string& range) {
+  for (size_t h = 0; h < heads.size(); ++h) {
+    const Matrix<double>& x = heads[h];
+    if (x.size() == 0 || !(x.cwiseAbs().maxCoeff() > limit)) continue;
+    Eigen::Index i = 0, j = 0;
+    x.cwiseAbs().maxCoeff(&i, &j);
+    std::ostringstream found;
+    found.precision(3);
+    found << x(i, j);
+    throw InvalidArgument(name + "[" + std::to_string(h) + "](" + std::to_string(i) + ", " +
+                          std::to_string(j) + "): expected a value within " + range + ", got " +
+                          found.str());
+  }
+}
+
+// Each input array with `check(heads, name)`.
+template <class Check>
+void for_each_input(const AttentionInputs<double>& in, Check check) {
+  check(in.q, "q");
+  check(in.k, "k");
+  check(in.v, "v");
+  check(in.q_retrieval, "q_retrieval");
+  check(in.prior, "prior");
+}
+
 // Inputs in double -> the same inputs rounded to float (the baseline's inputs). A value beyond
-// float's range would become Inf there: refused, naming it (a kernel's fp32 or bf16 inputs
+// float's range would become Inf there: refused, naming it (a kernel's fp32, bf16 or fp16 inputs
 // cannot hold it either).
 AttentionInputs<float> to_float(const AttentionInputs<double>& in) {
-  AttentionInputs<float> out;
-  auto cast = [](const std::vector<Matrix<double>>& heads, const std::string& name) {
-    constexpr double kFloatMax = std::numeric_limits<float>::max();
+  for_each_input(in, [](const auto& heads, const std::string& name) {
+    require_within(heads, name, std::numeric_limits<float>::max(),
+                   "float's range (|x| <= 3.4e38: the kernel's inputs are fp32, bf16 or fp16)");
+  });
+  auto cast = [](const std::vector<Matrix<double>>& heads) {
     std::vector<Matrix<float>> r;
-    for (size_t h = 0; h < heads.size(); ++h) {
-      const Matrix<double>& x = heads[h];
-      if (x.size() > 0 && x.cwiseAbs().maxCoeff() > kFloatMax) {
-        Eigen::Index i = 0, j = 0;
-        x.cwiseAbs().maxCoeff(&i, &j);
-        std::ostringstream found;
-        found.precision(3);
-        found << x(i, j);
-        throw InvalidArgument(name + "[" + std::to_string(h) + "](" + std::to_string(i) + ", " +
-                              std::to_string(j) + "): expected a value within float's range "
-                              "(|x| <= 3.4e38: the kernel's inputs are fp32 or bf16), got " +
-                              found.str());
-      }
-      r.push_back(x.cast<float>());
-    }
+    for (const auto& x : heads) r.push_back(x.cast<float>());
     return r;
   };
-  out.q = cast(in.q, "q");
-  out.k = cast(in.k, "k");
-  out.v = cast(in.v, "v");
-  out.q_retrieval = cast(in.q_retrieval, "q_retrieval");
-  out.prior = cast(in.prior, "prior");
+  AttentionInputs<float> out;
+  out.q = cast(in.q);
+  out.k = cast(in.k);
+  out.v = cast(in.v);
+  out.q_retrieval = cast(in.q_retrieval);
+  out.prior = cast(in.prior);
   return out;
+}
+
+// A kernel's inputs rounded to its input precision (round_inputs_to). fp16 holds no value of
+// magnitude 65520 or more (rounding gives Inf there): refused, naming it.
+AttentionInputs<double> kernel_inputs(const AttentionInputs<double>& inputs, InputPrecision precision) {
+  if (precision == InputPrecision::fp16)
+    for_each_input(inputs, [](const auto& heads, const std::string& name) {
+      require_within(heads, name, 65504.0,
+                     "fp16's range (|x| <= 65504: input_precision is fp16)");
+    });
+  return round_inputs_to(inputs, precision);
 }
 
 // The query list (empty = all T) -> explicit slots, checked strictly ascending in [0, T).
@@ -147,7 +175,7 @@ Context make_context(const MechanismSpec& spec, const AttentionInputs<double>& i
   spec.validate();
   inputs.validate(spec);
   Context ctx{spec, options,
-              options.precision == InputPrecision::bf16 ? round_inputs_to_bf16(inputs) : inputs,
+              kernel_inputs(inputs, options.precision),
               {}, geometry_of(spec, inputs.T()), resolve_queries(options.queries, inputs.T()),
               {}, {}, {}, inputs.Hq() / inputs.Hkv(), {}, {}, {}};
   ctx.inputs_float = to_float(ctx.inputs);
@@ -224,6 +252,21 @@ std::string diagnose_window(const Context& ctx, const std::vector<Matrix<double>
   return "";
 }
 
+// The most keys one softmax of the mechanism sums: every slot for full attention, else at most
+// the window and the K selected chunks (flat fusion's one softmax). For the floor of o and
+// o_window under fp16 (Tolerances::subnormal_probability_units).
+int64_t keys_per_softmax(const Context& ctx) {
+  const int64_t T = ctx.inputs.T();
+  if (ctx.spec.fusion == Fusion::full) return T;
+  return std::min<int64_t>(T, ctx.spec.W + (ctx.spec.selects() ? ctx.spec.K * ctx.spec.S : 0));
+}
+
+// The floor's subnormal term of o or o_window (0 but for fp16 inputs).
+double subnormal_units(const Context& ctx, const char* tensor) {
+  return Tolerances::subnormal_probability_units(tensor_precision(tensor, ctx.spec, ctx.options),
+                                                 keys_per_softmax(ctx));
+}
+
 // Kernel o_window/lse_window [Hq x Tq (x dv)] -> reports, with a shifted-window diagnosis.
 void compare_window(const Context& ctx, const KernelOutputs& kernel, Verdict& verdict) {
   using H = HeadOutputs<double>;
@@ -232,7 +275,7 @@ void compare_window(const Context& ctx, const KernelOutputs& kernel, Verdict& ve
     auto r = compare_tensor("o_window", kernel.o_window, field_of(ctx.truth.heads, &H::o_window),
                             field_of(ctx.baseline.heads, &F::o_window), ctx.magnitude.value,
                             tensor_precision("o_window", ctx.spec, ctx.options),
-                            "t", ctx.queries, ctx.options.max_messages);
+                            "t", ctx.queries, ctx.options.max_messages, subnormal_units(ctx, "o_window"));
     if (!r.passed) r.diagnosis = diagnose_window(ctx, kernel.o_window, false, r.tolerance);
     verdict.tensors.push_back(r);
   }
@@ -554,7 +597,8 @@ void compare_fused(const Context& ctx, const KernelOutputs& kernel,
   auto precision = [&](const char* tensor) { return tensor_precision(tensor, ctx.spec, ctx.options); };
   if (!kernel.o.empty()) {
     auto r = compare_tensor("o", kernel.o, field_of(truth, &H::o), field_of(base, &F::o),
-                            ctx.magnitude.value, precision("o"), "t", ctx.queries, n);
+                            ctx.magnitude.value, precision("o"), "t", ctx.queries, n,
+                            subnormal_units(ctx, "o"));
     if (!r.passed && ctx.spec.selects())
       r.diagnosis = diagnose_softmax1(ctx, selection, kernel.o, false, r.tolerance);
     verdict.tensors.push_back(r);
@@ -611,9 +655,7 @@ struct VerifierState {
 
 Verifier::Verifier(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                    const VerifyOptions& options) {
-  const auto inputs_only = precision_names(true);
-  require(precision_row(options.precision).input, "input_precision",
-          inputs_only.front() + " or " + inputs_only.back(),
+  require(precision_row(options.precision).input, "input_precision", "an input precision (fp32, bf16 or fp16)",
           to_string(options.precision) + " (a score precision only)");
   auto state = std::make_shared<VerifierState>(VerifierState{make_context(spec, inputs, options)});
   add_score_conditioning(state->ctx);

@@ -155,6 +155,8 @@ PrecisionRow precision_row(InputPrecision precision) {
   //     7: rounding to nearest is off by half a step on every entry);
   //   int4_h (1 + 2^-10) / 14 (int4's codes against s16, int4's s rounded up to fp16: s16 <
   //     s (1 + 2^-10); b' read in fp16 too).
+  //   fp16 2^-11 (11 significand bits): an input precision only (its subnormals, below 2^-14,
+  //     err absolutely: Tolerances::subnormal_probability_units).
   using enum InputPrecision;
   switch (precision) {
     case fp32: return {"fp32", 0x1p-24, true};
@@ -162,6 +164,7 @@ PrecisionRow precision_row(InputPrecision precision) {
     case fp8_e4m3: return {"fp8_e4m3", 0x1p-4, false};
     case int4: return {"int4", 1.0 / 14.0, false, ErrorScale::row};
     case int4_h: return {"int4_h", (1.0 + 0x1p-10) / 14.0, false, ErrorScale::row, true};
+    case fp16: return {"fp16", 0x1p-11, true, ErrorScale::entry, false, false};
   }
   return {};
 }
@@ -171,7 +174,7 @@ std::vector<std::string> precision_names(bool inputs_only) {
   for (int i = 0;; ++i) {
     const PrecisionRow row = precision_row(static_cast<InputPrecision>(i));
     if (row.name == nullptr) return names;
-    if (row.input || !inputs_only) names.emplace_back(row.name);
+    if (inputs_only ? row.input : row.score) names.emplace_back(row.name);
   }
 }
 
@@ -259,6 +262,10 @@ InputPrecision tensor_precision(const std::string& tensor, const MechanismSpec& 
   return InputPrecision::fp32;
 }
 
+double Tolerances::subnormal_probability_units(InputPrecision precision, int64_t keys) {
+  return precision == InputPrecision::fp16 ? static_cast<double>(keys) * 0x1p-25 : 0.0;
+}
+
 double Tolerances::floor_units(InputPrecision precision) {
   return precision == InputPrecision::fp32 ? kFloorUnitsFp32 : kFloorUnitsBf16;
 }
@@ -279,13 +286,15 @@ TensorReport compare_tensor(const std::string& name, const std::vector<Matrix<do
                             const std::vector<Matrix<double>>& truth,
                             const std::vector<Matrix<double>>& baseline, double magnitude,
                             InputPrecision precision, const std::string& row_label,
-                            const std::vector<int64_t>& row_ids, int64_t max_messages) {
+                            const std::vector<int64_t>& row_ids, int64_t max_messages,
+                            double subnormal_units) {
   // Hq x [rows x cols] kernel, truth, float baseline -> one report (module comment: policy).
   TensorReport report;
   report.name = name;
   report.precision = precision;
   report.magnitude = std::max(magnitude, std::numeric_limits<double>::min());
-  report.floor = Tolerances::floor_units(precision) * unit_roundoff(precision) * report.magnitude;
+  report.floor = (Tolerances::floor_units(precision) * unit_roundoff(precision) + subnormal_units) *
+                 report.magnitude;
   report.problems = shape_problems(name, kernel, truth);
   require(shape_problems(name, baseline, truth).empty(), name + " baseline",
           "the truth's shape", "a different shape");

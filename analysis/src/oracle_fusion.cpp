@@ -196,9 +196,22 @@ int int4_code(double x, float s) {
 }
 
 AttentionInputs<double> round_inputs_to_bf16(const AttentionInputs<double>& inputs) {
-  // inputs -> the same inputs with every entry rounded to bf16.
-  auto round_all = [](std::vector<Matrix<double>>& heads) {
-    for (auto& m : heads) m = m.unaryExpr([](double x) { return round_to_bf16(x); });
+  return round_inputs_to(inputs, InputPrecision::bf16);
+}
+
+double round_to_input_precision(double x, InputPrecision precision) {
+  if (precision == InputPrecision::bf16) return round_to_bf16(x);
+  if (precision == InputPrecision::fp16) return round_to_fp16(x);
+  return x;
+}
+
+AttentionInputs<double> round_inputs_to(const AttentionInputs<double>& inputs,
+                                        InputPrecision precision) {
+  // inputs -> the same inputs with every entry rounded to the input precision.
+  if (precision == InputPrecision::fp32) return inputs;
+  auto round_all = [precision](std::vector<Matrix<double>>& heads) {
+    for (auto& m : heads)
+      m = m.unaryExpr([precision](double x) { return round_to_input_precision(x, precision); });
   };
   AttentionInputs<double> rounded = inputs;
   round_all(rounded.q);

@@ -61,7 +61,7 @@ OutputGradients<Scalar> upstream_of(const KernelGradients& grads, InputPrecision
   OutputGradients<Scalar> up;
   for (const auto& m : grads.d_o) {
     Matrix<double> x = m;
-    if (precision == InputPrecision::bf16) x = x.unaryExpr([](double e) { return round_to_bf16(e); });
+    x = x.unaryExpr([precision](double e) { return round_to_input_precision(e, precision); });
     up.d_o.push_back(x.cast<Scalar>());
   }
   for (const auto& x : grads.d_lse) up.d_lse.push_back(x.cast<Scalar>());
@@ -159,6 +159,9 @@ std::vector<TensorReport> compare_gradients(const MechanismSpec& spec,
                                             const KernelGradients& kernel,
                                             const VerifyOptions& options) {
   // kernel gradients -> one report per returned gradient (policy: oracle.hpp, Tolerances).
+  require(options.precision != InputPrecision::fp16, "input_precision",
+          "fp32 or bf16 for gradients (fp16's floors are derived for the forward only: "
+          "data/verify_format.md)", "fp16");
   require_upstream(kernel, inputs);
   InputGradients<double> truth;
   InputGradients<float> baseline;

@@ -41,8 +41,8 @@ int64_t selecting_length(const MechanismSpec& spec) {
 }
 
 double round_to_input(double x, InputPrecision precision) {
-  if (precision == InputPrecision::bf16) return round_to_bf16(x);
-  return static_cast<double>(static_cast<float>(x));  // fp32: hard_cases refuses the others
+  if (precision == InputPrecision::fp32) return static_cast<double>(static_cast<float>(x));
+  return round_to_input_precision(x, precision);  // bf16, fp16: hard_cases refuses the others
 }
 
 void round_heads(std::vector<Matrix<double>>& heads, InputPrecision precision) {

@@ -117,7 +117,7 @@ def hard_cases(spec, *, Hq, Hkv, d, dv=None, precision="fp32", layout="hsd", len
                max_T=None):
     """The hard cases for a kernel of this spec ({"preset": "nsa", "S": 64, ...}) and head shape
     (Hq query heads, Hkv KV heads, head dims d and dv = d by default), every value exact in
-    `precision` ("fp32" or "bf16", hils._core.input_precisions), the arrays in `layout` (the
+    `precision` ("fp32", "bf16" or "fp16", hils._core.input_precisions), the arrays in `layout` (the
     layouts of hils.verify; "bshd" and "bhsd" with B = 1). length_multiple: every T a multiple
     of it (a kernel that takes only whole tiles); max_T: leave out longer cases. Returns a
     HardCases list; .skipped names the cases left out and why. ValueError / TypeError name the

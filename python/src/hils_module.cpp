@@ -428,7 +428,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("passed", &oracle::TensorReport::passed)
       .def_property_readonly("verdict", [](const oracle::TensorReport& t) { return verdict_text(t.passed); })
       .def_property_readonly("precision", [](const oracle::TensorReport& t) { return to_string(t.precision); },
-                             "the rounding unit of the floor: fp32 or bf16")
+                             "the rounding unit of the floor: an input or score precision's name (fp32, bf16, ...)")
       .def_readonly("count", &oracle::TensorReport::count, "elements compared")
       .def_readonly("max_abs", &oracle::TensorReport::max_abs, "max |kernel - double|")
       .def_readonly("max_rel", &oracle::TensorReport::max_rel)

@@ -217,8 +217,8 @@ TEST_CASE("hils cases refuses bad input naming the option, writing nothing", "[c
   const std::string spec = "--preset nsa -S 8 -W 16 -K 3 ";
   const std::string shape = "--Hq 4 --Hkv 2 -d 16 ";
   using hils::test::require_refused;
-  require_refused("cases " + spec + shape + "--precision fp16 -o " + quoted(out),
-                  "--precision: expected \"fp32\" or \"bf16\", got \"fp16\"", out);
+  require_refused("cases " + spec + shape + "--precision fp64 -o " + quoted(out),
+                  "--precision: expected \"fp32\", \"bf16\" or \"fp16\", got \"fp64\"", out);
   require_refused("cases " + spec + "--Hq 3 --Hkv 2 -d 16 -o " + quoted(out),
                   "--Hq: expected a multiple of Hkv = 2, got 3", out);
   require_refused("cases " + spec + "--Hq 4 --Hkv 0 -d 16 -o " + quoted(out),

@@ -94,7 +94,7 @@ void round_heads(std::vector<M>& heads, Bf16Rounding rounding) {
 
 AttentionInputs<float> kernel_inputs(const AttentionInputs<double>& inputs, InputPrecision precision) {
   // inputs -> what a kernel of this precision computes from, in float.
-  return to_float(precision == InputPrecision::bf16 ? round_inputs_to_bf16(inputs) : inputs);
+  return to_float(round_inputs_to(inputs, precision));
 }
 
 void round_as_stored(const MechanismSpec& spec, KernelOutputs& out, InputPrecision precision,
@@ -103,6 +103,10 @@ void round_as_stored(const MechanismSpec& spec, KernelOutputs& out, InputPrecisi
   if (precision == InputPrecision::bf16) {
     round_heads(out.o, rounding);
     round_heads(out.o_window, rounding);
+  }
+  if (precision == InputPrecision::fp16) {  // an fp16 kernel stores o as FlashAttention does
+    for (auto* heads : {&out.o, &out.o_window})
+      for (auto& m : *heads) m = m.unaryExpr([](double x) { return round_to_fp16(x); });
   }
   if (score_precision == InputPrecision::bf16) {
     round_heads(out.surrogate_scores, rounding);

@@ -42,11 +42,11 @@ struct ScorePath {
 ScorePath rounded_score_path(const MechanismSpec& spec, const AttentionInputs<float>& in,
                              const ScoreRounding& rounding);
 
-// What a kernel of this precision computes from: the inputs (rounded to bf16 for bf16), in float.
+// What a kernel of this precision computes from: the inputs (rounded to bf16 or fp16), in float.
 AttentionInputs<float> kernel_inputs(const AttentionInputs<double>& inputs, InputPrecision precision);
 
 // Rounds a kernel's outputs as a kernel of these precisions stores them: o, o_window in bf16 for
-// bf16 inputs; with bf16 scores, the summaries, scores and (hierarchical fusion) lse and fusion
+// bf16 inputs (in fp16, to nearest, for fp16 inputs); with bf16 scores, the summaries, scores and (hierarchical fusion) lse and fusion
 // weights in bf16 too, to nearest or (a truncating kernel) toward zero. Idempotent.
 void round_as_stored(const MechanismSpec& spec, KernelOutputs& out, InputPrecision precision,
                      InputPrecision score_precision,

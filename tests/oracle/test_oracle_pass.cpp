@@ -50,6 +50,66 @@ TEST_CASE("a bf16 kernel passes under the bf16 policy and fails under fp32", "[o
   }
 }
 
+TEST_CASE("an fp16 kernel passes under the fp16 policy and fails under fp32 and bf16", "[oracle]") {
+  // fp16 inputs, fp32 scores and lse, o stored in fp16 (FlashAttention's fp16 path). Declared
+  // fp32 its o fails the fp32 floor; declared bf16 the oracle's inputs are other numbers (fp16
+  // holds 3 more bits) and lse fails. A kernel that computes from bf16 copies of its fp16 inputs
+  // fails under fp16.
+  const auto fp16 = InputPrecision::fp16;
+  for (const char* name : {"gqa_group4", "peaked_attention", "ragged_tail_no_landmarks"}) {
+    const auto& c = case_named(name);
+    const auto inputs = round_inputs_to(cases::make_inputs<double>(c), fp16);
+    for (const auto& spec : specs_for(c)) {
+      INFO("case " << name << ", spec " << spec.name);
+      const KernelOutputs kernel = float_kernel(spec, inputs, fp16);
+      const Verdict pass = verify(spec, inputs, kernel, {fp16});
+      INFO(pass.report());
+      CHECK(pass.passed);
+      CHECK_FALSE(verify(spec, inputs, kernel, {InputPrecision::fp32}).passed);
+      CHECK_FALSE(verify(spec, inputs, kernel, {InputPrecision::bf16}).passed);
+      KernelOutputs from_bf16 = float_kernel(spec, round_inputs_to_bf16(inputs), fp16);
+      from_bf16.selection = kernel.selection;  // its fusion judged, not a flipped near tie
+      CHECK_FALSE(verify(spec, inputs, from_bf16, {fp16}).passed);
+    }
+  }
+}
+
+TEST_CASE("fp16: the floor of o counts subnormal probabilities; no score precision, no gradients, "
+          "inputs beyond 65504 refused naming them", "[oracle]") {
+  const auto fp16 = InputPrecision::fp16;
+  const auto& c = case_named("gqa_group4");
+  const auto inputs = round_inputs_to(cases::make_inputs<double>(c), fp16);
+  // The floor of o: 4 units of 2^-11, and 2^-25 for each key of the largest softmax (a kernel
+  // that rounds P to fp16 errs absolutely below 2^-14), in units of max |v|.
+  for (const auto& spec : specs_for(c)) {
+    INFO("spec " << spec.name);
+    const Verdict verdict = verify(spec, inputs, float_kernel(spec, inputs, fp16), {fp16});
+    const int64_t T = inputs.T();
+    const int64_t keys = spec.fusion == Fusion::full
+                             ? T
+                             : std::min<int64_t>(T, spec.W + (spec.selects() ? spec.K * spec.S : 0));
+    for (const auto& t : verdict.tensors)
+      if (t.name == "o" || t.name == "o_window")
+        CHECK(t.floor == Approx((4.0 * 0x1p-11 + static_cast<double>(keys) * 0x1p-25) * t.magnitude)
+                             .epsilon(1e-12));
+  }
+  // fp16 is an input precision only.
+  CHECK(parse_input_precision("fp16") == fp16);
+  CHECK_THROWS_WITH(parse_score_precision("fp16"), Catch::EndsWith("got \"fp16\""));
+  // Gradients are not judged under fp16 (their floors are derived for bf16 and fp32).
+  const MechanismSpec full = preset("full");
+  KernelOutputs with_grads = float_kernel(full, inputs, fp16);
+  with_grads.gradients = testing::float_gradients(full, inputs, with_grads.selection, 7);
+  CHECK_THROWS_WITH(verify(full, inputs, with_grads, {fp16}),
+                    Catch::StartsWith("input_precision: expected fp32 or bf16 for gradients"));
+  // An input that fp16 cannot hold is refused, named.
+  AttentionInputs<double> big = inputs;
+  big.v[1](3, 5) = 70000.0;
+  CHECK_THROWS_WITH(verify(full, big, float_kernel(full, inputs, fp16), {fp16}),
+                    "v[1](3, 5): expected a value within fp16's range (|x| <= 65504: "
+                    "input_precision is fp16), got 7e+04");
+}
+
 TEST_CASE("verify fuses with the moved logit scale only for a kernel that gives a bf16 lse",
           "[oracle]") {
   // The lse check of a hierarchical kernel with bf16 scores needs the fusion of the reference's

@@ -364,7 +364,7 @@ TEST_CASE("precision table: every precision parses back, is an input only where 
   const MechanismSpec spec = cases::with_case_geometry(preset("hils"), c);
   const KernelOutputs kernel = float_kernel(spec, inputs);
   const std::vector<std::string> names = precision_names();
-  CHECK(precision_names(true) == std::vector<std::string>{"fp32", "bf16"});
+  CHECK(precision_names(true) == std::vector<std::string>{"fp32", "bf16", "fp16"});
   CHECK(names.size() >= 5);
   for (const std::string& name : names) {
     INFO("precision " << name);
@@ -379,7 +379,7 @@ TEST_CASE("precision table: every precision parses back, is an input only where 
       CHECK(parse_input_precision(name) == precision);
     } else {
       CHECK_THROWS_WITH(parse_input_precision(name),
-                        "input_precision: expected \"fp32\" or \"bf16\", got \"" + name + "\"");
+                        "input_precision: expected \"fp32\", \"bf16\" or \"fp16\", got \"" + name + "\"");
       CHECK_THROWS_WITH(Verifier(spec, inputs, as_input), Catch::Contains("a score precision only"));
     }
     VerifyOptions options;
@@ -389,7 +389,8 @@ TEST_CASE("precision table: every precision parses back, is an input only where 
     CHECK(verdict.passed);
     CHECK_THAT(verdict.report(), Catch::Contains("selection scores " + name + "\n"));
   }
-  // Any other name: refused, the message listing every row's name.
+  // Any other name (fp16's row is an input precision only): refused, the message listing every
+  // score precision's name.
   std::string message;
   try {
     parse_score_precision("fp16");

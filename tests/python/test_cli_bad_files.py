@@ -110,7 +110,7 @@ def bad_files(a):
         ("format_version a string", lambda f: f.attrs.__setitem__("format_version", "1"),
          ["/ attribute format_version: expected one integer, found strings"]),
         ("input_precision misspelled", lambda f: f.attrs.__setitem__("input_precision", "bfloat16"),
-         ['/ attribute input_precision: expected "fp32" or "bf16", got "bfloat16"']),
+         ['/ attribute input_precision: expected "fp32", "bf16" or "fp16", got "bfloat16"']),
         ("input_precision missing", lambda f: f.attrs.__delitem__("input_precision"),
          ["/ attribute input_precision: expected the attribute to exist, found no such attribute"]),
         ("spec.K a string", lambda f: f.attrs.__setitem__("spec", json.dumps({**a["spec"], "K": "4"})),

@@ -126,7 +126,7 @@ def test_bad_arguments_are_refused_naming_them():
             "Hq: expected a multiple of Hkv = 2, got 3")
     refused(lambda: hils.hard_cases(SPEC, Hq=0, Hkv=2, d=8), "Hq: expected an integer >= 1, got 0")
     refused(lambda: hils.hard_cases(SPEC, Hq=2, Hkv=2, d=8, precision="int4"),
-            'precision: expected "fp32" or "bf16", got "int4"')
+            'precision: expected "fp32", "bf16" or "fp16", got "int4"')
     refused(lambda: hils.hard_cases(SPEC, Hq=2, Hkv=2, d=8, length_multiple=0),
             "length_multiple: expected an integer >= 1, got 0")
     refused(lambda: hils.hard_cases(SPEC, Hq=2, Hkv=2, d=8, max_T=0),
@@ -219,3 +219,25 @@ def test_decode_arguments_refuse_a_length_outside_the_case():
                 f"decode_arguments: length: expected 1..{case.T} (the case's slots), got {bad}")
     with pytest.raises(TypeError, match=r"^decode_arguments: length: expected an integer, found float 2.5"):
         case.decode_arguments(2.5)
+
+
+def test_fp16_cases_are_exact_in_fp16_and_an_fp16_kernel_passes_them_only_declared_fp16():
+    """precision="fp16": every value exact in fp16 (none beyond its 65504); the numpy kernel run
+    in float32 on those inputs with o stored in fp16 (FlashAttention's fp16 path) passes every
+    case declared fp16, and the Gaussian case fails declared fp32 (o) and bf16 (other inputs)."""
+    built = hils.hard_cases(SPEC, **SHAPE, precision="fp16", max_T=300)
+    assert [c.name for c in built] == [c.name for c in hils.hard_cases(SPEC, **SHAPE, max_T=300)]
+    for case in built:
+        assert case.arguments["input_precision"] == "fp16"
+        for x in (case.q, case.k, case.v):
+            assert np.array_equal(x.astype(np.float16).astype(x.dtype), x), case.name
+        out = run_kernel(case)
+        out["o"] = out["o"].astype(np.float16)
+        report = hils.verify(SPEC, outputs=out, **case.arguments)
+        assert report.passed, f"{case.name}\n{report}"
+    gaussian = next(c for c in built if c.name == "gaussian")
+    out = run_kernel(gaussian)
+    out["o"] = out["o"].astype(np.float16)
+    for declared in ("fp32", "bf16"):
+        arguments = {**gaussian.arguments, "input_precision": declared}
+        assert not hils.verify(SPEC, outputs=out, **arguments).passed, declared

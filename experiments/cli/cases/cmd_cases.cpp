@@ -132,7 +132,7 @@ void register_cases(CLI::App& app) {
   cmd->add_option_function<int64_t>(
       "--dv", [dv = &flags->dv](int64_t n) { *dv = n; }, "value head dim (default: d)");
   cmd->add_option("--precision", flags->precision,
-                  "the kernel's input precision, fp32 or bf16 (every value exact in it; "
+                  "the kernel's input precision, fp32, bf16 or fp16 (every value exact in it; "
                   "default fp32)");
   cmd->add_option("--length-multiple", flags->length_multiple,
                   "every case's T a multiple of this, for a kernel that takes only such "

@@ -26,7 +26,7 @@ struct HeadShape {
 };
 
 struct HardCaseOptions {
-  // The kernel's input precision (an input precision of precision_row: fp32 or bf16): every
+  // The kernel's input precision (an input precision of precision_row: fp32, bf16, fp16): every
   // value is exact in it, so ties survive the kernel's own conversion.
   InputPrecision precision = InputPrecision::fp32;
   // Lengths the kernel takes: every case's T is a multiple of this (a case whose point is a

@@ -48,8 +48,9 @@ namespace hils::oracle {
 // oracle_compare.cpp), where the build stops (-Werror=switch) until a value added here has one;
 // the values count up from 0 in this order (precision_names lists them so). The score
 // precisions beyond fp32 and bf16 are the stores of data/verify_format.md (README "Adding a
-// score precision").
-enum class InputPrecision { fp32, bf16, fp8_e4m3, int4, int4_h };
+// score precision"); fp16 is an input precision only (its floors are derived for the forward,
+// data/verify_format.md "The policy").
+enum class InputPrecision { fp32, bf16, fp8_e4m3, int4, int4_h, fp16 };
 
 // How a precision's rounding error scales: relative to each entry (floating point: |x - r(x)| <=
 // u |x|), or absolute across a row (integer codes times a per-row scale: half a step, u max_i
@@ -57,26 +58,31 @@ enum class InputPrecision { fp32, bf16, fp8_e4m3, int4, int4_h };
 enum class ErrorScale { entry, row };
 
 // One precision: its name in verify files, hils.verify and reports; its unit roundoff u; whether
-// a kernel's inputs may have it (fp32, bf16) or it is a score precision only (how k' is stored);
-// how its error scales; whether the scores read b' in fp16 too (int4h_bias_error).
+// a kernel's inputs may have it (fp32, bf16, fp16) or it is a score precision only (how k' is
+// stored); how its error scales; whether the scores read b' in fp16 too (int4h_bias_error);
+// whether it may be a score precision (every row but fp16, whose subnormals the margin bound's
+// relative unit does not cover).
 struct PrecisionRow {
   const char* name = nullptr;
   double unit_roundoff = 0.0;
   bool input = false;
   ErrorScale error = ErrorScale::entry;
   bool bias_fp16 = false;
+  bool score = true;
 };
 // The row of `precision`; a row without a name for a number that is no value of InputPrecision.
 PrecisionRow precision_row(InputPrecision precision);
-// The names of every precision (all are score precisions), or of the input precisions only, in
-// the enum's order.
+// The names of the score precisions (every row whose `score` is set), or of the input precisions
+// only, in the enum's order.
 std::vector<std::string> precision_names(bool inputs_only = false);
 
 std::string to_string(InputPrecision);
-// An input precision's name ("fp32" or "bf16"); InvalidArgument listing them for any other text.
+// An input precision's name ("fp32", "bf16" or "fp16"); InvalidArgument listing them for any
+// other text.
 InputPrecision parse_input_precision(const std::string& text,
                                      const std::string& field = "input_precision");
-// A score precision's name (any row's); InvalidArgument listing them for any other text.
+// A score precision's name (a row whose `score` is set); InvalidArgument listing them for any
+// other text.
 InputPrecision parse_score_precision(const std::string& text,
                                      const std::string& field = "score_precision");
 
@@ -131,6 +137,12 @@ float int4h_row_scale(double amax);
 // device quantizer does it (__fdiv_rn).
 int int4_code(double x, float s);
 AttentionInputs<double> round_inputs_to_bf16(const AttentionInputs<double>& inputs);
+// x rounded to an input precision the way the oracle rounds a kernel's inputs: to the nearest
+// bf16 or fp16 number; fp32 inputs are taken as given (x unchanged).
+double round_to_input_precision(double x, InputPrecision precision);
+// Every entry of q, k, v, q~ and the prior rounded so (a copy; unchanged for fp32).
+AttentionInputs<double> round_inputs_to(const AttentionInputs<double>& inputs,
+                                        InputPrecision precision);
 
 // Every tolerance of the oracle, in one place, each with its reason.
 struct Tolerances {
@@ -184,6 +196,13 @@ struct Tolerances {
   static double fp32_lse_approximation(int64_t terms);
   // Round-to-nearest leaves an error uniform within +-ulp(x)/2: variance ulp^2 / 12.
   static constexpr double kRoundingVariance = 1.0 / 12.0;
+
+  // fp16 inputs: a kernel that rounds its probabilities P to fp16 (FlashAttention's fp16 path
+  // does before P V) rounds each P below fp16's normal range (2^-14) with an absolute error of
+  // up to 2^-25, which the relative unit does not cover; over the `keys` of one softmax (its
+  // sum l >= 1, the largest P being 1) that moves o by at most keys x 2^-25 x max |v|. The floor
+  // of o and o_window adds this many magnitudes (0 for the other precisions).
+  static double subnormal_probability_units(InputPrecision precision, int64_t keys);
 
   static double floor_units(InputPrecision precision);
   static double margin_units(InputPrecision precision);
@@ -465,12 +484,14 @@ int64_t forced_fusion_runs();
 // Compares kernel vs truth (double) given the float baseline, per head lists of equal shapes
 // (a kernel shape mismatch is reported, not thrown). Rows are named `row_label`=row_ids[i]
 // (e.g. "t" and the query slots, or "c" and chunk indices; row index when row_ids is empty).
-// Where truth is -inf (chunks outside V(t)) the kernel must be -inf too.
+// Where truth is -inf (chunks outside V(t)) the kernel must be -inf too. The floor is
+// (floor_units x u + subnormal_units) x magnitude (Tolerances::subnormal_probability_units).
 TensorReport compare_tensor(const std::string& name, const std::vector<Matrix<double>>& kernel,
                             const std::vector<Matrix<double>>& truth,
                             const std::vector<Matrix<double>>& baseline, double magnitude,
                             InputPrecision precision, const std::string& row_label,
-                            const std::vector<int64_t>& row_ids, int64_t max_messages = 8);
+                            const std::vector<int64_t>& row_ids, int64_t max_messages = 8,
+                            double subnormal_units = 0.0);
 
 // What a correct kernel's rounding can do to a statistic sum_r a_r e_r of a tensor's errors:
 // the standard error of its unbiased roundings (the biased ones give ShiftTest's ranges).
