@@ -108,6 +108,8 @@ def _count(value, name, allow_none=False):
         return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}: expected an integer, found {type(value).__name__} {value!r}")
+    if not -2**63 <= value < 2**63:  # was pybind11's "incompatible function arguments"
+        raise ValueError(f"{name}: expected an integer within int64's range, found {value}")
     return int(value)
 
 

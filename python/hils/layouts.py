@@ -812,13 +812,16 @@ class BatchReport:
 def _summary(report):
     """One sequence's verdict in a line: the worst headroom and the selection's rows, and for a
     failure these numbers do not show (a NaN, a wrong shape, a malformed selection row, where
-    the headroom stays below 1 and no row differs) the first problem the report names."""
+    the headroom stays below 1 and no row differs; no output at all, which the oracle names
+    among the selection's problems) the first problem the report names."""
     parts = []
     tensors = report.tensors
     untold = [t.problems[0] for t in tensors.values()
               if not t.passed and not t.headroom > 1 and t.problems]
     selection = report.selection
     if selection.compared and not selection.passed and not selection.rows_differing:
+        untold[:0] = selection.problems[:1]
+    elif not selection.compared and not report.passed:  # "the kernel outputs are empty: ..."
         untold[:0] = selection.problems[:1]
     finite = {name: t.headroom for name, t in tensors.items() if np.isfinite(t.headroom)}
     if finite:

@@ -135,6 +135,10 @@ def test_bad_arguments_are_refused_naming_them():
             "Hq: expected an integer, found float 2.0", TypeError)
     refused(lambda: hils.hard_cases(SPEC, Hq=True, Hkv=1, d=8),
             "Hq: expected an integer, found bool True", TypeError)
+    refused(lambda: hils.hard_cases(SPEC, Hq=2, Hkv=2, d=8, max_T=2**64),
+            "max_T: expected an integer within int64's range, found 18446744073709551616")
+    refused(lambda: hils.hard_cases(SPEC, Hq=2**63, Hkv=2, d=8),
+            "Hq: expected an integer within int64's range, found 9223372036854775808")
     refused(lambda: hils.hard_cases({**SPEC, "W": 0}, Hq=2, Hkv=2, d=8),
             hils_message_of({**SPEC, "W": 0}))
     with pytest.raises(ValueError, match=r"^hard cases: their inputs need .* more than 80% of "):

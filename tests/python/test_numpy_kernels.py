@@ -83,6 +83,11 @@ def test_wrong_scale_fails():
     assert rest == str(report)
     headroom = max(t.headroom for t in report.tensors.values())
     assert headline == f"FAIL (o, lse)  worst headroom {headroom:.3g} (o)"
+    # No output at all (the kernel's dict held only None): the oracle's own words, not "see below".
+    with pytest.raises(AssertionError) as failure:
+        assert_kernel_matches(case_spec("full", "gqa_group4"), q, k, v, {"o": None}, kernel="k")
+    assert str(failure.value).startswith("kernel k: FAIL (see below)  the kernel outputs are empty: "
+                                         "nothing to compare;\n")
 
 
 # What pytest shows of a failing helper: the first line of its message in the -r summary, and
