@@ -169,9 +169,12 @@ class Verifier:
     the reference runs in double and in float once, when it is built (the bulk of verify's
     time); each .verify(outputs) then costs only what depends on those outputs (the oracle fuses
     again only the query blocks where a kernel's selection differs from the reference's).
-    hils.Verifier(spec, q, k, v, **options).verify(outputs) is hils.verify(spec, q, k, v,
-    outputs, **options), report for report. Arguments as hils.verify's; a batched or packed
-    (cu_seqlens=) layout builds one oracle per sequence.
+    hils.Verifier(spec, q, k, v, **problem).verify(outputs, **judging) is hils.verify(spec, q,
+    k, v, outputs, **problem, **judging), report for report: the constructor takes hils.verify's
+    arguments of the problem (layout, input_precision, score_precision, bf16_rounding,
+    q_retrieval, prior, queries, max_messages, cu_seqlens, cu_seqlens_k, landmark_queries),
+    .verify those of one kernel's arrays (kernel, do, dlse, grads, lse_layout,
+    selection_order). A batched or packed (cu_seqlens=) layout builds one oracle per sequence.
 
         oracle = hils.Verifier(spec, q, k, v, input_precision="bf16")
         for name, kernel in kernels.items():
@@ -424,8 +427,8 @@ def verify_decode(spec, q, k_cache, v_cache, outputs, *, cache_seqlens, block_ta
         Hq, d] ([B, Hq, n_chunks, d] with cache_layout="bhsd"); required there, refused elsewhere.
     selection_order, input_precision, score_precision, bf16_rounding, kernel, max_messages: as
         hils.verify's."""
-    from .gpu import spec as _gpu_spec  # pure Python (no library, no torch needed)
-    fields = _gpu_spec.resolve(spec)
+    from .spec import resolve  # pure Python (hils/spec.py)
+    fields = resolve(spec)
     kernel_name, spec_json = _kernel_name(kernel), _spec_json(spec)
     order = _layouts.selection_order_of(selection_order)
     step = _decoding.DecodeStep(fields, q, k_cache, v_cache, cache_seqlens, block_table,

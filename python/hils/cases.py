@@ -123,7 +123,7 @@ def hard_cases(spec, *, Hq, Hkv, d, dv=None, precision="fp32", layout="hsd", len
     HardCases list; .skipped names the cases left out and why. ValueError / TypeError name the
     argument for a bad value."""
     from . import _core_module, _spec_json, _text  # hils/__init__ imports this module
-    from .gpu import spec as _gpu_spec  # pure Python (no library, no torch needed)
+    from .spec import resolve  # pure Python (hils/spec.py)
 
     core = _core_module()
     laid = _layouts.Layout(layout)
@@ -137,5 +137,5 @@ def hard_cases(spec, *, Hq, Hkv, d, dv=None, precision="fp32", layout="hsd", len
     # InvalidArgument from the C++ side arrives as ValueError naming the field.
     cases, skipped = core.hard_cases(_spec_json(spec), Hq, Hkv, d, dv, precision,
                                      length_multiple, 0 if max_T is None else max_T)
-    fields = _gpu_spec.resolve(spec)
+    fields = resolve(spec)
     return HardCases([HardCase(item, laid, precision, fields) for item in cases], skipped)

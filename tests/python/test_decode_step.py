@@ -440,3 +440,31 @@ def test_a_step_whose_oracle_inputs_cannot_fit_is_refused_before_it_is_computed(
         "-v) of 3 GiB shared by the 2 sequences of a batch held at once (1.5 GiB each), found "
         "q [32, 16384, 128], k [8, 16384, 128], v [8, 16384, 128]: 1.5 GiB (fewer or shorter "
         "sequences per call) (sequence b=0 of the decode step: T = 16384, query slot 16383;"), result.stdout
+
+
+SPEC_ONLY_CALLS = """
+import sys
+import numpy as np
+import hils
+rng = np.random.default_rng(5)
+q, k, v = (rng.standard_normal(shape) for shape in ((2, 4, 8), (2, 40, 2, 8), (2, 40, 2, 8)))
+hils.verify_decode({"preset": "nsa", "S": 8, "W": 16, "K": 2}, q, k, v, {},
+                   cache_seqlens=[40, 17])
+hils.hard_cases({"preset": "nsa", "S": 8, "W": 16, "K": 2}, Hq=2, Hkv=1, d=8, max_T=40)
+hils.verify({"preset": "nsa", "S": 8, "W": 16, "K": 2}, q[0, None].repeat(3, 0), k[0], v[0], {},
+            layout="thd", cu_seqlens=[0, 3], cu_seqlens_k=[0, 40])
+print(sorted(name for name in sys.modules if name == "torch" or name.startswith("hils.gpu")))
+"""
+
+
+def test_the_oracle_reads_a_spec_without_importing_hils_gpu():
+    """hils.verify_decode, hils.hard_cases and a chunked prefill's hils.verify read the spec's
+    fields in pure Python (hils/spec.py). They took them from hils.gpu.spec, and importing it
+    imports hils.gpu, which loads torch where it is installed: 1.25 s more for the first call on
+    numpy arrays (this machine, Debian's torch 1.13), and a torch that fails to load (a CUDA
+    library missing raises OSError, not the ImportError hils.gpu allows for) took the oracle
+    with it."""
+    result = subprocess.run([sys.executable, "-c", SPEC_ONLY_CALLS], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[]\n"

@@ -1,6 +1,7 @@
 """numpy float32 kernels judged by hils.verify: correct ones pass, planted faults fail with the
 oracle's diagnosis (issue 9)."""
 
+import inspect
 import os
 import subprocess
 import sys
@@ -215,3 +216,18 @@ def test_one_verifier_judges_kernel_after_kernel_as_verify_does():
         assert str(report) == str(hils.verify(spec, q, k, v, outputs, kernel=name))
     with pytest.raises(TypeError, match="outputs: expected a dict of arrays"):
         oracle.verify([o, lse])
+
+
+def test_the_verifier_splits_verify_arguments_as_its_docstring_says():
+    # hils.Verifier's docstring said "hils.Verifier(spec, q, k, v, **options).verify(outputs)
+    # is hils.verify(spec, q, k, v, outputs, **options)": options such as lse_layout= or
+    # kernel= are .verify's, and the constructor refused them. Its docstring lists the split;
+    # here the split covers hils.verify's parameters, each once, with its default.
+    def parameters(function):
+        return {name: p.default for name, p in inspect.signature(function).parameters.items()
+                if name != "self"}
+    problem, judging = parameters(hils.Verifier.__init__), parameters(hils.Verifier.verify)
+    assert not set(problem) & set(judging)
+    assert {**problem, **judging} == parameters(hils.verify)
+    for name in (set(problem) | set(judging)) - {"spec", "q", "k", "v", "outputs"}:
+        assert name in hils.Verifier.__doc__, name
