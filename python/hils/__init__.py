@@ -147,6 +147,17 @@ def _spec_json(spec):
         raise ValueError(f"spec: expected finite numbers, found a NaN or Inf ({error})") from None
 
 
+def _spec_fields(spec):
+    """spec -> {field: value} for every field (name, fusion, key_rule, bias_rule, prior_rule,
+    group_rule, softmax1, S, W, K, landmarks, scale), decoded and validated by the C++ codec as
+    hils.verify's spec is: what hils.verify_decode, hils.hard_cases and a chunked prefill read
+    before an oracle is built. They read hils.gpu.spec.resolve's fields, a second validator:
+    {"S": 0} was a ZeroDivisionError, {"S": "16"} a TypeError where hils.verify raises
+    ValueError, {"K": 4.0} refused where hils.verify accepts it, and importing hils.gpu loaded
+    torch where installed (1.25 s)."""
+    return json.loads(_core_module().spec_fields(_spec_json(spec)))
+
+
 def _text(value, name, expected):
     if not isinstance(value, str):
         raise TypeError(f"{name}: expected {expected}, found {type(value).__name__} {value!r}")
@@ -347,8 +358,10 @@ def verify(spec, q, k, v, outputs, *, layout="hsd", lse_layout=None, selection_o
         "any" (each row a set in any order, e.g. torch.topk's score order: sorted before judging,
         fusion_weights' first K columns with it; duplicates, chunks out of range and padding
         other than -1 still fail).
-    input_precision: "fp32" or "bf16"; score_precision: "fp32", "bf16" or a store of k' that
-        data/verify_format.md describes (hils._core.score_precisions lists them all).
+    input_precision: "fp32" or "bf16" (no fp16: a kernel computing from fp16 inputs with o
+        stored in fp16 fails either way, README "From Python"); score_precision: "fp32",
+        "bf16" or a store of k' that data/verify_format.md describes
+        (hils._core.score_precisions lists them all).
     bf16_rounding: how a bf16-score kernel converts its summaries and scores to bf16, as the
     verify file's bf16_rounding attribute says it: "detect" (read from a bf16-stored lse or o,
     else either is accepted), "any", "nearest" or "toward_zero". Declaring "nearest" gives the
@@ -427,8 +440,7 @@ def verify_decode(spec, q, k_cache, v_cache, outputs, *, cache_seqlens, block_ta
         Hq, d] ([B, Hq, n_chunks, d] with cache_layout="bhsd"); required there, refused elsewhere.
     selection_order, input_precision, score_precision, bf16_rounding, kernel, max_messages: as
         hils.verify's."""
-    from .spec import resolve  # pure Python (hils/spec.py)
-    fields = resolve(spec)
+    fields = _spec_fields(spec)
     kernel_name, spec_json = _kernel_name(kernel), _spec_json(spec)
     order = _layouts.selection_order_of(selection_order)
     step = _decoding.DecodeStep(fields, q, k_cache, v_cache, cache_seqlens, block_table,

@@ -122,8 +122,7 @@ def hard_cases(spec, *, Hq, Hkv, d, dv=None, precision="fp32", layout="hsd", len
     of it (a kernel that takes only whole tiles); max_T: leave out longer cases. Returns a
     HardCases list; .skipped names the cases left out and why. ValueError / TypeError name the
     argument for a bad value."""
-    from . import _core_module, _spec_json, _text  # hils/__init__ imports this module
-    from .spec import resolve  # pure Python (hils/spec.py)
+    from . import _core_module, _spec_fields, _spec_json, _text  # hils/__init__ imports this module
 
     core = _core_module()
     laid = _layouts.Layout(layout)
@@ -137,5 +136,5 @@ def hard_cases(spec, *, Hq, Hkv, d, dv=None, precision="fp32", layout="hsd", len
     # InvalidArgument from the C++ side arrives as ValueError naming the field.
     cases, skipped = core.hard_cases(_spec_json(spec), Hq, Hkv, d, dv, precision,
                                      length_multiple, 0 if max_T is None else max_T)
-    fields = resolve(spec)
+    fields = _spec_fields(spec)
     return HardCases([HardCase(item, laid, precision, fields) for item in cases], skipped)

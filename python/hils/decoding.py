@@ -92,7 +92,7 @@ def _require_finite(name, array, where, scope):
 
 
 def check_landmark_queries(fields, landmark_queries, pattern, what, holder, required):
-    """landmark_queries against the mechanism (fields: hils.spec.resolve's): refused
+    """landmark_queries against the mechanism (fields: hils._spec_fields'): refused
     (ValueError) where the summaries read no prior; where they do, prior_rule must be
     landmark_query (ValueError: `what` is judged so) and, when `required` (some chunk's landmark
     slot lies outside the queries given), landmark_queries must be given (TypeError naming

@@ -489,8 +489,8 @@ class PackedBatch(Batch):
         [Hq, Tk, d] problem, the priors of the chunks complete before them (landmark_queries,
         where the mechanism reads priors) at their landmark slots; queries = those slots."""
         from .decoding import check_landmark_queries, landmark_pattern, landmark_rows, query_inputs
-        from .spec import resolve  # pure Python (hils/spec.py)
-        fields = resolve(spec)
+        from . import _spec_fields  # the codec's fields (hils/__init__.py)
+        fields = _spec_fields(spec)
         S, name, rows_first = fields["S"], self.layout.name, self.layout.rows_first
         prefixes = [T - n for T, n in zip(self.lengths, self.counts)]
         pattern = landmark_pattern(rows_first)

@@ -515,6 +515,12 @@ PYBIND11_MODULE(_core, m) {
   m.def("require_fits_in_memory", [](const std::string& name, const py::array& shape_of) {
     require_fits_in_memory(name, shape_of, "float64");
   }, py::arg("name"), py::arg("shape_of"));
+  // Every field of a spec, as the codec decodes and validates it (hils.verify's checks): what
+  // hils.verify_decode, hils.hard_cases and a chunked prefill read (S, the rules, the name)
+  // before an oracle is built. JSON text: {"name": "nsa", "fusion": "flat", ..., "S": 64, ...}.
+  m.def("spec_fields", [](const std::string& spec_json) {
+    return config::spec_to_json(spec_from_text(spec_json)).dump();
+  }, py::arg("spec_json"));
   m.def("reference", &reference, py::arg("spec_json"), py::arg("inputs"), py::arg("queries"),
         py::arg("sequences"));
   // The kernel outputs hils.verify judges (oracle::kOutputTensors), in pipeline order: the tests

@@ -459,12 +459,45 @@ print(sorted(name for name in sys.modules if name == "torch" or name.startswith(
 
 def test_the_oracle_reads_a_spec_without_importing_hils_gpu():
     """hils.verify_decode, hils.hard_cases and a chunked prefill's hils.verify read the spec's
-    fields in pure Python (hils/spec.py). They took them from hils.gpu.spec, and importing it
-    imports hils.gpu, which loads torch where it is installed: 1.25 s more for the first call on
-    numpy arrays (this machine, Debian's torch 1.13), and a torch that fails to load (a CUDA
-    library missing raises OSError, not the ImportError hils.gpu allows for) took the oracle
-    with it."""
+    fields from the C++ codec (hils._spec_fields). They took them from hils.gpu.spec, and
+    importing it imports hils.gpu, which loads torch where it is installed: 1.25 s more for the
+    first call on numpy arrays (this machine, Debian's torch 1.13), and a torch that fails to
+    load (a CUDA library missing raises OSError, not the ImportError hils.gpu allows for) took
+    the oracle with it."""
     result = subprocess.run([sys.executable, "-c", SPEC_ONLY_CALLS], capture_output=True,
                             text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "[]\n"
+
+
+@pytest.mark.parametrize("spec", [{"preset": "nsa", "S": 0}, {"preset": "nsa", "S": -8},
+                                  {"preset": "nsa", "S": "16"}, {"preset": "nsa", "landmarks": 1},
+                                  {"preset": None}, {"preset": "nsa", "s": 16}])
+def test_a_bad_spec_is_refused_as_hils_verify_refuses_it(spec):
+    """One validator for the spec (the C++ codec): the decode step, the hard cases and a chunked
+    prefill refuse a bad spec with hils.verify's exception and words. They read it first with
+    hils.gpu.spec.resolve: S = 0 was a ZeroDivisionError, {"S": "16"} and {"landmarks": 1}
+    TypeErrors in other words, {"preset": None} and an unknown key other words."""
+    rng = np.random.default_rng(6)
+    q, k = rng.standard_normal((4, 20, 8)), rng.standard_normal((2, 20, 8))
+    with pytest.raises(Exception) as expected:
+        hils.verify(spec, q, k, k, {})
+    assert type(expected.value) in (TypeError, ValueError)
+    calls = {"verify_decode": lambda: hils.verify_decode(spec, q[None, :, -1], k.swapaxes(0, 1)[None],
+                                                         k.swapaxes(0, 1)[None], {}, cache_seqlens=[20]),
+             "hard_cases": lambda: hils.hard_cases(spec, Hq=4, Hkv=2, d=8, max_T=40),
+             "chunked": lambda: hils.verify(spec, q[:, -3:].swapaxes(0, 1), k.swapaxes(0, 1),
+                                            k.swapaxes(0, 1), {}, layout="thd", cu_seqlens=[0, 3],
+                                            cu_seqlens_k=[0, 20])}
+    for name, call in calls.items():
+        refused(call, str(expected.value), type(expected.value))
+
+
+def test_a_spec_hils_verify_accepts_is_accepted_by_the_decode_step():
+    # {"K": 4.0} (an integral float, as a TOML or JSON config may hold it): hils.verify took it,
+    # hils.verify_decode and hils.hard_cases refused it ("spec['K']: expected an integer").
+    rng = np.random.default_rng(6)
+    q, k = rng.standard_normal((1, 4, 8)), rng.standard_normal((1, 20, 2, 8))
+    spec = {"preset": "nsa", "S": 8, "W": 8, "K": 2.0}
+    assert hils.verify_decode(spec, q, k, k, {}, cache_seqlens=[20]).failed == [0]  # nothing given
+    assert len(hils.hard_cases(spec, Hq=4, Hkv=2, d=8, max_T=40)) > 0

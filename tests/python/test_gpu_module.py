@@ -135,7 +135,7 @@ def test_the_spec_tables_are_the_cpp_ones():
     assert len(presets) == table.count("{"), table  # every row read
     assert {name: (f, k, b, l == "true") for name, f, k, b, l in presets} == hils.gpu.PRESETS
     struct = _cpp("reference/include/hils/spec.hpp").split("struct MechanismSpec {")[1].split("};")[0]
-    for key, value in hils.spec.DEFAULTS.items():
+    for key, value in hils.gpu.spec.DEFAULTS.items():
         text = ("true" if value else "false") if isinstance(value, bool) else value
         assert re.search(rf"\b{key} = (\w+::)?\"?{re.escape(str(text))}\b", struct), key
 

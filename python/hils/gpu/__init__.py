@@ -48,7 +48,7 @@ from .library import (APPROXIMATE_SELECT_KERNELS, BIAS, DECODE_KERNEL, ENV_VAR, 
                       set_sparse, set_window, sparse_kernel, window_kernel)
 from . import batched as _batched
 from .decode import SUMMARY_STORES, DecodeCache
-from ..spec import PRESETS, SPEC_KEYS, resolve as resolve_spec
+from .spec import PRESETS, SPEC_KEYS, resolve as resolve_spec
 from .stages import (Stages, check_inputs, enum_values, make_problem, problem, ptr, require_torch,
                      stream_ptr)
 

@@ -44,7 +44,7 @@ from .. import layouts as _layouts
 from ..decoding import query_inputs
 from . import batched as _batched
 from . import library as _library
-from .. import spec as _spec
+from . import spec as _spec
 from . import stages as _stages
 
 # The stores of k' (hils::gpu::SummaryType, decode.hpp) and the score_precision the oracle judges

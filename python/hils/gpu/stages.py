@@ -5,7 +5,7 @@ of every stage with one call per stage (the benchmarks' way in, gpu/bench/*.py).
 import ctypes
 
 from . import library as _library
-from .. import spec as _spec
+from . import spec as _spec
 
 try:
     import torch
@@ -106,7 +106,7 @@ def enum_values(fields):
 
 
 def problem(spec, q, k, v, q_retrieval=None, prior=None):
-    """hils_gpu_problem of `spec` (hils.verify's dict, or the dict hils.spec.resolve made)
+    """hils_gpu_problem of `spec` (hils.verify's dict, or the dict hils.gpu.spec.resolve made)
     over the checked tensors; enum names are looked up in the loaded library's tables, so a
     Library must be loaded first. The Problem keeps the tensors alive (._tensors)."""
     check_inputs(q, k, v, q_retrieval, prior)

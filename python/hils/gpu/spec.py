@@ -1,7 +1,5 @@
 """The spec dict of hils.verify ({"preset": "hils", "S": 64, ...}, data/verify_format.md) resolved
-to every field's value, in pure Python (no library, no torch; outside hils.gpu, whose import
-loads torch where it is installed: hils.verify_decode, hils.hard_cases and a chunked prefill's
-hils.verify read the spec here and import neither): the keys are the fields of
+to every field's value, in pure Python (no library, no torch): the keys are the fields of
 reference/include/hils/spec_fields.hpp plus "preset", the presets the rows of kPresets in
 reference/include/hils/spec.hpp (tests/python/test_gpu_module.py reads both files and compares).
 Enum names are checked against the library's own tables when the problem is built
