@@ -568,14 +568,22 @@ def _lengths(offsets):
     return [end - first for first, end in zip(offsets[:-1], offsets[1:])]
 
 
+def _last_offset(offsets, name):
+    """The last entry of offsets (cu_seqlens or cu_seqlens_k) for the hints that read it before
+    offsets_of checks it; None when it has none or is not integers (offsets_of refuses those,
+    naming them: int() of a str or an object was Python's own error here)."""
+    from . import as_numpy
+    end = as_numpy(offsets, name).reshape(-1)[-1:]
+    return int(end[0]) if end.size and end.dtype.kind in "iu" else None
+
+
 def _key_total(k, cu_seqlens_k, probe):
     """The rows of a packed k, refused with the fix when its heads and rows come swapped (its
     heads axis has cu_seqlens_k[-1] entries, its rows axis not)."""
-    from . import as_numpy
     total = PackedBatch._total(k, "k", probe)
     heads = k.shape[probe.leading + (1 if probe.rows_first else 0)]
-    end = as_numpy(cu_seqlens_k, "cu_seqlens_k").reshape(-1)[-1:]
-    if end.size and int(end[0]) == heads != total:
+    end = _last_offset(cu_seqlens_k, "cu_seqlens_k")
+    if end is not None and end == heads != total:
         other, axis = probe.swapped(), probe.leading
         raise ValueError(f"k: layout \"{probe.name}\" expects {probe.pattern('k')} with total = "
                          f"{heads} (cu_seqlens_k[-1]), found shape {list(k.shape)}, which is "
@@ -589,10 +597,8 @@ def _check_not_swapped(cu_seqlens, cu_seqlens_k, total, key_total):
     tensor's rows) are refused naming both, before either is read as the other's."""
     if cu_seqlens_k is None or total == key_total:
         return
-    from . import as_numpy
-    ends = [as_numpy(x, name).reshape(-1)[-1:] for x, name in ((cu_seqlens, "cu_seqlens"),
-                                                               (cu_seqlens_k, "cu_seqlens_k"))]
-    if all(end.size for end in ends) and (int(ends[0][0]), int(ends[1][0])) == (key_total, total):
+    ends = (_last_offset(cu_seqlens, "cu_seqlens"), _last_offset(cu_seqlens_k, "cu_seqlens_k"))
+    if ends == (key_total, total):
         raise ValueError(f"cu_seqlens, cu_seqlens_k: swapped: cu_seqlens ends at {key_total}, k's "
                          f"total rows, and cu_seqlens_k at {total}, q's; cu_seqlens are the "
                          f"queries' offsets (FlashAttention's cu_seqlens_q), cu_seqlens_k the keys'")
@@ -630,7 +636,7 @@ def check_packing(name, cu_seqlens):
             raise ValueError(f"cu_seqlens: layout \"{name}\" packs the sequences along its rows: "
                              f"give cu_seqlens=[0, T_0, T_0 + T_1, ..., total] (int32 [B + 1])")
     elif not isinstance(name, str) or name not in _PACKED:
-        what = "is one sequence" if name in _LAYOUTS else "is not a layout"
+        what = "is one sequence" if isinstance(name, str) and name in _LAYOUTS else "is not a layout"
         raise ValueError(f"layout: {name!r} {what}; with cu_seqlens (packed sequences) expected "
                          f"{_PACKED_NAMES}")
 

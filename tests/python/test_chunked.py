@@ -213,6 +213,13 @@ def test_inconsistent_offsets_are_refused(whole):
           "cu_seqlens_q), cu_seqlens_k the keys'")
     refused(lambda: verify(cu_seqlens_k=np.array([0, 77, 157], np.int32)),
           "cu_seqlens_k: expected 4 entries (B + 1, B = 3 sequences in cu_seqlens), found 3")
+    # Offsets that are not integers: were Python's own "invalid literal for int() with base 10:
+    # 'x'" (or "int() argument must be ..., not 'object'"), from the swapped-offsets hint.
+    for name, other in (("cu_seqlens_k", {}), ("cu_seqlens", {"cu_seqlens_k": CU_K})):
+        for bad, dtype in (("x", "<U1"), (object(), "object")):
+            refused(lambda: verify(**{name: bad, **other}),
+                    f"{name}: expected integers (int32 as FlashAttention's, int64 as fla-org's), "
+                    f"found dtype {dtype}", TypeError)
     refused(lambda: verify(cu_seqlens_k=np.array([0, 77, 87, 157], np.int32)),
           "cu_seqlens_k: sequence b=1 has Tq = 30 queries (cu_seqlens) and Tk = 10 keys "
           "(cu_seqlens_k): the queries are the last Tq of the sequence's Tk slots (FlashAttention's "

@@ -232,6 +232,12 @@ def test_bad_packed_arguments_are_refused(batch):
           "([total, heads, d]: FlashAttention's flash_attn_varlen_func), \"htd\" ([heads, total, "
           "d]), or \"bshd\" / \"bhsd\" with B = 1 (fla-org's parallel_nsa with cu_seqlens: q [1, "
           "total, HQ, K])")
+    # A layout that is not a name: was "unhashable type: 'list'".
+    refused(lambda: verify(q, k, v, outputs, layout=["thd"], cu_seqlens=CU),
+          "layout: ['thd'] is not a layout; with cu_seqlens (packed sequences) expected \"thd\" "
+          "([total, heads, d]: FlashAttention's flash_attn_varlen_func), \"htd\" ([heads, total, "
+          "d]), or \"bshd\" / \"bhsd\" with B = 1 (fla-org's parallel_nsa with cu_seqlens: q [1, "
+          "total, HQ, K])")
     two = lambda x: np.stack([x, x])  # noqa: E731
     refused(lambda: verify(two(q), two(k), two(v), outputs, layout="bshd", cu_seqlens=CU),
           'q: layout "bshd" with cu_seqlens expects [1, total, Hq, d] (the sequences packed along T '
