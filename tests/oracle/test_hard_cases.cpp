@@ -174,7 +174,7 @@ TEST_CASE("hard cases: a bad shape, precision or option is refused naming it", "
   CHECK_THROWS_WITH(hard_cases(spec, {3, 2, 16, 16}), "Hq: expected a multiple of Hkv = 2, got 3");
   CHECK_THROWS_WITH(hard_cases(spec, {2, 2, 0, 16}), "d: expected an integer >= 1, got 0");
   CHECK_THROWS_WITH(hard_cases(spec, kShape, {InputPrecision::int4}),
-                    "precision: expected an input precision (fp32, bf16), got int4");
+                    "precision: expected an input precision (fp32, bf16, fp16), got int4");
   CHECK_THROWS_WITH(hard_cases(spec, kShape, {InputPrecision::fp32, 0}),
                     "length_multiple: expected an integer >= 1, got 0");
   CHECK_THROWS_WITH(hard_cases(spec, kShape, {InputPrecision::fp32, 1, -1}),

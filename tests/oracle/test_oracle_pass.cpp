@@ -74,8 +74,8 @@ TEST_CASE("an fp16 kernel passes under the fp16 policy and fails under fp32 and 
   }
 }
 
-TEST_CASE("fp16: the floor of o counts subnormal probabilities; no score precision, no gradients, "
-          "inputs beyond 65504 refused naming them", "[oracle]") {
+TEST_CASE("fp16: the floor of o counts subnormal probabilities and fp16 is no score precision "
+          "judges no gradients and refuses inputs beyond 65504 naming them", "[oracle]") {
   const auto fp16 = InputPrecision::fp16;
   const auto& c = case_named("gqa_group4");
   const auto inputs = round_inputs_to(cases::make_inputs<double>(c), fp16);

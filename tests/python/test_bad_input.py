@@ -118,7 +118,10 @@ def test_spec_errors(good):
 def test_other_argument_errors(good):
     q, k, v, out = good
     check(ValueError, lambda: hils.verify(SPEC, q, k, v, {"O": out["o"]}), "outputs: unknown key 'O'")
-    check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, input_precision="fp16"), "input_precision")
+    check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, input_precision="fp64"),
+          'input_precision: expected "fp32", "bf16" or "fp16", got "fp64"')
+    check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, score_precision="fp16"),
+          'score_precision: expected "fp32", "bf16", "fp8_e4m3"')
     # The same message as `hils verify` gives for the file's bf16_rounding attribute.
     check(ValueError, lambda: hils.verify(SPEC, q, k, v, out, bf16_rounding="up"),
           'bf16_rounding: expected "detect", "any", "nearest" or "toward_zero", got "up"')
