@@ -3,8 +3,8 @@
 
 Usage: /usr/bin/python3 plot_study.py RESULTS.h5 --out FOLDER [--list FILE]
 Exit 2 when the file is not a study results file, 3 when a PNG cannot be written (a full disk,
-a read-only folder: the message names the file and the reason); a PNG appears whole or not at
-all. Ctrl-C (SIGINT) ends the script by that signal, without a traceback.
+a read-only folder: the message names the file and the reason), 4 when h5py, matplotlib or numpy
+cannot be imported; a PNG appears whole or not at all. Ctrl-C (SIGINT) ends the script by that signal, without a traceback.
 
 What every figure shares, so that figures can be read side by side:
 - a mechanism has one colour in every figure (MECHANISM_COLOURS, through mechanism_colour);
@@ -41,14 +41,20 @@ if __name__ == "__main__":
     # at its place (say_undefined).
     warnings.filterwarnings("ignore", message="Warning: converting a masked element to nan")
 
-import h5py
-import matplotlib
+try:
+    import h5py
+    import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.colors import to_rgb  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: E402
+    import numpy as np  # noqa: E402
+    from matplotlib.colors import to_rgb  # noqa: E402
+    from matplotlib.lines import Line2D  # noqa: E402
+except ImportError as e:  # a setup to complete, not a fault of hils (exit 4: draw_plots.cpp)
+    print(f"{sys.executable}: expected the modules h5py, matplotlib and numpy for the plots "
+          f"(apt-get install python3-h5py python3-matplotlib python3-numpy), found {e}",
+          file=sys.stderr)
+    sys.exit(4)
 
 COLS = ["n", "mean", "sd", "min", "max", "ci_low", "ci_high", "confidence"]
 

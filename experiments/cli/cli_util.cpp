@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.hpp"
+#include "cli/studies/study_table.hpp"
 #include "hils/memory.hpp"
 #include "parallel/session.hpp"
 
@@ -177,6 +178,22 @@ void require_fits_in_memory(double bytes, const std::string& what) {
   if (bytes < 0.8 * memory.bytes) return;
   throw BadInput(fmt::format("{}: expected sizes whose data fit in 80% of {}, got about {}", what,
                              memory.text, bytes_text(bytes)));
+}
+
+std::string results_producer(const nlohmann::json& config) {
+  const auto study = config.find("study");
+  if (study == config.end()) return "hils run";
+  const auto* row = study->is_string() ? studies::study_row(study->get<std::string>()) : nullptr;
+  return row ? "hils " + std::string(row->command) : "a study " + study->dump();
+}
+
+void require_results_of(const std::string& command, const std::filesystem::path& path,
+                        const nlohmann::json& stored) {
+  const std::string producer = results_producer(stored);
+  if (producer != command)
+    throw BadInput(fmt::format("{}: expected the results of {} to resume, found those of {}; "
+                               "write to another file, or remove this one to start over",
+                               path.string(), command, producer));
 }
 
 std::string units_kept(const std::string& file, size_t complete_units,

@@ -45,6 +45,16 @@ void require_distinct_files(const std::filesystem::path& input, const std::strin
 void require_landmark_layout(bool landmarks, int64_t S, const io::ActivationMeta& meta,
                              const std::string& input, const std::string& who);
 
+// The command whose results a stored results configuration is: "hils fidelity" (a study's, by
+// its "study" key: studies::kStudies), "hils run" (none).
+std::string results_producer(const nlohmann::json& config);
+// BadInput unless the results file `path` (its stored configuration `stored`), to be resumed by
+// `command` ("hils run", "hils overlap": results_producer of its own), holds that command's
+// results. Another command's configuration differs in nearly every key: the resume check named
+// three ("geometry.W ..., and 4 more"), and hils run read a study's "layers" as its own list.
+void require_results_of(const std::string& command, const std::filesystem::path& path,
+                        const nlohmann::json& stored);
+
 // "<file> keeps N complete units (...); <to_continue> to continue from them": what a stopped
 // run's results file holds for it (no partial unit: a unit is published whole or not at all)
 // and the command that continues from it; with none, that nothing was published and the same

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -259,9 +260,24 @@ std::vector<double> read_doubles(const std::filesystem::path& file, const std::s
 }
 
 std::vector<int64_t> read_int64s(const H5::DataSet& dataset) {
-  std::vector<int64_t> data(
-      element_count(dataset.getFileName(), dataset.getObjName(), dataset));
-  if (!data.empty()) dataset.read(data.data(), H5::PredType::NATIVE_INT64);
+  const std::string file = dataset.getFileName(), name = dataset.getObjName();
+  std::vector<int64_t> data(element_count(file, name, dataset));
+  const H5::DataType type = dataset.getDataType();
+  if (data.empty() || type.getClass() != H5T_INTEGER || type.getSize() != 8 ||
+      dataset.getIntType().getSign() != H5T_SGN_NONE) {
+    if (!data.empty()) dataset.read(data.data(), H5::PredType::NATIVE_INT64);
+    return data;
+  }
+  // uint64: HDF5 clips a value above int64's range to its largest, so read them as stored and
+  // name the one found (a -1 written as uint64 is 18446744073709551615, not 2^63 - 1).
+  std::vector<uint64_t> stored(data.size());
+  dataset.read(stored.data(), H5::PredType::NATIVE_UINT64);
+  for (size_t i = 0; i < stored.size(); ++i) {
+    if (stored[i] > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail(file, name, "integers within int64's range (-1 needs a signed type)",
+           fmt::format("{} at {} in unsigned 64-bit integers", stored[i], index_text(dataset, i)));
+    data[i] = static_cast<int64_t>(stored[i]);
+  }
   return data;
 }
 

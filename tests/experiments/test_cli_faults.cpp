@@ -389,6 +389,20 @@ TEST_CASE("hils plot of an interrupted study says the run is incomplete", "[cli]
   CHECK(empty.exit_code == 2);
   CHECK_THAT(empty.output, Catch::Contains("--out: expected a folder name, got ''"));
   CHECK_FALSE(fs::exists(dir / "f_plots"));
+  // /usr/bin/python3 without matplotlib (here one that fails to import, first on PYTHONPATH):
+  // was a traceback and "internal error: plotting failed (exit 1)", exit 3, for a setup step.
+  fs::create_directories(dir / "no_modules" / "matplotlib");
+  std::ofstream(dir / "no_modules" / "matplotlib" / "__init__.py")
+      << "raise ImportError(\"No module named 'matplotlib'\")\n";
+  auto no_modules = run_shell("PYTHONPATH=" + quoted(dir / "no_modules") + " '" + HILS_EXE +
+                              "' plot " + quoted(results) + " --out " + quoted(dir / "p") + " 2>&1");
+  INFO(no_modules.output);
+  CHECK(no_modules.exit_code == 2);
+  CHECK_THAT(no_modules.output, Catch::Contains(
+                                    "expected the modules h5py, matplotlib and numpy for the "
+                                    "plots (apt-get install python3-h5py python3-matplotlib "
+                                    "python3-numpy), found No module named 'matplotlib'"));
+  CHECK_THAT(no_modules.output, !Catch::Contains("Traceback"));
   {
     // What an interrupted run leaves: units complete, the closing summary not yet.
     H5::H5File file(results.string(), H5F_ACC_RDWR);

@@ -149,6 +149,22 @@ TEST_CASE("hils verify: values its reader used to misread are refused or named",
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("expected chunk indices from -1 (padding) to 2147483647 "
                                        "(int32), found 1099511627776"));
+  // A -1 padding written as uint64 (numpy's astype(np.uint64)) was named as 9223372036854775807
+  // (HDF5 clips it on conversion), a value not in the file; now the value stored.
+  write_verify_file(path, R"({"preset": "nsa", "S": 2, "K": 1})",
+                    [](H5::Group&, H5::Group&, H5::Group& outputs) {
+                      const std::vector<uint64_t> selection = {~uint64_t{0}, 0, 0, 0};
+                      const hsize_t dims[3] = {1, 4, 1};
+                      outputs.createDataSet("selection", H5::PredType::STD_U64LE,
+                                            H5::DataSpace(3, dims))
+                          .write(selection.data(), H5::PredType::NATIVE_UINT64);
+                    });
+  r = verify();
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("selection: expected integers within int64's range (-1 "
+                                       "needs a signed type), found 18446744073709551615 at "
+                                       "[0, 0, 0] (flat index 0) in unsigned 64-bit integers"));
   // A prior the spec's rule does not read passed without a word; now named (--strict: exit 2).
   // The kernel's output here is its selection alone: no candidate beyond the window, all -1.
   write_verify_file(path, R"({"preset": "nsa", "S": 2, "K": 1})",

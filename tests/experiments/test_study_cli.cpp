@@ -279,3 +279,35 @@ TEST_CASE("resuming a study file of another configuration names what differs and
   CHECK_THAT(r.output, !Catch::Contains("{\""));
   CHECK(hils::test::file_bytes(dir / "f.h5") == before);
 }
+
+TEST_CASE("a results file of another command given to resume is named as such", "[cli][study]") {
+  // Another study's file (or hils run's) differs in nearly every key: the message named the
+  // first three ("geometry.W (512 in the file, 256 in this run), layers ..., lengths ... and 4
+  // more"), never that the file is a fidelity study's; hils run --resume on a study's file
+  // ended in "internal error: [json.exception.type_error.302] type must be array, but is
+  // number" (exit 3: the study's "layers" count read as hils run's list).
+  TempDir dir("resume_other_command");
+  const auto fidelity = dir / "f.h5", run = dir / "r.h5", acts = dir / "a.h5";
+  REQUIRE(run_hils("-q fidelity --lengths 1024 --n-layers 1 --queries 2 --mechanisms mean --out " +
+                   quoted(fidelity)).exit_code == 0);
+  REQUIRE(run_hils("-q dump synthetic -T 64 -S 16 -o " + quoted(acts)).exit_code == 0);
+  REQUIRE(run_hils("-q run " + quoted(acts) + " -o " + quoted(run) +
+                   " -p full -S 16 --landmarks true").exit_code == 0);
+  const auto before = hils::test::file_bytes(fidelity);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"-q overlap --lengths 2048 --n-layers 1 -W 256 --out " + quoted(fidelity),
+       ": expected the results of hils overlap to resume, found those of hils fidelity; write "
+       "to another file, or remove this one to start over"},
+      {"-q fidelity --lengths 1024 --n-layers 1 --out " + quoted(run),
+       ": expected the results of hils fidelity to resume, found those of hils run"},
+      {"-q run " + quoted(acts) + " -o " + quoted(fidelity) +
+           " -p full -S 16 --landmarks true --resume",
+       ": expected the results of hils run to resume, found those of hils fidelity"}};
+  for (const auto& [command, words] : cases) {
+    const auto r = run_hils(command);
+    INFO(command + "\n" + r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains(words));
+  }
+  CHECK(hils::test::file_bytes(fidelity) == before);
+}

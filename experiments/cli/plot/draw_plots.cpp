@@ -64,7 +64,8 @@ std::vector<std::filesystem::path> draw_plots(const std::filesystem::path& resul
   const int rc = run_without_shell({"/usr/bin/python3", script.string(), results.string(),
                                      "--out", folder.string(), "--list", list.string()});
   // The script's statuses: 2 = not a study results file of this version, 3 = the plots could
-  // not be written (full disk, read-only folder); both named on stderr by the script.
+  // not be written (full disk, read-only folder), 4 = a module it imports is missing; each
+  // named on stderr by the script.
   if (WIFSIGNALED(rc)) {
     if (WTERMSIG(rc) == SIGINT) std::raise(SIGINT);  // Ctrl-C: end as the script did
     throw std::runtime_error(fmt::format("plotting script killed by signal {}", WTERMSIG(rc)));
@@ -75,6 +76,10 @@ std::vector<std::filesystem::path> draw_plots(const std::filesystem::path& resul
     if (WIFEXITED(rc) && WEXITSTATUS(rc) == 3)
       throw BadInput(folder.string() + ": expected a writable plot folder with room (see the "
                      "message above); no partial PNG was kept");
+    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 4)
+      throw BadInput("/usr/bin/python3: expected the modules the plotting script imports (see "
+                     "the message above); " + results.string() + " is complete: `hils plot` "
+                     "draws it once they are installed");
     throw std::runtime_error(fmt::format("plotting failed (exit {}): {}", WEXITSTATUS(rc),
                                          script.string()));
   }

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "cli/cli_util.hpp"
 #include "cli/commands.hpp"
 #include "config/spec_codec.hpp"
 #include "io/hdf5_util.hpp"
@@ -18,6 +19,7 @@ namespace {
 nlohmann::json merged_config(const std::string& output, const RunPlan& plan,
                              nlohmann::json config) {
   io::ResultsReader reader(output);
+  require_results_of("hils run", output, reader.config());
   for (const auto& spec : plan.mechanisms) {
     if (!reader.has_attribute(spec.name, "spec")) continue;
     auto stored = nlohmann::json::parse(reader.string_attribute(spec.name, "spec"));

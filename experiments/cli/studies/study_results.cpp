@@ -24,7 +24,10 @@ class ResultsFileSink {
 
  private:
   io::ResultsWriter open(const std::filesystem::path& path, const io::Provenance& provenance) {
-    if (std::filesystem::exists(path)) previous_ = std::make_unique<io::ResultsReader>(path);
+    if (std::filesystem::exists(path)) {
+      previous_ = std::make_unique<io::ResultsReader>(path);
+      require_results_of(results_producer(provenance.config), path, previous_->config());
+    }
     return io::ResultsWriter::open(path, provenance);
   }
   io::OutputLock lock_;  // taken before the earlier file is read (see io::OutputLock)

@@ -23,10 +23,14 @@ void write_heads(H5::Group& root, const std::string& name, const std::vector<Mat
   for (double x : flat)
     if (static_cast<double>(static_cast<float>(x)) != x)
       throw std::logic_error("write_verify_inputs: " + name + " holds a value float32 cannot hold");
+  // Closed here, inside the write guard (as the activation writer does): a failed close (a full
+  // disk flushing a small dataset's buffer) becomes FileError rather than a
+  // "DataSet::~DataSet - H5Dclose failed" line printed by the destructor.
   io::write_doubles(root, name, flat.data(),
                     {heads.size(), static_cast<hsize_t>(heads.front().rows()),
                      static_cast<hsize_t>(heads.front().cols())},
-                    true);
+                    true)
+      .close();
 }
 
 void write_contents(H5::H5File& h5, const MechanismSpec& spec, oracle::InputPrecision precision,
@@ -42,7 +46,8 @@ void write_contents(H5::H5File& h5, const MechanismSpec& spec, oracle::InputPrec
   write_heads(root, "inputs/q_retrieval", inputs.q_retrieval);
   write_heads(root, "inputs/prior", inputs.prior);
   if (!queries.empty())
-    io::write_int64s(root, "queries", queries.data(), {static_cast<hsize_t>(queries.size())});
+    io::write_int64s(root, "queries", queries.data(), {static_cast<hsize_t>(queries.size())})
+        .close();  // see write_heads
 }
 
 }  // namespace
