@@ -162,15 +162,21 @@ std::string path_in(const H5::Group& location, const std::string& name) {
 
 }  // namespace
 
+std::optional<H5O_type_t> linked_object_type(const H5::Group& location, const std::string& name) {
+  H5O_info_t info;
+  if (H5Oget_info_by_name(location.getId(), name.c_str(), &info, H5P_DEFAULT) < 0)
+    return std::nullopt;
+  return info.type;
+}
+
 H5::DataSet open_dataset(const std::filesystem::path& file, const H5::Group& location,
                          const std::string& name) {
   if (!has_object(location, name)) fail(file, name, "a dataset", "nothing at that path");
-  H5O_info_t info;
-  if (H5Oget_info_by_name(location.getId(), name.c_str(), &info, H5P_DEFAULT) < 0)
-    // The link exists but leads nowhere: an external link to a missing file, a soft-link loop.
+  const auto type = linked_object_type(location, name);
+  if (!type)
     fail(file, path_in(location, name), "a dataset",
          "a link that cannot be followed (a dangling soft or external link)");
-  if (info.type != H5O_TYPE_DATASET)
+  if (*type != H5O_TYPE_DATASET)
     fail(file, path_in(location, name), "a dataset", "a group or other object");
   try {
     return location.openDataSet(name);

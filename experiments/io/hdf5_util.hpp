@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,10 @@ H5::H5File open_hdf5(const std::filesystem::path& path, bool writable = false);
 
 // Whether a '/'-separated path exists below `location` (every component checked in turn).
 bool has_object(const H5::Group& location, const std::string& path);
+// The type of the object that the link `name` below `location` leads to; nullopt for a link
+// that cannot be followed (a dangling soft or external link, a soft-link loop), where
+// Group::childObjType throws as if the file were corrupt.
+std::optional<H5O_type_t> linked_object_type(const H5::Group& location, const std::string& name);
 // Creates missing groups along a '/'-separated path and returns the last one.
 H5::Group ensure_group(H5::Group location, const std::string& path);
 

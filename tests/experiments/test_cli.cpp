@@ -378,6 +378,17 @@ TEST_CASE("info describes activation and results files", "[cli]") {
   auto doc = nlohmann::json::parse(json.output);
   CHECK(doc["landmark_slots"] == 5);
   CHECK(doc["n_layers"] == 2);
+  // A soft link to a removed dataset made the whole file "corrupt: Group::childObjType:
+  // H5Oget_info_by_name failed" (exit 2), while hils run reads it; now a row of the listing.
+  {
+    H5::H5File file(acts.string(), H5F_ACC_RDWR);
+    file.openGroup("/layer1").link(H5L_TYPE_SOFT, "/removed", "old_q");
+  }
+  auto linked = run_hils("info " + quoted(acts));
+  INFO(linked.output);
+  CHECK(linked.exit_code == 0);
+  CHECK_THAT(linked.output, Catch::Contains("/layer1/old_q") &&
+                                Catch::Contains("link  a link that cannot be followed"));
 }
 
 TEST_CASE("the example configurations in experiments/configs run", "[cli]") {

@@ -12,18 +12,25 @@
 
 namespace hils::cli::info {
 
-// group, prefix -> out: one row per dataset, depth first in name order.
+// group, prefix -> out: one row per dataset, depth first in name order; a link that leads
+// nowhere (a soft link to a removed dataset) is a row of its own, not a corrupt file.
 void list_datasets(const H5::Group& group, const std::string& prefix, nlohmann::json& out) {
   std::vector<std::string> names;
   for (hsize_t i = 0; i < group.getNumObjs(); ++i) names.push_back(group.getObjnameByIdx(i));
   std::sort(names.begin(), names.end());
   for (const auto& name : names) {
     std::string path = prefix + "/" + name;
-    if (group.childObjType(name) == H5O_TYPE_GROUP) {
+    const auto object = io::linked_object_type(group, name);
+    if (!object) {
+      out.push_back({{"path", path}, {"shape", nlohmann::json::array()}, {"dtype", "link"},
+                     {"meaning", "a link that cannot be followed"}});
+      continue;
+    }
+    if (*object == H5O_TYPE_GROUP) {
       list_datasets(group.openGroup(name), path, out);
       continue;
     }
-    if (group.childObjType(name) != H5O_TYPE_DATASET) continue;
+    if (*object != H5O_TYPE_DATASET) continue;
     H5::DataSet dataset = group.openDataSet(name);
     std::vector<int64_t> shape;
     for (auto extent : io::dataset_dims(dataset)) shape.push_back(static_cast<int64_t>(extent));

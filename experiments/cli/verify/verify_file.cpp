@@ -55,10 +55,10 @@ void collect_unknown(const H5::Group& group, const std::string& prefix,
   for (hsize_t i = 0; i < group.getNumObjs(); ++i) {
     const std::string name = group.getObjnameByIdx(i);
     const std::string path = prefix.empty() ? name : prefix + "/" + name;
-    H5O_info_t info;
-    if (H5Oget_info_by_name(group.getId(), name.c_str(), &info, H5P_DEFAULT) < 0) {
+    const auto type = io::linked_object_type(group, name);
+    if (!type) {
       unknown.push_back("/" + path + " (a link that cannot be followed)");
-    } else if (info.type == H5O_TYPE_GROUP) {
+    } else if (*type == H5O_TYPE_GROUP) {
       if (path == "inputs" || path == "outputs" || path == "grads")
         collect_unknown(group.openGroup(name), path, unknown);
       else
