@@ -205,11 +205,27 @@ void require_dims(const std::filesystem::path& file, const std::string& name,
          fmt::format("rank {} shape {}", dims.size(), dims_text(dims)));
 }
 
+namespace {
+
+// An IEEE binary16 layout (numpy's and h5py's float16): sign bit 15, 5 exponent bits from bit 10
+// with bias 15, 10 mantissa bits; HDF5 converts it to double exactly, subnormals and Inf/NaN
+// included. Other 16-bit float layouts (bfloat16 has 8 exponent bits) are not it.
+bool is_ieee_half(const H5::DataSet& dataset) {
+  const H5::FloatType type = dataset.getFloatType();
+  size_t sign = 0, exponent_pos = 0, exponent_size = 0, mantissa_pos = 0, mantissa_size = 0;
+  type.getFields(sign, exponent_pos, exponent_size, mantissa_pos, mantissa_size);
+  return type.getSize() == 2 && sign == 15 && exponent_pos == 10 && exponent_size == 5 &&
+         mantissa_pos == 0 && mantissa_size == 10 && type.getEbias() == 15;
+}
+
+}  // namespace
+
 void require_float(const std::filesystem::path& file, const std::string& name,
                    const H5::DataSet& dataset) {
   H5::DataType type = dataset.getDataType();
-  if (type.getClass() != H5T_FLOAT || (type.getSize() != 4 && type.getSize() != 8))
-    fail(file, name, "float32 or float64 data", type_text(type));
+  const bool ok = type.getClass() == H5T_FLOAT &&
+                  (type.getSize() == 4 || type.getSize() == 8 || is_ieee_half(dataset));
+  if (!ok) fail(file, name, "float16, float32 or float64 data", type_text(type));
 }
 
 void require_integer(const std::filesystem::path& file, const std::string& name,

@@ -37,7 +37,7 @@ std::vector<hsize_t> dataset_dims(const H5::DataSet& dataset);
 void require_dims(const std::filesystem::path& file, const std::string& name,
                   const H5::DataSet& dataset, const std::vector<int64_t>& expected,
                   const std::string& what);
-// FileError unless the dataset holds IEEE floats (float32 or float64) / integers.
+// FileError unless the dataset holds IEEE floats (float16, float32 or float64) / integers.
 void require_float(const std::filesystem::path& file, const std::string& name,
                    const H5::DataSet& dataset);
 void require_integer(const std::filesystem::path& file, const std::string& name,

@@ -64,6 +64,38 @@ def replace(name, array):
     return edit
 
 
+def test_an_fp16_kernels_file_in_float16_datasets_is_read_exactly(dump, tmp_path):
+    """An fp16 kernel's file as h5py writes float16 arrays (input_precision "fp16"): the CLI reads
+    every value as numpy widens it, subnormals, +-65504 and NaN included: its report is
+    hils.verify's on the same arrays, character for character."""
+    _, a = dump
+    q, k, v = (a[n].astype(np.float16) for n in ("q", "k", "v"))
+    v[0, 3, :4] = [2.0 ** -24, -(2.0 ** -20), 65504.0, -65504.0]  # subnormals and the largest
+    ref = hils.reference(a["spec"], *(x.astype(np.float64) for x in (q, k, v)))
+    outputs = {"o": ref["o"].astype(np.float16), "lse": ref["lse"].astype(np.float32),
+               "selection": ref["selection"]}
+    path = tmp_path / "fp16.h5"
+    documented_writer()(str(path), a["spec"], q, k, v, outputs)
+    with h5py.File(path, "r+") as f:
+        f.attrs["input_precision"] = "fp16"
+        for name, x in (("inputs/q", q), ("inputs/k", k), ("inputs/v", v), ("outputs/o", outputs["o"])):
+            del f[name]
+            f[name] = x
+        assert f["inputs/v"].dtype == np.float16
+        kernel = f.attrs["kernel"]
+    report = hils.verify(a["spec"], q, k, v, outputs, input_precision="fp16", kernel=kernel)
+    cli = hils_verify(path)
+    assert cli.returncode == 0 and report.passed, cli.stdout + cli.stderr
+    assert cli.stdout == f"{path} (kernel {report.kernel})\n" + str(report)
+    outputs["o"][1, 7, 2] = np.nan
+    with h5py.File(path, "r+") as f:
+        f["outputs/o"][1, 7, 2] = np.nan
+    cli = hils_verify(path)
+    assert cli.returncode == 1
+    assert cli.stdout == f"{path} (kernel {report.kernel})\n" + str(
+        hils.verify(a["spec"], q, k, v, outputs, input_precision="fp16", kernel=kernel))
+
+
 def test_the_documented_writer_passes(dump):
     path, _ = dump
     result = hils_verify(path)
@@ -84,8 +116,8 @@ def bad_files(a):
          ["inputs/v: expected rank 3 shape [8, 131, *]", "KV heads = 8 from inputs/k"]),
         ("q of no heads", replace("inputs/q", a["q"][:0]),
          ["inputs/q: expected at least one query head, found shape [0, 131, 16]"]),
-        ("q in fp16", replace("inputs/q", a["q"].astype(np.float16)),
-         ["inputs/q: expected float32 or float64 data, found 16-bit floats"]),
+        ("q in 8-bit integers", replace("inputs/q", a["q"].astype(np.int8)),
+         ["inputs/q: expected float16, float32 or float64 data, found 8-bit integers"]),
         ("o with a batch axis", replace("outputs/o", a["o"][None].astype(np.float32)),
          ["outputs/o: expected rank 3 shape [*, *, *] (heads, rows, columns; one sequence per file, "
           "no batch axis: write x[b]), found rank 4 shape [1, 8, 131, 16]"]),
