@@ -440,6 +440,19 @@ double swap_bound(const Context& ctx, const SelectionReport& report, const Matri
              unit_roundoff(tensor_precision("selection", ctx.spec, ctx.options)) * conditioning;
 }
 
+// Whether the row holds `expected` distinct candidates and -1 padding in some order: a top-k
+// set written unsorted (torch.topk's score order), which only its order makes malformed.
+bool is_set_in_another_order(const IndexMatrix& sel, Eigen::Index row, int64_t candidates,
+                             int64_t expected) {
+  std::set<int64_t> chunks;
+  for (Eigen::Index i = 0; i < sel.cols(); ++i) {
+    const int64_t c = sel(row, i);
+    if (c == -1) continue;
+    if (c < 0 || c >= candidates || !chunks.insert(c).second) return false;
+  }
+  return static_cast<int64_t>(chunks.size()) == expected;
+}
+
 // Why a kernel selection row is malformed (empty when it is a valid top-k shape for V(t)).
 std::string malformed_row(const IndexMatrix& sel, Eigen::Index row, int64_t t, int64_t g,
                           const Geometry& geometry, int64_t K) {
@@ -447,6 +460,13 @@ std::string malformed_row(const IndexMatrix& sel, Eigen::Index row, int64_t t, i
   const int64_t expected = std::min(K, candidates);
   const std::string head = format("selection row t=%lld, group %lld: ", static_cast<long long>(t),
                                   static_cast<long long>(g));
+  // Only the order is wrong: say how to give it (the verify file's rows are sorted).
+  const std::string order_hint =
+      is_set_in_another_order(sel, row, candidates, expected)
+          ? format(" (the row is a set of %lld distinct candidates in another order: sort each "
+                   "row, -1 last, or from Python pass selection_order=\"any\")",
+                   static_cast<long long>(expected))
+          : "";
   int64_t count = 0;
   for (Eigen::Index i = 0; i < sel.cols(); ++i) {
     const int64_t c = sel(row, i);
@@ -455,10 +475,12 @@ std::string malformed_row(const IndexMatrix& sel, Eigen::Index row, int64_t t, i
       return head + format("chunk %lld is not a candidate (V(t) = [0, %lld))",
                            static_cast<long long>(c), static_cast<long long>(candidates));
     if (i != count)
-      return head + "-1 padding must come after the chunks (entries ascending, -1 at the end)";
+      return head + "-1 padding must come after the chunks (entries ascending, -1 at the end)" +
+             order_hint;
     if (count > 0 && sel(row, i - 1) >= c)
       return head + format("chunks must be distinct and ascending, got %lld after %lld",
-                           static_cast<long long>(c), static_cast<long long>(sel(row, i - 1)));
+                           static_cast<long long>(c), static_cast<long long>(sel(row, i - 1))) +
+             order_hint;
     ++count;
   }
   if (count != expected)

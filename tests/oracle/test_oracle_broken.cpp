@@ -185,6 +185,18 @@ TEST_CASE("malformed selections are caught", "[oracle][broken]") {
     const Verdict verdict = verify(spec, inputs, kernel);
     CHECK_FALSE(verdict.passed);
     CHECK_THAT(verdict.report(), Catch::Contains("distinct and ascending"));
+    CHECK_THAT(verdict.report(), !Catch::Contains("in another order"));  // not a set: no hint
+  }
+  SECTION("the right chunks in another order (torch.topk's) are named as such") {
+    KernelOutputs kernel = float_kernel(spec, inputs);
+    std::swap(kernel.selection[0](t, 0), kernel.selection[0](t, c.K - 1));
+    const Verdict verdict = verify(spec, inputs, kernel);
+    CHECK_FALSE(verdict.passed);
+    CHECK_THAT(verdict.report(),
+               Catch::Contains("chunks must be distinct and ascending") &&
+                   Catch::Contains("(the row is a set of " + std::to_string(c.K) +
+                                   " distinct candidates in another order: sort each row, -1 "
+                                   "last, or from Python pass selection_order=\"any\")"));
   }
   SECTION("a missing chunk") {
     KernelOutputs kernel = float_kernel(spec, inputs);
