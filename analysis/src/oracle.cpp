@@ -677,7 +677,8 @@ struct VerifierState {
 
 Verifier::Verifier(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                    const VerifyOptions& options) {
-  require(precision_row(options.precision).input, "input_precision", "an input precision (fp32, bf16 or fp16)",
+  require(precision_row(options.precision).input, "input_precision",
+          "an input precision (" + input_precision_list() + ")",
           to_string(options.precision) + " (a score precision only)");
   auto state = std::make_shared<VerifierState>(VerifierState{make_context(spec, inputs, options)});
   add_score_conditioning(state->ctx);

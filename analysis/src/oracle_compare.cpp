@@ -178,6 +178,12 @@ std::vector<std::string> precision_names(bool inputs_only) {
   }
 }
 
+std::string input_precision_list() {
+  std::string list;
+  for (const auto& name : precision_names(true)) list += (list.empty() ? "" : ", ") + name;
+  return list;
+}
+
 std::string to_string(InputPrecision precision) {
   const char* name = precision_row(precision).name;
   return name ? name : "fp32";

@@ -316,13 +316,7 @@ void check_options(const HeadShape& shape, const HardCaseOptions& options) {
     throw InvalidArgument("Hq: expected a multiple of Hkv = " + std::to_string(shape.Hkv) +
                           ", got " + std::to_string(shape.Hq));
   if (!precision_row(options.precision).input)
-    throw InvalidArgument("precision: expected an input precision (" +
-                          [] {
-                            std::string names;
-                            for (const auto& name : precision_names(true))
-                              names += (names.empty() ? "" : ", ") + name;
-                            return names;
-                          }() +
+    throw InvalidArgument("precision: expected an input precision (" + input_precision_list() +
                           "), got " + to_string(options.precision));
   positive(options.length_multiple, "length_multiple");
   if (options.length_multiple > kLengthCap)

@@ -86,7 +86,6 @@ std::string index_text(const FloatArray& d, py::ssize_t flat) {
   return text + "] (flat index " + std::to_string(flat) + ")";
 }
 
-
 // The array's values as C-ordered doubles (a copy for other dtypes or strides).
 FloatArray doubles_of(const std::string& name, const py::handle& object, const ArrayShape& shape,
                       bool finite_only) {

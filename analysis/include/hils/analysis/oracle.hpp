@@ -75,6 +75,8 @@ PrecisionRow precision_row(InputPrecision precision);
 // The names of the score precisions (every row whose `score` is set), or of the input precisions
 // only, in the enum's order.
 std::vector<std::string> precision_names(bool inputs_only = false);
+// The input precisions' names as a message lists them: "fp32, bf16, fp16".
+std::string input_precision_list();
 
 std::string to_string(InputPrecision);
 // An input precision's name ("fp32", "bf16" or "fp16"); InvalidArgument listing them for any
