@@ -252,19 +252,10 @@ std::string diagnose_window(const Context& ctx, const std::vector<Matrix<double>
   return "";
 }
 
-// The most keys one softmax of the mechanism sums: every slot for full attention, else at most
-// the window and the K selected chunks (flat fusion's one softmax). For the floor of o and
-// o_window under fp16 (Tolerances::subnormal_probability_units).
-int64_t keys_per_softmax(const Context& ctx) {
-  const int64_t T = ctx.inputs.T();
-  if (ctx.spec.fusion == Fusion::full) return T;
-  return std::min<int64_t>(T, ctx.spec.W + (ctx.spec.selects() ? ctx.spec.K * ctx.spec.S : 0));
-}
-
 // The floor's subnormal term of o or o_window (0 but for fp16 inputs).
 double subnormal_units(const Context& ctx, const char* tensor) {
   return Tolerances::subnormal_probability_units(tensor_precision(tensor, ctx.spec, ctx.options),
-                                                 keys_per_softmax(ctx));
+                                                 detail::keys_per_softmax(ctx.spec, ctx.inputs.T()));
 }
 
 // Kernel o_window/lse_window [Hq x Tq (x dv)] -> reports, with a shifted-window diagnosis.
