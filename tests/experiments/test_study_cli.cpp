@@ -3,12 +3,15 @@
 // value, and no results file is written.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cli/studies/study_table.hpp"
+#include "io/activation_file.hpp"
+#include "io/results_file.hpp"
 #include "support.hpp"
 
 using hils::test::quoted;
@@ -191,6 +194,65 @@ TEST_CASE("a study on an activation file needs the file's landmark layout", "[cl
                     quoted(dir / "f.h5"));
   INFO(r.output);
   CHECK(r.exit_code == 0);
+}
+
+TEST_CASE("a study rotates an activation file's un-rotated RoPE vectors as hils run does",
+          "[cli][study]") {
+  // A file with rotated = 0 and rope_pairing half (q and k dumped before the model's RoPE) was
+  // studied as if the model had no positional encoding (fidelity and overlap: the exact masses
+  // of un-rotated q and k, off by up to ~4 nats here), and extrapolate refused it for lacking
+  // q_unrotated, which its q and k are. The same vectors stored rotated (with their un-rotated
+  // copies) must give the same results.
+  TempDir dir("study_unrotated_rope");
+  const auto rotated = dir / "rotated.h5", unrotated = dir / "unrotated.h5";
+  REQUIRE(run_hils("-q dump synthetic --generator topics -T 300 -S 16 --landmarks false "
+                   "--positional rope --rope-pairing half --rope-theta 5000 --seed 3 -o " +
+                   quoted(rotated))
+              .exit_code == 0);
+  hils::io::ActivationFile file = hils::io::read_activation_file(rotated);
+  REQUIRE(file.meta.rotated);
+  file.meta.rotated = false;
+  for (auto& layer : file.layers) {
+    layer.inputs.q = std::move(layer.q_unrotated);
+    layer.inputs.k = std::move(layer.k_unrotated);
+    layer.q_unrotated.clear(), layer.k_unrotated.clear();
+  }
+  hils::io::write_activation_file(unrotated, file, hils::io::StorageType::float64);
+
+  for (const auto& [study, dataset] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"fidelity", "T256/layer0/group0/head0/exact"},
+           {"overlap", "T256/layer0/group0/selection"},
+           {"extrapolate", "rope/T256/layer0/group0/head0/mean/gap_mean"}}) {
+    std::vector<hils::Matrix<double>> values;
+    for (const auto& input : {rotated, unrotated}) {
+      const auto out = dir / (study + "_" + input.stem().string() + ".h5");
+      const std::string extra = study == "overlap" ? "" : " --queries 4 --mechanisms mean";
+      auto r = run_hils("-q " + study + " --lengths 256 --n-layers 1 -S 16 -W 32 -K 4" + extra +
+                        " --activations " + quoted(input) + " --out " + quoted(out));
+      INFO(study << " on " << input << ": " << r.output);
+      REQUIRE(r.exit_code == 0);
+      hils::io::ResultsReader results(out);
+      values.push_back(dataset.find("selection") != std::string::npos
+                          ? results.index_matrix(dataset).cast<double>()
+                          : results.matrix(dataset));
+    }
+    INFO(study);
+    const auto finite = [](const hils::Matrix<double>& m) {
+      return m.unaryExpr([](double x) { return std::isfinite(x) ? x : 0.0; });
+    };
+    CHECK((finite(values[0]) - finite(values[1])).cwiseAbs().maxCoeff() < 1e-12);
+  }
+
+  // Positions the file does not share with the study's layout are refused up front, naming them.
+  for (auto& id : file.meta.position_ids) id += 7;
+  const auto shifted = dir / "shifted.h5";
+  hils::io::write_activation_file(shifted, file, hils::io::StorageType::float64);
+  require_refused(dir, "fidelity --lengths 256 --n-layers 1 -S 16 -W 32 -K 4 --activations " +
+                           quoted(shifted),
+                  shifted.string() + ": position_ids: expected the study's position ids (S=16, "
+                  "landmarks=false: 0 at slot 0) to rotate the un-rotated q and k (rotated = 0, "
+                  "rope_pairing half) at, found 7");
 }
 
 TEST_CASE("a name or value given twice in a study's lists is refused before any unit",
