@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <set>
 #include <type_traits>
 
 #include "hils/spec_fields.hpp"
@@ -22,6 +23,22 @@ void require_known_keys(const nlohmann::json& object, const std::vector<std::str
                             ")");
     }
   }
+}
+
+ParsedJson parse_json_text(const std::string& text) {
+  ParsedJson parsed;
+  std::vector<std::set<std::string>> open_objects;  // the keys read so far in each open object
+  auto track = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& value) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) open_objects.emplace_back();
+    if (event == Event::object_end) open_objects.pop_back();
+    if (event == Event::key && !open_objects.back().insert(value.get<std::string>()).second &&
+        parsed.repeated_key.empty())
+      parsed.repeated_key = value.get<std::string>();
+    return true;
+  };
+  parsed.value = nlohmann::json::parse(text, track);
+  return parsed;
 }
 
 namespace {

@@ -19,6 +19,15 @@ namespace hils::config {
 void require_known_keys(const nlohmann::json& object, const std::vector<std::string>& keys,
                         const std::string& where);
 
+// JSON text -> JSON, or the first key an object of it repeats: nlohmann keeps the last of two
+// equal keys without a word, so a verify file's spec {"K": 4, "K": 8} was judged with K = 8.
+// Throws nlohmann::json::parse_error for text that is not JSON.
+struct ParsedJson {
+  nlohmann::json value;
+  std::string repeated_key;  // empty when every object's keys differ
+};
+ParsedJson parse_json_text(const std::string& text);
+
 // Keys: `preset` and the fields of the table in hils/spec_fields.hpp (name, fusion, key_rule,
 // ..., scale). A `preset` key starts from that preset; other keys override it.
 // Throws InvalidArgument naming `where` and the key for unknown keys or bad values.

@@ -148,6 +148,35 @@ def _shape(value):
     return list(value.shape)
 
 
+class GatheredInputs:
+    """The oracle's inputs of each of `size` sequences ({"q", "k", "v", "q_retrieval", "prior"}),
+    built by build(b) when inputs[b] is read and not kept. A decode step's (or a chunked
+    prefill's) q [Hq, T, d] per sequence is mostly zeros: B of them built at once took more
+    memory than the oracle's check (run as each sequence's oracle is built, with its share of
+    the batch) allows, and ended in numpy's MemoryError before that check could name the
+    problem (B = 8, T = 32768, Hq = 32, d = 128 under a 3 GiB ulimit -v)."""
+
+    def __init__(self, size, build):
+        self._size, self._build = size, build
+
+    @staticmethod
+    def require_fit(shapes, size):
+        """The oracle's memory check of one sequence's inputs ({name: shape}), before they are
+        built: the Verifier runs the same check (its share of the `size` sequences) once they
+        are, but building q alone could fail first (an 8 GiB step beside a 2 GiB cache)."""
+        from . import _core_module
+        _core_module().require_oracle_inputs_fit(
+            {name: np.broadcast_to(np.float32(0), shape) for name, shape in shapes.items()}, size)
+
+    def __len__(self):
+        return self._size
+
+    def __getitem__(self, b):
+        if not 0 <= b < self._size:
+            raise IndexError(f"sequence {b} of {self._size}")
+        return self._build(b)
+
+
 class DecodeStep:
     """One decode step's B sequences, gathered into the oracle's per-sequence inputs (.inputs[b]:
     {"q", "k", "v", "q_retrieval", "prior"}), with .lengths (T of each) and .size (B)."""
@@ -179,20 +208,32 @@ class DecodeStep:
         caches = {"k_cache": self._cache("k_cache", k_cache), "v_cache": self._cache("v_cache", v_cache)}
         self.pages = self._pages(block_table, caches)
         S = fields["S"]
-        self.inputs = []
-        for b, T in enumerate(self.lengths):
+        for b, T in enumerate(self.lengths):  # every value checked before any oracle is built
+            self._check_priors_of(landmark_queries, b, T // S)
+            for name, cache in caches.items():  # [Hkv, T, d]: the first bad slot is named
+                _require_finite(name, np.swapaxes(self._slots(name, cache, b, T), 0, 1),
+                                lambda i, n=name, b=b: self._where(n, b, i[1], i[0], i[2]),
+                                f" in the {T} slots sequence b={b} reads (T = cache_seqlens[{b}])")
+
+        def gather(b):
+            T = self.lengths[b]
+            (Hkv, d), (Hkv_v, dv) = self._kv_widths["k_cache"], self._kv_widths["v_cache"]
+            shapes = {"q": (self.Hq, T, q.shape[2]), "k": (Hkv, T, d), "v": (Hkv_v, T, dv)}
+            if q_tilde is not None or (self.prior and landmark_queries is not None):
+                shapes["q_retrieval"] = shapes["q"]
+            GatheredInputs.require_fit(shapes, self.size)
             priors = (self._priors(landmark_queries, b, T // S)
                       if self.prior and landmark_queries is not None else None)
             q_full, q_tilde_full = query_inputs(T, S, q[b][:, None],
                                                 None if q_tilde is None else q_tilde[b][:, None],
                                                 priors)
-            slots = {name: self._slots(name, cache, b, T) for name, cache in caches.items()}
-            for name, values in slots.items():  # [T, Hkv, d]: the first bad slot is named
-                _require_finite(name, np.swapaxes(values, 0, 1),
-                                lambda i, n=name, b=b: self._where(n, b, i[1], i[0], i[2]),
-                                f" in the {T} slots sequence b={b} reads (T = cache_seqlens[{b}])")
-            self.inputs.append({"q": q_full, "k": slots["k_cache"], "v": slots["v_cache"],
-                                "q_retrieval": q_tilde_full, "prior": None})
+            return {"q": q_full, "k": self._slots("k_cache", caches["k_cache"], b, T),
+                    "v": self._slots("v_cache", caches["v_cache"], b, T),
+                    "q_retrieval": q_tilde_full, "prior": None}
+
+        self.inputs = GatheredInputs(self.size, gather)
+        self._kv_widths = {name: (cache.shape[2 if self.rows_first else 1], cache.shape[3])
+                           for name, cache in caches.items()}  # (Hkv, d) of k, (Hkv, dv) of v
 
     # --- the arguments ------------------------------------------------------------------------
     def _lengths(self, cache_seqlens):
@@ -220,14 +261,19 @@ class DecodeStep:
 
     def _priors(self, landmark_queries, b, chunks):
         """Sequence b's priors [Hq, chunks, d] (numpy)."""
-        rows = landmark_rows(landmark_queries, b, chunks, self.rows_first, self.size, self.Hq,
+        return landmark_rows(landmark_queries, b, chunks, self.rows_first, self.size, self.Hq,
                              f"cache_layout \"{self.layout}\"", self.lengths[b])    # [Hq, chunks, d]
+
+    def _check_priors_of(self, landmark_queries, b, chunks):
+        """Sequence b's priors read and checked (shape and values), where the mechanism reads them."""
+        if not self.prior or landmark_queries is None:
+            return
+        rows = self._priors(landmark_queries, b, chunks)
         order = (lambda h, c, col: (b, c, h, col)) if self.rows_first else (lambda h, c, col: (b, h, c, col))
         _require_finite("landmark_queries", rows,
                         lambda i: f"landmark_queries[{', '.join(map(str, order(*i)))}] (chunk {i[1]})",
                         f" in the {chunks} row{'s' if chunks > 1 else ''} sequence b={b} reads (its "
                         f"T // S complete chunks)")
-        return rows
 
     def _cache(self, name, cache):
         from . import as_numpy
@@ -352,8 +398,8 @@ class DecodeStep:
         return f"decode step, paged cache \"{self.layout}\" ({self.page_size} slots a page)"
 
     def context(self, b):
-        seq = self.inputs[b]
+        T = self.lengths[b]
+        (Hkv, d), (Hkv_v, dv) = self._kv_widths["k_cache"], self._kv_widths["v_cache"]
         paged = "" if self.pages is None else f", {len(self.pages[b])} pages of {self.page_size}"
-        return (f" (sequence b={b} of the decode step: T = {self.lengths[b]}, query slot "
-                f"{self.lengths[b] - 1}{paged}; read as k [Hkv, T, d] = {list(seq['k'].shape)}, "
-                f"v [Hkv, T, dv] = {list(seq['v'].shape)})")
+        return (f" (sequence b={b} of the decode step: T = {T}, query slot {T - 1}{paged}; read "
+                f"as k [Hkv, T, d] = {[Hkv, T, d]}, v [Hkv, T, dv] = {[Hkv_v, T, dv]})")

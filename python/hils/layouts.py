@@ -467,6 +467,7 @@ class PackedBatch(Batch):
                  for tensor, array in inputs.items()}
         self.inputs = [{tensor: (None if parts is None else parts[b]) for tensor, parts in split.items()}
                        for b in range(self.size)]
+        self._parts = self.inputs  # each sequence's rows as given (chunked: before _place)
         self.lengths = _lengths(self.layout.key_offsets)
         self.counts = _lengths(offsets)
         self.offsets = offsets  # the queries' rows in the pack (BatchReport names them)
@@ -488,7 +489,8 @@ class PackedBatch(Batch):
         """Chunked: each sequence's Tq rows of q and q_retrieval placed at its last slots of a
         [Hq, Tk, d] problem, the priors of the chunks complete before them (landmark_queries,
         where the mechanism reads priors) at their landmark slots; queries = those slots."""
-        from .decoding import check_landmark_queries, landmark_pattern, landmark_rows, query_inputs
+        from .decoding import (GatheredInputs, check_landmark_queries, landmark_pattern,
+                               landmark_rows, query_inputs)
         from . import _spec_fields  # the codec's fields (hils/__init__.py)
         fields = _spec_fields(spec)
         S, name, rows_first = fields["S"], self.layout.name, self.layout.rows_first
@@ -498,6 +500,11 @@ class PackedBatch(Batch):
             fields, landmark_queries, f"{pattern} (layout \"{name}\"), n_chunks >= the chunks "
             f"before a sequence's first query", "a chunk of queries after a prefix (cu_seqlens_k)",
             "the chunk's q and q_retrieval", required=any(P // S for P in prefixes))
+        def priors_of(b):
+            return (landmark_rows(landmark_queries, b, prefixes[b] // S, rows_first, self.size,
+                                  self.sizes["Hq"], f'layout "{name}"', self.lengths[b])
+                    if reads and landmark_queries is not None else None)
+
         for b, (seq, T, P) in enumerate(zip(self.inputs, self.lengths, prefixes)):
             if not self.judged(b):  # no query: nothing placed, nothing computed
                 continue
@@ -505,11 +512,23 @@ class PackedBatch(Batch):
                 raise ValueError(f"q_retrieval: expected q's shape (layout \"{name}\"), sequence "
                                  f"b={b} read as [Hq, Tq, d] = {list(seq['q'].shape)}, found "
                                  f"{list(seq['q_retrieval'].shape)}")
-            priors = (landmark_rows(landmark_queries, b, P // S, rows_first, self.size,
-                                    self.sizes["Hq"], f'layout "{name}"', T)
-                      if reads and landmark_queries is not None else None)
-            seq["q"], seq["q_retrieval"] = query_inputs(T, S, seq["q"], seq["q_retrieval"], priors)
+            priors_of(b)  # their shape checked before any oracle is built
             self.slots[b] = np.arange(P, T) if P else None
+        parts = self._parts
+
+        def placed(b):  # q [Hq, T, d] per sequence, built when its oracle is (decoding.py)
+            seq = dict(parts[b])
+            if self.judged(b):
+                q_shape = (seq["q"].shape[0], self.lengths[b], seq["q"].shape[2])
+                retrieval = seq["q_retrieval"] is not None or (reads and landmark_queries is not None)
+                GatheredInputs.require_fit({"q": q_shape, "k": seq["k"].shape, "v": seq["v"].shape,
+                                            **({"q_retrieval": q_shape} if retrieval else {})},
+                                           self.size)
+                seq["q"], seq["q_retrieval"] = query_inputs(self.lengths[b], S, seq["q"],
+                                                            seq["q_retrieval"], priors_of(b))
+            return seq
+
+        self.inputs = GatheredInputs(self.size, placed)
 
     def query_slots(self, b):
         return self.slots[b]
@@ -549,15 +568,18 @@ class PackedBatch(Batch):
                 for name in results[0]}
 
     def context(self, b):
-        seq, (first, end) = self.inputs[b], self.layout.offsets[b:b + 2]
+        seq, (first, end) = self._parts[b], self.layout.offsets[b:b + 2]
         rows = f"rows {first}..{end - 1}, T = {end - first}"
         if self.chunked:
             start, stop = self.layout.key_offsets[b:b + 2]
             T, P = stop - start, stop - start - (end - first)
             rows = (f"query rows {first}..{end - 1} at slots {P}..{T - 1}, key rows "
                     f"{start}..{stop - 1}, T = {T}")
+        q_shape = list(seq["q"].shape)
+        if self.chunked:  # the chunk's Tq rows are placed at the last slots of [Hq, T, d]
+            q_shape[1] = self.lengths[b]
         return (f" (sequence b={b} of layout \"{self.layout.name}\" with cu_seqlens: {rows}, read "
-                f"as q [Hq, T, d] = {list(seq['q'].shape)}, k [Hkv, T, d] = {list(seq['k'].shape)}, "
+                f"as q [Hq, T, d] = {q_shape}, k [Hkv, T, d] = {list(seq['k'].shape)}, "
                 f"v [Hkv, T, dv] = {list(seq['v'].shape)})")
 
 

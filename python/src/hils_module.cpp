@@ -515,6 +515,12 @@ PYBIND11_MODULE(_core, m) {
   m.def("require_fits_in_memory", [](const std::string& name, const py::array& shape_of) {
     require_fits_in_memory(name, shape_of, "float64");
   }, py::arg("name"), py::arg("shape_of"));
+  // hils/decoding.py's check of one sequence's inputs before it builds them (broadcast views of
+  // their shapes: the sizes alone), the Verifier's own check with the batch's share.
+  m.def("require_oracle_inputs_fit", [](const py::dict& shapes_of, int64_t sequences) {
+    const SequencesAtOnce share(sequences_at_once(sequences));
+    require_oracle_inputs_fit(shapes_of, sequences_at_once(sequences));
+  }, py::arg("shapes_of"), py::arg("sequences"));
   // Every field of a spec, as the codec decodes and validates it (hils.verify's checks): what
   // hils.verify_decode, hils.hard_cases and a chunked prefill read (S, the rules, the name)
   // before an oracle is built. JSON text: {"name": "nsa", "fusion": "flat", ..., "S": 64, ...}.

@@ -331,3 +331,44 @@ def test_reference_with_a_sequence_without_queries(whole):
         np.testing.assert_allclose(got[name], args["outputs"][name], rtol=0, atol=1e-12,
                                    err_msg=name)
     assert [x is None for x in got["summary_key"]] == [False, True, False, False, True]
+
+
+_PACK_TOO_LARGE = """
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+import numpy as np
+import hils
+B, T, Tq, Hq, Hkv, d = 8, 32768, 4, 32, 8, 128
+k = np.full((B * T, Hkv, d), 0.5, np.float32)
+q = np.ones((B * Tq, Hq, d), np.float32)
+try:
+    hils.verify({"preset": "nsa", "S": 64, "W": 512, "K": 16}, q=q, k=k, v=k,
+                outputs={"o": np.zeros((B * Tq, Hq, d), np.float32)}, layout="thd",
+                cu_seqlens=np.arange(B + 1) * Tq, cu_seqlens_k=np.arange(B + 1) * T)
+except Exception as error:
+    print(type(error).__name__, error)
+"""
+
+
+def test_a_pack_whose_oracle_inputs_cannot_fit_is_refused_before_its_queries_are_placed():
+    """Each sequence of a chunked pack is the oracle's problem of its Tk slots, its Tq queries
+    placed at the last rows of q [Hq, Tk, d]. Eight sequences of 4 queries after 32768 keys (Hq =
+    32, Hkv = 8, d = 128: a 1 GiB pack of keys) under a 3 GiB address-space limit: refused at
+    b=0 by the oracle's memory check, naming q and the shapes. Before (session 27), every
+    sequence's q was placed before the first oracle's check and the call ended in numpy's
+    "MemoryError Unable to allocate 512. MiB"."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, "-c", _PACK_TOO_LARGE], capture_output=True,
+                            text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(
+        "ValueError q: expected inputs whose copies in the oracle (float64 and float32 of every "
+        "value, and float64 again while it is built) fit in 80% of the address-space limit "
+        "(ulimit -v) of 3 GiB shared by the 8 sequences of a batch held at once (384 MiB each), "
+        "found q [32, 32768, 128], k [8, 32768, 128], v [8, 32768, 128]: 2.44 GiB (fewer or "
+        "shorter sequences per call) (sequence b=0 of layout \"thd\" with cu_seqlens: query rows "
+        "0..3 at slots 32764..32767, key rows 0..32767, T = 32768, read as q [Hq, T, d] = [32, "
+        "32768, 128]"), result.stdout

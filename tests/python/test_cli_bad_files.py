@@ -244,6 +244,27 @@ def test_bytes_that_are_not_utf8_are_not_echoed(dump, tmp_path):
     assert "\ufffd" in result.stderr, result.stderr
 
 
+def test_a_spec_that_gives_a_key_twice_is_refused(dump, tmp_path):
+    """A hand-written spec attribute that gives K twice: JSON leaves the meaning open and the
+    parser kept the last value without a word (was: the file judged with K = 8, exit 0 or 1);
+    now exit 2 naming the key. A key repeated in another object of the text is named too; equal
+    keys in different objects are not repeats."""
+    good, _ = dump
+    for text, key in (('{"preset": "hils", "K": 4, "K": 8}', "K"),
+                      ('{"preset": "hils", "S": 8, "extra": {"a": 1, "a": 2}}', "a")):
+        repeated = broken_copy(tmp_path, good, lambda f, t=text: f.attrs.__setitem__("spec", t),
+                               "repeated.h5")
+        result = hils_verify(repeated)
+        assert result.returncode == 2, (text, result.stdout, result.stderr)
+        assert result.stderr == (f"hils: bad input: {repeated}: attribute spec: expected a JSON "
+                                 f"object whose keys differ (which value is meant?), found the "
+                                 f"key '{key}' twice\n"), result.stderr
+    unique = broken_copy(tmp_path, good, lambda f: f.attrs.__setitem__(
+        "spec", '{"preset": "hils", "S": 8, "extra": {"S": 1}}'), "unique.h5")
+    result = hils_verify(unique)
+    assert "unknown key 'extra'" in result.stderr, result.stderr  # past the repeat check
+
+
 def test_several_files_as_a_shell_glob_gives_them(dump, tmp_path):
     """`hils verify dumps/*.h5`: every file's report, each bad file named as it comes, and the
     worst exit status (was: 'The following argument was not expected', exit 2, nothing judged)."""

@@ -418,7 +418,7 @@ for B, T in (({B}, {T}),):
 """
 
 
-@pytest.mark.parametrize("B,T", ((2, 16384), (1, 4096)))
+@pytest.mark.parametrize("B,T", ((2, 16384), (1, 4096), (8, 32768)))
 def test_a_step_whose_oracle_inputs_cannot_fit_is_refused_before_it_is_computed(B, T):
     """A decode step's problem holds q [Hq, T, d] (its one query at row T-1) and the oracle keeps
     every input in float64 and float32, and float64 again while it is built (20 bytes a value
@@ -426,13 +426,27 @@ def test_a_step_whose_oracle_inputs_cannot_fit_is_refused_before_it_is_computed(
     Hkv = 8, d = 128) need about 3 GiB. Under a 3 GiB address-space limit the step is refused at
     b=0 before anything is converted, naming q and the shapes; before (audit, session 23) it ran
     for seconds and ended in "MemoryError std::bad_alloc" (without a ulimit, an out-of-memory
-    kill at T = 131072). One sequence of 4096 fits and is judged."""
+    kill at T = 131072). One sequence of 4096 fits and is judged. Eight sequences of 32768 (a 1
+    GiB cache) are refused the same way: before (session 26's audit), the step built every
+    sequence's q [Hq, T, d] (512 MiB each) before the first oracle's check and ended in numpy's
+    "MemoryError Unable to allocate 512. MiB"; now each is built when its oracle is, after the
+    check (hils/decoding.py GatheredInputs)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     result = subprocess.run([sys.executable, "-c", _STEP_TOO_LARGE.format(B=B, T=T)],
                             capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     if B == 1:
         assert result.stdout.startswith("<hils.BatchReport FAIL B=1"), result.stdout  # judged
+        return
+    if B == 8:
+        assert result.stdout.startswith(
+            "ValueError q: expected inputs whose copies in the oracle (float64 and float32 of "
+            "every value, and float64 again while it is built) fit in 80% of the address-space "
+            "limit (ulimit -v) of 3 GiB shared by the 8 sequences of a batch held at once (384 "
+            "MiB each), found q [32, 32768, 128], k [8, 32768, 128], v [8, 32768, 128]: 2.44 GiB "
+            "(fewer or shorter sequences per call) (sequence b=0 of the decode step: T = 32768, "
+            "query slot 32767; read as k [Hkv, T, d] = [8, 32768, 128], v [Hkv, T, dv] = [8, "
+            "32768, 128])"), result.stdout
         return
     assert result.stdout.startswith(
         "ValueError q: expected inputs whose copies in the oracle (float64 and float32 of every "

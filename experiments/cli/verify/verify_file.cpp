@@ -19,14 +19,18 @@ namespace {
 // The spec attribute: {"preset": name?, then any MechanismSpec field by name}, decoded and
 // checked by the one spec codec; its errors become the file's ("<file>: spec.K: expected ...").
 MechanismSpec parse_spec(const fs::path& file, const std::string& text) {
-  nlohmann::json j;
+  config::ParsedJson parsed;
   try {
-    j = nlohmann::json::parse(text);
+    parsed = config::parse_json_text(text);
   } catch (const nlohmann::json::exception& e) {
     io::fail(file, "attribute spec", "a JSON object",
              "invalid JSON (" + io::utf8_text(e.what()) + ")");
   }
+  const nlohmann::json& j = parsed.value;
   if (!j.is_object()) io::fail(file, "attribute spec", "a JSON object", j.dump());
+  if (!parsed.repeated_key.empty())
+    io::fail(file, "attribute spec", "a JSON object whose keys differ (which value is meant?)",
+             "the key '" + io::utf8_text(parsed.repeated_key) + "' twice");
   try {
     MechanismSpec spec = config::spec_from_json(j, "spec");
     spec.validate();
