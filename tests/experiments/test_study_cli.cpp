@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/studies/study_table.hpp"
 #include "io/activation_file.hpp"
 #include "io/results_file.hpp"
@@ -253,6 +255,43 @@ TEST_CASE("a study rotates an activation file's un-rotated RoPE vectors as hils 
                   shifted.string() + ": position_ids: expected the study's position ids (S=16, "
                   "landmarks=false: 0 at slot 0) to rotate the un-rotated q and k (rotated = 0, "
                   "rope_pairing half) at, found 7");
+}
+
+TEST_CASE("an activation file is studied whole by default and extrapolated with its own RoPE",
+          "[cli][study]") {
+  // A file got the defaults of the model stories260K: lengths [512] (a 300-slot file was refused,
+  // "(defaults): [fidelity].lengths: expected lengths within the activation file's T = 300
+  // slots, got 512"; a longer one was studied at 512 slots alone), layers 0..4 of its 6, and an
+  // extrapolation whose rope encoding was RoPE interleaved with theta 10000 where the file's
+  // model has half with theta 5000.
+  TempDir dir("study_activation_defaults");
+  REQUIRE(run_hils("-q dump synthetic -T 300 -S 16 --landmarks false --positional rope "
+                   "--rope-pairing half --rope-theta 5000 --Hq 2 --Hkv 1 -d 16 --seed 4 -o " +
+                   quoted(dir / "one.h5"))
+              .exit_code == 0);
+  hils::io::ActivationFile file = hils::io::read_activation_file(dir / "one.h5");
+  file.meta.n_layers = 6;
+  file.layers.resize(6, file.layers.front());
+  const auto six = dir / "six.h5";
+  hils::io::write_activation_file(six, file, hils::io::StorageType::float64);
+  const auto config = [](const fs::path& results) {
+    return nlohmann::json::parse(
+        hils::io::ResultsReader(results).string_attribute("/", "config"));
+  };
+  const std::string flags = " -W 32 -K 4 --queries 2 --mechanisms mean --activations " +
+                            quoted(six) + " --out ";
+  auto fidelity = run_hils("-q fidelity" + flags + quoted(dir / "f.h5"));
+  INFO(fidelity.output);
+  REQUIRE(fidelity.exit_code == 0);
+  CHECK(config(dir / "f.h5")["lengths"] == nlohmann::json::array({300}));
+  CHECK(config(dir / "f.h5")["layers"] == 6);
+  auto extrapolation = run_hils("-q extrapolate --n-layers 1" + flags + quoted(dir / "e.h5"));
+  INFO(extrapolation.output);
+  REQUIRE(extrapolation.exit_code == 0);
+  const nlohmann::json e = config(dir / "e.h5");
+  CHECK(e["lengths"] == nlohmann::json::array({128, 256}));
+  CHECK(e["extrapolation"]["pairing"] == "half");
+  CHECK(e["extrapolation"]["theta"] == 5000.0);
 }
 
 TEST_CASE("a name or value given twice in a study's lists is refused before any unit",
