@@ -11,10 +11,11 @@ namespace hils::sources {
 
 namespace {
 
-// The first T rows of every head.
+// The first T rows of every head (q_retrieval: none, or one per query head).
 AttentionInputs<double> prefix(const std::vector<Matrix<double>>& q,
                                const std::vector<Matrix<double>>& k,
-                               const std::vector<Matrix<double>>& v, int64_t T) {
+                               const std::vector<Matrix<double>>& v, int64_t T,
+                               const std::vector<Matrix<double>>& q_retrieval = {}) {
   AttentionInputs<double> in;
   auto cut = [T](const std::vector<Matrix<double>>& heads, std::vector<Matrix<double>>& out) {
     for (const auto& m : heads) {
@@ -23,7 +24,7 @@ AttentionInputs<double> prefix(const std::vector<Matrix<double>>& q,
       out.push_back(m.topRows(T));
     }
   };
-  cut(q, in.q), cut(k, in.k), cut(v, in.v);
+  cut(q, in.q), cut(k, in.k), cut(v, in.v), cut(q_retrieval, in.q_retrieval);
   return in;
 }
 
@@ -144,17 +145,24 @@ StudyInputs activation_study_inputs(const std::filesystem::path& file, int64_t n
         meta->rope_pairing, meta->rope_theta);
   auto positioned = [file, meta, rope, S, landmarks](int64_t l, int64_t T) {
     const auto layer = io::read_activation_layer(file, *meta, l);
-    AttentionInputs<double> in = prefix(layer.inputs.q, layer.inputs.k, layer.inputs.v, T);
+    AttentionInputs<double> in =
+        prefix(layer.inputs.q, layer.inputs.k, layer.inputs.v, T, layer.inputs.q_retrieval);
     if (!rope) return in;
     return apply_positional_encoding<double>(in, Geometry(T, S, S, landmarks), *rope);
   };
   auto raw = [file, meta](int64_t l, int64_t T) {
     const auto layer = io::read_activation_layer(file, *meta, l);
-    if (!meta->rotated) return prefix(layer.inputs.q, layer.inputs.k, layer.inputs.v, T);
+    if (!meta->rotated)
+      return prefix(layer.inputs.q, layer.inputs.k, layer.inputs.v, T, layer.inputs.q_retrieval);
     require(!layer.q_unrotated.empty(), "activations",
             "a file that stores q_unrotated/k_unrotated (extrapolation needs the un-rotated "
             "vectors)",
             "none in " + file.string());
+    require(layer.inputs.q_retrieval.empty(), "activations",
+            "an un-rotated q_retrieval (extrapolation applies each encoding to un-rotated "
+            "vectors; hils run --positional refuses it alike; without q_retrieval q~ = q)",
+            "q_retrieval stored rotated (rotated = 1), with no un-rotated copy, in " +
+                file.string());
     return prefix(layer.q_unrotated, layer.k_unrotated, layer.inputs.v, T);
   };
   return {{name, n_layers, lengths, positioned},

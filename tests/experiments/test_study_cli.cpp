@@ -294,6 +294,49 @@ TEST_CASE("an activation file is studied whole by default and extrapolated with 
   CHECK(e["extrapolation"]["theta"] == 5000.0);
 }
 
+TEST_CASE("a study reads an activation file's q_retrieval as hils run does", "[cli][study]") {
+  // The studies dropped q_retrieval (q~, the retrieval queries the surrogates score with) of an
+  // activation file without a word: a file with q_retrieval = q + noise gave the results of the
+  // same file without it, while hils run and the synthetic source used q~.
+  TempDir dir("study_q_retrieval");
+  const auto with = dir / "with.h5", without = dir / "without.h5";
+  REQUIRE(run_hils("-q dump synthetic --generator topics -T 300 -S 16 --landmarks false "
+                   "--retrieval-noise 0.5 --seed 6 -o " + quoted(with))
+              .exit_code == 0);
+  hils::io::ActivationFile file = hils::io::read_activation_file(with);
+  REQUIRE_FALSE(file.layers.front().inputs.q_retrieval.empty());
+  file.layers.front().inputs.q_retrieval.clear();
+  hils::io::write_activation_file(without, file, hils::io::StorageType::float64);
+  const std::string head = "T300/layer0/group0/head0/";
+  std::vector<hils::Matrix<double>> exact, surrogate;
+  for (const auto& input : {with, without}) {
+    const auto out = dir / ("f_" + input.stem().string() + ".h5");
+    auto r = run_hils("-q fidelity --lengths 300 -W 32 -K 4 --queries 4 --mechanisms mean "
+                      "--activations " + quoted(input) + " --out " + quoted(out));
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    hils::io::ResultsReader results(out);
+    exact.push_back(results.matrix(head + "exact"));
+    surrogate.push_back(results.matrix(head + "mean/surrogate"));
+  }
+  CHECK(exact[0] == exact[1]);  // L reads q
+  const auto finite = [](const hils::Matrix<double>& m) {
+    return m.unaryExpr([](double x) { return std::isfinite(x) ? x : 0.0; });
+  };
+  CHECK((finite(surrogate[0]) - finite(surrogate[1])).cwiseAbs().maxCoeff() > 0.01);
+
+  // Extrapolation applies each encoding to un-rotated vectors: a q_retrieval stored rotated
+  // without an un-rotated copy is refused by name, as hils run --positional refuses it.
+  const auto rotated = dir / "rotated.h5";
+  REQUIRE(run_hils("-q dump synthetic -T 300 -S 16 --landmarks false --positional rope "
+                   "--retrieval-noise 0.5 -o " + quoted(rotated))
+              .exit_code == 0);
+  require_refused(dir, "extrapolate --lengths 300 -W 32 -K 4 --queries 2 --mechanisms mean "
+                       "--activations " + quoted(rotated),
+                  "activations: expected an un-rotated q_retrieval (extrapolation applies each "
+                  "encoding to un-rotated vectors");
+}
+
 TEST_CASE("a name or value given twice in a study's lists is refused before any unit",
           "[cli][study]") {
   // Each name is a results group or a grid column: the second one's datasets collided with the
