@@ -12,8 +12,8 @@
 # beside the module; no network, no build isolation) installed into a fresh venv
 # ($HILS_GPU_BUILD/venv, which sees python3's own packages, torch among them), then, with
 # HILS_GPU_LIB unset (the library found in the installed package), the GPU pytests
-# tests/python/test_gpu_kernels.py, test_gpu_forward.py, test_gpu_decode.py and
-# test_gpu_module.py with test_decode_kernel_names.py; logs in $OUT. Needs nothing of
+# tests/python/test_gpu_kernels.py, test_gpu_forward.py, test_gpu_decode.py, test_gpu_backward.py
+# and test_gpu_module.py with test_decode_kernel_names.py; logs in $OUT. Needs nothing of
 # --build-only.
 # --quick: ctest only (no second full test report, no memcheck); --no-report: no second plain
 # run of the test binary, the tensor report is read from the memcheck run; --profile: Nsight Compute on the
@@ -92,8 +92,8 @@ if [ "$PYTHON" = 1 ]; then
   env -u HILS_GPU_LIB "$PY" -c "import hils.gpu, os; lib = hils.gpu.find_library(); print('library:', lib)
 assert os.path.dirname(lib) == os.path.dirname(hils.__file__), 'not the installed package copy'" \
     || { echo "the installed package has no libhils_gpu_c.so"; exit 3; }
-  # The four pytest processes at once (test_gpu_decode.py, the longest, ~100 s on an H100).
-  PYTEST_GROUPS=(test_gpu_kernels test_gpu_forward test_gpu_decode "test_gpu_module test_decode_kernel_names")
+  # The five pytest processes at once (test_gpu_decode.py, the longest, ~100 s on an H100).
+  PYTEST_GROUPS=(test_gpu_kernels test_gpu_forward test_gpu_decode test_gpu_backward "test_gpu_module test_decode_kernel_names")
   pids=()
   for group in "${PYTEST_GROUPS[@]}"; do
     files=()

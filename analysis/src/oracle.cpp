@@ -252,19 +252,10 @@ std::string diagnose_window(const Context& ctx, const std::vector<Matrix<double>
   return "";
 }
 
-// The most keys one softmax of the mechanism sums: every slot for full attention, else at most
-// the window and the K selected chunks (flat fusion's one softmax). For the floor of o and
-// o_window under fp16 (Tolerances::subnormal_probability_units).
-int64_t keys_per_softmax(const Context& ctx) {
-  const int64_t T = ctx.inputs.T();
-  if (ctx.spec.fusion == Fusion::full) return T;
-  return std::min<int64_t>(T, ctx.spec.W + (ctx.spec.selects() ? ctx.spec.K * ctx.spec.S : 0));
-}
-
 // The floor's subnormal term of o or o_window (0 but for fp16 inputs).
 double subnormal_units(const Context& ctx, const char* tensor) {
   return Tolerances::subnormal_probability_units(tensor_precision(tensor, ctx.spec, ctx.options),
-                                                 keys_per_softmax(ctx));
+                                                 detail::keys_per_softmax(ctx.spec, ctx.inputs.T()));
 }
 
 // Kernel o_window/lse_window [Hq x Tq (x dv)] -> reports, with a shifted-window diagnosis.
@@ -453,6 +444,17 @@ bool is_set_in_another_order(const IndexMatrix& sel, Eigen::Index row, int64_t c
   return static_cast<int64_t>(chunks.size()) == expected;
 }
 
+// " (255 is uint8's largest value: ...)" for a chunk id that is an unsigned type's largest
+// value: a -1 padding stored in uint8 or uint16 arrives as 255 or 65535, which the report named
+// only as "chunk 255 is not a candidate".
+std::string unsigned_padding_hint(int64_t c) {
+  const char* type = c == 0xFF ? "uint8" : c == 0xFFFF ? "uint16" : c == 0xFFFFFFFFLL ? "uint32" : nullptr;
+  if (type == nullptr) return "";
+  return format(" (%lld is %s's largest value: a -1 padding stored in an unsigned type? store "
+                "the selection in a signed integer type)",
+                static_cast<long long>(c), type);
+}
+
 // Why a kernel selection row is malformed (empty when it is a valid top-k shape for V(t)).
 std::string malformed_row(const IndexMatrix& sel, Eigen::Index row, int64_t t, int64_t g,
                           const Geometry& geometry, int64_t K) {
@@ -473,7 +475,8 @@ std::string malformed_row(const IndexMatrix& sel, Eigen::Index row, int64_t t, i
     if (c == -1) continue;
     if (c < 0 || c >= candidates)
       return head + format("chunk %lld is not a candidate (V(t) = [0, %lld))",
-                           static_cast<long long>(c), static_cast<long long>(candidates));
+                           static_cast<long long>(c), static_cast<long long>(candidates)) +
+             unsigned_padding_hint(c);
     if (i != count)
       return head + "-1 padding must come after the chunks (entries ascending, -1 at the end)" +
              order_hint;

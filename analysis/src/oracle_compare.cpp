@@ -272,6 +272,11 @@ double Tolerances::subnormal_probability_units(InputPrecision precision, int64_t
   return precision == InputPrecision::fp16 ? static_cast<double>(keys) * 0x1p-25 : 0.0;
 }
 
+double Tolerances::subnormal_gradient_error(InputPrecision precision, double products,
+                                            double factor) {
+  return precision == InputPrecision::fp16 ? (products * factor + 1.0) * 0x1p-25 : 0.0;
+}
+
 double Tolerances::floor_units(InputPrecision precision) {
   return precision == InputPrecision::fp32 ? kFloorUnitsFp32 : kFloorUnitsBf16;
 }

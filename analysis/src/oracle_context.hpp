@@ -5,6 +5,8 @@
 // (fusion_from_own, own_scaled_fusion).
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -24,6 +26,15 @@ struct Magnitudes {
   double fused_lse = 0;     // hierarchical fusion's lse (add_score_conditioning); else = lse
   double fusion_weights = 1;  // scale of the fusion weights' rounding (add_score_conditioning)
 };
+
+// The most keys one softmax of the mechanism sums: every slot for full attention, else at most
+// the window and the K selected chunks (flat fusion's one softmax). The fp16 floors' count of
+// probabilities below fp16's normal range (Tolerances::subnormal_probability_units for o and
+// o_window, subnormal_gradient_error for dq).
+inline int64_t keys_per_softmax(const MechanismSpec& spec, int64_t T) {
+  if (spec.fusion == Fusion::full) return T;
+  return std::min<int64_t>(T, spec.W + (spec.selects() ? spec.K * spec.S : 0));
+}
 
 // A head list of vectors as [n x 1] matrices, so one comparison serves both.
 inline std::vector<Matrix<double>> as_columns(const std::vector<Vector<double>>& heads) {

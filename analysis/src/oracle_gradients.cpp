@@ -7,10 +7,12 @@
 #include <cmath>
 #include <cstdio>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <string>
 
 #include "hils/backward.hpp"
+#include "oracle_context.hpp"
 #include "text_format.hpp"
 
 namespace hils::oracle::detail {
@@ -148,6 +150,31 @@ const GradientField kGradientFields[] = {
      &InputGradients<float>::dprior, "the inputs have no prior (/inputs/prior)"},
 };
 
+// The absolute error fp16 rounding may add to gradient `name` (Tolerances::
+// subnormal_gradient_error; 0 but for fp16): dq sums sigma dS K over the keys of its query's
+// softmax, dk sigma dS^T Q and dv P^T dO over the queries of the KV group that read its key
+// (G x T; G x min(T, W) for window fusion). dq_retrieval and dprior get the store's term only:
+// with one softmax per query (the fusions fp16 gradients are judged for) q~ and the prior reach
+// no output.
+double subnormal_error(const char* name, const MechanismSpec& spec,
+                       const AttentionInputs<double>& inputs, const OutputGradients<double>& up,
+                       InputPrecision precision) {
+  const double sigma = logit_scale(spec, inputs.d());
+  const int64_t T = inputs.T(), G = inputs.Hq() / std::max<int64_t>(inputs.Hkv(), 1);
+  const double queries_per_key =
+      static_cast<double>(G) * static_cast<double>(spec.fusion == Fusion::window
+                                                       ? std::min<int64_t>(T, spec.W) : T);
+  const std::string tensor = name;
+  if (tensor == "dq")
+    return Tolerances::subnormal_gradient_error(
+        precision, static_cast<double>(keys_per_softmax(spec, T)), sigma * max_abs(inputs.k));
+  if (tensor == "dk")
+    return Tolerances::subnormal_gradient_error(precision, queries_per_key, sigma * max_abs(inputs.q));
+  if (tensor == "dv")
+    return Tolerances::subnormal_gradient_error(precision, queries_per_key, max_abs(up.d_o));
+  return Tolerances::subnormal_gradient_error(precision, 0.0, 0.0);
+}
+
 }  // namespace
 
 std::vector<TensorReport> compare_gradients(const MechanismSpec& spec,
@@ -159,15 +186,18 @@ std::vector<TensorReport> compare_gradients(const MechanismSpec& spec,
                                             const KernelGradients& kernel,
                                             const VerifyOptions& options) {
   // kernel gradients -> one report per returned gradient (policy: oracle.hpp, Tolerances).
-  require(options.precision != InputPrecision::fp16, "input_precision",
-          "fp32 or bf16 for gradients (fp16's floors are derived for the forward only: "
-          "data/verify_format.md)", "fp16");
+  require(options.precision != InputPrecision::fp16 || spec.fusion != Fusion::hierarchical,
+          "input_precision",
+          "fp32 or bf16 for the gradients of a hierarchical fusion (fp16's gradient floors are "
+          "derived for one softmax per query: full, window and flat fusion; data/verify_format.md "
+          "\"Gradients\")",
+          "fp16");
   require_upstream(kernel, inputs);
+  const OutputGradients<double> upstream = upstream_of<double>(kernel, options.precision);
   InputGradients<double> truth;
   InputGradients<float> baseline;
   try {
-    truth = run_mechanism_backward(spec, inputs, selection,
-                                   upstream_of<double>(kernel, options.precision), &truth_forward);
+    truth = run_mechanism_backward(spec, inputs, selection, upstream, &truth_forward);
     baseline = run_mechanism_backward(spec, inputs_float, selection,
                                       upstream_of<float>(kernel, options.precision),
                                       &baseline_forward);
@@ -193,8 +223,11 @@ std::vector<TensorReport> compare_gradients(const MechanismSpec& spec,
       reports.push_back(r);
       continue;
     }
-    auto r = compare_tensor(field.name, ker, tru, widen(baseline.*field.baseline), max_abs(tru),
-                            options.precision, field.row_label, {}, options.max_messages);
+    const double magnitude = std::max(max_abs(tru), std::numeric_limits<double>::min());
+    auto r = compare_tensor(field.name, ker, tru, widen(baseline.*field.baseline), magnitude,
+                            options.precision, field.row_label, {}, options.max_messages,
+                            subnormal_error(field.name, spec, inputs, upstream, options.precision) /
+                                magnitude);
     if (!r.passed && r.problems.size() == 1) {  // only the tolerance failed: look for a cause
       if (std::string(field.row_label) != "c")
         r.diagnosis = diagnose_zero_blocks(ker, tru, spec.S);
@@ -203,8 +236,7 @@ std::vector<TensorReport> compare_gradients(const MechanismSpec& spec,
         if (!flipped) {
           MechanismSpec other = spec;
           other.softmax1 = !spec.softmax1;
-          flipped = run_mechanism_backward(other, inputs, selection,
-                                           upstream_of<double>(kernel, options.precision));
+          flipped = run_mechanism_backward(other, inputs, selection, upstream);
         }
         r.diagnosis = diagnose_softmax1(spec, ker, (*flipped).*field.truth, r.tolerance);
       }

@@ -233,8 +233,8 @@ KernelGradients float_gradients(const MechanismSpec& spec, const AttentionInputs
                                 const std::vector<IndexMatrix>& selection, uint64_t seed,
                                 InputPrecision precision) {
   // spec, inputs, selection -> Gaussian do, dlse and run_mechanism_backward<float>, widened.
-  const bool bf16 = precision == InputPrecision::bf16;
-  const AttentionInputs<float> in = to_float(bf16 ? round_inputs_to_bf16(inputs) : inputs);
+  const bool bf16 = precision == InputPrecision::bf16, fp16 = precision == InputPrecision::fp16;
+  const AttentionInputs<float> in = kernel_inputs(inputs, precision);
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> gauss(0.0, 1.0);
   KernelGradients out;
@@ -243,6 +243,7 @@ KernelGradients float_gradients(const MechanismSpec& spec, const AttentionInputs
     Matrix<double> d_o(in.T(), in.dv());
     for (int64_t i = 0; i < d_o.size(); ++i) d_o.data()[i] = gauss(rng);
     if (bf16) d_o = d_o.unaryExpr([](double x) { return round_to_bf16(x); });
+    if (fp16) d_o = d_o.unaryExpr([](double x) { return round_to_fp16(x); });
     Vector<double> d_lse(in.T());
     for (int64_t i = 0; i < d_lse.size(); ++i) d_lse(i) = static_cast<float>(gauss(rng));
     up.d_o.push_back(d_o.cast<float>());
@@ -256,9 +257,11 @@ KernelGradients float_gradients(const MechanismSpec& spec, const AttentionInputs
   out.dv = widen(grads.dv);
   out.dq_retrieval = widen(grads.dq_retrieval);
   out.dprior = widen(grads.dprior);
-  if (bf16)
-    for (auto* heads : {&out.dq, &out.dk, &out.dv, &out.dq_retrieval, &out.dprior})
-      round_heads(*heads, Bf16Rounding::nearest);
+  for (auto* heads : {&out.dq, &out.dk, &out.dv, &out.dq_retrieval, &out.dprior}) {
+    if (bf16) round_heads(*heads, Bf16Rounding::nearest);
+    if (fp16)
+      for (auto& m : *heads) m = m.unaryExpr([](double x) { return round_to_fp16(x); });
+  }
   return out;
 }
 

@@ -84,9 +84,9 @@ ChunkSwap swap_strongest_for_weakest(const MechanismSpec& spec,
 std::string plant_wrong_chunk(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                               const AttentionInputs<float>& kernel_in, KernelOutputs& kernel);
 
-// A correct backward kernel: Gaussian upstream gradients do, dlse (from `seed`; do in bf16
-// for a bf16 kernel) and run_mechanism_backward in float with `selection` held fixed, widened
-// (stored in bf16 for a bf16 kernel).
+// A correct backward kernel: Gaussian upstream gradients do, dlse (from `seed`; do in bf16 or
+// fp16 for a kernel of that precision) and run_mechanism_backward in float on the inputs rounded
+// to `precision`, with `selection` held fixed, widened (stored in bf16 or fp16 likewise).
 KernelGradients float_gradients(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                                 const std::vector<IndexMatrix>& selection, uint64_t seed,
                                 InputPrecision precision = InputPrecision::fp32);

@@ -178,6 +178,17 @@ TEST_CASE("malformed selections are caught", "[oracle][broken]") {
     const Verdict verdict = verify(spec, inputs, kernel);
     CHECK_FALSE(verdict.passed);
     CHECK_THAT(verdict.report(), Catch::Contains("is not a candidate"));
+    CHECK_THAT(verdict.report(), !Catch::Contains("unsigned"));
+  }
+  SECTION("a -1 padding stored in uint8 (255) is named as one") {
+    KernelOutputs kernel = float_kernel(spec, inputs);
+    kernel.selection[1](t, c.K - 1) = 255;
+    const Verdict verdict = verify(spec, inputs, kernel);
+    CHECK_FALSE(verdict.passed);
+    CHECK_THAT(verdict.report(),
+               Catch::Contains("chunk 255 is not a candidate (V(t) = [0, ") &&
+                   Catch::Contains("(255 is uint8's largest value: a -1 padding stored in an "
+                                   "unsigned type? store the selection in a signed integer type)"));
   }
   SECTION("a repeated chunk") {
     KernelOutputs kernel = float_kernel(spec, inputs);

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
+#include <vector>
 
 #include "oracle_support.hpp"
 
@@ -185,4 +187,110 @@ TEST_CASE("upstream gradients must be given with the right shape, and do alone i
   KernelOutputs partial;  // gradients only, but the kernel computed 3 queries
   partial.gradients = kernel.gradients;
   CHECK_THROWS_WITH(verify(spec, inputs, partial, some_queries), Catch::Contains("all T"));
+}
+
+TEST_CASE("correct fp16 gradients pass for the one-softmax fusions and fail declared fp32",
+          "[oracle][gradients]") {
+  const auto fp16 = InputPrecision::fp16;
+  for (const char* name : {"gqa_group4", "ragged_tail_no_landmarks"}) {
+    const auto& c = case_named(name);
+    const auto inputs = round_inputs_to(cases::make_inputs<double>(c), fp16);
+    for (const auto& spec : hils::oracle::testing::specs_for(c)) {
+      if (spec.fusion == Fusion::hierarchical) continue;  // refused under fp16 (test_oracle_pass)
+      const KernelOutputs kernel = correct_kernel(spec, inputs, c, fp16);
+      const Verdict verdict = verify(spec, inputs, kernel, {fp16});
+      INFO(name << " " << spec.name << "\n" << verdict.report());
+      CHECK(verdict.passed);
+      for (const char* g : {"dq", "dk", "dv"}) {
+        const auto* r = report_of(verdict, g);
+        REQUIRE(r);
+        CHECK(r->headroom <= 1.0);
+      }
+      // Stored in fp16 (2^-11), they are far outside fp32's floor.
+      const Verdict as_fp32 = verify(spec, inputs, kernel, {InputPrecision::fp32});
+      CHECK_FALSE(report_of(as_fp32, "dq")->passed);
+    }
+  }
+}
+
+namespace {
+
+// A FlashAttention-style fp16 backward of causal full attention (the `full` preset), in float
+// on the fp16 inputs: P = exp(s - lse) and dS = P (dP - D) are rounded to fp16 before the
+// products dV = P^T dO, dQ = sigma dS K, dK = sigma dS^T Q, D = rowsum(dO o) reads the fp16 o,
+// and the gradients are stored in fp16. `flush` flushes fp16's subnormals (below 2^-14) to zero,
+// the fault of a kernel whose conversions flush them.
+KernelOutputs fp16_flash_backward(const AttentionInputs<double>& inputs,
+                                  const std::vector<Matrix<double>>& d_o, bool flush) {
+  auto half = [flush](float x) {
+    const double r = round_to_fp16(x);
+    return static_cast<float>(flush && std::fabs(r) < 0x1p-14 ? 0.0 : r);
+  };
+  const int64_t T = inputs.T(), G = inputs.Hq() / inputs.Hkv();
+  const float sigma = 1.0f / std::sqrt(static_cast<float>(inputs.d()));
+  KernelOutputs out;
+  out.gradients.d_o = d_o;
+  for (int64_t g = 0; g < inputs.Hkv(); ++g) {
+    out.gradients.dk.push_back(Matrix<double>::Zero(T, inputs.d()));
+    out.gradients.dv.push_back(Matrix<double>::Zero(T, inputs.dv()));
+  }
+  for (int64_t h = 0; h < inputs.Hq(); ++h) {
+    const Matrix<float> q = inputs.q[h].cast<float>(), k = inputs.k[h / G].cast<float>(),
+                        v = inputs.v[h / G].cast<float>(), dO = d_o[h].cast<float>();
+    Matrix<float> P = Matrix<float>::Zero(T, T);
+    for (int64_t t = 0; t < T; ++t) {
+      const Vector<float> s = sigma * (k.topRows(t + 1) * q.row(t).transpose());
+      const float m = s.maxCoeff();
+      const float lse = m + std::log((s.array() - m).exp().sum());
+      P.row(t).head(t + 1) = (s.array() - lse).exp().transpose();
+    }
+    const Matrix<float> o = (P * v).unaryExpr(half);
+    const Vector<float> D = (dO.array() * o.array()).rowwise().sum();
+    const Matrix<float> dS =
+        (P.array() * ((dO * v.transpose()).colwise() - D).array()).matrix().unaryExpr(half);
+    const Matrix<float> P16 = P.unaryExpr(half);
+    out.o.push_back(o.cast<double>());
+    out.gradients.dq.push_back((sigma * (dS * k)).cast<double>());
+    out.gradients.dk[h / G] += (sigma * (dS.transpose() * q)).cast<double>();
+    out.gradients.dv[h / G] += (P16.transpose() * dO).cast<double>();
+  }
+  for (auto* heads : {&out.gradients.dq, &out.gradients.dk, &out.gradients.dv})
+    for (auto& m : *heads) m = m.unaryExpr([&half](double x) { return static_cast<double>(half(x)); });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("an fp16 backward with small upstream gradients needs the floor's subnormal term and "
+          "one that flushes subnormals fails", "[oracle][gradients]") {
+  // Peaked attention (queries x 6) puts most probabilities below fp16's normal range, and an
+  // upstream gradient of ~2^-16 (no loss scaling) most of dS too: their absolute rounding
+  // (2^-25 each) is then larger than 4 units of 2^-11 of the gradients themselves.
+  const auto fp16 = InputPrecision::fp16;
+  const auto& c = case_named("peaked_attention");
+  const auto inputs = round_inputs_to(cases::make_inputs<double>(c), fp16);
+  const MechanismSpec full = preset("full");
+  std::mt19937_64 rng(cases::seed_of("fp16 flash backward"));
+  std::normal_distribution<double> gauss(0.0, 0x1p-16);
+  std::vector<Matrix<double>> d_o;
+  for (int64_t h = 0; h < inputs.Hq(); ++h)
+    d_o.push_back(Matrix<double>::NullaryExpr(inputs.T(), inputs.dv(),
+                                              [&] { return round_to_fp16(gauss(rng)); }));
+  const Verdict verdict = verify(full, inputs, fp16_flash_backward(inputs, d_o, false), {fp16});
+  INFO(verdict.report());
+  CHECK(verdict.passed);
+  // Without the subnormal term some gradient would fail: its error exceeds 2 x the float
+  // baseline's + 4 units of 2^-11 of its largest entry.
+  bool needs_term = false;
+  for (const char* g : {"dq", "dk", "dv"}) {
+    const auto* r = report_of(verdict, g);
+    REQUIRE(r);
+    const double relative_only = r->tolerance - (r->floor - 4.0 * 0x1p-11 * r->magnitude);
+    needs_term = needs_term || r->max_abs > relative_only;
+  }
+  CHECK(needs_term);
+  // The same kernel flushing fp16 subnormals to zero errs by up to 2^-14 per probability.
+  const Verdict flushed = verify(full, inputs, fp16_flash_backward(inputs, d_o, true), {fp16});
+  INFO(flushed.report());
+  CHECK_FALSE(flushed.passed);
 }

@@ -2,8 +2,11 @@
 // preset; the forced fusion reproduces run_mechanism; the tolerance is neither zero nor loose.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <string>
 
 #include "oracle_support.hpp"
 
@@ -74,8 +77,9 @@ TEST_CASE("an fp16 kernel passes under the fp16 policy and fails under fp32 and 
   }
 }
 
-TEST_CASE("fp16: the floor of o counts subnormal probabilities and fp16 is no score precision "
-          "judges no gradients and refuses inputs beyond 65504 naming them", "[oracle]") {
+TEST_CASE("fp16: the floors of o and the gradients count subnormal probabilities and fp16 is no "
+          "score precision nor judges a hierarchical fusion's gradients and refuses inputs beyond "
+          "65504 naming them", "[oracle]") {
   const auto fp16 = InputPrecision::fp16;
   const auto& c = case_named("gqa_group4");
   const auto inputs = round_inputs_to(cases::make_inputs<double>(c), fp16);
@@ -96,12 +100,42 @@ TEST_CASE("fp16: the floor of o counts subnormal probabilities and fp16 is no sc
   // fp16 is an input precision only.
   CHECK(parse_input_precision("fp16") == fp16);
   CHECK_THROWS_WITH(parse_score_precision("fp16"), Catch::EndsWith("got \"fp16\""));
-  // Gradients are not judged under fp16 (their floors are derived for bf16 and fp32).
+  // The gradients' floors (one softmax per query): 4 units of 2^-11 of the gradient's largest
+  // entry, plus 2^-25 x (products x factor + 1): dq sums the keys of its softmax times sigma
+  // max |k|, dk and dv the G x T queries of its KV group times sigma max |q| and max |do|.
   const MechanismSpec full = preset("full");
   KernelOutputs with_grads = float_kernel(full, inputs, fp16);
-  with_grads.gradients = testing::float_gradients(full, inputs, with_grads.selection, 7);
-  CHECK_THROWS_WITH(verify(full, inputs, with_grads, {fp16}),
-                    Catch::StartsWith("input_precision: expected fp32 or bf16 for gradients"));
+  with_grads.gradients = testing::float_gradients(full, inputs, with_grads.selection, 7, fp16);
+  const Verdict graded = verify(full, inputs, with_grads, {fp16});
+  INFO(graded.report());
+  CHECK(graded.passed);
+  auto largest = [](const std::vector<Matrix<double>>& heads) {
+    double m = 0;
+    for (const auto& x : heads) m = std::max(m, x.cwiseAbs().maxCoeff());
+    return m;
+  };
+  const double sigma = 1.0 / std::sqrt(static_cast<double>(inputs.d()));
+  const double T = static_cast<double>(inputs.T());
+  const double G = static_cast<double>(inputs.Hq() / inputs.Hkv());
+  const std::map<std::string, double> subnormal = {
+      {"dq", (T * sigma * largest(inputs.k) + 1) * 0x1p-25},
+      {"dk", (G * T * sigma * largest(inputs.q) + 1) * 0x1p-25},
+      {"dv", (G * T * largest(with_grads.gradients.d_o) + 1) * 0x1p-25}};
+  int floors = 0;
+  for (const auto& t : graded.tensors)
+    if (subnormal.count(t.name)) {
+      ++floors;
+      CHECK(t.floor == Approx(4.0 * 0x1p-11 * t.magnitude + subnormal.at(t.name)).epsilon(1e-12));
+    }
+  CHECK(floors == 3);
+  // A hierarchical fusion's gradients are not judged under fp16 (the fusion weights and the
+  // summaries' gradients are derived for bf16 and fp32 only).
+  const MechanismSpec hils_spec = cases::with_case_geometry(preset("hils"), c);
+  KernelOutputs hierarchical = float_kernel(hils_spec, inputs, fp16);
+  hierarchical.gradients = testing::float_gradients(hils_spec, inputs, hierarchical.selection, 7, fp16);
+  CHECK_THROWS_WITH(verify(hils_spec, inputs, hierarchical, {fp16}),
+                    Catch::StartsWith("input_precision: expected fp32 or bf16 for the gradients of "
+                                      "a hierarchical fusion"));
   // An input that fp16 cannot hold is refused, named.
   AttentionInputs<double> big = inputs;
   big.v[1](3, 5) = 70000.0;

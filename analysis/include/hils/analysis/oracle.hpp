@@ -205,6 +205,14 @@ struct Tolerances {
   // sum l >= 1, the largest P being 1) that moves o by at most keys x 2^-25 x max |v|. The floor
   // of o and o_window adds this many magnitudes (0 for the other precisions).
   static double subnormal_probability_units(InputPrecision precision, int64_t keys);
+  // fp16 gradients, the same rounding in the backward (data/verify_format.md "Gradients"): a
+  // kernel that rounds P (before dV = P^T dO) and dS = P (dP - D) (before dQ = sigma dS K and
+  // dK = sigma dS^T Q) to fp16 errs by up to 2^-25 on each one below 2^-14, and its fp16 store
+  // of the gradient by up to 2^-25 more: an entry that sums `products` of them with factors of
+  // at most `factor` (max |do|; sigma max |k|; sigma max |q|) moves by at most
+  // (products x factor + 1) x 2^-25. The absolute error a gradient's floor adds (0 for the
+  // other precisions).
+  static double subnormal_gradient_error(InputPrecision precision, double products, double factor);
 
   static double floor_units(InputPrecision precision);
   static double margin_units(InputPrecision precision);
