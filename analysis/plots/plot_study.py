@@ -441,8 +441,13 @@ def overlap_plots(f, config, stem, out):
     s = f["summary"]
     lengths = s["lengths"][()]
     # A block of one query has overlap 1 by definition (reference/SEMANTICS.md, "Chunk
-    # overlap"), not by measurement: drawn, it made a dip at M = 2 out of nothing.
-    Ms = np.array([m for m in s["block_sizes"][()] if m > 1])
+    # overlap"), not by measurement: drawn, it made a dip at M = 2 out of nothing. A block of
+    # more queries than a short context has (its units study fewer than tail_queries: those
+    # with a candidate) has no overlap at any length: not drawn, and said so.
+    sizes = [m for m in s["block_sizes"][()] if m > 1]
+    Ms = np.array([m for m in sizes if np.isfinite(col(s[f"overlap_M{m}"][()], "mean")).any()])
+    too_large = [int(m) for m in sizes if m not in Ms]
+    studied = [studied_queries(f, T) for T in lengths]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10.5, 4.2))
     loaded_union_bars(a, s, lengths, ov["final_block"], colour)
 
@@ -453,9 +458,11 @@ def overlap_plots(f, config, stem, out):
         sd = np.array([col(s[f"overlap_M{m}"][()], "sd")[i] for m in Ms])
         lo = np.clip(mean - sd, overlap.low, overlap.high)
         hi = np.clip(mean + sd, overlap.low, overlap.high)
-        per = np.array([s[f"overlap_M{m}_per_unit"][()][i] for m in Ms])
-        b.fill_between(Ms, np.nanmin(per, axis=1), np.nanmax(per, axis=1), color=c, alpha=0.15,
-                       lw=0)
+        per = np.array([s[f"overlap_M{m}_per_unit"][()][i] for m in Ms]).reshape(len(Ms), -1)
+        # fmin/fmax skip NaN (a block size this length's queries cannot fill) without numpy's
+        # "All-NaN slice" warning under hils plot's lines.
+        b.fill_between(Ms, np.fmin.reduce(per, axis=1), np.fmax.reduce(per, axis=1), color=c,
+                       alpha=0.15, lw=0)
         b.errorbar(Ms, mean, yerr=yerr_of(mean, lo, hi), marker="os^vD"[i % 5], ms=4, capsize=2,
                    color=c, label=f"T = {length_label(T)}")
         b.axhline(col(s["reuse"][()], "mean")[i], ls="--", lw=0.9, color=c)
@@ -465,20 +472,42 @@ def overlap_plots(f, config, stem, out):
     b.set_ylim(0, 1.05)
     b.set_xlabel("block size M (adjacent queries; M = 1 is 1 by definition, not drawn)")
     b.set_ylabel(METRICS["overlap"].axis)
-    b.set_title(METRICS["overlap"].title)
+    b.set_title(METRICS["overlap"].title
+                + (f"\n(M = {', '.join(map(str, too_large))}: more than the "
+                   f"{max(n for n in studied if n is not None)} queries studied, not drawn)"
+                   if too_large else ""))
     handles, _ = b.get_legend_handles_labels()
+    no_reuse = [length_label(T) for i, T in enumerate(lengths)
+                if not np.isfinite(col(s["reuse"][()], "mean")[i])]
     handles.append(Line2D([], [], ls="--", lw=0.9, color=colour,
                           label=r"inter-block reuse $|U_b \cap U_{b-1}| \,/\, |U_b|$, "
                           f"M = {ov['final_block']}"
-                          + (", one per T in its shade" if len(lengths) > 1 else "")))
+                          + (", one per T in its shade" if len(lengths) > 1 else "")
+                          + (f"\n(none at T = {', '.join(no_reuse)}: fewer than two blocks)"
+                             if no_reuse else "")))
     # Below the axes: overlap values fill the whole [0, 1] range, so no corner is free of data.
     b.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False,
              ncol=2)
+    fewer = [f"{n} at T = {length_label(T)}" for T, n in zip(lengths, studied)
+             if n is not None and n < ov["tail_queries"]]
     suptitle(fig, f"{stem}: chunk overlap of adjacent queries, mechanism {mech} "
                  f"(S = {geometry['S']}, K = {geometry['K']}, last {ov['tail_queries']} queries)\n"
+                 + (f"fewer queries where fewer have a candidate: {', '.join(fewer)}\n"
+                    if fewer else "") +
                  "mean over layers × KV groups; bars ±1 sd (clipped to [0, 1]), shading min–max")
     fig.tight_layout()
     return [save(fig, out, f"{stem}_overlap.png")]
+
+
+def studied_queries(f, T):
+    """A results file, a length -> how many tail queries its units studied (the same in every
+    unit of a length: tail_queries, or the queries with a candidate where fewer), None when no
+    unit of that length is in the file."""
+    for layer in f.get(f"T{T}", {}).values():
+        for unit in layer.values():
+            if "queries" in unit:
+                return len(unit["queries"])
+    return None
 
 
 def loaded_union_bars(ax, s, lengths, final_block, colour):

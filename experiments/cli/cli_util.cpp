@@ -220,4 +220,11 @@ std::string interrupted_message(int signal, const std::string& file, size_t comp
                  units_kept(file, published, "make room and " + to_continue));
 }
 
+[[noreturn]] void rethrow_input_failure(const io::FileError& error, const std::string& file,
+                                        size_t published, const std::string& to_continue) {
+  if (published == 0) throw error;
+  throw BadInput(std::string(error.what()) + "; " +
+                 units_kept(file, published, "correct the input and " + to_continue));
+}
+
 }  // namespace hils::cli

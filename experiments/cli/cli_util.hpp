@@ -69,13 +69,19 @@ std::string interrupted_message(int signal, const std::string& file, size_t comp
 // "make room and <to_continue>") when it keeps any unit.
 [[noreturn]] void rethrow_write_failure(const io::FileError& error, const std::string& file,
                                         size_t published, const std::string& to_continue);
+// An input found bad during the unit loop (a study reads each layer as its units start, e.g. a
+// NaN in layer 3): rethrows `error`, with what the last checkpoint keeps and how to continue
+// once the input is corrected (units_kept: "correct the input and <to_continue>").
+[[noreturn]] void rethrow_input_failure(const io::FileError& error, const std::string& file,
+                                        size_t published, const std::string& to_continue);
 
 // Runs `unit_loop()` (a UnitRunner's run, or a study driver) into the results file `file` so
 // that SIGINT/SIGTERM stop it at a unit boundary (io::UnitStopScope): the stop becomes
 // Interrupted, whose line says how many units `units_published()` (its writer's
 // io::ResultsWriter::units_published) the file keeps and `to_continue` ("run the same command
-// again", ...); a failed write (a full disk) says the same (rethrow_write_failure). Returns
-// what unit_loop returns.
+// again", ...); a failed write (a full disk, io::WriteError) says the same
+// (rethrow_write_failure), and so does an input found bad by a unit (rethrow_input_failure).
+// Returns what unit_loop returns.
 template <class UnitLoop, class UnitsPublished>
 auto run_stoppable(UnitLoop unit_loop, const std::string& file, UnitsPublished units_published,
                    const std::string& to_continue) {
@@ -85,8 +91,10 @@ auto run_stoppable(UnitLoop unit_loop, const std::string& file, UnitsPublished u
   } catch (const analysis::Interrupted& e) {
     throw Interrupted(e.signal_number, interrupted_message(e.signal_number, file,
                                                            units_published(), to_continue));
-  } catch (const io::FileError& e) {
+  } catch (const io::WriteError& e) {
     rethrow_write_failure(e, file, units_published(), to_continue);
+  } catch (const io::FileError& e) {
+    rethrow_input_failure(e, file, units_published(), to_continue);
   }
 }
 

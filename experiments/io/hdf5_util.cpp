@@ -26,11 +26,23 @@
 
 namespace hils::io {
 
-void fail(const std::filesystem::path& file, const std::string& object,
-          const std::string& expected, const std::string& found) {
+namespace {
+std::string failure_text(const std::filesystem::path& file, const std::string& object,
+                         const std::string& expected, const std::string& found) {
   std::string where = file.string();
   if (!object.empty()) where += ": " + object;
-  throw FileError(fmt::format("{}: expected {}, found {}", where, expected, found));
+  return fmt::format("{}: expected {}, found {}", where, expected, found);
+}
+}  // namespace
+
+void fail(const std::filesystem::path& file, const std::string& object,
+          const std::string& expected, const std::string& found) {
+  throw FileError(failure_text(file, object, expected, found));
+}
+
+void fail_writing(const std::filesystem::path& file, const std::string& object,
+                  const std::string& expected, const std::string& found) {
+  throw WriteError(failure_text(file, object, expected, found));
 }
 
 namespace {
@@ -728,7 +740,7 @@ void TempFile::publish_copy() const {
     const std::string reason = full_device(final_) ? no_space(final_) : ec.message();
     std::error_code ignored;
     std::filesystem::remove(second, ignored);
-    fail(final_, "", "room to publish a checkpoint copy of the results so far",
+    fail_writing(final_, "", "room to publish a checkpoint copy of the results so far",
          reason + " (the last published checkpoint, if any, is untouched)");
   }
 }
@@ -749,7 +761,7 @@ void fail_write(const std::filesystem::path& output, const H5::Exception& error,
   // errno as found: a caller cleaning up after a failed write (activation_file.cpp closes the
   // file, which fails here too, then rethrows the first error) reads it again.
   errno = saved_errno;
-  fail(output, "", "room to write the output",
+  fail_writing(output, "", "room to write the output",
        reason + (published ? "; this write was not published (the file of that name, as last "
                              "published, is untouched)"
                            : "; nothing was published"));

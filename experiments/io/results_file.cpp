@@ -185,7 +185,7 @@ ResultsWriter ResultsWriter::resume(const std::filesystem::path& path,
   std::filesystem::copy_file(path, state->temp.path(),
                              std::filesystem::copy_options::overwrite_existing, ec);
   if (ec)
-    fail(path, "", "room to copy the results file to resume it",
+    fail_writing(path, "", "room to copy the results file to resume it",
          ec.message() + " (is the disk full or a file-size limit reached? the file is untouched)");
   guard_write(path, [&] {
     state->file = std::make_unique<H5::H5File>(state->temp.path().string(), H5F_ACC_RDWR);

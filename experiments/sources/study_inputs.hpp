@@ -42,10 +42,17 @@ StudyInputs model_study_inputs(const ModelFiles& files, int64_t n_layers,
                                const std::string& lengths_where);
 
 // An activation file, read one layer at a time; at most the file's layers. InvalidArgument up
-// front when the longest length exceeds the file's T (naming `lengths_where`). `raw` needs the
-// file's q_unrotated/k_unrotated (InvalidArgument when it has none, at the first load).
+// front when the longest length exceeds the file's T (naming `lengths_where`). `positioned` is
+// what the model attended: q and k as stored when the file says they carry the model's RoPE
+// (`rotated` 1) or the model has none (`rope_pairing` none); else (`rotated` 0 with a RoPE) q and
+// k rotated by the file's pairing and theta at the study's position ids (chunk size S, landmarks),
+// as `hils run --positional auto` does, which must be the file's position_ids (InvalidArgument up
+// front naming position_ids otherwise). `raw` is q and k of a file with `rotated` 0, else its
+// q_unrotated/k_unrotated (InvalidArgument when it has none, at the first load). Both carry the
+// file's q_retrieval (q~, rotated with q), but for `raw` of a file with `rotated` 1, where it is
+// stored rotated with no un-rotated copy: InvalidArgument at the first load.
 StudyInputs activation_study_inputs(const std::filesystem::path& file, int64_t n_layers,
                                     const std::vector<int64_t>& lengths,
-                                    const std::string& lengths_where);
+                                    const std::string& lengths_where, int64_t S, bool landmarks);
 
 }  // namespace hils::sources

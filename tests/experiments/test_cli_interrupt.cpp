@@ -19,6 +19,7 @@
 #include <csignal>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -28,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hils/analysis/units.hpp"
+#include "io/activation_file.hpp"
 #include "io/hdf5_util.hpp"
 #include "io/results_file.hpp"
 #include "support.hpp"
@@ -376,5 +378,41 @@ TEST_CASE("a full disk after the first checkpoint says what the file keeps and h
                              kept, kept == 1 ? "" : "s")));
   REQUIRE(hils_in(dir.path(), study + " --out study.h5").exit_code == 0);
   require_same_results(dir / "whole_study.h5", dir / "study.h5");
+  CHECK(count_temp_files(dir.path()) == 0);
+}
+
+TEST_CASE("a bad layer found by a study's unit says to correct the input and not to make room",
+          "[cli][interrupt][faults]") {
+  // A study reads each layer as its units start, so an Inf in layer 1 of an activation file is
+  // found after layer 0's units are published. Was: "...; f.h5 keeps 2 complete units (...);
+  // make room and run the same command again to continue from them" (the advice of a full disk,
+  // and the same command failed the same way).
+  TempDir dir("study_bad_layer");
+  REQUIRE(hils_in(dir.path(), "-q dump synthetic -T 300 -S 16 --landmarks false -o one.h5")
+              .exit_code == 0);
+  hils::io::ActivationFile file = hils::io::read_activation_file(dir / "one.h5");
+  file.meta.n_layers = 2;
+  file.layers.push_back(file.layers.front());
+  hils::io::write_activation_file(dir / "acts.h5", file, hils::io::StorageType::float64);
+  {
+    H5::H5File h5((dir / "acts.h5").string(), H5F_ACC_RDWR);
+    H5::DataSet v = h5.openDataSet("layer1/v");
+    std::vector<double> values(static_cast<size_t>(v.getSpace().getSimpleExtentNpoints()));
+    v.read(values.data(), H5::PredType::NATIVE_DOUBLE);
+    values[5] = std::numeric_limits<double>::infinity();
+    v.write(values.data(), H5::PredType::NATIVE_DOUBLE);
+  }
+  const std::string study = "-q fidelity --activations acts.h5 --lengths 256 --queries 4 "
+                            "-W 32 -K 4 --jobs 1 --out f.h5";
+  const auto r = hils_in(dir.path(), study);
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("acts.h5: layer1/v: expected finite values, found inf at "
+                                       "[0, 0, 5]"));
+  CHECK_THAT(r.output, Catch::Contains("f.h5 keeps 2 complete units (work on unfinished units is "
+                                       "dropped); correct the input and run the same command "
+                                       "again to continue from them"));
+  CHECK_THAT(r.output, !Catch::Contains("make room"));
+  CHECK(complete_units(dir / "f.h5") == 2);
   CHECK(count_temp_files(dir.path()) == 0);
 }

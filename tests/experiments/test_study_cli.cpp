@@ -3,12 +3,17 @@
 // value, and no results file is written.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/studies/study_table.hpp"
+#include "io/activation_file.hpp"
+#include "io/results_file.hpp"
 #include "support.hpp"
 
 using hils::test::quoted;
@@ -191,6 +196,145 @@ TEST_CASE("a study on an activation file needs the file's landmark layout", "[cl
                     quoted(dir / "f.h5"));
   INFO(r.output);
   CHECK(r.exit_code == 0);
+}
+
+TEST_CASE("a study rotates an activation file's un-rotated RoPE vectors as hils run does",
+          "[cli][study]") {
+  // A file with rotated = 0 and rope_pairing half (q and k dumped before the model's RoPE) was
+  // studied as if the model had no positional encoding (fidelity and overlap: the exact masses
+  // of un-rotated q and k, off by up to ~4 nats here), and extrapolate refused it for lacking
+  // q_unrotated, which its q and k are. The same vectors stored rotated (with their un-rotated
+  // copies) must give the same results.
+  TempDir dir("study_unrotated_rope");
+  const auto rotated = dir / "rotated.h5", unrotated = dir / "unrotated.h5";
+  REQUIRE(run_hils("-q dump synthetic --generator topics -T 300 -S 16 --landmarks false "
+                   "--positional rope --rope-pairing half --rope-theta 5000 --seed 3 -o " +
+                   quoted(rotated))
+              .exit_code == 0);
+  hils::io::ActivationFile file = hils::io::read_activation_file(rotated);
+  REQUIRE(file.meta.rotated);
+  file.meta.rotated = false;
+  for (auto& layer : file.layers) {
+    layer.inputs.q = std::move(layer.q_unrotated);
+    layer.inputs.k = std::move(layer.k_unrotated);
+    layer.q_unrotated.clear(), layer.k_unrotated.clear();
+  }
+  hils::io::write_activation_file(unrotated, file, hils::io::StorageType::float64);
+
+  for (const auto& [study, dataset] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"fidelity", "T256/layer0/group0/head0/exact"},
+           {"overlap", "T256/layer0/group0/selection"},
+           {"extrapolate", "rope/T256/layer0/group0/head0/mean/gap_mean"}}) {
+    std::vector<hils::Matrix<double>> values;
+    for (const auto& input : {rotated, unrotated}) {
+      const auto out = dir / (study + "_" + input.stem().string() + ".h5");
+      const std::string extra = study == "overlap" ? "" : " --queries 4 --mechanisms mean";
+      auto r = run_hils("-q " + study + " --lengths 256 --n-layers 1 -S 16 -W 32 -K 4" + extra +
+                        " --activations " + quoted(input) + " --out " + quoted(out));
+      INFO(study << " on " << input << ": " << r.output);
+      REQUIRE(r.exit_code == 0);
+      hils::io::ResultsReader results(out);
+      values.push_back(dataset.find("selection") != std::string::npos
+                          ? results.index_matrix(dataset).cast<double>()
+                          : results.matrix(dataset));
+    }
+    INFO(study);
+    const auto finite = [](const hils::Matrix<double>& m) {
+      return m.unaryExpr([](double x) { return std::isfinite(x) ? x : 0.0; });
+    };
+    CHECK((finite(values[0]) - finite(values[1])).cwiseAbs().maxCoeff() < 1e-12);
+  }
+
+  // Positions the file does not share with the study's layout are refused up front, naming them.
+  for (auto& id : file.meta.position_ids) id += 7;
+  const auto shifted = dir / "shifted.h5";
+  hils::io::write_activation_file(shifted, file, hils::io::StorageType::float64);
+  require_refused(dir, "fidelity --lengths 256 --n-layers 1 -S 16 -W 32 -K 4 --activations " +
+                           quoted(shifted),
+                  shifted.string() + ": position_ids: expected the study's position ids (S=16, "
+                  "landmarks=false: 0 at slot 0) to rotate the un-rotated q and k (rotated = 0, "
+                  "rope_pairing half) at, found 7");
+}
+
+TEST_CASE("an activation file is studied whole by default and extrapolated with its own RoPE",
+          "[cli][study]") {
+  // A file got the defaults of the model stories260K: lengths [512] (a 300-slot file was refused,
+  // "(defaults): [fidelity].lengths: expected lengths within the activation file's T = 300
+  // slots, got 512"; a longer one was studied at 512 slots alone), layers 0..4 of its 6, and an
+  // extrapolation whose rope encoding was RoPE interleaved with theta 10000 where the file's
+  // model has half with theta 5000.
+  TempDir dir("study_activation_defaults");
+  REQUIRE(run_hils("-q dump synthetic -T 300 -S 16 --landmarks false --positional rope "
+                   "--rope-pairing half --rope-theta 5000 --Hq 2 --Hkv 1 -d 16 --seed 4 -o " +
+                   quoted(dir / "one.h5"))
+              .exit_code == 0);
+  hils::io::ActivationFile file = hils::io::read_activation_file(dir / "one.h5");
+  file.meta.n_layers = 6;
+  file.layers.resize(6, file.layers.front());
+  const auto six = dir / "six.h5";
+  hils::io::write_activation_file(six, file, hils::io::StorageType::float64);
+  const auto config = [](const fs::path& results) {
+    return nlohmann::json::parse(
+        hils::io::ResultsReader(results).string_attribute("/", "config"));
+  };
+  const std::string flags = " -W 32 -K 4 --queries 2 --mechanisms mean --activations " +
+                            quoted(six) + " --out ";
+  auto fidelity = run_hils("-q fidelity" + flags + quoted(dir / "f.h5"));
+  INFO(fidelity.output);
+  REQUIRE(fidelity.exit_code == 0);
+  CHECK(config(dir / "f.h5")["lengths"] == nlohmann::json::array({300}));
+  CHECK(config(dir / "f.h5")["layers"] == 6);
+  auto extrapolation = run_hils("-q extrapolate --n-layers 1" + flags + quoted(dir / "e.h5"));
+  INFO(extrapolation.output);
+  REQUIRE(extrapolation.exit_code == 0);
+  const nlohmann::json e = config(dir / "e.h5");
+  CHECK(e["lengths"] == nlohmann::json::array({128, 256}));
+  CHECK(e["extrapolation"]["pairing"] == "half");
+  CHECK(e["extrapolation"]["theta"] == 5000.0);
+}
+
+TEST_CASE("a study reads an activation file's q_retrieval as hils run does", "[cli][study]") {
+  // The studies dropped q_retrieval (q~, the retrieval queries the surrogates score with) of an
+  // activation file without a word: a file with q_retrieval = q + noise gave the results of the
+  // same file without it, while hils run and the synthetic source used q~.
+  TempDir dir("study_q_retrieval");
+  const auto with = dir / "with.h5", without = dir / "without.h5";
+  REQUIRE(run_hils("-q dump synthetic --generator topics -T 300 -S 16 --landmarks false "
+                   "--retrieval-noise 0.5 --seed 6 -o " + quoted(with))
+              .exit_code == 0);
+  hils::io::ActivationFile file = hils::io::read_activation_file(with);
+  REQUIRE_FALSE(file.layers.front().inputs.q_retrieval.empty());
+  file.layers.front().inputs.q_retrieval.clear();
+  hils::io::write_activation_file(without, file, hils::io::StorageType::float64);
+  const std::string head = "T300/layer0/group0/head0/";
+  std::vector<hils::Matrix<double>> exact, surrogate;
+  for (const auto& input : {with, without}) {
+    const auto out = dir / ("f_" + input.stem().string() + ".h5");
+    auto r = run_hils("-q fidelity --lengths 300 -W 32 -K 4 --queries 4 --mechanisms mean "
+                      "--activations " + quoted(input) + " --out " + quoted(out));
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    hils::io::ResultsReader results(out);
+    exact.push_back(results.matrix(head + "exact"));
+    surrogate.push_back(results.matrix(head + "mean/surrogate"));
+  }
+  CHECK(exact[0] == exact[1]);  // L reads q
+  const auto finite = [](const hils::Matrix<double>& m) {
+    return m.unaryExpr([](double x) { return std::isfinite(x) ? x : 0.0; });
+  };
+  CHECK((finite(surrogate[0]) - finite(surrogate[1])).cwiseAbs().maxCoeff() > 0.01);
+
+  // Extrapolation applies each encoding to un-rotated vectors: a q_retrieval stored rotated
+  // without an un-rotated copy is refused by name, as hils run --positional refuses it.
+  const auto rotated = dir / "rotated.h5";
+  REQUIRE(run_hils("-q dump synthetic -T 300 -S 16 --landmarks false --positional rope "
+                   "--retrieval-noise 0.5 -o " + quoted(rotated))
+              .exit_code == 0);
+  require_refused(dir, "extrapolate --lengths 300 -W 32 -K 4 --queries 2 --mechanisms mean "
+                       "--activations " + quoted(rotated),
+                  "activations: expected an un-rotated q_retrieval (extrapolation applies each "
+                  "encoding to un-rotated vectors");
 }
 
 TEST_CASE("a name or value given twice in a study's lists is refused before any unit",

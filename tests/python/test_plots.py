@@ -249,6 +249,32 @@ def test_the_overlap_of_one_query_is_not_drawn_as_a_measurement(drawn):
         assert ("one per T in its shade" in reuse) == said, reuse
 
 
+def test_an_overlap_of_fewer_queries_than_its_blocks_says_so_without_warnings(tmp_path):
+    # A context with fewer queries that have a candidate than tail_queries (T = 100 at S = 16,
+    # W = 64: 21; an activation file of a short text): the title said "last 256 queries", the
+    # blocks of M = 32 and 64 had empty places on the axis without a word, the reuse line was
+    # in the legend and not drawn, and numpy's "All-NaN slice encountered" RuntimeWarning was
+    # printed under hils plot's lines.
+    path = tmp_path / "short.h5"
+    subprocess.run([tool("HILS_CLI"), "overlap", "--lengths", "100", "--n-layers", "1", "-S",
+                    "16", "-W", "64", "-K", "4", "-q", "--out", str(path)], check=True,
+                   env=dict(os.environ, OMP_NUM_THREADS="1"))
+    n = len(h5py.File(path)["T100/layer0/group0/queries"])
+    assert n < 32, n
+    code, err = run_script(path, tmp_path)
+    assert code == 0, err
+    assert "Warning" not in err, err
+    fig = draw(path, tmp_path / "plots")["overlap.png"]
+    title = fig._suptitle.get_text()
+    assert f"{n} at T = 100" in title, title
+    ax = next(ax for ax in fig.axes if ax.get_ylabel() == ps.METRICS["overlap"].axis)
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert "32" not in ticks and "64" not in ticks, ticks
+    assert f"M = 32, 64: more than the {n} queries studied, not drawn" in ax.get_title()
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("none at T = 100: fewer than two blocks" in t for t in legend), legend
+
+
 def test_the_gap_figure_keeps_the_mechanism_order_and_says_what_it_leaves_out(studies, drawn):
     # Was: mean, max_logit, taylor, taylor_entropy whatever the other figures' order, and
     # landmark_key and naive_bsa left out without a word.

@@ -5,6 +5,7 @@
 #include "cli/cli_util.hpp"
 #include "cli/commands.hpp"
 #include "cli/studies/study_config.hpp"
+#include "io/activation_file.hpp"
 
 namespace hils::cli::studies {
 
@@ -49,34 +50,50 @@ std::string lengths_where(const StudyArgs& a, const config::ConfigValues& c,
   return a.lengths.empty() ? c.where(study, "lengths") : "--lengths";
 }
 
-// The longest length extrapolation's default may reach.
-int64_t longest_default(bool model) { return model ? 512 : 1 << 20; }
+// The defaults of a source kind (SourceDefaults); an activation file's are read from it.
+SourceDefaults source_defaults(const std::string& kind, const StudyArgs& a) {
+  SourceDefaults d;
+  if (kind == "synthetic") return d;
+  d.whole_context = true, d.train_length = 128, d.pairing = "interleaved";
+  if (kind == "model") {
+    d.context = 512, d.layers = 5;
+    return d;
+  }
+  if (a.activations.empty()) throw BadInput("--activations: a file is needed for source=activations");
+  const io::ActivationMeta meta = io::read_activation_meta(a.activations);
+  d.context = meta.T, d.layers = meta.n_layers;
+  if (meta.rope_pairing != "none") d.pairing = meta.rope_pairing, d.theta = meta.rope_theta;
+  return d;
+}
 
 // The default context lengths of every row of kStudies (std::logic_error, exit 3, for a study
 // without them: a row added to kStudies needs its lengths here).
-std::vector<int64_t> default_lengths(const std::string& study, bool model, int64_t train_length) {
-  if (study == "fidelity") return model ? std::vector<int64_t>{512} : std::vector<int64_t>{4096};
+std::vector<int64_t> default_lengths(const std::string& study, const SourceDefaults& defaults,
+                                     int64_t train_length) {
+  const std::vector<int64_t> whole{defaults.context};
+  if (study == "fidelity") return defaults.whole_context ? whole : std::vector<int64_t>{4096};
   if (study == "overlap")
-    return model ? std::vector<int64_t>{512} : std::vector<int64_t>{4096, 16384, 65536};
+    return defaults.whole_context ? whole : std::vector<int64_t>{4096, 16384, 65536};
   if (study != "extrapolation")
     throw std::logic_error("study " + study + ": no default lengths in study_config.cpp");
   std::vector<int64_t> lengths;
-  for (int64_t x = 1; x <= 64 && train_length * x <= longest_default(model); x *= 2)
+  for (int64_t x = 1; x <= 64 && train_length * x <= defaults.context; x *= 2)
     lengths.push_back(train_length * x);
   return lengths;
 }
 
 // The context lengths: the study's default, then the config's [<study>] lengths, then --lengths.
 std::vector<int64_t> resolve_lengths(const StudyArgs& a, const config::ConfigValues& c,
-                                     const std::string& study, bool model, int64_t train_length) {
-  std::vector<int64_t> lengths = default_lengths(study, model, train_length);
+                                     const std::string& study, const SourceDefaults& defaults,
+                                     int64_t train_length) {
+  std::vector<int64_t> lengths = default_lengths(study, defaults, train_length);
   lengths = c.integers(study, "lengths", lengths);
   if (!a.lengths.empty()) lengths = a.lengths;
   if (lengths.empty() && study == "extrapolation" && !c.has(study, "lengths"))
     throw BadInput(fmt::format("{}: expected a train length whose default lengths (train_length "
                                "x 1, 2, 4, ..., 64) start within {} slots, got {} (or set "
                                "--lengths)",
-                               c.where(study, "train_length"), longest_default(model),
+                               c.where(study, "train_length"), defaults.context,
                                train_length));
   require_ascending_lengths(lengths, lengths_where(a, c, study));
   return lengths;
@@ -156,12 +173,13 @@ Resolved resolve(const StudyArgs& a, const std::string& study) {
               r.source_kind == "activations",
           c.where("source", "kind"), "synthetic, model or activations", r.source_kind);
   const bool model = r.source_kind != "synthetic";
+  const SourceDefaults defaults = source_defaults(r.source_kind, a);
   resolve_geometry(r, a, c, model);
   resolve_study_tables(r, a, c);
-  resolve_extrapolation_table(r, c, model);
-  const std::vector<int64_t> lengths = resolve_lengths(a, c, study, model, r.train_length);
+  resolve_extrapolation_table(r, c, defaults);
+  const std::vector<int64_t> lengths = resolve_lengths(a, c, study, defaults, r.train_length);
   r.source.lengths = lengths;
-  r.source.n_layers = a.layers ? *a.layers : c.integer("source", "layers", model ? 5 : 2);
+  r.source.n_layers = a.layers ? *a.layers : c.integer("source", "layers", defaults.layers);
   if (a.layers_old_name)
     note("--layers: the study commands call it --n-layers now (the number of layers studied, "
          "from layer 0); in hils run, --layers lists layer indices");

@@ -39,6 +39,20 @@ struct Resolved {
   nlohmann::json config;  // what went into the run, for provenance and resume checks
 };
 
+// What a study's defaults follow from its source (study_config.cpp): the synthetic generators
+// (lengths up to 2^20 slots, 2 layers, a train length of 1024, RoPE half), the model stories260K
+// (its 512-slot context, 5 layers, 128, RoPE interleaved as llama2.c) or an activation file (its
+// T, all its layers, 128, and the file's RoPE where it has one: a file is studied whole by
+// default, as the model is).
+struct SourceDefaults {
+  int64_t context = 1 << 20;   // the longest length a default length reaches
+  bool whole_context = false;  // fidelity and overlap default to `context` alone
+  int64_t layers = 2;
+  int64_t train_length = 1024;
+  std::string pairing = "half";
+  double theta = 10000.0;
+};
+
 // study: the study of a row of kStudies ("fidelity", "overlap" or "extrapolation"). Throws
 // BadInput naming the flag or the config key of the first value it cannot use; builds the inputs
 // last.
@@ -50,9 +64,11 @@ std::vector<analysis::StudyMechanism> mechanisms_of(const Resolved& r);
 
 // study_tables.cpp: r's mechanisms, queries, scores and overlap blocks from [study] and
 // [overlap] (then --mechanisms, --queries), and its encodings, RoPE and needle grid from
-// [extrapolation]; r.geometry and r.prior must be resolved. `model`: the source is a model.
+// [extrapolation] (its train length and RoPE default to the source's); r.geometry and r.prior
+// must be resolved.
 void resolve_study_tables(Resolved& r, const StudyArgs& args, const config::ConfigValues& c);
-void resolve_extrapolation_table(Resolved& r, const config::ConfigValues& c, bool model);
+void resolve_extrapolation_table(Resolved& r, const config::ConfigValues& c,
+                                 const SourceDefaults& defaults);
 
 // study_sources.cpp: r.source, r.raw_source and r.config["source"] from the source kind, the
 // layers and lengths already in r, and the config's [source] table. BadInput naming

@@ -53,7 +53,7 @@ void build_sources(Resolved& r, const StudyArgs& a, const config::ConfigValues& 
   } else {  // activations (resolve() accepts no other kind)
     if (a.activations.empty()) throw BadInput("--activations: a file is needed for source=activations");
     inputs = sources::activation_study_inputs(a.activations, r.source.n_layers, r.source.lengths,
-                                              lengths_where);
+                                              lengths_where, r.geometry.S, r.geometry.landmarks);
     // The study's chunks must be the file's (run does the same check per mechanism).
     require_landmark_layout(r.geometry.landmarks, r.geometry.S,
                             io::read_activation_meta(a.activations), a.activations,

@@ -70,17 +70,18 @@ void resolve_study_tables(Resolved& r, const StudyArgs& a, const config::ConfigV
 }
 
 // The [extrapolation] settings: encodings, training length, RoPE, the needle grid.
-void resolve_extrapolation_table(Resolved& r, const config::ConfigValues& c, bool model) {
+void resolve_extrapolation_table(Resolved& r, const config::ConfigValues& c,
+                                 const SourceDefaults& defaults) {
   const auto where = [&c](const char* key) { return c.where("extrapolation", key); };
   r.encodings = c.texts("extrapolation", "encodings", r.encodings);
   for (const auto& name : r.encodings) parse_positional_kind(name, where("encodings"));
   require_some(r.encodings, where("encodings"), "positional encoding");
   require_distinct(r.encodings, where("encodings"), "names");
-  r.train_length = c.integer("extrapolation", "train_length", model ? 128 : 1024, 1);
-  r.theta = c.number("extrapolation", "theta", r.theta);
+  r.train_length = c.integer("extrapolation", "train_length", defaults.train_length, 1);
+  r.theta = c.number("extrapolation", "theta", defaults.theta);
   require(std::isfinite(r.theta) && r.theta > 1.0, where("theta"),
           "a finite RoPE base greater than 1", std::to_string(r.theta));
-  r.pairing = c.text("extrapolation", "pairing", model ? "interleaved" : "half");
+  r.pairing = c.text("extrapolation", "pairing", defaults.pairing);
   parse_rope_pairing(r.pairing, where("pairing"));
   r.depths = c.numbers("extrapolation", "depths", r.depths);
   for (double depth : r.depths)
