@@ -27,13 +27,18 @@ struct Magnitudes {
   double fusion_weights = 1;  // scale of the fusion weights' rounding (add_score_conditioning)
 };
 
+// The most slots a chunk-aligned window holds, W + S - 1 (reference/SEMANTICS.md section 2): also
+// the most queries whose window reads one key.
+inline int64_t window_slots(const MechanismSpec& spec) { return spec.W + spec.S - 1; }
+
 // The most keys one softmax of the mechanism sums: every slot for full attention, else at most
-// the window and the K selected chunks (flat fusion's one softmax). The fp16 floors' count of
+// the window (W + S - 1 slots: it starts at a chunk boundary, reference/SEMANTICS.md section 2)
+// and the K selected chunks (flat fusion's one softmax). The fp16 floors' count of
 // probabilities below fp16's normal range (Tolerances::subnormal_probability_units for o and
 // o_window, subnormal_gradient_error for dq).
 inline int64_t keys_per_softmax(const MechanismSpec& spec, int64_t T) {
   if (spec.fusion == Fusion::full) return T;
-  return std::min<int64_t>(T, spec.W + (spec.selects() ? spec.K * spec.S : 0));
+  return std::min<int64_t>(T, window_slots(spec) + (spec.selects() ? spec.K * spec.S : 0));
 }
 
 // A head list of vectors as [n x 1] matrices, so one comparison serves both.

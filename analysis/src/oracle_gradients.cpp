@@ -153,7 +153,7 @@ const GradientField kGradientFields[] = {
 // The absolute error fp16 rounding may add to gradient `name` (Tolerances::
 // subnormal_gradient_error; 0 but for fp16): dq sums sigma dS K over the keys of its query's
 // softmax, dk sigma dS^T Q and dv P^T dO over the queries of the KV group that read its key
-// (G x T; G x min(T, W) for window fusion). dq_retrieval and dprior get the store's term only:
+// (G x T; G x min(T, W + S - 1) for window fusion: window_slots). dq_retrieval and dprior get the store's term only:
 // with one softmax per query (the fusions fp16 gradients are judged for) q~ and the prior reach
 // no output.
 double subnormal_error(const char* name, const MechanismSpec& spec,
@@ -163,7 +163,7 @@ double subnormal_error(const char* name, const MechanismSpec& spec,
   const int64_t T = inputs.T(), G = inputs.Hq() / std::max<int64_t>(inputs.Hkv(), 1);
   const double queries_per_key =
       static_cast<double>(G) * static_cast<double>(spec.fusion == Fusion::window
-                                                       ? std::min<int64_t>(T, spec.W) : T);
+                                                       ? std::min<int64_t>(T, window_slots(spec)) : T);
   const std::string tensor = name;
   if (tensor == "dq")
     return Tolerances::subnormal_gradient_error(

@@ -91,7 +91,8 @@ TEST_CASE("fp16: the floors of o and the gradients count subnormal probabilities
     const int64_t T = inputs.T();
     const int64_t keys = spec.fusion == Fusion::full
                              ? T
-                             : std::min<int64_t>(T, spec.W + (spec.selects() ? spec.K * spec.S : 0));
+                             : std::min<int64_t>(T, spec.W + spec.S - 1 +
+                                                           (spec.selects() ? spec.K * spec.S : 0));
     for (const auto& t : verdict.tensors)
       if (t.name == "o" || t.name == "o_window")
         CHECK(t.floor == Approx((4.0 * 0x1p-11 + static_cast<double>(keys) * 0x1p-25) * t.magnitude)
@@ -101,33 +102,38 @@ TEST_CASE("fp16: the floors of o and the gradients count subnormal probabilities
   CHECK(parse_input_precision("fp16") == fp16);
   CHECK_THROWS_WITH(parse_score_precision("fp16"), Catch::EndsWith("got \"fp16\""));
   // The gradients' floors (one softmax per query): 4 units of 2^-11 of the gradient's largest
-  // entry, plus 2^-25 x (products x factor + 1): dq sums the keys of its softmax times sigma
-  // max |k|, dk and dv the G x T queries of its KV group times sigma max |q| and max |do|.
-  const MechanismSpec full = preset("full");
-  KernelOutputs with_grads = float_kernel(full, inputs, fp16);
-  with_grads.gradients = testing::float_gradients(full, inputs, with_grads.selection, 7, fp16);
-  const Verdict graded = verify(full, inputs, with_grads, {fp16});
-  INFO(graded.report());
-  CHECK(graded.passed);
+  // entry, plus 2^-25 x (products x factor + 1): dq sums the keys of its softmax (T; for the
+  // window W + S - 1 at most) times sigma max |k|, dk and dv the queries of its KV group that
+  // read the key (G x T; G x (W + S - 1) for the window) times sigma max |q| and max |do|.
   auto largest = [](const std::vector<Matrix<double>>& heads) {
     double m = 0;
     for (const auto& x : heads) m = std::max(m, x.cwiseAbs().maxCoeff());
     return m;
   };
   const double sigma = 1.0 / std::sqrt(static_cast<double>(inputs.d()));
-  const double T = static_cast<double>(inputs.T());
   const double G = static_cast<double>(inputs.Hq() / inputs.Hkv());
-  const std::map<std::string, double> subnormal = {
-      {"dq", (T * sigma * largest(inputs.k) + 1) * 0x1p-25},
-      {"dk", (G * T * sigma * largest(inputs.q) + 1) * 0x1p-25},
-      {"dv", (G * T * largest(with_grads.gradients.d_o) + 1) * 0x1p-25}};
-  int floors = 0;
-  for (const auto& t : graded.tensors)
-    if (subnormal.count(t.name)) {
-      ++floors;
-      CHECK(t.floor == Approx(4.0 * 0x1p-11 * t.magnitude + subnormal.at(t.name)).epsilon(1e-12));
-    }
-  CHECK(floors == 3);
+  const MechanismSpec full = preset("full");
+  for (const MechanismSpec& spec : {full, cases::with_case_geometry(preset("swa"), c)}) {
+    KernelOutputs with_grads = float_kernel(spec, inputs, fp16);
+    with_grads.gradients = testing::float_gradients(spec, inputs, with_grads.selection, 7, fp16);
+    const Verdict graded = verify(spec, inputs, with_grads, {fp16});
+    INFO(spec.name << "\n" << graded.report());
+    CHECK(graded.passed);
+    const double n = static_cast<double>(
+        spec.fusion == Fusion::full ? inputs.T() : std::min<int64_t>(inputs.T(), c.W + c.S - 1));
+    const std::map<std::string, double> subnormal = {
+        {"dq", (n * sigma * largest(inputs.k) + 1) * 0x1p-25},
+        {"dk", (G * n * sigma * largest(inputs.q) + 1) * 0x1p-25},
+        {"dv", (G * n * largest(with_grads.gradients.d_o) + 1) * 0x1p-25}};
+    int floors = 0;
+    for (const auto& t : graded.tensors)
+      if (subnormal.count(t.name)) {
+        ++floors;
+        CHECK(t.floor ==
+              Approx(4.0 * 0x1p-11 * t.magnitude + subnormal.at(t.name)).epsilon(1e-12));
+      }
+    CHECK(floors == 3);
+  }
   // A hierarchical fusion's gradients are not judged under fp16 (the fusion weights and the
   // summaries' gradients are derived for bf16 and fp32 only).
   const MechanismSpec hils_spec = cases::with_case_geometry(preset("hils"), c);
