@@ -2,7 +2,8 @@
 (data/verify_format.md "Gradients"): SDPA flash and cuDNN (full causal) and FlexAttention (causal,
 and the chunk-aligned window), in bf16 and in fp16, with upstream gradients do ~ N(0, 1) and, for
 fp16, do ~ N(0, 2^-16) (small upstream gradients without loss scaling: most of dS below fp16's
-normal range, where the floors' subnormal term counts). Planted faults must fail: the backward
+normal range, where the floors' subnormal term counts); FlexAttention's naive BSA (flat fusion,
+the reference's selection as its block mask) too. Planted faults must fail: the backward
 computed in bf16 judged as the fp16 kernel it claims to be, and a wrong logit scale. Each report's
 headroom is printed (pytest -s). ctest label gpu; skipped without torch or CUDA."""
 
@@ -21,7 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 Hq, Hkv, T, d = 8, 2, 2048, 64
 G = Hq // Hkv
-S, W = 64, 256
+S, W, K = 64, 256, 8
 SCALE = 1.0 / math.sqrt(d)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -75,10 +76,26 @@ def window(b, h, q_idx, kv_idx):
     return (kv_idx <= q_idx) & (kv_idx >= window_left(q_idx, W))
 
 
-def judge(name, spec, precision, tensors, d_o, declared=None):
+def block_sparse(selection):
+    """The window plus the chunks of `selection` [Hkv, T, K] (-1 padded) of each query's KV group:
+    naive BSA's one softmax (flat fusion)."""
+    n_chunks = T // S
+    chosen = torch.zeros(Hkv, T, n_chunks + 1, dtype=torch.bool, device="cuda")
+    index = torch.as_tensor(selection, device="cuda").long()
+    chosen.scatter_(2, torch.where(index < 0, n_chunks, index), True)   # -1 -> the spare column
+    chosen = chosen[:, :, :n_chunks]
+
+    def mask(b, h, q_idx, kv_idx):
+        chunk = torch.clamp(kv_idx // S, max=n_chunks - 1)
+        return window(b, h, q_idx, kv_idx) | ((kv_idx < n_chunks * S) & chosen[h // G, q_idx, chunk])
+    return mask
+
+
+def judge(name, spec, precision, tensors, d_o, declared=None, selection=None):
     """hils.verify of a backward (o and the three gradients) -> the report, printed."""
     q, k, v, o, dq, dk, dv = (x.float().cpu().numpy() for x in tensors)
-    report = hils.verify(spec, q, k, v, {"o": o}, do=d_o.float().cpu().numpy(),
+    outputs = {"o": o} if selection is None else {"o": o, "selection": selection}
+    report = hils.verify(spec, q, k, v, outputs, do=d_o.float().cpu().numpy(),
                          grads={"dq": dq, "dk": dk, "dv": dv}, kernel=name,
                          input_precision=declared or precision)
     print(f"\n{name} ({precision}, declared {declared or precision})\n{report}HEADROOM {name}: " +
@@ -86,9 +103,9 @@ def judge(name, spec, precision, tensors, d_o, declared=None):
     return report
 
 
-def run(name, spec, forward, precision, do_scale, declared=None, compute_in=None):
+def run(name, spec, forward, precision, do_scale, declared=None, compute_in=None, selection=None):
     """The backward of `forward` on this precision's inputs (computed in `compute_in`'s dtype when
-    given: a kernel that casts its inputs), judged."""
+    given: a kernel that casts its inputs), judged (with the kernel's `selection` when given)."""
     (q, k, v), generator = inputs(precision)
     d_o = (do_scale * torch.randn(Hq, T, d, device="cuda", generator=generator)).to(DTYPES[precision])
     cast = (lambda x: x.to(DTYPES[compute_in])) if compute_in else (lambda x: x)
@@ -96,7 +113,7 @@ def run(name, spec, forward, precision, do_scale, declared=None, compute_in=None
         o, dq, dk, dv = backward(forward, cast(q), cast(k), cast(v), cast(d_o))
     except RuntimeError as error:
         pytest.skip(f"{name} unavailable here: {error}")
-    return judge(name, spec, precision, (q, k, v, o, dq, dk, dv), d_o, declared)
+    return judge(name, spec, precision, (q, k, v, o, dq, dk, dv), d_o, declared, selection)
 
 
 CASES = [("bf16", 1.0), ("fp16", 1.0), ("fp16", 2.0**-16)]
@@ -118,6 +135,18 @@ def test_flex_backward_passes(flex, precision, do_scale):
     assert report.passed, str(report)
     report = run("FlexAttention window backward", {"preset": "swa", "S": S, "W": W}, flex(window),
                  precision, do_scale)
+    assert report.passed, str(report)
+
+
+@pytest.mark.parametrize("precision,do_scale", CASES, ids=IDS)
+def test_flex_naive_bsa_backward_passes(flex, precision, do_scale):
+    """Flat fusion: the window and the K chunks hils.reference selects, one softmax; the oracle
+    holds the kernel's selection fixed for the gradients."""
+    spec = {"preset": "naive_bsa", "S": S, "W": W, "K": K}
+    (q, k, v), _ = inputs(precision)  # the ones run() draws again (the same seed)
+    selection = hils.reference(spec, *(x.float().cpu().numpy() for x in (q, k, v)))["selection"]
+    report = run("FlexAttention naive BSA backward", spec, flex(block_sparse(selection)),
+                 precision, do_scale, selection=selection)
     assert report.passed, str(report)
 
 
