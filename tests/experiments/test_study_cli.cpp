@@ -337,6 +337,21 @@ TEST_CASE("a study reads an activation file's q_retrieval as hils run does", "[c
                   "encoding to un-rotated vectors");
 }
 
+TEST_CASE("landmark_key named without the landmark layout is refused and not left out",
+          "[cli][study]") {
+  // It was left out without a word: `--mechanisms landmark_key` wrote a results file with no
+  // mechanism (exit 0), whose hils plot failed (exit 3, a ZeroDivisionError), while lmk and
+  // landmark_key+entropy were refused ("key_rule: expected landmarks on ...").
+  TempDir dir("study_landmark_key");
+  require_refused(dir, "fidelity --lengths 1024 --landmarks false --mechanisms mean,landmark_key",
+                  "--mechanisms: expected mechanisms that run without landmark slots (the "
+                  "study's --landmarks false), got 'landmark_key'");
+  require_config_refused(dir, "extrapolate --lengths 1024 --landmarks false",
+                         "[study]\nmechanisms = [\"landmark_key\"]\n",
+                         "[study].mechanisms: expected mechanisms that run without landmark "
+                         "slots");
+}
+
 TEST_CASE("a name or value given twice in a study's lists is refused before any unit",
           "[cli][study]") {
   // Each name is a results group or a grid column: the second one's datasets collided with the

@@ -198,7 +198,6 @@ Resolved resolve(const StudyArgs& a, const std::string& study) {
 std::vector<analysis::StudyMechanism> mechanisms_of(const Resolved& r) {
   std::vector<analysis::StudyMechanism> out;
   for (const auto& n : r.mechanisms) {
-    if (n == "landmark_key" && !r.geometry.landmarks) continue;  // needs landmark slots
     out.push_back(analysis::study_mechanism(n, r.prior.rule));
     analysis::with_geometry(out.back().spec, r.geometry).validate();
   }

@@ -58,8 +58,8 @@ struct SourceDefaults {
 // last.
 Resolved resolve(const StudyArgs& args, const std::string& study);
 
-// The study's mechanisms with the run's geometry, each validated (landmark_key is left out when
-// the layout has no landmark slots).
+// The study's mechanisms with the run's geometry, each validated (resolve_study_tables refuses
+// landmark_key where the layout has no landmark slots).
 std::vector<analysis::StudyMechanism> mechanisms_of(const Resolved& r);
 
 // study_tables.cpp: r's mechanisms, queries, scores and overlap blocks from [study] and

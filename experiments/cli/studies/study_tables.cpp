@@ -50,6 +50,15 @@ void resolve_study_tables(Resolved& r, const StudyArgs& a, const config::ConfigV
   if (!a.mechanisms.empty()) r.mechanisms = a.mechanisms;
   require_mechanism_names(a.mechanisms, r.prior.rule, "--mechanisms");
   require_distinct(a.mechanisms, "--mechanisms", "names");
+  // landmark_key scores a chunk by its landmark slot's key: without the layout a named
+  // landmark_key was left out without a word (a study of it alone wrote no mechanism, exit 0,
+  // and hils plot of that file failed), where lmk and landmark_key+<bias> are refused.
+  for (const auto& name : r.mechanisms)
+    if (name == "landmark_key" && !r.geometry.landmarks)
+      throw BadInput(fmt::format(
+          "{}: expected mechanisms that run without landmark slots (the study's --landmarks "
+          "false), got 'landmark_key', which scores a chunk by its landmark slot's key",
+          a.mechanisms.empty() ? c.where("study", "mechanisms") : "--mechanisms"));
   r.queries = a.queries ? *a.queries : c.integer("study", "queries", 32);
   r.keep_scores = c.boolean("study", "keep_scores", true);
   r.tail_queries = c.integer("overlap", "tail_queries", 256, 1);
