@@ -76,6 +76,9 @@ std::string type_text(const H5::DataType& type) {
     case H5T_FLOAT: return fmt::format("{}-bit floats", 8 * type.getSize());
     case H5T_STRING: return "strings";
     case H5T_COMPOUND: return "a compound type";
+    // A mask written with h5py from a numpy bool array (landmarks, a query mask): "a non-numeric
+    // type" did not say that bool was the trouble.
+    case H5T_ENUM: return "an enum type (h5py stores numpy bool arrays as one)";
     default: return "a non-numeric type";
   }
 }

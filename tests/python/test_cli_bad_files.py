@@ -130,6 +130,9 @@ def bad_files(a):
          ["outputs/selection: expected integer data, found 32-bit floats"]),
         ("selection below -1", replace("outputs/selection", a["selection"] - 2),
          ["outputs/selection: expected chunk indices from -1 (padding)"]),
+        ("queries a numpy bool mask", lambda f: f.__setitem__("queries", np.ones(131, bool)),
+         ["queries: expected integer data, found an enum type (h5py stores numpy bool arrays as "
+          "one)"]),
         ("a NaN input", lambda f: f["inputs/v"].__setitem__((1, 3, 2), np.nan),
          ["inputs/v: expected finite values, found nan at [1, 3, 2]"]),
         # A whole output array written as /outputs read as "no outputs": a kernel failure (1).
