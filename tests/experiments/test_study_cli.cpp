@@ -294,6 +294,33 @@ TEST_CASE("an activation file is studied whole by default and extrapolated with 
   CHECK(e["extrapolation"]["theta"] == 5000.0);
 }
 
+TEST_CASE("a layer count beyond an activation file's layers is refused and not capped",
+          "[cli][study]") {
+  // --n-layers 3 (or [source] layers = 3) on a one-layer file studied its one layer without a
+  // word (exit 0; the results' config said layers 1). The default, every layer, still runs.
+  TempDir dir("study_layers_beyond");
+  const auto file = dir / "one.h5";
+  REQUIRE(run_hils("-q dump synthetic -T 300 -S 16 --landmarks false --Hq 2 --Hkv 1 -d 16 "
+                   "--seed 4 -o " + quoted(file))
+              .exit_code == 0);
+  const std::string flags =
+      " -W 32 -K 4 --queries 2 --mechanisms mean --activations " + quoted(file) + " --out ";
+  auto flagged = run_hils("-q fidelity --n-layers 3" + flags + quoted(dir / "a.h5"));
+  CHECK(flagged.exit_code == 2);
+  CHECK_THAT(flagged.output, Catch::Contains("--n-layers: expected at most 1 (the layers of the "
+                                             "activation file " + file.string() + "), got 3"));
+  CHECK_FALSE(fs::exists(dir / "a.h5"));
+  {
+    std::ofstream(dir / "layers.toml") << "[source]\nlayers = 3\n";
+  }
+  auto configured = run_hils("-q fidelity --config " + quoted(dir / "layers.toml") + flags +
+                             quoted(dir / "b.h5"));
+  CHECK(configured.exit_code == 2);
+  CHECK_THAT(configured.output, Catch::Contains("[source].layers: expected at most 1 (the layers "
+                                                "of the activation file"));
+  CHECK(run_hils("-q fidelity" + flags + quoted(dir / "c.h5")).exit_code == 0);
+}
+
 TEST_CASE("a study reads an activation file's q_retrieval as hils run does", "[cli][study]") {
   // The studies dropped q_retrieval (q~, the retrieval queries the surrogates score with) of an
   // activation file without a word: a file with q_retrieval = q + noise gave the results of the

@@ -34,6 +34,18 @@ sources::SyntheticParams longest(sources::SyntheticParams params,
   return params;
 }
 
+// A layer count set by the user (--n-layers, or [source] layers) beyond the source's layers is
+// refused: the studies read layers 0..n-1 and studied the source's count without a word (the
+// results' config recorded it). A default (the model's 5) is capped as before.
+void require_layers_within(int64_t requested, int64_t available, const std::string& source,
+                           const StudyArgs& a, const config::ConfigValues& c) {
+  if (requested <= available || !(a.layers || c.has("source", "layers"))) return;
+  const std::string where = a.layers ? (a.layers_old_name ? "--layers" : "--n-layers")
+                                     : c.where("source", "layers");
+  require(false, where, fmt::format("at most {} (the layers of {})", available, source),
+          std::to_string(requested));
+}
+
 }  // namespace
 
 // r (source kind, layers, lengths, geometry), args, c, lengths_where -> r.source, r.raw_source,
@@ -60,6 +72,10 @@ void build_sources(Resolved& r, const StudyArgs& a, const config::ConfigValues& 
                             fmt::format("the study's geometry (-S {}, --landmarks {})",
                                         r.geometry.S, r.geometry.landmarks));
   }
+  require_layers_within(r.source.n_layers, inputs.positioned.n_layers,
+                        r.source_kind == "model" ? "the model in " + a.model_dir
+                                                 : "the activation file " + a.activations,
+                        a, c);
   r.Hq = inputs.Hq, r.Hkv = inputs.Hkv, r.dv = inputs.dv;
   r.source = std::move(inputs.positioned);
   r.raw_source = std::move(inputs.raw);
