@@ -50,8 +50,8 @@ void add_study_options(CLI::App* cmd, StudyArgs& a, const StudyRow& row) {
   cmd->add_option_function<int64_t>(
       "--n-layers", [&a](int64_t n) { a.layers = n; },
       "number of layers to study, from layer 0 (default: every layer of an activation file, "
-      "5 of the model, 2 synthetic; at most the file's or the model's layers; synthetic: at most 128 "
-      "independent draws)");
+      "5 of the model, 2 synthetic; at most the file's or the model's layers; synthetic: at "
+      "most 128 independent draws)");
   // The studies' old name of --n-layers, hidden, kept for old command lines: `hils run
   // --layers` lists layer indices, so the one name had two meanings.
   cmd->add_option_function<int64_t>(
