@@ -448,7 +448,10 @@ bool is_set_in_another_order(const IndexMatrix& sel, Eigen::Index row, int64_t c
 // value: a -1 padding stored in uint8 or uint16 arrives as 255 or 65535, which the report named
 // only as "chunk 255 is not a candidate".
 std::string unsigned_padding_hint(int64_t c) {
-  const char* type = c == 0xFF ? "uint8" : c == 0xFFFF ? "uint16" : c == 0xFFFFFFFFLL ? "uint32" : nullptr;
+  const char* type = c == 0xFF         ? "uint8"
+                     : c == 0xFFFF       ? "uint16"
+                     : c == 0xFFFFFFFFLL ? "uint32"
+                                         : nullptr;
   if (type == nullptr) return "";
   return format(" (%lld is %s's largest value: a -1 padding stored in an unsigned type? store "
                 "the selection in a signed integer type)",

@@ -153,23 +153,25 @@ const GradientField kGradientFields[] = {
 // The absolute error fp16 rounding may add to gradient `name` (Tolerances::
 // subnormal_gradient_error; 0 but for fp16): dq sums sigma dS K over the keys of its query's
 // softmax, dk sigma dS^T Q and dv P^T dO over the queries of the KV group that read its key
-// (G x T; G x min(T, W + S - 1) for window fusion: window_slots). dq_retrieval and dprior get the store's term only:
-// with one softmax per query (the fusions fp16 gradients are judged for) q~ and the prior reach
-// no output.
+// (G x T; G x min(T, W + S - 1) for window fusion: window_slots). dq_retrieval and dprior get
+// the store's term only: with one softmax per query (the fusions fp16 gradients are judged for)
+// q~ and the prior reach no output.
 double subnormal_error(const char* name, const MechanismSpec& spec,
                        const AttentionInputs<double>& inputs, const OutputGradients<double>& up,
                        InputPrecision precision) {
+  if (precision != InputPrecision::fp16) return 0.0;  // no pass over the inputs for the others
   const double sigma = logit_scale(spec, inputs.d());
   const int64_t T = inputs.T(), G = inputs.Hq() / std::max<int64_t>(inputs.Hkv(), 1);
-  const double queries_per_key =
-      static_cast<double>(G) * static_cast<double>(spec.fusion == Fusion::window
-                                                       ? std::min<int64_t>(T, window_slots(spec)) : T);
+  const int64_t readers =
+      spec.fusion == Fusion::window ? std::min<int64_t>(T, window_slots(spec)) : T;
+  const double queries_per_key = static_cast<double>(G) * static_cast<double>(readers);
   const std::string tensor = name;
   if (tensor == "dq")
     return Tolerances::subnormal_gradient_error(
         precision, static_cast<double>(keys_per_softmax(spec, T)), sigma * max_abs(inputs.k));
   if (tensor == "dk")
-    return Tolerances::subnormal_gradient_error(precision, queries_per_key, sigma * max_abs(inputs.q));
+    return Tolerances::subnormal_gradient_error(precision, queries_per_key,
+                                                sigma * max_abs(inputs.q));
   if (tensor == "dv")
     return Tolerances::subnormal_gradient_error(precision, queries_per_key, max_abs(up.d_o));
   return Tolerances::subnormal_gradient_error(precision, 0.0, 0.0);

@@ -215,6 +215,9 @@ class DecodeStep:
                                 lambda i, n=name, b=b: self._where(n, b, i[1], i[0], i[2]),
                                 f" in the {T} slots sequence b={b} reads (T = cache_seqlens[{b}])")
 
+        self._kv_widths = {name: (cache.shape[2 if self.rows_first else 1], cache.shape[3])
+                           for name, cache in caches.items()}  # (Hkv, d) of k, (Hkv, dv) of v
+
         def gather(b):
             T = self.lengths[b]
             (Hkv, d), (Hkv_v, dv) = self._kv_widths["k_cache"], self._kv_widths["v_cache"]
@@ -232,8 +235,6 @@ class DecodeStep:
                     "q_retrieval": q_tilde_full, "prior": None}
 
         self.inputs = GatheredInputs(self.size, gather)
-        self._kv_widths = {name: (cache.shape[2 if self.rows_first else 1], cache.shape[3])
-                           for name, cache in caches.items()}  # (Hkv, d) of k, (Hkv, dv) of v
 
     # --- the arguments ------------------------------------------------------------------------
     def _lengths(self, cache_seqlens):
