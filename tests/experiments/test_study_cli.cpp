@@ -466,6 +466,41 @@ TEST_CASE("resuming a study file of another configuration names what differs and
   CHECK(hils::test::file_bytes(dir / "f.h5") == before);
 }
 
+TEST_CASE("a study resumed on a changed activation file is refused naming the layer",
+          "[cli][study]") {
+  // Was: an activation file re-dumped at the same path resumed the study without a word (the
+  // config records the path and the file's provenance, not its data), mixing units computed
+  // from two inputs. Every layer's fingerprint is recorded; a layer a complete unit read must
+  // hold the same data.
+  TempDir dir("study_changed_input");
+  const fs::path acts = hils::test::write_small_activation_file(dir, 12);
+  const fs::path out = dir / "f.h5";
+  const std::string study = "fidelity --activations " + quoted(acts) +
+                            " -S 8 --landmarks true -W 8 -K 2 --queries 2 --mechanisms mean "
+                            "--out " + quoted(out);
+  const auto first = run_hils(study);
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  const std::string before = hils::test::file_bytes(out);
+  hils::io::ActivationFile file = hils::test::small_activation_file(12);
+  file.layers[1].inputs.q[3](30, 4) *= 1.0 + 1e-12;
+  hils::io::write_activation_file(acts, file, hils::io::StorageType::float64);
+  auto r = run_hils(study);
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--activations (" + acts.string() + ") layer 1: expected "
+                                       "the data that " + out.string() + "'s complete units "
+                                       "were computed from (fingerprint "));
+  CHECK_THAT(r.output, Catch::Contains("the file changed since unit T40/layer1/group0 ran"));
+  CHECK(hils::test::file_bytes(out) == before);
+  // The same values again, stored as they were: resumed (nothing left to run).
+  hils::test::write_small_activation_file(dir, 12);
+  auto again = run_hils(study);
+  INFO(again.output);
+  CHECK(again.exit_code == 0);
+  CHECK_THAT(again.output, Catch::Contains("0 units run, 4 resumed"));
+}
+
 TEST_CASE("a results file of another command given to resume is named as such", "[cli][study]") {
   // Another study's file (or hils run's) differs in nearly every key: the message named the
   // first three ("geometry.W (512 in the file, 256 in this run), layers ..., lengths ... and 4

@@ -37,6 +37,7 @@ struct Resolved {
   std::string overlap_mechanism = "taylor_entropy";
   bool keep_scores = true;
   nlohmann::json config;  // what went into the run, for provenance and resume checks
+  std::string activations;  // the activation file (--activations) when it is the source
 };
 
 // What a study's defaults follow from its source (study_config.cpp): the synthetic generators
