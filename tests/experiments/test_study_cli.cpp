@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -184,7 +185,7 @@ TEST_CASE("a study on an activation file needs the file's landmark layout", "[cl
               .exit_code == 0);
   const std::string fidelity = "fidelity --source activations --lengths 640 --layers 1 --queries 2 ";
   // Both ran, the landmark keys attended as tokens or real tokens taken for landmarks.
-  require_refused(dir, fidelity + "--activations " + quoted(with),
+  require_refused(dir, fidelity + "--landmarks false --activations " + quoted(with),
                   "the study's geometry (-S 16, --landmarks false) has landmarks off, but " +
                       with.string() + " has landmark slots at 15, 31, ... (S=16)");
   require_refused(dir, fidelity + "--landmarks true --activations " + quoted(without),
@@ -196,6 +197,26 @@ TEST_CASE("a study on an activation file needs the file's landmark layout", "[cl
                     quoted(dir / "f.h5"));
   INFO(r.output);
   CHECK(r.exit_code == 0);
+  // By default a file with landmark slots is studied with its own layout (S = 16, landmarks on;
+  // until session 28 the model's S = 16 without landmarks, refused above, unless both flags were
+  // given), and one without them with the model's geometry.
+  for (const auto& [file, S, landmarks] :
+       {std::tuple{with, 16, true}, std::tuple{without, 16, false}}) {
+    const fs::path out = dir / ("default_" + file.stem().string() + ".h5");
+    auto d = run_hils("-q " + fidelity + "--activations " + quoted(file) + " --out " + quoted(out));
+    INFO(d.output);
+    REQUIRE(d.exit_code == 0);
+    const nlohmann::json geometry = hils::io::ResultsReader(out).config()["geometry"];
+    CHECK(geometry["S"] == S);
+    CHECK(geometry["landmarks"] == landmarks);
+  }
+  const fs::path with32 = dir / "with32.h5";
+  REQUIRE(run_hils("-q dump synthetic -T 640 -S 32 -o " + quoted(with32)).exit_code == 0);
+  auto d = run_hils("-q " + fidelity + "--activations " + quoted(with32) + " --out " +
+                    quoted(dir / "default_with32.h5"));
+  INFO(d.output);
+  REQUIRE(d.exit_code == 0);
+  CHECK(hils::io::ResultsReader(dir / "default_with32.h5").config()["geometry"]["S"] == 32);
 }
 
 TEST_CASE("a study rotates an activation file's un-rotated RoPE vectors as hils run does",
@@ -418,7 +439,7 @@ TEST_CASE("a source's file flag is not ignored: it picks its source, or another 
                          "--activations: expected --source activations (or no --source), got "
                          "[source] kind = model");
   // Alone, the flag picks its source: the file's landmark layout is checked, so it is read.
-  require_refused(dir, "fidelity --lengths 640 --activations " + quoted(acts),
+  require_refused(dir, "fidelity --lengths 640 --landmarks false --activations " + quoted(acts),
                   "the study's geometry (-S 16, --landmarks false) has landmarks off, but " +
                       acts.string());
   auto r = run_hils("-q fidelity --lengths 640 --n-layers 1 --queries 2 --landmarks true "
