@@ -78,8 +78,7 @@ TEST_CASE("an fp16 kernel passes under the fp16 policy and fails under fp32 and 
 }
 
 TEST_CASE("fp16: the floors of o and the gradients count subnormal probabilities and fp16 is no "
-          "score precision nor judges a hierarchical fusion's gradients and refuses inputs beyond "
-          "65504 naming them", "[oracle]") {
+          "score precision and refuses inputs beyond 65504 naming them", "[oracle]") {
   const auto fp16 = InputPrecision::fp16;
   const auto& c = case_named("gqa_group4");
   const auto inputs = round_inputs_to(cases::make_inputs<double>(c), fp16);
@@ -134,14 +133,6 @@ TEST_CASE("fp16: the floors of o and the gradients count subnormal probabilities
       }
     CHECK(floors == 3);
   }
-  // A hierarchical fusion's gradients are not judged under fp16 (the fusion weights and the
-  // summaries' gradients are derived for bf16 and fp32 only).
-  const MechanismSpec hils_spec = cases::with_case_geometry(preset("hils"), c);
-  KernelOutputs hierarchical = float_kernel(hils_spec, inputs, fp16);
-  hierarchical.gradients = testing::float_gradients(hils_spec, inputs, hierarchical.selection, 7, fp16);
-  CHECK_THROWS_WITH(verify(hils_spec, inputs, hierarchical, {fp16}),
-                    Catch::StartsWith("input_precision: expected fp32 or bf16 for the gradients of "
-                                      "a hierarchical fusion"));
   // An input that fp16 cannot hold is refused, named.
   AttentionInputs<double> big = inputs;
   big.v[1](3, 5) = 70000.0;
