@@ -580,7 +580,7 @@ SummaryGradients<Scalar> summarize_backward(const Matrix<Scalar>& k, const Matri
                                             const Geometry& geometry, Scalar scale,
                                             const Matrix<Scalar>& dkey,
                                             const Vector<Scalar>& dbias) {
-  require(key_rule != KeyRule::exact, "key_rule", "mean, landmark_key or taylor", "exact");
+  require(key_rule != KeyRule::exact, "key_rule", "a key rule with a summary (any but exact)", "exact");
   const int64_t chunks = geometry.n_chunks(), d = k.cols();
   require(dkey.rows() == chunks && dkey.cols() == d && dbias.size() == chunks, "dkey",
           "[" + std::to_string(chunks) + " x " + std::to_string(d) + "] with as many dbias",

@@ -134,8 +134,7 @@ template <class Scalar>
 ChunkSummaries<Scalar> summarize(const Matrix<Scalar>& k, const Matrix<Scalar>& prior,
                                  KeyRule key_rule, BiasRule bias_rule, const Geometry& geometry,
                                  Scalar scale) {
-  require(key_rule != KeyRule::exact, "key_rule", "mean, landmark_key or taylor (exact has no summary)",
-          "exact");
+  require(key_rule != KeyRule::exact, "key_rule", "a key rule with a summary (any but exact)", "exact");
   // The chunks' key rows are read by the geometry's slots: a longer geometry read past k's end.
   require(k.rows() == geometry.T(), "k",
           "T = " + std::to_string(geometry.T()) + " rows (the geometry's slots)",

@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 
 Hq, Hkv, T, d = 8, 2, 2048, 64
 S, W, K = 64, 256, 8
-PRESETS = tuple(hils.gpu.PRESETS)  # every row of kPresets (test_gpu_module checks the copy)
+PRESETS = tuple(hils.gpu.PRESETS)  # every row of kPresets (test_mechanism_table checks the copy)
 
 
 def draw(name, dtype, t=T):

@@ -362,6 +362,21 @@ TEST_CASE("backward refuses bad selections and upstream gradients naming the fie
   CHECK_THROWS_WITH(run_mechanism_backward(spec, in, selection, g), Catch::Contains("d_lse"));
 }
 
+TEST_CASE("summarize and its backward refuse the exact rule without listing the summary rules",
+          "[backward]") {
+  // The refusal names the field and what it wants, not the key rules by hand: a list of them
+  // went stale when a rule was added to kKeyRuleNames (README "Adding a mechanism").
+  const auto& c = cases::case_named("ragged_tail");
+  const auto in = cases::make_inputs<double>(c);
+  const Geometry geometry(c.T, c.S, c.W, c.landmarks);
+  const std::string refusal = "key_rule: expected a key rule with a summary (any but exact), got exact";
+  CHECK_THROWS_WITH(summarize(in.k[0], Matrix<double>(), KeyRule::exact, BiasRule::none, geometry, 0.25),
+                    refusal);
+  CHECK_THROWS_WITH(summarize_backward(in.k[0], Matrix<double>(), KeyRule::exact, BiasRule::none,
+                                       geometry, 0.25, Matrix<double>(), Vector<double>()),
+                    refusal);
+}
+
 namespace {
 
 using Complex = std::complex<double>;

@@ -1,7 +1,8 @@
 """The spec dict of hils.verify ({"preset": "hils", "S": 64, ...}, data/verify_format.md) resolved
 to every field's value, in pure Python (no library, no torch): the keys are the fields of
 reference/include/hils/spec_fields.hpp plus "preset", the presets the rows of kPresets in
-reference/include/hils/spec.hpp (tests/python/test_gpu_module.py reads both files and compares).
+reference/include/hils/spec.hpp (tests/python/test_mechanism_table.py
+resolves every preset here and through the C++ codec and compares, in the CPU suite).
 Enum names are checked against the library's own tables when the problem is built
 (hils.gpu.stages.problem)."""
 
