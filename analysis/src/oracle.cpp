@@ -613,14 +613,18 @@ void compare_fused(const Context& ctx, const KernelOutputs& kernel,
                    const std::vector<IndexMatrix>& selection, Verdict& verdict) {
   using H = HeadOutputs<double>;
   using F = HeadOutputs<float>;
-  std::vector<HeadOutputs<double>> truth = ctx.truth.heads;
-  std::vector<HeadOutputs<float>> base = ctx.baseline.heads;
+  // A selecting mechanism's references are the fusions of `selection`: both sides fuse the same
+  // chunks, so a near tie flipped by float rounding cannot inflate the baseline's error. The
+  // others' are the runs themselves, read in place (a copy of every head's outputs, the chunk
+  // scores included, was made here and dropped at once for a selecting mechanism).
+  std::vector<HeadOutputs<double>> fused_truth;
+  std::vector<HeadOutputs<float>> fused_base;
   if (ctx.spec.selects()) {
-    // Both sides fuse the same chunks, so a near tie flipped by float rounding cannot inflate
-    // the baseline's error.
-    truth = fusion_from_own(ctx, ctx.spec, ctx.inputs, selection, ctx.own_truth);
-    base = fusion_from_own(ctx, ctx.spec, ctx.inputs_float, selection, ctx.own_base);
+    fused_truth = fusion_from_own(ctx, ctx.spec, ctx.inputs, selection, ctx.own_truth);
+    fused_base = fusion_from_own(ctx, ctx.spec, ctx.inputs_float, selection, ctx.own_base);
   }
+  const auto& truth = ctx.spec.selects() ? fused_truth : ctx.truth.heads;
+  const auto& base = ctx.spec.selects() ? fused_base : ctx.baseline.heads;
   const auto n = ctx.options.max_messages;
   auto precision = [&](const char* tensor) { return tensor_precision(tensor, ctx.spec, ctx.options); };
   if (!kernel.o.empty()) {
