@@ -169,11 +169,23 @@ std::vector<int64_t> resolve_queries(const std::vector<int64_t>& queries, int64_
   return queries;
 }
 
+// Validated inputs and options -> the sizes oracle_bytes reads (gradients: not known yet).
+ProblemShape shape_of(const AttentionInputs<double>& inputs, const VerifyOptions& options) {
+  ProblemShape shape;
+  shape.T = inputs.T(), shape.Hq = inputs.Hq(), shape.Hkv = inputs.Hkv();
+  shape.d = inputs.d(), shape.dv = inputs.dv();
+  shape.queries = options.queries.empty() ? inputs.T() : static_cast<int64_t>(options.queries.size());
+  shape.q_retrieval = !inputs.q_retrieval.empty();
+  shape.prior_rows = inputs.prior.empty() ? 0 : inputs.prior.front().rows();
+  return shape;
+}
+
 // spec, inputs, options -> validated context with the double and float reference runs.
 Context make_context(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                      const VerifyOptions& options) {
   spec.validate();
   inputs.validate(spec);
+  require_oracle_fits(spec, shape_of(inputs, options), 0.0, "inputs", "queries");
   Context ctx{spec, options,
               kernel_inputs(inputs, options.precision),
               {}, geometry_of(spec, inputs.T()), resolve_queries(options.queries, inputs.T()),

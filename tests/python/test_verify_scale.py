@@ -1,0 +1,56 @@
+"""`hils verify` at a kernel author's sizes (README "The oracle's speed"). A file whose oracle
+(the reference in double and float, and what it compares) needs more than 80% of the memory this
+process may use is refused before any dataset is read, exit 2, with one line naming inputs/q,
+the sizes, the estimate and the knobs (/queries); it ran for the whole reference and then ended
+in an "out of memory" line naming no field. The files come from oracle_make_verify_file (a table
+case resized, its reference's float run as the kernel)."""
+
+import resource
+import subprocess
+
+import pytest
+
+from conftest import tool
+
+# T = 2048, the paper's heads (Hq = 16, Hkv = 2, d = 64), hils (K = 32): the oracle's estimate
+# is ~0.35 GB, more than 80% of a 300 MB address space; the process itself starts in far less.
+CASE = "longer_blocks:T=2048,S=64,W=512,K=32,Hq=16,Hkv=2,d=64,dv=64,landmarks=1"
+LIMIT = 300 * 2**20
+
+
+def make(directory, name, case):
+    path = directory / name
+    subprocess.run([tool("HILS_MAKE_VERIFY_FILE"), str(path), case, "none", "hils", "bf16"],
+                   check=True, capture_output=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def dump(tmp_path_factory):
+    return make(tmp_path_factory.mktemp("scale"), "hils_T2048.h5", CASE)
+
+
+def limited(bytes_):
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (bytes_, bytes_))
+
+
+def test_a_file_too_large_for_the_memory_is_refused_up_front_naming_inputs_q(dump):
+    run = subprocess.run([tool("HILS_CLI"), "verify", str(dump)], capture_output=True, text=True,
+                         preexec_fn=limited(LIMIT), timeout=600)
+    assert run.returncode == 2, run.stderr
+    assert run.stdout == ""
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith(f"hils: bad input: {dump}: inputs/q: expected a problem whose oracle"), lines[0]
+    assert "address-space limit (ulimit -v)" in lines[0]
+    assert "judge fewer query rows (/queries), a shorter T or fewer heads at once" in lines[0]
+    assert "got T = 2048 slots, 16 query heads, 2 KV heads, d = 64, 2048 query rows: about" in lines[0]
+
+
+def test_the_same_file_passes_without_the_limit(dump):
+    run = subprocess.run([tool("HILS_CLI"), "verify", str(dump)], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.splitlines()[-1] == "PASS"
+    assert run.stderr == ""
+
