@@ -169,6 +169,11 @@ std::vector<int64_t> resolve_queries(const std::vector<int64_t>& queries, int64_
   return queries;
 }
 
+// Tells the caller (VerifyOptions::on_step) that `what` starts.
+void step(const VerifyOptions& options, const char* what) {
+  if (options.on_step) options.on_step(what);
+}
+
 // Validated inputs and options -> the sizes oracle_bytes reads (gradients: not known yet).
 ProblemShape shape_of(const AttentionInputs<double>& inputs, const VerifyOptions& options) {
   ProblemShape shape;
@@ -196,7 +201,9 @@ Context make_context(const MechanismSpec& spec, const AttentionInputs<double>& i
   run.keep_surrogate_scores = spec.selects();
   run.keep_window = true;
   run.queries = ctx.queries;
+  step(options, "the reference in double");
   ctx.truth = run_mechanism(spec, ctx.inputs, run);
+  step(options, "the reference in float (the baseline)");
   ctx.baseline = run_mechanism(spec, ctx.inputs_float, run);
   return ctx;
 }
@@ -684,6 +691,7 @@ void compare_backward(const Context& ctx, const KernelOutputs& kernel, Verdict& 
           std::to_string(ctx.queries.size()) + " slots");
   const auto& selection =
       ctx.spec.selects() && !kernel.selection.empty() ? kernel.selection : ctx.truth.selection;
+  step(ctx.options, "the backward in double and float");
   for (auto& report : detail::compare_gradients(ctx.spec, ctx.inputs, ctx.inputs_float,
                                                 selection, ctx.truth, ctx.baseline, grads,
                                                 ctx.options))
@@ -703,6 +711,7 @@ Verifier::Verifier(const MechanismSpec& spec, const AttentionInputs<double>& inp
           "an input precision (" + input_precision_list() + ")",
           to_string(options.precision) + " (a score precision only)");
   auto state = std::make_shared<VerifierState>(VerifierState{make_context(spec, inputs, options)});
+  if (spec.selects()) step(options, "the selection's margins and the fusions of its own selection");
   add_score_conditioning(state->ctx);
   add_own_fusions(state->ctx);
   state_ = std::move(state);
@@ -712,6 +721,7 @@ Verdict Verifier::verify(const KernelOutputs& kernel) const {
   // kernel stages -> verdict with one report per tensor given.
   const Context& ctx = state_->ctx;
   const MechanismSpec& spec = ctx.spec;
+  step(ctx.options, "comparing the kernel's outputs");
   Verdict verdict;
   verdict.precision = ctx.options.precision;
   verdict.score_precision = ctx.options.score_precision;

@@ -2,9 +2,13 @@
 (the reference in double and float, and what it compares) needs more than 80% of the memory this
 process may use is refused before any dataset is read, exit 2, with one line naming inputs/q,
 the sizes, the estimate and the knobs (/queries); it ran for the whole reference and then ended
-in an "out of memory" line naming no field. The files come from oracle_make_verify_file (a table
-case resized, its reference's float run as the kernel)."""
+in an "out of memory" line naming no field. On a terminal, one stderr line says which step of
+the oracle runs, cleared before the report; scripts (no terminal) and --quiet see nothing. The
+files come from oracle_make_verify_file (a table case resized, its reference's float run as the
+kernel)."""
 
+import os
+import pty
 import resource
 import subprocess
 
@@ -30,6 +34,33 @@ def dump(tmp_path_factory):
     return make(tmp_path_factory.mktemp("scale"), "hils_T2048.h5", CASE)
 
 
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    return make(tmp_path_factory.mktemp("steps"), "hils_T1024.h5",
+                "longer_blocks:T=1024,S=64,W=256,K=4,Hq=4,Hkv=2,d=32,dv=32,landmarks=1")
+
+
+def on_a_terminal(arguments):
+    """hils with stderr on a pseudo-terminal -> (stdout, what the terminal received)."""
+    leader, follower = pty.openpty()
+    child = subprocess.Popen([tool("HILS_CLI")] + arguments, stdout=subprocess.PIPE,
+                             stderr=follower, text=True)
+    os.close(follower)
+    received = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: every writer of the terminal has closed it
+            break
+        if not chunk:
+            break
+        received += chunk
+    out = child.stdout.read()
+    child.wait(timeout=600)
+    os.close(leader)
+    return out, received.decode()
+
+
 def limited(bytes_):
     return lambda: resource.setrlimit(resource.RLIMIT_AS, (bytes_, bytes_))
 
@@ -47,10 +78,28 @@ def test_a_file_too_large_for_the_memory_is_refused_up_front_naming_inputs_q(dum
     assert "got T = 2048 slots, 16 query heads, 2 KV heads, d = 64, 2048 query rows: about" in lines[0]
 
 
-def test_the_same_file_passes_without_the_limit(dump):
+def test_the_same_file_passes_without_the_limit_and_a_script_sees_no_steps(dump):
     run = subprocess.run([tool("HILS_CLI"), "verify", str(dump)], capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.splitlines()[-1] == "PASS"
     assert run.stderr == ""
+
+
+def test_a_terminal_sees_each_step_then_the_line_is_cleared(small):
+    out, terminal = on_a_terminal(["verify", str(small)])
+    assert out.splitlines()[0] == f"{small} (kernel reference float run (break: none))"
+    assert out.splitlines()[-1] == "PASS"
+    steps = [part.split(" (")[0] for part in terminal.split("\r") if part.startswith("hils verify")]
+    assert steps == [f"hils verify {small}: " + step for step in (
+        "reading the file", "the reference in double", "the reference in float",
+        "the selection's margins and the fusions of its own selection",
+        "comparing the kernel's outputs")], terminal
+    assert terminal.endswith("\r\x1b[K"), repr(terminal)
+
+
+def test_quiet_draws_no_step_line(small):
+    out, terminal = on_a_terminal(["verify", "--quiet", str(small)])
+    assert out.splitlines()[-1] == "PASS"
+    assert terminal == ""
 

@@ -2,6 +2,10 @@
 // oracle (reference in double and float) and prints a pass/fail report per tensor.
 // Exit 0 all pass, 1 a tensor or the selection fails, 2 the file is missing or malformed (with
 // several files, the worst of theirs).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -24,16 +28,56 @@ struct VerifyFlags {
   bool strict = false;
 };
 
+// What `hils verify` is doing: one line on stderr, "hils verify FILE: the reference in float
+// (41 s so far)", rewritten as each step of the oracle starts (VerifyOptions::on_step) and
+// cleared before the report, so that a verify of minutes says where it is. Only when stderr is
+// a terminal and --quiet is not given (as ProgressBar, util/progress.hpp): scripts and logs
+// never see it.
+class StepLine {
+ public:
+  explicit StepLine(std::string path)
+      : path_(std::move(path)),
+        enabled_(!global_options().quiet && ::isatty(STDERR_FILENO) == 1),
+        start_(std::chrono::steady_clock::now()) {}
+  ~StepLine() {
+    if (drawn_) std::fprintf(stderr, "\r\x1b[K"), std::fflush(stderr);
+  }
+  StepLine(const StepLine&) = delete;
+  StepLine& operator=(const StepLine&) = delete;
+
+  void show(const std::string& step) {
+    if (!enabled_) return;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    std::fprintf(stderr, "\rhils verify %s: %s (%.0f s so far)\x1b[K", path_.c_str(), step.c_str(),
+                 seconds);
+    std::fflush(stderr);
+    drawn_ = true;
+  }
+
+ private:
+  std::string path_;
+  bool enabled_, drawn_ = false;
+  std::chrono::steady_clock::time_point start_;
+};
+
 // path, flags -> the report on stdout; CheckFailed when the kernel fails, FileError for a bad file.
 void run_verify(const std::string& path, const VerifyFlags& flags) {
-  verify::VerifyFile v = verify::read_verify_file(path);
-  v.options.max_messages = flags.max_messages;
   oracle::Verdict verdict;
-  try {
-    verdict = oracle::verify(v.spec, v.inputs, v.outputs, v.options);
-  } catch (const InvalidArgument& e) {
-    // Invalid inputs, spec or queries: the file is bad, not the kernel.
-    throw io::FileError(path + ": " + e.what());
+  verify::VerifyFile v;
+  {
+    StepLine line(path);  // cleared before the report (or an error) is printed
+    line.show("reading the file");
+    v = verify::read_verify_file(path);
+    v.options.max_messages = flags.max_messages;
+    v.options.on_step = [&line](const std::string& step) { line.show(step); };
+    try {
+      verdict = oracle::verify(v.spec, v.inputs, v.outputs, v.options);
+    } catch (const InvalidArgument& e) {
+      // Invalid inputs, spec or queries: the file is bad, not the kernel.
+      throw io::FileError(path + ": " + e.what());
+    }
+    v.options.on_step = nullptr;
   }
   for (const auto& what : v.unknown) verdict.not_compared.push_back(what);
   std::cout << path << (v.kernel_name.empty() ? "" : " (kernel " + v.kernel_name + ")") << "\n"

@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -242,6 +243,10 @@ struct VerifyOptions {
   std::vector<int64_t> queries = {};
   // Print at most this many selection/element problems per tensor in the report.
   int64_t max_messages = 8;
+  // Called on the calling thread as each long step of the oracle starts ("the reference in
+  // double", "the reference in float", ...), for a progress display (hils verify's); none when
+  // empty. Nothing else depends on it.
+  std::function<void(const std::string& step)> on_step = {};
 };
 
 // A kernel's backward pass, widened to double: the upstream gradients it was given (d_o and
