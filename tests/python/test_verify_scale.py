@@ -3,14 +3,17 @@
 process may use is refused before any dataset is read, exit 2, with one line naming inputs/q,
 the sizes, the estimate and the knobs (/queries); it ran for the whole reference and then ended
 in an "out of memory" line naming no field. On a terminal, one stderr line says which step of
-the oracle runs, cleared before the report; scripts (no terminal) and --quiet see nothing. The
+the oracle runs, cleared before the report; scripts (no terminal) and --quiet see nothing.
+Ctrl-C ends it at once, as it did, now with a line naming the file (it printed nothing). The
 files come from oracle_make_verify_file (a table case resized, its reference's float run as the
 kernel)."""
 
 import os
 import pty
 import resource
+import signal
 import subprocess
+import time
 
 import pytest
 
@@ -103,3 +106,42 @@ def test_quiet_draws_no_step_line(small):
     assert out.splitlines()[-1] == "PASS"
     assert terminal == ""
 
+
+def reading(pid, path, at_most=1.0):
+    """Waits until process `pid` has `path` open (Linux /proc; the handler is in place then), or
+    `at_most` seconds (a read too quick to be seen: hils started long before)."""
+    end = time.monotonic() + at_most
+    while time.monotonic() < end:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except FileNotFoundError:
+            break
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
+                    return
+            except OSError:
+                pass
+        time.sleep(0.002)
+
+
+def test_ctrl_c_ends_it_at_once_with_a_line_naming_the_file(dump):
+    # As a terminal's Ctrl-C: SIGINT at its default (a shell script's background job ignores
+    # it, and hils keeps an ignored signal ignored) to the process group of hils.
+    def own_group():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.setpgrp()
+    child = subprocess.Popen([tool("HILS_CLI"), "verify", str(dump)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, preexec_fn=own_group)
+    try:
+        reading(child.pid, dump)  # the handler is in place; the judging takes seconds more
+        sent = time.monotonic()
+        os.killpg(child.pid, signal.SIGINT)
+        out, err = child.communicate(timeout=600)
+        waited = time.monotonic() - sent
+    finally:
+        child.kill()
+    assert child.returncode == -signal.SIGINT, (out, err)
+    assert out == ""
+    assert err == f"hils: interrupted by SIGINT (Ctrl-C) while judging {dump}; nothing was written\n"
+    assert waited < 5.0, waited
