@@ -694,7 +694,7 @@ void compare_backward(const Context& ctx, const KernelOutputs& kernel, Verdict& 
   step(ctx.options, "the backward in double and float");
   for (auto& report : detail::compare_gradients(ctx.spec, ctx.inputs, ctx.inputs_float,
                                                 selection, ctx.truth, ctx.baseline, grads,
-                                                ctx.options))
+                                                ctx.options, verdict.not_compared))
     verdict.tensors.push_back(std::move(report));
 }
 

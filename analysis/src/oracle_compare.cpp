@@ -272,9 +272,12 @@ double Tolerances::subnormal_probability_units(InputPrecision precision, int64_t
   return precision == InputPrecision::fp16 ? static_cast<double>(keys) * 0x1p-25 : 0.0;
 }
 
-double Tolerances::subnormal_gradient_error(InputPrecision precision, double products,
-                                            double factor) {
-  return precision == InputPrecision::fp16 ? (products * factor + 1.0) * 0x1p-25 : 0.0;
+double Tolerances::subnormal_gradient_error(InputPrecision precision,
+                                            std::initializer_list<SubnormalTerm> terms) {
+  if (precision != InputPrecision::fp16) return 0.0;
+  double sum = 1.0;  // the store's own rounding
+  for (const auto& term : terms) sum += term.products * term.factor;
+  return sum * 0x1p-25;
 }
 
 double Tolerances::floor_units(InputPrecision precision) {

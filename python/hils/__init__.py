@@ -359,9 +359,11 @@ def verify(spec, q, k, v, outputs, *, layout="hsd", lse_layout=None, selection_o
         fusion_weights' first K columns with it; duplicates, chunks out of range and padding
         other than -1 still fail).
     input_precision: "fp32", "bf16" or "fp16" (the inputs the kernel computed from; the oracle
-        rounds q, k, v to it; fp16: FlashAttention's fp16 path, fp16 o, fp32 lse, gradients
-        of the one-softmax fusions only); score_precision: "fp32", "bf16" or a store of k' that
-        data/verify_format.md describes (hils._core.score_precisions lists them all).
+        rounds q, k, v to it; fp16: FlashAttention's fp16 path, fp16 o, fp32 lse, its floors
+        an absolute term for values below fp16's normal range; a gradient whose term reaches
+        its largest entry is named in report.not_compared); score_precision: "fp32", "bf16"
+        or a store of k' that data/verify_format.md describes (hils._core.score_precisions
+        lists them all).
     bf16_rounding: how a bf16-score kernel converts its summaries and scores to bf16, as the
     verify file's bf16_rounding attribute says it: "detect" (read from a bf16-stored lse or o,
     else either is accepted), "any", "nearest" or "toward_zero". Declaring "nearest" gives the

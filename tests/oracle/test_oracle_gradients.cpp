@@ -189,14 +189,13 @@ TEST_CASE("upstream gradients must be given with the right shape, and do alone i
   CHECK_THROWS_WITH(verify(spec, inputs, partial, some_queries), Catch::Contains("all T"));
 }
 
-TEST_CASE("correct fp16 gradients pass for the one-softmax fusions and fail declared fp32",
+TEST_CASE("correct fp16 gradients pass for every preset and fail declared fp32",
           "[oracle][gradients]") {
   const auto fp16 = InputPrecision::fp16;
   for (const char* name : {"gqa_group4", "ragged_tail_no_landmarks"}) {
     const auto& c = case_named(name);
     const auto inputs = round_inputs_to(cases::make_inputs<double>(c), fp16);
     for (const auto& spec : hils::oracle::testing::specs_for(c)) {
-      if (spec.fusion == Fusion::hierarchical) continue;  // refused under fp16 (test_oracle_pass)
       const KernelOutputs kernel = correct_kernel(spec, inputs, c, fp16);
       const Verdict verdict = verify(spec, inputs, kernel, {fp16});
       INFO(name << " " << spec.name << "\n" << verdict.report());

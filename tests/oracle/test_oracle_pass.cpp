@@ -80,8 +80,7 @@ TEST_CASE("an fp16 kernel passes under the fp16 policy and fails under fp32 and 
 }
 
 TEST_CASE("fp16: the floors of o and the gradients count subnormal probabilities and fp16 is no "
-          "score precision nor judges a hierarchical fusion's gradients and refuses inputs beyond "
-          "65504 naming them", "[oracle]") {
+          "score precision and refuses inputs beyond 65504 naming them", "[oracle]") {
   const auto fp16 = InputPrecision::fp16;
   const auto& c = case_named("gqa_group4");
   const auto inputs = round_inputs_to(cases::make_inputs<double>(c), fp16);
@@ -136,20 +135,144 @@ TEST_CASE("fp16: the floors of o and the gradients count subnormal probabilities
       }
     CHECK(floors == 3);
   }
-  // A hierarchical fusion's gradients are not judged under fp16 (the fusion weights and the
-  // summaries' gradients are derived for bf16 and fp32 only).
-  const MechanismSpec hils_spec = cases::with_case_geometry(preset("hils"), c);
-  KernelOutputs hierarchical = float_kernel(hils_spec, inputs, fp16);
-  hierarchical.gradients = testing::float_gradients(hils_spec, inputs, hierarchical.selection, 7, fp16);
-  CHECK_THROWS_WITH(verify(hils_spec, inputs, hierarchical, {fp16}),
-                    Catch::StartsWith("input_precision: expected fp32 or bf16 for the gradients of "
-                                      "a hierarchical fusion"));
   // An input that fp16 cannot hold is refused, named.
   AttentionInputs<double> big = inputs;
   big.v[1](3, 5) = 70000.0;
   CHECK_THROWS_WITH(verify(full, big, float_kernel(full, inputs, fp16), {fp16}),
                     "v[1](3, 5): expected a value within fp16's range (|x| <= 65504: "
                     "input_precision is fp16), got 7e+04");
+}
+
+namespace {
+
+// The fp16 floors' count for a hierarchical fusion's summaries (data/verify_format.md
+// "Gradients"), worked out here from the reference's own summaries (k'_c, b'_c = H(p), so that
+// sum_j p_j ell_j = LSE(ell) - b'), chunk by chunk, in units of 2^-25: d mu_c's row (prior_row;
+// prior_sum, its sum over chunks) and the key rule's dk rows summed over a KV group's heads.
+struct ChainCount {
+  double prior_row = 0, prior_sum = 0, key_rows = 0;
+};
+
+ChainCount chain_count(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
+                       const std::vector<IndexMatrix>& selection) {
+  const Geometry geo = geometry_of(spec, inputs.T());
+  const double sigma = logit_scale(spec, inputs.d());
+  const int64_t G = inputs.Hq() / inputs.Hkv(), tokens = geo.tokens_per_chunk();
+  double max_k = 0;
+  for (const auto& k : inputs.k) max_k = std::max(max_k, k.cwiseAbs().maxCoeff());
+  ChainCount out;
+  std::vector<double> head_sums(static_cast<size_t>(inputs.Hq()), 0.0);
+  for (int64_t g = 0; g < inputs.Hkv(); ++g)
+    for (int64_t c = 0; c < geo.n_chunks(); ++c) {
+      double key_rows = 0;
+      for (int64_t h = g * G; h < (g + 1) * G; ++h) {
+        const Matrix<double>& qr = inputs.retrieval_query(h);
+        // The queries of the group that selected c: each d s_hat a rounding.
+        double selecting = 0;
+        Vector<double> sums = Vector<double>::Zero(inputs.d());
+        for (int64_t t = 0; t < inputs.T(); ++t)
+          for (int64_t s = 0; s < spec.K; ++s)
+            if (selection[static_cast<size_t>(g)](t, s) == c) {
+              selecting += 1;
+              for (int64_t i = 0; i < inputs.d(); ++i) sums(i) += std::fabs(qr(t, i));
+            }
+        const double key = sigma * sums.maxCoeff() + 1, bias = selecting + 1;
+        key_rows += spec.key_rule == KeyRule::mean ? key / static_cast<double>(tokens) : key;
+        if (!spec.needs_prior()) continue;
+        const Matrix<double> mu = resolve_prior(inputs, h, spec, geo);
+        const auto summary = summarize(inputs.k[static_cast<size_t>(g)], mu, spec.key_rule,
+                                       spec.bias_rule, geo, sigma);
+        double top = -INFINITY, spread = 0, distance = 0;
+        const Matrix<double>& k = inputs.k[static_cast<size_t>(g)];
+        std::vector<double> ell;
+        for (int64_t j = 0; j < tokens; ++j) {
+          ell.push_back(sigma * k.row(c * spec.S + j).dot(mu.row(c)));
+          top = std::max(top, ell.back());
+        }
+        double total = 0;
+        for (double e : ell) total += std::exp(e - top);
+        const double mean_ell = top + std::log(total) - summary.bias(c);  // LSE - H(p)
+        for (int64_t j = 0; j < tokens; ++j) {
+          spread = std::max(spread, std::fabs(ell[static_cast<size_t>(j)] - mean_ell));
+          double l1 = 0;
+          for (int64_t i = 0; i < inputs.d(); ++i)
+            l1 += std::fabs(k(c * spec.S + j, i) - summary.key(c, i));
+          distance = std::max(distance, l1);
+        }
+        const double d_ell = (spec.key_rule == KeyRule::taylor ? distance * key : 0.0) +
+                             (spec.bias_rule == BiasRule::entropy ? spread * bias : 0.0);
+        const double d_mu = sigma * max_k * (static_cast<double>(tokens) + d_ell);
+        out.prior_row = std::max(out.prior_row, d_mu);
+        head_sums[static_cast<size_t>(h)] += d_mu;
+        key_rows += sigma * mu.row(c).cwiseAbs().maxCoeff() * (1 + d_ell);
+      }
+      out.key_rows = std::max(out.key_rows, key_rows);
+    }
+  for (double sum : head_sums) out.prior_sum = std::max(out.prior_sum, sum);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("fp16: a hierarchical fusion's gradient floors count d s_hat and the summaries' "
+          "rounded gradients", "[oracle][gradients]") {
+  // 4 units of 2^-11 of each gradient's largest entry plus 2^-25 x (terms + 1): dq the keys of
+  // its softmaxes (W + S - 1 + K S) x sigma max |k| (with q~ given, its own tensor); dq~ its K
+  // d s_hat x sigma max |k| and, at the landmark slots, d mu's row (landmark_query prior); dk the
+  // G T queries x sigma max |q| and the key rule's rows; dv G T x max |do|; a shared prior's
+  // dprior the sum over chunks of d mu_c.
+  const auto fp16 = InputPrecision::fp16;
+  auto largest = [](const std::vector<Matrix<double>>& heads) {
+    double m = 0;
+    for (const auto& x : heads) m = std::max(m, x.cwiseAbs().maxCoeff());
+    return m;
+  };
+  std::vector<std::pair<const char*, MechanismSpec>> runs;
+  for (const char* name : {"lmk", "hils"})
+    runs.emplace_back("gqa_group4",
+                      cases::with_case_geometry(preset(name), case_named("gqa_group4")));
+  for (const auto& spec : table5_ablations()) {  // the other key rules, entropy alone, dprior
+    if (spec.name == "hils_mean_pooling" || spec.name == "hils_landmark_key_entropy")
+      runs.emplace_back("gqa_group4", cases::with_case_geometry(spec, case_named("gqa_group4")));
+    if (spec.name == "hils_no_landmark_shared_prior")
+      runs.emplace_back("ragged_tail_no_landmarks",
+                        cases::with_case_geometry(spec, case_named("ragged_tail_no_landmarks")));
+  }
+  for (const auto& [case_name, spec] : runs) {
+    const auto& c = case_named(case_name);
+    const auto inputs = round_inputs_to(cases::make_inputs<double>(c), fp16);
+    KernelOutputs kernel = float_kernel(spec, inputs, fp16);
+    kernel.gradients = testing::float_gradients(spec, inputs, kernel.selection, 7, fp16);
+    const Verdict verdict = verify(spec, inputs, kernel, {fp16});
+    INFO(case_name << " " << spec.name << "\n" << verdict.report());
+    CHECK(verdict.passed);
+    const double sigma = logit_scale(spec, inputs.d()), kappa = sigma * largest(inputs.k);
+    const double G = static_cast<double>(inputs.Hq() / inputs.Hkv());
+    const double T = static_cast<double>(inputs.T());
+    const ChainCount chain = chain_count(spec, inputs, kernel.selection);
+    const bool landmark_prior = spec.needs_prior() && spec.prior_rule == PriorRule::landmark_query;
+    const double keys = static_cast<double>(
+        std::min<int64_t>(inputs.T(), spec.W + spec.S - 1 + spec.K * spec.S));
+    const double dq_retrieval =
+        static_cast<double>(spec.K) * kappa + (landmark_prior ? chain.prior_row : 0.0);
+    std::map<std::string, double> terms = {
+        {"dq", keys * kappa},
+        {"dq_retrieval", dq_retrieval},
+        {"dk", G * T * sigma * largest(inputs.q) + chain.key_rows},
+        {"dv", G * T * largest(kernel.gradients.d_o)}};
+    if (spec.needs_prior() && !landmark_prior) terms["dprior"] = chain.prior_sum;
+    CHECK(chain.key_rows > 0);
+    if (spec.needs_prior()) CHECK(chain.prior_row > 0);
+    int floors = 0;
+    for (const auto& t : verdict.tensors)
+      if (terms.count(t.name)) {
+        ++floors;
+        INFO(t.name);
+        CHECK(t.floor == Approx(4.0 * 0x1p-11 * t.magnitude + (terms.at(t.name) + 1) * 0x1p-25)
+                             .epsilon(1e-12));
+      }
+    CHECK(floors == static_cast<int>(terms.size()));
+  }
 }
 
 TEST_CASE("verify fuses with the moved logit scale only for a kernel that gives a bf16 lse",

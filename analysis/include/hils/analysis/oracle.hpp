@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -211,9 +212,16 @@ struct Tolerances {
   // dK = sigma dS^T Q) to fp16 errs by up to 2^-25 on each one below 2^-14, and its fp16 store
   // of the gradient by up to 2^-25 more: an entry that sums `products` of them with factors of
   // at most `factor` (max |do|; sigma max |k|; sigma max |q|) moves by at most
-  // (products x factor + 1) x 2^-25. The absolute error a gradient's floor adds (0 for the
-  // other precisions).
-  static double subnormal_gradient_error(InputPrecision precision, double products, double factor);
+  // (products x factor + 1) x 2^-25. A hierarchical fusion's entries sum several kinds of
+  // rounded intermediates (d s_hat, the summaries' gradients, the prior's d ell), one term
+  // each: (sum of products x factor + 1) x 2^-25. The absolute error a gradient's floor adds
+  // (0 for the other precisions).
+  struct SubnormalTerm {
+    double products = 0;  // how many rounded intermediates the entry sums
+    double factor = 0;    // the most any one of them is multiplied by on its way there
+  };
+  static double subnormal_gradient_error(InputPrecision precision,
+                                         std::initializer_list<SubnormalTerm> terms);
 
   static double floor_units(InputPrecision precision);
   static double margin_units(InputPrecision precision);
