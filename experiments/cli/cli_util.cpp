@@ -196,6 +196,88 @@ void require_results_of(const std::string& command, const std::filesystem::path&
                                path.string(), command, producer));
 }
 
+std::optional<int64_t> unit_layer(const std::string& unit) {
+  std::optional<int64_t> layer;
+  size_t start = 0;
+  while (start <= unit.size()) {
+    const size_t end = std::min(unit.find('/', start), unit.size());
+    const std::string segment = unit.substr(start, end - start);
+    if (segment.size() > 5 && segment.compare(0, 5, "layer") == 0 &&
+        segment.find_first_not_of("0123456789", 5) == std::string::npos && segment.size() < 15)
+      layer = std::stoll(segment.substr(5));
+    start = end + 1;
+  }
+  return layer;
+}
+
+namespace {
+
+// The fingerprints a results file recorded (none when it predates them), or FileError naming
+// the attribute when it is not the JSON object check_and_record_fingerprints writes.
+std::optional<LayerFingerprints> recorded_fingerprints(const std::filesystem::path& results) {
+  io::ResultsReader reader(results);
+  if (!reader.has_attribute("", kInputFingerprints)) return std::nullopt;
+  const std::string text = reader.string_attribute("", kInputFingerprints);
+  LayerFingerprints recorded;
+  try {
+    const nlohmann::json stored = nlohmann::json::parse(text);
+    if (!stored.is_object()) throw std::invalid_argument("not an object");
+    for (const auto& item : stored.items())
+      recorded[std::stoll(item.key())] = item.value().get<std::string>();
+  } catch (const std::exception&) {
+    throw io::FileError(results.string() + ": / attribute " + kInputFingerprints +
+                        ": expected a JSON object of layer fingerprints, got \"" +
+                        text.substr(0, 60) + "\"");
+  }
+  return recorded;
+}
+
+}  // namespace
+
+void check_and_record_fingerprints(
+    io::ResultsWriter& writer, const std::filesystem::path& results,
+    const std::filesystem::path& input, const std::string& input_option,
+    const std::vector<int64_t>& run_layers, const FingerprintOf& fingerprint_of,
+    const std::function<std::optional<int64_t>(const std::string&)>& layer_of) {
+  LayerFingerprints kept;
+  std::map<int64_t, std::optional<std::string>> now;  // each layer read once
+  auto current = [&](int64_t layer) -> const std::optional<std::string>& {
+    auto found = now.find(layer);
+    if (found == now.end()) found = now.emplace(layer, fingerprint_of(layer)).first;
+    return found->second;
+  };
+  const std::vector<std::string> complete = writer.complete_units();
+  if (!complete.empty()) {
+    const std::optional<LayerFingerprints> recorded = recorded_fingerprints(results);
+    if (!recorded)
+      note(fmt::format("{}: records no fingerprints of its input (written before they were "
+                       "recorded), so its complete units ({}) are not checked against {}",
+                       results.string(), complete.size(), input.string()));
+    for (const auto& unit : complete) {
+      const std::optional<int64_t> layer = layer_of(unit);
+      if (!recorded || !layer) continue;
+      const auto was = recorded->find(*layer);
+      if (was == recorded->end()) continue;
+      const std::optional<std::string>& digest = current(*layer);
+      if (digest == was->second) continue;
+      throw BadInput(fmt::format(
+          "{} ({}) layer {}: expected the data that {}'s complete units were computed from "
+          "(fingerprint {}), found {}: the file changed since unit {} ran, and resuming would "
+          "mix two inputs' results; write to another results file, or remove {} to start over",
+          input_option, input.string(), *layer, results.string(), was->second,
+          digest ? "other data (fingerprint " + *digest + ")" : std::string("no such layer"),
+          unit, results.string()));
+    }
+    if (recorded) kept = *recorded;
+  }
+  for (int64_t layer : run_layers) current(layer);
+  for (const auto& [layer, digest] : now)
+    if (digest) kept[layer] = *digest;
+  nlohmann::json stored = nlohmann::json::object();
+  for (const auto& [layer, digest] : kept) stored[std::to_string(layer)] = digest;
+  writer.set_attribute("", kInputFingerprints, io::json_text(stored));
+}
+
 std::string units_kept(const std::string& file, size_t complete_units,
                        const std::string& to_continue) {
   if (complete_units == 0)

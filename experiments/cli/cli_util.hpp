@@ -4,8 +4,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -15,6 +17,7 @@
 #include "io/activation_file.hpp"
 #include "io/file_error.hpp"
 #include "io/hdf5_util.hpp"
+#include "io/results_file.hpp"
 
 namespace hils::cli {
 
@@ -54,6 +57,33 @@ std::string results_producer(const nlohmann::json& config);
 // three ("geometry.W ..., and 4 more"), and hils run read a study's "layers" as its own list.
 void require_results_of(const std::string& command, const std::filesystem::path& path,
                         const nlohmann::json& stored);
+
+// The fingerprint (io::layer_fingerprint) of each layer of the activation file whose units a
+// results file holds, by layer; the file records them as its root attribute
+// `input_fingerprints`, a JSON object {"<layer>": "<16 hex digits>"}.
+using LayerFingerprints = std::map<int64_t, std::string>;
+inline constexpr const char* kInputFingerprints = "input_fingerprints";
+
+// The layer a unit read: the number of its last path segment "layer<l>" ("T512/layer3/group1",
+// "rope/T512/layer3/group1", "hils/layer3" -> 3); nullopt when it has none.
+std::optional<int64_t> unit_layer(const std::string& unit);
+
+// The fingerprint of layer l of the run's activation file, nullopt when it has no layer l.
+using FingerprintOf = std::function<std::optional<std::string>(int64_t layer)>;
+
+// Before `writer` (the results file `results`, resumed or new) gets any unit of this run:
+// BadInput when a layer that one of its complete units read (`layer_of`) was recorded with
+// another fingerprint than `fingerprint_of` gives now, i.e. the activation file `input` (given by
+// `input_option`) changed since those units ran, so resuming would mix two inputs' units (every
+// such layer is checked, also one this run does not read); a note when the file records no
+// fingerprints (written before they were: its units are not checked). Then records the
+// fingerprints of `run_layers` and of the checked layers, keeping the others recorded. A layer
+// no complete unit read may change (a bad layer corrected after a failed run).
+void check_and_record_fingerprints(
+    io::ResultsWriter& writer, const std::filesystem::path& results,
+    const std::filesystem::path& input, const std::string& input_option,
+    const std::vector<int64_t>& run_layers, const FingerprintOf& fingerprint_of,
+    const std::function<std::optional<int64_t>(const std::string&)>& layer_of);
 
 // "<file> keeps N complete units (...); <to_continue> to continue from them": what a stopped
 // run's results file holds for it (no partial unit: a unit is published whole or not at all)

@@ -1,6 +1,7 @@
 #include "io/activation_file.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include <fmt/format.h>
@@ -335,6 +336,67 @@ LayerActivations read_activation_layer(const std::filesystem::path& path,
     std::copy(flat.begin(), flat.end(), result.hidden.data());
   }
   return result;
+}
+
+namespace {
+
+// 64-bit words mixed one at a time (an FNV-1a step per word, then the high half folded into the
+// low so that every bit reaches the next multiply).
+class Digest {
+ public:
+  void add(uint64_t word) {
+    h_ = (h_ ^ word) * 0x100000001b3ULL;
+    h_ ^= h_ >> 32;
+  }
+  void add(double x) {
+    uint64_t word;
+    std::memcpy(&word, &x, sizeof word);
+    add(word);
+  }
+  void add(const std::string& text) {
+    add(static_cast<uint64_t>(text.size()));
+    for (unsigned char c : text) add(static_cast<uint64_t>(c));
+  }
+  std::string hex() const { return fmt::format("{:016x}", h_); }
+
+ private:
+  uint64_t h_ = 0xcbf29ce484222325ULL;
+};
+
+}  // namespace
+
+std::string layer_fingerprint(const std::filesystem::path& path, const ActivationMeta& meta,
+                              int64_t layer) {
+  require(layer >= 0 && layer < meta.n_layers, "layer",
+          fmt::format("0 <= layer < {}", meta.n_layers), std::to_string(layer));
+  Digest digest;
+  for (int64_t n : {meta.T, meta.Hq, meta.Hkv, meta.d, meta.dv})
+    digest.add(static_cast<uint64_t>(n));
+  digest.add(static_cast<uint64_t>(meta.rotated));
+  digest.add(meta.rope_pairing);
+  digest.add(meta.rope_theta);
+  for (int64_t id : meta.position_ids) digest.add(static_cast<uint64_t>(id));
+  for (uint8_t flag : meta.landmarks) digest.add(static_cast<uint64_t>(flag));
+  H5::H5File file = open_hdf5(path);
+  const std::string group_name = layer_name(layer);
+  if (!has_object(file, group_name)) fail(path, group_name, "a group", "nothing at that path");
+  const H5::Group group = file.openGroup(group_name);
+  // Each dataset's name, then its shape and values, or none: an absent dataset and an empty
+  // one, or two shapes of the same values, differ.
+  for (const char* name : {"q", "k", "v", "q_retrieval", "q_unrotated", "k_unrotated"}) {
+    digest.add(std::string(name));
+    if (!has_object(group, name)) {
+      digest.add(uint64_t{0});
+      continue;
+    }
+    const H5::DataSet dataset = open_dataset(path, group, name);
+    const std::vector<hsize_t> dims = dataset_dims(dataset);
+    digest.add(static_cast<uint64_t>(dims.size()));
+    for (hsize_t n : dims) digest.add(static_cast<uint64_t>(n));
+    for (double x : read_doubles(path, group_name + "/" + name, dataset, /*finite_only=*/false))
+      digest.add(x);
+  }
+  return digest.hex();
 }
 
 ActivationFile read_activation_file(const std::filesystem::path& path) {

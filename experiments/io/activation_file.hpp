@@ -68,4 +68,14 @@ LayerActivations read_activation_layer(const std::filesystem::path& path,
                                        const ActivationMeta& meta, int64_t layer);
 ActivationFile read_activation_file(const std::filesystem::path& path);
 
+// A digest of what a unit reads of layer `layer` of the file at `path`: the shape and values of
+// its q, k, v, q_retrieval, q_unrotated and k_unrotated datasets as read (doubles, so a float32
+// and a float64 file of equal values agree) and the slot layout and RoPE attributes every layer
+// shares; 16 hex digits. It judges no value (a NaN is digested like any other: a bad layer is
+// the units' refusal, as it was), so a study can take it of every layer before its first unit.
+// Not cryptographic: it tells a re-dumped or edited file from the one a results file's units
+// were computed from (resuming checks it). FileError for a dataset that is not floating point.
+std::string layer_fingerprint(const std::filesystem::path& path, const ActivationMeta& meta,
+                              int64_t layer);
+
 }  // namespace hils::io

@@ -265,13 +265,39 @@ WindowResult<Scalar> block_attention(const Matrix<Scalar>& q_rows,
   return out;
 }
 
+namespace {
+
+// a b^T, each entry's sum taken in the order k = 0, 1, ..., d-1 whatever the entry's place:
+// out(i, c) = (...((a(i,0) b(c,0)) + a(i,1) b(c,1)) + ...). Eigen's blocked product sums an
+// entry in an order that depends on where its column falls in the kernel's blocking (on an AVX2
+// machine, columns 12-15 of 18 in another order than 0-11), so two chunks with the same summary
+// scored an ulp apart and a tie went to the higher chunk, against reference/SEMANTICS.md §4
+// (ties to the lower index). The loop over c runs the same operation in every lane.
+template <class Scalar>
+Matrix<Scalar> ordered_product(const Matrix<Scalar>& a, const Matrix<Scalar>& b) {
+  const int64_t n = a.rows(), m = b.rows(), d = a.cols();
+  const Matrix<Scalar> bt = b.transpose();  // [d x m]: row k holds b(., k)
+  Matrix<Scalar> out = Matrix<Scalar>::Zero(n, m);
+  for (int64_t i = 0; i < n; ++i) {
+    Scalar* row = out.row(i).data();
+    for (int64_t k = 0; k < d; ++k) {
+      const Scalar x = a(i, k);
+      const Scalar* column = bt.row(k).data();
+      for (int64_t c = 0; c < m; ++c) row[c] += x * column[c];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 template <class Scalar>
 Matrix<Scalar> block_surrogate_scores(const Matrix<Scalar>& q_retrieval_rows,
                                       const std::vector<int64_t>& queries,
                                       const QueryBlock& block,
                                       const ChunkSummaries<Scalar>& summaries,
                                       const Geometry& geometry, Scalar scale) {
-  Matrix<Scalar> scores = (q_retrieval_rows * scale) * summaries.key.transpose();
+  Matrix<Scalar> scores = ordered_product<Scalar>(q_retrieval_rows * scale, summaries.key);
   scores.rowwise() += summaries.bias.transpose();
   for (int64_t i = 0; i < block.size(); ++i) {
     const int64_t count = geometry.candidate_count(queries[static_cast<size_t>(block.begin + i)]);

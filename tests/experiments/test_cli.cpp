@@ -350,6 +350,68 @@ TEST_CASE("run --resume adds units and keeps finished ones", "[cli]") {
                                            "the file, 16 in this run); give it another name"));
 }
 
+TEST_CASE("run --resume refuses an activation file changed under its complete units", "[cli]") {
+  // Was: a file re-dumped or edited at the same path resumed without a word, its new units
+  // beside the old ones, computed from other data. Each layer's fingerprint is recorded now.
+  TempDir dir("resume_changed_input");
+  const fs::path acts = write_small(dir);
+  const fs::path out = dir / "out.h5";
+  const std::string base = "run " + quoted(acts) + " -o " + quoted(out) +
+                           " -S 8 -W 8 -K 2 --landmarks true -p full ";
+  REQUIRE(run_hils(base + "--layers 0").exit_code == 0);
+  hils::io::ActivationFile file = hils::test::small_activation_file(7);
+  // Layer 1, which no complete unit read, may change (a bad layer corrected).
+  file.layers[1].inputs.v[0](3, 2) += 0.5;
+  hils::io::write_activation_file(acts, file, hils::io::StorageType::float64);
+  auto corrected = run_hils(base + "--layers 0,1 --resume");
+  INFO(corrected.output);
+  REQUIRE(corrected.exit_code == 0);
+  CHECK_THAT(corrected.output, Catch::Contains("1 unit(s) computed, 1 already complete"));
+  // One value of layer 0 changed under its complete unit: refused, whichever layers this run
+  // reads, and the results file is left as it was.
+  file.layers[0].inputs.k[1](5, 1) += 1e-9;
+  hils::io::write_activation_file(acts, file, hils::io::StorageType::float64);
+  const std::string before = hils::test::file_bytes(out);
+  for (const std::string layers : {"0,1", "1"}) {
+    auto r = run_hils(base + "--layers " + layers + " --resume");
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains("ACTIVATIONS (" + acts.string() + ") layer 0: expected "
+                                         "the data that " + out.string() + "'s complete units "
+                                         "were computed from (fingerprint "));
+    CHECK_THAT(r.output, Catch::Contains("found other data (fingerprint "));
+    CHECK_THAT(r.output, Catch::Contains("the file changed since unit full/layer0 ran"));
+    CHECK(hils::test::file_bytes(out) == before);
+  }
+  // Back to the data layer 0 was computed from: resumed again.
+  file.layers[0] = hils::test::small_activation_file(7).layers[0];
+  hils::io::write_activation_file(acts, file, hils::io::StorageType::float64);
+  CHECK(run_hils(base + "--layers 0,1 --resume").exit_code == 0);
+}
+
+TEST_CASE("run --resume of a results file without input fingerprints says its units go "
+          "unchecked", "[cli]") {
+  // Files written before the fingerprints were recorded resume as before, with a note.
+  TempDir dir("resume_no_fingerprints");
+  const fs::path acts = write_small(dir);
+  const fs::path out = dir / "out.h5";
+  const std::string base = "run " + quoted(acts) + " -o " + quoted(out) +
+                           " -S 8 -W 8 -K 2 --landmarks true -p full ";
+  REQUIRE(run_hils(base + "--layers 0").exit_code == 0);
+  {
+    H5::H5File h5(out.string(), H5F_ACC_RDWR);
+    REQUIRE(h5.attrExists("input_fingerprints"));
+    h5.removeAttr("input_fingerprints");
+  }
+  auto r = run_hils(base + "--layers 0,1 --resume");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains(out.string() + ": records no fingerprints of its input "
+                                       "(written before they were recorded), so its complete units "
+                                       "(1) are not checked against " + acts.string()));
+  CHECK(hils::io::ResultsReader(out).has_attribute("", "input_fingerprints"));
+}
+
 TEST_CASE("a failed run leaves an existing results file untouched", "[cli]") {
   TempDir dir("untouched");
   auto acts = write_small(dir);

@@ -3,8 +3,9 @@
 #   same_results: fidelity, overlap, extrapolate under N = 2 or 3 give the one-process file's datasets
 #                 and attributes bit for bit (provenance aside);
 #   failing_rank: a layer with a NaN found late ends the job naming the rank and the unit, the
-#                 file keeps its last checkpoint, and after the fix the run resumes under
-#                 another N (2, then 1 process after a second interruption) to the same results;
+#                 file keeps its last checkpoint (again under N = 2), a layer that complete
+#                 units read, changed since, is refused by its fingerprint, and after the fix
+#                 the run resumes in one process to the same results;
 #   run:          `hils run` over 3 layers x 2 mechanisms: the same, for its (mechanism, layer) units;
 #                 rank 0 or a worker failing before the run ends the job in order, named;
 #                 size checks count each rank's share of the node's memory;
@@ -346,11 +347,18 @@ print("checkpoint holds", sorted(done))
 assert done == expected, done
 PY
 
-# Resumed under N = 2: layer 2 fixed, layer 1 now broken (its first pending unit fails).
-cp good.h5 acts.h5 && poke 1
+# Resumed under N = 2 with layer 2 still broken: its first pending unit fails again, named.
 if mpi 2 fidelity --out resumed.h5 "${acts[@]}" 2> failure.txt; then fail "a NaN layer did not fail"; fi
-grep -q "bad input: rank 1 failed on unit T[0-9]*/layer1/group[01]: .*nan" failure.txt ||
+grep -q "bad input: rank 1 failed on unit T[0-9]*/layer2/group[01]: .*nan" failure.txt ||
   fail "second failure not named"
+# Layer 2 fixed but layer 1, which complete units read, changed since (a NaN poked in): refused
+# by its fingerprint on rank 0 before any unit, the checkpoint untouched.
+cp good.h5 acts.h5 && poke 1
+before=$(md5sum < resumed.h5)
+if mpi 2 fidelity --out resumed.h5 "${acts[@]}" 2> failure.txt; then fail "a changed layer was resumed"; fi
+grep -q "bad input: --activations (acts.h5) layer 1: expected the data that resumed.h5's complete units were computed from" failure.txt ||
+  fail "the changed layer is not named: $(cat failure.txt)"
+[[ $(md5sum < resumed.h5) == "$before" ]] || fail "the refused resume changed resumed.h5"
 
 # Resumed in one process, without mpirun: the same results as the uninterrupted run.
 cp good.h5 acts.h5

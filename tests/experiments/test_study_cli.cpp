@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -184,7 +185,7 @@ TEST_CASE("a study on an activation file needs the file's landmark layout", "[cl
               .exit_code == 0);
   const std::string fidelity = "fidelity --source activations --lengths 640 --layers 1 --queries 2 ";
   // Both ran, the landmark keys attended as tokens or real tokens taken for landmarks.
-  require_refused(dir, fidelity + "--activations " + quoted(with),
+  require_refused(dir, fidelity + "--landmarks false --activations " + quoted(with),
                   "the study's geometry (-S 16, --landmarks false) has landmarks off, but " +
                       with.string() + " has landmark slots at 15, 31, ... (S=16)");
   require_refused(dir, fidelity + "--landmarks true --activations " + quoted(without),
@@ -196,6 +197,26 @@ TEST_CASE("a study on an activation file needs the file's landmark layout", "[cl
                     quoted(dir / "f.h5"));
   INFO(r.output);
   CHECK(r.exit_code == 0);
+  // By default a file with landmark slots is studied with its own layout (S = 16, landmarks on;
+  // until session 28 the model's S = 16 without landmarks, refused above, unless both flags were
+  // given), and one without them with the model's geometry.
+  for (const auto& [file, S, landmarks] :
+       {std::tuple{with, 16, true}, std::tuple{without, 16, false}}) {
+    const fs::path out = dir / ("default_" + file.stem().string() + ".h5");
+    auto d = run_hils("-q " + fidelity + "--activations " + quoted(file) + " --out " + quoted(out));
+    INFO(d.output);
+    REQUIRE(d.exit_code == 0);
+    const nlohmann::json geometry = hils::io::ResultsReader(out).config()["geometry"];
+    CHECK(geometry["S"] == S);
+    CHECK(geometry["landmarks"] == landmarks);
+  }
+  const fs::path with32 = dir / "with32.h5";
+  REQUIRE(run_hils("-q dump synthetic -T 640 -S 32 -o " + quoted(with32)).exit_code == 0);
+  auto d = run_hils("-q " + fidelity + "--activations " + quoted(with32) + " --out " +
+                    quoted(dir / "default_with32.h5"));
+  INFO(d.output);
+  REQUIRE(d.exit_code == 0);
+  CHECK(hils::io::ResultsReader(dir / "default_with32.h5").config()["geometry"]["S"] == 32);
 }
 
 TEST_CASE("a study rotates an activation file's un-rotated RoPE vectors as hils run does",
@@ -418,7 +439,7 @@ TEST_CASE("a source's file flag is not ignored: it picks its source, or another 
                          "--activations: expected --source activations (or no --source), got "
                          "[source] kind = model");
   // Alone, the flag picks its source: the file's landmark layout is checked, so it is read.
-  require_refused(dir, "fidelity --lengths 640 --activations " + quoted(acts),
+  require_refused(dir, "fidelity --lengths 640 --landmarks false --activations " + quoted(acts),
                   "the study's geometry (-S 16, --landmarks false) has landmarks off, but " +
                       acts.string());
   auto r = run_hils("-q fidelity --lengths 640 --n-layers 1 --queries 2 --landmarks true "
@@ -464,6 +485,41 @@ TEST_CASE("resuming a study file of another configuration names what differs and
                            "file, 4 in this run), queries (2 in the file, 3 in this run)"));
   CHECK_THAT(r.output, !Catch::Contains("{\""));
   CHECK(hils::test::file_bytes(dir / "f.h5") == before);
+}
+
+TEST_CASE("a study resumed on a changed activation file is refused naming the layer",
+          "[cli][study]") {
+  // Was: an activation file re-dumped at the same path resumed the study without a word (the
+  // config records the path and the file's provenance, not its data), mixing units computed
+  // from two inputs. Every layer's fingerprint is recorded; a layer a complete unit read must
+  // hold the same data.
+  TempDir dir("study_changed_input");
+  const fs::path acts = hils::test::write_small_activation_file(dir, 12);
+  const fs::path out = dir / "f.h5";
+  const std::string study = "fidelity --activations " + quoted(acts) +
+                            " -S 8 --landmarks true -W 8 -K 2 --queries 2 --mechanisms mean "
+                            "--out " + quoted(out);
+  const auto first = run_hils(study);
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  const std::string before = hils::test::file_bytes(out);
+  hils::io::ActivationFile file = hils::test::small_activation_file(12);
+  file.layers[1].inputs.q[3](30, 4) *= 1.0 + 1e-12;
+  hils::io::write_activation_file(acts, file, hils::io::StorageType::float64);
+  auto r = run_hils(study);
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--activations (" + acts.string() + ") layer 1: expected "
+                                       "the data that " + out.string() + "'s complete units "
+                                       "were computed from (fingerprint "));
+  CHECK_THAT(r.output, Catch::Contains("the file changed since unit T40/layer1/group0 ran"));
+  CHECK(hils::test::file_bytes(out) == before);
+  // The same values again, stored as they were: resumed (nothing left to run).
+  hils::test::write_small_activation_file(dir, 12);
+  auto again = run_hils(study);
+  INFO(again.output);
+  CHECK(again.exit_code == 0);
+  CHECK_THAT(again.output, Catch::Contains("0 units run, 4 resumed"));
 }
 
 TEST_CASE("a results file of another command given to resume is named as such", "[cli][study]") {

@@ -2,10 +2,15 @@
 printed or raised (README "From Python": a FlashAttention batch, a varlen pack, a chunked
 prefill, a paged decode step) is computed here again from the same inputs (numpy arrays
 standing in for the kernels' outputs: the reference's own, in float32, one entry moved) and
-must equal the README's block line for line. A change to a report's wording, or to a number
-the oracle computes, fails here until the README shows what a user will see. CPU only."""
+must equal the README's block line for line (same_report: the words, verdicts, counts and
+indices exactly, columns up to their padding; a measured number, such as a headroom or the float
+baseline's error, within a factor of 1.5 of the README's, because it follows the CPU's rounding:
+a headroom 0.0125 on the AVX-512 machine that printed the README is 0.0122 on an AVX2 one, a
+float r error 4.88e-07 is 3.64e-07). A change to a report's wording, or to a number the oracle
+computes beyond rounding, fails here until the README shows what a user will see. CPU only."""
 
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -33,6 +38,22 @@ def readme_block(first_line_prefix):
     return found[0]
 
 
+MEASURED = re.compile(r"-?\d+\.\d*(?:e[-+]?\d+)?|-?\d+e[-+]?\d+")
+
+
+def same_report(got, shown):
+    """got and shown (lists of lines) agree line for line: equal once every decimal or exponent
+    number is replaced by a mark and runs of spaces by one, and each such number within a factor
+    of 1.5 of the README's (0 only as 0)."""
+    assert len(got) == len(shown), f"{len(got)} lines printed, the README shows {len(shown)}"
+    words = lambda line: re.sub(" +", " ", MEASURED.sub("#", line))
+    for printed, readme in zip(got, shown):
+        assert words(printed) == words(readme), (printed, readme)
+        for a, b in zip(map(float, MEASURED.findall(printed)), map(float, MEASURED.findall(readme))):
+            assert (a == b == 0) or (a * b > 0 and max(a / b, b / a) <= 1.5), (a, b, printed)
+    return True
+
+
 def raised_by(call):
     with pytest.raises(AssertionError) as error:
         call()
@@ -53,7 +74,7 @@ def test_flash_attention_batch_report():
     lse[3, 5, 700] += 1e-3
     got = raised_by(lambda: assert_kernel_matches(spec, q, k, v, {"o": o, "lse": lse}, layout="bshd",
                                                   lse_layout="bhsd", kernel="fa2"))
-    assert got == readme_block("kernel fa2:")
+    assert same_report(got, readme_block("kernel fa2:"))
 
 
 def test_varlen_pack_report():
@@ -69,7 +90,7 @@ def test_varlen_pack_report():
     out["lse"][5, 1024 + 200] += 1e-3
     got = raised_by(lambda: assert_kernel_matches(spec, q, k, v, out, layout="thd", lse_layout="htd",
                                                   cu_seqlens=cu, kernel="varlen"))
-    assert got == readme_block("kernel varlen")
+    assert same_report(got, readme_block("kernel varlen"))
 
 
 def test_chunked_prefill_report_opens_as_shown():
@@ -98,7 +119,7 @@ def test_chunked_prefill_report_opens_as_shown():
                          cu_seqlens=np.cumsum((0,) + queries).astype(np.int32),
                          cu_seqlens_k=np.cumsum((0,) + keys).astype(np.int32), landmark_queries=landmark_queries)
     shown = readme_block('batch of 3 sequences, layout "thd": 1 pass, 2 fail')
-    assert str(report).split("\n")[:len(shown)] == shown
+    assert same_report(str(report).split("\n")[:len(shown)], shown)
 
 
 def test_paged_decode_report():
@@ -132,4 +153,4 @@ def test_paged_decode_report():
     out["o"][1, 3, 10] += 0.01
     report = hils.verify_decode(spec, q, k_cache, v_cache, out, cache_seqlens=np.array(lengths, np.int32),
                                 block_table=block_table, landmark_queries=landmark_queries)
-    assert str(report).split("\n") == readme_block("batch of 4 sequences, decode step")
+    assert same_report(str(report).split("\n"), readme_block("batch of 4 sequences, decode step"))

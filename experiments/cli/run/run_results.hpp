@@ -14,6 +14,7 @@ class RunResults {
  public:
   RunResults(const RunFlags& flags, const RunPlan& plan, io::Provenance provenance);
   analysis::ResultSink& sink() { return sink_; }
+  io::ResultsWriter& writer() { return writer_; }
   void commit() { writer_.commit(); }
   // Complete units the published file keeps (this run's and a resumed one's).
   size_t units_published() const { return writer_.units_published(); }

@@ -1,5 +1,7 @@
 // A study's settings: the study's defaults per source, then the TOML config (every table and key
 // checked by config::study_schema), then the flags; checked, then joined to their inputs.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "cli/cli_util.hpp"
@@ -19,12 +21,16 @@ config::ConfigValues read_config(const StudyArgs& a) {
 
 // The geometry and the prior. The spec fields a study uses go through the spec decoder:
 // [geometry], then the spec flags (their ranges: require_study_values).
-void resolve_geometry(Resolved& r, const StudyArgs& a, const config::ConfigValues& c, bool model) {
+void resolve_geometry(Resolved& r, const StudyArgs& a, const config::ConfigValues& c, bool model,
+                      const SourceDefaults& defaults) {
   // Synthetic: the paper's geometry. The real model (512 tokens, head dim 8): S=16, W=64, K=8,
   // so that the last query has 28 candidates of which K covers ~30% (the paper: 32 of 57-121).
+  // An activation file: the model's, but for a file with landmark slots, its chunk size with
+  // landmarks on (the file's layout is the only one a study of it accepts).
   MechanismSpec spec;
   spec.S = model ? 16 : 64, spec.W = model ? 64 : 512, spec.K = model ? 8 : 32;
   spec.landmarks = !model;
+  if (defaults.landmark_chunk > 0) spec.S = defaults.landmark_chunk, spec.landmarks = true;
   config::apply_spec_overrides(spec, c.table("geometry"), c.file() + ": [geometry]");
   config::apply_spec_overrides(spec, a.spec, "flags");
   r.geometry.S = spec.S, r.geometry.W = spec.W, r.geometry.K = spec.K;
@@ -63,6 +69,11 @@ SourceDefaults source_defaults(const std::string& kind, const StudyArgs& a) {
   const io::ActivationMeta meta = io::read_activation_meta(a.activations);
   d.context = meta.T, d.layers = meta.n_layers;
   if (meta.rope_pairing != "none") d.pairing = meta.rope_pairing, d.theta = meta.rope_theta;
+  // The first landmark slot is S - 1 in the HiLS layout of chunk size S.
+  const auto first = std::find_if(meta.landmarks.begin(), meta.landmarks.end(),
+                                  [](uint8_t flag) { return flag != 0; });
+  const int64_t S = static_cast<int64_t>(first - meta.landmarks.begin()) + 1;
+  if (first != meta.landmarks.end() && meta.landmarks_match(S)) d.landmark_chunk = S;
   return d;
 }
 
@@ -174,7 +185,7 @@ Resolved resolve(const StudyArgs& a, const std::string& study) {
           c.where("source", "kind"), "synthetic, model or activations", r.source_kind);
   const bool model = r.source_kind != "synthetic";
   const SourceDefaults defaults = source_defaults(r.source_kind, a);
-  resolve_geometry(r, a, c, model);
+  resolve_geometry(r, a, c, model, defaults);
   resolve_study_tables(r, a, c);
   resolve_extrapolation_table(r, c, defaults);
   const std::vector<int64_t> lengths = resolve_lengths(a, c, study, defaults, r.train_length);

@@ -37,13 +37,14 @@ struct Resolved {
   std::string overlap_mechanism = "taylor_entropy";
   bool keep_scores = true;
   nlohmann::json config;  // what went into the run, for provenance and resume checks
+  std::string activations;  // the activation file (--activations) when it is the source
 };
 
 // What a study's defaults follow from its source (study_config.cpp): the synthetic generators
 // (lengths up to 2^20 slots, 2 layers, a train length of 1024, RoPE half), the model stories260K
 // (its 512-slot context, 5 layers, 128, RoPE interleaved as llama2.c) or an activation file (its
-// T, all its layers, 128, and the file's RoPE where it has one: a file is studied whole by
-// default, as the model is).
+// T, all its layers, 128, the file's RoPE where it has one, and its landmark layout where it has
+// one: a file is studied whole by default, as the model is).
 struct SourceDefaults {
   int64_t context = 1 << 20;   // the longest length a default length reaches
   bool whole_context = false;  // fidelity and overlap default to `context` alone
@@ -51,6 +52,10 @@ struct SourceDefaults {
   int64_t train_length = 1024;
   std::string pairing = "half";
   double theta = 10000.0;
+  // An activation file's chunk size S when its landmark slots are the HiLS layout of chunk size
+  // S (slot (c+1)S-1 of every complete chunk): the study's default S, with landmarks on; 0 when
+  // the file has no such layout (the model's geometry, landmarks off, stays the default).
+  int64_t landmark_chunk = 0;
 };
 
 // study: the study of a row of kStudies ("fidelity", "overlap" or "extrapolation"). Throws

@@ -2,7 +2,11 @@
 // of a study run's reporting.
 #include "cli/studies/study_results.hpp"
 
+#include <numeric>
+
 #include "cli/cli_util.hpp"
+#include "hils/analysis/extrapolation.hpp"
+#include "io/activation_file.hpp"
 #include "io/hdf5_util.hpp"
 #include "io/results_file.hpp"
 #include "io/results_sink.hpp"
@@ -19,6 +23,7 @@ class ResultsFileSink {
         writer_(open(path, provenance)),
         sink_(writer_, io::ResultsWriterSink::ReadBack::written_and_previous, previous_.get()) {}
   analysis::ResultSink& sink() { return sink_; }
+  io::ResultsWriter& writer() { return writer_; }
   void commit() { writer_.commit(); }
   size_t units_published() const { return writer_.units_published(); }
 
@@ -36,6 +41,35 @@ class ResultsFileSink {
   io::ResultsWriterSink sink_;
 };
 
+namespace {
+
+// The layer a study's unit read: its "layer<l>" segment, or the needle layer for a needle unit
+// ("needle/rope/T512"); none for the summaries.
+std::optional<int64_t> study_unit_layer(const std::string& unit) {
+  if (unit.rfind("needle/", 0) == 0 && unit != "needle/summary")
+    return analysis::ExtrapolationOptions{}.needle_layer;
+  return unit_layer(unit);
+}
+
+// The activation file's fingerprints against those the results file recorded for the layers
+// of its complete units (a re-dumped file is refused), then recorded. Each layer is read once
+// more for it, up front; a bad value is still found by the units that read it.
+void check_activation_fingerprints(io::ResultsWriter& writer, const std::filesystem::path& path,
+                                   const Resolved& r) {
+  const io::ActivationMeta meta = io::read_activation_meta(r.activations);
+  std::vector<int64_t> layers(static_cast<size_t>(r.source.n_layers));
+  std::iota(layers.begin(), layers.end(), int64_t{0});
+  check_and_record_fingerprints(
+      writer, path, r.activations, "--activations", layers,
+      [&](int64_t l) -> std::optional<std::string> {
+        if (l < 0 || l >= meta.n_layers) return std::nullopt;
+        return io::layer_fingerprint(r.activations, meta, l);
+      },
+      study_unit_layer);
+}
+
+}  // namespace
+
 // path, r, command -> the results file of `hils <command>` with r's config as provenance, on the
 // process that holds the results.
 StudyResults::StudyResults(const std::filesystem::path& path, const Resolved& r,
@@ -44,6 +78,7 @@ StudyResults::StudyResults(const std::filesystem::path& path, const Resolved& r,
   const io::Provenance provenance{r.config, 0x5eed,
                                   command_line().empty() ? "hils " + command : command_line()};
   file_ = std::make_unique<ResultsFileSink>(path, provenance);
+  if (!r.activations.empty()) check_activation_fingerprints(file_->writer(), path, r);
   file_->sink().set_attribute("", "mpi_ranks", static_cast<double>(parallel::ranks()));
 }
 

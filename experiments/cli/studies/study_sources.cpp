@@ -64,6 +64,7 @@ void build_sources(Resolved& r, const StudyArgs& a, const config::ConfigValues& 
                                          r.source.n_layers, r.source.lengths, lengths_where);
   } else {  // activations (resolve() accepts no other kind)
     if (a.activations.empty()) throw BadInput("--activations: a file is needed for source=activations");
+    r.activations = a.activations;
     inputs = sources::activation_study_inputs(a.activations, r.source.n_layers, r.source.lengths,
                                               lengths_where, r.geometry.S, r.geometry.landmarks);
     // The study's chunks must be the file's (run does the same check per mechanism).
