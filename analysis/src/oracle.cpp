@@ -169,11 +169,28 @@ std::vector<int64_t> resolve_queries(const std::vector<int64_t>& queries, int64_
   return queries;
 }
 
+// Tells the caller (VerifyOptions::on_step) that `what` starts.
+void step(const VerifyOptions& options, const char* what) {
+  if (options.on_step) options.on_step(what);
+}
+
+// Validated inputs and options -> the sizes oracle_bytes reads (gradients: not known yet).
+ProblemShape shape_of(const AttentionInputs<double>& inputs, const VerifyOptions& options) {
+  ProblemShape shape;
+  shape.T = inputs.T(), shape.Hq = inputs.Hq(), shape.Hkv = inputs.Hkv();
+  shape.d = inputs.d(), shape.dv = inputs.dv();
+  shape.queries = options.queries.empty() ? inputs.T() : static_cast<int64_t>(options.queries.size());
+  shape.q_retrieval = !inputs.q_retrieval.empty();
+  shape.prior_rows = inputs.prior.empty() ? 0 : inputs.prior.front().rows();
+  return shape;
+}
+
 // spec, inputs, options -> validated context with the double and float reference runs.
 Context make_context(const MechanismSpec& spec, const AttentionInputs<double>& inputs,
                      const VerifyOptions& options) {
   spec.validate();
   inputs.validate(spec);
+  require_oracle_fits(spec, shape_of(inputs, options), 0.0, "inputs", "queries");
   Context ctx{spec, options,
               kernel_inputs(inputs, options.precision),
               {}, geometry_of(spec, inputs.T()), resolve_queries(options.queries, inputs.T()),
@@ -184,7 +201,9 @@ Context make_context(const MechanismSpec& spec, const AttentionInputs<double>& i
   run.keep_surrogate_scores = spec.selects();
   run.keep_window = true;
   run.queries = ctx.queries;
+  step(options, "the reference in double");
   ctx.truth = run_mechanism(spec, ctx.inputs, run);
+  step(options, "the reference in float (the baseline)");
   ctx.baseline = run_mechanism(spec, ctx.inputs_float, run);
   return ctx;
 }
@@ -613,14 +632,18 @@ void compare_fused(const Context& ctx, const KernelOutputs& kernel,
                    const std::vector<IndexMatrix>& selection, Verdict& verdict) {
   using H = HeadOutputs<double>;
   using F = HeadOutputs<float>;
-  std::vector<HeadOutputs<double>> truth = ctx.truth.heads;
-  std::vector<HeadOutputs<float>> base = ctx.baseline.heads;
+  // A selecting mechanism's references are the fusions of `selection`: both sides fuse the same
+  // chunks, so a near tie flipped by float rounding cannot inflate the baseline's error. The
+  // others' are the runs themselves, read in place (a copy of every head's outputs, the chunk
+  // scores included, was made here and dropped at once for a selecting mechanism).
+  std::vector<HeadOutputs<double>> fused_truth;
+  std::vector<HeadOutputs<float>> fused_base;
   if (ctx.spec.selects()) {
-    // Both sides fuse the same chunks, so a near tie flipped by float rounding cannot inflate
-    // the baseline's error.
-    truth = fusion_from_own(ctx, ctx.spec, ctx.inputs, selection, ctx.own_truth);
-    base = fusion_from_own(ctx, ctx.spec, ctx.inputs_float, selection, ctx.own_base);
+    fused_truth = fusion_from_own(ctx, ctx.spec, ctx.inputs, selection, ctx.own_truth);
+    fused_base = fusion_from_own(ctx, ctx.spec, ctx.inputs_float, selection, ctx.own_base);
   }
+  const auto& truth = ctx.spec.selects() ? fused_truth : ctx.truth.heads;
+  const auto& base = ctx.spec.selects() ? fused_base : ctx.baseline.heads;
   const auto n = ctx.options.max_messages;
   auto precision = [&](const char* tensor) { return tensor_precision(tensor, ctx.spec, ctx.options); };
   if (!kernel.o.empty()) {
@@ -668,6 +691,7 @@ void compare_backward(const Context& ctx, const KernelOutputs& kernel, Verdict& 
           std::to_string(ctx.queries.size()) + " slots");
   const auto& selection =
       ctx.spec.selects() && !kernel.selection.empty() ? kernel.selection : ctx.truth.selection;
+  step(ctx.options, "the backward in double and float");
   for (auto& report : detail::compare_gradients(ctx.spec, ctx.inputs, ctx.inputs_float,
                                                 selection, ctx.truth, ctx.baseline, grads,
                                                 ctx.options, verdict.not_compared))
@@ -687,6 +711,7 @@ Verifier::Verifier(const MechanismSpec& spec, const AttentionInputs<double>& inp
           "an input precision (" + input_precision_list() + ")",
           to_string(options.precision) + " (a score precision only)");
   auto state = std::make_shared<VerifierState>(VerifierState{make_context(spec, inputs, options)});
+  if (spec.selects()) step(options, "the selection's margins and the fusions of its own selection");
   add_score_conditioning(state->ctx);
   add_own_fusions(state->ctx);
   state_ = std::move(state);
@@ -696,6 +721,7 @@ Verdict Verifier::verify(const KernelOutputs& kernel) const {
   // kernel stages -> verdict with one report per tensor given.
   const Context& ctx = state_->ctx;
   const MechanismSpec& spec = ctx.spec;
+  step(ctx.options, "comparing the kernel's outputs");
   Verdict verdict;
   verdict.precision = ctx.options.precision;
   verdict.score_precision = ctx.options.score_precision;

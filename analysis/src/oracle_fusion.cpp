@@ -10,6 +10,7 @@
 #include <string>
 
 #include "hils/analysis/oracle.hpp"
+#include "hils/threads.hpp"
 
 namespace hils::oracle {
 
@@ -71,6 +72,9 @@ Matrix<Scalar> fusion_scores(const MechanismSpec& spec, const AttentionInputs<Sc
   return surrogate_scores(inputs.retrieval_query(h), summaries, geometry, scale, queries);
 }
 
+// Rows of one unit of forced fusion's parallel loop (a few ms of work each at K = 32, S = 64).
+constexpr int64_t kRowsPerUnit = 64;
+
 // The fused outputs of query head h under the given selection of its KV group.
 template <class Scalar>
 HeadOutputs<Scalar> fuse_head(const MechanismSpec& spec, const AttentionInputs<Scalar>& inputs,
@@ -87,16 +91,22 @@ HeadOutputs<Scalar> fuse_head(const MechanismSpec& spec, const AttentionInputs<S
   out.o.resize(Tq, inputs.dv());
   out.lse.resize(Tq);
   out.fusion_weights.resize(Tq, selection.cols() + 2);
-  for (int64_t row = 0; row < Tq; ++row) {
-    const int64_t t = queries[row];
-    require_valid_selection_row(selection, row, g, t, geometry);
-    const FusionRow<Scalar> fusion_row{
-        inputs.q[h].row(t).transpose(), selection.row(row).data(), selection.cols(),
-        spec.fusion == Fusion::hierarchical ? scores.row(row).data() : nullptr,
-        window.lse(row), window.o.row(row)};
-    fuse<Scalar>(spec, fusion_row, inputs.k[g], inputs.v[g], geometry, scale, out.o.row(row),
-         out.lse(row), out.fusion_weights.row(row));
-  }
+  // Every row checked first, in order (the first bad row is the one named, as ever), then the
+  // rows fused in units of kRowsPerUnit on the reference's OpenMP units: each row is fused alone
+  // by `fuse`, so its bits do not depend on the units or the thread count.
+  for (int64_t row = 0; row < Tq; ++row)
+    require_valid_selection_row(selection, row, g, queries[row], geometry);
+  detail::parallel_units((Tq + kRowsPerUnit - 1) / kRowsPerUnit, [&](int64_t unit) {
+    const int64_t end = std::min(Tq, (unit + 1) * kRowsPerUnit);
+    for (int64_t row = unit * kRowsPerUnit; row < end; ++row) {
+      const FusionRow<Scalar> fusion_row{
+          inputs.q[h].row(queries[row]).transpose(), selection.row(row).data(), selection.cols(),
+          spec.fusion == Fusion::hierarchical ? scores.row(row).data() : nullptr,
+          window.lse(row), window.o.row(row)};
+      fuse<Scalar>(spec, fusion_row, inputs.k[g], inputs.v[g], geometry, scale, out.o.row(row),
+                   out.lse(row), out.fusion_weights.row(row));
+    }
+  });
   return out;
 }
 

@@ -6,10 +6,16 @@
 // (correct), grads_zero_chunk (dk of chunk 2, KV head 1, zeroed), grads_no_softmax1 (softmax1
 // in the spec, not in the backward), grads_wrong_sigma (dq x 1/sqrt(2)), grads_unknown (also a
 // /grads/dfoo the format does not define), grads_missing_do (file fault).
+// CASE may resize a case of the table, NAME:FIELD=N,... (fields T, S, W, K, Hq, Hkv, d, dv and
+// landmarks 0 or 1; the draws keep the name's seed), e.g. longer_blocks:T=32768,S=64,W=512,K=16,Hq=16,Hkv=2,d=64,dv=64
+// for the oracle's timings at a kernel author's sizes (README "The oracle's speed"); such a
+// file holds q_retrieval only where the spec has landmarks, prior only where it reads one, and
+// of the outputs o, lse and the selection (what a kernel's dump holds).
 #include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <limits>
+#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -65,9 +71,33 @@ void write_output(H5::Group& root, const std::string& name,
   write_selection(root, name, selection);
 }
 
+// "NAME" -> the table's case; "NAME:T=8192,Hq=16,..." -> that case with those fields set.
+cases::Case resized_case(const std::string& text) {
+  const auto colon = text.find(':');
+  cases::Case c = testing::case_named(text.substr(0, colon));
+  if (colon == std::string::npos) return c;
+  std::istringstream fields(text.substr(colon + 1));
+  for (std::string item; std::getline(fields, item, ',');) {
+    const auto eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    const int64_t value = std::stoll(item.substr(eq == std::string::npos ? item.size() : eq + 1));
+    int64_t* field = key == "T" ? &c.T : key == "S" ? &c.S : key == "W" ? &c.W : key == "K" ? &c.K
+                   : key == "Hq" ? &c.Hq : key == "Hkv" ? &c.Hkv : key == "d" ? &c.d
+                   : key == "dv" ? &c.dv : nullptr;
+    if (key == "landmarks") {
+      c.landmarks = value != 0;
+      continue;
+    }
+    if (field == nullptr) throw std::invalid_argument("CASE: unknown field '" + key + "'");
+    *field = value;
+  }
+  return c;
+}
+
 int make(const std::string& out, const std::string& case_name, const std::string& kind,
          const std::string& preset_name, const std::string& precision_text) {
-  const auto& c = testing::case_named(case_name);
+  const cases::Case c = resized_case(case_name);
+  const bool resized = case_name.find(':') != std::string::npos;
   const InputPrecision precision = parse_input_precision(precision_text);
   MechanismSpec spec = cases::with_case_geometry(preset(preset_name), c);
   if (!c.landmarks && spec.needs_prior()) spec.prior_rule = PriorRule::shared;
@@ -81,6 +111,10 @@ int make(const std::string& out, const std::string& case_name, const std::string
     for (const auto& x : f.v) inputs.v.push_back(x.cast<double>());
     for (const auto& x : f.q_retrieval) inputs.q_retrieval.push_back(x.cast<double>());
     for (const auto& x : f.prior) inputs.prior.push_back(x.cast<double>());
+    if (resized && !spec.landmarks) inputs.q_retrieval.clear();
+    if (resized && !(spec.needs_prior() && (spec.prior_rule == PriorRule::shared ||
+                                            spec.prior_rule == PriorRule::given)))
+      inputs.prior.clear();
     if (precision == InputPrecision::bf16) inputs = round_inputs_to_bf16(inputs);
   }
   MechanismSpec kernel_spec = spec;
@@ -120,7 +154,9 @@ int make(const std::string& out, const std::string& case_name, const std::string
     write_heads(root, "inputs/q_retrieval", inputs.q_retrieval);
     write_heads(root, "inputs/prior", inputs.prior);
     oracle::for_each_output(kernel, [&](const auto& row, const auto& field) {
-      write_output(root, std::string("outputs/") + row.name, field);
+      const std::string name = row.name;
+      if (!resized || name == "o" || name == "lse" || name == "selection")
+        write_output(root, "outputs/" + name, field);
     });
     if (gradients) {
       const auto& g = kernel.gradients;

@@ -8,6 +8,8 @@
 #include <map>
 #include <string>
 
+#include <omp.h>
+
 #include "oracle_support.hpp"
 
 using namespace hils;
@@ -330,6 +332,79 @@ TEST_CASE("forced fusion with the reference's selection reproduces run_mechanism
                 1e-12);
         }
       }
+    }
+  }
+}
+
+// forced_fusion fuses its rows on OpenMP units (oracle_fusion.cpp); each row must be what `fuse`
+// gives it alone, as the serial loop before it computed them: the window and the chunk scores of
+// every query from the public stages, then fuse row by row. Bit for bit, on 1 and 3 threads, in
+// double and float, on every selecting spec (so the oracle's numbers did not move).
+template <class Scalar>
+std::vector<HeadOutputs<Scalar>> fused_row_by_row(const MechanismSpec& spec,
+                                                  const AttentionInputs<Scalar>& in,
+                                                  const std::vector<IndexMatrix>& selection,
+                                                  const std::vector<int64_t>& queries) {
+  const Geometry geometry = geometry_of(spec, in.T());
+  const auto scale = static_cast<Scalar>(logit_scale(spec, in.d()));
+  const int64_t G = in.Hq() / in.Hkv(), Tq = static_cast<int64_t>(queries.size());
+  std::vector<HeadOutputs<Scalar>> heads;
+  for (int64_t h = 0; h < in.Hq(); ++h) {
+    const int64_t g = h / G;
+    const auto window = window_attention(in.q[h], in.k[g], in.v[g], geometry, scale, queries);
+    Matrix<Scalar> scores;
+    if (spec.fusion == Fusion::hierarchical && spec.key_rule == KeyRule::exact)
+      scores = exact_chunk_log_mass(in.q[h], in.k[g], geometry, scale, queries);
+    else if (spec.fusion == Fusion::hierarchical) {
+      const Matrix<Scalar> prior =
+          spec.needs_prior() ? resolve_prior(in, h, spec, geometry) : Matrix<Scalar>();
+      scores = surrogate_scores(in.retrieval_query(h),
+                                summarize(in.k[g], prior, spec.key_rule, spec.bias_rule, geometry, scale),
+                                geometry, scale, queries);
+    }
+    HeadOutputs<Scalar> out;
+    out.o.resize(Tq, in.dv());
+    out.lse.resize(Tq);
+    out.fusion_weights.resize(Tq, selection[g].cols() + 2);
+    for (int64_t row = 0; row < Tq; ++row) {
+      const FusionRow<Scalar> fusion_row{
+          in.q[h].row(queries[row]).transpose(), selection[g].row(row).data(), selection[g].cols(),
+          spec.fusion == Fusion::hierarchical ? scores.row(row).data() : nullptr,
+          window.lse(row), window.o.row(row)};
+      fuse<Scalar>(spec, fusion_row, in.k[g], in.v[g], geometry, scale, out.o.row(row),
+                   out.lse(row), out.fusion_weights.row(row));
+    }
+    heads.push_back(std::move(out));
+  }
+  return heads;
+}
+
+TEST_CASE("forced fusion on threads gives every row what fuse gives it alone", "[oracle]") {
+  const int saved = omp_get_max_threads();
+  for (const char* name : {"gqa_group4", "ragged_tail", "longer_blocks", "k_covers_all"}) {
+    const auto& c = case_named(name);
+    const auto inputs = cases::make_inputs<double>(c);
+    const auto inputs_float = hils::oracle::testing::to_float(inputs);
+    for (const auto& spec : specs_for(c)) {
+      if (!spec.selects()) continue;
+      const auto run = run_mechanism(spec, inputs);
+      INFO("case " << name << ", spec " << spec.name);
+      auto same = [](const auto& expected, const auto& got) {
+        REQUIRE(expected.size() == got.size());
+        for (size_t h = 0; h < expected.size(); ++h) {
+          CHECK(expected[h].o == got[h].o);
+          CHECK(expected[h].lse == got[h].lse);
+          CHECK(expected[h].fusion_weights == got[h].fusion_weights);
+        }
+      };
+      const auto serial = fused_row_by_row(spec, inputs, run.selection, run.queries);
+      const auto serial_float = fused_row_by_row(spec, inputs_float, run.selection, run.queries);
+      for (int threads : {1, 3}) {
+        omp_set_num_threads(threads);
+        same(serial, forced_fusion(spec, inputs, run.selection, run.queries));
+        same(serial_float, forced_fusion(spec, inputs_float, run.selection, run.queries));
+      }
+      omp_set_num_threads(saved);
     }
   }
 }

@@ -1,5 +1,6 @@
 // A verify file read: format and version, the spec through the one spec codec, the precisions,
 // the queries, the groups (verify_datasets.cpp), and every object the format does not define.
+#include <algorithm>
 #include <set>
 #include <utility>
 
@@ -9,6 +10,7 @@
 #include "config/spec_codec.hpp"
 #include "io/file_error.hpp"
 #include "io/hdf5_util.hpp"
+#include "hils/memory.hpp"
 
 namespace hils::cli::verify {
 
@@ -84,6 +86,52 @@ void require_groups(const fs::path& file, const H5::Group& root) {
                "a dataset or other object of that name");
 }
 
+// The dims of dataset `name`, or none where it is missing or no readable dataset (its reader
+// names that fault later).
+std::vector<hsize_t> dims_or_none(const fs::path& file, const H5::Group& root,
+                                  const std::string& name) {
+  if (!io::has_object(root, name)) return {};
+  try {
+    return io::dataset_dims(io::open_dataset(file, root, name));
+  } catch (const InvalidArgument&) {
+    return {};
+  } catch (const H5::Exception&) {
+    return {};
+  }
+}
+
+// The oracle's memory for this file, from its datasets' shapes before any is read: a file too
+// large for this machine is refused at once naming inputs/q and what to change
+// (oracle::require_oracle_fits), where it ran for minutes and then ended in "out of memory"
+// naming no field. Shapes the readers refuse (a missing or misshapen input) are left to them.
+void require_oracle_fits(const fs::path& file, const H5::Group& root, const MechanismSpec& spec) {
+  const auto q = dims_or_none(file, root, "inputs/q"), k = dims_or_none(file, root, "inputs/k"),
+             v = dims_or_none(file, root, "inputs/v");
+  if (q.size() != 3 || k.size() != 3 || v.size() != 3 || k[0] == 0 || q[0] % k[0] != 0) return;
+  oracle::ProblemShape shape;
+  shape.Hq = static_cast<int64_t>(q[0]), shape.T = static_cast<int64_t>(q[1]);
+  shape.d = static_cast<int64_t>(q[2]), shape.Hkv = static_cast<int64_t>(k[0]);
+  shape.dv = static_cast<int64_t>(v[2]);
+  const auto queries = dims_or_none(file, root, "queries");
+  shape.queries = queries.size() == 1 && queries[0] > 0 ? static_cast<int64_t>(queries[0]) : shape.T;
+  shape.q_retrieval = io::has_object(root, "inputs/q_retrieval");
+  const auto prior = dims_or_none(file, root, "inputs/prior");
+  shape.prior_rows = prior.size() == 3 ? static_cast<int64_t>(prior[1]) : 0;
+  shape.gradients = io::has_object(root, "grads");
+  // The file's arrays as the readers hold them: each in double, the largest twice while read.
+  // A dataset too large alone is left to its reader, whose message names it (io::read_doubles).
+  double values = 0, largest = 0;
+  for (const auto& name : kKnownDatasets) {
+    double n = 1;
+    for (hsize_t extent : dims_or_none(file, root, name)) n *= static_cast<double>(extent);
+    if (!io::has_object(root, name)) n = 0;
+    if (2 * 8 * n >= 0.8 * memory_limit().bytes) return;
+    values += n, largest = std::max(largest, n);
+  }
+  oracle::require_oracle_fits(spec, shape, 8 * (values + largest), file.string() + ": inputs/q",
+                              "/queries");
+}
+
 // file -> its contents (read_verify_file, below, without the guards against a corrupt file).
 VerifyFile read_contents(const fs::path& file) {
   const H5::H5File h5 = io::open_hdf5(file);
@@ -118,6 +166,7 @@ VerifyFile read_contents(const fs::path& file) {
         file.string() + ": / attribute score_precision");
   if (io::has_attribute(root, "kernel"))
     v.kernel_name = io::utf8_text(io::read_string_attribute(file, root, "/", "kernel"));
+  require_oracle_fits(file, root, v.spec);
   v.inputs = read_inputs(file, h5);
   if (io::has_object(root, "queries")) {
     const H5::DataSet ds = io::open_dataset(file, root, "queries");

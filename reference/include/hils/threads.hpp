@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -44,6 +45,43 @@ struct Stopped : std::runtime_error {
 namespace detail {
 // The flag of the innermost StopScope alive on this thread, or null.
 const std::atomic<int>* stop_flag() noexcept;
+
+// Runs `body(unit)` for unit in [0, units) on OpenMP threads. Units must write disjoint
+// outputs; their results then do not depend on the number of threads.
+// An exception in a unit is rethrown on the calling thread after the loop. The one place the
+// stages check the calling thread's StopScope (hils/threads.hpp): before each unit, so a stop
+// skips the units left (calling `skipped(unit)` for each), then Stopped after the loop; the
+// worker threads run each unit under the same flag, so stages called inside a unit check it too.
+// Units are handed out in ascending order (schedule(dynamic, 1)): a unit may wait for one of a
+// lower index (fused_backward.cpp), which is then running, done or skipped.
+template <class Body, class Skipped>
+void parallel_units(int64_t units, const Body& body, const Skipped& skipped) {
+  const std::atomic<int>* stop = stop_flag();
+  std::exception_ptr failure;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(thread_team_size(units))
+  for (int64_t unit = 0; unit < units; ++unit) {
+    if (stop != nullptr && stop->load(std::memory_order_relaxed) != 0) {
+      skipped(unit);
+      continue;
+    }
+    try {
+      const StopScope same_flag(stop);
+      body(unit);
+    } catch (...) {
+#pragma omp critical(hils_parallel_units_failure)
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+  if (stop != nullptr) {
+    if (const int value = stop->load()) throw Stopped(value);
+  }
+}
+
+template <class Body>
+void parallel_units(int64_t units, const Body& body) {
+  parallel_units(units, body, [](int64_t) {});
+}
 }  // namespace detail
 
 }  // namespace hils

@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cmath>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -250,6 +251,10 @@ struct VerifyOptions {
   std::vector<int64_t> queries = {};
   // Print at most this many selection/element problems per tensor in the report.
   int64_t max_messages = 8;
+  // Called on the calling thread as each long step of the oracle starts ("the reference in
+  // double", "the reference in float", ...), for a progress display (hils verify's); none when
+  // empty. Nothing else depends on it.
+  std::function<void(const std::string& step)> on_step = {};
 };
 
 // A kernel's backward pass, widened to double: the upstream gradients it was given (d_o and
@@ -476,6 +481,34 @@ class Verifier {
  private:
   std::shared_ptr<const VerifierState> state_;
 };
+
+// ---- Memory ---------------------------------------------------------------------------------
+
+// The sizes of a problem the oracle judges, known before any array is read (a verify file's
+// dataset shapes, or the arrays given to Verifier).
+struct ProblemShape {
+  int64_t T = 0, Hq = 0, Hkv = 0, d = 0, dv = 0;
+  int64_t queries = 0;         // query rows judged (T when all)
+  bool q_retrieval = false;    // the inputs hold q~ [Hq x T x d]
+  int64_t prior_rows = 0;      // rows of each head's given prior (0: none)
+  bool gradients = false;      // the kernel's backward is judged too
+};
+
+// The bytes the oracle holds at its peak judging a problem of this shape (Verifier's state and
+// one verify call): its copies of the inputs in double and float, the reference's runs in double
+// and float, and the larger of a verdict's temporaries and, with gradients, both backward
+// passes; a selecting mechanism adds the selection's conditioning and the fusions of the
+// reference's own selection. `scores` (when not null) receives the part that grows as rows x
+// T / S, the chunk scores every query row keeps. Not the caller's arrays. An estimate, which
+// README "The oracle's speed" compares with measured peak RSS.
+double oracle_bytes(const MechanismSpec& spec, const ProblemShape& shape, double* scores = nullptr);
+
+// Refuses (InvalidArgument naming `field`) a problem whose oracle_bytes plus `caller_bytes` (what
+// the caller holds beside it: a file's arrays read in double) exceed 80% of memory_limit(),
+// before anything is computed, saying what needs the memory and that judging fewer query rows
+// (`queries_knob`: "/queries", "queries=") shrinks it.
+void require_oracle_fits(const MechanismSpec& spec, const ProblemShape& shape, double caller_bytes,
+                         const std::string& field, const std::string& queries_knob);
 
 // ---- Building blocks (public so that tests and tools can use them alone) -------------------
 
