@@ -79,21 +79,17 @@ void run(const RunFlags& flags) {
   }
 
   // Validate every layer before any output exists, so that bad input never leaves a partial
-  // results file behind (layers are read again, one at a time, when they are run), and take
-  // its fingerprint (a resumed file's units are checked against them). Under MPI only rank 0
-  // does this: N ranks reading the whole file up front would cost N full reads.
-  LayerFingerprints fingerprints;
-  for (int64_t l : plan.layers) {
-    io::read_activation_layer(flags.input, meta, l);
-    fingerprints[l] = io::layer_fingerprint(flags.input, meta, l);
-  }
+  // results file behind (layers are read again, one at a time, when they are run). Under MPI
+  // only rank 0 does this: N ranks reading the whole file up front would cost N full reads.
+  for (int64_t l : plan.layers) io::read_activation_layer(flags.input, meta, l);
   RunResults results(flags, plan,
                      {plan_json(plan, flags.input, meta.T), static_cast<uint64_t>(plan.seed),
                       command_line()});
+  // Each layer's fingerprint is taken once, by the check (plan.layers, and a layer of the
+  // resumed file's complete units that this run does not read).
   check_and_record_fingerprints(
       results.writer(), flags.output, flags.input, "ACTIVATIONS", plan.layers,
       [&](int64_t l) -> std::optional<std::string> {
-        if (fingerprints.count(l)) return fingerprints.at(l);
         if (l < 0 || l >= meta.n_layers) return std::nullopt;
         return io::layer_fingerprint(flags.input, meta, l);
       },
