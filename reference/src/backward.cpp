@@ -45,13 +45,12 @@ struct RowStatistics {
 template <class Scalar>
 void mask_outside(Matrix<Scalar>& logits, const std::vector<int64_t>& left,
                   const std::vector<int64_t>& right, int64_t k0, const Geometry& geometry) {
+  for (const int64_t j : detail::landmark_columns(geometry, k0, logits.cols()))
+    logits.col(j).setConstant(neg_inf<Scalar>());
   for (int64_t i = 0; i < logits.rows(); ++i)
-    for (int64_t j = 0; j < logits.cols(); ++j) {
-      const int64_t slot = k0 + j;
-      if (slot < left[static_cast<size_t>(i)] || slot > right[static_cast<size_t>(i)] ||
-          geometry.is_landmark(slot))
-        logits(i, j) = neg_inf<Scalar>();
-    }
+    detail::mask_outside_range(logits.row(i).data(), logits.cols(),
+                               left[static_cast<size_t>(i)] - k0,
+                               right[static_cast<size_t>(i)] - k0);
 }
 
 // P~ and dS of rows against keys: p = exp(logits - lambda), ds = p (do.v - delta). [n x width].

@@ -88,6 +88,15 @@ Matrix<Scalar> gather_rows(const Matrix<Scalar>& x, const std::vector<int64_t>& 
   return rows;
 }
 
+std::vector<int64_t> landmark_columns(const Geometry& geometry, int64_t k0, int64_t n) {
+  std::vector<int64_t> columns;
+  if (!geometry.landmarks()) return columns;
+  // The first landmark slot at or after k0 is the last slot of k0's chunk; then every S slots.
+  for (int64_t j = geometry.landmark_slot(geometry.chunk_of(k0)) - k0; j < n; j += geometry.S())
+    columns.push_back(j);
+  return columns;
+}
+
 template <class Scalar>
 Scalar log_add_exp(Scalar a, Scalar b) {
   Scalar m = std::max(a, b);
@@ -105,39 +114,34 @@ void mask_logits(Matrix<Scalar>& logits, const std::vector<int64_t>& left,
   const int64_t rows = logits.rows(), n = logits.cols();
   const int64_t min_right = *std::min_element(right.begin(), right.end());
   const int64_t max_left = *std::max_element(left.begin(), left.end());
-  if (k0 >= max_left && k0 + n - 1 <= min_right) {
-    // Interior block: only landmark columns are masked.
-    if (!geometry.landmarks()) return;
-    for (int64_t j = 0; j < n; ++j)
-      if (geometry.is_landmark(k0 + j)) logits.col(j).setConstant(neg_inf<Scalar>());
-    return;
-  }
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      const int64_t slot = k0 + j;
-      if (slot < left[static_cast<size_t>(i)] || slot > right[static_cast<size_t>(i)] ||
-          geometry.is_landmark(slot))
-        logits(i, j) = neg_inf<Scalar>();
-    }
-  }
+  const auto landmarks = landmark_columns(geometry, k0, n);
+  for (const int64_t j : landmarks) logits.col(j).setConstant(neg_inf<Scalar>());
+  // Interior block: only landmark columns are masked.
+  if (k0 >= max_left && k0 + n - 1 <= min_right) return;
+  for (int64_t i = 0; i < rows; ++i)
+    mask_outside_range(logits.row(i).data(), n, left[static_cast<size_t>(i)] - k0,
+                       right[static_cast<size_t>(i)] - k0);
 }
 
 // One streaming-softmax step for one query row over a key block: raises the running max m to
 // include the row's logits, turns the logits into exp(logit - m) in place, and rescales the
 // running sum l and output row by exp(m_old - m). A row with no valid key yet (m = -inf)
 // shifts by 0, so its masked logits give exp(-inf) = 0.
+// The maximum is taken lane by lane (exact in any order; NaN logits are skipped as std::max
+// skips them, and a zero maximum's sign changes no output) and the exponentials are one vector
+// loop; the sum adds the exponentials one by one in key order, as it always has: the order of a
+// floating-point sum is part of the result's bits (the reference's outputs stay bit for bit
+// what they were before this loop was vectorized, tests/reference/test_reference.cpp).
 template <class Scalar, class Row>
 void rescale_row(Scalar* logit, int64_t width, Scalar& m, Scalar& l, Row acc_row) {
   Scalar row_max = m;
 #pragma omp simd reduction(max : row_max)
-  for (int64_t j = 0; j < width; ++j) row_max = std::max(row_max, logit[j]);
+  for (int64_t j = 0; j < width; ++j) row_max = logit[j] > row_max ? logit[j] : row_max;
   const Scalar shift = row_max == neg_inf<Scalar>() ? Scalar(0) : row_max;
+#pragma omp simd
+  for (int64_t j = 0; j < width; ++j) logit[j] = exp_nonpositive(logit[j] - shift);
   Scalar sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < width; ++j) {
-    logit[j] = exp_nonpositive(logit[j] - shift);
-    sum += logit[j];
-  }
+  for (int64_t j = 0; j < width; ++j) sum += logit[j];
   const Scalar alpha = exp_nonpositive(m - shift);
   l = alpha * l + sum;
   acc_row *= alpha;

@@ -2,6 +2,7 @@
 // run_mechanism and the public stage functions share. Not installed; not part of the API.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -132,6 +133,20 @@ void fuse_selected(const MechanismSpec& spec, const FusionRow<Scalar>& row,
                    int64_t i, Eigen::Ref<RowVector<Scalar>> o, Scalar& lse,
                    Eigen::Ref<RowVector<Scalar>> weights);
 
+// The columns j in [0, n) of a block of keys from slot k0 that are landmark slots (masked in
+// every row), ascending.
+std::vector<int64_t> landmark_columns(const Geometry& geometry, int64_t k0, int64_t n);
+
+// Sets row[j] = -inf for the columns j in [0, n) outside [first, last] (the row's attendable
+// key range, relative to the block's first key; either end may lie outside [0, n)).
+template <class Scalar>
+void mask_outside_range(Scalar* row, int64_t n, int64_t first, int64_t last) {
+  const int64_t begin = std::clamp<int64_t>(first, 0, n);
+  const int64_t end = std::clamp<int64_t>(last + 1, begin, n);
+  std::fill(row, row + begin, neg_inf<Scalar>());
+  std::fill(row + end, row + n, neg_inf<Scalar>());
+}
+
 // exp(x) for x <= 0 (a logit minus its row maximum): the softmax's exponential. For double, a
 // branch-free polynomial the compiler vectorizes (Cody-Waite reduction x = n ln2 + r, |r| <=
 // ln2/2, degree-13 Taylor series of exp(r), times 2^n) within 1 ulp of std::exp; below
@@ -170,7 +185,11 @@ inline double exp_nonpositive<double>(double x) {
   // 2^n built from its exponent bits; the low bits of `shifted` hold n.
   const int64_t n_bits = std::bit_cast<int64_t>(shifted) - std::bit_cast<int64_t>(kRoundingShift);
   const double two_to_n = std::bit_cast<double>((n_bits + 1023) << 52);
-  return x < kUnderflow ? 0.0 : p * two_to_n;
+  // Below the range, the bits of p 2^n masked to those of +0.0: no branch, so that a loop
+  // around this vectorizes (GCC moves a product needed on one side of a selection into a branch
+  // and then does not if-convert it, -ftrapping-math). NaN keeps its bits, as before.
+  const uint64_t keep = x < kUnderflow ? 0 : ~uint64_t(0);
+  return std::bit_cast<double>(std::bit_cast<uint64_t>(p * two_to_n) & keep);
 }
 
 // log(exp(a) + exp(b)) without overflow; -inf + -inf gives -inf.
