@@ -183,6 +183,24 @@ def hils_run(lib, T, gen, hils_o="f32"):
     return q, k, v, total, stage_ms, sparse_flops, st.selection.clone()
 
 
+def check_flex_work(out, q4, k4, v4, member):
+    """That FlexAttention did the work its block mask was meant to name (small T only): its output
+    against SDPA's math backend in fp32 given, as a dense boolean mask, each query's window (the
+    last W slots) and every slot of the chunks `member` [Hkv, T / 128, T / S] marks for its block."""
+    T, g = q4.shape[2], HQ // HKV
+    qi = torch.arange(T, device=q4.device)
+    window = (qi[None, :] <= qi[:, None]) & (qi[:, None] - qi[None, :] < W)
+    chunks = member.repeat_interleave(128, dim=1).repeat_interleave(S, dim=2)[:, :T, :T]
+    allowed = (window[None] | chunks).repeat_interleave(g, dim=0).unsqueeze(0)
+    with sdpa_kernel(SDPBackend.MATH):
+        ref = F.scaled_dot_product_attention(q4.float(), k4.float().repeat_interleave(g, dim=1),
+                                             v4.float().repeat_interleave(g, dim=1),
+                                             attn_mask=allowed)
+    err = (out.float() - ref).abs().max().item()
+    print(f"  flex check at T={T}: max |flex - SDPA math with the same mask| = {err:.3g}"
+          f"{'' if err < 0.03 else '  (FAILED: the mask is not the work it names)'}", flush=True)
+
+
 def flex_same_work_ms(q, k, v, selection):
     """FlexAttention (torch.compile'd flex_attention, GQA) over a block mask of the work HiLS's
     window and sparse stages do, with no selection of its own: for each block of 128 queries the
@@ -216,6 +234,8 @@ def flex_same_work_ms(q, k, v, selection):
         win_idx.expand(HQ, n_qb, n_kb).unsqueeze(0).contiguous(),
         per_head(full_num), per_head(full_idx), BLOCK_SIZE=(128, S),
         mask_mod=lambda b, h, qi, ki: (ki <= qi) & (qi - ki < W), seq_lengths=(T, T))
+    print(f"  flex mask: per 128-query block {full_num.float().mean().item():.1f} full (selected) "
+          f"and {win_num.float().mean().item():.1f} partial (window) blocks of {S} slots", flush=True)
     flex = torch.compile(flex_attention, dynamic=False)
     q4, k4, v4 = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
     for options in ({"BLOCK_M": 128, "BLOCK_N": S}, None):
@@ -227,6 +247,10 @@ def flex_same_work_ms(q, k, v, selection):
             if not bool(torch.isfinite(out).all()):
                 print("  flex_attention: non-finite output")
                 return None
+            if T <= 8192:
+                member = torch.zeros(HKV, n_qb, n_kb + 1, dtype=torch.bool, device=dev)
+                member.scatter_(2, torch.where(valid, sel, n_kb), True)
+                check_flex_work(out, q4, k4, v4, member[..., :n_kb])
             return headline_ms(fn)
         except Exception as e:  # a compile or launch refusal: try the defaults, then give up
             print(f"  flex_attention (kernel_options {options}): failed "
