@@ -432,8 +432,9 @@ bool lse_shifts_apply(const Context& ctx) {
 void add_own_fusions(Context& ctx) {
   if (!ctx.spec.selects()) return;
   const auto& selection = ctx.truth.selection;
-  ctx.own_truth = forced_fusion(ctx.spec, ctx.inputs, selection, ctx.queries);
-  ctx.own_base = forced_fusion(ctx.spec, ctx.inputs_float, selection, ctx.queries);
+  // The runs kept their windows and the fusion's scores (make_context): read, not recomputed.
+  ctx.own_truth = forced_fusion(ctx.spec, ctx.inputs, selection, ctx.truth);
+  ctx.own_base = forced_fusion(ctx.spec, ctx.inputs_float, selection, ctx.baseline);
 }
 
 // The margin bound of one swap (kernel chose `chosen` where the reference has `missed`):

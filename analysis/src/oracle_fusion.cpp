@@ -75,17 +75,32 @@ Matrix<Scalar> fusion_scores(const MechanismSpec& spec, const AttentionInputs<Sc
 // Rows of one unit of forced fusion's parallel loop (a few ms of work each at K = 32, S = 64).
 constexpr int64_t kRowsPerUnit = 64;
 
+// What a forced fusion reads besides the selection, per query head: the window and the
+// hierarchical fusion's chunk scores, from a run of run_mechanism that kept them (the same bits:
+// the same stages on the same query blocks), or computed from the public stages.
+template <class Scalar>
+struct KnownStages {
+  const MechanismOutputs<Scalar>* run = nullptr;
+  bool window = false;  // run's o_window and lse_window are the window stage's bits
+};
+
 // The fused outputs of query head h under the given selection of its KV group.
 template <class Scalar>
 HeadOutputs<Scalar> fuse_head(const MechanismSpec& spec, const AttentionInputs<Scalar>& inputs,
                               int64_t h, const IndexMatrix& selection, const Geometry& geometry,
-                              Scalar scale, const std::vector<int64_t>& queries) {
+                              Scalar scale, const std::vector<int64_t>& queries,
+                              const KnownStages<Scalar>& known) {
   const int64_t g = h / (inputs.Hq() / inputs.Hkv());
-  const WindowResult<Scalar> window =
-      window_attention(inputs.q[h], inputs.k[g], inputs.v[g], geometry, scale, queries);
-  Matrix<Scalar> scores;
-  if (spec.fusion == Fusion::hierarchical)
-    scores = fusion_scores(spec, inputs, h, geometry, scale, queries);
+  const HeadOutputs<Scalar>* kept = known.run ? &known.run->heads[static_cast<size_t>(h)] : nullptr;
+  WindowResult<Scalar> computed;
+  if (!known.window)
+    computed = window_attention(inputs.q[h], inputs.k[g], inputs.v[g], geometry, scale, queries);
+  const Matrix<Scalar>& o_window = known.window ? kept->o_window : computed.o;
+  const Vector<Scalar>& lse_window = known.window ? kept->lse_window : computed.lse;
+  Matrix<Scalar> computed_scores;
+  if (spec.fusion == Fusion::hierarchical && !kept)
+    computed_scores = fusion_scores(spec, inputs, h, geometry, scale, queries);
+  const Matrix<Scalar>& scores = kept ? kept->surrogate_scores : computed_scores;
   const int64_t Tq = static_cast<int64_t>(queries.size());
   HeadOutputs<Scalar> out;
   out.o.resize(Tq, inputs.dv());
@@ -102,7 +117,7 @@ HeadOutputs<Scalar> fuse_head(const MechanismSpec& spec, const AttentionInputs<S
       const FusionRow<Scalar> fusion_row{
           inputs.q[h].row(queries[row]).transpose(), selection.row(row).data(), selection.cols(),
           spec.fusion == Fusion::hierarchical ? scores.row(row).data() : nullptr,
-          window.lse(row), window.o.row(row)};
+          lse_window(row), o_window.row(row)};
       fuse<Scalar>(spec, fusion_row, inputs.k[g], inputs.v[g], geometry, scale, out.o.row(row),
                    out.lse(row), out.fusion_weights.row(row));
     }
@@ -271,11 +286,15 @@ std::atomic<int64_t> forced_fusion_count{0};
 
 int64_t forced_fusion_runs() { return forced_fusion_count.load(); }
 
+namespace {
+
+// forced_fusion's checks and its loop over the query heads.
 template <class Scalar>
-std::vector<HeadOutputs<Scalar>> forced_fusion(const MechanismSpec& spec,
-                                               const AttentionInputs<Scalar>& inputs,
-                                               const std::vector<IndexMatrix>& selection,
-                                               const std::vector<int64_t>& queries) {
+std::vector<HeadOutputs<Scalar>> fuse_heads(const MechanismSpec& spec,
+                                            const AttentionInputs<Scalar>& inputs,
+                                            const std::vector<IndexMatrix>& selection,
+                                            const std::vector<int64_t>& queries,
+                                            const KnownStages<Scalar>& known) {
   // Hkv x [Tq x K] selection -> Hq heads of o [Tq x dv], lse [Tq], fusion weights [Tq x K+2].
   ++forced_fusion_count;
   require(spec.selects(), "spec.fusion", "flat or hierarchical (a mechanism that selects)",
@@ -290,8 +309,49 @@ std::vector<HeadOutputs<Scalar>> forced_fusion(const MechanismSpec& spec,
   const int64_t G = inputs.Hq() / inputs.Hkv();
   std::vector<HeadOutputs<Scalar>> heads;
   for (int64_t h = 0; h < inputs.Hq(); ++h)
-    heads.push_back(fuse_head(spec, inputs, h, selection[h / G], geometry, scale, queries));
+    heads.push_back(fuse_head(spec, inputs, h, selection[h / G], geometry, scale, queries, known));
   return heads;
+}
+
+// Whether `run` holds what fuse_heads reads for every head: the window ([Tq x dv] and [Tq]) and,
+// for a hierarchical fusion, the chunk scores ([Tq x n_chunks]).
+template <class Scalar>
+void require_kept_stages(const MechanismSpec& spec, const AttentionInputs<Scalar>& inputs,
+                         const MechanismOutputs<Scalar>& run) {
+  const auto Tq = static_cast<Eigen::Index>(run.queries.size());
+  const int64_t chunks = geometry_of(spec, inputs.T()).n_chunks();
+  bool kept = static_cast<int64_t>(run.heads.size()) == inputs.Hq();
+  for (size_t h = 0; kept && h < run.heads.size(); ++h) {
+    const auto& head = run.heads[h];
+    kept = head.o_window.rows() == Tq && head.o_window.cols() == inputs.dv() &&
+           head.lse_window.size() == Tq &&
+           (spec.fusion != Fusion::hierarchical ||
+            (head.surrogate_scores.rows() == Tq && head.surrogate_scores.cols() == chunks));
+  }
+  require(kept, "run",
+          "run_mechanism's outputs for these inputs with keep_window (and keep_surrogate_scores "
+          "for a hierarchical fusion)",
+          "outputs without them, or of other shapes");
+}
+
+}  // namespace
+
+template <class Scalar>
+std::vector<HeadOutputs<Scalar>> forced_fusion(const MechanismSpec& spec,
+                                               const AttentionInputs<Scalar>& inputs,
+                                               const std::vector<IndexMatrix>& selection,
+                                               const std::vector<int64_t>& queries) {
+  return fuse_heads(spec, inputs, selection, queries, KnownStages<Scalar>{});
+}
+
+template <class Scalar>
+std::vector<HeadOutputs<Scalar>> forced_fusion(const MechanismSpec& spec,
+                                               const AttentionInputs<Scalar>& inputs,
+                                               const std::vector<IndexMatrix>& selection,
+                                               const MechanismOutputs<Scalar>& run) {
+  require_kept_stages(spec, inputs, run);
+  return fuse_heads(spec, inputs, selection, run.queries,
+                    KnownStages<Scalar>{&run, !scales_values_down(inputs)});
 }
 
 template Matrix<double> group_scores(const std::vector<Matrix<float>>&,
@@ -306,5 +366,13 @@ template std::vector<HeadOutputs<double>> forced_fusion(const MechanismSpec&,
                                                         const AttentionInputs<double>&,
                                                         const std::vector<IndexMatrix>&,
                                                         const std::vector<int64_t>&);
+template std::vector<HeadOutputs<float>> forced_fusion(const MechanismSpec&,
+                                                       const AttentionInputs<float>&,
+                                                       const std::vector<IndexMatrix>&,
+                                                       const MechanismOutputs<float>&);
+template std::vector<HeadOutputs<double>> forced_fusion(const MechanismSpec&,
+                                                        const AttentionInputs<double>&,
+                                                        const std::vector<IndexMatrix>&,
+                                                        const MechanismOutputs<double>&);
 
 }  // namespace hils::oracle

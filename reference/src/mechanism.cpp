@@ -284,6 +284,11 @@ double outputs_bytes(const MechanismSpec& spec, int64_t T, int64_t Hq, int64_t d
 }
 
 template <class Scalar>
+bool scales_values_down(const AttentionInputs<Scalar>& inputs) {
+  return value_downscale(max_abs_value(inputs)) != Scalar(1);
+}
+
+template <class Scalar>
 MechanismOutputs<Scalar> run_mechanism(const MechanismSpec& spec,
                                        const AttentionInputs<Scalar>& inputs,
                                        const RunOptions& options) {
@@ -302,6 +307,9 @@ MechanismOutputs<Scalar> run_mechanism(const MechanismSpec& spec,
   return run_validated(spec, inputs, options);
 }
 
+template bool scales_values_down<float>(const AttentionInputs<float>&);
+template bool scales_values_down<double>(const AttentionInputs<double>&);
+template bool scales_values_down<long double>(const AttentionInputs<long double>&);
 template MechanismOutputs<float> run_mechanism<float>(const MechanismSpec&,
                                                       const AttentionInputs<float>&,
                                                       const RunOptions&);

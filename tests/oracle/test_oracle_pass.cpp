@@ -409,6 +409,72 @@ TEST_CASE("forced fusion on threads gives every row what fuse gives it alone", "
   }
 }
 
+// The oracle's fusions of the reference's own selection read the window and the chunk scores
+// from the reference's runs (forced_fusion given the run) instead of computing them again: the
+// same bits as forced_fusion from the stages, in double and float, on all queries and on every
+// third slot, on 1 and 3 threads, and with values near the top of the range (run_mechanism then
+// runs on scaled values, scales_values_down, and the window is computed again).
+TEST_CASE("forced fusion given the run's window and scores gives forced fusion's bits", "[oracle]") {
+  const int saved = omp_get_max_threads();
+  auto same = [](const auto& expected, const auto& got) {
+    REQUIRE(expected.size() == got.size());
+    for (size_t h = 0; h < expected.size(); ++h) {
+      CHECK(expected[h].o == got[h].o);
+      CHECK(expected[h].lse == got[h].lse);
+      CHECK(expected[h].fusion_weights == got[h].fusion_weights);
+    }
+  };
+  auto check = [&](const MechanismSpec& spec, const auto& inputs, const std::vector<int64_t>& queries) {
+    RunOptions options;
+    options.keep_window = true;
+    options.keep_surrogate_scores = true;
+    options.queries = queries;
+    const auto run = run_mechanism(spec, inputs, options);
+    const auto expected = forced_fusion(spec, inputs, run.selection, run.queries);
+    for (int threads : {1, 3}) {
+      omp_set_num_threads(threads);
+      same(expected, forced_fusion(spec, inputs, run.selection, run));
+    }
+    omp_set_num_threads(saved);
+  };
+  for (const char* name : {"gqa_group4", "ragged_tail", "longer_blocks", "k_covers_all"}) {
+    const auto& c = case_named(name);
+    auto inputs = cases::make_inputs<double>(c);
+    std::vector<int64_t> sampled;
+    for (int64_t t = inputs.T() / 3; t < inputs.T(); t += 3) sampled.push_back(t);
+    for (const auto& spec : specs_for(c)) {
+      if (!spec.selects()) continue;
+      INFO("case " << name << ", spec " << spec.name);
+      for (const auto& queries : {std::vector<int64_t>{}, sampled}) {
+        check(spec, inputs, queries);
+        check(spec, hils::oracle::testing::to_float(inputs), queries);
+      }
+      auto huge = inputs;
+      for (auto& v : huge.v) v *= 1e300;
+      REQUIRE(scales_values_down(huge));
+      REQUIRE_FALSE(scales_values_down(inputs));
+      check(spec, huge, {});
+    }
+  }
+}
+
+TEST_CASE("forced fusion given a run refuses one that did not keep the window or the scores",
+          "[oracle]") {
+  const auto& c = case_named("gqa_group4");
+  const auto inputs = cases::make_inputs<double>(c);
+  MechanismSpec spec;
+  for (const auto& s : specs_for(c))
+    if (s.fusion == Fusion::hierarchical) spec = s;
+  REQUIRE(spec.fusion == Fusion::hierarchical);
+  RunOptions options;
+  options.keep_window = true;  // no surrogate scores: the hierarchical fusion reads them
+  const auto run = run_mechanism(spec, inputs, options);
+  CHECK_THROWS_WITH(forced_fusion(spec, inputs, run.selection, run),
+                    Catch::Contains("run: expected run_mechanism's outputs"));
+  CHECK_THROWS_WITH(forced_fusion(spec, inputs, run.selection, run_mechanism(spec, inputs)),
+                    Catch::Contains("keep_window"));
+}
+
 // The oracle fuses again only the query blocks where a kernel's selection differs from the
 // reference's and takes the reference fusion's other rows (oracle_context.hpp, fusion_from_own):
 // sound only if a row's fused outputs depend on its own block's queries alone (hils::query_blocks).

@@ -180,6 +180,13 @@ void fuse(const MechanismSpec& spec, const FusionRow<Scalar>& row, const Matrix<
 
 // The whole mechanism over all heads (OpenMP over independent (group, query-block) units;
 // the same bits for any number of threads).
+// Whether run_mechanism runs these inputs on their values scaled down by a power of two (max|v|
+// within 2^64 of the top of Scalar's range, reference/SEMANTICS.md §11.2): its o and o_window are
+// then the scaled run's outputs scaled back, not always the bits of an unscaled stage (e.g.
+// window_attention). Its other outputs do not read v.
+template <class Scalar>
+bool scales_values_down(const AttentionInputs<Scalar>& inputs);
+
 template <class Scalar>
 MechanismOutputs<Scalar> run_mechanism(const MechanismSpec& spec,
                                        const AttentionInputs<Scalar>& inputs,

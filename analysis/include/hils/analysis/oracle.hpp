@@ -528,6 +528,17 @@ std::vector<HeadOutputs<Scalar>> forced_fusion(const MechanismSpec& spec,
                                                const std::vector<IndexMatrix>& selection,
                                                const std::vector<int64_t>& queries);
 
+// forced_fusion(spec, inputs, selection, run.queries), the same bits, where `run` is
+// run_mechanism(spec, inputs, options)'s outputs with options.keep_window (and, for a
+// hierarchical fusion, keep_surrogate_scores): each head's window and the fusion's chunk scores
+// are read from `run` instead of computed again (the window only where run_mechanism ran on the
+// values as given, scales_values_down; the oracle's fusions of the reference's own selection).
+template <class Scalar>
+std::vector<HeadOutputs<Scalar>> forced_fusion(const MechanismSpec& spec,
+                                               const AttentionInputs<Scalar>& inputs,
+                                               const std::vector<IndexMatrix>& selection,
+                                               const MechanismOutputs<Scalar>& run);
+
 // How many times forced_fusion has run in this process, on all threads: after the reference
 // runs, the oracle's largest cost; tests check with it that verify() fuses only what it uses.
 int64_t forced_fusion_runs();
