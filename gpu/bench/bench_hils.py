@@ -9,6 +9,9 @@ stages and the kernels by name are medians of 3. The HiLS column returns o in fp
 --hils-o bf16 it is the forward that keeps the window's rows in fp16 and returns o in bf16, as
 SDPA does for bf16 inputs (four calls: hils_gpu_window_rows, summaries, selection,
 hils_gpu_fuse_rows); forward_h16swa and forward_h16swa_bf16o are timed either way.
+Beside them (unless --no-flex) a sparse peer: FlexAttention, torch.compile'd, given a block mask
+of the same attention work and no selection (flex_same_work_ms), against HiLS's window and
+sparse stages, the part of the forward that does that work.
 """
 import argparse
 import json
@@ -177,7 +180,82 @@ def hils_run(lib, T, gen, hils_o="f32"):
     # Selected work of the sparse stage: QK and PV over S-1 tokens of each selected chunk.
     selected = int((st.selection >= 0).sum().item())
     sparse_flops = selected * (HQ // HKV) * 4 * (S - 1) * D
-    return q, k, v, total, stage_ms, sparse_flops
+    return q, k, v, total, stage_ms, sparse_flops, st.selection.clone()
+
+
+def check_flex_work(out, q4, k4, v4, member):
+    """That FlexAttention did the work its block mask was meant to name (small T only): its output
+    against SDPA's math backend in fp32 given, as a dense boolean mask, each query's window (the
+    last W slots) and every slot of the chunks `member` [Hkv, T / 128, T / S] marks for its block."""
+    T, g = q4.shape[2], HQ // HKV
+    qi = torch.arange(T, device=q4.device)
+    window = (qi[None, :] <= qi[:, None]) & (qi[:, None] - qi[None, :] < W)
+    chunks = member.repeat_interleave(128, dim=1).repeat_interleave(S, dim=2)[:, :T, :T]
+    allowed = (window[None] | chunks).repeat_interleave(g, dim=0).unsqueeze(0)
+    with sdpa_kernel(SDPBackend.MATH):
+        ref = F.scaled_dot_product_attention(q4.float(), k4.float().repeat_interleave(g, dim=1),
+                                             v4.float().repeat_interleave(g, dim=1),
+                                             attn_mask=allowed)
+    err = (out.float() - ref).abs().max().item()
+    print(f"  flex check at T={T}: max |flex - SDPA math with the same mask| = {err:.3g}"
+          f"{'' if err < 0.03 else '  (FAILED: the mask is not the work it names)'}", flush=True)
+
+
+def flex_same_work_ms(q, k, v, selection):
+    """FlexAttention (torch.compile'd flex_attention, GQA) over a block mask of the work HiLS's
+    window and sparse stages do, with no selection of its own: for each block of 128 queries the
+    64-slot blocks of its sliding window (partial blocks: causal, the last W slots) and, as full
+    blocks, the K chunks that the block's last query selected (HiLS's own selection, `selection`
+    [Hkv, T, K], each KV group's for its G heads) that lie before the window's first block. So a
+    query attends ~W + K S slots, as in HiLS; what differs is that the chunks are shared by the
+    128 queries of a block (a block-sparse kernel's granularity). Median ms, or None where
+    FlexAttention refuses."""
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+    T, dev, i32 = q.shape[1], q.device, torch.int32
+    n_qb, n_kb = T // 128, T // S
+    first = torch.arange(n_qb, device=dev) * 128
+    win_lo = (first - W + 1).clamp(min=0) // S           # first block the window touches
+    win_hi = (first + 127) // S                           # the diagonal block
+    cols = torch.arange(n_kb, device=dev)
+    # Partial blocks: the window's, ascending; entries past kv_num_blocks are not read.
+    win_idx = (win_lo[:, None] + cols[None, :]).clamp(max=n_kb - 1).to(i32)
+    win_num = (win_hi - win_lo + 1).to(i32)
+    # Full blocks: the last query's chunks before win_lo, ascending, the rest padded.
+    sel = selection[:, first + 127, :].long()             # [Hkv, n_qb, K]
+    valid = (sel >= 0) & (sel < win_lo[None, :, None])
+    chosen, _ = torch.where(valid, sel, n_kb).sort(dim=-1)
+    full_idx = torch.zeros(HKV, n_qb, n_kb, device=dev, dtype=i32)
+    full_idx[..., :K] = chosen.clamp(max=n_kb - 1).to(i32)
+    full_num = valid.sum(-1).to(i32)
+    g = HQ // HKV
+    per_head = lambda x: x.repeat_interleave(g, dim=0).unsqueeze(0).contiguous()
+    block_mask = BlockMask.from_kv_blocks(
+        win_num.expand(HQ, n_qb).unsqueeze(0).contiguous(),
+        win_idx.expand(HQ, n_qb, n_kb).unsqueeze(0).contiguous(),
+        per_head(full_num), per_head(full_idx), BLOCK_SIZE=(128, S),
+        mask_mod=lambda b, h, qi, ki: (ki <= qi) & (qi - ki < W), seq_lengths=(T, T))
+    print(f"  flex mask: per 128-query block {full_num.float().mean().item():.1f} full (selected) "
+          f"and {win_num.float().mean().item():.1f} partial (window) blocks of {S} slots", flush=True)
+    flex = torch.compile(flex_attention, dynamic=False)
+    q4, k4, v4 = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+    for options in ({"BLOCK_M": 128, "BLOCK_N": S}, None):
+        try:
+            fn = lambda: flex(q4, k4, v4, block_mask=block_mask, enable_gqa=True,
+                              kernel_options=options)
+            out = fn()
+            torch.cuda.synchronize()
+            if not bool(torch.isfinite(out).all()):
+                print("  flex_attention: non-finite output")
+                return None
+            if T <= 8192:
+                member = torch.zeros(HKV, n_qb, n_kb + 1, dtype=torch.bool, device=dev)
+                member.scatter_(2, torch.where(valid, sel, n_kb), True)
+                check_flex_work(out, q4, k4, v4, member[..., :n_kb])
+            return headline_ms(fn)
+        except Exception as e:  # a compile or launch refusal: try the defaults, then give up
+            print(f"  flex_attention (kernel_options {options}): failed "
+                  f"({str(e).splitlines()[0][:120] if str(e) else type(e).__name__})")
+    return None
 
 
 def main():
@@ -185,6 +263,8 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--max-T", type=int, default=524288)
     ap.add_argument("--out", default="bench.json")
+    ap.add_argument("--no-flex", action="store_true",
+                    help="skip the FlexAttention peer (flex_same_work_ms)")
     ap.add_argument("--hils-o", choices=["f32", "bf16"], default="f32",
                     help="the HiLS column's forward: f32 (one hils_gpu_run, o in fp32) or bf16 (the "
                          "window's rows kept in fp16, o in bf16 as SDPA returns; four calls)")
@@ -200,33 +280,38 @@ def main():
     T = 8192
     while T <= args.max_T:
         try:
-            q, k, v, hils_ms, stage_ms, flops = hils_run(lib, T, gen, args.hils_o)
+            q, k, v, hils_ms, stage_ms, flops, selection = hils_run(lib, T, gen, args.hils_o)
             flash = sdpa_ms(q, k, v, SDPBackend.FLASH_ATTENTION)
             cudnn = sdpa_ms(q, k, v, SDPBackend.CUDNN_ATTENTION)
+            flex = None if args.no_flex else flex_same_work_ms(q, k, v, selection)
         except torch.cuda.OutOfMemoryError:
             print(f"T={T}: out of memory, stopping")
             break
-        row = dict(T=T, hils_ms=hils_ms, flash_ms=flash, cudnn_ms=cudnn, stages_ms=stage_ms,
-                   sparse_tflops=flops / (stage_ms["sparse"] * 1e-3) / 1e12)
+        row = dict(T=T, hils_ms=hils_ms, flash_ms=flash, cudnn_ms=cudnn, flex_ms=flex,
+                   stages_ms=stage_ms, sparse_tflops=flops / (stage_ms["sparse"] * 1e-3) / 1e12)
         rows.append(row)
         print(f"T={T:>7}  hils {hils_ms:9.2f} ms  flash {flash or float('nan'):9.2f}  "
-              f"cudnn {cudnn or float('nan'):9.2f}  stages " +
+              f"cudnn {cudnn or float('nan'):9.2f}  flex {flex or float('nan'):9.2f}  stages " +
               " ".join(f"{n}={t:.2f}" for n, t in stage_ms.items()) +
               f"  sparse {row['sparse_tflops']:.1f} TFLOP/s", flush=True)
-        del q, k, v
+        del q, k, v, selection
         torch.cuda.empty_cache()
         T *= 2
-    print("\n|       T |  HiLS ms | flash ms | cuDNN ms | best/HiLS | sparse TFLOP/s |")
-    print("|--------:|---------:|---------:|---------:|----------:|---------------:|")
+    print("\n|       T |  HiLS ms | flash ms | cuDNN ms | best/HiLS | sparse TFLOP/s | window + sparse ms |"
+          " flex ms | flex/(window + sparse) |")
+    print("|--------:|---------:|---------:|---------:|----------:|---------------:|-------------------:|"
+          "--------:|-----------------------:|")
     crossover = None
     for r in rows:
         best = min(x for x in (r["flash_ms"], r["cudnn_ms"], math.inf) if x is not None)
         r["speedup_vs_best"] = best / r["hils_ms"]
         if crossover is None and r["speedup_vs_best"] >= 1.0:
             crossover = r["T"]
+        same_work = r["stages_ms"]["window"] + r["stages_ms"]["sparse"]
         print(f"| {r['T']:>7} | {r['hils_ms']:8.2f} | {r['flash_ms'] or math.nan:8.2f} | "
               f"{r['cudnn_ms'] or math.nan:8.2f} | {r['speedup_vs_best']:9.2f} | "
-              f"{r['sparse_tflops']:14.1f} |")
+              f"{r['sparse_tflops']:14.1f} | {same_work:18.2f} | {r['flex_ms'] or math.nan:7.2f} | "
+              f"{(r['flex_ms'] or math.nan) / same_work:22.2f} |")
     print(f"dense bf16 matmul rate: {peak:.0f} TFLOP/s")
     print(f"crossover (first T where HiLS beats the faster SDPA backend): {crossover}")
     if rows:
