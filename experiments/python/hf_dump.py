@@ -68,6 +68,13 @@ def _check_storable(name, array, storage):
                          f"found {float(array[index]):g} at {list(index)}; store float32")
 
 
+def _umask():
+    """The process's umask (os.umask sets it, so it is set back at once)."""
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
+
+
 def write_activation_file(path, layers, *, tokens, rotated, rope_pairing, rope_theta, source,
                           storage="float32"):
     """Write layers (list of dicts of numpy arrays) atomically: temp file + rename.
@@ -107,6 +114,9 @@ def write_activation_file(path, layers, *, tokens, rotated, rope_pairing, rope_t
         raise ValueError(f"{path}: expected an output folder that exists, found no folder {folder}")
     fd, temp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".tmp-", dir=folder)
     os.close(fd)
+    # mkstemp makes the file owner-only (0600); the published file gets the mode of any new
+    # file, as the C++ writers' files do (0666 less the umask).
+    os.chmod(temp, 0o666 & ~_umask())
     rotation = "after RoPE" if rotated else "not rotated"
     try:
         with h5py.File(temp, "w") as f:

@@ -4,6 +4,7 @@ float16's range is refused by name instead of being stored as Inf
 (data/activation_format.md)."""
 
 import os
+import stat
 import subprocess
 import sys
 
@@ -91,3 +92,14 @@ def test_an_unknown_storage_is_refused_by_name(tmp_path):
     assert str(raised.value) == ("storage: expected one of float16, float32, float64, "
                                  "found 'bfloat16'")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_file_gets_the_mode_of_a_new_file_not_the_temporary_ones(tmp_path):
+    """The temporary file (tempfile.mkstemp) is owner-only; the published file is not: others
+    read it as they read `hils dump`'s files (0666 less the umask)."""
+    mask = os.umask(0o22)
+    try:
+        write(tmp_path / "acts.h5", layers("file_mode", n_layers=1), "float16")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE(os.stat(tmp_path / "acts.h5").st_mode) == 0o644
