@@ -21,6 +21,11 @@ Caveat: OLMo v1's clip_qkv clamps q/k/v after the projections; v is recorded bef
 Usage (on your own machine; nothing is downloaded unless --model names a Hub id you allow):
   python3 hf_dump.py --model meta-llama/Llama-3.2-1B --text story.txt --tokens 2048 -o acts.h5
   python3 hf_dump.py --model ./my_checkpoint --token-ids ids.txt -o acts.h5 --dtype float32
+  python3 hf_dump.py --model ./my_checkpoint --text story.txt -o acts.h5 --storage float16
+
+--storage float16 halves the file (data/activation_format.md: readers accept IEEE float16); a
+value beyond float16's range (|x| > 65504, a hidden state's outlier, say) is refused by dataset
+name instead of being stored as Inf: store that model in float32.
 
 Library use: `dump_activations(model, input_ids, path, source={...})`.
 """
@@ -49,12 +54,34 @@ def _check_heads(name, array, heads, T, d):
         raise ValueError(f"{name}: expected finite values, found NaN or Inf")
 
 
+STORAGE = {"float16": np.float16, "float32": np.float32, "float64": np.float64}
+
+
+def _check_storable(name, array, storage):
+    """Raise ValueError naming the dataset when a value lies beyond the storage type's range
+    (numpy would store it as Inf, which every reader refuses: data/activation_format.md)."""
+    limit = np.finfo(STORAGE[storage]).max
+    beyond = np.abs(array) > limit
+    if np.any(beyond):
+        index = tuple(int(i) for i in np.argwhere(beyond)[0])
+        raise ValueError(f"{name}: expected values within {storage}'s range (|x| <= {limit:g}), "
+                         f"found {float(array[index]):g} at {list(index)}; store float32")
+
+
+def _umask():
+    """The process's umask (os.umask sets it, so it is set back at once)."""
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
+
+
 def write_activation_file(path, layers, *, tokens, rotated, rope_pairing, rope_theta, source,
                           storage="float32"):
     """Write layers (list of dicts of numpy arrays) atomically: temp file + rename.
 
     Each layer dict holds q [Hq,T,d], k [Hkv,T,d], v [Hkv,T,dv] and optionally q_unrotated,
-    k_unrotated (same shapes as q, k), hidden [T,d_model].
+    k_unrotated (same shapes as q, k), hidden [T,d_model]. storage: the datasets' type,
+    float32 (default), float16 (half the disk; values beyond its range are refused) or float64.
     """
     import h5py
 
@@ -66,7 +93,9 @@ def write_activation_file(path, layers, *, tokens, rotated, rope_pairing, rope_t
         raise ValueError(f"Hq={Hq} is not a multiple of Hkv={Hkv}")
     hidden = layers[0].get("hidden")
     d_model = 0 if hidden is None else hidden.shape[1]
-    dtype = {"float32": np.float32, "float64": np.float64}[storage]
+    if storage not in STORAGE:
+        raise ValueError(f"storage: expected one of {', '.join(STORAGE)}, found {storage!r}")
+    dtype = STORAGE[storage]
     for i, layer in enumerate(layers):
         _check_heads(f"layer{i}/q", layer["q"], Hq, T, d)
         _check_heads(f"layer{i}/k", layer["k"], Hkv, T, d)
@@ -76,12 +105,18 @@ def write_activation_file(path, layers, *, tokens, rotated, rope_pairing, rope_t
             _check_heads(f"layer{i}/k_unrotated", layer["k_unrotated"], Hkv, T, d)
         if layer.get("hidden") is not None:
             _check_heads(f"layer{i}/hidden", layer["hidden"][None], 1, T, d_model)
+        for name in ("q", "k", "v", "q_unrotated", "k_unrotated", "hidden"):
+            if layer.get(name) is not None:
+                _check_storable(f"layer{i}/{name}", layer[name], storage)
 
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ValueError(f"{path}: expected an output folder that exists, found no folder {folder}")
     fd, temp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".tmp-", dir=folder)
     os.close(fd)
+    # mkstemp makes the file owner-only (0600); the published file gets the mode of any new
+    # file, as the C++ writers' files do (0666 less the umask).
+    os.chmod(temp, 0o666 & ~_umask())
     rotation = "after RoPE" if rotated else "not rotated"
     try:
         with h5py.File(temp, "w") as f:
@@ -274,7 +309,9 @@ def main(argv=None):
     parser.add_argument("-o", "--output", required=True, help="activation file to write")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"],
                         help="computation dtype (default float32)")
-    parser.add_argument("--storage", default="float32", choices=["float32", "float64"])
+    parser.add_argument("--storage", default="float32", choices=list(STORAGE),
+                        help="datasets' type in the file (default float32; float16 halves the "
+                             "disk and refuses values beyond its range)")
     parser.add_argument("--device", default="cuda", help="torch device (default cuda)")
     args = parser.parse_args(argv)
     if (args.text is None) == (args.token_ids is None):

@@ -14,6 +14,7 @@
 
 #include "blocks.hpp"
 #include "fused_backward.hpp"
+#include "summary_prior.hpp"
 
 namespace hils {
 namespace {
@@ -119,7 +120,7 @@ Vector<Scalar> summary_chunk_backward(const Matrix<Scalar>& k,
     case KeyRule::taylor: break;  // k' = sum p_j k_j: below, with p's own dependence on k
     case KeyRule::exact: break;   // no summary
   }
-  if (key_rule != KeyRule::taylor && bias_rule != BiasRule::entropy) return dmu;
+  if (!detail::summary_needs_prior(key_rule, bias_rule)) return dmu;
   Vector<Scalar> ell = (keys * mu) * scale;
   const Scalar top = ell.maxCoeff();
   Vector<Scalar> p = (ell.array() - top).exp().matrix();
@@ -584,7 +585,7 @@ SummaryGradients<Scalar> summarize_backward(const Matrix<Scalar>& k, const Matri
   require(dkey.rows() == chunks && dkey.cols() == d && dbias.size() == chunks, "dkey",
           "[" + std::to_string(chunks) + " x " + std::to_string(d) + "] with as many dbias",
           "[" + std::to_string(dkey.rows()) + " x " + std::to_string(dkey.cols()) + "]");
-  const bool needs_prior = key_rule == KeyRule::taylor || bias_rule == BiasRule::entropy;
+  const bool needs_prior = detail::summary_needs_prior(key_rule, bias_rule);
   if (needs_prior)
     require(prior.rows() == chunks && prior.cols() == d, "prior",
             "[" + std::to_string(chunks) + " x " + std::to_string(d) + "]",

@@ -4,6 +4,7 @@
 
 #include "hils/spec_fields.hpp"
 #include "hils/types.hpp"
+#include "summary_prior.hpp"
 
 namespace hils {
 namespace {
@@ -23,7 +24,7 @@ MechanismSpec make(const PresetRow& row) {
 }  // namespace
 
 bool MechanismSpec::needs_prior() const {
-  return selects() && (key_rule == KeyRule::taylor || bias_rule == BiasRule::entropy);
+  return selects() && detail::summary_needs_prior(key_rule, bias_rule);
 }
 
 void validate_fields(const MechanismSpec& spec) {

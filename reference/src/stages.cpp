@@ -7,6 +7,7 @@
 #include "blocks.hpp"
 #include "chunk_mass.hpp"
 #include "selection.hpp"
+#include "summary_prior.hpp"
 
 namespace hils {
 
@@ -142,7 +143,7 @@ ChunkSummaries<Scalar> summarize(const Matrix<Scalar>& k, const Matrix<Scalar>& 
   require(key_rule != KeyRule::landmark_key || geometry.landmarks(), "key_rule",
           "landmarks on for landmark_key", "landmarks off");
   const int64_t chunks = geometry.n_chunks(), tokens = geometry.tokens_per_chunk();
-  const bool needs_p = key_rule == KeyRule::taylor || bias_rule == BiasRule::entropy;
+  const bool needs_p = detail::summary_needs_prior(key_rule, bias_rule);
   if (needs_p)
     require(prior.rows() == chunks && prior.cols() == k.cols(), "prior",
             std::string("[") + std::to_string(chunks) + " x " + std::to_string(k.cols()) + "]",

@@ -81,3 +81,10 @@ def tool(variable):
     if not path:
         pytest.skip(f"{variable} is not set: run through ctest (the CMake build sets it)")
     return path
+
+
+def window_left(t, window, chunk):
+    """l(t) = max(0, floor((t - W + 1) / S) S), the chunk-aligned window's first slot (Eq. 1), for
+    a torch tensor of slots t (the GPU tests' FlexAttention masks; numpy_kernels.window_left is
+    the numpy form over all slots). Tensor methods, so that this file needs no torch."""
+    return (t - window + 1).div(chunk, rounding_mode="floor").mul(chunk).clamp(min=0)

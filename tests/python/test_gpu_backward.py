@@ -12,7 +12,7 @@ import math
 import pytest
 
 import hils
-from conftest import seed_of
+from conftest import seed_of, window_left
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -51,11 +51,6 @@ def sdpa(backend, scale=SCALE):
     return forward
 
 
-def window_left(t, window):
-    """l(t) = max(0, floor((t - W + 1) / S) S), the chunk-aligned window's first slot."""
-    return torch.clamp(torch.div(t - window + 1, S, rounding_mode="floor") * S, min=0)
-
-
 @pytest.fixture(scope="module")
 def flex():
     attention = pytest.importorskip("torch.nn.attention.flex_attention")
@@ -73,7 +68,7 @@ def causal(b, h, q_idx, kv_idx):
 
 
 def window(b, h, q_idx, kv_idx):
-    return (kv_idx <= q_idx) & (kv_idx >= window_left(q_idx, W))
+    return (kv_idx <= q_idx) & (kv_idx >= window_left(q_idx, W, S))
 
 
 def block_sparse(selection):

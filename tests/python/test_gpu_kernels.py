@@ -16,7 +16,7 @@ import pytest
 
 import hils
 from hils.testing import assert_kernel_matches
-from conftest import seed_of
+from conftest import seed_of, window_left
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -110,11 +110,6 @@ def flex():
     return attention, torch.compile(attention.flex_attention)
 
 
-def window_left(t, window):
-    """l(t) = max(0, floor((t - W + 1) / S) S), the chunk-aligned window's first slot (Eq. 1)."""
-    return torch.clamp(torch.div(t - window + 1, S, rounding_mode="floor") * S, min=0)
-
-
 def run_flex(flex, q, k, v, mask_mod, scale=SCALE):
     attention, compiled = flex
     block_mask = attention.create_block_mask(mask_mod, B=None, H=Hq, Q_LEN=T, KV_LEN=T, device="cuda")
@@ -128,7 +123,7 @@ def causal(b, h, q_idx, kv_idx):
 
 def window_mask(window):
     def mask(b, h, q_idx, kv_idx):
-        return (kv_idx <= q_idx) & (kv_idx >= window_left(q_idx, window))
+        return (kv_idx <= q_idx) & (kv_idx >= window_left(q_idx, window, S))
     return mask
 
 
@@ -325,7 +320,7 @@ def document_mask(cu, window=None):
     def mask(b, h, q_idx, kv_idx):
         keep = (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx)
         if window is not None:
-            keep = keep & (kv_idx - start[kv_idx] >= window_left(q_idx - start[q_idx], window))
+            keep = keep & (kv_idx - start[kv_idx] >= window_left(q_idx - start[q_idx], window, S))
         return keep
     return mask
 
