@@ -1,7 +1,7 @@
 // The oracle's own pieces of the reference mathematics: bf16 rounding, group scores r(t,g,c)
 // and the fusion stage run with a forced selection. Built only from the reference's public
 // stage functions (window_attention, exact_chunk_log_mass, summarize, resolve_prior,
-// surrogate_scores, fuse), so that reference/ needs no hook for the oracle and the oracle keeps
+// surrogate_scores, fuse_rows), so that reference/ needs no hook for the oracle and the oracle keeps
 // no copy of the fusion mathematics.
 #include <algorithm>
 #include <atomic>
@@ -10,6 +10,7 @@
 #include <string>
 
 #include "hils/analysis/oracle.hpp"
+#include "hils/fuse_rows.hpp"
 #include "hils/threads.hpp"
 
 namespace hils::oracle {
@@ -107,20 +108,22 @@ HeadOutputs<Scalar> fuse_head(const MechanismSpec& spec, const AttentionInputs<S
   out.lse.resize(Tq);
   out.fusion_weights.resize(Tq, selection.cols() + 2);
   // Every row checked first, in order (the first bad row is the one named, as ever), then the
-  // rows fused in units of kRowsPerUnit on the reference's OpenMP units: each row is fused alone
-  // by `fuse`, so its bits do not depend on the units or the thread count.
+  // rows fused in units of kRowsPerUnit on the reference's OpenMP units by fuse_rows: each row
+  // gets the bits `fuse` gives it alone, so they do not depend on the units or the thread count.
   for (int64_t row = 0; row < Tq; ++row)
     require_valid_selection_row(selection, row, g, queries[row], geometry);
   detail::parallel_units((Tq + kRowsPerUnit - 1) / kRowsPerUnit, [&](int64_t unit) {
-    const int64_t end = std::min(Tq, (unit + 1) * kRowsPerUnit);
-    for (int64_t row = unit * kRowsPerUnit; row < end; ++row) {
-      const FusionRow<Scalar> fusion_row{
+    const int64_t begin = unit * kRowsPerUnit, end = std::min(Tq, begin + kRowsPerUnit);
+    std::vector<FusionRow<Scalar>> rows;
+    rows.reserve(static_cast<size_t>(end - begin));
+    for (int64_t row = begin; row < end; ++row)
+      rows.push_back(FusionRow<Scalar>{
           inputs.q[h].row(queries[row]).transpose(), selection.row(row).data(), selection.cols(),
           spec.fusion == Fusion::hierarchical ? scores.row(row).data() : nullptr,
-          lse_window(row), o_window.row(row)};
-      fuse<Scalar>(spec, fusion_row, inputs.k[g], inputs.v[g], geometry, scale, out.o.row(row),
-                   out.lse(row), out.fusion_weights.row(row));
-    }
+          lse_window(row), o_window.row(row)});
+    fuse_rows<Scalar>(spec, rows, inputs.k[g], inputs.v[g], geometry, scale,
+                      out.o.middleRows(begin, end - begin), out.lse.segment(begin, end - begin),
+                      out.fusion_weights.middleRows(begin, end - begin));
   });
   return out;
 }

@@ -356,6 +356,27 @@ Matrix<Scalar> chunk_logits(const Matrix<Scalar>& q_selected, const Matrix<Scala
 }
 
 template <class Scalar>
+void attend_chunk(const Matrix<Scalar>& q_rows, const BlockSelections& block,
+                  const BlockSelections::Chunk& chunk, const Matrix<Scalar>& k,
+                  const Matrix<Scalar>& v, const Geometry& geometry, Scalar scale,
+                  SelectedAttention<Scalar>& out) {
+  // p = exp(logits - row max) in place, then o_c = (p . V) / sum p, row by row.
+  Matrix<Scalar> p = chunk_logits(gather_selected(q_rows, block, chunk.selections), k,
+                                  chunk.chunk, geometry, scale);
+  Vector<Scalar> total(p.rows());
+  for (int64_t r = 0; r < p.rows(); ++r) {
+    const Scalar row_max = p.row(r).maxCoeff();
+    p.row(r) = (p.row(r).array() - row_max).exp().matrix();
+    total(r) = p.row(r).sum();
+    out.log_mass(chunk.selections[static_cast<size_t>(r)]) = row_max + std::log(total(r));
+  }
+  const Matrix<Scalar> weighted =
+      p * v.middleRows(chunk.chunk * geometry.S(), geometry.tokens_per_chunk());
+  for (int64_t r = 0; r < p.rows(); ++r)
+    out.o.row(chunk.selections[static_cast<size_t>(r)]) = weighted.row(r) / total(r);
+}
+
+template <class Scalar>
 SelectedAttention<Scalar> attend_selected(const Matrix<Scalar>& q_rows,
                                           const BlockSelections& block,
                                           const Matrix<Scalar>& k, const Matrix<Scalar>& v,
@@ -364,22 +385,8 @@ SelectedAttention<Scalar> attend_selected(const Matrix<Scalar>& q_rows,
   SelectedAttention<Scalar> out;
   out.log_mass.resize(selections);
   out.o.resize(selections, v.cols());
-  for (const auto& chunk : block.chunks) {
-    // p = exp(logits - row max) in place, then o_c = (p . V) / sum p, row by row.
-    Matrix<Scalar> p = chunk_logits(gather_selected(q_rows, block, chunk.selections), k,
-                                    chunk.chunk, geometry, scale);
-    Vector<Scalar> total(p.rows());
-    for (int64_t r = 0; r < p.rows(); ++r) {
-      const Scalar row_max = p.row(r).maxCoeff();
-      p.row(r) = (p.row(r).array() - row_max).exp().matrix();
-      total(r) = p.row(r).sum();
-      out.log_mass(chunk.selections[static_cast<size_t>(r)]) = row_max + std::log(total(r));
-    }
-    const Matrix<Scalar> weighted =
-        p * v.middleRows(chunk.chunk * geometry.S(), geometry.tokens_per_chunk());
-    for (int64_t r = 0; r < p.rows(); ++r)
-      out.o.row(chunk.selections[static_cast<size_t>(r)]) = weighted.row(r) / total(r);
-  }
+  for (const auto& chunk : block.chunks)
+    attend_chunk(q_rows, block, chunk, k, v, geometry, scale, out);
   return out;
 }
 
@@ -397,6 +404,9 @@ SelectedAttention<Scalar> attend_selected(const Matrix<Scalar>& q_rows,
                                         const std::vector<int64_t>&);                       \
   template Matrix<S> chunk_logits<S>(const Matrix<S>&, const Matrix<S>&, int64_t,           \
                                      const Geometry&, S);                                   \
+  template void attend_chunk<S>(const Matrix<S>&, const BlockSelections&,                  \
+                                const BlockSelections::Chunk&, const Matrix<S>&,            \
+                                const Matrix<S>&, const Geometry&, S, SelectedAttention<S>&); \
   template SelectedAttention<S> attend_selected<S>(const Matrix<S>&, const BlockSelections&, \
                                                    const Matrix<S>&, const Matrix<S>&,      \
                                                    const Geometry&, S);

@@ -125,6 +125,15 @@ SelectedAttention<Scalar> attend_selected(const Matrix<Scalar>& q_rows,
                                           const Matrix<Scalar>& k, const Matrix<Scalar>& v,
                                           const Geometry& geometry, Scalar scale);
 
+// attend_selected's work for one chunk of `block`: its selections' log-masses and outputs into
+// `out` (sized for all of block's selections). attend_selected runs it for each chunk of one
+// block; fuse_rows for the chunks of several one-row blocks, chunk by chunk.
+template <class Scalar>
+void attend_chunk(const Matrix<Scalar>& q_rows, const BlockSelections& block,
+                  const BlockSelections::Chunk& chunk, const Matrix<Scalar>& k,
+                  const Matrix<Scalar>& v, const Geometry& geometry, Scalar scale,
+                  SelectedAttention<Scalar>& out);
+
 // The fusion (Eq. 3, 10) of block row i from its selections' statistics: fuse's mathematics,
 // for run_mechanism (a block's rows together) and fuse (one row).
 template <class Scalar>

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "blocks.hpp"
+#include "hils/fuse_rows.hpp"
 
 namespace hils {
 
@@ -99,10 +100,61 @@ void fuse(const MechanismSpec& spec, const FusionRow<Scalar>& row, const Matrix<
   detail::fuse_selected(spec, row, block, chunks, 0, o, lse, weights);
 }
 
+template <class Scalar>
+void fuse_rows(const MechanismSpec& spec, const std::vector<FusionRow<Scalar>>& rows,
+               const Matrix<Scalar>& k, const Matrix<Scalar>& v, const Geometry& geometry,
+               Scalar scale, Eigen::Ref<Matrix<Scalar>> o, Eigen::Ref<Vector<Scalar>> lse,
+               Eigen::Ref<Matrix<Scalar>> weights) {
+  const auto n = static_cast<int64_t>(rows.size());
+  if (o.rows() != n || lse.size() != n || weights.rows() != n)
+    require(false, "o, lse, weights", std::to_string(n) + " rows each (one per fusion row)",
+            std::to_string(o.rows()) + ", " + std::to_string(lse.size()) + " and " +
+                std::to_string(weights.rows()));
+  // Each row as `fuse` takes it: its selections grouped alone, its query as a [1 x d] matrix,
+  // its chunks' statistics sized for its own selections.
+  std::vector<detail::BlockSelections> blocks;
+  std::vector<Matrix<Scalar>> queries;
+  std::vector<detail::SelectedAttention<Scalar>> chunks(rows.size());
+  struct Pending {
+    int64_t chunk, row;
+    size_t index;  // the chunk's place in blocks[row].chunks
+  };
+  std::vector<Pending> pending;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& row = rows[static_cast<size_t>(i)];
+    require_fusion_row(spec, row, k, v, geometry, Eigen::Ref<RowVector<Scalar>>(o.row(i)),
+                       Eigen::Ref<RowVector<Scalar>>(weights.row(i)));
+    blocks.push_back(detail::group_selections({row.selected}, row.K, geometry.n_chunks()));
+    queries.push_back(row.q.transpose());
+    auto& stats = chunks[static_cast<size_t>(i)];
+    stats.log_mass.resize(static_cast<int64_t>(blocks.back().row.size()));
+    stats.o.resize(static_cast<int64_t>(blocks.back().row.size()), v.cols());
+    for (size_t c = 0; c < blocks.back().chunks.size(); ++c)
+      pending.push_back({blocks.back().chunks[c].chunk, i, c});
+  }
+  // Chunk by chunk: the rows that selected a chunk read its keys and values one after another.
+  std::stable_sort(pending.begin(), pending.end(),
+                   [](const Pending& a, const Pending& b) { return a.chunk < b.chunk; });
+  for (const Pending& p : pending) {
+    const auto r = static_cast<size_t>(p.row);
+    detail::attend_chunk(queries[r], blocks[r], blocks[r].chunks[p.index], k, v, geometry, scale,
+                         chunks[r]);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const auto r = static_cast<size_t>(i);
+    detail::fuse_selected<Scalar>(spec, rows[r], blocks[r], chunks[r], 0, o.row(i), lse(i),
+                                  weights.row(i));
+  }
+}
+
 #define HILS_INSTANTIATE_FUSE(S)                                                            \
   template void fuse<S>(const MechanismSpec&, const FusionRow<S>&, const Matrix<S>&,        \
                         const Matrix<S>&, const Geometry&, S, Eigen::Ref<RowVector<S>>, S&, \
                         Eigen::Ref<RowVector<S>>);                                          \
+  template void fuse_rows<S>(const MechanismSpec&, const std::vector<FusionRow<S>>&,         \
+                             const Matrix<S>&, const Matrix<S>&, const Geometry&, S,          \
+                             Eigen::Ref<Matrix<S>>, Eigen::Ref<Vector<S>>,                    \
+                             Eigen::Ref<Matrix<S>>);                                          \
   template void detail::fuse_selected<S>(                                                   \
       const MechanismSpec&, const FusionRow<S>&, const detail::BlockSelections&,            \
       const detail::SelectedAttention<S>&, int64_t, Eigen::Ref<RowVector<S>>, S&,           \

@@ -10,6 +10,7 @@
 
 #include <omp.h>
 
+#include "hils/fuse_rows.hpp"
 #include "oracle_support.hpp"
 
 using namespace hils;
@@ -407,6 +408,44 @@ TEST_CASE("forced fusion on threads gives every row what fuse gives it alone", "
       omp_set_num_threads(saved);
     }
   }
+}
+
+// fuse_rows (the forced fusion's loop, "forced fusion on threads ..." checks its bits against
+// fuse row by row) refuses outputs that do not hold one row per fusion row.
+TEST_CASE("fuse_rows refuses outputs without one row per fusion row", "[oracle]") {
+  const auto& c = case_named("gqa_group4");
+  const auto inputs = cases::make_inputs<double>(c);
+  MechanismSpec spec;
+  for (const auto& s : specs_for(c))
+    if (s.fusion == Fusion::flat) spec = s;
+  REQUIRE(spec.fusion == Fusion::flat);
+  RunOptions options;
+  options.keep_window = true;
+  const auto run = run_mechanism(spec, inputs, options);
+  const Geometry geometry = geometry_of(spec, inputs.T());
+  const double scale = logit_scale(spec, inputs.d());
+  const int64_t last = inputs.T() - 1;
+  std::vector<FusionRow<double>> rows;
+  for (int64_t t : {last - 1, last})
+    rows.push_back(FusionRow<double>{inputs.q[0].row(t).transpose(), run.selection[0].row(t).data(),
+                                     spec.K, nullptr, run.heads[0].lse_window(t),
+                                     run.heads[0].o_window.row(t)});
+  Matrix<double> o(3, inputs.dv()), weights(2, spec.K + 2);
+  Vector<double> lse(2);
+  CHECK_THROWS_WITH(fuse_rows<double>(spec, rows, inputs.k[0], inputs.v[0], geometry, scale, o, lse, weights),
+                    Catch::Contains("o, lse, weights: expected 2 rows each"));
+  o.resize(2, inputs.dv());
+  fuse_rows<double>(spec, rows, inputs.k[0], inputs.v[0], geometry, scale, o, lse, weights);
+  // fuse row by row into the same layout (Eigen's exp writes a -inf logit's weight as 0 or as
+  // exp(-709.4) ~ 5.6e-309 by where the element falls in its vector loop, i.e. by the address).
+  Matrix<double> o_alone(2, inputs.dv()), weights_alone(2, spec.K + 2);
+  Vector<double> lse_alone(2);
+  for (int64_t i = 0; i < 2; ++i)
+    fuse<double>(spec, rows[static_cast<size_t>(i)], inputs.k[0], inputs.v[0], geometry, scale,
+                 o_alone.row(i), lse_alone(i), weights_alone.row(i));
+  CHECK(o == o_alone);
+  CHECK(lse == lse_alone);
+  CHECK(weights == weights_alone);
 }
 
 // The oracle's fusions of the reference's own selection read the window and the chunk scores
