@@ -337,6 +337,17 @@ TEST_CASE("forced fusion with the reference's selection reproduces run_mechanism
   }
 }
 
+// Every head's o, lse and fusion weights equal, bit for bit (the forced-fusion tests below).
+template <class Heads>
+void require_same_heads(const Heads& expected, const Heads& got) {
+  REQUIRE(expected.size() == got.size());
+  for (size_t h = 0; h < expected.size(); ++h) {
+    CHECK(expected[h].o == got[h].o);
+    CHECK(expected[h].lse == got[h].lse);
+    CHECK(expected[h].fusion_weights == got[h].fusion_weights);
+  }
+}
+
 // forced_fusion fuses its rows on OpenMP units (oracle_fusion.cpp); each row must be what `fuse`
 // gives it alone, as the serial loop before it computed them: the window and the chunk scores of
 // every query from the public stages, then fuse row by row. Bit for bit, on 1 and 3 threads, in
@@ -390,20 +401,12 @@ TEST_CASE("forced fusion on threads gives every row what fuse gives it alone", "
       if (!spec.selects()) continue;
       const auto run = run_mechanism(spec, inputs);
       INFO("case " << name << ", spec " << spec.name);
-      auto same = [](const auto& expected, const auto& got) {
-        REQUIRE(expected.size() == got.size());
-        for (size_t h = 0; h < expected.size(); ++h) {
-          CHECK(expected[h].o == got[h].o);
-          CHECK(expected[h].lse == got[h].lse);
-          CHECK(expected[h].fusion_weights == got[h].fusion_weights);
-        }
-      };
       const auto serial = fused_row_by_row(spec, inputs, run.selection, run.queries);
       const auto serial_float = fused_row_by_row(spec, inputs_float, run.selection, run.queries);
       for (int threads : {1, 3}) {
         omp_set_num_threads(threads);
-        same(serial, forced_fusion(spec, inputs, run.selection, run.queries));
-        same(serial_float, forced_fusion(spec, inputs_float, run.selection, run.queries));
+        require_same_heads(serial, forced_fusion(spec, inputs, run.selection, run.queries));
+        require_same_heads(serial_float, forced_fusion(spec, inputs_float, run.selection, run.queries));
       }
       omp_set_num_threads(saved);
     }
@@ -455,14 +458,6 @@ TEST_CASE("fuse_rows refuses outputs without one row per fusion row", "[oracle]"
 // runs on scaled values, scales_values_down, and the window is computed again).
 TEST_CASE("forced fusion given the run's window and scores gives forced fusion's bits", "[oracle]") {
   const int saved = omp_get_max_threads();
-  auto same = [](const auto& expected, const auto& got) {
-    REQUIRE(expected.size() == got.size());
-    for (size_t h = 0; h < expected.size(); ++h) {
-      CHECK(expected[h].o == got[h].o);
-      CHECK(expected[h].lse == got[h].lse);
-      CHECK(expected[h].fusion_weights == got[h].fusion_weights);
-    }
-  };
   auto check = [&](const MechanismSpec& spec, const auto& inputs, const std::vector<int64_t>& queries) {
     RunOptions options;
     options.keep_window = true;
@@ -472,7 +467,7 @@ TEST_CASE("forced fusion given the run's window and scores gives forced fusion's
     const auto expected = forced_fusion(spec, inputs, run.selection, run.queries);
     for (int threads : {1, 3}) {
       omp_set_num_threads(threads);
-      same(expected, forced_fusion(spec, inputs, run.selection, run));
+      require_same_heads(expected, forced_fusion(spec, inputs, run.selection, run));
     }
     omp_set_num_threads(saved);
   };
