@@ -155,7 +155,7 @@ TEST_CASE("the streaming softmax adds a row's exponentials one by one in key ord
 #endif
 }
 
-TEST_CASE("landmark columns and a row's key range mask what is_landmark and [first, last] say",
+TEST_CASE("landmark columns and a row's key range mask what is_landmark and the first and last key say",
           "[exp]") {
   for (int64_t S : {2, 5, 64}) {
     const hils::Geometry geometry(1000, S, 100, true);
