@@ -350,15 +350,27 @@ TEST_CASE("run --resume adds units and keeps finished ones", "[cli]") {
                                            "the file, 16 in this run); give it another name"));
 }
 
+// The two resume tests' start: a small activation file and `hils run` of full on layer 0 into
+// out.h5, complete; `base` is that command less its --layers.
+struct ResumableRun {
+  fs::path acts, out;
+  std::string base;
+};
+static ResumableRun run_full_on_layer0(const TempDir& dir) {
+  ResumableRun r{write_small(dir), dir / "out.h5", ""};
+  r.base = "run " + quoted(r.acts) + " -o " + quoted(r.out) +
+           " -S 8 -W 8 -K 2 --landmarks true -p full ";
+  REQUIRE(run_hils(r.base + "--layers 0").exit_code == 0);
+  return r;
+}
+
 TEST_CASE("run --resume refuses an activation file changed under its complete units", "[cli]") {
   // Was: a file re-dumped or edited at the same path resumed without a word, its new units
   // beside the old ones, computed from other data. Each layer's fingerprint is recorded now.
   TempDir dir("resume_changed_input");
-  const fs::path acts = write_small(dir);
-  const fs::path out = dir / "out.h5";
-  const std::string base = "run " + quoted(acts) + " -o " + quoted(out) +
-                           " -S 8 -W 8 -K 2 --landmarks true -p full ";
-  REQUIRE(run_hils(base + "--layers 0").exit_code == 0);
+  const ResumableRun first = run_full_on_layer0(dir);
+  const fs::path &acts = first.acts, &out = first.out;
+  const std::string& base = first.base;
   hils::io::ActivationFile file = hils::test::small_activation_file(7);
   // Layer 1, which no complete unit read, may change (a bad layer corrected).
   file.layers[1].inputs.v[0](3, 2) += 0.5;
@@ -393,11 +405,9 @@ TEST_CASE("run --resume of a results file without input fingerprints says its un
           "unchecked", "[cli]") {
   // Files written before the fingerprints were recorded resume as before, with a note.
   TempDir dir("resume_no_fingerprints");
-  const fs::path acts = write_small(dir);
-  const fs::path out = dir / "out.h5";
-  const std::string base = "run " + quoted(acts) + " -o " + quoted(out) +
-                           " -S 8 -W 8 -K 2 --landmarks true -p full ";
-  REQUIRE(run_hils(base + "--layers 0").exit_code == 0);
+  const ResumableRun first = run_full_on_layer0(dir);
+  const fs::path &acts = first.acts, &out = first.out;
+  const std::string& base = first.base;
   {
     H5::H5File h5(out.string(), H5F_ACC_RDWR);
     REQUIRE(h5.attrExists("input_fingerprints"));

@@ -413,15 +413,22 @@ TEST_CASE("forced fusion on threads gives every row what fuse gives it alone", "
   }
 }
 
+// The last of a case's specs whose fusion is `fusion` (the refusal tests below need one).
+static MechanismSpec last_spec_with_fusion(const cases::Case& c, Fusion fusion) {
+  MechanismSpec spec;
+  bool found = false;
+  for (const auto& s : specs_for(c))
+    if (s.fusion == fusion) spec = s, found = true;
+  REQUIRE(found);
+  return spec;
+}
+
 // fuse_rows (the forced fusion's loop, "forced fusion on threads ..." checks its bits against
 // fuse row by row) refuses outputs that do not hold one row per fusion row.
 TEST_CASE("fuse_rows refuses outputs without one row per fusion row", "[oracle]") {
   const auto& c = case_named("gqa_group4");
   const auto inputs = cases::make_inputs<double>(c);
-  MechanismSpec spec;
-  for (const auto& s : specs_for(c))
-    if (s.fusion == Fusion::flat) spec = s;
-  REQUIRE(spec.fusion == Fusion::flat);
+  const MechanismSpec spec = last_spec_with_fusion(c, Fusion::flat);
   RunOptions options;
   options.keep_window = true;
   const auto run = run_mechanism(spec, inputs, options);
@@ -496,10 +503,7 @@ TEST_CASE("forced fusion given a run refuses one that did not keep the window or
           "[oracle]") {
   const auto& c = case_named("gqa_group4");
   const auto inputs = cases::make_inputs<double>(c);
-  MechanismSpec spec;
-  for (const auto& s : specs_for(c))
-    if (s.fusion == Fusion::hierarchical) spec = s;
-  REQUIRE(spec.fusion == Fusion::hierarchical);
+  const MechanismSpec spec = last_spec_with_fusion(c, Fusion::hierarchical);
   RunOptions options;
   options.keep_window = true;  // no surrogate scores: the hierarchical fusion reads them
   const auto run = run_mechanism(spec, inputs, options);
